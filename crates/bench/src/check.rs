@@ -1,0 +1,427 @@
+//! `check`: what GPUs, driver and CUDA libraries this machine has, and what each GPU can do.
+//! Gathers facts only (no context is created, so it stays fast); the CLI renders them.
+
+use crate::ceilings::{
+    datasheet_peaks, estimated_peaks, pcie_gbs, theoretical_bandwidth_gbs, Peaks,
+};
+use crate::host::{host_facts, HostFacts};
+use gpukit_cuda::driver::{self, fmt_api, DeviceAttributes, Unavailable};
+use gpukit_cuda::loader::{Discovery, Lib, Source, CUDA_MAJOR, REQUIRED_DRIVER_API};
+use gpukit_cuda::nvml::{NvmlDevice, NvmlSession};
+
+use gpukit_tensor::DeviceSelection;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Everything `gpukit check` reports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckReport {
+    pub gpukit_version: String,
+    /// The CUDA major version this binary binds (13 by default, 12 with `--features cuda-12`).
+    pub build_cuda: u32,
+    pub build_requires_driver_api: String,
+    /// Whether at least one GPU can be used.
+    pub available: bool,
+    /// Whether CUDA itself was started (cuInit) to confirm it; false for `--quick`, which asks
+    /// NVML only.
+    pub cuda_initialized: bool,
+    /// Why no GPU is available, when none is.
+    pub reason: Option<String>,
+    pub reason_detail: Option<Unavailable>,
+    pub driver: Option<DriverFacts>,
+    pub gpus: Vec<GpuFacts>,
+    /// `peer_access[i][j]`: GPU i can access GPU j's memory directly. Absent with one GPU.
+    pub peer_access: Option<Vec<Vec<bool>>>,
+    pub libraries: Vec<LibraryRow>,
+    /// Directories gpukit put on the loader's path for this run (empty if none were needed).
+    pub loader_path_added: Vec<PathBuf>,
+    /// Every directory searched for libraries, in order, with where it came from.
+    pub searched: Vec<(PathBuf, Source)>,
+    pub warnings: Vec<String>,
+    pub host: HostFacts,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DriverFacts {
+    /// e.g. `580.159.04` (from NVML).
+    pub version: Option<String>,
+    /// e.g. `13.0`.
+    pub cuda_api: String,
+    pub cuda_api_raw: i32,
+}
+
+/// One GPU, from CUDA (when started) and NVML; each fact from the best source that has it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GpuFacts {
+    /// The CUDA ordinal (`cuda:N`), or NVML's index with `--quick` (PCI order).
+    pub index: usize,
+    pub name: String,
+    pub uuid: String,
+    /// As nvidia-smi prints it.
+    pub pci_bus_id: String,
+    pub compute_capability: Option<(u32, u32)>,
+    pub sm_count: Option<u32>,
+    /// What CUDA can allocate (the board's memory less the firmware's share).
+    pub memory_usable_bytes: Option<u64>,
+    /// The board's memory, as nvidia-smi counts it.
+    pub memory_board_bytes: Option<u64>,
+    pub memory_free_bytes: Option<u64>,
+    pub l2_cache_bytes: Option<u64>,
+    pub max_sm_clock_mhz: Option<u32>,
+    pub max_memory_clock_mhz: Option<u32>,
+    pub memory_bus_width_bits: Option<u32>,
+    pub theoretical_bandwidth_gbs: Option<f64>,
+    /// One direction of the PCIe link at its maximum generation and width.
+    pub pcie_max_gbs: Option<f64>,
+    pub peaks: Peaks,
+    /// Everything CUDA's device attributes said (absent with `--quick`).
+    pub cuda: Option<DeviceAttributes>,
+    pub nvml: Option<NvmlDevice>,
+    pub nvml_error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LibraryRow {
+    pub library: Lib,
+    pub name: String,
+    pub soname: String,
+    pub found: bool,
+    pub version: Option<String>,
+    pub path: Option<PathBuf>,
+    pub source: Option<Source>,
+    pub used_for: String,
+    /// What to install, when missing.
+    pub install: Option<String>,
+    pub note: Option<String>,
+}
+
+/// Bad input to `check`: the CLI exits 2 on it.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error("{0}")]
+    NoSuchDevice(String),
+}
+
+/// How much `check` does.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckOptions {
+    pub selection: DeviceSelection,
+    /// Open libraries whose version the files don't say (slow for cuBLAS and cuDNN).
+    pub ask_library_versions: bool,
+    /// NVML only: no cuInit (which costs 0.1-0.2 s on some machines), so nothing confirms that
+    /// CUDA itself starts, and CUDA-only facts (L2, usable memory, peer access) are absent.
+    pub quick: bool,
+}
+
+/// What the CUDA side found (run on its own thread, beside NVML and the host facts).
+struct CudaSide {
+    driver: Result<driver::Driver, Unavailable>,
+    devices: Vec<DeviceAttributes>,
+    peer_access: Option<Vec<Vec<bool>>>,
+    warnings: Vec<String>,
+}
+
+fn cuda_side(discovery: &Discovery, selection: DeviceSelection) -> CudaSide {
+    let mut out = CudaSide {
+        driver: driver::probe(discovery),
+        devices: Vec::new(),
+        peer_access: None,
+        warnings: Vec::new(),
+    };
+    let Ok(d) = &out.driver else {
+        return out;
+    };
+    let t = gpukit_cuda::trace::start();
+    for ordinal in (0..d.device_count).filter(|&o| selection.includes_cuda(o)) {
+        match driver::device_attributes(ordinal, d.device_count) {
+            Ok(a) => out.devices.push(a),
+            Err(e) => out.warnings.push(format!("cuda:{ordinal}: {e}")),
+        }
+    }
+    if d.device_count > 1 {
+        match driver::peer_access_matrix(d.device_count) {
+            Ok(m) => out.peer_access = Some(m),
+            Err(e) => out.warnings.push(format!("peer access: {e}")),
+        }
+    }
+    gpukit_cuda::trace::done("driver: device attributes", t);
+    out
+}
+
+/// Whether the driver, as NVML describes it, can run this build (the `--quick` availability).
+fn nvml_availability(
+    discovery: &Discovery,
+    nvml: &NvmlSession,
+    devices: usize,
+) -> Result<i32, Unavailable> {
+    if discovery.found(Lib::Cuda).is_none() {
+        return Err(Unavailable::NoDriver {
+            hint: Lib::Cuda.install_hint(),
+        });
+    }
+    let api = nvml
+        .cuda_driver_version()
+        .ok_or_else(|| Unavailable::InitFailed {
+            error: "NVML did not report the driver's CUDA version".into(),
+        })?;
+    if api < REQUIRED_DRIVER_API {
+        return Err(Unavailable::DriverTooOld {
+            driver_api: api,
+            required_api: REQUIRED_DRIVER_API,
+        });
+    }
+    if devices == 0 {
+        return Err(Unavailable::NoDevice {
+            error: "NVML lists no device".into(),
+        });
+    }
+    Ok(api)
+}
+
+/// Gathers the report. CUDA (cuInit and attributes) runs on a thread of its own while NVML and
+/// the host are read, since cuInit alone can take most of the time.
+pub fn run_check(discovery: &Discovery, opts: CheckOptions) -> Result<CheckReport, CheckError> {
+    let mut warnings: Vec<String> = discovery.warnings.iter().map(|w| w.0.clone()).collect();
+    let cuda_thread = (!opts.quick).then(|| {
+        let d = discovery.clone();
+        std::thread::spawn(move || cuda_side(&d, opts.selection))
+    });
+    let t = gpukit_cuda::trace::start();
+    let nvml = NvmlSession::open(discovery);
+    let nvml_devices = match &nvml {
+        Ok(n) => n.devices(),
+        Err(e) => Err(e.clone()),
+    };
+    gpukit_cuda::trace::done("nvml: init and every device's facts", t);
+    let t = gpukit_cuda::trace::start();
+    let host = host_facts();
+    let libraries = library_rows(discovery, opts.ask_library_versions);
+    gpukit_cuda::trace::done("host facts and library table", t);
+    let driver_version = nvml.as_ref().ok().and_then(|n| n.driver_version());
+
+    let (availability, gpus, peer_access, cuda_initialized) =
+        match (cuda_thread, &nvml, &nvml_devices) {
+            (Some(handle), _, _) => {
+                let side = handle.join().unwrap_or_else(|_| CudaSide {
+                    driver: Err(Unavailable::InitFailed {
+                        error: "the CUDA probe thread panicked".into(),
+                    }),
+                    devices: Vec::new(),
+                    peer_access: None,
+                    warnings: Vec::new(),
+                });
+                warnings.extend(side.warnings);
+                let by_uuid = |uuid: &str| {
+                    nvml_devices
+                        .as_ref()
+                        .ok()?
+                        .iter()
+                        .find(|n| n.uuid == uuid)
+                        .cloned()
+                };
+                let gpus = side
+                    .devices
+                    .into_iter()
+                    .map(|a| {
+                        let nv = by_uuid(&a.uuid);
+                        let err = nv.is_none().then(|| match &nvml_devices {
+                            Err(e) => e.clone(),
+                            Ok(_) => format!("NVML does not list {}", a.uuid),
+                        });
+                        gpu_facts(Some(a), nv, err)
+                    })
+                    .collect();
+                (
+                    side.driver.map(|d| (d.api_version, d.device_count)),
+                    gpus,
+                    side.peer_access,
+                    true,
+                )
+            }
+            (None, Ok(n), Ok(devs)) => {
+                let gpus = devs
+                    .iter()
+                    .filter(|d| opts.selection.includes_cuda(d.index as usize))
+                    .map(|d| gpu_facts(None, Some(d.clone()), None))
+                    .collect();
+                (
+                    nvml_availability(discovery, n, devs.len()).map(|api| (api, devs.len())),
+                    gpus,
+                    None,
+                    false,
+                )
+            }
+            (None, _, _) => {
+                // --quick without NVML: nothing to ask; say so rather than start CUDA unasked
+                let e = nvml_devices.as_ref().err().cloned().unwrap_or_default();
+                let why = if discovery.found(Lib::Cuda).is_none() {
+                    Unavailable::NoDriver {
+                        hint: Lib::Cuda.install_hint(),
+                    }
+                } else {
+                    Unavailable::InitFailed {
+                        error: format!("--quick needs NVML: {e}"),
+                    }
+                };
+                (Err(why), Vec::new(), None, false)
+            }
+        };
+    let (driver, reason, reason_detail) = match availability {
+        Ok((api, count)) => {
+            if let Some(n) = opts.selection.named_cuda() {
+                if n >= count {
+                    return Err(CheckError::NoSuchDevice(format!(
+                        "device cuda:{n} does not exist: this machine has {count} CUDA device(s) (cuda:0..cuda:{})",
+                        count - 1
+                    )));
+                }
+            }
+            let facts = DriverFacts {
+                version: driver_version,
+                cuda_api: fmt_api(api),
+                cuda_api_raw: api,
+            };
+            (Some(facts), None, None)
+        }
+        Err(u) => {
+            if let Some(n) = opts.selection.named_cuda() {
+                return Err(CheckError::NoSuchDevice(format!(
+                    "device cuda:{n} was asked for, but no GPU can be used: {u}"
+                )));
+            }
+            (None, Some(u.to_string()), Some(u))
+        }
+    };
+    if let (Err(e), Some(_)) = (&nvml, &driver) {
+        warnings.push(e.clone());
+    }
+    Ok(CheckReport {
+        gpukit_version: env!("CARGO_PKG_VERSION").to_string(),
+        build_cuda: CUDA_MAJOR,
+        build_requires_driver_api: fmt_api(REQUIRED_DRIVER_API),
+        available: driver.is_some() && !gpus.is_empty(),
+        cuda_initialized,
+        reason,
+        reason_detail,
+        driver,
+        gpus,
+        peer_access,
+        libraries,
+        loader_path_added: discovery.added_to_loader_path.clone(),
+        searched: discovery.searched.clone(),
+        warnings,
+        host,
+    })
+}
+
+fn gpu_facts(
+    cuda: Option<DeviceAttributes>,
+    nv: Option<NvmlDevice>,
+    nvml_error: Option<String>,
+) -> GpuFacts {
+    let c = cuda.as_ref();
+    let n = nv.as_ref();
+    let nz = |v: u32| (v > 0).then_some(v);
+    let max_sm = n
+        .and_then(|n| n.max_sm_clock_mhz)
+        .or(c.and_then(|a| nz(a.sm_clock_khz / 1000)));
+    let max_mem = n
+        .and_then(|n| n.max_memory_clock_mhz)
+        .or(c.and_then(|a| nz(a.memory_clock_khz / 1000)));
+    let bus = n
+        .and_then(|n| n.memory_bus_width_bits)
+        .or(c.and_then(|a| nz(a.memory_bus_width_bits)));
+    let cc = c
+        .map(|a| a.compute_capability)
+        .or(n.and_then(|n| n.compute_capability));
+    let sm_count = c.map(|a| a.sm_count).or(n.and_then(|n| n.sm_count));
+    let name = c
+        .map(|a| a.name.clone())
+        .or(n.map(|n| n.name.clone()))
+        .unwrap_or_default();
+    let theoretical = max_mem
+        .zip(bus)
+        .and_then(|(m, b)| theoretical_bandwidth_gbs(m, b));
+    let pcie_max_gbs = n.and_then(|n| pcie_gbs(n.pcie_gen_max?, n.pcie_width_max?));
+    let peaks = datasheet_peaks(&name).unwrap_or_else(|| {
+        estimated_peaks(
+            cc.unwrap_or((0, 0)),
+            sm_count.unwrap_or(0),
+            max_sm.unwrap_or(0),
+            max_mem.unwrap_or(0),
+            bus.unwrap_or(0),
+        )
+    });
+    GpuFacts {
+        index: c
+            .map(|a| a.ordinal)
+            .or(n.map(|n| n.index as usize))
+            .unwrap_or(0),
+        name,
+        uuid: c
+            .map(|a| a.uuid.clone())
+            .or(n.map(|n| n.uuid.clone()))
+            .unwrap_or_default(),
+        pci_bus_id: c
+            .map(|a| a.pci_bus_id.clone())
+            .or(n.map(|n| n.pci_bus_id.clone()))
+            .unwrap_or_default(),
+        compute_capability: cc,
+        sm_count,
+        memory_usable_bytes: c.map(|a| a.total_memory_bytes),
+        memory_board_bytes: n.and_then(|n| n.memory_total_bytes),
+        memory_free_bytes: n.and_then(|n| n.memory_free_bytes),
+        l2_cache_bytes: c.map(|a| a.l2_cache_bytes),
+        max_sm_clock_mhz: max_sm,
+        max_memory_clock_mhz: max_mem,
+        memory_bus_width_bits: bus,
+        theoretical_bandwidth_gbs: theoretical,
+        pcie_max_gbs,
+        peaks,
+        cuda,
+        nvml: nv,
+        nvml_error,
+    }
+}
+
+fn library_rows(discovery: &Discovery, ask_versions: bool) -> Vec<LibraryRow> {
+    discovery
+        .libraries
+        .iter()
+        .map(|s| {
+            let found = s.found.as_ref();
+            let mut version = found.and_then(|f| f.version.clone());
+            if version.is_none() && ask_versions && found.is_some() {
+                version = gpukit_cuda::libs::api_version(discovery, s.lib);
+            }
+            let mut notes = Vec::new();
+            if found.is_none() {
+                if let Some(o) = &s.other_major {
+                    notes.push(format!(
+                        "a CUDA {} copy is at {}",
+                        if CUDA_MAJOR == 13 { 12 } else { 13 },
+                        o.display()
+                    ));
+                }
+            }
+            if !s.shadowed.is_empty() {
+                notes.push(format!(
+                    "{} other cop(ies) further down the search",
+                    s.shadowed.len()
+                ));
+            }
+            LibraryRow {
+                library: s.lib,
+                name: s.lib.name().to_string(),
+                soname: s.soname.clone(),
+                found: found.is_some(),
+                version,
+                path: found.map(|f| f.path.clone()),
+                source: found.map(|f| f.source),
+                used_for: s.lib.purpose().to_string(),
+                install: found.is_none().then(|| s.lib.install_hint()),
+                note: (!notes.is_empty()).then(|| notes.join("; ")),
+            }
+        })
+        .collect()
+}

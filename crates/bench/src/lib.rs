@@ -1,0 +1,9 @@
+//! gpukit's measuring layer: the timing harness and statistics every command uses, facts about
+//! the host and GPUs, the ceilings figures are placed against, and the workloads. Every result
+//! is a plain serde struct; the CLI only renders them.
+
+pub mod ceilings;
+pub mod check;
+pub mod harness;
+pub mod host;
+pub mod stats;

@@ -1,0 +1,305 @@
+//! The CUDA driver: whether it is usable at all, the devices it sees, their attributes and
+//! contexts.
+//!
+//! To use:
+//! 1. [`probe`] with the process's [`Discovery`]: it checks that libcuda was found, that the
+//!    driver's CUDA version is new enough for this build (before any call that might need a newer
+//!    symbol: cudarc resolves symbols lazily and panics on a missing one), and that a device exists.
+//! 2. [`device_attributes`] reads a device's facts without creating a context (cheap).
+//! 3. [`Gpu::open`] creates the context and stream for real work.
+
+use crate::loader::{Discovery, Lib, REQUIRED_DRIVER_API};
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// Why no GPU can be used, in words a user can act on.
+#[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Unavailable {
+    #[error("no NVIDIA driver found (libcuda.so.1 is not on this machine): {hint}")]
+    NoDriver { hint: String },
+    #[error("the NVIDIA driver supports CUDA {}, but this gpukit was built for CUDA {} (needs a driver of {}); rebuild with `cargo build --release --no-default-features --features cuda-12`, or update the driver", fmt_api(*driver_api), fmt_api(*required_api), if *required_api >= 13000 { "R580 or newer" } else { "R525 or newer" })]
+    DriverTooOld { driver_api: i32, required_api: i32 },
+    #[error("the NVIDIA driver is installed but reports no CUDA device (cuInit: {error})")]
+    NoDevice { error: String },
+    #[error("the NVIDIA driver failed to start: {error}")]
+    InitFailed { error: String },
+}
+
+/// `13000` -> `13.0`.
+pub fn fmt_api(v: i32) -> String {
+    format!("{}.{}", v / 1000, (v % 1000) / 10)
+}
+
+/// A CUDA call that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("CUDA driver call failed: {0}")]
+    Driver(#[from] DriverError),
+    #[error("device cuda:{requested} does not exist: this machine has {count} CUDA device(s) (cuda:0..cuda:{})", count.saturating_sub(1))]
+    NoSuchDevice { requested: usize, count: usize },
+    #[error("{0}")]
+    Unavailable(#[from] Unavailable),
+    #[error("{0}")]
+    MissingLibrary(String),
+}
+
+/// A usable driver.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Driver {
+    /// As `cuDriverGetVersion` reports it (13000 = CUDA 13.0).
+    pub api_version: i32,
+    pub device_count: usize,
+}
+
+/// Checks libcuda, the driver version and the device count, in that order.
+pub fn probe(discovery: &Discovery) -> Result<Driver, Unavailable> {
+    if !discovery.usable(Lib::Cuda) {
+        return Err(Unavailable::NoDriver {
+            hint: Lib::Cuda.install_hint(),
+        });
+    }
+    let t = crate::trace::start();
+    // SAFETY: only asks the loader whether one of cudarc's candidate names opens.
+    let present = unsafe { sys::is_culib_present() };
+    crate::trace::done("driver: open libcuda", t);
+    if !present {
+        return Err(Unavailable::NoDriver {
+            hint: format!(
+                "found at {} but it did not load",
+                discovery
+                    .found(Lib::Cuda)
+                    .map(|f| f.path.display().to_string())
+                    .unwrap_or_default()
+            ),
+        });
+    }
+    let mut api_version = 0;
+    // SAFETY: cuDriverGetVersion exists in every driver and may be called before cuInit; the
+    // pointer is to a live local.
+    let rc = unsafe { sys::cuDriverGetVersion(&mut api_version) };
+    if rc != sys::cudaError_enum::CUDA_SUCCESS {
+        return Err(Unavailable::InitFailed {
+            error: format!("cuDriverGetVersion: {rc:?}"),
+        });
+    }
+    if api_version < REQUIRED_DRIVER_API {
+        return Err(Unavailable::DriverTooOld {
+            driver_api: api_version,
+            required_api: REQUIRED_DRIVER_API,
+        });
+    }
+    let t = crate::trace::start();
+    let init = result::init();
+    crate::trace::done("driver: cuInit", t);
+    match init {
+        Ok(()) => {}
+        Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NO_DEVICE => {
+            return Err(Unavailable::NoDevice {
+                error: e.to_string(),
+            })
+        }
+        Err(e) => {
+            return Err(Unavailable::InitFailed {
+                error: e.to_string(),
+            })
+        }
+    }
+    let count = result::device::get_count().map_err(|e| Unavailable::InitFailed {
+        error: e.to_string(),
+    })?;
+    if count <= 0 {
+        return Err(Unavailable::NoDevice {
+            error: "cuDeviceGetCount returned 0".into(),
+        });
+    }
+    Ok(Driver {
+        api_version,
+        device_count: count as usize,
+    })
+}
+
+/// Facts the driver gives without a context.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceAttributes {
+    pub ordinal: usize,
+    pub name: String,
+    /// `GPU-xxxxxxxx-xxxx-...`, as nvidia-smi prints it.
+    pub uuid: String,
+    /// `00000000:19:00.0`, as nvidia-smi prints it.
+    pub pci_bus_id: String,
+    pub total_memory_bytes: u64,
+    pub compute_capability: (u32, u32),
+    pub sm_count: u32,
+    /// From the driver attribute; 0 where the driver no longer reports it.
+    pub sm_clock_khz: u32,
+    pub memory_clock_khz: u32,
+    pub memory_bus_width_bits: u32,
+    pub l2_cache_bytes: u64,
+    pub max_shared_memory_per_block_optin_bytes: u64,
+    pub max_threads_per_sm: u32,
+    pub ecc_enabled: bool,
+    pub integrated: bool,
+}
+
+fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32, DriverError> {
+    // SAFETY: dev came from cuDeviceGet after a successful cuInit.
+    unsafe { result::device::get_attribute(dev, a) }
+}
+
+/// Reads [`DeviceAttributes`] for `ordinal` (the driver must have been [`probe`]d).
+pub fn device_attributes(ordinal: usize, count: usize) -> Result<DeviceAttributes, CudaError> {
+    if ordinal >= count {
+        return Err(CudaError::NoSuchDevice {
+            requested: ordinal,
+            count,
+        });
+    }
+    use sys::CUdevice_attribute as A;
+    let dev = result::device::get(ordinal as i32)?;
+    let name = result::device::get_name(dev)?;
+    let uuid = fmt_uuid(&result::device::get_uuid(dev)?.bytes);
+    // SAFETY: dev is valid (above).
+    let total = unsafe { result::device::total_mem(dev) }? as u64;
+    let mut bus = [0 as std::ffi::c_char; 32];
+    // SAFETY: the buffer is 32 bytes and its length is passed; the driver writes a NUL-terminated id.
+    unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev) }.result()?;
+    // SAFETY: NUL-terminated by the driver within the buffer (zero-initialised as a fallback).
+    let pci_bus_id =
+        nvidia_smi_bus_id(&unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }.to_string_lossy());
+    let u = |a| attr(dev, a).map(|v| v.max(0) as u32);
+    Ok(DeviceAttributes {
+        ordinal,
+        name,
+        uuid,
+        pci_bus_id,
+        total_memory_bytes: total,
+        compute_capability: (
+            u(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            u(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ),
+        sm_count: u(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        sm_clock_khz: u(A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE).unwrap_or(0),
+        memory_clock_khz: u(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE).unwrap_or(0),
+        memory_bus_width_bits: u(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH).unwrap_or(0),
+        l2_cache_bytes: u64::from(u(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?),
+        max_shared_memory_per_block_optin_bytes: u64::from(
+            u(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).unwrap_or(0),
+        ),
+        max_threads_per_sm: u(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR).unwrap_or(0),
+        ecc_enabled: u(A::CU_DEVICE_ATTRIBUTE_ECC_ENABLED).unwrap_or(0) != 0,
+        integrated: u(A::CU_DEVICE_ATTRIBUTE_INTEGRATED).unwrap_or(0) != 0,
+    })
+}
+
+/// CUDA writes `0000:00:06.0`; nvidia-smi and NVML write the domain with 8 digits.
+fn nvidia_smi_bus_id(cuda: &str) -> String {
+    match cuda.split_once(':') {
+        Some((domain, rest)) if domain.len() < 8 => {
+            format!("{domain:0>8}:{rest}").to_ascii_uppercase()
+        }
+        _ => cuda.to_ascii_uppercase(),
+    }
+}
+
+/// Formats a CUDA UUID as nvidia-smi and NVML do.
+pub fn fmt_uuid(b: &[std::ffi::c_char; 16]) -> String {
+    let h: Vec<String> = b.iter().map(|x| format!("{:02x}", *x as u8)).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+/// `matrix[i][j]`: device i can read and write device j's memory directly.
+pub fn peer_access_matrix(count: usize) -> Result<Vec<Vec<bool>>, CudaError> {
+    let mut m = vec![vec![false; count]; count];
+    for (i, row) in m.iter_mut().enumerate() {
+        for (j, cell) in row.iter_mut().enumerate() {
+            if i == j {
+                *cell = true;
+                continue;
+            }
+            let (a, b) = (
+                result::device::get(i as i32)?,
+                result::device::get(j as i32)?,
+            );
+            let mut can = 0;
+            // SAFETY: both devices are valid handles; `can` is a live local.
+            unsafe { sys::cuDeviceCanAccessPeer(&mut can, a, b) }.result()?;
+            *cell = can != 0;
+        }
+    }
+    Ok(m)
+}
+
+/// A device opened for work: its primary context and a non-default stream.
+pub struct Gpu {
+    pub ordinal: usize,
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+}
+
+impl Gpu {
+    /// Opens `cuda:<ordinal>` after checking that the driver is usable and the device exists.
+    pub fn open(discovery: &Discovery, ordinal: usize) -> Result<Gpu, CudaError> {
+        let driver = probe(discovery)?;
+        if ordinal >= driver.device_count {
+            return Err(CudaError::NoSuchDevice {
+                requested: ordinal,
+                count: driver.device_count,
+            });
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        let stream = ctx.new_stream()?;
+        Ok(Gpu {
+            ordinal,
+            ctx,
+            stream,
+        })
+    }
+
+    /// (free, total) bytes of device memory, as the driver sees them now.
+    pub fn mem_info(&self) -> Result<(u64, u64), CudaError> {
+        let (free, total) = self.ctx.mem_get_info()?;
+        Ok((free as u64, total as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_formats_like_nvidia_smi() {
+        let mut b = [0 as std::ffi::c_char; 16];
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = (i as u8 * 17) as std::ffi::c_char;
+        }
+        assert_eq!(fmt_uuid(&b), "GPU-00112233-4455-6677-8899-aabbccddeeff");
+    }
+
+    #[test]
+    fn bus_id_formats_like_nvidia_smi() {
+        assert_eq!(nvidia_smi_bus_id("0000:19:00.0"), "00000000:19:00.0");
+        assert_eq!(nvidia_smi_bus_id("0000:9a:00.0"), "00000000:9A:00.0");
+        assert_eq!(nvidia_smi_bus_id("00000000:00:06.0"), "00000000:00:06.0");
+    }
+
+    #[test]
+    fn driver_too_old_names_both_versions_and_the_fix() {
+        let e = Unavailable::DriverTooOld {
+            driver_api: 12040,
+            required_api: 13000,
+        };
+        let s = e.to_string();
+        assert!(s.contains("CUDA 12.4"), "{s}");
+        assert!(s.contains("CUDA 13.0"), "{s}");
+        assert!(s.contains("--features cuda-12"), "{s}");
+    }
+}

@@ -1,0 +1,16 @@
+//! gpukit's only crate with unsafe code and FFI: finding CUDA libraries, the driver, devices,
+//! NVML, library versions and device timing. Everything above it is safe Rust.
+//!
+//! To use:
+//! 1. `let discovery = gpukit_cuda::loader::prepare_process();` first thing in `main`.
+//! 2. `gpukit_cuda::driver::probe(&discovery)` says whether a GPU can be used and why not.
+//! 3. `gpukit_cuda::driver::Gpu::open(&discovery, 0)` for work; `timing::time_on_stream` to time it.
+
+pub mod driver;
+pub mod libs;
+pub mod loader;
+pub mod nvml;
+pub mod timing;
+pub mod trace;
+
+pub use cudarc;

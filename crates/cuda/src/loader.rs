@@ -1,0 +1,902 @@
+//! Finding CUDA libraries on a user's machine and making cudarc load them.
+//!
+//! To use:
+//! 1. Call [`prepare_process`] first thing in `main` (before any CUDA call). It searches every
+//!    place users get CUDA libraries from, and when what it found is not on the dynamic loader's
+//!    path it re-executes the program once with `LD_LIBRARY_PATH` extended (the loader reads that
+//!    variable only at process start, and cuDNN and NCCL open further libraries by name).
+//! 2. Ask the returned [`Discovery`] whether a library is [`Discovery::usable`] before the first
+//!    call into it: cudarc panics on a missing library, gpukit never lets it get there.
+//!
+//! Discovery itself reads only the file system (plus one `python3` query), so it is cheap enough
+//! to run at every start.
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The CUDA major version whose libraries this build binds (cargo feature `cuda-13` or `cuda-12`).
+#[cfg(not(feature = "cuda-12"))]
+pub const CUDA_MAJOR: u32 = 13;
+#[cfg(feature = "cuda-12")]
+pub const CUDA_MAJOR: u32 = 12;
+
+/// The lowest driver API version (as `cuDriverGetVersion` reports it) this build can run on.
+#[cfg(not(feature = "cuda-12"))]
+pub const REQUIRED_DRIVER_API: i32 = 13000;
+#[cfg(feature = "cuda-12")]
+pub const REQUIRED_DRIVER_API: i32 = 12040;
+
+/// Environment variable carrying the parent's discovery into the re-executed child.
+const DISCOVERY_ENV: &str = "GPUKIT_INTERNAL_DISCOVERY";
+/// Extra search roots given by the user, separated by `:`.
+pub const USER_PATH_ENV: &str = "GPUKIT_CUDA_PATH";
+
+/// The libraries gpukit knows about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Lib {
+    /// The driver API, from the NVIDIA driver.
+    Cuda,
+    /// NVIDIA Management Library, from the driver.
+    Nvml,
+    Cublas,
+    CublasLt,
+    Cudnn,
+    Nvrtc,
+    Nccl,
+    Cupti,
+    Nvtx,
+}
+
+impl Lib {
+    pub const ALL: [Lib; 9] = [
+        Lib::Cuda,
+        Lib::Nvml,
+        Lib::Cublas,
+        Lib::CublasLt,
+        Lib::Cudnn,
+        Lib::Nvrtc,
+        Lib::Nccl,
+        Lib::Cupti,
+        Lib::Nvtx,
+    ];
+
+    /// Short display name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Lib::Cuda => "CUDA driver",
+            Lib::Nvml => "NVML",
+            Lib::Cublas => "cuBLAS",
+            Lib::CublasLt => "cuBLASLt",
+            Lib::Cudnn => "cuDNN",
+            Lib::Nvrtc => "NVRTC",
+            Lib::Nccl => "NCCL",
+            Lib::Cupti => "CUPTI",
+            Lib::Nvtx => "NVTX",
+        }
+    }
+
+    /// What gpukit uses it for.
+    pub fn purpose(self) -> &'static str {
+        match self {
+            Lib::Cuda => "every GPU feature",
+            Lib::Nvml => "device facts in check, monitoring",
+            Lib::Cublas => "matrix multiply (bench, infer)",
+            Lib::CublasLt => "matmul with fused epilogues",
+            Lib::Cudnn => "convolution (bench conv, infer)",
+            Lib::Nvrtc => "gpukit's own kernels",
+            Lib::Nccl => "multi-GPU collectives",
+            Lib::Cupti => "profiling",
+            Lib::Nvtx => "profiler ranges",
+        }
+    }
+
+    /// The file stem: `lib<stem>.so.<major>`.
+    fn stem(self) -> &'static str {
+        match self {
+            Lib::Cuda => "cuda",
+            Lib::Nvml => "nvidia-ml",
+            Lib::Cublas => "cublas",
+            Lib::CublasLt => "cublasLt",
+            Lib::Cudnn => "cudnn",
+            Lib::Nvrtc => "nvrtc",
+            Lib::Nccl => "nccl",
+            Lib::Cupti => "cupti",
+            Lib::Nvtx => "nvToolsExt",
+        }
+    }
+
+    /// The SONAME major this build needs.
+    fn wanted_major(self) -> u32 {
+        match self {
+            Lib::Cuda | Lib::Nvml | Lib::Nvtx => 1,
+            Lib::Cudnn => 9,
+            Lib::Nccl => 2,
+            Lib::Cublas | Lib::CublasLt | Lib::Nvrtc | Lib::Cupti => CUDA_MAJOR,
+        }
+    }
+
+    /// The file name the dynamic loader is asked for.
+    pub fn soname(self) -> String {
+        format!("lib{}.so.{}", self.stem(), self.wanted_major())
+    }
+
+    /// Whether this library follows the toolkit's major version (12 or 13).
+    fn follows_toolkit(self) -> bool {
+        matches!(self, Lib::Cublas | Lib::CublasLt | Lib::Nvrtc | Lib::Cupti)
+    }
+
+    /// Whether the driver ships it (so it is never in wheels or the toolkit).
+    pub fn from_driver(self) -> bool {
+        matches!(self, Lib::Cuda | Lib::Nvml)
+    }
+
+    /// What a user installs to get it.
+    pub fn install_hint(self) -> String {
+        let m = CUDA_MAJOR;
+        match self {
+            Lib::Cuda | Lib::Nvml => {
+                "install the NVIDIA driver (R580+ for CUDA 13, R525+ for CUDA 12 builds)".into()
+            }
+            Lib::Cublas | Lib::CublasLt => format!(
+                "pip install nvidia-cublas{} (or the CUDA {m} toolkit)",
+                if m == 12 { "-cu12" } else { "" }
+            ),
+            Lib::Cudnn => format!("pip install nvidia-cudnn-cu{m} (or cuDNN 9 for CUDA {m})"),
+            Lib::Nvrtc => format!(
+                "pip install nvidia-cuda-nvrtc{} (or the CUDA {m} toolkit)",
+                if m == 12 { "-cu12" } else { "" }
+            ),
+            Lib::Nccl => format!("pip install nvidia-nccl-cu{m}"),
+            Lib::Cupti => format!(
+                "pip install nvidia-cuda-cupti{} (or the CUDA {m} toolkit)",
+                if m == 12 { "-cu12" } else { "" }
+            ),
+            Lib::Nvtx => format!(
+                "pip install nvidia-nvtx{} (optional: only profiler ranges need it)",
+                if m == 12 { "-cu12" } else { "" }
+            ),
+        }
+    }
+
+    /// Name fragment of the Python wheel's dist-info directory that ships it.
+    fn wheel_dist_prefix(self) -> Option<&'static str> {
+        match self {
+            Lib::Cublas | Lib::CublasLt => Some("nvidia_cublas"),
+            Lib::Cudnn => Some("nvidia_cudnn"),
+            Lib::Nvrtc => Some("nvidia_cuda_nvrtc"),
+            Lib::Nccl => Some("nvidia_nccl"),
+            Lib::Cupti => Some("nvidia_cuda_cupti"),
+            Lib::Nvtx => Some("nvidia_nvtx"),
+            Lib::Cuda | Lib::Nvml => None,
+        }
+    }
+}
+
+/// Where a search root came from; shown to the user so they know which install was used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    GpukitCudaPath,
+    LdLibraryPath,
+    CudaToolkit,
+    Conda,
+    PythonWheels,
+    LinkerCache,
+    SystemDir,
+    DriverDir,
+}
+
+impl Source {
+    pub fn label(self) -> &'static str {
+        match self {
+            Source::GpukitCudaPath => "GPUKIT_CUDA_PATH",
+            Source::LdLibraryPath => "LD_LIBRARY_PATH",
+            Source::CudaToolkit => "CUDA toolkit",
+            Source::Conda => "conda",
+            Source::PythonWheels => "Python wheels",
+            Source::LinkerCache => "linker cache",
+            Source::SystemDir => "system library dir",
+            Source::DriverDir => "driver dir",
+        }
+    }
+
+    /// Whether the dynamic loader finds libraries from here without help.
+    fn loader_sees_it(self) -> bool {
+        matches!(self, Source::LdLibraryPath | Source::LinkerCache)
+    }
+}
+
+/// One library found on disk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Found {
+    pub path: PathBuf,
+    pub source: Source,
+    /// Version read from the file name or the wheel that installed it, when either says.
+    pub version: Option<String>,
+}
+
+/// What the search found for one library.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LibraryStatus {
+    pub lib: Lib,
+    pub soname: String,
+    pub found: Option<Found>,
+    /// A copy built for the other CUDA major, reported so the user knows which build to use.
+    pub other_major: Option<PathBuf>,
+    /// Everything else of the same SONAME found further down the search order.
+    pub shadowed: Vec<PathBuf>,
+}
+
+/// Problems with the user's own settings; worth a warning, never fatal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Warning(pub String);
+
+/// Everything the search found, in the order searched.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Discovery {
+    pub libraries: Vec<LibraryStatus>,
+    pub warnings: Vec<Warning>,
+    /// The directories that were searched, with where each came from.
+    pub searched: Vec<(PathBuf, Source)>,
+    /// Directories prepended to `LD_LIBRARY_PATH` by the re-exec, empty when none was needed.
+    pub added_to_loader_path: Vec<PathBuf>,
+    /// Directory of alias links (`libnccl.so` -> the real file) for names cudarc asks for.
+    pub alias_dir: Option<PathBuf>,
+}
+
+impl Discovery {
+    pub fn status(&self, lib: Lib) -> Option<&LibraryStatus> {
+        self.libraries.iter().find(|s| s.lib == lib)
+    }
+
+    pub fn found(&self, lib: Lib) -> Option<&Found> {
+        self.status(lib).and_then(|s| s.found.as_ref())
+    }
+
+    /// True when the library was found and the loader path was arranged so cudarc opens it.
+    pub fn usable(&self, lib: Lib) -> bool {
+        self.found(lib).is_some()
+            && (lib != Lib::Nccl || self.alias_dir.is_some() || self.loader_has_plain_name(lib))
+    }
+
+    fn loader_has_plain_name(&self, lib: Lib) -> bool {
+        self.found(lib).is_some_and(|f| {
+            f.path
+                .parent()
+                .is_some_and(|d| d.join(format!("lib{}.so", lib.stem())).exists())
+        })
+    }
+
+    /// One line saying why a library cannot be used and what to install.
+    pub fn missing_message(&self, lib: Lib) -> String {
+        let mut msg = format!(
+            "{} ({}) was not found; {}",
+            lib.name(),
+            lib.soname(),
+            lib.install_hint()
+        );
+        if let Some(other) = self.status(lib).and_then(|s| s.other_major.as_ref()) {
+            let other_major = if CUDA_MAJOR == 13 { 12 } else { 13 };
+            msg.push_str(&format!(
+                ". A CUDA {other_major} copy exists at {}: build gpukit with `--no-default-features --features cuda-{other_major}` to use it",
+                other.display()
+            ));
+        }
+        msg
+    }
+}
+
+/// Searches for every library in [`Lib::ALL`]. Reads the environment but changes nothing.
+pub fn discover() -> Discovery {
+    let t = crate::trace::start();
+    let mut warnings = Vec::new();
+    let roots = search_roots(&mut warnings);
+    crate::trace::done("discover: search roots (python3 site-packages included)", t);
+    let t = crate::trace::start();
+    let cache = linker_cache();
+    crate::trace::done("discover: ldconfig -p", t);
+    let t = crate::trace::start();
+    let mut site_versions = WheelVersions::default();
+    let mut libraries = Vec::new();
+    for lib in Lib::ALL {
+        libraries.push(find_library(lib, &roots, &cache, &mut site_versions));
+    }
+    crate::trace::done("discover: find libraries", t);
+    Discovery {
+        libraries,
+        warnings,
+        searched: roots,
+        added_to_loader_path: Vec::new(),
+        alias_dir: None,
+    }
+}
+
+fn find_library(
+    lib: Lib,
+    roots: &[(PathBuf, Source)],
+    cache: &[(String, PathBuf)],
+    wheels: &mut WheelVersions,
+) -> LibraryStatus {
+    let soname = lib.soname();
+    let other_soname = (lib.follows_toolkit()).then(|| {
+        let other = if CUDA_MAJOR == 13 { 12 } else { 13 };
+        format!("lib{}.so.{other}", lib.stem())
+    });
+    let mut hits: Vec<(PathBuf, Source)> = Vec::new();
+    let mut other_major = None;
+    let mut seen = HashSet::new();
+    let mut consider = |path: PathBuf, source: Source, hits: &mut Vec<(PathBuf, Source)>| {
+        let key = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+        if seen.insert(key) {
+            hits.push((path, source));
+        }
+    };
+    for (dir, source) in roots {
+        let candidate = dir.join(&soname);
+        if candidate.is_file() {
+            consider(candidate, *source, &mut hits);
+        }
+        if other_major.is_none() {
+            if let Some(other) = &other_soname {
+                let c = dir.join(other);
+                if c.is_file() {
+                    other_major = Some(c);
+                }
+            }
+        }
+    }
+    for (name, path) in cache {
+        if *name == soname && path.is_file() {
+            consider(path.clone(), Source::LinkerCache, &mut hits);
+        } else if other_major.is_none() && other_soname.as_deref() == Some(name.as_str()) {
+            other_major = Some(path.clone());
+        }
+    }
+    // A system-dir hit that the linker cache also lists needs no help from gpukit.
+    for (path, source) in hits.iter_mut() {
+        if *source == Source::SystemDir && cache.iter().any(|(_, p)| p == path) {
+            *source = Source::LinkerCache;
+        }
+    }
+    let mut hits = hits.into_iter();
+    let found = hits.next().map(|(path, source)| {
+        let version = version_from_file(&path).or_else(|| wheels.version_for(lib, &path));
+        Found {
+            path,
+            source,
+            version,
+        }
+    });
+    LibraryStatus {
+        lib,
+        soname,
+        found,
+        other_major,
+        shadowed: hits.map(|(p, _)| p).collect(),
+    }
+}
+
+/// `libcublas.so.13.1.0.3` -> `13.1.0.3`, following a symlink to the real file first.
+fn version_from_file(path: &Path) -> Option<String> {
+    let real = std::fs::canonicalize(path).ok()?;
+    let name = real.file_name()?.to_str()?;
+    let (_, tail) = name.split_once(".so.")?;
+    (tail.split('.').count() >= 2 && tail.split('.').all(|p| p.parse::<u32>().is_ok()))
+        .then(|| tail.to_string())
+}
+
+/// Versions of NVIDIA wheels, read from the dist-info directory names of a site-packages.
+#[derive(Default)]
+struct WheelVersions {
+    by_site: BTreeMap<PathBuf, Vec<String>>,
+}
+
+impl WheelVersions {
+    fn version_for(&mut self, lib: Lib, path: &Path) -> Option<String> {
+        let prefix = lib.wheel_dist_prefix()?;
+        // .../site-packages/nvidia/<pkg>/lib/libX.so.N
+        let site = path.ancestors().find(|a| a.ends_with("nvidia"))?.parent()?;
+        let entries = self.by_site.entry(site.to_path_buf()).or_insert_with(|| {
+            std::fs::read_dir(site)
+                .map(|rd| {
+                    rd.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                        .filter(|n| n.starts_with("nvidia_") && n.ends_with(".dist-info"))
+                        .collect()
+                })
+                .unwrap_or_default()
+        });
+        entries.iter().find_map(|n| {
+            let stem = n.strip_suffix(".dist-info")?;
+            let (dist, version) = stem.split_once('-')?;
+            let rest = dist.strip_prefix(prefix)?;
+            // nvidia_cudnn_cu13 matches nvidia_cudnn; nvidia_cublasmp must not match nvidia_cublas
+            (rest.is_empty() || rest.starts_with("_cu")).then(|| version.to_string())
+        })
+    }
+}
+
+fn push_dir(roots: &mut Vec<(PathBuf, Source)>, dir: PathBuf, source: Source) {
+    if dir.is_dir() && !roots.iter().any(|(d, _)| *d == dir) {
+        roots.push((dir, source));
+    }
+}
+
+/// The search order: the user's own setting first, then what the loader already sees, then the
+/// usual installs. Earlier wins.
+fn search_roots(warnings: &mut Vec<Warning>) -> Vec<(PathBuf, Source)> {
+    let mut roots = Vec::new();
+    if let Some(val) = std::env::var_os(USER_PATH_ENV) {
+        for entry in std::env::split_paths(&val).filter(|p| !p.as_os_str().is_empty()) {
+            if !entry.is_dir() {
+                warnings.push(Warning(format!(
+                    "{USER_PATH_ENV} names {}, which is not a directory; ignoring it",
+                    entry.display()
+                )));
+                continue;
+            }
+            let before = roots.len();
+            for sub in ["", "lib64", "lib", "targets/x86_64-linux/lib"] {
+                push_dir(&mut roots, entry.join(sub), Source::GpukitCudaPath);
+            }
+            for wheel_lib in wheel_lib_dirs(&entry) {
+                push_dir(&mut roots, wheel_lib, Source::GpukitCudaPath);
+            }
+            if roots.len() == before + 1 && !dir_has_any_lib(&entry) {
+                warnings.push(Warning(format!(
+                    "{USER_PATH_ENV} names {}, which holds no CUDA library",
+                    entry.display()
+                )));
+            }
+        }
+    }
+    if let Some(val) = std::env::var_os("LD_LIBRARY_PATH") {
+        for entry in std::env::split_paths(&val).filter(|p| !p.as_os_str().is_empty()) {
+            push_dir(&mut roots, entry, Source::LdLibraryPath);
+        }
+    }
+    let mut toolkits: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .map(PathBuf::from)
+        .collect();
+    toolkits.push(PathBuf::from("/usr/local/cuda"));
+    if let Ok(rd) = std::fs::read_dir("/usr/local") {
+        let mut versioned: Vec<PathBuf> = rd
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("cuda-"))
+            })
+            .collect();
+        versioned.sort();
+        versioned.reverse(); // newest first
+        toolkits.extend(versioned);
+    }
+    for tk in toolkits {
+        for sub in [
+            "lib64",
+            "lib",
+            "targets/x86_64-linux/lib",
+            "extras/CUPTI/lib64",
+        ] {
+            push_dir(&mut roots, tk.join(sub), Source::CudaToolkit);
+        }
+    }
+    if let Some(conda) = std::env::var_os("CONDA_PREFIX") {
+        push_dir(&mut roots, PathBuf::from(conda).join("lib"), Source::Conda);
+    }
+    for site in python_site_packages() {
+        for d in wheel_lib_dirs(&site) {
+            push_dir(&mut roots, d, Source::PythonWheels);
+        }
+    }
+    // Container runtimes mount the driver here, WSL there; neither is on the loader's path.
+    for d in [
+        "/usr/local/nvidia/lib64",
+        "/usr/local/nvidia/lib",
+        "/usr/lib/wsl/lib",
+    ] {
+        push_dir(&mut roots, PathBuf::from(d), Source::DriverDir);
+    }
+    for d in ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"] {
+        push_dir(&mut roots, PathBuf::from(d), Source::SystemDir);
+    }
+    roots
+}
+
+fn dir_has_any_lib(dir: &Path) -> bool {
+    Lib::ALL.iter().any(|l| dir.join(l.soname()).exists())
+}
+
+/// `site-packages/nvidia/*/lib` (cu12 wheels: one package a library; cu13: `nvidia/cu13/lib`).
+fn wheel_lib_dirs(site: &Path) -> Vec<PathBuf> {
+    let nvidia = site.join("nvidia");
+    let mut dirs: Vec<PathBuf> = match std::fs::read_dir(&nvidia) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok())
+            .map(|e| e.path().join("lib"))
+            .filter(|p| p.is_dir())
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    // cu13 before cu12 so the newest toolkit wins inside one site-packages
+    dirs.sort_by(|a, b| b.cmp(a));
+    dirs
+}
+
+/// site-packages of `$VIRTUAL_ENV` and of the `python3` on PATH.
+fn python_site_packages() -> Vec<PathBuf> {
+    let mut sites = Vec::new();
+    if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
+        sites.extend(glob_site_packages(&PathBuf::from(venv)));
+    }
+    for p in python3_site_packages_cached() {
+        if p.is_dir() && !sites.contains(&p) {
+            sites.push(p);
+        }
+    }
+    sites
+}
+
+/// Asking python3 costs 20-60 ms (more behind a pyenv shim), too much for every start, so the
+/// answer is cached per interpreter (path and modification time) and environment, for a day,
+/// and asked again as soon as a cached directory has gone.
+fn python3_site_packages_cached() -> Vec<PathBuf> {
+    let Some(python) = find_on_path("python3") else {
+        return Vec::new();
+    };
+    let stamp = std::fs::metadata(&python)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut key = format!("{}|{stamp}", python.display());
+    for var in [
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+        "PYENV_VERSION",
+        "PYTHONHOME",
+        "PYTHONPATH",
+    ] {
+        key.push('|');
+        key.push_str(&std::env::var(var).unwrap_or_default());
+    }
+    let cache_file =
+        cache_dir().map(|d| d.join(format!("python-sites-{:016x}", fnv1a(key.as_bytes()))));
+    if let Some(f) = &cache_file {
+        let fresh = std::fs::metadata(f)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age.as_secs() < 24 * 3600);
+        if fresh {
+            if let Ok(text) = std::fs::read_to_string(f) {
+                let sites: Vec<PathBuf> = text.lines().map(PathBuf::from).collect();
+                if sites.iter().all(|p| p.is_dir()) {
+                    return sites;
+                }
+            }
+        }
+    }
+    // -I: no user environment or cwd. Not -S: site.py is what points sys.prefix at a venv.
+    let script = "import site,sysconfig\nfor p in {sysconfig.get_paths()['purelib'],sysconfig.get_paths()['platlib'],*site.getsitepackages(),site.getusersitepackages()}: print(p)";
+    let sites: Vec<PathBuf> = match Command::new(&python).args(["-I", "-c", script]).output() {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| PathBuf::from(l.trim()))
+            .filter(|p| p.is_dir())
+            .collect(),
+        _ => Vec::new(),
+    };
+    if let Some(f) = &cache_file {
+        let text: String = sites.iter().map(|p| format!("{}\n", p.display())).collect();
+        let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, f);
+        }
+    }
+    sites
+}
+
+fn find_on_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+fn glob_site_packages(prefix: &Path) -> Vec<PathBuf> {
+    let lib = prefix.join("lib");
+    let Ok(rd) = std::fs::read_dir(&lib) else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok())
+        .map(|e| e.path().join("site-packages"))
+        .filter(|p| p.is_dir())
+        .collect()
+}
+
+/// (name, path) pairs from `ldconfig -p`, for the names gpukit cares about.
+fn linker_cache() -> Vec<(String, PathBuf)> {
+    let out = ["/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"]
+        .iter()
+        .find_map(|exe| Command::new(exe).arg("-p").output().ok())
+        .filter(|o| o.status.success());
+    let Some(out) = out else {
+        return Vec::new();
+    };
+    let wanted: Vec<String> = Lib::ALL
+        .iter()
+        .map(|l| format!("lib{}.so", l.stem()))
+        .collect();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let (name, rest) = line.split_once(' ')?;
+            if !rest.contains("x86-64") && cfg!(target_arch = "x86_64") {
+                return None;
+            }
+            let path = rest.rsplit_once("=> ")?.1;
+            wanted
+                .iter()
+                .any(|w| name.starts_with(w.as_str()))
+                .then(|| (name.to_string(), PathBuf::from(path)))
+        })
+        .collect()
+}
+
+/// Discovers the libraries and, when the loader would not find them on its own, re-executes the
+/// current program once with `LD_LIBRARY_PATH` extended. Returns in the (possibly new) process.
+pub fn prepare_process() -> Discovery {
+    if let Some(json) = std::env::var_os(DISCOVERY_ENV) {
+        // Not inherited by programs gpukit starts (python3 for --compare-pytorch).
+        std::env::remove_var(DISCOVERY_ENV);
+        if let Some(d) = json.to_str().and_then(|s| serde_json::from_str(s).ok()) {
+            return d;
+        }
+    }
+    let mut discovery = discover();
+    discovery.alias_dir = make_alias_dir(&discovery);
+    let current: Vec<PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
+        .map(|v| std::env::split_paths(&v).collect())
+        .unwrap_or_default();
+    let mut needed: Vec<PathBuf> = Vec::new();
+    if let Some(a) = &discovery.alias_dir {
+        needed.push(a.clone());
+    }
+    for status in &discovery.libraries {
+        if let Some(found) = &status.found {
+            if found.source.loader_sees_it() {
+                continue;
+            }
+            if let Some(dir) = found.path.parent() {
+                if !needed.iter().any(|d| d == dir) {
+                    needed.push(dir.to_path_buf());
+                }
+            }
+        }
+    }
+    needed.retain(|d| !current.contains(d));
+    if needed.is_empty() {
+        return discovery;
+    }
+    discovery.added_to_loader_path = needed.clone();
+    let new_path = std::env::join_paths(needed.iter().chain(current.iter()));
+    let (Ok(new_path), Ok(exe)) = (new_path, std::env::current_exe()) else {
+        discovery.warnings.push(Warning(
+            "could not extend LD_LIBRARY_PATH; libraries outside it may fail to load".into(),
+        ));
+        discovery.added_to_loader_path.clear();
+        return discovery;
+    };
+    let Ok(json) = serde_json::to_string(&discovery) else {
+        return discovery;
+    };
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    use std::os::unix::process::CommandExt;
+    let err = Command::new(exe)
+        .args(args)
+        .env("LD_LIBRARY_PATH", new_path)
+        .env(DISCOVERY_ENV, json)
+        .exec();
+    // exec only returns on failure
+    discovery.warnings.push(Warning(format!(
+        "re-executing with the CUDA libraries on LD_LIBRARY_PATH failed ({err}); set LD_LIBRARY_PATH to {} yourself",
+        needed
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":")
+    )));
+    discovery.added_to_loader_path.clear();
+    discovery
+}
+
+/// Makes links named as cudarc asks (`lib<stem>.so`) to the files found, for libraries whose real
+/// SONAME is not among cudarc's candidate names (NCCL's `libnccl.so.2`). Returns the directory.
+fn make_alias_dir(discovery: &Discovery) -> Option<PathBuf> {
+    let targets: Vec<(String, PathBuf)> = discovery
+        .libraries
+        .iter()
+        .filter(|s| s.lib == Lib::Nccl)
+        .filter_map(|s| {
+            let f = s.found.as_ref()?;
+            Some((format!("lib{}.so", s.lib.stem()), f.path.clone()))
+        })
+        .collect();
+    if targets.is_empty() {
+        return None;
+    }
+    let base = cache_dir()?;
+    // One directory per set of targets, so two installs never fight over one link.
+    let mut key = String::new();
+    for (n, p) in &targets {
+        key.push_str(n);
+        key.push_str(&p.to_string_lossy());
+    }
+    let dir = base.join(format!("lib-aliases-{:016x}", fnv1a(key.as_bytes())));
+    let complete = targets
+        .iter()
+        .all(|(n, p)| std::fs::read_link(dir.join(n)).is_ok_and(|t| t == *p));
+    if complete {
+        return Some(dir);
+    }
+    // Build aside, then rename into place: a reader never sees a half-made directory.
+    let tmp = base.join(format!(
+        ".lib-aliases-{}-{}",
+        std::process::id(),
+        fnv1a(key.as_bytes())
+    ));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).ok()?;
+    for (n, p) in &targets {
+        std::os::unix::fs::symlink(p, tmp.join(n)).ok()?;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if std::fs::rename(&tmp, &dir).is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        // another process may have won the race with the same content
+        let ok = targets
+            .iter()
+            .all(|(n, p)| std::fs::read_link(dir.join(n)).is_ok_and(|t| t == *p));
+        return ok.then_some(dir);
+    }
+    Some(dir)
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("XDG_CACHE_HOME").map(|p| PathBuf::from(p).join("gpukit")),
+        std::env::var_os("HOME").map(|p| PathBuf::from(p).join(".cache/gpukit")),
+        Some(std::env::temp_dir().join(format!("gpukit-{}", current_uid()))),
+    ];
+    candidates.into_iter().flatten().find(|d| {
+        std::fs::create_dir_all(d).is_ok() && {
+            let probe = d.join(format!(".probe-{}", std::process::id()));
+            let ok = std::fs::write(&probe, b"").is_ok();
+            let _ = std::fs::remove_file(&probe);
+            ok
+        }
+    })
+}
+
+fn current_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(0)
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_from_versioned_file_name() {
+        let dir = std::env::temp_dir().join(format!("gpukit-vtest-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let real = dir.join("libcublas.so.13.1.0.3");
+        std::fs::write(&real, b"x").unwrap();
+        let link = dir.join("libcublas.so.13");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert_eq!(version_from_file(&link).as_deref(), Some("13.1.0.3"));
+        let bare = dir.join("libnccl.so.2");
+        std::fs::write(&bare, b"x").unwrap();
+        assert_eq!(version_from_file(&bare), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn wheel_versions_come_from_dist_info() {
+        let site = std::env::temp_dir().join(format!("gpukit-site-{}", std::process::id()));
+        let lib_dir = site.join("nvidia/cudnn/lib");
+        std::fs::create_dir_all(&lib_dir).unwrap();
+        std::fs::create_dir_all(site.join("nvidia_cudnn_cu13-9.13.0.50.dist-info")).unwrap();
+        std::fs::create_dir_all(site.join("nvidia_cublasmp_cu13-0.5.1.dist-info")).unwrap();
+        std::fs::create_dir_all(site.join("nvidia_cublas-13.0.2.14.dist-info")).unwrap();
+        let lib = lib_dir.join("libcudnn.so.9");
+        std::fs::write(&lib, b"x").unwrap();
+        let mut w = WheelVersions::default();
+        assert_eq!(
+            w.version_for(Lib::Cudnn, &lib).as_deref(),
+            Some("9.13.0.50")
+        );
+        assert_eq!(
+            w.version_for(Lib::Cublas, &lib).as_deref(),
+            Some("13.0.2.14")
+        );
+        assert_eq!(w.version_for(Lib::Nccl, &lib), None);
+        assert_eq!(w.version_for(Lib::Cuda, &lib), None);
+        std::fs::remove_dir_all(&site).unwrap();
+    }
+
+    #[test]
+    fn finds_a_library_in_a_user_root_before_others() {
+        let a = std::env::temp_dir().join(format!("gpukit-root-a-{}", std::process::id()));
+        let b = std::env::temp_dir().join(format!("gpukit-root-b-{}", std::process::id()));
+        for d in [&a, &b] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::write(d.join("libnccl.so.2"), b"x").unwrap();
+        }
+        let other = if CUDA_MAJOR == 13 { 12 } else { 13 };
+        std::fs::write(b.join(format!("libcublas.so.{other}")), b"x").unwrap();
+        let roots = vec![
+            (a.clone(), Source::GpukitCudaPath),
+            (b.clone(), Source::PythonWheels),
+        ];
+        let mut w = WheelVersions::default();
+        let nccl = find_library(Lib::Nccl, &roots, &[], &mut w);
+        let f = nccl.found.unwrap();
+        assert_eq!(f.path, a.join("libnccl.so.2"));
+        assert_eq!(f.source, Source::GpukitCudaPath);
+        assert_eq!(nccl.shadowed, vec![b.join("libnccl.so.2")]);
+        let cublas = find_library(Lib::Cublas, &roots, &[], &mut w);
+        assert!(cublas.found.is_none());
+        assert_eq!(
+            cublas.other_major,
+            Some(b.join(format!("libcublas.so.{other}")))
+        );
+        for d in [&a, &b] {
+            std::fs::remove_dir_all(d).unwrap();
+        }
+    }
+
+    #[test]
+    fn missing_message_names_what_to_install() {
+        let d = Discovery {
+            libraries: vec![LibraryStatus {
+                lib: Lib::Cudnn,
+                soname: Lib::Cudnn.soname(),
+                found: None,
+                other_major: None,
+                shadowed: vec![],
+            }],
+            warnings: vec![],
+            searched: vec![],
+            added_to_loader_path: vec![],
+            alias_dir: None,
+        };
+        assert!(!d.usable(Lib::Cudnn));
+        let m = d.missing_message(Lib::Cudnn);
+        assert!(m.contains("libcudnn.so.9"), "{m}");
+        assert!(m.contains("pip install nvidia-cudnn-cu"), "{m}");
+    }
+}

@@ -1,0 +1,48 @@
+//! The `gpukit` binary: parses the command line, runs a command from the bench crate and renders
+//! its result (tables on stdout, or one JSON document with `--json`). No measuring lives here.
+
+mod cli;
+mod commands;
+mod render;
+mod write;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+/// Bad usage or bad input: the process exits with code 2.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn main() -> ExitCode {
+    gpukit_cuda::trace::mark_process_start();
+    let args = match cli::Cli::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            // clap prints help/version on stdout (exit 0) and usage errors on stderr (exit 2)
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let started = gpukit_cuda::trace::start();
+    let result = commands::run(args);
+    gpukit_cuda::trace::done("total in this process", started);
+    gpukit_cuda::trace::done_since_process_start(
+        "total since the first process started (re-exec included)",
+    );
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let usage = e.downcast_ref::<UsageError>().is_some();
+            eprintln!("error: {e:#}");
+            ExitCode::from(if usage { 2 } else { 1 })
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The binary as a user runs it: exit codes, messages, JSON, reports. These pass on a machine
+//! with or without a GPU; GPUKIT_REQUIRE_GPU=1 (set by scripts/gpu-test.sh) adds the GPU facts.
+//! GPUKIT_BIN overrides the binary's path (the staged copy on the GPU machine).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn bin() -> PathBuf {
+    std::env::var_os("GPUKIT_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpukit")))
+}
+
+fn gpukit(args: &[&str]) -> Output {
+    Command::new(bin()).args(args).output().expect("run gpukit")
+}
+
+fn require_gpu() -> bool {
+    std::env::var("GPUKIT_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn check_json_parses_and_says_whether_a_gpu_is_there() {
+    let out = gpukit(&["check", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    let available = v["available"].as_bool().expect("available is a bool");
+    assert!(v["host"]["logical_cores"].as_u64().unwrap() >= 1);
+    assert!(!v["host"]["cpu_model"].as_str().unwrap().is_empty());
+    assert_eq!(v["libraries"].as_array().unwrap().len(), 9);
+    if available {
+        assert!(v["reason"].is_null());
+        let gpu = &v["gpus"][0];
+        assert!(gpu["sm_count"].as_u64().unwrap() > 0);
+        assert!(gpu["memory_usable_bytes"].as_u64().unwrap() > 0);
+        assert!(gpu["l2_cache_bytes"].as_u64().unwrap() > 0);
+        assert_eq!(v["cuda_initialized"], true);
+        assert!(gpu["peaks"]["f32_tflops"].as_f64().unwrap() > 0.0);
+    } else {
+        assert!(
+            !require_gpu(),
+            "GPU required but check says: {}",
+            v["reason"]
+        );
+        let reason = v["reason"].as_str().expect("a reason when unavailable");
+        assert!(reason.len() > 20, "{reason}");
+        assert!(v["gpus"].as_array().unwrap().is_empty());
+    }
+    if require_gpu() {
+        for lib in v["libraries"].as_array().unwrap() {
+            // NVTX's library is optional (NVTX 3 is header-only); the rest must be found
+            if lib["library"] != "nvtx" {
+                assert_eq!(lib["found"], true, "{lib}");
+            }
+        }
+    }
+}
+
+#[test]
+fn quick_check_asks_nvml_only_and_says_so() {
+    let out = gpukit(&["check", "--quick", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["cuda_initialized"], false);
+    assert!(v["loader_path_added"].as_array().unwrap().is_empty());
+    if v["available"] == true {
+        let gpu = &v["gpus"][0];
+        assert!(gpu["memory_board_bytes"].as_u64().unwrap() > 0);
+        assert!(gpu["l2_cache_bytes"].is_null(), "L2 comes from CUDA only");
+        assert!(gpu["compute_capability"].is_array());
+    } else {
+        assert!(!require_gpu(), "GPU required but --quick says: {}", v["reason"]);
+        assert!(v["reason"].as_str().unwrap().contains("driver"), "{}", v["reason"]);
+    }
+}
+
+#[test]
+fn check_human_view_has_a_headline_and_host_facts() {
+    let out = gpukit(&["check"]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(
+        s.contains("GPU available") || s.contains("No GPU available"),
+        "{s}"
+    );
+    assert!(
+        s.contains("CUDA libraries") && s.contains("Host") && s.contains("SIMD"),
+        "{s}"
+    );
+}
+
+#[test]
+fn unknown_flag_and_bad_device_exit_2_with_a_message() {
+    let out = gpukit(&["check", "--bogus"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--bogus"));
+    let out = gpukit(&["check", "--device", "tpu:0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("unknown device 'tpu:0'"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = gpukit(&["frobnicate"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn a_device_that_does_not_exist_exits_2() {
+    let out = gpukit(&["check", "--device", "cuda:9"]);
+    assert_eq!(out.status.code(), Some(2), "stdout: {}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(err.contains("cuda:9"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn gpukit_cuda_path_pointing_nowhere_warns_and_carries_on() {
+    let out = Command::new(bin())
+        .args(["check", "--json"])
+        .env("GPUKIT_CUDA_PATH", "/nonexistent/cuda")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("GPUKIT_CUDA_PATH") && err.contains("/nonexistent/cuda"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["warnings"][0]
+        .as_str()
+        .unwrap()
+        .contains("/nonexistent/cuda"));
+}
+
+#[test]
+fn gpukit_cuda_path_finds_libraries_placed_there() {
+    // A fake libnccl.so.2 in a user directory must be found there, ahead of anything else.
+    let dir = std::env::temp_dir().join(format!("gpukit-cli-libs-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("lib")).unwrap();
+    std::fs::write(dir.join("lib/libnccl.so.2"), b"not really a library").unwrap();
+    let out = Command::new(bin())
+        .args(["check", "--json"])
+        .env("GPUKIT_CUDA_PATH", &dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let nccl = v["libraries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["library"] == "nccl")
+        .unwrap()
+        .clone();
+    assert_eq!(nccl["found"], true);
+    assert_eq!(nccl["source"], "gpukit_cuda_path");
+    assert_eq!(nccl["path"], dir.join("lib/libnccl.so.2").to_str().unwrap());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn all_writes_both_reports() {
+    let dir = std::env::temp_dir().join(format!("gpukit-cli-all-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = gpukit(&["all", "--out", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("report.json")).unwrap()).unwrap();
+    assert!(json["check"]["host"]["cpu_model"].is_string());
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.starts_with("# gpukit report"));
+    assert!(md.contains("### CUDA libraries"));
+    if json["check"]["available"] == false {
+        assert!(md.contains("## Skipped"), "{md}");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn all_into_an_unwritable_place_fails_with_the_path() {
+    let out = gpukit(&["all", "--out", "/proc/gpukit-cannot-write-here"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("/proc/gpukit-cannot-write-here"));
+}
+
+#[test]
+fn help_lists_only_real_commands() {
+    let out = gpukit(&["--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let s = text(&out.stdout);
+    assert!(s.contains("check") && s.contains("all"));
+}
