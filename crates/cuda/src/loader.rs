@@ -426,7 +426,8 @@ fn push_dir(roots: &mut Vec<(PathBuf, Source)>, dir: PathBuf, source: Source) {
 }
 
 /// The search order: the user's own setting first, then what the loader already sees, then the
-/// usual installs. Earlier wins.
+/// active Python or conda environment (PyTorch's own, version-matched set), then CUDA toolkits,
+/// then the driver's and the system's directories. Earlier wins.
 fn search_roots(warnings: &mut Vec<Warning>) -> Vec<(PathBuf, Source)> {
     let mut roots = Vec::new();
     if let Some(val) = std::env::var_os(USER_PATH_ENV) {
@@ -458,6 +459,14 @@ fn search_roots(warnings: &mut Vec<Warning>) -> Vec<(PathBuf, Source)> {
             push_dir(&mut roots, entry, Source::LdLibraryPath);
         }
     }
+    if let Some(conda) = std::env::var_os("CONDA_PREFIX") {
+        push_dir(&mut roots, PathBuf::from(conda).join("lib"), Source::Conda);
+    }
+    for site in python_site_packages() {
+        for d in wheel_lib_dirs(&site) {
+            push_dir(&mut roots, d, Source::PythonWheels);
+        }
+    }
     let mut toolkits: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
         .iter()
         .filter_map(std::env::var_os)
@@ -486,14 +495,6 @@ fn search_roots(warnings: &mut Vec<Warning>) -> Vec<(PathBuf, Source)> {
             "extras/CUPTI/lib64",
         ] {
             push_dir(&mut roots, tk.join(sub), Source::CudaToolkit);
-        }
-    }
-    if let Some(conda) = std::env::var_os("CONDA_PREFIX") {
-        push_dir(&mut roots, PathBuf::from(conda).join("lib"), Source::Conda);
-    }
-    for site in python_site_packages() {
-        for d in wheel_lib_dirs(&site) {
-            push_dir(&mut roots, d, Source::PythonWheels);
         }
     }
     // Container runtimes mount the driver here, WSL there; neither is on the loader's path.
