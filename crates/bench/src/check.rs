@@ -98,8 +98,12 @@ pub struct LibraryRow {
 /// Bad input to `check`: the CLI exits 2 on it.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
+    /// A device index past the last GPU (bad input).
     #[error("{0}")]
     NoSuchDevice(String),
+    /// A GPU was named but none can be used (missing hardware or driver).
+    #[error("{0}")]
+    NoGpu(String),
 }
 
 /// How much `check` does.
@@ -285,7 +289,7 @@ pub fn run_check(discovery: &Discovery, opts: CheckOptions) -> Result<CheckRepor
         }
         Err(u) => {
             if let Some(n) = opts.selection.named_cuda() {
-                return Err(CheckError::NoSuchDevice(format!(
+                return Err(CheckError::NoGpu(format!(
                     "device cuda:{n} was asked for, but no GPU can be used: {u}"
                 )));
             }
@@ -312,6 +316,17 @@ pub fn run_check(discovery: &Discovery, opts: CheckOptions) -> Result<CheckRepor
         warnings,
         host,
     })
+}
+
+/// Facts (and peaks) of one CUDA device, for benchmarks to place their figures against.
+pub fn describe_gpu(discovery: &Discovery, ordinal: usize) -> Result<GpuFacts, String> {
+    let d = driver::probe(discovery).map_err(|e| e.to_string())?;
+    let a = driver::device_attributes(ordinal, d.device_count).map_err(|e| e.to_string())?;
+    let (nv, err) = match NvmlSession::open(discovery).and_then(|n| n.device(&a.uuid)) {
+        Ok(n) => (Some(n), None),
+        Err(e) => (None, Some(e)),
+    };
+    Ok(gpu_facts(Some(a), nv, err))
 }
 
 fn gpu_facts(

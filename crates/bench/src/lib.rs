@@ -2,8 +2,13 @@
 //! the host and GPUs, the ceilings figures are placed against, and the workloads. Every result
 //! is a plain serde struct; the CLI only renders them.
 
+pub mod bandwidth;
 pub mod ceilings;
+pub mod cpu;
 pub mod check;
+pub mod random;
 pub mod harness;
+pub mod matmul;
+pub mod peer;
 pub mod host;
 pub mod stats;

@@ -9,7 +9,7 @@
 //! 3. [`Gpu::open`] creates the context and stream for real work.
 
 use crate::loader::{Discovery, Lib, REQUIRED_DRIVER_API};
-use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
+use cudarc::driver::{result, sys, CudaContext, CudaSlice, CudaStream, DriverError};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -43,6 +43,9 @@ pub enum CudaError {
     Unavailable(#[from] Unavailable),
     #[error("{0}")]
     MissingLibrary(String),
+    /// A request the caller got wrong (sizes that do not fit, ...).
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// A usable driver.
@@ -256,12 +259,34 @@ impl Gpu {
             });
         }
         let ctx = CudaContext::new(ordinal)?;
+        // gpukit orders its streams itself (events where two meet); cudarc's automatic
+        // per-buffer events would add work to every call and break graph capture.
+        // SAFETY: every buffer gpukit makes is used on the stream that made it, or ordered by
+        // explicit events/synchronization where it is not.
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         Ok(Gpu {
             ordinal,
             ctx,
             stream,
         })
+    }
+
+    /// Copies host bytes to a new device buffer (synchronously with respect to the host).
+    pub fn upload(&self, bytes: &[u8]) -> Result<CudaSlice<u8>, CudaError> {
+        let d = self.stream.clone_htod(bytes)?;
+        self.stream.synchronize()?;
+        Ok(d)
+    }
+
+    /// Copies a device buffer back to the host.
+    pub fn download(&self, d: &CudaSlice<u8>) -> Result<Vec<u8>, CudaError> {
+        Ok(self.stream.clone_dtoh(d)?)
+    }
+
+    /// A device buffer of `n` bytes, zeroed.
+    pub fn alloc(&self, n: usize) -> Result<CudaSlice<u8>, CudaError> {
+        Ok(self.stream.alloc_zeros::<u8>(n)?)
     }
 
     /// (free, total) bytes of device memory, as the driver sees them now.

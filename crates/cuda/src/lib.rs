@@ -6,11 +6,13 @@
 //! 2. `gpukit_cuda::driver::probe(&discovery)` says whether a GPU can be used and why not.
 //! 3. `gpukit_cuda::driver::Gpu::open(&discovery, 0)` for work; `timing::time_on_stream` to time it.
 
+pub mod blas;
 pub mod driver;
 pub mod libs;
 pub mod loader;
 pub mod nvml;
 pub mod timing;
 pub mod trace;
+pub mod transfer;
 
 pub use cudarc;

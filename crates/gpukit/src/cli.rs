@@ -1,7 +1,7 @@
 //! Command-line definitions.
 
 use clap::{Args, Parser, Subcommand};
-use gpukit_tensor::DeviceSelection;
+use gpukit_tensor::{DType, Device, DeviceSelection};
 use std::path::PathBuf;
 
 /// GPU fundamentals, measured on your own machine.
@@ -20,8 +20,112 @@ pub struct Cli {
 pub enum Command {
     /// Which GPUs, driver and CUDA libraries are here, and what each GPU can do.
     Check(CheckArgs),
+    /// How much faster the GPU is than the CPU: matmul, bandwidth, conv.
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// Run every command and write DIR/report.json and DIR/report.md.
     All(AllArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Matrix multiply, CPU against GPU, every dtype, verified against float64.
+    Matmul(MatmulArgs),
+    /// Copies: host<->device (pageable, pinned, staged), device<->device, both directions.
+    Bandwidth(BandwidthArgs),
+}
+
+/// Parses one square matrix size.
+fn parse_size(t: &str) -> Result<usize, String> {
+    let t = t.trim();
+    let n: usize = t
+        .parse()
+        .map_err(|_| format!("'{t}' is not a matrix size (a whole number, e.g. 4096)"))?;
+    if n == 0 {
+        return Err("a matrix size must be at least 1".to_string());
+    }
+    if n > 200_000 {
+        return Err(format!(
+            "{n} is too large: a {n}x{n} f32 matrix alone needs {:.0} GB",
+            (n as f64).powi(2) * 4.0 / 1e9
+        ));
+    }
+    Ok(n)
+}
+
+/// Parses a byte count: 4096, 64K, 16M, 1G.
+pub fn parse_byte_size(t: &str) -> Result<usize, String> {
+    let t = t.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("'{t}' is not a size in bytes (e.g. 4096, 64K, 16M, 1G)"))?;
+    n.checked_mul(mult)
+        .filter(|&b| b > 0 && b <= 64 << 30)
+        .ok_or_else(|| format!("'{t}' is out of range: sizes go from 1 byte to 64G"))
+}
+
+fn parse_iterations(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("iterations must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("'{s}' is not a number of iterations")),
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct MatmulArgs {
+    /// One square size (the seed script's flag); same as --sizes N.
+    #[arg(long, value_name = "N", value_parser = parse_size, conflicts_with = "sizes")]
+    pub matrix_size: Option<usize>,
+
+    /// Square sizes to sweep [default: 1000,1023,1024,2048,4096,8192].
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', value_parser = parse_size)]
+    pub sizes: Option<Vec<usize>>,
+
+    /// dtypes: any of f64, f32, tf32, f16, bf16 [default: all the device supports].
+    #[arg(long, value_name = "DTYPE,...", value_delimiter = ',')]
+    pub dtype: Option<Vec<DType>>,
+
+    /// Timed repetitions per row (after warm-up; CPU rows stop early past --cpu-seconds).
+    #[arg(long, default_value = "50", value_parser = parse_iterations)]
+    pub iterations: usize,
+
+    /// cpu, cuda:N or all.
+    #[arg(long, default_value = "all", value_name = "DEVICE")]
+    pub device: DeviceSelection,
+
+    /// Longest a CPU row may run, in seconds.
+    #[arg(long, default_value = "10")]
+    pub cpu_seconds: f64,
+
+    /// Run the same workloads through PyTorch (scripts/pytorch_reference.py) and show both.
+    #[arg(long)]
+    pub compare_pytorch: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BandwidthArgs {
+    /// Copy sizes [default: 4K,64K,1M,16M,256M,1G].
+    #[arg(long, value_name = "SIZE,...", value_delimiter = ',', value_parser = parse_byte_size)]
+    pub sizes: Option<Vec<usize>>,
+
+    /// Timed repetitions for large copies (copies up to 1M get ten times as many).
+    #[arg(long, default_value = "20", value_parser = parse_iterations)]
+    pub iterations: usize,
+
+    /// cuda:N.
+    #[arg(long, default_value = "cuda:0", value_name = "DEVICE")]
+    pub device: Device,
+
+    /// Run the same copies through PyTorch and show both.
+    #[arg(long)]
+    pub compare_pytorch: bool,
 }
 
 #[derive(Debug, Args)]
@@ -50,4 +154,57 @@ pub struct AllArgs {
     /// Which devices to run on: all, cpu, cuda:N.
     #[arg(long, default_value = "all", value_name = "DEVICE")]
     pub device: DeviceSelection,
+
+    /// Shorter benchmarks (fewer sizes and repetitions): a tour, not a measurement campaign.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_and_reject_nonsense() {
+        assert_eq!(parse_size(" 1023"), Ok(1023));
+        assert!(parse_size("0").unwrap_err().contains("at least 1"));
+        assert!(parse_size("-5").unwrap_err().contains("'-5'"));
+        assert!(parse_size("abc").unwrap_err().contains("'abc'"));
+        assert!(parse_size("1000000").unwrap_err().contains("too large"));
+    }
+
+    #[test]
+    fn byte_sizes_take_suffixes() {
+        assert_eq!(parse_byte_size("4K"), Ok(4096));
+        assert_eq!(parse_byte_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_byte_size("100"), Ok(100));
+        assert!(parse_byte_size("0").is_err());
+        assert!(parse_byte_size("12X").is_err());
+        assert!(parse_byte_size("100G").unwrap_err().contains("out of range"));
+    }
+
+    #[test]
+    fn iterations_must_be_positive() {
+        assert!(parse_iterations("0").is_err());
+        assert_eq!(parse_iterations("7"), Ok(7));
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["gpukit", "bench", "matmul", "--sizes", "1000,1023", "--dtype", "f16,bf16"]).unwrap();
+        match cli.command {
+            Command::Bench(BenchCommand::Matmul(m)) => {
+                assert_eq!(m.sizes, Some(vec![1000, 1023]));
+                assert_eq!(m.dtype, Some(vec![DType::F16, DType::Bf16]));
+            }
+            other => panic!("{other:?}"),
+        }
+        let cli = Cli::try_parse_from(["gpukit", "bench", "bandwidth", "--sizes", "4K,1M"]).unwrap();
+        match cli.command {
+            Command::Bench(BenchCommand::Bandwidth(b)) => assert_eq!(b.sizes, Some(vec![4096, 1 << 20])),
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -1,7 +1,12 @@
 //! One function per command: run the bench crate's code, then render or write its result.
 
-use crate::cli::{AllArgs, CheckArgs, Cli, Command};
-use crate::render::{check_headline, check_sections, to_markdown, to_terminal};
+use crate::cli::{AllArgs, BandwidthArgs, BenchCommand, CheckArgs, Cli, Command, MatmulArgs};
+use crate::render::{
+    bandwidth_sections, check_headline, check_sections, matmul_sections, to_markdown, to_terminal,
+};
+use gpukit_bench::bandwidth::{run_bandwidth, BandwidthOptions, BandwidthReport};
+use gpukit_bench::matmul::{run_matmul, MatmulOptions, MatmulReport};
+use gpukit_tensor::{Device, DeviceSelection};
 use crate::write::write_files_atomically;
 use crate::UsageError;
 use anyhow::{Context, Result};
@@ -13,8 +18,133 @@ use std::time::Instant;
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Check(a) => check(a, cli.json),
+        Command::Bench(BenchCommand::Matmul(a)) => bench_matmul(a, cli.json),
+        Command::Bench(BenchCommand::Bandwidth(a)) => bench_bandwidth(a, cli.json),
         Command::All(a) => all(a, cli.json),
     }
+}
+
+/// Progress lines on stderr, only when a person is watching.
+fn progress() -> impl FnMut(&str) {
+    use std::io::IsTerminal;
+    let show = std::io::stderr().is_terminal();
+    move |line: &str| {
+        if show {
+            eprintln!("  {line}");
+        }
+    }
+}
+
+/// A GPU named on the command line must exist: exit 2 otherwise.
+fn check_named_gpu(discovery: &Discovery, selection: DeviceSelection) -> Result<()> {
+    if let DeviceSelection::One(Device::Cuda(n)) = selection {
+        match gpukit_cuda::driver::probe(discovery) {
+            Ok(d) if n < d.device_count => {}
+            Ok(d) => {
+                return Err(UsageError(format!(
+                    "device cuda:{n} does not exist: this machine has {} CUDA device(s)",
+                    d.device_count
+                ))
+                .into())
+            }
+            // no GPU at all is a missing device (exit 1), not a typo (exit 2)
+            Err(e) => anyhow::bail!("cuda:{n} was asked for, but no GPU can be used: {e}"),
+        }
+    }
+    Ok(())
+}
+
+/// The options `bench matmul` runs with.
+fn matmul_options(a: &MatmulArgs) -> MatmulOptions {
+    let mut o = MatmulOptions::default();
+    if let Some(s) = a.matrix_size.map(|n| vec![n]).or(a.sizes.clone()) {
+        o.sizes = s;
+    }
+    o.dtypes = a.dtype.clone();
+    o.selection = a.device;
+    o.iterations = a.iterations;
+    o.cpu_budget_s = a.cpu_seconds;
+    o
+}
+
+fn bench_matmul(a: MatmulArgs, json: bool) -> Result<()> {
+    let discovery = prepare_process();
+    check_named_gpu(&discovery, a.device)?;
+    if !(a.cpu_seconds > 0.0 && a.cpu_seconds.is_finite()) {
+        return Err(UsageError("--cpu-seconds must be a positive number".into()).into());
+    }
+    let opts = matmul_options(&a);
+    let mut report = run_matmul(&discovery, &opts, &mut progress());
+    let peer = a.compare_pytorch.then(|| gpukit_bench::matmul::compare_with_pytorch(&mut report, &opts));
+    emit_matmul(&report, peer, json)
+}
+
+fn peer_line(peer: &Option<Result<String, String>>) -> Option<String> {
+    match peer {
+        Some(Ok(v)) => Some(format!("PyTorch {v} ran the same workloads in this invocation (scripts/pytorch_reference.py)")),
+        Some(Err(e)) => Some(format!("PyTorch comparison not available: {e}")),
+        None => None,
+    }
+}
+
+fn emit_matmul(report: &MatmulReport, peer: Option<Result<String, String>>, json: bool) -> Result<()> {
+    if json {
+        return print_json(&serde_json::json!({ "matmul": report, "pytorch": peer_json(&peer) }));
+    }
+    print!("{}", to_terminal(&matmul_sections(report)));
+    if let Some(l) = peer_line(&peer) {
+        println!("{l}");
+    }
+    fail_if_wrong(report.rows.iter().map(|r| &r.status))
+}
+
+fn peer_json(peer: &Option<Result<String, String>>) -> serde_json::Value {
+    match peer {
+        Some(Ok(v)) => serde_json::json!({ "torch_version": v }),
+        Some(Err(e)) => serde_json::json!({ "error": e }),
+        None => serde_json::Value::Null,
+    }
+}
+
+/// A measurement that produced a wrong result makes the command fail (exit 1) after printing.
+fn fail_if_wrong<'a>(statuses: impl Iterator<Item = &'a gpukit_bench::matmul::RowStatus>) -> Result<()> {
+    let failed = statuses
+        .filter(|s| matches!(s, gpukit_bench::matmul::RowStatus::Failed(_)))
+        .count();
+    if failed > 0 {
+        anyhow::bail!("{failed} row(s) failed (see the table): their figures are not reported");
+    }
+    Ok(())
+}
+
+fn bench_bandwidth(a: BandwidthArgs, json: bool) -> Result<()> {
+    let discovery = prepare_process();
+    let ordinal = match a.device {
+        Device::Cuda(n) => n,
+        Device::Cpu => return Err(UsageError("bench bandwidth measures copies to and from a GPU: use --device cuda:N".into()).into()),
+    };
+    check_named_gpu(&discovery, DeviceSelection::One(a.device))?;
+    let mut opts = BandwidthOptions { ordinal, iterations: a.iterations, ..BandwidthOptions::default() };
+    if let Some(s) = a.sizes {
+        opts.sizes_bytes = s;
+    }
+    let mut report = run_bandwidth(&discovery, &opts, &mut progress());
+    if let Some(why) = &report.gpu_unavailable {
+        anyhow::bail!("bench bandwidth needs a GPU: {why}");
+    }
+    let peer = a.compare_pytorch.then(|| gpukit_bench::bandwidth::compare_with_pytorch(&mut report, &opts));
+    emit_bandwidth(&report, peer, json)
+}
+
+fn emit_bandwidth(report: &BandwidthReport, peer: Option<Result<String, String>>, json: bool) -> Result<()> {
+    if json {
+        return print_json(&serde_json::json!({ "bandwidth": report, "pytorch": peer_json(&peer) }));
+    }
+    print!("{}", to_terminal(&bandwidth_sections(report)));
+    if let Some(l) = peer_line(&peer) {
+        println!("{l}");
+    }
+    fail_if_wrong(report.rows.iter().map(|r| &r.status))
 }
 
 fn print_json<T: Serialize>(value: &T) -> Result<()> {
@@ -30,6 +160,7 @@ fn gather_check(discovery: &Discovery, args: &CheckArgs) -> Result<CheckReport> 
     };
     run_check(discovery, opts).map_err(|e| match e {
         CheckError::NoSuchDevice(m) => UsageError(m).into(),
+        CheckError::NoGpu(m) => anyhow::anyhow!(m),
     })
 }
 
@@ -73,7 +204,10 @@ struct AllReport {
     generated_unix_s: u64,
     command_line: Vec<String>,
     check: CheckReport,
-    check_seconds: f64,
+    matmul: MatmulReport,
+    bandwidth: Option<BandwidthReport>,
+    /// Seconds each part took.
+    seconds: Vec<(String, f64)>,
     skipped: Vec<Skipped>,
     total_seconds: f64,
 }
@@ -81,25 +215,65 @@ struct AllReport {
 fn all(args: AllArgs, json: bool) -> Result<()> {
     let started = Instant::now();
     let discovery = prepare_process();
-    eprintln!("[1/1] check");
+    check_named_gpu(&discovery, args.device)?;
+    let mut seconds = Vec::new();
+    let mut skipped = Vec::new();
+    let mut prog = progress();
+    let step = |name: &str| eprintln!("[gpukit all] {name}");
+
+    step("check");
     let t = Instant::now();
     let check = gather_check(
         &discovery,
-        &CheckArgs {
-            device: args.device,
-            library_versions: true,
-            quick: false,
-        },
+        &CheckArgs { device: args.device, library_versions: true, quick: false },
     )?;
-    let check_seconds = t.elapsed().as_secs_f64();
+    seconds.push(("check".to_string(), t.elapsed().as_secs_f64()));
     warn(&check);
-    let mut skipped = Vec::new();
+    let gpu = check.available && args.device != DeviceSelection::One(Device::Cpu);
     if !check.available {
         skipped.push(Skipped {
-            part: "GPU sections of check".into(),
+            part: "GPU rows of bench matmul, bench bandwidth".into(),
             reason: check.reason.clone().unwrap_or_default(),
         });
     }
+
+    step("bench matmul");
+    let t = Instant::now();
+    let mut mopts = MatmulOptions {
+        sizes: if args.quick { vec![1024, 4096] } else { vec![1024, 4096, 8192] },
+        selection: if gpu { args.device } else { DeviceSelection::One(Device::Cpu) },
+        iterations: if args.quick { 10 } else { 30 },
+        cpu_budget_s: if args.quick { 2.0 } else { 5.0 },
+        cpu_max_size: Some(if args.quick { 1024 } else { 4096 }),
+        ..MatmulOptions::default()
+    };
+    if !gpu {
+        // without a GPU only the CPU runs: keep it to sizes a small machine does in seconds
+        mopts.sizes = vec![512, 1024];
+    }
+    let matmul = run_matmul(&discovery, &mopts, &mut prog);
+    seconds.push(("bench matmul".to_string(), t.elapsed().as_secs_f64()));
+
+    let bandwidth = if gpu {
+        step("bench bandwidth");
+        let t = Instant::now();
+        let ordinal = match args.device {
+            DeviceSelection::One(Device::Cuda(n)) => n,
+            _ => 0,
+        };
+        let bopts = BandwidthOptions {
+            ordinal,
+            sizes_bytes: if args.quick { vec![4 << 10, 16 << 20] } else { vec![4 << 10, 1 << 20, 64 << 20, 1 << 30] },
+            iterations: if args.quick { 5 } else { 10 },
+            ..BandwidthOptions::default()
+        };
+        let b = run_bandwidth(&discovery, &bopts, &mut prog);
+        seconds.push(("bench bandwidth".to_string(), t.elapsed().as_secs_f64()));
+        Some(b)
+    } else {
+        None
+    };
+
     let report = AllReport {
         gpukit_version: check.gpukit_version.clone(),
         generated_unix_s: std::time::SystemTime::now()
@@ -108,7 +282,9 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
             .unwrap_or(0),
         command_line: std::env::args().collect(),
         check,
-        check_seconds,
+        matmul,
+        bandwidth,
+        seconds,
         skipped,
         total_seconds: started.elapsed().as_secs_f64(),
     };
@@ -126,24 +302,41 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
             println!("skipped {}: {}", s.part, s.reason);
         }
         println!(
-            "wrote {} and {} in {:.2} s",
+            "wrote {} and {} in {:.1} s",
             args.out.join("report.json").display(),
             args.out.join("report.md").display(),
             report.total_seconds
         );
     }
-    Ok(())
+    let statuses = report
+        .matmul
+        .rows
+        .iter()
+        .map(|r| &r.status)
+        .chain(report.bandwidth.iter().flat_map(|b| b.rows.iter().map(|r| &r.status)));
+    fail_if_wrong(statuses)
 }
 
 fn report_markdown(r: &AllReport) -> String {
     let mut md = format!(
-        "# gpukit report\n\ngpukit {} · `{}` · {:.2} s\n\n## Check\n\n{}\n",
+        "# gpukit report\n\ngpukit {} · `{}` · {:.1} s ({})\n\n## Check\n\n{}\n",
         r.gpukit_version,
         r.command_line.join(" "),
         r.total_seconds,
+        r.seconds
+            .iter()
+            .map(|(n, s)| format!("{n} {s:.1} s"))
+            .collect::<Vec<_>>()
+            .join(", "),
         check_headline(&r.check)
     );
     md.push_str(&to_markdown(&check_sections(&r.check), 3));
+    md.push_str("\n## Matrix multiply\n");
+    md.push_str(&to_markdown(&matmul_sections(&r.matmul), 3));
+    if let Some(b) = &r.bandwidth {
+        md.push_str("\n## Data transfer\n");
+        md.push_str(&to_markdown(&bandwidth_sections(b), 3));
+    }
     if !r.skipped.is_empty() {
         md.push_str("\n## Skipped\n\n");
         for s in &r.skipped {

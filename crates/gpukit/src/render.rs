@@ -445,3 +445,157 @@ mod tests {
         assert!(md.contains("\nnote\n"));
     }
 }
+
+fn status_cell(s: &gpukit_bench::matmul::RowStatus) -> Option<String> {
+    use gpukit_bench::matmul::RowStatus;
+    match s {
+        RowStatus::Ok => None,
+        RowStatus::Failed(w) => Some(format!("FAILED: {w}")),
+        RowStatus::Skipped(w) => Some(format!("skipped: {w}")),
+    }
+}
+
+fn f1(v: Option<f64>) -> String {
+    v.map(|x| {
+        if x >= 100.0 { format!("{x:.0}") } else if x >= 10.0 { format!("{x:.1}") } else { format!("{x:.2}") }
+    })
+    .unwrap_or_default()
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map(|x| format!("{x:.0}%")).unwrap_or_default()
+}
+
+fn times(v: Option<f64>) -> String {
+    v.map(|x| if x >= 10.0 { format!("{x:.0}x") } else { format!("{x:.2}x") }).unwrap_or_default()
+}
+
+pub fn matmul_sections(r: &gpukit_bench::matmul::MatmulReport) -> Vec<Section> {
+    let compare = r.rows.iter().any(|x| x.pytorch.is_some());
+    let mut header: Vec<String> = [
+        "device", "dtype", "size", "median ms (p10-p90)", "TFLOP/s", "% peak", "% best", "vs CPU", "check", "backend",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if compare {
+        header.extend(["PyTorch TFLOP/s".to_string(), "gpukit / PyTorch".to_string()]);
+    }
+    let rows = r
+        .rows
+        .iter()
+        .map(|x| {
+            let mut cells = vec![x.device.to_string(), x.dtype.to_string(), x.size.to_string()];
+            if let Some(s) = status_cell(&x.status) {
+                cells.push(s);
+                cells.extend(std::iter::repeat_n(String::new(), header.len() - 4));
+                return cells;
+            }
+            let t = x.timing.as_ref().map(|t| &t.summary_ms);
+            cells.push(
+                t.map(|s| format!("{:.3} ({:.3}-{:.3}) n={}", s.median, s.p10, s.p90, s.count))
+                    .unwrap_or_default(),
+            );
+            cells.push(f1(x.tflops));
+            cells.push(pct(x.pct_of_peak));
+            cells.push(pct(x.pct_of_best));
+            cells.push(times(x.speedup_vs_cpu));
+            cells.push(
+                x.verification
+                    .as_ref()
+                    .map(|v| format!("ok {:.0e}", v.rel_err))
+                    .unwrap_or_default(),
+            );
+            let mut backend = x.backend.clone().unwrap_or_default();
+            if let Some(c) = &x.computed_as {
+                backend = format!("computed in {c}");
+            }
+            cells.push(backend);
+            if compare {
+                cells.push(f1(x.pytorch.as_ref().map(|p| p.rate)));
+                cells.push(times(x.pytorch.as_ref().map(|p| p.ratio)));
+            }
+            cells
+        })
+        .collect();
+    let mut notes = vec![
+        "check: sampled entries against a float64 product of the same stored inputs (relative error shown); a row that fails reports no figure.".to_string(),
+        "% peak: of the GPU's dense peak for the dtype; % best: of the best rate measured in this run for the same device and dtype; vs CPU: GPU rate over the CPU's for the same dtype and size.".to_string(),
+    ];
+    if let Some(g) = &r.gpu {
+        notes.push(format!("GPU: {} ({})", g.name, match &g.peaks.source {
+            gpukit_bench::ceilings::PeakSource::Datasheet { part } => format!("peaks from the {part} datasheet"),
+            gpukit_bench::ceilings::PeakSource::Estimate { .. } => "peaks estimated from SMs x clock".into(),
+        }));
+    }
+    if let Some(why) = &r.gpu_unavailable {
+        notes.push(format!("GPU rows skipped: {why}"));
+    }
+    notes.push(format!("CPU: {} with {} threads", r.cpu_model, r.cpu_threads));
+    vec![Section {
+        title: "Matrix multiply (C = A x B, square, random inputs in [-1, 1))".into(),
+        header: Some(header),
+        rows,
+        notes,
+    }]
+}
+
+fn human_bytes(b: usize) -> String {
+    if b >= 1 << 30 && b % (1 << 30) == 0 {
+        format!("{} GiB", b >> 30)
+    } else if b >= 1 << 20 && b % (1 << 20) == 0 {
+        format!("{} MiB", b >> 20)
+    } else if b >= 1 << 10 && b % (1 << 10) == 0 {
+        format!("{} KiB", b >> 10)
+    } else {
+        format!("{b} B")
+    }
+}
+
+pub fn bandwidth_sections(r: &gpukit_bench::bandwidth::BandwidthReport) -> Vec<Section> {
+    let compare = r.rows.iter().any(|x| x.pytorch.is_some());
+    let mut header: Vec<String> = ["copy", "size", "median us", "GB/s", "% of link / memory", "check"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    if compare {
+        header.extend(["PyTorch GB/s".to_string(), "gpukit / PyTorch".to_string()]);
+    }
+    let rows = r
+        .rows
+        .iter()
+        .map(|x| {
+            let mut cells = vec![x.kind.label().to_string(), human_bytes(x.bytes)];
+            if let Some(s) = status_cell(&x.status) {
+                cells.push(s);
+                cells.extend(std::iter::repeat_n(String::new(), header.len() - 3));
+                return cells;
+            }
+            cells.push(f1(x.latency_us));
+            cells.push(match (x.gbs, x.gbs_read_write) {
+                (Some(g), Some(rw)) => format!("{} ({} read+write)", f1(Some(g)), f1(Some(rw))),
+                (g, _) => f1(g),
+            });
+            cells.push(pct(x.pct_of_link.or(x.pct_of_memory_peak)));
+            cells.push(if x.verified { "byte-exact".into() } else { "MISMATCH".into() });
+            if compare {
+                cells.push(f1(x.pytorch.as_ref().map(|p| p.rate)));
+                cells.push(times(x.pytorch.as_ref().map(|p| p.ratio)));
+            }
+            cells
+        })
+        .collect();
+    let mut notes = vec![format!(
+        "PCIe link (one direction, max generation and width): {}; memory peak: {}. Device->device's % is of the memory peak, counting bytes read plus written.",
+        r.pcie_link_gbs.map(|g| format!("{g:.1} GB/s")).unwrap_or_else(|| "unknown".into()),
+        r.memory_peak_gbs.map(|g| format!("{g:.0} GB/s")).unwrap_or_else(|| "unknown".into())
+    )];
+    notes.push(format!(
+        "Staging: pageable memory copied by all CPU threads into two pinned {} buffers in turn, each sent while the other fills.",
+        human_bytes(r.staging_chunk_bytes)
+    ));
+    if let Some(why) = &r.gpu_unavailable {
+        notes.push(format!("No GPU: {why}"));
+    }
+    vec![Section { title: "Data transfer".into(), header: Some(header), rows, notes }]
+}

@@ -1,0 +1,429 @@
+//! `bench bandwidth`: host<->device copies from pageable and pinned memory, a staged pageable
+//! path, device->device, and both directions at once; every copy checked byte-exact and placed
+//! against the PCIe link and the memory's peak.
+
+use crate::check::{describe_gpu, GpuFacts};
+use crate::harness::{gbs, time_device, time_host, Measurement, Plan};
+use crate::matmul::{PeerFigure, RowStatus};
+use crate::random::{fill_bytes, fresh_seed};
+use gpukit_cuda::blas::DeviceBytes;
+use gpukit_cuda::driver::{CudaError, Gpu};
+use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::transfer::{copy_d2d, copy_d2h, copy_h2d, h2d_staged, PinnedBytes};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// Which copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CopyKind {
+    /// Host->device from ordinary (pageable) memory: the driver stages it.
+    H2dPageable,
+    /// The same source through gpukit's double-buffered pinned staging.
+    H2dPageableStaged,
+    H2dPinned,
+    D2hPinned,
+    D2hPageable,
+    /// Device->device; its rate also counts bytes read plus bytes written.
+    D2d,
+    /// Host->device and device->host at once, pinned, on two streams.
+    Bidirectional,
+}
+
+impl CopyKind {
+    pub const ALL: [CopyKind; 7] = [
+        CopyKind::H2dPageable,
+        CopyKind::H2dPageableStaged,
+        CopyKind::H2dPinned,
+        CopyKind::D2hPinned,
+        CopyKind::D2hPageable,
+        CopyKind::D2d,
+        CopyKind::Bidirectional,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            CopyKind::H2dPageable => "host->device, pageable",
+            CopyKind::H2dPageableStaged => "host->device, pageable via staging",
+            CopyKind::H2dPinned => "host->device, pinned",
+            CopyKind::D2hPinned => "device->host, pinned",
+            CopyKind::D2hPageable => "device->host, pageable",
+            CopyKind::D2d => "device->device",
+            CopyKind::Bidirectional => "both directions at once, pinned",
+        }
+    }
+
+    /// PyTorch's name for the same copy in scripts/pytorch_reference.py.
+    pub fn pytorch_kind(self) -> Option<&'static str> {
+        match self {
+            CopyKind::H2dPageable | CopyKind::H2dPageableStaged => Some("h2d_pageable"),
+            CopyKind::H2dPinned => Some("h2d_pinned"),
+            CopyKind::D2hPinned => Some("d2h_pinned"),
+            CopyKind::D2hPageable => Some("d2h_pageable"),
+            CopyKind::D2d => Some("d2d"),
+            CopyKind::Bidirectional => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BandwidthOptions {
+    pub sizes_bytes: Vec<usize>,
+    pub ordinal: usize,
+    /// Repetitions for large copies; small ones (latency-bound) get 10x as many.
+    pub iterations: usize,
+    /// Chunk of the staged path.
+    pub staging_chunk_bytes: usize,
+}
+
+impl Default for BandwidthOptions {
+    fn default() -> Self {
+        BandwidthOptions {
+            sizes_bytes: vec![4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30],
+            ordinal: 0,
+            iterations: 20,
+            staging_chunk_bytes: 8 << 20,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BandwidthRow {
+    pub kind: CopyKind,
+    pub bytes: usize,
+    pub status: RowStatus,
+    pub timing: Option<Measurement>,
+    /// Payload bytes per second (1e9), per direction summed for `Bidirectional`.
+    pub gbs: Option<f64>,
+    /// Device->device only: bytes read plus bytes written per second.
+    pub gbs_read_write: Option<f64>,
+    /// Median time of one copy in microseconds (what matters for small copies).
+    pub latency_us: Option<f64>,
+    /// Percent of the PCIe link's payload rate (one direction; both for `Bidirectional`).
+    pub pct_of_link: Option<f64>,
+    /// Device->device: percent of the memory's peak (datasheet or estimate).
+    pub pct_of_memory_peak: Option<f64>,
+    /// Every byte of the destination compared with the source after the timed copies.
+    pub verified: bool,
+    pub pytorch: Option<PeerFigure>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BandwidthReport {
+    pub gpu: Option<GpuFacts>,
+    pub gpu_unavailable: Option<String>,
+    pub pcie_link_gbs: Option<f64>,
+    pub memory_peak_gbs: Option<f64>,
+    pub staging_chunk_bytes: usize,
+    pub rows: Vec<BandwidthRow>,
+}
+
+/// Host copy spread over threads: one thread cannot feed a PCIe 5 x16 link.
+fn parallel_copy(dst: &mut [u8], src: &[u8]) {
+    const PIECE: usize = 1 << 20;
+    dst.par_chunks_mut(PIECE)
+        .zip(src.par_chunks(PIECE))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
+/// All the buffers one size needs.
+struct Buffers {
+    src: Vec<u8>,
+    pinned_src: PinnedBytes,
+    pinned_dst: PinnedBytes,
+    pageable_dst: Vec<u8>,
+    dev_a: DeviceBytes,
+    dev_b: DeviceBytes,
+    staging: [PinnedBytes; 2],
+}
+
+impl Buffers {
+    fn new(gpu: &Gpu, bytes: usize, chunk: usize) -> Result<Buffers, CudaError> {
+        let mut src = vec![0u8; bytes];
+        fill_bytes(&mut src, fresh_seed());
+        let mut pinned_src = PinnedBytes::new(gpu, bytes, true)?;
+        parallel_copy(pinned_src.as_mut_slice(), &src);
+        Ok(Buffers {
+            pinned_src,
+            pinned_dst: PinnedBytes::new(gpu, bytes, false)?,
+            pageable_dst: vec![0u8; bytes],
+            dev_a: gpu.alloc(bytes)?,
+            dev_b: gpu.alloc(bytes)?,
+            staging: [
+                PinnedBytes::new(gpu, chunk.min(bytes), true)?,
+                PinnedBytes::new(gpu, chunk.min(bytes), true)?,
+            ],
+            src,
+        })
+    }
+}
+
+/// Runs every copy kind at every size on one GPU.
+pub fn run_bandwidth(
+    discovery: &Discovery,
+    opts: &BandwidthOptions,
+    progress: &mut dyn FnMut(&str),
+) -> BandwidthReport {
+    let mut report = BandwidthReport {
+        gpu: None,
+        gpu_unavailable: None,
+        pcie_link_gbs: None,
+        memory_peak_gbs: None,
+        staging_chunk_bytes: opts.staging_chunk_bytes,
+        rows: Vec::new(),
+    };
+    let (gpu, facts) = match (Gpu::open(discovery, opts.ordinal), describe_gpu(discovery, opts.ordinal)) {
+        (Ok(g), Ok(f)) => (g, f),
+        (Err(e), _) => {
+            report.gpu_unavailable = Some(e.to_string());
+            return report;
+        }
+        (_, Err(e)) => {
+            report.gpu_unavailable = Some(e);
+            return report;
+        }
+    };
+    report.pcie_link_gbs = facts.pcie_max_gbs;
+    report.memory_peak_gbs = facts.peaks.memory_gbs;
+    report.gpu = Some(facts);
+    let stream2 = match gpu.ctx.new_stream() {
+        Ok(s) => s,
+        Err(e) => {
+            report.gpu_unavailable = Some(e.to_string());
+            return report;
+        }
+    };
+    for &bytes in &opts.sizes_bytes {
+        progress(&format!("bandwidth {} bytes", bytes));
+        let free = gpu.mem_info().map(|(f, _)| f as usize).unwrap_or(0);
+        if 2 * bytes > free {
+            for kind in CopyKind::ALL {
+                report.rows.push(skipped(kind, bytes, format!(
+                    "needs {} bytes of GPU memory, {free} free",
+                    2 * bytes
+                )));
+            }
+            continue;
+        }
+        let mut bufs = match Buffers::new(&gpu, bytes, opts.staging_chunk_bytes) {
+            Ok(b) => b,
+            Err(e) => {
+                for kind in CopyKind::ALL {
+                    report.rows.push(skipped(kind, bytes, format!("allocating buffers: {e}")));
+                }
+                continue;
+            }
+        };
+        let reps = if bytes <= 1 << 20 { opts.iterations * 10 } else { opts.iterations };
+        let plan = Plan::new(3, reps);
+        for kind in CopyKind::ALL {
+            if kind == CopyKind::Bidirectional && bytes < 1 << 20 {
+                continue; // latency-bound: says nothing about the link
+            }
+            let row = match measure(&gpu, &stream2, kind, &mut bufs, plan) {
+                Ok((timing, verified)) => finish(kind, bytes, timing, verified, &report),
+                Err(e) => {
+                    let mut r = skipped(kind, bytes, String::new());
+                    r.status = RowStatus::Failed(e);
+                    r
+                }
+            };
+            report.rows.push(row);
+        }
+    }
+    report
+}
+
+fn skipped(kind: CopyKind, bytes: usize, why: String) -> BandwidthRow {
+    BandwidthRow {
+        kind,
+        bytes,
+        status: RowStatus::Skipped(why),
+        timing: None,
+        gbs: None,
+        gbs_read_write: None,
+        latency_us: None,
+        pct_of_link: None,
+        pct_of_memory_peak: None,
+        verified: false,
+        pytorch: None,
+    }
+}
+
+fn finish(kind: CopyKind, bytes: usize, timing: Measurement, verified: bool, report: &BandwidthReport) -> BandwidthRow {
+    let ms = timing.summary_ms.median;
+    let payload = if kind == CopyKind::Bidirectional { 2 * bytes } else { bytes };
+    let rate = gbs(payload as f64, ms);
+    let rw = (kind == CopyKind::D2d).then(|| gbs(2.0 * bytes as f64, ms));
+    let link = match kind {
+        CopyKind::D2d => None,
+        CopyKind::Bidirectional => report.pcie_link_gbs.map(|l| 100.0 * rate / (2.0 * l)),
+        _ => report.pcie_link_gbs.map(|l| 100.0 * rate / l),
+    };
+    BandwidthRow {
+        kind,
+        bytes,
+        status: if verified {
+            RowStatus::Ok
+        } else {
+            RowStatus::Failed("destination differs from the source".into())
+        },
+        gbs: verified.then_some(rate),
+        gbs_read_write: rw.filter(|_| verified),
+        latency_us: verified.then_some(ms * 1e3),
+        pct_of_link: link.filter(|_| verified),
+        pct_of_memory_peak: rw
+            .zip(report.memory_peak_gbs)
+            .map(|(r, p)| 100.0 * r / p)
+            .filter(|_| verified),
+        timing: Some(timing),
+        verified,
+        pytorch: None,
+    }
+}
+
+/// Times one kind, then checks the destination byte for byte.
+fn measure(
+    gpu: &Gpu,
+    stream2: &std::sync::Arc<gpukit_cuda::cudarc::driver::CudaStream>,
+    kind: CopyKind,
+    b: &mut Buffers,
+    plan: Plan,
+) -> Result<(Measurement, bool), String> {
+    let s = &gpu.stream;
+    let e = |e: CudaError| e.to_string();
+    let bytes = b.src.len();
+    // poison the destination first so a copy that did nothing cannot pass
+    let poison = |gpu: &Gpu, d: &mut DeviceBytes| -> Result<(), String> {
+        gpu.stream.memset_zeros(d).map_err(|e| e.to_string())?;
+        gpu.stream.synchronize().map_err(|e| e.to_string())
+    };
+    let timing = match kind {
+        CopyKind::H2dPageable => {
+            poison(gpu, &mut b.dev_a)?;
+            time_device(s, plan, || copy_h2d(s, &b.src, &mut b.dev_a)).map_err(|e| e.to_string())?
+        }
+        CopyKind::H2dPageableStaged => {
+            poison(gpu, &mut b.dev_a)?;
+            let (src, dev, staging) = (&b.src, &mut b.dev_a, &mut b.staging);
+            time_host(plan, || {
+                h2d_staged(s, src, dev, staging, &parallel_copy)?;
+                s.synchronize().map_err(CudaError::from)
+            })
+            .map_err(|e| e.to_string())?
+        }
+        CopyKind::H2dPinned => {
+            poison(gpu, &mut b.dev_a)?;
+            time_device(s, plan, || copy_h2d(s, b.pinned_src.as_slice(), &mut b.dev_a))
+                .map_err(|e| e.to_string())?
+        }
+        CopyKind::D2hPinned => {
+            copy_h2d(s, &b.src, &mut b.dev_a).map_err(e)?;
+            b.pinned_dst.as_mut_slice().fill(0);
+            time_device(s, plan, || copy_d2h(s, &b.dev_a, b.pinned_dst.as_mut_slice()))
+                .map_err(|e| e.to_string())?
+        }
+        CopyKind::D2hPageable => {
+            copy_h2d(s, &b.src, &mut b.dev_a).map_err(e)?;
+            b.pageable_dst.fill(0);
+            time_device(s, plan, || copy_d2h(s, &b.dev_a, &mut b.pageable_dst)).map_err(|e| e.to_string())?
+        }
+        CopyKind::D2d => {
+            copy_h2d(s, &b.src, &mut b.dev_a).map_err(e)?;
+            poison(gpu, &mut b.dev_b)?;
+            time_device(s, plan, || copy_d2d(s, &b.dev_a, &mut b.dev_b, bytes)).map_err(|e| e.to_string())?
+        }
+        CopyKind::Bidirectional => {
+            // dev_a -> host on stream 2 while host -> dev_b on stream 1
+            copy_h2d(s, &b.src, &mut b.dev_a).map_err(e)?;
+            s.synchronize().map_err(|e| e.to_string())?;
+            poison(gpu, &mut b.dev_b)?;
+            b.pinned_dst.as_mut_slice().fill(0);
+            let (pin_src, pin_dst, dev_a, dev_b) = (&b.pinned_src, &mut b.pinned_dst, &b.dev_a, &mut b.dev_b);
+            time_host(plan, || -> Result<(), CudaError> {
+                copy_h2d(s, pin_src.as_slice(), dev_b)?;
+                copy_d2h(stream2, dev_a, pin_dst.as_mut_slice())?;
+                s.synchronize()?;
+                stream2.synchronize()?;
+                Ok(())
+            })
+            .map_err(|e| e.to_string())?
+        }
+    };
+    s.synchronize().map_err(|e| e.to_string())?;
+    let verified = match kind {
+        CopyKind::H2dPageable | CopyKind::H2dPageableStaged | CopyKind::H2dPinned => {
+            gpu.download(&b.dev_a).map_err(e)? == b.src
+        }
+        CopyKind::D2hPinned => b.pinned_dst.as_slice() == b.src.as_slice(),
+        CopyKind::D2hPageable => b.pageable_dst == b.src,
+        CopyKind::D2d => gpu.download(&b.dev_b).map_err(e)? == b.src,
+        CopyKind::Bidirectional => {
+            b.pinned_dst.as_slice() == b.src.as_slice() && gpu.download(&b.dev_b).map_err(e)? == b.src
+        }
+    };
+    Ok((timing, verified))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parallel_copy_copies_every_byte() {
+        let mut src = vec![0u8; (3 << 20) + 17];
+        fill_bytes(&mut src, 11);
+        let mut dst = vec![0u8; src.len()];
+        parallel_copy(&mut dst, &src);
+        assert_eq!(dst, src);
+    }
+
+    #[test]
+    fn rates_and_fractions() {
+        let report = BandwidthReport {
+            gpu: None,
+            gpu_unavailable: None,
+            pcie_link_gbs: Some(63.0),
+            memory_peak_gbs: Some(3350.0),
+            staging_chunk_bytes: 1,
+            rows: vec![],
+        };
+        let t = time_host(Plan::new(0, 1), || Ok::<(), String>(())).unwrap();
+        let mut m = t.clone();
+        m.summary_ms.median = 1.0; // 1 ms
+        let r = finish(CopyKind::D2d, 1_000_000_000, m.clone(), true, &report);
+        assert!((r.gbs.unwrap() - 1000.0).abs() < 1e-9);
+        assert!((r.gbs_read_write.unwrap() - 2000.0).abs() < 1e-9);
+        assert!((r.pct_of_memory_peak.unwrap() - 100.0 * 2000.0 / 3350.0).abs() < 1e-9);
+        assert_eq!(r.pct_of_link, None);
+        let h = finish(CopyKind::H2dPinned, 50_000_000, m.clone(), true, &report);
+        assert!((h.pct_of_link.unwrap() - 100.0 * 50.0 / 63.0).abs() < 1e-9);
+        let bad = finish(CopyKind::H2dPinned, 50_000_000, m, false, &report);
+        assert!(bad.gbs.is_none() && matches!(bad.status, RowStatus::Failed(_)));
+    }
+}
+
+/// Runs the same copies through PyTorch and fills each row's `pytorch` column.
+pub fn compare_with_pytorch(report: &mut BandwidthReport, opts: &BandwidthOptions) -> Result<String, String> {
+    let args = vec![
+        "bandwidth".to_string(),
+        "--sizes-bytes".into(),
+        crate::peer::csv(&opts.sizes_bytes),
+        "--iterations".into(),
+        opts.iterations.to_string(),
+    ];
+    let run = crate::peer::run_pytorch(&args)?;
+    for row in &mut report.rows {
+        let Some(kind) = row.kind.pytorch_kind() else { continue };
+        let hit = run
+            .results
+            .iter()
+            .find(|p| p["kind"].as_str() == Some(kind) && p["bytes"].as_u64() == Some(row.bytes as u64));
+        if let (Some(p), Some(ours)) = (hit, row.gbs) {
+            if let (Some(ms), Some(g)) = (p["median_ms"].as_f64(), p["gbs"].as_f64()) {
+                row.pytorch = Some(PeerFigure { median_ms: ms, rate: g, ratio: ours / g });
+            }
+        }
+    }
+    Ok(run.torch_version)
+}

@@ -1,0 +1,842 @@
+//! CPU reference paths: matrix multiply and convolution, multithreaded (the gemm crate).
+//!
+//! These are the CPU side of the CPU-vs-GPU comparisons, so they aim to be competitive with a
+//! tuned CPU library rather than merely correct: every product goes through `gemm` with strides
+//! chosen so that no operand is transposed by copying, and convolution lowers to one large gemm
+//! per image.
+
+use gemm::Parallelism;
+use half::f16;
+use rayon::prelude::*;
+use std::mem::MaybeUninit;
+
+// `matmul_f16` promises native half precision; gemm only dispatches to its f16 kernels when the
+// element type *is* its own `f16`. Should the two `half` versions ever diverge this fails to
+// compile instead of panicking inside gemm at run time.
+const _: fn(f16) -> gemm::f16 = |x| x;
+
+/// How many threads CPU kernels use: rayon's current pool size.
+pub fn threads() -> usize {
+    rayon::current_num_threads()
+}
+
+/// `dst (m x n) = lhs (m x k) * rhs (k x n)`, each operand a slice read through a
+/// (row stride, column stride) pair, so transposed views cost nothing.
+///
+/// # Safety
+///
+/// For each operand every addressed element, `(rows - 1) * rs + (cols - 1) * cs`, must lie
+/// inside its slice whenever the operand is non-empty; `dst` must not alias `lhs` or `rhs`
+/// (guaranteed by the borrow types).
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_strided<T: 'static + Copy + Default>(
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [T],
+    (dst_rs, dst_cs): (usize, usize),
+    lhs: &[T],
+    (lhs_rs, lhs_cs): (usize, usize),
+    rhs: &[T],
+    (rhs_rs, rhs_cs): (usize, usize),
+    one: T,
+    parallelism: Parallelism,
+) {
+    debug_assert!(fits(dst.len(), m, n, dst_rs, dst_cs));
+    debug_assert!(fits(lhs.len(), m, k, lhs_rs, lhs_cs));
+    debug_assert!(fits(rhs.len(), k, n, rhs_rs, rhs_cs));
+    // SAFETY: the caller guarantees the extents (checked above in debug builds); slices
+    // never exceed isize::MAX bytes, so the stride casts cannot wrap. read_dst = false makes
+    // gemm ignore alpha and never read dst, so stale contents (even NaN) do not leak in.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            dst_cs as isize,
+            dst_rs as isize,
+            false,
+            lhs.as_ptr(),
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs.as_ptr(),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            T::default(),
+            one,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+/// Whether a `rows x cols` view with the given strides stays inside `len` elements (debug
+/// check of `gemm_strided`'s contract).
+fn fits(len: usize, rows: usize, cols: usize, rs: usize, cs: usize) -> bool {
+    rows == 0 || cols == 0 || (rows - 1) * rs + (cols - 1) * cs < len
+}
+
+/// Shared body of the public matmuls, which differ only in element type.
+fn matmul<T: 'static + Copy + Default>(
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    (m, n, k): (usize, usize, usize),
+    one: T,
+) {
+    assert_eq!(
+        a.len(),
+        m.saturating_mul(k),
+        "matmul: A must hold m * k elements"
+    );
+    assert_eq!(
+        b.len(),
+        k.saturating_mul(n),
+        "matmul: B must hold k * n elements"
+    );
+    assert_eq!(
+        c.len(),
+        m.saturating_mul(n),
+        "matmul: C must hold m * n elements"
+    );
+    // SAFETY: the asserts above make every row-major view exactly fill its slice.
+    unsafe {
+        gemm_strided(
+            (m, n, k),
+            c,
+            (n, 1),
+            a,
+            (k, 1),
+            b,
+            (n, 1),
+            one,
+            Parallelism::Rayon(threads()),
+        );
+    }
+}
+
+/// C = A * B for row-major A (m x k), B (k x n), C (m x n), in f64. Overwrites C.
+///
+/// # Panics
+///
+/// If `a.len() != m * k`, `b.len() != k * n` or `c.len() != m * n`.
+pub fn matmul_f64(a: &[f64], b: &[f64], c: &mut [f64], m: usize, n: usize, k: usize) {
+    matmul(a, b, c, (m, n, k), 1.0);
+}
+
+/// C = A * B for row-major A (m x k), B (k x n), C (m x n), in f32. Overwrites C.
+///
+/// # Panics
+///
+/// If `a.len() != m * k`, `b.len() != k * n` or `c.len() != m * n`.
+pub fn matmul_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usize, k: usize) {
+    matmul(a, b, c, (m, n, k), 1.0);
+}
+
+/// C = A * B for row-major A (m x k), B (k x n), C (m x n), in native half precision through
+/// gemm's f16 kernels. Overwrites C.
+///
+/// # Panics
+///
+/// If `a.len() != m * k`, `b.len() != k * n` or `c.len() != m * n`.
+pub fn matmul_f16(a: &[f16], b: &[f16], c: &mut [f16], m: usize, n: usize, k: usize) {
+    matmul(a, b, c, (m, n, k), f16::ONE);
+}
+
+/// Memory layout of a 4-D activation tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Layout {
+    /// Batch, channels, height, width (PyTorch's default).
+    Nchw,
+    /// Batch, height, width, channels (channels-last, what tensor cores prefer).
+    Nhwc,
+}
+
+/// A 2-D convolution's shape (no dilation, no groups).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ConvShape {
+    /// Batch size.
+    pub n: usize,
+    /// Input channels.
+    pub c: usize,
+    /// Input height.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Output channels (filters).
+    pub k: usize,
+    /// Filter height.
+    pub r: usize,
+    /// Filter width.
+    pub s: usize,
+    /// Step in both directions.
+    pub stride: usize,
+    /// Zero padding on all four sides.
+    pub pad: usize,
+}
+
+/// Output extent along one axis; 0 when the shape is degenerate (stride 0, or a filter larger
+/// than the padded input) so that such shapes yield an empty output instead of a panic.
+fn out_dim(len: usize, kernel: usize, stride: usize, pad: usize) -> usize {
+    if stride == 0 {
+        return 0;
+    }
+    len.saturating_add(pad.saturating_mul(2))
+        .checked_sub(kernel)
+        .map_or(0, |span| span / stride + 1)
+}
+
+/// Product that saturates, so absurd shapes make the length asserts fail rather than wrap.
+fn product(factors: &[usize]) -> usize {
+    factors.iter().fold(1, |acc, &f| acc.saturating_mul(f))
+}
+
+impl ConvShape {
+    /// Output height P (0 for degenerate shapes).
+    pub fn out_h(&self) -> usize {
+        out_dim(self.h, self.r, self.stride, self.pad)
+    }
+
+    /// Output width Q (0 for degenerate shapes).
+    pub fn out_w(&self) -> usize {
+        out_dim(self.w, self.s, self.stride, self.pad)
+    }
+
+    /// 2 * N * K * P * Q * C * R * S: multiply-adds counted as two, padding included, as
+    /// cuDNN and PyTorch benchmarks count them.
+    pub fn flops(&self) -> f64 {
+        [
+            self.n,
+            self.k,
+            self.out_h(),
+            self.out_w(),
+            self.c,
+            self.r,
+            self.s,
+        ]
+        .iter()
+        .fold(2.0, |acc, &f| acc * f as f64)
+    }
+
+    /// Elements in the input tensor, N * C * H * W.
+    pub fn input_len(&self) -> usize {
+        product(&[self.n, self.c, self.h, self.w])
+    }
+
+    /// Elements in the weight tensor, K * C * R * S.
+    pub fn weight_len(&self) -> usize {
+        product(&[self.k, self.c, self.r, self.s])
+    }
+
+    /// Elements in the output tensor, N * K * P * Q.
+    pub fn output_len(&self) -> usize {
+        product(&[self.n, self.k, self.out_h(), self.out_w()])
+    }
+
+    /// 1x1, stride 1, no padding: the input image already is the gemm operand.
+    fn is_pointwise(&self) -> bool {
+        self.r == 1 && self.s == 1 && self.stride == 1 && self.pad == 0
+    }
+}
+
+/// Output indices `o < count` whose input coordinate `o * stride + offset - pad` lies in
+/// `0..len`, as a half-open range; lets im2col copy whole runs and zero-fill only the edges.
+fn valid_range(
+    count: usize,
+    len: usize,
+    offset: usize,
+    stride: usize,
+    pad: usize,
+) -> (usize, usize) {
+    let lo = pad.saturating_sub(offset).div_ceil(stride);
+    let hi = len
+        .saturating_add(pad)
+        .saturating_sub(offset)
+        .div_ceil(stride)
+        .min(count);
+    (lo.min(hi), hi)
+}
+
+/// Input row/column hit by output index `o` at filter tap `tap`, or None inside the padding.
+fn in_coord(o: usize, tap: usize, stride: usize, pad: usize, len: usize) -> Option<usize> {
+    (o * stride + tap).checked_sub(pad).filter(|&i| i < len)
+}
+
+/// A zero ready to store into not-yet-initialised im2col memory.
+const ZERO: MaybeUninit<f32> = MaybeUninit::new(0.0);
+
+/// One row of the NCHW im2col matrix (CRS x PQ): filter tap `row = (c, r, s)` across all
+/// output pixels. Rows this way round make the weight (K x CRS) the left operand and write the
+/// NKPQ output row-major with no transpose.
+///
+/// Writes every element of `dst` (length PQ): `im2col` relies on it to skip zeroing.
+fn im2col_nchw_row(sh: &ConvShape, img: &[f32], row: usize, dst: &mut [MaybeUninit<f32>]) {
+    let (p_len, q_len) = (sh.out_h(), sh.out_w());
+    let (ci, ri, si) = (row / (sh.r * sh.s), row / sh.s % sh.r, row % sh.s);
+    let plane = &img[ci * sh.h * sh.w..(ci + 1) * sh.h * sh.w];
+    let (q_lo, q_hi) = valid_range(q_len, sh.w, si, sh.stride, sh.pad);
+    for (pi, out) in dst.chunks_exact_mut(q_len).take(p_len).enumerate() {
+        let Some(ih) = in_coord(pi, ri, sh.stride, sh.pad, sh.h) else {
+            out.fill(ZERO);
+            continue;
+        };
+        out[..q_lo].fill(ZERO);
+        out[q_hi..].fill(ZERO);
+        let src = &plane[ih * sh.w..(ih + 1) * sh.w];
+        let run = &mut out[q_lo..q_hi];
+        if run.is_empty() {
+            continue;
+        }
+        let iw0 = q_lo * sh.stride + si - sh.pad;
+        if sh.stride == 1 {
+            run.write_copy_of_slice(&src[iw0..iw0 + run.len()]);
+        } else {
+            // Indexed, not zipped: a short source must fail loudly, never leave a hole.
+            for (i, d) in run.iter_mut().enumerate() {
+                d.write(src[iw0 + i * sh.stride]);
+            }
+        }
+    }
+}
+
+/// One row of the NHWC im2col matrix (PQ x RSC): the patch under output pixel `pq`, ordered
+/// (r, s, c) like the KRSC weight. Channels are innermost in NHWC, so each filter row of the
+/// patch is one contiguous copy, and the gemm writes NPQK output row-major.
+///
+/// Writes every element of `dst` (length RSC): `im2col` relies on it to skip zeroing.
+fn im2col_nhwc_row(sh: &ConvShape, img: &[f32], pq: usize, dst: &mut [MaybeUninit<f32>]) {
+    let q_len = sh.out_w();
+    let (pi, qi) = (pq / q_len, pq % q_len);
+    let sc = sh.s * sh.c;
+    let base = qi * sh.stride;
+    let s_hi = sh.w.saturating_add(sh.pad).saturating_sub(base).min(sh.s);
+    let s_lo = sh.pad.saturating_sub(base).min(s_hi);
+    for (ri, out) in dst.chunks_exact_mut(sc).take(sh.r).enumerate() {
+        let Some(ih) = in_coord(pi, ri, sh.stride, sh.pad, sh.h) else {
+            out.fill(ZERO);
+            continue;
+        };
+        out[..s_lo * sh.c].fill(ZERO);
+        out[s_hi * sh.c..].fill(ZERO);
+        let run = &mut out[s_lo * sh.c..s_hi * sh.c];
+        if run.is_empty() {
+            continue;
+        }
+        let start = (ih * sh.w + base + s_lo - sh.pad) * sh.c;
+        run.write_copy_of_slice(&img[start..start + run.len()]);
+    }
+}
+
+/// Fills one row of an im2col matrix: (shape, image, row index, row).
+type RowFill = fn(&ConvShape, &[f32], usize, &mut [MaybeUninit<f32>]);
+
+/// Builds the im2col matrix of one image in `col`, reusing its allocation. The matrix is
+/// written straight into uninitialised capacity: zeroing it first would be a single-threaded
+/// memset as large as the matrix, a sizeable share of a batch-1 layer. In parallel when the
+/// caller is not already parallel across images, since im2col is memory-bound and would
+/// otherwise serialise the layer.
+fn im2col(sh: &ConvShape, layout: Layout, img: &[f32], col: &mut Vec<f32>, parallel: bool) {
+    let (rows, row_len, fill): (usize, usize, RowFill) = match layout {
+        Layout::Nchw => (sh.c * sh.r * sh.s, sh.out_h() * sh.out_w(), im2col_nchw_row),
+        Layout::Nhwc => (sh.out_h() * sh.out_w(), sh.c * sh.r * sh.s, im2col_nhwc_row),
+    };
+    let len = rows * row_len;
+    col.clear();
+    col.reserve(len);
+    let spare = &mut col.spare_capacity_mut()[..len];
+    if parallel {
+        // Short rows (NHWC patches) are grouped so each rayon task moves a useful amount.
+        spare
+            .par_chunks_mut(row_len)
+            .with_min_len(4096usize.div_ceil(row_len))
+            .enumerate()
+            .for_each(|(i, row)| fill(sh, img, i, row));
+    } else {
+        for (i, row) in spare.chunks_exact_mut(row_len).enumerate() {
+            fill(sh, img, i, row);
+        }
+    }
+    // SAFETY: `spare` is exactly the first `len` slots of capacity, split into `rows` whole
+    // rows of `row_len`, and each row function initialises every element of its row.
+    unsafe { col.set_len(len) };
+}
+
+/// Convolves one image. `col` is the caller's reusable im2col buffer, so a worker allocates
+/// it once however many images it handles. `inner` is the gemm's own parallelism.
+fn conv_image(
+    sh: &ConvShape,
+    layout: Layout,
+    img: &[f32],
+    weight: &[f32],
+    out: &mut [f32],
+    col: &mut Vec<f32>,
+    inner: Parallelism,
+) {
+    let pq = sh.out_h() * sh.out_w();
+    let crs = sh.c * sh.r * sh.s;
+    let lhs_rhs = if sh.is_pointwise() {
+        img
+    } else {
+        im2col(sh, layout, img, col, !matches!(inner, Parallelism::None));
+        col.as_slice()
+    };
+    // SAFETY: out holds K * PQ elements, weight K * CRS, lhs_rhs CRS * PQ (the im2col matrix,
+    // or for pointwise shapes the image itself, C * HW with HW = PQ and C = CRS); the views
+    // below address exactly those row-major or transposed extents.
+    unsafe {
+        match layout {
+            // out (K x PQ) = weight (K x CRS) * col (CRS x PQ)
+            Layout::Nchw => gemm_strided(
+                (sh.k, pq, crs),
+                out,
+                (pq, 1),
+                weight,
+                (crs, 1),
+                lhs_rhs,
+                (pq, 1),
+                1.0,
+                inner,
+            ),
+            // out (PQ x K) = col (PQ x RSC) * weight^T (RSC x K)
+            Layout::Nhwc => gemm_strided(
+                (pq, sh.k, crs),
+                out,
+                (sh.k, 1),
+                lhs_rhs,
+                (crs, 1),
+                weight,
+                (1, crs),
+                1.0,
+                inner,
+            ),
+        }
+    }
+}
+
+/// Convolution (cross-correlation, as PyTorch/cuDNN compute it), f32, im2col + gemm,
+/// multithreaded.
+///
+/// `Layout::Nchw`: input N,C,H,W; weight K,C,R,S; output N,K,P,Q.
+/// `Layout::Nhwc`: input N,H,W,C; weight K,R,S,C; output N,P,Q,K.
+/// Zero padding `pad` on all four sides, `stride` in both directions. Overwrites output.
+///
+/// With N >= threads the batch is split into one contiguous chunk per thread, each with its
+/// own im2col buffer and single-threaded gemms; otherwise images go one after another through
+/// a parallel im2col and a multithreaded gemm. Either way extra memory is at most
+/// threads * C*R*S*P*Q floats, and none for 1x1 stride-1 unpadded shapes.
+///
+/// # Panics
+///
+/// If `input`, `weight` or `output` do not hold `shape.input_len()`, `shape.weight_len()` and
+/// `shape.output_len()` elements.
+pub fn conv2d_f32(
+    shape: &ConvShape,
+    layout: Layout,
+    input: &[f32],
+    weight: &[f32],
+    output: &mut [f32],
+) {
+    conv2d_f32_with(shape, layout, input, weight, output, threads());
+}
+
+/// `conv2d_f32` with the thread count explicit, so tests can drive both parallel strategies
+/// on any machine.
+fn conv2d_f32_with(
+    sh: &ConvShape,
+    layout: Layout,
+    input: &[f32],
+    weight: &[f32],
+    output: &mut [f32],
+    threads: usize,
+) {
+    assert_eq!(input.len(), sh.input_len(), "conv2d: input length");
+    assert_eq!(weight.len(), sh.weight_len(), "conv2d: weight length");
+    assert_eq!(output.len(), sh.output_len(), "conv2d: output length");
+    if output.is_empty() {
+        return;
+    }
+    let img_in = sh.c * sh.h * sh.w;
+    let img_out = sh.k * sh.out_h() * sh.out_w();
+    if img_in == 0 || sh.r * sh.s == 0 {
+        // Every tap reads padding (or there are none): the sum is empty.
+        output.fill(0.0);
+        return;
+    }
+    if sh.is_pointwise() && layout == Layout::Nhwc {
+        // The whole batch is one (N*HW x C) matrix: a single gemm, no per-image split needed.
+        // SAFETY: input is N*HW x C, weight K x C (read transposed), output N*HW x K.
+        unsafe {
+            gemm_strided(
+                (sh.n * sh.h * sh.w, sh.k, sh.c),
+                output,
+                (sh.k, 1),
+                input,
+                (sh.c, 1),
+                weight,
+                (1, sh.c),
+                1.0,
+                Parallelism::Rayon(threads),
+            );
+        }
+        return;
+    }
+    if threads > 1 && sh.n >= threads {
+        let per = sh.n.div_ceil(threads);
+        output
+            .par_chunks_mut(per * img_out)
+            .zip(input.par_chunks(per * img_in))
+            .for_each(|(outs, imgs)| {
+                let mut col = Vec::new();
+                for (out, img) in outs
+                    .chunks_exact_mut(img_out)
+                    .zip(imgs.chunks_exact(img_in))
+                {
+                    conv_image(sh, layout, img, weight, out, &mut col, Parallelism::None);
+                }
+            });
+    } else {
+        let inner = if threads > 1 {
+            Parallelism::Rayon(threads)
+        } else {
+            Parallelism::None
+        };
+        let mut col = Vec::new();
+        for (out, img) in output
+            .chunks_exact_mut(img_out)
+            .zip(input.chunks_exact(img_in))
+        {
+            conv_image(sh, layout, img, weight, out, &mut col, inner);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    /// xorshift64* seeded from the clock, so every run sees fresh inputs.
+    struct Rng(u64);
+
+    impl Rng {
+        /// A generator for one test; `salt` keeps tests started in the same instant apart.
+        fn new(salt: u64) -> (Self, u64) {
+            let nanos = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            let seed = nanos ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            (Self::from_seed(seed), seed)
+        }
+
+        fn from_seed(seed: u64) -> Self {
+            Rng(seed | 1)
+        }
+
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+
+        /// Uniform in [-1, 1).
+        fn unit(&mut self) -> f64 {
+            (self.next() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        }
+
+        fn vec(&mut self, len: usize) -> Vec<f64> {
+            (0..len).map(|_| self.unit()).collect()
+        }
+    }
+
+    /// ||out - reference|| / ||reference|| (absolute when the reference is zero).
+    fn rel_err(out: impl IntoIterator<Item = f64>, reference: &[f64]) -> f64 {
+        let (mut diff, mut norm) = (0.0, 0.0);
+        let mut count = 0;
+        for (o, r) in out.into_iter().zip(reference) {
+            diff += (o - r) * (o - r);
+            norm += r * r;
+            count += 1;
+        }
+        assert_eq!(count, reference.len());
+        if norm == 0.0 {
+            diff.sqrt()
+        } else {
+            (diff / norm).sqrt()
+        }
+    }
+
+    fn naive_matmul(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
+        let mut c = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|l| a[i * k + l] * b[l * n + j]).sum();
+            }
+        }
+        c
+    }
+
+    const MATMUL_SHAPES: &[(usize, usize, usize)] = &[
+        (37, 53, 71),
+        (1, 53, 71),
+        (37, 1, 71),
+        (37, 53, 1),
+        (1, 1, 1),
+        (64, 48, 96),
+        (3, 0, 5),
+        (0, 4, 5),
+        (4, 3, 0),
+    ];
+
+    #[test]
+    fn matmul_f64_matches_reference() {
+        let (mut rng, seed) = Rng::new(1);
+        for &(m, n, k) in MATMUL_SHAPES {
+            let (a, b) = (rng.vec(m * k), rng.vec(k * n));
+            let mut c = vec![f64::NAN; m * n];
+            matmul_f64(&a, &b, &mut c, m, n, k);
+            let err = rel_err(c, &naive_matmul(&a, &b, m, n, k));
+            assert!(err < 1e-12, "f64 {m}x{n}x{k}: err {err:e}, seed {seed}");
+        }
+    }
+
+    #[test]
+    fn matmul_f32_matches_reference() {
+        let (mut rng, seed) = Rng::new(2);
+        for &(m, n, k) in MATMUL_SHAPES {
+            let a: Vec<f32> = rng.vec(m * k).into_iter().map(|x| x as f32).collect();
+            let b: Vec<f32> = rng.vec(k * n).into_iter().map(|x| x as f32).collect();
+            let mut c = vec![f32::NAN; m * n];
+            matmul_f32(&a, &b, &mut c, m, n, k);
+            let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+            let reference = naive_matmul(&wide(&a), &wide(&b), m, n, k);
+            let err = rel_err(c.iter().map(|&x| f64::from(x)), &reference);
+            assert!(err < 1e-5, "f32 {m}x{n}x{k}: err {err:e}, seed {seed}");
+        }
+    }
+
+    #[test]
+    fn matmul_f16_matches_reference() {
+        let (mut rng, seed) = Rng::new(3);
+        for &(m, n, k) in MATMUL_SHAPES {
+            let a: Vec<f16> = rng.vec(m * k).into_iter().map(f16::from_f64).collect();
+            let b: Vec<f16> = rng.vec(k * n).into_iter().map(f16::from_f64).collect();
+            let mut c = vec![f16::NAN; m * n];
+            matmul_f16(&a, &b, &mut c, m, n, k);
+            let wide = |v: &[f16]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
+            let reference = naive_matmul(&wide(&a), &wide(&b), m, n, k);
+            let err = rel_err(c.iter().map(|x| x.to_f64()), &reference);
+            assert!(err < 1e-2, "f16 {m}x{n}x{k}: err {err:e}, seed {seed}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "matmul: B must hold")]
+    fn matmul_rejects_wrong_length() {
+        let mut c = vec![0.0f32; 4];
+        matmul_f32(&[0.0; 4], &[0.0; 3], &mut c, 2, 2, 2);
+    }
+
+    /// Direct convolution in f64 with logical (n, c, h, w) indexing, mapped per layout.
+    fn naive_conv(sh: &ConvShape, layout: Layout, input: &[f64], weight: &[f64]) -> Vec<f64> {
+        let (p_len, q_len) = (sh.out_h(), sh.out_w());
+        let in_at = |n: usize, c: usize, h: usize, w: usize| match layout {
+            Layout::Nchw => input[((n * sh.c + c) * sh.h + h) * sh.w + w],
+            Layout::Nhwc => input[((n * sh.h + h) * sh.w + w) * sh.c + c],
+        };
+        let w_at = |k: usize, c: usize, r: usize, s: usize| match layout {
+            Layout::Nchw => weight[((k * sh.c + c) * sh.r + r) * sh.s + s],
+            Layout::Nhwc => weight[((k * sh.r + r) * sh.s + s) * sh.c + c],
+        };
+        let mut out = vec![0.0; sh.output_len()];
+        for n in 0..sh.n {
+            for k in 0..sh.k {
+                for p in 0..p_len {
+                    for q in 0..q_len {
+                        let mut acc = 0.0;
+                        for c in 0..sh.c {
+                            for r in 0..sh.r {
+                                for s in 0..sh.s {
+                                    let ih = (p * sh.stride + r) as isize - sh.pad as isize;
+                                    let iw = (q * sh.stride + s) as isize - sh.pad as isize;
+                                    if ih < 0
+                                        || iw < 0
+                                        || ih >= sh.h as isize
+                                        || iw >= sh.w as isize
+                                    {
+                                        continue;
+                                    }
+                                    acc += in_at(n, c, ih as usize, iw as usize) * w_at(k, c, r, s);
+                                }
+                            }
+                        }
+                        let idx = match layout {
+                            Layout::Nchw => ((n * sh.k + k) * p_len + p) * q_len + q,
+                            Layout::Nhwc => ((n * p_len + p) * q_len + q) * sh.k + k,
+                        };
+                        out[idx] = acc;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn shape(
+        n: usize,
+        c: usize,
+        (h, w): (usize, usize),
+        k: usize,
+        (r, s): (usize, usize),
+        stride: usize,
+        pad: usize,
+    ) -> ConvShape {
+        ConvShape {
+            n,
+            c,
+            h,
+            w,
+            k,
+            r,
+            s,
+            stride,
+            pad,
+        }
+    }
+
+    /// Small shapes covering every im2col edge case, each run at batch 1 and 3.
+    fn conv_cases() -> Vec<(&'static str, ConvShape)> {
+        let mut cases = Vec::new();
+        for n in [1, 3] {
+            cases.extend([
+                ("3x3 s1 p1", shape(n, 5, (9, 11), 6, (3, 3), 1, 1)),
+                ("3x3 s2 p1", shape(n, 4, (10, 9), 7, (3, 3), 2, 1)),
+                ("1x1 s1", shape(n, 6, (7, 5), 5, (1, 1), 1, 0)),
+                ("1x1 s2", shape(n, 6, (7, 8), 5, (1, 1), 2, 0)),
+                ("7x7 s2 p3", shape(n, 3, (13, 12), 8, (7, 7), 2, 3)),
+                ("3x2 s1 p0", shape(n, 2, (6, 7), 3, (3, 2), 1, 0)),
+                ("5x5 s3 p2", shape(n, 3, (8, 11), 4, (5, 5), 3, 2)),
+                ("3x3 s1 p2 tiny", shape(n, 2, (1, 2), 3, (3, 3), 1, 2)),
+            ]);
+        }
+        cases
+    }
+
+    /// Runs one case (through `conv2d_f32`, or `conv2d_f32_with` when a thread count is
+    /// forced) and checks it against the f64 reference.
+    fn check_conv(
+        rng: &mut Rng,
+        seed: u64,
+        name: &str,
+        sh: &ConvShape,
+        layout: Layout,
+        threads: Option<usize>,
+    ) {
+        let input = rng.vec(sh.input_len());
+        let weight = rng.vec(sh.weight_len());
+        let narrow = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<_>>();
+        let (in32, w32) = (narrow(&input), narrow(&weight));
+        // The reference sees exactly the f32-rounded inputs, so only accumulation differs.
+        let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+        let reference = naive_conv(sh, layout, &wide(&in32), &wide(&w32));
+        let mut out = vec![f32::NAN; sh.output_len()];
+        match threads {
+            None => conv2d_f32(sh, layout, &in32, &w32, &mut out),
+            Some(t) => conv2d_f32_with(sh, layout, &in32, &w32, &mut out, t),
+        }
+        let err = rel_err(out.iter().map(|&x| f64::from(x)), &reference);
+        assert!(
+            err < 1e-5,
+            "conv {name} {layout:?} n={} threads={threads:?}: err {err:e}, seed {seed}",
+            sh.n
+        );
+    }
+
+    #[test]
+    fn conv2d_matches_reference() {
+        let (mut rng, seed) = Rng::new(4);
+        for (name, sh) in conv_cases() {
+            for layout in [Layout::Nchw, Layout::Nhwc] {
+                check_conv(&mut rng, seed, name, &sh, layout, None);
+            }
+        }
+    }
+
+    /// Forces each parallel strategy (serial, batch chunks with a remainder, one image per
+    /// chunk, gemm-internal) whatever this machine's core count.
+    #[test]
+    fn conv2d_every_thread_split_matches_reference() {
+        let (mut rng, seed) = Rng::new(5);
+        for (name, sh) in conv_cases().into_iter().filter(|(_, sh)| sh.n == 3) {
+            for layout in [Layout::Nchw, Layout::Nhwc] {
+                for t in [1, 2, 3, 8] {
+                    check_conv(&mut rng, seed, name, &sh, layout, Some(t));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn conv2d_degenerate_shapes_do_not_panic() {
+        let cases = [
+            shape(2, 3, (0, 4), 2, (1, 1), 1, 1), // empty input, output is all padding
+            shape(2, 0, (4, 4), 2, (3, 3), 1, 1), // no input channels
+            shape(2, 3, (4, 4), 2, (0, 0), 1, 0), // empty filter
+            shape(2, 3, (4, 4), 0, (3, 3), 1, 1), // no filters
+            shape(0, 3, (4, 4), 2, (3, 3), 1, 1), // empty batch
+            shape(2, 3, (4, 4), 2, (3, 3), 0, 1), // stride 0: empty output
+            shape(2, 3, (2, 2), 2, (5, 5), 1, 0), // filter larger than the input
+        ];
+        for sh in cases {
+            for layout in [Layout::Nchw, Layout::Nhwc] {
+                let input = vec![1.0; sh.input_len()];
+                let weight = vec![1.0; sh.weight_len()];
+                let mut out = vec![f32::NAN; sh.output_len()];
+                conv2d_f32(&sh, layout, &input, &weight, &mut out);
+                assert!(out.iter().all(|&x| x == 0.0), "{sh:?} {layout:?}: {out:?}");
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "conv2d: weight length")]
+    fn conv2d_rejects_wrong_length() {
+        let sh = shape(1, 2, (4, 4), 3, (3, 3), 1, 1);
+        let mut out = vec![0.0; sh.output_len()];
+        let input = vec![0.0; sh.input_len()];
+        conv2d_f32(&sh, Layout::Nchw, &input, &[0.0; 5], &mut out);
+    }
+
+    #[test]
+    fn resnet50_shape_counts() {
+        let sh = shape(1, 64, (56, 56), 64, (3, 3), 1, 1);
+        assert_eq!((sh.out_h(), sh.out_w()), (56, 56));
+        assert_eq!(sh.flops(), 2.0 * 64.0 * 56.0 * 56.0 * 64.0 * 9.0);
+        assert_eq!(sh.input_len(), 64 * 56 * 56);
+        assert_eq!(sh.weight_len(), 64 * 64 * 9);
+        assert_eq!(sh.output_len(), 64 * 56 * 56);
+        let stem = shape(1, 3, (224, 224), 64, (7, 7), 2, 3);
+        assert_eq!((stem.out_h(), stem.out_w()), (112, 112));
+    }
+
+    #[test]
+    fn shape_and_layout_round_trip_through_serde() {
+        let sh = shape(3, 64, (56, 56), 128, (3, 3), 2, 1);
+        let json = serde_json::to_string(&(sh, Layout::Nhwc)).unwrap();
+        let back: (ConvShape, Layout) = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, (sh, Layout::Nhwc));
+    }
+
+    #[test]
+    fn threads_is_positive() {
+        assert!(threads() >= 1);
+    }
+
+    #[test]
+    fn rng_is_deterministic_per_seed() {
+        let (mut a, mut b) = (Rng::from_seed(42), Rng::from_seed(42));
+        assert!((0..8).all(|_| a.next() == b.next()));
+        assert!((0..1000).all(|_| (-1.0..1.0).contains(&a.unit())));
+    }
+}

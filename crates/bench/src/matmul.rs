@@ -1,0 +1,767 @@
+//! `bench matmul`: CPU against GPU matrix multiply for every dtype and size, each result checked
+//! against a float64 reference on sampled entries and placed against the chip's peak and the
+//! best rate measured in the same run.
+
+use crate::ceilings::Peaks;
+use crate::check::{describe_gpu, GpuFacts};
+use crate::cpu;
+use crate::harness::{time_device, time_host, tflops, Measurement, Plan};
+use crate::random::{fresh_seed, uniform_f32};
+use gpukit_cuda::blas::{Blas, DeviceBytes, GemmType};
+use gpukit_cuda::driver::Gpu;
+use gpukit_cuda::loader::Discovery;
+use gpukit_tensor::{DType, Device, DeviceSelection};
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct MatmulOptions {
+    pub sizes: Vec<usize>,
+    /// None: every dtype the device supports.
+    pub dtypes: Option<Vec<DType>>,
+    pub selection: DeviceSelection,
+    pub iterations: usize,
+    pub warmup: usize,
+    /// Seconds one CPU row may take at most (fewer iterations then, said in the row).
+    pub cpu_budget_s: f64,
+    /// cuBLASLt heuristic algorithms tried per shape (0: cuBLAS only).
+    pub lt_candidates: usize,
+    /// CPU rows above this size are skipped (said in the row): `all` keeps the CPU part short.
+    pub cpu_max_size: Option<usize>,
+}
+
+impl Default for MatmulOptions {
+    fn default() -> Self {
+        MatmulOptions {
+            sizes: vec![1000, 1023, 1024, 2048, 4096, 8192],
+            dtypes: None,
+            selection: DeviceSelection::All,
+            iterations: 50,
+            warmup: 5,
+            cpu_budget_s: 10.0,
+            lt_candidates: 8,
+            cpu_max_size: None,
+        }
+    }
+}
+
+/// A sampled comparison against a float64 reference computed from the same stored inputs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Verification {
+    pub samples: usize,
+    /// ||C_sample - ref|| / ||ref||.
+    pub rel_err: f64,
+    pub tolerance: f64,
+    pub passed: bool,
+}
+
+/// A figure from PyTorch for the same workload, measured in the same invocation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeerFigure {
+    pub median_ms: f64,
+    /// TFLOP/s for compute rows, GB/s for copies: the same unit as the row's own rate.
+    pub rate: f64,
+    /// gpukit's rate over PyTorch's (above 1: gpukit faster).
+    pub ratio: f64,
+}
+
+/// Whether a row produced a figure.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "status", content = "why", rename_all = "snake_case")]
+pub enum RowStatus {
+    Ok,
+    /// Ran, but the output was wrong (no figure is reported) or a call failed.
+    Failed(String),
+    /// Did not run (dtype missing on the device, too big, ...).
+    Skipped(String),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MatmulRow {
+    pub device: Device,
+    pub dtype: DType,
+    pub size: usize,
+    pub status: RowStatus,
+    /// What computed it: "cuBLAS GemmEx", "cuBLASLt (heuristic #2)", "gemm crate (AVX-512)".
+    pub backend: Option<String>,
+    /// Set where the device has no such arithmetic and another was used ("f32").
+    pub computed_as: Option<String>,
+    pub timing: Option<Measurement>,
+    pub tflops: Option<f64>,
+    /// Percent of the device's peak for this dtype (datasheet or estimate; see peaks source).
+    pub pct_of_peak: Option<f64>,
+    /// Percent of the best rate measured in this run for the same device and dtype.
+    pub pct_of_best: Option<f64>,
+    /// GPU rate over the CPU's for the same dtype and size (CPU rows: None).
+    pub speedup_vs_cpu: Option<f64>,
+    pub verification: Option<Verification>,
+    pub pytorch: Option<PeerFigure>,
+}
+
+impl MatmulRow {
+    fn new(device: Device, dtype: DType, size: usize) -> MatmulRow {
+        MatmulRow {
+            device,
+            dtype,
+            size,
+            status: RowStatus::Ok,
+            backend: None,
+            computed_as: None,
+            timing: None,
+            tflops: None,
+            pct_of_peak: None,
+            pct_of_best: None,
+            speedup_vs_cpu: None,
+            verification: None,
+            pytorch: None,
+        }
+    }
+
+    fn skipped(device: Device, dtype: DType, size: usize, why: String) -> MatmulRow {
+        let mut r = MatmulRow::new(device, dtype, size);
+        r.status = RowStatus::Skipped(why);
+        r
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MatmulReport {
+    pub gpu: Option<GpuFacts>,
+    /// Why the GPU rows are absent, when they are.
+    pub gpu_unavailable: Option<String>,
+    pub cpu_model: String,
+    pub cpu_threads: usize,
+    pub iterations: usize,
+    pub rows: Vec<MatmulRow>,
+}
+
+/// Relative tolerance of a sampled check, by dtype (inputs in [-1, 1), f32 or wider accumulation).
+pub fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 1e-12,
+        // true f32 stays far below; TF32 (about 3e-4) must not pass as f32
+        DType::F32 => 5e-5,
+        DType::Tf32 => 3e-3,
+        // f16 output rounding alone is about 3e-4
+        DType::F16 => 3e-3,
+        // bf16 output rounding alone is about 2e-3
+        DType::Bf16 => 1.5e-2,
+    }
+}
+
+fn gemm_type(d: DType) -> GemmType {
+    match d {
+        DType::F64 => GemmType::F64,
+        DType::F32 => GemmType::F32,
+        DType::Tf32 => GemmType::Tf32,
+        DType::F16 => GemmType::F16,
+        DType::Bf16 => GemmType::Bf16,
+    }
+}
+
+/// Whether a GPU of this compute capability has the arithmetic for `d` (f16 on tensor cores
+/// from 7.0, bf16 and tf32 from 8.0).
+pub fn gpu_supports(cc: (u32, u32), d: DType) -> Result<(), String> {
+    let need = match d {
+        DType::F64 | DType::F32 => (0, 0),
+        DType::F16 => (5, 3),
+        DType::Tf32 | DType::Bf16 => (8, 0),
+    };
+    if cc >= need {
+        Ok(())
+    } else {
+        Err(format!(
+            "{d} needs compute capability {}.{} or newer; this GPU is {}.{}",
+            need.0, need.1, cc.0, cc.1
+        ))
+    }
+}
+
+/// Host copies of one pair of inputs, in their storage type.
+struct HostPair {
+    a: Vec<u8>,
+    b: Vec<u8>,
+}
+
+/// f32 values rounded to `ty`'s storage, as bytes.
+fn to_storage(ty: GemmType, v: &[f32]) -> Vec<u8> {
+    match ty {
+        GemmType::F64 => v.iter().flat_map(|&x| f64::from(x).to_ne_bytes()).collect(),
+        GemmType::F32 | GemmType::Tf32 => v.iter().flat_map(|&x| x.to_ne_bytes()).collect(),
+        GemmType::F16 => v.iter().flat_map(|&x| f16::from_f32(x).to_ne_bytes()).collect(),
+        GemmType::Bf16 => v.iter().flat_map(|&x| bf16::from_f32(x).to_ne_bytes()).collect(),
+    }
+}
+
+/// The stored element `i` of a buffer, widened to f64.
+fn load(ty: GemmType, bytes: &[u8], i: usize) -> f64 {
+    let e = ty.elem_bytes();
+    let s = &bytes[i * e..(i + 1) * e];
+    match ty {
+        GemmType::F64 => f64::from_ne_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]),
+        GemmType::F32 | GemmType::Tf32 => f64::from(f32::from_ne_bytes([s[0], s[1], s[2], s[3]])),
+        GemmType::F16 => f64::from(f16::from_ne_bytes([s[0], s[1]]).to_f32()),
+        GemmType::Bf16 => f64::from(bf16::from_ne_bytes([s[0], s[1]]).to_f32()),
+    }
+}
+
+/// Checks `c` (row-major n x n, storage `ty`) against a float64 product of the stored inputs on
+/// a grid of sampled rows and columns. NaN anywhere in the sample fails.
+fn verify_square(ty: GemmType, dtype: DType, pair: &HostPair, c: &[u8], n: usize, seed: u64) -> Verification {
+    let picks = 16.min(n);
+    let mut s = seed | 1;
+    let mut pick = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s % n as u64) as usize
+    };
+    let mut rows: Vec<usize> = (0..picks).map(|_| pick()).collect();
+    let mut cols: Vec<usize> = (0..picks).map(|_| pick()).collect();
+    // the corners catch edge-tile bugs at sizes that are not multiples of the tile
+    rows[0] = n - 1;
+    cols[0] = n - 1;
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    let mut nan = false;
+    for &i in &rows {
+        let arow: Vec<f64> = (0..n).map(|p| load(ty, &pair.a, i * n + p)).collect();
+        for &j in &cols {
+            let r: f64 = (0..n).map(|p| arow[p] * load(ty, &pair.b, p * n + j)).sum();
+            let got = load(ty, c, i * n + j);
+            nan |= !got.is_finite();
+            num += (got - r).powi(2);
+            den += r * r;
+        }
+    }
+    let rel_err = if nan { f64::INFINITY } else { (num / den.max(f64::MIN_POSITIVE)).sqrt() };
+    let tolerance = tolerance(dtype);
+    Verification {
+        samples: rows.len() * cols.len(),
+        rel_err,
+        tolerance,
+        passed: rel_err <= tolerance,
+    }
+}
+
+/// How a GPU row's product is computed.
+enum Backend {
+    Cublas,
+    Lt(gpukit_cuda::blas::LtPlan),
+}
+
+impl Backend {
+    fn label(&self) -> String {
+        match self {
+            Backend::Cublas => "cuBLAS GemmEx".into(),
+            Backend::Lt(p) => format!("cuBLASLt (heuristic #{})", p.rank),
+        }
+    }
+}
+
+struct GpuCase<'a> {
+    gpu: &'a Gpu,
+    blas: &'a Blas,
+    ty: GemmType,
+    n: usize,
+    a: Vec<DeviceBytes>,
+    b: Vec<DeviceBytes>,
+    c: Vec<DeviceBytes>,
+}
+
+impl GpuCase<'_> {
+    fn run(&mut self, backend: &Backend, set: usize) -> Result<(), String> {
+        let n = self.n;
+        let (a, b, c) = (&self.a[set], &self.b[set], &mut self.c[set]);
+        match backend {
+            Backend::Cublas => self.blas.gemm(self.ty, a, b, c, n, n, n),
+            Backend::Lt(plan) => self.blas.gemm_lt(plan, a, b, c),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    fn time(&mut self, backend: &Backend, plan: Plan) -> Result<Measurement, String> {
+        let sets = self.a.len();
+        let mut i = 0usize;
+        let stream = self.gpu.stream.clone();
+        time_device(&stream, plan, || {
+            let r = self.run(backend, i % sets);
+            i += 1;
+            r
+        })
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// Runs the whole matmul benchmark. `progress` receives one line per row as it starts.
+pub fn run_matmul(
+    discovery: &Discovery,
+    opts: &MatmulOptions,
+    progress: &mut dyn FnMut(&str),
+) -> MatmulReport {
+    let host = crate::host::host_facts();
+    let mut report = MatmulReport {
+        gpu: None,
+        gpu_unavailable: None,
+        cpu_model: host.cpu_model.clone(),
+        cpu_threads: cpu::threads(),
+        iterations: opts.iterations,
+        rows: Vec::new(),
+    };
+    let ordinal = match opts.selection {
+        DeviceSelection::All => Some(0),
+        DeviceSelection::One(Device::Cuda(i)) => Some(i),
+        DeviceSelection::One(Device::Cpu) => None,
+    };
+    if let Some(ordinal) = ordinal {
+        match (Gpu::open(discovery, ordinal), describe_gpu(discovery, ordinal)) {
+            (Ok(gpu), Ok(facts)) => {
+                match Blas::new(discovery, &gpu) {
+                    Ok(blas) => gpu_rows(&gpu, &blas, &facts, opts, &mut report.rows, progress),
+                    Err(e) => report.gpu_unavailable = Some(e.to_string()),
+                }
+                report.gpu = Some(facts);
+            }
+            (Err(e), _) => report.gpu_unavailable = Some(e.to_string()),
+            (_, Err(e)) => report.gpu_unavailable = Some(e),
+        }
+    }
+    if matches!(opts.selection, DeviceSelection::All | DeviceSelection::One(Device::Cpu)) {
+        cpu_rows(opts, &host, &mut report.rows, progress);
+    }
+    finish_rows(&mut report.rows, report.gpu.as_ref().map(|g| &g.peaks));
+    report
+}
+
+fn gpu_rows(
+    gpu: &Gpu,
+    blas: &Blas,
+    facts: &GpuFacts,
+    opts: &MatmulOptions,
+    rows: &mut Vec<MatmulRow>,
+    progress: &mut dyn FnMut(&str),
+) {
+    let dev = Device::Cuda(gpu.ordinal);
+    let cc = facts.compute_capability.unwrap_or((0, 0));
+    let dtypes = opts.dtypes.clone().unwrap_or_else(|| DType::ALL.to_vec());
+    let l2 = facts.l2_cache_bytes.unwrap_or(64 << 20) as usize;
+    for &dtype in &dtypes {
+        if let Err(why) = gpu_supports(cc, dtype) {
+            for &n in &opts.sizes {
+                rows.push(MatmulRow::skipped(dev, dtype, n, why.clone()));
+            }
+            continue;
+        }
+        for &n in &opts.sizes {
+            progress(&format!("matmul {dev} {dtype} {n}x{n}"));
+            rows.push(gpu_row(gpu, blas, dtype, n, l2, opts));
+        }
+    }
+}
+
+fn gpu_row(gpu: &Gpu, blas: &Blas, dtype: DType, n: usize, l2: usize, opts: &MatmulOptions) -> MatmulRow {
+    let dev = Device::Cuda(gpu.ordinal);
+    let mut row = MatmulRow::new(dev, dtype, n);
+    let ty = gemm_type(dtype);
+    let set_bytes = 3 * n * n * ty.elem_bytes();
+    // rotate over enough input sets that they cannot all sit in L2 (measure HBM, not cache)
+    let sets = if set_bytes >= 2 * l2 { 1 } else { (2 * l2).div_ceil(set_bytes) + 1 }.min(64);
+    let free = gpu.mem_info().map(|(f, _)| f).unwrap_or(0) as usize;
+    if set_bytes + blas_workspace() > free {
+        row.status = RowStatus::Skipped(format!(
+            "needs {:.1} GiB of GPU memory, {:.1} GiB free",
+            (set_bytes + blas_workspace()) as f64 / (1u64 << 30) as f64,
+            free as f64 / (1u64 << 30) as f64
+        ));
+        return row;
+    }
+    let sets = sets.min(((free - blas_workspace()) / set_bytes).max(1));
+    let seed = fresh_seed();
+    let mut host0 = None;
+    let mut case = GpuCase { gpu, blas, ty, n, a: Vec::new(), b: Vec::new(), c: Vec::new() };
+    for s in 0..sets {
+        let pair = HostPair {
+            a: to_storage(ty, &uniform_f32(n * n, seed ^ (2 * s as u64 + 1))),
+            b: to_storage(ty, &uniform_f32(n * n, seed ^ (2 * s as u64 + 2))),
+        };
+        let up = (|| -> Result<(), String> {
+            case.a.push(gpu.upload(&pair.a).map_err(|e| e.to_string())?);
+            case.b.push(gpu.upload(&pair.b).map_err(|e| e.to_string())?);
+            case.c.push(gpu.alloc(n * n * ty.elem_bytes()).map_err(|e| e.to_string())?);
+            Ok(())
+        })();
+        if let Err(e) = up {
+            row.status = RowStatus::Failed(format!("allocating inputs: {e}"));
+            return row;
+        }
+        if s == 0 {
+            host0 = Some(pair);
+        }
+    }
+    // choose: cuBLAS's default against cuBLASLt's heuristic candidates, each timed briefly
+    let mut candidates = vec![Backend::Cublas];
+    if opts.lt_candidates > 0 {
+        if let Ok(plans) = blas.lt_candidates(ty, n, n, n, opts.lt_candidates) {
+            candidates.extend(plans.into_iter().map(Backend::Lt));
+        }
+    }
+    let trial = Plan::new(2, 5);
+    let mut best: Option<(f64, usize)> = None;
+    for (i, b) in candidates.iter().enumerate() {
+        if let Ok(m) = case.time(b, trial) {
+            if best.is_none_or(|(t, _)| m.summary_ms.median < t) {
+                best = Some((m.summary_ms.median, i));
+            }
+        }
+    }
+    let Some((_, chosen)) = best else {
+        row.status = RowStatus::Failed("neither cuBLAS nor any cuBLASLt algorithm ran".into());
+        return row;
+    };
+    let backend = &candidates[chosen];
+    row.backend = Some(backend.label());
+    let timing = match case.time(backend, Plan::new(opts.warmup, opts.iterations)) {
+        Ok(m) => m,
+        Err(e) => {
+            row.status = RowStatus::Failed(e);
+            return row;
+        }
+    };
+    // poison, recompute on set 0, compare: a wrong fast number is never reported
+    let verified = (|| -> Result<Verification, String> {
+        let nan_fill = vec![0xFFu8; case.c[0].len()];
+        gpu.stream
+            .memcpy_htod(&nan_fill, &mut case.c[0])
+            .map_err(|e| e.to_string())?;
+        case.run(backend, 0)?;
+        let c = gpu.download(&case.c[0]).map_err(|e| e.to_string())?;
+        Ok(verify_square(ty, dtype, host0.as_ref().ok_or("no inputs")?, &c, n, seed))
+    })();
+    match verified {
+        Ok(v) => {
+            if !v.passed {
+                row.status = RowStatus::Failed(format!(
+                    "wrong result: relative error {:.2e} over tolerance {:.0e}",
+                    v.rel_err, v.tolerance
+                ));
+            } else {
+                row.tflops = Some(tflops(2.0 * (n as f64).powi(3), timing.summary_ms.median));
+                row.timing = Some(timing);
+            }
+            row.verification = Some(v);
+        }
+        Err(e) => row.status = RowStatus::Failed(format!("verification: {e}")),
+    }
+    row
+}
+
+fn blas_workspace() -> usize {
+    gpukit_cuda::blas::WORKSPACE_BYTES
+}
+
+fn cpu_rows(
+    opts: &MatmulOptions,
+    host: &crate::host::HostFacts,
+    rows: &mut Vec<MatmulRow>,
+    progress: &mut dyn FnMut(&str),
+) {
+    let dtypes = opts.dtypes.clone().unwrap_or_else(|| DType::ALL.to_vec());
+    let backend = format!("gemm crate ({}, {} threads)", host.simd, cpu::threads());
+    for &n in &opts.sizes {
+        // f32 first: tf32 and bf16 reuse its figure, computed in f32
+        let mut f32_row: Option<MatmulRow> = None;
+        for dtype in [DType::F32, DType::F64, DType::F16, DType::Tf32, DType::Bf16] {
+            let wanted = dtypes.contains(&dtype);
+            let needed_for_f32 = dtype == DType::F32
+                && (dtypes.contains(&DType::Tf32) || dtypes.contains(&DType::Bf16));
+            if !wanted && !needed_for_f32 {
+                continue;
+            }
+            let row = match dtype {
+                DType::Tf32 | DType::Bf16 => {
+                    let Some(base) = &f32_row else { continue };
+                    let mut r = base.clone();
+                    r.dtype = dtype;
+                    r.computed_as = Some("f32 (no native CPU arithmetic; the f32 row's run)".into());
+                    r
+                }
+                _ if opts.cpu_max_size.is_some_and(|m| n > m) => MatmulRow::skipped(
+                    Device::Cpu,
+                    dtype,
+                    n,
+                    format!(
+                        "CPU rows stop at size {} here (run `gpukit bench matmul` for the full sweep)",
+                        opts.cpu_max_size.unwrap_or(0)
+                    ),
+                ),
+                _ => {
+                    let need = 3 * n * n * dtype.size_bytes() * 2;
+                    if host.memory_available_bytes.is_some_and(|a| (need as u64) > a) {
+                        MatmulRow::skipped(Device::Cpu, dtype, n, format!("needs {need} bytes of host memory"))
+                    } else {
+                        progress(&format!("matmul cpu {dtype} {n}x{n}"));
+                        let mut r = cpu_row(dtype, n, opts);
+                        r.backend = Some(backend.clone());
+                        r
+                    }
+                }
+            };
+            if dtype == DType::F32 {
+                f32_row = Some(row.clone());
+            }
+            if wanted {
+                rows.push(row);
+            }
+        }
+    }
+}
+
+fn cpu_row(dtype: DType, n: usize, opts: &MatmulOptions) -> MatmulRow {
+    let mut row = MatmulRow::new(Device::Cpu, dtype, n);
+    let seed = fresh_seed();
+    let a32 = uniform_f32(n * n, seed ^ 1);
+    let b32 = uniform_f32(n * n, seed ^ 2);
+    let ty = gemm_type(dtype);
+    let plan = Plan::new(1.min(opts.warmup), opts.iterations).with_budget(opts.cpu_budget_s);
+    let flops = 2.0 * (n as f64).powi(3);
+    let (timing, c_bytes, pair) = match dtype {
+        DType::F64 => {
+            let a: Vec<f64> = a32.iter().map(|&x| f64::from(x)).collect();
+            let b: Vec<f64> = b32.iter().map(|&x| f64::from(x)).collect();
+            let mut c = vec![f64::NAN; n * n];
+            let t = time_host(plan, || {
+                cpu::matmul_f64(&a, &b, &mut c, n, n, n);
+                Ok::<(), String>(())
+            });
+            (t, c.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>(), (to_storage(ty, &a32), to_storage(ty, &b32)))
+        }
+        DType::F16 => {
+            let a: Vec<f16> = a32.iter().map(|&x| f16::from_f32(x)).collect();
+            let b: Vec<f16> = b32.iter().map(|&x| f16::from_f32(x)).collect();
+            let mut c = vec![f16::NAN; n * n];
+            let t = time_host(plan, || {
+                cpu::matmul_f16(&a, &b, &mut c, n, n, n);
+                Ok::<(), String>(())
+            });
+            (t, c.iter().flat_map(|x| x.to_ne_bytes()).collect(), (to_storage(ty, &a32), to_storage(ty, &b32)))
+        }
+        _ => {
+            let mut c = vec![f32::NAN; n * n];
+            let t = time_host(plan, || {
+                cpu::matmul_f32(&a32, &b32, &mut c, n, n, n);
+                Ok::<(), String>(())
+            });
+            (t, c.iter().flat_map(|x| x.to_ne_bytes()).collect(), (to_storage(ty, &a32), to_storage(ty, &b32)))
+        }
+    };
+    let timing = match timing {
+        Ok(t) => t,
+        Err(e) => {
+            row.status = RowStatus::Failed(e.to_string());
+            return row;
+        }
+    };
+    let pair = HostPair { a: pair.0, b: pair.1 };
+    let v = verify_square(ty, dtype, &pair, &c_bytes, n, seed);
+    if v.passed {
+        row.tflops = Some(tflops(flops, timing.summary_ms.median));
+        row.timing = Some(timing);
+    } else {
+        row.status = RowStatus::Failed(format!(
+            "wrong result: relative error {:.2e} over tolerance {:.0e}",
+            v.rel_err, v.tolerance
+        ));
+    }
+    row.verification = Some(v);
+    row
+}
+
+/// Fills the derived columns: % of peak, % of best measured, speedup over the CPU.
+fn finish_rows(rows: &mut [MatmulRow], peaks: Option<&Peaks>) {
+    let best = |rows: &[MatmulRow], dev: Device, d: DType| {
+        rows.iter()
+            .filter(|r| r.device == dev && r.dtype == d)
+            .filter_map(|r| r.tflops)
+            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+    };
+    let snapshot = rows.to_vec();
+    for r in rows.iter_mut() {
+        let Some(t) = r.tflops else { continue };
+        if let Some(b) = best(&snapshot, r.device, r.dtype) {
+            r.pct_of_best = Some(100.0 * t / b);
+        }
+        if let (Device::Cuda(_), Some(p)) = (r.device, peaks) {
+            r.pct_of_peak = p.for_dtype(r.dtype.name()).map(|peak| 100.0 * t / peak);
+        }
+        if let Device::Cuda(_) = r.device {
+            r.speedup_vs_cpu = snapshot
+                .iter()
+                .find(|c| c.device == Device::Cpu && c.dtype == r.dtype && c.size == r.size)
+                .and_then(|c| c.tflops)
+                .map(|ct| t / ct);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpu_only(sizes: Vec<usize>, dtypes: Vec<DType>) -> MatmulReport {
+        let discovery = gpukit_cuda::loader::discover();
+        let opts = MatmulOptions {
+            sizes,
+            dtypes: Some(dtypes),
+            selection: DeviceSelection::One(Device::Cpu),
+            iterations: 3,
+            warmup: 1,
+            cpu_budget_s: 5.0,
+            lt_candidates: 0,
+            cpu_max_size: None,
+        };
+        run_matmul(&discovery, &opts, &mut |_| {})
+    }
+
+    #[test]
+    fn cpu_rows_are_verified_and_rated() {
+        let r = cpu_only(vec![33, 64], vec![DType::F64, DType::F32, DType::F16, DType::Bf16]);
+        assert_eq!(r.rows.len(), 8);
+        for row in &r.rows {
+            assert_eq!(row.status, RowStatus::Ok, "{row:?}");
+            let v = row.verification.as_ref().unwrap();
+            assert!(v.passed && v.rel_err < v.tolerance, "{row:?}");
+            assert!(row.tflops.unwrap() > 0.0);
+            assert!(row.pct_of_best.unwrap() <= 100.0 + 1e-9);
+        }
+        let bf = r.rows.iter().find(|x| x.dtype == DType::Bf16).unwrap();
+        assert!(bf.computed_as.as_deref().unwrap().starts_with("f32"));
+    }
+
+    #[test]
+    fn a_wrong_product_fails_verification() {
+        let n = 24;
+        let ty = GemmType::F32;
+        let pair = HostPair {
+            a: to_storage(ty, &uniform_f32(n * n, 1)),
+            b: to_storage(ty, &uniform_f32(n * n, 2)),
+        };
+        let a: Vec<f32> = (0..n * n).map(|i| load(ty, &pair.a, i) as f32).collect();
+        let b: Vec<f32> = (0..n * n).map(|i| load(ty, &pair.b, i) as f32).collect();
+        let mut c = vec![0f32; n * n];
+        cpu::matmul_f32(&a, &b, &mut c, n, n, n);
+        let good: Vec<u8> = c.iter().flat_map(|x| x.to_ne_bytes()).collect();
+        assert!(verify_square(ty, DType::F32, &pair, &good, n, 9).passed);
+        // one wrong entry in the last row/column (always sampled) must fail
+        c[n * n - 1] += 0.5;
+        let bad: Vec<u8> = c.iter().flat_map(|x| x.to_ne_bytes()).collect();
+        assert!(!verify_square(ty, DType::F32, &pair, &bad, n, 9).passed);
+        // NaN (an unwritten poisoned output) must fail
+        let nan = vec![0xFFu8; n * n * 4];
+        let v = verify_square(ty, DType::F32, &pair, &nan, n, 9);
+        assert!(!v.passed && v.rel_err.is_infinite());
+    }
+
+    #[test]
+    fn tf32_error_cannot_pass_as_f32() {
+        // TF32 keeps 10 mantissa bits: rounding inputs so must exceed the f32 tolerance
+        let n = 256;
+        let ty = GemmType::F32;
+        let a = uniform_f32(n * n, 3);
+        let b = uniform_f32(n * n, 4);
+        let round = |x: f32| f32::from_bits(x.to_bits() & !0x1FFF);
+        let at: Vec<f32> = a.iter().map(|&x| round(x)).collect();
+        let bt: Vec<f32> = b.iter().map(|&x| round(x)).collect();
+        let mut c = vec![0f32; n * n];
+        cpu::matmul_f32(&at, &bt, &mut c, n, n, n);
+        let pair = HostPair { a: to_storage(ty, &a), b: to_storage(ty, &b) };
+        let bytes: Vec<u8> = c.iter().flat_map(|x| x.to_ne_bytes()).collect();
+        let v = verify_square(ty, DType::F32, &pair, &bytes, n, 5);
+        assert!(!v.passed, "{v:?}");
+        assert!(verify_square(ty, DType::Tf32, &pair, &bytes, n, 5).passed);
+    }
+
+    #[test]
+    fn dtype_support_by_compute_capability() {
+        assert!(gpu_supports((7, 5), DType::Bf16).is_err());
+        assert!(gpu_supports((7, 5), DType::F16).is_ok());
+        assert!(gpu_supports((8, 0), DType::Tf32).is_ok());
+        assert!(gpu_supports((9, 0), DType::F64).is_ok());
+        assert!(gpu_supports((7, 0), DType::Tf32).unwrap_err().contains("8.0"));
+    }
+
+    #[test]
+    fn finish_rows_derives_ratios() {
+        let mut g = MatmulRow::new(Device::Cuda(0), DType::F32, 8);
+        g.tflops = Some(50.0);
+        let mut g2 = MatmulRow::new(Device::Cuda(0), DType::F32, 16);
+        g2.tflops = Some(25.0);
+        let mut c = MatmulRow::new(Device::Cpu, DType::F32, 8);
+        c.tflops = Some(2.0);
+        let mut rows = vec![g, g2, c];
+        let peaks = crate::ceilings::datasheet_peaks("NVIDIA H100 80GB HBM3").unwrap();
+        finish_rows(&mut rows, Some(&peaks));
+        assert_eq!(rows[0].pct_of_best, Some(100.0));
+        assert_eq!(rows[1].pct_of_best, Some(50.0));
+        assert_eq!(rows[0].speedup_vs_cpu, Some(25.0));
+        assert!((rows[0].pct_of_peak.unwrap() - 100.0 * 50.0 / 66.9).abs() < 1e-9);
+        assert_eq!(rows[2].speedup_vs_cpu, None);
+    }
+}
+
+/// Runs the same sizes and dtypes through PyTorch and fills each row's `pytorch` column.
+/// Returns PyTorch's version, or why it could not run.
+pub fn compare_with_pytorch(report: &mut MatmulReport, opts: &MatmulOptions) -> Result<String, String> {
+    let mut by_device: Vec<(Device, &str)> = Vec::new();
+    if report.rows.iter().any(|r| matches!(r.device, Device::Cuda(_))) {
+        by_device.push((Device::Cuda(0), "cuda"));
+    }
+    if report.rows.iter().any(|r| r.device == Device::Cpu) {
+        by_device.push((Device::Cpu, "cpu"));
+    }
+    let mut version = String::new();
+    for (dev, name) in by_device {
+        let dtypes: Vec<DType> = {
+            let mut d: Vec<DType> = report
+                .rows
+                .iter()
+                .filter(|r| std::mem::discriminant(&r.device) == std::mem::discriminant(&dev))
+                .filter(|r| r.computed_as.is_none())
+                .map(|r| r.dtype)
+                .collect();
+            d.dedup();
+            d.sort();
+            d.dedup();
+            d
+        };
+        if dtypes.is_empty() {
+            continue;
+        }
+        let args = vec![
+            "matmul".to_string(),
+            "--sizes".into(),
+            crate::peer::csv(&opts.sizes),
+            "--dtypes".into(),
+            crate::peer::csv(&dtypes.iter().map(|d| d.name()).collect::<Vec<_>>()),
+            "--iterations".into(),
+            opts.iterations.to_string(),
+            "--device".into(),
+            name.into(),
+        ];
+        let run = crate::peer::run_pytorch(&args)?;
+        version = run.torch_version.clone();
+        for row in report.rows.iter_mut().filter(|r| {
+            std::mem::discriminant(&r.device) == std::mem::discriminant(&dev)
+        }) {
+            let hit = run.results.iter().find(|p| {
+                p["dtype"].as_str() == Some(row.dtype.name())
+                    && p["size"].as_u64() == Some(row.size as u64)
+            });
+            if let (Some(p), Some(ours)) = (hit, row.tflops) {
+                if let (Some(ms), Some(t)) = (p["median_ms"].as_f64(), p["tflops"].as_f64()) {
+                    row.pytorch = Some(PeerFigure { median_ms: ms, rate: t, ratio: ours / t });
+                }
+            }
+        }
+    }
+    Ok(version)
+}

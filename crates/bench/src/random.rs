@@ -1,0 +1,87 @@
+//! Fresh random inputs for every benchmark: uniform in [-1, 1), generated in parallel, never
+//! zeros (zeros hide unwritten outputs and run faster than real data on some chips).
+
+use rayon::prelude::*;
+
+/// A seed that differs between runs (time and process id), so every run checks new inputs.
+pub fn fresh_seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0x5EED);
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    splitmix(t ^ (u64::from(std::process::id()) << 32) ^ n.wrapping_mul(0x9E37_79B9))
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+const CHUNK: usize = 1 << 16;
+
+/// Fills `out` with uniform values in [-1, 1); the same seed gives the same values.
+pub fn fill_uniform_f32(out: &mut [f32], seed: u64) {
+    out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, chunk)| {
+        let mut s = splitmix(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407)) | 1;
+        for x in chunk {
+            // xorshift64*: fast, and plenty for benchmark inputs
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            let r = s.wrapping_mul(0x2545_F491_4F6C_DD1D);
+            *x = ((r >> 40) as f32) * (2.0 / (1u64 << 24) as f32) - 1.0;
+        }
+    });
+}
+
+/// `n` uniform values in [-1, 1).
+pub fn uniform_f32(n: usize, seed: u64) -> Vec<f32> {
+    let mut v = vec![0f32; n];
+    fill_uniform_f32(&mut v, seed);
+    v
+}
+
+/// Random bytes (for copy benchmarks).
+pub fn fill_bytes(out: &mut [u8], seed: u64) {
+    out.par_chunks_mut(CHUNK * 4).enumerate().for_each(|(i, chunk)| {
+        let mut s = splitmix(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407)) | 1;
+        for word in chunk.chunks_mut(8) {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            let r = s.wrapping_mul(0x2545_F491_4F6C_DD1D).to_ne_bytes();
+            word.copy_from_slice(&r[..word.len()]);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uniform_values_cover_the_range_and_are_not_constant() {
+        let v = uniform_f32(100_000, fresh_seed());
+        assert!(v.iter().all(|x| (-1.0..1.0).contains(x)));
+        let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
+        assert!(mean.abs() < 0.02, "mean {mean}");
+        let zeros = v.iter().filter(|&&x| x == 0.0).count();
+        assert!(zeros < 10);
+        assert!(v.iter().any(|&x| x < -0.9) && v.iter().any(|&x| x > 0.9));
+    }
+
+    #[test]
+    fn seeds_reproduce_and_differ() {
+        assert_eq!(uniform_f32(1000, 7), uniform_f32(1000, 7));
+        assert_ne!(uniform_f32(1000, 7), uniform_f32(1000, 8));
+        assert_ne!(fresh_seed(), fresh_seed());
+        let mut a = vec![0u8; 1 << 20];
+        fill_bytes(&mut a, 3);
+        let distinct: std::collections::HashSet<u8> = a.iter().copied().collect();
+        assert_eq!(distinct.len(), 256);
+    }
+}

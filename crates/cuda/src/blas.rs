@@ -1,0 +1,463 @@
+//! Matrix multiply on the GPU through cuBLAS (`cublasGemmEx`) and cuBLASLt (heuristic
+//! algorithms, each timed once per shape so the fastest is kept).
+//!
+//! To use:
+//! 1. [`Blas::new`] on an open [`Gpu`] (checks that both libraries load first).
+//! 2. [`Blas::gemm`] computes row-major `C = A * B` with the cuBLAS default algorithm;
+//!    [`Blas::lt_candidates`] lists cuBLASLt's heuristic algorithms for a shape and
+//!    [`Blas::gemm_lt`] runs one of them.
+//!
+//! Buffers are raw device bytes ([`DeviceBytes`]) holding the storage type of [`GemmType`].
+
+use crate::driver::{CudaError, Gpu};
+use crate::loader::{Discovery, Lib};
+use cudarc::cublas::sys as cb;
+use cudarc::cublaslt::sys as lt;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Raw device memory.
+pub type DeviceBytes = CudaSlice<u8>;
+
+/// The element and compute types of a matmul.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmType {
+    /// f64 storage and accumulation (FP64 tensor cores where the chip has them).
+    F64,
+    /// f32 storage and true f32 accumulation.
+    F32,
+    /// f32 storage, TF32 tensor-core inputs, f32 accumulation.
+    Tf32,
+    /// f16 storage, f32 accumulation.
+    F16,
+    /// bf16 storage, f32 accumulation.
+    Bf16,
+}
+
+impl GemmType {
+    /// Bytes of one stored element.
+    pub fn elem_bytes(self) -> usize {
+        match self {
+            GemmType::F64 => 8,
+            GemmType::F32 | GemmType::Tf32 => 4,
+            GemmType::F16 | GemmType::Bf16 => 2,
+        }
+    }
+
+    fn cublas_types(self) -> (cb::cudaDataType, cb::cublasComputeType_t) {
+        use cb::cublasComputeType_t as C;
+        use cb::cudaDataType as D;
+        match self {
+            GemmType::F64 => (D::CUDA_R_64F, C::CUBLAS_COMPUTE_64F),
+            GemmType::F32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F),
+            GemmType::Tf32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_FAST_TF32),
+            GemmType::F16 => (D::CUDA_R_16F, C::CUBLAS_COMPUTE_32F),
+            GemmType::Bf16 => (D::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F),
+        }
+    }
+
+    fn lt_types(self) -> (lt::cudaDataType, lt::cublasComputeType_t, lt::cudaDataType) {
+        use lt::cublasComputeType_t as C;
+        use lt::cudaDataType as D;
+        match self {
+            GemmType::F64 => (D::CUDA_R_64F, C::CUBLAS_COMPUTE_64F, D::CUDA_R_64F),
+            GemmType::F32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F, D::CUDA_R_32F),
+            GemmType::Tf32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_FAST_TF32, D::CUDA_R_32F),
+            GemmType::F16 => (D::CUDA_R_16F, C::CUBLAS_COMPUTE_32F, D::CUDA_R_32F),
+            GemmType::Bf16 => (D::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F, D::CUDA_R_32F),
+        }
+    }
+
+    /// alpha = 1, beta = 0 in the scale type (f64 for F64, f32 otherwise).
+    fn scalars(self) -> ([u8; 8], [u8; 8]) {
+        match self {
+            GemmType::F64 => (1f64.to_ne_bytes(), 0f64.to_ne_bytes()),
+            _ => {
+                let mut one = [0u8; 8];
+                one[..4].copy_from_slice(&1f32.to_ne_bytes());
+                (one, [0u8; 8])
+            }
+        }
+    }
+}
+
+/// A cuBLAS or cuBLASLt call that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BlasError {
+    #[error("{0}")]
+    Cuda(#[from] CudaError),
+    #[error("{call} failed: {status:?}")]
+    Status { call: &'static str, status: String },
+    #[error("buffer too small for {m}x{n}x{k}: {what} has {have} bytes, needs {need}")]
+    Size {
+        what: &'static str,
+        m: usize,
+        n: usize,
+        k: usize,
+        have: usize,
+        need: usize,
+    },
+}
+
+fn cb_ok(call: &'static str, s: cb::cublasStatus_t) -> Result<(), BlasError> {
+    if s == cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(BlasError::Status {
+            call,
+            status: format!("{s:?}"),
+        })
+    }
+}
+
+fn lt_ok(call: &'static str, s: lt::cublasStatus_t) -> Result<(), BlasError> {
+    if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(BlasError::Status {
+            call,
+            status: format!("{s:?}"),
+        })
+    }
+}
+
+/// Workspace given to both libraries: NVIDIA recommends 32 MiB on Hopper.
+pub const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// cuBLAS and cuBLASLt handles bound to one stream, with their workspace.
+pub struct Blas {
+    stream: Arc<CudaStream>,
+    handle: cb::cublasHandle_t,
+    lt_handle: lt::cublasLtHandle_t,
+    workspace: DeviceBytes,
+}
+
+/// One cuBLASLt algorithm for one shape and type, ready to run.
+pub struct LtPlan {
+    desc: lt::cublasLtMatmulDesc_t,
+    layouts: [lt::cublasLtMatrixLayout_t; 3],
+    algo: lt::cublasLtMatmulAlgo_t,
+    workspace_bytes: usize,
+    ty: GemmType,
+    shape: (usize, usize, usize),
+    /// The heuristic's rank (0 = its first choice).
+    pub rank: usize,
+}
+
+impl Drop for LtPlan {
+    fn drop(&mut self) {
+        // SAFETY: created in lt_candidates and destroyed only here.
+        unsafe {
+            lt::cublasLtMatmulDescDestroy(self.desc);
+            for l in self.layouts {
+                lt::cublasLtMatrixLayoutDestroy(l);
+            }
+        }
+    }
+}
+
+impl Blas {
+    /// Creates both handles on `gpu`'s stream; a missing library is an error naming what to
+    /// install, never cudarc's panic.
+    pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<Blas, BlasError> {
+        for lib in [Lib::Cublas, Lib::CublasLt] {
+            if !discovery.usable(lib) {
+                return Err(CudaError::MissingLibrary(discovery.missing_message(lib)).into());
+            }
+        }
+        // SAFETY: asks the loader only.
+        let present =
+            unsafe { cb::is_culib_present() && lt::is_culib_present() };
+        if !present {
+            return Err(CudaError::MissingLibrary(
+                "cuBLAS/cuBLASLt were found but did not load".into(),
+            )
+            .into());
+        }
+        gpu.ctx.bind_to_thread().map_err(CudaError::from)?;
+        let workspace = gpu
+            .stream
+            .alloc_zeros::<u8>(WORKSPACE_BYTES)
+            .map_err(CudaError::from)?;
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        cb_ok("cublasCreate", unsafe { cb::cublasCreate_v2(&mut handle) })?;
+        let mut lt_handle = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        if let Err(e) = lt_ok("cublasLtCreate", unsafe { lt::cublasLtCreate(&mut lt_handle) }) {
+            // SAFETY: created just above.
+            unsafe { cb::cublasDestroy_v2(handle) };
+            return Err(e);
+        }
+        let blas = Blas {
+            stream: gpu.stream.clone(),
+            handle,
+            lt_handle,
+            workspace,
+        };
+        let (ws, _guard) = blas.workspace.device_ptr(&blas.stream);
+        // SAFETY: the handle is live; the stream outlives it (held in self); the workspace is
+        // owned by self and outlives the handle (dropped after it in Drop order below).
+        unsafe {
+            cb_ok(
+                "cublasSetStream",
+                cb::cublasSetStream_v2(blas.handle, blas.stream.cu_stream() as _),
+            )?;
+            cb_ok(
+                "cublasSetWorkspace",
+                cb::cublasSetWorkspace_v2(blas.handle, ws as *mut c_void, WORKSPACE_BYTES),
+            )?;
+        }
+        drop(_guard);
+        Ok(blas)
+    }
+
+    fn check_sizes(
+        ty: GemmType,
+        a: &DeviceBytes,
+        b: &DeviceBytes,
+        c: &DeviceBytes,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<(), BlasError> {
+        let e = ty.elem_bytes();
+        for (what, have, need) in [
+            ("A", a.len(), m * k * e),
+            ("B", b.len(), k * n * e),
+            ("C", c.len(), m * n * e),
+        ] {
+            if have < need {
+                return Err(BlasError::Size {
+                    what,
+                    m,
+                    n,
+                    k,
+                    have,
+                    need,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Row-major `C (m x n) = A (m x k) * B (k x n)` through `cublasGemmEx`, default algorithm.
+    /// (Column-major cuBLAS computes `C^T = B^T * A^T` on the same bytes.)
+    pub fn gemm(
+        &self,
+        ty: GemmType,
+        a: &DeviceBytes,
+        b: &DeviceBytes,
+        c: &mut DeviceBytes,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), BlasError> {
+        Self::check_sizes(ty, a, b, c, (m, n, k))?;
+        let (dt, compute) = ty.cublas_types();
+        let (alpha, beta) = ty.scalars();
+        let (pa, _ga) = a.device_ptr(&self.stream);
+        let (pb, _gb) = b.device_ptr(&self.stream);
+        let (pc, _gc) = c.device_ptr_mut(&self.stream);
+        // SAFETY: sizes checked above; pointers are live device memory on this stream; the
+        // scalars live on the host for the duration of the call (cuBLAS reads them before
+        // returning in host pointer mode, the default).
+        let status = unsafe {
+            cb::cublasGemmEx(
+                self.handle,
+                cb::cublasOperation_t::CUBLAS_OP_N,
+                cb::cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                m as i32,
+                k as i32,
+                alpha.as_ptr() as *const c_void,
+                pb as *const c_void,
+                dt,
+                n as i32,
+                pa as *const c_void,
+                dt,
+                k as i32,
+                beta.as_ptr() as *const c_void,
+                pc as *mut c_void,
+                dt,
+                n as i32,
+                compute,
+                cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        cb_ok("cublasGemmEx", status)
+    }
+
+    /// Up to `max` cuBLASLt algorithms for this shape, in the heuristic's order.
+    pub fn lt_candidates(
+        &self,
+        ty: GemmType,
+        m: usize,
+        n: usize,
+        k: usize,
+        max: usize,
+    ) -> Result<Vec<LtPlan>, BlasError> {
+        let (dt, compute, scale) = ty.lt_types();
+        let make = || -> Result<(lt::cublasLtMatmulDesc_t, [lt::cublasLtMatrixLayout_t; 3]), BlasError> {
+            let mut desc = std::ptr::null_mut();
+            // SAFETY: out-pointer to a local.
+            lt_ok("cublasLtMatmulDescCreate", unsafe {
+                lt::cublasLtMatmulDescCreate(&mut desc, compute, scale)
+            })?;
+            // column-major view: D^T (n x m) = B^T (n x k) * A^T (k x m)
+            let mut layouts = [std::ptr::null_mut(); 3];
+            let dims = [(n, k, n), (k, m, k), (n, m, n)];
+            for (slot, (rows, cols, ld)) in layouts.iter_mut().zip(dims) {
+                // SAFETY: out-pointer to a local array slot.
+                let s = unsafe {
+                    lt::cublasLtMatrixLayoutCreate(slot, dt, rows as u64, cols as u64, ld as i64)
+                };
+                if let Err(e) = lt_ok("cublasLtMatrixLayoutCreate", s) {
+                    // SAFETY: destroy what was created so far.
+                    unsafe {
+                        lt::cublasLtMatmulDescDestroy(desc);
+                        for l in layouts.iter().filter(|l| !l.is_null()) {
+                            lt::cublasLtMatrixLayoutDestroy(*l);
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+            Ok((desc, layouts))
+        };
+        let (desc, layouts) = make()?;
+        let mut pref = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the attribute buffer is a live u64.
+        let ws = WORKSPACE_BYTES as u64;
+        let got = unsafe {
+            lt_ok("cublasLtMatmulPreferenceCreate", lt::cublasLtMatmulPreferenceCreate(&mut pref))
+                .and_then(|_| {
+                    lt_ok(
+                        "cublasLtMatmulPreferenceSetAttribute",
+                        lt::cublasLtMatmulPreferenceSetAttribute(
+                            pref,
+                            lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                            &ws as *const u64 as *const c_void,
+                            std::mem::size_of::<u64>(),
+                        ),
+                    )
+                })
+                .and_then(|_| {
+                    let mut results: Vec<lt::cublasLtMatmulHeuristicResult_t> =
+                        vec![std::mem::zeroed(); max.max(1)];
+                    let mut count = 0;
+                    lt_ok(
+                        "cublasLtMatmulAlgoGetHeuristic",
+                        lt::cublasLtMatmulAlgoGetHeuristic(
+                            self.lt_handle,
+                            desc,
+                            layouts[0],
+                            layouts[1],
+                            layouts[2],
+                            layouts[2],
+                            pref,
+                            results.len() as i32,
+                            results.as_mut_ptr(),
+                            &mut count,
+                        ),
+                    )?;
+                    results.truncate(count.max(0) as usize);
+                    Ok(results)
+                })
+        };
+        // SAFETY: created above (null when creation failed, which destroy accepts).
+        unsafe {
+            if !pref.is_null() {
+                lt::cublasLtMatmulPreferenceDestroy(pref);
+            }
+        }
+        let results = match got {
+            Ok(r) => r,
+            Err(e) => {
+                // SAFETY: created above, not shared yet.
+                unsafe {
+                    lt::cublasLtMatmulDescDestroy(desc);
+                    for l in layouts {
+                        lt::cublasLtMatrixLayoutDestroy(l);
+                    }
+                }
+                return Err(e);
+            }
+        };
+        // SAFETY: we created these; they are dropped after the plans are built from fresh copies.
+        unsafe {
+            lt::cublasLtMatmulDescDestroy(desc);
+            for l in layouts {
+                lt::cublasLtMatrixLayoutDestroy(l);
+            }
+        }
+        let mut plans = Vec::new();
+        for (rank, r) in results
+            .into_iter()
+            .enumerate()
+            .filter(|(_, r)| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+        {
+            let (desc, layouts) = make()?;
+            plans.push(LtPlan {
+                desc,
+                layouts,
+                algo: r.algo,
+                workspace_bytes: r.workspaceSize,
+                ty,
+                shape: (m, n, k),
+                rank,
+            });
+        }
+        Ok(plans)
+    }
+
+    /// Runs one cuBLASLt plan: row-major `C = A * B` for the plan's shape.
+    pub fn gemm_lt(
+        &self,
+        plan: &LtPlan,
+        a: &DeviceBytes,
+        b: &DeviceBytes,
+        c: &mut DeviceBytes,
+    ) -> Result<(), BlasError> {
+        Self::check_sizes(plan.ty, a, b, c, plan.shape)?;
+        let (alpha, beta) = plan.ty.scalars();
+        let (pa, _ga) = a.device_ptr(&self.stream);
+        let (pb, _gb) = b.device_ptr(&self.stream);
+        let (pc, _gc) = c.device_ptr_mut(&self.stream);
+        let (pw, _gw) = self.workspace.device_ptr(&self.stream);
+        // SAFETY: sizes checked; descriptors live as long as `plan`; the workspace is ours and
+        // at least as large as the heuristic asked (it was told our size).
+        let status = unsafe {
+            lt::cublasLtMatmul(
+                self.lt_handle,
+                plan.desc,
+                alpha.as_ptr() as *const c_void,
+                pb as *const c_void,
+                plan.layouts[0],
+                pa as *const c_void,
+                plan.layouts[1],
+                beta.as_ptr() as *const c_void,
+                pc as *const c_void,
+                plan.layouts[2],
+                pc as *mut c_void,
+                plan.layouts[2],
+                &plan.algo,
+                pw as *mut c_void,
+                plan.workspace_bytes.min(WORKSPACE_BYTES),
+                self.stream.cu_stream() as _,
+            )
+        };
+        lt_ok("cublasLtMatmul", status)
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        // SAFETY: handles created in new() and destroyed only here; work queued on the stream
+        // that uses the workspace is finished first.
+        unsafe {
+            let _ = self.stream.synchronize();
+            cb::cublasDestroy_v2(self.handle);
+            lt::cublasLtDestroy(self.lt_handle);
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Host <-> device and device <-> device copies: pinned host buffers, asynchronous copies on a
+//! stream, and a double-buffered staging path for pageable host memory.
+//!
+//! To use: [`PinnedBytes::new`] for page-locked host memory; [`copy_h2d`], [`copy_d2h`],
+//! [`copy_d2d`] queue one copy on a stream (asynchronous when the host side is pinned);
+//! [`h2d_staged`] moves pageable memory through two pinned buffers so the host copy of one chunk
+//! overlaps the DMA of the previous one.
+
+use crate::blas::DeviceBytes;
+use crate::driver::{CudaError, Gpu};
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+use std::sync::Arc;
+
+/// Page-locked host memory, freed on drop.
+pub struct PinnedBytes {
+    ptr: *mut u8,
+    len: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the allocation is plain host memory owned by this value; access goes through &/&mut.
+unsafe impl Send for PinnedBytes {}
+// SAFETY: shared access is read-only.
+unsafe impl Sync for PinnedBytes {}
+
+impl PinnedBytes {
+    /// `len` bytes of pinned memory. `write_combined`: fast for the host to write and the GPU to
+    /// read, very slow for the host to read, so only for host-to-device sources.
+    pub fn new(gpu: &Gpu, len: usize, write_combined: bool) -> Result<PinnedBytes, CudaError> {
+        gpu.ctx.bind_to_thread()?;
+        let flags = if write_combined {
+            sys::CU_MEMHOSTALLOC_WRITECOMBINED
+        } else {
+            0
+        };
+        // SAFETY: a plain allocation; the pointer is owned by the returned value.
+        let ptr = unsafe { result::malloc_host(len.max(1), flags) }? as *mut u8;
+        Ok(PinnedBytes {
+            ptr,
+            len,
+            ctx: gpu.ctx.clone(),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes. The caller must not read them while a copy into them is in flight (synchronize
+    /// the stream first); the borrow checker cannot see the device's side.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is a live allocation of len bytes (zero-length slices are fine too).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self gives exclusive host access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for PinnedBytes {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by malloc_host in new(); no copy can be in flight once the owner
+        // drops it (every user synchronizes its stream before letting go).
+        unsafe {
+            let _ = result::free_host(self.ptr as *mut std::ffi::c_void);
+        }
+    }
+}
+
+fn check_len(what: &'static str, have: usize, need: usize) -> Result<(), CudaError> {
+    if have < need {
+        return Err(CudaError::Invalid(format!(
+            "{what}: buffer of {have} bytes is smaller than the {need} bytes to copy"
+        )));
+    }
+    Ok(())
+}
+
+/// Queues `src` (host) -> `dst` (device) on `stream`. Pageable `src` makes the driver stage it
+/// (and the call returns only when `src` may be reused); pinned `src` is a true async DMA, and
+/// `src` must stay untouched until the stream has passed the copy.
+pub fn copy_h2d(stream: &Arc<CudaStream>, src: &[u8], dst: &mut DeviceBytes) -> Result<(), CudaError> {
+    check_len("host->device", dst.len(), src.len())?;
+    let (d, _g) = dst.device_ptr_mut(stream);
+    // SAFETY: dst holds at least src.len() bytes; src is live for the call (pageable) or kept
+    // alive by the caller until the stream is synchronized (pinned).
+    unsafe { result::memcpy_htod_async(d, src, stream.cu_stream()) }?;
+    Ok(())
+}
+
+/// Queues `src` (device) -> `dst` (host) on `stream`; `dst` must not be read before the stream
+/// is synchronized.
+pub fn copy_d2h(stream: &Arc<CudaStream>, src: &DeviceBytes, dst: &mut [u8]) -> Result<(), CudaError> {
+    check_len("device->host", src.len(), dst.len())?;
+    let (s, _g) = src.device_ptr(stream);
+    // SAFETY: src holds at least dst.len() bytes; dst outlives the copy (caller synchronizes).
+    unsafe { result::memcpy_dtoh_async(dst, s, stream.cu_stream()) }?;
+    Ok(())
+}
+
+/// Queues a device -> device copy of `bytes` bytes.
+pub fn copy_d2d(
+    stream: &Arc<CudaStream>,
+    src: &DeviceBytes,
+    dst: &mut DeviceBytes,
+    bytes: usize,
+) -> Result<(), CudaError> {
+    check_len("device->device source", src.len(), bytes)?;
+    check_len("device->device destination", dst.len(), bytes)?;
+    let (s, _gs) = src.device_ptr(stream);
+    let (d, _gd) = dst.device_ptr_mut(stream);
+    // SAFETY: both buffers hold at least `bytes` bytes and live on this context.
+    unsafe { result::memcpy_dtod_async(d, s, bytes, stream.cu_stream()) }?;
+    Ok(())
+}
+
+/// Copies pageable `src` to `dst` through two pinned staging buffers: while the GPU pulls chunk
+/// i from one buffer, `host_copy` fills the other with chunk i+1. Returns once the last chunk is
+/// queued; synchronize `stream` before reading `dst` or reusing `staging`.
+/// `host_copy(dst, src)` copies equal-length slices (the caller may spread it over threads).
+pub fn h2d_staged(
+    stream: &Arc<CudaStream>,
+    src: &[u8],
+    dst: &mut DeviceBytes,
+    staging: &mut [PinnedBytes; 2],
+    host_copy: &(dyn Fn(&mut [u8], &[u8]) + Sync),
+) -> Result<(), CudaError> {
+    check_len("staged host->device", dst.len(), src.len())?;
+    let chunk = staging[0].len().min(staging[1].len()).max(1);
+    let ctx = stream.context().clone();
+    let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+    let mut done = [ctx.new_event(flags)?, ctx.new_event(flags)?];
+    let mut used = [false, false];
+    let (base, _g) = dst.device_ptr_mut(stream);
+    for (i, piece) in src.chunks(chunk).enumerate() {
+        let b = i % 2;
+        if used[b] {
+            // the DMA that last read this buffer must finish before the host overwrites it
+            done[b].synchronize()?;
+        }
+        let buf = &mut staging[b].as_mut_slice()[..piece.len()];
+        host_copy(buf, piece);
+        let offset = (i * chunk) as u64;
+        // SAFETY: dst holds src.len() bytes, so base + offset + piece.len() is in bounds; the
+        // staging buffer stays untouched until `done[b]` has fired (checked above next time).
+        unsafe { result::memcpy_htod_async(base + offset, &*buf, stream.cu_stream()) }?;
+        done[b] = stream.record_event(flags)?;
+        used[b] = true;
+    }
+    Ok(())
+}
