@@ -1,32 +1,38 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine from the project root, over binaries staged by
 # ../shared/tools/stage-for-device.sh into .device/ (no Rust toolchain is needed there):
-#   bash scripts/gpu-test.sh
-# Writes logs and JSON under $OUT (default: ./gpu-run-out) and prints a short summary last.
-# LD_LIBRARY_PATH is removed for every gpukit process: gpukit must find CUDA by itself.
+#   bash scripts/gpu-test.sh [tests|bench|all]      (default: all)
+# tests: every test binary with GPUKIT_REQUIRE_GPU=1, check (against nvidia-smi), its start-up
+#        time, bad input; bench: bench matmul/bandwidth/conv beside PyTorch, then `gpukit all`.
+# Writes under $OUT (default ./gpu-run-out): summary.txt, the main outputs, and gpu-run.tar.gz
+# with everything; prints the summary last. LD_LIBRARY_PATH is removed for every gpukit
+# process: gpukit must find CUDA by itself.
 set -u
+MODE=${1:-all}
 OUT=${OUT:-$PWD/gpu-run-out}
-mkdir -p "$OUT"
+W=$OUT/work
+mkdir -p "$W"
 BIN=${GPUKIT_BIN:-$PWD/.device/gpukit}
 TESTS=${GPUKIT_TESTS:-$PWD/.device/tests}
-LOG=$OUT/gpu-test.log
+LOG=$W/gpu-test.log
 SUMMARY=$OUT/summary.txt
 : >"$LOG"; : >"$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 clean() { env -u LD_LIBRARY_PATH -u GPUKIT_CUDA_PATH "$@"; }
+ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 
-say "== gpu-test $(date -u +%FT%TZ) on $(hostname)"
+say "== gpu-test $MODE $(date -u +%FT%TZ) on $(hostname)"
 say "ambient LD_LIBRARY_PATH (removed for gpukit): ${LD_LIBRARY_PATH:-<unset>}"
-nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.free,compute_cap,clocks.max.sm,clocks.max.mem,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,power.draw,power.limit,temperature.gpu,utilization.gpu,driver_version --format=csv >"$OUT/nvidia-smi.txt" 2>&1
-nvidia-smi >>"$OUT/nvidia-smi.txt" 2>&1
-cat "$OUT/nvidia-smi.txt" | head -3 | tee -a "$SUMMARY"
+nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.free,compute_cap,clocks.max.sm,clocks.max.mem,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,power.draw,power.limit,temperature.gpu,utilization.gpu,driver_version --format=csv >"$W/nvidia-smi.txt" 2>&1
+nvidia-smi >>"$W/nvidia-smi.txt" 2>&1
+head -2 "$W/nvidia-smi.txt" | tee -a "$SUMMARY"
+lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)' | tee -a "$SUMMARY"
 
-# 1. check, human and JSON, with no help from the environment
-clean "$BIN" check >"$OUT/check.txt" 2>&1; say "check rc=$?"
-clean "$BIN" check --json --library-versions >"$OUT/check.json" 2>>"$LOG"; say "check --json rc=$?"
-
-# 1b. gpukit's figures against nvidia-smi's, field by field
-python3 - "$OUT/check.json" <<'PY' 2>&1 | tee -a "$SUMMARY"
+if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
+  clean "$BIN" check >"$W/check.txt" 2>&1; say "check rc=$?"
+  clean "$BIN" check --json --library-versions >"$W/check.json" 2>>"$LOG"; say "check --json rc=$?"
+  # gpukit's figures against nvidia-smi's, field by field
+  python3 - "$W/check.json" <<'PY' 2>&1 | tee -a "$SUMMARY"
 import json, subprocess, sys
 r = json.load(open(sys.argv[1]))
 fields = "index,name,uuid,pci.bus_id,memory.total,compute_cap,clocks.max.sm,clocks.max.mem,pcie.link.gen.max,pcie.link.width.max,power.limit,driver_version"
@@ -36,7 +42,7 @@ for g, row in zip(r["gpus"], rows):
     s = [x.strip() for x in row.split(",")]
     nv = g["nvml"] or {}
     pairs = [("name", g["name"], s[1]), ("uuid", g["uuid"], s[2]), ("pci bus id", g["pci_bus_id"], s[3]),
-             ("memory total MiB", str(nv.get("memory_total_bytes", 0) >> 20), s[4]),
+             ("memory total MiB", str((g["memory_board_bytes"] or 0) >> 20), s[4]),
              ("compute capability", "%d.%d" % tuple(g["compute_capability"]), s[5]),
              ("max SM clock MHz", str(g["max_sm_clock_mhz"]), s[6]), ("max memory clock MHz", str(g["max_memory_clock_mhz"]), s[7]),
              ("PCIe gen max", str(nv.get("pcie_gen_max")), s[8]), ("PCIe width max", str(nv.get("pcie_width_max")), s[9]),
@@ -45,61 +51,69 @@ for g, row in zip(r["gpus"], rows):
         ok = ours == theirs; bad += not ok
         print(f"  {'agree ' if ok else 'DIFFER'} {name:22} gpukit={ours!s:42} nvidia-smi={theirs}")
 print(f"nvidia-smi comparison: {'all fields agree' if bad == 0 else str(bad) + ' field(s) differ'}")
+for l in r["libraries"]:
+    print(f"  library {l['name']:12} {'found' if l['found'] else 'MISSING':8} {l['version'] or '-':12} {l['path'] or l['install']}")
 PY
-clean GPUKIT_TRACE=1 "$BIN" check >/dev/null 2>>"$LOG"
-echo "start-up phases (GPUKIT_TRACE=1, second run):" | tee -a "$SUMMARY"
-clean GPUKIT_TRACE=1 "$BIN" check 2>&1 >/dev/null | tee -a "$SUMMARY"
-echo "start-up phases of check --quick:" | tee -a "$SUMMARY"
-clean GPUKIT_TRACE=1 "$BIN" check --quick 2>&1 >/dev/null | tee -a "$SUMMARY"
-python3 - <<'PY' 2>&1 | tee -a "$SUMMARY"
-import ctypes, time
+  echo "start-up phases (GPUKIT_TRACE=1):" | tee -a "$SUMMARY"
+  clean GPUKIT_TRACE=1 "$BIN" check >/dev/null 2>>"$LOG"
+  clean GPUKIT_TRACE=1 "$BIN" check 2>&1 >/dev/null | tee -a "$SUMMARY"
+  echo "start-up phases of check --quick:" | tee -a "$SUMMARY"
+  clean GPUKIT_TRACE=1 "$BIN" check --quick 2>&1 >/dev/null | tee -a "$SUMMARY"
+  python3 - "$BIN" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import ctypes, os, subprocess, sys, time, statistics
 t = time.perf_counter(); lib = ctypes.CDLL("libcuda.so.1"); t1 = time.perf_counter(); rc = lib.cuInit(0); t2 = time.perf_counter()
-print(f"floor: cuInit alone from python ctypes: {1e3*(t2-t1):.1f} ms (rc={rc}); dlopen libcuda {1e3*(t1-t):.1f} ms")
-PY
-if [ -x "$PWD/.device/gpukit-cuda12" ]; then
-  clean "$PWD/.device/gpukit-cuda12" check >"$OUT/check-cuda12-build.txt" 2>&1
-  say "CUDA 12 build: check rc=$? ($(grep -c MISSING "$OUT/check-cuda12-build.txt") libraries reported missing; see check-cuda12-build.txt)"
-fi
-
-# 2. start-to-exit time of check (20 runs) against importing torch (3 runs)
-python3 - "$BIN" <<'PY' 2>&1 | tee -a "$SUMMARY"
-import os, subprocess, sys, time, statistics
+print(f"floor: cuInit alone from python ctypes: {1e3*(t2-t1):.1f} ms (rc={rc})")
 env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "GPUKIT_CUDA_PATH")}
 def wall(cmd, n):
     ts = []
     for _ in range(n):
         t = time.perf_counter(); subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True); ts.append(time.perf_counter() - t)
     return ts
-g = wall([sys.argv[1], "check"], 20); gj = wall([sys.argv[1], "check", "--json"], 20)
-gq = wall([sys.argv[1], "check", "--quick"], 20)
+for args in (["check"], ["check", "--json"], ["check", "--quick"]):
+    g = wall([sys.argv[1]] + args, 20)
+    print(f"gpukit {' '.join(args)}: start to exit median {statistics.median(g)*1e3:.1f} ms, min {min(g)*1e3:.1f}, max {max(g)*1e3:.1f} (20 runs)")
 t = wall([sys.executable, "-c", "import torch; torch.cuda.is_available(); torch.cuda.get_device_properties(0)"], 3)
-print(f"gpukit check: median {statistics.median(g)*1e3:.1f} ms, min {min(g)*1e3:.1f}, max {max(g)*1e3:.1f} (20 runs)")
-print(f"gpukit check --json: median {statistics.median(gj)*1e3:.1f} ms (20 runs)")
-print(f"gpukit check --quick: median {statistics.median(gq)*1e3:.1f} ms, min {min(gq)*1e3:.1f}, max {max(gq)*1e3:.1f} (20 runs)")
-print(f"python3 import torch + get_device_properties: median {statistics.median(t)*1e3:.0f} ms (3 runs)")
+print(f"python3 -c 'import torch; ...get_device_properties(0)': median {statistics.median(t)*1e3:.0f} ms (3 runs)")
 PY
+  if [ -x "$PWD/.device/gpukit-cuda12" ]; then
+    clean "$PWD/.device/gpukit-cuda12" check >"$W/check-cuda12-build.txt" 2>&1
+    say "CUDA 12 build: check rc=$? ($(grep -c MISSING "$W/check-cuda12-build.txt") libraries reported missing: no .so.12 here)"
+  fi
+  clean "$BIN" check --device cuda:9 >>"$LOG" 2>&1; say "check --device cuda:9 rc=$? (want 2)"
+  env -u LD_LIBRARY_PATH GPUKIT_CUDA_PATH=/nowhere "$BIN" check --json >/dev/null 2>>"$LOG"; say "GPUKIT_CUDA_PATH=/nowhere rc=$? (want 0 + warning)"
+  clean "$BIN" check --frobnicate >>"$LOG" 2>&1; say "check --frobnicate rc=$? (want 2)"
+  clean "$BIN" bench matmul --sizes 0 >>"$LOG" 2>&1; say "bench matmul --sizes 0 rc=$? (want 2)"
+  clean "$BIN" bench matmul --matrix-size 150000 --dtype f32 --device cuda:0 >"$W/too-big.txt" 2>&1; say "bench matmul --matrix-size 150000 (270 GB) rc=$? (want 0, skipped row): $(grep -o 'skipped: [^│]*' "$W/too-big.txt" | head -1)"
+  fails=0
+  for t in "$TESTS"/*; do
+    [ -x "$t" ] || continue
+    echo "== $(basename "$t")" >>"$LOG"
+    clean GPUKIT_REQUIRE_GPU=1 GPUKIT_BIN="$BIN" "$t" >>"$LOG" 2>&1
+    rc=$?; [ $rc -eq 0 ] || fails=$((fails+1))
+    say "test $(basename "$t"): rc=$rc $(grep -E '^test result' "$LOG" | tail -1)"
+  done
+  say "== failing test binaries: $fails"
+fi
 
-# 3. bad input
-clean "$BIN" check --device cuda:9 >>"$LOG" 2>&1; say "check --device cuda:9 rc=$? (want 2)"
-env -u LD_LIBRARY_PATH GPUKIT_CUDA_PATH=/nowhere "$BIN" check --json >/dev/null 2>>"$LOG"; say "GPUKIT_CUDA_PATH=/nowhere rc=$? (want 0 + warning)"
-clean "$BIN" check --frobnicate >>"$LOG" 2>&1; say "check --frobnicate rc=$? (want 2)"
+if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
+  run_bench() { # name, args...
+    local name=$1; shift
+    local t0; t0=$(date +%s%N)
+    clean timeout 400 "$BIN" "$@" --save-json "$W/$name.json" >"$W/$name.txt" 2>>"$LOG"
+    local rc=$?
+    say "$name rc=$rc in $(ms_since "$t0") ms: gpukit $*"
+  }
+  run_bench matmul-gpu bench matmul --device cuda:0 --compare-pytorch
+  run_bench matmul-cpu bench matmul --device cpu --sizes 1024,4096 --dtype f32,f64 --compare-pytorch
+  run_bench bandwidth bench bandwidth --compare-pytorch
+  run_bench conv bench conv --compare-pytorch
+  t0=$(date +%s%N)
+  clean timeout 600 "$BIN" all --out "$W/report" >>"$LOG" 2>&1
+  say "all rc=$? in $(ms_since "$t0") ms"
+  cp "$W/report/report.md" "$W/all-report.md" 2>/dev/null; cp "$W/report/report.json" "$W/all-report.json" 2>/dev/null
+  rm -rf "$W/report"
+  for f in matmul-gpu matmul-cpu bandwidth conv; do echo; cat "$W/$f.txt"; done | tee -a "$SUMMARY" >/dev/null
+fi
 
-# 4. every test binary, GPU tests required to run
-fails=0
-for t in "$TESTS"/*; do
-  [ -x "$t" ] || continue
-  echo "== $(basename "$t")" >>"$LOG"
-  clean GPUKIT_REQUIRE_GPU=1 GPUKIT_BIN="$BIN" "$t" >>"$LOG" 2>&1
-  rc=$?; [ $rc -eq 0 ] || fails=$((fails+1))
-  say "test $(basename "$t"): rc=$rc $(grep -E '^test result' "$LOG" | tail -1)"
-done
-
-# 5. the main job
-start=$(date +%s%N)
-clean "$BIN" all --out "$OUT/report" >>"$LOG" 2>&1; rc=$?
-say "all rc=$rc in $(( ($(date +%s%N) - start) / 1000000 )) ms"
-cp "$OUT/report/report.json" "$OUT/report.json" 2>/dev/null; cp "$OUT/report/report.md" "$OUT/report.md" 2>/dev/null; rm -rf "$OUT/report"
-
-say "== failing test binaries: $fails"
-cat "$OUT/check.txt"
+tar -C "$W" -czf "$OUT/gpu-run.tar.gz" . && rm -rf "$W"
 echo; cat "$SUMMARY"

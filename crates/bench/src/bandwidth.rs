@@ -172,7 +172,10 @@ pub fn run_bandwidth(
         staging_chunk_bytes: opts.staging_chunk_bytes,
         rows: Vec::new(),
     };
-    let (gpu, facts) = match (Gpu::open(discovery, opts.ordinal), describe_gpu(discovery, opts.ordinal)) {
+    let (gpu, facts) = match (
+        Gpu::open(discovery, opts.ordinal),
+        describe_gpu(discovery, opts.ordinal),
+    ) {
         (Ok(g), Ok(f)) => (g, f),
         (Err(e), _) => {
             report.gpu_unavailable = Some(e.to_string());
@@ -198,10 +201,11 @@ pub fn run_bandwidth(
         let free = gpu.mem_info().map(|(f, _)| f as usize).unwrap_or(0);
         if 2 * bytes > free {
             for kind in CopyKind::ALL {
-                report.rows.push(skipped(kind, bytes, format!(
-                    "needs {} bytes of GPU memory, {free} free",
-                    2 * bytes
-                )));
+                report.rows.push(skipped(
+                    kind,
+                    bytes,
+                    format!("needs {} bytes of GPU memory, {free} free", 2 * bytes),
+                ));
             }
             continue;
         }
@@ -209,12 +213,18 @@ pub fn run_bandwidth(
             Ok(b) => b,
             Err(e) => {
                 for kind in CopyKind::ALL {
-                    report.rows.push(skipped(kind, bytes, format!("allocating buffers: {e}")));
+                    report
+                        .rows
+                        .push(skipped(kind, bytes, format!("allocating buffers: {e}")));
                 }
                 continue;
             }
         };
-        let reps = if bytes <= 1 << 20 { opts.iterations * 10 } else { opts.iterations };
+        let reps = if bytes <= 1 << 20 {
+            opts.iterations * 10
+        } else {
+            opts.iterations
+        };
         let plan = Plan::new(3, reps);
         for kind in CopyKind::ALL {
             if kind == CopyKind::Bidirectional && bytes < 1 << 20 {
@@ -250,9 +260,19 @@ fn skipped(kind: CopyKind, bytes: usize, why: String) -> BandwidthRow {
     }
 }
 
-fn finish(kind: CopyKind, bytes: usize, timing: Measurement, verified: bool, report: &BandwidthReport) -> BandwidthRow {
+fn finish(
+    kind: CopyKind,
+    bytes: usize,
+    timing: Measurement,
+    verified: bool,
+    report: &BandwidthReport,
+) -> BandwidthRow {
     let ms = timing.summary_ms.median;
-    let payload = if kind == CopyKind::Bidirectional { 2 * bytes } else { bytes };
+    let payload = if kind == CopyKind::Bidirectional {
+        2 * bytes
+    } else {
+        bytes
+    };
     let rate = gbs(payload as f64, ms);
     let rw = (kind == CopyKind::D2d).then(|| gbs(2.0 * bytes as f64, ms));
     let link = match kind {
@@ -314,24 +334,30 @@ fn measure(
         }
         CopyKind::H2dPinned => {
             poison(gpu, &mut b.dev_a)?;
-            time_device(s, plan, || copy_h2d(s, b.pinned_src.as_slice(), &mut b.dev_a))
-                .map_err(|e| e.to_string())?
+            time_device(s, plan, || {
+                copy_h2d(s, b.pinned_src.as_slice(), &mut b.dev_a)
+            })
+            .map_err(|e| e.to_string())?
         }
         CopyKind::D2hPinned => {
             copy_h2d(s, &b.src, &mut b.dev_a).map_err(e)?;
             b.pinned_dst.as_mut_slice().fill(0);
-            time_device(s, plan, || copy_d2h(s, &b.dev_a, b.pinned_dst.as_mut_slice()))
-                .map_err(|e| e.to_string())?
+            time_device(s, plan, || {
+                copy_d2h(s, &b.dev_a, b.pinned_dst.as_mut_slice())
+            })
+            .map_err(|e| e.to_string())?
         }
         CopyKind::D2hPageable => {
             copy_h2d(s, &b.src, &mut b.dev_a).map_err(e)?;
             b.pageable_dst.fill(0);
-            time_device(s, plan, || copy_d2h(s, &b.dev_a, &mut b.pageable_dst)).map_err(|e| e.to_string())?
+            time_device(s, plan, || copy_d2h(s, &b.dev_a, &mut b.pageable_dst))
+                .map_err(|e| e.to_string())?
         }
         CopyKind::D2d => {
             copy_h2d(s, &b.src, &mut b.dev_a).map_err(e)?;
             poison(gpu, &mut b.dev_b)?;
-            time_device(s, plan, || copy_d2d(s, &b.dev_a, &mut b.dev_b, bytes)).map_err(|e| e.to_string())?
+            time_device(s, plan, || copy_d2d(s, &b.dev_a, &mut b.dev_b, bytes))
+                .map_err(|e| e.to_string())?
         }
         CopyKind::Bidirectional => {
             // dev_a -> host on stream 2 while host -> dev_b on stream 1
@@ -339,7 +365,8 @@ fn measure(
             s.synchronize().map_err(|e| e.to_string())?;
             poison(gpu, &mut b.dev_b)?;
             b.pinned_dst.as_mut_slice().fill(0);
-            let (pin_src, pin_dst, dev_a, dev_b) = (&b.pinned_src, &mut b.pinned_dst, &b.dev_a, &mut b.dev_b);
+            let (pin_src, pin_dst, dev_a, dev_b) =
+                (&b.pinned_src, &mut b.pinned_dst, &b.dev_a, &mut b.dev_b);
             time_host(plan, || -> Result<(), CudaError> {
                 copy_h2d(s, pin_src.as_slice(), dev_b)?;
                 copy_d2h(stream2, dev_a, pin_dst.as_mut_slice())?;
@@ -359,10 +386,44 @@ fn measure(
         CopyKind::D2hPageable => b.pageable_dst == b.src,
         CopyKind::D2d => gpu.download(&b.dev_b).map_err(e)? == b.src,
         CopyKind::Bidirectional => {
-            b.pinned_dst.as_slice() == b.src.as_slice() && gpu.download(&b.dev_b).map_err(e)? == b.src
+            b.pinned_dst.as_slice() == b.src.as_slice()
+                && gpu.download(&b.dev_b).map_err(e)? == b.src
         }
     };
     Ok((timing, verified))
+}
+
+/// Runs the same copies through PyTorch and fills each row's `pytorch` column.
+pub fn compare_with_pytorch(
+    report: &mut BandwidthReport,
+    opts: &BandwidthOptions,
+) -> Result<String, String> {
+    let args = vec![
+        "bandwidth".to_string(),
+        "--sizes-bytes".into(),
+        crate::peer::csv(&opts.sizes_bytes),
+        "--iterations".into(),
+        opts.iterations.to_string(),
+    ];
+    let run = crate::peer::run_pytorch(&args)?;
+    for row in &mut report.rows {
+        let Some(kind) = row.kind.pytorch_kind() else {
+            continue;
+        };
+        let hit = run.results.iter().find(|p| {
+            p["kind"].as_str() == Some(kind) && p["bytes"].as_u64() == Some(row.bytes as u64)
+        });
+        if let (Some(p), Some(ours)) = (hit, row.gbs) {
+            if let (Some(ms), Some(g)) = (p["median_ms"].as_f64(), p["gbs"].as_f64()) {
+                row.pytorch = Some(PeerFigure {
+                    median_ms: ms,
+                    rate: g,
+                    ratio: ours / g,
+                });
+            }
+        }
+    }
+    Ok(run.torch_version)
 }
 
 #[cfg(test)]
@@ -401,29 +462,4 @@ mod tests {
         let bad = finish(CopyKind::H2dPinned, 50_000_000, m, false, &report);
         assert!(bad.gbs.is_none() && matches!(bad.status, RowStatus::Failed(_)));
     }
-}
-
-/// Runs the same copies through PyTorch and fills each row's `pytorch` column.
-pub fn compare_with_pytorch(report: &mut BandwidthReport, opts: &BandwidthOptions) -> Result<String, String> {
-    let args = vec![
-        "bandwidth".to_string(),
-        "--sizes-bytes".into(),
-        crate::peer::csv(&opts.sizes_bytes),
-        "--iterations".into(),
-        opts.iterations.to_string(),
-    ];
-    let run = crate::peer::run_pytorch(&args)?;
-    for row in &mut report.rows {
-        let Some(kind) = row.kind.pytorch_kind() else { continue };
-        let hit = run
-            .results
-            .iter()
-            .find(|p| p["kind"].as_str() == Some(kind) && p["bytes"].as_u64() == Some(row.bytes as u64));
-        if let (Some(p), Some(ours)) = (hit, row.gbs) {
-            if let (Some(ms), Some(g)) = (p["median_ms"].as_f64(), p["gbs"].as_f64()) {
-                row.pytorch = Some(PeerFigure { median_ms: ms, rate: g, ratio: ours / g });
-            }
-        }
-    }
-    Ok(run.torch_version)
 }

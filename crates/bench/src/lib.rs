@@ -4,11 +4,12 @@
 
 pub mod bandwidth;
 pub mod ceilings;
-pub mod cpu;
 pub mod check;
-pub mod random;
+pub mod conv;
+pub mod cpu;
 pub mod harness;
+pub mod host;
 pub mod matmul;
 pub mod peer;
-pub mod host;
+pub mod random;
 pub mod stats;

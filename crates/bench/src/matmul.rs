@@ -5,7 +5,7 @@
 use crate::ceilings::Peaks;
 use crate::check::{describe_gpu, GpuFacts};
 use crate::cpu;
-use crate::harness::{time_device, time_host, tflops, Measurement, Plan};
+use crate::harness::{tflops, time_device, time_host, Measurement, Plan};
 use crate::random::{fresh_seed, uniform_f32};
 use gpukit_cuda::blas::{Blas, DeviceBytes, GemmType};
 use gpukit_cuda::driver::Gpu;
@@ -189,8 +189,14 @@ fn to_storage(ty: GemmType, v: &[f32]) -> Vec<u8> {
     match ty {
         GemmType::F64 => v.iter().flat_map(|&x| f64::from(x).to_ne_bytes()).collect(),
         GemmType::F32 | GemmType::Tf32 => v.iter().flat_map(|&x| x.to_ne_bytes()).collect(),
-        GemmType::F16 => v.iter().flat_map(|&x| f16::from_f32(x).to_ne_bytes()).collect(),
-        GemmType::Bf16 => v.iter().flat_map(|&x| bf16::from_f32(x).to_ne_bytes()).collect(),
+        GemmType::F16 => v
+            .iter()
+            .flat_map(|&x| f16::from_f32(x).to_ne_bytes())
+            .collect(),
+        GemmType::Bf16 => v
+            .iter()
+            .flat_map(|&x| bf16::from_f32(x).to_ne_bytes())
+            .collect(),
     }
 }
 
@@ -208,7 +214,14 @@ fn load(ty: GemmType, bytes: &[u8], i: usize) -> f64 {
 
 /// Checks `c` (row-major n x n, storage `ty`) against a float64 product of the stored inputs on
 /// a grid of sampled rows and columns. NaN anywhere in the sample fails.
-fn verify_square(ty: GemmType, dtype: DType, pair: &HostPair, c: &[u8], n: usize, seed: u64) -> Verification {
+fn verify_square(
+    ty: GemmType,
+    dtype: DType,
+    pair: &HostPair,
+    c: &[u8],
+    n: usize,
+    seed: u64,
+) -> Verification {
     let picks = 16.min(n);
     let mut s = seed | 1;
     let mut pick = || {
@@ -234,7 +247,11 @@ fn verify_square(ty: GemmType, dtype: DType, pair: &HostPair, c: &[u8], n: usize
             den += r * r;
         }
     }
-    let rel_err = if nan { f64::INFINITY } else { (num / den.max(f64::MIN_POSITIVE)).sqrt() };
+    let rel_err = if nan {
+        f64::INFINITY
+    } else {
+        (num / den.max(f64::MIN_POSITIVE)).sqrt()
+    };
     let tolerance = tolerance(dtype);
     Verification {
         samples: rows.len() * cols.len(),
@@ -274,7 +291,7 @@ impl GpuCase<'_> {
         let n = self.n;
         let (a, b, c) = (&self.a[set], &self.b[set], &mut self.c[set]);
         match backend {
-            Backend::Cublas => self.blas.gemm(self.ty, a, b, c, n, n, n),
+            Backend::Cublas => self.blas.gemm(self.ty, a, b, c, (n, n, n)),
             Backend::Lt(plan) => self.blas.gemm_lt(plan, a, b, c),
         }
         .map_err(|e| e.to_string())
@@ -314,7 +331,10 @@ pub fn run_matmul(
         DeviceSelection::One(Device::Cpu) => None,
     };
     if let Some(ordinal) = ordinal {
-        match (Gpu::open(discovery, ordinal), describe_gpu(discovery, ordinal)) {
+        match (
+            Gpu::open(discovery, ordinal),
+            describe_gpu(discovery, ordinal),
+        ) {
             (Ok(gpu), Ok(facts)) => {
                 match Blas::new(discovery, &gpu) {
                     Ok(blas) => gpu_rows(&gpu, &blas, &facts, opts, &mut report.rows, progress),
@@ -326,7 +346,10 @@ pub fn run_matmul(
             (_, Err(e)) => report.gpu_unavailable = Some(e),
         }
     }
-    if matches!(opts.selection, DeviceSelection::All | DeviceSelection::One(Device::Cpu)) {
+    if matches!(
+        opts.selection,
+        DeviceSelection::All | DeviceSelection::One(Device::Cpu)
+    ) {
         cpu_rows(opts, &host, &mut report.rows, progress);
     }
     finish_rows(&mut report.rows, report.gpu.as_ref().map(|g| &g.peaks));
@@ -359,13 +382,25 @@ fn gpu_rows(
     }
 }
 
-fn gpu_row(gpu: &Gpu, blas: &Blas, dtype: DType, n: usize, l2: usize, opts: &MatmulOptions) -> MatmulRow {
+fn gpu_row(
+    gpu: &Gpu,
+    blas: &Blas,
+    dtype: DType,
+    n: usize,
+    l2: usize,
+    opts: &MatmulOptions,
+) -> MatmulRow {
     let dev = Device::Cuda(gpu.ordinal);
     let mut row = MatmulRow::new(dev, dtype, n);
     let ty = gemm_type(dtype);
     let set_bytes = 3 * n * n * ty.elem_bytes();
     // rotate over enough input sets that they cannot all sit in L2 (measure HBM, not cache)
-    let sets = if set_bytes >= 2 * l2 { 1 } else { (2 * l2).div_ceil(set_bytes) + 1 }.min(64);
+    let sets = if set_bytes >= 2 * l2 {
+        1
+    } else {
+        (2 * l2).div_ceil(set_bytes) + 1
+    }
+    .min(64);
     let free = gpu.mem_info().map(|(f, _)| f).unwrap_or(0) as usize;
     if set_bytes + blas_workspace() > free {
         row.status = RowStatus::Skipped(format!(
@@ -378,7 +413,15 @@ fn gpu_row(gpu: &Gpu, blas: &Blas, dtype: DType, n: usize, l2: usize, opts: &Mat
     let sets = sets.min(((free - blas_workspace()) / set_bytes).max(1));
     let seed = fresh_seed();
     let mut host0 = None;
-    let mut case = GpuCase { gpu, blas, ty, n, a: Vec::new(), b: Vec::new(), c: Vec::new() };
+    let mut case = GpuCase {
+        gpu,
+        blas,
+        ty,
+        n,
+        a: Vec::new(),
+        b: Vec::new(),
+        c: Vec::new(),
+    };
     for s in 0..sets {
         let pair = HostPair {
             a: to_storage(ty, &uniform_f32(n * n, seed ^ (2 * s as u64 + 1))),
@@ -387,7 +430,10 @@ fn gpu_row(gpu: &Gpu, blas: &Blas, dtype: DType, n: usize, l2: usize, opts: &Mat
         let up = (|| -> Result<(), String> {
             case.a.push(gpu.upload(&pair.a).map_err(|e| e.to_string())?);
             case.b.push(gpu.upload(&pair.b).map_err(|e| e.to_string())?);
-            case.c.push(gpu.alloc(n * n * ty.elem_bytes()).map_err(|e| e.to_string())?);
+            case.c.push(
+                gpu.alloc(n * n * ty.elem_bytes())
+                    .map_err(|e| e.to_string())?,
+            );
             Ok(())
         })();
         if let Err(e) = up {
@@ -435,7 +481,14 @@ fn gpu_row(gpu: &Gpu, blas: &Blas, dtype: DType, n: usize, l2: usize, opts: &Mat
             .map_err(|e| e.to_string())?;
         case.run(backend, 0)?;
         let c = gpu.download(&case.c[0]).map_err(|e| e.to_string())?;
-        Ok(verify_square(ty, dtype, host0.as_ref().ok_or("no inputs")?, &c, n, seed))
+        Ok(verify_square(
+            ty,
+            dtype,
+            host0.as_ref().ok_or("no inputs")?,
+            &c,
+            n,
+            seed,
+        ))
     })();
     match verified {
         Ok(v) => {
@@ -533,7 +586,11 @@ fn cpu_row(dtype: DType, n: usize, opts: &MatmulOptions) -> MatmulRow {
                 cpu::matmul_f64(&a, &b, &mut c, n, n, n);
                 Ok::<(), String>(())
             });
-            (t, c.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>(), (to_storage(ty, &a32), to_storage(ty, &b32)))
+            (
+                t,
+                c.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>(),
+                (to_storage(ty, &a32), to_storage(ty, &b32)),
+            )
         }
         DType::F16 => {
             let a: Vec<f16> = a32.iter().map(|&x| f16::from_f32(x)).collect();
@@ -543,7 +600,11 @@ fn cpu_row(dtype: DType, n: usize, opts: &MatmulOptions) -> MatmulRow {
                 cpu::matmul_f16(&a, &b, &mut c, n, n, n);
                 Ok::<(), String>(())
             });
-            (t, c.iter().flat_map(|x| x.to_ne_bytes()).collect(), (to_storage(ty, &a32), to_storage(ty, &b32)))
+            (
+                t,
+                c.iter().flat_map(|x| x.to_ne_bytes()).collect(),
+                (to_storage(ty, &a32), to_storage(ty, &b32)),
+            )
         }
         _ => {
             let mut c = vec![f32::NAN; n * n];
@@ -551,7 +612,11 @@ fn cpu_row(dtype: DType, n: usize, opts: &MatmulOptions) -> MatmulRow {
                 cpu::matmul_f32(&a32, &b32, &mut c, n, n, n);
                 Ok::<(), String>(())
             });
-            (t, c.iter().flat_map(|x| x.to_ne_bytes()).collect(), (to_storage(ty, &a32), to_storage(ty, &b32)))
+            (
+                t,
+                c.iter().flat_map(|x| x.to_ne_bytes()).collect(),
+                (to_storage(ty, &a32), to_storage(ty, &b32)),
+            )
         }
     };
     let timing = match timing {
@@ -561,7 +626,10 @@ fn cpu_row(dtype: DType, n: usize, opts: &MatmulOptions) -> MatmulRow {
             return row;
         }
     };
-    let pair = HostPair { a: pair.0, b: pair.1 };
+    let pair = HostPair {
+        a: pair.0,
+        b: pair.1,
+    };
     let v = verify_square(ty, dtype, &pair, &c_bytes, n, seed);
     if v.passed {
         row.tflops = Some(tflops(flops, timing.summary_ms.median));
@@ -603,6 +671,77 @@ fn finish_rows(rows: &mut [MatmulRow], peaks: Option<&Peaks>) {
     }
 }
 
+/// Runs the same sizes and dtypes through PyTorch and fills each row's `pytorch` column.
+/// Returns PyTorch's version, or why it could not run.
+pub fn compare_with_pytorch(
+    report: &mut MatmulReport,
+    opts: &MatmulOptions,
+) -> Result<String, String> {
+    let mut by_device: Vec<(Device, &str)> = Vec::new();
+    if report
+        .rows
+        .iter()
+        .any(|r| matches!(r.device, Device::Cuda(_)))
+    {
+        by_device.push((Device::Cuda(0), "cuda"));
+    }
+    if report.rows.iter().any(|r| r.device == Device::Cpu) {
+        by_device.push((Device::Cpu, "cpu"));
+    }
+    let mut version = String::new();
+    for (dev, name) in by_device {
+        let dtypes: Vec<DType> = {
+            let mut d: Vec<DType> = report
+                .rows
+                .iter()
+                .filter(|r| std::mem::discriminant(&r.device) == std::mem::discriminant(&dev))
+                .filter(|r| r.computed_as.is_none())
+                .map(|r| r.dtype)
+                .collect();
+            d.dedup();
+            d.sort();
+            d.dedup();
+            d
+        };
+        if dtypes.is_empty() {
+            continue;
+        }
+        let args = vec![
+            "matmul".to_string(),
+            "--sizes".into(),
+            crate::peer::csv(&opts.sizes),
+            "--dtypes".into(),
+            crate::peer::csv(&dtypes.iter().map(|d| d.name()).collect::<Vec<_>>()),
+            "--iterations".into(),
+            opts.iterations.to_string(),
+            "--device".into(),
+            name.into(),
+        ];
+        let run = crate::peer::run_pytorch(&args)?;
+        version = run.torch_version.clone();
+        for row in report
+            .rows
+            .iter_mut()
+            .filter(|r| std::mem::discriminant(&r.device) == std::mem::discriminant(&dev))
+        {
+            let hit = run.results.iter().find(|p| {
+                p["dtype"].as_str() == Some(row.dtype.name())
+                    && p["size"].as_u64() == Some(row.size as u64)
+            });
+            if let (Some(p), Some(ours)) = (hit, row.tflops) {
+                if let (Some(ms), Some(t)) = (p["median_ms"].as_f64(), p["tflops"].as_f64()) {
+                    row.pytorch = Some(PeerFigure {
+                        median_ms: ms,
+                        rate: t,
+                        ratio: ours / t,
+                    });
+                }
+            }
+        }
+    }
+    Ok(version)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -624,7 +763,10 @@ mod tests {
 
     #[test]
     fn cpu_rows_are_verified_and_rated() {
-        let r = cpu_only(vec![33, 64], vec![DType::F64, DType::F32, DType::F16, DType::Bf16]);
+        let r = cpu_only(
+            vec![33, 64],
+            vec![DType::F64, DType::F32, DType::F16, DType::Bf16],
+        );
         assert_eq!(r.rows.len(), 8);
         for row in &r.rows {
             assert_eq!(row.status, RowStatus::Ok, "{row:?}");
@@ -673,7 +815,10 @@ mod tests {
         let bt: Vec<f32> = b.iter().map(|&x| round(x)).collect();
         let mut c = vec![0f32; n * n];
         cpu::matmul_f32(&at, &bt, &mut c, n, n, n);
-        let pair = HostPair { a: to_storage(ty, &a), b: to_storage(ty, &b) };
+        let pair = HostPair {
+            a: to_storage(ty, &a),
+            b: to_storage(ty, &b),
+        };
         let bytes: Vec<u8> = c.iter().flat_map(|x| x.to_ne_bytes()).collect();
         let v = verify_square(ty, DType::F32, &pair, &bytes, n, 5);
         assert!(!v.passed, "{v:?}");
@@ -686,7 +831,9 @@ mod tests {
         assert!(gpu_supports((7, 5), DType::F16).is_ok());
         assert!(gpu_supports((8, 0), DType::Tf32).is_ok());
         assert!(gpu_supports((9, 0), DType::F64).is_ok());
-        assert!(gpu_supports((7, 0), DType::Tf32).unwrap_err().contains("8.0"));
+        assert!(gpu_supports((7, 0), DType::Tf32)
+            .unwrap_err()
+            .contains("8.0"));
     }
 
     #[test]
@@ -706,62 +853,4 @@ mod tests {
         assert!((rows[0].pct_of_peak.unwrap() - 100.0 * 50.0 / 66.9).abs() < 1e-9);
         assert_eq!(rows[2].speedup_vs_cpu, None);
     }
-}
-
-/// Runs the same sizes and dtypes through PyTorch and fills each row's `pytorch` column.
-/// Returns PyTorch's version, or why it could not run.
-pub fn compare_with_pytorch(report: &mut MatmulReport, opts: &MatmulOptions) -> Result<String, String> {
-    let mut by_device: Vec<(Device, &str)> = Vec::new();
-    if report.rows.iter().any(|r| matches!(r.device, Device::Cuda(_))) {
-        by_device.push((Device::Cuda(0), "cuda"));
-    }
-    if report.rows.iter().any(|r| r.device == Device::Cpu) {
-        by_device.push((Device::Cpu, "cpu"));
-    }
-    let mut version = String::new();
-    for (dev, name) in by_device {
-        let dtypes: Vec<DType> = {
-            let mut d: Vec<DType> = report
-                .rows
-                .iter()
-                .filter(|r| std::mem::discriminant(&r.device) == std::mem::discriminant(&dev))
-                .filter(|r| r.computed_as.is_none())
-                .map(|r| r.dtype)
-                .collect();
-            d.dedup();
-            d.sort();
-            d.dedup();
-            d
-        };
-        if dtypes.is_empty() {
-            continue;
-        }
-        let args = vec![
-            "matmul".to_string(),
-            "--sizes".into(),
-            crate::peer::csv(&opts.sizes),
-            "--dtypes".into(),
-            crate::peer::csv(&dtypes.iter().map(|d| d.name()).collect::<Vec<_>>()),
-            "--iterations".into(),
-            opts.iterations.to_string(),
-            "--device".into(),
-            name.into(),
-        ];
-        let run = crate::peer::run_pytorch(&args)?;
-        version = run.torch_version.clone();
-        for row in report.rows.iter_mut().filter(|r| {
-            std::mem::discriminant(&r.device) == std::mem::discriminant(&dev)
-        }) {
-            let hit = run.results.iter().find(|p| {
-                p["dtype"].as_str() == Some(row.dtype.name())
-                    && p["size"].as_u64() == Some(row.size as u64)
-            });
-            if let (Some(p), Some(ours)) = (hit, row.tflops) {
-                if let (Some(ms), Some(t)) = (p["median_ms"].as_f64(), p["tflops"].as_f64()) {
-                    row.pytorch = Some(PeerFigure { median_ms: ms, rate: t, ratio: ours / t });
-                }
-            }
-        }
-    }
-    Ok(version)
 }

@@ -22,11 +22,20 @@ pub fn run_pytorch(args: &[String]) -> Result<PeerRun, String> {
     let python = std::env::var_os("GPUKIT_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("python3"));
-    let script = std::env::temp_dir().join(format!("gpukit-pytorch-reference-{}.py", std::process::id()));
-    std::fs::write(&script, SCRIPT).map_err(|e| format!("cannot write {}: {e}", script.display()))?;
+    let script = std::env::temp_dir().join(format!(
+        "gpukit-pytorch-reference-{}.py",
+        std::process::id()
+    ));
+    std::fs::write(&script, SCRIPT)
+        .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
     let out = Command::new(&python).arg(&script).args(args).output();
     let _ = std::fs::remove_file(&script);
-    let out = out.map_err(|e| format!("cannot run {}: {e} (install Python 3 and PyTorch to compare)", python.display()))?;
+    let out = out.map_err(|e| {
+        format!(
+            "cannot run {}: {e} (install Python 3 and PyTorch to compare)",
+            python.display()
+        )
+    })?;
     let doc: Value = serde_json::from_slice(&out.stdout).map_err(|_| {
         let err = String::from_utf8_lossy(&out.stderr);
         format!(
@@ -36,7 +45,10 @@ pub fn run_pytorch(args: &[String]) -> Result<PeerRun, String> {
         )
     })?;
     if doc["ok"] != Value::Bool(true) {
-        return Err(doc["error"].as_str().unwrap_or("PyTorch reference failed").to_string());
+        return Err(doc["error"]
+            .as_str()
+            .unwrap_or("PyTorch reference failed")
+            .to_string());
     }
     Ok(PeerRun {
         torch_version: doc["torch_version"].as_str().unwrap_or("?").to_string(),
@@ -47,7 +59,11 @@ pub fn run_pytorch(args: &[String]) -> Result<PeerRun, String> {
 
 /// Joins numbers with commas, as the script's list flags take them.
 pub fn csv<T: ToString>(items: &[T]) -> String {
-    items.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
+    items
+        .iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[cfg(test)]

@@ -25,17 +25,19 @@ const CHUNK: usize = 1 << 16;
 
 /// Fills `out` with uniform values in [-1, 1); the same seed gives the same values.
 pub fn fill_uniform_f32(out: &mut [f32], seed: u64) {
-    out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, chunk)| {
-        let mut s = splitmix(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407)) | 1;
-        for x in chunk {
-            // xorshift64*: fast, and plenty for benchmark inputs
-            s ^= s >> 12;
-            s ^= s << 25;
-            s ^= s >> 27;
-            let r = s.wrapping_mul(0x2545_F491_4F6C_DD1D);
-            *x = ((r >> 40) as f32) * (2.0 / (1u64 << 24) as f32) - 1.0;
-        }
-    });
+    out.par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(i, chunk)| {
+            let mut s = splitmix(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407)) | 1;
+            for x in chunk {
+                // xorshift64*: fast, and plenty for benchmark inputs
+                s ^= s >> 12;
+                s ^= s << 25;
+                s ^= s >> 27;
+                let r = s.wrapping_mul(0x2545_F491_4F6C_DD1D);
+                *x = ((r >> 40) as f32) * (2.0 / (1u64 << 24) as f32) - 1.0;
+            }
+        });
 }
 
 /// `n` uniform values in [-1, 1).
@@ -47,16 +49,18 @@ pub fn uniform_f32(n: usize, seed: u64) -> Vec<f32> {
 
 /// Random bytes (for copy benchmarks).
 pub fn fill_bytes(out: &mut [u8], seed: u64) {
-    out.par_chunks_mut(CHUNK * 4).enumerate().for_each(|(i, chunk)| {
-        let mut s = splitmix(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407)) | 1;
-        for word in chunk.chunks_mut(8) {
-            s ^= s >> 12;
-            s ^= s << 25;
-            s ^= s >> 27;
-            let r = s.wrapping_mul(0x2545_F491_4F6C_DD1D).to_ne_bytes();
-            word.copy_from_slice(&r[..word.len()]);
-        }
-    });
+    out.par_chunks_mut(CHUNK * 4)
+        .enumerate()
+        .for_each(|(i, chunk)| {
+            let mut s = splitmix(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407)) | 1;
+            for word in chunk.chunks_mut(8) {
+                s ^= s >> 12;
+                s ^= s << 25;
+                s ^= s >> 27;
+                let r = s.wrapping_mul(0x2545_F491_4F6C_DD1D).to_ne_bytes();
+                word.copy_from_slice(&r[..word.len()]);
+            }
+        });
 }
 
 #[cfg(test)]

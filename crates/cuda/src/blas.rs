@@ -63,7 +63,11 @@ impl GemmType {
         match self {
             GemmType::F64 => (D::CUDA_R_64F, C::CUBLAS_COMPUTE_64F, D::CUDA_R_64F),
             GemmType::F32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F, D::CUDA_R_32F),
-            GemmType::Tf32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_FAST_TF32, D::CUDA_R_32F),
+            GemmType::Tf32 => (
+                D::CUDA_R_32F,
+                C::CUBLAS_COMPUTE_32F_FAST_TF32,
+                D::CUDA_R_32F,
+            ),
             GemmType::F16 => (D::CUDA_R_16F, C::CUBLAS_COMPUTE_32F, D::CUDA_R_32F),
             GemmType::Bf16 => (D::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F, D::CUDA_R_32F),
         }
@@ -167,8 +171,7 @@ impl Blas {
             }
         }
         // SAFETY: asks the loader only.
-        let present =
-            unsafe { cb::is_culib_present() && lt::is_culib_present() };
+        let present = unsafe { cb::is_culib_present() && lt::is_culib_present() };
         if !present {
             return Err(CudaError::MissingLibrary(
                 "cuBLAS/cuBLASLt were found but did not load".into(),
@@ -185,7 +188,9 @@ impl Blas {
         cb_ok("cublasCreate", unsafe { cb::cublasCreate_v2(&mut handle) })?;
         let mut lt_handle = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
-        if let Err(e) = lt_ok("cublasLtCreate", unsafe { lt::cublasLtCreate(&mut lt_handle) }) {
+        if let Err(e) = lt_ok("cublasLtCreate", unsafe {
+            lt::cublasLtCreate(&mut lt_handle)
+        }) {
             // SAFETY: created just above.
             unsafe { cb::cublasDestroy_v2(handle) };
             return Err(e);
@@ -248,9 +253,7 @@ impl Blas {
         a: &DeviceBytes,
         b: &DeviceBytes,
         c: &mut DeviceBytes,
-        m: usize,
-        n: usize,
-        k: usize,
+        (m, n, k): (usize, usize, usize),
     ) -> Result<(), BlasError> {
         Self::check_sizes(ty, a, b, c, (m, n, k))?;
         let (dt, compute) = ty.cublas_types();
@@ -297,33 +300,40 @@ impl Blas {
         max: usize,
     ) -> Result<Vec<LtPlan>, BlasError> {
         let (dt, compute, scale) = ty.lt_types();
-        let make = || -> Result<(lt::cublasLtMatmulDesc_t, [lt::cublasLtMatrixLayout_t; 3]), BlasError> {
-            let mut desc = std::ptr::null_mut();
-            // SAFETY: out-pointer to a local.
-            lt_ok("cublasLtMatmulDescCreate", unsafe {
-                lt::cublasLtMatmulDescCreate(&mut desc, compute, scale)
-            })?;
-            // column-major view: D^T (n x m) = B^T (n x k) * A^T (k x m)
-            let mut layouts = [std::ptr::null_mut(); 3];
-            let dims = [(n, k, n), (k, m, k), (n, m, n)];
-            for (slot, (rows, cols, ld)) in layouts.iter_mut().zip(dims) {
-                // SAFETY: out-pointer to a local array slot.
-                let s = unsafe {
-                    lt::cublasLtMatrixLayoutCreate(slot, dt, rows as u64, cols as u64, ld as i64)
-                };
-                if let Err(e) = lt_ok("cublasLtMatrixLayoutCreate", s) {
-                    // SAFETY: destroy what was created so far.
-                    unsafe {
-                        lt::cublasLtMatmulDescDestroy(desc);
-                        for l in layouts.iter().filter(|l| !l.is_null()) {
-                            lt::cublasLtMatrixLayoutDestroy(*l);
+        let make =
+            || -> Result<(lt::cublasLtMatmulDesc_t, [lt::cublasLtMatrixLayout_t; 3]), BlasError> {
+                let mut desc = std::ptr::null_mut();
+                // SAFETY: out-pointer to a local.
+                lt_ok("cublasLtMatmulDescCreate", unsafe {
+                    lt::cublasLtMatmulDescCreate(&mut desc, compute, scale)
+                })?;
+                // column-major view: D^T (n x m) = B^T (n x k) * A^T (k x m)
+                let mut layouts = [std::ptr::null_mut(); 3];
+                let dims = [(n, k, n), (k, m, k), (n, m, n)];
+                for (slot, (rows, cols, ld)) in layouts.iter_mut().zip(dims) {
+                    // SAFETY: out-pointer to a local array slot.
+                    let s = unsafe {
+                        lt::cublasLtMatrixLayoutCreate(
+                            slot,
+                            dt,
+                            rows as u64,
+                            cols as u64,
+                            ld as i64,
+                        )
+                    };
+                    if let Err(e) = lt_ok("cublasLtMatrixLayoutCreate", s) {
+                        // SAFETY: destroy what was created so far.
+                        unsafe {
+                            lt::cublasLtMatmulDescDestroy(desc);
+                            for l in layouts.iter().filter(|l| !l.is_null()) {
+                                lt::cublasLtMatrixLayoutDestroy(*l);
+                            }
                         }
+                        return Err(e);
                     }
-                    return Err(e);
                 }
-            }
-            Ok((desc, layouts))
-        };
+                Ok((desc, layouts))
+            };
         let (desc, layouts) = make()?;
         let mut pref = std::ptr::null_mut();
         // SAFETY: out-pointer to a local; the attribute buffer is a live u64.

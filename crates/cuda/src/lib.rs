@@ -7,6 +7,7 @@
 //! 3. `gpukit_cuda::driver::Gpu::open(&discovery, 0)` for work; `timing::time_on_stream` to time it.
 
 pub mod blas;
+pub mod dnn;
 pub mod driver;
 pub mod libs;
 pub mod loader;

@@ -86,7 +86,11 @@ fn check_len(what: &'static str, have: usize, need: usize) -> Result<(), CudaErr
 /// Queues `src` (host) -> `dst` (device) on `stream`. Pageable `src` makes the driver stage it
 /// (and the call returns only when `src` may be reused); pinned `src` is a true async DMA, and
 /// `src` must stay untouched until the stream has passed the copy.
-pub fn copy_h2d(stream: &Arc<CudaStream>, src: &[u8], dst: &mut DeviceBytes) -> Result<(), CudaError> {
+pub fn copy_h2d(
+    stream: &Arc<CudaStream>,
+    src: &[u8],
+    dst: &mut DeviceBytes,
+) -> Result<(), CudaError> {
     check_len("host->device", dst.len(), src.len())?;
     let (d, _g) = dst.device_ptr_mut(stream);
     // SAFETY: dst holds at least src.len() bytes; src is live for the call (pageable) or kept
@@ -97,7 +101,11 @@ pub fn copy_h2d(stream: &Arc<CudaStream>, src: &[u8], dst: &mut DeviceBytes) -> 
 
 /// Queues `src` (device) -> `dst` (host) on `stream`; `dst` must not be read before the stream
 /// is synchronized.
-pub fn copy_d2h(stream: &Arc<CudaStream>, src: &DeviceBytes, dst: &mut [u8]) -> Result<(), CudaError> {
+pub fn copy_d2h(
+    stream: &Arc<CudaStream>,
+    src: &DeviceBytes,
+    dst: &mut [u8],
+) -> Result<(), CudaError> {
     check_len("device->host", src.len(), dst.len())?;
     let (s, _g) = src.device_ptr(stream);
     // SAFETY: src holds at least dst.len() bytes; dst outlives the copy (caller synchronizes).

@@ -12,6 +12,10 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
+    /// Also write the JSON document to FILE (written whole or not at all).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub save_json: Option<PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -33,6 +37,52 @@ pub enum BenchCommand {
     Matmul(MatmulArgs),
     /// Copies: host<->device (pageable, pinned, staged), device<->device, both directions.
     Bandwidth(BandwidthArgs),
+    /// ResNet-50's convolutions: CPU im2col+gemm against cuDNN, f32/tf32/f16, NCHW and NHWC.
+    Conv(ConvArgs),
+}
+
+/// Memory layout of activations, as users write it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LayoutArg {
+    Nchw,
+    Nhwc,
+}
+
+#[derive(Debug, Args)]
+pub struct ConvArgs {
+    /// Batch size of every shape.
+    #[arg(long, default_value = "32", value_parser = parse_iterations)]
+    pub batch: usize,
+
+    /// dtypes on the GPU: any of f32, tf32, f16 (the CPU runs f32).
+    #[arg(
+        long,
+        value_name = "DTYPE,...",
+        value_delimiter = ',',
+        default_value = "f32,tf32,f16"
+    )]
+    pub dtype: Vec<DType>,
+
+    /// Layouts: nchw, nhwc or both.
+    #[arg(
+        long,
+        value_name = "LAYOUT,...",
+        value_delimiter = ',',
+        default_value = "nchw,nhwc"
+    )]
+    pub layout: Vec<LayoutArg>,
+
+    /// Timed repetitions per row.
+    #[arg(long, default_value = "30", value_parser = parse_iterations)]
+    pub iterations: usize,
+
+    /// cpu, cuda:N or all.
+    #[arg(long, default_value = "all", value_name = "DEVICE")]
+    pub device: DeviceSelection,
+
+    /// Run the same convolutions through PyTorch (cudnn.benchmark on) and show both.
+    #[arg(long)]
+    pub compare_pytorch: bool,
 }
 
 /// Parses one square matrix size.
@@ -180,7 +230,9 @@ mod tests {
         assert_eq!(parse_byte_size("100"), Ok(100));
         assert!(parse_byte_size("0").is_err());
         assert!(parse_byte_size("12X").is_err());
-        assert!(parse_byte_size("100G").unwrap_err().contains("out of range"));
+        assert!(parse_byte_size("100G")
+            .unwrap_err()
+            .contains("out of range"));
     }
 
     #[test]
@@ -193,7 +245,16 @@ mod tests {
     fn the_command_line_definition_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
-        let cli = Cli::try_parse_from(["gpukit", "bench", "matmul", "--sizes", "1000,1023", "--dtype", "f16,bf16"]).unwrap();
+        let cli = Cli::try_parse_from([
+            "gpukit",
+            "bench",
+            "matmul",
+            "--sizes",
+            "1000,1023",
+            "--dtype",
+            "f16,bf16",
+        ])
+        .unwrap();
         match cli.command {
             Command::Bench(BenchCommand::Matmul(m)) => {
                 assert_eq!(m.sizes, Some(vec![1000, 1023]));
@@ -201,9 +262,12 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let cli = Cli::try_parse_from(["gpukit", "bench", "bandwidth", "--sizes", "4K,1M"]).unwrap();
+        let cli =
+            Cli::try_parse_from(["gpukit", "bench", "bandwidth", "--sizes", "4K,1M"]).unwrap();
         match cli.command {
-            Command::Bench(BenchCommand::Bandwidth(b)) => assert_eq!(b.sizes, Some(vec![4096, 1 << 20])),
+            Command::Bench(BenchCommand::Bandwidth(b)) => {
+                assert_eq!(b.sizes, Some(vec![4096, 1 << 20]))
+            }
             other => panic!("{other:?}"),
         }
     }

@@ -1,25 +1,32 @@
 //! One function per command: run the bench crate's code, then render or write its result.
 
-use crate::cli::{AllArgs, BandwidthArgs, BenchCommand, CheckArgs, Cli, Command, MatmulArgs};
-use crate::render::{
-    bandwidth_sections, check_headline, check_sections, matmul_sections, to_markdown, to_terminal,
+use crate::cli::{
+    AllArgs, BandwidthArgs, BenchCommand, CheckArgs, Cli, Command, ConvArgs, LayoutArg, MatmulArgs,
 };
-use gpukit_bench::bandwidth::{run_bandwidth, BandwidthOptions, BandwidthReport};
-use gpukit_bench::matmul::{run_matmul, MatmulOptions, MatmulReport};
-use gpukit_tensor::{Device, DeviceSelection};
+use crate::render::{
+    bandwidth_sections, check_headline, check_sections, conv_sections, matmul_sections,
+    to_markdown, to_terminal,
+};
 use crate::write::write_files_atomically;
 use crate::UsageError;
 use anyhow::{Context, Result};
+use gpukit_bench::bandwidth::{run_bandwidth, BandwidthOptions, BandwidthReport};
 use gpukit_bench::check::{run_check, CheckError, CheckOptions, CheckReport};
+use gpukit_bench::conv::{resnet50_shapes, run_conv, ConvOptions, ConvReport};
+use gpukit_bench::cpu::Layout;
+use gpukit_bench::matmul::{run_matmul, MatmulOptions, MatmulReport};
 use gpukit_cuda::loader::{discover, prepare_process, Discovery};
+use gpukit_tensor::{Device, DeviceSelection};
 use serde::Serialize;
 use std::time::Instant;
 
 pub fn run(cli: Cli) -> Result<()> {
+    SAVE_JSON.with(|s| *s.borrow_mut() = cli.save_json.clone());
     match cli.command {
         Command::Check(a) => check(a, cli.json),
         Command::Bench(BenchCommand::Matmul(a)) => bench_matmul(a, cli.json),
         Command::Bench(BenchCommand::Bandwidth(a)) => bench_bandwidth(a, cli.json),
+        Command::Bench(BenchCommand::Conv(a)) => bench_conv(a, cli.json),
         Command::All(a) => all(a, cli.json),
     }
 }
@@ -75,26 +82,35 @@ fn bench_matmul(a: MatmulArgs, json: bool) -> Result<()> {
     }
     let opts = matmul_options(&a);
     let mut report = run_matmul(&discovery, &opts, &mut progress());
-    let peer = a.compare_pytorch.then(|| gpukit_bench::matmul::compare_with_pytorch(&mut report, &opts));
+    let peer = a
+        .compare_pytorch
+        .then(|| gpukit_bench::matmul::compare_with_pytorch(&mut report, &opts));
     emit_matmul(&report, peer, json)
 }
 
 fn peer_line(peer: &Option<Result<String, String>>) -> Option<String> {
     match peer {
-        Some(Ok(v)) => Some(format!("PyTorch {v} ran the same workloads in this invocation (scripts/pytorch_reference.py)")),
+        Some(Ok(v)) => Some(format!(
+            "PyTorch {v} ran the same workloads in this invocation (scripts/pytorch_reference.py)"
+        )),
         Some(Err(e)) => Some(format!("PyTorch comparison not available: {e}")),
         None => None,
     }
 }
 
-fn emit_matmul(report: &MatmulReport, peer: Option<Result<String, String>>, json: bool) -> Result<()> {
-    if json {
-        return print_json(&serde_json::json!({ "matmul": report, "pytorch": peer_json(&peer) }));
-    }
-    print!("{}", to_terminal(&matmul_sections(report)));
-    if let Some(l) = peer_line(&peer) {
-        println!("{l}");
-    }
+fn emit_matmul(
+    report: &MatmulReport,
+    peer: Option<Result<String, String>>,
+    json: bool,
+) -> Result<()> {
+    let doc = serde_json::json!({ "matmul": report, "pytorch": peer_json(&peer) });
+    emit(&doc, json, || {
+        print!("{}", to_terminal(&matmul_sections(report)));
+        if let Some(l) = peer_line(&peer) {
+            println!("{l}");
+        }
+        Ok(())
+    })?;
     fail_if_wrong(report.rows.iter().map(|r| &r.status))
 }
 
@@ -107,7 +123,9 @@ fn peer_json(peer: &Option<Result<String, String>>) -> serde_json::Value {
 }
 
 /// A measurement that produced a wrong result makes the command fail (exit 1) after printing.
-fn fail_if_wrong<'a>(statuses: impl Iterator<Item = &'a gpukit_bench::matmul::RowStatus>) -> Result<()> {
+fn fail_if_wrong<'a>(
+    statuses: impl Iterator<Item = &'a gpukit_bench::matmul::RowStatus>,
+) -> Result<()> {
     let failed = statuses
         .filter(|s| matches!(s, gpukit_bench::matmul::RowStatus::Failed(_)))
         .count();
@@ -121,10 +139,19 @@ fn bench_bandwidth(a: BandwidthArgs, json: bool) -> Result<()> {
     let discovery = prepare_process();
     let ordinal = match a.device {
         Device::Cuda(n) => n,
-        Device::Cpu => return Err(UsageError("bench bandwidth measures copies to and from a GPU: use --device cuda:N".into()).into()),
+        Device::Cpu => {
+            return Err(UsageError(
+                "bench bandwidth measures copies to and from a GPU: use --device cuda:N".into(),
+            )
+            .into())
+        }
     };
     check_named_gpu(&discovery, DeviceSelection::One(a.device))?;
-    let mut opts = BandwidthOptions { ordinal, iterations: a.iterations, ..BandwidthOptions::default() };
+    let mut opts = BandwidthOptions {
+        ordinal,
+        iterations: a.iterations,
+        ..BandwidthOptions::default()
+    };
     if let Some(s) = a.sizes {
         opts.sizes_bytes = s;
     }
@@ -132,24 +159,56 @@ fn bench_bandwidth(a: BandwidthArgs, json: bool) -> Result<()> {
     if let Some(why) = &report.gpu_unavailable {
         anyhow::bail!("bench bandwidth needs a GPU: {why}");
     }
-    let peer = a.compare_pytorch.then(|| gpukit_bench::bandwidth::compare_with_pytorch(&mut report, &opts));
+    let peer = a
+        .compare_pytorch
+        .then(|| gpukit_bench::bandwidth::compare_with_pytorch(&mut report, &opts));
     emit_bandwidth(&report, peer, json)
 }
 
-fn emit_bandwidth(report: &BandwidthReport, peer: Option<Result<String, String>>, json: bool) -> Result<()> {
-    if json {
-        return print_json(&serde_json::json!({ "bandwidth": report, "pytorch": peer_json(&peer) }));
-    }
-    print!("{}", to_terminal(&bandwidth_sections(report)));
-    if let Some(l) = peer_line(&peer) {
-        println!("{l}");
-    }
+fn emit_bandwidth(
+    report: &BandwidthReport,
+    peer: Option<Result<String, String>>,
+    json: bool,
+) -> Result<()> {
+    let doc = serde_json::json!({ "bandwidth": report, "pytorch": peer_json(&peer) });
+    emit(&doc, json, || {
+        print!("{}", to_terminal(&bandwidth_sections(report)));
+        if let Some(l) = peer_line(&peer) {
+            println!("{l}");
+        }
+        Ok(())
+    })?;
     fail_if_wrong(report.rows.iter().map(|r| &r.status))
+}
+
+thread_local! {
+    /// `--save-json FILE`, set once per run.
+    static SAVE_JSON: std::cell::RefCell<Option<std::path::PathBuf>> = const { std::cell::RefCell::new(None) };
 }
 
 fn print_json<T: Serialize>(value: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
+}
+
+/// Writes the command's JSON document where `--save-json` asked, then prints it or the tables.
+fn emit<T: Serialize>(value: &T, json: bool, tables: impl FnOnce() -> Result<()>) -> Result<()> {
+    if let Some(path) = SAVE_JSON.with(|s| s.borrow().clone()) {
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| UsageError(format!("--save-json {} names no file", path.display())))?;
+        write_files_atomically(dir, &[(name, serde_json::to_vec_pretty(value)?)])?;
+    }
+    if json {
+        print_json(value)
+    } else {
+        tables()
+    }
 }
 
 fn gather_check(discovery: &Discovery, args: &CheckArgs) -> Result<CheckReport> {
@@ -179,16 +238,15 @@ fn check(args: CheckArgs, json: bool) -> Result<()> {
     };
     let report = gather_check(&discovery, &args)?;
     warn(&report);
-    if json {
-        return print_json(&report);
-    }
-    println!(
-        "gpukit {} (built for CUDA {}: needs a driver with CUDA {} or newer)",
-        report.gpukit_version, report.build_cuda, report.build_requires_driver_api
-    );
-    println!("{}", check_headline(&report));
-    print!("{}", to_terminal(&check_sections(&report)));
-    Ok(())
+    emit(&report, json, || {
+        println!(
+            "gpukit {} (built for CUDA {}: needs a driver with CUDA {} or newer)",
+            report.gpukit_version, report.build_cuda, report.build_requires_driver_api
+        );
+        println!("{}", check_headline(&report));
+        print!("{}", to_terminal(&check_sections(&report)));
+        Ok(())
+    })
 }
 
 /// One part of `all` that did not run, and why.
@@ -206,6 +264,7 @@ struct AllReport {
     check: CheckReport,
     matmul: MatmulReport,
     bandwidth: Option<BandwidthReport>,
+    conv: ConvReport,
     /// Seconds each part took.
     seconds: Vec<(String, f64)>,
     skipped: Vec<Skipped>,
@@ -225,14 +284,18 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
     let t = Instant::now();
     let check = gather_check(
         &discovery,
-        &CheckArgs { device: args.device, library_versions: true, quick: false },
+        &CheckArgs {
+            device: args.device,
+            library_versions: true,
+            quick: false,
+        },
     )?;
     seconds.push(("check".to_string(), t.elapsed().as_secs_f64()));
     warn(&check);
     let gpu = check.available && args.device != DeviceSelection::One(Device::Cpu);
     if !check.available {
         skipped.push(Skipped {
-            part: "GPU rows of bench matmul, bench bandwidth".into(),
+            part: "GPU rows of bench matmul, bench conv, and all of bench bandwidth".into(),
             reason: check.reason.clone().unwrap_or_default(),
         });
     }
@@ -240,8 +303,16 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
     step("bench matmul");
     let t = Instant::now();
     let mut mopts = MatmulOptions {
-        sizes: if args.quick { vec![1024, 4096] } else { vec![1024, 4096, 8192] },
-        selection: if gpu { args.device } else { DeviceSelection::One(Device::Cpu) },
+        sizes: if args.quick {
+            vec![1024, 4096]
+        } else {
+            vec![1024, 4096, 8192]
+        },
+        selection: if gpu {
+            args.device
+        } else {
+            DeviceSelection::One(Device::Cpu)
+        },
         iterations: if args.quick { 10 } else { 30 },
         cpu_budget_s: if args.quick { 2.0 } else { 5.0 },
         cpu_max_size: Some(if args.quick { 1024 } else { 4096 }),
@@ -249,7 +320,8 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
     };
     if !gpu {
         // without a GPU only the CPU runs: keep it to sizes a small machine does in seconds
-        mopts.sizes = vec![512, 1024];
+        mopts.sizes = vec![256, 1024];
+        mopts.iterations = 5;
     }
     let matmul = run_matmul(&discovery, &mopts, &mut prog);
     seconds.push(("bench matmul".to_string(), t.elapsed().as_secs_f64()));
@@ -263,7 +335,11 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
         };
         let bopts = BandwidthOptions {
             ordinal,
-            sizes_bytes: if args.quick { vec![4 << 10, 16 << 20] } else { vec![4 << 10, 1 << 20, 64 << 20, 1 << 30] },
+            sizes_bytes: if args.quick {
+                vec![4 << 10, 16 << 20]
+            } else {
+                vec![4 << 10, 1 << 20, 64 << 20, 1 << 30]
+            },
             iterations: if args.quick { 5 } else { 10 },
             ..BandwidthOptions::default()
         };
@@ -273,6 +349,31 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
     } else {
         None
     };
+
+    step("bench conv");
+    let t = Instant::now();
+    let copts = ConvOptions {
+        batch: if !gpu {
+            2
+        } else if args.quick {
+            8
+        } else {
+            32
+        },
+        ordinal: if gpu {
+            match args.device {
+                DeviceSelection::One(Device::Cuda(n)) => Some(n),
+                _ => Some(0),
+            }
+        } else {
+            None
+        },
+        iterations: if args.quick || !gpu { 3 } else { 20 },
+        cpu_budget_s: if args.quick || !gpu { 1.0 } else { 3.0 },
+        ..ConvOptions::default()
+    };
+    let conv = run_conv(&discovery, &resnet50_shapes(copts.batch), &copts, &mut prog);
+    seconds.push(("bench conv".to_string(), t.elapsed().as_secs_f64()));
 
     let report = AllReport {
         gpukit_version: check.gpukit_version.clone(),
@@ -284,6 +385,7 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
         check,
         matmul,
         bandwidth,
+        conv,
         seconds,
         skipped,
         total_seconds: started.elapsed().as_secs_f64(),
@@ -313,7 +415,13 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
         .rows
         .iter()
         .map(|r| &r.status)
-        .chain(report.bandwidth.iter().flat_map(|b| b.rows.iter().map(|r| &r.status)));
+        .chain(
+            report
+                .bandwidth
+                .iter()
+                .flat_map(|b| b.rows.iter().map(|r| &r.status)),
+        )
+        .chain(report.conv.rows.iter().map(|r| &r.status));
     fail_if_wrong(statuses)
 }
 
@@ -337,6 +445,8 @@ fn report_markdown(r: &AllReport) -> String {
         md.push_str("\n## Data transfer\n");
         md.push_str(&to_markdown(&bandwidth_sections(b), 3));
     }
+    md.push_str("\n## Convolution\n");
+    md.push_str(&to_markdown(&conv_sections(&r.conv), 3));
     if !r.skipped.is_empty() {
         md.push_str("\n## Skipped\n\n");
         for s in &r.skipped {
@@ -344,4 +454,59 @@ fn report_markdown(r: &AllReport) -> String {
         }
     }
     md
+}
+
+fn bench_conv(a: ConvArgs, json: bool) -> Result<()> {
+    let discovery = prepare_process();
+    check_named_gpu(&discovery, a.device)?;
+    if let Some(bad) = a.dtype.iter().find(|d| {
+        !matches!(
+            d,
+            gpukit_tensor::DType::F32 | gpukit_tensor::DType::Tf32 | gpukit_tensor::DType::F16
+        )
+    }) {
+        return Err(UsageError(format!(
+            "bench conv runs f32, tf32 and f16; {bad} is not one of them"
+        ))
+        .into());
+    }
+    let opts = ConvOptions {
+        batch: a.batch,
+        dtypes: a.dtype.clone(),
+        layouts: a
+            .layout
+            .iter()
+            .map(|l| match l {
+                LayoutArg::Nchw => Layout::Nchw,
+                LayoutArg::Nhwc => Layout::Nhwc,
+            })
+            .collect(),
+        ordinal: match a.device {
+            DeviceSelection::All => Some(0),
+            DeviceSelection::One(Device::Cuda(n)) => Some(n),
+            DeviceSelection::One(Device::Cpu) => None,
+        },
+        cpu: a.device != DeviceSelection::One(Device::Cuda(0))
+            && !matches!(a.device, DeviceSelection::One(Device::Cuda(_))),
+        iterations: a.iterations,
+        ..ConvOptions::default()
+    };
+    let shapes = resnet50_shapes(opts.batch);
+    let mut report = run_conv(&discovery, &shapes, &opts, &mut progress());
+    let peer = a
+        .compare_pytorch
+        .then(|| gpukit_bench::conv::compare_with_pytorch(&mut report, &shapes, &opts));
+    emit_conv(&report, peer, json)
+}
+
+fn emit_conv(report: &ConvReport, peer: Option<Result<String, String>>, json: bool) -> Result<()> {
+    let doc = serde_json::json!({ "conv": report, "pytorch": peer_json(&peer) });
+    emit(&doc, json, || {
+        print!("{}", to_terminal(&conv_sections(report)));
+        if let Some(l) = peer_line(&peer) {
+            println!("{l}");
+        }
+        Ok(())
+    })?;
+    fail_if_wrong(report.rows.iter().map(|r| &r.status))
 }

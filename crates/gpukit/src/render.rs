@@ -427,25 +427,6 @@ pub fn to_markdown(sections: &[Section], heading_level: usize) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn markdown_escapes_pipes_and_keeps_shape() {
-        let s = Section {
-            title: "T".into(),
-            header: Some(vec!["a".into(), "b".into()]),
-            rows: vec![vec!["x|y".into(), "z".into()]],
-            notes: vec!["note".into()],
-        };
-        let md = to_markdown(&[s], 2);
-        assert!(md.contains("## T"));
-        assert!(md.contains("| a | b |\n|---|---|\n| x\\|y | z |"), "{md}");
-        assert!(md.contains("\nnote\n"));
-    }
-}
-
 fn status_cell(s: &gpukit_bench::matmul::RowStatus) -> Option<String> {
     use gpukit_bench::matmul::RowStatus;
     match s {
@@ -457,7 +438,13 @@ fn status_cell(s: &gpukit_bench::matmul::RowStatus) -> Option<String> {
 
 fn f1(v: Option<f64>) -> String {
     v.map(|x| {
-        if x >= 100.0 { format!("{x:.0}") } else if x >= 10.0 { format!("{x:.1}") } else { format!("{x:.2}") }
+        if x >= 100.0 {
+            format!("{x:.0}")
+        } else if x >= 10.0 {
+            format!("{x:.1}")
+        } else {
+            format!("{x:.2}")
+        }
     })
     .unwrap_or_default()
 }
@@ -467,25 +454,48 @@ fn pct(v: Option<f64>) -> String {
 }
 
 fn times(v: Option<f64>) -> String {
-    v.map(|x| if x >= 10.0 { format!("{x:.0}x") } else { format!("{x:.2}x") }).unwrap_or_default()
+    v.map(|x| {
+        if x >= 10.0 {
+            format!("{x:.0}x")
+        } else {
+            format!("{x:.2}x")
+        }
+    })
+    .unwrap_or_default()
 }
 
 pub fn matmul_sections(r: &gpukit_bench::matmul::MatmulReport) -> Vec<Section> {
     let compare = r.rows.iter().any(|x| x.pytorch.is_some());
     let mut header: Vec<String> = [
-        "device", "dtype", "size", "median ms (p10-p90)", "TFLOP/s", "% peak", "% best", "vs CPU", "check", "backend",
+        "device",
+        "dtype",
+        "size",
+        "median ms (p10-p90)",
+        "TFLOP/s",
+        "% peak",
+        "% best",
+        "vs CPU",
+        "check",
+        "backend",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
     if compare {
-        header.extend(["PyTorch TFLOP/s".to_string(), "gpukit / PyTorch".to_string()]);
+        header.extend([
+            "PyTorch TFLOP/s".to_string(),
+            "gpukit / PyTorch".to_string(),
+        ]);
     }
     let rows = r
         .rows
         .iter()
         .map(|x| {
-            let mut cells = vec![x.device.to_string(), x.dtype.to_string(), x.size.to_string()];
+            let mut cells = vec![
+                x.device.to_string(),
+                x.dtype.to_string(),
+                x.size.to_string(),
+            ];
             if let Some(s) = status_cell(&x.status) {
                 cells.push(s);
                 cells.extend(std::iter::repeat_n(String::new(), header.len() - 4));
@@ -523,15 +533,24 @@ pub fn matmul_sections(r: &gpukit_bench::matmul::MatmulReport) -> Vec<Section> {
         "% peak: of the GPU's dense peak for the dtype; % best: of the best rate measured in this run for the same device and dtype; vs CPU: GPU rate over the CPU's for the same dtype and size.".to_string(),
     ];
     if let Some(g) = &r.gpu {
-        notes.push(format!("GPU: {} ({})", g.name, match &g.peaks.source {
-            gpukit_bench::ceilings::PeakSource::Datasheet { part } => format!("peaks from the {part} datasheet"),
-            gpukit_bench::ceilings::PeakSource::Estimate { .. } => "peaks estimated from SMs x clock".into(),
-        }));
+        notes.push(format!(
+            "GPU: {} ({})",
+            g.name,
+            match &g.peaks.source {
+                gpukit_bench::ceilings::PeakSource::Datasheet { part } =>
+                    format!("peaks from the {part} datasheet"),
+                gpukit_bench::ceilings::PeakSource::Estimate { .. } =>
+                    "peaks estimated from SMs x clock".into(),
+            }
+        ));
     }
     if let Some(why) = &r.gpu_unavailable {
         notes.push(format!("GPU rows skipped: {why}"));
     }
-    notes.push(format!("CPU: {} with {} threads", r.cpu_model, r.cpu_threads));
+    notes.push(format!(
+        "CPU: {} with {} threads",
+        r.cpu_model, r.cpu_threads
+    ));
     vec![Section {
         title: "Matrix multiply (C = A x B, square, random inputs in [-1, 1))".into(),
         header: Some(header),
@@ -541,11 +560,11 @@ pub fn matmul_sections(r: &gpukit_bench::matmul::MatmulReport) -> Vec<Section> {
 }
 
 fn human_bytes(b: usize) -> String {
-    if b >= 1 << 30 && b % (1 << 30) == 0 {
+    if b >= 1 << 30 && b.is_multiple_of(1 << 30) {
         format!("{} GiB", b >> 30)
-    } else if b >= 1 << 20 && b % (1 << 20) == 0 {
+    } else if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
         format!("{} MiB", b >> 20)
-    } else if b >= 1 << 10 && b % (1 << 10) == 0 {
+    } else if b >= 1 << 10 && b.is_multiple_of(1 << 10) {
         format!("{} KiB", b >> 10)
     } else {
         format!("{b} B")
@@ -554,10 +573,17 @@ fn human_bytes(b: usize) -> String {
 
 pub fn bandwidth_sections(r: &gpukit_bench::bandwidth::BandwidthReport) -> Vec<Section> {
     let compare = r.rows.iter().any(|x| x.pytorch.is_some());
-    let mut header: Vec<String> = ["copy", "size", "median us", "GB/s", "% of link / memory", "check"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut header: Vec<String> = [
+        "copy",
+        "size",
+        "median us",
+        "GB/s",
+        "% of link / memory",
+        "check",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     if compare {
         header.extend(["PyTorch GB/s".to_string(), "gpukit / PyTorch".to_string()]);
     }
@@ -577,7 +603,11 @@ pub fn bandwidth_sections(r: &gpukit_bench::bandwidth::BandwidthReport) -> Vec<S
                 (g, _) => f1(g),
             });
             cells.push(pct(x.pct_of_link.or(x.pct_of_memory_peak)));
-            cells.push(if x.verified { "byte-exact".into() } else { "MISMATCH".into() });
+            cells.push(if x.verified {
+                "byte-exact".into()
+            } else {
+                "MISMATCH".into()
+            });
             if compare {
                 cells.push(f1(x.pytorch.as_ref().map(|p| p.rate)));
                 cells.push(times(x.pytorch.as_ref().map(|p| p.ratio)));
@@ -597,5 +627,114 @@ pub fn bandwidth_sections(r: &gpukit_bench::bandwidth::BandwidthReport) -> Vec<S
     if let Some(why) = &r.gpu_unavailable {
         notes.push(format!("No GPU: {why}"));
     }
-    vec![Section { title: "Data transfer".into(), header: Some(header), rows, notes }]
+    vec![Section {
+        title: "Data transfer".into(),
+        header: Some(header),
+        rows,
+        notes,
+    }]
+}
+
+pub fn conv_sections(r: &gpukit_bench::conv::ConvReport) -> Vec<Section> {
+    let compare = r.rows.iter().any(|x| x.pytorch.is_some());
+    let mut header: Vec<String> = [
+        "shape",
+        "layout",
+        "device",
+        "dtype",
+        "median ms",
+        "TFLOP/s",
+        "% peak",
+        "vs CPU",
+        "check",
+        "algorithm",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if compare {
+        header.extend([
+            "PyTorch TFLOP/s".to_string(),
+            "gpukit / PyTorch".to_string(),
+        ]);
+    }
+    let rows = r
+        .rows
+        .iter()
+        .map(|x| {
+            let mut cells = vec![
+                format!(
+                    "{} ({})",
+                    x.name,
+                    gpukit_bench::conv::shape_string(&x.shape)
+                ),
+                format!("{:?}", x.layout).to_uppercase(),
+                x.device.to_string(),
+                x.dtype.to_string(),
+            ];
+            if let Some(s) = status_cell(&x.status) {
+                cells.push(s);
+                cells.extend(std::iter::repeat_n(String::new(), header.len() - 5));
+                return cells;
+            }
+            cells.push(
+                x.timing
+                    .as_ref()
+                    .map(|t| format!("{:.3} n={}", t.summary_ms.median, t.summary_ms.count))
+                    .unwrap_or_default(),
+            );
+            cells.push(f1(x.tflops));
+            cells.push(pct(x.pct_of_peak));
+            cells.push(times(x.speedup_vs_cpu));
+            cells.push(
+                x.verification
+                    .as_ref()
+                    .map(|v| format!("ok {:.0e}", v.rel_err))
+                    .unwrap_or_else(|| {
+                        if x.device == gpukit_tensor::Device::Cpu {
+                            "reference".into()
+                        } else {
+                            String::new()
+                        }
+                    }),
+            );
+            cells.push(x.algorithm.clone().unwrap_or_default());
+            if compare {
+                cells.push(f1(x.pytorch.as_ref().map(|p| p.rate)));
+                cells.push(times(x.pytorch.as_ref().map(|p| p.ratio)));
+            }
+            cells
+        })
+        .collect();
+    let mut notes = vec![
+        "Shapes: NxCxHxW:KxRxS:s<stride>p<pad>. GPU rows are checked against the CPU's f32 output from the same stored inputs; cuDNN's algorithm is chosen by running each candidate (cudnnFind).".to_string(),
+    ];
+    if let Some(why) = &r.gpu_unavailable {
+        notes.push(format!("GPU rows skipped: {why}"));
+    }
+    vec![Section {
+        title: "Convolution (ResNet-50 shapes)".into(),
+        header: Some(header),
+        rows,
+        notes,
+    }]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markdown_escapes_pipes_and_keeps_shape() {
+        let s = Section {
+            title: "T".into(),
+            header: Some(vec!["a".into(), "b".into()]),
+            rows: vec![vec!["x|y".into(), "z".into()]],
+            notes: vec!["note".into()],
+        };
+        let md = to_markdown(&[s], 2);
+        assert!(md.contains("## T"));
+        assert!(md.contains("| a | b |\n|---|---|\n| x\\|y | z |"), "{md}");
+        assert!(md.contains("\nnote\n"));
+    }
 }

@@ -73,8 +73,16 @@ fn quick_check_asks_nvml_only_and_says_so() {
         assert!(gpu["l2_cache_bytes"].is_null(), "L2 comes from CUDA only");
         assert!(gpu["compute_capability"].is_array());
     } else {
-        assert!(!require_gpu(), "GPU required but --quick says: {}", v["reason"]);
-        assert!(v["reason"].as_str().unwrap().contains("driver"), "{}", v["reason"]);
+        assert!(
+            !require_gpu(),
+            "GPU required but --quick says: {}",
+            v["reason"]
+        );
+        assert!(
+            v["reason"].as_str().unwrap().contains("driver"),
+            "{}",
+            v["reason"]
+        );
     }
 }
 
@@ -110,12 +118,66 @@ fn unknown_flag_and_bad_device_exit_2_with_a_message() {
 }
 
 #[test]
-fn a_device_that_does_not_exist_exits_2() {
-    let out = gpukit(&["check", "--device", "cuda:9"]);
-    assert_eq!(out.status.code(), Some(2), "stdout: {}", text(&out.stdout));
-    let err = text(&out.stderr);
-    assert!(err.contains("cuda:9"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
+fn a_device_that_does_not_exist_exits_2_and_no_gpu_exits_1() {
+    let has_gpu = {
+        let v: serde_json::Value =
+            serde_json::from_slice(&gpukit(&["check", "--quick", "--json"]).stdout).unwrap();
+        v["available"] == true
+    };
+    for args in [
+        &["check", "--device", "cuda:9"][..],
+        &["bench", "matmul", "--device", "cuda:9", "--sizes", "64"][..],
+    ] {
+        let out = gpukit(args);
+        // a GPU index past the last is a typo (2); no GPU at all is missing hardware (1)
+        let want = if has_gpu { 2 } else { 1 };
+        assert_eq!(out.status.code(), Some(want), "{args:?}: {}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(err.contains("cuda:9"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn bench_bad_input_exits_2() {
+    for args in [
+        &["bench", "matmul", "--sizes", "0"][..],
+        &["bench", "matmul", "--sizes", "12,abc"][..],
+        &["bench", "matmul", "--matrix-size", "-4"][..],
+        &["bench", "matmul", "--dtype", "int8"][..],
+        &["bench", "matmul", "--iterations", "0"][..],
+        &["bench", "bandwidth", "--sizes", "12Q"][..],
+        &["bench", "conv", "--dtype", "bf16"][..],
+        &["bench", "conv", "--layout", "nwhc"][..],
+    ] {
+        let out = gpukit(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out.stderr));
+        assert!(!text(&out.stderr).contains("panicked"));
+    }
+}
+
+#[test]
+fn bench_matmul_on_the_cpu_verifies_and_reports() {
+    let out = gpukit(&["bench", "matmul", "--device", "cpu", "--sizes", "65,128", "--iterations", "3", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["matmul"]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 10, "5 dtypes x 2 sizes");
+    for r in rows {
+        assert_eq!(r["status"]["status"], "ok", "{r}");
+        assert_eq!(r["verification"]["passed"], true, "{r}");
+        assert!(r["tflops"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn bench_conv_on_the_cpu_runs_every_shape() {
+    let out = gpukit(&["bench", "conv", "--device", "cpu", "--batch", "1", "--iterations", "1", "--layout", "nhwc"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    for shape in ["conv1 7x7/2", "layer1 3x3", "layer4 1x1 reduce"] {
+        assert!(s.contains(shape), "{s}");
+    }
 }
 
 #[test]

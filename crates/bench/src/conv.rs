@@ -1,0 +1,479 @@
+//! `bench conv`: convolutions at ResNet-50's shapes, CPU (im2col + gemm) against GPU (cuDNN,
+//! algorithm chosen by measurement), f32 / tf32 / f16, NCHW and NHWC, each GPU output checked
+//! against the CPU's.
+
+use crate::check::{describe_gpu, GpuFacts};
+use crate::cpu::{self, ConvShape, Layout};
+use crate::harness::{tflops, time_device, time_host, Measurement, Plan};
+use crate::matmul::{PeerFigure, RowStatus, Verification};
+use crate::random::{fresh_seed, uniform_f32};
+use gpukit_cuda::dnn::{ConvDims, ConvType, Dnn};
+use gpukit_cuda::driver::Gpu;
+use gpukit_cuda::loader::Discovery;
+use gpukit_tensor::{DType, Device};
+use half::f16;
+use serde::{Deserialize, Serialize};
+
+/// A named convolution shape.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct NamedShape {
+    pub name: &'static str,
+    pub shape: ConvShape,
+}
+
+/// ResNet-50's convolutions that carry most of its time, at batch `n`.
+pub fn resnet50_shapes(n: usize) -> Vec<NamedShape> {
+    let s = |name, c, h, k, r, stride, pad| NamedShape {
+        name,
+        shape: ConvShape {
+            n,
+            c,
+            h,
+            w: h,
+            k,
+            r,
+            s: r,
+            stride,
+            pad,
+        },
+    };
+    vec![
+        s("conv1 7x7/2", 3, 224, 64, 7, 2, 3),
+        s("layer1 3x3", 64, 56, 64, 3, 1, 1),
+        s("layer1 1x1 expand", 64, 56, 256, 1, 1, 0),
+        s("layer2 3x3/2", 128, 56, 128, 3, 2, 1),
+        s("layer3 3x3", 256, 14, 256, 3, 1, 1),
+        s("layer4 1x1 reduce", 2048, 7, 512, 1, 1, 0),
+    ]
+}
+
+/// `NxCxHxW:KxRxS:s<stride>p<pad>`, the reference script's syntax.
+pub fn shape_string(s: &ConvShape) -> String {
+    format!(
+        "{}x{}x{}x{}:{}x{}x{}:s{}p{}",
+        s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad
+    )
+}
+
+#[derive(Debug, Clone)]
+pub struct ConvOptions {
+    pub batch: usize,
+    pub dtypes: Vec<DType>,
+    pub layouts: Vec<Layout>,
+    pub ordinal: Option<usize>,
+    pub cpu: bool,
+    pub iterations: usize,
+    pub cpu_budget_s: f64,
+}
+
+impl Default for ConvOptions {
+    fn default() -> Self {
+        ConvOptions {
+            batch: 32,
+            dtypes: vec![DType::F32, DType::Tf32, DType::F16],
+            layouts: vec![Layout::Nchw, Layout::Nhwc],
+            ordinal: Some(0),
+            cpu: true,
+            iterations: 30,
+            cpu_budget_s: 5.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConvRow {
+    pub name: String,
+    pub shape: ConvShape,
+    pub layout: Layout,
+    pub device: Device,
+    pub dtype: DType,
+    pub status: RowStatus,
+    /// cuDNN's algorithm (chosen by measurement), or the CPU method.
+    pub algorithm: Option<String>,
+    pub timing: Option<Measurement>,
+    pub tflops: Option<f64>,
+    pub pct_of_peak: Option<f64>,
+    /// GPU rate over the CPU's f32 rate for the same shape and layout.
+    pub speedup_vs_cpu: Option<f64>,
+    /// GPU rows: against the CPU's f32 result from the same (rounded) inputs.
+    pub verification: Option<Verification>,
+    pub pytorch: Option<PeerFigure>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConvReport {
+    pub gpu: Option<GpuFacts>,
+    pub gpu_unavailable: Option<String>,
+    pub cpu_threads: usize,
+    pub rows: Vec<ConvRow>,
+}
+
+fn conv_type(d: DType) -> Option<ConvType> {
+    match d {
+        DType::F32 => Some(ConvType::F32),
+        DType::Tf32 => Some(ConvType::Tf32),
+        DType::F16 => Some(ConvType::F16),
+        DType::F64 | DType::Bf16 => None,
+    }
+}
+
+/// Tolerance against the CPU's f32 result computed from the same stored inputs.
+fn tolerance(d: DType) -> f64 {
+    match d {
+        DType::F32 => 1e-5,
+        DType::Tf32 => 3e-3,
+        _ => 3e-3,
+    }
+}
+
+fn rel_err(got: &[f32], want: &[f32]) -> f64 {
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (g, w) in got.iter().zip(want) {
+        if !g.is_finite() {
+            return f64::INFINITY;
+        }
+        num += (f64::from(*g) - f64::from(*w)).powi(2);
+        den += f64::from(*w).powi(2);
+    }
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+fn row(named: &NamedShape, layout: Layout, device: Device, dtype: DType) -> ConvRow {
+    ConvRow {
+        name: named.name.to_string(),
+        shape: named.shape,
+        layout,
+        device,
+        dtype,
+        status: RowStatus::Ok,
+        algorithm: None,
+        timing: None,
+        tflops: None,
+        pct_of_peak: None,
+        speedup_vs_cpu: None,
+        verification: None,
+        pytorch: None,
+    }
+}
+
+fn bytes_f32(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+fn bytes_f16(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|&x| f16::from_f32(x).to_ne_bytes())
+        .collect()
+}
+
+fn from_bytes(ty: ConvType, b: &[u8]) -> Vec<f32> {
+    match ty {
+        ConvType::F16 => b
+            .chunks_exact(2)
+            .map(|c| f16::from_ne_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => b
+            .chunks_exact(4)
+            .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    }
+}
+
+/// Runs every shape x layout on the CPU (f32) and the GPU (each dtype).
+pub fn run_conv(
+    discovery: &Discovery,
+    shapes: &[NamedShape],
+    opts: &ConvOptions,
+    progress: &mut dyn FnMut(&str),
+) -> ConvReport {
+    let mut report = ConvReport {
+        gpu: None,
+        gpu_unavailable: None,
+        cpu_threads: cpu::threads(),
+        rows: Vec::new(),
+    };
+    let gpu =
+        opts.ordinal.and_then(
+            |o| match (Gpu::open(discovery, o), describe_gpu(discovery, o)) {
+                (Ok(g), Ok(f)) => match Dnn::new(discovery, &g) {
+                    Ok(d) => {
+                        report.gpu = Some(f);
+                        Some((g, d))
+                    }
+                    Err(e) => {
+                        report.gpu_unavailable = Some(e.to_string());
+                        None
+                    }
+                },
+                (Err(e), _) => {
+                    report.gpu_unavailable = Some(e.to_string());
+                    None
+                }
+                (_, Err(e)) => {
+                    report.gpu_unavailable = Some(e);
+                    None
+                }
+            },
+        );
+    for named in shapes {
+        for &layout in &opts.layouts {
+            let sh = &named.shape;
+            let seed = fresh_seed();
+            let x = uniform_f32(sh.input_len(), seed ^ 1);
+            let w = uniform_f32(sh.weight_len(), seed ^ 2);
+            let flops = sh.flops();
+            // CPU f32: the timed row, and the reference every GPU row is checked against
+            progress(&format!("conv cpu {} {layout:?}", named.name));
+            let mut y_ref = vec![f32::NAN; sh.output_len()];
+            let plan = Plan::new(1, opts.iterations).with_budget(opts.cpu_budget_s);
+            let mut cpu_row = row(named, layout, Device::Cpu, DType::F32);
+            cpu_row.algorithm = Some(format!("im2col + gemm, {} threads", cpu::threads()));
+            if opts.cpu {
+                match time_host(plan, || {
+                    cpu::conv2d_f32(sh, layout, &x, &w, &mut y_ref);
+                    Ok::<(), String>(())
+                }) {
+                    Ok(t) => {
+                        cpu_row.tflops = Some(tflops(flops, t.summary_ms.median));
+                        cpu_row.timing = Some(t);
+                    }
+                    Err(e) => cpu_row.status = RowStatus::Failed(e.to_string()),
+                }
+            } else {
+                cpu::conv2d_f32(sh, layout, &x, &w, &mut y_ref);
+            }
+            let cpu_tflops = cpu_row.tflops;
+            if opts.cpu {
+                report.rows.push(cpu_row);
+            }
+            let Some((g, dnn)) = &gpu else { continue };
+            for &dtype in &opts.dtypes {
+                let mut r = row(named, layout, Device::Cuda(g.ordinal), dtype);
+                let Some(ty) = conv_type(dtype) else {
+                    r.status =
+                        RowStatus::Skipped(format!("{dtype} convolution is not benchmarked"));
+                    report.rows.push(r);
+                    continue;
+                };
+                progress(&format!("conv cuda {} {layout:?} {dtype}", named.name));
+                let result = gpu_conv(g, dnn, sh, layout, ty, &x, &w, &y_ref, opts.iterations);
+                match result {
+                    Ok((algo, timing, v)) => {
+                        r.algorithm = Some(algo);
+                        if v.passed {
+                            let t = tflops(flops, timing.summary_ms.median);
+                            r.tflops = Some(t);
+                            r.speedup_vs_cpu = cpu_tflops.map(|c| t / c);
+                            r.pct_of_peak = report
+                                .gpu
+                                .as_ref()
+                                .and_then(|f| f.peaks.for_dtype(dtype.name()))
+                                .map(|p| 100.0 * t / p);
+                            r.timing = Some(timing);
+                        } else {
+                            r.status = RowStatus::Failed(format!(
+                                "wrong result: relative error {:.2e} over tolerance {:.0e}",
+                                v.rel_err, v.tolerance
+                            ));
+                        }
+                        r.verification = Some(v);
+                    }
+                    Err(e) => r.status = RowStatus::Failed(e),
+                }
+                report.rows.push(r);
+            }
+        }
+    }
+    report
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gpu_conv(
+    g: &Gpu,
+    dnn: &Dnn,
+    sh: &ConvShape,
+    layout: Layout,
+    ty: ConvType,
+    x: &[f32],
+    w: &[f32],
+    y_ref_f32: &[f32],
+    iterations: usize,
+) -> Result<(String, Measurement, Verification), String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let dims = ConvDims {
+        n: sh.n,
+        c: sh.c,
+        h: sh.h,
+        w: sh.w,
+        k: sh.k,
+        r: sh.r,
+        s: sh.s,
+        stride: sh.stride,
+        pad: sh.pad,
+        nhwc: layout == Layout::Nhwc,
+    };
+    let (xb, wb) = match ty {
+        ConvType::F16 => (bytes_f16(x), bytes_f16(w)),
+        _ => (bytes_f32(x), bytes_f32(w)),
+    };
+    let need = xb.len() + wb.len() + sh.output_len() * ty.elem_bytes();
+    let free = g.mem_info().map(|(f, _)| f as usize).unwrap_or(0);
+    if need + gpukit_cuda::dnn::CONV_WORKSPACE_BYTES > free {
+        return Err(format!("needs {need} bytes of GPU memory, {free} free"));
+    }
+    let xd = g.upload(&xb).map_err(|x| e(&x))?;
+    let wd = g.upload(&wb).map_err(|x| e(&x))?;
+    let mut yd = g
+        .alloc(sh.output_len() * ty.elem_bytes())
+        .map_err(|x| e(&x))?;
+    let plan = dnn
+        .plan_conv(dims, ty, &xd, &wd, &mut yd)
+        .map_err(|x| e(&x))?;
+    let timing = time_device(&g.stream, Plan::new(3, iterations), || {
+        dnn.conv_forward(&plan, &xd, &wd, &mut yd)
+    })
+    .map_err(|x| e(&x))?;
+    // poison, run once more, compare with the CPU
+    g.stream
+        .memcpy_htod(&vec![0xFFu8; yd.len()], &mut yd)
+        .map_err(|x| e(&x))?;
+    dnn.conv_forward(&plan, &xd, &wd, &mut yd)
+        .map_err(|x| e(&x))?;
+    let got = from_bytes(ty, &g.download(&yd).map_err(|x| e(&x))?);
+    // f16 rows are checked against an f32 product of the f16-rounded inputs
+    let reference: Vec<f32> = if ty == ConvType::F16 {
+        let xr: Vec<f32> = x.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+        let wr: Vec<f32> = w.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+        let mut y = vec![0f32; sh.output_len()];
+        cpu::conv2d_f32(sh, layout, &xr, &wr, &mut y);
+        y
+    } else {
+        y_ref_f32.to_vec()
+    };
+    let dtype = match ty {
+        ConvType::F32 => DType::F32,
+        ConvType::Tf32 => DType::Tf32,
+        ConvType::F16 => DType::F16,
+    };
+    let err = rel_err(&got, &reference);
+    let v = Verification {
+        samples: got.len(),
+        rel_err: err,
+        tolerance: tolerance(dtype),
+        passed: err <= tolerance(dtype),
+    };
+    Ok((plan.algo_name.clone(), timing, v))
+}
+
+/// Runs the same convolutions through PyTorch (cudnn.benchmark on: it too picks algorithms by
+/// measurement) and fills the `pytorch` column.
+pub fn compare_with_pytorch(
+    report: &mut ConvReport,
+    shapes: &[NamedShape],
+    opts: &ConvOptions,
+) -> Result<String, String> {
+    let dtypes: Vec<&str> = opts
+        .dtypes
+        .iter()
+        .filter(|d| conv_type(**d).is_some())
+        .map(|d| d.name())
+        .collect();
+    let layouts: Vec<&str> = opts
+        .layouts
+        .iter()
+        .map(|l| if *l == Layout::Nhwc { "nhwc" } else { "nchw" })
+        .collect();
+    let args = vec![
+        "conv".to_string(),
+        "--shapes".into(),
+        shapes
+            .iter()
+            .map(|s| shape_string(&s.shape))
+            .collect::<Vec<_>>()
+            .join(","),
+        "--dtypes".into(),
+        dtypes.join(","),
+        "--layouts".into(),
+        layouts.join(","),
+        "--iterations".into(),
+        opts.iterations.to_string(),
+        "--benchmark-cudnn".into(),
+    ];
+    let run = crate::peer::run_pytorch(&args)?;
+    for r in report.rows.iter_mut().filter(|r| r.device != Device::Cpu) {
+        let layout = if r.layout == Layout::Nhwc {
+            "nhwc"
+        } else {
+            "nchw"
+        };
+        let hit = run.results.iter().find(|p| {
+            p["dtype"].as_str() == Some(r.dtype.name())
+                && p["layout"].as_str() == Some(layout)
+                && p["shape"].as_str() == Some(shape_string(&r.shape).as_str())
+        });
+        if let (Some(p), Some(ours)) = (hit, r.tflops) {
+            if let (Some(ms), Some(t)) = (p["median_ms"].as_f64(), p["tflops"].as_f64()) {
+                r.pytorch = Some(PeerFigure {
+                    median_ms: ms,
+                    rate: t,
+                    ratio: ours / t,
+                });
+            }
+        }
+    }
+    Ok(run.torch_version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resnet_shapes_have_the_right_outputs() {
+        let s = resnet50_shapes(2);
+        assert_eq!((s[0].shape.out_h(), s[0].shape.out_w()), (112, 112));
+        assert_eq!(s[3].shape.out_h(), 28);
+        assert_eq!(shape_string(&s[1].shape), "2x64x56x56:64x3x3:s1p1");
+    }
+
+    #[test]
+    fn cpu_only_run_reports_cpu_rows() {
+        let shapes = vec![NamedShape {
+            name: "tiny",
+            shape: ConvShape {
+                n: 2,
+                c: 3,
+                h: 9,
+                w: 9,
+                k: 4,
+                r: 3,
+                s: 3,
+                stride: 1,
+                pad: 1,
+            },
+        }];
+        let opts = ConvOptions {
+            ordinal: None,
+            iterations: 2,
+            ..ConvOptions::default()
+        };
+        let r = run_conv(
+            &gpukit_cuda::loader::discover(),
+            &shapes,
+            &opts,
+            &mut |_| {},
+        );
+        assert_eq!(r.rows.len(), 2);
+        assert!(r
+            .rows
+            .iter()
+            .all(|x| x.device == Device::Cpu && x.tflops.unwrap() > 0.0));
+    }
+
+    #[test]
+    fn relative_error_catches_nan_and_differences() {
+        assert_eq!(rel_err(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert!(rel_err(&[f32::NAN], &[1.0]).is_infinite());
+        assert!((rel_err(&[1.1], &[1.0]) - 0.1).abs() < 1e-6);
+    }
+}
