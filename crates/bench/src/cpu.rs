@@ -1,9 +1,10 @@
 //! CPU reference paths: matrix multiply and convolution, multithreaded (the gemm crate).
 //!
 //! These are the CPU side of the CPU-vs-GPU comparisons, so they aim to be competitive with a
-//! tuned CPU library rather than merely correct: every product goes through `gemm` with strides
-//! chosen so that no operand is transposed by copying, and convolution lowers to one large gemm
-//! per image.
+//! tuned CPU library (PyTorch's CPU backend) rather than merely correct: matmul reads its
+//! operands in place through gemm's strides, and convolution lowers to im2col + gemm in the
+//! orientation that writes the requested output layout directly, parallelised whichever way
+//! the batch size and layer shape make fastest.
 
 use gemm::Parallelism;
 use half::f16;
@@ -392,41 +393,64 @@ fn in_coord(o: usize, tap: usize, stride: usize, pad: usize, len: usize) -> Opti
 /// A zero ready to store into not-yet-initialised buffer memory.
 const ZERO: MaybeUninit<f32> = MaybeUninit::new(0.0);
 
-/// Resets `buf` to `rows * row_len` elements produced row by row by `fill(row index, row)`,
-/// writing straight into uninitialised capacity: zeroing first would be a single-threaded
-/// memset as large as the buffer, a sizeable share of a batch-1 layer. Rows are filled in
-/// parallel when asked, since this is memory-bound work that would otherwise serialise.
+/// Resets `buf` to `len` elements produced chunk by chunk by `fill(chunk index, chunk)`
+/// (chunks of `chunk_len`, the last possibly shorter), writing straight into uninitialised
+/// capacity: zeroing first would be a single-threaded memset as large as the buffer, a
+/// sizeable share of a batch-1 layer. Chunks are filled in parallel when asked, since this is
+/// memory-bound work that would otherwise serialise.
 ///
 /// # Safety
 ///
-/// `fill` must initialise every element of the row it is given (panicking is fine: `buf` is
-/// then left empty).
-unsafe fn build_rows<F>(buf: &mut Vec<f32>, rows: usize, row_len: usize, parallel: bool, fill: F)
+/// `fill` must initialise every element of the chunk it is given (panicking is fine: `buf`
+/// is then left empty).
+unsafe fn build_rows<F>(buf: &mut Vec<f32>, len: usize, chunk_len: usize, parallel: bool, fill: F)
 where
     F: Fn(usize, &mut [MaybeUninit<f32>]) + Sync,
 {
-    let len = rows * row_len;
     buf.clear();
-    if len == 0 {
+    if len == 0 || chunk_len == 0 {
         return;
     }
     buf.reserve(len);
     let spare = &mut buf.spare_capacity_mut()[..len];
     if parallel {
-        // Short rows are grouped so each rayon task moves a useful amount.
+        // Short chunks are grouped so each rayon task moves a useful amount.
         spare
-            .par_chunks_mut(row_len)
-            .with_min_len(4096usize.div_ceil(row_len))
+            .par_chunks_mut(chunk_len)
+            .with_min_len(4096usize.div_ceil(chunk_len))
             .enumerate()
-            .for_each(|(i, row)| fill(i, row));
+            .for_each(|(i, chunk)| fill(i, chunk));
     } else {
-        for (i, row) in spare.chunks_exact_mut(row_len).enumerate() {
-            fill(i, row);
+        for (i, chunk) in spare.chunks_mut(chunk_len).enumerate() {
+            fill(i, chunk);
         }
     }
-    // SAFETY: `spare` is exactly the first `len` slots of capacity, split into `rows` whole
-    // rows, and the caller guarantees `fill` initialised every element of each.
+    // SAFETY: the chunks tile exactly the first `len` slots of capacity, and the caller
+    // guarantees `fill` initialised every element of each.
     unsafe { buf.set_len(len) };
+}
+
+/// The KRSC weight (K x CRS) transposed to CRS x K, as gemm prefers it for NHWC.
+fn transpose_weight(weight: &[f32], k: usize, crs: usize, parallel: bool) -> Vec<f32> {
+    // Blocks of 16 output rows: each weight cache line (16 floats) is read once and lands in
+    // a 16 x K block that stays in cache; a plain row-by-row gather misses on every element.
+    const BLOCK: usize = 16;
+    let mut wt = Vec::new();
+    // SAFETY: a chunk holds `rows` whole output rows, rows j0.. j0 + rows of CRS x K; the loops
+    // write element (jj, kk) of each for every jj < rows and kk < K, i.e. all of it.
+    unsafe {
+        build_rows(&mut wt, crs * k, BLOCK * k, parallel, |b, chunk| {
+            let j0 = b * BLOCK;
+            let rows = chunk.len() / k;
+            for kk in 0..k {
+                let src = &weight[kk * crs + j0..kk * crs + j0 + rows];
+                for (jj, &x) in src.iter().enumerate() {
+                    chunk[jj * k + kk].write(x);
+                }
+            }
+        });
+    }
+    wt
 }
 
 /// One row of the NCHW im2col matrix (CRS x PQ): filter tap `row = (c, r, s)` across all
@@ -500,15 +524,17 @@ fn im2col_nhwc_row(sh: &ConvShape, img: &[f32], pq: usize, dst: &mut [MaybeUnini
 ///
 /// NCHW lowers each image to `out (K x PQ) = weight (K x CRS) * col (CRS x PQ)`. With
 /// N >= threads the batch is split into one contiguous run of images per thread, each with
-/// its own im2col buffer and single-threaded gemms; otherwise images go one after another
-/// through a parallel im2col and a gemm spread over all threads.
+/// its own im2col buffer and single-threaded gemms; otherwise every image runs at once with
+/// its share of the threads, through a parallel im2col and a gemm split along K or PQ.
 ///
 /// NHWC sees the whole batch as `out (NPQ x K) = col (NPQ x RSC) * weight^T (RSC x K)`: the
 /// NPQ output rows are split into one contiguous run per thread, each building and
-/// multiplying at most PQ im2col rows at a time. The weight is transposed once per call.
+/// multiplying at most PQ im2col rows at a time; when there are fewer rows than output
+/// channels the gemm is split along K instead. The weight is transposed once per call.
 ///
-/// Extra memory is at most threads * C*R*S*P*Q floats for im2col (none for 1x1 stride-1
-/// unpadded shapes, whose input already is the matrix), plus one weight-sized copy for NHWC.
+/// Extra memory is at most threads * C*R*S*P*Q floats of im2col (none for 1x1 stride-1
+/// unpadded shapes, whose input already is the matrix; under one weight's worth for NHWC's
+/// split along K), plus one weight-sized copy for NHWC, independent of N.
 ///
 /// # Panics
 ///
@@ -572,13 +598,16 @@ fn conv_nchw(sh: &ConvShape, input: &[f32], weight: &[f32], output: &mut [f32], 
                 }
             });
     } else {
-        let mut col = Vec::new();
-        for (out, img) in output
-            .chunks_exact_mut(img_out)
-            .zip(input.chunks_exact(img_in))
-        {
-            nchw_image(sh, img, weight, out, &mut col, threads);
-        }
+        // Fewer images than threads: all images at once, each splitting its gemm over its
+        // share of the threads, which keeps every core busy where one image at a time would
+        // synchronise all of them per image.
+        let share = threads.div_ceil(sh.n);
+        output
+            .par_chunks_mut(img_out)
+            .zip(input.par_chunks(img_in))
+            .for_each(|(out, img)| {
+                nchw_image(sh, img, weight, out, &mut Vec::new(), share);
+            });
     }
 }
 
@@ -601,7 +630,7 @@ fn nchw_image(
     } else {
         // SAFETY: im2col_nchw_row writes its whole row.
         unsafe {
-            build_rows(col, crs, pq, threads > 1, |i, row| {
+            build_rows(col, crs * pq, pq, threads > 1, |i, row| {
                 im2col_nchw_row(sh, img, i, row)
             });
         }
@@ -631,15 +660,7 @@ fn conv_nhwc(sh: &ConvShape, input: &[f32], weight: &[f32], output: &mut [f32], 
     // gemm is markedly faster with the right operand stored RSC x K than reading the KRSC
     // weight transposed through strides (measured 1.3-5x on ResNet layers), and the copy is
     // small next to the product.
-    let mut wt = Vec::new();
-    // SAFETY: the closure writes every element of its row.
-    unsafe {
-        build_rows(&mut wt, crs, k, threads > 1, |j, row| {
-            for (kk, d) in row.iter_mut().enumerate() {
-                d.write(weight[kk * crs + j]);
-            }
-        });
-    }
+    let wt = transpose_weight(weight, k, crs, threads > 1);
     let rows_total = sh.n * pq;
     if threads > 1 && rows_total < k {
         // Too few output pixels to share out (small batch, deep layer): build every im2col
@@ -650,7 +671,7 @@ fn conv_nhwc(sh: &ConvShape, input: &[f32], weight: &[f32], output: &mut [f32], 
         } else {
             // SAFETY: im2col_nhwc_row writes its whole row.
             unsafe {
-                build_rows(&mut col, rows_total, crs, true, |g, row| {
+                build_rows(&mut col, rows_total * crs, crs, true, |g, row| {
                     let img = &input[g / pq * img_in..(g / pq + 1) * img_in];
                     im2col_nhwc_row(sh, img, g % pq, row);
                 });
@@ -707,7 +728,7 @@ fn conv_nhwc(sh: &ConvShape, input: &[f32], weight: &[f32], output: &mut [f32], 
                 let start = first + block * pq;
                 // SAFETY: im2col_nhwc_row writes its whole row.
                 unsafe {
-                    build_rows(&mut col, rows, crs, false, |i, row| {
+                    build_rows(&mut col, rows * crs, crs, false, |i, row| {
                         let g = start + i;
                         let img = &input[g / pq * img_in..(g / pq + 1) * img_in];
                         im2col_nhwc_row(sh, img, g % pq, row);

@@ -40,7 +40,7 @@ impl Default for MatmulOptions {
             iterations: 50,
             warmup: 5,
             cpu_budget_s: 10.0,
-            lt_candidates: 8,
+            lt_candidates: 16,
             cpu_max_size: None,
         }
     }
@@ -451,10 +451,15 @@ fn gpu_row(
             candidates.extend(plans.into_iter().map(Backend::Lt));
         }
     }
-    let trial = Plan::new(2, 5);
+    // Each candidate runs for about 20 ms (at least 5 times): long enough that clock and
+    // power ramps do not pick the winner.
     let mut best: Option<(f64, usize)> = None;
     for (i, b) in candidates.iter().enumerate() {
-        if let Ok(m) = case.time(b, trial) {
+        let Ok(probe) = case.time(b, Plan::new(2, 3)) else {
+            continue;
+        };
+        let reps = ((20.0 / probe.summary_ms.median.max(1e-3)) as usize).clamp(5, 200);
+        if let Ok(m) = case.time(b, Plan::new(1, reps)) {
             if best.is_none_or(|(t, _)| m.summary_ms.median < t) {
                 best = Some((m.summary_ms.median, i));
             }

@@ -708,6 +708,7 @@ pub fn conv_sections(r: &gpukit_bench::conv::ConvReport) -> Vec<Section> {
         .collect();
     let mut notes = vec![
         "Shapes: NxCxHxW:KxRxS:s<stride>p<pad>. GPU rows are checked against the CPU's f32 output from the same stored inputs; cuDNN's algorithm is chosen by running each candidate (cudnnFind).".to_string(),
+        "TFLOP/s counts a direct convolution's 2*N*K*P*Q*C*R*S: WINOGRAD and FFT algorithms do fewer multiplications, so their effective rate can pass the peak.".to_string(),
     ];
     if let Some(why) = &r.gpu_unavailable {
         notes.push(format!("GPU rows skipped: {why}"));

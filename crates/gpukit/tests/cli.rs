@@ -131,7 +131,12 @@ fn a_device_that_does_not_exist_exits_2_and_no_gpu_exits_1() {
         let out = gpukit(args);
         // a GPU index past the last is a typo (2); no GPU at all is missing hardware (1)
         let want = if has_gpu { 2 } else { 1 };
-        assert_eq!(out.status.code(), Some(want), "{args:?}: {}", text(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(want),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
         let err = text(&out.stderr);
         assert!(err.contains("cuda:9"), "{err}");
         assert!(!err.contains("panicked"), "{err}");
@@ -151,14 +156,29 @@ fn bench_bad_input_exits_2() {
         &["bench", "conv", "--layout", "nwhc"][..],
     ] {
         let out = gpukit(args);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
         assert!(!text(&out.stderr).contains("panicked"));
     }
 }
 
 #[test]
 fn bench_matmul_on_the_cpu_verifies_and_reports() {
-    let out = gpukit(&["bench", "matmul", "--device", "cpu", "--sizes", "65,128", "--iterations", "3", "--json"]);
+    let out = gpukit(&[
+        "bench",
+        "matmul",
+        "--device",
+        "cpu",
+        "--sizes",
+        "65,128",
+        "--iterations",
+        "3",
+        "--json",
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v["matmul"]["rows"].as_array().unwrap();
@@ -172,7 +192,18 @@ fn bench_matmul_on_the_cpu_verifies_and_reports() {
 
 #[test]
 fn bench_conv_on_the_cpu_runs_every_shape() {
-    let out = gpukit(&["bench", "conv", "--device", "cpu", "--batch", "1", "--iterations", "1", "--layout", "nhwc"]);
+    let out = gpukit(&[
+        "bench",
+        "conv",
+        "--device",
+        "cpu",
+        "--batch",
+        "1",
+        "--iterations",
+        "1",
+        "--layout",
+        "nhwc",
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let s = text(&out.stdout);
     for shape in ["conv1 7x7/2", "layer1 3x3", "layer4 1x1 reduce"] {
