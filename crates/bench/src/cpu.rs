@@ -115,17 +115,17 @@ fn fits(len: usize, rows: usize, cols: usize, (rs, cs): (usize, usize)) -> bool 
 /// The output pointer handed to every task of `gemm_split`, each of which writes its own
 /// disjoint block through it.
 #[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
+struct SharedOut<T>(*mut T);
 
 // SAFETY: tasks only ever write disjoint elements through the pointer (see `gemm_split`),
 // and the borrow it came from outlives them all.
-unsafe impl Send for SharedOut {}
+unsafe impl<T> Send for SharedOut<T> {}
 // SAFETY: as for Send.
-unsafe impl Sync for SharedOut {}
+unsafe impl<T> Sync for SharedOut<T> {}
 
-impl SharedOut {
+impl<T> SharedOut<T> {
     /// The pointer; a method so closures capture the whole (Send) wrapper, not its field.
-    fn get(self) -> *mut f32 {
+    fn get(self) -> *mut T {
         self.0
     }
 }
@@ -141,14 +141,15 @@ impl SharedOut {
 /// As `gemm_strided`; in addition distinct `(i, j)` of the `dst` view must address distinct
 /// elements (true of any row- or column-major view), so the blocks are disjoint.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_split(
+unsafe fn gemm_split<T: 'static + Copy + Default + Send + Sync>(
     (m, n, k): (usize, usize, usize),
-    dst: &mut [f32],
+    dst: &mut [T],
     (dst_rs, dst_cs): (usize, usize),
-    lhs: &[f32],
+    lhs: &[T],
     (lhs_rs, lhs_cs): (usize, usize),
-    rhs: &[f32],
+    rhs: &[T],
     (rhs_rs, rhs_cs): (usize, usize),
+    one: T,
     threads: usize,
 ) {
     let split_rows = m >= n;
@@ -164,7 +165,7 @@ unsafe fn gemm_split(
                 (lhs_rs, lhs_cs),
                 rhs,
                 (rhs_rs, rhs_cs),
-                1.0,
+                one,
                 Parallelism::None,
             );
         }
@@ -197,7 +198,7 @@ unsafe fn gemm_split(
                 (lhs_rs, lhs_cs),
                 rhs.as_ptr().wrapping_add(rhs_off),
                 (rhs_rs, rhs_cs),
-                1.0,
+                one,
                 Parallelism::None,
             );
         }
@@ -205,7 +206,7 @@ unsafe fn gemm_split(
 }
 
 /// Shared body of the public matmuls, which differ only in element type.
-fn matmul<T: 'static + Copy + Default>(
+fn matmul<T: 'static + Copy + Default + Send + Sync>(
     a: &[T],
     b: &[T],
     c: &mut [T],
@@ -229,18 +230,42 @@ fn matmul<T: 'static + Copy + Default>(
     );
     // SAFETY: the asserts above make every row-major view exactly fill its slice.
     unsafe {
-        gemm_strided(
-            (m, n, k),
-            c,
-            (n, 1),
-            a,
-            (k, 1),
-            b,
-            (n, 1),
-            one,
-            Parallelism::Rayon(threads()),
-        );
+        match matmul_threading() {
+            MatmulThreading::Split => {
+                gemm_split((m, n, k), c, (n, 1), a, (k, 1), b, (n, 1), one, threads())
+            }
+            MatmulThreading::Gemm => gemm_strided(
+                (m, n, k),
+                c,
+                (n, 1),
+                a,
+                (k, 1),
+                b,
+                (n, 1),
+                one,
+                Parallelism::Rayon(threads()),
+            ),
+        }
     }
+}
+
+/// How a matmul is spread over threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatmulThreading {
+    /// One single-threaded gemm per thread on a block of rows (or columns) of C.
+    Split,
+    /// gemm's own rayon threading.
+    Gemm,
+}
+
+/// The matmul threading in force: `GPUKIT_CPU_GEMM=gemm` selects gemm's own threading,
+/// anything else (or nothing) the split (docs/DECISIONS.md says why, with figures).
+pub fn matmul_threading() -> MatmulThreading {
+    static CHOICE: std::sync::OnceLock<MatmulThreading> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| match std::env::var("GPUKIT_CPU_GEMM").as_deref() {
+        Ok("gemm") => MatmulThreading::Gemm,
+        _ => MatmulThreading::Split,
+    })
 }
 
 /// C = A * B for row-major A (m x k), B (k x n), C (m x n), in f64. Overwrites C.
@@ -646,6 +671,7 @@ fn nchw_image(
             (crs, 1),
             rhs,
             (pq, 1),
+            1.0,
             threads,
         );
     }
@@ -688,6 +714,7 @@ fn conv_nhwc(sh: &ConvShape, input: &[f32], weight: &[f32], output: &mut [f32], 
                 (crs, 1),
                 &wt,
                 (k, 1),
+                1.0,
                 threads,
             );
         }
