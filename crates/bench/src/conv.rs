@@ -215,9 +215,22 @@ pub fn run_conv(
                 }
             },
         );
+    let host_free = crate::host::host_facts().memory_available_bytes;
     for named in shapes {
         for &layout in &opts.layouts {
             let sh = &named.shape;
+            // inputs, the reference, rounded copies for f16 and im2col scratch: stay well inside
+            let need = 4 * 4 * (sh.input_len() + sh.weight_len() + sh.output_len()) as u64;
+            if host_free.is_some_and(|free| need > free) {
+                let mut r = row(named, layout, Device::Cpu, DType::F32);
+                r.status = RowStatus::Skipped(format!(
+                    "needs about {:.1} GiB of host memory, {:.1} GiB available",
+                    need as f64 / (1u64 << 30) as f64,
+                    host_free.unwrap_or(0) as f64 / (1u64 << 30) as f64
+                ));
+                report.rows.push(r);
+                continue;
+            }
             let seed = fresh_seed();
             let x = uniform_f32(sh.input_len(), seed ^ 1);
             let w = uniform_f32(sh.weight_len(), seed ^ 2);

@@ -7,8 +7,8 @@ use gpukit_bench::cpu::{self, ConvShape, Layout};
 use gpukit_bench::random::{fill_bytes, fresh_seed, uniform_f32};
 use gpukit_cuda::blas::{Blas, GemmType};
 use gpukit_cuda::dnn::{ConvDims, ConvType, Dnn};
-use gpukit_cuda::driver::{self, Gpu};
-use gpukit_cuda::loader::{prepare_process, Discovery};
+use gpukit_cuda::driver::Gpu;
+use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::transfer::{copy_d2d, copy_d2h, copy_h2d, h2d_staged, PinnedBytes};
 use half::{bf16, f16};
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -340,22 +340,9 @@ fn copies_are_byte_exact_at_odd_sizes() -> Result<(), Failed> {
 }
 
 fn main() {
-    let d = prepare_process();
+    let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
+    DISCOVERY.set(discovery).ok();
     let args = Arguments::from_args();
-    let availability = driver::probe(&d);
-    DISCOVERY.set(d).ok();
-    let require = std::env::var("GPUKIT_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    let skip = match &availability {
-        Ok(_) => None,
-        Err(e) if require => {
-            eprintln!("GPUKIT_REQUIRE_GPU=1 but no GPU is usable: {e}");
-            std::process::exit(1);
-        }
-        Err(e) => Some(e.to_string()),
-    };
-    if let Some(r) = &skip {
-        eprintln!("GPU tests SKIPPED (reported as ignored, not passed): {r}");
-    }
     type GpuTest = fn() -> Result<(), Failed>;
     let tests: Vec<(&str, GpuTest)> = vec![
         ("gpu::gemm_all_types_non_square", gemm_all_types_non_square),

@@ -12,6 +12,7 @@ pub mod driver;
 pub mod libs;
 pub mod loader;
 pub mod nvml;
+pub mod testing;
 pub mod timing;
 pub mod trace;
 pub mod transfer;

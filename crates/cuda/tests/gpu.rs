@@ -8,7 +8,7 @@ use gpukit_cuda::cudarc::{
     nccl::{Comm, ReduceOp},
 };
 use gpukit_cuda::driver::{self, Gpu};
-use gpukit_cuda::loader::{prepare_process, Discovery, Lib};
+use gpukit_cuda::loader::{Discovery, Lib};
 use gpukit_cuda::nvml::NvmlSession;
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::OnceLock;
@@ -235,22 +235,9 @@ fn library_versions_are_reported() -> Result<(), Failed> {
 }
 
 fn main() {
-    let d = prepare_process();
+    let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
+    DISCOVERY.set(discovery).ok();
     let args = Arguments::from_args();
-    let availability = driver::probe(&d);
-    DISCOVERY.set(d).ok();
-    let require = std::env::var("GPUKIT_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    let skip_reason = match &availability {
-        Ok(_) => None,
-        Err(e) if require => {
-            eprintln!("GPUKIT_REQUIRE_GPU=1 but no GPU is usable: {e}");
-            std::process::exit(1);
-        }
-        Err(e) => Some(e.to_string()),
-    };
-    if let Some(r) = &skip_reason {
-        eprintln!("GPU tests SKIPPED (reported as ignored, not passed): {r}");
-    }
     let tests: Vec<(&str, GpuTest)> = vec![
         (
             "gpu::attributes_agree_with_nvml",
@@ -280,7 +267,7 @@ fn main() {
     ];
     let trials = tests
         .into_iter()
-        .map(|(name, f)| Trial::test(name, f).with_ignored_flag(skip_reason.is_some()))
+        .map(|(name, f)| Trial::test(name, f).with_ignored_flag(skip.is_some()))
         .collect();
     libtest_mimic::run(&args, trials).exit();
 }

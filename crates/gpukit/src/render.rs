@@ -4,6 +4,7 @@
 use comfy_table::{presets::UTF8_FULL_CONDENSED, ContentArrangement, Table};
 use gpukit_bench::ceilings::{PeakSource, Peaks};
 use gpukit_bench::check::{CheckReport, GpuFacts};
+use gpukit_bench::matmul::{PeerFigure, RowStatus};
 
 /// A titled table: with a header it is a grid, without one a list of key/value rows.
 pub struct Section {
@@ -427,8 +428,7 @@ pub fn to_markdown(sections: &[Section], heading_level: usize) -> String {
     out
 }
 
-fn status_cell(s: &gpukit_bench::matmul::RowStatus) -> Option<String> {
-    use gpukit_bench::matmul::RowStatus;
+fn status_cell(s: &RowStatus) -> Option<String> {
     match s {
         RowStatus::Ok => None,
         RowStatus::Failed(w) => Some(format!("FAILED: {w}")),
@@ -464,70 +464,100 @@ fn times(v: Option<f64>) -> String {
     .unwrap_or_default()
 }
 
-pub fn matmul_sections(r: &gpukit_bench::matmul::MatmulReport) -> Vec<Section> {
-    let compare = r.rows.iter().any(|x| x.pytorch.is_some());
-    let mut header: Vec<String> = [
-        "device",
-        "dtype",
-        "size",
-        "median ms (p10-p90)",
-        "TFLOP/s",
-        "% peak",
-        "% best",
-        "vs CPU",
-        "check",
-        "backend",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    if compare {
-        header.extend([
-            "PyTorch TFLOP/s".to_string(),
-            "gpukit / PyTorch".to_string(),
-        ]);
-    }
-    let rows = r
-        .rows
+/// How one kind of result row becomes table cells: the columns naming it, the measured ones,
+/// and PyTorch's figure when the run compared.
+struct Columns<'a, R> {
+    naming: &'a [&'a str],
+    measured: &'a [&'a str],
+    /// "TFLOP/s" or "GB/s": the unit of the row's rate and of PyTorch's.
+    rate_unit: &'a str,
+    name: &'a dyn Fn(&R) -> Vec<String>,
+    status: &'a dyn Fn(&R) -> &RowStatus,
+    values: &'a dyn Fn(&R) -> Vec<String>,
+    peer: &'a dyn Fn(&R) -> Option<&PeerFigure>,
+}
+
+/// The header and rows of a results table. A row that did not produce a figure shows why in
+/// place of its measured columns.
+fn results_table<R>(rows: &[R], c: Columns<'_, R>) -> (Vec<String>, Vec<Vec<String>>) {
+    let compare = rows.iter().any(|r| (c.peer)(r).is_some());
+    let mut header: Vec<String> = c
+        .naming
         .iter()
-        .map(|x| {
-            let mut cells = vec![
-                x.device.to_string(),
-                x.dtype.to_string(),
-                x.size.to_string(),
-            ];
-            if let Some(s) = status_cell(&x.status) {
+        .chain(c.measured)
+        .map(|s| s.to_string())
+        .collect();
+    if compare {
+        header.push(format!("PyTorch {}", c.rate_unit));
+        header.push("gpukit / PyTorch".to_string());
+    }
+    let body = rows
+        .iter()
+        .map(|r| {
+            let mut cells = (c.name)(r);
+            if let Some(s) = status_cell((c.status)(r)) {
                 cells.push(s);
-                cells.extend(std::iter::repeat_n(String::new(), header.len() - 4));
+                cells.resize(header.len(), String::new());
                 return cells;
             }
-            let t = x.timing.as_ref().map(|t| &t.summary_ms);
-            cells.push(
-                t.map(|s| format!("{:.3} ({:.3}-{:.3}) n={}", s.median, s.p10, s.p90, s.count))
-                    .unwrap_or_default(),
-            );
-            cells.push(f1(x.tflops));
-            cells.push(pct(x.pct_of_peak));
-            cells.push(pct(x.pct_of_best));
-            cells.push(times(x.speedup_vs_cpu));
-            cells.push(
-                x.verification
-                    .as_ref()
-                    .map(|v| format!("ok {:.0e}", v.rel_err))
-                    .unwrap_or_default(),
-            );
-            let mut backend = x.backend.clone().unwrap_or_default();
-            if let Some(c) = &x.computed_as {
-                backend = format!("computed in {c}");
-            }
-            cells.push(backend);
+            cells.extend((c.values)(r));
             if compare {
-                cells.push(f1(x.pytorch.as_ref().map(|p| p.rate)));
-                cells.push(times(x.pytorch.as_ref().map(|p| p.ratio)));
+                cells.push(f1((c.peer)(r).map(|p| p.rate)));
+                cells.push(times((c.peer)(r).map(|p| p.ratio)));
             }
             cells
         })
         .collect();
+    (header, body)
+}
+
+fn check_cell(v: Option<&gpukit_bench::matmul::Verification>) -> String {
+    v.map(|v| format!("ok {:.0e}", v.rel_err))
+        .unwrap_or_default()
+}
+
+pub fn matmul_sections(r: &gpukit_bench::matmul::MatmulReport) -> Vec<Section> {
+    let (header, rows) = results_table(
+        &r.rows,
+        Columns {
+            naming: &["device", "dtype", "size"],
+            measured: &[
+                "median ms (p10-p90)",
+                "TFLOP/s",
+                "% peak",
+                "% best",
+                "vs CPU",
+                "check",
+                "backend",
+            ],
+            rate_unit: "TFLOP/s",
+            name: &|x: &gpukit_bench::matmul::MatmulRow| {
+                vec![
+                    x.device.to_string(),
+                    x.dtype.to_string(),
+                    x.size.to_string(),
+                ]
+            },
+            status: &|x| &x.status,
+            values: &|x| {
+                let t = x.timing.as_ref().map(|t| &t.summary_ms);
+                vec![
+                    t.map(|s| format!("{:.3} ({:.3}-{:.3}) n={}", s.median, s.p10, s.p90, s.count))
+                        .unwrap_or_default(),
+                    f1(x.tflops),
+                    pct(x.pct_of_peak),
+                    pct(x.pct_of_best),
+                    times(x.speedup_vs_cpu),
+                    check_cell(x.verification.as_ref()),
+                    match &x.computed_as {
+                        Some(c) => format!("computed in {c}"),
+                        None => x.backend.clone().unwrap_or_default(),
+                    },
+                ]
+            },
+            peer: &|x| x.pytorch.as_ref(),
+        },
+    );
     let mut notes = vec![
         "check: sampled entries against a float64 product of the same stored inputs (relative error shown); a row that fails reports no figure.".to_string(),
         "% peak: of the GPU's dense peak for the dtype; % best: of the best rate measured in this run for the same device and dtype; vs CPU: GPU rate over the CPU's for the same dtype and size.".to_string(),
@@ -537,10 +567,8 @@ pub fn matmul_sections(r: &gpukit_bench::matmul::MatmulReport) -> Vec<Section> {
             "GPU: {} ({})",
             g.name,
             match &g.peaks.source {
-                gpukit_bench::ceilings::PeakSource::Datasheet { part } =>
-                    format!("peaks from the {part} datasheet"),
-                gpukit_bench::ceilings::PeakSource::Estimate { .. } =>
-                    "peaks estimated from SMs x clock".into(),
+                PeakSource::Datasheet { part } => format!("peaks from the {part} datasheet"),
+                PeakSource::Estimate { .. } => "peaks estimated from SMs x clock".into(),
             }
         ));
     }
@@ -572,49 +600,36 @@ fn human_bytes(b: usize) -> String {
 }
 
 pub fn bandwidth_sections(r: &gpukit_bench::bandwidth::BandwidthReport) -> Vec<Section> {
-    let compare = r.rows.iter().any(|x| x.pytorch.is_some());
-    let mut header: Vec<String> = [
-        "copy",
-        "size",
-        "median us",
-        "GB/s",
-        "% of link / memory",
-        "check",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    if compare {
-        header.extend(["PyTorch GB/s".to_string(), "gpukit / PyTorch".to_string()]);
-    }
-    let rows = r
-        .rows
-        .iter()
-        .map(|x| {
-            let mut cells = vec![x.kind.label().to_string(), human_bytes(x.bytes)];
-            if let Some(s) = status_cell(&x.status) {
-                cells.push(s);
-                cells.extend(std::iter::repeat_n(String::new(), header.len() - 3));
-                return cells;
-            }
-            cells.push(f1(x.latency_us));
-            cells.push(match (x.gbs, x.gbs_read_write) {
-                (Some(g), Some(rw)) => format!("{} ({} read+write)", f1(Some(g)), f1(Some(rw))),
-                (g, _) => f1(g),
-            });
-            cells.push(pct(x.pct_of_link.or(x.pct_of_memory_peak)));
-            cells.push(if x.verified {
-                "byte-exact".into()
-            } else {
-                "MISMATCH".into()
-            });
-            if compare {
-                cells.push(f1(x.pytorch.as_ref().map(|p| p.rate)));
-                cells.push(times(x.pytorch.as_ref().map(|p| p.ratio)));
-            }
-            cells
-        })
-        .collect();
+    let (header, rows) = results_table(
+        &r.rows,
+        Columns {
+            naming: &["copy", "size"],
+            measured: &["median us", "GB/s", "% of link / memory", "check"],
+            rate_unit: "GB/s",
+            name: &|x: &gpukit_bench::bandwidth::BandwidthRow| {
+                vec![x.kind.label().to_string(), human_bytes(x.bytes)]
+            },
+            status: &|x| &x.status,
+            values: &|x| {
+                vec![
+                    f1(x.latency_us),
+                    match (x.gbs, x.gbs_read_write) {
+                        (Some(g), Some(rw)) => {
+                            format!("{} ({} read+write)", f1(Some(g)), f1(Some(rw)))
+                        }
+                        (g, _) => f1(g),
+                    },
+                    pct(x.pct_of_link.or(x.pct_of_memory_peak)),
+                    if x.verified {
+                        "byte-exact".into()
+                    } else {
+                        "MISMATCH".into()
+                    },
+                ]
+            },
+            peer: &|x| x.pytorch.as_ref(),
+        },
+    );
     let mut notes = vec![format!(
         "PCIe link (one direction, max generation and width): {}; memory peak: {}. Device->device's % is of the memory peak, counting bytes read plus written.",
         r.pcie_link_gbs.map(|g| format!("{g:.1} GB/s")).unwrap_or_else(|| "unknown".into()),
@@ -636,76 +651,52 @@ pub fn bandwidth_sections(r: &gpukit_bench::bandwidth::BandwidthReport) -> Vec<S
 }
 
 pub fn conv_sections(r: &gpukit_bench::conv::ConvReport) -> Vec<Section> {
-    let compare = r.rows.iter().any(|x| x.pytorch.is_some());
-    let mut header: Vec<String> = [
-        "shape",
-        "layout",
-        "device",
-        "dtype",
-        "median ms",
-        "TFLOP/s",
-        "% peak",
-        "vs CPU",
-        "check",
-        "algorithm",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    if compare {
-        header.extend([
-            "PyTorch TFLOP/s".to_string(),
-            "gpukit / PyTorch".to_string(),
-        ]);
-    }
-    let rows = r
-        .rows
-        .iter()
-        .map(|x| {
-            let mut cells = vec![
-                format!(
-                    "{} ({})",
-                    x.name,
-                    gpukit_bench::conv::shape_string(&x.shape)
-                ),
-                format!("{:?}", x.layout).to_uppercase(),
-                x.device.to_string(),
-                x.dtype.to_string(),
-            ];
-            if let Some(s) = status_cell(&x.status) {
-                cells.push(s);
-                cells.extend(std::iter::repeat_n(String::new(), header.len() - 5));
-                return cells;
-            }
-            cells.push(
-                x.timing
-                    .as_ref()
-                    .map(|t| format!("{:.3} n={}", t.summary_ms.median, t.summary_ms.count))
-                    .unwrap_or_default(),
-            );
-            cells.push(f1(x.tflops));
-            cells.push(pct(x.pct_of_peak));
-            cells.push(times(x.speedup_vs_cpu));
-            cells.push(
-                x.verification
-                    .as_ref()
-                    .map(|v| format!("ok {:.0e}", v.rel_err))
-                    .unwrap_or_else(|| {
-                        if x.device == gpukit_tensor::Device::Cpu {
-                            "reference".into()
-                        } else {
-                            String::new()
-                        }
-                    }),
-            );
-            cells.push(x.algorithm.clone().unwrap_or_default());
-            if compare {
-                cells.push(f1(x.pytorch.as_ref().map(|p| p.rate)));
-                cells.push(times(x.pytorch.as_ref().map(|p| p.ratio)));
-            }
-            cells
-        })
-        .collect();
+    let (header, rows) = results_table(
+        &r.rows,
+        Columns {
+            naming: &["shape", "layout", "device", "dtype"],
+            measured: &[
+                "median ms",
+                "TFLOP/s",
+                "% peak",
+                "vs CPU",
+                "check",
+                "algorithm",
+            ],
+            rate_unit: "TFLOP/s",
+            name: &|x: &gpukit_bench::conv::ConvRow| {
+                vec![
+                    format!(
+                        "{} ({})",
+                        x.name,
+                        gpukit_bench::conv::shape_string(&x.shape)
+                    ),
+                    format!("{:?}", x.layout).to_uppercase(),
+                    x.device.to_string(),
+                    x.dtype.to_string(),
+                ]
+            },
+            status: &|x| &x.status,
+            values: &|x| {
+                vec![
+                    x.timing
+                        .as_ref()
+                        .map(|t| format!("{:.3} n={}", t.summary_ms.median, t.summary_ms.count))
+                        .unwrap_or_default(),
+                    f1(x.tflops),
+                    pct(x.pct_of_peak),
+                    times(x.speedup_vs_cpu),
+                    if x.device == gpukit_tensor::Device::Cpu {
+                        "reference".into()
+                    } else {
+                        check_cell(x.verification.as_ref())
+                    },
+                    x.algorithm.clone().unwrap_or_default(),
+                ]
+            },
+            peer: &|x| x.pytorch.as_ref(),
+        },
+    );
     let mut notes = vec![
         "Shapes: NxCxHxW:KxRxS:s<stride>p<pad>. GPU rows are checked against the CPU's f32 output from the same stored inputs; cuDNN's algorithm is chosen by running each candidate (cudnnFind).".to_string(),
         "TFLOP/s counts a direct convolution's 2*N*K*P*Q*C*R*S: WINOGRAD and FFT algorithms do fewer multiplications, so their effective rate can pass the peak.".to_string(),
