@@ -200,13 +200,18 @@ pub fn run_bandwidth(
         progress(&format!("bandwidth {} bytes", bytes));
         let free = gpu.mem_info().map(|(f, _)| f as usize).unwrap_or(0);
         // source, pinned source and destination, pageable destination: four host copies
-        let host_free = crate::host::host_facts().memory_available_bytes.unwrap_or(u64::MAX);
+        let host_free = crate::host::host_facts()
+            .memory_available_bytes
+            .unwrap_or(u64::MAX);
         if (4 * bytes) as u64 > host_free {
             for kind in CopyKind::ALL {
                 report.rows.push(skipped(
                     kind,
                     bytes,
-                    format!("needs {} bytes of host memory, {host_free} available", 4 * bytes),
+                    format!(
+                        "needs {} bytes of host memory, {host_free} available",
+                        4 * bytes
+                    ),
                 ));
             }
             continue;

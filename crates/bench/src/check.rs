@@ -406,10 +406,20 @@ fn library_rows(discovery: &Discovery, ask_versions: bool) -> Vec<LibraryRow> {
         .map(|s| {
             let found = s.found.as_ref();
             let mut version = found.and_then(|f| f.version.clone());
-            if version.is_none() && ask_versions && found.is_some() {
-                version = gpukit_cuda::libs::api_version(discovery, s.lib);
-            }
             let mut notes = Vec::new();
+            if ask_versions && found.is_some() {
+                // what the loaded copy says is the truth; a file name or wheel can disagree
+                if let Some(api) = gpukit_cuda::libs::api_version(discovery, s.lib) {
+                    let mm = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
+                    if version.as_deref().is_some_and(|f| mm(f) != mm(&api)) {
+                        notes.push(format!(
+                            "the copy that loaded reports {api}, not {}",
+                            version.as_deref().unwrap_or("?")
+                        ));
+                    }
+                    version.get_or_insert(api);
+                }
+            }
             if found.is_none() {
                 if let Some(o) = &s.other_major {
                     notes.push(format!(

@@ -721,13 +721,16 @@ pub fn prepare_process() -> Discovery {
     discovery
 }
 
-/// Makes links named as cudarc asks (`lib<stem>.so`) to the files found, for libraries whose real
-/// SONAME is not among cudarc's candidate names (NCCL's `libnccl.so.2`). Returns the directory.
+/// Makes links named as cudarc asks first (`lib<stem>.so`) to the files found, and puts them
+/// first on the loader's path. Without them cudarc could open another copy than the one `check`
+/// reports (seen on the lent machine: a system `libcudnn.so` 9.14 beside PyTorch's cuDNN 9.19),
+/// and NCCL, whose SONAME `libnccl.so.2` is not among cudarc's names, would not open at all.
+/// Returns the directory.
 fn make_alias_dir(discovery: &Discovery) -> Option<PathBuf> {
     let targets: Vec<(String, PathBuf)> = discovery
         .libraries
         .iter()
-        .filter(|s| s.lib == Lib::Nccl)
+        .filter(|s| s.lib != Lib::Nvml)
         .filter_map(|s| {
             let f = s.found.as_ref()?;
             Some((format!("lib{}.so", s.lib.stem()), f.path.clone()))

@@ -215,6 +215,51 @@ fn cudnn_and_nccl_load_and_work() -> Result<(), Failed> {
     check(y == x, "a one-rank all-reduce must return its input")
 }
 
+fn nccl_all_reduce_across_every_gpu() -> Result<(), Failed> {
+    let d = discovery();
+    let count = driver::probe(d).map_err(|e| e.to_string())?.device_count;
+    let gpus: Vec<Gpu> = (0..count)
+        .map(|i| Gpu::open(d, i).map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    let n = 1 << 20;
+    let inputs: Vec<Vec<f32>> = (0..count).map(|i| random_f32(n, 100 + i as u64)).collect();
+    let comms = Comm::from_devices(gpus.iter().map(|g| g.stream.clone()).collect())
+        .map_err(|e| format!("NCCL: {e:?}"))?;
+    let mut outs = Vec::new();
+    // one process drives every rank: the calls of one collective form a group
+    gpukit_cuda::cudarc::nccl::result::group_start().map_err(|e| format!("{e:?}"))?;
+    for (i, g) in gpus.iter().enumerate() {
+        let x = g.stream.clone_htod(&inputs[i]).map_err(|e| e.to_string())?;
+        let mut y = g.stream.alloc_zeros::<f32>(n).map_err(|e| e.to_string())?;
+        comms[i]
+            .all_reduce(&x, &mut y, &ReduceOp::Sum)
+            .map_err(|e| format!("NCCL all_reduce: {e:?}"))?;
+        outs.push((x, y));
+    }
+    gpukit_cuda::cudarc::nccl::result::group_end().map_err(|e| format!("{e:?}"))?;
+    let want: Vec<f64> = (0..n)
+        .map(|j| inputs.iter().map(|v| f64::from(v[j])).sum())
+        .collect();
+    for (g, (_, y)) in gpus.iter().zip(&outs) {
+        let got = g.stream.clone_dtoh(y).map_err(|e| e.to_string())?;
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (f64::from(*a) - b).abs())
+            .fold(0.0, f64::max);
+        check(
+            worst < 1e-5 * count as f64,
+            format!("cuda:{}: max error {worst}", g.ordinal),
+        )?;
+    }
+    let m = driver::peer_access_matrix(count).map_err(|e| e.to_string())?;
+    eprintln!("    {count} GPUs, peer access: {m:?}");
+    check(
+        m.len() == count && (0..count).all(|i| m[i][i]),
+        "peer matrix shape",
+    )
+}
+
 fn library_versions_are_reported() -> Result<(), Failed> {
     for lib in [
         Lib::Cublas,
@@ -230,6 +275,17 @@ fn library_versions_are_reported() -> Result<(), Failed> {
             format!("{}: {v}", lib.name()),
         )?;
         eprintln!("    {}: {v}", lib.name());
+        // the copy that loaded must be the copy discovery reported (same major.minor)
+        if let Some(file_version) = discovery().found(lib).and_then(|f| f.version.clone()) {
+            let major_minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
+            check(
+                major_minor(&file_version) == major_minor(&v),
+                format!(
+                    "{}: discovery found {file_version} but the loaded library reports {v}",
+                    lib.name()
+                ),
+            )?;
+        }
     }
     Ok(())
 }
@@ -238,6 +294,10 @@ fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
     let args = Arguments::from_args();
+    let gpus = DISCOVERY
+        .get()
+        .and_then(|d| driver::probe(d).ok())
+        .map_or(0, |d| d.device_count);
     let tests: Vec<(&str, GpuTest)> = vec![
         (
             "gpu::attributes_agree_with_nvml",
@@ -265,9 +325,21 @@ fn main() {
             library_versions_are_reported,
         ),
     ];
-    let trials = tests
+    let mut trials: Vec<Trial> = tests
         .into_iter()
         .map(|(name, f)| Trial::test(name, f).with_ignored_flag(skip.is_some()))
         .collect();
+    if gpus < 2 {
+        eprintln!(
+            "gpu::nccl_all_reduce_across_every_gpu needs 2 or more GPUs ({gpus} here): ignored"
+        );
+    }
+    trials.push(
+        Trial::test(
+            "gpu::nccl_all_reduce_across_every_gpu",
+            nccl_all_reduce_across_every_gpu,
+        )
+        .with_ignored_flag(gpus < 2),
+    );
     libtest_mimic::run(&args, trials).exit();
 }

@@ -240,6 +240,7 @@ fn gpukit_cuda_path_finds_libraries_placed_there() {
     let out = Command::new(bin())
         .args(["check", "--json"])
         .env("GPUKIT_CUDA_PATH", &dir)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
