@@ -114,7 +114,6 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   }
   run_bench matmul-gpu bench matmul --device cuda:0 --compare-pytorch
   run_bench matmul-cpu bench matmul --device cpu --sizes 1024,4096 --dtype f32,f64,f16 --compare-pytorch
-  GPUKIT_CPU_GEMM=gemm run_bench matmul-cpu-gemm-threading bench matmul --device cpu --sizes 4096 --dtype f32,f64,f16
   run_bench bandwidth bench bandwidth --compare-pytorch
   run_bench conv bench conv --compare-pytorch
   t0=$(date +%s%N)
@@ -122,7 +121,7 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   say "all rc=$? in $(ms_since "$t0") ms"
   cp "$W/report/report.md" "$W/all-report.md" 2>/dev/null; cp "$W/report/report.json" "$W/all-report.json" 2>/dev/null
   rm -rf "$W/report"
-  for f in matmul-gpu matmul-cpu matmul-cpu-gemm-threading bandwidth conv; do echo; cat "$W/$f.txt"; done | tee -a "$SUMMARY" >/dev/null
+  for f in matmul-gpu matmul-cpu bandwidth conv; do echo; cat "$W/$f.txt"; done | tee -a "$SUMMARY" >/dev/null
 fi
 
 tar -C "$W" -czf "$OUT/gpu-run.tar.gz" . && rm -rf "$W"

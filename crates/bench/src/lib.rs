@@ -6,10 +6,12 @@ pub mod bandwidth;
 pub mod ceilings;
 pub mod check;
 pub mod conv;
-pub mod cpu;
 pub mod harness;
 pub mod host;
 pub mod matmul;
 pub mod peer;
 pub mod random;
 pub mod stats;
+
+/// The CPU paths live with the tensors (the inference engine uses them too).
+pub use gpukit_tensor::cpu;

@@ -520,15 +520,8 @@ fn cpu_rows(
     progress: &mut dyn FnMut(&str),
 ) {
     let dtypes = opts.dtypes.clone().unwrap_or_else(|| DType::ALL.to_vec());
-    let backend = format!(
-        "gemm crate ({}, {} threads, {} threading)",
-        host.simd,
-        cpu::threads(),
-        match cpu::matmul_threading() {
-            cpu::MatmulThreading::Split => "split",
-            cpu::MatmulThreading::Gemm => "gemm's own",
-        }
-    );
+    let backend = format!("gemm crate ({}, {} threads)", host.simd, cpu::threads());
+
     for &n in &opts.sizes {
         // f32 first: tf32 and bf16 reuse its figure, computed in f32
         let mut f32_row: Option<MatmulRow> = None;

@@ -1,6 +1,9 @@
-//! gpukit's models. Today: the ResNet family's architecture as torchvision defines it (block
-//! layout, parameter names and counts), which the inference engine and memory planner build on.
+//! gpukit's models: the ResNet family as torchvision defines it (block layout, state-dict names
+//! and counts), its weights (safetensors, checked key by key, or a seeded initialisation), and
+//! CPU inference with batch norm folded, the reference for the GPU strategies to come.
 
+pub mod forward;
 pub mod resnet;
+pub mod weights;
 
 pub use resnet::{ResNet, UnknownModel};

@@ -1,6 +1,7 @@
-//! gpukit's tensors: where data lives ([`Device`]) and what it is ([`DType`]). Buffers, shapes and
-//! ops on CPU and CUDA build on these.
+//! gpukit's tensors: where data lives ([`Device`]), what it is ([`DType`]), and the CPU ops
+//! (matrix multiply, convolution) that every GPU path is checked against.
 
+pub mod cpu;
 pub mod device;
 pub mod dtype;
 

@@ -230,42 +230,18 @@ fn matmul<T: 'static + Copy + Default + Send + Sync>(
     );
     // SAFETY: the asserts above make every row-major view exactly fill its slice.
     unsafe {
-        match matmul_threading() {
-            MatmulThreading::Split => {
-                gemm_split((m, n, k), c, (n, 1), a, (k, 1), b, (n, 1), one, threads())
-            }
-            MatmulThreading::Gemm => gemm_strided(
-                (m, n, k),
-                c,
-                (n, 1),
-                a,
-                (k, 1),
-                b,
-                (n, 1),
-                one,
-                Parallelism::Rayon(threads()),
-            ),
-        }
+        gemm_strided(
+            (m, n, k),
+            c,
+            (n, 1),
+            a,
+            (k, 1),
+            b,
+            (n, 1),
+            one,
+            Parallelism::Rayon(threads()),
+        );
     }
-}
-
-/// How a matmul is spread over threads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MatmulThreading {
-    /// One single-threaded gemm per thread on a block of rows (or columns) of C.
-    Split,
-    /// gemm's own rayon threading.
-    Gemm,
-}
-
-/// The matmul threading in force: `GPUKIT_CPU_GEMM=gemm` selects gemm's own threading,
-/// anything else (or nothing) the split (docs/DECISIONS.md says why, with figures).
-pub fn matmul_threading() -> MatmulThreading {
-    static CHOICE: std::sync::OnceLock<MatmulThreading> = std::sync::OnceLock::new();
-    *CHOICE.get_or_init(|| match std::env::var("GPUKIT_CPU_GEMM").as_deref() {
-        Ok("gemm") => MatmulThreading::Gemm,
-        _ => MatmulThreading::Split,
-    })
 }
 
 /// C = A * B for row-major A (m x k), B (k x n), C (m x n), in f64. Overwrites C.

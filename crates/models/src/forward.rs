@@ -1,0 +1,545 @@
+//! ResNet inference on the CPU: batch norm folded into the convolutions once, then convolution
+//! (+ bias, + residual, ReLU), max pooling, global average pooling and the classifier. This is the
+//! reference every GPU strategy is checked against, so it favours plain, checkable code over
+//! cleverness; the heavy lifting is the multithreaded im2col + gemm in `gpukit_tensor::cpu`.
+
+use crate::resnet::ResNet;
+use crate::weights::StateDict;
+use gpukit_tensor::cpu::{conv2d_f32, ConvShape, Layout};
+use rayon::prelude::*;
+
+/// torchvision's BatchNorm2d epsilon.
+pub const BN_EPS: f32 = 1e-5;
+
+/// A convolution with its batch norm folded in: `y = conv(x, weight) + bias`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FoldedConv {
+    pub out_ch: usize,
+    pub in_ch: usize,
+    pub kernel: usize,
+    pub stride: usize,
+    pub pad: usize,
+    /// K x C x R x S.
+    pub weight: Vec<f32>,
+    pub bias: Vec<f32>,
+}
+
+/// One residual block: two (basic) or three (bottleneck) convolutions and an optional projection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FoldedBlock {
+    pub convs: Vec<FoldedConv>,
+    pub downsample: Option<FoldedConv>,
+}
+
+/// A ResNet ready for inference.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FoldedResNet {
+    pub model: ResNet,
+    pub num_classes: usize,
+    pub stem: FoldedConv,
+    pub blocks: Vec<FoldedBlock>,
+    /// classes x features.
+    pub fc_weight: Vec<f32>,
+    pub fc_bias: Vec<f32>,
+}
+
+/// Why a state dict cannot be folded (a key is absent or has another shape than the model's).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("state dict cannot be folded: {0}")]
+pub struct FoldError(pub String);
+
+fn param<'a>(dict: &'a StateDict, name: &str, len: usize) -> Result<&'a [f32], FoldError> {
+    let p = dict
+        .get(name)
+        .ok_or_else(|| FoldError(format!("missing {name}")))?;
+    if p.data.len() != len {
+        return Err(FoldError(format!(
+            "{name} has {} values, expected {len}",
+            p.data.len()
+        )));
+    }
+    Ok(&p.data)
+}
+
+/// Folds `bn` (gamma, beta, mean, var) into the convolution `conv` (its `.weight` key):
+/// w' = w * gamma / sqrt(var + eps), b' = beta - mean * gamma / sqrt(var + eps).
+fn fold_conv(
+    dict: &StateDict,
+    conv: &str,
+    bn: &str,
+    stride: usize,
+) -> Result<FoldedConv, FoldError> {
+    let w = dict
+        .get(&format!("{conv}.weight"))
+        .ok_or_else(|| FoldError(format!("missing {conv}.weight")))?;
+    let [k, c, r, s] = w.shape[..] else {
+        return Err(FoldError(format!("{conv}.weight is not 4-D")));
+    };
+    let gamma = param(dict, &format!("{bn}.weight"), k)?;
+    let beta = param(dict, &format!("{bn}.bias"), k)?;
+    let mean = param(dict, &format!("{bn}.running_mean"), k)?;
+    let var = param(dict, &format!("{bn}.running_var"), k)?;
+    let per_out = c * r * s;
+    let mut weight = w.data.clone();
+    let mut bias = vec![0f32; k];
+    for o in 0..k {
+        // f64 keeps the fold itself from adding rounding beyond the final f32 store
+        let scale = f64::from(gamma[o]) / (f64::from(var[o]) + f64::from(BN_EPS)).sqrt();
+        for x in &mut weight[o * per_out..(o + 1) * per_out] {
+            *x = (f64::from(*x) * scale) as f32;
+        }
+        bias[o] = (f64::from(beta[o]) - f64::from(mean[o]) * scale) as f32;
+    }
+    Ok(FoldedConv {
+        out_ch: k,
+        in_ch: c,
+        kernel: r,
+        stride,
+        pad: r / 2,
+        weight,
+        bias,
+    })
+}
+
+/// Folds every batch norm of `dict` into its convolution.
+pub fn fold(dict: &StateDict) -> Result<FoldedResNet, FoldError> {
+    let model = dict.model;
+    let stem = fold_conv(dict, "conv1", "bn1", 2)?;
+    let mut blocks = Vec::new();
+    let mut in_ch = 64;
+    let expansion = if model.bottleneck() { 4 } else { 1 };
+    for (stage, &n) in model.blocks().iter().enumerate() {
+        let width = 64 << stage;
+        for b in 0..n {
+            let p = format!("layer{}.{b}", stage + 1);
+            let stride = if b == 0 && stage > 0 { 2 } else { 1 };
+            let convs = if model.bottleneck() {
+                // torchvision v1.5: the stride sits on the 3x3 convolution
+                vec![
+                    fold_conv(dict, &format!("{p}.conv1"), &format!("{p}.bn1"), 1)?,
+                    fold_conv(dict, &format!("{p}.conv2"), &format!("{p}.bn2"), stride)?,
+                    fold_conv(dict, &format!("{p}.conv3"), &format!("{p}.bn3"), 1)?,
+                ]
+            } else {
+                vec![
+                    fold_conv(dict, &format!("{p}.conv1"), &format!("{p}.bn1"), stride)?,
+                    fold_conv(dict, &format!("{p}.conv2"), &format!("{p}.bn2"), 1)?,
+                ]
+            };
+            let out_ch = width * expansion;
+            let downsample = if b == 0 && (stride != 1 || in_ch != out_ch) {
+                let mut d = fold_conv(
+                    dict,
+                    &format!("{p}.downsample.0"),
+                    &format!("{p}.downsample.1"),
+                    stride,
+                )?;
+                d.pad = 0;
+                Some(d)
+            } else {
+                None
+            };
+            blocks.push(FoldedBlock { convs, downsample });
+            in_ch = out_ch;
+        }
+    }
+    let fc_weight = param(dict, "fc.weight", dict.num_classes * in_ch)?.to_vec();
+    let fc_bias = param(dict, "fc.bias", dict.num_classes)?.to_vec();
+    Ok(FoldedResNet {
+        model,
+        num_classes: dict.num_classes,
+        stem,
+        blocks,
+        fc_weight,
+        fc_bias,
+    })
+}
+
+/// An NCHW activation.
+#[derive(Debug, Clone)]
+struct Act {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    data: Vec<f32>,
+}
+
+impl FoldedConv {
+    /// y = conv(x) + bias (+ residual), then ReLU when `relu`.
+    fn apply(&self, x: &Act, residual: Option<&Act>, relu: bool) -> Act {
+        let shape = ConvShape {
+            n: x.n,
+            c: x.c,
+            h: x.h,
+            w: x.w,
+            k: self.out_ch,
+            r: self.kernel,
+            s: self.kernel,
+            stride: self.stride,
+            pad: self.pad,
+        };
+        let (p, q) = (shape.out_h(), shape.out_w());
+        let mut data = vec![0f32; shape.output_len()];
+        conv2d_f32(&shape, Layout::Nchw, &x.data, &self.weight, &mut data);
+        let plane = p * q;
+        data.par_chunks_mut(plane).enumerate().for_each(|(i, out)| {
+            let b = self.bias[i % self.out_ch];
+            let res = residual.map(|r| &r.data[i * plane..(i + 1) * plane]);
+            for (j, v) in out.iter_mut().enumerate() {
+                let mut y = *v + b;
+                if let Some(r) = res {
+                    y += r[j];
+                }
+                *v = if relu { y.max(0.0) } else { y };
+            }
+        });
+        Act {
+            n: x.n,
+            c: self.out_ch,
+            h: p,
+            w: q,
+            data,
+        }
+    }
+}
+
+/// 3x3 max pooling, stride 2, padding 1 (padding never wins: it is -inf).
+fn max_pool(x: &Act) -> Act {
+    let (p, q) = ((x.h + 2 - 3) / 2 + 1, (x.w + 2 - 3) / 2 + 1);
+    let mut data = vec![0f32; x.n * x.c * p * q];
+    data.par_chunks_mut(p * q)
+        .enumerate()
+        .for_each(|(plane, out)| {
+            let src = &x.data[plane * x.h * x.w..(plane + 1) * x.h * x.w];
+            for i in 0..p {
+                for j in 0..q {
+                    let mut m = f32::NEG_INFINITY;
+                    for di in 0..3 {
+                        for dj in 0..3 {
+                            let (y, xx) = ((2 * i + di) as isize - 1, (2 * j + dj) as isize - 1);
+                            if y >= 0 && xx >= 0 && (y as usize) < x.h && (xx as usize) < x.w {
+                                m = m.max(src[y as usize * x.w + xx as usize]);
+                            }
+                        }
+                    }
+                    out[i * q + j] = m;
+                }
+            }
+        });
+    Act {
+        n: x.n,
+        c: x.c,
+        h: p,
+        w: q,
+        data,
+    }
+}
+
+/// Why an input cannot go through the model.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ForwardError {
+    #[error("input has {got} values; a batch of {n} RGB {h}x{w} images needs {want}")]
+    InputLength {
+        got: usize,
+        want: usize,
+        n: usize,
+        h: usize,
+        w: usize,
+    },
+    #[error("input images must be at least 32x32 for a ResNet (got {h}x{w})")]
+    TooSmall { h: usize, w: usize },
+}
+
+impl FoldedResNet {
+    /// Logits (`n x num_classes`, row-major) for `n` NCHW RGB images of `h x w`.
+    pub fn forward_cpu(
+        &self,
+        input: &[f32],
+        n: usize,
+        h: usize,
+        w: usize,
+    ) -> Result<Vec<f32>, ForwardError> {
+        let want = n * 3 * h * w;
+        if input.len() != want {
+            return Err(ForwardError::InputLength {
+                got: input.len(),
+                want,
+                n,
+                h,
+                w,
+            });
+        }
+        if h < 32 || w < 32 {
+            return Err(ForwardError::TooSmall { h, w });
+        }
+        let x = Act {
+            n,
+            c: 3,
+            h,
+            w,
+            data: input.to_vec(),
+        };
+        let mut x = max_pool(&self.stem.apply(&x, None, true));
+        for block in &self.blocks {
+            let identity = match &block.downsample {
+                Some(d) => d.apply(&x, None, false),
+                None => x.clone(),
+            };
+            let last = block.convs.len() - 1;
+            let mut y = x;
+            for (i, conv) in block.convs.iter().enumerate() {
+                y = if i == last {
+                    conv.apply(&y, Some(&identity), true)
+                } else {
+                    conv.apply(&y, None, true)
+                };
+            }
+            x = y;
+        }
+        // global average pooling, then the classifier
+        let plane = x.h * x.w;
+        let feats: Vec<f32> = x
+            .data
+            .chunks(plane)
+            .map(|c| (c.iter().map(|&v| f64::from(v)).sum::<f64>() / plane as f64) as f32)
+            .collect();
+        let f = x.c;
+        let mut logits = vec![0f32; n * self.num_classes];
+        logits
+            .par_chunks_mut(self.num_classes)
+            .enumerate()
+            .for_each(|(img, out)| {
+                let v = &feats[img * f..(img + 1) * f];
+                for (k, o) in out.iter_mut().enumerate() {
+                    let wrow = &self.fc_weight[k * f..(k + 1) * f];
+                    *o = self.fc_bias[k] + wrow.iter().zip(v).map(|(a, b)| a * b).sum::<f32>();
+                }
+            });
+        Ok(logits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::seeded_init;
+
+    /// Plain float64 ResNet (basic blocks: ResNet-18/34) with unfolded batch norm: the
+    /// independent reference.
+    fn reference_forward(
+        dict: &StateDict,
+        input: &[f32],
+        n: usize,
+        h: usize,
+        w: usize,
+    ) -> Vec<f64> {
+        let get = |k: &str| -> Vec<f64> {
+            dict.get(k)
+                .unwrap()
+                .data
+                .iter()
+                .map(|&v| f64::from(v))
+                .collect()
+        };
+        let shape_of = |k: &str| dict.get(k).unwrap().shape.clone();
+        // activations as (c, h, w, data) per image, NCHW
+        struct T {
+            c: usize,
+            h: usize,
+            w: usize,
+            d: Vec<f64>,
+        }
+        let conv = |x: &T, name: &str, stride: usize, pad: usize| -> T {
+            let wt = get(&format!("{name}.weight"));
+            let s = shape_of(&format!("{name}.weight"));
+            let (k, c, r) = (s[0], s[1], s[2]);
+            let p = (x.h + 2 * pad - r) / stride + 1;
+            let q = (x.w + 2 * pad - r) / stride + 1;
+            let mut d = vec![0f64; k * p * q];
+            for o in 0..k {
+                for i in 0..p {
+                    for j in 0..q {
+                        let mut acc = 0.0;
+                        for ci in 0..c {
+                            for a in 0..r {
+                                for b in 0..r {
+                                    let y = (i * stride + a) as isize - pad as isize;
+                                    let z = (j * stride + b) as isize - pad as isize;
+                                    if y >= 0 && z >= 0 && (y as usize) < x.h && (z as usize) < x.w
+                                    {
+                                        acc += wt[((o * c + ci) * r + a) * r + b]
+                                            * x.d[(ci * x.h + y as usize) * x.w + z as usize];
+                                    }
+                                }
+                            }
+                        }
+                        d[(o * p + i) * q + j] = acc;
+                    }
+                }
+            }
+            T {
+                c: k,
+                h: p,
+                w: q,
+                d,
+            }
+        };
+        let bn = |x: &mut T, name: &str, relu: bool| {
+            let (g, b, m, v) = (
+                get(&format!("{name}.weight")),
+                get(&format!("{name}.bias")),
+                get(&format!("{name}.running_mean")),
+                get(&format!("{name}.running_var")),
+            );
+            let plane = x.h * x.w;
+            for ch in 0..x.c {
+                for e in &mut x.d[ch * plane..(ch + 1) * plane] {
+                    let y = (*e - m[ch]) / (v[ch] + f64::from(BN_EPS)).sqrt() * g[ch] + b[ch];
+                    *e = if relu { y.max(0.0) } else { y };
+                }
+            }
+        };
+        let mut logits = Vec::new();
+        for img in 0..n {
+            let mut x = T {
+                c: 3,
+                h,
+                w,
+                d: input[img * 3 * h * w..(img + 1) * 3 * h * w]
+                    .iter()
+                    .map(|&v| f64::from(v))
+                    .collect(),
+            };
+            x = conv(&x, "conv1", 2, 3);
+            bn(&mut x, "bn1", true);
+            // max pool 3x3/2 pad 1
+            let (p, q) = ((x.h - 1) / 2 + 1, (x.w - 1) / 2 + 1);
+            let mut d = vec![f64::NEG_INFINITY; x.c * p * q];
+            for ch in 0..x.c {
+                for i in 0..p {
+                    for j in 0..q {
+                        for a in 0..3 {
+                            for b in 0..3 {
+                                let y = (2 * i + a) as isize - 1;
+                                let z = (2 * j + b) as isize - 1;
+                                if y >= 0 && z >= 0 && (y as usize) < x.h && (z as usize) < x.w {
+                                    let v = x.d[(ch * x.h + y as usize) * x.w + z as usize];
+                                    let o = &mut d[(ch * p + i) * q + j];
+                                    *o = o.max(v);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            x = T {
+                c: x.c,
+                h: p,
+                w: q,
+                d,
+            };
+            for (stage, &nb) in dict.model.blocks().iter().enumerate() {
+                for b in 0..nb {
+                    let pre = format!("layer{}.{b}", stage + 1);
+                    let stride = if b == 0 && stage > 0 { 2 } else { 1 };
+                    let identity = if dict.get(&format!("{pre}.downsample.0.weight")).is_some() {
+                        let mut t = conv(&x, &format!("{pre}.downsample.0"), stride, 0);
+                        bn(&mut t, &format!("{pre}.downsample.1"), false);
+                        t
+                    } else {
+                        T {
+                            c: x.c,
+                            h: x.h,
+                            w: x.w,
+                            d: x.d.clone(),
+                        }
+                    };
+                    let mut y = conv(&x, &format!("{pre}.conv1"), stride, 1);
+                    bn(&mut y, &format!("{pre}.bn1"), true);
+                    y = conv(&y, &format!("{pre}.conv2"), 1, 1);
+                    bn(&mut y, &format!("{pre}.bn2"), false);
+                    for (e, i) in y.d.iter_mut().zip(&identity.d) {
+                        *e = (*e + i).max(0.0);
+                    }
+                    x = y;
+                }
+            }
+            let plane = (x.h * x.w) as f64;
+            let feats: Vec<f64> =
+                x.d.chunks(x.h * x.w)
+                    .map(|c| c.iter().sum::<f64>() / plane)
+                    .collect();
+            let (fw, fb) = (get("fc.weight"), get("fc.bias"));
+            for k in 0..dict.num_classes {
+                logits.push(fb[k] + (0..x.c).map(|f| fw[k * x.c + f] * feats[f]).sum::<f64>());
+            }
+        }
+        logits
+    }
+
+    fn input(n: usize, h: usize, w: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed | 1;
+        (0..n * 3 * h * w)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn folded_cpu_forward_matches_an_unfolded_float64_reference() {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(7);
+        let dict = seeded_init(ResNet::R18, 10, seed, true);
+        let model = fold(&dict).unwrap();
+        let (n, h, w) = (2, 40, 36);
+        let x = input(n, h, w, seed ^ 0xABCD);
+        let got = model.forward_cpu(&x, n, h, w).unwrap();
+        let want = reference_forward(&dict, &x, n, h, w);
+        let num: f64 = got
+            .iter()
+            .zip(&want)
+            .map(|(g, r)| (f64::from(*g) - r).powi(2))
+            .sum();
+        let den: f64 = want.iter().map(|r| r * r).sum();
+        let rel = (num / den).sqrt();
+        assert!(rel < 1e-4, "relative error {rel} (seed {seed})");
+    }
+
+    #[test]
+    fn resnet50_runs_and_bad_inputs_are_errors() {
+        let model = fold(&seeded_init(ResNet::R50, 1000, 3, false)).unwrap();
+        assert_eq!(model.blocks.len(), 16);
+        assert!(model.blocks[0].downsample.is_some() && model.blocks[1].downsample.is_none());
+        assert_eq!(
+            model.blocks[3].convs[1].stride, 2,
+            "v1.5: stride on the 3x3"
+        );
+        let x = input(1, 64, 64, 9);
+        let logits = model.forward_cpu(&x, 1, 64, 64).unwrap();
+        assert_eq!(logits.len(), 1000);
+        assert!(logits.iter().all(|v| v.is_finite()));
+        assert!(matches!(
+            model.forward_cpu(&x[1..], 1, 64, 64),
+            Err(ForwardError::InputLength { .. })
+        ));
+        assert!(matches!(
+            model.forward_cpu(&x[..3 * 16 * 16], 1, 16, 16),
+            Err(ForwardError::TooSmall { .. })
+        ));
+    }
+
+    #[test]
+    fn fold_reports_a_missing_key() {
+        let mut dict = seeded_init(ResNet::R18, 10, 1, false);
+        dict.params.remove("layer2.0.bn1.running_var");
+        let e = fold(&dict).unwrap_err();
+        assert!(e.0.contains("layer2.0.bn1.running_var"), "{e}");
+    }
+}
