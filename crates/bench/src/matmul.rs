@@ -185,7 +185,7 @@ struct HostPair {
 }
 
 /// f32 values rounded to `ty`'s storage, as bytes.
-fn to_storage(ty: GemmType, v: &[f32]) -> Vec<u8> {
+pub fn to_storage(ty: GemmType, v: &[f32]) -> Vec<u8> {
     match ty {
         GemmType::F64 => v.iter().flat_map(|&x| f64::from(x).to_ne_bytes()).collect(),
         GemmType::F32 | GemmType::Tf32 => v.iter().flat_map(|&x| x.to_ne_bytes()).collect(),

@@ -20,20 +20,7 @@ fn gpu() -> Result<Gpu, Failed> {
     Gpu::open(DISCOVERY.get().ok_or("no discovery")?, 0).map_err(|e| e.to_string().into())
 }
 
-fn encode(ty: GemmType, v: &[f32]) -> Vec<u8> {
-    match ty {
-        GemmType::F64 => v.iter().flat_map(|&x| f64::from(x).to_ne_bytes()).collect(),
-        GemmType::F32 | GemmType::Tf32 => v.iter().flat_map(|&x| x.to_ne_bytes()).collect(),
-        GemmType::F16 => v
-            .iter()
-            .flat_map(|&x| f16::from_f32(x).to_ne_bytes())
-            .collect(),
-        GemmType::Bf16 => v
-            .iter()
-            .flat_map(|&x| bf16::from_f32(x).to_ne_bytes())
-            .collect(),
-    }
-}
+use gpukit_bench::matmul::to_storage as encode;
 
 fn decode(ty: GemmType, b: &[u8]) -> Vec<f64> {
     match ty {
