@@ -531,8 +531,8 @@ fn wheel_lib_dirs(site: &Path) -> Vec<PathBuf> {
     dirs
 }
 
-/// site-packages of `$VIRTUAL_ENV` and of the `python3` on PATH.
-fn python_site_packages() -> Vec<PathBuf> {
+/// site-packages of `$VIRTUAL_ENV` and of the `python3` on PATH (python3's answer is cached).
+pub fn python_site_packages() -> Vec<PathBuf> {
     let mut sites = Vec::new();
     if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
         sites.extend(glob_site_packages(&PathBuf::from(venv)));

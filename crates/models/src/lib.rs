@@ -3,6 +3,8 @@
 //! CPU inference with batch norm folded, the reference for the GPU strategies to come.
 
 pub mod forward;
+pub mod onnx;
+pub mod ort_runner;
 pub mod resnet;
 pub mod weights;
 

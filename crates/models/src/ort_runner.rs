@@ -1,0 +1,89 @@
+//! ONNX Runtime as a peer strategy: finds `libonnxruntime` (as the `onnxruntime` wheels install
+//! it, or `GPUKIT_ORT_LIB`), loads it at run time through `ort` (no download, no build-time
+//! link) and runs a model gpukit exported itself.
+
+use ort::session::Session;
+use ort::value::Tensor;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Where `libonnxruntime` is: `GPUKIT_ORT_LIB`, else the `onnxruntime` wheel of the active
+/// Python (site-packages/onnxruntime/capi/libonnxruntime.so*). The error says what to install.
+pub fn find_onnxruntime() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("GPUKIT_ORT_LIB") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!(
+                "GPUKIT_ORT_LIB names {}, which is not a file",
+                p.display()
+            ))
+        };
+    }
+    for site in gpukit_cuda::loader::python_site_packages() {
+        let capi = site.join("onnxruntime/capi");
+        let Ok(rd) = std::fs::read_dir(&capi) else {
+            continue;
+        };
+        let mut libs: Vec<PathBuf> = rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("libonnxruntime.so"))
+            })
+            .collect();
+        libs.sort();
+        if let Some(l) = libs.pop() {
+            return Ok(l);
+        }
+    }
+    Err("ONNX Runtime was not found: pip install onnxruntime (or onnxruntime-gpu), or set GPUKIT_ORT_LIB to libonnxruntime.so".into())
+}
+
+/// The runtime, loaded once per process (ONNX Runtime keeps one global environment).
+fn environment(lib: &Path) -> Result<&'static ort::environment::Environment, String> {
+    static ENV: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        ort::init_from(lib)
+            .map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", lib.display()))?
+            .with_name("gpukit")
+            .build()
+            .map_err(|e| format!("ONNX Runtime at {} did not start: {e}", lib.display()))
+    })
+    .as_ref()
+    .map_err(|e| e.clone())
+}
+
+/// An ONNX model in an ONNX Runtime session on the CPU.
+pub struct OrtModel {
+    session: Session,
+}
+
+impl OrtModel {
+    /// A session for `onnx` (bytes of a ModelProto) with `threads` intra-op threads.
+    pub fn new(lib: &Path, onnx: &[u8], threads: usize) -> Result<OrtModel, String> {
+        let env = environment(lib)?;
+        let session = Session::builder(env)
+            .map_err(|e| e.to_string())?
+            .with_intra_threads(threads)
+            .map_err(|e| e.to_string())?
+            .commit_from_memory(onnx)
+            .map_err(|e| format!("ONNX Runtime rejected the model: {e}"))?;
+        Ok(OrtModel { session })
+    }
+
+    /// Logits for `n` NCHW RGB images of `h x w` (the model's `input` -> `logits`).
+    pub fn run(&mut self, input: &[f32], n: usize, h: usize, w: usize) -> Result<Vec<f32>, String> {
+        let x = Tensor::from_array(([n, 3, h, w], input.to_vec())).map_err(|e| e.to_string())?;
+        let outputs = self
+            .session
+            .run(ort::inputs!["input" => x])
+            .map_err(|e| e.to_string())?;
+        let (_, logits) = outputs["logits"]
+            .try_extract_tensor::<f32>()
+            .map_err(|e| e.to_string())?;
+        Ok(logits.to_vec())
+    }
+}
