@@ -8,6 +8,7 @@ pub mod check;
 pub mod conv;
 pub mod harness;
 pub mod host;
+pub mod infer;
 pub mod matmul;
 pub mod peer;
 pub mod random;

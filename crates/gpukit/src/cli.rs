@@ -27,8 +27,53 @@ pub enum Command {
     /// How much faster the GPU is than the CPU: matmul, bandwidth, conv.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// ResNet inference on the CPU: gpukit's engine against ONNX Runtime, per batch size.
+    Infer(InferArgs),
     /// Run every command and write DIR/report.json and DIR/report.md.
     All(AllArgs),
+}
+
+fn parse_model(s: &str) -> Result<gpukit_models::ResNet, String> {
+    s.parse()
+        .map_err(|e: gpukit_models::UnknownModel| e.to_string())
+}
+
+fn parse_batch(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("a batch size must be at least 1".into()),
+        Ok(n) if n > 4096 => Err(format!("batch size {n} is too large (at most 4096)")),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "'{s}' is not a batch size (a whole number, e.g. 32)"
+        )),
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct InferArgs {
+    /// resnet18, resnet34, resnet50, resnet101 or resnet152.
+    #[arg(long, default_value = "resnet50", value_parser = parse_model)]
+    pub model_name: gpukit_models::ResNet,
+
+    /// Batch sizes.
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', default_value = "1,8,16,32", value_parser = parse_batch)]
+    pub batch_sizes: Vec<usize>,
+
+    /// A torchvision state_dict saved as safetensors [default: seeded initialisation].
+    #[arg(long, value_name = "FILE")]
+    pub weights: Option<PathBuf>,
+
+    /// Square input size.
+    #[arg(long, default_value = "224", value_parser = parse_iterations)]
+    pub image_size: usize,
+
+    /// Timed repetitions per row (fewer if a row would pass 10 s).
+    #[arg(long, default_value = "10", value_parser = parse_iterations)]
+    pub iterations: usize,
+
+    /// cpu (the GPU engine is not built yet).
+    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
+    pub device: Device,
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,7 +1,8 @@
 //! One function per command: run the bench crate's code, then render or write its result.
 
 use crate::cli::{
-    AllArgs, BandwidthArgs, BenchCommand, CheckArgs, Cli, Command, ConvArgs, LayoutArg, MatmulArgs,
+    AllArgs, BandwidthArgs, BenchCommand, CheckArgs, Cli, Command, ConvArgs, InferArgs, LayoutArg,
+    MatmulArgs,
 };
 use crate::render::{
     bandwidth_sections, check_headline, check_sections, conv_sections, matmul_sections,
@@ -27,6 +28,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Matmul(a)) => bench_matmul(a, cli.json),
         Command::Bench(BenchCommand::Bandwidth(a)) => bench_bandwidth(a, cli.json),
         Command::Bench(BenchCommand::Conv(a)) => bench_conv(a, cli.json),
+        Command::Infer(a) => infer(a, cli.json),
         Command::All(a) => all(a, cli.json),
     }
 }
@@ -265,6 +267,7 @@ struct AllReport {
     matmul: MatmulReport,
     bandwidth: Option<BandwidthReport>,
     conv: ConvReport,
+    infer: Option<gpukit_bench::infer::InferReport>,
     /// Seconds each part took.
     seconds: Vec<(String, f64)>,
     skipped: Vec<Skipped>,
@@ -375,6 +378,32 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
     let conv = run_conv(&discovery, &resnet50_shapes(copts.batch), &copts, &mut prog);
     seconds.push(("bench conv".to_string(), t.elapsed().as_secs_f64()));
 
+    step("infer (CPU)");
+    let t = Instant::now();
+    let iopts = gpukit_bench::infer::InferOptions {
+        model: gpukit_models::ResNet::R50,
+        batch_sizes: if args.quick || !gpu {
+            vec![1]
+        } else {
+            vec![1, 8]
+        },
+        iterations: if args.quick { 2 } else { 5 },
+        weights: None,
+        image_size: 224,
+        budget_s: 5.0,
+    };
+    let infer = match gpukit_bench::infer::run_infer(&iopts, &mut prog) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            skipped.push(Skipped {
+                part: "infer".into(),
+                reason: e.to_string(),
+            });
+            None
+        }
+    };
+    seconds.push(("infer".to_string(), t.elapsed().as_secs_f64()));
+
     let report = AllReport {
         gpukit_version: check.gpukit_version.clone(),
         generated_unix_s: std::time::SystemTime::now()
@@ -386,6 +415,7 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
         matmul,
         bandwidth,
         conv,
+        infer,
         seconds,
         skipped,
         total_seconds: started.elapsed().as_secs_f64(),
@@ -421,7 +451,13 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
                 .iter()
                 .flat_map(|b| b.rows.iter().map(|r| &r.status)),
         )
-        .chain(report.conv.rows.iter().map(|r| &r.status));
+        .chain(report.conv.rows.iter().map(|r| &r.status))
+        .chain(
+            report
+                .infer
+                .iter()
+                .flat_map(|i| i.rows.iter().map(|r| &r.status)),
+        );
     fail_if_wrong(statuses)
 }
 
@@ -447,6 +483,10 @@ fn report_markdown(r: &AllReport) -> String {
     }
     md.push_str("\n## Convolution\n");
     md.push_str(&to_markdown(&conv_sections(&r.conv), 3));
+    if let Some(i) = &r.infer {
+        md.push_str("\n## Inference\n");
+        md.push_str(&to_markdown(&crate::render::infer_sections(i), 3));
+    }
     if !r.skipped.is_empty() {
         md.push_str("\n## Skipped\n\n");
         for s in &r.skipped {
@@ -506,6 +546,35 @@ fn emit_conv(report: &ConvReport, peer: Option<Result<String, String>>, json: bo
         if let Some(l) = peer_line(&peer) {
             println!("{l}");
         }
+        Ok(())
+    })?;
+    fail_if_wrong(report.rows.iter().map(|r| &r.status))
+}
+
+fn infer(a: InferArgs, json: bool) -> Result<()> {
+    if a.device != Device::Cpu {
+        return Err(UsageError(format!(
+            "infer runs on the CPU for now (gpukit's GPU inference engine is not built yet); {} is not available: use --device cpu",
+            a.device
+        ))
+        .into());
+    }
+    let opts = gpukit_bench::infer::InferOptions {
+        model: a.model_name,
+        batch_sizes: a.batch_sizes.clone(),
+        iterations: a.iterations,
+        weights: a.weights.clone(),
+        image_size: a.image_size,
+        budget_s: 10.0,
+    };
+    let report = gpukit_bench::infer::run_infer(&opts, &mut progress()).map_err(|e| match e {
+        gpukit_bench::infer::InferError::Weights(w) => {
+            anyhow::Error::from(UsageError(w.to_string()))
+        }
+        gpukit_bench::infer::InferError::Invalid(m) => UsageError(m).into(),
+    })?;
+    emit(&report, json, || {
+        print!("{}", to_terminal(&crate::render::infer_sections(&report)));
         Ok(())
     })?;
     fail_if_wrong(report.rows.iter().map(|r| &r.status))

@@ -712,6 +712,64 @@ pub fn conv_sections(r: &gpukit_bench::conv::ConvReport) -> Vec<Section> {
     }]
 }
 
+pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
+    let (header, rows) = results_table(
+        &r.rows,
+        Columns {
+            naming: &["strategy", "device", "batch"],
+            measured: &[
+                "median ms (p90)",
+                "images/s",
+                "vs gpukit f32",
+                "max rel. diff",
+                "top-1 agree",
+            ],
+            rate_unit: "images/s",
+            name: &|x: &gpukit_bench::infer::InferRow| {
+                vec![x.strategy.clone(), x.device.clone(), x.batch.to_string()]
+            },
+            status: &|x| &x.status,
+            values: &|x| {
+                vec![
+                    x.timing
+                        .as_ref()
+                        .map(|t| {
+                            format!(
+                                "{:.2} ({:.2}) n={}",
+                                t.summary_ms.median, t.summary_ms.p90, t.summary_ms.count
+                            )
+                        })
+                        .unwrap_or_default(),
+                    f1(x.images_per_s),
+                    times(x.speedup_vs_reference),
+                    x.agreement
+                        .as_ref()
+                        .map(|a| format!("{:.1e}", a.max_rel))
+                        .unwrap_or_else(|| "reference".into()),
+                    x.agreement
+                        .as_ref()
+                        .map(|a| format!("{:.0}%", a.top1 * 100.0))
+                        .unwrap_or_default(),
+                ]
+            },
+            peer: &|_| None,
+        },
+    );
+    let mut notes = vec![format!(
+        "{} ({} parameters), weights: {}; {}x{} random inputs; {} CPU threads. Every strategy's logits are compared with gpukit's f32 CPU path on the same input.",
+        r.model, r.parameters, r.weights, r.image_size, r.image_size, r.cpu_threads
+    )];
+    if let Some(why) = &r.onnxruntime_unavailable {
+        notes.push(format!("ONNX Runtime rows skipped: {why}"));
+    }
+    vec![Section {
+        title: "Inference (CPU)".into(),
+        header: Some(header),
+        rows,
+        notes,
+    }]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -296,3 +296,59 @@ fn help_lists_only_real_commands() {
     let s = text(&out.stdout);
     assert!(s.contains("check") && s.contains("all"));
 }
+
+#[test]
+fn infer_on_the_cpu_reports_rows_that_agree() {
+    let out = gpukit(&[
+        "infer",
+        "--model-name",
+        "resnet18",
+        "--batch-sizes",
+        "1,2",
+        "--image-size",
+        "48",
+        "--iterations",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["parameters"], 11_689_512);
+    let rows = v["rows"].as_array().unwrap();
+    assert!(rows.len() >= 2);
+    for r in rows {
+        assert_eq!(r["status"]["status"], "ok", "{r}");
+        assert!(r["images_per_s"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn infer_bad_input_exits_2_with_the_reason() {
+    for (args, needle) in [
+        (&["infer", "--batch-sizes", "0"][..], "at least 1"),
+        (&["infer", "--batch-sizes", "x"][..], "'x'"),
+        (&["infer", "--model-name", "vgg16"][..], "vgg16"),
+        (&["infer", "--device", "cuda:0"][..], "--device cpu"),
+        (
+            &["infer", "--weights", "/nonexistent/w.safetensors"][..],
+            "/nonexistent/w.safetensors",
+        ),
+        (
+            &["infer", "--image-size", "16", "--model-name", "resnet18"][..],
+            "too small",
+        ),
+    ] {
+        let out = gpukit(args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains(needle),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
