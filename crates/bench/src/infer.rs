@@ -169,8 +169,9 @@ pub fn run_infer(
         let plan = Plan::new(1, opts.iterations).with_budget(opts.budget_s);
         let mut reference = Vec::new();
         let mut r = row("gpukit f32 (folded BN, im2col+gemm)", n);
+        let mut ws = gpukit_models::forward::Workspace::default();
         match time_host(plan, || {
-            reference = folded.forward_cpu(&x, n, s, s)?;
+            reference = folded.forward_cpu_with(&x, n, s, s, &mut ws)?;
             Ok::<(), gpukit_models::forward::ForwardError>(())
         }) {
             Ok(t) => {

@@ -155,6 +155,38 @@ pub fn fold(dict: &StateDict) -> Result<FoldedResNet, FoldError> {
     })
 }
 
+/// Activation buffers reused across layers and across calls: a ResNet-50 forward pass at batch
+/// 32 would otherwise allocate (and page-fault in) about 3 GB of fresh memory every time.
+#[derive(Debug, Default)]
+pub struct Workspace {
+    free: Vec<Vec<f32>>,
+}
+
+impl Workspace {
+    /// A buffer of `len` values whose contents are unspecified (every user overwrites them all).
+    fn take(&mut self, len: usize) -> Vec<f32> {
+        // the smallest free buffer that is large enough, else a new one
+        let best = self
+            .free
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= len)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        let mut v = match best {
+            Some(i) => self.free.swap_remove(i),
+            None => Vec::with_capacity(len),
+        };
+        v.resize(len, 0.0);
+        v.truncate(len);
+        v
+    }
+
+    fn give(&mut self, v: Vec<f32>) {
+        self.free.push(v);
+    }
+}
+
 /// An NCHW activation.
 #[derive(Debug, Clone)]
 struct Act {
@@ -167,7 +199,7 @@ struct Act {
 
 impl FoldedConv {
     /// y = conv(x) + bias (+ residual), then ReLU when `relu`.
-    fn apply(&self, x: &Act, residual: Option<&Act>, relu: bool) -> Act {
+    fn apply(&self, x: &Act, residual: Option<&Act>, relu: bool, ws: &mut Workspace) -> Act {
         let shape = ConvShape {
             n: x.n,
             c: x.c,
@@ -180,7 +212,7 @@ impl FoldedConv {
             pad: self.pad,
         };
         let (p, q) = (shape.out_h(), shape.out_w());
-        let mut data = vec![0f32; shape.output_len()];
+        let mut data = ws.take(shape.output_len());
         conv2d_f32(&shape, Layout::Nchw, &x.data, &self.weight, &mut data);
         let plane = p * q;
         data.par_chunks_mut(plane).enumerate().for_each(|(i, out)| {
@@ -205,9 +237,9 @@ impl FoldedConv {
 }
 
 /// 3x3 max pooling, stride 2, padding 1 (padding never wins: it is -inf).
-fn max_pool(x: &Act) -> Act {
+fn max_pool(x: &Act, ws: &mut Workspace) -> Act {
     let (p, q) = ((x.h + 2 - 3) / 2 + 1, (x.w + 2 - 3) / 2 + 1);
-    let mut data = vec![0f32; x.n * x.c * p * q];
+    let mut data = ws.take(x.n * x.c * p * q);
     data.par_chunks_mut(p * q)
         .enumerate()
         .for_each(|(plane, out)| {
@@ -260,6 +292,19 @@ impl FoldedResNet {
         h: usize,
         w: usize,
     ) -> Result<Vec<f32>, ForwardError> {
+        self.forward_cpu_with(input, n, h, w, &mut Workspace::default())
+    }
+
+    /// As [`FoldedResNet::forward_cpu`], reusing `ws`'s buffers (keep one per caller between
+    /// calls: the second call then allocates nothing).
+    pub fn forward_cpu_with(
+        &self,
+        input: &[f32],
+        n: usize,
+        h: usize,
+        w: usize,
+        ws: &mut Workspace,
+    ) -> Result<Vec<f32>, ForwardError> {
         let want = n * 3 * h * w;
         if input.len() != want {
             return Err(ForwardError::InputLength {
@@ -273,29 +318,43 @@ impl FoldedResNet {
         if h < 32 || w < 32 {
             return Err(ForwardError::TooSmall { h, w });
         }
-        let x = Act {
+        let mut data = ws.take(want);
+        data.copy_from_slice(input);
+        let input = Act {
             n,
             c: 3,
             h,
             w,
-            data: input.to_vec(),
+            data,
         };
-        let mut x = max_pool(&self.stem.apply(&x, None, true));
+        let stem = self.stem.apply(&input, None, true, ws);
+        ws.give(input.data);
+        let mut x = max_pool(&stem, ws);
+        ws.give(stem.data);
         for block in &self.blocks {
-            let identity = match &block.downsample {
-                Some(d) => d.apply(&x, None, false),
-                None => x.clone(),
-            };
-            let last = block.convs.len() - 1;
-            let mut y = x;
+            let projected = block
+                .downsample
+                .as_ref()
+                .map(|d| d.apply(&x, None, false, ws));
+            let last = block.convs.len().saturating_sub(1);
+            let mut y: Option<Act> = None;
             for (i, conv) in block.convs.iter().enumerate() {
-                y = if i == last {
-                    conv.apply(&y, Some(&identity), true)
+                let src = y.as_ref().unwrap_or(&x);
+                let out = if i == last {
+                    conv.apply(src, Some(projected.as_ref().unwrap_or(&x)), true, ws)
                 } else {
-                    conv.apply(&y, None, true)
+                    conv.apply(src, None, true, ws)
                 };
+                if let Some(old) = y.replace(out) {
+                    ws.give(old.data);
+                }
             }
-            x = y;
+            if let Some(p) = projected {
+                ws.give(p.data);
+            }
+            if let Some(next) = y {
+                ws.give(std::mem::replace(&mut x, next).data);
+            }
         }
         // global average pooling, then the classifier
         let plane = x.h * x.w;
@@ -305,6 +364,7 @@ impl FoldedResNet {
             .map(|c| (c.iter().map(|&v| f64::from(v)).sum::<f64>() / plane as f64) as f32)
             .collect();
         let f = x.c;
+        ws.give(x.data);
         let mut logits = vec![0f32; n * self.num_classes];
         logits
             .par_chunks_mut(self.num_classes)
