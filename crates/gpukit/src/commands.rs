@@ -22,14 +22,17 @@ use serde::Serialize;
 use std::time::Instant;
 
 pub fn run(cli: Cli) -> Result<()> {
-    SAVE_JSON.with(|s| *s.borrow_mut() = cli.save_json.clone());
+    let out = Output {
+        json: cli.json,
+        save_json: cli.save_json.clone(),
+    };
     match cli.command {
-        Command::Check(a) => check(a, cli.json),
-        Command::Bench(BenchCommand::Matmul(a)) => bench_matmul(a, cli.json),
-        Command::Bench(BenchCommand::Bandwidth(a)) => bench_bandwidth(a, cli.json),
-        Command::Bench(BenchCommand::Conv(a)) => bench_conv(a, cli.json),
-        Command::Infer(a) => infer(a, cli.json),
-        Command::All(a) => all(a, cli.json),
+        Command::Check(a) => check(a, &out),
+        Command::Bench(BenchCommand::Matmul(a)) => bench_matmul(a, &out),
+        Command::Bench(BenchCommand::Bandwidth(a)) => bench_bandwidth(a, &out),
+        Command::Bench(BenchCommand::Conv(a)) => bench_conv(a, &out),
+        Command::Infer(a) => infer(a, &out),
+        Command::All(a) => all(a, out.json),
     }
 }
 
@@ -76,7 +79,7 @@ fn matmul_options(a: &MatmulArgs) -> MatmulOptions {
     o
 }
 
-fn bench_matmul(a: MatmulArgs, json: bool) -> Result<()> {
+fn bench_matmul(a: MatmulArgs, out: &Output) -> Result<()> {
     let discovery = prepare_process();
     check_named_gpu(&discovery, a.device)?;
     if !(a.cpu_seconds > 0.0 && a.cpu_seconds.is_finite()) {
@@ -87,7 +90,7 @@ fn bench_matmul(a: MatmulArgs, json: bool) -> Result<()> {
     let peer = a
         .compare_pytorch
         .then(|| gpukit_bench::matmul::compare_with_pytorch(&mut report, &opts));
-    emit_matmul(&report, peer, json)
+    emit_matmul(&report, peer, out)
 }
 
 fn peer_line(peer: &Option<Result<String, String>>) -> Option<String> {
@@ -103,10 +106,10 @@ fn peer_line(peer: &Option<Result<String, String>>) -> Option<String> {
 fn emit_matmul(
     report: &MatmulReport,
     peer: Option<Result<String, String>>,
-    json: bool,
+    out: &Output,
 ) -> Result<()> {
     let doc = serde_json::json!({ "matmul": report, "pytorch": peer_json(&peer) });
-    emit(&doc, json, || {
+    emit(&doc, out, || {
         print!("{}", to_terminal(&matmul_sections(report)));
         if let Some(l) = peer_line(&peer) {
             println!("{l}");
@@ -137,7 +140,7 @@ fn fail_if_wrong<'a>(
     Ok(())
 }
 
-fn bench_bandwidth(a: BandwidthArgs, json: bool) -> Result<()> {
+fn bench_bandwidth(a: BandwidthArgs, out: &Output) -> Result<()> {
     let discovery = prepare_process();
     let ordinal = match a.device {
         Device::Cuda(n) => n,
@@ -164,16 +167,16 @@ fn bench_bandwidth(a: BandwidthArgs, json: bool) -> Result<()> {
     let peer = a
         .compare_pytorch
         .then(|| gpukit_bench::bandwidth::compare_with_pytorch(&mut report, &opts));
-    emit_bandwidth(&report, peer, json)
+    emit_bandwidth(&report, peer, out)
 }
 
 fn emit_bandwidth(
     report: &BandwidthReport,
     peer: Option<Result<String, String>>,
-    json: bool,
+    out: &Output,
 ) -> Result<()> {
     let doc = serde_json::json!({ "bandwidth": report, "pytorch": peer_json(&peer) });
-    emit(&doc, json, || {
+    emit(&doc, out, || {
         print!("{}", to_terminal(&bandwidth_sections(report)));
         if let Some(l) = peer_line(&peer) {
             println!("{l}");
@@ -183,9 +186,11 @@ fn emit_bandwidth(
     fail_if_wrong(report.rows.iter().map(|r| &r.status))
 }
 
-thread_local! {
-    /// `--save-json FILE`, set once per run.
-    static SAVE_JSON: std::cell::RefCell<Option<std::path::PathBuf>> = const { std::cell::RefCell::new(None) };
+/// How a command's result leaves: tables or JSON on stdout, and optionally a JSON file.
+pub struct Output {
+    pub json: bool,
+    /// `--save-json FILE`.
+    pub save_json: Option<std::path::PathBuf>,
 }
 
 fn print_json<T: Serialize>(value: &T) -> Result<()> {
@@ -194,8 +199,8 @@ fn print_json<T: Serialize>(value: &T) -> Result<()> {
 }
 
 /// Writes the command's JSON document where `--save-json` asked, then prints it or the tables.
-fn emit<T: Serialize>(value: &T, json: bool, tables: impl FnOnce() -> Result<()>) -> Result<()> {
-    if let Some(path) = SAVE_JSON.with(|s| s.borrow().clone()) {
+fn emit<T: Serialize>(value: &T, out: &Output, tables: impl FnOnce() -> Result<()>) -> Result<()> {
+    if let Some(path) = &out.save_json {
         let dir = path
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
@@ -206,7 +211,7 @@ fn emit<T: Serialize>(value: &T, json: bool, tables: impl FnOnce() -> Result<()>
             .ok_or_else(|| UsageError(format!("--save-json {} names no file", path.display())))?;
         write_files_atomically(dir, &[(name, serde_json::to_vec_pretty(value)?)])?;
     }
-    if json {
+    if out.json {
         print_json(value)
     } else {
         tables()
@@ -231,7 +236,7 @@ fn warn(report: &CheckReport) {
     }
 }
 
-fn check(args: CheckArgs, json: bool) -> Result<()> {
+fn check(args: CheckArgs, out: &Output) -> Result<()> {
     // --quick opens only NVML, by absolute path: no library needs the loader's path.
     let discovery = if args.quick {
         discover()
@@ -240,7 +245,7 @@ fn check(args: CheckArgs, json: bool) -> Result<()> {
     };
     let report = gather_check(&discovery, &args)?;
     warn(&report);
-    emit(&report, json, || {
+    emit(&report, out, || {
         println!(
             "gpukit {} (built for CUDA {}: needs a driver with CUDA {} or newer)",
             report.gpukit_version, report.build_cuda, report.build_requires_driver_api
@@ -496,7 +501,7 @@ fn report_markdown(r: &AllReport) -> String {
     md
 }
 
-fn bench_conv(a: ConvArgs, json: bool) -> Result<()> {
+fn bench_conv(a: ConvArgs, out: &Output) -> Result<()> {
     let discovery = prepare_process();
     check_named_gpu(&discovery, a.device)?;
     if let Some(bad) = a.dtype.iter().find(|d| {
@@ -536,12 +541,16 @@ fn bench_conv(a: ConvArgs, json: bool) -> Result<()> {
     let peer = a
         .compare_pytorch
         .then(|| gpukit_bench::conv::compare_with_pytorch(&mut report, &shapes, &opts));
-    emit_conv(&report, peer, json)
+    emit_conv(&report, peer, out)
 }
 
-fn emit_conv(report: &ConvReport, peer: Option<Result<String, String>>, json: bool) -> Result<()> {
+fn emit_conv(
+    report: &ConvReport,
+    peer: Option<Result<String, String>>,
+    out: &Output,
+) -> Result<()> {
     let doc = serde_json::json!({ "conv": report, "pytorch": peer_json(&peer) });
-    emit(&doc, json, || {
+    emit(&doc, out, || {
         print!("{}", to_terminal(&conv_sections(report)));
         if let Some(l) = peer_line(&peer) {
             println!("{l}");
@@ -551,7 +560,7 @@ fn emit_conv(report: &ConvReport, peer: Option<Result<String, String>>, json: bo
     fail_if_wrong(report.rows.iter().map(|r| &r.status))
 }
 
-fn infer(a: InferArgs, json: bool) -> Result<()> {
+fn infer(a: InferArgs, out: &Output) -> Result<()> {
     if a.device != Device::Cpu {
         return Err(UsageError(format!(
             "infer runs on the CPU for now (gpukit's GPU inference engine is not built yet); {} is not available: use --device cpu",
@@ -573,7 +582,7 @@ fn infer(a: InferArgs, json: bool) -> Result<()> {
         }
         gpukit_bench::infer::InferError::Invalid(m) => UsageError(m).into(),
     })?;
-    emit(&report, json, || {
+    emit(&report, out, || {
         print!("{}", to_terminal(&crate::render::infer_sections(&report)));
         Ok(())
     })?;

@@ -177,8 +177,8 @@ impl Workspace {
             Some(i) => self.free.swap_remove(i),
             None => Vec::with_capacity(len),
         };
+        // resize both grows and shrinks; the contents are overwritten by every user
         v.resize(len, 0.0);
-        v.truncate(len);
         v
     }
 

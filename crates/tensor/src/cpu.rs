@@ -115,17 +115,17 @@ fn fits(len: usize, rows: usize, cols: usize, (rs, cs): (usize, usize)) -> bool 
 /// The output pointer handed to every task of `gemm_split`, each of which writes its own
 /// disjoint block through it.
 #[derive(Clone, Copy)]
-struct SharedOut<T>(*mut T);
+struct SharedOut(*mut f32);
 
 // SAFETY: tasks only ever write disjoint elements through the pointer (see `gemm_split`),
 // and the borrow it came from outlives them all.
-unsafe impl<T> Send for SharedOut<T> {}
+unsafe impl Send for SharedOut {}
 // SAFETY: as for Send.
-unsafe impl<T> Sync for SharedOut<T> {}
+unsafe impl Sync for SharedOut {}
 
-impl<T> SharedOut<T> {
+impl SharedOut {
     /// The pointer; a method so closures capture the whole (Send) wrapper, not its field.
-    fn get(self) -> *mut T {
+    fn get(self) -> *mut f32 {
         self.0
     }
 }
@@ -141,15 +141,14 @@ impl<T> SharedOut<T> {
 /// As `gemm_strided`; in addition distinct `(i, j)` of the `dst` view must address distinct
 /// elements (true of any row- or column-major view), so the blocks are disjoint.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_split<T: 'static + Copy + Default + Send + Sync>(
+unsafe fn gemm_split(
     (m, n, k): (usize, usize, usize),
-    dst: &mut [T],
+    dst: &mut [f32],
     (dst_rs, dst_cs): (usize, usize),
-    lhs: &[T],
+    lhs: &[f32],
     (lhs_rs, lhs_cs): (usize, usize),
-    rhs: &[T],
+    rhs: &[f32],
     (rhs_rs, rhs_cs): (usize, usize),
-    one: T,
     threads: usize,
 ) {
     let split_rows = m >= n;
@@ -165,7 +164,7 @@ unsafe fn gemm_split<T: 'static + Copy + Default + Send + Sync>(
                 (lhs_rs, lhs_cs),
                 rhs,
                 (rhs_rs, rhs_cs),
-                one,
+                1.0,
                 Parallelism::None,
             );
         }
@@ -198,7 +197,7 @@ unsafe fn gemm_split<T: 'static + Copy + Default + Send + Sync>(
                 (lhs_rs, lhs_cs),
                 rhs.as_ptr().wrapping_add(rhs_off),
                 (rhs_rs, rhs_cs),
-                one,
+                1.0,
                 Parallelism::None,
             );
         }
@@ -206,7 +205,7 @@ unsafe fn gemm_split<T: 'static + Copy + Default + Send + Sync>(
 }
 
 /// Shared body of the public matmuls, which differ only in element type.
-fn matmul<T: 'static + Copy + Default + Send + Sync>(
+fn matmul<T: 'static + Copy + Default>(
     a: &[T],
     b: &[T],
     c: &mut [T],
@@ -647,7 +646,6 @@ fn nchw_image(
             (crs, 1),
             rhs,
             (pq, 1),
-            1.0,
             threads,
         );
     }
@@ -690,7 +688,6 @@ fn conv_nhwc(sh: &ConvShape, input: &[f32], weight: &[f32], output: &mut [f32], 
                 (crs, 1),
                 &wt,
                 (k, 1),
-                1.0,
                 threads,
             );
         }
