@@ -16,25 +16,65 @@ Usage:
                             [--iterations 50] [--warmup 10] [--benchmark-cudnn]
                             [--device cuda|cpu] [--threads N]
 
+  pytorch_reference.py infer --weights FILE.safetensors
+                             [--model resnet18|resnet34|resnet50|resnet101|resnet152]
+                             [--batch-sizes 1,8,16,32] [--image-size 224]
+                             [--iterations 50] [--warmup 10] [--strategies S,...]
+                             [--benchmark-cudnn] [--input FILE.safetensors]
+                             [--save-output FILE.safetensors] [--device cuda|cpu] [--threads N]
+
   Conv shapes are NxCxHxW:KxRxS:s<stride>p<pad> (input, filter, stride/padding).
+
+  infer times a torchvision ResNet (torchvision's own class when torchvision imports,
+  else the same architecture built here with torchvision's module names) loaded from a
+  safetensors state_dict (float32; `*.num_batches_tracked` may be present or not; any
+  other missing or unexpected key is an error).  Strategies (default: all):
+    eager_fp32           fp32, NCHW, TF32 off for cuBLAS and cuDNN
+    eager_tf32           fp32, NCHW, TF32 on
+    eager_fp16           model.half(), NCHW
+    channels_last_fp16   model.half(), model and input channels_last
+    channels_last_bf16   bfloat16, channels_last
+    cuda_graph_fp16      channels_last fp16 captured in a torch.cuda.CUDAGraph, replayed
+    compile_fp16         torch.compile(channels_last fp16 model), default mode, static
+                         shapes, compiled afresh per batch size; compile_s = first call
+  On the cpu only eager_fp32 runs (other rows: "skipped").  Each row times the forward
+  on a seeded torch.randn input already on the device.  --input names a safetensors
+  file with a float32 tensor "input" [n,3,H,W]; every strategy that ran then also runs
+  on it, and "outputs" compares its logits with eager fp32 (TF32 off).  --save-output
+  (needs --input) writes "logits" (eager fp32) and "logits_<strategy>" for the other
+  strategies that ran, float32 [n, classes], atomically.  Safetensors files are read
+  and written here without the safetensors package (F32, F16, BF16, F64, I64).
 
 Output:
   success: {"ok": true, "command": ..., "torch_version": ..., "cuda_available": bool,
             "device_name": str|null, "cudnn_version": int|null, "results": [row, ...]}
+           infer adds "model", "model_source" ("torchvision" or "pytorch_reference.py"),
+           "torchvision": str|null, "device", "image_size", "cudnn_benchmark": bool,
+           "parameters": int, "outputs": null|{...}; its rows are
+           {"strategy", "batch", "status": "ok"|"skipped"|"failed", "reason" (not ok only),
+            "median_ms", "p10_ms", "p90_ms", "count", "images_per_s",
+            "peak_allocated_bytes", "peak_reserved_bytes" (cuda: peaks since a reset at
+            the start of the row, model weights included; cpu: null),
+            "compile_s" (compile_fp16 rows only)}; figures are null where not measured.
   failure: {"ok": false, "error": "<one line>"}; exit 1 (runtime: torch missing,
-           no CUDA, out of memory, ...) or 2 (bad arguments).
+           no CUDA, out of memory, unreadable weights, ...) or 2 (bad arguments).
 
 GPU timings use one pair of CUDA events around each timed iteration, read after a
 single synchronize.  CPU timings use time.perf_counter and stop early so that one
 row takes about CPU_ROW_BUDGET_S seconds at most (at least one timed iteration).
 """
 import argparse
+import ctypes
+import gc
+import importlib
 import json
 import math
 import os
 import re
 import sys
+import tempfile
 import time
+from copy import deepcopy
 
 EXIT_RUNTIME, EXIT_USAGE = 1, 2
 MIB = 1 << 20
@@ -42,6 +82,24 @@ L2_FLUSH_BYTES = 2 * 64 * MIB  # rotate inputs until their total exceeds this
 CPU_ROW_BUDGET_S = 10.0
 DTYPES = {"f32": "float32", "tf32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64"}
 CONV_SHAPE_RE = re.compile(r"^(\d+)x(\d+)x(\d+)x(\d+):(\d+)x(\d+)x(\d+):s(\d+)p(\d+)$")
+# ResNet name -> (block kind, blocks per stage), as torchvision builds them.
+RESNETS = {"resnet18": ("basic", (2, 2, 2, 2)), "resnet34": ("basic", (3, 4, 6, 3)),
+           "resnet50": ("bottleneck", (3, 4, 6, 3)), "resnet101": ("bottleneck", (3, 4, 23, 3)),
+           "resnet152": ("bottleneck", (3, 8, 36, 3))}
+# infer strategy -> (torch dtype name, channels_last, TF32 allowed, how it runs: eager|graph|compile)
+INFER_STRATEGIES = {
+    "eager_fp32": ("float32", False, False, "eager"),
+    "eager_tf32": ("float32", False, True, "eager"),
+    "eager_fp16": ("float16", False, False, "eager"),
+    "channels_last_fp16": ("float16", True, False, "eager"),
+    "channels_last_bf16": ("bfloat16", True, False, "eager"),
+    "cuda_graph_fp16": ("float16", True, False, "graph"),
+    "compile_fp16": ("float16", True, False, "compile"),
+}
+CUDA_GRAPH_WARMUP_CALLS = 3  # forwards on a side stream before capture
+# safetensors dtype code -> (torch dtype name, bytes per element); little-endian data
+SAFETENSORS_DTYPES = {"F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
+                      "F64": ("float64", 8), "I64": ("int64", 8)}
 
 
 class UsageError(Exception):
@@ -132,7 +190,30 @@ def build_parser():
     c.add_argument("--device", type=choice_of("cuda", "cpu"), default="cuda")
     c.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all)")
     timing_args(c, 50, 10)
+
+    i = sub.add_parser("infer", help="ResNet inference from a safetensors state_dict")
+    i.add_argument("--model", type=choice_of(*RESNETS), default="resnet50")
+    i.add_argument("--weights", required=True, help="torchvision state_dict as .safetensors")
+    i.add_argument("--batch-sizes", type=csv_of(positive_int), default=[1, 8, 16, 32])
+    i.add_argument("--image-size", type=positive_int, default=224)
+    i.add_argument("--strategies", type=csv_of(choice_of(*INFER_STRATEGIES)), default=list(INFER_STRATEGIES))
+    i.add_argument("--benchmark-cudnn", action="store_true", help="set torch.backends.cudnn.benchmark")
+    i.add_argument("--input", default=None, help='.safetensors with a float32 "input" [n,3,H,W]')
+    i.add_argument("--save-output", default=None, help="write the logits on --input here (.safetensors)")
+    i.add_argument("--device", type=choice_of("cuda", "cpu"), default="cuda")
+    i.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all)")
+    timing_args(i, 50, 10)
     return parser
+
+
+def check_args(args):
+    """Checks that argparse cannot express; raises UsageError."""
+    if args.command == "infer":
+        if args.save_output and not args.input:
+            raise UsageError("pytorch_reference.py infer: --save-output needs --input")
+        args.batch_sizes = list(dict.fromkeys(args.batch_sizes))
+        args.strategies = list(dict.fromkeys(args.strategies))
+    return args
 
 
 def log(message):
@@ -199,9 +280,18 @@ def time_step(torch, device, step, iterations, warmup):
     return time_cpu(step, iterations, warmup)
 
 
+def has_setting(obj, name):
+    """hasattr for torch.backends objects, whose __getattr__ raised AssertionError before torch 2.0."""
+    try:
+        getattr(obj, name)
+        return True
+    except (AttributeError, AssertionError):
+        return False
+
+
 def set_tf32(torch, matmul=None, cudnn=None):
     """Allow or forbid TF32 for cuBLAS matmuls / cuDNN convolutions (newer API where present)."""
-    new_api = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+    new_api = has_setting(torch.backends.cuda.matmul, "fp32_precision")
     if matmul is not None:
         if new_api:
             torch.backends.cuda.matmul.fp32_precision = "tf32" if matmul else "ieee"
@@ -312,6 +402,451 @@ def bench_conv(torch, args):
     return rows
 
 
+class CompileFailed(Exception):
+    """torch.compile could not compile the model (its rows are skipped, not failed)."""
+
+
+def read_safetensors(torch, path, what="file"):
+    """Read a .safetensors file into {name: CPU tensor}; a bad file raises a one-line RuntimeError."""
+    if sys.byteorder != "little":
+        raise RuntimeError("safetensors I/O here assumes a little-endian host")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise RuntimeError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+    def bad(why):
+        return RuntimeError(f"{what} {path} is not a valid safetensors file: {why}")
+
+    def is_int(value):
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if len(data) < 8:
+        raise bad(f"{len(data)} bytes, fewer than the 8-byte header length")
+    header_len = int.from_bytes(data[:8], "little")
+    if header_len > len(data) - 8:
+        raise bad(f"header length {header_len} exceeds the {len(data) - 8} bytes after it")
+    try:
+        header = json.loads(data[8:8 + header_len].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise bad(f"header is not JSON ({one_line(exc)})") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    start, size, view = 8 + header_len, len(data) - 8 - header_len, memoryview(data)
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict):
+            raise bad(f"entry {name!r} is not an object")
+        code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if code not in SAFETENSORS_DTYPES:
+            raise RuntimeError(f"{what} {path}: tensor {name!r} has dtype {code!r}; "
+                               f"only {', '.join(SAFETENSORS_DTYPES)} are supported")
+        if not (isinstance(shape, list) and all(is_int(d) and d >= 0 for d in shape)):
+            raise bad(f"tensor {name!r} has a bad shape {shape!r}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(is_int, offsets))
+                and 0 <= offsets[0] <= offsets[1] <= size):
+            raise bad(f"tensor {name!r} has data_offsets {offsets!r} outside the {size}-byte data section")
+        dtype_name, itemsize = SAFETENSORS_DTYPES[code]
+        nbytes = math.prod(shape) * itemsize
+        if offsets[1] - offsets[0] != nbytes:
+            raise bad(f"tensor {name!r} ({code} {shape}) needs {nbytes} bytes but its data_offsets "
+                      f"span {offsets[1] - offsets[0]}")
+        dtype = getattr(torch, dtype_name)
+        if nbytes == 0:  # torch.frombuffer refuses an empty buffer
+            tensors[name] = torch.empty(shape, dtype=dtype)
+        else:
+            raw = bytearray(view[start + offsets[0]:start + offsets[1]])
+            tensors[name] = torch.frombuffer(raw, dtype=dtype).reshape(shape)
+    return tensors
+
+
+def write_safetensors(torch, path, tensors):
+    """Write {name: tensor} to path as safetensors, atomically (temp file beside it, os.replace)."""
+    if sys.byteorder != "little":
+        raise RuntimeError("safetensors I/O here assumes a little-endian host")
+    codes = {getattr(torch, dtype_name): code for code, (dtype_name, _) in SAFETENSORS_DTYPES.items()}
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, tensor in tensors.items():
+        t = tensor.detach().to("cpu").contiguous()
+        if t.dtype not in codes:
+            raise RuntimeError(f"cannot write tensor {name!r} of dtype {t.dtype} to {path}")
+        nbytes = t.numel() * t.element_size()
+        blobs.append(ctypes.string_at(t.data_ptr(), nbytes) if nbytes else b"")
+        header[name] = {"dtype": codes[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    head += b" " * (-len(head) % 8)  # the data section starts 8-byte aligned
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would outlive the rename
+        with os.fdopen(fd, "wb") as f:
+            f.write(len(head).to_bytes(8, "little"))
+            f.write(head)
+            for blob in blobs:
+                f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def own_resnet(torch, name, num_classes):
+    """torchvision's ResNet (v1.5: stride on the 3x3 conv) built here, with its module names."""
+    nn = torch.nn
+    kind, depths = RESNETS[name]
+
+    def conv(cin, cout, k, stride=1):
+        return nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=False)
+
+    class BasicBlock(nn.Module):
+        expansion = 1
+
+        def __init__(self, cin, width, stride, downsample):
+            super().__init__()
+            self.conv1 = conv(cin, width, 3, stride)
+            self.bn1 = nn.BatchNorm2d(width)
+            self.relu = nn.ReLU(inplace=True)
+            self.conv2 = conv(width, width, 3)
+            self.bn2 = nn.BatchNorm2d(width)
+            self.downsample = downsample
+
+        def forward(self, x):
+            identity = x if self.downsample is None else self.downsample(x)
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            out += identity
+            return self.relu(out)
+
+    class Bottleneck(nn.Module):
+        expansion = 4
+
+        def __init__(self, cin, width, stride, downsample):
+            super().__init__()
+            self.conv1 = conv(cin, width, 1)
+            self.bn1 = nn.BatchNorm2d(width)
+            self.conv2 = conv(width, width, 3, stride)
+            self.bn2 = nn.BatchNorm2d(width)
+            self.conv3 = conv(width, width * self.expansion, 1)
+            self.bn3 = nn.BatchNorm2d(width * self.expansion)
+            self.relu = nn.ReLU(inplace=True)
+            self.downsample = downsample
+
+        def forward(self, x):
+            identity = x if self.downsample is None else self.downsample(x)
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.relu(self.bn2(self.conv2(out)))
+            out = self.bn3(self.conv3(out))
+            out += identity
+            return self.relu(out)
+
+    class ResNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            block = BasicBlock if kind == "basic" else Bottleneck
+            self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
+            self.bn1 = nn.BatchNorm2d(64)
+            self.relu = nn.ReLU(inplace=True)
+            self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+            cin = 64
+            for stage, (width, blocks) in enumerate(zip((64, 128, 256, 512), depths), start=1):
+                layers = []
+                for index in range(blocks):
+                    stride = 2 if stage > 1 and index == 0 else 1
+                    cout = width * block.expansion
+                    downsample = None
+                    if stride != 1 or cin != cout:
+                        downsample = nn.Sequential(conv(cin, cout, 1, stride), nn.BatchNorm2d(cout))
+                    layers.append(block(cin, width, stride, downsample))
+                    cin = cout
+                setattr(self, f"layer{stage}", nn.Sequential(*layers))
+            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+            self.fc = nn.Linear(cin, num_classes)
+
+        def forward(self, x):
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+            x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+            return self.fc(torch.flatten(self.avgpool(x), 1))
+
+    return ResNet()
+
+
+def check_state_dict(model, state, what, name):
+    """Raise unless state has exactly model's keys (num_batches_tracked optional) with its shapes."""
+    expected = model.state_dict()
+    optional = lambda key: key.endswith(".num_batches_tracked")  # noqa: E731
+    missing = [k for k in expected if k not in state and not optional(k)]
+    unexpected = [k for k in state if k not in expected]
+
+    def listing(keys):
+        return ", ".join(keys[:5]) + (f", ... ({len(keys)} in all)" if len(keys) > 5 else "")
+
+    problems = ([f"missing keys: {listing(missing)}"] if missing else []) + \
+               ([f"unexpected keys: {listing(unexpected)}"] if unexpected else [])
+    if problems:
+        raise RuntimeError(f"{what} do not match torchvision's {name} state_dict; {'; '.join(problems)}")
+    for key, tensor in state.items():
+        if not optional(key) and not tensor.is_floating_point():
+            raise RuntimeError(f"{what}: tensor {key!r} is {tensor.dtype}, not floating point")
+        if tuple(tensor.shape) != tuple(expected[key].shape):
+            raise RuntimeError(f"{what}: tensor {key!r} has shape {list(tensor.shape)}; "
+                               f"{name} expects {list(expected[key].shape)}")
+
+
+def load_resnet(torch, name, state, path):
+    """Build `name` for state (a torchvision state_dict) and load it; return (model, source, torchvision version)."""
+    fc = state.get("fc.weight")
+    if fc is None or fc.dim() != 2:
+        raise RuntimeError(f"weights file {path} has no 2-D fc.weight; expected a torchvision ResNet state_dict")
+    num_classes = int(fc.shape[0])
+    try:
+        import torchvision
+        constructor, source, version = getattr(torchvision.models, name), "torchvision", torchvision.__version__
+    except Exception as exc:  # missing, or broken (e.g. built for another torch)
+        log(f"torchvision unavailable ({one_line(exc)}); building {name} in this script")
+        constructor, source, version = None, "pytorch_reference.py", None
+    if constructor is None:
+        model = own_resnet(torch, name, num_classes)
+    else:
+        try:
+            model = constructor(weights=None, num_classes=num_classes)
+        except TypeError:  # torchvision before 0.13
+            model = constructor(pretrained=False, num_classes=num_classes)
+    check_state_dict(model, state, f"weights in {path}", name)
+    model.load_state_dict(state, strict=False)  # only num_batches_tracked may be absent (checked above)
+    model.requires_grad_(False)
+    return model.eval(), source, version
+
+
+def read_input(torch, path):
+    tensors = read_safetensors(torch, path, "input file")
+    x = tensors.get("input")
+    if x is None:
+        raise RuntimeError(f"input file {path} has no tensor named 'input' (it has: {', '.join(tensors) or 'none'})")
+    if x.dim() != 4 or x.shape[1] != 3 or x.numel() == 0:
+        raise RuntimeError(f"input file {path}: 'input' is {list(x.shape)}; expected [n,3,H,W], none of them 0")
+    if not x.is_floating_point():
+        raise RuntimeError(f"input file {path}: 'input' is {x.dtype}; expected float32")
+    return x.float()
+
+
+def prepare_model(torch, base, device, dtype, channels_last):
+    model = deepcopy(base).to(device=device, dtype=dtype)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model.eval()
+
+
+def as_strategy_input(torch, x, device, dtype, channels_last):
+    x = x.to(device=device, dtype=dtype)
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x.contiguous()
+
+
+def is_oom(torch, exc):
+    oom_type = getattr(torch.cuda, "OutOfMemoryError", None)
+    return (oom_type is not None and isinstance(exc, oom_type)) or "out of memory" in str(exc).lower()
+
+
+def make_runner(torch, kind, model, x, info):
+    """Return call(): one forward of model on x, returning the output.
+
+    graph: warms up on a side stream, captures one forward in a CUDAGraph; call() replays it.
+    compile: compiles afresh for x's shape; the first call's time goes to info["compile_s"].
+    """
+    if kind == "eager":
+        return lambda: model(x)
+    if kind == "graph":
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(CUDA_GRAPH_WARMUP_CALLS):
+                model(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = model(x)
+
+        def replay():
+            graph.replay()
+            return static_out
+        return replay
+    if not hasattr(torch, "compile"):
+        raise CompileFailed(f"torch {torch.__version__} has no torch.compile")
+    try:
+        importlib.import_module("torch._dynamo").reset()
+        compiled = torch.compile(model, mode="default", dynamic=False)
+        t0 = time.perf_counter()
+        compiled(x)
+        if x.is_cuda:
+            torch.cuda.synchronize()
+        info["compile_s"] = time.perf_counter() - t0
+    except Exception as exc:
+        if is_oom(torch, exc):
+            raise
+        raise CompileFailed(f"torch.compile failed: {one_line(exc)}") from None
+    return lambda: compiled(x)
+
+
+def infer_row(name, batch, status="ok", reason=None, stats=None, peaks=(None, None), compile_s=None):
+    row = {"strategy": name, "batch": batch, "status": status}
+    if status != "ok":
+        row["reason"] = reason
+    for key in ("median_ms", "p10_ms", "p90_ms", "count"):
+        row[key] = stats[key] if stats else None
+    row["images_per_s"] = rate(batch, stats["median_ms"], 1) if stats else None
+    row["peak_allocated_bytes"], row["peak_reserved_bytes"] = peaks
+    if INFER_STRATEGIES[name][3] == "compile":
+        row["compile_s"] = compile_s
+    return row
+
+
+def cleanup(torch, device):
+    """Drop garbage and cached GPU memory; a broken CUDA context only gets logged here."""
+    gc.collect()
+    try:
+        release(torch, device)
+    except Exception as exc:
+        log(f"releasing GPU memory failed: {one_line(exc)}")
+
+
+def bench_strategy(torch, args, base, name, inp):
+    """Return (rows, logits on inp or None, why there are none or None) for one strategy."""
+    dtype_name, channels_last, tf32, kind = INFER_STRATEGIES[name]
+    dtype, cuda = getattr(torch, dtype_name), args.device == "cuda"
+    if not cuda and name != "eager_fp32":
+        return [infer_row(name, b, "skipped", "only eager_fp32 runs on the cpu") for b in args.batch_sizes], None, None
+    set_tf32(torch, matmul=tf32, cudnn=tf32)
+    model = None
+    try:
+        model = prepare_model(torch, base, args.device, dtype, channels_last)
+    except Exception as exc:
+        reason = f"preparing the model on {args.device} failed: {one_line(exc)}"
+    if model is None:
+        log(f"infer {name}: {reason}")
+        return [infer_row(name, b, "failed", reason) for b in args.batch_sizes], None, reason
+
+    rows, skip_reason = [], None
+    for batch in args.batch_sizes:
+        if skip_reason is not None:
+            rows.append(infer_row(name, batch, "skipped", skip_reason))
+            continue
+        log(f"infer {args.model} {name} batch {batch} on {args.device}")
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        info, stats, status, reason = {}, None, "ok", None
+        try:
+            with torch.inference_mode():
+                x = as_strategy_input(torch, seeded_randn(torch, (batch, 3, args.image_size, args.image_size),
+                                                          args.device, seed=batch),
+                                      args.device, dtype, channels_last)
+                call = make_runner(torch, kind, model, x, info)
+                times = time_step(torch, args.device, lambda _i: call(), args.iterations, args.warmup)
+            stats = summarize(times)
+        except CompileFailed as exc:
+            status, reason = "skipped", str(exc)
+            skip_reason = reason
+        except Exception as exc:  # out of memory above all: the row fails, the others go on
+            status, reason = "failed", one_line(exc)
+        x = call = None
+        peaks = (None, None)
+        if cuda and status != "skipped":
+            peaks = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
+        rows.append(infer_row(name, batch, status, reason, stats, peaks, info.get("compile_s")))
+        if reason:
+            log(f"infer {name} batch {batch} {status}: {reason}")
+        cleanup(torch, args.device)
+
+    logits = logits_error = None
+    if inp is not None and any(row["status"] == "ok" for row in rows):
+        try:
+            with torch.inference_mode():
+                x = as_strategy_input(torch, inp, args.device, dtype, channels_last)
+                logits = make_runner(torch, kind, model, x, {})().float().cpu()
+        except Exception as exc:
+            logits_error = one_line(exc)
+            log(f"infer {name} on the input failed: {logits_error}")
+    return rows, logits, logits_error
+
+
+def seeded_randn(torch, shape, device, seed):
+    """float32 torch.randn on device from a fixed seed, so that every strategy sees the same values."""
+    torch.manual_seed(seed)
+    return torch.randn(*shape, device=device)
+
+
+def finite_or_none(value):
+    return value if math.isfinite(value) else None
+
+
+def bench_infer(torch, args):
+    """Return (rows, extra top-level fields).  Models are built and converted outside
+    inference mode (their parameters stay ordinary tensors, which torch.compile and CUDA
+    graphs handle best); every forward, capture and compilation runs under
+    torch.inference_mode()."""
+    torch.backends.cudnn.benchmark = args.benchmark_cudnn
+    state = read_safetensors(torch, args.weights, "weights file")
+    base, source, tv_version = load_resnet(torch, args.model, state, args.weights)
+    del state
+    parameters = sum(p.numel() for p in base.parameters())
+    log(f"{args.model} from {source}: {parameters} parameters, {base.fc.out_features} classes")
+
+    inp, outputs, saved = None, None, {}
+    if args.input:
+        inp = read_input(torch, args.input)
+        if args.save_output and not os.path.isdir(os.path.dirname(os.path.abspath(args.save_output))):
+            raise RuntimeError(f"cannot write {args.save_output}: its directory does not exist")
+        log(f"reference logits: eager fp32 (TF32 off) on {args.input} {list(inp.shape)}")
+        set_tf32(torch, matmul=False, cudnn=False)
+        model = prepare_model(torch, base, args.device, torch.float32, False)
+        with torch.inference_mode():
+            saved["logits"] = model(inp.to(args.device)).float().cpu()
+        del model
+        cleanup(torch, args.device)
+        outputs = {"input": args.input, "input_shape": list(inp.shape), "saved": None, "tensors": [],
+                   "max_abs_diff": {}, "top1_agreement": {}, "errors": {}}
+
+    rows = []
+    for name in args.strategies:
+        # eager_fp32's logits on the input are the reference itself
+        strategy_rows, logits, logits_error = bench_strategy(
+            torch, args, base, name, inp if name != "eager_fp32" else None)
+        rows.extend(strategy_rows)
+        if INFER_STRATEGIES[name][3] == "compile" and "torch._dynamo" in sys.modules:
+            sys.modules["torch._dynamo"].reset()  # drop compiled code and its hold on the model
+        cleanup(torch, args.device)
+        if outputs is None:
+            continue
+        if logits is not None:
+            reference = saved["logits"]
+            saved[f"logits_{name}"] = logits
+            outputs["max_abs_diff"][name] = finite_or_none((logits - reference).abs().max().item())
+            outputs["top1_agreement"][name] = (logits.argmax(1) == reference.argmax(1)).float().mean().item()
+        elif logits_error is not None:
+            outputs["errors"][name] = logits_error
+    set_tf32(torch, matmul=False, cudnn=False)
+
+    if outputs is not None:
+        outputs["tensors"] = list(saved)
+        if args.save_output:
+            write_safetensors(torch, args.save_output, saved)
+            outputs["saved"] = args.save_output
+            log(f"wrote {', '.join(saved)} to {args.save_output}")
+    extra = {"model": args.model, "model_source": source, "torchvision": tv_version, "device": args.device,
+             "image_size": args.image_size, "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+             "parameters": parameters, "outputs": outputs}
+    return rows, extra
+
+
 def cpu_name():
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -333,14 +868,18 @@ def run(torch, args):
     if device == "cpu":
         torch.set_num_threads(args.threads or os.cpu_count() or 1)
         log(f"cpu threads: {torch.get_num_threads()}")
-    bench = {"matmul": bench_matmul, "bandwidth": bench_bandwidth, "conv": bench_conv}[args.command]
-    with torch.inference_mode():
-        results = bench(torch, args)
+    extra = {}
+    if args.command == "infer":  # builds its models outside inference mode, runs them inside it
+        results, extra = bench_infer(torch, args)
+    else:
+        bench = {"matmul": bench_matmul, "bandwidth": bench_bandwidth, "conv": bench_conv}[args.command]
+        with torch.inference_mode():
+            results = bench(torch, args)
     return {"ok": True, "command": args.command, "torch_version": torch.__version__,
             "cuda_available": cuda_ok,
             "device_name": torch.cuda.get_device_name(0) if device == "cuda" else cpu_name(),
             "cudnn_version": torch.backends.cudnn.version() if cuda_ok else None,
-            "results": results}
+            **extra, "results": results}
 
 
 def one_line(exc):
@@ -350,7 +889,7 @@ def one_line(exc):
 def main(argv=None):
     """Run the benchmark; return (JSON document, exit code)."""
     try:
-        args = build_parser().parse_args(argv)
+        args = check_args(build_parser().parse_args(argv))
     except UsageError as exc:
         return {"ok": False, "error": f"bad arguments: {exc}"}, EXIT_USAGE
     try:

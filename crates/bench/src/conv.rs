@@ -367,6 +367,7 @@ fn gpu_conv(
         ConvType::F32 => DType::F32,
         ConvType::Tf32 => DType::Tf32,
         ConvType::F16 => DType::F16,
+        ConvType::Bf16 => DType::Bf16,
     };
     let err = rel_err(&got, &reference);
     let v = Verification {

@@ -11,6 +11,7 @@
 
 use crate::driver::{CudaError, Gpu};
 use crate::loader::{Discovery, Lib};
+use crate::mem::View;
 use cudarc::cublas::sys as cb;
 use cudarc::cublaslt::sys as lt;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
@@ -223,13 +224,23 @@ impl Blas {
         a: &DeviceBytes,
         b: &DeviceBytes,
         c: &DeviceBytes,
+        mnk: (usize, usize, usize),
+    ) -> Result<(), BlasError> {
+        Self::check_lens(ty, a.len(), b.len(), c.len(), mnk)
+    }
+
+    fn check_lens(
+        ty: GemmType,
+        a: usize,
+        b: usize,
+        c: usize,
         (m, n, k): (usize, usize, usize),
     ) -> Result<(), BlasError> {
         let e = ty.elem_bytes();
         for (what, have, need) in [
-            ("A", a.len(), m * k * e),
-            ("B", b.len(), k * n * e),
-            ("C", c.len(), m * n * e),
+            ("A", a, m * k * e),
+            ("B", b, k * n * e),
+            ("C", c, m * n * e),
         ] {
             if have < need {
                 return Err(BlasError::Size {
@@ -256,11 +267,29 @@ impl Blas {
         (m, n, k): (usize, usize, usize),
     ) -> Result<(), BlasError> {
         Self::check_sizes(ty, a, b, c, (m, n, k))?;
+        let s = &self.stream;
+        self.gemm_views(
+            ty,
+            View::of(a, s),
+            View::of(b, s),
+            View::of(c, s),
+            (m, n, k),
+        )
+    }
+
+    /// As [`Blas::gemm`], on views (C is written through its view).
+    pub fn gemm_views(
+        &self,
+        ty: GemmType,
+        a: View<'_>,
+        b: View<'_>,
+        c: View<'_>,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<(), BlasError> {
+        Self::check_lens(ty, a.bytes(), b.bytes(), c.bytes(), (m, n, k))?;
         let (dt, compute) = ty.cublas_types();
         let (alpha, beta) = ty.scalars();
-        let (pa, _ga) = a.device_ptr(&self.stream);
-        let (pb, _gb) = b.device_ptr(&self.stream);
-        let (pc, _gc) = c.device_ptr_mut(&self.stream);
+        let (pa, pb, pc) = (a.addr(), b.addr(), c.addr());
         // SAFETY: sizes checked above; pointers are live device memory on this stream; the
         // scalars live on the host for the duration of the call (cuBLAS reads them before
         // returning in host pointer mode, the default).

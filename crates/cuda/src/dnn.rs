@@ -2,13 +2,17 @@
 //! (`cudnnFindConvolutionForwardAlgorithmEx` runs every applicable algorithm on the real buffers).
 //!
 //! To use: [`Dnn::new`] on an open [`Gpu`]; [`Dnn::plan_conv`] describes one convolution and
-//! measures its algorithms; [`Dnn::conv_forward`] runs the chosen one.
+//! measures its algorithms; [`Dnn::conv_forward`] runs the chosen one. The `*_views` forms take
+//! [`View`]s into larger buffers (an inference engine's activation arena), and
+//! [`Dnn::fused_forward`] runs `y = act(conv(x) + bias + z)` in one cuDNN call
+//! (`cudnnConvolutionBiasActivationForward`).
 
 use crate::blas::DeviceBytes;
 use crate::driver::{CudaError, Gpu};
 use crate::loader::{Discovery, Lib};
+use crate::mem::View;
 use cudarc::cudnn::sys as dn;
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::CudaStream;
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -21,13 +25,15 @@ pub enum ConvType {
     Tf32,
     /// f16 storage, f32 accumulation, tensor cores.
     F16,
+    /// bf16 storage, f32 accumulation, tensor cores.
+    Bf16,
 }
 
 impl ConvType {
     pub fn elem_bytes(self) -> usize {
         match self {
             ConvType::F32 | ConvType::Tf32 => 4,
-            ConvType::F16 => 2,
+            ConvType::F16 | ConvType::Bf16 => 2,
         }
     }
 
@@ -35,6 +41,7 @@ impl ConvType {
         match self {
             ConvType::F32 | ConvType::Tf32 => dn::cudnnDataType_t::CUDNN_DATA_FLOAT,
             ConvType::F16 => dn::cudnnDataType_t::CUDNN_DATA_HALF,
+            ConvType::Bf16 => dn::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
         }
     }
 
@@ -42,13 +49,15 @@ impl ConvType {
         match self {
             // FMA_MATH forbids TF32, which cuDNN otherwise uses for f32 on Ampere and newer
             ConvType::F32 => dn::cudnnMathType_t::CUDNN_FMA_MATH,
-            ConvType::Tf32 | ConvType::F16 => dn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+            ConvType::Tf32 | ConvType::F16 | ConvType::Bf16 => {
+                dn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH
+            }
         }
     }
 }
 
 /// A 2-D convolution's shape: input N,C,H,W; filter K,C,R,S; no dilation, one group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ConvDims {
     pub n: usize,
     pub c: usize,
@@ -93,6 +102,9 @@ fn ok(call: &'static str, status: dn::cudnnStatus_t) -> Result<(), DnnError> {
     }
 }
 
+/// How many of cuDNN's fastest algorithms for a convolution are timed as the fused call.
+const FUSED_TRIALS: usize = 6;
+
 /// Largest workspace an algorithm may use.
 pub const CONV_WORKSPACE_BYTES: usize = 256 << 20;
 
@@ -101,6 +113,146 @@ pub struct Dnn {
     stream: Arc<CudaStream>,
     handle: dn::cudnnHandle_t,
     workspace: DeviceBytes,
+    choices: std::cell::RefCell<Choices>,
+}
+
+/// Algorithm choices measured before, by convolution: kept on disk per GPU model and cuDNN
+/// version so that a shape is measured once, not at every run (`GPUKIT_REPLAN=1` measures
+/// again and overwrites them).
+#[derive(Default)]
+struct Choices {
+    path: Option<std::path::PathBuf>,
+    map: std::collections::BTreeMap<String, String>,
+    dirty: bool,
+    replan: bool,
+}
+
+impl Choices {
+    fn open(gpu: &Gpu) -> Choices {
+        let name = gpu.ctx.name().unwrap_or_default();
+        let (major, minor) = gpu.ctx.compute_capability().unwrap_or((0, 0));
+        // SAFETY: cuDNN is loaded (checked by the caller); no handle needed.
+        let version = unsafe { dn::cudnnGetVersion() };
+        let tag: String = format!("{name}-sm{major}{minor}-cudnn{version}")
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let path = crate::loader::cache_dir().map(|d| d.join(format!("cudnn-choices-{tag}.txt")));
+        let mut map = std::collections::BTreeMap::new();
+        if let Some(text) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+            for line in text.lines() {
+                if let Some((k, v)) = line.split_once('\t') {
+                    map.insert(k.to_string(), v.to_string());
+                }
+            }
+        }
+        Choices {
+            path,
+            map,
+            dirty: false,
+            replan: std::env::var("GPUKIT_REPLAN").is_ok_and(|v| v == "1"),
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<String> {
+        if self.replan {
+            return None;
+        }
+        self.map.get(key).cloned()
+    }
+
+    fn put(&mut self, key: String, value: String) {
+        if self.map.get(&key) != Some(&value) {
+            self.map.insert(key, value);
+            self.dirty = true;
+        }
+    }
+
+    /// Writes the file whole, then renames it: a reader never sees half of it.
+    fn save(&mut self) {
+        let Some(path) = &self.path else { return };
+        if !self.dirty {
+            return;
+        }
+        let text: String = self
+            .map
+            .iter()
+            .map(|(k, v)| format!("{k}\t{v}\n"))
+            .collect();
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, path).is_ok() {
+            self.dirty = false;
+        }
+    }
+}
+
+const FWD_ALGOS: [dn::cudnnConvolutionFwdAlgo_t; 8] = [
+    dn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+    dn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+    dn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+    dn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+    dn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+    dn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
+    dn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+    dn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
+];
+
+const MATH_TYPES: [dn::cudnnMathType_t; 4] = [
+    dn::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+    dn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+    dn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
+    dn::cudnnMathType_t::CUDNN_FMA_MATH,
+];
+
+/// A measured row rebuilt from `ConvPlan::choice_text` (time unknown: 0).
+fn parse_legacy(text: &str) -> Option<dn::cudnnConvolutionFwdAlgoPerfStruct> {
+    let mut parts = text.split(' ');
+    if parts.next()? != "legacy" {
+        return None;
+    }
+    let algo_name = parts.next()?;
+    let math_name = parts.next()?;
+    let algo = FWD_ALGOS
+        .into_iter()
+        .find(|a| format!("{a:?}") == algo_name)?;
+    let math = MATH_TYPES
+        .into_iter()
+        .find(|m| format!("{m:?}") == math_name)?;
+    // SAFETY: a plain C struct; every field is then set or zero is valid for it.
+    let mut r: dn::cudnnConvolutionFwdAlgoPerfStruct = unsafe { std::mem::zeroed() };
+    r.algo = algo;
+    r.mathType = math;
+    r.status = dn::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
+    Some(r)
+}
+
+/// How one fused convolution runs: the legacy call or a backend-API graph.
+pub enum FusedChoice {
+    Legacy(FusedConv),
+    Graph(crate::dnn_graph::GraphConv),
+}
+
+impl FusedChoice {
+    /// The algorithm or engine, for reports.
+    pub fn name(&self) -> String {
+        match self {
+            FusedChoice::Legacy(f) => format!("{} (fused call)", f.conv.algo_name),
+            FusedChoice::Graph(g) => g.choice.clone(),
+        }
+    }
+
+    pub fn workspace_bytes(&self) -> usize {
+        match self {
+            FusedChoice::Legacy(f) => f.conv.workspace_bytes,
+            FusedChoice::Graph(g) => g.workspace_bytes,
+        }
+    }
 }
 
 /// Descriptors of one convolution and the algorithm measured fastest for it.
@@ -110,6 +262,7 @@ pub struct ConvPlan {
     y: dn::cudnnTensorDescriptor_t,
     conv: dn::cudnnConvolutionDescriptor_t,
     algo: dn::cudnnConvolutionFwdAlgo_t,
+    math: dn::cudnnMathType_t,
     workspace_bytes: usize,
     pub dims: ConvDims,
     pub ty: ConvType,
@@ -158,6 +311,7 @@ impl Dnn {
             stream: gpu.stream.clone(),
             handle,
             workspace,
+            choices: std::cell::RefCell::new(Choices::open(gpu)),
         })
     }
 
@@ -171,6 +325,45 @@ impl Dnn {
         w: &DeviceBytes,
         y: &mut DeviceBytes,
     ) -> Result<ConvPlan, DnnError> {
+        let s = &self.stream;
+        let (x, w, y) = (View::of(x, s), View::of(w, s), View::of(y, s));
+        // a benchmark measures every time: no cached choice
+        let mut plan = Self::describe(dims, ty)?;
+        plan.check(x, w, y)?;
+        self.find(&mut plan, x, w, y)?;
+        Ok(plan)
+    }
+
+    /// As [`Dnn::plan_conv`], on views; the choice is measured once per shape and kept on disk
+    /// (see [`Dnn::plan_fused_best`]).
+    pub fn plan_conv_views(
+        &self,
+        dims: ConvDims,
+        ty: ConvType,
+        x: View<'_>,
+        w: View<'_>,
+        y: View<'_>,
+    ) -> Result<ConvPlan, DnnError> {
+        let mut plan = Self::describe(dims, ty)?;
+        plan.check(x, w, y)?;
+        let key = format!("plain {dims:?} {ty:?}");
+        let cached = self
+            .choices
+            .borrow()
+            .get(&key)
+            .and_then(|t| parse_legacy(&t));
+        if let Some(r) = cached {
+            if self.use_cached(&mut plan, r).is_ok() {
+                return Ok(plan);
+            }
+        }
+        self.find(&mut plan, x, w, y)?;
+        self.choices.borrow_mut().put(key, plan.choice_text());
+        Ok(plan)
+    }
+
+    /// The descriptors of a convolution (no algorithm chosen yet).
+    fn describe(dims: ConvDims, ty: ConvType) -> Result<ConvPlan, DnnError> {
         let dt = ty.data_type();
         let fmt = if dims.nhwc {
             dn::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC
@@ -185,6 +378,7 @@ impl Dnn {
             y: std::ptr::null_mut(),
             conv: std::ptr::null_mut(),
             algo: dn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+            math: ty.math(),
             workspace_bytes: 0,
             dims,
             ty,
@@ -257,19 +451,35 @@ impl Dnn {
                 dn::cudnnSetConvolutionMathType(plan.conv, ty.math()),
             )?;
         }
-        let e = ty.elem_bytes();
-        for (have, need) in [
-            (x.len(), dims.n * dims.c * dims.h * dims.w * e),
-            (w.len(), dims.k * dims.c * dims.r * dims.s * e),
-            (y.len(), dims.n * dims.k * p * q * e),
-        ] {
-            if have < need {
-                return Err(CudaError::Invalid(format!(
-                    "convolution buffer of {have} bytes, needs {need}"
-                ))
-                .into());
-            }
-        }
+        Ok(plan)
+    }
+
+    /// Runs every algorithm cuDNN has for `plan` on these buffers and keeps the fastest.
+    fn find(
+        &self,
+        plan: &mut ConvPlan,
+        x: View<'_>,
+        w: View<'_>,
+        y: View<'_>,
+    ) -> Result<(), DnnError> {
+        let best = self
+            .candidates(plan, x, w, y)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| DnnError::NoAlgorithm(format!("{:?} {:?}", plan.dims, plan.ty)))?;
+        plan.apply(&best)
+    }
+
+    /// cuDNN's measurement of every algorithm for `plan` on these buffers: those that ran, fit
+    /// the workspace and (for f32) stayed off tensor cores, fastest first.
+    fn candidates(
+        &self,
+        plan: &ConvPlan,
+        x: View<'_>,
+        w: View<'_>,
+        y: View<'_>,
+    ) -> Result<Vec<dn::cudnnConvolutionFwdAlgoPerfStruct>, DnnError> {
+        let ty = plan.ty;
         let mut max = 0;
         // SAFETY: live handle, out-pointer to a local.
         ok("cudnnGetConvolutionForwardAlgorithmMaxCount", unsafe {
@@ -279,51 +489,36 @@ impl Dnn {
         let mut perf: Vec<dn::cudnnConvolutionFwdAlgoPerfStruct> =
             vec![unsafe { std::mem::zeroed() }; max.max(1) as usize];
         let mut returned = 0;
-        {
-            let (px, _gx) = x.device_ptr(&self.stream);
-            let (pw, _gw) = w.device_ptr(&self.stream);
-            let (py, _gy) = y.device_ptr_mut(&self.stream);
-            let (pws, _gws) = self.workspace.device_ptr(&self.stream);
-            // SAFETY: descriptors match the buffers (sizes checked above); the workspace is ours.
-            ok("cudnnFindConvolutionForwardAlgorithmEx", unsafe {
-                dn::cudnnFindConvolutionForwardAlgorithmEx(
-                    self.handle,
-                    plan.x,
-                    px as *const c_void,
-                    plan.w,
-                    pw as *const c_void,
-                    plan.conv,
-                    plan.y,
-                    py as *mut c_void,
-                    perf.len() as i32,
-                    &mut returned,
-                    perf.as_mut_ptr(),
-                    pws as *mut c_void,
-                    CONV_WORKSPACE_BYTES,
-                )
-            })?;
-        }
+        let ws = View::of(&self.workspace, &self.stream);
+        // SAFETY: descriptors match the buffers (sizes checked by the caller); the workspace is
+        // ours.
+        ok("cudnnFindConvolutionForwardAlgorithmEx", unsafe {
+            dn::cudnnFindConvolutionForwardAlgorithmEx(
+                self.handle,
+                plan.x,
+                x.addr() as *const c_void,
+                plan.w,
+                w.addr() as *const c_void,
+                plan.conv,
+                plan.y,
+                y.addr() as *mut c_void,
+                perf.len() as i32,
+                &mut returned,
+                perf.as_mut_ptr(),
+                ws.addr() as *mut c_void,
+                ws.bytes(),
+            )
+        })?;
         perf.truncate(returned.max(0) as usize);
         // cuDNN sorts by time; f32 must also not have slipped onto tensor cores
-        let best = perf
-            .iter()
+        Ok(perf
+            .into_iter()
             .filter(|r| r.status == dn::cudnnStatus_t::CUDNN_STATUS_SUCCESS)
-            .filter(|r| r.memory <= CONV_WORKSPACE_BYTES)
-            .find(|r| {
+            .filter(|r| r.memory <= ws.bytes())
+            .filter(|r| {
                 ty != ConvType::F32 || r.mathType != dn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH
             })
-            .ok_or_else(|| DnnError::NoAlgorithm(format!("{dims:?} {ty:?}")))?;
-        plan.algo = best.algo;
-        plan.workspace_bytes = best.memory;
-        plan.algo_ms = best.time;
-        plan.algo_name = format!("{:?}", best.algo)
-            .trim_start_matches("CUDNN_CONVOLUTION_FWD_ALGO_")
-            .to_string();
-        // SAFETY: live descriptor; the chosen row's math type is what it was measured with.
-        ok("cudnnSetConvolutionMathType", unsafe {
-            dn::cudnnSetConvolutionMathType(plan.conv, best.mathType)
-        })?;
-        Ok(plan)
+            .collect())
     }
 
     /// y = conv(x, w) with the plan's algorithm.
@@ -334,36 +529,411 @@ impl Dnn {
         w: &DeviceBytes,
         y: &mut DeviceBytes,
     ) -> Result<(), DnnError> {
+        let s = &self.stream;
+        self.conv_forward_views(plan, View::of(x, s), View::of(w, s), View::of(y, s))
+    }
+
+    /// As [`Dnn::conv_forward`], on views.
+    pub fn conv_forward_views(
+        &self,
+        plan: &ConvPlan,
+        x: View<'_>,
+        w: View<'_>,
+        y: View<'_>,
+    ) -> Result<(), DnnError> {
+        plan.check(x, w, y)?;
         let (alpha, beta) = (1f32, 0f32);
-        let (px, _gx) = x.device_ptr(&self.stream);
-        let (pw, _gw) = w.device_ptr(&self.stream);
-        let (py, _gy) = y.device_ptr_mut(&self.stream);
-        let (pws, _gws) = self.workspace.device_ptr(&self.stream);
-        // SAFETY: the plan was built for buffers of these sizes (checked in plan_conv; callers
-        // pass the same buffers or ones as large); scalars are f32 as cuDNN wants for
-        // float/half data.
+        let ws = View::of(&self.workspace, &self.stream);
+        // SAFETY: buffer sizes checked against the plan's descriptors; scalars are f32 as cuDNN
+        // wants for float/half data; the workspace holds what the algorithm asked for (it was
+        // measured with this workspace).
         ok("cudnnConvolutionForward", unsafe {
             dn::cudnnConvolutionForward(
                 self.handle,
                 &alpha as *const f32 as *const c_void,
                 plan.x,
-                px as *const c_void,
+                x.addr() as *const c_void,
                 plan.w,
-                pw as *const c_void,
+                w.addr() as *const c_void,
                 plan.conv,
                 plan.algo,
-                pws as *mut c_void,
+                ws.addr() as *mut c_void,
                 plan.workspace_bytes,
                 &beta as *const f32 as *const c_void,
                 plan.y,
-                py as *mut c_void,
+                y.addr() as *mut c_void,
             )
         })
+    }
+
+    /// Plans `y = act(conv(x, w) + bias [+ z])` (act: ReLU or identity) on these buffers. With
+    /// ReLU, every algorithm cuDNN can run for the convolution is timed *as the fused call*
+    /// (cuDNN's own search times the bare convolution, and an algorithm that is fast alone may
+    /// not fuse), and the fastest is kept. With identity cuDNN fuses only IMPLICIT_PRECOMP_GEMM,
+    /// which is then used.
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan_fused(
+        &self,
+        dims: ConvDims,
+        ty: ConvType,
+        relu: bool,
+        x: View<'_>,
+        w: View<'_>,
+        bias: View<'_>,
+        z: Option<View<'_>>,
+        y: View<'_>,
+    ) -> Result<FusedConv, DnnError> {
+        let mut fused = Self::fused_base(dims, ty, relu)?;
+        fused.conv.check(x, w, y)?;
+        self.select_fused(&mut fused, x, w, bias, z, y)?;
+        Ok(fused)
+    }
+
+    /// The descriptors of a fused convolution, no algorithm chosen.
+    fn fused_base(dims: ConvDims, ty: ConvType, relu: bool) -> Result<FusedConv, DnnError> {
+        let conv = Self::describe(dims, ty)?;
+        let mut fused = FusedConv {
+            conv,
+            bias: std::ptr::null_mut(),
+            act: std::ptr::null_mut(),
+            relu,
+        };
+        let fmt = if dims.nhwc {
+            dn::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC
+        } else {
+            dn::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW
+        };
+        // SAFETY: each create writes a descriptor that `fused` owns and destroys on drop.
+        unsafe {
+            ok(
+                "cudnnCreateTensorDescriptor",
+                dn::cudnnCreateTensorDescriptor(&mut fused.bias),
+            )?;
+            ok(
+                "cudnnSetTensor4dDescriptor",
+                dn::cudnnSetTensor4dDescriptor(
+                    fused.bias,
+                    fmt,
+                    ty.data_type(),
+                    1,
+                    dims.k as i32,
+                    1,
+                    1,
+                ),
+            )?;
+            ok(
+                "cudnnCreateActivationDescriptor",
+                dn::cudnnCreateActivationDescriptor(&mut fused.act),
+            )?;
+            let mode = if relu {
+                dn::cudnnActivationMode_t::CUDNN_ACTIVATION_RELU
+            } else {
+                dn::cudnnActivationMode_t::CUDNN_ACTIVATION_IDENTITY
+            };
+            ok(
+                "cudnnSetActivationDescriptor",
+                dn::cudnnSetActivationDescriptor(
+                    fused.act,
+                    mode,
+                    dn::cudnnNanPropagation_t::CUDNN_PROPAGATE_NAN,
+                    0.0,
+                ),
+            )?;
+        }
+        Ok(fused)
+    }
+
+    /// Times the candidate algorithms as the fused call (ReLU) or takes the one cuDNN fuses
+    /// (identity); see [`Dnn::plan_fused`].
+    fn select_fused(
+        &self,
+        fused: &mut FusedConv,
+        x: View<'_>,
+        w: View<'_>,
+        bias: View<'_>,
+        z: Option<View<'_>>,
+        y: View<'_>,
+    ) -> Result<(), DnnError> {
+        let (dims, ty) = (fused.conv.dims, fused.conv.ty);
+        if fused.relu {
+            let candidates = self.candidates(&fused.conv, x, w, y)?;
+            let mut best: Option<(f64, usize)> = None;
+            for (i, c) in candidates.iter().enumerate().take(FUSED_TRIALS) {
+                fused.conv.apply(c)?;
+                let times = crate::timing::time_on_stream(&self.stream, 2, 5, || {
+                    self.fused_forward(fused, x, w, bias, z, y)
+                })
+                .map_err(|e| match e {
+                    crate::timing::TimingError::Cuda(c) => DnnError::Cuda(c),
+                    crate::timing::TimingError::Work(w) => w,
+                });
+                // an algorithm that cannot run fused is skipped, not fatal
+                let Ok(mut times) = times else { continue };
+                times.sort_by(f64::total_cmp);
+                let median = times[times.len() / 2];
+                if best.is_none_or(|(t, _)| median < t) {
+                    best = Some((median, i));
+                }
+            }
+            let (ms, i) =
+                best.ok_or_else(|| DnnError::NoAlgorithm(format!("{dims:?} {ty:?} fused")))?;
+            fused.conv.apply(&candidates[i])?;
+            fused.conv.algo_ms = ms as f32;
+        } else {
+            let algo =
+                dn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+            let mut bytes = 0;
+            // SAFETY: live handle and descriptors; out-pointer to a local.
+            ok("cudnnGetConvolutionForwardWorkspaceSize", unsafe {
+                dn::cudnnGetConvolutionForwardWorkspaceSize(
+                    self.handle,
+                    fused.conv.x,
+                    fused.conv.w,
+                    fused.conv.conv,
+                    fused.conv.y,
+                    algo,
+                    &mut bytes,
+                )
+            })?;
+            if bytes > self.workspace.len() {
+                return Err(DnnError::NoAlgorithm(format!(
+                    "{dims:?} {ty:?}: IMPLICIT_PRECOMP_GEMM needs {bytes} bytes of workspace"
+                )));
+            }
+            fused.conv.algo = algo;
+            fused.conv.workspace_bytes = bytes;
+            fused.conv.algo_name = "IMPLICIT_PRECOMP_GEMM".into();
+        }
+        Ok(())
+    }
+
+    /// Makes a cached choice `r` the plan's algorithm (its workspace asked of cuDNN again).
+    fn use_cached(
+        &self,
+        plan: &mut ConvPlan,
+        mut r: dn::cudnnConvolutionFwdAlgoPerfStruct,
+    ) -> Result<(), DnnError> {
+        plan.apply(&r)?;
+        let mut bytes = 0;
+        // SAFETY: live handle and descriptors (math type set by apply); out-pointer to a local.
+        ok("cudnnGetConvolutionForwardWorkspaceSize", unsafe {
+            dn::cudnnGetConvolutionForwardWorkspaceSize(
+                self.handle,
+                plan.x,
+                plan.w,
+                plan.conv,
+                plan.y,
+                r.algo,
+                &mut bytes,
+            )
+        })?;
+        if bytes > self.workspace.len() {
+            return Err(DnnError::NoAlgorithm(
+                "cached algorithm needs more workspace".into(),
+            ));
+        }
+        r.memory = bytes;
+        plan.apply(&r)
+    }
+
+    /// Chooses how `y = relu(conv(x, w) + bias [+ z])` runs: the legacy fused call or (when
+    /// `allow_graph` and not strict f32) a backend-API graph, whichever measured faster. The
+    /// choice is measured once per shape and kept on disk; later plans of the shape only build
+    /// the chosen one.
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan_fused_best(
+        &self,
+        dims: ConvDims,
+        ty: ConvType,
+        x: View<'_>,
+        w: View<'_>,
+        bias: View<'_>,
+        z: Option<View<'_>>,
+        y: View<'_>,
+        allow_graph: bool,
+    ) -> Result<FusedChoice, DnnError> {
+        let key = format!("fused {dims:?} {ty:?} residual={}", z.is_some());
+        let cached = self.choices.borrow().get(&key);
+        if let Some(text) = cached {
+            if let Some(r) = parse_legacy(&text) {
+                let mut f = Self::fused_base(dims, ty, true)?;
+                f.conv.check(x, w, y)?;
+                if self.use_cached(&mut f.conv, r).is_ok() {
+                    return Ok(FusedChoice::Legacy(f));
+                }
+            } else if let Some(rank) = text.strip_prefix("graph ").and_then(|r| r.parse().ok()) {
+                if allow_graph {
+                    if let Ok(g) = self.plan_graph_ranked(dims, ty, x, w, bias, z, y, Some(rank)) {
+                        return Ok(FusedChoice::Graph(g));
+                    }
+                }
+            }
+        }
+        let legacy = self.plan_fused(dims, ty, true, x, w, bias, z, y)?;
+        let graph = if allow_graph && ty != ConvType::F32 {
+            self.plan_graph(dims, ty, x, w, bias, z, y).ok()
+        } else {
+            None
+        };
+        let choice = match graph {
+            Some(g) if g.ms < f64::from(legacy.conv.algo_ms) => FusedChoice::Graph(g),
+            _ => FusedChoice::Legacy(legacy),
+        };
+        let value = match &choice {
+            FusedChoice::Legacy(f) => f.conv.choice_text(),
+            FusedChoice::Graph(g) => format!("graph {}", g.rank),
+        };
+        self.choices.borrow_mut().put(key, value);
+        Ok(choice)
+    }
+
+    /// Writes the measured choices to disk (also done when the handle is dropped).
+    pub fn save_choices(&self) {
+        self.choices.borrow_mut().save();
+    }
+
+    /// Runs a fused convolution: `y = act(conv(x, w) + bias + z)`, or without `z` when None.
+    /// `z` must have `y`'s shape and type; it may not be `y` itself.
+    pub fn fused_forward(
+        &self,
+        plan: &FusedConv,
+        x: View<'_>,
+        w: View<'_>,
+        bias: View<'_>,
+        z: Option<View<'_>>,
+        y: View<'_>,
+    ) -> Result<(), DnnError> {
+        let c = &plan.conv;
+        c.check(x, w, y)?;
+        bias.require(c.dims.k * c.ty.elem_bytes(), "convolution bias")
+            .map_err(DnnError::from)?;
+        if let Some(z) = z {
+            z.require(y.bytes().min(c.output_bytes()), "residual input")
+                .map_err(DnnError::from)?;
+        }
+        let alpha1 = 1f32;
+        let alpha2 = if z.is_some() { 1f32 } else { 0f32 };
+        // with alpha2 = 0 cuDNN does not read z, but it still wants a valid pointer
+        let zp = z.unwrap_or(y).addr();
+        let ws = View::of(&self.workspace, &self.stream);
+        // SAFETY: sizes checked against the descriptors; z has y's descriptor; scalars are f32
+        // for float/half/bf16 data; the workspace is ours and large enough (checked at plan).
+        ok("cudnnConvolutionBiasActivationForward", unsafe {
+            dn::cudnnConvolutionBiasActivationForward(
+                self.handle,
+                &alpha1 as *const f32 as *const c_void,
+                c.x,
+                x.addr() as *const c_void,
+                c.w,
+                w.addr() as *const c_void,
+                c.conv,
+                c.algo,
+                ws.addr() as *mut c_void,
+                c.workspace_bytes,
+                &alpha2 as *const f32 as *const c_void,
+                c.y,
+                zp as *const c_void,
+                plan.bias,
+                bias.addr() as *const c_void,
+                plan.act,
+                c.y,
+                y.addr() as *mut c_void,
+            )
+        })
+    }
+
+    pub(crate) fn handle(&self) -> dn::cudnnHandle_t {
+        self.handle
+    }
+
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub(crate) fn workspace_view(&self) -> View<'_> {
+        View::of(&self.workspace, &self.stream)
+    }
+
+    /// Bytes of workspace this handle owns (the most any plan may use).
+    pub fn workspace_bytes(&self) -> usize {
+        self.workspace.len()
+    }
+
+    /// Replaces the workspace by one of `bytes` (after planning: the most the chosen algorithms
+    /// need). Plans made afterwards may only use that much.
+    pub fn resize_workspace(&mut self, gpu: &Gpu, bytes: usize) -> Result<(), DnnError> {
+        self.stream.synchronize().map_err(CudaError::from)?;
+        self.workspace = gpu.alloc(bytes.max(1))?;
+        Ok(())
+    }
+}
+
+/// A convolution with bias, optional residual and activation fused into one cuDNN call.
+pub struct FusedConv {
+    pub conv: ConvPlan,
+    bias: dn::cudnnTensorDescriptor_t,
+    act: dn::cudnnActivationDescriptor_t,
+    pub relu: bool,
+}
+
+impl Drop for FusedConv {
+    fn drop(&mut self) {
+        // SAFETY: created in plan_fused (null when creation never happened), destroyed here.
+        unsafe {
+            if !self.bias.is_null() {
+                dn::cudnnDestroyTensorDescriptor(self.bias);
+            }
+            if !self.act.is_null() {
+                dn::cudnnDestroyActivationDescriptor(self.act);
+            }
+        }
+    }
+}
+
+impl ConvPlan {
+    fn choice_text(&self) -> String {
+        format!("legacy {:?} {:?}", self.algo, self.math)
+    }
+
+    /// Makes `r` (one of cuDNN's measured rows) this plan's algorithm.
+    fn apply(&mut self, r: &dn::cudnnConvolutionFwdAlgoPerfStruct) -> Result<(), DnnError> {
+        self.algo = r.algo;
+        self.math = r.mathType;
+        self.workspace_bytes = r.memory;
+        self.algo_ms = r.time;
+        self.algo_name = format!("{:?}", r.algo)
+            .trim_start_matches("CUDNN_CONVOLUTION_FWD_ALGO_")
+            .to_string();
+        // SAFETY: live descriptor; the row's math type is what it was measured with.
+        ok("cudnnSetConvolutionMathType", unsafe {
+            dn::cudnnSetConvolutionMathType(self.conv, r.mathType)
+        })
+    }
+
+    /// Bytes of the output tensor.
+    pub fn output_bytes(&self) -> usize {
+        let (p, q) = self.dims.out_hw();
+        self.dims.n * self.dims.k * p * q * self.ty.elem_bytes()
+    }
+
+    /// Bytes this plan's algorithm needs as workspace.
+    pub fn workspace_needed(&self) -> usize {
+        self.workspace_bytes
+    }
+
+    fn check(&self, x: View<'_>, w: View<'_>, y: View<'_>) -> Result<(), DnnError> {
+        let d = self.dims;
+        let e = self.ty.elem_bytes();
+        x.require(d.n * d.c * d.h * d.w * e, "convolution input")?;
+        w.require(d.k * d.c * d.r * d.s * e, "convolution filter")?;
+        y.require(self.output_bytes(), "convolution output")?;
+        Ok(())
     }
 }
 
 impl Drop for Dnn {
     fn drop(&mut self) {
+        self.choices.borrow_mut().save();
         // SAFETY: created in new(), destroyed only here, after queued work finished.
         unsafe {
             let _ = self.stream.synchronize();

@@ -8,9 +8,12 @@
 
 pub mod blas;
 pub mod dnn;
+pub mod dnn_graph;
 pub mod driver;
+pub mod kernels;
 pub mod libs;
 pub mod loader;
+pub mod mem;
 pub mod nvml;
 pub mod testing;
 pub mod timing;

@@ -776,7 +776,7 @@ fn make_alias_dir(discovery: &Discovery) -> Option<PathBuf> {
     Some(dir)
 }
 
-fn cache_dir() -> Option<PathBuf> {
+pub(crate) fn cache_dir() -> Option<PathBuf> {
     let candidates = [
         std::env::var_os("XDG_CACHE_HOME").map(|p| PathBuf::from(p).join("gpukit")),
         std::env::var_os("HOME").map(|p| PathBuf::from(p).join(".cache/gpukit")),

@@ -1,6 +1,7 @@
 //! Command-line definitions.
 
 use clap::{Args, Parser, Subcommand};
+use gpukit_bench::infer::InferStrategy;
 use gpukit_tensor::{DType, Device, DeviceSelection};
 use std::path::PathBuf;
 
@@ -27,7 +28,8 @@ pub enum Command {
     /// How much faster the GPU is than the CPU: matmul, bandwidth, conv.
     #[command(subcommand)]
     Bench(BenchCommand),
-    /// ResNet inference on the CPU: gpukit's engine against ONNX Runtime, per batch size.
+    /// ResNet inference per batch size: gpukit's GPU engine in each strategy, its CPU path and
+    /// ONNX Runtime, every row's logits checked.
     Infer(InferArgs),
     /// Run every command and write DIR/report.json and DIR/report.md.
     All(AllArgs),
@@ -67,13 +69,32 @@ pub struct InferArgs {
     #[arg(long, default_value = "224", value_parser = parse_iterations)]
     pub image_size: usize,
 
-    /// Timed repetitions per row (fewer if a row would pass 10 s).
+    /// Timed repetitions per CPU row (fewer if a row would pass 10 s).
     #[arg(long, default_value = "10", value_parser = parse_iterations)]
     pub iterations: usize,
 
-    /// cpu (the GPU engine is not built yet).
-    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
-    pub device: Device,
+    /// Timed repetitions per GPU row, after 3 warm-up passes (CUDA events around each).
+    #[arg(long, default_value = "50", value_parser = parse_iterations)]
+    pub gpu_iterations: usize,
+
+    /// cpu, cuda:N or all (the CPU rows, plus cuda:0 when a GPU is usable).
+    #[arg(long, default_value = "all", value_name = "DEVICE")]
+    pub device: DeviceSelection,
+
+    /// Rows to run: cpu (gpukit's f32 CPU path), onnxruntime, and GPU strategies
+    /// PRECISION[-nhwc][-graph], PRECISION one of fp32, tf32, fp16, bf16 (-nhwc: NHWC
+    /// activations, else NCHW; -graph: replayed as a CUDA graph, else launched call by call)
+    /// [default: cpu,onnxruntime,fp32,fp32-graph,tf32,tf32-graph,tf32-nhwc,tf32-nhwc-graph,fp16,fp16-graph,fp16-nhwc,fp16-nhwc-graph,bf16-nhwc,bf16-nhwc-graph; those --device runs]
+    #[arg(long, value_name = "NAME,...", value_delimiter = ',', value_parser = parse_strategy)]
+    pub strategies: Option<Vec<InferStrategy>>,
+
+    /// Run the same strategies through PyTorch (scripts/pytorch_reference.py) and show both.
+    #[arg(long)]
+    pub compare_pytorch: bool,
+}
+
+fn parse_strategy(s: &str) -> Result<InferStrategy, String> {
+    InferStrategy::parse(s)
 }
 
 #[derive(Debug, Subcommand)]
@@ -284,6 +305,41 @@ mod tests {
     fn iterations_must_be_positive() {
         assert!(parse_iterations("0").is_err());
         assert_eq!(parse_iterations("7"), Ok(7));
+    }
+
+    #[test]
+    fn infer_help_lists_the_default_strategies() {
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        let help = cmd
+            .find_subcommand_mut("infer")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        let squeezed: String = help.split_whitespace().collect();
+        let names: Vec<String> = InferStrategy::defaults()
+            .iter()
+            .map(InferStrategy::name)
+            .collect();
+        assert!(
+            squeezed.contains(&format!("[default:{}", names.join(","))),
+            "{help}"
+        );
+        let cli = Cli::try_parse_from(["gpukit", "infer", "--strategies", "cpu,fp16-nhwc-graph"])
+            .unwrap();
+        match cli.command {
+            Command::Infer(a) => {
+                assert_eq!(a.device, DeviceSelection::All);
+                assert_eq!(
+                    a.strategies.unwrap(),
+                    vec![
+                        InferStrategy::Cpu,
+                        InferStrategy::parse("fp16-nhwc-graph").unwrap()
+                    ]
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

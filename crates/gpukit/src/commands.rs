@@ -303,7 +303,8 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
     let gpu = check.available && args.device != DeviceSelection::One(Device::Cpu);
     if !check.available {
         skipped.push(Skipped {
-            part: "GPU rows of bench matmul, bench conv, and all of bench bandwidth".into(),
+            part: "GPU rows of bench matmul, bench conv and infer, and all of bench bandwidth"
+                .into(),
             reason: check.reason.clone().unwrap_or_default(),
         });
     }
@@ -383,22 +384,59 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
     let conv = run_conv(&discovery, &resnet50_shapes(copts.batch), &copts, &mut prog);
     seconds.push(("bench conv".to_string(), t.elapsed().as_secs_f64()));
 
-    step("infer (CPU)");
+    step("infer");
     let t = Instant::now();
-    let iopts = gpukit_bench::infer::InferOptions {
-        model: gpukit_models::ResNet::R50,
-        batch_sizes: if args.quick || !gpu {
-            vec![1]
+    let iopts = {
+        use gpukit_bench::infer::InferStrategy;
+        use gpukit_models::gpu::Strategy;
+        let strategies = if gpu && args.quick {
+            let mut v = vec![InferStrategy::Cpu, InferStrategy::OnnxRuntime];
+            v.extend(
+                ["fp32", "fp16-nhwc", "fp16-nhwc-graph"]
+                    .iter()
+                    .filter_map(|s| Strategy::parse(s).ok())
+                    .map(InferStrategy::Gpu),
+            );
+            v
         } else {
-            vec![1, 8]
-        },
-        iterations: if args.quick { 2 } else { 5 },
-        weights: None,
-        image_size: 224,
-        budget_s: 5.0,
+            InferStrategy::defaults()
+        };
+        gpukit_bench::infer::InferOptions {
+            model: gpukit_models::ResNet::R50,
+            batch_sizes: match (gpu, args.quick) {
+                (false, _) => vec![1],
+                (true, true) => vec![1, 32],
+                (true, false) => vec![1, 8, 32],
+            },
+            iterations: if args.quick { 2 } else { 5 },
+            weights: None,
+            image_size: 224,
+            budget_s: 5.0,
+            selection: if gpu {
+                args.device
+            } else {
+                DeviceSelection::One(Device::Cpu)
+            },
+            strategies,
+            gpu_iterations: if args.quick { 20 } else { 50 },
+            // the CPU rows at large batches take minutes: the GPU rows' comparison is enough
+            cpu_max_batch: Some(if args.quick { 1 } else { 8 }),
+        }
     };
-    let infer = match gpukit_bench::infer::run_infer(&iopts, &mut prog) {
-        Ok(r) => Some(r),
+    let infer = match gpukit_bench::infer::run_infer(&discovery, &iopts, &mut prog) {
+        Ok(r) => {
+            let gpu_skipped = r
+                .gpu_unavailable
+                .clone()
+                .or_else(|| gpukit_bench::infer::gpu_rows_without_figure(&r));
+            if let Some(reason) = gpu_skipped {
+                skipped.push(Skipped {
+                    part: "infer's GPU rows".into(),
+                    reason,
+                });
+            }
+            Some(r)
+        }
         Err(e) => {
             skipped.push(Skipped {
                 part: "infer".into(),
@@ -561,30 +599,66 @@ fn emit_conv(
 }
 
 fn infer(a: InferArgs, out: &Output) -> Result<()> {
-    if a.device != Device::Cpu {
-        return Err(UsageError(format!(
-            "infer runs on the CPU for now (gpukit's GPU inference engine is not built yet); {} is not available: use --device cpu",
-            a.device
-        ))
-        .into());
+    use gpukit_bench::infer::{
+        compare_with_pytorch, gpu_rows_without_figure, run_infer, select_strategies, InferError,
+        InferOptions,
+    };
+    let strategies = select_strategies(a.strategies.as_deref(), a.device).map_err(UsageError)?;
+    let wants_gpu = strategies.iter().any(|s| !s.on_cpu());
+    // only GPU work needs the CUDA libraries on the loader's path (which may re-execute)
+    let discovery = if wants_gpu {
+        prepare_process()
+    } else {
+        discover()
+    };
+    if wants_gpu {
+        check_named_gpu(&discovery, a.device)?;
     }
-    let opts = gpukit_bench::infer::InferOptions {
+    let opts = InferOptions {
         model: a.model_name,
         batch_sizes: a.batch_sizes.clone(),
         iterations: a.iterations,
         weights: a.weights.clone(),
         image_size: a.image_size,
         budget_s: 10.0,
+        selection: a.device,
+        strategies,
+        gpu_iterations: a.gpu_iterations,
+        cpu_max_batch: None,
     };
-    let report = gpukit_bench::infer::run_infer(&opts, &mut progress()).map_err(|e| match e {
-        gpukit_bench::infer::InferError::Weights(w) => {
-            anyhow::Error::from(UsageError(w.to_string()))
-        }
-        gpukit_bench::infer::InferError::Invalid(m) => UsageError(m).into(),
+    let mut report = run_infer(&discovery, &opts, &mut progress()).map_err(|e| match e {
+        InferError::Weights(w) => anyhow::Error::from(UsageError(w.to_string())),
+        InferError::Invalid(m) => UsageError(m).into(),
     })?;
+    if let (Some(n), Some(why)) = (a.device.named_cuda(), &report.gpu_unavailable) {
+        anyhow::bail!("infer on cuda:{n} cannot run: {why}");
+    }
+    if report.rows.is_empty() {
+        let why: Vec<String> = [
+            report.gpu_unavailable.as_ref().map(|w| format!("GPU: {w}")),
+            report
+                .onnxruntime_unavailable
+                .as_ref()
+                .map(|w| format!("ONNX Runtime: {w}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        anyhow::bail!("no strategy could run: {}", why.join("; "));
+    }
+    let peer = a
+        .compare_pytorch
+        .then(|| compare_with_pytorch(&mut report, &opts));
     emit(&report, out, || {
         print!("{}", to_terminal(&crate::render::infer_sections(&report)));
+        if let Some(l) = peer_line(&peer) {
+            println!("{l}");
+        }
         Ok(())
     })?;
-    fail_if_wrong(report.rows.iter().map(|r| &r.status))
+    fail_if_wrong(report.rows.iter().map(|r| &r.status))?;
+    match gpu_rows_without_figure(&report) {
+        Some(why) => anyhow::bail!(why),
+        None => Ok(()),
+    }
 }

@@ -712,67 +712,313 @@ pub fn conv_sections(r: &gpukit_bench::conv::ConvReport) -> Vec<Section> {
     }]
 }
 
-pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
-    let (header, rows) = results_table(
-        &r.rows,
-        Columns {
-            naming: &["strategy", "device", "batch"],
-            measured: &[
-                "median ms (p90)",
-                "images/s",
-                "vs gpukit f32",
-                "max rel. diff",
-                "top-1 agree",
-            ],
-            rate_unit: "images/s",
-            name: &|x: &gpukit_bench::infer::InferRow| {
-                vec![x.strategy.clone(), x.device.clone(), x.batch.to_string()]
-            },
-            status: &|x| &x.status,
-            values: &|x| {
-                vec![
-                    x.timing
-                        .as_ref()
-                        .map(|t| {
-                            format!(
-                                "{:.2} ({:.2}) n={}",
-                                t.summary_ms.median, t.summary_ms.p90, t.summary_ms.count
-                            )
-                        })
-                        .unwrap_or_default(),
-                    f1(x.images_per_s),
-                    times(x.speedup_vs_reference),
-                    x.agreement
-                        .as_ref()
-                        .map(|a| format!("{:.1e}", a.max_rel))
-                        .unwrap_or_else(|| "reference".into()),
-                    x.agreement
-                        .as_ref()
-                        .map(|a| format!("{:.0}%", a.top1 * 100.0))
-                        .unwrap_or_default(),
-                ]
-            },
-            peer: &|_| None,
-        },
-    );
-    let mut notes = vec![format!(
-        "{} ({} parameters), weights: {}; {}x{} random inputs; {} CPU threads. Every strategy's logits are compared with gpukit's f32 CPU path on the same input.",
-        r.model, r.parameters, r.weights, r.image_size, r.image_size, r.cpu_threads
-    )];
-    if let Some(why) = &r.onnxruntime_unavailable {
-        notes.push(format!("ONNX Runtime rows skipped: {why}"));
+/// `12345.6` -> `12,346`; below 1000 as [`f1`] does.
+fn grouped(x: f64) -> String {
+    if !x.is_finite() || x.abs() < 1000.0 {
+        return f1(Some(x));
     }
-    vec![Section {
-        title: "Inference (CPU)".into(),
-        header: Some(header),
-        rows,
-        notes,
-    }]
+    let digits = format!("{:.0}", x.abs());
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if x < 0.0 {
+        out.insert(0, '-');
+    }
+    out
+}
+
+/// "best at batch 32: fp16-nhwc-graph 12,345 img/s, 3.1x fp32 eager, 250x CPU f32".
+pub fn infer_best_line(b: &gpukit_bench::infer::InferRow) -> String {
+    let mut line = format!(
+        "best at batch {}: {} {} img/s",
+        b.batch,
+        b.strategy,
+        grouped(b.images_per_s.unwrap_or(0.0))
+    );
+    if let Some(x) = b.speedup_vs_fp32_eager {
+        line.push_str(&format!(", {} fp32 eager", times(Some(x))));
+    }
+    if let Some(x) = b.speedup_vs_reference {
+        line.push_str(&format!(", {} gpukit's CPU f32", times(Some(x))));
+    }
+    line
+}
+
+fn infer_setup(r: &gpukit_bench::infer::InferReport, gpu_rows: bool) -> Section {
+    use gpukit_bench::infer::{CPU_CHECK_IMAGES, GPU_WARMUP};
+    let gpu = match (&r.gpu_device, &r.gpu_unavailable) {
+        (Some(d), _) => d.clone(),
+        (None, Some(why)) => format!("GPU rows absent: {why}"),
+        (None, None) if gpu_rows => "?".into(),
+        (None, None) => "not selected".into(),
+    };
+    let mut rows = vec![
+        (
+            "Model",
+            format!(
+                "{} ({} parameters), weights: {}",
+                r.model,
+                grouped(r.parameters as f64),
+                r.weights
+            ),
+        ),
+        (
+            "Input",
+            format!(
+                "{0}x{0} random RGB images in [-1, 1); every strategy at one batch size gets the same batch",
+                r.image_size
+            ),
+        ),
+        (
+            "CPU",
+            format!(
+                "{} threads; ONNX Runtime {}",
+                r.cpu_threads,
+                match &r.onnxruntime_unavailable {
+                    Some(why) => format!("rows skipped: {why}"),
+                    None => "on the same weights (exported to ONNX)".into(),
+                }
+            ),
+        ),
+        ("GPU", gpu),
+    ];
+    let mut checks =
+        "ONNX Runtime against gpukit's f32 CPU path (max rel. diff <= 1e-3 and the same top-1)"
+            .to_string();
+    if gpu_rows {
+        checks.push_str(&format!(
+            "; GPU fp32 NCHW eager against gpukit's CPU forward on the first {CPU_CHECK_IMAGES} images (<= 1e-4), every other GPU strategy against those GPU fp32 logits on the whole batch (fp32 1e-4, tf32 1e-2, fp16 1e-2, bf16 5e-2). A row over its tolerance fails and shows no speed; top-1 agreement is shown, not judged (random weights give close logits)"
+        ));
+        rows.push((
+            "Timing",
+            format!(
+                "CPU rows: host clock; GPU rows: CUDA events around each pass (after {GPU_WARMUP} warm-up passes), eager = call by call, graph = one CUDA graph launch. GPU memory: the engine's own accounting (weights + activation arena + largest cuDNN workspace)"
+            ),
+        ));
+    }
+    rows.push(("Checks", checks));
+    Section::kv(format!("Inference: {}", r.model), rows)
+}
+
+/// A setup list, then one table per batch size with the best GPU strategy under it.
+pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
+    use gpukit_bench::infer::{best_gpu_rows, is_gpu_row, InferRow};
+    let gpu = r.rows.iter().any(is_gpu_row);
+    let mut out = vec![infer_setup(r, gpu)];
+    let mut batches: Vec<usize> = r.rows.iter().map(|x| x.batch).collect();
+    batches.sort_unstable();
+    batches.dedup();
+    let best = best_gpu_rows(&r.rows);
+    let measured: &[&str] = if gpu {
+        &[
+            "median ms (p10-p90)",
+            "images/s",
+            "vs fp32 eager",
+            "vs CPU f32",
+            "GPU memory",
+            "max rel. diff (tolerance)",
+            "top-1 agree",
+        ]
+    } else {
+        &[
+            "median ms (p10-p90)",
+            "images/s",
+            "vs CPU f32",
+            "max rel. diff (tolerance)",
+            "top-1 agree",
+        ]
+    };
+    for n in batches {
+        let rows: Vec<&InferRow> = r.rows.iter().filter(|x| x.batch == n).collect();
+        let (header, body) = results_table(
+            &rows,
+            Columns {
+                naming: &["strategy", "device"],
+                measured,
+                rate_unit: "images/s",
+                name: &|x: &&InferRow| vec![x.strategy.clone(), x.device.clone()],
+                status: &|x| &x.status,
+                values: &|x| {
+                    let mut cells = vec![
+                        x.timing
+                            .as_ref()
+                            .map(|t| {
+                                let s = &t.summary_ms;
+                                format!("{:.3} ({:.3}-{:.3}) n={}", s.median, s.p10, s.p90, s.count)
+                            })
+                            .unwrap_or_default(),
+                        x.images_per_s.map(grouped).unwrap_or_default(),
+                    ];
+                    if gpu {
+                        cells.push(times(x.speedup_vs_fp32_eager));
+                    }
+                    cells.push(times(x.speedup_vs_reference));
+                    if gpu {
+                        cells.push(x.gpu_memory_bytes.map(mib).unwrap_or_default());
+                    }
+                    cells.push(match (&x.agreement, x.tolerance) {
+                        (Some(a), Some(t)) => format!("{:.1e} ({t:.0e})", a.max_rel),
+                        (Some(a), None) => format!("{:.1e}", a.max_rel),
+                        (None, _) => "reference".into(),
+                    });
+                    cells.push(
+                        x.agreement
+                            .as_ref()
+                            .map(|a| format!("{:.0}%", a.top1 * 100.0))
+                            .unwrap_or_default(),
+                    );
+                    cells
+                },
+                peer: &|x| x.pytorch.as_ref(),
+            },
+        );
+        let notes = best
+            .iter()
+            .filter(|b| b.batch == n)
+            .map(|b| infer_best_line(b))
+            .collect();
+        out.push(Section {
+            title: format!("Inference at batch {n}"),
+            header: Some(header),
+            rows: body,
+            notes,
+        });
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn infer_row(
+        strategy: &str,
+        device: &str,
+        batch: usize,
+        rate: f64,
+    ) -> gpukit_bench::infer::InferRow {
+        use gpukit_bench::harness::{Clock, Measurement};
+        gpukit_bench::infer::InferRow {
+            strategy: strategy.into(),
+            device: device.into(),
+            batch,
+            status: RowStatus::Ok,
+            timing: Some(Measurement {
+                clock: Clock::CudaEvents,
+                warmup: 3,
+                reps_planned: 1,
+                summary_ms: gpukit_bench::stats::Summary::of(&[batch as f64 / rate * 1e3]).unwrap(),
+            }),
+            images_per_s: Some(rate),
+            speedup_vs_reference: None,
+            speedup_vs_fp32_eager: None,
+            gpu_memory_bytes: (device != "cpu").then_some(300 << 20),
+            gpu_memory: None,
+            agreement: Some(gpukit_bench::infer::Agreement {
+                max_abs: 1e-3,
+                max_rel: 2e-4,
+                top1: 1.0,
+            }),
+            compared_with: None,
+            tolerance: Some(1e-2),
+            pytorch: None,
+        }
+    }
+
+    fn infer_report(
+        rows: Vec<gpukit_bench::infer::InferRow>,
+        gpu_unavailable: Option<&str>,
+    ) -> gpukit_bench::infer::InferReport {
+        gpukit_bench::infer::InferReport {
+            model: "resnet50".into(),
+            parameters: 25_557_032,
+            weights: "seeded".into(),
+            image_size: 224,
+            cpu_threads: 16,
+            rows,
+            onnxruntime_unavailable: None,
+            gpu_device: gpu_unavailable
+                .is_none()
+                .then(|| "cuda:0 Test GPU".to_string()),
+            gpu_unavailable: gpu_unavailable.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn infer_has_a_table_per_batch_and_the_best_gpu_strategy_under_it() {
+        use gpukit_bench::infer::CPU_ROW;
+        let mut cpu = infer_row(CPU_ROW, "cpu", 32, 40.0);
+        cpu.agreement = None;
+        cpu.tolerance = None;
+        let mut fp32 = infer_row("fp32", "cuda:0", 32, 4000.0);
+        fp32.speedup_vs_fp32_eager = Some(1.0);
+        let mut fast = infer_row("fp16-nhwc-graph", "cuda:0", 32, 12_345.0);
+        fast.speedup_vs_fp32_eager = Some(3.09);
+        fast.speedup_vs_reference = Some(308.6);
+        let mut broken = infer_row("bf16-nhwc", "cuda:0", 32, 99_999.0);
+        broken.status = RowStatus::Failed("logits differ".into());
+        let rows = vec![
+            infer_row("fp32", "cuda:0", 1, 500.0),
+            cpu,
+            fp32,
+            fast,
+            broken,
+        ];
+        let sections = infer_sections(&infer_report(rows, None));
+        let titles: Vec<&str> = sections.iter().map(|s| s.title.as_str()).collect();
+        assert_eq!(
+            titles,
+            [
+                "Inference: resnet50",
+                "Inference at batch 1",
+                "Inference at batch 32"
+            ]
+        );
+        let b32 = &sections[2];
+        assert_eq!(b32.rows.len(), 4);
+        assert_eq!(
+            b32.notes,
+            ["best at batch 32: fp16-nhwc-graph 12,345 img/s, 3.09x fp32 eager, 309x gpukit's CPU f32"]
+        );
+        let text = to_terminal(&sections);
+        assert!(text.contains("FAILED: logits differ"), "{text}");
+        assert!(
+            text.contains("reference") && text.contains("300.0 MiB"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cuda:0 Test GPU") && text.contains("25,557,032"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn infer_without_a_gpu_says_why_and_keeps_cpu_columns() {
+        let rows = vec![infer_row(gpukit_bench::infer::CPU_ROW, "cpu", 1, 20.0)];
+        let sections = infer_sections(&infer_report(rows, Some("no NVIDIA driver found")));
+        let text = to_terminal(&sections);
+        assert!(
+            text.contains("GPU rows absent: no NVIDIA driver found"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("GPU memory") && !text.contains("best at"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn grouped_thousands() {
+        assert_eq!(grouped(12_345.4), "12,345");
+        assert_eq!(grouped(1_000.0), "1,000");
+        assert_eq!(grouped(999.0), "999");
+        assert_eq!(grouped(25_557_032.0), "25,557,032");
+        assert_eq!(grouped(12.34), "12.3");
+    }
 
     #[test]
     fn markdown_escapes_pipes_and_keeps_shape() {

@@ -127,6 +127,17 @@ fn a_device_that_does_not_exist_exits_2_and_no_gpu_exits_1() {
     for args in [
         &["check", "--device", "cuda:9"][..],
         &["bench", "matmul", "--device", "cuda:9", "--sizes", "64"][..],
+        &[
+            "infer",
+            "--device",
+            "cuda:9",
+            "--model-name",
+            "resnet18",
+            "--batch-sizes",
+            "1",
+            "--image-size",
+            "32",
+        ][..],
     ] {
         let out = gpukit(args);
         // a GPU index past the last is a typo (2); no GPU at all is missing hardware (1)
@@ -309,16 +320,175 @@ fn infer_on_the_cpu_reports_rows_that_agree() {
         "48",
         "--iterations",
         "1",
+        "--device",
+        "cpu",
         "--json",
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["parameters"], 11_689_512);
+    assert!(
+        v["gpu_device"].is_null() && v["gpu_unavailable"].is_null(),
+        "{v}"
+    );
     let rows = v["rows"].as_array().unwrap();
     assert!(rows.len() >= 2);
     for r in rows {
         assert_eq!(r["status"]["status"], "ok", "{r}");
+        assert_eq!(r["device"], "cpu", "{r}");
         assert!(r["images_per_s"].as_f64().unwrap() > 0.0);
+        // every row has the same keys, GPU-only ones null on the CPU
+        let keys: Vec<&str> = r.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        for k in [
+            "strategy",
+            "device",
+            "batch",
+            "status",
+            "timing",
+            "images_per_s",
+            "speedup_vs_reference",
+            "speedup_vs_fp32_eager",
+            "gpu_memory_bytes",
+            "gpu_memory",
+            "agreement",
+            "compared_with",
+            "tolerance",
+            "pytorch",
+        ] {
+            assert!(keys.contains(&k), "{k} missing from {r}");
+        }
+        assert!(r["gpu_memory_bytes"].is_null() && r["speedup_vs_fp32_eager"].is_null());
+    }
+    // sorted by batch, the CPU reference first within a batch
+    let order: Vec<(u64, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["batch"].as_u64().unwrap(),
+                r["strategy"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(order[0].0, 1);
+    assert!(order[0].1.starts_with("gpukit f32"), "{order:?}");
+    assert_eq!(order.last().unwrap().0, 2);
+}
+
+fn has_gpu() -> bool {
+    let v: serde_json::Value =
+        serde_json::from_slice(&gpukit(&["check", "--quick", "--json"]).stdout).unwrap();
+    v["available"] == true
+}
+
+/// A small, quick infer run on every device the machine has.
+const SMALL_INFER: [&str; 10] = [
+    "infer",
+    "--model-name",
+    "resnet18",
+    "--batch-sizes",
+    "1,2",
+    "--image-size",
+    "48",
+    "--iterations",
+    "1",
+    "--gpu-iterations",
+];
+
+#[test]
+fn infer_on_all_devices_runs_gpu_rows_or_says_why_not() {
+    let mut args = SMALL_INFER.to_vec();
+    args.extend(["3", "--json"]);
+    let out = gpukit(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    let gpu_rows: Vec<&serde_json::Value> = rows.iter().filter(|r| r["device"] != "cpu").collect();
+    assert!(rows.iter().any(|r| r["device"] == "cpu"), "{v}");
+    if has_gpu() {
+        assert!(v["gpu_unavailable"].is_null(), "{v}");
+        assert!(
+            v["gpu_device"].as_str().unwrap().starts_with("cuda:0 "),
+            "{v}"
+        );
+        // 12 default GPU strategies x 2 batch sizes
+        assert_eq!(gpu_rows.len(), 24, "{v}");
+        for r in &gpu_rows {
+            assert_eq!(r["status"]["status"], "ok", "{r}");
+            assert_eq!(r["device"], "cuda:0");
+            assert!(r["gpu_memory_bytes"].as_u64().unwrap() > 0, "{r}");
+            assert!(r["tolerance"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(
+                r["agreement"]["max_rel"].as_f64().unwrap() <= r["tolerance"].as_f64().unwrap()
+            );
+            assert!(r["speedup_vs_fp32_eager"].as_f64().unwrap() > 0.0, "{r}");
+        }
+        let first_gpu = rows.iter().position(|r| r["device"] != "cpu").unwrap();
+        assert_eq!(
+            rows[first_gpu]["strategy"], "fp32",
+            "GPU rows in the default order"
+        );
+    } else {
+        assert!(gpu_rows.is_empty(), "{v}");
+        let why = v["gpu_unavailable"]
+            .as_str()
+            .expect("the reason GPU rows are absent");
+        assert!(why.len() > 20, "{why}");
+        // the table says it too
+        let mut args = SMALL_INFER.to_vec();
+        args.push("3");
+        let out = gpukit(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let s = text(&out.stdout);
+        assert!(s.contains("GPU rows absent: "), "{s}");
+        assert!(s.contains("Inference at batch 2"), "{s}");
+    }
+}
+
+#[test]
+fn infer_on_a_named_gpu_runs_it_or_exits_1_naming_the_driver() {
+    let mut args = SMALL_INFER.to_vec();
+    args.extend([
+        "3",
+        "--device",
+        "cuda:0",
+        "--strategies",
+        "fp16-nhwc-graph,fp32-graph",
+        "--json",
+    ]);
+    let out = gpukit(&args);
+    if has_gpu() {
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let rows: Vec<(u64, String)> = v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["batch"].as_u64().unwrap(),
+                    r["strategy"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                (1, "fp16-nhwc-graph".to_string()),
+                (1, "fp32-graph".to_string()),
+                (2, "fp16-nhwc-graph".to_string()),
+                (2, "fp32-graph".to_string()),
+            ],
+            "only the GPU rows asked for, in their order; fp32 eager runs as the reference only"
+        );
+    } else {
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("cuda:0") && err.contains("NVIDIA driver"),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(out.stdout.is_empty());
     }
 }
 
@@ -328,7 +498,17 @@ fn infer_bad_input_exits_2_with_the_reason() {
         (&["infer", "--batch-sizes", "0"][..], "at least 1"),
         (&["infer", "--batch-sizes", "x"][..], "'x'"),
         (&["infer", "--model-name", "vgg16"][..], "vgg16"),
-        (&["infer", "--device", "cuda:0"][..], "--device cpu"),
+        (&["infer", "--strategies", "fp16,fp8"][..], "\"fp8\""),
+        (&["infer", "--strategies", "fp16-nhwc-fast"][..], "\"fast\""),
+        (
+            &["infer", "--strategies", "cpu", "--device", "cuda:0"][..],
+            "cpu",
+        ),
+        (
+            &["infer", "--strategies", "bf16-nhwc", "--device", "cpu"][..],
+            "bf16-nhwc",
+        ),
+        (&["infer", "--device", "tpu"][..], "tpu"),
         (
             &["infer", "--weights", "/nonexistent/w.safetensors"][..],
             "/nonexistent/w.safetensors",

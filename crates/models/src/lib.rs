@@ -3,8 +3,10 @@
 //! CPU inference with batch norm folded, the reference for the GPU strategies to come.
 
 pub mod forward;
+pub mod gpu;
 pub mod onnx;
 pub mod ort_runner;
+pub mod plan;
 pub mod resnet;
 pub mod weights;
 

@@ -1,0 +1,378 @@
+//! gpukit's own small GPU kernels (layout/precision conversion, pooling, bias), written in CUDA C,
+//! compiled at run time by NVRTC for the device's own architecture and cached on disk.
+//!
+//! To use: [`Kernels::new`] once per opened [`Gpu`] (compiles, or reads the cached PTX), then the
+//! launch methods, which enqueue on the GPU's stream and return at once (capturable in a graph).
+//! The half-precision types are handled with bit operations and PTX conversions, so the source
+//! needs no CUDA headers (NVRTC builds without any include path).
+
+use crate::driver::{CudaError, Gpu};
+use crate::loader::{Discovery, Lib};
+use crate::mem::View;
+use cudarc::driver::{CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Storage type of an activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Elem {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Elem {
+    pub fn bytes(self) -> usize {
+        match self {
+            Elem::F32 => 4,
+            Elem::F16 | Elem::Bf16 => 2,
+        }
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            Elem::F32 => "f32",
+            Elem::F16 => "f16",
+            Elem::Bf16 => "bf16",
+        }
+    }
+}
+
+const SOURCE: &str = r#"
+struct H { unsigned short v; };
+struct B { unsigned short v; };
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(H x) {
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.v)); return f;
+}
+__device__ __forceinline__ float to_f(B x) { return __uint_as_float(((unsigned)x.v) << 16); }
+
+template <class T> __device__ __forceinline__ T from_f(float f);
+template <> __device__ __forceinline__ float from_f<float>(float f) { return f; }
+template <> __device__ __forceinline__ H from_f<H>(float f) {
+    H h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.v) : "f"(f)); return h;
+}
+template <> __device__ __forceinline__ B from_f<B>(float f) {
+    unsigned u = __float_as_uint(f);
+    B b;
+    if ((u & 0x7fffffffu) > 0x7f800000u) { b.v = 0x7fc0; return b; }  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);                                 // round to nearest even
+    b.v = (unsigned short)(u >> 16);
+    return b;
+}
+
+// NCHW f32 input -> T in NCHW or NHWC with `cout` >= c channels (the extra ones zero).
+template <class T, bool NHWC>
+__device__ void convert_input(const float* __restrict__ x, T* __restrict__ y,
+                              int n, int c, int cout, int hw) {
+    long total = (long)n * cout * hw;
+    for (long o = blockIdx.x * (long)blockDim.x + threadIdx.x; o < total;
+         o += (long)gridDim.x * blockDim.x) {
+        int img, ch, p;
+        if (NHWC) { ch = o % cout; long r = o / cout; p = r % hw; img = r / hw; }
+        else { p = o % hw; long r = o / hw; ch = r % cout; img = r / cout; }
+        float v = ch < c ? x[((long)img * c + ch) * hw + p] : 0.0f;
+        y[o] = from_f<T>(v);
+    }
+}
+
+// 3x3 max pooling, stride 2, padding 1 (padding is -inf: it never wins).
+template <class T, bool NHWC>
+__device__ void max_pool(const T* __restrict__ x, T* __restrict__ y,
+                         int n, int c, int h, int w, int p, int q) {
+    long total = (long)n * c * p * q;
+    for (long o = blockIdx.x * (long)blockDim.x + threadIdx.x; o < total;
+         o += (long)gridDim.x * blockDim.x) {
+        int img, ch, i, j;
+        if (NHWC) { ch = o % c; long r = o / c; j = r % q; r /= q; i = r % p; img = r / p; }
+        else { j = o % q; long r = o / q; i = r % p; r /= p; ch = r % c; img = r / c; }
+        float m = -__int_as_float(0x7f800000);
+        for (int di = 0; di < 3; ++di) {
+            int yy = 2 * i + di - 1;
+            if (yy < 0 || yy >= h) continue;
+            for (int dj = 0; dj < 3; ++dj) {
+                int xx = 2 * j + dj - 1;
+                if (xx < 0 || xx >= w) continue;
+                long at = NHWC ? (((long)img * h + yy) * w + xx) * c + ch
+                               : (((long)img * c + ch) * h + yy) * w + xx;
+                m = fmaxf(m, to_f(x[at]));
+            }
+        }
+        y[o] = from_f<T>(m);
+    }
+}
+
+// Global average pooling to f32 features [n, c].
+template <class T, bool NHWC>
+__device__ void avg_pool(const T* __restrict__ x, float* __restrict__ y, int n, int c, int hw) {
+    long total = (long)n * c;
+    for (long o = blockIdx.x * (long)blockDim.x + threadIdx.x; o < total;
+         o += (long)gridDim.x * blockDim.x) {
+        int ch = o % c, img = o / c;
+        float s = 0.0f;
+        for (int p = 0; p < hw; ++p) {
+            long at = NHWC ? ((long)img * hw + p) * c + ch : ((long)img * c + ch) * hw + p;
+            s += to_f(x[at]);
+        }
+        y[o] = s / (float)hw;
+    }
+}
+
+#define INSTANCES(T, TAG)                                                                     \
+extern "C" __global__ void convert_input_##TAG##_nchw(const float* x, T* y, int n, int c,      \
+    int cout, int hw) { convert_input<T, false>(x, y, n, c, cout, hw); }                      \
+extern "C" __global__ void convert_input_##TAG##_nhwc(const float* x, T* y, int n, int c,      \
+    int cout, int hw) { convert_input<T, true>(x, y, n, c, cout, hw); }                       \
+extern "C" __global__ void max_pool_##TAG##_nchw(const T* x, T* y, int n, int c, int h, int w, \
+    int p, int q) { max_pool<T, false>(x, y, n, c, h, w, p, q); }                             \
+extern "C" __global__ void max_pool_##TAG##_nhwc(const T* x, T* y, int n, int c, int h, int w, \
+    int p, int q) { max_pool<T, true>(x, y, n, c, h, w, p, q); }                              \
+extern "C" __global__ void avg_pool_##TAG##_nchw(const T* x, float* y, int n, int c, int hw)   \
+    { avg_pool<T, false>(x, y, n, c, hw); }                                                   \
+extern "C" __global__ void avg_pool_##TAG##_nhwc(const T* x, float* y, int n, int c, int hw)   \
+    { avg_pool<T, true>(x, y, n, c, hw); }
+
+INSTANCES(float, f32)
+INSTANCES(H, f16)
+INSTANCES(B, bf16)
+
+// y[r, k] += b[k] for a row-major rows x cols matrix.
+extern "C" __global__ void add_bias_f32(float* y, const float* b, int rows, int cols) {
+    long total = (long)rows * cols;
+    for (long o = blockIdx.x * (long)blockDim.x + threadIdx.x; o < total;
+         o += (long)gridDim.x * blockDim.x) {
+        y[o] += b[o % cols];
+    }
+}
+"#;
+
+/// The compiled kernels of one device.
+pub struct Kernels {
+    stream: Arc<CudaStream>,
+    _module: Arc<CudaModule>,
+    functions: HashMap<String, CudaFunction>,
+    /// Where the PTX came from: "compiled" or the cache file.
+    pub origin: String,
+    /// Milliseconds spent compiling or reading the cache and loading the module.
+    pub load_ms: f64,
+}
+
+/// Threads per block of every launch here.
+const BLOCK: u32 = 256;
+
+fn config(total: usize) -> LaunchConfig {
+    // grid-stride loops: a bounded grid covers any size
+    let blocks = total.div_ceil(BLOCK as usize).clamp(1, 65_535 * 8) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn int(v: usize, what: &str) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| CudaError::Invalid(format!("{what} = {v} exceeds i32")))
+}
+
+fn cache_file(discovery: &Discovery, arch: &str) -> Option<PathBuf> {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    SOURCE.hash(&mut h);
+    arch.hash(&mut h);
+    crate::libs::api_version(discovery, Lib::Nvrtc).hash(&mut h);
+    crate::loader::cache_dir().map(|d| d.join(format!("kernels-{arch}-{:016x}.ptx", h.finish())))
+}
+
+impl Kernels {
+    /// Compiles the kernels for `gpu` (or reads them from the on-disk cache) and loads them.
+    pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<Kernels, CudaError> {
+        let start = std::time::Instant::now();
+        let (major, minor) = gpu.ctx.compute_capability()?;
+        let arch = format!("sm_{major}{minor}");
+        let cached = cache_file(discovery, &arch);
+        let from_cache = cached
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok().map(|s| (p.clone(), s)));
+        let (ptx, origin) = match from_cache {
+            Some((path, text)) => (Ptx::from_src(text), path.display().to_string()),
+            None => {
+                if !discovery.usable(Lib::Nvrtc) {
+                    return Err(CudaError::MissingLibrary(
+                        discovery.missing_message(Lib::Nvrtc),
+                    ));
+                }
+                // SAFETY: asks the loader only.
+                if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+                    return Err(CudaError::MissingLibrary(
+                        "NVRTC was found but did not load".into(),
+                    ));
+                }
+                let opts = CompileOptions {
+                    options: vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()],
+                    ..Default::default()
+                };
+                let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts).map_err(|e| {
+                    CudaError::Invalid(format!("NVRTC could not compile gpukit's kernels: {e}"))
+                })?;
+                if let Some(path) = &cached {
+                    // written whole, then renamed: a reader never sees half a file
+                    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+                    if std::fs::write(&tmp, ptx.to_src()).is_ok() {
+                        let _ = std::fs::rename(&tmp, path);
+                    }
+                }
+                (ptx, "compiled by NVRTC".to_string())
+            }
+        };
+        let module = gpu.ctx.load_module(ptx)?;
+        let mut functions = HashMap::new();
+        let mut names = vec!["add_bias_f32".to_string()];
+        for e in ["f32", "f16", "bf16"] {
+            for l in ["nchw", "nhwc"] {
+                for k in ["convert_input", "max_pool", "avg_pool"] {
+                    names.push(format!("{k}_{e}_{l}"));
+                }
+            }
+        }
+        for name in names {
+            let f = module.load_function(&name)?;
+            functions.insert(name, f);
+        }
+        Ok(Kernels {
+            stream: gpu.stream.clone(),
+            _module: module,
+            functions,
+            origin,
+            load_ms: start.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    fn function(&self, name: &str) -> Result<&CudaFunction, CudaError> {
+        self.functions
+            .get(name)
+            .ok_or_else(|| CudaError::Invalid(format!("no kernel named {name}")))
+    }
+
+    fn layout(nhwc: bool) -> &'static str {
+        if nhwc {
+            "nhwc"
+        } else {
+            "nchw"
+        }
+    }
+
+    /// `y` (elem, NCHW or NHWC, `cout` channels) = `x` (f32 NCHW, `c` channels), zero-padded.
+    #[allow(clippy::too_many_arguments)]
+    pub fn convert_input(
+        &self,
+        x: View<'_>,
+        y: View<'_>,
+        elem: Elem,
+        nhwc: bool,
+        (n, c, h, w): (usize, usize, usize, usize),
+        cout: usize,
+    ) -> Result<(), CudaError> {
+        if cout < c {
+            return Err(CudaError::Invalid(format!(
+                "convert_input: {cout} output channels < {c} input channels"
+            )));
+        }
+        x.require(n * c * h * w * 4, "convert_input x")?;
+        let total = n * cout * h * w;
+        y.require(total * elem.bytes(), "convert_input y")?;
+        let f = self.function(&format!(
+            "convert_input_{}_{}",
+            elem.tag(),
+            Self::layout(nhwc)
+        ))?;
+        let (px, py) = (x.addr(), y.addr());
+        let (n, c, cout, hw) = (
+            int(n, "n")?,
+            int(c, "c")?,
+            int(cout, "cout")?,
+            int(h * w, "h*w")?,
+        );
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&px).arg(&py).arg(&n).arg(&c).arg(&cout).arg(&hw);
+        // SAFETY: the kernel's parameters are (const float*, T*, int, int, int, int), matched
+        // above; both buffers are large enough (checked).
+        unsafe { b.launch(config(total)) }?;
+        Ok(())
+    }
+
+    /// 3x3 / stride 2 / padding 1 max pooling; returns the output height and width.
+    pub fn max_pool(
+        &self,
+        x: View<'_>,
+        y: View<'_>,
+        elem: Elem,
+        nhwc: bool,
+        (n, c, h, w): (usize, usize, usize, usize),
+    ) -> Result<(usize, usize), CudaError> {
+        let (p, q) = ((h + 2 - 3) / 2 + 1, (w + 2 - 3) / 2 + 1);
+        x.require(n * c * h * w * elem.bytes(), "max_pool x")?;
+        y.require(n * c * p * q * elem.bytes(), "max_pool y")?;
+        let f = self.function(&format!("max_pool_{}_{}", elem.tag(), Self::layout(nhwc)))?;
+        let (px, py) = (x.addr(), y.addr());
+        let a = [
+            int(n, "n")?,
+            int(c, "c")?,
+            int(h, "h")?,
+            int(w, "w")?,
+            int(p, "p")?,
+            int(q, "q")?,
+        ];
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&px).arg(&py);
+        for v in &a {
+            b.arg(v);
+        }
+        // SAFETY: parameters (const T*, T*, int x6) matched above; sizes checked.
+        unsafe { b.launch(config(n * c * p * q)) }?;
+        Ok((p, q))
+    }
+
+    /// Global average pooling of `x` into f32 features `y` [n, c].
+    pub fn avg_pool(
+        &self,
+        x: View<'_>,
+        y: View<'_>,
+        elem: Elem,
+        nhwc: bool,
+        (n, c, h, w): (usize, usize, usize, usize),
+    ) -> Result<(), CudaError> {
+        x.require(n * c * h * w * elem.bytes(), "avg_pool x")?;
+        y.require(n * c * 4, "avg_pool y")?;
+        let f = self.function(&format!("avg_pool_{}_{}", elem.tag(), Self::layout(nhwc)))?;
+        let (px, py) = (x.addr(), y.addr());
+        let (n, c, hw) = (int(n, "n")?, int(c, "c")?, int(h * w, "h*w")?);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&px).arg(&py).arg(&n).arg(&c).arg(&hw);
+        // SAFETY: parameters (const T*, float*, int, int, int) matched above; sizes checked.
+        unsafe { b.launch(config((n * c) as usize)) }?;
+        Ok(())
+    }
+
+    /// `y[r, k] += bias[k]` for a row-major f32 `rows x cols` matrix.
+    pub fn add_bias(
+        &self,
+        y: View<'_>,
+        bias: View<'_>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), CudaError> {
+        y.require(rows * cols * 4, "add_bias y")?;
+        bias.require(cols * 4, "add_bias bias")?;
+        let f = self.function("add_bias_f32")?;
+        let (py, pb) = (y.addr(), bias.addr());
+        let (r, c) = (int(rows, "rows")?, int(cols, "cols")?);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&py).arg(&pb).arg(&r).arg(&c);
+        // SAFETY: parameters (float*, const float*, int, int) matched above; sizes checked.
+        unsafe { b.launch(config(rows * cols)) }?;
+        Ok(())
+    }
+}

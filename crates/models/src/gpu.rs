@@ -1,0 +1,1057 @@
+//! ResNet inference on the GPU: gpukit's own engine.
+//!
+//! - Batch norm is folded into the convolutions at load ([`crate::forward::fold`]); each
+//!   convolution runs as one cuDNN call with its bias, the residual add and the ReLU fused
+//!   (`cudnnConvolutionBiasActivationForward`). A projection shortcut's bias is added into the
+//!   bias of the convolution it joins, so the projection itself is a plain convolution.
+//! - Algorithms are chosen by measurement (cudnnFind) once per shape, when a batch size is
+//!   prepared ([`Session`]).
+//! - Input conversion, max pooling and global average pooling are gpukit's NVRTC kernels; the
+//!   classifier is a cuBLAS f32 matmul plus a bias kernel.
+//! - Every activation lives in one arena laid out by a memory plan ([`crate::plan`]) that reuses
+//!   bytes whose contents are dead; the input batch and the logits are never overwritten.
+//! - A forward pass is one stream of asynchronous calls with no host synchronisation, so it can
+//!   be captured once as a CUDA graph and replayed.
+//!
+//! To use: [`GpuContext::open`], [`GpuWeights::upload`] for a [`Precision`] and layout, then
+//! [`Session::new`] per batch size and [`Session::run`] (or [`Session::enqueue`] /
+//! [`Session::capture`] + [`Session::replay`] to time it).
+
+use crate::forward::{FoldedConv, FoldedResNet};
+use crate::plan::{plan_no_reuse, plan_reuse, Lifetime, MemoryPlan};
+use gpukit_cuda::blas::{Blas, BlasError, DeviceBytes, GemmType};
+use gpukit_cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use gpukit_cuda::cudarc::driver::CudaGraph;
+use gpukit_cuda::dnn::{ConvDims, ConvPlan, ConvType, Dnn, DnnError, FusedChoice};
+use gpukit_cuda::driver::{CudaError, Gpu};
+use gpukit_cuda::kernels::{Elem, Kernels};
+use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::mem::View;
+use half::{bf16, f16};
+
+/// Storage and arithmetic of the convolutions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Precision {
+    /// f32, no tensor cores: the reference.
+    F32,
+    /// f32 storage, TF32 tensor cores.
+    Tf32,
+    F16,
+    Bf16,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 4] = [
+        Precision::F32,
+        Precision::Tf32,
+        Precision::F16,
+        Precision::Bf16,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "fp32",
+            Precision::Tf32 => "tf32",
+            Precision::F16 => "fp16",
+            Precision::Bf16 => "bf16",
+        }
+    }
+
+    fn conv_type(self) -> ConvType {
+        match self {
+            Precision::F32 => ConvType::F32,
+            Precision::Tf32 => ConvType::Tf32,
+            Precision::F16 => ConvType::F16,
+            Precision::Bf16 => ConvType::Bf16,
+        }
+    }
+
+    pub fn elem(self) -> Elem {
+        match self {
+            Precision::F32 | Precision::Tf32 => Elem::F32,
+            Precision::F16 => Elem::F16,
+            Precision::Bf16 => Elem::Bf16,
+        }
+    }
+}
+
+/// One way of running the model: a named row of `gpukit infer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Strategy {
+    pub precision: Precision,
+    /// NHWC activations and KRSC filters (tensor-core friendly); NCHW otherwise.
+    pub nhwc: bool,
+    /// Replayed as a CUDA graph instead of launched call by call.
+    pub graph: bool,
+}
+
+impl Strategy {
+    /// `fp16-nhwc-graph`, `fp32`, ...
+    pub fn name(&self) -> String {
+        let mut s = self.precision.name().to_string();
+        if self.nhwc {
+            s.push_str("-nhwc");
+        }
+        if self.graph {
+            s.push_str("-graph");
+        }
+        s
+    }
+
+    /// Parses a name as [`Strategy::name`] writes it.
+    pub fn parse(text: &str) -> Result<Strategy, String> {
+        let mut parts = text.trim().split('-');
+        let p = parts.next().unwrap_or("");
+        let precision = Precision::ALL
+            .into_iter()
+            .find(|x| x.name() == p)
+            .ok_or_else(|| format!("unknown precision {p:?} in strategy {text:?}"))?;
+        let (mut nhwc, mut graph) = (false, false);
+        for part in parts {
+            match part {
+                "nhwc" if !nhwc && !graph => nhwc = true,
+                "nchw" if !nhwc && !graph => {}
+                "graph" if !graph => graph = true,
+                "eager" if !graph => {}
+                _ => return Err(format!("unknown part {part:?} in strategy {text:?}")),
+            }
+        }
+        Ok(Strategy {
+            precision,
+            nhwc,
+            graph,
+        })
+    }
+
+    /// The default set: every precision in the layout that suits it, eager and as a graph.
+    pub fn defaults() -> Vec<Strategy> {
+        let mut v = Vec::new();
+        for (precision, nhwc) in [
+            (Precision::F32, false),
+            (Precision::Tf32, false),
+            (Precision::Tf32, true),
+            (Precision::F16, false),
+            (Precision::F16, true),
+            (Precision::Bf16, true),
+        ] {
+            for graph in [false, true] {
+                v.push(Strategy {
+                    precision,
+                    nhwc,
+                    graph,
+                });
+            }
+        }
+        v
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{0}")]
+    Cuda(#[from] CudaError),
+    #[error("cuDNN: {0}")]
+    Dnn(#[from] DnnError),
+    #[error("cuBLAS: {0}")]
+    Blas(#[from] BlasError),
+    #[error(
+        "out of GPU memory: the batch needs {requested_mib:.1} MiB more ({what}); \
+         {free_mib:.1} MiB of {total_mib:.1} MiB are free"
+    )]
+    OutOfMemory {
+        what: String,
+        requested_mib: f64,
+        free_mib: f64,
+        total_mib: f64,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn mib(b: usize) -> f64 {
+    b as f64 / (1 << 20) as f64
+}
+
+/// The device and the libraries the engine uses on it, opened once.
+pub struct GpuContext {
+    pub gpu: Gpu,
+    pub dnn: Dnn,
+    pub blas: Blas,
+    pub kernels: Kernels,
+}
+
+impl GpuContext {
+    pub fn open(discovery: &Discovery, ordinal: usize) -> Result<GpuContext, EngineError> {
+        let gpu = Gpu::open(discovery, ordinal)?;
+        let dnn = Dnn::new(discovery, &gpu)?;
+        let blas = Blas::new(discovery, &gpu)?;
+        let kernels = Kernels::new(discovery, &gpu)?;
+        Ok(GpuContext {
+            gpu,
+            dnn,
+            blas,
+            kernels,
+        })
+    }
+
+    /// Allocates `bytes`, turning out-of-memory into [`EngineError::OutOfMemory`].
+    fn alloc(&self, bytes: usize, what: &str) -> Result<DeviceBytes, EngineError> {
+        self.gpu.alloc(bytes).map_err(|e| {
+            let oom =
+                matches!(&e, CudaError::Driver(d) if format!("{d:?}").contains("OUT_OF_MEMORY"));
+            if oom {
+                let (free, total) = self.gpu.mem_info().unwrap_or((0, 0));
+                EngineError::OutOfMemory {
+                    what: what.to_string(),
+                    requested_mib: mib(bytes),
+                    free_mib: mib(free as usize),
+                    total_mib: mib(total as usize),
+                }
+            } else {
+                e.into()
+            }
+        })
+    }
+}
+
+/// A convolution's weights on the device, in the engine's precision and layout.
+struct DeviceConv {
+    k: usize,
+    c: usize,
+    r: usize,
+    stride: usize,
+    pad: usize,
+    weight: DeviceBytes,
+    bias: DeviceBytes,
+}
+
+/// A model's weights on the device for one precision and layout.
+pub struct GpuWeights {
+    pub precision: Precision,
+    pub nhwc: bool,
+    pub num_classes: usize,
+    /// Channels the stem sees (3, or 8 when NHWC: zero channels that tensor cores want).
+    pub input_channels: usize,
+    convs: Vec<DeviceConv>,
+    /// Each block: indices into `convs` of its main path and its projection.
+    blocks: Vec<(Vec<usize>, Option<usize>)>,
+    features: usize,
+    /// features x classes, f32.
+    fc_weight: DeviceBytes,
+    fc_bias: DeviceBytes,
+    /// Bytes of all weights on the device.
+    pub bytes: usize,
+}
+
+fn encode(values: &[f32], elem: Elem) -> Vec<u8> {
+    match elem {
+        Elem::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        Elem::F16 => values
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+            .collect(),
+        Elem::Bf16 => values
+            .iter()
+            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+            .collect(),
+    }
+}
+
+/// K x C x R x S weights as K x C' x R x S (NCHW) or K x R x S x C' (NHWC), C' >= C zero-padded.
+fn arrange(conv: &FoldedConv, c_out: usize, nhwc: bool) -> Vec<f32> {
+    let (k, c, r) = (conv.out_ch, conv.in_ch, conv.kernel);
+    let mut out = vec![0f32; k * c_out * r * r];
+    for o in 0..k {
+        for ch in 0..c {
+            for i in 0..r {
+                for j in 0..r {
+                    let v = conv.weight[((o * c + ch) * r + i) * r + j];
+                    let at = if nhwc {
+                        ((o * r + i) * r + j) * c_out + ch
+                    } else {
+                        ((o * c_out + ch) * r + i) * r + j
+                    };
+                    out[at] = v;
+                }
+            }
+        }
+    }
+    out
+}
+
+impl GpuWeights {
+    /// Converts and uploads `model`'s weights.
+    pub fn upload(
+        ctx: &GpuContext,
+        model: &FoldedResNet,
+        precision: Precision,
+        nhwc: bool,
+    ) -> Result<GpuWeights, EngineError> {
+        let elem = precision.elem();
+        let input_channels = if nhwc { 8 } else { 3 };
+        let mut convs = Vec::new();
+        let mut bytes = 0;
+        let mut push = |conv: &FoldedConv,
+                        c_pad: usize,
+                        bias: Option<Vec<f32>>|
+         -> Result<usize, EngineError> {
+            let w = encode(&arrange(conv, c_pad, nhwc), elem);
+            let b = encode(&bias.unwrap_or_else(|| conv.bias.clone()), elem);
+            bytes += w.len() + b.len();
+            convs.push(DeviceConv {
+                k: conv.out_ch,
+                c: c_pad,
+                r: conv.kernel,
+                stride: conv.stride,
+                pad: conv.pad,
+                weight: ctx.gpu.upload(&w)?,
+                bias: ctx.gpu.upload(&b)?,
+            });
+            Ok(convs.len() - 1)
+        };
+        push(&model.stem, input_channels, None)?;
+        let mut blocks = Vec::new();
+        for block in &model.blocks {
+            let last = block.convs.len() - 1;
+            let mut main = Vec::new();
+            for (i, conv) in block.convs.iter().enumerate() {
+                // the projection's bias joins the last convolution's (both feed one sum)
+                let bias = match (&block.downsample, i == last) {
+                    (Some(d), true) => Some(
+                        conv.bias
+                            .iter()
+                            .zip(&d.bias)
+                            .map(|(a, b)| a + b)
+                            .collect::<Vec<f32>>(),
+                    ),
+                    _ => None,
+                };
+                main.push(push(conv, conv.in_ch, bias)?);
+            }
+            let proj = match &block.downsample {
+                Some(d) => Some(push(d, d.in_ch, Some(vec![0.0; d.out_ch]))?),
+                None => None,
+            };
+            blocks.push((main, proj));
+        }
+        let features = model.fc_weight.len() / model.num_classes.max(1);
+        let mut wt = vec![0f32; features * model.num_classes];
+        for k in 0..model.num_classes {
+            for f in 0..features {
+                wt[f * model.num_classes + k] = model.fc_weight[k * features + f];
+            }
+        }
+        let fc_weight = ctx.gpu.upload(&encode(&wt, Elem::F32))?;
+        let fc_bias = ctx.gpu.upload(&encode(&model.fc_bias, Elem::F32))?;
+        bytes += fc_weight.len() + fc_bias.len();
+        Ok(GpuWeights {
+            precision,
+            nhwc,
+            num_classes: model.num_classes,
+            input_channels,
+            convs,
+            blocks,
+            features,
+            fc_weight,
+            fc_bias,
+            bytes,
+        })
+    }
+}
+
+/// A tensor of the forward pass: per-image shape and element type.
+#[derive(Debug, Clone, Copy)]
+struct Tensor {
+    c: usize,
+    h: usize,
+    w: usize,
+    elem: Elem,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    /// f32 NCHW input -> activation type and layout.
+    Convert {
+        x: usize,
+        y: usize,
+    },
+    /// `conv` index; `z` a residual; `relu`; `fused` false: plain convolution (no bias).
+    Conv {
+        conv: usize,
+        x: usize,
+        y: usize,
+        z: Option<usize>,
+        relu: bool,
+        fused: bool,
+    },
+    MaxPool {
+        x: usize,
+        y: usize,
+    },
+    AvgPool {
+        x: usize,
+        y: usize,
+    },
+    Classifier {
+        x: usize,
+        y: usize,
+    },
+}
+
+enum ConvRun {
+    Fused(FusedChoice),
+    Plain(ConvPlan),
+}
+
+fn algorithms_name(run: &ConvRun) -> String {
+    match run {
+        ConvRun::Fused(f) => f.name(),
+        ConvRun::Plain(p) => p.algo_name.clone(),
+    }
+}
+
+/// Memory of one prepared batch.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+pub struct SessionMemory {
+    /// The activation arena (input batch and logits included).
+    pub arena_bytes: usize,
+    /// What the same activations take without reuse.
+    pub arena_bytes_without_plan: usize,
+    /// The input batch alone (f32).
+    pub input_bytes: usize,
+    /// Most workspace any chosen convolution algorithm uses.
+    pub conv_workspace_bytes: usize,
+    pub weights_bytes: usize,
+}
+
+/// A batch size prepared for one [`GpuWeights`]: arena, plans and (after [`Session::capture`])
+/// a CUDA graph.
+pub struct Session<'a> {
+    ctx: &'a GpuContext,
+    weights: &'a GpuWeights,
+    pub n: usize,
+    pub h: usize,
+    pub w: usize,
+    tensors: Vec<Tensor>,
+    ops: Vec<Op>,
+    /// Per op, its convolution plan; layers of one shape share one (planned once).
+    runs: Vec<Option<std::rc::Rc<ConvRun>>>,
+    arena: DeviceBytes,
+    plan: MemoryPlan,
+    input: usize,
+    logits: usize,
+    graph: Option<CudaGraph>,
+    /// Whether convolutions may use the backend API's fused graphs (else legacy calls only).
+    try_graph: bool,
+    pub memory: SessionMemory,
+    /// The algorithm chosen for each convolution (name), in network order.
+    pub algorithms: Vec<String>,
+}
+
+impl<'a> Session<'a> {
+    /// Builds the op list, plans memory, allocates the arena and measures cuDNN's algorithms for
+    /// every convolution at this batch size.
+    pub fn new(
+        ctx: &'a GpuContext,
+        weights: &'a GpuWeights,
+        n: usize,
+        h: usize,
+        w: usize,
+        reuse: bool,
+    ) -> Result<Session<'a>, EngineError> {
+        if n == 0 {
+            return Err(EngineError::Invalid("batch size must be at least 1".into()));
+        }
+        if h < 32 || w < 32 {
+            return Err(EngineError::Invalid(format!(
+                "input images must be at least 32x32 for a ResNet (got {h}x{w})"
+            )));
+        }
+        let elem = weights.precision.elem();
+        let mut tensors = vec![Tensor {
+            c: 3,
+            h,
+            w,
+            elem: Elem::F32,
+        }];
+        let mut ops = Vec::new();
+        let new = |tensors: &mut Vec<Tensor>, t: Tensor| {
+            tensors.push(t);
+            tensors.len() - 1
+        };
+        // the stem reads the f32 input directly when nothing needs converting
+        let mut x = 0;
+        if elem != Elem::F32 || weights.nhwc || weights.input_channels != 3 {
+            let y = new(
+                &mut tensors,
+                Tensor {
+                    c: weights.input_channels,
+                    h,
+                    w,
+                    elem,
+                },
+            );
+            ops.push(Op::Convert { x, y });
+            x = y;
+        }
+        let conv_out = |tensors: &Vec<Tensor>, x: usize, c: &DeviceConv| -> Tensor {
+            let t = tensors[x];
+            Tensor {
+                c: c.k,
+                h: (t.h + 2 * c.pad - c.r) / c.stride + 1,
+                w: (t.w + 2 * c.pad - c.r) / c.stride + 1,
+                elem,
+            }
+        };
+        let t = conv_out(&tensors, x, &weights.convs[0]);
+        let y = new(&mut tensors, t);
+        ops.push(Op::Conv {
+            conv: 0,
+            x,
+            y,
+            z: None,
+            relu: true,
+            fused: true,
+        });
+        let s = tensors[y];
+        let pooled = new(
+            &mut tensors,
+            Tensor {
+                h: (s.h + 2 - 3) / 2 + 1,
+                w: (s.w + 2 - 3) / 2 + 1,
+                ..s
+            },
+        );
+        ops.push(Op::MaxPool { x: y, y: pooled });
+        x = pooled;
+        for (main, proj) in &weights.blocks {
+            let shortcut = match proj {
+                Some(p) => {
+                    let t = conv_out(&tensors, x, &weights.convs[*p]);
+                    let y = new(&mut tensors, t);
+                    ops.push(Op::Conv {
+                        conv: *p,
+                        x,
+                        y,
+                        z: None,
+                        relu: false,
+                        fused: false,
+                    });
+                    y
+                }
+                None => x,
+            };
+            let mut cur = x;
+            for (i, &ci) in main.iter().enumerate() {
+                let t = conv_out(&tensors, cur, &weights.convs[ci]);
+                let y = new(&mut tensors, t);
+                let last = i + 1 == main.len();
+                ops.push(Op::Conv {
+                    conv: ci,
+                    x: cur,
+                    y,
+                    z: last.then_some(shortcut),
+                    relu: true,
+                    fused: true,
+                });
+                cur = y;
+            }
+            x = cur;
+        }
+        let f = tensors[x];
+        let feats = new(
+            &mut tensors,
+            Tensor {
+                c: f.c,
+                h: 1,
+                w: 1,
+                elem: Elem::F32,
+            },
+        );
+        ops.push(Op::AvgPool { x, y: feats });
+        let logits = new(
+            &mut tensors,
+            Tensor {
+                c: weights.num_classes,
+                h: 1,
+                w: 1,
+                elem: Elem::F32,
+            },
+        );
+        ops.push(Op::Classifier {
+            x: feats,
+            y: logits,
+        });
+        if f.c != weights.features {
+            return Err(EngineError::Invalid(format!(
+                "the classifier expects {} features, the network gives {}",
+                weights.features, f.c
+            )));
+        }
+
+        // lifetimes: from the op that writes a tensor to the last op that reads it; the input
+        // and the logits live throughout (the input is uploaded before, the logits read after)
+        let bytes = |t: &Tensor| n * t.c * t.h * t.w * t.elem.bytes();
+        let mut life: Vec<Lifetime> = tensors
+            .iter()
+            .map(|t| Lifetime {
+                bytes: bytes(t),
+                first: usize::MAX,
+                last: 0,
+            })
+            .collect();
+        let steps = ops.len();
+        for (step, op) in ops.iter().enumerate() {
+            let (reads, write): (Vec<usize>, usize) = match *op {
+                Op::Convert { x, y }
+                | Op::MaxPool { x, y }
+                | Op::AvgPool { x, y }
+                | Op::Classifier { x, y } => (vec![x], y),
+                Op::Conv { x, y, z, .. } => (std::iter::once(x).chain(z).collect(), y),
+            };
+            for r in reads {
+                life[r].last = life[r].last.max(step);
+            }
+            life[write].first = life[write].first.min(step);
+            life[write].last = life[write].last.max(step);
+        }
+        life[0].first = 0;
+        life[0].last = steps;
+        life[logits].last = steps;
+        let plan = if reuse {
+            // A residual that dies at the convolution it joins lends that convolution its
+            // bytes: the output is written over it in place (each element of the shortcut is
+            // read by the kernel that writes the same element of the output), as an in-place
+            // `add_` would. This keeps a bottleneck block's peak at its input plus two
+            // intermediates.
+            let mut merged = life.clone();
+            let mut root: Vec<usize> = (0..tensors.len()).collect();
+            for (step, op) in ops.iter().enumerate() {
+                if let Op::Conv { y, z: Some(z), .. } = *op {
+                    let r = root[z];
+                    if z != 0 && life[z].last == step && merged[r].bytes == life[y].bytes {
+                        root[y] = r;
+                        merged[r].last = merged[r].last.max(life[y].last);
+                        merged[y].bytes = 0;
+                    }
+                }
+            }
+            let mut p = plan_reuse(&merged);
+            p.offsets = root.iter().map(|&r| p.offsets[r]).collect();
+            p
+        } else {
+            plan_no_reuse(&life)
+        };
+        let without = plan_no_reuse(&life).total;
+        let arena = ctx.alloc(plan.total, "activation arena")?;
+
+        let mut session = Session {
+            ctx,
+            weights,
+            n,
+            h,
+            w,
+            tensors,
+            ops,
+            runs: Vec::new(),
+            arena,
+            plan,
+            input: 0,
+            logits,
+            graph: None,
+            try_graph: std::env::var("GPUKIT_CUDNN_LEGACY").map_or(true, |v| v != "1"),
+            memory: SessionMemory {
+                arena_bytes: 0,
+                arena_bytes_without_plan: without,
+                input_bytes: life[0].bytes,
+                conv_workspace_bytes: 0,
+                weights_bytes: weights.bytes,
+            },
+            algorithms: Vec::new(),
+        };
+        session.memory.arena_bytes = session.plan.total;
+        session.plan_convolutions()?;
+        Ok(session)
+    }
+
+    fn view(&self, t: usize) -> Result<View<'_>, CudaError> {
+        let d = self.tensors[t];
+        View::of(&self.arena, &self.ctx.gpu.stream).sub(
+            self.plan.offsets[t],
+            self.n * d.c * d.h * d.w * d.elem.bytes(),
+        )
+    }
+
+    fn dims(&self, conv: usize, x: usize) -> ConvDims {
+        let c = &self.weights.convs[conv];
+        let t = self.tensors[x];
+        ConvDims {
+            n: self.n,
+            c: c.c,
+            h: t.h,
+            w: t.w,
+            k: c.k,
+            r: c.r,
+            s: c.r,
+            stride: c.stride,
+            pad: c.pad,
+            nhwc: self.weights.nhwc,
+        }
+    }
+
+    fn plan_convolutions(&mut self) -> Result<(), EngineError> {
+        let ty = self.weights.precision.conv_type();
+        let mut runs = Vec::with_capacity(self.ops.len());
+        let mut algorithms = Vec::new();
+        let mut workspace = 0;
+        type Key = (ConvDims, bool, bool, bool);
+        let mut planned: std::collections::HashMap<Key, std::rc::Rc<ConvRun>> = Default::default();
+        for op in &self.ops {
+            if let Op::Conv {
+                conv,
+                x,
+                z,
+                relu,
+                fused,
+                ..
+            } = *op
+            {
+                if let Some(run) = planned.get(&(self.dims(conv, x), z.is_some(), relu, fused)) {
+                    algorithms.push(algorithms_name(run));
+                    runs.push(Some(std::rc::Rc::clone(run)));
+                    continue;
+                }
+            }
+            let run = match *op {
+                Op::Conv {
+                    conv,
+                    x,
+                    y,
+                    z,
+                    relu,
+                    fused,
+                } => {
+                    let dims = self.dims(conv, x);
+                    let c = &self.weights.convs[conv];
+                    let s = &self.ctx.gpu.stream;
+                    let (wv, bv) = (View::of(&c.weight, s), View::of(&c.bias, s));
+                    let (xv, yv) = (self.view(x)?, self.view(y)?);
+                    let zv = match z {
+                        Some(z) => Some(self.view(z)?),
+                        None => None,
+                    };
+                    let run = if fused && relu {
+                        ConvRun::Fused(self.ctx.dnn.plan_fused_best(
+                            dims,
+                            ty,
+                            xv,
+                            wv,
+                            bv,
+                            zv,
+                            yv,
+                            self.try_graph,
+                        )?)
+                    } else if fused {
+                        return Err(EngineError::Invalid(
+                            "a fused convolution without ReLU is not planned by the engine".into(),
+                        ));
+                    } else {
+                        ConvRun::Plain(self.ctx.dnn.plan_conv_views(dims, ty, xv, wv, yv)?)
+                    };
+                    let ws = match &run {
+                        ConvRun::Fused(f) => f.workspace_bytes(),
+                        ConvRun::Plain(p) => p.workspace_needed(),
+                    };
+                    workspace = workspace.max(ws);
+                    algorithms.push(algorithms_name(&run));
+                    let run = std::rc::Rc::new(run);
+                    planned.insert((dims, z.is_some(), relu, fused), run.clone());
+                    Some(run)
+                }
+                _ => None,
+            };
+            runs.push(run);
+        }
+        self.ctx.dnn.save_choices();
+        self.runs = runs;
+        self.algorithms = algorithms;
+        self.memory.conv_workspace_bytes = workspace;
+        Ok(())
+    }
+
+    /// Enqueues one forward pass on the GPU's stream (no synchronisation): the input must have
+    /// been uploaded ([`Session::set_input`]); the logits are read with [`Session::logits`].
+    pub fn enqueue(&self) -> Result<(), EngineError> {
+        for i in 0..self.ops.len() {
+            self.enqueue_op(i)?;
+        }
+        Ok(())
+    }
+
+    /// What op `i` is, for a profile: "conv 3x3/2 128->128 (ALGO)", "max pool", ...
+    fn describe_op(&self, i: usize) -> String {
+        match (self.ops[i], self.runs[i].as_deref()) {
+            (Op::Convert { .. }, _) => "convert input".into(),
+            (Op::Conv { conv, z, .. }, run) => {
+                let c = &self.weights.convs[conv];
+                let algo = run.map_or_else(|| "?".to_string(), algorithms_name);
+                let kind = match (run, z) {
+                    (Some(ConvRun::Plain(_)), _) => " projection",
+                    (_, Some(_)) => " +residual",
+                    _ => "",
+                };
+                format!(
+                    "conv {}x{}/{} {}->{}{kind} ({algo})",
+                    c.r, c.r, c.stride, c.c, c.k
+                )
+            }
+            (Op::MaxPool { .. }, _) => "max pool".into(),
+            (Op::AvgPool { .. }, _) => "average pool".into(),
+            (Op::Classifier { .. }, _) => "classifier".into(),
+        }
+    }
+
+    /// Device time of each op of one eager pass (CUDA events between ops), with its name.
+    pub fn profile(&self) -> Result<Vec<(String, f64)>, EngineError> {
+        let stream = &self.ctx.gpu.stream;
+        let ctx = stream.context();
+        let flags = Some(gpukit_cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut events = Vec::with_capacity(self.ops.len() + 1);
+        for _ in 0..=self.ops.len() {
+            events.push(ctx.new_event(flags).map_err(CudaError::from)?);
+        }
+        self.enqueue()?; // warm
+        events[0].record(stream).map_err(CudaError::from)?;
+        for i in 0..self.ops.len() {
+            self.enqueue_op(i)?;
+            events[i + 1].record(stream).map_err(CudaError::from)?;
+        }
+        stream.synchronize().map_err(CudaError::from)?;
+        let mut out = Vec::with_capacity(self.ops.len());
+        for i in 0..self.ops.len() {
+            let ms = events[i]
+                .elapsed_ms(&events[i + 1])
+                .map_err(CudaError::from)?;
+            out.push((self.describe_op(i), f64::from(ms)));
+        }
+        Ok(out)
+    }
+
+    fn enqueue_op(&self, i: usize) -> Result<(), EngineError> {
+        let ctx = self.ctx;
+        let nhwc = self.weights.nhwc;
+        {
+            match (self.ops[i], self.runs[i].as_deref()) {
+                (Op::Convert { x, y }, _) => {
+                    let t = self.tensors[y];
+                    ctx.kernels.convert_input(
+                        self.view(x)?,
+                        self.view(y)?,
+                        t.elem,
+                        nhwc,
+                        (self.n, 3, t.h, t.w),
+                        t.c,
+                    )?;
+                }
+                (Op::Conv { conv, x, y, z, .. }, Some(run)) => {
+                    let c = &self.weights.convs[conv];
+                    let s = &ctx.gpu.stream;
+                    let (wv, bv) = (View::of(&c.weight, s), View::of(&c.bias, s));
+                    let zv = match z {
+                        Some(z) => Some(self.view(z)?),
+                        None => None,
+                    };
+                    match run {
+                        ConvRun::Fused(FusedChoice::Legacy(f)) => {
+                            ctx.dnn
+                                .fused_forward(f, self.view(x)?, wv, bv, zv, self.view(y)?)?
+                        }
+                        ConvRun::Fused(FusedChoice::Graph(g)) => {
+                            ctx.dnn
+                                .graph_forward(g, self.view(x)?, wv, bv, zv, self.view(y)?)?
+                        }
+                        ConvRun::Plain(p) => {
+                            ctx.dnn
+                                .conv_forward_views(p, self.view(x)?, wv, self.view(y)?)?
+                        }
+                    }
+                }
+                (Op::MaxPool { x, y }, _) => {
+                    let t = self.tensors[x];
+                    ctx.kernels.max_pool(
+                        self.view(x)?,
+                        self.view(y)?,
+                        t.elem,
+                        nhwc,
+                        (self.n, t.c, t.h, t.w),
+                    )?;
+                }
+                (Op::AvgPool { x, y }, _) => {
+                    let t = self.tensors[x];
+                    ctx.kernels.avg_pool(
+                        self.view(x)?,
+                        self.view(y)?,
+                        t.elem,
+                        nhwc,
+                        (self.n, t.c, t.h, t.w),
+                    )?;
+                }
+                (Op::Classifier { x, y }, _) => {
+                    let classes = self.weights.num_classes;
+                    let s = &ctx.gpu.stream;
+                    ctx.blas.gemm_views(
+                        GemmType::F32,
+                        self.view(x)?,
+                        View::of(&self.weights.fc_weight, s),
+                        self.view(y)?,
+                        (self.n, classes, self.weights.features),
+                    )?;
+                    ctx.kernels.add_bias(
+                        self.view(y)?,
+                        View::of(&self.weights.fc_bias, s),
+                        self.n,
+                        classes,
+                    )?;
+                }
+                (Op::Conv { .. }, None) => {
+                    return Err(EngineError::Invalid("convolution without a plan".into()))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies a batch of NCHW f32 images into the input buffer.
+    pub fn set_input(&self, images: &[f32]) -> Result<(), EngineError> {
+        let want = self.n * 3 * self.h * self.w;
+        if images.len() != want {
+            return Err(EngineError::Invalid(format!(
+                "input has {} values; a batch of {} RGB {}x{} images needs {want}",
+                images.len(),
+                self.n,
+                self.h,
+                self.w
+            )));
+        }
+        let bytes: Vec<u8> = images.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.ctx.gpu.upload_into(self.view(self.input)?, &bytes)?;
+        Ok(())
+    }
+
+    /// The logits of the last forward pass (waits for it): `n x classes`, row-major.
+    pub fn logits(&self) -> Result<Vec<f32>, EngineError> {
+        let len = self.n * self.weights.num_classes * 4;
+        let bytes = self.ctx.gpu.download_from(self.view(self.logits)?, len)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+
+    /// Uploads `images`, runs one forward pass and returns the logits.
+    pub fn run(&self, images: &[f32]) -> Result<Vec<f32>, EngineError> {
+        self.set_input(images)?;
+        self.enqueue()?;
+        self.logits()
+    }
+
+    /// Records one forward pass as a CUDA graph (replaced if there was one).
+    pub fn capture(&mut self) -> Result<(), EngineError> {
+        let stream = &self.ctx.gpu.stream;
+        stream.synchronize().map_err(CudaError::from)?;
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(CudaError::from)?;
+        let enqueued = self.enqueue();
+        // the capture must end whatever happened, or the stream stays unusable
+        let ended = stream
+            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+        enqueued?;
+        let graph = ended
+            .map_err(CudaError::from)?
+            .ok_or_else(|| EngineError::Invalid("the captured graph is empty".into()))?;
+        graph.upload().map_err(CudaError::from)?;
+        self.graph = Some(graph);
+        Ok(())
+    }
+
+    /// Launches the captured graph (no synchronisation).
+    pub fn replay(&self) -> Result<(), EngineError> {
+        let graph = self
+            .graph
+            .as_ref()
+            .ok_or_else(|| EngineError::Invalid("no graph captured".into()))?;
+        graph.launch().map_err(CudaError::from)?;
+        Ok(())
+    }
+
+    /// Number of GPU calls one eager forward pass makes.
+    pub fn calls(&self) -> usize {
+        self.ops
+            .iter()
+            .map(|op| match op {
+                Op::Classifier { .. } => 2,
+                _ => 1,
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strategy_names_round_trip() {
+        for s in Strategy::defaults() {
+            assert_eq!(Strategy::parse(&s.name()).unwrap(), s);
+        }
+        assert_eq!(
+            Strategy::parse("fp16-nchw-eager").unwrap(),
+            Strategy {
+                precision: Precision::F16,
+                nhwc: false,
+                graph: false
+            }
+        );
+        for bad in ["", "fp8", "fp16-nhwc-nhwc", "fp16-graph-nhwc", "fp16-fast"] {
+            assert!(Strategy::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn weights_are_arranged_per_layout_with_padding() {
+        let conv = FoldedConv {
+            out_ch: 2,
+            in_ch: 3,
+            kernel: 1,
+            stride: 1,
+            pad: 0,
+            weight: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+            bias: vec![0.0; 2],
+        };
+        assert_eq!(
+            arrange(&conv, 4, false),
+            vec![1.0, 2.0, 3.0, 0.0, 4.0, 5.0, 6.0, 0.0]
+        );
+        assert_eq!(
+            arrange(&conv, 4, true),
+            vec![1.0, 2.0, 3.0, 0.0, 4.0, 5.0, 6.0, 0.0]
+        );
+        let conv3 = FoldedConv {
+            out_ch: 1,
+            in_ch: 2,
+            kernel: 2,
+            stride: 1,
+            pad: 0,
+            // c0: 1 2 / 3 4, c1: 5 6 / 7 8
+            weight: (1..=8).map(|v| v as f32).collect(),
+            bias: vec![0.0],
+        };
+        // KRSC: (r,s) major, channels inner
+        assert_eq!(
+            arrange(&conv3, 2, true),
+            vec![1.0, 5.0, 2.0, 6.0, 3.0, 7.0, 4.0, 8.0]
+        );
+    }
+}

@@ -1,0 +1,205 @@
+//! gpukit's GPU inference engine against its CPU forward pass, on fresh random weights and
+//! inputs: every precision in both layouts, eager and replayed as a CUDA graph, odd image sizes,
+//! with and without the memory plan, and out-of-memory as a typed error. Ignored, with the
+//! reason, without a GPU; GPUKIT_REQUIRE_GPU=1 makes a missing GPU a failure.
+
+use gpukit_cuda::loader::Discovery;
+use gpukit_models::forward::{fold, FoldedResNet};
+use gpukit_models::gpu::{EngineError, GpuContext, GpuWeights, Precision, Session};
+use gpukit_models::weights::seeded_init;
+use gpukit_models::ResNet;
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::sync::OnceLock;
+
+static DISCOVERY: OnceLock<Discovery> = OnceLock::new();
+
+fn context() -> Result<GpuContext, Failed> {
+    GpuContext::open(DISCOVERY.get().ok_or("no discovery")?, 0).map_err(|e| e.to_string().into())
+}
+
+fn fresh_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(7)
+        | 1
+}
+
+fn images(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// max |got - want| / max |want|; infinite when anything is not finite or lengths differ.
+fn rel(got: &[f32], want: &[f32]) -> f64 {
+    if got.len() != want.len() || got.iter().any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    let scale = want.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
+    let diff = got.iter().zip(want).fold(0f64, |m, (a, b)| {
+        m.max((f64::from(*a) - f64::from(*b)).abs())
+    });
+    diff / scale.max(f64::MIN_POSITIVE)
+}
+
+fn tolerance(p: Precision) -> f64 {
+    match p {
+        Precision::F32 => 1e-4,
+        Precision::Tf32 | Precision::F16 => 2e-2,
+        Precision::Bf16 => 6e-2,
+    }
+}
+
+fn model(m: ResNet, classes: usize, seed: u64) -> Result<FoldedResNet, Failed> {
+    Ok(fold(&seed_dict(m, classes, seed))?)
+}
+
+fn seed_dict(m: ResNet, classes: usize, seed: u64) -> gpukit_models::weights::StateDict {
+    seeded_init(m, classes, seed, true)
+}
+
+fn every_strategy_matches_cpu() -> Result<(), Failed> {
+    let ctx = context()?;
+    let seed = fresh_seed();
+    let folded = model(ResNet::R18, 10, seed)?;
+    for (n, h, w) in [(3, 64, 64), (2, 67, 45)] {
+        let x = images(n * 3 * h * w, seed ^ 0x55);
+        let x2 = images(n * 3 * h * w, seed ^ 0xaa);
+        let want = folded.forward_cpu(&x, n, h, w)?;
+        let want2 = folded.forward_cpu(&x2, n, h, w)?;
+        for p in Precision::ALL {
+            for nhwc in [false, true] {
+                let what = format!("{} nhwc={nhwc} {n}x{h}x{w} seed {seed}", p.name());
+                let weights = GpuWeights::upload(&ctx, &folded, p, nhwc)?;
+                let mut s = Session::new(&ctx, &weights, n, h, w, true)?;
+                let got = s.run(&x)?;
+                let e = rel(&got, &want);
+                eprintln!("{what}: eager rel {e:.2e}");
+                if e > tolerance(p) {
+                    return Err(format!("{what}: rel error {e:.3e} > {}", tolerance(p)).into());
+                }
+                // a graph captured once, replayed on a new input, gives what eager gives
+                s.capture()?;
+                s.set_input(&x2)?;
+                s.replay()?;
+                let replayed = s.logits()?;
+                let eager = s.run(&x2)?;
+                let g = rel(&replayed, &eager);
+                let c = rel(&replayed, &want2);
+                if g > 1e-6 || c > tolerance(p) {
+                    return Err(format!(
+                        "{what}: graph replay differs from eager by {g:.3e}, from the CPU by {c:.3e}"
+                    )
+                    .into());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn resnet50_fp32_matches_cpu_at_224() -> Result<(), Failed> {
+    let ctx = context()?;
+    let seed = fresh_seed();
+    let folded = model(ResNet::R50, 1000, seed)?;
+    let (n, h, w) = (2, 224, 224);
+    let x = images(n * 3 * h * w, seed);
+    let want = folded.forward_cpu(&x, n, h, w)?;
+    for nhwc in [false, true] {
+        let weights = GpuWeights::upload(&ctx, &folded, Precision::F32, nhwc)?;
+        let s = Session::new(&ctx, &weights, n, h, w, true)?;
+        let e = rel(&s.run(&x)?, &want);
+        eprintln!("resnet50 fp32 nhwc={nhwc}: rel {e:.2e}");
+        if e > 1e-4 {
+            return Err(format!("ResNet-50 fp32 nhwc={nhwc}: rel error {e:.3e} > 1e-4").into());
+        }
+    }
+    Ok(())
+}
+
+fn memory_plan_saves_memory_and_changes_nothing() -> Result<(), Failed> {
+    let ctx = context()?;
+    let seed = fresh_seed();
+    let folded = model(ResNet::R50, 1000, seed)?;
+    let (n, h, w) = (4, 224, 224);
+    let x = images(n * 3 * h * w, seed);
+    // f32: two sessions may measure different algorithms fastest, which in f16 changes the
+    // rounding; in f32 only the summation order differs
+    let weights = GpuWeights::upload(&ctx, &folded, Precision::F32, true)?;
+    let planned = Session::new(&ctx, &weights, n, h, w, true)?;
+    let a = planned.run(&x)?;
+    let (with, without) = (
+        planned.memory.arena_bytes,
+        planned.memory.arena_bytes_without_plan,
+    );
+    drop(planned);
+    let unplanned = Session::new(&ctx, &weights, n, h, w, false)?;
+    let b = unplanned.run(&x)?;
+    eprintln!("arena {with} bytes with the plan, {without} without");
+    if with * 2 > without {
+        return Err(format!("the plan saves too little: {with} vs {without} bytes").into());
+    }
+    if unplanned.memory.arena_bytes != without {
+        return Err("the unplanned arena is not the sum of the buffers".into());
+    }
+    if rel(&a, &b) > 1e-5 {
+        return Err(format!(
+            "logits differ with and without the plan: {:.3e}",
+            rel(&a, &b)
+        )
+        .into());
+    }
+    Ok(())
+}
+
+fn out_of_memory_is_a_typed_error() -> Result<(), Failed> {
+    let ctx = context()?;
+    let folded = model(ResNet::R18, 10, 1)?;
+    let weights = GpuWeights::upload(&ctx, &folded, Precision::F32, false)?;
+    match Session::new(&ctx, &weights, 1_000_000, 224, 224, true) {
+        Err(EngineError::OutOfMemory {
+            requested_mib,
+            free_mib,
+            ..
+        }) if requested_mib > free_mib => Ok(()),
+        Err(e) => Err(format!("expected out-of-memory, got: {e}").into()),
+        Ok(_) => Err("a batch of a million 224x224 images fitted".into()),
+    }
+}
+
+fn main() {
+    let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
+    DISCOVERY.set(discovery).ok();
+    let args = Arguments::from_args();
+    type GpuTest = fn() -> Result<(), Failed>;
+    let tests: Vec<(&str, GpuTest)> = vec![
+        (
+            "gpu::every_strategy_matches_cpu",
+            every_strategy_matches_cpu,
+        ),
+        (
+            "gpu::resnet50_fp32_matches_cpu_at_224",
+            resnet50_fp32_matches_cpu_at_224,
+        ),
+        (
+            "gpu::memory_plan_saves_memory_and_changes_nothing",
+            memory_plan_saves_memory_and_changes_nothing,
+        ),
+        (
+            "gpu::out_of_memory_is_a_typed_error",
+            out_of_memory_is_a_typed_error,
+        ),
+    ];
+    let trials = tests
+        .into_iter()
+        .map(|(name, f)| Trial::test(name, f).with_ignored_flag(skip.is_some()))
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
+}
