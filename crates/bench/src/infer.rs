@@ -250,6 +250,9 @@ pub struct InferReport {
     /// Why the GPU rows are absent, when the selection included a GPU and none could be used.
     #[serde(default)]
     pub gpu_unavailable: Option<String>,
+    /// `--compare-pytorch`: PyTorch's rows, the logits check and the best fp16 of each side.
+    #[serde(default)]
+    pub pytorch: Option<crate::infer_peer::PytorchComparison>,
 }
 
 /// Bad input (exit 2): unusable weights or shapes.
@@ -431,13 +434,13 @@ fn rate(n: usize, t: &Measurement) -> f64 {
     n as f64 / (t.summary_ms.median / 1e3)
 }
 
-/// `--compare-pytorch`: the hook for running the same strategies through PyTorch
-/// (scripts/pytorch_reference.py). Not wired yet: says so.
+/// `--compare-pytorch`: the same model, weights and batch sizes through PyTorch
+/// (scripts/pytorch_reference.py); see [`crate::infer_peer`].
 pub fn compare_with_pytorch(
-    _report: &mut InferReport,
-    _opts: &InferOptions,
+    report: &mut InferReport,
+    opts: &InferOptions,
 ) -> Result<String, String> {
-    Err("not wired into gpukit infer yet".into())
+    crate::infer_peer::compare(report, opts)
 }
 
 /// Runs every requested strategy at every batch size: the CPU rows, then the GPU rows.
@@ -474,6 +477,7 @@ pub fn run_infer(
         onnxruntime_unavailable: None,
         gpu_device: None,
         gpu_unavailable: None,
+        pytorch: None,
     };
     let wanted: Vec<InferStrategy> = opts
         .strategies
@@ -1212,6 +1216,7 @@ mod tests {
             onnxruntime_unavailable: None,
             gpu_device: Some("cuda:0 Test GPU".into()),
             gpu_unavailable: None,
+            pytorch: None,
         }
     }
 

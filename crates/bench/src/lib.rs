@@ -9,6 +9,8 @@ pub mod conv;
 pub mod harness;
 pub mod host;
 pub mod infer;
+pub mod infer_io;
+pub mod infer_peer;
 pub mod matmul;
 pub mod peer;
 pub mod random;

@@ -14,6 +14,8 @@ pub struct PeerRun {
     pub torch_version: String,
     pub device_name: Option<String>,
     pub results: Vec<Value>,
+    /// The whole JSON document (fields beyond the common ones).
+    pub document: Value,
 }
 
 /// Runs the script with `args` (a subcommand and its flags). The error is one line a person can
@@ -54,6 +56,7 @@ pub fn run_pytorch(args: &[String]) -> Result<PeerRun, String> {
         torch_version: doc["torch_version"].as_str().unwrap_or("?").to_string(),
         device_name: doc["device_name"].as_str().map(str::to_string),
         results: doc["results"].as_array().cloned().unwrap_or_default(),
+        document: doc,
     })
 }
 

@@ -232,25 +232,29 @@ fn parse_legacy(text: &str) -> Option<dn::cudnnConvolutionFwdAlgoPerfStruct> {
     Some(r)
 }
 
-/// How one fused convolution runs: the legacy call or a backend-API graph.
-pub enum FusedChoice {
-    Legacy(FusedConv),
+/// How one convolution runs: the legacy fused call, the legacy bare convolution, or a
+/// backend-API graph (fused or bare).
+pub enum ConvChoice {
+    Fused(FusedConv),
+    Plain(ConvPlan),
     Graph(crate::dnn_graph::GraphConv),
 }
 
-impl FusedChoice {
+impl ConvChoice {
     /// The algorithm or engine, for reports.
     pub fn name(&self) -> String {
         match self {
-            FusedChoice::Legacy(f) => format!("{} (fused call)", f.conv.algo_name),
-            FusedChoice::Graph(g) => g.choice.clone(),
+            ConvChoice::Fused(f) => format!("{} (fused call)", f.conv.algo_name),
+            ConvChoice::Plain(p) => p.algo_name.clone(),
+            ConvChoice::Graph(g) => g.choice.clone(),
         }
     }
 
     pub fn workspace_bytes(&self) -> usize {
         match self {
-            FusedChoice::Legacy(f) => f.conv.workspace_bytes,
-            FusedChoice::Graph(g) => g.workspace_bytes,
+            ConvChoice::Fused(f) => f.conv.workspace_bytes,
+            ConvChoice::Plain(p) => p.workspace_bytes,
+            ConvChoice::Graph(g) => g.workspace_bytes,
         }
     }
 }
@@ -751,7 +755,7 @@ impl Dnn {
         z: Option<View<'_>>,
         y: View<'_>,
         allow_graph: bool,
-    ) -> Result<FusedChoice, DnnError> {
+    ) -> Result<ConvChoice, DnnError> {
         let key = format!("fused {dims:?} {ty:?} residual={}", z.is_some());
         let cached = self.choices.borrow().get(&key);
         if let Some(text) = cached {
@@ -759,12 +763,14 @@ impl Dnn {
                 let mut f = Self::fused_base(dims, ty, true)?;
                 f.conv.check(x, w, y)?;
                 if self.use_cached(&mut f.conv, r).is_ok() {
-                    return Ok(FusedChoice::Legacy(f));
+                    return Ok(ConvChoice::Fused(f));
                 }
             } else if let Some(rank) = text.strip_prefix("graph ").and_then(|r| r.parse().ok()) {
                 if allow_graph {
-                    if let Ok(g) = self.plan_graph_ranked(dims, ty, x, w, bias, z, y, Some(rank)) {
-                        return Ok(FusedChoice::Graph(g));
+                    let g =
+                        self.plan_graph_ranked(dims, ty, x, w, Some(bias), z, true, y, Some(rank));
+                    if let Ok(g) = g {
+                        return Ok(ConvChoice::Graph(g));
                     }
                 }
             }
@@ -776,14 +782,78 @@ impl Dnn {
             None
         };
         let choice = match graph {
-            Some(g) if g.ms < f64::from(legacy.conv.algo_ms) => FusedChoice::Graph(g),
-            _ => FusedChoice::Legacy(legacy),
+            Some(g) if g.ms < f64::from(legacy.conv.algo_ms) => ConvChoice::Graph(g),
+            _ => ConvChoice::Fused(legacy),
         };
-        let value = match &choice {
-            FusedChoice::Legacy(f) => f.conv.choice_text(),
-            FusedChoice::Graph(g) => format!("graph {}", g.rank),
+        self.remember(key, &choice);
+        Ok(choice)
+    }
+
+    fn remember(&self, key: String, choice: &ConvChoice) {
+        let value = match choice {
+            ConvChoice::Fused(f) => f.conv.choice_text(),
+            ConvChoice::Plain(p) => p.choice_text(),
+            ConvChoice::Graph(g) => format!("graph {}", g.rank),
         };
         self.choices.borrow_mut().put(key, value);
+    }
+
+    /// Chooses how the bare convolution `y = conv(x, w)` runs: cuDNN's fastest legacy
+    /// algorithm or (when `allow_graph` and not strict f32) a backend-API graph, each timed the
+    /// same way; measured once per shape and kept on disk like [`Dnn::plan_fused_best`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan_plain_best(
+        &self,
+        dims: ConvDims,
+        ty: ConvType,
+        x: View<'_>,
+        w: View<'_>,
+        y: View<'_>,
+        allow_graph: bool,
+    ) -> Result<ConvChoice, DnnError> {
+        let key = format!("plain {dims:?} {ty:?}");
+        let cached = self.choices.borrow().get(&key);
+        if let Some(text) = cached {
+            if let Some(r) = parse_legacy(&text) {
+                let mut plan = Self::describe(dims, ty)?;
+                plan.check(x, w, y)?;
+                if self.use_cached(&mut plan, r).is_ok() {
+                    return Ok(ConvChoice::Plain(plan));
+                }
+            } else if let Some(rank) = text.strip_prefix("graph ").and_then(|r| r.parse().ok()) {
+                if allow_graph {
+                    let g =
+                        self.plan_graph_ranked(dims, ty, x, w, None, None, false, y, Some(rank));
+                    if let Ok(g) = g {
+                        return Ok(ConvChoice::Graph(g));
+                    }
+                }
+            }
+        }
+        let mut legacy = Self::describe(dims, ty)?;
+        legacy.check(x, w, y)?;
+        self.find(&mut legacy, x, w, y)?;
+        // timed like the graph candidates (cuDNN's own figure comes from another method)
+        let mut times = crate::timing::time_on_stream(&self.stream, 2, 5, || {
+            self.conv_forward_views(&legacy, x, w, y)
+        })
+        .map_err(|e| match e {
+            crate::timing::TimingError::Cuda(c) => DnnError::Cuda(c),
+            crate::timing::TimingError::Work(w) => w,
+        })?;
+        times.sort_by(f64::total_cmp);
+        let legacy_ms = times[times.len() / 2];
+        let graph = if allow_graph && ty != ConvType::F32 {
+            self.plan_graph_ranked(dims, ty, x, w, None, None, false, y, None)
+                .ok()
+        } else {
+            None
+        };
+        let choice = match graph {
+            Some(g) if g.ms < legacy_ms => ConvChoice::Graph(g),
+            _ => ConvChoice::Plain(legacy),
+        };
+        self.remember(key, &choice);
         Ok(choice)
     }
 

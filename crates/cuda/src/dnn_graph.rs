@@ -1,5 +1,6 @@
-//! Fused convolutions through cuDNN's backend (graph) API: one operation graph
-//! `y = relu(conv(x, w) + bias [+ z])` (f32 arithmetic inside, the storage type outside),
+//! Convolutions through cuDNN's backend (graph) API: one operation graph
+//! `y = relu(conv(x, w) + bias [+ z])`, or the bare convolution (f32 arithmetic inside, the
+//! storage type outside),
 //! engine configurations from cuDNN's heuristics, each finalized and timed on the real buffers,
 //! the fastest kept. This reaches the engines (runtime-fused and Hopper-specific kernels) that
 //! the legacy `cudnnConvolutionBiasActivationForward` does not.
@@ -82,6 +83,7 @@ pub struct GraphConv {
     packs: std::cell::RefCell<std::collections::HashMap<Vec<u64>, Desc>>,
     pub workspace_bytes: usize,
     pub residual: bool,
+    pub has_bias: bool,
     /// The winning configuration's rank in cuDNN's heuristic list.
     pub rank: usize,
     /// Which engine configuration (heuristic rank) won, out of how many that finalized.
@@ -99,10 +101,11 @@ const UID_Z: i64 = 4;
 const UID_Y: i64 = 5;
 const UID_CONV: i64 = 10;
 const UID_BIASED: i64 = 11;
-const UID_SUM: i64 = 12;
 
-/// How many of the heuristic's engine configurations are finalized and timed.
+/// How many of the heuristic's engine configurations are finalized and timed (NCHW: more, as
+/// its fast engines rank lower).
 const GRAPH_TRIALS: usize = 8;
+const GRAPH_TRIALS_NCHW: usize = 16;
 
 fn tensor(
     uid: i64,
@@ -196,7 +199,7 @@ impl Dnn {
         z: Option<View<'_>>,
         y: View<'_>,
     ) -> Result<GraphConv, DnnError> {
-        self.plan_graph_ranked(dims, ty, x, w, bias, z, y, None)
+        self.plan_graph_ranked(dims, ty, x, w, Some(bias), z, true, y, None)
     }
 
     /// As [`Dnn::plan_graph`]; with `only` set, builds only that heuristic rank (a choice
@@ -208,8 +211,9 @@ impl Dnn {
         ty: ConvType,
         x: View<'_>,
         w: View<'_>,
-        bias: View<'_>,
+        bias: Option<View<'_>>,
         z: Option<View<'_>>,
+        relu: bool,
         y: View<'_>,
         only: Option<usize>,
     ) -> Result<GraphConv, DnnError> {
@@ -222,7 +226,9 @@ impl Dnn {
         let (p, q) = dims.out_hw();
         x.require(dims.n * dims.c * dims.h * dims.w * e, "graph conv input")?;
         w.require(dims.k * dims.c * dims.r * dims.s * e, "graph conv filter")?;
-        bias.require(dims.k * e, "graph conv bias")?;
+        if let Some(bias) = bias {
+            bias.require(dims.k * e, "graph conv bias")?;
+        }
         y.require(dims.n * dims.k * p * q * e, "graph conv output")?;
         if let Some(z) = z {
             z.require(dims.n * dims.k * p * q * e, "graph conv residual")?;
@@ -233,18 +239,27 @@ impl Dnn {
         let out = [dims.n, dims.k, p, q];
         let tx = tensor(UID_X, [dims.n, dims.c, dims.h, dims.w], nhwc, dt, false)?;
         let tw = tensor(UID_W, [dims.k, dims.c, dims.r, dims.s], nhwc, dt, false)?;
-        let tb = tensor(UID_B, [1, dims.k, 1, 1], nhwc, dt, false)?;
-        let tconv = tensor(UID_CONV, out, nhwc, f32t, true)?;
-        let tbiased = tensor(UID_BIASED, out, nhwc, f32t, true)?;
+        // the epilogue in order: +bias, +residual, ReLU; the conv's own output is a virtual f32
+        // tensor unless nothing follows it
+        let epilogue = usize::from(bias.is_some()) + usize::from(z.is_some()) + usize::from(relu);
+        let ty_out = tensor(UID_Y, out, nhwc, dt, false)?;
+        let tconv = if epilogue == 0 {
+            None
+        } else {
+            Some(tensor(UID_CONV, out, nhwc, f32t, true)?)
+        };
+        let tb = match bias {
+            Some(_) => Some(tensor(UID_B, [1, dims.k, 1, 1], nhwc, dt, false)?),
+            None => None,
+        };
         let tz = match z {
             Some(_) => Some(tensor(UID_Z, out, nhwc, dt, false)?),
             None => None,
         };
-        let tsum = match z {
-            Some(_) => Some(tensor(UID_SUM, out, nhwc, f32t, true)?),
-            None => None,
-        };
-        let ty_out = tensor(UID_Y, out, nhwc, dt, false)?;
+        let mut virtuals = Vec::new();
+        for i in 0..epilogue.saturating_sub(1) {
+            virtuals.push(tensor(UID_BIASED + i as i64, out, nhwc, f32t, true)?);
+        }
 
         let conv = Desc::new(D::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
         let two = |v: usize| [v as i64, v as i64];
@@ -289,7 +304,10 @@ impl Dnn {
         conv_op
             .set_desc(A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, &[&tx])?
             .set_desc(A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, &[&tw])?
-            .set_desc(A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, &[&tconv])?
+            .set_desc(
+                A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+                &[tconv.as_ref().unwrap_or(&ty_out)],
+            )?
             .set_desc(
                 A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
                 &[&conv],
@@ -307,17 +325,24 @@ impl Dnn {
         conv_op.finalize()?;
 
         let add = pointwise(dn::cudnnPointwiseMode_t::CUDNN_POINTWISE_ADD)?;
-        let relu = pointwise(dn::cudnnPointwiseMode_t::CUDNN_POINTWISE_RELU_FWD)?;
-        let bias_op = pointwise_op(&add, &tconv, Some(&tb), &tbiased)?;
-        let mut ops = vec![conv_op, bias_op];
-        let pre_relu = match (&tz, &tsum) {
-            (Some(tz), Some(tsum)) => {
-                ops.push(pointwise_op(&add, &tbiased, Some(tz), tsum)?);
-                tsum
+        let relu_pw = pointwise(dn::cudnnPointwiseMode_t::CUDNN_POINTWISE_RELU_FWD)?;
+        let mut ops = vec![conv_op];
+        if let Some(first) = &tconv {
+            // each step reads the previous output; the last writes the real output tensor
+            let outputs: Vec<&Desc> = virtuals.iter().chain(std::iter::once(&ty_out)).collect();
+            let mut cur = first;
+            let mut step = 0;
+            for (pw, operand) in [(&add, tb.as_ref()), (&add, tz.as_ref())] {
+                if let Some(b) = operand {
+                    ops.push(pointwise_op(pw, cur, Some(b), outputs[step])?);
+                    cur = outputs[step];
+                    step += 1;
+                }
             }
-            _ => &tbiased,
-        };
-        ops.push(pointwise_op(&relu, pre_relu, None, &ty_out)?);
+            if relu {
+                ops.push(pointwise_op(&relu_pw, cur, None, outputs[step])?);
+            }
+        }
 
         let graph = Desc::new(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
         let op_refs: Vec<&Desc> = ops.iter().collect();
@@ -352,7 +377,8 @@ impl Dnn {
         })?;
         let wanted = match only {
             Some(rank) => (count.max(0) as usize).min(rank + 1),
-            None => (count.max(0) as usize).min(GRAPH_TRIALS),
+            None if dims.nhwc => (count.max(0) as usize).min(GRAPH_TRIALS),
+            None => (count.max(0) as usize).min(GRAPH_TRIALS_NCHW),
         };
         let configs: Vec<Desc> = (0..wanted)
             .map(|_| Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
@@ -412,6 +438,7 @@ impl Dnn {
                 packs: Default::default(),
                 workspace_bytes: ws,
                 residual: z.is_some(),
+                has_bias: bias.is_some(),
                 rank,
                 choice: String::new(),
                 ms: 0.0,
@@ -439,6 +466,7 @@ impl Dnn {
             packs: Default::default(),
             workspace_bytes: ws,
             residual: z.is_some(),
+            has_bias: bias.is_some(),
             rank,
             choice: match only {
                 Some(_) => format!("graph engine #{rank} (measured before)"),
@@ -456,7 +484,7 @@ impl Dnn {
         conv: &GraphConv,
         x: View<'_>,
         w: View<'_>,
-        bias: View<'_>,
+        bias: Option<View<'_>>,
         z: Option<View<'_>>,
         y: View<'_>,
     ) -> Result<(), DnnError> {
@@ -465,15 +493,26 @@ impl Dnn {
         let (p, q) = d.out_hw();
         x.require(d.n * d.c * d.h * d.w * e, "graph conv input")?;
         w.require(d.k * d.c * d.r * d.s * e, "graph conv filter")?;
-        bias.require(d.k * e, "graph conv bias")?;
         y.require(d.n * d.k * p * q * e, "graph conv output")?;
-        let mut uids = vec![UID_X, UID_W, UID_B, UID_Y];
+        let mut uids = vec![UID_X, UID_W, UID_Y];
         let mut ptrs: Vec<*mut c_void> = vec![
             x.addr() as *mut c_void,
             w.addr() as *mut c_void,
-            bias.addr() as *mut c_void,
             y.addr() as *mut c_void,
         ];
+        match (conv.has_bias, bias) {
+            (true, Some(b)) => {
+                b.require(d.k * e, "graph conv bias")?;
+                uids.push(UID_B);
+                ptrs.push(b.addr() as *mut c_void);
+            }
+            (false, None) => {}
+            _ => {
+                return Err(DnnError::NoAlgorithm(
+                    "bias given to a graph planned without one (or missing)".into(),
+                ))
+            }
+        }
         match (conv.residual, z) {
             (true, Some(z)) => {
                 z.require(d.n * d.k * p * q * e, "graph conv residual")?;

@@ -91,6 +91,16 @@ pub struct InferArgs {
     /// Run the same strategies through PyTorch (scripts/pytorch_reference.py) and show both.
     #[arg(long)]
     pub compare_pytorch: bool,
+
+    /// Instead of timing: run the batch in FILE (safetensors, tensor "input", f32
+    /// [n,3,h,w]) through every strategy once and compare the logits with the CPU's.
+    #[arg(long, value_name = "FILE")]
+    pub input: Option<PathBuf>,
+
+    /// With --input: write the logits there (safetensors: "logits" from the CPU f32 path,
+    /// "logits_<strategy>" for each other strategy).
+    #[arg(long, value_name = "FILE", requires = "input")]
+    pub save_output: Option<PathBuf>,
 }
 
 fn parse_strategy(s: &str) -> Result<InferStrategy, String> {

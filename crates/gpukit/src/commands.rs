@@ -626,10 +626,25 @@ fn infer(a: InferArgs, out: &Output) -> Result<()> {
         gpu_iterations: a.gpu_iterations,
         cpu_max_batch: None,
     };
-    let mut report = run_infer(&discovery, &opts, &mut progress()).map_err(|e| match e {
+    let usage = |e: InferError| match e {
         InferError::Weights(w) => anyhow::Error::from(UsageError(w.to_string())),
         InferError::Invalid(m) => UsageError(m).into(),
-    })?;
+    };
+    if let Some(input) = &a.input {
+        let run = gpukit_bench::infer_io::run_on_input(
+            &discovery,
+            &opts,
+            input,
+            a.save_output.as_deref(),
+            &mut progress(),
+        )
+        .map_err(usage)?;
+        return emit(&run, out, || {
+            print!("{}", to_terminal(&[crate::render::input_run_section(&run)]));
+            Ok(())
+        });
+    }
+    let mut report = run_infer(&discovery, &opts, &mut progress()).map_err(usage)?;
     if let (Some(n), Some(why)) = (a.device.named_cuda(), &report.gpu_unavailable) {
         anyhow::bail!("infer on cuda:{n} cannot run: {why}");
     }

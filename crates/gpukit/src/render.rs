@@ -888,7 +888,127 @@ pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
             notes,
         });
     }
+    if let Some(p) = &r.pytorch {
+        out.push(pytorch_infer_section(p));
+    }
     out
+}
+
+/// `infer --input`: each strategy's logits against the CPU's.
+pub fn input_run_section(r: &gpukit_bench::infer_io::InputRun) -> Section {
+    let rows = r
+        .logits
+        .iter()
+        .map(|l| {
+            vec![
+                l.strategy.clone(),
+                l.tensor.clone(),
+                match (&l.agreement, &l.error) {
+                    (Some(a), _) => format!("{:.1e}", a.max_rel),
+                    (None, Some(e)) => format!("failed: {e}"),
+                    (None, None) => "reference".into(),
+                },
+                l.agreement
+                    .as_ref()
+                    .map(|a| format!("{:.0}%", a.top1 * 100.0))
+                    .unwrap_or_default(),
+            ]
+        })
+        .collect();
+    Section {
+        title: format!("Logits for {} {:?}", r.input, r.shape),
+        header: Some(
+            [
+                "strategy",
+                "tensor",
+                "max rel. diff vs CPU f32",
+                "top-1 agree",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        rows,
+        notes: r.output.iter().map(|o| format!("written to {o}")).collect(),
+    }
+}
+
+/// PyTorch's own rows (`infer --compare-pytorch`), the logits check and best fp16 against best.
+fn pytorch_infer_section(p: &gpukit_bench::infer_peer::PytorchComparison) -> Section {
+    let rows = p
+        .rows
+        .iter()
+        .map(|x| {
+            let figure = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map(f).unwrap_or_default();
+            vec![
+                x.strategy.clone(),
+                x.device.clone(),
+                x.batch.to_string(),
+                if x.status == "ok" {
+                    figure(x.median_ms, &|m| {
+                        format!(
+                            "{m:.3} ({:.3}-{:.3})",
+                            x.p10_ms.unwrap_or(m),
+                            x.p90_ms.unwrap_or(m)
+                        )
+                    })
+                } else {
+                    format!("{}: {}", x.status, x.reason.clone().unwrap_or_default())
+                },
+                figure(x.images_per_s, &grouped),
+                x.peak_allocated_bytes.map(mib).unwrap_or_default(),
+                figure(x.compile_s, &|c| format!("{c:.1} s")),
+            ]
+        })
+        .collect();
+    let mut notes = Vec::new();
+    match (&p.logits, &p.logits_unavailable) {
+        (Some(a), _) => notes.push(format!(
+            "PyTorch's eager fp32 logits (TF32 off) against gpukit's CPU f32 forward on the same \
+             {} images and weights: max rel. diff {:.1e}, top-1 agreement {:.0}%",
+            p.logits_images,
+            a.max_rel,
+            a.top1 * 100.0
+        )),
+        (None, Some(why)) => notes.push(format!("logits not compared: {why}")),
+        (None, None) => {}
+    }
+    for b in &p.best_fp16 {
+        notes.push(format!(
+            "best fp16 at batch {}: gpukit {} {} img/s, PyTorch {} {} img/s: {:.2}x",
+            b.batch,
+            b.gpukit_strategy,
+            grouped(b.gpukit_images_per_s),
+            b.pytorch_strategy,
+            grouped(b.pytorch_images_per_s),
+            b.ratio
+        ));
+    }
+    Section {
+        title: format!(
+            "PyTorch {} (torchvision {}, cudnn.benchmark {}) on {}",
+            p.torch_version,
+            p.torchvision
+                .as_deref()
+                .unwrap_or("absent: the script's own ResNet"),
+            p.cudnn_benchmark,
+            p.device_name.as_deref().unwrap_or("?")
+        ),
+        header: Some(
+            [
+                "strategy",
+                "device",
+                "batch",
+                "median ms (p10-p90)",
+                "images/s",
+                "peak allocated",
+                "compile",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        rows,
+        notes,
+    }
 }
 
 #[cfg(test)]
@@ -945,6 +1065,7 @@ mod tests {
                 .is_none()
                 .then(|| "cuda:0 Test GPU".to_string()),
             gpu_unavailable: gpu_unavailable.map(str::to_string),
+            pytorch: None,
         }
     }
 

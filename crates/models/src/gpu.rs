@@ -22,7 +22,7 @@ use crate::plan::{plan_no_reuse, plan_reuse, Lifetime, MemoryPlan};
 use gpukit_cuda::blas::{Blas, BlasError, DeviceBytes, GemmType};
 use gpukit_cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use gpukit_cuda::cudarc::driver::CudaGraph;
-use gpukit_cuda::dnn::{ConvDims, ConvPlan, ConvType, Dnn, DnnError, FusedChoice};
+use gpukit_cuda::dnn::{ConvChoice, ConvDims, ConvType, Dnn, DnnError};
 use gpukit_cuda::driver::{CudaError, Gpu};
 use gpukit_cuda::kernels::{Elem, Kernels};
 use gpukit_cuda::loader::Discovery;
@@ -398,16 +398,15 @@ enum Op {
     },
 }
 
-enum ConvRun {
-    Fused(FusedChoice),
-    Plain(ConvPlan),
-}
+type ConvRun = ConvChoice;
 
 fn algorithms_name(run: &ConvRun) -> String {
-    match run {
-        ConvRun::Fused(f) => f.name(),
-        ConvRun::Plain(p) => p.algo_name.clone(),
-    }
+    run.name()
+}
+
+/// Whether an op is a convolution followed by ReLU (every one but a projection).
+fn relu_of(op: Op) -> bool {
+    matches!(op, Op::Conv { relu: true, .. })
 }
 
 /// Memory of one prepared batch.
@@ -741,7 +740,7 @@ impl<'a> Session<'a> {
                         None => None,
                     };
                     let run = if fused && relu {
-                        ConvRun::Fused(self.ctx.dnn.plan_fused_best(
+                        self.ctx.dnn.plan_fused_best(
                             dims,
                             ty,
                             xv,
@@ -750,18 +749,17 @@ impl<'a> Session<'a> {
                             zv,
                             yv,
                             self.try_graph,
-                        )?)
+                        )?
                     } else if fused {
                         return Err(EngineError::Invalid(
                             "a fused convolution without ReLU is not planned by the engine".into(),
                         ));
                     } else {
-                        ConvRun::Plain(self.ctx.dnn.plan_conv_views(dims, ty, xv, wv, yv)?)
+                        self.ctx
+                            .dnn
+                            .plan_plain_best(dims, ty, xv, wv, yv, self.try_graph)?
                     };
-                    let ws = match &run {
-                        ConvRun::Fused(f) => f.workspace_bytes(),
-                        ConvRun::Plain(p) => p.workspace_needed(),
-                    };
+                    let ws = run.workspace_bytes();
                     workspace = workspace.max(ws);
                     algorithms.push(algorithms_name(&run));
                     let run = std::rc::Rc::new(run);
@@ -795,8 +793,8 @@ impl<'a> Session<'a> {
             (Op::Conv { conv, z, .. }, run) => {
                 let c = &self.weights.convs[conv];
                 let algo = run.map_or_else(|| "?".to_string(), algorithms_name);
-                let kind = match (run, z) {
-                    (Some(ConvRun::Plain(_)), _) => " projection",
+                let kind = match (relu_of(self.ops[i]), z) {
+                    (false, _) => " projection",
                     (_, Some(_)) => " +residual",
                     _ => "",
                 };
@@ -861,14 +859,16 @@ impl<'a> Session<'a> {
                         Some(z) => Some(self.view(z)?),
                         None => None,
                     };
+                    // the projection (no ReLU) has no bias: it joined the next convolution's
+                    let bias = relu_of(self.ops[i]).then_some(bv);
                     match run {
-                        ConvRun::Fused(FusedChoice::Legacy(f)) => {
+                        ConvRun::Fused(f) => {
                             ctx.dnn
                                 .fused_forward(f, self.view(x)?, wv, bv, zv, self.view(y)?)?
                         }
-                        ConvRun::Fused(FusedChoice::Graph(g)) => {
+                        ConvRun::Graph(g) => {
                             ctx.dnn
-                                .graph_forward(g, self.view(x)?, wv, bv, zv, self.view(y)?)?
+                                .graph_forward(g, self.view(x)?, wv, bias, zv, self.view(y)?)?
                         }
                         ConvRun::Plain(p) => {
                             ctx.dnn

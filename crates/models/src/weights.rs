@@ -265,23 +265,32 @@ pub fn save_safetensors(dict: &StateDict, path: &Path) -> Result<(), WeightsErro
             });
         }
     }
+    let views: Vec<(&str, &[usize], &[f32])> = dict
+        .params
+        .iter()
+        .map(|(k, p)| (k.as_str(), p.shape.as_slice(), p.data.as_slice()))
+        .collect();
+    // "pt" is what Hugging Face tooling expects of a PyTorch state dict
+    write_atomic(path, &views, Some(("format", "pt")))
+}
+
+/// Writes f32 tensors as one safetensors file: to a sibling first, synced, then renamed, so
+/// that `path` is either the old file or the whole new one.
+fn write_atomic(
+    path: &Path,
+    tensors: &[(&str, &[usize], &[f32])],
+    metadata: Option<(&str, &str)>,
+) -> Result<(), WeightsError> {
     let write_err = |source| WeightsError::Write {
         path: path.to_path_buf(),
         source,
     };
     let tmp = temp_sibling(path).map_err(write_err)?;
-    let views = dict.params.iter().map(|(k, p)| {
-        (
-            k.as_str(),
-            F32View {
-                shape: &p.shape,
-                data: &p.data,
-            },
-        )
-    });
-    // "pt" is what Hugging Face tooling expects of a PyTorch state dict
-    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-    let result = safetensors::serialize_to_file(views, Some(metadata), &tmp)
+    let views = tensors
+        .iter()
+        .map(|&(k, shape, data)| (k, F32View { shape, data }));
+    let metadata = metadata.map(|(k, v)| HashMap::from([(k.to_string(), v.to_string())]));
+    let result = safetensors::serialize_to_file(views, metadata, &tmp)
         .map_err(|e| match e {
             SafeTensorError::IoError(source) => write_err(source),
             source => WeightsError::Encode {
@@ -300,6 +309,68 @@ pub fn save_safetensors(dict: &StateDict, path: &Path) -> Result<(), WeightsErro
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// Named f32 tensors (an input batch, logits) as one safetensors file, written atomically.
+/// The message of an error names the file.
+pub fn save_tensors(path: &Path, tensors: &[(&str, &[usize], &[f32])]) -> Result<(), String> {
+    for &(name, shape, data) in tensors {
+        if shape.iter().product::<usize>() != data.len() {
+            return Err(format!(
+                "{}: tensor {name} has {} values for shape {shape:?}",
+                path.display(),
+                data.len()
+            ));
+        }
+    }
+    write_atomic(path, tensors, None).map_err(|e| match e {
+        WeightsError::Write { source, .. } => {
+            format!("{}: cannot be written: {source}", path.display())
+        }
+        other => format!("{}: {other}", path.display()),
+    })
+}
+
+/// The tensor `name` of a safetensors file as f32 (F32, F16, BF16 or F64 stored), with its
+/// shape. The message of an error names the file and the key.
+pub fn load_tensor(path: &Path, name: &str) -> Result<(Vec<usize>, Vec<f32>), String> {
+    let bytes =
+        std::fs::read(path).map_err(|e| format!("{}: cannot be read: {e}", path.display()))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| format!("{}: not a safetensors file: {e}", path.display()))?;
+    let t = st.tensor(name).map_err(|_| {
+        format!(
+            "{}: has no tensor named {name:?} (it has: {})",
+            path.display(),
+            st.names().join(", ")
+        )
+    })?;
+    let d = t.data();
+    let values: Vec<f32> = match t.dtype() {
+        Dtype::F32 => d
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::F16 => d
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => d
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::F64 => d
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
+            .collect(),
+        other => {
+            return Err(format!(
+                "{}: tensor {name} is {other:?}; f32, f16, bf16 or f64 expected",
+                path.display()
+            ))
+        }
+    };
+    Ok((t.shape().to_vec(), values))
 }
 
 /// Deterministic initialisation in torchvision's manner: convolution weights
@@ -645,6 +716,33 @@ fn det_cos_sin_turns(turns: f64) -> (f64, f64) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn single_tensors_round_trip_and_errors_name_file_and_key() {
+        let dir = std::env::temp_dir().join(format!("gpukit-tensors-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.safetensors");
+        let data: Vec<f32> = (0..24).map(|i| i as f32 * 0.5 - 3.0).collect();
+        save_tensors(
+            &path,
+            &[("input", &[2, 3, 2, 2], &data), ("b", &[1], &[7.0])],
+        )
+        .unwrap();
+        let (shape, back) = load_tensor(&path, "input").unwrap();
+        assert_eq!((shape, back), (vec![2, 3, 2, 2], data.clone()));
+        let e = load_tensor(&path, "logits").unwrap_err();
+        assert!(
+            e.contains("logits") && e.contains("t.safetensors") && e.contains("input"),
+            "{e}"
+        );
+        let e = save_tensors(&path, &[("x", &[5], &data)]).unwrap_err();
+        assert!(e.contains("24 values"), "{e}");
+        std::fs::write(&path, b"short").unwrap();
+        assert!(load_tensor(&path, "input")
+            .unwrap_err()
+            .contains("not a safetensors"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
     use super::*;
     use std::sync::OnceLock;
 
