@@ -7,14 +7,20 @@
 //!   reference: they are checked against gpukit's CPU forward on the first images of the batch,
 //!   then every other strategy is compared with them on the whole batch ([`tolerance`]).
 //!
+//! - One image at a time ([`InferStrategy::OneAtATime`]): at a batch size N > 1, a strategy's
+//!   N images as N batch-1 passes back to back, against the same strategy's one pass over the
+//!   batch ([`InferRow::batching_gain`]).
+//!
 //! Every strategy at one batch size sees the same random input. Weights are uploaded once per
 //! (precision, layout) and kept across batch sizes; each batch size gets its own [`Session`],
-//! dropped before the next.
+//! dropped before the next (the one-at-a-time rows' batch-1 Session is kept across batch sizes).
+//!
+//! TensorRT is not run; the report only says whether its library is there ([`tensorrt_status`]).
 
 use crate::harness::{time_device, time_host, Measurement, Plan};
 use crate::matmul::{PeerFigure, RowStatus};
 use crate::random::{fresh_seed, uniform_f32};
-use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::loader::{find_extra_library, Discovery};
 use gpukit_models::forward::{fold, FoldedResNet};
 use gpukit_models::gpu::{
     EngineError, GpuContext, GpuWeights, Precision, Session, SessionMemory, Strategy,
@@ -26,7 +32,7 @@ use gpukit_models::ResNet;
 use gpukit_tensor::{DType, Device, DeviceSelection};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The CPU reference row's strategy name.
 pub const CPU_ROW: &str = "gpukit f32 (folded BN, im2col+gemm)";
@@ -39,6 +45,15 @@ pub const GPU_WARMUP: usize = 3;
 /// Images of the batch the GPU fp32 reference is checked on against gpukit's CPU forward.
 pub const CPU_CHECK_IMAGES: usize = 4;
 
+/// How a one-at-a-time strategy's name ends: `fp16-nhwc-graph-one-at-a-time`.
+pub const ONE_AT_A_TIME: &str = "-one-at-a-time";
+
+/// Batch-1 passes a one-at-a-time row times at most (over all repetitions): fewer repetitions
+/// at large batch sizes, never fewer than [`ONE_AT_A_TIME_MIN_REPS`].
+pub const ONE_AT_A_TIME_MAX_PASSES: usize = 4096;
+/// Timed repetitions a one-at-a-time row keeps however large the batch (unless fewer asked).
+pub const ONE_AT_A_TIME_MIN_REPS: usize = 5;
+
 /// One kind of row of `gpukit infer`, as `--strategies` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InferStrategy {
@@ -48,6 +63,9 @@ pub enum InferStrategy {
     OnnxRuntime,
     /// gpukit's GPU engine.
     Gpu(Strategy),
+    /// The strategy's engine at batch 1, run once per image of the batch: at batch size N,
+    /// N passes back to back (eager, or N replays of its CUDA graph). Rows only at N > 1.
+    OneAtATime(Strategy),
 }
 
 impl InferStrategy {
@@ -57,6 +75,7 @@ impl InferStrategy {
             InferStrategy::Cpu => "cpu".into(),
             InferStrategy::OnnxRuntime => "onnxruntime".into(),
             InferStrategy::Gpu(s) => s.name(),
+            InferStrategy::OneAtATime(s) => format!("{}{ONE_AT_A_TIME}", s.name()),
         }
     }
 
@@ -66,24 +85,49 @@ impl InferStrategy {
         match t.as_str() {
             "cpu" => Ok(InferStrategy::Cpu),
             "onnxruntime" | "ort" => Ok(InferStrategy::OnnxRuntime),
-            _ => Strategy::parse(&t).map(InferStrategy::Gpu).map_err(|e| {
-                format!(
-                    "{e}: a strategy is cpu, onnxruntime or PRECISION[-nhwc][-graph] with \
-                     PRECISION one of fp32, tf32, fp16, bf16 (e.g. fp16-nhwc-graph)"
-                )
-            }),
+            _ => {
+                let (base, single) = match t.strip_suffix(ONE_AT_A_TIME) {
+                    Some(base) => (base, true),
+                    None => (t.as_str(), false),
+                };
+                Strategy::parse(base)
+                    .map(|g| {
+                        if single {
+                            InferStrategy::OneAtATime(g)
+                        } else {
+                            InferStrategy::Gpu(g)
+                        }
+                    })
+                    .map_err(|e| {
+                        format!(
+                            "{e}: a strategy is cpu, onnxruntime or \
+                             PRECISION[-nhwc][-graph][{ONE_AT_A_TIME}] with PRECISION one of \
+                             fp32, tf32, fp16, bf16 (e.g. fp16-nhwc-graph)"
+                        )
+                    })
+            }
         }
     }
 
-    /// cpu, onnxruntime and [`Strategy::defaults`].
+    /// The best GPU strategy, one image at a time: the default one-at-a-time row.
+    pub fn default_one_at_a_time() -> InferStrategy {
+        InferStrategy::OneAtATime(Strategy {
+            precision: Precision::F16,
+            nhwc: true,
+            graph: true,
+        })
+    }
+
+    /// cpu, onnxruntime, [`Strategy::defaults`], and fp16-nhwc-graph one image at a time.
     pub fn defaults() -> Vec<InferStrategy> {
         let mut v = vec![InferStrategy::Cpu, InferStrategy::OnnxRuntime];
         v.extend(Strategy::defaults().into_iter().map(InferStrategy::Gpu));
+        v.push(InferStrategy::default_one_at_a_time());
         v
     }
 
     pub fn on_cpu(&self) -> bool {
-        !matches!(self, InferStrategy::Gpu(_))
+        matches!(self, InferStrategy::Cpu | InferStrategy::OnnxRuntime)
     }
 }
 
@@ -231,6 +275,10 @@ pub struct InferRow {
     /// PyTorch's figure for the same strategy (`--compare-pytorch`).
     #[serde(default)]
     pub pytorch: Option<PeerFigure>,
+    /// One-at-a-time rows: the batched row's images/s (the same strategy, one pass over the
+    /// batch) over this row's: what batching gains. None where either row did not pass.
+    #[serde(default)]
+    pub batching_gain: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -253,6 +301,24 @@ pub struct InferReport {
     /// `--compare-pytorch`: PyTorch's rows, the logits check and the best fp16 of each side.
     #[serde(default)]
     pub pytorch: Option<crate::infer_peer::PytorchComparison>,
+    /// Whether TensorRT's libnvinfer is on this machine ([`tensorrt_status`]); gpukit runs no
+    /// TensorRT strategy. None where no GPU strategy was asked for.
+    #[serde(default)]
+    pub tensorrt: Option<String>,
+}
+
+/// The report's TensorRT line, from where libnvinfer was found
+/// ([`gpukit_cuda::loader::find_extra_library`]), if anywhere.
+pub fn tensorrt_status(libnvinfer: Option<&Path>) -> String {
+    match libnvinfer {
+        Some(p) => format!(
+            "libnvinfer found at {}; gpukit has no TensorRT strategy yet",
+            p.display()
+        ),
+        None => "unavailable: libnvinfer not found (install TensorRT, e.g. pip install tensorrt, \
+                 to compare)"
+            .into(),
+    }
 }
 
 /// Bad input (exit 2): unusable weights or shapes.
@@ -339,6 +405,18 @@ pub fn is_gpu_row(r: &InferRow) -> bool {
     r.device != "cpu"
 }
 
+/// Whether the row is a strategy run one image at a time ([`InferStrategy::OneAtATime`]).
+pub fn is_one_at_a_time(r: &InferRow) -> bool {
+    is_gpu_row(r) && r.strategy.ends_with(ONE_AT_A_TIME)
+}
+
+/// Timed repetitions of a one-at-a-time row at batch `n`: `reps`, fewer where they would pass
+/// [`ONE_AT_A_TIME_MAX_PASSES`] batch-1 passes, but at least [`ONE_AT_A_TIME_MIN_REPS`].
+pub fn one_at_a_time_reps(reps: usize, n: usize) -> usize {
+    reps.min((ONE_AT_A_TIME_MAX_PASSES / n.max(1)).max(ONE_AT_A_TIME_MIN_REPS))
+        .max(1)
+}
+
 /// Orders rows by batch size, then the CPU rows (in the order they came), then the GPU rows in
 /// the order of `gpu_order` (strategy names).
 pub fn sort_rows(rows: &mut [InferRow], gpu_order: &[String]) {
@@ -354,12 +432,13 @@ pub fn sort_rows(rows: &mut [InferRow], gpu_order: &[String]) {
     });
 }
 
-/// Per batch size (ascending): the GPU row that passed with the most images/s.
+/// Per batch size (ascending): the GPU row that passed with the most images/s. One-at-a-time
+/// rows are not candidates: they show what the batch would cost without batching.
 pub fn best_gpu_rows(rows: &[InferRow]) -> Vec<&InferRow> {
     let mut best: BTreeMap<usize, &InferRow> = BTreeMap::new();
     for r in rows
         .iter()
-        .filter(|r| is_gpu_row(r) && r.status == RowStatus::Ok)
+        .filter(|r| is_gpu_row(r) && !is_one_at_a_time(r) && r.status == RowStatus::Ok)
     {
         let Some(rate) = r.images_per_s else { continue };
         let better = best
@@ -427,6 +506,7 @@ fn row(strategy: &str, device: &str, batch: usize) -> InferRow {
         compared_with: None,
         tolerance: None,
         pytorch: None,
+        batching_gain: None,
     }
 }
 
@@ -478,6 +558,7 @@ pub fn run_infer(
         gpu_device: None,
         gpu_unavailable: None,
         pytorch: None,
+        tensorrt: None,
     };
     let wanted: Vec<InferStrategy> = opts
         .strategies
@@ -530,7 +611,20 @@ pub fn run_infer(
             _ => None,
         })
         .collect();
-    if let (false, Some(ordinal)) = (gpu.is_empty(), gpu_ordinal(opts.selection)) {
+    let singles: Vec<Strategy> = wanted
+        .iter()
+        .filter_map(|s| match s {
+            InferStrategy::OneAtATime(g) => Some(*g),
+            _ => None,
+        })
+        .collect();
+    let any_gpu = !(gpu.is_empty() && singles.is_empty());
+    if any_gpu {
+        report.tensorrt = Some(tensorrt_status(
+            find_extra_library(discovery, "nvinfer").as_deref(),
+        ));
+    }
+    if let (true, Some(ordinal)) = (any_gpu, gpu_ordinal(opts.selection)) {
         progress(&format!("infer cuda:{ordinal}: opening the GPU"));
         match GpuContext::open(discovery, ordinal) {
             Ok(ctx) => {
@@ -551,13 +645,17 @@ pub fn run_infer(
                     cpu_rates,
                     compute_capability,
                 };
-                let rows = run.rows(&gpu, &batches, progress);
+                let rows = run.rows(&gpu, &singles, &batches, progress);
                 report.rows.extend(rows);
             }
             Err(e) => report.gpu_unavailable = Some(e.to_string()),
         }
     }
-    let order: Vec<String> = gpu.iter().map(Strategy::name).collect();
+    let order: Vec<String> = wanted
+        .iter()
+        .filter(|s| !s.on_cpu())
+        .map(InferStrategy::name)
+        .collect();
     sort_rows(&mut report.rows, &order);
     Ok(report)
 }
@@ -731,6 +829,25 @@ fn layout(nhwc: bool) -> &'static str {
     }
 }
 
+/// The batch-1 Session the one-at-a-time rows of one (precision, layout) share across batch
+/// sizes, or why it could not be made; and its CUDA graph's capture, once tried.
+struct Single<'w> {
+    session: Result<Session<'w>, RowStatus>,
+    graph: Option<Result<(), String>>,
+}
+
+/// What one-at-a-time rows at one batch size are checked and compared against.
+struct Checks<'c> {
+    /// Per batched strategy that passed: its logits of the batch's first image.
+    firsts: &'c [(Strategy, Vec<f32>)],
+    /// The batch's reference, for strategies without a passing batched row.
+    reference: &'c RefState,
+    /// The batched rows of the same (precision, layout) at this batch size.
+    batched: &'c [InferRow],
+    /// The fp32 eager GPU rate at this batch size.
+    fp32_eager: Option<f64>,
+}
+
 /// One GPU's part of the report.
 struct GpuRun<'a> {
     ctx: &'a GpuContext,
@@ -751,11 +868,13 @@ impl GpuRun<'_> {
         r
     }
 
-    /// Every strategy at every batch size. The reference pair runs first, at every batch
-    /// size, so each other strategy finds its batch's reference ready.
+    /// Every strategy at every batch size, and each of `singles` one image at a time at every
+    /// batch size over 1. The reference pair runs first, at every batch size, so each other
+    /// strategy finds its batch's reference ready.
     fn rows(
         &self,
         strategies: &[Strategy],
+        singles: &[Strategy],
         batches: &[(usize, u64)],
         progress: &mut dyn FnMut(&str),
     ) -> Vec<InferRow> {
@@ -767,22 +886,40 @@ impl GpuRun<'_> {
             })
             .collect();
         let mut fp32_eager: Vec<Option<f64>> = vec![None; batches.len()];
-        for (precision, nhwc) in pairs(strategies) {
+        let all: Vec<Strategy> = strategies.iter().chain(singles).copied().collect();
+        for (precision, nhwc) in pairs(&all) {
             // eager before graph: the graph is captured once, after the eager rows are timed
-            let mut here: Vec<Strategy> = strategies
-                .iter()
-                .copied()
-                .filter(|s| (s.precision, s.nhwc) == (precision, nhwc))
-                .collect();
-            here.sort_by_key(|s| s.graph);
+            let of_pair = |list: &[Strategy]| -> Vec<Strategy> {
+                let mut v: Vec<Strategy> = list
+                    .iter()
+                    .copied()
+                    .filter(|s| (s.precision, s.nhwc) == (precision, nhwc))
+                    .collect();
+                v.sort_by_key(|s| s.graph);
+                v
+            };
+            let here = of_pair(strategies);
+            let here_single = of_pair(singles);
             let is_ref = (precision, nhwc) == REFERENCE_PAIR;
+            // the rows of this pair at one batch size, all with one status
+            let all_rows = |n: usize, status: &RowStatus| -> Vec<InferRow> {
+                let mut v: Vec<InferRow> = here
+                    .iter()
+                    .map(|s| self.row(s, n, status.clone()))
+                    .collect();
+                if n > 1 {
+                    v.extend(here_single.iter().map(|s| {
+                        let mut r = row(&InferStrategy::OneAtATime(*s).name(), &self.device, n);
+                        r.status = status.clone();
+                        r
+                    }));
+                }
+                v
+            };
             // tf32 and bf16 need Ampere or newer: a limit of the GPU, not an error
             if let Err(why) = supported(self.compute_capability, precision) {
                 for &(n, _) in batches {
-                    rows.extend(
-                        here.iter()
-                            .map(|s| self.row(s, n, RowStatus::Skipped(why.clone()))),
-                    );
+                    rows.extend(all_rows(n, &RowStatus::Skipped(why.clone())));
                 }
                 continue;
             }
@@ -808,34 +945,204 @@ impl GpuRun<'_> {
                                 !here.is_empty(),
                             ));
                         }
-                        rows.extend(
-                            here.iter()
-                                .map(|s| self.row(s, n, engine_status(&what, &e))),
-                        );
+                        rows.extend(all_rows(n, &engine_status(&what, &e)));
                     }
                     continue;
                 }
             };
+            // the one-at-a-time rows' batch-1 Session, made at the first batch size over 1
+            let mut single: Option<Single<'_>> = None;
             for (bi, &(n, seed)) in batches.iter().enumerate() {
                 let x = uniform_f32(n * 3 * self.image * self.image, seed);
-                rows.extend(self.at_batch(
-                    &weights,
-                    &here,
-                    is_ref,
-                    n,
-                    &x,
-                    &mut refs[bi],
-                    &mut fp32_eager[bi],
-                    progress,
-                ));
+                let mut firsts = Vec::new();
+                // a pair asked for only one image at a time needs no Session at batch n
+                let batched = if here.is_empty() && !is_ref {
+                    Vec::new()
+                } else {
+                    self.at_batch(
+                        &weights,
+                        &here,
+                        is_ref,
+                        n,
+                        &x,
+                        &mut refs[bi],
+                        &mut fp32_eager[bi],
+                        &mut firsts,
+                        progress,
+                    )
+                };
+                if n > 1 && !here_single.is_empty() {
+                    let single = single.get_or_insert_with(|| {
+                        progress(&format!(
+                            "infer {} {} {} batch 1 (one image at a time): planning",
+                            self.device,
+                            precision.name(),
+                            layout(nhwc)
+                        ));
+                        Single {
+                            session: Session::new(
+                                self.ctx, &weights, 1, self.image, self.image, true,
+                            )
+                            .map_err(|e| engine_status("preparing batch 1", &e)),
+                            graph: None,
+                        }
+                    });
+                    let image = &x[..3 * self.image * self.image];
+                    let singles_rows = self.one_at_a_time(
+                        single,
+                        &here_single,
+                        n,
+                        image,
+                        Checks {
+                            firsts: &firsts,
+                            reference: &refs[bi],
+                            batched: &batched,
+                            fp32_eager: fp32_eager[bi],
+                        },
+                        progress,
+                    );
+                    rows.extend(batched);
+                    rows.extend(singles_rows);
+                } else {
+                    rows.extend(batched);
+                }
             }
+        }
+        rows
+    }
+
+    /// The one-at-a-time rows of one (precision, layout) at batch `n` (over 1): `n` batch-1
+    /// passes back to back (eager calls, or replays of the captured graph), timed together with
+    /// CUDA events. Every pass runs on the batch's first image, uploaded once before the timed
+    /// passes and resident on the GPU: the time is the engine's alone, no per-image upload.
+    /// The last pass's logits are checked against the same strategy's batched logits of that
+    /// image, or the batch's reference where the batched row did not pass.
+    fn one_at_a_time(
+        &self,
+        single: &mut Single<'_>,
+        strategies: &[Strategy],
+        n: usize,
+        image: &[f32],
+        checks: Checks<'_>,
+        progress: &mut dyn FnMut(&str),
+    ) -> Vec<InferRow> {
+        let classes = self.folded.num_classes;
+        let mut rows = Vec::new();
+        for &st in strategies {
+            let name = InferStrategy::OneAtATime(st).name();
+            let mut r = row(&name, &self.device, n);
+            let tol = tolerance(st.precision);
+            r.tolerance = Some(tol);
+            let resident = "every timed pass runs on that one image, resident on the GPU";
+            let (expected, label) = match checks.firsts.iter().find(|(s, _)| *s == st) {
+                Some((_, l)) => (
+                    l.as_slice(),
+                    format!("{} at batch {n}, its first image ({resident})", st.name()),
+                ),
+                None => match checks.reference {
+                    RefState::Ready(re) => (
+                        &re.logits[..classes],
+                        format!(
+                            "{}, its first image; no passing batched {} row ({resident})",
+                            re.label,
+                            st.name()
+                        ),
+                    ),
+                    RefState::Unavailable(status) => {
+                        r.status = status.clone();
+                        rows.push(r);
+                        continue;
+                    }
+                },
+            };
+            let session = match &mut single.session {
+                Ok(session) => session,
+                Err(status) => {
+                    r.status = status.clone();
+                    rows.push(r);
+                    continue;
+                }
+            };
+            let mem = session.memory;
+            r.gpu_memory = Some(mem);
+            r.gpu_memory_bytes =
+                Some((mem.weights_bytes + mem.arena_bytes + mem.conv_workspace_bytes) as u64);
+            if st.graph {
+                let captured = single
+                    .graph
+                    .get_or_insert_with(|| session.capture().map_err(|e| e.to_string()));
+                if let Err(e) = captured {
+                    r.status = RowStatus::Failed(format!("capturing the CUDA graph: {e}"));
+                    rows.push(r);
+                    continue;
+                }
+            }
+            if let Err(e) = session.set_input(image) {
+                r.status = engine_status("uploading the image", &e);
+                rows.push(r);
+                continue;
+            }
+            progress(&format!(
+                "infer {} {name} batch {n}: {n} batch-1 passes",
+                self.device
+            ));
+            let plan = Plan::new(self.plan.warmup, one_at_a_time_reps(self.plan.reps, n));
+            let session = &*session;
+            let timed = time_device(&self.ctx.gpu.stream, plan, || -> Result<(), EngineError> {
+                for _ in 0..n {
+                    if st.graph {
+                        session.replay()?;
+                    } else {
+                        session.enqueue()?;
+                    }
+                }
+                Ok(())
+            });
+            let t = match timed {
+                Ok(t) => t,
+                Err(e) => {
+                    r.status = RowStatus::Failed(e.to_string());
+                    rows.push(r);
+                    continue;
+                }
+            };
+            let got = match session.logits() {
+                Ok(l) => l,
+                Err(e) => {
+                    r.status = RowStatus::Failed(format!("reading the logits: {e}"));
+                    rows.push(r);
+                    continue;
+                }
+            };
+            let a = agreement(&got, expected, classes);
+            let judged = verdict(&got, &a, tol);
+            r.agreement = Some(a);
+            r.compared_with = Some(label);
+            if let Err(why) = judged {
+                r.status = RowStatus::Failed(why);
+                rows.push(r);
+                continue;
+            }
+            let rate = rate(n, &t);
+            r.images_per_s = Some(rate);
+            r.speedup_vs_fp32_eager = checks.fp32_eager.map(|f| rate / f);
+            r.speedup_vs_reference = self.cpu_rates.get(&n).map(|c| rate / c);
+            r.batching_gain = checks
+                .batched
+                .iter()
+                .find(|b| b.strategy == st.name() && b.status == RowStatus::Ok)
+                .and_then(|b| b.images_per_s)
+                .map(|b| b / rate);
+            r.timing = Some(t);
+            rows.push(r);
         }
         rows
     }
 
     /// One (precision, layout) at one batch size: its Session, one verification pass, then
     /// each strategy timed (eager, then the captured graph) and its last pass's logits checked.
-    /// For the reference pair it also sets the batch's reference.
+    /// For the reference pair it also sets the batch's reference. Each strategy that passes
+    /// leaves its logits of the first image in `firsts`.
     #[allow(clippy::too_many_arguments)]
     fn at_batch(
         &self,
@@ -846,6 +1153,7 @@ impl GpuRun<'_> {
         x: &[f32],
         reference: &mut RefState,
         fp32_eager: &mut Option<f64>,
+        firsts: &mut Vec<(Strategy, Vec<f32>)>,
         progress: &mut dyn FnMut(&str),
     ) -> Vec<InferRow> {
         let s = self.image;
@@ -1029,6 +1337,7 @@ impl GpuRun<'_> {
                 }
             }
             if r.status == RowStatus::Ok {
+                firsts.push((*st, got[..classes].to_vec()));
                 let rate = rate(n, &t);
                 if is_ref && !st.graph {
                     *fp32_eager = Some(rate);
@@ -1091,11 +1400,82 @@ mod tests {
             .iter()
             .map(InferStrategy::name)
             .collect();
-        assert_eq!(names.len(), 14);
+        assert_eq!(names.len(), 15);
         assert_eq!(names[..3], ["cpu", "onnxruntime", "fp32"]);
+        assert_eq!(names[14], "fp16-nhwc-graph-one-at-a-time");
         for s in InferStrategy::defaults() {
             assert_eq!(InferStrategy::parse(&s.name()), Ok(s));
         }
+    }
+
+    #[test]
+    fn one_at_a_time_strategies_parse_and_run_on_the_gpu() {
+        let s = |t: &str| Strategy::parse(t).unwrap();
+        assert_eq!(
+            InferStrategy::parse("FP16-NHWC-graph-one-at-a-time"),
+            Ok(InferStrategy::OneAtATime(s("fp16-nhwc-graph")))
+        );
+        assert_eq!(
+            InferStrategy::parse("fp32-one-at-a-time"),
+            Ok(InferStrategy::OneAtATime(s("fp32")))
+        );
+        assert_eq!(
+            InferStrategy::OneAtATime(s("bf16-nhwc")).name(),
+            "bf16-nhwc-one-at-a-time"
+        );
+        assert_eq!(
+            InferStrategy::default_one_at_a_time(),
+            InferStrategy::OneAtATime(s("fp16-nhwc-graph"))
+        );
+        for bad in [
+            "one-at-a-time",
+            "cpu-one-at-a-time",
+            "fp16-one-at-a-time-graph",
+            "fp16-one-at-a-time-one-at-a-time",
+        ] {
+            let e = InferStrategy::parse(bad).unwrap_err();
+            assert!(e.contains("-one-at-a-time]"), "{bad}: {e}");
+        }
+        let single = InferStrategy::parse("fp16-one-at-a-time").unwrap();
+        assert!(!single.on_cpu());
+        let cpu = DeviceSelection::One(Device::Cpu);
+        let e = select_strategies(Some(&[single]), cpu).unwrap_err();
+        assert!(
+            e.contains("fp16-one-at-a-time") && e.contains("a GPU"),
+            "{e}"
+        );
+        // the batched strategy and the same one at a time are two rows
+        let batched = InferStrategy::parse("fp16").unwrap();
+        assert_eq!(
+            select_strategies(Some(&[batched, single, single]), DeviceSelection::All).unwrap(),
+            vec![batched, single]
+        );
+    }
+
+    #[test]
+    fn one_at_a_time_reps_bound_the_passes() {
+        assert_eq!(one_at_a_time_reps(50, 2), 50);
+        assert_eq!(one_at_a_time_reps(50, 32), 50);
+        assert_eq!(one_at_a_time_reps(50, 128), 32);
+        assert_eq!(one_at_a_time_reps(50, 4096), ONE_AT_A_TIME_MIN_REPS);
+        assert_eq!(one_at_a_time_reps(3, 4096), 3, "never more than asked");
+        assert_eq!(one_at_a_time_reps(1, 0), 1);
+    }
+
+    #[test]
+    fn the_tensorrt_line_says_whether_libnvinfer_is_there() {
+        let absent = tensorrt_status(None);
+        assert_eq!(
+            absent,
+            "unavailable: libnvinfer not found (install TensorRT, e.g. pip install tensorrt, to compare)"
+        );
+        let found = tensorrt_status(Some(Path::new(
+            "/venv/site-packages/tensorrt_libs/libnvinfer.so.10",
+        )));
+        assert_eq!(
+            found,
+            "libnvinfer found at /venv/site-packages/tensorrt_libs/libnvinfer.so.10; gpukit has no TensorRT strategy yet"
+        );
     }
 
     #[test]
@@ -1103,12 +1483,12 @@ mod tests {
         let cpu = DeviceSelection::One(Device::Cpu);
         let gpu = DeviceSelection::One(Device::Cuda(0));
         let all = DeviceSelection::All;
-        assert_eq!(select_strategies(None, all).unwrap().len(), 14);
+        assert_eq!(select_strategies(None, all).unwrap().len(), 15);
         assert_eq!(
             select_strategies(None, cpu).unwrap(),
             vec![InferStrategy::Cpu, InferStrategy::OnnxRuntime]
         );
-        assert_eq!(select_strategies(None, gpu).unwrap().len(), 12);
+        assert_eq!(select_strategies(None, gpu).unwrap().len(), 13);
         let fp16 = InferStrategy::parse("fp16").unwrap();
         let req = [fp16, InferStrategy::Cpu, fp16];
         assert_eq!(
@@ -1186,6 +1566,39 @@ mod tests {
     }
 
     #[test]
+    fn one_at_a_time_rows_sort_where_they_were_asked() {
+        let mut rows = vec![
+            timed("fp16-nhwc-graph-one-at-a-time", "cuda:0", 8, Some(1.0)),
+            timed("fp16-nhwc-graph", "cuda:0", 8, Some(1.0)),
+            timed("fp32", "cuda:0", 8, Some(1.0)),
+            timed(CPU_ROW, "cpu", 8, Some(1.0)),
+            timed("fp16-nhwc-graph", "cuda:0", 1, Some(1.0)),
+        ];
+        let order: Vec<String> = InferStrategy::defaults()
+            .iter()
+            .filter(|s| !s.on_cpu())
+            .map(InferStrategy::name)
+            .collect();
+        sort_rows(&mut rows, &order);
+        let got: Vec<(usize, &str)> = rows
+            .iter()
+            .map(|r| (r.batch, r.strategy.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (1, "fp16-nhwc-graph"),
+                (8, CPU_ROW),
+                (8, "fp32"),
+                (8, "fp16-nhwc-graph"),
+                (8, "fp16-nhwc-graph-one-at-a-time"),
+            ]
+        );
+        assert!(is_one_at_a_time(&rows[4]));
+        assert!(!is_one_at_a_time(&rows[3]) && !is_one_at_a_time(&rows[1]));
+    }
+
+    #[test]
     fn best_rows_are_the_fastest_passing_gpu_row_per_batch() {
         let mut failed = timed("bf16-nhwc", "cuda:0", 1, Some(99.0));
         failed.status = RowStatus::Failed("wrong".into());
@@ -1196,6 +1609,8 @@ mod tests {
             failed,
             timed("fp16", "cuda:0", 1, Some(20.0)),
             timed("fp32", "cuda:0", 32, Some(100.0)),
+            // never the best: it shows the batch without batching
+            timed("fp32-one-at-a-time", "cuda:0", 32, Some(1000.0)),
             timed(CPU_ROW, "cpu", 64, Some(1.0)),
         ];
         let best: Vec<(usize, &str)> = best_gpu_rows(&rows)
@@ -1217,6 +1632,7 @@ mod tests {
             gpu_device: Some("cuda:0 Test GPU".into()),
             gpu_unavailable: None,
             pytorch: None,
+            tensorrt: None,
         }
     }
 
@@ -1244,14 +1660,20 @@ mod tests {
         let r: InferReport = serde_json::from_str(old).unwrap();
         assert_eq!(r.rows[0].images_per_s, Some(3.5));
         assert!(r.gpu_device.is_none() && r.rows[0].gpu_memory_bytes.is_none());
+        assert!(r.tensorrt.is_none() && r.rows[0].batching_gain.is_none());
         // and the new shape round-trips
         let mut g = timed("fp16-nhwc-graph", "cuda:0", 32, Some(1000.0));
         g.gpu_memory_bytes = Some(123);
         g.speedup_vs_fp32_eager = Some(3.0);
-        let text = serde_json::to_string(&report(vec![g])).unwrap();
+        g.batching_gain = Some(7.5);
+        let mut rep = report(vec![g]);
+        rep.tensorrt = Some(tensorrt_status(None));
+        let text = serde_json::to_string(&rep).unwrap();
         let back: InferReport = serde_json::from_str(&text).unwrap();
         assert_eq!(back.rows[0].gpu_memory_bytes, Some(123));
         assert_eq!(back.rows[0].speedup_vs_fp32_eager, Some(3.0));
+        assert_eq!(back.rows[0].batching_gain, Some(7.5));
+        assert_eq!(back.tensorrt, rep.tensorrt);
     }
 
     #[test]
@@ -1273,6 +1695,8 @@ mod tests {
             requested_mib: 10.0,
             free_mib: 1.0,
             total_mib: 80.0,
+            reserved_mib: 0.0,
+            limit_mib: None,
         };
         assert!(is_oom(&oom));
         assert!(is_oom(&EngineError::Invalid(
@@ -1298,6 +1722,7 @@ mod tests {
             ]
         );
         assert_eq!(pairs(&[s("fp32-graph")]), vec![(Precision::F32, false)]);
+        assert_eq!(pairs(&[]), vec![(Precision::F32, false)]);
     }
 
     #[test]
@@ -1324,6 +1749,7 @@ mod tests {
             r.gpu_unavailable.is_none(),
             "the CPU selection opens no GPU"
         );
+        assert!(r.tensorrt.is_none(), "no GPU strategy, no TensorRT line");
     }
 
     #[test]

@@ -142,6 +142,7 @@ pub fn attach(report: &mut InferReport, rows: &[PytorchRow]) -> Vec<BestFp16> {
             .rows
             .iter()
             .filter(|r| r.batch == n && r.device != "cpu" && r.strategy.starts_with("fp16"))
+            .filter(|r| !crate::infer::is_one_at_a_time(r))
             .filter(|r| r.status == RowStatus::Ok)
             .filter_map(|r| Some((r, r.images_per_s?)))
             .max_by(|a, b| a.1.total_cmp(&b.1));

@@ -12,6 +12,7 @@ pub mod infer;
 pub mod infer_io;
 pub mod infer_peer;
 pub mod matmul;
+pub mod memory;
 pub mod peer;
 pub mod random;
 pub mod stats;

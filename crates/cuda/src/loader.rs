@@ -626,6 +626,15 @@ fn glob_site_packages(prefix: &Path) -> Vec<PathBuf> {
 
 /// (name, path) pairs from `ldconfig -p`, for the names gpukit cares about.
 fn linker_cache() -> Vec<(String, PathBuf)> {
+    let wanted: Vec<String> = Lib::ALL
+        .iter()
+        .map(|l| format!("lib{}.so", l.stem()))
+        .collect();
+    linker_cache_named(&wanted)
+}
+
+/// (name, path) pairs from `ldconfig -p` whose name starts with one of `wanted`.
+fn linker_cache_named(wanted: &[String]) -> Vec<(String, PathBuf)> {
     let out = ["/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"]
         .iter()
         .find_map(|exe| Command::new(exe).arg("-p").output().ok())
@@ -633,10 +642,6 @@ fn linker_cache() -> Vec<(String, PathBuf)> {
     let Some(out) = out else {
         return Vec::new();
     };
-    let wanted: Vec<String> = Lib::ALL
-        .iter()
-        .map(|l| format!("lib{}.so", l.stem()))
-        .collect();
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|line| {
@@ -652,6 +657,95 @@ fn linker_cache() -> Vec<(String, PathBuf)> {
                 .then(|| (name.to_string(), PathBuf::from(path)))
         })
         .collect()
+}
+
+/// Subdirectories of a site-packages where pip's TensorRT wheels put their libraries
+/// (`pip install tensorrt`: `tensorrt_libs/libnvinfer.so.10`; older wheels: `tensorrt/`).
+const TENSORRT_WHEEL_DIRS: [&str; 2] = ["tensorrt_libs", "tensorrt"];
+
+/// Where [`find_extra_library`] looks, in order: the directories discovery searched (its
+/// order), with the TensorRT wheel directories of each Python site-packages where discovery
+/// put the Python wheels, and those of each `GPUKIT_CUDA_PATH` entry (one may be a
+/// site-packages).
+pub fn extra_library_dirs(discovery: &Discovery) -> Vec<PathBuf> {
+    extra_dirs_from(&discovery.searched, &python_site_packages())
+}
+
+fn extra_dirs_from(searched: &[(PathBuf, Source)], sites: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let push = |d: PathBuf, dirs: &mut Vec<PathBuf>| {
+        if !dirs.contains(&d) {
+            dirs.push(d);
+        }
+    };
+    // discovery's order: user roots, loader path, conda, Python wheels, then the rest
+    let after_wheels = |s: Source| {
+        matches!(
+            s,
+            Source::CudaToolkit | Source::LinkerCache | Source::SystemDir | Source::DriverDir
+        )
+    };
+    let mut sites_done = false;
+    for (dir, source) in searched {
+        if !sites_done && after_wheels(*source) {
+            for site in sites {
+                for sub in TENSORRT_WHEEL_DIRS {
+                    push(site.join(sub), &mut dirs);
+                }
+            }
+            sites_done = true;
+        }
+        push(dir.clone(), &mut dirs);
+        if *source == Source::GpukitCudaPath {
+            for sub in TENSORRT_WHEEL_DIRS {
+                push(dir.join(sub), &mut dirs);
+            }
+        }
+    }
+    if !sites_done {
+        for site in sites {
+            for sub in TENSORRT_WHEEL_DIRS {
+                push(site.join(sub), &mut dirs);
+            }
+        }
+    }
+    dirs
+}
+
+/// The first file named `lib<stem>.so` or `lib<stem>.so.*` in `dirs`, in their order (within
+/// one directory a versioned name before the bare one). `lib<stem>_plugin.so` is not a match.
+pub fn find_library_file(dirs: &[PathBuf], stem: &str) -> Option<PathBuf> {
+    let plain = format!("lib{stem}.so");
+    dirs.iter().find_map(|dir| {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .ok()?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| is_library_name(n, &plain))
+            .filter(|n| dir.join(n).is_file())
+            .collect();
+        names.sort_by(|a, b| (*a == plain, a).cmp(&(*b == plain, b)));
+        names.first().map(|n| dir.join(n))
+    })
+}
+
+/// `libnvinfer.so` or `libnvinfer.so.10...` for `plain` = `libnvinfer.so`.
+fn is_library_name(name: &str, plain: &str) -> bool {
+    name == plain
+        || name
+            .strip_prefix(plain)
+            .is_some_and(|rest| rest.starts_with('.'))
+}
+
+/// A library gpukit does not load but reports (TensorRT's `libnvinfer`: stem `nvinfer`),
+/// searched where discovery searched ([`extra_library_dirs`]), then in the linker cache.
+pub fn find_extra_library(discovery: &Discovery, stem: &str) -> Option<PathBuf> {
+    find_library_file(&extra_library_dirs(discovery), stem).or_else(|| {
+        let plain = format!("lib{stem}.so");
+        linker_cache_named(std::slice::from_ref(&plain))
+            .into_iter()
+            .find(|(name, path)| is_library_name(name, &plain) && path.is_file())
+            .map(|(_, path)| path)
+    })
 }
 
 /// Discovers the libraries and, when the loader would not find them on its own, re-executes the
@@ -880,6 +974,79 @@ mod tests {
         );
         for d in [&a, &b] {
             std::fs::remove_dir_all(d).unwrap();
+        }
+    }
+
+    #[test]
+    fn extra_libraries_are_found_by_name_where_discovery_searched() {
+        let base = std::env::temp_dir().join(format!("gpukit-extra-{}", std::process::id()));
+        let user = base.join("user");
+        let site = base.join("site-packages");
+        let system = base.join("system");
+        for d in [&user, &site.join("tensorrt_libs"), &system] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(user.join("libnvinfer_plugin.so.10"), b"x").unwrap();
+        std::fs::write(user.join("libnvinfer.so.10"), b"x").unwrap();
+        std::fs::write(user.join("libnvinfer.so"), b"x").unwrap();
+        std::fs::write(site.join("tensorrt_libs/libnvinfer.so.10"), b"x").unwrap();
+        std::fs::write(system.join("libnvinfer.so.8"), b"x").unwrap();
+        // as GPUKIT_CUDA_PATH=user would have it: the user's directory first, versioned first
+        let searched = vec![
+            (user.clone(), Source::GpukitCudaPath),
+            (system.clone(), Source::SystemDir),
+        ];
+        let dirs = extra_dirs_from(&searched, std::slice::from_ref(&site));
+        assert_eq!(
+            dirs,
+            vec![
+                user.clone(),
+                user.join("tensorrt_libs"),
+                user.join("tensorrt"),
+                site.join("tensorrt_libs"),
+                site.join("tensorrt"),
+                system.clone(),
+            ]
+        );
+        assert_eq!(
+            find_library_file(&dirs, "nvinfer"),
+            Some(user.join("libnvinfer.so.10"))
+        );
+        // pip's wheel before the system's copy
+        assert_eq!(
+            find_library_file(&dirs[1..], "nvinfer"),
+            Some(site.join("tensorrt_libs/libnvinfer.so.10"))
+        );
+        assert_eq!(find_library_file(&dirs, "nvonnxparser"), None);
+        // a site-packages given as GPUKIT_CUDA_PATH
+        let dirs = extra_dirs_from(&[(site.clone(), Source::GpukitCudaPath)], &[]);
+        assert_eq!(
+            find_library_file(&dirs, "nvinfer"),
+            Some(site.join("tensorrt_libs/libnvinfer.so.10"))
+        );
+        // through a Discovery: its searched directories come first
+        let d = Discovery {
+            libraries: vec![],
+            warnings: vec![],
+            searched,
+            added_to_loader_path: vec![],
+            alias_dir: None,
+        };
+        assert_eq!(
+            find_extra_library(&d, "nvinfer"),
+            Some(user.join("libnvinfer.so.10"))
+        );
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn library_names_match_the_stem_only() {
+        let plain = "libnvinfer.so";
+        for yes in ["libnvinfer.so", "libnvinfer.so.10", "libnvinfer.so.10.3.0"] {
+            assert!(is_library_name(yes, plain), "{yes}");
+        }
+        for no in ["libnvinfer_plugin.so.10", "libnvinfer.so10", "libnvinfer.a"] {
+            assert!(!is_library_name(no, plain), "{no}");
         }
     }
 

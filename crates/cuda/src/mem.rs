@@ -91,3 +91,84 @@ impl Gpu {
         Ok(out)
     }
 }
+
+/// The device's default stream-ordered memory pool: every gpukit device allocation comes from it
+/// (`cuMemAllocAsync`), so it is gpukit's caching allocator. "used" is what live buffers hold,
+/// "reserved" what the pool holds from the driver (used + cached), "high" the peak since the
+/// last [`Gpu::reset_pool_peaks`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PoolStats {
+    pub used: u64,
+    pub used_high: u64,
+    pub reserved: u64,
+    pub reserved_high: u64,
+}
+
+impl Gpu {
+    fn pool(&self) -> Result<sys::CUmemoryPool, CudaError> {
+        self.ctx.bind_to_thread()?;
+        // SAFETY: the context's own device.
+        Ok(unsafe { result::device::get_default_mem_pool(self.ctx.cu_device()) }?)
+    }
+
+    fn pool_attr(&self, attr: sys::CUmemPool_attribute) -> Result<u64, CudaError> {
+        let pool = self.pool()?;
+        let mut v: u64 = 0;
+        // SAFETY: these attributes are cuuint64_t values; `v` is a live u64.
+        unsafe { result::mem_pool::get_attribute(pool, attr, &mut v as *mut u64 as *mut _) }?;
+        Ok(v)
+    }
+
+    /// The pool's figures now.
+    pub fn pool_stats(&self) -> Result<PoolStats, CudaError> {
+        use sys::CUmemPool_attribute as A;
+        Ok(PoolStats {
+            used: self.pool_attr(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            used_high: self.pool_attr(A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+            reserved: self.pool_attr(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            reserved_high: self.pool_attr(A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+        })
+    }
+
+    /// Starts the peaks again from the current figures.
+    pub fn reset_pool_peaks(&self) -> Result<(), CudaError> {
+        use sys::CUmemPool_attribute as A;
+        let pool = self.pool()?;
+        for attr in [
+            A::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+            A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+        ] {
+            let mut zero: u64 = 0;
+            // SAFETY: the high-water attributes may only be set to 0 (a cuuint64_t).
+            unsafe {
+                result::mem_pool::set_attribute(pool, attr, &mut zero as *mut u64 as *mut _)
+            }?;
+        }
+        Ok(())
+    }
+
+    /// Keeps freed memory in the pool (a caching allocator) instead of returning it to the
+    /// driver at every synchronisation, which is the pool's default.
+    pub fn keep_freed_memory(&self) -> Result<(), CudaError> {
+        let pool = self.pool()?;
+        let mut max = u64::MAX;
+        // SAFETY: RELEASE_THRESHOLD is a cuuint64_t.
+        unsafe {
+            result::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut max as *mut u64 as *mut _,
+            )
+        }?;
+        Ok(())
+    }
+
+    /// `empty_cache`: waits for queued work, then hands every cached byte back to the driver.
+    pub fn empty_cache(&self) -> Result<(), CudaError> {
+        self.stream.synchronize()?;
+        let pool = self.pool()?;
+        // SAFETY: a live pool; trimming only releases memory no allocation holds.
+        unsafe { result::mem_pool::trim_to(pool, 0) }?;
+        Ok(())
+    }
+}

@@ -31,6 +31,9 @@ pub enum Command {
     /// ResNet inference per batch size: gpukit's GPU engine in each strategy, its CPU path and
     /// ONNX Runtime, every row's logits checked.
     Infer(InferArgs),
+    /// Where GPU memory goes for ResNet inference at several batch sizes (allocated, reserved,
+    /// peak, the CUDA context), a memory limit, and what to do on out-of-memory.
+    Memory(MemoryArgs),
     /// Run every command and write DIR/report.json and DIR/report.md.
     All(AllArgs),
 }
@@ -82,9 +85,11 @@ pub struct InferArgs {
     pub device: DeviceSelection,
 
     /// Rows to run: cpu (gpukit's f32 CPU path), onnxruntime, and GPU strategies
-    /// PRECISION[-nhwc][-graph], PRECISION one of fp32, tf32, fp16, bf16 (-nhwc: NHWC
-    /// activations, else NCHW; -graph: replayed as a CUDA graph, else launched call by call)
-    /// [default: cpu,onnxruntime,fp32,fp32-graph,tf32,tf32-graph,tf32-nhwc,tf32-nhwc-graph,fp16,fp16-graph,fp16-nhwc,fp16-nhwc-graph,bf16-nhwc,bf16-nhwc-graph; those --device runs]
+    /// PRECISION[-nhwc][-graph][-one-at-a-time], PRECISION one of fp32, tf32, fp16, bf16
+    /// (-nhwc: NHWC activations, else NCHW; -graph: replayed as a CUDA graph, else launched call
+    /// by call; -one-at-a-time: at each batch size N over 1, the N images as N batch-1 passes
+    /// back to back, all on the batch's first image, against the batched row)
+    /// [default: cpu,onnxruntime,fp32,fp32-graph,tf32,tf32-graph,tf32-nhwc,tf32-nhwc-graph,fp16,fp16-graph,fp16-nhwc,fp16-nhwc-graph,bf16-nhwc,bf16-nhwc-graph,fp16-nhwc-graph-one-at-a-time; those --device runs]
     #[arg(long, value_name = "NAME,...", value_delimiter = ',', value_parser = parse_strategy)]
     pub strategies: Option<Vec<InferStrategy>>,
 
@@ -194,6 +199,64 @@ pub fn parse_byte_size(t: &str) -> Result<usize, String> {
     n.checked_mul(mult)
         .filter(|&b| b > 0 && b <= 64 << 30)
         .ok_or_else(|| format!("'{t}' is out of range: sizes go from 1 byte to 64G"))
+}
+
+#[derive(Debug, Args)]
+pub struct MemoryArgs {
+    /// resnet18, resnet34, resnet50, resnet101 or resnet152.
+    #[arg(long, default_value = "resnet50", value_parser = parse_model)]
+    pub model_name: gpukit_models::ResNet,
+
+    /// Batch sizes.
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', default_value = "16,32,64,128", value_parser = parse_batch)]
+    pub batch_sizes: Vec<usize>,
+
+    /// fp32, tf32, fp16 or bf16.
+    #[arg(long, default_value = "fp32", value_parser = parse_precision)]
+    pub precision: gpukit_models::gpu::Precision,
+
+    /// NHWC activations [default: NCHW for fp32/tf32, NHWC for fp16/bf16].
+    #[arg(long, value_parser = ["nchw", "nhwc"])]
+    pub layout: Option<String>,
+
+    /// Most of the device's memory gpukit may use, as a fraction in (0, 1].
+    #[arg(long, value_name = "F", value_parser = parse_fraction)]
+    pub memory_fraction: Option<f64>,
+
+    /// What to do when a batch does not fit: fail (the default) or halve it until it fits.
+    #[arg(long, value_name = "ACTION", default_value = "fail", value_parser = ["fail", "halve"])]
+    pub on_oom: String,
+
+    /// Also find the largest batch that fits (doubling, then bisection).
+    #[arg(long)]
+    pub find_max_batch: bool,
+
+    /// Square input size.
+    #[arg(long, default_value = "224", value_parser = parse_iterations)]
+    pub image_size: usize,
+
+    /// A torchvision state_dict saved as safetensors [default: seeded initialisation].
+    #[arg(long, value_name = "FILE")]
+    pub weights: Option<PathBuf>,
+
+    /// The GPU (cuda:N).
+    #[arg(long, default_value = "cuda:0", value_name = "DEVICE")]
+    pub device: Device,
+}
+
+fn parse_precision(s: &str) -> Result<gpukit_models::gpu::Precision, String> {
+    gpukit_models::gpu::Precision::ALL
+        .into_iter()
+        .find(|p| p.name() == s.trim().to_ascii_lowercase())
+        .ok_or_else(|| format!("unknown precision '{s}' (fp32, tf32, fp16 or bf16)"))
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
+        Ok(f) => Err(format!("{f} is not a fraction above 0 and at most 1")),
+        Err(_) => Err(format!("'{s}' is not a number (a fraction such as 0.5)")),
+    }
 }
 
 fn parse_iterations(s: &str) -> Result<usize, String> {

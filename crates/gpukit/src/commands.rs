@@ -32,6 +32,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Bandwidth(a)) => bench_bandwidth(a, &out),
         Command::Bench(BenchCommand::Conv(a)) => bench_conv(a, &out),
         Command::Infer(a) => infer(a, &out),
+        Command::Memory(a) => memory(a, &out),
         Command::All(a) => all(a, out.json),
     }
 }
@@ -595,6 +596,58 @@ fn emit_conv(
         }
         Ok(())
     })?;
+    fail_if_wrong(report.rows.iter().map(|r| &r.status))
+}
+
+fn memory(a: crate::cli::MemoryArgs, out: &Output) -> Result<()> {
+    use gpukit_bench::memory::{run_memory, MemoryError, MemoryOptions};
+    let ordinal = match a.device {
+        Device::Cuda(n) => n,
+        Device::Cpu => {
+            return Err(UsageError(
+                "gpukit memory measures GPU memory: --device must be cuda:N".into(),
+            )
+            .into())
+        }
+    };
+    let discovery = prepare_process();
+    check_named_gpu(&discovery, DeviceSelection::One(a.device))?;
+    let nhwc = match a.layout.as_deref() {
+        Some(l) => l == "nhwc",
+        None => matches!(
+            a.precision,
+            gpukit_models::gpu::Precision::F16 | gpukit_models::gpu::Precision::Bf16
+        ),
+    };
+    let opts = MemoryOptions {
+        model: a.model_name,
+        batch_sizes: a.batch_sizes.clone(),
+        precision: a.precision,
+        nhwc,
+        image_size: a.image_size,
+        weights: a.weights.clone(),
+        ordinal,
+        memory_fraction: a.memory_fraction,
+        on_oom_halve: a.on_oom == "halve",
+        find_max_batch: a.find_max_batch,
+    };
+    let report = run_memory(&discovery, &opts, &mut progress()).map_err(|e| match e {
+        MemoryError::Invalid(m) => anyhow::Error::from(UsageError(m)),
+        MemoryError::Device(m) => anyhow::anyhow!(m),
+    })?;
+    emit(&report, out, || {
+        print!("{}", to_terminal(&crate::render::memory_sections(&report)));
+        Ok(())
+    })?;
+    if report
+        .max_batch
+        .as_ref()
+        .is_some_and(|m| !m.back_to_baseline)
+    {
+        anyhow::bail!(
+            "memory leaked during --find-max-batch: the pool did not return to its baseline"
+        );
+    }
     fail_if_wrong(report.rows.iter().map(|r| &r.status))
 }
 

@@ -748,8 +748,31 @@ pub fn infer_best_line(b: &gpukit_bench::infer::InferRow) -> String {
     line
 }
 
+/// "one image at a time at batch 32: fp16-nhwc-graph as 32 batch-1 graph replays, 1,234 img/s;
+/// batched, 8.00x the images/s" (a one-at-a-time row that passed).
+pub fn infer_one_at_a_time_line(r: &gpukit_bench::infer::InferRow) -> String {
+    let batched = r
+        .strategy
+        .strip_suffix(gpukit_bench::infer::ONE_AT_A_TIME)
+        .unwrap_or(&r.strategy);
+    let passes = if batched.ends_with("-graph") {
+        "graph replays"
+    } else {
+        "eager passes"
+    };
+    let mut line = format!(
+        "one image at a time at batch {0}: {batched} as {0} batch-1 {passes}, {1} img/s",
+        r.batch,
+        grouped(r.images_per_s.unwrap_or(0.0))
+    );
+    if let Some(g) = r.batching_gain {
+        line.push_str(&format!("; batched, {} the images/s", times(Some(g))));
+    }
+    line
+}
+
 fn infer_setup(r: &gpukit_bench::infer::InferReport, gpu_rows: bool) -> Section {
-    use gpukit_bench::infer::{CPU_CHECK_IMAGES, GPU_WARMUP};
+    use gpukit_bench::infer::{is_one_at_a_time, CPU_CHECK_IMAGES, GPU_WARMUP};
     let gpu = match (&r.gpu_device, &r.gpu_unavailable) {
         (Some(d), _) => d.clone(),
         (None, Some(why)) => format!("GPU rows absent: {why}"),
@@ -786,6 +809,10 @@ fn infer_setup(r: &gpukit_bench::infer::InferReport, gpu_rows: bool) -> Section 
         ),
         ("GPU", gpu),
     ];
+    if let Some(t) = &r.tensorrt {
+        rows.push(("TensorRT", t.clone()));
+    }
+    let singles = r.rows.iter().any(is_one_at_a_time);
     let mut checks =
         "ONNX Runtime against gpukit's f32 CPU path (max rel. diff <= 1e-3 and the same top-1)"
             .to_string();
@@ -793,12 +820,19 @@ fn infer_setup(r: &gpukit_bench::infer::InferReport, gpu_rows: bool) -> Section 
         checks.push_str(&format!(
             "; GPU fp32 NCHW eager against gpukit's CPU forward on the first {CPU_CHECK_IMAGES} images (<= 1e-4), every other GPU strategy against those GPU fp32 logits on the whole batch (fp32 1e-4, tf32 1e-2, fp16 1e-2, bf16 5e-2). A row over its tolerance fails and shows no speed; top-1 agreement is shown, not judged (random weights give close logits)"
         ));
-        rows.push((
-            "Timing",
-            format!(
-                "CPU rows: host clock; GPU rows: CUDA events around each pass (after {GPU_WARMUP} warm-up passes), eager = call by call, graph = one CUDA graph launch. GPU memory: the engine's own accounting (weights + activation arena + largest cuDNN workspace)"
-            ),
-        ));
+        let mut timing = format!(
+            "CPU rows: host clock; GPU rows: CUDA events around each pass (after {GPU_WARMUP} warm-up passes), eager = call by call, graph = one CUDA graph launch. GPU memory: the engine's own accounting (weights + activation arena + largest cuDNN workspace)"
+        );
+        if singles {
+            timing.push_str(&format!(
+                ". {} rows: the batch's N images as N batch-1 passes back to back (eager, or N graph replays), timed together; every pass runs on the batch's first image, uploaded once and resident on the GPU; images/s = N / their time; GPU memory at batch 1",
+                gpukit_bench::infer::ONE_AT_A_TIME.trim_start_matches('-')
+            ));
+            checks.push_str(
+                "; one-at-a-time rows: the last pass's logits against the same strategy's batched logits of that first image (its tolerance)",
+            );
+        }
+        rows.push(("Timing", timing));
     }
     rows.push(("Checks", checks));
     Section::kv(format!("Inference: {}", r.model), rows)
@@ -806,7 +840,7 @@ fn infer_setup(r: &gpukit_bench::infer::InferReport, gpu_rows: bool) -> Section 
 
 /// A setup list, then one table per batch size with the best GPU strategy under it.
 pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
-    use gpukit_bench::infer::{best_gpu_rows, is_gpu_row, InferRow};
+    use gpukit_bench::infer::{best_gpu_rows, is_gpu_row, is_one_at_a_time, InferRow};
     let gpu = r.rows.iter().any(is_gpu_row);
     let mut out = vec![infer_setup(r, gpu)];
     let mut batches: Vec<usize> = r.rows.iter().map(|x| x.batch).collect();
@@ -880,6 +914,11 @@ pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
             .iter()
             .filter(|b| b.batch == n)
             .map(|b| infer_best_line(b))
+            .chain(
+                rows.iter()
+                    .filter(|x| is_one_at_a_time(x) && x.status == RowStatus::Ok)
+                    .map(|x| infer_one_at_a_time_line(x)),
+            )
             .collect();
         out.push(Section {
             title: format!("Inference at batch {n}"),
@@ -1011,6 +1050,132 @@ fn pytorch_infer_section(p: &gpukit_bench::infer_peer::PytorchComparison) -> Sec
     }
 }
 
+/// `gpukit memory`.
+pub fn memory_sections(r: &gpukit_bench::memory::MemoryReport) -> Vec<Section> {
+    let opt = |v: Option<u64>| v.map(mib).unwrap_or_else(|| "-".into());
+    let c = &r.context;
+    let mut setup = Section::kv(
+        format!(
+            "GPU memory: {} {} {} on {}",
+            r.model, r.precision, r.layout, r.device
+        ),
+        vec![
+            (
+                "Device",
+                format!(
+                    "{} total{}",
+                    mib(r.total_bytes),
+                    r.limit_bytes
+                        .map(|l| format!(", gpukit limited to {} (--memory-fraction)", mib(l)))
+                        .unwrap_or_default()
+                ),
+            ),
+            (
+                "CUDA context",
+                format!(
+                    "device used {} before, {} after opening; this process: {} = {} for the \
+                     context, loaded kernels and driver state + {} of library workspaces \
+                     (cuDNN, cuBLAS) from the pool",
+                    opt(c.device_used_before),
+                    opt(c.device_used_after),
+                    opt(c.process_used),
+                    opt(c.context_and_code),
+                    mib(c.pool_used)
+                ),
+            ),
+            (
+                "Baseline",
+                format!(
+                    "pool used {} / reserved {} after the weights and workspaces",
+                    mib(r.baseline_used),
+                    mib(r.baseline_reserved)
+                ),
+            ),
+        ],
+    );
+    setup.notes.push(
+        "The context and kernels are not allocations: an allocator's counter (PyTorch's \
+         memory_allocated) cannot see them; NVML's per-process figure can."
+            .into(),
+    );
+    let rows = r
+        .rows
+        .iter()
+        .map(|x| {
+            let status = match &x.status {
+                gpukit_bench::matmul::RowStatus::Ok => "ok".to_string(),
+                other => format!("{other:?}"),
+            };
+            vec![
+                if x.batch == x.batch_requested {
+                    x.batch.to_string()
+                } else {
+                    format!("{} (asked {})", x.batch, x.batch_requested)
+                },
+                mib(x.weights_bytes),
+                mib(x.input_bytes),
+                format!(
+                    "{} ({} without plan)",
+                    mib(x.arena_bytes),
+                    mib(x.arena_without_plan_bytes)
+                ),
+                mib(x.conv_workspace_bytes),
+                mib(x.pool_used_peak),
+                mib(x.pool_reserved_peak),
+                opt(x.process_used),
+                x.ms_per_batch
+                    .map(|m| format!("{m:.2} ms"))
+                    .unwrap_or_default(),
+                format!("{} ({:+} B)", mib(x.pool_reserved_after), x.leak_bytes),
+                status,
+            ]
+        })
+        .collect();
+    let mut notes: Vec<String> = r.rows.iter().filter_map(|x| x.note.clone()).collect();
+    if let Some(m) = &r.max_batch {
+        notes.push(format!(
+            "largest batch that fits: {} ({}; {} attempts in {:.1} s; pool reserved after: {}, {})",
+            m.batch,
+            m.first_failure
+                .map(|f| format!("{f} did not"))
+                .unwrap_or_else(|| "the search cap was reached".into()),
+            m.attempts,
+            m.seconds,
+            mib(m.pool_reserved_after),
+            if m.back_to_baseline {
+                "back at the baseline"
+            } else {
+                "NOT back at the baseline"
+            }
+        ));
+    }
+    vec![
+        setup,
+        Section {
+            title: "Per batch size".into(),
+            header: Some(
+                [
+                    "batch",
+                    "weights",
+                    "input",
+                    "activations (planned)",
+                    "cuDNN workspace",
+                    "pool peak used",
+                    "pool peak reserved",
+                    "NVML process",
+                    "per batch",
+                    "after (vs baseline)",
+                    "status",
+                ]
+                .map(String::from)
+                .to_vec(),
+            ),
+            rows,
+            notes,
+        },
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1046,6 +1211,7 @@ mod tests {
             compared_with: None,
             tolerance: Some(1e-2),
             pytorch: None,
+            batching_gain: None,
         }
     }
 
@@ -1066,6 +1232,7 @@ mod tests {
                 .then(|| "cuda:0 Test GPU".to_string()),
             gpu_unavailable: gpu_unavailable.map(str::to_string),
             pytorch: None,
+            tensorrt: None,
         }
     }
 
@@ -1114,6 +1281,46 @@ mod tests {
         assert!(
             text.contains("cuda:0 Test GPU") && text.contains("25,557,032"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn infer_shows_one_image_at_a_time_under_the_best_line() {
+        let batched = infer_row("fp16-nhwc-graph", "cuda:0", 32, 12_000.0);
+        let mut single = infer_row("fp16-nhwc-graph-one-at-a-time", "cuda:0", 32, 1_500.0);
+        single.batching_gain = Some(8.0);
+        let mut eager = infer_row("fp16-one-at-a-time", "cuda:0", 32, 500.0);
+        eager.batching_gain = None;
+        let mut failed = infer_row("fp32-one-at-a-time", "cuda:0", 32, 99_999.0);
+        failed.status = RowStatus::Failed("logits differ".into());
+        let mut report = infer_report(vec![batched, single, eager, failed], None);
+        report.tensorrt = Some(gpukit_bench::infer::tensorrt_status(None));
+        let sections = infer_sections(&report);
+        let b32 = &sections[1];
+        assert_eq!(b32.rows.len(), 4);
+        assert_eq!(
+            b32.notes,
+            [
+                "best at batch 32: fp16-nhwc-graph 12,000 img/s",
+                "one image at a time at batch 32: fp16-nhwc-graph as 32 batch-1 graph replays, 1,500 img/s; batched, 8.00x the images/s",
+                "one image at a time at batch 32: fp16 as 32 batch-1 eager passes, 500 img/s",
+            ],
+            "the one-at-a-time rows are never the best; the failed one has no line"
+        );
+        let text = to_terminal(&sections);
+        assert!(
+            text.contains("TensorRT") && text.contains("libnvinfer not found"),
+            "{text}"
+        );
+        assert!(text.contains("N batch-1 passes back to back"), "{text}");
+        // no one-at-a-time rows, no TensorRT field: neither is mentioned
+        let plain = to_terminal(&infer_sections(&infer_report(
+            vec![infer_row("fp16", "cuda:0", 8, 10.0)],
+            None,
+        )));
+        assert!(
+            !plain.contains("TensorRT") && !plain.contains("batch-1 passes"),
+            "{plain}"
         );
     }
 

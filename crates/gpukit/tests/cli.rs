@@ -404,14 +404,41 @@ fn infer_on_all_devices_runs_gpu_rows_or_says_why_not() {
     let rows = v["rows"].as_array().unwrap();
     let gpu_rows: Vec<&serde_json::Value> = rows.iter().filter(|r| r["device"] != "cpu").collect();
     assert!(rows.iter().any(|r| r["device"] == "cpu"), "{v}");
+    // gpukit runs no TensorRT; the report says whether its library is there
+    let tensorrt = v["tensorrt"].as_str().expect("the TensorRT line");
+    assert!(
+        tensorrt.starts_with("unavailable: libnvinfer not found")
+            || (tensorrt.starts_with("libnvinfer found at ") && tensorrt.contains("no TensorRT")),
+        "{tensorrt}"
+    );
     if has_gpu() {
         assert!(v["gpu_unavailable"].is_null(), "{v}");
         assert!(
             v["gpu_device"].as_str().unwrap().starts_with("cuda:0 "),
             "{v}"
         );
-        // 12 default GPU strategies x 2 batch sizes
-        assert_eq!(gpu_rows.len(), 24, "{v}");
+        // 12 default GPU strategies x 2 batch sizes, and fp16-nhwc-graph one image at a time
+        // at batch 2 (none at batch 1)
+        assert_eq!(gpu_rows.len(), 25, "{v}");
+        let single: Vec<&&serde_json::Value> = gpu_rows
+            .iter()
+            .filter(|r| r["strategy"] == "fp16-nhwc-graph-one-at-a-time")
+            .collect();
+        assert_eq!(single.len(), 1, "{v}");
+        assert_eq!(single[0]["batch"], 2);
+        assert!(
+            single[0]["batching_gain"].as_f64().unwrap() > 0.0,
+            "{}",
+            single[0]
+        );
+        assert!(
+            single[0]["compared_with"]
+                .as_str()
+                .unwrap()
+                .starts_with("fp16-nhwc-graph at batch 2"),
+            "{}",
+            single[0]
+        );
         for r in &gpu_rows {
             assert_eq!(r["status"]["status"], "ok", "{r}");
             assert_eq!(r["device"], "cuda:0");
@@ -440,6 +467,7 @@ fn infer_on_all_devices_runs_gpu_rows_or_says_why_not() {
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         let s = text(&out.stdout);
         assert!(s.contains("GPU rows absent: "), "{s}");
+        assert!(s.contains("TensorRT"), "{s}");
         assert!(s.contains("Inference at batch 2"), "{s}");
     }
 }
@@ -452,7 +480,7 @@ fn infer_on_a_named_gpu_runs_it_or_exits_1_naming_the_driver() {
         "--device",
         "cuda:0",
         "--strategies",
-        "fp16-nhwc-graph,fp32-graph",
+        "fp16-nhwc-graph,fp32-graph,fp16-nhwc-one-at-a-time",
         "--json",
     ]);
     let out = gpukit(&args);
@@ -477,8 +505,21 @@ fn infer_on_a_named_gpu_runs_it_or_exits_1_naming_the_driver() {
                 (1, "fp32-graph".to_string()),
                 (2, "fp16-nhwc-graph".to_string()),
                 (2, "fp32-graph".to_string()),
+                (2, "fp16-nhwc-one-at-a-time".to_string()),
             ],
-            "only the GPU rows asked for, in their order; fp32 eager runs as the reference only"
+            "only the GPU rows asked for, in their order; fp32 eager runs as the reference only; \
+             one image at a time only over batch 1"
+        );
+        // without a batched fp16-nhwc row, the one-at-a-time row is checked against the reference
+        let single = &v["rows"].as_array().unwrap()[4];
+        assert_eq!(single["status"]["status"], "ok", "{single}");
+        assert!(single["batching_gain"].is_null(), "{single}");
+        assert!(
+            single["compared_with"]
+                .as_str()
+                .unwrap()
+                .contains("no passing batched fp16-nhwc row"),
+            "{single}"
         );
     } else {
         assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
@@ -500,6 +541,20 @@ fn infer_bad_input_exits_2_with_the_reason() {
         (&["infer", "--model-name", "vgg16"][..], "vgg16"),
         (&["infer", "--strategies", "fp16,fp8"][..], "\"fp8\""),
         (&["infer", "--strategies", "fp16-nhwc-fast"][..], "\"fast\""),
+        (
+            &["infer", "--strategies", "fp16-one-at-a-time-graph"][..],
+            "-one-at-a-time]",
+        ),
+        (
+            &[
+                "infer",
+                "--strategies",
+                "fp16-one-at-a-time",
+                "--device",
+                "cpu",
+            ][..],
+            "fp16-one-at-a-time",
+        ),
         (
             &["infer", "--strategies", "cpu", "--device", "cuda:0"][..],
             "cpu",
@@ -530,5 +585,35 @@ fn infer_bad_input_exits_2_with_the_reason() {
             "{args:?}: {}",
             text(&out.stderr)
         );
+    }
+}
+
+#[test]
+fn memory_bad_input_exits_2_and_no_gpu_exits_1() {
+    for (args, needle) in [
+        (&["memory", "--memory-fraction", "0"][..], "above 0"),
+        (&["memory", "--memory-fraction", "1.5"][..], "at most 1"),
+        (&["memory", "--memory-fraction", "half"][..], "'half'"),
+        (&["memory", "--batch-sizes", "0"][..], "at least 1"),
+        (&["memory", "--batch-sizes=-4"][..], "'-4'"),
+        (&["memory", "--precision", "fp8"][..], "fp8"),
+        (&["memory", "--device", "cpu"][..], "cuda:N"),
+    ] {
+        let o = gpukit(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    // without an NVIDIA driver at all (CI): a clear message naming what to install, exit 1
+    if !require_gpu() && !std::path::Path::new("/dev/nvidiactl").exists() {
+        let o = gpukit(&["memory", "--batch-sizes", "1"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("no GPU") && err.contains("NVIDIA driver"),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
     }
 }

@@ -154,15 +154,22 @@ pub enum EngineError {
     Dnn(#[from] DnnError),
     #[error("cuBLAS: {0}")]
     Blas(#[from] BlasError),
+    /// Out of memory: the driver refused, or the memory limit (`--memory-fraction`) would be
+    /// passed. The figures are MiB.
     #[error(
-        "out of GPU memory: the batch needs {requested_mib:.1} MiB more ({what}); \
-         {free_mib:.1} MiB of {total_mib:.1} MiB are free"
+        "out of GPU memory: {what} needs {requested_mib:.1} MiB more; {free_mib:.1} MiB of \
+         {total_mib:.1} MiB are free on the device, {reserved_mib:.1} MiB are held by gpukit's \
+         memory pool{}",
+        limit_mib.map(|l| format!(", and gpukit may use at most {l:.1} MiB (the memory limit)"))
+            .unwrap_or_default()
     )]
     OutOfMemory {
         what: String,
         requested_mib: f64,
         free_mib: f64,
         total_mib: f64,
+        reserved_mib: f64,
+        limit_mib: Option<f64>,
     },
     #[error("{0}")]
     Invalid(String),
@@ -178,6 +185,8 @@ pub struct GpuContext {
     pub dnn: Dnn,
     pub blas: Blas,
     pub kernels: Kernels,
+    /// Most bytes of the memory pool the engine may use (None: what the device has).
+    pub limit: Option<u64>,
 }
 
 impl GpuContext {
@@ -191,22 +200,51 @@ impl GpuContext {
             dnn,
             blas,
             kernels,
+            limit: None,
         })
+    }
+
+    /// The out-of-memory error for `bytes` more, with the device's and the pool's figures.
+    fn out_of_memory(&self, bytes: usize, what: &str) -> EngineError {
+        let (free, total) = self.gpu.mem_info().unwrap_or((0, 0));
+        let reserved = self.gpu.pool_stats().map(|p| p.reserved).unwrap_or(0);
+        EngineError::OutOfMemory {
+            what: what.to_string(),
+            requested_mib: mib(bytes),
+            free_mib: mib(free as usize),
+            total_mib: mib(total as usize),
+            reserved_mib: mib(reserved as usize),
+            limit_mib: self.limit.map(|l| mib(l as usize)),
+        }
+    }
+
+    /// Allocates `bytes` and frees them at once: whether that much fits now.
+    pub fn try_alloc(&self, bytes: usize, what: &str) -> Result<(), EngineError> {
+        let buf = self.alloc(bytes, what)?;
+        drop(buf);
+        self.gpu.stream.synchronize().map_err(CudaError::from)?;
+        Ok(())
+    }
+
+    /// An error when allocating `bytes` more would pass the memory limit.
+    pub fn check_limit(&self, bytes: usize, what: &str) -> Result<(), EngineError> {
+        if let Some(limit) = self.limit {
+            let used = self.gpu.pool_stats()?.used;
+            if used + bytes as u64 > limit {
+                return Err(self.out_of_memory(bytes, what));
+            }
+        }
+        Ok(())
     }
 
     /// Allocates `bytes`, turning out-of-memory into [`EngineError::OutOfMemory`].
     fn alloc(&self, bytes: usize, what: &str) -> Result<DeviceBytes, EngineError> {
+        self.check_limit(bytes, what)?;
         self.gpu.alloc(bytes).map_err(|e| {
             let oom =
                 matches!(&e, CudaError::Driver(d) if format!("{d:?}").contains("OUT_OF_MEMORY"));
             if oom {
-                let (free, total) = self.gpu.mem_info().unwrap_or((0, 0));
-                EngineError::OutOfMemory {
-                    what: what.to_string(),
-                    requested_mib: mib(bytes),
-                    free_mib: mib(free as usize),
-                    total_mib: mib(total as usize),
-                }
+                self.out_of_memory(bytes, what)
             } else {
                 e.into()
             }
@@ -233,14 +271,14 @@ pub struct GpuWeights {
     /// Channels the stem sees (3, or 8 when NHWC: zero channels that tensor cores want).
     pub input_channels: usize,
     convs: Vec<DeviceConv>,
-    /// Each block: indices into `convs` of its main path and its projection.
-    blocks: Vec<(Vec<usize>, Option<usize>)>,
     features: usize,
     /// features x classes, f32.
     fc_weight: DeviceBytes,
     fc_bias: DeviceBytes,
     /// Bytes of all weights on the device.
     pub bytes: usize,
+    /// The shapes, for the op list and memory plan.
+    pub shape: NetShape,
 }
 
 fn encode(values: &[f32], elem: Elem) -> Vec<u8> {
@@ -291,29 +329,27 @@ impl GpuWeights {
         let input_channels = if nhwc { 8 } else { 3 };
         let mut convs = Vec::new();
         let mut bytes = 0;
-        let mut push = |conv: &FoldedConv,
-                        c_pad: usize,
-                        bias: Option<Vec<f32>>|
-         -> Result<usize, EngineError> {
-            let w = encode(&arrange(conv, c_pad, nhwc), elem);
-            let b = encode(&bias.unwrap_or_else(|| conv.bias.clone()), elem);
-            bytes += w.len() + b.len();
-            convs.push(DeviceConv {
-                k: conv.out_ch,
-                c: c_pad,
-                r: conv.kernel,
-                stride: conv.stride,
-                pad: conv.pad,
-                weight: ctx.gpu.upload(&w)?,
-                bias: ctx.gpu.upload(&b)?,
-            });
-            Ok(convs.len() - 1)
-        };
+        let mut push =
+            |conv: &FoldedConv, c_pad: usize, bias: Option<Vec<f32>>| -> Result<(), EngineError> {
+                let w = encode(&arrange(conv, c_pad, nhwc), elem);
+                let b = encode(&bias.unwrap_or_else(|| conv.bias.clone()), elem);
+                ctx.check_limit(w.len() + b.len(), "the weights")?;
+                bytes += w.len() + b.len();
+                convs.push(DeviceConv {
+                    k: conv.out_ch,
+                    c: c_pad,
+                    r: conv.kernel,
+                    stride: conv.stride,
+                    pad: conv.pad,
+                    weight: ctx.gpu.upload(&w)?,
+                    bias: ctx.gpu.upload(&b)?,
+                });
+                Ok(())
+            };
+        // the order of NetShape::of: the stem, then per block its main path and its projection
         push(&model.stem, input_channels, None)?;
-        let mut blocks = Vec::new();
         for block in &model.blocks {
             let last = block.convs.len() - 1;
-            let mut main = Vec::new();
             for (i, conv) in block.convs.iter().enumerate() {
                 // the projection's bias joins the last convolution's (both feed one sum)
                 let bias = match (&block.downsample, i == last) {
@@ -326,13 +362,11 @@ impl GpuWeights {
                     ),
                     _ => None,
                 };
-                main.push(push(conv, conv.in_ch, bias)?);
+                push(conv, conv.in_ch, bias)?;
             }
-            let proj = match &block.downsample {
-                Some(d) => Some(push(d, d.in_ch, Some(vec![0.0; d.out_ch]))?),
-                None => None,
-            };
-            blocks.push((main, proj));
+            if let Some(d) = &block.downsample {
+                push(d, d.in_ch, Some(vec![0.0; d.out_ch]))?;
+            }
         }
         let features = model.fc_weight.len() / model.num_classes.max(1);
         let mut wt = vec![0f32; features * model.num_classes];
@@ -344,17 +378,29 @@ impl GpuWeights {
         let fc_weight = ctx.gpu.upload(&encode(&wt, Elem::F32))?;
         let fc_bias = ctx.gpu.upload(&encode(&model.fc_bias, Elem::F32))?;
         bytes += fc_weight.len() + fc_bias.len();
+        let shape = NetShape::of(model, precision, nhwc);
+        // the op list indexes `convs` through the shape: both must list the same convolutions
+        let same =
+            shape.convs.len() == convs.len()
+                && shape.convs.iter().zip(&convs).all(|(m, d)| {
+                    (m.k, m.c, m.r, m.stride, m.pad) == (d.k, d.c, d.r, d.stride, d.pad)
+                });
+        if !same {
+            return Err(EngineError::Invalid(
+                "internal: uploaded convolutions and the network shape disagree".into(),
+            ));
+        }
         Ok(GpuWeights {
             precision,
             nhwc,
             num_classes: model.num_classes,
             input_channels,
             convs,
-            blocks,
             features,
             fc_weight,
             fc_bias,
             bytes,
+            shape,
         })
     }
 }
@@ -423,6 +469,287 @@ pub struct SessionMemory {
     pub weights_bytes: usize,
 }
 
+/// A convolution's shape as the engine runs it (input channels padded where the layout wants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvMeta {
+    pub k: usize,
+    pub c: usize,
+    pub r: usize,
+    pub stride: usize,
+    pub pad: usize,
+}
+
+/// What the op list and memory plan of a forward pass depend on: no device needed.
+#[derive(Debug, Clone)]
+pub struct NetShape {
+    pub elem: Elem,
+    pub nhwc: bool,
+    pub input_channels: usize,
+    /// In the engine's order: the stem, then per block its main path and its projection.
+    pub convs: Vec<ConvMeta>,
+    pub blocks: Vec<(Vec<usize>, Option<usize>)>,
+    pub num_classes: usize,
+    pub features: usize,
+}
+
+impl NetShape {
+    /// The shape [`GpuWeights::upload`] gives `model` in this precision and layout.
+    pub fn of(model: &FoldedResNet, precision: Precision, nhwc: bool) -> NetShape {
+        let input_channels = if nhwc { 8 } else { 3 };
+        let meta = |c: &FoldedConv, ch: usize| ConvMeta {
+            k: c.out_ch,
+            c: ch,
+            r: c.kernel,
+            stride: c.stride,
+            pad: c.pad,
+        };
+        let mut convs = vec![meta(&model.stem, input_channels)];
+        let mut blocks = Vec::new();
+        for block in &model.blocks {
+            let mut main = Vec::new();
+            for conv in &block.convs {
+                convs.push(meta(conv, conv.in_ch));
+                main.push(convs.len() - 1);
+            }
+            let proj = block.downsample.as_ref().map(|d| {
+                convs.push(meta(d, d.in_ch));
+                convs.len() - 1
+            });
+            blocks.push((main, proj));
+        }
+        NetShape {
+            elem: precision.elem(),
+            nhwc,
+            input_channels,
+            convs,
+            blocks,
+            num_classes: model.num_classes,
+            features: model.fc_weight.len() / model.num_classes.max(1),
+        }
+    }
+}
+
+/// The op list of a forward pass at one batch size and where each tensor lives.
+struct Layout {
+    tensors: Vec<Tensor>,
+    ops: Vec<Op>,
+    logits: usize,
+    plan: MemoryPlan,
+    /// Arena bytes without reuse.
+    without: usize,
+    input_bytes: usize,
+}
+
+/// Builds the op list (with shapes) and plans its memory; see [`Session::new`].
+fn lay_out(
+    net: &NetShape,
+    n: usize,
+    h: usize,
+    w: usize,
+    reuse: bool,
+) -> Result<Layout, EngineError> {
+    let elem = net.elem;
+    let mut tensors = vec![Tensor {
+        c: 3,
+        h,
+        w,
+        elem: Elem::F32,
+    }];
+    let mut ops = Vec::new();
+    let new = |tensors: &mut Vec<Tensor>, t: Tensor| {
+        tensors.push(t);
+        tensors.len() - 1
+    };
+    // the stem reads the f32 input directly when nothing needs converting
+    let mut x = 0;
+    if elem != Elem::F32 || net.nhwc || net.input_channels != 3 {
+        let y = new(
+            &mut tensors,
+            Tensor {
+                c: net.input_channels,
+                h,
+                w,
+                elem,
+            },
+        );
+        ops.push(Op::Convert { x, y });
+        x = y;
+    }
+    let conv_out = |tensors: &Vec<Tensor>, x: usize, c: &ConvMeta| -> Tensor {
+        let t = tensors[x];
+        Tensor {
+            c: c.k,
+            h: (t.h + 2 * c.pad - c.r) / c.stride + 1,
+            w: (t.w + 2 * c.pad - c.r) / c.stride + 1,
+            elem,
+        }
+    };
+    let t = conv_out(&tensors, x, &net.convs[0]);
+    let y = new(&mut tensors, t);
+    ops.push(Op::Conv {
+        conv: 0,
+        x,
+        y,
+        z: None,
+        relu: true,
+        fused: true,
+    });
+    let s = tensors[y];
+    let pooled = new(
+        &mut tensors,
+        Tensor {
+            h: (s.h + 2 - 3) / 2 + 1,
+            w: (s.w + 2 - 3) / 2 + 1,
+            ..s
+        },
+    );
+    ops.push(Op::MaxPool { x: y, y: pooled });
+    x = pooled;
+    for (main, proj) in &net.blocks {
+        // The projection runs just before the convolution that adds it: run first, its
+        // output would sit beside the block input and the first intermediate (the peak of
+        // ResNet-50's layer2 would be 20% higher at any batch size).
+        let mut cur = x;
+        for (i, &ci) in main.iter().enumerate() {
+            let last = i + 1 == main.len();
+            let shortcut = match (last, proj) {
+                (false, _) => None,
+                (true, None) => Some(x),
+                (true, Some(p)) => {
+                    let t = conv_out(&tensors, x, &net.convs[*p]);
+                    let y = new(&mut tensors, t);
+                    ops.push(Op::Conv {
+                        conv: *p,
+                        x,
+                        y,
+                        z: None,
+                        relu: false,
+                        fused: false,
+                    });
+                    Some(y)
+                }
+            };
+            let t = conv_out(&tensors, cur, &net.convs[ci]);
+            let y = new(&mut tensors, t);
+            ops.push(Op::Conv {
+                conv: ci,
+                x: cur,
+                y,
+                z: shortcut,
+                relu: true,
+                fused: true,
+            });
+            cur = y;
+        }
+        x = cur;
+    }
+    let f = tensors[x];
+    let feats = new(
+        &mut tensors,
+        Tensor {
+            c: f.c,
+            h: 1,
+            w: 1,
+            elem: Elem::F32,
+        },
+    );
+    ops.push(Op::AvgPool { x, y: feats });
+    let logits = new(
+        &mut tensors,
+        Tensor {
+            c: net.num_classes,
+            h: 1,
+            w: 1,
+            elem: Elem::F32,
+        },
+    );
+    ops.push(Op::Classifier {
+        x: feats,
+        y: logits,
+    });
+    if f.c != net.features {
+        return Err(EngineError::Invalid(format!(
+            "the classifier expects {} features, the network gives {}",
+            net.features, f.c
+        )));
+    }
+
+    // lifetimes: from the op that writes a tensor to the last op that reads it; the input
+    // and the logits live throughout (the input is uploaded before, the logits read after)
+    let bytes = |t: &Tensor| n * t.c * t.h * t.w * t.elem.bytes();
+    let mut life: Vec<Lifetime> = tensors
+        .iter()
+        .map(|t| Lifetime {
+            bytes: bytes(t),
+            first: usize::MAX,
+            last: 0,
+        })
+        .collect();
+    let steps = ops.len();
+    for (step, op) in ops.iter().enumerate() {
+        let (reads, write): (Vec<usize>, usize) = match *op {
+            Op::Convert { x, y }
+            | Op::MaxPool { x, y }
+            | Op::AvgPool { x, y }
+            | Op::Classifier { x, y } => (vec![x], y),
+            Op::Conv { x, y, z, .. } => (std::iter::once(x).chain(z).collect(), y),
+        };
+        for r in reads {
+            life[r].last = life[r].last.max(step);
+        }
+        life[write].first = life[write].first.min(step);
+        life[write].last = life[write].last.max(step);
+    }
+    life[0].first = 0;
+    life[0].last = steps;
+    life[logits].last = steps;
+    let plan = if reuse {
+        // A residual that dies at the convolution it joins lends that convolution its
+        // bytes: the output is written over it in place (each element of the shortcut is
+        // read by the kernel that writes the same element of the output), as an in-place
+        // `add_` would. This keeps a bottleneck block's peak at its input plus two
+        // intermediates.
+        let mut merged = life.clone();
+        let mut root: Vec<usize> = (0..tensors.len()).collect();
+        for (step, op) in ops.iter().enumerate() {
+            if let Op::Conv { y, z: Some(z), .. } = *op {
+                let r = root[z];
+                if z != 0 && life[z].last == step && merged[r].bytes == life[y].bytes {
+                    root[y] = r;
+                    merged[r].last = merged[r].last.max(life[y].last);
+                    merged[y].bytes = 0;
+                }
+            }
+        }
+        let mut p = plan_reuse(&merged);
+        p.offsets = root.iter().map(|&r| p.offsets[r]).collect();
+        p
+    } else {
+        plan_no_reuse(&life)
+    };
+    let without = plan_no_reuse(&life).total;
+    Ok(Layout {
+        input_bytes: life[0].bytes,
+        tensors,
+        ops,
+        logits,
+        plan,
+        without,
+    })
+}
+
+/// Bytes of the activation arena for `net` at this batch size (with or without the memory
+/// plan), computed without a device.
+pub fn arena_bytes(
+    net: &NetShape,
+    n: usize,
+    h: usize,
+    w: usize,
+    reuse: bool,
+) -> Result<usize, EngineError> {
+    Ok(lay_out(net, n, h, w, reuse)?.plan.total)
+}
+
 /// A batch size prepared for one [`GpuWeights`]: arena, plans and (after [`Session::capture`])
 /// a CUDA graph.
 pub struct Session<'a> {
@@ -466,182 +793,14 @@ impl<'a> Session<'a> {
                 "input images must be at least 32x32 for a ResNet (got {h}x{w})"
             )));
         }
-        let elem = weights.precision.elem();
-        let mut tensors = vec![Tensor {
-            c: 3,
-            h,
-            w,
-            elem: Elem::F32,
-        }];
-        let mut ops = Vec::new();
-        let new = |tensors: &mut Vec<Tensor>, t: Tensor| {
-            tensors.push(t);
-            tensors.len() - 1
-        };
-        // the stem reads the f32 input directly when nothing needs converting
-        let mut x = 0;
-        if elem != Elem::F32 || weights.nhwc || weights.input_channels != 3 {
-            let y = new(
-                &mut tensors,
-                Tensor {
-                    c: weights.input_channels,
-                    h,
-                    w,
-                    elem,
-                },
-            );
-            ops.push(Op::Convert { x, y });
-            x = y;
-        }
-        let conv_out = |tensors: &Vec<Tensor>, x: usize, c: &DeviceConv| -> Tensor {
-            let t = tensors[x];
-            Tensor {
-                c: c.k,
-                h: (t.h + 2 * c.pad - c.r) / c.stride + 1,
-                w: (t.w + 2 * c.pad - c.r) / c.stride + 1,
-                elem,
-            }
-        };
-        let t = conv_out(&tensors, x, &weights.convs[0]);
-        let y = new(&mut tensors, t);
-        ops.push(Op::Conv {
-            conv: 0,
-            x,
-            y,
-            z: None,
-            relu: true,
-            fused: true,
-        });
-        let s = tensors[y];
-        let pooled = new(
-            &mut tensors,
-            Tensor {
-                h: (s.h + 2 - 3) / 2 + 1,
-                w: (s.w + 2 - 3) / 2 + 1,
-                ..s
-            },
-        );
-        ops.push(Op::MaxPool { x: y, y: pooled });
-        x = pooled;
-        for (main, proj) in &weights.blocks {
-            let shortcut = match proj {
-                Some(p) => {
-                    let t = conv_out(&tensors, x, &weights.convs[*p]);
-                    let y = new(&mut tensors, t);
-                    ops.push(Op::Conv {
-                        conv: *p,
-                        x,
-                        y,
-                        z: None,
-                        relu: false,
-                        fused: false,
-                    });
-                    y
-                }
-                None => x,
-            };
-            let mut cur = x;
-            for (i, &ci) in main.iter().enumerate() {
-                let t = conv_out(&tensors, cur, &weights.convs[ci]);
-                let y = new(&mut tensors, t);
-                let last = i + 1 == main.len();
-                ops.push(Op::Conv {
-                    conv: ci,
-                    x: cur,
-                    y,
-                    z: last.then_some(shortcut),
-                    relu: true,
-                    fused: true,
-                });
-                cur = y;
-            }
-            x = cur;
-        }
-        let f = tensors[x];
-        let feats = new(
-            &mut tensors,
-            Tensor {
-                c: f.c,
-                h: 1,
-                w: 1,
-                elem: Elem::F32,
-            },
-        );
-        ops.push(Op::AvgPool { x, y: feats });
-        let logits = new(
-            &mut tensors,
-            Tensor {
-                c: weights.num_classes,
-                h: 1,
-                w: 1,
-                elem: Elem::F32,
-            },
-        );
-        ops.push(Op::Classifier {
-            x: feats,
-            y: logits,
-        });
-        if f.c != weights.features {
-            return Err(EngineError::Invalid(format!(
-                "the classifier expects {} features, the network gives {}",
-                weights.features, f.c
-            )));
-        }
-
-        // lifetimes: from the op that writes a tensor to the last op that reads it; the input
-        // and the logits live throughout (the input is uploaded before, the logits read after)
-        let bytes = |t: &Tensor| n * t.c * t.h * t.w * t.elem.bytes();
-        let mut life: Vec<Lifetime> = tensors
-            .iter()
-            .map(|t| Lifetime {
-                bytes: bytes(t),
-                first: usize::MAX,
-                last: 0,
-            })
-            .collect();
-        let steps = ops.len();
-        for (step, op) in ops.iter().enumerate() {
-            let (reads, write): (Vec<usize>, usize) = match *op {
-                Op::Convert { x, y }
-                | Op::MaxPool { x, y }
-                | Op::AvgPool { x, y }
-                | Op::Classifier { x, y } => (vec![x], y),
-                Op::Conv { x, y, z, .. } => (std::iter::once(x).chain(z).collect(), y),
-            };
-            for r in reads {
-                life[r].last = life[r].last.max(step);
-            }
-            life[write].first = life[write].first.min(step);
-            life[write].last = life[write].last.max(step);
-        }
-        life[0].first = 0;
-        life[0].last = steps;
-        life[logits].last = steps;
-        let plan = if reuse {
-            // A residual that dies at the convolution it joins lends that convolution its
-            // bytes: the output is written over it in place (each element of the shortcut is
-            // read by the kernel that writes the same element of the output), as an in-place
-            // `add_` would. This keeps a bottleneck block's peak at its input plus two
-            // intermediates.
-            let mut merged = life.clone();
-            let mut root: Vec<usize> = (0..tensors.len()).collect();
-            for (step, op) in ops.iter().enumerate() {
-                if let Op::Conv { y, z: Some(z), .. } = *op {
-                    let r = root[z];
-                    if z != 0 && life[z].last == step && merged[r].bytes == life[y].bytes {
-                        root[y] = r;
-                        merged[r].last = merged[r].last.max(life[y].last);
-                        merged[y].bytes = 0;
-                    }
-                }
-            }
-            let mut p = plan_reuse(&merged);
-            p.offsets = root.iter().map(|&r| p.offsets[r]).collect();
-            p
-        } else {
-            plan_no_reuse(&life)
-        };
-        let without = plan_no_reuse(&life).total;
+        let Layout {
+            tensors,
+            ops,
+            logits,
+            plan,
+            without,
+            input_bytes,
+        } = lay_out(&weights.shape, n, h, w, reuse)?;
         let arena = ctx.alloc(plan.total, "activation arena")?;
 
         let mut session = Session {
@@ -662,7 +821,7 @@ impl<'a> Session<'a> {
             memory: SessionMemory {
                 arena_bytes: 0,
                 arena_bytes_without_plan: without,
-                input_bytes: life[0].bytes,
+                input_bytes,
                 conv_workspace_bytes: 0,
                 weights_bytes: weights.bytes,
             },
@@ -1053,5 +1212,38 @@ mod tests {
             arrange(&conv3, 2, true),
             vec![1.0, 5.0, 2.0, 6.0, 3.0, 7.0, 4.0, 8.0]
         );
+    }
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+    use crate::forward::fold;
+    use crate::weights::seeded_init;
+    use crate::ResNet;
+
+    #[test]
+    fn resnet50_arena_is_its_largest_live_set() {
+        let folded = fold(&seeded_init(ResNet::R50, 1000, 0, false)).unwrap();
+        let net = NetShape::of(&folded, Precision::F32, false);
+        let n = 128;
+        let with = arena_bytes(&net, n, 224, 224, true).unwrap();
+        let without = arena_bytes(&net, n, 224, 224, false).unwrap();
+        // the peak by hand: layer2's first block at its 3x3 convolution holds its input
+        // (256x56x56), the first intermediate (128x56x56), the second (128x28x28) and the input
+        // batch (3x224x224), all f32; the projection runs after, the output overwrites it
+        let f = |c: usize, hw: usize| n * c * hw * hw * 4;
+        let peak = f(3, 224) + f(256, 56) + f(128, 56) + f(128, 28);
+        assert_eq!(with, peak, "{with} vs {peak}");
+        assert!(with * 7 < without, "{with} vs {without}");
+        // f16 NHWC: half the bytes, except the stem's input conversion (8 channels)
+        let half = arena_bytes(
+            &NetShape::of(&folded, Precision::F16, true),
+            n,
+            224,
+            224,
+            true,
+        );
+        assert!(half.unwrap() * 10 < with * 6);
     }
 }

@@ -4,6 +4,8 @@
 pub mod cpu;
 pub mod device;
 pub mod dtype;
+pub mod tensor;
 
 pub use device::{Device, DeviceSelection, ParseDeviceError};
 pub use dtype::{DType, ParseDTypeError};
+pub use tensor::{check_same_device, Devices, Tensor, TensorError};

@@ -1,0 +1,400 @@
+//! `gpukit memory`: where GPU memory goes for ResNet inference at several batch sizes, measured
+//! from the driver's memory pool (every gpukit allocation comes from it) and from NVML, beside
+//! the engine's own plan; the CUDA context's cost, which no allocator sees; a memory limit;
+//! out-of-memory as an explanation, with `--on-oom halve` and `--find-max-batch`.
+
+use crate::harness::{time_device, Plan};
+use crate::matmul::RowStatus;
+use crate::random::{fresh_seed, uniform_f32};
+use gpukit_cuda::driver::{device_attributes, probe};
+use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::nvml::NvmlSession;
+use gpukit_models::forward::fold;
+use gpukit_models::gpu::{
+    arena_bytes, EngineError, GpuContext, GpuWeights, NetShape, Precision, Session,
+};
+use gpukit_models::weights::{load_safetensors, seeded_init};
+use gpukit_models::ResNet;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+#[derive(Debug, Clone)]
+pub struct MemoryOptions {
+    pub model: ResNet,
+    pub batch_sizes: Vec<usize>,
+    pub precision: Precision,
+    /// NHWC activations (the tensor-core layout); NCHW otherwise.
+    pub nhwc: bool,
+    pub image_size: usize,
+    pub weights: Option<PathBuf>,
+    pub ordinal: usize,
+    /// Fraction of the device's memory gpukit may use, (0, 1].
+    pub memory_fraction: Option<f64>,
+    pub on_oom_halve: bool,
+    pub find_max_batch: bool,
+}
+
+/// What the CUDA context and the libraries cost before any tensor exists.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ContextCost {
+    /// NVML's device-wide used memory before gpukit started CUDA, and after it opened the
+    /// context, cuDNN, cuBLAS and its kernels.
+    pub device_used_before: Option<u64>,
+    pub device_used_after: Option<u64>,
+    /// What NVML charges this process after opening.
+    pub process_used: Option<u64>,
+    /// Of that, the pool: the libraries' workspaces (cuDNN's and cuBLAS's) gpukit allocated.
+    pub pool_used: u64,
+    /// The rest: the context itself, loaded kernels (cuDNN, cuBLAS, gpukit's), driver state.
+    /// No allocator counts it (PyTorch's `memory_allocated` shows 0 here).
+    pub context_and_code: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemoryRow {
+    /// The batch size asked for, and the one that ran (smaller after `--on-oom halve`).
+    pub batch_requested: usize,
+    pub batch: usize,
+    pub status: RowStatus,
+    pub note: Option<String>,
+    pub weights_bytes: u64,
+    pub input_bytes: u64,
+    /// The activation arena the plan laid out (input and logits included).
+    pub arena_bytes: u64,
+    /// The same activations without the plan (every tensor its own bytes).
+    pub arena_without_plan_bytes: u64,
+    /// Most workspace any chosen convolution algorithm uses.
+    pub conv_workspace_bytes: u64,
+    /// The pool's peak while preparing and running this batch (what was really allocated).
+    pub pool_used_peak: u64,
+    pub pool_reserved_peak: u64,
+    /// NVML's figure for this process at the batch's peak (context and code included).
+    pub process_used: Option<u64>,
+    /// After the session was dropped and the cache emptied: must equal the baseline.
+    pub pool_reserved_after: u64,
+    pub leak_bytes: i64,
+    pub ms_per_batch: Option<f64>,
+    pub images_per_s: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MaxBatch {
+    pub batch: usize,
+    /// The smallest batch that did not fit (None: the search stopped at its cap).
+    pub first_failure: Option<usize>,
+    pub attempts: usize,
+    pub seconds: f64,
+    /// Pool reserved bytes after the search (must equal the baseline).
+    pub pool_reserved_after: u64,
+    /// Whether the pool was back at its baseline after the search (nothing leaked).
+    pub back_to_baseline: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemoryReport {
+    pub model: String,
+    pub precision: String,
+    pub layout: String,
+    pub device: String,
+    pub total_bytes: u64,
+    pub limit_bytes: Option<u64>,
+    pub context: ContextCost,
+    /// Pool used/reserved after weights and library workspaces, before any batch.
+    pub baseline_used: u64,
+    pub baseline_reserved: u64,
+    pub rows: Vec<MemoryRow>,
+    pub max_batch: Option<MaxBatch>,
+}
+
+/// Why the command could not run at all.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    /// Bad input: exit 2.
+    #[error("{0}")]
+    Invalid(String),
+    /// No GPU, missing library, device failure: exit 1.
+    #[error("{0}")]
+    Device(String),
+}
+
+fn process_used(nvml: Option<&NvmlSession>, uuid: &str) -> Option<u64> {
+    let me = std::process::id();
+    nvml?
+        .device(uuid)
+        .ok()?
+        .processes
+        .iter()
+        .find(|p| p.pid == me)
+        .and_then(|p| p.used_memory_bytes)
+}
+
+fn device_used(nvml: Option<&NvmlSession>, uuid: &str) -> Option<u64> {
+    nvml?.device(uuid).ok()?.memory_used_bytes
+}
+
+/// Runs the measurement; per-batch problems become rows, not errors.
+pub fn run_memory(
+    discovery: &Discovery,
+    opts: &MemoryOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<MemoryReport, MemoryError> {
+    if let Some(f) = opts.memory_fraction {
+        if !(f > 0.0 && f <= 1.0) {
+            return Err(MemoryError::Invalid(format!(
+                "--memory-fraction {f} must be above 0 and at most 1"
+            )));
+        }
+    }
+    let dict = match &opts.weights {
+        Some(p) => load_safetensors(p, opts.model, None)
+            .map_err(|e| MemoryError::Invalid(e.to_string()))?,
+        None => seeded_init(opts.model, 1000, 0, true),
+    };
+    let folded = fold(&dict).map_err(|e| MemoryError::Invalid(e.to_string()))?;
+    let driver = probe(discovery)
+        .map_err(|e| MemoryError::Device(format!("gpukit memory needs a GPU: {e}")))?;
+    let attrs = device_attributes(opts.ordinal, driver.device_count)
+        .map_err(|e| MemoryError::Device(e.to_string()))?;
+    let nvml = NvmlSession::open(discovery).ok();
+    let before = device_used(nvml.as_ref(), &attrs.uuid);
+    progress("memory: opening the GPU (context, cuDNN, cuBLAS, kernels)");
+    let mut ctx = GpuContext::open(discovery, opts.ordinal)
+        .map_err(|e| MemoryError::Device(e.to_string()))?;
+    let dev = |e: EngineError| MemoryError::Device(e.to_string());
+    let cuda = |e: gpukit_cuda::driver::CudaError| MemoryError::Device(e.to_string());
+    ctx.gpu.stream.synchronize().map_err(|e| cuda(e.into()))?;
+    let pool0 = ctx.gpu.pool_stats().map_err(cuda)?;
+    let after = device_used(nvml.as_ref(), &attrs.uuid);
+    let proc_used = process_used(nvml.as_ref(), &attrs.uuid);
+    let context = ContextCost {
+        device_used_before: before,
+        device_used_after: after,
+        process_used: proc_used,
+        pool_used: pool0.used,
+        context_and_code: proc_used.map(|p| p.saturating_sub(pool0.reserved)),
+    };
+    let total = attrs.total_memory_bytes;
+    ctx.limit = opts.memory_fraction.map(|f| (total as f64 * f) as u64);
+
+    let mut report = MemoryReport {
+        model: opts.model.name().to_string(),
+        precision: opts.precision.name().to_string(),
+        layout: if opts.nhwc { "NHWC" } else { "NCHW" }.to_string(),
+        device: format!("cuda:{} {}", opts.ordinal, attrs.name),
+        total_bytes: total,
+        limit_bytes: ctx.limit,
+        context,
+        baseline_used: 0,
+        baseline_reserved: 0,
+        rows: Vec::new(),
+        max_batch: None,
+    };
+    progress("memory: uploading the weights");
+    let weights = match GpuWeights::upload(&ctx, &folded, opts.precision, opts.nhwc) {
+        Ok(w) => w,
+        Err(e) => {
+            // even the weights do not fit (a tiny --memory-fraction): one row says so
+            report.rows.push(failed_row(0, 0, &e));
+            return Ok(report);
+        }
+    };
+    ctx.gpu.stream.synchronize().map_err(|e| cuda(e.into()))?;
+    let base = ctx.gpu.pool_stats().map_err(cuda)?;
+    report.baseline_used = base.used;
+    report.baseline_reserved = base.reserved;
+    let s = opts.image_size;
+    for &asked in &opts.batch_sizes {
+        let mut n = asked;
+        let mut notes = Vec::new();
+        loop {
+            progress(&format!("memory: batch {n}"));
+            match measure(&ctx, &weights, n, s, &attrs.uuid, nvml.as_ref(), &base) {
+                Ok(mut row) => {
+                    row.batch_requested = asked;
+                    if !notes.is_empty() {
+                        row.note = Some(notes.join("; "));
+                    }
+                    report.rows.push(row);
+                    break;
+                }
+                Err(e) if is_oom(&e) && opts.on_oom_halve && n > 1 => {
+                    notes.push(format!("batch {n} did not fit ({e}); halved to {}", n / 2));
+                    n /= 2;
+                    ctx.gpu.empty_cache().map_err(cuda)?;
+                }
+                Err(e) => {
+                    let mut row = failed_row(asked, n, &e);
+                    if !notes.is_empty() {
+                        row.note = Some(notes.join("; "));
+                    }
+                    row.pool_reserved_after = {
+                        ctx.gpu.empty_cache().map_err(cuda)?;
+                        ctx.gpu.pool_stats().map_err(cuda)?.reserved
+                    };
+                    report.rows.push(row);
+                    break;
+                }
+            }
+        }
+    }
+    if opts.find_max_batch {
+        progress("memory: searching the largest batch that fits");
+        report.max_batch = Some(find_max_batch(&ctx, &weights, s, &base).map_err(dev)?);
+    }
+    Ok(report)
+}
+
+fn is_oom(e: &EngineError) -> bool {
+    matches!(e, EngineError::OutOfMemory { .. })
+        || e.to_string().contains("OUT_OF_MEMORY")
+        || e.to_string().contains("ALLOC_FAILED")
+}
+
+fn failed_row(asked: usize, n: usize, e: &EngineError) -> MemoryRow {
+    MemoryRow {
+        batch_requested: asked,
+        batch: n,
+        status: RowStatus::Failed(e.to_string()),
+        note: None,
+        weights_bytes: 0,
+        input_bytes: 0,
+        arena_bytes: 0,
+        arena_without_plan_bytes: 0,
+        conv_workspace_bytes: 0,
+        pool_used_peak: 0,
+        pool_reserved_peak: 0,
+        process_used: None,
+        pool_reserved_after: 0,
+        leak_bytes: 0,
+        ms_per_batch: None,
+        images_per_s: None,
+    }
+}
+
+/// Prepares one batch size, runs it (checked: finite logits), times it as a CUDA graph, then
+/// frees everything and checks that the pool is back at the baseline.
+fn measure(
+    ctx: &GpuContext,
+    weights: &GpuWeights,
+    n: usize,
+    s: usize,
+    uuid: &str,
+    nvml: Option<&NvmlSession>,
+    base: &gpukit_cuda::mem::PoolStats,
+) -> Result<MemoryRow, EngineError> {
+    ctx.gpu.reset_pool_peaks()?;
+    let x = uniform_f32(n * 3 * s * s, fresh_seed());
+    let (memory, ms, proc_used) = {
+        let mut session = Session::new(ctx, weights, n, s, s, true)?;
+        let logits = session.run(&x)?;
+        if logits.iter().any(|v| !v.is_finite()) {
+            return Err(EngineError::Invalid(format!(
+                "batch {n}: the logits are not finite"
+            )));
+        }
+        session.capture()?;
+        let t = time_device(&ctx.gpu.stream, Plan::new(2, 10), || session.replay())
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        ctx.gpu
+            .stream
+            .synchronize()
+            .map_err(gpukit_cuda::driver::CudaError::from)?;
+        (
+            session.memory,
+            t.summary_ms.median,
+            process_used(nvml, uuid),
+        )
+    };
+    let peak = ctx.gpu.pool_stats()?;
+    ctx.gpu.empty_cache()?;
+    let after = ctx.gpu.pool_stats()?;
+    Ok(MemoryRow {
+        batch_requested: n,
+        batch: n,
+        status: if after.reserved == base.reserved && after.used == base.used {
+            RowStatus::Ok
+        } else {
+            RowStatus::Failed(format!(
+                "memory leaked: the pool holds {} bytes used / {} reserved after the batch, {} / {} before",
+                after.used, after.reserved, base.used, base.reserved
+            ))
+        },
+        note: None,
+        weights_bytes: memory.weights_bytes as u64,
+        input_bytes: memory.input_bytes as u64,
+        arena_bytes: memory.arena_bytes as u64,
+        arena_without_plan_bytes: memory.arena_bytes_without_plan as u64,
+        conv_workspace_bytes: memory.conv_workspace_bytes as u64,
+        pool_used_peak: peak.used_high,
+        pool_reserved_peak: peak.reserved_high,
+        process_used: proc_used,
+        pool_reserved_after: after.reserved,
+        leak_bytes: after.reserved as i64 - base.reserved as i64,
+        ms_per_batch: Some(ms),
+        images_per_s: Some(n as f64 / (ms / 1e3)),
+    })
+}
+
+/// Whether a batch's activation arena fits next to what is already allocated (allocated and
+/// freed at once).
+fn fits(ctx: &GpuContext, net: &NetShape, n: usize, s: usize) -> Result<bool, EngineError> {
+    let bytes = arena_bytes(net, n, s, s, true)?;
+    match ctx.try_alloc(bytes, "the activation arena") {
+        Ok(()) => Ok(true),
+        Err(e) if is_oom(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Doubling from 1 until a batch's activation arena does not fit, then bisection; every failure
+/// is recovered (the pool is emptied).
+fn find_max_batch(
+    ctx: &GpuContext,
+    weights: &GpuWeights,
+    s: usize,
+    base: &gpukit_cuda::mem::PoolStats,
+) -> Result<MaxBatch, EngineError> {
+    const CAP: usize = 1 << 20;
+    let start = std::time::Instant::now();
+    let mut attempts = 0;
+    let (mut ok, mut bad) = (0usize, None::<usize>);
+    let mut n = 1;
+    while n <= CAP {
+        attempts += 1;
+        if fits(ctx, &weights.shape, n, s)? {
+            ok = n;
+            n *= 2;
+        } else {
+            bad = Some(n);
+            break;
+        }
+        ctx.gpu.empty_cache()?;
+    }
+    ctx.gpu.empty_cache()?;
+    if let Some(mut hi) = bad {
+        let mut lo = ok;
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            attempts += 1;
+            if fits(ctx, &weights.shape, mid, s)? {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+            ctx.gpu.empty_cache()?;
+        }
+        ok = lo;
+        bad = Some(hi);
+    }
+    // cuDNN's and cuBLAS's workspaces are allocated when the GPU is opened (they are in the
+    // baseline), so a batch whose arena fits next to them runs: no pass is needed to know
+    let after = ctx.gpu.pool_stats()?;
+    Ok(MaxBatch {
+        batch: ok,
+        first_failure: bad,
+        attempts,
+        seconds: start.elapsed().as_secs_f64(),
+        pool_reserved_after: after.reserved,
+        back_to_baseline: after.reserved == base.reserved && after.used == base.used,
+    })
+}
