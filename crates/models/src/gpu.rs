@@ -704,26 +704,11 @@ fn lay_out(
     life[0].last = steps;
     life[logits].last = steps;
     let plan = if reuse {
-        // A residual that dies at the convolution it joins lends that convolution its
-        // bytes: the output is written over it in place (each element of the shortcut is
-        // read by the kernel that writes the same element of the output), as an in-place
-        // `add_` would. This keeps a bottleneck block's peak at its input plus two
-        // intermediates.
-        let mut merged = life.clone();
-        let mut root: Vec<usize> = (0..tensors.len()).collect();
-        for (step, op) in ops.iter().enumerate() {
-            if let Op::Conv { y, z: Some(z), .. } = *op {
-                let r = root[z];
-                if z != 0 && life[z].last == step && merged[r].bytes == life[y].bytes {
-                    root[y] = r;
-                    merged[r].last = merged[r].last.max(life[y].last);
-                    merged[y].bytes = 0;
-                }
-            }
-        }
-        let mut p = plan_reuse(&merged);
-        p.offsets = root.iter().map(|&r| p.offsets[r]).collect();
-        p
+        // No output is written in place over its residual input: on the H100 some cuDNN
+        // engines (chosen by timing, so not every run) then gave wrong logits (run 12,
+        // max rel. 5e-2 at batch 32); an engine may write parts of the output before it has
+        // read the matching residual. Reuse happens only between lifetimes that do not meet.
+        plan_reuse(&life)
     } else {
         plan_no_reuse(&life)
     };
@@ -1229,13 +1214,13 @@ mod plan_tests {
         let n = 128;
         let with = arena_bytes(&net, n, 224, 224, true).unwrap();
         let without = arena_bytes(&net, n, 224, 224, false).unwrap();
-        // the peak by hand: layer2's first block at its 3x3 convolution holds its input
-        // (256x56x56), the first intermediate (128x56x56), the second (128x28x28) and the input
-        // batch (3x224x224), all f32; the projection runs after, the output overwrites it
+        // the peak by hand: a layer1 block at its last convolution holds its input (256x56x56,
+        // the shortcut), the second intermediate (64x56x56), its output (256x56x56) and the
+        // input batch (3x224x224), all f32
         let f = |c: usize, hw: usize| n * c * hw * hw * 4;
-        let peak = f(3, 224) + f(256, 56) + f(128, 56) + f(128, 28);
+        let peak = f(3, 224) + 2 * f(256, 56) + f(64, 56);
         assert_eq!(with, peak, "{with} vs {peak}");
-        assert!(with * 7 < without, "{with} vs {without}");
+        assert!(with * 5 < without, "{with} vs {without}");
         // f16 NHWC: half the bytes, except the stem's input conversion (8 channels)
         let half = arena_bytes(
             &NetShape::of(&folded, Precision::F16, true),
