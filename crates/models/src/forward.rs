@@ -1,12 +1,15 @@
 //! ResNet inference on the CPU: batch norm folded into the convolutions once, then convolution
 //! (+ bias, + residual, ReLU), max pooling, global average pooling and the classifier. This is the
-//! reference every GPU strategy is checked against, so it favours plain, checkable code over
-//! cleverness; the heavy lifting is the multithreaded im2col + gemm in `gpukit_tensor::cpu`.
+//! reference every GPU strategy is checked against, so it keeps the network plain; the speed is in
+//! `gpukit_tensor::cpu::conv2d_nhwc_packed`: activations stay NHWC (channels-last) from the stem
+//! to the pooling, weights are packed once on first use, and every convolution applies its bias,
+//! residual and ReLU as it stores its output.
 
 use crate::resnet::ResNet;
 use crate::weights::StateDict;
-use gpukit_tensor::cpu::{conv2d_f32, ConvShape, Layout};
+use gpukit_tensor::cpu::{conv2d_nhwc_packed, AlignedBuf, ConvShape, PackedConv};
 use rayon::prelude::*;
+use std::sync::OnceLock;
 
 /// torchvision's BatchNorm2d epsilon.
 pub const BN_EPS: f32 = 1e-5;
@@ -41,6 +44,64 @@ pub struct FoldedResNet {
     /// classes x features.
     pub fc_weight: Vec<f32>,
     pub fc_bias: Vec<f32>,
+    /// The CPU engine's packed copy of the weights above, built on the first CPU forward pass
+    /// (so GPU-only users never pay for it). It is not rebuilt when they change: a model whose
+    /// weights are edited after running on the CPU needs a fresh `CpuPack::default()`.
+    pub cpu_pack: CpuPack,
+}
+
+/// Weights packed for the CPU engine (see [`FoldedResNet::cpu_pack`]), built once on first use.
+/// A cache: clones start empty, and it takes no part in equality.
+#[derive(Default)]
+pub struct CpuPack(OnceLock<PackedNet>);
+
+impl Clone for CpuPack {
+    fn clone(&self) -> Self {
+        CpuPack::default()
+    }
+}
+
+impl PartialEq for CpuPack {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for CpuPack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CpuPack {{ built: {} }}", self.0.get().is_some())
+    }
+}
+
+/// Every convolution of a [`FoldedResNet`] packed, in the model's order, the classifier as a
+/// 1x1 convolution.
+struct PackedNet {
+    stem: PackedConv,
+    blocks: Vec<(Vec<PackedConv>, Option<PackedConv>)>,
+    fc: PackedConv,
+}
+
+impl PackedNet {
+    fn new(m: &FoldedResNet) -> Self {
+        let pack = |c: &FoldedConv| {
+            PackedConv::new((c.out_ch, c.in_ch, c.kernel, c.kernel), &c.weight, &c.bias)
+        };
+        let features = m.fc_weight.len() / m.num_classes.max(1);
+        PackedNet {
+            stem: pack(&m.stem),
+            blocks: m
+                .blocks
+                .iter()
+                .map(|b| {
+                    (
+                        b.convs.iter().map(pack).collect(),
+                        b.downsample.as_ref().map(pack),
+                    )
+                })
+                .collect(),
+            fc: PackedConv::new((m.num_classes, features, 1, 1), &m.fc_weight, &m.fc_bias),
+        }
+    }
 }
 
 /// Why a state dict cannot be folded (a key is absent or has another shape than the model's).
@@ -152,6 +213,7 @@ pub fn fold(dict: &StateDict) -> Result<FoldedResNet, FoldError> {
         blocks,
         fc_weight,
         fc_bias,
+        cpu_pack: CpuPack::default(),
     })
 }
 
@@ -159,12 +221,12 @@ pub fn fold(dict: &StateDict) -> Result<FoldedResNet, FoldError> {
 /// 32 would otherwise allocate (and page-fault in) about 3 GB of fresh memory every time.
 #[derive(Debug, Default)]
 pub struct Workspace {
-    free: Vec<Vec<f32>>,
+    free: Vec<AlignedBuf>,
 }
 
 impl Workspace {
     /// A buffer of `len` values whose contents are unspecified (every user overwrites them all).
-    fn take(&mut self, len: usize) -> Vec<f32> {
+    fn take(&mut self, len: usize) -> AlignedBuf {
         // the smallest free buffer that is large enough, else a new one
         let best = self
             .free
@@ -175,31 +237,38 @@ impl Workspace {
             .map(|(i, _)| i);
         let mut v = match best {
             Some(i) => self.free.swap_remove(i),
-            None => Vec::with_capacity(len),
+            None => AlignedBuf::default(),
         };
-        // resize both grows and shrinks; the contents are overwritten by every user
-        v.resize(len, 0.0);
+        v.resize(len);
         v
     }
 
-    fn give(&mut self, v: Vec<f32>) {
+    fn give(&mut self, v: AlignedBuf) {
         self.free.push(v);
     }
 }
 
-/// An NCHW activation.
-#[derive(Debug, Clone)]
+/// An NHWC activation.
+#[derive(Debug)]
 struct Act {
     n: usize,
-    c: usize,
     h: usize,
     w: usize,
-    data: Vec<f32>,
+    c: usize,
+    data: AlignedBuf,
 }
 
 impl FoldedConv {
-    /// y = conv(x) + bias (+ residual), then ReLU when `relu`.
-    fn apply(&self, x: &Act, residual: Option<&Act>, relu: bool, ws: &mut Workspace) -> Act {
+    /// y = conv(x) + bias (+ residual), then ReLU when `relu`, with `packed` this convolution's
+    /// packed weights.
+    fn apply(
+        &self,
+        packed: &PackedConv,
+        x: &Act,
+        residual: Option<&Act>,
+        relu: bool,
+        ws: &mut Workspace,
+    ) -> Act {
         let shape = ConvShape {
             n: x.n,
             c: x.c,
@@ -211,59 +280,53 @@ impl FoldedConv {
             stride: self.stride,
             pad: self.pad,
         };
-        let (p, q) = (shape.out_h(), shape.out_w());
         let mut data = ws.take(shape.output_len());
-        conv2d_f32(&shape, Layout::Nchw, &x.data, &self.weight, &mut data);
-        let plane = p * q;
-        data.par_chunks_mut(plane).enumerate().for_each(|(i, out)| {
-            let b = self.bias[i % self.out_ch];
-            let res = residual.map(|r| &r.data[i * plane..(i + 1) * plane]);
-            for (j, v) in out.iter_mut().enumerate() {
-                let mut y = *v + b;
-                if let Some(r) = res {
-                    y += r[j];
-                }
-                *v = if relu { y.max(0.0) } else { y };
-            }
-        });
+        conv2d_nhwc_packed(
+            &shape,
+            &x.data,
+            packed,
+            residual.map(|r| &r.data[..]),
+            relu,
+            &mut data,
+        );
         Act {
             n: x.n,
+            h: shape.out_h(),
+            w: shape.out_w(),
             c: self.out_ch,
-            h: p,
-            w: q,
             data,
         }
     }
 }
 
-/// 3x3 max pooling, stride 2, padding 1 (padding never wins: it is -inf).
+/// 3x3 max pooling, stride 2, padding 1 (padding never wins: the centre tap is always inside).
 fn max_pool(x: &Act, ws: &mut Workspace) -> Act {
     let (p, q) = ((x.h + 2 - 3) / 2 + 1, (x.w + 2 - 3) / 2 + 1);
-    let mut data = ws.take(x.n * x.c * p * q);
-    data.par_chunks_mut(p * q)
+    let c = x.c;
+    let mut data = ws.take(x.n * p * q * c);
+    // one task per output row of pixels
+    data.par_chunks_mut(q * c)
         .enumerate()
-        .for_each(|(plane, out)| {
-            let src = &x.data[plane * x.h * x.w..(plane + 1) * x.h * x.w];
-            for i in 0..p {
-                for j in 0..q {
-                    let mut m = f32::NEG_INFINITY;
-                    for di in 0..3 {
-                        for dj in 0..3 {
-                            let (y, xx) = ((2 * i + di) as isize - 1, (2 * j + dj) as isize - 1);
-                            if y >= 0 && xx >= 0 && (y as usize) < x.h && (xx as usize) < x.w {
-                                m = m.max(src[y as usize * x.w + xx as usize]);
-                            }
+        .for_each(|(row, out)| {
+            let (img, i) = (row / p, row % p);
+            let src = &x.data[img * x.h * x.w * c..(img + 1) * x.h * x.w * c];
+            for (j, o) in out.chunks_exact_mut(c).enumerate() {
+                let at = |y: usize, z: usize| &src[(y * x.w + z) * c..(y * x.w + z + 1) * c];
+                o.copy_from_slice(at(2 * i, 2 * j));
+                for y in (2 * i).saturating_sub(1)..(2 * i + 2).min(x.h) {
+                    for z in (2 * j).saturating_sub(1)..(2 * j + 2).min(x.w) {
+                        for (m, &v) in o.iter_mut().zip(at(y, z)) {
+                            *m = if v > *m { v } else { *m };
                         }
                     }
-                    out[i * q + j] = m;
                 }
             }
         });
     Act {
         n: x.n,
-        c: x.c,
         h: p,
         w: q,
+        c,
         data,
     }
 }
@@ -318,33 +381,43 @@ impl FoldedResNet {
         if h < 32 || w < 32 {
             return Err(ForwardError::TooSmall { h, w });
         }
+        let pack = self.cpu_pack.0.get_or_init(|| PackedNet::new(self));
+        // NCHW -> NHWC, one task per image row
         let mut data = ws.take(want);
-        data.copy_from_slice(input);
+        data.par_chunks_mut(w * 3)
+            .enumerate()
+            .for_each(|(row, out)| {
+                let (img, y) = (row / h, row % h);
+                for ch in 0..3 {
+                    let src = &input[((img * 3 + ch) * h + y) * w..][..w];
+                    for (o, &v) in out.iter_mut().skip(ch).step_by(3).zip(src) {
+                        *o = v;
+                    }
+                }
+            });
         let input = Act {
             n,
-            c: 3,
             h,
             w,
+            c: 3,
             data,
         };
-        let stem = self.stem.apply(&input, None, true, ws);
+        let stem = self.stem.apply(&pack.stem, &input, None, true, ws);
         ws.give(input.data);
         let mut x = max_pool(&stem, ws);
         ws.give(stem.data);
-        for block in &self.blocks {
+        for (block, (convs, downsample)) in self.blocks.iter().zip(&pack.blocks) {
             let projected = block
                 .downsample
                 .as_ref()
-                .map(|d| d.apply(&x, None, false, ws));
+                .zip(downsample.as_ref())
+                .map(|(d, p)| d.apply(p, &x, None, false, ws));
             let last = block.convs.len().saturating_sub(1);
             let mut y: Option<Act> = None;
-            for (i, conv) in block.convs.iter().enumerate() {
+            for (i, (conv, packed)) in block.convs.iter().zip(convs).enumerate() {
                 let src = y.as_ref().unwrap_or(&x);
-                let out = if i == last {
-                    conv.apply(src, Some(projected.as_ref().unwrap_or(&x)), true, ws)
-                } else {
-                    conv.apply(src, None, true, ws)
-                };
+                let residual = (i == last).then(|| projected.as_ref().unwrap_or(&x));
+                let out = conv.apply(packed, src, residual, true, ws);
                 if let Some(old) = y.replace(out) {
                     ws.give(old.data);
                 }
@@ -356,26 +429,42 @@ impl FoldedResNet {
                 ws.give(std::mem::replace(&mut x, next).data);
             }
         }
-        // global average pooling, then the classifier
-        let plane = x.h * x.w;
-        let feats: Vec<f32> = x
-            .data
-            .chunks(plane)
-            .map(|c| (c.iter().map(|&v| f64::from(v)).sum::<f64>() / plane as f64) as f32)
-            .collect();
+        // global average pooling (summed in f64, 16 channels at a time down the pixel rows)
         let f = x.c;
-        ws.give(x.data);
-        let mut logits = vec![0f32; n * self.num_classes];
-        logits
-            .par_chunks_mut(self.num_classes)
-            .enumerate()
-            .for_each(|(img, out)| {
-                let v = &feats[img * f..(img + 1) * f];
-                for (k, o) in out.iter_mut().enumerate() {
-                    let wrow = &self.fc_weight[k * f..(k + 1) * f];
-                    *o = self.fc_bias[k] + wrow.iter().zip(v).map(|(a, b)| a * b).sum::<f32>();
+        let plane = x.h * x.w;
+        let mut feats = ws.take(n * f);
+        feats
+            .par_chunks_mut(f)
+            .zip(x.data.par_chunks(plane * f))
+            .for_each(|(out, img)| {
+                for (c0, o) in (0..f).step_by(16).zip(out.chunks_mut(16)) {
+                    let mut acc = [0f64; 16];
+                    for px in img.chunks_exact(f) {
+                        for (a, &v) in acc.iter_mut().zip(&px[c0..c0 + o.len()]) {
+                            *a += f64::from(v);
+                        }
+                    }
+                    for (o, a) in o.iter_mut().zip(acc) {
+                        *o = (a / plane as f64) as f32;
+                    }
                 }
             });
+        ws.give(x.data);
+        // the classifier: a 1x1 convolution over n one-pixel images
+        let fc = ConvShape {
+            n,
+            c: f,
+            h: 1,
+            w: 1,
+            k: self.num_classes,
+            r: 1,
+            s: 1,
+            stride: 1,
+            pad: 0,
+        };
+        let mut logits = vec![0f32; n * self.num_classes];
+        conv2d_nhwc_packed(&fc, &feats, &pack.fc, None, false, &mut logits);
+        ws.give(feats);
         Ok(logits)
     }
 }

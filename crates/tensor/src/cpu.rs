@@ -752,6 +752,919 @@ fn conv_nhwc(sh: &ConvShape, input: &[f32], weight: &[f32], output: &mut [f32], 
         });
 }
 
+// ---------------------------------------------------------------------------------------------
+// Packed NHWC convolution with a fused epilogue (the inference engine's path).
+//
+// The weights are packed once into panels of `PANEL` output channels, each panel stored
+// depth-major (for every filter tap and input channel, its `PANEL` weights side by side), so the
+// micro-kernel streams one panel with plain vector loads. Activations stay NHWC: a 1x1 stride-1
+// convolution reads the activation rows in place, and any other shape with enough channels
+// reads them in place too, one filter tap at a time through a table of row pointers (padding
+// points at a zero row), so there is no im2col copy. Only layers with very few input channels
+// (the stem) gather their patches into a small per-thread buffer first. Each micro-kernel tile
+// is `ROWS` output pixels by `PANEL` channels held in registers over the whole reduction, then
+// bias, residual and ReLU are applied before the one store: every output element is written
+// exactly once.
+// ---------------------------------------------------------------------------------------------
+
+/// Output channels per weight panel and per micro-kernel tile (four 16-float vectors).
+const PANEL: usize = 64;
+
+/// Output pixels per micro-kernel tile: 6 rows x 4 vectors = 24 accumulators, which with the
+/// 4 weight vectors and 2 broadcasts leaves the 32 AVX-512 registers two spare.
+const ROWS: usize = 6;
+
+/// Input channels below which a convolution gathers its patches (im2col) instead of reading
+/// one row per filter tap: a tap then holds too little work to pay for switching rows.
+const GATHER_BELOW_CHANNELS: usize = 16;
+
+/// Bytes of input a block of pixel groups should touch, so that the block stays in a core's
+/// L2 while every weight panel streams past it.
+const BLOCK_INPUT_BYTES: usize = 512 << 10;
+
+/// One cache line of floats: the unit of the aligned buffers.
+#[derive(Clone, Copy, Default, PartialEq)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+/// A buffer of f32 whose data starts on a 64-byte boundary, so that vector loads and stores of
+/// rows whose length is a multiple of 16 never straddle two cache lines (a plain `Vec<f32>` of
+/// this size is 16 bytes past a page boundary). Dereferences to `[f32]`.
+#[derive(Clone, Default, PartialEq)]
+pub struct AlignedBuf {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// A buffer of `len` zeros.
+    pub fn zeroed(len: usize) -> Self {
+        let mut b = Self::default();
+        b.resize(len);
+        b
+    }
+
+    /// Sets the length to `len`. Growing past the capacity reallocates; new elements are zero,
+    /// kept elements keep their values (callers overwrite what they use).
+    pub fn resize(&mut self, len: usize) {
+        self.lines.resize(len.div_ceil(16), Line::default());
+        self.len = len;
+    }
+
+    /// How many elements fit without reallocating.
+    pub fn capacity(&self) -> usize {
+        self.lines.capacity() * 16
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        // SAFETY: `Line` is a repr(C) [f32; 16] (no padding), the lines are contiguous and
+        // initialised, and `len <= 16 * lines.len()`.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<f32>(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as for Deref; the borrow is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<f32>(), self.len) }
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AlignedBuf({} floats)", self.len)
+    }
+}
+
+/// A convolution's weight and bias packed for [`conv2d_nhwc_packed`]: panels of 64 output
+/// channels (the last zero-padded), each laid out (r, s, c, channel-in-panel).
+#[derive(Clone, PartialEq)]
+pub struct PackedConv {
+    k: usize,
+    c: usize,
+    r: usize,
+    s: usize,
+    weight: AlignedBuf,
+    bias: AlignedBuf,
+}
+
+impl std::fmt::Debug for PackedConv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedConv({}x{}x{}x{})", self.k, self.c, self.r, self.s)
+    }
+}
+
+impl PackedConv {
+    /// Packs a K x C x R x S (PyTorch order) weight and its bias (K values; empty for none).
+    ///
+    /// # Panics
+    ///
+    /// If `weight` does not hold K * C * R * S values or `bias` is neither empty nor K long.
+    pub fn new((k, c, r, s): (usize, usize, usize, usize), weight: &[f32], bias: &[f32]) -> Self {
+        assert_eq!(
+            weight.len(),
+            product(&[k, c, r, s]),
+            "PackedConv: weight length"
+        );
+        assert!(
+            bias.is_empty() || bias.len() == k,
+            "PackedConv: bias length"
+        );
+        let panels = k.div_ceil(PANEL);
+        let depth = r * s * c;
+        let mut packed = AlignedBuf::zeroed(panels * depth * PANEL);
+        // (max(1): with no depth there is nothing to fill, and chunks must not be empty)
+        for (p, panel) in packed.chunks_exact_mut((depth * PANEL).max(1)).enumerate() {
+            let k0 = p * PANEL;
+            let width = PANEL.min(k - k0);
+            for (d, dst) in panel.chunks_exact_mut(PANEL).enumerate() {
+                let (tap, ci) = (d / c, d % c);
+                let (ri, si) = (tap / s, tap % s);
+                for (j, v) in dst[..width].iter_mut().enumerate() {
+                    *v = weight[(((k0 + j) * c + ci) * r + ri) * s + si];
+                }
+            }
+        }
+        let mut b = AlignedBuf::zeroed(panels * PANEL);
+        b[..bias.len()].copy_from_slice(bias);
+        PackedConv {
+            k,
+            c,
+            r,
+            s,
+            weight: packed,
+            bias: b,
+        }
+    }
+
+    /// Output channels.
+    pub fn out_channels(&self) -> usize {
+        self.k
+    }
+}
+
+/// What one micro-kernel call computes: for each of `ROWS` output rows j,
+/// `out[j][0..64] = epilogue(bias + sum over taps t, depth d of rows[t][j][d] * weight[t][d][..])`
+/// where the epilogue adds `residual[j]` when `has_residual` and clamps at zero when `relu`.
+/// The layout is shared with the assembly kernel, which reads fields by byte offset.
+#[repr(C)]
+struct Tile {
+    /// `taps` groups of `ROWS` row pointers, each row `depth` floats.
+    rows: *const *const f32,
+    /// The panel: `taps * depth` steps of 64 floats.
+    weight: *const f32,
+    taps: usize,
+    depth: usize,
+    /// 64 floats.
+    bias: *const f32,
+    /// 64 writable floats per row.
+    out: [*mut f32; ROWS],
+    /// 64 readable floats per row when `has_residual`.
+    residual: [*const f32; ROWS],
+    relu: usize,
+    has_residual: usize,
+}
+
+/// Which micro-kernel runs; the fastest one this CPU supports unless a test asks otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    /// AVX-512F assembly (x86-64 only).
+    Avx512,
+    /// Portable Rust compiled for AVX2 + FMA (x86-64 only).
+    Avx2,
+    /// Portable Rust for any target.
+    Portable,
+}
+
+impl Kernel {
+    fn best() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return Kernel::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Kernel::Avx2;
+            }
+        }
+        Kernel::Portable
+    }
+
+    /// Whether this CPU can run the kernel.
+    fn available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            match self {
+                Kernel::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+                Kernel::Avx2 => {
+                    std::arch::is_x86_feature_detected!("avx2")
+                        && std::arch::is_x86_feature_detected!("fma")
+                }
+                Kernel::Portable => true,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Kernel::Portable
+        }
+    }
+
+    /// Runs one tile.
+    ///
+    /// # Safety
+    ///
+    /// Every pointer of `t` must address what its field's documentation says, `taps >= 1`,
+    /// no output row may alias any input, and the kernel must be `available`.
+    unsafe fn run(self, t: &Tile) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: per the caller.
+            Kernel::Avx512 => unsafe { tile_avx512(t) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: per the caller (AVX2 and FMA are available).
+            Kernel::Avx2 => unsafe { tile_avx2(t) },
+            // SAFETY: per the caller.
+            _ => unsafe { tile_portable::<false>(t) },
+        }
+    }
+}
+
+/// The portable tile: 16 channels at a time, `FMA` choosing fused multiply-adds (only fast
+/// where the target has them).
+///
+/// # Safety
+///
+/// As `Kernel::run`.
+#[inline(always)]
+unsafe fn tile_portable<const FMA: bool>(t: &Tile) {
+    for sub in 0..PANEL / 16 {
+        let mut acc = [[0f32; 16]; ROWS];
+        // SAFETY (this block): all reads are within the extents the caller guarantees.
+        unsafe {
+            let bias = std::slice::from_raw_parts(t.bias.add(sub * 16), 16);
+            for row in &mut acc {
+                row.copy_from_slice(bias);
+            }
+            for tap in 0..t.taps {
+                let rows = std::slice::from_raw_parts(t.rows.add(tap * ROWS), ROWS);
+                let w = t.weight.add(tap * t.depth * PANEL + sub * 16);
+                for d in 0..t.depth {
+                    let wv = std::slice::from_raw_parts(w.add(d * PANEL), 16);
+                    for (row, &src) in acc.iter_mut().zip(rows) {
+                        let x = *src.add(d);
+                        for (a, &b) in row.iter_mut().zip(wv) {
+                            *a = if FMA { x.mul_add(b, *a) } else { *a + x * b };
+                        }
+                    }
+                }
+            }
+            for (j, row) in acc.iter_mut().enumerate() {
+                if t.has_residual != 0 {
+                    let r = std::slice::from_raw_parts(t.residual[j].add(sub * 16), 16);
+                    for (a, &b) in row.iter_mut().zip(r) {
+                        *a += b;
+                    }
+                }
+                if t.relu != 0 {
+                    for a in row.iter_mut() {
+                        *a = if *a > 0.0 { *a } else { 0.0 };
+                    }
+                }
+                std::slice::from_raw_parts_mut(t.out[j].add(sub * 16), 16).copy_from_slice(row);
+            }
+        }
+    }
+}
+
+/// `tile_portable` compiled for AVX2 + FMA.
+///
+/// # Safety
+///
+/// As `Kernel::run`, on a CPU with AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2(t: &Tile) {
+    // SAFETY: per the caller.
+    unsafe { tile_portable::<true>(t) }
+}
+
+/// One depth step of the AVX-512 kernel at step offset `$o` of the unrolled loop: the panel's
+/// four weight vectors, then each of the six rows' value broadcast and multiplied into that
+/// row's four accumulators (row j in zmm4j..zmm4j+3).
+#[cfg(target_arch = "x86_64")]
+macro_rules! avx512_step {
+    ($w0:literal, $w1:literal, $w2:literal, $w3:literal, $a:literal) => {
+        concat!(
+            "vmovups zmm24, [rsi + ",
+            $w0,
+            "]\n",
+            "vmovups zmm25, [rsi + ",
+            $w1,
+            "]\n",
+            "vmovups zmm26, [rsi + ",
+            $w2,
+            "]\n",
+            "vmovups zmm27, [rsi + ",
+            $w3,
+            "]\n",
+            "vbroadcastss zmm28, dword ptr [rax + ",
+            $a,
+            "]\n",
+            "vfmadd231ps zmm0, zmm24, zmm28\n",
+            "vfmadd231ps zmm1, zmm25, zmm28\n",
+            "vfmadd231ps zmm2, zmm26, zmm28\n",
+            "vfmadd231ps zmm3, zmm27, zmm28\n",
+            "vbroadcastss zmm29, dword ptr [rcx + ",
+            $a,
+            "]\n",
+            "vfmadd231ps zmm4, zmm24, zmm29\n",
+            "vfmadd231ps zmm5, zmm25, zmm29\n",
+            "vfmadd231ps zmm6, zmm26, zmm29\n",
+            "vfmadd231ps zmm7, zmm27, zmm29\n",
+            "vbroadcastss zmm30, dword ptr [rdx + ",
+            $a,
+            "]\n",
+            "vfmadd231ps zmm8, zmm24, zmm30\n",
+            "vfmadd231ps zmm9, zmm25, zmm30\n",
+            "vfmadd231ps zmm10, zmm26, zmm30\n",
+            "vfmadd231ps zmm11, zmm27, zmm30\n",
+            "vbroadcastss zmm31, dword ptr [r10 + ",
+            $a,
+            "]\n",
+            "vfmadd231ps zmm12, zmm24, zmm31\n",
+            "vfmadd231ps zmm13, zmm25, zmm31\n",
+            "vfmadd231ps zmm14, zmm26, zmm31\n",
+            "vfmadd231ps zmm15, zmm27, zmm31\n",
+            "vbroadcastss zmm28, dword ptr [r11 + ",
+            $a,
+            "]\n",
+            "vfmadd231ps zmm16, zmm24, zmm28\n",
+            "vfmadd231ps zmm17, zmm25, zmm28\n",
+            "vfmadd231ps zmm18, zmm26, zmm28\n",
+            "vfmadd231ps zmm19, zmm27, zmm28\n",
+            "vbroadcastss zmm29, dword ptr [r12 + ",
+            $a,
+            "]\n",
+            "vfmadd231ps zmm20, zmm24, zmm29\n",
+            "vfmadd231ps zmm21, zmm25, zmm29\n",
+            "vfmadd231ps zmm22, zmm26, zmm29\n",
+            "vfmadd231ps zmm23, zmm27, zmm29\n",
+        )
+    };
+}
+
+/// Advances the six row pointers by `$b` bytes.
+#[cfg(target_arch = "x86_64")]
+macro_rules! avx512_advance_rows {
+    ($b:literal) => {
+        concat!(
+            "add rax, ",
+            $b,
+            "\n",
+            "add rcx, ",
+            $b,
+            "\n",
+            "add rdx, ",
+            $b,
+            "\n",
+            "add r10, ",
+            $b,
+            "\n",
+            "add r11, ",
+            $b,
+            "\n",
+            "add r12, ",
+            $b,
+            "\n",
+        )
+    };
+}
+
+/// Applies `$op` (with its memory operand `[$reg + 64v]`) to row `$j`'s four accumulators.
+#[cfg(target_arch = "x86_64")]
+macro_rules! avx512_row_mem {
+    ($op:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
+        concat!(
+            $op,
+            " zmm",
+            $a0,
+            ", zmm",
+            $a0,
+            ", [rax]\n",
+            $op,
+            " zmm",
+            $a1,
+            ", zmm",
+            $a1,
+            ", [rax + 64]\n",
+            $op,
+            " zmm",
+            $a2,
+            ", zmm",
+            $a2,
+            ", [rax + 128]\n",
+            $op,
+            " zmm",
+            $a3,
+            ", zmm",
+            $a3,
+            ", [rax + 192]\n",
+        )
+    };
+}
+
+/// Stores row `$j`'s four accumulators to `[rax]`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! avx512_row_store {
+    ($a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
+        concat!(
+            "vmovups [rax], zmm",
+            $a0,
+            "\n",
+            "vmovups [rax + 64], zmm",
+            $a1,
+            "\n",
+            "vmovups [rax + 128], zmm",
+            $a2,
+            "\n",
+            "vmovups [rax + 192], zmm",
+            $a3,
+            "\n",
+        )
+    };
+}
+
+/// The AVX-512 micro-kernel: a 6 x 64 tile in 24 zmm accumulators, depth loop unrolled by 4.
+/// Written as inline assembly because the AVX-512 intrinsics and target feature are newer than
+/// this crate's minimum Rust; the kernel only ever runs after runtime detection, and it
+/// declares every register it touches (the C ABI's caller-saved set, plus r12 and r13).
+///
+/// # Safety
+///
+/// As `Kernel::run`, on a CPU with AVX-512F.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tile_avx512(t: &Tile) {
+    // Field offsets of `Tile` used below (checked by the const assertion after this function).
+    // SAFETY: the kernel reads the rows, weights, bias and residual rows and writes the output
+    // rows within the extents the caller guarantees; it uses no stack and restores no state
+    // beyond the declared clobbers (vzeroupper avoids AVX-SSE transition penalties after).
+    unsafe {
+        std::arch::asm!(
+            // accumulators = bias
+            "mov rax, [rdi + 32]",
+            "vmovups zmm24, [rax]",
+            "vmovups zmm25, [rax + 64]",
+            "vmovups zmm26, [rax + 128]",
+            "vmovups zmm27, [rax + 192]",
+            "vmovaps zmm0, zmm24",
+            "vmovaps zmm1, zmm25",
+            "vmovaps zmm2, zmm26",
+            "vmovaps zmm3, zmm27",
+            "vmovaps zmm4, zmm24",
+            "vmovaps zmm5, zmm25",
+            "vmovaps zmm6, zmm26",
+            "vmovaps zmm7, zmm27",
+            "vmovaps zmm8, zmm24",
+            "vmovaps zmm9, zmm25",
+            "vmovaps zmm10, zmm26",
+            "vmovaps zmm11, zmm27",
+            "vmovaps zmm12, zmm24",
+            "vmovaps zmm13, zmm25",
+            "vmovaps zmm14, zmm26",
+            "vmovaps zmm15, zmm27",
+            "vmovaps zmm16, zmm24",
+            "vmovaps zmm17, zmm25",
+            "vmovaps zmm18, zmm26",
+            "vmovaps zmm19, zmm27",
+            "vmovaps zmm20, zmm24",
+            "vmovaps zmm21, zmm25",
+            "vmovaps zmm22, zmm26",
+            "vmovaps zmm23, zmm27",
+            "mov rsi, [rdi + 8]",
+            "mov r9, [rdi]",
+            "mov r8, [rdi + 16]",
+            // for each tap: load its six row pointers
+            "2:",
+            "mov rax, [r9]",
+            "mov rcx, [r9 + 8]",
+            "mov rdx, [r9 + 16]",
+            "mov r10, [r9 + 24]",
+            "mov r11, [r9 + 32]",
+            "mov r12, [r9 + 40]",
+            "add r9, 48",
+            "mov r13, [rdi + 24]",
+            "cmp r13, 4",
+            "jb 4f",
+            "3:",
+            avx512_step!("0", "64", "128", "192", "0"),
+            avx512_step!("256", "320", "384", "448", "4"),
+            avx512_step!("512", "576", "640", "704", "8"),
+            avx512_step!("768", "832", "896", "960", "12"),
+            "add rsi, 1024",
+            avx512_advance_rows!("16"),
+            "sub r13, 4",
+            "cmp r13, 4",
+            "jae 3b",
+            "4:",
+            "test r13, r13",
+            "jz 6f",
+            "5:",
+            avx512_step!("0", "64", "128", "192", "0"),
+            "add rsi, 256",
+            avx512_advance_rows!("4"),
+            "dec r13",
+            "jnz 5b",
+            "6:",
+            "dec r8",
+            "jnz 2b",
+            // epilogue: + residual, ReLU, store
+            "cmp qword ptr [rdi + 144], 0",
+            "je 7f",
+            "mov rax, [rdi + 88]",
+            avx512_row_mem!("vaddps", "0", "1", "2", "3"),
+            "mov rax, [rdi + 96]",
+            avx512_row_mem!("vaddps", "4", "5", "6", "7"),
+            "mov rax, [rdi + 104]",
+            avx512_row_mem!("vaddps", "8", "9", "10", "11"),
+            "mov rax, [rdi + 112]",
+            avx512_row_mem!("vaddps", "12", "13", "14", "15"),
+            "mov rax, [rdi + 120]",
+            avx512_row_mem!("vaddps", "16", "17", "18", "19"),
+            "mov rax, [rdi + 128]",
+            avx512_row_mem!("vaddps", "20", "21", "22", "23"),
+            "7:",
+            "cmp qword ptr [rdi + 136], 0",
+            "je 8f",
+            "vpxord zmm24, zmm24, zmm24",
+            "vmaxps zmm0, zmm0, zmm24",
+            "vmaxps zmm1, zmm1, zmm24",
+            "vmaxps zmm2, zmm2, zmm24",
+            "vmaxps zmm3, zmm3, zmm24",
+            "vmaxps zmm4, zmm4, zmm24",
+            "vmaxps zmm5, zmm5, zmm24",
+            "vmaxps zmm6, zmm6, zmm24",
+            "vmaxps zmm7, zmm7, zmm24",
+            "vmaxps zmm8, zmm8, zmm24",
+            "vmaxps zmm9, zmm9, zmm24",
+            "vmaxps zmm10, zmm10, zmm24",
+            "vmaxps zmm11, zmm11, zmm24",
+            "vmaxps zmm12, zmm12, zmm24",
+            "vmaxps zmm13, zmm13, zmm24",
+            "vmaxps zmm14, zmm14, zmm24",
+            "vmaxps zmm15, zmm15, zmm24",
+            "vmaxps zmm16, zmm16, zmm24",
+            "vmaxps zmm17, zmm17, zmm24",
+            "vmaxps zmm18, zmm18, zmm24",
+            "vmaxps zmm19, zmm19, zmm24",
+            "vmaxps zmm20, zmm20, zmm24",
+            "vmaxps zmm21, zmm21, zmm24",
+            "vmaxps zmm22, zmm22, zmm24",
+            "vmaxps zmm23, zmm23, zmm24",
+            "8:",
+            "mov rax, [rdi + 40]",
+            avx512_row_store!("0", "1", "2", "3"),
+            "mov rax, [rdi + 48]",
+            avx512_row_store!("4", "5", "6", "7"),
+            "mov rax, [rdi + 56]",
+            avx512_row_store!("8", "9", "10", "11"),
+            "mov rax, [rdi + 64]",
+            avx512_row_store!("12", "13", "14", "15"),
+            "mov rax, [rdi + 72]",
+            avx512_row_store!("16", "17", "18", "19"),
+            "mov rax, [rdi + 80]",
+            avx512_row_store!("20", "21", "22", "23"),
+            "vzeroupper",
+            in("rdi") t as *const Tile,
+            out("r12") _,
+            out("r13") _,
+            clobber_abi("C"),
+            options(nostack),
+        );
+    }
+}
+
+// The byte offsets the assembly kernel reads `Tile` at.
+#[cfg(target_arch = "x86_64")]
+const _: () = {
+    assert!(std::mem::offset_of!(Tile, rows) == 0);
+    assert!(std::mem::offset_of!(Tile, weight) == 8);
+    assert!(std::mem::offset_of!(Tile, taps) == 16);
+    assert!(std::mem::offset_of!(Tile, depth) == 24);
+    assert!(std::mem::offset_of!(Tile, bias) == 32);
+    assert!(std::mem::offset_of!(Tile, out) == 40);
+    assert!(std::mem::offset_of!(Tile, residual) == 88);
+    assert!(std::mem::offset_of!(Tile, relu) == 136);
+    assert!(std::mem::offset_of!(Tile, has_residual) == 144);
+    assert!(ROWS == 6 && PANEL == 64);
+};
+
+/// Per-thread buffers of the packed convolution, kept between calls.
+#[derive(Default)]
+struct Scratch {
+    /// Row pointers of the block being computed: groups x taps x `ROWS`.
+    table: Vec<*const f32>,
+    /// Gathered patches (gather mode): groups x `ROWS` x depth.
+    cols: AlignedBuf,
+    /// At least `depth` zeros: the row every padding tap and missing pixel reads.
+    zeros: AlignedBuf,
+    /// Stand-in output and residual rows for pixels past the end and channels past K.
+    tmp_out: AlignedBuf,
+    tmp_res: AlignedBuf,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
+/// One packed convolution call, shared by its tasks.
+struct PackedRun<'a> {
+    sh: ConvShape,
+    q_len: usize,
+    /// Output pixels per image, and in all.
+    pq: usize,
+    npq: usize,
+    input: &'a [f32],
+    packed: &'a PackedConv,
+    residual: Option<&'a [f32]>,
+    relu: bool,
+    out: SharedOut,
+    /// Gather mode: one tap of depth R*S*C read from per-thread im2col rows.
+    gather: bool,
+    taps: usize,
+    depth: usize,
+    /// Tiles of `ROWS` pixels, weight panels, tiles per block.
+    groups: usize,
+    panels: usize,
+    block: usize,
+    kernel: Kernel,
+}
+
+impl PackedRun<'_> {
+    /// Fills `sc.table` (and in gather mode `sc.cols`) for groups `g0..g1`.
+    fn prepare(&self, sc: &mut Scratch, g0: usize, g1: usize) {
+        let sh = &self.sh;
+        let count = g1 - g0;
+        sc.table.clear();
+        if self.gather {
+            let depth = self.depth;
+            sc.cols.resize(count * ROWS * depth);
+            let img_in = sh.h * sh.w * sh.c;
+            for (i, row) in sc.cols.chunks_exact_mut(depth.max(1)).enumerate() {
+                if i >= count * ROWS {
+                    break;
+                }
+                let pix = g0 * ROWS + i;
+                if pix >= self.npq {
+                    row.fill(0.0);
+                    continue;
+                }
+                let img = &self.input[pix / self.pq * img_in..(pix / self.pq + 1) * img_in];
+                // SAFETY: viewing initialised f32 as MaybeUninit<f32> only allows writes of
+                // valid f32, which the function does to every element.
+                let dst = unsafe { &mut *(row as *mut [f32] as *mut [MaybeUninit<f32>]) };
+                im2col_nhwc_row(sh, img, pix % self.pq, dst);
+            }
+            let base = sc.cols.as_ptr();
+            // depth 0: the pointers are never read, any will do
+            sc.table
+                .extend((0..count * ROWS).map(|i| base.wrapping_add(i * depth)));
+            return;
+        }
+        let zero = sc.zeros.as_ptr();
+        let (h, w, c) = (sh.h, sh.w, sh.c);
+        for g in g0..g1 {
+            for tap in 0..self.taps {
+                let (ri, si) = (tap / sh.s, tap % sh.s);
+                for j in 0..ROWS {
+                    let pix = g * ROWS + j;
+                    let mut ptr = zero;
+                    if pix < self.npq {
+                        let (n, rest) = (pix / self.pq, pix % self.pq);
+                        let (pi, qi) = (rest / self.q_len, rest % self.q_len);
+                        if let (Some(ih), Some(iw)) = (
+                            in_coord(pi, ri, sh.stride, sh.pad, h),
+                            in_coord(qi, si, sh.stride, sh.pad, w),
+                        ) {
+                            ptr = self.input[((n * h + ih) * w + iw) * c..].as_ptr();
+                        }
+                    }
+                    sc.table.push(ptr);
+                }
+            }
+        }
+    }
+
+    /// Computes tile `g` (the `local`-th group of the table) x panel `p`.
+    fn tile(&self, sc: &mut Scratch, local: usize, g: usize, p: usize) {
+        let k = self.sh.k;
+        let k0 = p * PANEL;
+        let width = PANEL.min(k - k0);
+        let tmp_out = sc.tmp_out.as_mut_ptr();
+        let tmp_res = sc.tmp_res.as_mut_ptr();
+        let mut t = Tile {
+            rows: sc.table[local * self.taps * ROWS..].as_ptr(),
+            weight: self.packed.weight[p * self.taps * self.depth * PANEL..].as_ptr(),
+            taps: self.taps,
+            depth: self.depth,
+            bias: self.packed.bias[k0..].as_ptr(),
+            out: [tmp_out; ROWS],
+            residual: [tmp_res.cast_const(); ROWS],
+            relu: usize::from(self.relu),
+            has_residual: usize::from(self.residual.is_some()),
+        };
+        let valid = ROWS.min(self.npq - g * ROWS);
+        for j in 0..ROWS {
+            let spare_out = tmp_out.wrapping_add(j * PANEL);
+            let spare_res = tmp_res.wrapping_add(j * PANEL);
+            t.out[j] = spare_out;
+            t.residual[j] = spare_res;
+            if j >= valid {
+                continue;
+            }
+            let at = (g * ROWS + j) * k + k0;
+            if width == PANEL {
+                // SAFETY: pixel g*ROWS+j < NPQ, so `at + PANEL <= NPQ*K`, the output's length.
+                t.out[j] = unsafe { self.out.get().add(at) };
+                if let Some(r) = self.residual {
+                    t.residual[j] = r[at..at + PANEL].as_ptr();
+                }
+            } else if let Some(r) = self.residual {
+                sc.tmp_res[j * PANEL..j * PANEL + width].copy_from_slice(&r[at..at + width]);
+            }
+        }
+        // SAFETY: rows: the table holds taps x ROWS pointers for this group, each to `depth`
+        // readable floats (input rows, gathered rows or the zero row, all at least depth long);
+        // weight: panel p holds taps*depth*64 floats; bias: 64 per panel; out/residual: whole
+        // 64-float output rows of this tile's pixels (disjoint from every other tile's, and
+        // from every input) or the 6 x 64 scratch rows; taps >= 1; the kernel is available.
+        unsafe { self.kernel.run(&t) };
+        if width < PANEL {
+            for j in 0..valid {
+                let at = (g * ROWS + j) * k + k0;
+                // SAFETY: as above, `at + width <= NPQ*K`; the scratch row is not borrowed.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        sc.tmp_out.as_ptr().add(j * PANEL),
+                        self.out.get().add(at),
+                        width,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Runs work units `u0..u1`: unit `u` is, within block `b = u / (block * panels)`, panel
+    /// `local / len` of group `b * block + local % len`, so consecutive units sweep a block's
+    /// groups under one weight panel before moving to the next panel.
+    fn run(&self, u0: usize, u1: usize) {
+        SCRATCH.with(|cell| {
+            let mut guard = cell.borrow_mut();
+            let sc = &mut *guard;
+            if sc.zeros.len() < self.depth {
+                sc.zeros.resize(self.depth);
+            }
+            sc.tmp_out.resize(ROWS * PANEL);
+            sc.tmp_res.resize(ROWS * PANEL);
+            let mut u = u0;
+            while u < u1 {
+                let b = u / (self.block * self.panels);
+                let g0 = b * self.block;
+                let len = self.block.min(self.groups - g0);
+                let base = g0 * self.panels;
+                let end = (base + len * self.panels).min(u1);
+                let (l0, l1) = (u - base, end - base);
+                // the groups these units touch: a sub-range unless they wrap past a panel
+                let (first, last) = if l0 / len == (l1 - 1) / len {
+                    (l0 % len, (l1 - 1) % len + 1)
+                } else {
+                    (0, len)
+                };
+                self.prepare(sc, g0 + first, g0 + last);
+                for l in l0..l1 {
+                    let g = l % len;
+                    self.tile(sc, g - first, g0 + g, l / len);
+                }
+                u = end;
+            }
+        });
+    }
+}
+
+/// NHWC convolution with packed weights and a fused epilogue:
+/// `output = relu?(conv(input, weight) + bias + residual)`, ReLU when `relu`.
+///
+/// Input N,H,W,C; output and `residual` N,P,Q,K; the packed weight's K, C, R, S must be the
+/// shape's. Zero padding `pad` on all sides, `stride` in both directions. Overwrites output,
+/// writing each element once. Work is split over rayon's threads in tiles of 6 pixels x 64
+/// channels, each thread taking one contiguous run of tiles.
+///
+/// # Panics
+///
+/// If the lengths or the packed weight's shape do not match `shape`.
+pub fn conv2d_nhwc_packed(
+    shape: &ConvShape,
+    input: &[f32],
+    packed: &PackedConv,
+    residual: Option<&[f32]>,
+    relu: bool,
+    output: &mut [f32],
+) {
+    conv_packed_with(
+        shape,
+        (input, packed, residual),
+        relu,
+        output,
+        (threads(), Kernel::best(), None),
+    );
+}
+
+/// `conv2d_nhwc_packed` with the thread count, kernel and mode (gather or not; None: by
+/// channel count) explicit, for tests.
+fn conv_packed_with(
+    sh: &ConvShape,
+    (input, packed, residual): (&[f32], &PackedConv, Option<&[f32]>),
+    relu: bool,
+    output: &mut [f32],
+    (threads, kernel, gather): (usize, Kernel, Option<bool>),
+) {
+    assert_eq!(
+        (packed.k, packed.c, packed.r, packed.s),
+        (sh.k, sh.c, sh.r, sh.s),
+        "conv2d_nhwc_packed: packed weight shape"
+    );
+    assert_eq!(
+        input.len(),
+        sh.input_len(),
+        "conv2d_nhwc_packed: input length"
+    );
+    assert_eq!(
+        output.len(),
+        sh.output_len(),
+        "conv2d_nhwc_packed: output length"
+    );
+    if let Some(r) = residual {
+        assert_eq!(r.len(), output.len(), "conv2d_nhwc_packed: residual length");
+    }
+    assert!(
+        kernel.available(),
+        "conv2d_nhwc_packed: kernel {kernel:?} unavailable"
+    );
+    if output.is_empty() {
+        return;
+    }
+    let (p_len, q_len) = (sh.out_h(), sh.out_w());
+    let pq = p_len * q_len;
+    let npq = sh.n * pq;
+    let gather = gather.unwrap_or(sh.c < GATHER_BELOW_CHANNELS) || sh.r * sh.s == 0;
+    let (taps, depth) = if gather {
+        (1, sh.r * sh.s * sh.c)
+    } else {
+        (sh.r * sh.s, sh.c)
+    };
+    let groups = npq.div_ceil(ROWS);
+    let panels = sh.k.div_ceil(PANEL);
+    // The input a group reads: its gathered rows, or its pixels' input rows (with a stride
+    // the filter spans, the rows between them too).
+    let group_bytes = if gather {
+        ROWS * depth * 4
+    } else {
+        ROWS * sh.c * 4 * sh.stride.min(sh.r) * sh.stride.min(sh.s)
+    };
+    let block = (BLOCK_INPUT_BYTES / group_bytes.max(1)).clamp(1, groups);
+    let run = PackedRun {
+        sh: *sh,
+        q_len,
+        pq,
+        npq,
+        input,
+        packed,
+        residual,
+        relu,
+        out: SharedOut(output.as_mut_ptr()),
+        gather,
+        taps,
+        depth,
+        groups,
+        panels,
+        block,
+        kernel,
+    };
+    let units = groups * panels;
+    let tasks = threads.clamp(1, units);
+    if tasks == 1 {
+        run.run(0, units);
+    } else {
+        (0..tasks)
+            .into_par_iter()
+            .for_each(|i| run.run(units * i / tasks, units * (i + 1) / tasks));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1053,6 +1966,151 @@ mod tests {
         let mut out = vec![0.0; sh.output_len()];
         let input = vec![0.0; sh.input_len()];
         conv2d_f32(&sh, Layout::Nchw, &input, &[0.0; 5], &mut out);
+    }
+
+    /// Every micro-kernel this CPU can run.
+    fn kernels() -> Vec<Kernel> {
+        [Kernel::Avx512, Kernel::Avx2, Kernel::Portable]
+            .into_iter()
+            .filter(|k| k.available())
+            .collect()
+    }
+
+    /// The packed convolution against the f64 reference with bias, residual and ReLU, in every
+    /// kernel, both modes (rows per tap, gathered patches) and several thread splits, on
+    /// shapes with odd channel counts (partial weight panels), pixel counts that leave a
+    /// partial tile, strides, padding and batches > 1.
+    #[test]
+    fn packed_conv_matches_reference() {
+        let (mut rng, seed) = Rng::new(6);
+        let mut cases = conv_cases();
+        cases.extend([
+            ("3x3 s1 p1 c19 k70", shape(3, 19, (9, 11), 70, (3, 3), 1, 1)),
+            ("1x1 s2 c32 k64", shape(2, 32, (7, 8), 64, (1, 1), 2, 0)),
+            (
+                "3x3 s2 p1 c16 k130",
+                shape(1, 16, (5, 5), 130, (3, 3), 2, 1),
+            ),
+            ("1x1 s1 c33 k5", shape(2, 33, (3, 5), 5, (1, 1), 1, 0)),
+            ("7x7 s2 p3 c3 k64", shape(2, 3, (15, 14), 64, (7, 7), 2, 3)),
+            (
+                "1x1 s1 c64 k128 one pixel",
+                shape(5, 64, (1, 1), 128, (1, 1), 1, 0),
+            ),
+        ]);
+        for (name, sh) in cases {
+            let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+            let narrow = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<_>>();
+            let input = narrow(rng.vec(sh.input_len()));
+            let weight = narrow(rng.vec(sh.weight_len()));
+            let bias = narrow(rng.vec(sh.k));
+            let residual = narrow(rng.vec(sh.output_len()));
+            // KCRS -> KRSC for the NHWC reference
+            let mut krsc = vec![0.0; weight.len()];
+            for k in 0..sh.k {
+                for c in 0..sh.c {
+                    for rs in 0..sh.r * sh.s {
+                        krsc[(k * sh.r * sh.s + rs) * sh.c + c] =
+                            weight[(k * sh.c + c) * sh.r * sh.s + rs];
+                    }
+                }
+            }
+            let conv = naive_conv(&sh, Layout::Nhwc, &wide(&input), &wide(&krsc));
+            let packed = PackedConv::new((sh.k, sh.c, sh.r, sh.s), &weight, &bias);
+            for (with_res, relu) in [(false, false), (true, true), (false, true), (true, false)] {
+                let reference: Vec<f64> = conv
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| {
+                        let mut y = v + f64::from(bias[i % sh.k]);
+                        if with_res {
+                            y += f64::from(residual[i]);
+                        }
+                        if relu {
+                            y.max(0.0)
+                        } else {
+                            y
+                        }
+                    })
+                    .collect();
+                for kernel in kernels() {
+                    for gather in [false, true] {
+                        for threads in [1, 2, 3, 8] {
+                            let mut out = vec![f32::NAN; sh.output_len()];
+                            conv_packed_with(
+                                &sh,
+                                (&input, &packed, with_res.then_some(&residual[..])),
+                                relu,
+                                &mut out,
+                                (threads, kernel, Some(gather)),
+                            );
+                            let err = rel_err(out.iter().map(|&x| f64::from(x)), &reference);
+                            assert!(
+                                err < 1e-5,
+                                "packed {name} n={} {kernel:?} gather={gather} \
+                                 threads={threads} residual={with_res} relu={relu}: \
+                                 err {err:e}, seed {seed}",
+                                sh.n
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn packed_conv_degenerate_shapes_give_the_bias() {
+        let cases = [
+            shape(2, 3, (0, 4), 2, (1, 1), 1, 1), // empty input, output is all padding
+            shape(2, 0, (4, 4), 2, (3, 3), 1, 1), // no input channels
+            shape(2, 3, (4, 4), 2, (0, 0), 1, 0), // empty filter
+            shape(2, 3, (4, 4), 0, (3, 3), 1, 1), // no filters
+            shape(0, 3, (4, 4), 2, (3, 3), 1, 1), // empty batch
+            shape(2, 3, (4, 4), 2, (3, 3), 0, 1), // stride 0: empty output
+            shape(2, 3, (2, 2), 2, (5, 5), 1, 0), // filter larger than the input
+            shape(2, 20, (0, 3), 2, (3, 3), 1, 1), // empty input, rows per tap
+        ];
+        for sh in cases {
+            let input = vec![1.0; sh.input_len()];
+            let weight = vec![1.0; sh.weight_len()];
+            let bias: Vec<f32> = (0..sh.k).map(|i| i as f32 - 0.5).collect();
+            let packed = PackedConv::new((sh.k, sh.c, sh.r, sh.s), &weight, &bias);
+            let mut out = vec![f32::NAN; sh.output_len()];
+            conv2d_nhwc_packed(&sh, &input, &packed, None, false, &mut out);
+            let want: Vec<f32> = (0..out.len()).map(|i| bias[i % sh.k]).collect();
+            assert_eq!(out, want, "{sh:?}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "conv2d_nhwc_packed: packed weight shape")]
+    fn packed_conv_rejects_another_shape() {
+        let sh = shape(1, 2, (4, 4), 3, (3, 3), 1, 1);
+        let packed = PackedConv::new((3, 2, 1, 1), &[0.0; 6], &[]);
+        let mut out = vec![0.0; sh.output_len()];
+        conv2d_nhwc_packed(
+            &sh,
+            &vec![0.0; sh.input_len()],
+            &packed,
+            None,
+            false,
+            &mut out,
+        );
+    }
+
+    #[test]
+    fn aligned_buf_is_aligned_and_keeps_values() {
+        let mut b = AlignedBuf::zeroed(5);
+        assert_eq!(&b[..], &[0.0; 5]);
+        b[4] = 2.0;
+        b.resize(100);
+        assert_eq!(b.len(), 100);
+        assert_eq!((b[4], b[99]), (2.0, 0.0));
+        assert_eq!(b.as_ptr() as usize % 64, 0);
+        assert!(b.capacity() >= 100);
+        b.resize(3);
+        assert_eq!(b.len(), 3);
     }
 
     #[test]
