@@ -790,7 +790,7 @@ struct Line([f32; 16]);
 /// A buffer of f32 whose data starts on a 64-byte boundary, so that vector loads and stores of
 /// rows whose length is a multiple of 16 never straddle two cache lines (a plain `Vec<f32>` of
 /// this size is 16 bytes past a page boundary). Dereferences to `[f32]`.
-#[derive(Clone, Default, PartialEq)]
+#[derive(Clone, Default)]
 pub struct AlignedBuf {
     lines: Vec<Line>,
     len: usize,
@@ -804,16 +804,20 @@ impl AlignedBuf {
         b
     }
 
-    /// Sets the length to `len`. Growing past the capacity reallocates; new elements are zero,
-    /// kept elements keep their values (callers overwrite what they use).
+    /// Sets the length to `len`. Within `capacity()` this writes nothing: the elements keep
+    /// whatever values they last had (callers overwrite what they use); past it the buffer
+    /// grows, and elements never used before are zero.
     pub fn resize(&mut self, len: usize) {
-        self.lines.resize(len.div_ceil(16), Line::default());
+        let lines = len.div_ceil(16);
+        if lines > self.lines.len() {
+            self.lines.resize(lines, Line::default());
+        }
         self.len = len;
     }
 
-    /// How many elements fit without reallocating.
+    /// How long the buffer can be made without writing anything.
     pub fn capacity(&self) -> usize {
-        self.lines.capacity() * 16
+        self.lines.len() * 16
     }
 }
 
@@ -830,6 +834,13 @@ impl std::ops::DerefMut for AlignedBuf {
     fn deref_mut(&mut self) -> &mut [f32] {
         // SAFETY: as for Deref; the borrow is exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<f32>(), self.len) }
+    }
+}
+
+/// Equal when the elements are (what lies past the length does not count).
+impl PartialEq for AlignedBuf {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
     }
 }
 
@@ -2111,6 +2122,12 @@ mod tests {
         assert!(b.capacity() >= 100);
         b.resize(3);
         assert_eq!(b.len(), 3);
+        b.resize(100);
+        assert_eq!(
+            (b.len(), b[4], b[99]),
+            (100, 2.0, 0.0),
+            "shrinking keeps the values"
+        );
     }
 
     #[test]
