@@ -757,14 +757,13 @@ fn conv_nhwc(sh: &ConvShape, input: &[f32], weight: &[f32], output: &mut [f32], 
 //
 // The weights are packed once into panels of `PANEL` output channels, each panel stored
 // depth-major (for every filter tap and input channel, its `PANEL` weights side by side), so the
-// micro-kernel streams one panel with plain vector loads. Activations stay NHWC: a 1x1 stride-1
-// convolution reads the activation rows in place, and any other shape with enough channels
-// reads them in place too, one filter tap at a time through a table of row pointers (padding
-// points at a zero row), so there is no im2col copy. Only layers with very few input channels
-// (the stem) gather their patches into a small per-thread buffer first. Each micro-kernel tile
-// is `ROWS` output pixels by `PANEL` channels held in registers over the whole reduction, then
-// bias, residual and ReLU are applied before the one store: every output element is written
-// exactly once.
+// micro-kernel streams one panel with plain vector loads. Activations stay NHWC, where the S
+// filter taps of one filter row read S * C adjacent input values: the kernel reads them in
+// place through a table of row pointers, one per filter row and output pixel (rows wholly in
+// the padding point at a zero row; only rows clipped by the left or right padding are copied,
+// zero-filled), so there is no im2col matrix. Each micro-kernel tile is `ROWS` output pixels by
+// `PANEL` channels held in registers over the whole reduction, then bias, residual and ReLU are
+// applied before the one store: every output element is written exactly once.
 // ---------------------------------------------------------------------------------------------
 
 /// Output channels per weight panel and per micro-kernel tile (four 16-float vectors).
@@ -773,10 +772,6 @@ const PANEL: usize = 64;
 /// Output pixels per micro-kernel tile: 6 rows x 4 vectors = 24 accumulators, which with the
 /// 4 weight vectors and 2 broadcasts leaves the 32 AVX-512 registers two spare.
 const ROWS: usize = 6;
-
-/// Input channels below which a convolution gathers its patches (im2col) instead of reading
-/// one row per filter tap: a tap then holds too little work to pay for switching rows.
-const GATHER_BELOW_CHANNELS: usize = 16;
 
 /// Bytes of input a block of pixel groups should touch, so that the block stays in a core's
 /// L2 while every weight panel streams past it.
@@ -1377,10 +1372,13 @@ const _: () = {
 /// Per-thread buffers of the packed convolution, kept between calls.
 #[derive(Default)]
 struct Scratch {
-    /// Row pointers of the block being computed: groups x taps x `ROWS`.
+    /// Row pointers of the block being computed: groups x filter rows x `ROWS`.
     table: Vec<*const f32>,
-    /// Gathered patches (gather mode): groups x `ROWS` x depth.
+    /// Copies of the filter rows clipped by the left or right padding, zero-filled.
     cols: AlignedBuf,
+    /// Table entries that point into `cols`, as (index, offset), set once `cols` has stopped
+    /// growing.
+    pending: Vec<(usize, usize)>,
     /// At least `depth` zeros: the row every padding tap and missing pixel reads.
     zeros: AlignedBuf,
     /// Stand-in output and residual rows for pixels past the end and channels past K.
@@ -1404,8 +1402,7 @@ struct PackedRun<'a> {
     residual: Option<&'a [f32]>,
     relu: bool,
     out: SharedOut,
-    /// Gather mode: one tap of depth R*S*C read from per-thread im2col rows.
-    gather: bool,
+    /// Filter rows (at least 1), and what each reads: S * C.
     taps: usize,
     depth: usize,
     /// Tiles of `ROWS` pixels, weight panels, tiles per block.
@@ -1416,57 +1413,79 @@ struct PackedRun<'a> {
 }
 
 impl PackedRun<'_> {
-    /// Fills `sc.table` (and in gather mode `sc.cols`) for groups `g0..g1`.
+    /// Fills `sc.table` (and `sc.cols`) for groups `g0..g1`: for each group, filter row and
+    /// pixel, where that pixel's S * C values under that filter row start.
     fn prepare(&self, sc: &mut Scratch, g0: usize, g1: usize) {
         let sh = &self.sh;
-        let count = g1 - g0;
-        sc.table.clear();
-        if self.gather {
-            let depth = self.depth;
-            sc.cols.resize(count * ROWS * depth);
-            let img_in = sh.h * sh.w * sh.c;
-            for (i, row) in sc.cols.chunks_exact_mut(depth.max(1)).enumerate() {
-                if i >= count * ROWS {
-                    break;
-                }
-                let pix = g0 * ROWS + i;
-                if pix >= self.npq {
-                    row.fill(0.0);
-                    continue;
-                }
-                let img = &self.input[pix / self.pq * img_in..(pix / self.pq + 1) * img_in];
-                // SAFETY: viewing initialised f32 as MaybeUninit<f32> only allows writes of
-                // valid f32, which the function does to every element.
-                let dst = unsafe { &mut *(row as *mut [f32] as *mut [MaybeUninit<f32>]) };
-                im2col_nhwc_row(sh, img, pix % self.pq, dst);
-            }
-            let base = sc.cols.as_ptr();
-            // depth 0: the pointers are never read, any will do
-            sc.table
-                .extend((0..count * ROWS).map(|i| base.wrapping_add(i * depth)));
-            return;
-        }
         let zero = sc.zeros.as_ptr();
         let (h, w, c) = (sh.h, sh.w, sh.c);
+        // rows clipped by the left/right padding: copied into `cols` as (table index, offset)
+        sc.pending.clear();
+        let mut used = 0;
+        let input = self.input.as_ptr();
+        // a local vector, so its length stays in a register across the pushes
+        let mut table = std::mem::take(&mut sc.table);
+        table.clear();
+        table.reserve((g1 - g0) * self.taps * ROWS);
+        let (stride, pad) = (sh.stride as isize, sh.pad as isize);
+        let (hi, wi, ci) = (h as isize, w as isize, c as isize);
         for g in g0..g1 {
-            for tap in 0..self.taps {
-                let (ri, si) = (tap / sh.s, tap % sh.s);
-                for j in 0..ROWS {
-                    let pix = g * ROWS + j;
-                    let mut ptr = zero;
-                    if pix < self.npq {
-                        let (n, rest) = (pix / self.pq, pix % self.pq);
-                        let (pi, qi) = (rest / self.q_len, rest % self.q_len);
-                        if let (Some(ih), Some(iw)) = (
-                            in_coord(pi, ri, sh.stride, sh.pad, h),
-                            in_coord(qi, si, sh.stride, sh.pad, w),
-                        ) {
-                            ptr = self.input[((n * h + ih) * w + iw) * c..].as_ptr();
-                        }
+            // The group's pixels, as (input row of image 0 at filter row 0 counting every image
+            // row before it, that row within its image, input column at filter column 0).
+            let mut pixels = [(0isize, 0isize, 0isize); ROWS];
+            let first = g * ROWS;
+            let valid = ROWS.min(self.npq - first);
+            let (mut n, rest) = (first / self.pq, first % self.pq);
+            let (mut pi, mut qi) = (rest / self.q_len, rest % self.q_len);
+            for px in &mut pixels[..valid] {
+                let row = pi as isize * stride - pad;
+                *px = (n as isize * hi + row, row, qi as isize * stride - pad);
+                qi += 1;
+                if qi == self.q_len {
+                    qi = 0;
+                    pi += 1;
+                    if pi * self.q_len == self.pq {
+                        pi = 0;
+                        n += 1;
                     }
-                    sc.table.push(ptr);
                 }
             }
+            for ri in 0..self.taps as isize {
+                for &(abs_row, row, iw0) in &pixels[..valid] {
+                    let ih = row + ri;
+                    let mut ptr = zero;
+                    if (0..hi).contains(&ih) {
+                        let at = |iw: isize| ((abs_row + ri) * wi + iw) * ci;
+                        if iw0 >= 0 && iw0 + sh.s as isize <= wi {
+                            // in bounds: image n, row ih < h, columns iw0..iw0 + S <= w
+                            ptr = input.wrapping_offset(at(iw0));
+                        } else {
+                            sc.cols.resize(used + self.depth);
+                            let dst = &mut sc.cols[used..used + self.depth];
+                            for (si, dst) in dst.chunks_exact_mut(c.max(1)).enumerate() {
+                                let iw = iw0 + si as isize;
+                                if (0..wi).contains(&iw) {
+                                    let at = at(iw) as usize;
+                                    dst.copy_from_slice(&self.input[at..at + c]);
+                                } else {
+                                    dst.fill(0.0);
+                                }
+                            }
+                            sc.pending.push((table.len(), used));
+                            used += self.depth;
+                        }
+                    }
+                    table.push(ptr);
+                }
+                for _ in valid..ROWS {
+                    table.push(zero);
+                }
+            }
+        }
+        sc.table = table;
+        let base = sc.cols.as_ptr();
+        for &(i, offset) in &sc.pending {
+            sc.table[i] = base.wrapping_add(offset);
         }
     }
 
@@ -1509,7 +1528,8 @@ impl PackedRun<'_> {
             }
         }
         // SAFETY: rows: the table holds taps x ROWS pointers for this group, each to `depth`
-        // readable floats (input rows, gathered rows or the zero row, all at least depth long);
+        // readable floats (input rows, copied clipped rows or the zero row, all at least depth
+        // long);
         // weight: panel p holds taps*depth*64 floats; bias: 64 per panel; out/residual: whole
         // 64-float output rows of this tile's pixels (disjoint from every other tile's, and
         // from every input) or the 6 x 64 scratch rows; taps >= 1; the kernel is available.
@@ -1590,18 +1610,17 @@ pub fn conv2d_nhwc_packed(
         (input, packed, residual),
         relu,
         output,
-        (threads(), Kernel::best(), None),
+        (threads(), Kernel::best()),
     );
 }
 
-/// `conv2d_nhwc_packed` with the thread count, kernel and mode (gather or not; None: by
-/// channel count) explicit, for tests.
+/// `conv2d_nhwc_packed` with the thread count and kernel explicit, for tests.
 fn conv_packed_with(
     sh: &ConvShape,
     (input, packed, residual): (&[f32], &PackedConv, Option<&[f32]>),
     relu: bool,
     output: &mut [f32],
-    (threads, kernel, gather): (usize, Kernel, Option<bool>),
+    (threads, kernel): (usize, Kernel),
 ) {
     assert_eq!(
         (packed.k, packed.c, packed.r, packed.s),
@@ -1631,21 +1650,17 @@ fn conv_packed_with(
     let (p_len, q_len) = (sh.out_h(), sh.out_w());
     let pq = p_len * q_len;
     let npq = sh.n * pq;
-    let gather = gather.unwrap_or(sh.c < GATHER_BELOW_CHANNELS) || sh.r * sh.s == 0;
-    let (taps, depth) = if gather {
-        (1, sh.r * sh.s * sh.c)
+    // With no filter rows there is nothing to read: one tap of depth 0 leaves the bias.
+    let (taps, depth) = if sh.r == 0 {
+        (1, 0)
     } else {
-        (sh.r * sh.s, sh.c)
+        (sh.r, sh.s * sh.c)
     };
     let groups = npq.div_ceil(ROWS);
     let panels = sh.k.div_ceil(PANEL);
-    // The input a group reads: its gathered rows, or its pixels' input rows (with a stride
-    // the filter spans, the rows between them too).
-    let group_bytes = if gather {
-        ROWS * depth * 4
-    } else {
-        ROWS * sh.c * 4 * sh.stride.min(sh.r) * sh.stride.min(sh.s)
-    };
+    // The input a group reads: its pixels' rows (with a stride the filter spans, the rows
+    // between them too).
+    let group_bytes = ROWS * sh.c * 4 * sh.stride.min(sh.r) * sh.stride.min(sh.s);
     let block = (BLOCK_INPUT_BYTES / group_bytes.max(1)).clamp(1, groups);
     let run = PackedRun {
         sh: *sh,
@@ -1657,7 +1672,6 @@ fn conv_packed_with(
         residual,
         relu,
         out: SharedOut(output.as_mut_ptr()),
-        gather,
         taps,
         depth,
         groups,
@@ -1988,9 +2002,9 @@ mod tests {
     }
 
     /// The packed convolution against the f64 reference with bias, residual and ReLU, in every
-    /// kernel, both modes (rows per tap, gathered patches) and several thread splits, on
-    /// shapes with odd channel counts (partial weight panels), pixel counts that leave a
-    /// partial tile, strides, padding and batches > 1.
+    /// kernel and several thread splits, on shapes with odd channel counts (partial weight
+    /// panels), pixel counts that leave a partial tile, strides, padding (filter rows clipped
+    /// on the left, the right and both) and batches > 1.
     #[test]
     fn packed_conv_matches_reference() {
         let (mut rng, seed) = Rng::new(6);
@@ -2045,25 +2059,22 @@ mod tests {
                     })
                     .collect();
                 for kernel in kernels() {
-                    for gather in [false, true] {
-                        for threads in [1, 2, 3, 8] {
-                            let mut out = vec![f32::NAN; sh.output_len()];
-                            conv_packed_with(
-                                &sh,
-                                (&input, &packed, with_res.then_some(&residual[..])),
-                                relu,
-                                &mut out,
-                                (threads, kernel, Some(gather)),
-                            );
-                            let err = rel_err(out.iter().map(|&x| f64::from(x)), &reference);
-                            assert!(
-                                err < 1e-5,
-                                "packed {name} n={} {kernel:?} gather={gather} \
-                                 threads={threads} residual={with_res} relu={relu}: \
-                                 err {err:e}, seed {seed}",
-                                sh.n
-                            );
-                        }
+                    for threads in [1, 2, 3, 8] {
+                        let mut out = vec![f32::NAN; sh.output_len()];
+                        conv_packed_with(
+                            &sh,
+                            (&input, &packed, with_res.then_some(&residual[..])),
+                            relu,
+                            &mut out,
+                            (threads, kernel),
+                        );
+                        let err = rel_err(out.iter().map(|&x| f64::from(x)), &reference);
+                        assert!(
+                            err < 1e-5,
+                            "packed {name} n={} {kernel:?} threads={threads} \
+                             residual={with_res} relu={relu}: err {err:e}, seed {seed}",
+                            sh.n
+                        );
                     }
                 }
             }
