@@ -769,9 +769,10 @@ fn conv_nhwc(sh: &ConvShape, input: &[f32], weight: &[f32], output: &mut [f32], 
 /// Output channels per weight panel and per micro-kernel tile (four 16-float vectors).
 const PANEL: usize = 64;
 
-/// Output pixels per micro-kernel tile: 6 rows x 4 vectors = 24 accumulators, which with the
-/// 4 weight vectors and 2 broadcasts leaves the 32 AVX-512 registers two spare.
-const ROWS: usize = 6;
+/// Output pixels per micro-kernel tile: 7 rows x 4 vectors = 28 accumulators, plus 3 weight
+/// vectors and a broadcast fill the 32 AVX-512 registers. Seven divides every ResNet feature
+/// map at 224 x 224 (112, 56, 28, 14, 7), so no tile is partly wasted.
+const ROWS: usize = 7;
 
 /// Bytes of input a block of pixel groups should touch, so that the block stays in a core's
 /// L2 while every weight panel streams past it.
@@ -1059,202 +1060,145 @@ unsafe fn tile_avx2(t: &Tile) {
     unsafe { tile_portable::<true>(t) }
 }
 
-/// One depth step of the AVX-512 kernel at step offset `$o` of the unrolled loop: the panel's
-/// four weight vectors, then each of the six rows' value broadcast and multiplied into that
-/// row's four accumulators (row j in zmm4j..zmm4j+3).
+/// Row j's part of one depth step of the AVX-512 kernel: broadcast its value at byte `$a` of
+/// its row pointer `$row`, multiply it by the panel's four weight vectors (three in zmm28-30,
+/// the fourth read from `[rsi + $w3]`) into its accumulators `$a0..$a3`.
 #[cfg(target_arch = "x86_64")]
-macro_rules! avx512_step {
-    ($w0:literal, $w1:literal, $w2:literal, $w3:literal, $a:literal) => {
+#[rustfmt::skip]
+macro_rules! avx512_row_fma {
+    ($row:literal, $a:literal, $w3:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
         concat!(
-            "vmovups zmm24, [rsi + ",
-            $w0,
-            "]\n",
-            "vmovups zmm25, [rsi + ",
-            $w1,
-            "]\n",
-            "vmovups zmm26, [rsi + ",
-            $w2,
-            "]\n",
-            "vmovups zmm27, [rsi + ",
-            $w3,
-            "]\n",
-            "vbroadcastss zmm28, dword ptr [rax + ",
-            $a,
-            "]\n",
-            "vfmadd231ps zmm0, zmm24, zmm28\n",
-            "vfmadd231ps zmm1, zmm25, zmm28\n",
-            "vfmadd231ps zmm2, zmm26, zmm28\n",
-            "vfmadd231ps zmm3, zmm27, zmm28\n",
-            "vbroadcastss zmm29, dword ptr [rcx + ",
-            $a,
-            "]\n",
-            "vfmadd231ps zmm4, zmm24, zmm29\n",
-            "vfmadd231ps zmm5, zmm25, zmm29\n",
-            "vfmadd231ps zmm6, zmm26, zmm29\n",
-            "vfmadd231ps zmm7, zmm27, zmm29\n",
-            "vbroadcastss zmm30, dword ptr [rdx + ",
-            $a,
-            "]\n",
-            "vfmadd231ps zmm8, zmm24, zmm30\n",
-            "vfmadd231ps zmm9, zmm25, zmm30\n",
-            "vfmadd231ps zmm10, zmm26, zmm30\n",
-            "vfmadd231ps zmm11, zmm27, zmm30\n",
-            "vbroadcastss zmm31, dword ptr [r10 + ",
-            $a,
-            "]\n",
-            "vfmadd231ps zmm12, zmm24, zmm31\n",
-            "vfmadd231ps zmm13, zmm25, zmm31\n",
-            "vfmadd231ps zmm14, zmm26, zmm31\n",
-            "vfmadd231ps zmm15, zmm27, zmm31\n",
-            "vbroadcastss zmm28, dword ptr [r11 + ",
-            $a,
-            "]\n",
-            "vfmadd231ps zmm16, zmm24, zmm28\n",
-            "vfmadd231ps zmm17, zmm25, zmm28\n",
-            "vfmadd231ps zmm18, zmm26, zmm28\n",
-            "vfmadd231ps zmm19, zmm27, zmm28\n",
-            "vbroadcastss zmm29, dword ptr [r12 + ",
-            $a,
-            "]\n",
-            "vfmadd231ps zmm20, zmm24, zmm29\n",
-            "vfmadd231ps zmm21, zmm25, zmm29\n",
-            "vfmadd231ps zmm22, zmm26, zmm29\n",
-            "vfmadd231ps zmm23, zmm27, zmm29\n",
+            "vbroadcastss zmm31, dword ptr [", $row, " + ", $a, "]\n",
+            "vfmadd231ps zmm", $a0, ", zmm28, zmm31\n",
+            "vfmadd231ps zmm", $a1, ", zmm29, zmm31\n",
+            "vfmadd231ps zmm", $a2, ", zmm30, zmm31\n",
+            "vfmadd231ps zmm", $a3, ", zmm31, [rsi + ", $w3, "]\n",
         )
     };
 }
 
-/// Advances the six row pointers by `$b` bytes.
+/// One depth step of the AVX-512 kernel, `$a` bytes into the rows and `$w0` into the panel:
+/// 7 rows x 4 vectors = 28 FMAs. The fourth weight vector is a memory operand (there is no
+/// register left for it), which keeps the loads at 10 full vectors and 7 scalars per 28 FMAs.
 #[cfg(target_arch = "x86_64")]
+#[rustfmt::skip]
+macro_rules! avx512_step {
+    ($a:literal, $w0:literal, $w1:literal, $w2:literal, $w3:literal) => {
+        concat!(
+            "vmovups zmm28, [rsi + ", $w0, "]\n",
+            "vmovups zmm29, [rsi + ", $w1, "]\n",
+            "vmovups zmm30, [rsi + ", $w2, "]\n",
+            avx512_row_fma!("rax", $a, $w3, "0", "1", "2", "3"),
+            avx512_row_fma!("rcx", $a, $w3, "4", "5", "6", "7"),
+            avx512_row_fma!("rdx", $a, $w3, "8", "9", "10", "11"),
+            avx512_row_fma!("r10", $a, $w3, "12", "13", "14", "15"),
+            avx512_row_fma!("r11", $a, $w3, "16", "17", "18", "19"),
+            avx512_row_fma!("r12", $a, $w3, "20", "21", "22", "23"),
+            avx512_row_fma!("r14", $a, $w3, "24", "25", "26", "27"),
+        )
+    };
+}
+
+/// Advances the seven row pointers by `$b` bytes.
+#[cfg(target_arch = "x86_64")]
+#[rustfmt::skip]
 macro_rules! avx512_advance_rows {
     ($b:literal) => {
         concat!(
-            "add rax, ",
-            $b,
-            "\n",
-            "add rcx, ",
-            $b,
-            "\n",
-            "add rdx, ",
-            $b,
-            "\n",
-            "add r10, ",
-            $b,
-            "\n",
-            "add r11, ",
-            $b,
-            "\n",
-            "add r12, ",
-            $b,
-            "\n",
+            "add rax, ", $b, "\n", "add rcx, ", $b, "\n", "add rdx, ", $b, "\n",
+            "add r10, ", $b, "\n", "add r11, ", $b, "\n", "add r12, ", $b, "\n",
+            "add r14, ", $b, "\n",
         )
     };
 }
 
-/// Applies `$op` (with its memory operand `[$reg + 64v]`) to row `$j`'s four accumulators.
+/// Loads the pointer at byte `$field` of the tile into rax, then applies `$op` to accumulators
+/// `$a0..$a3` with the four vectors there: `$op zmm, zmm, [rax + 64v]`.
 #[cfg(target_arch = "x86_64")]
+#[rustfmt::skip]
 macro_rules! avx512_row_mem {
-    ($op:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
+    ($op:literal, $field:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
         concat!(
-            $op,
-            " zmm",
-            $a0,
-            ", zmm",
-            $a0,
-            ", [rax]\n",
-            $op,
-            " zmm",
-            $a1,
-            ", zmm",
-            $a1,
-            ", [rax + 64]\n",
-            $op,
-            " zmm",
-            $a2,
-            ", zmm",
-            $a2,
-            ", [rax + 128]\n",
-            $op,
-            " zmm",
-            $a3,
-            ", zmm",
-            $a3,
-            ", [rax + 192]\n",
+            "mov rax, [rdi + ", $field, "]\n",
+            $op, " zmm", $a0, ", zmm", $a0, ", [rax]\n",
+            $op, " zmm", $a1, ", zmm", $a1, ", [rax + 64]\n",
+            $op, " zmm", $a2, ", zmm", $a2, ", [rax + 128]\n",
+            $op, " zmm", $a3, ", zmm", $a3, ", [rax + 192]\n",
         )
     };
 }
 
-/// Stores row `$j`'s four accumulators to `[rax]`.
+/// Loads the pointer at byte `$field` of the tile into rax and stores accumulators `$a0..$a3`
+/// there.
 #[cfg(target_arch = "x86_64")]
+#[rustfmt::skip]
 macro_rules! avx512_row_store {
+    ($field:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
+        concat!(
+            "mov rax, [rdi + ", $field, "]\n",
+            "vmovups [rax], zmm", $a0, "\n",
+            "vmovups [rax + 64], zmm", $a1, "\n",
+            "vmovups [rax + 128], zmm", $a2, "\n",
+            "vmovups [rax + 192], zmm", $a3, "\n",
+        )
+    };
+}
+
+/// Sets accumulators `$a0..$a3` to the bias in zmm28-31, or clamps them at zero (zmm28).
+#[cfg(target_arch = "x86_64")]
+#[rustfmt::skip]
+macro_rules! avx512_row_init {
     ($a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
         concat!(
-            "vmovups [rax], zmm",
-            $a0,
-            "\n",
-            "vmovups [rax + 64], zmm",
-            $a1,
-            "\n",
-            "vmovups [rax + 128], zmm",
-            $a2,
-            "\n",
-            "vmovups [rax + 192], zmm",
-            $a3,
-            "\n",
+            "vmovaps zmm", $a0, ", zmm28\n", "vmovaps zmm", $a1, ", zmm29\n",
+            "vmovaps zmm", $a2, ", zmm30\n", "vmovaps zmm", $a3, ", zmm31\n",
+        )
+    };
+}
+#[cfg(target_arch = "x86_64")]
+#[rustfmt::skip]
+macro_rules! avx512_row_relu {
+    ($a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
+        concat!(
+            "vmaxps zmm", $a0, ", zmm", $a0, ", zmm28\n", "vmaxps zmm", $a1, ", zmm", $a1, ", zmm28\n",
+            "vmaxps zmm", $a2, ", zmm", $a2, ", zmm28\n", "vmaxps zmm", $a3, ", zmm", $a3, ", zmm28\n",
         )
     };
 }
 
-/// The AVX-512 micro-kernel: a 6 x 64 tile in 24 zmm accumulators, depth loop unrolled by 4.
-/// Written as inline assembly because the AVX-512 intrinsics and target feature are newer than
-/// this crate's minimum Rust; the kernel only ever runs after runtime detection, and it
-/// declares every register it touches (the C ABI's caller-saved set, plus r12 and r13).
+/// The AVX-512 micro-kernel: a 7 x 64 tile in 28 zmm accumulators (row j in zmm4j..4j+3), the
+/// depth loop unrolled by 4. Written as inline assembly because the AVX-512 intrinsics and
+/// target feature are newer than this crate's minimum Rust; it only ever runs after runtime
+/// detection, and declares every register it touches (the C ABI's caller-saved set, plus r12,
+/// r13 and r14).
 ///
 /// # Safety
 ///
 /// As `Kernel::run`, on a CPU with AVX-512F.
 #[cfg(target_arch = "x86_64")]
 unsafe fn tile_avx512(t: &Tile) {
-    // Field offsets of `Tile` used below (checked by the const assertion after this function).
     // SAFETY: the kernel reads the rows, weights, bias and residual rows and writes the output
-    // rows within the extents the caller guarantees; it uses no stack and restores no state
-    // beyond the declared clobbers (vzeroupper avoids AVX-SSE transition penalties after).
+    // rows within the extents the caller guarantees, at the `Tile` field offsets checked below;
+    // it uses no stack, and vzeroupper avoids AVX-SSE transition penalties after it.
     unsafe {
         std::arch::asm!(
             // accumulators = bias
             "mov rax, [rdi + 32]",
-            "vmovups zmm24, [rax]",
-            "vmovups zmm25, [rax + 64]",
-            "vmovups zmm26, [rax + 128]",
-            "vmovups zmm27, [rax + 192]",
-            "vmovaps zmm0, zmm24",
-            "vmovaps zmm1, zmm25",
-            "vmovaps zmm2, zmm26",
-            "vmovaps zmm3, zmm27",
-            "vmovaps zmm4, zmm24",
-            "vmovaps zmm5, zmm25",
-            "vmovaps zmm6, zmm26",
-            "vmovaps zmm7, zmm27",
-            "vmovaps zmm8, zmm24",
-            "vmovaps zmm9, zmm25",
-            "vmovaps zmm10, zmm26",
-            "vmovaps zmm11, zmm27",
-            "vmovaps zmm12, zmm24",
-            "vmovaps zmm13, zmm25",
-            "vmovaps zmm14, zmm26",
-            "vmovaps zmm15, zmm27",
-            "vmovaps zmm16, zmm24",
-            "vmovaps zmm17, zmm25",
-            "vmovaps zmm18, zmm26",
-            "vmovaps zmm19, zmm27",
-            "vmovaps zmm20, zmm24",
-            "vmovaps zmm21, zmm25",
-            "vmovaps zmm22, zmm26",
-            "vmovaps zmm23, zmm27",
+            "vmovups zmm28, [rax]",
+            "vmovups zmm29, [rax + 64]",
+            "vmovups zmm30, [rax + 128]",
+            "vmovups zmm31, [rax + 192]",
+            avx512_row_init!("0", "1", "2", "3"),
+            avx512_row_init!("4", "5", "6", "7"),
+            avx512_row_init!("8", "9", "10", "11"),
+            avx512_row_init!("12", "13", "14", "15"),
+            avx512_row_init!("16", "17", "18", "19"),
+            avx512_row_init!("20", "21", "22", "23"),
+            avx512_row_init!("24", "25", "26", "27"),
             "mov rsi, [rdi + 8]",
             "mov r9, [rdi]",
             "mov r8, [rdi + 16]",
-            // for each tap: load its six row pointers
+            // for each tap: its seven row pointers, then the depth loop
             "2:",
             "mov rax, [r9]",
             "mov rcx, [r9 + 8]",
@@ -1262,15 +1206,16 @@ unsafe fn tile_avx512(t: &Tile) {
             "mov r10, [r9 + 24]",
             "mov r11, [r9 + 32]",
             "mov r12, [r9 + 40]",
-            "add r9, 48",
+            "mov r14, [r9 + 48]",
+            "add r9, 56",
             "mov r13, [rdi + 24]",
             "cmp r13, 4",
             "jb 4f",
             "3:",
-            avx512_step!("0", "64", "128", "192", "0"),
-            avx512_step!("256", "320", "384", "448", "4"),
-            avx512_step!("512", "576", "640", "704", "8"),
-            avx512_step!("768", "832", "896", "960", "12"),
+            avx512_step!("0", "0", "64", "128", "192"),
+            avx512_step!("4", "256", "320", "384", "448"),
+            avx512_step!("8", "512", "576", "640", "704"),
+            avx512_step!("12", "768", "832", "896", "960"),
             "add rsi, 1024",
             avx512_advance_rows!("16"),
             "sub r13, 4",
@@ -1280,7 +1225,7 @@ unsafe fn tile_avx512(t: &Tile) {
             "test r13, r13",
             "jz 6f",
             "5:",
-            avx512_step!("0", "64", "128", "192", "0"),
+            avx512_step!("0", "0", "64", "128", "192"),
             "add rsi, 256",
             avx512_advance_rows!("4"),
             "dec r13",
@@ -1288,73 +1233,48 @@ unsafe fn tile_avx512(t: &Tile) {
             "6:",
             "dec r8",
             "jnz 2b",
-            // epilogue: + residual, ReLU, store
-            "cmp qword ptr [rdi + 144], 0",
+            // epilogue: + residual (has_residual at 160, pointers from 96), ReLU (relu at
+            // 152), store (pointers from 40)
+            "cmp qword ptr [rdi + 160], 0",
             "je 7f",
-            "mov rax, [rdi + 88]",
-            avx512_row_mem!("vaddps", "0", "1", "2", "3"),
-            "mov rax, [rdi + 96]",
-            avx512_row_mem!("vaddps", "4", "5", "6", "7"),
-            "mov rax, [rdi + 104]",
-            avx512_row_mem!("vaddps", "8", "9", "10", "11"),
-            "mov rax, [rdi + 112]",
-            avx512_row_mem!("vaddps", "12", "13", "14", "15"),
-            "mov rax, [rdi + 120]",
-            avx512_row_mem!("vaddps", "16", "17", "18", "19"),
-            "mov rax, [rdi + 128]",
-            avx512_row_mem!("vaddps", "20", "21", "22", "23"),
+            avx512_row_mem!("vaddps", "96", "0", "1", "2", "3"),
+            avx512_row_mem!("vaddps", "104", "4", "5", "6", "7"),
+            avx512_row_mem!("vaddps", "112", "8", "9", "10", "11"),
+            avx512_row_mem!("vaddps", "120", "12", "13", "14", "15"),
+            avx512_row_mem!("vaddps", "128", "16", "17", "18", "19"),
+            avx512_row_mem!("vaddps", "136", "20", "21", "22", "23"),
+            avx512_row_mem!("vaddps", "144", "24", "25", "26", "27"),
             "7:",
-            "cmp qword ptr [rdi + 136], 0",
+            "cmp qword ptr [rdi + 152], 0",
             "je 8f",
-            "vpxord zmm24, zmm24, zmm24",
-            "vmaxps zmm0, zmm0, zmm24",
-            "vmaxps zmm1, zmm1, zmm24",
-            "vmaxps zmm2, zmm2, zmm24",
-            "vmaxps zmm3, zmm3, zmm24",
-            "vmaxps zmm4, zmm4, zmm24",
-            "vmaxps zmm5, zmm5, zmm24",
-            "vmaxps zmm6, zmm6, zmm24",
-            "vmaxps zmm7, zmm7, zmm24",
-            "vmaxps zmm8, zmm8, zmm24",
-            "vmaxps zmm9, zmm9, zmm24",
-            "vmaxps zmm10, zmm10, zmm24",
-            "vmaxps zmm11, zmm11, zmm24",
-            "vmaxps zmm12, zmm12, zmm24",
-            "vmaxps zmm13, zmm13, zmm24",
-            "vmaxps zmm14, zmm14, zmm24",
-            "vmaxps zmm15, zmm15, zmm24",
-            "vmaxps zmm16, zmm16, zmm24",
-            "vmaxps zmm17, zmm17, zmm24",
-            "vmaxps zmm18, zmm18, zmm24",
-            "vmaxps zmm19, zmm19, zmm24",
-            "vmaxps zmm20, zmm20, zmm24",
-            "vmaxps zmm21, zmm21, zmm24",
-            "vmaxps zmm22, zmm22, zmm24",
-            "vmaxps zmm23, zmm23, zmm24",
+            "vpxord zmm28, zmm28, zmm28",
+            avx512_row_relu!("0", "1", "2", "3"),
+            avx512_row_relu!("4", "5", "6", "7"),
+            avx512_row_relu!("8", "9", "10", "11"),
+            avx512_row_relu!("12", "13", "14", "15"),
+            avx512_row_relu!("16", "17", "18", "19"),
+            avx512_row_relu!("20", "21", "22", "23"),
+            avx512_row_relu!("24", "25", "26", "27"),
             "8:",
-            "mov rax, [rdi + 40]",
-            avx512_row_store!("0", "1", "2", "3"),
-            "mov rax, [rdi + 48]",
-            avx512_row_store!("4", "5", "6", "7"),
-            "mov rax, [rdi + 56]",
-            avx512_row_store!("8", "9", "10", "11"),
-            "mov rax, [rdi + 64]",
-            avx512_row_store!("12", "13", "14", "15"),
-            "mov rax, [rdi + 72]",
-            avx512_row_store!("16", "17", "18", "19"),
-            "mov rax, [rdi + 80]",
-            avx512_row_store!("20", "21", "22", "23"),
+            avx512_row_store!("40", "0", "1", "2", "3"),
+            avx512_row_store!("48", "4", "5", "6", "7"),
+            avx512_row_store!("56", "8", "9", "10", "11"),
+            avx512_row_store!("64", "12", "13", "14", "15"),
+            avx512_row_store!("72", "16", "17", "18", "19"),
+            avx512_row_store!("80", "20", "21", "22", "23"),
+            avx512_row_store!("88", "24", "25", "26", "27"),
             "vzeroupper",
             in("rdi") t as *const Tile,
             out("r12") _,
             out("r13") _,
+            out("r14") _,
             clobber_abi("C"),
             options(nostack),
         );
     }
 }
 
-// The byte offsets the assembly kernel reads `Tile` at.
+// The byte offsets the assembly kernel reads `Tile` at, and the shape it is written for.
 #[cfg(target_arch = "x86_64")]
 const _: () = {
     assert!(std::mem::offset_of!(Tile, rows) == 0);
@@ -1363,10 +1283,10 @@ const _: () = {
     assert!(std::mem::offset_of!(Tile, depth) == 24);
     assert!(std::mem::offset_of!(Tile, bias) == 32);
     assert!(std::mem::offset_of!(Tile, out) == 40);
-    assert!(std::mem::offset_of!(Tile, residual) == 88);
-    assert!(std::mem::offset_of!(Tile, relu) == 136);
-    assert!(std::mem::offset_of!(Tile, has_residual) == 144);
-    assert!(ROWS == 6 && PANEL == 64);
+    assert!(std::mem::offset_of!(Tile, residual) == 96);
+    assert!(std::mem::offset_of!(Tile, relu) == 152);
+    assert!(std::mem::offset_of!(Tile, has_residual) == 160);
+    assert!(ROWS == 7 && PANEL == 64);
 };
 
 /// Per-thread buffers of the packed convolution, kept between calls.
@@ -1532,7 +1452,7 @@ impl PackedRun<'_> {
         // long);
         // weight: panel p holds taps*depth*64 floats; bias: 64 per panel; out/residual: whole
         // 64-float output rows of this tile's pixels (disjoint from every other tile's, and
-        // from every input) or the 6 x 64 scratch rows; taps >= 1; the kernel is available.
+        // from every input) or the ROWS x 64 scratch rows; taps >= 1; the kernel is available.
         unsafe { self.kernel.run(&t) };
         if width < PANEL {
             for j in 0..valid {
