@@ -7,8 +7,7 @@
 
 use crate::resnet::ResNet;
 use crate::weights::StateDict;
-use gpukit_tensor::cpu::{conv2d_nhwc_packed, AlignedBuf, ConvShape, PackedConv};
-use rayon::prelude::*;
+use gpukit_tensor::cpu::{conv2d_nhwc_packed, parallel_ranges, AlignedBuf, ConvShape, PackedConv};
 use std::sync::OnceLock;
 
 /// torchvision's BatchNorm2d epsilon.
@@ -299,15 +298,48 @@ impl FoldedConv {
     }
 }
 
+/// Rows of a buffer that parallel tasks fill, each task its own rows.
+struct SharedRows {
+    ptr: *mut f32,
+    row_len: usize,
+    rows: usize,
+}
+
+// SAFETY: tasks write disjoint rows (each caller's contract), and the buffer outlives them.
+unsafe impl Sync for SharedRows {}
+
+impl SharedRows {
+    fn new(buf: &mut [f32], row_len: usize) -> Self {
+        SharedRows {
+            ptr: buf.as_mut_ptr(),
+            row_len,
+            rows: buf.len() / row_len.max(1),
+        }
+    }
+
+    /// Row `i`.
+    ///
+    /// # Safety
+    ///
+    /// No other live reference may cover row `i`, and the buffer must outlive the result.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn row(&self, i: usize) -> &mut [f32] {
+        assert!(i < self.rows, "row {i} of {}", self.rows);
+        // SAFETY: in bounds (checked), exclusive per the caller.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.row_len), self.row_len) }
+    }
+}
+
 /// 3x3 max pooling, stride 2, padding 1 (padding never wins: the centre tap is always inside).
 fn max_pool(x: &Act, ws: &mut Workspace) -> Act {
     let (p, q) = ((x.h + 2 - 3) / 2 + 1, (x.w + 2 - 3) / 2 + 1);
     let c = x.c;
     let mut data = ws.take(x.n * p * q * c);
-    // one task per output row of pixels
-    data.par_chunks_mut(q * c)
-        .enumerate()
-        .for_each(|(row, out)| {
+    let out = SharedRows::new(&mut data, q * c);
+    parallel_ranges(x.n * p, &|rows| {
+        for row in rows {
+            // SAFETY: each row index is handed to exactly one range.
+            let out = unsafe { out.row(row) };
             let (img, i) = (row / p, row % p);
             let src = &x.data[img * x.h * x.w * c..(img + 1) * x.h * x.w * c];
             for (j, o) in out.chunks_exact_mut(c).enumerate() {
@@ -321,7 +353,8 @@ fn max_pool(x: &Act, ws: &mut Workspace) -> Act {
                     }
                 }
             }
-        });
+        }
+    });
     Act {
         n: x.n,
         h: p,
@@ -382,11 +415,13 @@ impl FoldedResNet {
             return Err(ForwardError::TooSmall { h, w });
         }
         let pack = self.cpu_pack.0.get_or_init(|| PackedNet::new(self));
-        // NCHW -> NHWC, one task per image row
+        // NCHW -> NHWC, by image rows
         let mut data = ws.take(want);
-        data.par_chunks_mut(w * 3)
-            .enumerate()
-            .for_each(|(row, out)| {
+        let out = SharedRows::new(&mut data, w * 3);
+        parallel_ranges(n * h, &|rows| {
+            for row in rows {
+                // SAFETY: each row index is handed to exactly one range.
+                let out = unsafe { out.row(row) };
                 let (img, y) = (row / h, row % h);
                 for ch in 0..3 {
                     let src = &input[((img * 3 + ch) * h + y) * w..][..w];
@@ -394,7 +429,8 @@ impl FoldedResNet {
                         *o = v;
                     }
                 }
-            });
+            }
+        });
         let input = Act {
             n,
             h,
@@ -433,10 +469,12 @@ impl FoldedResNet {
         let f = x.c;
         let plane = x.h * x.w;
         let mut feats = ws.take(n * f);
-        feats
-            .par_chunks_mut(f)
-            .zip(x.data.par_chunks(plane * f))
-            .for_each(|(out, img)| {
+        let out = SharedRows::new(&mut feats, f);
+        parallel_ranges(n, &|images| {
+            for i in images {
+                // SAFETY: each image index is handed to exactly one range.
+                let out = unsafe { out.row(i) };
+                let img = &x.data[i * plane * f..(i + 1) * plane * f];
                 for (c0, o) in (0..f).step_by(16).zip(out.chunks_mut(16)) {
                     let mut acc = [0f64; 16];
                     for px in img.chunks_exact(f) {
@@ -448,7 +486,8 @@ impl FoldedResNet {
                         *o = (a / plane as f64) as f32;
                     }
                 }
-            });
+            }
+        });
         ws.give(x.data);
         // the classifier: a 1x1 convolution over n one-pixel images
         let fc = ConvShape {
