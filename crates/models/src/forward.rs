@@ -7,7 +7,9 @@
 
 use crate::resnet::ResNet;
 use crate::weights::StateDict;
-use gpukit_tensor::cpu::{conv2d_nhwc_packed, parallel_ranges, AlignedBuf, ConvShape, PackedConv};
+use gpukit_tensor::cpu::{
+    conv2d_nhwc_packed, conv2d_nhwc_packed_onto, parallel_ranges, AlignedBuf, ConvShape, PackedConv,
+};
 use std::sync::OnceLock;
 
 /// torchvision's BatchNorm2d epsilon.
@@ -243,7 +245,9 @@ impl Workspace {
     }
 
     fn give(&mut self, v: AlignedBuf) {
-        self.free.push(v);
+        if v.capacity() > 0 {
+            self.free.push(v);
+        }
     }
 }
 
@@ -257,7 +261,48 @@ struct Act {
     data: AlignedBuf,
 }
 
+impl Act {
+    /// A placeholder holding no buffer.
+    fn empty() -> Act {
+        Act {
+            n: 0,
+            h: 0,
+            w: 0,
+            c: 0,
+            data: AlignedBuf::default(),
+        }
+    }
+}
+
 impl FoldedConv {
+    /// The convolution's shape on input `x`.
+    fn shape(&self, x: &Act) -> ConvShape {
+        ConvShape {
+            n: x.n,
+            c: x.c,
+            h: x.h,
+            w: x.w,
+            k: self.out_ch,
+            r: self.kernel,
+            s: self.kernel,
+            stride: self.stride,
+            pad: self.pad,
+        }
+    }
+
+    /// relu?(conv(x) + bias + acc), written over `acc` (an activation of the output's shape).
+    fn apply_onto(&self, packed: &PackedConv, x: &Act, mut acc: Act, relu: bool) -> Act {
+        let shape = self.shape(x);
+        conv2d_nhwc_packed_onto(&shape, &x.data, packed, relu, &mut acc.data);
+        Act {
+            n: x.n,
+            h: shape.out_h(),
+            w: shape.out_w(),
+            c: self.out_ch,
+            data: acc.data,
+        }
+    }
+
     /// y = conv(x) + bias (+ residual), then ReLU when `relu`, with `packed` this convolution's
     /// packed weights.
     fn apply(
@@ -268,17 +313,7 @@ impl FoldedConv {
         relu: bool,
         ws: &mut Workspace,
     ) -> Act {
-        let shape = ConvShape {
-            n: x.n,
-            c: x.c,
-            h: x.h,
-            w: x.w,
-            k: self.out_ch,
-            r: self.kernel,
-            s: self.kernel,
-            stride: self.stride,
-            pad: self.pad,
-        };
+        let shape = self.shape(x);
         let mut data = ws.take(shape.output_len());
         conv2d_nhwc_packed(
             &shape,
@@ -443,20 +478,38 @@ impl FoldedResNet {
         let mut x = max_pool(&stem, ws);
         ws.give(stem.data);
         for (block, (convs, downsample)) in self.blocks.iter().zip(&pack.blocks) {
-            let projected = block
+            let mut projected = block
                 .downsample
                 .as_ref()
                 .zip(downsample.as_ref())
                 .map(|(d, p)| d.apply(p, &x, None, false, ws));
-            let last = block.convs.len().saturating_sub(1);
+            let count = block.convs.len();
             let mut y: Option<Act> = None;
             for (i, (conv, packed)) in block.convs.iter().zip(convs).enumerate() {
-                let src = y.as_ref().unwrap_or(&x);
-                let residual = (i == last).then(|| projected.as_ref().unwrap_or(&x));
-                let out = conv.apply(packed, src, residual, true, ws);
-                if let Some(old) = y.replace(out) {
-                    ws.give(old.data);
-                }
+                let last = i + 1 == count;
+                let out = match (last, y.take()) {
+                    // The last convolution adds the shortcut (the projection, else the block's
+                    // input) in place, overwriting the shortcut's buffer: one activation-sized
+                    // buffer less to stream through memory.
+                    (true, Some(src)) => {
+                        let shortcut = projected
+                            .take()
+                            .unwrap_or_else(|| std::mem::replace(&mut x, Act::empty()));
+                        let out = conv.apply_onto(packed, &src, shortcut, true);
+                        ws.give(src.data);
+                        out
+                    }
+                    (_, src) => {
+                        let input = src.as_ref().unwrap_or(&x);
+                        let residual = last.then(|| projected.as_ref().unwrap_or(&x));
+                        let out = conv.apply(packed, input, residual, true, ws);
+                        if let Some(src) = src {
+                            ws.give(src.data);
+                        }
+                        out
+                    }
+                };
+                y = Some(out);
             }
             if let Some(p) = projected {
                 ws.give(p.data);

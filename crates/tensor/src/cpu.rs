@@ -1321,7 +1321,8 @@ struct PackedRun<'a> {
     npq: usize,
     input: &'a [f32],
     packed: &'a PackedConv,
-    residual: Option<&'a [f32]>,
+    /// The residual's first element: another buffer, or the output itself.
+    residual: Option<SharedOut>,
     relu: bool,
     out: SharedOut,
     /// Filter rows (at least 1), and what each reads: S * C.
@@ -1443,18 +1444,27 @@ impl PackedRun<'_> {
                 // SAFETY: pixel g*ROWS+j < NPQ, so `at + PANEL <= NPQ*K`, the output's length.
                 t.out[j] = unsafe { self.out.get().add(at) };
                 if let Some(r) = self.residual {
-                    t.residual[j] = r[at..at + PANEL].as_ptr();
+                    // SAFETY: the residual has the output's length.
+                    t.residual[j] = unsafe { r.get().add(at) };
                 }
             } else if let Some(r) = self.residual {
-                sc.tmp_res[j * PANEL..j * PANEL + width].copy_from_slice(&r[at..at + width]);
+                // SAFETY: as above, `at + width <= NPQ*K`; the scratch row is another buffer.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        r.get().add(at),
+                        sc.tmp_res.as_mut_ptr().add(j * PANEL),
+                        width,
+                    );
+                }
             }
         }
         // SAFETY: rows: the table holds taps x ROWS pointers for this group, each to `depth`
         // readable floats (input rows, copied clipped rows or the zero row, all at least depth
         // long);
         // weight: panel p holds taps*depth*64 floats; bias: 64 per panel; out/residual: whole
-        // 64-float output rows of this tile's pixels (disjoint from every other tile's, and
-        // from every input) or the ROWS x 64 scratch rows; taps >= 1; the kernel is available.
+        // 64-float rows of this tile's pixels (disjoint from every other tile's, and from every
+        // input; the residual may be the output itself, which the kernel reads before it
+        // writes) or the ROWS x 64 scratch rows; taps >= 1; the kernel is available.
         unsafe { self.kernel.run(&t) };
         if width < PANEL {
             for j in 0..valid {
@@ -1527,6 +1537,7 @@ pub fn conv2d_nhwc_packed(
     relu: bool,
     output: &mut [f32],
 ) {
+    let residual = residual.map_or(Residual::None, Residual::Separate);
     conv_packed_with(
         shape,
         (input, packed, residual),
@@ -1536,10 +1547,42 @@ pub fn conv2d_nhwc_packed(
     );
 }
 
+/// [`conv2d_nhwc_packed`] with the residual already in `output`, which the result overwrites:
+/// `output = relu?(conv(input, weight) + bias + output)`. Saves a buffer, and the memory
+/// traffic of a third activation-sized array.
+///
+/// # Panics
+///
+/// As [`conv2d_nhwc_packed`].
+pub fn conv2d_nhwc_packed_onto(
+    shape: &ConvShape,
+    input: &[f32],
+    packed: &PackedConv,
+    relu: bool,
+    output: &mut [f32],
+) {
+    conv_packed_with(
+        shape,
+        (input, packed, Residual::InPlace),
+        relu,
+        output,
+        (threads(), Kernel::best()),
+    );
+}
+
+/// Where a packed convolution's residual comes from.
+#[derive(Clone, Copy)]
+enum Residual<'a> {
+    None,
+    Separate(&'a [f32]),
+    /// The output buffer holds it.
+    InPlace,
+}
+
 /// `conv2d_nhwc_packed` with the thread count and kernel explicit, for tests.
 fn conv_packed_with(
     sh: &ConvShape,
-    (input, packed, residual): (&[f32], &PackedConv, Option<&[f32]>),
+    (input, packed, residual): (&[f32], &PackedConv, Residual<'_>),
     relu: bool,
     output: &mut [f32],
     (threads, kernel): (usize, Kernel),
@@ -1559,7 +1602,7 @@ fn conv_packed_with(
         sh.output_len(),
         "conv2d_nhwc_packed: output length"
     );
-    if let Some(r) = residual {
+    if let Residual::Separate(r) = residual {
         assert_eq!(r.len(), output.len(), "conv2d_nhwc_packed: residual length");
     }
     assert!(
@@ -1591,7 +1634,12 @@ fn conv_packed_with(
         npq,
         input,
         packed,
-        residual,
+        residual: match residual {
+            Residual::None => None,
+            // read only, through the shared pointer
+            Residual::Separate(r) => Some(SharedOut(r.as_ptr().cast_mut())),
+            Residual::InPlace => Some(SharedOut(output.as_mut_ptr())),
+        },
         relu,
         out: SharedOut(output.as_mut_ptr()),
         taps,
@@ -2201,21 +2249,34 @@ mod tests {
                     .collect();
                 for kernel in kernels() {
                     for threads in [1, 2, 3, 8] {
-                        let mut out = vec![f32::NAN; sh.output_len()];
-                        conv_packed_with(
-                            &sh,
-                            (&input, &packed, with_res.then_some(&residual[..])),
-                            relu,
-                            &mut out,
-                            (threads, kernel),
-                        );
-                        let err = rel_err(out.iter().map(|&x| f64::from(x)), &reference);
-                        assert!(
-                            err < 1e-5,
-                            "packed {name} n={} {kernel:?} threads={threads} \
-                             residual={with_res} relu={relu}: err {err:e}, seed {seed}",
-                            sh.n
-                        );
+                        // the residual in its own buffer, and (with one) already in the output
+                        for in_place in [false, with_res] {
+                            let (mut out, res) = if in_place {
+                                (residual.clone(), Residual::InPlace)
+                            } else if with_res {
+                                (
+                                    vec![f32::NAN; sh.output_len()],
+                                    Residual::Separate(&residual),
+                                )
+                            } else {
+                                (vec![f32::NAN; sh.output_len()], Residual::None)
+                            };
+                            conv_packed_with(
+                                &sh,
+                                (&input, &packed, res),
+                                relu,
+                                &mut out,
+                                (threads, kernel),
+                            );
+                            let err = rel_err(out.iter().map(|&x| f64::from(x)), &reference);
+                            assert!(
+                                err < 1e-5,
+                                "packed {name} n={} {kernel:?} threads={threads} \
+                                 residual={with_res} in place={in_place} relu={relu}: \
+                                 err {err:e}, seed {seed}",
+                                sh.n
+                            );
+                        }
                     }
                 }
             }
