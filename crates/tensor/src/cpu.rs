@@ -935,6 +935,9 @@ struct Tile {
     residual: [*const f32; ROWS],
     relu: usize,
     has_residual: usize,
+    /// Where to prefetch weights for a later tile from, one cache line per depth step (into
+    /// L2; prefetching never faults, any address will do).
+    prefetch: *const f32,
 }
 
 /// Which micro-kernel runs; the fastest one this CPU supports unless a test asks otherwise.
@@ -1172,7 +1175,7 @@ macro_rules! avx512_row_relu {
 /// depth loop unrolled by 4. Written as inline assembly because the AVX-512 intrinsics and
 /// target feature are newer than this crate's minimum Rust; it only ever runs after runtime
 /// detection, and declares every register it touches (the C ABI's caller-saved set, plus r12,
-/// r13 and r14).
+/// r13, r14 and r15).
 ///
 /// # Safety
 ///
@@ -1197,6 +1200,7 @@ unsafe fn tile_avx512(t: &Tile) {
             avx512_row_init!("16", "17", "18", "19"),
             avx512_row_init!("20", "21", "22", "23"),
             avx512_row_init!("24", "25", "26", "27"),
+            "mov r15, [rdi + 168]",
             "mov rsi, [rdi + 8]",
             "mov r9, [rdi]",
             "mov r8, [rdi + 16]",
@@ -1218,6 +1222,11 @@ unsafe fn tile_avx512(t: &Tile) {
             avx512_step!("4", "256", "320", "384", "448"),
             avx512_step!("8", "512", "576", "640", "704"),
             avx512_step!("12", "768", "832", "896", "960"),
+            "prefetcht1 [r15]",
+            "prefetcht1 [r15 + 64]",
+            "prefetcht1 [r15 + 128]",
+            "prefetcht1 [r15 + 192]",
+            "add r15, 256",
             "add rsi, 1024",
             avx512_advance_rows!("16"),
             "sub r13, 4",
@@ -1228,6 +1237,8 @@ unsafe fn tile_avx512(t: &Tile) {
             "jz 6f",
             "5:",
             avx512_step!("0", "0", "64", "128", "192"),
+            "prefetcht1 [r15]",
+            "add r15, 64",
             "add rsi, 256",
             avx512_advance_rows!("4"),
             "dec r13",
@@ -1270,6 +1281,7 @@ unsafe fn tile_avx512(t: &Tile) {
             out("r12") _,
             out("r13") _,
             out("r14") _,
+            out("r15") _,
             clobber_abi("C"),
             options(nostack),
         );
@@ -1288,6 +1300,7 @@ const _: () = {
     assert!(std::mem::offset_of!(Tile, residual) == 96);
     assert!(std::mem::offset_of!(Tile, relu) == 152);
     assert!(std::mem::offset_of!(Tile, has_residual) == 160);
+    assert!(std::mem::offset_of!(Tile, prefetch) == 168);
     assert!(ROWS == 7 && PANEL == 64);
 };
 
@@ -1413,7 +1426,7 @@ impl PackedRun<'_> {
     }
 
     /// Computes tile `g` (the `local`-th group of the table) x panel `p`.
-    fn tile(&self, sc: &mut Scratch, local: usize, g: usize, p: usize) {
+    fn tile(&self, sc: &mut Scratch, local: usize, g: usize, p: usize, prefetch: *const f32) {
         let k = self.sh.k;
         let k0 = p * PANEL;
         let width = PANEL.min(k - k0);
@@ -1429,6 +1442,7 @@ impl PackedRun<'_> {
             residual: [tmp_res.cast_const(); ROWS],
             relu: usize::from(self.relu),
             has_residual: usize::from(self.residual.is_some()),
+            prefetch,
         };
         let valid = ROWS.min(self.npq - g * ROWS);
         for j in 0..ROWS {
@@ -1508,9 +1522,20 @@ impl PackedRun<'_> {
                     (0, len)
                 };
                 self.prepare(sc, g0 + first, g0 + last);
+                // While a panel's tiles run, they prefetch the next panel, each its share (when
+                // the shares are not so small that they would just repeat each other).
+                let panel_len = self.taps * self.depth * PANEL;
+                let own = |p: usize| self.packed.weight[p * panel_len..].as_ptr();
                 for l in l0..l1 {
-                    let g = l % len;
-                    self.tile(sc, g - first, g0 + g, l / len);
+                    let (g, p) = (l % len, l / len);
+                    let tiles = (l1.min((p + 1) * len) - l0.max(p * len)).max(1);
+                    let prefetch = if p + 1 < self.panels && panel_len / tiles >= 1024 {
+                        let i = l - l0.max(p * len);
+                        own(p + 1).wrapping_add(panel_len * i / tiles / 16 * 16)
+                    } else {
+                        own(p)
+                    };
+                    self.tile(sc, g - first, g0 + g, p, prefetch);
                 }
                 u = end;
             }
