@@ -10,6 +10,7 @@ use gemm::Parallelism;
 use half::f16;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
@@ -916,12 +917,14 @@ impl PackedConv {
 }
 
 /// What one micro-kernel call computes: for each of `ROWS` output rows j,
-/// `out[j][0..64] = epilogue(bias + sum over taps t, depth d of rows[t][j][d] * weight[t][d][..])`
-/// where the epilogue adds `residual[j]` when `has_residual` and clamps at zero when `relu`.
-/// The layout is shared with the assembly kernel, which reads fields by byte offset.
+/// `out[j][0..64] = epilogue(init + sum over taps t, depth d of row(t, j)[d] * weight[t][d][..])`
+/// where `row(t, j)` is `rows[t][j]` advanced by `offset` bytes, `init` is `out[j]` itself when
+/// `accumulate` (a partial sum from an earlier call) and the bias otherwise, and the epilogue
+/// adds `residual[j]` when `has_residual` and clamps at zero when `relu`. The layout is shared
+/// with the assembly kernel, which reads fields by byte offset.
 #[repr(C)]
 struct Tile {
-    /// `taps` groups of `ROWS` row pointers, each row `depth` floats.
+    /// `taps` groups of `ROWS` row pointers, each row `depth` floats past `offset`.
     rows: *const *const f32,
     /// The panel: `taps * depth` steps of 64 floats.
     weight: *const f32,
@@ -929,7 +932,7 @@ struct Tile {
     depth: usize,
     /// 64 floats.
     bias: *const f32,
-    /// 64 writable floats per row.
+    /// 64 writable floats per row (readable too when `accumulate`).
     out: [*mut f32; ROWS],
     /// 64 readable floats per row when `has_residual`.
     residual: [*const f32; ROWS],
@@ -938,6 +941,9 @@ struct Tile {
     /// Where to prefetch weights for a later tile from, one cache line per depth step (into
     /// L2; prefetching never faults, any address will do).
     prefetch: *const f32,
+    accumulate: usize,
+    /// Bytes to skip at the start of every row.
+    offset: usize,
 }
 
 /// Which micro-kernel runs; the fastest one this CPU supports unless a test asks otherwise.
@@ -1019,8 +1025,12 @@ unsafe fn tile_portable<const FMA: bool>(t: &Tile) {
         // SAFETY (this block): all reads are within the extents the caller guarantees.
         unsafe {
             let bias = std::slice::from_raw_parts(t.bias.add(sub * 16), 16);
-            for row in &mut acc {
-                row.copy_from_slice(bias);
+            for (j, row) in acc.iter_mut().enumerate() {
+                row.copy_from_slice(if t.accumulate != 0 {
+                    std::slice::from_raw_parts(t.out[j].add(sub * 16), 16)
+                } else {
+                    bias
+                });
             }
             for tap in 0..t.taps {
                 let rows = std::slice::from_raw_parts(t.rows.add(tap * ROWS), ROWS);
@@ -1028,7 +1038,7 @@ unsafe fn tile_portable<const FMA: bool>(t: &Tile) {
                 for d in 0..t.depth {
                     let wv = std::slice::from_raw_parts(w.add(d * PANEL), 16);
                     for (row, &src) in acc.iter_mut().zip(rows) {
-                        let x = *src.add(d);
+                        let x = *src.byte_add(t.offset).add(d);
                         for (a, &b) in row.iter_mut().zip(wv) {
                             *a = if FMA { x.mul_add(b, *a) } else { *a + x * b };
                         }
@@ -1104,7 +1114,7 @@ macro_rules! avx512_step {
     };
 }
 
-/// Advances the seven row pointers by `$b` bytes.
+/// Advances the seven row pointers by `$b` bytes (a number, or a memory operand).
 #[cfg(target_arch = "x86_64")]
 #[rustfmt::skip]
 macro_rules! avx512_advance_rows {
@@ -1129,6 +1139,22 @@ macro_rules! avx512_row_mem {
             $op, " zmm", $a1, ", zmm", $a1, ", [rax + 64]\n",
             $op, " zmm", $a2, ", zmm", $a2, ", [rax + 128]\n",
             $op, " zmm", $a3, ", zmm", $a3, ", [rax + 192]\n",
+        )
+    };
+}
+
+/// Loads the pointer at byte `$field` of the tile into rax and loads accumulators `$a0..$a3`
+/// from there.
+#[cfg(target_arch = "x86_64")]
+#[rustfmt::skip]
+macro_rules! avx512_row_load {
+    ($field:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
+        concat!(
+            "mov rax, [rdi + ", $field, "]\n",
+            "vmovups zmm", $a0, ", [rax]\n",
+            "vmovups zmm", $a1, ", [rax + 64]\n",
+            "vmovups zmm", $a2, ", [rax + 128]\n",
+            "vmovups zmm", $a3, ", [rax + 192]\n",
         )
     };
 }
@@ -1187,7 +1213,18 @@ unsafe fn tile_avx512(t: &Tile) {
     // it uses no stack, and vzeroupper avoids AVX-SSE transition penalties after it.
     unsafe {
         std::arch::asm!(
-            // accumulators = bias
+            // accumulators = the partial sums in out (accumulate at 176), else the bias
+            "cmp qword ptr [rdi + 176], 0",
+            "je 9f",
+            avx512_row_load!("40", "0", "1", "2", "3"),
+            avx512_row_load!("48", "4", "5", "6", "7"),
+            avx512_row_load!("56", "8", "9", "10", "11"),
+            avx512_row_load!("64", "12", "13", "14", "15"),
+            avx512_row_load!("72", "16", "17", "18", "19"),
+            avx512_row_load!("80", "20", "21", "22", "23"),
+            avx512_row_load!("88", "24", "25", "26", "27"),
+            "jmp 23f",
+            "9:",
             "mov rax, [rdi + 32]",
             "vmovups zmm28, [rax]",
             "vmovups zmm29, [rax + 64]",
@@ -1200,6 +1237,7 @@ unsafe fn tile_avx512(t: &Tile) {
             avx512_row_init!("16", "17", "18", "19"),
             avx512_row_init!("20", "21", "22", "23"),
             avx512_row_init!("24", "25", "26", "27"),
+            "23:",
             "mov r15, [rdi + 168]",
             "mov rsi, [rdi + 8]",
             "mov r9, [rdi]",
@@ -1214,9 +1252,12 @@ unsafe fn tile_avx512(t: &Tile) {
             "mov r12, [r9 + 40]",
             "mov r14, [r9 + 48]",
             "add r9, 56",
+            avx512_advance_rows!("[rdi + 184]"),
             "mov r13, [rdi + 24]",
             "cmp r13, 4",
             "jb 4f",
+            // (aligned: the loop's placement otherwise moved with unrelated code, ~2% either way)
+            ".p2align 6",
             "3:",
             avx512_step!("0", "0", "64", "128", "192"),
             avx512_step!("4", "256", "320", "384", "448"),
@@ -1301,6 +1342,8 @@ const _: () = {
     assert!(std::mem::offset_of!(Tile, relu) == 152);
     assert!(std::mem::offset_of!(Tile, has_residual) == 160);
     assert!(std::mem::offset_of!(Tile, prefetch) == 168);
+    assert!(std::mem::offset_of!(Tile, accumulate) == 176);
+    assert!(std::mem::offset_of!(Tile, offset) == 184);
     assert!(ROWS == 7 && PANEL == 64);
 };
 
@@ -1325,6 +1368,21 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
 }
 
+/// Most depth steps (64-float weight rows, 256 bytes each) of a panel one tile call reads: a
+/// chunk of at most 512 KB stays in a core's L2 while every tile of the thread's run uses it,
+/// where a larger panel (up to 1.2 MB in ResNet-50) would be streamed from L3 or memory for each.
+const CHUNK_STEPS: usize = 2048;
+
+/// A piece of the reduction: `taps` filter rows from `tap0`, `depth` values of each from `d0`
+/// (whole filter rows, or a part of one).
+#[derive(Clone, Copy)]
+struct Chunk {
+    tap0: usize,
+    taps: usize,
+    d0: usize,
+    depth: usize,
+}
+
 /// One packed convolution call, shared by its tasks.
 struct PackedRun<'a> {
     sh: ConvShape,
@@ -1340,6 +1398,9 @@ struct PackedRun<'a> {
     out: SharedOut,
     /// Filter rows (at least 1), and what each reads: S * C.
     taps: usize,
+    /// Pieces the reduction is split into (see `chunk`), of at most `chunk_steps` steps.
+    chunks: usize,
+    chunk_steps: usize,
     depth: usize,
     /// Tiles of `ROWS` pixels, weight panels, tiles per block.
     groups: usize,
@@ -1426,23 +1487,38 @@ impl PackedRun<'_> {
     }
 
     /// Computes tile `g` (the `local`-th group of the table) x panel `p`.
-    fn tile(&self, sc: &mut Scratch, local: usize, g: usize, p: usize, prefetch: *const f32) {
+    ///
+    /// Only chunk `c` of the reduction is added: the first chunk starts from the bias, later
+    /// ones from the partial sums in the output rows, and the last applies the epilogue (and
+    /// copies a partial panel out of the scratch rows).
+    fn tile(
+        &self,
+        sc: &mut Scratch,
+        (local, g): (usize, usize),
+        (p, c): (usize, usize),
+        prefetch: *const f32,
+    ) {
         let k = self.sh.k;
         let k0 = p * PANEL;
         let width = PANEL.min(k - k0);
         let tmp_out = sc.tmp_out.as_mut_ptr();
         let tmp_res = sc.tmp_res.as_mut_ptr();
+        let chunk = self.chunk(c);
+        let last = c + 1 == self.chunks;
+        let residual = self.residual.filter(|_| last);
         let mut t = Tile {
-            rows: sc.table[local * self.taps * ROWS..].as_ptr(),
-            weight: self.packed.weight[p * self.taps * self.depth * PANEL..].as_ptr(),
-            taps: self.taps,
-            depth: self.depth,
+            rows: sc.table[(local * self.taps + chunk.tap0) * ROWS..].as_ptr(),
+            weight: self.packed.weight[self.weights_at(p, &chunk)..].as_ptr(),
+            taps: chunk.taps,
+            depth: chunk.depth,
             bias: self.packed.bias[k0..].as_ptr(),
             out: [tmp_out; ROWS],
             residual: [tmp_res.cast_const(); ROWS],
-            relu: usize::from(self.relu),
-            has_residual: usize::from(self.residual.is_some()),
+            relu: usize::from(last && self.relu),
+            has_residual: usize::from(residual.is_some()),
             prefetch,
+            accumulate: usize::from(c > 0),
+            offset: chunk.d0 * 4,
         };
         let valid = ROWS.min(self.npq - g * ROWS);
         for j in 0..ROWS {
@@ -1457,11 +1533,11 @@ impl PackedRun<'_> {
             if width == PANEL {
                 // SAFETY: pixel g*ROWS+j < NPQ, so `at + PANEL <= NPQ*K`, the output's length.
                 t.out[j] = unsafe { self.out.get().add(at) };
-                if let Some(r) = self.residual {
+                if let Some(r) = residual {
                     // SAFETY: the residual has the output's length.
                     t.residual[j] = unsafe { r.get().add(at) };
                 }
-            } else if let Some(r) = self.residual {
+            } else if let Some(r) = residual {
                 // SAFETY: as above, `at + width <= NPQ*K`; the scratch row is another buffer.
                 unsafe {
                     std::ptr::copy_nonoverlapping(
@@ -1480,7 +1556,7 @@ impl PackedRun<'_> {
         // input; the residual may be the output itself, which the kernel reads before it
         // writes) or the ROWS x 64 scratch rows; taps >= 1; the kernel is available.
         unsafe { self.kernel.run(&t) };
-        if width < PANEL {
+        if width < PANEL && last {
             for j in 0..valid {
                 let at = (g * ROWS + j) * k + k0;
                 // SAFETY: as above, `at + width <= NPQ*K`; the scratch row is not borrowed.
@@ -1491,6 +1567,83 @@ impl PackedRun<'_> {
                         width,
                     );
                 }
+            }
+        }
+    }
+
+    /// Chunk `c` of the reduction: `taps` filter rows from `tap0`, each `depth` values from `d0`.
+    fn chunk(&self, c: usize) -> Chunk {
+        if self.chunks == 1 {
+            Chunk {
+                tap0: 0,
+                taps: self.taps,
+                d0: 0,
+                depth: self.depth,
+            }
+        } else if self.depth <= self.chunk_steps {
+            let per = self.chunk_steps / self.depth;
+            Chunk {
+                tap0: c * per,
+                taps: per.min(self.taps - c * per),
+                d0: 0,
+                depth: self.depth,
+            }
+        } else {
+            let pieces = self.depth.div_ceil(self.chunk_steps);
+            let len = self.depth.div_ceil(pieces);
+            let d0 = c % pieces * len;
+            Chunk {
+                tap0: c / pieces,
+                taps: 1,
+                d0,
+                depth: len.min(self.depth - d0),
+            }
+        }
+    }
+
+    /// Where chunk `chunk` of panel `p` starts in the packed weights.
+    fn weights_at(&self, p: usize, chunk: &Chunk) -> usize {
+        (p * self.taps * self.depth + chunk.tap0 * self.depth + chunk.d0) * PANEL
+    }
+
+    /// Tiles of panel `p` for groups `g0 + gs` (whose table starts at group `g0 + first`).
+    ///
+    /// With the reduction in chunks, chunk by chunk: every tile's first chunk, then every
+    /// tile's second, and so on, so that one chunk of the panel stays in cache while all the
+    /// tiles use it; tiles that write through the scratch rows (partial panels, the last
+    /// pixels) go last, one at a time. Meanwhile the tiles prefetch the next chunk (or the next
+    /// panel's first), each its share, so that it is in L2 by the time it is needed rather than
+    /// fetched from memory by the first tile that uses it.
+    fn panel(&self, sc: &mut Scratch, p: usize, (g0, first): (usize, usize), gs: Range<usize>) {
+        let partial = (p + 1) * PANEL > self.sh.k;
+        let scratch = |g: usize| self.chunks > 1 && (partial || (g0 + g + 1) * ROWS > self.npq);
+        let count = gs.clone().filter(|&g| !scratch(g)).count();
+        for c in 0..self.chunks {
+            let chunk = self.chunk(c);
+            let here = self.weights_at(p, &chunk);
+            let next = if c + 1 < self.chunks {
+                Some((p, c + 1))
+            } else {
+                (p + 1 < self.panels).then_some((p + 1, 0))
+            };
+            let next = next.map(|(p, c)| {
+                let chunk = self.chunk(c);
+                (self.weights_at(p, &chunk), chunk.taps * chunk.depth * PANEL)
+            });
+            // Shares under 4 KB would only repeat each other's prefetches: then every tile
+            // prefetches the weights it reads anyway (cached).
+            let next = next.filter(|&(_, len)| len / count.max(1) >= 1024);
+            for (i, g) in gs.clone().filter(|&g| !scratch(g)).enumerate() {
+                let at = next.map_or(here, |(at, len)| at + len * i / count / 16 * 16);
+                let prefetch = self.packed.weight[at..].as_ptr();
+                self.tile(sc, (g - first, g0 + g), (p, c), prefetch);
+            }
+        }
+        for g in gs.filter(|&g| scratch(g)) {
+            for c in 0..self.chunks {
+                let here = self.weights_at(p, &self.chunk(c));
+                let prefetch = self.packed.weight[here..].as_ptr();
+                self.tile(sc, (g - first, g0 + g), (p, c), prefetch);
             }
         }
     }
@@ -1522,20 +1675,15 @@ impl PackedRun<'_> {
                     (0, len)
                 };
                 self.prepare(sc, g0 + first, g0 + last);
-                // While a panel's tiles run, they prefetch the next panel, each its share (when
-                // the shares are not so small that they would just repeat each other).
-                let panel_len = self.taps * self.depth * PANEL;
-                let own = |p: usize| self.packed.weight[p * panel_len..].as_ptr();
-                for l in l0..l1 {
-                    let (g, p) = (l % len, l / len);
-                    let tiles = (l1.min((p + 1) * len) - l0.max(p * len)).max(1);
-                    let prefetch = if p + 1 < self.panels && panel_len / tiles >= 1024 {
-                        let i = l - l0.max(p * len);
-                        own(p + 1).wrapping_add(panel_len * i / tiles / 16 * 16)
+                for p in l0 / len..=(l1 - 1) / len {
+                    // this panel's groups among the units
+                    let from = if p == l0 / len { l0 % len } else { 0 };
+                    let to = if p == (l1 - 1) / len {
+                        (l1 - 1) % len + 1
                     } else {
-                        own(p)
+                        len
                     };
-                    self.tile(sc, g - first, g0 + g, p, prefetch);
+                    self.panel(sc, p, (g0, first), from..to);
                 }
                 u = end;
             }
@@ -1568,7 +1716,7 @@ pub fn conv2d_nhwc_packed(
         (input, packed, residual),
         relu,
         output,
-        (threads(), Kernel::best()),
+        (threads(), Kernel::best(), CHUNK_STEPS),
     );
 }
 
@@ -1591,7 +1739,7 @@ pub fn conv2d_nhwc_packed_onto(
         (input, packed, Residual::InPlace),
         relu,
         output,
-        (threads(), Kernel::best()),
+        (threads(), Kernel::best(), CHUNK_STEPS),
     );
 }
 
@@ -1604,13 +1752,13 @@ enum Residual<'a> {
     InPlace,
 }
 
-/// `conv2d_nhwc_packed` with the thread count and kernel explicit, for tests.
+/// `conv2d_nhwc_packed` with the thread count, kernel and chunk size explicit, for tests.
 fn conv_packed_with(
     sh: &ConvShape,
     (input, packed, residual): (&[f32], &PackedConv, Residual<'_>),
     relu: bool,
     output: &mut [f32],
-    (threads, kernel): (usize, Kernel),
+    (threads, kernel, chunk_steps): (usize, Kernel, usize),
 ) {
     assert_eq!(
         (packed.k, packed.c, packed.r, packed.s),
@@ -1634,6 +1782,7 @@ fn conv_packed_with(
         kernel.available(),
         "conv2d_nhwc_packed: kernel {kernel:?} unavailable"
     );
+    let chunk_steps = chunk_steps.max(1);
     if output.is_empty() {
         return;
     }
@@ -1646,12 +1795,26 @@ fn conv_packed_with(
     } else {
         (sh.r, sh.s * sh.c)
     };
+    // Partial sums go to the output rows, so a residual already there must stay whole.
+    let chunks = if taps * depth <= chunk_steps || matches!(residual, Residual::InPlace) {
+        1
+    } else if depth <= chunk_steps {
+        taps.div_ceil(chunk_steps / depth)
+    } else {
+        taps * depth.div_ceil(chunk_steps)
+    };
     let groups = npq.div_ceil(ROWS);
     let panels = sh.k.div_ceil(PANEL);
     // The input a group reads: its pixels' rows (with a stride the filter spans, the rows
     // between them too).
     let group_bytes = ROWS * sh.c * 4 * sh.stride.min(sh.r) * sh.stride.min(sh.s);
-    let block = (BLOCK_INPUT_BYTES / group_bytes.max(1)).clamp(1, groups);
+    // (With the reduction in chunks, a chunk of weights shares L2 with the block: half as much.)
+    let budget = if chunks > 1 {
+        BLOCK_INPUT_BYTES / 2
+    } else {
+        BLOCK_INPUT_BYTES
+    };
+    let block = (budget / group_bytes.max(1)).clamp(1, groups);
     let run = PackedRun {
         sh: *sh,
         q_len,
@@ -1668,6 +1831,8 @@ fn conv_packed_with(
         relu,
         out: SharedOut(output.as_mut_ptr()),
         taps,
+        chunks,
+        chunk_steps,
         depth,
         groups,
         panels,
@@ -2272,8 +2437,14 @@ mod tests {
                         }
                     })
                     .collect();
-                for kernel in kernels() {
-                    for threads in [1, 2, 3, 8] {
+                // whole reductions, and chunks of whole filter rows or of parts of one
+                let chunkings = [CHUNK_STEPS, 2 * sh.s * sh.c, sh.s * sh.c / 2 + 1, 7];
+                for (kernel, threads, chunk) in kernels().into_iter().flat_map(|k| {
+                    [1, 2, 3, 8]
+                        .into_iter()
+                        .flat_map(move |t| chunkings.map(move |c| (k, t, c)))
+                }) {
+                    {
                         // the residual in its own buffer, and (with one) already in the output
                         for in_place in [false, with_res] {
                             let (mut out, res) = if in_place {
@@ -2291,14 +2462,14 @@ mod tests {
                                 (&input, &packed, res),
                                 relu,
                                 &mut out,
-                                (threads, kernel),
+                                (threads, kernel, chunk),
                             );
                             let err = rel_err(out.iter().map(|&x| f64::from(x)), &reference);
                             assert!(
                                 err < 1e-5,
                                 "packed {name} n={} {kernel:?} threads={threads} \
-                                 residual={with_res} in place={in_place} relu={relu}: \
-                                 err {err:e}, seed {seed}",
+                                 chunk={chunk} residual={with_res} in place={in_place} \
+                                 relu={relu}: err {err:e}, seed {seed}",
                                 sh.n
                             );
                         }
