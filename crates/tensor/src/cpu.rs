@@ -946,49 +946,34 @@ struct Tile {
     offset: usize,
 }
 
-/// Which micro-kernel runs; the fastest one this CPU supports unless a test asks otherwise.
+/// How the tiles are computed; the fastest way this CPU supports unless a test asks otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kernel {
-    /// AVX-512F assembly (x86-64 only).
+    /// The AVX-512F assembly micro-kernel (x86-64 only).
     Avx512,
-    /// Portable Rust compiled for AVX2 + FMA (x86-64 only).
-    Avx2,
-    /// Portable Rust for any target.
-    Portable,
+    /// Anywhere else: per block of pixels their im2col rows, then per weight panel one gemm
+    /// (the gemm crate, with its own SIMD dispatch: AVX2, NEON, ...) onto output rows
+    /// prefilled with bias and residual, then the ReLU over those rows.
+    Gemm,
 }
 
 impl Kernel {
     fn best() -> Kernel {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return Kernel::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                return Kernel::Avx2;
-            }
+        if Kernel::Avx512.available() {
+            Kernel::Avx512
+        } else {
+            Kernel::Gemm
         }
-        Kernel::Portable
     }
 
     /// Whether this CPU can run the kernel.
     fn available(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            match self {
-                Kernel::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
-                Kernel::Avx2 => {
-                    std::arch::is_x86_feature_detected!("avx2")
-                        && std::arch::is_x86_feature_detected!("fma")
-                }
-                Kernel::Portable => true,
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            self == Kernel::Portable
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernel::Avx512 => false,
+            Kernel::Gemm => true,
         }
     }
 
@@ -1003,76 +988,9 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: per the caller.
             Kernel::Avx512 => unsafe { tile_avx512(t) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: per the caller (AVX2 and FMA are available).
-            Kernel::Avx2 => unsafe { tile_avx2(t) },
-            // SAFETY: per the caller.
-            _ => unsafe { tile_portable::<false>(t) },
+            _ => unreachable!("{self:?} computes no tiles"),
         }
     }
-}
-
-/// The portable tile: 16 channels at a time, `FMA` choosing fused multiply-adds (only fast
-/// where the target has them).
-///
-/// # Safety
-///
-/// As `Kernel::run`.
-#[inline(always)]
-unsafe fn tile_portable<const FMA: bool>(t: &Tile) {
-    for sub in 0..PANEL / 16 {
-        let mut acc = [[0f32; 16]; ROWS];
-        // SAFETY (this block): all reads are within the extents the caller guarantees.
-        unsafe {
-            let bias = std::slice::from_raw_parts(t.bias.add(sub * 16), 16);
-            for (j, row) in acc.iter_mut().enumerate() {
-                row.copy_from_slice(if t.accumulate != 0 {
-                    std::slice::from_raw_parts(t.out[j].add(sub * 16), 16)
-                } else {
-                    bias
-                });
-            }
-            for tap in 0..t.taps {
-                let rows = std::slice::from_raw_parts(t.rows.add(tap * ROWS), ROWS);
-                let w = t.weight.add(tap * t.depth * PANEL + sub * 16);
-                for d in 0..t.depth {
-                    let wv = std::slice::from_raw_parts(w.add(d * PANEL), 16);
-                    for (row, &src) in acc.iter_mut().zip(rows) {
-                        let x = *src.byte_add(t.offset).add(d);
-                        for (a, &b) in row.iter_mut().zip(wv) {
-                            *a = if FMA { x.mul_add(b, *a) } else { *a + x * b };
-                        }
-                    }
-                }
-            }
-            for (j, row) in acc.iter_mut().enumerate() {
-                if t.has_residual != 0 {
-                    let r = std::slice::from_raw_parts(t.residual[j].add(sub * 16), 16);
-                    for (a, &b) in row.iter_mut().zip(r) {
-                        *a += b;
-                    }
-                }
-                if t.relu != 0 {
-                    for a in row.iter_mut() {
-                        *a = if *a > 0.0 { *a } else { 0.0 };
-                    }
-                }
-                std::slice::from_raw_parts_mut(t.out[j].add(sub * 16), 16).copy_from_slice(row);
-            }
-        }
-    }
-}
-
-/// `tile_portable` compiled for AVX2 + FMA.
-///
-/// # Safety
-///
-/// As `Kernel::run`, on a CPU with AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2(t: &Tile) {
-    // SAFETY: per the caller.
-    unsafe { tile_portable::<true>(t) }
 }
 
 /// Row j's part of one depth step of the AVX-512 kernel: broadcast its value at byte `$a` of
@@ -1648,6 +1566,117 @@ impl PackedRun<'_> {
         }
     }
 
+    /// `run` with `Kernel::Gemm`: for each block, the im2col rows of the pixels the units touch
+    /// (none for a 1x1 stride-1 unpadded convolution, whose input rows are those rows), then
+    /// per panel one gemm over that panel's pixels.
+    fn run_gemm(&self, sc: &mut Scratch, u0: usize, u1: usize) {
+        let sh = &self.sh;
+        let k = sh.k;
+        let rsc = sh.r * sh.s * sh.c;
+        let pointwise = sh.is_pointwise();
+        let img_in = sh.h * sh.w * sh.c;
+        let mut u = u0;
+        while u < u1 {
+            let b = u / (self.block * self.panels);
+            let g0 = b * self.block;
+            let len = self.block.min(self.groups - g0);
+            let base = g0 * self.panels;
+            let end = (base + len * self.panels).min(u1);
+            let (l0, l1) = (u - base, end - base);
+            let (first, last) = if l0 / len == (l1 - 1) / len {
+                (l0 % len, (l1 - 1) % len + 1)
+            } else {
+                (0, len)
+            };
+            let pixels = |from: usize, to: usize| {
+                ((g0 + from) * ROWS).min(self.npq)..((g0 + to) * ROWS).min(self.npq)
+            };
+            let touched = pixels(first, last);
+            let (lhs, lhs_first) = if pointwise {
+                (self.input, 0)
+            } else {
+                sc.cols.resize(touched.len() * rsc);
+                for (pix, row) in touched.clone().zip(sc.cols.chunks_exact_mut(rsc.max(1))) {
+                    let img = &self.input[pix / self.pq * img_in..][..img_in];
+                    // SAFETY: viewing initialised f32 as MaybeUninit<f32> only allows writes of
+                    // valid f32, which the function does to every element.
+                    let dst = unsafe { &mut *(row as *mut [f32] as *mut [MaybeUninit<f32>]) };
+                    im2col_nhwc_row(sh, img, pix % self.pq, dst);
+                }
+                (&sc.cols[..], touched.start)
+            };
+            for p in l0 / len..=(l1 - 1) / len {
+                let from = if p == l0 / len { l0 % len } else { 0 };
+                let to = if p == (l1 - 1) / len {
+                    (l1 - 1) % len + 1
+                } else {
+                    len
+                };
+                let rows = pixels(from, to);
+                if rows.is_empty() {
+                    continue;
+                }
+                let k0 = p * PANEL;
+                let width = PANEL.min(k - k0);
+                let bias = &self.packed.bias[k0..k0 + width];
+                let out = self.out.get();
+                // SAFETY: rows < NPQ, channels k0..k0 + width < K: inside the output (and the
+                // residual, of the same length); these rows x channels are this unit range's
+                // alone.
+                unsafe {
+                    for pix in rows.clone() {
+                        let dst = std::slice::from_raw_parts_mut(out.add(pix * k + k0), width);
+                        match self.residual {
+                            Some(r) if r.get() == out => {
+                                for (d, &b) in dst.iter_mut().zip(bias) {
+                                    *d += b;
+                                }
+                            }
+                            Some(r) => {
+                                let res =
+                                    std::slice::from_raw_parts(r.get().add(pix * k + k0), width);
+                                for ((d, &b), &r) in dst.iter_mut().zip(bias).zip(res) {
+                                    *d = b + r;
+                                }
+                            }
+                            None => dst.copy_from_slice(bias),
+                        }
+                    }
+                    gemm::gemm(
+                        rows.len(),
+                        width,
+                        rsc,
+                        out.add(rows.start * k + k0),
+                        1,
+                        k as isize,
+                        true,
+                        lhs.as_ptr().wrapping_add((rows.start - lhs_first) * rsc),
+                        1,
+                        rsc as isize,
+                        self.packed.weight.as_ptr().wrapping_add(p * rsc * PANEL),
+                        1,
+                        PANEL as isize,
+                        1.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        Parallelism::None,
+                    );
+                    if self.relu {
+                        for pix in rows {
+                            let dst = std::slice::from_raw_parts_mut(out.add(pix * k + k0), width);
+                            for d in dst {
+                                *d = if *d > 0.0 { *d } else { 0.0 };
+                            }
+                        }
+                    }
+                }
+            }
+            u = end;
+        }
+    }
+
     /// Runs work units `u0..u1`: unit `u` is, within block `b = u / (block * panels)`, panel
     /// `local / len` of group `b * block + local % len`, so consecutive units sweep a block's
     /// groups under one weight panel before moving to the next panel.
@@ -1660,6 +1689,10 @@ impl PackedRun<'_> {
             }
             sc.tmp_out.resize(ROWS * PANEL);
             sc.tmp_res.resize(ROWS * PANEL);
+            if self.kernel == Kernel::Gemm {
+                self.run_gemm(sc, u0, u1);
+                return;
+            }
             let mut u = u0;
             while u < u1 {
                 let b = u / (self.block * self.panels);
@@ -2374,7 +2407,7 @@ mod tests {
 
     /// Every micro-kernel this CPU can run.
     fn kernels() -> Vec<Kernel> {
-        [Kernel::Avx512, Kernel::Avx2, Kernel::Portable]
+        [Kernel::Avx512, Kernel::Gemm]
             .into_iter()
             .filter(|k| k.available())
             .collect()
@@ -2496,10 +2529,18 @@ mod tests {
             let weight = vec![1.0; sh.weight_len()];
             let bias: Vec<f32> = (0..sh.k).map(|i| i as f32 - 0.5).collect();
             let packed = PackedConv::new((sh.k, sh.c, sh.r, sh.s), &weight, &bias);
-            let mut out = vec![f32::NAN; sh.output_len()];
-            conv2d_nhwc_packed(&sh, &input, &packed, None, false, &mut out);
-            let want: Vec<f32> = (0..out.len()).map(|i| bias[i % sh.k]).collect();
-            assert_eq!(out, want, "{sh:?}");
+            let want: Vec<f32> = (0..sh.output_len()).map(|i| bias[i % sh.k]).collect();
+            for kernel in kernels() {
+                let mut out = vec![f32::NAN; sh.output_len()];
+                conv_packed_with(
+                    &sh,
+                    (&input, &packed, Residual::None),
+                    false,
+                    &mut out,
+                    (2, kernel, CHUNK_STEPS),
+                );
+                assert_eq!(out, want, "{sh:?} {kernel:?}");
+            }
         }
     }
 
