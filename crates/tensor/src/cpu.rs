@@ -5,6 +5,10 @@
 //! operands in place through gemm's strides, and convolution lowers to im2col + gemm in the
 //! orientation that writes the requested output layout directly, parallelised whichever way
 //! the batch size and layer shape make fastest.
+//!
+//! The inference engine's convolution, [`conv2d_nhwc_packed`], goes further: weights packed
+//! once, NHWC activations read in place, an AVX-512 micro-kernel with bias, residual and ReLU
+//! fused, and a spinning thread team (see the sections below).
 
 use gemm::Parallelism;
 use half::f16;
@@ -765,8 +769,10 @@ fn conv_nhwc(sh: &ConvShape, input: &[f32], weight: &[f32], output: &mut [f32], 
 // place through a table of row pointers, one per filter row and output pixel (rows wholly in
 // the padding point at a zero row; only rows clipped by the left or right padding are copied,
 // zero-filled), so there is no im2col matrix. Each micro-kernel tile is `ROWS` output pixels by
-// `PANEL` channels held in registers over the whole reduction, then bias, residual and ReLU are
-// applied before the one store: every output element is written exactly once.
+// `PANEL` channels held in registers over the reduction, then bias, residual and ReLU are
+// applied before the store. Panels larger than L2 are reduced in chunks (partial sums kept in
+// the output rows), and tiles prefetch the weights the next tiles will need. CPUs without
+// AVX-512 run the same decomposition through the gemm crate instead (`Kernel::Gemm`).
 // ---------------------------------------------------------------------------------------------
 
 /// Output channels per weight panel and per micro-kernel tile (four 16-float vectors).
@@ -1728,9 +1734,9 @@ impl PackedRun<'_> {
 /// `output = relu?(conv(input, weight) + bias + residual)`, ReLU when `relu`.
 ///
 /// Input N,H,W,C; output and `residual` N,P,Q,K; the packed weight's K, C, R, S must be the
-/// shape's. Zero padding `pad` on all sides, `stride` in both directions. Overwrites output,
-/// writing each element once. Work is split over rayon's threads in tiles of 6 pixels x 64
-/// channels, each thread taking one contiguous run of tiles.
+/// shape's. Zero padding `pad` on all sides, `stride` in both directions. Overwrites output.
+/// Work is split in tiles of 7 pixels x 64 channels, each of `threads()` threads taking one
+/// contiguous run of tiles (on the spinning team, see `parallel_ranges`).
 ///
 /// # Panics
 ///
