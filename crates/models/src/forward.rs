@@ -776,6 +776,37 @@ mod tests {
         ));
     }
 
+    /// Concurrent passes (sharing the packed weights and the CPU thread team) give exactly
+    /// the logits of a lone pass; a clone repacks and agrees too.
+    #[test]
+    fn concurrent_forward_passes_agree() {
+        let model = fold(&seeded_init(ResNet::R18, 10, 5, true)).unwrap();
+        let (n, h, w) = (3, 40, 44);
+        let x = input(n, h, w, 11);
+        let alone = model.forward_cpu(&x, n, h, w).unwrap();
+        std::thread::scope(|scope| {
+            let runs: Vec<_> = (0..3)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut ws = Workspace::default();
+                        (0..3)
+                            .map(|_| model.forward_cpu_with(&x, n, h, w, &mut ws).unwrap())
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            for run in runs {
+                for logits in run.join().unwrap() {
+                    assert_eq!(logits, alone);
+                }
+            }
+        });
+        let copy = model.clone();
+        assert_eq!(copy, model);
+        assert_eq!(format!("{:?}", copy.cpu_pack), "CpuPack { built: false }");
+        assert_eq!(copy.forward_cpu(&x, n, h, w).unwrap(), alone);
+    }
+
     #[test]
     fn fold_reports_a_missing_key() {
         let mut dict = seeded_init(ResNet::R18, 10, 1, false);
