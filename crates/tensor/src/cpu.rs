@@ -994,7 +994,7 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: per the caller.
             Kernel::Avx512 => unsafe { tile_avx512(t) },
-            _ => unreachable!("{self:?} computes no tiles"),
+            _ => unreachable!("{self:?} computes no tiles (asked for {:p})", t),
         }
     }
 }
@@ -1124,8 +1124,9 @@ macro_rules! avx512_row_relu {
 /// The AVX-512 micro-kernel: a 7 x 64 tile in 28 zmm accumulators (row j in zmm4j..4j+3), the
 /// depth loop unrolled by 4. Written as inline assembly because the AVX-512 intrinsics and
 /// target feature are newer than this crate's minimum Rust; it only ever runs after runtime
-/// detection, and declares every register it touches (the C ABI's caller-saved set, plus r12,
-/// r13, r14 and r15).
+/// detection, and declares every register it touches: the System V ABI's caller-saved set
+/// (named explicitly, so that on Windows too, where rsi, rdi and xmm6-15 are callee-saved, the
+/// compiler saves what it needs), plus r12, r13, r14 and r15.
 ///
 /// # Safety
 ///
@@ -1247,7 +1248,7 @@ unsafe fn tile_avx512(t: &Tile) {
             out("r13") _,
             out("r14") _,
             out("r15") _,
-            clobber_abi("C"),
+            clobber_abi("sysv64"),
             options(nostack),
         );
     }
