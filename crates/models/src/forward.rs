@@ -78,9 +78,12 @@ impl std::fmt::Debug for CpuPack {
 /// 1x1 convolution.
 struct PackedNet {
     stem: PackedConv,
-    blocks: Vec<(Vec<PackedConv>, Option<PackedConv>)>,
+    blocks: Vec<PackedBlock>,
     fc: PackedConv,
 }
+
+/// A block's convolutions and projection, packed.
+type PackedBlock = (Vec<PackedConv>, Option<PackedConv>);
 
 impl PackedNet {
     fn new(m: &FoldedResNet) -> Self {
@@ -333,11 +336,12 @@ impl FoldedConv {
     }
 }
 
-/// Rows of a buffer that parallel tasks fill, each task its own rows.
+/// Rows of a buffer that parallel tasks fill, each task its own rows (the last row may be
+/// shorter).
 struct SharedRows {
     ptr: *mut f32,
     row_len: usize,
-    rows: usize,
+    len: usize,
 }
 
 // SAFETY: tasks write disjoint rows (each caller's contract), and the buffer outlives them.
@@ -348,7 +352,7 @@ impl SharedRows {
         SharedRows {
             ptr: buf.as_mut_ptr(),
             row_len,
-            rows: buf.len() / row_len.max(1),
+            len: buf.len(),
         }
     }
 
@@ -359,9 +363,11 @@ impl SharedRows {
     /// No other live reference may cover row `i`, and the buffer must outlive the result.
     #[allow(clippy::mut_from_ref)]
     unsafe fn row(&self, i: usize) -> &mut [f32] {
-        assert!(i < self.rows, "row {i} of {}", self.rows);
+        let start = i * self.row_len;
+        assert!(start < self.len, "row {i} past {} values", self.len);
+        let len = self.row_len.min(self.len - start);
         // SAFETY: in bounds (checked), exclusive per the caller.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.row_len), self.row_len) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
     }
 }
 
@@ -398,6 +404,13 @@ fn max_pool(x: &Act, ws: &mut Workspace) -> Act {
         data,
     }
 }
+
+/// Bytes of the largest activation (the stem's output) that the first two stages work on at
+/// once: at batch 32 their activations (3.2 MB an image at 224 x 224) would otherwise stream
+/// through memory between every two layers, so they run a few images at a time, with their
+/// output gathered for the later stages, which run on the whole batch (their activations are
+/// small, and their weights, 90% of ResNet-50's, are then read once).
+const FRONT_PASS_BYTES: usize = 8 << 20;
 
 /// Why an input cannot go through the model.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -449,9 +462,69 @@ impl FoldedResNet {
         if h < 32 || w < 32 {
             return Err(ForwardError::TooSmall { h, w });
         }
+        // the stem's output, the largest activation
+        let per_image = h.div_ceil(2) * w.div_ceil(2) * 64 * 4;
+        let pass = (FRONT_PASS_BYTES / per_image).max(1);
+        Ok(self.forward_in_passes(input, (n, h, w), pass, ws))
+    }
+
+    /// `forward_cpu_with` on checked arguments, the first two stages `pass` images at a time
+    /// (see `FRONT_PASS_BYTES`), the rest on the whole batch.
+    fn forward_in_passes(
+        &self,
+        input: &[f32],
+        (n, h, w): (usize, usize, usize),
+        pass: usize,
+        ws: &mut Workspace,
+    ) -> Vec<f32> {
         let pack = self.cpu_pack.0.get_or_init(|| PackedNet::new(self));
+        let split = self.model.blocks().iter().take(2).sum::<usize>();
+        let split = split.min(self.blocks.len());
+        let pass = pass.max(1);
+        let x = if pass >= n {
+            self.front(pack, input, (n, h, w), split, ws)
+        } else {
+            let mut whole: Option<Act> = None;
+            for (i, images) in input.chunks(pass * 3 * h * w).enumerate() {
+                let part = self.front(pack, images, (images.len() / (3 * h * w), h, w), split, ws);
+                let at = i * pass * part.h * part.w * part.c;
+                let whole = whole.get_or_insert_with(|| Act {
+                    n,
+                    h: part.h,
+                    w: part.w,
+                    c: part.c,
+                    data: ws.take(n * part.h * part.w * part.c),
+                });
+                let dst = SharedRows::new(&mut whole.data[at..at + part.data.len()], 4096);
+                let src = &part.data[..];
+                parallel_ranges(src.len().div_ceil(4096), &|pieces| {
+                    for i in pieces {
+                        let from = &src[i * 4096..src.len().min((i + 1) * 4096)];
+                        // SAFETY: each piece index is handed to exactly one range.
+                        unsafe { dst.row(i) }.copy_from_slice(from);
+                    }
+                });
+                ws.give(part.data);
+            }
+            whole.expect("n > pass >= 1, so at least one pass")
+        };
+        let x = self.run_blocks(pack, x, split.., ws);
+        let mut logits = vec![0f32; n * self.num_classes];
+        self.head(pack, x, ws, &mut logits);
+        logits
+    }
+
+    /// The layout change, the stem, max pooling and blocks `..split` for `n` NCHW images.
+    fn front(
+        &self,
+        pack: &PackedNet,
+        input: &[f32],
+        (n, h, w): (usize, usize, usize),
+        split: usize,
+        ws: &mut Workspace,
+    ) -> Act {
         // NCHW -> NHWC, by image rows
-        let mut data = ws.take(want);
+        let mut data = ws.take(n * 3 * h * w);
         let out = SharedRows::new(&mut data, w * 3);
         parallel_ranges(n * h, &|rows| {
             for row in rows {
@@ -475,9 +548,24 @@ impl FoldedResNet {
         };
         let stem = self.stem.apply(&pack.stem, &input, None, true, ws);
         ws.give(input.data);
-        let mut x = max_pool(&stem, ws);
+        let x = max_pool(&stem, ws);
         ws.give(stem.data);
-        for (block, (convs, downsample)) in self.blocks.iter().zip(&pack.blocks) {
+        self.run_blocks(pack, x, ..split, ws)
+    }
+
+    /// Residual blocks `range` on `x`.
+    fn run_blocks(
+        &self,
+        pack: &PackedNet,
+        mut x: Act,
+        range: impl std::slice::SliceIndex<[FoldedBlock], Output = [FoldedBlock]>
+            + std::slice::SliceIndex<[PackedBlock], Output = [PackedBlock]>
+            + Clone,
+        ws: &mut Workspace,
+    ) -> Act {
+        for (block, (convs, downsample)) in
+            self.blocks[range.clone()].iter().zip(&pack.blocks[range])
+        {
             let mut projected = block
                 .downsample
                 .as_ref()
@@ -518,6 +606,12 @@ impl FoldedResNet {
                 ws.give(std::mem::replace(&mut x, next).data);
             }
         }
+        x
+    }
+
+    /// Global average pooling and the classifier on `x`, into `logits`.
+    fn head(&self, pack: &PackedNet, x: Act, ws: &mut Workspace, logits: &mut [f32]) {
+        let n = x.n;
         // global average pooling (summed in f64, 16 channels at a time down the pixel rows)
         let f = x.c;
         let plane = x.h * x.w;
@@ -554,10 +648,8 @@ impl FoldedResNet {
             stride: 1,
             pad: 0,
         };
-        let mut logits = vec![0f32; n * self.num_classes];
-        conv2d_nhwc_packed(&fc, &feats, &pack.fc, None, false, &mut logits);
+        conv2d_nhwc_packed(&fc, &feats, &pack.fc, None, false, logits);
         ws.give(feats);
-        Ok(logits)
     }
 }
 
@@ -805,6 +897,31 @@ mod tests {
         assert_eq!(copy, model);
         assert_eq!(format!("{:?}", copy.cpu_pack), "CpuPack { built: false }");
         assert_eq!(copy.forward_cpu(&x, n, h, w).unwrap(), alone);
+    }
+
+    /// Running the first stages a few images at a time changes nothing (to the bit with the
+    /// AVX-512 kernel, whose tiles never mix pixels' sums; gemm may block sums by batch size).
+    #[test]
+    fn passes_over_the_first_stages_give_the_same_logits() {
+        for (model, (n, h, w)) in [(ResNet::R18, (5, 40, 36)), (ResNet::R50, (3, 64, 48))] {
+            let model = fold(&seeded_init(model, 10, 21, true)).unwrap();
+            let x = input(n, h, w, 13);
+            let mut ws = Workspace::default();
+            let whole = model.forward_in_passes(&x, (n, h, w), n, &mut ws);
+            for pass in [1, 2, n - 1] {
+                let parts = model.forward_in_passes(&x, (n, h, w), pass, &mut ws);
+                let worst = parts
+                    .iter()
+                    .zip(&whole)
+                    .map(|(a, b)| (a - b).abs() / b.abs().max(1e-3))
+                    .fold(0f32, f32::max);
+                assert!(
+                    worst < 1e-5,
+                    "{:?} in passes of {pass}: {worst:e}",
+                    model.model
+                );
+            }
+        }
     }
 
     #[test]
