@@ -1,12 +1,16 @@
 //! ResNet inference on the CPU: batch norm folded into the convolutions once, then convolution
 //! (+ bias, + residual, ReLU), max pooling, global average pooling and the classifier. This is the
-//! reference every GPU strategy is checked against, so it favours plain, checkable code over
-//! cleverness; the heavy lifting is the multithreaded im2col + gemm in `gpukit_tensor::cpu`.
+//! reference every GPU strategy is checked against, so it keeps the network plain; the speed is in
+//! `gpukit_tensor::cpu::conv2d_nhwc_packed`: activations stay NHWC (channels-last) from the stem
+//! to the pooling, weights are packed once on first use, and every convolution applies its bias,
+//! residual and ReLU as it stores its output.
 
 use crate::resnet::ResNet;
 use crate::weights::StateDict;
-use gpukit_tensor::cpu::{conv2d_f32, ConvShape, Layout};
-use rayon::prelude::*;
+use gpukit_tensor::cpu::{
+    conv2d_nhwc_packed, conv2d_nhwc_packed_onto, parallel_ranges, AlignedBuf, ConvShape, PackedConv,
+};
+use std::sync::OnceLock;
 
 /// torchvision's BatchNorm2d epsilon.
 pub const BN_EPS: f32 = 1e-5;
@@ -41,6 +45,67 @@ pub struct FoldedResNet {
     /// classes x features.
     pub fc_weight: Vec<f32>,
     pub fc_bias: Vec<f32>,
+    /// The CPU engine's packed copy of the weights above, built on the first CPU forward pass
+    /// (so GPU-only users never pay for it). It is not rebuilt when they change: a model whose
+    /// weights are edited after running on the CPU needs a fresh `CpuPack::default()`.
+    pub cpu_pack: CpuPack,
+}
+
+/// Weights packed for the CPU engine (see [`FoldedResNet::cpu_pack`]), built once on first use.
+/// A cache: clones start empty, and it takes no part in equality.
+#[derive(Default)]
+pub struct CpuPack(OnceLock<PackedNet>);
+
+impl Clone for CpuPack {
+    fn clone(&self) -> Self {
+        CpuPack::default()
+    }
+}
+
+impl PartialEq for CpuPack {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for CpuPack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CpuPack {{ built: {} }}", self.0.get().is_some())
+    }
+}
+
+/// Every convolution of a [`FoldedResNet`] packed, in the model's order, the classifier as a
+/// 1x1 convolution.
+struct PackedNet {
+    stem: PackedConv,
+    blocks: Vec<PackedBlock>,
+    fc: PackedConv,
+}
+
+/// A block's convolutions and projection, packed.
+type PackedBlock = (Vec<PackedConv>, Option<PackedConv>);
+
+impl PackedNet {
+    fn new(m: &FoldedResNet) -> Self {
+        let pack = |c: &FoldedConv| {
+            PackedConv::new((c.out_ch, c.in_ch, c.kernel, c.kernel), &c.weight, &c.bias)
+        };
+        let features = m.fc_weight.len() / m.num_classes.max(1);
+        PackedNet {
+            stem: pack(&m.stem),
+            blocks: m
+                .blocks
+                .iter()
+                .map(|b| {
+                    (
+                        b.convs.iter().map(pack).collect(),
+                        b.downsample.as_ref().map(pack),
+                    )
+                })
+                .collect(),
+            fc: PackedConv::new((m.num_classes, features, 1, 1), &m.fc_weight, &m.fc_bias),
+        }
+    }
 }
 
 /// Why a state dict cannot be folded (a key is absent or has another shape than the model's).
@@ -152,6 +217,7 @@ pub fn fold(dict: &StateDict) -> Result<FoldedResNet, FoldError> {
         blocks,
         fc_weight,
         fc_bias,
+        cpu_pack: CpuPack::default(),
     })
 }
 
@@ -159,12 +225,12 @@ pub fn fold(dict: &StateDict) -> Result<FoldedResNet, FoldError> {
 /// 32 would otherwise allocate (and page-fault in) about 3 GB of fresh memory every time.
 #[derive(Debug, Default)]
 pub struct Workspace {
-    free: Vec<Vec<f32>>,
+    free: Vec<AlignedBuf>,
 }
 
 impl Workspace {
     /// A buffer of `len` values whose contents are unspecified (every user overwrites them all).
-    fn take(&mut self, len: usize) -> Vec<f32> {
+    fn take(&mut self, len: usize) -> AlignedBuf {
         // the smallest free buffer that is large enough, else a new one
         let best = self
             .free
@@ -175,32 +241,46 @@ impl Workspace {
             .map(|(i, _)| i);
         let mut v = match best {
             Some(i) => self.free.swap_remove(i),
-            None => Vec::with_capacity(len),
+            None => AlignedBuf::default(),
         };
-        // resize both grows and shrinks; the contents are overwritten by every user
-        v.resize(len, 0.0);
+        v.resize(len);
         v
     }
 
-    fn give(&mut self, v: Vec<f32>) {
-        self.free.push(v);
+    fn give(&mut self, v: AlignedBuf) {
+        if v.capacity() > 0 {
+            self.free.push(v);
+        }
     }
 }
 
-/// An NCHW activation.
-#[derive(Debug, Clone)]
+/// An NHWC activation.
+#[derive(Debug)]
 struct Act {
     n: usize,
-    c: usize,
     h: usize,
     w: usize,
-    data: Vec<f32>,
+    c: usize,
+    data: AlignedBuf,
+}
+
+impl Act {
+    /// A placeholder holding no buffer.
+    fn empty() -> Act {
+        Act {
+            n: 0,
+            h: 0,
+            w: 0,
+            c: 0,
+            data: AlignedBuf::default(),
+        }
+    }
 }
 
 impl FoldedConv {
-    /// y = conv(x) + bias (+ residual), then ReLU when `relu`.
-    fn apply(&self, x: &Act, residual: Option<&Act>, relu: bool, ws: &mut Workspace) -> Act {
-        let shape = ConvShape {
+    /// The convolution's shape on input `x`.
+    fn shape(&self, x: &Act) -> ConvShape {
+        ConvShape {
             n: x.n,
             c: x.c,
             h: x.h,
@@ -210,63 +290,127 @@ impl FoldedConv {
             s: self.kernel,
             stride: self.stride,
             pad: self.pad,
-        };
-        let (p, q) = (shape.out_h(), shape.out_w());
-        let mut data = ws.take(shape.output_len());
-        conv2d_f32(&shape, Layout::Nchw, &x.data, &self.weight, &mut data);
-        let plane = p * q;
-        data.par_chunks_mut(plane).enumerate().for_each(|(i, out)| {
-            let b = self.bias[i % self.out_ch];
-            let res = residual.map(|r| &r.data[i * plane..(i + 1) * plane]);
-            for (j, v) in out.iter_mut().enumerate() {
-                let mut y = *v + b;
-                if let Some(r) = res {
-                    y += r[j];
-                }
-                *v = if relu { y.max(0.0) } else { y };
-            }
-        });
+        }
+    }
+
+    /// relu?(conv(x) + bias + acc), written over `acc` (an activation of the output's shape).
+    fn apply_onto(&self, packed: &PackedConv, x: &Act, mut acc: Act, relu: bool) -> Act {
+        let shape = self.shape(x);
+        conv2d_nhwc_packed_onto(&shape, &x.data, packed, relu, &mut acc.data);
         Act {
             n: x.n,
+            h: shape.out_h(),
+            w: shape.out_w(),
             c: self.out_ch,
-            h: p,
-            w: q,
+            data: acc.data,
+        }
+    }
+
+    /// y = conv(x) + bias (+ residual), then ReLU when `relu`, with `packed` this convolution's
+    /// packed weights.
+    fn apply(
+        &self,
+        packed: &PackedConv,
+        x: &Act,
+        residual: Option<&Act>,
+        relu: bool,
+        ws: &mut Workspace,
+    ) -> Act {
+        let shape = self.shape(x);
+        let mut data = ws.take(shape.output_len());
+        conv2d_nhwc_packed(
+            &shape,
+            &x.data,
+            packed,
+            residual.map(|r| &r.data[..]),
+            relu,
+            &mut data,
+        );
+        Act {
+            n: x.n,
+            h: shape.out_h(),
+            w: shape.out_w(),
+            c: self.out_ch,
             data,
         }
     }
 }
 
-/// 3x3 max pooling, stride 2, padding 1 (padding never wins: it is -inf).
+/// Rows of a buffer that parallel tasks fill, each task its own rows (the last row may be
+/// shorter).
+struct SharedRows {
+    ptr: *mut f32,
+    row_len: usize,
+    len: usize,
+}
+
+// SAFETY: tasks write disjoint rows (each caller's contract), and the buffer outlives them.
+unsafe impl Sync for SharedRows {}
+
+impl SharedRows {
+    fn new(buf: &mut [f32], row_len: usize) -> Self {
+        SharedRows {
+            ptr: buf.as_mut_ptr(),
+            row_len,
+            len: buf.len(),
+        }
+    }
+
+    /// Row `i`.
+    ///
+    /// # Safety
+    ///
+    /// No other live reference may cover row `i`, and the buffer must outlive the result.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn row(&self, i: usize) -> &mut [f32] {
+        let start = i * self.row_len;
+        assert!(start < self.len, "row {i} past {} values", self.len);
+        let len = self.row_len.min(self.len - start);
+        // SAFETY: in bounds (checked), exclusive per the caller.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+}
+
+/// 3x3 max pooling, stride 2, padding 1 (padding never wins: the centre tap is always inside).
 fn max_pool(x: &Act, ws: &mut Workspace) -> Act {
     let (p, q) = ((x.h + 2 - 3) / 2 + 1, (x.w + 2 - 3) / 2 + 1);
-    let mut data = ws.take(x.n * x.c * p * q);
-    data.par_chunks_mut(p * q)
-        .enumerate()
-        .for_each(|(plane, out)| {
-            let src = &x.data[plane * x.h * x.w..(plane + 1) * x.h * x.w];
-            for i in 0..p {
-                for j in 0..q {
-                    let mut m = f32::NEG_INFINITY;
-                    for di in 0..3 {
-                        for dj in 0..3 {
-                            let (y, xx) = ((2 * i + di) as isize - 1, (2 * j + dj) as isize - 1);
-                            if y >= 0 && xx >= 0 && (y as usize) < x.h && (xx as usize) < x.w {
-                                m = m.max(src[y as usize * x.w + xx as usize]);
-                            }
+    let c = x.c;
+    let mut data = ws.take(x.n * p * q * c);
+    let out = SharedRows::new(&mut data, q * c);
+    parallel_ranges(x.n * p, &|rows| {
+        for row in rows {
+            // SAFETY: each row index is handed to exactly one range.
+            let out = unsafe { out.row(row) };
+            let (img, i) = (row / p, row % p);
+            let src = &x.data[img * x.h * x.w * c..(img + 1) * x.h * x.w * c];
+            for (j, o) in out.chunks_exact_mut(c).enumerate() {
+                let at = |y: usize, z: usize| &src[(y * x.w + z) * c..(y * x.w + z + 1) * c];
+                o.copy_from_slice(at(2 * i, 2 * j));
+                for y in (2 * i).saturating_sub(1)..(2 * i + 2).min(x.h) {
+                    for z in (2 * j).saturating_sub(1)..(2 * j + 2).min(x.w) {
+                        for (m, &v) in o.iter_mut().zip(at(y, z)) {
+                            *m = if v > *m { v } else { *m };
                         }
                     }
-                    out[i * q + j] = m;
                 }
             }
-        });
+        }
+    });
     Act {
         n: x.n,
-        c: x.c,
         h: p,
         w: q,
+        c,
         data,
     }
 }
+
+/// Bytes of the largest activation (the stem's output) that the first two stages work on at
+/// once: at batch 32 their activations (3.2 MB an image at 224 x 224) would otherwise stream
+/// through memory between every two layers, so they run a few images at a time, with their
+/// output gathered for the later stages, which run on the whole batch (their activations are
+/// small, and their weights, 90% of ResNet-50's, are then read once).
+const FRONT_PASS_BYTES: usize = 8 << 20;
 
 /// Why an input cannot go through the model.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -318,36 +462,142 @@ impl FoldedResNet {
         if h < 32 || w < 32 {
             return Err(ForwardError::TooSmall { h, w });
         }
-        let mut data = ws.take(want);
-        data.copy_from_slice(input);
+        // the stem's output, the largest activation
+        let per_image = h.div_ceil(2) * w.div_ceil(2) * 64 * 4;
+        let pass = (FRONT_PASS_BYTES / per_image).max(1);
+        Ok(self.forward_in_passes(input, (n, h, w), pass, ws))
+    }
+
+    /// `forward_cpu_with` on checked arguments, the first two stages `pass` images at a time
+    /// (see `FRONT_PASS_BYTES`), the rest on the whole batch.
+    fn forward_in_passes(
+        &self,
+        input: &[f32],
+        (n, h, w): (usize, usize, usize),
+        pass: usize,
+        ws: &mut Workspace,
+    ) -> Vec<f32> {
+        let pack = self.cpu_pack.0.get_or_init(|| PackedNet::new(self));
+        let split = self.model.blocks().iter().take(2).sum::<usize>();
+        let split = split.min(self.blocks.len());
+        let pass = pass.max(1);
+        let x = if pass >= n {
+            self.front(pack, input, (n, h, w), split, ws)
+        } else {
+            let mut whole: Option<Act> = None;
+            for (i, images) in input.chunks(pass * 3 * h * w).enumerate() {
+                let part = self.front(pack, images, (images.len() / (3 * h * w), h, w), split, ws);
+                let at = i * pass * part.h * part.w * part.c;
+                let whole = whole.get_or_insert_with(|| Act {
+                    n,
+                    h: part.h,
+                    w: part.w,
+                    c: part.c,
+                    data: ws.take(n * part.h * part.w * part.c),
+                });
+                let dst = SharedRows::new(&mut whole.data[at..at + part.data.len()], 4096);
+                let src = &part.data[..];
+                parallel_ranges(src.len().div_ceil(4096), &|pieces| {
+                    for i in pieces {
+                        let from = &src[i * 4096..src.len().min((i + 1) * 4096)];
+                        // SAFETY: each piece index is handed to exactly one range.
+                        unsafe { dst.row(i) }.copy_from_slice(from);
+                    }
+                });
+                ws.give(part.data);
+            }
+            whole.expect("n > pass >= 1, so at least one pass")
+        };
+        let x = self.run_blocks(pack, x, split.., ws);
+        let mut logits = vec![0f32; n * self.num_classes];
+        self.head(pack, x, ws, &mut logits);
+        logits
+    }
+
+    /// The layout change, the stem, max pooling and blocks `..split` for `n` NCHW images.
+    fn front(
+        &self,
+        pack: &PackedNet,
+        input: &[f32],
+        (n, h, w): (usize, usize, usize),
+        split: usize,
+        ws: &mut Workspace,
+    ) -> Act {
+        // NCHW -> NHWC, by image rows
+        let mut data = ws.take(n * 3 * h * w);
+        let out = SharedRows::new(&mut data, w * 3);
+        parallel_ranges(n * h, &|rows| {
+            for row in rows {
+                // SAFETY: each row index is handed to exactly one range.
+                let out = unsafe { out.row(row) };
+                let (img, y) = (row / h, row % h);
+                for ch in 0..3 {
+                    let src = &input[((img * 3 + ch) * h + y) * w..][..w];
+                    for (o, &v) in out.iter_mut().skip(ch).step_by(3).zip(src) {
+                        *o = v;
+                    }
+                }
+            }
+        });
         let input = Act {
             n,
-            c: 3,
             h,
             w,
+            c: 3,
             data,
         };
-        let stem = self.stem.apply(&input, None, true, ws);
+        let stem = self.stem.apply(&pack.stem, &input, None, true, ws);
         ws.give(input.data);
-        let mut x = max_pool(&stem, ws);
+        let x = max_pool(&stem, ws);
         ws.give(stem.data);
-        for block in &self.blocks {
-            let projected = block
+        self.run_blocks(pack, x, ..split, ws)
+    }
+
+    /// Residual blocks `range` on `x`.
+    fn run_blocks(
+        &self,
+        pack: &PackedNet,
+        mut x: Act,
+        range: impl std::slice::SliceIndex<[FoldedBlock], Output = [FoldedBlock]>
+            + std::slice::SliceIndex<[PackedBlock], Output = [PackedBlock]>
+            + Clone,
+        ws: &mut Workspace,
+    ) -> Act {
+        for (block, (convs, downsample)) in
+            self.blocks[range.clone()].iter().zip(&pack.blocks[range])
+        {
+            let mut projected = block
                 .downsample
                 .as_ref()
-                .map(|d| d.apply(&x, None, false, ws));
-            let last = block.convs.len().saturating_sub(1);
+                .zip(downsample.as_ref())
+                .map(|(d, p)| d.apply(p, &x, None, false, ws));
+            let count = block.convs.len();
             let mut y: Option<Act> = None;
-            for (i, conv) in block.convs.iter().enumerate() {
-                let src = y.as_ref().unwrap_or(&x);
-                let out = if i == last {
-                    conv.apply(src, Some(projected.as_ref().unwrap_or(&x)), true, ws)
-                } else {
-                    conv.apply(src, None, true, ws)
+            for (i, (conv, packed)) in block.convs.iter().zip(convs).enumerate() {
+                let last = i + 1 == count;
+                let out = match (last, y.take()) {
+                    // The last convolution adds the shortcut (the projection, else the block's
+                    // input) in place, overwriting the shortcut's buffer: one activation-sized
+                    // buffer less to stream through memory.
+                    (true, Some(src)) => {
+                        let shortcut = projected
+                            .take()
+                            .unwrap_or_else(|| std::mem::replace(&mut x, Act::empty()));
+                        let out = conv.apply_onto(packed, &src, shortcut, true);
+                        ws.give(src.data);
+                        out
+                    }
+                    (_, src) => {
+                        let input = src.as_ref().unwrap_or(&x);
+                        let residual = last.then(|| projected.as_ref().unwrap_or(&x));
+                        let out = conv.apply(packed, input, residual, true, ws);
+                        if let Some(src) = src {
+                            ws.give(src.data);
+                        }
+                        out
+                    }
                 };
-                if let Some(old) = y.replace(out) {
-                    ws.give(old.data);
-                }
+                y = Some(out);
             }
             if let Some(p) = projected {
                 ws.give(p.data);
@@ -356,27 +606,50 @@ impl FoldedResNet {
                 ws.give(std::mem::replace(&mut x, next).data);
             }
         }
-        // global average pooling, then the classifier
-        let plane = x.h * x.w;
-        let feats: Vec<f32> = x
-            .data
-            .chunks(plane)
-            .map(|c| (c.iter().map(|&v| f64::from(v)).sum::<f64>() / plane as f64) as f32)
-            .collect();
+        x
+    }
+
+    /// Global average pooling and the classifier on `x`, into `logits`.
+    fn head(&self, pack: &PackedNet, x: Act, ws: &mut Workspace, logits: &mut [f32]) {
+        let n = x.n;
+        // global average pooling (summed in f64, 16 channels at a time down the pixel rows)
         let f = x.c;
-        ws.give(x.data);
-        let mut logits = vec![0f32; n * self.num_classes];
-        logits
-            .par_chunks_mut(self.num_classes)
-            .enumerate()
-            .for_each(|(img, out)| {
-                let v = &feats[img * f..(img + 1) * f];
-                for (k, o) in out.iter_mut().enumerate() {
-                    let wrow = &self.fc_weight[k * f..(k + 1) * f];
-                    *o = self.fc_bias[k] + wrow.iter().zip(v).map(|(a, b)| a * b).sum::<f32>();
+        let plane = x.h * x.w;
+        let mut feats = ws.take(n * f);
+        let out = SharedRows::new(&mut feats, f);
+        parallel_ranges(n, &|images| {
+            for i in images {
+                // SAFETY: each image index is handed to exactly one range.
+                let out = unsafe { out.row(i) };
+                let img = &x.data[i * plane * f..(i + 1) * plane * f];
+                for (c0, o) in (0..f).step_by(16).zip(out.chunks_mut(16)) {
+                    let mut acc = [0f64; 16];
+                    for px in img.chunks_exact(f) {
+                        for (a, &v) in acc.iter_mut().zip(&px[c0..c0 + o.len()]) {
+                            *a += f64::from(v);
+                        }
+                    }
+                    for (o, a) in o.iter_mut().zip(acc) {
+                        *o = (a / plane as f64) as f32;
+                    }
                 }
-            });
-        Ok(logits)
+            }
+        });
+        ws.give(x.data);
+        // the classifier: a 1x1 convolution over n one-pixel images
+        let fc = ConvShape {
+            n,
+            c: f,
+            h: 1,
+            w: 1,
+            k: self.num_classes,
+            r: 1,
+            s: 1,
+            stride: 1,
+            pad: 0,
+        };
+        conv2d_nhwc_packed(&fc, &feats, &pack.fc, None, false, logits);
+        ws.give(feats);
     }
 }
 
@@ -593,6 +866,62 @@ mod tests {
             model.forward_cpu(&x[..3 * 16 * 16], 1, 16, 16),
             Err(ForwardError::TooSmall { .. })
         ));
+    }
+
+    /// Concurrent passes (sharing the packed weights and the CPU thread team) give exactly
+    /// the logits of a lone pass; a clone repacks and agrees too.
+    #[test]
+    fn concurrent_forward_passes_agree() {
+        let model = fold(&seeded_init(ResNet::R18, 10, 5, true)).unwrap();
+        let (n, h, w) = (3, 40, 44);
+        let x = input(n, h, w, 11);
+        let alone = model.forward_cpu(&x, n, h, w).unwrap();
+        std::thread::scope(|scope| {
+            let runs: Vec<_> = (0..3)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut ws = Workspace::default();
+                        (0..3)
+                            .map(|_| model.forward_cpu_with(&x, n, h, w, &mut ws).unwrap())
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            for run in runs {
+                for logits in run.join().unwrap() {
+                    assert_eq!(logits, alone);
+                }
+            }
+        });
+        let copy = model.clone();
+        assert_eq!(copy, model);
+        assert_eq!(format!("{:?}", copy.cpu_pack), "CpuPack { built: false }");
+        assert_eq!(copy.forward_cpu(&x, n, h, w).unwrap(), alone);
+    }
+
+    /// Running the first stages a few images at a time changes nothing (to the bit with the
+    /// AVX-512 kernel, whose tiles never mix pixels' sums; gemm may block sums by batch size).
+    #[test]
+    fn passes_over_the_first_stages_give_the_same_logits() {
+        for (model, (n, h, w)) in [(ResNet::R18, (5, 40, 36)), (ResNet::R50, (3, 64, 48))] {
+            let model = fold(&seeded_init(model, 10, 21, true)).unwrap();
+            let x = input(n, h, w, 13);
+            let mut ws = Workspace::default();
+            let whole = model.forward_in_passes(&x, (n, h, w), n, &mut ws);
+            for pass in [1, 2, n - 1] {
+                let parts = model.forward_in_passes(&x, (n, h, w), pass, &mut ws);
+                let worst = parts
+                    .iter()
+                    .zip(&whole)
+                    .map(|(a, b)| (a - b).abs() / b.abs().max(1e-3))
+                    .fold(0f32, f32::max);
+                assert!(
+                    worst < 1e-5,
+                    "{:?} in passes of {pass}: {worst:e}",
+                    model.model
+                );
+            }
+        }
     }
 
     #[test]
