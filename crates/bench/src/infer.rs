@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The CPU reference row's strategy name.
-pub const CPU_ROW: &str = "gpukit f32 (folded BN, im2col+gemm)";
+pub const CPU_ROW: &str = "gpukit f32 (folded BN, direct NHWC conv)";
 /// ONNX Runtime's row's strategy name.
 pub const ORT_ROW: &str = "ONNX Runtime CPU (same weights)";
 
