@@ -664,17 +664,11 @@ impl Dnn {
             let mut best: Option<(f64, usize)> = None;
             for (i, c) in candidates.iter().enumerate().take(FUSED_TRIALS) {
                 fused.conv.apply(c)?;
-                let times = crate::timing::time_on_stream(&self.stream, 2, 5, || {
-                    self.fused_forward(fused, x, w, bias, z, y)
-                })
-                .map_err(|e| match e {
-                    crate::timing::TimingError::Cuda(c) => DnnError::Cuda(c),
-                    crate::timing::TimingError::Work(w) => w,
-                });
                 // an algorithm that cannot run fused is skipped, not fatal
-                let Ok(mut times) = times else { continue };
-                times.sort_by(f64::total_cmp);
-                let median = times[times.len() / 2];
+                let Ok(median) = self.candidate_ms(|| self.fused_forward(fused, x, w, bias, z, y))
+                else {
+                    continue;
+                };
                 if best.is_none_or(|(t, _)| median < t) {
                     best = Some((median, i));
                 }
@@ -834,15 +828,7 @@ impl Dnn {
         legacy.check(x, w, y)?;
         self.find(&mut legacy, x, w, y)?;
         // timed like the graph candidates (cuDNN's own figure comes from another method)
-        let mut times = crate::timing::time_on_stream(&self.stream, 2, 5, || {
-            self.conv_forward_views(&legacy, x, w, y)
-        })
-        .map_err(|e| match e {
-            crate::timing::TimingError::Cuda(c) => DnnError::Cuda(c),
-            crate::timing::TimingError::Work(w) => w,
-        })?;
-        times.sort_by(f64::total_cmp);
-        let legacy_ms = times[times.len() / 2];
+        let legacy_ms = self.candidate_ms(|| self.conv_forward_views(&legacy, x, w, y))?;
         let graph = if allow_graph && ty != ConvType::F32 {
             self.plan_graph_ranked(dims, ty, x, w, None, None, false, y, None)
                 .ok()
@@ -855,6 +841,21 @@ impl Dnn {
         };
         self.remember(key, &choice);
         Ok(choice)
+    }
+
+    /// Median device milliseconds of `work` over 5 runs after 2 warm-up runs: how every
+    /// candidate (legacy algorithm or backend engine) is timed, so that they compare.
+    pub(crate) fn candidate_ms(
+        &self,
+        work: impl FnMut() -> Result<(), DnnError>,
+    ) -> Result<f64, DnnError> {
+        let mut times =
+            crate::timing::time_on_stream(&self.stream, 2, 5, work).map_err(|e| match e {
+                crate::timing::TimingError::Cuda(c) => DnnError::Cuda(c),
+                crate::timing::TimingError::Work(w) => w,
+            })?;
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
     }
 
     /// Writes the measured choices to disk (also done when the handle is dropped).
@@ -914,10 +915,6 @@ impl Dnn {
 
     pub(crate) fn handle(&self) -> dn::cudnnHandle_t {
         self.handle
-    }
-
-    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
     }
 
     pub(crate) fn workspace_view(&self) -> View<'_> {

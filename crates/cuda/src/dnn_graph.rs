@@ -445,12 +445,8 @@ impl Dnn {
                 dims,
                 ty,
             };
-            let timed = crate::timing::time_on_stream(self.stream(), 2, 5, || {
-                self.graph_forward(&candidate, x, w, bias, z, y)
-            });
-            let Ok(mut times) = timed else { continue };
-            times.sort_by(f64::total_cmp);
-            let median = times[times.len() / 2];
+            let timed = self.candidate_ms(|| self.graph_forward(&candidate, x, w, bias, z, y));
+            let Ok(median) = timed else { continue };
             if best.as_ref().is_none_or(|b| median < b.0) {
                 best = Some((median, rank, candidate.plan, ws));
             }

@@ -4,6 +4,7 @@
 //! reason, without a GPU; GPUKIT_REQUIRE_GPU=1 makes a missing GPU a failure.
 
 use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::testing::{fresh_seed, uniform_f32};
 use gpukit_models::forward::{fold, FoldedResNet};
 use gpukit_models::gpu::{EngineError, GpuContext, GpuWeights, Precision, Session};
 use gpukit_models::weights::seeded_init;
@@ -15,26 +16,6 @@ static DISCOVERY: OnceLock<Discovery> = OnceLock::new();
 
 fn context() -> Result<GpuContext, Failed> {
     GpuContext::open(DISCOVERY.get().ok_or("no discovery")?, 0).map_err(|e| e.to_string().into())
-}
-
-fn fresh_seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(7)
-        | 1
-}
-
-fn images(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
 }
 
 /// max |got - want| / max |want|; infinite when anything is not finite or lengths differ.
@@ -70,8 +51,8 @@ fn every_strategy_matches_cpu() -> Result<(), Failed> {
     let seed = fresh_seed();
     let folded = model(ResNet::R18, 10, seed)?;
     for (n, h, w) in [(3, 64, 64), (2, 67, 45)] {
-        let x = images(n * 3 * h * w, seed ^ 0x55);
-        let x2 = images(n * 3 * h * w, seed ^ 0xaa);
+        let x = uniform_f32(n * 3 * h * w, seed ^ 0x55);
+        let x2 = uniform_f32(n * 3 * h * w, seed ^ 0xaa);
         let want = folded.forward_cpu(&x, n, h, w)?;
         let want2 = folded.forward_cpu(&x2, n, h, w)?;
         for p in Precision::ALL {
@@ -110,7 +91,7 @@ fn resnet50_fp32_matches_cpu_at_224() -> Result<(), Failed> {
     let seed = fresh_seed();
     let folded = model(ResNet::R50, 1000, seed)?;
     let (n, h, w) = (2, 224, 224);
-    let x = images(n * 3 * h * w, seed);
+    let x = uniform_f32(n * 3 * h * w, seed);
     let want = folded.forward_cpu(&x, n, h, w)?;
     for nhwc in [false, true] {
         let weights = GpuWeights::upload(&ctx, &folded, Precision::F32, nhwc)?;
@@ -129,7 +110,7 @@ fn memory_plan_saves_memory_and_changes_nothing() -> Result<(), Failed> {
     let seed = fresh_seed();
     let folded = model(ResNet::R50, 1000, seed)?;
     let (n, h, w) = (4, 224, 224);
-    let x = images(n * 3 * h * w, seed);
+    let x = uniform_f32(n * 3 * h * w, seed);
     // f32: two sessions may measure different algorithms fastest, which in f16 changes the
     // rounding; in f32 only the summation order differs
     let weights = GpuWeights::upload(&ctx, &folded, Precision::F32, true)?;

@@ -4,6 +4,7 @@
 //! Ignored, with the reason, without a GPU; GPUKIT_REQUIRE_GPU=1 makes a missing GPU a failure.
 
 use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::testing::{fresh_seed, uniform_f32};
 use gpukit_tensor::{DType, Device, Devices, Tensor, TensorError};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::OnceLock;
@@ -14,27 +15,6 @@ const CUDA0: Device = Device::Cuda(0);
 
 fn devices() -> Result<Devices, Failed> {
     Ok(Devices::new(DISCOVERY.get().ok_or("no discovery")?.clone()))
-}
-
-fn fresh_seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(7)
-        | 1
-}
-
-/// Uniform in [-1, 1).
-fn random(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
 }
 
 fn expect(cond: bool, what: impl FnOnce() -> String) -> Result<(), Failed> {
@@ -49,7 +29,7 @@ fn round_trip_is_byte_exact() -> Result<(), Failed> {
     let devices = devices()?;
     let seed = fresh_seed();
     let shape = [3, 5, 7, 11];
-    let x: Vec<f32> = random(3 * 5 * 7 * 11, seed)
+    let x: Vec<f32> = uniform_f32(3 * 5 * 7 * 11, seed)
         .iter()
         .map(|v| v * 1000.0)
         .collect();
@@ -100,7 +80,7 @@ fn to_nhwc_on_the_gpu() -> Result<(), Failed> {
     let devices = devices()?;
     let seed = fresh_seed();
     let (n, c, h, w) = (2, 3, 9, 13);
-    let x = random(n * c * h * w, seed);
+    let x = uniform_f32(n * c * h * w, seed);
     let cpu = Tensor::from_f32(&[n, c, h, w], x.clone())?;
     for dtype in [DType::F32, DType::F16] {
         let cpu = cpu.to_dtype(dtype)?;
@@ -168,7 +148,7 @@ fn ops_on_two_gpu_tensors_match_the_cpu() -> Result<(), Failed> {
     let devices = devices()?;
     let seed = fresh_seed();
     let shape = [4, 8, 16];
-    let (x, y) = (random(512, seed), random(512, seed ^ 0x5555));
+    let (x, y) = (uniform_f32(512, seed), uniform_f32(512, seed ^ 0x5555));
     for dtype in [DType::F32, DType::F16, DType::Bf16, DType::F64] {
         let (a, b) = (
             Tensor::from_f32_as(&shape, &x, dtype)?,
@@ -195,7 +175,7 @@ fn ops_on_two_gpu_tensors_match_the_cpu() -> Result<(), Failed> {
     })?;
     // matmul of two GPU tensors
     let (m, k, n) = (5, 7, 3);
-    let (p, q) = (random(m * k, seed ^ 1), random(k * n, seed ^ 2));
+    let (p, q) = (uniform_f32(m * k, seed ^ 1), uniform_f32(k * n, seed ^ 2));
     let (pc, qc) = (Tensor::from_f32(&[m, k], p)?, Tensor::from_f32(&[k, n], q)?);
     let want = pc.matmul(&qc)?;
     let got = pc.to(CUDA0, &devices)?.matmul(&qc.to(CUDA0, &devices)?)?;
@@ -208,7 +188,7 @@ fn ops_on_two_gpu_tensors_match_the_cpu() -> Result<(), Failed> {
 
 fn between_gpus() -> Result<(), Failed> {
     let devices = devices()?;
-    let x = random(300, fresh_seed());
+    let x = uniform_f32(300, fresh_seed());
     let cpu = Tensor::from_f32_as(&[3, 100], &x, DType::Bf16)?;
     let g0 = cpu.to(CUDA0, &devices)?;
     match g0.to(Device::Cuda(1), &devices) {
