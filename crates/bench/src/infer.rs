@@ -473,12 +473,7 @@ pub fn gpu_rows_without_figure(report: &InferReport) -> Option<String> {
 
 /// Whether an engine error is the device running out of memory (a limit, not a bug).
 pub fn is_oom(e: &EngineError) -> bool {
-    if matches!(e, EngineError::OutOfMemory { .. }) {
-        return true;
-    }
-    // a driver, cuDNN or cuBLAS allocation that failed outside the engine's own accounting
-    let text = e.to_string();
-    text.contains("OUT_OF_MEMORY") || text.contains("ALLOC_FAILED")
+    e.is_out_of_memory()
 }
 
 /// Out of memory skips a row (with the numbers); anything else fails it.
@@ -1065,8 +1060,7 @@ impl GpuRun<'_> {
             };
             let mem = session.memory;
             r.gpu_memory = Some(mem);
-            r.gpu_memory_bytes =
-                Some((mem.weights_bytes + mem.arena_bytes + mem.conv_workspace_bytes) as u64);
+            r.gpu_memory_bytes = Some(mem.total() as u64);
             if st.graph {
                 let captured = single
                     .graph
@@ -1276,8 +1270,7 @@ impl GpuRun<'_> {
         for st in here {
             let mut r = self.row(st, n, RowStatus::Ok);
             r.gpu_memory = Some(mem);
-            r.gpu_memory_bytes =
-                Some((mem.weights_bytes + mem.arena_bytes + mem.conv_workspace_bytes) as u64);
+            r.gpu_memory_bytes = Some(mem.total() as u64);
             r.tolerance = Some(tol);
             if st.graph && !captured {
                 if let Err(e) = session.capture() {

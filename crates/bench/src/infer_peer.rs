@@ -216,34 +216,40 @@ pub fn compare(report: &mut InferReport, opts: &InferOptions) -> Result<String, 
 
     let gpu_batches: Vec<usize> = batches_of(report, false);
     let cpu_batches: Vec<usize> = batches_of(report, true);
-    let model = opts.model.name().to_string();
+    // the flags both of the script's runs share; `device` runs `batches`, with the logits
+    // files when `io`
+    let script_args = |device: &str, batches: &[usize], iterations: usize, io: bool| {
+        let mut a: Vec<String> = vec![
+            "infer".into(),
+            "--model".into(),
+            opts.model.name().into(),
+            "--weights".into(),
+            weights_path.display().to_string(),
+            "--batch-sizes".into(),
+            csv(batches),
+            "--image-size".into(),
+            s.to_string(),
+            "--iterations".into(),
+            iterations.to_string(),
+            "--device".into(),
+            device.into(),
+        ];
+        if io {
+            a.extend([
+                "--input".into(),
+                input_path.display().to_string(),
+                "--save-output".into(),
+                output_path.display().to_string(),
+            ]);
+        }
+        a
+    };
     let mut rows = Vec::new();
     let mut head: Option<(String, Option<String>, Option<String>, bool)> = None;
     let mut logits_unavailable = None;
     if !gpu_batches.is_empty() {
-        let args: Vec<String> = [
-            "infer",
-            "--model",
-            &model,
-            "--weights",
-            &weights_path.display().to_string(),
-            "--batch-sizes",
-            &csv(&gpu_batches),
-            "--image-size",
-            &s.to_string(),
-            "--iterations",
-            &opts.gpu_iterations.to_string(),
-            "--benchmark-cudnn",
-            "--input",
-            &input_path.display().to_string(),
-            "--save-output",
-            &output_path.display().to_string(),
-            "--device",
-            "cuda",
-        ]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
+        let mut args = script_args("cuda", &gpu_batches, opts.gpu_iterations, true);
+        args.push("--benchmark-cudnn".into());
         let run = run_pytorch(&args)?;
         head = Some((
             run.torch_version.clone(),
@@ -255,37 +261,8 @@ pub fn compare(report: &mut InferReport, opts: &InferOptions) -> Result<String, 
     }
     if !cpu_batches.is_empty() {
         // without GPU rows, the CPU run computes the logits for the check
-        let io: Vec<String> = if gpu_batches.is_empty() {
-            vec![
-                "--input".into(),
-                input_path.display().to_string(),
-                "--save-output".into(),
-                output_path.display().to_string(),
-            ]
-        } else {
-            Vec::new()
-        };
-        let args: Vec<String> = [
-            "infer",
-            "--model",
-            &model,
-            "--weights",
-            &weights_path.display().to_string(),
-            "--batch-sizes",
-            &csv(&cpu_batches),
-            "--image-size",
-            &s.to_string(),
-            "--iterations",
-            &opts.iterations.to_string(),
-            "--strategies",
-            "eager_fp32",
-            "--device",
-            "cpu",
-        ]
-        .iter()
-        .map(|a| a.to_string())
-        .chain(io)
-        .collect();
+        let mut args = script_args("cpu", &cpu_batches, opts.iterations, gpu_batches.is_empty());
+        args.extend(["--strategies".into(), "eager_fp32".into()]);
         match run_pytorch(&args) {
             Ok(run) => {
                 if head.is_none() {

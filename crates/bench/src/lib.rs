@@ -14,7 +14,7 @@ pub mod infer_peer;
 pub mod matmul;
 pub mod memory;
 pub mod peer;
-pub mod random;
+pub use gpukit_tensor::random;
 pub mod stats;
 
 /// The CPU paths live with the tensors (the inference engine uses them too).

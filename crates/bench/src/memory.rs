@@ -217,7 +217,7 @@ pub fn run_memory(
                     report.rows.push(row);
                     break;
                 }
-                Err(e) if is_oom(&e) && opts.on_oom_halve && n > 1 => {
+                Err(e) if e.is_out_of_memory() && opts.on_oom_halve && n > 1 => {
                     notes.push(format!("batch {n} did not fit ({e}); halved to {}", n / 2));
                     n /= 2;
                     ctx.gpu.empty_cache().map_err(cuda)?;
@@ -242,12 +242,6 @@ pub fn run_memory(
         report.max_batch = Some(find_max_batch(&ctx, &weights, s, &base).map_err(dev)?);
     }
     Ok(report)
-}
-
-fn is_oom(e: &EngineError) -> bool {
-    matches!(e, EngineError::OutOfMemory { .. })
-        || e.to_string().contains("OUT_OF_MEMORY")
-        || e.to_string().contains("ALLOC_FAILED")
 }
 
 fn failed_row(asked: usize, n: usize, e: &EngineError) -> MemoryRow {
@@ -341,7 +335,7 @@ fn fits(ctx: &GpuContext, net: &NetShape, n: usize, s: usize) -> Result<bool, En
     let bytes = arena_bytes(net, n, s, s, true)?;
     match ctx.try_alloc(bytes, "the activation arena") {
         Ok(()) => Ok(true),
-        Err(e) if is_oom(&e) => Ok(false),
+        Err(e) if e.is_out_of_memory() => Ok(false),
         Err(e) => Err(e),
     }
 }

@@ -338,34 +338,6 @@ impl Dnn {
         Ok(plan)
     }
 
-    /// As [`Dnn::plan_conv`], on views; the choice is measured once per shape and kept on disk
-    /// (see [`Dnn::plan_fused_best`]).
-    pub fn plan_conv_views(
-        &self,
-        dims: ConvDims,
-        ty: ConvType,
-        x: View<'_>,
-        w: View<'_>,
-        y: View<'_>,
-    ) -> Result<ConvPlan, DnnError> {
-        let mut plan = Self::describe(dims, ty)?;
-        plan.check(x, w, y)?;
-        let key = format!("plain {dims:?} {ty:?}");
-        let cached = self
-            .choices
-            .borrow()
-            .get(&key)
-            .and_then(|t| parse_legacy(&t));
-        if let Some(r) = cached {
-            if self.use_cached(&mut plan, r).is_ok() {
-                return Ok(plan);
-            }
-        }
-        self.find(&mut plan, x, w, y)?;
-        self.choices.borrow_mut().put(key, plan.choice_text());
-        Ok(plan)
-    }
-
     /// The descriptors of a convolution (no algorithm chosen yet).
     fn describe(dims: ConvDims, ty: ConvType) -> Result<ConvPlan, DnnError> {
         let dt = ty.data_type();
@@ -924,14 +896,6 @@ impl Dnn {
     /// Bytes of workspace this handle owns (the most any plan may use).
     pub fn workspace_bytes(&self) -> usize {
         self.workspace.len()
-    }
-
-    /// Replaces the workspace by one of `bytes` (after planning: the most the chosen algorithms
-    /// need). Plans made afterwards may only use that much.
-    pub fn resize_workspace(&mut self, gpu: &Gpu, bytes: usize) -> Result<(), DnnError> {
-        self.stream.synchronize().map_err(CudaError::from)?;
-        self.workspace = gpu.alloc(bytes.max(1))?;
-        Ok(())
     }
 }
 

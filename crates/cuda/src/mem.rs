@@ -147,22 +147,6 @@ impl Gpu {
         Ok(())
     }
 
-    /// Keeps freed memory in the pool (a caching allocator) instead of returning it to the
-    /// driver at every synchronisation, which is the pool's default.
-    pub fn keep_freed_memory(&self) -> Result<(), CudaError> {
-        let pool = self.pool()?;
-        let mut max = u64::MAX;
-        // SAFETY: RELEASE_THRESHOLD is a cuuint64_t.
-        unsafe {
-            result::mem_pool::set_attribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                &mut max as *mut u64 as *mut _,
-            )
-        }?;
-        Ok(())
-    }
-
     /// `empty_cache`: waits for queued work, then hands every cached byte back to the driver.
     pub fn empty_cache(&self) -> Result<(), CudaError> {
         self.stream.synchronize()?;

@@ -23,25 +23,3 @@ pub fn gpu_test_gate() -> (Discovery, Option<String>) {
     }
     (discovery, skip)
 }
-
-/// A seed that differs from run to run (tests print it with a failure so it can be replayed).
-pub fn fresh_seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(7)
-        | 1
-}
-
-/// `len` values uniform in [-1, 1) from `seed` (xorshift64): test inputs.
-pub fn uniform_f32(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}

@@ -812,15 +812,7 @@ mod tests {
     }
 
     fn input(n: usize, h: usize, w: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed | 1;
-        (0..n * 3 * h * w)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
+        gpukit_tensor::random::uniform_f32(n * 3 * h * w, seed)
     }
 
     #[test]

@@ -175,6 +175,18 @@ pub enum EngineError {
     Invalid(String),
 }
 
+impl EngineError {
+    /// Whether this is running out of GPU memory: the engine's own check, or a driver, cuDNN or
+    /// cuBLAS allocation that failed inside a library call (reported there as a status).
+    pub fn is_out_of_memory(&self) -> bool {
+        if matches!(self, EngineError::OutOfMemory { .. }) {
+            return true;
+        }
+        let text = self.to_string();
+        text.contains("OUT_OF_MEMORY") || text.contains("ALLOC_FAILED")
+    }
+}
+
 fn mib(b: usize) -> f64 {
     b as f64 / (1 << 20) as f64
 }
@@ -267,17 +279,13 @@ struct DeviceConv {
 pub struct GpuWeights {
     pub precision: Precision,
     pub nhwc: bool,
-    pub num_classes: usize,
-    /// Channels the stem sees (3, or 8 when NHWC: zero channels that tensor cores want).
-    pub input_channels: usize,
     convs: Vec<DeviceConv>,
-    features: usize,
     /// features x classes, f32.
     fc_weight: DeviceBytes,
     fc_bias: DeviceBytes,
     /// Bytes of all weights on the device.
     pub bytes: usize,
-    /// The shapes, for the op list and memory plan.
+    /// The shapes (classes, features, the stem's input channels), for the op list and plan.
     pub shape: NetShape,
 }
 
@@ -326,7 +334,7 @@ impl GpuWeights {
         nhwc: bool,
     ) -> Result<GpuWeights, EngineError> {
         let elem = precision.elem();
-        let input_channels = if nhwc { 8 } else { 3 };
+        let shape = NetShape::of(model, precision, nhwc);
         let mut convs = Vec::new();
         let mut bytes = 0;
         let mut push =
@@ -347,7 +355,7 @@ impl GpuWeights {
                 Ok(())
             };
         // the order of NetShape::of: the stem, then per block its main path and its projection
-        push(&model.stem, input_channels, None)?;
+        push(&model.stem, shape.input_channels, None)?;
         for block in &model.blocks {
             let last = block.convs.len() - 1;
             for (i, conv) in block.convs.iter().enumerate() {
@@ -368,7 +376,7 @@ impl GpuWeights {
                 push(d, d.in_ch, Some(vec![0.0; d.out_ch]))?;
             }
         }
-        let features = model.fc_weight.len() / model.num_classes.max(1);
+        let features = shape.features;
         let mut wt = vec![0f32; features * model.num_classes];
         for k in 0..model.num_classes {
             for f in 0..features {
@@ -378,7 +386,6 @@ impl GpuWeights {
         let fc_weight = ctx.gpu.upload(&encode(&wt, Elem::F32))?;
         let fc_bias = ctx.gpu.upload(&encode(&model.fc_bias, Elem::F32))?;
         bytes += fc_weight.len() + fc_bias.len();
-        let shape = NetShape::of(model, precision, nhwc);
         // the op list indexes `convs` through the shape: both must list the same convolutions
         let same =
             shape.convs.len() == convs.len()
@@ -393,10 +400,7 @@ impl GpuWeights {
         Ok(GpuWeights {
             precision,
             nhwc,
-            num_classes: model.num_classes,
-            input_channels,
             convs,
-            features,
             fc_weight,
             fc_bias,
             bytes,
@@ -421,14 +425,14 @@ enum Op {
         x: usize,
         y: usize,
     },
-    /// `conv` index; `z` a residual; `relu`; `fused` false: plain convolution (no bias).
+    /// `conv` index; `z` a residual; `relu`: bias and ReLU fused (every convolution but a
+    /// projection, which is a plain convolution: its bias joined the next one's).
     Conv {
         conv: usize,
         x: usize,
         y: usize,
         z: Option<usize>,
         relu: bool,
-        fused: bool,
     },
     MaxPool {
         x: usize,
@@ -467,6 +471,13 @@ pub struct SessionMemory {
     /// Most workspace any chosen convolution algorithm uses.
     pub conv_workspace_bytes: usize,
     pub weights_bytes: usize,
+}
+
+impl SessionMemory {
+    /// What the engine holds for this batch size: weights + arena + the largest workspace.
+    pub fn total(&self) -> usize {
+        self.weights_bytes + self.arena_bytes + self.conv_workspace_bytes
+    }
 }
 
 /// A convolution's shape as the engine runs it (input channels padded where the layout wants).
@@ -592,7 +603,6 @@ fn lay_out(
         y,
         z: None,
         relu: true,
-        fused: true,
     });
     let s = tensors[y];
     let pooled = new(
@@ -620,7 +630,6 @@ fn lay_out(
                     y,
                     z: None,
                     relu: false,
-                    fused: false,
                 });
                 y
             }
@@ -637,7 +646,6 @@ fn lay_out(
                 y,
                 z: last.then_some(shortcut),
                 relu: true,
-                fused: true,
             });
             cur = y;
         }
@@ -847,19 +855,14 @@ impl<'a> Session<'a> {
         let mut runs = Vec::with_capacity(self.ops.len());
         let mut algorithms = Vec::new();
         let mut workspace = 0;
-        type Key = (ConvDims, bool, bool, bool);
+        type Key = (ConvDims, bool, bool);
         let mut planned: std::collections::HashMap<Key, std::rc::Rc<ConvRun>> = Default::default();
         for op in &self.ops {
             if let Op::Conv {
-                conv,
-                x,
-                z,
-                relu,
-                fused,
-                ..
+                conv, x, z, relu, ..
             } = *op
             {
-                if let Some(run) = planned.get(&(self.dims(conv, x), z.is_some(), relu, fused)) {
+                if let Some(run) = planned.get(&(self.dims(conv, x), z.is_some(), relu)) {
                     algorithms.push(algorithms_name(run));
                     runs.push(Some(std::rc::Rc::clone(run)));
                     continue;
@@ -872,7 +875,6 @@ impl<'a> Session<'a> {
                     y,
                     z,
                     relu,
-                    fused,
                 } => {
                     let dims = self.dims(conv, x);
                     let c = &self.weights.convs[conv];
@@ -883,7 +885,7 @@ impl<'a> Session<'a> {
                         Some(z) => Some(self.view(z)?),
                         None => None,
                     };
-                    let run = if fused && relu {
+                    let run = if relu {
                         self.ctx.dnn.plan_fused_best(
                             dims,
                             ty,
@@ -894,10 +896,6 @@ impl<'a> Session<'a> {
                             yv,
                             self.try_graph,
                         )?
-                    } else if fused {
-                        return Err(EngineError::Invalid(
-                            "a fused convolution without ReLU is not planned by the engine".into(),
-                        ));
                     } else {
                         self.ctx
                             .dnn
@@ -907,7 +905,7 @@ impl<'a> Session<'a> {
                     workspace = workspace.max(ws);
                     algorithms.push(algorithms_name(&run));
                     let run = std::rc::Rc::new(run);
-                    planned.insert((dims, z.is_some(), relu, fused), run.clone());
+                    planned.insert((dims, z.is_some(), relu), run.clone());
                     Some(run)
                 }
                 _ => None,
@@ -928,55 +926,6 @@ impl<'a> Session<'a> {
             self.enqueue_op(i)?;
         }
         Ok(())
-    }
-
-    /// What op `i` is, for a profile: "conv 3x3/2 128->128 (ALGO)", "max pool", ...
-    fn describe_op(&self, i: usize) -> String {
-        match (self.ops[i], self.runs[i].as_deref()) {
-            (Op::Convert { .. }, _) => "convert input".into(),
-            (Op::Conv { conv, z, .. }, run) => {
-                let c = &self.weights.convs[conv];
-                let algo = run.map_or_else(|| "?".to_string(), algorithms_name);
-                let kind = match (relu_of(self.ops[i]), z) {
-                    (false, _) => " projection",
-                    (_, Some(_)) => " +residual",
-                    _ => "",
-                };
-                format!(
-                    "conv {}x{}/{} {}->{}{kind} ({algo})",
-                    c.r, c.r, c.stride, c.c, c.k
-                )
-            }
-            (Op::MaxPool { .. }, _) => "max pool".into(),
-            (Op::AvgPool { .. }, _) => "average pool".into(),
-            (Op::Classifier { .. }, _) => "classifier".into(),
-        }
-    }
-
-    /// Device time of each op of one eager pass (CUDA events between ops), with its name.
-    pub fn profile(&self) -> Result<Vec<(String, f64)>, EngineError> {
-        let stream = &self.ctx.gpu.stream;
-        let ctx = stream.context();
-        let flags = Some(gpukit_cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let mut events = Vec::with_capacity(self.ops.len() + 1);
-        for _ in 0..=self.ops.len() {
-            events.push(ctx.new_event(flags).map_err(CudaError::from)?);
-        }
-        self.enqueue()?; // warm
-        events[0].record(stream).map_err(CudaError::from)?;
-        for i in 0..self.ops.len() {
-            self.enqueue_op(i)?;
-            events[i + 1].record(stream).map_err(CudaError::from)?;
-        }
-        stream.synchronize().map_err(CudaError::from)?;
-        let mut out = Vec::with_capacity(self.ops.len());
-        for i in 0..self.ops.len() {
-            let ms = events[i]
-                .elapsed_ms(&events[i + 1])
-                .map_err(CudaError::from)?;
-            out.push((self.describe_op(i), f64::from(ms)));
-        }
-        Ok(out)
     }
 
     fn enqueue_op(&self, i: usize) -> Result<(), EngineError> {
@@ -1041,14 +990,14 @@ impl<'a> Session<'a> {
                     )?;
                 }
                 (Op::Classifier { x, y }, _) => {
-                    let classes = self.weights.num_classes;
+                    let classes = self.weights.shape.num_classes;
                     let s = &ctx.gpu.stream;
                     ctx.blas.gemm_views(
                         GemmType::F32,
                         self.view(x)?,
                         View::of(&self.weights.fc_weight, s),
                         self.view(y)?,
-                        (self.n, classes, self.weights.features),
+                        (self.n, classes, self.weights.shape.features),
                     )?;
                     ctx.kernels.add_bias(
                         self.view(y)?,
@@ -1084,7 +1033,7 @@ impl<'a> Session<'a> {
 
     /// The logits of the last forward pass (waits for it): `n x classes`, row-major.
     pub fn logits(&self) -> Result<Vec<f32>, EngineError> {
-        let len = self.n * self.weights.num_classes * 4;
+        let len = self.n * self.weights.shape.num_classes * 4;
         let bytes = self.ctx.gpu.download_from(self.view(self.logits)?, len)?;
         Ok(bytes
             .chunks_exact(4)
@@ -1127,17 +1076,6 @@ impl<'a> Session<'a> {
             .ok_or_else(|| EngineError::Invalid("no graph captured".into()))?;
         graph.launch().map_err(CudaError::from)?;
         Ok(())
-    }
-
-    /// Number of GPU calls one eager forward pass makes.
-    pub fn calls(&self) -> usize {
-        self.ops
-            .iter()
-            .map(|op| match op {
-                Op::Classifier { .. } => 2,
-                _ => 1,
-            })
-            .sum()
     }
 }
 

@@ -4,11 +4,11 @@
 //! reason, without a GPU; GPUKIT_REQUIRE_GPU=1 makes a missing GPU a failure.
 
 use gpukit_cuda::loader::Discovery;
-use gpukit_cuda::testing::{fresh_seed, uniform_f32};
 use gpukit_models::forward::{fold, FoldedResNet};
 use gpukit_models::gpu::{EngineError, GpuContext, GpuWeights, Precision, Session};
 use gpukit_models::weights::seeded_init;
 use gpukit_models::ResNet;
+use gpukit_tensor::random::{fresh_seed, uniform_f32};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::OnceLock;
 

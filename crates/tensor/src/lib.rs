@@ -1,9 +1,11 @@
-//! gpukit's tensors: where data lives ([`Device`]), what it is ([`DType`]), and the CPU ops
-//! (matrix multiply, convolution) that every GPU path is checked against.
+//! gpukit's tensors: where data lives ([`Device`]), what it is ([`DType`]), the CPU ops
+//! (matrix multiply, convolution) that every GPU path is checked against, and the random inputs
+//! benchmarks and tests use.
 
 pub mod cpu;
 pub mod device;
 pub mod dtype;
+pub mod random;
 pub mod tensor;
 
 pub use device::{Device, DeviceSelection, ParseDeviceError};

@@ -988,27 +988,7 @@ impl Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fresh_seed() -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(7)
-            | 1
-    }
-
-    /// Uniform in [-1, 1).
-    fn random(len: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::random::{fresh_seed, uniform_f32 as random};
 
     fn iota(n: usize) -> Vec<f32> {
         (0..n).map(|i| i as f32).collect()

@@ -4,7 +4,7 @@
 //! Ignored, with the reason, without a GPU; GPUKIT_REQUIRE_GPU=1 makes a missing GPU a failure.
 
 use gpukit_cuda::loader::Discovery;
-use gpukit_cuda::testing::{fresh_seed, uniform_f32};
+use gpukit_tensor::random::{fresh_seed, uniform_f32};
 use gpukit_tensor::{DType, Device, Devices, Tensor, TensorError};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::OnceLock;
