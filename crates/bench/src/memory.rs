@@ -65,9 +65,17 @@ pub struct MemoryRow {
     pub arena_without_plan_bytes: u64,
     /// Most workspace any chosen convolution algorithm uses.
     pub conv_workspace_bytes: u64,
-    /// The pool's peak while preparing and running this batch (what was really allocated).
+    /// The pool's peak while running this batch (eager pass and CUDA graph replays; what was
+    /// really allocated: weights, activations, workspaces), planning excluded.
     pub pool_used_peak: u64,
     pub pool_reserved_peak: u64,
+    /// The pool's peak while planning (cuDNN's algorithm search borrows a 256 MiB workspace
+    /// and the in-place check an output-sized buffer; both are given back before running).
+    #[serde(default)]
+    pub planning_used_peak: u64,
+    /// Whether blocks write their output over their shortcut (checked at planning).
+    #[serde(default)]
+    pub in_place: bool,
     /// NVML's figure for this process at the batch's peak (context and code included).
     pub process_used: Option<u64>,
     /// After the session was dropped and the cache emptied: must equal the baseline.
@@ -257,6 +265,8 @@ fn failed_row(asked: usize, n: usize, e: &EngineError) -> MemoryRow {
         conv_workspace_bytes: 0,
         pool_used_peak: 0,
         pool_reserved_peak: 0,
+        planning_used_peak: 0,
+        in_place: false,
         process_used: None,
         pool_reserved_after: 0,
         leak_bytes: 0,
@@ -278,8 +288,14 @@ fn measure(
 ) -> Result<MemoryRow, EngineError> {
     ctx.gpu.reset_pool_peaks()?;
     let x = uniform_f32(n * 3 * s * s, fresh_seed());
-    let (memory, ms, proc_used) = {
+    let (memory, ms, proc_used, planning, note) = {
         let mut session = Session::new(ctx, weights, n, s, s, true)?;
+        ctx.gpu
+            .stream
+            .synchronize()
+            .map_err(gpukit_cuda::driver::CudaError::from)?;
+        let planning = ctx.gpu.pool_stats()?.used_high;
+        ctx.gpu.reset_pool_peaks()?;
         let logits = session.run(&x)?;
         if logits.iter().any(|v| !v.is_finite()) {
             return Err(EngineError::Invalid(format!(
@@ -297,6 +313,8 @@ fn measure(
             session.memory,
             t.summary_ms.median,
             process_used(nvml, uuid),
+            planning,
+            session.in_place_note.clone(),
         )
     };
     let peak = ctx.gpu.pool_stats()?;
@@ -313,7 +331,7 @@ fn measure(
                 after.used, after.reserved, base.used, base.reserved
             ))
         },
-        note: None,
+        note,
         weights_bytes: memory.weights_bytes as u64,
         input_bytes: memory.input_bytes as u64,
         arena_bytes: memory.arena_bytes as u64,
@@ -321,6 +339,8 @@ fn measure(
         conv_workspace_bytes: memory.conv_workspace_bytes as u64,
         pool_used_peak: peak.used_high,
         pool_reserved_peak: peak.reserved_high,
+        planning_used_peak: planning,
+        in_place: memory.in_place,
         process_used: proc_used,
         pool_reserved_after: after.reserved,
         leak_bytes: after.reserved as i64 - base.reserved as i64,

@@ -108,11 +108,13 @@ const FUSED_TRIALS: usize = 6;
 /// Largest workspace an algorithm may use.
 pub const CONV_WORKSPACE_BYTES: usize = 256 << 20;
 
-/// A cuDNN handle on one stream, with its workspace.
+/// A cuDNN handle on one stream. Planning borrows a workspace of [`CONV_WORKSPACE_BYTES`]
+/// (allocated on first use, given back by [`Dnn::release_workspace`]); running a plan takes the
+/// caller's workspace, sized to what the plan needs (see [`ConvChoice::workspace_bytes`]).
 pub struct Dnn {
     stream: Arc<CudaStream>,
     handle: dn::cudnnHandle_t,
-    workspace: DeviceBytes,
+    workspace: std::cell::RefCell<Option<std::rc::Rc<DeviceBytes>>>,
     choices: std::cell::RefCell<Choices>,
 }
 
@@ -299,7 +301,6 @@ impl Dnn {
             );
         }
         gpu.ctx.bind_to_thread().map_err(CudaError::from)?;
-        let workspace = gpu.alloc(CONV_WORKSPACE_BYTES)?;
         let mut handle = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
         ok("cudnnCreate", unsafe { dn::cudnnCreate(&mut handle) })?;
@@ -314,7 +315,7 @@ impl Dnn {
         Ok(Dnn {
             stream: gpu.stream.clone(),
             handle,
-            workspace,
+            workspace: Default::default(),
             choices: std::cell::RefCell::new(Choices::open(gpu)),
         })
     }
@@ -465,7 +466,8 @@ impl Dnn {
         let mut perf: Vec<dn::cudnnConvolutionFwdAlgoPerfStruct> =
             vec![unsafe { std::mem::zeroed() }; max.max(1) as usize];
         let mut returned = 0;
-        let ws = View::of(&self.workspace, &self.stream);
+        let wsb = self.planning_workspace()?;
+        let ws = View::of(&wsb, &self.stream);
         // SAFETY: descriptors match the buffers (sizes checked by the caller); the workspace is
         // ours.
         ok("cudnnFindConvolutionForwardAlgorithmEx", unsafe {
@@ -506,20 +508,24 @@ impl Dnn {
         y: &mut DeviceBytes,
     ) -> Result<(), DnnError> {
         let s = &self.stream;
-        self.conv_forward_views(plan, View::of(x, s), View::of(w, s), View::of(y, s))
+        let wsb = self.planning_workspace()?;
+        let ws = View::of(&wsb, s);
+        self.conv_forward_views(plan, View::of(x, s), View::of(w, s), View::of(y, s), ws)
     }
 
-    /// As [`Dnn::conv_forward`], on views.
+    /// As [`Dnn::conv_forward`], on views, with the workspace `ws` (at least what the plan
+    /// needs).
     pub fn conv_forward_views(
         &self,
         plan: &ConvPlan,
         x: View<'_>,
         w: View<'_>,
         y: View<'_>,
+        ws: View<'_>,
     ) -> Result<(), DnnError> {
         plan.check(x, w, y)?;
+        ws.require(plan.workspace_bytes, "convolution workspace")?;
         let (alpha, beta) = (1f32, 0f32);
-        let ws = View::of(&self.workspace, &self.stream);
         // SAFETY: buffer sizes checked against the plan's descriptors; scalars are f32 as cuDNN
         // wants for float/half data; the workspace holds what the algorithm asked for (it was
         // measured with this workspace).
@@ -633,11 +639,14 @@ impl Dnn {
         let (dims, ty) = (fused.conv.dims, fused.conv.ty);
         if fused.relu {
             let candidates = self.candidates(&fused.conv, x, w, y)?;
+            let wsb = self.planning_workspace()?;
+            let ws = View::of(&wsb, &self.stream);
             let mut best: Option<(f64, usize)> = None;
             for (i, c) in candidates.iter().enumerate().take(FUSED_TRIALS) {
                 fused.conv.apply(c)?;
                 // an algorithm that cannot run fused is skipped, not fatal
-                let Ok(median) = self.candidate_ms(|| self.fused_forward(fused, x, w, bias, z, y))
+                let Ok(median) =
+                    self.candidate_ms(|| self.fused_forward(fused, x, w, bias, z, y, ws))
                 else {
                     continue;
                 };
@@ -665,7 +674,7 @@ impl Dnn {
                     &mut bytes,
                 )
             })?;
-            if bytes > self.workspace.len() {
+            if bytes > CONV_WORKSPACE_BYTES {
                 return Err(DnnError::NoAlgorithm(format!(
                     "{dims:?} {ty:?}: IMPLICIT_PRECOMP_GEMM needs {bytes} bytes of workspace"
                 )));
@@ -697,7 +706,7 @@ impl Dnn {
                 &mut bytes,
             )
         })?;
-        if bytes > self.workspace.len() {
+        if bytes > CONV_WORKSPACE_BYTES {
             return Err(DnnError::NoAlgorithm(
                 "cached algorithm needs more workspace".into(),
             ));
@@ -722,7 +731,10 @@ impl Dnn {
         y: View<'_>,
         allow_graph: bool,
     ) -> Result<ConvChoice, DnnError> {
-        let key = format!("fused {dims:?} {ty:?} residual={}", z.is_some());
+        // a legacy-only choice (GPUKIT_CUDNN_LEGACY=1) is kept apart: it must never stand in
+        // for the measured best of both APIs in a later run (run 15 caught that)
+        let only = if allow_graph { "" } else { " legacy-only" };
+        let key = format!("fused {dims:?} {ty:?} residual={}{only}", z.is_some());
         let cached = self.choices.borrow().get(&key);
         if let Some(text) = cached {
             if let Some(r) = parse_legacy(&text) {
@@ -777,7 +789,8 @@ impl Dnn {
         y: View<'_>,
         allow_graph: bool,
     ) -> Result<ConvChoice, DnnError> {
-        let key = format!("plain {dims:?} {ty:?}");
+        let only = if allow_graph { "" } else { " legacy-only" };
+        let key = format!("plain {dims:?} {ty:?}{only}");
         let cached = self.choices.borrow().get(&key);
         if let Some(text) = cached {
             if let Some(r) = parse_legacy(&text) {
@@ -800,7 +813,9 @@ impl Dnn {
         legacy.check(x, w, y)?;
         self.find(&mut legacy, x, w, y)?;
         // timed like the graph candidates (cuDNN's own figure comes from another method)
-        let legacy_ms = self.candidate_ms(|| self.conv_forward_views(&legacy, x, w, y))?;
+        let wsb = self.planning_workspace()?;
+        let ws = View::of(&wsb, &self.stream);
+        let legacy_ms = self.candidate_ms(|| self.conv_forward_views(&legacy, x, w, y, ws))?;
         let graph = if allow_graph && ty != ConvType::F32 {
             self.plan_graph_ranked(dims, ty, x, w, None, None, false, y, None)
                 .ok()
@@ -835,8 +850,11 @@ impl Dnn {
         self.choices.borrow_mut().save();
     }
 
-    /// Runs a fused convolution: `y = act(conv(x, w) + bias + z)`, or without `z` when None.
-    /// `z` must have `y`'s shape and type; it may not be `y` itself.
+    /// Runs a fused convolution: `y = act(conv(x, w) + bias + z)`, or without `z` when None,
+    /// with the workspace `ws` (at least what the plan needs). `z` must have `y`'s shape and
+    /// type; it may be `y` itself only where the engine checked that (see
+    /// `models::gpu::Session`).
+    #[allow(clippy::too_many_arguments)]
     pub fn fused_forward(
         &self,
         plan: &FusedConv,
@@ -845,9 +863,11 @@ impl Dnn {
         bias: View<'_>,
         z: Option<View<'_>>,
         y: View<'_>,
+        ws: View<'_>,
     ) -> Result<(), DnnError> {
         let c = &plan.conv;
         c.check(x, w, y)?;
+        ws.require(c.workspace_bytes, "convolution workspace")?;
         bias.require(c.dims.k * c.ty.elem_bytes(), "convolution bias")
             .map_err(DnnError::from)?;
         if let Some(z) = z {
@@ -858,7 +878,6 @@ impl Dnn {
         let alpha2 = if z.is_some() { 1f32 } else { 0f32 };
         // with alpha2 = 0 cuDNN does not read z, but it still wants a valid pointer
         let zp = z.unwrap_or(y).addr();
-        let ws = View::of(&self.workspace, &self.stream);
         // SAFETY: sizes checked against the descriptors; z has y's descriptor; scalars are f32
         // for float/half/bf16 data; the workspace is ours and large enough (checked at plan).
         ok("cudnnConvolutionBiasActivationForward", unsafe {
@@ -885,17 +904,34 @@ impl Dnn {
         })
     }
 
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
     pub(crate) fn handle(&self) -> dn::cudnnHandle_t {
         self.handle
     }
 
-    pub(crate) fn workspace_view(&self) -> View<'_> {
-        View::of(&self.workspace, &self.stream)
+    /// The planning workspace ([`CONV_WORKSPACE_BYTES`]: the most any plan may use),
+    /// allocated on first use and kept until [`Dnn::release_workspace`].
+    pub(crate) fn planning_workspace(&self) -> Result<std::rc::Rc<DeviceBytes>, DnnError> {
+        let mut slot = self.workspace.borrow_mut();
+        if let Some(ws) = slot.as_ref() {
+            return Ok(ws.clone());
+        }
+        let ws = std::rc::Rc::new(
+            self.stream
+                .alloc_zeros::<u8>(CONV_WORKSPACE_BYTES)
+                .map_err(CudaError::from)?,
+        );
+        *slot = Some(ws.clone());
+        Ok(ws)
     }
 
-    /// Bytes of workspace this handle owns (the most any plan may use).
-    pub fn workspace_bytes(&self) -> usize {
-        self.workspace.len()
+    /// Gives the planning workspace back to the memory pool (stream-ordered: work already
+    /// queued that uses it completes first). Planning again allocates it again.
+    pub fn release_workspace(&self) {
+        self.workspace.borrow_mut().take();
     }
 }
 

@@ -78,6 +78,11 @@ impl Desc {
 /// A planned fused convolution: its execution plan and the tensor ids the variant pack binds.
 pub struct GraphConv {
     plan: Desc,
+    /// Every descriptor the plan was built from (tensors, operations, graph, heuristics, the
+    /// engine configuration), alive as long as the plan: finalized descriptors refer to the
+    /// ones they were set from (cuDNN's own frontend keeps them too), so destroying them
+    /// early would leave the plan pointing at freed memory.
+    _built_from: Vec<Desc>,
     /// Variant packs by the addresses they bind: one plan serves every layer of its shape, and
     /// each layer passes the same buffers every time, so each pack is built once.
     packs: std::cell::RefCell<std::collections::HashMap<Vec<u64>, Desc>>,
@@ -106,6 +111,58 @@ const UID_BIASED: i64 = 11;
 /// its fast engines rank lower).
 const GRAPH_TRIALS: usize = 8;
 const GRAPH_TRIALS_NCHW: usize = 16;
+/// NCHW also times this many of cuDNN's fallback engines (after the heuristic's list).
+const GRAPH_FALLBACK_TRIALS: usize = 16;
+
+/// Up to `limit` engine configurations cuDNN's heuristics in `mode` suggest for `graph`, best
+/// first, with the heuristics descriptor they came from (to be kept alive beside them).
+fn heuristic_configs(
+    graph: &Desc,
+    mode: dn::cudnnBackendHeurMode_t,
+    limit: usize,
+) -> Result<(Vec<Desc>, Desc), DnnError> {
+    let heur = Desc::new(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
+    heur.set_desc(A::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[graph])?
+        .set(
+            A::CUDNN_ATTR_ENGINEHEUR_MODE,
+            T::CUDNN_TYPE_HEUR_MODE,
+            &[mode],
+        )?;
+    heur.finalize()?;
+    let mut count = 0i64;
+    // SAFETY: asks for the number of results only (no array).
+    ok("cudnnBackendGetAttribute", unsafe {
+        dn::cudnnBackendGetAttribute(
+            heur.0,
+            A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            0,
+            &mut count,
+            std::ptr::null_mut(),
+        )
+    })?;
+    let wanted = (count.max(0) as usize).min(limit);
+    let mut configs: Vec<Desc> = (0..wanted)
+        .map(|_| Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
+        .collect::<Result<_, _>>()?;
+    let mut raw: Vec<dn::cudnnBackendDescriptor_t> = configs.iter().map(|c| c.0).collect();
+    let mut got = 0i64;
+    if wanted > 0 {
+        // SAFETY: `raw` holds `wanted` created engine-config descriptors for cuDNN to fill.
+        ok("cudnnBackendGetAttribute", unsafe {
+            dn::cudnnBackendGetAttribute(
+                heur.0,
+                A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                wanted as i64,
+                &mut got,
+                raw.as_mut_ptr() as *mut c_void,
+            )
+        })?;
+    }
+    configs.truncate(got.clamp(0, wanted as i64) as usize);
+    Ok((configs, heur))
+}
 
 fn tensor(
     uid: i64,
@@ -355,52 +412,34 @@ impl Dnn {
             )?;
         graph.finalize()?;
 
-        let heur = Desc::new(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
-        heur.set_desc(A::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[&graph])?
-            .set(
-                A::CUDNN_ATTR_ENGINEHEUR_MODE,
-                T::CUDNN_TYPE_HEUR_MODE,
-                &[dn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A],
+        // the candidates: cuDNN's heuristic list (mode A), then for NCHW its fallback list too
+        // (what PyTorch's cudnn.benchmark times); a rank indexes this concatenation, which is
+        // rebuilt the same way when a cached rank is planned again
+        let (mut configs, heur_a) = heuristic_configs(
+            &graph,
+            dn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A,
+            if nhwc {
+                GRAPH_TRIALS
+            } else {
+                GRAPH_TRIALS_NCHW
+            },
+        )?;
+        let count = configs.len();
+        let mut heurs = vec![heur_a];
+        if !nhwc {
+            let (fallback, heur_f) = heuristic_configs(
+                &graph,
+                dn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_FALLBACK,
+                GRAPH_FALLBACK_TRIALS,
             )?;
-        heur.finalize()?;
-        let mut count = 0i64;
-        // SAFETY: asks for the number of results only (no array).
-        ok("cudnnBackendGetAttribute", unsafe {
-            dn::cudnnBackendGetAttribute(
-                heur.0,
-                A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                0,
-                &mut count,
-                std::ptr::null_mut(),
-            )
-        })?;
-        let wanted = match only {
-            Some(rank) => (count.max(0) as usize).min(rank + 1),
-            None if dims.nhwc => (count.max(0) as usize).min(GRAPH_TRIALS),
-            None => (count.max(0) as usize).min(GRAPH_TRIALS_NCHW),
-        };
-        let configs: Vec<Desc> = (0..wanted)
-            .map(|_| Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
-            .collect::<Result<_, _>>()?;
-        let mut raw: Vec<dn::cudnnBackendDescriptor_t> = configs.iter().map(|c| c.0).collect();
-        let mut got = 0i64;
-        if wanted > 0 {
-            // SAFETY: `raw` holds `wanted` created engine-config descriptors for cuDNN to fill.
-            ok("cudnnBackendGetAttribute", unsafe {
-                dn::cudnnBackendGetAttribute(
-                    heur.0,
-                    A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                    T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                    wanted as i64,
-                    &mut got,
-                    raw.as_mut_ptr() as *mut c_void,
-                )
-            })?;
+            configs.extend(fallback);
+            heurs.push(heur_f);
         }
+        let wsb = self.planning_workspace()?;
+        let planning = View::of(&wsb, self.stream());
         let mut best: Option<(f64, usize, Desc, usize)> = None;
         let mut finalized = 0;
-        for (rank, cfg) in configs.iter().enumerate().take(got.max(0) as usize) {
+        for (rank, cfg) in configs.iter().enumerate() {
             if only.is_some_and(|o| o != rank) {
                 continue;
             }
@@ -429,12 +468,13 @@ impl Dnn {
                 )
             })?;
             let ws = ws.max(0) as usize;
-            if ws > self.workspace_bytes() {
+            if ws > crate::dnn::CONV_WORKSPACE_BYTES {
                 continue;
             }
             finalized += 1;
             let candidate = GraphConv {
                 plan,
+                _built_from: Vec::new(),
                 packs: Default::default(),
                 workspace_bytes: ws,
                 residual: z.is_some(),
@@ -445,7 +485,8 @@ impl Dnn {
                 dims,
                 ty,
             };
-            let timed = self.candidate_ms(|| self.graph_forward(&candidate, x, w, bias, z, y));
+            let timed =
+                self.candidate_ms(|| self.graph_forward(&candidate, x, w, bias, z, y, planning));
             let Ok(median) = timed else { continue };
             if best.as_ref().is_none_or(|b| median < b.0) {
                 best = Some((median, rank, candidate.plan, ws));
@@ -457,8 +498,17 @@ impl Dnn {
                  ({count} suggested, {finalized} finalized)"
             ))
         })?;
+        let mut built_from = configs;
+        built_from.extend([tx, tw, ty_out, conv, add, relu_pw, graph]);
+        built_from.extend(heurs);
+        built_from.extend(tconv);
+        built_from.extend(tb);
+        built_from.extend(tz);
+        built_from.extend(virtuals);
+        built_from.extend(ops);
         Ok(GraphConv {
             plan,
+            _built_from: built_from,
             packs: Default::default(),
             workspace_bytes: ws,
             residual: z.is_some(),
@@ -474,7 +524,9 @@ impl Dnn {
         })
     }
 
-    /// Enqueues a planned fused convolution (the same buffers' shapes as at planning).
+    /// Enqueues a planned fused convolution (the same buffers' shapes as at planning) with the
+    /// workspace `ws` (at least what the plan needs).
+    #[allow(clippy::too_many_arguments)]
     pub fn graph_forward(
         &self,
         conv: &GraphConv,
@@ -483,7 +535,9 @@ impl Dnn {
         bias: Option<View<'_>>,
         z: Option<View<'_>>,
         y: View<'_>,
+        ws: View<'_>,
     ) -> Result<(), DnnError> {
+        ws.require(conv.workspace_bytes, "graph conv workspace")?;
         let d = conv.dims;
         let e = conv.ty.elem_bytes();
         let (p, q) = d.out_hw();
@@ -522,7 +576,6 @@ impl Dnn {
                 ))
             }
         }
-        let ws = self.workspace_view();
         let mut key: Vec<u64> = ptrs.iter().map(|p| *p as u64).collect();
         key.push(ws.addr());
         let mut packs = conv.packs.borrow_mut();

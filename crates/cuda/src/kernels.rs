@@ -140,6 +140,10 @@ INSTANCES(float, f32)
 INSTANCES(H, f16)
 INSTANCES(B, bf16)
 
+// Does nothing: launched without programmatic dependent launch, it starts only after everything
+// queued before it on the stream has finished, and everything after starts after it.
+extern "C" __global__ void stream_barrier() {}
+
 // y[r, k] += b[k] for a row-major rows x cols matrix.
 extern "C" __global__ void add_bias_f32(float* y, const float* b, int rows, int cols) {
     long total = (long)rows * cols;
@@ -229,7 +233,7 @@ impl Kernels {
         };
         let module = gpu.ctx.load_module(ptx)?;
         let mut functions = HashMap::new();
-        let mut names = vec!["add_bias_f32".to_string()];
+        let mut names = vec!["add_bias_f32".to_string(), "stream_barrier".to_string()];
         for e in ["f32", "f16", "bf16"] {
             for l in ["nchw", "nhwc"] {
                 for k in ["convert_input", "max_pool", "avg_pool"] {
@@ -353,6 +357,18 @@ impl Kernels {
         b.arg(&px).arg(&py).arg(&n).arg(&c).arg(&hw);
         // SAFETY: parameters (const T*, float*, int, int, int) matched above; sizes checked.
         unsafe { b.launch(config((n * c) as usize)) }?;
+        Ok(())
+    }
+
+    /// An empty kernel: a full dependency point on the stream. After a library kernel whose
+    /// output the next library kernel reads at once, it keeps the two from overlapping (see
+    /// docs/DECISIONS.md 26).
+    pub fn barrier(&self) -> Result<(), CudaError> {
+        let f = self.function("stream_barrier")?;
+        let b = self.stream.launch_builder(f);
+        let mut b = b;
+        // SAFETY: no parameters; one thread that does nothing.
+        unsafe { b.launch(cudarc::driver::LaunchConfig::for_num_elems(1)) }?;
         Ok(())
     }
 

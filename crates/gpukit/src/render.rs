@@ -1086,7 +1086,7 @@ pub fn memory_sections(r: &gpukit_bench::memory::MemoryReport) -> Vec<Section> {
             (
                 "Baseline",
                 format!(
-                    "pool used {} / reserved {} after the weights and workspaces",
+                    "pool used {} / reserved {} after the weights and cuBLAS's workspace",
                     mib(r.baseline_used),
                     mib(r.baseline_reserved)
                 ),
@@ -1115,11 +1115,13 @@ pub fn memory_sections(r: &gpukit_bench::memory::MemoryReport) -> Vec<Section> {
                 mib(x.weights_bytes),
                 mib(x.input_bytes),
                 format!(
-                    "{} ({} without plan)",
+                    "{} ({} without plan{})",
                     mib(x.arena_bytes),
-                    mib(x.arena_without_plan_bytes)
+                    mib(x.arena_without_plan_bytes),
+                    if x.in_place { "; in place" } else { "" }
                 ),
                 mib(x.conv_workspace_bytes),
+                mib(x.planning_used_peak),
                 mib(x.pool_used_peak),
                 mib(x.pool_reserved_peak),
                 opt(x.process_used),
@@ -1132,6 +1134,14 @@ pub fn memory_sections(r: &gpukit_bench::memory::MemoryReport) -> Vec<Section> {
         })
         .collect();
     let mut notes: Vec<String> = r.rows.iter().filter_map(|x| x.note.clone()).collect();
+    notes.push(
+        "pool peak used: the most the pool held while running the batch (weights, input, \
+         activations, workspaces; what PyTorch's max_memory_allocated counts); planning peak: \
+         the same while choosing algorithms (a 256 MiB search workspace, the in-place check), \
+         given back before running. \"in place\": each block writes its output over its \
+         shortcut, checked per convolution shape against the output written elsewhere."
+            .into(),
+    );
     if let Some(m) = &r.max_batch {
         notes.push(format!(
             "largest batch that fits: {} ({}; {} attempts in {:.1} s; pool reserved after: {}, {})",
@@ -1160,6 +1170,7 @@ pub fn memory_sections(r: &gpukit_bench::memory::MemoryReport) -> Vec<Section> {
                     "input",
                     "activations (planned)",
                     "cuDNN workspace",
+                    "planning peak",
                     "pool peak used",
                     "pool peak reserved",
                     "NVML process",

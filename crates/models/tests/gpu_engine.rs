@@ -115,6 +115,13 @@ fn memory_plan_saves_memory_and_changes_nothing() -> Result<(), Failed> {
     // rounding; in f32 only the summation order differs
     let weights = GpuWeights::upload(&ctx, &folded, Precision::F32, true)?;
     let planned = Session::new(&ctx, &weights, n, h, w, true)?;
+    // blocks write over their shortcut unless the planning-time check found an engine that
+    // cannot (then the note says why and the plan keeps them apart)
+    match (&planned.in_place_note, planned.memory.in_place) {
+        (None, true) => eprintln!("outputs written over their shortcuts (checked)"),
+        (Some(why), false) => eprintln!("outputs kept apart from their shortcuts: {why}"),
+        other => return Err(format!("in-place state inconsistent: {other:?}").into()),
+    }
     let a = planned.run(&x)?;
     let (with, without) = (
         planned.memory.arena_bytes,
