@@ -32,6 +32,8 @@ pub struct MemoryOptions {
     pub memory_fraction: Option<f64>,
     pub on_oom_halve: bool,
     pub find_max_batch: bool,
+    /// Most workspace a chosen cuDNN algorithm may use (None: the search's full 256 MiB).
+    pub max_workspace_bytes: Option<usize>,
 }
 
 /// What the CUDA context and the libraries cost before any tensor exists.
@@ -106,12 +108,31 @@ pub struct MemoryReport {
     pub device: String,
     pub total_bytes: u64,
     pub limit_bytes: Option<u64>,
+    /// The cap on each chosen algorithm's cuDNN workspace (None: 256 MiB, the fastest).
+    #[serde(default)]
+    pub max_workspace_bytes: Option<u64>,
     pub context: ContextCost,
     /// Pool used/reserved after weights and library workspaces, before any batch.
     pub baseline_used: u64,
     pub baseline_reserved: u64,
     pub rows: Vec<MemoryRow>,
     pub max_batch: Option<MaxBatch>,
+    /// Pinned against pageable host memory: what allocating costs, what copying gains.
+    #[serde(default)]
+    pub pinned: Option<PinnedHost>,
+}
+
+/// Host memory for uploads, pinned (page-locked) against pageable, `bytes` of each: allocation
+/// (and first touch), host->device copy speed (median of 5, the copy checked byte-exact), and
+/// freeing the pinned buffer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PinnedHost {
+    pub bytes: u64,
+    pub pageable_alloc_ms: f64,
+    pub pinned_alloc_ms: f64,
+    pub pinned_free_ms: f64,
+    pub pageable_h2d_gb_s: f64,
+    pub pinned_h2d_gb_s: f64,
 }
 
 /// Why the command could not run at all.
@@ -183,6 +204,9 @@ pub fn run_memory(
     };
     let total = attrs.total_memory_bytes;
     ctx.limit = opts.memory_fraction.map(|f| (total as f64 * f) as u64);
+    if let Some(bytes) = opts.max_workspace_bytes {
+        ctx.dnn.set_workspace_limit(bytes);
+    }
 
     let mut report = MemoryReport {
         model: opts.model.name().to_string(),
@@ -191,11 +215,13 @@ pub fn run_memory(
         device: format!("cuda:{} {}", opts.ordinal, attrs.name),
         total_bytes: total,
         limit_bytes: ctx.limit,
+        max_workspace_bytes: opts.max_workspace_bytes.map(|b| b as u64),
         context,
         baseline_used: 0,
         baseline_reserved: 0,
         rows: Vec::new(),
         max_batch: None,
+        pinned: None,
     };
     progress("memory: uploading the weights");
     let weights = match GpuWeights::upload(&ctx, &folded, opts.precision, opts.nhwc) {
@@ -249,7 +275,65 @@ pub fn run_memory(
         progress("memory: searching the largest batch that fits");
         report.max_batch = Some(find_max_batch(&ctx, &weights, s, &base).map_err(dev)?);
     }
+    progress("memory: pinned against pageable host memory");
+    report.pinned = Some(pinned_host(&ctx.gpu, 256 << 20).map_err(cuda)?);
+    ctx.gpu.empty_cache().map_err(cuda)?;
     Ok(report)
+}
+
+/// Measures [`PinnedHost`] with buffers of `bytes`.
+fn pinned_host(
+    gpu: &gpukit_cuda::driver::Gpu,
+    bytes: usize,
+) -> Result<PinnedHost, gpukit_cuda::driver::CudaError> {
+    use gpukit_cuda::transfer::{copy_h2d, PinnedBytes};
+    use std::time::Instant;
+    let pattern = |buf: &mut [u8]| {
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = (i.wrapping_mul(31) >> 3) as u8;
+        }
+    };
+    let t = Instant::now();
+    let mut pageable = vec![0u8; bytes];
+    pattern(&mut pageable);
+    let pageable_alloc_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let mut pinned = PinnedBytes::new(gpu, bytes, false)?;
+    pattern(pinned.as_mut_slice());
+    let pinned_alloc_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut dev = gpu.alloc(bytes)?;
+    let mut speed = |src: &[u8]| -> Result<f64, gpukit_cuda::driver::CudaError> {
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            gpu.stream.synchronize()?;
+            let t = Instant::now();
+            copy_h2d(&gpu.stream, src, &mut dev)?;
+            gpu.stream.synchronize()?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        let back = gpu.download_from(gpukit_cuda::mem::View::of(&dev, &gpu.stream), bytes)?;
+        if back != src {
+            return Err(gpukit_cuda::driver::CudaError::Invalid(
+                "a host->device copy did not arrive byte-exact".into(),
+            ));
+        }
+        Ok(bytes as f64 / times[2] / 1e9)
+    };
+    let pageable_h2d_gb_s = speed(&pageable)?;
+    let pinned_h2d_gb_s = speed(pinned.as_slice())?;
+    drop(dev);
+    let t = Instant::now();
+    drop(pinned);
+    let pinned_free_ms = t.elapsed().as_secs_f64() * 1e3;
+    Ok(PinnedHost {
+        bytes: bytes as u64,
+        pageable_alloc_ms,
+        pinned_alloc_ms,
+        pinned_free_ms,
+        pageable_h2d_gb_s,
+        pinned_h2d_gb_s,
+    })
 }
 
 fn failed_row(asked: usize, n: usize, e: &EngineError) -> MemoryRow {

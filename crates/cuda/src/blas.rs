@@ -166,6 +166,16 @@ impl Blas {
     /// Creates both handles on `gpu`'s stream; a missing library is an error naming what to
     /// install, never cudarc's panic.
     pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<Blas, BlasError> {
+        Self::with_workspace(discovery, gpu, WORKSPACE_BYTES)
+    }
+
+    /// As [`Blas::new`] with a workspace of `bytes` (algorithms that need more are not used;
+    /// the inference engine runs one small GEMM per pass and takes 4 MiB).
+    pub fn with_workspace(
+        discovery: &Discovery,
+        gpu: &Gpu,
+        bytes: usize,
+    ) -> Result<Blas, BlasError> {
         for lib in [Lib::Cublas, Lib::CublasLt] {
             if !discovery.usable(lib) {
                 return Err(CudaError::MissingLibrary(discovery.missing_message(lib)).into());
@@ -182,7 +192,7 @@ impl Blas {
         gpu.ctx.bind_to_thread().map_err(CudaError::from)?;
         let workspace = gpu
             .stream
-            .alloc_zeros::<u8>(WORKSPACE_BYTES)
+            .alloc_zeros::<u8>(bytes.max(256))
             .map_err(CudaError::from)?;
         let mut handle = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
@@ -212,7 +222,7 @@ impl Blas {
             )?;
             cb_ok(
                 "cublasSetWorkspace",
-                cb::cublasSetWorkspace_v2(blas.handle, ws as *mut c_void, WORKSPACE_BYTES),
+                cb::cublasSetWorkspace_v2(blas.handle, ws as *mut c_void, blas.workspace.len()),
             )?;
         }
         drop(_guard);
@@ -366,7 +376,7 @@ impl Blas {
         let (desc, layouts) = make()?;
         let mut pref = std::ptr::null_mut();
         // SAFETY: out-pointer to a local; the attribute buffer is a live u64.
-        let ws = WORKSPACE_BYTES as u64;
+        let ws = self.workspace.len() as u64;
         let got = unsafe {
             lt_ok("cublasLtMatmulPreferenceCreate", lt::cublasLtMatmulPreferenceCreate(&mut pref))
                 .and_then(|_| {
@@ -481,7 +491,7 @@ impl Blas {
                 plan.layouts[2],
                 &plan.algo,
                 pw as *mut c_void,
-                plan.workspace_bytes.min(WORKSPACE_BYTES),
+                plan.workspace_bytes.min(self.workspace.len()),
                 self.stream.cu_stream() as _,
             )
         };

@@ -115,6 +115,8 @@ pub struct Dnn {
     stream: Arc<CudaStream>,
     handle: dn::cudnnHandle_t,
     workspace: std::cell::RefCell<Option<std::rc::Rc<DeviceBytes>>>,
+    /// The most workspace a chosen algorithm may use ([`Dnn::set_workspace_limit`]).
+    workspace_limit: std::cell::Cell<usize>,
     choices: std::cell::RefCell<Choices>,
 }
 
@@ -316,6 +318,7 @@ impl Dnn {
             stream: gpu.stream.clone(),
             handle,
             workspace: Default::default(),
+            workspace_limit: std::cell::Cell::new(CONV_WORKSPACE_BYTES),
             choices: std::cell::RefCell::new(Choices::open(gpu)),
         })
     }
@@ -674,7 +677,7 @@ impl Dnn {
                     &mut bytes,
                 )
             })?;
-            if bytes > CONV_WORKSPACE_BYTES {
+            if bytes > self.workspace_limit() {
                 return Err(DnnError::NoAlgorithm(format!(
                     "{dims:?} {ty:?}: IMPLICIT_PRECOMP_GEMM needs {bytes} bytes of workspace"
                 )));
@@ -706,7 +709,7 @@ impl Dnn {
                 &mut bytes,
             )
         })?;
-        if bytes > CONV_WORKSPACE_BYTES {
+        if bytes > self.workspace_limit() {
             return Err(DnnError::NoAlgorithm(
                 "cached algorithm needs more workspace".into(),
             ));
@@ -731,10 +734,13 @@ impl Dnn {
         y: View<'_>,
         allow_graph: bool,
     ) -> Result<ConvChoice, DnnError> {
-        // a legacy-only choice (GPUKIT_CUDNN_LEGACY=1) is kept apart: it must never stand in
-        // for the measured best of both APIs in a later run (run 15 caught that)
-        let only = if allow_graph { "" } else { " legacy-only" };
-        let key = format!("fused {dims:?} {ty:?} residual={}{only}", z.is_some());
+        // a legacy-only or workspace-limited choice is kept apart: it must never stand in for
+        // the measured best of both APIs in a later run (run 16 caught that)
+        let key = format!(
+            "fused {dims:?} {ty:?} residual={}{}",
+            z.is_some(),
+            self.key_suffix(allow_graph)
+        );
         let cached = self.choices.borrow().get(&key);
         if let Some(text) = cached {
             if let Some(r) = parse_legacy(&text) {
@@ -789,8 +795,7 @@ impl Dnn {
         y: View<'_>,
         allow_graph: bool,
     ) -> Result<ConvChoice, DnnError> {
-        let only = if allow_graph { "" } else { " legacy-only" };
-        let key = format!("plain {dims:?} {ty:?}{only}");
+        let key = format!("plain {dims:?} {ty:?}{}", self.key_suffix(allow_graph));
         let cached = self.choices.borrow().get(&key);
         if let Some(text) = cached {
             if let Some(r) = parse_legacy(&text) {
@@ -916,16 +921,41 @@ impl Dnn {
     /// allocated on first use and kept until [`Dnn::release_workspace`].
     pub(crate) fn planning_workspace(&self) -> Result<std::rc::Rc<DeviceBytes>, DnnError> {
         let mut slot = self.workspace.borrow_mut();
-        if let Some(ws) = slot.as_ref() {
+        let bytes = self.workspace_limit().max(256);
+        if let Some(ws) = slot.as_ref().filter(|ws| ws.len() == bytes) {
             return Ok(ws.clone());
         }
         let ws = std::rc::Rc::new(
             self.stream
-                .alloc_zeros::<u8>(CONV_WORKSPACE_BYTES)
+                .alloc_zeros::<u8>(bytes)
                 .map_err(CudaError::from)?,
         );
         *slot = Some(ws.clone());
         Ok(ws)
+    }
+
+    /// Limits the workspace of the algorithms chosen from now on (at most
+    /// [`CONV_WORKSPACE_BYTES`]; 0: only algorithms that need none). Choices made under a limit
+    /// are cached apart from the unlimited ones.
+    pub fn set_workspace_limit(&self, bytes: usize) {
+        self.workspace_limit.set(bytes.min(CONV_WORKSPACE_BYTES));
+    }
+
+    /// See [`Dnn::set_workspace_limit`].
+    pub fn workspace_limit(&self) -> usize {
+        self.workspace_limit.get()
+    }
+
+    /// The suffix of a cached choice's key: what, besides the shape, the choice depended on.
+    fn key_suffix(&self, allow_graph: bool) -> String {
+        let mut suffix = String::new();
+        if !allow_graph {
+            suffix.push_str(" legacy-only");
+        }
+        if self.workspace_limit() < CONV_WORKSPACE_BYTES {
+            suffix.push_str(&format!(" workspace<={}", self.workspace_limit()));
+        }
+        suffix
     }
 
     /// Gives the planning workspace back to the memory pool (stream-ordered: work already

@@ -468,7 +468,7 @@ impl Dnn {
                 )
             })?;
             let ws = ws.max(0) as usize;
-            if ws > crate::dnn::CONV_WORKSPACE_BYTES {
+            if ws > self.workspace_limit() {
                 continue;
             }
             finalized += 1;

@@ -231,6 +231,12 @@ pub struct MemoryArgs {
     #[arg(long)]
     pub find_max_batch: bool,
 
+    /// Most workspace a chosen cuDNN algorithm may use, in MiB (0 to 256; 0: only algorithms
+    /// that need none) [default: 256, the fastest algorithms]. Less memory, maybe less speed:
+    /// the table shows both.
+    #[arg(long, value_name = "MIB", value_parser = parse_workspace_mib)]
+    pub max_workspace: Option<usize>,
+
     /// Square input size.
     #[arg(long, default_value = "224", value_parser = parse_iterations)]
     pub image_size: usize,
@@ -256,6 +262,16 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
         Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
         Ok(f) => Err(format!("{f} is not a fraction above 0 and at most 1")),
         Err(_) => Err(format!("'{s}' is not a number (a fraction such as 0.5)")),
+    }
+}
+
+fn parse_workspace_mib(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n <= 256 => Ok(n),
+        Ok(n) => Err(format!(
+            "{n} MiB is over the 256 MiB the algorithm search may use"
+        )),
+        Err(_) => Err(format!("'{s}' is not a number of MiB (0 to 256)")),
     }
 }
 

@@ -274,6 +274,8 @@ struct AllReport {
     bandwidth: Option<BandwidthReport>,
     conv: ConvReport,
     infer: Option<gpukit_bench::infer::InferReport>,
+    /// `gpukit memory` (fp32, ResNet-50) when a GPU is there.
+    memory: Option<gpukit_bench::memory::MemoryReport>,
     /// Seconds each part took.
     seconds: Vec<(String, f64)>,
     skipped: Vec<Skipped>,
@@ -448,6 +450,49 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
     };
     seconds.push(("infer".to_string(), t.elapsed().as_secs_f64()));
 
+    let memory = if gpu {
+        step("memory");
+        let t = Instant::now();
+        let mopts = gpukit_bench::memory::MemoryOptions {
+            model: gpukit_models::ResNet::R50,
+            batch_sizes: if args.quick {
+                vec![16, 64]
+            } else {
+                vec![16, 32, 64, 128]
+            },
+            precision: gpukit_models::gpu::Precision::F32,
+            nhwc: false,
+            image_size: 224,
+            weights: None,
+            ordinal: match args.device {
+                DeviceSelection::One(Device::Cuda(n)) => n,
+                _ => 0,
+            },
+            memory_fraction: None,
+            on_oom_halve: true,
+            find_max_batch: !args.quick,
+            max_workspace_bytes: None,
+        };
+        let m = match gpukit_bench::memory::run_memory(&discovery, &mopts, &mut prog) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                skipped.push(Skipped {
+                    part: "memory".into(),
+                    reason: e.to_string(),
+                });
+                None
+            }
+        };
+        seconds.push(("memory".to_string(), t.elapsed().as_secs_f64()));
+        m
+    } else {
+        skipped.push(Skipped {
+            part: "memory".into(),
+            reason: "it needs a GPU".into(),
+        });
+        None
+    };
+
     let report = AllReport {
         gpukit_version: check.gpukit_version.clone(),
         generated_unix_s: std::time::SystemTime::now()
@@ -460,6 +505,7 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
         bandwidth,
         conv,
         infer,
+        memory,
         seconds,
         skipped,
         total_seconds: started.elapsed().as_secs_f64(),
@@ -530,6 +576,10 @@ fn report_markdown(r: &AllReport) -> String {
     if let Some(i) = &r.infer {
         md.push_str("\n## Inference\n");
         md.push_str(&to_markdown(&crate::render::infer_sections(i), 3));
+    }
+    if let Some(m) = &r.memory {
+        md.push_str("\n## GPU memory\n");
+        md.push_str(&to_markdown(&crate::render::memory_sections(m), 3));
     }
     if !r.skipped.is_empty() {
         md.push_str("\n## Skipped\n\n");
@@ -630,6 +680,7 @@ fn memory(a: crate::cli::MemoryArgs, out: &Output) -> Result<()> {
         memory_fraction: a.memory_fraction,
         on_oom_halve: a.on_oom == "halve",
         find_max_batch: a.find_max_batch,
+        max_workspace_bytes: a.max_workspace.map(|m| m << 20),
     };
     let report = run_memory(&discovery, &opts, &mut progress()).map_err(|e| match e {
         MemoryError::Invalid(m) => anyhow::Error::from(UsageError(m)),

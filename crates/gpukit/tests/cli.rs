@@ -598,6 +598,8 @@ fn memory_bad_input_exits_2_and_no_gpu_exits_1() {
         (&["memory", "--batch-sizes=-4"][..], "'-4'"),
         (&["memory", "--precision", "fp8"][..], "fp8"),
         (&["memory", "--device", "cpu"][..], "cuda:N"),
+        (&["memory", "--max-workspace", "300"][..], "256 MiB"),
+        (&["memory", "--max-workspace", "lots"][..], "'lots'"),
     ] {
         let o = gpukit(args);
         let err = String::from_utf8_lossy(&o.stderr);

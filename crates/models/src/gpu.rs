@@ -205,7 +205,8 @@ impl GpuContext {
     pub fn open(discovery: &Discovery, ordinal: usize) -> Result<GpuContext, EngineError> {
         let gpu = Gpu::open(discovery, ordinal)?;
         let dnn = Dnn::new(discovery, &gpu)?;
-        let blas = Blas::new(discovery, &gpu)?;
+        // one small GEMM per pass (the classifier): a 4 MiB workspace is plenty
+        let blas = Blas::with_workspace(discovery, &gpu, 4 << 20)?;
         let kernels = Kernels::new(discovery, &gpu)?;
         Ok(GpuContext {
             gpu,
