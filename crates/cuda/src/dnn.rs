@@ -242,7 +242,13 @@ pub enum ConvChoice {
     Fused(FusedConv),
     Plain(ConvPlan),
     Graph(crate::dnn_graph::GraphConv),
+    /// The bare convolution (a `Plain` or bare `Graph` choice), then the caller's epilogue
+    /// kernel `y = relu(y + bias (+ z))`: two launches, sometimes faster than any fused engine.
+    Split(Box<ConvChoice>),
 }
+
+/// The epilogue a split plan runs after the bare convolution: `(y, bias, z)`.
+pub type Epilogue<'e> = &'e dyn Fn(View<'_>, View<'_>, Option<View<'_>>) -> Result<(), DnnError>;
 
 impl ConvChoice {
     /// The algorithm or engine, for reports.
@@ -251,6 +257,7 @@ impl ConvChoice {
             ConvChoice::Fused(f) => format!("{} (fused call)", f.conv.algo_name),
             ConvChoice::Plain(p) => p.algo_name.clone(),
             ConvChoice::Graph(g) => g.choice.clone(),
+            ConvChoice::Split(c) => format!("{} + epilogue kernel", c.name()),
         }
     }
 
@@ -259,6 +266,7 @@ impl ConvChoice {
             ConvChoice::Fused(f) => f.conv.workspace_bytes,
             ConvChoice::Plain(p) => p.workspace_bytes,
             ConvChoice::Graph(g) => g.workspace_bytes,
+            ConvChoice::Split(c) => c.workspace_bytes(),
         }
     }
 }
@@ -723,6 +731,9 @@ impl Dnn {
     /// choice is measured once per shape and kept on disk; later plans of the shape only build
     /// the chosen one.
     #[allow(clippy::too_many_arguments)]
+    ///
+    /// With `split`, the bare convolution followed by that epilogue is a candidate too (not
+    /// when `z` is `y` itself: the bare convolution would overwrite the residual first).
     pub fn plan_fused_best(
         &self,
         dims: ConvDims,
@@ -733,7 +744,9 @@ impl Dnn {
         z: Option<View<'_>>,
         y: View<'_>,
         allow_graph: bool,
+        split: Option<Epilogue<'_>>,
     ) -> Result<ConvChoice, DnnError> {
+        let split = split.filter(|_| z.is_none_or(|z| z.addr() != y.addr()));
         // a legacy-only or workspace-limited choice is kept apart: it must never stand in for
         // the measured best of both APIs in a later run (run 16 caught that)
         let key = format!(
@@ -757,6 +770,10 @@ impl Dnn {
                         return Ok(ConvChoice::Graph(g));
                     }
                 }
+            } else if text == "split" && split.is_some() {
+                if let Ok(bare) = self.plan_plain_best(dims, ty, x, w, y, allow_graph) {
+                    return Ok(ConvChoice::Split(Box::new(bare)));
+                }
             }
         }
         let legacy = self.plan_fused(dims, ty, true, x, w, bias, z, y)?;
@@ -765,12 +782,49 @@ impl Dnn {
         } else {
             None
         };
-        let choice = match graph {
-            Some(g) if g.ms < f64::from(legacy.conv.algo_ms) => ConvChoice::Graph(g),
-            _ => ConvChoice::Fused(legacy),
-        };
+        let mut best_ms = f64::from(legacy.conv.algo_ms);
+        let mut choice = ConvChoice::Fused(legacy);
+        if let Some(g) = graph {
+            if g.ms < best_ms {
+                best_ms = g.ms;
+                choice = ConvChoice::Graph(g);
+            }
+        }
+        if let Some(epilogue) = split {
+            // timed like the others: the bare convolution and the epilogue, back to back
+            let bare = self.plan_plain_best(dims, ty, x, w, y, allow_graph)?;
+            let wsb = self.planning_workspace()?;
+            let ws = View::of(&wsb, &self.stream);
+            let ms = self.candidate_ms(|| {
+                self.bare_forward(&bare, x, w, y, ws)?;
+                epilogue(y, bias, z)
+            });
+            if let Ok(ms) = ms {
+                if ms < best_ms {
+                    choice = ConvChoice::Split(Box::new(bare));
+                }
+            }
+        }
         self.remember(key, &choice);
         Ok(choice)
+    }
+
+    /// Runs a bare convolution choice (`Plain`, or a `Graph` planned without epilogue).
+    pub fn bare_forward(
+        &self,
+        choice: &ConvChoice,
+        x: View<'_>,
+        w: View<'_>,
+        y: View<'_>,
+        ws: View<'_>,
+    ) -> Result<(), DnnError> {
+        match choice {
+            ConvChoice::Plain(p) => self.conv_forward_views(p, x, w, y, ws),
+            ConvChoice::Graph(g) => self.graph_forward(g, x, w, None, None, y, ws),
+            _ => Err(DnnError::NoAlgorithm(
+                "not a bare convolution choice".into(),
+            )),
+        }
     }
 
     fn remember(&self, key: String, choice: &ConvChoice) {
@@ -778,6 +832,7 @@ impl Dnn {
             ConvChoice::Fused(f) => f.conv.choice_text(),
             ConvChoice::Plain(p) => p.choice_text(),
             ConvChoice::Graph(g) => format!("graph {}", g.rank),
+            ConvChoice::Split(_) => "split".to_string(),
         };
         self.choices.borrow_mut().put(key, value);
     }

@@ -122,6 +122,21 @@ __device__ void avg_pool(const T* __restrict__ x, float* __restrict__ y, int n, 
     }
 }
 
+// y = relu(y + bias[channel] (+ z)) in place, f32 arithmetic: the epilogue of a convolution run
+// bare (a "split" plan). z may be null; it must not be y.
+template <class T, bool NHWC>
+__device__ void bias_relu(T* __restrict__ y, const T* __restrict__ b, const T* __restrict__ z,
+                          int n, int k, int hw) {
+    long total = (long)n * k * hw;
+    for (long o = blockIdx.x * (long)blockDim.x + threadIdx.x; o < total;
+         o += (long)gridDim.x * blockDim.x) {
+        int ch = NHWC ? (int)(o % k) : (int)((o / hw) % k);
+        float v = to_f(y[o]) + to_f(b[ch]);
+        if (z) v += to_f(z[o]);
+        y[o] = from_f<T>(v > 0.0f ? v : 0.0f);
+    }
+}
+
 #define INSTANCES(T, TAG)                                                                     \
 extern "C" __global__ void convert_input_##TAG##_nchw(const float* x, T* y, int n, int c,      \
     int cout, int hw) { convert_input<T, false>(x, y, n, c, cout, hw); }                      \
@@ -134,7 +149,11 @@ extern "C" __global__ void max_pool_##TAG##_nhwc(const T* x, T* y, int n, int c,
 extern "C" __global__ void avg_pool_##TAG##_nchw(const T* x, float* y, int n, int c, int hw)   \
     { avg_pool<T, false>(x, y, n, c, hw); }                                                   \
 extern "C" __global__ void avg_pool_##TAG##_nhwc(const T* x, float* y, int n, int c, int hw)   \
-    { avg_pool<T, true>(x, y, n, c, hw); }
+    { avg_pool<T, true>(x, y, n, c, hw); }                                                    \
+extern "C" __global__ void bias_relu_##TAG##_nchw(T* y, const T* b, const T* z, int n, int k,  \
+    int hw) { bias_relu<T, false>(y, b, z, n, k, hw); }                                       \
+extern "C" __global__ void bias_relu_##TAG##_nhwc(T* y, const T* b, const T* z, int n, int k,  \
+    int hw) { bias_relu<T, true>(y, b, z, n, k, hw); }
 
 INSTANCES(float, f32)
 INSTANCES(H, f16)
@@ -236,7 +255,7 @@ impl Kernels {
         let mut names = vec!["add_bias_f32".to_string(), "stream_barrier".to_string()];
         for e in ["f32", "f16", "bf16"] {
             for l in ["nchw", "nhwc"] {
-                for k in ["convert_input", "max_pool", "avg_pool"] {
+                for k in ["convert_input", "max_pool", "avg_pool", "bias_relu"] {
                     names.push(format!("{k}_{e}_{l}"));
                 }
             }
@@ -304,6 +323,43 @@ impl Kernels {
         // SAFETY: the kernel's parameters are (const float*, T*, int, int, int, int), matched
         // above; both buffers are large enough (checked).
         unsafe { b.launch(config(total)) }?;
+        Ok(())
+    }
+
+    /// `y = relu(y + bias[channel] (+ z))` in place over `n x k x hw` elements (f32 inside):
+    /// the epilogue of a convolution run bare. `z` must not overlap `y`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bias_relu(
+        &self,
+        y: View<'_>,
+        bias: View<'_>,
+        z: Option<View<'_>>,
+        elem: Elem,
+        nhwc: bool,
+        (n, k, hw): (usize, usize, usize),
+    ) -> Result<(), CudaError> {
+        let bytes = n * k * hw * elem.bytes();
+        y.require(bytes, "bias_relu y")?;
+        bias.require(k * elem.bytes(), "bias_relu bias")?;
+        if let Some(z) = z {
+            z.require(bytes, "bias_relu z")?;
+            if z.addr() < y.addr() + bytes as u64 && y.addr() < z.addr() + bytes as u64 {
+                return Err(CudaError::Invalid(
+                    "bias_relu: the residual overlaps the output".into(),
+                ));
+            }
+        }
+        let f = self.function(&format!("bias_relu_{}_{}", elem.tag(), Self::layout(nhwc)))?;
+        let (py, pb, pz) = (y.addr(), bias.addr(), z.map_or(0u64, |z| z.addr()));
+        let a = [int(n, "n")?, int(k, "k")?, int(hw, "hw")?];
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&py).arg(&pb).arg(&pz);
+        for v in &a {
+            b.arg(v);
+        }
+        // SAFETY: parameters (T*, const T*, const T* or null, int x3) matched above; sizes
+        // checked; z does not overlap y.
+        unsafe { b.launch(config(n * k * hw)) }?;
         Ok(())
     }
 

@@ -472,6 +472,17 @@ fn algorithms_name(run: &ConvRun) -> String {
     run.name()
 }
 
+/// The tensor an op writes.
+fn y_of(op: Op) -> usize {
+    match op {
+        Op::Convert { y, .. }
+        | Op::MaxPool { y, .. }
+        | Op::AvgPool { y, .. }
+        | Op::Classifier { y, .. }
+        | Op::Conv { y, .. } => y,
+    }
+}
+
 /// Whether an op is a convolution followed by ReLU (every one but a projection).
 fn relu_of(op: Op) -> bool {
     matches!(op, Op::Conv { relu: true, .. })
@@ -855,7 +866,11 @@ impl<'a> Session<'a> {
             )));
         }
         let try_graph = std::env::var("GPUKIT_CUDNN_LEGACY").map_or(true, |v| v != "1");
-        let in_place = reuse && std::env::var("GPUKIT_IN_PLACE").map_or(true, |v| v != "0");
+        // NCHW below f32 tries split plans (bare convolution, then an epilogue kernel), which
+        // cannot write over their residual: there speed goes first (decision 29)
+        let split_plans = !weights.nhwc && weights.precision.conv_type() != ConvType::F32;
+        let in_place =
+            reuse && !split_plans && std::env::var("GPUKIT_IN_PLACE").map_or(true, |v| v != "0");
         let mut session = Self::prepare(ctx, weights, (n, h, w), reuse, in_place, try_graph)?;
         if !session.in_place.is_empty() {
             if let Err(why) = session.check_in_place() {
@@ -1072,6 +1087,17 @@ impl<'a> Session<'a> {
                         Some(z) => Some(self.view(z)?),
                         None => None,
                     };
+                    // NCHW also tries the bare convolution and the epilogue kernel (decision 29):
+                    // its fused engines are few and often slow
+                    let (elem, nhwc, p) = (self.tensors[y].elem, dims.nhwc, dims.out_hw());
+                    let kernels = &self.ctx.kernels;
+                    let epilogue = |y: View<'_>, b: View<'_>, z: Option<View<'_>>| {
+                        kernels
+                            .bias_relu(y, b, z, elem, nhwc, (dims.n, dims.k, p.0 * p.1))
+                            .map_err(DnnError::from)
+                    };
+                    let split: Option<gpukit_cuda::dnn::Epilogue<'_>> =
+                        (!nhwc && ty != ConvType::F32).then_some(&epilogue);
                     let run = if relu {
                         self.ctx.dnn.plan_fused_best(
                             dims,
@@ -1082,6 +1108,7 @@ impl<'a> Session<'a> {
                             zv,
                             yv,
                             self.try_graph,
+                            split,
                         )?
                     } else {
                         self.ctx
@@ -1210,6 +1237,18 @@ impl<'a> Session<'a> {
             ConvRun::Fused(f) => ctx.dnn.fused_forward(f, x, wv, bv, z, y, ws)?,
             ConvRun::Graph(g) => ctx.dnn.graph_forward(g, x, wv, bias, z, y, ws)?,
             ConvRun::Plain(p) => ctx.dnn.conv_forward_views(p, x, wv, y, ws)?,
+            ConvRun::Split(bare) => {
+                ctx.dnn.bare_forward(bare, x, wv, y, ws)?;
+                let t = self.tensors[y_of(self.ops[i])];
+                ctx.kernels.bias_relu(
+                    y,
+                    bv,
+                    z,
+                    t.elem,
+                    self.weights.nhwc,
+                    (self.n, t.c, t.h * t.w),
+                )?;
+            }
         }
         Ok(())
     }
@@ -1222,13 +1261,7 @@ impl<'a> Session<'a> {
         let gpu = &self.ctx.gpu;
         let mut found = Vec::new();
         for (step, op) in self.ops.iter().enumerate() {
-            let out = match *op {
-                Op::Convert { y, .. }
-                | Op::MaxPool { y, .. }
-                | Op::AvgPool { y, .. }
-                | Op::Classifier { y, .. }
-                | Op::Conv { y, .. } => y,
-            };
+            let out = y_of(*op);
             let out_at = self.plan.offsets[out];
             let keep: Vec<usize> = (0..self.tensors.len())
                 .filter(|&t| {
