@@ -101,8 +101,12 @@ pub struct BandwidthRow {
     pub latency_us: Option<f64>,
     /// Percent of the PCIe link's payload rate (one direction; both for `Bidirectional`).
     pub pct_of_link: Option<f64>,
-    /// Device->device: percent of the memory's peak (datasheet or estimate).
+    /// Device->device: percent of the memory's peak (datasheet or estimate); none when the
+    /// copy fits in L2 (then it is not a memory figure).
     pub pct_of_memory_peak: Option<f64>,
+    /// Device->device whose source and destination fit in the L2 cache together.
+    #[serde(default)]
+    pub in_l2: bool,
     /// Every byte of the destination compared with the source after the timed copies.
     pub verified: bool,
     pub pytorch: Option<PeerFigure>,
@@ -114,6 +118,9 @@ pub struct BandwidthReport {
     pub gpu_unavailable: Option<String>,
     pub pcie_link_gbs: Option<f64>,
     pub memory_peak_gbs: Option<f64>,
+    /// The GPU's L2 cache (device->device copies that fit are marked, not placed against DRAM).
+    #[serde(default)]
+    pub l2_cache_bytes: Option<u64>,
     pub staging_chunk_bytes: usize,
     pub rows: Vec<BandwidthRow>,
 }
@@ -169,6 +176,7 @@ pub fn run_bandwidth(
         gpu_unavailable: None,
         pcie_link_gbs: None,
         memory_peak_gbs: None,
+        l2_cache_bytes: None,
         staging_chunk_bytes: opts.staging_chunk_bytes,
         rows: Vec::new(),
     };
@@ -188,6 +196,7 @@ pub fn run_bandwidth(
     };
     report.pcie_link_gbs = facts.pcie_max_gbs;
     report.memory_peak_gbs = facts.peaks.memory_gbs;
+    report.l2_cache_bytes = facts.l2_cache_bytes;
     report.gpu = Some(facts);
     let stream2 = match gpu.ctx.new_stream() {
         Ok(s) => s,
@@ -272,6 +281,7 @@ fn skipped(kind: CopyKind, bytes: usize, why: String) -> BandwidthRow {
         latency_us: None,
         pct_of_link: None,
         pct_of_memory_peak: None,
+        in_l2: false,
         verified: false,
         pytorch: None,
     }
@@ -292,6 +302,10 @@ fn finish(
     };
     let rate = gbs(payload as f64, ms);
     let rw = (kind == CopyKind::D2d).then(|| gbs(2.0 * bytes as f64, ms));
+    let in_l2 = kind == CopyKind::D2d
+        && report
+            .l2_cache_bytes
+            .is_some_and(|l2| 2 * bytes as u64 <= l2);
     let link = match kind {
         CopyKind::D2d => None,
         CopyKind::Bidirectional => report.pcie_link_gbs.map(|l| 100.0 * rate / (2.0 * l)),
@@ -312,7 +326,8 @@ fn finish(
         pct_of_memory_peak: rw
             .zip(report.memory_peak_gbs)
             .map(|(r, p)| 100.0 * r / p)
-            .filter(|_| verified),
+            .filter(|_| verified && !in_l2),
+        in_l2,
         timing: Some(timing),
         verified,
         pytorch: None,
@@ -463,6 +478,7 @@ mod tests {
             gpu_unavailable: None,
             pcie_link_gbs: Some(63.0),
             memory_peak_gbs: Some(3350.0),
+            l2_cache_bytes: Some(50 << 20),
             staging_chunk_bytes: 1,
             rows: vec![],
         };
@@ -474,6 +490,10 @@ mod tests {
         assert!((r.gbs_read_write.unwrap() - 2000.0).abs() < 1e-9);
         assert!((r.pct_of_memory_peak.unwrap() - 100.0 * 2000.0 / 3350.0).abs() < 1e-9);
         assert_eq!(r.pct_of_link, None);
+        assert!(!r.in_l2);
+        // 16 MiB each way fits a 50 MiB L2: a cache figure, not placed against DRAM's peak
+        let small = finish(CopyKind::D2d, 16 << 20, m.clone(), true, &report);
+        assert!(small.in_l2 && small.pct_of_memory_peak.is_none() && small.gbs.is_some());
         let h = finish(CopyKind::H2dPinned, 50_000_000, m.clone(), true, &report);
         assert!((h.pct_of_link.unwrap() - 100.0 * 50.0 / 63.0).abs() < 1e-9);
         let bad = finish(CopyKind::H2dPinned, 50_000_000, m, false, &report);

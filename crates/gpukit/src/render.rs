@@ -619,7 +619,11 @@ pub fn bandwidth_sections(r: &gpukit_bench::bandwidth::BandwidthReport) -> Vec<S
                         }
                         (g, _) => f1(g),
                     },
-                    pct(x.pct_of_link.or(x.pct_of_memory_peak)),
+                    if x.in_l2 {
+                        "in L2".into()
+                    } else {
+                        pct(x.pct_of_link.or(x.pct_of_memory_peak))
+                    },
                     if x.verified {
                         "byte-exact".into()
                     } else {
@@ -631,9 +635,10 @@ pub fn bandwidth_sections(r: &gpukit_bench::bandwidth::BandwidthReport) -> Vec<S
         },
     );
     let mut notes = vec![format!(
-        "PCIe link (one direction, max generation and width): {}; memory peak: {}. Device->device's % is of the memory peak, counting bytes read plus written.",
+        "PCIe link (one direction, max generation and width): {}; memory peak: {}. Device->device's % is of the memory peak, counting bytes read plus written; \"in L2\": source and destination fit in the {} L2 cache together, so the figure is the cache's, not memory's.",
         r.pcie_link_gbs.map(|g| format!("{g:.1} GB/s")).unwrap_or_else(|| "unknown".into()),
-        r.memory_peak_gbs.map(|g| format!("{g:.0} GB/s")).unwrap_or_else(|| "unknown".into())
+        r.memory_peak_gbs.map(|g| format!("{g:.0} GB/s")).unwrap_or_else(|| "unknown".into()),
+        r.l2_cache_bytes.map(|b| human_bytes(b as usize)).unwrap_or_else(|| "unknown".into())
     )];
     notes.push(format!(
         "Staging: pageable memory copied by all CPU threads into two pinned {} buffers in turn, each sent while the other fills.",
