@@ -730,10 +730,10 @@ impl Dnn {
     /// `allow_graph` and not strict f32) a backend-API graph, whichever measured faster. The
     /// choice is measured once per shape and kept on disk; later plans of the shape only build
     /// the chosen one.
-    #[allow(clippy::too_many_arguments)]
     ///
     /// With `split`, the bare convolution followed by that epilogue is a candidate too (not
     /// when `z` is `y` itself: the bare convolution would overwrite the residual first).
+    #[allow(clippy::too_many_arguments)]
     pub fn plan_fused_best(
         &self,
         dims: ConvDims,

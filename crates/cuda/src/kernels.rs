@@ -421,8 +421,7 @@ impl Kernels {
     /// docs/DECISIONS.md 26).
     pub fn barrier(&self) -> Result<(), CudaError> {
         let f = self.function("stream_barrier")?;
-        let b = self.stream.launch_builder(f);
-        let mut b = b;
+        let mut b = self.stream.launch_builder(f);
         // SAFETY: no parameters; one thread that does nothing.
         unsafe { b.launch(cudarc::driver::LaunchConfig::for_num_elems(1)) }?;
         Ok(())

@@ -653,34 +653,29 @@ fn lay_out(
     );
     ops.push(Op::MaxPool { x: y, y: pooled });
     x = pooled;
+    let project_early = std::env::var("GPUKIT_PROJECTION").is_ok_and(|v| v == "early");
     for (main, proj) in &net.blocks {
         // The projection runs just before the convolution that adds it, so that its output is
         // not live beside the main path's first two outputs (this lowers the peak of
-        // ResNet-50's layer2; see decision 22 for the wrong results once blamed on this order).
+        // ResNet-50's layer2). GPUKIT_PROJECTION=early runs it first instead: the comparison
+        // that found the overlap of decision 26.
         let mut cur = x;
-        let mut shortcut_of = None;
+        let mut projected = None;
         for (i, &ci) in main.iter().enumerate() {
             let last = i + 1 == main.len();
-            let early = std::env::var("GPUKIT_PROJECTION").is_ok_and(|v| v == "early");
-            let at = if early { i == 0 } else { last };
-            if at {
-                if let Some(p) = proj {
-                    let t = conv_out(&tensors, x, &net.convs[*p]);
-                    let y = new(&mut tensors, t);
-                    ops.push(Op::Conv {
-                        conv: *p,
-                        x,
-                        y,
-                        z: None,
-                        relu: false,
-                    });
-                    shortcut_of = Some(y);
-                }
+            if let (true, Some(p)) = (if project_early { i == 0 } else { last }, proj) {
+                let t = conv_out(&tensors, x, &net.convs[*p]);
+                let y = new(&mut tensors, t);
+                ops.push(Op::Conv {
+                    conv: *p,
+                    x,
+                    y,
+                    z: None,
+                    relu: false,
+                });
+                projected = Some(y);
             }
-            let shortcut = match (last, shortcut_of) {
-                (true, Some(y)) => y,
-                _ => x,
-            };
+            let shortcut = projected.unwrap_or(x);
             let t = conv_out(&tensors, cur, &net.convs[ci]);
             let y = new(&mut tensors, t);
             ops.push(Op::Conv {
@@ -1083,10 +1078,7 @@ impl<'a> Session<'a> {
                     let s = &self.ctx.gpu.stream;
                     let (wv, bv) = (View::of(&c.weight, s), View::of(&c.bias, s));
                     let (xv, yv) = (self.view(x)?, self.view(y)?);
-                    let zv = match z {
-                        Some(z) => Some(self.view(z)?),
-                        None => None,
-                    };
+                    let zv = z.map(|z| self.view(z)).transpose()?;
                     // NCHW also tries the bare convolution and the epilogue kernel (decision 29):
                     // its fused engines are few and often slow
                     let (elem, nhwc, p) = (self.tensors[y].elem, dims.nhwc, dims.out_hw());
@@ -1159,10 +1151,7 @@ impl<'a> Session<'a> {
                     )?;
                 }
                 (Op::Conv { x, y, z, .. }, Some(_)) => {
-                    let zv = match z {
-                        Some(z) => Some(self.view(z)?),
-                        None => None,
-                    };
+                    let zv = z.map(|z| self.view(z)).transpose()?;
                     self.conv_call(i, self.view(x)?, zv, self.view(y)?)?;
                     if !relu_of(self.ops[i]) && self.barrier_after_projection {
                         ctx.kernels.barrier()?;
