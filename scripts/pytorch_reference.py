@@ -8,7 +8,12 @@ warnings go to stderr.
 Usage:
   pytorch_reference.py matmul [--sizes 1000,4096] [--dtypes f32,tf32,f16,bf16,f64]
                               [--iterations 50] [--warmup 10] [--device cuda|cpu]
-                              [--threads N]
+                              [--threads N] [--init normal|uniform]
+  pytorch_reference.py serve [--device cuda|cpu] [--threads N]
+      reads one JSON request a line on stdin ({"op": "matmul", "dtype": "f16", "size": 8192,
+      "iterations": 10, "warmup": 2, "init": "normal", "budget_s": 10}) and answers each with
+      one JSON line ({"ok": true, "times_ms": [...]}) after a first {"ok": true, "ready": true}
+      line; gpukit alternates its own timed blocks with these so both see the same clocks
   pytorch_reference.py bandwidth [--sizes-bytes 4096,1048576,268435456]
                                  [--iterations 20] [--warmup 3]
   pytorch_reference.py conv [--shapes "1x64x56x56:64x3x3:s1p1,..."]
@@ -175,7 +180,13 @@ def build_parser():
     m.add_argument("--dtypes", type=csv_of(choice_of(*DTYPES)), default=list(DTYPES))
     m.add_argument("--device", type=choice_of("cuda", "cpu"), default="cuda")
     m.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all)")
+    m.add_argument("--init", type=choice_of("normal", "uniform"), default="normal",
+                   help="input distribution: torch.randn, or uniform in [-1, 1)")
     timing_args(m, 50, 10)
+
+    v = sub.add_parser("serve", help="answer timed-block requests, one JSON line each")
+    v.add_argument("--device", type=choice_of("cuda", "cpu"), default="cuda")
+    v.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all)")
 
     b = sub.add_parser("bandwidth", help="host<->device and device->device copies")
     b.add_argument("--sizes-bytes", type=csv_of(positive_int), default=[4096, MIB, 256 * MIB])
@@ -319,9 +330,13 @@ def bench_matmul(torch, args):
             triple_bytes = 3 * n * n * torch.empty((), dtype=dtype).element_size()
             sets = L2_FLUSH_BYTES // triple_bytes + 1 if triple_bytes < L2_FLUSH_BYTES else 1
             log(f"matmul {dtype_name} {n}x{n} on {args.device} ({sets} operand set(s))")
-            operands = [(torch.randn(n, n, device=args.device, dtype=dtype),
-                         torch.randn(n, n, device=args.device, dtype=dtype),
-                         torch.empty(n, n, device=args.device, dtype=dtype)) for _ in range(sets)]
+            def draw():
+                if args.init == "uniform":
+                    return torch.rand(n, n, device=args.device, dtype=dtype) * 2 - 1
+                return torch.randn(n, n, device=args.device, dtype=dtype)
+
+            operands = [(draw(), draw(), torch.empty(n, n, device=args.device, dtype=dtype))
+                        for _ in range(sets)]
 
             def step(i):
                 a, b, c = operands[i % sets]
@@ -334,6 +349,68 @@ def bench_matmul(torch, args):
             release(torch, args.device)
     set_tf32(torch, matmul=False)
     return rows
+
+
+# Where `serve` writes its answers: the real stdout, saved by __main__ before stdout is pointed
+# at stderr.
+REPLY_FD = 1
+
+
+def reply(obj):
+    os.write(REPLY_FD, (json.dumps(obj) + "\n").encode())
+
+
+def serve(torch, args, ready):
+    """Answers matmul timing requests from stdin until it closes; operands of the last shape
+    asked for are kept, so alternating blocks time the same buffers."""
+    reply({"ok": True, "ready": True, **ready})
+    cached_key, operands = None, None
+    answered = 0
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+            if req.get("op") != "matmul":
+                raise ValueError(f"unknown op {req.get('op')!r}")
+            dtype_name, n = req["dtype"], int(req["size"])
+            device = req.get("device", args.device)
+            if device.startswith("cuda"):
+                torch.cuda.set_device(device)
+            dtype = getattr(torch, DTYPES[dtype_name])
+            key = (dtype_name, n, req.get("init", "normal"))
+            if key != cached_key:
+                operands = None
+                release(torch, device)
+                triple_bytes = 3 * n * n * torch.empty((), dtype=dtype).element_size()
+                sets = L2_FLUSH_BYTES // triple_bytes + 1 if triple_bytes < L2_FLUSH_BYTES else 1
+
+                def draw():
+                    if key[2] == "uniform":
+                        return torch.rand(n, n, device=device, dtype=dtype) * 2 - 1
+                    return torch.randn(n, n, device=device, dtype=dtype)
+
+                operands = [(draw(), draw(), torch.empty(n, n, device=device, dtype=dtype))
+                            for _ in range(sets)]
+                cached_key = key
+            set_tf32(torch, matmul=(dtype_name == "tf32"))
+            sets = len(operands)
+
+            def step(i):
+                a, b, c = operands[i % sets]
+                torch.matmul(a, b, out=c)
+
+            iterations, warmup = int(req.get("iterations", 10)), int(req.get("warmup", 2))
+            if device.startswith("cuda"):
+                times = time_cuda(torch, step, iterations, warmup)
+            else:
+                times = time_cpu(step, iterations, warmup, float(req.get("budget_s", CPU_ROW_BUDGET_S)))
+            set_tf32(torch, matmul=False)
+            reply({"ok": True, "times_ms": times})
+            answered += 1
+        except Exception as exc:  # one bad request is answered, not fatal
+            reply({"ok": False, "error": one_line(exc)})
+    return answered
 
 
 def bench_bandwidth(torch, args):
@@ -865,10 +942,18 @@ def run(torch, args):
     if device == "cuda" and not cuda_ok:
         raise RuntimeError(f"CUDA was asked for but torch {torch.__version__} sees no usable GPU "
                            f"(torch.version.cuda={torch.version.cuda}); use --device cpu or a CUDA build of torch")
-    if device == "cpu":
+    if device == "cpu" or getattr(args, "threads", None):
         torch.set_num_threads(args.threads or os.cpu_count() or 1)
         log(f"cpu threads: {torch.get_num_threads()}")
     extra = {}
+    if args.command == "serve":
+        ready = {"torch_version": torch.__version__,
+                 "device_name": torch.cuda.get_device_name(0) if device == "cuda" else cpu_name(),
+                 "threads": torch.get_num_threads()}
+        with torch.inference_mode():
+            answered = serve(torch, args, ready)
+        return {"ok": True, "command": "serve", "torch_version": torch.__version__, "results": [],
+                "answered": answered}
     if args.command == "infer":  # builds its models outside inference mode, runs them inside it
         results, extra = bench_infer(torch, args)
     else:
@@ -911,6 +996,7 @@ if __name__ == "__main__":
     # stderr, so that stdout carries nothing but the final JSON document.
     sys.stdout.flush()
     json_fd = os.dup(1)
+    REPLY_FD = json_fd
     os.dup2(2, 1)
     real_stdout, sys.stdout = sys.stdout, sys.stderr
     try:

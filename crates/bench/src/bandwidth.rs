@@ -451,6 +451,7 @@ pub fn compare_with_pytorch(
                     median_ms: ms,
                     rate: g,
                     ratio: ours / g,
+                    turn_ratios: Vec::new(),
                 });
             }
         }

@@ -431,6 +431,7 @@ pub fn compare_with_pytorch(
                     median_ms: ms,
                     rate: t,
                     ratio: ours / t,
+                    turn_ratios: Vec::new(),
                 });
             }
         }

@@ -68,8 +68,16 @@ pub enum HarnessError {
 /// (synchronize first if it launched device work).
 pub fn time_host<E: std::fmt::Display>(
     plan: Plan,
-    mut work: impl FnMut() -> Result<(), E>,
+    work: impl FnMut() -> Result<(), E>,
 ) -> Result<Measurement, HarnessError> {
+    Measurement::of(Clock::Host, plan, &host_samples(plan, work)?)
+}
+
+/// `time_host`'s samples (ms per repetition), unsummarised.
+pub fn host_samples<E: std::fmt::Display>(
+    plan: Plan,
+    mut work: impl FnMut() -> Result<(), E>,
+) -> Result<Vec<f64>, HarnessError> {
     let budget = Duration::from_secs_f64(plan.max_seconds.min(1e9));
     let started = Instant::now();
     for _ in 0..plan.warmup {
@@ -88,12 +96,7 @@ pub fn time_host<E: std::fmt::Display>(
             break;
         }
     }
-    Ok(Measurement {
-        clock: Clock::Host,
-        warmup: plan.warmup,
-        reps_planned: plan.reps,
-        summary_ms: Summary::of(&samples).ok_or(HarnessError::NoSamples)?,
-    })
+    Ok(samples)
 }
 
 /// Times device work queued on `stream` with CUDA events around each repetition.
@@ -102,16 +105,103 @@ pub fn time_device<E: std::fmt::Display>(
     plan: Plan,
     work: impl FnMut() -> Result<(), E>,
 ) -> Result<Measurement, HarnessError> {
-    let samples = time_on_stream(stream, plan.warmup, plan.reps, work).map_err(|e| match e {
+    Measurement::of(
+        Clock::CudaEvents,
+        plan,
+        &device_samples(stream, plan, work)?,
+    )
+}
+
+/// `time_device`'s samples (ms per repetition), unsummarised.
+pub fn device_samples<E: std::fmt::Display>(
+    stream: &Arc<CudaStream>,
+    plan: Plan,
+    work: impl FnMut() -> Result<(), E>,
+) -> Result<Vec<f64>, HarnessError> {
+    time_on_stream(stream, plan.warmup, plan.reps, work).map_err(|e| match e {
         TimingError::Cuda(c) => HarnessError::Cuda(c.to_string()),
         TimingError::Work(w) => HarnessError::Work(w.to_string()),
-    })?;
-    Ok(Measurement {
-        clock: Clock::CudaEvents,
-        warmup: plan.warmup,
-        reps_planned: plan.reps,
-        summary_ms: Summary::of(&samples).ok_or(HarnessError::NoSamples)?,
     })
+}
+
+impl Measurement {
+    /// Summarises samples taken under `plan`.
+    pub fn of(clock: Clock, plan: Plan, samples: &[f64]) -> Result<Measurement, HarnessError> {
+        Ok(Measurement {
+            clock,
+            warmup: plan.warmup,
+            reps_planned: plan.reps,
+            summary_ms: Summary::of(samples).ok_or(HarnessError::NoSamples)?,
+        })
+    }
+}
+
+/// A timed block: `Plan` in, samples (ms per repetition) out.
+pub type Block<'a> = &'a mut dyn FnMut(Plan) -> Result<Vec<f64>, String>;
+
+/// What `interleave` measured: each side's samples, block by block (one block per round).
+#[derive(Debug)]
+pub struct Interleaved {
+    pub ours: Result<Vec<Vec<f64>>, String>,
+    /// Err once the peer failed (it is not asked again; ours go on).
+    pub theirs: Result<Vec<Vec<f64>>, String>,
+}
+
+impl Interleaved {
+    /// Per round, our block's median time over theirs (below 1: ours faster), for the rounds
+    /// both sides completed. Each pair shared the chip's state, so their spread is the
+    /// comparison's own uncertainty.
+    pub fn paired_time_ratios(&self) -> Vec<f64> {
+        let (Ok(ours), Ok(theirs)) = (&self.ours, &self.theirs) else {
+            return Vec::new();
+        };
+        ours.iter()
+            .zip(theirs)
+            .filter_map(|(a, b)| Some(Summary::of(a)?.median / Summary::of(b)?.median))
+            .filter(|r| r.is_finite() && *r > 0.0)
+            .collect()
+    }
+}
+
+/// Alternates our timed blocks with a peer's in ABBA order (ours first in even rounds, theirs
+/// first in odd ones) for `rounds` rounds, `first` plans the opening block of each side and
+/// `later` the rest. On a power-capped GPU a figure depends on what ran in the last few
+/// hundred milliseconds (run 27: either side moved by 7% from one invocation to the next), so
+/// two figures are comparable only when both sides took turns on the same chip.
+pub fn interleave(
+    rounds: usize,
+    first: Plan,
+    later: Plan,
+    ours: Block,
+    theirs: Block,
+) -> Interleaved {
+    let mut mine = Vec::new();
+    let mut peer: Result<Vec<Vec<f64>>, String> = Ok(Vec::new());
+    for round in 0..rounds.max(1) {
+        let plan = if round == 0 { first } else { later };
+        for side in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
+            if side == 0 {
+                match ours(plan) {
+                    Ok(s) => mine.push(s),
+                    Err(e) => {
+                        return Interleaved {
+                            ours: Err(e),
+                            theirs: peer,
+                        }
+                    }
+                }
+            } else if let Ok(all) = &mut peer {
+                match theirs(plan) {
+                    Ok(s) => all.push(s),
+                    Err(e) => peer = Err(e),
+                }
+            }
+        }
+    }
+    Interleaved {
+        ours: Ok(mine),
+        theirs: peer,
+    }
 }
 
 /// Rates derived from a time: one place computes them, every view shows them.
@@ -158,6 +248,57 @@ mod tests {
     fn work_errors_are_reported_not_timed() {
         let r = time_host(Plan::new(0, 3), || Err::<(), _>("bad output"));
         assert!(matches!(r, Err(HarnessError::Work(ref s)) if s == "bad output"));
+    }
+
+    #[test]
+    fn interleaving_alternates_abba_and_pools_the_samples() {
+        let order = std::cell::RefCell::new(String::new());
+        let first = Plan::new(5, 3);
+        let later = Plan::new(1, 3);
+        let mut ours = |p: Plan| {
+            order.borrow_mut().push('a');
+            Ok(vec![p.warmup as f64; p.reps])
+        };
+        let mut theirs = |p: Plan| {
+            order.borrow_mut().push('b');
+            Ok(vec![10.0 + p.warmup as f64; p.reps])
+        };
+        let r = interleave(4, first, later, &mut ours, &mut theirs);
+        assert_eq!(*order.borrow(), "abbaabba");
+        // ours: 5 (warm-up of the first plan) then 1; theirs 15 then 11
+        assert_eq!(
+            r.paired_time_ratios(),
+            vec![5.0 / 15.0, 1.0 / 11.0, 1.0 / 11.0, 1.0 / 11.0]
+        );
+        let ours = r.ours.unwrap();
+        assert_eq!(ours.len(), 4);
+        assert!(ours.iter().all(|b| b.len() == 3));
+        // the first block of each side ran with the first plan's warm-up, the rest with later's
+        assert_eq!(ours[0], vec![5.0; 3]);
+        assert_eq!(ours[1], vec![1.0; 3]);
+        assert_eq!(r.theirs.unwrap()[0], vec![15.0; 3]);
+    }
+
+    #[test]
+    fn a_failing_peer_is_dropped_and_ours_go_on() {
+        let mut calls = 0;
+        let mut ours = |p: Plan| Ok(vec![1.0; p.reps]);
+        let mut theirs = |_: Plan| {
+            calls += 1;
+            Err("torch crashed".to_string())
+        };
+        let r = interleave(3, Plan::new(0, 2), Plan::new(0, 2), &mut ours, &mut theirs);
+        assert!(r.paired_time_ratios().is_empty());
+        assert_eq!(r.ours.unwrap().concat().len(), 6);
+        assert_eq!(r.theirs.unwrap_err(), "torch crashed");
+        assert_eq!(calls, 1);
+        let mut bad = |_: Plan| Err("no GPU".to_string());
+        let mut fine = |p: Plan| Ok(vec![1.0; p.reps]);
+        assert!(
+            interleave(3, Plan::new(0, 2), Plan::new(0, 2), &mut bad, &mut fine)
+                .ours
+                .is_err()
+        );
     }
 
     #[test]

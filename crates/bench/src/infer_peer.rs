@@ -130,6 +130,7 @@ pub fn attach(report: &mut InferReport, rows: &[PytorchRow]) -> Vec<BestFp16> {
                     median_ms: ms,
                     rate,
                     ratio: ours / rate,
+                    turn_ratios: Vec::new(),
                 });
             }
         }

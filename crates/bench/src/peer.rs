@@ -1,9 +1,11 @@
 //! PyTorch as a peer: runs scripts/pytorch_reference.py (embedded in the binary, so it works from
 //! any directory) with the python3 on PATH, in the same invocation as gpukit's own run.
 
-use serde_json::Value;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex};
 
 /// The reference script, as shipped in the repository.
 pub const SCRIPT: &str = include_str!("../../../scripts/pytorch_reference.py");
@@ -18,26 +20,48 @@ pub struct PeerRun {
     pub document: Value,
 }
 
+fn python() -> PathBuf {
+    std::env::var_os("GPUKIT_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("python3"))
+}
+
+/// The script written to a temporary file (python needs a path), removed when dropped.
+struct ScriptFile(PathBuf);
+
+impl ScriptFile {
+    fn write(tag: &str) -> Result<ScriptFile, String> {
+        let path = std::env::temp_dir().join(format!(
+            "gpukit-pytorch-reference-{}-{tag}.py",
+            std::process::id()
+        ));
+        std::fs::write(&path, SCRIPT)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        Ok(ScriptFile(path))
+    }
+}
+
+impl Drop for ScriptFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn cannot_run(python: &std::path::Path, e: std::io::Error) -> String {
+    format!(
+        "cannot run {}: {e} (install Python 3 and PyTorch to compare)",
+        python.display()
+    )
+}
+
 /// Runs the script with `args` (a subcommand and its flags). The error is one line a person can
 /// act on: no python3, no torch, or what the script reported.
 pub fn run_pytorch(args: &[String]) -> Result<PeerRun, String> {
-    let python = std::env::var_os("GPUKIT_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("python3"));
-    let script = std::env::temp_dir().join(format!(
-        "gpukit-pytorch-reference-{}.py",
-        std::process::id()
-    ));
-    std::fs::write(&script, SCRIPT)
-        .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
-    let out = Command::new(&python).arg(&script).args(args).output();
-    let _ = std::fs::remove_file(&script);
-    let out = out.map_err(|e| {
-        format!(
-            "cannot run {}: {e} (install Python 3 and PyTorch to compare)",
-            python.display()
-        )
-    })?;
+    let python = python();
+    let script = ScriptFile::write("run")?;
+    let out = Command::new(&python).arg(&script.0).args(args).output();
+    drop(script);
+    let out = out.map_err(|e| cannot_run(&python, e))?;
     let doc: Value = serde_json::from_slice(&out.stdout).map_err(|_| {
         let err = String::from_utf8_lossy(&out.stderr);
         format!(
@@ -58,6 +82,144 @@ pub fn run_pytorch(args: &[String]) -> Result<PeerRun, String> {
         results: doc["results"].as_array().cloned().unwrap_or_default(),
         document: doc,
     })
+}
+
+/// The script's `serve` mode: one long-lived PyTorch process that times blocks on request, so
+/// gpukit can take turns with it on the same chip (see `harness::interleave`).
+pub struct PeerServer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    /// The last line PyTorch wrote to stderr (for a message when it dies).
+    last_err: Arc<Mutex<String>>,
+    _script: ScriptFile,
+    pub torch_version: String,
+    pub device_name: Option<String>,
+}
+
+impl PeerServer {
+    /// Starts `pytorch_reference.py serve --device DEVICE` and waits for its ready line.
+    pub fn start(device: &str, threads: Option<usize>) -> Result<PeerServer, String> {
+        PeerServer::start_with(python(), device, threads)
+    }
+
+    fn start_with(
+        python: PathBuf,
+        device: &str,
+        threads: Option<usize>,
+    ) -> Result<PeerServer, String> {
+        let script = ScriptFile::write(device)?;
+        let mut cmd = Command::new(&python);
+        cmd.arg(&script.0).args(["serve", "--device", device]);
+        if let Some(t) = threads {
+            cmd.args(["--threads", &t.to_string()]);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| cannot_run(&python, e))?;
+        let last_err = Arc::new(Mutex::new(String::new()));
+        if let Some(err) = child.stderr.take() {
+            let last = Arc::clone(&last_err);
+            std::thread::spawn(move || {
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    if !line.trim().is_empty() {
+                        if let Ok(mut l) = last.lock() {
+                            *l = line;
+                        }
+                    }
+                }
+            });
+        }
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            return Err("the PyTorch reference's pipes could not be opened".into());
+        };
+        let mut server = PeerServer {
+            child,
+            stdin: Some(stdin),
+            stdout: BufReader::new(stdout),
+            last_err,
+            _script: script,
+            torch_version: String::new(),
+            device_name: None,
+        };
+        let ready = server.read_reply()?;
+        server.torch_version = ready["torch_version"].as_str().unwrap_or("?").to_string();
+        server.device_name = ready["device_name"].as_str().map(str::to_string);
+        Ok(server)
+    }
+
+    fn read_reply(&mut self) -> Result<Value, String> {
+        let mut line = String::new();
+        let read = self.stdout.read_line(&mut line);
+        if matches!(read, Ok(0) | Err(_)) {
+            // give the stderr reader a moment to catch the last words
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let why = self.last_err.lock().map(|l| l.clone()).unwrap_or_default();
+            return Err(format!("the PyTorch reference stopped answering: {why}"));
+        }
+        let doc: Value = serde_json::from_str(&line).map_err(|_| {
+            format!(
+                "the PyTorch reference answered something else: {}",
+                line.trim()
+            )
+        })?;
+        if doc["ok"] != Value::Bool(true) {
+            return Err(doc["error"]
+                .as_str()
+                .unwrap_or("PyTorch reference failed")
+                .to_string());
+        }
+        Ok(doc)
+    }
+
+    /// One timed block of `torch.matmul` on square `size` operands: samples in ms.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_block(
+        &mut self,
+        device: &str,
+        dtype: &str,
+        size: usize,
+        init: &str,
+        warmup: usize,
+        reps: usize,
+        budget_s: f64,
+    ) -> Result<Vec<f64>, String> {
+        let req = json!({"op": "matmul", "device": device, "dtype": dtype, "size": size,
+            "init": init, "warmup": warmup, "iterations": reps,
+            "budget_s": if budget_s.is_finite() { budget_s } else { 1e9 }});
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or("the PyTorch reference is closed")?;
+        writeln!(stdin, "{req}")
+            .and_then(|_| stdin.flush())
+            .map_err(|e| format!("cannot reach the PyTorch reference: {e}"))?;
+        let doc = self.read_reply()?;
+        doc["times_ms"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_f64).collect::<Vec<_>>())
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| "the PyTorch reference returned no times".to_string())
+    }
+}
+
+impl Drop for PeerServer {
+    fn drop(&mut self) {
+        // closing stdin ends the serve loop; a server that hangs is killed
+        drop(self.stdin.take());
+        for _ in 0..50 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// Joins numbers with commas, as the script's list flags take them.
@@ -85,6 +247,14 @@ mod tests {
         std::env::set_var("GPUKIT_PYTHON", "/nonexistent/python3");
         let e = run_pytorch(&["matmul".into()]).unwrap_err();
         std::env::remove_var("GPUKIT_PYTHON");
+        assert!(e.contains("/nonexistent/python3"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_interpreter_stops_the_server_with_a_message() {
+        let e = PeerServer::start_with("/nonexistent/python3".into(), "cpu", None)
+            .err()
+            .unwrap();
         assert!(e.contains("/nonexistent/python3"), "{e}");
     }
 

@@ -309,9 +309,24 @@ pub struct MatmulArgs {
     #[arg(long, default_value = "10")]
     pub cpu_seconds: f64,
 
-    /// Run the same workloads through PyTorch (scripts/pytorch_reference.py) and show both.
+    /// Input distribution: normal (as torch.randn) or uniform in [-1, 1). A power-capped GPU
+    /// runs large products at clocks that depend on the data.
+    #[arg(long, default_value = "normal", value_name = "DIST")]
+    pub init: gpukit_bench::matmul::Init,
+
+    /// cuBLASLt heuristic algorithms timed against cuBLAS per GPU row (0: cuBLAS only).
+    #[arg(long, default_value = "8", value_name = "N")]
+    pub lt_candidates: usize,
+
+    /// Run the same workloads through PyTorch (scripts/pytorch_reference.py), taking turns
+    /// with it on every row, and show both.
     #[arg(long)]
     pub compare_pytorch: bool,
+
+    /// With --compare-pytorch: blocks each side runs per row, alternating (the iterations are
+    /// split between them).
+    #[arg(long, default_value = "5", value_parser = parse_iterations, value_name = "N")]
+    pub turns: usize,
 }
 
 #[derive(Debug, Args)]

@@ -77,6 +77,9 @@ fn matmul_options(a: &MatmulArgs) -> MatmulOptions {
     o.selection = a.device;
     o.iterations = a.iterations;
     o.cpu_budget_s = a.cpu_seconds;
+    o.init = a.init;
+    o.lt_candidates = a.lt_candidates;
+    o.rounds = a.turns;
     o
 }
 
@@ -87,10 +90,13 @@ fn bench_matmul(a: MatmulArgs, out: &Output) -> Result<()> {
         return Err(UsageError("--cpu-seconds must be a positive number".into()).into());
     }
     let opts = matmul_options(&a);
-    let mut report = run_matmul(&discovery, &opts, &mut progress());
-    let peer = a
-        .compare_pytorch
-        .then(|| gpukit_bench::matmul::compare_with_pytorch(&mut report, &opts));
+    let (report, peer) = if a.compare_pytorch {
+        let (r, p) =
+            gpukit_bench::matmul::run_matmul_with_pytorch(&discovery, &opts, &mut progress());
+        (r, Some(p))
+    } else {
+        (run_matmul(&discovery, &opts, &mut progress()), None)
+    };
     emit_matmul(&report, peer, out)
 }
 
@@ -114,6 +120,12 @@ fn emit_matmul(
         print!("{}", to_terminal(&matmul_sections(report)));
         if let Some(l) = peer_line(&peer) {
             println!("{l}");
+        }
+        if matches!(peer, Some(Ok(_))) {
+            println!(
+                "  turns: gpukit and PyTorch timed each row in {} alternating blocks (ABBA), so both saw the same clocks; gpukit / PyTorch is the median of the rounds' ratios (lowest-highest round in brackets)",
+                report.rounds
+            );
         }
         Ok(())
     })?;

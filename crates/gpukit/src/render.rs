@@ -503,12 +503,28 @@ fn results_table<R>(rows: &[R], c: Columns<'_, R>) -> (Vec<String>, Vec<Vec<Stri
             cells.extend((c.values)(r));
             if compare {
                 cells.push(f1((c.peer)(r).map(|p| p.rate)));
-                cells.push(times((c.peer)(r).map(|p| p.ratio)));
+                cells.push(ratio_cell((c.peer)(r)));
             }
             cells
         })
         .collect();
     (header, body)
+}
+
+/// gpukit over PyTorch; with turns, the lowest and highest round's ratio beside the median.
+fn ratio_cell(p: Option<&PeerFigure>) -> String {
+    let Some(p) = p else { return String::new() };
+    let lo = p.turn_ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = p
+        .turn_ratios
+        .iter()
+        .copied()
+        .fold(f64::NEG_INFINITY, f64::max);
+    if p.turn_ratios.len() > 1 {
+        format!("{} ({:.2}-{:.2})", times(Some(p.ratio)), lo, hi)
+    } else {
+        times(Some(p.ratio))
+    }
 }
 
 fn check_cell(v: Option<&gpukit_bench::matmul::Verification>) -> String {
@@ -580,7 +596,10 @@ pub fn matmul_sections(r: &gpukit_bench::matmul::MatmulReport) -> Vec<Section> {
         r.cpu_model, r.cpu_threads
     ));
     vec![Section {
-        title: "Matrix multiply (C = A x B, square, random inputs in [-1, 1))".into(),
+        title: format!(
+            "Matrix multiply (C = A x B, square, random {} inputs)",
+            r.inputs.describe()
+        ),
         header: Some(header),
         rows,
         notes,

@@ -47,6 +47,38 @@ pub fn uniform_f32(n: usize, seed: u64) -> Vec<f32> {
     v
 }
 
+/// Fills `out` with standard normal values (mean 0, deviation 1, as `torch.randn` draws),
+/// by Box-Muller on the same generator; the same seed gives the same values.
+pub fn fill_normal_f32(out: &mut [f32], seed: u64) {
+    out.par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(i, chunk)| {
+            let mut s = splitmix(seed ^ (i as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93)) | 1;
+            let mut next = || {
+                s ^= s >> 12;
+                s ^= s << 25;
+                s ^= s >> 27;
+                // 53 bits in (0, 1]: ln never sees 0
+                ((s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+            };
+            for pair in chunk.chunks_mut(2) {
+                let r = (-2.0 * next().ln()).sqrt();
+                let t = std::f64::consts::TAU * next();
+                pair[0] = (r * t.cos()) as f32;
+                if let Some(x) = pair.get_mut(1) {
+                    *x = (r * t.sin()) as f32;
+                }
+            }
+        });
+}
+
+/// `n` standard normal values.
+pub fn normal_f32(n: usize, seed: u64) -> Vec<f32> {
+    let mut v = vec![0f32; n];
+    fill_normal_f32(&mut v, seed);
+    v
+}
+
 /// Random bytes (for copy benchmarks).
 pub fn fill_bytes(out: &mut [u8], seed: u64) {
     out.par_chunks_mut(CHUNK * 4)
@@ -66,6 +98,27 @@ pub fn fill_bytes(out: &mut [u8], seed: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn normal_values_have_unit_deviation_and_gaussian_tails() {
+        let v = normal_f32(200_001, fresh_seed());
+        let n = v.len() as f64;
+        let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
+        let var = v
+            .iter()
+            .map(|&x| (f64::from(x) - mean).powi(2))
+            .sum::<f64>()
+            / n;
+        assert!(mean.abs() < 0.01, "mean {mean}");
+        assert!((var - 1.0).abs() < 0.02, "variance {var}");
+        // P(|x| > 2) = 4.55% for a standard normal; a uniform or a constant fails this
+        let beyond = v.iter().filter(|x| x.abs() > 2.0).count() as f64 / n;
+        assert!(
+            (beyond - 0.0455).abs() < 0.004,
+            "share beyond 2 sigma {beyond}"
+        );
+        assert!(v.iter().all(|x| x.is_finite()));
+    }
 
     #[test]
     fn uniform_values_cover_the_range_and_are_not_constant() {
