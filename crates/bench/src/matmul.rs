@@ -193,6 +193,10 @@ pub struct MatmulRow {
     pub speedup_vs_cpu: Option<f64>,
     pub verification: Option<Verification>,
     pub pytorch: Option<PeerFigure>,
+    /// GPU rows: each candidate timed before the run (label, median of its round medians in
+    /// ms; None where it did not run), in the order tried.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub candidates: Vec<(String, Option<f64>)>,
 }
 
 impl MatmulRow {
@@ -211,6 +215,7 @@ impl MatmulRow {
             speedup_vs_cpu: None,
             verification: None,
             pytorch: None,
+            candidates: Vec::new(),
         }
     }
 
@@ -477,11 +482,7 @@ impl Turns {
 /// PyTorch's figure for a row from its samples, beside ours; the ratio is the median of the
 /// per-round ratios when there are any (pooled medians of two bimodal, throttled series can
 /// each land on either mode).
-fn peer_figure(
-    theirs: Option<PeerSamples>,
-    flops: f64,
-    ours_tflops: f64,
-) -> Option<PeerFigure> {
+fn peer_figure(theirs: Option<PeerSamples>, flops: f64, ours_tflops: f64) -> Option<PeerFigure> {
     let (samples, turn_ratios) = theirs?;
     let s = crate::stats::Summary::of(&samples)?;
     let rate = tflops(flops, s.median);
@@ -713,6 +714,11 @@ fn gpu_row(
         })
         .collect();
     let best = pick_candidate(&scores);
+    row.candidates = candidates
+        .iter()
+        .zip(&scores)
+        .map(|(b, s)| (b.label(), *s))
+        .collect();
     let Some((_, chosen)) = best else {
         row.status = RowStatus::Failed("neither cuBLAS nor any cuBLASLt algorithm ran".into());
         return row;
@@ -966,6 +972,42 @@ mod tests {
             ..MatmulOptions::default()
         };
         run_matmul(&discovery, &opts, &mut |_| {})
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_peer_takes_turns_on_every_cpu_row() {
+        let dir = std::env::temp_dir().join(format!("gpukit-turns-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let python = crate::peer::tests::fake_python(&dir);
+        let server = PeerServer::start_with(python, "cpu", Some(1)).unwrap();
+        let mut turns = Turns {
+            server: Some(server),
+            missed: Vec::new(),
+        };
+        let opts = MatmulOptions {
+            sizes: vec![48],
+            dtypes: Some(vec![DType::F32, DType::Bf16]),
+            selection: DeviceSelection::One(Device::Cpu),
+            iterations: 6,
+            rounds: 3,
+            ..MatmulOptions::default()
+        };
+        let discovery = gpukit_cuda::loader::discover();
+        let r = run_matmul_turns(&discovery, &opts, &mut turns, &mut |_| {});
+        let f32_row = r.rows.iter().find(|r| r.dtype == DType::F32).unwrap();
+        let p = f32_row.pytorch.as_ref().expect("a PyTorch figure");
+        // the fake answers [1.5, 2.5] per block: median 2.0 ms
+        assert_eq!(p.median_ms, 2.0);
+        assert_eq!(p.turn_ratios.len(), 3);
+        assert!(p.turn_ratios.iter().all(|x| x.is_finite() && *x > 0.0));
+        // our 6 iterations were split over the 3 rounds
+        assert_eq!(f32_row.timing.as_ref().unwrap().summary_ms.count, 6);
+        // bf16 on the CPU is the f32 run relabelled: no PyTorch figure of another dtype
+        let bf16_row = r.rows.iter().find(|r| r.dtype == DType::Bf16).unwrap();
+        assert!(bf16_row.pytorch.is_none());
+        assert!(turns.missed.is_empty(), "{:?}", turns.missed);
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

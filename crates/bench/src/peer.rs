@@ -90,8 +90,10 @@ pub struct PeerServer {
     child: Child,
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
-    /// The last line PyTorch wrote to stderr (for a message when it dies).
+    /// The last line PyTorch wrote to stderr (for a message when it dies), and the thread
+    /// reading it.
     last_err: Arc<Mutex<String>>,
+    err_reader: Option<std::thread::JoinHandle<()>>,
     _script: ScriptFile,
     pub torch_version: String,
     pub device_name: Option<String>,
@@ -103,7 +105,7 @@ impl PeerServer {
         PeerServer::start_with(python(), device, threads)
     }
 
-    fn start_with(
+    pub(crate) fn start_with(
         python: PathBuf,
         device: &str,
         threads: Option<usize>,
@@ -121,7 +123,7 @@ impl PeerServer {
             .spawn()
             .map_err(|e| cannot_run(&python, e))?;
         let last_err = Arc::new(Mutex::new(String::new()));
-        if let Some(err) = child.stderr.take() {
+        let err_reader = child.stderr.take().map(|err| {
             let last = Arc::clone(&last_err);
             std::thread::spawn(move || {
                 for line in BufReader::new(err).lines().map_while(Result::ok) {
@@ -131,8 +133,8 @@ impl PeerServer {
                         }
                     }
                 }
-            });
-        }
+            })
+        });
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
             return Err("the PyTorch reference's pipes could not be opened".into());
@@ -142,6 +144,7 @@ impl PeerServer {
             stdin: Some(stdin),
             stdout: BufReader::new(stdout),
             last_err,
+            err_reader,
             _script: script,
             torch_version: String::new(),
             device_name: None,
@@ -156,8 +159,14 @@ impl PeerServer {
         let mut line = String::new();
         let read = self.stdout.read_line(&mut line);
         if matches!(read, Ok(0) | Err(_)) {
-            // give the stderr reader a moment to catch the last words
-            std::thread::sleep(std::time::Duration::from_millis(100));
+            // the process is gone or going: let the stderr reader catch its last words (it
+            // ends when stderr closes; a second at most)
+            for _ in 0..50 {
+                if self.err_reader.as_ref().is_none_or(|h| h.is_finished()) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
             let why = self.last_err.lock().map(|l| l.clone()).unwrap_or_default();
             return Err(format!("the PyTorch reference stopped answering: {why}"));
         }
@@ -232,7 +241,7 @@ pub fn csv<T: ToString>(items: &[T]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -256,6 +265,72 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.contains("/nonexistent/python3"), "{e}");
+    }
+
+    /// A stand-in for python3 that ignores the script and speaks the serve protocol: times
+    /// [1.5, 2.5] for every request, an error for bf16. Unix only (a shell script).
+    #[cfg(unix)]
+    pub(crate) fn fake_python(dir: &std::path::Path) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join("fake-python");
+        std::fs::write(
+            &path,
+            "#!/bin/sh\n\
+             echo '{\"ok\": true, \"ready\": true, \"torch_version\": \"9.9-fake\"}'\n\
+             while read -r line; do\n\
+               case \"$line\" in\n\
+                 *bf16*) echo '{\"ok\": false, \"error\": \"no bf16 here\"}' ;;\n\
+                 *) echo '{\"ok\": true, \"times_ms\": [1.5, 2.5]}' ;;\n\
+               esac\n\
+             done\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_server_protocol_answers_blocks_and_errors() {
+        let dir = std::env::temp_dir().join(format!("gpukit-peer-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut server = PeerServer::start_with(fake_python(&dir), "cpu", Some(2)).unwrap();
+        assert_eq!(server.torch_version, "9.9-fake");
+        let t = server
+            .matmul_block("cpu", "f32", 64, "normal", 1, 2, 5.0)
+            .unwrap();
+        assert_eq!(t, vec![1.5, 2.5]);
+        let e = server
+            .matmul_block("cpu", "bf16", 64, "normal", 1, 2, f64::INFINITY)
+            .unwrap_err();
+        assert_eq!(e, "no bf16 here");
+        // still answering after an error
+        assert!(server
+            .matmul_block("cuda:0", "f16", 8, "uniform", 0, 1, 1.0)
+            .is_ok());
+        drop(server);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_server_that_dies_is_named_with_its_last_words() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("gpukit-peer-dies-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("dying-python");
+        std::fs::write(
+            &path,
+            "#!/bin/sh\necho 'ImportError: no torch' >&2\nexit 1\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = PeerServer::start_with(path, "cpu", None).err().unwrap();
+        assert!(
+            e.contains("stopped answering") && e.contains("no torch"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
