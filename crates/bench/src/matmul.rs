@@ -807,7 +807,11 @@ fn cpu_rows(
     progress: &mut dyn FnMut(&str),
 ) {
     let dtypes = opts.dtypes.clone().unwrap_or_else(|| DType::ALL.to_vec());
-    let backend = format!("gemm crate ({}, {} threads)", host.simd, cpu::threads());
+    let backend = format!(
+        "gemm crate, one single-threaded product per output tile ({}, {} threads)",
+        host.simd,
+        cpu::threads()
+    );
 
     for &n in &opts.sizes {
         // f32 first: tf32 and bf16 reuse its figure, computed in f32
