@@ -82,7 +82,8 @@ impl Default for BandwidthOptions {
             sizes_bytes: vec![4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30],
             ordinal: 0,
             iterations: 20,
-            staging_chunk_bytes: 8 << 20,
+            // one 1 MiB piece for each of 16 threads; 8 MiB was slower in every pairing (runs 37-38)
+            staging_chunk_bytes: 16 << 20,
         }
     }
 }
@@ -125,11 +126,17 @@ pub struct BandwidthReport {
     pub rows: Vec<BandwidthRow>,
 }
 
-/// Host copy spread over threads: one thread cannot feed a PCIe 5 x16 link.
+/// Host copy spread over threads: one thread cannot feed a PCIe 5 x16 link. One piece a
+/// thread (at least 64 KiB): with 1 MiB pieces of an 8 MiB staging chunk, half of 16 threads sat
+/// idle and staging ran at 24-25 GB/s; one piece for each of 16 threads reached 38-40 (run 37).
 fn parallel_copy(dst: &mut [u8], src: &[u8]) {
-    const PIECE: usize = 1 << 20;
-    dst.par_chunks_mut(PIECE)
-        .zip(src.par_chunks(PIECE))
+    let piece = dst
+        .len()
+        .div_ceil(rayon::current_num_threads().max(1))
+        .next_multiple_of(4096)
+        .max(64 << 10);
+    dst.par_chunks_mut(piece)
+        .zip(src.par_chunks(piece))
         .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
@@ -470,6 +477,18 @@ mod tests {
         let mut dst = vec![0u8; src.len()];
         parallel_copy(&mut dst, &src);
         assert_eq!(dst, src);
+        // seven threads: seven pieces, the last one short
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(7)
+            .build()
+            .unwrap();
+        let mut dst = vec![0u8; src.len()];
+        pool.install(|| parallel_copy(&mut dst, &src));
+        assert_eq!(dst, src);
+        // below one minimum piece: a single task
+        let mut small = vec![0u8; 1000];
+        pool.install(|| parallel_copy(&mut small, &src[..1000]));
+        assert_eq!(small[..], src[..1000]);
     }
 
     #[test]
