@@ -1,5 +1,6 @@
-//! Fresh random inputs for every benchmark: uniform in [-1, 1), generated in parallel, never
-//! zeros (zeros hide unwritten outputs and run faster than real data on some chips).
+//! Fresh random inputs for every benchmark: uniform in [-1, 1) or standard normal, generated
+//! in parallel, never zeros (zeros hide unwritten outputs and run faster than real data on some
+//! chips).
 
 use rayon::prelude::*;
 
