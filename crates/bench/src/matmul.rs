@@ -7,7 +7,7 @@ use crate::check::{describe_gpu, GpuFacts};
 use crate::cpu;
 use crate::harness::{device_samples, host_samples, interleave, tflops, Clock, Measurement, Plan};
 use crate::peer::PeerServer;
-use crate::random::{fresh_seed, normal_f32, uniform_f32};
+use crate::random::{fresh_seed, normal_f32, normal_f64, uniform_f32, uniform_f64};
 use gpukit_cuda::blas::{Blas, DeviceBytes, GemmType};
 use gpukit_cuda::driver::Gpu;
 use gpukit_cuda::loader::Discovery;
@@ -56,6 +56,27 @@ impl Init {
         match self {
             Init::Normal => normal_f32(n, seed),
             Init::Uniform => uniform_f32(n, seed),
+        }
+    }
+
+    /// Full-precision f64 values (f64 rows: not f32 values widened).
+    fn draw_f64(self, n: usize, seed: u64) -> Vec<f64> {
+        match self {
+            Init::Normal => normal_f64(n, seed),
+            Init::Uniform => uniform_f64(n, seed),
+        }
+    }
+
+    /// `n` values of `ty` as stored bytes: f64 drawn at full precision, the rest from f32
+    /// rounded to their storage.
+    fn draw_storage(self, ty: GemmType, n: usize, seed: u64) -> Vec<u8> {
+        match ty {
+            GemmType::F64 => self
+                .draw_f64(n, seed)
+                .iter()
+                .flat_map(|x| x.to_ne_bytes())
+                .collect(),
+            _ => to_storage(ty, &self.draw(n, seed)),
         }
     }
 
@@ -668,8 +689,8 @@ fn gpu_row(
     };
     for s in 0..sets {
         let pair = HostPair {
-            a: to_storage(ty, &opts.init.draw(n * n, seed ^ (2 * s as u64 + 1))),
-            b: to_storage(ty, &opts.init.draw(n * n, seed ^ (2 * s as u64 + 2))),
+            a: opts.init.draw_storage(ty, n * n, seed ^ (2 * s as u64 + 1)),
+            b: opts.init.draw_storage(ty, n * n, seed ^ (2 * s as u64 + 2)),
         };
         let up = (|| -> Result<(), String> {
             case.a.push(gpu.upload(&pair.a).map_err(|e| e.to_string())?);
@@ -869,9 +890,11 @@ fn cpu_rows(
 fn cpu_row(dtype: DType, n: usize, opts: &MatmulOptions, turns: &mut Turns) -> MatmulRow {
     let mut row = MatmulRow::new(Device::Cpu, dtype, n);
     let seed = fresh_seed();
-    let a32 = opts.init.draw(n * n, seed ^ 1);
-    let b32 = opts.init.draw(n * n, seed ^ 2);
     let ty = gemm_type(dtype);
+    let pair = HostPair {
+        a: opts.init.draw_storage(ty, n * n, seed ^ 1),
+        b: opts.init.draw_storage(ty, n * n, seed ^ 2),
+    };
     let plan = Plan::new(1.min(opts.warmup), opts.iterations).with_budget(opts.cpu_budget_s);
     let flops = 2.0 * (n as f64).powi(3);
     let mut time = |work: &mut dyn FnMut()| {
@@ -883,10 +906,11 @@ fn cpu_row(dtype: DType, n: usize, opts: &MatmulOptions, turns: &mut Turns) -> M
             .map_err(|e| e.to_string())
         })
     };
+    // the operands, decoded from the stored bytes the check reads too
+    let values = |bytes: &[u8]| (0..n * n).map(|i| load(ty, bytes, i)).collect::<Vec<f64>>();
     let ((timing, theirs), c_bytes) = match dtype {
         DType::F64 => {
-            let a: Vec<f64> = a32.iter().map(|&x| f64::from(x)).collect();
-            let b: Vec<f64> = b32.iter().map(|&x| f64::from(x)).collect();
+            let (a, b) = (values(&pair.a), values(&pair.b));
             let mut c = vec![f64::NAN; n * n];
             let t = time(&mut || cpu::matmul_f64(&a, &b, &mut c, n, n, n));
             (
@@ -895,15 +919,17 @@ fn cpu_row(dtype: DType, n: usize, opts: &MatmulOptions, turns: &mut Turns) -> M
             )
         }
         DType::F16 => {
-            let a: Vec<f16> = a32.iter().map(|&x| f16::from_f32(x)).collect();
-            let b: Vec<f16> = b32.iter().map(|&x| f16::from_f32(x)).collect();
+            let to_f16 = |v: Vec<f64>| v.into_iter().map(f16::from_f64).collect::<Vec<f16>>();
+            let (a, b) = (to_f16(values(&pair.a)), to_f16(values(&pair.b)));
             let mut c = vec![f16::NAN; n * n];
             let t = time(&mut || cpu::matmul_f16(&a, &b, &mut c, n, n, n));
             (t, c.iter().flat_map(|x| x.to_ne_bytes()).collect())
         }
         _ => {
+            let to_f32 = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
+            let (a, b) = (to_f32(values(&pair.a)), to_f32(values(&pair.b)));
             let mut c = vec![f32::NAN; n * n];
-            let t = time(&mut || cpu::matmul_f32(&a32, &b32, &mut c, n, n, n));
+            let t = time(&mut || cpu::matmul_f32(&a, &b, &mut c, n, n, n));
             (t, c.iter().flat_map(|x| x.to_ne_bytes()).collect())
         }
     };
@@ -913,10 +939,6 @@ fn cpu_row(dtype: DType, n: usize, opts: &MatmulOptions, turns: &mut Turns) -> M
             row.status = RowStatus::Failed(e);
             return row;
         }
-    };
-    let pair = HostPair {
-        a: to_storage(ty, &a32),
-        b: to_storage(ty, &b32),
     };
     let v = verify_square(ty, dtype, &pair, &c_bytes, n, seed);
     if v.passed {

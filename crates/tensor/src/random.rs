@@ -51,6 +51,16 @@ pub fn uniform_f32(n: usize, seed: u64) -> Vec<f32> {
 /// Fills `out` with standard normal values (mean 0, deviation 1, as `torch.randn` draws),
 /// by Box-Muller on the same generator; the same seed gives the same values.
 pub fn fill_normal_f32(out: &mut [f32], seed: u64) {
+    fill_normal(out, seed, |x| x as f32);
+}
+
+/// `fill_normal_f32` at full f64 precision (all 53 bits of the mantissa random), so an f64
+/// benchmark multiplies real f64 data, not f32 values widened.
+pub fn fill_normal_f64(out: &mut [f64], seed: u64) {
+    fill_normal(out, seed, |x| x);
+}
+
+fn fill_normal<T: Send>(out: &mut [T], seed: u64, cast: impl Fn(f64) -> T + Sync) {
     out.par_chunks_mut(CHUNK)
         .enumerate()
         .for_each(|(i, chunk)| {
@@ -65,9 +75,9 @@ pub fn fill_normal_f32(out: &mut [f32], seed: u64) {
             for pair in chunk.chunks_mut(2) {
                 let r = (-2.0 * next().ln()).sqrt();
                 let t = std::f64::consts::TAU * next();
-                pair[0] = (r * t.cos()) as f32;
+                pair[0] = cast(r * t.cos());
                 if let Some(x) = pair.get_mut(1) {
-                    *x = (r * t.sin()) as f32;
+                    *x = cast(r * t.sin());
                 }
             }
         });
@@ -77,6 +87,29 @@ pub fn fill_normal_f32(out: &mut [f32], seed: u64) {
 pub fn normal_f32(n: usize, seed: u64) -> Vec<f32> {
     let mut v = vec![0f32; n];
     fill_normal_f32(&mut v, seed);
+    v
+}
+
+/// `n` standard normal values at full f64 precision.
+pub fn normal_f64(n: usize, seed: u64) -> Vec<f64> {
+    let mut v = vec![0f64; n];
+    fill_normal_f64(&mut v, seed);
+    v
+}
+
+/// `n` uniform values in [-1, 1) at full f64 precision.
+pub fn uniform_f64(n: usize, seed: u64) -> Vec<f64> {
+    let mut v = vec![0f64; n];
+    v.par_chunks_mut(CHUNK).enumerate().for_each(|(i, chunk)| {
+        let mut s = splitmix(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407)) | 1;
+        for x in chunk {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            let r = s.wrapping_mul(0x2545_F491_4F6C_DD1D);
+            *x = ((r >> 11) as f64) * (2.0 / (1u64 << 53) as f64) - 1.0;
+        }
+    });
     v
 }
 
@@ -119,6 +152,26 @@ mod tests {
             "share beyond 2 sigma {beyond}"
         );
         assert!(v.iter().all(|x| x.is_finite()));
+    }
+
+    #[test]
+    fn f64_draws_use_the_whole_mantissa() {
+        // an f32 widened to f64 has its low 29 mantissa bits zero; real f64 data does not
+        let low_bits_zero = |v: &[f64]| {
+            v.iter()
+                .filter(|x| x.to_bits() & ((1 << 29) - 1) == 0)
+                .count()
+        };
+        let n = normal_f64(10_000, fresh_seed());
+        let u = uniform_f64(10_000, fresh_seed());
+        assert!(low_bits_zero(&n) < 10 && low_bits_zero(&u) < 10);
+        assert!(u.iter().all(|x| (-1.0..1.0).contains(x)));
+        let mean = n.iter().sum::<f64>() / n.len() as f64;
+        let var = n.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n.len() as f64;
+        assert!(
+            mean.abs() < 0.05 && (var - 1.0).abs() < 0.05,
+            "{mean} {var}"
+        );
     }
 
     #[test]
