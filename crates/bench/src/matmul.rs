@@ -720,8 +720,11 @@ fn gpu_row(
     // candidate went with a 5% lower final f16 figure), and the ranking settles within a few runs.
     let trial = opts.trial;
     let mut medians: Vec<Vec<f64>> = vec![Vec::new(); candidates.len()];
-    for _ in 0..trial.rounds {
-        for (i, b) in candidates.iter().enumerate() {
+    for round in 0..trial.rounds {
+        // each round starts at a different candidate and runs the order backwards every other
+        // round: no candidate always runs first on a rested chip, or right after the slowest
+        for i in trial_order(candidates.len(), round) {
+            let b = &candidates[i];
             if let Ok(m) = case.samples(b, Plan::new(trial.warmup, trial.reps)) {
                 if let Some(s) = crate::stats::Summary::of(&m) {
                     medians[i].push(s.median);
@@ -798,6 +801,21 @@ fn gpu_row(
         Err(e) => row.status = RowStatus::Failed(format!("verification: {e}")),
     }
     row
+}
+
+/// The order candidates run in trial round `round`: starting at candidate `round`, forwards on
+/// even rounds and backwards on odd ones.
+fn trial_order(count: usize, round: usize) -> Vec<usize> {
+    let n = count.max(1);
+    (0..count)
+        .map(|i| {
+            if round.is_multiple_of(2) {
+                (round + i) % n
+            } else {
+                (round % n + n - i % n) % n
+            }
+        })
+        .collect()
 }
 
 /// The candidate to time: the fastest score, except that cuBLAS's own choice (index 0) is kept
@@ -1036,6 +1054,22 @@ mod tests {
         assert!(bf16_row.pytorch.is_none());
         assert!(turns.missed.is_empty(), "{:?}", turns.missed);
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn trial_rounds_vary_who_runs_first() {
+        assert_eq!(trial_order(4, 0), vec![0, 1, 2, 3]);
+        assert_eq!(trial_order(4, 1), vec![1, 0, 3, 2]);
+        assert_eq!(trial_order(4, 2), vec![2, 3, 0, 1]);
+        assert!(trial_order(0, 3).is_empty());
+        // every round runs every candidate once
+        for r in 0..6 {
+            let mut o = trial_order(5, r);
+            o.sort_unstable();
+            assert_eq!(o, vec![0, 1, 2, 3, 4]);
+        }
+        let firsts: Vec<usize> = (0..3).map(|r| trial_order(5, r)[0]).collect();
+        assert_eq!(firsts, vec![0, 1, 2]);
     }
 
     #[test]
