@@ -321,22 +321,29 @@ def release(torch, device):
         torch.cuda.empty_cache()
 
 
+def matmul_operands(torch, n, dtype, device, init):
+    """(A, B, C) sets of random n x n operands, enough of them that together they exceed
+    L2_FLUSH_BYTES (so rotating through them measures memory, not cache)."""
+    triple_bytes = 3 * n * n * torch.empty((), dtype=dtype).element_size()
+    sets = L2_FLUSH_BYTES // triple_bytes + 1 if triple_bytes < L2_FLUSH_BYTES else 1
+
+    def draw():
+        if init == "uniform":
+            return torch.rand(n, n, device=device, dtype=dtype) * 2 - 1
+        return torch.randn(n, n, device=device, dtype=dtype)
+
+    return [(draw(), draw(), torch.empty(n, n, device=device, dtype=dtype)) for _ in range(sets)]
+
+
 def bench_matmul(torch, args):
     rows = []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, DTYPES[dtype_name])
         set_tf32(torch, matmul=(dtype_name == "tf32"))
         for n in args.sizes:
-            triple_bytes = 3 * n * n * torch.empty((), dtype=dtype).element_size()
-            sets = L2_FLUSH_BYTES // triple_bytes + 1 if triple_bytes < L2_FLUSH_BYTES else 1
+            operands = matmul_operands(torch, n, dtype, args.device, args.init)
+            sets = len(operands)
             log(f"matmul {dtype_name} {n}x{n} on {args.device} ({sets} operand set(s))")
-            def draw():
-                if args.init == "uniform":
-                    return torch.rand(n, n, device=args.device, dtype=dtype) * 2 - 1
-                return torch.randn(n, n, device=args.device, dtype=dtype)
-
-            operands = [(draw(), draw(), torch.empty(n, n, device=args.device, dtype=dtype))
-                        for _ in range(sets)]
 
             def step(i):
                 a, b, c = operands[i % sets]
@@ -382,16 +389,7 @@ def serve(torch, args, ready):
             if key != cached_key:
                 operands = None
                 release(torch, device)
-                triple_bytes = 3 * n * n * torch.empty((), dtype=dtype).element_size()
-                sets = L2_FLUSH_BYTES // triple_bytes + 1 if triple_bytes < L2_FLUSH_BYTES else 1
-
-                def draw():
-                    if key[2] == "uniform":
-                        return torch.rand(n, n, device=device, dtype=dtype) * 2 - 1
-                    return torch.randn(n, n, device=device, dtype=dtype)
-
-                operands = [(draw(), draw(), torch.empty(n, n, device=device, dtype=dtype))
-                            for _ in range(sets)]
+                operands = matmul_operands(torch, n, dtype, device, key[2])
                 cached_key = key
             set_tf32(torch, matmul=(dtype_name == "tf32"))
             sets = len(operands)
