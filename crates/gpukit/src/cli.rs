@@ -275,6 +275,22 @@ fn parse_workspace_mib(s: &str) -> Result<usize, String> {
     }
 }
 
+fn parse_turns(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=100).contains(&n) => Ok(n),
+        Ok(_) => Err("turns must be between 1 and 100".into()),
+        Err(_) => Err(format!("'{s}' is not a number of turns")),
+    }
+}
+
+fn parse_lt_candidates(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n <= 64 => Ok(n),
+        Ok(_) => Err("at most 64 cuBLASLt candidates".into()),
+        Err(_) => Err(format!("'{s}' is not a number of candidates")),
+    }
+}
+
 fn parse_iterations(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(0) => Err("iterations must be at least 1".into()),
@@ -314,8 +330,8 @@ pub struct MatmulArgs {
     #[arg(long, default_value = "normal", value_name = "DIST")]
     pub init: gpukit_bench::matmul::Init,
 
-    /// cuBLASLt heuristic algorithms timed against cuBLAS per GPU row (0: cuBLAS only).
-    #[arg(long, default_value = "8", value_name = "N")]
+    /// cuBLASLt heuristic algorithms timed against cuBLAS per GPU row, 0 to 64 (0: cuBLAS only).
+    #[arg(long, default_value = "8", value_name = "N", value_parser = parse_lt_candidates)]
     pub lt_candidates: usize,
 
     /// Run the same workloads through PyTorch (scripts/pytorch_reference.py), taking turns
@@ -325,7 +341,7 @@ pub struct MatmulArgs {
 
     /// With --compare-pytorch: blocks each side runs per row, alternating (the iterations are
     /// split between them).
-    #[arg(long, default_value = "5", value_parser = parse_iterations, value_name = "N")]
+    #[arg(long, default_value = "5", value_parser = parse_turns, value_name = "N")]
     pub turns: usize,
 }
 
@@ -403,6 +419,17 @@ mod tests {
         assert!(parse_byte_size("100G")
             .unwrap_err()
             .contains("out of range"));
+    }
+
+    #[test]
+    fn turns_and_candidates_are_bounded() {
+        assert!(parse_turns("0").is_err());
+        assert!(parse_turns("101").is_err());
+        assert!(parse_turns("x").unwrap_err().contains("'x'"));
+        assert_eq!(parse_turns("5"), Ok(5));
+        assert_eq!(parse_lt_candidates("0"), Ok(0));
+        assert!(parse_lt_candidates("65").is_err());
+        assert!(parse_lt_candidates("-1").is_err());
     }
 
     #[test]
