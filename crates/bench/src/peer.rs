@@ -54,6 +54,18 @@ fn cannot_run(python: &std::path::Path, e: std::io::Error) -> String {
     )
 }
 
+/// A document of the script's, or the error it reports (`"ok": false`).
+fn succeeded(doc: Value) -> Result<Value, String> {
+    if doc["ok"] == Value::Bool(true) {
+        Ok(doc)
+    } else {
+        Err(doc["error"]
+            .as_str()
+            .unwrap_or("PyTorch reference failed")
+            .to_string())
+    }
+}
+
 /// Runs the script with `args` (a subcommand and its flags). The error is one line a person can
 /// act on: no python3, no torch, or what the script reported.
 pub fn run_pytorch(args: &[String]) -> Result<PeerRun, String> {
@@ -70,12 +82,7 @@ pub fn run_pytorch(args: &[String]) -> Result<PeerRun, String> {
             err.lines().last().unwrap_or("")
         )
     })?;
-    if doc["ok"] != Value::Bool(true) {
-        return Err(doc["error"]
-            .as_str()
-            .unwrap_or("PyTorch reference failed")
-            .to_string());
-    }
+    let doc = succeeded(doc)?;
     Ok(PeerRun {
         torch_version: doc["torch_version"].as_str().unwrap_or("?").to_string(),
         device_name: doc["device_name"].as_str().map(str::to_string),
@@ -176,13 +183,7 @@ impl PeerServer {
                 line.trim()
             )
         })?;
-        if doc["ok"] != Value::Bool(true) {
-            return Err(doc["error"]
-                .as_str()
-                .unwrap_or("PyTorch reference failed")
-                .to_string());
-        }
-        Ok(doc)
+        succeeded(doc)
     }
 
     /// One timed block of `torch.matmul` on square `size` operands: samples in ms.

@@ -119,20 +119,27 @@ fn fits(len: usize, rows: usize, cols: usize, (rs, cs): (usize, usize)) -> bool 
     rows == 0 || cols == 0 || (rows - 1) * rs + (cols - 1) * cs < len
 }
 
-/// The output pointer handed to every task of `gemm_split`, each of which writes its own
-/// disjoint block through it.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
+/// The output pointer handed to every task of a split product (`gemm_split`, the tiled
+/// `matmul`, the convolution kernels), each of which writes its own disjoint block through it.
+struct SharedOut<T = f32>(*mut T);
 
-// SAFETY: tasks only ever write disjoint elements through the pointer (see `gemm_split`),
-// and the borrow it came from outlives them all.
-unsafe impl Send for SharedOut {}
+// Clone and Copy by hand: derived ones would ask T to be Copy too.
+impl<T> Clone for SharedOut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedOut<T> {}
+
+// SAFETY: tasks only ever write disjoint elements through the pointer (see its users), and
+// the borrow it came from outlives them all.
+unsafe impl<T> Send for SharedOut<T> {}
 // SAFETY: as for Send.
-unsafe impl Sync for SharedOut {}
+unsafe impl<T> Sync for SharedOut<T> {}
 
-impl SharedOut {
+impl<T> SharedOut<T> {
     /// The pointer; a method so closures capture the whole (Send) wrapper, not its field.
-    fn get(self) -> *mut f32 {
+    fn get(self) -> *mut T {
         self.0
     }
 }
@@ -255,7 +262,7 @@ fn matmul<T: 'static + Copy + Default + Send + Sync>(
     let tm = tile_edge(m, n, threads);
     let tn = tile_edge(n, m, threads);
     let (gm, gn) = (m.div_ceil(tm), n.div_ceil(tn));
-    let out = SendPtr(c.as_mut_ptr());
+    let out = SharedOut(c.as_mut_ptr());
     (0..gm * gn).into_par_iter().for_each(|task| {
         let (i0, j0) = ((task / gn) * tm, (task % gn) * tn);
         let (rows, cols) = (tm.min(m - i0), tn.min(n - j0));
@@ -292,22 +299,6 @@ fn tile_edge(len: usize, other: usize, threads: usize) -> usize {
     let area = (len as f64) * (other as f64) / (8.0 * threads.max(1) as f64);
     let edge = (area.sqrt() / 16.0).round() as usize * 16;
     edge.clamp(128, 384).min(len).max(1)
-}
-
-/// A raw output pointer handed to every task of a tiled matmul (each writes its own block).
-#[derive(Clone, Copy)]
-struct SendPtr<T>(*mut T);
-
-// SAFETY: tasks only ever write disjoint elements through the pointer.
-unsafe impl<T> Send for SendPtr<T> {}
-// SAFETY: as for Send.
-unsafe impl<T> Sync for SendPtr<T> {}
-
-impl<T> SendPtr<T> {
-    /// The pointer; a method so closures capture the whole (Send) wrapper, not its field.
-    fn get(self) -> *mut T {
-        self.0
-    }
 }
 
 /// C = A * B for row-major A (m x k), B (k x n), C (m x n), in f64. Overwrites C.

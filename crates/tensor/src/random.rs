@@ -24,6 +24,15 @@ fn splitmix(mut z: u64) -> u64 {
 
 const CHUNK: usize = 1 << 16;
 
+/// One step of xorshift64* (fast, and plenty for benchmark inputs): advances `s`, returns 64
+/// random bits.
+fn next_bits(s: &mut u64) -> u64 {
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    s.wrapping_mul(0x2545_F491_4F6C_DD1D)
+}
+
 /// Fills `out` with uniform values in [-1, 1); the same seed gives the same values.
 pub fn fill_uniform_f32(out: &mut [f32], seed: u64) {
     out.par_chunks_mut(CHUNK)
@@ -31,12 +40,7 @@ pub fn fill_uniform_f32(out: &mut [f32], seed: u64) {
         .for_each(|(i, chunk)| {
             let mut s = splitmix(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407)) | 1;
             for x in chunk {
-                // xorshift64*: fast, and plenty for benchmark inputs
-                s ^= s >> 12;
-                s ^= s << 25;
-                s ^= s >> 27;
-                let r = s.wrapping_mul(0x2545_F491_4F6C_DD1D);
-                *x = ((r >> 40) as f32) * (2.0 / (1u64 << 24) as f32) - 1.0;
+                *x = ((next_bits(&mut s) >> 40) as f32) * (2.0 / (1u64 << 24) as f32) - 1.0;
             }
         });
 }
@@ -65,13 +69,8 @@ fn fill_normal<T: Send>(out: &mut [T], seed: u64, cast: impl Fn(f64) -> T + Sync
         .enumerate()
         .for_each(|(i, chunk)| {
             let mut s = splitmix(seed ^ (i as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93)) | 1;
-            let mut next = || {
-                s ^= s >> 12;
-                s ^= s << 25;
-                s ^= s >> 27;
-                // 53 bits in (0, 1]: ln never sees 0
-                ((s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 + 1.0) / (1u64 << 53) as f64
-            };
+            // 53 bits in (0, 1]: ln never sees 0
+            let mut next = || ((next_bits(&mut s) >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
             for pair in chunk.chunks_mut(2) {
                 let r = (-2.0 * next().ln()).sqrt();
                 let t = std::f64::consts::TAU * next();
@@ -103,11 +102,7 @@ pub fn uniform_f64(n: usize, seed: u64) -> Vec<f64> {
     v.par_chunks_mut(CHUNK).enumerate().for_each(|(i, chunk)| {
         let mut s = splitmix(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407)) | 1;
         for x in chunk {
-            s ^= s >> 12;
-            s ^= s << 25;
-            s ^= s >> 27;
-            let r = s.wrapping_mul(0x2545_F491_4F6C_DD1D);
-            *x = ((r >> 11) as f64) * (2.0 / (1u64 << 53) as f64) - 1.0;
+            *x = ((next_bits(&mut s) >> 11) as f64) * (2.0 / (1u64 << 53) as f64) - 1.0;
         }
     });
     v
@@ -120,10 +115,7 @@ pub fn fill_bytes(out: &mut [u8], seed: u64) {
         .for_each(|(i, chunk)| {
             let mut s = splitmix(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407)) | 1;
             for word in chunk.chunks_mut(8) {
-                s ^= s >> 12;
-                s ^= s << 25;
-                s ^= s >> 27;
-                let r = s.wrapping_mul(0x2545_F491_4F6C_DD1D).to_ne_bytes();
+                let r = next_bits(&mut s).to_ne_bytes();
                 word.copy_from_slice(&r[..word.len()]);
             }
         });
