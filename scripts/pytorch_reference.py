@@ -321,11 +321,20 @@ def release(torch, device):
         torch.cuda.empty_cache()
 
 
+# Operand sets a matmul row rotates over at least, as gpukit does (MIN_SETS in its matmul.rs):
+# where one allocation sits moved a power-capped f64 8192 product by 1-8% (gpukit's run 49).
+MIN_MATMUL_SETS = 4
+
+
 def matmul_operands(torch, n, dtype, device, init):
     """(A, B, C) sets of random n x n operands, enough of them that together they exceed
-    L2_FLUSH_BYTES (so rotating through them measures memory, not cache)."""
+    L2_FLUSH_BYTES (so rotating through them measures memory, not cache), and at least
+    MIN_MATMUL_SETS on a GPU, within half its free memory (CPU rows keep the first rule only)."""
     triple_bytes = 3 * n * n * torch.empty((), dtype=dtype).element_size()
     sets = L2_FLUSH_BYTES // triple_bytes + 1 if triple_bytes < L2_FLUSH_BYTES else 1
+    if str(device).startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        sets = max(1, min(max(sets, MIN_MATMUL_SETS), free // 2 // triple_bytes))
 
     def draw():
         if init == "uniform":

@@ -459,6 +459,7 @@ pub fn compare_with_pytorch(
                     rate: g,
                     ratio: ours / g,
                     turn_ratios: Vec::new(),
+                    by_opener: Vec::new(),
                 });
             }
         }

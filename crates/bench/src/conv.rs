@@ -432,6 +432,7 @@ pub fn compare_with_pytorch(
                     rate: t,
                     ratio: ours / t,
                     turn_ratios: Vec::new(),
+                    by_opener: Vec::new(),
                 });
             }
         }

@@ -168,18 +168,47 @@ impl Interleaved {
 /// `later` the rest. On a power-capped GPU a figure depends on what ran in the last few
 /// hundred milliseconds (run 27: either side moved by 7% from one invocation to the next), so
 /// two figures are comparable only when both sides took turns on the same chip.
+///
+/// Before the first round the peer runs one untimed block under `first`: its first request
+/// builds operands and initialises libraries while the chip idles, and an idle chip runs the
+/// next block faster (runs 39-41: the first round's ratio read 0.86-0.91 where the others read
+/// 0.96-1.01). Then, until `soak` has passed, both sides take further untimed turns (ours,
+/// theirs): a GPU that starts working after an idle spell swings in clock for the next half
+/// second or so (run 50: rounds 2-3 of a row read 0.80-0.93 or 1.07-1.18 where the others
+/// read 0.98-1.03). Every timed block follows a full block of the other side or its own.
+///
+/// Ours open the timed rounds (ABBA...), or theirs do with `peer_opens` (BAAB...). The side
+/// that opens gained 1-6% in A/A tests (runs 53-55), so a fair comparison runs both orders
+/// (`matmul::Turns::time`).
 pub fn interleave(
     rounds: usize,
-    first: Plan,
-    later: Plan,
+    (first, later): (Plan, Plan),
+    soak: Duration,
+    peer_opens: bool,
     ours: Block,
     theirs: Block,
 ) -> Interleaved {
     let mut mine = Vec::new();
-    let mut peer: Result<Vec<Vec<f64>>, String> = Ok(Vec::new());
+    let started = Instant::now();
+    let mut peer: Result<Vec<Vec<f64>>, String> = theirs(first).map(|_| Vec::new());
+    while peer.is_ok() && started.elapsed() < soak {
+        if let Err(e) = ours(first) {
+            return Interleaved {
+                ours: Err(e),
+                theirs: peer,
+            };
+        }
+        if let Err(e) = theirs(first) {
+            peer = Err(e);
+        }
+    }
     for round in 0..rounds.max(1) {
         let plan = if round == 0 { first } else { later };
-        for side in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
+        for side in if (round % 2 == 0) != peer_opens {
+            [0, 1]
+        } else {
+            [1, 0]
+        } {
             if side == 0 {
                 match ours(plan) {
                     Ok(s) => mine.push(s),
@@ -263,8 +292,16 @@ mod tests {
             order.borrow_mut().push('b');
             Ok(vec![10.0 + p.warmup as f64; p.reps])
         };
-        let r = interleave(4, first, later, &mut ours, &mut theirs);
-        assert_eq!(*order.borrow(), "abbaabba");
+        let r = interleave(
+            4,
+            (first, later),
+            Duration::ZERO,
+            false,
+            &mut ours,
+            &mut theirs,
+        );
+        // the peer's untimed opening block, then ABBA
+        assert_eq!(*order.borrow(), "babbaabba");
         // ours: 5 (warm-up of the first plan) then 1; theirs 15 then 11
         assert_eq!(
             r.paired_time_ratios(),
@@ -280,6 +317,61 @@ mod tests {
     }
 
     #[test]
+    fn the_peer_can_open_the_rounds() {
+        let order = std::cell::RefCell::new(String::new());
+        let mut ours = |p: Plan| {
+            order.borrow_mut().push('a');
+            Ok(vec![1.0; p.reps])
+        };
+        let mut theirs = |p: Plan| {
+            order.borrow_mut().push('b');
+            Ok(vec![2.0; p.reps])
+        };
+        let plan = Plan::new(0, 1);
+        let r = interleave(
+            3,
+            (plan, plan),
+            Duration::ZERO,
+            true,
+            &mut ours,
+            &mut theirs,
+        );
+        // the untimed opening turn, then BAAB BA; ratios stay ours over theirs
+        assert_eq!(*order.borrow(), "bbaabba");
+        assert_eq!(r.paired_time_ratios(), vec![0.5; 3]);
+    }
+
+    #[test]
+    fn both_sides_soak_untimed_before_the_rounds() {
+        let order = std::cell::RefCell::new(String::new());
+        let mut ours = |p: Plan| {
+            order.borrow_mut().push('a');
+            std::thread::sleep(Duration::from_millis(4));
+            Ok(vec![1.0; p.reps])
+        };
+        let mut theirs = |p: Plan| {
+            order.borrow_mut().push('b');
+            std::thread::sleep(Duration::from_millis(4));
+            Ok(vec![2.0; p.reps])
+        };
+        let plan = Plan::new(0, 2);
+        let soak = Duration::from_millis(30);
+        let r = interleave(2, (plan, plan), soak, false, &mut ours, &mut theirs);
+        let order = order.into_inner();
+        // untimed: b, then (a, b) pairs until 30 ms passed; timed: abba
+        let (untimed, timed) = order.split_at(order.len() - 4);
+        assert_eq!(timed, "abba");
+        assert!(untimed.len() >= 3 && untimed.len() % 2 == 1, "{order}");
+        assert!(untimed
+            .chars()
+            .enumerate()
+            .all(|(i, c)| c == if i % 2 == 0 { 'b' } else { 'a' }));
+        // only the timed blocks are kept
+        assert_eq!(r.ours.unwrap().len(), 2);
+        assert_eq!(r.theirs.unwrap().len(), 2);
+    }
+
+    #[test]
     fn a_failing_peer_is_dropped_and_ours_go_on() {
         let mut calls = 0;
         let mut ours = |p: Plan| Ok(vec![1.0; p.reps]);
@@ -287,18 +379,31 @@ mod tests {
             calls += 1;
             Err("torch crashed".to_string())
         };
-        let r = interleave(3, Plan::new(0, 2), Plan::new(0, 2), &mut ours, &mut theirs);
+        let r = interleave(
+            3,
+            (Plan::new(0, 2), Plan::new(0, 2)),
+            Duration::ZERO,
+            false,
+            &mut ours,
+            &mut theirs,
+        );
         assert!(r.paired_time_ratios().is_empty());
         assert_eq!(r.ours.unwrap().concat().len(), 6);
         assert_eq!(r.theirs.unwrap_err(), "torch crashed");
+        // it failed in its untimed opening block and was not asked again
         assert_eq!(calls, 1);
         let mut bad = |_: Plan| Err("no GPU".to_string());
         let mut fine = |p: Plan| Ok(vec![1.0; p.reps]);
-        assert!(
-            interleave(3, Plan::new(0, 2), Plan::new(0, 2), &mut bad, &mut fine)
-                .ours
-                .is_err()
-        );
+        assert!(interleave(
+            3,
+            (Plan::new(0, 2), Plan::new(0, 2)),
+            Duration::ZERO,
+            false,
+            &mut bad,
+            &mut fine
+        )
+        .ours
+        .is_err());
     }
 
     #[test]

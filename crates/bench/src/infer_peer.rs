@@ -131,6 +131,7 @@ pub fn attach(report: &mut InferReport, rows: &[PytorchRow]) -> Vec<BestFp16> {
                     rate,
                     ratio: ours / rate,
                     turn_ratios: Vec::new(),
+                    by_opener: Vec::new(),
                 });
             }
         }

@@ -37,6 +37,12 @@ pub struct MatmulOptions {
     /// With PyTorch beside: how many turns each side takes per row (the iterations are split
     /// between them).
     pub rounds: usize,
+    /// With PyTorch beside: GPU turns are lengthened to at least this many milliseconds
+    /// (`block_reps`).
+    pub block_ms: f64,
+    /// With PyTorch beside: untimed GPU turns of both sides for this many milliseconds before
+    /// the timed ones (`harness::interleave`).
+    pub soak_ms: f64,
 }
 
 /// The distribution random inputs are drawn from. It moves GPU figures at large sizes: a
@@ -153,9 +159,21 @@ impl Default for MatmulOptions {
                 reps: 5,
                 rounds: 3,
             }),
-            rounds: 5,
+            rounds: 6,
+            block_ms: ms_from_env("GPUKIT_TURN_BLOCK_MS", 100.0),
+            soak_ms: ms_from_env("GPUKIT_TURN_SOAK_MS", 1500.0),
         }
     }
+}
+
+/// `GPUKIT_TURN_BLOCK_MS` and `GPUKIT_TURN_SOAK_MS` override the shortest GPU turn and the
+/// untimed soak before the turns (for experiments).
+fn ms_from_env(name: &str, default: f64) -> f64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|v| (0.0..=60_000.0).contains(v))
+        .unwrap_or(default)
 }
 
 /// A sampled comparison against a float64 reference computed from the same stored inputs.
@@ -181,6 +199,10 @@ pub struct PeerFigure {
     /// medians (`harness::Interleaved::paired_time_ratios`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub turn_ratios: Vec<f64>,
+    /// The median of the rounds gpukit opened, then of those PyTorch opened; `ratio` is their
+    /// geometric mean (decision 39).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_opener: Vec<f64>,
 }
 
 /// Whether a row produced a figure.
@@ -218,6 +240,10 @@ pub struct MatmulRow {
     /// ms; None where it did not run), in the order tried.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub candidates: Vec<(String, Option<f64>)>,
+    /// GPU rows where a cuBLASLt algorithm won the trial: its time over cuBLAS's in paired
+    /// turns (the median, then each round's); it is kept only below `CONFIRM_RATIO`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmation: Option<(f64, Vec<f64>)>,
 }
 
 impl MatmulRow {
@@ -237,6 +263,7 @@ impl MatmulRow {
             verification: None,
             pytorch: None,
             candidates: Vec::new(),
+            confirmation: None,
         }
     }
 
@@ -261,6 +288,11 @@ pub struct MatmulReport {
     /// Blocks per side when PyTorch took turns (`run_matmul_with_pytorch`).
     #[serde(default)]
     pub rounds: usize,
+    /// The shortest GPU turn and the untimed soak before the turns, in ms (decision 37).
+    #[serde(default)]
+    pub turn_ms: f64,
+    #[serde(default)]
+    pub soak_ms: f64,
     pub rows: Vec<MatmulRow>,
 }
 
@@ -440,8 +472,14 @@ impl GpuCase<'_> {
     }
 }
 
-/// PyTorch's samples of a row (pooled) and the per-round rate ratios, ours over theirs.
-type PeerSamples = (Vec<f64>, Vec<f64>);
+/// PyTorch's samples of a row (pooled), the per-round rate ratios (ours over theirs) and, per
+/// order of the rounds (ours opening, then PyTorch opening), the median of its rounds.
+#[derive(Debug, Default)]
+struct PeerSamples {
+    samples: Vec<f64>,
+    turn_ratios: Vec<f64>,
+    by_opener: Vec<f64>,
+}
 
 /// PyTorch taking turns with gpukit row by row (`--compare-pytorch`), and the rows it gave
 /// no figure for.
@@ -452,14 +490,16 @@ struct Turns {
 
 impl Turns {
     /// Times `ours` and PyTorch's same product in alternating blocks (`harness::interleave`);
-    /// without a server, `ours` alone runs `plan`. Returns our measurement and PyTorch's
-    /// samples, if it gave any.
+    /// without a server, `ours` alone runs `plan`. `shape`, when known, lengthens blocks to
+    /// `opts.block_ms` and rounds them to whole passes over the operand sets (`block_reps`).
+    /// Returns our measurement and PyTorch's samples, if it gave any.
     fn time(
         &mut self,
         clock: Clock,
         (device, dtype, n): (&str, DType, usize),
         opts: &MatmulOptions,
         plan: Plan,
+        shape: Option<TurnShape>,
         ours: &mut dyn FnMut(Plan) -> Result<Vec<f64>, String>,
     ) -> (Result<Measurement, String>, Option<PeerSamples>) {
         let summarise = |p: Plan, s: Result<Vec<f64>, String>| {
@@ -469,7 +509,7 @@ impl Turns {
             return (summarise(plan, ours(plan)), None);
         };
         let rounds = opts.rounds.max(1);
-        let reps = plan.reps.div_ceil(rounds);
+        let reps = block_reps(plan.reps.div_ceil(rounds), shape, opts.block_ms);
         let budget = plan.max_seconds / rounds as f64;
         // the first block of each side warms up as asked; later ones briefly (GPU) or not at
         // all (CPU, where one repetition can take a second)
@@ -486,35 +526,103 @@ impl Turns {
                 p.max_seconds,
             )
         };
-        let r = interleave(rounds, first, later, ours, &mut theirs);
-        // rate ratios: ours over theirs is their time over ours
-        let ratios: Vec<f64> = r.paired_time_ratios().iter().map(|t| 1.0 / t).collect();
-        let theirs = match r.theirs {
-            Ok(t) if !t.is_empty() => Some((t.concat(), ratios)),
-            Ok(_) => None,
-            Err(e) => {
+        let soak = if clock == Clock::Host {
+            std::time::Duration::ZERO
+        } else {
+            std::time::Duration::from_secs_f64(opts.soak_ms / 1e3)
+        };
+        // both orders: ours open the first sequence of rounds, PyTorch the second, each after
+        // its own soak; the opener gained 1-6% in A/A tests (runs 53-55)
+        let orders: &[(bool, usize)] = if rounds >= 2 {
+            &[(false, rounds.div_ceil(2)), (true, rounds / 2)]
+        } else {
+            &[(false, 1)]
+        };
+        let mut mine: Vec<f64> = Vec::new();
+        let mut peer = PeerSamples::default();
+        let mut failed = None;
+        for &(peer_opens, r) in orders {
+            let run = interleave(r, (first, later), soak, peer_opens, ours, &mut theirs);
+            // rate ratios: ours over theirs is their time over ours
+            let ratios: Vec<f64> = run.paired_time_ratios().iter().map(|t| 1.0 / t).collect();
+            match run.ours {
+                Ok(b) => mine.extend(b.concat()),
+                Err(e) => return (Err(e), None),
+            }
+            match run.theirs {
+                Ok(t) if failed.is_none() => {
+                    peer.samples.extend(t.concat());
+                    if let Some(m) = crate::stats::Summary::of(&ratios) {
+                        peer.by_opener.push(m.median);
+                    }
+                    peer.turn_ratios.extend(ratios);
+                }
+                Ok(_) => {}
+                Err(e) => failed = Some(e),
+            }
+        }
+        let theirs = match failed {
+            Some(e) => {
                 self.missed.push(format!("{device} {dtype} {n}: {e}"));
                 None
             }
+            None if peer.samples.is_empty() => None,
+            None => Some(peer),
         };
         let overall = Plan::new(plan.warmup, reps * rounds).with_budget(plan.max_seconds);
-        (summarise(overall, r.ours.map(|b| b.concat())), theirs)
+        (summarise(overall, Ok(mine)), theirs)
     }
 }
 
-/// PyTorch's figure for a row from its samples, beside ours; the ratio is the median of the
+/// What a GPU row's turns are cut to: the time of one repetition, and how many operand sets the
+/// repetitions rotate over.
+#[derive(Debug, Clone, Copy)]
+struct TurnShape {
+    per_rep_ms: f64,
+    sets: usize,
+}
+
+/// Repetitions per turn: `reps`, or as many as fill `block_ms` at `shape.per_rep_ms` each (at
+/// most `MAX_BLOCK_REPS`), rounded up to whole passes over `shape.sets` so that every turn
+/// multiplies each operand set equally often. Between two blocks the chip idles while the sides
+/// hand over: PyTorch's blocks follow one or two pipe round trips, ours none or one. On a power-capped chip that idle
+/// time buys clock, so in blocks of 25 ms (f64 at 4096: 10 repetitions) the hand-over alone can
+/// tilt a ratio by a percent or two; at 100 ms it weighs a quarter as much.
+fn block_reps(reps: usize, shape: Option<TurnShape>, block_ms: f64) -> usize {
+    let Some(shape) = shape else {
+        return reps;
+    };
+    let t = shape.per_rep_ms;
+    let reps = if t > 0.0 && block_ms > 0.0 {
+        reps.max((block_ms / t).ceil().min(MAX_BLOCK_REPS as f64) as usize)
+    } else {
+        reps
+    };
+    reps.next_multiple_of(shape.sets.max(1))
+}
+
+/// The most repetitions one turn is lengthened to.
+const MAX_BLOCK_REPS: usize = 2000;
+
+/// PyTorch's figure for a row from its samples, beside ours. The ratio comes from the
 /// per-round ratios when there are any (pooled medians of two bimodal, throttled series can
-/// each land on either mode).
+/// each land on either mode): the geometric mean of the two orders' medians, so that what the
+/// opener gains cancels, or the median of one order's rounds.
 fn peer_figure(theirs: Option<PeerSamples>, flops: f64, ours_tflops: f64) -> Option<PeerFigure> {
-    let (samples, turn_ratios) = theirs?;
-    let s = crate::stats::Summary::of(&samples)?;
+    let theirs = theirs?;
+    let s = crate::stats::Summary::of(&theirs.samples)?;
     let rate = tflops(flops, s.median);
-    let ratio = crate::stats::Summary::of(&turn_ratios).map_or(ours_tflops / rate, |r| r.median);
+    let ratio = match theirs.by_opener[..] {
+        [a, b] => (a * b).sqrt(),
+        [a] => a,
+        _ => ours_tflops / rate,
+    };
     Some(PeerFigure {
         median_ms: s.median,
         rate,
         ratio,
-        turn_ratios,
+        turn_ratios: theirs.turn_ratios,
+        by_opener: theirs.by_opener,
     })
 }
 
@@ -583,6 +691,8 @@ fn run_matmul_turns(
         iterations: opts.iterations,
         inputs: opts.init,
         rounds: opts.rounds,
+        turn_ms: opts.block_ms,
+        soak_ms: opts.soak_ms,
         rows: Vec::new(),
     };
     let ordinal = match opts.selection {
@@ -659,11 +769,13 @@ fn gpu_row(
     let mut row = MatmulRow::new(dev, dtype, n);
     let ty = gemm_type(dtype);
     let set_bytes = 3 * n * n * ty.elem_bytes();
-    // rotate over enough input sets that they cannot all sit in L2 (measure HBM, not cache)
+    // rotate over enough input sets that they cannot all sit in L2 (measure HBM, not cache),
+    // and over at least MIN_SETS of them at any size: where operands sit moves a power-capped
+    // product's speed (run 49), and a figure should not hang on one allocation
     let sets = if set_bytes >= 2 * l2 {
-        1
+        MIN_SETS
     } else {
-        (2 * l2).div_ceil(set_bytes) + 1
+        ((2 * l2).div_ceil(set_bytes) + 1).max(MIN_SETS)
     }
     .min(64);
     let free = gpu.mem_info().map(|(f, _)| f).unwrap_or(0) as usize;
@@ -675,7 +787,8 @@ fn gpu_row(
         ));
         return row;
     }
-    let sets = sets.min(((free - blas_workspace()) / set_bytes).max(1));
+    // at most half the free memory: PyTorch's operands, beside, need room too
+    let sets = sets.min(((free - blas_workspace()) / 2 / set_bytes).max(1));
     let seed = fresh_seed();
     let mut host0 = None;
     let mut case = GpuCase {
@@ -745,10 +858,24 @@ fn gpu_row(
         .zip(&scores)
         .map(|(b, s)| (b.label(), *s))
         .collect();
-    let Some((_, chosen)) = best else {
+    let Some((mut per_rep_ms, mut chosen)) = best else {
         row.status = RowStatus::Failed("neither cuBLAS nor any cuBLASLt algorithm ran".into());
         return row;
     };
+    if chosen != 0 {
+        if let Some(default_ms) = scores[0] {
+            let shape = TurnShape {
+                per_rep_ms,
+                sets: case.a.len(),
+            };
+            let ratios = confirm(&mut case, &candidates, chosen, shape, opts.block_ms / 2.0);
+            let median = crate::stats::Summary::of(&ratios).map(|s| s.median);
+            if median.is_none_or(|m| m >= CONFIRM_RATIO) {
+                (per_rep_ms, chosen) = (default_ms, 0);
+            }
+            row.confirmation = median.map(|m| (m, ratios));
+        }
+    }
     let backend = &candidates[chosen];
     row.backend = Some(backend.label());
     let (timing, theirs) = turns.time(
@@ -756,6 +883,10 @@ fn gpu_row(
         (&format!("cuda:{}", gpu.ordinal), dtype, n),
         opts,
         Plan::new(opts.warmup, opts.iterations),
+        Some(TurnShape {
+            per_rep_ms,
+            sets: case.a.len(),
+        }),
         &mut |p| case.samples(backend, p),
     );
     let timing = match timing {
@@ -801,6 +932,43 @@ fn gpu_row(
         Err(e) => row.status = RowStatus::Failed(format!("verification: {e}")),
     }
     row
+}
+
+/// Operand sets a GPU row rotates over at least (memory permitting). Run 49 (PyTorch against
+/// itself, one operand set a side) timed the same f64 8192 product 1-8% apart depending on
+/// which allocation it read, the same values copied elsewhere included; rotating over 4 sets
+/// a side brought that to 0.0-0.7%.
+const MIN_SETS: usize = 4;
+
+/// A cuBLASLt algorithm that won the trial replaces cuBLAS only if its median time over cuBLAS's
+/// in paired turns is below this. Short trials on a power-capped chip misrank: run 45 timed one
+/// kernel 2-5% apart as cuBLAS and as cuBLASLt heuristic #0 (ncu, run 44: the same kernel),
+/// and the trial's f64 8192 winner then ran 4% behind cuBLAS's kernel in PyTorch's hands.
+const CONFIRM_RATIO: f64 = 0.98;
+
+/// Paired turns (ABBA, 4 rounds, turns of at least `block_ms`) of candidate `chosen` against
+/// cuBLAS (index 0): its per-round time ratios, chosen over cuBLAS. Empty if either failed.
+fn confirm(
+    case: &mut GpuCase,
+    candidates: &[Backend],
+    chosen: usize,
+    shape: TurnShape,
+    block_ms: f64,
+) -> Vec<f64> {
+    let reps = block_reps(5, Some(shape), block_ms);
+    let plan = Plan::new(2, reps);
+    let case = std::cell::RefCell::new(case);
+    let mut challenger = |p: Plan| case.borrow_mut().samples(&candidates[chosen], p);
+    let mut default = |p: Plan| case.borrow_mut().samples(&candidates[0], p);
+    let r = interleave(
+        4,
+        (plan, plan),
+        std::time::Duration::ZERO,
+        false,
+        &mut challenger,
+        &mut default,
+    );
+    r.paired_time_ratios()
 }
 
 /// The order candidates run in trial round `round`: starting at candidate `round`, forwards on
@@ -916,7 +1084,7 @@ fn cpu_row(dtype: DType, n: usize, opts: &MatmulOptions, turns: &mut Turns) -> M
     let plan = Plan::new(1.min(opts.warmup), opts.iterations).with_budget(opts.cpu_budget_s);
     let flops = 2.0 * (n as f64).powi(3);
     let mut time = |work: &mut dyn FnMut()| {
-        turns.time(Clock::Host, ("cpu", dtype, n), opts, plan, &mut |p| {
+        turns.time(Clock::Host, ("cpu", dtype, n), opts, plan, None, &mut |p| {
             host_samples(p, || {
                 work();
                 Ok::<(), String>(())
@@ -1054,6 +1222,43 @@ mod tests {
         assert!(bf16_row.pytorch.is_none());
         assert!(turns.missed.is_empty(), "{:?}", turns.missed);
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn the_ratio_averages_both_openers() {
+        // ours 2% ahead when we opened, 2% behind when PyTorch did: parity, not either
+        let peer = PeerSamples {
+            samples: vec![1.0; 4],
+            turn_ratios: vec![1.03, 1.02, 1.01, 0.97, 0.98, 0.99],
+            by_opener: vec![1.02, 0.98],
+        };
+        let f = peer_figure(Some(peer), 2e12, 2.0).unwrap();
+        assert!((f.ratio - (1.02f64 * 0.98).sqrt()).abs() < 1e-12);
+        assert_eq!(f.by_opener, vec![1.02, 0.98]);
+        // one order only: its median
+        let one = PeerSamples {
+            samples: vec![1.0; 2],
+            turn_ratios: vec![1.1],
+            by_opener: vec![1.1],
+        };
+        assert_eq!(peer_figure(Some(one), 2e12, 2.0).unwrap().ratio, 1.1);
+    }
+
+    #[test]
+    fn gpu_turns_are_lengthened_to_the_shortest_block() {
+        let shape = |per_rep_ms, sets| Some(TurnShape { per_rep_ms, sets });
+        // f64 at 4096: 2.4 ms a product, 10 repetitions a turn asked, 100 ms wanted
+        assert_eq!(block_reps(10, shape(2.4, 1), 100.0), 42);
+        // long products keep the asked count
+        assert_eq!(block_reps(10, shape(20.0, 1), 100.0), 10);
+        // tiny ones stop at the cap; unknown or zero times, or no minimum, change nothing
+        assert_eq!(block_reps(10, shape(1e-4, 1), 100.0), MAX_BLOCK_REPS);
+        assert_eq!(block_reps(10, None, 100.0), 10);
+        assert_eq!(block_reps(10, shape(0.0, 1), 100.0), 10);
+        assert_eq!(block_reps(10, shape(2.4, 1), 0.0), 10);
+        // whole passes over the operand sets: 42 -> 44 over 4 sets, 10 -> 12
+        assert_eq!(block_reps(10, shape(2.4, 4), 100.0), 44);
+        assert_eq!(block_reps(10, shape(20.0, 4), 100.0), 12);
     }
 
     #[test]

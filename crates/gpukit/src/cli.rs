@@ -340,8 +340,8 @@ pub struct MatmulArgs {
     pub compare_pytorch: bool,
 
     /// With --compare-pytorch: blocks each side runs per row, alternating (the iterations are
-    /// split between them).
-    #[arg(long, default_value = "5", value_parser = parse_turns, value_name = "N")]
+    /// split between them); gpukit opens the first half of the rounds and PyTorch the rest.
+    #[arg(long, default_value = "6", value_parser = parse_turns, value_name = "N")]
     pub turns: usize,
 }
 
