@@ -316,7 +316,7 @@ def set_tf32(torch, matmul=None, cudnn=None):
 
 
 def release(torch, device):
-    if device == "cuda":
+    if str(device).startswith("cuda"):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
 
@@ -377,42 +377,24 @@ def reply(obj):
 
 
 def serve(torch, args, ready):
-    """Answers matmul timing requests from stdin until it closes; operands of the last shape
-    asked for are kept, so alternating blocks time the same buffers."""
+    """Answers timing requests (one JSON line each) from stdin until it closes: "matmul" times
+    torch.matmul on square operands, "copy" one of bench_bandwidth's copies. The buffers of the
+    last request are kept, so alternating blocks time the same ones."""
     reply({"ok": True, "ready": True, **ready})
-    cached_key, operands = None, None
+    state = {"key": None}
     answered = 0
     for line in sys.stdin:
         if not line.strip():
             continue
         try:
             req = json.loads(line)
-            if req.get("op") != "matmul":
-                raise ValueError(f"unknown op {req.get('op')!r}")
-            dtype_name, n = req["dtype"], int(req["size"])
-            device = req.get("device", args.device)
-            if device.startswith("cuda"):
-                torch.cuda.set_device(device)
-            dtype = getattr(torch, DTYPES[dtype_name])
-            key = (dtype_name, n, req.get("init", "normal"))
-            if key != cached_key:
-                operands = None
-                release(torch, device)
-                operands = matmul_operands(torch, n, dtype, device, key[2])
-                cached_key = key
-            set_tf32(torch, matmul=(dtype_name == "tf32"))
-            sets = len(operands)
-
-            def step(i):
-                a, b, c = operands[i % sets]
-                torch.matmul(a, b, out=c)
-
-            iterations, warmup = int(req.get("iterations", 10)), int(req.get("warmup", 2))
-            if device.startswith("cuda"):
-                times = time_cuda(torch, step, iterations, warmup)
+            op = req.get("op")
+            if op == "matmul":
+                times = serve_matmul(torch, args, req, state)
+            elif op == "copy":
+                times = serve_copy(torch, req, state)
             else:
-                times = time_cpu(step, iterations, warmup, float(req.get("budget_s", CPU_ROW_BUDGET_S)))
-            set_tf32(torch, matmul=False)
+                raise ValueError(f"unknown op {op!r}")
             reply({"ok": True, "times_ms": times})
             answered += 1
         except Exception as exc:  # one bad request is answered, not fatal
@@ -420,26 +402,86 @@ def serve(torch, args, ready):
     return answered
 
 
+def keep_buffers(torch, state, key, device, build):
+    """The buffers for `key`, built by `build()` after the previous ones are released."""
+    if state["key"] != key:
+        state.clear()
+        state["key"] = None
+        release(torch, device)
+        state["buffers"] = build()
+        state["key"] = key
+    return state["buffers"]
+
+
+def serve_matmul(torch, args, req, state):
+    dtype_name, n = req["dtype"], int(req["size"])
+    device = req.get("device", args.device)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    dtype = getattr(torch, DTYPES[dtype_name])
+    init = req.get("init", "normal")
+    operands = keep_buffers(torch, state, ("matmul", dtype_name, n, init, device), device,
+                            lambda: matmul_operands(torch, n, dtype, device, init))
+    sets = len(operands)
+
+    def step(i):
+        a, b, c = operands[i % sets]
+        torch.matmul(a, b, out=c)
+
+    iterations, warmup = int(req.get("iterations", 10)), int(req.get("warmup", 2))
+    set_tf32(torch, matmul=(dtype_name == "tf32"))
+    try:
+        if device.startswith("cuda"):
+            return time_cuda(torch, step, iterations, warmup)
+        return time_cpu(step, iterations, warmup, float(req.get("budget_s", CPU_ROW_BUDGET_S)))
+    finally:
+        set_tf32(torch, matmul=False)
+
+
+def serve_copy(torch, req, state):
+    """One block of a bench_bandwidth copy; the destination is checked against its source after
+    every block (a copy that did not arrive is an error, not a time)."""
+    kind, nbytes = req["kind"], int(req["bytes"])
+    cases = keep_buffers(torch, state, ("copy", nbytes), "cuda", lambda: copy_cases(torch, nbytes))
+    if kind not in cases:
+        raise ValueError(f"unknown copy kind {kind!r}")
+    make_dst, copy, expected = cases[kind]
+    dst = state.setdefault("dst", {}).get(kind)
+    if dst is None:
+        state["dst"] = {}  # one destination at a time: 1 GiB ones add up
+        dst = state["dst"][kind] = make_dst()
+    times = time_cuda(torch, lambda _i: copy(dst), int(req.get("iterations", 10)), int(req.get("warmup", 2)))
+    torch.cuda.synchronize()
+    if not torch.equal(dst, expected.to(dst.device)):
+        raise ValueError(f"PyTorch's {kind} copy of {nbytes} bytes did not match its source")
+    return times
+
+
+def copy_cases(torch, nbytes):
+    """kind -> (make a zeroed destination, copy function, tensor the destination must equal),
+    over fresh random sources of `nbytes`."""
+    host_src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
+    pinned_src = host_src.pin_memory()
+    dev_src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")
+    return {
+        "h2d_pageable": (lambda: torch.zeros(nbytes, dtype=torch.uint8, device="cuda"),
+                         lambda dst: dst.copy_(host_src), host_src),
+        "h2d_pinned": (lambda: torch.zeros(nbytes, dtype=torch.uint8, device="cuda"),
+                       lambda dst: dst.copy_(pinned_src, non_blocking=True), host_src),
+        "d2h_pinned": (lambda: torch.zeros(nbytes, dtype=torch.uint8).pin_memory(),
+                       lambda dst: dst.copy_(dev_src, non_blocking=True), dev_src),
+        "d2h_pageable": (lambda: torch.zeros(nbytes, dtype=torch.uint8),
+                         lambda dst: dst.copy_(dev_src), dev_src),
+        "d2d": (lambda: torch.zeros(nbytes, dtype=torch.uint8, device="cuda"),
+                lambda dst: dst.copy_(dev_src), dev_src),
+    }
+
+
 def bench_bandwidth(torch, args):
     rows = []
     for nbytes in args.sizes_bytes:
         log(f"bandwidth {nbytes} bytes")
-        host_src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
-        pinned_src = host_src.pin_memory()
-        dev_src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")
-        # kind -> (make a zeroed destination, copy function, tensor the destination must equal)
-        kinds = {
-            "h2d_pageable": (lambda: torch.zeros(nbytes, dtype=torch.uint8, device="cuda"),
-                             lambda dst: dst.copy_(host_src), host_src),
-            "h2d_pinned": (lambda: torch.zeros(nbytes, dtype=torch.uint8, device="cuda"),
-                           lambda dst: dst.copy_(pinned_src, non_blocking=True), host_src),
-            "d2h_pinned": (lambda: torch.zeros(nbytes, dtype=torch.uint8).pin_memory(),
-                           lambda dst: dst.copy_(dev_src, non_blocking=True), dev_src),
-            "d2h_pageable": (lambda: torch.zeros(nbytes, dtype=torch.uint8),
-                             lambda dst: dst.copy_(dev_src), dev_src),
-            "d2d": (lambda: torch.zeros(nbytes, dtype=torch.uint8, device="cuda"),
-                    lambda dst: dst.copy_(dev_src), dev_src),
-        }
+        kinds = copy_cases(torch, nbytes)
         for kind, (make_dst, copy, expected) in kinds.items():
             dst = make_dst()
             stats = summarize(time_cuda(torch, lambda _i: copy(dst), args.iterations, args.warmup))
@@ -453,7 +495,7 @@ def bench_bandwidth(torch, args):
             row["verified"] = verified
             rows.append(row)
             del dst
-        del host_src, pinned_src, dev_src, kinds
+        del kinds
         release(torch, "cuda")
     return rows
 

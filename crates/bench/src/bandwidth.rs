@@ -3,8 +3,12 @@
 //! against the PCIe link and the memory's peak.
 
 use crate::check::{describe_gpu, GpuFacts};
-use crate::harness::{gbs, time_device, time_host, Measurement, Plan};
+use crate::harness::{
+    both_orders, device_samples, gbs, host_samples, Block, Clock, HarnessError, Measurement,
+    PeerSamples, Plan,
+};
 use crate::matmul::{PeerFigure, RowStatus};
+use crate::peer::PeerServer;
 use crate::random::{fill_bytes, fresh_seed};
 use gpukit_cuda::blas::DeviceBytes;
 use gpukit_cuda::driver::{CudaError, Gpu};
@@ -12,6 +16,7 @@ use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::transfer::{copy_d2d, copy_d2h, copy_h2d, h2d_staged, PinnedBytes};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
 
 /// Which copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,6 +79,9 @@ pub struct BandwidthOptions {
     pub iterations: usize,
     /// Chunk of the staged path.
     pub staging_chunk_bytes: usize,
+    /// With PyTorch beside: blocks each side runs per row, half of the rounds opened by each
+    /// (`harness::both_orders`).
+    pub rounds: usize,
 }
 
 impl Default for BandwidthOptions {
@@ -84,6 +92,7 @@ impl Default for BandwidthOptions {
             iterations: 20,
             // one 1 MiB piece for each of 16 threads; 8 MiB was slower in every pairing (runs 37-38)
             staging_chunk_bytes: 16 << 20,
+            rounds: 6,
         }
     }
 }
@@ -123,6 +132,9 @@ pub struct BandwidthReport {
     #[serde(default)]
     pub l2_cache_bytes: Option<u64>,
     pub staging_chunk_bytes: usize,
+    /// Blocks per side when PyTorch took turns (`run_bandwidth_with_pytorch`).
+    #[serde(default)]
+    pub rounds: usize,
     pub rows: Vec<BandwidthRow>,
 }
 
@@ -178,6 +190,49 @@ pub fn run_bandwidth(
     opts: &BandwidthOptions,
     progress: &mut dyn FnMut(&str),
 ) -> BandwidthReport {
+    run_bandwidth_turns(discovery, opts, &mut None, progress)
+}
+
+/// `run_bandwidth` with PyTorch taking turns on every copy it has (decisions 31 and 39): its
+/// version (and any rows it gave no figure for), or why it could not run.
+pub fn run_bandwidth_with_pytorch(
+    discovery: &Discovery,
+    opts: &BandwidthOptions,
+    progress: &mut dyn FnMut(&str),
+) -> (BandwidthReport, Result<String, String>) {
+    let server = match PeerServer::start("cuda", None) {
+        Ok(s) => s,
+        Err(e) => return (run_bandwidth(discovery, opts, progress), Err(e)),
+    };
+    let version = server.torch_version.clone();
+    let mut turns = Some(CopyTurns {
+        server,
+        missed: Vec::new(),
+    });
+    let report = run_bandwidth_turns(discovery, opts, &mut turns, progress);
+    let missed = turns.map(|t| t.missed).unwrap_or_default();
+    let line = match missed.first() {
+        None => version,
+        Some(first) => format!(
+            "{version}; no PyTorch figure for {} row(s), first: {first}",
+            missed.len()
+        ),
+    };
+    (report, Ok(line))
+}
+
+/// The PyTorch reference taking turns, and the rows it gave no figure for.
+struct CopyTurns {
+    server: PeerServer,
+    missed: Vec<String>,
+}
+
+fn run_bandwidth_turns(
+    discovery: &Discovery,
+    opts: &BandwidthOptions,
+    turns: &mut Option<CopyTurns>,
+    progress: &mut dyn FnMut(&str),
+) -> BandwidthReport {
     let mut report = BandwidthReport {
         gpu: None,
         gpu_unavailable: None,
@@ -185,6 +240,7 @@ pub fn run_bandwidth(
         memory_peak_gbs: None,
         l2_cache_bytes: None,
         staging_chunk_bytes: opts.staging_chunk_bytes,
+        rounds: opts.rounds,
         rows: Vec::new(),
     };
     let (gpu, facts) = match (
@@ -263,8 +319,12 @@ pub fn run_bandwidth(
             if kind == CopyKind::Bidirectional && bytes < 1 << 20 {
                 continue; // latency-bound: says nothing about the link
             }
-            let row = match measure(&gpu, &stream2, kind, &mut bufs, plan) {
-                Ok((timing, verified)) => finish(kind, bytes, timing, verified, &report),
+            let row = match measure(&gpu, &stream2, kind, &mut bufs, plan, opts.rounds, turns) {
+                Ok((timing, verified, theirs)) => {
+                    let mut row = finish(kind, bytes, timing, verified, &report);
+                    row.pytorch = row.gbs.and_then(|ours| peer_figure(theirs, bytes, ours));
+                    row
+                }
                 Err(e) => {
                     let mut r = skipped(kind, bytes, String::new());
                     r.status = RowStatus::Failed(e);
@@ -341,14 +401,17 @@ fn finish(
     }
 }
 
-/// Times one kind, then checks the destination byte for byte.
+/// Times one kind, in turns with PyTorch when it is beside and has the same copy, then checks
+/// the destination byte for byte.
 fn measure(
     gpu: &Gpu,
     stream2: &std::sync::Arc<gpukit_cuda::cudarc::driver::CudaStream>,
     kind: CopyKind,
     b: &mut Buffers,
     plan: Plan,
-) -> Result<(Measurement, bool), String> {
+    rounds: usize,
+    turns: &mut Option<CopyTurns>,
+) -> Result<(Measurement, bool, Option<PeerSamples>), String> {
     let s = &gpu.stream;
     let e = |e: CudaError| e.to_string();
     let bytes = b.src.len();
@@ -357,64 +420,80 @@ fn measure(
         gpu.stream.memset_zeros(d).map_err(|e| e.to_string())?;
         gpu.stream.synchronize().map_err(|e| e.to_string())
     };
-    let timing = match kind {
-        CopyKind::H2dPageable => {
-            poison(gpu, &mut b.dev_a)?;
-            time_device(s, plan, || copy_h2d(s, &b.src, &mut b.dev_a)).map_err(|e| e.to_string())?
-        }
-        CopyKind::H2dPageableStaged => {
-            poison(gpu, &mut b.dev_a)?;
-            let (src, dev, staging) = (&b.src, &mut b.dev_a, &mut b.staging);
-            time_host(plan, || {
-                h2d_staged(s, src, dev, staging, &parallel_copy)?;
-                s.synchronize().map_err(CudaError::from)
-            })
-            .map_err(|e| e.to_string())?
-        }
-        CopyKind::H2dPinned => {
-            poison(gpu, &mut b.dev_a)?;
-            time_device(s, plan, || {
-                copy_h2d(s, b.pinned_src.as_slice(), &mut b.dev_a)
-            })
-            .map_err(|e| e.to_string())?
+    match kind {
+        CopyKind::H2dPageable | CopyKind::H2dPageableStaged | CopyKind::H2dPinned => {
+            poison(gpu, &mut b.dev_a)?
         }
         CopyKind::D2hPinned => {
             copy_h2d(s, &b.src, &mut b.dev_a).map_err(e)?;
             b.pinned_dst.as_mut_slice().fill(0);
-            time_device(s, plan, || {
-                copy_d2h(s, &b.dev_a, b.pinned_dst.as_mut_slice())
-            })
-            .map_err(|e| e.to_string())?
         }
         CopyKind::D2hPageable => {
             copy_h2d(s, &b.src, &mut b.dev_a).map_err(e)?;
             b.pageable_dst.fill(0);
-            time_device(s, plan, || copy_d2h(s, &b.dev_a, &mut b.pageable_dst))
-                .map_err(|e| e.to_string())?
         }
         CopyKind::D2d => {
             copy_h2d(s, &b.src, &mut b.dev_a).map_err(e)?;
             poison(gpu, &mut b.dev_b)?;
-            time_device(s, plan, || copy_d2d(s, &b.dev_a, &mut b.dev_b, bytes))
-                .map_err(|e| e.to_string())?
         }
         CopyKind::Bidirectional => {
-            // dev_a -> host on stream 2 while host -> dev_b on stream 1
             copy_h2d(s, &b.src, &mut b.dev_a).map_err(e)?;
             s.synchronize().map_err(|e| e.to_string())?;
             poison(gpu, &mut b.dev_b)?;
             b.pinned_dst.as_mut_slice().fill(0);
-            let (pin_src, pin_dst, dev_a, dev_b) =
-                (&b.pinned_src, &mut b.pinned_dst, &b.dev_a, &mut b.dev_b);
-            time_host(plan, || -> Result<(), CudaError> {
-                copy_h2d(s, pin_src.as_slice(), dev_b)?;
-                copy_d2h(stream2, dev_a, pin_dst.as_mut_slice())?;
-                s.synchronize()?;
-                stream2.synchronize()?;
-                Ok(())
-            })
-            .map_err(|e| e.to_string())?
         }
+    }
+    let clock = match kind {
+        CopyKind::H2dPageableStaged | CopyKind::Bidirectional => Clock::Host,
+        _ => Clock::CudaEvents,
+    };
+    let (samples, planned, theirs) = {
+        let text = |e: HarnessError| e.to_string();
+        let mut ours: Box<dyn FnMut(Plan) -> Result<Vec<f64>, String> + '_> = match kind {
+            CopyKind::H2dPageable => Box::new(|p| {
+                device_samples(s, p, || copy_h2d(s, &b.src, &mut b.dev_a)).map_err(text)
+            }),
+            CopyKind::H2dPageableStaged => {
+                let (src, dev, staging) = (&b.src, &mut b.dev_a, &mut b.staging);
+                Box::new(move |p| {
+                    host_samples(p, || {
+                        h2d_staged(s, src, dev, staging, &parallel_copy)?;
+                        s.synchronize().map_err(CudaError::from)
+                    })
+                    .map_err(text)
+                })
+            }
+            CopyKind::H2dPinned => Box::new(|p| {
+                device_samples(s, p, || copy_h2d(s, b.pinned_src.as_slice(), &mut b.dev_a))
+                    .map_err(text)
+            }),
+            CopyKind::D2hPinned => Box::new(|p| {
+                device_samples(s, p, || copy_d2h(s, &b.dev_a, b.pinned_dst.as_mut_slice()))
+                    .map_err(text)
+            }),
+            CopyKind::D2hPageable => Box::new(|p| {
+                device_samples(s, p, || copy_d2h(s, &b.dev_a, &mut b.pageable_dst)).map_err(text)
+            }),
+            CopyKind::D2d => Box::new(|p| {
+                device_samples(s, p, || copy_d2d(s, &b.dev_a, &mut b.dev_b, bytes)).map_err(text)
+            }),
+            CopyKind::Bidirectional => {
+                // dev_a -> host on stream 2 while host -> dev_b on stream 1
+                let (pin_src, pin_dst, dev_a, dev_b) =
+                    (&b.pinned_src, &mut b.pinned_dst, &b.dev_a, &mut b.dev_b);
+                Box::new(move |p| {
+                    host_samples(p, || -> Result<(), CudaError> {
+                        copy_h2d(s, pin_src.as_slice(), dev_b)?;
+                        copy_d2h(stream2, dev_a, pin_dst.as_mut_slice())?;
+                        s.synchronize()?;
+                        stream2.synchronize()?;
+                        Ok(())
+                    })
+                    .map_err(text)
+                })
+            }
+        };
+        time_copy(&mut *ours, plan, rounds, turns, kind, bytes)?
     };
     s.synchronize().map_err(|e| e.to_string())?;
     let verified = match kind {
@@ -429,47 +508,61 @@ fn measure(
                 && gpu.download(&b.dev_b).map_err(e)? == b.src
         }
     };
-    Ok((timing, verified))
+    let timing = Measurement::of(clock, planned, &samples).map_err(|e| e.to_string())?;
+    Ok((timing, verified, theirs))
 }
 
-/// Runs the same copies through PyTorch and fills each row's `pytorch` column.
-pub fn compare_with_pytorch(
-    report: &mut BandwidthReport,
-    opts: &BandwidthOptions,
-) -> Result<String, String> {
-    let args = vec![
-        "bandwidth".to_string(),
-        "--sizes-bytes".into(),
-        crate::peer::csv(&opts.sizes_bytes),
-        "--iterations".into(),
-        opts.iterations.to_string(),
-    ];
-    let run = crate::peer::run_pytorch(&args)?;
-    for row in &mut report.rows {
-        let Some(kind) = row.kind.pytorch_kind() else {
-            continue;
-        };
-        let hit = run.results.iter().find(|p| {
-            p["kind"].as_str() == Some(kind) && p["bytes"].as_u64() == Some(row.bytes as u64)
-        });
-        if let (Some(p), Some(ours)) = (hit, row.gbs) {
-            if let (Some(ms), Some(g)) = (p["median_ms"].as_f64(), p["gbs"].as_f64()) {
-                row.pytorch = Some(PeerFigure {
-                    median_ms: ms,
-                    rate: g,
-                    ratio: ours / g,
-                    turn_ratios: Vec::new(),
-                    by_opener: Vec::new(),
-                });
-            }
+/// Our samples of one copy (and the plan they ran under), alone under `plan`, or with PyTorch's
+/// same copy in turns (`harness::both_orders`, `rounds` blocks a side) when it is beside.
+fn time_copy(
+    ours: Block,
+    plan: Plan,
+    rounds: usize,
+    turns: &mut Option<CopyTurns>,
+    kind: CopyKind,
+    bytes: usize,
+) -> Result<(Vec<f64>, Plan, Option<PeerSamples>), String> {
+    let (Some(t), Some(theirs_kind)) = (turns.as_mut(), kind.pytorch_kind()) else {
+        return Ok((ours(plan)?, plan, None));
+    };
+    let rounds = rounds.max(1);
+    let reps = plan.reps.div_ceil(rounds);
+    let server = &mut t.server;
+    let mut theirs = |p: Plan| server.copy_block(theirs_kind, bytes, p.warmup, p.reps);
+    let plans = (Plan::new(plan.warmup, reps), Plan::new(1, reps));
+    let run = both_orders(rounds, plans, Duration::ZERO, ours, &mut theirs);
+    let mine = run.ours?;
+    let theirs = match run.theirs {
+        Err(e) => {
+            t.missed
+                .push(format!("{} {bytes} bytes: {e}", kind.label()));
+            None
         }
-    }
-    Ok(run.torch_version)
+        Ok(p) if p.samples.is_empty() => None,
+        Ok(p) => Some(p),
+    };
+    Ok((mine, Plan::new(plan.warmup, reps * rounds), theirs))
+}
+
+/// PyTorch's figure for a copy beside ours (GB/s of the same payload); the ratio comes from the
+/// paired rounds (`PeerSamples::ratio`).
+fn peer_figure(theirs: Option<PeerSamples>, bytes: usize, ours_gbs: f64) -> Option<PeerFigure> {
+    let t = theirs?;
+    let s = crate::stats::Summary::of(&t.samples)?;
+    let rate = gbs(bytes as f64, s.median);
+    Some(PeerFigure {
+        median_ms: s.median,
+        rate,
+        ratio: t.ratio().unwrap_or(ours_gbs / rate),
+        turn_ratios: t.turn_ratios,
+        by_opener: t.by_opener,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::time_host;
 
     #[test]
     fn parallel_copy_copies_every_byte() {
@@ -501,6 +594,7 @@ mod tests {
             memory_peak_gbs: Some(3350.0),
             l2_cache_bytes: Some(50 << 20),
             staging_chunk_bytes: 1,
+            rounds: 0,
             rows: vec![],
         };
         let t = time_host(Plan::new(0, 1), || Ok::<(), String>(())).unwrap();

@@ -233,6 +233,83 @@ pub fn interleave(
     }
 }
 
+/// A peer's samples from `both_orders` (pooled), the per-round rate ratios (ours over theirs)
+/// and, per order (ours opening, then theirs), the median of its rounds.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct PeerSamples {
+    pub samples: Vec<f64>,
+    pub turn_ratios: Vec<f64>,
+    pub by_opener: Vec<f64>,
+}
+
+impl PeerSamples {
+    /// Our rate over theirs: the geometric mean of the two orders' medians, so that what the
+    /// opener gains cancels to first order, or the one order's median (None without rounds).
+    pub fn ratio(&self) -> Option<f64> {
+        match self.by_opener[..] {
+            [a, b] => Some((a * b).sqrt()),
+            [a] => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// What `both_orders` measured: our samples, and the peer's (Err once it failed).
+#[derive(Debug)]
+pub struct Paired {
+    pub ours: Result<Vec<f64>, String>,
+    pub theirs: Result<PeerSamples, String>,
+}
+
+/// `interleave` twice: ours open the first `rounds.div_ceil(2)` rounds and theirs the other
+/// `rounds / 2`, each sequence after its own opening turn and soak. The side that opens gained
+/// 1-6% in A/A tests (runs 53-55, decision 39); running both orders cancels it.
+pub fn both_orders(
+    rounds: usize,
+    plans: (Plan, Plan),
+    soak: Duration,
+    ours: Block,
+    theirs: Block,
+) -> Paired {
+    let rounds = rounds.max(1);
+    let orders: &[(bool, usize)] = if rounds >= 2 {
+        &[(false, rounds.div_ceil(2)), (true, rounds / 2)]
+    } else {
+        &[(false, 1)]
+    };
+    let mut mine = Vec::new();
+    let mut peer = Ok(PeerSamples::default());
+    for &(peer_opens, r) in orders {
+        let run = interleave(r, plans, soak, peer_opens, ours, theirs);
+        // rate ratios: ours over theirs is their time over ours
+        let ratios: Vec<f64> = run.paired_time_ratios().iter().map(|t| 1.0 / t).collect();
+        match run.ours {
+            Ok(b) => mine.extend(b.concat()),
+            Err(e) => {
+                return Paired {
+                    ours: Err(e),
+                    theirs: peer,
+                }
+            }
+        }
+        match (&mut peer, run.theirs) {
+            (Ok(p), Ok(t)) => {
+                p.samples.extend(t.concat());
+                if let Some(m) = Summary::of(&ratios) {
+                    p.by_opener.push(m.median);
+                }
+                p.turn_ratios.extend(ratios);
+            }
+            (Ok(_), Err(e)) => peer = Err(e),
+            (Err(_), _) => {}
+        }
+    }
+    Paired {
+        ours: Ok(mine),
+        theirs: peer,
+    }
+}
+
 /// Rates derived from a time: one place computes them, every view shows them.
 pub fn tflops(flops: f64, ms: f64) -> f64 {
     flops / (ms * 1e-3) / 1e12
@@ -317,7 +394,7 @@ mod tests {
     }
 
     #[test]
-    fn the_peer_can_open_the_rounds() {
+    fn both_orders_split_the_rounds_and_average_the_openers() {
         let order = std::cell::RefCell::new(String::new());
         let mut ours = |p: Plan| {
             order.borrow_mut().push('a');
@@ -328,17 +405,26 @@ mod tests {
             Ok(vec![2.0; p.reps])
         };
         let plan = Plan::new(0, 1);
-        let r = interleave(
-            3,
-            (plan, plan),
-            Duration::ZERO,
-            true,
-            &mut ours,
-            &mut theirs,
-        );
-        // the untimed opening turn, then BAAB BA; ratios stay ours over theirs
-        assert_eq!(*order.borrow(), "bbaabba");
-        assert_eq!(r.paired_time_ratios(), vec![0.5; 3]);
+        let r = both_orders(4, (plan, plan), Duration::ZERO, &mut ours, &mut theirs);
+        // each sequence: the peer's untimed opening turn, then 2 rounds; ours open the first
+        // (AB BA), theirs the second (BA AB); ratios stay ours over theirs either way
+        assert_eq!(*order.borrow(), "babbabbaab");
+        let p = r.theirs.unwrap();
+        assert_eq!(p.turn_ratios, vec![2.0; 4]);
+        assert_eq!(p.by_opener, vec![2.0, 2.0]);
+        assert_eq!(r.ours.unwrap().len(), 4);
+        // an opener that gains 10% either way cancels in the geometric mean
+        let gained = PeerSamples {
+            by_opener: vec![1.1, 1.0 / 1.1],
+            ..PeerSamples::default()
+        };
+        assert!((gained.ratio().unwrap() - 1.0).abs() < 1e-12);
+        assert_eq!(PeerSamples::default().ratio(), None);
+        // one round: one order, ours opening
+        order.borrow_mut().clear();
+        let r = both_orders(1, (plan, plan), Duration::ZERO, &mut ours, &mut theirs);
+        assert_eq!(*order.borrow(), "bab");
+        assert_eq!(r.theirs.unwrap().by_opener, vec![2.0]);
     }
 
     #[test]

@@ -5,7 +5,10 @@
 use crate::ceilings::Peaks;
 use crate::check::{describe_gpu, GpuFacts};
 use crate::cpu;
-use crate::harness::{device_samples, host_samples, interleave, tflops, Clock, Measurement, Plan};
+use crate::harness::{
+    both_orders, device_samples, host_samples, interleave, tflops, Clock, Measurement, PeerSamples,
+    Plan,
+};
 use crate::peer::PeerServer;
 use crate::random::{fresh_seed, normal_f32, normal_f64, uniform_f32, uniform_f64};
 use gpukit_cuda::blas::{Blas, DeviceBytes, GemmType};
@@ -472,15 +475,6 @@ impl GpuCase<'_> {
     }
 }
 
-/// PyTorch's samples of a row (pooled), the per-round rate ratios (ours over theirs) and, per
-/// order of the rounds (ours opening, then PyTorch opening), the median of its rounds.
-#[derive(Debug, Default)]
-struct PeerSamples {
-    samples: Vec<f64>,
-    turn_ratios: Vec<f64>,
-    by_opener: Vec<f64>,
-}
-
 /// PyTorch taking turns with gpukit row by row (`--compare-pytorch`), and the rows it gave
 /// no figure for.
 struct Turns {
@@ -531,43 +525,18 @@ impl Turns {
         } else {
             std::time::Duration::from_secs_f64(opts.soak_ms / 1e3)
         };
-        // both orders: ours open the first sequence of rounds, PyTorch the second, each after
-        // its own soak; the opener gained 1-6% in A/A tests (runs 53-55)
-        let orders: &[(bool, usize)] = if rounds >= 2 {
-            &[(false, rounds.div_ceil(2)), (true, rounds / 2)]
-        } else {
-            &[(false, 1)]
+        let run = both_orders(rounds, (first, later), soak, ours, &mut theirs);
+        let mine = match run.ours {
+            Ok(m) => m,
+            Err(e) => return (Err(e), None),
         };
-        let mut mine: Vec<f64> = Vec::new();
-        let mut peer = PeerSamples::default();
-        let mut failed = None;
-        for &(peer_opens, r) in orders {
-            let run = interleave(r, (first, later), soak, peer_opens, ours, &mut theirs);
-            // rate ratios: ours over theirs is their time over ours
-            let ratios: Vec<f64> = run.paired_time_ratios().iter().map(|t| 1.0 / t).collect();
-            match run.ours {
-                Ok(b) => mine.extend(b.concat()),
-                Err(e) => return (Err(e), None),
-            }
-            match run.theirs {
-                Ok(t) if failed.is_none() => {
-                    peer.samples.extend(t.concat());
-                    if let Some(m) = crate::stats::Summary::of(&ratios) {
-                        peer.by_opener.push(m.median);
-                    }
-                    peer.turn_ratios.extend(ratios);
-                }
-                Ok(_) => {}
-                Err(e) => failed = Some(e),
-            }
-        }
-        let theirs = match failed {
-            Some(e) => {
+        let theirs = match run.theirs {
+            Err(e) => {
                 self.missed.push(format!("{device} {dtype} {n}: {e}"));
                 None
             }
-            None if peer.samples.is_empty() => None,
-            None => Some(peer),
+            Ok(p) if p.samples.is_empty() => None,
+            Ok(p) => Some(p),
         };
         let overall = Plan::new(plan.warmup, reps * rounds).with_budget(plan.max_seconds);
         (summarise(overall, Ok(mine)), theirs)
@@ -612,11 +581,7 @@ fn peer_figure(theirs: Option<PeerSamples>, flops: f64, ours_tflops: f64) -> Opt
     let theirs = theirs?;
     let s = crate::stats::Summary::of(&theirs.samples)?;
     let rate = tflops(flops, s.median);
-    let ratio = match theirs.by_opener[..] {
-        [a, b] => (a * b).sqrt(),
-        [a] => a,
-        _ => ours_tflops / rate,
-    };
+    let ratio = theirs.ratio().unwrap_or(ours_tflops / rate);
     Some(PeerFigure {
         median_ms: s.median,
         rate,

@@ -198,9 +198,29 @@ impl PeerServer {
         reps: usize,
         budget_s: f64,
     ) -> Result<Vec<f64>, String> {
-        let req = json!({"op": "matmul", "device": device, "dtype": dtype, "size": size,
+        self.block(
+            json!({"op": "matmul", "device": device, "dtype": dtype, "size": size,
             "init": init, "warmup": warmup, "iterations": reps,
-            "budget_s": if budget_s.is_finite() { budget_s } else { 1e9 }});
+            "budget_s": if budget_s.is_finite() { budget_s } else { 1e9 }}),
+        )
+    }
+
+    /// One timed block of a copy of `bytes` (`kind` as in `bench_bandwidth`'s rows: "h2d_pinned",
+    /// "d2d", ...), checked against its source afterwards: samples in ms.
+    pub fn copy_block(
+        &mut self,
+        kind: &str,
+        bytes: usize,
+        warmup: usize,
+        reps: usize,
+    ) -> Result<Vec<f64>, String> {
+        self.block(
+            json!({"op": "copy", "kind": kind, "bytes": bytes, "warmup": warmup,
+            "iterations": reps}),
+        )
+    }
+
+    fn block(&mut self, req: Value) -> Result<Vec<f64>, String> {
         let stdin = self
             .stdin
             .as_mut()
@@ -281,6 +301,8 @@ pub(crate) mod tests {
              while read -r line; do\n\
                case \"$line\" in\n\
                  *bf16*) echo '{\"ok\": false, \"error\": \"no bf16 here\"}' ;;\n\
+                 *d2h_pinned*) echo '{\"ok\": false, \"error\": \"copy did not match\"}' ;;\n\
+                 *copy*) echo '{\"ok\": true, \"times_ms\": [0.25]}' ;;\n\
                  *) echo '{\"ok\": true, \"times_ms\": [1.5, 2.5]}' ;;\n\
                esac\n\
              done\n",
@@ -309,6 +331,15 @@ pub(crate) mod tests {
         assert!(server
             .matmul_block("cuda:0", "f16", 8, "uniform", 0, 1, 1.0)
             .is_ok());
+        // copies: their own request, their errors named
+        assert_eq!(
+            server.copy_block("h2d_pinned", 1 << 20, 1, 1).unwrap(),
+            vec![0.25]
+        );
+        assert_eq!(
+            server.copy_block("d2h_pinned", 1 << 20, 1, 1).unwrap_err(),
+            "copy did not match"
+        );
         drop(server);
         std::fs::remove_dir_all(&dir).ok();
     }

@@ -11,7 +11,9 @@ use crate::render::{
 use crate::write::write_files_atomically;
 use crate::UsageError;
 use anyhow::{Context, Result};
-use gpukit_bench::bandwidth::{run_bandwidth, BandwidthOptions, BandwidthReport};
+use gpukit_bench::bandwidth::{
+    run_bandwidth, run_bandwidth_with_pytorch, BandwidthOptions, BandwidthReport,
+};
 use gpukit_bench::check::{run_check, CheckError, CheckOptions, CheckReport};
 use gpukit_bench::conv::{resnet50_shapes, run_conv, ConvOptions, ConvReport};
 use gpukit_bench::cpu::Layout;
@@ -178,13 +180,15 @@ fn bench_bandwidth(a: BandwidthArgs, out: &Output) -> Result<()> {
     if let Some(s) = a.sizes {
         opts.sizes_bytes = s;
     }
-    let mut report = run_bandwidth(&discovery, &opts, &mut progress());
+    let (report, peer) = if a.compare_pytorch {
+        let (r, p) = run_bandwidth_with_pytorch(&discovery, &opts, &mut progress());
+        (r, Some(p))
+    } else {
+        (run_bandwidth(&discovery, &opts, &mut progress()), None)
+    };
     if let Some(why) = &report.gpu_unavailable {
         anyhow::bail!("bench bandwidth needs a GPU: {why}");
     }
-    let peer = a
-        .compare_pytorch
-        .then(|| gpukit_bench::bandwidth::compare_with_pytorch(&mut report, &opts));
     emit_bandwidth(&report, peer, out)
 }
 
@@ -198,6 +202,12 @@ fn emit_bandwidth(
         print!("{}", to_terminal(&bandwidth_sections(report)));
         if let Some(l) = peer_line(&peer) {
             println!("{l}");
+        }
+        if matches!(peer, Some(Ok(_))) {
+            println!(
+                "  turns: gpukit and PyTorch timed each copy in {} alternating blocks, gpukit opening half of the rounds and PyTorch the rest; gpukit / PyTorch is the geometric mean of the two halves' median round ratios (lowest-highest round in brackets). PyTorch's figure beside the staged path is its own pageable copy",
+                report.rounds
+            );
         }
         Ok(())
     })?;
