@@ -164,7 +164,7 @@ impl Interleaved {
 }
 
 /// Alternates our timed blocks with a peer's in ABBA order (ours first in even rounds, theirs
-/// first in odd ones) for `rounds` rounds, `first` plans the opening block of each side and
+/// first in odd ones; the reverse with `peer_opens`) for `rounds` rounds, `first` plans the opening block of each side and
 /// `later` the rest. On a power-capped GPU a figure depends on what ran in the last few
 /// hundred milliseconds (run 27: either side moved by 7% from one invocation to the next), so
 /// two figures are comparable only when both sides took turns on the same chip.

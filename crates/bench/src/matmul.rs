@@ -605,8 +605,8 @@ pub fn run_matmul(
 }
 
 /// `run_matmul` with PyTorch taking turns on every row (`scripts/pytorch_reference.py serve`):
-/// each row's iterations are split into `opts.rounds` blocks per side, run in ABBA order, so
-/// both see the same clocks. Returns the report and PyTorch's version (with the rows it gave
+/// each row's iterations are split into `opts.rounds` blocks per side, alternating in both
+/// orders (`harness::both_orders`), so both see the same clocks. Returns the report and PyTorch's version (with the rows it gave
 /// no figure for), or why it could not run (the report then has gpukit's figures only).
 pub fn run_matmul_with_pytorch(
     discovery: &Discovery,
