@@ -446,10 +446,11 @@ def serve_copy(torch, req, state):
     if kind not in cases:
         raise ValueError(f"unknown copy kind {kind!r}")
     make_dst, copy, expected = cases[kind]
-    dst = state.setdefault("dst", {}).get(kind)
-    if dst is None:
-        state["dst"] = {}  # one destination at a time: 1 GiB ones add up
-        dst = state["dst"][kind] = make_dst()
+    dsts = state.setdefault("dst", {})
+    if kind not in dsts:
+        dsts.clear()  # one destination at a time: 1 GiB ones add up
+        dsts[kind] = make_dst()
+    dst = dsts[kind]
     times = time_cuda(torch, lambda _i: copy(dst), int(req.get("iterations", 10)), int(req.get("warmup", 2)))
     torch.cuda.synchronize()
     if not torch.equal(dst, expected.to(dst.device)):

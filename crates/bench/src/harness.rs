@@ -280,7 +280,15 @@ pub fn both_orders(
     let mut mine = Vec::new();
     let mut peer = Ok(PeerSamples::default());
     for &(peer_opens, r) in orders {
-        let run = interleave(r, plans, soak, peer_opens, ours, theirs);
+        // a peer that failed in the first order is not asked again: ours go on alone
+        let failed = peer.as_ref().err().cloned();
+        let mut dropped = |_: Plan| Err(failed.clone().unwrap_or_default());
+        let theirs_now: Block = if failed.is_some() {
+            &mut dropped
+        } else {
+            &mut *theirs
+        };
+        let run = interleave(r, plans, soak, peer_opens, ours, theirs_now);
         // rate ratios: ours over theirs is their time over ours
         let ratios: Vec<f64> = run.paired_time_ratios().iter().map(|t| 1.0 / t).collect();
         match run.ours {
@@ -425,6 +433,16 @@ mod tests {
         let r = both_orders(1, (plan, plan), Duration::ZERO, &mut ours, &mut theirs);
         assert_eq!(*order.borrow(), "bab");
         assert_eq!(r.theirs.unwrap().by_opener, vec![2.0]);
+        // a peer that fails is asked once, and ours still run every round of both orders
+        let mut calls = 0;
+        let mut failing = |_: Plan| {
+            calls += 1;
+            Err("torch crashed".to_string())
+        };
+        let r = both_orders(4, (plan, plan), Duration::ZERO, &mut ours, &mut failing);
+        assert_eq!(r.theirs.unwrap_err(), "torch crashed");
+        assert_eq!(r.ours.unwrap().len(), 4);
+        assert_eq!(calls, 1);
     }
 
     #[test]

@@ -554,9 +554,9 @@ struct TurnShape {
 /// Repetitions per turn: `reps`, or as many as fill `block_ms` at `shape.per_rep_ms` each (at
 /// most `MAX_BLOCK_REPS`), rounded up to whole passes over `shape.sets` so that every turn
 /// multiplies each operand set equally often. Between two blocks the chip idles while the sides
-/// hand over: PyTorch's blocks follow one or two pipe round trips, ours none or one. On a power-capped chip that idle
-/// time buys clock, so in blocks of 25 ms (f64 at 4096: 10 repetitions) the hand-over alone can
-/// tilt a ratio by a percent or two; at 100 ms it weighs a quarter as much.
+/// hand over (PyTorch's blocks follow one or two pipe round trips, ours none or one), and on a
+/// power-capped chip idle time buys clock; longer turns make it a smaller share of each turn.
+/// Its effect on a ratio was not measured on its own (runs 45-46 changed more than this).
 fn block_reps(reps: usize, shape: Option<TurnShape>, block_ms: f64) -> usize {
     let Some(shape) = shape else {
         return reps;
@@ -606,8 +606,9 @@ pub fn run_matmul(
 
 /// `run_matmul` with PyTorch taking turns on every row (`scripts/pytorch_reference.py serve`):
 /// each row's iterations are split into `opts.rounds` blocks per side, alternating in both
-/// orders (`harness::both_orders`), so both see the same clocks. Returns the report and PyTorch's version (with the rows it gave
-/// no figure for), or why it could not run (the report then has gpukit's figures only).
+/// orders (`harness::both_orders`), so both see the same clocks. Returns the report and
+/// PyTorch's version (with the rows it gave no figure for), or why it could not run (the report
+/// then has gpukit's figures only).
 pub fn run_matmul_with_pytorch(
     discovery: &Discovery,
     opts: &MatmulOptions,
