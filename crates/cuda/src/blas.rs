@@ -7,54 +7,37 @@
 //!    [`Blas::lt_candidates`] lists cuBLASLt's heuristic algorithms for a shape and
 //!    [`Blas::gemm_lt`] runs one of them.
 //!
-//! Buffers are raw device bytes ([`DeviceBytes`]) holding the storage type of [`GemmType`].
+//! Buffers are raw device bytes holding the storage type of the [`DType`] (`Tf32` is f32
+//! storage computed on TF32 tensor cores); the library's own type enums are chosen here, at the
+//! boundary.
 
-use crate::driver::{CudaError, Gpu};
+use crate::driver::Gpu;
+use crate::error::{Error, Result};
 use crate::loader::{Discovery, Lib};
-use crate::mem::View;
+use crate::memory::{DeviceBuffer, View};
+use crate::stream::Stream;
 use cudarc::cublas::sys as cb;
 use cudarc::cublaslt::sys as lt;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use gpukit_types::DType;
 use std::ffi::c_void;
-use std::sync::Arc;
 
-/// Raw device memory.
-pub type DeviceBytes = CudaSlice<u8>;
-
-/// The element and compute types of a matmul.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GemmType {
-    /// f64 storage and accumulation (FP64 tensor cores where the chip has them).
-    F64,
-    /// f32 storage and true f32 accumulation.
-    F32,
-    /// f32 storage, TF32 tensor-core inputs, f32 accumulation.
-    Tf32,
-    /// f16 storage, f32 accumulation.
-    F16,
-    /// bf16 storage, f32 accumulation.
-    Bf16,
+/// cuBLAS's and cuBLASLt's names for a [`DType`]'s storage, compute and scale types.
+trait GemmTypes {
+    fn cublas_types(self) -> (cb::cudaDataType, cb::cublasComputeType_t);
+    fn lt_types(self) -> (lt::cudaDataType, lt::cublasComputeType_t, lt::cudaDataType);
+    fn scalars(self) -> ([u8; 8], [u8; 8]);
 }
 
-impl GemmType {
-    /// Bytes of one stored element.
-    pub fn elem_bytes(self) -> usize {
-        match self {
-            GemmType::F64 => 8,
-            GemmType::F32 | GemmType::Tf32 => 4,
-            GemmType::F16 | GemmType::Bf16 => 2,
-        }
-    }
-
+impl GemmTypes for DType {
     fn cublas_types(self) -> (cb::cudaDataType, cb::cublasComputeType_t) {
         use cb::cublasComputeType_t as C;
         use cb::cudaDataType as D;
         match self {
-            GemmType::F64 => (D::CUDA_R_64F, C::CUBLAS_COMPUTE_64F),
-            GemmType::F32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F),
-            GemmType::Tf32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_FAST_TF32),
-            GemmType::F16 => (D::CUDA_R_16F, C::CUBLAS_COMPUTE_32F),
-            GemmType::Bf16 => (D::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F),
+            DType::F64 => (D::CUDA_R_64F, C::CUBLAS_COMPUTE_64F),
+            DType::F32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F),
+            DType::Tf32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_FAST_TF32),
+            DType::F16 => (D::CUDA_R_16F, C::CUBLAS_COMPUTE_32F),
+            DType::Bf16 => (D::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F),
         }
     }
 
@@ -62,22 +45,22 @@ impl GemmType {
         use lt::cublasComputeType_t as C;
         use lt::cudaDataType as D;
         match self {
-            GemmType::F64 => (D::CUDA_R_64F, C::CUBLAS_COMPUTE_64F, D::CUDA_R_64F),
-            GemmType::F32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F, D::CUDA_R_32F),
-            GemmType::Tf32 => (
+            DType::F64 => (D::CUDA_R_64F, C::CUBLAS_COMPUTE_64F, D::CUDA_R_64F),
+            DType::F32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F, D::CUDA_R_32F),
+            DType::Tf32 => (
                 D::CUDA_R_32F,
                 C::CUBLAS_COMPUTE_32F_FAST_TF32,
                 D::CUDA_R_32F,
             ),
-            GemmType::F16 => (D::CUDA_R_16F, C::CUBLAS_COMPUTE_32F, D::CUDA_R_32F),
-            GemmType::Bf16 => (D::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F, D::CUDA_R_32F),
+            DType::F16 => (D::CUDA_R_16F, C::CUBLAS_COMPUTE_32F, D::CUDA_R_32F),
+            DType::Bf16 => (D::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F, D::CUDA_R_32F),
         }
     }
 
     /// alpha = 1, beta = 0 in the scale type (f64 for F64, f32 otherwise).
     fn scalars(self) -> ([u8; 8], [u8; 8]) {
         match self {
-            GemmType::F64 => (1f64.to_ne_bytes(), 0f64.to_ne_bytes()),
+            DType::F64 => (1f64.to_ne_bytes(), 0f64.to_ne_bytes()),
             _ => {
                 let mut one = [0u8; 8];
                 one[..4].copy_from_slice(&1f32.to_ne_bytes());
@@ -87,43 +70,19 @@ impl GemmType {
     }
 }
 
-/// A cuBLAS or cuBLASLt call that failed.
-#[derive(Debug, thiserror::Error)]
-pub enum BlasError {
-    #[error("{0}")]
-    Cuda(#[from] CudaError),
-    #[error("{call} failed: {status:?}")]
-    Status { call: &'static str, status: String },
-    #[error("buffer too small for {m}x{n}x{k}: {what} has {have} bytes, needs {need}")]
-    Size {
-        what: &'static str,
-        m: usize,
-        n: usize,
-        k: usize,
-        have: usize,
-        need: usize,
-    },
-}
-
-fn cb_ok(call: &'static str, s: cb::cublasStatus_t) -> Result<(), BlasError> {
+fn cb_ok(call: &'static str, s: cb::cublasStatus_t) -> Result<()> {
     if s == cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
         Ok(())
     } else {
-        Err(BlasError::Status {
-            call,
-            status: format!("{s:?}"),
-        })
+        Err(Error::library("cuBLAS", call, s))
     }
 }
 
-fn lt_ok(call: &'static str, s: lt::cublasStatus_t) -> Result<(), BlasError> {
+fn lt_ok(call: &'static str, s: lt::cublasStatus_t) -> Result<()> {
     if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
         Ok(())
     } else {
-        Err(BlasError::Status {
-            call,
-            status: format!("{s:?}"),
-        })
+        Err(Error::library("cuBLASLt", call, s))
     }
 }
 
@@ -132,10 +91,10 @@ pub const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// cuBLAS and cuBLASLt handles bound to one stream, with their workspace.
 pub struct Blas {
-    stream: Arc<CudaStream>,
+    stream: Stream,
     handle: cb::cublasHandle_t,
     lt_handle: lt::cublasLtHandle_t,
-    workspace: DeviceBytes,
+    workspace: DeviceBuffer,
 }
 
 /// One cuBLASLt algorithm for one shape and type, ready to run.
@@ -144,7 +103,7 @@ pub struct LtPlan {
     layouts: [lt::cublasLtMatrixLayout_t; 3],
     algo: lt::cublasLtMatmulAlgo_t,
     workspace_bytes: usize,
-    ty: GemmType,
+    ty: DType,
     shape: (usize, usize, usize),
     /// The heuristic's rank (0 = its first choice).
     pub rank: usize,
@@ -165,35 +124,27 @@ impl Drop for LtPlan {
 impl Blas {
     /// Creates both handles on `gpu`'s stream; a missing library is an error naming what to
     /// install, never cudarc's panic.
-    pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<Blas, BlasError> {
+    pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<Blas> {
         Self::with_workspace(discovery, gpu, WORKSPACE_BYTES)
     }
 
     /// As [`Blas::new`] with a workspace of `bytes` (algorithms that need more are not used;
     /// the inference engine runs one small GEMM per pass and takes 4 MiB).
-    pub fn with_workspace(
-        discovery: &Discovery,
-        gpu: &Gpu,
-        bytes: usize,
-    ) -> Result<Blas, BlasError> {
+    pub fn with_workspace(discovery: &Discovery, gpu: &Gpu, bytes: usize) -> Result<Blas> {
         for lib in [Lib::Cublas, Lib::CublasLt] {
             if !discovery.usable(lib) {
-                return Err(CudaError::MissingLibrary(discovery.missing_message(lib)).into());
+                return Err(Error::MissingLibrary(discovery.missing_message(lib)));
             }
         }
         // SAFETY: asks the loader only.
         let present = unsafe { cb::is_culib_present() && lt::is_culib_present() };
         if !present {
-            return Err(CudaError::MissingLibrary(
+            return Err(Error::MissingLibrary(
                 "cuBLAS/cuBLASLt were found but did not load".into(),
-            )
-            .into());
+            ));
         }
-        gpu.ctx.bind_to_thread().map_err(CudaError::from)?;
-        let workspace = gpu
-            .stream
-            .alloc_zeros::<u8>(bytes.max(256))
-            .map_err(CudaError::from)?;
+        gpu.bind()?;
+        let workspace = gpu.alloc(bytes.max(256))?;
         let mut handle = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
         cb_ok("cublasCreate", unsafe { cb::cublasCreate_v2(&mut handle) })?;
@@ -207,60 +158,44 @@ impl Blas {
             return Err(e);
         }
         let blas = Blas {
-            stream: gpu.stream.clone(),
+            stream: gpu.stream().clone(),
             handle,
             lt_handle,
             workspace,
         };
-        let (ws, _guard) = blas.workspace.device_ptr(&blas.stream);
+        let ws = blas.workspace.addr();
         // SAFETY: the handle is live; the stream outlives it (held in self); the workspace is
         // owned by self and outlives the handle (dropped after it in Drop order below).
         unsafe {
             cb_ok(
                 "cublasSetStream",
-                cb::cublasSetStream_v2(blas.handle, blas.stream.cu_stream() as _),
+                cb::cublasSetStream_v2(blas.handle, blas.stream.cu() as _),
             )?;
             cb_ok(
                 "cublasSetWorkspace",
                 cb::cublasSetWorkspace_v2(blas.handle, ws as *mut c_void, blas.workspace.len()),
             )?;
         }
-        drop(_guard);
         Ok(blas)
     }
 
-    fn check_sizes(
-        ty: GemmType,
-        a: &DeviceBytes,
-        b: &DeviceBytes,
-        c: &DeviceBytes,
-        mnk: (usize, usize, usize),
-    ) -> Result<(), BlasError> {
-        Self::check_lens(ty, a.len(), b.len(), c.len(), mnk)
-    }
-
     fn check_lens(
-        ty: GemmType,
+        ty: DType,
         a: usize,
         b: usize,
         c: usize,
         (m, n, k): (usize, usize, usize),
-    ) -> Result<(), BlasError> {
-        let e = ty.elem_bytes();
+    ) -> Result<()> {
+        let e = ty.size_bytes();
         for (what, have, need) in [
             ("A", a, m * k * e),
             ("B", b, k * n * e),
             ("C", c, m * n * e),
         ] {
             if have < need {
-                return Err(BlasError::Size {
-                    what,
-                    m,
-                    n,
-                    k,
-                    have,
-                    need,
-                });
+                return Err(Error::Invalid(format!(
+                    "buffer too small for {m}x{n}x{k}: {what} has {have} bytes, needs {need}"
+                )));
             }
         }
         Ok(())
@@ -270,32 +205,24 @@ impl Blas {
     /// (Column-major cuBLAS computes `C^T = B^T * A^T` on the same bytes.)
     pub fn gemm(
         &self,
-        ty: GemmType,
-        a: &DeviceBytes,
-        b: &DeviceBytes,
-        c: &mut DeviceBytes,
-        (m, n, k): (usize, usize, usize),
-    ) -> Result<(), BlasError> {
-        Self::check_sizes(ty, a, b, c, (m, n, k))?;
-        let s = &self.stream;
-        self.gemm_views(
-            ty,
-            View::of(a, s),
-            View::of(b, s),
-            View::of(c, s),
-            (m, n, k),
-        )
+        ty: DType,
+        a: &DeviceBuffer,
+        b: &DeviceBuffer,
+        c: &mut DeviceBuffer,
+        mnk: (usize, usize, usize),
+    ) -> Result<()> {
+        self.gemm_views(ty, a.view(), b.view(), c.view(), mnk)
     }
 
     /// As [`Blas::gemm`], on views (C is written through its view).
     pub fn gemm_views(
         &self,
-        ty: GemmType,
+        ty: DType,
         a: View<'_>,
         b: View<'_>,
         c: View<'_>,
         (m, n, k): (usize, usize, usize),
-    ) -> Result<(), BlasError> {
+    ) -> Result<()> {
         Self::check_lens(ty, a.bytes(), b.bytes(), c.bytes(), (m, n, k))?;
         let (dt, compute) = ty.cublas_types();
         let (alpha, beta) = ty.scalars();
@@ -332,15 +259,14 @@ impl Blas {
     /// Up to `max` cuBLASLt algorithms for this shape, in the heuristic's order.
     pub fn lt_candidates(
         &self,
-        ty: GemmType,
+        ty: DType,
         m: usize,
         n: usize,
         k: usize,
         max: usize,
-    ) -> Result<Vec<LtPlan>, BlasError> {
+    ) -> Result<Vec<LtPlan>> {
         let (dt, compute, scale) = ty.lt_types();
-        let make =
-            || -> Result<(lt::cublasLtMatmulDesc_t, [lt::cublasLtMatrixLayout_t; 3]), BlasError> {
+        let make = || -> Result<(lt::cublasLtMatmulDesc_t, [lt::cublasLtMatrixLayout_t; 3])> {
                 let mut desc = std::ptr::null_mut();
                 // SAFETY: out-pointer to a local.
                 lt_ok("cublasLtMatmulDescCreate", unsafe {
@@ -463,16 +389,13 @@ impl Blas {
     pub fn gemm_lt(
         &self,
         plan: &LtPlan,
-        a: &DeviceBytes,
-        b: &DeviceBytes,
-        c: &mut DeviceBytes,
-    ) -> Result<(), BlasError> {
-        Self::check_sizes(plan.ty, a, b, c, plan.shape)?;
+        a: &DeviceBuffer,
+        b: &DeviceBuffer,
+        c: &mut DeviceBuffer,
+    ) -> Result<()> {
+        Self::check_lens(plan.ty, a.len(), b.len(), c.len(), plan.shape)?;
         let (alpha, beta) = plan.ty.scalars();
-        let (pa, _ga) = a.device_ptr(&self.stream);
-        let (pb, _gb) = b.device_ptr(&self.stream);
-        let (pc, _gc) = c.device_ptr_mut(&self.stream);
-        let (pw, _gw) = self.workspace.device_ptr(&self.stream);
+        let (pa, pb, pc, pw) = (a.addr(), b.addr(), c.addr(), self.workspace.addr());
         // SAFETY: sizes checked; descriptors live as long as `plan`; the workspace is ours and
         // at least as large as the heuristic asked (it was told our size).
         let status = unsafe {
@@ -492,7 +415,7 @@ impl Blas {
                 &plan.algo,
                 pw as *mut c_void,
                 plan.workspace_bytes.min(self.workspace.len()),
-                self.stream.cu_stream() as _,
+                self.stream.cu() as _,
             )
         };
         lt_ok("cublasLtMatmul", status)

@@ -9,7 +9,9 @@
 //! 3. [`Gpu::open`] creates the context and stream for real work.
 
 use crate::loader::{Discovery, Lib, REQUIRED_DRIVER_API};
-use cudarc::driver::{result, sys, CudaContext, CudaSlice, CudaStream, DriverError};
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+use cudarc::driver::{result, sys, CudaContext, DriverError};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -30,22 +32,6 @@ pub enum Unavailable {
 /// `13000` -> `13.0`.
 pub fn fmt_api(v: i32) -> String {
     format!("{}.{}", v / 1000, (v % 1000) / 10)
-}
-
-/// A CUDA call that failed.
-#[derive(Debug, thiserror::Error)]
-pub enum CudaError {
-    #[error("CUDA driver call failed: {0}")]
-    Driver(#[from] DriverError),
-    #[error("device cuda:{requested} does not exist: this machine has {count} CUDA device(s) (cuda:0..cuda:{})", count.saturating_sub(1))]
-    NoSuchDevice { requested: usize, count: usize },
-    #[error("{0}")]
-    Unavailable(#[from] Unavailable),
-    #[error("{0}")]
-    MissingLibrary(String),
-    /// A request the caller got wrong (sizes that do not fit, ...).
-    #[error("{0}")]
-    Invalid(String),
 }
 
 /// A usable driver.
@@ -152,9 +138,9 @@ fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32, DriverErr
 }
 
 /// Reads [`DeviceAttributes`] for `ordinal` (the driver must have been [`probe`]d).
-pub fn device_attributes(ordinal: usize, count: usize) -> Result<DeviceAttributes, CudaError> {
+pub fn device_attributes(ordinal: usize, count: usize) -> Result<DeviceAttributes> {
     if ordinal >= count {
-        return Err(CudaError::NoSuchDevice {
+        return Err(Error::NoSuchDevice {
             requested: ordinal,
             count,
         });
@@ -220,7 +206,7 @@ pub fn fmt_uuid(b: &[std::ffi::c_char; 16]) -> String {
 }
 
 /// `matrix[i][j]`: device i can read and write device j's memory directly.
-pub fn peer_access_matrix(count: usize) -> Result<Vec<Vec<bool>>, CudaError> {
+pub fn peer_access_matrix(count: usize) -> Result<Vec<Vec<bool>>> {
     let mut m = vec![vec![false; count]; count];
     for (i, row) in m.iter_mut().enumerate() {
         for (j, cell) in row.iter_mut().enumerate() {
@@ -241,19 +227,19 @@ pub fn peer_access_matrix(count: usize) -> Result<Vec<Vec<bool>>, CudaError> {
     Ok(m)
 }
 
-/// A device opened for work: its primary context and a non-default stream.
+/// A device opened for work: its primary context and a non-default work stream.
 pub struct Gpu {
     pub ordinal: usize,
-    pub ctx: Arc<CudaContext>,
-    pub stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+    stream: Stream,
 }
 
 impl Gpu {
     /// Opens `cuda:<ordinal>` after checking that the driver is usable and the device exists.
-    pub fn open(discovery: &Discovery, ordinal: usize) -> Result<Gpu, CudaError> {
+    pub fn open(discovery: &Discovery, ordinal: usize) -> Result<Gpu> {
         let driver = probe(discovery)?;
         if ordinal >= driver.device_count {
-            return Err(CudaError::NoSuchDevice {
+            return Err(Error::NoSuchDevice {
                 requested: ordinal,
                 count: driver.device_count,
             });
@@ -264,7 +250,7 @@ impl Gpu {
         // SAFETY: every buffer gpukit makes is used on the stream that made it, or ordered by
         // explicit events/synchronization where it is not.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream()?;
+        let stream = Stream::new(ctx.new_stream()?);
         Ok(Gpu {
             ordinal,
             ctx,
@@ -272,27 +258,50 @@ impl Gpu {
         })
     }
 
-    /// Copies host bytes to a new device buffer (synchronously with respect to the host).
-    pub fn upload(&self, bytes: &[u8]) -> Result<CudaSlice<u8>, CudaError> {
-        let d = self.stream.clone_htod(bytes)?;
-        self.stream.synchronize()?;
-        Ok(d)
+    /// The work stream: everything gpukit enqueues on this device goes here unless it makes
+    /// another with [`Gpu::new_stream`].
+    pub fn stream(&self) -> &Stream {
+        &self.stream
     }
 
-    /// Copies a device buffer back to the host.
-    pub fn download(&self, d: &CudaSlice<u8>) -> Result<Vec<u8>, CudaError> {
-        Ok(self.stream.clone_dtoh(d)?)
+    /// A second stream on this device (work on it may overlap the work stream's).
+    pub fn new_stream(&self) -> Result<Stream> {
+        Ok(Stream::new(self.ctx.new_stream()?))
     }
 
-    /// A device buffer of `n` bytes, zeroed.
-    pub fn alloc(&self, n: usize) -> Result<CudaSlice<u8>, CudaError> {
-        Ok(self.stream.alloc_zeros::<u8>(n)?)
+    /// Waits for everything queued on the work stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize()
     }
 
     /// (free, total) bytes of device memory, as the driver sees them now.
-    pub fn mem_info(&self) -> Result<(u64, u64), CudaError> {
+    pub fn mem_info(&self) -> Result<(u64, u64)> {
         let (free, total) = self.ctx.mem_get_info()?;
         Ok((free as u64, total as u64))
+    }
+
+    /// The device's name, as the driver reports it.
+    pub fn name(&self) -> Result<String> {
+        Ok(self.ctx.name()?)
+    }
+
+    /// (major, minor) compute capability.
+    pub fn compute_capability(&self) -> Result<(u32, u32)> {
+        let (major, minor) = self.ctx.compute_capability()?;
+        Ok((major.max(0) as u32, minor.max(0) as u32))
+    }
+
+    /// Makes this device's context current on the calling thread.
+    pub(crate) fn bind(&self) -> Result<()> {
+        Ok(self.ctx.bind_to_thread()?)
+    }
+
+    pub(crate) fn ctx(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub(crate) fn cu_device(&self) -> sys::CUdevice {
+        self.ctx.cu_device()
     }
 }
 

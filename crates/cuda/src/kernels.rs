@@ -6,38 +6,26 @@
 //! The half-precision types are handled with bit operations and PTX conversions, so the source
 //! needs no CUDA headers (NVRTC builds without any include path).
 
-use crate::driver::{CudaError, Gpu};
+use crate::driver::Gpu;
+use crate::error::{Error, Result};
 use crate::loader::{Discovery, Lib};
-use crate::mem::View;
-use cudarc::driver::{CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+use crate::memory::View;
+use crate::stream::Stream;
+use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{CompileOptions, Ptx};
+use gpukit_types::{DType, Layout};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// Storage type of an activation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Elem {
-    F32,
-    F16,
-    Bf16,
-}
-
-impl Elem {
-    pub fn bytes(self) -> usize {
-        match self {
-            Elem::F32 => 4,
-            Elem::F16 | Elem::Bf16 => 2,
-        }
-    }
-
-    fn tag(self) -> &'static str {
-        match self {
-            Elem::F32 => "f32",
-            Elem::F16 => "f16",
-            Elem::Bf16 => "bf16",
-        }
+/// The kernels' name for an activation's storage type (f32, f16, bf16; tf32 is f32 storage).
+fn tag(dtype: DType) -> Result<&'static str> {
+    match dtype.storage() {
+        DType::F32 => Ok("f32"),
+        DType::F16 => Ok("f16"),
+        DType::Bf16 => Ok("bf16"),
+        d => Err(Error::Invalid(format!("gpukit's kernels have no {d} version"))),
     }
 }
 
@@ -175,7 +163,7 @@ extern "C" __global__ void add_bias_f32(float* y, const float* b, int rows, int 
 
 /// The compiled kernels of one device.
 pub struct Kernels {
-    stream: Arc<CudaStream>,
+    stream: Stream,
     _module: Arc<CudaModule>,
     functions: HashMap<String, CudaFunction>,
     /// Where the PTX came from: "compiled" or the cache file.
@@ -197,8 +185,8 @@ fn config(total: usize) -> LaunchConfig {
     }
 }
 
-fn int(v: usize, what: &str) -> Result<i32, CudaError> {
-    i32::try_from(v).map_err(|_| CudaError::Invalid(format!("{what} = {v} exceeds i32")))
+fn int(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Invalid(format!("{what} = {v} exceeds i32")))
 }
 
 fn cache_file(discovery: &Discovery, arch: &str) -> Option<PathBuf> {
@@ -211,9 +199,9 @@ fn cache_file(discovery: &Discovery, arch: &str) -> Option<PathBuf> {
 
 impl Kernels {
     /// Compiles the kernels for `gpu` (or reads them from the on-disk cache) and loads them.
-    pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<Kernels, CudaError> {
+    pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<Kernels> {
         let start = std::time::Instant::now();
-        let (major, minor) = gpu.ctx.compute_capability()?;
+        let (major, minor) = gpu.compute_capability()?;
         let arch = format!("sm_{major}{minor}");
         let cached = cache_file(discovery, &arch);
         let from_cache = cached
@@ -223,13 +211,11 @@ impl Kernels {
             Some((path, text)) => (Ptx::from_src(text), path.display().to_string()),
             None => {
                 if !discovery.usable(Lib::Nvrtc) {
-                    return Err(CudaError::MissingLibrary(
-                        discovery.missing_message(Lib::Nvrtc),
-                    ));
+                    return Err(Error::MissingLibrary(discovery.missing_message(Lib::Nvrtc)));
                 }
                 // SAFETY: asks the loader only.
                 if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-                    return Err(CudaError::MissingLibrary(
+                    return Err(Error::MissingLibrary(
                         "NVRTC was found but did not load".into(),
                     ));
                 }
@@ -237,20 +223,16 @@ impl Kernels {
                     options: vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()],
                     ..Default::default()
                 };
-                let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts).map_err(|e| {
-                    CudaError::Invalid(format!("NVRTC could not compile gpukit's kernels: {e}"))
-                })?;
+                let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts)
+                    .map_err(|e| Error::Compile(e.to_string()))?;
                 if let Some(path) = &cached {
-                    // written whole, then renamed: a reader never sees half a file
-                    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-                    if std::fs::write(&tmp, ptx.to_src()).is_ok() {
-                        let _ = std::fs::rename(&tmp, path);
-                    }
+                    // a cache: when it cannot be written, the next run compiles again
+                    let _ = gpukit_types::files::write_atomically(path, ptx.to_src().as_bytes());
                 }
                 (ptx, "compiled by NVRTC".to_string())
             }
         };
-        let module = gpu.ctx.load_module(ptx)?;
+        let module = gpu.ctx().load_module(ptx)?;
         let mut functions = HashMap::new();
         let mut names = vec!["add_bias_f32".to_string(), "stream_barrier".to_string()];
         for e in ["f32", "f16", "bf16"] {
@@ -265,7 +247,7 @@ impl Kernels {
             functions.insert(name, f);
         }
         Ok(Kernels {
-            stream: gpu.stream.clone(),
+            stream: gpu.stream().clone(),
             _module: module,
             functions,
             origin,
@@ -273,18 +255,15 @@ impl Kernels {
         })
     }
 
-    fn function(&self, name: &str) -> Result<&CudaFunction, CudaError> {
+    fn function(&self, name: &str) -> Result<&CudaFunction> {
         self.functions
             .get(name)
-            .ok_or_else(|| CudaError::Invalid(format!("no kernel named {name}")))
+            .ok_or_else(|| Error::Invalid(format!("no kernel named {name}")))
     }
 
-    fn layout(nhwc: bool) -> &'static str {
-        if nhwc {
-            "nhwc"
-        } else {
-            "nchw"
-        }
+    /// The kernel `{stem}_{dtype}_{layout}`.
+    fn variant(&self, stem: &str, dtype: DType, layout: Layout) -> Result<&CudaFunction> {
+        self.function(&format!("{stem}_{}_{}", tag(dtype)?, layout.name()))
     }
 
     /// `y` (elem, NCHW or NHWC, `cout` channels) = `x` (f32 NCHW, `c` channels), zero-padded.
@@ -293,24 +272,20 @@ impl Kernels {
         &self,
         x: View<'_>,
         y: View<'_>,
-        elem: Elem,
-        nhwc: bool,
+        dtype: DType,
+        layout: Layout,
         (n, c, h, w): (usize, usize, usize, usize),
         cout: usize,
-    ) -> Result<(), CudaError> {
+    ) -> Result<()> {
         if cout < c {
-            return Err(CudaError::Invalid(format!(
+            return Err(Error::Invalid(format!(
                 "convert_input: {cout} output channels < {c} input channels"
             )));
         }
         x.require(n * c * h * w * 4, "convert_input x")?;
         let total = n * cout * h * w;
-        y.require(total * elem.bytes(), "convert_input y")?;
-        let f = self.function(&format!(
-            "convert_input_{}_{}",
-            elem.tag(),
-            Self::layout(nhwc)
-        ))?;
+        y.require(total * dtype.size_bytes(), "convert_input y")?;
+        let f = self.variant("convert_input", dtype, layout)?;
         let (px, py) = (x.addr(), y.addr());
         let (n, c, cout, hw) = (
             int(n, "n")?,
@@ -318,7 +293,7 @@ impl Kernels {
             int(cout, "cout")?,
             int(h * w, "h*w")?,
         );
-        let mut b = self.stream.launch_builder(f);
+        let mut b = self.stream.raw().launch_builder(f);
         b.arg(&px).arg(&py).arg(&n).arg(&c).arg(&cout).arg(&hw);
         // SAFETY: the kernel's parameters are (const float*, T*, int, int, int, int), matched
         // above; both buffers are large enough (checked).
@@ -334,25 +309,25 @@ impl Kernels {
         y: View<'_>,
         bias: View<'_>,
         z: Option<View<'_>>,
-        elem: Elem,
-        nhwc: bool,
+        dtype: DType,
+        layout: Layout,
         (n, k, hw): (usize, usize, usize),
-    ) -> Result<(), CudaError> {
-        let bytes = n * k * hw * elem.bytes();
+    ) -> Result<()> {
+        let bytes = n * k * hw * dtype.size_bytes();
         y.require(bytes, "bias_relu y")?;
-        bias.require(k * elem.bytes(), "bias_relu bias")?;
+        bias.require(k * dtype.size_bytes(), "bias_relu bias")?;
         if let Some(z) = z {
             z.require(bytes, "bias_relu z")?;
-            if z.addr() < y.addr() + bytes as u64 && y.addr() < z.addr() + bytes as u64 {
-                return Err(CudaError::Invalid(
+            if z.overlaps(&y) {
+                return Err(Error::Invalid(
                     "bias_relu: the residual overlaps the output".into(),
                 ));
             }
         }
-        let f = self.function(&format!("bias_relu_{}_{}", elem.tag(), Self::layout(nhwc)))?;
+        let f = self.variant("bias_relu", dtype, layout)?;
         let (py, pb, pz) = (y.addr(), bias.addr(), z.map_or(0u64, |z| z.addr()));
         let a = [int(n, "n")?, int(k, "k")?, int(hw, "hw")?];
-        let mut b = self.stream.launch_builder(f);
+        let mut b = self.stream.raw().launch_builder(f);
         b.arg(&py).arg(&pb).arg(&pz);
         for v in &a {
             b.arg(v);
@@ -368,14 +343,14 @@ impl Kernels {
         &self,
         x: View<'_>,
         y: View<'_>,
-        elem: Elem,
-        nhwc: bool,
+        dtype: DType,
+        layout: Layout,
         (n, c, h, w): (usize, usize, usize, usize),
-    ) -> Result<(usize, usize), CudaError> {
+    ) -> Result<(usize, usize)> {
         let (p, q) = ((h + 2 - 3) / 2 + 1, (w + 2 - 3) / 2 + 1);
-        x.require(n * c * h * w * elem.bytes(), "max_pool x")?;
-        y.require(n * c * p * q * elem.bytes(), "max_pool y")?;
-        let f = self.function(&format!("max_pool_{}_{}", elem.tag(), Self::layout(nhwc)))?;
+        x.require(n * c * h * w * dtype.size_bytes(), "max_pool x")?;
+        y.require(n * c * p * q * dtype.size_bytes(), "max_pool y")?;
+        let f = self.variant("max_pool", dtype, layout)?;
         let (px, py) = (x.addr(), y.addr());
         let a = [
             int(n, "n")?,
@@ -385,7 +360,7 @@ impl Kernels {
             int(p, "p")?,
             int(q, "q")?,
         ];
-        let mut b = self.stream.launch_builder(f);
+        let mut b = self.stream.raw().launch_builder(f);
         b.arg(&px).arg(&py);
         for v in &a {
             b.arg(v);
@@ -400,16 +375,16 @@ impl Kernels {
         &self,
         x: View<'_>,
         y: View<'_>,
-        elem: Elem,
-        nhwc: bool,
+        dtype: DType,
+        layout: Layout,
         (n, c, h, w): (usize, usize, usize, usize),
-    ) -> Result<(), CudaError> {
-        x.require(n * c * h * w * elem.bytes(), "avg_pool x")?;
+    ) -> Result<()> {
+        x.require(n * c * h * w * dtype.size_bytes(), "avg_pool x")?;
         y.require(n * c * 4, "avg_pool y")?;
-        let f = self.function(&format!("avg_pool_{}_{}", elem.tag(), Self::layout(nhwc)))?;
+        let f = self.variant("avg_pool", dtype, layout)?;
         let (px, py) = (x.addr(), y.addr());
         let (n, c, hw) = (int(n, "n")?, int(c, "c")?, int(h * w, "h*w")?);
-        let mut b = self.stream.launch_builder(f);
+        let mut b = self.stream.raw().launch_builder(f);
         b.arg(&px).arg(&py).arg(&n).arg(&c).arg(&hw);
         // SAFETY: parameters (const T*, float*, int, int, int) matched above; sizes checked.
         unsafe { b.launch(config((n * c) as usize)) }?;
@@ -419,9 +394,9 @@ impl Kernels {
     /// An empty kernel: a full dependency point on the stream. After a library kernel whose
     /// output the next library kernel reads at once, it keeps the two from overlapping (see
     /// docs/DECISIONS.md 26).
-    pub fn barrier(&self) -> Result<(), CudaError> {
+    pub fn barrier(&self) -> Result<()> {
         let f = self.function("stream_barrier")?;
-        let mut b = self.stream.launch_builder(f);
+        let mut b = self.stream.raw().launch_builder(f);
         // SAFETY: no parameters; one thread that does nothing.
         unsafe { b.launch(cudarc::driver::LaunchConfig::for_num_elems(1)) }?;
         Ok(())
@@ -434,13 +409,13 @@ impl Kernels {
         bias: View<'_>,
         rows: usize,
         cols: usize,
-    ) -> Result<(), CudaError> {
+    ) -> Result<()> {
         y.require(rows * cols * 4, "add_bias y")?;
         bias.require(cols * 4, "add_bias bias")?;
         let f = self.function("add_bias_f32")?;
         let (py, pb) = (y.addr(), bias.addr());
         let (r, c) = (int(rows, "rows")?, int(cols, "cols")?);
-        let mut b = self.stream.launch_builder(f);
+        let mut b = self.stream.raw().launch_builder(f);
         b.arg(&py).arg(&pb).arg(&r).arg(&c);
         // SAFETY: parameters (float*, const float*, int, int) matched above; sizes checked.
         unsafe { b.launch(config(rows * cols)) }?;

@@ -3,6 +3,7 @@
 //! To use: [`NvmlSession::open`] with the process's discovery, then [`NvmlSession::device`] by
 //! UUID (CUDA and NVML number devices differently; the UUID is the same in both).
 
+use crate::error::{Error, Result};
 use crate::loader::{Discovery, Lib};
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::device::UsedGpuMemory;
@@ -55,14 +56,19 @@ pub struct NvmlDevice {
 
 impl NvmlSession {
     /// Opens NVML from the path discovery found; the error says what is missing.
-    pub fn open(discovery: &Discovery) -> Result<NvmlSession, String> {
+    pub fn open(discovery: &Discovery) -> Result<NvmlSession> {
         let found = discovery
             .found(Lib::Nvml)
-            .ok_or_else(|| discovery.missing_message(Lib::Nvml))?;
+            .ok_or_else(|| Error::MissingLibrary(discovery.missing_message(Lib::Nvml)))?;
         let nvml = Nvml::builder()
             .lib_path(found.path.as_os_str())
             .init()
-            .map_err(|e| format!("NVML at {} failed to start: {e}", found.path.display()))?;
+            .map_err(|e| {
+                Error::Nvml(format!(
+                    "the library at {} failed to start: {e}",
+                    found.path.display()
+                ))
+            })?;
         Ok(NvmlSession { nvml })
     }
 
@@ -77,28 +83,28 @@ impl NvmlSession {
     }
 
     /// Every device NVML sees, in its (PCI) order.
-    pub fn devices(&self) -> Result<Vec<NvmlDevice>, String> {
+    pub fn devices(&self) -> Result<Vec<NvmlDevice>> {
         let n = self
             .nvml
             .device_count()
-            .map_err(|e| format!("NVML device count: {e}"))?;
+            .map_err(|e| Error::Nvml(format!("device count: {e}")))?;
         (0..n)
             .map(|i| {
                 let d = self
                     .nvml
                     .device_by_index(i)
-                    .map_err(|e| format!("NVML device {i}: {e}"))?;
+                    .map_err(|e| Error::Nvml(format!("device {i}: {e}")))?;
                 Ok(Self::facts(&d))
             })
             .collect()
     }
 
     /// Facts for the device with this UUID (`GPU-...`).
-    pub fn device(&self, uuid: &str) -> Result<NvmlDevice, String> {
+    pub fn device(&self, uuid: &str) -> Result<NvmlDevice> {
         let d = self
             .nvml
             .device_by_uuid(uuid)
-            .map_err(|e| format!("NVML does not know {uuid}: {e}"))?;
+            .map_err(|e| Error::Nvml(format!("no device {uuid}: {e}")))?;
         Ok(Self::facts(&d))
     }
 

@@ -1,60 +1,41 @@
 //! Device timing with CUDA events: the only honest clock for asynchronous GPU work.
 
-use crate::driver::CudaError;
-use cudarc::driver::{sys, CudaStream};
-use std::sync::Arc;
+use crate::error::Error;
+use crate::stream::Stream;
+use cudarc::driver::sys;
 
 /// Runs `work` `warmup` times untimed, then `reps` times, each between two events recorded on
 /// `stream`; returns each repetition's device milliseconds. Synchronizes once at the end, so
 /// repetitions queue back to back and launch gaps between them are not counted.
-pub fn time_on_stream<E>(
-    stream: &Arc<CudaStream>,
+pub fn time_on_stream<E: From<Error>>(
+    stream: &Stream,
     warmup: usize,
     reps: usize,
     mut work: impl FnMut() -> Result<(), E>,
-) -> Result<Vec<f64>, TimingError<E>> {
+) -> Result<Vec<f64>, E> {
     for _ in 0..warmup {
-        work().map_err(TimingError::Work)?;
+        work()?;
     }
-    stream
-        .synchronize()
-        .map_err(|e| TimingError::Cuda(e.into()))?;
-    let ctx = stream.context();
+    stream.synchronize()?;
+    let raw = stream.raw();
+    let ctx = raw.context();
     let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
     let mut events = Vec::with_capacity(reps + 1);
     for _ in 0..=reps {
-        events.push(
-            ctx.new_event(flags)
-                .map_err(|e| TimingError::Cuda(e.into()))?,
-        );
+        events.push(ctx.new_event(flags).map_err(Error::from)?);
     }
-    events[0]
-        .record(stream)
-        .map_err(|e| TimingError::Cuda(e.into()))?;
+    events[0].record(raw).map_err(Error::from)?;
     for i in 0..reps {
-        work().map_err(TimingError::Work)?;
-        events[i + 1]
-            .record(stream)
-            .map_err(|e| TimingError::Cuda(e.into()))?;
+        work()?;
+        events[i + 1].record(raw).map_err(Error::from)?;
     }
-    stream
-        .synchronize()
-        .map_err(|e| TimingError::Cuda(e.into()))?;
+    stream.synchronize()?;
     events
         .windows(2)
         .map(|w| {
             w[0].elapsed_ms(&w[1])
                 .map(f64::from)
-                .map_err(|e| TimingError::Cuda(e.into()))
+                .map_err(|e| E::from(Error::from(e)))
         })
         .collect()
-}
-
-/// Either the timed work failed or CUDA did.
-#[derive(Debug, thiserror::Error)]
-pub enum TimingError<E> {
-    #[error("{0}")]
-    Cuda(CudaError),
-    #[error("timed work failed: {0}")]
-    Work(E),
 }

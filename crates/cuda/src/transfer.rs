@@ -6,9 +6,11 @@
 //! [`h2d_staged`] moves pageable memory through two pinned buffers so the host copy of one chunk
 //! overlaps the DMA of the previous one.
 
-use crate::blas::DeviceBytes;
-use crate::driver::{CudaError, Gpu};
-use cudarc::driver::{result, sys, CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+use crate::driver::Gpu;
+use crate::error::{Error, Result};
+use crate::memory::DeviceBuffer;
+use crate::stream::Stream;
+use cudarc::driver::{result, sys, CudaContext};
 use std::sync::Arc;
 
 /// Page-locked host memory, freed on drop.
@@ -26,8 +28,8 @@ unsafe impl Sync for PinnedBytes {}
 impl PinnedBytes {
     /// `len` bytes of pinned memory. `write_combined`: fast for the host to write and the GPU to
     /// read, very slow for the host to read, so only for host-to-device sources.
-    pub fn new(gpu: &Gpu, len: usize, write_combined: bool) -> Result<PinnedBytes, CudaError> {
-        gpu.ctx.bind_to_thread()?;
+    pub fn new(gpu: &Gpu, len: usize, write_combined: bool) -> Result<PinnedBytes> {
+        gpu.bind()?;
         let flags = if write_combined {
             sys::CU_MEMHOSTALLOC_WRITECOMBINED
         } else {
@@ -38,7 +40,7 @@ impl PinnedBytes {
         Ok(PinnedBytes {
             ptr,
             len,
-            ctx: gpu.ctx.clone(),
+            ctx: gpu.ctx().clone(),
         })
     }
 
@@ -74,9 +76,9 @@ impl Drop for PinnedBytes {
     }
 }
 
-fn check_len(what: &'static str, have: usize, need: usize) -> Result<(), CudaError> {
+fn check_len(what: &'static str, have: usize, need: usize) -> Result<()> {
     if have < need {
-        return Err(CudaError::Invalid(format!(
+        return Err(Error::Invalid(format!(
             "{what}: buffer of {have} bytes is smaller than the {need} bytes to copy"
         )));
     }
@@ -86,46 +88,34 @@ fn check_len(what: &'static str, have: usize, need: usize) -> Result<(), CudaErr
 /// Queues `src` (host) -> `dst` (device) on `stream`. Pageable `src` makes the driver stage it
 /// (and the call returns only when `src` may be reused); pinned `src` is a true async DMA, and
 /// `src` must stay untouched until the stream has passed the copy.
-pub fn copy_h2d(
-    stream: &Arc<CudaStream>,
-    src: &[u8],
-    dst: &mut DeviceBytes,
-) -> Result<(), CudaError> {
+pub fn copy_h2d(stream: &Stream, src: &[u8], dst: &mut DeviceBuffer) -> Result<()> {
     check_len("host->device", dst.len(), src.len())?;
-    let (d, _g) = dst.device_ptr_mut(stream);
     // SAFETY: dst holds at least src.len() bytes; src is live for the call (pageable) or kept
     // alive by the caller until the stream is synchronized (pinned).
-    unsafe { result::memcpy_htod_async(d, src, stream.cu_stream()) }?;
+    unsafe { result::memcpy_htod_async(dst.addr(), src, stream.cu()) }?;
     Ok(())
 }
 
 /// Queues `src` (device) -> `dst` (host) on `stream`; `dst` must not be read before the stream
 /// is synchronized.
-pub fn copy_d2h(
-    stream: &Arc<CudaStream>,
-    src: &DeviceBytes,
-    dst: &mut [u8],
-) -> Result<(), CudaError> {
+pub fn copy_d2h(stream: &Stream, src: &DeviceBuffer, dst: &mut [u8]) -> Result<()> {
     check_len("device->host", src.len(), dst.len())?;
-    let (s, _g) = src.device_ptr(stream);
     // SAFETY: src holds at least dst.len() bytes; dst outlives the copy (caller synchronizes).
-    unsafe { result::memcpy_dtoh_async(dst, s, stream.cu_stream()) }?;
+    unsafe { result::memcpy_dtoh_async(dst, src.addr(), stream.cu()) }?;
     Ok(())
 }
 
 /// Queues a device -> device copy of `bytes` bytes.
 pub fn copy_d2d(
-    stream: &Arc<CudaStream>,
-    src: &DeviceBytes,
-    dst: &mut DeviceBytes,
+    stream: &Stream,
+    src: &DeviceBuffer,
+    dst: &mut DeviceBuffer,
     bytes: usize,
-) -> Result<(), CudaError> {
+) -> Result<()> {
     check_len("device->device source", src.len(), bytes)?;
     check_len("device->device destination", dst.len(), bytes)?;
-    let (s, _gs) = src.device_ptr(stream);
-    let (d, _gd) = dst.device_ptr_mut(stream);
     // SAFETY: both buffers hold at least `bytes` bytes and live on this context.
-    unsafe { result::memcpy_dtod_async(d, s, bytes, stream.cu_stream()) }?;
+    unsafe { result::memcpy_dtod_async(dst.addr(), src.addr(), bytes, stream.cu()) }?;
     Ok(())
 }
 
@@ -134,19 +124,20 @@ pub fn copy_d2d(
 /// queued; synchronize `stream` before reading `dst` or reusing `staging`.
 /// `host_copy(dst, src)` copies equal-length slices (the caller may spread it over threads).
 pub fn h2d_staged(
-    stream: &Arc<CudaStream>,
+    stream: &Stream,
     src: &[u8],
-    dst: &mut DeviceBytes,
+    dst: &mut DeviceBuffer,
     staging: &mut [PinnedBytes; 2],
     host_copy: &(dyn Fn(&mut [u8], &[u8]) + Sync),
-) -> Result<(), CudaError> {
+) -> Result<()> {
     check_len("staged host->device", dst.len(), src.len())?;
     let chunk = staging[0].len().min(staging[1].len()).max(1);
-    let ctx = stream.context().clone();
+    let raw = stream.raw();
+    let ctx = raw.context().clone();
     let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
     let mut done = [ctx.new_event(flags)?, ctx.new_event(flags)?];
     let mut used = [false, false];
-    let (base, _g) = dst.device_ptr_mut(stream);
+    let base = dst.addr();
     for (i, piece) in src.chunks(chunk).enumerate() {
         let b = i % 2;
         if used[b] {
@@ -158,8 +149,8 @@ pub fn h2d_staged(
         let offset = (i * chunk) as u64;
         // SAFETY: dst holds src.len() bytes, so base + offset + piece.len() is in bounds; the
         // staging buffer stays untouched until `done[b]` has fired (checked above next time).
-        unsafe { result::memcpy_htod_async(base + offset, &*buf, stream.cu_stream()) }?;
-        done[b] = stream.record_event(flags)?;
+        unsafe { result::memcpy_htod_async(base + offset, &*buf, stream.cu()) }?;
+        done[b] = raw.record_event(flags)?;
         used[b] = true;
     }
     Ok(())

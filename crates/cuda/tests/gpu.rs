@@ -2,16 +2,21 @@
 //! not: never counted as passed. On the lent GPU machine scripts/gpu-test.sh runs this binary.
 //! GPUKIT_REQUIRE_GPU=1 turns "no GPU" into a failure (so a broken discovery cannot pass there).
 
-use gpukit_cuda::cudarc::{
+//!
+//! Tests of a library itself (NVRTC, cuBLAS, cuDNN, NCCL through cudarc) open their own cudarc
+//! context; tests of gpukit's wrappers go through `gpukit_cuda`'s own types.
+
+use cudarc::{
     cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig},
-    driver::{LaunchConfig, PushKernelArg},
+    driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg},
     nccl::{Comm, ReduceOp},
 };
 use gpukit_cuda::driver::{self, Gpu};
+use gpukit_cuda::transfer::copy_d2d;
 use gpukit_cuda::loader::{Discovery, Lib};
 use gpukit_cuda::nvml::NvmlSession;
 use libtest_mimic::{Arguments, Failed, Trial};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 static DISCOVERY: OnceLock<Discovery> = OnceLock::new();
 
@@ -40,6 +45,18 @@ fn random_f32(n: usize, seed: u64) -> Vec<f32> {
 
 fn gpu() -> Result<Gpu, Failed> {
     Gpu::open(discovery(), 0).map_err(|e| format!("open cuda:0: {e}").into())
+}
+
+/// A cudarc context and stream of device `ordinal`, for tests of a library itself.
+fn raw(ordinal: usize) -> Result<(Arc<CudaContext>, Arc<CudaStream>), Failed> {
+    // gpukit's discovery (in main) made the libraries loadable; cudarc opens them by name
+    let ctx = CudaContext::new(ordinal).map_err(|e| format!("cuda:{ordinal}: {e}"))?;
+    let stream = ctx.new_stream().map_err(|e| e.to_string())?;
+    Ok((ctx, stream))
+}
+
+fn bytes_of(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
 }
 
 fn check(cond: bool, msg: impl Into<String>) -> Result<(), Failed> {
@@ -79,33 +96,28 @@ fn attributes_agree_with_nvml() -> Result<(), Failed> {
 
 fn copies_round_trip_byte_exact() -> Result<(), Failed> {
     let g = gpu()?;
-    let host = random_f32(1 << 22, 1);
-    let dev = g.stream.clone_htod(&host).map_err(|e| e.to_string())?;
-    let mut copy = g
-        .stream
-        .alloc_zeros::<f32>(host.len())
-        .map_err(|e| e.to_string())?;
-    g.stream
-        .memcpy_dtod(&dev, &mut copy)
-        .map_err(|e| e.to_string())?;
-    let back = g.stream.clone_dtoh(&copy).map_err(|e| e.to_string())?;
+    let host = bytes_of(&random_f32(1 << 22, 1));
+    let dev = g.upload(&host).map_err(|e| e.to_string())?;
+    let mut copy = g.alloc(host.len()).map_err(|e| e.to_string())?;
+    copy_d2d(g.stream(), &dev, &mut copy, host.len()).map_err(|e| e.to_string())?;
+    let back = g.download(&copy).map_err(|e| e.to_string())?;
+    check(back == host, "device round trip changed bytes")?;
+    // a view past the end is an error, not a wild copy
     check(
-        back.iter()
-            .zip(&host)
-            .all(|(a, b)| a.to_bits() == b.to_bits()),
-        "device round trip changed bytes",
+        dev.view().sub(host.len() - 4, 8).is_err(),
+        "a view past the end must be refused",
     )
 }
 
 fn event_timing_measures_device_work() -> Result<(), Failed> {
     let g = gpu()?;
-    let n = 64 << 20; // 256 MiB of f32
-    let src = g.stream.alloc_zeros::<f32>(n).map_err(|e| e.to_string())?;
-    let mut dst = g.stream.alloc_zeros::<f32>(n).map_err(|e| e.to_string())?;
-    let ms = gpukit_cuda::timing::time_on_stream(&g.stream, 2, 5, || {
-        g.stream.memcpy_dtod(&src, &mut dst)
+    let n = 256 << 20; // 256 MiB
+    let src = g.alloc(n).map_err(|e| e.to_string())?;
+    let mut dst = g.alloc(n).map_err(|e| e.to_string())?;
+    let ms = gpukit_cuda::timing::time_on_stream(g.stream(), 2, 5, || {
+        copy_d2d(g.stream(), &src, &mut dst, n)
     })
-    .map_err(|e| format!("{e}"))?;
+    .map_err(|e: gpukit_cuda::Error| format!("{e}"))?;
     check(ms.len() == 5, format!("{} samples", ms.len()))?;
     // 512 MB moved (read + write): any real copy takes well over 10 us and under a second.
     check(
@@ -119,26 +131,26 @@ fn nvrtc_kernel_matches_cpu() -> Result<(), Failed> {
         discovery().usable(Lib::Nvrtc),
         discovery().missing_message(Lib::Nvrtc),
     )?;
-    let g = gpu()?;
+    let (ctx, stream) = raw(0)?;
     let src = r#"extern "C" __global__ void axpy(float a, const float* x, float* y, int n) {
         int i = blockIdx.x * blockDim.x + threadIdx.x;
         if (i < n) y[i] = a * x[i] + y[i];
     }"#;
-    let ptx = gpukit_cuda::cudarc::nvrtc::compile_ptx(src).map_err(|e| e.to_string())?;
-    let module = g.ctx.load_module(ptx).map_err(|e| e.to_string())?;
+    let ptx = cudarc::nvrtc::compile_ptx(src).map_err(|e| e.to_string())?;
+    let module = ctx.load_module(ptx).map_err(|e| e.to_string())?;
     let f = module.load_function("axpy").map_err(|e| e.to_string())?;
     let n = 1_000_003usize;
     let x = random_f32(n, 2);
     let y = random_f32(n, 3);
     let a = 0.75f32;
-    let xd = g.stream.clone_htod(&x).map_err(|e| e.to_string())?;
-    let mut yd = g.stream.clone_htod(&y).map_err(|e| e.to_string())?;
+    let xd = stream.clone_htod(&x).map_err(|e| e.to_string())?;
+    let mut yd = stream.clone_htod(&y).map_err(|e| e.to_string())?;
     let n32 = n as i32;
-    let mut b = g.stream.launch_builder(&f);
+    let mut b = stream.launch_builder(&f);
     b.arg(&a).arg(&xd).arg(&mut yd).arg(&n32);
     // SAFETY: argument types match the kernel signature; n bounds every access.
     unsafe { b.launch(LaunchConfig::for_num_elems(n as u32)) }.map_err(|e| e.to_string())?;
-    let out = g.stream.clone_dtoh(&yd).map_err(|e| e.to_string())?;
+    let out = stream.clone_dtoh(&yd).map_err(|e| e.to_string())?;
     let worst = out
         .iter()
         .zip(x.iter().zip(&y))
@@ -152,15 +164,14 @@ fn cublas_sgemm_matches_f64_reference() -> Result<(), Failed> {
         discovery().usable(Lib::Cublas),
         discovery().missing_message(Lib::Cublas),
     )?;
-    let g = gpu()?;
+    let (_ctx, stream) = raw(0)?;
     let (m, n, k) = (129usize, 67usize, 255usize);
     let a = random_f32(m * k, 4); // column-major m x k
     let b = random_f32(k * n, 5); // column-major k x n
-    let blas = CudaBlas::new(g.stream.clone()).map_err(|e| e.to_string())?;
-    let ad = g.stream.clone_htod(&a).map_err(|e| e.to_string())?;
-    let bd = g.stream.clone_htod(&b).map_err(|e| e.to_string())?;
-    let mut cd = g
-        .stream
+    let blas = CudaBlas::new(stream.clone()).map_err(|e| e.to_string())?;
+    let ad = stream.clone_htod(&a).map_err(|e| e.to_string())?;
+    let bd = stream.clone_htod(&b).map_err(|e| e.to_string())?;
+    let mut cd = stream
         .alloc_zeros::<f32>(m * n)
         .map_err(|e| e.to_string())?;
     let cfg = GemmConfig {
@@ -177,7 +188,7 @@ fn cublas_sgemm_matches_f64_reference() -> Result<(), Failed> {
     };
     // SAFETY: buffer sizes match m, n, k and the leading dimensions.
     unsafe { blas.gemm(cfg, &ad, &bd, &mut cd) }.map_err(|e| e.to_string())?;
-    let c = g.stream.clone_dtoh(&cd).map_err(|e| e.to_string())?;
+    let c = stream.clone_dtoh(&cd).map_err(|e| e.to_string())?;
     let mut num = 0.0f64;
     let mut den = 0.0f64;
     for j in 0..n {
@@ -198,50 +209,48 @@ fn cudnn_and_nccl_load_and_work() -> Result<(), Failed> {
     for lib in [Lib::Cudnn, Lib::Nccl] {
         check(discovery().usable(lib), discovery().missing_message(lib))?;
     }
-    let g = gpu()?;
-    gpukit_cuda::cudarc::cudnn::Cudnn::new(g.stream.clone())
+    let (_ctx, stream) = raw(0)?;
+    cudarc::cudnn::Cudnn::new(stream.clone())
         .map_err(|e| format!("cuDNN: {e:?}"))?;
-    let comms = Comm::from_devices(vec![g.stream.clone()]).map_err(|e| format!("NCCL: {e:?}"))?;
+    let comms = Comm::from_devices(vec![stream.clone()]).map_err(|e| format!("NCCL: {e:?}"))?;
     let x = random_f32(4096, 6);
-    let xd = g.stream.clone_htod(&x).map_err(|e| e.to_string())?;
-    let mut yd = g
-        .stream
+    let xd = stream.clone_htod(&x).map_err(|e| e.to_string())?;
+    let mut yd = stream
         .alloc_zeros::<f32>(x.len())
         .map_err(|e| e.to_string())?;
     comms[0]
         .all_reduce(&xd, &mut yd, &ReduceOp::Sum)
         .map_err(|e| format!("NCCL all_reduce: {e:?}"))?;
-    let y = g.stream.clone_dtoh(&yd).map_err(|e| e.to_string())?;
+    let y = stream.clone_dtoh(&yd).map_err(|e| e.to_string())?;
     check(y == x, "a one-rank all-reduce must return its input")
 }
 
 fn nccl_all_reduce_across_every_gpu() -> Result<(), Failed> {
     let d = discovery();
     let count = driver::probe(d).map_err(|e| e.to_string())?.device_count;
-    let gpus: Vec<Gpu> = (0..count)
-        .map(|i| Gpu::open(d, i).map_err(|e| e.to_string()))
-        .collect::<Result<_, _>>()?;
+    let gpus: Vec<(Arc<CudaContext>, Arc<CudaStream>)> =
+        (0..count).map(raw).collect::<Result<_, _>>()?;
     let n = 1 << 20;
     let inputs: Vec<Vec<f32>> = (0..count).map(|i| random_f32(n, 100 + i as u64)).collect();
-    let comms = Comm::from_devices(gpus.iter().map(|g| g.stream.clone()).collect())
+    let comms = Comm::from_devices(gpus.iter().map(|(_, s)| s.clone()).collect())
         .map_err(|e| format!("NCCL: {e:?}"))?;
     let mut outs = Vec::new();
     // one process drives every rank: the calls of one collective form a group
-    gpukit_cuda::cudarc::nccl::result::group_start().map_err(|e| format!("{e:?}"))?;
-    for (i, g) in gpus.iter().enumerate() {
-        let x = g.stream.clone_htod(&inputs[i]).map_err(|e| e.to_string())?;
-        let mut y = g.stream.alloc_zeros::<f32>(n).map_err(|e| e.to_string())?;
+    cudarc::nccl::result::group_start().map_err(|e| format!("{e:?}"))?;
+    for (i, (_, s)) in gpus.iter().enumerate() {
+        let x = s.clone_htod(&inputs[i]).map_err(|e| e.to_string())?;
+        let mut y = s.alloc_zeros::<f32>(n).map_err(|e| e.to_string())?;
         comms[i]
             .all_reduce(&x, &mut y, &ReduceOp::Sum)
             .map_err(|e| format!("NCCL all_reduce: {e:?}"))?;
         outs.push((x, y));
     }
-    gpukit_cuda::cudarc::nccl::result::group_end().map_err(|e| format!("{e:?}"))?;
+    cudarc::nccl::result::group_end().map_err(|e| format!("{e:?}"))?;
     let want: Vec<f64> = (0..n)
         .map(|j| inputs.iter().map(|v| f64::from(v[j])).sum())
         .collect();
-    for (g, (_, y)) in gpus.iter().zip(&outs) {
-        let got = g.stream.clone_dtoh(y).map_err(|e| e.to_string())?;
+    for (i, ((_, s), (_, y))) in gpus.iter().zip(&outs).enumerate() {
+        let got = s.clone_dtoh(y).map_err(|e| e.to_string())?;
         let worst = got
             .iter()
             .zip(&want)
@@ -249,7 +258,7 @@ fn nccl_all_reduce_across_every_gpu() -> Result<(), Failed> {
             .fold(0.0, f64::max);
         check(
             worst < 1e-5 * count as f64,
-            format!("cuda:{}: max error {worst}", g.ordinal),
+            format!("cuda:{i}: max error {worst}"),
         )?;
     }
     let m = driver::peer_access_matrix(count).map_err(|e| e.to_string())?;

@@ -5,11 +5,13 @@
 //! to the pooling, weights are packed once on first use, and every convolution applies its bias,
 //! residual and ReLU as it stores its output.
 
+use crate::error::{Error, Result};
 use crate::resnet::ResNet;
 use crate::weights::StateDict;
 use gpukit_tensor::cpu::{
-    conv2d_nhwc_packed, conv2d_nhwc_packed_onto, parallel_ranges, AlignedBuf, ConvShape, PackedConv,
+    conv2d_nhwc_packed, conv2d_nhwc_packed_onto, parallel_rows, AlignedBuf, PackedConv,
 };
+use gpukit_tensor::{ConvShape, DType, Device, Tensor};
 use std::sync::OnceLock;
 
 /// torchvision's BatchNorm2d epsilon.
@@ -108,17 +110,12 @@ impl PackedNet {
     }
 }
 
-/// Why a state dict cannot be folded (a key is absent or has another shape than the model's).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("state dict cannot be folded: {0}")]
-pub struct FoldError(pub String);
-
-fn param<'a>(dict: &'a StateDict, name: &str, len: usize) -> Result<&'a [f32], FoldError> {
+fn param<'a>(dict: &'a StateDict, name: &str, len: usize) -> Result<&'a [f32]> {
     let p = dict
         .get(name)
-        .ok_or_else(|| FoldError(format!("missing {name}")))?;
+        .ok_or_else(|| Error::Fold(format!("missing {name}")))?;
     if p.data.len() != len {
-        return Err(FoldError(format!(
+        return Err(Error::Fold(format!(
             "{name} has {} values, expected {len}",
             p.data.len()
         )));
@@ -133,12 +130,12 @@ fn fold_conv(
     conv: &str,
     bn: &str,
     stride: usize,
-) -> Result<FoldedConv, FoldError> {
+) -> Result<FoldedConv> {
     let w = dict
         .get(&format!("{conv}.weight"))
-        .ok_or_else(|| FoldError(format!("missing {conv}.weight")))?;
+        .ok_or_else(|| Error::Fold(format!("missing {conv}.weight")))?;
     let [k, c, r, s] = w.shape[..] else {
-        return Err(FoldError(format!("{conv}.weight is not 4-D")));
+        return Err(Error::Fold(format!("{conv}.weight is not 4-D")));
     };
     let gamma = param(dict, &format!("{bn}.weight"), k)?;
     let beta = param(dict, &format!("{bn}.bias"), k)?;
@@ -167,7 +164,7 @@ fn fold_conv(
 }
 
 /// Folds every batch norm of `dict` into its convolution.
-pub fn fold(dict: &StateDict) -> Result<FoldedResNet, FoldError> {
+pub fn fold(dict: &StateDict) -> Result<FoldedResNet> {
     let model = dict.model;
     let stem = fold_conv(dict, "conv1", "bn1", 2)?;
     let mut blocks = Vec::new();
@@ -336,51 +333,13 @@ impl FoldedConv {
     }
 }
 
-/// Rows of a buffer that parallel tasks fill, each task its own rows (the last row may be
-/// shorter).
-struct SharedRows {
-    ptr: *mut f32,
-    row_len: usize,
-    len: usize,
-}
-
-// SAFETY: tasks write disjoint rows (each caller's contract), and the buffer outlives them.
-unsafe impl Sync for SharedRows {}
-
-impl SharedRows {
-    fn new(buf: &mut [f32], row_len: usize) -> Self {
-        SharedRows {
-            ptr: buf.as_mut_ptr(),
-            row_len,
-            len: buf.len(),
-        }
-    }
-
-    /// Row `i`.
-    ///
-    /// # Safety
-    ///
-    /// No other live reference may cover row `i`, and the buffer must outlive the result.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn row(&self, i: usize) -> &mut [f32] {
-        let start = i * self.row_len;
-        assert!(start < self.len, "row {i} past {} values", self.len);
-        let len = self.row_len.min(self.len - start);
-        // SAFETY: in bounds (checked), exclusive per the caller.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
-    }
-}
-
 /// 3x3 max pooling, stride 2, padding 1 (padding never wins: the centre tap is always inside).
 fn max_pool(x: &Act, ws: &mut Workspace) -> Act {
     let (p, q) = ((x.h + 2 - 3) / 2 + 1, (x.w + 2 - 3) / 2 + 1);
     let c = x.c;
     let mut data = ws.take(x.n * p * q * c);
-    let out = SharedRows::new(&mut data, q * c);
-    parallel_ranges(x.n * p, &|rows| {
-        for row in rows {
-            // SAFETY: each row index is handed to exactly one range.
-            let out = unsafe { out.row(row) };
+    parallel_rows(&mut data, q * c, &|row, out| {
+        {
             let (img, i) = (row / p, row % p);
             let src = &x.data[img * x.h * x.w * c..(img + 1) * x.h * x.w * c];
             for (j, o) in out.chunks_exact_mut(c).enumerate() {
@@ -412,60 +371,45 @@ fn max_pool(x: &Act, ws: &mut Workspace) -> Act {
 /// small, and their weights, 90% of ResNet-50's, are then read once).
 const FRONT_PASS_BYTES: usize = 8 << 20;
 
-/// Why an input cannot go through the model.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ForwardError {
-    #[error("input has {got} values; a batch of {n} RGB {h}x{w} images needs {want}")]
-    InputLength {
-        got: usize,
-        want: usize,
-        n: usize,
-        h: usize,
-        w: usize,
-    },
-    #[error("input images must be at least 32x32 for a ResNet (got {h}x{w})")]
-    TooSmall { h: usize, w: usize },
+/// `(n, h, w)` of a batch of images the CPU forward pass takes: a CPU tensor `[n, 3, h, w]` of
+/// f32 (any layout), images at least 32 x 32.
+fn check_images(input: &Tensor) -> Result<(usize, usize, usize)> {
+    gpukit_tensor::check_same_device("forward_cpu", input.device(), Device::Cpu)?;
+    if input.dtype() != DType::F32 {
+        return Err(gpukit_tensor::Error::UnsupportedDType {
+            op: "forward_cpu",
+            dtype: input.dtype(),
+            supported: "f32",
+        }
+        .into());
+    }
+    let &[n, 3, h, w] = input.shape() else {
+        return Err(Error::Invalid(format!(
+            "forward_cpu: input of shape {:?}; a batch of RGB images is [n, 3, h, w]",
+            input.shape()
+        )));
+    };
+    if h < 32 || w < 32 {
+        return Err(Error::TooSmall { h, w });
+    }
+    Ok((n, h, w))
 }
 
 impl FoldedResNet {
     /// Logits (`n x num_classes`, row-major) for `n` NCHW RGB images of `h x w`.
-    pub fn forward_cpu(
-        &self,
-        input: &[f32],
-        n: usize,
-        h: usize,
-        w: usize,
-    ) -> Result<Vec<f32>, ForwardError> {
-        self.forward_cpu_with(input, n, h, w, &mut Workspace::default())
+    pub fn forward_cpu(&self, input: &Tensor) -> Result<Tensor> {
+        self.forward_cpu_with(input, &mut Workspace::default())
     }
 
     /// As [`FoldedResNet::forward_cpu`], reusing `ws`'s buffers (keep one per caller between
     /// calls: the second call then allocates nothing).
-    pub fn forward_cpu_with(
-        &self,
-        input: &[f32],
-        n: usize,
-        h: usize,
-        w: usize,
-        ws: &mut Workspace,
-    ) -> Result<Vec<f32>, ForwardError> {
-        let want = n * 3 * h * w;
-        if input.len() != want {
-            return Err(ForwardError::InputLength {
-                got: input.len(),
-                want,
-                n,
-                h,
-                w,
-            });
-        }
-        if h < 32 || w < 32 {
-            return Err(ForwardError::TooSmall { h, w });
-        }
+    pub fn forward_cpu_with(&self, input: &Tensor, ws: &mut Workspace) -> Result<Tensor> {
+        let (n, h, w) = check_images(input)?;
         // the stem's output, the largest activation
         let per_image = h.div_ceil(2) * w.div_ceil(2) * 64 * 4;
         let pass = (FRONT_PASS_BYTES / per_image).max(1);
-        Ok(self.forward_in_passes(input, (n, h, w), pass, ws))
+        let logits = self.forward_in_passes(&input.f32_values()?, (n, h, w), pass, ws);
+        Ok(Tensor::from_f32(&[n, self.num_classes], logits)?)
     }
 
     /// `forward_cpu_with` on checked arguments, the first two stages `pass` images at a time
@@ -495,15 +439,12 @@ impl FoldedResNet {
                     c: part.c,
                     data: ws.take(n * part.h * part.w * part.c),
                 });
-                let dst = SharedRows::new(&mut whole.data[at..at + part.data.len()], 4096);
                 let src = &part.data[..];
-                parallel_ranges(src.len().div_ceil(4096), &|pieces| {
-                    for i in pieces {
-                        let from = &src[i * 4096..src.len().min((i + 1) * 4096)];
-                        // SAFETY: each piece index is handed to exactly one range.
-                        unsafe { dst.row(i) }.copy_from_slice(from);
-                    }
-                });
+                parallel_rows(
+                    &mut whole.data[at..at + part.data.len()],
+                    4096,
+                    &|i, dst| dst.copy_from_slice(&src[i * 4096..][..dst.len()]),
+                );
                 ws.give(part.data);
             }
             whole.expect("n > pass >= 1, so at least one pass")
@@ -525,11 +466,8 @@ impl FoldedResNet {
     ) -> Act {
         // NCHW -> NHWC, by image rows
         let mut data = ws.take(n * 3 * h * w);
-        let out = SharedRows::new(&mut data, w * 3);
-        parallel_ranges(n * h, &|rows| {
-            for row in rows {
-                // SAFETY: each row index is handed to exactly one range.
-                let out = unsafe { out.row(row) };
+        parallel_rows(&mut data, w * 3, &|row, out| {
+            {
                 let (img, y) = (row / h, row % h);
                 for ch in 0..3 {
                     let src = &input[((img * 3 + ch) * h + y) * w..][..w];
@@ -616,11 +554,8 @@ impl FoldedResNet {
         let f = x.c;
         let plane = x.h * x.w;
         let mut feats = ws.take(n * f);
-        let out = SharedRows::new(&mut feats, f);
-        parallel_ranges(n, &|images| {
-            for i in images {
-                // SAFETY: each image index is handed to exactly one range.
-                let out = unsafe { out.row(i) };
+        parallel_rows(&mut feats, f, &|i, out| {
+            {
                 let img = &x.data[i * plane * f..(i + 1) * plane * f];
                 for (c0, o) in (0..f).step_by(16).zip(out.chunks_mut(16)) {
                     let mut acc = [0f64; 16];
@@ -654,273 +589,4 @@ impl FoldedResNet {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::weights::seeded_init;
-
-    /// Plain float64 ResNet (basic blocks: ResNet-18/34) with unfolded batch norm: the
-    /// independent reference.
-    fn reference_forward(
-        dict: &StateDict,
-        input: &[f32],
-        n: usize,
-        h: usize,
-        w: usize,
-    ) -> Vec<f64> {
-        let get = |k: &str| -> Vec<f64> {
-            dict.get(k)
-                .unwrap()
-                .data
-                .iter()
-                .map(|&v| f64::from(v))
-                .collect()
-        };
-        let shape_of = |k: &str| dict.get(k).unwrap().shape.clone();
-        // activations as (c, h, w, data) per image, NCHW
-        struct T {
-            c: usize,
-            h: usize,
-            w: usize,
-            d: Vec<f64>,
-        }
-        let conv = |x: &T, name: &str, stride: usize, pad: usize| -> T {
-            let wt = get(&format!("{name}.weight"));
-            let s = shape_of(&format!("{name}.weight"));
-            let (k, c, r) = (s[0], s[1], s[2]);
-            let p = (x.h + 2 * pad - r) / stride + 1;
-            let q = (x.w + 2 * pad - r) / stride + 1;
-            let mut d = vec![0f64; k * p * q];
-            for o in 0..k {
-                for i in 0..p {
-                    for j in 0..q {
-                        let mut acc = 0.0;
-                        for ci in 0..c {
-                            for a in 0..r {
-                                for b in 0..r {
-                                    let y = (i * stride + a) as isize - pad as isize;
-                                    let z = (j * stride + b) as isize - pad as isize;
-                                    if y >= 0 && z >= 0 && (y as usize) < x.h && (z as usize) < x.w
-                                    {
-                                        acc += wt[((o * c + ci) * r + a) * r + b]
-                                            * x.d[(ci * x.h + y as usize) * x.w + z as usize];
-                                    }
-                                }
-                            }
-                        }
-                        d[(o * p + i) * q + j] = acc;
-                    }
-                }
-            }
-            T {
-                c: k,
-                h: p,
-                w: q,
-                d,
-            }
-        };
-        let bn = |x: &mut T, name: &str, relu: bool| {
-            let (g, b, m, v) = (
-                get(&format!("{name}.weight")),
-                get(&format!("{name}.bias")),
-                get(&format!("{name}.running_mean")),
-                get(&format!("{name}.running_var")),
-            );
-            let plane = x.h * x.w;
-            for ch in 0..x.c {
-                for e in &mut x.d[ch * plane..(ch + 1) * plane] {
-                    let y = (*e - m[ch]) / (v[ch] + f64::from(BN_EPS)).sqrt() * g[ch] + b[ch];
-                    *e = if relu { y.max(0.0) } else { y };
-                }
-            }
-        };
-        let mut logits = Vec::new();
-        for img in 0..n {
-            let mut x = T {
-                c: 3,
-                h,
-                w,
-                d: input[img * 3 * h * w..(img + 1) * 3 * h * w]
-                    .iter()
-                    .map(|&v| f64::from(v))
-                    .collect(),
-            };
-            x = conv(&x, "conv1", 2, 3);
-            bn(&mut x, "bn1", true);
-            // max pool 3x3/2 pad 1
-            let (p, q) = ((x.h - 1) / 2 + 1, (x.w - 1) / 2 + 1);
-            let mut d = vec![f64::NEG_INFINITY; x.c * p * q];
-            for ch in 0..x.c {
-                for i in 0..p {
-                    for j in 0..q {
-                        for a in 0..3 {
-                            for b in 0..3 {
-                                let y = (2 * i + a) as isize - 1;
-                                let z = (2 * j + b) as isize - 1;
-                                if y >= 0 && z >= 0 && (y as usize) < x.h && (z as usize) < x.w {
-                                    let v = x.d[(ch * x.h + y as usize) * x.w + z as usize];
-                                    let o = &mut d[(ch * p + i) * q + j];
-                                    *o = o.max(v);
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            x = T {
-                c: x.c,
-                h: p,
-                w: q,
-                d,
-            };
-            for (stage, &nb) in dict.model.blocks().iter().enumerate() {
-                for b in 0..nb {
-                    let pre = format!("layer{}.{b}", stage + 1);
-                    let stride = if b == 0 && stage > 0 { 2 } else { 1 };
-                    let identity = if dict.get(&format!("{pre}.downsample.0.weight")).is_some() {
-                        let mut t = conv(&x, &format!("{pre}.downsample.0"), stride, 0);
-                        bn(&mut t, &format!("{pre}.downsample.1"), false);
-                        t
-                    } else {
-                        T {
-                            c: x.c,
-                            h: x.h,
-                            w: x.w,
-                            d: x.d.clone(),
-                        }
-                    };
-                    let mut y = conv(&x, &format!("{pre}.conv1"), stride, 1);
-                    bn(&mut y, &format!("{pre}.bn1"), true);
-                    y = conv(&y, &format!("{pre}.conv2"), 1, 1);
-                    bn(&mut y, &format!("{pre}.bn2"), false);
-                    for (e, i) in y.d.iter_mut().zip(&identity.d) {
-                        *e = (*e + i).max(0.0);
-                    }
-                    x = y;
-                }
-            }
-            let plane = (x.h * x.w) as f64;
-            let feats: Vec<f64> =
-                x.d.chunks(x.h * x.w)
-                    .map(|c| c.iter().sum::<f64>() / plane)
-                    .collect();
-            let (fw, fb) = (get("fc.weight"), get("fc.bias"));
-            for k in 0..dict.num_classes {
-                logits.push(fb[k] + (0..x.c).map(|f| fw[k * x.c + f] * feats[f]).sum::<f64>());
-            }
-        }
-        logits
-    }
-
-    fn input(n: usize, h: usize, w: usize, seed: u64) -> Vec<f32> {
-        gpukit_tensor::random::uniform_f32(n * 3 * h * w, seed)
-    }
-
-    #[test]
-    fn folded_cpu_forward_matches_an_unfolded_float64_reference() {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(7);
-        let dict = seeded_init(ResNet::R18, 10, seed, true);
-        let model = fold(&dict).unwrap();
-        let (n, h, w) = (2, 40, 36);
-        let x = input(n, h, w, seed ^ 0xABCD);
-        let got = model.forward_cpu(&x, n, h, w).unwrap();
-        let want = reference_forward(&dict, &x, n, h, w);
-        let num: f64 = got
-            .iter()
-            .zip(&want)
-            .map(|(g, r)| (f64::from(*g) - r).powi(2))
-            .sum();
-        let den: f64 = want.iter().map(|r| r * r).sum();
-        let rel = (num / den).sqrt();
-        assert!(rel < 1e-4, "relative error {rel} (seed {seed})");
-    }
-
-    #[test]
-    fn resnet50_runs_and_bad_inputs_are_errors() {
-        let model = fold(&seeded_init(ResNet::R50, 1000, 3, false)).unwrap();
-        assert_eq!(model.blocks.len(), 16);
-        assert!(model.blocks[0].downsample.is_some() && model.blocks[1].downsample.is_none());
-        assert_eq!(
-            model.blocks[3].convs[1].stride, 2,
-            "v1.5: stride on the 3x3"
-        );
-        let x = input(1, 64, 64, 9);
-        let logits = model.forward_cpu(&x, 1, 64, 64).unwrap();
-        assert_eq!(logits.len(), 1000);
-        assert!(logits.iter().all(|v| v.is_finite()));
-        assert!(matches!(
-            model.forward_cpu(&x[1..], 1, 64, 64),
-            Err(ForwardError::InputLength { .. })
-        ));
-        assert!(matches!(
-            model.forward_cpu(&x[..3 * 16 * 16], 1, 16, 16),
-            Err(ForwardError::TooSmall { .. })
-        ));
-    }
-
-    /// Concurrent passes (sharing the packed weights and the CPU thread team) give exactly
-    /// the logits of a lone pass; a clone repacks and agrees too.
-    #[test]
-    fn concurrent_forward_passes_agree() {
-        let model = fold(&seeded_init(ResNet::R18, 10, 5, true)).unwrap();
-        let (n, h, w) = (3, 40, 44);
-        let x = input(n, h, w, 11);
-        let alone = model.forward_cpu(&x, n, h, w).unwrap();
-        std::thread::scope(|scope| {
-            let runs: Vec<_> = (0..3)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut ws = Workspace::default();
-                        (0..3)
-                            .map(|_| model.forward_cpu_with(&x, n, h, w, &mut ws).unwrap())
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            for run in runs {
-                for logits in run.join().unwrap() {
-                    assert_eq!(logits, alone);
-                }
-            }
-        });
-        let copy = model.clone();
-        assert_eq!(copy, model);
-        assert_eq!(format!("{:?}", copy.cpu_pack), "CpuPack { built: false }");
-        assert_eq!(copy.forward_cpu(&x, n, h, w).unwrap(), alone);
-    }
-
-    /// Running the first stages a few images at a time changes nothing (to the bit with the
-    /// AVX-512 kernel, whose tiles never mix pixels' sums; gemm may block sums by batch size).
-    #[test]
-    fn passes_over_the_first_stages_give_the_same_logits() {
-        for (model, (n, h, w)) in [(ResNet::R18, (5, 40, 36)), (ResNet::R50, (3, 64, 48))] {
-            let model = fold(&seeded_init(model, 10, 21, true)).unwrap();
-            let x = input(n, h, w, 13);
-            let mut ws = Workspace::default();
-            let whole = model.forward_in_passes(&x, (n, h, w), n, &mut ws);
-            for pass in [1, 2, n - 1] {
-                let parts = model.forward_in_passes(&x, (n, h, w), pass, &mut ws);
-                let worst = parts
-                    .iter()
-                    .zip(&whole)
-                    .map(|(a, b)| (a - b).abs() / b.abs().max(1e-3))
-                    .fold(0f32, f32::max);
-                assert!(
-                    worst < 1e-5,
-                    "{:?} in passes of {pass}: {worst:e}",
-                    model.model
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn fold_reports_a_missing_key() {
-        let mut dict = seeded_init(ResNet::R18, 10, 1, false);
-        dict.params.remove("layer2.0.bn1.running_var");
-        let e = fold(&dict).unwrap_err();
-        assert!(e.0.contains("layer2.0.bn1.running_var"), "{e}");
-    }
-}
+mod tests;

@@ -1,7 +1,10 @@
 //! gpukit's models: the ResNet family as torchvision defines it (block layout, state-dict names
-//! and counts), its weights (safetensors, checked key by key, or a seeded initialisation), and
-//! CPU inference with batch norm folded, the reference for the GPU strategies to come.
+//! and counts), its weights (safetensors, checked key by key, or a seeded initialisation), CPU
+//! inference with batch norm folded (the reference), gpukit's GPU inference engine, ONNX export
+//! and ONNX Runtime as a peer.
+#![forbid(unsafe_code)]
 
+pub mod error;
 pub mod forward;
 pub mod gpu;
 pub mod onnx;
@@ -10,4 +13,5 @@ pub mod plan;
 pub mod resnet;
 pub mod weights;
 
+pub use error::{Error, Result};
 pub use resnet::{ResNet, UnknownModel};

@@ -5,10 +5,12 @@
 
 use gpukit_cuda::loader::Discovery;
 use gpukit_models::forward::{fold, FoldedResNet};
-use gpukit_models::gpu::{EngineError, GpuContext, GpuWeights, Precision, Session};
+use gpukit_models::gpu::{GpuContext, GpuWeights, Session, ENGINE_DTYPES};
+use gpukit_models::Error as EngineError;
 use gpukit_models::weights::seeded_init;
 use gpukit_models::ResNet;
 use gpukit_tensor::random::{fresh_seed, uniform_f32};
+use gpukit_tensor::{DType, Layout, Tensor};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::OnceLock;
 
@@ -18,23 +20,31 @@ fn context() -> Result<GpuContext, Failed> {
     GpuContext::open(DISCOVERY.get().ok_or("no discovery")?, 0).map_err(|e| e.to_string().into())
 }
 
-/// max |got - want| / max |want|; infinite when anything is not finite or lengths differ.
-fn rel(got: &[f32], want: &[f32]) -> f64 {
+/// `n` random RGB images of `h x w`.
+fn images(n: usize, h: usize, w: usize, seed: u64) -> Result<Tensor, Failed> {
+    Ok(Tensor::from_f32(&[n, 3, h, w], uniform_f32(n * 3 * h * w, seed))?)
+}
+
+/// max |got - want| / max |want|; infinite when anything is not finite or shapes differ.
+fn rel(got: &Tensor, want: &Tensor) -> f64 {
+    let (Ok(got), Ok(want)) = (got.to_vec_f32(), want.to_vec_f32()) else {
+        return f64::INFINITY;
+    };
     if got.len() != want.len() || got.iter().any(|v| !v.is_finite()) {
         return f64::INFINITY;
     }
     let scale = want.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
-    let diff = got.iter().zip(want).fold(0f64, |m, (a, b)| {
+    let diff = got.iter().zip(&want).fold(0f64, |m, (a, b)| {
         m.max((f64::from(*a) - f64::from(*b)).abs())
     });
     diff / scale.max(f64::MIN_POSITIVE)
 }
 
-fn tolerance(p: Precision) -> f64 {
-    match p {
-        Precision::F32 => 1e-4,
-        Precision::Tf32 | Precision::F16 => 2e-2,
-        Precision::Bf16 => 6e-2,
+fn tolerance(d: DType) -> f64 {
+    match d {
+        DType::F32 => 1e-4,
+        DType::Tf32 | DType::F16 => 2e-2,
+        _ => 6e-2,
     }
 }
 
@@ -51,14 +61,14 @@ fn every_strategy_matches_cpu() -> Result<(), Failed> {
     let seed = fresh_seed();
     let folded = model(ResNet::R18, 10, seed)?;
     for (n, h, w) in [(3, 64, 64), (2, 67, 45)] {
-        let x = uniform_f32(n * 3 * h * w, seed ^ 0x55);
-        let x2 = uniform_f32(n * 3 * h * w, seed ^ 0xaa);
-        let want = folded.forward_cpu(&x, n, h, w)?;
-        let want2 = folded.forward_cpu(&x2, n, h, w)?;
-        for p in Precision::ALL {
-            for nhwc in [false, true] {
-                let what = format!("{} nhwc={nhwc} {n}x{h}x{w} seed {seed}", p.name());
-                let weights = GpuWeights::upload(&ctx, &folded, p, nhwc)?;
+        let x = images(n, h, w, seed ^ 0x55)?;
+        let x2 = images(n, h, w, seed ^ 0xaa)?;
+        let want = folded.forward_cpu(&x)?;
+        let want2 = folded.forward_cpu(&x2)?;
+        for p in ENGINE_DTYPES {
+            for layout in Layout::ALL {
+                let what = format!("{p} {layout} {n}x{h}x{w} seed {seed}");
+                let weights = GpuWeights::upload(&ctx, &folded, p, layout)?;
                 let mut s = Session::new(&ctx, &weights, n, h, w, true)?;
                 let got = s.run(&x)?;
                 let e = rel(&got, &want);
@@ -91,15 +101,15 @@ fn resnet50_fp32_matches_cpu_at_224() -> Result<(), Failed> {
     let seed = fresh_seed();
     let folded = model(ResNet::R50, 1000, seed)?;
     let (n, h, w) = (2, 224, 224);
-    let x = uniform_f32(n * 3 * h * w, seed);
-    let want = folded.forward_cpu(&x, n, h, w)?;
-    for nhwc in [false, true] {
-        let weights = GpuWeights::upload(&ctx, &folded, Precision::F32, nhwc)?;
-        let s = Session::new(&ctx, &weights, n, h, w, true)?;
+    let x = images(n, h, w, seed)?;
+    let want = folded.forward_cpu(&x)?;
+    for layout in Layout::ALL {
+        let weights = GpuWeights::upload(&ctx, &folded, DType::F32, layout)?;
+        let mut s = Session::new(&ctx, &weights, n, h, w, true)?;
         let e = rel(&s.run(&x)?, &want);
-        eprintln!("resnet50 fp32 nhwc={nhwc}: rel {e:.2e}");
+        eprintln!("resnet50 fp32 {layout}: rel {e:.2e}");
         if e > 1e-4 {
-            return Err(format!("ResNet-50 fp32 nhwc={nhwc}: rel error {e:.3e} > 1e-4").into());
+            return Err(format!("ResNet-50 fp32 {layout}: rel error {e:.3e} > 1e-4").into());
         }
     }
     Ok(())
@@ -110,11 +120,11 @@ fn memory_plan_saves_memory_and_changes_nothing() -> Result<(), Failed> {
     let seed = fresh_seed();
     let folded = model(ResNet::R50, 1000, seed)?;
     let (n, h, w) = (4, 224, 224);
-    let x = uniform_f32(n * 3 * h * w, seed);
+    let x = images(n, h, w, seed)?;
     // f32: two sessions may measure different algorithms fastest, which in f16 changes the
     // rounding; in f32 only the summation order differs
-    let weights = GpuWeights::upload(&ctx, &folded, Precision::F32, true)?;
-    let planned = Session::new(&ctx, &weights, n, h, w, true)?;
+    let weights = GpuWeights::upload(&ctx, &folded, DType::F32, Layout::Nhwc)?;
+    let mut planned = Session::new(&ctx, &weights, n, h, w, true)?;
     // blocks write over their shortcut unless the planning-time check found an engine that
     // cannot (then the note says why and the plan keeps them apart)
     match (&planned.in_place_note, planned.memory.in_place) {
@@ -128,7 +138,7 @@ fn memory_plan_saves_memory_and_changes_nothing() -> Result<(), Failed> {
         planned.memory.arena_bytes_without_plan,
     );
     drop(planned);
-    let unplanned = Session::new(&ctx, &weights, n, h, w, false)?;
+    let mut unplanned = Session::new(&ctx, &weights, n, h, w, false)?;
     let b = unplanned.run(&x)?;
     eprintln!("arena {with} bytes with the plan, {without} without");
     if with * 2 > without {
@@ -150,7 +160,7 @@ fn memory_plan_saves_memory_and_changes_nothing() -> Result<(), Failed> {
 fn out_of_memory_is_a_typed_error() -> Result<(), Failed> {
     let ctx = context()?;
     let folded = model(ResNet::R18, 10, 1)?;
-    let weights = GpuWeights::upload(&ctx, &folded, Precision::F32, false)?;
+    let weights = GpuWeights::upload(&ctx, &folded, DType::F32, Layout::Nchw)?;
     match Session::new(&ctx, &weights, 1_000_000, 224, 224, true) {
         Err(EngineError::OutOfMemory {
             requested_mib,

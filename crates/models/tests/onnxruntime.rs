@@ -19,17 +19,11 @@ fn exported_model_matches_cpu_forward() -> Result<(), Failed> {
     {
         let folded = fold(&seed_dict(model, classes, seed))?;
         let mut ort = OrtModel::new(&lib, &export_resnet(&folded), 2)?;
-        let mut s = seed | 1;
-        let x: Vec<f32> = (0..n * 3 * h * w)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect();
+        let x = gpukit_tensor::random::uniform_f32(n * 3 * h * w, seed);
         let got = ort.run(&x, n, h, w)?;
-        let want = folded.forward_cpu(&x, n, h, w)?;
+        let want = folded
+            .forward_cpu(&gpukit_tensor::Tensor::from_f32(&[n, 3, h, w], x)?)?
+            .to_vec_f32()?;
         let num: f64 = got
             .iter()
             .zip(&want)

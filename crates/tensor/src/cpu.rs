@@ -9,7 +9,9 @@
 //! The inference engine's convolution, [`conv2d_nhwc_packed`], goes further: weights packed
 //! once, NHWC activations read in place, an AVX-512 micro-kernel with bias, residual and ReLU
 //! fused, and a spinning thread team (see the sections below).
+#![allow(unsafe_code)]
 
+use gpukit_types::{ConvShape, Layout};
 use gemm::Parallelism;
 use half::f16;
 use rayon::prelude::*;
@@ -327,102 +329,6 @@ pub fn matmul_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usize, k: us
 /// If `a.len() != m * k`, `b.len() != k * n` or `c.len() != m * n`.
 pub fn matmul_f16(a: &[f16], b: &[f16], c: &mut [f16], m: usize, n: usize, k: usize) {
     matmul(a, b, c, (m, n, k), f16::ONE);
-}
-
-/// Memory layout of a 4-D activation tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Layout {
-    /// Batch, channels, height, width (PyTorch's default).
-    Nchw,
-    /// Batch, height, width, channels (channels-last, what tensor cores prefer).
-    Nhwc,
-}
-
-/// A 2-D convolution's shape (no dilation, no groups).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ConvShape {
-    /// Batch size.
-    pub n: usize,
-    /// Input channels.
-    pub c: usize,
-    /// Input height.
-    pub h: usize,
-    /// Input width.
-    pub w: usize,
-    /// Output channels (filters).
-    pub k: usize,
-    /// Filter height.
-    pub r: usize,
-    /// Filter width.
-    pub s: usize,
-    /// Step in both directions.
-    pub stride: usize,
-    /// Zero padding on all four sides.
-    pub pad: usize,
-}
-
-/// Output extent along one axis; 0 when the shape is degenerate (stride 0, or a filter larger
-/// than the padded input) so that such shapes yield an empty output instead of a panic.
-fn out_dim(len: usize, kernel: usize, stride: usize, pad: usize) -> usize {
-    if stride == 0 {
-        return 0;
-    }
-    len.saturating_add(pad.saturating_mul(2))
-        .checked_sub(kernel)
-        .map_or(0, |span| span / stride + 1)
-}
-
-/// Product that saturates, so absurd shapes make the length asserts fail rather than wrap.
-fn product(factors: &[usize]) -> usize {
-    factors.iter().fold(1, |acc, &f| acc.saturating_mul(f))
-}
-
-impl ConvShape {
-    /// Output height P (0 for degenerate shapes).
-    pub fn out_h(&self) -> usize {
-        out_dim(self.h, self.r, self.stride, self.pad)
-    }
-
-    /// Output width Q (0 for degenerate shapes).
-    pub fn out_w(&self) -> usize {
-        out_dim(self.w, self.s, self.stride, self.pad)
-    }
-
-    /// 2 * N * K * P * Q * C * R * S: multiply-adds counted as two, padding included, as
-    /// cuDNN and PyTorch benchmarks count them.
-    pub fn flops(&self) -> f64 {
-        [
-            self.n,
-            self.k,
-            self.out_h(),
-            self.out_w(),
-            self.c,
-            self.r,
-            self.s,
-        ]
-        .iter()
-        .fold(2.0, |acc, &f| acc * f as f64)
-    }
-
-    /// Elements in the input tensor, N * C * H * W.
-    pub fn input_len(&self) -> usize {
-        product(&[self.n, self.c, self.h, self.w])
-    }
-
-    /// Elements in the weight tensor, K * C * R * S.
-    pub fn weight_len(&self) -> usize {
-        product(&[self.k, self.c, self.r, self.s])
-    }
-
-    /// Elements in the output tensor, N * K * P * Q.
-    pub fn output_len(&self) -> usize {
-        product(&[self.n, self.k, self.out_h(), self.out_w()])
-    }
-
-    /// 1x1, stride 1, no padding: the input image already is the gemm operand.
-    fn is_pointwise(&self) -> bool {
-        self.r == 1 && self.s == 1 && self.stride == 1 && self.pad == 0
-    }
 }
 
 /// Output indices `o < count` whose input coordinate `o * stride + offset - pad` lies in
@@ -933,7 +839,7 @@ impl PackedConv {
     pub fn new((k, c, r, s): (usize, usize, usize, usize), weight: &[f32], bias: &[f32]) -> Self {
         assert_eq!(
             weight.len(),
-            product(&[k, c, r, s]),
+            k.saturating_mul(c).saturating_mul(r).saturating_mul(s),
             "PackedConv: weight length"
         );
         assert!(
@@ -1003,6 +909,20 @@ struct Tile {
     offset: usize,
 }
 
+/// Whether the packed convolutions run on the AVX-512 kernel (else im2col + gemm); see
+/// `GPUKIT_CPU_KERNEL`.
+pub fn uses_avx512_kernel() -> bool {
+    Kernel::best() == Kernel::Avx512
+}
+
+/// How the packed convolutions are computed in this process, in words for reports.
+pub fn conv_kernel_name() -> &'static str {
+    match Kernel::best() {
+        Kernel::Avx512 => "packed AVX-512 kernel",
+        Kernel::Gemm => "im2col + gemm",
+    }
+}
+
 /// How the tiles are computed; the fastest way this CPU supports unless a test asks otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kernel {
@@ -1015,12 +935,18 @@ enum Kernel {
 }
 
 impl Kernel {
+    /// The AVX-512 kernel where the CPU has it, unless `GPUKIT_CPU_KERNEL=gemm` asks for the
+    /// portable path (so one machine can test both; CI runs the suite both ways).
     fn best() -> Kernel {
-        if Kernel::Avx512.available() {
-            Kernel::Avx512
-        } else {
-            Kernel::Gemm
-        }
+        static BEST: OnceLock<Kernel> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            let forced = std::env::var("GPUKIT_CPU_KERNEL").is_ok_and(|v| v == "gemm");
+            if Kernel::Avx512.available() && !forced {
+                Kernel::Avx512
+            } else {
+                Kernel::Gemm
+            }
+        })
     }
 
     /// Whether this CPU can run the kernel.
@@ -2157,6 +2083,26 @@ pub fn parallel_ranges(count: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)
     let parts = threads().min(count).max(1);
     run_parts(parts, &|i, parts| {
         f(count * i / parts..count * (i + 1) / parts)
+    });
+}
+
+/// Calls `f(row_index, row)` for every `row_len`-element row of `buf` (the last row may be
+/// shorter), the rows split over the team in contiguous ranges as [`parallel_ranges`] splits
+/// them: each call gets its own row, so callers write in parallel with no unsafe code.
+pub fn parallel_rows(buf: &mut [f32], row_len: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+    let row_len = row_len.max(1);
+    let len = buf.len();
+    let rows = len.div_ceil(row_len);
+    let out = SharedOut(buf.as_mut_ptr());
+    parallel_ranges(rows, &|range| {
+        for i in range {
+            let start = i * row_len;
+            let n = row_len.min(len - start);
+            // SAFETY: every row index is handed to exactly one range, rows are disjoint and
+            // inside `buf`, whose exclusive borrow outlives the parallel section.
+            let row = unsafe { std::slice::from_raw_parts_mut(out.get().add(start), n) };
+            f(i, row);
+        }
     });
 }
 

@@ -1,13 +1,24 @@
-//! gpukit's tensors: where data lives ([`Device`]), what it is ([`DType`]), the CPU ops
-//! (matrix multiply, convolution) that every GPU path is checked against, and the random inputs
-//! benchmarks and tests use.
+//! gpukit's tensors: where data lives ([`Device`]), what it is ([`DType`]), how it is laid out
+//! ([`Layout`]), the [`Tensor`] the engines take and give, the codec between values and a
+//! dtype's bytes, the CPU kernels (matrix multiply, convolution) every GPU path is checked
+//! against, and the random inputs benchmarks and tests use.
+//!
+//! Unsafe code is allowed only in [`cpu`], the CPU kernels' module (SIMD and split outputs
+//! written by several threads); everything else here is safe Rust.
+#![deny(unsafe_code)]
 
+pub mod codec;
 pub mod cpu;
-pub mod device;
-pub mod dtype;
+pub mod error;
+mod ops;
 pub mod random;
+mod storage;
 pub mod tensor;
 
-pub use device::{Device, DeviceSelection, ParseDeviceError};
-pub use dtype::{DType, ParseDTypeError};
-pub use tensor::{check_same_device, Devices, Tensor, TensorError};
+pub use error::{check_same_device, Error, Result};
+pub use gpukit_types::{
+    ConvShape, DType, Device, DeviceSelection, ErrorKind, HasKind, Layout, ParseDTypeError,
+    ParseDeviceError, ParseLayoutError,
+};
+pub use storage::Devices;
+pub use tensor::Tensor;

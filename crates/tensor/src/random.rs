@@ -2,47 +2,41 @@
 //! in parallel, never zeros (zeros hide unwritten outputs and run faster than real data on some
 //! chips).
 
+//!
+//! Each chunk of the output draws from its own stream of one ChaCha8 generator (the seed picks
+//! the generator, the chunk's index its stream), so the values depend on the seed alone, not on
+//! how many threads drew them.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal, Uniform};
 use rayon::prelude::*;
 
-/// A seed that differs between runs (time and process id), so every run checks new inputs.
+/// A seed that differs between runs (drawn from the operating system's generator), so every run
+/// checks new inputs.
 pub fn fresh_seed() -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0x5EED);
-    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    splitmix(t ^ (u64::from(std::process::id()) << 32) ^ n.wrapping_mul(0x9E37_79B9))
-}
-
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    rand::rng().random()
 }
 
 const CHUNK: usize = 1 << 16;
 
-/// One step of xorshift64* (fast, and plenty for benchmark inputs): advances `s`, returns 64
-/// random bits.
-fn next_bits(s: &mut u64) -> u64 {
-    *s ^= *s >> 12;
-    *s ^= *s << 25;
-    *s ^= *s >> 27;
-    s.wrapping_mul(0x2545_F491_4F6C_DD1D)
+/// Fills `out` chunk by chunk, each chunk from its own stream of the seed's generator.
+fn fill<T: Send>(out: &mut [T], seed: u64, draw: impl Fn(&mut ChaCha8Rng) -> T + Sync) {
+    out.par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(i, chunk)| {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            rng.set_stream(i as u64);
+            for x in chunk {
+                *x = draw(&mut rng);
+            }
+        });
 }
 
 /// Fills `out` with uniform values in [-1, 1); the same seed gives the same values.
 pub fn fill_uniform_f32(out: &mut [f32], seed: u64) {
-    out.par_chunks_mut(CHUNK)
-        .enumerate()
-        .for_each(|(i, chunk)| {
-            let mut s = splitmix(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407)) | 1;
-            for x in chunk {
-                *x = ((next_bits(&mut s) >> 40) as f32) * (2.0 / (1u64 << 24) as f32) - 1.0;
-            }
-        });
+    let d = Uniform::new(-1.0f32, 1.0).expect("a finite, non-empty range");
+    fill(out, seed, |r| d.sample(r));
 }
 
 /// `n` uniform values in [-1, 1).
@@ -52,34 +46,16 @@ pub fn uniform_f32(n: usize, seed: u64) -> Vec<f32> {
     v
 }
 
-/// Fills `out` with standard normal values (mean 0, deviation 1, as `torch.randn` draws),
-/// by Box-Muller on the same generator; the same seed gives the same values.
+/// Fills `out` with standard normal values (mean 0, deviation 1, as `torch.randn` draws); the
+/// same seed gives the same values.
 pub fn fill_normal_f32(out: &mut [f32], seed: u64) {
-    fill_normal(out, seed, |x| x as f32);
+    fill(out, seed, |r| StandardNormal.sample(r));
 }
 
 /// `fill_normal_f32` at full f64 precision (all 53 bits of the mantissa random), so an f64
 /// benchmark multiplies real f64 data, not f32 values widened.
 pub fn fill_normal_f64(out: &mut [f64], seed: u64) {
-    fill_normal(out, seed, |x| x);
-}
-
-fn fill_normal<T: Send>(out: &mut [T], seed: u64, cast: impl Fn(f64) -> T + Sync) {
-    out.par_chunks_mut(CHUNK)
-        .enumerate()
-        .for_each(|(i, chunk)| {
-            let mut s = splitmix(seed ^ (i as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93)) | 1;
-            // 53 bits in (0, 1]: ln never sees 0
-            let mut next = || ((next_bits(&mut s) >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
-            for pair in chunk.chunks_mut(2) {
-                let r = (-2.0 * next().ln()).sqrt();
-                let t = std::f64::consts::TAU * next();
-                pair[0] = cast(r * t.cos());
-                if let Some(x) = pair.get_mut(1) {
-                    *x = cast(r * t.sin());
-                }
-            }
-        });
+    fill(out, seed, |r| StandardNormal.sample(r));
 }
 
 /// `n` standard normal values.
@@ -98,26 +74,20 @@ pub fn normal_f64(n: usize, seed: u64) -> Vec<f64> {
 
 /// `n` uniform values in [-1, 1) at full f64 precision.
 pub fn uniform_f64(n: usize, seed: u64) -> Vec<f64> {
+    let d = Uniform::new(-1.0f64, 1.0).expect("a finite, non-empty range");
     let mut v = vec![0f64; n];
-    v.par_chunks_mut(CHUNK).enumerate().for_each(|(i, chunk)| {
-        let mut s = splitmix(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407)) | 1;
-        for x in chunk {
-            *x = ((next_bits(&mut s) >> 11) as f64) * (2.0 / (1u64 << 53) as f64) - 1.0;
-        }
-    });
+    fill(&mut v, seed, |r| d.sample(r));
     v
 }
 
 /// Random bytes (for copy benchmarks).
 pub fn fill_bytes(out: &mut [u8], seed: u64) {
-    out.par_chunks_mut(CHUNK * 4)
+    out.par_chunks_mut(CHUNK * 8)
         .enumerate()
         .for_each(|(i, chunk)| {
-            let mut s = splitmix(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407)) | 1;
-            for word in chunk.chunks_mut(8) {
-                let r = next_bits(&mut s).to_ne_bytes();
-                word.copy_from_slice(&r[..word.len()]);
-            }
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            rng.set_stream(i as u64);
+            rng.fill(chunk);
         });
 }
 

@@ -5,7 +5,7 @@
 
 use gpukit_cuda::loader::Discovery;
 use gpukit_tensor::random::{fresh_seed, uniform_f32};
-use gpukit_tensor::{DType, Device, Devices, Tensor, TensorError};
+use gpukit_tensor::{DType, Device, Devices, Error as TensorError, Layout, Tensor};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::OnceLock;
 
@@ -37,7 +37,7 @@ fn round_trip_is_byte_exact() -> Result<(), Failed> {
         let cpu = Tensor::from_f32_as(&shape, &x, dtype)?;
         let gpu = cpu.to(CUDA0, &devices)?;
         expect(
-            gpu.device() == CUDA0 && gpu.device_buffer().is_some() && gpu.gpu().is_some(),
+            gpu.device() == CUDA0 && gpu.device_view().is_ok() && gpu.gpu().is_some(),
             || format!("{dtype}: on {}, not cuda:0", gpu.device()),
         )?;
         let back = gpu.to(Device::Cpu, &devices)?;
@@ -211,6 +211,38 @@ fn between_gpus() -> Result<(), Failed> {
     }
 }
 
+/// The engines' view of an arena: tensors over ranges of one shared device buffer, written from
+/// CPU tensors (in either layout) and read back, and a range past the buffer refused.
+fn tensors_in_a_shared_buffer() -> Result<(), Failed> {
+    let devices = devices()?;
+    let gpu = devices.gpu(0)?;
+    let arena = std::sync::Arc::new(gpu.alloc(1 << 16).map_err(|e| e.to_string())?);
+    let (n, c, h, w) = (2, 3, 4, 5);
+    let x = uniform_f32(n * c * h * w, fresh_seed());
+    let cpu = Tensor::from_f32(&[n, c, h, w], x.clone())?;
+    let mut nchw = Tensor::in_buffer(&gpu, &arena, 0, &[n, c, h, w], DType::F32, Layout::Nchw)?;
+    let mut nhwc =
+        Tensor::in_buffer(&gpu, &arena, 4096, &[n, c, h, w], DType::F32, Layout::Nhwc)?;
+    nchw.write(&cpu)?;
+    nhwc.write(&cpu)?;
+    expect(nchw.to_vec_f32()? == x, || "NCHW view round trip".into())?;
+    expect(nhwc.to_vec_f32()? == x, || "NHWC view round trip".into())?;
+    // the NHWC view's memory is channels-last: the same bytes as the CPU's to_nhwc
+    let raw = Tensor::in_buffer(&gpu, &arena, 4096, &[n * c * h * w], DType::F32, Layout::Nchw)?;
+    expect(
+        raw.to_bytes()? == cpu.to_nhwc()?.host_storage().unwrap_or_default(),
+        || "NHWC view is not channels-last in memory".into(),
+    )?;
+    expect(
+        nchw.device_view().map(|v| v.bytes()).ok() == Some(n * c * h * w * 4),
+        || "device view size".into(),
+    )?;
+    match Tensor::in_buffer(&gpu, &arena, 1 << 16, &[1], DType::F32, Layout::Nchw) {
+        Err(TensorError::ViewPastBuffer { .. }) => Ok(()),
+        other => Err(format!("a view past the arena: got {other:?}").into()),
+    }
+}
+
 fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
@@ -228,6 +260,7 @@ fn main() {
             ops_on_two_gpu_tensors_match_the_cpu,
         ),
         ("gpu::between_gpus", between_gpus),
+        ("gpu::tensors_in_a_shared_buffer", tensors_in_a_shared_buffer),
     ];
     let trials = tests
         .into_iter()

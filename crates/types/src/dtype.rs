@@ -1,15 +1,17 @@
 //! Element types. `Tf32` is a compute mode of f32 storage on tensor cores, listed because users
-//! choose it like a dtype.
+//! choose it like a dtype: its storage is f32 ([`DType::storage`]).
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
+/// What one element is, and for `Tf32` how products of it are computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
     F64,
     F32,
+    /// f32 storage, products on TF32 tensor cores with f32 accumulation.
     Tf32,
     F16,
     Bf16,
@@ -27,6 +29,15 @@ impl DType {
         }
     }
 
+    /// The type the elements are stored as (`Tf32` is stored as `F32`).
+    pub fn storage(self) -> DType {
+        match self {
+            DType::Tf32 => DType::F32,
+            d => d,
+        }
+    }
+
+    /// `f64`, `f32`, `tf32`, `f16`, `bf16`: how tables and JSON name it.
     pub fn name(self) -> &'static str {
         match self {
             DType::F64 => "f64",
@@ -34,6 +45,35 @@ impl DType {
             DType::Tf32 => "tf32",
             DType::F16 => "f16",
             DType::Bf16 => "bf16",
+        }
+    }
+
+    /// `fp64`, `fp32`, `tf32`, `fp16`, `bf16`: how inference strategies name it (PyTorch's
+    /// tutorials say "fp16").
+    pub fn precision_name(self) -> &'static str {
+        match self {
+            DType::F64 => "fp64",
+            DType::F32 => "fp32",
+            DType::Tf32 => "tf32",
+            DType::F16 => "fp16",
+            DType::Bf16 => "bf16",
+        }
+    }
+
+    /// Whether products of this type run on tensor cores (f32 and f64 stay on the CUDA cores
+    /// in gpukit: f32 is the reference and f64 the float64 check).
+    pub fn uses_tensor_cores(self) -> bool {
+        matches!(self, DType::Tf32 | DType::F16 | DType::Bf16)
+    }
+
+    /// The largest finite value the storage type holds (f16: 65504).
+    pub fn max_finite(self) -> f64 {
+        match self.storage() {
+            DType::F64 => f64::MAX,
+            DType::F16 => 65504.0,
+            // bf16 keeps f32's exponent: its largest finite value is (2 - 2^-7) * 2^127
+            DType::Bf16 => 3.3895313892515355e38,
+            _ => f64::from(f32::MAX),
         }
     }
 }
@@ -83,7 +123,20 @@ mod tests {
             .contains("int8"));
         for d in DType::ALL {
             assert_eq!(d.name().parse(), Ok(d));
+            assert_eq!(d.precision_name().parse(), Ok(d));
         }
         assert_eq!(DType::Bf16.size_bytes(), 2);
+    }
+
+    #[test]
+    fn storage_and_ranges() {
+        assert_eq!(DType::Tf32.storage(), DType::F32);
+        assert_eq!(DType::Tf32.size_bytes(), DType::F32.size_bytes());
+        assert_eq!(DType::F16.max_finite(), 65504.0);
+        assert_eq!(DType::Tf32.max_finite(), f64::from(f32::MAX));
+        // bf16's largest finite value is f32's largest with the low 16 bits dropped
+        let bf16_max = f32::from_bits(0x7f7f_0000);
+        assert_eq!(DType::Bf16.max_finite(), f64::from(bf16_max));
+        assert!(DType::F16.uses_tensor_cores() && !DType::F32.uses_tensor_cores());
     }
 }

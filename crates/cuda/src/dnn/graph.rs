@@ -5,11 +5,13 @@
 //! the fastest kept. This reaches the engines (runtime-fused and Hopper-specific kernels) that
 //! the legacy `cudnnConvolutionBiasActivationForward` does not.
 //!
-//! To use: [`Dnn::plan_graph`] once per convolution and set of buffers, then
-//! [`Dnn::graph_forward`] (enqueues only; capturable in a CUDA graph).
+//! To use: [`Dnn::plan_graph`] once per convolution and set of buffers (the selection policy in
+//! `select` does), then [`Dnn::graph_forward`] (enqueues only; capturable in a CUDA graph).
 
-use crate::dnn::{ConvDims, ConvType, Dnn, DnnError};
-use crate::mem::View;
+use super::{ok, Conv, Dnn};
+use crate::error::{Error, Result};
+use crate::memory::View;
+use gpukit_types::Layout;
 use cudarc::cudnn::sys as dn;
 use dn::cudnnBackendAttributeName_t as A;
 use dn::cudnnBackendAttributeType_t as T;
@@ -28,16 +30,8 @@ impl Drop for Desc {
     }
 }
 
-fn ok(call: &'static str, status: dn::cudnnStatus_t) -> Result<(), DnnError> {
-    if status == dn::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
-        Ok(())
-    } else {
-        Err(DnnError::Status { call, status })
-    }
-}
-
 impl Desc {
-    fn new(ty: D) -> Result<Desc, DnnError> {
+    fn new(ty: D) -> Result<Desc> {
         let mut d = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
         ok("cudnnBackendCreateDescriptor", unsafe {
@@ -47,7 +41,7 @@ impl Desc {
     }
 
     /// Sets an attribute to `values` (`T` must be the C type that `ty` names).
-    fn set<V>(&self, name: A, ty: T, values: &[V]) -> Result<&Self, DnnError> {
+    fn set<V>(&self, name: A, ty: T, values: &[V]) -> Result<&Self> {
         // SAFETY: `values` is a live slice of the element type `ty` names (each caller pairs
         // them); cuDNN copies the values before returning.
         ok("cudnnBackendSetAttribute", unsafe {
@@ -62,12 +56,12 @@ impl Desc {
         Ok(self)
     }
 
-    fn set_desc(&self, name: A, other: &[&Desc]) -> Result<&Self, DnnError> {
+    fn set_desc(&self, name: A, other: &[&Desc]) -> Result<&Self> {
         let raw: Vec<dn::cudnnBackendDescriptor_t> = other.iter().map(|d| d.0).collect();
         self.set(name, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, &raw)
     }
 
-    fn finalize(&self) -> Result<(), DnnError> {
+    fn finalize(&self) -> Result<()> {
         // SAFETY: a live descriptor with its required attributes set.
         ok("cudnnBackendFinalize", unsafe {
             dn::cudnnBackendFinalize(self.0)
@@ -91,12 +85,14 @@ pub struct GraphConv {
     pub has_bias: bool,
     /// The winning configuration's rank in cuDNN's heuristic list.
     pub rank: usize,
-    /// Which engine configuration (heuristic rank) won, out of how many that finalized.
+    /// Which engine won (cuDNN's global engine index and heuristic rank), out of how many
+    /// that finalized.
     pub choice: String,
-    /// Median device time of the chosen configuration when planned (ms).
+    /// Whether cuDNN notes that the engine runs on tensor cores (None: it did not say).
+    pub tensor_cores: Option<bool>,
+    /// Median device time of the chosen configuration when planned (ms; 0 for a cached one).
     pub ms: f64,
-    pub dims: ConvDims,
-    pub ty: ConvType,
+    pub conv: Conv,
 }
 
 const UID_X: i64 = 1;
@@ -120,7 +116,7 @@ fn heuristic_configs(
     graph: &Desc,
     mode: dn::cudnnBackendHeurMode_t,
     limit: usize,
-) -> Result<(Vec<Desc>, Desc), DnnError> {
+) -> Result<(Vec<Desc>, Desc)> {
     let heur = Desc::new(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
     heur.set_desc(A::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[graph])?
         .set(
@@ -167,16 +163,11 @@ fn heuristic_configs(
 fn tensor(
     uid: i64,
     dims: [usize; 4],
-    nhwc: bool,
+    layout: Layout,
     dt: dn::cudnnDataType_t,
     is_virtual: bool,
-) -> Result<Desc, DnnError> {
-    let [_, c, h, w] = dims.map(|v| v as i64);
-    let strides: [i64; 4] = if nhwc {
-        [h * w * c, 1, w * c, c]
-    } else {
-        [c * h * w, h * w, w, 1]
-    };
+) -> Result<Desc> {
+    let strides = layout.strides(dims).map(|v| v as i64);
     let d = Desc::new(D::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
     d.set(
         A::CUDNN_ATTR_TENSOR_DATA_TYPE,
@@ -204,7 +195,7 @@ fn tensor(
     Ok(d)
 }
 
-fn pointwise(mode: dn::cudnnPointwiseMode_t) -> Result<Desc, DnnError> {
+fn pointwise(mode: dn::cudnnPointwiseMode_t) -> Result<Desc> {
     let d = Desc::new(D::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
     d.set(
         A::CUDNN_ATTR_POINTWISE_MODE,
@@ -220,7 +211,7 @@ fn pointwise(mode: dn::cudnnPointwiseMode_t) -> Result<Desc, DnnError> {
     Ok(d)
 }
 
-fn pointwise_op(pw: &Desc, x: &Desc, b: Option<&Desc>, y: &Desc) -> Result<Desc, DnnError> {
+fn pointwise_op(pw: &Desc, x: &Desc, b: Option<&Desc>, y: &Desc) -> Result<Desc> {
     let d = Desc::new(D::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)?;
     d.set_desc(A::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &[pw])?
         .set_desc(A::CUDNN_ATTR_OPERATION_POINTWISE_XDESC, &[x])?
@@ -232,40 +223,66 @@ fn pointwise_op(pw: &Desc, x: &Desc, b: Option<&Desc>, y: &Desc) -> Result<Desc,
     Ok(d)
 }
 
-fn data_type(ty: ConvType) -> dn::cudnnDataType_t {
-    match ty {
-        ConvType::F32 | ConvType::Tf32 => dn::cudnnDataType_t::CUDNN_DATA_FLOAT,
-        ConvType::F16 => dn::cudnnDataType_t::CUDNN_DATA_HALF,
-        ConvType::Bf16 => dn::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
-    }
+/// cuDNN's global index of the engine behind an engine configuration, and whether its
+/// numerical notes say it runs on tensor cores.
+fn engine_facts(cfg: &Desc) -> Result<(i64, Option<bool>)> {
+    let engine = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
+    let mut n = 0i64;
+    let mut raw = engine.0;
+    // SAFETY: one descriptor, created above, for cuDNN to fill with the configuration's engine.
+    ok("cudnnBackendGetAttribute", unsafe {
+        dn::cudnnBackendGetAttribute(
+            cfg.0,
+            A::CUDNN_ATTR_ENGINECFG_ENGINE,
+            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            1,
+            &mut n,
+            &mut raw as *mut dn::cudnnBackendDescriptor_t as *mut c_void,
+        )
+    })?;
+    let mut index = -1i64;
+    // SAFETY: one INT64 into a local.
+    ok("cudnnBackendGetAttribute", unsafe {
+        dn::cudnnBackendGetAttribute(
+            engine.0,
+            A::CUDNN_ATTR_ENGINE_GLOBAL_INDEX,
+            T::CUDNN_TYPE_INT64,
+            1,
+            &mut n,
+            &mut index as *mut i64 as *mut c_void,
+        )
+    })?;
+    let mut notes = [dn::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_TYPE_COUNT; 16];
+    let mut count = 0i64;
+    // SAFETY: an array of 16 notes; cuDNN writes at most that many and says how many.
+    let read = ok("cudnnBackendGetAttribute", unsafe {
+        dn::cudnnBackendGetAttribute(
+            engine.0,
+            A::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+            T::CUDNN_TYPE_NUMERICAL_NOTE,
+            notes.len() as i64,
+            &mut count,
+            notes.as_mut_ptr() as *mut c_void,
+        )
+    });
+    let tensor_cores = read.ok().map(|()| {
+        notes[..count.clamp(0, notes.len() as i64) as usize]
+            .contains(&dn::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_TENSOR_CORE)
+    });
+    Ok((index, tensor_cores))
 }
 
 impl Dnn {
-    /// Builds the operation graph `y = relu(conv(x, w) + bias [+ z])`, finalizes up to
-    /// [`GRAPH_TRIALS`] of the heuristic's engine configurations, times each on these buffers
-    /// and keeps the fastest. Not for [`ConvType::F32`] (the backend's float engines may use
-    /// TF32 tensor cores; f32 stays on the legacy API, which can forbid them).
+    /// Builds the operation graph `y = relu(conv(x, w) + bias [+ z])` (or, without bias,
+    /// residual and ReLU, the bare convolution), finalizes up to [`GRAPH_TRIALS`] of the
+    /// heuristic's engine configurations, times each on these buffers and keeps the fastest;
+    /// with `only` set, builds only that heuristic rank (a choice measured before). Not for
+    /// strict f32 (the backend's float engines may use TF32 tensor cores; f32 stays on the
+    /// legacy API, which can forbid them).
     #[allow(clippy::too_many_arguments)]
-    pub fn plan_graph(
+    pub(super) fn plan_graph(
         &self,
-        dims: ConvDims,
-        ty: ConvType,
-        x: View<'_>,
-        w: View<'_>,
-        bias: View<'_>,
-        z: Option<View<'_>>,
-        y: View<'_>,
-    ) -> Result<GraphConv, DnnError> {
-        self.plan_graph_ranked(dims, ty, x, w, Some(bias), z, true, y, None)
-    }
-
-    /// As [`Dnn::plan_graph`]; with `only` set, builds only that heuristic rank (a choice
-    /// measured before).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn plan_graph_ranked(
-        &self,
-        dims: ConvDims,
-        ty: ConvType,
+        conv: Conv,
         x: View<'_>,
         w: View<'_>,
         bias: Option<View<'_>>,
@@ -273,54 +290,54 @@ impl Dnn {
         relu: bool,
         y: View<'_>,
         only: Option<usize>,
-    ) -> Result<GraphConv, DnnError> {
-        if ty == ConvType::F32 {
-            return Err(DnnError::NoAlgorithm(
-                "strict f32 stays on the legacy API".into(),
-            ));
+    ) -> Result<GraphConv> {
+        if !conv.dtype.uses_tensor_cores() {
+            return Err(Error::NoAlgorithm(format!(
+                "{} stays on the legacy API",
+                conv.dtype
+            )));
         }
-        let e = ty.elem_bytes();
-        let (p, q) = dims.out_hw();
-        x.require(dims.n * dims.c * dims.h * dims.w * e, "graph conv input")?;
-        w.require(dims.k * dims.c * dims.r * dims.s * e, "graph conv filter")?;
+        conv.check(x, w, y)?;
+        let sh = conv.shape;
+        let e = conv.dtype.size_bytes();
         if let Some(bias) = bias {
-            bias.require(dims.k * e, "graph conv bias")?;
+            bias.require(sh.k * e, "graph conv bias")?;
         }
-        y.require(dims.n * dims.k * p * q * e, "graph conv output")?;
         if let Some(z) = z {
-            z.require(dims.n * dims.k * p * q * e, "graph conv residual")?;
+            z.require(conv.output_bytes(), "graph conv residual")?;
         }
-        let dt = data_type(ty);
+        let dt = conv.data_type()?;
         let f32t = dn::cudnnDataType_t::CUDNN_DATA_FLOAT;
-        let nhwc = dims.nhwc;
-        let out = [dims.n, dims.k, p, q];
-        let tx = tensor(UID_X, [dims.n, dims.c, dims.h, dims.w], nhwc, dt, false)?;
-        let tw = tensor(UID_W, [dims.k, dims.c, dims.r, dims.s], nhwc, dt, false)?;
+        let layout = conv.layout;
+        let (p, q) = sh.out_hw();
+        let out = [sh.n, sh.k, p, q];
+        let tx = tensor(UID_X, [sh.n, sh.c, sh.h, sh.w], layout, dt, false)?;
+        let tw = tensor(UID_W, [sh.k, sh.c, sh.r, sh.s], layout, dt, false)?;
         // the epilogue in order: +bias, +residual, ReLU; the conv's own output is a virtual f32
         // tensor unless nothing follows it
         let epilogue = usize::from(bias.is_some()) + usize::from(z.is_some()) + usize::from(relu);
-        let ty_out = tensor(UID_Y, out, nhwc, dt, false)?;
+        let ty_out = tensor(UID_Y, out, layout, dt, false)?;
         let tconv = if epilogue == 0 {
             None
         } else {
-            Some(tensor(UID_CONV, out, nhwc, f32t, true)?)
+            Some(tensor(UID_CONV, out, layout, f32t, true)?)
         };
         let tb = match bias {
-            Some(_) => Some(tensor(UID_B, [1, dims.k, 1, 1], nhwc, dt, false)?),
+            Some(_) => Some(tensor(UID_B, [1, sh.k, 1, 1], layout, dt, false)?),
             None => None,
         };
         let tz = match z {
-            Some(_) => Some(tensor(UID_Z, out, nhwc, dt, false)?),
+            Some(_) => Some(tensor(UID_Z, out, layout, dt, false)?),
             None => None,
         };
         let mut virtuals = Vec::new();
         for i in 0..epilogue.saturating_sub(1) {
-            virtuals.push(tensor(UID_BIASED + i as i64, out, nhwc, f32t, true)?);
+            virtuals.push(tensor(UID_BIASED + i as i64, out, layout, f32t, true)?);
         }
 
-        let conv = Desc::new(D::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
+        let desc = Desc::new(D::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
         let two = |v: usize| [v as i64, v as i64];
-        conv.set(
+        desc.set(
             A::CUDNN_ATTR_CONVOLUTION_COMP_TYPE,
             T::CUDNN_TYPE_DATA_TYPE,
             &[f32t],
@@ -343,19 +360,19 @@ impl Dnn {
         .set(
             A::CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES,
             T::CUDNN_TYPE_INT64,
-            &two(dims.stride),
+            &two(sh.stride),
         )?
         .set(
             A::CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS,
             T::CUDNN_TYPE_INT64,
-            &two(dims.pad),
+            &two(sh.pad),
         )?
         .set(
             A::CUDNN_ATTR_CONVOLUTION_POST_PADDINGS,
             T::CUDNN_TYPE_INT64,
-            &two(dims.pad),
+            &two(sh.pad),
         )?;
-        conv.finalize()?;
+        desc.finalize()?;
 
         let conv_op = Desc::new(D::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)?;
         conv_op
@@ -367,7 +384,7 @@ impl Dnn {
             )?
             .set_desc(
                 A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
-                &[&conv],
+                &[&desc],
             )?
             .set(
                 A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
@@ -418,15 +435,14 @@ impl Dnn {
         let (mut configs, heur_a) = heuristic_configs(
             &graph,
             dn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A,
-            if nhwc {
-                GRAPH_TRIALS
-            } else {
-                GRAPH_TRIALS_NCHW
+            match layout {
+                Layout::Nhwc => GRAPH_TRIALS,
+                Layout::Nchw => GRAPH_TRIALS_NCHW,
             },
         )?;
         let count = configs.len();
         let mut heurs = vec![heur_a];
-        if !nhwc {
+        if layout == Layout::Nchw {
             let (fallback, heur_f) = heuristic_configs(
                 &graph,
                 dn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_FALLBACK,
@@ -436,7 +452,7 @@ impl Dnn {
             heurs.push(heur_f);
         }
         let wsb = self.planning_workspace()?;
-        let planning = View::of(&wsb, self.stream());
+        let planning = wsb.view();
         let mut best: Option<(f64, usize, Desc, usize)> = None;
         let mut finalized = 0;
         for (rank, cfg) in configs.iter().enumerate() {
@@ -481,9 +497,9 @@ impl Dnn {
                 has_bias: bias.is_some(),
                 rank,
                 choice: String::new(),
+                tensor_cores: None,
                 ms: 0.0,
-                dims,
-                ty,
+                conv,
             };
             let timed =
                 self.candidate_ms(|| self.graph_forward(&candidate, x, w, bias, z, y, planning));
@@ -493,13 +509,18 @@ impl Dnn {
             }
         }
         let (ms, rank, plan, ws) = best.ok_or_else(|| {
-            DnnError::NoAlgorithm(format!(
-                "{dims:?} {ty:?}: no engine of the backend API runs the fused graph \
+            Error::NoAlgorithm(format!(
+                "{conv:?}: no engine of the backend API runs the graph \
                  ({count} suggested, {finalized} finalized)"
             ))
         })?;
+        let (engine, tensor_cores) = configs
+            .get(rank)
+            .map(engine_facts)
+            .transpose()?
+            .unwrap_or((-1, None));
         let mut built_from = configs;
-        built_from.extend([tx, tw, ty_out, conv, add, relu_pw, graph]);
+        built_from.extend([tx, tw, ty_out, desc, add, relu_pw, graph]);
         built_from.extend(heurs);
         built_from.extend(tconv);
         built_from.extend(tb);
@@ -515,12 +536,12 @@ impl Dnn {
             has_bias: bias.is_some(),
             rank,
             choice: match only {
-                Some(_) => format!("graph engine #{rank} (measured before)"),
-                None => format!("graph engine #{rank} of {finalized}"),
+                Some(_) => format!("backend engine {engine} (rank {rank}, measured before)"),
+                None => format!("backend engine {engine} (rank {rank} of {finalized})"),
             },
+            tensor_cores,
             ms,
-            dims,
-            ty,
+            conv,
         })
     }
 
@@ -536,14 +557,10 @@ impl Dnn {
         z: Option<View<'_>>,
         y: View<'_>,
         ws: View<'_>,
-    ) -> Result<(), DnnError> {
+    ) -> Result<()> {
         ws.require(conv.workspace_bytes, "graph conv workspace")?;
-        let d = conv.dims;
-        let e = conv.ty.elem_bytes();
-        let (p, q) = d.out_hw();
-        x.require(d.n * d.c * d.h * d.w * e, "graph conv input")?;
-        w.require(d.k * d.c * d.r * d.s * e, "graph conv filter")?;
-        y.require(d.n * d.k * p * q * e, "graph conv output")?;
+        let c = conv.conv;
+        c.check(x, w, y)?;
         let mut uids = vec![UID_X, UID_W, UID_Y];
         let mut ptrs: Vec<*mut c_void> = vec![
             x.addr() as *mut c_void,
@@ -552,26 +569,26 @@ impl Dnn {
         ];
         match (conv.has_bias, bias) {
             (true, Some(b)) => {
-                b.require(d.k * e, "graph conv bias")?;
+                b.require(c.shape.k * c.dtype.size_bytes(), "graph conv bias")?;
                 uids.push(UID_B);
                 ptrs.push(b.addr() as *mut c_void);
             }
             (false, None) => {}
             _ => {
-                return Err(DnnError::NoAlgorithm(
+                return Err(Error::Invalid(
                     "bias given to a graph planned without one (or missing)".into(),
                 ))
             }
         }
         match (conv.residual, z) {
             (true, Some(z)) => {
-                z.require(d.n * d.k * p * q * e, "graph conv residual")?;
+                z.require(c.output_bytes(), "graph conv residual")?;
                 uids.push(UID_Z);
                 ptrs.push(z.addr() as *mut c_void);
             }
             (false, None) => {}
             _ => {
-                return Err(DnnError::NoAlgorithm(
+                return Err(Error::Invalid(
                     "residual given to a graph planned without one (or missing)".into(),
                 ))
             }
@@ -600,7 +617,7 @@ impl Dnn {
             packs.insert(key.clone(), pack);
         }
         let Some(pack) = packs.get(&key) else {
-            return Err(DnnError::NoAlgorithm("variant pack missing".into()));
+            return Err(Error::Invalid("variant pack missing".into()));
         };
         // SAFETY: the plan was finalized for these shapes; every pointer is checked device
         // memory of the planned size; the workspace holds what the plan asked for (checked at

@@ -1,0 +1,183 @@
+//! The selection policy: how each convolution runs, decided by measurement in one place for the
+//! inference engine and `bench conv` alike. Every candidate (cuDNN's fastest legacy algorithms,
+//! the backend API's engine configurations, and for the fused form the bare convolution
+//! followed by an epilogue kernel) is timed the same way on the real buffers
+//! ([`Dnn::candidate_ms`]), and the fastest is kept and remembered on disk.
+
+use super::cache::{Choice, Key, Op};
+use super::legacy::{ConvPlan, FusedConv};
+use super::{Conv, ConvChoice, Dnn, Epilogue, CONV_WORKSPACE_BYTES};
+use crate::error::{Error, Result};
+use crate::memory::View;
+
+impl Dnn {
+    fn key(&self, conv: Conv, op: Op, allow_graph: bool) -> Key {
+        Key {
+            conv,
+            op,
+            legacy_only: !allow_graph,
+            workspace_limit: (self.workspace_limit() < CONV_WORKSPACE_BYTES)
+                .then_some(self.workspace_limit()),
+        }
+    }
+
+    fn remember(&self, key: Key, choice: &ConvChoice) {
+        let value = match choice {
+            ConvChoice::Fused(f) => Choice::legacy(f.conv.row()),
+            ConvChoice::Plain(p) => Choice::legacy(p.row()),
+            ConvChoice::Graph(g) => Choice::Graph { rank: g.rank },
+            ConvChoice::Split(_) => Choice::Split,
+        };
+        self.choices.borrow_mut().put(key, value);
+    }
+
+    /// Gives `plan` the cached algorithm of `choice`; None when it no longer fits the
+    /// workspace (or the cache names an algorithm this cuDNN lacks).
+    fn use_cached(&self, plan: &mut ConvPlan, choice: &Choice) -> Option<()> {
+        let row = choice.legacy_row()?;
+        plan.apply(row).ok()?;
+        let row = self.workspace_for(plan, row).ok()?;
+        plan.apply(row).ok()
+    }
+
+    /// Chooses how the bare convolution `y = conv(x, w)` runs: cuDNN's fastest legacy
+    /// algorithm or (when `allow_graph` and the dtype runs on tensor cores) a backend engine,
+    /// each timed the same way; measured once per convolution and kept on disk.
+    pub fn plan_plain_best(
+        &self,
+        conv: Conv,
+        x: View<'_>,
+        w: View<'_>,
+        y: View<'_>,
+        allow_graph: bool,
+    ) -> Result<ConvChoice> {
+        conv.check(x, w, y)?;
+        let key = self.key(conv, Op::Plain, allow_graph);
+        let cached = self.choices.borrow().get(&key);
+        match &cached {
+            Some(c @ Choice::Legacy { .. }) => {
+                let mut plan = ConvPlan::describe(conv)?;
+                if self.use_cached(&mut plan, c).is_some() {
+                    return Ok(ConvChoice::Plain(plan));
+                }
+            }
+            Some(Choice::Graph { rank }) if allow_graph => {
+                if let Ok(g) = self.plan_graph(conv, x, w, None, None, false, y, Some(*rank)) {
+                    return Ok(ConvChoice::Graph(g));
+                }
+            }
+            _ => {}
+        }
+        let legacy = self.plan_legacy(conv, x, w, y)?;
+        // timed like the graph candidates (cuDNN's own figure comes from another method)
+        let wsb = self.planning_workspace()?;
+        let ws = wsb.view();
+        let legacy_ms = self.candidate_ms(|| self.conv_forward(&legacy, x, w, y, ws))?;
+        let graph = if allow_graph && conv.dtype.uses_tensor_cores() {
+            self.plan_graph(conv, x, w, None, None, false, y, None).ok()
+        } else {
+            None
+        };
+        let choice = match graph {
+            Some(g) if g.ms < legacy_ms => ConvChoice::Graph(g),
+            _ => ConvChoice::Plain(legacy),
+        };
+        self.remember(key, &choice);
+        Ok(choice)
+    }
+
+    /// Chooses how `y = relu(conv(x, w) + bias [+ z])` runs: the legacy fused call or (when
+    /// `allow_graph` and the dtype runs on tensor cores) a backend-API graph, whichever
+    /// measured faster; measured once per convolution and kept on disk.
+    ///
+    /// With `split`, the bare convolution followed by that epilogue is a candidate too (not
+    /// when `z` is `y` itself: the bare convolution would overwrite the residual first).
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan_fused_best(
+        &self,
+        conv: Conv,
+        x: View<'_>,
+        w: View<'_>,
+        bias: View<'_>,
+        z: Option<View<'_>>,
+        y: View<'_>,
+        allow_graph: bool,
+        split: Option<Epilogue<'_>>,
+    ) -> Result<ConvChoice> {
+        conv.check(x, w, y)?;
+        let split = split.filter(|_| z.is_none_or(|z| !z.same_start(&y)));
+        let key = self.key(
+            conv,
+            Op::Fused {
+                residual: z.is_some(),
+            },
+            allow_graph,
+        );
+        let cached = self.choices.borrow().get(&key);
+        match &cached {
+            Some(c @ Choice::Legacy { .. }) => {
+                let mut fused = FusedConv::describe(conv, true)?;
+                if self.use_cached(&mut fused.conv, c).is_some() {
+                    return Ok(ConvChoice::Fused(fused));
+                }
+            }
+            Some(Choice::Graph { rank }) if allow_graph => {
+                let g = self.plan_graph(conv, x, w, Some(bias), z, true, y, Some(*rank));
+                if let Ok(g) = g {
+                    return Ok(ConvChoice::Graph(g));
+                }
+            }
+            Some(Choice::Split) if split.is_some() => {
+                if let Ok(bare) = self.plan_plain_best(conv, x, w, y, allow_graph) {
+                    return Ok(ConvChoice::Split(Box::new(bare)));
+                }
+            }
+            _ => {}
+        }
+        let legacy = self.plan_fused_legacy(conv, true, x, w, bias, z, y)?;
+        let graph = if allow_graph && conv.dtype.uses_tensor_cores() {
+            self.plan_graph(conv, x, w, Some(bias), z, true, y, None).ok()
+        } else {
+            None
+        };
+        let mut best_ms = legacy.conv.measured_ms().unwrap_or(f64::INFINITY);
+        let mut choice = ConvChoice::Fused(legacy);
+        if let Some(g) = graph {
+            if g.ms < best_ms {
+                best_ms = g.ms;
+                choice = ConvChoice::Graph(g);
+            }
+        }
+        if let Some(epilogue) = split {
+            // timed like the others: the bare convolution and the epilogue, back to back
+            let bare = self.plan_plain_best(conv, x, w, y, allow_graph)?;
+            let wsb = self.planning_workspace()?;
+            let ws = wsb.view();
+            let ms = self.candidate_ms(|| {
+                self.bare_forward(&bare, x, w, y, ws)?;
+                epilogue(y, bias, z)
+            });
+            if ms.is_ok_and(|ms| ms < best_ms) {
+                choice = ConvChoice::Split(Box::new(bare));
+            }
+        }
+        self.remember(key, &choice);
+        Ok(choice)
+    }
+
+    /// Runs a bare convolution choice (`Plain`, or a `Graph` planned without epilogue).
+    pub fn bare_forward(
+        &self,
+        choice: &ConvChoice,
+        x: View<'_>,
+        w: View<'_>,
+        y: View<'_>,
+        ws: View<'_>,
+    ) -> Result<()> {
+        match choice {
+            ConvChoice::Plain(p) => self.conv_forward(p, x, w, y, ws),
+            ConvChoice::Graph(g) => self.graph_forward(g, x, w, None, None, y, ws),
+            _ => Err(Error::Invalid("not a bare convolution choice".into())),
+        }
+    }
+}

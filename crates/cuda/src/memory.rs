@@ -1,0 +1,226 @@
+//! Device memory: owned buffers ([`DeviceBuffer`]), bounds-checked windows into them ([`View`])
+//! and the statistics of the stream-ordered memory pool every gpukit allocation comes from.
+//!
+//! To use: [`Gpu::alloc`] / [`Gpu::upload`] make a buffer; [`DeviceBuffer::view`] and
+//! [`View::sub`] hand an operation the bytes it works on (an inference engine keeps every
+//! activation in one arena and gives each operation a view of it); [`Gpu::upload_into`] and
+//! [`Gpu::download_from`] copy through views.
+//!
+//! Device memory is not Rust memory: two views may overlap and a kernel may write through a
+//! shared view. What the borrow guarantees is that the owning buffer outlives every view.
+
+use crate::driver::Gpu;
+use crate::error::{Error, Result};
+use cudarc::driver::{result, sys, CudaSlice, DevicePtr};
+use std::marker::PhantomData;
+
+/// Bytes of device memory owned by this value, freed (stream-ordered) on drop.
+pub struct DeviceBuffer {
+    slice: CudaSlice<u8>,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceBuffer({} bytes)", self.len())
+    }
+}
+
+impl DeviceBuffer {
+    pub(crate) fn new(slice: CudaSlice<u8>) -> DeviceBuffer {
+        DeviceBuffer { slice }
+    }
+
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slice.len() == 0
+    }
+
+    /// The whole buffer as a view.
+    pub fn view(&self) -> View<'_> {
+        View {
+            ptr: self.addr(),
+            bytes: self.len(),
+            _owner: PhantomData,
+        }
+    }
+
+    pub(crate) fn addr(&self) -> sys::CUdeviceptr {
+        // Event tracking is disabled on every gpukit context (driver::Gpu::open), so the guard
+        // returned beside the address records nothing and may be dropped at once.
+        let (ptr, _guard) = self.slice.device_ptr(self.slice.stream());
+        ptr
+    }
+}
+
+/// A range of device memory: `bytes` bytes from a device address, borrowed from the
+/// [`DeviceBuffer`] that owns them.
+#[derive(Clone, Copy, Debug)]
+pub struct View<'a> {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+    _owner: PhantomData<&'a DeviceBuffer>,
+}
+
+impl<'a> View<'a> {
+    /// `bytes` bytes from `offset`; an error when that runs past the end.
+    pub fn sub(&self, offset: usize, bytes: usize) -> Result<View<'a>> {
+        match offset.checked_add(bytes) {
+            Some(end) if end <= self.bytes => Ok(View {
+                ptr: self.ptr + offset as u64,
+                bytes,
+                _owner: PhantomData,
+            }),
+            _ => Err(Error::Invalid(format!(
+                "device view of {bytes} bytes at offset {offset} runs past a buffer of {} bytes",
+                self.bytes
+            ))),
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The device address (for FFI calls inside this crate).
+    pub(crate) fn addr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// Whether the two views share a byte.
+    pub fn overlaps(&self, other: &View<'_>) -> bool {
+        self.ptr < other.ptr + other.bytes as u64 && other.ptr < self.ptr + self.bytes as u64
+    }
+
+    /// Whether both views start at the same address.
+    pub fn same_start(&self, other: &View<'_>) -> bool {
+        self.ptr == other.ptr
+    }
+
+    /// An error unless the view holds at least `need` bytes (`what` names it in the message).
+    pub fn require(&self, need: usize, what: &str) -> Result<()> {
+        if self.bytes < need {
+            Err(Error::Invalid(format!(
+                "{what}: device buffer of {} bytes, needs {need}",
+                self.bytes
+            )))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Gpu {
+    /// A device buffer of `n` bytes, zeroed.
+    pub fn alloc(&self, n: usize) -> Result<DeviceBuffer> {
+        Ok(DeviceBuffer::new(self.stream().raw().alloc_zeros::<u8>(n)?))
+    }
+
+    /// Copies host bytes to a new device buffer (synchronously with respect to the host).
+    pub fn upload(&self, bytes: &[u8]) -> Result<DeviceBuffer> {
+        let d = self.stream().raw().clone_htod(bytes)?;
+        self.synchronize()?;
+        Ok(DeviceBuffer::new(d))
+    }
+
+    /// Copies a whole device buffer back to the host.
+    pub fn download(&self, d: &DeviceBuffer) -> Result<Vec<u8>> {
+        self.download_from(d.view(), d.len())
+    }
+
+    /// Copies `src` into the start of `dst` and waits for the copy.
+    pub fn upload_into(&self, dst: View<'_>, src: &[u8]) -> Result<()> {
+        dst.require(src.len(), "upload")?;
+        self.bind()?;
+        // SAFETY: the destination holds src.len() bytes (checked); the host slice lives until
+        // the synchronize below returns.
+        unsafe { result::memcpy_htod_async(dst.addr(), src, self.stream().cu()) }?;
+        self.synchronize()
+    }
+
+    /// Copies the first `len` bytes of `src` to the host.
+    pub fn download_from(&self, src: View<'_>, len: usize) -> Result<Vec<u8>> {
+        src.require(len, "download")?;
+        self.bind()?;
+        let mut out = vec![0u8; len];
+        // SAFETY: the source holds `len` bytes (checked); `out` lives until the synchronize.
+        unsafe { result::memcpy_dtoh_async(&mut out, src.addr(), self.stream().cu()) }?;
+        self.synchronize()?;
+        Ok(out)
+    }
+
+    /// Sets every byte of `dst` to `byte` and waits (poisoning outputs before a check).
+    pub fn fill(&self, dst: View<'_>, byte: u8) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the view's bytes are live device memory of this context.
+        unsafe { result::memset_d8_async(dst.addr(), byte, dst.bytes(), self.stream().cu()) }?;
+        self.synchronize()
+    }
+}
+
+/// The device's default stream-ordered memory pool: every gpukit device allocation comes from it
+/// (`cuMemAllocAsync`), so it is gpukit's caching allocator. "used" is what live buffers hold,
+/// "reserved" what the pool holds from the driver (used + cached), "high" the peak since the
+/// last [`Gpu::reset_pool_peaks`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PoolStats {
+    pub used: u64,
+    pub used_high: u64,
+    pub reserved: u64,
+    pub reserved_high: u64,
+}
+
+impl Gpu {
+    fn pool(&self) -> Result<sys::CUmemoryPool> {
+        self.bind()?;
+        // SAFETY: the context's own device.
+        Ok(unsafe { result::device::get_default_mem_pool(self.cu_device()) }?)
+    }
+
+    fn pool_attr(&self, attr: sys::CUmemPool_attribute) -> Result<u64> {
+        let pool = self.pool()?;
+        let mut v: u64 = 0;
+        // SAFETY: these attributes are cuuint64_t values; `v` is a live u64.
+        unsafe { result::mem_pool::get_attribute(pool, attr, &mut v as *mut u64 as *mut _) }?;
+        Ok(v)
+    }
+
+    /// The pool's figures now.
+    pub fn pool_stats(&self) -> Result<PoolStats> {
+        use sys::CUmemPool_attribute as A;
+        Ok(PoolStats {
+            used: self.pool_attr(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            used_high: self.pool_attr(A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+            reserved: self.pool_attr(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            reserved_high: self.pool_attr(A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+        })
+    }
+
+    /// Starts the peaks again from the current figures.
+    pub fn reset_pool_peaks(&self) -> Result<()> {
+        use sys::CUmemPool_attribute as A;
+        let pool = self.pool()?;
+        for attr in [
+            A::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+            A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+        ] {
+            let mut zero: u64 = 0;
+            // SAFETY: the high-water attributes may only be set to 0 (a cuuint64_t).
+            unsafe {
+                result::mem_pool::set_attribute(pool, attr, &mut zero as *mut u64 as *mut _)
+            }?;
+        }
+        Ok(())
+    }
+
+    /// `empty_cache`: waits for queued work, then hands every cached byte back to the driver.
+    pub fn empty_cache(&self) -> Result<()> {
+        self.synchronize()?;
+        let pool = self.pool()?;
+        // SAFETY: a live pool; trimming only releases memory no allocation holds.
+        unsafe { result::mem_pool::trim_to(pool, 0) }?;
+        Ok(())
+    }
+}

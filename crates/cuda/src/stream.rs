@@ -1,0 +1,77 @@
+//! Streams and CUDA graphs, as gpukit's own types: everything above this crate orders its work
+//! through a [`Stream`] and replays captured work through a [`Graph`], never through cudarc.
+//!
+//! To use: [`crate::driver::Gpu::stream`] is the device's work stream;
+//! [`crate::driver::Gpu::new_stream`] makes another (copies in both directions at once);
+//! [`crate::driver::Gpu::capture`] records what a closure enqueues as a [`Graph`].
+
+use crate::driver::Gpu;
+use crate::error::{Error, Result};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{sys, CudaGraph, CudaStream};
+use std::sync::Arc;
+
+/// A CUDA stream: work queued on it runs in order.
+#[derive(Clone)]
+pub struct Stream {
+    inner: Arc<CudaStream>,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Stream")
+    }
+}
+
+impl Stream {
+    pub(crate) fn new(inner: Arc<CudaStream>) -> Stream {
+        Stream { inner }
+    }
+
+    /// Waits until everything queued so far has run.
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.inner.synchronize()?)
+    }
+
+    pub(crate) fn raw(&self) -> &Arc<CudaStream> {
+        &self.inner
+    }
+
+    pub(crate) fn cu(&self) -> sys::CUstream {
+        self.inner.cu_stream()
+    }
+}
+
+/// Work captured once from a stream, replayed with one launch.
+pub struct Graph {
+    inner: CudaGraph,
+}
+
+impl Graph {
+    /// Enqueues the captured work on the stream it was captured from (no synchronisation).
+    pub fn launch(&self) -> Result<()> {
+        Ok(self.inner.launch()?)
+    }
+}
+
+impl Gpu {
+    /// Runs `enqueue` with the work stream in capture mode and returns what it queued as a
+    /// graph, uploaded and ready to launch. The capture is ended whatever `enqueue` returns, so
+    /// the stream stays usable after an error.
+    pub fn capture<E: From<Error>>(&self, enqueue: impl FnOnce() -> Result<(), E>) -> Result<Graph, E> {
+        let stream = self.stream().raw();
+        stream.synchronize().map_err(Error::from)?;
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(Error::from)?;
+        let enqueued = enqueue();
+        let ended = stream
+            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+        enqueued?;
+        let graph = ended
+            .map_err(Error::from)?
+            .ok_or_else(|| Error::Invalid("the captured graph is empty".into()))?;
+        graph.upload().map_err(Error::from)?;
+        Ok(Graph { inner: graph })
+    }
+}

@@ -1,0 +1,120 @@
+//! ResNet inference on the GPU: gpukit's own engine.
+//!
+//! - Batch norm is folded into the convolutions at load ([`crate::forward::fold`]); each
+//!   convolution runs as one cuDNN call with its bias, the residual add and the ReLU fused
+//!   where a fused engine is fastest. A projection shortcut's bias is added into the bias of the
+//!   convolution it joins, so the projection itself is a plain convolution.
+//! - How each convolution runs is chosen by measurement once per shape (cuDNN's selection
+//!   policy, shared with `bench conv`), when a batch size is prepared ([`Session`]).
+//! - Input conversion, max pooling and global average pooling are gpukit's NVRTC kernels; the
+//!   classifier is a cuBLAS f32 matmul plus a bias kernel.
+//! - Every activation is a [`Tensor`] over one arena laid out by a memory plan
+//!   ([`crate::plan`]) that reuses bytes whose contents are dead; the input batch and the
+//!   logits are never overwritten.
+//! - A forward pass is one stream of asynchronous calls with no host synchronisation, so it can
+//!   be captured once as a CUDA graph and replayed.
+//!
+//! The parts: [`strategy`] (named ways of running), `weights` (the model on the device),
+//! `lower` (the op list and memory plan of one batch size, no device needed) and `session`
+//! (one batch size prepared and run).
+//!
+//! To use: [`GpuContext::open`], [`GpuWeights::upload`] for a dtype and layout, then
+//! [`Session::new`] per batch size and [`Session::run`] (or [`Session::enqueue`] /
+//! [`Session::capture`] + [`Session::replay`] to time it).
+
+mod lower;
+mod session;
+pub mod strategy;
+mod weights;
+
+pub use lower::{arena_bytes, ConvLayer, NetShape};
+pub use session::{Session, SessionMemory};
+pub use strategy::{Strategy, ENGINE_DTYPES};
+pub use weights::GpuWeights;
+
+use crate::error::{Error, Result};
+use gpukit_cuda::blas::Blas;
+use gpukit_cuda::dnn::Dnn;
+use gpukit_cuda::kernels::Kernels;
+use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::{DeviceBuffer, Gpu};
+use std::sync::Arc;
+
+#[cfg(doc)]
+use gpukit_tensor::Tensor;
+
+fn mib(b: usize) -> f64 {
+    b as f64 / (1 << 20) as f64
+}
+
+/// The device and the libraries the engine uses on it, opened once.
+pub struct GpuContext {
+    pub gpu: Arc<Gpu>,
+    pub dnn: Dnn,
+    pub blas: Blas,
+    pub kernels: Kernels,
+    /// Most bytes of the memory pool the engine may use (None: what the device has).
+    pub limit: Option<u64>,
+}
+
+impl GpuContext {
+    pub fn open(discovery: &Discovery, ordinal: usize) -> Result<GpuContext> {
+        let gpu = Arc::new(Gpu::open(discovery, ordinal)?);
+        let dnn = Dnn::new(discovery, &gpu)?;
+        // one small GEMM per pass (the classifier): a 4 MiB workspace is plenty
+        let blas = Blas::with_workspace(discovery, &gpu, 4 << 20)?;
+        let kernels = Kernels::new(discovery, &gpu)?;
+        Ok(GpuContext {
+            gpu,
+            dnn,
+            blas,
+            kernels,
+            limit: None,
+        })
+    }
+
+    /// The out-of-memory error for `bytes` more, with the device's and the pool's figures.
+    fn out_of_memory(&self, bytes: usize, what: &str) -> Error {
+        let (free, total) = self.gpu.mem_info().unwrap_or((0, 0));
+        let reserved = self.gpu.pool_stats().map(|p| p.reserved).unwrap_or(0);
+        Error::OutOfMemory {
+            what: what.to_string(),
+            requested_mib: mib(bytes),
+            free_mib: mib(free as usize),
+            total_mib: mib(total as usize),
+            reserved_mib: mib(reserved as usize),
+            limit_mib: self.limit.map(|l| mib(l as usize)),
+        }
+    }
+
+    /// Allocates `bytes` and frees them at once: whether that much fits now.
+    pub fn try_alloc(&self, bytes: usize, what: &str) -> Result<()> {
+        let buf = self.alloc(bytes, what)?;
+        drop(buf);
+        self.gpu.synchronize()?;
+        Ok(())
+    }
+
+    /// An error when allocating `bytes` more would pass the memory limit.
+    pub fn check_limit(&self, bytes: usize, what: &str) -> Result<()> {
+        if let Some(limit) = self.limit {
+            let used = self.gpu.pool_stats()?.used;
+            if used.saturating_add(bytes as u64) > limit {
+                return Err(self.out_of_memory(bytes, what));
+            }
+        }
+        Ok(())
+    }
+
+    /// Allocates `bytes`, turning out-of-memory into [`Error::OutOfMemory`].
+    fn alloc(&self, bytes: usize, what: &str) -> Result<DeviceBuffer> {
+        self.check_limit(bytes, what)?;
+        self.gpu.alloc(bytes).map_err(|e| {
+            if e.is_out_of_memory() {
+                self.out_of_memory(bytes, what)
+            } else {
+                e.into()
+            }
+        })
+    }
+}

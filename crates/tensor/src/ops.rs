@@ -1,0 +1,224 @@
+//! Tensor operations: dtype and layout conversions, views, and the elementwise and matrix ops.
+//! Each returns a new tensor on the device of its operand(s); operands on two devices are an
+//! [`Error::DeviceMismatch`].
+
+use crate::codec::{encode_f32, encode_f64};
+use crate::error::{check_same_device, Error, Result};
+use crate::tensor::{contiguous_strides, nhwc_strides, numel_of, sizes};
+use crate::{DType, Tensor};
+
+impl Tensor {
+    /// This tensor stored as `dtype` on the same device, each value rounded once to nearest.
+    /// f32 <-> tf32 only relabels (tf32 is f32 storage). The result is contiguous.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype {
+            return Ok(self.clone());
+        }
+        if dtype.storage() == self.dtype.storage() {
+            return Ok(Tensor {
+                dtype,
+                ..self.clone()
+            });
+        }
+        sizes(&self.shape, dtype)?;
+        let bytes = encode_f64(&self.to_vec_f64()?, dtype);
+        self.alike(
+            bytes,
+            self.shape.clone(),
+            contiguous_strides(&self.shape),
+            dtype,
+        )
+    }
+
+    /// A contiguous (row-major) tensor with the same values: `self` when already contiguous,
+    /// else a copy on the same device.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        let bytes = self.to_bytes()?;
+        self.alike(
+            bytes,
+            self.shape.clone(),
+            contiguous_strides(&self.shape),
+            self.dtype,
+        )
+    }
+
+    /// A view with the dimensions reordered: dimension `i` of the result is `dims[i]` of `self`.
+    pub fn permute(&self, dims: &[usize]) -> Result<Tensor> {
+        let rank = self.rank();
+        let mut seen = vec![false; rank];
+        let valid = dims.len() == rank
+            && dims.iter().all(|&d| match seen.get_mut(d) {
+                Some(s) if !*s => {
+                    *s = true;
+                    true
+                }
+                _ => false,
+            });
+        if !valid {
+            return Err(Error::InvalidPermutation {
+                dims: dims.to_vec(),
+                rank,
+            });
+        }
+        let pick = |v: &[usize]| dims.iter().filter_map(|&d| v.get(d).copied()).collect();
+        Ok(Tensor {
+            shape: pick(&self.shape),
+            strides: pick(&self.strides),
+            ..self.clone()
+        })
+    }
+
+    /// A view with a new shape of the same number of elements; the tensor must be contiguous
+    /// (call [`Tensor::contiguous`] first otherwise).
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        let from_numel = self.numel();
+        let to_numel = numel_of(shape).ok_or_else(|| Error::TooLarge {
+            shape: shape.to_vec(),
+            dtype: self.dtype,
+        })?;
+        if from_numel != to_numel {
+            return Err(Error::ReshapeNumel {
+                from: self.shape.clone(),
+                to: shape.to_vec(),
+                from_numel,
+                to_numel,
+            });
+        }
+        if !self.is_contiguous() {
+            return Err(Error::NotContiguous {
+                op: "reshape",
+                shape: self.shape.clone(),
+                strides: self.strides.clone(),
+            });
+        }
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            ..self.clone()
+        })
+    }
+
+    fn require_rank(&self, op: &'static str, expected: usize) -> Result<()> {
+        if self.rank() == expected {
+            Ok(())
+        } else {
+            Err(Error::Rank {
+                op,
+                expected,
+                shape: self.shape.clone(),
+            })
+        }
+    }
+
+    /// The 4-D `[n, c, h, w]` tensor laid out channels-last in memory: shape and logical
+    /// indexing unchanged, strides `[h*w*c, 1, w*c, c]`. `self` when already so; else a copy
+    /// on the same device.
+    pub fn to_nhwc(&self) -> Result<Tensor> {
+        self.require_rank("to_nhwc", 4)?;
+        if self.is_nhwc() {
+            return Ok(self.clone());
+        }
+        // [n, h, w, c] in logical order is NHWC in memory.
+        let bytes = self.permute(&[0, 2, 3, 1])?.to_bytes()?;
+        let strides = nhwc_strides(&self.shape).unwrap_or_default();
+        self.alike(bytes, self.shape.clone(), strides, self.dtype)
+    }
+
+    /// The 4-D tensor laid out NCHW (row-major) in memory: [`Tensor::contiguous`] for 4-D.
+    pub fn to_nchw(&self) -> Result<Tensor> {
+        self.require_rank("to_nchw", 4)?;
+        self.contiguous()
+    }
+
+    fn check_binary(&self, op: &'static str, other: &Tensor) -> Result<()> {
+        check_same_device(op, self.device(), other.device())?;
+        if self.dtype != other.dtype {
+            return Err(Error::DTypeMismatch {
+                op,
+                left: self.dtype,
+                right: other.dtype,
+            });
+        }
+        Ok(())
+    }
+
+    /// Elementwise `self + other`: same device, dtype and shape; any layouts. Each sum is
+    /// rounded once to the dtype (computed in f64, which is exact before that rounding for
+    /// f32/f16/bf16 operands, so results equal native addition). Contiguous result on the
+    /// device of the operands (CUDA operands go through the host; see the module docs).
+    pub fn add(&self, other: &Tensor) -> Result<Tensor> {
+        self.check_binary("add", other)?;
+        if self.shape != other.shape {
+            return Err(Error::ShapeMismatch {
+                op: "add",
+                left: self.shape.clone(),
+                right: other.shape.clone(),
+                expected: "equal shapes",
+            });
+        }
+        let a = self.to_vec_f64()?;
+        let b = other.to_vec_f64()?;
+        let sum: Vec<f64> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        self.alike(
+            encode_f64(&sum, self.dtype),
+            self.shape.clone(),
+            contiguous_strides(&self.shape),
+            self.dtype,
+        )
+    }
+
+    /// `self (m x k) * other (k x n)` for 2-D f64, f32 or tf32 tensors (tf32 computes in full
+    /// f32 here), through the CPU reference matmul ([`crate::cpu`]). Same device and dtype
+    /// required; CUDA operands go through the host (see the module docs).
+    pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        self.check_binary("matmul", other)?;
+        let (&[m, k], &[k2, n]) = (self.shape.as_slice(), other.shape.as_slice()) else {
+            let bad = if self.rank() != 2 { self } else { other };
+            return Err(Error::Rank {
+                op: "matmul",
+                expected: 2,
+                shape: bad.shape.clone(),
+            });
+        };
+        if k != k2 {
+            return Err(Error::ShapeMismatch {
+                op: "matmul",
+                left: self.shape.clone(),
+                right: other.shape.clone(),
+                expected: "[m, k] and [k, n]",
+            });
+        }
+        let out_shape = vec![m, n];
+        let (mn, _) = sizes(&out_shape, self.dtype)?;
+        let bytes = match self.dtype {
+            DType::F64 => {
+                let mut c = vec![0f64; mn];
+                if mn > 0 && k > 0 {
+                    let (a, b) = (self.to_vec_f64()?, other.to_vec_f64()?);
+                    crate::cpu::matmul_f64(&a, &b, &mut c, m, n, k);
+                }
+                encode_f64(&c, DType::F64)
+            }
+            DType::F32 | DType::Tf32 => {
+                let mut c = vec![0f32; mn];
+                if mn > 0 && k > 0 {
+                    let (a, b) = (self.to_vec_f32()?, other.to_vec_f32()?);
+                    crate::cpu::matmul_f32(&a, &b, &mut c, m, n, k);
+                }
+                encode_f32(&c, DType::F32)
+            }
+            dtype => {
+                return Err(Error::UnsupportedDType {
+                    op: "matmul",
+                    dtype,
+                    supported: "f64, f32, tf32",
+                })
+            }
+        };
+        let strides = contiguous_strides(&out_shape);
+        self.alike(bytes, out_shape, strides, self.dtype)
+    }
+}
