@@ -3,16 +3,15 @@
 //! against the PCIe link and the memory's peak.
 
 use crate::check::{describe_gpu, GpuFacts};
+use crate::error::Result;
 use crate::harness::{
-    both_orders, device_samples, gbs, host_samples, Block, Clock, HarnessError, Measurement,
-    PeerSamples, Plan,
+    both_orders, device_samples, gbs, host_samples, Block, Clock, Measurement, PeerSamples, Plan,
 };
 use crate::matmul::{PeerFigure, RowStatus};
 use crate::peer::PeerServer;
 use crate::random::{fill_bytes, fresh_seed};
-use gpukit_cuda::blas::DeviceBytes;
-use gpukit_cuda::driver::{CudaError, Gpu};
 use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::{DeviceBuffer, Gpu, Stream};
 use gpukit_cuda::transfer::{copy_d2d, copy_d2h, copy_h2d, h2d_staged, PinnedBytes};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -158,13 +157,13 @@ struct Buffers {
     pinned_src: PinnedBytes,
     pinned_dst: PinnedBytes,
     pageable_dst: Vec<u8>,
-    dev_a: DeviceBytes,
-    dev_b: DeviceBytes,
+    dev_a: DeviceBuffer,
+    dev_b: DeviceBuffer,
     staging: [PinnedBytes; 2],
 }
 
 impl Buffers {
-    fn new(gpu: &Gpu, bytes: usize, chunk: usize) -> Result<Buffers, CudaError> {
+    fn new(gpu: &Gpu, bytes: usize, chunk: usize) -> gpukit_cuda::Result<Buffers> {
         let mut src = vec![0u8; bytes];
         fill_bytes(&mut src, fresh_seed());
         let mut pinned_src = PinnedBytes::new(gpu, bytes, true)?;
@@ -199,7 +198,7 @@ pub fn run_bandwidth_with_pytorch(
     discovery: &Discovery,
     opts: &BandwidthOptions,
     progress: &mut dyn FnMut(&str),
-) -> (BandwidthReport, Result<String, String>) {
+) -> (BandwidthReport, Result<String>) {
     let server = match PeerServer::start("cuda", None) {
         Ok(s) => s,
         Err(e) => return (run_bandwidth(discovery, opts, progress), Err(e)),
@@ -253,7 +252,7 @@ fn run_bandwidth_turns(
             return report;
         }
         (_, Err(e)) => {
-            report.gpu_unavailable = Some(e);
+            report.gpu_unavailable = Some(e.to_string());
             return report;
         }
     };
@@ -261,7 +260,7 @@ fn run_bandwidth_turns(
     report.memory_peak_gbs = facts.peaks.memory_gbs;
     report.l2_cache_bytes = facts.l2_cache_bytes;
     report.gpu = Some(facts);
-    let stream2 = match gpu.ctx.new_stream() {
+    let stream2 = match gpu.new_stream() {
         Ok(s) => s,
         Err(e) => {
             report.gpu_unavailable = Some(e.to_string());
@@ -327,7 +326,7 @@ fn run_bandwidth_turns(
                 }
                 Err(e) => {
                     let mut r = skipped(kind, bytes, String::new());
-                    r.status = RowStatus::Failed(e);
+                    r.status = RowStatus::Failed(e.to_string());
                     r
                 }
             };
@@ -405,40 +404,36 @@ fn finish(
 /// the destination byte for byte.
 fn measure(
     gpu: &Gpu,
-    stream2: &std::sync::Arc<gpukit_cuda::cudarc::driver::CudaStream>,
+    stream2: &Stream,
     kind: CopyKind,
     b: &mut Buffers,
     plan: Plan,
     rounds: usize,
     turns: &mut Option<CopyTurns>,
-) -> Result<(Measurement, bool, Option<PeerSamples>), String> {
-    let s = &gpu.stream;
-    let e = |e: CudaError| e.to_string();
+) -> Result<(Measurement, bool, Option<PeerSamples>)> {
+    let s = gpu.stream();
     let bytes = b.src.len();
     // poison the destination first so a copy that did nothing cannot pass
-    let poison = |gpu: &Gpu, d: &mut DeviceBytes| -> Result<(), String> {
-        gpu.stream.memset_zeros(d).map_err(|e| e.to_string())?;
-        gpu.stream.synchronize().map_err(|e| e.to_string())
-    };
+    let poison = |gpu: &Gpu, d: &mut DeviceBuffer| gpu.fill(d.view(), 0);
     match kind {
         CopyKind::H2dPageable | CopyKind::H2dPageableStaged | CopyKind::H2dPinned => {
             poison(gpu, &mut b.dev_a)?
         }
         CopyKind::D2hPinned => {
-            copy_h2d(s, &b.src, &mut b.dev_a).map_err(e)?;
+            copy_h2d(s, &b.src, &mut b.dev_a)?;
             b.pinned_dst.as_mut_slice().fill(0);
         }
         CopyKind::D2hPageable => {
-            copy_h2d(s, &b.src, &mut b.dev_a).map_err(e)?;
+            copy_h2d(s, &b.src, &mut b.dev_a)?;
             b.pageable_dst.fill(0);
         }
         CopyKind::D2d => {
-            copy_h2d(s, &b.src, &mut b.dev_a).map_err(e)?;
+            copy_h2d(s, &b.src, &mut b.dev_a)?;
             poison(gpu, &mut b.dev_b)?;
         }
         CopyKind::Bidirectional => {
-            copy_h2d(s, &b.src, &mut b.dev_a).map_err(e)?;
-            s.synchronize().map_err(|e| e.to_string())?;
+            copy_h2d(s, &b.src, &mut b.dev_a)?;
+            s.synchronize()?;
             poison(gpu, &mut b.dev_b)?;
             b.pinned_dst.as_mut_slice().fill(0);
         }
@@ -448,67 +443,66 @@ fn measure(
         _ => Clock::CudaEvents,
     };
     let (samples, planned, theirs) = {
-        let text = |e: HarnessError| e.to_string();
-        let mut ours: Box<dyn FnMut(Plan) -> Result<Vec<f64>, String> + '_> = match kind {
+        let mut ours: Box<dyn FnMut(Plan) -> Result<Vec<f64>> + '_> = match kind {
             CopyKind::H2dPageable => Box::new(|p| {
-                device_samples(s, p, || copy_h2d(s, &b.src, &mut b.dev_a)).map_err(text)
+                device_samples(s, p, || copy_h2d(s, &b.src, &mut b.dev_a))
             }),
             CopyKind::H2dPageableStaged => {
                 let (src, dev, staging) = (&b.src, &mut b.dev_a, &mut b.staging);
                 Box::new(move |p| {
                     host_samples(p, || {
                         h2d_staged(s, src, dev, staging, &parallel_copy)?;
-                        s.synchronize().map_err(CudaError::from)
+                        s.synchronize()
                     })
-                    .map_err(text)
+                    
                 })
             }
             CopyKind::H2dPinned => Box::new(|p| {
                 device_samples(s, p, || copy_h2d(s, b.pinned_src.as_slice(), &mut b.dev_a))
-                    .map_err(text)
+                    
             }),
             CopyKind::D2hPinned => Box::new(|p| {
                 device_samples(s, p, || copy_d2h(s, &b.dev_a, b.pinned_dst.as_mut_slice()))
-                    .map_err(text)
+                    
             }),
             CopyKind::D2hPageable => Box::new(|p| {
-                device_samples(s, p, || copy_d2h(s, &b.dev_a, &mut b.pageable_dst)).map_err(text)
+                device_samples(s, p, || copy_d2h(s, &b.dev_a, &mut b.pageable_dst))
             }),
             CopyKind::D2d => Box::new(|p| {
-                device_samples(s, p, || copy_d2d(s, &b.dev_a, &mut b.dev_b, bytes)).map_err(text)
+                device_samples(s, p, || copy_d2d(s, &b.dev_a, &mut b.dev_b, bytes))
             }),
             CopyKind::Bidirectional => {
                 // dev_a -> host on stream 2 while host -> dev_b on stream 1
                 let (pin_src, pin_dst, dev_a, dev_b) =
                     (&b.pinned_src, &mut b.pinned_dst, &b.dev_a, &mut b.dev_b);
                 Box::new(move |p| {
-                    host_samples(p, || -> Result<(), CudaError> {
+                    host_samples(p, || -> gpukit_cuda::Result<()> {
                         copy_h2d(s, pin_src.as_slice(), dev_b)?;
                         copy_d2h(stream2, dev_a, pin_dst.as_mut_slice())?;
                         s.synchronize()?;
                         stream2.synchronize()?;
                         Ok(())
                     })
-                    .map_err(text)
+                    
                 })
             }
         };
         time_copy(&mut *ours, plan, rounds, turns, kind, bytes)?
     };
-    s.synchronize().map_err(|e| e.to_string())?;
+    s.synchronize()?;
     let verified = match kind {
         CopyKind::H2dPageable | CopyKind::H2dPageableStaged | CopyKind::H2dPinned => {
-            gpu.download(&b.dev_a).map_err(e)? == b.src
+            gpu.download(&b.dev_a)? == b.src
         }
         CopyKind::D2hPinned => b.pinned_dst.as_slice() == b.src.as_slice(),
         CopyKind::D2hPageable => b.pageable_dst == b.src,
-        CopyKind::D2d => gpu.download(&b.dev_b).map_err(e)? == b.src,
+        CopyKind::D2d => gpu.download(&b.dev_b)? == b.src,
         CopyKind::Bidirectional => {
             b.pinned_dst.as_slice() == b.src.as_slice()
-                && gpu.download(&b.dev_b).map_err(e)? == b.src
+                && gpu.download(&b.dev_b)? == b.src
         }
     };
-    let timing = Measurement::of(clock, planned, &samples).map_err(|e| e.to_string())?;
+    let timing = Measurement::of(clock, planned, &samples)?;
     Ok((timing, verified, theirs))
 }
 
@@ -521,7 +515,7 @@ fn time_copy(
     turns: &mut Option<CopyTurns>,
     kind: CopyKind,
     bytes: usize,
-) -> Result<(Vec<f64>, Plan, Option<PeerSamples>), String> {
+) -> Result<(Vec<f64>, Plan, Option<PeerSamples>)> {
     let (Some(t), Some(theirs_kind)) = (turns.as_mut(), kind.pytorch_kind()) else {
         return Ok((ours(plan)?, plan, None));
     };
@@ -597,7 +591,7 @@ mod tests {
             rounds: 0,
             rows: vec![],
         };
-        let t = time_host(Plan::new(0, 1), || Ok::<(), String>(())).unwrap();
+        let t = time_host(Plan::new(0, 1), || Ok::<(), crate::Error>(())).unwrap();
         let mut m = t.clone();
         m.summary_ms.median = 1.0; // 1 ms
         let r = finish(CopyKind::D2d, 1_000_000_000, m.clone(), true, &report);

@@ -4,6 +4,7 @@
 use crate::ceilings::{
     datasheet_peaks, estimated_peaks, pcie_gbs, theoretical_bandwidth_gbs, Peaks,
 };
+use crate::error::{Error, Result};
 use crate::host::{host_facts, HostFacts};
 use gpukit_cuda::driver::{self, fmt_api, DeviceAttributes, Unavailable};
 use gpukit_cuda::loader::{Discovery, Lib, Source, CUDA_MAJOR, REQUIRED_DRIVER_API};
@@ -95,17 +96,6 @@ pub struct LibraryRow {
     pub note: Option<String>,
 }
 
-/// Bad input to `check`: the CLI exits 2 on it.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckError {
-    /// A device index past the last GPU (bad input).
-    #[error("{0}")]
-    NoSuchDevice(String),
-    /// A GPU was named but none can be used (missing hardware or driver).
-    #[error("{0}")]
-    NoGpu(String),
-}
-
 /// How much `check` does.
 #[derive(Debug, Clone, Copy)]
 pub struct CheckOptions {
@@ -184,7 +174,7 @@ fn nvml_availability(
 
 /// Gathers the report. CUDA (cuInit and attributes) runs on a thread of its own while NVML and
 /// the host are read, since cuInit alone can take most of the time.
-pub fn run_check(discovery: &Discovery, opts: CheckOptions) -> Result<CheckReport, CheckError> {
+pub fn run_check(discovery: &Discovery, opts: CheckOptions) -> Result<CheckReport> {
     let mut warnings: Vec<String> = discovery.warnings.iter().map(|w| w.0.clone()).collect();
     let cuda_thread = (!opts.quick).then(|| {
         let d = discovery.clone();
@@ -192,9 +182,10 @@ pub fn run_check(discovery: &Discovery, opts: CheckOptions) -> Result<CheckRepor
     });
     let t = gpukit_cuda::trace::start();
     let nvml = NvmlSession::open(discovery);
+    // kept as messages: they end up in the report's warnings and per-GPU notes
     let nvml_devices = match &nvml {
-        Ok(n) => n.devices(),
-        Err(e) => Err(e.clone()),
+        Ok(n) => n.devices().map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
     };
     gpukit_cuda::trace::done("nvml: init and every device's facts", t);
     let t = gpukit_cuda::trace::start();
@@ -274,7 +265,7 @@ pub fn run_check(discovery: &Discovery, opts: CheckOptions) -> Result<CheckRepor
         Ok((api, count)) => {
             if let Some(n) = opts.selection.named_cuda() {
                 if n >= count {
-                    return Err(CheckError::NoSuchDevice(format!(
+                    return Err(Error::BadInput(format!(
                         "device cuda:{n} does not exist: this machine has {count} CUDA device(s) (cuda:0..cuda:{})",
                         count - 1
                     )));
@@ -289,7 +280,7 @@ pub fn run_check(discovery: &Discovery, opts: CheckOptions) -> Result<CheckRepor
         }
         Err(u) => {
             if let Some(n) = opts.selection.named_cuda() {
-                return Err(CheckError::NoGpu(format!(
+                return Err(Error::Unavailable(format!(
                     "device cuda:{n} was asked for, but no GPU can be used: {u}"
                 )));
             }
@@ -297,7 +288,7 @@ pub fn run_check(discovery: &Discovery, opts: CheckOptions) -> Result<CheckRepor
         }
     };
     if let (Err(e), Some(_)) = (&nvml, &driver) {
-        warnings.push(e.clone());
+        warnings.push(e.to_string());
     }
     Ok(CheckReport {
         gpukit_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -319,12 +310,12 @@ pub fn run_check(discovery: &Discovery, opts: CheckOptions) -> Result<CheckRepor
 }
 
 /// Facts (and peaks) of one CUDA device, for benchmarks to place their figures against.
-pub fn describe_gpu(discovery: &Discovery, ordinal: usize) -> Result<GpuFacts, String> {
-    let d = driver::probe(discovery).map_err(|e| e.to_string())?;
-    let a = driver::device_attributes(ordinal, d.device_count).map_err(|e| e.to_string())?;
+pub fn describe_gpu(discovery: &Discovery, ordinal: usize) -> Result<GpuFacts> {
+    let d = driver::probe(discovery).map_err(gpukit_cuda::Error::from)?;
+    let a = driver::device_attributes(ordinal, d.device_count)?;
     let (nv, err) = match NvmlSession::open(discovery).and_then(|n| n.device(&a.uuid)) {
         Ok(n) => (Some(n), None),
-        Err(e) => (None, Some(e)),
+        Err(e) => (None, Some(e.to_string())),
     };
     Ok(gpu_facts(Some(a), nv, err))
 }

@@ -3,15 +3,16 @@
 //! against the CPU's.
 
 use crate::check::{describe_gpu, GpuFacts};
-use crate::cpu::{self, ConvShape, Layout};
+use crate::cpu;
+use crate::error::{Error, Result};
 use crate::harness::{tflops, time_device, time_host, Measurement, Plan};
 use crate::matmul::{PeerFigure, RowStatus, Verification};
 use crate::random::{fresh_seed, uniform_f32};
-use gpukit_cuda::dnn::{ConvDims, ConvType, Dnn};
-use gpukit_cuda::driver::Gpu;
+use gpukit_cuda::dnn::{Conv, Dnn};
 use gpukit_cuda::loader::Discovery;
-use gpukit_tensor::{DType, Device};
-use half::f16;
+use gpukit_cuda::Gpu;
+use gpukit_tensor::codec::{decode_f32, encode_f32, round_f32};
+use gpukit_tensor::{ConvShape, DType, Device, Layout};
 use serde::{Deserialize, Serialize};
 
 /// A named convolution shape.
@@ -49,10 +50,7 @@ pub fn resnet50_shapes(n: usize) -> Vec<NamedShape> {
 
 /// `NxCxHxW:KxRxS:s<stride>p<pad>`, the reference script's syntax.
 pub fn shape_string(s: &ConvShape) -> String {
-    format!(
-        "{}x{}x{}x{}:{}x{}x{}:s{}p{}",
-        s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad
-    )
+    s.spec()
 }
 
 #[derive(Debug, Clone)]
@@ -108,13 +106,9 @@ pub struct ConvReport {
     pub rows: Vec<ConvRow>,
 }
 
-fn conv_type(d: DType) -> Option<ConvType> {
-    match d {
-        DType::F32 => Some(ConvType::F32),
-        DType::Tf32 => Some(ConvType::Tf32),
-        DType::F16 => Some(ConvType::F16),
-        DType::F64 | DType::Bf16 => None,
-    }
+/// Whether `bench conv` runs this dtype on the GPU (f64 is not a convolution dtype here).
+fn benchmarked(d: DType) -> bool {
+    d != DType::F64
 }
 
 /// Tolerance against the CPU's f32 result computed from the same stored inputs.
@@ -156,29 +150,6 @@ fn row(named: &NamedShape, layout: Layout, device: Device, dtype: DType) -> Conv
     }
 }
 
-fn bytes_f32(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
-}
-
-fn bytes_f16(v: &[f32]) -> Vec<u8> {
-    v.iter()
-        .flat_map(|&x| f16::from_f32(x).to_ne_bytes())
-        .collect()
-}
-
-fn from_bytes(ty: ConvType, b: &[u8]) -> Vec<f32> {
-    match ty {
-        ConvType::F16 => b
-            .chunks_exact(2)
-            .map(|c| f16::from_ne_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        _ => b
-            .chunks_exact(4)
-            .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-    }
-}
-
 /// Runs every shape x layout on the CPU (f32) and the GPU (each dtype).
 pub fn run_conv(
     discovery: &Discovery,
@@ -210,7 +181,7 @@ pub fn run_conv(
                     None
                 }
                 (_, Err(e)) => {
-                    report.gpu_unavailable = Some(e);
+                    report.gpu_unavailable = Some(e.to_string());
                     None
                 }
             },
@@ -244,7 +215,7 @@ pub fn run_conv(
             if opts.cpu {
                 match time_host(plan, || {
                     cpu::conv2d_f32(sh, layout, &x, &w, &mut y_ref);
-                    Ok::<(), String>(())
+                    Ok::<(), Error>(())
                 }) {
                     Ok(t) => {
                         cpu_row.tflops = Some(tflops(flops, t.summary_ms.median));
@@ -262,14 +233,19 @@ pub fn run_conv(
             let Some((g, dnn)) = &gpu else { continue };
             for &dtype in &opts.dtypes {
                 let mut r = row(named, layout, Device::Cuda(g.ordinal), dtype);
-                let Some(ty) = conv_type(dtype) else {
+                if !benchmarked(dtype) {
                     r.status =
                         RowStatus::Skipped(format!("{dtype} convolution is not benchmarked"));
                     report.rows.push(r);
                     continue;
-                };
+                }
                 progress(&format!("conv cuda {} {layout:?} {dtype}", named.name));
-                let result = gpu_conv(g, dnn, sh, layout, ty, &x, &w, &y_ref, opts.iterations);
+                let conv = Conv {
+                    shape: *sh,
+                    layout,
+                    dtype,
+                };
+                let result = gpu_conv(g, dnn, conv, &x, &w, &y_ref, opts.iterations);
                 match result {
                     Ok((algo, timing, v)) => {
                         r.algorithm = Some(algo);
@@ -291,7 +267,7 @@ pub fn run_conv(
                         }
                         r.verification = Some(v);
                     }
-                    Err(e) => r.status = RowStatus::Failed(e),
+                    Err(e) => r.status = RowStatus::Failed(e.to_string()),
                 }
                 report.rows.push(r);
             }
@@ -300,83 +276,55 @@ pub fn run_conv(
     report
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One GPU row: the convolution's engine chosen by cuDNN's selection policy (the inference
+/// engine's: legacy algorithms and backend engines timed alike), timed, then run once more on a
+/// poisoned output and checked against the CPU's f32 result of the same (rounded) inputs.
 fn gpu_conv(
     g: &Gpu,
     dnn: &Dnn,
-    sh: &ConvShape,
-    layout: Layout,
-    ty: ConvType,
+    conv: Conv,
     x: &[f32],
     w: &[f32],
     y_ref_f32: &[f32],
     iterations: usize,
-) -> Result<(String, Measurement, Verification), String> {
-    let e = |e: &dyn std::fmt::Display| e.to_string();
-    let dims = ConvDims {
-        n: sh.n,
-        c: sh.c,
-        h: sh.h,
-        w: sh.w,
-        k: sh.k,
-        r: sh.r,
-        s: sh.s,
-        stride: sh.stride,
-        pad: sh.pad,
-        nhwc: layout == Layout::Nhwc,
-    };
-    let (xb, wb) = match ty {
-        ConvType::F16 => (bytes_f16(x), bytes_f16(w)),
-        _ => (bytes_f32(x), bytes_f32(w)),
-    };
-    let need = xb.len() + wb.len() + sh.output_len() * ty.elem_bytes();
+) -> Result<(String, Measurement, Verification)> {
+    let (xb, wb) = (encode_f32(x, conv.dtype), encode_f32(w, conv.dtype));
+    let need = xb.len() + wb.len() + conv.output_bytes();
     let free = g.mem_info().map(|(f, _)| f as usize).unwrap_or(0);
     if need + gpukit_cuda::dnn::CONV_WORKSPACE_BYTES > free {
-        return Err(format!("needs {need} bytes of GPU memory, {free} free"));
+        return Err(Error::Failed(format!(
+            "needs {need} bytes of GPU memory, {free} free"
+        )));
     }
-    let xd = g.upload(&xb).map_err(|x| e(&x))?;
-    let wd = g.upload(&wb).map_err(|x| e(&x))?;
-    let mut yd = g
-        .alloc(sh.output_len() * ty.elem_bytes())
-        .map_err(|x| e(&x))?;
-    let plan = dnn
-        .plan_conv(dims, ty, &xd, &wd, &mut yd)
-        .map_err(|x| e(&x))?;
-    let timing = time_device(&g.stream, Plan::new(3, iterations), || {
-        dnn.conv_forward(&plan, &xd, &wd, &mut yd)
-    })
-    .map_err(|x| e(&x))?;
+    let xd = g.upload(&xb)?;
+    let wd = g.upload(&wb)?;
+    let yd = g.alloc(conv.output_bytes())?;
+    let choice = dnn.plan_plain_best(conv, xd.view(), wd.view(), yd.view(), true)?;
+    let ws = g.alloc(choice.workspace_bytes().max(1))?;
+    dnn.release_workspace();
+    let run = || dnn.bare_forward(&choice, xd.view(), wd.view(), yd.view(), ws.view());
+    let timing = time_device(g.stream(), Plan::new(3, iterations), run)?;
     // poison, run once more, compare with the CPU
-    g.stream
-        .memcpy_htod(&vec![0xFFu8; yd.len()], &mut yd)
-        .map_err(|x| e(&x))?;
-    dnn.conv_forward(&plan, &xd, &wd, &mut yd)
-        .map_err(|x| e(&x))?;
-    let got = from_bytes(ty, &g.download(&yd).map_err(|x| e(&x))?);
-    // f16 rows are checked against an f32 product of the f16-rounded inputs
-    let reference: Vec<f32> = if ty == ConvType::F16 {
-        let xr: Vec<f32> = x.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
-        let wr: Vec<f32> = w.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
-        let mut y = vec![0f32; sh.output_len()];
-        cpu::conv2d_f32(sh, layout, &xr, &wr, &mut y);
+    g.fill(yd.view(), 0xFF)?;
+    run()?;
+    let got = decode_f32(&g.download(&yd)?, conv.dtype);
+    // f16/bf16 rows are checked against an f32 product of the rounded inputs
+    let reference: Vec<f32> = if conv.dtype.size_bytes() == 2 {
+        let mut y = vec![0f32; conv.shape.output_len()];
+        let (xr, wr) = (round_f32(x, conv.dtype), round_f32(w, conv.dtype));
+        cpu::conv2d_f32(&conv.shape, conv.layout, &xr, &wr, &mut y);
         y
     } else {
         y_ref_f32.to_vec()
-    };
-    let dtype = match ty {
-        ConvType::F32 => DType::F32,
-        ConvType::Tf32 => DType::Tf32,
-        ConvType::F16 => DType::F16,
-        ConvType::Bf16 => DType::Bf16,
     };
     let err = rel_err(&got, &reference);
     let v = Verification {
         samples: got.len(),
         rel_err: err,
-        tolerance: tolerance(dtype),
-        passed: err <= tolerance(dtype),
+        tolerance: tolerance(conv.dtype),
+        passed: err <= tolerance(conv.dtype),
     };
-    Ok((plan.algo_name.clone(), timing, v))
+    Ok((choice.name(), timing, v))
 }
 
 /// Runs the same convolutions through PyTorch (cudnn.benchmark on: it too picks algorithms by
@@ -385,11 +333,11 @@ pub fn compare_with_pytorch(
     report: &mut ConvReport,
     shapes: &[NamedShape],
     opts: &ConvOptions,
-) -> Result<String, String> {
+) -> Result<String> {
     let dtypes: Vec<&str> = opts
         .dtypes
         .iter()
-        .filter(|d| conv_type(**d).is_some())
+        .filter(|d| benchmarked(**d))
         .map(|d| d.name())
         .collect();
     let layouts: Vec<&str> = opts

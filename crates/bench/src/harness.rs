@@ -1,11 +1,11 @@
 //! The measuring harness every command uses: warm-up, repetitions, device or host clocks, and
 //! a [`Measurement`] that serializes to JSON.
 
+use crate::error::{Error, Result};
 use crate::stats::Summary;
-use gpukit_cuda::cudarc::driver::CudaStream;
-use gpukit_cuda::timing::{time_on_stream, TimingError};
+use gpukit_cuda::timing::time_on_stream;
+use gpukit_cuda::Stream;
 use serde::{Deserialize, Serialize};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Which clock produced a measurement.
@@ -53,35 +53,24 @@ pub struct Measurement {
     pub summary_ms: Summary,
 }
 
-/// Errors of a timed run.
-#[derive(Debug, thiserror::Error)]
-pub enum HarnessError {
-    #[error("{0}")]
-    Work(String),
-    #[error("{0}")]
-    Cuda(String),
-    #[error("the timer produced no usable sample")]
-    NoSamples,
-}
-
 /// Times host work with a monotonic clock. `work` must finish its work before returning
 /// (synchronize first if it launched device work).
-pub fn time_host<E: std::fmt::Display>(
+pub fn time_host<E: Into<Error>>(
     plan: Plan,
     work: impl FnMut() -> Result<(), E>,
-) -> Result<Measurement, HarnessError> {
+) -> Result<Measurement> {
     Measurement::of(Clock::Host, plan, &host_samples(plan, work)?)
 }
 
 /// `time_host`'s samples (ms per repetition), unsummarised.
-pub fn host_samples<E: std::fmt::Display>(
+pub fn host_samples<E: Into<Error>>(
     plan: Plan,
     mut work: impl FnMut() -> Result<(), E>,
-) -> Result<Vec<f64>, HarnessError> {
+) -> Result<Vec<f64>> {
     let budget = Duration::from_secs_f64(plan.max_seconds.min(1e9));
     let started = Instant::now();
     for _ in 0..plan.warmup {
-        work().map_err(|e| HarnessError::Work(e.to_string()))?;
+        work().map_err(Into::into)?;
         if started.elapsed() > budget {
             break;
         }
@@ -90,7 +79,7 @@ pub fn host_samples<E: std::fmt::Display>(
     let mut samples = Vec::with_capacity(plan.reps);
     for _ in 0..plan.reps {
         let t = Instant::now();
-        work().map_err(|e| HarnessError::Work(e.to_string()))?;
+        work().map_err(Into::into)?;
         samples.push(t.elapsed().as_secs_f64() * 1e3);
         if timed_start.elapsed() > budget {
             break;
@@ -100,11 +89,11 @@ pub fn host_samples<E: std::fmt::Display>(
 }
 
 /// Times device work queued on `stream` with CUDA events around each repetition.
-pub fn time_device<E: std::fmt::Display>(
-    stream: &Arc<CudaStream>,
+pub fn time_device<E: Into<Error>>(
+    stream: &Stream,
     plan: Plan,
     work: impl FnMut() -> Result<(), E>,
-) -> Result<Measurement, HarnessError> {
+) -> Result<Measurement> {
     Measurement::of(
         Clock::CudaEvents,
         plan,
@@ -113,38 +102,35 @@ pub fn time_device<E: std::fmt::Display>(
 }
 
 /// `time_device`'s samples (ms per repetition), unsummarised.
-pub fn device_samples<E: std::fmt::Display>(
-    stream: &Arc<CudaStream>,
+pub fn device_samples<E: Into<Error>>(
+    stream: &Stream,
     plan: Plan,
-    work: impl FnMut() -> Result<(), E>,
-) -> Result<Vec<f64>, HarnessError> {
-    time_on_stream(stream, plan.warmup, plan.reps, work).map_err(|e| match e {
-        TimingError::Cuda(c) => HarnessError::Cuda(c.to_string()),
-        TimingError::Work(w) => HarnessError::Work(w.to_string()),
-    })
+    mut work: impl FnMut() -> Result<(), E>,
+) -> Result<Vec<f64>> {
+    time_on_stream(stream, plan.warmup, plan.reps, || work().map_err(Into::into))
 }
 
 impl Measurement {
     /// Summarises samples taken under `plan`.
-    pub fn of(clock: Clock, plan: Plan, samples: &[f64]) -> Result<Measurement, HarnessError> {
+    pub fn of(clock: Clock, plan: Plan, samples: &[f64]) -> Result<Measurement> {
         Ok(Measurement {
             clock,
             warmup: plan.warmup,
             reps_planned: plan.reps,
-            summary_ms: Summary::of(samples).ok_or(HarnessError::NoSamples)?,
+            summary_ms: Summary::of(samples).ok_or(Error::NoSamples)?,
         })
     }
 }
 
 /// A timed block: `Plan` in, samples (ms per repetition) out.
-pub type Block<'a> = &'a mut dyn FnMut(Plan) -> Result<Vec<f64>, String>;
+pub type Block<'a> = &'a mut dyn FnMut(Plan) -> Result<Vec<f64>>;
 
 /// What `interleave` measured: each side's samples, block by block (one block per round).
 #[derive(Debug)]
 pub struct Interleaved {
-    pub ours: Result<Vec<Vec<f64>>, String>,
+    pub ours: Result<Vec<Vec<f64>>>,
     /// Err once the peer failed (it is not asked again; ours go on).
-    pub theirs: Result<Vec<Vec<f64>>, String>,
+    pub theirs: Result<Vec<Vec<f64>>>,
 }
 
 impl Interleaved {
@@ -190,7 +176,7 @@ pub fn interleave(
 ) -> Interleaved {
     let mut mine = Vec::new();
     let started = Instant::now();
-    let mut peer: Result<Vec<Vec<f64>>, String> = theirs(first).map(|_| Vec::new());
+    let mut peer: Result<Vec<Vec<f64>>> = theirs(first).map(|_| Vec::new());
     while peer.is_ok() && started.elapsed() < soak {
         if let Err(e) = ours(first) {
             return Interleaved {
@@ -257,8 +243,8 @@ impl PeerSamples {
 /// What `both_orders` measured: our samples, and the peer's (Err once it failed).
 #[derive(Debug)]
 pub struct Paired {
-    pub ours: Result<Vec<f64>, String>,
-    pub theirs: Result<PeerSamples, String>,
+    pub ours: Result<Vec<f64>>,
+    pub theirs: Result<PeerSamples>,
 }
 
 /// `interleave` twice: ours open the first `rounds.div_ceil(2)` rounds and theirs the other
@@ -281,9 +267,8 @@ pub fn both_orders(
     let mut peer = Ok(PeerSamples::default());
     for &(peer_opens, r) in orders {
         // a peer that failed in the first order is not asked again: ours go on alone
-        let failed = peer.as_ref().err().cloned();
-        let mut dropped = |_: Plan| Err(failed.clone().unwrap_or_default());
-        let theirs_now: Block = if failed.is_some() {
+        let mut dropped = |_: Plan| Err(Error::Peer("dropped after an earlier failure".into()));
+        let theirs_now: Block = if peer.is_err() {
             &mut dropped
         } else {
             &mut *theirs
@@ -338,7 +323,7 @@ mod tests {
         let m = time_host(Plan::new(2, 5), || {
             calls += 1;
             std::thread::sleep(Duration::from_millis(2));
-            Ok::<(), String>(())
+            Ok::<(), Error>(())
         })
         .unwrap();
         assert_eq!(calls, 7);
@@ -351,7 +336,7 @@ mod tests {
     fn host_budget_bounds_long_runs() {
         let m = time_host(Plan::new(0, 1000).with_budget(0.02), || {
             std::thread::sleep(Duration::from_millis(5));
-            Ok::<(), String>(())
+            Ok::<(), Error>(())
         })
         .unwrap();
         assert!(m.summary_ms.count < 1000 && m.summary_ms.count >= 1);
@@ -360,8 +345,8 @@ mod tests {
 
     #[test]
     fn work_errors_are_reported_not_timed() {
-        let r = time_host(Plan::new(0, 3), || Err::<(), _>("bad output"));
-        assert!(matches!(r, Err(HarnessError::Work(ref s)) if s == "bad output"));
+        let r = time_host(Plan::new(0, 3), || Err::<(), _>(Error::Failed("bad output".into())));
+        assert!(matches!(r, Err(Error::Failed(ref s)) if s == "bad output"));
     }
 
     #[test]
@@ -437,10 +422,10 @@ mod tests {
         let mut calls = 0;
         let mut failing = |_: Plan| {
             calls += 1;
-            Err("torch crashed".to_string())
+            Err(Error::Peer("torch crashed".into()))
         };
         let r = both_orders(4, (plan, plan), Duration::ZERO, &mut ours, &mut failing);
-        assert_eq!(r.theirs.unwrap_err(), "torch crashed");
+        assert_eq!(r.theirs.unwrap_err().to_string(), "torch crashed");
         assert_eq!(r.ours.unwrap().len(), 4);
         assert_eq!(calls, 1);
     }
@@ -481,7 +466,7 @@ mod tests {
         let mut ours = |p: Plan| Ok(vec![1.0; p.reps]);
         let mut theirs = |_: Plan| {
             calls += 1;
-            Err("torch crashed".to_string())
+            Err(Error::Peer("torch crashed".into()))
         };
         let r = interleave(
             3,
@@ -493,10 +478,10 @@ mod tests {
         );
         assert!(r.paired_time_ratios().is_empty());
         assert_eq!(r.ours.unwrap().concat().len(), 6);
-        assert_eq!(r.theirs.unwrap_err(), "torch crashed");
+        assert_eq!(r.theirs.unwrap_err().to_string(), "torch crashed");
         // it failed in its untimed opening block and was not asked again
         assert_eq!(calls, 1);
-        let mut bad = |_: Plan| Err("no GPU".to_string());
+        let mut bad = |_: Plan| Err(Error::Failed("no GPU".into()));
         let mut fine = |p: Plan| Ok(vec![1.0; p.reps]);
         assert!(interleave(
             3,

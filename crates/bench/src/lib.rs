@@ -6,11 +6,10 @@ pub mod bandwidth;
 pub mod ceilings;
 pub mod check;
 pub mod conv;
+pub mod error;
 pub mod harness;
 pub mod host;
 pub mod infer;
-pub mod infer_io;
-pub mod infer_peer;
 pub mod matmul;
 pub mod memory;
 pub mod peer;
@@ -19,3 +18,5 @@ pub mod stats;
 
 /// The CPU paths live with the tensors (the inference engine uses them too).
 pub use gpukit_tensor::cpu;
+
+pub use error::{Error, Result};

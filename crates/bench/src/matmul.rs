@@ -11,11 +11,13 @@ use crate::harness::{
 };
 use crate::peer::PeerServer;
 use crate::random::{fresh_seed, normal_f32, normal_f64, uniform_f32, uniform_f64};
-use gpukit_cuda::blas::{Blas, DeviceBytes, GemmType};
-use gpukit_cuda::driver::Gpu;
+use crate::error::{Error, Result};
+use gpukit_cuda::blas::Blas;
+use gpukit_cuda::{DeviceBuffer, Gpu};
+use gpukit_tensor::codec::{bytes_of, decode_f64, element_f64, encode_f32};
 use gpukit_cuda::loader::Discovery;
 use gpukit_tensor::{DType, Device, DeviceSelection};
-use half::{bf16, f16};
+use half::f16;
 use serde::{Deserialize, Serialize};
 
 /// What to run.
@@ -78,14 +80,10 @@ impl Init {
 
     /// `n` values of `ty` as stored bytes: f64 drawn at full precision, the rest from f32
     /// rounded to their storage.
-    fn draw_storage(self, ty: GemmType, n: usize, seed: u64) -> Vec<u8> {
+    fn draw_storage(self, ty: DType, n: usize, seed: u64) -> Vec<u8> {
         match ty {
-            GemmType::F64 => self
-                .draw_f64(n, seed)
-                .iter()
-                .flat_map(|x| x.to_ne_bytes())
-                .collect(),
-            _ => to_storage(ty, &self.draw(n, seed)),
+            DType::F64 => bytes_of(&self.draw_f64(n, seed)).to_vec(),
+            _ => encode_f32(&self.draw(n, seed), ty),
         }
     }
 
@@ -105,14 +103,14 @@ impl Init {
 }
 
 impl std::str::FromStr for Init {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Init, String> {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Init> {
         match s {
             "normal" => Ok(Init::Normal),
             "uniform" => Ok(Init::Uniform),
-            _ => Err(format!(
+            _ => Err(Error::BadInput(format!(
                 "unknown input distribution '{s}' (normal or uniform)"
-            )),
+            ))),
         }
     }
 }
@@ -315,19 +313,9 @@ pub fn tolerance(dtype: DType) -> f64 {
     }
 }
 
-fn gemm_type(d: DType) -> GemmType {
-    match d {
-        DType::F64 => GemmType::F64,
-        DType::F32 => GemmType::F32,
-        DType::Tf32 => GemmType::Tf32,
-        DType::F16 => GemmType::F16,
-        DType::Bf16 => GemmType::Bf16,
-    }
-}
-
 /// Whether a GPU of this compute capability has the arithmetic for `d` (f16 on tensor cores
 /// from 7.0, bf16 and tf32 from 8.0).
-pub fn gpu_supports(cc: (u32, u32), d: DType) -> Result<(), String> {
+pub fn gpu_supports(cc: (u32, u32), d: DType) -> std::result::Result<(), String> {
     let need = match d {
         DType::F64 | DType::F32 => (0, 0),
         DType::F16 => (5, 3),
@@ -349,38 +337,10 @@ struct HostPair {
     b: Vec<u8>,
 }
 
-/// f32 values rounded to `ty`'s storage, as bytes.
-pub fn to_storage(ty: GemmType, v: &[f32]) -> Vec<u8> {
-    match ty {
-        GemmType::F64 => v.iter().flat_map(|&x| f64::from(x).to_ne_bytes()).collect(),
-        GemmType::F32 | GemmType::Tf32 => v.iter().flat_map(|&x| x.to_ne_bytes()).collect(),
-        GemmType::F16 => v
-            .iter()
-            .flat_map(|&x| f16::from_f32(x).to_ne_bytes())
-            .collect(),
-        GemmType::Bf16 => v
-            .iter()
-            .flat_map(|&x| bf16::from_f32(x).to_ne_bytes())
-            .collect(),
-    }
-}
-
-/// The stored element `i` of a buffer, widened to f64.
-fn load(ty: GemmType, bytes: &[u8], i: usize) -> f64 {
-    let e = ty.elem_bytes();
-    let s = &bytes[i * e..(i + 1) * e];
-    match ty {
-        GemmType::F64 => f64::from_ne_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]),
-        GemmType::F32 | GemmType::Tf32 => f64::from(f32::from_ne_bytes([s[0], s[1], s[2], s[3]])),
-        GemmType::F16 => f64::from(f16::from_ne_bytes([s[0], s[1]]).to_f32()),
-        GemmType::Bf16 => f64::from(bf16::from_ne_bytes([s[0], s[1]]).to_f32()),
-    }
-}
-
 /// Checks `c` (row-major n x n, storage `ty`) against a float64 product of the stored inputs on
 /// a grid of sampled rows and columns. NaN anywhere in the sample fails.
 fn verify_square(
-    ty: GemmType,
+    ty: DType,
     dtype: DType,
     pair: &HostPair,
     c: &[u8],
@@ -403,10 +363,10 @@ fn verify_square(
     let (mut num, mut den) = (0.0f64, 0.0f64);
     let mut nan = false;
     for &i in &rows {
-        let arow: Vec<f64> = (0..n).map(|p| load(ty, &pair.a, i * n + p)).collect();
+        let arow: Vec<f64> = (0..n).map(|p| element_f64(&pair.a, ty, i * n + p)).collect();
         for &j in &cols {
-            let r: f64 = (0..n).map(|p| arow[p] * load(ty, &pair.b, p * n + j)).sum();
-            let got = load(ty, c, i * n + j);
+            let r: f64 = (0..n).map(|p| arow[p] * element_f64(&pair.b, ty, p * n + j)).sum();
+            let got = element_f64(c, ty, i * n + j);
             nan |= !got.is_finite();
             num += (got - r).powi(2);
             den += r * r;
@@ -444,34 +404,32 @@ impl Backend {
 struct GpuCase<'a> {
     gpu: &'a Gpu,
     blas: &'a Blas,
-    ty: GemmType,
+    ty: DType,
     n: usize,
-    a: Vec<DeviceBytes>,
-    b: Vec<DeviceBytes>,
-    c: Vec<DeviceBytes>,
+    a: Vec<DeviceBuffer>,
+    b: Vec<DeviceBuffer>,
+    c: Vec<DeviceBuffer>,
 }
 
 impl GpuCase<'_> {
-    fn run(&mut self, backend: &Backend, set: usize) -> Result<(), String> {
+    fn run(&mut self, backend: &Backend, set: usize) -> Result<()> {
         let n = self.n;
         let (a, b, c) = (&self.a[set], &self.b[set], &mut self.c[set]);
-        match backend {
+        Ok(match backend {
             Backend::Cublas => self.blas.gemm(self.ty, a, b, c, (n, n, n)),
             Backend::Lt(plan) => self.blas.gemm_lt(plan, a, b, c),
-        }
-        .map_err(|e| e.to_string())
+        }?)
     }
 
-    fn samples(&mut self, backend: &Backend, plan: Plan) -> Result<Vec<f64>, String> {
+    fn samples(&mut self, backend: &Backend, plan: Plan) -> Result<Vec<f64>> {
         let sets = self.a.len();
         let mut i = 0usize;
-        let stream = self.gpu.stream.clone();
+        let stream = self.gpu.stream().clone();
         device_samples(&stream, plan, || {
             let r = self.run(backend, i % sets);
             i += 1;
             r
         })
-        .map_err(|e| e.to_string())
     }
 }
 
@@ -494,11 +452,10 @@ impl Turns {
         opts: &MatmulOptions,
         plan: Plan,
         shape: Option<TurnShape>,
-        ours: &mut dyn FnMut(Plan) -> Result<Vec<f64>, String>,
-    ) -> (Result<Measurement, String>, Option<PeerSamples>) {
-        let summarise = |p: Plan, s: Result<Vec<f64>, String>| {
-            s.and_then(|s| Measurement::of(clock, p, &s).map_err(|e| e.to_string()))
-        };
+        ours: &mut dyn FnMut(Plan) -> Result<Vec<f64>>,
+    ) -> (Result<Measurement>, Option<PeerSamples>) {
+        let summarise =
+            |p: Plan, s: Result<Vec<f64>>| s.and_then(|s| Measurement::of(clock, p, &s));
         let Some(server) = self.server.as_mut() else {
             return (summarise(plan, ours(plan)), None);
         };
@@ -613,7 +570,7 @@ pub fn run_matmul_with_pytorch(
     discovery: &Discovery,
     opts: &MatmulOptions,
     progress: &mut dyn FnMut(&str),
-) -> (MatmulReport, Result<String, String>) {
+) -> (MatmulReport, Result<String>) {
     let threads = Some(cpu::threads());
     let server = match opts.selection {
         DeviceSelection::One(Device::Cpu) => PeerServer::start("cpu", threads),
@@ -685,7 +642,7 @@ fn run_matmul_turns(
                 report.gpu = Some(facts);
             }
             (Err(e), _) => report.gpu_unavailable = Some(e.to_string()),
-            (_, Err(e)) => report.gpu_unavailable = Some(e),
+            (_, Err(e)) => report.gpu_unavailable = Some(e.to_string()),
         }
     }
     if matches!(
@@ -733,8 +690,8 @@ fn gpu_row(
 ) -> MatmulRow {
     let dev = Device::Cuda(gpu.ordinal);
     let mut row = MatmulRow::new(dev, dtype, n);
-    let ty = gemm_type(dtype);
-    let set_bytes = 3 * n * n * ty.elem_bytes();
+    let ty = dtype;
+    let set_bytes = 3 * n * n * ty.size_bytes();
     // rotate over enough input sets that they cannot all sit in L2 (measure HBM, not cache),
     // and over at least MIN_SETS of them at any size: where operands sit moves a power-capped
     // product's speed (run 49), and a figure should not hang on one allocation
@@ -771,13 +728,10 @@ fn gpu_row(
             a: opts.init.draw_storage(ty, n * n, seed ^ (2 * s as u64 + 1)),
             b: opts.init.draw_storage(ty, n * n, seed ^ (2 * s as u64 + 2)),
         };
-        let up = (|| -> Result<(), String> {
-            case.a.push(gpu.upload(&pair.a).map_err(|e| e.to_string())?);
-            case.b.push(gpu.upload(&pair.b).map_err(|e| e.to_string())?);
-            case.c.push(
-                gpu.alloc(n * n * ty.elem_bytes())
-                    .map_err(|e| e.to_string())?,
-            );
+        let up = (|| -> Result<()> {
+            case.a.push(gpu.upload(&pair.a)?);
+            case.b.push(gpu.upload(&pair.b)?);
+            case.c.push(gpu.alloc(n * n * ty.size_bytes())?);
             Ok(())
         })();
         if let Err(e) = up {
@@ -858,26 +812,19 @@ fn gpu_row(
     let timing = match timing {
         Ok(m) => m,
         Err(e) => {
-            row.status = RowStatus::Failed(e);
+            row.status = RowStatus::Failed(e.to_string());
             return row;
         }
     };
     // poison, recompute on set 0, compare: a wrong fast number is never reported
-    let verified = (|| -> Result<Verification, String> {
-        let nan_fill = vec![0xFFu8; case.c[0].len()];
-        gpu.stream
-            .memcpy_htod(&nan_fill, &mut case.c[0])
-            .map_err(|e| e.to_string())?;
+    let verified = (|| -> Result<Verification> {
+        gpu.fill(case.c[0].view(), 0xFF)?;
         case.run(backend, 0)?;
-        let c = gpu.download(&case.c[0]).map_err(|e| e.to_string())?;
-        Ok(verify_square(
-            ty,
-            dtype,
-            host0.as_ref().ok_or("no inputs")?,
-            &c,
-            n,
-            seed,
-        ))
+        let c = gpu.download(&case.c[0])?;
+        let inputs = host0
+            .as_ref()
+            .ok_or_else(|| Error::Failed("no inputs".into()))?;
+        Ok(verify_square(ty, dtype, inputs, &c, n, seed))
     })();
     match verified {
         Ok(v) => {
@@ -1042,7 +989,7 @@ fn cpu_rows(
 fn cpu_row(dtype: DType, n: usize, opts: &MatmulOptions, turns: &mut Turns) -> MatmulRow {
     let mut row = MatmulRow::new(Device::Cpu, dtype, n);
     let seed = fresh_seed();
-    let ty = gemm_type(dtype);
+    let ty = dtype;
     let pair = HostPair {
         a: opts.init.draw_storage(ty, n * n, seed ^ 1),
         b: opts.init.draw_storage(ty, n * n, seed ^ 2),
@@ -1053,42 +1000,38 @@ fn cpu_row(dtype: DType, n: usize, opts: &MatmulOptions, turns: &mut Turns) -> M
         turns.time(Clock::Host, ("cpu", dtype, n), opts, plan, None, &mut |p| {
             host_samples(p, || {
                 work();
-                Ok::<(), String>(())
+                Ok::<(), Error>(())
             })
-            .map_err(|e| e.to_string())
         })
     };
     // the operands, decoded from the stored bytes the check reads too
-    let values = |bytes: &[u8]| (0..n * n).map(|i| load(ty, bytes, i)).collect::<Vec<f64>>();
+    let values = |bytes: &[u8]| decode_f64(bytes, ty);
     let ((timing, theirs), c_bytes) = match dtype {
         DType::F64 => {
             let (a, b) = (values(&pair.a), values(&pair.b));
             let mut c = vec![f64::NAN; n * n];
             let t = time(&mut || cpu::matmul_f64(&a, &b, &mut c, n, n, n));
-            (
-                t,
-                c.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>(),
-            )
+            (t, bytes_of(&c).to_vec())
         }
         DType::F16 => {
             let to_f16 = |v: Vec<f64>| v.into_iter().map(f16::from_f64).collect::<Vec<f16>>();
             let (a, b) = (to_f16(values(&pair.a)), to_f16(values(&pair.b)));
             let mut c = vec![f16::NAN; n * n];
             let t = time(&mut || cpu::matmul_f16(&a, &b, &mut c, n, n, n));
-            (t, c.iter().flat_map(|x| x.to_ne_bytes()).collect())
+            (t, bytes_of(&c).to_vec())
         }
         _ => {
             let to_f32 = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
             let (a, b) = (to_f32(values(&pair.a)), to_f32(values(&pair.b)));
             let mut c = vec![f32::NAN; n * n];
             let t = time(&mut || cpu::matmul_f32(&a, &b, &mut c, n, n, n));
-            (t, c.iter().flat_map(|x| x.to_ne_bytes()).collect())
+            (t, bytes_of(&c).to_vec())
         }
     };
     let timing = match timing {
         Ok(t) => t,
         Err(e) => {
-            row.status = RowStatus::Failed(e);
+            row.status = RowStatus::Failed(e.to_string());
             return row;
         }
     };
@@ -1282,20 +1225,20 @@ mod tests {
     #[test]
     fn a_wrong_product_fails_verification() {
         let n = 24;
-        let ty = GemmType::F32;
+        let ty = DType::F32;
         let pair = HostPair {
-            a: to_storage(ty, &uniform_f32(n * n, 1)),
-            b: to_storage(ty, &uniform_f32(n * n, 2)),
+            a: encode_f32(&uniform_f32(n * n, 1), ty),
+            b: encode_f32(&uniform_f32(n * n, 2), ty),
         };
-        let a: Vec<f32> = (0..n * n).map(|i| load(ty, &pair.a, i) as f32).collect();
-        let b: Vec<f32> = (0..n * n).map(|i| load(ty, &pair.b, i) as f32).collect();
+        let a: Vec<f32> = (0..n * n).map(|i| element_f64(&pair.a, ty, i) as f32).collect();
+        let b: Vec<f32> = (0..n * n).map(|i| element_f64(&pair.b, ty, i) as f32).collect();
         let mut c = vec![0f32; n * n];
         cpu::matmul_f32(&a, &b, &mut c, n, n, n);
-        let good: Vec<u8> = c.iter().flat_map(|x| x.to_ne_bytes()).collect();
+        let good = bytes_of(&c).to_vec();
         assert!(verify_square(ty, DType::F32, &pair, &good, n, 9).passed);
         // one wrong entry in the last row/column (always sampled) must fail
         c[n * n - 1] += 0.5;
-        let bad: Vec<u8> = c.iter().flat_map(|x| x.to_ne_bytes()).collect();
+        let bad = bytes_of(&c).to_vec();
         assert!(!verify_square(ty, DType::F32, &pair, &bad, n, 9).passed);
         // NaN (an unwritten poisoned output) must fail
         let nan = vec![0xFFu8; n * n * 4];
@@ -1307,7 +1250,7 @@ mod tests {
     fn tf32_error_cannot_pass_as_f32() {
         // TF32 keeps 10 mantissa bits: rounding inputs so must exceed the f32 tolerance
         let n = 256;
-        let ty = GemmType::F32;
+        let ty = DType::F32;
         let a = uniform_f32(n * n, 3);
         let b = uniform_f32(n * n, 4);
         let round = |x: f32| f32::from_bits(x.to_bits() & !0x1FFF);
@@ -1316,10 +1259,10 @@ mod tests {
         let mut c = vec![0f32; n * n];
         cpu::matmul_f32(&at, &bt, &mut c, n, n, n);
         let pair = HostPair {
-            a: to_storage(ty, &a),
-            b: to_storage(ty, &b),
+            a: encode_f32(&a, ty),
+            b: encode_f32(&b, ty),
         };
-        let bytes: Vec<u8> = c.iter().flat_map(|x| x.to_ne_bytes()).collect();
+        let bytes = bytes_of(&c).to_vec();
         let v = verify_square(ty, DType::F32, &pair, &bytes, n, 5);
         assert!(!v.passed, "{v:?}");
         assert!(verify_square(ty, DType::Tf32, &pair, &bytes, n, 5).passed);

@@ -3,6 +3,7 @@
 //! the engine's own plan; the CUDA context's cost, which no allocator sees; a memory limit;
 //! out-of-memory as an explanation, with `--on-oom halve` and `--find-max-batch`.
 
+use crate::error::{Error, Result};
 use crate::harness::{time_device, Plan};
 use crate::matmul::RowStatus;
 use crate::random::{fresh_seed, uniform_f32};
@@ -10,9 +11,10 @@ use gpukit_cuda::driver::{device_attributes, probe};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::nvml::NvmlSession;
 use gpukit_models::forward::fold;
-use gpukit_models::gpu::{
-    arena_bytes, EngineError, GpuContext, GpuWeights, NetShape, Precision, Session,
-};
+use gpukit_cuda::{Gpu, PoolStats};
+use gpukit_models::gpu::{arena_bytes, GpuContext, GpuWeights, NetShape, Session};
+use gpukit_models::Error as EngineError;
+use gpukit_tensor::{DType, Layout, Tensor};
 use gpukit_models::weights::{load_safetensors, seeded_init};
 use gpukit_models::ResNet;
 use serde::{Deserialize, Serialize};
@@ -22,9 +24,9 @@ use std::path::PathBuf;
 pub struct MemoryOptions {
     pub model: ResNet,
     pub batch_sizes: Vec<usize>,
-    pub precision: Precision,
-    /// NHWC activations (the tensor-core layout); NCHW otherwise.
-    pub nhwc: bool,
+    pub dtype: DType,
+    /// NHWC activations (the tensor-core layout) or NCHW.
+    pub layout: Layout,
     pub image_size: usize,
     pub weights: Option<PathBuf>,
     pub ordinal: usize,
@@ -135,17 +137,6 @@ pub struct PinnedHost {
     pub pinned_h2d_gb_s: f64,
 }
 
-/// Why the command could not run at all.
-#[derive(Debug, thiserror::Error)]
-pub enum MemoryError {
-    /// Bad input: exit 2.
-    #[error("{0}")]
-    Invalid(String),
-    /// No GPU, missing library, device failure: exit 1.
-    #[error("{0}")]
-    Device(String),
-}
-
 fn process_used(nvml: Option<&NvmlSession>, uuid: &str) -> Option<u64> {
     let me = std::process::id();
     nvml?
@@ -166,33 +157,28 @@ pub fn run_memory(
     discovery: &Discovery,
     opts: &MemoryOptions,
     progress: &mut dyn FnMut(&str),
-) -> Result<MemoryReport, MemoryError> {
+) -> Result<MemoryReport> {
     if let Some(f) = opts.memory_fraction {
         if !(f > 0.0 && f <= 1.0) {
-            return Err(MemoryError::Invalid(format!(
+            return Err(Error::BadInput(format!(
                 "--memory-fraction {f} must be above 0 and at most 1"
             )));
         }
     }
     let dict = match &opts.weights {
-        Some(p) => load_safetensors(p, opts.model, None)
-            .map_err(|e| MemoryError::Invalid(e.to_string()))?,
+        Some(p) => load_safetensors(p, opts.model, None)?,
         None => seeded_init(opts.model, 1000, 0, true),
     };
-    let folded = fold(&dict).map_err(|e| MemoryError::Invalid(e.to_string()))?;
+    let folded = fold(&dict)?;
     let driver = probe(discovery)
-        .map_err(|e| MemoryError::Device(format!("gpukit memory needs a GPU: {e}")))?;
-    let attrs = device_attributes(opts.ordinal, driver.device_count)
-        .map_err(|e| MemoryError::Device(e.to_string()))?;
+        .map_err(|e| Error::Unavailable(format!("gpukit memory needs a GPU: {e}")))?;
+    let attrs = device_attributes(opts.ordinal, driver.device_count)?;
     let nvml = NvmlSession::open(discovery).ok();
     let before = device_used(nvml.as_ref(), &attrs.uuid);
     progress("memory: opening the GPU (context, cuDNN, cuBLAS, kernels)");
-    let mut ctx = GpuContext::open(discovery, opts.ordinal)
-        .map_err(|e| MemoryError::Device(e.to_string()))?;
-    let dev = |e: EngineError| MemoryError::Device(e.to_string());
-    let cuda = |e: gpukit_cuda::driver::CudaError| MemoryError::Device(e.to_string());
-    ctx.gpu.stream.synchronize().map_err(|e| cuda(e.into()))?;
-    let pool0 = ctx.gpu.pool_stats().map_err(cuda)?;
+    let mut ctx = GpuContext::open(discovery, opts.ordinal)?;
+    ctx.gpu.synchronize()?;
+    let pool0 = ctx.gpu.pool_stats()?;
     let after = device_used(nvml.as_ref(), &attrs.uuid);
     let proc_used = process_used(nvml.as_ref(), &attrs.uuid);
     let context = ContextCost {
@@ -210,8 +196,8 @@ pub fn run_memory(
 
     let mut report = MemoryReport {
         model: opts.model.name().to_string(),
-        precision: opts.precision.name().to_string(),
-        layout: if opts.nhwc { "NHWC" } else { "NCHW" }.to_string(),
+        precision: opts.dtype.precision_name().to_string(),
+        layout: opts.layout.name().to_ascii_uppercase(),
         device: format!("cuda:{} {}", opts.ordinal, attrs.name),
         total_bytes: total,
         limit_bytes: ctx.limit,
@@ -224,7 +210,7 @@ pub fn run_memory(
         pinned: None,
     };
     progress("memory: uploading the weights");
-    let weights = match GpuWeights::upload(&ctx, &folded, opts.precision, opts.nhwc) {
+    let weights = match GpuWeights::upload(&ctx, &folded, opts.dtype, opts.layout) {
         Ok(w) => w,
         Err(e) => {
             // even the weights do not fit (a tiny --memory-fraction): one row says so
@@ -232,8 +218,8 @@ pub fn run_memory(
             return Ok(report);
         }
     };
-    ctx.gpu.stream.synchronize().map_err(|e| cuda(e.into()))?;
-    let base = ctx.gpu.pool_stats().map_err(cuda)?;
+    ctx.gpu.synchronize()?;
+    let base = ctx.gpu.pool_stats()?;
     report.baseline_used = base.used;
     report.baseline_reserved = base.reserved;
     let s = opts.image_size;
@@ -254,7 +240,7 @@ pub fn run_memory(
                 Err(e) if e.is_out_of_memory() && opts.on_oom_halve && n > 1 => {
                     notes.push(format!("batch {n} did not fit ({e}); halved to {}", n / 2));
                     n /= 2;
-                    ctx.gpu.empty_cache().map_err(cuda)?;
+                    ctx.gpu.empty_cache()?;
                 }
                 Err(e) => {
                     let mut row = failed_row(asked, n, &e);
@@ -262,8 +248,8 @@ pub fn run_memory(
                         row.note = Some(notes.join("; "));
                     }
                     row.pool_reserved_after = {
-                        ctx.gpu.empty_cache().map_err(cuda)?;
-                        ctx.gpu.pool_stats().map_err(cuda)?.reserved
+                        ctx.gpu.empty_cache()?;
+                        ctx.gpu.pool_stats()?.reserved
                     };
                     report.rows.push(row);
                     break;
@@ -273,19 +259,16 @@ pub fn run_memory(
     }
     if opts.find_max_batch {
         progress("memory: searching the largest batch that fits");
-        report.max_batch = Some(find_max_batch(&ctx, &weights, s, &base).map_err(dev)?);
+        report.max_batch = Some(find_max_batch(&ctx, &weights, s, &base)?);
     }
     progress("memory: pinned against pageable host memory");
-    report.pinned = Some(pinned_host(&ctx.gpu, 256 << 20).map_err(cuda)?);
-    ctx.gpu.empty_cache().map_err(cuda)?;
+    report.pinned = Some(pinned_host(&ctx.gpu, 256 << 20)?);
+    ctx.gpu.empty_cache()?;
     Ok(report)
 }
 
 /// Measures [`PinnedHost`] with buffers of `bytes`.
-fn pinned_host(
-    gpu: &gpukit_cuda::driver::Gpu,
-    bytes: usize,
-) -> Result<PinnedHost, gpukit_cuda::driver::CudaError> {
+fn pinned_host(gpu: &Gpu, bytes: usize) -> Result<PinnedHost> {
     use gpukit_cuda::transfer::{copy_h2d, PinnedBytes};
     use std::time::Instant;
     let pattern = |buf: &mut [u8]| {
@@ -302,19 +285,18 @@ fn pinned_host(
     pattern(pinned.as_mut_slice());
     let pinned_alloc_ms = t.elapsed().as_secs_f64() * 1e3;
     let mut dev = gpu.alloc(bytes)?;
-    let mut speed = |src: &[u8]| -> Result<f64, gpukit_cuda::driver::CudaError> {
+    let mut speed = |src: &[u8]| -> Result<f64> {
         let mut times = Vec::new();
         for _ in 0..5 {
-            gpu.stream.synchronize()?;
+            gpu.synchronize()?;
             let t = Instant::now();
-            copy_h2d(&gpu.stream, src, &mut dev)?;
-            gpu.stream.synchronize()?;
+            copy_h2d(gpu.stream(), src, &mut dev)?;
+            gpu.synchronize()?;
             times.push(t.elapsed().as_secs_f64());
         }
         times.sort_by(f64::total_cmp);
-        let back = gpu.download_from(gpukit_cuda::mem::View::of(&dev, &gpu.stream), bytes)?;
-        if back != src {
-            return Err(gpukit_cuda::driver::CudaError::Invalid(
+        if gpu.download(&dev)? != src {
+            return Err(Error::Failed(
                 "a host->device copy did not arrive byte-exact".into(),
             ));
         }
@@ -336,7 +318,7 @@ fn pinned_host(
     })
 }
 
-fn failed_row(asked: usize, n: usize, e: &EngineError) -> MemoryRow {
+fn failed_row(asked: usize, n: usize, e: &dyn std::fmt::Display) -> MemoryRow {
     MemoryRow {
         batch_requested: asked,
         batch: n,
@@ -368,31 +350,22 @@ fn measure(
     s: usize,
     uuid: &str,
     nvml: Option<&NvmlSession>,
-    base: &gpukit_cuda::mem::PoolStats,
-) -> Result<MemoryRow, EngineError> {
+    base: &PoolStats,
+) -> Result<MemoryRow> {
     ctx.gpu.reset_pool_peaks()?;
-    let x = uniform_f32(n * 3 * s * s, fresh_seed());
+    let x = Tensor::from_f32(&[n, 3, s, s], uniform_f32(n * 3 * s * s, fresh_seed()))?;
     let (memory, ms, proc_used, planning, note) = {
         let mut session = Session::new(ctx, weights, n, s, s, true)?;
-        ctx.gpu
-            .stream
-            .synchronize()
-            .map_err(gpukit_cuda::driver::CudaError::from)?;
+        ctx.gpu.synchronize()?;
         let planning = ctx.gpu.pool_stats()?.used_high;
         ctx.gpu.reset_pool_peaks()?;
         let logits = session.run(&x)?;
-        if logits.iter().any(|v| !v.is_finite()) {
-            return Err(EngineError::Invalid(format!(
-                "batch {n}: the logits are not finite"
-            )));
+        if logits.f32_values()?.iter().any(|v| !v.is_finite()) {
+            return Err(Error::Failed(format!("batch {n}: the logits are not finite")));
         }
         session.capture()?;
-        let t = time_device(&ctx.gpu.stream, Plan::new(2, 10), || session.replay())
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
-        ctx.gpu
-            .stream
-            .synchronize()
-            .map_err(gpukit_cuda::driver::CudaError::from)?;
+        let t = time_device(ctx.gpu.stream(), Plan::new(2, 10), || session.replay())?;
+        ctx.gpu.synchronize()?;
         (
             session.memory,
             t.summary_ms.median,
@@ -450,8 +423,8 @@ fn find_max_batch(
     ctx: &GpuContext,
     weights: &GpuWeights,
     s: usize,
-    base: &gpukit_cuda::mem::PoolStats,
-) -> Result<MaxBatch, EngineError> {
+    base: &PoolStats,
+) -> Result<MaxBatch> {
     const CAP: usize = 1 << 20;
     let start = std::time::Instant::now();
     let mut attempts = 0;

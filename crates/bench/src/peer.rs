@@ -1,6 +1,7 @@
 //! PyTorch as a peer: runs scripts/pytorch_reference.py (embedded in the binary, so it works from
 //! any directory) with the python3 on PATH, in the same invocation as gpukit's own run.
 
+use crate::error::{Error, Result};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -30,13 +31,16 @@ fn python() -> PathBuf {
 struct ScriptFile(PathBuf);
 
 impl ScriptFile {
-    fn write(tag: &str) -> Result<ScriptFile, String> {
+    fn write(tag: &str) -> Result<ScriptFile> {
         let path = std::env::temp_dir().join(format!(
             "gpukit-pytorch-reference-{}-{tag}.py",
             std::process::id()
         ));
-        std::fs::write(&path, SCRIPT)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        std::fs::write(&path, SCRIPT).map_err(|source| Error::Io {
+            what: "the PyTorch reference script",
+            path: path.clone(),
+            source,
+        })?;
         Ok(ScriptFile(path))
     }
 }
@@ -47,28 +51,30 @@ impl Drop for ScriptFile {
     }
 }
 
-fn cannot_run(python: &std::path::Path, e: std::io::Error) -> String {
-    format!(
+fn cannot_run(python: &std::path::Path, e: std::io::Error) -> Error {
+    Error::Peer(format!(
         "cannot run {}: {e} (install Python 3 and PyTorch to compare)",
         python.display()
-    )
+    ))
 }
 
 /// A document of the script's, or the error it reports (`"ok": false`).
-fn succeeded(doc: Value) -> Result<Value, String> {
+fn succeeded(doc: Value) -> Result<Value> {
     if doc["ok"] == Value::Bool(true) {
         Ok(doc)
     } else {
-        Err(doc["error"]
-            .as_str()
-            .unwrap_or("PyTorch reference failed")
-            .to_string())
+        Err(Error::Peer(
+            doc["error"]
+                .as_str()
+                .unwrap_or("PyTorch reference failed")
+                .to_string(),
+        ))
     }
 }
 
 /// Runs the script with `args` (a subcommand and its flags). The error is one line a person can
 /// act on: no python3, no torch, or what the script reported.
-pub fn run_pytorch(args: &[String]) -> Result<PeerRun, String> {
+pub fn run_pytorch(args: &[String]) -> Result<PeerRun> {
     let python = python();
     let script = ScriptFile::write("run")?;
     let out = Command::new(&python).arg(&script.0).args(args).output();
@@ -76,11 +82,11 @@ pub fn run_pytorch(args: &[String]) -> Result<PeerRun, String> {
     let out = out.map_err(|e| cannot_run(&python, e))?;
     let doc: Value = serde_json::from_slice(&out.stdout).map_err(|_| {
         let err = String::from_utf8_lossy(&out.stderr);
-        format!(
+        Error::Peer(format!(
             "the PyTorch reference printed no JSON (exit {:?}): {}",
             out.status.code(),
             err.lines().last().unwrap_or("")
-        )
+        ))
     })?;
     let doc = succeeded(doc)?;
     Ok(PeerRun {
@@ -108,7 +114,7 @@ pub struct PeerServer {
 
 impl PeerServer {
     /// Starts `pytorch_reference.py serve --device DEVICE` and waits for its ready line.
-    pub fn start(device: &str, threads: Option<usize>) -> Result<PeerServer, String> {
+    pub fn start(device: &str, threads: Option<usize>) -> Result<PeerServer> {
         PeerServer::start_with(python(), device, threads)
     }
 
@@ -116,7 +122,7 @@ impl PeerServer {
         python: PathBuf,
         device: &str,
         threads: Option<usize>,
-    ) -> Result<PeerServer, String> {
+    ) -> Result<PeerServer> {
         let script = ScriptFile::write(device)?;
         let mut cmd = Command::new(&python);
         cmd.arg(&script.0).args(["serve", "--device", device]);
@@ -144,7 +150,9 @@ impl PeerServer {
         });
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
-            return Err("the PyTorch reference's pipes could not be opened".into());
+            return Err(Error::Peer(
+                "the PyTorch reference's pipes could not be opened".into(),
+            ));
         };
         let mut server = PeerServer {
             child,
@@ -162,7 +170,7 @@ impl PeerServer {
         Ok(server)
     }
 
-    fn read_reply(&mut self) -> Result<Value, String> {
+    fn read_reply(&mut self) -> Result<Value> {
         let mut line = String::new();
         let read = self.stdout.read_line(&mut line);
         if matches!(read, Ok(0) | Err(_)) {
@@ -175,13 +183,15 @@ impl PeerServer {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
             let why = self.last_err.lock().map(|l| l.clone()).unwrap_or_default();
-            return Err(format!("the PyTorch reference stopped answering: {why}"));
+            return Err(Error::Peer(format!(
+                "the PyTorch reference stopped answering: {why}"
+            )));
         }
         let doc: Value = serde_json::from_str(&line).map_err(|_| {
-            format!(
+            Error::Peer(format!(
                 "the PyTorch reference answered something else: {}",
                 line.trim()
-            )
+            ))
         })?;
         succeeded(doc)
     }
@@ -197,7 +207,7 @@ impl PeerServer {
         warmup: usize,
         reps: usize,
         budget_s: f64,
-    ) -> Result<Vec<f64>, String> {
+    ) -> Result<Vec<f64>> {
         self.block(
             json!({"op": "matmul", "device": device, "dtype": dtype, "size": size,
             "init": init, "warmup": warmup, "iterations": reps,
@@ -213,27 +223,27 @@ impl PeerServer {
         bytes: usize,
         warmup: usize,
         reps: usize,
-    ) -> Result<Vec<f64>, String> {
+    ) -> Result<Vec<f64>> {
         self.block(
             json!({"op": "copy", "kind": kind, "bytes": bytes, "warmup": warmup,
             "iterations": reps}),
         )
     }
 
-    fn block(&mut self, req: Value) -> Result<Vec<f64>, String> {
+    fn block(&mut self, req: Value) -> Result<Vec<f64>> {
         let stdin = self
             .stdin
             .as_mut()
-            .ok_or("the PyTorch reference is closed")?;
+            .ok_or_else(|| Error::Peer("the PyTorch reference is closed".into()))?;
         writeln!(stdin, "{req}")
             .and_then(|_| stdin.flush())
-            .map_err(|e| format!("cannot reach the PyTorch reference: {e}"))?;
+            .map_err(|e| Error::Peer(format!("cannot reach the PyTorch reference: {e}")))?;
         let doc = self.read_reply()?;
         doc["times_ms"]
             .as_array()
             .map(|a| a.iter().filter_map(Value::as_f64).collect::<Vec<_>>())
             .filter(|v| !v.is_empty())
-            .ok_or_else(|| "the PyTorch reference returned no times".to_string())
+            .ok_or_else(|| Error::Peer("the PyTorch reference returned no times".into()))
     }
 }
 
@@ -275,7 +285,7 @@ pub(crate) mod tests {
     #[test]
     fn a_missing_interpreter_is_a_message_not_a_panic() {
         std::env::set_var("GPUKIT_PYTHON", "/nonexistent/python3");
-        let e = run_pytorch(&["matmul".into()]).unwrap_err();
+        let e = run_pytorch(&["matmul".into()]).unwrap_err().to_string();
         std::env::remove_var("GPUKIT_PYTHON");
         assert!(e.contains("/nonexistent/python3"), "{e}");
     }
@@ -284,7 +294,8 @@ pub(crate) mod tests {
     fn a_missing_interpreter_stops_the_server_with_a_message() {
         let e = PeerServer::start_with("/nonexistent/python3".into(), "cpu", None)
             .err()
-            .unwrap();
+            .unwrap()
+            .to_string();
         assert!(e.contains("/nonexistent/python3"), "{e}");
     }
 
@@ -326,7 +337,7 @@ pub(crate) mod tests {
         let e = server
             .matmul_block("cpu", "bf16", 64, "normal", 1, 2, f64::INFINITY)
             .unwrap_err();
-        assert_eq!(e, "no bf16 here");
+        assert_eq!(e.to_string(), "no bf16 here");
         // still answering after an error
         assert!(server
             .matmul_block("cuda:0", "f16", 8, "uniform", 0, 1, 1.0)
@@ -337,7 +348,10 @@ pub(crate) mod tests {
             vec![0.25]
         );
         assert_eq!(
-            server.copy_block("d2h_pinned", 1 << 20, 1, 1).unwrap_err(),
+            server
+                .copy_block("d2h_pinned", 1 << 20, 1, 1)
+                .unwrap_err()
+                .to_string(),
             "copy did not match"
         );
         drop(server);
@@ -357,7 +371,10 @@ pub(crate) mod tests {
         )
         .unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let e = PeerServer::start_with(path, "cpu", None).err().unwrap();
+        let e = PeerServer::start_with(path, "cpu", None)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(
             e.contains("stopped answering") && e.contains("no torch"),
             "{e}"

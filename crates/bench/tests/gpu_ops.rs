@@ -3,14 +3,15 @@
 //! at sizes that are not a multiple of the chunk). Ignored, with the reason, without a GPU;
 //! GPUKIT_REQUIRE_GPU=1 makes a missing GPU a failure.
 
-use gpukit_bench::cpu::{self, ConvShape, Layout};
+use gpukit_bench::cpu;
 use gpukit_bench::random::{fill_bytes, fresh_seed, uniform_f32};
-use gpukit_cuda::blas::{Blas, GemmType};
-use gpukit_cuda::dnn::{ConvDims, ConvType, Dnn};
-use gpukit_cuda::driver::Gpu;
+use gpukit_cuda::blas::Blas;
+use gpukit_cuda::dnn::{Conv, Dnn};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::transfer::{copy_d2d, copy_d2h, copy_h2d, h2d_staged, PinnedBytes};
-use half::{bf16, f16};
+use gpukit_cuda::Gpu;
+use gpukit_tensor::codec::{decode_f64, encode_f32, round_f32};
+use gpukit_tensor::{ConvShape, DType, Layout};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::OnceLock;
 
@@ -20,27 +21,12 @@ fn gpu() -> Result<Gpu, Failed> {
     Gpu::open(DISCOVERY.get().ok_or("no discovery")?, 0).map_err(|e| e.to_string().into())
 }
 
-use gpukit_bench::matmul::to_storage as encode;
+fn encode(ty: DType, v: &[f32]) -> Vec<u8> {
+    encode_f32(v, ty)
+}
 
-fn decode(ty: GemmType, b: &[u8]) -> Vec<f64> {
-    match ty {
-        GemmType::F64 => b
-            .chunks_exact(8)
-            .map(|c| f64::from_ne_bytes(c.try_into().unwrap()))
-            .collect(),
-        GemmType::F32 | GemmType::Tf32 => b
-            .chunks_exact(4)
-            .map(|c| f64::from(f32::from_ne_bytes(c.try_into().unwrap())))
-            .collect(),
-        GemmType::F16 => b
-            .chunks_exact(2)
-            .map(|c| f64::from(f16::from_ne_bytes([c[0], c[1]]).to_f32()))
-            .collect(),
-        GemmType::Bf16 => b
-            .chunks_exact(2)
-            .map(|c| f64::from(bf16::from_ne_bytes([c[0], c[1]]).to_f32()))
-            .collect(),
-    }
+fn decode(ty: DType, b: &[u8]) -> Vec<f64> {
+    decode_f64(b, ty)
 }
 
 fn rel(got: &[f64], want: &[f64]) -> f64 {
@@ -58,11 +44,11 @@ fn gemm_all_types_non_square() -> Result<(), Failed> {
     let blas = Blas::new(DISCOVERY.get().ok_or("no discovery")?, &g).map_err(|e| e.to_string())?;
     let (m, n, k) = (67usize, 129usize, 255usize);
     for (ty, tol) in [
-        (GemmType::F64, 1e-13),
-        (GemmType::F32, 2e-6),
-        (GemmType::Tf32, 3e-3),
-        (GemmType::F16, 3e-3),
-        (GemmType::Bf16, 1.5e-2),
+        (DType::F64, 1e-13),
+        (DType::F32, 2e-6),
+        (DType::Tf32, 3e-3),
+        (DType::F16, 3e-3),
+        (DType::Bf16, 1.5e-2),
     ] {
         let seed = fresh_seed();
         let a = encode(ty, &uniform_f32(m * k, seed ^ 1));
@@ -77,7 +63,7 @@ fn gemm_all_types_non_square() -> Result<(), Failed> {
         let ad = g.upload(&a).map_err(|e| e.to_string())?;
         let bd = g.upload(&b).map_err(|e| e.to_string())?;
         let mut cd = g
-            .upload(&vec![0xFFu8; m * n * ty.elem_bytes()])
+            .upload(&vec![0xFFu8; m * n * ty.size_bytes()])
             .map_err(|e| e.to_string())?;
         blas.gemm(ty, &ad, &bd, &mut cd, (m, n, k))
             .map_err(|e| e.to_string())?;
@@ -99,7 +85,7 @@ fn gemm_all_types_non_square() -> Result<(), Failed> {
         }
         for plan in &plans {
             let mut cd = g
-                .upload(&vec![0xFFu8; m * n * ty.elem_bytes()])
+                .upload(&vec![0xFFu8; m * n * ty.size_bytes()])
                 .map_err(|e| e.to_string())?;
             blas.gemm_lt(plan, &ad, &bd, &mut cd)
                 .map_err(|e| e.to_string())?;
@@ -125,9 +111,9 @@ fn f32_gemm_is_not_tf32() -> Result<(), Failed> {
     let blas = Blas::new(DISCOVERY.get().ok_or("no discovery")?, &g).map_err(|e| e.to_string())?;
     let (m, n, k) = (64usize, 64usize, 4096usize);
     let seed = fresh_seed();
-    let a = encode(GemmType::F32, &uniform_f32(m * k, seed ^ 3));
-    let b = encode(GemmType::F32, &uniform_f32(k * n, seed ^ 4));
-    let (af, bf) = (decode(GemmType::F32, &a), decode(GemmType::F32, &b));
+    let a = encode(DType::F32, &uniform_f32(m * k, seed ^ 3));
+    let b = encode(DType::F32, &uniform_f32(k * n, seed ^ 4));
+    let (af, bf) = (decode(DType::F32, &a), decode(DType::F32, &b));
     let want: Vec<f64> = (0..m * n)
         .map(|ij| {
             (0..k)
@@ -138,7 +124,7 @@ fn f32_gemm_is_not_tf32() -> Result<(), Failed> {
     let ad = g.upload(&a).map_err(|e| e.to_string())?;
     let bd = g.upload(&b).map_err(|e| e.to_string())?;
     let mut errs = Vec::new();
-    for ty in [GemmType::F32, GemmType::Tf32] {
+    for ty in [DType::F32, DType::Tf32] {
         let mut cd = g.alloc(m * n * 4).map_err(|e| e.to_string())?;
         blas.gemm(ty, &ad, &bd, &mut cd, (m, n, k))
             .map_err(|e| e.to_string())?;
@@ -158,117 +144,65 @@ fn f32_gemm_is_not_tf32() -> Result<(), Failed> {
     }
 }
 
+/// Small convolutions of every kind gpukit runs (3x3, strided, 1x1, the 7x7 stem) in both
+/// layouts and every dtype, each through cuDNN's selection policy (the engine `bench conv` and
+/// the inference engine use), against the CPU's f32 convolution of the same rounded inputs.
 fn cudnn_conv_matches_cpu() -> Result<(), Failed> {
     let g = gpu()?;
     let dnn = Dnn::new(DISCOVERY.get().ok_or("no discovery")?, &g).map_err(|e| e.to_string())?;
+    let shape = |n, c, h, k, r, stride, pad| ConvShape {
+        n,
+        c,
+        h,
+        w: h + 2,
+        k,
+        r,
+        s: r,
+        stride,
+        pad,
+    };
     let shapes = [
-        ConvShape {
-            n: 2,
-            c: 16,
-            h: 13,
-            w: 11,
-            k: 24,
-            r: 3,
-            s: 3,
-            stride: 1,
-            pad: 1,
-        },
-        ConvShape {
-            n: 3,
-            c: 8,
-            h: 17,
-            w: 17,
-            k: 32,
-            r: 3,
-            s: 3,
-            stride: 2,
-            pad: 1,
-        },
-        ConvShape {
-            n: 2,
-            c: 64,
-            h: 7,
-            w: 7,
-            k: 16,
-            r: 1,
-            s: 1,
-            stride: 1,
-            pad: 0,
-        },
-        ConvShape {
-            n: 1,
-            c: 3,
-            h: 32,
-            w: 32,
-            k: 16,
-            r: 7,
-            s: 7,
-            stride: 2,
-            pad: 3,
-        },
+        shape(2, 16, 13, 24, 3, 1, 1),
+        shape(3, 8, 17, 32, 3, 2, 1),
+        shape(2, 64, 7, 16, 1, 1, 0),
+        shape(1, 8, 32, 16, 7, 2, 3),
     ];
     for sh in shapes {
-        for layout in [Layout::Nchw, Layout::Nhwc] {
-            for (ty, tol) in [
-                (ConvType::F32, 1e-5),
-                (ConvType::Tf32, 3e-3),
-                (ConvType::F16, 3e-3),
+        for layout in Layout::ALL {
+            for (dtype, tol) in [
+                (DType::F32, 1e-5),
+                (DType::Tf32, 3e-3),
+                (DType::F16, 3e-3),
+                (DType::Bf16, 2e-2),
             ] {
                 let seed = fresh_seed();
-                let mut x = uniform_f32(sh.input_len(), seed ^ 5);
-                let mut w = uniform_f32(sh.weight_len(), seed ^ 6);
-                if ty == ConvType::F16 {
-                    x.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32());
-                    w.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32());
-                }
+                let x = round_f32(&uniform_f32(sh.input_len(), seed ^ 5), dtype);
+                let w = round_f32(&uniform_f32(sh.weight_len(), seed ^ 6), dtype);
                 let mut want = vec![0f32; sh.output_len()];
                 cpu::conv2d_f32(&sh, layout, &x, &w, &mut want);
-                let enc = |v: &[f32]| -> Vec<u8> {
-                    if ty == ConvType::F16 {
-                        encode(GemmType::F16, v)
-                    } else {
-                        encode(GemmType::F32, v)
-                    }
+                let conv = Conv {
+                    shape: sh,
+                    layout,
+                    dtype,
                 };
-                let xd = g.upload(&enc(&x)).map_err(|e| e.to_string())?;
-                let wd = g.upload(&enc(&w)).map_err(|e| e.to_string())?;
-                let mut yd = g
-                    .upload(&vec![0xFFu8; sh.output_len() * ty.elem_bytes()])
-                    .map_err(|e| e.to_string())?;
-                let dims = ConvDims {
-                    n: sh.n,
-                    c: sh.c,
-                    h: sh.h,
-                    w: sh.w,
-                    k: sh.k,
-                    r: sh.r,
-                    s: sh.s,
-                    stride: sh.stride,
-                    pad: sh.pad,
-                    nhwc: layout == Layout::Nhwc,
-                };
-                let plan = dnn
-                    .plan_conv(dims, ty, &xd, &wd, &mut yd)
-                    .map_err(|e| e.to_string())?;
-                g.stream
-                    .memcpy_htod(&vec![0xFFu8; yd.len()], &mut yd)
-                    .map_err(|e| e.to_string())?;
-                dnn.conv_forward(&plan, &xd, &wd, &mut yd)
-                    .map_err(|e| e.to_string())?;
-                let got = decode(
-                    if ty == ConvType::F16 {
-                        GemmType::F16
-                    } else {
-                        GemmType::F32
-                    },
-                    &g.download(&yd).map_err(|e| e.to_string())?,
-                );
+                let e = |e: gpukit_cuda::Error| format!("{conv:?}: {e}");
+                let xd = g.upload(&encode(dtype, &x)).map_err(e)?;
+                let wd = g.upload(&encode(dtype, &w)).map_err(e)?;
+                let yd = g.alloc(conv.output_bytes()).map_err(e)?;
+                let choice = dnn
+                    .plan_plain_best(conv, xd.view(), wd.view(), yd.view(), true)
+                    .map_err(e)?;
+                let ws = g.alloc(choice.workspace_bytes().max(1)).map_err(e)?;
+                g.fill(yd.view(), 0xFF).map_err(e)?;
+                dnn.bare_forward(&choice, xd.view(), wd.view(), yd.view(), ws.view())
+                    .map_err(e)?;
+                let got = decode(dtype, &g.download(&yd).map_err(e)?);
                 let want64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
                 let err = rel(&got, &want64);
                 if err > tol {
                     return Err(format!(
-                        "{sh:?} {layout:?} {ty:?} ({}): relative error {err:.2e} > {tol:.0e}",
-                        plan.algo_name
+                        "{sh:?} {layout} {dtype} ({}): relative error {err:.2e} > {tol:.0e} (seed {seed})",
+                        choice.name()
                     )
                     .into());
                 }
@@ -276,6 +210,61 @@ fn cudnn_conv_matches_cpu() -> Result<(), Failed> {
         }
     }
     Ok(())
+}
+
+/// ResNet-50's convolutions in f16 and bf16, NHWC and NCHW, at batch 32: the selection policy
+/// must pick an engine that runs on tensor cores (cuDNN's own word for it: the legacy
+/// algorithm's math type, or the backend engine's numerical note). A half-precision row that
+/// lands on CUDA-core arithmetic runs at a few percent of the chip's peak.
+fn half_precision_convolutions_choose_tensor_cores() -> Result<(), Failed> {
+    let g = gpu()?;
+    let (major, _) = g.compute_capability().map_err(|e| e.to_string())?;
+    if major < 8 {
+        eprintln!("    compute capability {major}.x: bf16 tensor cores need 8.0; checking f16 only");
+    }
+    let dnn = Dnn::new(DISCOVERY.get().ok_or("no discovery")?, &g).map_err(|e| e.to_string())?;
+    let mut wrong = Vec::new();
+    for named in gpukit_bench::conv::resnet50_shapes(32) {
+        for layout in Layout::ALL {
+            for dtype in [DType::F16, DType::Bf16] {
+                if dtype == DType::Bf16 && major < 8 {
+                    continue;
+                }
+                let conv = Conv {
+                    shape: named.shape,
+                    layout,
+                    dtype,
+                };
+                let e = |e: gpukit_cuda::Error| format!("{} {layout} {dtype}: {e}", named.name);
+                let x = encode(dtype, &uniform_f32(named.shape.input_len(), fresh_seed()));
+                let w = encode(dtype, &uniform_f32(named.shape.weight_len(), fresh_seed()));
+                let (xd, wd) = (g.upload(&x).map_err(e)?, g.upload(&w).map_err(e)?);
+                let yd = g.alloc(conv.output_bytes()).map_err(e)?;
+                let choice = dnn
+                    .plan_plain_best(conv, xd.view(), wd.view(), yd.view(), true)
+                    .map_err(e)?;
+                if choice.tensor_cores() != Some(true) {
+                    wrong.push(format!(
+                        "{} {layout} {dtype}: {} (tensor cores: {:?})",
+                        named.name,
+                        choice.name(),
+                        choice.tensor_cores()
+                    ));
+                }
+            }
+        }
+        dnn.release_workspace();
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} half-precision convolution(s) chose no tensor-core engine: {}",
+            wrong.len(),
+            wrong.join("; ")
+        )
+        .into())
+    }
 }
 
 fn copies_are_byte_exact_at_odd_sizes() -> Result<(), Failed> {
@@ -289,30 +278,30 @@ fn copies_are_byte_exact_at_odd_sizes() -> Result<(), Failed> {
         ];
         let mut d = g.alloc(bytes).map_err(|e| e.to_string())?;
         h2d_staged(
-            &g.stream,
+            g.stream(),
             &src,
             &mut d,
             &mut staging,
             &|dst: &mut [u8], s: &[u8]| dst.copy_from_slice(s),
         )
         .map_err(|e| e.to_string())?;
-        g.stream.synchronize().map_err(|e| e.to_string())?;
+        g.synchronize().map_err(|e| e.to_string())?;
         if g.download(&d).map_err(|e| e.to_string())? != src {
             return Err(format!("staged copy of {bytes} bytes differs").into());
         }
         let mut d2 = g.alloc(bytes).map_err(|e| e.to_string())?;
-        copy_d2d(&g.stream, &d, &mut d2, bytes).map_err(|e| e.to_string())?;
+        copy_d2d(g.stream(), &d, &mut d2, bytes).map_err(|e| e.to_string())?;
         let mut pinned = PinnedBytes::new(&g, bytes, false).map_err(|e| e.to_string())?;
-        copy_d2h(&g.stream, &d2, pinned.as_mut_slice()).map_err(|e| e.to_string())?;
-        g.stream.synchronize().map_err(|e| e.to_string())?;
+        copy_d2h(g.stream(), &d2, pinned.as_mut_slice()).map_err(|e| e.to_string())?;
+        g.synchronize().map_err(|e| e.to_string())?;
         if pinned.as_slice() != src.as_slice() {
             return Err(
                 format!("device->device->pinned host copy of {bytes} bytes differs").into(),
             );
         }
         let mut d3 = g.alloc(bytes).map_err(|e| e.to_string())?;
-        copy_h2d(&g.stream, pinned.as_slice(), &mut d3).map_err(|e| e.to_string())?;
-        g.stream.synchronize().map_err(|e| e.to_string())?;
+        copy_h2d(g.stream(), pinned.as_slice(), &mut d3).map_err(|e| e.to_string())?;
+        g.synchronize().map_err(|e| e.to_string())?;
         if g.download(&d3).map_err(|e| e.to_string())? != src {
             return Err(format!("pinned host->device copy of {bytes} bytes differs").into());
         }
@@ -320,7 +309,7 @@ fn copies_are_byte_exact_at_odd_sizes() -> Result<(), Failed> {
     // a destination too small is an error, not a write past its end
     let small = g.alloc(10).map_err(|e| e.to_string())?;
     let mut tiny = g.alloc(5).map_err(|e| e.to_string())?;
-    if copy_d2d(&g.stream, &small, &mut tiny, 10).is_ok() {
+    if copy_d2d(g.stream(), &small, &mut tiny, 10).is_ok() {
         return Err("an oversized copy was accepted".into());
     }
     Ok(())
@@ -335,6 +324,10 @@ fn main() {
         ("gpu::gemm_all_types_non_square", gemm_all_types_non_square),
         ("gpu::f32_gemm_is_not_tf32", f32_gemm_is_not_tf32),
         ("gpu::cudnn_conv_matches_cpu", cudnn_conv_matches_cpu),
+        (
+            "gpu::half_precision_convolutions_choose_tensor_cores",
+            half_precision_convolutions_choose_tensor_cores,
+        ),
         (
             "gpu::copies_are_byte_exact_at_odd_sizes",
             copies_are_byte_exact_at_odd_sizes,

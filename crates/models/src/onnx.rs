@@ -1,113 +1,207 @@
 //! Writes a folded ResNet as an ONNX model (opset 17), so ONNX Runtime runs the very weights
-//! gpukit runs. The few protobuf messages ONNX needs are encoded by hand: the format is small
-//! (varints and length-prefixed fields) and a protobuf code generator would be a build step.
+//! gpukit runs. The messages are the subset of ONNX's `onnx.proto` the export needs, declared
+//! with `prost`'s derive (field numbers as in onnx.proto; repeated scalars unpacked, as proto2
+//! writes them).
 
 use crate::forward::{FoldedConv, FoldedResNet};
+use prost::Message;
 
-/// Protobuf wire types.
-const VARINT: u64 = 0;
-const LEN: u64 = 2;
+/// ONNX's `ModelProto`.
+#[derive(Clone, PartialEq, Message)]
+pub struct ModelProto {
+    #[prost(int64, tag = "1")]
+    pub ir_version: i64,
+    #[prost(string, tag = "2")]
+    pub producer_name: String,
+    #[prost(string, tag = "3")]
+    pub producer_version: String,
+    #[prost(message, optional, tag = "7")]
+    pub graph: Option<GraphProto>,
+    #[prost(message, repeated, tag = "8")]
+    pub opset_import: Vec<OperatorSetIdProto>,
+}
 
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
+/// ONNX's `OperatorSetIdProto`.
+#[derive(Clone, PartialEq, Message)]
+pub struct OperatorSetIdProto {
+    #[prost(string, tag = "1")]
+    pub domain: String,
+    #[prost(int64, tag = "2")]
+    pub version: i64,
+}
+
+/// ONNX's `GraphProto`.
+#[derive(Clone, PartialEq, Message)]
+pub struct GraphProto {
+    #[prost(message, repeated, tag = "1")]
+    pub node: Vec<NodeProto>,
+    #[prost(string, tag = "2")]
+    pub name: String,
+    #[prost(message, repeated, tag = "5")]
+    pub initializer: Vec<TensorProto>,
+    #[prost(message, repeated, tag = "11")]
+    pub input: Vec<ValueInfoProto>,
+    #[prost(message, repeated, tag = "12")]
+    pub output: Vec<ValueInfoProto>,
+}
+
+/// ONNX's `NodeProto`.
+#[derive(Clone, PartialEq, Message)]
+pub struct NodeProto {
+    #[prost(string, repeated, tag = "1")]
+    pub input: Vec<String>,
+    #[prost(string, repeated, tag = "2")]
+    pub output: Vec<String>,
+    #[prost(string, tag = "3")]
+    pub name: String,
+    #[prost(string, tag = "4")]
+    pub op_type: String,
+    #[prost(message, repeated, tag = "5")]
+    pub attribute: Vec<AttributeProto>,
+}
+
+/// `AttributeProto.AttributeType`: INT.
+const ATTRIBUTE_INT: i32 = 2;
+/// `AttributeProto.AttributeType`: INTS.
+const ATTRIBUTE_INTS: i32 = 7;
+/// `TensorProto.DataType`: FLOAT.
+const FLOAT: i32 = 1;
+
+/// ONNX's `AttributeProto` (int and ints attributes).
+#[derive(Clone, PartialEq, Message)]
+pub struct AttributeProto {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(int64, optional, tag = "3")]
+    pub i: Option<i64>,
+    #[prost(int64, repeated, packed = "false", tag = "8")]
+    pub ints: Vec<i64>,
+    #[prost(int32, tag = "20")]
+    pub r#type: i32,
+}
+
+/// ONNX's `TensorProto` (raw little-endian data).
+#[derive(Clone, PartialEq, Message)]
+pub struct TensorProto {
+    #[prost(int64, repeated, packed = "false", tag = "1")]
+    pub dims: Vec<i64>,
+    #[prost(int32, tag = "2")]
+    pub data_type: i32,
+    #[prost(string, tag = "8")]
+    pub name: String,
+    #[prost(bytes = "vec", tag = "9")]
+    pub raw_data: Vec<u8>,
+}
+
+/// ONNX's `ValueInfoProto`.
+#[derive(Clone, PartialEq, Message)]
+pub struct ValueInfoProto {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(message, optional, tag = "2")]
+    pub r#type: Option<TypeProto>,
+}
+
+/// ONNX's `TypeProto`, tensor types only.
+#[derive(Clone, PartialEq, Message)]
+pub struct TypeProto {
+    #[prost(message, optional, tag = "1")]
+    pub tensor_type: Option<TensorTypeProto>,
+}
+
+/// ONNX's `TypeProto.Tensor`.
+#[derive(Clone, PartialEq, Message)]
+pub struct TensorTypeProto {
+    #[prost(int32, tag = "1")]
+    pub elem_type: i32,
+    #[prost(message, optional, tag = "2")]
+    pub shape: Option<TensorShapeProto>,
+}
+
+/// ONNX's `TensorShapeProto`.
+#[derive(Clone, PartialEq, Message)]
+pub struct TensorShapeProto {
+    #[prost(message, repeated, tag = "1")]
+    pub dim: Vec<Dimension>,
+}
+
+/// ONNX's `TensorShapeProto.Dimension`: a number or a named (symbolic) size.
+#[derive(Clone, PartialEq, Message)]
+pub struct Dimension {
+    #[prost(int64, optional, tag = "1")]
+    pub dim_value: Option<i64>,
+    #[prost(string, optional, tag = "2")]
+    pub dim_param: Option<String>,
+}
+
+fn attr_ints(name: &str, values: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        i: None,
+        ints: values.to_vec(),
+        r#type: ATTRIBUTE_INTS,
     }
-    out.push(v as u8);
 }
 
-fn key(out: &mut Vec<u8>, field: u64, wire: u64) {
-    varint(out, (field << 3) | wire);
-}
-
-fn int(out: &mut Vec<u8>, field: u64, v: i64) {
-    key(out, field, VARINT);
-    varint(out, v as u64);
-}
-
-fn bytes(out: &mut Vec<u8>, field: u64, data: &[u8]) {
-    key(out, field, LEN);
-    varint(out, data.len() as u64);
-    out.extend_from_slice(data);
-}
-
-fn string(out: &mut Vec<u8>, field: u64, s: &str) {
-    bytes(out, field, s.as_bytes());
-}
-
-/// ONNX AttributeProto with a list of ints (type INTS = 7).
-fn attr_ints(name: &str, values: &[i64]) -> Vec<u8> {
-    let mut a = Vec::new();
-    string(&mut a, 1, name);
-    for &v in values {
-        int(&mut a, 8, v);
+fn attr_int(name: &str, value: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        i: Some(value),
+        ints: Vec::new(),
+        r#type: ATTRIBUTE_INT,
     }
-    int(&mut a, 20, 7);
-    a
 }
 
-/// ONNX AttributeProto with one int (type INT = 2).
-fn attr_int(name: &str, value: i64) -> Vec<u8> {
-    let mut a = Vec::new();
-    string(&mut a, 1, name);
-    int(&mut a, 3, value);
-    int(&mut a, 20, 2);
-    a
+fn node(inputs: &[&str], output: &str, op: &str, attribute: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        name: output.into(),
+        op_type: op.into(),
+        attribute,
+    }
 }
 
-fn node(inputs: &[&str], output: &str, op: &str, attrs: &[Vec<u8>]) -> Vec<u8> {
-    let mut n = Vec::new();
-    for i in inputs {
-        string(&mut n, 1, i);
+/// A float tensor's values as raw data.
+fn initializer(name: &str, dims: &[usize], values: &[f32]) -> TensorProto {
+    TensorProto {
+        dims: dims.iter().map(|&d| d as i64).collect(),
+        data_type: FLOAT,
+        name: name.into(),
+        raw_data: gpukit_tensor::codec::bytes_of(values).to_vec(),
     }
-    string(&mut n, 2, output);
-    string(&mut n, 3, output);
-    string(&mut n, 4, op);
-    for a in attrs {
-        bytes(&mut n, 5, a);
-    }
-    n
 }
 
-/// TensorProto holding f32 values (data_type FLOAT = 1) as little-endian raw data.
-fn initializer(name: &str, dims: &[usize], values: &[f32]) -> Vec<u8> {
-    let mut t = Vec::new();
-    for &d in dims {
-        int(&mut t, 1, d as i64);
+/// A float tensor's name and shape, its dims numbers or named (symbolic) sizes.
+fn value_info(name: &str, dims: &[Result<usize, &str>]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|d| match d {
+            Ok(v) => Dimension {
+                dim_value: Some(*v as i64),
+                dim_param: None,
+            },
+            Err(param) => Dimension {
+                dim_value: None,
+                dim_param: Some(param.to_string()),
+            },
+        })
+        .collect();
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            tensor_type: Some(TensorTypeProto {
+                elem_type: FLOAT,
+                shape: Some(TensorShapeProto { dim }),
+            }),
+        }),
     }
-    int(&mut t, 2, 1);
-    string(&mut t, 8, name);
-    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    bytes(&mut t, 9, &raw);
-    t
-}
-
-/// ValueInfoProto of a float tensor whose dims are numbers or named (symbolic) sizes.
-fn value_info(name: &str, dims: &[Result<usize, &str>]) -> Vec<u8> {
-    let mut shape = Vec::new();
-    for d in dims {
-        let mut dim = Vec::new();
-        match d {
-            Ok(v) => int(&mut dim, 1, *v as i64),
-            Err(param) => string(&mut dim, 2, param),
-        }
-        bytes(&mut shape, 1, &dim);
-    }
-    let mut tensor = Vec::new();
-    int(&mut tensor, 1, 1);
-    bytes(&mut tensor, 2, &shape);
-    let mut ty = Vec::new();
-    bytes(&mut ty, 1, &tensor);
-    let mut vi = Vec::new();
-    string(&mut vi, 1, name);
-    bytes(&mut vi, 2, &ty);
-    vi
 }
 
 /// Builds the graph's nodes and initializers as it goes.
 struct Graph {
-    nodes: Vec<Vec<u8>>,
-    inits: Vec<Vec<u8>>,
+    nodes: Vec<NodeProto>,
+    inits: Vec<TensorProto>,
     count: usize,
 }
 
@@ -133,15 +227,13 @@ impl Graph {
             &c.weight,
         ));
         self.inits.push(initializer(&b, &[c.out_ch], &c.bias));
-        let k = c.kernel as i64;
-        let p = c.pad as i64;
-        let s = c.stride as i64;
+        let (k, p, s) = (c.kernel as i64, c.pad as i64, c.stride as i64);
         let mut out = self.fresh(name);
         self.nodes.push(node(
             &[x, &w, &b],
             &out,
             "Conv",
-            &[
+            vec![
                 attr_ints("kernel_shape", &[k, k]),
                 attr_ints("strides", &[s, s]),
                 attr_ints("pads", &[p, p, p, p]),
@@ -149,12 +241,12 @@ impl Graph {
         ));
         if let Some(r) = residual {
             let sum = self.fresh("add");
-            self.nodes.push(node(&[&out, r], &sum, "Add", &[]));
+            self.nodes.push(node(&[&out, r], &sum, "Add", Vec::new()));
             out = sum;
         }
         if relu {
             let r = self.fresh("relu");
-            self.nodes.push(node(&[&out], &r, "Relu", &[]));
+            self.nodes.push(node(&[&out], &r, "Relu", Vec::new()));
             out = r;
         }
         out
@@ -164,7 +256,7 @@ impl Graph {
 /// The ONNX model of `model`: input `input` [batch, 3, height, width] (symbolic sizes), output
 /// `logits` [batch, classes]. Batch norm is already folded, so the graph is Conv/Add/Relu,
 /// MaxPool, GlobalAveragePool, Flatten and Gemm.
-pub fn export_resnet(model: &FoldedResNet) -> Vec<u8> {
+pub fn export_model(model: &FoldedResNet) -> ModelProto {
     let mut g = Graph {
         nodes: Vec::new(),
         inits: Vec::new(),
@@ -176,7 +268,7 @@ pub fn export_resnet(model: &FoldedResNet) -> Vec<u8> {
         &[&stem],
         &pooled,
         "MaxPool",
-        &[
+        vec![
             attr_ints("kernel_shape", &[3, 3]),
             attr_ints("strides", &[2, 2]),
             attr_ints("pads", &[1, 1, 1, 1]),
@@ -192,19 +284,17 @@ pub fn export_resnet(model: &FoldedResNet) -> Vec<u8> {
         let mut y = x.clone();
         for (j, conv) in block.convs.iter().enumerate() {
             let name = format!("block{i}.conv{}", j + 1);
-            y = if j == last {
-                g.conv(&name, conv, &y, Some(&identity), true)
-            } else {
-                g.conv(&name, conv, &y, None, true)
-            };
+            let residual = (j == last).then_some(identity.as_str());
+            y = g.conv(&name, conv, &y, residual, true);
         }
         x = y;
     }
     let gap = g.fresh("avgpool");
-    g.nodes.push(node(&[&x], &gap, "GlobalAveragePool", &[]));
+    g.nodes
+        .push(node(&[&x], &gap, "GlobalAveragePool", Vec::new()));
     let flat = g.fresh("flatten");
     g.nodes
-        .push(node(&[&gap], &flat, "Flatten", &[attr_int("axis", 1)]));
+        .push(node(&[&gap], &flat, "Flatten", vec![attr_int("axis", 1)]));
     let features = model.fc_weight.len() / model.num_classes.max(1);
     g.inits.push(initializer(
         "fc.weight",
@@ -217,38 +307,35 @@ pub fn export_resnet(model: &FoldedResNet) -> Vec<u8> {
         &[&flat, "fc.weight", "fc.bias"],
         "logits",
         "Gemm",
-        &[attr_int("transB", 1)],
+        vec![attr_int("transB", 1)],
     ));
-
-    let mut graph = Vec::new();
-    for n in &g.nodes {
-        bytes(&mut graph, 1, n);
+    ModelProto {
+        ir_version: 8, // ONNX 1.10+
+        producer_name: "gpukit".into(),
+        producer_version: env!("CARGO_PKG_VERSION").into(),
+        graph: Some(GraphProto {
+            node: g.nodes,
+            name: model.model.name().into(),
+            initializer: g.inits,
+            input: vec![value_info(
+                "input",
+                &[Err("batch"), Ok(3), Err("height"), Err("width")],
+            )],
+            output: vec![value_info(
+                "logits",
+                &[Err("batch"), Ok(model.num_classes)],
+            )],
+        }),
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
     }
-    string(&mut graph, 2, model.model.name());
-    for t in &g.inits {
-        bytes(&mut graph, 5, t);
-    }
-    bytes(
-        &mut graph,
-        11,
-        &value_info("input", &[Err("batch"), Ok(3), Err("height"), Err("width")]),
-    );
-    bytes(
-        &mut graph,
-        12,
-        &value_info("logits", &[Err("batch"), Ok(model.num_classes)]),
-    );
+}
 
-    let mut m = Vec::new();
-    int(&mut m, 1, 8); // ir_version 8 (ONNX 1.10+)
-    string(&mut m, 2, "gpukit");
-    string(&mut m, 3, env!("CARGO_PKG_VERSION"));
-    bytes(&mut m, 7, &graph);
-    let mut opset = Vec::new();
-    string(&mut opset, 1, "");
-    int(&mut opset, 2, 17);
-    bytes(&mut m, 8, &opset);
-    m
+/// [`export_model`], encoded as the bytes of a `.onnx` file.
+pub fn export_resnet(model: &FoldedResNet) -> Vec<u8> {
+    export_model(model).encode_to_vec()
 }
 
 #[cfg(test)]
@@ -256,23 +343,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn varints_encode_like_protobuf() {
-        let mut v = Vec::new();
-        varint(&mut v, 300);
-        assert_eq!(v, [0xAC, 0x02]);
-        let mut k = Vec::new();
-        key(&mut k, 11, LEN);
-        assert_eq!(k, [0x5A]);
-        let mut n = Vec::new();
-        int(&mut n, 1, -1);
-        assert_eq!(n.len(), 11, "negative int64 takes ten varint bytes");
-    }
-
-    #[test]
-    fn export_has_every_weight_once() {
+    fn export_decodes_to_the_graph_with_every_weight_once() {
         let dict = crate::weights::seeded_init(crate::ResNet::R18, 10, 1, true);
         let folded = crate::forward::fold(&dict).unwrap();
         let bytes = export_resnet(&folded);
+        let m = ModelProto::decode(bytes.as_slice()).unwrap();
+        assert_eq!(m, export_model(&folded));
+        assert_eq!((m.ir_version, m.opset_import[0].version), (8, 17));
+        let g = m.graph.unwrap();
+        let convs = 1 + folded
+            .blocks
+            .iter()
+            .map(|b| b.convs.len() + usize::from(b.downsample.is_some()))
+            .sum::<usize>();
+        let count = |op: &str| g.node.iter().filter(|n| n.op_type == op).count();
+        assert_eq!(count("Conv"), convs);
+        assert_eq!(count("Add"), folded.blocks.len());
+        assert_eq!((count("MaxPool"), count("Gemm")), (1, 1));
+        // each weight once, as raw f32
         let weights: usize = folded.stem.weight.len()
             + folded.stem.bias.len()
             + folded
@@ -283,22 +371,28 @@ mod tests {
                 .sum::<usize>()
             + folded.fc_weight.len()
             + folded.fc_bias.len();
-        // raw data dominates: the file holds each weight once, plus a small graph
-        assert!(
-            bytes.len() >= weights * 4 && bytes.len() < weights * 4 + 64 * 1024,
-            "{}",
-            bytes.len()
+        let raw: usize = g.initializer.iter().map(|t| t.raw_data.len()).sum();
+        assert_eq!(raw, weights * 4);
+        let stem = &g.initializer[0];
+        assert_eq!((stem.name.as_str(), stem.dims.as_slice()), ("conv1.weight", &[64, 3, 7, 7][..]));
+        assert_eq!(
+            gpukit_tensor::codec::decode_f32(&stem.raw_data, gpukit_tensor::DType::F32),
+            folded.stem.weight
         );
-        let text = String::from_utf8_lossy(&bytes);
-        for op in [
-            "Conv",
-            "MaxPool",
-            "GlobalAveragePool",
-            "Gemm",
-            "logits",
-            "batch",
-        ] {
-            assert!(text.contains(op), "{op}");
-        }
+        let input = &g.input[0].r#type.as_ref().unwrap().tensor_type.as_ref().unwrap();
+        let dims = &input.shape.as_ref().unwrap().dim;
+        assert_eq!(dims[0].dim_param.as_deref(), Some("batch"));
+        assert_eq!(dims[1].dim_value, Some(3));
+        assert_eq!(g.output[0].name, "logits");
+    }
+
+    #[test]
+    fn repeated_ints_are_written_unpacked_as_proto2_does() {
+        let a = attr_ints("pads", &[1, 2]).encode_to_vec();
+        // name (field 1), then 8:varint 1 and 8:varint 2, then type (field 20) = 7
+        assert_eq!(
+            a,
+            [0x0A, 4, b'p', b'a', b'd', b's', 0x40, 1, 0x40, 2, 0xA0, 0x01, 7]
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! it, or `GPUKIT_ORT_LIB`), loads it at run time through `ort` (no download, no build-time
 //! link) and runs a model gpukit exported itself.
 
+use crate::error::{Error, Result};
 use ort::session::Session;
 use ort::value::Tensor;
 use std::path::{Path, PathBuf};
@@ -9,16 +10,16 @@ use std::sync::OnceLock;
 
 /// Where `libonnxruntime` is: `GPUKIT_ORT_LIB`, else the `onnxruntime` wheel of the active
 /// Python (site-packages/onnxruntime/capi/libonnxruntime.so*). The error says what to install.
-pub fn find_onnxruntime() -> Result<PathBuf, String> {
+pub fn find_onnxruntime() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("GPUKIT_ORT_LIB") {
         let p = PathBuf::from(p);
         return if p.is_file() {
             Ok(p)
         } else {
-            Err(format!(
+            Err(Error::OnnxRuntime(format!(
                 "GPUKIT_ORT_LIB names {}, which is not a file",
                 p.display()
-            ))
+            )))
         };
     }
     for site in gpukit_cuda::loader::python_site_packages() {
@@ -39,12 +40,14 @@ pub fn find_onnxruntime() -> Result<PathBuf, String> {
             return Ok(l);
         }
     }
-    Err("ONNX Runtime was not found: pip install onnxruntime (or onnxruntime-gpu), or set GPUKIT_ORT_LIB to libonnxruntime.so".into())
+    Err(Error::OnnxRuntime("ONNX Runtime was not found: pip install onnxruntime (or onnxruntime-gpu), or set GPUKIT_ORT_LIB to libonnxruntime.so".into()))
 }
 
 /// The runtime, loaded once per process (ONNX Runtime keeps one global environment).
-fn environment(lib: &Path) -> Result<&'static ort::environment::Environment, String> {
-    static ENV: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
+fn environment(lib: &Path) -> Result<&'static ort::environment::Environment> {
+    // the outcome of the one load, kept: a message when it failed
+    static ENV: OnceLock<std::result::Result<ort::environment::Environment, String>> =
+        OnceLock::new();
     ENV.get_or_init(|| {
         ort::init_from(lib)
             .map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", lib.display()))?
@@ -53,7 +56,11 @@ fn environment(lib: &Path) -> Result<&'static ort::environment::Environment, Str
             .map_err(|e| format!("ONNX Runtime at {} did not start: {e}", lib.display()))
     })
     .as_ref()
-    .map_err(|e| e.clone())
+    .map_err(|e| Error::OnnxRuntime(e.clone()))
+}
+
+fn ort_error(e: impl std::fmt::Display) -> Error {
+    Error::OnnxRuntime(format!("ONNX Runtime: {e}"))
 }
 
 /// An ONNX model in an ONNX Runtime session on the CPU.
@@ -63,27 +70,27 @@ pub struct OrtModel {
 
 impl OrtModel {
     /// A session for `onnx` (bytes of a ModelProto) with `threads` intra-op threads.
-    pub fn new(lib: &Path, onnx: &[u8], threads: usize) -> Result<OrtModel, String> {
+    pub fn new(lib: &Path, onnx: &[u8], threads: usize) -> Result<OrtModel> {
         let env = environment(lib)?;
         let session = Session::builder(env)
-            .map_err(|e| e.to_string())?
+            .map_err(ort_error)?
             .with_intra_threads(threads)
-            .map_err(|e| e.to_string())?
+            .map_err(ort_error)?
             .commit_from_memory(onnx)
-            .map_err(|e| format!("ONNX Runtime rejected the model: {e}"))?;
+            .map_err(|e| Error::OnnxRuntime(format!("ONNX Runtime rejected the model: {e}")))?;
         Ok(OrtModel { session })
     }
 
     /// Logits for `n` NCHW RGB images of `h x w` (the model's `input` -> `logits`).
-    pub fn run(&mut self, input: &[f32], n: usize, h: usize, w: usize) -> Result<Vec<f32>, String> {
-        let x = Tensor::from_array(([n, 3, h, w], input.to_vec())).map_err(|e| e.to_string())?;
+    pub fn run(&mut self, input: &[f32], n: usize, h: usize, w: usize) -> Result<Vec<f32>> {
+        let x = Tensor::from_array(([n, 3, h, w], input.to_vec())).map_err(ort_error)?;
         let outputs = self
             .session
             .run(ort::inputs!["input" => x])
-            .map_err(|e| e.to_string())?;
+            .map_err(ort_error)?;
         let (_, logits) = outputs["logits"]
             .try_extract_tensor::<f32>()
-            .map_err(|e| e.to_string())?;
+            .map_err(ort_error)?;
         Ok(logits.to_vec())
     }
 }

@@ -39,6 +39,22 @@ pub fn bytes_of<T: bytemuck::Pod>(values: &[T]) -> &[u8] {
     bytemuck::cast_slice(values)
 }
 
+/// Element `i` of `dtype` storage as f64 (exact), without decoding the rest.
+///
+/// # Panics
+///
+/// If `bytes` holds fewer than `i + 1` elements.
+pub fn element_f64(bytes: &[u8], dtype: DType, i: usize) -> f64 {
+    let e = dtype.size_bytes();
+    let b = &bytes[i * e..(i + 1) * e];
+    match dtype.storage() {
+        DType::F64 => bytemuck::pod_read_unaligned::<f64>(b),
+        DType::F16 => bytemuck::pod_read_unaligned::<f16>(b).to_f64(),
+        DType::Bf16 => bytemuck::pod_read_unaligned::<bf16>(b).to_f64(),
+        _ => f64::from(bytemuck::pod_read_unaligned::<f32>(b)),
+    }
+}
+
 /// Values of `dtype` storage as f64 (exact for every dtype).
 pub fn decode_f64(bytes: &[u8], dtype: DType) -> Vec<f64> {
     match dtype.storage() {
@@ -133,5 +149,7 @@ mod tests {
         assert_eq!(decode_f32(&bytes[1..], DType::F32), vec![1.5, 2.0]);
         assert_eq!(encode_f32(&[1.0], DType::F16), 0x3c00u16.to_ne_bytes());
         assert_eq!(round_f32(&[1.0 + 1e-4], DType::F16), vec![1.0]);
+        let b = encode_f32(&[0.5, -1.5, 3.0], DType::Bf16);
+        assert_eq!(element_f64(&b, DType::Bf16, 1), -1.5);
     }
 }

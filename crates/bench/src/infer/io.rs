@@ -2,7 +2,8 @@
 //! requested strategy, the logits saved for checking numerics across frameworks. "logits" is
 //! gpukit's CPU f32 forward pass; "logits_<strategy>" each other strategy's, compared with it.
 
-use crate::infer::{agreement, Agreement, InferError, InferOptions, InferStrategy};
+use super::{agreement, Agreement, InferOptions, InferStrategy};
+use crate::error::{Error, Result};
 use gpukit_cuda::loader::Discovery;
 use gpukit_models::forward::fold;
 use gpukit_models::gpu::{GpuContext, GpuWeights, Session};
@@ -37,16 +38,16 @@ pub fn run_on_input(
     input: &Path,
     output: Option<&Path>,
     progress: &mut dyn FnMut(&str),
-) -> Result<InputRun, InferError> {
-    let (shape, x) = load_tensor(input, "input").map_err(InferError::Invalid)?;
+) -> Result<InputRun> {
+    let (shape, x) = load_tensor(input, "input")?;
     let [n, c, h, w] = shape[..] else {
-        return Err(InferError::Invalid(format!(
+        return Err(Error::BadInput(format!(
             "{}: tensor input has shape {shape:?}; [batch, 3, height, width] expected",
             input.display()
         )));
     };
     if c != 3 || n == 0 || h < 32 || w < 32 {
-        return Err(InferError::Invalid(format!(
+        return Err(Error::BadInput(format!(
             "{}: tensor input has shape {shape:?}; a batch of RGB images of at least 32x32 expected",
             input.display()
         )));
@@ -55,11 +56,10 @@ pub fn run_on_input(
         Some(p) => load_safetensors(p, opts.model, None)?,
         None => seeded_init(opts.model, 1000, 0, true),
     };
-    let folded = fold(&dict).map_err(|e| InferError::Invalid(e.to_string()))?;
+    let folded = fold(&dict)?;
     progress("infer --input: gpukit CPU f32 forward (the reference)");
-    let reference = folded
-        .forward_cpu(&x, n, h, w)
-        .map_err(|e| InferError::Invalid(e.to_string()))?;
+    let images = gpukit_tensor::Tensor::from_f32(&[n, c, h, w], x)?;
+    let reference = folded.forward_cpu(&images)?.to_vec_f32()?;
     let classes = folded.num_classes;
     let mut saved: Vec<(String, Vec<f32>)> = vec![("logits".into(), reference.clone())];
     let mut report = vec![SavedLogits {
@@ -86,8 +86,9 @@ pub fn run_on_input(
                 for s in gpu {
                     let name = s.name();
                     progress(&format!("infer --input: {name}"));
-                    let logits = GpuWeights::upload(&ctx, &folded, s.precision, s.nhwc)
-                        .and_then(|wts| Session::new(&ctx, &wts, n, h, w, true)?.run(&x));
+                    let logits = GpuWeights::upload(&ctx, &folded, s.dtype, s.layout)
+                        .and_then(|wts| Session::new(&ctx, &wts, n, h, w, true)?.run(&images))
+                        .and_then(|l| Ok(l.to_vec_f32()?));
                     let tensor = format!("logits_{}", name.replace('-', "_"));
                     match logits {
                         Ok(l) => {
@@ -122,7 +123,7 @@ pub fn run_on_input(
             .iter()
             .map(|(k, v)| (k.as_str(), &shape[..], v.as_slice()))
             .collect();
-        save_tensors(out, &tensors).map_err(InferError::Invalid)?;
+        save_tensors(out, &tensors)?;
     }
     Ok(InputRun {
         input: input.display().to_string(),
@@ -155,7 +156,8 @@ mod tests {
         let (shape, logits) = load_tensor(&output, "logits").unwrap();
         assert_eq!(shape, vec![2, 1000]);
         let folded = fold(&seeded_init(ResNet::R18, 1000, 0, true)).unwrap();
-        assert_eq!(logits, folded.forward_cpu(&x, 2, 32, 32).unwrap());
+        let images = gpukit_tensor::Tensor::from_f32(&[2, 3, 32, 32], x.clone()).unwrap();
+        assert_eq!(logits, folded.forward_cpu(&images).unwrap().to_vec_f32().unwrap());
         save_tensors(
             &input,
             &[("input", &[2, 4, 32, 32], &vec![0.0; 2 * 4 * 32 * 32])],

@@ -5,7 +5,8 @@
 //! and PyTorch's fp32 logits on one shared input batch are checked against gpukit's CPU f32
 //! forward pass: same weights, same numbers.
 
-use crate::infer::{agreement, Agreement, InferOptions, InferReport, CPU_ROW};
+use super::{agreement, Agreement, InferOptions, InferReport, CPU_ROW};
+use crate::error::{Error, Result};
 use crate::matmul::{PeerFigure, RowStatus};
 use crate::peer::{csv, run_pytorch};
 use crate::random::{fresh_seed, uniform_f32};
@@ -189,12 +190,11 @@ impl Drop for Cleanup {
 
 /// Runs the comparison; on success returns PyTorch's version for the one-line note and puts
 /// the figures into `report`.
-pub fn compare(report: &mut InferReport, opts: &InferOptions) -> Result<String, String> {
+pub fn compare(report: &mut InferReport, opts: &InferOptions) -> Result<String> {
     let mut cleanup = Cleanup(Vec::new());
     // the weights gpukit ran: the user's file, or the seeded initialisation written out
     let dict = match &opts.weights {
-        Some(p) => gpukit_models::weights::load_safetensors(p, opts.model, None)
-            .map_err(|e| e.to_string())?,
+        Some(p) => gpukit_models::weights::load_safetensors(p, opts.model, None)?,
         None => seeded_init(opts.model, 1000, 0, true),
     };
     let weights_path: PathBuf = match &opts.weights {
@@ -202,7 +202,7 @@ pub fn compare(report: &mut InferReport, opts: &InferOptions) -> Result<String, 
         None => {
             let p = temp_path("weights");
             cleanup.0.push(p.clone());
-            save_safetensors(&dict, &p).map_err(|e| e.to_string())?;
+            save_safetensors(&dict, &p)?;
             p
         }
     };
@@ -282,14 +282,14 @@ pub fn compare(report: &mut InferReport, opts: &InferOptions) -> Result<String, 
         }
     }
     let (torch_version, torchvision, device_name, cudnn_benchmark) =
-        head.ok_or("no rows to compare")?;
+        head.ok_or_else(|| Error::Peer("no rows to compare".into()))?;
     let logits = if gpu_batches.is_empty() && cpu_batches.is_empty() {
         None
     } else if logits_unavailable.is_none() {
         match logits_check(&dict, &x, n, s, &output_path) {
             Ok(a) => Some(a),
             Err(e) => {
-                logits_unavailable = Some(e);
+                logits_unavailable = Some(e.to_string());
                 None
             }
         }
@@ -330,15 +330,16 @@ fn logits_check(
     n: usize,
     s: usize,
     output: &Path,
-) -> Result<Agreement, String> {
+) -> Result<Agreement> {
     let (shape, theirs) = load_tensor(output, "logits")?;
-    let folded = fold(dict).map_err(|e| e.to_string())?;
-    let ours = folded.forward_cpu(x, n, s, s).map_err(|e| e.to_string())?;
+    let folded = fold(dict)?;
+    let images = gpukit_tensor::Tensor::from_f32(&[n, 3, s, s], x.to_vec())?;
+    let ours = folded.forward_cpu(&images)?.to_vec_f32()?;
     if shape != [n, folded.num_classes] {
-        return Err(format!(
+        return Err(Error::Peer(format!(
             "PyTorch's logits have shape {shape:?}, expected [{n}, {}]",
             folded.num_classes
-        ));
+        )));
     }
     Ok(agreement(&theirs, &ours, folded.num_classes))
 }

@@ -1,0 +1,69 @@
+//! The bench crate's one error type. Errors of the crates below convert with `?`; the rest say
+//! what kind of failure they are, which decides the exit code (see [`gpukit_types::ErrorKind`]).
+
+use gpukit_types::{ErrorKind, HasKind};
+use std::path::PathBuf;
+
+/// Why a command could not measure (a row that failed is not an error: it is reported in its
+/// row, see `RowStatus`).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Cuda(#[from] gpukit_cuda::Error),
+    #[error("{0}")]
+    Tensor(#[from] gpukit_tensor::Error),
+    #[error("{0}")]
+    Model(#[from] gpukit_models::Error),
+    /// The arguments or an input file are wrong: nothing was measured.
+    #[error("{0}")]
+    BadInput(String),
+    /// A GPU, driver or library the request needs cannot be used; the message names what to
+    /// install or fix.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The PyTorch reference could not run or answered with an error.
+    #[error("{0}")]
+    Peer(String),
+    /// A file could not be read or written.
+    #[error("{what} {}: {source}", .path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The timer produced no usable sample (an empty or non-finite series).
+    #[error("the timer produced no usable sample")]
+    NoSamples,
+    /// Work that was being measured failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The bench crate's result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Whether the device ran out of memory somewhere below.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            Error::Cuda(e) => e.is_out_of_memory(),
+            Error::Model(e) => e.is_out_of_memory(),
+            Error::Tensor(gpukit_tensor::Error::Cuda { source, .. }) => source.is_out_of_memory(),
+            _ => false,
+        }
+    }
+}
+
+impl HasKind for Error {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Cuda(e) => e.kind(),
+            Error::Tensor(e) => e.kind(),
+            Error::Model(e) => e.kind(),
+            Error::BadInput(_) => ErrorKind::BadInput,
+            Error::Io { .. } => ErrorKind::BadInput,
+            Error::Peer(_) | Error::Unavailable(_) => ErrorKind::Unavailable,
+            Error::NoSamples | Error::Failed(_) => ErrorKind::Failed,
+        }
+    }
+}

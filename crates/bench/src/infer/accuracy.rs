@@ -1,0 +1,78 @@
+//! How a strategy's logits are judged: agreement with a reference on the same input, the
+//! tolerance of each precision, and the verdict.
+
+use super::report::Agreement;
+use gpukit_tensor::DType;
+
+/// Compares `got` with `reference` (both `batch x classes`).
+pub fn agreement(got: &[f32], reference: &[f32], classes: usize) -> Agreement {
+    let max_ref = reference
+        .iter()
+        .fold(0f64, |m, v| m.max(f64::from(v.abs())));
+    let max_abs = got.iter().zip(reference).fold(0f64, |m, (a, b)| {
+        let d = (f64::from(*a) - f64::from(*b)).abs();
+        if d.is_nan() {
+            f64::INFINITY
+        } else {
+            m.max(d)
+        }
+    });
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
+                if x > best.1 {
+                    (i, x)
+                } else {
+                    best
+                }
+            })
+            .0
+    };
+    let images = reference.len() / classes.max(1);
+    let same = (0..images)
+        .filter(|&i| {
+            argmax(&got[i * classes..(i + 1) * classes])
+                == argmax(&reference[i * classes..(i + 1) * classes])
+        })
+        .count();
+    Agreement {
+        max_abs,
+        max_rel: max_abs / max_ref.max(f64::MIN_POSITIVE),
+        top1: same as f64 / images.max(1) as f64,
+    }
+}
+
+/// Largest max_rel (as [`agreement`] computes it) a GPU precision may show against the GPU fp32
+/// reference on the same input.
+pub fn tolerance(d: DType) -> f64 {
+    match d {
+        DType::F64 | DType::F32 => 1e-4,
+        DType::Tf32 | DType::F16 => 1e-2,
+        DType::Bf16 => 5e-2,
+    }
+}
+
+/// Why logits fail, or None when they pass: all finite, and max_rel within `tolerance`. Top-1
+/// agreement is shown, not judged (random-weight logits can be close enough for rounding to
+/// swap the top class).
+pub fn verdict(got: &[f32], a: &Agreement, tolerance: f64) -> Option<String> {
+    let bad = got.iter().filter(|v| !v.is_finite()).count();
+    if bad > 0 {
+        return Some(format!(
+            "{bad} of {} logits are not finite (NaN or infinite)",
+            got.len()
+        ));
+    }
+    if a.max_rel.is_nan() || a.max_rel > tolerance {
+        return Some(format!(
+            "logits differ from the reference: max relative difference {:.1e} is over the tolerance {:.0e} (max abs {:.2e}, top-1 agreement {:.0}%)",
+            a.max_rel,
+            tolerance,
+            a.max_abs,
+            a.top1 * 100.0
+        ));
+    }
+    None
+}
+

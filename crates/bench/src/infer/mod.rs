@@ -1,0 +1,259 @@
+//! `infer`: ResNet inference per batch size, on the CPU and on a GPU, every row's logits checked.
+//!
+//! - CPU: gpukit's own forward pass (batch norm folded, im2col + gemm), the CPU reference, and
+//!   ONNX Runtime's CPU provider running the same weights, checked against it.
+//! - GPU: gpukit's engine ([`gpukit_models::gpu`]) in each requested [`Strategy`] (dtype x
+//!   layout x eager or CUDA graph), timed with CUDA events. The fp32 NCHW eager logits are the GPU
+//!   reference: they are checked against gpukit's CPU forward on the first images of the batch,
+//!   then every other strategy is compared with them on the whole batch ([`tolerance`]).
+//!
+//! - One image at a time ([`InferStrategy::OneAtATime`]): at a batch size N > 1, a strategy's
+//!   N images as N batch-1 passes back to back, against the same strategy's one pass over the
+//!   batch ([`InferRow::batching_gain`]).
+//!
+//! Every strategy at one batch size sees the same random input. Weights are uploaded once per
+//! (dtype, layout) and kept across batch sizes; each batch size gets its own [`Session`],
+//! dropped before the next (the one-at-a-time rows' batch-1 Session is kept across batch sizes).
+//!
+//! TensorRT is not run; the report only says whether its library is there ([`tensorrt_status`]).
+
+//!
+//! The parts: [`strategy`] (what `--strategies` names), [`report`] (the rows), [`accuracy`]
+//! (how logits are judged), `cpu` and `gpu` (the rows of each side), [`peer`] (PyTorch beside)
+//! and [`io`] (a user's own input).
+
+pub mod accuracy;
+mod cpu;
+mod gpu;
+pub mod io;
+pub mod peer;
+pub mod report;
+pub mod strategy;
+#[cfg(test)]
+mod tests;
+
+pub use accuracy::{agreement, tolerance, verdict};
+pub use report::{
+    best_gpu_rows, gpu_rows_without_figure, is_gpu_row, is_one_at_a_time, one_at_a_time_reps,
+    sort_rows, tensorrt_status, Agreement, InferReport, InferRow,
+};
+pub use strategy::{
+    select_strategies, InferStrategy, CPU_CHECK_IMAGES, CPU_ROW, GPU_WARMUP, ONE_AT_A_TIME,
+    ONE_AT_A_TIME_MAX_PASSES, ONE_AT_A_TIME_MIN_REPS, ORT_ROW,
+};
+
+use crate::error::{Error, Result};
+use crate::harness::Plan;
+use crate::matmul::RowStatus;
+use crate::random::fresh_seed;
+use cpu::cpu_rows;
+use gpu::GpuRun;
+use gpukit_cuda::loader::{find_extra_library, Discovery};
+use gpukit_models::forward::{fold, FoldedResNet};
+use gpukit_models::gpu::{GpuContext, Strategy};
+use gpukit_models::onnx::export_resnet;
+use gpukit_models::ort_runner::{find_onnxruntime, OrtModel};
+use gpukit_models::weights::{load_safetensors, seeded_init};
+use gpukit_models::ResNet;
+use gpukit_tensor::{Device, DeviceSelection};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use strategy::{gpu_ordinal, runs_on};
+
+#[derive(Debug, Clone)]
+pub struct InferOptions {
+    pub model: ResNet,
+    pub batch_sizes: Vec<usize>,
+    /// Timed repetitions per CPU row (fewer when `budget_s` cuts in).
+    pub iterations: usize,
+    /// A torchvision state_dict as safetensors; None: seeded initialisation (seed 0).
+    pub weights: Option<PathBuf>,
+    pub image_size: usize,
+    /// Longest one CPU row may run, in seconds (fewer repetitions then, said in the count).
+    pub budget_s: f64,
+    /// cpu, cuda:N, or all (the CPU rows and cuda:0).
+    pub selection: DeviceSelection,
+    /// The rows wanted; those `selection` leaves out are dropped (see [`select_strategies`]).
+    pub strategies: Vec<InferStrategy>,
+    /// Timed repetitions per GPU row, after [`GPU_WARMUP`] warm-up passes.
+    pub gpu_iterations: usize,
+    /// CPU rows only at batch sizes up to this (`gpukit all`'s short tour); None: all of them.
+    pub cpu_max_batch: Option<usize>,
+}
+
+impl InferOptions {
+    /// The CPU rows of [`InferStrategy::defaults`] for `model` at `batch_sizes`, nothing else.
+    pub fn cpu_only(model: ResNet, batch_sizes: Vec<usize>) -> InferOptions {
+        InferOptions {
+            model,
+            batch_sizes,
+            iterations: 10,
+            weights: None,
+            image_size: 224,
+            budget_s: 10.0,
+            selection: DeviceSelection::One(Device::Cpu),
+            strategies: vec![InferStrategy::Cpu, InferStrategy::OnnxRuntime],
+            gpu_iterations: 50,
+            cpu_max_batch: None,
+        }
+    }
+}
+
+/// `--compare-pytorch`: the same model, weights and batch sizes through PyTorch
+/// (scripts/pytorch_reference.py); see [`peer`].
+pub fn compare_with_pytorch(report: &mut InferReport, opts: &InferOptions) -> Result<String> {
+    peer::compare(report, opts)
+}
+
+/// Runs every requested strategy at every batch size: the CPU rows, then the GPU rows.
+pub fn run_infer(
+    discovery: &Discovery,
+    opts: &InferOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<InferReport> {
+    let (dict, weights) = match &opts.weights {
+        Some(p) => (
+            load_safetensors(p, opts.model, None)?,
+            p.display().to_string(),
+        ),
+        None => (
+            seeded_init(opts.model, 1000, 0, true),
+            "seeded initialisation (seed 0, torchvision's scheme)".to_string(),
+        ),
+    };
+    if opts.image_size < 32 {
+        return Err(Error::BadInput(format!(
+            "--image-size {} is too small: ResNet needs at least 32",
+            opts.image_size
+        )));
+    }
+    let folded: FoldedResNet = fold(&dict)?;
+    let classes = folded.num_classes;
+    let mut report = InferReport {
+        model: opts.model.name().to_string(),
+        parameters: opts.model.parameter_count(classes),
+        weights,
+        image_size: opts.image_size,
+        cpu_threads: gpukit_tensor::cpu::threads(),
+        rows: Vec::new(),
+        onnxruntime_unavailable: None,
+        gpu_device: None,
+        gpu_unavailable: None,
+        pytorch: None,
+        tensorrt: None,
+    };
+    let wanted: Vec<InferStrategy> = opts
+        .strategies
+        .iter()
+        .copied()
+        .filter(|s| runs_on(s, opts.selection))
+        .collect();
+    // one input per batch size, shared by every strategy (regenerated from its seed when needed)
+    let batches: Vec<(usize, u64)> = opts
+        .batch_sizes
+        .iter()
+        .map(|&n| (n, fresh_seed()))
+        .collect();
+
+    let want_cpu = wanted.contains(&InferStrategy::Cpu);
+    let mut ort = if wanted.contains(&InferStrategy::OnnxRuntime) {
+        match find_onnxruntime().and_then(|lib| {
+            OrtModel::new(&lib, &export_resnet(&folded), gpukit_tensor::cpu::threads())
+        }) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                report.onnxruntime_unavailable = Some(e.to_string());
+                None
+            }
+        }
+    } else {
+        None
+    };
+    if want_cpu || ort.is_some() {
+        let cpu_batches: Vec<(usize, u64)> = batches
+            .iter()
+            .copied()
+            .filter(|(n, _)| opts.cpu_max_batch.is_none_or(|m| *n <= m))
+            .collect();
+        report.rows.extend(cpu_rows(
+            &folded,
+            opts,
+            &cpu_batches,
+            want_cpu,
+            ort.as_mut(),
+            progress,
+        ));
+    }
+    drop(ort);
+
+    let gpu: Vec<Strategy> = wanted
+        .iter()
+        .filter_map(|s| match s {
+            InferStrategy::Gpu(g) => Some(*g),
+            _ => None,
+        })
+        .collect();
+    let singles: Vec<Strategy> = wanted
+        .iter()
+        .filter_map(|s| match s {
+            InferStrategy::OneAtATime(g) => Some(*g),
+            _ => None,
+        })
+        .collect();
+    let any_gpu = !(gpu.is_empty() && singles.is_empty());
+    if any_gpu {
+        report.tensorrt = Some(tensorrt_status(
+            find_extra_library(discovery, "nvinfer").as_deref(),
+        ));
+    }
+    if let (true, Some(ordinal)) = (any_gpu, gpu_ordinal(opts.selection)) {
+        progress(&format!("infer cuda:{ordinal}: opening the GPU"));
+        match GpuContext::open(discovery, ordinal) {
+            Ok(ctx) => {
+                let (name, compute_capability) = gpu_name(discovery, ordinal);
+                report.gpu_device = Some(name);
+                let cpu_rates: BTreeMap<usize, f64> = report
+                    .rows
+                    .iter()
+                    .filter(|r| r.strategy == CPU_ROW && r.status == RowStatus::Ok)
+                    .filter_map(|r| Some((r.batch, r.images_per_s?)))
+                    .collect();
+                let run = GpuRun {
+                    ctx: &ctx,
+                    folded: &folded,
+                    device: format!("cuda:{ordinal}"),
+                    image: opts.image_size,
+                    plan: Plan::new(GPU_WARMUP, opts.gpu_iterations),
+                    cpu_rates,
+                    compute_capability,
+                };
+                let rows = run.rows(&gpu, &singles, &batches, progress);
+                report.rows.extend(rows);
+            }
+            Err(e) => report.gpu_unavailable = Some(e.to_string()),
+        }
+    }
+    let order: Vec<String> = wanted
+        .iter()
+        .filter(|s| !s.on_cpu())
+        .map(InferStrategy::name)
+        .collect();
+    sort_rows(&mut report.rows, &order);
+    Ok(report)
+}
+
+/// `cuda:0 NVIDIA H100 80GB HBM3` (just `cuda:0` if the driver does not say), and the
+/// compute capability.
+fn gpu_name(discovery: &Discovery, ordinal: usize) -> (String, Option<(u32, u32)>) {
+    let attributes = gpukit_cuda::driver::probe(discovery)
+        .ok()
+        .and_then(|d| gpukit_cuda::driver::device_attributes(ordinal, d.device_count).ok());
+    match attributes {
+        Some(a) => (
+            format!("cuda:{ordinal} {}", a.name),
+            Some(a.compute_capability),
+        ),
+        None => (format!("cuda:{ordinal}"), None),
+    }
+}
+

@@ -1,0 +1,203 @@
+//! What `gpukit infer` reports: one row per strategy and batch size, and the questions asked of
+//! the rows (which GPU row was fastest, whether any GPU row gave a figure).
+
+use super::strategy::{ONE_AT_A_TIME, ONE_AT_A_TIME_MAX_PASSES, ONE_AT_A_TIME_MIN_REPS};
+use crate::harness::Measurement;
+use crate::matmul::{PeerFigure, RowStatus};
+use gpukit_models::gpu::SessionMemory;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+#[cfg(doc)]
+use super::strategy::{CPU_ROW, ORT_ROW};
+#[cfg(doc)]
+use gpukit_models::gpu::Strategy;
+
+/// How a strategy's logits compare with a reference on the same input.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Agreement {
+    pub max_abs: f64,
+    /// max |a - b| over max |reference|.
+    pub max_rel: f64,
+    /// Fraction of images whose top-1 class is the same.
+    pub top1: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InferRow {
+    /// CPU rows: [`CPU_ROW`] or [`ORT_ROW`]; GPU rows: [`Strategy::name`] (`fp16-nhwc-graph`).
+    pub strategy: String,
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+    pub batch: usize,
+    pub status: RowStatus,
+    pub timing: Option<Measurement>,
+    pub images_per_s: Option<f64>,
+    /// Over gpukit's f32 CPU path at the same batch size (None where that row did not run).
+    pub speedup_vs_reference: Option<f64>,
+    /// GPU rows: over gpukit's fp32 eager GPU row at the same batch size (None where that row
+    /// was not timed: not requested, or it failed).
+    #[serde(default)]
+    pub speedup_vs_fp32_eager: Option<f64>,
+    /// GPU rows: device memory the engine itself accounts for at this batch size: weights +
+    /// activation arena (input and logits included) + the largest convolution workspace. The
+    /// engine's own accounting ([`SessionMemory`]), not the driver's: the CUDA context, library
+    /// handles and a captured graph's memory are not included.
+    #[serde(default)]
+    pub gpu_memory_bytes: Option<u64>,
+    /// GPU rows: the parts of `gpu_memory_bytes`, and the arena's size without the memory plan.
+    #[serde(default)]
+    pub gpu_memory: Option<SessionMemory>,
+    /// Against `compared_with`, on the logits of the last timed pass.
+    pub agreement: Option<Agreement>,
+    /// What `agreement` compares with: "gpukit's f32 CPU forward", "gpukit's GPU fp32 eager
+    /// logits (whole batch)", ... None for the CPU reference row itself.
+    #[serde(default)]
+    pub compared_with: Option<String>,
+    /// Largest `agreement.max_rel` the row may show and pass.
+    #[serde(default)]
+    pub tolerance: Option<f64>,
+    /// PyTorch's figure for the same strategy (`--compare-pytorch`).
+    #[serde(default)]
+    pub pytorch: Option<PeerFigure>,
+    /// One-at-a-time rows: the batched row's images/s (the same strategy, one pass over the
+    /// batch) over this row's: what batching gains. None where either row did not pass.
+    #[serde(default)]
+    pub batching_gain: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InferReport {
+    pub model: String,
+    pub parameters: usize,
+    pub weights: String,
+    pub image_size: usize,
+    pub cpu_threads: usize,
+    /// By batch size, then the CPU rows, then the GPU rows in the order strategies were asked.
+    pub rows: Vec<InferRow>,
+    /// Why ONNX Runtime's rows are absent, when they are.
+    pub onnxruntime_unavailable: Option<String>,
+    /// The GPU the GPU rows ran on: `cuda:0 NVIDIA H100 80GB HBM3`.
+    #[serde(default)]
+    pub gpu_device: Option<String>,
+    /// Why the GPU rows are absent, when the selection included a GPU and none could be used.
+    #[serde(default)]
+    pub gpu_unavailable: Option<String>,
+    /// `--compare-pytorch`: PyTorch's rows, the logits check and the best fp16 of each side.
+    #[serde(default)]
+    pub pytorch: Option<super::peer::PytorchComparison>,
+    /// Whether TensorRT's libnvinfer is on this machine ([`tensorrt_status`]); gpukit runs no
+    /// TensorRT strategy. None where no GPU strategy was asked for.
+    #[serde(default)]
+    pub tensorrt: Option<String>,
+}
+
+/// The report's TensorRT line, from where libnvinfer was found
+/// ([`gpukit_cuda::loader::find_extra_library`]), if anywhere.
+pub fn tensorrt_status(libnvinfer: Option<&Path>) -> String {
+    match libnvinfer {
+        Some(p) => format!(
+            "libnvinfer found at {}; gpukit has no TensorRT strategy yet",
+            p.display()
+        ),
+        None => "unavailable: libnvinfer not found (install TensorRT, e.g. pip install tensorrt, \
+                 to compare)"
+            .into(),
+    }
+}
+
+pub fn is_gpu_row(r: &InferRow) -> bool {
+    r.device != "cpu"
+}
+
+/// Whether the row is a strategy run one image at a time ([`InferStrategy::OneAtATime`]).
+pub fn is_one_at_a_time(r: &InferRow) -> bool {
+    is_gpu_row(r) && r.strategy.ends_with(ONE_AT_A_TIME)
+}
+
+/// Timed repetitions of a one-at-a-time row at batch `n`: `reps`, fewer where they would pass
+/// [`ONE_AT_A_TIME_MAX_PASSES`] batch-1 passes, but at least [`ONE_AT_A_TIME_MIN_REPS`].
+pub fn one_at_a_time_reps(reps: usize, n: usize) -> usize {
+    reps.min((ONE_AT_A_TIME_MAX_PASSES / n.max(1)).max(ONE_AT_A_TIME_MIN_REPS))
+        .max(1)
+}
+
+/// Orders rows by batch size, then the CPU rows (in the order they came), then the GPU rows in
+/// the order of `gpu_order` (strategy names).
+pub fn sort_rows(rows: &mut [InferRow], gpu_order: &[String]) {
+    rows.sort_by_key(|r| {
+        (
+            r.batch,
+            is_gpu_row(r),
+            gpu_order
+                .iter()
+                .position(|s| *s == r.strategy)
+                .unwrap_or(usize::MAX),
+        )
+    });
+}
+
+/// Per batch size (ascending): the GPU row that passed with the most images/s. One-at-a-time
+/// rows are not candidates: they show what the batch would cost without batching.
+pub fn best_gpu_rows(rows: &[InferRow]) -> Vec<&InferRow> {
+    let mut best: BTreeMap<usize, &InferRow> = BTreeMap::new();
+    for r in rows
+        .iter()
+        .filter(|r| is_gpu_row(r) && !is_one_at_a_time(r) && r.status == RowStatus::Ok)
+    {
+        let Some(rate) = r.images_per_s else { continue };
+        let better = best
+            .get(&r.batch)
+            .is_none_or(|b| b.images_per_s.is_none_or(|x| rate > x));
+        if better {
+            best.insert(r.batch, r);
+        }
+    }
+    best.into_values().collect()
+}
+
+/// Why the command must fail though no row failed: GPU rows were asked for and ran into limits
+/// (out of memory at every batch size, say), so none produced a figure.
+pub fn gpu_rows_without_figure(report: &InferReport) -> Option<String> {
+    let gpu: Vec<&InferRow> = report.rows.iter().filter(|r| is_gpu_row(r)).collect();
+    if gpu.is_empty() || gpu.iter().any(|r| r.status == RowStatus::Ok) {
+        return None;
+    }
+    let first = gpu.iter().find_map(|r| match &r.status {
+        RowStatus::Skipped(w) | RowStatus::Failed(w) => {
+            Some(format!("{} at batch {}: {w}", r.strategy, r.batch))
+        }
+        RowStatus::Ok => None,
+    });
+    Some(format!(
+        "none of the {} GPU row(s) produced a figure; the first: {}",
+        gpu.len(),
+        first.unwrap_or_default()
+    ))
+}
+
+pub(super) fn row(strategy: &str, device: &str, batch: usize) -> InferRow {
+    InferRow {
+        strategy: strategy.to_string(),
+        device: device.to_string(),
+        batch,
+        status: RowStatus::Ok,
+        timing: None,
+        images_per_s: None,
+        speedup_vs_reference: None,
+        speedup_vs_fp32_eager: None,
+        gpu_memory_bytes: None,
+        gpu_memory: None,
+        agreement: None,
+        compared_with: None,
+        tolerance: None,
+        pytorch: None,
+        batching_gain: None,
+    }
+}
+
+pub(super) fn rate(n: usize, t: &Measurement) -> f64 {
+    n as f64 / (t.summary_ms.median / 1e3)
+}
+
