@@ -11,8 +11,8 @@ use crate::matmul::{PeerFigure, RowStatus};
 use crate::peer::PeerServer;
 use crate::random::{fill_bytes, fresh_seed};
 use gpukit_cuda::loader::Discovery;
-use gpukit_cuda::{DeviceBuffer, Gpu, Stream};
 use gpukit_cuda::transfer::{copy_d2d, copy_d2h, copy_h2d, h2d_staged, PinnedBytes};
+use gpukit_cuda::{DeviceBuffer, Gpu, Stream};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -444,9 +444,9 @@ fn measure(
     };
     let (samples, planned, theirs) = {
         let mut ours: Box<dyn FnMut(Plan) -> Result<Vec<f64>> + '_> = match kind {
-            CopyKind::H2dPageable => Box::new(|p| {
-                device_samples(s, p, || copy_h2d(s, &b.src, &mut b.dev_a))
-            }),
+            CopyKind::H2dPageable => {
+                Box::new(|p| device_samples(s, p, || copy_h2d(s, &b.src, &mut b.dev_a)))
+            }
             CopyKind::H2dPageableStaged => {
                 let (src, dev, staging) = (&b.src, &mut b.dev_a, &mut b.staging);
                 Box::new(move |p| {
@@ -454,23 +454,20 @@ fn measure(
                         h2d_staged(s, src, dev, staging, &parallel_copy)?;
                         s.synchronize()
                     })
-                    
                 })
             }
             CopyKind::H2dPinned => Box::new(|p| {
                 device_samples(s, p, || copy_h2d(s, b.pinned_src.as_slice(), &mut b.dev_a))
-                    
             }),
             CopyKind::D2hPinned => Box::new(|p| {
                 device_samples(s, p, || copy_d2h(s, &b.dev_a, b.pinned_dst.as_mut_slice()))
-                    
             }),
-            CopyKind::D2hPageable => Box::new(|p| {
-                device_samples(s, p, || copy_d2h(s, &b.dev_a, &mut b.pageable_dst))
-            }),
-            CopyKind::D2d => Box::new(|p| {
-                device_samples(s, p, || copy_d2d(s, &b.dev_a, &mut b.dev_b, bytes))
-            }),
+            CopyKind::D2hPageable => {
+                Box::new(|p| device_samples(s, p, || copy_d2h(s, &b.dev_a, &mut b.pageable_dst)))
+            }
+            CopyKind::D2d => {
+                Box::new(|p| device_samples(s, p, || copy_d2d(s, &b.dev_a, &mut b.dev_b, bytes)))
+            }
             CopyKind::Bidirectional => {
                 // dev_a -> host on stream 2 while host -> dev_b on stream 1
                 let (pin_src, pin_dst, dev_a, dev_b) =
@@ -483,7 +480,6 @@ fn measure(
                         stream2.synchronize()?;
                         Ok(())
                     })
-                    
                 })
             }
         };
@@ -498,8 +494,7 @@ fn measure(
         CopyKind::D2hPageable => b.pageable_dst == b.src,
         CopyKind::D2d => gpu.download(&b.dev_b)? == b.src,
         CopyKind::Bidirectional => {
-            b.pinned_dst.as_slice() == b.src.as_slice()
-                && gpu.download(&b.dev_b)? == b.src
+            b.pinned_dst.as_slice() == b.src.as_slice() && gpu.download(&b.dev_b)? == b.src
         }
     };
     let timing = Measurement::of(clock, planned, &samples)?;

@@ -107,7 +107,9 @@ pub fn device_samples<E: Into<Error>>(
     plan: Plan,
     mut work: impl FnMut() -> Result<(), E>,
 ) -> Result<Vec<f64>> {
-    time_on_stream(stream, plan.warmup, plan.reps, || work().map_err(Into::into))
+    time_on_stream(stream, plan.warmup, plan.reps, || {
+        work().map_err(Into::into)
+    })
 }
 
 impl Measurement {
@@ -345,7 +347,9 @@ mod tests {
 
     #[test]
     fn work_errors_are_reported_not_timed() {
-        let r = time_host(Plan::new(0, 3), || Err::<(), _>(Error::Failed("bad output".into())));
+        let r = time_host(Plan::new(0, 3), || {
+            Err::<(), _>(Error::Failed("bad output".into()))
+        });
         assert!(matches!(r, Err(Error::Failed(ref s)) if s == "bad output"));
     }
 

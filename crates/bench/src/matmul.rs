@@ -5,17 +5,17 @@
 use crate::ceilings::Peaks;
 use crate::check::{describe_gpu, GpuFacts};
 use crate::cpu;
+use crate::error::{Error, Result};
 use crate::harness::{
     both_orders, device_samples, host_samples, interleave, tflops, Clock, Measurement, PeerSamples,
     Plan,
 };
 use crate::peer::PeerServer;
 use crate::random::{fresh_seed, normal_f32, normal_f64, uniform_f32, uniform_f64};
-use crate::error::{Error, Result};
 use gpukit_cuda::blas::Blas;
+use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::{DeviceBuffer, Gpu};
 use gpukit_tensor::codec::{bytes_of, decode_f64, element_f64, encode_f32};
-use gpukit_cuda::loader::Discovery;
 use gpukit_tensor::{DType, Device, DeviceSelection};
 use half::f16;
 use serde::{Deserialize, Serialize};
@@ -363,9 +363,13 @@ fn verify_square(
     let (mut num, mut den) = (0.0f64, 0.0f64);
     let mut nan = false;
     for &i in &rows {
-        let arow: Vec<f64> = (0..n).map(|p| element_f64(&pair.a, ty, i * n + p)).collect();
+        let arow: Vec<f64> = (0..n)
+            .map(|p| element_f64(&pair.a, ty, i * n + p))
+            .collect();
         for &j in &cols {
-            let r: f64 = (0..n).map(|p| arow[p] * element_f64(&pair.b, ty, p * n + j)).sum();
+            let r: f64 = (0..n)
+                .map(|p| arow[p] * element_f64(&pair.b, ty, p * n + j))
+                .sum();
             let got = element_f64(c, ty, i * n + j);
             nan |= !got.is_finite();
             num += (got - r).powi(2);
@@ -1230,8 +1234,12 @@ mod tests {
             a: encode_f32(&uniform_f32(n * n, 1), ty),
             b: encode_f32(&uniform_f32(n * n, 2), ty),
         };
-        let a: Vec<f32> = (0..n * n).map(|i| element_f64(&pair.a, ty, i) as f32).collect();
-        let b: Vec<f32> = (0..n * n).map(|i| element_f64(&pair.b, ty, i) as f32).collect();
+        let a: Vec<f32> = (0..n * n)
+            .map(|i| element_f64(&pair.a, ty, i) as f32)
+            .collect();
+        let b: Vec<f32> = (0..n * n)
+            .map(|i| element_f64(&pair.b, ty, i) as f32)
+            .collect();
         let mut c = vec![0f32; n * n];
         cpu::matmul_f32(&a, &b, &mut c, n, n, n);
         let good = bytes_of(&c).to_vec();

@@ -10,13 +10,13 @@ use crate::random::{fresh_seed, uniform_f32};
 use gpukit_cuda::driver::{device_attributes, probe};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::nvml::NvmlSession;
-use gpukit_models::forward::fold;
 use gpukit_cuda::{Gpu, PoolStats};
+use gpukit_models::forward::fold;
 use gpukit_models::gpu::{arena_bytes, GpuContext, GpuWeights, NetShape, Session};
-use gpukit_models::Error as EngineError;
-use gpukit_tensor::{DType, Layout, Tensor};
 use gpukit_models::weights::{load_safetensors, seeded_init};
+use gpukit_models::Error as EngineError;
 use gpukit_models::ResNet;
+use gpukit_tensor::{DType, Layout, Tensor};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -361,7 +361,9 @@ fn measure(
         ctx.gpu.reset_pool_peaks()?;
         let logits = session.run(&x)?;
         if logits.f32_values()?.iter().any(|v| !v.is_finite()) {
-            return Err(Error::Failed(format!("batch {n}: the logits are not finite")));
+            return Err(Error::Failed(format!(
+                "batch {n}: the logits are not finite"
+            )));
         }
         session.capture()?;
         let t = time_device(ctx.gpu.stream(), Plan::new(2, 10), || session.replay())?;

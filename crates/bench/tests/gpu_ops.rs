@@ -220,7 +220,9 @@ fn half_precision_convolutions_choose_tensor_cores() -> Result<(), Failed> {
     let g = gpu()?;
     let (major, _) = g.compute_capability().map_err(|e| e.to_string())?;
     if major < 8 {
-        eprintln!("    compute capability {major}.x: bf16 tensor cores need 8.0; checking f16 only");
+        eprintln!(
+            "    compute capability {major}.x: bf16 tensor cores need 8.0; checking f16 only"
+        );
     }
     let dnn = Dnn::new(DISCOVERY.get().ok_or("no discovery")?, &g).map_err(|e| e.to_string())?;
     let mut wrong = Vec::new();

@@ -267,38 +267,32 @@ impl Blas {
     ) -> Result<Vec<LtPlan>> {
         let (dt, compute, scale) = ty.lt_types();
         let make = || -> Result<(lt::cublasLtMatmulDesc_t, [lt::cublasLtMatrixLayout_t; 3])> {
-                let mut desc = std::ptr::null_mut();
-                // SAFETY: out-pointer to a local.
-                lt_ok("cublasLtMatmulDescCreate", unsafe {
-                    lt::cublasLtMatmulDescCreate(&mut desc, compute, scale)
-                })?;
-                // column-major view: D^T (n x m) = B^T (n x k) * A^T (k x m)
-                let mut layouts = [std::ptr::null_mut(); 3];
-                let dims = [(n, k, n), (k, m, k), (n, m, n)];
-                for (slot, (rows, cols, ld)) in layouts.iter_mut().zip(dims) {
-                    // SAFETY: out-pointer to a local array slot.
-                    let s = unsafe {
-                        lt::cublasLtMatrixLayoutCreate(
-                            slot,
-                            dt,
-                            rows as u64,
-                            cols as u64,
-                            ld as i64,
-                        )
-                    };
-                    if let Err(e) = lt_ok("cublasLtMatrixLayoutCreate", s) {
-                        // SAFETY: destroy what was created so far.
-                        unsafe {
-                            lt::cublasLtMatmulDescDestroy(desc);
-                            for l in layouts.iter().filter(|l| !l.is_null()) {
-                                lt::cublasLtMatrixLayoutDestroy(*l);
-                            }
+            let mut desc = std::ptr::null_mut();
+            // SAFETY: out-pointer to a local.
+            lt_ok("cublasLtMatmulDescCreate", unsafe {
+                lt::cublasLtMatmulDescCreate(&mut desc, compute, scale)
+            })?;
+            // column-major view: D^T (n x m) = B^T (n x k) * A^T (k x m)
+            let mut layouts = [std::ptr::null_mut(); 3];
+            let dims = [(n, k, n), (k, m, k), (n, m, n)];
+            for (slot, (rows, cols, ld)) in layouts.iter_mut().zip(dims) {
+                // SAFETY: out-pointer to a local array slot.
+                let s = unsafe {
+                    lt::cublasLtMatrixLayoutCreate(slot, dt, rows as u64, cols as u64, ld as i64)
+                };
+                if let Err(e) = lt_ok("cublasLtMatrixLayoutCreate", s) {
+                    // SAFETY: destroy what was created so far.
+                    unsafe {
+                        lt::cublasLtMatmulDescDestroy(desc);
+                        for l in layouts.iter().filter(|l| !l.is_null()) {
+                            lt::cublasLtMatrixLayoutDestroy(*l);
                         }
-                        return Err(e);
                     }
+                    return Err(e);
                 }
-                Ok((desc, layouts))
-            };
+            }
+            Ok((desc, layouts))
+        };
         let (desc, layouts) = make()?;
         let mut pref = std::ptr::null_mut();
         // SAFETY: out-pointer to a local; the attribute buffer is a live u64.

@@ -8,8 +8,8 @@
 //! 2. [`device_attributes`] reads a device's facts without creating a context (cheap).
 //! 3. [`Gpu::open`] creates the context and stream for real work.
 
-use crate::loader::{Discovery, Lib, REQUIRED_DRIVER_API};
 use crate::error::{Error, Result};
+use crate::loader::{Discovery, Lib, REQUIRED_DRIVER_API};
 use crate::stream::Stream;
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use serde::{Deserialize, Serialize};

@@ -43,7 +43,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// A library status, out-of-memory recognised from the status's own name (`*_ALLOC_FAILED`,
     /// `*_ALLOCATION_FAILED`).
-    pub(crate) fn library(library: &'static str, call: &'static str, status: impl std::fmt::Debug) -> Error {
+    pub(crate) fn library(
+        library: &'static str,
+        call: &'static str,
+        status: impl std::fmt::Debug,
+    ) -> Error {
         let status = format!("{status:?}");
         Error::Library {
             library,
@@ -79,7 +83,10 @@ mod tests {
 
     #[test]
     fn out_of_memory_is_read_from_the_status() {
-        assert!(Error::library("cuBLAS", "cublasCreate", "CUBLAS_STATUS_ALLOC_FAILED").is_out_of_memory());
+        assert!(
+            Error::library("cuBLAS", "cublasCreate", "CUBLAS_STATUS_ALLOC_FAILED")
+                .is_out_of_memory()
+        );
         assert!(Error::library(
             "cuDNN",
             "cudnnFind",
@@ -87,8 +94,21 @@ mod tests {
         )
         .is_out_of_memory());
         assert!(!Error::library("cuDNN", "cudnnFind", "CUDNN_STATUS_BAD_PARAM").is_out_of_memory());
-        assert!(Error::Driver(DriverError(sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY)).is_out_of_memory());
-        assert_eq!(Error::NoSuchDevice { requested: 3, count: 1 }.kind(), ErrorKind::BadInput);
-        assert_eq!(Error::MissingLibrary("x".into()).kind(), ErrorKind::Unavailable);
+        assert!(
+            Error::Driver(DriverError(sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY))
+                .is_out_of_memory()
+        );
+        assert_eq!(
+            Error::NoSuchDevice {
+                requested: 3,
+                count: 1
+            }
+            .kind(),
+            ErrorKind::BadInput
+        );
+        assert_eq!(
+            Error::MissingLibrary("x".into()).kind(),
+            ErrorKind::Unavailable
+        );
     }
 }

@@ -25,7 +25,9 @@ fn tag(dtype: DType) -> Result<&'static str> {
         DType::F32 => Ok("f32"),
         DType::F16 => Ok("f16"),
         DType::Bf16 => Ok("bf16"),
-        d => Err(Error::Invalid(format!("gpukit's kernels have no {d} version"))),
+        d => Err(Error::Invalid(format!(
+            "gpukit's kernels have no {d} version"
+        ))),
     }
 }
 
@@ -403,13 +405,7 @@ impl Kernels {
     }
 
     /// `y[r, k] += bias[k]` for a row-major f32 `rows x cols` matrix.
-    pub fn add_bias(
-        &self,
-        y: View<'_>,
-        bias: View<'_>,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()> {
+    pub fn add_bias(&self, y: View<'_>, bias: View<'_>, rows: usize, cols: usize) -> Result<()> {
         y.require(rows * cols * 4, "add_bias y")?;
         bias.require(cols * 4, "add_bias bias")?;
         let f = self.function("add_bias_f32")?;

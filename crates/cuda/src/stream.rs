@@ -58,7 +58,10 @@ impl Gpu {
     /// Runs `enqueue` with the work stream in capture mode and returns what it queued as a
     /// graph, uploaded and ready to launch. The capture is ended whatever `enqueue` returns, so
     /// the stream stays usable after an error.
-    pub fn capture<E: From<Error>>(&self, enqueue: impl FnOnce() -> Result<(), E>) -> Result<Graph, E> {
+    pub fn capture<E: From<Error>>(
+        &self,
+        enqueue: impl FnOnce() -> Result<(), E>,
+    ) -> Result<Graph, E> {
         let stream = self.stream().raw();
         stream.synchronize().map_err(Error::from)?;
         stream

@@ -12,9 +12,9 @@ use cudarc::{
     nccl::{Comm, ReduceOp},
 };
 use gpukit_cuda::driver::{self, Gpu};
-use gpukit_cuda::transfer::copy_d2d;
 use gpukit_cuda::loader::{Discovery, Lib};
 use gpukit_cuda::nvml::NvmlSession;
+use gpukit_cuda::transfer::copy_d2d;
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::{Arc, OnceLock};
 
@@ -210,8 +210,7 @@ fn cudnn_and_nccl_load_and_work() -> Result<(), Failed> {
         check(discovery().usable(lib), discovery().missing_message(lib))?;
     }
     let (_ctx, stream) = raw(0)?;
-    cudarc::cudnn::Cudnn::new(stream.clone())
-        .map_err(|e| format!("cuDNN: {e:?}"))?;
+    cudarc::cudnn::Cudnn::new(stream.clone()).map_err(|e| format!("cuDNN: {e:?}"))?;
     let comms = Comm::from_devices(vec![stream.clone()]).map_err(|e| format!("NCCL: {e:?}"))?;
     let x = random_f32(4096, 6);
     let xd = stream.clone_htod(&x).map_err(|e| e.to_string())?;

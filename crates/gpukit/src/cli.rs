@@ -109,7 +109,7 @@ pub struct InferArgs {
 }
 
 fn parse_strategy(s: &str) -> Result<InferStrategy, String> {
-    InferStrategy::parse(s)
+    InferStrategy::parse(s).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Subcommand)]
@@ -213,7 +213,7 @@ pub struct MemoryArgs {
 
     /// fp32, tf32, fp16 or bf16.
     #[arg(long, default_value = "fp32", value_parser = parse_precision)]
-    pub precision: gpukit_models::gpu::Precision,
+    pub precision: DType,
 
     /// NHWC activations [default: NCHW for fp32/tf32, NHWC for fp16/bf16].
     #[arg(long, value_parser = ["nchw", "nhwc"])]
@@ -250,10 +250,10 @@ pub struct MemoryArgs {
     pub device: Device,
 }
 
-fn parse_precision(s: &str) -> Result<gpukit_models::gpu::Precision, String> {
-    gpukit_models::gpu::Precision::ALL
+fn parse_precision(s: &str) -> Result<DType, String> {
+    gpukit_models::gpu::ENGINE_DTYPES
         .into_iter()
-        .find(|p| p.name() == s.trim().to_ascii_lowercase())
+        .find(|p| p.precision_name() == s.trim().to_ascii_lowercase())
         .ok_or_else(|| format!("unknown precision '{s}' (fp32, tf32, fp16 or bf16)"))
 }
 

@@ -14,11 +14,11 @@ use anyhow::{Context, Result};
 use gpukit_bench::bandwidth::{
     run_bandwidth, run_bandwidth_with_pytorch, BandwidthOptions, BandwidthReport,
 };
-use gpukit_bench::check::{run_check, CheckError, CheckOptions, CheckReport};
+use gpukit_bench::check::{run_check, CheckOptions, CheckReport};
 use gpukit_bench::conv::{resnet50_shapes, run_conv, ConvOptions, ConvReport};
-use gpukit_bench::cpu::Layout;
 use gpukit_bench::matmul::{run_matmul, MatmulOptions, MatmulReport};
 use gpukit_cuda::loader::{discover, prepare_process, Discovery};
+use gpukit_tensor::Layout;
 use gpukit_tensor::{Device, DeviceSelection};
 use serde::Serialize;
 use std::time::Instant;
@@ -102,7 +102,7 @@ fn bench_matmul(a: MatmulArgs, out: &Output) -> Result<()> {
     emit_matmul(&report, peer, out)
 }
 
-fn peer_line(peer: &Option<Result<String, String>>) -> Option<String> {
+fn peer_line(peer: &Option<gpukit_bench::Result<String>>) -> Option<String> {
     match peer {
         Some(Ok(v)) => Some(format!(
             "PyTorch {v} ran the same workloads in this invocation (scripts/pytorch_reference.py)"
@@ -114,7 +114,7 @@ fn peer_line(peer: &Option<Result<String, String>>) -> Option<String> {
 
 fn emit_matmul(
     report: &MatmulReport,
-    peer: Option<Result<String, String>>,
+    peer: Option<gpukit_bench::Result<String>>,
     out: &Output,
 ) -> Result<()> {
     let doc = serde_json::json!({ "matmul": report, "pytorch": peer_json(&peer) });
@@ -139,10 +139,10 @@ fn emit_matmul(
     fail_if_wrong(report.rows.iter().map(|r| &r.status))
 }
 
-fn peer_json(peer: &Option<Result<String, String>>) -> serde_json::Value {
+fn peer_json(peer: &Option<gpukit_bench::Result<String>>) -> serde_json::Value {
     match peer {
         Some(Ok(v)) => serde_json::json!({ "torch_version": v }),
-        Some(Err(e)) => serde_json::json!({ "error": e }),
+        Some(Err(e)) => serde_json::json!({ "error": e.to_string() }),
         None => serde_json::Value::Null,
     }
 }
@@ -194,7 +194,7 @@ fn bench_bandwidth(a: BandwidthArgs, out: &Output) -> Result<()> {
 
 fn emit_bandwidth(
     report: &BandwidthReport,
-    peer: Option<Result<String, String>>,
+    peer: Option<gpukit_bench::Result<String>>,
     out: &Output,
 ) -> Result<()> {
     let doc = serde_json::json!({ "bandwidth": report, "pytorch": peer_json(&peer) });
@@ -252,10 +252,7 @@ fn gather_check(discovery: &Discovery, args: &CheckArgs) -> Result<CheckReport> 
         ask_library_versions: args.library_versions,
         quick: args.quick,
     };
-    run_check(discovery, opts).map_err(|e| match e {
-        CheckError::NoSuchDevice(m) => UsageError(m).into(),
-        CheckError::NoGpu(m) => anyhow::anyhow!(m),
-    })
+    Ok(run_check(discovery, opts)?)
 }
 
 fn warn(report: &CheckReport) {
@@ -487,8 +484,8 @@ fn all(args: AllArgs, json: bool) -> Result<()> {
             } else {
                 vec![16, 32, 64, 128]
             },
-            precision: gpukit_models::gpu::Precision::F32,
-            nhwc: false,
+            dtype: gpukit_tensor::DType::F32,
+            layout: Layout::Nchw,
             image_size: 224,
             weights: None,
             ordinal: match args.device {
@@ -662,7 +659,7 @@ fn bench_conv(a: ConvArgs, out: &Output) -> Result<()> {
 
 fn emit_conv(
     report: &ConvReport,
-    peer: Option<Result<String, String>>,
+    peer: Option<gpukit_bench::Result<String>>,
     out: &Output,
 ) -> Result<()> {
     let doc = serde_json::json!({ "conv": report, "pytorch": peer_json(&peer) });
@@ -677,7 +674,7 @@ fn emit_conv(
 }
 
 fn memory(a: crate::cli::MemoryArgs, out: &Output) -> Result<()> {
-    use gpukit_bench::memory::{run_memory, MemoryError, MemoryOptions};
+    use gpukit_bench::memory::{run_memory, MemoryOptions};
     let ordinal = match a.device {
         Device::Cuda(n) => n,
         Device::Cpu => {
@@ -689,18 +686,17 @@ fn memory(a: crate::cli::MemoryArgs, out: &Output) -> Result<()> {
     };
     let discovery = prepare_process();
     check_named_gpu(&discovery, DeviceSelection::One(a.device))?;
-    let nhwc = match a.layout.as_deref() {
-        Some(l) => l == "nhwc",
-        None => matches!(
-            a.precision,
-            gpukit_models::gpu::Precision::F16 | gpukit_models::gpu::Precision::Bf16
-        ),
+    let layout = match a.layout.as_deref() {
+        Some("nhwc") => Layout::Nhwc,
+        Some(_) => Layout::Nchw,
+        None if a.precision.size_bytes() == 2 => Layout::Nhwc,
+        None => Layout::Nchw,
     };
     let opts = MemoryOptions {
         model: a.model_name,
         batch_sizes: a.batch_sizes.clone(),
-        precision: a.precision,
-        nhwc,
+        dtype: a.precision,
+        layout,
         image_size: a.image_size,
         weights: a.weights.clone(),
         ordinal,
@@ -709,10 +705,7 @@ fn memory(a: crate::cli::MemoryArgs, out: &Output) -> Result<()> {
         find_max_batch: a.find_max_batch,
         max_workspace_bytes: a.max_workspace.map(|m| m << 20),
     };
-    let report = run_memory(&discovery, &opts, &mut progress()).map_err(|e| match e {
-        MemoryError::Invalid(m) => anyhow::Error::from(UsageError(m)),
-        MemoryError::Device(m) => anyhow::anyhow!(m),
-    })?;
+    let report = run_memory(&discovery, &opts, &mut progress())?;
     emit(&report, out, || {
         print!("{}", to_terminal(&crate::render::memory_sections(&report)));
         Ok(())
@@ -731,10 +724,9 @@ fn memory(a: crate::cli::MemoryArgs, out: &Output) -> Result<()> {
 
 fn infer(a: InferArgs, out: &Output) -> Result<()> {
     use gpukit_bench::infer::{
-        compare_with_pytorch, gpu_rows_without_figure, run_infer, select_strategies, InferError,
-        InferOptions,
+        compare_with_pytorch, gpu_rows_without_figure, run_infer, select_strategies, InferOptions,
     };
-    let strategies = select_strategies(a.strategies.as_deref(), a.device).map_err(UsageError)?;
+    let strategies = select_strategies(a.strategies.as_deref(), a.device)?;
     let wants_gpu = strategies.iter().any(|s| !s.on_cpu());
     // only GPU work needs the CUDA libraries on the loader's path (which may re-execute)
     let discovery = if wants_gpu {
@@ -757,25 +749,20 @@ fn infer(a: InferArgs, out: &Output) -> Result<()> {
         gpu_iterations: a.gpu_iterations,
         cpu_max_batch: None,
     };
-    let usage = |e: InferError| match e {
-        InferError::Weights(w) => anyhow::Error::from(UsageError(w.to_string())),
-        InferError::Invalid(m) => UsageError(m).into(),
-    };
     if let Some(input) = &a.input {
-        let run = gpukit_bench::infer_io::run_on_input(
+        let run = gpukit_bench::infer::io::run_on_input(
             &discovery,
             &opts,
             input,
             a.save_output.as_deref(),
             &mut progress(),
-        )
-        .map_err(usage)?;
+        )?;
         return emit(&run, out, || {
             print!("{}", to_terminal(&[crate::render::input_run_section(&run)]));
             Ok(())
         });
     }
-    let mut report = run_infer(&discovery, &opts, &mut progress()).map_err(usage)?;
+    let mut report = run_infer(&discovery, &opts, &mut progress())?;
     if let (Some(n), Some(why)) = (a.device.named_cuda(), &report.gpu_unavailable) {
         anyhow::bail!("infer on cuda:{n} cannot run: {why}");
     }

@@ -40,9 +40,41 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let usage = e.downcast_ref::<UsageError>().is_some();
             eprintln!("error: {e:#}");
-            ExitCode::from(if usage { 2 } else { 1 })
+            ExitCode::from(exit_code(&e))
         }
     }
+}
+
+/// The one place where a failure becomes an exit code: 2 for bad usage or bad input, 1 for the
+/// rest (a missing GPU or library, a failed measurement). The kind comes from the first typed
+/// error in the chain.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    use gpukit_types::{ErrorKind, HasKind};
+    let kind = e.chain().find_map(|cause| {
+        if cause.downcast_ref::<UsageError>().is_some() {
+            return Some(ErrorKind::BadInput);
+        }
+        None.or_else(|| {
+            cause
+                .downcast_ref::<gpukit_bench::Error>()
+                .map(HasKind::kind)
+        })
+        .or_else(|| {
+            cause
+                .downcast_ref::<gpukit_models::Error>()
+                .map(HasKind::kind)
+        })
+        .or_else(|| {
+            cause
+                .downcast_ref::<gpukit_tensor::Error>()
+                .map(HasKind::kind)
+        })
+        .or_else(|| {
+            cause
+                .downcast_ref::<gpukit_cuda::Error>()
+                .map(HasKind::kind)
+        })
+    });
+    kind.unwrap_or(ErrorKind::Failed).exit_code()
 }

@@ -958,7 +958,7 @@ pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
 }
 
 /// `infer --input`: each strategy's logits against the CPU's.
-pub fn input_run_section(r: &gpukit_bench::infer_io::InputRun) -> Section {
+pub fn input_run_section(r: &gpukit_bench::infer::io::InputRun) -> Section {
     let rows = r
         .logits
         .iter()
@@ -996,7 +996,7 @@ pub fn input_run_section(r: &gpukit_bench::infer_io::InputRun) -> Section {
 }
 
 /// PyTorch's own rows (`infer --compare-pytorch`), the logits check and best fp16 against best.
-fn pytorch_infer_section(p: &gpukit_bench::infer_peer::PytorchComparison) -> Section {
+fn pytorch_infer_section(p: &gpukit_bench::infer::peer::PytorchComparison) -> Section {
     let rows = p
         .rows
         .iter()

@@ -125,12 +125,7 @@ fn param<'a>(dict: &'a StateDict, name: &str, len: usize) -> Result<&'a [f32]> {
 
 /// Folds `bn` (gamma, beta, mean, var) into the convolution `conv` (its `.weight` key):
 /// w' = w * gamma / sqrt(var + eps), b' = beta - mean * gamma / sqrt(var + eps).
-fn fold_conv(
-    dict: &StateDict,
-    conv: &str,
-    bn: &str,
-    stride: usize,
-) -> Result<FoldedConv> {
+fn fold_conv(dict: &StateDict, conv: &str, bn: &str, stride: usize) -> Result<FoldedConv> {
     let w = dict
         .get(&format!("{conv}.weight"))
         .ok_or_else(|| Error::Fold(format!("missing {conv}.weight")))?;
@@ -339,17 +334,15 @@ fn max_pool(x: &Act, ws: &mut Workspace) -> Act {
     let c = x.c;
     let mut data = ws.take(x.n * p * q * c);
     parallel_rows(&mut data, q * c, &|row, out| {
-        {
-            let (img, i) = (row / p, row % p);
-            let src = &x.data[img * x.h * x.w * c..(img + 1) * x.h * x.w * c];
-            for (j, o) in out.chunks_exact_mut(c).enumerate() {
-                let at = |y: usize, z: usize| &src[(y * x.w + z) * c..(y * x.w + z + 1) * c];
-                o.copy_from_slice(at(2 * i, 2 * j));
-                for y in (2 * i).saturating_sub(1)..(2 * i + 2).min(x.h) {
-                    for z in (2 * j).saturating_sub(1)..(2 * j + 2).min(x.w) {
-                        for (m, &v) in o.iter_mut().zip(at(y, z)) {
-                            *m = if v > *m { v } else { *m };
-                        }
+        let (img, i) = (row / p, row % p);
+        let src = &x.data[img * x.h * x.w * c..(img + 1) * x.h * x.w * c];
+        for (j, o) in out.chunks_exact_mut(c).enumerate() {
+            let at = |y: usize, z: usize| &src[(y * x.w + z) * c..(y * x.w + z + 1) * c];
+            o.copy_from_slice(at(2 * i, 2 * j));
+            for y in (2 * i).saturating_sub(1)..(2 * i + 2).min(x.h) {
+                for z in (2 * j).saturating_sub(1)..(2 * j + 2).min(x.w) {
+                    for (m, &v) in o.iter_mut().zip(at(y, z)) {
+                        *m = if v > *m { v } else { *m };
                     }
                 }
             }
@@ -467,13 +460,11 @@ impl FoldedResNet {
         // NCHW -> NHWC, by image rows
         let mut data = ws.take(n * 3 * h * w);
         parallel_rows(&mut data, w * 3, &|row, out| {
-            {
-                let (img, y) = (row / h, row % h);
-                for ch in 0..3 {
-                    let src = &input[((img * 3 + ch) * h + y) * w..][..w];
-                    for (o, &v) in out.iter_mut().skip(ch).step_by(3).zip(src) {
-                        *o = v;
-                    }
+            let (img, y) = (row / h, row % h);
+            for ch in 0..3 {
+                let src = &input[((img * 3 + ch) * h + y) * w..][..w];
+                for (o, &v) in out.iter_mut().skip(ch).step_by(3).zip(src) {
+                    *o = v;
                 }
             }
         });
@@ -555,18 +546,16 @@ impl FoldedResNet {
         let plane = x.h * x.w;
         let mut feats = ws.take(n * f);
         parallel_rows(&mut feats, f, &|i, out| {
-            {
-                let img = &x.data[i * plane * f..(i + 1) * plane * f];
-                for (c0, o) in (0..f).step_by(16).zip(out.chunks_mut(16)) {
-                    let mut acc = [0f64; 16];
-                    for px in img.chunks_exact(f) {
-                        for (a, &v) in acc.iter_mut().zip(&px[c0..c0 + o.len()]) {
-                            *a += f64::from(v);
-                        }
+            let img = &x.data[i * plane * f..(i + 1) * plane * f];
+            for (c0, o) in (0..f).step_by(16).zip(out.chunks_mut(16)) {
+                let mut acc = [0f64; 16];
+                for px in img.chunks_exact(f) {
+                    for (a, &v) in acc.iter_mut().zip(&px[c0..c0 + o.len()]) {
+                        *a += f64::from(v);
                     }
-                    for (o, a) in o.iter_mut().zip(acc) {
-                        *o = (a / plane as f64) as f32;
-                    }
+                }
+                for (o, a) in o.iter_mut().zip(acc) {
+                    *o = (a / plane as f64) as f32;
                 }
             }
         });

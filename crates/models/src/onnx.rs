@@ -321,10 +321,7 @@ pub fn export_model(model: &FoldedResNet) -> ModelProto {
                 "input",
                 &[Err("batch"), Ok(3), Err("height"), Err("width")],
             )],
-            output: vec![value_info(
-                "logits",
-                &[Err("batch"), Ok(model.num_classes)],
-            )],
+            output: vec![value_info("logits", &[Err("batch"), Ok(model.num_classes)])],
         }),
         opset_import: vec![OperatorSetIdProto {
             domain: String::new(),
@@ -374,12 +371,21 @@ mod tests {
         let raw: usize = g.initializer.iter().map(|t| t.raw_data.len()).sum();
         assert_eq!(raw, weights * 4);
         let stem = &g.initializer[0];
-        assert_eq!((stem.name.as_str(), stem.dims.as_slice()), ("conv1.weight", &[64, 3, 7, 7][..]));
+        assert_eq!(
+            (stem.name.as_str(), stem.dims.as_slice()),
+            ("conv1.weight", &[64, 3, 7, 7][..])
+        );
         assert_eq!(
             gpukit_tensor::codec::decode_f32(&stem.raw_data, gpukit_tensor::DType::F32),
             folded.stem.weight
         );
-        let input = &g.input[0].r#type.as_ref().unwrap().tensor_type.as_ref().unwrap();
+        let input = &g.input[0]
+            .r#type
+            .as_ref()
+            .unwrap()
+            .tensor_type
+            .as_ref()
+            .unwrap();
         let dims = &input.shape.as_ref().unwrap().dim;
         assert_eq!(dims[0].dim_param.as_deref(), Some("batch"));
         assert_eq!(dims[1].dim_value, Some(3));

@@ -6,8 +6,8 @@
 use gpukit_cuda::loader::Discovery;
 use gpukit_models::forward::{fold, FoldedResNet};
 use gpukit_models::gpu::{GpuContext, GpuWeights, Session, ENGINE_DTYPES};
-use gpukit_models::Error as EngineError;
 use gpukit_models::weights::seeded_init;
+use gpukit_models::Error as EngineError;
 use gpukit_models::ResNet;
 use gpukit_tensor::random::{fresh_seed, uniform_f32};
 use gpukit_tensor::{DType, Layout, Tensor};
@@ -22,7 +22,10 @@ fn context() -> Result<GpuContext, Failed> {
 
 /// `n` random RGB images of `h x w`.
 fn images(n: usize, h: usize, w: usize, seed: u64) -> Result<Tensor, Failed> {
-    Ok(Tensor::from_f32(&[n, 3, h, w], uniform_f32(n * 3 * h * w, seed))?)
+    Ok(Tensor::from_f32(
+        &[n, 3, h, w],
+        uniform_f32(n * 3 * h * w, seed),
+    )?)
 }
 
 /// max |got - want| / max |want|; infinite when anything is not finite or shapes differ.

@@ -11,8 +11,8 @@
 //! fused, and a spinning thread team (see the sections below).
 #![allow(unsafe_code)]
 
-use gpukit_types::{ConvShape, Layout};
 use gemm::Parallelism;
+use gpukit_types::{ConvShape, Layout};
 use half::f16;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;

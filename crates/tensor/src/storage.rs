@@ -63,11 +63,14 @@ impl Storage {
             }),
             Storage::Cuda {
                 buf, offset, len, ..
-            } => buf.view().sub(*offset, *len).map_err(|_| Error::ViewPastBuffer {
-                offset: *offset,
-                bytes: *len,
-                buffer_bytes: buf.len(),
-            }),
+            } => buf
+                .view()
+                .sub(*offset, *len)
+                .map_err(|_| Error::ViewPastBuffer {
+                    offset: *offset,
+                    bytes: *len,
+                    buffer_bytes: buf.len(),
+                }),
         }
     }
 
@@ -177,13 +180,11 @@ impl Devices {
                 reason: "this registry was made with Devices::cpu_only(); make it with Devices::new(discovery)".into(),
             });
         };
-        let gpu = Arc::new(
-            Gpu::open(discovery, ordinal).map_err(|source| Error::Cuda {
-                op: "open",
-                device,
-                source,
-            })?,
-        );
+        let gpu = Arc::new(Gpu::open(discovery, ordinal).map_err(|source| Error::Cuda {
+            op: "open",
+            device,
+            source,
+        })?);
         open.insert(ordinal, gpu.clone());
         Ok(gpu)
     }

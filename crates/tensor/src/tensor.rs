@@ -98,7 +98,12 @@ fn span(shape: &[usize], strides: &[usize]) -> Option<usize> {
 }
 
 /// The elements of a strided view of `src`, in logical (row-major) order.
-pub(crate) fn gather(src: &[u8], shape: &[usize], strides: &[usize], elem: usize) -> Result<Vec<u8>> {
+pub(crate) fn gather(
+    src: &[u8],
+    shape: &[usize],
+    strides: &[usize],
+    elem: usize,
+) -> Result<Vec<u8>> {
     let too_small = |needed| Error::StorageTooSmall {
         storage_bytes: src.len(),
         needed,
@@ -251,7 +256,10 @@ impl Tensor {
         layout: Layout,
     ) -> Result<Tensor> {
         let (_, bytes) = sizes(shape, dtype)?;
-        if offset.checked_add(bytes).is_none_or(|end| end > buffer.len()) {
+        if offset
+            .checked_add(bytes)
+            .is_none_or(|end| end > buffer.len())
+        {
             return Err(Error::ViewPastBuffer {
                 offset,
                 bytes,

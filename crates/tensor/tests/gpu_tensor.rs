@@ -221,14 +221,20 @@ fn tensors_in_a_shared_buffer() -> Result<(), Failed> {
     let x = uniform_f32(n * c * h * w, fresh_seed());
     let cpu = Tensor::from_f32(&[n, c, h, w], x.clone())?;
     let mut nchw = Tensor::in_buffer(&gpu, &arena, 0, &[n, c, h, w], DType::F32, Layout::Nchw)?;
-    let mut nhwc =
-        Tensor::in_buffer(&gpu, &arena, 4096, &[n, c, h, w], DType::F32, Layout::Nhwc)?;
+    let mut nhwc = Tensor::in_buffer(&gpu, &arena, 4096, &[n, c, h, w], DType::F32, Layout::Nhwc)?;
     nchw.write(&cpu)?;
     nhwc.write(&cpu)?;
     expect(nchw.to_vec_f32()? == x, || "NCHW view round trip".into())?;
     expect(nhwc.to_vec_f32()? == x, || "NHWC view round trip".into())?;
     // the NHWC view's memory is channels-last: the same bytes as the CPU's to_nhwc
-    let raw = Tensor::in_buffer(&gpu, &arena, 4096, &[n * c * h * w], DType::F32, Layout::Nchw)?;
+    let raw = Tensor::in_buffer(
+        &gpu,
+        &arena,
+        4096,
+        &[n * c * h * w],
+        DType::F32,
+        Layout::Nchw,
+    )?;
     expect(
         raw.to_bytes()? == cpu.to_nhwc()?.host_storage().unwrap_or_default(),
         || "NHWC view is not channels-last in memory".into(),
@@ -260,7 +266,10 @@ fn main() {
             ops_on_two_gpu_tensors_match_the_cpu,
         ),
         ("gpu::between_gpus", between_gpus),
-        ("gpu::tensors_in_a_shared_buffer", tensors_in_a_shared_buffer),
+        (
+            "gpu::tensors_in_a_shared_buffer",
+            tensors_in_a_shared_buffer,
+        ),
     ];
     let trials = tests
         .into_iter()

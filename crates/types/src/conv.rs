@@ -138,10 +138,7 @@ mod tests {
         assert_eq!(shape(2, 7, 1, 0).out_h(), 0);
         assert_eq!(shape(9, 3, 0, 1).out_w(), 0);
         // absurd sizes saturate instead of wrapping
-        let huge = ConvShape {
-            n: usize::MAX,
-            ..s
-        };
+        let huge = ConvShape { n: usize::MAX, ..s };
         assert_eq!(huge.input_len(), usize::MAX);
         assert!(shape(9, 1, 1, 0).is_pointwise() && !s.is_pointwise());
     }

@@ -43,7 +43,10 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// Writes every `(name, bytes)` into `dir` (which must exist): all are staged first, then
 /// renamed into place, so an error while staging leaves every earlier file as it was. Returns
 /// the paths written.
-pub fn write_all_atomically(dir: &Path, files: &[(&str, Vec<u8>)]) -> std::io::Result<Vec<PathBuf>> {
+pub fn write_all_atomically(
+    dir: &Path,
+    files: &[(&str, Vec<u8>)],
+) -> std::io::Result<Vec<PathBuf>> {
     let mut staged_files = Vec::new();
     for (name, bytes) in files {
         let dest = dir.join(name);

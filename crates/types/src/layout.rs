@@ -73,7 +73,11 @@ mod tests {
         for l in Layout::ALL {
             assert_eq!(l.name().parse(), Ok(l));
         }
-        assert!("nwhc".parse::<Layout>().unwrap_err().to_string().contains("nwhc"));
+        assert!("nwhc"
+            .parse::<Layout>()
+            .unwrap_err()
+            .to_string()
+            .contains("nwhc"));
         assert_eq!(Layout::Nchw.strides([2, 3, 4, 5]), [60, 20, 5, 1]);
         assert_eq!(Layout::Nhwc.strides([2, 3, 4, 5]), [60, 1, 15, 3]);
     }

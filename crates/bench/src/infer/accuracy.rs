@@ -75,4 +75,3 @@ pub fn verdict(got: &[f32], a: &Agreement, tolerance: f64) -> Option<String> {
     }
     None
 }
-

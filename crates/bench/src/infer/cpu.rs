@@ -113,4 +113,3 @@ pub(super) fn cpu_rows(
     }
     rows
 }
-

@@ -34,7 +34,6 @@ fn supported(cc: Option<(u32, u32)>, d: DType) -> std::result::Result<(), String
     cc.map_or(Ok(()), |cc| crate::matmul::gpu_supports(cc, d))
 }
 
-
 /// The (dtype, layout) whose eager logits are the GPU reference.
 const REFERENCE_PAIR: (DType, Layout) = (DType::F32, Layout::Nchw);
 
@@ -353,16 +352,20 @@ impl GpuRun<'_> {
             ));
             let plan = Plan::new(self.plan.warmup, one_at_a_time_reps(self.plan.reps, n));
             let session = &*session;
-            let timed = time_device(self.ctx.gpu.stream(), plan, || -> Result<(), EngineError> {
-                for _ in 0..n {
-                    if st.graph {
-                        session.replay()?;
-                    } else {
-                        session.enqueue()?;
+            let timed = time_device(
+                self.ctx.gpu.stream(),
+                plan,
+                || -> Result<(), EngineError> {
+                    for _ in 0..n {
+                        if st.graph {
+                            session.replay()?;
+                        } else {
+                            session.enqueue()?;
+                        }
                     }
-                }
-                Ok(())
-            });
+                    Ok(())
+                },
+            );
             let t = match timed {
                 Ok(t) => t,
                 Err(e) => {
@@ -639,4 +642,3 @@ impl GpuRun<'_> {
         rows
     }
 }
-

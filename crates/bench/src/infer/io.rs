@@ -157,7 +157,10 @@ mod tests {
         assert_eq!(shape, vec![2, 1000]);
         let folded = fold(&seeded_init(ResNet::R18, 1000, 0, true)).unwrap();
         let images = gpukit_tensor::Tensor::from_f32(&[2, 3, 32, 32], x.clone()).unwrap();
-        assert_eq!(logits, folded.forward_cpu(&images).unwrap().to_vec_f32().unwrap());
+        assert_eq!(
+            logits,
+            folded.forward_cpu(&images).unwrap().to_vec_f32().unwrap()
+        );
         save_tensors(
             &input,
             &[("input", &[2, 4, 32, 32], &vec![0.0; 2 * 4 * 32 * 32])],

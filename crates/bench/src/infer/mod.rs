@@ -256,4 +256,3 @@ fn gpu_name(discovery: &Discovery, ordinal: usize) -> (String, Option<(u32, u32)
         None => (format!("cuda:{ordinal}"), None),
     }
 }
-

@@ -200,4 +200,3 @@ pub(super) fn row(strategy: &str, device: &str, batch: usize) -> InferRow {
 pub(super) fn rate(n: usize, t: &Measurement) -> f64 {
     n as f64 / (t.summary_ms.median / 1e3)
 }
-

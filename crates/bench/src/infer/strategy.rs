@@ -161,4 +161,3 @@ pub fn select_strategies(
     }
     Ok(keep)
 }
-

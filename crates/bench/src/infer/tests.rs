@@ -89,7 +89,9 @@ fn one_at_a_time_strategies_parse_and_run_on_the_gpu() {
     let single = InferStrategy::parse("fp16-one-at-a-time").unwrap();
     assert!(!single.on_cpu());
     let cpu = DeviceSelection::One(Device::Cpu);
-    let e = select_strategies(Some(&[single]), cpu).unwrap_err().to_string();
+    let e = select_strategies(Some(&[single]), cpu)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("fp16-one-at-a-time") && e.contains("a GPU"),
         "{e}"
@@ -381,10 +383,7 @@ fn upload_pairs_start_with_the_reference() {
             (DType::Tf32, Layout::Nchw)
         ]
     );
-    assert_eq!(
-        pairs(&[s("fp32-graph")]),
-        vec![(DType::F32, Layout::Nchw)]
-    );
+    assert_eq!(pairs(&[s("fp32-graph")]), vec![(DType::F32, Layout::Nchw)]);
     assert_eq!(pairs(&[]), vec![(DType::F32, Layout::Nchw)]);
 }
 

@@ -86,7 +86,13 @@ pub(super) struct Choices {
 fn file_name(gpu_name: &str, (major, minor): (u32, u32), cudnn_version: usize) -> String {
     let tag: String = format!("{gpu_name}-sm{major}{minor}-cudnn{cudnn_version}")
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     format!("cudnn-choices-{tag}.json")
 }

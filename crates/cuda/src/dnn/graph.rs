@@ -11,11 +11,11 @@
 use super::{ok, Conv, Dnn};
 use crate::error::{Error, Result};
 use crate::memory::View;
-use gpukit_types::Layout;
 use cudarc::cudnn::sys as dn;
 use dn::cudnnBackendAttributeName_t as A;
 use dn::cudnnBackendAttributeType_t as T;
 use dn::cudnnBackendDescriptorType_t as D;
+use gpukit_types::Layout;
 use std::ffi::c_void;
 
 /// An owned backend descriptor.

@@ -421,7 +421,8 @@ impl Dnn {
         let mut fused = FusedConv::describe(conv, relu)?;
         if !relu {
             let row = AlgoRow {
-                algo: dn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+                algo:
+                    dn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
                 math: conv.math(),
                 workspace_bytes: 0,
                 ms: 0.0,
@@ -504,7 +505,10 @@ impl Dnn {
         let c = &plan.conv;
         c.conv.check(x, w, y)?;
         ws.require(c.workspace_bytes(), "convolution workspace")?;
-        bias.require(c.conv.shape.k * c.conv.dtype.size_bytes(), "convolution bias")?;
+        bias.require(
+            c.conv.shape.k * c.conv.dtype.size_bytes(),
+            "convolution bias",
+        )?;
         if let Some(z) = z {
             z.require(c.output_bytes(), "residual input")?;
         }

@@ -136,7 +136,8 @@ impl Dnn {
         }
         let legacy = self.plan_fused_legacy(conv, true, x, w, bias, z, y)?;
         let graph = if allow_graph && conv.dtype.uses_tensor_cores() {
-            self.plan_graph(conv, x, w, Some(bias), z, true, y, None).ok()
+            self.plan_graph(conv, x, w, Some(bias), z, true, y, None)
+                .ok()
         } else {
             None
         };

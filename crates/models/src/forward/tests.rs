@@ -1,18 +1,12 @@
 //! Tests of the CPU forward pass: against an unfolded float64 reference, bad inputs, concurrent
 //! passes and passes over the first stages.
 use super::*;
-use gpukit_tensor::DType;
 use crate::weights::seeded_init;
+use gpukit_tensor::DType;
 
 /// Plain float64 ResNet (basic blocks: ResNet-18/34) with unfolded batch norm: the
 /// independent reference.
-fn reference_forward(
-    dict: &StateDict,
-    input: &[f32],
-    n: usize,
-    h: usize,
-    w: usize,
-) -> Vec<f64> {
+fn reference_forward(dict: &StateDict, input: &[f32], n: usize, h: usize, w: usize) -> Vec<f64> {
     let get = |k: &str| -> Vec<f64> {
         dict.get(k)
             .unwrap()
@@ -45,8 +39,7 @@ fn reference_forward(
                             for b in 0..r {
                                 let y = (i * stride + a) as isize - pad as isize;
                                 let z = (j * stride + b) as isize - pad as isize;
-                                if y >= 0 && z >= 0 && (y as usize) < x.h && (z as usize) < x.w
-                                {
+                                if y >= 0 && z >= 0 && (y as usize) < x.h && (z as usize) < x.w {
                                     acc += wt[((o * c + ci) * r + a) * r + b]
                                         * x.d[(ci * x.h + y as usize) * x.w + z as usize];
                                 }
@@ -244,7 +237,10 @@ fn concurrent_forward_passes_agree() {
     assert_eq!(format!("{:?}", copy.cpu_pack), "CpuPack { built: false }");
     assert_eq!(values(&copy.forward_cpu(&x).unwrap()), alone);
     // a channels-last input gives the same logits
-    assert_eq!(values(&model.forward_cpu(&x.to_nhwc().unwrap()).unwrap()), alone);
+    assert_eq!(
+        values(&model.forward_cpu(&x.to_nhwc().unwrap()).unwrap()),
+        alone
+    );
 }
 
 /// Running the first stages a few images at a time changes nothing but the order of sums.

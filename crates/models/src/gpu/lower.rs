@@ -407,7 +407,6 @@ pub fn arena_bytes(net: &NetShape, n: usize, h: usize, w: usize, reuse: bool) ->
     Ok(lower(net, n, h, w, reuse, reuse)?.plan.total)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

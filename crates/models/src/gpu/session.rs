@@ -230,15 +230,22 @@ impl<'a> Session<'a> {
                 .ctx
                 .alloc(self.tensors[y].bytes(), "in-place check")
                 .map_err(|e| fail(&e))?;
-            let (xv, zv) = (self.view(x).map_err(|e| fail(&e))?, self.view(z).map_err(|e| fail(&e))?);
-            self.conv_call(i, xv, Some(zv), elsewhere.view()).map_err(|e| fail(&e))?;
+            let (xv, zv) = (
+                self.view(x).map_err(|e| fail(&e))?,
+                self.view(z).map_err(|e| fail(&e))?,
+            );
+            self.conv_call(i, xv, Some(zv), elsewhere.view())
+                .map_err(|e| fail(&e))?;
             self.conv_call(i, xv, Some(zv), zv).map_err(|e| fail(&e))?;
             // both read in memory order, whatever the layout
             let dtype = self.tensors[y].dtype();
             let decode = |bytes: Vec<u8>| gpukit_tensor::codec::decode_f32(&bytes, dtype);
             let gpu = &self.ctx.gpu;
             let want = decode(gpu.download(&elsewhere).map_err(|e| fail(&e))?);
-            let got = decode(gpu.download_from(zv, elsewhere.len()).map_err(|e| fail(&e))?);
+            let got = decode(
+                gpu.download_from(zv, elsewhere.len())
+                    .map_err(|e| fail(&e))?,
+            );
             let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
             let worst = want
                 .iter()
@@ -308,9 +315,8 @@ impl<'a> Session<'a> {
             let epilogue = |y: View<'_>, b: View<'_>, z: Option<View<'_>>| {
                 kernels.bias_relu(y, b, z, dtype, layout, (spec.shape.n, spec.shape.k, p * q))
             };
-            let split: Option<Epilogue<'_>> = (layout == Layout::Nchw
-                && spec.dtype.uses_tensor_cores())
-            .then_some(&epilogue);
+            let split: Option<Epilogue<'_>> =
+                (layout == Layout::Nchw && spec.dtype.uses_tensor_cores()).then_some(&epilogue);
             let dnn = &self.ctx.dnn;
             let run = if relu {
                 dnn.plan_fused_best(spec, xv, wv, bv, zv, yv, self.try_graph, split)?
@@ -400,7 +406,9 @@ impl<'a> Session<'a> {
     /// Enqueues convolution op `i` on these buffers with the session's workspace.
     fn conv_call(&self, i: usize, x: View<'_>, z: Option<View<'_>>, y: View<'_>) -> Result<()> {
         let (Op::Conv { conv, .. }, Some(run)) = (self.ops[i], self.runs[i].as_deref()) else {
-            return Err(Error::Invalid(format!("op {i} is not a planned convolution")));
+            return Err(Error::Invalid(format!(
+                "op {i} is not a planned convolution"
+            )));
         };
         let ctx = self.ctx;
         let c = &self.weights.convs[conv];
@@ -492,7 +500,9 @@ impl<'a> Session<'a> {
     /// The logits of the last forward pass (waits for it): a CPU tensor `[n, classes]` f32.
     pub fn logits(&self) -> Result<Tensor> {
         let logits = &self.tensors[self.logits];
-        Ok(logits.reshape(&[self.n, self.weights.shape.num_classes])?.to_host()?)
+        Ok(logits
+            .reshape(&[self.n, self.weights.shape.num_classes])?
+            .to_host()?)
     }
 
     /// Sets `images` as the input, runs one forward pass and returns the logits.

@@ -41,9 +41,18 @@ pub(super) fn pad_channels(conv: &FoldedConv, c_out: usize) -> Vec<f32> {
 }
 
 /// The filter of `conv` as a tensor of `dtype` in `layout`, input channels padded to `c_pad`.
-pub(super) fn filter(conv: &FoldedConv, c_pad: usize, dtype: DType, layout: Layout) -> Result<Tensor> {
+pub(super) fn filter(
+    conv: &FoldedConv,
+    c_pad: usize,
+    dtype: DType,
+    layout: Layout,
+) -> Result<Tensor> {
     let r = conv.kernel;
-    let t = Tensor::from_f32_as(&[conv.out_ch, c_pad, r, r], &pad_channels(conv, c_pad), dtype)?;
+    let t = Tensor::from_f32_as(
+        &[conv.out_ch, c_pad, r, r],
+        &pad_channels(conv, c_pad),
+        dtype,
+    )?;
     Ok(match layout {
         Layout::Nhwc => t.to_nhwc()?,
         Layout::Nchw => t,
@@ -61,22 +70,23 @@ impl GpuWeights {
         let shape = NetShape::of(model, dtype, layout)?;
         let mut convs = Vec::new();
         let mut bytes = 0;
-        let mut push = |conv: &FoldedConv, layer: ConvLayer, bias: Option<Vec<f32>>| -> Result<()> {
-            let w = filter(conv, layer.c, dtype, layout)?;
-            let b = Tensor::from_f32_as(
-                &[conv.out_ch],
-                &bias.unwrap_or_else(|| conv.bias.clone()),
-                dtype,
-            )?;
-            ctx.check_limit(w.bytes() + b.bytes(), "the weights")?;
-            bytes += w.bytes() + b.bytes();
-            convs.push(DeviceConv {
-                layer,
-                weight: w.to_gpu(&ctx.gpu)?,
-                bias: b.to_gpu(&ctx.gpu)?,
-            });
-            Ok(())
-        };
+        let mut push =
+            |conv: &FoldedConv, layer: ConvLayer, bias: Option<Vec<f32>>| -> Result<()> {
+                let w = filter(conv, layer.c, dtype, layout)?;
+                let b = Tensor::from_f32_as(
+                    &[conv.out_ch],
+                    &bias.unwrap_or_else(|| conv.bias.clone()),
+                    dtype,
+                )?;
+                ctx.check_limit(w.bytes() + b.bytes(), "the weights")?;
+                bytes += w.bytes() + b.bytes();
+                convs.push(DeviceConv {
+                    layer,
+                    weight: w.to_gpu(&ctx.gpu)?,
+                    bias: b.to_gpu(&ctx.gpu)?,
+                });
+                Ok(())
+            };
         // the order of NetShape::of: the stem, then per block its main path and its projection
         let mut layers = shape.convs.iter().copied();
         let mut next = || {
@@ -152,10 +162,14 @@ mod tests {
     #[test]
     fn filters_are_padded_and_laid_out_per_layout() {
         let c = conv(2, 3, 1, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-        assert_eq!(pad_channels(&c, 4), vec![1.0, 2.0, 3.0, 0.0, 4.0, 5.0, 6.0, 0.0]);
+        assert_eq!(
+            pad_channels(&c, 4),
+            vec![1.0, 2.0, 3.0, 0.0, 4.0, 5.0, 6.0, 0.0]
+        );
         // c0: 1 2 / 3 4, c1: 5 6 / 7 8
         let c3 = conv(1, 2, 2, (1..=8).map(|v| v as f32).collect());
-        let memory = |t: Tensor| gpukit_tensor::codec::decode_f32(t.host_storage().unwrap(), t.dtype());
+        let memory =
+            |t: Tensor| gpukit_tensor::codec::decode_f32(t.host_storage().unwrap(), t.dtype());
         // KCRS: channels major; KRSC: (r, s) major, channels inner
         assert_eq!(
             memory(filter(&c3, 2, DType::F32, Layout::Nchw).unwrap()),

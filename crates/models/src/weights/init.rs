@@ -115,11 +115,21 @@ mod tests {
         let again: Vec<f32> = KeyStream::new(7, "conv1.weight").normals(4, 0.0, 1.0);
         assert_eq!(first, again);
         assert_ne!(first, KeyStream::new(7, "fc.weight").normals(4, 0.0, 1.0));
-        assert_ne!(first, KeyStream::new(8, "conv1.weight").normals(4, 0.0, 1.0));
+        assert_ne!(
+            first,
+            KeyStream::new(8, "conv1.weight").normals(4, 0.0, 1.0)
+        );
         let v = KeyStream::new(1, "x").normals(100_000, 0.0, 1.0);
         let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
-        let var = v.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / v.len() as f64;
-        assert!(mean.abs() < 0.02 && (var - 1.0).abs() < 0.03, "{mean} {var}");
+        let var = v
+            .iter()
+            .map(|&x| (f64::from(x) - mean).powi(2))
+            .sum::<f64>()
+            / v.len() as f64;
+        assert!(
+            mean.abs() < 0.02 && (var - 1.0).abs() < 0.03,
+            "{mean} {var}"
+        );
         let u = KeyStream::new(1, "y").uniforms(10_000, 0.5, 1.5);
         assert!(u.iter().all(|x| (0.5..1.5).contains(x)));
     }

@@ -184,7 +184,11 @@ pub enum WeightsError {
 /// Checks run in this order, so the first error is the most telling: the file can be read and
 /// parsed, every model key is present (in torchvision's order), no other key is present (in
 /// name order), then per key in torchvision's order: shape, dtype, byte length, finiteness.
-pub fn load_safetensors(path: &Path, model: ResNet, num_classes: Option<usize>) -> Result<StateDict> {
+pub fn load_safetensors(
+    path: &Path,
+    model: ResNet,
+    num_classes: Option<usize>,
+) -> Result<StateDict> {
     Ok(load_checked(path, model, num_classes)?)
 }
 
@@ -398,7 +402,10 @@ impl Ctx<'_> {
 
 /// The class count is fc.weight's first dimension; a tensor that is not a matrix cannot say it,
 /// so that is reported as a shape error against the known input width.
-fn infer_classes(tensors: &HashMap<&str, TensorView<'_>>, ctx: Ctx<'_>) -> Result<usize, WeightsError> {
+fn infer_classes(
+    tensors: &HashMap<&str, TensorView<'_>>,
+    ctx: Ctx<'_>,
+) -> Result<usize, WeightsError> {
     let key = "fc.weight";
     let Some(view) = tensors.get(key) else {
         return Err(ctx.missing(key));

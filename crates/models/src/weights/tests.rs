@@ -17,7 +17,9 @@ fn single_tensors_round_trip_and_errors_name_file_and_key() {
         e.contains("logits") && e.contains("t.safetensors") && e.contains("input"),
         "{e}"
     );
-    let e = save_tensors(&path, &[("x", &[5], &data)]).unwrap_err().to_string();
+    let e = save_tensors(&path, &[("x", &[5], &data)])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("24 values"), "{e}");
     std::fs::write(&path, b"short").unwrap();
     let e = load_tensor(&path, "input").unwrap_err().to_string();
@@ -221,10 +223,12 @@ fn save_reports_bad_counts_and_unwritable_paths() {
     );
     assert!(!file.0.exists());
 
-    let dir =
-        std::env::temp_dir().join(format!("gpukit-weights-{}-absent", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("gpukit-weights-{}-absent", std::process::id()));
     let e = save_safetensors(r18(), &dir.join("x.safetensors")).unwrap_err();
-    assert!(matches!(e, Error::Weights(WeightsError::Write { .. })), "{e}");
+    assert!(
+        matches!(e, Error::Weights(WeightsError::Write { .. })),
+        "{e}"
+    );
     assert!(
         e.to_string().contains("x.safetensors: cannot be written"),
         "{e}"
@@ -279,9 +283,7 @@ fn load_reports_a_wrong_shape() {
         );
     });
     assert!(
-        e.ends_with(
-            ": key conv1.weight has shape [64, 3, 3, 3], resnet18 expects [64, 3, 7, 7]"
-        ),
+        e.ends_with(": key conv1.weight has shape [64, 3, 3, 3], resnet18 expects [64, 3, 7, 7]"),
         "{e}"
     );
     let e = load_error("shapefc", |raw| {
@@ -310,7 +312,10 @@ fn load_checks_the_class_count() {
         .to_string();
     assert!(e.ends_with("missing key layer1.0.conv3.weight"), "{e}");
     let e = load_safetensors(&file.0, ResNet::R18, Some(0)).unwrap_err();
-    assert!(matches!(e, Error::Weights(WeightsError::NoClasses { .. })), "{e}");
+    assert!(
+        matches!(e, Error::Weights(WeightsError::NoClasses { .. })),
+        "{e}"
+    );
 }
 
 #[test]
@@ -367,7 +372,10 @@ fn load_reports_a_truncated_file() {
     let bytes = std::fs::read(&file.0).unwrap();
     std::fs::write(&file.0, &bytes[..bytes.len() / 2]).unwrap();
     let e = load_safetensors(&file.0, ResNet::R18, None).unwrap_err();
-    assert!(matches!(e, Error::Weights(WeightsError::Format { .. })), "{e}");
+    assert!(
+        matches!(e, Error::Weights(WeightsError::Format { .. })),
+        "{e}"
+    );
     let msg = e.to_string();
     assert!(
         msg.contains("truncated.safetensors: is not a valid safetensors file: "),
@@ -384,7 +392,10 @@ fn load_reports_a_file_that_is_not_safetensors() {
     )
     .unwrap();
     let e = load_safetensors(&file.0, ResNet::R18, None).unwrap_err();
-    assert!(matches!(e, Error::Weights(WeightsError::Format { .. })), "{e}");
+    assert!(
+        matches!(e, Error::Weights(WeightsError::Format { .. })),
+        "{e}"
+    );
     std::fs::write(&file.0, b"").unwrap();
     let e = load_safetensors(&file.0, ResNet::R18, None).unwrap_err();
     assert!(
@@ -397,7 +408,10 @@ fn load_reports_a_file_that_is_not_safetensors() {
 fn load_reports_a_path_that_does_not_exist() {
     let file = TempFile::new("absent");
     let e = load_safetensors(&file.0, ResNet::R18, None).unwrap_err();
-    assert!(matches!(e, Error::Weights(WeightsError::Read { .. })), "{e}");
+    assert!(
+        matches!(e, Error::Weights(WeightsError::Read { .. })),
+        "{e}"
+    );
     let msg = e.to_string();
     assert!(
         msg.contains("absent.safetensors: cannot be read: "),

@@ -2,8 +2,8 @@
 use super::*;
 use crate::check_same_device;
 use crate::codec::{decode_f32, decode_f64, encode_f64, f64_to_f32_round_odd};
-use half::{bf16, f16};
 use crate::random::{fresh_seed, uniform_f32 as random};
+use half::{bf16, f16};
 
 fn iota(n: usize) -> Vec<f32> {
     (0..n).map(|i| i as f32).collect()
@@ -161,10 +161,7 @@ fn permute_and_reshape_reject_bad_input() {
     );
     let p = t.permute(&[2, 1, 0]).unwrap();
     let e = p.reshape(&[24]).unwrap_err();
-    assert!(matches!(
-        e,
-        Error::NotContiguous { op: "reshape", .. }
-    ));
+    assert!(matches!(e, Error::NotContiguous { op: "reshape", .. }));
     assert!(e.to_string().contains(".contiguous()"), "{e}");
     assert!(t.reshape(&[usize::MAX, 3]).is_err());
     // size-1 dimensions do not break contiguity
@@ -297,8 +294,7 @@ fn f64_to_half_rounds_once() {
         let mut values = Vec::new();
         for e in exps {
             for _ in 0..40 {
-                values
-                    .push(f64::from_bits(next() >> 12 | 0x3ff0_0000_0000_0000) * 2f64.powi(e));
+                values.push(f64::from_bits(next() >> 12 | 0x3ff0_0000_0000_0000) * 2f64.powi(e));
             }
             // exactly halfway between two representable values, and either side of it
             let a = to_f64(nearest_half(2f64.powi(e), to_f64));
