@@ -7,9 +7,9 @@ use crate::error::Result;
 use crate::harness::{
     both_orders, device_samples, gbs, host_samples, Block, Clock, Measurement, PeerSamples, Plan,
 };
-use crate::matmul::{PeerFigure, RowStatus};
 use crate::peer::PeerServer;
 use crate::random::{fill_bytes, fresh_seed};
+use crate::report::{judge_rows, Document, PeerFigure, RowStatus};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::transfer::{copy_d2d, copy_d2h, copy_h2d, h2d_staged, PinnedBytes};
 use gpukit_cuda::{DeviceBuffer, Gpu, Stream};
@@ -181,6 +181,28 @@ impl Buffers {
             src,
         })
     }
+}
+
+/// The JSON document of `bench bandwidth`: the report, PyTorch's outcome and how the turns were
+/// taken, and the verdict (a copy that did not arrive byte-exact fails the run).
+pub fn document(
+    report: BandwidthReport,
+    peer: Option<&Result<String>>,
+) -> Document<BandwidthReport> {
+    let mut notes = Vec::new();
+    if matches!(peer, Some(Ok(_))) {
+        notes.push(format!(
+            "turns: gpukit and PyTorch timed each copy in {} alternating blocks, gpukit opening \
+             half of the rounds and PyTorch the rest; gpukit / PyTorch is the geometric mean of \
+             the two halves' median round ratios (lowest-highest round in brackets). PyTorch's \
+             figure beside the staged path is its own pageable copy",
+            report.rounds
+        ));
+    }
+    let failure = judge_rows(report.rows.iter().map(|r| &r.status));
+    Document::new("bench bandwidth", report, failure)
+        .with_peer(peer)
+        .with_notes(notes)
 }
 
 /// Runs every copy kind at every size on one GPU.

@@ -6,6 +6,7 @@ use crate::ceilings::{
 };
 use crate::error::{Error, Result};
 use crate::host::{host_facts, HostFacts};
+use crate::report::Document;
 use gpukit_cuda::driver::{self, fmt_api, DeviceAttributes, Unavailable};
 use gpukit_cuda::loader::{Discovery, Lib, Source, CUDA_MAJOR, REQUIRED_DRIVER_API};
 use gpukit_cuda::nvml::{NvmlDevice, NvmlSession};
@@ -226,11 +227,13 @@ pub fn run_check(discovery: &Discovery, opts: CheckOptions) -> Result<CheckRepor
                         gpu_facts(Some(a), nv, err)
                     })
                     .collect();
+                // CUDA started only where the driver's probe (cuInit) succeeded
+                let started = side.driver.is_ok();
                 (
                     side.driver.map(|d| (d.api_version, d.device_count)),
                     gpus,
                     side.peer_access,
-                    true,
+                    started,
                 )
             }
             (None, Ok(n), Ok(devs)) => {
@@ -307,6 +310,17 @@ pub fn run_check(discovery: &Discovery, opts: CheckOptions) -> Result<CheckRepor
         warnings,
         host,
     })
+}
+
+/// The JSON document of `gpukit check` (the report's warnings are its notes). A machine without
+/// a GPU is a finding, not a failure.
+pub fn document(report: CheckReport) -> Document<CheckReport> {
+    let notes = report
+        .warnings
+        .iter()
+        .map(|w| format!("warning: {w}"))
+        .collect::<Vec<_>>();
+    Document::new("check", report, None).with_notes(notes)
 }
 
 /// Facts (and peaks) of one CUDA device, for benchmarks to place their figures against.

@@ -6,8 +6,8 @@ use crate::check::{describe_gpu, GpuFacts};
 use crate::cpu;
 use crate::error::{Error, Result};
 use crate::harness::{tflops, time_device, time_host, Measurement, Plan};
-use crate::matmul::{PeerFigure, RowStatus, Verification};
 use crate::random::{fresh_seed, uniform_f32};
+use crate::report::{judge_rows, Document, PeerFigure, RowStatus, Verification};
 use gpukit_cuda::dnn::{Conv, Dnn};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::Gpu;
@@ -148,6 +148,12 @@ fn row(named: &NamedShape, layout: Layout, device: Device, dtype: DType) -> Conv
         verification: None,
         pytorch: None,
     }
+}
+
+/// The JSON document of `bench conv`: the report, PyTorch's outcome and the verdict.
+pub fn document(report: ConvReport, peer: Option<&Result<String>>) -> Document<ConvReport> {
+    let failure = judge_rows(report.rows.iter().map(|r| &r.status));
+    Document::new("bench conv", report, failure).with_peer(peer)
 }
 
 /// Runs every shape x layout on the CPU (f32) and the GPU (each dtype).

@@ -2,6 +2,7 @@
 //! the host and GPUs, the ceilings figures are placed against, and the workloads. Every result
 //! is a plain serde struct; the CLI only renders them.
 
+pub mod all;
 pub mod bandwidth;
 pub mod ceilings;
 pub mod check;
@@ -13,6 +14,7 @@ pub mod infer;
 pub mod matmul;
 pub mod memory;
 pub mod peer;
+pub mod report;
 pub use gpukit_tensor::random;
 pub mod stats;
 

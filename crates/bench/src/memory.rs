@@ -5,8 +5,8 @@
 
 use crate::error::{Error, Result};
 use crate::harness::{time_device, Plan};
-use crate::matmul::RowStatus;
 use crate::random::{fresh_seed, uniform_f32};
+use crate::report::{judge_rows, Document, RowStatus};
 use gpukit_cuda::driver::{device_attributes, probe};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::nvml::NvmlSession;
@@ -150,6 +150,21 @@ fn process_used(nvml: Option<&NvmlSession>, uuid: &str) -> Option<u64> {
 
 fn device_used(nvml: Option<&NvmlSession>, uuid: &str) -> Option<u64> {
     nvml?.device(uuid).ok()?.memory_used_bytes
+}
+
+/// The JSON document of `gpukit memory`, with the verdict: a failed batch, nothing measured, or
+/// memory that did not come back after the largest-batch search.
+pub fn document(report: MemoryReport) -> Document<MemoryReport> {
+    let leak = report
+        .max_batch
+        .as_ref()
+        .filter(|m| !m.back_to_baseline)
+        .map(|_| {
+            "memory leaked during --find-max-batch: the pool did not return to its baseline"
+                .to_string()
+        });
+    let failure = leak.or_else(|| judge_rows(report.rows.iter().map(|r| &r.status)));
+    Document::new("memory", report, failure)
 }
 
 /// Runs the measurement; per-batch problems become rows, not errors.

@@ -2,7 +2,7 @@
 
 use clap::{Args, Parser, Subcommand};
 use gpukit_bench::infer::InferStrategy;
-use gpukit_tensor::{DType, Device, DeviceSelection};
+use gpukit_tensor::{DType, Device, DeviceSelection, Layout};
 use std::path::PathBuf;
 
 /// GPU fundamentals, measured on your own machine.
@@ -122,25 +122,18 @@ pub enum BenchCommand {
     Conv(ConvArgs),
 }
 
-/// Memory layout of activations, as users write it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LayoutArg {
-    Nchw,
-    Nhwc,
-}
-
 #[derive(Debug, Args)]
 pub struct ConvArgs {
     /// Batch size of every shape.
     #[arg(long, default_value = "32", value_parser = parse_iterations)]
     pub batch: usize,
 
-    /// dtypes on the GPU: any of f32, tf32, f16 (the CPU runs f32).
+    /// dtypes on the GPU: any of f32, tf32, f16, bf16 (the CPU runs f32).
     #[arg(
         long,
         value_name = "DTYPE,...",
         value_delimiter = ',',
-        default_value = "f32,tf32,f16"
+        default_value = "f32,tf32,f16,bf16"
     )]
     pub dtype: Vec<DType>,
 
@@ -151,7 +144,7 @@ pub struct ConvArgs {
         value_delimiter = ',',
         default_value = "nchw,nhwc"
     )]
-    pub layout: Vec<LayoutArg>,
+    pub layout: Vec<Layout>,
 
     /// Timed repetitions per row.
     #[arg(long, default_value = "30", value_parser = parse_iterations)]
@@ -215,9 +208,9 @@ pub struct MemoryArgs {
     #[arg(long, default_value = "fp32", value_parser = parse_precision)]
     pub precision: DType,
 
-    /// NHWC activations [default: NCHW for fp32/tf32, NHWC for fp16/bf16].
-    #[arg(long, value_parser = ["nchw", "nhwc"])]
-    pub layout: Option<String>,
+    /// nchw or nhwc activations [default: NCHW for fp32/tf32, NHWC for fp16/bf16].
+    #[arg(long)]
+    pub layout: Option<Layout>,
 
     /// Most of the device's memory gpukit may use, as a fraction in (0, 1].
     #[arg(long, value_name = "F", value_parser = parse_fraction)]

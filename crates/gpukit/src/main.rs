@@ -4,22 +4,10 @@
 mod cli;
 mod commands;
 mod render;
-mod write;
+mod views;
 
 use clap::Parser;
 use std::process::ExitCode;
-
-/// Bad usage or bad input: the process exits with code 2.
-#[derive(Debug)]
-pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
 
 fn main() -> ExitCode {
     gpukit_cuda::trace::mark_process_start();
@@ -52,29 +40,25 @@ fn main() -> ExitCode {
 fn exit_code(e: &anyhow::Error) -> u8 {
     use gpukit_types::{ErrorKind, HasKind};
     let kind = e.chain().find_map(|cause| {
-        if cause.downcast_ref::<UsageError>().is_some() {
-            return Some(ErrorKind::BadInput);
-        }
-        None.or_else(|| {
-            cause
-                .downcast_ref::<gpukit_bench::Error>()
-                .map(HasKind::kind)
-        })
-        .or_else(|| {
+        let bench = cause
+            .downcast_ref::<gpukit_bench::Error>()
+            .map(HasKind::kind);
+        let models = || {
             cause
                 .downcast_ref::<gpukit_models::Error>()
                 .map(HasKind::kind)
-        })
-        .or_else(|| {
+        };
+        let tensor = || {
             cause
                 .downcast_ref::<gpukit_tensor::Error>()
                 .map(HasKind::kind)
-        })
-        .or_else(|| {
+        };
+        let cuda = || {
             cause
                 .downcast_ref::<gpukit_cuda::Error>()
                 .map(HasKind::kind)
-        })
+        };
+        bench.or_else(models).or_else(tensor).or_else(cuda)
     });
     kind.unwrap_or(ErrorKind::Failed).exit_code()
 }

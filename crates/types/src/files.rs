@@ -40,6 +40,31 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .map_err(|e| e.error)
 }
 
+/// An error unless a file can be created at `path` (or replace the one there): its directory
+/// exists and takes a new file, and `path` is not a directory. Checked by creating and removing
+/// a temporary file beside it, before work whose result would go there.
+pub fn check_writable_file(path: &Path) -> std::io::Result<()> {
+    if path.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            "is a directory, not a file",
+        ));
+    }
+    staged(path, b"").map(drop)
+}
+
+/// Creates `dir` (and its parents) if missing, then checks that a file can be written in it.
+pub fn check_writable_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    if !dir.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotADirectory,
+            "is not a directory",
+        ));
+    }
+    check_writable_file(&dir.join("report.json"))
+}
+
 /// Writes every `(name, bytes)` into `dir` (which must exist): all are staged first, then
 /// renamed into place, so an error while staging leaves every earlier file as it was. Returns
 /// the paths written.
@@ -92,6 +117,22 @@ mod tests {
         assert!(write_atomically(&target, b"x").is_err());
         assert_eq!(names(dir.path()), ["sub"]);
         assert!(names(&target).is_empty());
+    }
+
+    #[test]
+    fn destinations_are_checked_without_leaving_anything() {
+        let dir = tempfile::tempdir().unwrap();
+        check_writable_file(&dir.path().join("x.json")).unwrap();
+        check_writable_dir(&dir.path().join("a/b")).unwrap();
+        assert!(dir.path().join("a/b").is_dir());
+        assert!(names(&dir.path().join("a/b")).is_empty());
+        assert!(names(dir.path()).iter().all(|n| n == "a"));
+        assert!(check_writable_file(dir.path()).is_err());
+        assert!(check_writable_file(Path::new("/proc/nope/x.json")).is_err());
+        assert!(check_writable_dir(Path::new("/proc/x")).is_err());
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"").unwrap();
+        assert!(check_writable_dir(&file).is_err());
     }
 
     #[test]

@@ -30,6 +30,11 @@ pub struct InputRun {
     pub logits: Vec<SavedLogits>,
 }
 
+/// The JSON document of `infer --input`.
+pub fn document(run: InputRun) -> crate::report::Document<InputRun> {
+    crate::report::Document::new("infer --input", run, None)
+}
+
 /// Runs the batch in `input` (tensor "input", f32 [n, 3, h, w]) through `opts.strategies`
 /// (ONNX Runtime excepted) and writes every strategy's logits to `output`.
 pub fn run_on_input(

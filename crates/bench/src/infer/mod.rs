@@ -44,8 +44,8 @@ pub use strategy::{
 
 use crate::error::{Error, Result};
 use crate::harness::Plan;
-use crate::matmul::RowStatus;
 use crate::random::fresh_seed;
+use crate::report::{judge_rows, Document, RowStatus};
 use cpu::cpu_rows;
 use gpu::GpuRun;
 use gpukit_cuda::loader::{find_extra_library, Discovery};
@@ -103,6 +103,41 @@ impl InferOptions {
 /// (scripts/pytorch_reference.py); see [`peer`].
 pub fn compare_with_pytorch(report: &mut InferReport, opts: &InferOptions) -> Result<String> {
     peer::compare(report, opts)
+}
+
+/// The JSON document of `gpukit infer`: the report, PyTorch's outcome and the verdict (a failed
+/// row, nothing measured, or GPU rows asked for that all ran into limits).
+pub fn document(report: InferReport, peer: Option<&Result<String>>) -> Document<InferReport> {
+    let failure = judge_rows(report.rows.iter().map(|r| &r.status))
+        .or_else(|| gpu_rows_without_figure(&report));
+    Document::new("infer", report, failure).with_peer(peer)
+}
+
+/// Why `gpukit infer` cannot report at all: a GPU named on the command line that cannot be
+/// used, or no strategy that could run.
+pub fn unusable(report: &InferReport, selection: DeviceSelection) -> Option<Error> {
+    if let (Some(n), Some(why)) = (selection.named_cuda(), &report.gpu_unavailable) {
+        return Some(Error::Unavailable(format!(
+            "infer on cuda:{n} cannot run: {why}"
+        )));
+    }
+    if report.rows.is_empty() {
+        let why: Vec<String> = [
+            report.gpu_unavailable.as_ref().map(|w| format!("GPU: {w}")),
+            report
+                .onnxruntime_unavailable
+                .as_ref()
+                .map(|w| format!("ONNX Runtime: {w}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        return Some(Error::Unavailable(format!(
+            "no strategy could run: {}",
+            why.join("; ")
+        )));
+    }
+    None
 }
 
 /// Runs every requested strategy at every batch size: the CPU rows, then the GPU rows.

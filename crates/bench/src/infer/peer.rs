@@ -7,9 +7,9 @@
 
 use super::{agreement, Agreement, InferOptions, InferReport, CPU_ROW};
 use crate::error::{Error, Result};
-use crate::matmul::{PeerFigure, RowStatus};
 use crate::peer::{csv, run_pytorch};
 use crate::random::{fresh_seed, uniform_f32};
+use crate::report::{PeerFigure, RowStatus};
 use gpukit_models::forward::fold;
 use gpukit_models::weights::{load_tensor, save_safetensors, save_tensors, seeded_init};
 use serde::{Deserialize, Serialize};

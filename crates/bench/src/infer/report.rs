@@ -3,7 +3,7 @@
 
 use super::strategy::{ONE_AT_A_TIME, ONE_AT_A_TIME_MAX_PASSES, ONE_AT_A_TIME_MIN_REPS};
 use crate::harness::Measurement;
-use crate::matmul::{PeerFigure, RowStatus};
+use crate::report::{PeerFigure, RowStatus};
 use gpukit_models::gpu::SessionMemory;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -1,0 +1,331 @@
+//! `gpukit all`: every command in one run, sized to be a tour (`quick`) or a fuller measurement,
+//! and one report of them all. What runs, at which sizes and how often, is decided here: the
+//! CLI only passes the user's choices and writes the files.
+
+use crate::bandwidth::{run_bandwidth, BandwidthOptions, BandwidthReport};
+use crate::check::{run_check, CheckOptions, CheckReport};
+use crate::conv::{resnet50_shapes, run_conv, ConvOptions, ConvReport};
+use crate::error::Result;
+use crate::infer::{gpu_rows_without_figure, run_infer, InferOptions, InferReport, InferStrategy};
+use crate::matmul::{run_matmul, MatmulOptions, MatmulReport};
+use crate::memory::{run_memory, MemoryOptions, MemoryReport};
+use crate::report::{judge_rows, Document, RowStatus};
+use gpukit_cuda::loader::Discovery;
+use gpukit_models::gpu::Strategy;
+use gpukit_models::ResNet;
+use gpukit_tensor::{DType, Device, DeviceSelection, Layout};
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// What the user chose.
+#[derive(Debug, Clone)]
+pub struct AllOptions {
+    pub selection: DeviceSelection,
+    /// Fewer sizes and repetitions: a tour, not a measurement campaign.
+    pub quick: bool,
+    /// The command line, as it is recorded in the report.
+    pub command_line: Vec<String>,
+}
+
+/// One part of `all` that did not run, and why.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Skipped {
+    pub part: String,
+    pub reason: String,
+}
+
+/// Every command's report, how long each took, and what was skipped.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AllReport {
+    pub generated_unix_s: u64,
+    pub command_line: Vec<String>,
+    pub check: CheckReport,
+    pub matmul: MatmulReport,
+    pub bandwidth: Option<BandwidthReport>,
+    pub conv: ConvReport,
+    pub infer: Option<InferReport>,
+    /// `gpukit memory` (fp32, ResNet-50) when a GPU is there.
+    pub memory: Option<MemoryReport>,
+    /// Seconds each part took.
+    pub seconds: Vec<(String, f64)>,
+    pub skipped: Vec<Skipped>,
+    pub total_seconds: f64,
+}
+
+/// The CUDA ordinal the GPU parts run on.
+fn ordinal(selection: DeviceSelection) -> usize {
+    selection.named_cuda().unwrap_or(0)
+}
+
+fn matmul_options(gpu: bool, o: &AllOptions) -> MatmulOptions {
+    if !gpu {
+        // without a GPU only the CPU runs: sizes a small machine does in seconds
+        return MatmulOptions {
+            sizes: vec![256, 1024],
+            selection: DeviceSelection::One(Device::Cpu),
+            iterations: 5,
+            cpu_budget_s: if o.quick { 2.0 } else { 5.0 },
+            cpu_max_size: Some(1024),
+            ..MatmulOptions::default()
+        };
+    }
+    MatmulOptions {
+        sizes: if o.quick {
+            vec![1024, 4096]
+        } else {
+            vec![1024, 4096, 8192]
+        },
+        selection: o.selection,
+        iterations: if o.quick { 10 } else { 30 },
+        cpu_budget_s: if o.quick { 2.0 } else { 5.0 },
+        cpu_max_size: Some(if o.quick { 1024 } else { 4096 }),
+        ..MatmulOptions::default()
+    }
+}
+
+fn bandwidth_options(o: &AllOptions) -> BandwidthOptions {
+    BandwidthOptions {
+        ordinal: ordinal(o.selection),
+        sizes_bytes: if o.quick {
+            vec![4 << 10, 16 << 20]
+        } else {
+            vec![4 << 10, 1 << 20, 64 << 20, 1 << 30]
+        },
+        iterations: if o.quick { 5 } else { 10 },
+        ..BandwidthOptions::default()
+    }
+}
+
+fn conv_options(gpu: bool, o: &AllOptions) -> ConvOptions {
+    ConvOptions {
+        batch: match (gpu, o.quick) {
+            (false, _) => 2,
+            (true, true) => 8,
+            (true, false) => 32,
+        },
+        ordinal: gpu.then(|| ordinal(o.selection)),
+        iterations: if o.quick || !gpu { 3 } else { 20 },
+        cpu_budget_s: if o.quick || !gpu { 1.0 } else { 3.0 },
+        ..ConvOptions::default()
+    }
+}
+
+fn infer_options(gpu: bool, o: &AllOptions) -> InferOptions {
+    let strategies = if gpu && o.quick {
+        let mut v = vec![InferStrategy::Cpu, InferStrategy::OnnxRuntime];
+        v.extend(
+            ["fp32", "fp16-nhwc", "fp16-nhwc-graph"]
+                .iter()
+                .filter_map(|s| Strategy::parse(s).ok())
+                .map(InferStrategy::Gpu),
+        );
+        v
+    } else {
+        InferStrategy::defaults()
+    };
+    InferOptions {
+        model: ResNet::R50,
+        batch_sizes: match (gpu, o.quick) {
+            (false, _) => vec![1],
+            (true, true) => vec![1, 32],
+            (true, false) => vec![1, 8, 32],
+        },
+        iterations: if o.quick { 2 } else { 5 },
+        weights: None,
+        image_size: 224,
+        budget_s: 5.0,
+        selection: if gpu {
+            o.selection
+        } else {
+            DeviceSelection::One(Device::Cpu)
+        },
+        strategies,
+        gpu_iterations: if o.quick { 20 } else { 50 },
+        // the CPU rows at large batches take minutes: the GPU rows' comparison is enough
+        cpu_max_batch: Some(if o.quick { 1 } else { 8 }),
+    }
+}
+
+fn memory_options(o: &AllOptions) -> MemoryOptions {
+    MemoryOptions {
+        model: ResNet::R50,
+        batch_sizes: if o.quick {
+            vec![16, 64]
+        } else {
+            vec![16, 32, 64, 128]
+        },
+        dtype: DType::F32,
+        layout: Layout::Nchw,
+        image_size: 224,
+        weights: None,
+        ordinal: ordinal(o.selection),
+        memory_fraction: None,
+        on_oom_halve: true,
+        find_max_batch: !o.quick,
+        max_workspace_bytes: None,
+    }
+}
+
+/// Runs every command in turn. `progress` gets a line as each part starts (and the parts' own
+/// lines). Errors only where nothing can run at all (the check's bad input).
+pub fn run_all(
+    discovery: &Discovery,
+    opts: &AllOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<AllReport> {
+    let started = Instant::now();
+    let mut seconds = Vec::new();
+    let mut skipped = Vec::new();
+    let timed = |name: &str, seconds: &mut Vec<(String, f64)>, t: Instant| {
+        seconds.push((name.to_string(), t.elapsed().as_secs_f64()));
+    };
+
+    progress("[gpukit all] check");
+    let t = Instant::now();
+    let check = run_check(
+        discovery,
+        CheckOptions {
+            selection: opts.selection,
+            ask_library_versions: true,
+            quick: false,
+        },
+    )?;
+    timed("check", &mut seconds, t);
+    let gpu = check.available && opts.selection != DeviceSelection::One(Device::Cpu);
+    if !gpu {
+        let reason = match (&check.reason, check.available) {
+            (Some(r), _) => r.clone(),
+            (None, true) => "--device cpu".to_string(),
+            (None, false) => "no GPU can be used".to_string(),
+        };
+        skipped.push(Skipped {
+            part: "GPU rows of bench matmul, bench conv and infer, bench bandwidth and memory"
+                .into(),
+            reason,
+        });
+    }
+
+    progress("[gpukit all] bench matmul");
+    let t = Instant::now();
+    let matmul = run_matmul(discovery, &matmul_options(gpu, opts), progress);
+    timed("bench matmul", &mut seconds, t);
+
+    let bandwidth = gpu.then(|| {
+        progress("[gpukit all] bench bandwidth");
+        let t = Instant::now();
+        let b = run_bandwidth(discovery, &bandwidth_options(opts), progress);
+        timed("bench bandwidth", &mut seconds, t);
+        b
+    });
+
+    progress("[gpukit all] bench conv");
+    let t = Instant::now();
+    let copts = conv_options(gpu, opts);
+    let conv = run_conv(discovery, &resnet50_shapes(copts.batch), &copts, progress);
+    timed("bench conv", &mut seconds, t);
+
+    progress("[gpukit all] infer");
+    let t = Instant::now();
+    let infer = match run_infer(discovery, &infer_options(gpu, opts), progress) {
+        Ok(r) => {
+            let gpu_skipped = r
+                .gpu_unavailable
+                .clone()
+                .or_else(|| gpu_rows_without_figure(&r));
+            if let Some(reason) = gpu_skipped {
+                skipped.push(Skipped {
+                    part: "infer's GPU rows".into(),
+                    reason,
+                });
+            }
+            Some(r)
+        }
+        Err(e) => {
+            skipped.push(Skipped {
+                part: "infer".into(),
+                reason: e.to_string(),
+            });
+            None
+        }
+    };
+    timed("infer", &mut seconds, t);
+
+    let memory = if gpu {
+        progress("[gpukit all] memory");
+        let t = Instant::now();
+        let m = match run_memory(discovery, &memory_options(opts), progress) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                skipped.push(Skipped {
+                    part: "memory".into(),
+                    reason: e.to_string(),
+                });
+                None
+            }
+        };
+        timed("memory", &mut seconds, t);
+        m
+    } else {
+        None
+    };
+
+    Ok(AllReport {
+        generated_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        command_line: opts.command_line.clone(),
+        check,
+        matmul,
+        bandwidth,
+        conv,
+        infer,
+        memory,
+        seconds,
+        skipped,
+        total_seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Every row status of the report, for the verdict.
+fn statuses(r: &AllReport) -> impl Iterator<Item = &RowStatus> {
+    r.matmul
+        .rows
+        .iter()
+        .map(|x| &x.status)
+        .chain(
+            r.bandwidth
+                .iter()
+                .flat_map(|b| b.rows.iter().map(|x| &x.status)),
+        )
+        .chain(r.conv.rows.iter().map(|x| &x.status))
+        .chain(
+            r.infer
+                .iter()
+                .flat_map(|i| i.rows.iter().map(|x| &x.status)),
+        )
+        .chain(
+            r.memory
+                .iter()
+                .flat_map(|m| m.rows.iter().map(|x| &x.status)),
+        )
+}
+
+/// The JSON document of `gpukit all` (report.json): the report, its notes (what was skipped and
+/// why, the check's warnings) and the verdict over every row of every part.
+pub fn document(report: AllReport) -> Document<AllReport> {
+    let failure = judge_rows(statuses(&report));
+    let notes: Vec<String> = report
+        .check
+        .warnings
+        .iter()
+        .map(|w| format!("warning: {w}"))
+        .chain(
+            report
+                .skipped
+                .iter()
+                .map(|s| format!("skipped {}: {}", s.part, s.reason)),
+        )
+        .collect();
+    Document::new("all", report, failure).with_notes(notes)
+}

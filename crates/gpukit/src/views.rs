@@ -1,0 +1,62 @@
+//! Views that draw a whole document: the lines above `check`'s tables, and `all`'s report.md
+//! (every command's sections, then the notes).
+
+use crate::render::{self, to_markdown};
+use gpukit_bench::all::AllReport;
+use gpukit_bench::check::CheckReport;
+use gpukit_bench::report::Document;
+
+/// The lines `check` prints above its tables: the build, then whether a GPU is usable.
+pub fn check_head(r: &CheckReport) -> Vec<String> {
+    vec![
+        format!(
+            "gpukit {} (built for CUDA {}: needs a driver with CUDA {} or newer)",
+            r.gpukit_version, r.build_cuda, r.build_requires_driver_api
+        ),
+        render::check_headline(r),
+    ]
+}
+
+/// report.md of `gpukit all`: every part's sections under its heading, then the notes.
+pub fn all_markdown(doc: &Document<AllReport>) -> String {
+    let r = &doc.result;
+    let mut md = format!(
+        "# gpukit report\n\ngpukit {} · `{}` · {:.1} s ({})\n\n## Check\n\n{}\n",
+        doc.gpukit_version,
+        r.command_line.join(" "),
+        r.total_seconds,
+        r.seconds
+            .iter()
+            .map(|(n, s)| format!("{n} {s:.1} s"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        render::check_headline(&r.check)
+    );
+    md.push_str(&to_markdown(&render::check_sections(&r.check), 3));
+    md.push_str("\n## Matrix multiply\n");
+    md.push_str(&to_markdown(&render::matmul_sections(&r.matmul), 3));
+    if let Some(b) = &r.bandwidth {
+        md.push_str("\n## Data transfer\n");
+        md.push_str(&to_markdown(&render::bandwidth_sections(b), 3));
+    }
+    md.push_str("\n## Convolution\n");
+    md.push_str(&to_markdown(&render::conv_sections(&r.conv), 3));
+    if let Some(i) = &r.infer {
+        md.push_str("\n## Inference\n");
+        md.push_str(&to_markdown(&render::infer_sections(i), 3));
+    }
+    if let Some(m) = &r.memory {
+        md.push_str("\n## GPU memory\n");
+        md.push_str(&to_markdown(&render::memory_sections(m), 3));
+    }
+    if !doc.notes.is_empty() || doc.failure.is_some() {
+        md.push_str("\n## Notes\n\n");
+        if let Some(f) = &doc.failure {
+            md.push_str(&format!("- **failed**: {f}\n"));
+        }
+        for n in &doc.notes {
+            md.push_str(&format!("- {n}\n"));
+        }
+    }
+    md
+}
