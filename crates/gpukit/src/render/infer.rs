@@ -1,0 +1,325 @@
+//! `gpukit infer`: the setup, one table per batch size with its best and one-at-a-time lines,
+//! PyTorch's own rows; and `infer --input`'s logits table.
+
+use super::fmt::{grouped, mib, times};
+use super::{results_table, Columns, Section};
+use gpukit_bench::matmul::RowStatus;
+
+/// "best at batch 32: fp16-nhwc-graph 12,345 img/s, 3.1x fp32 eager, 250x CPU f32".
+fn infer_best_line(b: &gpukit_bench::infer::InferRow) -> String {
+    let mut line = format!(
+        "best at batch {}: {} {} img/s",
+        b.batch,
+        b.strategy,
+        grouped(b.images_per_s.unwrap_or(0.0))
+    );
+    if let Some(x) = b.speedup_vs_fp32_eager {
+        line.push_str(&format!(", {} fp32 eager", times(Some(x))));
+    }
+    if let Some(x) = b.speedup_vs_reference {
+        line.push_str(&format!(", {} gpukit's CPU f32", times(Some(x))));
+    }
+    line
+}
+
+/// "one image at a time at batch 32: fp16-nhwc-graph as 32 batch-1 graph replays, 1,234 img/s;
+/// batched, 8.00x the images/s" (a one-at-a-time row that passed).
+fn infer_one_at_a_time_line(r: &gpukit_bench::infer::InferRow) -> String {
+    let batched = r
+        .strategy
+        .strip_suffix(gpukit_bench::infer::ONE_AT_A_TIME)
+        .unwrap_or(&r.strategy);
+    let passes = if batched.ends_with("-graph") {
+        "graph replays"
+    } else {
+        "eager passes"
+    };
+    let mut line = format!(
+        "one image at a time at batch {0}: {batched} as {0} batch-1 {passes}, {1} img/s",
+        r.batch,
+        grouped(r.images_per_s.unwrap_or(0.0))
+    );
+    if let Some(g) = r.batching_gain {
+        line.push_str(&format!("; batched, {} the images/s", times(Some(g))));
+    }
+    line
+}
+
+fn infer_setup(r: &gpukit_bench::infer::InferReport, gpu_rows: bool) -> Section {
+    use gpukit_bench::infer::{is_one_at_a_time, CPU_CHECK_IMAGES, GPU_WARMUP};
+    let gpu = match (&r.gpu_device, &r.gpu_unavailable) {
+        (Some(d), _) => d.clone(),
+        (None, Some(why)) => format!("GPU rows absent: {why}"),
+        (None, None) if gpu_rows => "?".into(),
+        (None, None) => "not selected".into(),
+    };
+    let mut rows = vec![
+        (
+            "Model",
+            format!(
+                "{} ({} parameters), weights: {}",
+                r.model,
+                grouped(r.parameters as f64),
+                r.weights
+            ),
+        ),
+        (
+            "Input",
+            format!(
+                "{0}x{0} random RGB images in [-1, 1); every strategy at one batch size gets the same batch",
+                r.image_size
+            ),
+        ),
+        (
+            "CPU",
+            format!(
+                "{} threads; ONNX Runtime {}",
+                r.cpu_threads,
+                match &r.onnxruntime_unavailable {
+                    Some(why) => format!("rows skipped: {why}"),
+                    None => "on the same weights (exported to ONNX)".into(),
+                }
+            ),
+        ),
+        ("GPU", gpu),
+    ];
+    if let Some(t) = &r.tensorrt {
+        rows.push(("TensorRT", t.clone()));
+    }
+    let singles = r.rows.iter().any(is_one_at_a_time);
+    let mut checks =
+        "ONNX Runtime against gpukit's f32 CPU path (max rel. diff <= 1e-3 and the same top-1)"
+            .to_string();
+    if gpu_rows {
+        checks.push_str(&format!(
+            "; GPU fp32 NCHW eager against gpukit's CPU forward on the first {CPU_CHECK_IMAGES} images (<= 1e-4), every other GPU strategy against those GPU fp32 logits on the whole batch (fp32 1e-4, tf32 1e-2, fp16 1e-2, bf16 5e-2). A row over its tolerance fails and shows no speed; top-1 agreement is shown, not judged (random weights give close logits)"
+        ));
+        let mut timing = format!(
+            "CPU rows: host clock; GPU rows: CUDA events around each pass (after {GPU_WARMUP} warm-up passes), eager = call by call, graph = one CUDA graph launch. GPU memory: the engine's own accounting (weights + activation arena + largest cuDNN workspace)"
+        );
+        if singles {
+            timing.push_str(&format!(
+                ". {} rows: the batch's N images as N batch-1 passes back to back (eager, or N graph replays), timed together; every pass runs on the batch's first image, uploaded once and resident on the GPU; images/s = N / their time; GPU memory at batch 1",
+                gpukit_bench::infer::ONE_AT_A_TIME.trim_start_matches('-')
+            ));
+            checks.push_str(
+                "; one-at-a-time rows: the last pass's logits against the same strategy's batched logits of that first image (its tolerance)",
+            );
+        }
+        rows.push(("Timing", timing));
+    }
+    rows.push(("Checks", checks));
+    Section::kv(format!("Inference: {}", r.model), rows)
+}
+
+/// A setup list, then one table per batch size with the best GPU strategy under it.
+pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
+    use gpukit_bench::infer::{best_gpu_rows, is_gpu_row, is_one_at_a_time, InferRow};
+    let gpu = r.rows.iter().any(is_gpu_row);
+    let mut out = vec![infer_setup(r, gpu)];
+    let mut batches: Vec<usize> = r.rows.iter().map(|x| x.batch).collect();
+    batches.sort_unstable();
+    batches.dedup();
+    let best = best_gpu_rows(&r.rows);
+    let measured: &[&str] = if gpu {
+        &[
+            "median ms (p10-p90)",
+            "images/s",
+            "vs fp32 eager",
+            "vs CPU f32",
+            "GPU memory",
+            "max rel. diff (tolerance)",
+            "top-1 agree",
+        ]
+    } else {
+        &[
+            "median ms (p10-p90)",
+            "images/s",
+            "vs CPU f32",
+            "max rel. diff (tolerance)",
+            "top-1 agree",
+        ]
+    };
+    for n in batches {
+        let rows: Vec<&InferRow> = r.rows.iter().filter(|x| x.batch == n).collect();
+        let (header, body) = results_table(
+            &rows,
+            Columns {
+                naming: &["strategy", "device"],
+                measured,
+                rate_unit: "images/s",
+                name: &|x: &&InferRow| vec![x.strategy.clone(), x.device.clone()],
+                status: &|x| &x.status,
+                values: &|x| {
+                    let mut cells = vec![
+                        x.timing
+                            .as_ref()
+                            .map(|t| {
+                                let s = &t.summary_ms;
+                                format!("{:.3} ({:.3}-{:.3}) n={}", s.median, s.p10, s.p90, s.count)
+                            })
+                            .unwrap_or_default(),
+                        x.images_per_s.map(grouped).unwrap_or_default(),
+                    ];
+                    if gpu {
+                        cells.push(times(x.speedup_vs_fp32_eager));
+                    }
+                    cells.push(times(x.speedup_vs_reference));
+                    if gpu {
+                        cells.push(x.gpu_memory_bytes.map(mib).unwrap_or_default());
+                    }
+                    cells.push(match (&x.agreement, x.tolerance) {
+                        (Some(a), Some(t)) => format!("{:.1e} ({t:.0e})", a.max_rel),
+                        (Some(a), None) => format!("{:.1e}", a.max_rel),
+                        (None, _) => "reference".into(),
+                    });
+                    cells.push(
+                        x.agreement
+                            .as_ref()
+                            .map(|a| format!("{:.0}%", a.top1 * 100.0))
+                            .unwrap_or_default(),
+                    );
+                    cells
+                },
+                peer: &|x| x.pytorch.as_ref(),
+            },
+        );
+        let notes = best
+            .iter()
+            .filter(|b| b.batch == n)
+            .map(|b| infer_best_line(b))
+            .chain(
+                rows.iter()
+                    .filter(|x| is_one_at_a_time(x) && x.status == RowStatus::Ok)
+                    .map(|x| infer_one_at_a_time_line(x)),
+            )
+            .collect();
+        out.push(Section {
+            title: format!("Inference at batch {n}"),
+            header: Some(header),
+            rows: body,
+            notes,
+        });
+    }
+    if let Some(p) = &r.pytorch {
+        out.push(pytorch_infer_section(p));
+    }
+    out
+}
+
+/// `infer --input`: each strategy's logits against the CPU's.
+pub fn input_run_section(r: &gpukit_bench::infer::io::InputRun) -> Section {
+    let rows = r
+        .logits
+        .iter()
+        .map(|l| {
+            vec![
+                l.strategy.clone(),
+                l.tensor.clone(),
+                match (&l.agreement, &l.error) {
+                    (Some(a), _) => format!("{:.1e}", a.max_rel),
+                    (None, Some(e)) => format!("failed: {e}"),
+                    (None, None) => "reference".into(),
+                },
+                l.agreement
+                    .as_ref()
+                    .map(|a| format!("{:.0}%", a.top1 * 100.0))
+                    .unwrap_or_default(),
+            ]
+        })
+        .collect();
+    Section {
+        title: format!("Logits for {} {:?}", r.input, r.shape),
+        header: Some(
+            [
+                "strategy",
+                "tensor",
+                "max rel. diff vs CPU f32",
+                "top-1 agree",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        rows,
+        notes: r.output.iter().map(|o| format!("written to {o}")).collect(),
+    }
+}
+
+/// PyTorch's own rows (`infer --compare-pytorch`), the logits check and best fp16 against best.
+fn pytorch_infer_section(p: &gpukit_bench::infer::peer::PytorchComparison) -> Section {
+    let rows = p
+        .rows
+        .iter()
+        .map(|x| {
+            let figure = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map(f).unwrap_or_default();
+            vec![
+                x.strategy.clone(),
+                x.device.clone(),
+                x.batch.to_string(),
+                if x.status == "ok" {
+                    figure(x.median_ms, &|m| {
+                        format!(
+                            "{m:.3} ({:.3}-{:.3})",
+                            x.p10_ms.unwrap_or(m),
+                            x.p90_ms.unwrap_or(m)
+                        )
+                    })
+                } else {
+                    format!("{}: {}", x.status, x.reason.clone().unwrap_or_default())
+                },
+                figure(x.images_per_s, &grouped),
+                x.peak_allocated_bytes.map(mib).unwrap_or_default(),
+                figure(x.compile_s, &|c| format!("{c:.1} s")),
+            ]
+        })
+        .collect();
+    let mut notes = Vec::new();
+    match (&p.logits, &p.logits_unavailable) {
+        (Some(a), _) => notes.push(format!(
+            "PyTorch's eager fp32 logits (TF32 off) against gpukit's CPU f32 forward on the same \
+             {} images and weights: max rel. diff {:.1e}, top-1 agreement {:.0}%",
+            p.logits_images,
+            a.max_rel,
+            a.top1 * 100.0
+        )),
+        (None, Some(why)) => notes.push(format!("logits not compared: {why}")),
+        (None, None) => {}
+    }
+    for b in &p.best_fp16 {
+        notes.push(format!(
+            "best fp16 at batch {}: gpukit {} {} img/s, PyTorch {} {} img/s: {:.2}x",
+            b.batch,
+            b.gpukit_strategy,
+            grouped(b.gpukit_images_per_s),
+            b.pytorch_strategy,
+            grouped(b.pytorch_images_per_s),
+            b.ratio
+        ));
+    }
+    Section {
+        title: format!(
+            "PyTorch {} (torchvision {}, cudnn.benchmark {}) on {}",
+            p.torch_version,
+            p.torchvision
+                .as_deref()
+                .unwrap_or("absent: the script's own ResNet"),
+            p.cudnn_benchmark,
+            p.device_name.as_deref().unwrap_or("?")
+        ),
+        header: Some(
+            [
+                "strategy",
+                "device",
+                "batch",
+                "median ms (p10-p90)",
+                "images/s",
+                "peak allocated",
+                "compile",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        rows,
+        notes,
+    }
+}

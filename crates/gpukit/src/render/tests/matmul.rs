@@ -1,0 +1,134 @@
+//! `gpukit bench matmul`: rows that passed, failed and were skipped, with and without PyTorch.
+
+use super::{assert_drawn, h100, pytorch, timing, verified};
+use crate::render::matmul_sections;
+use gpukit_bench::harness::Clock;
+use gpukit_bench::matmul::{Init, MatmulReport, MatmulRow, RowStatus};
+use gpukit_tensor::{DType, Device};
+
+/// A row that produced a figure: `tflops` at `median` ms.
+fn measured(device: Device, dtype: DType, size: usize, median: f64, tflops: f64) -> MatmulRow {
+    let clock = match device {
+        Device::Cpu => Clock::Host,
+        Device::Cuda(_) => Clock::CudaEvents,
+    };
+    MatmulRow {
+        timing: Some(timing(clock, median, median * 0.98, median * 1.05, 50)),
+        tflops: Some(tflops),
+        pct_of_best: Some(100.0),
+        verification: Some(verified(2.4e-7)),
+        ..without_figure(device, dtype, size, RowStatus::Ok)
+    }
+}
+
+fn without_figure(device: Device, dtype: DType, size: usize, status: RowStatus) -> MatmulRow {
+    MatmulRow {
+        device,
+        dtype,
+        size,
+        status,
+        backend: None,
+        computed_as: None,
+        timing: None,
+        tflops: None,
+        pct_of_peak: None,
+        pct_of_best: None,
+        speedup_vs_cpu: None,
+        verification: None,
+        pytorch: None,
+        candidates: Vec::new(),
+        confirmation: None,
+    }
+}
+
+/// CPU and GPU rows at two sizes: a CPU dtype computed in f32, a GPU row whose check failed, a
+/// CPU row skipped for time.
+fn report() -> MatmulReport {
+    let gpu = Device::Cuda(0);
+    let mut cpu_f32 = measured(Device::Cpu, DType::F32, 1024, 1.412, 1.52);
+    cpu_f32.backend = Some("gemm crate (AVX-512)".into());
+    let mut cpu_tf32 = measured(Device::Cpu, DType::Tf32, 1024, 1.398, 1.54);
+    cpu_tf32.computed_as = Some("f32".into());
+    let mut f32_small = measured(gpu, DType::F32, 1024, 0.052, 41.3);
+    f32_small.backend = Some("cuBLAS GemmEx".into());
+    f32_small.pct_of_peak = Some(61.7);
+    f32_small.pct_of_best = Some(80.1);
+    f32_small.speedup_vs_cpu = Some(27.2);
+    let mut f32_large = measured(gpu, DType::F32, 8192, 21.33, 51.55);
+    f32_large.backend = Some("cuBLAS GemmEx".into());
+    f32_large.pct_of_peak = Some(77.1);
+    let mut tf32 = measured(gpu, DType::Tf32, 8192, 2.905, 378.5);
+    tf32.backend = Some("cuBLASLt (heuristic #2)".into());
+    tf32.pct_of_peak = Some(76.5);
+    tf32.verification = Some(verified(2.9e-4));
+    let mut bf16 = measured(gpu, DType::Bf16, 8192, 1.543, 712.4);
+    bf16.backend = Some("cuBLAS GemmEx".into());
+    bf16.pct_of_peak = Some(72.0);
+    bf16.verification = Some(verified(1.7e-3));
+    MatmulReport {
+        gpu: Some(h100()),
+        gpu_unavailable: None,
+        cpu_model: "AMD EPYC 9454 48-Core Processor".into(),
+        cpu_threads: 16,
+        iterations: 50,
+        inputs: Init::Normal,
+        rounds: 0,
+        turn_ms: 0.0,
+        soak_ms: 0.0,
+        rows: vec![
+            cpu_f32,
+            cpu_tf32,
+            without_figure(
+                Device::Cpu,
+                DType::F32,
+                8192,
+                RowStatus::Skipped("over the CPU's 5 s budget".into()),
+            ),
+            f32_small,
+            f32_large,
+            tf32,
+            bf16,
+            without_figure(
+                gpu,
+                DType::F16,
+                8192,
+                RowStatus::Failed("relative error 3.1e-2 over the tolerance 1e-2".into()),
+            ),
+        ],
+    }
+}
+
+#[test]
+fn matmul_rows_that_passed_failed_and_were_skipped() {
+    assert_drawn("matmul", &matmul_sections(&report()));
+}
+
+#[test]
+fn matmul_against_pytorch() {
+    let mut r = report();
+    r.rounds = 5;
+    r.inputs = Init::Uniform;
+    for row in r.rows.iter_mut().filter(|x| x.device != Device::Cpu) {
+        row.pytorch = row.tflops.map(|t| match row.dtype {
+            DType::Tf32 => pytorch(t / 1.02, 1.02, &[0.99, 1.02, 1.03, 1.01, 1.05]),
+            _ => pytorch(t * 1.1, 0.91, &[]),
+        });
+    }
+    assert_drawn("matmul_pytorch", &matmul_sections(&r));
+}
+
+#[test]
+fn matmul_without_a_gpu_says_why() {
+    let mut r = report();
+    r.gpu = None;
+    r.gpu_unavailable = Some("no NVIDIA driver found".into());
+    r.rows.retain(|x| x.device == Device::Cpu);
+    let notes = &matmul_sections(&r)[0].notes;
+    assert_eq!(
+        notes[2..],
+        [
+            "GPU rows skipped: no NVIDIA driver found",
+            "CPU: AMD EPYC 9454 48-Core Processor with 16 threads",
+        ]
+    );
+}
