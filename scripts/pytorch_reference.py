@@ -13,7 +13,10 @@ Usage:
       reads one JSON request a line on stdin ({"op": "matmul", "dtype": "f16", "size": 8192,
       "iterations": 10, "warmup": 2, "init": "normal", "budget_s": 10}) and answers each with
       one JSON line ({"ok": true, "times_ms": [...]}) after a first {"ok": true, "ready": true}
-      line; gpukit alternates its own timed blocks with these so both see the same clocks
+      line; gpukit alternates its own timed blocks with these so both see the same clocks.
+      Other ops: "copy" (a bench_bandwidth copy) and "conv" ({"op": "conv", "shape":
+      "32x64x56x56:64x3x3:s1p1", "dtype": "f16", "layout": "nhwc"}: conv2d with
+      cudnn.benchmark on, as `conv --benchmark-cudnn` runs it)
   pytorch_reference.py bandwidth [--sizes-bytes 4096,1048576,268435456]
                                  [--iterations 20] [--warmup 3]
   pytorch_reference.py conv [--shapes "1x64x56x56:64x3x3:s1p1,..."]
@@ -393,6 +396,8 @@ def serve(torch, args, ready):
                 times = serve_matmul(torch, args, req, state)
             elif op == "copy":
                 times = serve_copy(torch, req, state)
+            elif op == "conv":
+                times = serve_conv(torch, req, state)
             else:
                 raise ValueError(f"unknown op {op!r}")
             reply({"ok": True, "times_ms": times})
@@ -436,6 +441,34 @@ def serve_matmul(torch, args, req, state):
         return time_cpu(step, iterations, warmup, float(req.get("budget_s", CPU_ROW_BUDGET_S)))
     finally:
         set_tf32(torch, matmul=False)
+
+
+def serve_conv(torch, req, state):
+    """One block of torch.nn.functional.conv2d on the shape, dtype and layout asked for, with
+    cudnn.benchmark on (its first call, the untimed opening turn, chooses the algorithm)."""
+    shape = conv_shape(req["shape"])
+    dtype_name, layout = req["dtype"], req["layout"]
+    if dtype_name not in ("f32", "tf32", "f16", "bf16") or layout not in ("nchw", "nhwc"):
+        raise ValueError(f"conv of {dtype_name} {layout} is not served")
+    dtype = getattr(torch, DTYPES[dtype_name])
+    torch.backends.cudnn.benchmark = True
+
+    def build():
+        fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
+        x = torch.randn(shape["n"], shape["c"], shape["h"], shape["w"], device="cuda", dtype=dtype)
+        w = torch.randn(shape["k"], shape["c"], shape["r"], shape["s"], device="cuda", dtype=dtype)
+        return x.to(memory_format=fmt), w.to(memory_format=fmt)
+
+    x, w = keep_buffers(torch, state, ("conv", req["shape"], dtype_name, layout), "cuda", build)
+
+    def step(_i):
+        torch.nn.functional.conv2d(x, w, stride=shape["stride"], padding=shape["pad"])
+
+    set_tf32(torch, cudnn=(dtype_name == "tf32"))
+    try:
+        return time_cuda(torch, step, int(req.get("iterations", 10)), int(req.get("warmup", 2)))
+    finally:
+        set_tf32(torch, cudnn=False)
 
 
 def serve_copy(torch, req, state):

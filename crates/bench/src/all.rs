@@ -98,11 +98,11 @@ fn bandwidth_options(o: &AllOptions) -> BandwidthOptions {
 
 fn conv_options(gpu: bool, o: &AllOptions) -> ConvOptions {
     ConvOptions {
-        batch: match (gpu, o.quick) {
+        batches: vec![match (gpu, o.quick) {
             (false, _) => 2,
             (true, true) => 8,
             (true, false) => 32,
-        },
+        }],
         ordinal: gpu.then(|| ordinal(o.selection)),
         iterations: if o.quick || !gpu { 3 } else { 20 },
         cpu_budget_s: if o.quick || !gpu { 1.0 } else { 3.0 },
@@ -221,7 +221,7 @@ pub fn run_all(
     progress("[gpukit all] bench conv");
     let t = Instant::now();
     let copts = conv_options(gpu, opts);
-    let conv = run_conv(discovery, &resnet50_shapes(copts.batch), &copts, progress);
+    let conv = run_conv(discovery, &resnet50_shapes(1), &copts, progress);
     timed("bench conv", &mut seconds, t);
 
     progress("[gpukit all] infer");

@@ -343,7 +343,9 @@ fn run_bandwidth_turns(
             let row = match measure(&gpu, &stream2, kind, &mut bufs, plan, opts.rounds, turns) {
                 Ok((timing, verified, theirs)) => {
                     let mut row = finish(kind, bytes, timing, verified, &report);
-                    row.pytorch = row.gbs.and_then(|ours| peer_figure(theirs, bytes, ours));
+                    row.pytorch = row.gbs.and_then(|ours| {
+                        PeerFigure::from_turns(theirs, |ms| gbs(bytes as f64, ms), ours)
+                    });
                     row
                 }
                 Err(e) => {
@@ -553,21 +555,6 @@ fn time_copy(
         Ok(p) => Some(p),
     };
     Ok((mine, Plan::new(plan.warmup, reps * rounds), theirs))
-}
-
-/// PyTorch's figure for a copy beside ours (GB/s of the same payload); the ratio comes from the
-/// paired rounds (`PeerSamples::ratio`).
-fn peer_figure(theirs: Option<PeerSamples>, bytes: usize, ours_gbs: f64) -> Option<PeerFigure> {
-    let t = theirs?;
-    let s = crate::stats::Summary::of(&t.samples)?;
-    let rate = gbs(bytes as f64, s.median);
-    Some(PeerFigure {
-        median_ms: s.median,
-        rate,
-        ratio: t.ratio().unwrap_or(ours_gbs / rate),
-        turn_ratios: t.turn_ratios,
-        by_opener: t.by_opener,
-    })
 }
 
 #[cfg(test)]

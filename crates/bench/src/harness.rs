@@ -305,6 +305,36 @@ pub fn both_orders(
     }
 }
 
+/// What a GPU row's turns are cut to: the time of one repetition, and how many operand sets the
+/// repetitions rotate over.
+#[derive(Debug, Clone, Copy)]
+pub struct TurnShape {
+    pub per_rep_ms: f64,
+    pub sets: usize,
+}
+
+/// Repetitions per turn: `reps`, or as many as fill `block_ms` at `shape.per_rep_ms` each (at
+/// most `MAX_BLOCK_REPS`), rounded up to whole passes over `shape.sets` so that every turn
+/// multiplies each operand set equally often. Between two blocks the chip idles while the sides
+/// hand over (PyTorch's blocks follow one or two pipe round trips, ours none or one), and on a
+/// power-capped chip idle time buys clock; longer turns make it a smaller share of each turn.
+/// Its effect on a ratio was not measured on its own (runs 45-46 changed more than this).
+pub fn block_reps(reps: usize, shape: Option<TurnShape>, block_ms: f64) -> usize {
+    let Some(shape) = shape else {
+        return reps;
+    };
+    let t = shape.per_rep_ms;
+    let reps = if t > 0.0 && block_ms > 0.0 {
+        reps.max((block_ms / t).ceil().min(MAX_BLOCK_REPS as f64) as usize)
+    } else {
+        reps
+    };
+    reps.next_multiple_of(shape.sets.max(1))
+}
+
+/// The most repetitions one turn is lengthened to.
+pub const MAX_BLOCK_REPS: usize = 2000;
+
 /// Rates derived from a time: one place computes them, every view shows them.
 pub fn tflops(flops: f64, ms: f64) -> f64 {
     flops / (ms * 1e-3) / 1e12

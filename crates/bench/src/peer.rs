@@ -230,6 +230,22 @@ impl PeerServer {
         )
     }
 
+    /// One timed block of `conv2d` on `shape` (the script's `NxCxHxW:KxRxS:s<stride>p<pad>`)
+    /// with cudnn.benchmark on: samples in ms.
+    pub fn conv_block(
+        &mut self,
+        shape: &str,
+        dtype: &str,
+        layout: &str,
+        warmup: usize,
+        reps: usize,
+    ) -> Result<Vec<f64>> {
+        self.block(
+            json!({"op": "conv", "shape": shape, "dtype": dtype, "layout": layout,
+            "warmup": warmup, "iterations": reps}),
+        )
+    }
+
     fn block(&mut self, req: Value) -> Result<Vec<f64>> {
         let stdin = self
             .stdin

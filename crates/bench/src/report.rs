@@ -4,6 +4,7 @@
 //! the notes every view shows (terminal, report.md, JSON).
 
 use crate::error::Result;
+use crate::harness::PeerSamples;
 use serde::{Deserialize, Serialize};
 
 /// Whether a row produced a figure.
@@ -44,6 +45,30 @@ pub struct PeerFigure {
     /// geometric mean (decision 39).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub by_opener: Vec<f64>,
+}
+
+impl PeerFigure {
+    /// PyTorch's figure from its samples of the same turns, beside ours (`ours_rate`, in the
+    /// unit `rate_of` turns a time in ms into). The ratio comes from the per-round ratios when
+    /// there are any (pooled medians of two bimodal, throttled series can each land on either
+    /// mode): the geometric mean of the two orders' medians, so that what the opener gains
+    /// cancels, or the median of one order's rounds; without rounds, the rates' ratio.
+    pub fn from_turns(
+        theirs: Option<PeerSamples>,
+        rate_of: impl Fn(f64) -> f64,
+        ours_rate: f64,
+    ) -> Option<PeerFigure> {
+        let theirs = theirs?;
+        let s = crate::stats::Summary::of(&theirs.samples)?;
+        let rate = rate_of(s.median);
+        Some(PeerFigure {
+            median_ms: s.median,
+            rate,
+            ratio: theirs.ratio().unwrap_or(ours_rate / rate),
+            turn_ratios: theirs.turn_ratios,
+            by_opener: theirs.by_opener,
+        })
+    }
 }
 
 /// How the rows of a run came out, as far as the exit code is concerned: `Some(why)` when the

@@ -118,15 +118,22 @@ pub enum BenchCommand {
     Matmul(MatmulArgs),
     /// Copies: host<->device (pageable, pinned, staged), device<->device, both directions.
     Bandwidth(BandwidthArgs),
-    /// ResNet-50's convolutions: CPU im2col+gemm against cuDNN, f32/tf32/f16, NCHW and NHWC.
+    /// ResNet-50's convolutions, all of them: CPU im2col+gemm against cuDNN, f32/tf32/f16/bf16,
+    /// NCHW and NHWC.
     Conv(ConvArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct ConvArgs {
-    /// Batch size of every shape.
-    #[arg(long, default_value = "32", value_parser = parse_iterations)]
-    pub batch: usize,
+    /// Batch sizes: every shape runs at each.
+    #[arg(
+        long,
+        value_name = "N,...",
+        value_delimiter = ',',
+        default_value = "32",
+        value_parser = parse_batch
+    )]
+    pub batch: Vec<usize>,
 
     /// dtypes on the GPU: any of f32, tf32, f16, bf16 (the CPU runs f32).
     #[arg(

@@ -203,7 +203,7 @@ fn bench_bandwidth(a: BandwidthArgs, out: &Output) -> Result<()> {
 }
 
 fn bench_conv(a: ConvArgs, out: &Output) -> Result<()> {
-    use gpukit_bench::conv::{compare_with_pytorch, document, resnet50_shapes, run_conv};
+    use gpukit_bench::conv::{document, resnet50_shapes, run_conv, run_conv_with_pytorch};
     let discovery = prepare_process();
     check_named_gpu(&discovery, a.device)?;
     if let Some(bad) = a.dtype.iter().find(|d| **d == gpukit_tensor::DType::F64) {
@@ -213,9 +213,9 @@ fn bench_conv(a: ConvArgs, out: &Output) -> Result<()> {
         .into());
     }
     let opts = gpukit_bench::conv::ConvOptions {
-        batch: a.batch,
-        dtypes: a.dtype.clone(),
-        layouts: a.layout.clone(),
+        batches: dedup(a.batch),
+        dtypes: dedup(a.dtype),
+        layouts: dedup(a.layout),
         ordinal: match a.device {
             DeviceSelection::All => Some(0),
             DeviceSelection::One(Device::Cuda(n)) => Some(n),
@@ -225,13 +225,26 @@ fn bench_conv(a: ConvArgs, out: &Output) -> Result<()> {
         iterations: a.iterations,
         ..Default::default()
     };
-    let shapes = resnet50_shapes(opts.batch);
-    let mut report = run_conv(&discovery, &shapes, &opts, &mut progress());
-    let peer = a
-        .compare_pytorch
-        .then(|| compare_with_pytorch(&mut report, &shapes, &opts));
+    let shapes = resnet50_shapes(1);
+    let (report, peer) = if a.compare_pytorch {
+        let (r, p) = run_conv_with_pytorch(&discovery, &shapes, &opts, &mut progress());
+        (r, Some(p))
+    } else {
+        (run_conv(&discovery, &shapes, &opts, &mut progress()), None)
+    };
     let sections = render::conv_sections(&report);
     emit(&document(report, peer.as_ref()), out, Vec::new(), sections)
+}
+
+/// The items in the order given, each once (`--dtype f16,f16` runs f16 once).
+fn dedup<T: PartialEq>(items: Vec<T>) -> Vec<T> {
+    let mut out = Vec::with_capacity(items.len());
+    for x in items {
+        if !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    out
 }
 
 fn memory(a: MemoryArgs, out: &Output) -> Result<()> {

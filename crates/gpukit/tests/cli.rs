@@ -174,7 +174,11 @@ fn bench_conv_on_the_cpu_runs_every_shape() -> Result<(), Failed> {
     let out = gpukit(&args);
     exited(&out, 0, &args)?;
     let s = text(&out.stdout);
-    for shape in ["conv1 7x7/2", "layer1 3x3", "layer4 1x1 reduce"] {
+    for shape in [
+        "conv1 7x7/2 3->64 @224",
+        "layer1 3x3 64->64 @56",
+        "layer4 1x1 2048->512 @7",
+    ] {
         ensure(s.contains(shape), || s.clone())?;
     }
     Ok(())

@@ -1,6 +1,7 @@
 //! ResNet-18/34/50/101/152 as torchvision builds them: the stage layout, and every parameter
 //! with its torchvision state-dict name and shape (so published weights load as they are).
 
+use gpukit_tensor::ConvShape;
 use serde::{Deserialize, Serialize};
 use std::str::FromStr;
 
@@ -127,6 +128,54 @@ impl ResNet {
         out
     }
 
+    /// Every convolution of the network in torchvision's order, with its module name and its
+    /// shape at batch 1 on `image x image` inputs (stride on the 3x3 convolution, as torchvision's
+    /// v1.5).
+    pub fn convolutions(self, image: usize) -> Vec<(String, ConvShape)> {
+        let mut out = Vec::new();
+        let conv = |c, h, k, r, stride, pad| ConvShape {
+            n: 1,
+            c,
+            h,
+            w: h,
+            k,
+            r,
+            s: r,
+            stride,
+            pad,
+        };
+        let stem = conv(3, image, 64, 7, 2, 3);
+        // after the stem and the 3x3/2 max pooling
+        let mut size = stem.out_h().saturating_sub(1) / 2 + 1;
+        out.push(("conv1".to_string(), stem));
+        let expansion = if self.bottleneck() { 4 } else { 1 };
+        let mut in_ch = 64;
+        for (stage, &n) in self.blocks().iter().enumerate() {
+            let width = 64 << stage;
+            for b in 0..n {
+                let p = format!("layer{}.{b}", stage + 1);
+                let stride = if b == 0 && stage > 0 { 2 } else { 1 };
+                let out_ch = width * expansion;
+                let after = (size + 2 - 3) / stride + 1;
+                if self.bottleneck() {
+                    out.push((format!("{p}.conv1"), conv(in_ch, size, width, 1, 1, 0)));
+                    out.push((format!("{p}.conv2"), conv(width, size, width, 3, stride, 1)));
+                    out.push((format!("{p}.conv3"), conv(width, after, out_ch, 1, 1, 0)));
+                } else {
+                    out.push((format!("{p}.conv1"), conv(in_ch, size, width, 3, stride, 1)));
+                    out.push((format!("{p}.conv2"), conv(width, after, width, 3, 1, 1)));
+                }
+                if b == 0 && (stride != 1 || in_ch != out_ch) {
+                    let ds = conv(in_ch, size, out_ch, 1, stride, 0);
+                    out.push((format!("{p}.downsample.0"), ds));
+                }
+                in_ch = out_ch;
+                size = after;
+            }
+        }
+        out
+    }
+
     /// Learnable parameters (what torchvision's `sum(p.numel() for p in model.parameters())` says).
     pub fn parameter_count(self, num_classes: usize) -> usize {
         self.state_dict(num_classes)
@@ -204,6 +253,36 @@ mod tests {
                 .shape,
             vec![128, 128, 3, 3]
         );
+    }
+
+    #[test]
+    fn convolutions_follow_the_state_dict_and_the_image_size() {
+        for model in [ResNet::R18, ResNet::R50, ResNet::R101] {
+            let convs = model.convolutions(224);
+            let weights: Vec<ParamSpec> = model
+                .state_dict(1000)
+                .into_iter()
+                .filter(|p| p.shape.len() == 4)
+                .collect();
+            assert_eq!(convs.len(), weights.len(), "{model:?}");
+            for ((name, sh), w) in convs.iter().zip(&weights) {
+                assert_eq!(format!("{name}.weight"), w.name);
+                assert_eq!(vec![sh.k, sh.c, sh.r, sh.s], w.shape, "{name}");
+            }
+            // every layer's input is the previous layer's output size
+            let last = &convs[convs.len() - 1].1;
+            assert_eq!(last.out_h(), 7, "{model:?}");
+        }
+        let r50 = ResNet::R50.convolutions(224);
+        let find = |n: &str| r50.iter().find(|(name, _)| name == n).unwrap().1;
+        assert_eq!(find("conv1").out_h(), 112);
+        assert_eq!(
+            (find("layer1.0.conv1").h, find("layer2.0.conv2").h),
+            (56, 56)
+        );
+        assert_eq!(find("layer2.0.conv2").out_h(), 28);
+        assert_eq!(find("layer4.2.conv3").h, 7);
+        assert_eq!(find("layer3.0.downsample.0").stride, 2);
     }
 
     #[test]

@@ -25,6 +25,14 @@ impl Layout {
         }
     }
 
+    /// `NCHW` or `NHWC`, as tables and sentences write it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Layout::Nchw => "NCHW",
+            Layout::Nhwc => "NHWC",
+        }
+    }
+
     pub fn is_nhwc(self) -> bool {
         self == Layout::Nhwc
     }

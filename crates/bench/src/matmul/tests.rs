@@ -1,10 +1,11 @@
 //! Tests of `bench matmul` that need no GPU.
 use super::gpu::{pick_candidate, trial_order};
-use super::turns::{block_reps, peer_figure, TurnShape, MAX_BLOCK_REPS};
+use super::turns::{block_reps, peer_figure, TurnShape};
 use super::verify::{verify_square, HostPair};
 use super::*;
 use crate::cpu;
 use crate::harness::PeerSamples;
+use crate::harness::MAX_BLOCK_REPS;
 use gpukit_tensor::codec::element_f64;
 
 fn cpu_only(sizes: Vec<usize>, dtypes: Vec<DType>) -> MatmulReport {

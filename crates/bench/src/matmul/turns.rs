@@ -4,6 +4,7 @@
 
 use super::MatmulOptions;
 use crate::error::Result;
+pub(super) use crate::harness::{block_reps, TurnShape};
 use crate::harness::{both_orders, tflops, Clock, Measurement, PeerSamples, Plan};
 use crate::peer::PeerServer;
 use crate::report::PeerFigure;
@@ -76,54 +77,11 @@ impl Turns {
     }
 }
 
-/// What a GPU row's turns are cut to: the time of one repetition, and how many operand sets the
-/// repetitions rotate over.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct TurnShape {
-    pub per_rep_ms: f64,
-    pub sets: usize,
-}
-
-/// Repetitions per turn: `reps`, or as many as fill `block_ms` at `shape.per_rep_ms` each (at
-/// most `MAX_BLOCK_REPS`), rounded up to whole passes over `shape.sets` so that every turn
-/// multiplies each operand set equally often. Between two blocks the chip idles while the sides
-/// hand over (PyTorch's blocks follow one or two pipe round trips, ours none or one), and on a
-/// power-capped chip idle time buys clock; longer turns make it a smaller share of each turn.
-/// Its effect on a ratio was not measured on its own (runs 45-46 changed more than this).
-pub(super) fn block_reps(reps: usize, shape: Option<TurnShape>, block_ms: f64) -> usize {
-    let Some(shape) = shape else {
-        return reps;
-    };
-    let t = shape.per_rep_ms;
-    let reps = if t > 0.0 && block_ms > 0.0 {
-        reps.max((block_ms / t).ceil().min(MAX_BLOCK_REPS as f64) as usize)
-    } else {
-        reps
-    };
-    reps.next_multiple_of(shape.sets.max(1))
-}
-
-/// The most repetitions one turn is lengthened to.
-pub(super) const MAX_BLOCK_REPS: usize = 2000;
-
-/// PyTorch's figure for a row from its samples, beside ours. The ratio comes from the
-/// per-round ratios when there are any (pooled medians of two bimodal, throttled series can
-/// each land on either mode): the geometric mean of the two orders' medians, so that what the
-/// opener gains cancels, or the median of one order's rounds.
+/// PyTorch's figure for a row from its samples, beside ours (TFLOP/s of `flops`).
 pub(super) fn peer_figure(
     theirs: Option<PeerSamples>,
     flops: f64,
     ours_tflops: f64,
 ) -> Option<PeerFigure> {
-    let theirs = theirs?;
-    let s = crate::stats::Summary::of(&theirs.samples)?;
-    let rate = tflops(flops, s.median);
-    let ratio = theirs.ratio().unwrap_or(ours_tflops / rate);
-    Some(PeerFigure {
-        median_ms: s.median,
-        rate,
-        ratio,
-        turn_ratios: theirs.turn_ratios,
-        by_opener: theirs.by_opener,
-    })
+    PeerFigure::from_turns(theirs, |ms| tflops(flops, ms), ours_tflops)
 }

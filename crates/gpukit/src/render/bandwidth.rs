@@ -36,6 +36,7 @@ pub fn bandwidth_sections(r: &gpukit_bench::bandwidth::BandwidthReport) -> Vec<S
                 ]
             },
             peer: &|x| x.pytorch.as_ref(),
+            behind: None,
         },
     );
     let mut notes = vec![format!(

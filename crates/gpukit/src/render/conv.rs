@@ -1,33 +1,53 @@
-//! `gpukit bench conv`: one results table of convolution rates at ResNet-50's shapes.
+//! `gpukit bench conv`: one results table of convolution rates at every distinct convolution of
+//! ResNet-50, each GPU row with the engine that won.
 
 use super::fmt::{f1, pct, times};
 use super::{check_cell, results_table, Columns, Section};
+use gpukit_bench::conv::{ConvReport, ConvRow, PARITY_FLOOR};
+use gpukit_tensor::Device;
 
-pub fn conv_sections(r: &gpukit_bench::conv::ConvReport) -> Vec<Section> {
+/// The engine cell: what ran, and whether on tensor cores.
+fn engine_cell(x: &ConvRow) -> String {
+    let engine = x.engine.clone().unwrap_or_default();
+    match x.tensor_cores {
+        Some(true) => format!("{engine}, tensor cores"),
+        _ => engine,
+    }
+}
+
+pub fn conv_sections(r: &ConvReport) -> Vec<Section> {
+    let mut batches: Vec<usize> = r.rows.iter().map(|x| x.shape.n).collect();
+    batches.dedup();
+    let several_batches = batches.len() > 1;
+    let naming: &[&str] = if several_batches {
+        &["convolution", "runs", "batch", "layout", "device", "dtype"]
+    } else {
+        &["convolution", "runs", "layout", "device", "dtype"]
+    };
     let (header, rows) = results_table(
         &r.rows,
         Columns {
-            naming: &["shape", "layout", "device", "dtype"],
+            naming,
             measured: &[
                 "median ms",
                 "TFLOP/s",
                 "% peak",
                 "vs CPU",
                 "check",
-                "algorithm",
+                "engine",
             ],
             rate_unit: "TFLOP/s",
-            name: &|x: &gpukit_bench::conv::ConvRow| {
-                vec![
-                    format!(
-                        "{} ({})",
-                        x.name,
-                        gpukit_bench::conv::shape_string(&x.shape)
-                    ),
-                    format!("{:?}", x.layout).to_uppercase(),
+            name: &|x: &ConvRow| {
+                let mut cells = vec![x.name.clone(), format!("x{}", x.count)];
+                if several_batches {
+                    cells.push(x.shape.n.to_string());
+                }
+                cells.extend([
+                    x.layout.label().to_string(),
                     x.device.to_string(),
                     x.dtype.to_string(),
-                ]
+                ]);
+                cells
             },
             status: &|x| &x.status,
             values: &|x| {
@@ -39,26 +59,47 @@ pub fn conv_sections(r: &gpukit_bench::conv::ConvReport) -> Vec<Section> {
                     f1(x.tflops),
                     pct(x.pct_of_peak),
                     times(x.speedup_vs_cpu),
-                    if x.device == gpukit_tensor::Device::Cpu {
+                    if x.device == Device::Cpu {
                         "reference".into()
                     } else {
                         check_cell(x.verification.as_ref())
                     },
-                    x.algorithm.clone().unwrap_or_default(),
+                    engine_cell(x),
                 ]
             },
             peer: &|x| x.pytorch.as_ref(),
+            behind: Some(&|x| x.behind_pytorch),
         },
     );
+    let batch_words = if several_batches {
+        String::new()
+    } else {
+        format!(" at batch {}", batches.first().copied().unwrap_or(0))
+    };
     let mut notes = vec![
-        "Shapes: NxCxHxW:KxRxS:s<stride>p<pad>. GPU rows are checked against the CPU's f32 output from the same stored inputs; cuDNN's algorithm is chosen by running each candidate (cudnnFind).".to_string(),
-        "TFLOP/s counts a direct convolution's 2*N*K*P*Q*C*R*S: WINOGRAD and FFT algorithms do fewer multiplications, so their effective rate can pass the peak.".to_string(),
+        format!(
+            "Every distinct convolution of a ResNet-50 forward pass{batch_words} (224 x 224 images), \
+             named stage, filter/stride, channels in->out, @ input height; runs: how often one \
+             pass runs it. GPU rows are checked against the CPU's f32 output from the same \
+             stored inputs."
+        ),
+        "Each GPU row's engine is chosen as gpukit's inference engine chooses: cuDNN's legacy \
+         algorithms and its backend engines, each timed on the same buffers, the fastest kept."
+            .to_string(),
+        "TFLOP/s counts a direct convolution's 2*N*K*P*Q*C*R*S: WINOGRAD and FFT algorithms do \
+         fewer multiplications, so their effective rate can pass the peak."
+            .to_string(),
     ];
+    if r.rows.iter().any(|x| x.pytorch.is_some()) {
+        notes.push(format!(
+            "BEHIND: gpukit under {PARITY_FLOOR}x PyTorch's rate on the same convolution."
+        ));
+    }
     if let Some(why) = &r.gpu_unavailable {
         notes.push(format!("GPU rows skipped: {why}"));
     }
     vec![Section {
-        title: "Convolution (ResNet-50 shapes)".into(),
+        title: "Convolution (ResNet-50, forward)".into(),
         header: Some(header),
         rows,
         notes,

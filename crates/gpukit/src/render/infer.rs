@@ -182,6 +182,7 @@ pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
                     cells
                 },
                 peer: &|x| x.pytorch.as_ref(),
+                behind: None,
             },
         );
         let notes = best

@@ -44,6 +44,7 @@ pub fn matmul_sections(r: &gpukit_bench::matmul::MatmulReport) -> Vec<Section> {
                 ]
             },
             peer: &|x| x.pytorch.as_ref(),
+            behind: None,
         },
     );
     let mut notes = vec![

@@ -133,6 +133,8 @@ struct Columns<'a, R> {
     status: &'a dyn Fn(&R) -> &RowStatus,
     values: &'a dyn Fn(&R) -> Vec<String>,
     peer: &'a dyn Fn(&R) -> Option<&PeerFigure>,
+    /// Rows flagged as behind PyTorch beyond the method's noise (their ratio cell says BEHIND).
+    behind: Option<&'a dyn Fn(&R) -> bool>,
 }
 
 /// The header and rows of a results table. A row that did not produce a figure shows why in
@@ -161,7 +163,11 @@ fn results_table<R>(rows: &[R], c: Columns<'_, R>) -> (Vec<String>, Vec<Vec<Stri
             cells.extend((c.values)(r));
             if compare {
                 cells.push(f1((c.peer)(r).map(|p| p.rate)));
-                cells.push(ratio_cell((c.peer)(r)));
+                let mut ratio = ratio_cell((c.peer)(r));
+                if c.behind.is_some_and(|behind| behind(r)) {
+                    ratio.push_str(" BEHIND");
+                }
+                cells.push(ratio);
             }
             cells
         })

@@ -1,0 +1,180 @@
+//! The GPU rows of `bench conv`: each convolution's engine chosen by cuDNN's selection policy
+//! (the inference engine's own: legacy algorithms and backend engines timed alike, tensor-op math
+//! where the dtype allows it), timed alone or in turns with PyTorch's cudnn.benchmark, then run
+//! once more on a poisoned output and checked against the CPU.
+
+use super::{tolerance, ConvOptions};
+use crate::error::{Error, Result};
+use crate::harness::{
+    block_reps, both_orders, device_samples, Clock, Measurement, PeerSamples, Plan, TurnShape,
+};
+use crate::peer::PeerServer;
+use crate::report::Verification;
+use gpukit_cuda::dnn::{Conv, ConvChoice, Dnn};
+use gpukit_cuda::Gpu;
+use gpukit_tensor::codec::{decode_f32, encode_f32, round_f32};
+use std::time::Duration;
+
+/// What one GPU row measured.
+pub(super) struct GpuMeasured {
+    pub engine: String,
+    /// `legacy` or `backend`.
+    pub api: &'static str,
+    pub tensor_cores: Option<bool>,
+    pub timing: Measurement,
+    pub verification: Verification,
+    /// PyTorch's samples from the same turns, when it took part.
+    pub theirs: Option<PeerSamples>,
+}
+
+/// PyTorch beside the GPU rows, and the rows it gave no figure for.
+pub(super) struct ConvTurns {
+    pub server: PeerServer,
+    pub missed: Vec<String>,
+}
+
+/// Untimed turns of both sides before a row's timed ones: the chip's clock settles after the
+/// previous row's planning (a shorter soak than matmul's: convolutions at these sizes do not
+/// bring the chip to its power cap).
+const SOAK: Duration = Duration::from_millis(300);
+
+/// The shortest timed turn of either side.
+const BLOCK_MS: f64 = 30.0;
+
+/// Relative error of `got` against `want` (root mean square over the root mean square of
+/// `want`); infinite where `got` is not finite.
+pub(super) fn rel_err(got: &[f32], want: &[f32]) -> f64 {
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (g, w) in got.iter().zip(want) {
+        if !g.is_finite() {
+            return f64::INFINITY;
+        }
+        num += (f64::from(*g) - f64::from(*w)).powi(2);
+        den += f64::from(*w).powi(2);
+    }
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// One GPU row on the CPU's inputs `x`, `w` (checked against `y_ref_f32`, the CPU's f32 output
+/// of the same inputs), alone or in turns with PyTorch.
+pub(super) fn gpu_conv(
+    (g, dnn): (&Gpu, &Dnn),
+    conv: Conv,
+    (x, w, y_ref_f32): (&[f32], &[f32], &[f32]),
+    opts: &ConvOptions,
+    turns: Option<&mut ConvTurns>,
+) -> Result<GpuMeasured> {
+    let (xb, wb) = (encode_f32(x, conv.dtype), encode_f32(w, conv.dtype));
+    let need = xb.len() + wb.len() + conv.output_bytes();
+    let free = g.mem_info().map(|(f, _)| f as usize).unwrap_or(0);
+    if need.saturating_add(gpukit_cuda::dnn::CONV_WORKSPACE_BYTES) > free {
+        return Err(Error::Failed(format!(
+            "needs {need} bytes of GPU memory, {free} free"
+        )));
+    }
+    let xd = g.upload(&xb)?;
+    let wd = g.upload(&wb)?;
+    let yd = g.alloc(conv.output_bytes())?;
+    let choice = dnn.plan_plain_best(conv, xd.view(), wd.view(), yd.view(), true)?;
+    let ws = g.alloc(choice.workspace_bytes().max(1))?;
+    dnn.release_workspace();
+    let run = || dnn.bare_forward(&choice, xd.view(), wd.view(), yd.view(), ws.view());
+    let mut ours = |p: Plan| device_samples(g.stream(), p, run);
+    let plan = Plan::new(3, opts.iterations);
+    let (timing, theirs) = match turns {
+        None => (
+            Measurement::of(Clock::CudaEvents, plan, &ours(plan)?)?,
+            None,
+        ),
+        Some(t) => in_turns(t, conv, &choice, opts, &mut ours)?,
+    };
+    // poison, run once more, compare with the CPU
+    g.fill(yd.view(), 0xFF)?;
+    run()?;
+    let got = decode_f32(&g.download(&yd)?, conv.dtype);
+    // f16/bf16 rows are checked against an f32 product of the rounded inputs
+    let reference: Vec<f32> = if conv.dtype.size_bytes() == 2 {
+        let mut y = vec![0f32; conv.shape.output_len()];
+        let (xr, wr) = (round_f32(x, conv.dtype), round_f32(w, conv.dtype));
+        crate::cpu::conv2d_f32(&conv.shape, conv.layout, &xr, &wr, &mut y);
+        y
+    } else {
+        y_ref_f32.to_vec()
+    };
+    let err = rel_err(&got, &reference);
+    let tol = tolerance(conv.dtype);
+    Ok(GpuMeasured {
+        engine: choice.name(),
+        api: choice.api(),
+        tensor_cores: choice.tensor_cores(),
+        timing,
+        verification: Verification {
+            samples: got.len(),
+            rel_err: err,
+            tolerance: tol,
+            passed: err <= tol,
+        },
+        theirs,
+    })
+}
+
+/// Our samples and PyTorch's, in turns of at least [`BLOCK_MS`] each, both orders.
+fn in_turns(
+    t: &mut ConvTurns,
+    conv: Conv,
+    choice: &ConvChoice,
+    opts: &ConvOptions,
+    ours: &mut dyn FnMut(Plan) -> Result<Vec<f64>>,
+) -> Result<(Measurement, Option<PeerSamples>)> {
+    let rounds = opts.rounds.max(1);
+    // a choice remembered from an earlier run carries no time: a short probe gives one
+    let per_rep_ms = match choice.measured_ms().filter(|ms| *ms > 0.0) {
+        Some(ms) => ms,
+        None => crate::stats::Summary::of(&ours(Plan::new(2, 5))?).map_or(0.1, |s| s.median),
+    };
+    let reps = block_reps(
+        opts.iterations.div_ceil(rounds),
+        Some(TurnShape {
+            per_rep_ms,
+            sets: 1,
+        }),
+        BLOCK_MS,
+    );
+    let (first, later) = (Plan::new(3, reps), Plan::new(1, reps));
+    let spec = conv.shape.spec();
+    let server = &mut t.server;
+    let mut theirs = |p: Plan| {
+        server.conv_block(
+            &spec,
+            conv.dtype.name(),
+            conv.layout.name(),
+            p.warmup,
+            p.reps,
+        )
+    };
+    let run = both_orders(rounds, (first, later), SOAK, ours, &mut theirs);
+    let mine = run.ours?;
+    let theirs = match run.theirs {
+        Err(e) => {
+            t.missed
+                .push(format!("{spec} {} {}: {e}", conv.dtype, conv.layout));
+            None
+        }
+        Ok(p) if p.samples.is_empty() => None,
+        Ok(p) => Some(p),
+    };
+    let overall = Plan::new(3, reps * rounds);
+    Ok((Measurement::of(Clock::CudaEvents, overall, &mine)?, theirs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_error_catches_nan_and_differences() {
+        assert_eq!(rel_err(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert!(rel_err(&[f32::NAN], &[1.0]).is_infinite());
+        assert!((rel_err(&[1.1], &[1.0]) - 0.1).abs() < 1e-6);
+    }
+}
