@@ -118,7 +118,7 @@ fn im2col_nchw_row(sh: &ConvShape, img: &[f32], row: usize, dst: &mut [MaybeUnin
         }
         let iw0 = q_lo * sh.stride + si - sh.pad;
         if sh.stride == 1 {
-            run.write_copy_of_slice(&src[iw0..iw0 + run.len()]);
+            copy_into(run, &src[iw0..iw0 + run.len()]);
         } else {
             // Indexed, not zipped: a short source must fail loudly, never leave a hole.
             for (i, d) in run.iter_mut().enumerate() {
@@ -157,7 +157,7 @@ pub(super) fn im2col_nhwc_row(
             continue;
         }
         let start = (ih * sh.w + base + s_lo - sh.pad) * sh.c;
-        run.write_copy_of_slice(&img[start..start + run.len()]);
+        copy_into(run, &img[start..start + run.len()]);
     }
 }
 
@@ -400,3 +400,16 @@ fn conv_nhwc(sh: &ConvShape, input: &[f32], weight: &[f32], output: &mut [f32], 
 
 #[cfg(test)]
 mod tests;
+
+/// `dst.write_copy_of_slice(src)` (stable only since Rust 1.93, above this workspace's minimum):
+/// the lengths must match.
+fn copy_into<T: Copy>(dst: &mut [std::mem::MaybeUninit<T>], src: &[T]) {
+    assert_eq!(
+        dst.len(),
+        src.len(),
+        "im2col run and its source differ in length"
+    );
+    for (d, s) in dst.iter_mut().zip(src) {
+        d.write(*s);
+    }
+}
