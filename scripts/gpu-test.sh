@@ -97,7 +97,8 @@ PY
   for t in "$TESTS"/*; do
     [ -x "$t" ] || continue
     echo "== $(basename "$t")" >>"$LOG"
-    clean GPUKIT_REQUIRE_GPU=1 GPUKIT_BIN="$BIN" "$t" >>"$LOG" 2>&1
+    # INSTA_WORKSPACE_ROOT: the snapshot tests find their files in this copy of the tree
+    clean GPUKIT_REQUIRE_GPU=1 GPUKIT_BIN="$BIN" INSTA_WORKSPACE_ROOT="$PWD" "$t" >>"$LOG" 2>&1
     rc=$?; [ $rc -eq 0 ] || fails=$((fails+1))
     say "test $(basename "$t"): rc=$rc $(grep -E '^test result' "$LOG" | tail -1)"
   done

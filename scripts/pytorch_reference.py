@@ -268,6 +268,21 @@ def time_cuda(torch, step, iterations, warmup):
     return [start.elapsed_time(end) for start, end in events]
 
 
+def time_cuda_chained(torch, step, iterations, warmup):
+    """Like time_cuda, with one event between consecutive steps (as gpukit times its own): the
+    steps queue back to back, so a step's time is the GPU's, not the host's gap before it."""
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(iterations + 1)]
+    events[0].record()
+    for i in range(iterations):
+        step()
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+
+
 def time_cpu(step, iterations, warmup, budget_s=CPU_ROW_BUDGET_S):
     """Like time_cuda, with perf_counter; stops early so the whole row fits in budget_s."""
     row_start = time.perf_counter()
@@ -445,28 +460,51 @@ def serve_matmul(torch, args, req, state):
 
 def serve_conv(torch, req, state):
     """One block of torch.nn.functional.conv2d on the shape, dtype and layout asked for, with
-    cudnn.benchmark on (its first call, the untimed opening turn, chooses the algorithm)."""
+    cudnn.benchmark on (its first call, in the untimed opening turn, chooses the algorithm).
+    With "graph": k above 0, each timed repetition replays a CUDA graph of k convolutions and
+    its time over k is the sample: the GPU's time, not Python's launch rate."""
     shape = conv_shape(req["shape"])
     dtype_name, layout = req["dtype"], req["layout"]
     if dtype_name not in ("f32", "tf32", "f16", "bf16") or layout not in ("nchw", "nhwc"):
         raise ValueError(f"conv of {dtype_name} {layout} is not served")
     dtype = getattr(torch, DTYPES[dtype_name])
+    per_graph = int(req.get("graph", 0))
     torch.backends.cudnn.benchmark = True
 
     def build():
         fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
         x = torch.randn(shape["n"], shape["c"], shape["h"], shape["w"], device="cuda", dtype=dtype)
         w = torch.randn(shape["k"], shape["c"], shape["r"], shape["s"], device="cuda", dtype=dtype)
-        return x.to(memory_format=fmt), w.to(memory_format=fmt)
+        return {"x": x.to(memory_format=fmt), "w": w.to(memory_format=fmt), "graphs": {}}
 
-    x, w = keep_buffers(torch, state, ("conv", req["shape"], dtype_name, layout), "cuda", build)
+    buffers = keep_buffers(torch, state, ("conv", req["shape"], dtype_name, layout), "cuda", build)
+    x, w = buffers["x"], buffers["w"]
 
-    def step(_i):
-        torch.nn.functional.conv2d(x, w, stride=shape["stride"], padding=shape["pad"])
+    def conv():
+        return torch.nn.functional.conv2d(x, w, stride=shape["stride"], padding=shape["pad"])
 
+    iterations, warmup = int(req.get("iterations", 10)), int(req.get("warmup", 2))
     set_tf32(torch, cudnn=(dtype_name == "tf32"))
     try:
-        return time_cuda(torch, step, int(req.get("iterations", 10)), int(req.get("warmup", 2)))
+        if per_graph <= 0:
+            return time_cuda(torch, lambda _i: conv(), iterations, warmup)
+        graph = buffers["graphs"].get(per_graph)
+        if graph is None:
+            # cudnn.benchmark chooses in these calls, outside the capture (on a side stream,
+            # as torch's documentation asks)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    conv()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(per_graph):
+                    conv()
+            buffers["graphs"][per_graph] = graph
+        times = time_cuda_chained(torch, graph.replay, iterations, warmup)
+        return [t / per_graph for t in times]
     finally:
         set_tf32(torch, cudnn=False)
 

@@ -231,7 +231,10 @@ impl PeerServer {
     }
 
     /// One timed block of `conv2d` on `shape` (the script's `NxCxHxW:KxRxS:s<stride>p<pad>`)
-    /// with cudnn.benchmark on: samples in ms.
+    /// with cudnn.benchmark on: samples in ms per convolution. With `graph` above 0, each
+    /// repetition replays a CUDA graph of `graph` convolutions (the sample is its time over
+    /// `graph`); with 0, each is one eager call.
+    #[allow(clippy::too_many_arguments)]
     pub fn conv_block(
         &mut self,
         shape: &str,
@@ -239,10 +242,11 @@ impl PeerServer {
         layout: &str,
         warmup: usize,
         reps: usize,
+        graph: usize,
     ) -> Result<Vec<f64>> {
         self.block(
             json!({"op": "conv", "shape": shape, "dtype": dtype, "layout": layout,
-            "warmup": warmup, "iterations": reps}),
+            "warmup": warmup, "iterations": reps, "graph": graph}),
         )
     }
 

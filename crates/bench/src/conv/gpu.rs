@@ -10,7 +10,7 @@ use crate::harness::{
 };
 use crate::peer::PeerServer;
 use crate::report::Verification;
-use gpukit_cuda::dnn::{Conv, ConvChoice, Dnn};
+use gpukit_cuda::dnn::{Conv, Dnn};
 use gpukit_cuda::Gpu;
 use gpukit_tensor::codec::{decode_f32, encode_f32, round_f32};
 use std::time::Duration;
@@ -21,6 +21,8 @@ pub(super) struct GpuMeasured {
     /// `legacy` or `backend`.
     pub api: &'static str,
     pub tensor_cores: Option<bool>,
+    /// Convolutions per timed CUDA-graph replay (None: timed as direct launches).
+    pub per_replay: Option<usize>,
     pub timing: Measurement,
     pub verification: Verification,
     /// PyTorch's samples from the same turns, when it took part.
@@ -40,6 +42,21 @@ const SOAK: Duration = Duration::from_millis(300);
 
 /// The shortest timed turn of either side.
 const BLOCK_MS: f64 = 30.0;
+
+/// The shortest CUDA-graph replay: long enough that launching it is a small share of it.
+const REPLAY_MS: f64 = 0.5;
+
+/// The most convolutions one graph holds.
+const MAX_PER_REPLAY: usize = 64;
+
+/// Convolutions per graph replay for a convolution of `per_conv_ms`.
+fn per_graph(per_conv_ms: f64) -> usize {
+    if per_conv_ms > 0.0 {
+        ((REPLAY_MS / per_conv_ms).ceil() as usize).clamp(1, MAX_PER_REPLAY)
+    } else {
+        MAX_PER_REPLAY
+    }
+}
 
 /// Relative error of `got` against `want` (root mean square over the root mean square of
 /// `want`); infinite where `got` is not finite.
@@ -79,18 +96,43 @@ pub(super) fn gpu_conv(
     let ws = g.alloc(choice.workspace_bytes().max(1))?;
     dnn.release_workspace();
     let run = || dnn.bare_forward(&choice, xd.view(), wd.view(), yd.view(), ws.view());
-    let mut ours = |p: Plan| device_samples(g.stream(), p, run);
+    // a choice remembered from an earlier run carries no time: a short probe gives one
+    let per_conv_ms = match choice.measured_ms().filter(|ms| *ms > 0.0) {
+        Some(ms) => ms,
+        None => crate::stats::Summary::of(&device_samples(g.stream(), Plan::new(2, 5), run)?)
+            .map_or(0.1, |s| s.median),
+    };
+    // timed as replays of a CUDA graph of `per_replay` convolutions, so that the figure is the
+    // GPU's time and not the host's launch rate; direct launches where capture fails
+    let graph = g.capture(|| (0..per_graph(per_conv_ms)).try_for_each(|_| run()));
+    let per_replay = graph.as_ref().map_or(1, |_| per_graph(per_conv_ms));
+    let launch = || match &graph {
+        Ok(gr) => gr.launch(),
+        Err(_) => run(),
+    };
+    let mut ours = |p: Plan| -> Result<Vec<f64>> {
+        let samples = device_samples(g.stream(), p, launch)?;
+        Ok(samples
+            .into_iter()
+            .map(|ms| ms / per_replay as f64)
+            .collect())
+    };
     let plan = Plan::new(3, opts.iterations);
+    let shape = TurnShape {
+        per_rep_ms: per_conv_ms * per_replay as f64,
+        sets: 1,
+    };
+    let graphed = graph.as_ref().ok().map(|_| per_replay);
     let (timing, theirs) = match turns {
         None => (
             Measurement::of(Clock::CudaEvents, plan, &ours(plan)?)?,
             None,
         ),
-        Some(t) => in_turns(t, conv, &choice, opts, &mut ours)?,
+        Some(t) => in_turns(t, conv, (shape, graphed), opts, &mut ours)?,
     };
     // poison, run once more, compare with the CPU
     g.fill(yd.view(), 0xFF)?;
-    run()?;
+    launch()?;
     let got = decode_f32(&g.download(&yd)?, conv.dtype);
     // f16/bf16 rows are checked against an f32 product of the rounded inputs
     let reference: Vec<f32> = if conv.dtype.size_bytes() == 2 {
@@ -107,6 +149,7 @@ pub(super) fn gpu_conv(
         engine: choice.name(),
         api: choice.api(),
         tensor_cores: choice.tensor_cores(),
+        per_replay: graphed,
         timing,
         verification: Verification {
             samples: got.len(),
@@ -118,28 +161,17 @@ pub(super) fn gpu_conv(
     })
 }
 
-/// Our samples and PyTorch's, in turns of at least [`BLOCK_MS`] each, both orders.
+/// Our samples and PyTorch's, in turns of at least [`BLOCK_MS`] each, both orders; PyTorch
+/// replays a CUDA graph of the same number of convolutions when ours does (`graphed`).
 fn in_turns(
     t: &mut ConvTurns,
     conv: Conv,
-    choice: &ConvChoice,
+    (shape, graphed): (TurnShape, Option<usize>),
     opts: &ConvOptions,
     ours: &mut dyn FnMut(Plan) -> Result<Vec<f64>>,
 ) -> Result<(Measurement, Option<PeerSamples>)> {
     let rounds = opts.rounds.max(1);
-    // a choice remembered from an earlier run carries no time: a short probe gives one
-    let per_rep_ms = match choice.measured_ms().filter(|ms| *ms > 0.0) {
-        Some(ms) => ms,
-        None => crate::stats::Summary::of(&ours(Plan::new(2, 5))?).map_or(0.1, |s| s.median),
-    };
-    let reps = block_reps(
-        opts.iterations.div_ceil(rounds),
-        Some(TurnShape {
-            per_rep_ms,
-            sets: 1,
-        }),
-        BLOCK_MS,
-    );
+    let reps = block_reps(opts.iterations.div_ceil(rounds), Some(shape), BLOCK_MS);
     let (first, later) = (Plan::new(3, reps), Plan::new(1, reps));
     let spec = conv.shape.spec();
     let server = &mut t.server;
@@ -150,6 +182,7 @@ fn in_turns(
             conv.layout.name(),
             p.warmup,
             p.reps,
+            graphed.unwrap_or(0),
         )
     };
     let run = both_orders(rounds, (first, later), SOAK, ours, &mut theirs);
@@ -170,6 +203,15 @@ fn in_turns(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn graphs_hold_enough_convolutions_to_last_half_a_millisecond() {
+        assert_eq!(per_graph(0.012), 42);
+        assert_eq!(per_graph(0.5), 1);
+        assert_eq!(per_graph(3.0), 1);
+        assert_eq!(per_graph(0.001), MAX_PER_REPLAY);
+        assert_eq!(per_graph(0.0), MAX_PER_REPLAY);
+    }
 
     #[test]
     fn relative_error_catches_nan_and_differences() {

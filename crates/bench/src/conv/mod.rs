@@ -57,7 +57,7 @@ impl Default for ConvOptions {
             ordinal: Some(0),
             cpu: true,
             iterations: 30,
-            cpu_budget_s: 2.0,
+            cpu_budget_s: 1.0,
             rounds: 4,
         }
     }
@@ -81,6 +81,10 @@ pub struct ConvRow {
     pub api: Option<String>,
     /// Whether the engine runs on tensor cores (None where cuDNN does not say).
     pub tensor_cores: Option<bool>,
+    /// GPU rows: convolutions per timed CUDA-graph replay (None: timed as direct launches,
+    /// where capture failed).
+    #[serde(default)]
+    pub per_replay: Option<usize>,
     pub timing: Option<Measurement>,
     pub tflops: Option<f64>,
     pub pct_of_peak: Option<f64>,
@@ -107,6 +111,7 @@ impl ConvRow {
             engine: None,
             api: None,
             tensor_cores: None,
+            per_replay: None,
             timing: None,
             tflops: None,
             pct_of_peak: None,
@@ -352,6 +357,7 @@ fn shape_rows(
                 r.engine = Some(m.engine);
                 r.api = Some(m.api.to_string());
                 r.tensor_cores = m.tensor_cores;
+                r.per_replay = m.per_replay;
                 if m.verification.passed {
                     let t = tflops(sh.flops(), m.timing.summary_ms.median);
                     r.tflops = Some(t);

@@ -222,9 +222,12 @@ pub fn notes(report: &ConvReport, with_pytorch: bool) -> Vec<String> {
     notes.push(format!(
         "turns: gpukit and PyTorch timed each GPU row in {} alternating blocks, gpukit opening \
          half of the rounds and PyTorch the other half; gpukit / PyTorch is the geometric mean \
-         of the two halves' median round ratios. PyTorch picks its algorithm with \
-         cudnn.benchmark in its untimed first turn; gpukit's engine is the inference engine's \
-         choice (cuDNN's legacy algorithms and backend engines, each timed on the same buffers)",
+         of the two halves' median round ratios. Both replay a CUDA graph of the same number \
+         of convolutions, so both figures are GPU time (PyTorch's eager calls would add \
+         Python's launch cost, which on the smaller convolutions exceeds the convolution). \
+         PyTorch picks its algorithm with cudnn.benchmark before capturing; gpukit's engine is \
+         the inference engine's choice (cuDNN's legacy algorithms and backend engines, each \
+         timed on the same buffers)",
         report.rounds
     ));
     notes

@@ -82,7 +82,12 @@ pub(super) struct Choices {
     replan: bool,
 }
 
-/// `cudnn-choices-<gpu>-sm<cc>-cudnn<version>.json`, in characters safe for a file name.
+/// The selection policy's version, in the file name: choices made under another policy (other
+/// candidates) are not reused. 2: strict f32 also tries the backend's non-tensor-core engines.
+const POLICY: u32 = 2;
+
+/// `cudnn-choices-v<policy>-<gpu>-sm<cc>-cudnn<version>.json`, in characters safe for a file
+/// name.
 fn file_name(gpu_name: &str, (major, minor): (u32, u32), cudnn_version: usize) -> String {
     let tag: String = format!("{gpu_name}-sm{major}{minor}-cudnn{cudnn_version}")
         .chars()
@@ -94,7 +99,7 @@ fn file_name(gpu_name: &str, (major, minor): (u32, u32), cudnn_version: usize) -
             }
         })
         .collect();
-    format!("cudnn-choices-{tag}.json")
+    format!("cudnn-choices-v{POLICY}-{tag}.json")
 }
 
 impl Choices {
@@ -224,7 +229,7 @@ mod tests {
     fn file_names_are_safe() {
         assert_eq!(
             file_name("NVIDIA H100 80GB HBM3", (9, 0), 91900),
-            "cudnn-choices-NVIDIA_H100_80GB_HBM3-sm90-cudnn91900.json"
+            "cudnn-choices-v2-NVIDIA_H100_80GB_HBM3-sm90-cudnn91900.json"
         );
     }
 }

@@ -15,7 +15,7 @@ use cudarc::cudnn::sys as dn;
 use dn::cudnnBackendAttributeName_t as A;
 use dn::cudnnBackendAttributeType_t as T;
 use dn::cudnnBackendDescriptorType_t as D;
-use gpukit_types::Layout;
+use gpukit_types::{DType, Layout};
 use std::ffi::c_void;
 
 /// An owned backend descriptor.
@@ -276,9 +276,9 @@ impl Dnn {
     /// Builds the operation graph `y = relu(conv(x, w) + bias [+ z])` (or, without bias,
     /// residual and ReLU, the bare convolution), finalizes up to [`GRAPH_TRIALS`] of the
     /// heuristic's engine configurations, times each on these buffers and keeps the fastest;
-    /// with `only` set, builds only that heuristic rank (a choice measured before). Not for
-    /// strict f32 (the backend's float engines may use TF32 tensor cores; f32 stays on the
-    /// legacy API, which can forbid them).
+    /// with `only` set, builds only that heuristic rank (a choice measured before). For strict
+    /// f32 only engines whose numerical notes say they do not use tensor cores are tried (the
+    /// backend's float engines may compute in TF32), as PyTorch does without TF32.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn plan_graph(
         &self,
@@ -291,12 +291,12 @@ impl Dnn {
         y: View<'_>,
         only: Option<usize>,
     ) -> Result<GraphConv> {
-        if !conv.dtype.uses_tensor_cores() {
-            return Err(Error::NoAlgorithm(format!(
-                "{} stays on the legacy API",
-                conv.dtype
-            )));
+        if conv.dtype == DType::F64 {
+            return Err(Error::NoAlgorithm(
+                "f64 stays on the legacy API".to_string(),
+            ));
         }
+        let strict_f32 = !conv.dtype.uses_tensor_cores();
         conv.check(x, w, y)?;
         let sh = conv.shape;
         let e = conv.dtype.size_bytes();
@@ -457,6 +457,11 @@ impl Dnn {
         let mut finalized = 0;
         for (rank, cfg) in configs.iter().enumerate() {
             if only.is_some_and(|o| o != rank) {
+                continue;
+            }
+            // strict f32: an engine that may use TF32 tensor cores (or does not say) is not a
+            // candidate
+            if strict_f32 && !matches!(engine_facts(cfg), Ok((_, Some(false)))) {
                 continue;
             }
             let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;

@@ -9,6 +9,7 @@ use super::legacy::{ConvPlan, FusedConv};
 use super::{Conv, ConvChoice, Dnn, Epilogue, CONV_WORKSPACE_BYTES};
 use crate::error::{Error, Result};
 use crate::memory::View;
+use gpukit_types::DType;
 
 impl Dnn {
     fn key(&self, conv: Conv, op: Op, allow_graph: bool) -> Key {
@@ -41,7 +42,8 @@ impl Dnn {
     }
 
     /// Chooses how the bare convolution `y = conv(x, w)` runs: cuDNN's fastest legacy
-    /// algorithm or (when `allow_graph` and the dtype runs on tensor cores) a backend engine,
+    /// algorithm or (when `allow_graph`) a backend engine (for strict f32 only those without
+    /// tensor cores),
     /// each timed the same way; measured once per convolution and kept on disk.
     pub fn plan_plain_best(
         &self,
@@ -73,7 +75,7 @@ impl Dnn {
         let wsb = self.planning_workspace()?;
         let ws = wsb.view();
         let legacy_ms = self.candidate_ms(|| self.conv_forward(&legacy, x, w, y, ws))?;
-        let graph = if allow_graph && conv.dtype.uses_tensor_cores() {
+        let graph = if allow_graph && conv.dtype != DType::F64 {
             self.plan_graph(conv, x, w, None, None, false, y, None).ok()
         } else {
             None
@@ -87,7 +89,7 @@ impl Dnn {
     }
 
     /// Chooses how `y = relu(conv(x, w) + bias [+ z])` runs: the legacy fused call or (when
-    /// `allow_graph` and the dtype runs on tensor cores) a backend-API graph, whichever
+    /// `allow_graph`) a backend-API graph (for strict f32 only engines without tensor cores), whichever
     /// measured faster; measured once per convolution and kept on disk.
     ///
     /// With `split`, the bare convolution followed by that epilogue is a candidate too (not
@@ -135,7 +137,7 @@ impl Dnn {
             _ => {}
         }
         let legacy = self.plan_fused_legacy(conv, true, x, w, bias, z, y)?;
-        let graph = if allow_graph && conv.dtype.uses_tensor_cores() {
+        let graph = if allow_graph && conv.dtype != DType::F64 {
             self.plan_graph(conv, x, w, Some(bias), z, true, y, None)
                 .ok()
         } else {

@@ -86,6 +86,9 @@ pub fn conv_sections(r: &ConvReport) -> Vec<Section> {
         "Each GPU row's engine is chosen as gpukit's inference engine chooses: cuDNN's legacy \
          algorithms and its backend engines, each timed on the same buffers, the fastest kept."
             .to_string(),
+        "GPU rows are timed as replays of a CUDA graph of several convolutions (the figures \
+         are per convolution): the GPU's time, not the host's launch rate."
+            .to_string(),
         "TFLOP/s counts a direct convolution's 2*N*K*P*Q*C*R*S: WINOGRAD and FFT algorithms do \
          fewer multiplications, so their effective rate can pass the peak."
             .to_string(),
@@ -93,6 +96,17 @@ pub fn conv_sections(r: &ConvReport) -> Vec<Section> {
     if r.rows.iter().any(|x| x.pytorch.is_some()) {
         notes.push(format!(
             "BEHIND: gpukit under {PARITY_FLOOR}x PyTorch's rate on the same convolution."
+        ));
+    }
+    let launched = r
+        .rows
+        .iter()
+        .filter(|x| x.device != Device::Cpu && x.timing.is_some() && x.per_replay.is_none())
+        .count();
+    if launched > 0 {
+        notes.push(format!(
+            "{launched} GPU row(s) could not be captured in a graph and were timed as direct \
+             launches."
         ));
     }
     if let Some(why) = &r.gpu_unavailable {

@@ -36,6 +36,7 @@ fn row(
         ),
         api: gpu.then(|| "legacy".into()),
         tensor_cores: gpu.then_some(false),
+        per_replay: gpu.then_some(8),
         timing: figure.map(|(ms, _)| timing(clock, ms, ms, ms, 30)),
         tflops: figure.map(|(_, t)| t),
         pct_of_peak: figure.filter(|_| gpu).map(|(_, t)| t / 66.9 * 100.0),
