@@ -109,6 +109,9 @@ const GRAPH_TRIALS: usize = 8;
 const GRAPH_TRIALS_NCHW: usize = 16;
 /// NCHW also times this many of cuDNN's fallback engines (after the heuristic's list).
 const GRAPH_FALLBACK_TRIALS: usize = 16;
+/// Strict f32 reads this many of each list, of which it times at most [`GRAPH_TRIALS_NCHW`]
+/// engines without tensor cores.
+const STRICT_F32_LIST: usize = 64;
 
 /// Up to `limit` engine configurations cuDNN's heuristics in `mode` suggest for `graph`, best
 /// first, with the heuristics descriptor they came from (to be kept alive beside them).
@@ -432,21 +435,28 @@ impl Dnn {
         // the candidates: cuDNN's heuristic list (mode A), then for NCHW its fallback list too
         // (what PyTorch's cudnn.benchmark times); a rank indexes this concatenation, which is
         // rebuilt the same way when a cached rank is planned again
+        // strict f32: the heuristic ranks tensor-core engines first, so a longer list is read
+        // (and the fallback list in both layouts) to find the ones without
         let (mut configs, heur_a) = heuristic_configs(
             &graph,
             dn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A,
             match layout {
+                _ if strict_f32 => STRICT_F32_LIST,
                 Layout::Nhwc => GRAPH_TRIALS,
                 Layout::Nchw => GRAPH_TRIALS_NCHW,
             },
         )?;
         let count = configs.len();
         let mut heurs = vec![heur_a];
-        if layout == Layout::Nchw {
+        if layout == Layout::Nchw || strict_f32 {
             let (fallback, heur_f) = heuristic_configs(
                 &graph,
                 dn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_FALLBACK,
-                GRAPH_FALLBACK_TRIALS,
+                if strict_f32 {
+                    STRICT_F32_LIST
+                } else {
+                    GRAPH_FALLBACK_TRIALS
+                },
             )?;
             configs.extend(fallback);
             heurs.push(heur_f);
@@ -463,6 +473,9 @@ impl Dnn {
             // candidate
             if strict_f32 && !matches!(engine_facts(cfg), Ok((_, Some(false)))) {
                 continue;
+            }
+            if strict_f32 && finalized >= GRAPH_TRIALS_NCHW {
+                break;
             }
             let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
             plan.set(
@@ -541,8 +554,8 @@ impl Dnn {
             has_bias: bias.is_some(),
             rank,
             choice: match only {
-                Some(_) => format!("backend engine {engine} (rank {rank}, measured before)"),
-                None => format!("backend engine {engine} (rank {rank} of {finalized})"),
+                Some(_) => format!("backend engine {engine} (chosen in an earlier run)"),
+                None => format!("backend engine {engine} (fastest of {finalized} timed)"),
             },
             tensor_cores,
             ms,

@@ -70,26 +70,34 @@ impl Dnn {
             }
             _ => {}
         }
-        let legacy = self.plan_legacy(conv, x, w, y)?;
+        let legacy = self.plan_legacy(conv, x, w, y);
         // timed like the graph candidates (cuDNN's own figure comes from another method)
-        let wsb = self.planning_workspace()?;
-        let ws = wsb.view();
-        let legacy_ms = self.candidate_ms(|| self.conv_forward(&legacy, x, w, y, ws))?;
+        let legacy_ms = match &legacy {
+            Ok(l) => {
+                let wsb = self.planning_workspace()?;
+                let ws = wsb.view();
+                self.candidate_ms(|| self.conv_forward(l, x, w, y, ws))?
+            }
+            Err(_) => f64::INFINITY,
+        };
         let graph = if allow_graph && conv.dtype != DType::F64 {
             self.plan_graph(conv, x, w, None, None, false, y, None).ok()
         } else {
             None
         };
-        let choice = match graph {
-            Some(g) if g.ms < legacy_ms => ConvChoice::Graph(g),
-            _ => ConvChoice::Plain(legacy),
+        let choice = match (graph, legacy) {
+            (Some(g), _) if g.ms < legacy_ms => ConvChoice::Graph(g),
+            (_, Ok(legacy)) => ConvChoice::Plain(legacy),
+            (Some(g), Err(_)) => ConvChoice::Graph(g),
+            (None, Err(e)) => return Err(e),
         };
         self.remember(key, &choice);
         Ok(choice)
     }
 
     /// Chooses how `y = relu(conv(x, w) + bias [+ z])` runs: the legacy fused call or (when
-    /// `allow_graph`) a backend-API graph (for strict f32 only engines without tensor cores), whichever
+    /// `allow_graph` and the dtype runs on tensor cores) a backend-API graph (strict f32 stays
+    /// on the legacy fused call: see decision 43), whichever
     /// measured faster; measured once per convolution and kept on disk.
     ///
     /// With `split`, the bare convolution followed by that epilogue is a candidate too (not
@@ -137,7 +145,7 @@ impl Dnn {
             _ => {}
         }
         let legacy = self.plan_fused_legacy(conv, true, x, w, bias, z, y)?;
-        let graph = if allow_graph && conv.dtype != DType::F64 {
+        let graph = if allow_graph && conv.dtype.uses_tensor_cores() {
             self.plan_graph(conv, x, w, Some(bias), z, true, y, None)
                 .ok()
         } else {
