@@ -2,6 +2,8 @@
 //! the host and GPUs, the ceilings figures are placed against, and the workloads. Every result
 //! is a plain serde struct; the CLI only renders them.
 
+#![forbid(unsafe_code)]
+
 pub mod all;
 pub mod bandwidth;
 pub mod ceilings;

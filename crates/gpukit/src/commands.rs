@@ -7,7 +7,6 @@ use crate::cli::{
     MemoryArgs,
 };
 use crate::render::{self, Section};
-use crate::views;
 use anyhow::{Context, Result};
 use gpukit_bench::report::Document;
 use gpukit_bench::Error;
@@ -135,7 +134,7 @@ fn check(args: CheckArgs, out: &Output) -> Result<()> {
             quick: args.quick,
         },
     )?;
-    let head = views::check_head(&report);
+    let head = render::check_head(&report);
     let sections = render::check_sections(&report);
     emit(&gpukit_bench::check::document(report), out, head, sections)
 }
@@ -367,7 +366,7 @@ fn all(a: AllArgs, out: &Output) -> Result<()> {
     let report = run_all(&discovery, &opts, &mut step)?;
     let doc = document(report);
     let json = serde_json::to_vec_pretty(&doc).context("serializing the report")?;
-    let md = views::all_markdown(&doc);
+    let md = render::all_markdown(&doc);
     let written = gpukit_types::files::write_all_atomically(
         &a.out,
         &[("report.json", json), ("report.md", md.into_bytes())],

@@ -1,10 +1,11 @@
 //! The `gpukit` binary: parses the command line, runs a command from the bench crate and renders
 //! its result (tables on stdout, or one JSON document with `--json`). No measuring lives here.
 
+#![forbid(unsafe_code)]
+
 mod cli;
 mod commands;
 mod render;
-mod views;
 
 use clap::Parser;
 use std::process::ExitCode;

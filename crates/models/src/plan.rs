@@ -93,7 +93,7 @@ pub fn lower_bound(buffers: &[Lifetime]) -> usize {
 }
 
 /// An error naming two buffers that are live together and share bytes, if any.
-pub fn check(buffers: &[Lifetime], plan: &MemoryPlan) -> Result<(), String> {
+pub(crate) fn check(buffers: &[Lifetime], plan: &MemoryPlan) -> Result<(), String> {
     for i in 0..buffers.len() {
         let (a, oa) = (buffers[i], plan.offsets[i]);
         if oa + a.bytes > plan.total {

@@ -31,7 +31,10 @@ pub(super) fn engine_status(what: &str, e: &EngineError) -> RowStatus {
 
 /// Whether the GPU has the arithmetic for `p` (unknown capability: assume it does).
 fn supported(cc: Option<(u32, u32)>, d: DType) -> std::result::Result<(), String> {
-    cc.map_or(Ok(()), |cc| crate::matmul::gpu_supports(cc, d))
+    match cc.and_then(|cc| crate::matmul::gpu_lacks(cc, d)) {
+        Some(why) => Err(why),
+        None => Ok(()),
+    }
 }
 
 /// The (dtype, layout) whose eager logits are the GPU reference.

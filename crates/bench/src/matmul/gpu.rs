@@ -4,7 +4,7 @@
 
 use super::turns::{block_reps, peer_figure, TurnShape, Turns};
 use super::verify::{verify_square, HostPair};
-use super::{gpu_supports, MatmulOptions, MatmulRow};
+use super::{gpu_lacks, MatmulOptions, MatmulRow};
 use crate::check::GpuFacts;
 use crate::error::{Error, Result};
 use crate::harness::{device_samples, interleave, tflops, Clock, Plan};
@@ -73,7 +73,7 @@ pub(super) fn gpu_rows(
     let dtypes = opts.dtypes.clone().unwrap_or_else(|| DType::ALL.to_vec());
     let l2 = facts.l2_cache_bytes.unwrap_or(64 << 20) as usize;
     for &dtype in &dtypes {
-        if let Err(why) = gpu_supports(cc, dtype) {
+        if let Some(why) = gpu_lacks(cc, dtype) {
             for &n in &opts.sizes {
                 rows.push(MatmulRow::skipped(dev, dtype, n, why.clone()));
             }

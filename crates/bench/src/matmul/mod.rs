@@ -185,7 +185,7 @@ fn ms_from_env(name: &str, default: f64) -> f64 {
 }
 
 use crate::report::{judge_rows, Document};
-pub use crate::report::{PeerFigure, RowStatus, Verification};
+use crate::report::{PeerFigure, RowStatus, Verification};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MatmulRow {
@@ -283,18 +283,18 @@ pub fn tolerance(dtype: DType) -> f64 {
     }
 }
 
-/// Whether a GPU of this compute capability has the arithmetic for `d` (f16 on tensor cores
-/// from 7.0, bf16 and tf32 from 8.0).
-pub fn gpu_supports(cc: (u32, u32), d: DType) -> std::result::Result<(), String> {
+/// Why a GPU of this compute capability lacks the arithmetic for `d` (f16 from 5.3, bf16 and
+/// tf32 from 8.0), or None when it has it.
+pub fn gpu_lacks(cc: (u32, u32), d: DType) -> Option<String> {
     let need = match d {
         DType::F64 | DType::F32 => (0, 0),
         DType::F16 => (5, 3),
         DType::Tf32 | DType::Bf16 => (8, 0),
     };
     if cc >= need {
-        Ok(())
+        None
     } else {
-        Err(format!(
+        Some(format!(
             "{d} needs compute capability {}.{} or newer; this GPU is {}.{}",
             need.0, need.1, cc.0, cc.1
         ))

@@ -83,7 +83,8 @@ pub(super) struct Choices {
 }
 
 /// The selection policy's version, in the file name: choices made under another policy (other
-/// candidates) are not reused. 2: strict f32 also tries the backend's non-tensor-core engines.
+/// candidates) are not reused. 2: strict f32 also tries the backend's non-tensor-core engines,
+/// and NHWC the fallback list too.
 const POLICY: u32 = 2;
 
 /// `cudnn-choices-v<policy>-<gpu>-sm<cc>-cudnn<version>.json`, in characters safe for a file

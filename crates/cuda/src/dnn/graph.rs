@@ -103,13 +103,13 @@ const UID_Y: i64 = 5;
 const UID_CONV: i64 = 10;
 const UID_BIASED: i64 = 11;
 
-/// How many of the heuristic's engine configurations are finalized and timed (NCHW: more, as
-/// its fast engines rank lower).
-const GRAPH_TRIALS: usize = 8;
-const GRAPH_TRIALS_NCHW: usize = 16;
-/// NCHW also times this many of cuDNN's fallback engines (after the heuristic's list).
+/// How many of the heuristic's engine configurations are finalized and timed (both layouts:
+/// fast engines can rank low, and PyTorch's cudnn.benchmark times the heuristic's and the
+/// fallback lists too).
+const GRAPH_TRIALS: usize = 16;
+/// Then this many of cuDNN's fallback engines (after the heuristic's list).
 const GRAPH_FALLBACK_TRIALS: usize = 16;
-/// Strict f32 reads this many of each list, of which it times at most [`GRAPH_TRIALS_NCHW`]
+/// Strict f32 reads this many of each list, of which it times at most [`GRAPH_TRIALS`]
 /// engines without tensor cores.
 const STRICT_F32_LIST: usize = 64;
 
@@ -440,15 +440,15 @@ impl Dnn {
         let (mut configs, heur_a) = heuristic_configs(
             &graph,
             dn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A,
-            match layout {
-                _ if strict_f32 => STRICT_F32_LIST,
-                Layout::Nhwc => GRAPH_TRIALS,
-                Layout::Nchw => GRAPH_TRIALS_NCHW,
+            if strict_f32 {
+                STRICT_F32_LIST
+            } else {
+                GRAPH_TRIALS
             },
         )?;
         let count = configs.len();
         let mut heurs = vec![heur_a];
-        if layout == Layout::Nchw || strict_f32 {
+        {
             let (fallback, heur_f) = heuristic_configs(
                 &graph,
                 dn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_FALLBACK,
@@ -474,7 +474,7 @@ impl Dnn {
             if strict_f32 && !matches!(engine_facts(cfg), Ok((_, Some(false)))) {
                 continue;
             }
-            if strict_f32 && finalized >= GRAPH_TRIALS_NCHW {
+            if strict_f32 && finalized >= GRAPH_TRIALS {
                 break;
             }
             let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;

@@ -3,7 +3,7 @@
 
 use super::fmt::{grouped, mib, times};
 use super::{results_table, Columns, Section};
-use gpukit_bench::matmul::RowStatus;
+use gpukit_bench::report::RowStatus;
 
 /// "best at batch 32: fp16-nhwc-graph 12,345 img/s, 3.1x fp32 eager, 250x CPU f32".
 fn infer_best_line(b: &gpukit_bench::infer::InferRow) -> String {

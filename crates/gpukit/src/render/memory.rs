@@ -70,7 +70,7 @@ pub fn memory_sections(r: &gpukit_bench::memory::MemoryReport) -> Vec<Section> {
         .iter()
         .map(|x| {
             let status = match &x.status {
-                gpukit_bench::matmul::RowStatus::Ok => "ok".to_string(),
+                gpukit_bench::report::RowStatus::Ok => "ok".to_string(),
                 other => format!("{other:?}"),
             };
             vec![

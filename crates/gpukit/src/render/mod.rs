@@ -13,6 +13,7 @@ mod matmul;
 mod memory;
 #[cfg(test)]
 mod tests;
+mod views;
 
 pub use bandwidth::bandwidth_sections;
 pub use check::{check_headline, check_sections};
@@ -20,10 +21,11 @@ pub use conv::conv_sections;
 pub use infer::{infer_sections, input_run_section};
 pub use matmul::matmul_sections;
 pub use memory::memory_sections;
+pub use views::{all_markdown, check_head};
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, ContentArrangement, Table};
 use fmt::{f1, times};
-use gpukit_bench::matmul::{PeerFigure, RowStatus};
+use gpukit_bench::report::{PeerFigure, RowStatus};
 
 /// A titled table: with a header it is a grid, without one a list of key/value rows.
 pub struct Section {
@@ -191,7 +193,7 @@ fn ratio_cell(p: Option<&PeerFigure>) -> String {
     }
 }
 
-fn check_cell(v: Option<&gpukit_bench::matmul::Verification>) -> String {
+fn check_cell(v: Option<&gpukit_bench::report::Verification>) -> String {
     v.map(|v| format!("ok {:.0e}", v.rel_err))
         .unwrap_or_default()
 }

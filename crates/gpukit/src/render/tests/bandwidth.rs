@@ -5,7 +5,7 @@ use super::{assert_drawn, pytorch, timing};
 use crate::render::bandwidth_sections;
 use gpukit_bench::bandwidth::{BandwidthReport, BandwidthRow, CopyKind};
 use gpukit_bench::harness::Clock;
-use gpukit_bench::matmul::RowStatus;
+use gpukit_bench::report::RowStatus;
 
 /// A checked copy of `bytes` at `gbs`; callers add how it compares with the link or memory.
 fn copy(kind: CopyKind, bytes: usize, gbs: f64) -> BandwidthRow {

@@ -7,7 +7,7 @@ use gpukit_bench::harness::Clock;
 use gpukit_bench::infer::io::{InputRun, SavedLogits};
 use gpukit_bench::infer::peer::{BestFp16, PytorchComparison, PytorchRow};
 use gpukit_bench::infer::{Agreement, InferReport, InferRow, CPU_ROW, ORT_ROW};
-use gpukit_bench::matmul::RowStatus;
+use gpukit_bench::report::RowStatus;
 
 fn agreement(max_rel: f64) -> Agreement {
     Agreement {

@@ -3,7 +3,8 @@
 use super::{assert_drawn, h100, pytorch, timing, verified};
 use crate::render::matmul_sections;
 use gpukit_bench::harness::Clock;
-use gpukit_bench::matmul::{Init, MatmulReport, MatmulRow, RowStatus};
+use gpukit_bench::matmul::{Init, MatmulReport, MatmulRow};
+use gpukit_bench::report::RowStatus;
 use gpukit_tensor::{DType, Device};
 
 /// A row that produced a figure: `tflops` at `median` ms.

@@ -3,8 +3,8 @@
 
 use super::{assert_drawn, terminal};
 use crate::render::memory_sections;
-use gpukit_bench::matmul::RowStatus;
 use gpukit_bench::memory::{ContextCost, MaxBatch, MemoryReport, MemoryRow, PinnedHost};
+use gpukit_bench::report::RowStatus;
 
 fn row(batch: usize) -> MemoryRow {
     let per_image = (batch as u64) << 20;

@@ -13,7 +13,7 @@ use super::{draw_terminal, status_cell, to_markdown, Section};
 use gpukit_bench::ceilings::{PeakSource, Peaks};
 use gpukit_bench::check::GpuFacts;
 use gpukit_bench::harness::{Clock, Measurement};
-use gpukit_bench::matmul::{PeerFigure, RowStatus, Verification};
+use gpukit_bench::report::{PeerFigure, RowStatus, Verification};
 use gpukit_bench::stats::Summary;
 use gpukit_cuda::driver::DeviceAttributes;
 use gpukit_cuda::nvml::{GpuProcess, NvmlDevice};

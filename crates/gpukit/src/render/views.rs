@@ -1,7 +1,7 @@
 //! Views that draw a whole document: the lines above `check`'s tables, and `all`'s report.md
 //! (every command's sections, then the notes).
 
-use crate::render::{self, to_markdown};
+use super::{self as render, to_markdown};
 use gpukit_bench::all::AllReport;
 use gpukit_bench::check::CheckReport;
 use gpukit_bench::report::Document;
