@@ -232,14 +232,7 @@ pub fn run_bandwidth_with_pytorch(
     });
     let report = run_bandwidth_turns(discovery, opts, &mut turns, progress);
     let missed = turns.map(|t| t.missed).unwrap_or_default();
-    let line = match missed.first() {
-        None => version,
-        Some(first) => format!(
-            "{version}; no PyTorch figure for {} row(s), first: {first}",
-            missed.len()
-        ),
-    };
-    (report, Ok(line))
+    (report, Ok(crate::peer::outcome_line(version, &missed)))
 }
 
 /// The PyTorch reference taking turns, and the rows it gave no figure for.

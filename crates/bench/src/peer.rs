@@ -112,6 +112,18 @@ pub struct PeerServer {
     pub device_name: Option<String>,
 }
 
+/// What a run with PyTorch taking turns says about PyTorch: its version, and the rows it gave
+/// no figure for (how many, and the first one's reason).
+pub fn outcome_line(version: String, missed: &[String]) -> String {
+    match missed.first() {
+        None => version,
+        Some(first) => format!(
+            "{version}; no PyTorch figure for {} row(s), first: {first}",
+            missed.len()
+        ),
+    }
+}
+
 impl PeerServer {
     /// Starts `pytorch_reference.py serve --device DEVICE` and waits for its ready line.
     pub fn start(device: &str, threads: Option<usize>) -> Result<PeerServer> {

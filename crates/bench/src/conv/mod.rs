@@ -202,14 +202,10 @@ pub fn run_conv_with_pytorch(
         missed: Vec::new(),
     };
     let report = run(discovery, shapes, opts, Some(&mut turns), progress);
-    let line = match turns.missed.first() {
-        None => version,
-        Some(first) => format!(
-            "{version}; no PyTorch figure for {} row(s), first: {first}",
-            turns.missed.len()
-        ),
-    };
-    (report, Ok(line))
+    (
+        report,
+        Ok(crate::peer::outcome_line(version, &turns.missed)),
+    )
 }
 
 /// The GPU and its cuDNN, or why not.

@@ -369,14 +369,10 @@ pub fn run_matmul_with_pytorch(
         missed: Vec::new(),
     };
     let report = run_matmul_turns(discovery, opts, &mut turns, progress);
-    let line = match turns.missed.first() {
-        None => version,
-        Some(first) => format!(
-            "{version}; no PyTorch figure for {} row(s), first: {first}",
-            turns.missed.len()
-        ),
-    };
-    (report, Ok(line))
+    (
+        report,
+        Ok(crate::peer::outcome_line(version, &turns.missed)),
+    )
 }
 
 fn run_matmul_turns(
