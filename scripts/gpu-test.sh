@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine from the project root, over binaries staged by
 # ../shared/tools/stage-for-device.sh into .device/ (no Rust toolchain is needed there):
-#   bash scripts/gpu-test.sh [tests|bench|all]      (default: all)
+#   bash scripts/gpu-test.sh [tests|bench|sanitize|all]      (default: all)
 # tests: every test binary with GPUKIT_REQUIRE_GPU=1, check (against nvidia-smi), its start-up
-#        time, bad input; bench: bench matmul/bandwidth/conv beside PyTorch, then `gpukit all`.
+#        time, bad input; bench: bench matmul/bandwidth/conv beside PyTorch, then `gpukit all`;
+# sanitize (not part of all: slow): compute-sanitizer memcheck over every command's GPU rows at
+#        small sizes, racecheck and synccheck over the inference engine; any error fails.
 # Writes under $OUT (default ./gpu-run-out): summary.txt, the main outputs, and gpu-run.tar.gz
 # with everything; prints the summary last. LD_LIBRARY_PATH is removed for every gpukit
 # process: gpukit must find CUDA by itself.
@@ -123,6 +125,37 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   cp "$W/report/report.md" "$W/all-report.md" 2>/dev/null; cp "$W/report/report.json" "$W/all-report.json" 2>/dev/null
   rm -rf "$W/report"
   for f in matmul-gpu matmul-cpu bandwidth conv; do echo; cat "$W/$f.txt"; done | tee -a "$SUMMARY" >/dev/null
+fi
+
+if [ "$MODE" = sanitize ]; then
+  CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [ -z "$CS" ]; then
+    say "sanitize: compute-sanitizer not found (install the CUDA toolkit's compute-sanitizer)"; exit 1
+  fi
+  say "sanitize with $CS ($("$CS" --version | tail -1))"
+  bad=0
+  sanitize() { # tool, name, gpukit args...
+    local tool=$1 name=$2; shift 2
+    clean "$CS" --tool "$tool" --error-exitcode 99 --print-limit 20 "$BIN" "$@" >"$W/san-$tool-$name.txt" 2>&1
+    local rc=$?
+    local errors; errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$W/san-$tool-$name.txt" | tail -1)
+    say "sanitize $tool $name rc=$rc ${errors:-no summary}"
+    { [ $rc -eq 0 ] && [ "${errors:-ERROR SUMMARY: 0}" = "ERROR SUMMARY: 0" ]; } || bad=$((bad+1))
+  }
+  small="--device cuda:0"
+  sanitize memcheck matmul bench matmul $small --sizes 256,257 --iterations 2
+  sanitize memcheck bandwidth bench bandwidth --sizes 4096,1M --iterations 2
+  sanitize memcheck conv bench conv $small --batch 2 --iterations 2
+  for st in fp32 fp32-graph tf32 tf32-nhwc fp16 fp16-graph fp16-nhwc fp16-nhwc-graph bf16-nhwc bf16-nhwc-graph fp16-nhwc-graph-one-at-a-time; do
+    sanitize memcheck "infer-$st" infer $small --strategies "$st" --batch-sizes 1,2 --image-size 64 --gpu-iterations 2
+  done
+  sanitize memcheck memory memory --device cuda:0 --batch-sizes 2 --image-size 64
+  for tool in racecheck synccheck; do
+    for st in fp16-nhwc fp16-nhwc-graph fp32; do
+      sanitize "$tool" "infer-$st" infer $small --strategies "$st" --batch-sizes 2 --image-size 64 --gpu-iterations 1
+    done
+  done
+  say "== sanitizer runs with errors: $bad"
 fi
 
 tar -C "$W" -czf "$OUT/gpu-run.tar.gz" . && rm -rf "$W"

@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpukit-report}
-if [ -x target/release/gpukit ]; then bin=target/release/gpukit; else
-  cargo build --release --quiet; bin=target/release/gpukit; fi
+# the release binary, wherever cargo puts it (CARGO_TARGET_DIR included), built if missing
+target=${CARGO_TARGET_DIR:-target}
+bin=$target/release/gpukit
+[ -x "$bin" ] || cargo build --release --quiet --bin gpukit
 "$bin" all --out "$out"

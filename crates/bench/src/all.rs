@@ -192,22 +192,26 @@ pub fn run_all(
     )?;
     timed("check", &mut seconds, t);
     let gpu = check.available && opts.selection != DeviceSelection::One(Device::Cpu);
-    if !gpu {
-        let reason = match (&check.reason, check.available) {
-            (Some(r), _) => r.clone(),
-            (None, true) => "--device cpu".to_string(),
-            (None, false) => "no GPU can be used".to_string(),
-        };
+    // why the GPU rows are absent, said in every report that has them (not "not selected")
+    let no_gpu = (!gpu).then(|| match (&check.reason, check.available) {
+        (Some(r), _) => r.clone(),
+        (None, true) => "--device cpu".to_string(),
+        (None, false) => "no GPU can be used".to_string(),
+    });
+    if let Some(reason) = &no_gpu {
         skipped.push(Skipped {
             part: "GPU rows of bench matmul, bench conv and infer, bench bandwidth and memory"
                 .into(),
-            reason,
+            reason: reason.clone(),
         });
     }
 
     progress("[gpukit all] bench matmul");
     let t = Instant::now();
-    let matmul = run_matmul(discovery, &matmul_options(gpu, opts), progress);
+    let mut matmul = run_matmul(discovery, &matmul_options(gpu, opts), progress);
+    if matmul.gpu_unavailable.is_none() {
+        matmul.gpu_unavailable.clone_from(&no_gpu);
+    }
     timed("bench matmul", &mut seconds, t);
 
     let bandwidth = gpu.then(|| {
@@ -221,18 +225,25 @@ pub fn run_all(
     progress("[gpukit all] bench conv");
     let t = Instant::now();
     let copts = conv_options(gpu, opts);
-    let conv = run_conv(discovery, &resnet50_shapes(1), &copts, progress);
+    let mut conv = run_conv(discovery, &resnet50_shapes(1), &copts, progress);
+    if conv.gpu_unavailable.is_none() {
+        conv.gpu_unavailable.clone_from(&no_gpu);
+    }
     timed("bench conv", &mut seconds, t);
 
     progress("[gpukit all] infer");
     let t = Instant::now();
     let infer = match run_infer(discovery, &infer_options(gpu, opts), progress) {
-        Ok(r) => {
+        Ok(mut r) => {
+            if r.gpu_unavailable.is_none() {
+                r.gpu_unavailable.clone_from(&no_gpu);
+            }
             let gpu_skipped = r
                 .gpu_unavailable
                 .clone()
                 .or_else(|| gpu_rows_without_figure(&r));
-            if let Some(reason) = gpu_skipped {
+            // (without a GPU the general entry above says it already)
+            if let Some(reason) = gpu_skipped.filter(|_| no_gpu.is_none()) {
                 skipped.push(Skipped {
                     part: "infer's GPU rows".into(),
                     reason,

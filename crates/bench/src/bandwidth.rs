@@ -286,23 +286,13 @@ fn run_bandwidth_turns(
         progress(&format!("bandwidth {} bytes", bytes));
         let free = gpu.mem_info().map(|(f, _)| f as usize).unwrap_or(0);
         // source, pinned source and destination, pageable destination: four host copies
-        let host_free = crate::host::host_facts()
-            .memory_available_bytes
-            .unwrap_or(u64::MAX);
-        if (4 * bytes) as u64 > host_free {
+        if let Some(why) = crate::host::short_of_memory((bytes as u64).checked_mul(4)) {
             for kind in CopyKind::ALL {
-                report.rows.push(skipped(
-                    kind,
-                    bytes,
-                    format!(
-                        "needs {} bytes of host memory, {host_free} available",
-                        4 * bytes
-                    ),
-                ));
+                report.rows.push(skipped(kind, bytes, why.clone()));
             }
             continue;
         }
-        if 2 * bytes > free {
+        if bytes.saturating_mul(2) > free {
             for kind in CopyKind::ALL {
                 report.rows.push(skipped(
                     kind,

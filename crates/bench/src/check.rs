@@ -323,6 +323,55 @@ pub fn document(report: CheckReport) -> Document<CheckReport> {
     Document::new("check", report, None).with_notes(notes)
 }
 
+/// NVML's utilisation (percent, its last sample) above which a GPU counts as busy.
+const BUSY_PCT: u32 = 5;
+
+/// Why timings on GPU `ordinal` may not be trusted now, as a warning: other processes hold it,
+/// or it was busy when gpukit looked. None when neither, or when NVML cannot say.
+pub fn busy_gpu(discovery: &Discovery, ordinal: usize) -> Option<String> {
+    let d = driver::probe(discovery).ok()?;
+    let a = driver::device_attributes(ordinal, d.device_count).ok()?;
+    let nv = NvmlSession::open(discovery)
+        .and_then(|n| n.device(&a.uuid))
+        .ok()?;
+    busy_reason(&nv, std::process::id(), ordinal)
+}
+
+/// [`busy_gpu`]'s judgement of what NVML said, leaving out this process.
+fn busy_reason(nv: &NvmlDevice, own_pid: u32, ordinal: usize) -> Option<String> {
+    let others: Vec<String> = nv
+        .processes
+        .iter()
+        .filter(|p| p.pid != own_pid)
+        .map(|p| {
+            let name = if p.name.is_empty() { "?" } else { &p.name };
+            match p.used_memory_bytes {
+                Some(b) => format!("{name} (pid {}, {} MiB)", p.pid, b >> 20),
+                None => format!("{name} (pid {})", p.pid),
+            }
+        })
+        .collect();
+    let busy = nv.utilization_gpu_pct.filter(|u| *u > BUSY_PCT);
+    let mut why = Vec::new();
+    if !others.is_empty() {
+        why.push(format!(
+            "{} other process(es) on it: {}",
+            others.len(),
+            others.join(", ")
+        ));
+    }
+    if let Some(u) = busy {
+        why.push(format!("{u}% utilised before gpukit started"));
+    }
+    (!why.is_empty()).then(|| {
+        format!(
+            "warning: cuda:{ordinal} is not idle ({}): its figures here may be lower and noisier \
+             than the GPU can give",
+            why.join("; ")
+        )
+    })
+}
+
 /// Facts (and peaks) of one CUDA device, for benchmarks to place their figures against.
 pub fn describe_gpu(discovery: &Discovery, ordinal: usize) -> Result<GpuFacts> {
     let d = driver::probe(discovery).map_err(gpukit_cuda::Error::from)?;
@@ -454,4 +503,37 @@ fn library_rows(discovery: &Discovery, ask_versions: bool) -> Vec<LibraryRow> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpukit_cuda::nvml::GpuProcess;
+
+    #[test]
+    fn a_gpu_with_other_processes_or_load_is_not_idle_and_ours_does_not_count() {
+        let process = |pid, name: &str| GpuProcess {
+            pid,
+            name: name.into(),
+            used_memory_bytes: Some(3 << 30),
+        };
+        let mut nv = NvmlDevice {
+            utilization_gpu_pct: Some(0),
+            processes: vec![process(42, "gpukit")],
+            ..NvmlDevice::default()
+        };
+        assert_eq!(busy_reason(&nv, 42, 0), None);
+        nv.processes.push(process(7, "python3"));
+        let w = busy_reason(&nv, 42, 1).unwrap();
+        assert!(w.starts_with("warning: cuda:1 is not idle"), "{w}");
+        assert!(
+            w.contains("1 other process(es) on it: python3 (pid 7, 3072 MiB)"),
+            "{w}"
+        );
+        nv.processes.truncate(1);
+        nv.utilization_gpu_pct = Some(5);
+        assert_eq!(busy_reason(&nv, 42, 0), None);
+        nv.utilization_gpu_pct = Some(63);
+        assert!(busy_reason(&nv, 42, 0).unwrap().contains("63% utilised"));
+    }
 }

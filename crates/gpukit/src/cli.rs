@@ -43,18 +43,41 @@ fn parse_model(s: &str) -> Result<gpukit_models::ResNet, String> {
         .map_err(|e: gpukit_models::UnknownModel| e.to_string())
 }
 
+/// The largest batch size accepted on the command line.
+const MAX_BATCH: usize = 1 << 24;
+
+/// The largest image side accepted on the command line (memory decides what runs).
+const MAX_IMAGE: usize = 1 << 16;
+
+/// Parses a square image size: at least 32 (ResNet's five halvings need it).
+fn parse_image_size(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n < 32 => Err(format!(
+            "an image size of {n} is too small: ResNet needs at least 32"
+        )),
+        Ok(n) if n > MAX_IMAGE => Err(format!(
+            "an image size of {n} is beyond any machine (at most {MAX_IMAGE})"
+        )),
+        Ok(n) => Ok(n),
+        Err(_) => Err("not an image size (a whole number of pixels, e.g. 224)".to_string()),
+    }
+}
+
 fn parse_batch(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(0) => Err("a batch size must be at least 1".into()),
-        Ok(n) if n > 4096 => Err(format!("batch size {n} is too large (at most 4096)")),
-        Ok(n) => Ok(n),
-        Err(_) => Err(format!(
-            "'{s}' is not a batch size (a whole number, e.g. 32)"
+        // what fits is decided by the machine's memory when the run starts; this bound only
+        // keeps every byte count far from overflowing
+        Ok(n) if n > MAX_BATCH => Err(format!(
+            "batch size {n} is beyond any machine (at most {MAX_BATCH})"
         )),
+        Ok(n) => Ok(n),
+        Err(_) => Err("not a batch size (a whole number, e.g. 32)".to_string()),
     }
 }
 
 #[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
 pub struct InferArgs {
     /// resnet18, resnet34, resnet50, resnet101 or resnet152.
     #[arg(long, default_value = "resnet50", value_parser = parse_model)]
@@ -69,7 +92,7 @@ pub struct InferArgs {
     pub weights: Option<PathBuf>,
 
     /// Square input size.
-    #[arg(long, default_value = "224", value_parser = parse_iterations)]
+    #[arg(long, default_value = "224", value_parser = parse_image_size)]
     pub image_size: usize,
 
     /// Timed repetitions per CPU row (fewer if a row would pass 10 s).
@@ -98,8 +121,13 @@ pub struct InferArgs {
     pub compare_pytorch: bool,
 
     /// Instead of timing: run the batch in FILE (safetensors, tensor "input", f32
-    /// [n,3,h,w]) through every strategy once and compare the logits with the CPU's.
-    #[arg(long, value_name = "FILE")]
+    /// [n,3,h,w]) through every strategy once and judge the logits against the CPU's (a
+    /// strategy over its tolerance fails the run). The batch and image size are the file's.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = ["batch_sizes", "image_size", "iterations", "gpu_iterations", "compare_pytorch"]
+    )]
     pub input: Option<PathBuf>,
 
     /// With --input: write the logits there (safetensors: "logits" from the CPU f32 path,
@@ -124,6 +152,7 @@ pub enum BenchCommand {
 }
 
 #[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
 pub struct ConvArgs {
     /// Batch sizes: every shape runs at each.
     #[arg(
@@ -171,7 +200,7 @@ fn parse_size(t: &str) -> Result<usize, String> {
     let t = t.trim();
     let n: usize = t
         .parse()
-        .map_err(|_| format!("'{t}' is not a matrix size (a whole number, e.g. 4096)"))?;
+        .map_err(|_| "not a matrix size (a whole number, e.g. 4096)".to_string())?;
     if n == 0 {
         return Err("a matrix size must be at least 1".to_string());
     }
@@ -195,13 +224,14 @@ pub fn parse_byte_size(t: &str) -> Result<usize, String> {
     };
     let n: usize = num
         .parse()
-        .map_err(|_| format!("'{t}' is not a size in bytes (e.g. 4096, 64K, 16M, 1G)"))?;
+        .map_err(|_| "not a size in bytes (e.g. 4096, 64K, 16M, 1G)".to_string())?;
     n.checked_mul(mult)
         .filter(|&b| b > 0 && b <= 64 << 30)
-        .ok_or_else(|| format!("'{t}' is out of range: sizes go from 1 byte to 64G"))
+        .ok_or_else(|| "out of range: sizes go from 1 byte to 64G".to_string())
 }
 
 #[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
 pub struct MemoryArgs {
     /// resnet18, resnet34, resnet50, resnet101 or resnet152.
     #[arg(long, default_value = "resnet50", value_parser = parse_model)]
@@ -238,7 +268,7 @@ pub struct MemoryArgs {
     pub max_workspace: Option<usize>,
 
     /// Square input size.
-    #[arg(long, default_value = "224", value_parser = parse_iterations)]
+    #[arg(long, default_value = "224", value_parser = parse_image_size)]
     pub image_size: usize,
 
     /// A torchvision state_dict saved as safetensors [default: seeded initialisation].
@@ -254,14 +284,14 @@ fn parse_precision(s: &str) -> Result<DType, String> {
     gpukit_models::gpu::ENGINE_DTYPES
         .into_iter()
         .find(|p| p.precision_name() == s.trim().to_ascii_lowercase())
-        .ok_or_else(|| format!("unknown precision '{s}' (fp32, tf32, fp16 or bf16)"))
+        .ok_or_else(|| "unknown precision (fp32, tf32, fp16 or bf16)".to_string())
 }
 
 fn parse_fraction(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
         Ok(f) => Err(format!("{f} is not a fraction above 0 and at most 1")),
-        Err(_) => Err(format!("'{s}' is not a number (a fraction such as 0.5)")),
+        Err(_) => Err("not a number (a fraction such as 0.5)".to_string()),
     }
 }
 
@@ -271,7 +301,7 @@ fn parse_workspace_mib(s: &str) -> Result<usize, String> {
         Ok(n) => Err(format!(
             "{n} MiB is over the 256 MiB the algorithm search may use"
         )),
-        Err(_) => Err(format!("'{s}' is not a number of MiB (0 to 256)")),
+        Err(_) => Err("not a number of MiB (0 to 256)".to_string()),
     }
 }
 
@@ -279,7 +309,7 @@ fn parse_turns(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if (1..=100).contains(&n) => Ok(n),
         Ok(_) => Err("turns must be between 1 and 100".into()),
-        Err(_) => Err(format!("'{s}' is not a number of turns")),
+        Err(_) => Err("not a number of turns".to_string()),
     }
 }
 
@@ -287,7 +317,7 @@ fn parse_lt_candidates(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if n <= 64 => Ok(n),
         Ok(_) => Err("at most 64 cuBLASLt candidates".into()),
-        Err(_) => Err(format!("'{s}' is not a number of candidates")),
+        Err(_) => Err("not a number of candidates".to_string()),
     }
 }
 
@@ -295,11 +325,12 @@ fn parse_iterations(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(0) => Err("iterations must be at least 1".into()),
         Ok(n) => Ok(n),
-        Err(_) => Err(format!("'{s}' is not a number of iterations")),
+        Err(_) => Err("not a number of iterations".to_string()),
     }
 }
 
 #[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
 pub struct MatmulArgs {
     /// One square size (the seed script's flag); same as --sizes N.
     #[arg(long, value_name = "N", value_parser = parse_size, conflicts_with = "sizes")]
@@ -346,6 +377,7 @@ pub struct MatmulArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
 pub struct BandwidthArgs {
     /// Copy sizes [default: 4K,64K,1M,16M,256M,1G].
     #[arg(long, value_name = "SIZE,...", value_delimiter = ',', value_parser = parse_byte_size)]
@@ -404,9 +436,29 @@ mod tests {
     fn sizes_parse_and_reject_nonsense() {
         assert_eq!(parse_size(" 1023"), Ok(1023));
         assert!(parse_size("0").unwrap_err().contains("at least 1"));
-        assert!(parse_size("-5").unwrap_err().contains("'-5'"));
-        assert!(parse_size("abc").unwrap_err().contains("'abc'"));
+        // clap quotes the value itself; the reason says what a size is
+        assert!(parse_size("-5").unwrap_err().contains("not a matrix size"));
+        assert!(parse_size("abc").unwrap_err().contains("not a matrix size"));
         assert!(parse_size("1000000").unwrap_err().contains("too large"));
+    }
+
+    #[test]
+    fn batch_and_image_sizes_name_their_bounds() {
+        assert_eq!(parse_batch("14474"), Ok(14474));
+        assert!(parse_batch("0").unwrap_err().contains("at least 1"));
+        assert!(parse_batch("99999999999")
+            .unwrap_err()
+            .contains("beyond any machine"));
+        assert!(parse_batch("x").unwrap_err().contains("not a batch size"));
+        assert_eq!(parse_image_size("224"), Ok(224));
+        assert!(parse_image_size("0").unwrap_err().contains("at least 32"));
+        assert!(parse_image_size("31").unwrap_err().contains("at least 32"));
+        assert!(parse_image_size("100000")
+            .unwrap_err()
+            .contains("beyond any machine"));
+        assert!(parse_image_size("big")
+            .unwrap_err()
+            .contains("not an image size"));
     }
 
     #[test]
@@ -425,7 +477,9 @@ mod tests {
     fn turns_and_candidates_are_bounded() {
         assert!(parse_turns("0").is_err());
         assert!(parse_turns("101").is_err());
-        assert!(parse_turns("x").unwrap_err().contains("'x'"));
+        assert!(parse_turns("x")
+            .unwrap_err()
+            .contains("not a number of turns"));
         assert_eq!(parse_turns("5"), Ok(5));
         assert_eq!(parse_lt_candidates("0"), Ok(0));
         assert!(parse_lt_candidates("65").is_err());

@@ -49,13 +49,40 @@ fn check_destination_file(path: &Path, flag: &str) -> Result<()> {
 }
 
 /// Progress lines on stderr, only when a person is watching.
+/// What is running, for long commands: on a terminal a spinner line (elapsed time, rows done,
+/// the current row) cleared before the results print; otherwise one line per row on stderr, so
+/// logs show progress too.
 fn progress() -> impl FnMut(&str) {
     use std::io::IsTerminal;
-    let show = std::io::stderr().is_terminal();
-    move |line: &str| {
-        if show {
-            eprintln!("  {line}");
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new_spinner();
+        if let Ok(style) =
+            indicatif::ProgressStyle::with_template("{spinner} {elapsed:>4} {pos:>3} done  {msg}")
+        {
+            bar.set_style(style);
         }
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
+        ClearOnDrop(bar)
+    });
+    let mut started = false;
+    move |line: &str| match &bar {
+        Some(ClearOnDrop(b)) => {
+            if started {
+                b.inc(1);
+            }
+            started = true;
+            b.set_message(line.to_string());
+        }
+        None => eprintln!("  {line}"),
+    }
+}
+
+/// A progress bar that leaves no line behind when its command is done.
+struct ClearOnDrop(indicatif::ProgressBar);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
     }
 }
 
@@ -81,6 +108,19 @@ fn check_named_gpu(discovery: &Discovery, selection: DeviceSelection) -> Result<
         }
     }
     Ok(())
+}
+
+/// A warning for the document when the GPU that `selection` times is not idle (other
+/// processes on it, or busy): its figures could not be the GPU's best.
+fn busy_notes(discovery: &Discovery, selection: DeviceSelection) -> Vec<String> {
+    let ordinal = match selection {
+        DeviceSelection::One(Device::Cuda(n)) => n,
+        DeviceSelection::All => 0,
+        DeviceSelection::One(Device::Cpu) => return Vec::new(),
+    };
+    gpukit_bench::check::busy_gpu(discovery, ordinal)
+        .into_iter()
+        .collect()
 }
 
 /// Writes the document where `--save-json` asked, prints it (`--json`) or its heading lines,
@@ -147,16 +187,22 @@ fn bench_matmul(a: MatmulArgs, out: &Output) -> Result<()> {
         return Err(Error::BadInput("--cpu-seconds must be a positive number".into()).into());
     }
     let mut opts = MatmulOptions::default();
-    if let Some(s) = a.matrix_size.map(|n| vec![n]).or(a.sizes.clone()) {
+    if let Some(s) = a
+        .matrix_size
+        .map(|n| vec![n])
+        .or(a.sizes.clone())
+        .map(dedup)
+    {
         opts.sizes = s;
     }
-    opts.dtypes = a.dtype.clone();
+    opts.dtypes = a.dtype.clone().map(dedup);
     opts.selection = a.device;
     opts.iterations = a.iterations;
     opts.cpu_budget_s = a.cpu_seconds;
     opts.init = a.init;
     opts.lt_candidates = a.lt_candidates;
     opts.rounds = a.turns;
+    let busy = busy_notes(&discovery, a.device);
     let (report, peer) = if a.compare_pytorch {
         let (r, p) = run_matmul_with_pytorch(&discovery, &opts, &mut progress());
         (r, Some(p))
@@ -164,7 +210,8 @@ fn bench_matmul(a: MatmulArgs, out: &Output) -> Result<()> {
         (run_matmul(&discovery, &opts, &mut progress()), None)
     };
     let sections = render::matmul_sections(&report);
-    emit(&document(report, peer.as_ref()), out, Vec::new(), sections)
+    let doc = document(report, peer.as_ref()).with_notes(busy);
+    emit(&doc, out, Vec::new(), sections)
 }
 
 fn bench_bandwidth(a: BandwidthArgs, out: &Output) -> Result<()> {
@@ -186,8 +233,9 @@ fn bench_bandwidth(a: BandwidthArgs, out: &Output) -> Result<()> {
         ..Default::default()
     };
     if let Some(s) = a.sizes {
-        opts.sizes_bytes = s;
+        opts.sizes_bytes = dedup(s);
     }
+    let busy = busy_notes(&discovery, DeviceSelection::One(a.device));
     let (report, peer) = if a.compare_pytorch {
         let (r, p) = run_bandwidth_with_pytorch(&discovery, &opts, &mut progress());
         (r, Some(p))
@@ -198,7 +246,8 @@ fn bench_bandwidth(a: BandwidthArgs, out: &Output) -> Result<()> {
         return Err(Error::Unavailable(format!("bench bandwidth needs a GPU: {why}")).into());
     }
     let sections = render::bandwidth_sections(&report);
-    emit(&document(report, peer.as_ref()), out, Vec::new(), sections)
+    let doc = document(report, peer.as_ref()).with_notes(busy);
+    emit(&doc, out, Vec::new(), sections)
 }
 
 fn bench_conv(a: ConvArgs, out: &Output) -> Result<()> {
@@ -225,6 +274,7 @@ fn bench_conv(a: ConvArgs, out: &Output) -> Result<()> {
         ..Default::default()
     };
     let shapes = resnet50_shapes(1);
+    let busy = busy_notes(&discovery, a.device);
     let (report, peer) = if a.compare_pytorch {
         let (r, p) = run_conv_with_pytorch(&discovery, &shapes, &opts, &mut progress());
         (r, Some(p))
@@ -232,7 +282,8 @@ fn bench_conv(a: ConvArgs, out: &Output) -> Result<()> {
         (run_conv(&discovery, &shapes, &opts, &mut progress()), None)
     };
     let sections = render::conv_sections(&report);
-    emit(&document(report, peer.as_ref()), out, Vec::new(), sections)
+    let doc = document(report, peer.as_ref()).with_notes(busy);
+    emit(&doc, out, Vec::new(), sections)
 }
 
 /// The items in the order given, each once (`--dtype f16,f16` runs f16 once).
@@ -267,7 +318,7 @@ fn memory(a: MemoryArgs, out: &Output) -> Result<()> {
     };
     let opts = MemoryOptions {
         model: a.model_name,
-        batch_sizes: a.batch_sizes.clone(),
+        batch_sizes: dedup(a.batch_sizes.clone()),
         dtype: a.precision,
         layout,
         image_size: a.image_size,
@@ -278,9 +329,15 @@ fn memory(a: MemoryArgs, out: &Output) -> Result<()> {
         find_max_batch: a.find_max_batch,
         max_workspace_bytes: a.max_workspace.map(|m| m << 20),
     };
+    let busy = busy_notes(&discovery, DeviceSelection::One(a.device));
     let report = run_memory(&discovery, &opts, &mut progress())?;
     let sections = render::memory_sections(&report);
-    emit(&document(report), out, Vec::new(), sections)
+    emit(
+        &document(report).with_notes(busy),
+        out,
+        Vec::new(),
+        sections,
+    )
 }
 
 fn infer(a: InferArgs, out: &Output) -> Result<()> {
@@ -303,7 +360,7 @@ fn infer(a: InferArgs, out: &Output) -> Result<()> {
     }
     let opts = InferOptions {
         model: a.model_name,
-        batch_sizes: a.batch_sizes.clone(),
+        batch_sizes: dedup(a.batch_sizes.clone()),
         iterations: a.iterations,
         weights: a.weights.clone(),
         image_size: a.image_size,
@@ -329,6 +386,11 @@ fn infer(a: InferArgs, out: &Output) -> Result<()> {
             sections,
         );
     }
+    let busy = if wants_gpu {
+        busy_notes(&discovery, a.device)
+    } else {
+        Vec::new()
+    };
     let mut report = run_infer(&discovery, &opts, &mut progress())?;
     if let Some(e) = unusable(&report, a.device) {
         return Err(e.into());
@@ -337,7 +399,8 @@ fn infer(a: InferArgs, out: &Output) -> Result<()> {
         .compare_pytorch
         .then(|| compare_with_pytorch(&mut report, &opts));
     let sections = render::infer_sections(&report);
-    emit(&document(report, peer.as_ref()), out, Vec::new(), sections)
+    let doc = document(report, peer.as_ref()).with_notes(busy);
+    emit(&doc, out, Vec::new(), sections)
 }
 
 fn all(a: AllArgs, out: &Output) -> Result<()> {
@@ -355,16 +418,9 @@ fn all(a: AllArgs, out: &Output) -> Result<()> {
             .map(|s| s.to_string_lossy().into_owned())
             .collect(),
     };
-    let mut show = progress();
-    let mut step = |line: &str| {
-        if line.starts_with("[gpukit all]") {
-            eprintln!("{line}");
-        } else {
-            show(line);
-        }
-    };
-    let report = run_all(&discovery, &opts, &mut step)?;
-    let doc = document(report);
+    let busy = busy_notes(&discovery, a.device);
+    let report = run_all(&discovery, &opts, &mut progress())?;
+    let doc = document(report).with_notes(busy);
     let json = serde_json::to_vec_pretty(&doc).context("serializing the report")?;
     let md = render::all_markdown(&doc);
     let written = gpukit_types::files::write_all_atomically(

@@ -14,6 +14,11 @@ fn main() -> ExitCode {
     gpukit_cuda::trace::mark_process_start();
     let args = match cli::Cli::try_parse() {
         Ok(a) => a,
+        Err(e) if e.kind() == clap::error::ErrorKind::InvalidUtf8 => {
+            // clap does not say which value; gpukit does
+            eprintln!("error: {}", not_utf8(std::env::args_os()));
+            return ExitCode::from(2);
+        }
         Err(e) => {
             // clap prints help/version on stdout (exit 0) and usage errors on stderr (exit 2)
             let _ = e.print();
@@ -32,6 +37,24 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::from(exit_code(&e))
         }
+    }
+}
+
+/// Which argument is not UTF-8, and the flag it belongs to: "the value of --dtype is not valid
+/// UTF-8 ('f\u{fffd}16')". Paths may be any bytes; names, numbers and dtypes may not.
+fn not_utf8(args: impl Iterator<Item = std::ffi::OsString>) -> String {
+    let args: Vec<std::ffi::OsString> = args.collect();
+    let Some(at) = args.iter().position(|a| a.to_str().is_none()) else {
+        return "an argument is not valid UTF-8".to_string();
+    };
+    let shown = gpukit_types::shown(&args[at].to_string_lossy());
+    match args[..at]
+        .last()
+        .and_then(|f| f.to_str())
+        .filter(|f| f.starts_with("--"))
+    {
+        Some(flag) => format!("the value of {flag} is not valid UTF-8 ('{shown}')"),
+        None => format!("argument '{shown}' is not valid UTF-8"),
     }
 }
 
@@ -62,4 +85,24 @@ fn exit_code(e: &anyhow::Error) -> u8 {
         bench.or_else(models).or_else(tensor).or_else(cuda)
     });
     kind.unwrap_or(ErrorKind::Failed).exit_code()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+
+    #[test]
+    fn the_value_that_is_not_utf8_is_named_with_its_flag() {
+        let bad = OsString::from_vec(vec![b'f', 0xff, b'1', b'6']);
+        let args = ["gpukit", "bench", "matmul", "--dtype"].map(OsString::from);
+        let mut v: Vec<OsString> = args.to_vec();
+        v.push(bad.clone());
+        assert_eq!(
+            super::not_utf8(v.into_iter()),
+            "the value of --dtype is not valid UTF-8 ('f\u{fffd}16')"
+        );
+        let v = vec![OsString::from("gpukit"), bad];
+        assert!(super::not_utf8(v.into_iter()).starts_with("argument 'f"));
+    }
 }

@@ -14,6 +14,10 @@ use gpukit_tensor::cpu::{
 use gpukit_tensor::{ConvShape, DType, Device, Tensor};
 use std::sync::OnceLock;
 
+mod peaks;
+use peaks::block_name;
+pub use peaks::Peaks;
+
 /// torchvision's BatchNorm2d epsilon.
 pub const BN_EPS: f32 = 1e-5;
 
@@ -401,8 +405,41 @@ impl FoldedResNet {
         // the stem's output, the largest activation
         let per_image = h.div_ceil(2) * w.div_ceil(2) * 64 * 4;
         let pass = (FRONT_PASS_BYTES / per_image).max(1);
-        let logits = self.forward_in_passes(&input.f32_values()?, (n, h, w), pass, ws);
+        let logits = self.forward_in_passes(&input.f32_values()?, (n, h, w), pass, ws, None);
         Ok(Tensor::from_f32(&[n, self.num_classes], logits)?)
+    }
+
+    /// About how much host memory a CPU forward pass of `n` images of `h x w` needs: the input
+    /// twice (NCHW and NHWC) and four activations of the largest layer's size (the workspace's
+    /// buffers). None when the count overflows.
+    pub fn cpu_forward_bytes(&self, n: usize, h: usize, w: usize) -> Option<u64> {
+        let side = h.max(w);
+        let largest = self
+            .model
+            .convolutions(side)
+            .iter()
+            .map(|(_, c)| {
+                (c.k as u64)
+                    .checked_mul(c.out_h() as u64)?
+                    .checked_mul(c.out_w() as u64)
+            })
+            .try_fold(0u64, |m, x| Some(m.max(x?)))?;
+        let input = 3u64.checked_mul(h as u64)?.checked_mul(w as u64)?;
+        let per_image = input.checked_mul(2)?.checked_add(largest.checked_mul(4)?)?;
+        per_image.checked_mul(n as u64)?.checked_mul(4)
+    }
+
+    /// As [`FoldedResNet::forward_cpu`], also recording each layer's largest output magnitude
+    /// (one more pass over every activation): where a half-precision run's values overflowed.
+    pub fn forward_cpu_probed(&self, input: &Tensor) -> Result<(Tensor, Peaks)> {
+        let (n, h, w) = check_images(input)?;
+        let per_image = h.div_ceil(2) * w.div_ceil(2) * 64 * 4;
+        let pass = (FRONT_PASS_BYTES / per_image).max(1);
+        let mut peaks = Peaks::default();
+        let values = input.f32_values()?;
+        let ws = &mut Workspace::default();
+        let logits = self.forward_in_passes(&values, (n, h, w), pass, ws, Some(&mut peaks));
+        Ok((Tensor::from_f32(&[n, self.num_classes], logits)?, peaks))
     }
 
     /// `forward_cpu_with` on checked arguments, the first two stages `pass` images at a time
@@ -413,17 +450,26 @@ impl FoldedResNet {
         (n, h, w): (usize, usize, usize),
         pass: usize,
         ws: &mut Workspace,
+        mut probe: Option<&mut Peaks>,
     ) -> Vec<f32> {
         let pack = self.cpu_pack.0.get_or_init(|| PackedNet::new(self));
         let split = self.model.blocks().iter().take(2).sum::<usize>();
         let split = split.min(self.blocks.len());
         let pass = pass.max(1);
         let x = if pass >= n {
-            self.front(pack, input, (n, h, w), split, ws)
+            self.front(pack, input, (n, h, w), split, ws, probe.as_deref_mut())
         } else {
             let mut whole: Option<Act> = None;
             for (i, images) in input.chunks(pass * 3 * h * w).enumerate() {
-                let part = self.front(pack, images, (images.len() / (3 * h * w), h, w), split, ws);
+                let images_n = images.len() / (3 * h * w);
+                let part = self.front(
+                    pack,
+                    images,
+                    (images_n, h, w),
+                    split,
+                    ws,
+                    probe.as_deref_mut(),
+                );
                 let at = i * pass * part.h * part.w * part.c;
                 let whole = whole.get_or_insert_with(|| Act {
                     n,
@@ -442,9 +488,12 @@ impl FoldedResNet {
             }
             whole.expect("n > pass >= 1, so at least one pass")
         };
-        let x = self.run_blocks(pack, x, split.., ws);
+        let x = self.run_blocks(pack, x, (split, split..), ws, probe.as_deref_mut());
         let mut logits = vec![0f32; n * self.num_classes];
         self.head(pack, x, ws, &mut logits);
+        if let Some(p) = probe {
+            p.record("fc", &logits);
+        }
         logits
     }
 
@@ -456,6 +505,7 @@ impl FoldedResNet {
         (n, h, w): (usize, usize, usize),
         split: usize,
         ws: &mut Workspace,
+        mut probe: Option<&mut Peaks>,
     ) -> Act {
         // NCHW -> NHWC, by image rows
         let mut data = ws.take(n * 3 * h * w);
@@ -476,30 +526,45 @@ impl FoldedResNet {
             data,
         };
         let stem = self.stem.apply(&pack.stem, &input, None, true, ws);
+        if let Some(p) = probe.as_deref_mut() {
+            p.record("conv1", &stem.data);
+        }
         ws.give(input.data);
         let x = max_pool(&stem, ws);
         ws.give(stem.data);
-        self.run_blocks(pack, x, ..split, ws)
+        self.run_blocks(pack, x, (0, ..split), ws, probe)
     }
 
-    /// Residual blocks `range` on `x`.
+    /// Residual blocks `range` (the first being block `first` of the network) on `x`; with
+    /// `probe`, each convolution's output is recorded under its torchvision name.
     fn run_blocks(
         &self,
         pack: &PackedNet,
         mut x: Act,
-        range: impl std::slice::SliceIndex<[FoldedBlock], Output = [FoldedBlock]>
-            + std::slice::SliceIndex<[PackedBlock], Output = [PackedBlock]>
-            + Clone,
+        (first, range): (
+            usize,
+            impl std::slice::SliceIndex<[FoldedBlock], Output = [FoldedBlock]>
+                + std::slice::SliceIndex<[PackedBlock], Output = [PackedBlock]>
+                + Clone,
+        ),
         ws: &mut Workspace,
+        mut probe: Option<&mut Peaks>,
     ) -> Act {
-        for (block, (convs, downsample)) in
-            self.blocks[range.clone()].iter().zip(&pack.blocks[range])
+        let stages = self.model.blocks();
+        for (index, (block, (convs, downsample))) in self.blocks[range.clone()]
+            .iter()
+            .zip(&pack.blocks[range])
+            .enumerate()
         {
+            let name = || block_name(&stages, first + index);
             let mut projected = block
                 .downsample
                 .as_ref()
                 .zip(downsample.as_ref())
                 .map(|(d, p)| d.apply(p, &x, None, false, ws));
+            if let (Some(p), Some(d)) = (probe.as_deref_mut(), &projected) {
+                p.record(&format!("{}.downsample.0", name()), &d.data);
+            }
             let count = block.convs.len();
             let mut y: Option<Act> = None;
             for (i, (conv, packed)) in block.convs.iter().zip(convs).enumerate() {
@@ -526,6 +591,9 @@ impl FoldedResNet {
                         out
                     }
                 };
+                if let Some(p) = probe.as_deref_mut() {
+                    p.record(&format!("{}.conv{}", name(), i + 1), &out.data);
+                }
                 y = Some(out);
             }
             if let Some(p) = projected {

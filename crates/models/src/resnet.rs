@@ -39,7 +39,7 @@ impl FromStr for ResNet {
             "resnet101" => Ok(ResNet::R101),
             "resnet152" => Ok(ResNet::R152),
             _ => Err(UnknownModel {
-                given: s.to_string(),
+                given: gpukit_types::shown(s),
             }),
         }
     }

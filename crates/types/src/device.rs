@@ -34,7 +34,7 @@ impl FromStr for Device {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let t = s.trim().to_ascii_lowercase();
         let err = || ParseDeviceError {
-            given: s.to_string(),
+            given: crate::shown(s),
         };
         match t.as_str() {
             "cpu" => Ok(Device::Cpu),

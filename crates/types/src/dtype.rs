@@ -101,7 +101,7 @@ impl FromStr for DType {
             "f16" | "fp16" | "float16" | "half" => Ok(DType::F16),
             "bf16" | "bfloat16" => Ok(DType::Bf16),
             _ => Err(ParseDTypeError {
-                given: s.to_string(),
+                given: crate::shown(s),
             }),
         }
     }

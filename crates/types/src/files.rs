@@ -14,6 +14,15 @@ fn parent_of(path: &Path) -> &Path {
     }
 }
 
+/// What the OS said, without the path tempfile adds ("Permission denied (os error 13)").
+fn os_reason(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.find(" at path ") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
+}
+
 /// A temporary file beside `path`, holding `bytes`, synced to disk (removed when dropped
 /// unpersisted).
 fn staged(path: &Path, bytes: &[u8]) -> std::io::Result<tempfile::NamedTempFile> {
@@ -23,10 +32,34 @@ fn staged(path: &Path, bytes: &[u8]) -> std::io::Result<tempfile::NamedTempFile>
             format!("{} does not name a file", path.display()),
         )
     })?;
+    let dir = parent_of(path);
+    if !dir.exists() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("the directory {} does not exist", dir.display()),
+        ));
+    }
+    if !dir.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotADirectory,
+            format!("{} is not a directory", dir.display()),
+        ));
+    }
     let mut tmp = tempfile::Builder::new()
         .prefix(&format!(".{}.", name.to_string_lossy()))
         .suffix(".tmp")
-        .tempfile_in(parent_of(path))?;
+        .tempfile_in(dir)
+        .map_err(|e| {
+            // tempfile names its random file; the user named the directory
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot create a file in {}: {}",
+                    dir.display(),
+                    os_reason(&e)
+                ),
+            )
+        })?;
     tmp.write_all(bytes)?;
     tmp.as_file().sync_all()?;
     Ok(tmp)
@@ -96,6 +129,21 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn a_missing_directory_or_a_file_in_its_place_is_named() {
+        let d = tempfile::tempdir().unwrap();
+        let e = check_writable_file(&d.path().join("no/such/x.json")).unwrap_err();
+        assert!(
+            e.to_string().contains("does not exist") && e.to_string().contains("no/such"),
+            "{e}"
+        );
+        std::fs::write(d.path().join("f"), b"").unwrap();
+        let e = check_writable_file(&d.path().join("f/x.json")).unwrap_err();
+        assert!(e.to_string().contains("is not a directory"), "{e}");
+        assert!(!e.to_string().contains(".x.json."), "{e}");
+        assert_eq!(names(d.path()), ["f"]);
     }
 
     #[test]

@@ -66,7 +66,7 @@ impl FromStr for Layout {
             "nchw" | "channels-first" => Ok(Layout::Nchw),
             "nhwc" | "channels-last" | "channels_last" => Ok(Layout::Nhwc),
             _ => Err(ParseLayoutError {
-                given: s.to_string(),
+                given: crate::shown(s),
             }),
         }
     }

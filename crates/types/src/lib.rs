@@ -20,3 +20,27 @@ pub use device::{Device, DeviceSelection, ParseDeviceError};
 pub use dtype::{DType, ParseDTypeError};
 pub use error::{ErrorKind, HasKind};
 pub use layout::{Layout, ParseLayoutError};
+
+/// `text` as an error message shows a value the user typed: at most 40 characters, the rest
+/// counted (a 100,000-character argument is not echoed back whole).
+pub fn shown(text: &str) -> String {
+    const KEEP: usize = 40;
+    let count = text.chars().count();
+    if count <= KEEP {
+        return text.to_string();
+    }
+    let head: String = text.chars().take(KEEP).collect();
+    format!("{head}... ({count} characters)")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn long_values_are_shortened_on_a_character_boundary() {
+        assert_eq!(super::shown("f16"), "f16");
+        let long = "é".repeat(100_000);
+        let s = super::shown(&long);
+        assert!(s.starts_with(&"é".repeat(40)) && s.ends_with("... (100000 characters)"));
+        assert!(s.len() < 120);
+    }
+}

@@ -250,7 +250,6 @@ fn run(
             None
         }
     });
-    let host_free = crate::host::host_facts().memory_available_bytes;
     for &batch in &opts.batches {
         for named in shapes {
             let named = NamedShape {
@@ -262,7 +261,6 @@ fn run(
                     &named,
                     layout,
                     (gpu.as_ref(), report.gpu.as_ref()),
-                    host_free,
                     opts,
                     turns.as_deref_mut(),
                     progress,
@@ -281,7 +279,6 @@ fn shape_rows(
     named: &NamedShape,
     layout: Layout,
     (gpu, facts): (Option<&(Gpu, Dnn)>, Option<&GpuFacts>),
-    host_free: Option<u64>,
     opts: &ConvOptions,
     mut turns: Option<&mut ConvTurns>,
     progress: &mut dyn FnMut(&str),
@@ -289,18 +286,13 @@ fn shape_rows(
     let sh = &named.shape;
     let mut rows = Vec::new();
     // inputs, the reference, rounded copies for f16/bf16 and im2col scratch: stay well inside
-    let need = 4u64.saturating_mul(4).saturating_mul(
-        (sh.input_len() as u64)
-            .saturating_add(sh.weight_len() as u64)
-            .saturating_add(sh.output_len() as u64),
-    );
-    if let Some(free) = host_free.filter(|free| need > *free) {
+    let need = [sh.input_len(), sh.weight_len(), sh.output_len()]
+        .iter()
+        .try_fold(0u64, |sum, &len| sum.checked_add(len as u64))
+        .and_then(|elements| elements.checked_mul(16));
+    if let Some(why) = crate::host::short_of_memory(need) {
         let mut r = ConvRow::new(named, layout, Device::Cpu, DType::F32);
-        r.status = RowStatus::Skipped(format!(
-            "needs about {:.1} GiB of host memory, {:.1} GiB available",
-            need as f64 / (1u64 << 30) as f64,
-            free as f64 / (1u64 << 30) as f64
-        ));
+        r.status = RowStatus::Skipped(why);
         return vec![r];
     }
     let seed = fresh_seed();

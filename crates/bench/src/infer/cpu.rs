@@ -28,6 +28,15 @@ pub(super) fn cpu_rows(
     let mut rows = Vec::new();
     let mut ws = gpukit_models::forward::Workspace::default();
     for &(n, seed) in batches {
+        if let Some(why) = crate::host::short_of_memory(folded.cpu_forward_bytes(n, s, s)) {
+            let names = [(want_cpu, CPU_ROW), (ort.is_some(), ORT_ROW)];
+            for (_, name) in names.iter().filter(|(wanted, _)| *wanted) {
+                let mut r = row(name, "cpu", n);
+                r.status = RowStatus::Skipped(format!("the CPU forward pass {why}"));
+                rows.push(r);
+            }
+            continue;
+        }
         let x = uniform_f32(n * 3 * s * s, seed);
         let images = match Tensor::from_f32(&[n, 3, s, s], x.clone()) {
             Ok(t) => t,

@@ -56,6 +56,7 @@ use gpukit_models::ort_runner::{find_onnxruntime, OrtModel};
 use gpukit_models::weights::{load_safetensors, seeded_init};
 use gpukit_models::ResNet;
 use gpukit_tensor::{Device, DeviceSelection};
+use report::row;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use strategy::{gpu_ordinal, runs_on};
@@ -170,6 +171,7 @@ pub fn run_infer(
         weights,
         image_size: opts.image_size,
         cpu_threads: gpukit_tensor::cpu::threads(),
+        cpu_kernel: gpukit_tensor::cpu::conv_kernel_name().to_string(),
         rows: Vec::new(),
         onnxruntime_unavailable: None,
         gpu_device: None,
@@ -184,11 +186,31 @@ pub fn run_infer(
         .filter(|s| runs_on(s, opts.selection))
         .collect();
     // one input per batch size, shared by every strategy (regenerated from its seed when needed)
-    let batches: Vec<(usize, u64)> = opts
-        .batch_sizes
-        .iter()
-        .map(|&n| (n, fresh_seed()))
-        .collect();
+    let mut batches: Vec<(usize, u64)> = Vec::new();
+    for &n in &opts.batch_sizes {
+        // the input and two copies of it on the host, whatever runs it
+        let s = opts.image_size as u64;
+        let input = (n as u64)
+            .checked_mul(3 * 4)
+            .and_then(|b| b.checked_mul(s)?.checked_mul(s)?.checked_mul(3));
+        match crate::host::short_of_memory(input) {
+            None => batches.push((n, fresh_seed())),
+            Some(why) => report.rows.extend(wanted.iter().map(|st| {
+                let (name, device) = match st {
+                    InferStrategy::Cpu => (CPU_ROW.to_string(), "cpu".to_string()),
+                    InferStrategy::OnnxRuntime => (ORT_ROW.to_string(), "cpu".to_string()),
+                    gpu => (
+                        gpu.name(),
+                        gpu_ordinal(opts.selection).map_or("cuda".into(), |o| format!("cuda:{o}")),
+                    ),
+                };
+                let mut r = row(&name, &device, n);
+                r.status =
+                    RowStatus::Skipped(format!("batch {n} of {s}x{s} images: the input {why}"));
+                r
+            })),
+        }
+    }
 
     let want_cpu = wanted.contains(&InferStrategy::Cpu);
     let mut ort = if wanted.contains(&InferStrategy::OnnxRuntime) {

@@ -74,6 +74,9 @@ pub struct InferReport {
     pub weights: String,
     pub image_size: usize,
     pub cpu_threads: usize,
+    /// How the CPU rows' convolutions are computed (`packed AVX-512 kernel`, `im2col + gemm`).
+    #[serde(default)]
+    pub cpu_kernel: String,
     /// By batch size, then the CPU rows, then the GPU rows in the order strategies were asked.
     pub rows: Vec<InferRow>,
     /// Why ONNX Runtime's rows are absent, when they are.

@@ -6,7 +6,7 @@ use gpukit_models::gpu::Strategy;
 use gpukit_tensor::{DType, Device, DeviceSelection, Layout};
 
 /// The CPU reference row's strategy name.
-pub const CPU_ROW: &str = "gpukit f32 (folded BN, direct NHWC conv)";
+pub const CPU_ROW: &str = "gpukit f32 (folded BN)";
 /// ONNX Runtime's row's strategy name.
 pub const ORT_ROW: &str = "ONNX Runtime CPU (same weights)";
 

@@ -281,6 +281,7 @@ fn report(rows: Vec<InferRow>) -> InferReport {
         weights: "seeded".into(),
         image_size: 224,
         cpu_threads: 1,
+        cpu_kernel: "im2col + gemm".into(),
         rows,
         onnxruntime_unavailable: None,
         gpu_device: Some("cuda:0 Test GPU".into()),

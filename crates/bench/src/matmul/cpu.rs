@@ -58,9 +58,11 @@ pub(super) fn cpu_rows(
                     ),
                 ),
                 _ => {
-                    let need = 3 * n * n * dtype.size_bytes() * 2;
-                    if host.memory_available_bytes.is_some_and(|a| (need as u64) > a) {
-                        MatmulRow::skipped(Device::Cpu, dtype, n, format!("needs {need} bytes of host memory"))
+                    let need = (n as u64)
+                        .checked_mul(n as u64)
+                        .and_then(|e| e.checked_mul(6 * dtype.size_bytes() as u64));
+                    if let Some(why) = crate::host::short_of_memory(need) {
+                        MatmulRow::skipped(Device::Cpu, dtype, n, why)
                     } else {
                         progress(&format!("matmul cpu {dtype} {n}x{n}"));
                         let mut r = cpu_row(dtype, n, opts, turns);

@@ -115,9 +115,9 @@ impl std::str::FromStr for Init {
         match s {
             "normal" => Ok(Init::Normal),
             "uniform" => Ok(Init::Uniform),
-            _ => Err(Error::BadInput(format!(
-                "unknown input distribution '{s}' (normal or uniform)"
-            ))),
+            _ => Err(Error::BadInput(
+                "unknown input distribution (normal or uniform)".to_string(),
+            )),
         }
     }
 }

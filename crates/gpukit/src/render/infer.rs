@@ -2,7 +2,7 @@
 //! PyTorch's own rows; and `infer --input`'s logits table.
 
 use super::fmt::{grouped, mib, times};
-use super::{results_table, Columns, Section};
+use super::{results_table, status_cell, Columns, Section};
 use gpukit_bench::report::RowStatus;
 
 /// "best at batch 32: fp16-nhwc-graph 12,345 img/s, 3.1x fp32 eager, 250x CPU f32".
@@ -73,8 +73,13 @@ fn infer_setup(r: &gpukit_bench::infer::InferReport, gpu_rows: bool) -> Section 
         (
             "CPU",
             format!(
-                "{} threads; ONNX Runtime {}",
+                "{} threads, convolutions by {}; ONNX Runtime {}",
                 r.cpu_threads,
+                if r.cpu_kernel.is_empty() {
+                    "gpukit's CPU kernels"
+                } else {
+                    r.cpu_kernel.as_str()
+                },
                 match &r.onnxruntime_unavailable {
                     Some(why) => format!("rows skipped: {why}"),
                     None => "on the same weights (exported to ONNX)".into(),
@@ -214,21 +219,33 @@ pub fn input_run_section(r: &gpukit_bench::infer::io::InputRun) -> Section {
         .logits
         .iter()
         .map(|l| {
+            let (check, top1) = match &l.agreement {
+                Some(a) => (
+                    format!("{:.1e}", a.max_rel),
+                    format!("{:.0}%", a.top1 * 100.0),
+                ),
+                None if l.tensor == "logits" => ("reference".into(), String::new()),
+                None => (String::new(), String::new()),
+            };
             vec![
                 l.strategy.clone(),
                 l.tensor.clone(),
-                match (&l.agreement, &l.error) {
-                    (Some(a), _) => format!("{:.1e}", a.max_rel),
-                    (None, Some(e)) => format!("failed: {e}"),
-                    (None, None) => "reference".into(),
-                },
-                l.agreement
-                    .as_ref()
-                    .map(|a| format!("{:.0}%", a.top1 * 100.0))
-                    .unwrap_or_default(),
+                check,
+                l.tolerance.map(|t| format!("{t:.0e}")).unwrap_or_default(),
+                top1,
+                status_cell(&l.status).unwrap_or_else(|| "ok".into()),
             ]
         })
         .collect();
+    let mut notes = vec![format!(
+        "largest activation on the CPU's f32 pass: {:.3e}",
+        r.largest_activation
+    )];
+    notes.extend(
+        r.output
+            .iter()
+            .map(|o| format!("written to {o} (every strategy's logits, failed ones too)")),
+    );
     Section {
         title: format!("Logits for {} {:?}", r.input, r.shape),
         header: Some(
@@ -236,13 +253,15 @@ pub fn input_run_section(r: &gpukit_bench::infer::io::InputRun) -> Section {
                 "strategy",
                 "tensor",
                 "max rel. diff vs CPU f32",
+                "tolerance",
                 "top-1 agree",
+                "verdict",
             ]
             .map(String::from)
             .to_vec(),
         ),
         rows,
-        notes: r.output.iter().map(|o| format!("written to {o}")).collect(),
+        notes,
     }
 }
 

@@ -2,6 +2,7 @@
 //! passes and passes over the first stages.
 use super::*;
 use crate::weights::seeded_init;
+use gpukit_tensor::random::fresh_seed;
 use gpukit_tensor::DType;
 
 /// Plain float64 ResNet (basic blocks: ResNet-18/34) with unfolded batch norm: the
@@ -260,10 +261,10 @@ fn passes_over_the_first_stages_give_the_same_logits() {
         let model = fold(&seeded_init(model, 10, 21, true)).unwrap();
         let x = input(n, h, w, 13);
         let mut ws = Workspace::default();
-        let whole = model.forward_in_passes(&x, (n, h, w), n, &mut ws);
+        let whole = model.forward_in_passes(&x, (n, h, w), n, &mut ws, None);
         let scale = whole.iter().fold(0f32, |m, v| m.max(v.abs()));
         for pass in [1, 2, n - 1] {
-            let parts = model.forward_in_passes(&x, (n, h, w), pass, &mut ws);
+            let parts = model.forward_in_passes(&x, (n, h, w), pass, &mut ws, None);
             if exact {
                 assert_eq!(parts, whole, "{:?} in passes of {pass}", model.model);
                 continue;
@@ -291,4 +292,58 @@ fn fold_reports_a_missing_key() {
         matches!(&e, Error::Fold(why) if why.contains("layer2.0.bn1.running_var")),
         "{e}"
     );
+}
+
+#[test]
+fn the_probed_pass_names_every_layer_and_finds_where_values_grow_past_a_limit() {
+    let (n, h, w) = (1, 32, 32);
+    let x = input(n, h, w, fresh_seed());
+    let dict = seeded_init(ResNet::R18, 10, fresh_seed(), true);
+    let model = fold(&dict).unwrap();
+    let (logits, peaks) = model.forward_cpu_probed(&images(&x, n, h, w)).unwrap();
+    // the same logits as the plain pass, bit for bit
+    assert_eq!(
+        values(&logits),
+        values(&model.forward_cpu(&images(&x, n, h, w)).unwrap())
+    );
+    // every convolution (torchvision's names), then the classifier
+    let mut want: Vec<String> = ResNet::R18
+        .convolutions(h)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    want.push("fc".into());
+    let mut got: Vec<String> = peaks.0.iter().map(|(name, _)| name.clone()).collect();
+    // within a block the projection is recorded first; compare as sets, and the ends in order
+    assert_eq!(
+        (got[0].as_str(), got.last().unwrap().as_str()),
+        ("conv1", "fc")
+    );
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+    assert!(peaks.0.iter().all(|(_, p)| p.is_finite() && *p > 0.0));
+    // weights of layer2.0.conv2 scaled up: the first layer past the limit is that one
+    let mut big = model.clone();
+    let limit = peaks.max() * 10.0;
+    for v in &mut big.blocks[2].convs[1].weight {
+        *v *= 1e4;
+    }
+    let (_, grown) = big.forward_cpu_probed(&images(&x, n, h, w)).unwrap();
+    assert_eq!(
+        grown.first_over(limit).map(|(l, _)| l),
+        Some("layer2.0.conv2")
+    );
+    assert_eq!(peaks.first_over(limit), None);
+}
+
+#[test]
+fn cpu_forward_memory_grows_with_the_batch_and_image_and_never_overflows() {
+    let model = fold(&seeded_init(ResNet::R50, 1000, 0, true)).unwrap();
+    let one = model.cpu_forward_bytes(1, 224, 224).unwrap();
+    // the stem's output, 64 x 112 x 112 f32, four times, and the input twice
+    assert_eq!(one, (2 * 3 * 224 * 224 + 4 * 64 * 112 * 112) * 4);
+    assert_eq!(model.cpu_forward_bytes(8, 224, 224), Some(8 * one));
+    assert!(model.cpu_forward_bytes(1, 100_000, 100_000).unwrap() > 1 << 40);
+    assert_eq!(model.cpu_forward_bytes(usize::MAX, 224, 224), None);
 }

@@ -39,7 +39,13 @@ impl Strategy {
         let dtype = ENGINE_DTYPES
             .into_iter()
             .find(|d| d.precision_name() == p)
-            .ok_or_else(|| bad(format!("unknown precision {p:?} in strategy {text:?}")))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "unknown precision {:?} in strategy {:?}",
+                    gpukit_types::shown(p),
+                    gpukit_types::shown(text)
+                ))
+            })?;
         let (mut layout, mut graph, mut named_layout) = (Layout::Nchw, false, false);
         for part in parts {
             match part {
@@ -51,7 +57,13 @@ impl Strategy {
                 }
                 "graph" if !graph => graph = true,
                 "eager" if !graph => {}
-                _ => return Err(bad(format!("unknown part {part:?} in strategy {text:?}"))),
+                _ => {
+                    return Err(bad(format!(
+                        "unknown part {:?} in strategy {:?}",
+                        gpukit_types::shown(part),
+                        gpukit_types::shown(text)
+                    )))
+                }
             }
         }
         Ok(Strategy {

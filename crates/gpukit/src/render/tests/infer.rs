@@ -45,6 +45,7 @@ fn infer_report(rows: Vec<InferRow>, gpu_unavailable: Option<&str>) -> InferRepo
         weights: "seeded".into(),
         image_size: 224,
         cpu_threads: 16,
+        cpu_kernel: "im2col + gemm".into(),
         rows,
         onnxruntime_unavailable: None,
         gpu_device: gpu_unavailable
@@ -224,30 +225,45 @@ fn infer_without_a_gpu_says_why_and_keeps_cpu_columns() {
 
 #[test]
 fn infer_input_compares_each_strategy_with_the_cpu() {
-    let logits = |strategy: &str, agreement: Option<Agreement>, error: Option<&str>| SavedLogits {
-        tensor: if strategy == "cpu" {
-            "logits".into()
-        } else {
-            format!("logits_{strategy}")
+    let logits = |strategy: &str, agreement: Option<Agreement>, status: RowStatus| SavedLogits {
+        tensor: match strategy {
+            "cpu" => "logits".into(),
+            "bf16-nhwc" => String::new(),
+            _ => format!("logits_{}", strategy.replace('-', "_")),
         },
         strategy: strategy.into(),
+        tolerance: agreement.as_ref().map(|_| 1e-2),
         agreement,
-        error: error.map(str::to_string),
+        status,
     };
     let run = InputRun {
         input: "batch.safetensors".into(),
         shape: vec![8, 3, 224, 224],
         output: Some("logits.safetensors".into()),
         logits: vec![
-            logits("cpu", None, None),
-            logits("fp32", Some(agreement(1.1e-6)), None),
-            logits("fp16-nhwc", Some(agreement(2.7e-3)), None),
+            logits("cpu", None, RowStatus::Ok),
+            logits("fp32", Some(agreement(1.1e-6)), RowStatus::Ok),
+            logits(
+                "fp16-nhwc",
+                Some(agreement(f64::INFINITY)),
+                RowStatus::Failed(
+                    "8000 of 8000 logits are not finite (NaN or infinite): fp16 overflow, the \
+                     CPU's f32 pass reaches 1.234e5 at layer3.4.conv2 (fp16's largest value is \
+                     65504); use bf16 or fp32"
+                        .into(),
+                ),
+            ),
             logits(
                 "bf16-nhwc",
                 None,
-                Some("cudnnFind: CUDNN_STATUS_NOT_SUPPORTED"),
+                RowStatus::Failed("cudnnFind: CUDNN_STATUS_NOT_SUPPORTED".into()),
             ),
         ],
+        largest_activation: 1.234e5,
+        fp16_overflow: Some(gpukit_bench::infer::io::Overflow {
+            layer: "layer3.4.conv2".into(),
+            peak: 1.234e5,
+        }),
     };
     assert_drawn("infer_input", &[input_run_section(&run)]);
 }

@@ -1,0 +1,376 @@
+//! Bad input, systematically: every command and flag with its edge values (zero, negative, huge,
+//! not a number, empty, duplicated, not UTF-8, missing file, a directory for a file, a file for a
+//! directory, a malformed file). Each must exit 2 before any work, with a message that names
+//! what is wrong, and never panic. Runs on any machine: every case fails on its arguments, before
+//! a GPU would be asked for.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn bin() -> PathBuf {
+    std::env::var_os("GPUKIT_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpukit")))
+}
+
+/// One case: the arguments and what the message must contain (every fragment, case-sensitive).
+struct Case {
+    args: Vec<OsString>,
+    says: Vec<&'static str>,
+}
+
+fn case(args: &[&str], says: &[&'static str]) -> Case {
+    Case {
+        args: args.iter().map(OsString::from).collect(),
+        says: says.to_vec(),
+    }
+}
+
+fn with_path(args: &[&str], path: &Path, says: &[&'static str]) -> Case {
+    let mut c = case(args, says);
+    c.args.push(path.as_os_str().to_owned());
+    c
+}
+
+/// A safetensors file holding one f32 tensor `name` of `shape` (values from `values`).
+fn safetensors(path: &Path, name: &str, shape: &[usize], values: &[f32]) {
+    let header = format!(
+        "{{\"{name}\":{{\"dtype\":\"F32\",\"shape\":{shape:?},\"data_offsets\":[0,{}]}}}}",
+        values.len() * 4
+    );
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    for v in values {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn cases(dir: &Path) -> Vec<Case> {
+    let missing = dir.join("missing.safetensors");
+    let not_safetensors = dir.join("text.safetensors");
+    std::fs::write(&not_safetensors, b"this is not a safetensors file").unwrap();
+    let nan_input = dir.join("nan.safetensors");
+    let mut x = vec![0.25f32; 3 * 32 * 32];
+    x[100] = f32::NAN;
+    safetensors(&nan_input, "input", &[1, 3, 32, 32], &x);
+    let wrong_shape = dir.join("shape.safetensors");
+    safetensors(
+        &wrong_shape,
+        "input",
+        &[1, 4, 32, 32],
+        &vec![0.0; 4 * 32 * 32],
+    );
+    let wrong_name = dir.join("name.safetensors");
+    safetensors(&wrong_name, "images", &[1, 3, 32, 32], &x);
+    let a_file = dir.join("a-file");
+    std::fs::write(&a_file, b"").unwrap();
+    let long = "x".repeat(100_000);
+    let long: &'static str = Box::leak(long.into_boxed_str());
+    let not_utf8 = OsString::from_vec(vec![b'f', 0xff, b'1', b'6']);
+
+    let mut v = vec![
+        // the command line itself
+        case(&["--frobnicate"], &["--frobnicate"]),
+        case(&["check", "--frobnicate"], &["--frobnicate"]),
+        case(&["frobnicate"], &["frobnicate"]),
+        case(&["check", "--device", "cuda:x"], &["--device", "cuda:x"]),
+        case(&["check", "--device", "tpu"], &["--device", "expected cpu"]),
+        // bench matmul
+        case(
+            &["bench", "matmul", "--sizes", "0"],
+            &["--sizes", "at least 1"],
+        ),
+        case(
+            &["bench", "matmul", "--sizes", "-1"],
+            &["--sizes", "not a matrix size"],
+        ),
+        case(&["bench", "matmul", "--sizes", ""], &["--sizes"]),
+        case(&["bench", "matmul", "--sizes", "1,,2"], &["--sizes"]),
+        case(
+            &["bench", "matmul", "--sizes", "99999999999"],
+            &["--sizes", "too large"],
+        ),
+        case(
+            &["bench", "matmul", "--sizes", "1e3"],
+            &["--sizes", "not a matrix size"],
+        ),
+        case(
+            &["bench", "matmul", "--matrix-size", "0"],
+            &["--matrix-size", "at least 1"],
+        ),
+        case(
+            &["bench", "matmul", "--matrix-size", "8", "--sizes", "8"],
+            &["--matrix-size", "cannot be used with"],
+        ),
+        case(
+            &["bench", "matmul", "--dtype", "f8"],
+            &["--dtype", "unknown dtype"],
+        ),
+        case(
+            &["bench", "matmul", "--dtype", long],
+            &["--dtype", "(100000 characters)"],
+        ),
+        case(
+            &["bench", "matmul", "--iterations", "0"],
+            &["--iterations", "at least 1"],
+        ),
+        case(
+            &["bench", "matmul", "--iterations", "ten"],
+            &["--iterations", "not a number"],
+        ),
+        case(
+            &["bench", "matmul", "--cpu-seconds", "-1"],
+            &["--cpu-seconds"],
+        ),
+        case(
+            &["bench", "matmul", "--cpu-seconds", "nan"],
+            &["--cpu-seconds"],
+        ),
+        case(&["bench", "matmul", "--turns", "0"], &["--turns"]),
+        case(&["bench", "matmul", "--turns", "101"], &["--turns"]),
+        case(
+            &["bench", "matmul", "--init", "gaussian"],
+            &["--init", "unknown input distribution"],
+        ),
+        case(&["bench", "matmul", "--device", "cuda:-1"], &["--device"]),
+        // bench bandwidth
+        case(&["bench", "bandwidth", "--sizes", "0"], &["--sizes"]),
+        case(
+            &["bench", "bandwidth", "--sizes", "12X"],
+            &["--sizes", "not a size in bytes"],
+        ),
+        case(
+            &["bench", "bandwidth", "--sizes", "100G"],
+            &["--sizes", "out of range"],
+        ),
+        case(
+            &["bench", "bandwidth", "--device", "cpu"],
+            &["--device cuda:N"],
+        ),
+        // bench conv
+        case(
+            &["bench", "conv", "--batch", "0"],
+            &["--batch", "at least 1"],
+        ),
+        case(
+            &["bench", "conv", "--batch", "99999999999"],
+            &["--batch", "beyond any machine"],
+        ),
+        case(
+            &["bench", "conv", "--batch", "-3"],
+            &["--batch", "not a batch size"],
+        ),
+        case(&["bench", "conv", "--dtype", "f64"], &["f64"]),
+        case(
+            &["bench", "conv", "--layout", "nwhc"],
+            &["--layout", "unknown layout"],
+        ),
+        case(
+            &["bench", "conv", "--iterations", "0"],
+            &["--iterations", "at least 1"],
+        ),
+        case(&["bench", "conv", "--backward"], &["--backward"]),
+        // infer
+        case(
+            &["infer", "--image-size", "0"],
+            &["--image-size", "at least 32"],
+        ),
+        case(
+            &["infer", "--image-size", "31"],
+            &["--image-size", "at least 32"],
+        ),
+        case(
+            &["infer", "--image-size", "100000"],
+            &["--image-size", "beyond any machine"],
+        ),
+        case(
+            &["infer", "--batch-sizes", "0"],
+            &["--batch-sizes", "at least 1"],
+        ),
+        case(
+            &["infer", "--batch-sizes", "1,x"],
+            &["--batch-sizes", "not a batch size"],
+        ),
+        case(
+            &["infer", "--model-name", "resnet9"],
+            &["--model-name", "unknown model"],
+        ),
+        case(
+            &["infer", "--strategies", "fp17"],
+            &["--strategies", "unknown precision"],
+        ),
+        case(
+            &["infer", "--strategies", "fp16-sideways"],
+            &["--strategies", "unknown part"],
+        ),
+        case(
+            &["infer", "--strategies", long],
+            &["--strategies", "(100000 characters)"],
+        ),
+        case(
+            &["infer", "--gpu-iterations", "0"],
+            &["--gpu-iterations", "at least 1"],
+        ),
+        case(&["infer", "--save-output", "x.safetensors"], &["--input"]),
+        with_path(
+            &["infer", "--device", "cpu", "--weights"],
+            &missing,
+            &["missing.safetensors"],
+        ),
+        with_path(&["infer", "--device", "cpu", "--weights"], dir, &[]),
+        with_path(
+            &["infer", "--device", "cpu", "--weights"],
+            &not_safetensors,
+            &["text.safetensors"],
+        ),
+        with_path(
+            &["infer", "--device", "cpu", "--input"],
+            &missing,
+            &["missing.safetensors"],
+        ),
+        with_path(&["infer", "--device", "cpu", "--input"], dir, &[]),
+        with_path(
+            &["infer", "--device", "cpu", "--input"],
+            &nan_input,
+            &["not finite", "index 100"],
+        ),
+        with_path(
+            &["infer", "--device", "cpu", "--input"],
+            &wrong_shape,
+            &["[1, 4, 32, 32]"],
+        ),
+        with_path(
+            &["infer", "--device", "cpu", "--input"],
+            &wrong_name,
+            &["input"],
+        ),
+        with_path(
+            &["infer", "--batch-sizes", "2", "--input"],
+            &nan_input,
+            &["--batch-sizes", "cannot be used with"],
+        ),
+        // memory
+        case(&["memory", "--device", "cpu"], &["cuda:N"]),
+        case(
+            &["memory", "--batch-sizes", "0"],
+            &["--batch-sizes", "at least 1"],
+        ),
+        case(
+            &["memory", "--memory-fraction", "2"],
+            &["--memory-fraction"],
+        ),
+        case(
+            &["memory", "--memory-fraction", "-0.5"],
+            &["--memory-fraction"],
+        ),
+        case(
+            &["memory", "--precision", "fp64"],
+            &["--precision", "unknown precision"],
+        ),
+        case(&["memory", "--max-workspace", "1000"], &["--max-workspace"]),
+        case(&["memory", "--on-oom", "retry"], &["--on-oom"]),
+        // destinations, checked before any work
+        case(
+            &["check", "--save-json", "/proc/x/y.json"],
+            &["--save-json", "does not exist"],
+        ),
+        with_path(
+            &["check", "--save-json"],
+            dir,
+            &["--save-json", "is a directory"],
+        ),
+        with_path(
+            &["check", "--save-json"],
+            &a_file.join("x.json"),
+            &["is not a directory"],
+        ),
+        case(&["all", "--out", "/proc/x"], &["--out"]),
+        with_path(&["all", "--out"], &a_file, &["--out"]),
+        with_path(
+            &[
+                "infer",
+                "--device",
+                "cpu",
+                "--input",
+                "x.safetensors",
+                "--save-output",
+            ],
+            dir,
+            &["--save-output", "is a directory"],
+        ),
+    ];
+    // a value that is not UTF-8
+    let mut c = case(&["bench", "matmul", "--dtype"], &["--dtype"]);
+    c.args.push(not_utf8);
+    v.push(c);
+    // an unreadable file, where this user cannot read it (root reads everything)
+    let unreadable = dir.join("unreadable.safetensors");
+    safetensors(&unreadable, "input", &[1, 3, 32, 32], &x);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&unreadable, std::fs::Permissions::from_mode(0o000)).unwrap();
+    if std::fs::read(&unreadable).is_err() {
+        v.push(with_path(
+            &["infer", "--device", "cpu", "--input"],
+            &unreadable,
+            &["unreadable.safetensors"],
+        ));
+    }
+    v
+}
+
+#[test]
+fn every_bad_input_exits_2_naming_the_problem_without_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = cases(dir.path());
+    let mut wrong = Vec::new();
+    for c in &all {
+        let out = Command::new(bin())
+            .args(&c.args)
+            .env("GPUKIT_TRACE", "0")
+            .output()
+            .expect("run gpukit");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let shown: Vec<String> = c
+            .args
+            .iter()
+            .map(|a| {
+                let s = a.to_string_lossy();
+                if s.len() > 40 {
+                    format!("{}...", &s[..40])
+                } else {
+                    s.into_owned()
+                }
+            })
+            .collect();
+        let missing: Vec<&str> = c
+            .says
+            .iter()
+            .copied()
+            .filter(|s| !err.contains(s))
+            .collect();
+        if out.status.code() != Some(2) || !missing.is_empty() || err.contains("panicked") {
+            wrong.push(format!(
+                "{shown:?}: exit {:?}, missing {missing:?} in: {}",
+                out.status.code(),
+                err.chars().take(400).collect::<String>()
+            ));
+        }
+        // a long value is not echoed whole (clap quotes it once; gpukit's reason does not)
+        if err.len() > 120_000 {
+            wrong.push(format!(
+                "{shown:?}: the message repeats the value ({} bytes)",
+                err.len()
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} bad inputs were not answered well:\n{}",
+        wrong.len(),
+        all.len(),
+        wrong.join("\n")
+    );
+}
