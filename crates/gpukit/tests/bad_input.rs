@@ -325,6 +325,15 @@ fn cases(dir: &Path) -> Vec<Case> {
 fn every_bad_input_exits_2_naming_the_problem_without_a_panic() {
     let dir = tempfile::tempdir().unwrap();
     let all = cases(dir.path());
+    let names = |d: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let before = names(dir.path());
     let mut wrong = Vec::new();
     for c in &all {
         let out = Command::new(bin())
@@ -366,6 +375,12 @@ fn every_bad_input_exits_2_naming_the_problem_without_a_panic() {
             ));
         }
     }
+    // nothing left behind: no temporary file beside a refused destination, no report
+    assert_eq!(
+        names(dir.path()),
+        before,
+        "files appeared in the test directory"
+    );
     assert!(
         wrong.is_empty(),
         "{} of {} bad inputs were not answered well:\n{}",

@@ -237,11 +237,16 @@ fn gpukit_cuda_path_finds_libraries_placed_there() -> Result<(), Failed> {
 }
 
 fn all_writes_both_reports() -> Result<(), Failed> {
+    use std::os::unix::ffi::OsStrExt;
     let dir = tempfile::tempdir()?;
-    let out_dir = dir.path().join("report");
-    let path = out_dir.to_str().ok_or("temp path is not UTF-8")?;
-    let out = gpukit(&["all", "--out", path]);
-    exited(&out, 0, &["all", "--out", path])?;
+    // a directory name that is not UTF-8 is a name like any other
+    let out_dir = dir.path().join(std::ffi::OsStr::from_bytes(b"report-\xff"));
+    let out = Command::new(bin())
+        .arg("all")
+        .arg("--out")
+        .arg(&out_dir)
+        .output()?;
+    exited(&out, 0, &["all", "--out", "report-\u{fffd}"])?;
     let json: Value = serde_json::from_slice(&std::fs::read(out_dir.join("report.json"))?)?;
     ensure(json["command"] == "all" && json["ok"] == true, || {
         format!("{json}")
@@ -250,8 +255,15 @@ fn all_writes_both_reports() -> Result<(), Failed> {
         json["result"]["check"]["host"]["cpu_model"].is_string(),
         || format!("{json}"),
     )?;
+    // the GPU rows are there (a device named) or say why not: never neither
+    let infer = &json["result"]["infer"];
+    ensure(
+        infer["gpu_device"].is_string() || infer["gpu_unavailable"].is_string(),
+        || format!("{infer}"),
+    )?;
     let md = std::fs::read_to_string(out_dir.join("report.md"))?;
     ensure(md.starts_with("# gpukit report"), || md.clone())?;
+    ensure(!md.contains("not selected"), || md.clone())?;
     ensure(md.contains("### CUDA libraries"), || md.clone())?;
     // every note of the document is in report.md too
     for n in json["notes"].as_array().cloned().unwrap_or_default() {
@@ -699,6 +711,74 @@ fn with_a_gpu_infer_on_a_named_gpu_runs_what_was_asked() -> Result<(), Failed> {
     )
 }
 
+/// Weights whose stem output passes fp16's range (its batch-norm scale made huge), run on the
+/// GPU with `infer --input`: fp16 must fail naming the overflow and the layer (conv1); fp32 and
+/// bf16 keep the range and pass; the run exits 1 and still writes every strategy's logits.
+fn with_a_gpu_infer_input_fails_fp16_overflow_naming_the_layer() -> Result<(), Failed> {
+    use gpukit_models::weights::{save_safetensors, save_tensors, seeded_init};
+    use gpukit_models::ResNet;
+    let dir = tempfile::tempdir()?;
+    let (weights, input, output) = (
+        dir.path().join("w.safetensors"),
+        dir.path().join("x.safetensors"),
+        dir.path().join("logits.safetensors"),
+    );
+    let mut dict = seeded_init(ResNet::R18, 1000, 0, true);
+    let scale = dict.params.get_mut("bn1.weight").ok_or("no bn1.weight")?;
+    scale.data.iter_mut().for_each(|v| *v = 1e6);
+    save_safetensors(&dict, &weights)?;
+    let x =
+        gpukit_tensor::random::uniform_f32(2 * 3 * 64 * 64, gpukit_tensor::random::fresh_seed());
+    save_tensors(&input, &[("input", &[2, 3, 64, 64], &x)])?;
+    let s = |p: &std::path::Path| p.to_str().unwrap_or_default().to_string();
+    let (w, i, o) = (s(&weights), s(&input), s(&output));
+    let args = [
+        "infer",
+        "--model-name",
+        "resnet18",
+        "--weights",
+        &w,
+        "--input",
+        &i,
+        "--save-output",
+        &o,
+        "--device",
+        "cuda:0",
+        "--strategies",
+        "cpu,fp32,fp16-nhwc,bf16-nhwc",
+    ];
+    let doc = document(&args, 1)?;
+    let rows = doc["result"]["logits"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let status = |name: &str| {
+        rows.iter()
+            .find(|r| r["strategy"] == name)
+            .map(|r| r["status"].clone())
+            .unwrap_or(Value::Null)
+    };
+    for ok in ["cpu", "fp32", "bf16-nhwc"] {
+        ensure(status(ok)["status"] == "ok", || format!("{ok}: {doc}"))?;
+    }
+    let why = status("fp16-nhwc")["why"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    ensure(
+        status("fp16-nhwc")["status"] == "failed"
+            && why.contains("fp16 overflow")
+            && why.contains("conv1"),
+        || format!("fp16-nhwc: {doc}"),
+    )?;
+    ensure(doc["result"]["fp16_overflow"]["layer"] == "conv1", || {
+        format!("{doc}")
+    })?;
+    ensure(output.exists(), || {
+        "the logits were not written".to_string()
+    })
+}
+
 fn main() {
     let (_discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     let args = Arguments::from_args();
@@ -776,6 +856,10 @@ fn main() {
         (
             "gpu::infer_on_a_named_gpu_runs_what_was_asked",
             with_a_gpu_infer_on_a_named_gpu_runs_what_was_asked,
+        ),
+        (
+            "gpu::infer_input_fails_fp16_overflow_naming_the_layer",
+            with_a_gpu_infer_input_fails_fp16_overflow_naming_the_layer,
         ),
     ];
     if skip.is_none() {
