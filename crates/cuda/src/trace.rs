@@ -8,6 +8,11 @@ fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("GPUKIT_TRACE").is_ok_and(|v| v == "1"))
 }
 
+/// Whether `GPUKIT_TRACE=1` is set: callers print their own trace lines (prefixed "trace: ").
+pub fn on() -> bool {
+    enabled()
+}
+
 /// Starts a phase (None when tracing is off, so nothing is measured).
 pub fn start() -> Option<Instant> {
     enabled().then(Instant::now)

@@ -342,9 +342,13 @@ fn memory(a: MemoryArgs, out: &Output) -> Result<()> {
 
 fn infer(a: InferArgs, out: &Output) -> Result<()> {
     use gpukit_bench::infer::{
-        compare_with_pytorch, document, run_infer, select_strategies, unusable, InferOptions,
+        check_batches, compare_with_pytorch, document, run_infer, select_strategies, unusable,
+        InferOptions,
     };
     let strategies = select_strategies(a.strategies.as_deref(), a.device)?;
+    if a.input.is_none() {
+        check_batches(&strategies, &a.batch_sizes)?;
+    }
     let wants_gpu = strategies.iter().any(|s| !s.on_cpu());
     // only GPU work needs the CUDA libraries on the loader's path (which may re-execute)
     let discovery = if wants_gpu {

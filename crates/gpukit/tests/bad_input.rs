@@ -175,6 +175,20 @@ fn cases(dir: &Path) -> Vec<Case> {
         case(&["bench", "conv", "--backward"], &["--backward"]),
         // infer
         case(
+            &[
+                "infer",
+                "--strategies",
+                "fp16-nhwc-graph-one-at-a-time",
+                "--batch-sizes",
+                "1",
+            ],
+            &[
+                "--strategies",
+                "only at batch sizes over 1",
+                "--batch-sizes",
+            ],
+        ),
+        case(
             &["infer", "--image-size", "0"],
             &["--image-size", "at least 32"],
         ),

@@ -743,7 +743,7 @@ fn with_a_gpu_infer_input_fails_fp16_overflow_naming_the_layer() -> Result<(), F
         "--save-output",
         &o,
         "--device",
-        "cuda:0",
+        "all",
         "--strategies",
         "cpu,fp32,fp16-nhwc,bf16-nhwc",
     ];

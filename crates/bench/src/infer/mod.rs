@@ -38,8 +38,8 @@ pub use report::{
     sort_rows, tensorrt_status, Agreement, InferReport, InferRow,
 };
 pub use strategy::{
-    select_strategies, InferStrategy, CPU_CHECK_IMAGES, CPU_ROW, GPU_WARMUP, ONE_AT_A_TIME,
-    ONE_AT_A_TIME_MAX_PASSES, ONE_AT_A_TIME_MIN_REPS, ORT_ROW,
+    check_batches, select_strategies, InferStrategy, CPU_CHECK_IMAGES, CPU_ROW, GPU_WARMUP,
+    ONE_AT_A_TIME, ONE_AT_A_TIME_MAX_PASSES, ONE_AT_A_TIME_MIN_REPS, ORT_ROW,
 };
 
 use crate::error::{Error, Result};
@@ -133,10 +133,12 @@ pub fn unusable(report: &InferReport, selection: DeviceSelection) -> Option<Erro
         .into_iter()
         .flatten()
         .collect();
-        return Some(Error::Unavailable(format!(
-            "no strategy could run: {}",
+        let why = if why.is_empty() {
+            "no strategy has a row at these batch sizes".to_string()
+        } else {
             why.join("; ")
-        )));
+        };
+        return Some(Error::Unavailable(format!("no strategy could run: {why}")));
     }
     None
 }

@@ -161,3 +161,21 @@ pub fn select_strategies(
     }
     Ok(keep)
 }
+
+/// Refuses a request that would time nothing: one-at-a-time rows run only at batch sizes over
+/// 1 (N images one by one against the batch of N), so asking for nothing else at batch 1 is bad
+/// input, said before any work starts.
+pub fn check_batches(strategies: &[InferStrategy], batch_sizes: &[usize]) -> Result<()> {
+    let only_singles = strategies
+        .iter()
+        .all(|s| matches!(s, InferStrategy::OneAtATime(_)));
+    if only_singles && batch_sizes.iter().all(|&n| n <= 1) {
+        let names: Vec<String> = strategies.iter().map(InferStrategy::name).collect();
+        return Err(Error::BadInput(format!(
+            "--strategies {} runs only at batch sizes over 1 (one image at a time against the \
+             batch), and --batch-sizes has none: add a batch size, or a batched strategy",
+            names.join(",")
+        )));
+    }
+    Ok(())
+}

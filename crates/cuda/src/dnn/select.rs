@@ -60,11 +60,13 @@ impl Dnn {
             Some(c @ Choice::Legacy { .. }) => {
                 let mut plan = ConvPlan::describe(conv)?;
                 if self.use_cached(&mut plan, c).is_some() {
+                    trace_cached(conv, c);
                     return Ok(ConvChoice::Plain(plan));
                 }
             }
             Some(Choice::Graph { rank }) if allow_graph => {
                 if let Ok(g) = self.plan_graph(conv, x, w, None, None, false, y, Some(*rank)) {
+                    trace_cached(conv, &Choice::Graph { rank: *rank });
                     return Ok(ConvChoice::Graph(g));
                 }
             }
@@ -80,6 +82,9 @@ impl Dnn {
             }
             Err(_) => f64::INFINITY,
         };
+        if crate::trace::on() {
+            eprintln!("trace: {conv:?} legacy candidate: {legacy_ms:.4} ms");
+        }
         let graph = if allow_graph && conv.dtype != DType::F64 {
             self.plan_graph(conv, x, w, None, None, false, y, None).ok()
         } else {
@@ -128,17 +133,20 @@ impl Dnn {
             Some(c @ Choice::Legacy { .. }) => {
                 let mut fused = FusedConv::describe(conv, true)?;
                 if self.use_cached(&mut fused.conv, c).is_some() {
+                    trace_cached(conv, c);
                     return Ok(ConvChoice::Fused(fused));
                 }
             }
             Some(Choice::Graph { rank }) if allow_graph => {
                 let g = self.plan_graph(conv, x, w, Some(bias), z, true, y, Some(*rank));
                 if let Ok(g) = g {
+                    trace_cached(conv, &Choice::Graph { rank: *rank });
                     return Ok(ConvChoice::Graph(g));
                 }
             }
             Some(Choice::Split) if split.is_some() => {
                 if let Ok(bare) = self.plan_plain_best(conv, x, w, y, allow_graph) {
+                    trace_cached(conv, &Choice::Split);
                     return Ok(ConvChoice::Split(Box::new(bare)));
                 }
             }
@@ -190,5 +198,12 @@ impl Dnn {
             ConvChoice::Graph(g) => self.graph_forward(g, x, w, None, None, y, ws),
             _ => Err(Error::Invalid("not a bare convolution choice".into())),
         }
+    }
+}
+
+/// With `GPUKIT_TRACE=1`: a convolution planned from the disk cache, without timing anything.
+fn trace_cached(conv: Conv, choice: &Choice) {
+    if crate::trace::on() {
+        eprintln!("trace: {conv:?} cached choice {choice:?}");
     }
 }
