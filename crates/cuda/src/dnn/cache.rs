@@ -7,6 +7,7 @@ use super::legacy::{algo_name, math_name, AlgoRow, FWD_ALGOS, MATH_TYPES};
 use super::Conv;
 use crate::driver::Gpu;
 use cudarc::cudnn::sys as dn;
+use gpukit_types::DType;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -51,13 +52,20 @@ impl Choice {
         }
     }
 
-    /// The legacy row this choice names (time and workspace unknown), if it is one.
-    pub fn legacy_row(&self) -> Option<AlgoRow> {
+    /// The legacy row this choice names (time and workspace unknown), if it is one a `dtype`
+    /// convolution may run; None means measure again. None too for names this build does not
+    /// know, and for strict f32 (or f64) with any math type but FMA: a hand-edited or foreign
+    /// file must not put a strict convolution on TF32 tensor cores (default math allows them
+    /// on Ampere and newer).
+    pub fn legacy_row(&self, dtype: DType) -> Option<AlgoRow> {
         let Choice::Legacy { algo, math } = self else {
             return None;
         };
         let algo = FWD_ALGOS.iter().find(|(n, _)| n == algo)?.1;
         let math = MATH_TYPES.iter().find(|(n, _)| n == math)?.1;
+        if !dtype.uses_tensor_cores() && math != dn::cudnnMathType_t::CUDNN_FMA_MATH {
+            return None;
+        }
         Some(AlgoRow {
             algo,
             math,
@@ -211,9 +219,9 @@ mod tests {
         c.put(key(false), Choice::Graph { rank: 3 });
         let back = Choices::parse(&c.render());
         assert_eq!(back, c.map);
-        let again = back[&key(true)].legacy_row().unwrap();
+        let again = back[&key(true)].legacy_row(DType::F16).unwrap();
         assert_eq!((again.algo, again.math), (row.algo, row.math));
-        assert_eq!(back[&key(false)].legacy_row().map(|r| r.ms), None);
+        assert_eq!(back[&key(false)].legacy_row(DType::F16).map(|r| r.ms), None);
     }
 
     #[test]
@@ -224,7 +232,20 @@ mod tests {
             algo: "NO_SUCH".into(),
             math: "FMA".into(),
         };
-        assert!(unknown.legacy_row().is_none());
+        assert!(unknown.legacy_row(DType::F16).is_none());
+    }
+
+    #[test]
+    fn a_cached_row_never_puts_strict_f32_on_tensor_cores() {
+        let choice = |math: &str| Choice::Legacy {
+            algo: "IMPLICIT_GEMM".into(),
+            math: math.into(),
+        };
+        for (math, _) in MATH_TYPES {
+            let strict = choice(math).legacy_row(DType::F32);
+            assert_eq!(strict.is_some(), math == "FMA", "{math}");
+            assert!(choice(math).legacy_row(DType::Tf32).is_some(), "{math}");
+        }
     }
 
     #[test]
@@ -233,5 +254,164 @@ mod tests {
             file_name("NVIDIA H100 80GB HBM3", (9, 0), 91900),
             "cudnn-choices-v3-NVIDIA_H100_80GB_HBM3-sm90-cudnn91900.json"
         );
+    }
+
+    /// Property tests of `parse` on corrupt and hand-edited files: it never panics, and what it
+    /// keeps is a cache it would write again the same way.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+        use proptest::test_runner::Config;
+
+        /// Dimensions from tiny to absurd: the cache only compares keys, so none may matter.
+        fn dim() -> impl Strategy<Value = usize> {
+            prop_oneof![0usize..600, Just(usize::MAX), any::<usize>()]
+        }
+
+        fn key() -> impl Strategy<Value = Key> {
+            let shape =
+                (prop::array::uniform9(dim())).prop_map(|[n, c, h, w, k, r, s, stride, pad]| {
+                    ConvShape {
+                        n,
+                        c,
+                        h,
+                        w,
+                        k,
+                        r,
+                        s,
+                        stride,
+                        pad,
+                    }
+                });
+            (
+                shape,
+                prop::sample::select(vec![Layout::Nchw, Layout::Nhwc]),
+                prop::sample::select(DType::ALL.to_vec()),
+                prop_oneof![
+                    any::<bool>().prop_map(|residual| Op::Fused { residual }),
+                    Just(Op::Plain)
+                ],
+                any::<bool>(),
+                prop::option::of(dim()),
+            )
+                .prop_map(
+                    |(shape, layout, dtype, op, legacy_only, workspace_limit)| Key {
+                        conv: Conv {
+                            shape,
+                            layout,
+                            dtype,
+                        },
+                        op,
+                        legacy_only,
+                        workspace_limit,
+                    },
+                )
+        }
+
+        /// Names this build knows, and some it does not.
+        fn name<T>(known: &[(&'static str, T)]) -> impl Strategy<Value = String> {
+            let mut names: Vec<&str> = known.iter().map(|(n, _)| *n).collect();
+            names.extend(["", "NO_SUCH", "implicit_gemm", "WINOGRAD ", "\u{0}"]);
+            prop::sample::select(names).prop_map(str::to_string)
+        }
+
+        fn choice() -> impl Strategy<Value = Choice> {
+            prop_oneof![
+                (name(&FWD_ALGOS), name(&MATH_TYPES))
+                    .prop_map(|(algo, math)| Choice::Legacy { algo, math }),
+                prop_oneof![0usize..40, Just(usize::MAX)].prop_map(|rank| Choice::Graph { rank }),
+                Just(Choice::Split),
+            ]
+        }
+
+        /// A damage to a file's text: at a fraction of its length, bytes removed and others
+        /// put in their place.
+        fn edit() -> impl Strategy<Value = (f64, usize, Vec<u8>)> {
+            let token = prop_oneof![
+                prop::sample::select(vec![
+                    "-1",
+                    "1e400",
+                    "18446744073709551616",
+                    "null",
+                    "{",
+                    "}",
+                    "[",
+                    "]",
+                    ",",
+                    "\"",
+                    "\\u0000",
+                    "\\ud800",
+                    "NaN",
+                    "\"api\":\"legacy\"",
+                    "\"rank\":",
+                    "\"fused\"",
+                    "\"f17\"",
+                ])
+                .prop_map(|t| t.as_bytes().to_vec()),
+                prop::collection::vec(any::<u8>(), 1..4),
+            ];
+            (0.0f64..1.0, 0usize..6, prop_oneof![Just(Vec::new()), token])
+        }
+
+        /// `parse` of its own output gives the same map back: whatever was kept from a damaged
+        /// file is a well-formed cache.
+        fn kept_entries_are_well_formed(map: &BTreeMap<Key, Choice>) {
+            let c = Choices {
+                map: map.clone(),
+                ..Choices::default()
+            };
+            assert_eq!(&Choices::parse(&c.render()), map);
+        }
+
+        proptest! {
+            // about a second each in a debug build; PROPTEST_CASES raises it
+            #![proptest_config(Config {
+                cases: std::env::var("PROPTEST_CASES")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(2000),
+                failure_persistence: None,
+                ..Config::default()
+            })]
+
+            #[test]
+            fn arbitrary_bytes_parse_without_panic(
+                bytes in prop::collection::vec(any::<u8>(), 0..512),
+            ) {
+                kept_entries_are_well_formed(&Choices::parse(&bytes));
+            }
+
+            #[test]
+            fn damaged_files_parse_without_panic(
+                entries in prop::collection::vec((key(), choice()), 0..4),
+                edits in prop::collection::vec(edit(), 0..4),
+            ) {
+                let mut c = Choices::default();
+                for (k, v) in entries {
+                    c.put(k, v);
+                }
+                let mut bytes = c.render();
+                // the undamaged file reads back whole
+                prop_assert_eq!(&Choices::parse(&bytes), &c.map);
+                for (at, remove, insert) in edits {
+                    let i = (bytes.len() as f64 * at) as usize;
+                    let end = (i + remove).min(bytes.len());
+                    bytes.splice(i..end, insert);
+                }
+                let kept = Choices::parse(&bytes);
+                kept_entries_are_well_formed(&kept);
+                for (k, v) in &kept {
+                    // an unknown name, a rank past the list or a strict tensor-core math type
+                    // comes back as no row, which means measure again
+                    if let Some(row) = v.legacy_row(k.conv.dtype) {
+                        prop_assert!(
+                            k.conv.dtype.uses_tensor_cores()
+                                || row.math == dn::cudnnMathType_t::CUDNN_FMA_MATH
+                        );
+                        prop_assert_eq!(&Choice::legacy(row), v);
+                    }
+                }
+            }
+        }
     }
 }

@@ -33,9 +33,10 @@ impl Dnn {
     }
 
     /// Gives `plan` the cached algorithm of `choice`; None when it no longer fits the
-    /// workspace (or the cache names an algorithm this cuDNN lacks).
+    /// workspace (or the cache names an algorithm this cuDNN lacks, or a math type the dtype
+    /// must not run with).
     fn use_cached(&self, plan: &mut ConvPlan, choice: &Choice) -> Option<()> {
-        let row = choice.legacy_row()?;
+        let row = choice.legacy_row(plan.conv.dtype)?;
         plan.apply(row).ok()?;
         let row = self.workspace_for(plan, row).ok()?;
         plan.apply(row).ok()

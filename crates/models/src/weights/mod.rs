@@ -159,9 +159,9 @@ pub enum WeightsError {
     },
     /// A file of single tensors lacks the one asked for.
     #[error(
-        "{}: has no tensor named {name:?} (it has: {})",
+        "{}: has no tensor named {name:?} ({})",
         .path.display(),
-        .names.join(", ")
+        holding(.names)
     )]
     NoTensor {
         path: PathBuf,
@@ -174,6 +174,69 @@ pub enum WeightsError {
         .path.display()
     )]
     NoClasses { path: PathBuf },
+    /// A header names one tensor twice: the file's writer is broken, and which of the two a
+    /// reader keeps is arbitrary.
+    #[error("weights file {}: key {key} appears twice in the header", .path.display())]
+    DuplicateKey { path: PathBuf, key: String },
+}
+
+/// What a file of single tensors holds, for the message that the asked-for one is absent: at
+/// most eight names, then how many more.
+fn holding(names: &[String]) -> String {
+    const SHOWN: usize = 8;
+    match names.len() {
+        0 => "it holds no tensors".to_string(),
+        n if n <= SHOWN => format!("it has: {}", names.join(", ")),
+        n => format!(
+            "it has: {}, and {} more",
+            names[..SHOWN].join(", "),
+            n - SHOWN
+        ),
+    }
+}
+
+/// Parses a safetensors file and refuses a header that names a tensor twice (the library keeps
+/// the last one silently).
+fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>, WeightsError> {
+    let file = SafeTensors::deserialize(bytes).map_err(|source| WeightsError::Format {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if let Some(key) = duplicate_key(bytes) {
+        return Err(WeightsError::DuplicateKey {
+            path: path.to_path_buf(),
+            key,
+        });
+    }
+    Ok(file)
+}
+
+/// The first top-level key that a safetensors header repeats; None when there is none or the
+/// header is not the JSON object it should be (deserialize has accepted it by then).
+fn duplicate_key(bytes: &[u8]) -> Option<String> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    struct Keys;
+    impl<'de> Visitor<'de> for Keys {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut seen = HashSet::new();
+            while let Some(key) = map.next_key::<String>()? {
+                map.next_value::<IgnoredAny>()?;
+                if !seen.insert(key.clone()) {
+                    return Ok(Some(key));
+                }
+            }
+            Ok(None)
+        }
+    }
+    let len = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let end = 8usize.checked_add(usize::try_from(len).ok()?)?;
+    let header = bytes.get(8..end)?;
+    let mut de = serde_json::Deserializer::from_slice(header);
+    de.deserialize_map(Keys).ok().flatten()
 }
 
 /// Loads and checks `path` against `model`'s state dict for `num_classes` (use the class count
@@ -201,10 +264,7 @@ fn load_checked(
         path: path.to_path_buf(),
         source,
     })?;
-    let file = SafeTensors::deserialize(&bytes).map_err(|source| WeightsError::Format {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let file = parse(path, &bytes)?;
     let tensors: HashMap<&str, TensorView<'_>> = file.iter().collect();
     let ctx = Ctx { path, model };
 
@@ -367,10 +427,7 @@ pub fn load_tensor(path: &Path, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
         path: path.to_path_buf(),
         source,
     })?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|source| WeightsError::Format {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let st = parse(path, &bytes)?;
     let t = st.tensor(name).map_err(|_| WeightsError::NoTensor {
         path: path.to_path_buf(),
         name: name.to_string(),
