@@ -119,12 +119,14 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   run_bench matmul-cpu bench matmul --device cpu --sizes 1024,4096 --dtype f32,f64,f16 --compare-pytorch
   run_bench bandwidth bench bandwidth --compare-pytorch
   run_bench conv bench conv --compare-pytorch
+  run_bench train-regression train --preset seed-regression --steps 200 --epochs 13 --compare-pytorch
+  run_bench train-classification train --preset seed-classification --epochs 200 --compare-pytorch
   t0=$(date +%s%N)
   clean timeout 600 "$BIN" all --out "$W/report" >>"$LOG" 2>&1
   say "all rc=$? in $(ms_since "$t0") ms"
   cp "$W/report/report.md" "$W/all-report.md" 2>/dev/null; cp "$W/report/report.json" "$W/all-report.json" 2>/dev/null
   rm -rf "$W/report"
-  for f in matmul-gpu matmul-cpu bandwidth conv; do echo; cat "$W/$f.txt"; done | tee -a "$SUMMARY" >/dev/null
+  for f in matmul-gpu matmul-cpu bandwidth conv train-regression train-classification; do echo; cat "$W/$f.txt"; done | tee -a "$SUMMARY" >/dev/null
 fi
 
 if [ "$MODE" = sanitize ]; then

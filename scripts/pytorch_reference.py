@@ -31,7 +31,23 @@ Usage:
                              [--benchmark-cudnn] [--input FILE.safetensors]
                              [--save-output FILE.safetensors] [--device cuda|cpu] [--threads N]
 
+  pytorch_reference.py train --data D.safetensors --init W.safetensors --order O.safetensors
+                             --config C.json [--repeats 5] [--device cuda|cpu] [--threads N]
+
   Conv shapes are NxCxHxW:KxRxS:s<stride>p<pad> (input, filter, stride/padding).
+
+  train runs gpukit's training loop as idiomatic PyTorch: nn.Sequential(Linear, ReLU, ...,
+  Linear) loaded from --init (names 0.weight, 0.bias, 2.weight, ...), the data of --data
+  (x F32 [n, f]; y F32 [n] or [n, w] for MSE, I64 [n] for cross-entropy) in a DataLoader
+  (TensorDataset, pin_memory on cuda) whose batch sampler yields --order's sample order
+  ("order" I64 [epochs, n]: epoch e's order), torch.optim's SGD/Adam/AdamW, MSELoss or
+  CrossEntropyLoss, the loss divided by `accumulate` and an optimizer step every `accumulate`
+  batches and at each epoch's end, stopping after `max_steps` steps. --config is gpukit's
+  TrainConfig as JSON (widths, loss, optimizer {kind, lr, momentum, weight_decay},
+  batch_size, epochs, accumulate, max_steps) plus "precision" (fp32, tf32, fp16: autocast and
+  GradScaler, bf16: autocast). The loop runs --repeats times from the same weights; the
+  result has the first run's per-step losses (each step's mean batch loss, read once at the
+  end) and every run's seconds (the loop only; cuda: synchronized).
 
   infer times a torchvision ResNet (torchvision's own class when torchvision imports,
   else the same architecture built here with torchvision's module names) loaded from a
@@ -204,6 +220,15 @@ def build_parser():
     c.add_argument("--device", type=choice_of("cuda", "cpu"), default="cuda")
     c.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all)")
     timing_args(c, 50, 10)
+
+    t = sub.add_parser("train", help="an MLP training loop as idiomatic PyTorch")
+    t.add_argument("--data", required=True)
+    t.add_argument("--init", required=True)
+    t.add_argument("--order", required=True)
+    t.add_argument("--config", required=True, help="gpukit's TrainConfig as a JSON file")
+    t.add_argument("--repeats", type=positive_int, default=5)
+    t.add_argument("--device", type=choice_of("cuda", "cpu"), default="cuda")
+    t.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all)")
 
     i = sub.add_parser("infer", help="ResNet inference from a safetensors state_dict")
     i.add_argument("--model", type=choice_of(*RESNETS), default="resnet50")
@@ -986,6 +1011,92 @@ def finite_or_none(value):
     return value if math.isfinite(value) else None
 
 
+def bench_train(torch, args):
+    """gpukit's training loop in idiomatic PyTorch (see the usage text); returns (rows, extra)."""
+    try:
+        with open(args.config) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"cannot read the training config {args.config}: {one_line(exc)}") from None
+    device = torch.device(args.device)
+    data = read_safetensors(torch, args.data, "data file")
+    init = read_safetensors(torch, args.init, "initial weights file")
+    order = read_safetensors(torch, args.order, "order file")["order"]
+    widths, loss_name = cfg["widths"], cfg["loss"]
+    opt_cfg, precision = cfg["optimizer"], cfg.get("precision", "fp32")
+    x = data["x"].float()
+    y = data["y"].long() if loss_name == "cross-entropy" else data["y"].float()
+    if loss_name == "mse" and y.dim() == 1:
+        y = y.unsqueeze(1)
+    layers = []
+    for i in range(len(widths) - 1):
+        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
+        if i + 2 < len(widths):
+            layers.append(torch.nn.ReLU())
+    batch, accumulate = cfg["batch_size"], cfg["accumulate"]
+    max_steps = cfg.get("max_steps")
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+
+    class OrderSampler(torch.utils.data.Sampler):
+        """Every epoch's batches in gpukit's order: consecutive chunks of that epoch's order."""
+
+        def __init__(self):
+            self.batches = [order[e][i:i + batch].tolist()
+                            for e in range(order.shape[0]) for i in range(0, order.shape[1], batch)]
+
+        def __iter__(self):
+            return iter(self.batches)
+
+        def __len__(self):
+            return len(self.batches)
+
+    n = x.shape[0]
+    per_epoch = (n + batch - 1) // batch
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_sampler=OrderSampler(),
+                                         pin_memory=device.type == "cuda")
+
+    def one_run():
+        model = torch.nn.Sequential(*layers).to(device)
+        model.load_state_dict({k: v.float() for k, v in init.items()})
+        kind, lr, wd = opt_cfg["kind"], opt_cfg["lr"], opt_cfg["weight_decay"]
+        if kind == "sgd":
+            opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=opt_cfg["momentum"], weight_decay=wd)
+        elif kind == "adam":
+            opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=wd)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd)
+        loss_fn = torch.nn.CrossEntropyLoss() if loss_name == "cross-entropy" else torch.nn.MSELoss()
+        scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        losses, micro, steps = [], [], 0
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for b, (xb, yb) in enumerate(loader):
+            if max_steps is not None and steps >= max_steps:
+                break
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                enabled=autocast_dtype is not None):
+                loss = loss_fn(model(xb), yb)
+            micro.append(loss.detach().float())
+            scaler.scale(loss / accumulate).backward()
+            if len(micro) == accumulate or (b + 1) % per_epoch == 0:
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad(set_to_none=True)
+                losses.append(torch.stack(micro).mean())
+                micro, steps = [], steps + 1
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        return [float(v) for v in torch.stack(losses).tolist()] if losses else [], seconds
+
+    step_losses, first_s = one_run()
+    seconds = [first_s] + [one_run()[1] for _ in range(args.repeats - 1)]
+    return [{"step_losses": step_losses, "seconds": seconds}], {"precision": precision}
+
+
 def bench_infer(torch, args):
     """Return (rows, extra top-level fields).  Models are built and converted outside
     inference mode (their parameters stay ordinary tensors, which torch.compile and CUDA
@@ -1077,6 +1188,8 @@ def run(torch, args):
                 "answered": answered}
     if args.command == "infer":  # builds its models outside inference mode, runs them inside it
         results, extra = bench_infer(torch, args)
+    elif args.command == "train":
+        results, extra = bench_train(torch, args)
     else:
         bench = {"matmul": bench_matmul, "bandwidth": bench_bandwidth, "conv": bench_conv}[args.command]
         with torch.inference_mode():

@@ -10,6 +10,7 @@ use crate::infer::{gpu_rows_without_figure, run_infer, InferOptions, InferReport
 use crate::matmul::{run_matmul, MatmulOptions, MatmulReport};
 use crate::memory::{run_memory, MemoryOptions, MemoryReport};
 use crate::report::{judge_rows, Document, RowStatus};
+use crate::train::{run_train, Preset, TrainReport, TrainRequest};
 use gpukit_cuda::loader::Discovery;
 use gpukit_models::gpu::Strategy;
 use gpukit_models::ResNet;
@@ -46,6 +47,9 @@ pub struct AllReport {
     pub infer: Option<InferReport>,
     /// `gpukit memory` (fp32, ResNet-50) when a GPU is there.
     pub memory: Option<MemoryReport>,
+    /// `gpukit train`: each tutorial preset once.
+    #[serde(default)]
+    pub train: Vec<TrainReport>,
     /// Seconds each part took.
     pub seconds: Vec<(String, f64)>,
     pub skipped: Vec<Skipped>,
@@ -280,6 +284,25 @@ pub fn run_all(
         None
     };
 
+    progress("[gpukit all] train");
+    let t = Instant::now();
+    let mut train = Vec::new();
+    for preset in [Preset::SeedRegression, Preset::SeedClassification] {
+        let request = TrainRequest {
+            preset: Some(preset),
+            eval_fraction: Some(0.2),
+            ..TrainRequest::default()
+        };
+        match run_train(&request, progress) {
+            Ok(r) => train.push(r),
+            Err(e) => skipped.push(Skipped {
+                part: format!("train --preset {}", preset.name()),
+                reason: e.to_string(),
+            }),
+        }
+    }
+    timed("train", &mut seconds, t);
+
     Ok(AllReport {
         generated_unix_s: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -292,6 +315,7 @@ pub fn run_all(
         conv,
         infer,
         memory,
+        train,
         seconds,
         skipped,
         total_seconds: started.elapsed().as_secs_f64(),

@@ -14,6 +14,8 @@ pub enum Error {
     Tensor(#[from] gpukit_tensor::Error),
     #[error("{0}")]
     Model(#[from] gpukit_models::Error),
+    #[error("{0}")]
+    Train(#[from] gpukit_train::Error),
     /// The arguments or an input file are wrong: nothing was measured.
     #[error("{0}")]
     BadInput(String),
@@ -60,6 +62,7 @@ impl HasKind for Error {
             Error::Cuda(e) => e.kind(),
             Error::Tensor(e) => e.kind(),
             Error::Model(e) => e.kind(),
+            Error::Train(e) => e.kind(),
             Error::BadInput(_) => ErrorKind::BadInput,
             Error::Io { .. } => ErrorKind::BadInput,
             Error::Peer(_) | Error::Unavailable(_) => ErrorKind::Unavailable,

@@ -8,6 +8,7 @@ pub mod all;
 pub mod bandwidth;
 pub mod ceilings;
 pub mod check;
+pub mod compare;
 pub mod conv;
 pub mod error;
 pub mod harness;
@@ -19,6 +20,7 @@ pub mod peer;
 pub mod report;
 pub use gpukit_tensor::random;
 pub mod stats;
+pub mod train;
 
 /// The CPU paths live with the tensors (the inference engine uses them too).
 pub use gpukit_tensor::cpu;

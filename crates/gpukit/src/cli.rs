@@ -34,8 +34,45 @@ pub enum Command {
     /// Where GPU memory goes for ResNet inference at several batch sizes (allocated, reserved,
     /// peak, the CUDA context), a memory limit, and what to do on out-of-memory.
     Memory(MemoryArgs),
+    /// Train a multilayer perceptron: the tutorials' two loops (--preset) or one described by
+    /// flags; per-epoch losses, accuracy and throughput, checkpoints that resume exactly.
+    Train(TrainArgs),
     /// Run every command and write DIR/report.json and DIR/report.md.
     All(AllArgs),
+    /// Compare two reports (any command's --save-json, or all's report.json): every figure in
+    /// both, better or worse beyond a threshold and the runs' own spread.
+    Compare(CompareArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
+pub struct CompareArgs {
+    /// The earlier report (JSON).
+    #[arg(value_name = "OLD.json")]
+    pub old: PathBuf,
+
+    /// The later report (JSON).
+    #[arg(value_name = "NEW.json")]
+    pub new: PathBuf,
+
+    /// A change smaller than this is "same": a percentage (5%) or a fraction (0.05). A larger
+    /// one also has to be beyond the two runs' spread (their p10-p90 ranges apart).
+    #[arg(
+        long,
+        default_value = "5%",
+        value_name = "T",
+        allow_hyphen_values = true,
+        value_parser = gpukit_bench::compare::parse_threshold
+    )]
+    pub threshold: f64,
+
+    /// Exit 1 when any figure is worse.
+    #[arg(long)]
+    pub fail_on_regression: bool,
+
+    /// Also write the tables as Markdown to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
 }
 
 fn parse_model(s: &str) -> Result<gpukit_models::ResNet, String> {
@@ -557,4 +594,167 @@ mod tests {
             other => panic!("{other:?}"),
         }
     }
+}
+
+#[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
+pub struct TrainArgs {
+    /// seed-regression (1024x16 normal data, MLP 16-64-1, MSE, Adam 1e-3, batch 64, 3 epochs)
+    /// or seed-classification (100x3, labels 0/1, MLP 3-10-2, cross-entropy, SGD 0.01, full
+    /// batch, 5 epochs); other flags override its settings [default: seed-regression].
+    #[arg(long, value_parser = parse_preset)]
+    pub preset: Option<gpukit_bench::train::Preset>,
+
+    /// Layer widths, inputs first, outputs last, ReLU between (e.g. 16,64,1).
+    #[arg(long, value_name = "N,N,...", value_parser = parse_layers)]
+    pub layers: Option<Layers>,
+
+    /// Samples of generated data.
+    #[arg(long, value_parser = parse_count)]
+    pub samples: Option<usize>,
+
+    /// Features of generated data.
+    #[arg(long, value_parser = parse_count)]
+    pub features: Option<usize>,
+
+    /// Samples a batch.
+    #[arg(long, value_parser = parse_batch)]
+    pub batch_size: Option<usize>,
+
+    /// Passes over the training data (in all, when resuming).
+    #[arg(long, value_parser = parse_count_u64)]
+    pub epochs: Option<u64>,
+
+    /// Stop after this many optimizer updates in all.
+    #[arg(long, value_parser = parse_count_u64)]
+    pub steps: Option<u64>,
+
+    /// sgd, adam or adamw.
+    #[arg(long, value_parser = parse_optimizer)]
+    pub optimizer: Option<gpukit_train::optim::OptimizerKind>,
+
+    /// Learning rate.
+    #[arg(long, value_parser = parse_real)]
+    pub lr: Option<f64>,
+
+    /// SGD momentum, in [0, 1).
+    #[arg(long, value_parser = parse_real)]
+    pub momentum: Option<f64>,
+
+    /// Weight decay (L2 for sgd and adam, decoupled for adamw).
+    #[arg(long, value_parser = parse_real)]
+    pub weight_decay: Option<f64>,
+
+    /// mse or cross-entropy [default: the preset's, or what the data's targets are].
+    #[arg(long, value_parser = parse_loss)]
+    pub loss: Option<gpukit_train::loss::LossKind>,
+
+    /// Fraction of the samples held out (the last ones) to evaluate after each epoch.
+    #[arg(long, value_parser = parse_real)]
+    pub eval_fraction: Option<f64>,
+
+    /// Seed of the generated data, the initial weights and the batch order [default: 0].
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    /// Data file: safetensors with tensors x [n, features] and y, or CSV with a header whose
+    /// last column is the target.
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+
+    /// Initial weights: safetensors with PyTorch nn.Sequential names (0.weight, 0.bias,
+    /// 2.weight, ...).
+    #[arg(long, value_name = "FILE")]
+    pub init: Option<PathBuf>,
+
+    /// Batches in data order instead of a seeded shuffle each epoch.
+    #[arg(long)]
+    pub no_shuffle: bool,
+
+    /// Sum the gradients of K batches (each loss divided by K) before each update.
+    #[arg(long, value_name = "K", value_parser = parse_count)]
+    pub accumulate: Option<usize>,
+
+    /// Write a checkpoint (weights, optimizer state, position) there at the end.
+    #[arg(long, value_name = "FILE")]
+    pub save: Option<PathBuf>,
+
+    /// Continue from a checkpoint written by --save.
+    #[arg(long, value_name = "FILE")]
+    pub resume: Option<PathBuf>,
+
+    /// Write every update's loss there (CSV: step,loss).
+    #[arg(long, value_name = "FILE")]
+    pub save_losses: Option<PathBuf>,
+
+    /// fp32 (tf32, fp16 and bf16 are for the GPU path).
+    #[arg(long)]
+    pub precision: Option<String>,
+
+    /// cpu (the GPU path, cuda:N, is not built yet).
+    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
+    pub device: Device,
+
+    /// Run the same loop in PyTorch (same data, initial weights and batch order), compare the
+    /// per-update losses and the times.
+    #[arg(long)]
+    pub compare_pytorch: bool,
+}
+
+fn parse_preset(s: &str) -> Result<gpukit_bench::train::Preset, String> {
+    gpukit_bench::train::Preset::parse(s)
+        .ok_or_else(|| "unknown preset (seed-regression or seed-classification)".to_string())
+}
+
+/// `--layers`' widths, one value to clap (a `Vec` would be taken as a list of values).
+#[derive(Debug, Clone)]
+pub struct Layers(pub Vec<usize>);
+
+fn parse_layers(s: &str) -> Result<Layers, String> {
+    gpukit_train::model::parse_widths(s)
+        .map(Layers)
+        .map_err(|e| e.to_string())
+}
+
+fn parse_count(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) if n > MAX_BATCH => Err(format!(
+            "{n} is beyond what this flag allows (at most {MAX_BATCH})"
+        )),
+        Ok(n) => Ok(n),
+        Err(_) => Err("not a whole number".into()),
+    }
+}
+
+fn parse_count_u64(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err("not a whole number".into()),
+    }
+}
+
+fn parse_real(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        Ok(v) => Err(format!("{v} is not a finite number")),
+        Err(_) => Err("not a number".into()),
+    }
+}
+
+fn parse_optimizer(s: &str) -> Result<gpukit_train::optim::OptimizerKind, String> {
+    use gpukit_train::optim::OptimizerKind::*;
+    [Sgd, Adam, AdamW]
+        .into_iter()
+        .find(|k| k.name() == s.trim().to_ascii_lowercase())
+        .ok_or_else(|| "unknown optimizer (sgd, adam or adamw)".to_string())
+}
+
+fn parse_loss(s: &str) -> Result<gpukit_train::loss::LossKind, String> {
+    use gpukit_train::loss::LossKind::*;
+    [Mse, CrossEntropy]
+        .into_iter()
+        .find(|k| k.name() == s.trim().to_ascii_lowercase())
+        .ok_or_else(|| "unknown loss (mse or cross-entropy)".to_string())
 }

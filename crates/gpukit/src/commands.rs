@@ -3,8 +3,8 @@
 //! into the exit code. No measuring and no policy lives here.
 
 use crate::cli::{
-    AllArgs, BandwidthArgs, BenchCommand, CheckArgs, Cli, Command, ConvArgs, InferArgs, MatmulArgs,
-    MemoryArgs,
+    AllArgs, BandwidthArgs, BenchCommand, CheckArgs, Cli, Command, CompareArgs, ConvArgs,
+    InferArgs, MatmulArgs, MemoryArgs, TrainArgs,
 };
 use crate::render::{self, Section};
 use anyhow::{Context, Result};
@@ -38,7 +38,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Conv(a)) => bench_conv(a, &out),
         Command::Infer(a) => infer(a, &out),
         Command::Memory(a) => memory(a, &out),
+        Command::Train(a) => train(a, &out),
         Command::All(a) => all(a, &out),
+        Command::Compare(a) => compare(a, &out),
     }
 }
 
@@ -340,6 +342,39 @@ fn memory(a: MemoryArgs, out: &Output) -> Result<()> {
     )
 }
 
+fn train(a: TrainArgs, out: &Output) -> Result<()> {
+    use gpukit_bench::train::{document, run_train, TrainRequest};
+    let request = TrainRequest {
+        preset: a.preset,
+        layers: a.layers.map(|l| l.0),
+        samples: a.samples,
+        features: a.features,
+        batch_size: a.batch_size,
+        epochs: a.epochs,
+        optimizer: a.optimizer,
+        lr: a.lr,
+        momentum: a.momentum,
+        weight_decay: a.weight_decay,
+        loss: a.loss,
+        seed: a.seed,
+        eval_fraction: a.eval_fraction,
+        data: a.data,
+        init: a.init,
+        no_shuffle: a.no_shuffle,
+        accumulate: a.accumulate,
+        steps: a.steps,
+        save: a.save,
+        resume: a.resume,
+        save_losses: a.save_losses,
+        precision: a.precision,
+        device: Some(a.device),
+        compare_pytorch: a.compare_pytorch,
+    };
+    let report = run_train(&request, &mut progress())?;
+    let sections = render::train_sections(&report);
+    emit(&document(report), out, Vec::new(), sections)
+}
+
 fn infer(a: InferArgs, out: &Output) -> Result<()> {
     use gpukit_bench::infer::{
         check_batches, compare_with_pytorch, document, run_infer, select_strategies, unusable,
@@ -447,4 +482,22 @@ fn all(a: AllArgs, out: &Output) -> Result<()> {
         save_json: None,
     };
     emit(&doc, &to_stdout, head, Vec::new())
+}
+
+fn compare(a: CompareArgs, out: &Output) -> Result<()> {
+    use gpukit_bench::compare::{compare, document, load};
+    if let Some(p) = &a.markdown {
+        check_destination_file(p, "--markdown")?;
+    }
+    let old = load(&a.old)?;
+    let new = load(&a.new)?;
+    let report = compare(&old, &new, a.threshold)?;
+    let sections = render::compare_sections(&report);
+    let doc = document(report, a.fail_on_regression);
+    if let Some(p) = &a.markdown {
+        let md = render::compare_markdown(&doc, &sections);
+        gpukit_types::files::write_atomically(p, md.as_bytes())
+            .with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    emit(&doc, out, Vec::new(), sections)
 }

@@ -48,6 +48,25 @@ fn safetensors(path: &Path, name: &str, shape: &[usize], values: &[f32]) {
     std::fs::write(path, bytes).unwrap();
 }
 
+/// A safetensors file with two f32 tensors of the given names and shapes (values 0.5).
+fn two_tensors(path: &Path, a: (&str, &[usize]), b: (&str, &[usize])) {
+    let len = |s: &[usize]| s.iter().product::<usize>() * 4;
+    let header = format!(
+        "{{\"{}\":{{\"dtype\":\"F32\",\"shape\":{:?},\"data_offsets\":[0,{}]}},\"{}\":{{\"dtype\":\"F32\",\"shape\":{:?},\"data_offsets\":[{},{}]}}}}",
+        a.0,
+        a.1,
+        len(a.1),
+        b.0,
+        b.1,
+        len(a.1),
+        len(a.1) + len(b.1)
+    );
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend(std::iter::repeat_n(0.5f32.to_le_bytes(), (len(a.1) + len(b.1)) / 4).flatten());
+    std::fs::write(path, bytes).unwrap();
+}
+
 fn cases(dir: &Path) -> Vec<Case> {
     let missing = dir.join("missing.safetensors");
     let not_safetensors = dir.join("text.safetensors");
@@ -71,6 +90,22 @@ fn cases(dir: &Path) -> Vec<Case> {
     let long: &'static str = Box::leak(long.into_boxed_str());
     let not_utf8 = OsString::from_vec(vec![b'f', 0xff, b'1', b'6']);
 
+    // train's data and checkpoint files
+    let ragged = dir.join("ragged.csv");
+    std::fs::write(&ragged, "a,b,y\n1,2,3\n4,5\n").unwrap();
+    let text = dir.join("text.csv");
+    std::fs::write(&text, "a,b,y\n1,2,3\n4,abc,6\n").unwrap();
+    let no_x = dir.join("nox.safetensors");
+    safetensors(&no_x, "y", &[4], &[1.0; 4]);
+    let mismatch = dir.join("mismatch.safetensors");
+    two_tensors(&mismatch, ("x", &[4, 2]), ("y", &[3]));
+    let checkpoint = dir.join("ck.safetensors");
+    let made = Command::new(bin())
+        .args(["train", "--steps", "1", "--save"])
+        .arg(&checkpoint)
+        .output()
+        .expect("run gpukit");
+    assert!(made.status.success(), "{made:?}");
     let mut v = vec![
         // the command line itself
         case(&["--frobnicate"], &["--frobnicate"]),
@@ -173,6 +208,70 @@ fn cases(dir: &Path) -> Vec<Case> {
             &["--iterations", "at least 1"],
         ),
         case(&["bench", "conv", "--backward"], &["--backward"]),
+        // train
+        case(&["train", "--batch-size", "0"], &["--batch-size"]),
+        case(&["train", "--batch-size", "-1"], &["--batch-size"]),
+        case(&["train", "--lr", "0"], &["--lr"]),
+        case(&["train", "--lr", "-1"], &["--lr"]),
+        case(&["train", "--lr", "nan"], &["--lr"]),
+        case(&["train", "--layers", "16,x,1"], &["--layers"]),
+        case(
+            &["train", "--layers", "5,64,1"],
+            &["--layers", "16 features"],
+        ),
+        case(&["train", "--epochs", "0"], &["--epochs"]),
+        case(&["train", "--steps", "0"], &["--steps"]),
+        case(&["train", "--accumulate", "0"], &["--accumulate"]),
+        case(&["train", "--optimizer", "rmsprop"], &["--optimizer"]),
+        case(&["train", "--loss", "hinge"], &["--loss"]),
+        case(&["train", "--eval-fraction", "1"], &["--eval-fraction"]),
+        case(
+            &["train", "--optimizer", "adam", "--momentum", "0.9"],
+            &["--momentum"],
+        ),
+        case(&["train", "--precision", "fp16"], &["--precision"]),
+        with_path(&["train", "--data"], &ragged, &["ragged.csv", "fields"]),
+        with_path(
+            &["train", "--data"],
+            &text,
+            &["text.csv", "is not a number"],
+        ),
+        with_path(&["train", "--data"], &no_x, &["nox.safetensors", "\"x\""]),
+        with_path(
+            &["train", "--data"],
+            &mismatch,
+            &["mismatch.safetensors", "rows"],
+        ),
+        with_path(
+            &["train", "--data"],
+            &dir.join("missing.csv"),
+            &["missing.csv"],
+        ),
+        with_path(
+            &["train", "--samples", "10", "--data"],
+            &ragged,
+            &["--samples", "--data"],
+        ),
+        case(&["train", "--save", "/proc/x/ck.safetensors"], &["--save"]),
+        case(
+            &["train", "--save-losses", "/proc/x/l.csv"],
+            &["--save-losses"],
+        ),
+        with_path(
+            &["train", "--layers", "16,32,1", "--resume"],
+            &checkpoint,
+            &["ck.safetensors", "layers 16,64,1, not 16,32,1"],
+        ),
+        with_path(
+            &["train", "--resume"],
+            &no_x,
+            &["nox.safetensors", "not a gpukit training checkpoint"],
+        ),
+        with_path(
+            &["train", "--init", "x.safetensors", "--resume"],
+            &checkpoint,
+            &["--init", "--resume"],
+        ),
         // infer
         case(
             &[

@@ -369,9 +369,12 @@ proptest! {
     }
 }
 
-/// The R18 state dict as safetensors tensors (F32 little-endian bytes), built once.
-fn r18_raw() -> &'static Vec<(String, Vec<usize>, Vec<u8>)> {
-    static RAW: OnceLock<Vec<(String, Vec<usize>, Vec<u8>)>> = OnceLock::new();
+/// One tensor as safetensors stores it: name, shape, F32 little-endian bytes.
+type RawTensor = (String, Vec<usize>, Vec<u8>);
+
+/// The R18 state dict as safetensors tensors, built once.
+fn r18_raw() -> &'static Vec<RawTensor> {
+    static RAW: OnceLock<Vec<RawTensor>> = OnceLock::new();
     RAW.get_or_init(|| {
         seeded_init(ResNet::R18, 10, 3, true)
             .params

@@ -6,6 +6,7 @@
 
 mod bandwidth;
 mod check;
+mod compare;
 mod conv;
 mod fmt;
 mod infer;
@@ -13,14 +14,17 @@ mod matmul;
 mod memory;
 #[cfg(test)]
 mod tests;
+mod train;
 mod views;
 
 pub use bandwidth::bandwidth_sections;
 pub use check::{check_headline, check_sections};
+pub use compare::{compare_markdown, compare_sections};
 pub use conv::conv_sections;
 pub use infer::{infer_sections, input_run_section};
 pub use matmul::matmul_sections;
 pub use memory::memory_sections;
+pub use train::train_sections;
 pub use views::{all_markdown, check_head};
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, ContentArrangement, Table};

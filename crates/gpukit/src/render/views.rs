@@ -49,6 +49,12 @@ pub fn all_markdown(doc: &Document<AllReport>) -> String {
         md.push_str("\n## GPU memory\n");
         md.push_str(&to_markdown(&render::memory_sections(m), 3));
     }
+    if !r.train.is_empty() {
+        md.push_str("\n## Training\n");
+        for t in &r.train {
+            md.push_str(&to_markdown(&render::train_sections(t), 3));
+        }
+    }
     if !doc.notes.is_empty() || doc.failure.is_some() {
         md.push_str("\n## Notes\n\n");
         if let Some(f) = &doc.failure {

@@ -287,5 +287,78 @@ pub fn matmul_f16(a: &[f16], b: &[f16], c: &mut [f16], m: usize, n: usize, k: us
     matmul(a, b, c, (m, n, k), f16::ONE);
 }
 
+/// `C (m x n) = op(A) * op(B)`, overwriting C, for row-major storage: `op(A)` is A (stored
+/// m x k) or, with `ta`, the transpose of A stored k x m; likewise B (k x n, or n x k with
+/// `tb`). Transposes are strides, nothing is copied. What a training step needs: `x * W^T`
+/// forward, `dy * W` and `dy^T * x` backward. gemm's own threads above [`MIN_SPLIT_FLOP`].
+///
+/// # Panics
+///
+/// If a slice's length is not its operand's element count.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_t<T: 'static + Copy + Default + Send + Sync + GemmOne>(
+    (ta, tb): (bool, bool),
+    (m, n, k): (usize, usize, usize),
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+) {
+    assert_eq!(
+        a.len(),
+        m.saturating_mul(k),
+        "gemm_t: A must hold m * k elements"
+    );
+    assert_eq!(
+        b.len(),
+        k.saturating_mul(n),
+        "gemm_t: B must hold k * n elements"
+    );
+    assert_eq!(
+        c.len(),
+        m.saturating_mul(n),
+        "gemm_t: C must hold m * n elements"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    let a_strides = if ta { (1, m) } else { (k, 1) };
+    let b_strides = if tb { (1, k) } else { (n, 1) };
+    let parallelism = if 2 * m * n * k < MIN_SPLIT_FLOP || threads() <= 1 {
+        Parallelism::None
+    } else {
+        Parallelism::Rayon(threads())
+    };
+    // SAFETY: the asserts make each view's extent, (rows - 1) * rs + (cols - 1) * cs + 1,
+    // exactly its slice's length (m x k read with the strides above touches m * k elements);
+    // C is exclusively borrowed. With k = 0 gemm writes zeros and reads neither operand.
+    unsafe {
+        gemm_raw(
+            (m, n, k),
+            c.as_mut_ptr(),
+            (n, 1),
+            a.as_ptr(),
+            a_strides,
+            b.as_ptr(),
+            b_strides,
+            T::ONE,
+            parallelism,
+        );
+    }
+}
+
+/// The element types [`gemm_t`] runs: f32 and f64.
+pub trait GemmOne {
+    /// The multiplicative identity (gemm's scale on the product).
+    const ONE: Self;
+}
+
+impl GemmOne for f32 {
+    const ONE: f32 = 1.0;
+}
+
+impl GemmOne for f64 {
+    const ONE: f64 = 1.0;
+}
+
 #[cfg(test)]
 mod tests;

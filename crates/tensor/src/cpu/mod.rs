@@ -31,7 +31,7 @@ mod packed;
 mod team;
 
 pub use im2col::conv2d_f32;
-pub use matmul::{matmul_f16, matmul_f32, matmul_f64};
+pub use matmul::{gemm_t, matmul_f16, matmul_f32, matmul_f64, GemmOne};
 pub use packed::{
     conv2d_nhwc_packed, conv2d_nhwc_packed_onto, conv_kernel_name, uses_avx512_kernel, AlignedBuf,
     PackedConv,

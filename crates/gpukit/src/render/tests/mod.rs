@@ -7,6 +7,7 @@ mod conv;
 mod infer;
 mod matmul;
 mod memory;
+mod train;
 
 use super::fmt::grouped;
 use super::{draw_terminal, status_cell, to_markdown, Section};

@@ -4,6 +4,7 @@
 use super::*;
 use crate::cpu::tests::{
     conv_cases, degenerate_shapes, naive_conv, narrow, rel_err, seeded, shape, uniform, wide,
+    F32_SUM_TOL,
 };
 use rand_chacha::ChaCha8Rng;
 
@@ -29,7 +30,7 @@ fn check_conv(
     }
     let err = rel_err(wide(&out), &reference);
     assert!(
-        err < 1e-5,
+        err < F32_SUM_TOL,
         "conv {name} {layout:?} n={} threads={threads:?}: err {err:e}, seed {seed}",
         sh.n
     );

@@ -2,7 +2,7 @@
 //! type, and the tiled multithreaded path with ragged last tiles.
 
 use super::*;
-use crate::cpu::tests::{narrow, rel_err, seeded, uniform, wide};
+use crate::cpu::tests::{narrow, rel_err, seeded, uniform, wide, F32_SUM_TOL};
 
 /// The float64 reference: row-major C = A * B, one dot product per element.
 fn naive_matmul(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
@@ -49,7 +49,10 @@ fn matmul_f32_matches_reference() {
         matmul_f32(&a, &b, &mut c, m, n, k);
         let reference = naive_matmul(&wide(&a), &wide(&b), m, n, k);
         let err = rel_err(wide(&c), &reference);
-        assert!(err < 1e-5, "f32 {m}x{n}x{k}: err {err:e}, seed {seed}");
+        assert!(
+            err < F32_SUM_TOL,
+            "f32 {m}x{n}x{k}: err {err:e}, seed {seed}"
+        );
     }
 }
 
@@ -108,7 +111,10 @@ fn tiled_matmuls_match_the_reference_in_every_block() {
         );
         let reference = naive_matmul(&wide(&a32), &wide(&b32), m, n, k);
         let err = rel_err(wide(&c), &reference);
-        assert!(err < 1e-5, "f32 {m}x{n}x{k}: err {err:e}, seed {seed}");
+        assert!(
+            err < F32_SUM_TOL,
+            "f32 {m}x{n}x{k}: err {err:e}, seed {seed}"
+        );
     }
 }
 
@@ -138,4 +144,52 @@ fn matmul_f16_matches_reference() {
 fn matmul_rejects_wrong_length() {
     let mut c = vec![0.0f32; 4];
     matmul_f32(&[0.0; 4], &[0.0; 3], &mut c, 2, 2, 2);
+}
+
+/// `gemm_t` in every transpose combination against the float64 reference on the transposed
+/// copies, fresh random operands, odd and empty shapes, single- and multithreaded sizes.
+#[test]
+fn gemm_t_matches_the_reference_in_every_transpose() {
+    let transpose = |x: &[f64], rows: usize, cols: usize| -> Vec<f64> {
+        (0..cols * rows)
+            .map(|i| x[(i % rows) * cols + i / rows])
+            .collect()
+    };
+    for &(m, n, k) in &[
+        (37, 53, 71),
+        (1, 1, 1),
+        (5, 3, 0),
+        (0, 4, 3),
+        (300, 257, 190),
+    ] {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let seed = crate::random::fresh_seed();
+            let a = crate::random::uniform_f64(m * k, seed);
+            let b = crate::random::uniform_f64(k * n, seed ^ 1);
+            let want = naive_matmul(&a, &b, m, n, k);
+            // stored as the transpose where asked: op() must undo it
+            let a_stored = if ta { transpose(&a, m, k) } else { a.clone() };
+            let b_stored = if tb { transpose(&b, k, n) } else { b.clone() };
+            let mut c = vec![f64::NAN; m * n];
+            gemm_t((ta, tb), (m, n, k), &a_stored, &b_stored, &mut c);
+            for (g, w) in c.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= 1e-12 * (k as f64 + 1.0),
+                    "{m}x{n}x{k} {ta} {tb}: {g} vs {w}"
+                );
+            }
+            let a32: Vec<f32> = a_stored.iter().map(|&v| v as f32).collect();
+            let b32: Vec<f32> = b_stored.iter().map(|&v| v as f32).collect();
+            let mut c32 = vec![f32::NAN; m * n];
+            gemm_t((ta, tb), (m, n, k), &a32, &b32, &mut c32);
+            for (g, w) in c32.iter().zip(&want) {
+                // |a|, |b| < 1: f32 rounding of inputs and k sums bounds the error by
+                // about (k + 2) * 2^-24 * k; 1e-6 * (k + 1) is a loose multiple of that
+                assert!(
+                    (f64::from(*g) - w).abs() <= 1e-6 * (k as f64 + 1.0),
+                    "f32 {m}x{n}x{k} {ta} {tb}: {g} vs {w}"
+                );
+            }
+        }
+    }
 }

@@ -5,6 +5,7 @@
 use super::*;
 use crate::cpu::tests::{
     conv_cases, degenerate_shapes, naive_conv, narrow, rel_err, seeded, shape, uniform, wide,
+    F32_SUM_TOL,
 };
 use gpukit_types::Layout;
 
@@ -99,7 +100,7 @@ fn packed_conv_matches_reference() {
                     );
                     let err = rel_err(wide(&out), &reference);
                     assert!(
-                        err < 1e-5,
+                        err < F32_SUM_TOL,
                         "packed {name} n={} {kernel:?} threads={threads} \
                          chunk={chunk} residual={with_res} in place={in_place} \
                          relu={relu}: err {err:e}, seed {seed}",

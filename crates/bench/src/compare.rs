@@ -1,0 +1,965 @@
+//! `gpukit compare OLD NEW`: the figures two reports have in common, side by side, each judged
+//! better, worse or the same. A change counts only when it is beyond both a threshold and the
+//! two runs' own spread: two runs of the same build on the same machine differ by a few percent,
+//! and a comparison that calls that a regression teaches people to ignore it.
+//!
+//! The reports are read as JSON values, not as the report structs: those change from version to
+//! version, and a comparison is most useful exactly across versions (an old report against a new
+//! one). Each section's rows are walked for the fields that name them and the figure they
+//! measured; a field that is missing only drops that row.
+
+#[cfg(test)]
+mod tests;
+
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+/// Which way a figure improves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Better {
+    /// Rates: TFLOP/s, GB/s, images/s.
+    Higher,
+    /// Costs: milliseconds, bytes.
+    Lower,
+}
+
+/// One row's measurement as a report holds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reading {
+    /// The figure; None when the row did not produce one (see `problem`).
+    pub value: Option<f64>,
+    /// The run's own spread in the value's unit: what p10 and p90 of its timing map to.
+    pub spread: Option<[f64; 2]>,
+    /// "failed: ..." or "skipped: ..." when the row's status was not ok.
+    pub problem: Option<String>,
+}
+
+/// A figure of one report: what it is (its key names the section and the row), and its reading.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Figure {
+    /// matmul, bandwidth, conv, infer, memory, train.
+    pub section: String,
+    /// The section and the row's identifying fields: "matmul cuda:0 bf16 8192".
+    pub key: String,
+    pub unit: String,
+    pub better: Better,
+    pub reading: Reading,
+}
+
+/// How a figure changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Better,
+    Worse,
+    /// Within the threshold, or within the runs' spread.
+    Same,
+    /// One side has no figure (the row failed or was skipped): nothing to compare.
+    NotMeasured,
+}
+
+/// One key found in both reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Compared {
+    pub section: String,
+    pub key: String,
+    pub unit: String,
+    pub better: Better,
+    pub old: Reading,
+    pub new: Reading,
+    /// new / old, plainly (for a "lower is better" figure, below 1 is better).
+    pub ratio: Option<f64>,
+    /// The ratio turned so that above 1 is better whatever the unit: new/old for rates,
+    /// old/new for costs.
+    pub gain: Option<f64>,
+    pub verdict: Verdict,
+    /// The change passed the threshold but the two runs' [p10, p90] ranges overlap.
+    pub within_noise: bool,
+}
+
+/// The machine a report was measured on, as far as the report says.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Machine {
+    pub gpu: Option<String>,
+    pub gpu_uuid: Option<String>,
+    pub driver: Option<String>,
+    pub cpu: Option<String>,
+}
+
+/// One input file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Side {
+    pub path: String,
+    /// The command that wrote it ("all" for the old bare `all` report).
+    pub command: String,
+    pub gpukit_version: Option<String>,
+    pub machine: Machine,
+    /// The run's own failure, when it says it failed.
+    pub failure: Option<String>,
+}
+
+/// Counts and the geometric mean gain of one section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SectionSummary {
+    pub section: String,
+    pub better: usize,
+    pub worse: usize,
+    pub same: usize,
+    pub not_measured: usize,
+    pub only_old: usize,
+    pub only_new: usize,
+    /// Geometric mean of the gains (above 1: new better) over the figures measured in both.
+    pub geomean_gain: Option<f64>,
+}
+
+/// The result of `gpukit compare`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompareReport {
+    pub old: Side,
+    pub new: Side,
+    /// A change smaller than this fraction is "same" (0.05: 5%).
+    pub threshold: f64,
+    /// Totals over every section (its `section` is "all").
+    pub total: SectionSummary,
+    pub sections: Vec<SectionSummary>,
+    /// Keys in both reports, worst first within each section.
+    pub figures: Vec<Compared>,
+    pub only_old: Vec<String>,
+    pub only_new: Vec<String>,
+    /// Different GPUs, drivers or CPUs; the inputs' own failures.
+    pub warnings: Vec<String>,
+}
+
+/// A report read from a file: who wrote it, and its sections by name.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub side: Side,
+    /// Section name (matmul, infer, check, ...) to its report.
+    pub sections: BTreeMap<String, Value>,
+}
+
+/// The section names an `all` report holds; their presence marks the old bare format.
+const ALL_SECTIONS: [&str; 7] = [
+    "check",
+    "matmul",
+    "bandwidth",
+    "conv",
+    "infer",
+    "memory",
+    "train",
+];
+
+/// Reads a report from `path`. Anything but a gpukit report is bad input naming the file.
+pub fn load(path: &Path) -> Result<Loaded> {
+    let shown = path.display().to_string();
+    if path.is_dir() {
+        return Err(Error::BadInput(format!(
+            "{shown} is a directory, not a gpukit report (give the report.json inside it)"
+        )));
+    }
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::BadInput(format!("cannot read {shown}: {e}")))?;
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| Error::BadInput(format!("{shown} is not valid JSON: {e}")))?;
+    from_value(&shown, value)
+}
+
+/// Recognises a report in a parsed file: the envelope of any command, or the old bare `all`
+/// report (no envelope, the sections at the top), so that reports from before the envelope
+/// still compare.
+pub fn from_value(shown: &str, value: Value) -> Result<Loaded> {
+    let Value::Object(mut top) = value else {
+        return Err(not_a_report(shown));
+    };
+    let version = top
+        .get("gpukit_version")
+        .and_then(Value::as_str)
+        .map(String::from);
+    let command = top.get("command").and_then(Value::as_str).map(String::from);
+    let (command, result, failure) = match (command, top.remove("result")) {
+        (Some(c), Some(r)) => {
+            let failure = top.get("failure").and_then(Value::as_str).map(String::from);
+            (c, r, failure)
+        }
+        (None, None) if top.contains_key("matmul") || top.contains_key("infer") => {
+            ("all".to_string(), Value::Object(top), None)
+        }
+        _ => return Err(not_a_report(shown)),
+    };
+    let sections = sections_of(&command, result);
+    let machine = machine_of(&sections);
+    Ok(Loaded {
+        side: Side {
+            path: shown.to_string(),
+            command,
+            gpukit_version: version,
+            machine,
+            failure,
+        },
+        sections,
+    })
+}
+
+fn not_a_report(shown: &str) -> Error {
+    Error::BadInput(format!(
+        "{shown} is not a gpukit report (no \"command\" and \"result\" of gpukit's JSON \
+         document, nor the \"matmul\"/\"infer\" of an older `gpukit all` report)"
+    ))
+}
+
+/// The sections of a command's result: `all`'s are its fields, any other command's result is
+/// the one section the command is named after.
+fn sections_of(command: &str, result: Value) -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    if command == "all" {
+        if let Value::Object(map) = result {
+            for (k, v) in map {
+                if ALL_SECTIONS.contains(&k.as_str()) && !v.is_null() {
+                    out.insert(k, v);
+                }
+            }
+        }
+        return out;
+    }
+    let name = command.strip_prefix("bench ").unwrap_or(command);
+    if ALL_SECTIONS.contains(&name) {
+        out.insert(name.to_string(), result);
+    }
+    out
+}
+
+/// The GPU, driver and CPU as the report names them: `check`'s first GPU when there is a check
+/// section, else the GPU facts a benchmark section carries.
+fn machine_of(sections: &BTreeMap<String, Value>) -> Machine {
+    let check = sections.get("check");
+    let gpu = check
+        .and_then(|c| c.get("gpus"))
+        .and_then(|g| g.get(0))
+        .or_else(|| {
+            ["matmul", "bandwidth", "conv"]
+                .iter()
+                .filter_map(|s| sections.get(*s))
+                .find_map(|s| s.get("gpu").filter(|g| g.is_object()))
+        });
+    let text = |v: Option<&Value>, field: &str| {
+        v.and_then(|v| v.get(field))
+            .and_then(Value::as_str)
+            .map(String::from)
+    };
+    let cpu = text(check.and_then(|c| c.get("host")), "cpu_model")
+        .or_else(|| text(sections.get("matmul"), "cpu_model"));
+    Machine {
+        gpu: text(gpu, "name"),
+        gpu_uuid: text(gpu, "uuid"),
+        driver: text(check.and_then(|c| c.get("driver")), "version"),
+        cpu,
+    }
+}
+
+/// A warning per difference between the machines that changes what figures mean: another GPU
+/// model, another chip of the same model, another driver, another CPU.
+fn machine_warnings(old: &Machine, new: &Machine) -> Vec<String> {
+    let mut out = Vec::new();
+    let beyond = "figures from different chips differ for reasons beyond gpukit";
+    let short = |u: &Option<String>| {
+        u.as_deref()
+            .map(|u| match u.get(..12) {
+                Some(head) if u.len() > 12 => format!("{head}…"),
+                _ => u.to_string(),
+            })
+            .unwrap_or_else(|| "uuid unknown".into())
+    };
+    if let (Some(a), Some(b)) = (&old.gpu, &new.gpu) {
+        if a != b {
+            out.push(format!(
+                "warning: different GPUs: {a} ({}) vs {b} ({}) — {beyond}",
+                short(&old.gpu_uuid),
+                short(&new.gpu_uuid)
+            ));
+        } else if let (Some(x), Some(y)) = (&old.gpu_uuid, &new.gpu_uuid) {
+            if x != y {
+                out.push(format!(
+                    "warning: another chip of the same model: {a} {} vs {} — {beyond} \
+                     (clocks, cooling, power limits)",
+                    short(&old.gpu_uuid),
+                    short(&new.gpu_uuid)
+                ));
+            }
+        }
+    }
+    if let (Some(a), Some(b)) = (&old.driver, &new.driver) {
+        if a != b {
+            out.push(format!("warning: different drivers: {a} vs {b}"));
+        }
+    }
+    if let (Some(a), Some(b)) = (&old.cpu, &new.cpu) {
+        if a != b {
+            out.push(format!(
+                "warning: different CPUs: {a} vs {b} — the CPU rows measure different machines"
+            ));
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Extraction: one function per section, each reading rows as JSON values.
+
+/// Every figure of a report, keys unique (a repeated key gets " #2", " #3", ...).
+pub fn figures(loaded: &Loaded) -> Vec<Figure> {
+    let mut out = Vec::new();
+    // in the order the tables show them (and `all` runs them), not alphabetically
+    let ordered = ALL_SECTIONS
+        .iter()
+        .filter_map(|n| loaded.sections.get(*n).map(|s| (*n, s)));
+    for (name, section) in ordered {
+        match name {
+            "matmul" => matmul_figures(section, &mut out),
+            "bandwidth" => bandwidth_figures(section, &mut out),
+            "conv" => conv_figures(section, &mut out),
+            "infer" => infer_figures(section, &mut out),
+            "memory" => memory_figures(section, &mut out),
+            "train" => train_figures(section, &mut out),
+            _ => {}
+        }
+    }
+    unique_keys(out)
+}
+
+/// Rows of the same name (a format that did not tell them apart) stay distinct.
+fn unique_keys(figures: Vec<Figure>) -> Vec<Figure> {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    figures
+        .into_iter()
+        .map(|mut f| {
+            let n = seen.entry(f.key.clone()).or_insert(0);
+            *n += 1;
+            if *n > 1 {
+                f.key = format!("{} #{n}", f.key);
+            }
+            f
+        })
+        .collect()
+}
+
+/// The rows of a section, or none when it has no "rows" array.
+fn rows(section: &Value) -> &[Value] {
+    section
+        .get("rows")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
+/// A field as text: strings as they are, numbers and the rest as JSON writes them.
+fn text(row: &Value, field: &str) -> Option<String> {
+    match row.get(field)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Null => None,
+        other => Some(other.to_string()),
+    }
+}
+
+/// A device as the tables write it: "Cpu" -> cpu, {"Cuda": 0} -> cuda:0, strings as they are.
+fn device(row: &Value) -> Option<String> {
+    match row.get("device")? {
+        Value::String(s) if s.eq_ignore_ascii_case("cpu") => Some("cpu".into()),
+        Value::String(s) => Some(s.clone()),
+        Value::Object(m) => m
+            .get("Cuda")
+            .and_then(Value::as_u64)
+            .map(|n| format!("cuda:{n}")),
+        _ => None,
+    }
+}
+
+/// Why a row has no figure, from its status ({"status": "failed", "why": ...}, or a bare
+/// string in older reports); None when it is ok.
+fn problem(row: &Value) -> Option<String> {
+    let (status, why) = match row.get("status")? {
+        Value::String(s) => (s.clone(), None),
+        Value::Object(m) => (
+            m.get("status")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown")
+                .to_string(),
+            m.get("why").and_then(Value::as_str),
+        ),
+        _ => return None,
+    };
+    if status.eq_ignore_ascii_case("ok") {
+        return None;
+    }
+    Some(match why {
+        Some(w) => format!("{status}: {w}"),
+        None => status,
+    })
+}
+
+/// A figure that can be divided by: finite and above zero.
+fn positive(v: Option<&Value>) -> Option<f64> {
+    v.and_then(Value::as_f64)
+        .filter(|x| x.is_finite() && *x > 0.0)
+}
+
+/// The spread of `value` from the row's timing summary (`timing.summary_ms`). A rate is
+/// inversely proportional to time, so its low end comes from p90: value·median/p90 ..
+/// value·median/p10; a time scales directly: value·p10/median .. value·p90/median.
+fn spread(row: &Value, value: f64, better: Better) -> Option<[f64; 2]> {
+    let s = row.get("timing")?.get("summary_ms")?;
+    let median = positive(s.get("median"))?;
+    let p10 = positive(s.get("p10"))?;
+    let p90 = positive(s.get("p90"))?;
+    Some(match better {
+        Better::Higher => [value * median / p90, value * median / p10],
+        Better::Lower => [value * p10 / median, value * p90 / median],
+    })
+}
+
+/// What a row's figure describes.
+struct Spec<'a> {
+    section: &'a str,
+    unit: &'a str,
+    better: Better,
+    /// Whether the row's timing summary measured this figure (its spread applies).
+    timed: bool,
+}
+
+/// A row's figure: its problem when the status is not ok, else its value when it has one
+/// (a row that is ok but carries no figure gives none).
+fn row_figure(spec: &Spec<'_>, key: String, row: &Value, field: &str) -> Option<Figure> {
+    let reading = match problem(row) {
+        Some(p) => Reading {
+            value: None,
+            spread: None,
+            problem: Some(p),
+        },
+        None => {
+            let value = positive(row.get(field))?;
+            Reading {
+                value: Some(value),
+                spread: spec
+                    .timed
+                    .then(|| spread(row, value, spec.better))
+                    .flatten(),
+                problem: None,
+            }
+        }
+    };
+    Some(Figure {
+        section: spec.section.to_string(),
+        key: format!("{} {key}", spec.section),
+        unit: spec.unit.to_string(),
+        better: spec.better,
+        reading,
+    })
+}
+
+/// A figure that no timing summary describes (totals, memory), never a failed row's.
+fn plain_figure(spec: &Spec<'_>, key: String, value: Option<&Value>) -> Option<Figure> {
+    Some(Figure {
+        section: spec.section.to_string(),
+        key: format!("{} {key}", spec.section),
+        unit: spec.unit.to_string(),
+        better: spec.better,
+        reading: Reading {
+            value: Some(positive(value)?),
+            spread: None,
+            problem: None,
+        },
+    })
+}
+
+/// `bench matmul`: TFLOP/s per device, dtype and size.
+fn matmul_figures(section: &Value, out: &mut Vec<Figure>) {
+    let spec = Spec {
+        section: "matmul",
+        unit: "TFLOP/s",
+        better: Better::Higher,
+        timed: true,
+    };
+    for row in rows(section) {
+        let (Some(dev), Some(dtype), Some(size)) =
+            (device(row), text(row, "dtype"), text(row, "size"))
+        else {
+            continue;
+        };
+        out.extend(row_figure(
+            &spec,
+            format!("{dev} {dtype} {size}"),
+            row,
+            "tflops",
+        ));
+    }
+}
+
+/// `bench bandwidth`: GB/s per kind of copy and size.
+fn bandwidth_figures(section: &Value, out: &mut Vec<Figure>) {
+    let spec = Spec {
+        section: "bandwidth",
+        unit: "GB/s",
+        better: Better::Higher,
+        timed: true,
+    };
+    for row in rows(section) {
+        let (Some(kind), Some(bytes)) =
+            (text(row, "kind"), row.get("bytes").and_then(Value::as_u64))
+        else {
+            continue;
+        };
+        out.extend(row_figure(
+            &spec,
+            format!("{kind} {}", bytes_name(bytes)),
+            row,
+            "gbs",
+        ));
+    }
+}
+
+/// 1073741824 -> "1 GiB": sizes as the command line gives them.
+fn bytes_name(b: u64) -> String {
+    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if b >= 1 << shift && b % (1 << shift) == 0 {
+            return format!("{} {unit}", b >> shift);
+        }
+    }
+    format!("{b} B")
+}
+
+/// `bench conv`: TFLOP/s per shape, layout, dtype, batch and device; and the whole network's
+/// convolutions in ms per dtype and layout (its totals), when the report has them.
+fn conv_figures(section: &Value, out: &mut Vec<Figure>) {
+    let spec = Spec {
+        section: "conv",
+        unit: "TFLOP/s",
+        better: Better::Higher,
+        timed: true,
+    };
+    for row in rows(section) {
+        let batch = row
+            .get("shape")
+            .and_then(|s| s.get("n"))
+            .map(|n| n.to_string());
+        let (Some(name), Some(layout), Some(dtype), Some(batch), Some(dev)) = (
+            text(row, "name"),
+            text(row, "layout"),
+            text(row, "dtype"),
+            batch,
+            device(row),
+        ) else {
+            continue;
+        };
+        let key = format!(
+            "{name} {} {dtype} batch {batch} {dev}",
+            layout.to_ascii_uppercase()
+        );
+        out.extend(row_figure(&spec, key, row, "tflops"));
+    }
+    let totals = Spec {
+        section: "conv",
+        unit: "ms",
+        better: Better::Lower,
+        timed: false,
+    };
+    let list = section.get("totals").and_then(Value::as_array);
+    for t in list.map(Vec::as_slice).unwrap_or(&[]) {
+        let (Some(dtype), Some(layout), Some(batch)) =
+            (text(t, "dtype"), text(t, "layout"), text(t, "batch"))
+        else {
+            continue;
+        };
+        let what = format!(
+            "total {dtype} {} batch {batch}",
+            layout.to_ascii_uppercase()
+        );
+        out.extend(plain_figure(
+            &totals,
+            format!("{what} gpu"),
+            t.get("gpu_ms"),
+        ));
+        out.extend(plain_figure(
+            &totals,
+            format!("{what} cpu"),
+            t.get("cpu_ms"),
+        ));
+    }
+}
+
+/// `infer`: images/s per strategy, device and batch.
+fn infer_figures(section: &Value, out: &mut Vec<Figure>) {
+    let spec = Spec {
+        section: "infer",
+        unit: "images/s",
+        better: Better::Higher,
+        timed: true,
+    };
+    for row in rows(section) {
+        let (Some(strategy), Some(dev), Some(batch)) =
+            (text(row, "strategy"), device(row), text(row, "batch"))
+        else {
+            continue;
+        };
+        out.extend(row_figure(
+            &spec,
+            format!("{strategy} {dev} batch {batch}"),
+            row,
+            "images_per_s",
+        ));
+    }
+}
+
+/// `memory`: per batch, the pool's peak (bytes) and the time per batch (ms); the largest batch
+/// that fits, when it was searched for.
+fn memory_figures(section: &Value, out: &mut Vec<Figure>) {
+    let bytes = Spec {
+        section: "memory",
+        unit: "bytes",
+        better: Better::Lower,
+        timed: false,
+    };
+    let ms = Spec {
+        unit: "ms",
+        ..bytes
+    };
+    for row in rows(section) {
+        let Some(batch) = text(row, "batch") else {
+            continue;
+        };
+        out.extend(row_figure(
+            &bytes,
+            format!("batch {batch} pool peak"),
+            row,
+            "pool_used_peak",
+        ));
+        out.extend(row_figure(
+            &ms,
+            format!("batch {batch} per batch"),
+            row,
+            "ms_per_batch",
+        ));
+    }
+    let largest = Spec {
+        section: "memory",
+        unit: "images",
+        better: Better::Higher,
+        timed: false,
+    };
+    let max = section.get("max_batch").and_then(|m| m.get("batch"));
+    out.extend(plain_figure(&largest, "largest batch".into(), max));
+}
+
+/// `train`: samples/s per preset, device and epoch. `all` holds a list of train reports, the
+/// `train` command one.
+fn train_figures(section: &Value, out: &mut Vec<Figure>) {
+    let spec = Spec {
+        section: "train",
+        unit: "samples/s",
+        better: Better::Higher,
+        timed: false,
+    };
+    let reports = match section {
+        Value::Array(a) => a.as_slice(),
+        other => std::slice::from_ref(other),
+    };
+    for r in reports {
+        let preset = text(r, "preset").unwrap_or_else(|| "custom".into());
+        let dev = text(r, "device").unwrap_or_else(|| "?".into());
+        let epochs = r.get("epochs").and_then(Value::as_array);
+        for e in epochs.map(Vec::as_slice).unwrap_or(&[]) {
+            let Some(n) = text(e, "epoch") else { continue };
+            out.extend(plain_figure(
+                &spec,
+                format!("{preset} {dev} epoch {n}"),
+                e.get("samples_per_s"),
+            ));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comparison.
+
+/// Parses `--threshold`: "5%" or a fraction, "0.05". A bare number of 1 or more is refused: it
+/// could mean percent or a fraction, and guessing wrong hides every regression.
+pub fn parse_threshold(s: &str) -> std::result::Result<f64, String> {
+    let t = s.trim();
+    let (num, percent) = match t.strip_suffix('%') {
+        Some(n) => (n.trim(), true),
+        None => (t, false),
+    };
+    let v: f64 = num.parse().map_err(|_| {
+        format!("'{s}' is not a threshold (a percentage such as 5% or a fraction such as 0.05)")
+    })?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!(
+            "'{s}': a threshold is a percentage or fraction of 0 or more"
+        ));
+    }
+    if percent {
+        return Ok(v / 100.0);
+    }
+    if v >= 1.0 {
+        return Err(format!(
+            "'{s}' is ambiguous: write a percentage ({s}%) or a fraction (0.05)"
+        ));
+    }
+    Ok(v)
+}
+
+/// Whether two [p10, p90] ranges share a point.
+fn overlap(a: [f64; 2], b: [f64; 2]) -> bool {
+    a[0] <= b[1] && b[0] <= a[1]
+}
+
+/// The verdict on one figure: better or worse only when the gain is beyond the threshold AND
+/// the two runs' spreads do not overlap (when both have one); returns the verdict, the plain
+/// ratio, the gain, and whether the spread alone made it "same".
+fn judge(
+    better: Better,
+    old: &Reading,
+    new: &Reading,
+    threshold: f64,
+) -> (Verdict, Option<f64>, Option<f64>, bool) {
+    let (Some(a), Some(b)) = (old.value, new.value) else {
+        return (Verdict::NotMeasured, None, None, false);
+    };
+    let ratio = b / a;
+    let gain = match better {
+        Better::Higher => ratio,
+        Better::Lower => 1.0 / ratio,
+    };
+    let beyond = gain > 1.0 + threshold || gain < 1.0 - threshold;
+    if !beyond {
+        return (Verdict::Same, Some(ratio), Some(gain), false);
+    }
+    if let (Some(x), Some(y)) = (old.spread, new.spread) {
+        if overlap(x, y) {
+            return (Verdict::Same, Some(ratio), Some(gain), true);
+        }
+    }
+    let v = if gain > 1.0 {
+        Verdict::Better
+    } else {
+        Verdict::Worse
+    };
+    (v, Some(ratio), Some(gain), false)
+}
+
+/// How a compared figure sorts (lowest first): a row that failed in the new report but not in
+/// the old one, then the gains from the worst, then rows skipped or failing all along.
+fn badness(c: &Compared) -> f64 {
+    match c.gain {
+        Some(g) => g,
+        None if newly_failed(c) => f64::NEG_INFINITY,
+        None => f64::INFINITY,
+    }
+}
+
+/// Whether a row measured in the old report failed in the new one: a regression though there
+/// is no number to compare.
+pub fn newly_failed(c: &Compared) -> bool {
+    let failed = |r: &Reading| {
+        r.problem
+            .as_deref()
+            .is_some_and(|p| p.starts_with("failed"))
+    };
+    failed(&c.new) && !failed(&c.old)
+}
+
+/// Compares two loaded reports. No key in common at all is bad input: the files measured
+/// different things (another command, other sizes), and an empty comparison would pass for a
+/// clean one.
+pub fn compare(old: &Loaded, new: &Loaded, threshold: f64) -> Result<CompareReport> {
+    let olds = figures(old);
+    let news = figures(new);
+    let new_by_key: HashMap<&str, &Figure> = news.iter().map(|f| (f.key.as_str(), f)).collect();
+    let old_keys: HashMap<&str, ()> = olds.iter().map(|f| (f.key.as_str(), ())).collect();
+    let mut matched = Vec::new();
+    let mut only_old = Vec::new();
+    for o in &olds {
+        match new_by_key.get(o.key.as_str()) {
+            Some(n) => matched.push(compared(o, n, threshold)),
+            None => only_old.push(o),
+        }
+    }
+    let only_new: Vec<&Figure> = news
+        .iter()
+        .filter(|f| !old_keys.contains_key(f.key.as_str()))
+        .collect();
+    if matched.is_empty() {
+        return Err(Error::BadInput(format!(
+            "{} ({}, {} figures) and {} ({}, {} figures) have no figure in common",
+            old.side.path,
+            old.side.command,
+            olds.len(),
+            new.side.path,
+            new.side.command,
+            news.len()
+        )));
+    }
+    let order: Vec<String> = section_order(&olds, &news);
+    matched.sort_by(|a, b| {
+        let pos = |s: &str| order.iter().position(|x| x == s);
+        pos(&a.section)
+            .cmp(&pos(&b.section))
+            .then(badness(a).total_cmp(&badness(b)))
+    });
+    let sections: Vec<SectionSummary> = order
+        .iter()
+        .map(|s| summarize(s, &matched, &only_old, &only_new))
+        .collect();
+    let total = summarize_all(&matched, &only_old, &only_new);
+    let mut warnings = machine_warnings(&old.side.machine, &new.side.machine);
+    for (which, side) in [("old", &old.side), ("new", &new.side)] {
+        if let Some(f) = &side.failure {
+            warnings.push(format!(
+                "warning: the {which} report's run failed ({}): {f}",
+                side.path
+            ));
+        }
+    }
+    Ok(CompareReport {
+        old: old.side.clone(),
+        new: new.side.clone(),
+        threshold,
+        total,
+        sections,
+        figures: matched,
+        only_old: only_old.iter().map(|f| f.key.clone()).collect(),
+        only_new: only_new.iter().map(|f| f.key.clone()).collect(),
+        warnings,
+    })
+}
+
+/// One key of both reports, judged.
+fn compared(old: &Figure, new: &Figure, threshold: f64) -> Compared {
+    let (verdict, ratio, gain, within_noise) =
+        judge(old.better, &old.reading, &new.reading, threshold);
+    Compared {
+        section: old.section.clone(),
+        key: old.key.clone(),
+        unit: old.unit.clone(),
+        better: old.better,
+        old: old.reading.clone(),
+        new: new.reading.clone(),
+        ratio,
+        gain,
+        verdict,
+        within_noise,
+    }
+}
+
+/// Sections in the order the old report has them, then any the new one adds.
+fn section_order(olds: &[Figure], news: &[Figure]) -> Vec<String> {
+    let mut order: Vec<String> = Vec::new();
+    for f in olds.iter().chain(news) {
+        if !order.contains(&f.section) {
+            order.push(f.section.clone());
+        }
+    }
+    order
+}
+
+fn summarize(
+    section: &str,
+    matched: &[Compared],
+    only_old: &[&Figure],
+    only_new: &[&Figure],
+) -> SectionSummary {
+    let mine: Vec<&Compared> = matched.iter().filter(|c| c.section == section).collect();
+    let mut s = tally(section, &mine);
+    s.only_old = only_old.iter().filter(|f| f.section == section).count();
+    s.only_new = only_new.iter().filter(|f| f.section == section).count();
+    s
+}
+
+fn summarize_all(
+    matched: &[Compared],
+    only_old: &[&Figure],
+    only_new: &[&Figure],
+) -> SectionSummary {
+    let all: Vec<&Compared> = matched.iter().collect();
+    let mut s = tally("all", &all);
+    s.only_old = only_old.len();
+    s.only_new = only_new.len();
+    s
+}
+
+/// Verdict counts and the geometric mean gain of some compared figures.
+fn tally(section: &str, figures: &[&Compared]) -> SectionSummary {
+    let mut s = SectionSummary {
+        section: section.to_string(),
+        ..SectionSummary::default()
+    };
+    let mut log_sum = 0.0;
+    let mut n = 0usize;
+    for c in figures {
+        match c.verdict {
+            Verdict::Better => s.better += 1,
+            Verdict::Worse => s.worse += 1,
+            Verdict::Same => s.same += 1,
+            Verdict::NotMeasured => s.not_measured += 1,
+        }
+        if let Some(g) = c.gain {
+            log_sum += g.ln();
+            n += 1;
+        }
+    }
+    s.geomean_gain = (n > 0).then(|| (log_sum / n as f64).exp());
+    s
+}
+
+/// Why `--fail-on-regression` fails: how many figures got worse (and the worst of them), and
+/// how many rows that worked before failed now; None when neither happened.
+pub fn regression(r: &CompareReport) -> Option<String> {
+    let worse: Vec<&Compared> = r
+        .figures
+        .iter()
+        .filter(|c| c.verdict == Verdict::Worse)
+        .collect();
+    let failed: Vec<&Compared> = r.figures.iter().filter(|c| newly_failed(c)).collect();
+    let mut parts = Vec::new();
+    if let Some(worst) = worse
+        .iter()
+        .min_by(|a, b| badness(a).total_cmp(&badness(b)))
+    {
+        parts.push(format!(
+            "{} figure(s) worse than {} beyond {:.1}% and the runs' spread (the worst: {} \
+             {:.1}% worse, new/old {:.3})",
+            worse.len(),
+            r.old.path,
+            r.threshold * 100.0,
+            worst.key,
+            (1.0 - worst.gain.unwrap_or(1.0)) * 100.0,
+            worst.ratio.unwrap_or(f64::NAN)
+        ));
+    }
+    if let Some(first) = failed.first() {
+        parts.push(format!(
+            "{} row(s) that did not fail in {} failed (the first: {})",
+            failed.len(),
+            r.old.path,
+            first.key
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+/// The document `gpukit compare` writes: failed only when asked to fail on a regression and
+/// one was found.
+pub fn document(
+    report: CompareReport,
+    fail_on_regression: bool,
+) -> crate::report::Document<CompareReport> {
+    let failure = if fail_on_regression {
+        regression(&report)
+    } else {
+        None
+    };
+    let notes = report.warnings.clone();
+    crate::report::Document::new("compare", report, failure).with_notes(notes)
+}

@@ -1,0 +1,633 @@
+//! `gpukit train`: the tutorials' training loops (two presets) or one described by flags, on
+//! gpukit's training engine; per-epoch losses, accuracy and throughput, checkpoints and
+//! resuming, per-step losses to a file.
+//!
+//! A request names every setting as optional: a preset fills those not given (the seed
+//! regression loop when none is named), a data file gives the features and targets.
+
+use crate::error::{Error, Result};
+use crate::report::Document;
+use gpukit_tensor::Device;
+use gpukit_train::checkpoint::{self, Meta, Position};
+use gpukit_train::data::{self, Dataset, Task};
+use gpukit_train::loss::LossKind;
+use gpukit_train::model::Mlp;
+use gpukit_train::optim::{Optimizer, OptimizerConfig, OptimizerKind};
+use gpukit_train::run::{train_cpu, EpochStats, MemoryUse, RunOutcome, TrainConfig};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// The tutorials' two loops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Preset {
+    /// 1024 x 16 standard normal, target standard normal, MLP 16-64-1, MSE, Adam 1e-3, batch
+    /// 64 shuffled, 3 epochs.
+    SeedRegression,
+    /// 100 x 3 standard normal, labels 0/1, MLP 3-10-2, cross-entropy, SGD 0.01, full batch,
+    /// 5 epochs.
+    SeedClassification,
+}
+
+impl Preset {
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::SeedRegression => "seed-regression",
+            Preset::SeedClassification => "seed-classification",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Preset> {
+        [Preset::SeedRegression, Preset::SeedClassification]
+            .into_iter()
+            .find(|p| p.name() == s.trim())
+    }
+}
+
+/// What the user asked for; None takes the preset's value.
+#[derive(Debug, Clone, Default)]
+pub struct TrainRequest {
+    pub preset: Option<Preset>,
+    pub layers: Option<Vec<usize>>,
+    pub samples: Option<usize>,
+    pub features: Option<usize>,
+    pub batch_size: Option<usize>,
+    pub epochs: Option<u64>,
+    pub optimizer: Option<OptimizerKind>,
+    pub lr: Option<f64>,
+    pub momentum: Option<f64>,
+    pub weight_decay: Option<f64>,
+    pub loss: Option<LossKind>,
+    pub seed: Option<u64>,
+    pub eval_fraction: Option<f64>,
+    pub data: Option<PathBuf>,
+    pub init: Option<PathBuf>,
+    pub no_shuffle: bool,
+    pub accumulate: Option<usize>,
+    pub steps: Option<u64>,
+    pub save: Option<PathBuf>,
+    pub resume: Option<PathBuf>,
+    pub save_losses: Option<PathBuf>,
+    /// fp32 (the CPU's), tf32, fp16 or bf16.
+    pub precision: Option<String>,
+    pub device: Option<Device>,
+    /// Run the same loop in PyTorch (same data, weights and batch order) and compare.
+    pub compare_pytorch: bool,
+}
+
+/// How many times each side runs the loop from the same weights when compared (the first
+/// run's losses are compared; the median time is reported).
+pub const PEER_REPEATS: usize = 5;
+
+/// The largest relative difference of a per-update loss from PyTorch's that fp32 training on
+/// the same weights and batches may show: both sides sum in f32 in other orders, which moves
+/// each loss by a few units in the last place (about 1e-7 relative), and the updates carry
+/// such differences forward; over hundreds of updates they stay far below this.
+pub const PEER_LOSS_TOLERANCE: f64 = 1e-4;
+
+/// PyTorch's run of the same loop.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainPeer {
+    pub torch_version: String,
+    pub device_name: Option<String>,
+    pub step_losses: Vec<f64>,
+    /// Every run's loop time.
+    pub seconds: Vec<f64>,
+    pub seconds_median: f64,
+    /// gpukit's runs of the same loop (the first is the reported run), and their median.
+    pub gpukit_seconds: Vec<f64>,
+    pub gpukit_seconds_median: f64,
+    /// Largest |gpukit - PyTorch| / |PyTorch| over the per-update losses, and where.
+    pub max_relative_difference: f64,
+    pub at_update: usize,
+    pub tolerance: f64,
+}
+
+/// The report of `gpukit train`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainReport {
+    pub preset: Option<Preset>,
+    pub device: String,
+    pub precision: String,
+    pub config: TrainConfig,
+    pub parameters: usize,
+    /// Where the data came from: the preset's generator and seed, or the file.
+    pub data: String,
+    pub samples: usize,
+    pub features: usize,
+    pub eval_samples: usize,
+    pub initial_weights: String,
+    pub resumed_from: Option<PathBuf>,
+    pub resumed_at: Option<Position>,
+    pub epochs: Vec<EpochStats>,
+    pub step_losses: Vec<f64>,
+    pub final_position: Position,
+    pub seconds: f64,
+    /// Host memory the engine held (peaks of its buffers).
+    pub memory: MemoryUse,
+    pub saved_checkpoint: Option<PathBuf>,
+    pub saved_losses: Option<PathBuf>,
+    /// PyTorch beside, with --compare-pytorch.
+    #[serde(default)]
+    pub pytorch: Option<TrainPeer>,
+}
+
+/// The settings a request resolves to, before any work.
+struct Plan {
+    cfg: TrainConfig,
+    samples: usize,
+    features: usize,
+    eval_fraction: f64,
+}
+
+fn plan(r: &TrainRequest, data: Option<&Dataset>) -> Plan {
+    let preset = r.preset.unwrap_or(Preset::SeedRegression);
+    let (samples, features, hidden, batch, epochs, kind, lr, loss) = match preset {
+        Preset::SeedRegression => (
+            1024,
+            16,
+            64,
+            64,
+            3,
+            OptimizerKind::Adam,
+            1e-3,
+            LossKind::Mse,
+        ),
+        Preset::SeedClassification => (
+            100,
+            3,
+            10,
+            100,
+            5,
+            OptimizerKind::Sgd,
+            0.01,
+            LossKind::CrossEntropy,
+        ),
+    };
+    let features = data.map_or(r.features.unwrap_or(features), |d| d.features);
+    let samples = data.map_or(r.samples.unwrap_or(samples), Dataset::len);
+    let loss = r.loss.unwrap_or(match data.map(Dataset::task) {
+        Some(Task::Classification) => LossKind::CrossEntropy,
+        Some(Task::Regression) => LossKind::Mse,
+        None => loss,
+    });
+    let outputs = data.map_or(
+        match loss {
+            LossKind::Mse => 1,
+            LossKind::CrossEntropy => 2,
+        },
+        Dataset::outputs,
+    );
+    let widths = r
+        .layers
+        .clone()
+        .unwrap_or_else(|| vec![features, hidden, outputs]);
+    Plan {
+        cfg: TrainConfig {
+            widths,
+            loss,
+            optimizer: OptimizerConfig {
+                kind: r.optimizer.unwrap_or(kind),
+                lr: r.lr.unwrap_or(lr),
+                momentum: r.momentum.unwrap_or(0.0),
+                weight_decay: r.weight_decay.unwrap_or(0.0),
+            },
+            batch_size: r.batch_size.unwrap_or(batch),
+            epochs: r.epochs.unwrap_or(epochs),
+            seed: r.seed.unwrap_or(0),
+            shuffle: !r.no_shuffle,
+            accumulate: r.accumulate.unwrap_or(1),
+            max_steps: r.steps,
+        },
+        samples,
+        features,
+        eval_fraction: r.eval_fraction.unwrap_or(0.0),
+    }
+}
+
+/// Refuses, before any work, what cannot run here: a GPU device or a precision other than
+/// fp32 (the GPU path is not built yet), flags that contradict a data file, destinations
+/// that cannot be written.
+pub fn check_request(r: &TrainRequest) -> Result<()> {
+    if let Some(Device::Cuda(n)) = r.device {
+        return Err(Error::Unavailable(format!(
+            "--device cuda:{n}: gpukit train runs on the CPU in this version (--device cpu); \
+             its GPU path is not built yet"
+        )));
+    }
+    if let Some(p) = r.precision.as_deref() {
+        if p != "fp32" {
+            return Err(Error::BadInput(format!(
+                "--precision {p}: the CPU trains in fp32 (tf32, fp16 and bf16 are GPU \
+                 precisions, and the GPU path is not built yet)"
+            )));
+        }
+    }
+    if r.compare_pytorch && r.resume.is_some() {
+        return Err(Error::BadInput(
+            "--compare-pytorch runs both sides from the start: leave out --resume".into(),
+        ));
+    }
+    if r.init.is_some() && r.resume.is_some() {
+        return Err(Error::BadInput(
+            "--init and --resume both give the starting weights: use one".into(),
+        ));
+    }
+    if r.data.is_some() && (r.samples.is_some() || r.features.is_some()) {
+        return Err(Error::BadInput(
+            "--samples and --features describe generated data; with --data the file gives them"
+                .into(),
+        ));
+    }
+    for (flag, v) in [("--samples", r.samples), ("--features", r.features)] {
+        if v == Some(0) {
+            return Err(Error::BadInput(format!("{flag} 0: must be at least 1")));
+        }
+    }
+    if let Some(f) = r.eval_fraction {
+        if !(f.is_finite() && (0.0..1.0).contains(&f)) {
+            return Err(Error::BadInput(format!(
+                "--eval-fraction {f}: must be at least 0 and below 1"
+            )));
+        }
+    }
+    for (flag, path) in [("--save", &r.save), ("--save-losses", &r.save_losses)] {
+        if let Some(p) = path {
+            gpukit_types::files::check_writable_file(p).map_err(|source| Error::Io {
+                what: flag,
+                path: p.clone(),
+                source,
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs the request on the CPU; `progress` hears about each finished epoch.
+pub fn run_train(r: &TrainRequest, progress: &mut dyn FnMut(&str)) -> Result<TrainReport> {
+    check_request(r)?;
+    let task = match r.loss {
+        Some(LossKind::CrossEntropy) => Task::Classification,
+        Some(LossKind::Mse) => Task::Regression,
+        None if r.preset == Some(Preset::SeedClassification) => Task::Classification,
+        None => Task::Regression,
+    };
+    let file_data = r.data.as_deref().map(|p| data::load(p, task)).transpose()?;
+    let mut p = plan(r, file_data.as_ref());
+    // a checkpoint carries the seed that orders the batches (and made generated data)
+    let resumed = match &r.resume {
+        Some(path) => Some(checkpoint::load(path, &p.cfg.widths)?),
+        None => None,
+    };
+    if let Some((_, _, meta)) = &resumed {
+        if r.seed.is_some_and(|s| s != meta.seed) {
+            return Err(Error::BadInput(format!(
+                "--seed {}: the checkpoint was trained with seed {} (leave --seed out to resume)",
+                r.seed.unwrap_or_default(),
+                meta.seed
+            )));
+        }
+        p.cfg.seed = meta.seed;
+        p.cfg.optimizer = meta.optimizer;
+    }
+    p.cfg.check()?;
+    let (full, origin) = match file_data {
+        Some(d) => {
+            let name = r.data.as_ref().map(|p| p.display().to_string());
+            (d, name.unwrap_or_default())
+        }
+        None => {
+            let d = match p.cfg.loss {
+                LossKind::CrossEntropy => {
+                    data::classification_preset(p.samples, p.features, p.cfg.seed)
+                }
+                LossKind::Mse => data::regression_preset(p.samples, p.features, p.cfg.seed),
+            };
+            let what = match p.cfg.loss {
+                LossKind::CrossEntropy => "labels 0/1",
+                LossKind::Mse => "target N(0,1)",
+            };
+            (
+                d,
+                format!("generated: x ~ N(0,1), {what}, seed {}", p.cfg.seed),
+            )
+        }
+    };
+    let (train, eval) = full.split(p.eval_fraction)?;
+    p.cfg.check_data(&train)?;
+    let (mut model, mut opt, pos, initial) = match resumed {
+        Some((m, o, meta)) => (m, o, meta.position, "from the checkpoint".to_string()),
+        None => {
+            let (m, how) = match &r.init {
+                Some(path) => (
+                    checkpoint::load_init(path, &p.cfg.widths)?,
+                    format!("{}", path.display()),
+                ),
+                None => (
+                    Mlp::new(&p.cfg.widths, p.cfg.seed),
+                    format!("PyTorch's nn.Linear scheme, seed {}", p.cfg.seed),
+                ),
+            };
+            (m, Optimizer::new(p.cfg.optimizer), Position::default(), how)
+        }
+    };
+    let initial_model = model.clone();
+    let outcome: RunOutcome = train_cpu(
+        &p.cfg,
+        &mut model,
+        &mut opt,
+        pos,
+        &train,
+        eval.as_ref(),
+        &mut |e: &EpochStats| {
+            progress(&format!(
+                "train cpu: epoch {} loss {:.6}",
+                e.epoch, e.train_loss
+            ))
+        },
+    )?;
+    if let Some(path) = &r.save {
+        let meta = Meta {
+            format: 0,
+            widths: p.cfg.widths.clone(),
+            optimizer: p.cfg.optimizer,
+            position: outcome.position,
+            seed: p.cfg.seed,
+            scaler: None,
+        };
+        checkpoint::save(path, &model, &opt, &meta)?;
+    }
+    if let Some(path) = &r.save_losses {
+        let first = pos.step;
+        let mut csv = String::from("step,loss\n");
+        for (i, l) in outcome.step_losses.iter().enumerate() {
+            csv.push_str(&format!("{},{l:e}\n", first + i as u64 + 1));
+        }
+        gpukit_types::files::write_atomically(path, csv.as_bytes()).map_err(|source| {
+            Error::Io {
+                what: "--save-losses",
+                path: path.clone(),
+                source,
+            }
+        })?;
+    }
+    let pytorch = if r.compare_pytorch {
+        Some(compare(&p.cfg, &train, &initial_model, &outcome)?)
+    } else {
+        None
+    };
+    Ok(TrainReport {
+        pytorch,
+        preset: r
+            .preset
+            .or((r.data.is_none()).then_some(Preset::SeedRegression)),
+        device: "cpu".into(),
+        precision: "fp32".into(),
+        parameters: model.parameters(),
+        data: origin,
+        samples: train.len(),
+        features: train.features,
+        eval_samples: eval.as_ref().map_or(0, Dataset::len),
+        initial_weights: initial,
+        resumed_from: r.resume.clone(),
+        resumed_at: r.resume.as_ref().map(|_| pos),
+        epochs: outcome.epochs,
+        step_losses: outcome.step_losses,
+        final_position: outcome.position,
+        memory: outcome.memory,
+        seconds: outcome.seconds,
+        saved_checkpoint: r.save.clone(),
+        saved_losses: r.save_losses.clone(),
+        config: p.cfg,
+    })
+}
+
+/// Runs the same loop in PyTorch on the CPU (the data, initial weights and every epoch's
+/// order handed over as files) and times both sides `PEER_REPEATS` times from the same
+/// weights.
+fn compare(
+    cfg: &TrainConfig,
+    train: &Dataset,
+    initial: &Mlp<f32>,
+    outcome: &RunOutcome,
+) -> Result<TrainPeer> {
+    let dir = tempfile::tempdir().map_err(|source| Error::Io {
+        what: "a temporary directory",
+        path: std::env::temp_dir(),
+        source,
+    })?;
+    let file = |name: &str| dir.path().join(name);
+    train.save(&file("data.safetensors"))?;
+    gpukit_train::export::save_weights(&file("init.safetensors"), initial)?;
+    gpukit_train::export::save_order(
+        &file("order.safetensors"),
+        train.len(),
+        cfg.epochs,
+        cfg.seed,
+        cfg.shuffle,
+    )?;
+    let mut json = serde_json::to_value(cfg).map_err(|e| Error::Failed(e.to_string()))?;
+    json["precision"] = "fp32".into();
+    std::fs::write(file("config.json"), json.to_string()).map_err(|source| Error::Io {
+        what: "the training config",
+        path: file("config.json"),
+        source,
+    })?;
+    let path = |name: &str| file(name).display().to_string();
+    let peer = crate::peer::run_pytorch(&[
+        "train".into(),
+        "--data".into(),
+        path("data.safetensors"),
+        "--init".into(),
+        path("init.safetensors"),
+        "--order".into(),
+        path("order.safetensors"),
+        "--config".into(),
+        path("config.json"),
+        "--repeats".into(),
+        PEER_REPEATS.to_string(),
+        "--device".into(),
+        "cpu".into(),
+    ])?;
+    let row = peer.results.first().cloned().unwrap_or_default();
+    let numbers = |key: &str| -> Vec<f64> {
+        row[key]
+            .as_array()
+            .map(|a| a.iter().filter_map(serde_json::Value::as_f64).collect())
+            .unwrap_or_default()
+    };
+    let (theirs, seconds) = (numbers("step_losses"), numbers("seconds"));
+    let mut gpukit_seconds = vec![outcome.seconds];
+    for _ in 1..PEER_REPEATS {
+        let mut model = initial.clone();
+        let mut opt = Optimizer::new(cfg.optimizer);
+        let again = train_cpu(
+            cfg,
+            &mut model,
+            &mut opt,
+            Position::default(),
+            train,
+            None,
+            &mut |_| {},
+        )?;
+        gpukit_seconds.push(again.seconds);
+    }
+    let (max_relative_difference, at_update) = loss_difference(&outcome.step_losses, &theirs)?;
+    Ok(TrainPeer {
+        torch_version: peer.torch_version,
+        device_name: peer.device_name,
+        seconds_median: median(&seconds)?,
+        step_losses: theirs,
+        seconds,
+        gpukit_seconds_median: median(&gpukit_seconds)?,
+        gpukit_seconds,
+        max_relative_difference,
+        at_update,
+        tolerance: PEER_LOSS_TOLERANCE,
+    })
+}
+
+fn median(samples: &[f64]) -> Result<f64> {
+    crate::stats::Summary::of(samples)
+        .map(|s| s.median)
+        .ok_or(Error::NoSamples)
+}
+
+/// The largest relative difference between the two loss curves and its update (from 1); a
+/// curve of another length is a failure of the comparison itself.
+fn loss_difference(ours: &[f64], theirs: &[f64]) -> Result<(f64, usize)> {
+    if ours.len() != theirs.len() {
+        return Err(Error::Failed(format!(
+            "PyTorch made {} updates, gpukit {}: the two loops did not follow the same batches",
+            theirs.len(),
+            ours.len()
+        )));
+    }
+    let scale = theirs
+        .iter()
+        .fold(0f64, |m, v| m.max(v.abs()))
+        .max(f64::MIN_POSITIVE);
+    Ok(ours
+        .iter()
+        .zip(theirs)
+        .enumerate()
+        .map(|(i, (a, b))| ((a - b).abs() / b.abs().max(1e-6 * scale), i + 1))
+        .fold((0.0, 0), |best, x| {
+            if x.0 > best.0 || x.0.is_nan() {
+                x
+            } else {
+                best
+            }
+        }))
+}
+
+/// The JSON document of `gpukit train` (a run that returned trained to the end: a diverged
+/// one is an error, not a report). Compared with PyTorch, per-update losses further apart
+/// than the tolerance fail the run.
+pub fn document(report: TrainReport) -> Document<TrainReport> {
+    let failure = report.pytorch.as_ref().and_then(|p| {
+        // NaN fails too: only a difference known to be within the tolerance passes
+        let within = matches!(
+            p.max_relative_difference.partial_cmp(&p.tolerance),
+            Some(std::cmp::Ordering::Less | std::cmp::Ordering::Equal)
+        );
+        (!within).then(|| {
+            format!(
+                "the per-update losses differ from PyTorch's by {:.1e} (relative) at update {}, \
+                 over the tolerance {:.0e}: the two loops did not compute the same training",
+                p.max_relative_difference, p.at_update, p.tolerance
+            )
+        })
+    });
+    Document::new("train", report, failure)
+}
+
+/// Whether the targets are classes (accuracy is reported).
+pub fn classifies(report: &TrainReport) -> bool {
+    report.config.loss == LossKind::CrossEntropy
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loss_curves_are_compared_update_by_update() {
+        let ours = [1.0, 0.5, 0.25, 0.125];
+        let (d, at) = loss_difference(&ours, &ours).unwrap();
+        assert_eq!((d, at), (0.0, 0));
+        let theirs = [1.0, 0.5, 0.26, 0.125];
+        let (d, at) = loss_difference(&ours, &theirs).unwrap();
+        assert!((d - 0.01 / 0.26).abs() < 1e-12 && at == 3, "{d} {at}");
+        let nan = [1.0, f64::NAN, 0.25, 0.125];
+        assert!(loss_difference(&nan, &theirs).unwrap().0.is_nan());
+        let e = loss_difference(&ours, &theirs[..3])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("PyTorch made 3 updates, gpukit 4"), "{e}");
+    }
+
+    /// A curve apart by more than the tolerance fails the document (exit 1), one within passes.
+    #[test]
+    fn a_run_whose_losses_differ_from_pytorchs_fails() {
+        let mut report = run_train(
+            &TrainRequest {
+                steps: Some(4),
+                ..TrainRequest::default()
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+        let peer = |d: f64| TrainPeer {
+            torch_version: "2.11".into(),
+            device_name: None,
+            step_losses: vec![1.0; 4],
+            seconds: vec![0.01],
+            seconds_median: 0.01,
+            gpukit_seconds: vec![0.001],
+            gpukit_seconds_median: 0.001,
+            max_relative_difference: d,
+            at_update: 2,
+            tolerance: PEER_LOSS_TOLERANCE,
+        };
+        report.pytorch = Some(peer(1e-7));
+        assert!(document(report.clone()).failure.is_none());
+        report.pytorch = Some(peer(3e-3));
+        let f = document(report.clone()).failure.unwrap();
+        assert!(f.contains("3.0e-3") && f.contains("update 2"), "{f}");
+        report.pytorch = Some(peer(f64::NAN));
+        assert!(document(report).failure.is_some(), "NaN must fail");
+    }
+
+    #[test]
+    fn requests_that_cannot_run_are_refused_before_work() {
+        let cases = [
+            (
+                TrainRequest {
+                    compare_pytorch: true,
+                    resume: Some("x".into()),
+                    ..TrainRequest::default()
+                },
+                "--compare-pytorch",
+            ),
+            (
+                TrainRequest {
+                    device: Some(Device::Cuda(0)),
+                    ..TrainRequest::default()
+                },
+                "not built yet",
+            ),
+            (
+                TrainRequest {
+                    precision: Some("bf16".into()),
+                    ..TrainRequest::default()
+                },
+                "--precision bf16",
+            ),
+        ];
+        for (r, fragment) in cases {
+            let e = check_request(&r).unwrap_err().to_string();
+            assert!(e.contains(fragment), "{fragment}: {e}");
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! `gpukit train`: the run's set-up, then one row an epoch.
+
+use super::Section;
+use gpukit_bench::train::{classifies, TrainReport};
+
+/// `gpukit train`.
+pub fn train_sections(r: &TrainReport) -> Vec<Section> {
+    let c = &r.config;
+    let o = &c.optimizer;
+    let widths: Vec<String> = c.widths.iter().map(usize::to_string).collect();
+    let optimizer = match o.kind {
+        gpukit_train::optim::OptimizerKind::Sgd => format!(
+            "sgd, lr {}, momentum {}, weight decay {}",
+            o.lr, o.momentum, o.weight_decay
+        ),
+        kind => format!(
+            "{}, lr {}, betas 0.9/0.999, weight decay {}",
+            kind.name(),
+            o.lr,
+            o.weight_decay
+        ),
+    };
+    let mut setup = Section::kv(
+        format!(
+            "Training{} on {} ({})",
+            r.preset
+                .map(|p| format!(" ({})", p.name()))
+                .unwrap_or_default(),
+            r.device,
+            r.precision
+        ),
+        vec![
+            (
+                "Model",
+                format!(
+                    "MLP {} (ReLU between), {} parameters; initial weights: {}",
+                    widths.join("-"),
+                    r.parameters,
+                    r.initial_weights
+                ),
+            ),
+            (
+                "Data",
+                format!(
+                    "{} training samples x {} features, {} held out; {}",
+                    r.samples, r.features, r.eval_samples, r.data
+                ),
+            ),
+            (
+                "Loop",
+                format!(
+                    "{} loss, {optimizer}; batch {}{}, {} epoch(s){}{}",
+                    c.loss.name(),
+                    c.batch_size,
+                    if c.accumulate > 1 {
+                        format!(" x {} accumulated", c.accumulate)
+                    } else {
+                        String::new()
+                    },
+                    c.epochs,
+                    if c.shuffle {
+                        format!(", shuffled (seed {})", c.seed)
+                    } else {
+                        ", in data order".to_string()
+                    },
+                    c.max_steps
+                        .map(|s| format!(", at most {s} updates"))
+                        .unwrap_or_default()
+                ),
+            ),
+        ],
+    );
+    if let (Some(from), Some(at)) = (&r.resumed_from, r.resumed_at) {
+        setup.rows.push(vec![
+            "Resumed".into(),
+            format!(
+                "{} at update {} (epoch {}, batch {})",
+                from.display(),
+                at.step,
+                at.epoch + 1,
+                at.batch + 1
+            ),
+        ]);
+    }
+    let accuracy = classifies(r);
+    let mut header = vec!["epoch", "batches", "updates", "train loss"];
+    if accuracy {
+        header.push("train acc.");
+    }
+    header.push("eval loss");
+    if accuracy {
+        header.push("eval acc.");
+    }
+    header.extend(["ms", "samples/s"]);
+    let pct = |v: Option<f64>| v.map_or("-".to_string(), |a| format!("{:.1}%", 100.0 * a));
+    let rows = r
+        .epochs
+        .iter()
+        .map(|e| {
+            let mut row = vec![
+                format!("{}{}", e.epoch, if e.complete { "" } else { " (part)" }),
+                e.batches.to_string(),
+                e.steps.to_string(),
+                format!("{:.6}", e.train_loss),
+            ];
+            if accuracy {
+                row.push(pct(e.train_accuracy));
+            }
+            row.push(e.eval_loss.map_or("-".into(), |l| format!("{l:.6}")));
+            if accuracy {
+                row.push(pct(e.eval_accuracy));
+            }
+            row.push(format!("{:.3}", e.seconds * 1e3));
+            row.push(format!("{:.0}", e.samples_per_s));
+            row
+        })
+        .collect();
+    let mut notes = vec![format!(
+        "{} update(s) in {:.3} s of training (evaluation not counted); train loss: the mean of the epoch's batch losses",
+        r.step_losses.len(),
+        r.seconds
+    )];
+    if let Some(p) = &r.saved_checkpoint {
+        notes.push(format!(
+            "checkpoint written to {} (resume with --resume; it continues at update {})",
+            p.display(),
+            r.final_position.step + 1
+        ));
+    }
+    if let Some(p) = &r.saved_losses {
+        notes.push(format!("every update's loss written to {}", p.display()));
+    }
+    let mut sections = vec![
+        setup,
+        Section {
+            title: "Epochs".into(),
+            header: Some(header.into_iter().map(String::from).collect()),
+            rows,
+            notes,
+        },
+    ];
+    sections.push(memory_section(r));
+    if let Some(p) = &r.pytorch {
+        sections.push(peer_section(p));
+    }
+    sections
+}
+
+/// What the engine held, part by part; with accumulation, the activations a batch K times
+/// larger would have needed instead.
+fn memory_section(r: &TrainReport) -> Section {
+    let m = &r.memory;
+    let kib = |b: usize| format!("{:.1} KiB", b as f64 / 1024.0);
+    let mut rows = vec![
+        ("weights", kib(m.weights)),
+        ("gradients", kib(m.gradients)),
+        ("optimizer state", kib(m.optimizer_state)),
+        ("activations", kib(m.activations)),
+        ("workspace", kib(m.workspace)),
+        ("total", kib(m.total())),
+    ];
+    let k = r.config.accumulate;
+    if k > 1 {
+        rows.push((
+            "without accumulation",
+            format!(
+                "one batch of {} instead of {k} of {}: activations {} (they grow with the batch), \
+                 total {}",
+                k * r.config.batch_size,
+                r.config.batch_size,
+                kib(m.activations * k),
+                kib(m.total() + m.activations * (k - 1))
+            ),
+        ));
+    }
+    let mut s = Section::kv(
+        "Memory (host, held by the engine: its buffers' peaks)",
+        rows,
+    );
+    s.notes.push(
+        "weights and gradients in f32; the optimizer keeps one buffer a parameter (SGD with momentum) or two (Adam, AdamW)".into(),
+    );
+    s
+}
+
+/// The same loop in PyTorch: how far apart the loss curves are, and both loops' times.
+fn peer_section(p: &gpukit_bench::train::TrainPeer) -> Section {
+    let ms = |s: f64| format!("{:.3} ms", s * 1e3);
+    let verdict = if p.max_relative_difference <= p.tolerance {
+        "the same training"
+    } else {
+        "DIFFERENT training"
+    };
+    Section::kv(
+        format!(
+            "Beside PyTorch {} on {}",
+            p.torch_version,
+            p.device_name.as_deref().unwrap_or("the same device")
+        ),
+        vec![
+            (
+                "Losses",
+                format!(
+                    "{} updates on the same data, weights and batch order: largest relative \
+                     difference {:.1e} (update {}), tolerance {:.0e}: {verdict}",
+                    p.step_losses.len(),
+                    p.max_relative_difference,
+                    p.at_update,
+                    p.tolerance
+                ),
+            ),
+            (
+                "Time",
+                format!(
+                    "gpukit {} / PyTorch {} (medians of {} runs each, the loop only): gpukit \
+                     takes {:.2}x PyTorch's time",
+                    ms(p.gpukit_seconds_median),
+                    ms(p.seconds_median),
+                    p.seconds.len(),
+                    p.gpukit_seconds_median / p.seconds_median
+                ),
+            ),
+        ],
+    )
+}

@@ -1,0 +1,175 @@
+//! `gpukit compare` on the two real H100 reports in docs/gpu-runs (run 58 in the old bare `all`
+//! format, run 67 in the envelope, gzipped), a copy of run 67 with one figure cut by 20%, and
+//! inputs that are not reports. Runs on any machine: compare reads files, nothing else.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> PathBuf {
+    std::env::var_os("GPUKIT_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpukit")))
+}
+
+fn runs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/gpu-runs")
+}
+
+/// run58.json and run67.json (gunzipped) in a fresh directory.
+fn reports() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let run58 = dir.path().join("run58.json");
+    std::fs::copy(
+        runs().join("2026-11-22-run58-h100-final-all/out/all/report.json"),
+        &run58,
+    )
+    .unwrap();
+    let gz = runs().join("2026-11-23-run67-h100-all-vs-run58/out/report.json.gz");
+    let unzipped = Command::new("gzip").arg("-dc").arg(&gz).output().unwrap();
+    assert!(unzipped.status.success(), "gzip -dc {}", gz.display());
+    let run67 = dir.path().join("run67.json");
+    std::fs::write(&run67, unzipped.stdout).unwrap();
+    (dir, run58, run67)
+}
+
+fn gpukit(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(bin()).args(args).output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn compare(old: &Path, new: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["compare".as_ref(), old.as_os_str(), new.as_os_str()];
+    args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
+    gpukit(&args)
+}
+
+#[test]
+fn the_real_reports_compare_and_warn_about_the_other_chip() {
+    let (_dir, run58, run67) = reports();
+    let o = compare(&run58, &run67, &[]);
+    let all = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{all}");
+    assert!(all.contains("another chip of the same model"), "{all}");
+    assert!(all.contains("matmul (new/old"), "{all}");
+    assert!(all.contains("cuda:0 bf16 8192"), "{all}");
+}
+
+/// The key of the row that is cut.
+const CUT: &str = "infer fp16-nhwc-graph cuda:0 batch 32";
+
+/// run 67 with that row's images/s cut by 20% (its times up to match).
+fn cut_copy(run67: &Path, to: &Path) {
+    let mut doc: Value = serde_json::from_slice(&std::fs::read(run67).unwrap()).unwrap();
+    let rows = doc["result"]["infer"]["rows"].as_array_mut().unwrap();
+    let row = rows
+        .iter_mut()
+        .find(|r| r["strategy"] == "fp16-nhwc-graph" && r["batch"] == 32)
+        .unwrap();
+    let ips = row["images_per_s"].as_f64().unwrap();
+    row["images_per_s"] = (ips * 0.8).into();
+    let summary = &mut row["timing"]["summary_ms"];
+    for k in ["median", "p10", "p90", "min", "max", "mean"] {
+        let ms = summary[k].as_f64().unwrap();
+        summary[k] = (ms / 0.8).into();
+    }
+    std::fs::write(to, serde_json::to_vec(&doc).unwrap()).unwrap();
+}
+
+#[test]
+fn a_row_cut_by_20_percent_is_the_one_worse_figure() {
+    let (dir, _run58, run67) = reports();
+    let cut = dir.path().join("run67-cut.json");
+    cut_copy(&run67, &cut);
+    let o = compare(&run67, &cut, &["--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let doc: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["command"], "compare");
+    let figures = doc["result"]["figures"].as_array().unwrap();
+    assert!(figures.len() > 100, "{}", figures.len());
+    for f in figures {
+        let expected = if f["key"] == CUT {
+            "worse"
+        } else if f["old"]["value"].is_null() {
+            "not_measured"
+        } else {
+            "same"
+        };
+        assert_eq!(f["verdict"], expected, "{f}");
+    }
+    assert_eq!(doc["result"]["total"]["worse"], 1);
+
+    let o = compare(&run67, &cut, &["--fail-on-regression"]);
+    let all = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("1 figure(s) worse") && all.contains(CUT),
+        "{all}"
+    );
+
+    // a 25% threshold swallows the cut
+    let o = compare(
+        &run67,
+        &cut,
+        &["--fail-on-regression", "--threshold", "25%"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+#[test]
+fn markdown_is_written_whole() {
+    let (dir, run58, run67) = reports();
+    let md = dir.path().join("compare.md");
+    let o = compare(&run58, &run67, &["--markdown", md.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let written = std::fs::read_to_string(&md).unwrap();
+    assert!(written.starts_with("# gpukit compare"), "{written}");
+    assert!(written.contains("| figure | unit | old | new | new/old | verdict |"));
+    assert!(written.contains("another chip of the same model"));
+}
+
+#[test]
+fn what_is_not_a_report_exits_2_naming_the_file() {
+    let (dir, _run58, run67) = reports();
+    let truncated = dir.path().join("truncated.json");
+    let bytes = std::fs::read(&run67).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let foreign = dir.path().join("foo.json");
+    std::fs::write(&foreign, br#"{"foo":1}"#).unwrap();
+    for (bad, says) in [
+        (&truncated, "is not valid JSON"),
+        (&foreign, "is not a gpukit report"),
+    ] {
+        let o = compare(&run67, bad, &[]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains(bad.to_str().unwrap()) && err.contains(says),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let o = compare(&foreign, &dir.path().join("missing.json"), &[]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = compare(&run67, dir.path(), &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is a directory"));
+}
+
+#[test]
+fn a_negative_threshold_exits_2() {
+    let (_dir, run58, run67) = reports();
+    for t in ["-1", "-5%", "lots"] {
+        let o = compare(&run58, &run67, &["--threshold", t]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{t}: {err}");
+        assert!(err.contains("--threshold"), "{err}");
+    }
+}

@@ -1,0 +1,19 @@
+//! gpukit's training engine: a multilayer perceptron (linear layers with ReLU between) trained
+//! forward and backward, MSE and cross-entropy losses, SGD / Adam / AdamW with PyTorch's
+//! update rules, data (the tutorials' presets, safetensors and CSV files, seeded shuffling,
+//! a held-out part) and checkpoints that resume bit for bit. The CPU path runs on the gemm
+//! crate; the GPU path builds on the same definitions.
+
+#![forbid(unsafe_code)]
+
+pub mod checkpoint;
+pub mod data;
+pub mod error;
+pub mod export;
+pub mod loss;
+pub mod model;
+pub mod optim;
+pub mod real;
+pub mod run;
+
+pub use error::{Error, Result};

@@ -1,0 +1,185 @@
+//! SGD, Adam and AdamW with PyTorch's update rules (torch.optim, default arguments apart from
+//! those given), so that the same weights, batches and hyperparameters give the same losses:
+//! - SGD: `g += wd p`; with momentum `buf = g` on the first step, then `buf = m buf + g`;
+//!   `p -= lr buf` (dampening 0, no Nesterov).
+//! - Adam: `g += wd p`; `m = lerp(m, g, 1 - b1)`; `v = b2 v + (1 - b2) g^2`;
+//!   `p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)`, the bias corrections in
+//!   float64 as PyTorch computes them from its step count.
+//! - AdamW: `p *= 1 - lr wd` first, then Adam without the `wd p` term.
+
+use crate::error::{Error, Result};
+use crate::model::{Grads, Mlp};
+use crate::real::Real;
+use serde::{Deserialize, Serialize};
+
+/// Which optimizer, and its hyperparameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerConfig {
+    pub kind: OptimizerKind,
+    pub lr: f64,
+    /// SGD only.
+    pub momentum: f64,
+    pub weight_decay: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    Sgd,
+    Adam,
+    AdamW,
+}
+
+impl OptimizerKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Adam => "adam",
+            OptimizerKind::AdamW => "adamw",
+        }
+    }
+}
+
+/// PyTorch's defaults for Adam and AdamW.
+pub const BETA1: f64 = 0.9;
+pub const BETA2: f64 = 0.999;
+pub const EPS: f64 = 1e-8;
+
+impl OptimizerConfig {
+    /// Refuses hyperparameters no optimizer can use, naming the flag: a learning rate that is
+    /// not a positive finite number, momentum outside [0, 1), weight decay negative or not
+    /// finite, momentum given to Adam or AdamW.
+    pub fn check(&self) -> Result<()> {
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(Error::Setting(format!(
+                "--lr {}: the learning rate must be a positive number",
+                self.lr
+            )));
+        }
+        if !(self.momentum.is_finite() && (0.0..1.0).contains(&self.momentum)) {
+            return Err(Error::Setting(format!(
+                "--momentum {}: must be in [0, 1)",
+                self.momentum
+            )));
+        }
+        if self.kind != OptimizerKind::Sgd && self.momentum != 0.0 {
+            return Err(Error::Setting(format!(
+                "--momentum applies to sgd, not {} (its betas are PyTorch's defaults, 0.9 and 0.999)",
+                self.kind.name()
+            )));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(Error::Setting(format!(
+                "--weight-decay {}: must be zero or a positive number",
+                self.weight_decay
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// An optimizer's state: its step count and per-parameter buffers (momentum for SGD, first
+/// and second moments for Adam/AdamW), in the order of [`Mlp::named`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Optimizer<T> {
+    pub config: OptimizerConfig,
+    /// Updates applied so far.
+    pub step: u64,
+    /// SGD momentum buffers or Adam's first moments; empty until the first step.
+    pub m: Vec<Vec<T>>,
+    /// Adam's second moments; empty for SGD.
+    pub v: Vec<Vec<T>>,
+}
+
+impl<T: Real> Optimizer<T> {
+    pub fn new(config: OptimizerConfig) -> Optimizer<T> {
+        Optimizer {
+            config,
+            step: 0,
+            m: Vec::new(),
+            v: Vec::new(),
+        }
+    }
+
+    /// The names and contents of the state buffers, for checkpoints.
+    pub fn buffers(&self) -> Vec<(&'static str, &Vec<Vec<T>>)> {
+        vec![("m", &self.m), ("v", &self.v)]
+    }
+
+    /// Applies one update to `model` from `grads`.
+    pub fn update(&mut self, model: &mut Mlp<T>, grads: &Grads<T>) {
+        let c = self.config;
+        let first = self.m.is_empty();
+        if first {
+            let sizes: Vec<usize> = model
+                .layers
+                .iter()
+                .flat_map(|l| [l.weight.len(), l.bias.len()])
+                .collect();
+            let zeros = || sizes.iter().map(|&n| vec![T::ZERO; n]).collect::<Vec<_>>();
+            let uses_m = c.kind != OptimizerKind::Sgd || c.momentum != 0.0;
+            if uses_m {
+                self.m = zeros();
+            }
+            if c.kind != OptimizerKind::Sgd {
+                self.v = zeros();
+            }
+        }
+        let params = model
+            .layers
+            .iter_mut()
+            .flat_map(|l| [&mut l.weight, &mut l.bias]);
+        let gs = grads
+            .weight
+            .iter()
+            .zip(&grads.bias)
+            .flat_map(|(w, b)| [w, b]);
+        self.step += 1;
+        let t = self.step as f64;
+        let lr = T::from_f64(c.lr);
+        let wd = T::from_f64(c.weight_decay);
+        let step_size = T::from_f64(c.lr / (1.0 - BETA1.powf(t)));
+        let bc2_sqrt = T::from_f64((1.0 - BETA2.powf(t)).sqrt());
+        let (b1c, b2, b2c, eps) = (
+            T::from_f64(1.0 - BETA1),
+            T::from_f64(BETA2),
+            T::from_f64(1.0 - BETA2),
+            T::from_f64(EPS),
+        );
+        let decay = T::from_f64(1.0 - c.lr * c.weight_decay);
+        let momentum = T::from_f64(c.momentum);
+        for (k, (p, g)) in params.zip(gs).enumerate() {
+            match c.kind {
+                OptimizerKind::Sgd => {
+                    for (i, (pi, &gi)) in p.iter_mut().zip(g).enumerate() {
+                        let mut d = gi + wd * *pi;
+                        if let Some(buf) = self.m.get_mut(k) {
+                            buf[i] = if first { d } else { momentum * buf[i] + d };
+                            d = buf[i];
+                        }
+                        *pi -= lr * d;
+                    }
+                }
+                OptimizerKind::Adam | OptimizerKind::AdamW => {
+                    let (m, v) = (&mut self.m[k], &mut self.v[k]);
+                    for (i, (pi, &gi)) in p.iter_mut().zip(g).enumerate() {
+                        let d = if c.kind == OptimizerKind::Adam {
+                            gi + wd * *pi
+                        } else {
+                            *pi *= decay;
+                            gi
+                        };
+                        let mi = m[i];
+                        m[i] = mi + b1c * (d - mi);
+                        v[i] = b2 * v[i] + b2c * d * d;
+                        let denom = v[i].sqrt() / bc2_sqrt + eps;
+                        *pi -= step_size * (m[i] / denom);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
