@@ -5,9 +5,22 @@ use gpukit_bench::infer::InferStrategy;
 use gpukit_tensor::{DType, Device, DeviceSelection, Layout};
 use std::path::PathBuf;
 
+/// `--version`: gpukit's version and the CUDA major version this build binds, with the driver
+/// it needs (the same binary runs without a GPU; GPU commands need that driver).
+#[cfg(not(feature = "cuda-12"))]
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (CUDA 13 build: GPU commands need an NVIDIA driver R580 or newer)"
+);
+#[cfg(feature = "cuda-12")]
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (CUDA 12 build: GPU commands need an NVIDIA driver R525 or newer)"
+);
+
 /// GPU fundamentals, measured on your own machine.
 #[derive(Debug, Parser)]
-#[command(name = "gpukit", version, about, long_about = None)]
+#[command(name = "gpukit", version = VERSION, about, long_about = None)]
 pub struct Cli {
     /// Print one JSON document on stdout instead of tables.
     #[arg(long, global = true)]
@@ -39,6 +52,10 @@ pub enum Command {
     Train(TrainArgs),
     /// Run every command and write DIR/report.json and DIR/report.md.
     All(AllArgs),
+    /// Print a shell completion script: `gpukit completions bash > ~/.local/share/bash-completion/completions/gpukit`.
+    Completions(CompletionsArgs),
+    /// Print gpukit's man page (roff): `gpukit man | man -l -`.
+    Man,
     /// Compare two reports (any command's --save-json, or all's report.json): every figure in
     /// both, better or worse beyond a threshold and the runs' own spread.
     Compare(CompareArgs),
@@ -757,4 +774,11 @@ fn parse_loss(s: &str) -> Result<gpukit_train::loss::LossKind, String> {
         .into_iter()
         .find(|k| k.name() == s.trim().to_ascii_lowercase())
         .ok_or_else(|| "unknown loss (mse or cross-entropy)".to_string())
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// bash, zsh, fish, elvish or powershell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }

@@ -39,6 +39,19 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Infer(a) => infer(a, &out),
         Command::Memory(a) => memory(a, &out),
         Command::Train(a) => train(a, &out),
+        Command::Completions(a) => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut script = Vec::new();
+            clap_complete::generate(a.shell, &mut cmd, "gpukit", &mut script);
+            print_bytes(&script)
+        }
+        Command::Man => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+                .render(&mut page)
+                .context("rendering the man page")?;
+            print_bytes(&page)
+        }
         Command::All(a) => all(a, &out),
         Command::Compare(a) => compare(a, &out),
     }
@@ -340,6 +353,15 @@ fn memory(a: MemoryArgs, out: &Output) -> Result<()> {
         Vec::new(),
         sections,
     )
+}
+
+/// Writes `bytes` to stdout; a reader that stopped early (`| head`) is not an error.
+fn print_bytes(bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(bytes) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("writing to stdout"),
+        _ => Ok(()),
+    }
 }
 
 fn train(a: TrainArgs, out: &Output) -> Result<()> {

@@ -880,6 +880,37 @@ fn train_compare_without_python_says_what_to_install() -> Result<(), Failed> {
     )
 }
 
+/// The conventions of command-line tools: a version that says the build's CUDA, completion
+/// scripts for the shells, a man page; each names every command.
+fn version_completions_and_man_page() -> Result<(), Failed> {
+    let out = gpukit(&["--version"]);
+    exited(&out, 0, &["--version"])?;
+    let v = text(&out.stdout);
+    ensure(
+        v.starts_with("gpukit ") && v.contains("CUDA") && v.contains("build"),
+        || v.clone(),
+    )?;
+    for shell in ["bash", "zsh", "fish"] {
+        let out = gpukit(&["completions", shell]);
+        exited(&out, 0, &["completions", shell])?;
+        let script = text(&out.stdout);
+        for command in ["check", "infer", "train", "compare", "all"] {
+            ensure(script.contains(command), || {
+                format!("{shell} lacks {command}")
+            })?;
+        }
+    }
+    let out = gpukit(&["completions", "tcsh"]);
+    exited(&out, 2, &["completions", "tcsh"])?;
+    let out = gpukit(&["man"]);
+    exited(&out, 0, &["man"])?;
+    let page = text(&out.stdout);
+    ensure(
+        page.contains(".TH gpukit 1") && page.contains("train"),
+        || page.chars().take(300).collect(),
+    )
+}
+
 fn main() {
     let (_discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     let args = Arguments::from_args();
@@ -922,6 +953,10 @@ fn main() {
         (
             "help_lists_only_real_commands",
             help_lists_only_real_commands,
+        ),
+        (
+            "version_completions_and_man_page",
+            version_completions_and_man_page,
         ),
         (
             "infer_on_the_cpu_reports_rows_that_agree",
