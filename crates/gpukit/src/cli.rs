@@ -716,6 +716,11 @@ pub struct TrainArgs {
     /// per-update losses and the times.
     #[arg(long)]
     pub compare_pytorch: bool,
+
+    /// Keep only some layer outputs in the forward pass and recompute the rest in backward
+    /// (less activation memory for one more forward pass).
+    #[arg(long)]
+    pub checkpoint_activations: bool,
 }
 
 fn parse_preset(s: &str) -> Result<gpukit_bench::train::Preset, String> {

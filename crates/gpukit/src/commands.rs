@@ -391,6 +391,7 @@ fn train(a: TrainArgs, out: &Output) -> Result<()> {
         precision: a.precision,
         device: Some(a.device),
         compare_pytorch: a.compare_pytorch,
+        checkpoint_activations: a.checkpoint_activations,
     };
     let report = run_train(&request, &mut progress())?;
     let sections = render::train_sections(&report);

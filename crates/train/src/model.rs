@@ -33,8 +33,15 @@ pub struct Mlp<T> {
 pub struct Activations<T> {
     /// Rows of the batch.
     pub n: usize,
-    /// outs[0] is the input batch; outs[i + 1] is layer i's output.
+    /// outs[0] is the input batch; outs[i + 1] is layer i's output (with checkpointing only
+    /// every segment-th and the last are kept; the others are empty).
     pub outs: Vec<Vec<T>>,
+    /// Layers a checkpointed segment spans; None: every output kept.
+    pub segment: Option<usize>,
+    /// Checkpointed forward's running buffer.
+    recompute: Vec<T>,
+    /// Backward's recomputed inputs of one segment.
+    segment_inputs: Vec<Vec<T>>,
 }
 
 impl<T: Real> Activations<T> {
@@ -174,34 +181,79 @@ impl<T: Real> Mlp<T> {
     /// `acts` (its buffers are reused between calls).
     pub fn forward(&self, x: &[T], n: usize, acts: &mut Activations<T>) {
         acts.n = n;
+        acts.segment = None;
         acts.outs.resize_with(self.layers.len() + 1, Vec::new);
         acts.outs[0].clear();
         acts.outs[0].extend_from_slice(x);
-        let last = self.layers.len().saturating_sub(1);
-        for (i, l) in self.layers.iter().enumerate() {
+        for i in 0..self.layers.len() {
             let (done, rest) = acts.outs.split_at_mut(i + 1);
-            let (h, z) = (&done[i], &mut rest[0]);
-            z.resize(n * l.outputs, T::ZERO);
-            gemm_t((false, true), (n, l.outputs, l.inputs), h, &l.weight, z);
-            for row in z.chunks_exact_mut(l.outputs) {
-                for (v, &b) in row.iter_mut().zip(&l.bias) {
-                    *v += b;
-                    // ReLU; a NaN stays NaN (comparisons with it are false), so a diverged
-                    // run shows as a non-finite loss instead of being masked to zero
-                    if i != last && *v < T::ZERO {
-                        *v = T::ZERO;
-                    }
+            self.layer_forward(i, &done[i], n, &mut rest[0]);
+        }
+    }
+
+    /// Forward with activation checkpointing: keeps only every `segment`-th layer's input
+    /// (and the output); [`Mlp::backward`] recomputes the others, one segment at a time. About
+    /// `layers / segment + segment` layer outputs are held instead of `layers`, for one more
+    /// forward pass of compute. The outputs and gradients are the same, bit for bit.
+    pub fn forward_checkpointed(
+        &self,
+        x: &[T],
+        n: usize,
+        segment: usize,
+        acts: &mut Activations<T>,
+    ) {
+        let segment = segment.max(1);
+        let layers = self.layers.len();
+        acts.n = n;
+        acts.segment = Some(segment);
+        acts.outs.resize_with(layers + 1, Vec::new);
+        acts.outs[0].clear();
+        acts.outs[0].extend_from_slice(x);
+        let mut h = std::mem::take(&mut acts.recompute);
+        let mut z = Vec::new();
+        h.clear();
+        h.extend_from_slice(x);
+        for i in 0..layers {
+            self.layer_forward(i, &h, n, &mut z);
+            std::mem::swap(&mut h, &mut z);
+            let keep = i + 1 == layers || (i + 1) % segment == 0;
+            if keep {
+                acts.outs[i + 1].clear();
+                acts.outs[i + 1].extend_from_slice(&h);
+            } else {
+                // not kept: its memory goes back
+                acts.outs[i + 1] = Vec::new();
+            }
+        }
+        acts.recompute = h;
+    }
+
+    /// Layer `i` on the batch `h` (n x inputs) into `z` (n x outputs): `h W^T + b`, then ReLU
+    /// unless it is the last layer.
+    fn layer_forward(&self, i: usize, h: &[T], n: usize, z: &mut Vec<T>) {
+        let l = &self.layers[i];
+        let last = i + 1 == self.layers.len();
+        z.resize(n * l.outputs, T::ZERO);
+        gemm_t((false, true), (n, l.outputs, l.inputs), h, &l.weight, z);
+        for row in z.chunks_exact_mut(l.outputs) {
+            for (v, &b) in row.iter_mut().zip(&l.bias) {
+                *v += b;
+                // ReLU; a NaN stays NaN (comparisons with it are false), so a diverged run
+                // shows as a non-finite loss instead of being masked to zero
+                if !last && *v < T::ZERO {
+                    *v = T::ZERO;
                 }
             }
         }
     }
 
     /// Adds to `grads` the gradient of the loss whose gradient with respect to the model's
-    /// output is `dy` (n x outputs), for the batch whose forward pass left `acts`. `scratch`
-    /// holds the two running gradients between layers (reused between calls).
+    /// output is `dy` (n x outputs), for the batch whose forward pass left `acts` (either
+    /// forward: a checkpointed one's missing layer inputs are recomputed here, a segment at a
+    /// time). `scratch` holds the running gradients between layers (reused between calls).
     pub fn backward(
         &self,
-        acts: &Activations<T>,
+        acts: &mut Activations<T>,
         dy: &[T],
         grads: &mut Grads<T>,
         scratch: &mut Backward<T>,
@@ -209,45 +261,87 @@ impl<T: Real> Mlp<T> {
         let n = acts.n;
         scratch.g.clear();
         scratch.g.extend_from_slice(dy);
-        for (i, l) in self.layers.iter().enumerate().rev() {
-            let h = &acts.outs[i];
-            // dW = dy^T h: (outputs x n) (n x inputs)
-            scratch.dw.resize(l.weight.len(), T::ZERO);
-            gemm_t(
-                (true, false),
-                (l.outputs, l.inputs, n),
-                &scratch.g,
-                h,
-                &mut scratch.dw,
-            );
-            for (a, &d) in grads.weight[i].iter_mut().zip(&scratch.dw) {
+        let layers = self.layers.len();
+        let segment = acts.segment.unwrap_or(1).max(1);
+        // segments [start, end) of layers, last first; with every output kept each is a layer
+        let mut end = layers;
+        while end > 0 {
+            let start = (end - 1) / segment * segment;
+            // the inputs of layers start+1 .. end-1, recomputed from the kept input of `start`
+            let mut inputs = std::mem::take(&mut acts.segment_inputs);
+            inputs.resize_with(end - start, Vec::new);
+            if acts.segment.is_some() {
+                for i in start..end - 1 {
+                    let (done, rest) = inputs.split_at_mut(i - start + 1);
+                    let h = if i == start {
+                        &acts.outs[start]
+                    } else {
+                        &done[i - start]
+                    };
+                    self.layer_forward(i, h, n, &mut rest[0]);
+                }
+            }
+            for i in (start..end).rev() {
+                let h = if acts.segment.is_none() || i == start {
+                    &acts.outs[i]
+                } else {
+                    &inputs[i - start]
+                };
+                self.layer_backward(i, h, n, grads, scratch);
+            }
+            acts.segment_inputs = inputs;
+            end = start;
+        }
+    }
+
+    /// One layer's backward: its weight and bias gradients from the running gradient
+    /// `scratch.g` and its input `h`, then (but for the first layer) the running gradient with
+    /// respect to `h`, through the ReLU that made `h`.
+    fn layer_backward(
+        &self,
+        i: usize,
+        h: &[T],
+        n: usize,
+        grads: &mut Grads<T>,
+        scratch: &mut Backward<T>,
+    ) {
+        let l = &self.layers[i];
+        // dW = dy^T h: (outputs x n) (n x inputs)
+        scratch.dw.resize(l.weight.len(), T::ZERO);
+        gemm_t(
+            (true, false),
+            (l.outputs, l.inputs, n),
+            &scratch.g,
+            h,
+            &mut scratch.dw,
+        );
+        for (a, &d) in grads.weight[i].iter_mut().zip(&scratch.dw) {
+            *a += d;
+        }
+        for row in scratch.g.chunks_exact(l.outputs) {
+            for (a, &d) in grads.bias[i].iter_mut().zip(row) {
                 *a += d;
             }
-            for row in scratch.g.chunks_exact(l.outputs) {
-                for (a, &d) in grads.bias[i].iter_mut().zip(row) {
-                    *a += d;
-                }
-            }
-            if i == 0 {
-                break;
-            }
-            // dh = dy W: (n x outputs) (outputs x inputs), then through the ReLU that made h
-            scratch.prev.resize(n * l.inputs, T::ZERO);
-            gemm_t(
-                (false, false),
-                (n, l.inputs, l.outputs),
-                &scratch.g,
-                &l.weight,
-                &mut scratch.prev,
-            );
-            // ReLU's gradient: through where its output was positive, zero elsewhere (NaN too)
-            for (d, &hv) in scratch.prev.iter_mut().zip(h) {
-                if hv.partial_cmp(&T::ZERO) != Some(std::cmp::Ordering::Greater) {
-                    *d = T::ZERO;
-                }
-            }
-            std::mem::swap(&mut scratch.g, &mut scratch.prev);
         }
+        if i == 0 {
+            return;
+        }
+        // dh = dy W: (n x outputs) (outputs x inputs), then through the ReLU that made h
+        scratch.prev.resize(n * l.inputs, T::ZERO);
+        gemm_t(
+            (false, false),
+            (n, l.inputs, l.outputs),
+            &scratch.g,
+            &l.weight,
+            &mut scratch.prev,
+        );
+        // ReLU's gradient: through where its output was positive, zero elsewhere (NaN too)
+        for (d, &hv) in scratch.prev.iter_mut().zip(h) {
+            if hv.partial_cmp(&T::ZERO) != Some(std::cmp::Ordering::Greater) {
+                *d = T::ZERO;
+            }
+        }
+        std::mem::swap(&mut scratch.g, &mut scratch.prev);
     }
 }
 
@@ -267,9 +361,12 @@ impl<T> Backward<T> {
 }
 
 impl<T> Activations<T> {
-    /// Bytes the kept layer outputs hold (their capacity: the largest batch so far).
+    /// Bytes the kept layer outputs and the recomputation buffers hold (their capacity: the
+    /// largest batch so far).
     pub fn bytes(&self) -> usize {
-        self.outs.iter().map(Vec::capacity).sum::<usize>() * std::mem::size_of::<T>()
+        let kept: usize = self.outs.iter().map(Vec::capacity).sum();
+        let recomputed: usize = self.segment_inputs.iter().map(Vec::capacity).sum();
+        (kept + recomputed + self.recompute.capacity()) * std::mem::size_of::<T>()
     }
 }
 

@@ -29,6 +29,18 @@ pub struct TrainConfig {
     /// Stop after this many updates in all, counted from the run's very start (None: train
     /// every epoch).
     pub max_steps: Option<u64>,
+    /// Keep only some layer outputs in forward and recompute the others in backward.
+    #[serde(default)]
+    pub checkpoint_activations: bool,
+}
+
+impl TrainConfig {
+    /// Layers a checkpointed segment spans: about the square root of the layer count, which
+    /// keeps the fewest outputs (layers / segment kept + one segment recomputed at a time).
+    pub fn segment(&self) -> usize {
+        let layers = self.widths.len().saturating_sub(1).max(1);
+        (layers as f64).sqrt().ceil() as usize
+    }
 }
 
 impl TrainConfig {
@@ -114,6 +126,10 @@ pub struct MemoryUse {
     pub activations: usize,
     /// Backward's running gradients, the loss gradient and the batch being assembled.
     pub workspace: usize,
+    /// What every layer output of the largest batch takes when all are kept (the activations
+    /// without checkpointing).
+    #[serde(default)]
+    pub activations_all_kept: usize,
 }
 
 impl MemoryUse {
@@ -163,7 +179,7 @@ pub fn train_cpu(
         seconds: 0.0,
         memory: MemoryUse::default(),
     };
-    let mut batch_bytes = 0usize;
+    let (mut batch_bytes, mut largest_batch) = (0usize, 0usize);
     let at_limit = |p: &Position| cfg.max_steps.is_some_and(|m| p.step >= m);
     while pos.epoch < cfg.epochs && !at_limit(&pos) {
         let order = batch_order(n, pos.epoch, cfg.seed, cfg.shuffle);
@@ -176,7 +192,12 @@ pub fn train_cpu(
             let idx = &order[lo..(lo + cfg.batch_size).min(n)];
             let (x, y) = train.gather(idx);
             batch_bytes = batch_bytes.max(x.capacity() * 4 + targets_bytes(&y));
-            model.forward(&x, idx.len(), &mut acts);
+            largest_batch = largest_batch.max(idx.len());
+            if cfg.checkpoint_activations {
+                model.forward_checkpointed(&x, idx.len(), cfg.segment(), &mut acts);
+            } else {
+                model.forward(&x, idx.len(), &mut acts);
+            }
             let targets = batch_targets(&y);
             let (loss, right) = loss_and_grad(acts.output(), width, targets, scale, &mut dy);
             if !loss.is_finite() {
@@ -188,7 +209,7 @@ pub fn train_cpu(
                     pos.batch + 1
                 )));
             }
-            model.backward(&acts, &dy, &mut grads, &mut scratch);
+            model.backward(&mut acts, &dy, &mut grads, &mut scratch);
             loss_sum += loss;
             micro_loss += loss;
             batches += 1;
@@ -251,6 +272,7 @@ pub fn train_cpu(
         optimizer_state: f32s(opt.m.iter().chain(&opt.v).map(Vec::capacity).sum()),
         activations: acts.bytes(),
         workspace: scratch.bytes() + f32s(dy.capacity()) + batch_bytes,
+        activations_all_kept: f32s(largest_batch * cfg.widths.iter().sum::<usize>()),
     };
     Ok(out)
 }

@@ -66,7 +66,11 @@ pub fn train_sections(r: &TrainReport) -> Vec<Section> {
                     c.max_steps
                         .map(|s| format!(", at most {s} updates"))
                         .unwrap_or_default()
-                ),
+                ) + if c.checkpoint_activations {
+                    ", activations checkpointed"
+                } else {
+                    ""
+                },
             ),
         ],
     );
@@ -173,6 +177,18 @@ fn memory_section(r: &TrainReport) -> Section {
             ),
         ));
     }
+    if r.config.checkpoint_activations {
+        rows.push((
+            "without checkpointing",
+            format!(
+                "every layer output kept: activations {} instead of {} (segments of {} layers \
+                 recomputed in backward)",
+                kib(m.activations_all_kept),
+                kib(m.activations),
+                r.config.segment()
+            ),
+        ));
+    }
     let mut s = Section::kv(
         "Memory (host, held by the engine: its buffers' peaks)",
         rows,
@@ -186,10 +202,9 @@ fn memory_section(r: &TrainReport) -> Section {
 /// The same loop in PyTorch: how far apart the loss curves are, and both loops' times.
 fn peer_section(p: &gpukit_bench::train::TrainPeer) -> Section {
     let ms = |s: f64| format!("{:.3} ms", s * 1e3);
-    let verdict = if p.max_relative_difference <= p.tolerance {
-        "the same training"
-    } else {
-        "DIFFERENT training"
+    let verdict = match p.disagreement() {
+        None => "the same training",
+        Some(_) => "DIFFERENT training",
     };
     Section::kv(
         format!(
@@ -201,12 +216,17 @@ fn peer_section(p: &gpukit_bench::train::TrainPeer) -> Section {
             (
                 "Losses",
                 format!(
-                    "{} updates on the same data, weights and batch order: largest relative \
-                     difference {:.1e} (update {}), tolerance {:.0e}: {verdict}",
+                    "{} updates on the same data, weights and batch order: the first {} within \
+                     {:.1e} (tolerance {:.0e}), the last {:.1e} apart (tolerance {:.0e}), the \
+                     largest {:.1e} at update {}: {verdict}",
                     p.step_losses.len(),
+                    gpukit_bench::train::PEER_EARLY_UPDATES.min(p.step_losses.len()),
+                    p.early_difference,
+                    p.tolerance,
+                    p.final_difference,
+                    p.final_tolerance,
                     p.max_relative_difference,
-                    p.at_update,
-                    p.tolerance
+                    p.at_update
                 ),
             ),
             (

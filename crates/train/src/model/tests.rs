@@ -91,7 +91,7 @@ fn gradients_match_finite_differences() {
         let mut dy = Vec::new();
         loss_and_grad(acts.output(), 3, targets, 1.0, &mut dy);
         let mut grads = Grads::zeros(&model);
-        model.backward(&acts, &dy, &mut grads, &mut Backward::default());
+        model.backward(&mut acts, &dy, &mut grads, &mut Backward::default());
         for li in 0..model.layers.len() {
             for (which, len) in [
                 (0, model.layers[li].weight.len()),
@@ -138,9 +138,9 @@ fn backward_adds_to_the_gradients_it_is_given() {
     let dy = normal_f64(4, seed ^ 4);
     let mut once = Grads::zeros(&model);
     let mut scratch = Backward::default();
-    model.backward(&acts, &dy, &mut once, &mut scratch);
+    model.backward(&mut acts, &dy, &mut once, &mut scratch);
     let mut twice = once.clone();
-    model.backward(&acts, &dy, &mut twice, &mut scratch);
+    model.backward(&mut acts, &dy, &mut twice, &mut scratch);
     for (a, b) in once
         .weight
         .iter()
@@ -160,5 +160,35 @@ fn layer_lists_are_parsed_or_refused_naming_the_flag() {
     for bad in ["", "16", "16,0,1", "16,x,1", "16,,1", "-1,2"] {
         let e = parse_widths(bad).unwrap_err().to_string();
         assert!(e.contains("--layers"), "{bad}: {e}");
+    }
+}
+
+/// Checkpointed forward and backward give the same output and gradients, bit for bit, for
+/// every segment length, and keep fewer layer outputs.
+#[test]
+fn checkpointing_changes_memory_not_results() {
+    let seed = fresh_seed();
+    let widths = [5, 9, 7, 8, 6, 4, 3];
+    let model = Mlp::<f32>::new(&widths, seed);
+    let n = 6;
+    let x: Vec<f32> = gpukit_tensor::random::normal_f32(n * 5, seed ^ 5);
+    let dy: Vec<f32> = gpukit_tensor::random::normal_f32(n * 3, seed ^ 6);
+    let mut acts = Activations::default();
+    model.forward(&x, n, &mut acts);
+    let want_out = acts.output().to_vec();
+    let mut want = Grads::zeros(&model);
+    model.backward(&mut acts, &dy, &mut want, &mut Backward::default());
+    let all_kept: usize = acts.outs.iter().map(Vec::len).sum();
+    for segment in 1..=7 {
+        let mut c = Activations::default();
+        model.forward_checkpointed(&x, n, segment, &mut c);
+        assert_eq!(c.output(), want_out.as_slice(), "segment {segment}");
+        let kept: usize = c.outs.iter().map(Vec::len).sum();
+        if segment > 1 {
+            assert!(kept < all_kept, "segment {segment}: {kept} of {all_kept}");
+        }
+        let mut got = Grads::zeros(&model);
+        model.backward(&mut c, &dy, &mut got, &mut Backward::default());
+        assert_eq!(got, want, "seed {seed} segment {segment}");
     }
 }

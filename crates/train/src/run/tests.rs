@@ -23,6 +23,7 @@ fn config(widths: &[usize], loss: LossKind, kind: OptimizerKind, lr: f64) -> Tra
         shuffle: true,
         accumulate: 1,
         max_steps: None,
+        checkpoint_activations: false,
     }
 }
 
@@ -302,4 +303,32 @@ fn memory_use_follows_the_batch_and_the_optimizer() {
     };
     let (_, _, c) = run(&sgd, &data, 3);
     assert_eq!(c.memory.optimizer_state, params);
+}
+
+/// With checkpointing the losses and weights are the same bit for bit, and a deep model
+/// holds fewer activation bytes.
+#[test]
+fn checkpointed_training_is_the_same_training_in_less_memory() {
+    let data = learnable(128, 5);
+    let mut plain = config(
+        &[4, 64, 64, 64, 64, 64, 64, 64, 1],
+        LossKind::Mse,
+        OptimizerKind::Adam,
+        1e-3,
+    );
+    plain.epochs = 2;
+    let mut checkpointed = plain.clone();
+    checkpointed.checkpoint_activations = true;
+    let (m1, _, a) = run(&plain, &data, 5);
+    let (m2, _, b) = run(&checkpointed, &data, 5);
+    assert_eq!(m1, m2);
+    assert_eq!(a.step_losses, b.step_losses);
+    assert_eq!(a.memory.activations_all_kept, b.memory.activations_all_kept);
+    assert_eq!(a.memory.activations, a.memory.activations_all_kept);
+    assert!(
+        b.memory.activations < a.memory.activations,
+        "{} vs {}",
+        b.memory.activations,
+        a.memory.activations
+    );
 }
