@@ -50,7 +50,7 @@ pub enum Command {
     /// Train a multilayer perceptron: the tutorials' two loops (--preset) or one described by
     /// flags; per-epoch losses, accuracy and throughput, checkpoints that resume exactly.
     Train(TrainArgs),
-    /// Run every command and write DIR/report.json and DIR/report.md.
+    /// Run every command and write DIR/report.json, DIR/report.md and DIR/report.html.
     All(AllArgs),
     /// Print a shell completion script: `gpukit completions bash > ~/.local/share/bash-completion/completions/gpukit`.
     Completions(CompletionsArgs),
@@ -59,6 +59,20 @@ pub enum Command {
     /// Compare two reports (any command's --save-json, or all's report.json): every figure in
     /// both, better or worse beyond a threshold and the runs' own spread.
     Compare(CompareArgs),
+    /// Draw an `all` report (report.json) as one self-contained HTML page with charts, as
+    /// `all --out` writes it.
+    Html(HtmlArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HtmlArgs {
+    /// The report of `gpukit all` (DIR/report.json).
+    #[arg(value_name = "REPORT.json")]
+    pub report: PathBuf,
+
+    /// Where to write the page.
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -3,7 +3,7 @@
 //! into the exit code. No measuring and no policy lives here.
 
 use crate::cli::{
-    AllArgs, BandwidthArgs, BenchCommand, CheckArgs, Cli, Command, CompareArgs, ConvArgs,
+    AllArgs, BandwidthArgs, BenchCommand, CheckArgs, Cli, Command, CompareArgs, ConvArgs, HtmlArgs,
     InferArgs, MatmulArgs, MemoryArgs, TrainArgs,
 };
 use crate::render::{self, Section};
@@ -54,6 +54,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::All(a) => all(a, &out),
         Command::Compare(a) => compare(a, &out),
+        Command::Html(a) => html(a),
     }
 }
 
@@ -485,9 +486,14 @@ fn all(a: AllArgs, out: &Output) -> Result<()> {
     let doc = document(report).with_notes(busy);
     let json = serde_json::to_vec_pretty(&doc).context("serializing the report")?;
     let md = render::all_markdown(&doc);
+    let html = render::all_html(&doc);
     let written = gpukit_types::files::write_all_atomically(
         &a.out,
-        &[("report.json", json), ("report.md", md.into_bytes())],
+        &[
+            ("report.json", json),
+            ("report.md", md.into_bytes()),
+            ("report.html", html.into_bytes()),
+        ],
     )
     .with_context(|| format!("cannot write the reports into {}", a.out.display()))?;
     let mut head = vec![render::check_headline(&doc.result.check)];
@@ -497,7 +503,7 @@ fn all(a: AllArgs, out: &Output) -> Result<()> {
             .iter()
             .map(|p| p.display().to_string())
             .collect::<Vec<_>>()
-            .join(" and "),
+            .join(", "),
         doc.result.total_seconds
     ));
     let to_stdout = Output {
@@ -523,4 +529,19 @@ fn compare(a: CompareArgs, out: &Output) -> Result<()> {
             .with_context(|| format!("cannot write {}", p.display()))?;
     }
     emit(&doc, out, Vec::new(), sections)
+}
+
+/// `gpukit html`: report.html from an `all` report already written.
+fn html(a: HtmlArgs) -> Result<()> {
+    use gpukit_bench::all::AllReport;
+    check_destination_file(&a.out, "--out")?;
+    let shown = a.report.display().to_string();
+    let bytes = std::fs::read(&a.report)
+        .map_err(|e| Error::BadInput(format!("cannot read {shown}: {e}")))?;
+    let doc: Document<AllReport> = serde_json::from_slice(&bytes)
+        .map_err(|e| Error::BadInput(format!("{shown} is not the report of `gpukit all`: {e}")))?;
+    gpukit_types::files::write_atomically(&a.out, render::all_html(&doc).as_bytes())
+        .with_context(|| format!("cannot write {}", a.out.display()))?;
+    println!("wrote {}", a.out.display());
+    Ok(())
 }

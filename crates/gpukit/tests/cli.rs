@@ -236,7 +236,7 @@ fn gpukit_cuda_path_finds_libraries_placed_there() -> Result<(), Failed> {
     })
 }
 
-fn all_writes_both_reports() -> Result<(), Failed> {
+fn all_writes_the_three_reports() -> Result<(), Failed> {
     use std::os::unix::ffi::OsStrExt;
     let dir = tempfile::tempdir()?;
     // a directory name that is not UTF-8 is a name like any other
@@ -276,7 +276,14 @@ fn all_writes_both_reports() -> Result<(), Failed> {
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
-    ensure(names.len() == 2, || format!("{names:?}"))
+    let html = std::fs::read_to_string(out_dir.join("report.html"))?;
+    ensure(
+        html.starts_with("<!DOCTYPE html>")
+            && html.contains("id=\"matmul\"")
+            && !html.contains("<script"),
+        || html.chars().take(2000).collect(),
+    )?;
+    ensure(names.len() == 3, || format!("{names:?}"))
 }
 
 fn all_into_an_unwritable_place_fails_at_once_with_the_path() -> Result<(), Failed> {
@@ -945,7 +952,7 @@ fn main() {
             "gpukit_cuda_path_finds_libraries_placed_there",
             gpukit_cuda_path_finds_libraries_placed_there,
         ),
-        ("all_writes_both_reports", all_writes_both_reports),
+        ("all_writes_the_three_reports", all_writes_the_three_reports),
         (
             "all_into_an_unwritable_place_fails_at_once_with_the_path",
             all_into_an_unwritable_place_fails_at_once_with_the_path,

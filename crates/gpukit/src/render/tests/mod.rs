@@ -4,6 +4,7 @@
 mod bandwidth;
 mod check;
 mod conv;
+mod html;
 mod infer;
 mod matmul;
 mod memory;

@@ -24,7 +24,7 @@ fn epoch(epoch: u64, complete: bool, loss: f64, accuracy: Option<f64>) -> EpochS
     }
 }
 
-fn report(loss: LossKind) -> TrainReport {
+pub(super) fn report(loss: LossKind) -> TrainReport {
     let classes = loss == LossKind::CrossEntropy;
     let accuracy = |a: f64| classes.then_some(a);
     TrainReport {

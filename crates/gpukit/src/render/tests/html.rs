@@ -1,0 +1,249 @@
+//! report.html of `gpukit all`, drawn from the real run-67 H100 report (docs/gpu-runs) with the
+//! two training presets added (that run predates `train` in `all`): well-formed enough, every
+//! section and chart there, text from the report escaped, and rows without a figure never drawn.
+
+use crate::render::html::{
+    all_html, infer_chart, matmul_charts, memory_chart, sections_to_html, Chart, SECTION_IDS,
+};
+use crate::render::Section;
+use gpukit_bench::all::AllReport;
+use gpukit_bench::report::{Document, RowStatus};
+use gpukit_train::loss::LossKind;
+use std::path::Path;
+
+/// Run 67's `gpukit all` document (gunzipped with the system's gzip).
+pub(crate) fn run67() -> Document<AllReport> {
+    let gz = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../docs/gpu-runs/2026-11-23-run67-h100-all-vs-run58/out/report.json.gz");
+    let out = std::process::Command::new("gzip")
+        .arg("-dc")
+        .arg(&gz)
+        .output()
+        .expect("gzip runs");
+    assert!(out.status.success(), "gzip -dc {}", gz.display());
+    serde_json::from_slice(&out.stdout).expect("run 67 reads as Document<AllReport>")
+}
+
+/// Run 67 with both training presets (decaying losses) and a note.
+pub(crate) fn run67_with_train() -> Document<AllReport> {
+    let mut doc = run67();
+    for loss in [LossKind::Mse, LossKind::CrossEntropy] {
+        let mut t = super::train::report(loss);
+        t.step_losses = (0..60)
+            .map(|k| 0.9 * (-(k as f64) / 20.0).exp() + 0.05)
+            .collect();
+        doc.result.train.push(t);
+    }
+    doc.notes.push("warning: a note under the tables".into());
+    doc
+}
+
+fn count(h: &str, needle: &str) -> usize {
+    h.matches(needle).count()
+}
+
+#[test]
+fn the_run67_report_is_one_well_formed_page() {
+    let doc = run67_with_train();
+    let h = all_html(&doc);
+    assert!(h.starts_with("<!DOCTYPE html>"), "{}", &h[..100]);
+    for tag in ["<html", "</html>", "<head>", "<body>", "<main>", "<style>"] {
+        assert_eq!(count(&h, tag), 1, "{tag}");
+    }
+    assert!(!h.to_lowercase().contains("<script"));
+    assert!(
+        !h.contains(" src=") && !h.contains("<link"),
+        "nothing fetched"
+    );
+    for id in SECTION_IDS {
+        assert_eq!(count(&h, &format!("id=\"{id}\"")), 1, "section {id}");
+    }
+    assert_eq!(count(&h, "<section "), SECTION_IDS.len());
+    assert_eq!(count(&h, "</section>"), SECTION_IDS.len());
+    // matmul GPU + CPU, bandwidth, conv, infer, memory, train
+    assert_eq!(count(&h, "<svg"), 7);
+    assert_eq!(count(&h, "</svg>"), 7);
+    assert!(
+        !h.contains("class=\"chart-error\""),
+        "a chart failed to draw"
+    );
+    assert_eq!(count(&h, "<table>"), count(&h, "</table>"));
+    assert!(count(&h, "<table>") > 10);
+    assert!(!h.contains("<?xml"), "the SVGs' prologs are stripped");
+    // the machine and the headline figures
+    assert!(h.contains("NVIDIA H100 80GB HBM3"));
+    assert!(h.contains("580.159.04"));
+    assert!(h.contains("cuBLAS 13.1.0.3"));
+    assert!(h.contains("782.4 TFLOP/s"), "best bf16 matmul");
+    assert!(h.contains("24,494 images/s") || h.contains("24494 images/s"));
+    assert!(h.contains("fp16-nhwc-graph on cuda:0, batch 32"));
+    assert!(h.contains("1506 GB/s"), "best device-device copy");
+    assert!(h.contains("@media print"));
+}
+
+#[test]
+fn text_from_the_report_is_escaped() {
+    let mut doc = run67_with_train();
+    let infer = doc.result.infer.as_mut().unwrap();
+    infer.rows[3].strategy = "<b>bold</b> & \"quoted\"".into();
+    doc.result.check.gpus[0].name = "<img src=x onerror=alert(1)>".into();
+    doc.notes.push("<script>alert(2)</script>".into());
+    doc.result.command_line.push("</code><i>".into());
+    let h = all_html(&doc);
+    assert!(!h.contains("<b>bold"), "a strategy name is HTML");
+    assert!(h.contains("&lt;b&gt;bold&lt;/b&gt; &amp; &quot;quoted&quot;"));
+    assert!(!h.contains("<img"));
+    assert!(h.contains("&lt;img src=x onerror=alert(1)&gt;"));
+    assert!(!h.to_lowercase().contains("<script"));
+    assert!(!h.contains("<i>"));
+    // every `<` left is one of the page's own tags
+    for (i, _) in h.match_indices('<') {
+        let rest = &h[i + 1..];
+        let name: String = rest
+            .trim_start_matches(['/', '!'])
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect();
+        assert!(
+            [
+                "DOCTYPE",
+                "html",
+                "head",
+                "meta",
+                "title",
+                "style",
+                "body",
+                "main",
+                "h1",
+                "h2",
+                "h3",
+                "p",
+                "code",
+                "div",
+                "section",
+                "dl",
+                "dt",
+                "dd",
+                "figure",
+                "figcaption",
+                "svg",
+                "rect",
+                "line",
+                "polyline",
+                "text",
+                "circle",
+                "path",
+                "polygon",
+                "g",
+                "table",
+                "thead",
+                "tbody",
+                "tr",
+                "th",
+                "td",
+                "ul",
+                "li",
+                "strong",
+                "defs",
+            ]
+            .contains(&name.as_str()),
+            "unexpected tag <{name}: {}",
+            &rest[..rest.len().min(80)]
+        );
+    }
+}
+
+#[test]
+fn rows_without_a_figure_are_in_the_tables_but_never_drawn() {
+    let mut doc = run67();
+    // a failed matmul row that still carries a (wrong) rate, and a skipped one
+    let m = &mut doc.result.matmul.rows;
+    m[1].status = RowStatus::Failed("wrong result".into());
+    m[1].tflops = Some(1234.5);
+    m[2].status = RowStatus::Skipped("too big".into());
+    let failed_size = m[1].size as f64;
+    let skipped_size = m[2].size as f64;
+    let Chart::Lines(gpu) = &matmul_charts(&doc.result.matmul)[0] else {
+        panic!("matmul draws lines")
+    };
+    let f64_line = gpu.series.iter().find(|s| s.name == "f64").unwrap();
+    assert!(!f64_line
+        .points
+        .iter()
+        .any(|p| p.0 == failed_size || p.1 == 1234.5));
+    assert!(!f64_line.points.iter().any(|p| p.0 == skipped_size));
+    assert_eq!(f64_line.points.len(), 1);
+
+    let infer = doc.result.infer.as_mut().unwrap();
+    infer.rows[2].status = RowStatus::Failed("logits differ".into());
+    let failed = (infer.rows[2].strategy.clone(), infer.rows[2].batch);
+    let Some(Chart::Dots(dots)) = infer_chart(infer) else {
+        panic!("infer draws dots")
+    };
+    let cat = dots
+        .categories
+        .iter()
+        .position(|c| c.starts_with(&format!("{} [", failed.0)))
+        .unwrap();
+    let batch = dots
+        .series
+        .iter()
+        .find(|s| s.0 == format!("batch {}", failed.1))
+        .unwrap();
+    assert_eq!(batch.1[cat], None, "the failed row is not drawn");
+
+    let mem = doc.result.memory.as_mut().unwrap();
+    mem.rows[0].status = RowStatus::Failed("out of memory".into());
+    let Some(Chart::Stacked(bars)) = memory_chart(mem) else {
+        panic!("memory draws bars")
+    };
+    assert_eq!(bars.categories.len(), mem.rows.len() - 1);
+
+    let h = all_html(&doc);
+    assert!(h.contains("<tr class=\"failed\">"));
+    assert!(h.contains("FAILED: wrong result"));
+    assert!(h.contains("<tr class=\"skipped\">"));
+    assert!(h.contains("Failed(&quot;out of memory&quot;)"));
+    let failed_rows: Vec<_> = h
+        .match_indices("<tr class=\"failed\">")
+        .map(|(i, _)| &h[i..i + 300])
+        .collect();
+    assert_eq!(failed_rows.len(), 3, "{failed_rows:#?}");
+}
+
+#[test]
+fn sections_become_tables_with_escaped_cells() {
+    let s = vec![
+        Section {
+            title: "A <grid>".into(),
+            header: Some(vec!["name".into(), "value".into()]),
+            rows: vec![
+                vec!["a&b".into(), "1".into()],
+                vec!["c".into(), "FAILED: <x>".into()],
+            ],
+            notes: vec!["note <n>".into()],
+        },
+        Section {
+            title: "list".into(),
+            header: None,
+            rows: vec![vec!["key".into(), "v".into()]],
+            notes: Vec::new(),
+        },
+    ];
+    let h = sections_to_html(&s);
+    assert!(h.contains("<h3>A &lt;grid&gt;</h3>"));
+    assert!(h.contains("<thead><tr><th>name</th><th>value</th></tr></thead>"));
+    assert!(h.contains("<tr><td>a&amp;b</td><td>1</td></tr>"));
+    assert!(h.contains("<tr class=\"failed\"><td>c</td><td>FAILED: &lt;x&gt;</td></tr>"));
+    assert!(h.contains("<li>note &lt;n&gt;</li>"));
+    assert!(h.contains("<tr><th>key</th><td>v</td></tr>"));
+    assert_eq!(h.matches("<table>").count(), 2);
+}
+
+/// Writes run 67's page where `GPUKIT_HTML_OUT` says (for looking at it in a browser).
+#[test]
+fn write_the_run67_page_when_asked() {
+    if let Some(p) = std::env::var_os("GPUKIT_HTML_OUT") {
+        std::fs::write(p, all_html(&run67_with_train())).unwrap();
+    }
+}
