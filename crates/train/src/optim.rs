@@ -150,30 +150,38 @@ impl<T: Real> Optimizer<T> {
         let momentum = T::from_f64(c.momentum);
         for (k, (p, g)) in params.zip(gs).enumerate() {
             match c.kind {
-                OptimizerKind::Sgd => {
-                    for (i, (pi, &gi)) in p.iter_mut().zip(g).enumerate() {
-                        let mut d = gi + wd * *pi;
-                        if let Some(buf) = self.m.get_mut(k) {
-                            buf[i] = if first { d } else { momentum * buf[i] + d };
-                            d = buf[i];
+                OptimizerKind::Sgd => match self.m.get_mut(k) {
+                    Some(buf) => {
+                        for ((pi, &gi), bi) in p.iter_mut().zip(g).zip(buf.iter_mut()) {
+                            let d = gi + wd * *pi;
+                            *bi = if first { d } else { momentum * *bi + d };
+                            *pi -= lr * *bi;
                         }
-                        *pi -= lr * d;
                     }
-                }
+                    None => {
+                        for (pi, &gi) in p.iter_mut().zip(g) {
+                            let d = gi + wd * *pi;
+                            *pi -= lr * d;
+                        }
+                    }
+                },
                 OptimizerKind::Adam | OptimizerKind::AdamW => {
+                    let adam = c.kind == OptimizerKind::Adam;
+                    // one pass of zipped slices (no indexing): the compiler vectorises it
                     let (m, v) = (&mut self.m[k], &mut self.v[k]);
-                    for (i, (pi, &gi)) in p.iter_mut().zip(g).enumerate() {
-                        let d = if c.kind == OptimizerKind::Adam {
+                    for (((pi, &gi), mi), vi) in
+                        p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut())
+                    {
+                        let d = if adam {
                             gi + wd * *pi
                         } else {
                             *pi *= decay;
                             gi
                         };
-                        let mi = m[i];
-                        m[i] = mi + b1c * (d - mi);
-                        v[i] = b2 * v[i] + b2c * d * d;
-                        let denom = v[i].sqrt() / bc2_sqrt + eps;
-                        *pi -= step_size * (m[i] / denom);
+                        *mi = *mi + b1c * (d - *mi);
+                        *vi = b2 * *vi + b2c * d * d;
+                        let denom = vi.sqrt() / bc2_sqrt + eps;
+                        *pi -= step_size * (*mi / denom);
                     }
                 }
             }

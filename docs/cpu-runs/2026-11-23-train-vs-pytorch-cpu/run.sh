@@ -7,7 +7,8 @@ for args in "--steps 200 --epochs 13" "--preset seed-classification --epochs 200
   "--optimizer sgd --momentum 0.9 --lr 0.01 --weight-decay 0.01 --epochs 5" \
   "--optimizer adamw --weight-decay 0.1 --epochs 5" "--accumulate 3 --epochs 5" \
   "--preset seed-classification --optimizer adam --lr 0.01 --batch-size 16 --epochs 20 --eval-fraction 0.2" \
-  "--layers 16,128,64,1 --no-shuffle --epochs 4"; do
+  "--layers 16,128,64,1 --no-shuffle --epochs 4" "--layers 16,256,256,256,256,1" \
+  "--layers 16,256,256,256,256,1 --checkpoint-activations"; do
   # shellcheck disable=SC2086
   $G train $args --compare-pytorch --json 2>/dev/null | python3 -c "
 import json, sys
