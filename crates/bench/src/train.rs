@@ -379,7 +379,8 @@ pub fn run_train(r: &TrainRequest, progress: &mut dyn FnMut(&str)) -> Result<Tra
             (m, Optimizer::new(p.cfg.optimizer), Position::default(), how)
         }
     };
-    let initial_model = model.clone();
+    // the comparison starts PyTorch from the weights gpukit started from
+    let initial_model = r.compare_pytorch.then(|| model.clone());
     let outcome: RunOutcome = train_cpu(
         &p.cfg,
         &mut model,
@@ -419,11 +420,9 @@ pub fn run_train(r: &TrainRequest, progress: &mut dyn FnMut(&str)) -> Result<Tra
             }
         })?;
     }
-    let pytorch = if r.compare_pytorch {
-        Some(compare(&p.cfg, &train, &initial_model, &outcome)?)
-    } else {
-        None
-    };
+    let pytorch = initial_model
+        .map(|initial| compare(&p.cfg, &train, &initial, &outcome))
+        .transpose()?;
     Ok(TrainReport {
         pytorch,
         preset: r

@@ -4,16 +4,13 @@
 //! what is wrong, and never panic. Runs on any machine: every case fails on its arguments, before
 //! a GPU would be asked for.
 
+mod common;
+
+use common::bin;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-fn bin() -> PathBuf {
-    std::env::var_os("GPUKIT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpukit")))
-}
 
 /// One case: the arguments and what the message must contain (every fragment, case-sensitive).
 struct Case {

@@ -1,19 +1,16 @@
 //! report.html in a real browser: `gpukit html` draws the run-67 H100 report, headless Chromium
 //! loads it from disk, takes a screenshot (a sizeable PNG of more than one colour) and dumps the
-//! DOM it built (every section there). Where no Chromium is on PATH the test says so and passes
-//! without checking (`.ci/run` installs it where apt-get can).
+//! DOM it built (every section there). Where no Chromium is on PATH the test is reported as
+//! ignored, with the reason (`.ci/run` installs it where apt-get can).
 //!
 //! `GPUKIT_SCREENSHOT=FILE` keeps the screenshot.
 
+mod common;
+
+use common::bin;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn bin() -> PathBuf {
-    std::env::var_os("GPUKIT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpukit")))
-}
 
 fn chromium() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;

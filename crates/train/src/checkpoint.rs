@@ -7,9 +7,11 @@
 //! Also: loading initial weights (`--init`) saved by PyTorch as an nn.Sequential state dict.
 
 use crate::error::{Error, Result};
+use crate::export::{write_tensors, RawTensor};
 use crate::model::Mlp;
 use crate::optim::{Optimizer, OptimizerConfig};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use gpukit_tensor::codec::bytes_of;
+use safetensors::tensor::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
@@ -44,40 +46,25 @@ const META_KEY: &str = "gpukit";
 
 /// Writes `model`, `opt` and `meta` to `path` atomically.
 pub fn save(path: &Path, model: &Mlp<f32>, opt: &Optimizer<f32>, meta: &Meta) -> Result<()> {
-    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    for (name, shape, values) in model.named() {
-        tensors.push((name, shape, bytes(values)));
-    }
+    let mut tensors: Vec<RawTensor> = model
+        .named()
+        .into_iter()
+        .map(|(name, shape, values)| (name, shape, bytes_of(values).to_vec()))
+        .collect();
     let named = model.named();
     for (prefix, buffers) in opt.buffers() {
         for ((name, shape, _), values) in named.iter().zip(buffers) {
-            tensors.push((
-                format!("optimizer.{prefix}.{name}"),
-                shape.clone(),
-                bytes(values),
-            ));
+            let name = format!("optimizer.{prefix}.{name}");
+            tensors.push((name, shape.clone(), bytes_of(values).to_vec()));
         }
     }
-    let views = tensors
-        .iter()
-        .map(|(name, shape, data)| {
-            TensorView::new(Dtype::F32, shape.clone(), data)
-                .map(|v| (name.as_str(), v))
-                .map_err(|e| Error::Failed(format!("checkpoint tensor {name}: {e}")))
-        })
-        .collect::<Result<Vec<_>>>()?;
     let meta_json = serde_json::to_string(&Meta {
         format: FORMAT,
         ..meta.clone()
     })
     .map_err(|e| Error::Failed(format!("checkpoint metadata: {e}")))?;
     let info = HashMap::from([(META_KEY.to_string(), meta_json)]);
-    let data = safetensors::serialize(views, Some(info))
-        .map_err(|e| Error::Failed(format!("checkpoint: {e}")))?;
-    gpukit_types::files::write_atomically(path, &data).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    write_tensors(path, &tensors, Dtype::F32, Some(info))
 }
 
 /// Reads a checkpoint written by [`save`] for a model of `widths`: the model, the optimizer
@@ -231,10 +218,6 @@ fn read_into(
         }
     }
     Ok(())
-}
-
-fn bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
 fn join(widths: &[usize]) -> String {

@@ -6,20 +6,22 @@
 use crate::data::batch_order;
 use crate::error::{Error, Result};
 use crate::model::Mlp;
+use gpukit_tensor::codec::bytes_of;
 use safetensors::tensor::{Dtype, TensorView};
+use std::collections::HashMap;
 use std::path::Path;
+
+/// A tensor to write: name, shape, little-endian bytes (of the dtype given with it).
+pub(crate) type RawTensor = (String, Vec<usize>, Vec<u8>);
 
 /// Writes `model`'s parameters as F32 tensors named `0.weight`, `0.bias`, `2.weight`, ...
 pub fn save_weights(path: &Path, model: &Mlp<f32>) -> Result<()> {
-    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = model
+    let tensors: Vec<RawTensor> = model
         .named()
         .into_iter()
-        .map(|(name, shape, values)| {
-            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            (name, shape, bytes)
-        })
+        .map(|(name, shape, values)| (name, shape, bytes_of(values).to_vec()))
         .collect();
-    write(path, &tensors, Dtype::F32)
+    write_tensors(path, &tensors, Dtype::F32, None)
 }
 
 /// Writes `order`, I64 [epochs, n]: row e is epoch e's sample order (`batch_order`).
@@ -30,14 +32,22 @@ pub fn save_order(path: &Path, n: usize, epochs: u64, seed: u64, shuffle: bool) 
             bytes.extend_from_slice(&(i as i64).to_le_bytes());
         }
     }
-    write(
+    write_tensors(
         path,
         &[("order".to_string(), vec![epochs as usize, n], bytes)],
         Dtype::I64,
+        None,
     )
 }
 
-fn write(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)], dtype: Dtype) -> Result<()> {
+/// Writes `tensors`, all of `dtype`, and `metadata` as one safetensors file, whole or not at
+/// all (a temporary file beside it, then a rename).
+pub(crate) fn write_tensors(
+    path: &Path,
+    tensors: &[RawTensor],
+    dtype: Dtype,
+    metadata: Option<HashMap<String, String>>,
+) -> Result<()> {
     let views = tensors
         .iter()
         .map(|(name, shape, data)| {
@@ -46,7 +56,7 @@ fn write(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)], dtype: Dtype) -
                 .map_err(|e| Error::Failed(format!("{name}: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
-    let bytes = safetensors::serialize(views, None)
+    let bytes = safetensors::serialize(views, metadata)
         .map_err(|e| Error::Failed(format!("{}: {e}", path.display())))?;
     gpukit_types::files::write_atomically(path, &bytes).map_err(|source| Error::Io {
         path: path.to_path_buf(),

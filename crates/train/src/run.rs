@@ -277,10 +277,11 @@ pub fn train_cpu(
     Ok(out)
 }
 
+/// Bytes a batch's targets hold (f32 values or u32 classes: four bytes each).
 fn targets_bytes(y: &Targets) -> usize {
-    match y {
-        Targets::Values { data, .. } => data.capacity() * 4,
-        Targets::Classes { data, .. } => data.capacity() * 4,
+    4 * match y {
+        Targets::Values { data, .. } => data.capacity(),
+        Targets::Classes { data, .. } => data.capacity(),
     }
 }
 

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::optim::OptimizerKind;
+use safetensors::tensor::TensorView;
 
 fn meta(widths: &[usize]) -> Meta {
     Meta {

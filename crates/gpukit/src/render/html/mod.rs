@@ -1,0 +1,475 @@
+//! report.html of `gpukit all`: one self-contained page (inline CSS, inline SVG charts drawn with
+//! plotters, no script, nothing fetched) with the machine and headline figures on top, then one
+//! section per command: its charts above the same tables report.md shows.
+//!
+//! Only rows that produced a figure are drawn; failed and skipped rows appear in the tables as
+//! such. Every piece of text from the report is escaped (names come from files).
+
+use super::fmt::{grouped, human_bytes};
+use super::{self as render, Section};
+use gpukit_bench::all::AllReport;
+use gpukit_bench::report::{Document, RowStatus};
+use gpukit_tensor::Device;
+
+mod charts;
+mod figures;
+
+#[cfg(test)]
+pub use charts::Chart;
+pub use figures::{
+    bandwidth_chart, conv_chart, infer_chart, matmul_charts, memory_chart, train_chart,
+};
+
+/// Escapes text for HTML element content and attribute values.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The ids of the page's sections, in order (those with nothing to show are left out).
+pub const SECTION_IDS: [&str; 9] = [
+    "machine",
+    "check",
+    "matmul",
+    "bandwidth",
+    "conv",
+    "infer",
+    "memory",
+    "train",
+    "notes",
+];
+
+const CSS: &str = r#"
+:root { --fg: #1d2330; --muted: #5b6473; --line: #d9dee7; --bg: #ffffff; --head: #f3f5f9; --bad: #b3261e; --warn: #8a5a00; }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; color: var(--fg); background: var(--bg); margin: 0; }
+main { max-width: 1180px; margin: 0 auto; padding: 24px 28px 48px; }
+h1 { font-size: 24px; margin: 0 0 4px; }
+h2 { font-size: 19px; margin: 36px 0 10px; padding-bottom: 4px; border-bottom: 2px solid var(--line); }
+h3 { font-size: 15px; margin: 20px 0 6px; }
+.meta { color: var(--muted); font-size: 13px; margin: 0 0 16px; word-break: break-word; }
+.banner { padding: 10px 14px; border-radius: 6px; margin: 12px 0; font-weight: 600; }
+.banner.bad { background: #fdecea; color: var(--bad); border: 1px solid #f5c2bd; }
+.banner.good { background: #e9f6ec; color: #1e6b34; border: 1px solid #bfe3c8; }
+.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(250px, 1fr)); gap: 10px; margin: 10px 0; }
+.card { border: 1px solid var(--line); border-radius: 6px; padding: 8px 12px; background: #fbfcfe; }
+.card .k { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .03em; }
+.card .v { font-size: 15px; font-weight: 600; }
+.card .s { color: var(--muted); font-size: 12px; }
+dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 8px 0; }
+dl.facts dt { color: var(--muted); }
+dl.facts dd { margin: 0; word-break: break-word; }
+figure.chart { margin: 12px 0; }
+figure.chart svg { max-width: 100%; height: auto; display: block; }
+figure.chart figcaption { color: var(--muted); font-size: 12px; }
+.table-wrap { overflow-x: auto; }
+table { border-collapse: collapse; font-size: 12.5px; margin: 6px 0 4px; }
+th, td { border: 1px solid var(--line); padding: 3px 7px; text-align: left; vertical-align: top; }
+thead th { background: var(--head); position: sticky; top: 0; }
+tbody th { background: var(--head); font-weight: 600; }
+tr.failed td { color: var(--bad); background: #fdf3f2; }
+tr.skipped td { color: var(--warn); background: #fdf9ef; }
+ul.notes { color: var(--muted); font-size: 12.5px; margin: 4px 0 10px; padding-left: 20px; }
+p.chart-error { color: var(--bad); }
+@media print {
+  body { font-size: 11px; }
+  main { max-width: none; padding: 0; }
+  h2 { break-after: avoid; page-break-after: avoid; }
+  figure.chart, table, .cards { break-inside: avoid; page-break-inside: avoid; }
+  thead th { position: static; }
+  .table-wrap { overflow: visible; }
+}
+"#;
+
+/// report.html of `gpukit all`.
+pub fn all_html(doc: &Document<AllReport>) -> String {
+    let r = &doc.result;
+    let mut h = String::new();
+    h.push_str("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
+    h.push_str("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n");
+    h.push_str(&format!(
+        "<title>gpukit report: {}</title>\n",
+        escape(&machine_name(r))
+    ));
+    h.push_str(&format!("<style>{CSS}</style>\n</head>\n<body>\n<main>\n"));
+    h.push_str("<h1>gpukit report</h1>\n");
+    h.push_str(&format!(
+        "<p class=\"meta\">gpukit {} · <code>{}</code> · {:.1} s ({})</p>\n",
+        escape(&doc.gpukit_version),
+        escape(&r.command_line.join(" ")),
+        r.total_seconds,
+        escape(
+            &r.seconds
+                .iter()
+                .map(|(n, s)| format!("{n} {s:.1} s"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    ));
+    match &doc.failure {
+        Some(f) => h.push_str(&format!(
+            "<div class=\"banner bad\">Run failed: {}</div>\n",
+            escape(f)
+        )),
+        None => {
+            h.push_str("<div class=\"banner good\">Every measured row passed its check.</div>\n")
+        }
+    }
+
+    section(&mut h, "machine", "Machine");
+    h.push_str(&machine_html(r));
+    h.push_str("<h3>Headline figures</h3>\n");
+    h.push_str(&headline_html(r));
+
+    section(&mut h, "check", "Check");
+    h.push_str(&format!(
+        "<p>{}</p>\n",
+        escape(&render::check_headline(&r.check))
+    ));
+    h.push_str(&sections_to_html(&render::check_sections(&r.check)));
+
+    section(&mut h, "matmul", "Matrix multiply");
+    for c in matmul_charts(&r.matmul) {
+        h.push_str(&c.render());
+    }
+    h.push_str(&sections_to_html(&render::matmul_sections(&r.matmul)));
+
+    if let Some(b) = &r.bandwidth {
+        section(&mut h, "bandwidth", "Data transfer");
+        if let Some(c) = bandwidth_chart(b) {
+            h.push_str(&c.render());
+        }
+        h.push_str(&sections_to_html(&render::bandwidth_sections(b)));
+    }
+
+    section(&mut h, "conv", "Convolution");
+    if let Some(c) = conv_chart(&r.conv) {
+        h.push_str(&c.render());
+    }
+    h.push_str(&sections_to_html(&render::conv_sections(&r.conv)));
+
+    if let Some(i) = &r.infer {
+        section(&mut h, "infer", "Inference");
+        if let Some(c) = infer_chart(i) {
+            h.push_str(&c.render());
+        }
+        h.push_str(&sections_to_html(&render::infer_sections(i)));
+    }
+
+    if let Some(m) = &r.memory {
+        section(&mut h, "memory", "GPU memory");
+        if let Some(c) = memory_chart(m) {
+            h.push_str(&c.render());
+        }
+        h.push_str(&sections_to_html(&render::memory_sections(m)));
+    }
+
+    if !r.train.is_empty() {
+        section(&mut h, "train", "Training");
+        if let Some(c) = train_chart(&r.train) {
+            h.push_str(&c.render());
+        }
+        for t in &r.train {
+            h.push_str(&sections_to_html(&render::train_sections(t)));
+        }
+    }
+
+    if !doc.notes.is_empty() || doc.failure.is_some() {
+        section(&mut h, "notes", "Notes");
+        h.push_str("<ul>\n");
+        if let Some(f) = &doc.failure {
+            h.push_str(&format!(
+                "<li><strong>failed</strong>: {}</li>\n",
+                escape(f)
+            ));
+        }
+        for n in &doc.notes {
+            h.push_str(&format!("<li>{}</li>\n", escape(n)));
+        }
+        h.push_str("</ul>\n");
+    }
+    h.push_str("</section>\n</main>\n</body>\n</html>\n");
+    h
+}
+
+fn section(h: &mut String, id: &str, title: &str) {
+    debug_assert!(SECTION_IDS.contains(&id), "{id} is listed in SECTION_IDS");
+    if h.contains("<section ") {
+        h.push_str("</section>\n");
+    }
+    h.push_str(&format!(
+        "<section id=\"{id}\">\n<h2>{}</h2>\n",
+        escape(title)
+    ));
+}
+
+/// Sections as HTML tables (a key/value list when a section has no header), notes under each.
+/// Rows that failed or were skipped are marked so (class `failed` / `skipped`).
+pub fn sections_to_html(sections: &[Section]) -> String {
+    let mut out = String::new();
+    for s in sections {
+        out.push_str(&format!(
+            "<h3>{}</h3>\n<div class=\"table-wrap\"><table>\n",
+            escape(&s.title)
+        ));
+        if let Some(header) = &s.header {
+            out.push_str("<thead><tr>");
+            for c in header {
+                out.push_str(&format!("<th>{}</th>", escape(c)));
+            }
+            out.push_str("</tr></thead>\n");
+        }
+        out.push_str("<tbody>\n");
+        for r in &s.rows {
+            // results tables say "FAILED: why" / "skipped: why"; memory's shows the status itself
+            let class = if r
+                .iter()
+                .any(|c| c.starts_with("FAILED") || c.starts_with("Failed("))
+            {
+                " class=\"failed\""
+            } else if r
+                .iter()
+                .any(|c| c.starts_with("skipped") || c.starts_with("Skipped("))
+            {
+                " class=\"skipped\""
+            } else {
+                ""
+            };
+            out.push_str(&format!("<tr{class}>"));
+            for (i, c) in r.iter().enumerate() {
+                if s.header.is_none() && i == 0 {
+                    out.push_str(&format!("<th>{}</th>", escape(c)));
+                } else {
+                    out.push_str(&format!("<td>{}</td>", escape(c)));
+                }
+            }
+            out.push_str("</tr>\n");
+        }
+        out.push_str("</tbody></table></div>\n");
+        if !s.notes.is_empty() {
+            out.push_str("<ul class=\"notes\">\n");
+            for n in &s.notes {
+                out.push_str(&format!("<li>{}</li>\n", escape(n)));
+            }
+            out.push_str("</ul>\n");
+        }
+    }
+    out
+}
+
+fn machine_name(r: &AllReport) -> String {
+    match r.check.gpus.first() {
+        Some(g) => g.name.clone(),
+        None => r.check.host.cpu_model.clone(),
+    }
+}
+
+fn machine_html(r: &AllReport) -> String {
+    let c = &r.check;
+    let mut rows: Vec<(String, String)> = Vec::new();
+    if c.gpus.is_empty() {
+        rows.push((
+            "GPU".into(),
+            c.reason.clone().unwrap_or_else(|| "none found".into()),
+        ));
+    }
+    for g in &c.gpus {
+        let mut v = g.name.clone();
+        if let Some((a, b)) = g.compute_capability {
+            v.push_str(&format!(", compute {a}.{b}"));
+        }
+        if let Some(sm) = g.sm_count {
+            v.push_str(&format!(", {sm} SMs"));
+        }
+        if let Some(m) = g.memory_usable_bytes {
+            v.push_str(&format!(", {:.1} GiB", m as f64 / (1u64 << 30) as f64));
+        }
+        rows.push((format!("GPU {}", g.index), v));
+    }
+    if let Some(d) = &c.driver {
+        rows.push((
+            "Driver".into(),
+            format!(
+                "{} (CUDA {})",
+                d.version
+                    .clone()
+                    .unwrap_or_else(|| "version unknown".into()),
+                d.cuda_api
+            ),
+        ));
+    }
+    let found: Vec<String> = c
+        .libraries
+        .iter()
+        .filter(|l| l.found)
+        .map(|l| match &l.version {
+            Some(v) => format!("{} {v}", l.name),
+            None => l.name.clone(),
+        })
+        .collect();
+    let missing: Vec<String> = c
+        .libraries
+        .iter()
+        .filter(|l| !l.found)
+        .map(|l| l.name.clone())
+        .collect();
+    rows.push((
+        "CUDA libraries found".into(),
+        if found.is_empty() {
+            "none".into()
+        } else {
+            found.join(", ")
+        },
+    ));
+    if !missing.is_empty() {
+        rows.push(("Not found".into(), missing.join(", ")));
+    }
+    let host = &c.host;
+    rows.push((
+        "CPU".into(),
+        format!(
+            "{}, {} threads{}, {}",
+            host.cpu_model,
+            host.logical_cores,
+            host.physical_cores
+                .map(|p| format!(" ({p} cores)"))
+                .unwrap_or_default(),
+            host.simd
+        ),
+    ));
+    if let Some(m) = host.memory_total_bytes {
+        rows.push((
+            "Host memory".into(),
+            format!("{:.1} GiB", m as f64 / (1u64 << 30) as f64),
+        ));
+    }
+    rows.push(("OS".into(), format!("{} ({})", host.os, host.arch)));
+    let mut out = String::from("<dl class=\"facts\">\n");
+    for (k, v) in rows {
+        out.push_str(&format!("<dt>{}</dt><dd>{}</dd>\n", escape(&k), escape(&v)));
+    }
+    out.push_str("</dl>\n");
+    out
+}
+
+fn card(k: &str, v: &str, s: &str) -> String {
+    format!(
+        "<div class=\"card\"><div class=\"k\">{}</div><div class=\"v\">{}</div><div class=\"s\">{}</div></div>\n",
+        escape(k),
+        escape(v),
+        escape(s)
+    )
+}
+
+fn headline_html(r: &AllReport) -> String {
+    let mut cards = String::new();
+    // matmul: best per dtype on the GPU (the CPU's when no GPU row measured)
+    let gpu_rows = r
+        .matmul
+        .rows
+        .iter()
+        .any(|x| x.device != Device::Cpu && x.status == RowStatus::Ok && x.tflops.is_some());
+    let mut dtypes: Vec<String> = Vec::new();
+    for x in &r.matmul.rows {
+        let d = x.dtype.to_string();
+        if !dtypes.contains(&d) {
+            dtypes.push(d);
+        }
+    }
+    for d in &dtypes {
+        let best = r
+            .matmul
+            .rows
+            .iter()
+            .filter(|x| (x.device != Device::Cpu) == gpu_rows && x.dtype.to_string() == *d)
+            .filter(|x| x.status == RowStatus::Ok)
+            .filter_map(|x| x.tflops.map(|t| (t, x)))
+            .max_by(|a, b| a.0.total_cmp(&b.0));
+        let Some((t, x)) = best else { continue };
+        let peak = r.matmul.gpu.as_ref().and_then(|g| g.peaks.for_dtype(d));
+        let sub = match (gpu_rows, peak) {
+            (true, Some(p)) => format!("{:.0}% of the {p:.1} peak, at {}", 100.0 * t / p, x.size),
+            _ => format!("on {} at {}", x.device, x.size),
+        };
+        cards.push_str(&card(
+            &format!("matmul {d}"),
+            &format!("{t:.1} TFLOP/s"),
+            &sub,
+        ));
+    }
+    if let Some(b) = &r.bandwidth {
+        use gpukit_bench::bandwidth::CopyKind;
+        let best = |d2d: bool| {
+            b.rows
+                .iter()
+                .filter(|x| x.status == RowStatus::Ok && (x.kind == CopyKind::D2d) == d2d)
+                .filter(|x| x.kind != CopyKind::Bidirectional)
+                .filter_map(|x| x.gbs.map(|g| (g, x)))
+                .max_by(|a, b| a.0.total_cmp(&b.0))
+        };
+        if let Some((g, x)) = best(false) {
+            let sub = match b.pcie_link_gbs {
+                Some(l) => format!(
+                    "{}, {}; link {l:.1} GB/s",
+                    x.kind.label(),
+                    human_bytes(x.bytes)
+                ),
+                None => format!("{}, {}", x.kind.label(), human_bytes(x.bytes)),
+            };
+            cards.push_str(&card(
+                "best host-device copy",
+                &format!("{g:.1} GB/s"),
+                &sub,
+            ));
+        }
+        if let Some((g, x)) = best(true) {
+            let sub = match b.memory_peak_gbs {
+                Some(m) => format!("{}; memory peak {m:.0} GB/s", human_bytes(x.bytes)),
+                None => human_bytes(x.bytes),
+            };
+            cards.push_str(&card(
+                "best device-device copy",
+                &format!("{g:.0} GB/s"),
+                &sub,
+            ));
+        }
+    }
+    if let Some(i) = &r.infer {
+        let best = i
+            .rows
+            .iter()
+            .filter(|x| x.status == RowStatus::Ok)
+            .filter_map(|x| x.images_per_s.map(|v| (v, x)))
+            .max_by(|a, b| a.0.total_cmp(&b.0));
+        if let Some((v, x)) = best {
+            cards.push_str(&card(
+                &format!("best inference ({})", i.model),
+                &format!("{} images/s", grouped(v.round())),
+                &format!("{} on {}, batch {}", x.strategy, x.device, x.batch),
+            ));
+        }
+    }
+    if let Some(m) = &r.memory {
+        if let Some(mb) = &m.max_batch {
+            cards.push_str(&card(
+                "largest batch that fits",
+                &grouped(mb.batch as f64),
+                &format!("{} {} {}", m.model, m.precision, m.layout),
+            ));
+        }
+    }
+    if cards.is_empty() {
+        return "<p>No figure was measured.</p>\n".into();
+    }
+    format!("<div class=\"cards\">\n{cards}</div>\n")
+}

@@ -1,0 +1,385 @@
+//! `gpukit infer` as a user runs it: on the CPU anywhere, its GPU rows where a GPU is usable
+//! (ignored, with the reason, elsewhere), and what it says where none is.
+
+mod common;
+
+use common::*;
+use libtest_mimic::Failed;
+use serde_json::Value;
+
+fn infer_on_the_cpu_reports_rows_that_agree() -> Result<(), Failed> {
+    let doc = document(
+        &[
+            "infer",
+            "--model-name",
+            "resnet18",
+            "--batch-sizes",
+            "1,2",
+            "--image-size",
+            "48",
+            "--iterations",
+            "1",
+            "--device",
+            "cpu",
+        ],
+        0,
+    )?;
+    let v = &doc["result"];
+    ensure(v["parameters"] == 11_689_512, || format!("{v}"))?;
+    ensure(
+        v["gpu_device"].is_null() && v["gpu_unavailable"].is_null(),
+        || format!("{v}"),
+    )?;
+    let rows = v["rows"].as_array().cloned().unwrap_or_default();
+    ensure(rows.len() >= 2, || format!("{v}"))?;
+    for r in &rows {
+        ensure(r["status"]["status"] == "ok", || format!("{r}"))?;
+        ensure(r["device"] == "cpu", || format!("{r}"))?;
+        ensure(r["images_per_s"].as_f64().unwrap_or(0.0) > 0.0, || {
+            format!("{r}")
+        })?;
+        // every row has the same keys, GPU-only ones null on the CPU
+        for k in [
+            "strategy",
+            "device",
+            "batch",
+            "status",
+            "timing",
+            "images_per_s",
+            "speedup_vs_reference",
+            "speedup_vs_fp32_eager",
+            "gpu_memory_bytes",
+            "gpu_memory",
+            "agreement",
+            "compared_with",
+            "tolerance",
+            "pytorch",
+        ] {
+            ensure(r.get(k).is_some(), || format!("{k} missing from {r}"))?;
+        }
+        ensure(
+            r["gpu_memory_bytes"].is_null() && r["speedup_vs_fp32_eager"].is_null(),
+            || format!("{r}"),
+        )?;
+    }
+    // sorted by batch, the CPU reference first within a batch
+    ensure(rows[0]["batch"] == 1, || format!("{v}"))?;
+    ensure(
+        rows[0]["strategy"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("gpukit f32")),
+        || format!("{v}"),
+    )?;
+    ensure(rows[rows.len() - 1]["batch"] == 2, || format!("{v}"))
+}
+
+fn infer_bad_input_exits_2_with_the_reason() -> Result<(), Failed> {
+    for (args, needle) in [
+        (&["infer", "--batch-sizes", "0"][..], "at least 1"),
+        (&["infer", "--batch-sizes", "x"][..], "'x'"),
+        (&["infer", "--model-name", "vgg16"][..], "vgg16"),
+        (&["infer", "--strategies", "fp16,fp8"][..], "\"fp8\""),
+        (&["infer", "--strategies", "fp16-nhwc-fast"][..], "\"fast\""),
+        (
+            &["infer", "--strategies", "fp16-one-at-a-time-graph"][..],
+            "-one-at-a-time]",
+        ),
+        (
+            &[
+                "infer",
+                "--strategies",
+                "fp16-one-at-a-time",
+                "--device",
+                "cpu",
+            ][..],
+            "fp16-one-at-a-time",
+        ),
+        (
+            &["infer", "--strategies", "cpu", "--device", "cuda:0"][..],
+            "cpu",
+        ),
+        (
+            &["infer", "--strategies", "bf16-nhwc", "--device", "cpu"][..],
+            "bf16-nhwc",
+        ),
+        (&["infer", "--device", "tpu"][..], "tpu"),
+        (
+            &["infer", "--weights", "/nonexistent/w.safetensors"][..],
+            "/nonexistent/w.safetensors",
+        ),
+        (
+            &["infer", "--image-size", "16", "--model-name", "resnet18"][..],
+            "too small",
+        ),
+    ] {
+        let out = gpukit(args);
+        exited(&out, 2, args)?;
+        ensure(text(&out.stderr).contains(needle), || {
+            format!("{args:?}: {}", text(&out.stderr))
+        })?;
+    }
+    Ok(())
+}
+
+fn without_a_gpu_infer_says_why_gpu_rows_are_absent() -> Result<(), Failed> {
+    let args = [
+        "infer",
+        "--model-name",
+        "resnet18",
+        "--batch-sizes",
+        "1,2",
+        "--image-size",
+        "48",
+        "--iterations",
+        "1",
+    ];
+    let doc = document(&args, 0)?;
+    let v = &doc["result"];
+    let rows = v["rows"].as_array().cloned().unwrap_or_default();
+    ensure(rows.iter().all(|r| r["device"] == "cpu"), || format!("{v}"))?;
+    let why = v["gpu_unavailable"].as_str().unwrap_or_default();
+    ensure(why.len() > 20, || format!("{v}"))?;
+    // the table says it too
+    let out = gpukit(&args);
+    exited(&out, 0, &args)?;
+    let s = text(&out.stdout);
+    ensure(
+        s.contains("GPU rows absent: ")
+            && s.contains("TensorRT")
+            && s.contains("Inference at batch 2"),
+        || s.clone(),
+    )
+}
+
+/// A small, quick infer run on every device the machine has.
+const SMALL_INFER: [&str; 11] = [
+    "infer",
+    "--model-name",
+    "resnet18",
+    "--batch-sizes",
+    "1,2",
+    "--image-size",
+    "48",
+    "--iterations",
+    "1",
+    "--gpu-iterations",
+    "3",
+];
+
+fn with_a_gpu_infer_runs_every_default_strategy() -> Result<(), Failed> {
+    let doc = document(&SMALL_INFER, 0)?;
+    let v = &doc["result"];
+    let rows = v["rows"].as_array().cloned().unwrap_or_default();
+    let gpu_rows: Vec<&Value> = rows.iter().filter(|r| r["device"] != "cpu").collect();
+    ensure(rows.iter().any(|r| r["device"] == "cpu"), || format!("{v}"))?;
+    let tensorrt = v["tensorrt"].as_str().unwrap_or_default();
+    ensure(
+        tensorrt.starts_with("unavailable: libnvinfer not found")
+            || (tensorrt.starts_with("libnvinfer found at ") && tensorrt.contains("no TensorRT")),
+        || tensorrt.to_string(),
+    )?;
+    ensure(v["gpu_unavailable"].is_null(), || format!("{v}"))?;
+    ensure(
+        v["gpu_device"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("cuda:0 ")),
+        || format!("{v}"),
+    )?;
+    // 12 default GPU strategies x 2 batch sizes, and fp16-nhwc-graph one image at a time at
+    // batch 2 (none at batch 1)
+    ensure(gpu_rows.len() == 25, || {
+        format!("{} GPU rows: {v}", gpu_rows.len())
+    })?;
+    let single: Vec<&&Value> = gpu_rows
+        .iter()
+        .filter(|r| r["strategy"] == "fp16-nhwc-graph-one-at-a-time")
+        .collect();
+    ensure(single.len() == 1 && single[0]["batch"] == 2, || {
+        format!("{v}")
+    })?;
+    ensure(
+        single[0]["batching_gain"].as_f64().unwrap_or(0.0) > 0.0,
+        || format!("{}", single[0]),
+    )?;
+    ensure(
+        single[0]["compared_with"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("fp16-nhwc-graph at batch 2")),
+        || format!("{}", single[0]),
+    )?;
+    for r in &gpu_rows {
+        ensure(
+            r["status"]["status"] == "ok" && r["device"] == "cuda:0",
+            || format!("{r}"),
+        )?;
+        ensure(r["gpu_memory_bytes"].as_u64().unwrap_or(0) > 0, || {
+            format!("{r}")
+        })?;
+        let tol = r["tolerance"].as_f64().unwrap_or(0.0);
+        ensure(tol > 0.0, || format!("{r}"))?;
+        ensure(
+            r["agreement"]["max_rel"].as_f64().is_some_and(|m| m <= tol),
+            || format!("{r}"),
+        )?;
+        ensure(
+            r["speedup_vs_fp32_eager"].as_f64().unwrap_or(0.0) > 0.0,
+            || format!("{r}"),
+        )?;
+    }
+    let first_gpu = rows
+        .iter()
+        .position(|r| r["device"] != "cpu")
+        .ok_or("no GPU row")?;
+    ensure(rows[first_gpu]["strategy"] == "fp32", || {
+        "GPU rows in the default order".to_string()
+    })
+}
+
+fn with_a_gpu_infer_on_a_named_gpu_runs_what_was_asked() -> Result<(), Failed> {
+    let mut args = SMALL_INFER.to_vec();
+    args.extend([
+        "--device",
+        "cuda:0",
+        "--strategies",
+        "fp16-nhwc-graph,fp32-graph,fp16-nhwc-one-at-a-time",
+    ]);
+    let doc = document(&args, 0)?;
+    let rows = doc["result"]["rows"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let got: Vec<(u64, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["batch"].as_u64().unwrap_or(0),
+                r["strategy"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    let want: Vec<(u64, String)> = [
+        (1, "fp16-nhwc-graph"),
+        (1, "fp32-graph"),
+        (2, "fp16-nhwc-graph"),
+        (2, "fp32-graph"),
+        (2, "fp16-nhwc-one-at-a-time"),
+    ]
+    .into_iter()
+    .map(|(b, s)| (b, s.to_string()))
+    .collect();
+    // only the GPU rows asked for, in their order; fp32 eager runs as the reference only; one
+    // image at a time only over batch 1
+    ensure(got == want, || format!("{got:?}"))?;
+    // without a batched fp16-nhwc row, the one-at-a-time row is checked against the reference
+    let single = &rows[4];
+    ensure(single["status"]["status"] == "ok", || format!("{single}"))?;
+    ensure(single["batching_gain"].is_null(), || format!("{single}"))?;
+    ensure(
+        single["compared_with"]
+            .as_str()
+            .is_some_and(|c| c.contains("no passing batched fp16-nhwc row")),
+        || format!("{single}"),
+    )
+}
+
+/// Weights whose stem output passes fp16's range (its batch-norm scale made huge), run on the
+/// GPU with `infer --input`: fp16 must fail naming the overflow and the layer (conv1); fp32 and
+/// bf16 keep the range and pass; the run exits 1 and still writes every strategy's logits.
+fn with_a_gpu_infer_input_fails_fp16_overflow_naming_the_layer() -> Result<(), Failed> {
+    use gpukit_models::weights::{save_safetensors, save_tensors, seeded_init};
+    use gpukit_models::ResNet;
+    let dir = tempfile::tempdir()?;
+    let (weights, input, output) = (
+        dir.path().join("w.safetensors"),
+        dir.path().join("x.safetensors"),
+        dir.path().join("logits.safetensors"),
+    );
+    let mut dict = seeded_init(ResNet::R18, 1000, 0, true);
+    let scale = dict.params.get_mut("bn1.weight").ok_or("no bn1.weight")?;
+    scale.data.iter_mut().for_each(|v| *v = 1e6);
+    save_safetensors(&dict, &weights)?;
+    let x =
+        gpukit_tensor::random::uniform_f32(2 * 3 * 64 * 64, gpukit_tensor::random::fresh_seed());
+    save_tensors(&input, &[("input", &[2, 3, 64, 64], &x)])?;
+    let s = |p: &std::path::Path| p.to_str().unwrap_or_default().to_string();
+    let (w, i, o) = (s(&weights), s(&input), s(&output));
+    let args = [
+        "infer",
+        "--model-name",
+        "resnet18",
+        "--weights",
+        &w,
+        "--input",
+        &i,
+        "--save-output",
+        &o,
+        "--device",
+        "all",
+        "--strategies",
+        "cpu,fp32,fp16-nhwc,bf16-nhwc",
+    ];
+    let doc = document(&args, 1)?;
+    let rows = doc["result"]["logits"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let status = |name: &str| {
+        rows.iter()
+            .find(|r| r["strategy"] == name)
+            .map(|r| r["status"].clone())
+            .unwrap_or(Value::Null)
+    };
+    for ok in ["cpu", "fp32", "bf16-nhwc"] {
+        ensure(status(ok)["status"] == "ok", || format!("{ok}: {doc}"))?;
+    }
+    let why = status("fp16-nhwc")["why"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    ensure(
+        status("fp16-nhwc")["status"] == "failed"
+            && why.contains("fp16 overflow")
+            && why.contains("conv1"),
+        || format!("fp16-nhwc: {doc}"),
+    )?;
+    ensure(doc["result"]["fp16_overflow"]["layer"] == "conv1", || {
+        format!("{doc}")
+    })?;
+    ensure(output.exists(), || {
+        "the logits were not written".to_string()
+    })
+}
+
+fn main() {
+    run_kinds(
+        vec![
+            (
+                "infer_on_the_cpu_reports_rows_that_agree",
+                infer_on_the_cpu_reports_rows_that_agree,
+            ),
+            (
+                "infer_bad_input_exits_2_with_the_reason",
+                infer_bad_input_exits_2_with_the_reason,
+            ),
+        ],
+        vec![(
+            "no_gpu::infer_says_why_gpu_rows_are_absent",
+            without_a_gpu_infer_says_why_gpu_rows_are_absent,
+        )],
+        vec![
+            (
+                "gpu::infer_runs_every_default_strategy",
+                with_a_gpu_infer_runs_every_default_strategy,
+            ),
+            (
+                "gpu::infer_on_a_named_gpu_runs_what_was_asked",
+                with_a_gpu_infer_on_a_named_gpu_runs_what_was_asked,
+            ),
+            (
+                "gpu::infer_input_fails_fp16_overflow_naming_the_layer",
+                with_a_gpu_infer_input_fails_fp16_overflow_naming_the_layer,
+            ),
+        ],
+        Vec::new(),
+    )
+}

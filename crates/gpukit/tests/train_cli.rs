@@ -1,0 +1,141 @@
+//! `gpukit train` as a user runs it: both presets, a stopped and resumed run, the GPU path's
+//! message, and the comparison with PyTorch (ignored, with the reason, where the python has no
+//! torch).
+
+mod common;
+
+use common::*;
+use libtest_mimic::{Failed, Trial};
+use std::process::Command;
+
+/// The tutorial loops run on the CPU and report per epoch; a run stopped after 30 updates and
+/// resumed from its checkpoint writes the same per-update losses, to the last digit, as the
+/// run that was never stopped.
+fn train_runs_the_presets_and_resumes_exactly() -> Result<(), Failed> {
+    let doc = document(&["train"], 0)?;
+    ensure(doc["command"] == "train" && doc["ok"] == true, || {
+        format!("{doc}")
+    })?;
+    let epochs = doc["result"]["epochs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    ensure(epochs.len() == 3, || format!("{doc}"))?;
+    ensure(
+        doc["result"]["step_losses"].as_array().map(Vec::len) == Some(48),
+        || format!("{doc}"),
+    )?;
+    let doc = document(
+        &[
+            "train",
+            "--preset",
+            "seed-classification",
+            "--eval-fraction",
+            "0.2",
+        ],
+        0,
+    )?;
+    let last = &doc["result"]["epochs"][4];
+    ensure(
+        last["train_accuracy"].is_number() && last["eval_accuracy"].is_number(),
+        || format!("{doc}"),
+    )?;
+    let dir = tempfile::tempdir()?;
+    let p = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
+    let (ck, a, b, whole) = (p("ck.safetensors"), p("a.csv"), p("b.csv"), p("whole.csv"));
+    for args in [
+        vec!["train", "--steps", "30", "--save", &ck, "--save-losses", &a],
+        vec!["train", "--resume", &ck, "--save-losses", &b],
+        vec!["train", "--save-losses", &whole],
+    ] {
+        exited(&gpukit(&args), 0, &args)?;
+    }
+    let read = |f: &str| std::fs::read_to_string(f).unwrap_or_default();
+    let joined = format!("{}{}", read(&a), read(&b).trim_start_matches("step,loss\n"));
+    ensure(
+        joined == read(&whole) && read(&whole).lines().count() == 49,
+        || format!("stopped and resumed:\n{joined}\nwhole:\n{}", read(&whole)),
+    )
+}
+
+fn train_on_a_gpu_says_its_path_is_not_built() -> Result<(), Failed> {
+    let args = ["train", "--device", "cuda:0"];
+    let out = gpukit(&args);
+    exited(&out, 1, &args)?;
+    ensure(text(&out.stderr).contains("not built yet"), || {
+        text(&out.stderr)
+    })
+}
+
+/// The python that `--compare-pytorch` runs (GPUKIT_PYTHON, else python3), if it imports torch.
+fn python_with_torch() -> Option<String> {
+    let python = std::env::var("GPUKIT_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&python)
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(python)
+}
+
+/// Both tutorial loops through PyTorch on the CPU from the same weights, data and order: the
+/// per-update losses agree within the tolerance, and both times are there.
+fn with_torch_train_matches_pytorch_update_by_update() -> Result<(), Failed> {
+    for preset in ["seed-regression", "seed-classification"] {
+        let doc = document(&["train", "--preset", preset, "--compare-pytorch"], 0)?;
+        let p = &doc["result"]["pytorch"];
+        let d = p["max_relative_difference"].as_f64().unwrap_or(f64::NAN);
+        ensure(d <= 1e-4, || format!("{preset}: {p}"))?;
+        ensure(
+            p["step_losses"].as_array().map(Vec::len)
+                == doc["result"]["step_losses"].as_array().map(Vec::len)
+                && p["seconds_median"].as_f64().is_some_and(|s| s > 0.0),
+            || format!("{preset}: {p}"),
+        )?;
+    }
+    Ok(())
+}
+
+/// Without PyTorch, --compare-pytorch fails (exit 1) saying what to install.
+fn train_compare_without_python_says_what_to_install() -> Result<(), Failed> {
+    let args = ["train", "--compare-pytorch"];
+    let out = Command::new(bin())
+        .args(args)
+        .env("GPUKIT_PYTHON", "/nonexistent/python3")
+        .output()?;
+    exited(&out, 1, &args)?;
+    ensure(
+        text(&out.stderr).contains("install Python 3 and PyTorch"),
+        || text(&out.stderr),
+    )
+}
+
+fn main() {
+    let torch = python_with_torch();
+    if torch.is_none() {
+        eprintln!("torch:: tests ignored: no python with torch (set GPUKIT_PYTHON to one)");
+    }
+    let with_torch = Trial::test(
+        "torch::train_matches_pytorch_update_by_update",
+        with_torch_train_matches_pytorch_update_by_update,
+    )
+    .with_ignored_flag(torch.is_none());
+    run_kinds(
+        vec![
+            (
+                "train_runs_the_presets_and_resumes_exactly",
+                train_runs_the_presets_and_resumes_exactly,
+            ),
+            (
+                "train_on_a_gpu_says_its_path_is_not_built",
+                train_on_a_gpu_says_its_path_is_not_built,
+            ),
+            (
+                "train_compare_without_python_says_what_to_install",
+                train_compare_without_python_says_what_to_install,
+            ),
+        ],
+        Vec::new(),
+        Vec::new(),
+        vec![with_torch],
+    )
+}
