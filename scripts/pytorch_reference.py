@@ -45,9 +45,11 @@ Usage:
   batches and at each epoch's end, stopping after `max_steps` steps. --config is gpukit's
   TrainConfig as JSON (widths, loss, optimizer {kind, lr, momentum, weight_decay},
   batch_size, epochs, accumulate, max_steps) plus "precision" (fp32, tf32, fp16: autocast and
-  GradScaler, bf16: autocast). The loop runs --repeats times from the same weights; the
-  result has the first run's per-step losses (each step's mean batch loss, read once at the
-  end) and every run's seconds (the loop only; cuda: synchronized).
+  GradScaler, bf16: autocast) and "resident" (cuda: the data moved to the GPU once and each
+  batch indexed there, instead of the DataLoader). The loop runs --repeats times from the same
+  weights; the result has the first run's per-step losses (each step's mean batch loss, read
+  once at the end), every run's seconds (the loop only; cuda: synchronized) and, on cuda, the
+  first run's peak of allocated memory (torch.cuda.max_memory_allocated, data included).
 
   infer times a torchvision ResNet (torchvision's own class when torchvision imports,
   else the same architecture built here with torchvision's module names) loaded from a
@@ -1053,10 +1055,26 @@ def bench_train(torch, args):
 
     n = x.shape[0]
     per_epoch = (n + batch - 1) // batch
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_sampler=OrderSampler(),
-                                         pin_memory=device.type == "cuda")
+    resident = bool(cfg.get("resident")) and device.type == "cuda"
+    if resident:
+        # what a careful engineer does when the data fits: on the GPU once, batches indexed there
+        x_dev, y_dev = x.to(device), y.to(device)
+        order_dev = order.to(device=device, dtype=torch.long)
 
-    def one_run():
+        def batches():
+            for e in range(order_dev.shape[0]):
+                for i in range(0, order_dev.shape[1], batch):
+                    idx = order_dev[e, i:i + batch]
+                    yield x_dev[idx], y_dev[idx]
+    else:
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_sampler=OrderSampler(),
+                                             pin_memory=device.type == "cuda")
+
+        def batches():
+            for xb, yb in loader:
+                yield xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+
+    def one_run(count_skips=False):
         model = torch.nn.Sequential(*layers).to(device)
         model.load_state_dict({k: v.float() for k, v in init.items()})
         kind, lr, wd = opt_cfg["kind"], opt_cfg["lr"], opt_cfg["weight_decay"]
@@ -1068,33 +1086,45 @@ def bench_train(torch, args):
             opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd)
         loss_fn = torch.nn.CrossEntropyLoss() if loss_name == "cross-entropy" else torch.nn.MSELoss()
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-        losses, micro, steps = [], [], 0
+        losses, micro, steps, skipped = [], [], 0, 0
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for b, (xb, yb) in enumerate(loader):
+        for b, (xb, yb) in enumerate(batches()):
             if max_steps is not None and steps >= max_steps:
                 break
-            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
                                 enabled=autocast_dtype is not None):
                 loss = loss_fn(model(xb), yb)
             micro.append(loss.detach().float())
             scaler.scale(loss / accumulate).backward()
             if len(micro) == accumulate or (b + 1) % per_epoch == 0:
+                before = scaler.get_scale() if count_skips and scaler.is_enabled() else None
                 scaler.step(opt)
                 scaler.update()
+                if before is not None and scaler.get_scale() < before:
+                    skipped += 1  # the scale fell: this step's gradients overflowed, the step was skipped
                 opt.zero_grad(set_to_none=True)
                 losses.append(torch.stack(micro).mean())
                 micro, steps = [], steps + 1
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
-        return [float(v) for v in torch.stack(losses).tolist()] if losses else [], seconds
+        return [float(v) for v in torch.stack(losses).tolist()] if losses else [], seconds, skipped
 
-    step_losses, first_s = one_run()
+    peak = None
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    # the first run is the compared one: it counts the steps GradScaler skipped (reading the
+    # scale syncs, so the later, timed-alike runs do not)
+    step_losses, first_s, skipped = one_run(count_skips=True)
+    if device.type == "cuda":
+        peak = int(torch.cuda.max_memory_allocated(device))
     seconds = [first_s] + [one_run()[1] for _ in range(args.repeats - 1)]
-    return [{"step_losses": step_losses, "seconds": seconds}], {"precision": precision}
+    return [{"step_losses": step_losses, "seconds": seconds, "peak_bytes": peak,
+             "skipped_steps": skipped if precision == "fp16" else None}], \
+        {"precision": precision, "resident": resident}
 
 
 def bench_infer(torch, args):

@@ -287,18 +287,30 @@ pub fn run_all(
     progress("[gpukit all] train");
     let t = Instant::now();
     let mut train = Vec::new();
-    for preset in [Preset::SeedRegression, Preset::SeedClassification] {
-        let request = TrainRequest {
-            preset: Some(preset),
-            eval_fraction: Some(0.2),
-            ..TrainRequest::default()
-        };
-        match run_train(&request, progress) {
-            Ok(r) => train.push(r),
-            Err(e) => skipped.push(Skipped {
-                part: format!("train --preset {}", preset.name()),
-                reason: e.to_string(),
-            }),
+    let gpu_ordinal = match opts.selection {
+        DeviceSelection::One(Device::Cuda(n)) => Some(n),
+        _ => Some(0),
+    };
+    let mut devices = vec![Device::Cpu];
+    if let (true, Some(n)) = (gpu, gpu_ordinal) {
+        devices.push(Device::Cuda(n));
+    }
+    for device in devices {
+        for preset in [Preset::SeedRegression, Preset::SeedClassification] {
+            let request = TrainRequest {
+                preset: Some(preset),
+                eval_fraction: Some(0.2),
+                device: Some(device),
+                // the defaults: the data resident on the GPU, each epoch replayed as one graph
+                ..TrainRequest::default()
+            };
+            match run_train(&request, discovery, progress) {
+                Ok(r) => train.push(r),
+                Err(e) => skipped.push(Skipped {
+                    part: format!("train --preset {} --device {device}", preset.name()),
+                    reason: e.to_string(),
+                }),
+            }
         }
     }
     timed("train", &mut seconds, t);

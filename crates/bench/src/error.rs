@@ -39,6 +39,9 @@ pub enum Error {
     /// Work that was being measured failed.
     #[error("{0}")]
     Failed(String),
+    /// `monitor -- CMD`: no such program (the CLI exits 127, as shells do).
+    #[error("{0}: command not found")]
+    CommandNotFound(String),
 }
 
 /// The bench crate's result.
@@ -63,7 +66,7 @@ impl HasKind for Error {
             Error::Tensor(e) => e.kind(),
             Error::Model(e) => e.kind(),
             Error::Train(e) => e.kind(),
-            Error::BadInput(_) => ErrorKind::BadInput,
+            Error::BadInput(_) | Error::CommandNotFound(_) => ErrorKind::BadInput,
             Error::Io { .. } => ErrorKind::BadInput,
             Error::Peer(_) | Error::Unavailable(_) => ErrorKind::Unavailable,
             Error::NoSamples | Error::Failed(_) => ErrorKind::Failed,

@@ -16,6 +16,7 @@ pub mod host;
 pub mod infer;
 pub mod matmul;
 pub mod memory;
+pub mod monitor;
 pub mod peer;
 pub mod report;
 pub use gpukit_tensor::random;

@@ -7,9 +7,12 @@
 
 use crate::error::{Error, Result};
 use crate::report::Document;
+use gpukit_cuda::loader::Discovery;
 use gpukit_tensor::Device;
 use gpukit_train::checkpoint::{self, Meta, Position};
 use gpukit_train::data::{self, Dataset, Task};
+use gpukit_train::gpu::feed::Loader;
+use gpukit_train::gpu::{GpuDetails, GpuOptions, GpuTrainer, Precision};
 use gpukit_train::loss::LossKind;
 use gpukit_train::model::Mlp;
 use gpukit_train::optim::{Optimizer, OptimizerConfig, OptimizerKind};
@@ -71,6 +74,10 @@ pub struct TrainRequest {
     /// fp32 (the CPU's), tf32, fp16 or bf16.
     pub precision: Option<String>,
     pub device: Option<Device>,
+    /// How batches reach the GPU (None: resident when the data fits).
+    pub loader: Option<Loader>,
+    /// Replay each epoch's steps from a CUDA graph (None: when the data is resident).
+    pub graph: Option<bool>,
     /// Run the same loop in PyTorch (same data, weights and batch order) and compare.
     pub compare_pytorch: bool,
     pub checkpoint_activations: bool,
@@ -86,6 +93,20 @@ pub const PEER_REPEATS: usize = 5;
 /// (about 1e-7 relative). A wrong rule (a loss, a gradient, an optimizer step) shows at once,
 /// far above this.
 pub const PEER_LOSS_TOLERANCE: f64 = 1e-4;
+
+/// The early-update tolerance of a precision. fp32: [`PEER_LOSS_TOLERANCE`]. The others round
+/// every product's inputs (tf32 and fp16 to 11 significant bits, bf16 to 8) and the two sides
+/// round at different points (PyTorch's autocast rounds the bias to 16 bits and the weight
+/// gradients too; gpukit keeps both in f32), so a loss moves by several units of the type's
+/// roundoff (fp16/tf32 2^-11 = 4.9e-4, bf16 2^-8 = 3.9e-3): a wrong rule still shows far
+/// above these.
+pub fn peer_tolerance(precision: Precision) -> f64 {
+    match precision {
+        Precision::Fp32 => PEER_LOSS_TOLERANCE,
+        Precision::Tf32 | Precision::Fp16 => 1e-2,
+        Precision::Bf16 => 5e-2,
+    }
+}
 
 /// The updates held to [`PEER_LOSS_TOLERANCE`]. Later, the two runs may drift apart: once a
 /// ReLU input lies within rounding of zero on one side and not the other, the runs take
@@ -120,12 +141,32 @@ pub struct TrainPeer {
     pub final_difference: f64,
     #[serde(default)]
     pub final_tolerance: f64,
+    /// PyTorch's peak of allocated GPU memory over its first run (torch.cuda.max_memory_allocated).
+    #[serde(default)]
+    pub peak_bytes: Option<u64>,
+    /// gpukit's peak of live bytes in its memory pool over its first run.
+    #[serde(default)]
+    pub gpukit_peak_bytes: Option<u64>,
+    /// Updates skipped on overflow (fp16) by PyTorch's GradScaler and by gpukit's scaler.
+    #[serde(default)]
+    pub skipped_updates: Option<(u64, u64)>,
 }
 
 impl TrainPeer {
+    /// Whether the curves can be held to each other update by update: not when the two
+    /// scalers skipped different updates (PyTorch's autocast rounds weight gradients to fp16,
+    /// where they overflow sooner than gpukit's f32 ones).
+    pub fn comparable(&self) -> bool {
+        self.skipped_updates
+            .is_none_or(|(theirs, ours)| theirs == ours)
+    }
+
     /// Why the two runs are not the same training, if they are not: the first updates apart by
     /// more than rounding, or the final losses by more than drift explains (NaN fails too).
     pub fn disagreement(&self) -> Option<String> {
+        if !self.comparable() {
+            return None;
+        }
         let within = |d: f64, t: f64| {
             matches!(
                 d.partial_cmp(&t),
@@ -177,6 +218,9 @@ pub struct TrainReport {
     /// PyTorch beside, with --compare-pytorch.
     #[serde(default)]
     pub pytorch: Option<TrainPeer>,
+    /// The GPU run's precision, loader, graph, fused epilogues, loss scaler and set-up time.
+    #[serde(default)]
+    pub gpu: Option<GpuDetails>,
 }
 
 /// The settings a request resolves to, before any work.
@@ -253,23 +297,45 @@ fn plan(r: &TrainRequest, data: Option<&Dataset>) -> Plan {
     }
 }
 
-/// Refuses, before any work, what cannot run here: a GPU device or a precision other than
-/// fp32 (the GPU path is not built yet), flags that contradict a data file, destinations
-/// that cannot be written.
+/// Refuses, before any work, what cannot run here: GPU settings on the CPU, flags that
+/// contradict a data file, destinations that cannot be written.
 pub fn check_request(r: &TrainRequest) -> Result<()> {
-    if let Some(Device::Cuda(n)) = r.device {
-        return Err(Error::Unavailable(format!(
-            "--device cuda:{n}: gpukit train runs on the CPU in this version (--device cpu); \
-             its GPU path is not built yet"
-        )));
-    }
+    let on_gpu = matches!(r.device, Some(Device::Cuda(_)));
     if let Some(p) = r.precision.as_deref() {
-        if p != "fp32" {
-            return Err(Error::BadInput(format!(
-                "--precision {p}: the CPU trains in fp32 (tf32, fp16 and bf16 are GPU \
-                 precisions, and the GPU path is not built yet)"
-            )));
+        match Precision::parse(p) {
+            None => {
+                return Err(Error::BadInput(format!(
+                    "--precision {p}: unknown (fp32, tf32, fp16 or bf16)"
+                )))
+            }
+            Some(Precision::Fp32) => {}
+            Some(_) if !on_gpu => {
+                return Err(Error::BadInput(format!(
+                    "--precision {p}: the CPU trains in fp32 (tf32, fp16 and bf16 are GPU \
+                     precisions: add --device cuda:0)"
+                )))
+            }
+            Some(_) => {}
         }
+    }
+    if on_gpu && r.checkpoint_activations {
+        // the GPU engine's recomputation is written and tested (gpu_train) but has not run
+        // on a GPU yet: it is not offered until it has
+        return Err(Error::BadInput(
+            "--checkpoint-activations: in this version only the CPU path recomputes \
+             activations (--device cpu)"
+                .into(),
+        ));
+    }
+    if !on_gpu && (r.loader.is_some() || r.graph.is_some()) {
+        return Err(Error::BadInput(format!(
+            "{}: is about the GPU path; add --device cuda:0",
+            match r.graph {
+                Some(true) => "--graph",
+                Some(false) => "--no-graph",
+                None => "--loader",
+            }
+        )));
     }
     if r.compare_pytorch && r.resume.is_some() {
         return Err(Error::BadInput(
@@ -311,8 +377,13 @@ pub fn check_request(r: &TrainRequest) -> Result<()> {
     Ok(())
 }
 
-/// Runs the request on the CPU; `progress` hears about each finished epoch.
-pub fn run_train(r: &TrainRequest, progress: &mut dyn FnMut(&str)) -> Result<TrainReport> {
+/// Runs the request on the CPU or a GPU (`discovery` finds the CUDA libraries); `progress`
+/// hears about each finished epoch.
+pub fn run_train(
+    r: &TrainRequest,
+    discovery: &Discovery,
+    progress: &mut dyn FnMut(&str),
+) -> Result<TrainReport> {
     check_request(r)?;
     let task = match r.loss {
         Some(LossKind::CrossEntropy) => Task::Classification,
@@ -363,6 +434,7 @@ pub fn run_train(r: &TrainRequest, progress: &mut dyn FnMut(&str)) -> Result<Tra
     };
     let (train, eval) = full.split(p.eval_fraction)?;
     p.cfg.check_data(&train)?;
+    let scaler_in = resumed.as_ref().and_then(|(_, _, meta)| meta.scaler);
     let (mut model, mut opt, pos, initial) = match resumed {
         Some((m, o, meta)) => (m, o, meta.position, "from the checkpoint".to_string()),
         None => {
@@ -381,20 +453,64 @@ pub fn run_train(r: &TrainRequest, progress: &mut dyn FnMut(&str)) -> Result<Tra
     };
     // the comparison starts PyTorch from the weights gpukit started from
     let initial_model = r.compare_pytorch.then(|| model.clone());
-    let outcome: RunOutcome = train_cpu(
-        &p.cfg,
-        &mut model,
-        &mut opt,
-        pos,
-        &train,
-        eval.as_ref(),
-        &mut |e: &EpochStats| {
-            progress(&format!(
-                "train cpu: epoch {} loss {:.6}",
-                e.epoch, e.train_loss
-            ))
-        },
-    )?;
+    let precision = r
+        .precision
+        .as_deref()
+        .and_then(Precision::parse)
+        .unwrap_or(Precision::Fp32);
+    let mut trainer = match r.device {
+        Some(Device::Cuda(n)) => {
+            let gpu = std::sync::Arc::new(gpukit_cuda::Gpu::open(discovery, n)?);
+            let opts = GpuOptions {
+                loader: r.loader,
+                graph: r.graph,
+                ..GpuOptions::new(precision)
+            };
+            Some(GpuTrainer::new(
+                discovery,
+                gpu,
+                &p.cfg,
+                opts,
+                train.clone(),
+                eval.clone(),
+            )?)
+        }
+        _ => None,
+    };
+    let device = match r.device {
+        Some(Device::Cuda(n)) => format!("cuda:{n}"),
+        _ => "cpu".to_string(),
+    };
+    let (outcome, gpu): (RunOutcome, Option<GpuDetails>) = match trainer.as_mut() {
+        Some(t) => {
+            t.load(&model, &opt, scaler_in)?;
+            let (o, d) = t.run(pos, &mut |e: &EpochStats| {
+                progress(&format!(
+                    "train {device}: epoch {} loss {:.6}",
+                    e.epoch, e.train_loss
+                ))
+            })?;
+            t.store(&mut model, &mut opt)?;
+            (o, Some(d))
+        }
+        None => (
+            train_cpu(
+                &p.cfg,
+                &mut model,
+                &mut opt,
+                pos,
+                &train,
+                eval.as_ref(),
+                &mut |e: &EpochStats| {
+                    progress(&format!(
+                        "train cpu: epoch {} loss {:.6}",
+                        e.epoch, e.train_loss
+                    ))
+                },
+            )?,
+            None,
+        ),
+    };
     if let Some(path) = &r.save {
         let meta = Meta {
             format: 0,
@@ -402,7 +518,7 @@ pub fn run_train(r: &TrainRequest, progress: &mut dyn FnMut(&str)) -> Result<Tra
             optimizer: p.cfg.optimizer,
             position: outcome.position,
             seed: p.cfg.seed,
-            scaler: None,
+            scaler: gpu.as_ref().and_then(|g| g.scaler),
         };
         checkpoint::save(path, &model, &opt, &meta)?;
     }
@@ -421,15 +537,30 @@ pub fn run_train(r: &TrainRequest, progress: &mut dyn FnMut(&str)) -> Result<Tra
         })?;
     }
     let pytorch = initial_model
-        .map(|initial| compare(&p.cfg, &train, &initial, &outcome))
+        .map(|initial| {
+            let skipped = gpu.as_ref().map_or(0, |g| g.skipped_updates);
+            compare(
+                &p.cfg,
+                &train,
+                &initial,
+                &outcome,
+                trainer.as_mut(),
+                precision,
+                skipped,
+            )
+        })
         .transpose()?;
     Ok(TrainReport {
         pytorch,
         preset: r
             .preset
             .or((r.data.is_none()).then_some(Preset::SeedRegression)),
-        device: "cpu".into(),
-        precision: "fp32".into(),
+        device: match &gpu {
+            Some(g) => format!("{device} ({})", g.device_name),
+            None => device,
+        },
+        precision: precision.name().into(),
+        gpu,
         parameters: model.parameters(),
         data: origin,
         samples: train.len(),
@@ -457,6 +588,9 @@ fn compare(
     train: &Dataset,
     initial: &Mlp<f32>,
     outcome: &RunOutcome,
+    mut trainer: Option<&mut GpuTrainer>,
+    precision: Precision,
+    gpukit_skipped: u64,
 ) -> Result<TrainPeer> {
     let dir = tempfile::tempdir().map_err(|source| Error::Io {
         what: "a temporary directory",
@@ -474,7 +608,11 @@ fn compare(
         cfg.shuffle,
     )?;
     let mut json = serde_json::to_value(cfg).map_err(|e| Error::Failed(e.to_string()))?;
-    json["precision"] = "fp32".into();
+    json["precision"] = precision.name().into();
+    json["resident"] = trainer
+        .as_ref()
+        .is_some_and(|t| t.loader() == Loader::Resident)
+        .into();
     std::fs::write(file("config.json"), json.to_string()).map_err(|source| Error::Io {
         what: "the training config",
         path: file("config.json"),
@@ -494,7 +632,7 @@ fn compare(
         "--repeats".into(),
         PEER_REPEATS.to_string(),
         "--device".into(),
-        "cpu".into(),
+        if trainer.is_some() { "cuda" } else { "cpu" }.into(),
     ])?;
     let row = peer.results.first().cloned().unwrap_or_default();
     let numbers = |key: &str| -> Vec<f64> {
@@ -508,17 +646,24 @@ fn compare(
     for _ in 1..PEER_REPEATS {
         let mut model = initial.clone();
         let mut opt = Optimizer::new(cfg.optimizer);
-        let again = train_cpu(
-            cfg,
-            &mut model,
-            &mut opt,
-            Position::default(),
-            train,
-            None,
-            &mut |_| {},
-        )?;
+        let again = match trainer.as_deref_mut() {
+            Some(t) => {
+                t.load(&model, &opt, None)?;
+                t.run(Position::default(), &mut |_| {})?.0
+            }
+            None => train_cpu(
+                cfg,
+                &mut model,
+                &mut opt,
+                Position::default(),
+                train,
+                None,
+                &mut |_| {},
+            )?,
+        };
         gpukit_seconds.push(again.seconds);
     }
+    let peak_bytes = row["peak_bytes"].as_u64();
     let (max_relative_difference, at_update) = loss_difference(&outcome.step_losses, &theirs)?;
     let early = PEER_EARLY_UPDATES.min(theirs.len());
     let (early_difference, _) = loss_difference(&outcome.step_losses[..early], &theirs[..early])?;
@@ -535,9 +680,14 @@ fn compare(
         max_relative_difference,
         at_update,
         early_difference,
-        tolerance: PEER_LOSS_TOLERANCE,
+        tolerance: peer_tolerance(precision),
         final_difference,
         final_tolerance: PEER_FINAL_TOLERANCE,
+        peak_bytes,
+        gpukit_peak_bytes: outcome.memory.pool_peak,
+        skipped_updates: row["skipped_steps"]
+            .as_u64()
+            .map(|theirs| (theirs, gpukit_skipped)),
     })
 }
 
@@ -616,6 +766,7 @@ mod tests {
                 steps: Some(4),
                 ..TrainRequest::default()
             },
+            &gpukit_cuda::loader::discover(),
             &mut |_| {},
         )
         .unwrap();
@@ -633,6 +784,9 @@ mod tests {
             tolerance: PEER_LOSS_TOLERANCE,
             final_difference: last,
             final_tolerance: PEER_FINAL_TOLERANCE,
+            peak_bytes: None,
+            gpukit_peak_bytes: None,
+            skipped_updates: None,
         };
         report.pytorch = Some(peer(1e-7, 1e-7));
         assert!(document(report.clone()).failure.is_none());
@@ -665,10 +819,18 @@ mod tests {
             ),
             (
                 TrainRequest {
-                    device: Some(Device::Cuda(0)),
+                    graph: Some(true),
                     ..TrainRequest::default()
                 },
-                "not built yet",
+                "--graph",
+            ),
+            (
+                TrainRequest {
+                    device: Some(Device::Cuda(0)),
+                    precision: Some("fp8".into()),
+                    ..TrainRequest::default()
+                },
+                "--precision fp8",
             ),
             (
                 TrainRequest {

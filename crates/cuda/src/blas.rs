@@ -179,6 +179,22 @@ impl Blas {
         Ok(blas)
     }
 
+    pub(crate) fn lt_handle(&self) -> lt::cublasLtHandle_t {
+        self.lt_handle
+    }
+
+    pub(crate) fn workspace_addr(&self) -> u64 {
+        self.workspace.addr()
+    }
+
+    pub(crate) fn workspace_len(&self) -> usize {
+        self.workspace.len()
+    }
+
+    pub(crate) fn stream_cu(&self) -> cudarc::driver::sys::CUstream {
+        self.stream.cu()
+    }
+
     fn check_lens(
         ty: DType,
         a: usize,

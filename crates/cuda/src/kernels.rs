@@ -31,7 +31,9 @@ fn tag(dtype: DType) -> Result<&'static str> {
     }
 }
 
-const SOURCE: &str = r#"
+/// The 16-bit storage types (as bits: no CUDA headers) and conversions to and from f32,
+/// shared by every NVRTC source of this crate.
+pub(crate) const HALF: &str = r#"
 struct H { unsigned short v; };
 struct B { unsigned short v; };
 
@@ -54,7 +56,9 @@ template <> __device__ __forceinline__ B from_f<B>(float f) {
     b.v = (unsigned short)(u >> 16);
     return b;
 }
+"#;
 
+const SOURCE: &str = r#"
 // NCHW f32 input -> T in NCHW or NHWC with `cout` >= c channels (the extra ones zero).
 template <class T, bool NHWC>
 __device__ void convert_input(const float* __restrict__ x, T* __restrict__ y,
@@ -166,8 +170,7 @@ extern "C" __global__ void add_bias_f32(float* y, const float* b, int rows, int 
 /// The compiled kernels of one device.
 pub struct Kernels {
     stream: Stream,
-    _module: Arc<CudaModule>,
-    functions: HashMap<String, CudaFunction>,
+    module: Module,
     /// Where the PTX came from: "compiled" or the cache file.
     pub origin: String,
     /// Milliseconds spent compiling or reading the cache and loading the module.
@@ -177,7 +180,7 @@ pub struct Kernels {
 /// Threads per block of every launch here.
 const BLOCK: u32 = 256;
 
-fn config(total: usize) -> LaunchConfig {
+pub(crate) fn config(total: usize) -> LaunchConfig {
     // grid-stride loops: a bounded grid covers any size
     let blocks = total.div_ceil(BLOCK as usize).clamp(1, 65_535 * 8) as u32;
     LaunchConfig {
@@ -187,25 +190,41 @@ fn config(total: usize) -> LaunchConfig {
     }
 }
 
-fn int(v: usize, what: &str) -> Result<i32> {
+pub(crate) fn int(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::Invalid(format!("{what} = {v} exceeds i32")))
 }
 
-fn cache_file(discovery: &Discovery, arch: &str) -> Option<PathBuf> {
+fn cache_file(discovery: &Discovery, source: &str, stem: &str, arch: &str) -> Option<PathBuf> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    SOURCE.hash(&mut h);
+    source.hash(&mut h);
     arch.hash(&mut h);
     crate::libs::api_version(discovery, Lib::Nvrtc).hash(&mut h);
-    crate::loader::cache_dir().map(|d| d.join(format!("kernels-{arch}-{:016x}.ptx", h.finish())))
+    crate::loader::cache_dir().map(|d| d.join(format!("{stem}-{arch}-{:016x}.ptx", h.finish())))
 }
 
-impl Kernels {
-    /// Compiles the kernels for `gpu` (or reads them from the on-disk cache) and loads them.
-    pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<Kernels> {
+/// CUDA C compiled by NVRTC for one device (or read from the on-disk PTX cache) and loaded,
+/// with the functions named.
+pub(crate) struct Module {
+    _module: Arc<CudaModule>,
+    pub(crate) functions: HashMap<String, CudaFunction>,
+    pub(crate) origin: String,
+    pub(crate) load_ms: f64,
+}
+
+impl Module {
+    /// Compiles `source` for `gpu`'s architecture (cached as `{stem}-{arch}-{hash}.ptx`) and
+    /// loads the functions in `names`.
+    pub(crate) fn load(
+        discovery: &Discovery,
+        gpu: &Gpu,
+        source: &str,
+        stem: &str,
+        names: &[String],
+    ) -> Result<Module> {
         let start = std::time::Instant::now();
         let (major, minor) = gpu.compute_capability()?;
         let arch = format!("sm_{major}{minor}");
-        let cached = cache_file(discovery, &arch);
+        let cached = cache_file(discovery, source, stem, &arch);
         let from_cache = cached
             .as_ref()
             .and_then(|p| std::fs::read_to_string(p).ok().map(|s| (p.clone(), s)));
@@ -225,7 +244,7 @@ impl Kernels {
                     options: vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()],
                     ..Default::default()
                 };
-                let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts)
+                let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
                     .map_err(|e| Error::Compile(e.to_string()))?;
                 if let Some(path) = &cached {
                     // a cache: when it cannot be written, the next run compiles again
@@ -236,6 +255,28 @@ impl Kernels {
         };
         let module = gpu.ctx().load_module(ptx)?;
         let mut functions = HashMap::new();
+        for name in names {
+            let f = module.load_function(name)?;
+            functions.insert(name.clone(), f);
+        }
+        Ok(Module {
+            _module: module,
+            functions,
+            origin,
+            load_ms: start.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    pub(crate) fn function(&self, name: &str) -> Result<&CudaFunction> {
+        self.functions
+            .get(name)
+            .ok_or_else(|| Error::Invalid(format!("no kernel named {name}")))
+    }
+}
+
+impl Kernels {
+    /// Compiles the kernels for `gpu` (or reads them from the on-disk cache) and loads them.
+    pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<Kernels> {
         let mut names = vec!["add_bias_f32".to_string(), "stream_barrier".to_string()];
         for e in ["f32", "f16", "bf16"] {
             for l in ["nchw", "nhwc"] {
@@ -244,23 +285,23 @@ impl Kernels {
                 }
             }
         }
-        for name in names {
-            let f = module.load_function(&name)?;
-            functions.insert(name, f);
-        }
+        let module = Module::load(
+            discovery,
+            gpu,
+            &format!("{HALF}{SOURCE}"),
+            "kernels",
+            &names,
+        )?;
         Ok(Kernels {
             stream: gpu.stream().clone(),
-            _module: module,
-            functions,
-            origin,
-            load_ms: start.elapsed().as_secs_f64() * 1e3,
+            origin: module.origin.clone(),
+            load_ms: module.load_ms,
+            module,
         })
     }
 
     fn function(&self, name: &str) -> Result<&CudaFunction> {
-        self.functions
-            .get(name)
-            .ok_or_else(|| Error::Invalid(format!("no kernel named {name}")))
+        self.module.function(name)
     }
 
     /// The kernel `{stem}_{dtype}_{layout}`.

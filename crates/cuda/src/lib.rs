@@ -15,15 +15,17 @@ pub mod error;
 pub mod kernels;
 pub mod libs;
 pub mod loader;
+pub mod lt;
 pub mod memory;
 pub mod nvml;
 pub mod stream;
 pub mod testing;
 pub mod timing;
 pub mod trace;
+pub mod trainkit;
 pub mod transfer;
 
 pub use driver::Gpu;
 pub use error::{Error, Result};
 pub use memory::{DeviceBuffer, PoolStats, View};
-pub use stream::{Graph, Stream};
+pub use stream::{Event, Graph, Stream};

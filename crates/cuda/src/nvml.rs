@@ -5,7 +5,10 @@
 
 use crate::error::{Error, Result};
 use crate::loader::{Discovery, Lib};
-use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::enum_wrappers::device::{
+    Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor,
+};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::Nvml;
 use serde::{Deserialize, Serialize};
@@ -163,6 +166,160 @@ impl NvmlSession {
             utilization_gpu_pct: util.as_ref().map(|u| u.gpu),
             utilization_memory_pct: util.as_ref().map(|u| u.memory),
             processes,
+        }
+    }
+}
+
+// ---- sampling (gpukit monitor) ----
+
+/// A process holding memory on a GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct ProcessSample {
+    pub pid: u32,
+    /// From /proc/PID/comm ("" when it cannot be read).
+    pub name: String,
+    pub used_memory_bytes: Option<u64>,
+    /// The process's SM utilisation over the last sampling period, when NVML reports it.
+    pub sm_util_pct: Option<u32>,
+}
+
+/// One GPU at one moment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct GpuSample {
+    /// Milliseconds since the Unix epoch when the reading was taken.
+    pub unix_ms: u64,
+    /// NVML's index (nvidia-smi's numbering).
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub pci_bus_id: String,
+    /// Percent of the last period in which a kernel ran (nvidia-smi's utilization.gpu).
+    pub utilization_gpu_pct: Option<u32>,
+    /// Percent of the last period in which memory was read or written (utilization.memory).
+    pub utilization_memory_pct: Option<u32>,
+    pub memory_used_bytes: Option<u64>,
+    pub memory_total_bytes: Option<u64>,
+    pub temperature_c: Option<u32>,
+    pub power_draw_w: Option<f64>,
+    pub power_limit_w: Option<f64>,
+    pub sm_clock_mhz: Option<u32>,
+    pub memory_clock_mhz: Option<u32>,
+    /// PCIe throughput over NVML's last 20 ms window, bytes a second.
+    pub pcie_tx_bytes_per_s: Option<u64>,
+    pub pcie_rx_bytes_per_s: Option<u64>,
+    /// Energy since the driver loaded, millijoules (NVML's counter; Volta and later).
+    pub energy_mj: Option<u64>,
+    /// Why the clocks are held down now (NVML's throttle reasons), by name: "sw_power_cap",
+    /// "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake", "sync_boost",
+    /// "display_clocks", "applications_clocks", "gpu_idle". Empty: running free.
+    pub throttle_reasons: Vec<String>,
+    /// Uncorrected ECC errors since the driver loaded (volatile count).
+    pub ecc_uncorrected: Option<u64>,
+    pub processes: Vec<ProcessSample>,
+}
+
+impl GpuSample {
+    /// Whether the chip is held below its clocks for power or heat (not idling, not a
+    /// user-set application clock).
+    pub fn throttled(&self) -> bool {
+        self.throttle_reasons.iter().any(|r| {
+            matches!(
+                r.as_str(),
+                "sw_power_cap" | "hw_slowdown" | "sw_thermal" | "hw_thermal" | "hw_power_brake"
+            )
+        })
+    }
+}
+
+/// NVML's throttle-reason bits and gpukit's names for them.
+const REASONS: [(ThrottleReasons, &str); 9] = [
+    (ThrottleReasons::GPU_IDLE, "gpu_idle"),
+    (
+        ThrottleReasons::APPLICATIONS_CLOCKS_SETTING,
+        "applications_clocks",
+    ),
+    (ThrottleReasons::SW_POWER_CAP, "sw_power_cap"),
+    (ThrottleReasons::HW_SLOWDOWN, "hw_slowdown"),
+    (ThrottleReasons::SYNC_BOOST, "sync_boost"),
+    (ThrottleReasons::SW_THERMAL_SLOWDOWN, "sw_thermal"),
+    (ThrottleReasons::HW_THERMAL_SLOWDOWN, "hw_thermal"),
+    (ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN, "hw_power_brake"),
+    (ThrottleReasons::DISPLAY_CLOCK_SETTING, "display_clocks"),
+];
+
+impl NvmlSession {
+    /// One reading of every GPU, in NVML's order. `since_us` is the previous round's time
+    /// (microseconds since the epoch) for per-process SM utilisation over the period.
+    pub fn sample_all(&self, since_us: Option<u64>) -> Result<Vec<GpuSample>> {
+        let n = self
+            .nvml
+            .device_count()
+            .map_err(|e| Error::Nvml(format!("device count: {e}")))?;
+        (0..n)
+            .map(|i| {
+                let d = self
+                    .nvml
+                    .device_by_index(i)
+                    .map_err(|e| Error::Nvml(format!("device {i}: {e}")))?;
+                Ok(Self::sample(&d, since_us))
+            })
+            .collect()
+    }
+
+    fn sample(d: &nvml_wrapper::Device<'_>, since_us: Option<u64>) -> GpuSample {
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|t| t.as_millis() as u64)
+            .unwrap_or(0);
+        let facts = Self::facts(d);
+        let sm_util: std::collections::HashMap<u32, u32> = d
+            .process_utilization_stats(since_us)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| (p.pid, p.sm_util))
+            .collect();
+        let kb = |c| d.pcie_throughput(c).ok().map(|k| u64::from(k) * 1024);
+        GpuSample {
+            unix_ms,
+            index: facts.index,
+            uuid: facts.uuid,
+            name: facts.name,
+            pci_bus_id: facts.pci_bus_id,
+            utilization_gpu_pct: facts.utilization_gpu_pct,
+            utilization_memory_pct: facts.utilization_memory_pct,
+            memory_used_bytes: facts.memory_used_bytes,
+            memory_total_bytes: facts.memory_total_bytes,
+            temperature_c: facts.temperature_c,
+            power_draw_w: facts.power_draw_w,
+            power_limit_w: facts.power_limit_w,
+            sm_clock_mhz: facts.sm_clock_mhz,
+            memory_clock_mhz: d.clock_info(Clock::Memory).ok(),
+            pcie_tx_bytes_per_s: kb(PcieUtilCounter::Send),
+            pcie_rx_bytes_per_s: kb(PcieUtilCounter::Receive),
+            energy_mj: d.total_energy_consumption().ok(),
+            throttle_reasons: d
+                .current_throttle_reasons()
+                .map(|r| {
+                    REASONS
+                        .iter()
+                        .filter(|(bit, _)| r.contains(*bit))
+                        .map(|(_, name)| name.to_string())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            ecc_uncorrected: d
+                .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                .ok(),
+            processes: facts
+                .processes
+                .into_iter()
+                .map(|p| ProcessSample {
+                    sm_util_pct: sm_util.get(&p.pid).copied(),
+                    pid: p.pid,
+                    name: p.name,
+                    used_memory_bytes: p.used_memory_bytes,
+                })
+                .collect(),
         }
     }
 }

@@ -8,7 +8,7 @@
 use crate::driver::Gpu;
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{sys, CudaGraph, CudaStream};
+use cudarc::driver::{sys, CudaEvent, CudaGraph, CudaStream};
 use std::sync::Arc;
 
 /// A CUDA stream: work queued on it runs in order.
@@ -39,6 +39,33 @@ impl Stream {
 
     pub(crate) fn cu(&self) -> sys::CUstream {
         self.inner.cu_stream()
+    }
+}
+
+/// A point in a stream's work: other streams can wait for it, the host can wait for it.
+pub struct Event {
+    inner: CudaEvent,
+}
+
+impl Event {
+    /// Waits until the stream has passed the point.
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.inner.synchronize()?)
+    }
+}
+
+impl Stream {
+    /// Marks the point after everything queued so far.
+    pub fn record(&self) -> Result<Event> {
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        Ok(Event {
+            inner: self.inner.record_event(flags)?,
+        })
+    }
+
+    /// Makes work queued on this stream from now on wait for `event` (no host wait).
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        Ok(self.inner.wait(&event.inner)?)
     }
 }
 

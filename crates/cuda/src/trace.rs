@@ -58,3 +58,10 @@ pub fn done_since_process_start(phase: &str) {
         );
     }
 }
+
+/// Prints a trace line built by `line` (only built when tracing is on).
+pub fn note(line: impl FnOnce() -> String) {
+    if enabled() {
+        eprintln!("trace: {}", line());
+    }
+}

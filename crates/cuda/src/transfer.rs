@@ -8,7 +8,7 @@
 
 use crate::driver::Gpu;
 use crate::error::{Error, Result};
-use crate::memory::DeviceBuffer;
+use crate::memory::{DeviceBuffer, View};
 use crate::stream::Stream;
 use cudarc::driver::{result, sys, CudaContext};
 use std::sync::Arc;
@@ -93,6 +93,18 @@ pub fn copy_h2d(stream: &Stream, src: &[u8], dst: &mut DeviceBuffer) -> Result<(
     // SAFETY: dst holds at least src.len() bytes; src is live for the call (pageable) or kept
     // alive by the caller until the stream is synchronized (pinned).
     unsafe { result::memcpy_htod_async(dst.addr(), src, stream.cu()) }?;
+    Ok(())
+}
+
+/// Queues the first `len` bytes of pinned `src` -> `dst` on `stream` (a true async DMA): `src`
+/// must stay untouched until the stream has passed the copy (record an event and wait for it
+/// before refilling).
+pub fn copy_pinned_to(stream: &Stream, src: &PinnedBytes, len: usize, dst: View<'_>) -> Result<()> {
+    check_len("pinned host->device source", src.len(), len)?;
+    dst.require(len, "pinned host->device")?;
+    // SAFETY: both sides hold `len` bytes (checked); the pinned buffer outlives the copy by the
+    // caller's contract above.
+    unsafe { result::memcpy_htod_async(dst.addr(), &src.as_slice()[..len], stream.cu()) }?;
     Ok(())
 }
 

@@ -30,6 +30,10 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "FILE")]
     pub save_json: Option<PathBuf>,
 
+    /// Also write the report as one self-contained HTML page (charts and tables) to FILE.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -49,7 +53,10 @@ pub enum Command {
     Memory(MemoryArgs),
     /// Train a multilayer perceptron: the tutorials' two loops (--preset) or one described by
     /// flags; per-epoch losses, accuracy and throughput, checkpoints that resume exactly.
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
+    /// Watch the GPUs: a live view, nvidia-smi-style CSV or JSON lines logs, Prometheus
+    /// /metrics with the DCGM exporter's names, or what a command (`-- CMD ARGS`) did to them.
+    Monitor(Box<MonitorArgs>),
     /// Run every command and write DIR/report.json, DIR/report.md and DIR/report.html.
     All(AllArgs),
     /// Print a shell completion script: `gpukit completions bash > ~/.local/share/bash-completion/completions/gpukit`.
@@ -718,13 +725,28 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     pub save_losses: Option<PathBuf>,
 
-    /// fp32 (tf32, fp16 and bf16 are for the GPU path).
+    /// fp32, tf32, fp16 (with a dynamic loss scale) or bf16; the CPU trains in fp32.
     #[arg(long)]
     pub precision: Option<String>,
 
-    /// cpu (the GPU path, cuda:N, is not built yet).
+    /// cpu or cuda:N.
     #[arg(long, default_value = "cpu", value_name = "DEVICE")]
     pub device: Device,
+
+    /// How batches reach the GPU: plain (pageable copies), pinned (worker-filled pinned
+    /// buffers), prefetch (pinned, copied on their own stream while the previous batch
+    /// computes) or resident (the data set on the GPU) [default: resident when it fits].
+    #[arg(long, value_parser = parse_loader)]
+    pub loader: Option<gpukit_train::gpu::feed::Loader>,
+
+    /// Capture each epoch's steps once as a CUDA graph and replay it (needs resident data)
+    /// [default: on with resident data].
+    #[arg(long, conflicts_with = "no_graph")]
+    pub graph: bool,
+
+    /// Launch every step's kernels one by one instead (to compare with --graph).
+    #[arg(long)]
+    pub no_graph: bool,
 
     /// Run the same loop in PyTorch (same data, initial weights and batch order), compare the
     /// per-update losses and the times.
@@ -735,6 +757,47 @@ pub struct TrainArgs {
     /// (less activation memory for one more forward pass).
     #[arg(long)]
     pub checkpoint_activations: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct MonitorArgs {
+    /// Milliseconds between samples.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    pub interval_ms: u64,
+
+    /// One CSV line a GPU a sample, nvidia-smi's field names, to FILE or `-` (stdout).
+    #[arg(long, value_name = "FILE|-")]
+    pub csv: Option<String>,
+
+    /// One JSON object a GPU a sample, to FILE or `-` (stdout).
+    #[arg(long, value_name = "FILE|-")]
+    pub jsonl: Option<String>,
+
+    /// Stop after N samples.
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+
+    /// Stop after this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub duration: Option<f64>,
+
+    /// Serve Prometheus /metrics (the DCGM exporter's names) at ADDR, e.g. 127.0.0.1:9400.
+    #[arg(long, value_name = "ADDR")]
+    pub prometheus: Option<String>,
+
+    /// Let --prometheus bind an address other than the loopback one.
+    #[arg(long)]
+    pub allow_remote: bool,
+
+    /// A command to run and measure: `gpukit monitor -- CMD ARGS...` (its exit code passes
+    /// through).
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+fn parse_loader(s: &str) -> Result<gpukit_train::gpu::feed::Loader, String> {
+    gpukit_train::gpu::feed::Loader::parse(s)
+        .ok_or_else(|| "unknown loader (plain, pinned, prefetch or resident)".to_string())
 }
 
 fn parse_preset(s: &str) -> Result<gpukit_bench::train::Preset, String> {

@@ -20,14 +20,20 @@ pub struct Output {
     pub json: bool,
     /// `--save-json FILE`.
     pub save_json: Option<std::path::PathBuf>,
+    /// `--html FILE`.
+    pub html: Option<std::path::PathBuf>,
 }
 
 pub fn run(cli: Cli) -> Result<()> {
     let out = Output {
         json: cli.json,
         save_json: cli.save_json.clone(),
+        html: cli.html.clone(),
     };
     // a destination that cannot be written is bad input, found before any work
+    if let Some(p) = &out.html {
+        check_destination_file(p, "--html")?;
+    }
     if let Some(p) = &out.save_json {
         check_destination_file(p, "--save-json")?;
     }
@@ -38,7 +44,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Conv(a)) => bench_conv(a, &out),
         Command::Infer(a) => infer(a, &out),
         Command::Memory(a) => memory(a, &out),
-        Command::Train(a) => train(a, &out),
+        Command::Train(a) => train(*a, &out),
+        Command::Monitor(a) => crate::monitor_cmd::monitor(*a, &out),
         Command::Completions(a) => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();
@@ -141,12 +148,29 @@ fn busy_notes(discovery: &Discovery, selection: DeviceSelection) -> Vec<String> 
 
 /// Writes the document where `--save-json` asked, prints it (`--json`) or its heading lines,
 /// sections and notes, then fails (exit 1) when the document says the run failed.
-fn emit<T: Serialize>(
+pub(crate) fn emit<T: Serialize>(
     doc: &Document<T>,
     out: &Output,
     head: Vec<String>,
     sections: Vec<Section>,
 ) -> Result<()> {
+    emit_charted(doc, out, head, sections, Vec::new())
+}
+
+/// [`emit`], with the charts `--html` draws above the tables.
+fn emit_charted<T: Serialize>(
+    doc: &Document<T>,
+    out: &Output,
+    head: Vec<String>,
+    sections: Vec<Section>,
+    charts: Vec<render::html::Chart>,
+) -> Result<()> {
+    if let Some(path) = &out.html {
+        let line = std::env::args().collect::<Vec<_>>().join(" ");
+        let page = render::html::command_html(doc, &line, &charts, &sections);
+        gpukit_types::files::write_atomically(path, page.as_bytes())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
     if let Some(path) = &out.save_json {
         let bytes = serde_json::to_vec_pretty(doc).context("serializing the report")?;
         gpukit_types::files::write_atomically(path, &bytes)
@@ -226,8 +250,9 @@ fn bench_matmul(a: MatmulArgs, out: &Output) -> Result<()> {
         (run_matmul(&discovery, &opts, &mut progress()), None)
     };
     let sections = render::matmul_sections(&report);
+    let charts = render::html::matmul_charts(&report);
     let doc = document(report, peer.as_ref()).with_notes(busy);
-    emit(&doc, out, Vec::new(), sections)
+    emit_charted(&doc, out, Vec::new(), sections, charts)
 }
 
 fn bench_bandwidth(a: BandwidthArgs, out: &Output) -> Result<()> {
@@ -262,8 +287,9 @@ fn bench_bandwidth(a: BandwidthArgs, out: &Output) -> Result<()> {
         return Err(Error::Unavailable(format!("bench bandwidth needs a GPU: {why}")).into());
     }
     let sections = render::bandwidth_sections(&report);
+    let charts = render::html::bandwidth_chart(&report).into_iter().collect();
     let doc = document(report, peer.as_ref()).with_notes(busy);
-    emit(&doc, out, Vec::new(), sections)
+    emit_charted(&doc, out, Vec::new(), sections, charts)
 }
 
 fn bench_conv(a: ConvArgs, out: &Output) -> Result<()> {
@@ -298,8 +324,9 @@ fn bench_conv(a: ConvArgs, out: &Output) -> Result<()> {
         (run_conv(&discovery, &shapes, &opts, &mut progress()), None)
     };
     let sections = render::conv_sections(&report);
+    let charts = render::html::conv_chart(&report).into_iter().collect();
     let doc = document(report, peer.as_ref()).with_notes(busy);
-    emit(&doc, out, Vec::new(), sections)
+    emit_charted(&doc, out, Vec::new(), sections, charts)
 }
 
 /// The items in the order given, each once (`--dtype f16,f16` runs f16 once).
@@ -348,11 +375,13 @@ fn memory(a: MemoryArgs, out: &Output) -> Result<()> {
     let busy = busy_notes(&discovery, DeviceSelection::One(a.device));
     let report = run_memory(&discovery, &opts, &mut progress())?;
     let sections = render::memory_sections(&report);
-    emit(
+    let charts = render::html::memory_chart(&report).into_iter().collect();
+    emit_charted(
         &document(report).with_notes(busy),
         out,
         Vec::new(),
         sections,
+        charts,
     )
 }
 
@@ -391,12 +420,30 @@ fn train(a: TrainArgs, out: &Output) -> Result<()> {
         save_losses: a.save_losses,
         precision: a.precision,
         device: Some(a.device),
+        loader: a.loader,
+        graph: match (a.graph, a.no_graph) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        },
         compare_pytorch: a.compare_pytorch,
         checkpoint_activations: a.checkpoint_activations,
     };
-    let report = run_train(&request, &mut progress())?;
+    gpukit_bench::train::check_request(&request)?;
+    // only GPU work needs the CUDA libraries on the loader's path (which may re-execute)
+    let discovery = if a.device == Device::Cpu {
+        discover()
+    } else {
+        let d = prepare_process();
+        check_named_gpu(&d, DeviceSelection::One(a.device))?;
+        d
+    };
+    let report = run_train(&request, &discovery, &mut progress())?;
     let sections = render::train_sections(&report);
-    emit(&document(report), out, Vec::new(), sections)
+    let charts = render::html::train_chart(std::slice::from_ref(&report))
+        .into_iter()
+        .collect();
+    emit_charted(&document(report), out, Vec::new(), sections, charts)
 }
 
 fn infer(a: InferArgs, out: &Output) -> Result<()> {
@@ -462,8 +509,9 @@ fn infer(a: InferArgs, out: &Output) -> Result<()> {
         .compare_pytorch
         .then(|| compare_with_pytorch(&mut report, &opts));
     let sections = render::infer_sections(&report);
+    let charts = render::html::infer_chart(&report).into_iter().collect();
     let doc = document(report, peer.as_ref()).with_notes(busy);
-    emit(&doc, out, Vec::new(), sections)
+    emit_charted(&doc, out, Vec::new(), sections, charts)
 }
 
 fn all(a: AllArgs, out: &Output) -> Result<()> {
@@ -506,9 +554,14 @@ fn all(a: AllArgs, out: &Output) -> Result<()> {
             .join(", "),
         doc.result.total_seconds
     ));
+    if let Some(p) = &out.html {
+        gpukit_types::files::write_atomically(p, render::all_html(&doc).as_bytes())
+            .with_context(|| format!("cannot write {}", p.display()))?;
+    }
     let to_stdout = Output {
         json: out.json,
         save_json: None,
+        html: None,
     };
     emit(&doc, &to_stdout, head, Vec::new())
 }

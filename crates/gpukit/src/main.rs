@@ -5,6 +5,7 @@
 
 mod cli;
 mod commands;
+mod monitor_cmd;
 mod render;
 
 use clap::Parser;

@@ -397,7 +397,28 @@ fn cases(dir: &Path) -> Vec<Case> {
             &a_file.join("x.json"),
             &["is not a directory"],
         ),
+        case(
+            &["check", "--html", "/proc/x/y.html"],
+            &["--html", "does not exist"],
+        ),
+        with_path(&["check", "--html"], dir, &["--html", "is a directory"]),
         case(&["all", "--out", "/proc/x"], &["--out"]),
+        case(&["monitor", "--interval-ms", "0"], &["--interval-ms 0"]),
+        case(&["monitor", "--interval-ms=-5"], &["--interval-ms"]),
+        case(&["monitor", "--count", "0"], &["--count 0"]),
+        case(&["monitor", "--duration=-1"], &["--duration"]),
+        case(
+            &["monitor", "--csv", "/proc/x/g.csv", "--count", "1"],
+            &["--csv", "does not exist"],
+        ),
+        case(
+            &["monitor", "--prometheus", "127.0.0.1:99999"],
+            &["127.0.0.1:99999"],
+        ),
+        case(
+            &["monitor", "--prometheus", "0.0.0.0:9400"],
+            &["0.0.0.0:9400", "--allow-remote"],
+        ),
         with_path(&["all", "--out"], &a_file, &["--out"]),
         with_path(
             &[

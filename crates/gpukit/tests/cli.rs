@@ -70,6 +70,73 @@ fn bench_bad_input_exits_2() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `--html FILE` beside any command: one self-contained page (no script, nothing fetched) with
+/// the command's chart drawn as inline SVG above its tables.
+fn html_beside_a_command_is_one_self_contained_page() -> Result<(), Failed> {
+    let dir = tempfile::tempdir()?;
+    let page = dir.path().join("matmul.html");
+    let page_arg = page.to_string_lossy().into_owned();
+    let args = [
+        "bench",
+        "matmul",
+        "--device",
+        "cpu",
+        "--sizes",
+        "64,96",
+        "--dtype",
+        "f32",
+        "--iterations",
+        "2",
+        "--html",
+        &page_arg,
+    ];
+    exited(&gpukit(&args), 0, &args)?;
+    let html = std::fs::read_to_string(&page)?;
+    for needle in [
+        "<!DOCTYPE html>",
+        "<h1>gpukit bench matmul</h1>",
+        "<svg",
+        "<table",
+        "f32",
+    ] {
+        ensure(html.contains(needle), || format!("no {needle} in the page"))?;
+    }
+    // (the inline SVG names its namespace by URL; nothing is loaded from one)
+    for banned in ["<script", "<link", "src=\"http", "href=\"http", "url(http"] {
+        ensure(!html.contains(banned), || {
+            format!("the page holds {banned}")
+        })?;
+    }
+    Ok(())
+}
+
+/// `monitor -- CMD`: the command's output and exit code pass through, its footprint is printed
+/// (without a GPU: timed, "not sampled" said); a command that does not exist exits 127.
+fn monitor_runs_a_command_and_passes_its_exit_code() -> Result<(), Failed> {
+    let args = [
+        "monitor",
+        "--interval-ms",
+        "20",
+        "--",
+        "sh",
+        "-c",
+        "echo from-the-command; exit 3",
+    ];
+    let out = gpukit(&args);
+    exited(&out, 3, &args)?;
+    let stdout = text(&out.stdout);
+    ensure(
+        stdout.contains("from-the-command") && stdout.contains("Footprint of `sh -c"),
+        || stdout.clone(),
+    )?;
+    let args = ["monitor", "--", "gpukit-no-such-command"];
+    let out = gpukit(&args);
+    exited(&out, 127, &args)?;
+    ensure(text(&out.stderr).contains("command not found"), || {
+        text(&out.stderr)
+    })
+}
+
 fn bench_matmul_on_the_cpu_verifies_and_reports() -> Result<(), Failed> {
     let args = [
         "bench",
@@ -269,6 +336,15 @@ fn memory_bad_input_exits_2() -> Result<(), Failed> {
 
 // ---- a machine without a GPU ----
 
+/// Without a driver, sampling exits 1 naming NVML and the driver.
+fn without_a_gpu_monitor_names_what_to_install() -> Result<(), Failed> {
+    let args = ["monitor", "--csv", "-", "--count", "1"];
+    let out = gpukit(&args);
+    exited(&out, 1, &args)?;
+    let e = text(&out.stderr);
+    ensure(e.contains("NVML") && e.contains("driver"), || e.clone())
+}
+
 fn without_a_gpu_check_says_why() -> Result<(), Failed> {
     for quick in [false, true] {
         let args: &[&str] = if quick {
@@ -428,6 +504,14 @@ fn main() {
         ),
         ("bench_bad_input_exits_2", bench_bad_input_exits_2),
         (
+            "monitor_runs_a_command_and_passes_its_exit_code",
+            monitor_runs_a_command_and_passes_its_exit_code,
+        ),
+        (
+            "html_beside_a_command_is_one_self_contained_page",
+            html_beside_a_command_is_one_self_contained_page,
+        ),
+        (
             "bench_matmul_on_the_cpu_verifies_and_reports",
             bench_matmul_on_the_cpu_verifies_and_reports,
         ),
@@ -460,6 +544,10 @@ fn main() {
     ];
     let no_gpu: Vec<(&str, Test)> = vec![
         ("no_gpu::check_says_why", without_a_gpu_check_says_why),
+        (
+            "no_gpu::monitor_names_what_to_install",
+            without_a_gpu_monitor_names_what_to_install,
+        ),
         (
             "no_gpu::a_named_gpu_exits_1_naming_the_driver",
             without_a_gpu_a_named_gpu_exits_1_naming_the_driver,

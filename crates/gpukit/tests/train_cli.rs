@@ -1,5 +1,5 @@
-//! `gpukit train` as a user runs it: both presets, a stopped and resumed run, the GPU path's
-//! message, and the comparison with PyTorch (ignored, with the reason, where the python has no
+//! `gpukit train` as a user runs it: both presets, a stopped and resumed run (on the CPU and,
+//! where there is one, on the GPU in fp16), GPU settings refused where they cannot apply, and the comparison with PyTorch (ignored, with the reason, where the python has no
 //! torch).
 
 mod common;
@@ -58,13 +58,75 @@ fn train_runs_the_presets_and_resumes_exactly() -> Result<(), Failed> {
     )
 }
 
-fn train_on_a_gpu_says_its_path_is_not_built() -> Result<(), Failed> {
+/// Without a GPU, `--device cuda:0` names what is missing (exit 1); GPU-only settings on the
+/// CPU are bad input (exit 2).
+fn train_on_cuda_without_a_gpu_names_what_is_missing() -> Result<(), Failed> {
     let args = ["train", "--device", "cuda:0"];
     let out = gpukit(&args);
     exited(&out, 1, &args)?;
-    ensure(text(&out.stderr).contains("not built yet"), || {
-        text(&out.stderr)
-    })
+    ensure(text(&out.stderr).contains("driver"), || text(&out.stderr))
+}
+
+fn gpu_settings_on_the_cpu_are_bad_input() -> Result<(), Failed> {
+    for (args, fragment) in [
+        (vec!["train", "--precision", "bf16"], "--precision bf16"),
+        (vec!["train", "--graph"], "--graph"),
+        (vec!["train", "--loader", "pinned"], "--loader"),
+        (vec!["train", "--precision", "fp8"], "unknown"),
+    ] {
+        let out = gpukit(&args);
+        exited(&out, 2, &args)?;
+        ensure(text(&out.stderr).contains(fragment), || {
+            format!("{args:?}: {}", text(&out.stderr))
+        })?;
+    }
+    Ok(())
+}
+
+/// On the GPU, fp16 with its loss scaler: a run stopped after 20 updates and resumed from its
+/// checkpoint (weights, Adam's moments, the scale and its growth count) writes the same
+/// per-update losses as the run never stopped, to the last digit; a graph without resident
+/// data is bad input.
+fn train_on_the_gpu_resumes_exactly() -> Result<(), Failed> {
+    let dir = tempfile::tempdir()?;
+    let p = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
+    let (ck, a, b, whole) = (p("ck.safetensors"), p("a.csv"), p("b.csv"), p("whole.csv"));
+    let gpu = ["--device", "cuda:0", "--precision", "fp16"];
+    for rest in [
+        vec!["--steps", "20", "--save", &ck, "--save-losses", &a],
+        vec!["--resume", &ck, "--save-losses", &b],
+        vec!["--save-losses", &whole],
+    ] {
+        let args: Vec<&str> = ["train"].iter().chain(&gpu).chain(&rest).copied().collect();
+        exited(&gpukit(&args), 0, &args)?;
+    }
+    let read = |f: &str| std::fs::read_to_string(f).unwrap_or_default();
+    let joined = format!("{}{}", read(&a), read(&b).trim_start_matches("step,loss\n"));
+    ensure(
+        joined == read(&whole) && read(&whole).lines().count() == 49,
+        || format!("stopped and resumed:\n{joined}\nwhole:\n{}", read(&whole)),
+    )?;
+    for (args, fragment) in [
+        (
+            vec![
+                "train", "--device", "cuda:0", "--graph", "--loader", "plain",
+            ],
+            "--loader resident",
+        ),
+        (
+            vec![
+                "train", "--device", "cuda:0", "--loader", "plain", "--graph",
+            ],
+            "--graph",
+        ),
+    ] {
+        let out = gpukit(&args);
+        exited(&out, 2, &args)?;
+        ensure(text(&out.stderr).contains(fragment), || {
+            format!("{args:?}: {}", text(&out.stderr))
+        })?;
+    }
+    Ok(())
 }
 
 /// The python that `--compare-pytorch` runs (GPUKIT_PYTHON, else python3), if it imports torch.
@@ -126,16 +188,22 @@ fn main() {
                 train_runs_the_presets_and_resumes_exactly,
             ),
             (
-                "train_on_a_gpu_says_its_path_is_not_built",
-                train_on_a_gpu_says_its_path_is_not_built,
-            ),
-            (
                 "train_compare_without_python_says_what_to_install",
                 train_compare_without_python_says_what_to_install,
             ),
+            (
+                "gpu_settings_on_the_cpu_are_bad_input",
+                gpu_settings_on_the_cpu_are_bad_input,
+            ),
         ],
-        Vec::new(),
-        Vec::new(),
+        vec![(
+            "no_gpu::train_on_cuda_names_what_is_missing",
+            train_on_cuda_without_a_gpu_names_what_is_missing,
+        )],
+        vec![(
+            "gpu::train_on_the_gpu_resumes_exactly",
+            train_on_the_gpu_resumes_exactly,
+        )],
         vec![with_torch],
     )
 }

@@ -21,9 +21,13 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// The run itself failed (a non-finite loss in full precision, a device error).
+    /// The run itself failed (a non-finite loss, a wrong result).
     #[error("{0}")]
     Failed(String),
+    /// The GPU, a CUDA library or a device call failed (the message names it and, for a
+    /// missing library, what to install).
+    #[error("{0}")]
+    Cuda(#[from] gpukit_cuda::Error),
 }
 
 impl Error {
@@ -44,6 +48,7 @@ impl HasKind for Error {
                 ErrorKind::BadInput
             }
             Error::Io { .. } | Error::Failed(_) => ErrorKind::Failed,
+            Error::Cuda(e) => e.kind(),
         }
     }
 }

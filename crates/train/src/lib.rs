@@ -2,7 +2,8 @@
 //! forward and backward, MSE and cross-entropy losses, SGD / Adam / AdamW with PyTorch's
 //! update rules, data (the tutorials' presets, safetensors and CSV files, seeded shuffling,
 //! a held-out part) and checkpoints that resume bit for bit. The CPU path runs on the gemm
-//! crate; the GPU path builds on the same definitions.
+//! crate; the GPU path ([`gpu`]) on cuBLASLt and gpukit's own kernels, from the same
+//! definitions.
 
 #![forbid(unsafe_code)]
 
@@ -10,6 +11,7 @@ pub mod checkpoint;
 pub mod data;
 pub mod error;
 pub mod export;
+pub mod gpu;
 pub mod loss;
 pub mod model;
 pub mod optim;

@@ -130,6 +130,13 @@ pub struct MemoryUse {
     /// without checkpointing).
     #[serde(default)]
     pub activations_all_kept: usize,
+    /// The data set where the engine holds it in its own memory (on the GPU when resident;
+    /// 0 on the CPU, which reads the caller's).
+    #[serde(default)]
+    pub data: usize,
+    /// The GPU memory pool's peak of live bytes over the run (None on the CPU).
+    #[serde(default)]
+    pub pool_peak: Option<u64>,
 }
 
 impl MemoryUse {
@@ -273,6 +280,8 @@ pub fn train_cpu(
         activations: acts.bytes(),
         workspace: scratch.bytes() + f32s(dy.capacity()) + batch_bytes,
         activations_all_kept: f32s(largest_batch * cfg.widths.iter().sum::<usize>()),
+        data: 0,
+        pool_peak: None,
     };
     Ok(out)
 }

@@ -13,6 +13,7 @@ pub mod html;
 mod infer;
 mod matmul;
 mod memory;
+pub mod monitor;
 #[cfg(test)]
 mod tests;
 mod train;
@@ -43,7 +44,7 @@ pub struct Section {
 }
 
 impl Section {
-    fn kv(title: impl Into<String>, rows: Vec<(&str, String)>) -> Section {
+    pub(crate) fn kv(title: impl Into<String>, rows: Vec<(&str, String)>) -> Section {
         Section {
             title: title.into(),
             header: None,

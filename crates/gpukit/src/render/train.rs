@@ -86,6 +86,35 @@ pub fn train_sections(r: &TrainReport) -> Vec<Section> {
             ),
         ]);
     }
+    if let Some(g) = &r.gpu {
+        setup.rows.push(vec![
+            "GPU path".into(),
+            format!(
+                "{} loader, {}; set-up (kernels, products planned{}) {:.1} ms",
+                g.loader.name(),
+                if g.graph {
+                    "each epoch replayed from a CUDA graph"
+                } else {
+                    "kernels launched one by one"
+                },
+                if g.graph { ", graphs captured" } else { "" },
+                g.setup_seconds * 1e3
+            ),
+        ]);
+        setup
+            .rows
+            .push(vec!["Epilogues".into(), g.epilogues.join("; ")]);
+        if let Some((scale, growth)) = g.scaler {
+            setup.rows.push(vec![
+                "Loss scale".into(),
+                format!(
+                    "{scale} at the end ({growth} clean updates since it last changed); {} \
+                     update(s) skipped for inf/NaN gradients",
+                    g.skipped_updates
+                ),
+            ]);
+        }
+    }
     let accuracy = classifies(r);
     let mut header = vec!["epoch", "batches", "updates", "train loss"];
     if accuracy {
@@ -189,22 +218,42 @@ fn memory_section(r: &TrainReport) -> Section {
             ),
         ));
     }
+    if m.data > 0 {
+        rows.push(("data set (resident)", kib(m.data)));
+    }
+    if let Some(peak) = m.pool_peak {
+        rows.push((
+            "memory pool peak",
+            format!(
+                "{} (live buffers at their peak, data included)",
+                kib(peak as usize)
+            ),
+        ));
+    }
+    let on_gpu = r.gpu.is_some();
     let mut s = Section::kv(
-        "Memory (host, held by the engine: its buffers' peaks)",
+        if on_gpu {
+            "Memory (GPU, held by the engine)"
+        } else {
+            "Memory (host, held by the engine: its buffers' peaks)"
+        },
         rows,
     );
-    s.notes.push(
-        "weights and gradients in f32; the optimizer keeps one buffer a parameter (SGD with momentum) or two (Adam, AdamW)".into(),
-    );
+    s.notes.push(if on_gpu {
+        "weights in f32 (plus their 16-bit copy in fp16/bf16), gradients in f32; the optimizer keeps one buffer a parameter (SGD with momentum) or two (Adam, AdamW); workspace includes cuBLASLt's 32 MiB".into()
+    } else {
+        "weights and gradients in f32; the optimizer keeps one buffer a parameter (SGD with momentum) or two (Adam, AdamW)".into()
+    });
     s
 }
 
 /// The same loop in PyTorch: how far apart the loss curves are, and both loops' times.
 fn peer_section(p: &gpukit_bench::train::TrainPeer) -> Section {
     let ms = |s: f64| format!("{:.3} ms", s * 1e3);
-    let verdict = match p.disagreement() {
-        None => "the same training",
-        Some(_) => "DIFFERENT training",
+    let verdict = match (p.comparable(), p.disagreement()) {
+        (false, _) => "not held to each other: the two scalers skipped different updates",
+        (true, None) => "the same training",
+        (true, Some(_)) => "DIFFERENT training",
     };
     Section::kv(
         format!(
@@ -240,6 +289,28 @@ fn peer_section(p: &gpukit_bench::train::TrainPeer) -> Section {
                     p.gpukit_seconds_median / p.seconds_median
                 ),
             ),
-        ],
+        ]
+        .into_iter()
+        .chain(p.peak_bytes.zip(p.gpukit_peak_bytes).map(|(theirs, ours)| {
+            (
+                "Peak memory",
+                format!(
+                    "gpukit {:.1} MiB / PyTorch {:.1} MiB (its memory pool's live peak / \
+                     torch.cuda.max_memory_allocated, data included)",
+                    ours as f64 / 1048576.0,
+                    theirs as f64 / 1048576.0
+                ),
+            )
+        }))
+        .chain(p.skipped_updates.map(|(theirs, ours)| {
+            (
+                "Skipped updates",
+                format!(
+                    "PyTorch's GradScaler {theirs}, gpukit {ours} (gpukit keeps weight gradients \
+                     in f32, where they overflow later than autocast's fp16 ones)"
+                ),
+            )
+        }))
+        .collect(),
     )
 }

@@ -14,7 +14,6 @@ use gpukit_tensor::Device;
 mod charts;
 mod figures;
 
-#[cfg(test)]
 pub use charts::Chart;
 pub use figures::{
     bandwidth_chart, conv_chart, infer_chart, matmul_charts, memory_chart, train_chart,
@@ -90,6 +89,46 @@ p.chart-error { color: var(--bad); }
   .table-wrap { overflow: visible; }
 }
 "#;
+
+/// The page of one command (`--html FILE`): the same head and style as report.html, the
+/// command's charts, then its tables and notes.
+pub fn command_html<T>(
+    doc: &gpukit_bench::report::Document<T>,
+    command_line: &str,
+    charts: &[Chart],
+    sections: &[Section],
+) -> String {
+    let mut h = String::new();
+    h.push_str("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
+    h.push_str("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n");
+    h.push_str(&format!("<title>gpukit {}</title>\n", escape(&doc.command)));
+    h.push_str(&format!("<style>{CSS}</style>\n</head>\n<body>\n<main>\n"));
+    h.push_str(&format!("<h1>gpukit {}</h1>\n", escape(&doc.command)));
+    h.push_str(&format!(
+        "<p class=\"meta\">gpukit {} · <code>{}</code></p>\n",
+        escape(&doc.gpukit_version),
+        escape(command_line)
+    ));
+    if let Some(f) = &doc.failure {
+        h.push_str(&format!(
+            "<div class=\"banner bad\">Run failed: {}</div>\n",
+            escape(f)
+        ));
+    }
+    for c in charts {
+        h.push_str(&c.render());
+    }
+    h.push_str(&sections_to_html(sections));
+    if !doc.notes.is_empty() {
+        h.push_str("<ul class=\"notes\">\n");
+        for n in &doc.notes {
+            h.push_str(&format!("<li>{}</li>\n", escape(n)));
+        }
+        h.push_str("</ul>\n");
+    }
+    h.push_str("</main>\n</body>\n</html>\n");
+    h
+}
 
 /// report.html of `gpukit all`.
 pub fn all_html(doc: &Document<AllReport>) -> String {

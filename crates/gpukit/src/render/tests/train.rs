@@ -86,10 +86,13 @@ pub(super) fn report(loss: LossKind) -> TrainReport {
             activations: 1920,
             workspace: 2048,
             activations_all_kept: 1920,
+            data: 0,
+            pool_peak: None,
         },
         saved_checkpoint: Some("ck2.safetensors".into()),
         saved_losses: Some("losses.csv".into()),
         pytorch: None,
+        gpu: None,
     }
 }
 

@@ -1,0 +1,167 @@
+//! The logs: CSV with nvidia-smi's `--query-gpu` field names (as `--format=csv,nounits` writes
+//! them, "[N/A]" where a value is missing), and JSON lines (one GpuSample a line).
+
+use super::GpuSample;
+
+/// The CSV columns: nvidia-smi's names and units where it has the field, gpukit's otherwise.
+pub const CSV_HEADER: &str = "timestamp, index, name, uuid, pci.bus_id, utilization.gpu [%], \
+utilization.memory [%], memory.used [MiB], memory.total [MiB], temperature.gpu, \
+power.draw [W], power.limit [W], clocks.sm [MHz], clocks.mem [MHz], \
+clocks_throttle_reasons.active, pcie.tx [MB/s], pcie.rx [MB/s], energy [J], \
+ecc.errors.uncorrected.volatile.total";
+
+fn na<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "[N/A]".to_string(), |v| v.to_string())
+}
+
+fn mib(v: Option<u64>) -> String {
+    na(v.map(|b| b / (1024 * 1024)))
+}
+
+fn watts(v: Option<f64>) -> String {
+    na(v.map(|w| format!("{w:.2}")))
+}
+
+/// nvidia-smi's timestamp form: `2026/11/23 16:50:01.123` (UTC here).
+pub fn timestamp(unix_ms: u64) -> String {
+    let secs = (unix_ms / 1000) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // civil date from days since 1970-01-01 (Howard Hinnant's algorithm)
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}/{m:02}/{d:02} {:02}:{:02}:{:02}.{:03}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        unix_ms % 1000
+    )
+}
+
+/// NVML's throttle-reason bitmask of the named reasons, as nvidia-smi prints it (0x...).
+pub fn reasons_mask(reasons: &[String]) -> u64 {
+    reasons
+        .iter()
+        .map(|r| match r.as_str() {
+            "gpu_idle" => 0x1,
+            "applications_clocks" => 0x2,
+            "sw_power_cap" => 0x4,
+            "hw_slowdown" => 0x8,
+            "sync_boost" => 0x10,
+            "sw_thermal" => 0x20,
+            "hw_thermal" => 0x40,
+            "hw_power_brake" => 0x80,
+            "display_clocks" => 0x100,
+            _ => 0,
+        })
+        .fold(0, |a, b| a | b)
+}
+
+/// One CSV line (no newline); names with a comma are quoted.
+pub fn csv_line(s: &GpuSample) -> String {
+    let quote = |t: &str| {
+        if t.contains([',', '"', '\n']) {
+            format!("\"{}\"", t.replace('"', "\"\""))
+        } else {
+            t.to_string()
+        }
+    };
+    let mbps = |v: Option<u64>| na(v.map(|b| format!("{:.1}", b as f64 / 1e6)));
+    [
+        timestamp(s.unix_ms),
+        s.index.to_string(),
+        quote(&s.name),
+        s.uuid.clone(),
+        s.pci_bus_id.clone(),
+        na(s.utilization_gpu_pct),
+        na(s.utilization_memory_pct),
+        mib(s.memory_used_bytes),
+        mib(s.memory_total_bytes),
+        na(s.temperature_c),
+        watts(s.power_draw_w),
+        watts(s.power_limit_w),
+        na(s.sm_clock_mhz),
+        na(s.memory_clock_mhz),
+        format!("0x{:016X}", reasons_mask(&s.throttle_reasons)),
+        mbps(s.pcie_tx_bytes_per_s),
+        mbps(s.pcie_rx_bytes_per_s),
+        na(s.energy_mj.map(|mj| format!("{:.3}", mj as f64 / 1000.0))),
+        na(s.ecc_uncorrected),
+    ]
+    .join(", ")
+}
+
+/// One JSON line (no newline).
+pub fn jsonl_line(s: &GpuSample) -> String {
+    serde_json::to_string(s).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> GpuSample {
+        GpuSample {
+            unix_ms: 1_795_451_401_123,
+            index: 0,
+            uuid: "GPU-1234".into(),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            pci_bus_id: "00000000:00:06.0".into(),
+            utilization_gpu_pct: Some(97),
+            utilization_memory_pct: None,
+            memory_used_bytes: Some(2048 << 20),
+            memory_total_bytes: Some(81_559 << 20),
+            temperature_c: Some(61),
+            power_draw_w: Some(699.456),
+            power_limit_w: Some(700.0),
+            sm_clock_mhz: Some(1755),
+            memory_clock_mhz: Some(2619),
+            pcie_tx_bytes_per_s: Some(12_500_000),
+            pcie_rx_bytes_per_s: None,
+            energy_mj: Some(123_456_789),
+            throttle_reasons: vec!["sw_power_cap".into()],
+            ecc_uncorrected: Some(0),
+            processes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn csv_lines_follow_nvidia_smis_names_units_and_missing_marker() {
+        let line = csv_line(&sample());
+        let fields: Vec<&str> = line.split(", ").collect();
+        let header: Vec<&str> = CSV_HEADER.split(", ").collect();
+        assert_eq!(fields.len(), header.len(), "{line}");
+        assert_eq!(fields[0], "2026/11/23 16:30:01.123");
+        assert_eq!(fields[5], "97");
+        assert_eq!(fields[6], "[N/A]");
+        assert_eq!(fields[7], "2048");
+        assert_eq!(fields[10], "699.46");
+        assert_eq!(fields[14], "0x0000000000000004");
+        assert_eq!(fields[16], "[N/A]");
+        assert_eq!(fields[17], "123456.789");
+        let mut named = sample();
+        named.name = "a, \"b\"".into();
+        assert!(csv_line(&named).contains("\"a, \"\"b\"\"\""));
+    }
+
+    #[test]
+    fn timestamps_are_civil_utc_dates() {
+        assert_eq!(timestamp(0), "1970/01/01 00:00:00.000");
+        assert_eq!(timestamp(951_782_400_000), "2000/02/29 00:00:00.000");
+        assert_eq!(timestamp(4_102_444_799_999), "2099/12/31 23:59:59.999");
+    }
+
+    #[test]
+    fn json_lines_round_trip() {
+        let s = sample();
+        let back: GpuSample = serde_json::from_str(&jsonl_line(&s)).unwrap();
+        assert_eq!(back, s);
+    }
+}

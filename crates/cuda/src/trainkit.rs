@@ -1,0 +1,719 @@
+//! The training engine's own GPU kernels (NVRTC, compiled once per device and cached): batch
+//! gathering and casting, MSE and cross-entropy with their gradients, the optimizers over one
+//! flat parameter buffer (one launch updates every parameter), the loss scaler, and the
+//! epilogue kernels used where cuBLASLt has no fused epilogue for a shape or type.
+//!
+//! Everything a step needs that changes from step to step (Adam's bias corrections, the loss
+//! scale, whether the gradients overflowed) lives in a small device-side [`STATE_BYTES`] block
+//! that the kernels read and [`TrainKernels::advance`] updates, so a whole step, or many, can
+//! be captured once as a CUDA graph and replayed.
+//!
+//! To use: [`TrainKernels::new`], then the launch methods (all enqueue on the GPU's stream and
+//! return at once). Element types: `F32`, `F16`, `Bf16` (`Tf32` is f32 storage).
+
+use crate::driver::Gpu;
+use crate::error::{Error, Result};
+use crate::kernels::{config, int, Module, HALF};
+use crate::loader::Discovery;
+use crate::memory::View;
+use crate::stream::Stream;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use gpukit_types::DType;
+
+const SOURCE: &str = r#"
+// The step state: floats then ints (see trainkit.rs).
+struct State {
+    float scale;      // the loss scale (1 without a scaler)
+    float step_size;  // Adam: lr / (1 - beta1^t) for the next update
+    float bc2_sqrt;   // Adam: sqrt(1 - beta2^t) for the next update
+    float spare;
+    int found_inf;    // the gradients of this update hold an inf or NaN
+    int step;         // updates applied
+    int growth;       // clean updates since the scale last changed
+    int skipped;      // updates skipped because of inf/NaN gradients
+};
+
+#define LOOP(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); \
+                        i += (long)gridDim.x * blockDim.x)
+
+// dst[r, :] = src[idx[r], :] for a row-major f32 matrix, converted to T.
+template <class T> __device__ void gather_rows(const float* src, T* dst, const unsigned* idx,
+                                               int rows, int cols) {
+    LOOP(o, (long)rows * cols) {
+        long r = o / cols, c = o % cols;
+        dst[o] = from_f<T>(src[(long)idx[r] * cols + c]);
+    }
+}
+
+template <class T> __device__ void cast(const float* src, T* dst, long n) {
+    LOOP(o, n) dst[o] = from_f<T>(src[o]);
+}
+
+// One block: the loss's sum in double over a fixed assignment of elements to threads and a
+// fixed tree, so the same inputs always give the same bits.
+__device__ double block_sum(double v, double* shared) {
+    shared[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
+        __syncthreads();
+    }
+    double r = shared[0];
+    __syncthreads();
+    return r;
+}
+
+// MSE over n elements: *loss = mean((o - t)^2); grad = 2 (o - t) / n * mult * scale.
+template <class T> __device__ void mse(const T* out, const float* target, T* grad, int n,
+                                       const State* st, float mult, double* loss) {
+    __shared__ double part[1024];
+    float k = 2.0f / (float)n * mult * (st ? st->scale : 1.0f);
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float d = to_f(out[i]) - target[i];
+        s += (double)d * (double)d;
+        if (grad) grad[i] = from_f<T>(k * d);
+    }
+    double total = block_sum(s, part);
+    if (threadIdx.x == 0) *loss = total / (double)n;
+}
+
+// Cross-entropy over rows x width logits: *loss = mean(logsumexp(row) - row[c]);
+// grad = (softmax(row) - onehot(c)) / rows * mult * scale; *correct = rows whose largest
+// logit (the first, on ties) is the target's.
+template <class T> __device__ void cross_entropy(const T* out, const unsigned* cls, T* grad,
+                                                 int rows, int width, const State* st,
+                                                 float mult, double* loss, unsigned* correct) {
+    __shared__ double part[1024];
+    float k = 1.0f / (float)rows * mult * (st ? st->scale : 1.0f);
+    double s = 0.0, right = 0.0;
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        const T* row = out + (long)r * width;
+        int c = (int)cls[r];
+        float mx = to_f(row[0]); int arg = 0;
+        for (int j = 1; j < width; ++j) { float v = to_f(row[j]); if (v > mx) { mx = v; arg = j; } }
+        float total = 0.0f;
+        for (int j = 0; j < width; ++j) total += expf(to_f(row[j]) - mx);
+        s += (double)(logf(total) + mx - to_f(row[c]));
+        right += arg == c ? 1.0 : 0.0;
+        if (grad) {
+            T* g = grad + (long)r * width;
+            for (int j = 0; j < width; ++j) {
+                float p = expf(to_f(row[j]) - mx) / total;
+                g[j] = from_f<T>(k * (j == c ? p - 1.0f : p));
+            }
+        }
+    }
+    double total = block_sum(s, part);
+    double hits = block_sum(right, part);
+    if (threadIdx.x == 0) { *loss = total / (double)rows; if (correct) *correct = (unsigned)hits; }
+}
+
+// y (m x n column-major) = y + bias[i] (then relu): the forward epilogue run apart.
+template <class T> __device__ void bias_act(T* y, const float* bias, int m, int n, int relu) {
+    LOOP(o, (long)m * n) {
+        float v = to_f(y[o]) + bias[o % m];
+        y[o] = from_f<T>(relu && v < 0.0f ? 0.0f : v);
+    }
+}
+
+// dx = h > 0 ? dx : 0 (h: the forward's output after its ReLU).
+template <class T> __device__ void relu_grad(T* dx, const T* h, long n) {
+    LOOP(o, n) if (!(to_f(h[o]) > 0.0f)) dx[o] = from_f<T>(0.0f);
+}
+
+// db[i] = beta * db[i] + sum_j dy[i + j m]: the bias gradient of an m x n column-major dy.
+// A block takes 32 rows; its 32 x 32 threads read 32 consecutive rows (coalesced) of every
+// 32nd column, then one thread a row adds the 32 partial sums in order (reproducible).
+template <class T> __device__ void bias_grad(const T* dy, float* db, int m, int n, float beta) {
+    __shared__ float part[32][33];
+    int i = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (i < m) for (int j = threadIdx.y; j < n; j += 32) s += to_f(dy[i + (long)j * m]);
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && i < m) {
+        float t = 0.0f;
+        for (int k = 0; k < 32; ++k) t += part[k][threadIdx.x];
+        db[i] = beta != 0.0f ? beta * db[i] + t : t;
+    }
+}
+
+// Adam / AdamW over n parameters (PyTorch's rules, in the CPU engine's order of operations),
+// skipped whole when the gradients overflowed; `half` (may be null) receives the new weights
+// in the compute type.
+template <class T> __device__ void adam(float* p, const float* g, float* m, float* v, T* half,
+                                        long n, const State* st, float wd, float decay,
+                                        float b1c, float b2, float b2c, float eps, int adamw,
+                                        int scaled) {
+    if (st->found_inf) return;
+    float inv = scaled ? 1.0f / st->scale : 1.0f;
+    float step_size = st->step_size, bc2 = st->bc2_sqrt;
+    LOOP(i, n) {
+        float pi = p[i], d = g[i] * inv;
+        if (adamw) pi *= decay; else d += wd * pi;
+        float mi = m[i] + b1c * (d - m[i]);
+        float vi = b2 * v[i] + b2c * d * d;
+        float denom = sqrtf(vi) / bc2 + eps;
+        pi -= step_size * (mi / denom);
+        p[i] = pi; m[i] = mi; v[i] = vi;
+        if (half) half[i] = from_f<T>(pi);
+    }
+}
+
+// SGD with optional momentum (buffer = d on the first update) and weight decay.
+template <class T> __device__ void sgd(float* p, const float* g, float* m, T* half, long n,
+                                       const State* st, float lr, float wd, float momentum,
+                                       int scaled) {
+    if (st->found_inf) return;
+    float inv = scaled ? 1.0f / st->scale : 1.0f;
+    int first = st->step == 0;
+    LOOP(i, n) {
+        float pi = p[i], d = g[i] * inv + wd * pi;
+        if (m) { float b = first ? d : momentum * m[i] + d; m[i] = b; d = b; }
+        pi -= lr * d;
+        p[i] = pi;
+        if (half) half[i] = from_f<T>(pi);
+    }
+}
+
+#define INSTANCES(T, TAG)                                                                      \
+extern "C" __global__ void gather_rows_##TAG(const float* s, T* d, const unsigned* idx, int r, \
+    int c) { gather_rows<T>(s, d, idx, r, c); }                                                \
+extern "C" __global__ void cast_##TAG(const float* s, T* d, long n) { cast<T>(s, d, n); }      \
+extern "C" __global__ void mse_##TAG(const T* o, const float* t, T* g, int n, const State* st,  \
+    float mult, double* loss) { mse<T>(o, t, g, n, st, mult, loss); }                          \
+extern "C" __global__ void cross_entropy_##TAG(const T* o, const unsigned* c, T* g, int r,      \
+    int w, const State* st, float mult, double* loss, unsigned* correct)                        \
+    { cross_entropy<T>(o, c, g, r, w, st, mult, loss, correct); }                              \
+extern "C" __global__ void bias_act_##TAG(T* y, const float* b, int m, int n, int relu)        \
+    { bias_act<T>(y, b, m, n, relu); }                                                         \
+extern "C" __global__ void relu_grad_##TAG(T* dx, const T* h, long n) { relu_grad<T>(dx, h, n); } \
+extern "C" __global__ void bias_grad_##TAG(const T* dy, float* db, int m, int n, float beta)   \
+    { bias_grad<T>(dy, db, m, n, beta); }                                                      \
+extern "C" __global__ void adam_##TAG(float* p, const float* g, float* m, float* v, T* h,      \
+    long n, const State* st, float wd, float decay, float b1c, float b2, float b2c, float eps,  \
+    int adamw, int scaled) { adam<T>(p, g, m, v, h, n, st, wd, decay, b1c, b2, b2c, eps, adamw, \
+    scaled); }                                                                                 \
+extern "C" __global__ void sgd_##TAG(float* p, const float* g, float* m, T* h, long n,         \
+    const State* st, float lr, float wd, float mom, int scaled)                                \
+    { sgd<T>(p, g, m, h, n, st, lr, wd, mom, scaled); }
+
+INSTANCES(float, f32)
+INSTANCES(H, f16)
+INSTANCES(B, bf16)
+
+extern "C" __global__ void gather_u32(const unsigned* s, unsigned* d, const unsigned* idx, int r,
+                                      int c) {
+    LOOP(o, (long)r * c) { long row = o / c; d[o] = s[(long)idx[row] * c + o % c]; }
+}
+
+extern "C" __global__ void axpy_f32(float* y, const float* x, long n) { LOOP(i, n) y[i] += x[i]; }
+
+// Marks the state when any of n gradients is inf or NaN (the scaler's check).
+extern "C" __global__ void check_finite(const float* g, long n, State* st) {
+    LOOP(i, n) if (!isfinite(g[i])) st->found_inf = 1;
+}
+
+// After an update: count it (or the skip), move the loss scale by GradScaler's rules, and
+// prepare Adam's bias corrections for the next one. One thread.
+extern "C" __global__ void advance(State* st, int scaled, double lr, double beta1, double beta2,
+                                   int growth_interval) {
+    if (scaled && st->found_inf) {
+        st->scale *= 0.5f; st->growth = 0; st->skipped += 1; st->found_inf = 0;
+    } else {
+        st->step += 1;
+        if (scaled && ++st->growth == growth_interval) { st->scale *= 2.0f; st->growth = 0; }
+    }
+    double t = (double)(st->step + 1);
+    st->step_size = (float)(lr / (1.0 - pow(beta1, t)));
+    st->bc2_sqrt = (float)sqrt(1.0 - pow(beta2, t));
+}
+"#;
+
+/// Bytes of the device-side step state.
+pub const STATE_BYTES: usize = 32;
+
+/// The step state as the host sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepState {
+    pub scale: f32,
+    pub step_size: f32,
+    pub bc2_sqrt: f32,
+    pub found_inf: bool,
+    pub step: u32,
+    pub growth: u32,
+    pub skipped: u32,
+}
+
+impl StepState {
+    pub fn to_bytes(&self) -> [u8; STATE_BYTES] {
+        let mut b = [0u8; STATE_BYTES];
+        for (i, f) in [self.scale, self.step_size, self.bc2_sqrt, 0.0]
+            .iter()
+            .enumerate()
+        {
+            b[i * 4..i * 4 + 4].copy_from_slice(&f.to_ne_bytes());
+        }
+        for (i, v) in [
+            u32::from(self.found_inf),
+            self.step,
+            self.growth,
+            self.skipped,
+        ]
+        .iter()
+        .enumerate()
+        {
+            b[16 + i * 4..20 + i * 4].copy_from_slice(&v.to_ne_bytes());
+        }
+        b
+    }
+
+    pub fn from_bytes(b: &[u8]) -> Result<StepState> {
+        if b.len() < STATE_BYTES {
+            return Err(Error::Invalid("step state: too few bytes".into()));
+        }
+        let word = |i: usize| [b[i * 4], b[i * 4 + 1], b[i * 4 + 2], b[i * 4 + 3]];
+        let f = |i: usize| f32::from_ne_bytes(word(i));
+        let u = |i: usize| u32::from_ne_bytes(word(i));
+        Ok(StepState {
+            scale: f(0),
+            step_size: f(1),
+            bc2_sqrt: f(2),
+            found_inf: u(4) != 0,
+            step: u(5),
+            growth: u(6),
+            skipped: u(7),
+        })
+    }
+}
+
+/// Adam's or AdamW's constants for [`TrainKernels::adam`].
+#[derive(Debug, Clone, Copy)]
+pub struct AdamArgs {
+    pub weight_decay: f32,
+    /// 1 - lr * weight_decay (AdamW's decoupled decay).
+    pub decay: f32,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f32,
+    pub adamw: bool,
+}
+
+/// The loaded training kernels of one device.
+pub struct TrainKernels {
+    stream: Stream,
+    module: Module,
+    pub origin: String,
+    pub load_ms: f64,
+}
+
+fn tag(dtype: DType) -> Result<&'static str> {
+    match dtype.storage() {
+        DType::F32 => Ok("f32"),
+        DType::F16 => Ok("f16"),
+        DType::Bf16 => Ok("bf16"),
+        d => Err(Error::Invalid(format!(
+            "the training kernels have no {d} version"
+        ))),
+    }
+}
+
+/// One block of 1024 threads: the losses reduce in one block (reproducible sums).
+fn one_block() -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1024, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn long(v: usize) -> i64 {
+    v as i64
+}
+
+impl TrainKernels {
+    pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<TrainKernels> {
+        let mut names: Vec<String> = ["gather_u32", "axpy_f32", "check_finite", "advance"]
+            .map(String::from)
+            .to_vec();
+        for t in ["f32", "f16", "bf16"] {
+            for k in [
+                "gather_rows",
+                "cast",
+                "mse",
+                "cross_entropy",
+                "bias_act",
+                "relu_grad",
+                "bias_grad",
+                "adam",
+                "sgd",
+            ] {
+                names.push(format!("{k}_{t}"));
+            }
+        }
+        let module = Module::load(
+            discovery,
+            gpu,
+            &format!("{HALF}{SOURCE}"),
+            "train-kernels",
+            &names,
+        )?;
+        Ok(TrainKernels {
+            stream: gpu.stream().clone(),
+            origin: module.origin.clone(),
+            load_ms: module.load_ms,
+            module,
+        })
+    }
+
+    fn typed(&self, stem: &str, dtype: DType) -> Result<&cudarc::driver::CudaFunction> {
+        self.module.function(&format!("{stem}_{}", tag(dtype)?))
+    }
+
+    /// `dst[r] = src[idx[r]]` for `rows` rows of `cols` f32 values, converted to `dtype`.
+    pub fn gather_rows(
+        &self,
+        src: View<'_>,
+        dst: View<'_>,
+        idx: View<'_>,
+        dtype: DType,
+        (rows, cols): (usize, usize),
+    ) -> Result<()> {
+        dst.require(rows * cols * dtype.size_bytes(), "gather dst")?;
+        idx.require(rows * 4, "gather idx")?;
+        let f = self.typed("gather_rows", dtype)?;
+        let (ps, pd, pi) = (src.addr(), dst.addr(), idx.addr());
+        let (r, c) = (int(rows, "rows")?, int(cols, "cols")?);
+        let mut b = self.stream.raw().launch_builder(f);
+        b.arg(&ps).arg(&pd).arg(&pi).arg(&r).arg(&c);
+        // SAFETY: (const float*, T*, const unsigned*, int, int) as declared; dst and idx sizes
+        // checked; the indices are below the source's row count (the caller's order).
+        unsafe { b.launch(config(rows * cols)) }?;
+        Ok(())
+    }
+
+    /// As [`TrainKernels::gather_rows`] for u32 values (class labels).
+    pub fn gather_u32(
+        &self,
+        src: View<'_>,
+        dst: View<'_>,
+        idx: View<'_>,
+        (rows, cols): (usize, usize),
+    ) -> Result<()> {
+        dst.require(rows * cols * 4, "gather dst")?;
+        idx.require(rows * 4, "gather idx")?;
+        let f = self.module.function("gather_u32")?;
+        let (ps, pd, pi) = (src.addr(), dst.addr(), idx.addr());
+        let (r, c) = (int(rows, "rows")?, int(cols, "cols")?);
+        let mut b = self.stream.raw().launch_builder(f);
+        b.arg(&ps).arg(&pd).arg(&pi).arg(&r).arg(&c);
+        // SAFETY: as gather_rows, 4-byte elements.
+        unsafe { b.launch(config(rows * cols)) }?;
+        Ok(())
+    }
+
+    /// `dst = src` converted from f32 to `dtype`, `n` values.
+    pub fn cast(&self, src: View<'_>, dst: View<'_>, dtype: DType, n: usize) -> Result<()> {
+        src.require(n * 4, "cast src")?;
+        dst.require(n * dtype.size_bytes(), "cast dst")?;
+        let f = self.typed("cast", dtype)?;
+        let (ps, pd, nn) = (src.addr(), dst.addr(), long(n));
+        let mut b = self.stream.raw().launch_builder(f);
+        b.arg(&ps).arg(&pd).arg(&nn);
+        // SAFETY: (const float*, T*, long); sizes checked.
+        unsafe { b.launch(config(n)) }?;
+        Ok(())
+    }
+
+    /// MSE of `n` outputs against f32 targets into `loss` (one f64); the gradient (times
+    /// `mult` and the state's loss scale when `state` is given) into `grad` when given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mse(
+        &self,
+        out: View<'_>,
+        target: View<'_>,
+        grad: Option<View<'_>>,
+        dtype: DType,
+        n: usize,
+        state: Option<View<'_>>,
+        mult: f32,
+        loss: View<'_>,
+    ) -> Result<()> {
+        out.require(n * dtype.size_bytes(), "mse out")?;
+        target.require(n * 4, "mse target")?;
+        if let Some(g) = grad {
+            g.require(n * dtype.size_bytes(), "mse grad")?;
+        }
+        loss.require(8, "mse loss")?;
+        let f = self.typed("mse", dtype)?;
+        let (po, pt, pg) = (out.addr(), target.addr(), grad.map_or(0, |g| g.addr()));
+        let (ps, pl, nn) = (state.map_or(0, |s| s.addr()), loss.addr(), int(n, "n")?);
+        let mut b = self.stream.raw().launch_builder(f);
+        b.arg(&po)
+            .arg(&pt)
+            .arg(&pg)
+            .arg(&nn)
+            .arg(&ps)
+            .arg(&mult)
+            .arg(&pl);
+        // SAFETY: (const T*, const float*, T* or null, int, const State* or null, float,
+        // double*); sizes checked.
+        unsafe { b.launch(one_block()) }?;
+        Ok(())
+    }
+
+    /// Cross-entropy of `rows x width` logits against u32 classes (each below `width`, the
+    /// caller's check) into `loss`, the count of right answers into `correct`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cross_entropy(
+        &self,
+        out: View<'_>,
+        classes: View<'_>,
+        grad: Option<View<'_>>,
+        dtype: DType,
+        (rows, width): (usize, usize),
+        state: Option<View<'_>>,
+        mult: f32,
+        loss: View<'_>,
+        correct: View<'_>,
+    ) -> Result<()> {
+        let bytes = rows * width * dtype.size_bytes();
+        out.require(bytes, "cross_entropy out")?;
+        classes.require(rows * 4, "cross_entropy classes")?;
+        if let Some(g) = grad {
+            g.require(bytes, "cross_entropy grad")?;
+        }
+        loss.require(8, "cross_entropy loss")?;
+        correct.require(4, "cross_entropy correct")?;
+        let f = self.typed("cross_entropy", dtype)?;
+        let (po, pc, pg) = (out.addr(), classes.addr(), grad.map_or(0, |g| g.addr()));
+        let (ps, pl, pk) = (state.map_or(0, |s| s.addr()), loss.addr(), correct.addr());
+        let (r, w) = (int(rows, "rows")?, int(width, "width")?);
+        let mut b = self.stream.raw().launch_builder(f);
+        b.arg(&po)
+            .arg(&pc)
+            .arg(&pg)
+            .arg(&r)
+            .arg(&w)
+            .arg(&ps)
+            .arg(&mult)
+            .arg(&pl)
+            .arg(&pk);
+        // SAFETY: (const T*, const unsigned*, T* or null, int, int, const State* or null,
+        // float, double*, unsigned*); sizes checked.
+        unsafe { b.launch(one_block()) }?;
+        Ok(())
+    }
+
+    /// `y (m x n, column-major) += bias[row]`, then ReLU when `relu`.
+    pub fn bias_act(
+        &self,
+        y: View<'_>,
+        bias: View<'_>,
+        dtype: DType,
+        (m, n): (usize, usize),
+        relu: bool,
+    ) -> Result<()> {
+        y.require(m * n * dtype.size_bytes(), "bias_act y")?;
+        bias.require(m * 4, "bias_act bias")?;
+        let f = self.typed("bias_act", dtype)?;
+        let (py, pb) = (y.addr(), bias.addr());
+        let (mm, nn, r) = (int(m, "m")?, int(n, "n")?, i32::from(relu));
+        let mut b = self.stream.raw().launch_builder(f);
+        b.arg(&py).arg(&pb).arg(&mm).arg(&nn).arg(&r);
+        // SAFETY: (T*, const float*, int, int, int); sizes checked.
+        unsafe { b.launch(config(m * n)) }?;
+        Ok(())
+    }
+
+    /// `dx = h > 0 ? dx : 0` over `n` values.
+    pub fn relu_grad(&self, dx: View<'_>, h: View<'_>, dtype: DType, n: usize) -> Result<()> {
+        dx.require(n * dtype.size_bytes(), "relu_grad dx")?;
+        h.require(n * dtype.size_bytes(), "relu_grad h")?;
+        let f = self.typed("relu_grad", dtype)?;
+        let (pd, ph, nn) = (dx.addr(), h.addr(), long(n));
+        let mut b = self.stream.raw().launch_builder(f);
+        b.arg(&pd).arg(&ph).arg(&nn);
+        // SAFETY: (T*, const T*, long); sizes checked.
+        unsafe { b.launch(config(n)) }?;
+        Ok(())
+    }
+
+    /// `db = beta db + row sums of dy (m x n, column-major)`, f32.
+    pub fn bias_grad(
+        &self,
+        dy: View<'_>,
+        db: View<'_>,
+        dtype: DType,
+        (m, n): (usize, usize),
+        beta: f32,
+    ) -> Result<()> {
+        dy.require(m * n * dtype.size_bytes(), "bias_grad dy")?;
+        db.require(m * 4, "bias_grad db")?;
+        let f = self.typed("bias_grad", dtype)?;
+        let (py, pb) = (dy.addr(), db.addr());
+        let (mm, nn) = (int(m, "m")?, int(n, "n")?);
+        let mut b = self.stream.raw().launch_builder(f);
+        b.arg(&py).arg(&pb).arg(&mm).arg(&nn).arg(&beta);
+        let grid = LaunchConfig {
+            grid_dim: (m.div_ceil(32) as u32, 1, 1),
+            block_dim: (32, 32, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: (const T*, float*, int, int, float); sizes checked; the kernel's 32 x 32
+        // block shape is the one given here.
+        unsafe { b.launch(grid) }?;
+        Ok(())
+    }
+
+    /// `y += x`, `n` f32 values.
+    pub fn axpy(&self, y: View<'_>, x: View<'_>, n: usize) -> Result<()> {
+        y.require(n * 4, "axpy y")?;
+        x.require(n * 4, "axpy x")?;
+        let f = self.module.function("axpy_f32")?;
+        let (py, px, nn) = (y.addr(), x.addr(), long(n));
+        let mut b = self.stream.raw().launch_builder(f);
+        b.arg(&py).arg(&px).arg(&nn);
+        // SAFETY: (float*, const float*, long); sizes checked.
+        unsafe { b.launch(config(n)) }?;
+        Ok(())
+    }
+
+    /// Marks `state` when any of `n` f32 gradients is inf or NaN.
+    pub fn check_finite(&self, grads: View<'_>, n: usize, state: View<'_>) -> Result<()> {
+        grads.require(n * 4, "check_finite grads")?;
+        state.require(STATE_BYTES, "check_finite state")?;
+        let f = self.module.function("check_finite")?;
+        let (pg, nn, ps) = (grads.addr(), long(n), state.addr());
+        let mut b = self.stream.raw().launch_builder(f);
+        b.arg(&pg).arg(&nn).arg(&ps);
+        // SAFETY: (const float*, long, State*); sizes checked.
+        unsafe { b.launch(config(n)) }?;
+        Ok(())
+    }
+
+    /// One Adam/AdamW update of `n` parameters (skipped when the state says the gradients
+    /// overflowed); `half` receives the new weights in `dtype` when given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn adam(
+        &self,
+        (p, g, m, v): (View<'_>, View<'_>, View<'_>, View<'_>),
+        half: Option<View<'_>>,
+        dtype: DType,
+        n: usize,
+        state: View<'_>,
+        args: AdamArgs,
+        scaled: bool,
+    ) -> Result<()> {
+        for (x, what) in [(p, "adam p"), (g, "adam g"), (m, "adam m"), (v, "adam v")] {
+            x.require(n * 4, what)?;
+        }
+        if let Some(h) = half {
+            h.require(n * dtype.size_bytes(), "adam half")?;
+        }
+        state.require(STATE_BYTES, "adam state")?;
+        let f = self.typed("adam", dtype)?;
+        let ptrs = [
+            p.addr(),
+            g.addr(),
+            m.addr(),
+            v.addr(),
+            half.map_or(0, |h| h.addr()),
+        ];
+        let (nn, ps) = (long(n), state.addr());
+        let (b1c, b2, b2c) = (
+            (1.0 - args.beta1) as f32,
+            args.beta2 as f32,
+            (1.0 - args.beta2) as f32,
+        );
+        let (adamw, sc) = (i32::from(args.adamw), i32::from(scaled));
+        let mut b = self.stream.raw().launch_builder(f);
+        for x in &ptrs {
+            b.arg(x);
+        }
+        b.arg(&nn)
+            .arg(&ps)
+            .arg(&args.weight_decay)
+            .arg(&args.decay)
+            .arg(&b1c)
+            .arg(&b2)
+            .arg(&b2c)
+            .arg(&args.eps)
+            .arg(&adamw)
+            .arg(&sc);
+        // SAFETY: (float* x4, T* or null, long, const State*, float x6, int, int) as declared;
+        // sizes checked.
+        unsafe { b.launch(config(n)) }?;
+        Ok(())
+    }
+
+    /// One SGD update (momentum buffer `m` when given).
+    #[allow(clippy::too_many_arguments)]
+    pub fn sgd(
+        &self,
+        (p, g, m): (View<'_>, View<'_>, Option<View<'_>>),
+        half: Option<View<'_>>,
+        dtype: DType,
+        n: usize,
+        state: View<'_>,
+        (lr, wd, momentum): (f32, f32, f32),
+        scaled: bool,
+    ) -> Result<()> {
+        p.require(n * 4, "sgd p")?;
+        g.require(n * 4, "sgd g")?;
+        if let Some(m) = m {
+            m.require(n * 4, "sgd m")?;
+        }
+        if let Some(h) = half {
+            h.require(n * dtype.size_bytes(), "sgd half")?;
+        }
+        state.require(STATE_BYTES, "sgd state")?;
+        let f = self.typed("sgd", dtype)?;
+        let ptrs = [
+            p.addr(),
+            g.addr(),
+            m.map_or(0, |m| m.addr()),
+            half.map_or(0, |h| h.addr()),
+        ];
+        let (nn, ps, sc) = (long(n), state.addr(), i32::from(scaled));
+        let mut b = self.stream.raw().launch_builder(f);
+        for x in &ptrs {
+            b.arg(x);
+        }
+        b.arg(&nn)
+            .arg(&ps)
+            .arg(&lr)
+            .arg(&wd)
+            .arg(&momentum)
+            .arg(&sc);
+        // SAFETY: (float*, const float*, float* or null, T* or null, long, const State*,
+        // float x3, int); sizes checked.
+        unsafe { b.launch(config(n)) }?;
+        Ok(())
+    }
+
+    /// Counts the update (or its skip), moves the loss scale (halved on overflow, doubled
+    /// after `growth_interval` clean updates) and prepares Adam's next bias corrections.
+    pub fn advance(
+        &self,
+        state: View<'_>,
+        scaled: bool,
+        (lr, beta1, beta2): (f64, f64, f64),
+        growth_interval: u32,
+    ) -> Result<()> {
+        state.require(STATE_BYTES, "advance state")?;
+        let f = self.module.function("advance")?;
+        let (ps, sc, gi) = (state.addr(), i32::from(scaled), growth_interval as i32);
+        let mut b = self.stream.raw().launch_builder(f);
+        b.arg(&ps)
+            .arg(&sc)
+            .arg(&lr)
+            .arg(&beta1)
+            .arg(&beta2)
+            .arg(&gi);
+        // SAFETY: (State*, int, double x3, int); size checked; one thread.
+        unsafe { b.launch(LaunchConfig::for_num_elems(1)) }?;
+        Ok(())
+    }
+}

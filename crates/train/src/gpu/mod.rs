@@ -1,0 +1,821 @@
+//! The training loop on the GPU: linear layers through cuBLASLt with their bias and ReLU fused
+//! into the forward product and ReLU's and the bias's gradients into the backward products,
+//! the losses, optimizers and loss scaler as gpukit's own kernels over one flat parameter
+//! buffer (one launch updates every parameter), fp32 / tf32 / fp16 / bf16, four loaders, and
+//! whole epochs captured as CUDA graphs.
+//!
+//! The layout: row-major tensors as PyTorch keeps them (x [batch, in], W [out, in], y [batch,
+//! out]); cuBLASLt sees the same bytes column-major, so a layer is `y' (out x batch) = W'^T x'`
+//! with W' = W^T stored in x out. Backward: `dW' (in x out) = x' dy'^T` (fp32, straight into
+//! the gradients) and `dx' (in x batch) = W' dy'`, masked by the previous layer's ReLU bits.
+//!
+//! Mixed precision as PyTorch's autocast does it: fp32 master weights, a copy in the compute
+//! type written by the optimizer itself (no separate cast pass), products accumulated in
+//! fp32, losses computed in fp32; fp16 adds GradScaler's dynamic loss scale, kept on the device
+//! so steps with inf/NaN gradients are skipped without a host round trip.
+//!
+//! Reproducible: one algorithm a shape (the heuristic's first), reductions in a fixed order,
+//! so the same run gives the same bits and N steps + M resumed steps equal N + M steps.
+
+pub mod feed;
+mod step;
+
+use crate::data::{Dataset, Targets};
+use crate::error::{Error, Result};
+use crate::model::Mlp;
+use crate::optim::{Optimizer, OptimizerKind, BETA1, BETA2};
+use crate::run::{MemoryUse, TrainConfig};
+use feed::{target_width, Loader};
+use gpukit_cuda::blas::Blas;
+use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::lt::{mask_bytes, Epilogue, LtMatmul, MatmulSpec};
+use gpukit_cuda::trainkit::{StepState, TrainKernels, STATE_BYTES};
+use gpukit_cuda::{DeviceBuffer, Gpu, Graph};
+use gpukit_types::DType;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The arithmetic of a GPU run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Precision {
+    Fp32,
+    Tf32,
+    Fp16,
+    Bf16,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 4] = [
+        Precision::Fp32,
+        Precision::Tf32,
+        Precision::Fp16,
+        Precision::Bf16,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Tf32 => "tf32",
+            Precision::Fp16 => "fp16",
+            Precision::Bf16 => "bf16",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Precision> {
+        Precision::ALL.into_iter().find(|p| p.name() == s.trim())
+    }
+
+    /// The products' input type (and arithmetic).
+    fn inputs(self) -> DType {
+        match self {
+            Precision::Fp32 => DType::F32,
+            Precision::Tf32 => DType::Tf32,
+            Precision::Fp16 => DType::F16,
+            Precision::Bf16 => DType::Bf16,
+        }
+    }
+
+    /// Storage type of activations and their gradients.
+    fn storage(self) -> DType {
+        self.inputs().storage()
+    }
+
+    fn half(self) -> bool {
+        matches!(self, Precision::Fp16 | Precision::Bf16)
+    }
+
+    /// fp16 needs the loss scaler (bf16 has fp32's range).
+    pub fn scaled(self) -> bool {
+        self == Precision::Fp16
+    }
+}
+
+/// GradScaler's starting scale and growth interval.
+pub const INITIAL_SCALE: f64 = 65536.0;
+pub const GROWTH_INTERVAL: u32 = 2000;
+
+/// How a GPU run is carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuOptions {
+    pub precision: Precision,
+    /// None: resident when the data set takes under a quarter of the free memory, else
+    /// prefetch.
+    pub loader: Option<Loader>,
+    /// Capture each epoch's steps once as a CUDA graph and replay it (None: when the data is
+    /// resident, which a graph needs).
+    pub graph: Option<bool>,
+    /// Let cuBLASLt fuse bias, ReLU and their gradients (false: gpukit's kernels run them
+    /// after plain products, the path taken where cuBLASLt cannot fuse; tests compare both).
+    pub fuse: bool,
+}
+
+impl GpuOptions {
+    pub fn new(precision: Precision) -> GpuOptions {
+        GpuOptions {
+            precision,
+            loader: None,
+            graph: None,
+            fuse: true,
+        }
+    }
+}
+
+/// What a GPU run did beyond the CPU's figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuDetails {
+    pub precision: Precision,
+    pub loader: Loader,
+    pub graph: bool,
+    /// Whether cuBLASLt fused every bias, ReLU and their gradients (else gpukit's kernels ran
+    /// some of them after plain products: `epilogues` says which).
+    pub fused_epilogues: bool,
+    /// Each layer's epilogues, in words.
+    #[serde(default)]
+    pub epilogues: Vec<String>,
+    /// The loss scale at the end and clean updates since it last changed (fp16).
+    pub scaler: Option<(f64, u64)>,
+    /// Updates skipped because their gradients held inf or NaN (fp16).
+    pub skipped_updates: u64,
+    /// Seconds spent before the loop: kernels loaded, products planned, data uploaded.
+    pub setup_seconds: f64,
+    /// Peak bytes the device's memory pool held for live buffers during the run.
+    pub pool_peak_bytes: u64,
+    /// The device's name.
+    pub device_name: String,
+}
+
+/// Offsets (in elements) of each layer's weight and bias in the flat parameter buffer,
+/// aligned to 128 elements so every tensor starts 256-byte aligned in f32 and in 16-bit
+/// copies (cuBLASLt's kernels assume it).
+#[derive(Debug, Clone)]
+struct Layout {
+    widths: Vec<usize>,
+    offsets: Vec<(usize, usize)>,
+    total: usize,
+}
+
+const ALIGN: usize = 128;
+
+impl Layout {
+    fn new(widths: &[usize]) -> Layout {
+        let mut offsets = Vec::new();
+        let mut at = 0;
+        for w in widths.windows(2) {
+            let wo = at;
+            at = (wo + w[0] * w[1]).next_multiple_of(ALIGN);
+            let bo = at;
+            at = (bo + w[1]).next_multiple_of(ALIGN);
+            offsets.push((wo, bo));
+        }
+        Layout {
+            widths: widths.to_vec(),
+            offsets,
+            total: at.max(ALIGN),
+        }
+    }
+
+    fn layers(&self) -> usize {
+        self.offsets.len()
+    }
+
+    fn io(&self, l: usize) -> (usize, usize) {
+        (self.widths[l], self.widths[l + 1])
+    }
+
+    /// The model as one flat f32 vector.
+    fn pack(&self, model: &Mlp<f32>) -> Vec<f32> {
+        let mut flat = vec![0f32; self.total];
+        for (l, (wo, bo)) in self.offsets.iter().enumerate() {
+            let layer = &model.layers[l];
+            flat[*wo..wo + layer.weight.len()].copy_from_slice(&layer.weight);
+            flat[*bo..bo + layer.bias.len()].copy_from_slice(&layer.bias);
+        }
+        flat
+    }
+
+    /// Per-tensor vectors in [`Mlp::named`] order from a flat vector.
+    fn unpack(&self, flat: &[f32]) -> Vec<Vec<f32>> {
+        let mut out = Vec::new();
+        for (l, (wo, bo)) in self.offsets.iter().enumerate() {
+            let (i, o) = self.io(l);
+            out.push(flat[*wo..wo + i * o].to_vec());
+            out.push(flat[*bo..bo + o].to_vec());
+        }
+        out
+    }
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn bytes(v: &[f32]) -> &[u8] {
+    gpukit_tensor::codec::bytes_of(v)
+}
+
+/// How a layer's input-gradient product applies the previous layer's ReLU and bias gradient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum InputEpilogue {
+    /// cuBLASLt masks by the forward's ReLU bits and sums the bias gradient.
+    DreluBgrad,
+    /// cuBLASLt masks; gpukit's kernel sums the bias gradient.
+    Drelu,
+    /// gpukit's kernels do both.
+    #[default]
+    Plain,
+}
+
+/// Which of a layer's epilogues cuBLASLt fuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Fusion {
+    /// Forward bias (+ReLU, with its bits) fused, the bias in this type; None: gpukit's kernel.
+    forward: Option<DType>,
+    /// The same for evaluation (no bits kept).
+    eval: Option<DType>,
+    /// The last layer's bias gradient taken in its weight-gradient product.
+    bgrad_b: bool,
+    /// This layer's input-gradient product (layers after the first).
+    input: InputEpilogue,
+}
+
+/// What kind of product a plan is for (part of its key with the layer and the rows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Op {
+    Forward,
+    ForwardEval,
+    WeightGrad,
+    InputGrad,
+}
+
+/// A product's plan is for a layer, a kind of product and a batch size.
+type PlanKey = (usize, Op, usize);
+
+/// A GPU trainer: buffers, plans and graphs for one model shape, data set and settings;
+/// [`GpuTrainer::run`] may be called again after [`GpuTrainer::load`] (repeated timings reuse
+/// the plans and graphs, as a warmed-up PyTorch reuses its own).
+pub struct GpuTrainer {
+    gpu: Arc<Gpu>,
+    blas: Blas,
+    k: TrainKernels,
+    cfg: TrainConfig,
+    opts: GpuOptions,
+    loader: Loader,
+    layout: Layout,
+    fusion: Vec<Fusion>,
+    params: DeviceBuffer,
+    grads: DeviceBuffer,
+    m: Option<DeviceBuffer>,
+    v: Option<DeviceBuffer>,
+    half: Option<DeviceBuffer>,
+    bias_scratch: Vec<DeviceBuffer>,
+    state: DeviceBuffer,
+    x_in: DeviceBuffer,
+    /// The batch's targets when gathered on the device (resident data, evaluation).
+    tgt: DeviceBuffer,
+    /// The copy stream of the prefetch loader.
+    copies: Option<gpukit_cuda::Stream>,
+    /// f32 batches as copied from the host (two slots for prefetch; none when resident).
+    stage: Vec<DeviceBuffer>,
+    /// Layer outputs: every layer's own buffer, or with checkpointing only the kept layers'
+    /// (each segment's last and the model's output) plus one a position in a segment that
+    /// recomputed outputs share; `act_of[l]` is layer l's index here.
+    acts: Vec<DeviceBuffer>,
+    act_of: Vec<usize>,
+    /// Layers a checkpointed segment spans (None: every output kept).
+    segment: Option<usize>,
+    masks: Vec<Option<DeviceBuffer>>,
+    dz: [DeviceBuffer; 2],
+    losses: DeviceBuffer,
+    correct: DeviceBuffer,
+    train: Arc<Dataset>,
+    resident: Option<(DeviceBuffer, DeviceBuffer, DeviceBuffer)>,
+    eval: Option<(Dataset, DeviceBuffer, DeviceBuffer, DeviceBuffer)>,
+    plans: HashMap<PlanKey, LtMatmul>,
+    graphs: HashMap<(u64, u64), Graph>,
+    setup_seconds: f64,
+    memory: MemoryUse,
+}
+
+/// The first layer's input comes from here.
+#[derive(Clone, Copy)]
+enum Input {
+    /// gathered from the resident data by the epoch's order
+    Resident { first_row: usize },
+    /// already in x_in (f32 precision) or in staging slot `slot` (cast into x_in)
+    Staged { slot: usize },
+}
+
+impl GpuTrainer {
+    /// Opens everything a run needs: kernels, device buffers (the data set too when resident),
+    /// and the products' plans for the full and the last partial batch.
+    pub fn new(
+        discovery: &Discovery,
+        gpu: Arc<Gpu>,
+        cfg: &TrainConfig,
+        opts: GpuOptions,
+        train: Dataset,
+        eval: Option<Dataset>,
+    ) -> Result<GpuTrainer> {
+        cfg.check()?;
+        cfg.check_data(&train)?;
+        let started = Instant::now();
+        let layout = Layout::new(&cfg.widths);
+        let (free, _) = gpu.mem_info()?;
+        let data_bytes = train.x.len() * 4 + train.len() * target_width(&train) * 4;
+        let loader = opts.loader.unwrap_or(if (data_bytes as u64) < free / 4 {
+            Loader::Resident
+        } else {
+            Loader::Prefetch
+        });
+        let mut opts = opts;
+        let graph = opts.graph.unwrap_or(loader == Loader::Resident);
+        opts.graph = Some(graph);
+        if graph && loader != Loader::Resident {
+            return Err(Error::Setting(format!(
+                "--graph replays whole epochs with the data on the GPU: use --loader resident \
+                 (the {} loader copies each batch from the host, which a graph cannot replay)",
+                loader.name()
+            )));
+        }
+        let blas = Blas::new(discovery, &gpu)?;
+        let k = TrainKernels::new(discovery, &gpu)?;
+        gpu.reset_pool_peaks()?;
+        let p = opts.precision;
+        let st = p.storage().size_bytes();
+        let eval_len = eval.as_ref().map_or(0, Dataset::len);
+        let rows = cfg.batch_size.min(train.len().max(eval_len)).max(1);
+        let f = train.features;
+        let tw = target_width(&train);
+        let per_epoch = train.len().div_ceil(cfg.batch_size);
+        let n_layers = layout.layers();
+        let total = layout.total;
+        let uses_m = cfg.optimizer.kind != OptimizerKind::Sgd || cfg.optimizer.momentum != 0.0;
+        let uses_v = cfg.optimizer.kind != OptimizerKind::Sgd;
+        let alloc = |n: usize| gpu.alloc(n.max(4));
+        let params = alloc(total * 4)?;
+        let grads = alloc(total * 4)?;
+        let m = uses_m.then(|| alloc(total * 4)).transpose()?;
+        let v = uses_v.then(|| alloc(total * 4)).transpose()?;
+        let half = p.half().then(|| alloc(total * st)).transpose()?;
+        let bias_scratch = if cfg.accumulate > 1 {
+            (0..n_layers)
+                .map(|l| alloc(layout.io(l).1 * 4))
+                .collect::<gpukit_cuda::Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
+        let state = alloc(STATE_BYTES)?;
+        let x_in = alloc(rows * f * st)?;
+        let tgt = alloc(rows * tw * 4)?;
+        let copies = (loader == Loader::Prefetch)
+            .then(|| gpu.new_stream())
+            .transpose()?;
+        let stage_bytes = rows * (f + tw) * 4;
+        let stage = match loader {
+            Loader::Resident => Vec::new(),
+            Loader::Prefetch => vec![alloc(stage_bytes)?, alloc(stage_bytes)?],
+            Loader::Plain | Loader::Pinned => vec![alloc(stage_bytes)?],
+        };
+        let widest = cfg.widths.iter().copied().max().unwrap_or(1);
+        let segment = cfg.checkpoint_activations.then(|| cfg.segment());
+        let kept = |l: usize| segment.is_none_or(|s| (l + 1) % s == 0 || l + 1 == n_layers);
+        let mut acts = Vec::new();
+        let mut act_of = Vec::new();
+        // recomputed outputs share one buffer a position in the segment (as wide as the widest)
+        let mut shared: HashMap<usize, usize> = HashMap::new();
+        let mut masks = Vec::new();
+        let mut all_kept = 0;
+        for l in 0..n_layers {
+            let out = layout.io(l).1;
+            all_kept += rows * out * st;
+            if kept(l) {
+                act_of.push(acts.len());
+                acts.push(alloc(rows * out * st)?);
+            } else {
+                let position = l % segment.unwrap_or(1);
+                let at = match shared.get(&position) {
+                    Some(&at) => at,
+                    None => {
+                        acts.push(alloc(rows * widest * st)?);
+                        shared.insert(position, acts.len() - 1);
+                        acts.len() - 1
+                    }
+                };
+                act_of.push(at);
+            }
+            let hidden = l + 1 < n_layers;
+            // the ReLU bits (one bit an element) stay for every layer
+            masks.push(hidden.then(|| alloc(mask_bytes(out, rows))).transpose()?);
+        }
+        let dz = [alloc(rows * widest * st)?, alloc(rows * widest * st)?];
+        let eval_batches = eval
+            .as_ref()
+            .map_or(0, |e| e.len().div_ceil(cfg.batch_size));
+        let slots = per_epoch.max(eval_batches).max(1);
+        let losses = alloc(slots * 8)?;
+        let correct = alloc(slots * 4)?;
+        let upload_targets = |d: &Dataset| -> gpukit_cuda::Result<DeviceBuffer> {
+            match &d.y {
+                Targets::Values { data, .. } => gpu.upload(bytes(data)),
+                Targets::Classes { data, .. } => {
+                    gpu.upload(gpukit_tensor::codec::bytes_of(data.as_slice()))
+                }
+            }
+        };
+        let resident = if loader == Loader::Resident {
+            Some((
+                gpu.upload(bytes(&train.x))?,
+                upload_targets(&train)?,
+                alloc(train.len() * 4)?,
+            ))
+        } else {
+            None
+        };
+        let eval = match eval {
+            Some(e) => {
+                let order: Vec<u32> = (0..e.len() as u32).collect();
+                let x = gpu.upload(bytes(&e.x))?;
+                let y = upload_targets(&e)?;
+                let idx = gpu.upload(gpukit_tensor::codec::bytes_of(order.as_slice()))?;
+                Some((e, x, y, idx))
+            }
+            None => None,
+        };
+        let f32b = |n: usize| n * 4;
+        let mask_bytes_all = masks.iter().flatten().map(DeviceBuffer::len).sum::<usize>();
+        let act_bytes: usize =
+            acts.iter().map(DeviceBuffer::len).sum::<usize>() + mask_bytes_all + x_in.len();
+        let all_kept = all_kept + mask_bytes_all + x_in.len();
+        let memory = MemoryUse {
+            weights: f32b(total) + half.as_ref().map_or(0, DeviceBuffer::len),
+            gradients: f32b(total) + bias_scratch.iter().map(DeviceBuffer::len).sum::<usize>(),
+            optimizer_state: m.as_ref().map_or(0, DeviceBuffer::len)
+                + v.as_ref().map_or(0, DeviceBuffer::len),
+            activations: act_bytes,
+            workspace: tgt.len()
+                + dz[0].len()
+                + dz[1].len()
+                + stage.iter().map(DeviceBuffer::len).sum::<usize>()
+                + gpukit_cuda::blas::WORKSPACE_BYTES
+                + losses.len()
+                + correct.len()
+                + state.len(),
+            activations_all_kept: all_kept,
+            data: resident
+                .as_ref()
+                .map_or(0, |(x, y, i)| x.len() + y.len() + i.len())
+                + eval
+                    .as_ref()
+                    .map_or(0, |(_, x, y, i)| x.len() + y.len() + i.len()),
+            pool_peak: None,
+        };
+        let mut trainer = GpuTrainer {
+            gpu,
+            blas,
+            k,
+            cfg: cfg.clone(),
+            opts,
+            loader,
+            layout,
+            fusion: Vec::new(),
+            params,
+            grads,
+            m,
+            v,
+            half,
+            bias_scratch,
+            state,
+            x_in,
+            tgt,
+            copies,
+            stage,
+            acts,
+            act_of,
+            segment,
+            masks,
+            dz,
+            losses,
+            correct,
+            train: Arc::new(train),
+            resident,
+            eval,
+            plans: HashMap::new(),
+            graphs: HashMap::new(),
+            setup_seconds: 0.0,
+            memory,
+        };
+        trainer.plan_all()?;
+        trainer.setup_seconds = started.elapsed().as_secs_f64();
+        Ok(trainer)
+    }
+
+    /// The batch sizes a run meets: the full one and the last, partial one of an epoch (and
+    /// of the evaluation).
+    fn row_counts(&self) -> Vec<usize> {
+        let b = self.cfg.batch_size;
+        let mut rows = vec![b.min(self.train.len())];
+        let tail = self.train.len() % b;
+        if tail != 0 {
+            rows.push(tail);
+        }
+        if let Some((e, ..)) = &self.eval {
+            rows.push(b.min(e.len()));
+            if e.len() % b != 0 {
+                rows.push(e.len() % b);
+            }
+        }
+        rows.sort_unstable();
+        rows.dedup();
+        rows
+    }
+
+    fn spec(&self, l: usize, op: Op, rows: usize, epilogue: Epilogue, bias: DType) -> MatmulSpec {
+        let (i, o) = self.layout.io(l);
+        let p = self.opts.precision;
+        let (m, n, k, ta, tb, out) = match op {
+            Op::Forward | Op::ForwardEval => (o, rows, i, true, false, p.storage()),
+            Op::WeightGrad => (i, o, rows, false, true, DType::F32),
+            Op::InputGrad => (i, rows, o, false, false, p.storage()),
+        };
+        MatmulSpec {
+            m,
+            n,
+            k,
+            trans_a: ta,
+            trans_b: tb,
+            inputs: p.inputs(),
+            output: out,
+            epilogue,
+            bias_type: bias,
+        }
+    }
+
+    /// The plans of one product of layer `l` for every batch size, or None when cuBLASLt has
+    /// no algorithm for one of them.
+    fn plans_for(
+        &self,
+        l: usize,
+        op: Op,
+        epilogue: Epilogue,
+        bias: DType,
+    ) -> Result<Option<Vec<(PlanKey, LtMatmul)>>> {
+        let mut out = Vec::new();
+        for rows in self.row_counts() {
+            match self
+                .blas
+                .lt_matmul(self.spec(l, op, rows, epilogue, bias))?
+            {
+                Some(plan) => out.push(((l, op, rows), plan)),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Chooses each layer's epilogues, fused where cuBLASLt can (for every batch size), and
+    /// builds every product's plan. The forward's bias is f32 where cuBLASLt takes it with
+    /// 16-bit outputs, else the weights' 16-bit copy (as autocast does); a backward that needs
+    /// the forward's ReLU bits uses them only where the forward fused.
+    fn plan_all(&mut self) -> Result<()> {
+        let st = self.opts.precision.storage();
+        let fuse = self.opts.fuse;
+        let mut bias_types = vec![DType::F32];
+        if st != DType::F32 {
+            bias_types.push(st);
+        }
+        let layers = self.layout.layers();
+        let mut fusion: Vec<Fusion> = Vec::new();
+        let mut plans = HashMap::new();
+        for l in 0..layers {
+            let hidden = l + 1 < layers;
+            let mut f = Fusion::default();
+            for (op, fused_epi) in [
+                (
+                    Op::Forward,
+                    if hidden {
+                        Epilogue::ReluAuxBias
+                    } else {
+                        Epilogue::Bias
+                    },
+                ),
+                (
+                    Op::ForwardEval,
+                    if hidden {
+                        Epilogue::ReluBias
+                    } else {
+                        Epilogue::Bias
+                    },
+                ),
+            ] {
+                let mut chosen = None;
+                if fuse {
+                    for &bt in &bias_types {
+                        if let Some(ps) = self.plans_for(l, op, fused_epi, bt)? {
+                            plans.extend(ps);
+                            chosen = Some(bt);
+                            break;
+                        }
+                    }
+                }
+                if chosen.is_none() {
+                    let ps = self.plans_for(l, op, Epilogue::None, DType::F32)?;
+                    plans.extend(ps.ok_or_else(|| self.no_algorithm(l, op))?);
+                }
+                match op {
+                    Op::Forward => f.forward = chosen,
+                    _ => f.eval = chosen,
+                }
+            }
+            let bgrad = if fuse && !hidden {
+                self.plans_for(l, Op::WeightGrad, Epilogue::BgradB, DType::F32)?
+            } else {
+                None
+            };
+            f.bgrad_b = bgrad.is_some();
+            match bgrad {
+                Some(ps) => plans.extend(ps),
+                None => plans.extend(
+                    self.plans_for(l, Op::WeightGrad, Epilogue::None, DType::F32)?
+                        .ok_or_else(|| self.no_algorithm(l, Op::WeightGrad))?,
+                ),
+            }
+            if l > 0 {
+                let mask = fusion.get(l - 1).is_some_and(|p| p.forward.is_some());
+                let mut input = InputEpilogue::Plain;
+                if fuse && mask {
+                    for (epi, kind) in [
+                        (Epilogue::DreluBgrad, InputEpilogue::DreluBgrad),
+                        (Epilogue::Drelu, InputEpilogue::Drelu),
+                    ] {
+                        if let Some(ps) = self.plans_for(l, Op::InputGrad, epi, DType::F32)? {
+                            plans.extend(ps);
+                            input = kind;
+                            break;
+                        }
+                    }
+                }
+                if input == InputEpilogue::Plain {
+                    plans.extend(
+                        self.plans_for(l, Op::InputGrad, Epilogue::None, DType::F32)?
+                            .ok_or_else(|| self.no_algorithm(l, Op::InputGrad))?,
+                    );
+                }
+                f.input = input;
+            }
+            gpukit_cuda::trace::note(|| format!("train: layer {l} epilogues {f:?}"));
+            fusion.push(f);
+        }
+        self.plans = plans;
+        self.fusion = fusion;
+        Ok(())
+    }
+
+    fn no_algorithm(&self, l: usize, op: Op) -> Error {
+        Error::Failed(format!(
+            "cuBLASLt has no algorithm for layer {l}'s {op:?} product in {}",
+            self.opts.precision.name()
+        ))
+    }
+
+    /// Whether every epilogue ran fused in cuBLASLt.
+    fn all_fused(&self) -> bool {
+        let layers = self.fusion.len();
+        self.fusion.iter().enumerate().all(|(l, f)| {
+            f.forward.is_some()
+                && f.eval.is_some()
+                && (l + 1 < layers || f.bgrad_b)
+                && (l == 0 || f.input == InputEpilogue::DreluBgrad)
+        })
+    }
+
+    /// Each layer's epilogues, in words.
+    fn epilogue_notes(&self) -> Vec<String> {
+        let layers = self.fusion.len();
+        (0..layers)
+            .map(|l| {
+                let f = self.fusion[l];
+                let act = if l + 1 < layers { "+ReLU" } else { "" };
+                let fwd = match f.forward {
+                    Some(t) => format!("bias{act} fused (bias {t})"),
+                    None => format!("bias{act} by gpukit's kernel"),
+                };
+                // a hidden layer's gradients go through the next layer's input product
+                let back = if l + 1 == layers {
+                    if f.bgrad_b {
+                        "bias gradient fused"
+                    } else {
+                        "bias gradient by gpukit's kernel"
+                    }
+                } else {
+                    match self.fusion[l + 1].input {
+                        InputEpilogue::DreluBgrad => "ReLU and bias gradients fused",
+                        InputEpilogue::Drelu => {
+                            "ReLU gradient fused, bias gradient by gpukit's kernel"
+                        }
+                        InputEpilogue::Plain => "ReLU and bias gradients by gpukit's kernels",
+                    }
+                };
+                format!("layer {l}: forward {fwd}; backward {back}")
+            })
+            .collect()
+    }
+
+    /// The loader the run uses.
+    pub fn loader(&self) -> Loader {
+        self.loader
+    }
+
+    /// Puts the model, the optimizer's state and the scaler's on the device.
+    pub fn load(
+        &mut self,
+        model: &Mlp<f32>,
+        opt: &Optimizer<f32>,
+        scaler: Option<(f64, u64)>,
+    ) -> Result<()> {
+        let g = &self.gpu;
+        let flat = self.layout.pack(model);
+        g.upload_into(self.params.view(), bytes(&flat))?;
+        for (buf, saved) in [(&self.m, &opt.m), (&self.v, &opt.v)] {
+            if let Some(buf) = buf {
+                if saved.is_empty() {
+                    g.fill(buf.view(), 0)?;
+                } else {
+                    let mut flat = vec![0f32; self.layout.total];
+                    let mut parts = saved.iter();
+                    for (wo, bo) in &self.layout.offsets {
+                        for at in [*wo, *bo] {
+                            let part = parts.next().ok_or_else(|| {
+                                Error::Failed("the optimizer state has too few tensors".into())
+                            })?;
+                            flat[at..at + part.len()].copy_from_slice(part);
+                        }
+                    }
+                    g.upload_into(buf.view(), bytes(&flat))?;
+                }
+            }
+        }
+        g.fill(self.grads.view(), 0)?;
+        if let Some(h) = &self.half {
+            self.k.cast(
+                self.params.view(),
+                h.view(),
+                self.opts.precision.storage(),
+                self.layout.total,
+            )?;
+        }
+        let (scale, growth) = match (self.opts.precision.scaled(), scaler) {
+            (true, Some(s)) => s,
+            (true, None) => (INITIAL_SCALE, 0),
+            (false, _) => (1.0, 0),
+        };
+        let t = (opt.step + 1) as f64;
+        let st = StepState {
+            scale: scale as f32,
+            step_size: (opt.config.lr / (1.0 - BETA1.powf(t))) as f32,
+            bc2_sqrt: (1.0 - BETA2.powf(t)).sqrt() as f32,
+            found_inf: false,
+            step: u32::try_from(opt.step)
+                .map_err(|_| Error::Failed("more than 2^32 updates".into()))?,
+            growth: growth as u32,
+            skipped: 0,
+        };
+        g.upload_into(self.state.view(), &st.to_bytes())?;
+        g.synchronize()?;
+        Ok(())
+    }
+
+    /// Reads the model, the optimizer's state and the scaler's back.
+    pub fn store(&self, model: &mut Mlp<f32>, opt: &mut Optimizer<f32>) -> Result<StepState> {
+        let g = &self.gpu;
+        let st = StepState::from_bytes(&g.download(&self.state)?)?;
+        let flat = f32s(&g.download(&self.params)?);
+        for (l, mut tensors) in self
+            .layout
+            .unpack(&flat)
+            .chunks(2)
+            .map(|c| c.to_vec())
+            .enumerate()
+        {
+            let layer = &mut model.layers[l];
+            layer.bias = tensors.pop().unwrap_or_default();
+            layer.weight = tensors.pop().unwrap_or_default();
+        }
+        opt.step = u64::from(st.step);
+        let stepped = st.step > 0;
+        opt.m = match (&self.m, stepped) {
+            (Some(b), true) => self.layout.unpack(&f32s(&g.download(b)?)),
+            _ => Vec::new(),
+        };
+        opt.v = match (&self.v, stepped) {
+            (Some(b), true) => self.layout.unpack(&f32s(&g.download(b)?)),
+            _ => Vec::new(),
+        };
+        Ok(st)
+    }
+}

@@ -1,0 +1,671 @@
+//! What a [`GpuTrainer`] enqueues: a batch's forward, loss and backward, an update, an epoch
+//! (replayed from a CUDA graph when asked), and the evaluation.
+
+use super::feed::{batch_bytes, copy_in, target_width, Loader, PinnedRing};
+use super::{GpuDetails, GpuTrainer, Input, InputEpilogue, Op, GROWTH_INTERVAL};
+use crate::checkpoint::Position;
+use crate::data::{batch_order, Targets};
+use crate::error::{Error, Result};
+use crate::loss::LossKind;
+use crate::optim::{OptimizerKind, BETA1, BETA2, EPS};
+use crate::run::{EpochStats, RunOutcome};
+use gpukit_cuda::trainkit::{AdamArgs, StepState};
+use gpukit_cuda::{DeviceBuffer, Event, View};
+use gpukit_types::DType;
+use std::time::Instant;
+
+/// One batch of an epoch as the loop runs it.
+#[derive(Debug, Clone, Copy)]
+struct Batch {
+    /// Its number in the epoch (its loss's slot).
+    index: usize,
+    /// Its first row in the epoch's order.
+    first_row: usize,
+    rows: usize,
+    /// The first batch of an update: its gradients overwrite, later ones add.
+    first_micro: bool,
+    /// An update follows it.
+    update: bool,
+}
+
+fn sub(buf: &DeviceBuffer, elem: usize, offset: usize, len: usize) -> Result<View<'_>> {
+    Ok(buf.view().sub(offset * elem, len * elem)?)
+}
+
+impl GpuTrainer {
+    /// The batches of epoch `pos.epoch` from `pos.batch` on, stopping at the step limit.
+    fn batches(&self, pos: &Position) -> Vec<Batch> {
+        let (n, bs) = (self.train.len(), self.cfg.batch_size);
+        let per_epoch = n.div_ceil(bs);
+        let (mut b, mut step, mut micro) = (pos.batch as usize, pos.step, 0usize);
+        let mut out = Vec::new();
+        while b < per_epoch && self.cfg.max_steps.is_none_or(|m| step < m) {
+            let first_row = b * bs;
+            let first_micro = micro == 0;
+            micro += 1;
+            let update = micro == self.cfg.accumulate || b + 1 == per_epoch;
+            if update {
+                step += 1;
+                micro = 0;
+            }
+            out.push(Batch {
+                index: b,
+                first_row,
+                rows: bs.min(n - first_row),
+                first_micro,
+                update,
+            });
+            b += 1;
+        }
+        out
+    }
+
+    /// Enqueues one batch: its input, forward, loss (into its slot), backward, and the update
+    /// when one follows.
+    fn enqueue(&self, input: Input, b: Batch) -> Result<()> {
+        let p = self.opts.precision;
+        let st = p.storage();
+        let es = st.size_bytes();
+        let f = self.train.features;
+        let tw = target_width(&self.train);
+        let rows = b.rows;
+        let layers = self.layout.layers();
+        // the first layer's input and the targets
+        let (x0, targets): (View<'_>, View<'_>) = match input {
+            Input::Resident { first_row } => {
+                let (x, y, idx) = self
+                    .resident
+                    .as_ref()
+                    .ok_or_else(|| Error::Failed("no resident data".into()))?;
+                let idx = idx.view().sub(first_row * 4, rows * 4)?;
+                self.k
+                    .gather_rows(x.view(), self.x_in.view(), idx, st, (rows, f))?;
+                self.gather_targets(y.view(), idx, rows, tw)?;
+                (self.x_in.view(), self.tgt.view())
+            }
+            Input::Staged { slot } => {
+                let stage = &self.stage[slot];
+                let x = stage.view().sub(0, rows * f * 4)?;
+                let y = stage.view().sub(rows * f * 4, rows * tw * 4)?;
+                if st == DType::F32 {
+                    (x, y)
+                } else {
+                    self.k.cast(x, self.x_in.view(), st, rows * f)?;
+                    (self.x_in.view(), y)
+                }
+            }
+        };
+        self.forward(x0, 0..layers, rows, Op::Forward)?;
+        // the loss and its gradient (times 1/accumulate and the loss scale) into dz[0]
+        let out = self.act(layers - 1);
+        let width = self.cfg.widths[layers];
+        let loss = self.losses.view().sub(b.index * 8, 8)?;
+        let mult = 1.0 / self.cfg.accumulate as f32;
+        let state = Some(self.state.view());
+        match self.cfg.loss {
+            LossKind::Mse => self.k.mse(
+                out,
+                targets,
+                Some(self.dz[0].view()),
+                st,
+                rows * width,
+                state,
+                mult,
+                loss,
+            )?,
+            LossKind::CrossEntropy => self.k.cross_entropy(
+                out,
+                targets,
+                Some(self.dz[0].view()),
+                st,
+                (rows, width),
+                state,
+                mult,
+                loss,
+                self.correct.view().sub(b.index * 4, 4)?,
+            )?,
+        }
+        // backward
+        let beta = if b.first_micro { 0.0 } else { 1.0 };
+        let weights = self.half.as_ref().unwrap_or(&self.params);
+        let wes = if self.half.is_some() { es } else { 4 };
+        let grads_bias = |l: usize| {
+            sub(
+                &self.grads,
+                4,
+                self.layout.offsets[l].1,
+                self.layout.io(l).1,
+            )
+        };
+        // a fused epilogue overwrites its bias gradient: straight into the gradients on an
+        // update's first batch, else into scratch, added after
+        let epilogue_bias = |l: usize| -> Result<View<'_>> {
+            if b.first_micro {
+                grads_bias(l)
+            } else {
+                Ok(self.bias_scratch[l].view())
+            }
+        };
+        let add_scratch = |l: usize| -> Result<()> {
+            if !b.first_micro {
+                let o = self.layout.io(l).1;
+                self.k
+                    .axpy(grads_bias(l)?, self.bias_scratch[l].view(), o)?;
+            }
+            Ok(())
+        };
+        let mut cur = 0;
+        for l in (0..layers).rev() {
+            // checkpointed: entering a segment from its end, recompute the outputs inside it
+            // from the kept output before it (the ReLU bits are rewritten with the same values)
+            if let Some(seg) = self.segment {
+                let first = l / seg * seg;
+                if l == (first + seg).min(layers) - 1 && l > first {
+                    let from = if first == 0 { x0 } else { self.act(first - 1) };
+                    self.forward(from, first..l, rows, Op::Forward)?;
+                }
+            }
+            let (i, o) = self.layout.io(l);
+            let (wo, _) = self.layout.offsets[l];
+            let hidden = l + 1 < layers;
+            let fusion = self.fusion[l];
+            let input = if l == 0 { x0 } else { self.act(l - 1) };
+            let dy = self.dz[cur].view();
+            let bgrad_b = !hidden && fusion.bgrad_b;
+            self.blas.run_lt(
+                self.plan(l, Op::WeightGrad, rows)?,
+                input,
+                dy,
+                sub(&self.grads, 4, wo, i * o)?,
+                beta,
+                bgrad_b.then(|| epilogue_bias(l)).transpose()?,
+                None,
+            )?;
+            if bgrad_b {
+                add_scratch(l)?;
+            } else if !hidden {
+                self.k.bias_grad(dy, grads_bias(l)?, st, (o, rows), beta)?;
+            }
+            if l > 0 {
+                let dx = self.dz[1 - cur].view();
+                let mask = self.masks[l - 1].as_ref().map(DeviceBuffer::view);
+                let (bias, mask) = match fusion.input {
+                    InputEpilogue::DreluBgrad => (Some(epilogue_bias(l - 1)?), mask),
+                    InputEpilogue::Drelu => (None, mask),
+                    InputEpilogue::Plain => (None, None),
+                };
+                self.blas.run_lt(
+                    self.plan(l, Op::InputGrad, rows)?,
+                    sub(weights, wes, wo, i * o)?,
+                    dy,
+                    dx,
+                    0.0,
+                    bias,
+                    mask,
+                )?;
+                match fusion.input {
+                    InputEpilogue::DreluBgrad => add_scratch(l - 1)?,
+                    InputEpilogue::Drelu => {
+                        self.k
+                            .bias_grad(dx, grads_bias(l - 1)?, st, (i, rows), beta)?
+                    }
+                    InputEpilogue::Plain => {
+                        self.k.relu_grad(dx, self.act(l - 1), st, rows * i)?;
+                        self.k
+                            .bias_grad(dx, grads_bias(l - 1)?, st, (i, rows), beta)?;
+                    }
+                }
+                cur = 1 - cur;
+            }
+        }
+        if b.update {
+            self.enqueue_update()?;
+        }
+        Ok(())
+    }
+
+    fn plan(&self, l: usize, op: Op, rows: usize) -> Result<&gpukit_cuda::lt::LtMatmul> {
+        self.plans.get(&(l, op, rows)).ok_or_else(|| {
+            Error::Failed(format!("no product planned for layer {l} {op:?} x{rows}"))
+        })
+    }
+
+    fn gather_targets(&self, y: View<'_>, idx: View<'_>, rows: usize, tw: usize) -> Result<()> {
+        match self.train.y {
+            Targets::Values { .. } => {
+                self.k
+                    .gather_rows(y, self.tgt.view(), idx, DType::F32, (rows, tw))?
+            }
+            Targets::Classes { .. } => self.k.gather_u32(y, self.tgt.view(), idx, (rows, 1))?,
+        }
+        Ok(())
+    }
+
+    /// Layer l's output buffer (shared by recomputed layers when checkpointing).
+    fn act(&self, l: usize) -> View<'_> {
+        self.acts[self.act_of[l]].view()
+    }
+
+    /// Layers `range` forward from `x0`, the first one's input (train: keeping ReLU masks;
+    /// eval: not).
+    fn forward(
+        &self,
+        x0: View<'_>,
+        range: std::ops::Range<usize>,
+        rows: usize,
+        op: Op,
+    ) -> Result<()> {
+        let st = self.opts.precision.storage();
+        let layers = self.layout.layers();
+        let weights = self.half.as_ref().unwrap_or(&self.params);
+        let wes = if self.half.is_some() {
+            st.size_bytes()
+        } else {
+            4
+        };
+        let first = range.start;
+        for l in range {
+            let (i, o) = self.layout.io(l);
+            let (wo, bo) = self.layout.offsets[l];
+            let hidden = l + 1 < layers;
+            let input = if l == first { x0 } else { self.act(l - 1) };
+            let fused = match op {
+                Op::Forward => self.fusion[l].forward,
+                _ => self.fusion[l].eval,
+            };
+            // the bias in the type the epilogue reads: f32, or the 16-bit copy
+            let bias = match fused {
+                Some(t) if t != DType::F32 => sub(weights, wes, bo, o)?,
+                _ => sub(&self.params, 4, bo, o)?,
+            };
+            let mask = if fused.is_some() && op == Op::Forward {
+                self.masks[l].as_ref().map(DeviceBuffer::view)
+            } else {
+                None
+            };
+            self.blas.run_lt(
+                self.plan(l, op, rows)?,
+                sub(weights, wes, wo, i * o)?,
+                input,
+                self.act(l),
+                0.0,
+                fused.map(|_| bias),
+                mask,
+            )?;
+            if fused.is_none() {
+                self.k.bias_act(
+                    self.act(l),
+                    sub(&self.params, 4, bo, o)?,
+                    st,
+                    (o, rows),
+                    hidden,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The update: the scaler's overflow check (fp16), the optimizer over every parameter in
+    /// one launch, then the step state advanced.
+    fn enqueue_update(&self) -> Result<()> {
+        let p = self.opts.precision;
+        let scaled = p.scaled();
+        let n = self.layout.total;
+        let c = self.cfg.optimizer;
+        let state = self.state.view();
+        if scaled {
+            self.k.check_finite(self.grads.view(), n, state)?;
+        }
+        let half = self.half.as_ref().map(DeviceBuffer::view);
+        let dtype = if half.is_some() {
+            p.storage()
+        } else {
+            DType::F32
+        };
+        match c.kind {
+            OptimizerKind::Sgd => self.k.sgd(
+                (
+                    self.params.view(),
+                    self.grads.view(),
+                    self.m.as_ref().map(DeviceBuffer::view),
+                ),
+                half,
+                dtype,
+                n,
+                state,
+                (c.lr as f32, c.weight_decay as f32, c.momentum as f32),
+                scaled,
+            )?,
+            OptimizerKind::Adam | OptimizerKind::AdamW => {
+                let (m, v) = match (&self.m, &self.v) {
+                    (Some(m), Some(v)) => (m.view(), v.view()),
+                    _ => return Err(Error::Failed("Adam without its moments".into())),
+                };
+                self.k.adam(
+                    (self.params.view(), self.grads.view(), m, v),
+                    half,
+                    dtype,
+                    n,
+                    state,
+                    AdamArgs {
+                        weight_decay: c.weight_decay as f32,
+                        decay: (1.0 - c.lr * c.weight_decay) as f32,
+                        beta1: BETA1,
+                        beta2: BETA2,
+                        eps: EPS as f32,
+                        adamw: c.kind == OptimizerKind::AdamW,
+                    },
+                    scaled,
+                )?
+            }
+        }
+        self.k
+            .advance(state, scaled, (c.lr, BETA1, BETA2), GROWTH_INTERVAL)?;
+        Ok(())
+    }
+
+    /// Runs the epoch's batches through the loader; returns when all are enqueued.
+    fn enqueue_epoch(&mut self, order: &[usize], batches: &[Batch]) -> Result<()> {
+        let stream = self.gpu.stream().clone();
+        match self.loader {
+            Loader::Resident => {
+                let key = (
+                    batches.first().map_or(0, |b| b.index) as u64,
+                    batches.last().map_or(0, |b| b.index + 1) as u64,
+                );
+                if self.opts.graph == Some(true) {
+                    if let Some(g) = self.graphs.get(&key) {
+                        g.launch()?;
+                        return Ok(());
+                    }
+                }
+                for b in batches {
+                    self.enqueue(
+                        Input::Resident {
+                            first_row: b.first_row,
+                        },
+                        *b,
+                    )?;
+                }
+            }
+            Loader::Plain => {
+                let mut host = Vec::new();
+                for b in batches {
+                    let idx = &order[b.first_row..b.first_row + b.rows];
+                    batch_bytes(&self.train, idx, &mut host);
+                    gpukit_cuda::transfer::copy_h2d(&stream, &host, &mut self.stage[0])?;
+                    self.enqueue(Input::Staged { slot: 0 }, *b)?;
+                }
+            }
+            Loader::Pinned | Loader::Prefetch => {
+                let lists: Vec<Vec<usize>> = batches
+                    .iter()
+                    .map(|b| order[b.first_row..b.first_row + b.rows].to_vec())
+                    .collect();
+                let capacity = self.stage[0].len();
+                let mut ring = PinnedRing::start(&self.gpu, self.train.clone(), lists, capacity)?;
+                let mut released: [Option<Event>; 2] = [None, None];
+                for (j, b) in batches.iter().enumerate() {
+                    let (buf, len) = ring.next()?;
+                    let slot = if self.loader == Loader::Prefetch {
+                        j % 2
+                    } else {
+                        0
+                    };
+                    let copy_stream = self.copies.as_ref().unwrap_or(&stream);
+                    if let Some(e) = &released[slot] {
+                        copy_stream.wait(e)?;
+                    }
+                    let copied = copy_in(copy_stream, &buf, len, self.stage[slot].view())?;
+                    ring.give_back(buf, copied);
+                    if self.copies.is_some() {
+                        stream.wait(&copy_stream.record()?)?;
+                    }
+                    self.enqueue(Input::Staged { slot }, *b)?;
+                    if self.copies.is_some() {
+                        released[slot] = Some(stream.record()?);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Captures the epoch's batches as a graph (resident data), once per range of batches.
+    fn capture(&mut self, batches: &[Batch]) -> Result<()> {
+        let key = (
+            batches.first().map_or(0, |b| b.index) as u64,
+            batches.last().map_or(0, |b| b.index + 1) as u64,
+        );
+        if self.graphs.contains_key(&key) || batches.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let this = &*self;
+        let graph = this.gpu.capture(|| -> Result<()> {
+            for b in batches {
+                this.enqueue(
+                    Input::Resident {
+                        first_row: b.first_row,
+                    },
+                    *b,
+                )?;
+            }
+            Ok(())
+        })?;
+        self.graphs.insert(key, graph);
+        self.setup_seconds += started.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Trains from `pos` to the end of the configured epochs (or the step limit), evaluating
+    /// after each complete epoch; `progress` hears about each epoch.
+    pub fn run(
+        &mut self,
+        mut pos: Position,
+        progress: &mut dyn FnMut(&EpochStats),
+    ) -> Result<(RunOutcome, GpuDetails)> {
+        let n = self.train.len();
+        let per_epoch = n.div_ceil(self.cfg.batch_size) as u64;
+        let classes = matches!(self.train.y, Targets::Classes { .. });
+        let mut out = RunOutcome {
+            epochs: Vec::new(),
+            step_losses: Vec::new(),
+            position: pos,
+            seconds: 0.0,
+            memory: self.memory,
+        };
+        self.gpu.reset_pool_peaks()?;
+        let at_limit = |p: &Position, m: Option<u64>| m.is_some_and(|m| p.step >= m);
+        while pos.epoch < self.cfg.epochs && !at_limit(&pos, self.cfg.max_steps) {
+            let order = batch_order(n, pos.epoch, self.cfg.seed, self.cfg.shuffle);
+            let batches = self.batches(&pos);
+            if let Some((_, _, idx)) = &self.resident {
+                let order32: Vec<u32> = order.iter().map(|&i| i as u32).collect();
+                self.gpu.upload_into(
+                    idx.view(),
+                    gpukit_tensor::codec::bytes_of(order32.as_slice()),
+                )?;
+                if self.opts.graph == Some(true) {
+                    self.capture(&batches)?;
+                }
+            }
+            let started = Instant::now();
+            self.enqueue_epoch(&order, &batches)?;
+            let count = batches.len();
+            let first = batches.first().map_or(0, |b| b.index);
+            let losses = self
+                .gpu
+                .download_from(self.losses.view().sub(first * 8, count * 8)?, count * 8)?;
+            let seconds = started.elapsed().as_secs_f64();
+            let losses: Vec<f64> = losses
+                .chunks_exact(8)
+                .map(|c| f64::from_ne_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect();
+            let correct: usize = if classes {
+                self.gpu
+                    .download_from(self.correct.view().sub(first * 4, count * 4)?, count * 4)?
+                    .chunks_exact(4)
+                    .map(|c| u32::from_ne_bytes(c.try_into().unwrap_or([0; 4])) as usize)
+                    .sum()
+            } else {
+                0
+            };
+            // per-update losses: the mean of each update's batches
+            let (mut micro, mut steps, mut seen) = (Vec::new(), 0u64, 0usize);
+            for (b, loss) in batches.iter().zip(&losses) {
+                seen += b.rows;
+                if !loss.is_finite() {
+                    return Err(Error::Failed(format!(
+                        "the loss became {loss} at update {} (epoch {}, batch {}): the run \
+                         diverged; lower --lr{}",
+                        pos.step + steps + 1,
+                        pos.epoch + 1,
+                        b.index + 1,
+                        if self.opts.precision == super::Precision::Fp16 {
+                            " or train in bf16 (fp16's range was exceeded in the forward pass)"
+                        } else {
+                            ""
+                        }
+                    )));
+                }
+                micro.push(*loss);
+                if b.update {
+                    out.step_losses
+                        .push(micro.iter().sum::<f64>() / micro.len() as f64);
+                    micro.clear();
+                    steps += 1;
+                }
+            }
+            pos.step += steps;
+            pos.batch = batches.last().map_or(pos.batch, |b| b.index as u64 + 1);
+            out.seconds += seconds;
+            let complete = first == 0 && pos.batch == per_epoch;
+            let (eval_loss, eval_accuracy) = if pos.batch == per_epoch && self.eval.is_some() {
+                let (l, a) = self.evaluate()?;
+                (Some(l), a)
+            } else {
+                (None, None)
+            };
+            let stats = EpochStats {
+                epoch: pos.epoch + 1,
+                complete,
+                batches: count as u64,
+                steps,
+                train_loss: losses.iter().sum::<f64>() / count.max(1) as f64,
+                train_accuracy: classes.then(|| correct as f64 / seen.max(1) as f64),
+                eval_loss,
+                eval_accuracy,
+                seconds,
+                samples_per_s: seen as f64 / seconds.max(1e-9),
+            };
+            progress(&stats);
+            out.epochs.push(stats);
+            if pos.batch == per_epoch {
+                pos.epoch += 1;
+                pos.batch = 0;
+            }
+        }
+        out.position = pos;
+        let st = StepState::from_bytes(&self.gpu.download(&self.state)?)?;
+        let pool = self.gpu.pool_stats()?;
+        out.memory.pool_peak = Some(pool.used_high);
+        let details = GpuDetails {
+            precision: self.opts.precision,
+            loader: self.loader,
+            graph: self.opts.graph == Some(true),
+            fused_epilogues: self.all_fused(),
+            epilogues: self.epilogue_notes(),
+            scaler: self
+                .opts
+                .precision
+                .scaled()
+                .then_some((f64::from(st.scale), u64::from(st.growth))),
+            skipped_updates: u64::from(st.skipped),
+            setup_seconds: self.setup_seconds,
+            pool_peak_bytes: pool.used_high,
+            device_name: self.gpu.name().unwrap_or_default(),
+        };
+        Ok((out, details))
+    }
+
+    /// Mean loss (weighted by samples) and, for classes, accuracy on the held-out data,
+    /// forward only, in batches of the training batch size.
+    pub fn evaluate(&self) -> Result<(f64, Option<f64>)> {
+        let Some((e, x, y, idx)) = &self.eval else {
+            return Err(Error::Failed("no held-out data to evaluate".into()));
+        };
+        let st = self.opts.precision.storage();
+        let (n, bs, f, tw) = (e.len(), self.cfg.batch_size, e.features, target_width(e));
+        let width = self.cfg.widths[self.layout.layers()];
+        let mut rows_of = Vec::new();
+        for (j, lo) in (0..n).step_by(bs).enumerate() {
+            let rows = bs.min(n - lo);
+            rows_of.push(rows);
+            let ix = idx.view().sub(lo * 4, rows * 4)?;
+            self.k
+                .gather_rows(x.view(), self.x_in.view(), ix, st, (rows, f))?;
+            match e.y {
+                Targets::Values { .. } => {
+                    self.k
+                        .gather_rows(y.view(), self.tgt.view(), ix, DType::F32, (rows, tw))?
+                }
+                Targets::Classes { .. } => {
+                    self.k
+                        .gather_u32(y.view(), self.tgt.view(), ix, (rows, 1))?
+                }
+            }
+            self.forward(
+                self.x_in.view(),
+                0..self.layout.layers(),
+                rows,
+                Op::ForwardEval,
+            )?;
+            let out = self.act(self.layout.layers() - 1);
+            let loss = self.losses.view().sub(j * 8, 8)?;
+            match self.cfg.loss {
+                LossKind::Mse => self.k.mse(
+                    out,
+                    self.tgt.view(),
+                    None,
+                    st,
+                    rows * width,
+                    None,
+                    1.0,
+                    loss,
+                )?,
+                LossKind::CrossEntropy => self.k.cross_entropy(
+                    out,
+                    self.tgt.view(),
+                    None,
+                    st,
+                    (rows, width),
+                    None,
+                    1.0,
+                    loss,
+                    self.correct.view().sub(j * 4, 4)?,
+                )?,
+            }
+        }
+        let count = rows_of.len();
+        let losses = self.gpu.download_from(self.losses.view(), count * 8)?;
+        let total: f64 = losses
+            .chunks_exact(8)
+            .zip(&rows_of)
+            .map(|(c, &r)| f64::from_ne_bytes(c.try_into().unwrap_or([0; 8])) * r as f64)
+            .sum();
+        let accuracy = match e.y {
+            Targets::Classes { .. } => {
+                let right: usize = self
+                    .gpu
+                    .download_from(self.correct.view(), count * 4)?
+                    .chunks_exact(4)
+                    .map(|c| u32::from_ne_bytes(c.try_into().unwrap_or([0; 4])) as usize)
+                    .sum();
+                Some(right as f64 / n.max(1) as f64)
+            }
+            Targets::Values { .. } => None,
+        };
+        Ok((total / n.max(1) as f64, accuracy))
+    }
+}
