@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine from the project root, over binaries staged by
 # ../shared/tools/stage-for-device.sh into .device/ (no Rust toolchain is needed there):
-#   bash scripts/gpu-test.sh [tests|bench|sanitize|all]      (default: all)
+#   bash scripts/gpu-test.sh [tests|bench|sanitize|train|monitor|all]      (default: all)
 # tests: every test binary with GPUKIT_REQUIRE_GPU=1, check (against nvidia-smi), its start-up
 #        time, bad input; bench: bench matmul/bandwidth/conv beside PyTorch, then `gpukit all`;
+# train (not part of all): the training engine's GPU tests, the 4096-wide MLP beside PyTorch,
+#        activation checkpointing's memory; monitor (not part of all): beside nvidia-smi, a
+#        command's footprint, /metrics scraped 1,000 times, a frame of the live view;
 # sanitize (not part of all: slow): compute-sanitizer memcheck over every command's GPU rows at
 #        small sizes, racecheck and synccheck over the inference engine; any error fails.
 # Writes under $OUT (default ./gpu-run-out): summary.txt, the main outputs, and gpu-run.tar.gz
@@ -119,14 +122,52 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   run_bench matmul-cpu bench matmul --device cpu --sizes 1024,4096 --dtype f32,f64,f16 --compare-pytorch
   run_bench bandwidth bench bandwidth --compare-pytorch
   run_bench conv bench conv --compare-pytorch
-  run_bench train-regression train --preset seed-regression --steps 200 --epochs 13 --compare-pytorch
-  run_bench train-classification train --preset seed-classification --epochs 200 --compare-pytorch
+  run_bench train-regression train --device cuda:0 --preset seed-regression --steps 200 --epochs 13 --compare-pytorch
+  run_bench train-classification train --device cuda:0 --preset seed-classification --epochs 200 --compare-pytorch
   t0=$(date +%s%N)
   clean timeout 600 "$BIN" all --out "$W/report" >>"$LOG" 2>&1
   say "all rc=$? in $(ms_since "$t0") ms"
   cp "$W/report/report.md" "$W/all-report.md" 2>/dev/null; cp "$W/report/report.json" "$W/all-report.json" 2>/dev/null
   rm -rf "$W/report"
   for f in matmul-gpu matmul-cpu bandwidth conv train-regression train-classification; do echo; cat "$W/$f.txt"; done | tee -a "$SUMMARY" >/dev/null
+fi
+
+if [ "$MODE" = train ]; then
+  # the GPU training engine: its tests (checkpointing's bit-for-bit test included), the 4096-wide
+  # MLP beside PyTorch, and activation checkpointing's memory on a 9-layer model
+  t=$(ls "$TESTS"/gpu_train-* 2>/dev/null | head -1)
+  if [ -n "$t" ]; then clean GPUKIT_REQUIRE_GPU=1 timeout 120 "$t" --test-threads 1 >"$W/gpu_train.txt" 2>&1; say "gpu_train rc=$? $(grep -E '^test result' "$W/gpu_train.txt")"; grep -E "^test " "$W/gpu_train.txt" | tee -a "$SUMMARY"; fi
+  M="--device cuda:0 --layers 4096,4096,4096,1 --samples 4096 --features 4096 --batch-size 4096 --lr 1e-5 --epochs 20"
+  for p in fp32 fp16 bf16; do clean timeout 120 "$BIN" train $M --precision $p --compare-pytorch --save-json "$W/mlp-$p.json" >"$W/mlp-$p.txt" 2>>"$LOG"; say "mlp4096 $p rc=$?"; done
+  D="--device cuda:0 --layers 1024,4096,4096,4096,4096,4096,4096,4096,4096,1 --samples 4096 --features 1024 --batch-size 4096 --epochs 4 --precision bf16 --lr 1e-5"
+  clean timeout 60 "$BIN" train $D --save-json "$W/deep.json" >"$W/deep.txt" 2>>"$LOG"; say "deep, all kept rc=$?"
+  clean timeout 60 "$BIN" train $D --checkpoint-activations --save-json "$W/deep-ckpt.json" >"$W/deep-ckpt.txt" 2>>"$LOG"; say "deep, checkpointed rc=$? (2 while the GPU path refuses it)"
+fi
+
+if [ "$MODE" = monitor ]; then
+  # monitor beside nvidia-smi (same fields, CPU time of each), a command's footprint at the power
+  # cap, /metrics scraped 1,000 times, and a frame of the live view
+  F=index,name,uuid,utilization.gpu,utilization.memory,memory.used,memory.total,temperature.gpu,power.draw,power.limit,clocks.sm,clocks.mem
+  /usr/bin/time -f "nvidia-smi cpu %U+%S s" timeout 30 nvidia-smi --query-gpu=$F --format=csv,nounits -lms 100 -c 50 >"$W/smi.csv" 2>"$W/smi-time.txt" || timeout 8 nvidia-smi --query-gpu=$F --format=csv,nounits -lms 100 >"$W/smi.csv" 2>>"$W/smi-time.txt"
+  /usr/bin/time -f "gpukit cpu %U+%S s" clean timeout 30 "$BIN" monitor --csv - --interval-ms 100 --count 50 >"$W/monitor.csv" 2>"$W/monitor-time.txt"
+  say "monitor csv rc=$? lines $(wc -l <"$W/monitor.csv"); $(cat "$W/smi-time.txt" "$W/monitor-time.txt" | tr '\n' ' ')"
+  clean timeout 120 "$BIN" monitor --interval-ms 100 -- "$BIN" bench matmul --sizes 8192 --dtype bf16 --device cuda:0 >"$W/footprint.txt" 2>&1; say "monitor -- bench matmul rc=$?"
+  clean "$BIN" monitor --prometheus 127.0.0.1:9400 --interval-ms 200 --duration 40 2>"$W/prom.err" & PROM=$!
+  sleep 2
+  python3 - "$W" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import sys, urllib.request, resource
+texts = [urllib.request.urlopen("http://127.0.0.1:9400/metrics", timeout=5).read().decode() for _ in range(1000)]
+open(sys.argv[1] + "/metrics.txt", "w").write(texts[-1])
+names = sorted({l.split("{")[0] for l in texts[-1].splitlines() if l and not l.startswith("#")})
+print("1000 scrapes ok;", len(names), "metric names:", " ".join(names))
+try:
+    from prometheus_client.parser import text_string_to_metric_families as p
+    print("prometheus_client parsed", len(list(p(texts[-1]))), "families")
+except ImportError:
+    print("prometheus_client not installed here: not parsed")
+PY
+  grep VmRSS /proc/$PROM/status | tee -a "$SUMMARY"; wait $PROM; say "prometheus rc=$?"
+  clean timeout 6 script -q -c "$BIN monitor --interval-ms 500" "$W/live.typescript" >/dev/null 2>&1; say "live view captured ($(wc -c <"$W/live.typescript") bytes of terminal output)"
 fi
 
 if [ "$MODE" = sanitize ]; then
