@@ -6,23 +6,14 @@ use crate::cli::{
     AllArgs, BandwidthArgs, BenchCommand, CheckArgs, Cli, Command, CompareArgs, ConvArgs, HtmlArgs,
     InferArgs, MatmulArgs, MemoryArgs, TrainArgs,
 };
-use crate::render::{self, Section};
+use crate::output::{emit, emit_charted, Output};
+use crate::render;
 use anyhow::{Context, Result};
 use gpukit_bench::report::Document;
 use gpukit_bench::Error;
 use gpukit_cuda::loader::{discover, prepare_process, Discovery};
 use gpukit_tensor::{Device, DeviceSelection, Layout};
-use serde::Serialize;
 use std::path::Path;
-
-/// How a command's result leaves: tables or JSON on stdout, and optionally a JSON file.
-pub struct Output {
-    pub json: bool,
-    /// `--save-json FILE`.
-    pub save_json: Option<std::path::PathBuf>,
-    /// `--html FILE`.
-    pub html: Option<std::path::PathBuf>,
-}
 
 pub fn run(cli: Cli) -> Result<()> {
     let out = Output {
@@ -144,59 +135,6 @@ fn busy_notes(discovery: &Discovery, selection: DeviceSelection) -> Vec<String> 
     gpukit_bench::check::busy_gpu(discovery, ordinal)
         .into_iter()
         .collect()
-}
-
-/// Writes the document where `--save-json` asked, prints it (`--json`) or its heading lines,
-/// sections and notes, then fails (exit 1) when the document says the run failed.
-pub(crate) fn emit<T: Serialize>(
-    doc: &Document<T>,
-    out: &Output,
-    head: Vec<String>,
-    sections: Vec<Section>,
-) -> Result<()> {
-    emit_charted(doc, out, head, sections, Vec::new())
-}
-
-/// [`emit`], with the charts `--html` draws above the tables.
-fn emit_charted<T: Serialize>(
-    doc: &Document<T>,
-    out: &Output,
-    head: Vec<String>,
-    sections: Vec<Section>,
-    charts: Vec<render::html::Chart>,
-) -> Result<()> {
-    if let Some(path) = &out.html {
-        let line = std::env::args().collect::<Vec<_>>().join(" ");
-        let page = render::html::command_html(doc, &line, &charts, &sections);
-        gpukit_types::files::write_atomically(path, page.as_bytes())
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    if let Some(path) = &out.save_json {
-        let bytes = serde_json::to_vec_pretty(doc).context("serializing the report")?;
-        gpukit_types::files::write_atomically(path, &bytes)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    // warnings go to stderr whatever the format, so that a piped JSON document is not alone
-    let (warnings, notes): (Vec<&String>, Vec<&String>) =
-        doc.notes.iter().partition(|n| n.starts_with("warning: "));
-    for w in warnings {
-        eprintln!("{w}");
-    }
-    if out.json {
-        println!("{}", serde_json::to_string_pretty(doc)?);
-    } else {
-        for line in head {
-            println!("{line}");
-        }
-        print!("{}", render::to_terminal(&sections));
-        for n in notes {
-            println!("  {n}");
-        }
-    }
-    match &doc.failure {
-        Some(why) => Err(Error::Failed(why.clone()).into()),
-        None => Ok(()),
-    }
 }
 
 fn check(args: CheckArgs, out: &Output) -> Result<()> {

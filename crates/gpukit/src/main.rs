@@ -6,6 +6,7 @@
 mod cli;
 mod commands;
 mod monitor_cmd;
+mod output;
 mod render;
 
 use clap::Parser;

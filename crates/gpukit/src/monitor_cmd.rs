@@ -2,7 +2,7 @@
 //! footprint, over gpukit-bench's sampler.
 
 use crate::cli::MonitorArgs;
-use crate::commands::{emit, Output};
+use crate::output::{emit, Output};
 use crate::render::{self, Section};
 use anyhow::{Context, Result};
 use gpukit_bench::monitor::run::{
