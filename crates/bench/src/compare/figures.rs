@@ -219,7 +219,7 @@ fn bandwidth_figures(section: &Value, out: &mut Vec<Figure>) {
 /// 1073741824 -> "1 GiB": sizes as the command line gives them.
 fn bytes_name(b: u64) -> String {
     for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if b >= 1 << shift && b % (1 << shift) == 0 {
+        if b >= 1 << shift && b.is_multiple_of(1 << shift) {
             return format!("{} {unit}", b >> shift);
         }
     }

@@ -296,7 +296,7 @@ pub(super) fn trial_order(count: usize, round: usize) -> Vec<usize> {
     let n = count.max(1);
     (0..count)
         .map(|i| {
-            if round % 2 == 0 {
+            if round.is_multiple_of(2) {
                 (round + i) % n
             } else {
                 (round % n + n - i % n) % n

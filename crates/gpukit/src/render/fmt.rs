@@ -75,11 +75,11 @@ pub(super) fn grouped(x: f64) -> String {
 }
 
 pub(super) fn human_bytes(b: usize) -> String {
-    if b >= 1 << 30 && b % (1 << 30) == 0 {
+    if b >= 1 << 30 && b.is_multiple_of(1 << 30) {
         format!("{} GiB", b >> 30)
-    } else if b >= 1 << 20 && b % (1 << 20) == 0 {
+    } else if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
         format!("{} MiB", b >> 20)
-    } else if b >= 1 << 10 && b % (1 << 10) == 0 {
+    } else if b >= 1 << 10 && b.is_multiple_of(1 << 10) {
         format!("{} KiB", b >> 10)
     } else {
         format!("{b} B")

@@ -723,7 +723,7 @@ mod tests {
     /// GPU `i` at round `t`: even GPUs are H100s at the power cap with two processes, odd ones
     /// A100s that NVML tells less about (no ECC, PCIe or temperature).
     fn gpu(i: u32, t: u64) -> GpuSample {
-        let even = i % 2 == 0;
+        let even = i.is_multiple_of(2);
         GpuSample {
             unix_ms: 1_700_000_000_000 + t * 500,
             index: i,

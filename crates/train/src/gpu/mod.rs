@@ -384,7 +384,8 @@ impl GpuTrainer {
         };
         let widest = cfg.widths.iter().copied().max().unwrap_or(1);
         let segment = cfg.checkpoint_activations.then(|| cfg.segment());
-        let kept = |l: usize| segment.is_none_or(|s| (l + 1) % s == 0 || l + 1 == n_layers);
+        let kept =
+            |l: usize| segment.is_none_or(|s| (l + 1).is_multiple_of(s) || l + 1 == n_layers);
         let mut acts = Vec::new();
         let mut act_of = Vec::new();
         // recomputed outputs share one buffer a position in the segment (as wide as the widest)
