@@ -18,6 +18,7 @@
 //! so the same run gives the same bits and N steps + M resumed steps equal N + M steps.
 
 pub mod feed;
+mod plan;
 mod step;
 
 use crate::data::{Dataset, Targets};
@@ -28,10 +29,11 @@ use crate::run::{MemoryUse, TrainConfig};
 use feed::{target_width, Loader};
 use gpukit_cuda::blas::Blas;
 use gpukit_cuda::loader::Discovery;
-use gpukit_cuda::lt::{mask_bytes, Epilogue, LtMatmul, MatmulSpec};
+use gpukit_cuda::lt::{mask_bytes, LtMatmul};
 use gpukit_cuda::trainkit::{StepState, TrainKernels, STATE_BYTES};
 use gpukit_cuda::{DeviceBuffer, Gpu, Graph};
 use gpukit_types::DType;
+use plan::{Fusion, Layout};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -147,67 +149,6 @@ pub struct GpuDetails {
     pub device_name: String,
 }
 
-/// Offsets (in elements) of each layer's weight and bias in the flat parameter buffer,
-/// aligned to 128 elements so every tensor starts 256-byte aligned in f32 and in 16-bit
-/// copies (cuBLASLt's kernels assume it).
-#[derive(Debug, Clone)]
-struct Layout {
-    widths: Vec<usize>,
-    offsets: Vec<(usize, usize)>,
-    total: usize,
-}
-
-const ALIGN: usize = 128;
-
-impl Layout {
-    fn new(widths: &[usize]) -> Layout {
-        let mut offsets = Vec::new();
-        let mut at = 0;
-        for w in widths.windows(2) {
-            let wo = at;
-            at = (wo + w[0] * w[1]).next_multiple_of(ALIGN);
-            let bo = at;
-            at = (bo + w[1]).next_multiple_of(ALIGN);
-            offsets.push((wo, bo));
-        }
-        Layout {
-            widths: widths.to_vec(),
-            offsets,
-            total: at.max(ALIGN),
-        }
-    }
-
-    fn layers(&self) -> usize {
-        self.offsets.len()
-    }
-
-    fn io(&self, l: usize) -> (usize, usize) {
-        (self.widths[l], self.widths[l + 1])
-    }
-
-    /// The model as one flat f32 vector.
-    fn pack(&self, model: &Mlp<f32>) -> Vec<f32> {
-        let mut flat = vec![0f32; self.total];
-        for (l, (wo, bo)) in self.offsets.iter().enumerate() {
-            let layer = &model.layers[l];
-            flat[*wo..wo + layer.weight.len()].copy_from_slice(&layer.weight);
-            flat[*bo..bo + layer.bias.len()].copy_from_slice(&layer.bias);
-        }
-        flat
-    }
-
-    /// Per-tensor vectors in [`Mlp::named`] order from a flat vector.
-    fn unpack(&self, flat: &[f32]) -> Vec<Vec<f32>> {
-        let mut out = Vec::new();
-        for (l, (wo, bo)) in self.offsets.iter().enumerate() {
-            let (i, o) = self.io(l);
-            out.push(flat[*wo..wo + i * o].to_vec());
-            out.push(flat[*bo..bo + o].to_vec());
-        }
-        out
-    }
-}
-
 fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes
         .chunks_exact(4)
@@ -217,31 +158,6 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
 
 fn bytes(v: &[f32]) -> &[u8] {
     gpukit_tensor::codec::bytes_of(v)
-}
-
-/// How a layer's input-gradient product applies the previous layer's ReLU and bias gradient.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-enum InputEpilogue {
-    /// cuBLASLt masks by the forward's ReLU bits and sums the bias gradient.
-    DreluBgrad,
-    /// cuBLASLt masks; gpukit's kernel sums the bias gradient.
-    Drelu,
-    /// gpukit's kernels do both.
-    #[default]
-    Plain,
-}
-
-/// Which of a layer's epilogues cuBLASLt fuses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-struct Fusion {
-    /// Forward bias (+ReLU, with its bits) fused, the bias in this type; None: gpukit's kernel.
-    forward: Option<DType>,
-    /// The same for evaluation (no bits kept).
-    eval: Option<DType>,
-    /// The last layer's bias gradient taken in its weight-gradient product.
-    bgrad_b: bool,
-    /// This layer's input-gradient product (layers after the first).
-    input: InputEpilogue,
 }
 
 /// What kind of product a plan is for (part of its key with the layer and the rows).
@@ -514,217 +430,6 @@ impl GpuTrainer {
         trainer.plan_all()?;
         trainer.setup_seconds = started.elapsed().as_secs_f64();
         Ok(trainer)
-    }
-
-    /// The batch sizes a run meets: the full one and the last, partial one of an epoch (and
-    /// of the evaluation).
-    fn row_counts(&self) -> Vec<usize> {
-        let b = self.cfg.batch_size;
-        let mut rows = vec![b.min(self.train.len())];
-        let tail = self.train.len() % b;
-        if tail != 0 {
-            rows.push(tail);
-        }
-        if let Some((e, ..)) = &self.eval {
-            rows.push(b.min(e.len()));
-            if e.len() % b != 0 {
-                rows.push(e.len() % b);
-            }
-        }
-        rows.sort_unstable();
-        rows.dedup();
-        rows
-    }
-
-    fn spec(&self, l: usize, op: Op, rows: usize, epilogue: Epilogue, bias: DType) -> MatmulSpec {
-        let (i, o) = self.layout.io(l);
-        let p = self.opts.precision;
-        let (m, n, k, ta, tb, out) = match op {
-            Op::Forward | Op::ForwardEval => (o, rows, i, true, false, p.storage()),
-            Op::WeightGrad => (i, o, rows, false, true, DType::F32),
-            Op::InputGrad => (i, rows, o, false, false, p.storage()),
-        };
-        MatmulSpec {
-            m,
-            n,
-            k,
-            trans_a: ta,
-            trans_b: tb,
-            inputs: p.inputs(),
-            output: out,
-            epilogue,
-            bias_type: bias,
-        }
-    }
-
-    /// The plans of one product of layer `l` for every batch size, or None when cuBLASLt has
-    /// no algorithm for one of them.
-    fn plans_for(
-        &self,
-        l: usize,
-        op: Op,
-        epilogue: Epilogue,
-        bias: DType,
-    ) -> Result<Option<Vec<(PlanKey, LtMatmul)>>> {
-        let mut out = Vec::new();
-        for rows in self.row_counts() {
-            match self
-                .blas
-                .lt_matmul(self.spec(l, op, rows, epilogue, bias))?
-            {
-                Some(plan) => out.push(((l, op, rows), plan)),
-                None => return Ok(None),
-            }
-        }
-        Ok(Some(out))
-    }
-
-    /// Chooses each layer's epilogues, fused where cuBLASLt can (for every batch size), and
-    /// builds every product's plan. The forward's bias is f32 where cuBLASLt takes it with
-    /// 16-bit outputs, else the weights' 16-bit copy (as autocast does); a backward that needs
-    /// the forward's ReLU bits uses them only where the forward fused.
-    fn plan_all(&mut self) -> Result<()> {
-        let st = self.opts.precision.storage();
-        let fuse = self.opts.fuse;
-        let mut bias_types = vec![DType::F32];
-        if st != DType::F32 {
-            bias_types.push(st);
-        }
-        let layers = self.layout.layers();
-        let mut fusion: Vec<Fusion> = Vec::new();
-        let mut plans = HashMap::new();
-        for l in 0..layers {
-            let hidden = l + 1 < layers;
-            let mut f = Fusion::default();
-            for (op, fused_epi) in [
-                (
-                    Op::Forward,
-                    if hidden {
-                        Epilogue::ReluAuxBias
-                    } else {
-                        Epilogue::Bias
-                    },
-                ),
-                (
-                    Op::ForwardEval,
-                    if hidden {
-                        Epilogue::ReluBias
-                    } else {
-                        Epilogue::Bias
-                    },
-                ),
-            ] {
-                let mut chosen = None;
-                if fuse {
-                    for &bt in &bias_types {
-                        if let Some(ps) = self.plans_for(l, op, fused_epi, bt)? {
-                            plans.extend(ps);
-                            chosen = Some(bt);
-                            break;
-                        }
-                    }
-                }
-                if chosen.is_none() {
-                    let ps = self.plans_for(l, op, Epilogue::None, DType::F32)?;
-                    plans.extend(ps.ok_or_else(|| self.no_algorithm(l, op))?);
-                }
-                match op {
-                    Op::Forward => f.forward = chosen,
-                    _ => f.eval = chosen,
-                }
-            }
-            let bgrad = if fuse && !hidden {
-                self.plans_for(l, Op::WeightGrad, Epilogue::BgradB, DType::F32)?
-            } else {
-                None
-            };
-            f.bgrad_b = bgrad.is_some();
-            match bgrad {
-                Some(ps) => plans.extend(ps),
-                None => plans.extend(
-                    self.plans_for(l, Op::WeightGrad, Epilogue::None, DType::F32)?
-                        .ok_or_else(|| self.no_algorithm(l, Op::WeightGrad))?,
-                ),
-            }
-            if l > 0 {
-                let mask = fusion.get(l - 1).is_some_and(|p| p.forward.is_some());
-                let mut input = InputEpilogue::Plain;
-                if fuse && mask {
-                    for (epi, kind) in [
-                        (Epilogue::DreluBgrad, InputEpilogue::DreluBgrad),
-                        (Epilogue::Drelu, InputEpilogue::Drelu),
-                    ] {
-                        if let Some(ps) = self.plans_for(l, Op::InputGrad, epi, DType::F32)? {
-                            plans.extend(ps);
-                            input = kind;
-                            break;
-                        }
-                    }
-                }
-                if input == InputEpilogue::Plain {
-                    plans.extend(
-                        self.plans_for(l, Op::InputGrad, Epilogue::None, DType::F32)?
-                            .ok_or_else(|| self.no_algorithm(l, Op::InputGrad))?,
-                    );
-                }
-                f.input = input;
-            }
-            gpukit_cuda::trace::note(|| format!("train: layer {l} epilogues {f:?}"));
-            fusion.push(f);
-        }
-        self.plans = plans;
-        self.fusion = fusion;
-        Ok(())
-    }
-
-    fn no_algorithm(&self, l: usize, op: Op) -> Error {
-        Error::Failed(format!(
-            "cuBLASLt has no algorithm for layer {l}'s {op:?} product in {}",
-            self.opts.precision.name()
-        ))
-    }
-
-    /// Whether every epilogue ran fused in cuBLASLt.
-    fn all_fused(&self) -> bool {
-        let layers = self.fusion.len();
-        self.fusion.iter().enumerate().all(|(l, f)| {
-            f.forward.is_some()
-                && f.eval.is_some()
-                && (l + 1 < layers || f.bgrad_b)
-                && (l == 0 || f.input == InputEpilogue::DreluBgrad)
-        })
-    }
-
-    /// Each layer's epilogues, in words.
-    fn epilogue_notes(&self) -> Vec<String> {
-        let layers = self.fusion.len();
-        (0..layers)
-            .map(|l| {
-                let f = self.fusion[l];
-                let act = if l + 1 < layers { "+ReLU" } else { "" };
-                let fwd = match f.forward {
-                    Some(t) => format!("bias{act} fused (bias {t})"),
-                    None => format!("bias{act} by gpukit's kernel"),
-                };
-                // a hidden layer's gradients go through the next layer's input product
-                let back = if l + 1 == layers {
-                    if f.bgrad_b {
-                        "bias gradient fused"
-                    } else {
-                        "bias gradient by gpukit's kernel"
-                    }
-                } else {
-                    match self.fusion[l + 1].input {
-                        InputEpilogue::DreluBgrad => "ReLU and bias gradients fused",
-                        InputEpilogue::Drelu => {
-                            "ReLU gradient fused, bias gradient by gpukit's kernel"
-                        }
-                        InputEpilogue::Plain => "ReLU and bias gradients by gpukit's kernels",
-                    }
-                };
-                format!("layer {l}: forward {fwd}; backward {back}")
-            })
-            .collect()
     }
 
     /// The loader the run uses.

@@ -2,7 +2,8 @@
 //! (replayed from a CUDA graph when asked), and the evaluation.
 
 use super::feed::{batch_bytes, copy_in, target_width, Loader, PinnedRing};
-use super::{GpuDetails, GpuTrainer, Input, InputEpilogue, Op, GROWTH_INTERVAL};
+use super::plan::InputEpilogue;
+use super::{GpuDetails, GpuTrainer, Input, Op, GROWTH_INTERVAL};
 use crate::checkpoint::Position;
 use crate::data::{batch_order, Targets};
 use crate::error::{Error, Result};
