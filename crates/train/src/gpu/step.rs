@@ -16,7 +16,7 @@ use gpukit_types::DType;
 use std::time::Instant;
 
 /// One batch of an epoch as the loop runs it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Batch {
     /// Its number in the epoch (its loss's slot).
     index: usize,
@@ -29,6 +29,35 @@ struct Batch {
     update: bool,
 }
 
+/// The batches of epoch `pos.epoch` from `pos.batch` on for `n` samples: an update after every
+/// `accumulate` batches and after the epoch's last, stopping at the step limit (the CPU loop's
+/// rule, which the unit tests hold it to).
+fn epoch_batches(cfg: &crate::run::TrainConfig, n: usize, pos: &Position) -> Vec<Batch> {
+    let bs = cfg.batch_size;
+    let per_epoch = n.div_ceil(bs);
+    let (mut b, mut step, mut micro) = (pos.batch as usize, pos.step, 0usize);
+    let mut out = Vec::new();
+    while b < per_epoch && cfg.max_steps.is_none_or(|m| step < m) {
+        let first_row = b * bs;
+        let first_micro = micro == 0;
+        micro += 1;
+        let update = micro == cfg.accumulate || b + 1 == per_epoch;
+        if update {
+            step += 1;
+            micro = 0;
+        }
+        out.push(Batch {
+            index: b,
+            first_row,
+            rows: bs.min(n - first_row),
+            first_micro,
+            update,
+        });
+        b += 1;
+    }
+    out
+}
+
 fn sub(buf: &DeviceBuffer, elem: usize, offset: usize, len: usize) -> Result<View<'_>> {
     Ok(buf.view().sub(offset * elem, len * elem)?)
 }
@@ -36,29 +65,7 @@ fn sub(buf: &DeviceBuffer, elem: usize, offset: usize, len: usize) -> Result<Vie
 impl GpuTrainer {
     /// The batches of epoch `pos.epoch` from `pos.batch` on, stopping at the step limit.
     fn batches(&self, pos: &Position) -> Vec<Batch> {
-        let (n, bs) = (self.train.len(), self.cfg.batch_size);
-        let per_epoch = n.div_ceil(bs);
-        let (mut b, mut step, mut micro) = (pos.batch as usize, pos.step, 0usize);
-        let mut out = Vec::new();
-        while b < per_epoch && self.cfg.max_steps.is_none_or(|m| step < m) {
-            let first_row = b * bs;
-            let first_micro = micro == 0;
-            micro += 1;
-            let update = micro == self.cfg.accumulate || b + 1 == per_epoch;
-            if update {
-                step += 1;
-                micro = 0;
-            }
-            out.push(Batch {
-                index: b,
-                first_row,
-                rows: bs.min(n - first_row),
-                first_micro,
-                update,
-            });
-            b += 1;
-        }
-        out
+        epoch_batches(&self.cfg, self.train.len(), pos)
     }
 
     /// Enqueues one batch: its input, forward, loss (into its slot), backward, and the update
@@ -670,3 +677,6 @@ impl GpuTrainer {
         Ok((total / n.max(1) as f64, accuracy))
     }
 }
+
+#[cfg(test)]
+mod tests;
