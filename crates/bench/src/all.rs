@@ -287,13 +287,12 @@ pub fn run_all(
     progress("[gpukit all] train");
     let t = Instant::now();
     let mut train = Vec::new();
-    let gpu_ordinal = match opts.selection {
-        DeviceSelection::One(Device::Cuda(n)) => Some(n),
-        _ => Some(0),
-    };
     let mut devices = vec![Device::Cpu];
-    if let (true, Some(n)) = (gpu, gpu_ordinal) {
-        devices.push(Device::Cuda(n));
+    if gpu {
+        devices.push(match opts.selection {
+            DeviceSelection::One(d @ Device::Cuda(_)) => d,
+            _ => Device::Cuda(0),
+        });
     }
     for device in devices {
         for preset in [Preset::SeedRegression, Preset::SeedClassification] {

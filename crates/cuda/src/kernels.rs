@@ -19,8 +19,9 @@ use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// The kernels' name for an activation's storage type (f32, f16, bf16; tf32 is f32 storage).
-fn tag(dtype: DType) -> Result<&'static str> {
+/// The kernels' name for an activation's storage type (f32, f16, bf16; tf32 is f32 storage),
+/// shared by every NVRTC source of this crate.
+pub(crate) fn tag(dtype: DType) -> Result<&'static str> {
     match dtype.storage() {
         DType::F32 => Ok("f32"),
         DType::F16 => Ok("f16"),

@@ -87,6 +87,11 @@ impl NvmlSession {
 
     /// Every device NVML sees, in its (PCI) order.
     pub fn devices(&self) -> Result<Vec<NvmlDevice>> {
+        self.each_device(Self::facts)
+    }
+
+    /// `read` applied to every device, in NVML's order.
+    fn each_device<T>(&self, read: impl Fn(&nvml_wrapper::Device<'_>) -> T) -> Result<Vec<T>> {
         let n = self
             .nvml
             .device_count()
@@ -97,7 +102,7 @@ impl NvmlSession {
                     .nvml
                     .device_by_index(i)
                     .map_err(|e| Error::Nvml(format!("device {i}: {e}")))?;
-                Ok(Self::facts(&d))
+                Ok(read(&d))
             })
             .collect()
     }
@@ -251,19 +256,7 @@ impl NvmlSession {
     /// One reading of every GPU, in NVML's order. `since_us` is the previous round's time
     /// (microseconds since the epoch) for per-process SM utilisation over the period.
     pub fn sample_all(&self, since_us: Option<u64>) -> Result<Vec<GpuSample>> {
-        let n = self
-            .nvml
-            .device_count()
-            .map_err(|e| Error::Nvml(format!("device count: {e}")))?;
-        (0..n)
-            .map(|i| {
-                let d = self
-                    .nvml
-                    .device_by_index(i)
-                    .map_err(|e| Error::Nvml(format!("device {i}: {e}")))?;
-                Ok(Self::sample(&d, since_us))
-            })
-            .collect()
+        self.each_device(|d| Self::sample(d, since_us))
     }
 
     fn sample(d: &nvml_wrapper::Device<'_>, since_us: Option<u64>) -> GpuSample {

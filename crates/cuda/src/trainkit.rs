@@ -13,7 +13,7 @@
 
 use crate::driver::Gpu;
 use crate::error::{Error, Result};
-use crate::kernels::{config, int, Module, HALF};
+use crate::kernels::{config, int, tag, Module, HALF};
 use crate::loader::Discovery;
 use crate::memory::View;
 use crate::stream::Stream;
@@ -306,17 +306,6 @@ pub struct TrainKernels {
     module: Module,
     pub origin: String,
     pub load_ms: f64,
-}
-
-fn tag(dtype: DType) -> Result<&'static str> {
-    match dtype.storage() {
-        DType::F32 => Ok("f32"),
-        DType::F16 => Ok("f16"),
-        DType::Bf16 => Ok("bf16"),
-        d => Err(Error::Invalid(format!(
-            "the training kernels have no {d} version"
-        ))),
-    }
 }
 
 /// One block of 1024 threads: the losses reduce in one block (reproducible sums).

@@ -317,20 +317,16 @@ pub fn footprint(
         }
         let next = started.elapsed() + interval;
         // wait for the command or the next reading, whichever comes first
-        loop {
-            let done = child
+        let exited = loop {
+            let status = child
                 .try_wait()
-                .map_err(|e| Error::Failed(format!("waiting for {program}: {e}")))?
-                .is_some();
-            if done || started.elapsed() >= next {
-                break;
+                .map_err(|e| Error::Failed(format!("waiting for {program}: {e}")))?;
+            if status.is_some() || started.elapsed() >= next {
+                break status;
             }
             std::thread::sleep(Duration::from_millis(1).min(interval));
-        }
-        if let Some(status) = child
-            .try_wait()
-            .map_err(|e| Error::Failed(format!("waiting for {program}: {e}")))?
-        {
+        };
+        if let Some(status) = exited {
             break status;
         }
     };

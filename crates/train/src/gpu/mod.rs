@@ -150,10 +150,15 @@ pub struct GpuDetails {
 }
 
 fn f32s(bytes: &[u8]) -> Vec<f32> {
+    gpukit_tensor::codec::decode_f32(bytes, DType::F32)
+}
+
+/// The sum of u32 counts downloaded from the device (right answers per batch).
+fn count_sum(bytes: &[u8]) -> usize {
     bytes
         .chunks_exact(4)
-        .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+        .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]]) as usize)
+        .sum()
 }
 
 fn bytes(v: &[f32]) -> &[u8] {

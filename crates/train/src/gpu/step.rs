@@ -3,7 +3,7 @@
 
 use super::feed::{batch_bytes, copy_in, target_width, Loader, PinnedRing};
 use super::plan::InputEpilogue;
-use super::{GpuDetails, GpuTrainer, Input, Op, GROWTH_INTERVAL};
+use super::{count_sum, GpuDetails, GpuTrainer, Input, Op, GROWTH_INTERVAL};
 use crate::checkpoint::Position;
 use crate::data::{batch_order, Targets};
 use crate::error::{Error, Result};
@@ -12,6 +12,7 @@ use crate::optim::{OptimizerKind, BETA1, BETA2, EPS};
 use crate::run::{EpochStats, RunOutcome};
 use gpukit_cuda::trainkit::{AdamArgs, StepState};
 use gpukit_cuda::{DeviceBuffer, Event, View};
+use gpukit_tensor::codec::decode_f64;
 use gpukit_types::DType;
 use std::time::Instant;
 
@@ -56,6 +57,14 @@ fn epoch_batches(cfg: &crate::run::TrainConfig, n: usize, pos: &Position) -> Vec
         b += 1;
     }
     out
+}
+
+/// A captured graph replays one range of an epoch's batches: its first and one past its last.
+fn graph_key(batches: &[Batch]) -> (u64, u64) {
+    (
+        batches.first().map_or(0, |b| b.index) as u64,
+        batches.last().map_or(0, |b| b.index + 1) as u64,
+    )
 }
 
 fn sub(buf: &DeviceBuffer, elem: usize, offset: usize, len: usize) -> Result<View<'_>> {
@@ -377,10 +386,7 @@ impl GpuTrainer {
         let stream = self.gpu.stream().clone();
         match self.loader {
             Loader::Resident => {
-                let key = (
-                    batches.first().map_or(0, |b| b.index) as u64,
-                    batches.last().map_or(0, |b| b.index + 1) as u64,
-                );
+                let key = graph_key(batches);
                 if self.opts.graph == Some(true) {
                     if let Some(g) = self.graphs.get(&key) {
                         g.launch()?;
@@ -441,10 +447,7 @@ impl GpuTrainer {
 
     /// Captures the epoch's batches as a graph (resident data), once per range of batches.
     fn capture(&mut self, batches: &[Batch]) -> Result<()> {
-        let key = (
-            batches.first().map_or(0, |b| b.index) as u64,
-            batches.last().map_or(0, |b| b.index + 1) as u64,
-        );
+        let key = graph_key(batches);
         if self.graphs.contains_key(&key) || batches.is_empty() {
             return Ok(());
         }
@@ -506,16 +509,13 @@ impl GpuTrainer {
                 .gpu
                 .download_from(self.losses.view().sub(first * 8, count * 8)?, count * 8)?;
             let seconds = started.elapsed().as_secs_f64();
-            let losses: Vec<f64> = losses
-                .chunks_exact(8)
-                .map(|c| f64::from_ne_bytes(c.try_into().unwrap_or([0; 8])))
-                .collect();
+            let losses = decode_f64(&losses, DType::F64);
             let correct: usize = if classes {
-                self.gpu
-                    .download_from(self.correct.view().sub(first * 4, count * 4)?, count * 4)?
-                    .chunks_exact(4)
-                    .map(|c| u32::from_ne_bytes(c.try_into().unwrap_or([0; 4])) as usize)
-                    .sum()
+                count_sum(
+                    &self
+                        .gpu
+                        .download_from(self.correct.view().sub(first * 4, count * 4)?, count * 4)?,
+                )
             } else {
                 0
             };
@@ -656,20 +656,18 @@ impl GpuTrainer {
             }
         }
         let count = rows_of.len();
-        let losses = self.gpu.download_from(self.losses.view(), count * 8)?;
+        let losses = decode_f64(
+            &self.gpu.download_from(self.losses.view(), count * 8)?,
+            DType::F64,
+        );
         let total: f64 = losses
-            .chunks_exact(8)
+            .iter()
             .zip(&rows_of)
-            .map(|(c, &r)| f64::from_ne_bytes(c.try_into().unwrap_or([0; 8])) * r as f64)
+            .map(|(l, &r)| l * r as f64)
             .sum();
         let accuracy = match e.y {
             Targets::Classes { .. } => {
-                let right: usize = self
-                    .gpu
-                    .download_from(self.correct.view(), count * 4)?
-                    .chunks_exact(4)
-                    .map(|c| u32::from_ne_bytes(c.try_into().unwrap_or([0; 4])) as usize)
-                    .sum();
+                let right = count_sum(&self.gpu.download_from(self.correct.view(), count * 4)?);
                 Some(right as f64 / n.max(1) as f64)
             }
             Targets::Values { .. } => None,
