@@ -141,21 +141,65 @@ if [ "$MODE" = train ]; then
   for p in fp32 fp16 bf16; do clean timeout 120 "$BIN" train $M --precision $p --compare-pytorch --save-json "$W/mlp-$p.json" >"$W/mlp-$p.txt" 2>>"$LOG"; say "mlp4096 $p rc=$?"; done
   D="--device cuda:0 --layers 1024,4096,4096,4096,4096,4096,4096,4096,4096,1 --samples 4096 --features 1024 --batch-size 4096 --epochs 4 --precision bf16 --lr 1e-5"
   clean timeout 60 "$BIN" train $D --save-json "$W/deep.json" >"$W/deep.txt" 2>>"$LOG"; say "deep, all kept rc=$?"
-  clean timeout 60 "$BIN" train $D --checkpoint-activations --save-json "$W/deep-ckpt.json" >"$W/deep-ckpt.txt" 2>>"$LOG"; say "deep, checkpointed rc=$? (2 while the GPU path refuses it)"
+  clean timeout 60 "$BIN" train $D --checkpoint-activations --save-json "$W/deep-ckpt.json" >"$W/deep-ckpt.txt" 2>>"$LOG"; say "deep, checkpointed rc=$?"
 fi
 
 if [ "$MODE" = monitor ]; then
-  # monitor beside nvidia-smi (same fields, CPU time of each), a command's footprint at the power
-  # cap, /metrics scraped 1,000 times, and a frame of the live view
-  F=index,name,uuid,utilization.gpu,utilization.memory,memory.used,memory.total,temperature.gpu,power.draw,power.limit,clocks.sm,clocks.mem
-  /usr/bin/time -f "nvidia-smi cpu %U+%S s" timeout 30 nvidia-smi --query-gpu=$F --format=csv,nounits -lms 100 -c 50 >"$W/smi.csv" 2>"$W/smi-time.txt" || timeout 8 nvidia-smi --query-gpu=$F --format=csv,nounits -lms 100 >"$W/smi.csv" 2>>"$W/smi-time.txt"
-  /usr/bin/time -f "gpukit cpu %U+%S s" clean timeout 30 "$BIN" monitor --csv - --interval-ms 100 --count 50 >"$W/monitor.csv" 2>"$W/monitor-time.txt"
-  say "monitor csv rc=$? lines $(wc -l <"$W/monitor.csv"); $(cat "$W/smi-time.txt" "$W/monitor-time.txt" | tr '\n' ' ')"
-  clean timeout 120 "$BIN" monitor --interval-ms 100 -- "$BIN" bench matmul --sizes 8192 --dtype bf16 --device cuda:0 >"$W/footprint.txt" 2>&1; say "monitor -- bench matmul rc=$?"
+  # monitor beside nvidia-smi (the same moments, field by field, and the CPU time of each), a
+  # command's footprint at the power cap, /metrics scraped 1,000 times, a frame of the live view
+  F=timestamp,index,name,uuid,pci.bus_id,utilization.gpu,utilization.memory,memory.used,memory.total,temperature.gpu,power.draw,power.draw.instant,power.limit,clocks.sm,clocks.mem,clocks_throttle_reasons.active,ecc.errors.uncorrected.volatile.total
+  # a load for both to see: a matmul loop in the background
+  clean "$BIN" bench matmul --sizes 8192 --dtype bf16 --device cuda:0 --iterations 3000 >/dev/null 2>&1 & LOAD=$!
+  sleep 2
+  /usr/bin/time -f "%U %S" -o "$W/smi-time.txt" timeout -s INT 5.05 nvidia-smi --query-gpu=$F --format=csv,nounits -lms 100 >"$W/smi.csv" 2>>"$LOG" &
+  /usr/bin/time -f "%U %S" -o "$W/monitor-time.txt" env -u LD_LIBRARY_PATH -u GPUKIT_CUDA_PATH "$BIN" monitor --csv - --interval-ms 100 --count 50 >"$W/monitor.csv" 2>>"$LOG"
+  say "monitor csv rc=$? lines $(wc -l <"$W/monitor.csv")"
+  wait %2 2>/dev/null; wait $LOAD
+  # gpukit's cost split: the start (NVML opened) against the samples
+  /usr/bin/time -f "%U %S" -o "$W/monitor1-time.txt" env -u LD_LIBRARY_PATH "$BIN" monitor --csv - --count 1 >/dev/null 2>>"$LOG"
+  /usr/bin/time -f "%U %S" -o "$W/monitor201-time.txt" env -u LD_LIBRARY_PATH "$BIN" monitor --csv - --count 201 --interval-ms 5 >/dev/null 2>>"$LOG"
+  /usr/bin/time -f "%U %S" -o "$W/jsonl201-time.txt" env -u LD_LIBRARY_PATH "$BIN" monitor --jsonl - --count 201 --interval-ms 5 >/dev/null 2>>"$LOG"
+  /usr/bin/time -f "%U %S" -o "$W/smi1-time.txt" nvidia-smi --query-gpu=$F --format=csv,nounits >/dev/null 2>>"$LOG"
+  say "CPU s (user system): gpukit --csv 1 sample $(cat "$W/monitor1-time.txt"), 201 samples $(cat "$W/monitor201-time.txt"); --jsonl (processes included) 201 samples $(cat "$W/jsonl201-time.txt"); nvidia-smi 1 query $(cat "$W/smi1-time.txt")"
+  python3 - "$W" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import csv, statistics, sys
+w = sys.argv[1]
+def rows(path):
+    with open(path) as f:
+        r = list(csv.reader(f, skipinitialspace=True))
+    head = [h.split(" [")[0].strip() for h in r[0]]
+    print(f"  header of {path.split('/')[-1]}: {', '.join(r[0])}")
+    return [dict(zip(head, x)) for x in r[1:] if len(x) == len(head)]
+smi, gk = rows(w + "/smi.csv"), rows(w + "/monitor.csv")
+def cpu(path, n):
+    u, s = map(float, open(path).read().split()[-2:])
+    return (u + s), (u + s) / max(n, 1) * 1e3
+cs, cg = cpu(w + "/smi-time.txt", len(smi)), cpu(w + "/monitor-time.txt", len(gk))
+print(f"samples: nvidia-smi {len(smi)}, gpukit {len(gk)}; CPU time: nvidia-smi {cs[0]:.3f} s ({cs[1]:.2f} ms a sample), gpukit {cg[0]:.3f} s ({cg[1]:.2f} ms a sample)")
+for f in ["name", "uuid", "pci.bus_id", "memory.total", "power.limit", "clocks.current.memory"]:
+    a, b = {x[f] for x in smi}, {x[f] for x in gk}
+    print(f"  {'agree ' if a == b else 'DIFFER'} {f:22} nvidia-smi={sorted(a)} gpukit={sorted(b)}")
+for f in ["utilization.gpu", "utilization.memory", "memory.used", "temperature.gpu", "power.draw", "power.draw.instant", "clocks.current.sm"]:
+    def nums(rs):
+        v = []
+        for x in rs:
+            try: v.append(float(x[f]))
+            except (KeyError, ValueError): pass
+        return v
+    a, b = nums(smi), nums(gk)
+    if a and b:
+        ma, mb = statistics.mean(a), statistics.mean(b)
+        print(f"  {f:22} mean nvidia-smi {ma:10.2f} gpukit {mb:10.2f} (diff {abs(ma - mb) / max(abs(ma), 1e-9) * 100:.1f}%), median {statistics.median(a):.2f} / {statistics.median(b):.2f}")
+    else:
+        print(f"  {f:22} nvidia-smi {len(a)} values, gpukit {len(b)}")
+PY
+  clean timeout 120 "$BIN" monitor --interval-ms 50 -- "$BIN" bench matmul --sizes 8192 --dtype bf16 --device cuda:0 --iterations 4000 >"$W/footprint.txt" 2>&1; say "monitor -- bench matmul (4000 iterations) rc=$?"
+  grep -A4 "GPUs while it ran" "$W/footprint.txt" | tail -1 | tee -a "$SUMMARY"
   clean "$BIN" monitor --prometheus 127.0.0.1:9400 --interval-ms 200 --duration 40 2>"$W/prom.err" & PROM=$!
   sleep 2
+  grep VmRSS /proc/$PROM/status | tee -a "$SUMMARY"
   python3 - "$W" <<'PY' 2>&1 | tee -a "$SUMMARY"
-import sys, urllib.request, resource
+import sys, urllib.request
 texts = [urllib.request.urlopen("http://127.0.0.1:9400/metrics", timeout=5).read().decode() for _ in range(1000)]
 open(sys.argv[1] + "/metrics.txt", "w").write(texts[-1])
 names = sorted({l.split("{")[0] for l in texts[-1].splitlines() if l and not l.startswith("#")})
@@ -166,8 +210,14 @@ try:
 except ImportError:
     print("prometheus_client not installed here: not parsed")
 PY
-  grep VmRSS /proc/$PROM/status | tee -a "$SUMMARY"; wait $PROM; say "prometheus rc=$?"
-  clean timeout 6 script -q -c "$BIN monitor --interval-ms 500" "$W/live.typescript" >/dev/null 2>&1; say "live view captured ($(wc -c <"$W/live.typescript") bytes of terminal output)"
+  grep VmRSS /proc/$PROM/status | tee -a "$SUMMARY"
+  clean "$BIN" monitor --prometheus 127.0.0.1:9400 --count 1 >>"$LOG" 2>&1; say "a second exporter on the same port rc=$? (want 2: cannot bind)"
+  wait $PROM; say "prometheus rc=$?"
+  clean "$BIN" monitor --interval-ms 0 >>"$LOG" 2>&1; say "monitor --interval-ms 0 rc=$? (want 2)"
+  clean "$BIN" monitor --csv /proc/nope/x.csv --count 1 >>"$LOG" 2>&1; say "monitor --csv /proc/nope rc=$? (want 2)"
+  clean "$BIN" monitor -- gpukit-no-such-command >>"$LOG" 2>&1; say "monitor -- missing command rc=$? (want 127)"
+  clean timeout 6 script -q -c "stty cols 160 rows 45; $BIN monitor --interval-ms 500" "$W/live.typescript" >/dev/null 2>&1
+  say "live view: $(wc -c <"$W/live.typescript") bytes of terminal output; $(grep -ac 'H100' "$W/live.typescript") chunk(s) naming the GPU"
 fi
 
 if [ "$MODE" = sanitize ]; then

@@ -18,6 +18,7 @@ pub mod matmul;
 pub mod memory;
 pub mod monitor;
 pub mod peer;
+pub mod power;
 pub mod report;
 pub use gpukit_tensor::random;
 pub mod stats;

@@ -125,6 +125,11 @@ pub fn outcome_line(version: String, missed: &[String]) -> String {
 }
 
 impl PeerServer {
+    /// The server process's id (its GPU work is part of a comparison, not a stranger's).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Starts `pytorch_reference.py serve --device DEVICE` and waits for its ready line.
     pub fn start(device: &str, threads: Option<usize>) -> Result<PeerServer> {
         PeerServer::start_with(python(), device, threads)

@@ -318,15 +318,6 @@ pub fn check_request(r: &TrainRequest) -> Result<()> {
             Some(_) => {}
         }
     }
-    if on_gpu && r.checkpoint_activations {
-        // the GPU engine's recomputation is written and tested (gpu_train) but has not run
-        // on a GPU yet: it is not offered until it has
-        return Err(Error::BadInput(
-            "--checkpoint-activations: in this version only the CPU path recomputes \
-             activations (--device cpu)"
-                .into(),
-        ));
-    }
     if !on_gpu && (r.loader.is_some() || r.graph.is_some()) {
         return Err(Error::BadInput(format!(
             "{}: is about the GPU path; add --device cuda:0",

@@ -10,6 +10,9 @@ use nvml_wrapper::enum_wrappers::device::{
     Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor,
 };
 use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::sys_exports::field_id::{
+    NVML_FI_DEV_PCIE_COUNT_RX_BYTES, NVML_FI_DEV_PCIE_COUNT_TX_BYTES, NVML_FI_DEV_POWER_INSTANT,
+};
 use nvml_wrapper::Nvml;
 use serde::{Deserialize, Serialize};
 
@@ -205,13 +208,23 @@ pub struct GpuSample {
     pub memory_used_bytes: Option<u64>,
     pub memory_total_bytes: Option<u64>,
     pub temperature_c: Option<u32>,
+    /// NVML's power reading (nvidia-smi's power.draw): on recent chips an average over about
+    /// a second, so it lags a change of load.
     pub power_draw_w: Option<f64>,
+    /// The instantaneous reading (nvidia-smi's power.draw.instant), where the driver has one.
+    #[serde(default)]
+    pub power_instant_w: Option<f64>,
     pub power_limit_w: Option<f64>,
     pub sm_clock_mhz: Option<u32>,
     pub memory_clock_mhz: Option<u32>,
     /// PCIe throughput over NVML's last 20 ms window, bytes a second.
     pub pcie_tx_bytes_per_s: Option<u64>,
     pub pcie_rx_bytes_per_s: Option<u64>,
+    /// The driver's PCIe byte counters, where it has them (the rates come from their change).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_tx_counter: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_rx_counter: Option<u64>,
     /// Energy since the driver loaded, millijoules (NVML's counter; Volta and later).
     pub energy_mj: Option<u64>,
     /// Why the clocks are held down now (NVML's throttle reasons), by name: "sw_power_cap",
@@ -227,12 +240,7 @@ impl GpuSample {
     /// Whether the chip is held below its clocks for power or heat (not idling, not a
     /// user-set application clock).
     pub fn throttled(&self) -> bool {
-        self.throttle_reasons.iter().any(|r| {
-            matches!(
-                r.as_str(),
-                "sw_power_cap" | "hw_slowdown" | "sw_thermal" | "hw_thermal" | "hw_power_brake"
-            )
-        })
+        self.throttle_reasons.iter().any(|r| throttling(r))
     }
 }
 
@@ -253,66 +261,240 @@ const REASONS: [(ThrottleReasons, &str); 9] = [
 ];
 
 impl NvmlSession {
-    /// One reading of every GPU, in NVML's order. `since_us` is the previous round's time
-    /// (microseconds since the epoch) for per-process SM utilisation over the period.
-    pub fn sample_all(&self, since_us: Option<u64>) -> Result<Vec<GpuSample>> {
-        self.each_device(|d| Self::sample(d, since_us))
+    /// One reading of every GPU, in NVML's order. `previous` is the last round (empty at the
+    /// start): per-process SM utilisation covers the time since it, and PCIe rates are the
+    /// byte counters' change since it.
+    /// `what` picks the costly readings: the processes, and the energy counter (about 4 ms of
+    /// CPU a read on an H100, when every other reading costs microseconds).
+    pub fn sample_all(&self, previous: &[GpuSample], what: Readings) -> Result<Vec<GpuSample>> {
+        self.each_device(|d| Self::sample(d, previous, what))
     }
 
-    fn sample(d: &nvml_wrapper::Device<'_>, since_us: Option<u64>) -> GpuSample {
+    /// Reads only what a sample shows: every call here is cheap (no 20 ms PCIe window where
+    /// the driver has byte counters), so sampling costs less CPU than nvidia-smi's loop.
+    fn sample(d: &nvml_wrapper::Device<'_>, previous: &[GpuSample], what: Readings) -> GpuSample {
+        let processes = what.processes;
         let unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|t| t.as_millis() as u64)
             .unwrap_or(0);
-        let facts = Self::facts(d);
-        let sm_util: std::collections::HashMap<u32, u32> = d
-            .process_utilization_stats(since_us)
-            .unwrap_or_default()
+        let index = d.index().unwrap_or(0);
+        let prev = previous.iter().find(|p| p.index == index);
+        let sm_util: std::collections::HashMap<u32, u32> = if processes {
+            d.process_utilization_stats(prev.map(|p| p.unix_ms * 1000))
+                .unwrap_or_default()
+                .into_iter()
+                .map(|p| (p.pid, p.sm_util))
+                .collect()
+        } else {
+            Default::default()
+        };
+        let [instant, tx, rx] = fields(
+            d,
+            [
+                NVML_FI_DEV_POWER_INSTANT,
+                NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+                NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+            ],
+        );
+        // bytes a second from the counters' change since the previous round; the driver's
+        // 20 ms throughput window where it has no counters
+        let rate = |now: Option<f64>, before: Option<u64>, counter| match (now, prev) {
+            (Some(n), Some(p)) => {
+                let dt = unix_ms.saturating_sub(p.unix_ms);
+                before
+                    .filter(|&b| dt > 0 && n as u64 >= b)
+                    .map(|b| (n as u64 - b) * 1000 / dt)
+            }
+            (Some(_), None) => None,
+            (None, _) => d.pcie_throughput(counter).ok().map(|k| u64::from(k) * 1024),
+        };
+        let mem = d.memory_info().ok();
+        let util = d.utilization_rates().ok();
+        let running = if processes {
+            d.running_compute_processes().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let processes = running
             .into_iter()
-            .map(|p| (p.pid, p.sm_util))
+            .map(|p| ProcessSample {
+                sm_util_pct: sm_util.get(&p.pid).copied(),
+                pid: p.pid,
+                name: std::fs::read_to_string(format!("/proc/{}/comm", p.pid))
+                    .map(|s| s.trim().to_string())
+                    .unwrap_or_default(),
+                used_memory_bytes: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => Some(b),
+                    UsedGpuMemory::Unavailable => None,
+                },
+            })
             .collect();
-        let kb = |c| d.pcie_throughput(c).ok().map(|k| u64::from(k) * 1024);
         GpuSample {
             unix_ms,
-            index: facts.index,
-            uuid: facts.uuid,
-            name: facts.name,
-            pci_bus_id: facts.pci_bus_id,
-            utilization_gpu_pct: facts.utilization_gpu_pct,
-            utilization_memory_pct: facts.utilization_memory_pct,
-            memory_used_bytes: facts.memory_used_bytes,
-            memory_total_bytes: facts.memory_total_bytes,
-            temperature_c: facts.temperature_c,
-            power_draw_w: facts.power_draw_w,
-            power_limit_w: facts.power_limit_w,
-            sm_clock_mhz: facts.sm_clock_mhz,
-            memory_clock_mhz: d.clock_info(Clock::Memory).ok(),
-            pcie_tx_bytes_per_s: kb(PcieUtilCounter::Send),
-            pcie_rx_bytes_per_s: kb(PcieUtilCounter::Receive),
-            energy_mj: d.total_energy_consumption().ok(),
-            throttle_reasons: d
-                .current_throttle_reasons()
-                .map(|r| {
-                    REASONS
-                        .iter()
-                        .filter(|(bit, _)| r.contains(*bit))
-                        .map(|(_, name)| name.to_string())
-                        .collect()
-                })
+            index,
+            uuid: d.uuid().unwrap_or_default(),
+            name: d.name().unwrap_or_default(),
+            pci_bus_id: d
+                .pci_info()
+                .map(|p| p.bus_id.to_ascii_uppercase())
                 .unwrap_or_default(),
+            utilization_gpu_pct: util.as_ref().map(|u| u.gpu),
+            utilization_memory_pct: util.as_ref().map(|u| u.memory),
+            memory_used_bytes: mem.as_ref().map(|m| m.used),
+            memory_total_bytes: mem.as_ref().map(|m| m.total),
+            temperature_c: d.temperature(TemperatureSensor::Gpu).ok(),
+            power_draw_w: d.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+            power_instant_w: instant.filter(|&mw| mw > 0.0).map(|mw| mw / 1000.0),
+            power_limit_w: d
+                .enforced_power_limit()
+                .ok()
+                .map(|mw| f64::from(mw) / 1000.0),
+            sm_clock_mhz: d.clock_info(Clock::SM).ok(),
+            memory_clock_mhz: d.clock_info(Clock::Memory).ok(),
+            pcie_tx_bytes_per_s: rate(
+                tx,
+                prev.and_then(|p| p.pcie_tx_counter),
+                PcieUtilCounter::Send,
+            ),
+            pcie_rx_bytes_per_s: rate(
+                rx,
+                prev.and_then(|p| p.pcie_rx_counter),
+                PcieUtilCounter::Receive,
+            ),
+            pcie_tx_counter: tx.map(|v| v as u64),
+            pcie_rx_counter: rx.map(|v| v as u64),
+            energy_mj: what
+                .energy
+                .then(|| d.total_energy_consumption().ok())
+                .flatten(),
+            throttle_reasons: throttle_names(d),
             ecc_uncorrected: d
                 .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
                 .ok(),
-            processes: facts
-                .processes
-                .into_iter()
-                .map(|p| ProcessSample {
-                    sm_util_pct: sm_util.get(&p.pid).copied(),
-                    pid: p.pid,
-                    name: p.name,
-                    used_memory_bytes: p.used_memory_bytes,
-                })
-                .collect(),
+            processes,
         }
+    }
+}
+
+/// NVML field values by id, as numbers (None where the driver does not report one).
+fn fields<const N: usize>(d: &nvml_wrapper::Device<'_>, ids: [u32; N]) -> [Option<f64>; N] {
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::structs::device::FieldId;
+    let mut out = [None; N];
+    let Ok(values) = d.field_values_for(&ids.map(FieldId)) else {
+        return out;
+    };
+    for (slot, v) in out.iter_mut().zip(values) {
+        *slot = v.ok().and_then(|v| v.value.ok()).map(|v| match v {
+            SampleValue::U32(x) => f64::from(x),
+            SampleValue::U64(x) => x as f64,
+            SampleValue::I64(x) => x as f64,
+            SampleValue::F64(x) => x,
+        });
+    }
+    out
+}
+
+/// The instantaneous board power in watts, where the driver reports it.
+fn instant_power_w(d: &nvml_wrapper::Device<'_>) -> Option<f64> {
+    let [mw] = fields(d, [NVML_FI_DEV_POWER_INSTANT]);
+    mw.filter(|&mw| mw > 0.0).map(|mw| mw / 1000.0)
+}
+
+/// The throttle reasons in force now, by gpukit's names (empty when unreadable).
+fn throttle_names(d: &nvml_wrapper::Device<'_>) -> Vec<String> {
+    d.current_throttle_reasons()
+        .map(|r| {
+            REASONS
+                .iter()
+                .filter(|(bit, _)| r.contains(*bit))
+                .map(|(_, name)| name.to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The readings of a sample that cost more than microseconds, asked for only where shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Readings {
+    /// The processes on each GPU, with their memory and SM utilisation.
+    pub processes: bool,
+    /// NVML's energy counter.
+    pub energy: bool,
+}
+
+impl Readings {
+    pub const ALL: Readings = Readings {
+        processes: true,
+        energy: true,
+    };
+}
+
+/// What a sampler beside timed work reads: cheap enough to take every few milliseconds.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PowerReading {
+    /// The instantaneous power where the driver has it, else the averaged reading.
+    pub power_w: Option<f64>,
+    /// Whether `power_w` is the instantaneous reading.
+    pub instant: bool,
+    pub sm_clock_mhz: Option<u32>,
+    pub throttle_reasons: Vec<String>,
+    /// The processes holding memory on the device, when asked for.
+    pub pids: Option<Vec<u32>>,
+}
+
+impl PowerReading {
+    /// Held below its clocks for power or heat (the reasons `GpuSample::throttled` counts).
+    pub fn throttled(&self) -> bool {
+        self.throttle_reasons.iter().any(|r| throttling(r))
+    }
+}
+
+/// Whether a throttle reason holds the chip down for power or heat.
+pub fn throttling(reason: &str) -> bool {
+    matches!(
+        reason,
+        "sw_power_cap" | "hw_slowdown" | "sw_thermal" | "hw_thermal" | "hw_power_brake"
+    )
+}
+
+impl NvmlSession {
+    /// NVML's index of the device with this UUID.
+    pub fn index_of(&self, uuid: &str) -> Result<u32> {
+        self.nvml
+            .device_by_uuid(uuid)
+            .and_then(|d| d.index())
+            .map_err(|e| Error::Nvml(format!("no device {uuid}: {e}")))
+    }
+
+    /// The enforced power limit of device `index`, in watts.
+    pub fn power_limit_w(&self, index: u32) -> Option<f64> {
+        let d = self.nvml.device_by_index(index).ok()?;
+        d.enforced_power_limit()
+            .ok()
+            .map(|mw| f64::from(mw) / 1000.0)
+    }
+
+    /// A light reading of device `index` (the running processes only when `processes`).
+    pub fn power_reading(&self, index: u32, processes: bool) -> Result<PowerReading> {
+        let d = self
+            .nvml
+            .device_by_index(index)
+            .map_err(|e| Error::Nvml(format!("device {index}: {e}")))?;
+        let instant = instant_power_w(&d);
+        Ok(PowerReading {
+            instant: instant.is_some(),
+            power_w: instant.or_else(|| d.power_usage().ok().map(|mw| f64::from(mw) / 1000.0)),
+            sm_clock_mhz: d.clock_info(Clock::SM).ok(),
+            throttle_reasons: throttle_names(&d),
+            pids: processes.then(|| {
+                d.running_compute_processes()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|p| p.pid)
+                    .collect()
+            }),
+        })
     }
 }

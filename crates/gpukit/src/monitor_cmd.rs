@@ -11,7 +11,8 @@ use gpukit_bench::monitor::run::{
 use gpukit_bench::monitor::Round;
 use gpukit_bench::report::Document;
 use gpukit_bench::Error;
-use gpukit_cuda::loader::prepare_process;
+use gpukit_cuda::loader::discover;
+use gpukit_cuda::nvml::Readings;
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -36,9 +37,12 @@ pub fn monitor(a: MonitorArgs, out: &Output) -> Result<()> {
             })?;
         }
     }
-    let discovery = prepare_process();
+    // NVML is opened by its absolute path: no re-execution with the loader's path extended,
+    // so a command run under `monitor --` sees the environment it was given
+    let discovery = discover();
     if !a.command.is_empty() {
-        let source = NvmlSource::open(&discovery).map(|s| Box::new(s) as Box<dyn Source>);
+        let source =
+            NvmlSource::open(&discovery, Readings::ALL).map(|s| Box::new(s) as Box<dyn Source>);
         let f = match footprint(&a.command, source, interval) {
             Err(Error::CommandNotFound(p)) => {
                 eprintln!("error: {p}: command not found");
@@ -62,7 +66,16 @@ pub fn monitor(a: MonitorArgs, out: &Output) -> Result<()> {
         .map(|addr| gpukit_bench::monitor::prometheus::Exporter::bind(addr, a.allow_remote))
         .transpose()?;
     let logging = a.csv.is_some() || a.jsonl.is_some() || exporter.is_some();
-    let mut source = NvmlSource::open(&discovery)?;
+    let csv_only = a.csv.is_some() && a.jsonl.is_none() && exporter.is_none();
+    let what = if csv_only {
+        Readings {
+            processes: false,
+            energy: false,
+        }
+    } else {
+        Readings::ALL
+    };
+    let mut source = NvmlSource::open(&discovery, what)?;
     let opts = LogOptions {
         interval,
         count: a.count,

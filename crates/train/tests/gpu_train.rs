@@ -339,15 +339,21 @@ fn fp16_survives_overflow() -> Result<(), Failed> {
     if r.skipped == 0 || scale >= 65536.0 {
         return Err(format!("no overflow handled: skipped {}, scale {scale}", r.skipped).into());
     }
-    let last = |r: &GpuRun| r.outcome.step_losses.last().copied().unwrap_or(f64::NAN);
+    // One batch's loss at this learning rate moves by more than 10% from update to update, so
+    // the runs are compared over their last epoch (16 updates), not on their last batch.
+    let per_epoch = 1024 / 64;
+    let last_epoch = |r: &GpuRun| {
+        let l = &r.outcome.step_losses;
+        l[l.len().saturating_sub(per_epoch)..].iter().sum::<f64>() / per_epoch as f64
+    };
     let first = r.outcome.step_losses[0];
-    let rel = (last(&r) - last(&fp32)).abs() / last(&fp32);
-    if rel.partial_cmp(&0.05) != Some(std::cmp::Ordering::Less) || last(&r) >= first * 0.5 {
+    let (half, full) = (last_epoch(&r), last_epoch(&fp32));
+    let rel = (half - full).abs() / full;
+    if rel.partial_cmp(&0.05) != Some(std::cmp::Ordering::Less) || half >= first * 0.05 {
         return Err(format!(
-            "fp16 after {} skipped updates ended at {} (from {first}), fp32 at {} (seed {seed})",
-            r.skipped,
-            last(&r),
-            last(&fp32)
+            "fp16 after {} skipped updates: last epoch's mean loss {half} (from {first}), \
+             fp32's {full} (seed {seed})",
+            r.skipped
         )
         .into());
     }

@@ -7,6 +7,7 @@ use super::accuracy::{agreement, tolerance, verdict};
 use super::report::{one_at_a_time_reps, rate, row, InferRow};
 use super::strategy::{InferStrategy, CPU_CHECK_IMAGES};
 use crate::harness::{time_device, Plan};
+use crate::power::{PowerMeter, Windows, STEADY_MS};
 use crate::random::uniform_f32;
 use crate::report::RowStatus;
 use gpukit_models::forward::FoldedResNet;
@@ -129,6 +130,8 @@ pub(super) struct GpuRun<'a> {
     /// gpukit's f32 CPU rate per batch size, where that row ran.
     pub cpu_rates: BTreeMap<usize, f64>,
     pub compute_capability: Option<(u32, u32)>,
+    /// Samples the GPU's power while rows are timed (None without NVML).
+    pub meter: Option<PowerMeter>,
 }
 
 impl GpuRun<'_> {
@@ -582,11 +585,25 @@ impl GpuRun<'_> {
             }
             progress(&format!("infer {} {} batch {n}", self.device, st.name()));
             let stream = self.ctx.gpu.stream();
-            let timed = if st.graph {
-                time_device(stream, self.plan, || session.replay())
-            } else {
-                time_device(stream, self.plan, || session.enqueue())
+            let time = |plan: Plan| {
+                if st.graph {
+                    time_device(stream, plan, || session.replay())
+                } else {
+                    time_device(stream, plan, || session.enqueue())
+                }
             };
+            let timed = time(self.plan);
+            // the timed passes are too short to read the power (tens of ms): the same passes
+            // again for STEADY_MS, untimed, with the meter reading
+            if let (Some(m), Ok(t)) = (&self.meter, &timed) {
+                let reps = (STEADY_MS / t.summary_ms.median.max(1e-3)).ceil() as usize;
+                let mut windows = Windows::default();
+                if m.timed(&mut windows, || time(Plan::new(0, reps.clamp(1, 100_000))))
+                    .is_ok()
+                {
+                    r.power = m.during(&windows);
+                }
+            }
             let t = match timed {
                 Ok(t) => t,
                 Err(e) => {

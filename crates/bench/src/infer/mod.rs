@@ -44,6 +44,7 @@ pub use strategy::{
 
 use crate::error::{Error, Result};
 use crate::harness::Plan;
+use crate::power::PowerMeter;
 use crate::random::fresh_seed;
 use crate::report::{judge_rows, Document, RowStatus};
 use cpu::cpu_rows;
@@ -285,6 +286,7 @@ pub fn run_infer(
                     plan: Plan::new(GPU_WARMUP, opts.gpu_iterations),
                     cpu_rates,
                     compute_capability,
+                    meter: PowerMeter::for_ordinal(discovery, ordinal),
                 };
                 let rows = run.rows(&gpu, &singles, &batches, progress);
                 report.rows.extend(rows);

@@ -65,6 +65,9 @@ pub struct InferRow {
     /// batch) over this row's: what batching gains. None where either row did not pass.
     #[serde(default)]
     pub batching_gain: Option<f64>,
+    /// GPU rows: what the chip drew during the timed passes (power, clock, throttling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<crate::power::RowPower>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -197,6 +200,7 @@ pub(super) fn row(strategy: &str, device: &str, batch: usize) -> InferRow {
         tolerance: None,
         pytorch: None,
         batching_gain: None,
+        power: None,
     }
 }
 

@@ -92,12 +92,14 @@ fn cpu_row(dtype: DType, n: usize, opts: &MatmulOptions, turns: &mut Turns) -> M
     let plan = Plan::new(1.min(opts.warmup), opts.iterations).with_budget(opts.cpu_budget_s);
     let flops = 2.0 * (n as f64).powi(3);
     let mut time = |work: &mut dyn FnMut()| {
-        turns.time(Clock::Host, ("cpu", dtype, n), opts, plan, None, &mut |p| {
-            host_samples(p, || {
-                work();
-                Ok::<(), Error>(())
-            })
-        })
+        let (timing, theirs, _) =
+            turns.time(Clock::Host, ("cpu", dtype, n), opts, plan, None, &mut |p| {
+                host_samples(p, || {
+                    work();
+                    Ok::<(), Error>(())
+                })
+            });
+        (timing, theirs)
     };
     // the operands, decoded from the stored bytes the check reads too
     let values = |bytes: &[u8]| decode_f64(bytes, ty);

@@ -204,7 +204,7 @@ fn gpu_row(
     }
     let backend = &candidates[chosen];
     row.backend = Some(backend.label());
-    let (timing, theirs) = turns.time(
+    let (timing, theirs, powers) = turns.time(
         Clock::CudaEvents,
         (&format!("cuda:{}", gpu.ordinal), dtype, n),
         opts,
@@ -245,6 +245,8 @@ fn gpu_row(
                 row.tflops = Some(ours);
                 row.pytorch = peer_figure(theirs, flops, ours);
                 row.timing = Some(timing);
+                row.power = powers.ours;
+                row.pytorch_power = powers.theirs;
             }
             row.verification = Some(v);
         }

@@ -18,6 +18,7 @@ use crate::check::{describe_gpu, GpuFacts};
 use crate::error::{Error, Result};
 use crate::harness::Measurement;
 use crate::peer::PeerServer;
+use crate::power::{PowerMeter, RowPower};
 use crate::random::{normal_f32, normal_f64, uniform_f32, uniform_f64};
 use gpukit_cuda::blas::Blas;
 use gpukit_cuda::loader::Discovery;
@@ -215,6 +216,12 @@ pub struct MatmulRow {
     /// turns (the median, then each round's); it is kept only below `CONFIRM_RATIO`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confirmation: Option<(f64, Vec<f64>)>,
+    /// GPU rows: what the chip drew during gpukit's timed blocks (power, clock, throttling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<RowPower>,
+    /// The same during PyTorch's blocks, when it took turns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pytorch_power: Option<RowPower>,
 }
 
 impl MatmulRow {
@@ -235,6 +242,8 @@ impl MatmulRow {
             pytorch: None,
             candidates: Vec::new(),
             confirmation: None,
+            power: None,
+            pytorch_power: None,
         }
     }
 
@@ -337,6 +346,7 @@ pub fn run_matmul(
     let mut alone = Turns {
         server: None,
         missed: Vec::new(),
+        meter: None,
     };
     run_matmul_turns(discovery, opts, &mut alone, progress)
 }
@@ -367,6 +377,7 @@ pub fn run_matmul_with_pytorch(
     let mut turns = Turns {
         server: Some(server),
         missed: Vec::new(),
+        meter: None,
     };
     let report = run_matmul_turns(discovery, opts, &mut turns, progress);
     (
@@ -405,6 +416,10 @@ fn run_matmul_turns(
             describe_gpu(discovery, ordinal),
         ) {
             (Ok(gpu), Ok(facts)) => {
+                turns.meter = PowerMeter::start(discovery, &facts.uuid);
+                if let (Some(m), Some(s)) = (&turns.meter, &turns.server) {
+                    m.own_process(s.pid());
+                }
                 match Blas::new(discovery, &gpu) {
                     Ok(blas) => gpu::gpu_rows(
                         (&gpu, &blas, &facts),
@@ -425,6 +440,8 @@ fn run_matmul_turns(
         opts.selection,
         DeviceSelection::All | DeviceSelection::One(Device::Cpu)
     ) {
+        // the sampler stops before the CPU rows: they say nothing of the GPU's power
+        turns.meter = None;
         cpu::cpu_rows(opts, &host, turns, &mut report.rows, progress);
     }
     finish_rows(&mut report.rows, report.gpu.as_ref().map(|g| &g.peaks));

@@ -33,6 +33,7 @@ fn a_peer_takes_turns_on_every_cpu_row() {
     let mut turns = Turns {
         server: Some(server),
         missed: Vec::new(),
+        meter: None,
     };
     let opts = MatmulOptions {
         sizes: vec![48],

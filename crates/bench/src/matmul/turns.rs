@@ -7,6 +7,7 @@ use crate::error::Result;
 pub(super) use crate::harness::{block_reps, TurnShape};
 use crate::harness::{both_orders, tflops, Clock, Measurement, PeerSamples, Plan};
 use crate::peer::PeerServer;
+use crate::power::{PowerMeter, RowPower, Windows};
 use crate::report::PeerFigure;
 use gpukit_tensor::DType;
 
@@ -15,6 +16,15 @@ use gpukit_tensor::DType;
 pub(super) struct Turns {
     pub server: Option<PeerServer>,
     pub missed: Vec<String>,
+    /// Samples the GPU's power while GPU rows are timed (None without NVML).
+    pub meter: Option<PowerMeter>,
+}
+
+/// What the GPU drew during each side's timed blocks (GPU rows with a meter).
+#[derive(Default)]
+pub(super) struct Powers {
+    pub ours: Option<RowPower>,
+    pub theirs: Option<RowPower>,
 }
 
 impl Turns {
@@ -30,11 +40,23 @@ impl Turns {
         plan: Plan,
         shape: Option<TurnShape>,
         ours: &mut dyn FnMut(Plan) -> Result<Vec<f64>>,
-    ) -> (Result<Measurement>, Option<PeerSamples>) {
+    ) -> (Result<Measurement>, Option<PeerSamples>, Powers) {
         let summarise =
             |p: Plan, s: Result<Vec<f64>>| s.and_then(|s| Measurement::of(clock, p, &s));
+        // the GPU's power during each side's blocks (a CPU row's blocks say nothing of it)
+        let meter = self.meter.as_ref().filter(|_| clock == Clock::CudaEvents);
+        let (mut ours_w, mut theirs_w) = (Windows::default(), Windows::default());
+        let mut ours = |p: Plan| match meter {
+            Some(m) => m.timed(&mut ours_w, || ours(p)),
+            None => ours(p),
+        };
         let Some(server) = self.server.as_mut() else {
-            return (summarise(plan, ours(plan)), None);
+            let mine = summarise(plan, ours(plan));
+            let powers = Powers {
+                ours: meter.and_then(|m| m.during(&ours_w)),
+                theirs: None,
+            };
+            return (mine, None, powers);
         };
         let rounds = opts.rounds.max(1);
         let reps = block_reps(plan.reps.div_ceil(rounds), shape, opts.block_ms);
@@ -43,7 +65,7 @@ impl Turns {
         // all (CPU, where one repetition can take a second)
         let first = Plan::new(plan.warmup, reps).with_budget(budget);
         let later = Plan::new(if clock == Clock::Host { 0 } else { 2 }, reps).with_budget(budget);
-        let mut theirs = |p: Plan| {
+        let mut block = |p: Plan| {
             server.matmul_block(
                 device,
                 dtype.name(),
@@ -54,15 +76,23 @@ impl Turns {
                 p.max_seconds,
             )
         };
+        let mut theirs = |p: Plan| match meter {
+            Some(m) => m.timed(&mut theirs_w, || block(p)),
+            None => block(p),
+        };
         let soak = if clock == Clock::Host {
             std::time::Duration::ZERO
         } else {
             std::time::Duration::from_secs_f64(opts.soak_ms / 1e3)
         };
-        let run = both_orders(rounds, (first, later), soak, ours, &mut theirs);
+        let run = both_orders(rounds, (first, later), soak, &mut ours, &mut theirs);
+        let powers = Powers {
+            ours: meter.and_then(|m| m.during(&ours_w)),
+            theirs: meter.and_then(|m| m.during(&theirs_w)),
+        };
         let mine = match run.ours {
             Ok(m) => m,
-            Err(e) => return (Err(e), None),
+            Err(e) => return (Err(e), None, powers),
         };
         let theirs = match run.theirs {
             Err(e) => {
@@ -73,7 +103,7 @@ impl Turns {
             Ok(p) => Some(p),
         };
         let overall = Plan::new(plan.warmup, reps * rounds).with_budget(plan.max_seconds);
-        (summarise(overall, Ok(mine)), theirs)
+        (summarise(overall, Ok(mine)), theirs, powers)
     }
 }
 

@@ -6,8 +6,8 @@ use super::GpuSample;
 /// The CSV columns: nvidia-smi's names and units where it has the field, gpukit's otherwise.
 pub const CSV_HEADER: &str = "timestamp, index, name, uuid, pci.bus_id, utilization.gpu [%], \
 utilization.memory [%], memory.used [MiB], memory.total [MiB], temperature.gpu, \
-power.draw [W], power.limit [W], clocks.sm [MHz], clocks.mem [MHz], \
-clocks_throttle_reasons.active, pcie.tx [MB/s], pcie.rx [MB/s], energy [J], \
+power.draw [W], power.draw.instant [W], power.limit [W], clocks.current.sm [MHz], clocks.current.memory [MHz], \
+clocks_event_reasons.active, pcie.tx [MB/s], pcie.rx [MB/s], \
 ecc.errors.uncorrected.volatile.total";
 
 fn na<T: ToString>(v: Option<T>) -> String {
@@ -86,13 +86,13 @@ pub fn csv_line(s: &GpuSample) -> String {
         mib(s.memory_total_bytes),
         na(s.temperature_c),
         watts(s.power_draw_w),
+        watts(s.power_instant_w),
         watts(s.power_limit_w),
         na(s.sm_clock_mhz),
         na(s.memory_clock_mhz),
         format!("0x{:016X}", reasons_mask(&s.throttle_reasons)),
         mbps(s.pcie_tx_bytes_per_s),
         mbps(s.pcie_rx_bytes_per_s),
-        na(s.energy_mj.map(|mj| format!("{:.3}", mj as f64 / 1000.0))),
         na(s.ecc_uncorrected),
     ]
     .join(", ")

@@ -96,6 +96,12 @@ const FAMILIES: &[Family] = &[
         value: |g| float(g.power_draw_w),
     },
     Family {
+        name: "DCGM_FI_DEV_POWER_USAGE_INSTANT",
+        kind: "gauge",
+        help: "Current instantaneous power usage (in W).",
+        value: |g| float(g.power_instant_w),
+    },
+    Family {
         name: "DCGM_FI_DEV_POWER_MGMT_LIMIT",
         kind: "gauge",
         help: "Power management limit (in W).",

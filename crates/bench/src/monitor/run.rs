@@ -6,7 +6,7 @@ use super::log::{csv_line, jsonl_line, CSV_HEADER};
 use super::{GpuSample, Round};
 use crate::error::{Error, Result};
 use gpukit_cuda::loader::Discovery;
-use gpukit_cuda::nvml::NvmlSession;
+use gpukit_cuda::nvml::{throttling, NvmlSession, Readings};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -16,17 +16,23 @@ use std::time::{Duration, Instant};
 /// Where sampled rounds come from: NVML, or recorded rounds in tests.
 pub trait Source {
     fn round(&mut self) -> Result<Round>;
+    /// Whether the next rounds read the energy counter (a footprint needs its first and last
+    /// readings only; the counter costs milliseconds of CPU a read).
+    fn read_energy(&mut self, _on: bool) {}
 }
 
 /// Every GPU through NVML.
 pub struct NvmlSource {
     session: NvmlSession,
-    last_us: Option<u64>,
+    last: Round,
+    what: Readings,
 }
 
 impl NvmlSource {
     /// Opens NVML; without a driver the error names what to install (exit 1).
-    pub fn open(discovery: &Discovery) -> Result<NvmlSource> {
+    /// `what`: the costly readings to take (the CSV shows neither processes nor energy and
+    /// skips both; the live view, JSON lines, the exporter and footprints take them).
+    pub fn open(discovery: &Discovery, what: Readings) -> Result<NvmlSource> {
         let session = NvmlSession::open(discovery).map_err(|e| {
             Error::Unavailable(format!(
                 "gpukit monitor reads the GPUs through NVML, which could not be opened: {e}"
@@ -34,16 +40,21 @@ impl NvmlSource {
         })?;
         Ok(NvmlSource {
             session,
-            last_us: None,
+            last: Vec::new(),
+            what,
         })
     }
 }
 
 impl Source for NvmlSource {
     fn round(&mut self) -> Result<Round> {
-        let round = self.session.sample_all(self.last_us)?;
-        self.last_us = round.first().map(|s| s.unix_ms * 1000);
+        let round = self.session.sample_all(&self.last, self.what)?;
+        self.last = round.clone();
         Ok(round)
+    }
+
+    fn read_energy(&mut self, on: bool) {
+        self.what.energy = on;
     }
 }
 
@@ -173,8 +184,12 @@ pub struct GpuFootprint {
     pub power_limit_w: Option<f64>,
     /// NVML's energy counter, last reading minus first (joules).
     pub energy_j: Option<f64>,
-    /// Mean power times the sampled span, to check the counter against (joules).
+    /// The power readings integrated over time (trapezoids between readings), to check the
+    /// counter against (joules).
     pub energy_from_power_j: Option<f64>,
+    /// Which readings were integrated: "instant" or "average" (NVML's ~1 s average).
+    #[serde(default)]
+    pub power_for_energy: Option<String>,
     /// Seconds between the first and last reading.
     pub sampled_seconds: f64,
     /// Seconds the chip was held down, by reason (each reading counts its interval).
@@ -212,7 +227,9 @@ pub struct Accumulator {
 }
 
 impl Accumulator {
-    pub fn add(&mut self, round: &Round, interval: Duration) {
+    /// Adds one round. Each reading stands for the time since the GPU's previous one (the
+    /// first for none), so throttled time follows the real spacing of the readings.
+    pub fn add(&mut self, round: &Round) {
         for s in round {
             let (fp, kept) = self.gpus.entry(s.uuid.clone()).or_insert_with(|| {
                 (
@@ -229,9 +246,12 @@ impl Accumulator {
             fp.peak_memory_bytes = fp.peak_memory_bytes.max(s.memory_used_bytes);
             fp.max_utilization_pct = fp.max_utilization_pct.max(s.utilization_gpu_pct);
             fp.power_limit_w = s.power_limit_w.or(fp.power_limit_w);
+            let since = kept.last().map_or(0.0, |p: &GpuSample| {
+                s.unix_ms.saturating_sub(p.unix_ms) as f64 / 1e3
+            });
             if s.throttled() {
-                for r in &s.throttle_reasons {
-                    *fp.throttled_seconds.entry(r.clone()).or_default() += interval.as_secs_f64();
+                for r in s.throttle_reasons.iter().filter(|r| throttling(r)) {
+                    *fp.throttled_seconds.entry(r.clone()).or_default() += since;
                 }
             }
             kept.push(s.clone());
@@ -274,13 +294,41 @@ impl Accumulator {
                         .zip(b.energy_mj)
                         .map(|(x, y)| y.saturating_sub(x) as f64 / 1e3);
                 }
-                fp.energy_from_power_j = fp.mean_power_w.map(|w| w * fp.sampled_seconds);
+                // the instantaneous readings where every sample has one: the averaged reading
+                // trails a change of load by about a second
+                let instant = kept.iter().all(|s| s.power_instant_w.is_some());
+                let watts = |s: &GpuSample| {
+                    if instant {
+                        s.power_instant_w
+                    } else {
+                        s.power_draw_w
+                    }
+                };
+                fp.energy_from_power_j = integral(&kept, watts);
+                fp.power_for_energy = fp
+                    .energy_from_power_j
+                    .map(|_| if instant { "instant" } else { "average" }.to_string());
                 fp
             })
             .collect();
         gpus.sort_by_key(|g| g.index);
         (gpus, self.processes.into_values().collect())
     }
+}
+
+/// The time integral of `value` over readings (trapezoids; None without two readings that
+/// both have a value).
+fn integral(kept: &[GpuSample], value: impl Fn(&GpuSample) -> Option<f64>) -> Option<f64> {
+    let mut total = None;
+    for w in kept.windows(2) {
+        if let (Some(a), Some(b)) = (value(&w[0]), value(&w[1])) {
+            let dt = w[1].unix_ms.saturating_sub(w[0].unix_ms) as f64 / 1e3;
+            if a.is_finite() && b.is_finite() {
+                *total.get_or_insert(0.0) += 0.5 * (a + b) * dt;
+            }
+        }
+    }
+    total
 }
 
 /// Runs `command` (its output passes through), sampling every `interval` while it runs;
@@ -305,17 +353,24 @@ pub fn footprint(
         })?;
     let mut acc = Accumulator::default();
     let mut not_sampled = None;
+    let mut rounds = 0u32;
     let status = loop {
         if let Ok(s) = source.as_mut() {
-            match s.round() {
-                Ok(round) => acc.add(&round, interval),
+            let round = s.round();
+            // the energy counter at the first reading and the last only
+            s.read_energy(false);
+            match round {
+                Ok(round) => acc.add(&round),
                 Err(e) => {
                     not_sampled.get_or_insert(e.to_string());
                     source = Err(e);
                 }
             }
         }
-        let next = started.elapsed() + interval;
+        // readings on a fixed schedule from the start (a slow reading does not push the
+        // later ones back), never two at once after a stall
+        rounds += 1;
+        let next = (interval * rounds).max(started.elapsed());
         // wait for the command or the next reading, whichever comes first
         let exited = loop {
             let status = child
@@ -333,8 +388,9 @@ pub fn footprint(
     let seconds = started.elapsed().as_secs_f64();
     // one reading after the end, so the energy counter covers the whole run
     if let Ok(s) = source.as_mut() {
+        s.read_energy(true);
         if let Ok(round) = s.round() {
-            acc.add(&round, interval);
+            acc.add(&round);
         }
     }
     if let Err(e) = &source {

@@ -51,7 +51,10 @@ pub fn footprint_sections(f: &Footprint) -> Vec<Section> {
                         num(g.power_limit_w, "W")
                     ),
                     num(g.energy_j, "J"),
-                    num(g.energy_from_power_j, "J"),
+                    match &g.power_for_energy {
+                        Some(w) => format!("{} ({w})", num(g.energy_from_power_j, "J")),
+                        None => num(g.energy_from_power_j, "J"),
+                    },
                     throttled,
                 ]
             })
@@ -66,7 +69,7 @@ pub fn footprint_sections(f: &Footprint) -> Vec<Section> {
                     "utilisation mean / max",
                     "power mean / max",
                     "energy (counter)",
-                    "mean power x time",
+                    "power over time",
                     "throttled",
                 ]
                 .map(String::from)
@@ -74,7 +77,7 @@ pub fn footprint_sections(f: &Footprint) -> Vec<Section> {
             ),
             rows,
             notes: vec![
-                "energy (counter): NVML's energy counter, last reading minus first; mean power x time checks it".into(),
+                "energy (counter): NVML's energy counter, last reading minus first; power over time checks it: the readings integrated between samples, instantaneous ones where the driver has them (the averaged reading trails a change of load by about a second)".into(),
             ],
         });
     }

@@ -2,6 +2,7 @@
 //! PyTorch's own rows; and `infer --input`'s logits table.
 
 use super::fmt::{grouped, mib, times};
+use super::power::{any_power, power_cells, power_header, power_note};
 use super::{results_table, status_cell, Columns, Section};
 use gpukit_bench::report::RowStatus;
 
@@ -126,8 +127,10 @@ pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
     batches.sort_unstable();
     batches.dedup();
     let best = best_gpu_rows(&r.rows);
-    let measured: &[&str] = if gpu {
-        &[
+    let power = any_power(r.rows.iter().map(|x| x.power.as_ref()));
+    let power_header = power_header("images");
+    let mut measured: Vec<&str> = if gpu {
+        vec![
             "median ms (p10-p90)",
             "images/s",
             "vs fp32 eager",
@@ -137,7 +140,7 @@ pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
             "top-1 agree",
         ]
     } else {
-        &[
+        vec![
             "median ms (p10-p90)",
             "images/s",
             "vs CPU f32",
@@ -145,13 +148,16 @@ pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
             "top-1 agree",
         ]
     };
+    if power {
+        measured.extend(power_header.iter().map(String::as_str));
+    }
     for n in batches {
         let rows: Vec<&InferRow> = r.rows.iter().filter(|x| x.batch == n).collect();
         let (header, body) = results_table(
             &rows,
             Columns {
                 naming: &["strategy", "device"],
-                measured,
+                measured: &measured,
                 rate_unit: "images/s",
                 name: &|x: &&InferRow| vec![x.strategy.clone(), x.device.clone()],
                 status: &|x| &x.status,
@@ -184,6 +190,9 @@ pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
                             .map(|a| format!("{:.0}%", a.top1 * 100.0))
                             .unwrap_or_default(),
                     );
+                    if power {
+                        cells.extend(power_cells(x.power.as_ref(), None, x.images_per_s));
+                    }
                     cells
                 },
                 peer: &|x| x.pytorch.as_ref(),
@@ -199,6 +208,13 @@ pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
                     .filter(|x| is_one_at_a_time(x) && x.status == RowStatus::Ok)
                     .map(|x| infer_one_at_a_time_line(x)),
             )
+            .chain(power.then(|| {
+                power_note(
+                    "images",
+                    false,
+                    "over a further 300 ms of the same passes after the timed ones",
+                )
+            }))
             .collect();
         out.push(Section {
             title: format!("Inference at batch {n}"),

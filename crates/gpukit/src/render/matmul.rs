@@ -1,23 +1,30 @@
 //! `gpukit bench matmul`: one results table of matrix-multiply rates, with what the figures mean.
 
 use super::fmt::{f1, pct, times};
+use super::power::{any_power, power_cells, power_header, power_note};
 use super::{check_cell, results_table, Columns, Section};
 use gpukit_bench::ceilings::PeakSource;
 
 pub fn matmul_sections(r: &gpukit_bench::matmul::MatmulReport) -> Vec<Section> {
+    let power = any_power(r.rows.iter().map(|x| x.power.as_ref()));
+    let power_header = power_header("TFLOP");
+    let mut measured = vec![
+        "median ms (p10-p90)",
+        "TFLOP/s",
+        "% peak",
+        "% best",
+        "vs CPU",
+        "check",
+        "backend",
+    ];
+    if power {
+        measured.extend(power_header.iter().map(String::as_str));
+    }
     let (header, rows) = results_table(
         &r.rows,
         Columns {
             naming: &["device", "dtype", "size"],
-            measured: &[
-                "median ms (p10-p90)",
-                "TFLOP/s",
-                "% peak",
-                "% best",
-                "vs CPU",
-                "check",
-                "backend",
-            ],
+            measured: &measured,
             rate_unit: "TFLOP/s",
             name: &|x: &gpukit_bench::matmul::MatmulRow| {
                 vec![
@@ -29,7 +36,7 @@ pub fn matmul_sections(r: &gpukit_bench::matmul::MatmulReport) -> Vec<Section> {
             status: &|x| &x.status,
             values: &|x| {
                 let t = x.timing.as_ref().map(|t| &t.summary_ms);
-                vec![
+                let mut cells = vec![
                     t.map(|s| format!("{:.3} ({:.3}-{:.3}) n={}", s.median, s.p10, s.p90, s.count))
                         .unwrap_or_default(),
                     f1(x.tflops),
@@ -41,7 +48,15 @@ pub fn matmul_sections(r: &gpukit_bench::matmul::MatmulReport) -> Vec<Section> {
                         Some(c) => format!("computed in {c}"),
                         None => x.backend.clone().unwrap_or_default(),
                     },
-                ]
+                ];
+                if power {
+                    let theirs = x
+                        .pytorch_power
+                        .as_ref()
+                        .zip(x.pytorch.as_ref().map(|p| p.rate));
+                    cells.extend(power_cells(x.power.as_ref(), theirs, x.tflops));
+                }
+                cells
             },
             peer: &|x| x.pytorch.as_ref(),
             behind: None,
@@ -51,6 +66,13 @@ pub fn matmul_sections(r: &gpukit_bench::matmul::MatmulReport) -> Vec<Section> {
         "check: sampled entries against a float64 product of the same stored inputs (relative error shown); a row that fails reports no figure.".to_string(),
         "% peak: of the GPU's dense peak for the dtype; % best: of the best rate measured in this run for the same device and dtype; vs CPU: GPU rate over the CPU's for the same dtype and size.".to_string(),
     ];
+    if power {
+        notes.push(power_note(
+            "TFLOP",
+            r.rows.iter().any(|x| x.pytorch_power.is_some()),
+            "during gpukit's timed blocks (blank: blocks too short to read)",
+        ));
+    }
     if let Some(g) = &r.gpu {
         notes.push(format!(
             "GPU: {} ({})",

@@ -15,6 +15,7 @@ mod infer;
 mod matmul;
 mod memory;
 pub mod monitor;
+mod power;
 #[cfg(test)]
 mod tests;
 mod train;

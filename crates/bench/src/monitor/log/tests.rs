@@ -13,11 +13,14 @@ fn sample() -> GpuSample {
         memory_total_bytes: Some(81_559 << 20),
         temperature_c: Some(61),
         power_draw_w: Some(699.456),
+        power_instant_w: Some(702.5),
         power_limit_w: Some(700.0),
         sm_clock_mhz: Some(1755),
         memory_clock_mhz: Some(2619),
         pcie_tx_bytes_per_s: Some(12_500_000),
         pcie_rx_bytes_per_s: None,
+        pcie_tx_counter: None,
+        pcie_rx_counter: None,
         energy_mj: Some(123_456_789),
         throttle_reasons: vec!["sw_power_cap".into()],
         ecc_uncorrected: Some(0),
@@ -36,9 +39,9 @@ fn csv_lines_follow_nvidia_smis_names_units_and_missing_marker() {
     assert_eq!(fields[6], "[N/A]");
     assert_eq!(fields[7], "2048");
     assert_eq!(fields[10], "699.46");
-    assert_eq!(fields[14], "0x0000000000000004");
-    assert_eq!(fields[16], "[N/A]");
-    assert_eq!(fields[17], "123456.789");
+    assert_eq!(fields[11], "702.50");
+    assert_eq!(fields[15], "0x0000000000000004");
+    assert_eq!(fields[17], "[N/A]");
     let mut named = sample();
     named.name = "a, \"b\"".into();
     assert!(csv_line(&named).contains("\"a, \"\"b\"\"\""));

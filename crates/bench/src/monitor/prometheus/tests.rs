@@ -23,11 +23,14 @@ fn round() -> Vec<GpuSample> {
         memory_total_bytes: Some(80 * GIB),
         temperature_c: Some(64),
         power_draw_w: Some(699.5),
+        power_instant_w: Some(701.25),
         power_limit_w: Some(700.0),
         sm_clock_mhz: Some(1755),
         memory_clock_mhz: Some(2619),
         pcie_tx_bytes_per_s: Some(3 * MIB),
         pcie_rx_bytes_per_s: Some(2048),
+        pcie_tx_counter: None,
+        pcie_rx_counter: None,
         energy_mj: Some(123_456_789),
         throttle_reasons: vec!["sw_power_cap".into()],
         ecc_uncorrected: Some(0),
@@ -141,6 +144,7 @@ fn exposition_has_dcgm_names_labels_and_one_header_per_family() {
         format!("DCGM_FI_DEV_FB_FREE{{{l0}}} 40959"),
         format!("DCGM_FI_DEV_GPU_TEMP{{{l0}}} 64"),
         format!("DCGM_FI_DEV_POWER_USAGE{{{l0}}} 699.5"),
+        format!("DCGM_FI_DEV_POWER_USAGE_INSTANT{{{l0}}} 701.25"),
         format!("DCGM_FI_DEV_POWER_MGMT_LIMIT{{{l0}}} 700"),
         format!("DCGM_FI_DEV_SM_CLOCK{{{l0}}} 1755"),
         format!("DCGM_FI_DEV_MEM_CLOCK{{{l0}}} 2619"),
@@ -177,6 +181,7 @@ fn exposition_has_dcgm_names_labels_and_one_header_per_family() {
         "DCGM_FI_DEV_FB_FREE",
         "DCGM_FI_DEV_GPU_TEMP",
         "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_POWER_USAGE_INSTANT",
         "DCGM_FI_DEV_POWER_MGMT_LIMIT",
         "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
         "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
@@ -193,10 +198,10 @@ fn exposition_has_dcgm_names_labels_and_one_header_per_family() {
         text.lines().filter(|l| l.contains("pid=\"4242\"")).count(),
         2
     );
-    // 14 DCGM samples for GPU 0, 4 for GPU 1; 2 + 1 process samples.
+    // 15 DCGM samples for GPU 0, 4 for GPU 1; 2 + 1 process samples.
     assert_eq!(
         text.lines().filter(|l| !l.starts_with('#')).count(),
-        14 + 4 + 3
+        15 + 4 + 3
     );
 }
 
@@ -447,7 +452,7 @@ fn prometheus_client_parses_the_text() {
         println!("skipped: prometheus_client not installed");
         return;
     }
-    for (round, want_families) in [(round(), 16usize), (Vec::new(), 0)] {
+    for (round, want_families) in [(round(), 17usize), (Vec::new(), 0)] {
         let text = exposition(&round, "node-1");
         let mut child = Command::new("python3")
             .args(["-c", PARSE])

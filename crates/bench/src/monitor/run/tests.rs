@@ -125,7 +125,7 @@ fn footprints_sum_peaks_energy_and_throttled_time() {
     let mut acc = Accumulator::default();
     let mut src = recorded();
     for _ in 0..5 {
-        acc.add(&src.round().unwrap(), Duration::from_millis(100));
+        acc.add(&src.round().unwrap());
     }
     let (gpus, procs) = acc.finish();
     assert_eq!(gpus.len(), 2);
@@ -139,6 +139,7 @@ fn footprints_sum_peaks_energy_and_throttled_time() {
     assert!((g.sampled_seconds - 0.4).abs() < 1e-9);
     assert_eq!(g.energy_j, Some(80.0));
     assert!((g.energy_from_power_j.unwrap() - 120.0).abs() < 1e-9);
+    assert_eq!(g.power_for_energy.as_deref(), Some("average"));
     // two readings under the power cap, 100 ms each; idling is not throttling
     assert_eq!(g.throttled_seconds.get("sw_power_cap"), Some(&0.2));
     assert!(!gpus[1].throttled_seconds.contains_key("gpu_idle"));
@@ -175,4 +176,35 @@ fn a_command_runs_its_exit_code_passes_through_and_a_missing_one_is_named() {
     )
     .unwrap_err();
     assert!(matches!(e, Error::CommandNotFound(ref p) if p == "gpukit-no-such-program"));
+}
+
+#[test]
+fn energy_integrates_uneven_readings_and_prefers_instant_power() {
+    // readings at 0, 100 and 400 ms: a flat 100 W then a ramp to 400 W
+    let mut acc = Accumulator::default();
+    for (t, avg, inst) in [(0u64, 50.0, 100.0), (100, 60.0, 100.0), (400, 70.0, 400.0)] {
+        let mut s = gpu(0, t, 50, avg, 0, t == 400);
+        s.power_instant_w = Some(inst);
+        acc.add(&vec![s]);
+    }
+    let (gpus, _) = acc.finish();
+    let g = &gpus[0];
+    // 0.1 s x 100 W + 0.3 s x (100 + 400) / 2 W = 85 J (the averaged readings would give 19.5)
+    assert!(
+        (g.energy_from_power_j.unwrap() - 85.0).abs() < 1e-9,
+        "{g:?}"
+    );
+    assert_eq!(g.power_for_energy.as_deref(), Some("instant"));
+    // the throttled reading stands for the 300 ms since the one before it
+    assert!((g.throttled_seconds["sw_power_cap"] - 0.3).abs() < 1e-9);
+    // one reading without an instantaneous figure: the averaged ones are integrated instead
+    let mut acc = Accumulator::default();
+    for (t, inst) in [(0u64, Some(100.0)), (100, None)] {
+        let mut s = gpu(0, t, 50, 80.0, 0, false);
+        s.power_instant_w = inst;
+        acc.add(&vec![s]);
+    }
+    let (gpus, _) = acc.finish();
+    assert!((gpus[0].energy_from_power_j.unwrap() - 8.0).abs() < 1e-9);
+    assert_eq!(gpus[0].power_for_energy.as_deref(), Some("average"));
 }

@@ -25,11 +25,14 @@ fn gpu(i: u32, t: u64) -> GpuSample {
         } else {
             250.0 + (t % 100) as f64
         }),
+        power_instant_w: None,
         power_limit_w: Some(if even { 700.0 } else { 400.0 }),
         sm_clock_mhz: Some(1980),
         memory_clock_mhz: Some(2619),
         pcie_tx_bytes_per_s: even.then_some(12_300_000),
         pcie_rx_bytes_per_s: even.then_some(4_500_000),
+        pcie_tx_counter: None,
+        pcie_rx_counter: None,
         energy_mj: Some(1_000_000 + t),
         throttle_reasons: if even {
             vec!["sw_power_cap".to_string()]

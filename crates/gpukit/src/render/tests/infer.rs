@@ -35,6 +35,7 @@ fn infer_row(strategy: &str, device: &str, batch: usize, rate: f64) -> InferRow 
         tolerance: Some(1e-2),
         pytorch: None,
         batching_gain: None,
+        power: None,
     }
 }
 

@@ -4,6 +4,7 @@ use super::{assert_drawn, h100, pytorch, timing, verified};
 use crate::render::matmul_sections;
 use gpukit_bench::harness::Clock;
 use gpukit_bench::matmul::{Init, MatmulReport, MatmulRow};
+use gpukit_bench::power::RowPower;
 use gpukit_bench::report::RowStatus;
 use gpukit_tensor::{DType, Device};
 
@@ -39,6 +40,28 @@ fn without_figure(device: Device, dtype: DType, size: usize, status: RowStatus) 
         pytorch: None,
         candidates: Vec::new(),
         confirmation: None,
+        power: None,
+        pytorch_power: None,
+    }
+}
+
+/// What the chip drew during a row's blocks: `w` watts, held at the power cap for `capped` of
+/// the readings, with `others` other processes on the GPU.
+fn drew(w: f64, capped: f64, others: usize) -> RowPower {
+    RowPower {
+        readings: 40,
+        mean_w: w - 5.0,
+        median_w: w,
+        max_w: w + 12.0,
+        limit_w: Some(700.0),
+        instant: true,
+        mean_sm_clock_mhz: Some(1755.0),
+        throttled: if capped > 0.0 {
+            [("sw_power_cap".to_string(), capped)].into()
+        } else {
+            Default::default()
+        },
+        other_processes: (0..others as u32).map(|p| 9000 + p).collect(),
     }
 }
 
@@ -116,6 +139,25 @@ fn matmul_against_pytorch() {
         });
     }
     assert_drawn("matmul_pytorch", &matmul_sections(&r));
+}
+
+#[test]
+fn matmul_gpu_rows_with_power_beside_pytorchs() {
+    let mut r = report();
+    r.rounds = 5;
+    for row in r.rows.iter_mut().filter(|x| x.device != Device::Cpu) {
+        row.pytorch = row.tflops.map(|t| pytorch(t / 1.01, 1.01, &[]));
+        if row.tflops.is_some() {
+            let (capped, others) = match (row.dtype, row.size) {
+                (DType::Bf16, _) => (0.92, 0),
+                (DType::F32, 1024) => (0.0, 1),
+                _ => (0.1, 0),
+            };
+            row.power = Some(drew(300.0 + row.size as f64 / 20.0, capped, others));
+            row.pytorch_power = Some(drew(310.0 + row.size as f64 / 20.0, capped, 0));
+        }
+    }
+    assert_drawn("matmul_power", &matmul_sections(&r));
 }
 
 #[test]
