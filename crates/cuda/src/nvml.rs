@@ -127,13 +127,8 @@ impl NvmlSession {
             .into_iter()
             .map(|p| GpuProcess {
                 pid: p.pid,
-                name: std::fs::read_to_string(format!("/proc/{}/comm", p.pid))
-                    .map(|s| s.trim().to_string())
-                    .unwrap_or_default(),
-                used_memory_bytes: match p.used_gpu_memory {
-                    UsedGpuMemory::Used(b) => Some(b),
-                    UsedGpuMemory::Unavailable => None,
-                },
+                name: process_name(p.pid),
+                used_memory_bytes: used_bytes(&p.used_gpu_memory),
             })
             .collect();
         let util = d.utilization_rates().ok();
@@ -321,13 +316,8 @@ impl NvmlSession {
             .map(|p| ProcessSample {
                 sm_util_pct: sm_util.get(&p.pid).copied(),
                 pid: p.pid,
-                name: std::fs::read_to_string(format!("/proc/{}/comm", p.pid))
-                    .map(|s| s.trim().to_string())
-                    .unwrap_or_default(),
-                used_memory_bytes: match p.used_gpu_memory {
-                    UsedGpuMemory::Used(b) => Some(b),
-                    UsedGpuMemory::Unavailable => None,
-                },
+                name: process_name(p.pid),
+                used_memory_bytes: used_bytes(&p.used_gpu_memory),
             })
             .collect();
         GpuSample {
@@ -374,6 +364,20 @@ impl NvmlSession {
                 .ok(),
             processes,
         }
+    }
+}
+
+/// A process's name from /proc ("" when it is not visible: another container).
+fn process_name(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn used_bytes(m: &UsedGpuMemory) -> Option<u64> {
+    match m {
+        UsedGpuMemory::Used(b) => Some(*b),
+        UsedGpuMemory::Unavailable => None,
     }
 }
 
