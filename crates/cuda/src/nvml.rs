@@ -448,13 +448,6 @@ pub struct PowerReading {
     pub pids: Option<Vec<u32>>,
 }
 
-impl PowerReading {
-    /// Held below its clocks for power or heat (the reasons `GpuSample::throttled` counts).
-    pub fn throttled(&self) -> bool {
-        self.throttle_reasons.iter().any(|r| throttling(r))
-    }
-}
-
 /// Whether a throttle reason holds the chip down for power or heat.
 pub fn throttling(reason: &str) -> bool {
     matches!(

@@ -249,10 +249,8 @@ impl Accumulator {
             let since = kept.last().map_or(0.0, |p: &GpuSample| {
                 s.unix_ms.saturating_sub(p.unix_ms) as f64 / 1e3
             });
-            if s.throttled() {
-                for r in s.throttle_reasons.iter().filter(|r| throttling(r)) {
-                    *fp.throttled_seconds.entry(r.clone()).or_default() += since;
-                }
+            for r in s.throttle_reasons.iter().filter(|r| throttling(r)) {
+                *fp.throttled_seconds.entry(r.clone()).or_default() += since;
             }
             kept.push(s.clone());
             for p in &s.processes {
