@@ -34,6 +34,13 @@ Usage:
   pytorch_reference.py train --data D.safetensors --init W.safetensors --order O.safetensors
                              --config C.json [--repeats 5] [--device cuda|cpu] [--threads N]
 
+  pytorch_reference.py nccl [--nproc N] [--ops all_reduce,all_gather,reduce_scatter,broadcast,reduce,alltoall]
+                            [--dtype f32,bf16,f16] [--redop sum,max,min] [--min-bytes 8] [--max-bytes 1G]
+                            [--step-factor 2] [--iterations 20] [--warmup 5] [--in-place]
+                            [--timeout-s 120]
+  pytorch_reference.py ddp --config C.json [--nproc N] [--batch-per-gpu B] [--steps 50]
+                           [--warmup 10] [--bucket-mb 25] [--timeout-s 120]
+
   Conv shapes are NxCxHxW:KxRxS:s<stride>p<pad> (input, filter, stride/padding).
 
   train runs gpukit's training loop as idiomatic PyTorch: nn.Sequential(Linear, ReLU, ...,
@@ -50,6 +57,30 @@ Usage:
   weights; the result has the first run's per-step losses (each step's mean batch loss, read
   once at the end), every run's seconds (the loop only; cuda: synchronized) and, on cuda, the
   first run's peak of allocated memory (torch.cuda.max_memory_allocated, data included).
+
+  nccl times torch.distributed's collectives as NVIDIA's nccl-tests does, in N ranks (default:
+  every GPU, one each) started by torch.multiprocessing.spawn on a free port of 127.0.0.1.
+  Sizes run from --min-bytes, times --step-factor, up to --max-bytes (K, M, G: powers of 1024);
+  counts, the "bytes" (nccl-tests' size: the larger of a rank's send and receive buffers) and
+  "count" (nccl-tests' count: the count given to the collective, per rank for all_gather,
+  reduce_scatter and alltoall, whose buffers are rounded down to a multiple of the rank count
+  as gpukit's sweep does; nccl-tests since 2024 also aligns each rank's part to 16 bytes)
+  follow nccl-tests, and so do algbw = bytes / time (GB/s, 1e9) and busbw = algbw * 2(n-1)/n
+  (all_reduce), (n-1)/n (all_gather, reduce_scatter, alltoall), 1 (broadcast, reduce; root 0).
+  Each row: --warmup calls, a synchronize, --iterations calls back to back between two CUDA
+  events; time_us = elapsed / iterations, averaged over the ranks. Then one more call on inputs
+  of small integers whose results are exact in every dtype, checked on the host: "wrong" is the
+  count of mismatching elements summed over the ranks (reduce: the root's output; in-place
+  alltoall: null, unchecked, as nccl-tests). torch.distributed's all_reduce, broadcast and reduce
+  take one tensor, so their rows always run in place ("in_place": true). A rank that fails, or
+  no progress for --timeout-s (+30 s), stops every rank: {"ok": false, "error": ...}.
+
+  ddp measures DistributedDataParallel scaling of gpukit's MLP (the train subcommand's layers,
+  optimizer, loss and precision, from --config; "accumulate", epochs and data are not used) on
+  synthetic data resident on each GPU: optimizer steps (forward, backward, step) of batch B timed
+  with CUDA events, first on one GPU without DDP, then on N ranks under DDP (bucket_cap_mb,
+  gradient_as_bucket_view); the DDP step is the slowest rank's; scaling efficiency =
+  N-rank samples/s / (N * one-GPU samples/s).
 
   infer times a torchvision ResNet (torchvision's own class when torchvision imports,
   else the same architecture built here with torchvision's module names) loaded from a
@@ -82,6 +113,16 @@ Output:
             "peak_allocated_bytes", "peak_reserved_bytes" (cuda: peaks since a reset at
             the start of the row, model weights included; cpu: null),
             "compile_s" (compile_fp16 rows only)}; figures are null where not measured.
+           nccl: {"ok": true, "command": "nccl", "torch_version", "nccl_version": "2.28.9",
+            "device_name", "backend": "nccl", "world_size", "in_place", "iterations", "warmup",
+            "results": [{"op", "dtype", "redop" (null for all_gather, broadcast, alltoall),
+            "in_place", "bytes", "count", "time_us", "algbw_gbs", "busbw_gbs", "wrong"}, ...] in
+            op, dtype, redop, size order, "skipped": [{"op", "dtype", "redop", "reason"}]}
+           ddp: {"ok": true, "command": "ddp", "torch_version", "device_name", "backend",
+            "world_size", "batch_per_gpu", "precision", "optimizer", "widths", "steps", "warmup",
+            "bucket_mb", "single": {"step_ms": {median_ms, p10_ms, p90_ms, count},
+            "samples_per_s"}, "ddp": {"step_ms": {...} (the slowest rank's), "samples_per_s",
+            "per_rank_step_ms": [median_ms of each rank]}, "scaling_efficiency"}
   failure: {"ok": false, "error": "<one line>"}; exit 1 (runtime: torch missing,
            no CUDA, out of memory, unreadable weights, ...) or 2 (bad arguments).
 
@@ -97,6 +138,7 @@ import json
 import math
 import os
 import re
+import socket
 import sys
 import tempfile
 import time
@@ -126,6 +168,19 @@ CUDA_GRAPH_WARMUP_CALLS = 3  # forwards on a side stream before capture
 # safetensors dtype code -> (torch dtype name, bytes per element); little-endian data
 SAFETENSORS_DTYPES = {"F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
                       "F64": ("float64", 8), "I64": ("int64", 8)}
+# nccl: the collectives in nccl-tests' names (torch's call in nccl_call), their element types
+# (torch dtype name, bytes per element) and reduction operators
+NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall")
+NCCL_DTYPES = {"f32": ("float32", 4), "bf16": ("bfloat16", 2), "f16": ("float16", 2)}
+NCCL_REDOPS = ("sum", "max", "min")
+NCCL_OPS_WITH_REDOP = ("all_reduce", "reduce_scatter", "reduce")
+# torch.distributed's all_reduce, broadcast and reduce take one tensor: they always run in place
+NCCL_ALWAYS_IN_PLACE = ("all_reduce", "broadcast", "reduce")
+NCCL_ROOT = 0
+# the data the result check sends: element i of rank r is ((i * 7 + r * 13) % 17) - 8, small
+# integers whose sums over up to 32 ranks are exact in bf16 (and f16, f32)
+PATTERN_PERIOD = 17
+BYTE_SIZE_RE = re.compile(r"^(\d+)([kmg]?)$", re.IGNORECASE)
 
 
 class UsageError(Exception):
@@ -166,6 +221,16 @@ def int_at_least(lowest):
 positive_int, non_negative_int = int_at_least(1), int_at_least(0)
 
 
+def positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return value
+
+
 def choice_of(*names):
     def parse(text):
         if text not in names:
@@ -186,6 +251,17 @@ def conv_shape(text):
         raise argparse.ArgumentTypeError(f"conv shape {text!r} gives an empty output")
     return {"text": text, "n": n, "c": c, "h": h, "w": w, "k": k, "r": r, "s": s,
             "stride": stride, "pad": pad, "flops": 2 * n * k * p * q * c * r * s}
+
+
+def byte_size(text):
+    """A byte count, optionally with K, M or G (powers of 1024): 8, 512K, 1G."""
+    m = BYTE_SIZE_RE.match(text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad byte size {text!r}; expected digits with an optional K, M or G")
+    value = int(m.group(1)) * 1024 ** " kmg".index(m.group(2).lower() or " ")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"byte size must be >= 1: {text!r}")
+    return value
 
 
 def build_parser():
@@ -212,6 +288,11 @@ def build_parser():
     b = sub.add_parser("bandwidth", help="host<->device and device->device copies")
     b.add_argument("--sizes-bytes", type=csv_of(positive_int), default=[4096, MIB, 256 * MIB])
     timing_args(b, 20, 3)
+
+    q = sub.add_parser("p2p", help="copies between every pair of GPUs (tensor.copy_ across devices)")
+    q.add_argument("--bytes", type=positive_int, default=256 * MIB)
+    q.add_argument("--iterations", type=positive_int, default=10, help="copies per timed sample")
+    q.add_argument("--repeats", type=positive_int, default=10, help="timed samples")
 
     c = sub.add_parser("conv", help="torch.nn.functional.conv2d")
     c.add_argument("--shapes", type=csv_of(conv_shape),
@@ -244,6 +325,31 @@ def build_parser():
     i.add_argument("--device", type=choice_of("cuda", "cpu"), default="cuda")
     i.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all)")
     timing_args(i, 50, 10)
+
+    n = sub.add_parser("nccl", help="torch.distributed collectives, measured as nccl-tests measures them")
+    n.add_argument("--nproc", type=positive_int, default=None, help="ranks, one GPU each (default: all GPUs)")
+    n.add_argument("--ops", type=csv_of(choice_of(*NCCL_OPS)), default=list(NCCL_OPS))
+    n.add_argument("--dtype", type=csv_of(choice_of(*NCCL_DTYPES)), default=["f32"])
+    n.add_argument("--redop", type=csv_of(choice_of(*NCCL_REDOPS)), default=["sum"])
+    n.add_argument("--min-bytes", type=byte_size, default=8, help="smallest size (K, M, G: powers of 1024)")
+    n.add_argument("--max-bytes", type=byte_size, default=1 << 30, help="largest size (default 1G)")
+    n.add_argument("--step-factor", type=int_at_least(2), default=2)
+    n.add_argument("--in-place", action="store_true", help="in-place buffers (default: out of place)")
+    n.add_argument("--timeout-s", type=positive_int, default=120,
+                   help="process group timeout; ranks that make no progress this long are stopped")
+    n.add_argument("--backend", type=choice_of("nccl", "gloo"), default="nccl", help=argparse.SUPPRESS)
+    timing_args(n, 20, 5)
+
+    d = sub.add_parser("ddp", help="DistributedDataParallel scaling of gpukit's training MLP")
+    d.add_argument("--config", required=True, help="gpukit's TrainConfig as a JSON file")
+    d.add_argument("--nproc", type=positive_int, default=None, help="ranks, one GPU each (default: all GPUs)")
+    d.add_argument("--batch-per-gpu", type=positive_int, default=None, help="default: the config's batch_size")
+    d.add_argument("--steps", type=positive_int, default=50)
+    d.add_argument("--warmup", type=non_negative_int, default=10)
+    d.add_argument("--bucket-mb", type=positive_float, default=25.0, help="DDP's bucket_cap_mb")
+    d.add_argument("--timeout-s", type=positive_int, default=120,
+                   help="process group timeout; ranks that make no progress this long are stopped")
+    d.add_argument("--backend", type=choice_of("nccl", "gloo"), default="nccl", help=argparse.SUPPRESS)
     return parser
 
 
@@ -254,6 +360,11 @@ def check_args(args):
             raise UsageError("pytorch_reference.py infer: --save-output needs --input")
         args.batch_sizes = list(dict.fromkeys(args.batch_sizes))
         args.strategies = list(dict.fromkeys(args.strategies))
+    if args.command == "nccl":
+        if args.min_bytes > args.max_bytes:
+            raise UsageError(f"pytorch_reference.py nccl: --min-bytes {args.min_bytes} is above "
+                             f"--max-bytes {args.max_bytes}")
+        args.ops, args.dtype, args.redop = (list(dict.fromkeys(v)) for v in (args.ops, args.dtype, args.redop))
     return args
 
 
@@ -596,6 +707,39 @@ def bench_bandwidth(torch, args):
             del dst
         del kinds
         release(torch, "cuda")
+    return rows
+
+
+def bench_p2p(torch, args):
+    """dst.copy_(src) from each GPU to each other one: the source's stream, events around
+    `iterations` copies per sample, as gpukit's `bench p2p` times cuMemcpyPeerAsync."""
+    n = torch.cuda.device_count()
+    if n < 2:
+        raise RuntimeError(f"p2p needs two or more GPUs; torch sees {n}")
+    rows = []
+    for a in range(n):
+        for b in range(n):
+            if a == b:
+                continue
+            log(f"p2p cuda:{a} -> cuda:{b}")
+            src = torch.randint(0, 256, (args.bytes,), dtype=torch.uint8, device=f"cuda:{a}")
+            dst = torch.empty(args.bytes, dtype=torch.uint8, device=f"cuda:{b}")
+            with torch.cuda.device(a):
+                def block(_i):
+                    for _ in range(args.iterations):
+                        dst.copy_(src, non_blocking=True)
+                times = time_cuda(torch, block, args.repeats, 1)
+                torch.cuda.synchronize(a)
+                torch.cuda.synchronize(b)
+            verified = torch.equal(dst.cpu(), src.cpu())
+            per_copy = [t / args.iterations for t in times]
+            stats = summarize(per_copy)
+            rows.append({"src": a, "dst": b, "bytes": args.bytes, **stats,
+                         "gbs": rate(args.bytes, stats["median_ms"], 1e9),
+                         "peer_access": bool(torch.cuda.can_device_access_peer(a, b)),
+                         "verified": verified})
+            del src, dst
+            release(torch, "cuda")
     return rows
 
 
@@ -1013,13 +1157,42 @@ def finite_or_none(value):
     return value if math.isfinite(value) else None
 
 
+def read_train_config(path):
+    """gpukit's TrainConfig (plus "precision" and "resident") from a JSON file."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"cannot read the training config {path}: {one_line(exc)}") from None
+
+
+def mlp_layers(torch, widths):
+    """gpukit's MLP as nn.Sequential's layers: Linear, ReLU, ..., Linear (names 0, 2, 4, ...)."""
+    layers = []
+    for i in range(len(widths) - 1):
+        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
+        if i + 2 < len(widths):
+            layers.append(torch.nn.ReLU())
+    return layers
+
+
+def make_optimizer(torch, params, opt_cfg):
+    """torch.optim's SGD, Adam or AdamW from gpukit's OptimizerConfig."""
+    kind, lr, wd = opt_cfg["kind"], opt_cfg["lr"], opt_cfg["weight_decay"]
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=opt_cfg["momentum"], weight_decay=wd)
+    if kind == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
+
+
+def make_loss(torch, loss_name):
+    return torch.nn.CrossEntropyLoss() if loss_name == "cross-entropy" else torch.nn.MSELoss()
+
+
 def bench_train(torch, args):
     """gpukit's training loop in idiomatic PyTorch (see the usage text); returns (rows, extra)."""
-    try:
-        with open(args.config) as f:
-            cfg = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise RuntimeError(f"cannot read the training config {args.config}: {one_line(exc)}") from None
+    cfg = read_train_config(args.config)
     device = torch.device(args.device)
     data = read_safetensors(torch, args.data, "data file")
     init = read_safetensors(torch, args.init, "initial weights file")
@@ -1030,11 +1203,7 @@ def bench_train(torch, args):
     y = data["y"].long() if loss_name == "cross-entropy" else data["y"].float()
     if loss_name == "mse" and y.dim() == 1:
         y = y.unsqueeze(1)
-    layers = []
-    for i in range(len(widths) - 1):
-        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
-        if i + 2 < len(widths):
-            layers.append(torch.nn.ReLU())
+    layers = mlp_layers(torch, widths)
     batch, accumulate = cfg["batch_size"], cfg["accumulate"]
     max_steps = cfg.get("max_steps")
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
@@ -1077,14 +1246,8 @@ def bench_train(torch, args):
     def one_run(count_skips=False):
         model = torch.nn.Sequential(*layers).to(device)
         model.load_state_dict({k: v.float() for k, v in init.items()})
-        kind, lr, wd = opt_cfg["kind"], opt_cfg["lr"], opt_cfg["weight_decay"]
-        if kind == "sgd":
-            opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=opt_cfg["momentum"], weight_decay=wd)
-        elif kind == "adam":
-            opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=wd)
-        else:
-            opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd)
-        loss_fn = torch.nn.CrossEntropyLoss() if loss_name == "cross-entropy" else torch.nn.MSELoss()
+        opt = make_optimizer(torch, model.parameters(), opt_cfg)
+        loss_fn = make_loss(torch, loss_name)
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         losses, micro, steps, skipped = [], [], 0, 0
         if device.type == "cuda":
@@ -1186,6 +1349,566 @@ def bench_infer(torch, args):
     return rows, extra
 
 
+# ---------------------------------------------------------------------------------------------
+# nccl and ddp: ranks started with torch.multiprocessing.spawn, one GPU each.
+#
+# Pure functions first (sizes, counts, bandwidth factors, expected results: nccl-tests' rules),
+# testable without torch.
+
+def nccl_sizes(min_bytes, max_bytes, step_factor):
+    """nccl-tests' sizes: min_bytes, times step_factor, ..., while at most max_bytes."""
+    sizes, size = [], min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= step_factor
+    return sizes
+
+
+def nccl_counts(op, size, word, nranks):
+    """nccl-tests' getCollByteCount for `size` bytes of `word`-byte elements among nranks ranks:
+    {"send": elements in a rank's send buffer, "recv": in its receive buffer, "param": the count
+    given to the collective (nccl-tests' "count" column)}. Where the buffer is split among the
+    ranks, each rank's part is size/word/nranks rounded down, so the buffer divides by nranks (as
+    gpukit's own sweep counts; nccl-tests since December 2024 also rounds that part down to a
+    multiple of 16 bytes, which differs only where it is not one already: small sizes and rank
+    counts that are not powers of two)."""
+    count = size // word
+    if op in ("all_reduce", "broadcast", "reduce"):
+        return {"send": count, "recv": count, "param": count}
+    base = count // nranks
+    if op == "all_gather":
+        return {"send": base, "recv": base * nranks, "param": base}
+    if op == "reduce_scatter":
+        return {"send": base * nranks, "recv": base, "param": base}
+    if op == "alltoall":
+        return {"send": base * nranks, "recv": base * nranks, "param": base}
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def nccl_row_bytes(counts, word):
+    """nccl-tests' "size" column: the larger of a rank's send and receive buffers, in bytes."""
+    return max(counts["send"], counts["recv"]) * word
+
+
+def nccl_bus_factor(op, nranks):
+    """busbw / algbw, as nccl-tests' *GetBw."""
+    if op == "all_reduce":
+        return 2 * (nranks - 1) / nranks
+    if op in ("all_gather", "reduce_scatter", "alltoall"):
+        return (nranks - 1) / nranks
+    if op in ("broadcast", "reduce"):
+        return 1.0
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def nccl_bandwidths(op, nbytes, time_us, nranks):
+    """(algbw, busbw) in GB/s (1e9 bytes) for a row of nbytes (nccl_row_bytes) taking time_us."""
+    if not time_us > 0:
+        return None, None
+    algbw = nbytes / (time_us * 1e-6) / 1e9
+    return algbw, algbw * nccl_bus_factor(op, nranks)
+
+
+def pattern_value(i, rank):
+    """Element i of rank `rank`'s input in the result check: an integer in [-8, 8]."""
+    return ((i * 7 + rank * 13) % PATTERN_PERIOD) - 8
+
+
+def nccl_input_period(rank):
+    """One period of a rank's check input: element i is nccl_input_period(rank)[i % 17]."""
+    return [float(pattern_value(k, rank)) for k in range(PATTERN_PERIOD)]
+
+
+def reduce_values(redop, values):
+    return float({"sum": sum, "max": max, "min": min}[redop](values))
+
+
+def nccl_expected_segments(op, redop, nranks, rank, param, in_place, root=NCCL_ROOT):
+    """What rank `rank`'s output holds after `op` on the check inputs (nccl_input_period), as
+    segments [(start, length, period)]: output[start + j] == period[j % 17] (exact integers, in
+    float64). param is nccl_counts' "param". None where nccl-tests checks nothing: reduce on
+    a rank other than the root, in-place alltoall."""
+    c, per = param, PATTERN_PERIOD
+    if op == "all_reduce" or (op == "reduce" and rank == root):
+        return [(0, c, [reduce_values(redop, [pattern_value(k, q) for q in range(nranks)])
+                        for k in range(per)])]
+    if op == "reduce":
+        return None
+    if op == "broadcast":
+        return [(0, c, nccl_input_period(root))]
+    if op == "all_gather":
+        return [(q * c, c, nccl_input_period(q)) for q in range(nranks)]
+    if op == "reduce_scatter":
+        return [(0, c, [reduce_values(redop, [pattern_value(rank * c + k, q) for q in range(nranks)])
+                        for k in range(per)])]
+    if op == "alltoall":
+        if in_place:
+            return None
+        return [(q * c, c, [float(pattern_value(rank * c + k, q)) for k in range(per)]) for q in range(nranks)]
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def expand_segments(segments, length):
+    """The expected output as a list (None where unchecked): for tests of nccl_expected_segments."""
+    out = [None] * length
+    for start, n, period in segments or []:
+        for j in range(n):
+            out[start + j] = period[j % len(period)]
+    return out
+
+
+def nccl_version_string(torch):
+    """torch.cuda.nccl.version() as "2.28.9"; None where torch has no NCCL."""
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:
+        return None
+    if isinstance(v, (tuple, list)):
+        return ".".join(str(p) for p in v[:3])
+    v = int(v)  # NCCL_VERSION_CODE: major*10000 + minor*100 + patch from 2.9, major*1000 + ... before
+    major, rest = (v // 10000, v % 10000) if v >= 10000 else (v // 1000, v % 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
+
+
+# --- ranks --------------------------------------------------------------------------------------
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def heartbeat(workdir):
+    """Tell the parent this rank made progress (the parent stops ranks that go quiet)."""
+    path = os.path.join(workdir, "heartbeat")
+    with open(path, "a"):
+        pass
+    os.utime(path)
+
+
+def write_json_atomic(path, obj):
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f)
+    os.replace(path + ".tmp", path)
+
+
+def init_group(dist, backend, rank, world, port, timeout_s, device):
+    """init_process_group on 127.0.0.1:port, with device_id where this torch takes it (NCCL)."""
+    import datetime
+    import inspect
+    kwargs = {"backend": backend, "init_method": f"tcp://127.0.0.1:{port}", "rank": rank,
+              "world_size": world, "timeout": datetime.timedelta(seconds=timeout_s)}
+    if device is not None and "device_id" in inspect.signature(dist.init_process_group).parameters:
+        kwargs["device_id"] = device
+    dist.init_process_group(**kwargs)
+
+
+def rank_errors(workdir):
+    """[(rank, message)] that workers wrote, earliest first (the first is the likely cause)."""
+    found = []
+    for name in os.listdir(workdir):
+        if name.startswith("error.") and name[6:].isdigit():
+            path = os.path.join(workdir, name)
+            try:
+                with open(path) as f:
+                    found.append((os.path.getmtime(path), int(name[6:]), f.read().strip()))
+            except OSError:
+                pass
+    return [(rank, message) for _, rank, message in sorted(found)]
+
+
+def run_ranks(torch, fn, nprocs, fn_args, workdir, timeout_s, what):
+    """fn(rank, *fn_args) in nprocs processes started by torch.multiprocessing.spawn. Returns once
+    all exited cleanly; raises RuntimeError (one line) when one failed, or when none touched the
+    heartbeat file for timeout_s + 30 s (the process group's own timeout, timeout_s, normally
+    fires first). Ranks still running are killed on the way out."""
+    import torch.multiprocessing as tmp
+    limit = timeout_s + 30
+    started = time.time()
+    ctx = tmp.spawn(fn, args=fn_args, nprocs=nprocs, join=False)
+    try:
+        while True:
+            try:
+                if ctx.join(timeout=1.0):
+                    return
+            except Exception as exc:  # ProcessRaisedException, ProcessExitedException
+                errors = rank_errors(workdir)
+                if errors:
+                    rank, message = errors[0]
+                    more = f" (and {len(errors) - 1} other rank(s) failed)" if len(errors) > 1 else ""
+                    raise RuntimeError(f"{what}: rank {rank}: {message}{more}") from None
+                lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+                raise RuntimeError(f"{what}: {lines[-1].strip() if lines else type(exc).__name__}") from None
+            beat = os.path.join(workdir, "heartbeat")
+            last = max(started, os.path.getmtime(beat) if os.path.exists(beat) else started)
+            if time.time() - last > limit:
+                raise RuntimeError(f"{what}: no rank made progress for {limit} s (--timeout-s {timeout_s}); "
+                                   f"the {nprocs} rank(s) were stopped")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+        for p in ctx.processes:
+            p.join(10)
+
+
+def worker_failed(workdir, rank, exc):
+    """Record a worker's failure for the parent (rank_errors) and its traceback on stderr."""
+    import traceback
+    traceback.print_exc()
+    try:
+        with open(os.path.join(workdir, f"error.{rank}"), "w") as f:
+            f.write(one_line(exc) if isinstance(exc, Exception) else type(exc).__name__)
+    except OSError:
+        pass
+
+
+def check_distributed(torch, backend, nproc, what):
+    """Refuse (RuntimeError) what cannot run here; returns the number of ranks."""
+    import torch.distributed as dist
+    if not dist.is_available():
+        raise RuntimeError(f"torch {torch.__version__} was built without torch.distributed")
+    if backend == "gloo":
+        if not dist.is_gloo_available():
+            raise RuntimeError(f"torch {torch.__version__} has no gloo backend")
+        return nproc or 2
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{what} needs CUDA GPUs but torch {torch.__version__} sees none "
+                           f"(torch.version.cuda={torch.version.cuda})")
+    if not dist.is_nccl_available():
+        raise RuntimeError(f"torch {torch.__version__} has no NCCL backend")
+    gpus = torch.cuda.device_count()
+    nproc = nproc or gpus
+    if nproc > gpus:
+        raise RuntimeError(f"--nproc {nproc} asks for more ranks than the {gpus} GPU(s) torch sees (one GPU a rank)")
+    return nproc
+
+
+def rank_device(torch, backend, rank):
+    if backend == "gloo":
+        return torch.device("cpu")
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    return device
+
+
+def device_label(torch, device):
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+
+
+# --- nccl -----------------------------------------------------------------------------------------
+
+def tiled(torch, period, n, dtype, device):
+    """n elements repeating `period` (float64 values cast to dtype) on device."""
+    p = torch.tensor(period, dtype=torch.float64).to(dtype).to(device)
+    return p.repeat(n // len(period) + 1)[:n]
+
+
+def nccl_buffers(torch, op, counts, rank, in_place, dtype, device):
+    """(input, output) for one row; in place, one is a view of the other as nccl-tests lays them out
+    (all_gather: the input is the rank's slice of the output; reduce_scatter: the output is the
+    rank's slice of the input; alltoall: the same buffer). all_reduce, broadcast and reduce take
+    one tensor in torch.distributed: input is output."""
+    c = counts["param"]
+    if op in NCCL_ALWAYS_IN_PLACE:
+        buf = torch.empty(c, dtype=dtype, device=device)
+        return buf, buf
+    if op == "all_gather":
+        out = torch.empty(counts["recv"], dtype=dtype, device=device)
+        return (out[rank * c:(rank + 1) * c] if in_place else torch.empty(c, dtype=dtype, device=device)), out
+    if op == "reduce_scatter":
+        inp = torch.empty(counts["send"], dtype=dtype, device=device)
+        return inp, (inp[rank * c:(rank + 1) * c] if in_place else torch.empty(c, dtype=dtype, device=device))
+    inp = torch.empty(counts["send"], dtype=dtype, device=device)  # alltoall
+    return inp, (inp if in_place else torch.empty(counts["recv"], dtype=dtype, device=device))
+
+
+def nccl_call(dist, op, redop, inp, out):
+    """The torch.distributed call for op (synchronous: async_op=False)."""
+    rop = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}.get(redop)
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(out, op=rop)
+    if op == "all_gather":
+        return lambda: dist.all_gather_into_tensor(out, inp)
+    if op == "reduce_scatter":
+        return lambda: dist.reduce_scatter_tensor(out, inp, op=rop)
+    if op == "broadcast":
+        return lambda: dist.broadcast(out, src=NCCL_ROOT)
+    if op == "reduce":
+        return lambda: dist.reduce(out, dst=NCCL_ROOT, op=rop)
+    if op == "alltoall":
+        return lambda: dist.all_to_all_single(out, inp)
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def time_collective(torch, call, iterations, warmup, cuda):
+    """warmup untimed calls, synchronize, then `iterations` calls back to back between two CUDA
+    events (CPU: perf_counter); returns their total in ms."""
+    for _ in range(warmup):
+        call()
+    if not cuda:
+        t0 = time.perf_counter()
+        for _ in range(iterations):
+            call()
+        return (time.perf_counter() - t0) * 1e3
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iterations):
+        call()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
+
+
+def nccl_check(torch, op, redop, world, rank, counts, in_place, inp, out, call, device):
+    """nccl-tests' #wrong on this rank: fill the inputs with the check pattern (outputs with NaN,
+    which matches nothing), run op once, compare the output on the host with the expected values;
+    None where nothing is checked."""
+    out.fill_(float("nan"))
+    inp.copy_(tiled(torch, nccl_input_period(rank), inp.numel(), inp.dtype, device))
+    call()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    segments = nccl_expected_segments(op, redop, world, rank, counts["param"], in_place)
+    if segments is None:
+        return None
+    host = out.cpu()
+    wrong = 0
+    for start, length, period in segments:
+        expected = tiled(torch, period, length, host.dtype, "cpu")
+        wrong += int((host[start:start + length] != expected).sum().item())
+    return wrong
+
+
+def nccl_row(torch, dist, opts, op, dname, redop, size, rank, world, device):
+    """One row: time, average over the ranks, check. None where the count is 0."""
+    dtype_name, word = NCCL_DTYPES[dname]
+    counts = nccl_counts(op, size, word, world)
+    if counts["param"] == 0:
+        return None
+    in_place = opts["in_place"] or op in NCCL_ALWAYS_IN_PLACE
+    cuda = device.type == "cuda"
+    inp, out = nccl_buffers(torch, op, counts, rank, in_place, getattr(torch, dtype_name), device)
+    inp.zero_()
+    out.zero_()
+    call = nccl_call(dist, op, redop, inp, out)
+    total_ms = time_collective(torch, call, opts["iterations"], opts["warmup"], cuda)
+    t = torch.tensor([total_ms / opts["iterations"] * 1e3], dtype=torch.float64, device=device)
+    dist.all_reduce(t)  # nccl-tests' default: the time averaged over the ranks
+    time_us = t.item() / world
+    wrong = nccl_check(torch, op, redop, world, rank, counts, in_place, inp, out, call, device)
+    # every rank makes the same choice here (in-place alltoall, reduce's non-root ranks: 0)
+    checked = op != "alltoall" or not in_place
+    w = torch.tensor([wrong or 0], dtype=torch.int64, device=device)
+    dist.all_reduce(w)
+    nbytes = nccl_row_bytes(counts, word)
+    algbw, busbw = nccl_bandwidths(op, nbytes, time_us, world)
+    return {"op": op, "dtype": dname, "redop": redop, "in_place": in_place, "bytes": nbytes,
+            "count": counts["param"], "time_us": time_us, "algbw_gbs": algbw, "busbw_gbs": busbw,
+            "wrong": int(w.item()) if checked else None}
+
+
+def nccl_sweep(torch, dist, opts, rank, world, device, workdir):
+    """Rows in op, dtype, redop, size order; ops the backend refuses (gloo) go to `skipped`."""
+    rows, skipped = [], []
+    sizes = nccl_sizes(opts["min_bytes"], opts["max_bytes"], opts["step_factor"])
+    for op in opts["ops"]:
+        for dname in opts["dtype"]:
+            redops = opts["redop"] if op in NCCL_OPS_WITH_REDOP else [None]
+            for redop in redops:
+                if rank == 0:
+                    log(f"nccl {op} {dname}{' ' + redop if redop else ''}: {len(sizes)} size(s) "
+                        f"{sizes[0]}..{sizes[-1]} bytes on {world} rank(s)")
+                for size in sizes:
+                    try:
+                        row = nccl_row(torch, dist, opts, op, dname, redop, size, rank, world, device)
+                    except Exception as exc:
+                        if opts["backend"] == "nccl":
+                            raise
+                        # a test backend without this collective refuses it on every rank alike
+                        skipped.append({"op": op, "dtype": dname, "redop": redop, "reason": one_line(exc)})
+                        if rank == 0:
+                            log(f"nccl {op} {dname}: skipped ({one_line(exc)})")
+                        break
+                    if row is not None:
+                        rows.append(row)
+                    heartbeat(workdir)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    return rows, skipped
+
+
+def _nccl_worker(rank, world, port, opts, workdir):
+    import torch
+    import torch.distributed as dist
+    try:
+        device = rank_device(torch, opts["backend"], rank)
+        init_group(dist, opts["backend"], rank, world, port, opts["timeout_s"],
+                   device if device.type == "cuda" else None)
+        heartbeat(workdir)
+        rows, skipped = nccl_sweep(torch, dist, opts, rank, world, device, workdir)
+        if rank == 0:
+            write_json_atomic(os.path.join(workdir, "result.json"), {
+                "torch_version": torch.__version__, "nccl_version": nccl_version_string(torch),
+                "device_name": device_label(torch, device), "results": rows, "skipped": skipped})
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException as exc:
+        worker_failed(workdir, rank, exc)
+        raise
+
+
+def bench_nccl(torch, args):
+    world = check_distributed(torch, args.backend, args.nproc, "nccl")
+    opts = {k: getattr(args, k) for k in ("ops", "dtype", "redop", "min_bytes", "max_bytes", "step_factor",
+                                          "iterations", "warmup", "in_place", "timeout_s", "backend")}
+    log(f"nccl: {world} rank(s), backend {args.backend}, {'in place' if args.in_place else 'out of place'}")
+    with tempfile.TemporaryDirectory(prefix="pytorch_reference_nccl_") as workdir:
+        run_ranks(torch, _nccl_worker, world, (world, free_port(), opts, workdir), workdir,
+                  args.timeout_s, f"nccl ({args.backend}, {world} ranks)")
+        with open(os.path.join(workdir, "result.json")) as f:
+            doc = json.load(f)
+    return {"ok": True, "command": "nccl", "torch_version": doc["torch_version"],
+            "nccl_version": doc["nccl_version"], "device_name": doc["device_name"], "backend": args.backend,
+            "world_size": world, "in_place": args.in_place, "iterations": args.iterations,
+            "warmup": args.warmup, "results": doc["results"], "skipped": doc["skipped"]}
+
+
+# --- ddp ------------------------------------------------------------------------------------------
+
+TRAIN_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+
+
+def check_ddp_config(cfg, path):
+    """The TrainConfig fields ddp uses, checked before any rank starts (RuntimeError)."""
+    def bad(why):
+        raise RuntimeError(f"training config {path}: {why}")
+
+    if not isinstance(cfg, dict):
+        bad("not a JSON object")
+    widths = cfg.get("widths")
+    if not (isinstance(widths, list) and len(widths) >= 2
+            and all(isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in widths)):
+        bad(f"widths must be a list of at least 2 positive integers, not {widths!r}")
+    if cfg.get("loss") not in ("mse", "cross-entropy"):
+        bad(f"loss must be mse or cross-entropy, not {cfg.get('loss')!r}")
+    opt = cfg.get("optimizer")
+    if not isinstance(opt, dict) or opt.get("kind") not in ("sgd", "adam", "adamw"):
+        bad(f"optimizer.kind must be sgd, adam or adamw, not {opt!r}")
+    for key in ("lr", "weight_decay") + (("momentum",) if opt["kind"] == "sgd" else ()):
+        if not isinstance(opt.get(key), (int, float)) or isinstance(opt.get(key), bool):
+            bad(f"optimizer.{key} must be a number")
+    if cfg.get("precision", "fp32") not in TRAIN_PRECISIONS:
+        bad(f"precision must be one of {', '.join(TRAIN_PRECISIONS)}, not {cfg.get('precision')!r}")
+
+
+def ddp_measure(torch, opts, rank, device, dist):
+    """Step times (ms) of gpukit's MLP on synthetic data resident on `device`: forward, backward,
+    optimizer step, with the train subcommand's precision handling; DDP-wrapped when dist is given."""
+    cfg, batch = opts["config"], opts["batch"]
+    widths, precision = cfg["widths"], cfg.get("precision", "fp32")
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    torch.manual_seed(0)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    model = torch.nn.Sequential(*mlp_layers(torch, widths)).to(device)
+    if dist is not None:
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=opts["bucket_mb"], gradient_as_bucket_view=True)
+    opt = make_optimizer(torch, model.parameters(), cfg["optimizer"])
+    loss_fn = make_loss(torch, cfg["loss"])
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1 + rank)  # each rank its own batch
+    x = torch.randn(batch, widths[0], device=device, generator=gen)
+    if cfg["loss"] == "cross-entropy":
+        y = torch.randint(0, widths[-1], (batch,), device=device, generator=gen)
+    else:
+        y = torch.randn(batch, widths[-1], device=device, generator=gen)
+
+    def step():
+        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+    if device.type == "cuda":
+        return time_cuda_chained(torch, step, opts["steps"], opts["warmup"])
+    return time_cpu(lambda _i: step(), opts["steps"], opts["warmup"])
+
+
+def _ddp_worker(rank, world, port, opts, workdir):
+    import torch
+    dist = None
+    try:
+        device = rank_device(torch, opts["backend"], rank)
+        if opts["mode"] == "ddp":
+            import torch.distributed as dist
+            init_group(dist, opts["backend"], rank, world, port, opts["timeout_s"],
+                       device if device.type == "cuda" else None)
+        heartbeat(workdir)
+        summary = summarize(ddp_measure(torch, opts, rank, device, dist))
+        heartbeat(workdir)
+        summaries = [summary]
+        if dist is not None:  # every rank's summary, as a tensor (all_gather_object needs numpy)
+            keys = ("median_ms", "p10_ms", "p90_ms", "count")
+            mine = torch.tensor([float(summary[k]) for k in keys], dtype=torch.float64, device=device)
+            every = torch.empty(world * len(keys), dtype=torch.float64, device=device)
+            dist.all_gather_into_tensor(every, mine)
+            values = every.view(world, len(keys)).tolist()
+            summaries = [{**dict(zip(keys[:3], v[:3])), "count": int(v[3])} for v in values]
+        if rank == 0:
+            write_json_atomic(os.path.join(workdir, "result.json"), {
+                "torch_version": torch.__version__, "device_name": device_label(torch, device),
+                "per_rank": summaries})
+        if dist is not None:
+            dist.barrier()
+            dist.destroy_process_group()
+    except BaseException as exc:
+        worker_failed(workdir, rank, exc)
+        raise
+
+
+def bench_ddp(torch, args):
+    cfg = read_train_config(args.config)
+    check_ddp_config(cfg, args.config)
+    batch = args.batch_per_gpu
+    if batch is None:
+        batch = cfg.get("batch_size")
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            raise RuntimeError(f"training config {args.config}: no positive batch_size (or give --batch-per-gpu)")
+    world = check_distributed(torch, args.backend, args.nproc, "ddp")
+    precision = cfg.get("precision", "fp32")
+    opts = {"config": cfg, "batch": batch, "steps": args.steps, "warmup": args.warmup,
+            "bucket_mb": args.bucket_mb, "backend": args.backend, "timeout_s": args.timeout_s}
+    found = {}
+    for mode, ranks in (("single", 1), ("ddp", world)):
+        log(f"ddp: {mode} ({ranks} rank(s), batch {batch} each, {precision}, {args.steps} steps after "
+            f"{args.warmup} warm-up)")
+        with tempfile.TemporaryDirectory(prefix=f"pytorch_reference_{mode}_") as workdir:
+            run_ranks(torch, _ddp_worker, ranks, (ranks, free_port(), {**opts, "mode": mode}, workdir), workdir,
+                      args.timeout_s, f"ddp {mode} ({args.backend}, {ranks} rank(s))")
+            with open(os.path.join(workdir, "result.json")) as f:
+                found[mode] = json.load(f)
+    single = found["single"]["per_rank"][0]
+    per_rank = found["ddp"]["per_rank"]
+    slowest = max(per_rank, key=lambda s: s["median_ms"])  # the step is as slow as the slowest rank
+    single_sps = rate(batch, single["median_ms"], 1)
+    ddp_sps = rate(world * batch, slowest["median_ms"], 1)
+    efficiency = ddp_sps / (world * single_sps) if single_sps and ddp_sps else None
+    return {"ok": True, "command": "ddp", "torch_version": found["ddp"]["torch_version"],
+            "device_name": found["ddp"]["device_name"], "backend": args.backend, "world_size": world,
+            "batch_per_gpu": batch, "precision": precision, "optimizer": cfg["optimizer"]["kind"],
+            "widths": cfg["widths"], "steps": args.steps, "warmup": args.warmup, "bucket_mb": args.bucket_mb,
+            "single": {"step_ms": single, "samples_per_s": single_sps},
+            "ddp": {"step_ms": slowest, "samples_per_s": ddp_sps,
+                    "per_rank_step_ms": [s["median_ms"] for s in per_rank]},
+            "scaling_efficiency": efficiency}
+
+
 def cpu_name():
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -1199,6 +1922,10 @@ def cpu_name():
 
 
 def run(torch, args):
+    if args.command == "nccl":  # ranks in processes of their own: no GPU is touched here
+        return bench_nccl(torch, args)
+    if args.command == "ddp":
+        return bench_ddp(torch, args)
     device = getattr(args, "device", "cuda")
     cuda_ok = torch.cuda.is_available()
     if device == "cuda" and not cuda_ok:
@@ -1221,7 +1948,8 @@ def run(torch, args):
     elif args.command == "train":
         results, extra = bench_train(torch, args)
     else:
-        bench = {"matmul": bench_matmul, "bandwidth": bench_bandwidth, "conv": bench_conv}[args.command]
+        bench = {"matmul": bench_matmul, "bandwidth": bench_bandwidth, "conv": bench_conv,
+                 "p2p": bench_p2p}[args.command]
         with torch.inference_mode():
             results = bench(torch, args)
     return {"ok": True, "command": args.command, "torch_version": torch.__version__,

@@ -50,6 +50,12 @@ pub struct AllReport {
     /// `gpukit train`: each tutorial preset once.
     #[serde(default)]
     pub train: Vec<TrainReport>,
+    /// `bench nccl` (all_reduce, all_gather, reduce_scatter) when the machine has several GPUs.
+    #[serde(default)]
+    pub nccl: Option<crate::nccl::NcclReport>,
+    /// `bench p2p` when the machine has several GPUs.
+    #[serde(default)]
+    pub p2p: Option<crate::p2p::P2pReport>,
     /// Seconds each part took.
     pub seconds: Vec<(String, f64)>,
     pub skipped: Vec<Skipped>,
@@ -314,6 +320,43 @@ pub fn run_all(
     }
     timed("train", &mut seconds, t);
 
+    // several GPUs: what their links and NCCL deliver
+    let several = gpu && opts.selection == DeviceSelection::All && check.gpus.len() > 1;
+    let (mut nccl, mut p2p) = (None, None);
+    if several {
+        progress("[gpukit all] bench nccl");
+        let t = Instant::now();
+        let o = crate::nccl::NcclOptions {
+            ops: vec![
+                crate::nccl::sweep::Collective::AllReduce,
+                crate::nccl::sweep::Collective::AllGather,
+                crate::nccl::sweep::Collective::ReduceScatter,
+            ],
+            places: vec![crate::nccl::Place::Out],
+            max_bytes: if opts.quick { 64 << 20 } else { 1 << 30 },
+            step_factor: 4,
+            ..crate::nccl::NcclOptions::default()
+        };
+        match crate::nccl::run_nccl(discovery, &o, progress) {
+            Ok(r) => nccl = r.map(|(r, _)| r),
+            Err(e) => skipped.push(Skipped {
+                part: "bench nccl".into(),
+                reason: e.to_string(),
+            }),
+        }
+        timed("bench nccl", &mut seconds, t);
+        progress("[gpukit all] bench p2p");
+        let t = Instant::now();
+        match crate::p2p::run_p2p(discovery, &crate::p2p::P2pOptions::default(), progress) {
+            Ok((r, _)) => p2p = Some(r),
+            Err(e) => skipped.push(Skipped {
+                part: "bench p2p".into(),
+                reason: e.to_string(),
+            }),
+        }
+        timed("bench p2p", &mut seconds, t);
+    }
+
     Ok(AllReport {
         generated_unix_s: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -327,6 +370,8 @@ pub fn run_all(
         infer,
         memory,
         train,
+        nccl,
+        p2p,
         seconds,
         skipped,
         total_seconds: started.elapsed().as_secs_f64(),

@@ -8,14 +8,16 @@ use std::path::PathBuf;
 /// row, see `RowStatus`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{0}")]
+    #[error(transparent)]
     Cuda(#[from] gpukit_cuda::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     Tensor(#[from] gpukit_tensor::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     Model(#[from] gpukit_models::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     Train(#[from] gpukit_train::Error),
+    #[error(transparent)]
+    Dist(#[from] gpukit_dist::Error),
     /// The arguments or an input file are wrong: nothing was measured.
     #[error("{0}")]
     BadInput(String),
@@ -66,6 +68,7 @@ impl HasKind for Error {
             Error::Tensor(e) => e.kind(),
             Error::Model(e) => e.kind(),
             Error::Train(e) => e.kind(),
+            Error::Dist(e) => e.kind(),
             Error::BadInput(_) | Error::CommandNotFound(_) => ErrorKind::BadInput,
             Error::Io { .. } => ErrorKind::BadInput,
             Error::Peer(_) | Error::Unavailable(_) => ErrorKind::Unavailable,

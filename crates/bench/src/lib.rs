@@ -17,12 +17,15 @@ pub mod infer;
 pub mod matmul;
 pub mod memory;
 pub mod monitor;
+pub mod nccl;
+pub mod p2p;
 pub mod peer;
 pub mod power;
 pub mod report;
 pub use gpukit_tensor::random;
 pub mod stats;
 pub mod train;
+pub mod train_dp;
 
 /// The CPU paths live with the tensors (the inference engine uses them too).
 pub use gpukit_tensor::cpu;

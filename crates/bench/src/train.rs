@@ -81,6 +81,12 @@ pub struct TrainRequest {
     /// Run the same loop in PyTorch (same data, weights and batch order) and compare.
     pub compare_pytorch: bool,
     pub checkpoint_activations: bool,
+    /// Data-parallel over several GPUs: threads of this process, or a launcher's ranks.
+    pub parallel: Option<crate::train_dp::Ranks>,
+    /// Gradient bucket size for data-parallel runs (None: 25 MiB, as DDP).
+    pub bucket_mb: Option<f64>,
+    /// How long a launched rank waits for its peers (None: 60 s).
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// How many times each side runs the loop from the same weights when compared (the first
@@ -221,6 +227,9 @@ pub struct TrainReport {
     /// The GPU run's precision, loader, graph, fused epilogues, loss scaler and set-up time.
     #[serde(default)]
     pub gpu: Option<GpuDetails>,
+    /// Data-parallel training's figures (ranks, scaling, communication), when it ran.
+    #[serde(default)]
+    pub data_parallel: Option<crate::train_dp::DataParallel>,
 }
 
 /// The settings a request resolves to, before any work.
@@ -375,6 +384,16 @@ pub fn run_train(
     discovery: &Discovery,
     progress: &mut dyn FnMut(&str),
 ) -> Result<TrainReport> {
+    run_train_ranked(r, discovery, progress)?
+        .ok_or_else(|| Error::Failed("this process is not rank 0: rank 0 reports the run".into()))
+}
+
+/// As [`run_train`]; under a launcher only rank 0 gets a report (the others None).
+pub fn run_train_ranked(
+    r: &TrainRequest,
+    discovery: &Discovery,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Option<TrainReport>> {
     check_request(r)?;
     let task = match r.loss {
         Some(LossKind::CrossEntropy) => Task::Classification,
@@ -449,7 +468,9 @@ pub fn run_train(
         .as_deref()
         .and_then(Precision::parse)
         .unwrap_or(Precision::Fp32);
+    let mut data_parallel = None;
     let mut trainer = match r.device {
+        _ if r.parallel.is_some() => None,
         Some(Device::Cuda(n)) => {
             let gpu = std::sync::Arc::new(gpukit_cuda::Gpu::open(discovery, n)?);
             let opts = GpuOptions {
@@ -473,6 +494,44 @@ pub fn run_train(
         _ => "cpu".to_string(),
     };
     let (outcome, gpu): (RunOutcome, Option<GpuDetails>) = match trainer.as_mut() {
+        _ if r.parallel.is_some() => {
+            let job = crate::train_dp::Job {
+                discovery,
+                cfg: &p.cfg,
+                opts: GpuOptions {
+                    loader: r.loader,
+                    graph: r.graph,
+                    ..GpuOptions::new(precision)
+                },
+                train: &train,
+                eval: eval.as_ref(),
+                model: &model,
+                opt: &opt,
+                scaler: scaler_in,
+                pos,
+                bucket_bytes: (r.bucket_mb.unwrap_or(25.0) * (1 << 20) as f64) as usize,
+            };
+            let ranks = r.parallel.as_ref().ok_or(Error::NoSamples)?;
+            let timeout = r.timeout.unwrap_or(std::time::Duration::from_secs(60));
+            let Some((o, d, m, op, mut dp)) = crate::train_dp::run(&job, ranks, timeout, progress)?
+            else {
+                return Ok(None);
+            };
+            if r.compare_pytorch {
+                let steps = o.step_losses.len();
+                progress("PyTorch: DistributedDataParallel of the same model");
+                dp.pytorch = Some(crate::train_dp::compare_ddp(
+                    &p.cfg,
+                    precision.name(),
+                    &dp,
+                    steps,
+                )?);
+            }
+            model = m;
+            opt = op;
+            data_parallel = Some(dp);
+            (o, Some(d))
+        }
         Some(t) => {
             t.load(&model, &opt, scaler_in)?;
             let (o, d) = t.run(pos, &mut |e: &EpochStats| {
@@ -528,6 +587,7 @@ pub fn run_train(
         })?;
     }
     let pytorch = initial_model
+        .filter(|_| r.parallel.is_none())
         .map(|initial| {
             let skipped = gpu.as_ref().map_or(0, |g| g.skipped_updates);
             compare(
@@ -541,15 +601,21 @@ pub fn run_train(
             )
         })
         .transpose()?;
-    Ok(TrainReport {
+    let device = match (&gpu, &data_parallel) {
+        (Some(g), Some(dp)) => format!(
+            "{} GPUs, data-parallel ({}, {})",
+            dp.ranks, g.device_name, dp.started_by
+        ),
+        (Some(g), None) => format!("{device} ({})", g.device_name),
+        (None, _) => device,
+    };
+    Ok(Some(TrainReport {
+        data_parallel,
         pytorch,
         preset: r
             .preset
             .or((r.data.is_none()).then_some(Preset::SeedRegression)),
-        device: match &gpu {
-            Some(g) => format!("{device} ({})", g.device_name),
-            None => device,
-        },
+        device,
         precision: precision.name().into(),
         gpu,
         parameters: model.parameters(),
@@ -568,7 +634,7 @@ pub fn run_train(
         saved_checkpoint: r.save.clone(),
         saved_losses: r.save_losses.clone(),
         config: p.cfg,
-    })
+    }))
 }
 
 /// Runs the same loop in PyTorch on the CPU (the data, initial weights and every epoch's

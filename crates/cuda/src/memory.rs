@@ -173,7 +173,7 @@ pub struct PoolStats {
 }
 
 impl Gpu {
-    fn pool(&self) -> Result<sys::CUmemoryPool> {
+    pub(crate) fn pool(&self) -> Result<sys::CUmemoryPool> {
         self.bind()?;
         // SAFETY: the context's own device.
         Ok(unsafe { result::device::get_default_mem_pool(self.cu_device()) }?)

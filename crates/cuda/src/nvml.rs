@@ -495,3 +495,143 @@ impl NvmlSession {
         })
     }
 }
+
+/// How two GPUs are connected, as NVML reports it (what `nvidia-smi topo -m` prints).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeerLink {
+    /// Active NVLinks from the first GPU whose far end is the second GPU.
+    pub nvlinks_direct: u32,
+    /// Active NVLinks from the first GPU to something that is not a GPU of this pair (an
+    /// NVSwitch, on machines where every GPU reaches every other through switches).
+    pub nvlinks_other: u32,
+    /// NVLink generation (4 on Hopper), when a link reports it.
+    pub nvlink_version: Option<u32>,
+    /// The nearest common PCIe ancestor (`same board`, `one PCIe switch`, `several PCIe
+    /// switches`, `host bridge`, `NUMA node`, `across CPUs`), when NVML says.
+    pub pcie_path: Option<String>,
+}
+
+impl PeerLink {
+    /// The direct NVLinks' bandwidth each way (the datasheet's: 25 GB/s a link each way for
+    /// NVLink 2-4, 50 for NVLink 5); None without direct links or a known version.
+    pub fn nvlink_gbs_each_way(&self) -> Option<f64> {
+        let per_link = match self.nvlink_version? {
+            2..=4 => 25.0,
+            5 => 50.0,
+            _ => return None,
+        };
+        (self.nvlinks_direct > 0).then(|| per_link * f64::from(self.nvlinks_direct))
+    }
+
+    /// `NV18`, `NV18 (NVLink 4)`, `PCIe (host bridge)`: like nvidia-smi topo's cells.
+    pub fn label(&self) -> String {
+        if self.nvlinks_direct > 0 {
+            let v = self
+                .nvlink_version
+                .map(|v| format!(" (NVLink {v})"))
+                .unwrap_or_default();
+            format!("NV{}{v}", self.nvlinks_direct)
+        } else if self.nvlinks_other > 0 {
+            format!("NVSwitch, {} links", self.nvlinks_other)
+        } else {
+            match &self.pcie_path {
+                Some(p) => format!("PCIe ({p})"),
+                None => "PCIe".to_string(),
+            }
+        }
+    }
+}
+
+/// How many NVLinks a device may have (NVML_NVLINK_MAX_LINKS on current drivers).
+const MAX_NVLINKS: u32 = 18;
+
+impl NvmlSession {
+    /// The links between the GPUs with these UUIDs, as seen from the first.
+    pub fn peer_link(&self, from_uuid: &str, to_uuid: &str) -> Result<PeerLink> {
+        use nvml_wrapper::enum_wrappers::device::TopologyLevel as T;
+        let dev = |u: &str| {
+            self.nvml
+                .device_by_uuid(u)
+                .map_err(|e| Error::Nvml(format!("no device {u}: {e}")))
+        };
+        let (a, b) = (dev(from_uuid)?, dev(to_uuid)?);
+        let far_bus = b
+            .pci_info()
+            .map_err(|e| Error::Nvml(format!("PCI info of {to_uuid}: {e}")))?
+            .bus_id
+            .to_ascii_uppercase();
+        let mut link = PeerLink::default();
+        for i in 0..MAX_NVLINKS {
+            let l = a.link_wrapper_for(i);
+            if !l.is_active().unwrap_or(false) {
+                continue;
+            }
+            // NVML's NVLINK_VERSION enum: 1 = 1.0, 2 = 2.0, 3 = 2.2, 4 = 3.0, 5 = 3.1,
+            // 6 = 4.0, 7 = 5.0
+            let generation = l.version().ok().and_then(|v| match v {
+                1 => Some(1),
+                2 | 3 => Some(2),
+                4 | 5 => Some(3),
+                6 => Some(4),
+                7 => Some(5),
+                _ => None,
+            });
+            link.nvlink_version = link.nvlink_version.or(generation);
+            match l.remote_pci_info() {
+                Ok(p) if p.bus_id.to_ascii_uppercase() == far_bus => link.nvlinks_direct += 1,
+                _ => link.nvlinks_other += 1,
+            }
+        }
+        // In a virtual machine the links' far ends carry the host's PCI ids, not the guest's:
+        // NVML's NVLink peer status (what nvidia-smi topo reads) says whether the pair talks
+        // over NVLink, and then every active link serves it (directly or through switches).
+        use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus};
+        if link.nvlinks_direct == 0
+            && matches!(
+                a.p2p_status(&b, P2pCapabilitiesIndex::NvLink),
+                Ok(P2pStatus::Ok)
+            )
+        {
+            link.nvlinks_direct = link.nvlinks_other;
+            link.nvlinks_other = 0;
+        }
+        link.pcie_path = a.topology_common_ancestor(b).ok().map(|t| {
+            match t {
+                T::Internal => "same board",
+                T::Single => "one PCIe switch",
+                T::Multiple => "several PCIe switches",
+                T::HostBridge => "host bridge",
+                T::Node => "NUMA node",
+                T::System => "across CPUs",
+            }
+            .to_string()
+        });
+        Ok(link)
+    }
+}
+
+#[cfg(test)]
+mod peer_link_tests {
+    use super::PeerLink;
+
+    #[test]
+    fn labels_read_like_nvidia_smi_topo() {
+        let nv = PeerLink {
+            nvlinks_direct: 18,
+            nvlink_version: Some(4),
+            ..Default::default()
+        };
+        assert_eq!(nv.label(), "NV18 (NVLink 4)");
+        assert_eq!(nv.nvlink_gbs_each_way(), Some(450.0));
+        let pcie = PeerLink {
+            pcie_path: Some("host bridge".into()),
+            ..Default::default()
+        };
+        assert_eq!(pcie.label(), "PCIe (host bridge)");
+        let sw = PeerLink {
+            nvlinks_other: 18,
+            ..Default::default()
+        };
+        assert_eq!(sw.label(), "NVSwitch, 18 links");
+    }
+}

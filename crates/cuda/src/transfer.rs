@@ -167,3 +167,65 @@ pub fn h2d_staged(
     }
     Ok(())
 }
+
+/// Lets `from`'s kernels and copies reach `to`'s memory directly (over NVLink or PCIe peer to
+/// peer). Returns false when the pair cannot (copies between them then go through the host);
+/// enabling twice is not an error. gpukit's buffers come from `to`'s stream-ordered memory
+/// pool, which keeps its own access list (peer access of the contexts does not reach it): the
+/// pool is opened to `from` too, else the driver stages every peer copy through the host.
+pub fn enable_peer_access(from: &Gpu, to: &Gpu) -> Result<bool> {
+    if from.ordinal == to.ordinal {
+        return Ok(true);
+    }
+    let mut can = 0;
+    // SAFETY: both devices are valid handles of open contexts; `can` is a live local.
+    unsafe { sys::cuDeviceCanAccessPeer(&mut can, from.cu_device(), to.cu_device()) }.result()?;
+    if can == 0 {
+        return Ok(false);
+    }
+    from.bind()?;
+    // SAFETY: `to`'s context is live; flags must be 0.
+    match unsafe { sys::cuCtxEnablePeerAccess(to.ctx().cu_ctx(), 0) } {
+        sys::cudaError_enum::CUDA_SUCCESS
+        | sys::cudaError_enum::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {}
+        rc => return Err(cudarc::driver::DriverError(rc).into()),
+    }
+    let pool = to.pool()?;
+    let desc = sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: from.ordinal as i32,
+        },
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: `pool` is `to`'s live default pool; one descriptor is passed.
+    unsafe { sys::cuMemPoolSetAccess(pool, &desc, 1) }.result()?;
+    Ok(true)
+}
+
+/// Queues a copy of `bytes` bytes from `src` (memory of `src_gpu`) to `dst` (memory of
+/// `dst_gpu`) on `stream` (a stream of either device).
+pub fn copy_peer(
+    stream: &Stream,
+    dst: View<'_>,
+    dst_gpu: &Gpu,
+    src: View<'_>,
+    src_gpu: &Gpu,
+    bytes: usize,
+) -> Result<()> {
+    check_len("peer copy source", src.bytes(), bytes)?;
+    check_len("peer copy destination", dst.bytes(), bytes)?;
+    // SAFETY: both views hold `bytes` bytes of their devices' memory and both contexts are live.
+    unsafe {
+        sys::cuMemcpyPeerAsync(
+            dst.addr(),
+            dst_gpu.ctx().cu_ctx(),
+            src.addr(),
+            src_gpu.ctx().cu_ctx(),
+            bytes,
+            stream.cu(),
+        )
+    }
+    .result()?;
+    Ok(())
+}

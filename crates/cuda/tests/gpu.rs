@@ -268,6 +268,221 @@ fn nccl_all_reduce_across_every_gpu() -> Result<(), Failed> {
     )
 }
 
+/// Every GPU of this machine, opened through gpukit's own types.
+fn all_gpus() -> Result<Vec<Gpu>, Failed> {
+    let count = driver::probe(discovery())
+        .map_err(|e| e.to_string())?
+        .device_count;
+    (0..count)
+        .map(|i| Gpu::open(discovery(), i).map_err(|e| Failed::from(e.to_string())))
+        .collect()
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// gpukit's NCCL wrapper against float64 on the host: every collective, random inputs, over
+/// every GPU of the machine in one process (one GPU is a world of one).
+fn nccl_collectives_match_float64() -> Result<(), Failed> {
+    use gpukit_cuda::nccl::{group, Comm as GComm, RedOp};
+    use gpukit_types::DType;
+    let gpus = all_gpus()?;
+    let n = gpus.len();
+    let comms = GComm::init_all(&gpus.iter().collect::<Vec<_>>()).map_err(|e| e.to_string())?;
+    let per = 3000; // elements each rank contributes to the gathers
+    let count = per * n;
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| random_f32(count, 40 + r as u64)).collect();
+    let send: Vec<_> = gpus
+        .iter()
+        .zip(&inputs)
+        .map(|(g, x)| g.upload(&bytes_of(x)))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let recv: Vec<_> = gpus
+        .iter()
+        .map(|g| g.alloc(count * 4))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let e = |e: gpukit_cuda::Error| Failed::from(e.to_string());
+    let read = |i: usize| -> Result<Vec<f32>, Failed> {
+        gpus[i].synchronize().map_err(e)?;
+        Ok(f32s(&gpus[i].download(&recv[i]).map_err(e)?))
+    };
+    let close = |got: &[f32], want: &[f64], what: &str| -> Result<(), Failed> {
+        let worst = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (f64::from(*a) - b).abs())
+            .fold(0.0, f64::max);
+        check(
+            got.len() >= want.len() && worst < 1e-5 * n as f64,
+            format!("{what}: max error {worst}"),
+        )
+    };
+    let sum_at = |j: usize| inputs.iter().map(|v| f64::from(v[j])).sum::<f64>();
+    let max_at = |j: usize| {
+        inputs
+            .iter()
+            .map(|v| f64::from(v[j]))
+            .fold(f64::MIN, f64::max)
+    };
+    // all_reduce sum and max
+    for (op, f) in [
+        (RedOp::Sum, &sum_at as &dyn Fn(usize) -> f64),
+        (RedOp::Max, &max_at),
+    ] {
+        group(|| {
+            for (i, c) in comms.iter().enumerate() {
+                c.all_reduce(send[i].view(), recv[i].view(), count, DType::F32, op)?;
+            }
+            Ok(())
+        })
+        .map_err(e)?;
+        let want: Vec<f64> = (0..count).map(f).collect();
+        for i in 0..n {
+            close(&read(i)?, &want, &format!("all_reduce {op:?} cuda:{i}"))?;
+        }
+    }
+    // all_gather: rank r's first `per` elements, in rank order
+    group(|| {
+        for (i, c) in comms.iter().enumerate() {
+            c.all_gather(send[i].view(), recv[i].view(), per, DType::F32)?;
+        }
+        Ok(())
+    })
+    .map_err(e)?;
+    let want: Vec<f64> = (0..count)
+        .map(|j| f64::from(inputs[j / per][j % per]))
+        .collect();
+    for i in 0..n {
+        close(&read(i)?, &want, "all_gather")?;
+    }
+    // reduce_scatter: rank r keeps block r of the sum
+    group(|| {
+        for (i, c) in comms.iter().enumerate() {
+            c.reduce_scatter(send[i].view(), recv[i].view(), per, DType::F32, RedOp::Sum)?;
+        }
+        Ok(())
+    })
+    .map_err(e)?;
+    for i in 0..n {
+        let want: Vec<f64> = (0..per).map(|j| sum_at(i * per + j)).collect();
+        close(&read(i)?[..per], &want, "reduce_scatter")?;
+    }
+    // broadcast from the last rank
+    let root = n - 1;
+    group(|| {
+        for (i, c) in comms.iter().enumerate() {
+            c.broadcast(send[i].view(), recv[i].view(), count, DType::F32, root)?;
+        }
+        Ok(())
+    })
+    .map_err(e)?;
+    let want: Vec<f64> = inputs[root].iter().map(|x| f64::from(*x)).collect();
+    for i in 0..n {
+        close(&read(i)?, &want, "broadcast")?;
+    }
+    // alltoall from grouped sends and receives: block p of rank i's output is block i of p's input
+    group(|| {
+        for (i, c) in comms.iter().enumerate() {
+            c.all_to_all(send[i].view(), recv[i].view(), per, DType::F32)?;
+        }
+        Ok(())
+    })
+    .map_err(e)?;
+    for i in 0..n {
+        let want: Vec<f64> = (0..count)
+            .map(|j| f64::from(inputs[j / per][i * per + j % per]))
+            .collect();
+        close(&read(i)?, &want, "alltoall")?;
+    }
+    // a view too small for the count is refused before NCCL sees it
+    check(
+        comms[0]
+            .all_reduce(
+                send[0].view().sub(0, 8).map_err(e)?,
+                recv[0].view(),
+                count,
+                DType::F32,
+                RedOp::Sum,
+            )
+            .is_err(),
+        "an undersized buffer must be refused",
+    )
+}
+
+/// The pattern checker counts exactly the elements that are wrong, in every dtype.
+fn pattern_check_counts_wrong_elements() -> Result<(), Failed> {
+    use gpukit_cuda::pattern::{value, Expect, Pattern};
+    use gpukit_types::DType;
+    let g = gpu()?;
+    let e = |e: gpukit_cuda::Error| Failed::from(e.to_string());
+    let p = Pattern::new(discovery(), &g).map_err(e)?;
+    let n = 100_003;
+    let buf = g.alloc(n * 4).map_err(e)?;
+    for dtype in [DType::F32, DType::F16, DType::Bf16] {
+        p.fill(buf.view(), n, dtype, 3).map_err(e)?;
+        let own = Expect::Gathered {
+            block: n,
+            rank: Some(3),
+            offset: 0,
+        };
+        check(
+            p.count_wrong(buf.view(), n, dtype, own).map_err(e)? == 0,
+            format!("{dtype}: a fresh fill must match"),
+        )?;
+        // the host's value() is what the kernel wrote (element 12345, as f32)
+        if dtype == DType::F32 {
+            let host = f32s(&g.download(&buf).map_err(e)?);
+            check(
+                (0..n).all(|i| f64::from(host[i]) == value(3, i)),
+                "the fill differs from pattern::value",
+            )?;
+        }
+        // two corrupted elements are counted as two
+        let w = dtype.size_bytes();
+        g.fill(buf.view().sub(17 * w, w).map_err(e)?, 0x7f)
+            .map_err(e)?;
+        g.fill(buf.view().sub((n - 1) * w, w).map_err(e)?, 0x7f)
+            .map_err(e)?;
+        let wrong = p.count_wrong(buf.view(), n, dtype, own).map_err(e)?;
+        check(wrong == 2, format!("{dtype}: counted {wrong} wrong, not 2"))?;
+        // another rank's pattern is all but wrong everywhere
+        let other = Expect::Gathered {
+            block: n,
+            rank: Some(4),
+            offset: 0,
+        };
+        let wrong = p.count_wrong(buf.view(), n, dtype, other).map_err(e)?;
+        check(
+            wrong > n as u64 / 2,
+            format!("{dtype}: rank 4's pattern gave {wrong}"),
+        )?;
+    }
+    Ok(())
+}
+
+/// Copies between the first two GPUs arrive byte for byte, with or without peer access.
+fn peer_copies_are_byte_exact() -> Result<(), Failed> {
+    use gpukit_cuda::transfer::{copy_peer, enable_peer_access};
+    let gpus = all_gpus()?;
+    let e = |e: gpukit_cuda::Error| Failed::from(e.to_string());
+    let (a, b) = (&gpus[0], &gpus[1]);
+    let peer = enable_peer_access(a, b).map_err(e)?;
+    let host = bytes_of(&random_f32(1 << 20, 77));
+    let src = a.upload(&host).map_err(e)?;
+    let dst = b.alloc(host.len()).map_err(e)?;
+    copy_peer(a.stream(), dst.view(), b, src.view(), a, host.len()).map_err(e)?;
+    a.synchronize().map_err(e)?;
+    check(
+        b.download(&dst).map_err(e)? == host,
+        format!("cuda:0 -> cuda:1 (peer access {peer}) changed bytes"),
+    )
+}
+
 fn library_versions_are_reported() -> Result<(), Failed> {
     for lib in [
         Lib::Cublas,
@@ -333,6 +548,15 @@ fn main() {
             library_versions_are_reported,
         ),
     ];
+    let mut tests = tests;
+    tests.push((
+        "gpu::nccl_collectives_match_float64",
+        nccl_collectives_match_float64,
+    ));
+    tests.push((
+        "gpu::pattern_check_counts_wrong_elements",
+        pattern_check_counts_wrong_elements,
+    ));
     let mut trials: Vec<Trial> = tests
         .into_iter()
         .map(|(name, f)| Trial::test(name, f).with_ignored_flag(skip.is_some()))
@@ -346,6 +570,13 @@ fn main() {
         Trial::test(
             "gpu::nccl_all_reduce_across_every_gpu",
             nccl_all_reduce_across_every_gpu,
+        )
+        .with_ignored_flag(gpus < 2),
+    );
+    trials.push(
+        Trial::test(
+            "gpu::peer_copies_are_byte_exact",
+            peer_copies_are_byte_exact,
         )
         .with_ignored_flag(gpus < 2),
     );

@@ -4,7 +4,7 @@
 
 use crate::cli::{
     AllArgs, BandwidthArgs, BenchCommand, CheckArgs, Cli, Command, CompareArgs, ConvArgs, HtmlArgs,
-    InferArgs, MatmulArgs, MemoryArgs, TrainArgs,
+    InferArgs, LaunchArgs, MatmulArgs, MemoryArgs, NcclArgs, P2pArgs, TrainArgs,
 };
 use crate::output::{emit, emit_charted, Output};
 use crate::render;
@@ -33,6 +33,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Matmul(a)) => bench_matmul(a, &out),
         Command::Bench(BenchCommand::Bandwidth(a)) => bench_bandwidth(a, &out),
         Command::Bench(BenchCommand::Conv(a)) => bench_conv(a, &out),
+        Command::Bench(BenchCommand::Nccl(a)) => bench_nccl(a, &out),
+        Command::Bench(BenchCommand::P2p(a)) => bench_p2p(a, &out),
+        Command::Launch(a) => launch(a),
         Command::Infer(a) => infer(a, &out),
         Command::Memory(a) => memory(a, &out),
         Command::Train(a) => train(*a, &out),
@@ -193,6 +196,70 @@ fn bench_matmul(a: MatmulArgs, out: &Output) -> Result<()> {
     emit_charted(&doc, out, Vec::new(), sections, charts)
 }
 
+fn bench_nccl(a: NcclArgs, out: &Output) -> Result<()> {
+    use gpukit_bench::nccl::{document, run_nccl, NcclOptions};
+    let discovery = prepare_process();
+    let opts = NcclOptions {
+        gpus: a.gpus,
+        ops: dedup(a.ops),
+        dtypes: dedup(a.dtype),
+        redops: dedup(a.redop),
+        min_bytes: a.min_bytes,
+        max_bytes: a.max_bytes,
+        step_factor: a.step_factor,
+        iterations: a.iterations,
+        repeats: a.repeats,
+        warmup: a.warmup,
+        places: a.place.0,
+        root: a.root,
+        graph: a.graph,
+        timeout: std::time::Duration::from_secs(a.timeout as u64),
+        compare_pytorch: a.compare_pytorch,
+        world: gpukit_dist::world::from_process_env()?,
+    };
+    let rank0 = opts.world.as_ref().is_none_or(|w| w.rank == 0);
+    let mut quiet = |_: &str| {};
+    let mut shown = progress();
+    let progress: &mut dyn FnMut(&str) = if rank0 { &mut shown } else { &mut quiet };
+    // every rank but 0 measures and hands its figures to rank 0, which prints the report
+    let Some((report, peer)) = run_nccl(&discovery, &opts, progress)? else {
+        return Ok(());
+    };
+    let sections = render::nccl_sections(&report);
+    emit(&document(report, peer.as_ref()), out, Vec::new(), sections)
+}
+
+fn bench_p2p(a: P2pArgs, out: &Output) -> Result<()> {
+    use gpukit_bench::p2p::{document, run_p2p, P2pOptions};
+    let discovery = prepare_process();
+    let opts = P2pOptions {
+        bytes: a.bytes,
+        iterations: a.iterations,
+        compare_pytorch: a.compare_pytorch,
+        ..P2pOptions::default()
+    };
+    let (report, peer) = run_p2p(&discovery, &opts, &mut progress())?;
+    let sections = render::p2p_sections(&report);
+    emit(&document(report, peer.as_ref()), out, Vec::new(), sections)
+}
+
+fn launch(a: LaunchArgs) -> Result<()> {
+    let code = gpukit_dist::launch::run(&gpukit_dist::launch::LaunchOptions {
+        nproc_per_node: a.nproc_per_node,
+        nnodes: a.nnodes,
+        node_rank: a.node_rank,
+        master_addr: a.master_addr,
+        master_port: a.master_port,
+        timeout: std::time::Duration::from_secs(a.timeout as u64),
+        command: a.command,
+    })?;
+    if code != 0 {
+        // the ranks have said what went wrong; gpukit exits as the first failed rank did
+        std::process::exit(code);
+    }
+    Ok(())
+}
+
 fn bench_bandwidth(a: BandwidthArgs, out: &Output) -> Result<()> {
     use gpukit_bench::bandwidth::{document, run_bandwidth, run_bandwidth_with_pytorch};
     let discovery = prepare_process();
@@ -333,7 +400,34 @@ fn print_bytes(bytes: &[u8]) -> Result<()> {
 }
 
 fn train(a: TrainArgs, out: &Output) -> Result<()> {
-    use gpukit_bench::train::{document, run_train, TrainRequest};
+    use gpukit_bench::train::{document, run_train_ranked, TrainRequest};
+    use gpukit_bench::train_dp::Ranks;
+    let world = gpukit_dist::world::from_process_env()?.filter(|w| w.world_size > 1);
+    let parallel = match (&world, a.gpus) {
+        (Some(_), Some(g)) if g > 1 => {
+            return Err(Error::BadInput(
+                "--gpus drives several GPUs from one process; under a launcher every process \
+                 is one rank (leave --gpus out)"
+                    .into(),
+            )
+            .into())
+        }
+        (Some(w), _) => Some(Ranks::Launched(w.clone())),
+        (None, Some(g)) if g > 1 => Some(Ranks::Threads(g)),
+        _ => None,
+    };
+    let rank0 = world.as_ref().is_none_or(|w| w.rank == 0);
+    let device = match (&parallel, a.device) {
+        (None, d) => d.unwrap_or(Device::Cpu),
+        (Some(_), Some(Device::Cpu)) => {
+            return Err(Error::BadInput(
+                "data-parallel training runs on GPUs: leave --device out or name cuda:N".into(),
+            )
+            .into())
+        }
+        (Some(Ranks::Launched(w)), _) => Device::Cuda(w.local_rank),
+        (Some(_), _) => Device::Cuda(0),
+    };
     let request = TrainRequest {
         preset: a.preset,
         layers: a.layers.map(|l| l.0),
@@ -357,7 +451,7 @@ fn train(a: TrainArgs, out: &Output) -> Result<()> {
         resume: a.resume,
         save_losses: a.save_losses,
         precision: a.precision,
-        device: Some(a.device),
+        device: Some(device),
         loader: a.loader,
         graph: match (a.graph, a.no_graph) {
             (true, _) => Some(true),
@@ -366,17 +460,27 @@ fn train(a: TrainArgs, out: &Output) -> Result<()> {
         },
         compare_pytorch: a.compare_pytorch,
         checkpoint_activations: a.checkpoint_activations,
+        parallel,
+        bucket_mb: Some(a.bucket_mb),
+        timeout: Some(std::time::Duration::from_secs(a.timeout as u64)),
     };
     gpukit_bench::train::check_request(&request)?;
     // only GPU work needs the CUDA libraries on the loader's path (which may re-execute)
-    let discovery = if a.device == Device::Cpu {
+    let discovery = if device == Device::Cpu {
         discover()
     } else {
         let d = prepare_process();
-        check_named_gpu(&d, DeviceSelection::One(a.device))?;
+        if world.is_none() {
+            check_named_gpu(&d, DeviceSelection::One(device))?;
+        }
         d
     };
-    let report = run_train(&request, &discovery, &mut progress())?;
+    let mut quiet = |_: &str| {};
+    let mut shown = progress();
+    let progress: &mut dyn FnMut(&str) = if rank0 { &mut shown } else { &mut quiet };
+    let Some(report) = run_train_ranked(&request, &discovery, progress)? else {
+        return Ok(());
+    };
     let sections = render::train_sections(&report);
     let charts = render::html::train_chart(std::slice::from_ref(&report))
         .into_iter()

@@ -84,7 +84,16 @@ fn exit_code(e: &anyhow::Error) -> u8 {
                 .downcast_ref::<gpukit_cuda::Error>()
                 .map(HasKind::kind)
         };
-        bench.or_else(models).or_else(tensor).or_else(cuda)
+        let dist = || {
+            cause
+                .downcast_ref::<gpukit_dist::Error>()
+                .map(HasKind::kind)
+        };
+        bench
+            .or_else(models)
+            .or_else(tensor)
+            .or_else(cuda)
+            .or_else(dist)
     });
     kind.unwrap_or(ErrorKind::Failed).exit_code()
 }

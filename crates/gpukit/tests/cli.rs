@@ -64,10 +64,93 @@ fn bench_bad_input_exits_2() -> Result<(), Failed> {
         &["bench", "bandwidth", "--sizes", "12Q"][..],
         &["bench", "conv", "--dtype", "f64"][..],
         &["bench", "conv", "--layout", "nwhc"][..],
+        &["bench", "nccl", "--ops", "gather"][..],
+        &["bench", "nccl", "--dtype", "f64"][..],
+        &["bench", "nccl", "--redop", "prod"][..],
+        &["bench", "nccl", "--min-bytes", "2G", "--max-bytes", "1G"][..],
+        &["bench", "nccl", "--max-bytes", "3X"][..],
+        &["bench", "nccl", "--step-factor", "1"][..],
+        &["bench", "nccl", "--place", "sideways"][..],
+        &["bench", "p2p", "--bytes", "0"][..],
+        &["launch", "--nproc-per-node", "0", "--", "true"][..],
+        &["launch", "--nproc-per-node", "2"][..],
+        &["train", "--gpus", "2", "--device", "cpu"][..],
     ] {
         exited(&gpukit(args), 2, args)?;
     }
     Ok(())
+}
+
+/// `gpukit launch` starts N ranks with the variables torchrun sets, and exits as the first
+/// rank that failed did, saying which.
+fn launch_starts_ranks_and_passes_on_a_failure() -> Result<(), Failed> {
+    let ok = gpukit(&[
+        "launch",
+        "--nproc-per-node",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "test \"$WORLD_SIZE\" = 3 && test \"$LOCAL_RANK\" = \"$RANK\" && test -n \"$MASTER_PORT\" && echo rank $RANK",
+    ]);
+    exited(&ok, 0, &["launch", "3 ranks"])?;
+    let out = text(&ok.stdout);
+    for r in 0..3 {
+        ensure(out.contains(&format!("rank {r}")), || out.clone())?;
+    }
+    let bad = gpukit(&[
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--timeout",
+        "5",
+        "--",
+        "sh",
+        "-c",
+        "exit $((RANK * 3))",
+    ]);
+    exited(&bad, 3, &["launch", "rank 1 exits 3"])?;
+    let err = text(&bad.stderr);
+    ensure(err.contains("rank 1") && err.contains("status 3"), || err)
+}
+
+/// Under a launcher's variables, a rank whose peers never come exits 1 within its timeout,
+/// naming who did not arrive; a torchrun environment without MASTER_ADDR is bad input.
+fn a_rank_without_peers_gives_up_with_a_message() -> Result<(), Failed> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())?;
+    let started = std::time::Instant::now();
+    let out = Command::new(bin())
+        .args(["train", "--epochs", "1", "--timeout", "2"])
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "2")
+        .env("LOCAL_RANK", "0")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .output()?;
+    // without a GPU it stops earlier, naming the driver; with one, at the rendezvous
+    ensure(out.status.code() == Some(1), || {
+        format!("{:?}: {}", out.status, text(&out.stderr))
+    })?;
+    ensure(started.elapsed().as_secs() < 20, || {
+        format!("took {:?}", started.elapsed())
+    })?;
+    let err = text(&out.stderr);
+    ensure(
+        err.contains("did not arrive") || err.contains("NVIDIA driver"),
+        || err.clone(),
+    )?;
+    let out = Command::new(bin())
+        .args(["bench", "nccl"])
+        .env("RANK", "1")
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_PORT", port.to_string())
+        .env_remove("MASTER_ADDR")
+        .output()?;
+    exited(&out, 2, &["bench", "nccl", "(no MASTER_ADDR)"])?;
+    let err = text(&out.stderr);
+    ensure(err.contains("MASTER_ADDR"), || err)
 }
 
 /// `--html FILE` beside any command: one self-contained page (no script, nothing fetched) with
@@ -372,6 +455,9 @@ fn without_a_gpu_a_named_gpu_exits_1_naming_the_driver() -> Result<(), Failed> {
         &["check", "--device", "cuda:9"][..],
         &["bench", "matmul", "--device", "cuda:0", "--sizes", "64"][..],
         &["memory", "--batch-sizes", "1"][..],
+        &["bench", "nccl", "--max-bytes", "1M"][..],
+        &["bench", "p2p"][..],
+        &["train", "--gpus", "2", "--epochs", "1"][..],
         &[
             "infer",
             "--device",
@@ -503,6 +589,14 @@ fn main() {
             unknown_flag_and_bad_device_exit_2_with_a_message,
         ),
         ("bench_bad_input_exits_2", bench_bad_input_exits_2),
+        (
+            "launch_starts_ranks_and_passes_on_a_failure",
+            launch_starts_ranks_and_passes_on_a_failure,
+        ),
+        (
+            "a_rank_without_peers_gives_up_with_a_message",
+            a_rank_without_peers_gives_up_with_a_message,
+        ),
         (
             "monitor_runs_a_command_and_passes_its_exit_code",
             monitor_runs_a_command_and_passes_its_exit_code,

@@ -406,6 +406,115 @@ fn checkpointing_computes_the_same_bits() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Data-parallel training over every GPU of the machine (a thread a GPU, NCCL between them)
+/// makes the same updates as one GPU training on the combined batch: the same per-update
+/// losses and final weights, up to the order of f32 sums. With a last combined batch that does
+/// not divide evenly, gradient accumulation, and epochs replayed as CUDA graphs (the
+/// communication captured in them).
+fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<(), Failed> {
+    use gpukit_cuda::nccl::{Comm, UniqueId};
+    use gpukit_train::gpu::parallel::Shard;
+    let (d, _) = gpu()?;
+    let world = gpukit_cuda::driver::probe(d)
+        .map_err(|e| e.to_string())?
+        .device_count;
+    let per_gpu = 16;
+    for (loss, kind, accumulate, graph) in [
+        (LossKind::CrossEntropy, OptimizerKind::Adam, 1, false),
+        (LossKind::Mse, OptimizerKind::Sgd, 2, false),
+        (LossKind::CrossEntropy, OptimizerKind::AdamW, 1, true),
+    ] {
+        let widths = match loss {
+            LossKind::Mse => vec![24, 64, 64, 1],
+            LossKind::CrossEntropy => vec![24, 64, 64, 3],
+        };
+        let mut cfg = config(&widths, loss, kind, per_gpu * world);
+        cfg.accumulate = accumulate;
+        let samples = per_gpu * world * 5 + 7;
+        let data = dataset(&cfg, samples, fresh_seed());
+        let model = Mlp::new(&widths, fresh_seed());
+        let opts = GpuOptions {
+            loader: Some(Loader::Resident),
+            graph: Some(graph),
+            ..GpuOptions::new(Precision::Fp32)
+        };
+        let one = run_gpu(&cfg, opts, &data, &model)?;
+        let mut shard_cfg = cfg.clone();
+        shard_cfg.batch_size = per_gpu;
+        let id = UniqueId::new()?;
+        let runs: Vec<Result<(RunOutcome, Mlp<f32>), String>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..world)
+                .map(|rank| {
+                    let (id, cfg, data, model) = (id.clone(), &shard_cfg, &data, &model);
+                    scope.spawn(move || -> Result<(RunOutcome, Mlp<f32>), String> {
+                        let e = |e: &dyn std::fmt::Display| e.to_string();
+                        let g = Arc::new(Gpu::open(d, rank).map_err(|x| e(&x))?);
+                        let o = GpuOptions {
+                            shard: Some(Shard { rank, world }),
+                            ..opts
+                        };
+                        let mut t = GpuTrainer::new(d, g.clone(), cfg, o, data.clone(), None)
+                            .map_err(|x| e(&x))?;
+                        let stream = g.new_stream().map_err(|x| e(&x))?;
+                        let comm =
+                            Comm::init_rank_on(&g, stream, &id, rank, world).map_err(|x| e(&x))?;
+                        t.attach(comm, 4 << 10).map_err(|x| e(&x))?;
+                        let mut m = model.clone();
+                        let mut opt = Optimizer::new(cfg.optimizer);
+                        t.load(&m, &opt, None).map_err(|x| e(&x))?;
+                        let (out, _) =
+                            t.run(Position::default(), &mut |_| {}).map_err(|x| e(&x))?;
+                        t.store(&mut m, &mut opt).map_err(|x| e(&x))?;
+                        Ok((out, m))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
+                .collect()
+        });
+        let tag = format!("{loss:?} {kind:?} accumulate {accumulate} graph {graph}, {world} GPUs");
+        for (rank, r) in runs.into_iter().enumerate() {
+            let (out, m) = r.map_err(|e| format!("{tag}: rank {rank}: {e}"))?;
+            let want = &one.outcome.step_losses;
+            check(
+                out.step_losses.len() == want.len(),
+                format!(
+                    "{tag}: {} updates, one GPU made {}",
+                    out.step_losses.len(),
+                    want.len()
+                ),
+            )?;
+            let rel = max_rel(&out.step_losses, want);
+            check(
+                rel < 1e-4,
+                format!("{tag}: rank {rank}: losses differ by {rel:e}"),
+            )?;
+            let (a, b) = (weights(&m), weights(&one.model));
+            let worst = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs() / y.abs().max(1e-2))
+                .fold(0.0f32, f32::max);
+            check(
+                worst < 1e-3,
+                format!("{tag}: rank {rank}: weights differ by {worst:e}"),
+            )?;
+        }
+        eprintln!("    {tag}: every rank made one GPU's updates");
+    }
+    Ok(())
+}
+
+fn check(ok: bool, msg: String) -> Result<(), Failed> {
+    if ok {
+        Ok(())
+    } else {
+        Err(msg.into())
+    }
+}
+
 fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
@@ -431,7 +540,11 @@ fn main() {
             checkpointing_computes_the_same_bits,
         ),
     ];
-    let trials = tests
+    let gpus = DISCOVERY
+        .get()
+        .and_then(|d| gpukit_cuda::driver::probe(d).ok())
+        .map_or(0, |d| d.device_count);
+    let mut trials: Vec<Trial> = tests
         .into_iter()
         .map(|(name, f)| {
             Trial::test(name, move || {
@@ -441,5 +554,18 @@ fn main() {
             .with_ignored_flag(skip.is_some())
         })
         .collect();
+    if gpus < 2 {
+        eprintln!("gpu::data_parallel_matches_one_gpu_on_the_combined_batch needs 2 or more GPUs ({gpus} here): ignored");
+    }
+    trials.push(
+        Trial::test(
+            "gpu::data_parallel_matches_one_gpu_on_the_combined_batch",
+            || {
+                let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+                data_parallel_matches_one_gpu_on_the_combined_batch()
+            },
+        )
+        .with_ignored_flag(gpus < 2),
+    );
     libtest_mimic::run(&args, trials).exit();
 }

@@ -15,6 +15,7 @@ mod infer;
 mod matmul;
 mod memory;
 pub mod monitor;
+mod nccl;
 mod power;
 #[cfg(test)]
 mod tests;
@@ -30,6 +31,7 @@ pub use html::all_html;
 pub use infer::{infer_sections, input_run_section};
 pub use matmul::matmul_sections;
 pub use memory::memory_sections;
+pub use nccl::{nccl_sections, p2p_sections};
 pub use train::train_sections;
 pub use views::{all_markdown, check_head};
 

@@ -173,6 +173,9 @@ pub fn train_sections(r: &TrainReport) -> Vec<Section> {
         },
     ];
     sections.push(memory_section(r));
+    if let Some(dp) = &r.data_parallel {
+        sections.push(data_parallel_section(dp));
+    }
     if let Some(p) = &r.pytorch {
         sections.push(peer_section(p));
     }
@@ -313,4 +316,71 @@ fn peer_section(p: &gpukit_bench::train::TrainPeer) -> Section {
         }))
         .collect(),
     )
+}
+
+/// Data-parallel training: how the ranks scaled against each GPU doing its share alone, and
+/// PyTorch DDP's scaling on the same model beside it.
+fn data_parallel_section(d: &gpukit_bench::train_dp::DataParallel) -> Section {
+    let ms = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut rows = vec![
+        (
+            "Ranks",
+            format!(
+                "{} GPUs ({}), {} rows each of every combined batch of {}",
+                d.ranks, d.started_by, d.batch_per_gpu, d.combined_batch
+            ),
+        ),
+        (
+            "Gradients",
+            format!(
+                "{:.1} MiB averaged in {} bucket(s) of about {:.0} MiB, each launched as soon as backward has finished its layers",
+                d.gradient_mib, d.buckets, d.bucket_mb
+            ),
+        ),
+        (
+            "Step time",
+            format!(
+                "{} ms data-parallel (each rank) vs {} ms for the same batches on each GPU alone",
+                ms(&d.step_ms),
+                ms(&d.single_step_ms)
+            ),
+        ),
+        (
+            "Throughput",
+            format!(
+                "{:.0} samples/s on {} GPUs, {:.0} per GPU; one GPU alone: {:.0}",
+                d.samples_per_s,
+                d.ranks,
+                d.samples_per_s / d.ranks.max(1) as f64,
+                d.single_samples_per_s
+            ),
+        ),
+        (
+            "Scaling efficiency",
+            format!(
+                "{:.3} ({:.2} ms a step of communication backward did not hide)",
+                d.scaling_efficiency, d.exposed_comm_ms
+            ),
+        ),
+    ];
+    if let Some(p) = &d.pytorch {
+        rows.push((
+            "PyTorch DDP",
+            format!(
+                "{:.0} samples/s on {} GPUs, one GPU {:.0}: efficiency {:.3} (PyTorch {}); gpukit's throughput {:.2}x",
+                p.samples_per_s,
+                d.ranks,
+                p.single_samples_per_s,
+                p.scaling_efficiency,
+                p.torch_version,
+                d.samples_per_s / p.samples_per_s
+            ),
+        ));
+    }
+    Section::kv("Data-parallel", rows)
 }

@@ -55,6 +55,14 @@ pub fn all_markdown(doc: &Document<AllReport>) -> String {
             md.push_str(&to_markdown(&render::train_sections(t), 3));
         }
     }
+    if let Some(n) = &r.nccl {
+        md.push_str("\n## Several GPUs: NCCL collectives\n");
+        md.push_str(&to_markdown(&render::nccl_sections(n), 3));
+    }
+    if let Some(p) = &r.p2p {
+        md.push_str("\n## Several GPUs: copies between them\n");
+        md.push_str(&to_markdown(&render::p2p_sections(p), 3));
+    }
     if !doc.notes.is_empty() || doc.failure.is_some() {
         md.push_str("\n## Notes\n\n");
         if let Some(f) = &doc.failure {

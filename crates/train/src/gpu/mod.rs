@@ -18,6 +18,7 @@
 //! so the same run gives the same bits and N steps + M resumed steps equal N + M steps.
 
 pub mod feed;
+pub mod parallel;
 mod plan;
 mod step;
 
@@ -112,6 +113,8 @@ pub struct GpuOptions {
     /// Let cuBLASLt fuse bias, ReLU and their gradients (false: gpukit's kernels run them
     /// after plain products, the path taken where cuBLASLt cannot fuse; tests compare both).
     pub fuse: bool,
+    /// Data-parallel: this rank's share of every combined batch (None: one GPU, all rows).
+    pub shard: Option<parallel::Shard>,
 }
 
 impl GpuOptions {
@@ -121,6 +124,7 @@ impl GpuOptions {
             loader: None,
             graph: None,
             fuse: true,
+            shard: None,
         }
     }
 }
@@ -221,6 +225,8 @@ pub struct GpuTrainer {
     graphs: HashMap<(u64, u64), Graph>,
     setup_seconds: f64,
     memory: MemoryUse,
+    /// The data-parallel communicator and buckets, once attached.
+    dp: Option<parallel::Dp>,
 }
 
 /// The first layer's input comes from here.
@@ -431,6 +437,7 @@ impl GpuTrainer {
             graphs: HashMap::new(),
             setup_seconds: 0.0,
             memory,
+            dp: None,
         };
         trainer.plan_all()?;
         trainer.setup_seconds = started.elapsed().as_secs_f64();

@@ -104,6 +104,14 @@ impl GpuTrainer {
         if tail != 0 {
             rows.push(tail);
         }
+        // a data-parallel rank's share of the last, partial combined batch
+        if let Some(shard) = self.opts.shard {
+            let combined = b * shard.world;
+            let m = self.train.len() % combined;
+            if m != 0 {
+                rows.push(shard.rows(m, b).1.max(1));
+            }
+        }
         if let Some((e, ..)) = &self.eval {
             rows.push(b.min(e.len()));
             if e.len() % b != 0 {

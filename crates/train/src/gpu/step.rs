@@ -2,6 +2,7 @@
 //! (replayed from a CUDA graph when asked), and the evaluation.
 
 use super::feed::{batch_bytes, copy_in, target_width, Loader, PinnedRing};
+use super::parallel::Shard;
 use super::plan::InputEpilogue;
 use super::{count_sum, GpuDetails, GpuTrainer, Input, Op, GROWTH_INTERVAL};
 use crate::checkpoint::Position;
@@ -17,7 +18,7 @@ use gpukit_types::DType;
 use std::time::Instant;
 
 /// One batch of an epoch as the loop runs it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct Batch {
     /// Its number in the epoch (its loss's slot).
     index: usize,
@@ -28,13 +29,25 @@ struct Batch {
     first_micro: bool,
     /// An update follows it.
     update: bool,
+    /// Rows of the combined batch this is a share of (all ranks' rows; `rows` on one GPU).
+    combined: usize,
+    /// This share's weight in the combined batch's mean: rows x ranks / combined (1 for full
+    /// combined batches and on one GPU), applied to the loss's gradient so that the average
+    /// over ranks is the combined batch's gradient.
+    weight: f32,
 }
 
 /// The batches of epoch `pos.epoch` from `pos.batch` on for `n` samples: an update after every
 /// `accumulate` batches and after the epoch's last, stopping at the step limit (the CPU loop's
-/// rule, which the unit tests hold it to).
-fn epoch_batches(cfg: &crate::run::TrainConfig, n: usize, pos: &Position) -> Vec<Batch> {
-    let bs = cfg.batch_size;
+/// rule, which the unit tests hold it to). Data-parallel, a batch is this rank's share of a
+/// combined batch of `world` x batch size rows.
+fn epoch_batches(
+    cfg: &crate::run::TrainConfig,
+    n: usize,
+    pos: &Position,
+    shard: Shard,
+) -> Vec<Batch> {
+    let bs = cfg.batch_size * shard.world.max(1);
     let per_epoch = n.div_ceil(bs);
     let (mut b, mut step, mut micro) = (pos.batch as usize, pos.step, 0usize);
     let mut out = Vec::new();
@@ -47,12 +60,16 @@ fn epoch_batches(cfg: &crate::run::TrainConfig, n: usize, pos: &Position) -> Vec
             step += 1;
             micro = 0;
         }
+        let combined = bs.min(n - first_row);
+        let (offset, rows) = shard.rows(combined, cfg.batch_size);
         out.push(Batch {
             index: b,
-            first_row,
-            rows: bs.min(n - first_row),
+            first_row: first_row + offset,
+            rows,
             first_micro,
             update,
+            combined,
+            weight: (rows * shard.world.max(1)) as f32 / combined.max(1) as f32,
         });
         b += 1;
     }
@@ -74,7 +91,7 @@ fn sub(buf: &DeviceBuffer, elem: usize, offset: usize, len: usize) -> Result<Vie
 impl GpuTrainer {
     /// The batches of epoch `pos.epoch` from `pos.batch` on, stopping at the step limit.
     fn batches(&self, pos: &Position) -> Vec<Batch> {
-        epoch_batches(&self.cfg, self.train.len(), pos)
+        epoch_batches(&self.cfg, self.train.len(), pos, self.shard())
     }
 
     /// Enqueues one batch: its input, forward, loss (into its slot), backward, and the update
@@ -117,7 +134,7 @@ impl GpuTrainer {
         let out = self.act(layers - 1);
         let width = self.cfg.widths[layers];
         let loss = self.losses.view().sub(b.index * 8, 8)?;
-        let mult = 1.0 / self.cfg.accumulate as f32;
+        let mult = b.weight / self.cfg.accumulate as f32;
         let state = Some(self.state.view());
         match self.cfg.loss {
             LossKind::Mse => self.k.mse(
@@ -203,6 +220,12 @@ impl GpuTrainer {
             } else if !hidden {
                 self.k.bias_grad(dy, grads_bias(l)?, st, (o, rows), beta)?;
             }
+            // layer l's gradients are complete (a hidden layer's bias gradient came with the
+            // layer above's input gradient): its bucket may start averaging while the input
+            // gradient below is computed
+            if b.update {
+                self.layer_done(l)?;
+            }
             if l > 0 {
                 let dx = self.dz[1 - cur].view();
                 let mask = self.masks[l - 1].as_ref().map(DeviceBuffer::view);
@@ -236,6 +259,7 @@ impl GpuTrainer {
             }
         }
         if b.update {
+            self.gradients_averaged()?;
             self.enqueue_update()?;
         }
         Ok(())
@@ -477,7 +501,7 @@ impl GpuTrainer {
         progress: &mut dyn FnMut(&EpochStats),
     ) -> Result<(RunOutcome, GpuDetails)> {
         let n = self.train.len();
-        let per_epoch = n.div_ceil(self.cfg.batch_size) as u64;
+        let per_epoch = n.div_ceil(self.cfg.batch_size * self.shard().world) as u64;
         let classes = matches!(self.train.y, Targets::Classes { .. });
         let mut out = RunOutcome {
             epochs: Vec::new(),
@@ -519,10 +543,26 @@ impl GpuTrainer {
             } else {
                 0
             };
+            // data-parallel: each combined batch's loss is the mean over its rows, so each
+            // rank's share counts by its rows; the correct answers add up
+            let (losses, correct) = if self.dp.is_some() {
+                let world = self.shard().world as f64;
+                let mut mine: Vec<f64> = losses
+                    .iter()
+                    .zip(&batches)
+                    .map(|(l, b)| l * f64::from(b.weight) / world)
+                    .collect();
+                mine.push(correct as f64);
+                let mut all = self.sum_over_ranks(&mine)?;
+                let correct = all.pop().unwrap_or(0.0).round() as usize;
+                (all, correct)
+            } else {
+                (losses, correct)
+            };
             // per-update losses: the mean of each update's batches
             let (mut micro, mut steps, mut seen) = (Vec::new(), 0u64, 0usize);
             for (b, loss) in batches.iter().zip(&losses) {
-                seen += b.rows;
+                seen += b.combined;
                 if !loss.is_finite() {
                     return Err(Error::Failed(format!(
                         "the loss became {loss} at update {} (epoch {}, batch {}): the run \

@@ -223,6 +223,15 @@ pub fn all_html(doc: &Document<AllReport>) -> String {
         }
     }
 
+    if let Some(n) = &r.nccl {
+        section(&mut h, "nccl", "Several GPUs: NCCL collectives");
+        h.push_str(&sections_to_html(&render::nccl_sections(n)));
+    }
+    if let Some(p) = &r.p2p {
+        section(&mut h, "p2p", "Several GPUs: copies between them");
+        h.push_str(&sections_to_html(&render::p2p_sections(p)));
+    }
+
     if !doc.notes.is_empty() || doc.failure.is_some() {
         section(&mut h, "notes", "Notes");
         h.push_str("<ul>\n");

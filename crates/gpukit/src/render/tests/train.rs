@@ -93,6 +93,7 @@ pub(super) fn report(loss: LossKind) -> TrainReport {
         saved_losses: Some("losses.csv".into()),
         pytorch: None,
         gpu: None,
+        data_parallel: None,
     }
 }
 

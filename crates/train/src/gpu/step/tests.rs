@@ -52,7 +52,7 @@ fn the_gpu_loop_takes_the_cpu_loops_batches_and_updates() {
         let mut pos = Position::default();
         let mut updates = Vec::new();
         while pos.epoch < c.epochs && c.max_steps.is_none_or(|m| pos.step < m) {
-            let bs = epoch_batches(&c, n, &pos);
+            let bs = epoch_batches(&c, n, &pos, Shard { rank: 0, world: 1 });
             let steps = bs.iter().filter(|b| b.update).count() as u64;
             assert!(bs.iter().all(|b| b.rows >= 1 && b.first_row + b.rows <= n));
             // every update's first batch overwrites the gradients

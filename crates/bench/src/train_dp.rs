@@ -1,0 +1,374 @@
+//! `gpukit train --gpus N`, or `gpukit train` under torchrun, srun, mpirun or `gpukit launch`:
+//! data-parallel training. Every rank (a thread per GPU in one process, or a process per GPU)
+//! builds the same model from the same seed, trains on its share of each combined batch and
+//! averages gradients through NCCL in buckets that overlap backward (the train crate's
+//! `gpu::parallel`). Before that, each rank runs the same batches without any communication:
+//! the one-GPU baseline of exactly the work each GPU does, so the scaling efficiency is the
+//! baseline's step time over the data-parallel one, and what is left is communication that
+//! backward did not hide.
+
+use crate::error::{Error, Result};
+use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::nccl::{Comm, UniqueId};
+use gpukit_cuda::Gpu;
+use gpukit_dist::rendezvous::{OnLost, Session};
+use gpukit_dist::world::World;
+use gpukit_train::checkpoint::Position;
+use gpukit_train::data::Dataset;
+use gpukit_train::gpu::parallel::Shard;
+use gpukit_train::gpu::{GpuDetails, GpuOptions, GpuTrainer};
+use gpukit_train::model::Mlp;
+use gpukit_train::optim::Optimizer;
+use gpukit_train::run::{EpochStats, RunOutcome, TrainConfig};
+use serde::{Deserialize, Serialize};
+
+/// How the ranks were started.
+#[derive(Debug, Clone)]
+pub enum Ranks {
+    /// One process, a thread per GPU on cuda:0..N.
+    Threads(usize),
+    /// This process is one rank of a launcher's world (one GPU: its LOCAL_RANK).
+    Launched(World),
+}
+
+/// What data-parallel training did, beside the run's own figures.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DataParallel {
+    pub ranks: usize,
+    /// `threads in one process`, or the launcher.
+    pub started_by: String,
+    pub batch_per_gpu: usize,
+    pub combined_batch: usize,
+    pub buckets: usize,
+    pub bucket_mb: f64,
+    pub gradient_mib: f64,
+    /// Each rank's step time with the same batches and no communication (median of its epochs).
+    pub single_step_ms: Vec<f64>,
+    /// Each rank's data-parallel step time (median of its epochs).
+    pub step_ms: Vec<f64>,
+    /// Samples a second of the whole world, data-parallel.
+    pub samples_per_s: f64,
+    /// Of one GPU doing its share alone (the slowest rank's baseline).
+    pub single_samples_per_s: f64,
+    /// Baseline step time over data-parallel step time (1.0: communication fully hidden).
+    pub scaling_efficiency: f64,
+    /// Data-parallel step time minus the baseline's, per step: the communication backward did
+    /// not hide (and what it slowed down).
+    pub exposed_comm_ms: f64,
+    /// DistributedDataParallel of the same model, with --compare-pytorch.
+    #[serde(default)]
+    pub pytorch: Option<DdpPeer>,
+}
+
+/// PyTorch DDP on the same model, batch per GPU and GPUs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DdpPeer {
+    pub torch_version: String,
+    pub single_samples_per_s: f64,
+    pub samples_per_s: f64,
+    pub scaling_efficiency: f64,
+}
+
+/// One rank's part of a run.
+struct RankRun {
+    outcome: RunOutcome,
+    details: GpuDetails,
+    single_step_ms: f64,
+    step_ms: f64,
+    buckets: usize,
+    model: Option<(Mlp<f32>, Optimizer<f32>)>,
+}
+
+/// Median seconds an update over the complete epochs (all epochs if none is complete).
+fn step_ms(epochs: &[EpochStats]) -> f64 {
+    let per: Vec<f64> = epochs
+        .iter()
+        .filter(|e| e.steps > 0)
+        .map(|e| e.seconds * 1e3 / e.steps as f64)
+        .collect();
+    crate::stats::Summary::of(&per).map_or(f64::NAN, |s| s.median)
+}
+
+/// Everything a rank needs, shared by reference across the threads.
+pub struct Job<'a> {
+    pub discovery: &'a Discovery,
+    pub cfg: &'a TrainConfig,
+    pub opts: GpuOptions,
+    pub train: &'a Dataset,
+    pub eval: Option<&'a Dataset>,
+    pub model: &'a Mlp<f32>,
+    pub opt: &'a Optimizer<f32>,
+    pub scaler: Option<(f64, u64)>,
+    pub pos: Position,
+    pub bucket_bytes: usize,
+}
+
+/// Threads of one process meet here before NCCL: a rank that failed to set up must not leave
+/// the others waiting forever for it inside ncclCommInitRank.
+struct Meet<'a> {
+    barrier: &'a std::sync::Barrier,
+    failed: &'a std::sync::atomic::AtomicBool,
+}
+
+fn rank_run(
+    job: &Job<'_>,
+    id: &UniqueId,
+    shard: Shard,
+    ordinal: usize,
+    meet: Option<Meet<'_>>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<RankRun> {
+    let prepared = (|| -> Result<_> {
+        let gpu = std::sync::Arc::new(Gpu::open(job.discovery, ordinal)?);
+        let opts = GpuOptions {
+            shard: Some(shard),
+            ..job.opts
+        };
+        let mut t = GpuTrainer::new(
+            job.discovery,
+            gpu.clone(),
+            job.cfg,
+            opts,
+            job.train.clone(),
+            job.eval.cloned(),
+        )?;
+        // the baseline: this rank's batches, no communication
+        t.load(job.model, job.opt, job.scaler)?;
+        let (alone, _) = t.run(job.pos, &mut |_| {})?;
+        Ok((gpu, t, step_ms(&alone.epochs)))
+    })();
+    if let Some(m) = &meet {
+        use std::sync::atomic::Ordering;
+        if prepared.is_err() {
+            m.failed.store(true, Ordering::SeqCst);
+        }
+        m.barrier.wait();
+        if prepared.is_ok() && m.failed.load(Ordering::SeqCst) {
+            return Err(Error::Failed(
+                "another GPU's rank failed before training together (its error is reported)".into(),
+            ));
+        }
+    }
+    let (gpu, mut t, single_step_ms) = prepared?;
+    // the same from the same weights, with the gradients averaged over the ranks
+    let comm = Comm::init_rank_on(&gpu, gpu.new_stream()?, id, shard.rank, shard.world)?;
+    t.attach(comm, job.bucket_bytes)?;
+    t.load(job.model, job.opt, job.scaler)?;
+    let rank = shard.rank;
+    let (outcome, details) = t.run(job.pos, &mut |e: &EpochStats| {
+        if rank == 0 {
+            progress(&format!(
+                "train data-parallel x{}: epoch {} loss {:.6}",
+                shard.world, e.epoch, e.train_loss
+            ))
+        }
+    })?;
+    let model = if rank == 0 {
+        let (mut m, mut o) = (job.model.clone(), job.opt.clone());
+        t.store(&mut m, &mut o)?;
+        Some((m, o))
+    } else {
+        None
+    };
+    Ok(RankRun {
+        step_ms: step_ms(&outcome.epochs),
+        outcome,
+        details,
+        single_step_ms,
+        buckets: t.buckets(),
+        model,
+    })
+}
+
+/// The run's result on rank 0 (None on the other ranks): the data-parallel outcome, rank 0's
+/// GPU details, the final model and optimizer, and the data-parallel figures.
+pub type Outcome = Option<(
+    RunOutcome,
+    GpuDetails,
+    Mlp<f32>,
+    Optimizer<f32>,
+    DataParallel,
+)>;
+
+pub fn run(
+    job: &Job<'_>,
+    ranks: &Ranks,
+    timeout: std::time::Duration,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Outcome> {
+    let count = gpukit_cuda::driver::probe(job.discovery)
+        .map_err(|e| Error::Unavailable(format!("data-parallel training needs GPUs: {e}")))?
+        .device_count;
+    gpukit_cuda::nccl::require(job.discovery)
+        .map_err(|e| Error::Unavailable(format!("data-parallel training needs NCCL: {e}")))?;
+    let world = match ranks {
+        Ranks::Threads(n) => *n,
+        Ranks::Launched(w) => w.world_size,
+    };
+    let (runs, started_by) = match ranks {
+        Ranks::Threads(n) => {
+            if *n > count {
+                return Err(Error::BadInput(format!(
+                    "--gpus {n}: this machine has {count} CUDA device(s)"
+                )));
+            }
+            let id = UniqueId::new()?;
+            let barrier = std::sync::Barrier::new(*n);
+            let failed = std::sync::atomic::AtomicBool::new(false);
+            let results: Vec<Result<RankRun>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (1..*n)
+                    .map(|rank| {
+                        let id = id.clone();
+                        let meet = Meet {
+                            barrier: &barrier,
+                            failed: &failed,
+                        };
+                        scope.spawn(move || {
+                            rank_run(
+                                job,
+                                &id,
+                                Shard { rank, world },
+                                rank,
+                                Some(meet),
+                                &mut |_| {},
+                            )
+                        })
+                    })
+                    .collect();
+                let meet = Meet {
+                    barrier: &barrier,
+                    failed: &failed,
+                };
+                let first = rank_run(job, &id, Shard { rank: 0, world }, 0, Some(meet), progress);
+                std::iter::once(first)
+                    .chain(handles.into_iter().map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(Error::Failed("a training thread panicked".into()))
+                        })
+                    }))
+                    .collect()
+            });
+            let runs = results.into_iter().collect::<Result<Vec<_>>>()?;
+            (runs, "threads in one process".to_string())
+        }
+        Ranks::Launched(w) => {
+            gpukit_dist::before_exit(|| gpukit_cuda::nccl::exit_now(1));
+            let options = gpukit_dist::rendezvous::Options {
+                timeout,
+                on_lost: OnLost::Exit,
+            };
+            let session = Session::join(w, options, || {
+                UniqueId::new()
+                    .map(|id| id.to_bytes())
+                    .map_err(|e| e.to_string())
+            })?;
+            let id = UniqueId::from_bytes(session.blob())?;
+            let shard = Shard {
+                rank: w.rank,
+                world,
+            };
+            let mine = match rank_run(job, &id, shard, w.local_rank % count, None, progress) {
+                Ok(r) => r,
+                Err(e) => {
+                    session.abort(&e.to_string());
+                    return Err(e);
+                }
+            };
+            let times = serde_json::to_vec(&(mine.single_step_ms, mine.step_ms))
+                .map_err(|e| Error::Failed(e.to_string()))?;
+            let all = session.all_gather(&times)?;
+            session.finish()?;
+            if w.rank != 0 {
+                return Ok(None);
+            }
+            let mut runs = vec![mine];
+            for b in all.iter().skip(1) {
+                let (single, dp): (f64, f64) = serde_json::from_slice(b)
+                    .map_err(|e| Error::Failed(format!("a rank sent malformed timings: {e}")))?;
+                runs.push(RankRun {
+                    outcome: runs[0].outcome.clone(),
+                    details: runs[0].details.clone(),
+                    single_step_ms: single,
+                    step_ms: dp,
+                    buckets: runs[0].buckets,
+                    model: None,
+                });
+            }
+            (runs, w.launcher.to_string())
+        }
+    };
+    let single: Vec<f64> = runs.iter().map(|r| r.single_step_ms).collect();
+    let dp: Vec<f64> = runs.iter().map(|r| r.step_ms).collect();
+    let slowest = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let b = job.cfg.batch_size;
+    let mut it = runs.into_iter();
+    let Some(first) = it.next() else {
+        return Ok(None);
+    };
+    let Some((model, opt)) = first.model else {
+        return Ok(None);
+    };
+    let params: usize = model.parameters();
+    let report = DataParallel {
+        ranks: world,
+        started_by,
+        batch_per_gpu: b,
+        combined_batch: b * world,
+        buckets: first.buckets,
+        bucket_mb: job.bucket_bytes as f64 / (1 << 20) as f64,
+        gradient_mib: (params * 4) as f64 / (1 << 20) as f64,
+        samples_per_s: (b * world) as f64 / (slowest(&dp) / 1e3),
+        single_samples_per_s: b as f64 / (slowest(&single) / 1e3),
+        scaling_efficiency: slowest(&single) / slowest(&dp),
+        exposed_comm_ms: slowest(&dp) - slowest(&single),
+        single_step_ms: single,
+        step_ms: dp,
+        pytorch: None,
+    };
+    Ok(Some((first.outcome, first.details, model, opt, report)))
+}
+
+/// PyTorch's DistributedDataParallel of the same model (torch.multiprocessing, one process a
+/// GPU), measured the same way: one GPU alone, then all of them.
+pub fn compare_ddp(
+    cfg: &TrainConfig,
+    precision: &str,
+    dp: &DataParallel,
+    steps: usize,
+) -> Result<DdpPeer> {
+    let dir = tempfile::tempdir().map_err(|source| Error::Io {
+        what: "a temporary directory",
+        path: std::env::temp_dir(),
+        source,
+    })?;
+    let path = dir.path().join("config.json");
+    let mut json = serde_json::to_value(cfg).map_err(|e| Error::Failed(e.to_string()))?;
+    json["precision"] = precision.into();
+    json["resident"] = true.into();
+    std::fs::write(&path, json.to_string()).map_err(|source| Error::Io {
+        what: "the training config",
+        path: path.clone(),
+        source,
+    })?;
+    let run = crate::peer::run_pytorch(&[
+        "ddp".into(),
+        "--config".into(),
+        path.display().to_string(),
+        "--nproc".into(),
+        dp.ranks.to_string(),
+        "--batch-per-gpu".into(),
+        dp.batch_per_gpu.to_string(),
+        "--steps".into(),
+        steps.max(10).to_string(),
+        "--bucket-mb".into(),
+        format!("{}", dp.bucket_mb.round().max(1.0)),
+    ])?;
+    let d = &run.document;
+    let num = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    Ok(DdpPeer {
+        torch_version: run.torch_version.clone(),
+        single_samples_per_s: num(&d["single"]["samples_per_s"]),
+        samples_per_s: num(&d["ddp"]["samples_per_s"]),
+        scaling_efficiency: num(&d["scaling_efficiency"]),
+    })
+}

@@ -1,0 +1,197 @@
+//! Data-parallel training, as PyTorch's DistributedDataParallel does it: every rank holds the
+//! whole model, takes its share of each combined batch (world x batch rows of the epoch's one
+//! shuffled order), and averages its gradients with the others' through NCCL in buckets, each
+//! launched on a communication stream as soon as backward has finished its layers, so the
+//! transfers overlap the rest of backward. The update waits for the last bucket; every rank
+//! then makes the same update, and the run's losses are the combined batch's.
+//!
+//! To use: build the [`GpuTrainer`] with [`GpuOptions::shard`] set, then
+//! [`GpuTrainer::attach`] the rank's communicator (made on a stream of its own).
+
+use super::plan::Layout;
+use super::GpuTrainer;
+use crate::error::{Error, Result};
+use gpukit_cuda::nccl::{Comm, RedOp};
+use gpukit_types::DType;
+use serde::{Deserialize, Serialize};
+
+/// This process's (or thread's) place among the data-parallel ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    pub rank: usize,
+    pub world: usize,
+}
+
+impl Shard {
+    /// Rank `rank`'s first row (within the combined batch) and row count, for a combined batch
+    /// of `m` rows of at most `world x batch`: `batch` each when full; the last, partial one
+    /// shared as evenly as it goes (the first `m % world` ranks one row more).
+    pub fn rows(self, m: usize, batch: usize) -> (usize, usize) {
+        let (r, w) = (self.rank, self.world.max(1));
+        if m >= w * batch {
+            return (r * batch, batch);
+        }
+        let (base, extra) = (m / w, m % w);
+        (r * base + r.min(extra), base + usize::from(r < extra))
+    }
+}
+
+/// The gradients' buckets: runs of whole layers from the last (backward's first) down, each
+/// closed once it holds `bytes` or more, as DDP's bucket_cap_mb. `(lo, hi)`: layers lo..=hi,
+/// in the order backward completes them.
+pub(super) fn buckets(layout: &Layout, bytes: usize) -> Vec<(usize, usize)> {
+    let layers = layout.layers();
+    let mut out = Vec::new();
+    let mut hi = None;
+    for l in (0..layers).rev() {
+        let top = *hi.get_or_insert(l);
+        let (lo_off, hi_end) = span(layout, l, top);
+        if (hi_end - lo_off) * 4 >= bytes || l == 0 {
+            out.push((l, top));
+            hi = None;
+        }
+    }
+    out
+}
+
+/// Elements of the flat gradient buffer that layers lo..=hi occupy: [start, end).
+pub(super) fn span(layout: &Layout, lo: usize, hi: usize) -> (usize, usize) {
+    let end = layout.offsets.get(hi + 1).map_or(layout.total, |&(w, _)| w);
+    (layout.offsets[lo].0, end)
+}
+
+/// A rank's communicator and its buckets.
+pub(super) struct Dp {
+    comm: Comm,
+    buckets: Vec<(usize, usize)>,
+}
+
+impl GpuTrainer {
+    /// Joins this trainer to its data-parallel peers: `comm` (this rank's communicator, on a
+    /// stream of this GPU other than the work stream) averages the gradients in buckets of
+    /// about `bucket_bytes`.
+    pub fn attach(&mut self, comm: Comm, bucket_bytes: usize) -> Result<()> {
+        let shard = self.opts.shard.ok_or_else(|| {
+            Error::Setting("a communicator needs a trainer built for a shard".into())
+        })?;
+        if comm.size != shard.world || comm.rank != shard.rank {
+            return Err(Error::Setting(format!(
+                "the communicator is rank {} of {}, the trainer's shard rank {} of {}",
+                comm.rank, comm.size, shard.rank, shard.world
+            )));
+        }
+        let buckets = buckets(&self.layout, bucket_bytes.max(1));
+        // NCCL connects its peers at a communicator's first collective of each kind and size
+        // class, which a graph capture refuses: average every bucket once now (the gradients
+        // are overwritten by the first backward)
+        for &(lo, hi) in &buckets {
+            let (a, b) = span(&self.layout, lo, hi);
+            let region = self.grads.view().sub(a * 4, (b - a) * 4)?;
+            comm.all_reduce(region, region, b - a, DType::F32, RedOp::Avg)?;
+        }
+        comm.stream().synchronize()?;
+        comm.async_error()?;
+        self.dp = Some(Dp { buckets, comm });
+        // graphs captured without the communication would skip it
+        self.graphs.clear();
+        Ok(())
+    }
+
+    /// After backward has finished layer `l` of an update's last batch: the bucket that ends
+    /// there starts averaging on the communication stream, once the work stream has reached
+    /// this point.
+    pub(super) fn layer_done(&self, l: usize) -> Result<()> {
+        let Some(dp) = &self.dp else { return Ok(()) };
+        for &(lo, hi) in &dp.buckets {
+            if lo == l {
+                let (a, b) = span(&self.layout, lo, hi);
+                let region = self.grads.view().sub(a * 4, (b - a) * 4)?;
+                dp.comm.stream().wait(&self.gpu.stream().record()?)?;
+                dp.comm
+                    .all_reduce(region, region, b - a, DType::F32, RedOp::Avg)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Before the update: the work stream waits for the last bucket.
+    pub(super) fn gradients_averaged(&self) -> Result<()> {
+        if let Some(dp) = &self.dp {
+            self.gpu.stream().wait(&dp.comm.stream().record()?)?;
+        }
+        Ok(())
+    }
+
+    /// The whole combined batches' figures from each rank's own: `values` (one per batch,
+    /// already weighted by the rank's share) summed over ranks. Identity without peers.
+    pub(super) fn sum_over_ranks(&self, values: &[f64]) -> Result<Vec<f64>> {
+        let Some(dp) = &self.dp else {
+            return Ok(values.to_vec());
+        };
+        if values.is_empty() {
+            return Ok(Vec::new());
+        }
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let buf = self.gpu.upload(&bytes)?;
+        self.gpu.synchronize()?;
+        dp.comm
+            .all_reduce(buf.view(), buf.view(), values.len(), DType::F64, RedOp::Sum)?;
+        dp.comm.stream().synchronize()?;
+        dp.comm.async_error()?;
+        let back = self.gpu.download(&buf)?;
+        Ok(back
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect())
+    }
+
+    /// How many buckets the gradients are averaged in (0 without peers).
+    pub fn buckets(&self) -> usize {
+        self.dp.as_ref().map_or(0, |d| d.buckets.len())
+    }
+
+    pub(super) fn shard(&self) -> Shard {
+        self.opts.shard.unwrap_or(Shard { rank: 0, world: 1 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_share_each_combined_batch_without_gaps_or_overlaps() {
+        for (m, batch, world) in [(8, 4, 2), (7, 4, 2), (5, 4, 3), (12, 4, 3), (3, 8, 3)] {
+            let mut next = 0;
+            for rank in 0..world {
+                let (first, rows) = Shard { rank, world }.rows(m, batch);
+                assert_eq!(first, next, "{m} {batch} {world} rank {rank}");
+                assert!(rows <= batch);
+                next += rows;
+            }
+            assert_eq!(next, m.min(world * batch));
+        }
+        // full batches: `batch` rows each, in rank order
+        assert_eq!(Shard { rank: 1, world: 2 }.rows(8, 4), (4, 4));
+    }
+
+    #[test]
+    fn buckets_cover_every_layer_once_from_the_last() {
+        let layout = Layout::new(&[16, 64, 64, 64, 1]);
+        // one layer a bucket
+        let each = buckets(&layout, 1);
+        assert_eq!(each, vec![(3, 3), (2, 2), (1, 1), (0, 0)]);
+        // everything in one
+        assert_eq!(buckets(&layout, usize::MAX), vec![(0, 3)]);
+        // a hidden layer holds 64x64 weights (16 KiB in f32): 20 KiB closes a bucket once it
+        // has two of them (the small last layer rides with the first)
+        let b = buckets(&layout, 20 << 10);
+        assert_eq!(b, vec![(1, 3), (0, 0)]);
+        let (a, e) = span(&layout, 0, 3);
+        assert_eq!((a, e), (0, layout.total));
+        // consecutive buckets meet
+        let (_, end_low) = span(&layout, 0, 1);
+        let (start_high, _) = span(&layout, 2, 3);
+        assert_eq!(end_low, start_high);
+    }
+}

@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# Runs on a lent machine with several GPUs, from the project root, over binaries staged into
+# .device/ (see scripts/gpu-test.sh):
+#   bash scripts/gpu-multi.sh [bench|train|faults|all]     (default: all)
+# bench: the cuda crate's GPU tests (NCCL collectives against float64, peer copies), then
+#        `bench nccl` in one process beside torch.distributed, the same sweep through
+#        `gpukit launch`, through torchrun and as CUDA graphs, NCCL's socket transport (shared
+#        memory and peer-to-peer off, standing in for two machines), NCCL_ALGO / NCCL_PROTO
+#        choices, and `bench p2p` beside PyTorch.
+# train: the training engine's GPU tests (data-parallel against one GPU on the combined batch
+#        included), then the 4096-wide MLP in bf16, batch 4096 a GPU, data-parallel on every GPU
+#        (threads of one process, beside PyTorch DDP; through `gpukit launch`; one bucket only).
+# faults: a rank killed mid-run, a wrong WORLD_SIZE, a missing MASTER_ADDR, an occupied port, a
+#        rank that never arrives: every surviving process must exit non-zero with a message
+#        within the timeout.
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0): the lent machines share their GPUs' host.
+set -u
+MODE=${1:-all}
+OUT=${OUT:-$PWD/gpu-run-out}
+W=$OUT/work
+mkdir -p "$W"
+BIN=${GPUKIT_BIN:-$PWD/.device/gpukit}
+TESTS=${GPUKIT_TESTS:-$PWD/.device/tests}
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+say() { echo "$*" | tee -a "$SUMMARY"; }
+clean() { env -u LD_LIBRARY_PATH -u GPUKIT_CUDA_PATH "$@"; }
+NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+
+say "== gpu-multi $MODE $(date -u +%FT%TZ) on $(hostname): $NGPU GPUs"
+nvidia-smi topo -m >"$W/topo.txt" 2>&1; cat "$W/topo.txt" | tee -a "$SUMMARY"
+nvidia-smi --query-gpu=index,name,pci.bus_id,memory.total,driver_version --format=csv | tee -a "$SUMMARY"
+python3 -c 'import torch; print("torch", torch.__version__, "nccl", ".".join(map(str, torch.cuda.nccl.version())), "gpus", torch.cuda.device_count())' 2>&1 | tee -a "$SUMMARY"
+
+if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
+  if [ -x "$TESTS/gpu" ]; then
+    clean env GPUKIT_REQUIRE_GPU=1 "$TESTS/gpu" >"$W/cuda-gpu-tests.txt" 2>&1
+    say "cuda crate GPU tests rc=$? ($(grep -c '\.\.\. ok' "$W/cuda-gpu-tests.txt") ok): $(grep 'test result' "$W/cuda-gpu-tests.txt")"
+    grep -E 'FAILED|panicked|Error' "$W/cuda-gpu-tests.txt" | head -5 | tee -a "$SUMMARY"
+  fi
+  if [ -x "$TESTS/cli" ]; then
+    for f in a_rank_without_peers launch_starts bench_bad_input; do
+      clean env GPUKIT_REQUIRE_GPU=1 GPUKIT_BIN="$BIN" "$TESTS/cli" "$f" >>"$W/cli-tests.txt" 2>&1
+      say "cli test $f rc=$?"
+    done
+  fi
+  t=$(date +%s)
+  clean "$BIN" bench nccl --gpus "$NGPU" --compare-pytorch --save-json "$W/nccl-one.json" >"$W/nccl-one.txt" 2>"$W/nccl-one.err"
+  say "bench nccl one process (all ops, f32, 8B-1G, both places) + PyTorch rc=$? $(( $(date +%s) - t ))s"
+  clean "$BIN" bench nccl --gpus "$NGPU" --ops all_reduce,all_gather,reduce_scatter --dtype bf16 --place out --save-json "$W/nccl-bf16.json" >"$W/nccl-bf16.txt" 2>&1
+  say "bench nccl bf16 rc=$?"
+  AR="--ops all_reduce --place out --min-bytes 8 --max-bytes 1G"
+  clean "$BIN" bench nccl --gpus "$NGPU" $AR --save-json "$W/ar-one-b.json" >"$W/ar-one-b.txt" 2>&1
+  say "all_reduce one process (A/A second run) rc=$?"
+  clean "$BIN" launch --nproc-per-node "$NGPU" -- "$BIN" bench nccl $AR --save-json "$W/ar-launch.json" >"$W/ar-launch.txt" 2>"$W/ar-launch.err"
+  say "all_reduce via gpukit launch rc=$?"
+  clean torchrun --standalone --nproc-per-node "$NGPU" --no-python "$BIN" bench nccl $AR --save-json "$W/ar-torchrun.json" >"$W/ar-torchrun.txt" 2>"$W/ar-torchrun.err"
+  say "all_reduce via torchrun rc=$?"
+  # torchrun sets OMP_NUM_THREADS=1 for its children: the one difference from gpukit launch
+  clean env OMP_NUM_THREADS=8 torchrun --standalone --nproc-per-node "$NGPU" --no-python "$BIN" bench nccl $AR --save-json "$W/ar-torchrun-omp8.json" >/dev/null 2>&1
+  say "all_reduce via torchrun, OMP_NUM_THREADS=8 rc=$?"
+  clean env OMP_NUM_THREADS=1 "$BIN" launch --nproc-per-node "$NGPU" -- "$BIN" bench nccl $AR --save-json "$W/ar-launch-omp1.json" >/dev/null 2>&1
+  say "all_reduce via gpukit launch, OMP_NUM_THREADS=1 rc=$?"
+  clean "$BIN" bench nccl --gpus "$NGPU" $AR --graph --save-json "$W/ar-graph.json" >"$W/ar-graph.txt" 2>&1
+  say "all_reduce as CUDA graphs rc=$?"
+  clean env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$BIN" launch --nproc-per-node "$NGPU" -- "$BIN" bench nccl --ops all_reduce,all_gather --place out --max-bytes 256M --save-json "$W/socket.json" >"$W/socket.txt" 2>"$W/socket.err"
+  say "socket transport (P2P and SHM off) via gpukit launch rc=$?"
+  for algo in Ring Tree; do
+    for proto in Simple LL LL128; do
+      clean env NCCL_ALGO=$algo NCCL_PROTO=$proto "$BIN" bench nccl --gpus "$NGPU" --ops all_reduce --place out --min-bytes 8 --max-bytes 1G --step-factor 8 --save-json "$W/ar-$algo-$proto.json" >/dev/null 2>"$W/ar-$algo-$proto.err"
+      say "all_reduce NCCL_ALGO=$algo NCCL_PROTO=$proto rc=$?"
+    done
+  done
+  clean "$BIN" bench p2p --compare-pytorch --save-json "$W/p2p.json" >"$W/p2p.txt" 2>&1
+  say "bench p2p + PyTorch rc=$?"
+  python3 - "$W" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import json, sys, os
+w = sys.argv[1]
+def rows(name):
+    p = os.path.join(w, name)
+    if not os.path.exists(p):
+        return {}
+    d = json.load(open(p))
+    return {(r["op"], r["dtype"], r["bytes"]): r for r in d["result"]["rows"]}
+one = rows("nccl-one.json")
+runs = {n: rows(f) for n, f in [("one", "nccl-one.json"), ("one-b", "ar-one-b.json"), ("launch", "ar-launch.json"),
+        ("torchrun", "ar-torchrun.json"), ("graph", "ar-graph.json"), ("tr-omp8", "ar-torchrun-omp8.json"),
+        ("la-omp1", "ar-launch-omp1.json")]}
+want = {8: None, 1 << 20: 21.0, 512 << 10: 31.6, 8 << 20: 168, 16 << 20: 218, 32 << 20: 233, 128 << 20: 282, 512 << 20: 310, 1 << 30: 328}
+print("all_reduce f32 out of place, busbw GB/s (time us at 8 B):")
+names = ["one", "one-b", "launch", "torchrun", "graph", "tr-omp8", "la-omp1"]
+print("%10s" % "size" + "".join("%9s" % n for n in names) + "%9s %9s" % ("torch", "ours/torch"))
+for b in [8, 1 << 10, 64 << 10, 512 << 10, 1 << 20, 8 << 20, 16 << 20, 32 << 20, 128 << 20, 512 << 20, 1 << 30]:
+    cells = []
+    for n in names:
+        r = runs[n].get(("all_reduce", "f32", b))
+        f = r and r.get("out_of_place")
+        cells.append("-" if not f else ("%.1fus" % f["time_us"] if b == 8 else "%.1f" % f["busbw_gbs"]))
+    r = one.get(("all_reduce", "f32", b)); p = r and r.get("pytorch")
+    cells.append("-" if not p else ("%.1fus" % (p["median_ms"] * 1e3) if b == 8 else "%.1f" % p["rate"]))
+    cells.append("-" if not p else "%.2f" % p["ratio"])
+    print("%10d" % b + "".join("%9s" % c for c in cells))
+for op in ["all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall"]:
+    for b in [512 << 10, 1 << 20, 32 << 20, 512 << 20, 1 << 30]:
+        r = one.get((op, "f32", b))
+        if r and r.get("out_of_place"):
+            p = r.get("pytorch")
+            print(f"  {op:15} {b:>11} busbw {r['out_of_place']['busbw_gbs']:7.1f} in-place {(r.get('in_place') or {}).get('busbw_gbs', 0):7.1f} torch {p['rate'] if p else 0:7.1f} ratio {p['ratio'] if p else 0:5.2f}")
+wrong = sum((f or {}).get("wrong", 0) for d in runs.values() for r in d.values() for f in [r.get("out_of_place"), r.get("in_place")])
+print("total #wrong over every run:", wrong)
+PY
+  tail -3 "$W/ar-launch.err" "$W/ar-torchrun.err" "$W/socket.err" 2>/dev/null | tee -a "$SUMMARY"
+fi
+
+if [ "$MODE" = train ] || [ "$MODE" = all ]; then
+  if [ -x "$TESTS/gpu_train" ]; then
+    clean env GPUKIT_REQUIRE_GPU=1 "$TESTS/gpu_train" --test-threads 1 >"$W/train-gpu-tests.txt" 2>&1
+    say "training engine GPU tests rc=$?: $(grep 'test result' "$W/train-gpu-tests.txt")"
+    grep -E 'every rank|FAILED|failed|panicked' "$W/train-gpu-tests.txt" | head -8 | tee -a "$SUMMARY"
+  fi
+  M0="--layers 4096,4096,4096,1 --features 4096 --samples 65536 --epochs 4 --lr 1e-5 --precision bf16"
+  M="$M0 --batch-size 4096"
+  clean "$BIN" train --gpus "$NGPU" $M --compare-pytorch --save-json "$W/dp-threads.json" >"$W/dp-threads.txt" 2>"$W/dp-threads.err"
+  say "train data-parallel, threads + PyTorch DDP rc=$?"
+  clean "$BIN" train --gpus "$NGPU" $M --save-json "$W/dp-threads-b.json" >/dev/null 2>&1
+  say "train data-parallel, threads (A/A) rc=$?"
+  clean "$BIN" launch --nproc-per-node "$NGPU" -- "$BIN" train $M --save-json "$W/dp-launch.json" >"$W/dp-launch.txt" 2>"$W/dp-launch.err"
+  say "train data-parallel via gpukit launch rc=$?"
+  clean "$BIN" train --gpus "$NGPU" $M --bucket-mb 100000 --save-json "$W/dp-onebucket.json" >/dev/null 2>&1
+  say "train data-parallel, one bucket (no overlap) rc=$?"
+  clean "$BIN" train --gpus "$NGPU" $M --bucket-mb 8 --save-json "$W/dp-8mb.json" >/dev/null 2>&1
+  say "train data-parallel, 8 MiB buckets rc=$?"
+  clean env NCCL_MAX_NCHANNELS=8 "$BIN" train --gpus "$NGPU" $M --save-json "$W/dp-8ch.json" >/dev/null 2>&1
+  say "train data-parallel, NCCL_MAX_NCHANNELS=8 rc=$?"
+  clean "$BIN" train --device cuda:0 $M0 --batch-size $((4096 * NGPU)) --save-json "$W/one-combined.json" >/dev/null 2>&1
+  say "train one GPU on the combined batch rc=$?"
+  python3 - "$W" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import json, sys, os
+w = sys.argv[1]
+for f in ["dp-threads.json", "dp-threads-b.json", "dp-launch.json", "dp-onebucket.json", "dp-8mb.json", "dp-8ch.json"]:
+    p = os.path.join(w, f)
+    if not os.path.exists(p):
+        print(f, "missing"); continue
+    r = json.load(open(p))["result"]; d = r.get("data_parallel") or {}
+    pt = d.get("pytorch") or {}
+    print(f"{f:20} eff {d.get('scaling_efficiency', 0):.3f} step {d.get('step_ms')} single {d.get('single_step_ms')} "
+          f"samples/s {d.get('samples_per_s', 0):.0f} buckets {d.get('buckets')} exposed {d.get('exposed_comm_ms', 0):.3f} ms"
+          + (f" | DDP eff {pt.get('scaling_efficiency', 0):.3f} samples/s {pt.get('samples_per_s', 0):.0f} single {pt.get('single_samples_per_s', 0):.0f}" if pt else ""))
+    print("   losses", [round(x, 6) for x in r["step_losses"][:4]], "...", [round(x, 6) for x in r["step_losses"][-2:]])
+p = os.path.join(w, "one-combined.json")
+if os.path.exists(p):
+    r = json.load(open(p))["result"]
+    print("one GPU, combined batch: losses", [round(x, 6) for x in r["step_losses"][:4]], "...", [round(x, 6) for x in r["step_losses"][-2:]])
+PY
+  tail -3 "$W/dp-threads.err" "$W/dp-launch.err" | tee -a "$SUMMARY"
+fi
+
+if [ "$MODE" = faults ] || [ "$MODE" = all ]; then
+  # a rank killed mid-run: its peer must exit with a message within the timeout
+  t=$(date +%s)
+  clean "$BIN" launch --nproc-per-node 2 --timeout 20 -- "$BIN" bench nccl --ops all_reduce --iterations 6000 --repeats 1 --place out --min-bytes 1G --max-bytes 1G --timeout 10 >"$W/kill.txt" 2>&1 &
+  LP=$!
+  sleep 10
+  victim=$(pgrep -f "bench nccl --ops all_reduce --iterations 6000" | while read p; do grep -qz '^RANK=1$' /proc/$p/environ 2>/dev/null && echo $p; done | head -1)
+  say "killing rank 1 (pid ${victim:-none}) mid-run"
+  [ -n "$victim" ] && kill -9 "$victim"
+  wait $LP; rc=$?
+  say "rank killed: launch rc=$rc after $(( $(date +%s) - t ))s; messages: $(grep -E 'error|rank' "$W/kill.txt" | tail -3 | tr '\n' ' ')"
+  # a wrong WORLD_SIZE between two hand-started ranks
+  P=29611
+  clean env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P "$BIN" bench nccl --ops all_reduce --max-bytes 1M --timeout 10 >"$W/ws0.txt" 2>&1 &
+  A=$!
+  clean env RANK=1 WORLD_SIZE=3 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P "$BIN" bench nccl --ops all_reduce --max-bytes 1M --timeout 10 >"$W/ws1.txt" 2>&1
+  r1=$?; wait $A; r0=$?
+  say "wrong WORLD_SIZE: rc $r0/$r1: $(tail -1 "$W/ws0.txt") | $(tail -1 "$W/ws1.txt")"
+  # a missing MASTER_ADDR (torchrun's variables without it)
+  clean env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_PORT=$P "$BIN" bench nccl --max-bytes 1M >"$W/noaddr.txt" 2>&1
+  say "missing MASTER_ADDR: rc=$? $(tail -1 "$W/noaddr.txt")"
+  # an occupied port
+  python3 -c 'import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 29612)); s.listen(); time.sleep(30)' &
+  H=$!; sleep 1
+  t=$(date +%s)
+  clean "$BIN" launch --nproc-per-node 2 --master-port 29612 --timeout 10 -- "$BIN" bench nccl --max-bytes 1M --timeout 10 >"$W/port.txt" 2>&1
+  say "occupied port: rc=$? after $(( $(date +%s) - t ))s: $(grep -m2 error "$W/port.txt" | tr '\n' ' ')"
+  kill $H 2>/dev/null
+  # a rank that never arrives
+  t=$(date +%s)
+  clean env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29613 "$BIN" bench nccl --max-bytes 1M --timeout 5 >"$W/absent.txt" 2>&1
+  say "rank 1 never started: rc=$? after $(( $(date +%s) - t ))s: $(tail -1 "$W/absent.txt")"
+fi
+cp "$SUMMARY" "$OUT/summary-copy.txt" 2>/dev/null
+tar -czf "$OUT/gpu-run.tar.gz" -C "$OUT" work 2>/dev/null
+rm -rf "$W"
+cat "$SUMMARY"
