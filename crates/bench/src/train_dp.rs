@@ -180,6 +180,15 @@ fn rank_run(
     })
 }
 
+/// A rank thread's result; a failure arms the hang guard (its siblings may be waiting for it
+/// inside NCCL and could never be joined).
+fn guarded(rank: usize, timeout: std::time::Duration, r: Result<RankRun>) -> Result<RankRun> {
+    if let Err(e) = &r {
+        crate::hang_guard::after_failure(timeout, format!("rank {rank} (cuda:{rank}): {e}"));
+    }
+    r
+}
+
 /// The run's result on rank 0 (None on the other ranks): the data-parallel outcome, rank 0's
 /// GPU details, the final model and optimizer, and the data-parallel figures.
 pub type Outcome = Option<(
@@ -224,13 +233,17 @@ pub fn run(
                             failed: &failed,
                         };
                         scope.spawn(move || {
-                            rank_run(
-                                job,
-                                &id,
-                                Shard { rank, world },
+                            guarded(
                                 rank,
-                                Some(meet),
-                                &mut |_| {},
+                                timeout,
+                                rank_run(
+                                    job,
+                                    &id,
+                                    Shard { rank, world },
+                                    rank,
+                                    Some(meet),
+                                    &mut |_| {},
+                                ),
                             )
                         })
                     })
@@ -239,7 +252,11 @@ pub fn run(
                     barrier: &barrier,
                     failed: &failed,
                 };
-                let first = rank_run(job, &id, Shard { rank: 0, world }, 0, Some(meet), progress);
+                let first = guarded(
+                    0,
+                    timeout,
+                    rank_run(job, &id, Shard { rank: 0, world }, 0, Some(meet), progress),
+                );
                 std::iter::once(first)
                     .chain(handles.into_iter().map(|h| {
                         h.join().unwrap_or_else(|_| {

@@ -121,7 +121,16 @@ impl Local {
                 .iter_mut()
                 .map(|r| {
                     let barrier = &barrier;
-                    scope.spawn(move || time_rank(r, world, case, t, Some(barrier)))
+                    scope.spawn(move || {
+                        let out = time_rank(r, world, case, t, Some(barrier));
+                        if let Err(e) = &out {
+                            crate::hang_guard::after_failure(
+                                std::time::Duration::from_secs(30),
+                                format!("cuda:{}: {e}", r.gpu.ordinal),
+                            );
+                        }
+                        out
+                    })
                 })
                 .collect();
             handles
