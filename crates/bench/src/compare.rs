@@ -146,7 +146,7 @@ pub struct Loaded {
 }
 
 /// The section names an `all` report holds; their presence marks the old bare format.
-const ALL_SECTIONS: [&str; 7] = [
+const ALL_SECTIONS: [&str; 9] = [
     "check",
     "matmul",
     "bandwidth",
@@ -154,6 +154,8 @@ const ALL_SECTIONS: [&str; 7] = [
     "infer",
     "memory",
     "train",
+    "nccl",
+    "p2p",
 ];
 
 /// Reads a report from `path`. Anything but a gpukit report is bad input naming the file.

@@ -20,6 +20,8 @@ pub fn figures(loaded: &Loaded) -> Vec<Figure> {
             "infer" => infer_figures(section, &mut out),
             "memory" => memory_figures(section, &mut out),
             "train" => train_figures(section, &mut out),
+            "nccl" => nccl_figures(section, &mut out),
+            "p2p" => p2p_figures(section, &mut out),
             _ => {}
         }
     }
@@ -373,5 +375,59 @@ fn train_figures(section: &Value, out: &mut Vec<Figure>) {
                 e.get("samples_per_s"),
             ));
         }
+    }
+}
+
+/// `bench nccl`: busbw per collective, dtype, reduction, size and place (a row's figure is
+/// the mean over ranks of each rank's median block; no spread is kept).
+fn nccl_figures(section: &Value, out: &mut Vec<Figure>) {
+    let spec = Spec {
+        section: "nccl",
+        unit: "GB/s busbw",
+        better: Better::Higher,
+        timed: false,
+    };
+    for row in rows(section) {
+        let (Some(op), Some(dtype), Some(bytes)) = (
+            text(row, "op"),
+            text(row, "dtype"),
+            row.get("bytes").and_then(Value::as_u64),
+        ) else {
+            continue;
+        };
+        let redop = text(row, "redop")
+            .map(|r| format!(" {r}"))
+            .unwrap_or_default();
+        for (place, field) in [("out-of-place", "out_of_place"), ("in-place", "in_place")] {
+            let Some(fig) = row.get(field).filter(|f| !f.is_null()) else {
+                continue;
+            };
+            let key = format!("{op} {dtype}{redop} {} {place}", bytes_name(bytes));
+            match problem(row) {
+                Some(_) => out.extend(row_figure(&spec, key, row, "busbw_gbs")),
+                None => out.extend(plain_figure(&spec, key, fig.get("busbw_gbs"))),
+            }
+        }
+    }
+}
+
+/// `bench p2p`: one-way GB/s per ordered pair of GPUs.
+fn p2p_figures(section: &Value, out: &mut Vec<Figure>) {
+    let spec = Spec {
+        section: "p2p",
+        unit: "GB/s",
+        better: Better::Higher,
+        timed: false,
+    };
+    for row in rows(section) {
+        let (Some(src), Some(dst)) = (text(row, "src"), text(row, "dst")) else {
+            continue;
+        };
+        out.extend(row_figure(
+            &spec,
+            format!("cuda:{src} -> cuda:{dst} one way"),
+            row,
+            "one_way_gbs",
+        ));
     }
 }

@@ -338,3 +338,44 @@ fn thresholds_take_percent_or_fraction() {
     assert!(parse_threshold("NaN").is_err());
     assert!(parse_threshold("5").unwrap_err().contains("ambiguous"));
 }
+
+#[test]
+fn nccl_and_p2p_rows_are_read() {
+    let nccl = envelope(
+        "bench nccl",
+        json!({"rows": [
+            {"op": "all_reduce", "dtype": "f32", "redop": "sum", "bytes": 1048576,
+             "status": {"status": "ok"},
+             "out_of_place": {"busbw_gbs": 73.5}, "in_place": {"busbw_gbs": 70.0}},
+            {"op": "alltoall", "dtype": "bf16", "redop": null, "bytes": 8,
+             "status": {"status": "ok"}, "out_of_place": {"busbw_gbs": 0.01}, "in_place": null}
+        ]}),
+    );
+    let figs = super::figures::figures(&loaded(nccl));
+    assert_eq!(
+        by_key(&figs, "nccl all_reduce f32 sum 1 MiB out-of-place")
+            .reading
+            .value,
+        Some(73.5)
+    );
+    assert_eq!(
+        by_key(&figs, "nccl all_reduce f32 sum 1 MiB in-place")
+            .reading
+            .value,
+        Some(70.0)
+    );
+    assert_eq!(figs.len(), 3, "{figs:?}");
+    assert_eq!(
+        by_key(&figs, "nccl alltoall bf16 8 B out-of-place").unit,
+        "GB/s busbw"
+    );
+    let p2p = envelope(
+        "bench p2p",
+        json!({"rows": [{"src": 0, "dst": 1, "one_way_gbs": 394.0, "status": {"status": "ok"}}]}),
+    );
+    let figs = super::figures::figures(&loaded(p2p));
+    assert_eq!(
+        by_key(&figs, "p2p cuda:0 -> cuda:1 one way").reading.value,
+        Some(394.0)
+    );
+}
