@@ -58,11 +58,6 @@ impl Event {
     pub fn elapsed_ms(&self, later: &Event) -> Result<f64> {
         Ok(f64::from(self.inner.elapsed_ms(&later.inner)?))
     }
-
-    /// Whether the stream has passed the point (no wait).
-    pub fn is_done(&self) -> Result<bool> {
-        Ok(self.inner.is_complete())
-    }
 }
 
 impl Stream {
@@ -124,44 +119,4 @@ impl Gpu {
         graph.upload().map_err(Error::from)?;
         Ok(Graph { inner: graph })
     }
-}
-
-/// Captures what `enqueue` queues on the work streams of every GPU in `gpus` at once, one graph
-/// per GPU, in their order: how one thread records a collective that it issues for several GPUs
-/// (NCCL's grouped calls launch on every stream). Every capture is ended whatever `enqueue`
-/// returns.
-pub fn capture_all<E: From<Error>>(
-    gpus: &[&Gpu],
-    enqueue: impl FnOnce() -> Result<(), E>,
-) -> Result<Vec<Graph>, E> {
-    for g in gpus {
-        g.synchronize()?;
-    }
-    let mut begun = Vec::new();
-    for g in gpus {
-        let s = g.stream().raw();
-        // relaxed: ending one GPU's capture instantiates its graph while the others still
-        // capture, which the stricter modes refuse
-        if let Err(e) = s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) {
-            for b in &begun {
-                let _ = end(b);
-            }
-            return Err(Error::from(e).into());
-        }
-        begun.push(s.clone());
-    }
-    let enqueued = enqueue();
-    let ended: Vec<_> = begun.iter().map(end).collect();
-    enqueued?;
-    let mut graphs = Vec::new();
-    for e in ended {
-        let graph = e?.ok_or_else(|| Error::Invalid("the captured graph is empty".into()))?;
-        graph.upload().map_err(Error::from)?;
-        graphs.push(Graph { inner: graph });
-    }
-    Ok(graphs)
-}
-
-fn end(s: &Arc<CudaStream>) -> Result<Option<CudaGraph>> {
-    Ok(s.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)?)
 }
