@@ -99,6 +99,22 @@ struct Side {
     dst: DeviceBuffer,
 }
 
+impl Side {
+    /// Queues a copy of `bytes` from this GPU's source buffer into `to`'s destination buffer,
+    /// on this GPU's stream.
+    fn copy_to(&self, to: &Side, bytes: usize) -> Result<()> {
+        copy_peer(
+            self.gpu.stream(),
+            to.dst.view(),
+            &to.gpu,
+            self.src.view(),
+            &self.gpu,
+            bytes,
+        )?;
+        Ok(())
+    }
+}
+
 fn measure_pair(
     a: &Side,
     b: &Side,
@@ -118,27 +134,13 @@ fn measure_pair(
     a.gpu.upload_into(a.src.view(), &pattern)?;
     b.gpu.fill(b.dst.view(), 0)?;
     b.gpu.synchronize()?;
-    copy_peer(
-        a.gpu.stream(),
-        b.dst.view(),
-        &b.gpu,
-        a.src.view(),
-        &a.gpu,
-        n,
-    )?;
+    a.copy_to(b, n)?;
     a.gpu.synchronize()?;
     let verified = b.gpu.download_from(b.dst.view(), n)? == pattern;
     let it = o.iterations;
     let one = sample(&a.gpu, it, o.repeats, || {
         for _ in 0..it {
-            copy_peer(
-                a.gpu.stream(),
-                b.dst.view(),
-                &b.gpu,
-                a.src.view(),
-                &a.gpu,
-                n,
-            )?;
+            a.copy_to(b, n)?;
         }
         Ok(())
     })?;
@@ -152,22 +154,8 @@ fn measure_pair(
             b.gpu.stream().record_timed()?,
         );
         for _ in 0..it {
-            copy_peer(
-                a.gpu.stream(),
-                b.dst.view(),
-                &b.gpu,
-                a.src.view(),
-                &a.gpu,
-                n,
-            )?;
-            copy_peer(
-                b.gpu.stream(),
-                a.dst.view(),
-                &a.gpu,
-                b.src.view(),
-                &b.gpu,
-                n,
-            )?;
+            a.copy_to(b, n)?;
+            b.copy_to(a, n)?;
         }
         let (ea, eb) = (
             a.gpu.stream().record_timed()?,
@@ -181,14 +169,7 @@ fn measure_pair(
     let tiny = 1000;
     let lat = sample(&a.gpu, tiny, 5, || {
         for _ in 0..tiny {
-            copy_peer(
-                a.gpu.stream(),
-                b.dst.view(),
-                &b.gpu,
-                a.src.view(),
-                &a.gpu,
-                4,
-            )?;
+            a.copy_to(b, 4)?;
         }
         Ok(())
     })?;
