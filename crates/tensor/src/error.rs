@@ -70,6 +70,12 @@ pub enum Error {
         expected: usize,
         shape: Vec<usize>,
     },
+    #[error("{op}: axis {axis} does not exist in a {rank}-D tensor (0..{rank})")]
+    Axis {
+        op: &'static str,
+        axis: usize,
+        rank: usize,
+    },
     #[error(
         "permute: {dims:?} is not a permutation of the {rank} dimensions (0..{rank}, each once)"
     )]

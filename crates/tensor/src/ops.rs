@@ -150,10 +150,37 @@ impl Tensor {
     /// f32/f16/bf16 operands, so results equal native addition). Contiguous result on the
     /// device of the operands (CUDA operands go through the host; see the module docs).
     pub fn add(&self, other: &Tensor) -> Result<Tensor> {
-        self.check_binary("add", other)?;
+        self.zip_with("add", other, |x, y| x + y)
+    }
+
+    /// Elementwise `self * other`, under [`Tensor::add`]'s rules (a product of two f32 values
+    /// is exact in f64, so each result is the native product).
+    pub fn mul(&self, other: &Tensor) -> Result<Tensor> {
+        self.zip_with("mul", other, |x, y| x * y)
+    }
+
+    /// `self += other` in place: this tensor's storage takes the sums (its layout kept).
+    pub fn add_assign(&mut self, other: &Tensor) -> Result<()> {
+        let sum = self.add(other)?;
+        self.write(&sum)
+    }
+
+    /// `self *= other` in place.
+    pub fn mul_assign(&mut self, other: &Tensor) -> Result<()> {
+        let product = self.mul(other)?;
+        self.write(&product)
+    }
+
+    fn zip_with(
+        &self,
+        op: &'static str,
+        other: &Tensor,
+        f: impl Fn(f64, f64) -> f64,
+    ) -> Result<Tensor> {
+        self.check_binary(op, other)?;
         if self.shape != other.shape {
             return Err(Error::ShapeMismatch {
-                op: "add",
+                op,
                 left: self.shape.clone(),
                 right: other.shape.clone(),
                 expected: "equal shapes",
@@ -161,13 +188,72 @@ impl Tensor {
         }
         let a = self.to_vec_f64()?;
         let b = other.to_vec_f64()?;
-        let sum: Vec<f64> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        let out: Vec<f64> = a.iter().zip(&b).map(|(x, y)| f(*x, *y)).collect();
         self.alike(
-            encode_f64(&sum, self.dtype),
+            encode_f64(&out, self.dtype),
             self.shape.clone(),
             contiguous_strides(&self.shape),
             self.dtype,
         )
+    }
+
+    /// The sum along `axis`, which leaves the shape: `[a, b, c].sum_axis(1)` is `[a, c]`. Sums
+    /// in f64 in index order, rounded once to the dtype. Any layout in; contiguous out.
+    pub fn sum_axis(&self, axis: usize) -> Result<Tensor> {
+        let rank = self.rank();
+        if axis >= rank {
+            return Err(Error::Axis {
+                op: "sum_axis",
+                axis,
+                rank,
+            });
+        }
+        let values = self.to_vec_f64()?;
+        let outer: usize = self.shape[..axis].iter().product();
+        let len = self.shape[axis];
+        let inner: usize = self.shape[axis + 1..].iter().product();
+        let mut out = vec![0f64; outer * inner];
+        for o in 0..outer {
+            for i in 0..inner {
+                out[o * inner + i] = (0..len).map(|j| values[(o * len + j) * inner + i]).sum();
+            }
+        }
+        let mut shape = self.shape.clone();
+        shape.remove(axis);
+        let strides = contiguous_strides(&shape);
+        self.alike(encode_f64(&out, self.dtype), shape, strides, self.dtype)
+    }
+
+    /// Batched matrix product: `self [b, m, k] x other [b, k, n] -> [b, m, n]`, each of the
+    /// `b` products through [`Tensor::matmul`]'s CPU reference (f64, f32, tf32).
+    pub fn bmm(&self, other: &Tensor) -> Result<Tensor> {
+        self.check_binary("bmm", other)?;
+        let (&[b, m, k], &[b2, k2, n]) = (self.shape.as_slice(), other.shape.as_slice()) else {
+            let bad = if self.rank() != 3 { self } else { other };
+            return Err(Error::Rank {
+                op: "bmm",
+                expected: 3,
+                shape: bad.shape.clone(),
+            });
+        };
+        if b != b2 || k != k2 {
+            return Err(Error::ShapeMismatch {
+                op: "bmm",
+                left: self.shape.clone(),
+                right: other.shape.clone(),
+                expected: "[b, m, k] and [b, k, n]",
+            });
+        }
+        let (lhs, rhs) = (self.to_bytes()?, other.to_bytes()?);
+        let mut out = Vec::with_capacity(b * m * n * self.dtype.size_bytes());
+        for i in 0..b {
+            let a = batch_item(&lhs, i, &[m, k], self.dtype)?;
+            let c = batch_item(&rhs, i, &[k, n], self.dtype)?;
+            out.extend(a.matmul(&c)?.to_bytes()?);
+        }
+        let shape = vec![b, m, n];
+        let strides = contiguous_strides(&shape);
+        self.alike(out, shape, strides, self.dtype)
     }
 
     /// `self (m x k) * other (k x n)` for 2-D f64, f32 or tf32 tensors (tf32 computes in full
@@ -221,4 +307,17 @@ impl Tensor {
         let strides = contiguous_strides(&out_shape);
         self.alike(bytes, out_shape, strides, self.dtype)
     }
+}
+
+/// Item `i` of a batch held as contiguous bytes, as a host tensor of `shape` (a copy).
+fn batch_item(bytes: &[u8], i: usize, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    let per: usize = shape.iter().product::<usize>() * dtype.size_bytes();
+    let piece = bytes
+        .get(i * per..(i + 1) * per)
+        .ok_or(Error::StorageTooSmall {
+            storage_bytes: bytes.len(),
+            needed: (i + 1) * per,
+        })?
+        .to_vec();
+    Tensor::from_bytes(shape, dtype, piece)
 }

@@ -556,3 +556,85 @@ fn gather_refuses_views_past_the_storage() {
         vec![1, 3, 2, 4]
     );
 }
+
+/// The elementwise, reduction and batched ops the lessons use, against plain f64 loops on fresh
+/// random inputs (non-contiguous operands included).
+#[test]
+fn mul_in_place_sum_and_bmm_match_float64_loops() {
+    let seed = fresh_seed();
+    let (a, b) = (random(24, seed), random(24, seed + 1));
+    let ta = Tensor::from_f32(&[2, 3, 4], a.clone()).unwrap();
+    let tb = Tensor::from_f32(&[2, 3, 4], b.clone()).unwrap();
+    // mul, and in place: the tensor's own storage changes, a clone taken before keeps its values
+    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x * y).collect();
+    assert_eq!(ta.mul(&tb).unwrap().to_vec_f32().unwrap(), want);
+    let mut c = ta.clone();
+    c.mul_assign(&tb).unwrap();
+    assert_eq!(c.to_vec_f32().unwrap(), want);
+    assert_eq!(ta.to_vec_f32().unwrap(), a);
+    let mut d = ta.clone();
+    d.add_assign(&tb).unwrap();
+    let sum: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    assert_eq!(d.to_vec_f32().unwrap(), sum);
+    // sum along every axis, also of a permuted (non-contiguous) view
+    let at = |i: usize, j: usize, k: usize| f64::from(a[(i * 3 + j) * 4 + k]);
+    let s0 = ta.sum_axis(0).unwrap();
+    assert_eq!(s0.shape(), &[3, 4]);
+    let w0: Vec<f32> = (0..12)
+        .map(|x| (at(0, x / 4, x % 4) + at(1, x / 4, x % 4)) as f32)
+        .collect();
+    assert_eq!(s0.to_vec_f32().unwrap(), w0);
+    let s2 = ta.sum_axis(2).unwrap();
+    assert_eq!(s2.shape(), &[2, 3]);
+    let w2: Vec<f32> = (0..6)
+        .map(|x| (0..4).map(|k| at(x / 3, x % 3, k)).sum::<f64>() as f32)
+        .collect();
+    assert_eq!(s2.to_vec_f32().unwrap(), w2);
+    let p = ta.permute(&[2, 0, 1]).unwrap();
+    assert!(!p.is_contiguous());
+    // permuted [4, 2, 3] summed over its axis 0 (the original axis 2)
+    assert_eq!(p.sum_axis(0).unwrap().to_vec_f32().unwrap(), w2);
+    assert!(matches!(
+        ta.sum_axis(3),
+        Err(Error::Axis {
+            axis: 3,
+            rank: 3,
+            ..
+        })
+    ));
+    // bmm: every batch item's product
+    let (x, y) = (random(3 * 5 * 7, seed + 2), random(3 * 7 * 2, seed + 3));
+    let tx = Tensor::from_f32(&[3, 5, 7], x.clone()).unwrap();
+    let ty = Tensor::from_f32(&[3, 7, 2], y.clone()).unwrap();
+    let z = tx.bmm(&ty).unwrap();
+    assert_eq!(z.shape(), &[3, 5, 2]);
+    let got = z.to_vec_f32().unwrap();
+    for bi in 0..3 {
+        for i in 0..5 {
+            for j in 0..2 {
+                let r: f64 = (0..7)
+                    .map(|k| {
+                        f64::from(x[(bi * 5 + i) * 7 + k]) * f64::from(y[(bi * 7 + k) * 2 + j])
+                    })
+                    .sum();
+                let g = f64::from(got[(bi * 5 + i) * 2 + j]);
+                assert!(
+                    (g - r).abs() <= 1e-5 * r.abs().max(1.0),
+                    "{bi} {i} {j}: {g} vs {r}"
+                );
+            }
+        }
+    }
+    assert!(matches!(
+        tx.bmm(&tx),
+        Err(Error::ShapeMismatch { op: "bmm", .. })
+    ));
+    assert!(matches!(
+        ta.sum_axis(1).unwrap().bmm(&ty),
+        Err(Error::Rank { op: "bmm", .. })
+    ));
+    assert!(matches!(
+        ta.mul(&tx),
+        Err(Error::ShapeMismatch { op: "mul", .. })
+    ));
+}
