@@ -27,7 +27,6 @@ pub mod report;
 pub use gpukit_tensor::random;
 pub mod stats;
 pub mod train;
-pub mod train_dp;
 
 /// The CPU paths live with the tensors (the inference engine uses them too).
 pub use gpukit_tensor::cpu;

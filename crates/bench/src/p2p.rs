@@ -280,13 +280,9 @@ fn compare_pytorch(
             .iter_mut()
             .find(|x| x.src as u64 == src && x.dst as u64 == dst)
         {
-            row.pytorch = row.one_way_gbs.map(|ours| PeerFigure {
-                median_ms: ms,
-                rate,
-                ratio: ours / rate,
-                turn_ratios: Vec::new(),
-                by_opener: Vec::new(),
-            });
+            row.pytorch = row
+                .one_way_gbs
+                .map(|ours| PeerFigure::single(ms, rate, ours));
         }
     }
     Ok(run.torch_version)

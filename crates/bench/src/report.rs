@@ -48,6 +48,18 @@ pub struct PeerFigure {
 }
 
 impl PeerFigure {
+    /// PyTorch's figure from one run of its own (no turns taken): its median time and rate,
+    /// and ours over it.
+    pub fn single(median_ms: f64, rate: f64, ours_rate: f64) -> PeerFigure {
+        PeerFigure {
+            median_ms,
+            rate,
+            ratio: ours_rate / rate,
+            turn_ratios: Vec::new(),
+            by_opener: Vec::new(),
+        }
+    }
+
     /// PyTorch's figure from its samples of the same turns, beside ours (`ours_rate`, in the
     /// unit `rate_of` turns a time in ms into). The ratio comes from the per-round ratios when
     /// there are any (pooled medians of two bimodal, throttled series can each land on either

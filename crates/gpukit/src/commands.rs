@@ -400,8 +400,8 @@ fn print_bytes(bytes: &[u8]) -> Result<()> {
 }
 
 fn train(a: TrainArgs, out: &Output) -> Result<()> {
+    use gpukit_bench::train::parallel::Ranks;
     use gpukit_bench::train::{document, run_train_ranked, TrainRequest};
-    use gpukit_bench::train_dp::Ranks;
     let world = gpukit_dist::world::from_process_env()?.filter(|w| w.world_size > 1);
     let parallel = match (&world, a.gpus) {
         (Some(_), Some(g)) if g > 1 => {

@@ -127,13 +127,7 @@ pub fn attach(report: &mut InferReport, rows: &[PytorchRow]) -> Vec<BestFp16> {
         };
         if let (Some(p), Some(ours)) = (find(strategy, device, r.batch), r.images_per_s) {
             if let (Some(ms), Some(rate)) = (p.median_ms, p.images_per_s) {
-                r.pytorch = Some(PeerFigure {
-                    median_ms: ms,
-                    rate,
-                    ratio: ours / rate,
-                    turn_ratios: Vec::new(),
-                    by_opener: Vec::new(),
-                });
+                r.pytorch = Some(PeerFigure::single(ms, rate, ours));
             }
         }
     }

@@ -342,9 +342,8 @@ pub fn run_nccl(
 ) -> Result<Option<(NcclReport, Option<Result<String>>)>> {
     check_options(o)?;
     let started = std::time::Instant::now();
-    let s = setup(discovery, o)?;
+    let mut s = setup(discovery, o)?;
     let setup_ms = started.elapsed().as_secs_f64() * 1e3;
-    let mut s = s;
     let rows = match sweep_rows(&mut s, o, progress) {
         Ok(r) => r,
         Err(e) => {
@@ -646,13 +645,7 @@ fn compare_pytorch(
                 && Some(row.bytes) == bytes
             {
                 if let Some(ours) = &row.out_of_place {
-                    row.pytorch = Some(PeerFigure {
-                        median_ms: time_us / 1e3,
-                        rate: busbw,
-                        ratio: ours.busbw_gbs / busbw,
-                        turn_ratios: Vec::new(),
-                        by_opener: Vec::new(),
-                    });
+                    row.pytorch = Some(PeerFigure::single(time_us / 1e3, busbw, ours.busbw_gbs));
                 }
             }
         }

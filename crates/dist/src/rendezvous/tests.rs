@@ -1,6 +1,7 @@
 //! Ranks as threads of this process, on 127.0.0.1 and ports the OS picks; losses are reported
 //! (OnLost::Report), not turned into exits (the process tests in tests/ cover those).
 
+use super::join::bind_host;
 use super::*;
 use crate::world::Launcher;
 use gpukit_types::ErrorKind;

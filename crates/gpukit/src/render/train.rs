@@ -320,7 +320,7 @@ fn peer_section(p: &gpukit_bench::train::TrainPeer) -> Section {
 
 /// Data-parallel training: how the ranks scaled against each GPU doing its share alone, and
 /// PyTorch DDP's scaling on the same model beside it.
-fn data_parallel_section(d: &gpukit_bench::train_dp::DataParallel) -> Section {
+fn data_parallel_section(d: &gpukit_bench::train::parallel::DataParallel) -> Section {
     let ms = |v: &[f64]| {
         v.iter()
             .map(|x| format!("{x:.2}"))

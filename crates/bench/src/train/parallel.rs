@@ -214,7 +214,8 @@ pub fn run(
         Ranks::Threads(n) => *n,
         Ranks::Launched(w) => w.world_size,
     };
-    let (runs, started_by) = match ranks {
+    // rank 0's run, every rank's (alone, data-parallel) step times, and how they were started
+    let (first, times, started_by) = match ranks {
         Ranks::Threads(n) => {
             if *n > count {
                 return Err(Error::BadInput(format!(
@@ -265,8 +266,15 @@ pub fn run(
                     }))
                     .collect()
             });
-            let runs = results.into_iter().collect::<Result<Vec<_>>>()?;
-            (runs, "threads in one process".to_string())
+            let mut runs = results.into_iter().collect::<Result<Vec<_>>>()?.into_iter();
+            let Some(first) = runs.next() else {
+                return Ok(None);
+            };
+            let times = std::iter::once(&first)
+                .chain(runs.as_slice())
+                .map(|r| (r.single_step_ms, r.step_ms))
+                .collect();
+            (first, times, "threads in one process".to_string())
         }
         Ranks::Launched(w) => {
             gpukit_dist::before_exit(|| gpukit_cuda::nccl::exit_now(1));
@@ -298,30 +306,17 @@ pub fn run(
             if w.rank != 0 {
                 return Ok(None);
             }
-            let mut runs = vec![mine];
-            for b in all.iter().skip(1) {
-                let (single, dp): (f64, f64) = serde_json::from_slice(b)
-                    .map_err(|e| Error::Failed(format!("a rank sent malformed timings: {e}")))?;
-                runs.push(RankRun {
-                    outcome: runs[0].outcome.clone(),
-                    details: runs[0].details.clone(),
-                    single_step_ms: single,
-                    step_ms: dp,
-                    buckets: runs[0].buckets,
-                    model: None,
-                });
-            }
-            (runs, w.launcher.to_string())
+            let times = all
+                .iter()
+                .map(|b| serde_json::from_slice::<(f64, f64)>(b))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| Error::Failed(format!("a rank sent malformed timings: {e}")))?;
+            (mine, times, w.launcher.to_string())
         }
     };
-    let single: Vec<f64> = runs.iter().map(|r| r.single_step_ms).collect();
-    let dp: Vec<f64> = runs.iter().map(|r| r.step_ms).collect();
+    let (single, dp): (Vec<f64>, Vec<f64>) = times.into_iter().unzip();
     let slowest = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     let b = job.cfg.batch_size;
-    let mut it = runs.into_iter();
-    let Some(first) = it.next() else {
-        return Ok(None);
-    };
     let Some((model, opt)) = first.model else {
         return Ok(None);
     };

@@ -20,6 +20,14 @@ use gpukit_train::run::{train_cpu, EpochStats, MemoryUse, RunOutcome, TrainConfi
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+pub mod parallel;
+mod peer;
+
+pub use peer::{
+    peer_tolerance, TrainPeer, PEER_EARLY_UPDATES, PEER_FINAL_TOLERANCE, PEER_LOSS_TOLERANCE,
+    PEER_REPEATS,
+};
+
 /// The tutorials' two loops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -82,119 +90,11 @@ pub struct TrainRequest {
     pub compare_pytorch: bool,
     pub checkpoint_activations: bool,
     /// Data-parallel over several GPUs: threads of this process, or a launcher's ranks.
-    pub parallel: Option<crate::train_dp::Ranks>,
+    pub parallel: Option<crate::train::parallel::Ranks>,
     /// Gradient bucket size for data-parallel runs (None: 25 MiB, as DDP).
     pub bucket_mb: Option<f64>,
     /// How long a launched rank waits for its peers (None: 60 s).
     pub timeout: Option<std::time::Duration>,
-}
-
-/// How many times each side runs the loop from the same weights when compared (the first
-/// run's losses are compared; the median time is reported).
-pub const PEER_REPEATS: usize = 5;
-
-/// The largest relative difference of a per-update loss from PyTorch's that fp32 training on
-/// the same weights and batches may show over the first [`PEER_EARLY_UPDATES`] updates: both
-/// sides sum in f32 in other orders, which moves each loss by a few units in the last place
-/// (about 1e-7 relative). A wrong rule (a loss, a gradient, an optimizer step) shows at once,
-/// far above this.
-pub const PEER_LOSS_TOLERANCE: f64 = 1e-4;
-
-/// The early-update tolerance of a precision. fp32: [`PEER_LOSS_TOLERANCE`]. The others round
-/// every product's inputs (tf32 and fp16 to 11 significant bits, bf16 to 8) and the two sides
-/// round at different points (PyTorch's autocast rounds the bias to 16 bits and the weight
-/// gradients too; gpukit keeps both in f32), so a loss moves by several units of the type's
-/// roundoff (fp16/tf32 2^-11 = 4.9e-4, bf16 2^-8 = 3.9e-3): a wrong rule still shows far
-/// above these.
-pub fn peer_tolerance(precision: Precision) -> f64 {
-    match precision {
-        Precision::Fp32 => PEER_LOSS_TOLERANCE,
-        Precision::Tf32 | Precision::Fp16 => 1e-2,
-        Precision::Bf16 => 5e-2,
-    }
-}
-
-/// The updates held to [`PEER_LOSS_TOLERANCE`]. Later, the two runs may drift apart: once a
-/// ReLU input lies within rounding of zero on one side and not the other, the runs take
-/// slightly different steps, and Adam's normalised steps amplify it (seen from about update
-/// 40 on a 16-256x4-1 model: 1e-7 to 3e-4). Such drift is not a different training.
-pub const PEER_EARLY_UPDATES: usize = 10;
-
-/// How far apart the final losses may be after any drift: the same training ends within this.
-pub const PEER_FINAL_TOLERANCE: f64 = 0.02;
-
-/// PyTorch's run of the same loop.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TrainPeer {
-    pub torch_version: String,
-    pub device_name: Option<String>,
-    pub step_losses: Vec<f64>,
-    /// Every run's loop time.
-    pub seconds: Vec<f64>,
-    pub seconds_median: f64,
-    /// gpukit's runs of the same loop (the first is the reported run), and their median.
-    pub gpukit_seconds: Vec<f64>,
-    pub gpukit_seconds_median: f64,
-    /// Largest |gpukit - PyTorch| / |PyTorch| over the per-update losses, and where.
-    pub max_relative_difference: f64,
-    pub at_update: usize,
-    /// The largest over the first [`PEER_EARLY_UPDATES`] updates, held to `tolerance`.
-    #[serde(default)]
-    pub early_difference: f64,
-    pub tolerance: f64,
-    /// The last update's relative difference, held to `final_tolerance`.
-    #[serde(default)]
-    pub final_difference: f64,
-    #[serde(default)]
-    pub final_tolerance: f64,
-    /// PyTorch's peak of allocated GPU memory over its first run (torch.cuda.max_memory_allocated).
-    #[serde(default)]
-    pub peak_bytes: Option<u64>,
-    /// gpukit's peak of live bytes in its memory pool over its first run.
-    #[serde(default)]
-    pub gpukit_peak_bytes: Option<u64>,
-    /// Updates skipped on overflow (fp16) by PyTorch's GradScaler and by gpukit's scaler.
-    #[serde(default)]
-    pub skipped_updates: Option<(u64, u64)>,
-}
-
-impl TrainPeer {
-    /// Whether the curves can be held to each other update by update: not when the two
-    /// scalers skipped different updates (PyTorch's autocast rounds weight gradients to fp16,
-    /// where they overflow sooner than gpukit's f32 ones).
-    pub fn comparable(&self) -> bool {
-        self.skipped_updates
-            .is_none_or(|(theirs, ours)| theirs == ours)
-    }
-
-    /// Why the two runs are not the same training, if they are not: the first updates apart by
-    /// more than rounding, or the final losses by more than drift explains (NaN fails too).
-    pub fn disagreement(&self) -> Option<String> {
-        if !self.comparable() {
-            return None;
-        }
-        let within = |d: f64, t: f64| {
-            matches!(
-                d.partial_cmp(&t),
-                Some(std::cmp::Ordering::Less | std::cmp::Ordering::Equal)
-            )
-        };
-        if !within(self.early_difference, self.tolerance) {
-            return Some(format!(
-                "the first {PEER_EARLY_UPDATES} updates' losses differ from PyTorch's by up to {:.1e} \
-                 (relative), over the tolerance {:.0e}: the two loops did not compute the same training",
-                self.early_difference, self.tolerance
-            ));
-        }
-        if !within(self.final_difference, self.final_tolerance) {
-            return Some(format!(
-                "the final loss differs from PyTorch's by {:.1e} (relative), over {:.0e}: the two \
-                 runs did not end in the same place",
-                self.final_difference, self.final_tolerance
-            ));
-        }
-        None
-    }
 }
 
 /// The report of `gpukit train`.
@@ -229,7 +129,7 @@ pub struct TrainReport {
     pub gpu: Option<GpuDetails>,
     /// Data-parallel training's figures (ranks, scaling, communication), when it ran.
     #[serde(default)]
-    pub data_parallel: Option<crate::train_dp::DataParallel>,
+    pub data_parallel: Option<crate::train::parallel::DataParallel>,
 }
 
 /// The settings a request resolves to, before any work.
@@ -495,7 +395,7 @@ pub fn run_train_ranked(
     };
     let (outcome, gpu): (RunOutcome, Option<GpuDetails>) = match trainer.as_mut() {
         _ if r.parallel.is_some() => {
-            let job = crate::train_dp::Job {
+            let job = crate::train::parallel::Job {
                 discovery,
                 cfg: &p.cfg,
                 opts: GpuOptions {
@@ -513,14 +413,15 @@ pub fn run_train_ranked(
             };
             let ranks = r.parallel.as_ref().ok_or(Error::NoSamples)?;
             let timeout = r.timeout.unwrap_or(std::time::Duration::from_secs(60));
-            let Some((o, d, m, op, mut dp)) = crate::train_dp::run(&job, ranks, timeout, progress)?
+            let Some((o, d, m, op, mut dp)) =
+                crate::train::parallel::run(&job, ranks, timeout, progress)?
             else {
                 return Ok(None);
             };
             if r.compare_pytorch {
                 let steps = o.step_losses.len();
                 progress("PyTorch: DistributedDataParallel of the same model");
-                dp.pytorch = Some(crate::train_dp::compare_ddp(
+                dp.pytorch = Some(crate::train::parallel::compare_ddp(
                     &p.cfg,
                     precision.name(),
                     &dp,
@@ -590,7 +491,7 @@ pub fn run_train_ranked(
         .filter(|_| r.parallel.is_none())
         .map(|initial| {
             let skipped = gpu.as_ref().map_or(0, |g| g.skipped_updates);
-            compare(
+            peer::compare(
                 &p.cfg,
                 &train,
                 &initial,
@@ -637,151 +538,6 @@ pub fn run_train_ranked(
     }))
 }
 
-/// Runs the same loop in PyTorch on the CPU (the data, initial weights and every epoch's
-/// order handed over as files) and times both sides `PEER_REPEATS` times from the same
-/// weights.
-fn compare(
-    cfg: &TrainConfig,
-    train: &Dataset,
-    initial: &Mlp<f32>,
-    outcome: &RunOutcome,
-    mut trainer: Option<&mut GpuTrainer>,
-    precision: Precision,
-    gpukit_skipped: u64,
-) -> Result<TrainPeer> {
-    let dir = tempfile::tempdir().map_err(|source| Error::Io {
-        what: "a temporary directory",
-        path: std::env::temp_dir(),
-        source,
-    })?;
-    let file = |name: &str| dir.path().join(name);
-    train.save(&file("data.safetensors"))?;
-    gpukit_train::export::save_weights(&file("init.safetensors"), initial)?;
-    gpukit_train::export::save_order(
-        &file("order.safetensors"),
-        train.len(),
-        cfg.epochs,
-        cfg.seed,
-        cfg.shuffle,
-    )?;
-    let mut json = serde_json::to_value(cfg).map_err(|e| Error::Failed(e.to_string()))?;
-    json["precision"] = precision.name().into();
-    json["resident"] = trainer
-        .as_ref()
-        .is_some_and(|t| t.loader() == Loader::Resident)
-        .into();
-    std::fs::write(file("config.json"), json.to_string()).map_err(|source| Error::Io {
-        what: "the training config",
-        path: file("config.json"),
-        source,
-    })?;
-    let path = |name: &str| file(name).display().to_string();
-    let peer = crate::peer::run_pytorch(&[
-        "train".into(),
-        "--data".into(),
-        path("data.safetensors"),
-        "--init".into(),
-        path("init.safetensors"),
-        "--order".into(),
-        path("order.safetensors"),
-        "--config".into(),
-        path("config.json"),
-        "--repeats".into(),
-        PEER_REPEATS.to_string(),
-        "--device".into(),
-        if trainer.is_some() { "cuda" } else { "cpu" }.into(),
-    ])?;
-    let row = peer.results.first().cloned().unwrap_or_default();
-    let numbers = |key: &str| -> Vec<f64> {
-        row[key]
-            .as_array()
-            .map(|a| a.iter().filter_map(serde_json::Value::as_f64).collect())
-            .unwrap_or_default()
-    };
-    let (theirs, seconds) = (numbers("step_losses"), numbers("seconds"));
-    let mut gpukit_seconds = vec![outcome.seconds];
-    for _ in 1..PEER_REPEATS {
-        let mut model = initial.clone();
-        let mut opt = Optimizer::new(cfg.optimizer);
-        let again = match trainer.as_deref_mut() {
-            Some(t) => {
-                t.load(&model, &opt, None)?;
-                t.run(Position::default(), &mut |_| {})?.0
-            }
-            None => train_cpu(
-                cfg,
-                &mut model,
-                &mut opt,
-                Position::default(),
-                train,
-                None,
-                &mut |_| {},
-            )?,
-        };
-        gpukit_seconds.push(again.seconds);
-    }
-    let peak_bytes = row["peak_bytes"].as_u64();
-    let (max_relative_difference, at_update) = loss_difference(&outcome.step_losses, &theirs)?;
-    let early = PEER_EARLY_UPDATES.min(theirs.len());
-    let (early_difference, _) = loss_difference(&outcome.step_losses[..early], &theirs[..early])?;
-    let last = theirs.len().saturating_sub(1);
-    let (final_difference, _) = loss_difference(&outcome.step_losses[last..], &theirs[last..])?;
-    Ok(TrainPeer {
-        torch_version: peer.torch_version,
-        device_name: peer.device_name,
-        seconds_median: median(&seconds)?,
-        step_losses: theirs,
-        seconds,
-        gpukit_seconds_median: median(&gpukit_seconds)?,
-        gpukit_seconds,
-        max_relative_difference,
-        at_update,
-        early_difference,
-        tolerance: peer_tolerance(precision),
-        final_difference,
-        final_tolerance: PEER_FINAL_TOLERANCE,
-        peak_bytes,
-        gpukit_peak_bytes: outcome.memory.pool_peak,
-        skipped_updates: row["skipped_steps"]
-            .as_u64()
-            .map(|theirs| (theirs, gpukit_skipped)),
-    })
-}
-
-fn median(samples: &[f64]) -> Result<f64> {
-    crate::stats::Summary::of(samples)
-        .map(|s| s.median)
-        .ok_or(Error::NoSamples)
-}
-
-/// The largest relative difference between the two loss curves and its update (from 1); a
-/// curve of another length is a failure of the comparison itself.
-fn loss_difference(ours: &[f64], theirs: &[f64]) -> Result<(f64, usize)> {
-    if ours.len() != theirs.len() {
-        return Err(Error::Failed(format!(
-            "PyTorch made {} updates, gpukit {}: the two loops did not follow the same batches",
-            theirs.len(),
-            ours.len()
-        )));
-    }
-    let scale = theirs
-        .iter()
-        .fold(0f64, |m, v| m.max(v.abs()))
-        .max(f64::MIN_POSITIVE);
-    Ok(ours
-        .iter()
-        .zip(theirs)
-        .enumerate()
-        .map(|(i, (a, b))| ((a - b).abs() / b.abs().max(1e-6 * scale), i + 1))
-        .fold((0.0, 0), |best, x| {
-            if x.0 > best.0 || x.0.is_nan() {
-                x
-            } else {
-                best
-            }
-        }))
-}
-
 /// The JSON document of `gpukit train` (a run that returned trained to the end: a diverged
 /// one is an error, not a report). Compared with PyTorch, a run that is not the same training
 /// ([`TrainPeer::disagreement`]) fails.
@@ -798,22 +554,6 @@ pub fn classifies(report: &TrainReport) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn loss_curves_are_compared_update_by_update() {
-        let ours = [1.0, 0.5, 0.25, 0.125];
-        let (d, at) = loss_difference(&ours, &ours).unwrap();
-        assert_eq!((d, at), (0.0, 0));
-        let theirs = [1.0, 0.5, 0.26, 0.125];
-        let (d, at) = loss_difference(&ours, &theirs).unwrap();
-        assert!((d - 0.01 / 0.26).abs() < 1e-12 && at == 3, "{d} {at}");
-        let nan = [1.0, f64::NAN, 0.25, 0.125];
-        assert!(loss_difference(&nan, &theirs).unwrap().0.is_nan());
-        let e = loss_difference(&ours, &theirs[..3])
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("PyTorch made 3 updates, gpukit 4"), "{e}");
-    }
 
     /// A curve apart by more than the tolerance fails the document (exit 1), one within passes.
     #[test]
