@@ -20,6 +20,7 @@ pub mod memory;
 pub mod nccl;
 pub mod nvml;
 pub mod pattern;
+pub mod profiler;
 pub mod stream;
 pub mod testing;
 pub mod timing;

@@ -4,7 +4,8 @@
 
 use crate::cli::{
     AllArgs, BandwidthArgs, BenchCommand, CheckArgs, Cli, Command, CompareArgs, ConvArgs, HtmlArgs,
-    InferArgs, LaunchArgs, MatmulArgs, MemoryArgs, NcclArgs, P2pArgs, TrainArgs,
+    InferArgs, LaunchArgs, MatmulArgs, MemoryArgs, NcclArgs, P2pArgs, ProfileCommand,
+    ProfileOptionArgs, TrainArgs,
 };
 use crate::output::{emit, emit_charted, Output};
 use crate::render;
@@ -53,6 +54,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 .context("rendering the man page")?;
             print_bytes(&page)
         }
+        Command::Profile(p) => profile(p, &out),
         Command::All(a) => all(a, &out),
         Command::Compare(a) => compare(a, &out),
         Command::Html(a) => html(a),
@@ -401,7 +403,7 @@ fn print_bytes(bytes: &[u8]) -> Result<()> {
 
 fn train(a: TrainArgs, out: &Output) -> Result<()> {
     use gpukit_bench::train::parallel::Ranks;
-    use gpukit_bench::train::{document, run_train_ranked, TrainRequest};
+    use gpukit_bench::train::{document, run_train_ranked};
     let world = gpukit_dist::world::from_process_env()?.filter(|w| w.world_size > 1);
     let parallel = match (&world, a.gpus) {
         (Some(_), Some(g)) if g > 1 => {
@@ -428,7 +430,39 @@ fn train(a: TrainArgs, out: &Output) -> Result<()> {
         (Some(Ranks::Launched(w)), _) => Device::Cuda(w.local_rank),
         (Some(_), _) => Device::Cuda(0),
     };
-    let request = TrainRequest {
+    let request = train_request(a, device, parallel);
+    gpukit_bench::train::check_request(&request)?;
+    // only GPU work needs the CUDA libraries on the loader's path (which may re-execute)
+    let discovery = if device == Device::Cpu {
+        discover()
+    } else {
+        let d = prepare_process();
+        if world.is_none() {
+            check_named_gpu(&d, DeviceSelection::One(device))?;
+        }
+        d
+    };
+    let mut quiet = |_: &str| {};
+    let mut shown = progress();
+    let progress: &mut dyn FnMut(&str) = if rank0 { &mut shown } else { &mut quiet };
+    let Some(report) = run_train_ranked(&request, &discovery, progress)? else {
+        return Ok(());
+    };
+    let sections = render::train_sections(&report);
+    let charts = render::html::train_chart(std::slice::from_ref(&report))
+        .into_iter()
+        .collect();
+    emit_charted(&document(report), out, Vec::new(), sections, charts)
+}
+
+/// train's flags as the bench crate's request (`profile train` takes the same flags).
+fn train_request(
+    a: TrainArgs,
+    device: gpukit_tensor::Device,
+    parallel: Option<gpukit_bench::train::parallel::Ranks>,
+) -> gpukit_bench::train::TrainRequest {
+    use gpukit_bench::train::TrainRequest;
+    TrainRequest {
         preset: a.preset,
         layers: a.layers.map(|l| l.0),
         samples: a.samples,
@@ -463,29 +497,8 @@ fn train(a: TrainArgs, out: &Output) -> Result<()> {
         parallel,
         bucket_mb: Some(a.bucket_mb),
         timeout: Some(std::time::Duration::from_secs(a.timeout as u64)),
-    };
-    gpukit_bench::train::check_request(&request)?;
-    // only GPU work needs the CUDA libraries on the loader's path (which may re-execute)
-    let discovery = if device == Device::Cpu {
-        discover()
-    } else {
-        let d = prepare_process();
-        if world.is_none() {
-            check_named_gpu(&d, DeviceSelection::One(device))?;
-        }
-        d
-    };
-    let mut quiet = |_: &str| {};
-    let mut shown = progress();
-    let progress: &mut dyn FnMut(&str) = if rank0 { &mut shown } else { &mut quiet };
-    let Some(report) = run_train_ranked(&request, &discovery, progress)? else {
-        return Ok(());
-    };
-    let sections = render::train_sections(&report);
-    let charts = render::html::train_chart(std::slice::from_ref(&report))
-        .into_iter()
-        .collect();
-    emit_charted(&document(report), out, Vec::new(), sections, charts)
+        profile: None,
+    }
 }
 
 fn infer(a: InferArgs, out: &Output) -> Result<()> {
@@ -639,4 +652,72 @@ fn html(a: HtmlArgs) -> Result<()> {
         .with_context(|| format!("cannot write {}", a.out.display()))?;
     println!("wrote {}", a.out.display());
     Ok(())
+}
+
+fn profile_options(
+    p: &ProfileOptionArgs,
+    steps: usize,
+) -> Result<gpukit_bench::profile::ProfileOptions> {
+    let o = gpukit_bench::profile::ProfileOptions {
+        steps,
+        top: p.top,
+        group_by: p.group_by,
+        trace: p.trace.clone(),
+        timing: p.timing,
+    };
+    // --top 0, an unwritable trace: bad input, before any work
+    gpukit_bench::profile::run::check_options(&o)?;
+    Ok(o)
+}
+
+fn profile(cmd: ProfileCommand, out: &Output) -> Result<()> {
+    use gpukit_bench::profile::{profile_infer, profile_train, InferWorkload};
+    let report = match cmd {
+        ProfileCommand::Infer(a) => {
+            let o = profile_options(&a.profile, a.steps)?;
+            let wants_gpu = a.device != Some(Device::Cpu)
+                && a.strategy != Some(gpukit_bench::infer::InferStrategy::Cpu);
+            let discovery = if wants_gpu {
+                prepare_process()
+            } else {
+                discover()
+            };
+            if let Some(d @ Device::Cuda(_)) = a.device {
+                check_named_gpu(&discovery, DeviceSelection::One(d))?;
+            }
+            let w = InferWorkload {
+                model: a.model_name,
+                batch: a.batch_size,
+                image_size: a.image_size,
+                weights: a.weights,
+                strategy: a.strategy,
+                device: a.device,
+            };
+            profile_infer(&discovery, &w, &o, &mut progress())?
+        }
+        ProfileCommand::Train(a) => {
+            let a = *a;
+            let o = profile_options(&a.profile, 1)?;
+            if a.train.gpus.is_some_and(|g| g > 1) {
+                return Err(Error::BadInput(
+                    "profile train records one GPU: leave out --gpus".into(),
+                )
+                .into());
+            }
+            let device = a.train.device.unwrap_or(Device::Cpu);
+            let request = train_request(a.train, device, None);
+            gpukit_bench::train::check_request(&request)?;
+            let discovery = if device == Device::Cpu {
+                discover()
+            } else {
+                let d = prepare_process();
+                check_named_gpu(&d, DeviceSelection::One(device))?;
+                d
+            };
+            profile_train(&discovery, &request, &o, &mut progress())?
+        }
+    };
+    let sections = render::profile_sections(&report);
+    let doc = Document::new("profile", report, None);
+    emit(&doc, out, Vec::new(), sections)
 }

@@ -8,6 +8,7 @@
 use crate::error::{Error, Result};
 use crate::resnet::ResNet;
 use crate::weights::StateDict;
+use gpukit_cuda::profiler::{op, OpGuard, OpInfo};
 use gpukit_tensor::cpu::{
     conv2d_nhwc_packed, conv2d_nhwc_packed_onto, parallel_rows, AlignedBuf, PackedConv,
 };
@@ -332,6 +333,37 @@ impl FoldedConv {
     }
 }
 
+/// A profiler's op around one CPU convolution (host time; nothing when no profiler records).
+fn conv_op(layer: impl FnOnce() -> String, shape: ConvShape, relu: bool) -> Option<OpGuard> {
+    op(|| OpInfo {
+        name: if relu { "conv+bias+relu" } else { "conv+bias" }.into(),
+        layer: Some(layer()),
+        detail: format!(
+            "{}x{}x{}x{} f32 NHWC, {}x{}/{}",
+            shape.n, shape.c, shape.h, shape.w, shape.r, shape.s, shape.stride
+        ),
+        library: "gpukit CPU (packed f32)".into(),
+        flops: shape.flops(),
+        bytes: 4.0
+            * (shape.input_len() + shape.k * shape.c * shape.r * shape.s + shape.output_len())
+                as f64,
+        dtype: "f32".into(),
+    })
+}
+
+/// A profiler's op around other CPU work: `elems` f32 values read (host time).
+fn cpu_op(name: &str, layer: &str, detail: String, elems: usize) -> Option<OpGuard> {
+    op(|| OpInfo {
+        name: name.into(),
+        layer: Some(layer.into()),
+        detail,
+        library: "gpukit CPU".into(),
+        flops: elems as f64,
+        bytes: 4.0 * elems as f64,
+        dtype: "f32".into(),
+    })
+}
+
 /// 3x3 max pooling, stride 2, padding 1 (padding never wins: the centre tap is always inside).
 fn max_pool(x: &Act, ws: &mut Workspace) -> Act {
     let (p, q) = ((x.h + 2 - 3) / 2 + 1, (x.w + 2 - 3) / 2 + 1);
@@ -525,12 +557,23 @@ impl FoldedResNet {
             c: 3,
             data,
         };
-        let stem = self.stem.apply(&pack.stem, &input, None, true, ws);
+        let stem = {
+            let _op = conv_op(|| "conv1".into(), self.stem.shape(&input), true);
+            self.stem.apply(&pack.stem, &input, None, true, ws)
+        };
         if let Some(p) = probe.as_deref_mut() {
             p.record("conv1", &stem.data);
         }
         ws.give(input.data);
-        let x = max_pool(&stem, ws);
+        let x = {
+            let _op = cpu_op(
+                "max_pool",
+                "maxpool",
+                format!("{}x{}x{}x{} f32 NHWC, 3x3/2", n, stem.c, stem.h, stem.w),
+                stem.data.len(),
+            );
+            max_pool(&stem, ws)
+        };
         ws.give(stem.data);
         self.run_blocks(pack, x, (0, ..split), ws, probe)
     }
@@ -561,7 +604,10 @@ impl FoldedResNet {
                 .downsample
                 .as_ref()
                 .zip(downsample.as_ref())
-                .map(|(d, p)| d.apply(p, &x, None, false, ws));
+                .map(|(d, p)| {
+                    let _op = conv_op(|| format!("{}.downsample.0", name()), d.shape(&x), false);
+                    d.apply(p, &x, None, false, ws)
+                });
             if let (Some(p), Some(d)) = (probe.as_deref_mut(), &projected) {
                 p.record(&format!("{}.downsample.0", name()), &d.data);
             }
@@ -569,6 +615,11 @@ impl FoldedResNet {
             let mut y: Option<Act> = None;
             for (i, (conv, packed)) in block.convs.iter().zip(convs).enumerate() {
                 let last = i + 1 == count;
+                let _op = conv_op(
+                    || format!("{}.conv{}", name(), i + 1),
+                    conv.shape(y.as_ref().unwrap_or(&x)),
+                    true,
+                );
                 let out = match (last, y.take()) {
                     // The last convolution adds the shortcut (the projection, else the block's
                     // input) in place, overwriting the shortcut's buffer: one activation-sized
@@ -609,6 +660,15 @@ impl FoldedResNet {
     /// Global average pooling and the classifier on `x`, into `logits`.
     fn head(&self, pack: &PackedNet, x: Act, ws: &mut Workspace, logits: &mut [f32]) {
         let n = x.n;
+        let _op = cpu_op(
+            "avg_pool+linear",
+            "fc",
+            format!(
+                "{}x{}x{}x{} f32 NHWC -> {n}x{}",
+                n, x.c, x.h, x.w, self.num_classes
+            ),
+            x.data.len(),
+        );
         // global average pooling (summed in f64, 16 channels at a time down the pixel rows)
         let f = x.c;
         let plane = x.h * x.w;

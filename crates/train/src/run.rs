@@ -158,6 +158,42 @@ pub struct RunOutcome {
     pub memory: MemoryUse,
 }
 
+/// A profiler's op around CPU work on an MLP of `widths`: `passes` products per layer
+/// (forward 1, backward 2) on `rows` rows; rows 0 is the optimizer's pass over the parameters.
+/// Nothing is built unless a profiler records on this thread.
+fn cpu_op(
+    name: &str,
+    widths: &[usize],
+    rows: usize,
+    passes: f64,
+) -> Option<gpukit_cuda::profiler::OpGuard> {
+    gpukit_cuda::profiler::op(|| {
+        let params: usize = widths.windows(2).map(|w| w[0] * w[1] + w[1]).sum();
+        let acts: usize = widths.iter().sum::<usize>() * rows;
+        let (flops, bytes) = if rows == 0 {
+            (4.0 * params as f64, 16.0 * params as f64)
+        } else {
+            (
+                passes * 2.0 * (rows * params) as f64,
+                4.0 * passes * (params + acts) as f64,
+            )
+        };
+        gpukit_cuda::profiler::OpInfo {
+            name: name.into(),
+            layer: Some("model".into()),
+            detail: if rows == 0 {
+                format!("{params} parameters f32")
+            } else {
+                format!("{rows} rows, widths {widths:?} f32")
+            },
+            library: "gpukit CPU".into(),
+            flops,
+            bytes,
+            dtype: "f32".into(),
+        }
+    })
+}
+
 /// Trains `model` with `opt` from `pos` on `train`, evaluating on `eval` after each epoch;
 /// `progress` hears about each finished epoch. A loss that is not finite stops the run as
 /// failed, naming the update where it happened.
@@ -200,11 +236,14 @@ pub fn train_cpu(
             let (x, y) = train.gather(idx);
             batch_bytes = batch_bytes.max(x.capacity() * 4 + targets_bytes(&y));
             largest_batch = largest_batch.max(idx.len());
+            gpukit_cuda::profiler::step((pos.epoch * per_epoch + pos.batch) as usize);
+            let forward_op = cpu_op("forward", &cfg.widths, idx.len(), 1.0);
             if cfg.checkpoint_activations {
                 model.forward_checkpointed(&x, idx.len(), cfg.segment(), &mut acts);
             } else {
                 model.forward(&x, idx.len(), &mut acts);
             }
+            drop(forward_op);
             let targets = batch_targets(&y);
             let (loss, right) = loss_and_grad(acts.output(), width, targets, scale, &mut dy);
             if !loss.is_finite() {
@@ -216,7 +255,10 @@ pub fn train_cpu(
                     pos.batch + 1
                 )));
             }
-            model.backward(&mut acts, &dy, &mut grads, &mut scratch);
+            {
+                let _op = cpu_op("backward", &cfg.widths, idx.len(), 2.0);
+                model.backward(&mut acts, &dy, &mut grads, &mut scratch);
+            }
             loss_sum += loss;
             micro_loss += loss;
             batches += 1;
@@ -225,7 +267,9 @@ pub fn train_cpu(
             correct += right.unwrap_or(0);
             pos.batch += 1;
             if micro == cfg.accumulate || pos.batch == per_epoch {
+                let update_op = cpu_op("optimizer step", &cfg.widths, 0, 0.0);
                 opt.update(model, &grads);
+                drop(update_op);
                 grads.clear();
                 out.step_losses.push(micro_loss / micro as f64);
                 pos.step += 1;

@@ -7,12 +7,17 @@
 //! To use: collect [`OpRecord`]s (every op an engine launched, with its CPU launch interval and
 //! GPU interval) and [`KernelRecord`]s (every kernel the GPU ran, each correlated to its op),
 //! then [`table::key_averages`], [`gaps::idle`] and [`trace::chrome_trace`]. The recording
-//! itself (CUDA events around ops, CUPTI's activity records) belongs to the engines and the cuda
-//! crate; it is not wired into a command yet.
+//! itself (CUDA events around ops, CUPTI's activity records) is the cuda crate's
+//! `gpukit_cuda::profiler`, the engines name their ops; [`records`] turns a recording into
+//! these records and [`run`] runs `gpukit profile infer|train`.
 
 pub mod gaps;
+pub mod records;
+pub mod run;
 pub mod table;
 pub mod trace;
+
+pub use run::{profile_infer, profile_train, InferWorkload, ProfileOptions, ProfileReport};
 
 use serde::{Deserialize, Serialize};
 

@@ -14,12 +14,43 @@ use std::collections::HashMap;
 const HOST: u32 = 1;
 const GPU: u32 = 2;
 
-fn kernel_tid(stream: u32) -> u64 {
-    2 * u64::from(stream)
+/// Tracks a stream has room for: kernels in lanes from `1000 x stream`, ops from
+/// `1000 x stream + 500`.
+const LANES: u64 = 500;
+
+fn kernel_tid(stream: u32, lane: u64) -> u64 {
+    1000 * u64::from(stream) + lane
 }
 
-fn op_tid(stream: u32) -> u64 {
-    2 * u64::from(stream) + 1
+fn op_tid(stream: u32, lane: u64) -> u64 {
+    1000 * u64::from(stream) + LANES + lane
+}
+
+/// Lanes for spans that may overlap on one stream (Hopper's programmatic dependent launch
+/// starts a kernel before the previous one has ended): each span goes to the first lane whose
+/// last span has ended, so no lane holds two partly overlapping slices.
+fn lanes(spans: &[(u32, Span)]) -> Vec<u64> {
+    let mut order: Vec<usize> = (0..spans.len()).collect();
+    order.sort_by(|&a, &b| spans[a].1.start_us.total_cmp(&spans[b].1.start_us));
+    let mut ends: HashMap<u32, Vec<f64>> = HashMap::new();
+    let mut lane = vec![0u64; spans.len()];
+    for i in order {
+        let (stream, s) = spans[i];
+        let lanes = ends.entry(stream).or_default();
+        let free = lanes.iter().position(|&e| e <= s.start_us);
+        let l = match free {
+            Some(l) => l,
+            None if (lanes.len() as u64) < LANES - 1 => {
+                lanes.push(f64::NEG_INFINITY);
+                lanes.len() - 1
+            }
+            // more overlap than lanes: the last lane (the validator will say so)
+            None => lanes.len() - 1,
+        };
+        lanes[l] = s.end_us();
+        lane[i] = l as u64;
+    }
+    lane
 }
 
 fn slice(name: &str, cat: &str, pid: u32, tid: u64, span: Span, args: Value) -> Value {
@@ -46,39 +77,56 @@ pub fn chrome_trace(ops: &[OpRecord], kernels: &[KernelRecord], pool: &[PoolSamp
         json!({"ph": "M", "name": "process_name", "pid": GPU, "args": {"name": "GPU"}}),
         thread_name(HOST, 0, "launches"),
     ];
-    let mut streams: Vec<u32> = ops
+    let kernel_lanes = lanes(
+        &kernels
+            .iter()
+            .map(|k| (k.stream, k.gpu))
+            .collect::<Vec<_>>(),
+    );
+    let op_spans: Vec<(usize, u32, Span)> = ops
         .iter()
-        .map(|o| o.stream)
-        .chain(kernels.iter().map(|k| k.stream))
+        .enumerate()
+        .filter_map(|(i, o)| o.gpu.map(|g| (i, o.stream, g)))
         .collect();
-    streams.sort_unstable();
-    streams.dedup();
-    for s in &streams {
-        ev.push(thread_name(
-            GPU,
-            kernel_tid(*s),
-            &format!("stream {s}: kernels"),
-        ));
-        ev.push(thread_name(
-            GPU,
-            op_tid(*s),
-            &format!("stream {s}: ops (events)"),
-        ));
+    let op_lanes = lanes(&op_spans.iter().map(|&(_, s, g)| (s, g)).collect::<Vec<_>>());
+    let mut named: Vec<(u64, String)> = Vec::new();
+    for (k, &l) in kernels.iter().zip(&kernel_lanes) {
+        let name = match l {
+            0 => format!("stream {}: kernels", k.stream),
+            l => format!("stream {}: kernels (overlapping, {})", k.stream, l + 1),
+        };
+        named.push((kernel_tid(k.stream, l), name));
     }
+    for (&(_, st, _), &l) in op_spans.iter().zip(&op_lanes) {
+        let name = match l {
+            0 => format!("stream {st}: ops"),
+            l => format!("stream {st}: ops (overlapping, {})", l + 1),
+        };
+        named.push((op_tid(st, l), name));
+    }
+    named.sort();
+    named.dedup();
+    for (tid, name) in &named {
+        ev.push(thread_name(GPU, *tid, name));
+    }
+    let args_of = |o: &OpRecord| {
+        json!({"layer": o.layer, "detail": o.detail, "library": o.library,
+               "flops": o.flops, "bytes": o.bytes, "dtype": o.dtype})
+    };
     for o in ops {
-        let args = json!({"layer": o.layer, "detail": o.detail, "library": o.library,
-                          "flops": o.flops, "bytes": o.bytes, "dtype": o.dtype});
-        ev.push(slice(&o.name, "launch", HOST, 0, o.cpu, args.clone()));
-        if let Some(g) = o.gpu {
-            ev.push(slice(&o.name, "op", GPU, op_tid(o.stream), g, args));
-        }
+        ev.push(slice(&o.name, "launch", HOST, 0, o.cpu, args_of(o)));
     }
-    for (id, k) in kernels.iter().enumerate() {
+    for (&(i, st, g), &l) in op_spans.iter().zip(&op_lanes) {
+        let o = &ops[i];
+        ev.push(slice(&o.name, "op", GPU, op_tid(st, l), g, args_of(o)));
+    }
+    for (id, (k, &l)) in kernels.iter().zip(&kernel_lanes).enumerate() {
+        let tid = kernel_tid(k.stream, l);
         ev.push(slice(
             &k.name,
             "kernel",
             GPU,
-            kernel_tid(k.stream),
+            tid,
             k.gpu,
             json!({"op": k.op}),
         ));
@@ -86,12 +134,12 @@ pub fn chrome_trace(ops: &[OpRecord], kernels: &[KernelRecord], pool: &[PoolSamp
         // ends where the kernel starts (bound to the kernel's slice)
         if let Some(o) = k.op.and_then(|i| ops.get(i)) {
             let from = o.cpu.start_us + o.cpu.dur_us / 2.0;
-            if k.gpu.start_us >= from {
+            if k.gpu.start_us >= from && o.cpu.dur_us > 0.0 {
                 ev.push(json!({"ph": "s", "id": id, "name": "launch", "cat": "flow",
                                "pid": HOST, "tid": 0, "ts": from}));
                 ev.push(
                     json!({"ph": "f", "bp": "e", "id": id, "name": "launch", "cat": "flow",
-                               "pid": GPU, "tid": kernel_tid(k.stream), "ts": k.gpu.start_us}),
+                               "pid": GPU, "tid": tid, "ts": k.gpu.start_us}),
                 );
             }
         }
@@ -297,14 +345,43 @@ mod tests {
         assert_eq!(events.iter().filter(|e| e["ph"] == "s").count(), 3);
         assert!(events
             .iter()
-            .any(|e| e["ph"] == "X" && e["cat"] == "kernel" && e["tid"] == 14));
+            .any(|e| e["ph"] == "X" && e["cat"] == "kernel" && e["tid"] == 7000));
         assert!(events
             .iter()
-            .any(|e| e["ph"] == "X" && e["cat"] == "op" && e["tid"] == 15));
+            .any(|e| e["ph"] == "X" && e["cat"] == "op" && e["tid"] == 7500));
         // the JSON round-trips
         let text = serde_json::to_string(&t).unwrap();
         let back: Value = serde_json::from_str(&text).unwrap();
         assert!(validate(&back).is_empty());
+    }
+
+    #[test]
+    fn kernels_that_overlap_on_a_stream_get_a_lane_of_their_own() {
+        // Hopper starts a kernel before the one before it ends (programmatic dependent
+        // launch): as measured on an H100, a 1 us kernel overlapped by the next by 0.26 us
+        let (ops, mut kernels) = records();
+        kernels.push(KernelRecord {
+            name: "pdl".into(),
+            stream: 7,
+            gpu: span(48.7, 3.0),
+            op: Some(0),
+        });
+        let t = chrome_trace(&ops, &kernels, &[]);
+        assert_eq!(validate(&t), Vec::<String>::new());
+        let events = t["traceEvents"].as_array().unwrap();
+        let tid_of = |name: &str| {
+            events
+                .iter()
+                .find(|e| e["ph"] == "X" && e["name"] == name)
+                .map(|e| e["tid"].clone())
+                .unwrap()
+        };
+        assert_eq!(tid_of("reorder"), 7000);
+        assert_eq!(tid_of("pdl"), 7001);
+        // the lane is named
+        assert!(events.iter().any(|e| e["ph"] == "M"
+            && e["tid"] == 7001
+            && e["args"]["name"].as_str().unwrap().contains("overlapping")));
     }
 
     #[test]
@@ -323,7 +400,7 @@ mod tests {
                 "late",
                 "kernel",
                 GPU,
-                14,
+                7000,
                 span(35.0, 10.0),
                 json!({}),
             ))
@@ -335,7 +412,7 @@ mod tests {
                 "inner",
                 "kernel",
                 GPU,
-                14,
+                7000,
                 span(11.0, 2.0),
                 json!({}),
             ))

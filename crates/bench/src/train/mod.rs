@@ -95,6 +95,9 @@ pub struct TrainRequest {
     pub bucket_mb: Option<f64>,
     /// How long a launched rank waits for its peers (None: 60 s).
     pub timeout: Option<std::time::Duration>,
+    /// `gpukit profile train`: record this epoch (0-based) of a GPU run, or every epoch of a
+    /// CPU run, with this timing.
+    pub profile: Option<(u64, gpukit_cuda::profiler::TimingChoice)>,
 }
 
 /// The report of `gpukit train`.
@@ -130,6 +133,9 @@ pub struct TrainReport {
     /// Data-parallel training's figures (ranks, scaling, communication), when it ran.
     #[serde(default)]
     pub data_parallel: Option<crate::train::parallel::DataParallel>,
+    /// `gpukit profile train`'s recording (not part of train's own report).
+    #[serde(skip)]
+    pub recording: Option<gpukit_cuda::profiler::Recording>,
 }
 
 /// The settings a request resolves to, before any work.
@@ -369,6 +375,7 @@ pub fn run_train_ranked(
         .and_then(Precision::parse)
         .unwrap_or(Precision::Fp32);
     let mut data_parallel = None;
+    let mut recording = None;
     let mut trainer = match r.device {
         _ if r.parallel.is_some() => None,
         Some(Device::Cuda(n)) => {
@@ -435,6 +442,9 @@ pub fn run_train_ranked(
         }
         Some(t) => {
             t.load(&model, &opt, scaler_in)?;
+            if let Some((epoch, timing)) = r.profile {
+                t.profile_epoch(epoch, discovery, timing);
+            }
             let (o, d) = t.run(pos, &mut |e: &EpochStats| {
                 progress(&format!(
                     "train {device}: epoch {} loss {:.6}",
@@ -442,10 +452,15 @@ pub fn run_train_ranked(
                 ))
             })?;
             t.store(&mut model, &mut opt)?;
+            recording = t.take_recording();
             (o, Some(d))
         }
-        None => (
-            train_cpu(
+        None => {
+            let profiler = r
+                .profile
+                .map(|_| gpukit_cuda::profiler::Profiler::host_only())
+                .transpose()?;
+            let o = train_cpu(
                 &p.cfg,
                 &mut model,
                 &mut opt,
@@ -458,9 +473,10 @@ pub fn run_train_ranked(
                         e.epoch, e.train_loss
                     ))
                 },
-            )?,
-            None,
-        ),
+            )?;
+            recording = profiler.map(|p| p.finish()).transpose()?;
+            (o, None)
+        }
     };
     if let Some(path) = &r.save {
         let meta = Meta {
@@ -512,6 +528,7 @@ pub fn run_train_ranked(
     };
     Ok(Some(TrainReport {
         data_parallel,
+        recording,
         pytorch,
         preset: r
             .preset

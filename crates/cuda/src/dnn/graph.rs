@@ -282,6 +282,9 @@ fn engine_facts(cfg: &Desc) -> Result<(i64, Option<bool>)> {
     Ok((index, tensor_cores))
 }
 
+/// Candidates timed a second time before the fastest backend engine is chosen.
+const FINALISTS: usize = 4;
+
 impl Dnn {
     /// Builds the operation graph `y = relu(conv(x, w) + bias [+ z])` (or, without bias,
     /// residual and ReLU, the bare convolution), finalizes up to [`GRAPH_TRIALS`] of the
@@ -470,7 +473,7 @@ impl Dnn {
         }
         let wsb = self.planning_workspace()?;
         let planning = wsb.view();
-        let mut best: Option<(f64, usize, Desc, usize)> = None;
+        let mut timed_all: Vec<(f64, GraphConv)> = Vec::new();
         let mut finalized = 0;
         for (rank, cfg) in configs.iter().enumerate() {
             if only.is_some_and(|o| o != rank) {
@@ -539,10 +542,31 @@ impl Dnn {
                 );
             }
             let Ok(median) = timed else { continue };
-            if best.as_ref().is_none_or(|b| median < b.0) {
-                best = Some((median, rank, candidate.plan, ws));
+            timed_all.push((median, candidate));
+        }
+        // the fastest few timed again, back to back on a GPU now warm: one noisy first
+        // measurement (clocks, a neighbour's work) does not decide the choice alone
+        timed_all.sort_by(|a, b| a.0.total_cmp(&b.0));
+        timed_all.truncate(FINALISTS);
+        if timed_all.len() > 1 {
+            for (ms, candidate) in &mut timed_all {
+                if let Ok(again) =
+                    self.candidate_ms(|| self.graph_forward(candidate, x, w, bias, z, y, planning))
+                {
+                    if crate::trace::on() {
+                        eprintln!(
+                            "trace: {conv:?} finalist rank {} again: {again:.4} ms (was {ms:.4})",
+                            candidate.rank
+                        );
+                    }
+                    *ms = again;
+                }
             }
         }
+        let best = timed_all
+            .into_iter()
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(ms, c)| (ms, c.rank, c.plan, c.workspace_bytes));
         let (ms, rank, plan, ws) = best.ok_or_else(|| {
             Error::NoAlgorithm(format!(
                 "{conv:?}: no engine of the backend API runs the graph \

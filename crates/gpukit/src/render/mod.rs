@@ -17,6 +17,7 @@ mod memory;
 pub mod monitor;
 mod nccl;
 mod power;
+mod profile;
 #[cfg(test)]
 mod tests;
 mod train;
@@ -32,6 +33,7 @@ pub use infer::{infer_sections, input_run_section};
 pub use matmul::matmul_sections;
 pub use memory::memory_sections;
 pub use nccl::{nccl_sections, p2p_sections};
+pub use profile::profile_sections;
 pub use train::train_sections;
 pub use views::{all_markdown, check_head};
 

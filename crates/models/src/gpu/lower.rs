@@ -172,6 +172,34 @@ impl NetShape {
     }
 
     /// The dtype activations are stored as (tf32 is f32 storage).
+    /// torchvision's name of each convolution, by index: `conv1`, `layer3.1.conv2`,
+    /// `layer2.0.downsample.0` (a stage starts at the first block and at each block with a
+    /// projection).
+    pub fn conv_names(&self) -> Vec<String> {
+        let mut names = vec![String::from("conv"); self.convs.len()];
+        if let Some(first) = names.first_mut() {
+            *first = "conv1".into();
+        }
+        let (mut stage, mut index) = (0, 0);
+        for (b, (main, proj)) in self.blocks.iter().enumerate() {
+            if b == 0 || proj.is_some() {
+                stage += 1;
+                index = 0;
+            } else {
+                index += 1;
+            }
+            for (j, &c) in main.iter().enumerate() {
+                if let Some(n) = names.get_mut(c) {
+                    *n = format!("layer{stage}.{index}.conv{}", j + 1);
+                }
+            }
+            if let Some(n) = proj.and_then(|p| names.get_mut(p)) {
+                *n = format!("layer{stage}.{index}.downsample.0");
+            }
+        }
+        names
+    }
+
     pub fn activation_dtype(&self) -> DType {
         self.dtype.storage()
     }
@@ -458,5 +486,19 @@ mod tests {
         // f64 is not an engine dtype, and absurd sizes are errors, not panics
         assert!(NetShape::of(&folded, DType::F64, Layout::Nchw).is_err());
         assert!(arena_bytes(&net, usize::MAX / 2, 224, 224, true).is_err());
+    }
+
+    #[test]
+    fn convolutions_carry_torchvisions_names() {
+        for model in [ResNet::R18, ResNet::R50] {
+            let folded = fold(&seeded_init(model, 10, 0, false)).unwrap();
+            let net = NetShape::of(&folded, DType::F32, Layout::Nchw).unwrap();
+            let expected: Vec<String> = model
+                .convolutions(224)
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect();
+            assert_eq!(net.conv_names(), expected, "{model:?}");
+        }
     }
 }

@@ -13,6 +13,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
+mod profile;
+
 /// Memory of one prepared batch.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct SessionMemory {
@@ -72,6 +74,8 @@ pub struct Session<'a> {
     pub memory: SessionMemory,
     /// The engine chosen for each convolution (name), in network order.
     pub algorithms: Vec<String>,
+    /// torchvision's name of each convolution, by the weights' conv index.
+    layer_names: Vec<String>,
 }
 
 impl<'a> Session<'a> {
@@ -176,6 +180,7 @@ impl<'a> Session<'a> {
             barrier_after_projection: std::env::var("GPUKIT_PROJECTION_BARRIER")
                 .map_or(true, |v| v != "0"),
             algorithms: Vec::new(),
+            layer_names: weights.shape.conv_names(),
         };
         session.memory.arena_bytes = session.plan.total;
         session.plan_convolutions()?;
@@ -346,6 +351,7 @@ impl<'a> Session<'a> {
     }
 
     fn enqueue_op(&self, i: usize) -> Result<()> {
+        let _op = gpukit_cuda::profiler::op(|| self.op_info(i));
         let ctx = self.ctx;
         let layout = self.weights.layout;
         let shape = |t: usize| self.shapes[t].shape(self.n);
@@ -525,6 +531,7 @@ impl<'a> Session<'a> {
             .graph
             .as_ref()
             .ok_or_else(|| Error::Invalid("no graph captured".into()))?;
+        let _op = gpukit_cuda::profiler::op(|| self.graph_info());
         Ok(graph.launch()?)
     }
 }

@@ -31,6 +31,7 @@ use feed::{target_width, Loader};
 use gpukit_cuda::blas::Blas;
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::lt::{mask_bytes, LtMatmul};
+use gpukit_cuda::profiler::{Recording, TimingChoice};
 use gpukit_cuda::trainkit::{StepState, TrainKernels, STATE_BYTES};
 use gpukit_cuda::{DeviceBuffer, Gpu, Graph};
 use gpukit_types::DType;
@@ -227,6 +228,10 @@ pub struct GpuTrainer {
     memory: MemoryUse,
     /// The data-parallel communicator and buckets, once attached.
     dp: Option<parallel::Dp>,
+    /// The epoch to profile, with how ([`GpuTrainer::profile_epoch`]).
+    profile_at: Option<(u64, Discovery, TimingChoice)>,
+    /// That epoch's recording, once made.
+    recording: Option<Recording>,
 }
 
 /// The first layer's input comes from here.
@@ -435,6 +440,8 @@ impl GpuTrainer {
             eval,
             plans: HashMap::new(),
             graphs: HashMap::new(),
+            profile_at: None,
+            recording: None,
             setup_seconds: 0.0,
             memory,
             dp: None,
@@ -445,6 +452,19 @@ impl GpuTrainer {
     }
 
     /// The loader the run uses.
+    /// Records epoch `epoch` (0-based) of the next [`GpuTrainer::run`] with a profiler:
+    /// every op of its steps, from the start of its first step to the end of its last (the
+    /// evaluation after it is left out); [`GpuTrainer::take_recording`] returns it.
+    pub fn profile_epoch(&mut self, epoch: u64, discovery: &Discovery, timing: TimingChoice) {
+        self.profile_at = Some((epoch, discovery.clone(), timing));
+        self.recording = None;
+    }
+
+    /// The recording [`GpuTrainer::profile_epoch`] asked for, when that epoch ran.
+    pub fn take_recording(&mut self) -> Option<Recording> {
+        self.recording.take()
+    }
+
     pub fn loader(&self) -> Loader {
         self.loader
     }

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::loss::LossKind;
 use crate::optim::{OptimizerKind, BETA1, BETA2, EPS};
 use crate::run::{EpochStats, RunOutcome};
+use gpukit_cuda::profiler::{self, Profiler};
 use gpukit_cuda::trainkit::{AdamArgs, StepState};
 use gpukit_cuda::{DeviceBuffer, Event, View};
 use gpukit_tensor::codec::decode_f64;
@@ -104,7 +105,9 @@ impl GpuTrainer {
         let tw = target_width(&self.train);
         let rows = b.rows;
         let layers = self.layout.layers();
+        profiler::step(b.index);
         // the first layer's input and the targets
+        let input_op = self.op_other("gather_batch", "input", rows * f);
         let (x0, targets): (View<'_>, View<'_>) = match input {
             Input::Resident { first_row } => {
                 let (x, y, idx) = self
@@ -129,6 +132,7 @@ impl GpuTrainer {
                 }
             }
         };
+        drop(input_op);
         self.forward(x0, 0..layers, rows, Op::Forward)?;
         // the loss and its gradient (times 1/accumulate and the loss scale) into dz[0]
         let out = self.act(layers - 1);
@@ -136,6 +140,14 @@ impl GpuTrainer {
         let loss = self.losses.view().sub(b.index * 8, 8)?;
         let mult = b.weight / self.cfg.accumulate as f32;
         let state = Some(self.state.view());
+        let loss_op = self.op_other(
+            match self.cfg.loss {
+                LossKind::Mse => "mse_loss+grad",
+                LossKind::CrossEntropy => "cross_entropy+grad",
+            },
+            "loss",
+            rows * width,
+        );
         match self.cfg.loss {
             LossKind::Mse => self.k.mse(
                 out,
@@ -159,6 +171,7 @@ impl GpuTrainer {
                 self.correct.view().sub(b.index * 4, 4)?,
             )?,
         }
+        drop(loss_op);
         // backward
         let beta = if b.first_micro { 0.0 } else { 1.0 };
         let weights = self.half.as_ref().unwrap_or(&self.params);
@@ -206,6 +219,7 @@ impl GpuTrainer {
             let input = if l == 0 { x0 } else { self.act(l - 1) };
             let dy = self.dz[cur].view();
             let bgrad_b = !hidden && fusion.bgrad_b;
+            let weight_op = self.op_product(l, Op::WeightGrad, rows);
             self.blas.run_lt(
                 self.plan(l, Op::WeightGrad, rows)?,
                 input,
@@ -220,6 +234,7 @@ impl GpuTrainer {
             } else if !hidden {
                 self.k.bias_grad(dy, grads_bias(l)?, st, (o, rows), beta)?;
             }
+            drop(weight_op);
             // layer l's gradients are complete (a hidden layer's bias gradient came with the
             // layer above's input gradient): its bucket may start averaging while the input
             // gradient below is computed
@@ -229,6 +244,7 @@ impl GpuTrainer {
             if l > 0 {
                 let dx = self.dz[1 - cur].view();
                 let mask = self.masks[l - 1].as_ref().map(DeviceBuffer::view);
+                let _input_op = self.op_product(l, Op::InputGrad, rows);
                 let (bias, mask) = match fusion.input {
                     InputEpilogue::DreluBgrad => (Some(epilogue_bias(l - 1)?), mask),
                     InputEpilogue::Drelu => (None, mask),
@@ -319,6 +335,7 @@ impl GpuTrainer {
                 Some(t) if t != DType::F32 => sub(weights, wes, bo, o)?,
                 _ => sub(&self.params, 4, bo, o)?,
             };
+            let _op = self.op_product(l, op, rows);
             let mask = if fused.is_some() && op == Op::Forward {
                 self.masks[l].as_ref().map(DeviceBuffer::view)
             } else {
@@ -349,6 +366,7 @@ impl GpuTrainer {
     /// The update: the scaler's overflow check (fp16), the optimizer over every parameter in
     /// one launch, then the step state advanced.
     fn enqueue_update(&self) -> Result<()> {
+        let _op = self.op_update();
         let p = self.opts.precision;
         let scaled = p.scaled();
         let n = self.layout.total;
@@ -413,6 +431,7 @@ impl GpuTrainer {
                 let key = graph_key(batches);
                 if self.opts.graph == Some(true) {
                     if let Some(g) = self.graphs.get(&key) {
+                        let _op = self.op_other("epoch graph replay", "graph", batches.len());
                         g.launch()?;
                         return Ok(());
                     }
@@ -525,8 +544,19 @@ impl GpuTrainer {
                     self.capture(&batches)?;
                 }
             }
+            let profiler = match &self.profile_at {
+                Some((epoch, discovery, timing)) if *epoch == pos.epoch => {
+                    Some(Profiler::start(&self.gpu, discovery, *timing)?)
+                }
+                _ => None,
+            };
             let started = Instant::now();
             self.enqueue_epoch(&order, &batches)?;
+            // the recording ends with the epoch's work (finish waits for it), before the
+            // losses are read back
+            if let Some(p) = profiler {
+                self.recording = Some(p.finish()?);
+            }
             let count = batches.len();
             let first = batches.first().map_or(0, |b| b.index);
             let losses = self
@@ -716,5 +746,6 @@ impl GpuTrainer {
     }
 }
 
+mod ops;
 #[cfg(test)]
 mod tests;

@@ -94,6 +94,7 @@ pub(super) fn report(loss: LossKind) -> TrainReport {
         pytorch: None,
         gpu: None,
         data_parallel: None,
+        recording: None,
     }
 }
 
