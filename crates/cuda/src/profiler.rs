@@ -159,8 +159,8 @@ struct State {
     pool: Vec<PoolReading>,
     nvtx: bool,
     step: usize,
-    /// Open ops (nesting): their indices.
-    open: Vec<usize>,
+    /// Why CUPTI was not used, when it was wanted.
+    fallback: Option<String>,
     /// The first error a guard met (guards cannot return one).
     error: Option<Error>,
 }
@@ -208,7 +208,6 @@ pub fn op(info: impl FnOnce() -> OpInfo) -> Option<OpGuard> {
             cpu_end: None,
             events,
         });
-        s.open.push(index);
         Some(OpGuard { index })
     })
 }
@@ -234,9 +233,6 @@ impl Drop for OpGuard {
             let mut a = a.borrow_mut();
             let Some(s) = a.as_mut() else { return };
             let now = Instant::now();
-            if s.open.last() == Some(&self.index) {
-                s.open.pop();
-            }
             let ts = now.duration_since(s.t0).as_secs_f64() * 1e6;
             let end_event = match (&s.stream, s.timing) {
                 (Some(stream), Timing::Events) => match stream.record_timed() {
@@ -301,7 +297,6 @@ impl Profiler {
                 Err(e) => return Err(e),
             },
         };
-        cupti::set_fallback(fallback);
         let stream = gpu.stream().clone();
         let start_event = match timing {
             Timing::Events => Some(stream.record_timed()?),
@@ -329,7 +324,7 @@ impl Profiler {
                 }],
                 nvtx,
                 step: 0,
-                open: Vec::new(),
+                fallback,
                 error: None,
             })
         });
@@ -356,7 +351,7 @@ impl Profiler {
                 pool: Vec::new(),
                 nvtx: false,
                 step: 0,
-                open: Vec::new(),
+                fallback: None,
                 error: None,
             })
         });
@@ -373,11 +368,10 @@ impl Profiler {
             g.synchronize()?;
         }
         let wall_us = s.t0.elapsed().as_secs_f64() * 1e6;
-        let (activities, dropped, fallback) = if s.timing == Timing::Cupti {
-            let (acts, dropped) = cupti::end()?;
-            (acts, dropped, None)
+        let (activities, dropped) = if s.timing == Timing::Cupti {
+            cupti::end()?
         } else {
-            (Vec::new(), 0, cupti::take_fallback())
+            (Vec::new(), 0)
         };
         if let Some(e) = s.error {
             return Err(e);
@@ -408,7 +402,7 @@ impl Profiler {
             nvtx: s.nvtx,
             wall_us,
             dropped,
-            fallback,
+            fallback: s.fallback,
         })
     }
 }

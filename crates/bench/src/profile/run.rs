@@ -118,10 +118,6 @@ pub struct ProfileReport {
     pub verified: String,
 }
 
-fn mib_note(e: &std::io::Error) -> String {
-    e.to_string()
-}
-
 /// Refuses bad options before any work: `--top 0`, `--steps 0`, a trace path that cannot be
 /// written.
 pub fn check_options(o: &ProfileOptions) -> Result<()> {
@@ -138,7 +134,7 @@ pub fn check_options(o: &ProfileOptions) -> Result<()> {
             Error::BadInput(format!(
                 "--trace {}: cannot write there ({})",
                 t.display(),
-                mib_note(&e)
+                e
             ))
         })?;
     }
@@ -193,6 +189,25 @@ fn step_spans(rec: &Records, host_only: bool) -> Vec<f64> {
         .collect()
 }
 
+/// The work stream's (stream 0's) idle time between `kernels`, over the window from the first
+/// one's start to the last one's end, per step.
+fn stream_idle(kernels: &[KernelRecord], steps: usize) -> Option<StepIdle> {
+    let spans: Vec<Span> = kernels
+        .iter()
+        .filter(|k| k.stream == 0)
+        .map(|k| k.gpu)
+        .collect();
+    let lo = spans.iter().map(|s| s.start_us).reduce(f64::min)?;
+    let hi = spans.iter().map(|s| s.end_us()).reduce(f64::max)?;
+    (hi > lo).then(|| {
+        let window = Span {
+            start_us: lo,
+            dur_us: hi - lo,
+        };
+        StepIdle::of(idle(&spans, window), steps)
+    })
+}
+
 fn median(v: &[f64]) -> Option<f64> {
     Summary::of(v).map(|s| s.median)
 }
@@ -244,33 +259,6 @@ fn assemble(a: Assembly<'_>, o: &ProfileOptions) -> Result<ProfileReport> {
             row.regime = None;
         }
     }
-    let idle_of = |kernels: &[KernelRecord], steps: usize| -> Option<StepIdle> {
-        let spans: Vec<Span> = kernels
-            .iter()
-            .filter(|k| k.stream == 0)
-            .map(|k| k.gpu)
-            .collect();
-        let lo = spans
-            .iter()
-            .map(|s| s.start_us)
-            .fold(f64::INFINITY, f64::min);
-        let hi = spans
-            .iter()
-            .map(|s| s.end_us())
-            .fold(f64::NEG_INFINITY, f64::max);
-        (hi > lo).then(|| {
-            StepIdle::of(
-                idle(
-                    &spans,
-                    Span {
-                        start_us: lo,
-                        dur_us: hi - lo,
-                    },
-                ),
-                steps,
-            )
-        })
-    };
     let unattributed = rec.kernels.iter().filter(|k| k.op.is_none()).count();
     let without_layer = if rec.kernels.is_empty() {
         rec.ops.iter().filter(|o| o.layer.is_none()).count()
@@ -326,7 +314,7 @@ fn assemble(a: Assembly<'_>, o: &ProfileOptions) -> Result<ProfileReport> {
         without_layer,
         attribution: a.attribution,
         idle: (r.timing == Timing::Cupti)
-            .then(|| idle_of(&rec.kernels, steps))
+            .then(|| stream_idle(&rec.kernels, steps))
             .flatten(),
         eager_idle: a.eager_idle,
         group_by: o.group_by,
@@ -381,9 +369,9 @@ pub fn profile_infer(
         (None, None) if gpu_usable => InferStrategy::parse("fp16-nhwc")?,
         (None, None) => InferStrategy::Cpu,
     };
-    let (dict, _) = match &w.weights {
-        Some(p) => (load_safetensors(p, w.model, None)?, ()),
-        None => (seeded_init(w.model, 1000, 0, true), ()),
+    let dict = match &w.weights {
+        Some(p) => load_safetensors(p, w.model, None)?,
+        None => seeded_init(w.model, 1000, 0, true),
     };
     let folded = fold(&dict)?;
     let (n, s) = (w.batch, w.image_size);
@@ -441,13 +429,12 @@ pub fn profile_infer(
     let weights = GpuWeights::upload(&ctx, &folded, gs.dtype, gs.layout)?;
     let mut session = Session::new(&ctx, &weights, n, s, s, true)?;
     let classes = folded.num_classes;
-    // the output checked against the CPU's on the batch's first images
+    // the output checked against the CPU's on the batch's first images (computed once)
+    let first_images: Vec<f32> = images.to_vec_f32()?[..check_images * 3 * s * s].to_vec();
+    let cpu = folded
+        .forward_cpu(&Tensor::from_f32(&[check_images, 3, s, s], first_images)?)?
+        .to_vec_f32()?;
     let check = |got: &[f32]| -> Result<()> {
-        let first = images.reshape(&[n, 3 * s * s])?;
-        let x: Vec<f32> = first.to_vec_f32()?[..check_images * 3 * s * s].to_vec();
-        let cpu = folded
-            .forward_cpu(&Tensor::from_f32(&[check_images, 3, s, s], x)?)?
-            .to_vec_f32()?;
         let got = &got[..check_images * classes];
         let a = agreement(got, &cpu, classes);
         match verdict(got, &a, tolerance(gs.dtype)) {
@@ -495,27 +482,7 @@ pub fn profile_infer(
             let r = records(&rec);
             // its first pass is the sequence
             let first_ops = r.steps.iter().filter(|&&k| k == 0).count();
-            let spans: Vec<Span> = r
-                .kernels
-                .iter()
-                .filter(|k| k.stream == 0)
-                .map(|k| k.gpu)
-                .collect();
-            if let (Some(lo), Some(hi)) = (
-                spans.iter().map(|s| s.start_us).reduce(f64::min),
-                spans.iter().map(|s| s.end_us()).reduce(f64::max),
-            ) {
-                eager_idle = Some(StepIdle::of(
-                    idle(
-                        &spans,
-                        Span {
-                            start_us: lo,
-                            dur_us: hi - lo,
-                        },
-                    ),
-                    3,
-                ));
-            }
+            eager_idle = stream_idle(&r.kernels, 3);
             let kernels: Vec<KernelRecord> = r
                 .kernels
                 .iter()

@@ -54,7 +54,6 @@ struct Gathered {
 static GATHERED: Mutex<Option<Gathered>> = Mutex::new(None);
 static REGISTERED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
 static START_NS: AtomicU64 = AtomicU64::new(0);
-static FALLBACK: Mutex<Option<String>> = Mutex::new(None);
 
 fn err(call: &'static str, e: CuptiError) -> Error {
     Error::library("CUPTI", call, e.0)
@@ -62,14 +61,6 @@ fn err(call: &'static str, e: CuptiError) -> Error {
 
 fn lock() -> std::sync::MutexGuard<'static, Option<Gathered>> {
     GATHERED.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-pub(super) fn set_fallback(why: Option<String>) {
-    *FALLBACK.lock().unwrap_or_else(|p| p.into_inner()) = why;
-}
-
-pub(super) fn take_fallback() -> Option<String> {
-    FALLBACK.lock().unwrap_or_else(|p| p.into_inner()).take()
 }
 
 unsafe extern "C" fn buffer_requested(buffer: *mut *mut u8, size: *mut usize, max: *mut usize) {
