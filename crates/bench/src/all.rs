@@ -56,10 +56,64 @@ pub struct AllReport {
     /// `bench p2p` when the machine has several GPUs.
     #[serde(default)]
     pub p2p: Option<crate::p2p::P2pReport>,
+    /// `gpukit profile`: inference and training, the top ops of each.
+    #[serde(default)]
+    pub profile: Vec<crate::profile::ProfileReport>,
+    /// `gpukit lessons` (all but lesson 0, which needs a process that has not opened the GPU).
+    #[serde(default)]
+    pub lessons: Option<crate::lessons::LessonsReport>,
     /// Seconds each part took.
     pub seconds: Vec<(String, f64)>,
     pub skipped: Vec<Skipped>,
     pub total_seconds: f64,
+}
+
+/// `profile infer` (ResNet-50 fp16 NHWC at batch 32 on a GPU; ResNet-18 at batch 1, 64 px on
+/// the CPU) and `profile train` (the seed-regression preset), top 10 ops each.
+fn profile_parts(
+    discovery: &Discovery,
+    gpu: bool,
+    device: Device,
+    progress: &mut dyn FnMut(&str),
+    skipped: &mut Vec<Skipped>,
+) -> Vec<crate::profile::ProfileReport> {
+    use crate::profile::{profile_infer, profile_train, InferWorkload, ProfileOptions};
+    let o = ProfileOptions {
+        steps: if gpu { 10 } else { 2 },
+        top: 10,
+        group_by: crate::profile::table::GroupBy::Op,
+        trace: None,
+        timing: gpukit_cuda::profiler::TimingChoice::Auto,
+    };
+    let w = InferWorkload {
+        model: if gpu { ResNet::R50 } else { ResNet::R18 },
+        batch: if gpu { 32 } else { 1 },
+        image_size: if gpu { 224 } else { 64 },
+        weights: None,
+        strategy: None,
+        device: Some(device),
+    };
+    let mut out = Vec::new();
+    match profile_infer(discovery, &w, &o, progress) {
+        Ok(r) => out.push(r),
+        Err(e) => skipped.push(Skipped {
+            part: "profile infer".into(),
+            reason: e.to_string(),
+        }),
+    }
+    let request = TrainRequest {
+        preset: Some(Preset::SeedRegression),
+        device: Some(device),
+        ..TrainRequest::default()
+    };
+    match profile_train(discovery, &request, &o, progress) {
+        Ok(r) => out.push(r),
+        Err(e) => skipped.push(Skipped {
+            part: "profile train".into(),
+            reason: e.to_string(),
+        }),
+    }
+    out
 }
 
 /// The CUDA ordinal the GPU parts run on.
@@ -320,6 +374,49 @@ pub fn run_all(
     }
     timed("train", &mut seconds, t);
 
+    // where the time goes: inference and training profiled, the top 10 ops of each
+    progress("[gpukit all] profile");
+    let t = Instant::now();
+    let device = if gpu {
+        Device::Cuda(ordinal(opts.selection))
+    } else {
+        Device::Cpu
+    };
+    let profile = profile_parts(discovery, gpu, device, progress, &mut skipped);
+    timed("profile", &mut seconds, t);
+
+    progress("[gpukit all] lessons");
+    let t = Instant::now();
+    let lesson_opts = crate::lessons::LessonsOptions {
+        lessons: crate::lessons::LESSONS[1..]
+            .iter()
+            .map(|l| l.to_string())
+            .collect(),
+        device: Some(device),
+        compare_pytorch: false,
+        samples: if opts.quick { 5 } else { 10 },
+        min_sample_ms: if opts.quick { 1.0 } else { 2.0 },
+    };
+    let lessons = match crate::lessons::run_lessons(discovery, &lesson_opts, progress) {
+        Ok(r) => {
+            for l in r.lessons.iter().filter(|l| l.failed) {
+                skipped.push(Skipped {
+                    part: format!("lessons {}", l.id),
+                    reason: l.reason.clone(),
+                });
+            }
+            Some(r)
+        }
+        Err(e) => {
+            skipped.push(Skipped {
+                part: "lessons".into(),
+                reason: e.to_string(),
+            });
+            None
+        }
+    };
+    timed("lessons", &mut seconds, t);
+
     // several GPUs: what their links and NCCL deliver
     let several = gpu && opts.selection == DeviceSelection::All && check.gpus.len() > 1;
     let (mut nccl, mut p2p) = (None, None);
@@ -372,6 +469,8 @@ pub fn run_all(
         train,
         nccl,
         p2p,
+        profile,
+        lessons,
         seconds,
         skipped,
         total_seconds: started.elapsed().as_secs_f64(),

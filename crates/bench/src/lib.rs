@@ -15,6 +15,7 @@ pub mod hang_guard;
 pub mod harness;
 pub mod host;
 pub mod infer;
+pub mod lessons;
 pub mod matmul;
 pub mod memory;
 pub mod monitor;

@@ -137,7 +137,7 @@ pub struct PinnedHost {
     pub pinned_h2d_gb_s: f64,
 }
 
-fn process_used(nvml: Option<&NvmlSession>, uuid: &str) -> Option<u64> {
+pub(crate) fn process_used(nvml: Option<&NvmlSession>, uuid: &str) -> Option<u64> {
     let me = std::process::id();
     nvml?
         .device(uuid)
@@ -148,7 +148,7 @@ fn process_used(nvml: Option<&NvmlSession>, uuid: &str) -> Option<u64> {
         .and_then(|p| p.used_memory_bytes)
 }
 
-fn device_used(nvml: Option<&NvmlSession>, uuid: &str) -> Option<u64> {
+pub(crate) fn device_used(nvml: Option<&NvmlSession>, uuid: &str) -> Option<u64> {
     nvml?.device(uuid).ok()?.memory_used_bytes
 }
 

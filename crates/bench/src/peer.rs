@@ -32,11 +32,15 @@ struct ScriptFile(PathBuf);
 
 impl ScriptFile {
     fn write(tag: &str) -> Result<ScriptFile> {
+        Self::write_text(tag, SCRIPT)
+    }
+
+    fn write_text(tag: &str, text: &str) -> Result<ScriptFile> {
         let path = std::env::temp_dir().join(format!(
             "gpukit-pytorch-reference-{}-{tag}.py",
             std::process::id()
         ));
-        std::fs::write(&path, SCRIPT).map_err(|source| Error::Io {
+        std::fs::write(&path, text).map_err(|source| Error::Io {
             what: "the PyTorch reference script",
             path: path.clone(),
             source,
@@ -75,8 +79,14 @@ fn succeeded(doc: Value) -> Result<Value> {
 /// Runs the script with `args` (a subcommand and its flags). The error is one line a person can
 /// act on: no python3, no torch, or what the script reported.
 pub fn run_pytorch(args: &[String]) -> Result<PeerRun> {
+    run_script("run", SCRIPT, args)
+}
+
+/// As [`run_pytorch`], for another of the repository's PyTorch scripts (its text embedded in
+/// the binary); `tag` names its temporary file.
+pub fn run_script(tag: &str, text: &str, args: &[String]) -> Result<PeerRun> {
     let python = python();
-    let script = ScriptFile::write("run")?;
+    let script = ScriptFile::write_text(tag, text)?;
     let out = Command::new(&python).arg(&script.0).args(args).output();
     drop(script);
     let out = out.map_err(|e| cannot_run(&python, e))?;
@@ -90,7 +100,11 @@ pub fn run_pytorch(args: &[String]) -> Result<PeerRun> {
     })?;
     let doc = succeeded(doc)?;
     Ok(PeerRun {
-        torch_version: doc["torch_version"].as_str().unwrap_or("?").to_string(),
+        torch_version: doc["torch_version"]
+            .as_str()
+            .or(doc["torch"].as_str())
+            .unwrap_or("?")
+            .to_string(),
         device_name: doc["device_name"].as_str().map(str::to_string),
         results: doc["results"].as_array().cloned().unwrap_or_default(),
         document: doc,

@@ -131,6 +131,17 @@ impl Blas {
     /// As [`Blas::new`] with a workspace of `bytes` (algorithms that need more are not used;
     /// the inference engine runs one small GEMM per pass and takes 4 MiB).
     pub fn with_workspace(discovery: &Discovery, gpu: &Gpu, bytes: usize) -> Result<Blas> {
+        Self::on_stream(discovery, gpu, gpu.stream(), bytes)
+    }
+
+    /// As [`Blas::with_workspace`], its calls enqueued on `stream` instead of the device's work
+    /// stream (independent products on two streams may overlap).
+    pub fn on_stream(
+        discovery: &Discovery,
+        gpu: &Gpu,
+        stream: &Stream,
+        bytes: usize,
+    ) -> Result<Blas> {
         for lib in [Lib::Cublas, Lib::CublasLt] {
             if !discovery.usable(lib) {
                 return Err(Error::MissingLibrary(discovery.missing_message(lib)));
@@ -158,7 +169,7 @@ impl Blas {
             return Err(e);
         }
         let blas = Blas {
-            stream: gpu.stream().clone(),
+            stream: stream.clone(),
             handle,
             lt_handle,
             workspace,
@@ -270,6 +281,81 @@ impl Blas {
             )
         };
         cb_ok("cublasGemmEx", status)
+    }
+
+    /// `batch` row-major products `C_i (m x n) = op(A_i) * op(B_i)` through
+    /// `cublasGemmStridedBatchedEx`: item i of each operand starts i * (its item size) elements
+    /// in; `A_i` is stored `m x k`, or `k x m` read transposed when `trans_a`; `B_i` is `k x n`,
+    /// or `n x k` read transposed when `trans_b`.
+    pub fn gemm_batched(
+        &self,
+        ty: DType,
+        (a, b, c): (View<'_>, View<'_>, View<'_>),
+        (batch, m, n, k): (usize, usize, usize, usize),
+        (trans_a, trans_b): (bool, bool),
+    ) -> Result<()> {
+        let e = ty.size_bytes();
+        for (what, have, need) in [
+            ("A", a.bytes(), batch * m * k * e),
+            ("B", b.bytes(), batch * k * n * e),
+            ("C", c.bytes(), batch * m * n * e),
+        ] {
+            if have < need {
+                return Err(Error::Invalid(format!(
+                    "batched gemm {batch} x {m}x{n}x{k}: {what} has {have} bytes, needs {need}"
+                )));
+            }
+        }
+        if batch == 0 || m == 0 || n == 0 {
+            return Ok(());
+        }
+        let dim = |v: usize, what: &str| {
+            i32::try_from(v).map_err(|_| Error::Invalid(format!("{what} = {v} exceeds i32")))
+        };
+        let (bi, mi, ni, ki) = (
+            dim(batch, "batch")?,
+            dim(m, "m")?,
+            dim(n, "n")?,
+            dim(k.max(1), "k")?,
+        );
+        use cb::cublasOperation_t as Op;
+        let op = |t: bool| if t { Op::CUBLAS_OP_T } else { Op::CUBLAS_OP_N };
+        // column-major view of row-major data: C^T (n x m) = op(B)^T * op(A)^T
+        let ldb = if trans_b { ki } else { ni };
+        let lda = if trans_a { mi } else { ki };
+        let (dt, compute) = ty.cublas_types();
+        let (alpha, beta) = ty.scalars();
+        let (pa, pb, pc) = (a.addr(), b.addr(), c.addr());
+        // SAFETY: every operand holds `batch` items (checked above); the pointers are live device
+        // memory used on this handle's stream; the scalars are read before the call returns.
+        let status = unsafe {
+            cb::cublasGemmStridedBatchedEx(
+                self.handle,
+                op(trans_b),
+                op(trans_a),
+                ni,
+                mi,
+                k as i32,
+                alpha.as_ptr() as *const c_void,
+                pb as *const c_void,
+                dt,
+                ldb,
+                (k * n) as i64,
+                pa as *const c_void,
+                dt,
+                lda,
+                (m * k) as i64,
+                beta.as_ptr() as *const c_void,
+                pc as *mut c_void,
+                dt,
+                ni,
+                (m * n) as i64,
+                bi,
+                compute,
+                cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        cb_ok("cublasGemmStridedBatchedEx", status)
     }
 
     /// Up to `max` cuBLASLt algorithms for this shape, in the heuristic's order.

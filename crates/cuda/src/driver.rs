@@ -232,6 +232,10 @@ pub struct Gpu {
     pub ordinal: usize,
     ctx: Arc<CudaContext>,
     stream: Stream,
+    /// What was found at open (the libraries later calls load from).
+    discovery: Discovery,
+    /// The tensor ops' kernels and cuBLAS handle, made on first use.
+    tensor_ops: std::sync::Mutex<Option<Arc<crate::tensorkit::TensorOps>>>,
 }
 
 impl Gpu {
@@ -255,6 +259,8 @@ impl Gpu {
             ordinal,
             ctx,
             stream,
+            discovery: discovery.clone(),
+            tensor_ops: std::sync::Mutex::new(None),
         })
     }
 
@@ -267,6 +273,24 @@ impl Gpu {
     /// A second stream on this device (work on it may overlap the work stream's).
     pub fn new_stream(&self) -> Result<Stream> {
         Ok(Stream::new(self.ctx.new_stream()?))
+    }
+
+    /// The libraries found when this device was opened.
+    pub fn discovery(&self) -> &Discovery {
+        &self.discovery
+    }
+
+    /// The tensor ops' kernels and cuBLAS handle on the work stream, made on the first call
+    /// (compiling or reading cached kernels) and shared after; a failure is not kept, so a
+    /// later call tries again.
+    pub fn tensor_ops(&self) -> Result<Arc<crate::tensorkit::TensorOps>> {
+        let mut slot = self.tensor_ops.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ops) = slot.as_ref() {
+            return Ok(ops.clone());
+        }
+        let ops = Arc::new(crate::tensorkit::TensorOps::new(&self.discovery, self)?);
+        *slot = Some(ops.clone());
+        Ok(ops)
     }
 
     /// Waits for everything queued on the work stream.

@@ -22,6 +22,7 @@ pub mod nvml;
 pub mod pattern;
 pub mod profiler;
 pub mod stream;
+pub mod tensorkit;
 pub mod testing;
 pub mod timing;
 pub mod trace;

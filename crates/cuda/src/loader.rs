@@ -30,6 +30,10 @@ pub const REQUIRED_DRIVER_API: i32 = 12040;
 
 /// Environment variable carrying the parent's discovery into the re-executed child.
 const DISCOVERY_ENV: &str = "GPUKIT_INTERNAL_DISCOVERY";
+/// Libraries the user turns off, comma-separated by stem (`cupti`, `nvToolsExt`, `nccl`): gpukit
+/// acts as if they were not installed (a profiler that holds CUPTI itself, or a test of the
+/// fallback paths).
+pub const DISABLE_ENV: &str = "GPUKIT_DISABLE";
 /// Extra search roots given by the user, separated by `:`.
 pub const USER_PATH_ENV: &str = "GPUKIT_CUDA_PATH";
 
@@ -228,6 +232,10 @@ pub struct LibraryStatus {
     pub other_major: Option<PathBuf>,
     /// Everything else of the same SONAME found further down the search order.
     pub shadowed: Vec<PathBuf>,
+    /// Turned off by the user (`GPUKIT_DISABLE`): what was found is kept in `shadowed`, and the
+    /// library counts as absent.
+    #[serde(default)]
+    pub disabled: bool,
 }
 
 /// Problems with the user's own settings; worth a warning, never fatal.
@@ -272,6 +280,13 @@ impl Discovery {
 
     /// One line saying why a library cannot be used and what to install.
     pub fn missing_message(&self, lib: Lib) -> String {
+        if self.status(lib).is_some_and(|s| s.disabled) {
+            return format!(
+                "{} is turned off by {DISABLE_ENV} (unset it, or leave {} out of it, to use it)",
+                lib.name(),
+                lib.stem()
+            );
+        }
         let mut msg = format!(
             "{} ({}) was not found; {}",
             lib.name(),
@@ -301,8 +316,21 @@ pub fn discover() -> Discovery {
     let t = crate::trace::start();
     let mut site_versions = WheelVersions::default();
     let mut libraries = Vec::new();
+    let disabled: Vec<String> = std::env::var(DISABLE_ENV)
+        .unwrap_or_default()
+        .split(',')
+        .map(|s| s.trim().to_ascii_lowercase())
+        .filter(|s| !s.is_empty())
+        .collect();
     for lib in Lib::ALL {
-        libraries.push(find_library(lib, &roots, &cache, &mut site_versions));
+        let mut status = find_library(lib, &roots, &cache, &mut site_versions);
+        if lib != Lib::Cuda && disabled.contains(&lib.stem().to_ascii_lowercase()) {
+            status.disabled = true;
+            if let Some(f) = status.found.take() {
+                status.shadowed.insert(0, f.path);
+            }
+        }
+        libraries.push(status);
     }
     crate::trace::done("discover: find libraries", t);
     Discovery {
@@ -376,6 +404,7 @@ fn find_library(
         found,
         other_major,
         shadowed: hits.map(|(p, _)| p).collect(),
+        disabled: false,
     }
 }
 

@@ -118,6 +118,17 @@ impl Gpu {
         Ok(DeviceBuffer::new(self.stream().raw().alloc_zeros::<u8>(n)?))
     }
 
+    /// A device buffer of `n` bytes left as the pool hands it out (not zeroed), for ops that
+    /// write every byte before anything reads it.
+    pub fn alloc_uninit(&self, n: usize) -> Result<DeviceBuffer> {
+        // SAFETY: the bytes are device memory nobody reads before the caller's op writes them
+        // (the contract of this function); reading them first would read stale values, never
+        // memory outside the buffer.
+        Ok(DeviceBuffer::new(unsafe {
+            self.stream().raw().alloc::<u8>(n.max(1))
+        }?))
+    }
+
     /// Copies host bytes to a new device buffer (synchronously with respect to the host).
     pub fn upload(&self, bytes: &[u8]) -> Result<DeviceBuffer> {
         let d = self.stream().raw().clone_htod(bytes)?;

@@ -104,7 +104,17 @@ impl Gpu {
         &self,
         enqueue: impl FnOnce() -> Result<(), E>,
     ) -> Result<Graph, E> {
-        let stream = self.stream().raw();
+        self.stream().capture(enqueue)
+    }
+}
+
+impl Stream {
+    /// As [`Gpu::capture`], on this stream.
+    pub fn capture<E: From<Error>>(
+        &self,
+        enqueue: impl FnOnce() -> Result<(), E>,
+    ) -> Result<Graph, E> {
+        let stream = self.raw();
         stream.synchronize().map_err(Error::from)?;
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)

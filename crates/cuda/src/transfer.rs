@@ -108,6 +108,40 @@ pub fn copy_pinned_to(stream: &Stream, src: &PinnedBytes, len: usize, dst: View<
     Ok(())
 }
 
+/// Queues bytes `from..from + len` of pinned `src` -> `dst` on `stream` (a true async DMA), under
+/// [`copy_pinned_to`]'s contract.
+pub fn copy_pinned_range_to(
+    stream: &Stream,
+    src: &PinnedBytes,
+    from: usize,
+    len: usize,
+    dst: View<'_>,
+) -> Result<()> {
+    let end = from.saturating_add(len);
+    check_len("pinned host->device source", src.len(), end)?;
+    dst.require(len, "pinned host->device")?;
+    // SAFETY: the range lies in the pinned buffer and dst holds `len` bytes (checked); the
+    // pinned buffer outlives the copy by the caller's contract.
+    unsafe { result::memcpy_htod_async(dst.addr(), &src.as_slice()[from..end], stream.cu()) }?;
+    Ok(())
+}
+
+/// Queues the first `len` bytes of `src` (device) -> pinned `dst` on `stream` (a true async
+/// DMA): `dst` must not be read or dropped before the stream has passed the copy.
+pub fn copy_to_pinned(
+    stream: &Stream,
+    src: View<'_>,
+    dst: &mut PinnedBytes,
+    len: usize,
+) -> Result<()> {
+    check_len("device->pinned host destination", dst.len(), len)?;
+    src.require(len, "device->pinned host")?;
+    // SAFETY: both sides hold `len` bytes (checked); the pinned buffer outlives the copy by the
+    // caller's contract above.
+    unsafe { result::memcpy_dtoh_async(&mut dst.as_mut_slice()[..len], src.addr(), stream.cu()) }?;
+    Ok(())
+}
+
 /// Queues `src` (device) -> `dst` (host) on `stream`; `dst` must not be read before the stream
 /// is synchronized.
 pub fn copy_d2h(stream: &Stream, src: &DeviceBuffer, dst: &mut [u8]) -> Result<()> {

@@ -4,7 +4,7 @@
 
 use crate::cli::{
     AllArgs, BandwidthArgs, BenchCommand, CheckArgs, Cli, Command, CompareArgs, ConvArgs, HtmlArgs,
-    InferArgs, LaunchArgs, MatmulArgs, MemoryArgs, NcclArgs, P2pArgs, ProfileCommand,
+    InferArgs, LaunchArgs, LessonsArgs, MatmulArgs, MemoryArgs, NcclArgs, P2pArgs, ProfileCommand,
     ProfileOptionArgs, TrainArgs,
 };
 use crate::output::{emit, emit_charted, Output};
@@ -55,6 +55,7 @@ pub fn run(cli: Cli) -> Result<()> {
             print_bytes(&page)
         }
         Command::Profile(p) => profile(p, &out),
+        Command::Lessons(a) => lessons(a, &out),
         Command::All(a) => all(a, &out),
         Command::Compare(a) => compare(a, &out),
         Command::Html(a) => html(a),
@@ -389,6 +390,34 @@ fn memory(a: MemoryArgs, out: &Output) -> Result<()> {
         Vec::new(),
         sections,
         charts,
+    )
+}
+
+fn lessons(a: LessonsArgs, out: &Output) -> Result<()> {
+    use gpukit_bench::lessons::{document, run_lessons, LessonsOptions};
+    if !(a.min_sample_ms > 0.0 && a.min_sample_ms <= 10_000.0) {
+        return Err(Error::BadInput(format!(
+            "--min-sample-ms {} must be above 0 and at most 10000",
+            a.min_sample_ms
+        ))
+        .into());
+    }
+    let discovery = prepare_process();
+    let opts = LessonsOptions {
+        lessons: a.lessons.0,
+        device: a.device,
+        compare_pytorch: a.compare_pytorch,
+        samples: a.samples as usize,
+        min_sample_ms: a.min_sample_ms,
+    };
+    let report = run_lessons(&discovery, &opts, &mut progress())?;
+    let sections = render::lessons_sections(&report);
+    let notes = report.pytorch.clone().into_iter().collect::<Vec<_>>();
+    emit(
+        &document(report).with_notes(notes),
+        out,
+        Vec::new(),
+        sections,
     )
 }
 

@@ -9,6 +9,7 @@
 
 pub mod codec;
 pub mod cpu;
+mod cuda_ops;
 pub mod error;
 mod ops;
 pub mod random;

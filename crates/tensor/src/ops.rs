@@ -6,6 +6,15 @@ use crate::codec::{encode_f32, encode_f64};
 use crate::error::{check_same_device, Error, Result};
 use crate::tensor::{contiguous_strides, nhwc_strides, numel_of, sizes};
 use crate::{DType, Tensor};
+use gpukit_cuda::tensorkit::Arith;
+
+/// `x (op) y` in f64 (rounded to the dtype by the caller).
+fn apply(arith: Arith, x: f64, y: f64) -> f64 {
+    match arith {
+        Arith::Add => x + y,
+        Arith::Mul => x * y,
+    }
+}
 
 impl Tensor {
     /// This tensor stored as `dtype` on the same device, each value rounded once to nearest.
@@ -35,6 +44,9 @@ impl Tensor {
     pub fn contiguous(&self) -> Result<Tensor> {
         if self.is_contiguous() {
             return Ok(self.clone());
+        }
+        if let Some(gpu) = self.gpu() {
+            return self.cuda_relayout(gpu, "contiguous", contiguous_strides(&self.shape));
         }
         let bytes = self.to_bytes()?;
         self.alike(
@@ -121,9 +133,12 @@ impl Tensor {
         if self.is_nhwc() {
             return Ok(self.clone());
         }
+        let strides = nhwc_strides(&self.shape).unwrap_or_default();
+        if let Some(gpu) = self.gpu() {
+            return self.cuda_relayout(gpu, "to_nhwc", strides);
+        }
         // [n, h, w, c] in logical order is NHWC in memory.
         let bytes = self.permute(&[0, 2, 3, 1])?.to_bytes()?;
-        let strides = nhwc_strides(&self.shape).unwrap_or_default();
         self.alike(bytes, self.shape.clone(), strides, self.dtype)
     }
 
@@ -148,35 +163,88 @@ impl Tensor {
     /// Elementwise `self + other`: same device, dtype and shape; any layouts. Each sum is
     /// rounded once to the dtype (computed in f64, which is exact before that rounding for
     /// f32/f16/bf16 operands, so results equal native addition). Contiguous result on the
-    /// device of the operands (CUDA operands go through the host; see the module docs).
+    /// device of the operands (on a GPU: one kernel, not waited for).
     pub fn add(&self, other: &Tensor) -> Result<Tensor> {
-        self.zip_with("add", other, |x, y| x + y)
+        self.zip_with("add", Arith::Add, other, |x, y| x + y)
     }
 
     /// Elementwise `self * other`, under [`Tensor::add`]'s rules (a product of two f32 values
     /// is exact in f64, so each result is the native product).
     pub fn mul(&self, other: &Tensor) -> Result<Tensor> {
-        self.zip_with("mul", other, |x, y| x * y)
+        self.zip_with("mul", Arith::Mul, other, |x, y| x * y)
     }
 
-    /// `self += other` in place: this tensor's storage takes the sums (its layout kept).
+    /// `self += other` in place: this tensor's storage takes the sums (its layout kept; on a
+    /// GPU no new buffer is made unless `other` overlaps this tensor at other strides).
     pub fn add_assign(&mut self, other: &Tensor) -> Result<()> {
-        let sum = self.add(other)?;
-        self.write(&sum)
+        self.zip_assign("add_assign", Arith::Add, other)
     }
 
     /// `self *= other` in place.
     pub fn mul_assign(&mut self, other: &Tensor) -> Result<()> {
-        let product = self.mul(other)?;
-        self.write(&product)
+        self.zip_assign("mul_assign", Arith::Mul, other)
     }
 
-    fn zip_with(
-        &self,
-        op: &'static str,
-        other: &Tensor,
-        f: impl Fn(f64, f64) -> f64,
-    ) -> Result<Tensor> {
+    /// Elementwise `self + s` into a new contiguous tensor (rounded once, as [`Tensor::add`]).
+    pub fn add_scalar(&self, s: f64) -> Result<Tensor> {
+        self.scalar_op("add_scalar", Arith::Add, s)
+    }
+
+    /// Elementwise `self * s` into a new contiguous tensor (rounded once, as [`Tensor::mul`]).
+    pub fn mul_scalar(&self, s: f64) -> Result<Tensor> {
+        self.scalar_op("mul_scalar", Arith::Mul, s)
+    }
+
+    /// `self += s` in place.
+    pub fn add_scalar_assign(&mut self, s: f64) -> Result<()> {
+        self.scalar_assign("add_scalar_assign", Arith::Add, s)
+    }
+
+    /// `self *= s` in place.
+    pub fn mul_scalar_assign(&mut self, s: f64) -> Result<()> {
+        self.scalar_assign("mul_scalar_assign", Arith::Mul, s)
+    }
+
+    fn scalar_op(&self, op: &'static str, arith: Arith, s: f64) -> Result<Tensor> {
+        if let Some(gpu) = self.gpu() {
+            let out = self.cuda_scalar(gpu, op, arith, s, false)?;
+            return out.ok_or(Error::NotOnGpu {
+                op,
+                device: self.device(),
+            });
+        }
+        let out: Vec<f64> = self
+            .to_vec_f64()?
+            .iter()
+            .map(|&x| apply(arith, x, s))
+            .collect();
+        self.alike(
+            encode_f64(&out, self.dtype),
+            self.shape.clone(),
+            contiguous_strides(&self.shape),
+            self.dtype,
+        )
+    }
+
+    fn scalar_assign(&mut self, op: &'static str, arith: Arith, s: f64) -> Result<()> {
+        if let Some(gpu) = self.gpu().cloned() {
+            self.cuda_scalar(&gpu, op, arith, s, true)?;
+            return Ok(());
+        }
+        let result = self.scalar_op(op, arith, s)?;
+        self.write(&result)
+    }
+
+    fn zip_assign(&mut self, op: &'static str, arith: Arith, other: &Tensor) -> Result<()> {
+        self.check_zip(op, other)?;
+        if let Some(gpu) = self.gpu().cloned() {
+            return self.cuda_binary_assign(&gpu, op, arith, other);
+        }
+        let result = self.zip_with(op, arith, other, |x, y| apply(arith, x, y))?;
+        self.write(&result)
+    }
+
+    fn check_zip(&self, op: &'static str, other: &Tensor) -> Result<()> {
         self.check_binary(op, other)?;
         if self.shape != other.shape {
             return Err(Error::ShapeMismatch {
@@ -185,6 +253,20 @@ impl Tensor {
                 right: other.shape.clone(),
                 expected: "equal shapes",
             });
+        }
+        Ok(())
+    }
+
+    fn zip_with(
+        &self,
+        op: &'static str,
+        arith: Arith,
+        other: &Tensor,
+        f: impl Fn(f64, f64) -> f64,
+    ) -> Result<Tensor> {
+        self.check_zip(op, other)?;
+        if let Some(gpu) = self.gpu() {
+            return self.cuda_binary(gpu, op, arith, other);
         }
         let a = self.to_vec_f64()?;
         let b = other.to_vec_f64()?;
@@ -208,6 +290,9 @@ impl Tensor {
                 rank,
             });
         }
+        if let Some(gpu) = self.gpu() {
+            return self.cuda_sum_axis(gpu, axis);
+        }
         let values = self.to_vec_f64()?;
         let outer: usize = self.shape[..axis].iter().product();
         let len = self.shape[axis];
@@ -224,8 +309,31 @@ impl Tensor {
         self.alike(encode_f64(&out, self.dtype), shape, strides, self.dtype)
     }
 
-    /// Batched matrix product: `self [b, m, k] x other [b, k, n] -> [b, m, n]`, each of the
-    /// `b` products through [`Tensor::matmul`]'s CPU reference (f64, f32, tf32).
+    /// The sum of every element, as a 0-D tensor (`x.sum()`).
+    pub fn sum(&self) -> Result<Tensor> {
+        let flat = self.contiguous()?.reshape(&[self.numel()])?;
+        flat.sum_axis(0)
+    }
+
+    /// A view with dimensions `d0` and `d1` swapped (`x.T` is `transpose(0, 1)` of a matrix).
+    pub fn transpose(&self, d0: usize, d1: usize) -> Result<Tensor> {
+        let rank = self.rank();
+        if d0 >= rank || d1 >= rank {
+            return Err(Error::Axis {
+                op: "transpose",
+                axis: d0.max(d1),
+                rank,
+            });
+        }
+        let mut dims: Vec<usize> = (0..rank).collect();
+        dims.swap(d0, d1);
+        self.permute(&dims)
+    }
+
+    /// Batched matrix product: `self [b, m, k] x other [b, k, n] -> [b, m, n]`. On the CPU each
+    /// of the `b` products goes through [`Tensor::matmul`]'s reference (f64, f32, tf32); on a
+    /// GPU all of them through one strided-batched cuBLAS call (every dtype; transposed views
+    /// are read in place).
     pub fn bmm(&self, other: &Tensor) -> Result<Tensor> {
         self.check_binary("bmm", other)?;
         let (&[b, m, k], &[b2, k2, n]) = (self.shape.as_slice(), other.shape.as_slice()) else {
@@ -244,6 +352,9 @@ impl Tensor {
                 expected: "[b, m, k] and [b, k, n]",
             });
         }
+        if let Some(gpu) = self.gpu() {
+            return self.cuda_batched_matmul(gpu, "bmm", other, (b, m, n, k), vec![b, m, n]);
+        }
         let (lhs, rhs) = (self.to_bytes()?, other.to_bytes()?);
         let mut out = Vec::with_capacity(b * m * n * self.dtype.size_bytes());
         for i in 0..b {
@@ -256,9 +367,9 @@ impl Tensor {
         self.alike(out, shape, strides, self.dtype)
     }
 
-    /// `self (m x k) * other (k x n)` for 2-D f64, f32 or tf32 tensors (tf32 computes in full
-    /// f32 here), through the CPU reference matmul ([`crate::cpu`]). Same device and dtype
-    /// required; CUDA operands go through the host (see the module docs).
+    /// `self (m x k) * other (k x n)` for 2-D tensors of one dtype on one device: on the CPU
+    /// f64, f32 or tf32 (tf32 computes in full f32 here) through the reference matmul
+    /// ([`crate::cpu`]); on a GPU any dtype through cuBLAS (tf32 on tensor cores).
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         self.check_binary("matmul", other)?;
         let (&[m, k], &[k2, n]) = (self.shape.as_slice(), other.shape.as_slice()) else {
@@ -279,6 +390,9 @@ impl Tensor {
         }
         let out_shape = vec![m, n];
         let (mn, _) = sizes(&out_shape, self.dtype)?;
+        if let Some(gpu) = self.gpu() {
+            return self.cuda_batched_matmul(gpu, "matmul", other, (1, m, n, k), out_shape);
+        }
         let bytes = match self.dtype {
             DType::F64 => {
                 let mut c = vec![0f64; mn];

@@ -7,9 +7,10 @@
 //! the generator, the chunk's index its stream), so the values depend on the seed alone, not on
 //! how many threads drew them.
 
+pub use gpukit_cuda::tensorkit::Distribution;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rand_distr::{Distribution, StandardNormal, Uniform};
+use rand_distr::{Distribution as _, StandardNormal, Uniform};
 use rayon::prelude::*;
 
 /// A seed that differs between runs (drawn from the operating system's generator), so every run
@@ -36,6 +37,12 @@ fn fill<T: Send>(out: &mut [T], seed: u64, draw: impl Fn(&mut ChaCha8Rng) -> T +
 /// Fills `out` with uniform values in [-1, 1); the same seed gives the same values.
 pub fn fill_uniform_f32(out: &mut [f32], seed: u64) {
     let d = Uniform::new(-1.0f32, 1.0).expect("a finite, non-empty range");
+    fill(out, seed, |r| d.sample(r));
+}
+
+/// Fills `out` with uniform f64 values in [-1, 1) (all 53 bits random).
+pub fn fill_uniform_f64(out: &mut [f64], seed: u64) {
+    let d = Uniform::new(-1.0f64, 1.0).expect("a finite, non-empty range");
     fill(out, seed, |r| d.sample(r));
 }
 
@@ -74,9 +81,8 @@ pub fn normal_f64(n: usize, seed: u64) -> Vec<f64> {
 
 /// `n` uniform values in [-1, 1) at full f64 precision.
 pub fn uniform_f64(n: usize, seed: u64) -> Vec<f64> {
-    let d = Uniform::new(-1.0f64, 1.0).expect("a finite, non-empty range");
     let mut v = vec![0f64; n];
-    fill(&mut v, seed, |r| d.sample(r));
+    fill_uniform_f64(&mut v, seed);
     v
 }
 

@@ -26,7 +26,7 @@ pub(crate) enum Storage {
     },
 }
 
-fn cuda_err(op: &'static str, gpu: &Gpu) -> impl FnOnce(gpukit_cuda::Error) -> Error {
+pub(crate) fn cuda_err(op: &'static str, gpu: &Gpu) -> impl FnOnce(gpukit_cuda::Error) -> Error {
     let device = Device::Cuda(gpu.ordinal);
     move |source| Error::Cuda { op, device, source }
 }
@@ -93,6 +93,18 @@ impl Storage {
     /// New zeroed storage of `len` bytes on `gpu`.
     pub fn zeros_on(gpu: Arc<Gpu>, len: usize) -> Result<Storage> {
         let buf = gpu.alloc(len.max(1)).map_err(cuda_err("alloc", &gpu))?;
+        Ok(Storage::Cuda {
+            gpu,
+            buf: Arc::new(buf),
+            offset: 0,
+            len,
+        })
+    }
+
+    /// New storage of `len` bytes on `gpu` that the caller's op writes in full before anything
+    /// reads it (not zeroed).
+    pub fn uninit_on(gpu: Arc<Gpu>, len: usize) -> Result<Storage> {
+        let buf = gpu.alloc_uninit(len).map_err(cuda_err("alloc", &gpu))?;
         Ok(Storage::Cuda {
             gpu,
             buf: Arc::new(buf),

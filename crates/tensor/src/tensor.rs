@@ -31,7 +31,8 @@
 //! paths are the engines' library calls and kernels.
 
 use crate::codec::{decode_f32, decode_f64, encode_f32, encode_f64};
-use crate::error::{Error, Result};
+use crate::error::{check_same_device, Error, Result};
+use crate::random::Distribution;
 use crate::storage::Storage;
 use crate::{DType, Device, Devices, Layout};
 use gpukit_cuda::{DeviceBuffer, Gpu, View};
@@ -141,6 +142,45 @@ pub(crate) fn gather(
     Ok(out)
 }
 
+/// Writes `values` (logical, row-major order) into the elements of a strided view of `dst`:
+/// [`gather`]'s inverse.
+fn scatter(
+    dst: &mut [u8],
+    values: &[u8],
+    shape: &[usize],
+    strides: &[usize],
+    elem: usize,
+) -> Result<()> {
+    let needed = span(shape, strides)
+        .and_then(|s| s.checked_mul(elem))
+        .unwrap_or(usize::MAX);
+    let numel = numel_of(shape).unwrap_or(usize::MAX);
+    if numel == 0 {
+        return Ok(());
+    }
+    if dst.len() < needed || values.len() < numel.saturating_mul(elem) {
+        return Err(Error::StorageTooSmall {
+            storage_bytes: dst.len(),
+            needed,
+        });
+    }
+    let mut index = vec![0usize; shape.len()];
+    let mut offset = 0usize;
+    for value in values.chunks_exact(elem).take(numel) {
+        dst[offset * elem..offset * elem + elem].copy_from_slice(value);
+        for ((i, &d), &s) in index.iter_mut().zip(shape).zip(strides).rev() {
+            *i += 1;
+            offset += s;
+            if *i < d {
+                break;
+            }
+            offset -= s * d;
+            *i = 0;
+        }
+    }
+    Ok(())
+}
+
 /// An n-dimensional array on a device. Cloning is cheap: clones and views share the buffer.
 #[derive(Clone)]
 pub struct Tensor {
@@ -242,6 +282,53 @@ impl Tensor {
             strides: contiguous_strides(shape),
             dtype,
         })
+    }
+
+    /// Random values on `device`, drawn there (a GPU draws them with a kernel: nothing is
+    /// uploaded): standard normal (as `torch.randn`) or uniform in [-1, 1), the same for the
+    /// same seed. The CPU and a GPU draw from different generators.
+    pub fn random(
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+        devices: &Devices,
+        seed: u64,
+        dist: Distribution,
+    ) -> Result<Tensor> {
+        if let Device::Cuda(ordinal) = device {
+            return Tensor::cuda_random(&devices.gpu(ordinal)?, shape, dtype, seed, dist);
+        }
+        let (n, _) = sizes(shape, dtype)?;
+        let bytes = match (dtype, dist) {
+            (DType::F64, _) => {
+                let mut v = vec![0f64; n];
+                match dist {
+                    Distribution::Normal => crate::random::fill_normal_f64(&mut v, seed),
+                    Distribution::Uniform => crate::random::fill_uniform_f64(&mut v, seed),
+                }
+                encode_f64(&v, dtype)
+            }
+            _ => {
+                let mut v = vec![0f32; n];
+                match dist {
+                    Distribution::Normal => crate::random::fill_normal_f32(&mut v, seed),
+                    Distribution::Uniform => crate::random::fill_uniform_f32(&mut v, seed),
+                }
+                encode_f32(&v, dtype)
+            }
+        };
+        Tensor::from_bytes(shape, dtype, bytes)
+    }
+
+    /// Random values on the GPU in hand (see [`Tensor::random`]).
+    pub fn random_on(
+        gpu: &Arc<Gpu>,
+        shape: &[usize],
+        dtype: DType,
+        seed: u64,
+        dist: Distribution,
+    ) -> Result<Tensor> {
+        Tensor::cuda_random(gpu, shape, dtype, seed, dist)
     }
 
     /// A dense tensor in `layout` over the bytes of `buffer` from `offset`, sharing the buffer
@@ -456,6 +543,90 @@ impl Tensor {
         })
     }
 
+    /// Item `index` along the first dimension (`x[i]`): the shape without its first dimension.
+    /// On a GPU a view sharing this tensor's bytes (writing it writes them); on the CPU a copy
+    /// (host storage has no offsets).
+    pub fn select(&self, index: usize) -> Result<Tensor> {
+        let (Some(&first), Some(&stride)) = (self.shape.first(), self.strides.first()) else {
+            return Err(Error::Rank {
+                op: "select",
+                expected: 1,
+                shape: self.shape.clone(),
+            });
+        };
+        if index >= first {
+            return Err(Error::Axis {
+                op: "select",
+                axis: index,
+                rank: first,
+            });
+        }
+        let skip = index * stride * self.dtype.size_bytes();
+        let storage = match &self.storage {
+            Storage::Host(v) => {
+                // host tensors own their bytes from 0: a view copies the rest (cheap, rare)
+                Storage::Host(Arc::new(v.get(skip..).unwrap_or_default().to_vec()))
+            }
+            Storage::Cuda {
+                gpu,
+                buf,
+                offset,
+                len,
+            } => Storage::Cuda {
+                gpu: gpu.clone(),
+                buf: buf.clone(),
+                offset: offset + skip,
+                len: len.saturating_sub(skip),
+            },
+        };
+        Ok(Tensor {
+            storage,
+            shape: self.shape[1..].to_vec(),
+            strides: self.strides[1..].to_vec(),
+            dtype: self.dtype,
+        })
+    }
+
+    /// The tensors (one shape and dtype, one device) stacked along a new first dimension, as
+    /// `torch.stack`: a new contiguous tensor.
+    pub fn stack(items: &[Tensor]) -> Result<Tensor> {
+        let Some(first) = items.first() else {
+            return Err(Error::Rank {
+                op: "stack",
+                expected: 1,
+                shape: Vec::new(),
+            });
+        };
+        let mut shape = vec![items.len()];
+        shape.extend_from_slice(&first.shape);
+        let mut out = match first.gpu() {
+            Some(gpu) => Tensor::uninit_on(gpu, &shape, first.dtype)?,
+            None => Tensor::zeros(&shape, first.dtype)?,
+        };
+        if out.gpu().is_some() {
+            for (i, t) in items.iter().enumerate() {
+                check_same_device("stack", first.device(), t.device())?;
+                out.select(i)?.write(t)?;
+            }
+            return Ok(out);
+        }
+        let mut bytes = Vec::with_capacity(out.bytes());
+        for t in items {
+            check_same_device("stack", first.device(), t.device())?;
+            if t.shape != first.shape || t.dtype != first.dtype {
+                return Err(Error::ShapeMismatch {
+                    op: "stack",
+                    left: first.shape.clone(),
+                    right: t.shape.clone(),
+                    expected: "one shape and dtype",
+                });
+            }
+            bytes.extend(t.to_bytes()?);
+        }
+        out.storage = Storage::Host(Arc::new(bytes));
+        Ok(out)
+    }
+
     // ---- for engines ----
 
     /// The device bytes of a dense CUDA tensor (row-major or channels-last), for a library
@@ -476,6 +647,13 @@ impl Tensor {
     /// layout). Clones of a CUDA tensor share its bytes and see the new values; a CPU tensor
     /// copies on write, so its clones keep the old ones.
     pub fn write(&mut self, src: &Tensor) -> Result<()> {
+        if let (Some(mine), Some(theirs)) = (self.gpu().cloned(), src.gpu()) {
+            if mine.ordinal == theirs.ordinal && src.shape == self.shape && src.dtype == self.dtype
+            {
+                // on one GPU: a copy kernel, in stream order, nothing through the host
+                return self.cuda_copy_from(&mine, "write", src);
+            }
+        }
         if src.shape != self.shape {
             return Err(Error::ShapeMismatch {
                 op: "write",
@@ -495,11 +673,22 @@ impl Tensor {
             Some(Layout::Nchw) => src.to_bytes()?,
             Some(Layout::Nhwc) => src.permute(&[0, 2, 3, 1])?.to_bytes()?,
             None => {
+                // a strided view of host memory: each element to its own place
+                if let Storage::Host(v) = &mut self.storage {
+                    let values = src.to_bytes()?;
+                    return scatter(
+                        Arc::make_mut(v).as_mut_slice(),
+                        &values,
+                        &self.shape,
+                        &self.strides,
+                        self.dtype.size_bytes(),
+                    );
+                }
                 return Err(Error::NotDense {
                     op: "write",
                     shape: self.shape.clone(),
                     strides: self.strides.clone(),
-                })
+                });
             }
         };
         self.storage.write(&bytes)

@@ -4,7 +4,7 @@
 //! Ignored, with the reason, without a GPU; GPUKIT_REQUIRE_GPU=1 makes a missing GPU a failure.
 
 use gpukit_cuda::loader::Discovery;
-use gpukit_tensor::random::{fresh_seed, uniform_f32};
+use gpukit_tensor::random::{fresh_seed, normal_f32, uniform_f32, Distribution};
 use gpukit_tensor::{DType, Device, Devices, Error as TensorError, Layout, Tensor};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::OnceLock;
@@ -173,16 +173,7 @@ fn ops_on_two_gpu_tensors_match_the_cpu() -> Result<(), Failed> {
     expect(got.to_vec_f32()? == want, || {
         format!("permuted GPU add (seed {seed})")
     })?;
-    // matmul of two GPU tensors
-    let (m, k, n) = (5, 7, 3);
-    let (p, q) = (uniform_f32(m * k, seed ^ 1), uniform_f32(k * n, seed ^ 2));
-    let (pc, qc) = (Tensor::from_f32(&[m, k], p)?, Tensor::from_f32(&[k, n], q)?);
-    let want = pc.matmul(&qc)?;
-    let got = pc.to(CUDA0, &devices)?.matmul(&qc.to(CUDA0, &devices)?)?;
-    expect(
-        got.device() == CUDA0 && got.to_bytes()? == want.to_bytes()?,
-        || format!("GPU matmul differs (seed {seed})"),
-    )?;
+    // products on the GPU go through cuBLAS: checked against f64 in `products_match_f64`
     Ok(())
 }
 
@@ -249,6 +240,349 @@ fn tensors_in_a_shared_buffer() -> Result<(), Failed> {
     }
 }
 
+const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::Bf16, DType::F64];
+
+/// Relative spacing of the dtype's values (one unit in the last place at 1.0).
+fn eps(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => f64::EPSILON,
+        DType::F16 => 2f64.powi(-10),
+        DType::Bf16 => 2f64.powi(-7),
+        _ => f32::EPSILON as f64,
+    }
+}
+
+fn random_on_the_device() -> Result<(), Failed> {
+    let devices = devices()?;
+    let seed = fresh_seed();
+    let n = 1 << 20;
+    for dtype in DTYPES {
+        for dist in [Distribution::Normal, Distribution::Uniform] {
+            let t = Tensor::random(&[1024, 1024], dtype, CUDA0, &devices, seed, dist)?;
+            expect(t.device() == CUDA0 && t.dtype() == dtype, || {
+                format!("{dtype} {dist:?}: made on {}", t.device())
+            })?;
+            let v = t.to_vec_f64()?;
+            let mean = v.iter().sum::<f64>() / n as f64;
+            let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n as f64;
+            let (want_var, lo, hi) = match dist {
+                Distribution::Normal => (1.0, f64::NEG_INFINITY, f64::INFINITY),
+                Distribution::Uniform => (1.0 / 3.0, -1.0, 1.0),
+            };
+            // 6 standard errors of the mean; variance within 2%
+            expect(mean.abs() < 6.0 * (want_var / n as f64).sqrt(), || {
+                format!("{dtype} {dist:?}: mean {mean} (seed {seed})")
+            })?;
+            expect((var / want_var - 1.0).abs() < 0.02, || {
+                format!("{dtype} {dist:?}: variance {var}, want {want_var} (seed {seed})")
+            })?;
+            // uniform draws stay in [-1, 1) (16-bit types may round up to 1.0)
+            let top_ok = |x: f64| x < hi || (x == hi && dtype.size_bytes() == 2);
+            expect(
+                v.iter().all(|&x| x.is_finite() && x >= lo && top_ok(x)),
+                || format!("{dtype} {dist:?}: a value outside the range (seed {seed})"),
+            )?;
+            let zeros = v.iter().filter(|&&x| x == 0.0).count();
+            expect(zeros < n / 1000, || {
+                format!("{dtype} {dist:?}: {zeros} zeros (seed {seed})")
+            })?;
+            // the same seed draws the same values, another seed others
+            let again = Tensor::random(&[1024, 1024], dtype, CUDA0, &devices, seed, dist)?;
+            expect(again.to_bytes()? == t.to_bytes()?, || {
+                format!("{dtype} {dist:?}: one seed, two draws (seed {seed})")
+            })?;
+            let other = Tensor::random(&[1024, 1024], dtype, CUDA0, &devices, seed ^ 1, dist)?;
+            let same = other
+                .to_vec_f64()?
+                .iter()
+                .zip(&v)
+                .filter(|(a, b)| a == b)
+                .count();
+            expect(same < n / 100, || {
+                format!(
+                    "{dtype} {dist:?}: seeds {seed} and {} agree at {same} places",
+                    seed ^ 1
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn elementwise_matches_the_cpu_bit_for_bit() -> Result<(), Failed> {
+    let devices = devices()?;
+    let seed = fresh_seed();
+    let shape = [33, 65, 17];
+    let n = 33 * 65 * 17;
+    let (x, y) = (normal_f32(n, seed), normal_f32(n, seed ^ 0x77));
+    for dtype in DTYPES {
+        let (a, b) = (
+            Tensor::from_f32_as(&shape, &x, dtype)?,
+            Tensor::from_f32_as(&shape, &y, dtype)?,
+        );
+        let (ga, gb) = (a.to(CUDA0, &devices)?, b.to(CUDA0, &devices)?);
+        let same = |what: &str, got: &Tensor, want: &Tensor| -> Result<(), Failed> {
+            expect(got.device() == CUDA0, || {
+                format!("{dtype} {what}: on {}", got.device())
+            })?;
+            expect(got.to_bytes()? == want.to_bytes()?, || {
+                format!("{dtype} {what}: GPU differs from the CPU (seed {seed})")
+            })
+        };
+        same("add", &ga.add(&gb)?, &a.add(&b)?)?;
+        same("mul", &ga.mul(&gb)?, &a.mul(&b)?)?;
+        same("add_scalar", &ga.add_scalar(0.3)?, &a.add_scalar(0.3)?)?;
+        same("mul_scalar", &ga.mul_scalar(2.0)?, &a.mul_scalar(2.0)?)?;
+        // strided operands: a permuted view times a transposed one
+        let (pa, pb) = (a.permute(&[2, 0, 1])?, b.permute(&[2, 0, 1])?);
+        let (gpa, gpb) = (ga.permute(&[2, 0, 1])?, gb.permute(&[2, 0, 1])?);
+        same("permuted mul", &gpa.mul(&gpb)?, &pa.mul(&pb)?)?;
+        // in place, on a fresh copy each time (clones of a GPU tensor share bytes)
+        let fresh = || a.to(CUDA0, &devices);
+        let mut g = fresh()?;
+        g.add_assign(&gb)?;
+        same("add_assign", &g, &a.add(&b)?)?;
+        let mut g = fresh()?;
+        g.mul_assign(&gb)?;
+        same("mul_assign", &g, &a.mul(&b)?)?;
+        let mut g = fresh()?;
+        g.add_scalar_assign(1.5)?;
+        g.mul_scalar_assign(2.0)?;
+        same("scalar assigns", &g, &a.add_scalar(1.5)?.mul_scalar(2.0)?)?;
+        // in place through a transposed view: the storage takes the values in its own layout
+        let g = fresh()?;
+        let mut gt = g.transpose(0, 2)?;
+        gt.add_assign(&gb.transpose(0, 2)?)?;
+        same("add_assign through a view", &g, &a.add(&b)?)?;
+        // x += x.T of a square matrix: operands overlap at other strides
+        let sq = Tensor::from_f32_as(&[64, 64], &x[..4096], dtype)?;
+        let mut gsq = sq.to(CUDA0, &devices)?;
+        let gsq_t = gsq.transpose(0, 1)?;
+        gsq.add_assign(&gsq_t)?;
+        same("x += x.T", &gsq, &sq.add(&sq.transpose(0, 1)?)?)?;
+    }
+    Ok(())
+}
+
+fn copies_match_the_cpu() -> Result<(), Failed> {
+    let devices = devices()?;
+    let seed = fresh_seed();
+    for dtype in DTYPES {
+        // transposed matrices (the tiled path), odd sizes, and a batch of them
+        for shape in [vec![1000, 999], vec![3, 70, 45], vec![2, 1]] {
+            let n: usize = shape.iter().product();
+            let cpu = Tensor::from_f32_as(&shape, &uniform_f32(n, seed), dtype)?;
+            let r = shape.len();
+            let t = cpu.transpose(r - 2, r - 1)?;
+            let got = t.to(CUDA0, &devices)?.contiguous()?;
+            expect(got.is_contiguous() && got.shape() == t.shape(), || {
+                format!(
+                    "{dtype} {shape:?}: contiguous() gave strides {:?}",
+                    got.strides()
+                )
+            })?;
+            expect(got.to_bytes()? == t.contiguous()?.to_bytes()?, || {
+                format!("{dtype} {shape:?}: transposed copy differs (seed {seed})")
+            })?;
+        }
+        // a general permutation (the gather path) and channels-last
+        let cpu = Tensor::from_f32_as(&[4, 6, 10, 12], &uniform_f32(2880, seed ^ 3), dtype)?;
+        let g = cpu.to(CUDA0, &devices)?;
+        let p = [3, 1, 0, 2];
+        expect(
+            g.permute(&p)?.contiguous()?.to_bytes()?
+                == cpu.permute(&p)?.contiguous()?.to_bytes()?,
+            || format!("{dtype}: permuted copy differs (seed {seed})"),
+        )?;
+        let nhwc = g.to_nhwc()?;
+        expect(
+            nhwc.is_nhwc() && nhwc.to_bytes()? == cpu.to_bytes()?,
+            || format!("{dtype}: to_nhwc on the GPU changed values (seed {seed})"),
+        )?;
+    }
+    Ok(())
+}
+
+fn sums_match_the_cpu() -> Result<(), Failed> {
+    let devices = devices()?;
+    let seed = fresh_seed();
+    let shape = [37, 300, 65];
+    let n = 37 * 300 * 65;
+    let x = normal_f32(n, seed);
+    for dtype in DTYPES {
+        let cpu = Tensor::from_f32_as(&shape, &x, dtype)?;
+        let gpu = cpu.to(CUDA0, &devices)?;
+        let abs = Tensor::from_f64_as(
+            &shape,
+            &cpu.to_vec_f64()?
+                .iter()
+                .map(|v| v.abs())
+                .collect::<Vec<_>>(),
+            DType::F64,
+        )?;
+        // both layouts of the input: as stored, and a permuted view
+        for (label, c, g, a) in [
+            ("", cpu.clone(), gpu.clone(), abs.clone()),
+            (
+                "permuted ",
+                cpu.permute(&[2, 0, 1])?,
+                gpu.permute(&[2, 0, 1])?,
+                abs.permute(&[2, 0, 1])?,
+            ),
+        ] {
+            for axis in 0..3 {
+                let want = c.sum_axis(axis)?.to_vec_f64()?;
+                let got = g.sum_axis(axis)?;
+                let scale = a.sum_axis(axis)?.to_vec_f64()?;
+                let got_v = got.to_vec_f64()?;
+                expect(
+                    got.shape() == c.sum_axis(axis)?.shape() && got_v.len() == want.len(),
+                    || format!("{dtype} {label}axis {axis}: shape {:?}", got.shape()),
+                )?;
+                for (i, ((g, w), s)) in got_v.iter().zip(&want).zip(&scale).enumerate() {
+                    // both round one f64 sum to the dtype: one unit apart at most
+                    let tol = 2.0 * eps(dtype) * w.abs() + 1e-12 * s;
+                    expect((g - w).abs() <= tol, || {
+                        format!(
+                            "{dtype} {label}axis {axis}: [{i}] GPU {g} vs CPU {w} (seed {seed})"
+                        )
+                    })?;
+                }
+            }
+        }
+        // the whole tensor (split across the device, then added up)
+        let total = gpu.sum()?;
+        let want = cpu.to_vec_f64()?.iter().sum::<f64>();
+        let scale = abs.to_vec_f64()?.iter().sum::<f64>();
+        let got = total.to_vec_f64()?;
+        expect(total.shape().is_empty() && got.len() == 1, || {
+            format!("{dtype}: sum() shape {:?}", total.shape())
+        })?;
+        expect(
+            (got[0] - want).abs() <= 2.0 * eps(dtype) * want.abs() + 1e-12 * scale,
+            || format!("{dtype}: sum() {} vs {want} (seed {seed})", got[0]),
+        )?;
+    }
+    Ok(())
+}
+
+/// max |got - want| over max sum_k |a_ik b_kj|, against an f64 product of the same inputs.
+fn product_error(
+    got: &[f64],
+    a: &[f64],
+    b: &[f64],
+    (batch, m, n, k): (usize, usize, usize, usize),
+    b_t: bool,
+) -> f64 {
+    let mut worst = 0f64;
+    let mut scale = 0f64;
+    for p in 0..batch {
+        for i in 0..m {
+            for j in 0..n {
+                let (mut s, mut sa) = (0f64, 0f64);
+                for l in 0..k {
+                    let av = a[p * m * k + i * k + l];
+                    let bv = if b_t {
+                        b[p * n * k + j * k + l]
+                    } else {
+                        b[p * k * n + l * n + j]
+                    };
+                    s += av * bv;
+                    sa += (av * bv).abs();
+                }
+                worst = worst.max((got[p * m * n + i * n + j] - s).abs());
+                scale = scale.max(sa);
+            }
+        }
+    }
+    worst / scale.max(f64::MIN_POSITIVE)
+}
+
+fn products_match_f64() -> Result<(), Failed> {
+    let devices = devices()?;
+    let seed = fresh_seed();
+    let (batch, m, n, k) = (3, 37, 65, 129);
+    let (x, y) = (
+        normal_f32(batch * m * k, seed),
+        normal_f32(batch * k * n, seed ^ 9),
+    );
+    for (dtype, tol) in [
+        (DType::F64, 1e-13),
+        (DType::F32, 2e-6),
+        (DType::Tf32, 4e-3),
+        (DType::F16, 4e-3),
+        (DType::Bf16, 2e-2),
+    ] {
+        let a = Tensor::from_f32_as(&[batch, m, k], &x, dtype)?;
+        let b = Tensor::from_f32_as(&[batch, k, n], &y, dtype)?;
+        let (av, bv) = (a.to_vec_f64()?, b.to_vec_f64()?);
+        let (ga, gb) = (a.to(CUDA0, &devices)?, b.to(CUDA0, &devices)?);
+        let check =
+            |what: &str, got: &Tensor, want_shape: &[usize], err: f64| -> Result<(), Failed> {
+                expect(
+                    got.device() == CUDA0 && got.shape() == want_shape && got.dtype() == dtype,
+                    || {
+                        format!(
+                            "{dtype} {what}: {:?} {} on {}",
+                            got.shape(),
+                            got.dtype(),
+                            got.device()
+                        )
+                    },
+                )?;
+                expect(err <= tol, || {
+                    format!("{dtype} {what}: error {err:.3e} > {tol:.0e} (seed {seed})")
+                })
+            };
+        let got = ga.bmm(&gb)?;
+        check(
+            "bmm",
+            &got,
+            &[batch, m, n],
+            product_error(&got.to_vec_f64()?, &av, &bv, (batch, m, n, k), false),
+        )?;
+        // batch x batch^T, the notebook's bmm(batch, batch.transpose(-2, -1)): read in place
+        let bt = ga.transpose(1, 2)?;
+        let got = ga.bmm(&bt)?;
+        check(
+            "bmm with a transposed view",
+            &got,
+            &[batch, m, m],
+            product_error(&got.to_vec_f64()?, &av, &av, (batch, m, m, k), true),
+        )?;
+        // a 2-D product, and one with a permuted (neither contiguous nor transposed) operand
+        let a2 = ga.reshape(&[batch * m, k])?;
+        let b2 = Tensor::from_f32_as(&[k, n], &y[..k * n], dtype)?;
+        let got = a2.matmul(&b2.to(CUDA0, &devices)?)?;
+        check(
+            "matmul",
+            &got,
+            &[batch * m, n],
+            product_error(
+                &got.to_vec_f64()?,
+                &av,
+                &b2.to_vec_f64()?,
+                (1, batch * m, n, k),
+                false,
+            ),
+        )?;
+        // [batch, m, k] at strides [k, batch * k, 1]: neither contiguous nor a transposed
+        // batch, so it is copied before cuBLAS reads it
+        let odd = ga.permute(&[1, 0, 2])?.contiguous()?.permute(&[1, 0, 2])?;
+        expect(!odd.is_contiguous(), || {
+            "the odd operand is contiguous".to_string()
+        })?;
+        let got = odd.bmm(&gb)?;
+        check(
+            "bmm of a permuted operand",
+            &got,
+            &[batch, m, n],
+            product_error(&got.to_vec_f64()?, &av, &bv, (batch, m, n, k), false),
+        )?;
+    }
+    Ok(())
+}
+
 fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
@@ -270,6 +604,14 @@ fn main() {
             "gpu::tensors_in_a_shared_buffer",
             tensors_in_a_shared_buffer,
         ),
+        ("gpu::random_on_the_device", random_on_the_device),
+        (
+            "gpu::elementwise_matches_the_cpu_bit_for_bit",
+            elementwise_matches_the_cpu_bit_for_bit,
+        ),
+        ("gpu::copies_match_the_cpu", copies_match_the_cpu),
+        ("gpu::sums_match_the_cpu", sums_match_the_cpu),
+        ("gpu::products_match_f64", products_match_f64),
     ];
     let trials = tests
         .into_iter()

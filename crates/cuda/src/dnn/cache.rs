@@ -93,8 +93,9 @@ pub(super) struct Choices {
 /// The selection policy's version, in the file name: choices made under another policy (other
 /// candidates) are not reused. 2: strict f32 also tries the backend's non-tensor-core engines,
 /// and NHWC the fallback list too. 3: the heuristic's whole list (up to 64) is timed, which also
-/// moves the fallback engines' ranks.
-const POLICY: u32 = 3;
+/// moves the fallback engines' ranks. 4: finalists are ranked by their time back to back in a
+/// graph.
+const POLICY: u32 = 4;
 
 /// `cudnn-choices-v<policy>-<gpu>-sm<cc>-cudnn<version>.json`, in characters safe for a file
 /// name.
@@ -252,7 +253,7 @@ mod tests {
     fn file_names_are_safe() {
         assert_eq!(
             file_name("NVIDIA H100 80GB HBM3", (9, 0), 91900),
-            "cudnn-choices-v3-NVIDIA_H100_80GB_HBM3-sm90-cudnn91900.json"
+            "cudnn-choices-v4-NVIDIA_H100_80GB_HBM3-sm90-cudnn91900.json"
         );
     }
 

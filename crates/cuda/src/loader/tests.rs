@@ -154,6 +154,7 @@ fn missing_message_names_what_to_install() {
             found: None,
             other_major: None,
             shadowed: vec![],
+            disabled: false,
         }],
         warnings: vec![],
         searched: vec![],
@@ -164,4 +165,26 @@ fn missing_message_names_what_to_install() {
     let m = d.missing_message(Lib::Cudnn);
     assert!(m.contains("libcudnn.so.9"), "{m}");
     assert!(m.contains("pip install nvidia-cudnn-cu"), "{m}");
+}
+
+#[test]
+fn a_disabled_library_is_absent_and_says_why() {
+    let d = Discovery {
+        libraries: vec![LibraryStatus {
+            lib: Lib::Cupti,
+            soname: Lib::Cupti.soname(),
+            found: None,
+            other_major: None,
+            shadowed: vec![PathBuf::from("/opt/x/libcupti.so.13")],
+            disabled: true,
+        }],
+        warnings: vec![],
+        searched: vec![],
+        added_to_loader_path: vec![],
+        alias_dir: None,
+    };
+    assert!(!d.usable(Lib::Cupti));
+    let m = d.missing_message(Lib::Cupti);
+    assert!(m.contains("GPUKIT_DISABLE") && m.contains("cupti"), "{m}");
+    assert!(!m.contains("install"), "{m}");
 }

@@ -12,6 +12,38 @@ pub use gpus::{LaunchArgs, NcclArgs, P2pArgs};
 pub use profile::{ProfileCommand, ProfileOptionArgs};
 pub use train::TrainArgs;
 
+/// The lessons asked for, one value to clap.
+#[derive(Debug, Clone)]
+pub struct LessonList(pub Vec<String>);
+
+fn parse_lesson_list(s: &str) -> Result<LessonList, String> {
+    gpukit_bench::lessons::parse_lessons(s).map(LessonList)
+}
+
+#[derive(Debug, Args)]
+pub struct LessonsArgs {
+    /// Which lessons: all, or numbers and names (0-8, streams, sync, graphs), comma-separated.
+    #[arg(default_value = "all", value_name = "N|all", value_parser = parse_lesson_list)]
+    pub lessons: LessonList,
+
+    /// The device [default: cuda:0 when a GPU is usable, else the CPU, where the lessons that
+    /// mean something on a CPU run].
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<Device>,
+
+    /// Also run the notebook's own code in PyTorch (python3 with torch), timed the same way.
+    #[arg(long)]
+    pub compare_pytorch: bool,
+
+    /// Timed samples per case (at least 3).
+    #[arg(long, default_value = "15", value_parser = clap::value_parser!(u32).range(3..=1000))]
+    pub samples: u32,
+
+    /// Each sample lasts at least this many milliseconds (calls are batched until it does).
+    #[arg(long, default_value = "2", value_name = "MS")]
+    pub min_sample_ms: f64,
+}
+
 /// `--version`: gpukit's version and the CUDA major version this build binds, with the driver
 /// it needs (the same binary runs without a GPU; GPU commands need that driver).
 #[cfg(not(feature = "cuda-12"))]
@@ -69,6 +101,10 @@ pub enum Command {
     /// Chrome trace (--trace) for Perfetto or chrome://tracing.
     #[command(subcommand)]
     Profile(ProfileCommand),
+    /// The CUDA-101 notebook's lessons and the guides' stream, sync and graph patterns, measured
+    /// on this GPU: each claim's bad and good versions, the regime of each, and a verdict
+    /// (holds, holds weakly, does not hold) with the reason.
+    Lessons(LessonsArgs),
     /// Run every command and write DIR/report.json, DIR/report.md and DIR/report.html.
     All(AllArgs),
     /// Print a shell completion script: `gpukit completions bash > ~/.local/share/bash-completion/completions/gpukit`.

@@ -55,6 +55,16 @@ pub fn all_markdown(doc: &Document<AllReport>) -> String {
             md.push_str(&to_markdown(&render::train_sections(t), 3));
         }
     }
+    if !r.profile.is_empty() {
+        md.push_str("\n## Profile: where the time goes\n");
+        for p in &r.profile {
+            md.push_str(&to_markdown(&render::profile_sections(p), 3));
+        }
+    }
+    if let Some(l) = &r.lessons {
+        md.push_str("\n## Lessons\n");
+        md.push_str(&to_markdown(&render::lessons_sections(l), 3));
+    }
     if let Some(n) = &r.nccl {
         md.push_str("\n## Several GPUs: NCCL collectives\n");
         md.push_str(&to_markdown(&render::nccl_sections(n), 3));

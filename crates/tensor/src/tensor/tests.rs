@@ -638,3 +638,111 @@ fn mul_in_place_sum_and_bmm_match_float64_loops() {
         Err(Error::ShapeMismatch { op: "mul", .. })
     ));
 }
+
+#[test]
+fn scalar_ops_round_once_and_work_in_place() {
+    let x = Tensor::from_f32(&[2, 3], iota(6)).unwrap();
+    let y = x.mul_scalar(0.5).unwrap().add_scalar(1.0).unwrap();
+    assert_eq!(y.to_vec_f32().unwrap(), vec![1.0, 1.5, 2.0, 2.5, 3.0, 3.5]);
+    // in place through a transposed view writes the storage in its own layout
+    let mut t = x.transpose(0, 1).unwrap();
+    t.mul_scalar_assign(2.0).unwrap();
+    assert_eq!(t.shape(), &[3, 2]);
+    assert_eq!(t.to_vec_f32().unwrap(), vec![0.0, 6.0, 2.0, 8.0, 4.0, 10.0]);
+    // bf16: 1 + 2^-9 is not representable; the sum rounds once to nearest even (1.0)
+    let b = Tensor::from_f32_as(&[1], &[1.0], DType::Bf16).unwrap();
+    assert_eq!(
+        b.add_scalar(2f64.powi(-9)).unwrap().to_vec_f32().unwrap(),
+        vec![1.0]
+    );
+    let mut a = Tensor::from_f32(&[2, 3], iota(6)).unwrap();
+    a.add_assign(&x).unwrap();
+    assert_eq!(a.to_vec_f32().unwrap(), vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
+}
+
+#[test]
+fn sum_transpose_select_and_stack() {
+    let x = Tensor::from_f32(&[2, 3], iota(6)).unwrap();
+    let s = x.sum().unwrap();
+    assert!(s.shape().is_empty());
+    assert_eq!(s.to_vec_f32().unwrap(), vec![15.0]);
+    let t = x.transpose(0, 1).unwrap();
+    assert_eq!(
+        (t.shape(), t.strides()),
+        (&[3usize, 2][..], &[1usize, 3][..])
+    );
+    assert_eq!(
+        t.sum_axis(0).unwrap().to_vec_f32().unwrap(),
+        vec![3.0, 12.0]
+    );
+    assert!(x.transpose(0, 2).is_err());
+    let row = x.select(1).unwrap();
+    assert_eq!(row.shape(), &[3]);
+    assert_eq!(row.to_vec_f32().unwrap(), vec![3.0, 4.0, 5.0]);
+    assert!(x.select(2).is_err());
+    let st = Tensor::stack(&[row.clone(), x.select(0).unwrap()]).unwrap();
+    assert_eq!(st.shape(), &[2, 3]);
+    assert_eq!(st.to_vec_f32().unwrap(), vec![3.0, 4.0, 5.0, 0.0, 1.0, 2.0]);
+    assert!(Tensor::stack(&[]).is_err());
+    assert!(Tensor::stack(&[row, x.clone()]).is_err());
+}
+
+#[test]
+fn random_on_the_cpu_is_seeded_and_distributed() {
+    let devices = Devices::cpu_only();
+    let seed = fresh_seed();
+    for dtype in [DType::F32, DType::F64, DType::Bf16] {
+        let n = Tensor::random(
+            &[256, 256],
+            dtype,
+            Device::Cpu,
+            &devices,
+            seed,
+            Distribution::Normal,
+        )
+        .unwrap();
+        let v = n.to_vec_f64().unwrap();
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64;
+        assert!(
+            mean.abs() < 0.03 && (var - 1.0).abs() < 0.05,
+            "{dtype}: {mean} {var} (seed {seed})"
+        );
+        let again = Tensor::random(
+            &[256, 256],
+            dtype,
+            Device::Cpu,
+            &devices,
+            seed,
+            Distribution::Normal,
+        )
+        .unwrap();
+        assert_eq!(again.to_bytes().unwrap(), n.to_bytes().unwrap());
+        let u = Tensor::random(
+            &[4096],
+            dtype,
+            Device::Cpu,
+            &devices,
+            seed,
+            Distribution::Uniform,
+        )
+        .unwrap();
+        assert!(u
+            .to_vec_f64()
+            .unwrap()
+            .iter()
+            .all(|&x| (-1.0..=1.0).contains(&x)));
+    }
+    // a GPU from a registry without CUDA is a typed error, not a panic
+    assert!(matches!(
+        Tensor::random(
+            &[2],
+            DType::F32,
+            Device::Cuda(0),
+            &devices,
+            1,
+            Distribution::Normal
+        ),
+        Err(Error::NoGpu { .. })
+    ));
+}

@@ -36,7 +36,7 @@ pub fn escape(s: &str) -> String {
 }
 
 /// The ids of the page's sections, in order (those with nothing to show are left out).
-pub const SECTION_IDS: [&str; 9] = [
+pub const SECTION_IDS: [&str; 13] = [
     "machine",
     "check",
     "matmul",
@@ -45,6 +45,10 @@ pub const SECTION_IDS: [&str; 9] = [
     "infer",
     "memory",
     "train",
+    "profile",
+    "lessons",
+    "nccl",
+    "p2p",
     "notes",
 ];
 
@@ -221,6 +225,17 @@ pub fn all_html(doc: &Document<AllReport>) -> String {
         for t in &r.train {
             h.push_str(&sections_to_html(&render::train_sections(t)));
         }
+    }
+
+    if !r.profile.is_empty() {
+        section(&mut h, "profile", "Profile: where the time goes");
+        for p in &r.profile {
+            h.push_str(&sections_to_html(&render::profile_sections(p)));
+        }
+    }
+    if let Some(l) = &r.lessons {
+        section(&mut h, "lessons", "Lessons");
+        h.push_str(&sections_to_html(&render::lessons_sections(l)));
     }
 
     if let Some(n) = &r.nccl {

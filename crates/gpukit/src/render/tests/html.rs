@@ -55,11 +55,18 @@ fn the_run67_report_is_one_well_formed_page() {
         !h.contains(" src=") && !h.contains("<link"),
         "nothing fetched"
     );
+    // run 67's report has no profile, lessons or several-GPU parts
+    let absent = ["profile", "lessons", "nccl", "p2p"];
+    let present: Vec<&str> = SECTION_IDS
+        .into_iter()
+        .filter(|id| !absent.contains(id))
+        .collect();
     for id in SECTION_IDS {
-        assert_eq!(count(&h, &format!("id=\"{id}\"")), 1, "section {id}");
+        let want = usize::from(present.contains(&id));
+        assert_eq!(count(&h, &format!("id=\"{id}\"")), want, "section {id}");
     }
-    assert_eq!(count(&h, "<section "), SECTION_IDS.len());
-    assert_eq!(count(&h, "</section>"), SECTION_IDS.len());
+    assert_eq!(count(&h, "<section "), present.len());
+    assert_eq!(count(&h, "</section>"), present.len());
     // matmul GPU + CPU, bandwidth, conv, infer, memory, train
     assert_eq!(count(&h, "<svg"), 7);
     assert_eq!(count(&h, "</svg>"), 7);
