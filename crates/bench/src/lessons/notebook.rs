@@ -790,8 +790,8 @@ pub(crate) fn lesson7(b: &Bench) -> Result<Lesson> {
         .unwrap_or(f64::NAN);
     l.verdict = Verdict::Corrected;
     l.reason = format!(
-        "the notebook's case inverts: summing x.T as it is takes {:.2}x the time of the \
-         'good' version's, which adds a full transpose copy; a strided read is slow where \
+        "the notebook's case inverts: its 'good' version (a full transpose copy, then the sum) \
+         takes {:.2}x the time of summing x.T as it is; a strided read is slow where \
          neighbouring threads read far apart: x + x.T takes {strided:.2}x the time of x + y",
         1.0 / s
     );
