@@ -10,6 +10,7 @@
 
 mod notebook;
 mod peer;
+mod profile;
 mod streams;
 pub mod timing;
 
@@ -491,7 +492,7 @@ fn run_one(bench: &Bench, id: &str) -> Result<Lesson> {
         "5" => notebook::lesson5(bench),
         "6" => notebook::lesson6(bench),
         "7" => notebook::lesson7(bench),
-        "8" => notebook::lesson8(bench),
+        "8" => profile::lesson8(bench),
         "streams" => streams::streams(bench),
         "sync" => streams::sync(bench),
         "graphs" => streams::graphs(bench),

@@ -1,9 +1,9 @@
-//! Lessons 0-8 of the CUDA-101 notebook, each its bad and good versions as the notebook writes
-//! them (creation inside the timed function included, where the notebook includes it), through
-//! gpukit's tensor API.
+//! Lessons 0-7 of the CUDA-101 notebook (8 is in profile.rs), each its bad and good versions
+//! as the notebook writes them (creation inside the timed function included, where the notebook
+//! includes it), through gpukit's tensor API.
 
 use super::timing::time_case;
-use super::{judge_speedup, Bench, Case, Lesson, ProfileRow, Verdict};
+use super::{judge_speedup, Bench, Case, Lesson, Verdict};
 use crate::error::{Error, Result};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::nvml::NvmlSession;
@@ -812,99 +812,5 @@ pub(crate) fn lesson7(b: &Bench) -> Result<Lesson> {
          read many times"
             .into(),
     );
-    Ok(l)
-}
-
-/// Lesson 8: the notebook's small network (x[1024, 512] -> 256 -> relu -> 10, loss sum of
-/// squares), forward and backward, through `gpukit profile train`.
-pub(crate) fn lesson8(b: &Bench) -> Result<Lesson> {
-    let mut l = Lesson::new(
-        "8",
-        title("8"),
-        "you cannot optimise what you cannot measure: the profiler shows the real bottleneck",
-        Some("the profiling cell printed nothing after 'Running profiler example...' (it crashed)"),
-    );
-    // x ~ N(0, 1) [n, 512]; targets 0 over 10 outputs, so the MSE loss is the notebook's
-    // sum(output**2) up to a constant
-    let n = 1024 * 12;
-    let data = gpukit_train::data::Dataset {
-        features: 512,
-        x: gpukit_tensor::random::normal_f32(n * 512, fresh_seed()),
-        y: gpukit_train::data::Targets::Values {
-            width: 10,
-            data: vec![0.0; n * 10],
-        },
-    };
-    let path =
-        std::env::temp_dir().join(format!("gpukit-lesson8-{}.safetensors", std::process::id()));
-    data.save(&path)?;
-    struct Remove(std::path::PathBuf);
-    impl Drop for Remove {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let _remove = Remove(path.clone());
-    let request = crate::train::TrainRequest {
-        layers: Some(vec![512, 256, 10]),
-        data: Some(path.clone()),
-        batch_size: Some(1024),
-        epochs: Some(2),
-        optimizer: Some(gpukit_train::optim::OptimizerKind::Sgd),
-        loss: Some(gpukit_train::loss::LossKind::Mse),
-        precision: Some("fp32".into()),
-        device: Some(b.device),
-        ..Default::default()
-    };
-    let opts = crate::profile::ProfileOptions {
-        steps: 10,
-        top: 5,
-        group_by: crate::profile::table::GroupBy::Op,
-        trace: None,
-        timing: gpukit_cuda::profiler::TimingChoice::Auto,
-    };
-    let report = crate::profile::profile_train(&b.discovery, &request, &opts, &mut |_| {})?;
-    for row in report.rows.iter().take(5) {
-        l.profile.push(ProfileRow {
-            name: row.key.clone(),
-            calls: row.calls,
-            gpu_total_us: row.gpu_total_us,
-            pct: row.pct_of_step,
-        });
-    }
-    l.verdict = Verdict::Measured;
-    let top = l
-        .profile
-        .first()
-        .map(|r| format!("{} ({:.0}% of the step)", r.name, r.pct));
-    let step = report
-        .step_ms
-        .map(|s| format!(", {:.3} ms a step without the profiler", s.median))
-        .unwrap_or_default();
-    l.reason = format!(
-        "profiled with {} over {} steps{step}{}; the top op: {}",
-        report.timing_note,
-        report.steps,
-        report
-            .overhead_pct
-            .map(|o| format!(" (profiling added {o:.0}%)"))
-            .unwrap_or_default(),
-        top.unwrap_or_else(|| "none".into())
-    );
-    l.evidence.push(
-        "the notebook's cell calls loss.backward() although none of its tensors requires \
-         gradients; gpukit trains the same network (x [1024, 512] -> 256 -> ReLU -> 10, loss \
-         the mean of the squared outputs) with its training engine, profiled op by op"
-            .into(),
-    );
-    for r in &l.profile {
-        if r.calls > 0 {
-            l.evidence.push(format!(
-                "{}: {:.1} us a call",
-                r.name,
-                r.gpu_total_us / r.calls as f64
-            ));
-        }
-    }
     Ok(l)
 }
