@@ -165,13 +165,13 @@ impl Tensor {
     /// f32/f16/bf16 operands, so results equal native addition). Contiguous result on the
     /// device of the operands (on a GPU: one kernel, not waited for).
     pub fn add(&self, other: &Tensor) -> Result<Tensor> {
-        self.zip_with("add", Arith::Add, other, |x, y| x + y)
+        self.zip_with("add", Arith::Add, other)
     }
 
     /// Elementwise `self * other`, under [`Tensor::add`]'s rules (a product of two f32 values
     /// is exact in f64, so each result is the native product).
     pub fn mul(&self, other: &Tensor) -> Result<Tensor> {
-        self.zip_with("mul", Arith::Mul, other, |x, y| x * y)
+        self.zip_with("mul", Arith::Mul, other)
     }
 
     /// `self += other` in place: this tensor's storage takes the sums (its layout kept; on a
@@ -240,7 +240,7 @@ impl Tensor {
         if let Some(gpu) = self.gpu().cloned() {
             return self.cuda_binary_assign(&gpu, op, arith, other);
         }
-        let result = self.zip_with(op, arith, other, |x, y| apply(arith, x, y))?;
+        let result = self.zip_with(op, arith, other)?;
         self.write(&result)
     }
 
@@ -257,20 +257,18 @@ impl Tensor {
         Ok(())
     }
 
-    fn zip_with(
-        &self,
-        op: &'static str,
-        arith: Arith,
-        other: &Tensor,
-        f: impl Fn(f64, f64) -> f64,
-    ) -> Result<Tensor> {
+    fn zip_with(&self, op: &'static str, arith: Arith, other: &Tensor) -> Result<Tensor> {
         self.check_zip(op, other)?;
         if let Some(gpu) = self.gpu() {
             return self.cuda_binary(gpu, op, arith, other);
         }
         let a = self.to_vec_f64()?;
         let b = other.to_vec_f64()?;
-        let out: Vec<f64> = a.iter().zip(&b).map(|(x, y)| f(*x, *y)).collect();
+        let out: Vec<f64> = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| apply(arith, *x, *y))
+            .collect();
         self.alike(
             encode_f64(&out, self.dtype),
             self.shape.clone(),

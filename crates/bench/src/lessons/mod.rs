@@ -421,7 +421,7 @@ pub fn run_lessons(
             Ok(l) => l,
             Err(e) if e.kind() == gpukit_types::ErrorKind::BadInput => return Err(e),
             Err(e) => {
-                let mut l = Lesson::skipped(id, &title(id), "", format!("failed: {e}"));
+                let mut l = Lesson::skipped(id, notebook::title(id), "", format!("failed: {e}"));
                 l.failed = true;
                 l
             }
@@ -452,10 +452,6 @@ pub fn run_lessons(
 
 use gpukit_types::HasKind;
 
-fn title(id: &str) -> String {
-    notebook::title(id).to_string()
-}
-
 /// The JSON document of `gpukit lessons`: a failure when a lesson stopped with an error (a
 /// check of its results, or the GPU), or when nothing ran.
 pub fn document(report: LessonsReport) -> crate::report::Document<LessonsReport> {
@@ -480,7 +476,7 @@ fn run_one(bench: &Bench, id: &str) -> Result<Lesson> {
     match id {
         "1" | "3" | "6" | "streams" | "sync" | "graphs" if !on_gpu => Ok(Lesson::skipped(
             id,
-            &title(id),
+            notebook::title(id),
             "",
             "needs a GPU: it is about the GPU's memory, copies, tensor cores, streams or launches"
                 .into(),

@@ -25,16 +25,18 @@ pub(crate) fn lesson8(b: &Bench) -> Result<Lesson> {
             data: vec![0.0; n * 10],
         },
     };
-    let path =
-        std::env::temp_dir().join(format!("gpukit-lesson8-{}.safetensors", std::process::id()));
+    // removed when `file` drops, whatever happens below
+    let file = tempfile::Builder::new()
+        .prefix("gpukit-lesson8-")
+        .suffix(".safetensors")
+        .tempfile()
+        .map_err(|source| crate::error::Error::Io {
+            what: "lesson 8's data file",
+            path: std::env::temp_dir(),
+            source,
+        })?;
+    let path = file.path().to_path_buf();
     data.save(&path)?;
-    struct Remove(std::path::PathBuf);
-    impl Drop for Remove {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let _remove = Remove(path.clone());
     let request = crate::train::TrainRequest {
         layers: Some(vec![512, 256, 10]),
         data: Some(path.clone()),
