@@ -233,7 +233,7 @@ pub fn run_memory(
             return Ok(report);
         }
     };
-    ctx.gpu.synchronize()?;
+    ctx.gpu.empty_cache()?; // the pool keeps what earlier work freed: trim it for a baseline
     let base = ctx.gpu.pool_stats()?;
     report.baseline_used = base.used;
     report.baseline_reserved = base.reserved;

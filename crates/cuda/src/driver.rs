@@ -255,13 +255,15 @@ impl Gpu {
         // explicit events/synchronization where it is not.
         unsafe { ctx.disable_event_tracking() };
         let stream = Stream::new(ctx.new_stream()?);
-        Ok(Gpu {
+        let gpu = Gpu {
             ordinal,
             ctx,
             stream,
             discovery: discovery.clone(),
             tensor_ops: std::sync::Mutex::new(None),
-        })
+        };
+        gpu.keep_pool_cache()?;
+        Ok(gpu)
     }
 
     /// The work stream: everything gpukit enqueues on this device goes here unless it makes
@@ -273,6 +275,15 @@ impl Gpu {
     /// A second stream on this device (work on it may overlap the work stream's).
     pub fn new_stream(&self) -> Result<Stream> {
         Ok(Stream::new(self.ctx.new_stream()?))
+    }
+
+    /// A second stream at the device's highest priority: as SMs free up, its kernels' blocks
+    /// are scheduled before those of kernels already waiting on normal streams (for
+    /// communication that must overlap the work stream's products).
+    pub fn new_priority_stream(&self) -> Result<Stream> {
+        self.bind()?;
+        let (_, greatest) = cudarc::driver::result::stream::get_priority_range()?;
+        Ok(Stream::new(self.ctx.new_stream_with_priority(greatest)?))
     }
 
     /// The libraries found when this device was opened.

@@ -115,7 +115,28 @@ impl<'a> View<'a> {
 impl Gpu {
     /// A device buffer of `n` bytes, zeroed.
     pub fn alloc(&self, n: usize) -> Result<DeviceBuffer> {
-        Ok(DeviceBuffer::new(self.stream().raw().alloc_zeros::<u8>(n)?))
+        self.retry_after_trim(|| Ok(DeviceBuffer::new(self.stream().raw().alloc_zeros::<u8>(n)?)))
+    }
+
+    /// Runs an allocation; when it runs out of memory and the work stream is not being captured,
+    /// waits for queued work, hands the pool's cached bytes back to the driver and tries once
+    /// more (the pool keeps what it caches: [`Gpu::keep_pool_cache`]).
+    fn retry_after_trim<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+        match f() {
+            Err(e) if e.is_out_of_memory() && !self.capturing() => {
+                self.empty_cache()?;
+                f()
+            }
+            r => r,
+        }
+    }
+
+    /// Whether the work stream is capturing a graph (synchronising would break the capture).
+    fn capturing(&self) -> bool {
+        !matches!(
+            self.stream().raw().capture_status(),
+            Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+        )
     }
 
     /// A device buffer of `n` bytes left as the pool hands it out (not zeroed), for ops that
@@ -124,9 +145,11 @@ impl Gpu {
         // SAFETY: the bytes are device memory nobody reads before the caller's op writes them
         // (the contract of this function); reading them first would read stale values, never
         // memory outside the buffer.
-        Ok(DeviceBuffer::new(unsafe {
-            self.stream().raw().alloc::<u8>(n.max(1))
-        }?))
+        self.retry_after_trim(|| {
+            Ok(DeviceBuffer::new(unsafe {
+                self.stream().raw().alloc::<u8>(n.max(1))
+            }?))
+        })
     }
 
     /// Copies host bytes to a new device buffer (synchronously with respect to the host).
@@ -153,13 +176,18 @@ impl Gpu {
 
     /// Copies the first `len` bytes of `src` to the host.
     pub fn download_from(&self, src: View<'_>, len: usize) -> Result<Vec<u8>> {
-        src.require(len, "download")?;
-        self.bind()?;
         let mut out = vec![0u8; len];
-        // SAFETY: the source holds `len` bytes (checked); `out` lives until the synchronize.
-        unsafe { result::memcpy_dtoh_async(&mut out, src.addr(), self.stream().cu()) }?;
-        self.synchronize()?;
+        self.download_into(src, &mut out)?;
         Ok(out)
+    }
+
+    /// Copies the first `out.len()` bytes of `src` into `out` and waits for the copy.
+    pub fn download_into(&self, src: View<'_>, out: &mut [u8]) -> Result<()> {
+        src.require(out.len(), "download")?;
+        self.bind()?;
+        // SAFETY: the source holds out.len() bytes (checked); `out` lives until the synchronize.
+        unsafe { result::memcpy_dtoh_async(out, src.addr(), self.stream().cu()) }?;
+        self.synchronize()
     }
 
     /// Sets every byte of `dst` to `byte` and waits (poisoning outputs before a check).
@@ -223,6 +251,23 @@ impl Gpu {
                 result::mem_pool::set_attribute(pool, attr, &mut zero as *mut u64 as *mut _)
             }?;
         }
+        Ok(())
+    }
+
+    /// Makes the pool a cache: freed memory stays with the process until [`Gpu::empty_cache`].
+    /// The pool's default release threshold (0) hands every unused byte back to the driver at
+    /// each synchronization, so the next large allocation maps fresh pages again.
+    pub(crate) fn keep_pool_cache(&self) -> Result<()> {
+        let pool = self.pool()?;
+        let mut max: u64 = u64::MAX;
+        // SAFETY: the release threshold is a cuuint64_t; `max` is a live u64.
+        unsafe {
+            result::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut max as *mut u64 as *mut _,
+            )
+        }?;
         Ok(())
     }
 

@@ -57,6 +57,9 @@ template <> __device__ __forceinline__ B from_d<B>(double d) {
     return d != d ? from_f<B>(__int_as_float(0x7fc00000)) : from_f<B>(to_odd(d));
 }
 
+template <class T> struct Wide { typedef float type; };
+template <> struct Wide<double> { typedef double type; };
+
 // Element offsets of logical index `i` in operands a, b and y. Rank 0 means every operand is
 // contiguous (the host collapses such shapes): the index is the offset. Below 2^31 elements
 // the index arithmetic is 32-bit (a 64-bit division costs several times more).
@@ -98,6 +101,68 @@ __device__ void binary(const T* a, const T* b, T* y, Dims d, long long n, int op
         offsets(d, i, &oa, &ob, &oy);
         double x = to_d(a[oa]), z = to_d(b[ob]);
         y[oy] = from_d<T>(op == 0 ? x + z : x * z);
+    }
+}
+
+// The contiguous, 16-byte-aligned case of binary: 16 bytes a thread per load and store. The
+// arithmetic is the storage type's own (f32 for f16/bf16): one add or product rounded from f32
+// to f16/bf16, or from f64 to f32, equals the correctly rounded result (the wider format has
+// at least 2p + 2 bits), so this path gives the same bits as the f64 one.
+__device__ __forceinline__ double to_w(double x) { return x; }
+__device__ __forceinline__ float to_w(float x) { return x; }
+__device__ __forceinline__ float to_w(H x) { return to_f(x); }
+__device__ __forceinline__ float to_w(B x) { return to_f(x); }
+template <class T> __device__ __forceinline__ T from_w(typename Wide<T>::type w) {
+    return w != w ? from_f<T>(__int_as_float(0x7fc00000)) : from_f<T>(w);
+}
+template <> __device__ __forceinline__ double from_w<double>(double w) { return w; }
+template <> __device__ __forceinline__ float from_w<float>(float w) { return w; }
+
+template <class T>
+__device__ void binary_vec(const T* a, const T* b, T* y, long long n, int op) {
+    typedef typename Wide<T>::type W;
+    const int V = 16 / sizeof(T);
+    long long nv = n / V, step = (long long)gridDim.x * blockDim.x;
+    long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    for (long long v = t; v < nv; v += step) {
+        uint4 ra = ((const uint4*)a)[v], rb = ((const uint4*)b)[v], ry;
+        const T* xa = (const T*)&ra;
+        const T* xb = (const T*)&rb;
+        T* xy = (T*)&ry;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            W x = to_w(xa[k]), z = to_w(xb[k]);
+            xy[k] = from_w<T>(op == 0 ? x + z : x * z);
+        }
+        ((uint4*)y)[v] = ry;
+    }
+    for (long long i = nv * V + t; i < n; i += step) {
+        W x = to_w(a[i]), z = to_w(b[i]);
+        y[i] = from_w<T>(op == 0 ? x + z : x * z);
+    }
+}
+
+// The contiguous, aligned case of scalar: vector loads, the arithmetic in f64 as the strided
+// kernel (the scalar is an f64, so the storage type's arithmetic would round it first).
+template <class T>
+__device__ void scalar_vec(const T* a, T* y, long long n, int op, double s) {
+    const int V = 16 / sizeof(T);
+    long long nv = n / V, step = (long long)gridDim.x * blockDim.x;
+    long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    for (long long v = t; v < nv; v += step) {
+        uint4 ra = ((const uint4*)a)[v], ry;
+        const T* xa = (const T*)&ra;
+        T* xy = (T*)&ry;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            double x = to_d(xa[k]);
+            xy[k] = from_d<T>(op == 0 ? x + s : x * s);
+        }
+        ((uint4*)y)[v] = ry;
+    }
+    for (long long i = nv * V + t; i < n; i += step) {
+        double x = to_d(a[i]);
+        y[i] = from_d<T>(op == 0 ? x + s : x * s);
     }
 }
 
@@ -162,50 +227,57 @@ __device__ __forceinline__ double unit(unsigned hi, unsigned lo) {
     unsigned long long m = ((unsigned long long)hi << 21) ^ (lo >> 11);
     return ((double)(m & ((1ull << 53) - 1)) + 1.0) * (1.0 / 9007199254740992.0);
 }
-template <class T> struct Wide { typedef float type; };
-template <> struct Wide<double> { typedef double type; };
 
-// Each thread draws pair p: one Philox call gives 4 words, Box-Muller turns two uniforms into
-// two normals (cos and sin branches); below f64 in float arithmetic.
+// Each thread draws group p: one Philox call gives 4 words, turned into two values (f64: 53
+// bits a uniform) or four (below f64: 24 bits a uniform, float arithmetic). Normals by
+// Box-Muller, each pair of uniforms giving two (cos and sin branches).
+__device__ __forceinline__ void box_muller(float u1, float u2, int normal, float* v0, float* v1) {
+    if (normal) {
+        float r = sqrtf(-2.0f * logf(u1));
+        float sn, cs;
+        sincospif(2.0f * u2, &sn, &cs);
+        *v0 = r * cs; *v1 = r * sn;
+    } else {
+        *v0 = 2.0f * u1 - 1.0f; *v1 = 2.0f * u2 - 1.0f;
+        if (*v0 >= 1.0f) *v0 = -1.0f;
+        if (*v1 >= 1.0f) *v1 = -1.0f;
+    }
+}
 template <class T>
 __device__ void fill(T* y, long long n, unsigned long long seed, int normal) {
-    typedef typename Wide<T>::type W;
-    long long pairs = (n + 1) / 2;
-    for (long long p = blockIdx.x * (long long)blockDim.x + threadIdx.x; p < pairs;
+    const int G = sizeof(T) == 8 ? 2 : 4;
+    long long groups = (n + G - 1) / G;
+    for (long long p = blockIdx.x * (long long)blockDim.x + threadIdx.x; p < groups;
          p += (long long)gridDim.x * blockDim.x) {
         unsigned c[4] = {(unsigned)p, (unsigned)(p >> 32), 0x5eedu, 0u};
         philox(c, (unsigned)seed, (unsigned)(seed >> 32));
-        W v0, v1;
-        if (sizeof(W) == 8) {
+        double v[4];
+        if (G == 2) {
             double u1 = unit(c[0], c[1]), u2 = unit(c[2], c[3]);
             if (normal) {
                 double r = sqrt(-2.0 * log(u1));
                 double sn, cs;
                 sincospi(2.0 * u2, &sn, &cs);
-                v0 = (W)(r * cs); v1 = (W)(r * sn);
+                v[0] = r * cs; v[1] = r * sn;
             } else {
-                v0 = (W)(2.0 * u1 - 1.0); v1 = (W)(2.0 * u2 - 1.0);
-                if (v0 >= (W)1) v0 = (W)-1;
-                if (v1 >= (W)1) v1 = (W)-1;
+                v[0] = 2.0 * u1 - 1.0; v[1] = 2.0 * u2 - 1.0;
+                if (v[0] >= 1.0) v[0] = -1.0;
+                if (v[1] >= 1.0) v[1] = -1.0;
             }
         } else {
             // (0, 1] from 24 random bits each
-            float u1 = ((float)(c[0] >> 8) + 1.0f) * (1.0f / 16777216.0f);
-            float u2 = ((float)(c[1] >> 8) + 1.0f) * (1.0f / 16777216.0f);
-            if (normal) {
-                float r = sqrtf(-2.0f * logf(u1));
-                float sn, cs;
-                sincospif(2.0f * u2, &sn, &cs);
-                v0 = (W)(r * cs); v1 = (W)(r * sn);
-            } else {
-                v0 = (W)(2.0f * u1 - 1.0f); v1 = (W)(2.0f * u2 - 1.0f);
-                if (v0 >= (W)1) v0 = (W)-1;
-                if (v1 >= (W)1) v1 = (W)-1;
-            }
+            float u[4], w[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) u[k] = ((float)(c[k] >> 8) + 1.0f) * (1.0f / 16777216.0f);
+            box_muller(u[0], u[1], normal, &w[0], &w[1]);
+            box_muller(u[2], u[3], normal, &w[2], &w[3]);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) v[k] = (double)w[k];
         }
-        long long i = 2 * p;
-        y[i] = from_d<T>((double)v0);
-        if (i + 1 < n) y[i + 1] = from_d<T>((double)v1);
+        long long i = G * p;
+#pragma unroll
+        for (int k = 0; k < G; ++k)
+            if (i + k < n) y[i + k] = from_d<T>(v[k]);
     }
 }
 
@@ -281,6 +353,10 @@ extern "C" __global__ void binary_##tag(const T* a, const T* b, T* y, Dims d, lo
     { binary<T>(a, b, y, d, n, op); } \
 extern "C" __global__ void scalar_##tag(const T* a, T* y, Dims d, long long n, int op, double s) \
     { scalar<T>(a, y, d, n, op, s); } \
+extern "C" __global__ void binary_vec_##tag(const T* a, const T* b, T* y, long long n, int op) \
+    { binary_vec<T>(a, b, y, n, op); } \
+extern "C" __global__ void scalar_vec_##tag(const T* a, T* y, long long n, int op, double s) \
+    { scalar_vec<T>(a, y, n, op, s); } \
 extern "C" __global__ void copy_##tag(const T* a, T* y, Dims d, long long n) \
     { copy<T>(a, y, d, n); } \
 extern "C" __global__ void transpose_##tag(const T* x, T* y, long long batch, int rows, int cols, long long xs) \
@@ -300,9 +376,11 @@ ALL(H, f16)
 ALL(B, bf16)
 "#;
 
-const STEMS: [&str; 8] = [
+const STEMS: [&str; 10] = [
     "binary",
+    "binary_vec",
     "scalar",
+    "scalar_vec",
     "copy",
     "transpose",
     "fill",
@@ -441,6 +519,19 @@ fn grid(total: usize) -> LaunchConfig {
     crate::kernels::config(total)
 }
 
+/// Threads of the vectorised kernels: one per 16 bytes (at least one, for the tail).
+fn vectors(n: usize, dtype: DType) -> usize {
+    (n / (16 / tag_size(dtype))).max(1)
+}
+
+fn tag_size(dtype: DType) -> usize {
+    match tag(dtype) {
+        "f64" => 8,
+        "f32" => 4,
+        _ => 2,
+    }
+}
+
 /// The loaded tensor kernels of one device.
 pub struct TensorKernels {
     module: Module,
@@ -500,7 +591,7 @@ impl TensorKernels {
         let mut b = stream.raw().launch_builder(f);
         b.arg(&py).arg(&nn).arg(&seed).arg(&normal);
         // SAFETY: (T*, long long, unsigned long long, int) as declared; y holds n elements.
-        unsafe { b.launch(grid(n.div_ceil(2))) }?;
+        unsafe { b.launch(grid(n.div_ceil(if tag(dtype) == "f64" { 2 } else { 4 }))) }?;
         Ok(())
     }
 
@@ -522,7 +613,6 @@ impl TensorKernels {
         if n == 0 {
             return Ok(());
         }
-        let f = self.f("binary", dtype)?;
         let (pa, pb, py, nn, code) = (
             a.view.addr(),
             b.view.addr(),
@@ -530,6 +620,15 @@ impl TensorKernels {
             n as i64,
             op.code(),
         );
+        if d.rank == 0 && [pa, pb, py].iter().all(|p| p % 16 == 0) {
+            let mut l = stream.raw().launch_builder(self.f("binary_vec", dtype)?);
+            l.arg(&pa).arg(&pb).arg(&py).arg(&nn).arg(&code);
+            // SAFETY: (const T*, const T*, T*, long long, int) as declared; the three operands
+            // are contiguous, hold n elements (checked) and start on 16 bytes.
+            unsafe { l.launch(grid(vectors(n, dtype))) }?;
+            return Ok(());
+        }
+        let f = self.f("binary", dtype)?;
         let mut l = stream.raw().launch_builder(f);
         l.arg(&pa).arg(&pb).arg(&py).arg(&d).arg(&nn).arg(&code);
         // SAFETY: (const T*, const T*, T*, Dims, long long, int) as declared; every element
@@ -555,8 +654,16 @@ impl TensorKernels {
         if n == 0 {
             return Ok(());
         }
-        let f = self.f("scalar", dtype)?;
         let (pa, py, nn, code) = (a.view.addr(), y.view.addr(), n as i64, op.code());
+        if d.rank == 0 && pa % 16 == 0 && py % 16 == 0 {
+            let mut l = stream.raw().launch_builder(self.f("scalar_vec", dtype)?);
+            l.arg(&pa).arg(&py).arg(&nn).arg(&code).arg(&s);
+            // SAFETY: (const T*, T*, long long, int, double) as declared; both operands are
+            // contiguous, hold n elements (checked) and start on 16 bytes.
+            unsafe { l.launch(grid(vectors(n, dtype))) }?;
+            return Ok(());
+        }
+        let f = self.f("scalar", dtype)?;
         let mut l = stream.raw().launch_builder(f);
         l.arg(&pa).arg(&py).arg(&d).arg(&nn).arg(&code).arg(&s);
         // SAFETY: (const T*, T*, Dims, long long, int, double) as declared; bounds checked.

@@ -109,6 +109,50 @@ fn copies_round_trip_byte_exact() -> Result<(), Failed> {
     )
 }
 
+/// The pool caches: freed memory stays reserved across a synchronize (the driver's default
+/// would hand it back), `empty_cache` trims it, and an allocation larger than what is left
+/// beside the cache still succeeds (the cache is handed back and the allocation retried).
+fn pool_keeps_its_cache_and_gives_it_back_when_needed() -> Result<(), Failed> {
+    let g = gpu()?;
+    let e = |e: gpukit_cuda::Error| e.to_string();
+    g.empty_cache().map_err(e)?;
+    let base = g.pool_stats().map_err(e)?.reserved;
+    let n = 256 << 20;
+    drop(g.alloc(n).map_err(e)?);
+    g.synchronize().map_err(e)?;
+    let cached = g.pool_stats().map_err(e)?.reserved;
+    check(
+        cached >= base + n as u64,
+        format!(
+            "after a synchronize the pool holds {cached} bytes, {base} before a {n}-byte buffer"
+        ),
+    )?;
+    g.empty_cache().map_err(e)?;
+    let trimmed = g.pool_stats().map_err(e)?.reserved;
+    check(
+        trimmed == base,
+        format!("empty_cache left {trimmed} bytes reserved, {base} before"),
+    )?;
+    // fill the cache with many small blocks holding most of the free memory, free them, then
+    // ask for one block bigger than what the driver has left beside them
+    let (free, _) = g.mem_info().map_err(e)?;
+    let block = 64 << 20;
+    let blocks = (free as usize / 10 * 6) / block;
+    let small: Vec<_> = (0..blocks)
+        .map(|_| g.alloc_uninit(block))
+        .collect::<Result<_, _>>()
+        .map_err(e)?;
+    drop(small);
+    g.synchronize().map_err(e)?;
+    let big = free as usize / 10 * 7;
+    let buf = g.alloc_uninit(big).map_err(|err| {
+        format!("{big} bytes after freeing {blocks} x {block} into the cache: {err}")
+    })?;
+    drop(buf);
+    g.empty_cache().map_err(e)?;
+    Ok(())
+}
+
 fn event_timing_measures_device_work() -> Result<(), Failed> {
     let g = gpu()?;
     let n = 256 << 20; // 256 MiB
@@ -529,6 +573,10 @@ fn main() {
         (
             "gpu::copies_round_trip_byte_exact",
             copies_round_trip_byte_exact,
+        ),
+        (
+            "gpu::pool_keeps_its_cache_and_gives_it_back_when_needed",
+            pool_keeps_its_cache_and_gives_it_back_when_needed,
         ),
         (
             "gpu::event_timing_measures_device_work",

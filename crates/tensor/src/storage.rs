@@ -54,6 +54,28 @@ impl Storage {
         }
     }
 
+    /// Copies the storage's first `out.len()` bytes into `out` (a download for CUDA storage).
+    pub fn read_into(&self, out: &mut [u8]) -> Result<()> {
+        match self {
+            Storage::Host(v) => {
+                let src = v.get(..out.len()).ok_or(Error::StorageTooSmall {
+                    storage_bytes: v.len(),
+                    needed: out.len(),
+                })?;
+                out.copy_from_slice(src);
+                Ok(())
+            }
+            Storage::Cuda { gpu, .. } => {
+                if out.is_empty() {
+                    return Ok(());
+                }
+                let view = self.view("download")?;
+                gpu.download_into(view, out)
+                    .map_err(cuda_err("download", gpu))
+            }
+        }
+    }
+
     /// The device bytes of CUDA storage.
     pub fn view(&self, op: &'static str) -> Result<View<'_>> {
         match self {

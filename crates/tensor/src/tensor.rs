@@ -470,6 +470,17 @@ impl Tensor {
         let elem = self.dtype.size_bytes();
         if self.is_contiguous() {
             let n = self.bytes();
+            if let std::borrow::Cow::Owned(mut bytes) = storage {
+                // a download: these bytes are this call's own
+                if bytes.len() >= n {
+                    bytes.truncate(n);
+                    return Ok(bytes);
+                }
+                return Err(Error::StorageTooSmall {
+                    storage_bytes: bytes.len(),
+                    needed: n,
+                });
+            }
             return storage
                 .get(..n)
                 .map(<[u8]>::to_vec)
@@ -483,6 +494,12 @@ impl Tensor {
 
     /// The values as f32 in logical order, from any device and dtype (f64 rounds to nearest).
     pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
+        if matches!(self.dtype, DType::F32 | DType::Tf32) && self.is_contiguous() {
+            // straight into the result: one buffer, no second pass over the bytes
+            let mut out = vec![0f32; self.numel()];
+            self.storage.read_into(bytemuck::cast_slice_mut(&mut out))?;
+            return Ok(out);
+        }
         Ok(decode_f32(&self.to_bytes()?, self.dtype))
     }
 

@@ -314,7 +314,10 @@ fn elementwise_matches_the_cpu_bit_for_bit() -> Result<(), Failed> {
     let seed = fresh_seed();
     let shape = [33, 65, 17];
     let n = 33 * 65 * 17;
-    let (x, y) = (normal_f32(n, seed), normal_f32(n, seed ^ 0x77));
+    let (mut x, mut y) = (normal_f32(n, seed), normal_f32(n, seed ^ 0x77));
+    // overflow in f16, subnormal results, and a sum that needs more than the wide type's bits
+    x[..4].copy_from_slice(&[65000.0, 1e-7, 3.0e38, 1.0]);
+    y[..4].copy_from_slice(&[65000.0, 3e-8, 3.0e38, 1e-30]);
     for dtype in DTYPES {
         let (a, b) = (
             Tensor::from_f32_as(&shape, &x, dtype)?,
@@ -333,6 +336,18 @@ fn elementwise_matches_the_cpu_bit_for_bit() -> Result<(), Failed> {
         same("mul", &ga.mul(&gb)?, &a.mul(&b)?)?;
         same("add_scalar", &ga.add_scalar(0.3)?, &a.add_scalar(0.3)?)?;
         same("mul_scalar", &ga.mul_scalar(2.0)?, &a.mul_scalar(2.0)?)?;
+        // contiguous rows at an offset: row 16 starts on 16 bytes (the vectorised kernel), row 1
+        // does not (the general one)
+        for row in [1, 16] {
+            let (ra, rb) = (a.select(row)?, b.select(row)?);
+            let (gra, grb) = (ga.select(row)?, gb.select(row)?);
+            same(&format!("row {row} add"), &gra.add(&grb)?, &ra.add(&rb)?)?;
+            same(
+                &format!("row {row} mul_scalar"),
+                &gra.mul_scalar(0.7)?,
+                &ra.mul_scalar(0.7)?,
+            )?;
+        }
         // strided operands: a permuted view times a transposed one
         let (pa, pb) = (a.permute(&[2, 0, 1])?, b.permute(&[2, 0, 1])?);
         let (gpa, gpb) = (ga.permute(&[2, 0, 1])?, gb.permute(&[2, 0, 1])?);
@@ -564,6 +579,20 @@ fn products_match_f64() -> Result<(), Failed> {
                 &b2.to_vec_f64()?,
                 (1, batch * m, n, k),
                 false,
+            ),
+        )?;
+        // one product with a transposed view (cublasGemmEx with its transpose flag)
+        let got = a2.matmul(&a2.transpose(0, 1)?)?;
+        check(
+            "matmul with a transposed view",
+            &got,
+            &[batch * m, batch * m],
+            product_error(
+                &got.to_vec_f64()?,
+                &av,
+                &av,
+                (1, batch * m, batch * m, k),
+                true,
             ),
         )?;
         // [batch, m, k] at strides [k, batch * k, 1]: neither contiguous nor a transposed

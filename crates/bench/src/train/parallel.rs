@@ -151,7 +151,13 @@ fn rank_run(
     }
     let (gpu, mut t, single_step_ms) = prepared?;
     // the same from the same weights, with the gradients averaged over the ranks
-    let comm = Comm::init_rank_on(&gpu, gpu.new_stream()?, id, shard.rank, shard.world)?;
+    let comm = Comm::init_rank_on(
+        &gpu,
+        gpu.new_priority_stream()?,
+        id,
+        shard.rank,
+        shard.world,
+    )?;
     t.attach(comm, job.bucket_bytes)?;
     t.load(job.model, job.opt, job.scaler)?;
     let rank = shard.rank;

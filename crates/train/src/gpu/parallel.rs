@@ -2,8 +2,9 @@
 //! whole model, takes its share of each combined batch (world x batch rows of the epoch's one
 //! shuffled order), and averages its gradients with the others' through NCCL in buckets, each
 //! launched on a communication stream as soon as backward has finished its layers, so the
-//! transfers overlap the rest of backward. The update waits for the last bucket; every rank
-//! then makes the same update, and the run's losses are the combined batch's.
+//! transfers overlap the rest of backward. Each bucket's parameters are updated once its
+//! averaging ends (the last bucket's averaging overlaps the others' update); every rank makes
+//! the same update, and the run's losses are the combined batch's.
 //!
 //! To use: build the [`GpuTrainer`] with [`GpuOptions::shard`] set, then
 //! [`GpuTrainer::attach`] the rank's communicator (made on a stream of its own).
@@ -12,6 +13,7 @@ use super::plan::Layout;
 use super::GpuTrainer;
 use crate::error::{Error, Result};
 use gpukit_cuda::nccl::{Comm, RedOp};
+use gpukit_cuda::Event;
 use gpukit_types::DType;
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +66,9 @@ pub(super) fn span(layout: &Layout, lo: usize, hi: usize) -> (usize, usize) {
 pub(super) struct Dp {
     comm: Comm,
     buckets: Vec<(usize, usize)>,
+    /// The buckets launched for the update being enqueued: their elements of the flat
+    /// gradient buffer, [start, end), and the point of the communication stream after each.
+    launched: std::sync::Mutex<Vec<((usize, usize), Event)>>,
 }
 
 impl GpuTrainer {
@@ -91,7 +96,11 @@ impl GpuTrainer {
         }
         comm.stream().synchronize()?;
         comm.async_error()?;
-        self.dp = Some(Dp { buckets, comm });
+        self.dp = Some(Dp {
+            buckets,
+            comm,
+            launched: std::sync::Mutex::new(Vec::new()),
+        });
         // graphs captured without the communication would skip it
         self.graphs.clear();
         Ok(())
@@ -109,6 +118,8 @@ impl GpuTrainer {
                 dp.comm.stream().wait(&self.gpu.stream().record()?)?;
                 dp.comm
                     .all_reduce(region, region, b - a, DType::F32, RedOp::Avg)?;
+                let done = dp.comm.stream().record()?;
+                lock(&dp.launched).push(((a, b), done));
             }
         }
         Ok(())
@@ -117,7 +128,34 @@ impl GpuTrainer {
     /// Before the update: the work stream waits for the last bucket.
     pub(super) fn gradients_averaged(&self) -> Result<()> {
         if let Some(dp) = &self.dp {
+            lock(&dp.launched).clear();
             self.gpu.stream().wait(&dp.comm.stream().record()?)?;
+        }
+        Ok(())
+    }
+
+    /// The update in pieces, each as soon as its gradients are averaged: `update(start, end)`
+    /// is enqueued for each bucket's elements once the work stream waits for that bucket, so
+    /// the update of the layers backward finished first overlaps the averaging of the last.
+    /// Without peers (or when the launched buckets do not cover every gradient): one piece,
+    /// after every bucket.
+    pub(super) fn update_in_pieces(
+        &self,
+        mut update: impl FnMut(usize, usize) -> Result<()>,
+    ) -> Result<()> {
+        let total = self.layout.total;
+        let Some(dp) = &self.dp else {
+            return update(0, total);
+        };
+        let launched = std::mem::take(&mut *lock(&dp.launched));
+        let covered: usize = launched.iter().map(|((a, b), _)| b - a).sum();
+        if covered != total {
+            self.gradients_averaged()?;
+            return update(0, total);
+        }
+        for ((a, b), done) in launched {
+            self.gpu.stream().wait(&done)?;
+            update(a, b)?;
         }
         Ok(())
     }
@@ -153,6 +191,11 @@ impl GpuTrainer {
     pub(super) fn shard(&self) -> Shard {
         self.opts.shard.unwrap_or(Shard { rank: 0, world: 1 })
     }
+}
+
+/// The mutex's value, also after a panic elsewhere held it (the list is only pushed and taken).
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

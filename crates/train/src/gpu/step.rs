@@ -275,7 +275,6 @@ impl GpuTrainer {
             }
         }
         if b.update {
-            self.gradients_averaged()?;
             self.enqueue_update()?;
         }
         Ok(())
@@ -363,8 +362,10 @@ impl GpuTrainer {
         Ok(())
     }
 
-    /// The update: the scaler's overflow check (fp16), the optimizer over every parameter in
-    /// one launch, then the step state advanced.
+    /// The update: the scaler's overflow check (fp16: over every gradient, once all are
+    /// averaged), the optimizer over the parameters (in one launch, or a launch a bucket as
+    /// each bucket's averaging ends: [`GpuTrainer::update_in_pieces`]), then the step state
+    /// advanced.
     fn enqueue_update(&self) -> Result<()> {
         let _op = self.op_update();
         let p = self.opts.precision;
@@ -373,51 +374,64 @@ impl GpuTrainer {
         let c = self.cfg.optimizer;
         let state = self.state.view();
         if scaled {
+            self.gradients_averaged()?;
             self.k.check_finite(self.grads.view(), n, state)?;
         }
-        let half = self.half.as_ref().map(DeviceBuffer::view);
-        let dtype = if half.is_some() {
+        let dtype = if self.half.is_some() {
             p.storage()
         } else {
             DType::F32
         };
-        match c.kind {
-            OptimizerKind::Sgd => self.k.sgd(
-                (
-                    self.params.view(),
-                    self.grads.view(),
-                    self.m.as_ref().map(DeviceBuffer::view),
-                ),
-                half,
-                dtype,
-                n,
-                state,
-                (c.lr as f32, c.weight_decay as f32, c.momentum as f32),
-                scaled,
-            )?,
-            OptimizerKind::Adam | OptimizerKind::AdamW => {
-                let (m, v) = match (&self.m, &self.v) {
-                    (Some(m), Some(v)) => (m.view(), v.view()),
-                    _ => return Err(Error::Failed("Adam without its moments".into())),
-                };
-                self.k.adam(
-                    (self.params.view(), self.grads.view(), m, v),
+        let es = dtype.size_bytes();
+        fn f32s(buf: &DeviceBuffer, a: usize, b: usize) -> Result<View<'_>> {
+            sub(buf, 4, a, b - a)
+        }
+        self.update_in_pieces(|a, b| {
+            let half = self
+                .half
+                .as_ref()
+                .map(|h| sub(h, es, a, b - a))
+                .transpose()?;
+            let (params, grads) = (f32s(&self.params, a, b)?, f32s(&self.grads, a, b)?);
+            match c.kind {
+                OptimizerKind::Sgd => self.k.sgd(
+                    (
+                        params,
+                        grads,
+                        self.m.as_ref().map(|m| f32s(m, a, b)).transpose()?,
+                    ),
                     half,
                     dtype,
-                    n,
+                    b - a,
                     state,
-                    AdamArgs {
-                        weight_decay: c.weight_decay as f32,
-                        decay: (1.0 - c.lr * c.weight_decay) as f32,
-                        beta1: BETA1,
-                        beta2: BETA2,
-                        eps: EPS as f32,
-                        adamw: c.kind == OptimizerKind::AdamW,
-                    },
+                    (c.lr as f32, c.weight_decay as f32, c.momentum as f32),
                     scaled,
-                )?
+                )?,
+                OptimizerKind::Adam | OptimizerKind::AdamW => {
+                    let (m, v) = match (&self.m, &self.v) {
+                        (Some(m), Some(v)) => (f32s(m, a, b)?, f32s(v, a, b)?),
+                        _ => return Err(Error::Failed("Adam without its moments".into())),
+                    };
+                    self.k.adam(
+                        (params, grads, m, v),
+                        half,
+                        dtype,
+                        b - a,
+                        state,
+                        AdamArgs {
+                            weight_decay: c.weight_decay as f32,
+                            decay: (1.0 - c.lr * c.weight_decay) as f32,
+                            beta1: BETA1,
+                            beta2: BETA2,
+                            eps: EPS as f32,
+                            adamw: c.kind == OptimizerKind::AdamW,
+                        },
+                        scaled,
+                    )?
+                }
             }
-        }
+            Ok(())
+        })?;
         self.k
             .advance(state, scaled, (c.lr, BETA1, BETA2), GROWTH_INTERVAL)?;
         Ok(())
