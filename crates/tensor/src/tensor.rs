@@ -470,17 +470,14 @@ impl Tensor {
         let elem = self.dtype.size_bytes();
         if self.is_contiguous() {
             let n = self.bytes();
-            if let std::borrow::Cow::Owned(mut bytes) = storage {
-                // a download: these bytes are this call's own
-                if bytes.len() >= n {
+            // a download: these bytes are this call's own, no copy needed
+            let storage = match storage {
+                std::borrow::Cow::Owned(mut bytes) if bytes.len() >= n => {
                     bytes.truncate(n);
                     return Ok(bytes);
                 }
-                return Err(Error::StorageTooSmall {
-                    storage_bytes: bytes.len(),
-                    needed: n,
-                });
-            }
+                s => s,
+            };
             return storage
                 .get(..n)
                 .map(<[u8]>::to_vec)

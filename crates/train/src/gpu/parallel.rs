@@ -137,8 +137,8 @@ impl GpuTrainer {
     /// The update in pieces, each as soon as its gradients are averaged: `update(start, end)`
     /// is enqueued for each bucket's elements once the work stream waits for that bucket, so
     /// the update of the layers backward finished first overlaps the averaging of the last.
-    /// Without peers (or when the launched buckets do not cover every gradient): one piece,
-    /// after every bucket.
+    /// Without peers: one piece. When the launched buckets do not cover every gradient: one
+    /// piece after every bucket.
     pub(super) fn update_in_pieces(
         &self,
         mut update: impl FnMut(usize, usize) -> Result<()>,

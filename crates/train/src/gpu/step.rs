@@ -373,10 +373,6 @@ impl GpuTrainer {
         let n = self.layout.total;
         let c = self.cfg.optimizer;
         let state = self.state.view();
-        if scaled {
-            self.gradients_averaged()?;
-            self.k.check_finite(self.grads.view(), n, state)?;
-        }
         let dtype = if self.half.is_some() {
             p.storage()
         } else {
@@ -386,7 +382,7 @@ impl GpuTrainer {
         fn f32s(buf: &DeviceBuffer, a: usize, b: usize) -> Result<View<'_>> {
             sub(buf, 4, a, b - a)
         }
-        self.update_in_pieces(|a, b| {
+        let update = |a: usize, b: usize| -> Result<()> {
             let half = self
                 .half
                 .as_ref()
@@ -431,7 +427,15 @@ impl GpuTrainer {
                 }
             }
             Ok(())
-        })?;
+        };
+        if scaled {
+            // the overflow check reads every gradient: one update after every bucket
+            self.gradients_averaged()?;
+            self.k.check_finite(self.grads.view(), n, state)?;
+            update(0, n)?;
+        } else {
+            self.update_in_pieces(update)?;
+        }
         self.k
             .advance(state, scaled, (c.lr, BETA1, BETA2), GROWTH_INTERVAL)?;
         Ok(())
