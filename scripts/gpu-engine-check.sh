@@ -3,8 +3,7 @@
 #   bash scripts/gpu-engine-check.sh
 # Re-checks the GPU engine's correctness problem of runs 12-14 (wrong NHWC logits at batch 8/32,
 # see docs/DECISIONS.md 22): the engine test twice, then NHWC strategies measured afresh
-# (GPUKIT_REPLAN=1) twice, then with cuDNN's legacy API only (GPUKIT_CUDNN_LEGACY=1) if time is
-# left (no step starts after BUDGET_S seconds, default 450). Everything goes into one tarball
+# (GPUKIT_REPLAN=1) twice, if time is left (no step starts after BUDGET_S seconds, default 450). Everything goes into one tarball
 # under $OUT (the device tool returns few files), rewritten after every step.
 set -u
 OUT=${OUT:-$PWD/gpu-run-out}
@@ -24,13 +23,9 @@ for i in 1 2; do
   grep -E "differs|rel error|FAILED|panicked" "$W/engine-$i.txt" | head -3
   pack
 done
-for mode in replan-1 replan-2 legacy; do
+for mode in replan-1 replan-2; do
   [ "$SECONDS" -lt "$BUDGET_S" ] || { echo "[$SECONDS s] out of time before $mode"; break; }
-  case $mode in
-    legacy) envs="GPUKIT_REPLAN=1 GPUKIT_CUDNN_LEGACY=1" ;;
-    *) envs="GPUKIT_REPLAN=1" ;;
-  esac
-  clean env $envs timeout 200 "$BIN" infer --device cuda:0 --batch-sizes 8,32 --strategies "$STRATS" \
+  clean env GPUKIT_REPLAN=1 timeout 200 "$BIN" infer --device cuda:0 --batch-sizes 8,32 --strategies "$STRATS" \
     --save-json "$W/infer-$mode.json" >"$W/infer-$mode.txt" 2>"$W/infer-$mode.err"
   echo "[$SECONDS s] infer $mode rc=$? failed rows: $(grep -c FAILED "$W/infer-$mode.txt")"
   grep -E "FAILED" "$W/infer-$mode.txt" | cut -c1-200 | head -4

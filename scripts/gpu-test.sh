@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine from the project root, over binaries staged by
 # ../shared/tools/stage-for-device.sh into .device/ (no Rust toolchain is needed there):
-#   bash scripts/gpu-test.sh [tests|bench|sanitize|train|monitor|all]      (default: all)
+#   bash scripts/gpu-test.sh [tests|bench|sanitize|train|monitor|guard|all]      (default: all)
 # tests: every test binary with GPUKIT_REQUIRE_GPU=1, check (against nvidia-smi), its start-up
 #        time, bad input; bench: bench matmul/bandwidth/conv beside PyTorch, then `gpukit all`;
 # train (not part of all): the training engine's GPU tests, the 4096-wide MLP beside PyTorch,
 #        activation checkpointing's memory; monitor (not part of all): beside nvidia-smi, a
 #        command's footprint, /metrics scraped 1,000 times, a frame of the live view;
+# guard (not part of all): requests larger than the host or GPU refused before allocating, and
+#        the test binaries of the training, engine, profile and bad-input paths;
 # sanitize (not part of all: slow): compute-sanitizer memcheck over every command's GPU rows at
 #        small sizes, racecheck and synccheck over the inference engine; any error fails.
 # Writes under $OUT (default ./gpu-run-out): summary.txt, the main outputs, and gpu-run.tar.gz
@@ -130,6 +132,31 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   cp "$W/report/report.md" "$W/all-report.md" 2>/dev/null; cp "$W/report/report.json" "$W/all-report.json" 2>/dev/null
   rm -rf "$W/report"
   for f in matmul-gpu matmul-cpu bandwidth conv train-regression train-classification; do echo; cat "$W/$f.txt"; done | tee -a "$SUMMARY" >/dev/null
+fi
+
+if [ "$MODE" = guard ]; then
+  # the resource guard on the GPU machine: requests larger than the host or the GPU refused
+  # before allocating (wall time and message), then the test binaries whose GPU paths changed
+  refuse() { # label, gpukit args...
+    local label=$1; shift
+    local t0; t0=$(date +%s%N)
+    clean timeout 120 "$BIN" "$@" >"$W/refuse-$label.txt" 2>&1
+    local rc=$?
+    say "refuse $label: rc=$rc in $(ms_since "$t0") ms: gpukit $*"
+    grep -E '^error' "$W/refuse-$label.txt" | cut -c1-400 | tee -a "$SUMMARY"
+  }
+  refuse huge-train train --device cuda:0 --layers 100000,100000,100000,1 --samples 100000 --features 100000
+  refuse gpu-only train --device cuda:0 --precision bf16 --optimizer sgd --layers 1024,122000,122000,1 --samples 4096 --features 1024
+  refuse profile-cpu profile infer --device cpu --batch-size 100000
+  refuse matmul-iterations bench matmul --device cuda:0 --iterations 99999999999
+  for name in train_cli gpu_train gpu_engine bad_input profile_cli; do
+    t=$(ls "$TESTS"/"$name"-* 2>/dev/null | head -1)
+    [ -n "$t" ] || { say "test $name: not staged"; continue; }
+    clean GPUKIT_REQUIRE_GPU=1 GPUKIT_BIN="$BIN" INSTA_WORKSPACE_ROOT="$PWD" timeout 300 "$t" --test-threads 1 >"$W/test-$name.txt" 2>&1
+    say "test $name: rc=$? $(grep -E '^test result' "$W/test-$name.txt" | tail -1)"
+    grep -E "^test .*(ok|FAILED|ignored)$" "$W/test-$name.txt" | tee -a "$SUMMARY" >/dev/null
+  done
+  grep -hE "^[0-9.]+ s: error" "$W"/test-train_cli.txt | tee -a "$SUMMARY"
 fi
 
 if [ "$MODE" = train ]; then

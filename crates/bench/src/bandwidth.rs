@@ -286,9 +286,15 @@ fn run_bandwidth_turns(
         progress(&format!("bandwidth {} bytes", bytes));
         let free = gpu.mem_info().map(|(f, _)| f as usize).unwrap_or(0);
         // source, pinned source and destination, pageable destination: four host copies
-        if let Some(why) = crate::host::short_of_memory((bytes as u64).checked_mul(4)) {
+        let guard = gpukit_types::resources::Need::host(format!("copies of {bytes} bytes"))
+            .with(
+                "the source, its pinned copy and two destinations",
+                (bytes as u64).checked_mul(4),
+            )
+            .check_host("lower --sizes");
+        if let Err(refused) = guard {
             for kind in CopyKind::ALL {
-                report.rows.push(skipped(kind, bytes, why.clone()));
+                report.rows.push(skipped(kind, bytes, refused.to_string()));
             }
             continue;
         }

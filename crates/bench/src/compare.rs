@@ -3,6 +3,16 @@
 //! two runs' own spread: two runs of the same build on the same machine differ by a few percent,
 //! and a comparison that calls that a regression teaches people to ignore it.
 //!
+//! Two things make a verdict trustworthy, and both are checked here:
+//! - the two figures measured the same thing: a figure's key names the configuration that
+//!   decides it (dtype, size, batch, model, layers, optimizer, threads, ...), so a figure of
+//!   another configuration is listed as found in one report only, never compared;
+//! - the spread behind each side rests on enough repetitions: a timed figure with fewer than
+//!   [`MIN_SAMPLES`] of them (or no spread at all) that moved beyond the threshold is "not
+//!   judged", since with so few the p10-p90 ranges of two runs of the same build miss each other
+//!   by chance (below 10 they are interpolated from the extremes). When most figures are like
+//!   that, or spread wider than the threshold, the report says the runs are too noisy to judge.
+//!
 //! The reports are read as JSON values, not as the report structs: those change from version to
 //! version, and a comparison is most useful exactly across versions (an old report against a new
 //! one). Each section's rows are walked for the fields that name them and the figure they
@@ -30,6 +40,19 @@ pub enum Better {
     Lower,
 }
 
+/// Repetitions each side needs behind its p10-p90 range before a change beyond the threshold
+/// is called better or worse. From ten on, p10 and p90 sit at the second-lowest and
+/// second-highest sample; below that they lean on the extremes, and two runs of the same build
+/// land apart by chance (simulated: 2 samples 39%, 3 samples 15%, 5 samples 2%, 10 samples
+/// 0.03% of figures with a 10% spread).
+pub const MIN_SAMPLES: u64 = 10;
+
+/// The share of timed figures, not judged better or worse, that cannot tell a change of the
+/// threshold's size from noise (too few repetitions, or a spread wider than the threshold) from
+/// which the runs as a whole are called too noisy to judge: past half, the counts describe the
+/// noise more than the builds.
+const NOISY_SHARE: f64 = 0.5;
+
 /// One row's measurement as a report holds it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Reading {
@@ -37,19 +60,29 @@ pub struct Reading {
     pub value: Option<f64>,
     /// The run's own spread in the value's unit: what p10 and p90 of its timing map to.
     pub spread: Option<[f64; 2]>,
+    /// How many repetitions the value and its spread summarise (a timing's count, a training
+    /// run's steady epochs); None when the report does not say.
+    #[serde(default)]
+    pub samples: Option<u64>,
     /// "failed: ..." or "skipped: ..." when the row's status was not ok.
     pub problem: Option<String>,
 }
 
-/// A figure of one report: what it is (its key names the section and the row), and its reading.
+/// A figure of one report: what it is (its key names the section, the row and the
+/// configuration that decides it), and its reading.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Figure {
-    /// matmul, bandwidth, conv, infer, memory, train.
+    /// matmul, bandwidth, conv, infer, memory, train, nccl, p2p.
     pub section: String,
-    /// The section and the row's identifying fields: "matmul cuda:0 bf16 8192".
+    /// The section, the row's identifying fields and the settings that change the figure:
+    /// "matmul cuda:0 bf16 8192", "train cpu 16-64-1 mse adam batch 64 819 samples fp32".
     pub key: String,
     pub unit: String,
     pub better: Better,
+    /// A count or size that a repeat reproduces (bytes, a batch size), not a timing: it has no
+    /// spread to wait for, and the threshold alone judges it.
+    #[serde(default)]
+    pub exact: bool,
     pub reading: Reading,
 }
 
@@ -61,6 +94,9 @@ pub enum Verdict {
     Worse,
     /// Within the threshold, or within the runs' spread.
     Same,
+    /// Moved beyond the threshold, but a side has fewer than [`MIN_SAMPLES`] repetitions
+    /// behind its spread, or no spread: not judged, too few to tell a change from noise.
+    TooFewSamples,
     /// One side has no figure (the row failed or was skipped): nothing to compare.
     NotMeasured,
 }
@@ -72,6 +108,9 @@ pub struct Compared {
     pub key: String,
     pub unit: String,
     pub better: Better,
+    /// A count or size, judged on the threshold alone (see [`Figure::exact`]).
+    #[serde(default)]
+    pub exact: bool,
     pub old: Reading,
     pub new: Reading,
     /// new / old, plainly (for a "lower is better" figure, below 1 is better).
@@ -112,11 +151,29 @@ pub struct SectionSummary {
     pub better: usize,
     pub worse: usize,
     pub same: usize,
+    /// Of `same`: moved beyond the threshold, but within the two runs' p10-p90 ranges.
+    #[serde(default)]
+    pub within_noise: usize,
+    /// Moved beyond the threshold with too few repetitions to judge (`TooFewSamples`).
+    #[serde(default)]
+    pub not_judged: usize,
     pub not_measured: usize,
     pub only_old: usize,
     pub only_new: usize,
     /// Geometric mean of the gains (above 1: new better) over the figures measured in both.
     pub geomean_gain: Option<f64>,
+    /// Timed figures (not counts or sizes) measured in both reports.
+    #[serde(default)]
+    pub timed: usize,
+    /// Of `timed`, not judged better or worse: fewer than [`MIN_SAMPLES`] repetitions, or no
+    /// spread, on a side.
+    #[serde(default)]
+    pub too_few: usize,
+    /// Of `timed`, not judged better or worse, with enough repetitions: a side's p10-p90 range
+    /// is wider than the threshold (relative to its value), so a change of the threshold's size
+    /// hides in it.
+    #[serde(default)]
+    pub wide: usize,
 }
 
 /// The result of `gpukit compare`.
@@ -126,6 +183,17 @@ pub struct CompareReport {
     pub new: Side,
     /// A change smaller than this fraction is "same" (0.05: 5%).
     pub threshold: f64,
+    /// Repetitions each side needs behind a timed figure's spread to be judged.
+    #[serde(default)]
+    pub min_samples: u64,
+    /// Whether too many timed figures cannot tell a change of the threshold's size from noise
+    /// for the verdict counts to mean much (see `caveats`).
+    #[serde(default)]
+    pub too_noisy: bool,
+    /// What could not be judged and why, and what would let it be (more repetitions, a quieter
+    /// machine); empty when every figure could be judged.
+    #[serde(default)]
+    pub caveats: Vec<String>,
     /// Totals over every section (its `section` is "all").
     pub total: SectionSummary,
     pub sections: Vec<SectionSummary>,
@@ -343,11 +411,21 @@ fn overlap(a: [f64; 2], b: [f64; 2]) -> bool {
     a[0] <= b[1] && b[0] <= a[1]
 }
 
-/// The verdict on one figure: better or worse only when the gain is beyond the threshold AND
-/// the two runs' spreads do not overlap (when both have one); returns the verdict, the plain
-/// ratio, the gain, and whether the spread alone made it "same".
+/// Whether a reading's spread rests on enough repetitions to judge a change by.
+fn enough_samples(r: &Reading) -> bool {
+    r.spread.is_some() && r.samples.is_some_and(|n| n >= MIN_SAMPLES)
+}
+
+/// The verdict on one figure, returned with the plain ratio, the gain, and whether the spread
+/// alone made it "same":
+/// - within the threshold: same;
+/// - a count or size (`exact`) beyond it: better or worse;
+/// - a timing whose two p10-p90 ranges overlap: same (noise);
+/// - a timing with fewer than [`MIN_SAMPLES`] repetitions or no spread on a side: not judged;
+/// - else better or worse.
 fn judge(
     better: Better,
+    exact: bool,
     old: &Reading,
     new: &Reading,
     threshold: f64,
@@ -364,17 +442,32 @@ fn judge(
     if !beyond {
         return (Verdict::Same, Some(ratio), Some(gain), false);
     }
+    let moved = if gain > 1.0 {
+        Verdict::Better
+    } else {
+        Verdict::Worse
+    };
+    if exact {
+        return (moved, Some(ratio), Some(gain), false);
+    }
+    // ranges that overlap though they rest on few samples overlap all the more with more
     if let (Some(x), Some(y)) = (old.spread, new.spread) {
         if overlap(x, y) {
             return (Verdict::Same, Some(ratio), Some(gain), true);
         }
     }
-    let v = if gain > 1.0 {
-        Verdict::Better
-    } else {
-        Verdict::Worse
-    };
-    (v, Some(ratio), Some(gain), false)
+    if !enough_samples(old) || !enough_samples(new) {
+        return (Verdict::TooFewSamples, Some(ratio), Some(gain), false);
+    }
+    (moved, Some(ratio), Some(gain), false)
+}
+
+/// Whether a p10-p90 range is wider than the threshold, relative to its value.
+fn wider_than(r: &Reading, threshold: f64) -> bool {
+    match (r.value, r.spread) {
+        (Some(v), Some([lo, hi])) => (hi - lo) / v > threshold,
+        _ => false,
+    }
 }
 
 /// How a compared figure sorts (lowest first): a row that failed in the new report but not in
@@ -436,11 +529,17 @@ pub fn compare(old: &Loaded, new: &Loaded, threshold: f64) -> Result<CompareRepo
             .cmp(&pos(&b.section))
             .then(badness(a).total_cmp(&badness(b)))
     });
-    let sections: Vec<SectionSummary> = order
+    let mut sections: Vec<SectionSummary> = order
         .iter()
         .map(|s| summarize(s, &matched, &only_old, &only_new))
         .collect();
-    let total = summarize_all(&matched, &only_old, &only_new);
+    let mut total = summarize_all(&matched, &only_old, &only_new);
+    for s in sections.iter_mut().chain(std::iter::once(&mut total)) {
+        count_noise(s, &matched, threshold);
+    }
+    let too_noisy =
+        total.timed > 0 && (total.too_few + total.wide) as f64 >= NOISY_SHARE * total.timed as f64;
+    let caveats = caveats(&total, threshold, too_noisy);
     let mut warnings = machine_warnings(&old.side.machine, &new.side.machine);
     for (which, side) in [("old", &old.side), ("new", &new.side)] {
         if let Some(f) = &side.failure {
@@ -454,6 +553,9 @@ pub fn compare(old: &Loaded, new: &Loaded, threshold: f64) -> Result<CompareRepo
         old: old.side.clone(),
         new: new.side.clone(),
         threshold,
+        min_samples: MIN_SAMPLES,
+        too_noisy,
+        caveats,
         total,
         sections,
         figures: matched,
@@ -465,13 +567,15 @@ pub fn compare(old: &Loaded, new: &Loaded, threshold: f64) -> Result<CompareRepo
 
 /// One key of both reports, judged.
 fn compared(old: &Figure, new: &Figure, threshold: f64) -> Compared {
+    let exact = old.exact && new.exact;
     let (verdict, ratio, gain, within_noise) =
-        judge(old.better, &old.reading, &new.reading, threshold);
+        judge(old.better, exact, &old.reading, &new.reading, threshold);
     Compared {
         section: old.section.clone(),
         key: old.key.clone(),
         unit: old.unit.clone(),
         better: old.better,
+        exact,
         old: old.reading.clone(),
         new: new.reading.clone(),
         ratio,
@@ -530,7 +634,11 @@ fn tally(section: &str, figures: &[&Compared]) -> SectionSummary {
             Verdict::Better => s.better += 1,
             Verdict::Worse => s.worse += 1,
             Verdict::Same => s.same += 1,
+            Verdict::TooFewSamples => s.not_judged += 1,
             Verdict::NotMeasured => s.not_measured += 1,
+        }
+        if c.within_noise {
+            s.within_noise += 1;
         }
         if let Some(g) = c.gain {
             log_sum += g.ln();
@@ -541,8 +649,71 @@ fn tally(section: &str, figures: &[&Compared]) -> SectionSummary {
     s
 }
 
-/// Why `--fail-on-regression` fails: how many figures got worse (and the worst of them), and
-/// how many rows that worked before failed now; None when neither happened.
+/// Counts a summary's timed figures measured in both reports, and among those not judged
+/// better or worse, the ones whose repetitions are too few and the ones whose spread is wider
+/// than the threshold: their "same" or "not judged" could hide a change of the threshold's
+/// size. A figure judged better or worse moved beyond its spread, however wide.
+fn count_noise(s: &mut SectionSummary, matched: &[Compared], threshold: f64) {
+    let timed = matched.iter().filter(|c| {
+        (s.section == "all" || c.section == s.section)
+            && !c.exact
+            && c.old.value.is_some()
+            && c.new.value.is_some()
+    });
+    for c in timed {
+        s.timed += 1;
+        if matches!(c.verdict, Verdict::Better | Verdict::Worse) {
+            continue;
+        }
+        if !enough_samples(&c.old) || !enough_samples(&c.new) {
+            s.too_few += 1;
+        } else if c.within_noise || wider_than(&c.old, threshold) || wider_than(&c.new, threshold) {
+            s.wide += 1;
+        }
+    }
+}
+
+/// The sentences that say what could not be judged, why, and what would let it be.
+fn caveats(total: &SectionSummary, threshold: f64, too_noisy: bool) -> Vec<String> {
+    let t = format!("{:.1}%", threshold * 100.0);
+    let more = "more repetitions (--iterations; --epochs for train)";
+    let mut out = Vec::new();
+    if too_noisy {
+        // a wider threshold helps only where the spread, not the count, is the trouble
+        let wider = if total.wide > 0 {
+            ", or compare at a --threshold above the spread"
+        } else {
+            ""
+        };
+        out.push(format!(
+            "too noisy to judge: {} of {} timed figures cannot tell a {t} change from noise \
+             ({} with fewer than {MIN_SAMPLES} repetitions or no spread, {} with a p10-p90 \
+             range wider than {t}), so the better/worse counts say little; rerun both with \
+             {more} on an otherwise idle machine{wider}",
+            total.too_few + total.wide,
+            total.timed,
+            total.too_few,
+            total.wide
+        ));
+    }
+    if total.not_judged > 0 {
+        let advice = if too_noisy {
+            String::new()
+        } else {
+            format!("; repeat the runs with {more} to judge them")
+        };
+        out.push(format!(
+            "{} figure(s) moved beyond {t} but were not judged: a side has fewer than \
+             {MIN_SAMPLES} repetitions behind its p10-p90 range, or no spread{advice}",
+            total.not_judged
+        ));
+    }
+    out
+}
+
+/// Why `--fail-on-regression` fails: how many figures were judged worse (and the worst of them),
+/// and how many rows that worked before failed now; None when neither happened. A figure left
+/// unjudged for too few repetitions is no regression: its change may be noise.
 pub fn regression(r: &CompareReport) -> Option<String> {
     let worse: Vec<&Compared> = r
         .figures

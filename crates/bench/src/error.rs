@@ -18,6 +18,10 @@ pub enum Error {
     Train(#[from] gpukit_train::Error),
     #[error(transparent)]
     Dist(#[from] gpukit_dist::Error),
+    /// The work cannot fit in this machine's memory (the resource guard's refusal, before
+    /// anything was allocated).
+    #[error(transparent)]
+    Refused(Box<gpukit_types::resources::Refusal>),
     /// The arguments or an input file are wrong: nothing was measured.
     #[error("{0}")]
     BadInput(String),
@@ -69,10 +73,17 @@ impl HasKind for Error {
             Error::Model(e) => e.kind(),
             Error::Train(e) => e.kind(),
             Error::Dist(e) => e.kind(),
+            Error::Refused(e) => e.kind(),
             Error::BadInput(_) | Error::CommandNotFound(_) => ErrorKind::BadInput,
             Error::Io { .. } => ErrorKind::BadInput,
             Error::Peer(_) | Error::Unavailable(_) => ErrorKind::Unavailable,
             Error::NoSamples | Error::Failed(_) => ErrorKind::Failed,
         }
+    }
+}
+
+impl From<gpukit_types::resources::Refusal> for Error {
+    fn from(r: gpukit_types::resources::Refusal) -> Error {
+        Error::Refused(Box::new(r))
     }
 }

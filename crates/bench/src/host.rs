@@ -1,5 +1,6 @@
 //! Facts about the host: CPU model, cores, memory and SIMD level, read from /proc and CPUID.
 
+use gpukit_types::resources::meminfo_kib;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -42,71 +43,6 @@ pub fn host_facts() -> HostFacts {
     }
 }
 
-/// Bytes this process can still allocate without being killed or refused: the least of the
-/// kernel's MemAvailable, the cgroup's limit less its usage (v2 `memory.max`, v1
-/// `memory.limit_in_bytes`) and the address-space limit (`ulimit -v`) less the process's size.
-/// None when none of them can be read.
-pub fn memory_headroom() -> Option<u64> {
-    let read = |p: &str| std::fs::read_to_string(p).ok();
-    let meminfo = read("/proc/meminfo").unwrap_or_default();
-    let available = meminfo_kib(&meminfo, "MemAvailable").map(|k| k * 1024);
-    let cgroup = cgroup_headroom(
-        read("/sys/fs/cgroup/memory.max")
-            .or_else(|| read("/sys/fs/cgroup/memory/memory.limit_in_bytes")),
-        read("/sys/fs/cgroup/memory.current")
-            .or_else(|| read("/sys/fs/cgroup/memory/memory.usage_in_bytes")),
-    );
-    let address_space = address_space_headroom(
-        &read("/proc/self/limits").unwrap_or_default(),
-        &read("/proc/self/status").unwrap_or_default(),
-    );
-    [available, cgroup, address_space]
-        .into_iter()
-        .flatten()
-        .min()
-}
-
-/// A cgroup's limit less its usage; None without a limit ("max", or v1's huge number).
-fn cgroup_headroom(limit: Option<String>, usage: Option<String>) -> Option<u64> {
-    let limit: u64 = limit?.trim().parse().ok()?;
-    if limit >= 1 << 60 {
-        return None;
-    }
-    let usage: u64 = usage.and_then(|u| u.trim().parse().ok()).unwrap_or(0);
-    Some(limit.saturating_sub(usage))
-}
-
-/// `ulimit -v` less the process's virtual size; None when unlimited.
-fn address_space_headroom(limits: &str, status: &str) -> Option<u64> {
-    let line = limits
-        .lines()
-        .find(|l| l.starts_with("Max address space"))?;
-    let soft: u64 = line
-        .trim_start_matches("Max address space")
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    let size = meminfo_kib(status, "VmSize").map_or(0, |k| k * 1024);
-    Some(soft.saturating_sub(size))
-}
-
-/// Why work needing `bytes` of host memory (None: more than can be counted) must not start,
-/// if it must not: "needs about 12.0 GiB of host memory, 3.1 GiB available".
-pub fn short_of_memory(bytes: Option<u64>) -> Option<String> {
-    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let headroom = memory_headroom();
-    match (bytes, headroom) {
-        (None, _) => Some("needs more host memory than can be counted".to_string()),
-        (Some(b), Some(h)) if b > h => Some(format!(
-            "needs about {:.1} GiB of host memory, {:.1} GiB available",
-            gib(b),
-            gib(h)
-        )),
-        _ => None,
-    }
-}
-
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     let (k, v) = line.split_once(':')?;
     (k.trim() == key).then(|| v.trim())
@@ -137,13 +73,6 @@ fn count_cores(cpuinfo: &str) -> (Option<usize>, Option<usize>) {
         (!pairs.is_empty()).then_some(pairs.len()),
         (!packages.is_empty()).then_some(packages.len()),
     )
-}
-
-fn meminfo_kib(meminfo: &str, key: &str) -> Option<u64> {
-    meminfo
-        .lines()
-        .find_map(|l| field(l, key))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
 fn os_name() -> String {
@@ -217,41 +146,6 @@ mod tests {
         assert_eq!(count_cores(CPUINFO), (Some(2), Some(2)));
         assert_eq!(cpu_model(""), "unknown");
         assert_eq!(count_cores(""), (None, None));
-    }
-
-    #[test]
-    fn parses_meminfo() {
-        let m = "MemTotal:       24576000 kB\nMemAvailable:   1000 kB\n";
-        assert_eq!(
-            cgroup_headroom(Some("max\n".into()), Some("5".into())),
-            None
-        );
-        assert_eq!(
-            cgroup_headroom(Some("1000\n".into()), Some("400\n".into())),
-            Some(600)
-        );
-        assert_eq!(
-            cgroup_headroom(Some("1000".into()), Some("4000".into())),
-            Some(0)
-        );
-        let limits = "Limit                     Soft Limit           Hard Limit           Units\n\
-                      Max address space         8589934592           unlimited            bytes\n";
-        assert_eq!(
-            address_space_headroom(limits, "VmSize:\t1024 kB\n"),
-            Some(8589934592 - (1 << 20))
-        );
-        let unlimited =
-            "Max address space         unlimited            unlimited            bytes\n";
-        assert_eq!(
-            address_space_headroom(unlimited, "VmSize:\t1024 kB\n"),
-            None
-        );
-        assert!(short_of_memory(None).is_some());
-        assert!(short_of_memory(Some(u64::MAX)).is_some_and(|w| w.contains("GiB available")));
-        assert_eq!(short_of_memory(Some(1)), None);
-        assert_eq!(meminfo_kib(m, "MemTotal"), Some(24576000));
-        assert_eq!(meminfo_kib(m, "MemAvailable"), Some(1000));
-        assert_eq!(meminfo_kib(m, "SwapTotal"), None);
     }
 
     #[test]

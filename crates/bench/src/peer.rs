@@ -76,6 +76,25 @@ fn succeeded(doc: Value) -> Result<Value> {
     }
 }
 
+/// The torch version the Python of `--compare-pytorch` imports, or the one-line reason it
+/// cannot: asked before a command's own work, so a missing PyTorch is said at once rather
+/// than after minutes of gpukit's side.
+pub fn torch_version() -> Result<String> {
+    let python = python();
+    let out = Command::new(&python)
+        .args(["-c", "import torch; print(torch.__version__)"])
+        .output()
+        .map_err(|e| cannot_run(&python, e))?;
+    if out.status.success() {
+        return Ok(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    Err(Error::Peer(format!(
+        "PyTorch is not installed ({}); install it with 'pip install torch'",
+        err.lines().last().unwrap_or("import torch failed").trim()
+    )))
+}
+
 /// Runs the script with `args` (a subcommand and its flags). The error is one line a person can
 /// act on: no python3, no torch, or what the script reported.
 pub fn run_pytorch(args: &[String]) -> Result<PeerRun> {

@@ -29,6 +29,7 @@ pub fn run(cli: Cli) -> Result<()> {
     if let Some(p) = &out.save_json {
         check_destination_file(p, "--save-json")?;
     }
+    check_outputs_are_not_inputs(&cli.command, &out)?;
     match cli.command {
         Command::Check(a) => check(a, &out),
         Command::Bench(BenchCommand::Matmul(a)) => bench_matmul(a, &out),
@@ -48,9 +49,7 @@ pub fn run(cli: Cli) -> Result<()> {
             print_bytes(&script)
         }
         Command::Man => {
-            let mut page = Vec::new();
-            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
-                .render(&mut page)
+            let page = render::man_page(<Cli as clap::CommandFactory>::command())
                 .context("rendering the man page")?;
             print_bytes(&page)
         }
@@ -60,6 +59,77 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Compare(a) => compare(a, &out),
         Command::Html(a) => html(a),
     }
+}
+
+/// Exit 2, before any work, when a file the command would write is one it reads (`html R.json
+/// --out R.json`): writing it would destroy the input. A checkpoint resumed from may be saved
+/// over, as trainers do: it is read whole before the new one replaces it.
+fn check_outputs_are_not_inputs(command: &Command, out: &Output) -> Result<()> {
+    use crate::cli::{ProfileInferArgs, ProfileTrainArgs};
+    fn train_inputs(t: &TrainArgs) -> [(&'static str, Option<&Path>); 3] {
+        [
+            ("--data", t.data.as_deref()),
+            ("--init", t.init.as_deref()),
+            ("--resume", t.resume.as_deref()),
+        ]
+    }
+    fn train_outputs(t: &TrainArgs) -> [(&'static str, Option<&Path>); 2] {
+        [
+            ("--save", t.save.as_deref()),
+            ("--save-losses", t.save_losses.as_deref()),
+        ]
+    }
+    type Named<'a> = Vec<(&'static str, Option<&'a Path>)>;
+    let (inputs, outputs): (Named, Named) = match command {
+        Command::Html(a) => (
+            vec![("REPORT", Some(&a.report))],
+            vec![("--out", Some(&a.out))],
+        ),
+        Command::Compare(a) => (
+            vec![("OLD", Some(&a.old)), ("NEW", Some(&a.new))],
+            vec![("--markdown", a.markdown.as_deref())],
+        ),
+        Command::Infer(a) => (
+            vec![
+                ("--weights", a.weights.as_deref()),
+                ("--input", a.input.as_deref()),
+            ],
+            vec![("--save-output", a.save_output.as_deref())],
+        ),
+        Command::Memory(a) => (vec![("--weights", a.weights.as_deref())], Vec::new()),
+        Command::Train(a) => (train_inputs(a).to_vec(), train_outputs(a).to_vec()),
+        Command::Profile(ProfileCommand::Infer(ProfileInferArgs {
+            weights, profile, ..
+        })) => (
+            vec![("--weights", weights.as_deref())],
+            vec![("--trace", profile.trace.as_deref())],
+        ),
+        Command::Profile(ProfileCommand::Train(p)) => {
+            let ProfileTrainArgs { train, profile } = p.as_ref();
+            let mut outputs = train_outputs(train).to_vec();
+            outputs.push(("--trace", profile.trace.as_deref()));
+            (train_inputs(train).to_vec(), outputs)
+        }
+        _ => (Vec::new(), Vec::new()),
+    };
+    let inputs: Vec<(&str, &Path)> = inputs
+        .into_iter()
+        .filter_map(|(flag, p)| Some((flag, p?)))
+        .collect();
+    let global = [
+        ("--save-json", out.save_json.as_deref()),
+        ("--html", out.html.as_deref()),
+    ];
+    for (flag, path) in outputs.into_iter().chain(global) {
+        let Some(path) = path else { continue };
+        let read: Vec<(&str, &Path)> = inputs
+            .iter()
+            .copied()
+            .filter(|(input, _)| !(flag == "--save" && *input == "--resume"))
+            .collect();
+        gpukit_types::files::check_not_an_input((flag, path), &read).map_err(Error::BadInput)?;
+    }
+    Ok(())
 }
 
 /// An error unless `path` names a file gpukit can create or replace.
@@ -350,7 +420,8 @@ fn dedup<T: PartialEq>(items: Vec<T>) -> Vec<T> {
 
 fn memory(a: MemoryArgs, out: &Output) -> Result<()> {
     use gpukit_bench::memory::{document, run_memory, MemoryOptions};
-    let ordinal = match a.device {
+    let device = a.device.unwrap_or(Device::Cuda(0));
+    let ordinal = match device {
         Device::Cuda(n) => n,
         Device::Cpu => {
             return Err(Error::BadInput(
@@ -360,7 +431,14 @@ fn memory(a: MemoryArgs, out: &Output) -> Result<()> {
         }
     };
     let discovery = prepare_process();
-    check_named_gpu(&discovery, DeviceSelection::One(a.device))?;
+    if a.device.is_some() {
+        check_named_gpu(&discovery, DeviceSelection::One(device))?;
+    } else if let Err(e) = gpukit_cuda::driver::probe(&discovery) {
+        return Err(Error::Unavailable(format!(
+            "gpukit memory measures GPU memory, and no GPU can be used here: {e}"
+        ))
+        .into());
+    }
     let layout = match a.layout {
         Some(l) => l,
         // half precision runs on tensor cores, which want channels-last
@@ -380,7 +458,7 @@ fn memory(a: MemoryArgs, out: &Output) -> Result<()> {
         find_max_batch: a.find_max_batch,
         max_workspace_bytes: a.max_workspace.map(|m| m << 20),
     };
-    let busy = busy_notes(&discovery, DeviceSelection::One(a.device));
+    let busy = busy_notes(&discovery, DeviceSelection::One(device));
     let report = run_memory(&discovery, &opts, &mut progress())?;
     let sections = render::memory_sections(&report);
     let charts = render::html::memory_chart(&report).into_iter().collect();
@@ -628,16 +706,7 @@ fn all(a: AllArgs, out: &Output) -> Result<()> {
         ],
     )
     .with_context(|| format!("cannot write the reports into {}", a.out.display()))?;
-    let mut head = vec![render::check_headline(&doc.result.check)];
-    head.push(format!(
-        "wrote {} in {:.1} s",
-        written
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
-        doc.result.total_seconds
-    ));
+    let done = render::all_done(&doc, &written);
     if let Some(p) = &out.html {
         gpukit_types::files::write_atomically(p, render::all_html(&doc).as_bytes())
             .with_context(|| format!("cannot write {}", p.display()))?;
@@ -647,7 +716,12 @@ fn all(a: AllArgs, out: &Output) -> Result<()> {
         save_json: None,
         html: None,
     };
-    emit(&doc, &to_stdout, head, Vec::new())
+    let emitted = emit(&doc, &to_stdout, done.head, Vec::new());
+    // after the notes, failed or not (the reports are written either way); JSON stays alone
+    if let (false, Some(last)) = (out.json, &done.last) {
+        println!("{last}");
+    }
+    emitted
 }
 
 fn compare(a: CompareArgs, out: &Output) -> Result<()> {

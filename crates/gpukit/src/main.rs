@@ -36,10 +36,28 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&e));
             ExitCode::from(exit_code(&e))
         }
     }
+}
+
+/// The error and its causes, joined with ": ", each cause said once: a cause whose text the
+/// message already holds (an error that prints its source and also names it as its source)
+/// is not repeated.
+fn message(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if part.is_empty() || text.contains(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
 }
 
 /// Which argument is not UTF-8, and the flag it belongs to: "the value of --dtype is not valid
@@ -102,6 +120,36 @@ fn exit_code(e: &anyhow::Error) -> u8 {
 mod tests {
     use std::ffi::OsString;
     use std::os::unix::ffi::OsStringExt;
+
+    /// An error that prints its source and also returns it as its source.
+    #[derive(Debug)]
+    struct Both {
+        source: std::io::Error,
+    }
+
+    impl std::fmt::Display for Both {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "cannot be read: {}", self.source)
+        }
+    }
+
+    impl std::error::Error for Both {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.source)
+        }
+    }
+
+    #[test]
+    fn a_cause_is_said_once() {
+        let os = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let e = anyhow::Error::new(Both { source: os }).context("weights file x.safetensors");
+        assert_eq!(
+            super::message(&e),
+            "weights file x.safetensors: cannot be read: entity not found"
+        );
+        let plain = anyhow::anyhow!("a").context("b");
+        assert_eq!(super::message(&plain), "b: a");
+    }
 
     #[test]
     fn the_value_that_is_not_utf8_is_named_with_its_flag() {

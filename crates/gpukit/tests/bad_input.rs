@@ -433,6 +433,203 @@ fn cases(dir: &Path) -> Vec<Case> {
             &["--save-output", "is a directory"],
         ),
     ];
+    // an output that is also an input: refused before anything is read or written (the
+    // directory's files are compared byte for byte after every case)
+    let report = dir.join("R.json");
+    std::fs::write(&report, b"{\"not\": \"read\"}").unwrap();
+    let weights = dir.join("w.safetensors");
+    safetensors(&weights, "fc.weight", &[1, 4], &[0.5; 4]);
+    let csv = dir.join("data.csv");
+    std::fs::write(&csv, "a,y\n1,2\n3,4\n").unwrap();
+    let p = |path: &Path| path.to_str().unwrap().to_string();
+    let (report_s, weights_s, csv_s, nan_s) = (p(&report), p(&weights), p(&csv), p(&nan_input));
+    let same: Vec<(Vec<String>, [&'static str; 2])> = vec![
+        (
+            vec![
+                "html".into(),
+                report_s.clone(),
+                "--out".into(),
+                report_s.clone(),
+            ],
+            ["--out", "REPORT"],
+        ),
+        (
+            vec![
+                "compare".into(),
+                report_s.clone(),
+                p(&not_safetensors),
+                "--markdown".into(),
+                report_s.clone(),
+            ],
+            ["--markdown", "OLD"],
+        ),
+        (
+            vec![
+                "compare".into(),
+                p(&not_safetensors),
+                report_s.clone(),
+                "--save-json".into(),
+                report_s.clone(),
+            ],
+            ["--save-json", "NEW"],
+        ),
+        (
+            vec![
+                "infer".into(),
+                "--device".into(),
+                "cpu".into(),
+                "--input".into(),
+                nan_s.clone(),
+                "--save-output".into(),
+                nan_s.clone(),
+            ],
+            ["--save-output", "--input"],
+        ),
+        (
+            vec![
+                "infer".into(),
+                "--device".into(),
+                "cpu".into(),
+                "--weights".into(),
+                weights_s.clone(),
+                "--html".into(),
+                weights_s.clone(),
+            ],
+            ["--html", "--weights"],
+        ),
+        (
+            vec![
+                "memory".into(),
+                "--weights".into(),
+                weights_s.clone(),
+                "--save-json".into(),
+                weights_s.clone(),
+            ],
+            ["--save-json", "--weights"],
+        ),
+        (
+            vec![
+                "train".into(),
+                "--data".into(),
+                csv_s.clone(),
+                "--save".into(),
+                csv_s.clone(),
+            ],
+            ["--save", "--data"],
+        ),
+        (
+            vec![
+                "train".into(),
+                "--data".into(),
+                csv_s.clone(),
+                "--save-losses".into(),
+                csv_s.clone(),
+            ],
+            ["--save-losses", "--data"],
+        ),
+        (
+            vec![
+                "train".into(),
+                "--init".into(),
+                weights_s.clone(),
+                "--save-json".into(),
+                weights_s.clone(),
+            ],
+            ["--save-json", "--init"],
+        ),
+        (
+            vec![
+                "train".into(),
+                "--resume".into(),
+                p(&checkpoint),
+                "--save-losses".into(),
+                p(&checkpoint),
+            ],
+            ["--save-losses", "--resume"],
+        ),
+        (
+            vec![
+                "profile".into(),
+                "infer".into(),
+                "--device".into(),
+                "cpu".into(),
+                "--weights".into(),
+                weights_s.clone(),
+                "--trace".into(),
+                weights_s.clone(),
+            ],
+            ["--trace", "--weights"],
+        ),
+        (
+            vec![
+                "profile".into(),
+                "train".into(),
+                "--data".into(),
+                csv_s.clone(),
+                "--trace".into(),
+                csv_s.clone(),
+            ],
+            ["--trace", "--data"],
+        ),
+    ];
+    for (args, says) in same {
+        v.push(Case {
+            args: args.into_iter().map(OsString::from).collect(),
+            says: vec![says[0], says[1], "is also the input"],
+        });
+    }
+    // settings that say one thing and would do another
+    v.push(case(
+        &["train", "--steps", "200", "--epochs", "3"],
+        &["--steps 200", "--epochs 3", "48"],
+    ));
+    let finished = dir.join("finished.safetensors");
+    let made = Command::new(bin())
+        .args(["train", "--epochs", "1", "--save"])
+        .arg(&finished)
+        .output()
+        .expect("run gpukit");
+    assert!(made.status.success(), "{made:?}");
+    v.push(with_path(
+        &["train", "--epochs", "1", "--resume"],
+        &finished,
+        &["--resume", "nothing is left to train", "--epochs"],
+    ));
+    let csv_dir = dir.join("folder.csv");
+    std::fs::create_dir(&csv_dir).unwrap();
+    v.push(with_path(
+        &["train", "--data"],
+        &csv_dir,
+        &["is a directory"],
+    ));
+    v.push(case(
+        &[
+            "profile",
+            "infer",
+            "--device",
+            "cpu",
+            "--group-by",
+            "kernel",
+        ],
+        &["--group-by kernel", "CPU"],
+    ));
+    v.push(case(
+        &["profile", "infer", "--device", "cpu", "--timing", "cupti"],
+        &["--timing cupti", "CPU"],
+    ));
+    v.push(case(
+        &["profile", "train", "--timing", "events"],
+        &["--timing events", "CPU"],
+    ));
+    for cmd in [&["bench", "matmul"][..], &["bench", "conv"], &["infer"]] {
+        let mut args = cmd.to_vec();
+        args.extend(["--iterations", "99999999999"]);
+        v.push(case(&args, &["--iterations", "at most 1000000"]));
+    }
+    v.push(case(
+        &["train", "--epochs", "99999999999"],
+        &["--epochs", "at most"],
+    ));
     // a value that is not UTF-8
     let mut c = case(&["bench", "matmul", "--dtype"], &["--dtype"]);
     c.args.push(not_utf8);
@@ -456,10 +653,17 @@ fn cases(dir: &Path) -> Vec<Case> {
 fn every_bad_input_exits_2_naming_the_problem_without_a_panic() {
     let dir = tempfile::tempdir().unwrap();
     let all = cases(dir.path());
+    // every file by name with its bytes (directories by name): an input written over shows
     let names = |d: &Path| {
-        let mut v: Vec<String> = std::fs::read_dir(d)
+        let mut v: Vec<(String, Option<Vec<u8>>)> = std::fs::read_dir(d)
             .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::fs::read(e.path()).ok(),
+                )
+            })
             .collect();
         v.sort();
         v
@@ -507,16 +711,108 @@ fn every_bad_input_exits_2_naming_the_problem_without_a_panic() {
         }
     }
     // nothing left behind: no temporary file beside a refused destination, no report
-    assert_eq!(
-        names(dir.path()),
-        before,
-        "files appeared in the test directory"
+    assert!(
+        names(dir.path()) == before,
+        "files appeared in the test directory, or an input changed"
     );
     assert!(
         wrong.is_empty(),
         "{} of {} bad inputs were not answered well:\n{}",
         wrong.len(),
         all.len(),
+        wrong.join("\n")
+    );
+}
+
+/// Requests larger than the machine, each refused before allocating: exit 1 within 2 s, naming
+/// what it needs against what is available, never an abort (134) or an out-of-memory kill
+/// (137). The process runs with a 16 GiB address-space limit (`ulimit -v`), which the guard
+/// reads like any other limit, so the verdict does not hang on how much memory the machine
+/// running the tests has; a wrong estimate would end in the allocator's abort here.
+#[test]
+fn requests_larger_than_the_machine_are_refused_before_allocating() {
+    let cases: &[&[&str]] = &[
+        &["train", "--layers", "16,100000,100000,1"],
+        &[
+            "train",
+            "--layers",
+            "100000,100000,1",
+            "--features",
+            "100000",
+        ],
+        &[
+            "train",
+            "--samples",
+            "16777216",
+            "--features",
+            "100000",
+            "--layers",
+            "100000,1",
+        ],
+        &[
+            "train",
+            "--samples",
+            "16777216",
+            "--batch-size",
+            "16777216",
+            "--layers",
+            "16,4096,1",
+        ],
+        &["train", "--layers", "16,50000,50000,1", "--samples", "64"],
+        &[
+            "profile",
+            "infer",
+            "--device",
+            "cpu",
+            "--batch-size",
+            "100000",
+        ],
+        &["profile", "train", "--layers", "16,100000,100000,1"],
+        &[
+            "bench", "matmul", "--device", "cpu", "--sizes", "40000", "--dtype", "f16",
+        ],
+        &[
+            "bench", "matmul", "--device", "cpu", "--sizes", "60000", "--dtype", "f32",
+        ],
+        &["bench", "conv", "--device", "cpu", "--batch", "100000"],
+        &[
+            "infer",
+            "--device",
+            "cpu",
+            "--strategies",
+            "cpu",
+            "--batch-sizes",
+            "100000",
+        ],
+    ];
+    let mut wrong = Vec::new();
+    for args in cases {
+        let started = std::time::Instant::now();
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -v 16777216 && exec \"$0\" \"$@\"")
+            .arg(bin())
+            .args(*args)
+            .env("GPUKIT_TRACE", "0")
+            .output()
+            .expect("run gpukit");
+        let seconds = started.elapsed().as_secs_f64();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let all = format!("{err}{}", String::from_utf8_lossy(&out.stdout));
+        let said = all.contains("needs") && all.contains("available");
+        if out.status.code() != Some(1) || !said || err.contains("panicked") || seconds > 2.0 {
+            wrong.push(format!(
+                "{args:?}: exit {:?} after {seconds:.2} s: {}",
+                out.status.code(),
+                err.chars().take(500).collect::<String>()
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} requests were not refused well:\n{}",
+        wrong.len(),
+        cases.len(),
         wrong.join("\n")
     );
 }

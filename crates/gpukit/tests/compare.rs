@@ -1,6 +1,8 @@
-//! `gpukit compare` on the two real H100 reports in docs/gpu-runs (run 58 in the old bare `all`
-//! format, run 67 in the envelope, gzipped), a copy of run 67 with one figure cut by 20%, and
-//! inputs that are not reports. Runs on any machine: compare reads files, nothing else.
+//! `gpukit compare` on the real H100 reports in docs/gpu-runs (run 58 in the old bare `all`
+//! format, run 67 in the envelope, gzipped; run 80's `all --quick` with training runs), a copy
+//! of run 67 with one figure cut by 20% (on its real repetitions, and on three), a copy of run
+//! 80 with one training run configured as a plain `train`, and inputs that are not reports.
+//! Runs on any machine: compare reads files, nothing else.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -63,11 +65,19 @@ fn the_real_reports_compare_and_warn_about_the_other_chip() {
 }
 
 /// The key of the row that is cut.
-const CUT: &str = "infer fp16-nhwc-graph cuda:0 batch 32";
+const CUT: &str = "infer resnet50 224px fp16-nhwc-graph cuda:0 batch 32";
+
+fn read(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
 
 /// run 67 with that row's images/s cut by 20% (its times up to match).
 fn cut_copy(run67: &Path, to: &Path) {
-    let mut doc: Value = serde_json::from_slice(&std::fs::read(run67).unwrap()).unwrap();
+    cut_row(read(run67), to)
+}
+
+/// `doc` (run 67) with the cut row's images/s cut by 20%, written to `to`.
+fn cut_row(mut doc: Value, to: &Path) {
     let rows = doc["result"]["infer"]["rows"].as_array_mut().unwrap();
     let row = rows
         .iter_mut()
@@ -121,6 +131,102 @@ fn a_row_cut_by_20_percent_is_the_one_worse_figure() {
         &["--fail-on-regression", "--threshold", "25%"],
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+/// Every timing summary of run 67 as if it had run three repetitions.
+fn three_repetitions(run67: &Path) -> Value {
+    let mut doc = read(run67);
+    for section in ["matmul", "bandwidth", "conv", "infer"] {
+        let rows = doc["result"][section]["rows"].as_array_mut().unwrap();
+        for row in rows {
+            if let Some(summary) = row["timing"].get_mut("summary_ms") {
+                summary["count"] = 3.into();
+            }
+        }
+    }
+    doc
+}
+
+#[test]
+fn a_cut_on_three_repetitions_is_not_judged_and_fails_nothing() {
+    let (dir, _run58, run67) = reports();
+    let (few, few_cut) = (dir.path().join("few.json"), dir.path().join("few-cut.json"));
+    let doc = three_repetitions(&run67);
+    std::fs::write(&few, serde_json::to_vec(&doc).unwrap()).unwrap();
+    cut_row(doc, &few_cut);
+    let o = compare(&few, &few_cut, &["--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let doc: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let figures = doc["result"]["figures"].as_array().unwrap();
+    let cut_row = figures.iter().find(|f| f["key"] == CUT).unwrap();
+    assert_eq!(cut_row["verdict"], "too_few_samples", "{cut_row}");
+    let total = &doc["result"]["total"];
+    assert_eq!(
+        (&total["worse"], &total["not_judged"]),
+        (&0.into(), &1.into())
+    );
+    assert_eq!(doc["result"]["too_noisy"], true);
+
+    let o = compare(&few, &few_cut, &["--fail-on-regression"]);
+    let all = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{all}");
+    assert!(all.contains("too noisy to judge"), "{all}");
+    assert!(all.contains("not judged (n=3) -20.0%"), "{all}");
+    assert!(
+        all.contains("1 figure(s) moved beyond 5.0% but were not judged"),
+        "{all}"
+    );
+}
+
+/// run 80's `all --quick` report (two H100s: training runs on the CPU and the GPU).
+fn run80(dir: &Path) -> PathBuf {
+    let gz = runs().join("2026-11-26-run80-h100x2-all-dp/all-quick-report.json.gz");
+    let unzipped = Command::new("gzip").arg("-dc").arg(&gz).output().unwrap();
+    assert!(unzipped.status.success(), "gzip -dc {}", gz.display());
+    let path = dir.join("run80.json");
+    std::fs::write(&path, unzipped.stdout).unwrap();
+    path
+}
+
+#[test]
+fn a_train_preset_inside_all_is_not_matched_with_a_plain_train_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = run80(dir.path());
+    // `all` holds 20% of the preset's 1024 samples out for evaluation; `train` trains on all
+    let mut doc = read(&all);
+    let first = &mut doc["result"]["train"][0];
+    assert_eq!(first["preset"], "seed-regression");
+    assert_eq!(first["samples"], 819);
+    first["samples"] = 1024.into();
+    first["eval_samples"] = 0.into();
+    let plain = dir.path().join("plain.json");
+    std::fs::write(&plain, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let o = compare(&all, &plain, &["--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let doc: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = &doc["result"];
+    let key = |samples| format!("train cpu 16-64-1 mse adam batch 64 {samples} samples fp32");
+    assert_eq!(
+        r["only_old"],
+        serde_json::json!([key(819)]),
+        "{}",
+        r["only_old"]
+    );
+    assert_eq!(
+        r["only_new"],
+        serde_json::json!([key(1024)]),
+        "{}",
+        r["only_new"]
+    );
+    let train: Vec<&Value> = r["figures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["section"] == "train")
+        .collect();
+    // the other three runs (classification on the CPU, both on the GPU) still match
+    assert_eq!(train.len(), 3, "{train:?}");
+    assert!(train.iter().all(|f| f["key"] != key(819).as_str()));
 }
 
 #[test]

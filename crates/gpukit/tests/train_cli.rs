@@ -67,6 +67,85 @@ fn train_on_cuda_without_a_gpu_names_what_is_missing() -> Result<(), Failed> {
     ensure(text(&out.stderr).contains("driver"), || text(&out.stderr))
 }
 
+/// `--steps N` makes N updates, however many epochs that takes (the tutorial's 3 epochs are 48
+/// updates); with `--epochs` too, the first limit reached stops the run.
+fn steps_set_the_number_of_updates() -> Result<(), Failed> {
+    for (args, updates) in [
+        (vec!["train", "--steps", "200"], 200),
+        (vec!["train", "--steps", "20"], 20),
+        (vec!["train", "--steps", "40", "--accumulate", "3"], 40),
+        (vec!["train", "--steps", "20", "--epochs", "5"], 20),
+        (vec!["train", "--epochs", "5"], 80),
+    ] {
+        let doc = document(&args, 0)?;
+        let made = doc["result"]["step_losses"].as_array().map(Vec::len);
+        ensure(made == Some(updates), || {
+            format!("{args:?}: {made:?} updates, not {updates}")
+        })?;
+    }
+    Ok(())
+}
+
+/// Reports, checkpoints and loss files follow the user's umask (0644 under 022, 0640 under
+/// 027), as files any other program writes do; none is private to its writer.
+fn written_files_follow_the_umask() -> Result<(), Failed> {
+    use std::os::unix::fs::PermissionsExt;
+    for (umask, want) in [("022", 0o644), ("027", 0o640)] {
+        let dir = tempfile::tempdir()?;
+        let p = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
+        let files = [p("r.json"), p("r.html"), p("ck.safetensors"), p("l.csv")];
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!("umask {umask} && exec \"$0\" \"$@\""))
+            .arg(bin())
+            .args(["train", "--steps", "2", "--save-json", &files[0], "--html"])
+            .args([&files[1], "--save", &files[2], "--save-losses", &files[3]])
+            .output()?;
+        exited(&out, 0, &["train", "under umask", umask])?;
+        for f in &files {
+            let mode = std::fs::metadata(f)?.permissions().mode() & 0o777;
+            ensure(mode == want, || {
+                format!("umask {umask}: {f} has mode {mode:o}, not {want:o}")
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// A run whose loss stops being finite fails (exit 1) naming the update, and still writes its
+/// report where --save-json asked (the updates before it are there); its weights are not saved
+/// as a checkpoint.
+fn a_diverged_run_writes_its_report_and_no_checkpoint() -> Result<(), Failed> {
+    let dir = tempfile::tempdir()?;
+    let p = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
+    let (json, ck) = (p("d.json"), p("ck.safetensors"));
+    let args = [
+        "train",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "1e30",
+        "--save-json",
+        &json,
+        "--save",
+        &ck,
+    ];
+    let out = gpukit(&args);
+    exited(&out, 1, &args)?;
+    ensure(text(&out.stderr).contains("diverged"), || text(&out.stderr))?;
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json)?)?;
+    ensure(
+        doc["ok"] == false
+            && doc["failure"]
+                .as_str()
+                .is_some_and(|f| f.contains("at update")),
+        || format!("{doc}"),
+    )?;
+    ensure(!std::path::Path::new(&ck).exists(), || {
+        "a diverged run saved its weights".into()
+    })
+}
+
 fn gpu_settings_on_the_cpu_are_bad_input() -> Result<(), Failed> {
     for (args, fragment) in [
         (vec!["train", "--precision", "bf16"], "--precision bf16"),
@@ -87,6 +166,61 @@ fn gpu_settings_on_the_cpu_are_bad_input() -> Result<(), Failed> {
 /// checkpoint (weights, Adam's moments, the scale and its growth count) writes the same
 /// per-update losses as the run never stopped, to the last digit; a graph without resident
 /// data is bad input.
+/// Runs larger than the GPU are refused before anything is allocated or generated: exit 1 in
+/// under 2 s, naming what they need against what is there (the host's share first: 100,000
+/// samples of 100,000 features; then a model that fits the host but not the GPU).
+fn a_run_larger_than_the_gpu_is_refused_at_once() -> Result<(), Failed> {
+    for (args, memory) in [
+        (
+            vec![
+                "train",
+                "--device",
+                "cuda:0",
+                "--layers",
+                "100000,100000,100000,1",
+                "--samples",
+                "100000",
+                "--features",
+                "100000",
+            ],
+            "memory",
+        ),
+        (
+            vec![
+                "train",
+                "--device",
+                "cuda:0",
+                "--precision",
+                "bf16",
+                "--optimizer",
+                "sgd",
+                "--layers",
+                "1024,122000,122000,1",
+                "--samples",
+                "4096",
+                "--features",
+                "1024",
+            ],
+            "GPU memory on cuda:0",
+        ),
+    ] {
+        let started = std::time::Instant::now();
+        let out = gpukit(&args);
+        let seconds = started.elapsed().as_secs_f64();
+        exited(&out, 1, &args)?;
+        let err = text(&out.stderr);
+        eprintln!("{seconds:.2} s: {err}");
+        ensure(
+            err.contains("needs") && err.contains(memory) && err.contains("available"),
+            || format!("{args:?}: {err}"),
+        )?;
+        ensure(seconds < 2.0, || {
+            format!("{args:?}: refused after {seconds:.2} s")
+        })?;
+    }
+    Ok(())
+}
+
 fn train_on_the_gpu_resumes_exactly() -> Result<(), Failed> {
     let dir = tempfile::tempdir()?;
     let p = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
@@ -165,8 +299,10 @@ fn train_compare_without_python_says_what_to_install() -> Result<(), Failed> {
         .env("GPUKIT_PYTHON", "/nonexistent/python3")
         .output()?;
     exited(&out, 1, &args)?;
+    // said before any training: no epoch ran first
     ensure(
-        text(&out.stderr).contains("install Python 3 and PyTorch"),
+        text(&out.stderr).contains("install Python 3 and PyTorch")
+            && !text(&out.stderr).contains("epoch 1"),
         || text(&out.stderr),
     )
 }
@@ -195,15 +331,33 @@ fn main() {
                 "gpu_settings_on_the_cpu_are_bad_input",
                 gpu_settings_on_the_cpu_are_bad_input,
             ),
+            (
+                "steps_set_the_number_of_updates",
+                steps_set_the_number_of_updates,
+            ),
+            (
+                "written_files_follow_the_umask",
+                written_files_follow_the_umask,
+            ),
+            (
+                "a_diverged_run_writes_its_report_and_no_checkpoint",
+                a_diverged_run_writes_its_report_and_no_checkpoint,
+            ),
         ],
         vec![(
             "no_gpu::train_on_cuda_names_what_is_missing",
             train_on_cuda_without_a_gpu_names_what_is_missing,
         )],
-        vec![(
-            "gpu::train_on_the_gpu_resumes_exactly",
-            train_on_the_gpu_resumes_exactly,
-        )],
+        vec![
+            (
+                "gpu::train_on_the_gpu_resumes_exactly",
+                train_on_the_gpu_resumes_exactly,
+            ),
+            (
+                "gpu::a_run_larger_than_the_gpu_is_refused_at_once",
+                a_run_larger_than_the_gpu_is_refused_at_once,
+            ),
+        ],
         vec![with_torch],
     )
 }

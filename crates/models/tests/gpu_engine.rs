@@ -1,6 +1,6 @@
 //! gpukit's GPU inference engine against its CPU forward pass, on fresh random weights and
 //! inputs: every precision in both layouts, eager and replayed as a CUDA graph, odd image sizes,
-//! with and without the memory plan, and out-of-memory as a typed error. Ignored, with the
+//! with and without the memory plan, no op writing over a live tensor, and out-of-memory as a typed error. Ignored, with the
 //! reason, without a GPU; GPUKIT_REQUIRE_GPU=1 makes a missing GPU a failure.
 
 use gpukit_cuda::loader::Discovery;
@@ -160,6 +160,24 @@ fn memory_plan_saves_memory_and_changes_nothing() -> Result<(), Failed> {
     Ok(())
 }
 
+/// The memory plan and in-place writes never change a tensor that is still to be read: around
+/// every op, each live tensor other than its output keeps its bytes (both layouts, fp16).
+fn no_op_changes_a_live_tensor() -> Result<(), Failed> {
+    let ctx = context()?;
+    let seed = fresh_seed();
+    let folded = model(ResNet::R50, 10, seed)?;
+    for layout in Layout::ALL {
+        let weights = GpuWeights::upload(&ctx, &folded, DType::F16, layout)?;
+        let mut s = Session::new(&ctx, &weights, 2, 64, 64, true)?;
+        s.set_input(&images(2, 64, 64, seed)?)?;
+        let found = s.find_clobbers()?;
+        if !found.is_empty() {
+            return Err(format!("fp16 {layout} seed {seed}: {}", found.join("; ")).into());
+        }
+    }
+    Ok(())
+}
+
 fn out_of_memory_is_a_typed_error() -> Result<(), Failed> {
     let ctx = context()?;
     let folded = model(ResNet::R18, 10, 1)?;
@@ -192,6 +210,10 @@ fn main() {
         (
             "gpu::memory_plan_saves_memory_and_changes_nothing",
             memory_plan_saves_memory_and_changes_nothing,
+        ),
+        (
+            "gpu::no_op_changes_a_live_tensor",
+            no_op_changes_a_live_tensor,
         ),
         (
             "gpu::out_of_memory_is_a_typed_error",

@@ -75,6 +75,26 @@ pub fn decode_f32(bytes: &[u8], dtype: DType) -> Vec<f32> {
     }
 }
 
+/// Values of `dtype` storage as f16 (wider types rounded to nearest; no f64 detour, so an f16
+/// operand is read at its own size).
+pub fn decode_f16(bytes: &[u8], dtype: DType) -> Vec<f16> {
+    match dtype.storage() {
+        DType::F16 => elems::<f16>(bytes).into_owned(),
+        DType::F64 => elems::<f64>(bytes)
+            .iter()
+            .map(|&v| f16::from_f64(v))
+            .collect(),
+        DType::Bf16 => elems::<bf16>(bytes)
+            .iter()
+            .map(|v| f16::from_f32(v.to_f32()))
+            .collect(),
+        _ => elems::<f32>(bytes)
+            .iter()
+            .map(|&v| f16::from_f32(v))
+            .collect(),
+    }
+}
+
 /// `values` stored as `dtype`, each rounded once to nearest (ties to even).
 pub fn encode_f64(values: &[f64], dtype: DType) -> Vec<u8> {
     match dtype.storage() {

@@ -97,6 +97,13 @@ impl Dataset {
             Targets::Classes { .. } => Task::Classification,
         }
     }
+    /// Values a sample's target holds on the device: its width, or 1 for a class label.
+    pub fn target_width(&self) -> usize {
+        match &self.y {
+            Targets::Values { width, .. } => *width,
+            Targets::Classes { .. } => 1,
+        }
+    }
 
     /// Holds out the LAST round(len * eval_fraction) samples (file order) for evaluation, so
     /// that the held-out part does not depend on the seed and a user can put the samples they
@@ -110,8 +117,7 @@ impl Dataset {
             )));
         }
         let len = self.len();
-        // len * eval_fraction < len, so held <= len
-        let held = (len as f64 * eval_fraction).round() as usize;
+        let held = held_out(len, eval_fraction);
         if held == 0 {
             return Ok((self, None));
         }
@@ -232,6 +238,12 @@ pub fn regression_preset(samples: usize, features: usize, seed: u64) -> Dataset 
     }
 }
 
+/// Samples [`Dataset::split`] holds out of `len` for evaluation (len x fraction, rounded; at
+/// most `len`, as the fraction is below 1).
+pub fn held_out(len: usize, eval_fraction: f64) -> usize {
+    ((len as f64 * eval_fraction).round() as usize).min(len)
+}
+
 /// The tutorial's classification data: x ~ N(0,1), labels uniform over {0, 1} (PyTorch's
 /// `torch.randint(0, 2, ...)`), classes = 2; the same for the same seed.
 ///
@@ -274,6 +286,9 @@ pub fn batch_order(n: usize, epoch: u64, seed: u64, shuffle: bool) -> Vec<usize>
 /// Classes are 0..=max label (at least 2, as a classifier needs). Every value must be finite.
 /// Anything else is an error naming the file and the problem.
 pub fn load(path: &Path, task: Task) -> Result<Dataset> {
+    if path.is_dir() {
+        return Err(Error::file(path, "is a directory, not a data file"));
+    }
     let format = Format::of(path).ok_or_else(|| {
         Error::file(
             path,

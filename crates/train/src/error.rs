@@ -28,6 +28,9 @@ pub enum Error {
     /// missing library, what to install).
     #[error("{0}")]
     Cuda(#[from] gpukit_cuda::Error),
+    /// The run cannot fit in this machine's memory (refused before anything was allocated).
+    #[error(transparent)]
+    Refused(Box<gpukit_types::resources::Refusal>),
 }
 
 impl Error {
@@ -44,13 +47,29 @@ impl HasKind for Error {
     fn kind(&self) -> ErrorKind {
         match self {
             Error::File { .. } | Error::Setting(_) => ErrorKind::BadInput,
-            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            // a file named that is missing, a directory or not this user's to read
+            Error::Io { source, .. }
+                if matches!(
+                    source.kind(),
+                    std::io::ErrorKind::NotFound
+                        | std::io::ErrorKind::IsADirectory
+                        | std::io::ErrorKind::NotADirectory
+                        | std::io::ErrorKind::PermissionDenied
+                ) =>
+            {
                 ErrorKind::BadInput
             }
             Error::Io { .. } | Error::Failed(_) => ErrorKind::Failed,
             Error::Cuda(e) => e.kind(),
+            Error::Refused(e) => e.kind(),
         }
     }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<gpukit_types::resources::Refusal> for Error {
+    fn from(r: gpukit_types::resources::Refusal) -> Error {
+        Error::Refused(Box::new(r))
+    }
+}

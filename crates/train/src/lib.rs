@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod budget;
 pub mod checkpoint;
 pub mod data;
 pub mod error;

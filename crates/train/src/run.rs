@@ -156,6 +156,10 @@ pub struct RunOutcome {
     /// Training time in all (evaluation not included).
     pub seconds: f64,
     pub memory: MemoryUse,
+    /// Why the run stopped early with a loss that is not finite (the update, epoch and batch
+    /// where it happened, and what to change); the updates before it are in `step_losses`.
+    #[serde(default)]
+    pub diverged: Option<String>,
 }
 
 /// A profiler's op around CPU work on an MLP of `widths`: `passes` products per layer
@@ -221,10 +225,11 @@ pub fn train_cpu(
         position: pos,
         seconds: 0.0,
         memory: MemoryUse::default(),
+        diverged: None,
     };
     let (mut batch_bytes, mut largest_batch) = (0usize, 0usize);
     let at_limit = |p: &Position| cfg.max_steps.is_some_and(|m| p.step >= m);
-    while pos.epoch < cfg.epochs && !at_limit(&pos) {
+    'epochs: while pos.epoch < cfg.epochs && !at_limit(&pos) {
         let order = batch_order(n, pos.epoch, cfg.seed, cfg.shuffle);
         let started = Instant::now();
         let first_batch = pos.batch;
@@ -247,13 +252,8 @@ pub fn train_cpu(
             let targets = batch_targets(&y);
             let (loss, right) = loss_and_grad(acts.output(), width, targets, scale, &mut dy);
             if !loss.is_finite() {
-                return Err(Error::Failed(format!(
-                    "the loss became {loss} at update {} (epoch {}, batch {}): the run diverged; \
-                     lower --lr",
-                    pos.step + 1,
-                    pos.epoch + 1,
-                    pos.batch + 1
-                )));
+                out.diverged = Some(diverged(loss, &pos, pos.batch, ""));
+                break 'epochs;
             }
             {
                 let _op = cpu_op("backward", &cfg.widths, idx.len(), 2.0);
@@ -328,6 +328,18 @@ pub fn train_cpu(
         pool_peak: None,
     };
     Ok(out)
+}
+
+/// Why a run stopped: "the loss became NaN at update 5 (epoch 1, batch 5): the run diverged;
+/// lower --lr", with `advice` after it. `batch` is 0-based within the epoch.
+pub fn diverged(loss: f64, pos: &Position, batch: u64, advice: &str) -> String {
+    format!(
+        "the loss became {loss} at update {} (epoch {}, batch {}): the run diverged; lower \
+         --lr{advice}",
+        pos.step + 1,
+        pos.epoch + 1,
+        batch + 1
+    )
 }
 
 /// Bytes a batch's targets hold (f32 values or u32 classes: four bytes each).

@@ -14,6 +14,7 @@ pub mod dtype;
 pub mod error;
 pub mod files;
 pub mod layout;
+pub mod resources;
 
 pub use conv::ConvShape;
 pub use device::{Device, DeviceSelection, ParseDeviceError};

@@ -290,9 +290,15 @@ fn shape_rows(
         .iter()
         .try_fold(0u64, |sum, &len| sum.checked_add(len as u64))
         .and_then(|elements| elements.checked_mul(16));
-    if let Some(why) = crate::host::short_of_memory(need) {
+    let guard = gpukit_types::resources::Need::host(format!(
+        "the CPU reference of {} at batch {}",
+        named.name, sh.n
+    ))
+    .with("operands, reference and scratch", need)
+    .check_host("lower --batch");
+    if let Err(refused) = guard {
         let mut r = ConvRow::new(named, layout, Device::Cpu, DType::F32);
-        r.status = RowStatus::Skipped(why);
+        r.status = RowStatus::Skipped(refused.to_string());
         return vec![r];
     }
     let seed = fresh_seed();

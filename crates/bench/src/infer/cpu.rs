@@ -28,11 +28,16 @@ pub(super) fn cpu_rows(
     let mut rows = Vec::new();
     let mut ws = gpukit_models::forward::Workspace::default();
     for &(n, seed) in batches {
-        if let Some(why) = crate::host::short_of_memory(folded.cpu_forward_bytes(n, s, s)) {
+        let guard = gpukit_types::resources::Need::host(format!(
+            "the CPU forward pass at batch {n} of {s}x{s}"
+        ))
+        .with("input and activations", folded.cpu_forward_bytes(n, s, s))
+        .check_host("lower --batch-sizes");
+        if let Err(refused) = guard {
             let names = [(want_cpu, CPU_ROW), (ort.is_some(), ORT_ROW)];
             for (_, name) in names.iter().filter(|(wanted, _)| *wanted) {
                 let mut r = row(name, "cpu", n);
-                r.status = RowStatus::Skipped(format!("the CPU forward pass {why}"));
+                r.status = RowStatus::Skipped(refused.to_string());
                 rows.push(r);
             }
             continue;

@@ -490,25 +490,6 @@ impl GpuRun<'_> {
                 return all(engine_status(&format!("preparing batch {n}"), &e));
             }
         };
-        if std::env::var("GPUKIT_DEBUG_CLOBBER").is_ok_and(|v| v == "1") {
-            // diagnostic (decision 22): which op, if any, changes a tensor it must not touch;
-            // printed whether or not a person watches (it is asked for)
-            let found = images(x, n, s)
-                .map_err(gpukit_models::Error::from)
-                .and_then(|x| session.set_input(&x))
-                .and_then(|_| session.find_clobbers());
-            match found {
-                Ok(lines) if lines.is_empty() => {
-                    eprintln!("clobber check {pair} batch {n}: no op changed a live tensor")
-                }
-                Ok(lines) => {
-                    for l in lines {
-                        eprintln!("clobber check {pair} batch {n}: {l}");
-                    }
-                }
-                Err(e) => eprintln!("clobber check {pair} batch {n} failed: {e}"),
-            }
-        }
         let first = match images(x, n, s)
             .map_err(gpukit_models::Error::from)
             .and_then(|x| values(session.run(&x)))

@@ -134,12 +134,12 @@ pub fn run_on_input(
         None => seeded_init(opts.model, 1000, 0, true),
     };
     let folded = fold(&dict)?;
-    if let Some(why) = crate::host::short_of_memory(folded.cpu_forward_bytes(n, h, w)) {
-        return Err(Error::Failed(format!(
-            "{}: the CPU reference pass over {shape:?} {why}",
-            input.display()
-        )));
-    }
+    gpukit_types::resources::Need::host(format!(
+        "the CPU reference pass over {} ({shape:?})",
+        input.display()
+    ))
+    .with("input and activations", folded.cpu_forward_bytes(n, h, w))
+    .check_host("give fewer or smaller images")?;
     progress("infer --input: gpukit CPU f32 forward (the reference)");
     let images = gpukit_tensor::Tensor::from_f32(&[n, c, h, w], x)?;
     let (reference, peaks) = folded.forward_cpu_probed(&images)?;

@@ -196,9 +196,12 @@ pub fn run_infer(
         let input = (n as u64)
             .checked_mul(3 * 4)
             .and_then(|b| b.checked_mul(s)?.checked_mul(s)?.checked_mul(3));
-        match crate::host::short_of_memory(input) {
-            None => batches.push((n, fresh_seed())),
-            Some(why) => report.rows.extend(wanted.iter().map(|st| {
+        let guard = gpukit_types::resources::Need::host(format!("batch {n} of {s}x{s} images"))
+            .with("the input and two copies", input)
+            .check_host("lower --batch-sizes or --image-size");
+        match guard {
+            Ok(()) => batches.push((n, fresh_seed())),
+            Err(refused) => report.rows.extend(wanted.iter().map(|st| {
                 let (name, device) = match st {
                     InferStrategy::Cpu => (CPU_ROW.to_string(), "cpu".to_string()),
                     InferStrategy::OnnxRuntime => (ORT_ROW.to_string(), "cpu".to_string()),
@@ -208,8 +211,7 @@ pub fn run_infer(
                     ),
                 };
                 let mut r = row(&name, &device, n);
-                r.status =
-                    RowStatus::Skipped(format!("batch {n} of {s}x{s} images: the input {why}"));
+                r.status = RowStatus::Skipped(refused.to_string());
                 r
             })),
         }

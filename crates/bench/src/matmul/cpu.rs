@@ -10,7 +10,7 @@ use crate::error::Error;
 use crate::harness::{host_samples, tflops, Clock, Plan};
 use crate::random::fresh_seed;
 use crate::report::RowStatus;
-use gpukit_tensor::codec::{bytes_of, decode_f64};
+use gpukit_tensor::codec::{bytes_of, decode_f16, decode_f32, decode_f64};
 use gpukit_tensor::{DType, Device};
 use half::f16;
 
@@ -61,8 +61,13 @@ pub(super) fn cpu_rows(
                     let need = (n as u64)
                         .checked_mul(n as u64)
                         .and_then(|e| e.checked_mul(6 * dtype.size_bytes() as u64));
-                    if let Some(why) = crate::host::short_of_memory(need) {
-                        MatmulRow::skipped(Device::Cpu, dtype, n, why)
+                    let guard = gpukit_types::resources::Need::host(format!(
+                        "the {dtype} CPU product at {n}x{n}"
+                    ))
+                    .with("operands, their copies, the result and its copy", need)
+                    .check_host("lower --sizes");
+                    if let Err(refused) = guard {
+                        MatmulRow::skipped(Device::Cpu, dtype, n, refused.to_string())
                     } else {
                         progress(&format!("matmul cpu {dtype} {n}x{n}"));
                         let mut r = cpu_row(dtype, n, opts, turns);
@@ -101,25 +106,24 @@ fn cpu_row(dtype: DType, n: usize, opts: &MatmulOptions, turns: &mut Turns) -> M
             });
         (timing, theirs)
     };
-    // the operands, decoded from the stored bytes the check reads too
-    let values = |bytes: &[u8]| decode_f64(bytes, ty);
+    // the operands, read in their own type from the stored bytes the check reads too (a
+    // detour through f64 would take four times an f16 operand's memory, which the guard
+    // does not count)
     let ((timing, theirs), c_bytes) = match dtype {
         DType::F64 => {
-            let (a, b) = (values(&pair.a), values(&pair.b));
+            let (a, b) = (decode_f64(&pair.a, ty), decode_f64(&pair.b, ty));
             let mut c = vec![f64::NAN; n * n];
             let t = time(&mut || cpu::matmul_f64(&a, &b, &mut c, n, n, n));
             (t, bytes_of(&c).to_vec())
         }
         DType::F16 => {
-            let to_f16 = |v: Vec<f64>| v.into_iter().map(f16::from_f64).collect::<Vec<f16>>();
-            let (a, b) = (to_f16(values(&pair.a)), to_f16(values(&pair.b)));
+            let (a, b) = (decode_f16(&pair.a, ty), decode_f16(&pair.b, ty));
             let mut c = vec![f16::NAN; n * n];
             let t = time(&mut || cpu::matmul_f16(&a, &b, &mut c, n, n, n));
             (t, bytes_of(&c).to_vec())
         }
         _ => {
-            let to_f32 = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
-            let (a, b) = (to_f32(values(&pair.a)), to_f32(values(&pair.b)));
+            let (a, b) = (decode_f32(&pair.a, ty), decode_f32(&pair.b, ty));
             let mut c = vec![f32::NAN; n * n];
             let t = time(&mut || cpu::matmul_f32(&a, &b, &mut c, n, n, n));
             (t, bytes_of(&c).to_vec())

@@ -132,24 +132,6 @@ pub struct Trial {
     pub rounds: usize,
 }
 
-impl Trial {
-    /// `GPUKIT_MM_TRIAL=warmup,reps,rounds` overrides the default (for experiments).
-    fn from_env(default: Trial) -> Trial {
-        let Ok(v) = std::env::var("GPUKIT_MM_TRIAL") else {
-            return default;
-        };
-        let p: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
-        match p[..] {
-            [warmup, reps, rounds] if reps > 0 && rounds > 0 => Trial {
-                warmup,
-                reps,
-                rounds,
-            },
-            _ => default,
-        }
-    }
-}
-
 impl Default for MatmulOptions {
     fn default() -> Self {
         MatmulOptions {
@@ -163,26 +145,16 @@ impl Default for MatmulOptions {
             cpu_max_size: None,
             init: Init::Normal,
             // three interleaved rounds: a candidate's rank does not hang on when it ran
-            trial: Trial::from_env(Trial {
+            trial: Trial {
                 warmup: 2,
                 reps: 5,
                 rounds: 3,
-            }),
+            },
             rounds: 6,
-            block_ms: ms_from_env("GPUKIT_TURN_BLOCK_MS", 100.0),
-            soak_ms: ms_from_env("GPUKIT_TURN_SOAK_MS", 1500.0),
+            block_ms: 100.0,
+            soak_ms: 1500.0,
         }
     }
-}
-
-/// `GPUKIT_TURN_BLOCK_MS` and `GPUKIT_TURN_SOAK_MS` override the shortest GPU turn and the
-/// untimed soak before the turns (for experiments).
-fn ms_from_env(name: &str, default: f64) -> f64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|v| (0.0..=60_000.0).contains(v))
-        .unwrap_or(default)
 }
 
 use crate::report::{judge_rows, Document};

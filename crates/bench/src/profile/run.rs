@@ -19,6 +19,7 @@ use gpukit_models::gpu::{GpuContext, GpuWeights, Session};
 use gpukit_models::weights::{load_safetensors, seeded_init};
 use gpukit_models::ResNet;
 use gpukit_tensor::{Device, Tensor};
+use gpukit_types::resources::{bytes, Need};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -137,6 +138,29 @@ pub fn check_options(o: &ProfileOptions) -> Result<()> {
                 e
             ))
         })?;
+    }
+    Ok(())
+}
+
+/// A profile of CPU work has host clocks only: grouping by kernel or asking for CUPTI or
+/// CUDA-event timing would give an empty or invented table, so it is bad input.
+fn check_host_profile(o: &ProfileOptions) -> Result<()> {
+    if o.group_by == GroupBy::Kernel {
+        return Err(Error::BadInput(
+            "--group-by kernel: CPU work runs no GPU kernels (use op or layer, or profile a GPU \
+             with --device cuda:0)"
+                .into(),
+        ));
+    }
+    if o.timing != TimingChoice::Auto {
+        return Err(Error::BadInput(format!(
+            "--timing {}: CPU work is timed by the host clock (leave --timing out, or profile a \
+             GPU with --device cuda:0)",
+            match o.timing {
+                TimingChoice::Cupti => "cupti",
+                _ => "events",
+            }
+        )));
     }
     Ok(())
 }
@@ -375,6 +399,19 @@ pub fn profile_infer(
     };
     let folded = fold(&dict)?;
     let (n, s) = (w.batch, w.image_size);
+    let on_cpu = strategy == InferStrategy::Cpu;
+    if on_cpu {
+        check_host_profile(o)?;
+    }
+    let mut need = Need::host(format!(
+        "profiling {} at batch {n} of {s}x{s}",
+        w.model.name()
+    ))
+    .with("the images", bytes(&[n, 3, s, s], 4));
+    if on_cpu {
+        need.add("the CPU forward pass", folded.cpu_forward_bytes(n, s, s));
+    }
+    need.check_host("lower --batch-size or --image-size")?;
     let images = random_images(n, s)?;
     let check_images = n.min(2);
     let workload = format!(
@@ -560,14 +597,24 @@ pub fn profile_train(
                 .into(),
         ));
     }
+    if !matches!(request.device, Some(Device::Cuda(_))) {
+        check_host_profile(o)?;
+    }
     let mut r = request.clone();
     // op by op unless a graph is asked for (a graph replays a whole epoch as one launch)
     if matches!(r.device, Some(Device::Cuda(_))) {
         r.graph = r.graph.or(Some(false));
     }
-    let epochs = r.epochs.unwrap_or(3);
-    r.epochs = Some(epochs);
-    let recorded_epoch = if epochs > 1 { 1 } else { 0 };
+    // the second epoch is recorded (the first pays for planning), unless --steps alone sets
+    // how far the run goes
+    let recorded_epoch = match (r.epochs, r.steps) {
+        (None, Some(_)) => 0,
+        (epochs, _) => {
+            let epochs = epochs.unwrap_or(3);
+            r.epochs = Some(epochs);
+            u64::from(epochs > 1)
+        }
+    };
     r.profile = Some((recorded_epoch, o.timing));
     let report = crate::train::run_train(&r, discovery, progress)?;
     let rec = report.recording.clone().ok_or_else(|| {

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::report::Document;
 use gpukit_cuda::loader::Discovery;
 use gpukit_tensor::Device;
+use gpukit_train::budget::{device_need, host_need, DataShape, HostUse, HINT};
 use gpukit_train::checkpoint::{self, Meta, Position};
 use gpukit_train::data::{self, Dataset, Task};
 use gpukit_train::gpu::feed::Loader;
@@ -17,6 +18,7 @@ use gpukit_train::loss::LossKind;
 use gpukit_train::model::Mlp;
 use gpukit_train::optim::{Optimizer, OptimizerConfig, OptimizerKind};
 use gpukit_train::run::{train_cpu, EpochStats, MemoryUse, RunOutcome, TrainConfig};
+use gpukit_types::resources::Need;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -118,6 +120,9 @@ pub struct TrainReport {
     pub resumed_at: Option<Position>,
     pub epochs: Vec<EpochStats>,
     pub step_losses: Vec<f64>,
+    /// Why the run stopped early with a non-finite loss (the report then fails).
+    #[serde(default)]
+    pub diverged: Option<String>,
     pub final_position: Position,
     pub seconds: f64,
     /// Host memory the engine held (peaks of its buffers).
@@ -283,6 +288,68 @@ pub fn check_request(r: &TrainRequest) -> Result<()> {
     Ok(())
 }
 
+/// The host memory reading `path` takes: the file's bytes and the data decoded from them
+/// (CSV text may decode to twice its size: "1," is two bytes, its f32 four).
+fn file_need(path: &std::path::Path) -> Result<Need> {
+    let len = std::fs::metadata(path).map_or(0, |m| m.len());
+    let csv = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
+    Ok(Need::host(format!("reading {}", path.display()))
+        .with("the file", Some(len))
+        .with(
+            "the data decoded from it",
+            len.checked_mul(if csv { 2 } else { 1 }),
+        ))
+}
+
+/// `--steps N` makes N updates: with no `--epochs` the run takes as many epochs as that needs;
+/// `--epochs` that end before N updates is a contradiction (exit 2), not a silent early stop.
+fn resolve_steps(
+    r: &TrainRequest,
+    cfg: &mut gpukit_train::run::TrainConfig,
+    train: usize,
+    world: usize,
+) -> Result<()> {
+    let Some(steps) = r.steps else {
+        return Ok(());
+    };
+    let per_epoch = cfg.updates_per_epoch(train, world).max(1);
+    let needed = steps.div_ceil(per_epoch);
+    match r.epochs {
+        None => cfg.epochs = needed,
+        Some(e) if e < needed => {
+            return Err(Error::BadInput(format!(
+                "--steps {steps} needs {needed} epochs of {per_epoch} updates, but --epochs {e} \
+                 ends after {}: raise --epochs or leave it out",
+                e.saturating_mul(per_epoch)
+            )))
+        }
+        Some(_) => {}
+    }
+    Ok(())
+}
+
+/// A resumed checkpoint must have something left to train: at or past the last epoch (or
+/// `--steps`) there is nothing, and that is said rather than a run of no updates.
+fn check_left_to_train(cfg: &gpukit_train::run::TrainConfig, at: &Position) -> Result<()> {
+    if at.epoch >= cfg.epochs {
+        return Err(Error::BadInput(format!(
+            "--resume: the checkpoint has finished epoch {} and --epochs is {}: nothing is left \
+             to train (raise --epochs, which counts from the run's start)",
+            at.epoch, cfg.epochs
+        )));
+    }
+    if let Some(m) = cfg.max_steps.filter(|&m| at.step >= m) {
+        return Err(Error::BadInput(format!(
+            "--resume: the checkpoint has made {} updates and --steps is {m}: nothing is left \
+             to train (raise --steps, which counts from the run's start)",
+            at.step
+        )));
+    }
+    Ok(())
+}
+
 /// Runs the request on the CPU or a GPU (`discovery` finds the CUDA libraries); `progress`
 /// hears about each finished epoch.
 pub fn run_train(
@@ -307,6 +374,12 @@ pub fn run_train_ranked(
         None if r.preset == Some(Preset::SeedClassification) => Task::Classification,
         None => Task::Regression,
     };
+    if r.compare_pytorch {
+        crate::peer::torch_version()?;
+    }
+    if let Some(path) = &r.data {
+        file_need(path)?.check_host("give a smaller --data file")?;
+    }
     let file_data = r.data.as_deref().map(|p| data::load(p, task)).transpose()?;
     let mut p = plan(r, file_data.as_ref());
     // a checkpoint carries the seed that orders the batches (and made generated data)
@@ -326,6 +399,47 @@ pub fn run_train_ranked(
         p.cfg.optimizer = meta.optimizer;
     }
     p.cfg.check()?;
+    let world = match &r.parallel {
+        Some(crate::train::parallel::Ranks::Threads(g)) => *g,
+        Some(crate::train::parallel::Ranks::Launched(w)) => w.world_size,
+        None => 1,
+    };
+    let held = data::held_out(p.samples, p.eval_fraction);
+    let shape = DataShape {
+        train: p.samples - held,
+        eval: held,
+        features: p.features,
+        target_width: file_data.as_ref().map_or(1, Dataset::target_width),
+    };
+    resolve_steps(r, &mut p.cfg, shape.train, world)?;
+    if let Some((_, _, meta)) = &resumed {
+        check_left_to_train(&p.cfg, &meta.position)?;
+    }
+    // the resource guard: refused here, before the data is generated or a buffer allocated
+    let usage = HostUse {
+        gpu: matches!(r.device, Some(Device::Cuda(_))) || r.parallel.is_some(),
+        compare_pytorch: r.compare_pytorch,
+        world,
+        data_loaded: file_data.is_some(),
+    };
+    host_need(&p.cfg, &shape, &usage).check_host(HINT)?;
+    let precision = r
+        .precision
+        .as_deref()
+        .and_then(Precision::parse)
+        .unwrap_or(Precision::Fp32);
+    let gpu = match r.device {
+        Some(Device::Cuda(n)) if r.parallel.is_none() => {
+            let gpu = std::sync::Arc::new(gpukit_cuda::Gpu::open(discovery, n)?);
+            let (free, _) = gpu.mem_info()?;
+            let loader = r
+                .loader
+                .unwrap_or_else(|| gpukit_train::budget::default_loader(&shape, free));
+            device_need(n, &p.cfg, &shape, precision, loader).check(Some(free), HINT)?;
+            Some(gpu)
+        }
+        _ => None,
+    };
     let (full, origin) = match file_data {
         Some(d) => {
             let name = r.data.as_ref().map(|p| p.display().to_string());
@@ -369,17 +483,11 @@ pub fn run_train_ranked(
     };
     // the comparison starts PyTorch from the weights gpukit started from
     let initial_model = r.compare_pytorch.then(|| model.clone());
-    let precision = r
-        .precision
-        .as_deref()
-        .and_then(Precision::parse)
-        .unwrap_or(Precision::Fp32);
     let mut data_parallel = None;
     let mut recording = None;
-    let mut trainer = match r.device {
-        _ if r.parallel.is_some() => None,
-        Some(Device::Cuda(n)) => {
-            let gpu = std::sync::Arc::new(gpukit_cuda::Gpu::open(discovery, n)?);
+    let mut trainer = match gpu {
+        None => None,
+        Some(gpu) => {
             let opts = GpuOptions {
                 loader: r.loader,
                 graph: r.graph,
@@ -394,7 +502,6 @@ pub fn run_train_ranked(
                 eval.clone(),
             )?)
         }
-        _ => None,
     };
     let device = match r.device {
         Some(Device::Cuda(n)) => format!("cuda:{n}"),
@@ -478,7 +585,8 @@ pub fn run_train_ranked(
             (o, None)
         }
     };
-    if let Some(path) = &r.save {
+    // a diverged run's weights are not worth a checkpoint (and would replace a good one)
+    if let Some(path) = r.save.as_ref().filter(|_| outcome.diverged.is_none()) {
         let meta = Meta {
             format: 0,
             widths: p.cfg.widths.clone(),
@@ -504,7 +612,7 @@ pub fn run_train_ranked(
         })?;
     }
     let pytorch = initial_model
-        .filter(|_| r.parallel.is_none())
+        .filter(|_| r.parallel.is_none() && outcome.diverged.is_none())
         .map(|initial| {
             let skipped = gpu.as_ref().map_or(0, |g| g.skipped_updates);
             peer::compare(
@@ -526,6 +634,7 @@ pub fn run_train_ranked(
         (Some(g), None) => format!("{device} ({})", g.device_name),
         (None, _) => device,
     };
+    let saved_checkpoint = r.save.clone().filter(|_| outcome.diverged.is_none());
     Ok(Some(TrainReport {
         data_parallel,
         recording,
@@ -544,12 +653,13 @@ pub fn run_train_ranked(
         initial_weights: initial,
         resumed_from: r.resume.clone(),
         resumed_at: r.resume.as_ref().map(|_| pos),
+        diverged: outcome.diverged,
         epochs: outcome.epochs,
         step_losses: outcome.step_losses,
         final_position: outcome.position,
         memory: outcome.memory,
         seconds: outcome.seconds,
-        saved_checkpoint: r.save.clone(),
+        saved_checkpoint,
         saved_losses: r.save_losses.clone(),
         config: p.cfg,
     }))
@@ -559,7 +669,10 @@ pub fn run_train_ranked(
 /// one is an error, not a report). Compared with PyTorch, a run that is not the same training
 /// ([`TrainPeer::disagreement`]) fails.
 pub fn document(report: TrainReport) -> Document<TrainReport> {
-    let failure = report.pytorch.as_ref().and_then(TrainPeer::disagreement);
+    let failure = report
+        .diverged
+        .clone()
+        .or_else(|| report.pytorch.as_ref().and_then(TrainPeer::disagreement));
     Document::new("train", report, failure)
 }
 

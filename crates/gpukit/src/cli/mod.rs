@@ -9,7 +9,7 @@ mod gpus;
 mod profile;
 mod train;
 pub use gpus::{LaunchArgs, NcclArgs, P2pArgs};
-pub use profile::{ProfileCommand, ProfileOptionArgs};
+pub use profile::{ProfileCommand, ProfileInferArgs, ProfileOptionArgs, ProfileTrainArgs};
 pub use train::TrainArgs;
 
 /// The lessons asked for, one value to clap.
@@ -109,7 +109,7 @@ pub enum Command {
     All(AllArgs),
     /// Print a shell completion script: `gpukit completions bash > ~/.local/share/bash-completion/completions/gpukit`.
     Completions(CompletionsArgs),
-    /// Print gpukit's man page (roff): `gpukit man | man -l -`.
+    /// Print gpukit's man page (roff), every command on one page: `gpukit man | man -l -`.
     Man,
     /// Start one process per GPU on this machine (like torchrun --standalone): `gpukit launch
     /// --nproc-per-node 2 -- gpukit bench nccl`.
@@ -155,7 +155,8 @@ pub struct CompareArgs {
     )]
     pub threshold: f64,
 
-    /// Exit 1 when any figure is worse.
+    /// Exit 1 when a figure is judged worse (beyond the threshold and the runs' spread, on enough
+    /// repetitions) or a row that worked before fails now.
     #[arg(long)]
     pub fail_on_regression: bool,
 
@@ -408,9 +409,9 @@ pub struct MemoryArgs {
     #[arg(long, value_name = "FILE")]
     pub weights: Option<PathBuf>,
 
-    /// The GPU (cuda:N).
-    #[arg(long, default_value = "cuda:0", value_name = "DEVICE")]
-    pub device: Device,
+    /// The GPU (cuda:N) [default: cuda:0].
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<Device>,
 }
 
 fn parse_precision(s: &str) -> Result<DType, String> {
@@ -454,9 +455,16 @@ fn parse_lt_candidates(s: &str) -> Result<usize, String> {
     }
 }
 
+/// The most timed repetitions a row may ask for: far past where the median stops moving, and
+/// each keeps a sample in memory.
+const MAX_ITERATIONS: usize = 1_000_000;
+
 fn parse_iterations(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(0) => Err("iterations must be at least 1".into()),
+        Ok(n) if n > MAX_ITERATIONS => Err(format!(
+            "{n} repetitions is more than a row can use (at most {MAX_ITERATIONS})"
+        )),
         Ok(n) => Ok(n),
         Err(_) => Err("not a number of iterations".to_string()),
     }
@@ -622,6 +630,7 @@ mod tests {
     #[test]
     fn iterations_must_be_positive() {
         assert!(parse_iterations("0").is_err());
+        assert!(parse_iterations("99999999999").is_err_and(|e| e.contains("at most 1000000")));
         assert_eq!(parse_iterations("7"), Ok(7));
     }
 

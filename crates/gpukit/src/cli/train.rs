@@ -166,9 +166,15 @@ fn parse_layers(s: &str) -> Result<Layers, String> {
         .map_err(|e| e.to_string())
 }
 
+/// The most epochs or updates a run may ask for (the GPU path counts updates in 32 bits).
+const MAX_UPDATES: u64 = u32::MAX as u64;
+
 fn parse_count_u64(s: &str) -> Result<u64, String> {
     match s.trim().parse::<u64>() {
         Ok(0) => Err("must be at least 1".into()),
+        Ok(n) if n > MAX_UPDATES => Err(format!(
+            "{n} is more than a run can count (at most {MAX_UPDATES})"
+        )),
         Ok(n) => Ok(n),
         Err(_) => Err("not a whole number".into()),
     }

@@ -1,5 +1,6 @@
-//! `gpukit compare`: a headline (the two files, their machines, the verdict counts), the counts
-//! per section, then one table per section, worst figure first.
+//! `gpukit compare`: a headline (the two files, their machines, the rule, the verdict counts,
+//! and what could not be judged), the counts per section, then one table per section, worst
+//! figure first.
 
 use super::fmt::{grouped, mib};
 use super::{to_markdown, Section};
@@ -54,10 +55,29 @@ pub fn compare_markdown(doc: &Document<CompareReport>, sections: &[Section]) -> 
     md
 }
 
-/// The files, the machines, the threshold and the counts over every section.
+/// The files, the machines, the rule and the counts over every section; under it, what could
+/// not be judged and what would let it be.
 fn headline(r: &CompareReport) -> Section {
     let t = &r.total;
-    Section::kv(
+    let threshold = percent(r.threshold);
+    let counts = format!(
+        "{} better, {} worse, {} same ({} of them within the runs' spread), {} not judged (too \
+         few repetitions), {} not measured (failed or skipped); {} only in old, {} only in new",
+        t.better,
+        t.worse,
+        t.same,
+        t.within_noise,
+        t.not_judged,
+        t.not_measured,
+        t.only_old,
+        t.only_new
+    );
+    let verdicts = if r.too_noisy {
+        format!("too noisy to judge as a whole (see below); per figure: {counts}")
+    } else {
+        counts
+    };
+    let mut section = Section::kv(
         "gpukit compare",
         vec![
             ("Old", side(&r.old)),
@@ -67,22 +87,18 @@ fn headline(r: &CompareReport) -> Section {
             (
                 "Rule",
                 format!(
-                    "better or worse when the change is beyond {} AND the two runs' p10-p90 \
-                     ranges do not overlap; else same",
-                    percent(r.threshold)
+                    "better or worse when the change is beyond {threshold} AND both runs' \
+                     p10-p90 ranges, of at least {} repetitions each, are apart; not judged on \
+                     fewer; else same (bytes and batch sizes: beyond {threshold} alone)",
+                    r.min_samples
                 ),
             ),
-            (
-                "Verdicts",
-                format!(
-                    "{} better, {} worse, {} same, {} not measured (failed or skipped); {} \
-                     only in old, {} only in new",
-                    t.better, t.worse, t.same, t.not_measured, t.only_old, t.only_new
-                ),
-            ),
+            ("Verdicts", verdicts),
             ("Geometric mean gain", gain_text(t.geomean_gain)),
         ],
-    )
+    );
+    section.notes = r.caveats.clone();
+    section
 }
 
 /// "report.json (all, gpukit 0.9.0)".
@@ -141,6 +157,7 @@ fn per_section(r: &CompareReport) -> Section {
                 s.better.to_string(),
                 s.worse.to_string(),
                 s.same.to_string(),
+                s.not_judged.to_string(),
                 s.not_measured.to_string(),
                 s.only_old.to_string(),
                 s.only_new.to_string(),
@@ -158,6 +175,7 @@ fn per_section(r: &CompareReport) -> Section {
                 "better",
                 "worse",
                 "same",
+                "not judged",
                 "not measured",
                 "only old",
                 "only new",
@@ -296,7 +314,7 @@ fn value(v: f64, unit: &str) -> String {
     }
 }
 
-/// "worse -20.0%", "same (noise) +8.1%", "not measured".
+/// "worse -20.0%", "same (noise) +8.1%", "not judged (n=3) -20.0%", "not measured".
 fn verdict(c: &Compared) -> String {
     let change = c
         .gain
@@ -307,7 +325,17 @@ fn verdict(c: &Compared) -> String {
         Verdict::Worse => format!("worse{change}"),
         Verdict::Same if c.within_noise => format!("same (noise){change}"),
         Verdict::Same => format!("same{change}"),
+        Verdict::TooFewSamples => format!("not judged ({}){change}", repetitions(c)),
         Verdict::NotMeasured if newly_failed(c) => "FAILED now".into(),
         Verdict::NotMeasured => "not measured".into(),
+    }
+}
+
+/// The fewer repetitions of the two sides, "n=3", or "no spread" when a side has no count.
+fn repetitions(c: &Compared) -> String {
+    let counted = |r: &Reading| r.spread.and(r.samples);
+    match (counted(&c.old), counted(&c.new)) {
+        (Some(a), Some(b)) => format!("n={}", a.min(b)),
+        _ => "no spread".into(),
     }
 }

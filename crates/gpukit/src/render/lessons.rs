@@ -72,6 +72,16 @@ pub fn lessons_sections(r: &LessonsReport) -> Vec<Section> {
     )];
     for l in &r.lessons {
         let title = format!("Lesson {}: {}", l.id, l.title);
+        if l.verdict == Verdict::Skipped {
+            // nothing was measured: a table would be empty, the reason is all there is to say
+            out.push(Section {
+                title,
+                header: None,
+                rows: Vec::new(),
+                notes: vec![format!("Skipped: {}", l.reason)],
+            });
+            continue;
+        }
         let mut notes = Vec::new();
         if !l.claim.is_empty() {
             notes.push(format!("Claim: {}", l.claim));

@@ -13,6 +13,7 @@ mod footprint;
 pub mod html;
 mod infer;
 mod lessons;
+mod man;
 mod matmul;
 mod memory;
 pub mod monitor;
@@ -32,18 +33,20 @@ pub use footprint::footprint_sections;
 pub use html::all_html;
 pub use infer::{infer_sections, input_run_section};
 pub use lessons::lessons_sections;
+pub use man::man_page;
 pub use matmul::matmul_sections;
 pub use memory::memory_sections;
 pub use nccl::{nccl_sections, p2p_sections};
 pub use profile::profile_sections;
 pub use train::train_sections;
-pub use views::{all_markdown, check_head};
+pub use views::{all_done, all_markdown, check_head};
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, ContentArrangement, Table};
 use fmt::{f1, times};
 use gpukit_bench::report::{PeerFigure, RowStatus};
 
-/// A titled table: with a header it is a grid, without one a list of key/value rows.
+/// A titled table: with a header it is a grid, without one a list of key/value rows. Without
+/// either (no header, no rows) it is its title and notes alone: no empty table is drawn.
 pub struct Section {
     pub title: String,
     pub header: Option<Vec<String>>,
@@ -53,6 +56,11 @@ pub struct Section {
 }
 
 impl Section {
+    /// Whether there is a table to draw (a header or a row).
+    pub(crate) fn has_table(&self) -> bool {
+        self.header.is_some() || !self.rows.is_empty()
+    }
+
     pub(crate) fn kv(title: impl Into<String>, rows: Vec<(&str, String)>) -> Section {
         Section {
             title: title.into(),
@@ -76,6 +84,13 @@ pub fn to_terminal(sections: &[Section]) -> String {
 fn draw_terminal(sections: &[Section], fit_terminal: bool) -> String {
     let mut out = String::new();
     for s in sections {
+        if !s.has_table() {
+            out.push_str(&format!("\n{}\n", s.title));
+            for n in &s.notes {
+                out.push_str(&format!("  {n}\n"));
+            }
+            continue;
+        }
         let mut t = Table::new();
         t.load_preset(UTF8_FULL_CONDENSED)
             .set_content_arrangement(ContentArrangement::Dynamic);
@@ -106,6 +121,11 @@ pub fn to_markdown(sections: &[Section], heading_level: usize) -> String {
     let mut out = String::new();
     for s in sections {
         out.push_str(&format!("\n{hashes} {}\n\n", s.title));
+        if !s.has_table() {
+            out.push_str(&s.notes.join("\n\n"));
+            out.push('\n');
+            continue;
+        }
         let header = s
             .header
             .clone()

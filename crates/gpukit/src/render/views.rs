@@ -1,10 +1,11 @@
-//! Views that draw a whole document: the lines above `check`'s tables, and `all`'s report.md
-//! (every command's sections, then the notes).
+//! Views that draw a whole document: the lines above `check`'s tables, `all`'s report.md
+//! (every command's sections, then the notes) and the lines `all` prints when it is done.
 
 use super::{self as render, to_markdown};
 use gpukit_bench::all::AllReport;
 use gpukit_bench::check::CheckReport;
 use gpukit_bench::report::Document;
+use std::path::PathBuf;
 
 /// The lines `check` prints above its tables: the build, then whether a GPU is usable.
 pub fn check_head(r: &CheckReport) -> Vec<String> {
@@ -83,4 +84,35 @@ pub fn all_markdown(doc: &Document<AllReport>) -> String {
         }
     }
     md
+}
+
+/// What `gpukit all` prints on the terminal once its reports are written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AllDone {
+    /// Above everything else: the check's headline, then the files written and how long it took.
+    pub head: Vec<String>,
+    /// The very last line, after the notes: the page to open. Minutes of progress and notes
+    /// scroll the "wrote" line away; this one is what stays in view.
+    pub last: Option<String>,
+}
+
+/// The lines `all` prints around its notes, from the files it wrote (report.html among them).
+pub fn all_done(doc: &Document<AllReport>, written: &[PathBuf]) -> AllDone {
+    let head = vec![
+        render::check_headline(&doc.result.check),
+        format!(
+            "wrote {} in {:.1} s",
+            written
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            doc.result.total_seconds
+        ),
+    ];
+    let last = written
+        .iter()
+        .find(|p| p.file_name().is_some_and(|n| n == "report.html"))
+        .map(|p| format!("open {}", p.display()));
+    AllDone { head, last }
 }

@@ -286,17 +286,15 @@ pub(super) fn lower(
     );
     ops.push(Op::MaxPool { x: y, y: pooled });
     x = pooled;
-    let project_early = std::env::var("GPUKIT_PROJECTION").is_ok_and(|v| v == "early");
     for (main, proj) in &net.blocks {
         // The projection runs just before the convolution that adds it, so that its output is
         // not live beside the main path's first two outputs (this lowers the peak of
-        // ResNet-50's layer2). GPUKIT_PROJECTION=early runs it first instead: the comparison
-        // that found the overlap of decision 26.
+        // ResNet-50's layer2).
         let mut cur = x;
         let mut projected = None;
         for (i, &ci) in main.iter().enumerate() {
             let last = i + 1 == main.len();
-            if let (true, Some(p)) = (if project_early { i == 0 } else { last }, proj) {
+            if let (true, Some(p)) = (last, proj) {
                 let t = conv_out(&tensors, x, &net.convs[*p]);
                 let y = new(&mut tensors, t);
                 ops.push(Op::Conv {

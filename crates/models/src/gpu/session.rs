@@ -64,7 +64,7 @@ pub struct Session<'a> {
     pub in_place_note: Option<String>,
     /// Per tensor, the first and last op that touch it.
     spans: Vec<(usize, usize)>,
-    /// A barrier kernel after each projection (GPUKIT_PROJECTION_BARRIER=0 leaves it out).
+    /// A barrier kernel after each projection.
     barrier_after_projection: bool,
     input: usize,
     logits: usize,
@@ -95,12 +95,11 @@ impl<'a> Session<'a> {
         if h < 32 || w < 32 {
             return Err(Error::TooSmall { h, w });
         }
-        let try_graph = std::env::var("GPUKIT_CUDNN_LEGACY").map_or(true, |v| v != "1");
+        let try_graph = true;
         // NCHW below f32 tries split plans (bare convolution, then an epilogue kernel), which
         // cannot write over their residual: there speed goes first (decision 29)
         let split_plans = weights.layout == Layout::Nchw && weights.dtype.uses_tensor_cores();
-        let in_place =
-            reuse && !split_plans && std::env::var("GPUKIT_IN_PLACE").map_or(true, |v| v != "0");
+        let in_place = reuse && !split_plans;
         let mut session = Self::prepare(ctx, weights, (n, h, w), reuse, in_place, try_graph)?;
         if !session.in_place.is_empty() {
             if let Err(why) = session.check_in_place() {
@@ -177,8 +176,7 @@ impl<'a> Session<'a> {
             in_place_note: None,
             in_place,
             spans,
-            barrier_after_projection: std::env::var("GPUKIT_PROJECTION_BARRIER")
-                .map_or(true, |v| v != "0"),
+            barrier_after_projection: true,
             algorithms: Vec::new(),
             layer_names: weights.shape.conv_names(),
         };

@@ -157,6 +157,18 @@ pub enum WeightsError {
         found: usize,
         expected: usize,
     },
+    /// A tensor file (an input batch, not weights) could not be read.
+    #[error("{}: cannot be read: {source}", .path.display())]
+    TensorRead {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A tensor file (an input batch, not weights) is not safetensors.
+    #[error("{}: is not a valid safetensors file: {source}", .path.display())]
+    TensorFormat {
+        path: PathBuf,
+        source: SafeTensorError,
+    },
     /// A file of single tensors lacks the one asked for.
     #[error(
         "{}: has no tensor named {name:?} ({})",
@@ -423,11 +435,15 @@ fn dtype_of(d: Dtype) -> Option<DType> {
 /// The tensor `name` of a safetensors file as f32 (F32, F16, BF16 or F64 stored), with its
 /// shape. The message of an error names the file and the key.
 pub fn load_tensor(path: &Path, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
-    let bytes = std::fs::read(path).map_err(|source| WeightsError::Read {
+    let bytes = std::fs::read(path).map_err(|source| WeightsError::TensorRead {
         path: path.to_path_buf(),
         source,
     })?;
-    let st = parse(path, &bytes)?;
+    // a data file, not weights: its errors say so
+    let st = parse(path, &bytes).map_err(|e| match e {
+        WeightsError::Format { path, source } => WeightsError::TensorFormat { path, source },
+        other => other,
+    })?;
     let t = st.tensor(name).map_err(|_| WeightsError::NoTensor {
         path: path.to_path_buf(),
         name: name.to_string(),

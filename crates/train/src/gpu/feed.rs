@@ -51,10 +51,7 @@ impl Loader {
 
 /// Bytes of one sample's targets on the device (f32 values or u32 classes).
 pub(crate) fn target_width(data: &Dataset) -> usize {
-    match &data.y {
-        Targets::Values { width, .. } => *width,
-        Targets::Classes { .. } => 1,
-    }
+    data.target_width()
 }
 
 /// A batch's x rows and targets as the bytes copied to the device: x (f32) then y.

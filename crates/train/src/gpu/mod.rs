@@ -83,7 +83,7 @@ impl Precision {
     }
 
     /// Storage type of activations and their gradients.
-    fn storage(self) -> DType {
+    pub(crate) fn storage(self) -> DType {
         self.inputs().storage()
     }
 
@@ -257,14 +257,20 @@ impl GpuTrainer {
         cfg.check()?;
         cfg.check_data(&train)?;
         let started = Instant::now();
-        let layout = Layout::new(&cfg.widths);
+        let shape = crate::budget::DataShape {
+            train: train.len(),
+            eval: eval.as_ref().map_or(0, Dataset::len),
+            features: train.features,
+            target_width: target_width(&train),
+        };
         let (free, _) = gpu.mem_info()?;
-        let data_bytes = train.x.len() * 4 + train.len() * target_width(&train) * 4;
-        let loader = opts.loader.unwrap_or(if (data_bytes as u64) < free / 4 {
-            Loader::Resident
-        } else {
-            Loader::Prefetch
-        });
+        let loader = opts
+            .loader
+            .unwrap_or_else(|| crate::budget::default_loader(&shape, free));
+        // refused before the first allocation, with what it needs against what is free
+        crate::budget::device_need(gpu.ordinal, cfg, &shape, opts.precision, loader)
+            .check(Some(free), crate::budget::HINT)?;
+        let layout = Layout::new(&cfg.widths);
         let mut opts = opts;
         let graph = opts.graph.unwrap_or(loader == Loader::Resident);
         opts.graph = Some(graph);

@@ -546,10 +546,11 @@ impl GpuTrainer {
             position: pos,
             seconds: 0.0,
             memory: self.memory,
+            diverged: None,
         };
         self.gpu.reset_pool_peaks()?;
         let at_limit = |p: &Position, m: Option<u64>| m.is_some_and(|m| p.step >= m);
-        while pos.epoch < self.cfg.epochs && !at_limit(&pos, self.cfg.max_steps) {
+        'epochs: while pos.epoch < self.cfg.epochs && !at_limit(&pos, self.cfg.max_steps) {
             let order = batch_order(n, pos.epoch, self.cfg.seed, self.cfg.shuffle);
             let batches = self.batches(&pos);
             if let Some((_, _, idx)) = &self.resident {
@@ -612,18 +613,20 @@ impl GpuTrainer {
             for (b, loss) in batches.iter().zip(&losses) {
                 seen += b.combined;
                 if !loss.is_finite() {
-                    return Err(Error::Failed(format!(
-                        "the loss became {loss} at update {} (epoch {}, batch {}): the run \
-                         diverged; lower --lr{}",
-                        pos.step + steps + 1,
-                        pos.epoch + 1,
-                        b.index + 1,
-                        if self.opts.precision == super::Precision::Fp16 {
-                            " or train in bf16 (fp16's range was exceeded in the forward pass)"
-                        } else {
-                            ""
-                        }
-                    )));
+                    let at = Position {
+                        step: pos.step + steps,
+                        ..pos
+                    };
+                    let advice = if self.opts.precision == super::Precision::Fp16 {
+                        " or train in bf16 (fp16's range was exceeded in the forward pass)"
+                    } else {
+                        ""
+                    };
+                    out.diverged = Some(crate::run::diverged(*loss, &at, b.index as u64, advice));
+                    pos.step += steps;
+                    out.position = pos;
+                    out.seconds += seconds;
+                    break 'epochs;
                 }
                 micro.push(*loss);
                 if b.update {

@@ -195,12 +195,26 @@ fn accumulating_k_batches_equals_one_batch_k_times_larger() {
 }
 
 #[test]
-fn a_diverging_run_fails_naming_the_update() {
+fn a_diverging_run_stops_naming_the_update_and_keeps_the_updates_before_it() {
     let data = learnable(64, 1);
     let mut cfg = config(&[4, 16, 1], LossKind::Mse, OptimizerKind::Sgd, 1e30);
     cfg.epochs = 5;
-    let e = attempt(&cfg, &data, 1).unwrap_err().to_string();
-    assert!(e.contains("diverged") && e.contains("at update"), "{e}");
+    let (_, _, out) = attempt(&cfg, &data, 1).unwrap();
+    let why = out.diverged.clone().expect("a diverged run says so");
+    assert!(
+        why.contains("diverged") && why.contains("at update"),
+        "{why}"
+    );
+    // the updates before the divergence are kept, each finite, and the run stopped there
+    assert!(out.step_losses.iter().all(|l| l.is_finite()), "{out:?}");
+    let at: u64 = why
+        .split("at update ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert_eq!(out.step_losses.len() as u64, at - 1);
+    assert!(out.position.step < cfg.total_updates(64, 1).unwrap());
 }
 
 #[test]

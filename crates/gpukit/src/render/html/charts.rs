@@ -212,6 +212,8 @@ fn bytes_label(v: f64) -> String {
 }
 
 /// The axis range of values: padded, from 0 on a linear axis, by a factor on a log one.
+/// A lone value on a linear axis not from 0 is padded by a tenth of itself, so that the ticks
+/// around it read as different numbers.
 fn axis_range(values: impl Iterator<Item = f64>, log: bool, from_zero: bool) -> Option<(f64, f64)> {
     let vs: Vec<f64> = values
         .filter(|v| v.is_finite() && (!log || *v > 0.0))
@@ -229,15 +231,79 @@ fn axis_range(values: impl Iterator<Item = f64>, log: bool, from_zero: bool) -> 
         let pad = (hi - lo) * 0.04;
         (lo - pad, hi + pad)
     } else {
-        (lo - 0.5, hi + 0.5)
+        let pad = (lo.abs() * 0.1).max(0.5);
+        (lo - pad, hi + pad)
     })
+}
+
+/// Just below `10^k`: plotters' log ticks start at the first power of ten at or above the
+/// range's start, found through a logarithm that can round `10^k` itself up a decade.
+fn power_of_ten_below(k: f64) -> f64 {
+    10f64.powf(k) * (1.0 - 1e-9)
+}
+
+/// A log axis' range that shows labels: plotters ticks a log axis only from the first power
+/// of ten in range, and [`log_label`] names only 1, 2 and 5 times a power of ten, so a narrow
+/// range (one point, or points close together) may get no label at all. Such a range is
+/// widened to the powers of ten around it; `from_power_of_ten` always starts it at one.
+fn labelled_log_range((lo, hi): (f64, f64), from_power_of_ten: bool) -> (f64, f64) {
+    let (lo, hi) = if from_power_of_ten {
+        (power_of_ten_below(lo.log10().floor()), hi)
+    } else {
+        (lo, hi)
+    };
+    if labelled_log_ticks(lo, hi) >= 2 {
+        return (lo, hi);
+    }
+    (
+        power_of_ten_below(lo.log10().floor()),
+        10f64.powf(hi.log10().ceil()),
+    )
+}
+
+/// How many ticks of a log axis over `lo..hi` [`log_label`] names (1, 2 and 5 times a power of
+/// ten, from the first power of ten in range).
+fn labelled_log_ticks(lo: f64, hi: f64) -> usize {
+    if !(lo > 0.0 && hi > lo) {
+        return 0;
+    }
+    let first = lo.log10().ceil() as i32;
+    let last = hi.log10().floor() as i32;
+    (first..=last)
+        .flat_map(|k| [1.0, 2.0, 5.0].map(|m| m * 10f64.powi(k)))
+        .filter(|v| *v <= hi * (1.0 + 1e-9))
+        .count()
+}
+
+/// Series (or reference lines) with the same points draw over one another, leaving only the
+/// last visible: each such group becomes one, its names joined ("f32 = tf32 = bf16"), in the
+/// first one's colour.
+fn merge_identical<T: Clone>(
+    items: &[T],
+    same: impl Fn(&T, &T) -> bool,
+    name: impl Fn(&mut T) -> &mut String,
+) -> Vec<T> {
+    let mut merged: Vec<T> = Vec::new();
+    for item in items {
+        match merged.iter_mut().find(|m| same(m, item)) {
+            Some(m) => {
+                let mut joined = item.clone();
+                let added = std::mem::take(name(&mut joined));
+                let names = name(m);
+                names.push_str(" = ");
+                names.push_str(&added);
+            }
+            None => merged.push(item.clone()),
+        }
+    }
+    merged
 }
 
 fn draw_line_chart(c: &LineChart) -> Result<String, String> {
     let xs = c.series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
     let (x0, x1) = axis_range(xs, c.x_log, false).ok_or("no points")?;
     let (x0, x1) = if c.x_log {
-        (x0 * 1.6 / 1.25, x1 / 1.6 * 1.25)
+        labelled_log_range((x0 * 1.6 / 1.25, x1 / 1.6 * 1.25), false)
     } else {
         (x0, x1)
     };
@@ -247,12 +313,24 @@ fn draw_line_chart(c: &LineChart) -> Result<String, String> {
         .flat_map(|s| s.points.iter().map(|p| p.1))
         .chain(c.hlines.iter().map(|h| h.y));
     let (y0, y1) = axis_range(ys, c.y_log, true).ok_or("no points")?;
-    // plotters' log ticks start at the first power of ten in range: start at one
-    let y0 = if c.y_log {
-        10f64.powf(y0.log10().floor())
+    let (y0, y1) = if c.y_log {
+        labelled_log_range((y0, y1), true)
     } else {
-        y0
+        (y0, y1)
     };
+    let shown = LineChart {
+        caption: c.caption.clone(),
+        x_desc: c.x_desc.clone(),
+        y_desc: c.y_desc.clone(),
+        series: merge_identical(
+            &c.series,
+            |a, b| a.points == b.points && a.dashed == b.dashed,
+            |s| &mut s.name,
+        ),
+        hlines: merge_identical(&c.hlines, |a, b| a.y == b.y, |h| &mut h.name),
+        ..*c
+    };
+    let c = &shown;
     let r = ((x0, x1), (y0, y1));
     match (c.x_log, c.y_log) {
         (false, false) => lines_on(c, x0..x1, y0..y1, r),
@@ -334,7 +412,18 @@ where
         }
         for s in &c.series {
             let col = color(s.color);
-            if s.dashed {
+            // one point makes no line: its marker and its value show it
+            if let [p] = s.points[..] {
+                chart
+                    .draw_series(std::iter::once(
+                        EmptyElement::at(p)
+                            + Circle::new((0, 0), 4, col.filled())
+                            + Text::new(short(p.1), (7, -16), (FONT, 13).into_font().color(&col)),
+                    ))
+                    .map_err(err)?
+                    .label(s.name.as_str())
+                    .legend(move |(x, y)| Circle::new((x + 6, y), 4, col.filled()));
+            } else if s.dashed {
                 chart
                     .draw_series(DashedLineSeries::new(
                         s.points.clone(),
@@ -376,6 +465,7 @@ fn draw_dot_plot(c: &DotPlot) -> Result<String, String> {
     }
     let values = c.series.iter().flat_map(|s| s.1.iter().flatten().copied());
     let (x0, x1) = axis_range(values, true, false).ok_or("no points")?;
+    let (x0, x1) = labelled_log_range((x0, x1), false);
     let longest = c
         .categories
         .iter()
@@ -524,4 +614,177 @@ fn draw_stacked(c: &StackedBars) -> Result<String, String> {
         root.present().map_err(err)?;
     }
     Ok(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The text of every `<text>` element of an SVG, trimmed, empty ones left out.
+    fn texts(svg: &str) -> Vec<String> {
+        svg.split("<text")
+            .skip(1)
+            .filter_map(|t| t.split_once('>'))
+            .map(|(_, rest)| rest.split('<').next().unwrap_or("").trim().to_string())
+            .filter(|t| !t.is_empty())
+            .collect()
+    }
+
+    fn series(name: &str, points: &[(f64, f64)], color: usize) -> Series {
+        Series {
+            name: name.into(),
+            points: points.to_vec(),
+            color,
+            dashed: false,
+        }
+    }
+
+    fn lines(x_log: bool, y_log: bool, series: Vec<Series>, hlines: Vec<HLine>) -> LineChart {
+        LineChart {
+            caption: "caption".into(),
+            x_desc: "matrix size".into(),
+            y_desc: "TFLOP/s".into(),
+            x_log,
+            y_log,
+            x_bytes: false,
+            series,
+            hlines,
+            legend: Legend::UpperLeft,
+        }
+    }
+
+    #[test]
+    fn a_series_of_one_point_shows_its_value_and_labelled_axes() {
+        struct OnePoint {
+            x_log: bool,
+            y_log: bool,
+            point: (f64, f64),
+            /// The axis labels that must be there: x's, then y's.
+            labels: &'static [&'static str],
+        }
+        let cases = [
+            OnePoint {
+                x_log: true,
+                y_log: false,
+                point: (4096.0, 1.23),
+                labels: &["1000", "2000", "5000", "0", "1"],
+            },
+            OnePoint {
+                x_log: true,
+                y_log: true,
+                point: (4096.0, 782.4),
+                labels: &["1000", "2000", "5000", "100", "500"],
+            },
+            OnePoint {
+                x_log: true,
+                y_log: true,
+                point: (3000.0, 0.0456),
+                labels: &["1000", "2000", "5000", "0.01", "0.02"],
+            },
+            OnePoint {
+                x_log: false,
+                y_log: false,
+                point: (4096.0, 34.6),
+                labels: &["4000", "4200", "0", "30"],
+            },
+        ];
+        for OnePoint {
+            x_log,
+            y_log,
+            point,
+            labels,
+        } in cases
+        {
+            let chart = lines(x_log, y_log, vec![series("f32", &[point], 0)], Vec::new());
+            let svg = draw_line_chart(&chart).expect("one point draws");
+            let t = texts(&svg);
+            let what = format!("x log {x_log}, y log {y_log}, {point:?}: {t:?}");
+            assert!(t.contains(&short(point.1)), "the point's value: {what}");
+            for label in labels {
+                assert!(t.iter().any(|s| s == label), "label {label}: {what}");
+            }
+            assert!(t.iter().any(|s| s == "f32"), "the legend: {what}");
+        }
+    }
+
+    #[test]
+    fn a_dashed_series_of_one_point_is_still_drawn() {
+        let mut s = series("PyTorch", &[(4096.0, 12.5)], 1);
+        s.dashed = true;
+        let svg = draw_line_chart(&lines(true, false, vec![s], Vec::new())).expect("draws");
+        assert!(svg.contains("<circle"), "a marker for the point");
+        assert!(texts(&svg).contains(&"12.5".to_string()));
+    }
+
+    #[test]
+    fn a_dot_plot_of_one_value_has_axis_labels() {
+        let plot = DotPlot {
+            caption: "caption".into(),
+            x_desc: "images/s".into(),
+            categories: vec!["fp16".into()],
+            series: vec![("batch 1".into(), vec![Some(34.6)], false)],
+        };
+        let t = texts(&draw_dot_plot(&plot).expect("draws"));
+        for label in ["10", "20", "50", "100"] {
+            assert!(t.iter().any(|s| s == label), "label {label}: {t:?}");
+        }
+    }
+
+    #[test]
+    fn series_with_the_same_points_share_one_legend_entry_naming_them_all() {
+        let points = [(256.0, 0.5), (1024.0, 0.9), (4096.0, 1.1)];
+        let chart = lines(
+            true,
+            false,
+            vec![
+                series("f32", &points, 0),
+                series("tf32", &points, 1),
+                series("f64", &[(256.0, 0.2), (1024.0, 0.4)], 2),
+                series("bf16", &points, 3),
+            ],
+            vec![
+                HLine {
+                    name: "f16 peak".into(),
+                    y: 2.0,
+                    color: 4,
+                },
+                HLine {
+                    name: "bf16 peak".into(),
+                    y: 2.0,
+                    color: 5,
+                },
+            ],
+        );
+        let svg = draw_line_chart(&chart).expect("draws");
+        let t = texts(&svg);
+        assert!(t.iter().any(|s| s == "f32 = tf32 = bf16"), "{t:?}");
+        assert!(t.iter().any(|s| s == "f64"), "{t:?}");
+        assert!(t.iter().any(|s| s == "f16 peak = bf16 peak"), "{t:?}");
+        for alone in ["f32", "tf32", "bf16", "f16 peak", "bf16 peak"] {
+            assert!(!t.iter().any(|s| s == alone), "{alone} drawn alone: {t:?}");
+        }
+        // drawn once, in the first one's colour: tf32's, bf16's and the second peak's are unused
+        for unused in ["#FF7F0E", "#D62728", "#8C564B"] {
+            assert!(!svg.contains(unused), "{unused} drawn");
+        }
+        assert!(svg.contains("#1F77B4") && svg.contains("#9467BD"));
+    }
+
+    #[test]
+    fn series_that_differ_anywhere_keep_their_own_entries() {
+        let chart = lines(
+            true,
+            false,
+            vec![
+                series("f32", &[(256.0, 0.5), (1024.0, 0.9)], 0),
+                series("tf32", &[(256.0, 0.5), (1024.0, 0.8)], 1),
+            ],
+            Vec::new(),
+        );
+        let t = texts(&draw_line_chart(&chart).expect("draws"));
+        assert!(
+            t.iter().any(|s| s == "f32") && t.iter().any(|s| s == "tf32"),
+            "{t:?}"
+        );
+    }
 }

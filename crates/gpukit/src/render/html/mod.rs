@@ -5,7 +5,7 @@
 //! Only rows that produced a figure are drawn; failed and skipped rows appear in the tables as
 //! such. Every piece of text from the report is escaped (names come from files).
 
-use super::fmt::{grouped, human_bytes};
+use super::fmt::{f1, grouped, human_bytes};
 use super::{self as render, Section};
 use gpukit_bench::all::AllReport;
 use gpukit_bench::report::{Document, RowStatus};
@@ -276,15 +276,20 @@ fn section(h: &mut String, id: &str, title: &str) {
     ));
 }
 
-/// Sections as HTML tables (a key/value list when a section has no header), notes under each.
+/// Sections as HTML tables (a key/value list when a section has no header), notes under each;
+/// a section with no table is its title and its notes as paragraphs.
 /// Rows that failed or were skipped are marked so (class `failed` / `skipped`).
 pub fn sections_to_html(sections: &[Section]) -> String {
     let mut out = String::new();
     for s in sections {
-        out.push_str(&format!(
-            "<h3>{}</h3>\n<div class=\"table-wrap\"><table>\n",
-            escape(&s.title)
-        ));
+        out.push_str(&format!("<h3>{}</h3>\n", escape(&s.title)));
+        if !s.has_table() {
+            for n in &s.notes {
+                out.push_str(&format!("<p>{}</p>\n", escape(n)));
+            }
+            continue;
+        }
+        out.push_str("<div class=\"table-wrap\"><table>\n");
         if let Some(header) = &s.header {
             out.push_str("<thead><tr>");
             for c in header {
@@ -434,6 +439,8 @@ fn card(k: &str, v: &str, s: &str) -> String {
     )
 }
 
+/// The cards above the sections: each command's best figure, written by the same function as
+/// the table it comes from (a card that rounds otherwise reads as a different figure).
 fn headline_html(r: &AllReport) -> String {
     let mut cards = String::new();
     // matmul: best per dtype on the GPU (the CPU's when no GPU row measured)
@@ -466,7 +473,7 @@ fn headline_html(r: &AllReport) -> String {
         };
         cards.push_str(&card(
             &format!("matmul {d}"),
-            &format!("{t:.1} TFLOP/s"),
+            &format!("{} TFLOP/s", f1(Some(t))),
             &sub,
         ));
     }
@@ -491,7 +498,7 @@ fn headline_html(r: &AllReport) -> String {
             };
             cards.push_str(&card(
                 "best host-device copy",
-                &format!("{g:.1} GB/s"),
+                &format!("{} GB/s", f1(Some(g))),
                 &sub,
             ));
         }
@@ -502,7 +509,7 @@ fn headline_html(r: &AllReport) -> String {
             };
             cards.push_str(&card(
                 "best device-device copy",
-                &format!("{g:.0} GB/s"),
+                &format!("{} GB/s", f1(Some(g))),
                 &sub,
             ));
         }
@@ -517,7 +524,7 @@ fn headline_html(r: &AllReport) -> String {
         if let Some((v, x)) = best {
             cards.push_str(&card(
                 &format!("best inference ({})", i.model),
-                &format!("{} images/s", grouped(v.round())),
+                &format!("{} images/s", grouped(v)),
                 &format!("{} on {}, batch {}", x.strategy, x.device, x.batch),
             ));
         }
@@ -526,7 +533,7 @@ fn headline_html(r: &AllReport) -> String {
         if let Some(mb) = &m.max_batch {
             cards.push_str(&card(
                 "largest batch that fits",
-                &grouped(mb.batch as f64),
+                &mb.batch.to_string(),
                 &format!("{} {} {}", m.model, m.precision, m.layout),
             ));
         }

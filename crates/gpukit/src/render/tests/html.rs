@@ -81,7 +81,7 @@ fn the_run67_report_is_one_well_formed_page() {
     assert!(h.contains("NVIDIA H100 80GB HBM3"));
     assert!(h.contains("580.159.04"));
     assert!(h.contains("cuBLAS 13.1.0.3"));
-    assert!(h.contains("782.4 TFLOP/s"), "best bf16 matmul");
+    assert!(h.contains("782 TFLOP/s"), "best bf16 matmul");
     assert!(h.contains("24,494 images/s") || h.contains("24494 images/s"));
     assert!(h.contains("fp16-nhwc-graph on cuda:0, batch 32"));
     assert!(h.contains("1506 GB/s"), "best device-device copy");
@@ -245,4 +245,56 @@ fn sections_become_tables_with_escaped_cells() {
     assert!(h.contains("<li>note &lt;n&gt;</li>"));
     assert!(h.contains("<tr><th>key</th><td>v</td></tr>"));
     assert_eq!(h.matches("<table>").count(), 2);
+}
+
+#[test]
+fn each_headline_card_writes_its_figure_as_its_table_does() {
+    let mut doc = run67();
+    // a best inference rate that rounding to a whole number would change
+    let infer = doc.result.infer.as_mut().unwrap();
+    let mut first = true;
+    for row in infer.rows.iter_mut().filter(|r| r.status == RowStatus::Ok) {
+        row.images_per_s = Some(if first { 34.6 } else { 1.5 });
+        first = false;
+    }
+    let h = all_html(&doc);
+    assert!(
+        h.contains("<div class=\"v\">34.6 images/s</div>"),
+        "the card"
+    );
+    assert!(h.contains("<td>34.6</td>"), "the table");
+    assert!(!h.contains("35.0 images/s") && !h.contains(">35 images/s"));
+    // every rate on a card is a cell of a table, written the same way
+    let cards: Vec<&str> = h
+        .split("<div class=\"v\">")
+        .skip(1)
+        .filter_map(|c| c.split("</div>").next())
+        .collect();
+    let mut rates = 0;
+    for card in &cards {
+        let Some(figure) = [" TFLOP/s", " GB/s", " images/s"]
+            .iter()
+            .find_map(|unit| card.strip_suffix(unit))
+        else {
+            continue;
+        };
+        rates += 1;
+        assert!(
+            h.contains(&format!("<td>{figure}</td>")) || h.contains(&format!("<td>{figure} (")),
+            "card {card:?}: no table cell reads {figure:?}"
+        );
+    }
+    assert!(rates >= 5, "{cards:?}");
+    // the largest batch, as memory's note under its table writes it
+    let batch = doc
+        .result
+        .memory
+        .as_ref()
+        .unwrap()
+        .max_batch
+        .as_ref()
+        .unwrap()
+        .batch;
+    assert!(cards.contains(&batch.to_string().as_str()), "{cards:?}");
+    assert!(h.contains(&format!("largest batch that fits: {batch} (")));
 }

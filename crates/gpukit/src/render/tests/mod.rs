@@ -1,11 +1,14 @@
 //! Tests of the rendering: each command's sections drawn from a report built by hand, kept as
 //! snapshots of the terminal and Markdown text, and checks of the logic behind single cells.
 
+mod all;
 mod bandwidth;
 mod check;
+mod compare;
 mod conv;
 mod html;
 mod infer;
+mod lessons;
 mod matmul;
 mod memory;
 mod train;

@@ -73,6 +73,7 @@ pub(super) fn report(loss: LossKind) -> TrainReport {
             epoch(3, true, 0.61, accuracy(0.7)),
         ],
         step_losses: vec![0.7; 6],
+        diverged: None,
         final_position: Position {
             step: 12,
             epoch: 3,
