@@ -152,7 +152,7 @@ if [ "$MODE" = guard ]; then
   for name in train_cli gpu_train gpu_engine bad_input profile_cli; do
     t=$(ls "$TESTS"/"$name"-* 2>/dev/null | head -1)
     [ -n "$t" ] || { say "test $name: not staged"; continue; }
-    clean GPUKIT_REQUIRE_GPU=1 GPUKIT_BIN="$BIN" INSTA_WORKSPACE_ROOT="$PWD" timeout 300 "$t" --test-threads 1 >"$W/test-$name.txt" 2>&1
+    clean GPUKIT_REQUIRE_GPU=1 GPUKIT_BIN="$BIN" INSTA_WORKSPACE_ROOT="$PWD" timeout 200 "$t" --test-threads 1 >"$W/test-$name.txt" 2>&1
     say "test $name: rc=$? $(grep -E '^test result' "$W/test-$name.txt" | tail -1)"
     grep -E "^test .*(ok|FAILED|ignored)$" "$W/test-$name.txt" | tee -a "$SUMMARY" >/dev/null
   done

@@ -207,6 +207,7 @@ fn infer_options(gpu: bool, o: &AllOptions) -> InferOptions {
         gpu_iterations: if o.quick { 20 } else { 50 },
         // the CPU rows at large batches take minutes: the GPU rows' comparison is enough
         cpu_max_batch: Some(if o.quick { 1 } else { 8 }),
+        search: gpukit_cuda::dnn::Search::Fast,
     }
 }
 

@@ -146,7 +146,8 @@ fn f32_gemm_is_not_tf32() -> Result<(), Failed> {
 
 /// Small convolutions of every kind gpukit runs (3x3, strided, 1x1, the 7x7 stem) in both
 /// layouts and every dtype, each through cuDNN's selection policy (the engine `bench conv` and
-/// the inference engine use), against the CPU's f32 convolution of the same rounded inputs.
+/// the inference engine use) under each of its searches (heuristic, fast, exhaustive), against
+/// the CPU's f32 convolution of the same rounded inputs.
 fn cudnn_conv_matches_cpu() -> Result<(), Failed> {
     let g = gpu()?;
     let dnn = Dnn::new(DISCOVERY.get().ok_or("no discovery")?, &g).map_err(|e| e.to_string())?;
@@ -167,7 +168,12 @@ fn cudnn_conv_matches_cpu() -> Result<(), Failed> {
         shape(2, 64, 7, 16, 1, 1, 0),
         shape(1, 8, 32, 16, 7, 2, 3),
     ];
-    for sh in shapes {
+    // every search the policy has picks a correct convolution (the heuristic one untimed)
+    for (sh, search) in shapes
+        .iter()
+        .flat_map(|&sh| gpukit_cuda::dnn::Search::ALL.map(|m| (sh, m)))
+    {
+        dnn.set_search(search);
         for layout in Layout::ALL {
             for (dtype, tol) in [
                 (DType::F32, 1e-5),
@@ -201,7 +207,7 @@ fn cudnn_conv_matches_cpu() -> Result<(), Failed> {
                 let err = rel(&got, &want64);
                 if err > tol {
                     return Err(format!(
-                        "{sh:?} {layout} {dtype} ({}): relative error {err:.2e} > {tol:.0e} (seed {seed})",
+                        "{sh:?} {layout} {dtype} {search:?} ({}): relative error {err:.2e} > {tol:.0e} (seed {seed})",
                         choice.name()
                     )
                     .into());

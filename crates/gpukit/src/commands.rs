@@ -391,6 +391,7 @@ fn bench_conv(a: ConvArgs, out: &Output) -> Result<()> {
         },
         cpu: !matches!(a.device, DeviceSelection::One(Device::Cuda(_))),
         iterations: a.iterations,
+        search: a.planning,
         ..Default::default()
     };
     let shapes = resnet50_shapes(1);
@@ -641,6 +642,7 @@ fn infer(a: InferArgs, out: &Output) -> Result<()> {
         strategies,
         gpu_iterations: a.gpu_iterations,
         cpu_max_batch: None,
+        search: a.planning,
     };
     if let Some(input) = &a.input {
         let run = gpukit_bench::infer::io::run_on_input(

@@ -46,6 +46,8 @@ pub struct ConvOptions {
     pub cpu_budget_s: f64,
     /// With PyTorch: alternating blocks per side, split over both orders.
     pub rounds: usize,
+    /// How thoroughly each convolution's engine is searched for.
+    pub search: gpukit_cuda::dnn::Search,
 }
 
 impl Default for ConvOptions {
@@ -59,6 +61,7 @@ impl Default for ConvOptions {
             iterations: 30,
             cpu_budget_s: 1.0,
             rounds: 4,
+            search: gpukit_cuda::dnn::Search::Fast,
         }
     }
 }
@@ -142,6 +145,16 @@ pub struct ConvReport {
     pub totals: Vec<ConvTotal>,
     /// The GPU row with the lowest ratio to PyTorch.
     pub slowest: Option<SlowestRow>,
+    /// How the engines were searched for, and what planning cost (None without a GPU).
+    #[serde(default)]
+    pub planning: Option<ConvPlanning>,
+}
+
+/// What choosing every GPU row's engine took.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConvPlanning {
+    pub search: gpukit_cuda::dnn::Search,
+    pub stats: gpukit_cuda::dnn::PlanStats,
 }
 
 /// Whether `bench conv` runs this dtype on the GPU (f64 is not a convolution dtype here).
@@ -239,10 +252,12 @@ fn run(
         rows: Vec::new(),
         totals: Vec::new(),
         slowest: None,
+        planning: None,
     };
     let gpu = opts.ordinal.and_then(|o| match open_gpu(discovery, o) {
         Ok((g, d, f)) => {
             report.gpu = Some(f);
+            d.set_search(opts.search);
             Some((g, d))
         }
         Err(why) => {
@@ -271,6 +286,10 @@ fn run(
     }
     report.totals = summary::totals(&report.rows);
     report.slowest = summary::slowest(&report.rows);
+    report.planning = gpu.as_ref().map(|(_, d)| ConvPlanning {
+        search: d.search(),
+        stats: d.stats(),
+    });
     report
 }
 

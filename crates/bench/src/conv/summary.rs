@@ -194,6 +194,18 @@ pub fn notes(report: &ConvReport, with_pytorch: bool) -> Vec<String> {
             incomplete.join("; ")
         ));
     }
+    if let Some(p) = &report.planning {
+        let s = &p.stats;
+        notes.push(format!(
+            "planning ({} search): {} engine choices measured ({} candidates timed), {} from the \
+             cache, {:.2} s",
+            p.search.name(),
+            s.measured,
+            s.candidates_timed,
+            s.cached,
+            s.seconds
+        ));
+    }
     if !with_pytorch {
         return notes;
     }

@@ -124,6 +124,7 @@ fn a_missing_shape_leaves_no_whole_network_figure_and_says_so() {
         rounds: 0,
         totals: totals(&rows),
         slowest: slowest(&rows),
+        planning: None,
         rows,
     };
     let t = &report.totals[0];
@@ -158,6 +159,7 @@ fn notes_state_the_speedup_per_dtype_and_the_slowest_ratio() {
         rounds: 4,
         totals: totals(&rows),
         slowest: slowest(&rows),
+        planning: None,
         rows,
     };
     let n = notes(&report, true);

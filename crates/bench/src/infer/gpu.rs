@@ -132,6 +132,8 @@ pub(super) struct GpuRun<'a> {
     pub compute_capability: Option<(u32, u32)>,
     /// Samples the GPU's power while rows are timed (None without NVML).
     pub meter: Option<PowerMeter>,
+    /// How each session was planned, in order.
+    pub planning: std::cell::RefCell<Vec<super::report::Planning>>,
 }
 
 impl GpuRun<'_> {
@@ -466,11 +468,28 @@ impl GpuRun<'_> {
         } else {
             None
         };
-        progress(&format!(
-            "infer {} {pair} batch {n}: planning (cuDNN algorithm search)",
-            self.device
-        ));
-        let mut session = match Session::new(self.ctx, weights, n, s, s, true) {
+        // the reference of rows that are not fp32 is only checked against, never reported: its
+        // speed does not matter, so cuDNN's first suggestion plans it, untimed
+        let search = self.ctx.dnn.search();
+        if is_ref && !fp32_rows {
+            self.ctx.dnn.set_search(gpukit_cuda::dnn::Search::Heuristic);
+        }
+        let what = format!("infer {} {pair} batch {n}", self.device);
+        let (before, started) = (self.ctx.dnn.stats(), std::time::Instant::now());
+        let made = Session::new_observed(self.ctx, weights, n, s, s, true, &mut |line| {
+            progress(&format!("{what}: {line}"))
+        });
+        let after = self.ctx.dnn.stats();
+        self.planning.borrow_mut().push(super::report::Planning {
+            what: format!("{pair} batch {n}"),
+            search: self.ctx.dnn.search(),
+            measured: after.measured - before.measured,
+            cached: after.cached - before.cached,
+            candidates_timed: after.candidates_timed - before.candidates_timed,
+            seconds: started.elapsed().as_secs_f64(),
+        });
+        self.ctx.dnn.set_search(search);
+        let mut session = match made {
             Ok(session) => session,
             Err(e) => {
                 if let Some(check) = cpu_check {

@@ -35,7 +35,7 @@ mod tests;
 pub use accuracy::{agreement, tolerance, verdict};
 pub use report::{
     best_gpu_rows, gpu_rows_without_figure, is_gpu_row, is_one_at_a_time, one_at_a_time_reps,
-    sort_rows, tensorrt_status, Agreement, InferReport, InferRow,
+    sort_rows, tensorrt_status, Agreement, InferReport, InferRow, Planning,
 };
 pub use strategy::{
     check_batches, select_strategies, InferStrategy, CPU_CHECK_IMAGES, CPU_ROW, GPU_WARMUP,
@@ -81,6 +81,8 @@ pub struct InferOptions {
     pub gpu_iterations: usize,
     /// CPU rows only at batch sizes up to this (`gpukit all`'s short tour); None: all of them.
     pub cpu_max_batch: Option<usize>,
+    /// How thoroughly each convolution's way to run is searched for.
+    pub search: gpukit_cuda::dnn::Search,
 }
 
 impl InferOptions {
@@ -97,6 +99,7 @@ impl InferOptions {
             strategies: vec![InferStrategy::Cpu, InferStrategy::OnnxRuntime],
             gpu_iterations: 50,
             cpu_max_batch: None,
+            search: gpukit_cuda::dnn::Search::Fast,
         }
     }
 }
@@ -181,6 +184,7 @@ pub fn run_infer(
         gpu_unavailable: None,
         pytorch: None,
         tensorrt: None,
+        planning: Vec::new(),
     };
     let wanted: Vec<InferStrategy> = opts
         .strategies
@@ -280,6 +284,7 @@ pub fn run_infer(
                     .filter(|r| r.strategy == CPU_ROW && r.status == RowStatus::Ok)
                     .filter_map(|r| Some((r.batch, r.images_per_s?)))
                     .collect();
+                ctx.dnn.set_search(opts.search);
                 let run = GpuRun {
                     ctx: &ctx,
                     folded: &folded,
@@ -289,9 +294,11 @@ pub fn run_infer(
                     cpu_rates,
                     compute_capability,
                     meter: PowerMeter::for_ordinal(discovery, ordinal),
+                    planning: Default::default(),
                 };
                 let rows = run.rows(&gpu, &singles, &batches, progress);
                 report.rows.extend(rows);
+                report.planning = run.planning.take();
             }
             Err(e) => report.gpu_unavailable = Some(e.to_string()),
         }

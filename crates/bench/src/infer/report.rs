@@ -97,6 +97,24 @@ pub struct InferReport {
     /// TensorRT strategy. None where no GPU strategy was asked for.
     #[serde(default)]
     pub tensorrt: Option<String>,
+    /// How each GPU session's convolutions were planned, and how long it took.
+    #[serde(default)]
+    pub planning: Vec<Planning>,
+}
+
+/// The planning of one GPU session (a precision and layout at one batch size): how many
+/// distinct convolutions it had, how many were measured now and how many came from the choice
+/// cache, the candidates timed and the wall time of the whole preparation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Planning {
+    /// `fp16 NHWC batch 32`.
+    pub what: String,
+    pub search: gpukit_cuda::dnn::Search,
+    pub measured: usize,
+    pub cached: usize,
+    pub candidates_timed: usize,
+    /// Wall seconds from asking for the session to having it (lowering, memory, planning).
+    pub seconds: f64,
 }
 
 /// The report's TensorRT line, from where libnvinfer was found

@@ -288,6 +288,7 @@ fn report(rows: Vec<InferRow>) -> InferReport {
         gpu_unavailable: None,
         pytorch: None,
         tensorrt: None,
+        planning: Vec::new(),
     }
 }
 

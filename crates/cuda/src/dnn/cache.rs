@@ -1,10 +1,13 @@
 //! The convolution choices measured before, kept on disk per GPU model and cuDNN version so that
 //! a shape is measured once, not at every run. The file is JSON (a list of key and choice), read
-//! whole at start and written whole (atomically) when the choices changed; an unreadable or
-//! foreign file is ignored and rebuilt. `GPUKIT_REPLAN=1` measures again and overwrites.
+//! whole at start and written whole (atomically) when the choices changed; a file that cannot
+//! be read is never trusted: it is measured again and rewritten, with a note saying so. The file
+//! name carries the selection policy's version, the GPU model and compute capability and the
+//! cuDNN version, so a new gpukit with the same policy keeps using it and a new cuDNN or GPU
+//! starts afresh. `GPUKIT_REPLAN=1` measures again and overwrites.
 
 use super::legacy::{algo_name, math_name, AlgoRow, FWD_ALGOS, MATH_TYPES};
-use super::Conv;
+use super::{Conv, Search};
 use crate::driver::Gpu;
 use cudarc::cudnn::sys as dn;
 use gpukit_types::DType;
@@ -38,10 +41,20 @@ pub(super) enum Op {
 pub(super) enum Choice {
     /// A legacy algorithm and math type, by the names in `legacy::FWD_ALGOS` / `MATH_TYPES`.
     Legacy { algo: String, math: String },
-    /// The backend engine configuration at this rank of the heuristic's list.
-    Graph { rank: usize },
+    /// The backend engine configuration at this index of one of cuDNN's lists.
+    Graph { list: List, index: usize },
     /// The bare convolution's own choice, then the epilogue kernel.
     Split,
+}
+
+/// Which of cuDNN's engine lists a backend choice is from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum List {
+    /// The heuristic's ranking (mode A).
+    Heuristic,
+    /// The fallback engines.
+    Fallback,
 }
 
 impl Choice {
@@ -79,23 +92,36 @@ impl Choice {
 struct Entry {
     key: Key,
     choice: Choice,
+    /// How hard the search that made it looked: a fast search's choice does not stand in for
+    /// an exhaustive one.
+    search: Search,
+}
+
+/// A choice and the search that made it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Stored {
+    pub choice: Choice,
+    pub search: Search,
 }
 
 /// The choices of one GPU model and cuDNN version.
 #[derive(Default)]
 pub(super) struct Choices {
     path: Option<PathBuf>,
-    map: BTreeMap<Key, Choice>,
+    map: BTreeMap<Key, Stored>,
     dirty: bool,
     replan: bool,
+    /// Why the file on disk was not used (it could not be parsed).
+    note: Option<String>,
 }
 
 /// The selection policy's version, in the file name: choices made under another policy (other
 /// candidates) are not reused. 2: strict f32 also tries the backend's non-tensor-core engines,
 /// and NHWC the fallback list too. 3: the heuristic's whole list (up to 64) is timed, which also
 /// moves the fallback engines' ranks. 4: finalists are ranked by their time back to back in a
-/// graph.
-const POLICY: u32 = 4;
+/// graph. 5: fast and exhaustive searches, finalists confirmed in interleaved rounds, backend
+/// choices named by their list and index.
+const POLICY: u32 = 5;
 
 /// `cudnn-choices-v<policy>-<gpu>-sm<cc>-cudnn<version>.json`, in characters safe for a file
 /// name.
@@ -123,50 +149,88 @@ impl Choices {
             version,
         );
         let path = crate::loader::cache_dir().map(|d| d.join(name));
-        let map = path
-            .as_ref()
-            .and_then(|p| std::fs::read(p).ok())
-            .map(|bytes| Self::parse(&bytes))
-            .unwrap_or_default();
+        let mut note = None;
+        let map = match path.as_ref().map(|p| (p, std::fs::read(p))) {
+            Some((p, Ok(bytes))) => Self::parse(&bytes).unwrap_or_else(|why| {
+                // never trusted, never fatal: measured again and written whole
+                note = Some(format!(
+                    "the cuDNN choice cache {} could not be read ({why}): its choices are \
+                     measured again and the file rewritten",
+                    p.display()
+                ));
+                BTreeMap::new()
+            }),
+            _ => BTreeMap::new(),
+        };
         Choices {
             path,
             map,
-            dirty: false,
+            // a broken file is replaced even when nothing new is measured
+            dirty: note.is_some(),
             replan: std::env::var("GPUKIT_REPLAN").is_ok_and(|v| v == "1"),
+            note,
         }
     }
 
-    /// The entries of a cache file; nothing from a file that does not parse.
-    fn parse(bytes: &[u8]) -> BTreeMap<Key, Choice> {
+    /// The entries of a cache file, or why it is not one.
+    fn parse(bytes: &[u8]) -> Result<BTreeMap<Key, Stored>, String> {
         serde_json::from_slice::<Vec<Entry>>(bytes)
-            .map(|entries| entries.into_iter().map(|e| (e.key, e.choice)).collect())
-            .unwrap_or_default()
+            .map(|entries| {
+                entries
+                    .into_iter()
+                    .map(|e| {
+                        let stored = Stored {
+                            choice: e.choice,
+                            search: e.search,
+                        };
+                        (e.key, stored)
+                    })
+                    .collect()
+            })
+            .map_err(|e| e.to_string())
     }
 
     fn render(&self) -> Vec<u8> {
         let entries: Vec<Entry> = self
             .map
             .iter()
-            .map(|(key, choice)| Entry {
+            .map(|(key, stored)| Entry {
                 key: key.clone(),
-                choice: choice.clone(),
+                choice: stored.choice.clone(),
+                search: stored.search,
             })
             .collect();
         serde_json::to_vec_pretty(&entries).unwrap_or_default()
     }
 
-    pub fn get(&self, key: &Key) -> Option<Choice> {
+    /// The choice for `key` made by a search at least as thorough as `search` (an exhaustive
+    /// choice serves a fast search, not the other way round).
+    pub fn get(&self, key: &Key, search: Search) -> Option<Choice> {
         if self.replan {
             return None;
         }
-        self.map.get(key).cloned()
+        self.map
+            .get(key)
+            .filter(|s| s.search >= search)
+            .map(|s| s.choice.clone())
     }
 
-    pub fn put(&mut self, key: Key, choice: Choice) {
-        if self.map.get(&key) != Some(&choice) {
-            self.map.insert(key, choice);
+    /// Keeps the choice a `search` made (a heuristic pick is not a measurement: not kept; a
+    /// faster search does not replace a more thorough one's choice).
+    pub fn put(&mut self, key: Key, choice: Choice, search: Search) {
+        if search == Search::Heuristic || self.map.get(&key).is_some_and(|s| s.search > search) {
+            return;
+        }
+        let stored = Stored { choice, search };
+        if self.map.get(&key) != Some(&stored) {
+            self.map.insert(key, stored);
             self.dirty = true;
         }
+    }
+
+    /// Why the file was not used, when it could not be read.
+    pub fn note(&self) -> Option<String> {
+        self.note.clone()
     }
 
     /// Writes the file whole, then renames it: a reader never sees half of it. A cache that
@@ -216,19 +280,47 @@ mod tests {
             workspace_bytes: 0,
             ms: 0.0,
         };
-        c.put(key(true), Choice::legacy(row));
-        c.put(key(false), Choice::Graph { rank: 3 });
-        let back = Choices::parse(&c.render());
+        c.put(key(true), Choice::legacy(row), Search::Fast);
+        let graph = Choice::Graph {
+            list: List::Fallback,
+            index: 3,
+        };
+        c.put(key(false), graph.clone(), Search::Exhaustive);
+        let back = Choices::parse(&c.render()).unwrap();
         assert_eq!(back, c.map);
-        let again = back[&key(true)].legacy_row(DType::F16).unwrap();
+        let again = back[&key(true)].choice.legacy_row(DType::F16).unwrap();
         assert_eq!((again.algo, again.math), (row.algo, row.math));
-        assert_eq!(back[&key(false)].legacy_row(DType::F16).map(|r| r.ms), None);
+        assert!(back[&key(false)].choice.legacy_row(DType::F16).is_none());
+        assert_eq!(c.get(&key(false), Search::Fast), Some(graph));
     }
 
     #[test]
-    fn a_foreign_or_broken_file_is_ignored() {
-        assert!(Choices::parse(b"fused {...}\tlegacy X Y\n").is_empty());
-        assert!(Choices::parse(b"[{\"key\": 1}]").is_empty());
+    fn a_fast_choice_does_not_stand_in_for_an_exhaustive_one() {
+        let mut c = Choices::default();
+        let fast = Choice::Graph {
+            list: List::Heuristic,
+            index: 0,
+        };
+        c.put(key(true), fast.clone(), Search::Fast);
+        assert_eq!(c.get(&key(true), Search::Fast), Some(fast.clone()));
+        assert_eq!(c.get(&key(true), Search::Heuristic), Some(fast.clone()));
+        assert_eq!(c.get(&key(true), Search::Exhaustive), None);
+        let thorough = Choice::Graph {
+            list: List::Heuristic,
+            index: 7,
+        };
+        c.put(key(true), thorough.clone(), Search::Exhaustive);
+        // a later fast search does not replace it, and a heuristic pick is never kept
+        c.put(key(true), fast.clone(), Search::Fast);
+        c.put(key(false), fast, Search::Heuristic);
+        assert_eq!(c.get(&key(true), Search::Exhaustive), Some(thorough));
+        assert_eq!(c.get(&key(false), Search::Heuristic), None);
+    }
+
+    #[test]
+    fn a_foreign_or_broken_file_is_not_trusted_and_says_why() {
+        assert!(Choices::parse(b"fused {...}\tlegacy X Y\n").is_err());
+        assert!(Choices::parse(b"[{\"key\": 1}]").is_err());
         let unknown = Choice::Legacy {
             algo: "NO_SUCH".into(),
             math: "FMA".into(),
@@ -253,7 +345,7 @@ mod tests {
     fn file_names_are_safe() {
         assert_eq!(
             file_name("NVIDIA H100 80GB HBM3", (9, 0), 91900),
-            "cudnn-choices-v4-NVIDIA_H100_80GB_HBM3-sm90-cudnn91900.json"
+            "cudnn-choices-v5-NVIDIA_H100_80GB_HBM3-sm90-cudnn91900.json"
         );
     }
 
@@ -320,7 +412,11 @@ mod tests {
             prop_oneof![
                 (name(&FWD_ALGOS), name(&MATH_TYPES))
                     .prop_map(|(algo, math)| Choice::Legacy { algo, math }),
-                prop_oneof![0usize..40, Just(usize::MAX)].prop_map(|rank| Choice::Graph { rank }),
+                (
+                    prop::sample::select(vec![List::Heuristic, List::Fallback]),
+                    prop_oneof![0usize..40, Just(usize::MAX)]
+                )
+                    .prop_map(|(list, index)| Choice::Graph { list, index }),
                 Just(Choice::Split),
             ]
         }
@@ -356,12 +452,16 @@ mod tests {
 
         /// `parse` of its own output gives the same map back: whatever was kept from a damaged
         /// file is a well-formed cache.
-        fn kept_entries_are_well_formed(map: &BTreeMap<Key, Choice>) {
+        fn kept_entries_are_well_formed(map: &BTreeMap<Key, Stored>) {
             let c = Choices {
                 map: map.clone(),
                 ..Choices::default()
             };
-            assert_eq!(&Choices::parse(&c.render()), map);
+            assert_eq!(&Choices::parse(&c.render()).unwrap(), map);
+        }
+
+        fn search() -> impl Strategy<Value = Search> {
+            prop::sample::select(vec![Search::Fast, Search::Exhaustive])
         }
 
         proptest! {
@@ -379,29 +479,30 @@ mod tests {
             fn arbitrary_bytes_parse_without_panic(
                 bytes in prop::collection::vec(any::<u8>(), 0..512),
             ) {
-                kept_entries_are_well_formed(&Choices::parse(&bytes));
+                kept_entries_are_well_formed(&Choices::parse(&bytes).unwrap_or_default());
             }
 
             #[test]
             fn damaged_files_parse_without_panic(
-                entries in prop::collection::vec((key(), choice()), 0..4),
+                entries in prop::collection::vec((key(), choice(), search()), 0..4),
                 edits in prop::collection::vec(edit(), 0..4),
             ) {
                 let mut c = Choices::default();
-                for (k, v) in entries {
-                    c.put(k, v);
+                for (k, v, how) in entries {
+                    c.put(k, v, how);
                 }
                 let mut bytes = c.render();
                 // the undamaged file reads back whole
-                prop_assert_eq!(&Choices::parse(&bytes), &c.map);
+                prop_assert_eq!(&Choices::parse(&bytes).unwrap(), &c.map);
                 for (at, remove, insert) in edits {
                     let i = (bytes.len() as f64 * at) as usize;
                     let end = (i + remove).min(bytes.len());
                     bytes.splice(i..end, insert);
                 }
-                let kept = Choices::parse(&bytes);
+                let kept = Choices::parse(&bytes).unwrap_or_default();
                 kept_entries_are_well_formed(&kept);
-                for (k, v) in &kept {
+                for (k, stored) in &kept {
+                    let v = &stored.choice;
                     // an unknown name, a rank past the list or a strict tensor-core math type
                     // comes back as no row, which means measure again
                     if let Some(row) = v.legacy_row(k.conv.dtype) {

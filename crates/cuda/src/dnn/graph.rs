@@ -8,7 +8,8 @@
 //! To use: [`Dnn::plan_graph`] once per convolution and set of buffers (the selection policy in
 //! `select` does), then [`Dnn::graph_forward`] (enqueues only; capturable in a CUDA graph).
 
-use super::{ok, Conv, Dnn};
+use super::cache::List;
+use super::{ok, Conv, Dnn, Search};
 use crate::error::{Error, Result};
 use crate::memory::View;
 use cudarc::cudnn::sys as dn;
@@ -83,8 +84,8 @@ pub struct GraphConv {
     pub workspace_bytes: usize,
     pub residual: bool,
     pub has_bias: bool,
-    /// The winning configuration's rank in cuDNN's heuristic list.
-    pub rank: usize,
+    /// The winning configuration: which of cuDNN's lists, at which index.
+    pub pick: (List, usize),
     /// Which engine won (cuDNN's global engine index and heuristic rank), out of how many
     /// that finalized.
     pub choice: String,
@@ -121,6 +122,7 @@ fn heuristic_configs(
     mode: dn::cudnnBackendHeurMode_t,
     limit: usize,
 ) -> Result<(Vec<Desc>, Desc)> {
+    let started = std::time::Instant::now();
     let heur = Desc::new(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
     heur.set_desc(A::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[graph])?
         .set(
@@ -163,8 +165,9 @@ fn heuristic_configs(
     configs.truncate(got.clamp(0, wanted as i64) as usize);
     if crate::trace::on() {
         eprintln!(
-            "trace: cuDNN heuristics {mode:?}: {count} configurations, {} read",
-            configs.len()
+            "trace: cuDNN heuristics {mode:?}: {count} configurations, {} read in {:.2} ms",
+            configs.len(),
+            started.elapsed().as_secs_f64() * 1e3
         );
     }
     Ok((configs, heur))
@@ -282,8 +285,64 @@ fn engine_facts(cfg: &Desc) -> Result<(i64, Option<bool>)> {
     Ok((index, tensor_cores))
 }
 
+/// Whether the configuration's engine compiles its kernel at run time (cuDNN's behaviour
+/// note): finalizing such a plan runs NVRTC, about half a second each, where a precompiled
+/// engine's takes milliseconds. False when cuDNN does not say.
+fn compiles_at_run_time(cfg: &Desc) -> bool {
+    let Ok(engine) = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR) else {
+        return false;
+    };
+    let mut n = 0i64;
+    let mut raw = engine.0;
+    // SAFETY: one descriptor, created above, for cuDNN to fill with the configuration's engine.
+    let got = ok("cudnnBackendGetAttribute", unsafe {
+        dn::cudnnBackendGetAttribute(
+            cfg.0,
+            A::CUDNN_ATTR_ENGINECFG_ENGINE,
+            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            1,
+            &mut n,
+            &mut raw as *mut dn::cudnnBackendDescriptor_t as *mut c_void,
+        )
+    });
+    if got.is_err() {
+        return false;
+    }
+    let mut notes = [dn::cudnnBackendBehaviorNote_t::CUDNN_BEHAVIOR_NOTE_TYPE_COUNT; 16];
+    let mut count = 0i64;
+    // SAFETY: an array of 16 notes; cuDNN writes at most that many and says how many.
+    let read = ok("cudnnBackendGetAttribute", unsafe {
+        dn::cudnnBackendGetAttribute(
+            engine.0,
+            A::CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE,
+            T::CUDNN_TYPE_BEHAVIOR_NOTE,
+            notes.len() as i64,
+            &mut count,
+            notes.as_mut_ptr() as *mut c_void,
+        )
+    });
+    read.is_ok()
+        && notes[..count.clamp(0, notes.len() as i64) as usize]
+            .contains(&dn::cudnnBackendBehaviorNote_t::CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)
+}
+
 /// Candidates timed a second time before the fastest backend engine is chosen.
 const FINALISTS: usize = 4;
+/// A fast search reads this many of the heuristic's ranking and [`FAST_FALLBACK`] of the
+/// fallback engines, times at most [`FAST_TIMED`] candidates that finalize (stopping a
+/// candidate's timing when it cannot win), finalizes at most [`FAST_RUNTIME_COMPILED`] engine
+/// that compiles its kernel at run time, and confirms [`FAST_FINALISTS`] finalists in
+/// interleaved rounds. Precompiled engines finalize in milliseconds and time in fractions of
+/// one, so reading past the first few costs little; the winners of an exhaustive search on an
+/// H100 sat up to 12th in the ranking, and in the fallback list.
+const FAST_LIST: usize = 16;
+const FAST_FALLBACK: usize = 4;
+const FAST_TIMED: usize = 20;
+const FAST_FINALISTS: usize = 4;
+const FAST_RUNTIME_COMPILED: usize = 1;
+/// A heuristic search reads the fallback list only when fewer than this many of the
+/// heuristic's suggestions finalized.
+const HEURISTIC_ENOUGH: usize = 1;
 
 impl Dnn {
     /// Builds the operation graph `y = relu(conv(x, w) + bias [+ z])` (or, without bias,
@@ -302,7 +361,7 @@ impl Dnn {
         z: Option<View<'_>>,
         relu: bool,
         y: View<'_>,
-        only: Option<usize>,
+        only: Option<(List, usize)>,
     ) -> Result<GraphConv> {
         if conv.dtype == DType::F64 {
             return Err(Error::NoAlgorithm(
@@ -442,51 +501,83 @@ impl Dnn {
             )?;
         graph.finalize()?;
 
-        // the candidates: cuDNN's heuristic list (mode A), then for NCHW its fallback list too
-        // (what PyTorch's cudnn.benchmark times); a rank indexes this concatenation, which is
-        // rebuilt the same way when a cached rank is planned again
-        // strict f32: the heuristic ranks tensor-core engines first, so a longer list is read
-        // (and the fallback list in both layouts) to find the ones without
-        let (mut configs, heur_a) = heuristic_configs(
-            &graph,
-            dn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A,
-            if strict_f32 {
-                STRICT_F32_LIST
-            } else {
-                GRAPH_TRIALS
-            },
-        )?;
-        let count = configs.len();
-        let mut heurs = vec![heur_a];
-        {
-            let (fallback, heur_f) = heuristic_configs(
-                &graph,
+        // the candidates, by the search asked for: an exhaustive search reads cuDNN's whole
+        // heuristic list (mode A) and its fallback list and times every configuration that
+        // finalizes (what PyTorch's cudnn.benchmark times); a fast one finalizes the first few
+        // of the heuristic's ranking and the fallback list only when those are too few; a
+        // heuristic one takes the first that finalizes, untimed. Strict f32 reads longer lists
+        // to find engines without tensor cores (the heuristic ranks tensor-core ones first).
+        let search = self.search();
+        let (list_a, list_fallback, timed_at_most) = match (only, search, strict_f32) {
+            (Some((List::Heuristic, i)), _, _) => (i + 1, 0, 1),
+            (Some((List::Fallback, i)), _, _) => (0, i + 1, 1),
+            (None, Search::Exhaustive, true) => (STRICT_F32_LIST, STRICT_F32_LIST, GRAPH_TRIALS),
+            (None, Search::Exhaustive, false) => (GRAPH_TRIALS, GRAPH_FALLBACK_TRIALS, usize::MAX),
+            (None, Search::Fast, true) => (STRICT_F32_LIST, STRICT_F32_LIST, FAST_TIMED),
+            (None, Search::Fast, false) => (FAST_LIST, FAST_FALLBACK, FAST_TIMED),
+            (None, Search::Heuristic, true) => (STRICT_F32_LIST, STRICT_F32_LIST, 1),
+            (None, Search::Heuristic, false) => (FAST_LIST, FAST_FALLBACK, 1),
+        };
+        let mut configs: Vec<(List, usize, Desc)> = Vec::new();
+        let mut heurs = Vec::new();
+        let mut count = 0;
+        for (list, mode, limit) in [
+            (
+                List::Heuristic,
+                dn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A,
+                list_a,
+            ),
+            (
+                List::Fallback,
                 dn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_FALLBACK,
-                if strict_f32 {
-                    STRICT_F32_LIST
-                } else {
-                    GRAPH_FALLBACK_TRIALS
-                },
-            )?;
-            configs.extend(fallback);
-            heurs.push(heur_f);
+                list_fallback,
+            ),
+        ] {
+            if limit == 0 {
+                continue;
+            }
+            let (found, heur) = heuristic_configs(&graph, mode, limit)?;
+            count += found.len();
+            configs.extend(found.into_iter().enumerate().map(|(i, c)| (list, i, c)));
+            heurs.push(heur);
         }
         let wsb = self.planning_workspace()?;
         let planning = wsb.view();
         let mut timed_all: Vec<(f64, GraphConv)> = Vec::new();
         let mut finalized = 0;
-        for (rank, cfg) in configs.iter().enumerate() {
-            if only.is_some_and(|o| o != rank) {
+        let mut timed = 0;
+        let mut runtime_compiled = 0;
+        for (list, index, cfg) in &configs {
+            let pick = (*list, *index);
+            if only.is_some_and(|o| o != pick) {
                 continue;
+            }
+            // a heuristic search reads the fallback list only when the heuristic's own
+            // suggestions did not finalize
+            if *list == List::Fallback
+                && only.is_none()
+                && search == Search::Heuristic
+                && finalized >= HEURISTIC_ENOUGH
+            {
+                break;
+            }
+            if timed >= timed_at_most {
+                break;
             }
             // strict f32: an engine that may use TF32 tensor cores (or does not say) is not a
             // candidate
             if strict_f32 && !matches!(engine_facts(cfg), Ok((_, Some(false)))) {
                 continue;
             }
-            if strict_f32 && finalized >= GRAPH_TRIALS {
-                break;
+            // a fast search compiles few kernels: each costs more than timing every
+            // precompiled candidate
+            let compiled =
+                only.is_none() && search != Search::Exhaustive && compiles_at_run_time(cfg);
+            if compiled && runtime_compiled >= FAST_RUNTIME_COMPILED {
+                continue;
             }
+            runtime_compiled += usize::from(compiled);
+            let finalizing = std::time::Instant::now();
             let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
             plan.set(
                 A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
@@ -495,7 +586,20 @@ impl Dnn {
             )?
             .set_desc(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[cfg])?;
             // a configuration that does not support this graph fails here: skip it
-            if plan.finalize().is_err() {
+            let finalized_ok = plan.finalize().is_ok();
+            crate::trace::note(|| {
+                format!(
+                    "{:.2} ms finalizing {list:?} #{index}{}{}",
+                    finalizing.elapsed().as_secs_f64() * 1e3,
+                    if compiled {
+                        " (compiled at run time)"
+                    } else {
+                        ""
+                    },
+                    if finalized_ok { "" } else { ": not supported" }
+                )
+            });
+            if !finalized_ok {
                 continue;
             }
             let mut ws = 0i64;
@@ -523,65 +627,79 @@ impl Dnn {
                 workspace_bytes: ws,
                 residual: z.is_some(),
                 has_bias: bias.is_some(),
-                rank,
+                pick,
                 choice: String::new(),
                 tensor_cores: None,
                 ms: 0.0,
                 conv,
             };
-            let timed =
-                self.candidate_ms(|| self.graph_forward(&candidate, x, w, bias, z, y, planning));
+            // a cached or heuristic pick is not timed: the first that finalizes is the one
+            if only.is_some() || search == Search::Heuristic {
+                timed_all.push((0.0, candidate));
+                break;
+            }
+            timed += 1;
+            let run = || self.graph_forward(&candidate, x, w, bias, z, y, planning);
+            // a fast search stops timing a candidate that cannot win; an exhaustive one times
+            // every candidate in full
+            let beat = timed_all
+                .iter()
+                .map(|(ms, _)| *ms)
+                .reduce(f64::min)
+                .filter(|_| search == Search::Fast);
+            let measured = self.candidate_ms_within(beat, run);
+            self.count(|s| s.candidates_timed += 1);
             if crate::trace::on() {
                 let engine = engine_facts(cfg).map(|(e, _)| e).unwrap_or(-1);
-                let t = timed
+                let t = measured
                     .as_ref()
                     .map(|ms| format!("{ms:.4} ms"))
                     .unwrap_or_else(|e| e.to_string());
                 eprintln!(
-                    "trace: {conv:?} candidate rank {rank} engine {engine} workspace {ws} B: {t}"
+                    "trace: {conv:?} candidate {list:?} #{index} engine {engine} workspace {ws} \
+                     B: {t}"
                 );
             }
-            let Ok(median) = timed else { continue };
+            let Ok(median) = measured else { continue };
             timed_all.push((median, candidate));
         }
-        // the fastest few timed again on a GPU now warm, as a graph of launches back to back
-        // (how the engines run: one kernel's start may overlap the previous one's end, which an
-        // isolated launch does not show); one noisy first measurement does not decide alone
+        // the fastest few timed again, on a GPU now warm, as graphs of launches back to back
+        // (how the engines run: one kernel's start may overlap the previous one's end) in
+        // interleaved rounds: one noisy first measurement does not decide alone
         timed_all.sort_by(|a, b| a.0.total_cmp(&b.0));
-        timed_all.truncate(FINALISTS);
-        if timed_all.len() > 1 {
-            for (ms, candidate) in &mut timed_all {
-                let run = || self.graph_forward(candidate, x, w, bias, z, y, planning);
-                let again = self
-                    .back_to_back_ms(run)
-                    .or_else(|_| self.candidate_ms(run));
-                if let Ok(again) = again {
-                    if crate::trace::on() {
-                        eprintln!(
-                            "trace: {conv:?} finalist rank {} back to back: {again:.4} ms (alone {ms:.4})",
-                            candidate.rank
-                        );
-                    }
-                    *ms = again;
+        timed_all.truncate(match search {
+            Search::Exhaustive => FINALISTS,
+            Search::Fast | Search::Heuristic => FAST_FINALISTS,
+        });
+        if only.is_none() && search != Search::Heuristic {
+            let run = |c: &GraphConv| self.graph_forward(c, x, w, bias, z, y, planning);
+            self.confirm_finalists(&mut timed_all, run)?;
+            if crate::trace::on() {
+                for (ms, c) in &timed_all {
+                    eprintln!(
+                        "trace: {conv:?} finalist {:?} #{} back to back: {ms:.4} ms",
+                        c.pick.0, c.pick.1
+                    );
                 }
             }
         }
         let best = timed_all
             .into_iter()
             .min_by(|a, b| a.0.total_cmp(&b.0))
-            .map(|(ms, c)| (ms, c.rank, c.plan, c.workspace_bytes));
-        let (ms, rank, plan, ws) = best.ok_or_else(|| {
+            .map(|(ms, c)| (ms, c.pick, c.plan, c.workspace_bytes));
+        let (ms, pick, plan, ws) = best.ok_or_else(|| {
             Error::NoAlgorithm(format!(
                 "{conv:?}: no engine of the backend API runs the graph \
                  ({count} suggested, {finalized} finalized)"
             ))
         })?;
         let (engine, tensor_cores) = configs
-            .get(rank)
-            .map(engine_facts)
+            .iter()
+            .find(|(l, i, _)| (*l, *i) == pick)
+            .map(|(_, _, c)| engine_facts(c))
             .transpose()?
             .unwrap_or((-1, None));
-        let mut built_from = configs;
+        let mut built_from: Vec<Desc> = configs.into_iter().map(|(_, _, c)| c).collect();
         built_from.extend([tx, tw, ty_out, desc, add, relu_pw, graph]);
         built_from.extend(heurs);
         built_from.extend(tconv);
@@ -596,10 +714,13 @@ impl Dnn {
             workspace_bytes: ws,
             residual: z.is_some(),
             has_bias: bias.is_some(),
-            rank,
-            choice: match only {
-                Some(_) => format!("backend engine {engine} (chosen in an earlier run)"),
-                None => format!("backend engine {engine} (fastest of {finalized} timed)"),
+            pick,
+            choice: match (only, search) {
+                (Some(_), _) => format!("backend engine {engine} (chosen in an earlier run)"),
+                (None, Search::Heuristic) => {
+                    format!("backend engine {engine} (cuDNN's first suggestion, untimed)")
+                }
+                (None, _) => format!("backend engine {engine} (fastest of {timed} timed)"),
             },
             tensor_cores,
             ms,

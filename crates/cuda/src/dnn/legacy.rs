@@ -1,5 +1,6 @@
 //! cuDNN's legacy convolution API: descriptors, `cudnnFindConvolutionForwardAlgorithmEx` (which
-//! runs every applicable algorithm on the real buffers), the bare convolution and the fused
+//! runs every applicable algorithm on the real buffers) or cuDNN's heuristic ranking
+//! (`cudnnGetConvolutionForwardAlgorithm_v7`, which runs nothing), the bare convolution and the fused
 //! `y = act(conv(x) + bias + z)` of `cudnnConvolutionBiasActivationForward`.
 
 use super::{ok, Conv, Dnn};
@@ -8,8 +9,11 @@ use crate::memory::View;
 use cudarc::cudnn::sys as dn;
 use std::ffi::c_void;
 
-/// How many of cuDNN's fastest algorithms for a convolution are timed as the fused call.
+/// How many of cuDNN's fastest algorithms for a convolution an exhaustive search times as the
+/// fused call.
 const FUSED_TRIALS: usize = 6;
+/// How many of cuDNN's suggested legacy algorithms a fast search times.
+const FAST_LEGACY_TRIALS: usize = 3;
 
 /// The legacy forward algorithms, with the names the choice cache and the reports use.
 pub(super) const FWD_ALGOS: [(&str, dn::cudnnConvolutionFwdAlgo_t); 8] = {
@@ -307,8 +311,11 @@ impl FusedConv {
 }
 
 impl Dnn {
-    /// cuDNN's measurement of every legacy algorithm for `plan` on these buffers: those that
-    /// ran, fit the workspace and (for strict f32) stayed off tensor cores, fastest first.
+    /// The legacy algorithms for `plan`, best first, that fit the workspace and (for strict
+    /// f32) stay off tensor cores. An exhaustive search has cuDNN run every algorithm on these
+    /// buffers (`cudnnFindConvolutionForwardAlgorithmEx`, ordered by its times); the others take
+    /// cuDNN's heuristic ranking (`cudnnGetConvolutionForwardAlgorithm_v7`), which runs
+    /// nothing, and time the first few themselves.
     pub(super) fn legacy_candidates(
         &self,
         plan: &ConvPlan,
@@ -316,6 +323,9 @@ impl Dnn {
         w: View<'_>,
         y: View<'_>,
     ) -> Result<Vec<AlgoRow>> {
+        if self.search() != super::Search::Exhaustive {
+            return self.suggested_rows(plan);
+        }
         plan.conv.check(x, w, y)?;
         let mut max = 0;
         // SAFETY: live handle, out-pointer to a local.
@@ -358,6 +368,46 @@ impl Dnn {
             .collect())
     }
 
+    /// cuDNN's heuristic ranking of the legacy algorithms for `plan` (nothing is run): those
+    /// it supports, within the workspace limit and (strict f32) off tensor cores.
+    fn suggested_rows(&self, plan: &ConvPlan) -> Result<Vec<AlgoRow>> {
+        let mut max = 0;
+        // SAFETY: live handle, out-pointer to a local.
+        ok("cudnnGetConvolutionForwardAlgorithmMaxCount", unsafe {
+            dn::cudnnGetConvolutionForwardAlgorithmMaxCount(self.handle(), &mut max)
+        })?;
+        // SAFETY: zeroed POD structs, overwritten by cuDNN.
+        let mut perf: Vec<dn::cudnnConvolutionFwdAlgoPerfStruct> =
+            vec![unsafe { std::mem::zeroed() }; max.max(1) as usize];
+        let mut returned = 0;
+        // SAFETY: live handle and descriptors; `perf` holds as many structs as asked for.
+        ok("cudnnGetConvolutionForwardAlgorithm_v7", unsafe {
+            dn::cudnnGetConvolutionForwardAlgorithm_v7(
+                self.handle(),
+                plan.x,
+                plan.w,
+                plan.desc,
+                plan.y,
+                perf.len() as i32,
+                &mut returned,
+                perf.as_mut_ptr(),
+            )
+        })?;
+        perf.truncate(returned.max(0) as usize);
+        let strict = !plan.conv.dtype.uses_tensor_cores();
+        Ok(perf
+            .iter()
+            .filter(|r| r.status == dn::cudnnStatus_t::CUDNN_STATUS_SUCCESS)
+            .filter(|r| !strict || r.mathType != dn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH)
+            .map(|r| AlgoRow {
+                // a suggestion carries no time of its own
+                ms: 0.0,
+                ..AlgoRow::from(r)
+            })
+            .filter_map(|row| self.workspace_for(plan, row).ok())
+            .collect())
+    }
+
     /// The workspace `row`'s algorithm needs for `plan` (asked of cuDNN), or an error when it
     /// is over the workspace limit.
     pub(super) fn workspace_for(&self, plan: &ConvPlan, mut row: AlgoRow) -> Result<AlgoRow> {
@@ -392,13 +442,37 @@ impl Dnn {
         x: View<'_>,
         w: View<'_>,
         y: View<'_>,
+        beat: Option<f64>,
     ) -> Result<ConvPlan> {
         let mut plan = ConvPlan::describe(conv)?;
-        let best = self
-            .legacy_candidates(&plan, x, w, y)?
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::NoAlgorithm(format!("{conv:?}")))?;
+        let candidates = self.legacy_candidates(&plan, x, w, y)?;
+        let best = match self.search() {
+            // cuDNN's own timing ordered them; its first suggestion stands untimed
+            super::Search::Exhaustive | super::Search::Heuristic => candidates.first().copied(),
+            super::Search::Fast => {
+                let wsb = self.planning_workspace()?;
+                let ws = wsb.view();
+                let mut best: Option<AlgoRow> = None;
+                for &row in candidates.iter().take(FAST_LEGACY_TRIALS) {
+                    plan.apply(row)?;
+                    self.count(|s| s.candidates_timed += 1);
+                    let to_beat = best.map(|b| f64::from(b.ms)).or(beat);
+                    let timed =
+                        self.candidate_ms_within(to_beat, || self.conv_forward(&plan, x, w, y, ws));
+                    let Ok(ms) = timed else {
+                        continue;
+                    };
+                    if best.is_none_or(|b| ms < f64::from(b.ms)) {
+                        best = Some(AlgoRow {
+                            ms: ms as f32,
+                            ..row
+                        });
+                    }
+                }
+                best
+            }
+        }
+        .ok_or_else(|| Error::NoAlgorithm(format!("{conv:?}")))?;
         plan.apply(best)?;
         Ok(plan)
     }
@@ -417,6 +491,7 @@ impl Dnn {
         bias: View<'_>,
         z: Option<View<'_>>,
         y: View<'_>,
+        beat: Option<f64>,
     ) -> Result<FusedConv> {
         let mut fused = FusedConv::describe(conv, relu)?;
         if !relu {
@@ -435,11 +510,31 @@ impl Dnn {
         let wsb = self.planning_workspace()?;
         let ws = wsb.view();
         let mut best: Option<(f64, AlgoRow)> = None;
-        for &row in candidates.iter().take(FUSED_TRIALS) {
+        let search = self.search();
+        let trials = match search {
+            super::Search::Exhaustive => FUSED_TRIALS,
+            _ => FAST_LEGACY_TRIALS,
+        };
+        for &row in candidates.iter().take(trials) {
             fused.conv.apply(row)?;
-            // an algorithm that cannot run fused is skipped, not fatal
-            let Ok(median) = self.candidate_ms(|| self.fused_forward(&fused, x, w, bias, z, y, ws))
-            else {
+            // a heuristic search takes the first suggestion that runs fused, untimed
+            if search == super::Search::Heuristic {
+                if self.fused_forward(&fused, x, w, bias, z, y, ws).is_ok() {
+                    best = Some((0.0, row));
+                    break;
+                }
+                continue;
+            }
+            // an algorithm that cannot run fused is skipped, not fatal; a fast search stops
+            // timing one that cannot win
+            self.count(|s| s.candidates_timed += 1);
+            let to_beat = match search {
+                super::Search::Fast => best.map(|(t, _)| t).or(beat),
+                _ => None,
+            };
+            let timed = self
+                .candidate_ms_within(to_beat, || self.fused_forward(&fused, x, w, bias, z, y, ws));
+            let Ok(median) = timed else {
                 continue;
             };
             if best.is_none_or(|(t, _)| median < t) {

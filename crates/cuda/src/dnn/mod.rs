@@ -108,6 +108,54 @@ pub(crate) fn ok(call: &'static str, status: dn::cudnnStatus_t) -> Result<()> {
 /// Largest workspace an algorithm may use.
 pub const CONV_WORKSPACE_BYTES: usize = 256 << 20;
 
+/// How hard the selection policy searches for each convolution's fastest way to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Search {
+    /// cuDNN's first suggestion that runs, untimed: for a reference pass whose speed is not
+    /// reported (nothing is measured, nothing is cached).
+    Heuristic,
+    /// The few best of cuDNN's heuristic ranking timed on the real buffers, the finalists
+    /// confirmed in interleaved rounds: the default, planning in about the time PyTorch's
+    /// cudnn.benchmark takes.
+    Fast,
+    /// Every engine configuration cuDNN suggests (and its fallback list, and every legacy
+    /// algorithm) timed: minutes for a whole network, for those who want every candidate.
+    Exhaustive,
+}
+
+impl Search {
+    pub const ALL: [Search; 3] = [Search::Heuristic, Search::Fast, Search::Exhaustive];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Search::Heuristic => "heuristic",
+            Search::Fast => "fast",
+            Search::Exhaustive => "exhaustive",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Search> {
+        Search::ALL
+            .into_iter()
+            .find(|m| m.name() == s.trim().to_ascii_lowercase())
+    }
+}
+
+/// What planning has done since the handle was made: how many convolutions were measured or
+/// taken from the cache, how many candidates were timed and how long it took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PlanStats {
+    /// Convolutions whose choice was measured now.
+    pub measured: usize,
+    /// Convolutions whose choice came from the cache.
+    pub cached: usize,
+    /// Candidates timed (legacy algorithms and backend engines).
+    pub candidates_timed: usize,
+    /// Wall seconds spent choosing (measuring and rebuilding cached plans).
+    pub seconds: f64,
+}
+
 /// How one convolution runs: the legacy fused call, the legacy bare convolution, or a
 /// backend-API graph (fused or bare).
 pub enum ConvChoice {
@@ -186,16 +234,24 @@ pub struct Dnn {
     /// When a candidate was last timed: a GPU idle longer than [`IDLE_CLOCKS_DOWN`] is warmed
     /// before the next one ([`Dnn::candidate_ms`]).
     last_timed: Cell<Option<std::time::Instant>>,
+    search: Cell<Search>,
+    stats: Cell<PlanStats>,
 }
 
 /// A GPU idle this long may have lowered its clocks.
 const IDLE_CLOCKS_DOWN: std::time::Duration = std::time::Duration::from_millis(50);
 /// How long a candidate runs, untimed, on a GPU that was idle: long enough for the clocks to
 /// come up (the first candidates of a selection were timed up to 2x slow without it, and lost).
-/// Launches in a row when finalists are timed as a graph ([`Dnn::back_to_back_ms`]).
+/// Launches in a row when finalists are timed as a graph ([`Dnn::confirm_finalists`]).
 const BACK_TO_BACK: usize = 8;
 
 const WARM_UP: std::time::Duration = std::time::Duration::from_millis(30);
+/// Interleaved rounds in which the finalists are timed again ([`Dnn::confirm_finalists`]).
+const CONFIRM_ROUNDS: usize = 3;
+/// A candidate whose first run takes this many times the best time so far is not timed
+/// further ([`Dnn::candidate_ms_within`]): past a cold GPU's clock ramp (under 2x), it cannot
+/// win.
+const PROBE_FACTOR: f64 = 3.0;
 
 impl Dnn {
     pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<Dnn> {
@@ -227,11 +283,33 @@ impl Dnn {
             workspace_limit: Cell::new(CONV_WORKSPACE_BYTES),
             choices: RefCell::new(cache::Choices::open(gpu)),
             last_timed: Cell::new(None),
+            search: Cell::new(Search::Fast),
+            stats: Cell::new(PlanStats::default()),
         })
     }
 
     pub(crate) fn handle(&self) -> dn::cudnnHandle_t {
         self.handle
+    }
+
+    /// [`Dnn::candidate_ms`], stopped early when a candidate cannot win: with a time to beat,
+    /// one run is timed first, and a candidate over [`PROBE_FACTOR`] times that time is not
+    /// timed further (that run's time is its score). Some legacy algorithms take tens of
+    /// milliseconds a call where the winner takes tens of microseconds: without the probe,
+    /// their warm-up and repetitions cost seconds a convolution.
+    pub(crate) fn candidate_ms_within(
+        &self,
+        beat: Option<f64>,
+        mut work: impl FnMut() -> Result<()>,
+    ) -> Result<f64> {
+        if let Some(beat) = beat.filter(|b| b.is_finite()) {
+            let first = crate::timing::time_on_stream(&self.gpu_stream, 0, 1, &mut work)?;
+            let probe = first.first().copied().unwrap_or(f64::INFINITY);
+            if probe > beat * PROBE_FACTOR {
+                return Ok(probe);
+            }
+        }
+        self.candidate_ms(work)
     }
 
     /// Median device milliseconds of `work` over 5 runs after 2 warm-up runs: how every
@@ -255,25 +333,6 @@ impl Dnn {
         self.last_timed.set(Some(std::time::Instant::now()));
         times.sort_by(f64::total_cmp);
         Ok(times[times.len() / 2])
-    }
-
-    /// Median device milliseconds per run of `work` launched [`BACK_TO_BACK`] times in a row
-    /// from one captured CUDA graph (3 replays untimed, then 5 timed): the conditions the
-    /// engines run in (a graph's back-to-back launches, where Hopper lets one kernel's start
-    /// overlap the previous one's end), which an isolated launch does not show. Finalists are
-    /// ranked by it.
-    pub(crate) fn back_to_back_ms(&self, mut work: impl FnMut() -> Result<()>) -> Result<f64> {
-        let graph = self.gpu_stream.capture(|| {
-            for _ in 0..BACK_TO_BACK {
-                work()?;
-            }
-            Ok::<(), Error>(())
-        })?;
-        let mut replay = || graph.launch();
-        let mut times = crate::timing::time_on_stream(&self.gpu_stream, 3, 5, &mut replay)?;
-        self.last_timed.set(Some(std::time::Instant::now()));
-        times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2] / BACK_TO_BACK as f64)
     }
 
     /// The planning workspace (the workspace limit: the most any plan may use), allocated on
@@ -307,6 +366,91 @@ impl Dnn {
     /// queued that uses it completes first). Planning again allocates it again.
     pub fn release_workspace(&self) {
         self.workspace.borrow_mut().take();
+    }
+
+    /// How the choices made from now on are searched for ([`Search::Fast`] unless set).
+    pub fn set_search(&self, search: Search) {
+        self.search.set(search);
+    }
+
+    /// See [`Dnn::set_search`].
+    pub fn search(&self) -> Search {
+        self.search.get()
+    }
+
+    /// What planning has done so far with this handle.
+    pub fn stats(&self) -> PlanStats {
+        self.stats.get()
+    }
+
+    fn count(&self, change: impl FnOnce(&mut PlanStats)) {
+        let mut s = self.stats.get();
+        change(&mut s);
+        self.stats.set(s);
+    }
+
+    /// Why the choices file on disk was not used, when it could not be read (it is measured
+    /// again and rewritten): a note for the report.
+    pub fn cache_note(&self) -> Option<String> {
+        self.choices.borrow().note()
+    }
+
+    /// Whether the choice for `conv` (fused with or without a residual, or bare when None) is
+    /// in the cache for the current search: planning it will not time anything.
+    pub fn has_choice(&self, conv: Conv, fused: Option<bool>, allow_graph: bool) -> bool {
+        let op = match fused {
+            Some(residual) => cache::Op::Fused { residual },
+            None => cache::Op::Plain,
+        };
+        let key = self.key(conv, op, allow_graph);
+        self.search() == Search::Heuristic
+            || self.choices.borrow().get(&key, self.search()).is_some()
+    }
+
+    /// Times each finalist again, as a graph of [`BACK_TO_BACK`] launches, in
+    /// [`CONFIRM_ROUNDS`] interleaved rounds (A B C, A B C, ...), and sets each one's score to
+    /// the median of its rounds: a clock or a neighbour that changes during the rounds touches
+    /// every finalist alike, so the same convolution is not won by one engine in one run and
+    /// another in the next. A finalist that cannot be captured keeps its first score.
+    pub(crate) fn confirm_finalists<T>(
+        &self,
+        finalists: &mut [(f64, T)],
+        run: impl Fn(&T) -> Result<()>,
+    ) -> Result<()> {
+        if finalists.len() < 2 {
+            return Ok(());
+        }
+        let graphs: Vec<Option<crate::stream::Graph>> = finalists
+            .iter()
+            .map(|(_, item)| {
+                self.gpu_stream
+                    .capture(|| {
+                        for _ in 0..BACK_TO_BACK {
+                            run(item)?;
+                        }
+                        Ok::<(), Error>(())
+                    })
+                    .ok()
+            })
+            .collect();
+        let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); finalists.len()];
+        for _ in 0..CONFIRM_ROUNDS {
+            for (i, graph) in graphs.iter().enumerate() {
+                let Some(graph) = graph else { continue };
+                let mut replay = || graph.launch();
+                let mut times = crate::timing::time_on_stream(&self.gpu_stream, 1, 3, &mut replay)?;
+                times.sort_by(f64::total_cmp);
+                rounds[i].push(times[times.len() / 2] / BACK_TO_BACK as f64);
+            }
+        }
+        self.last_timed.set(Some(std::time::Instant::now()));
+        for ((score, _), mut r) in finalists.iter_mut().zip(rounds) {
+            if !r.is_empty() {
+                r.sort_by(f64::total_cmp);
+                *score = r[r.len() / 2];
+            }
+        }
+        Ok(())
     }
 
     /// Writes the measured choices to disk (also done when the handle is dropped).

@@ -1,18 +1,19 @@
 //! The selection policy: how each convolution runs, decided by measurement in one place for the
-//! inference engine and `bench conv` alike. Every candidate (cuDNN's fastest legacy algorithms,
-//! the backend API's engine configurations, and for the fused form the bare convolution
-//! followed by an epilogue kernel) is timed the same way on the real buffers
-//! ([`Dnn::candidate_ms`]), and the fastest is kept and remembered on disk.
+//! inference engine and `bench conv` alike. Candidates (cuDNN's backend engine configurations,
+//! its legacy algorithms, and for the fused form the bare convolution followed by an epilogue
+//! kernel) are timed the same way on the real buffers ([`Dnn::candidate_ms`]), as many as the
+//! [`Search`] asks for (fast by default: the best few of cuDNN's ranking; exhaustive: all of
+//! them), and the fastest is kept and remembered on disk with the search that found it.
 
 use super::cache::{Choice, Key, Op};
 use super::legacy::{ConvPlan, FusedConv};
-use super::{Conv, ConvChoice, Dnn, Epilogue, CONV_WORKSPACE_BYTES};
+use super::{Conv, ConvChoice, Dnn, Epilogue, Search, CONV_WORKSPACE_BYTES};
 use crate::error::{Error, Result};
 use crate::memory::View;
 use gpukit_types::DType;
 
 impl Dnn {
-    fn key(&self, conv: Conv, op: Op, allow_graph: bool) -> Key {
+    pub(super) fn key(&self, conv: Conv, op: Op, allow_graph: bool) -> Key {
         Key {
             conv,
             op,
@@ -26,10 +27,13 @@ impl Dnn {
         let value = match choice {
             ConvChoice::Fused(f) => Choice::legacy(f.conv.row()),
             ConvChoice::Plain(p) => Choice::legacy(p.row()),
-            ConvChoice::Graph(g) => Choice::Graph { rank: g.rank },
+            ConvChoice::Graph(g) => Choice::Graph {
+                list: g.pick.0,
+                index: g.pick.1,
+            },
             ConvChoice::Split(_) => Choice::Split,
         };
-        self.choices.borrow_mut().put(key, value);
+        self.choices.borrow_mut().put(key, value, self.search());
     }
 
     /// Gives `plan` the cached algorithm of `choice`; None when it no longer fits the
@@ -42,10 +46,30 @@ impl Dnn {
         plan.apply(row).ok()
     }
 
+    /// Counts a convolution planned, from the cache or measured now, and the time it took.
+    fn planned(&self, started: std::time::Instant, cached: bool) {
+        let seconds = started.elapsed().as_secs_f64();
+        self.count(|s| {
+            if cached {
+                s.cached += 1;
+            } else {
+                s.measured += 1;
+            }
+            s.seconds += seconds;
+        });
+        crate::trace::note(|| {
+            format!(
+                "{:.2} ms planning a convolution ({})",
+                seconds * 1e3,
+                if cached { "cached" } else { "measured" }
+            )
+        });
+    }
+
     /// Chooses how the bare convolution `y = conv(x, w)` runs: cuDNN's fastest legacy
     /// algorithm or (when `allow_graph`) a backend engine (for strict f32 only those without
-    /// tensor cores),
-    /// each timed the same way; measured once per convolution and kept on disk.
+    /// tensor cores), each timed the same way, as thoroughly as [`Dnn::search`] says; kept on
+    /// disk. A heuristic search takes cuDNN's first legacy suggestion, untimed.
     pub fn plan_plain_best(
         &self,
         conv: Conv,
@@ -55,42 +79,57 @@ impl Dnn {
         allow_graph: bool,
     ) -> Result<ConvChoice> {
         conv.check(x, w, y)?;
+        let started = std::time::Instant::now();
+        let search = self.search();
         let key = self.key(conv, Op::Plain, allow_graph);
-        let cached = self.choices.borrow().get(&key);
+        let cached = self.choices.borrow().get(&key, search);
         match &cached {
             Some(c @ Choice::Legacy { .. }) => {
                 let mut plan = ConvPlan::describe(conv)?;
                 if self.use_cached(&mut plan, c).is_some() {
                     trace_cached(conv, c);
+                    self.planned(started, true);
                     return Ok(ConvChoice::Plain(plan));
                 }
             }
-            Some(Choice::Graph { rank }) if allow_graph => {
-                if let Ok(g) = self.plan_graph(conv, x, w, None, None, false, y, Some(*rank)) {
-                    trace_cached(conv, &Choice::Graph { rank: *rank });
+            Some(c @ Choice::Graph { list, index }) if allow_graph => {
+                let only = Some((*list, *index));
+                if let Ok(g) = self.plan_graph(conv, x, w, None, None, false, y, only) {
+                    trace_cached(conv, c);
+                    self.planned(started, true);
                     return Ok(ConvChoice::Graph(g));
                 }
             }
             _ => {}
         }
-        let legacy = self.plan_legacy(conv, x, w, y);
-        // timed like the graph candidates (cuDNN's own figure comes from another method)
-        let legacy_ms = match &legacy {
-            Ok(l) => {
-                let wsb = self.planning_workspace()?;
-                let ws = wsb.view();
-                self.candidate_ms(|| self.conv_forward(l, x, w, y, ws))?
+        if search == Search::Heuristic {
+            if let Ok(legacy) = self.plan_legacy(conv, x, w, y, None) {
+                self.planned(started, false);
+                return Ok(ConvChoice::Plain(legacy));
             }
-            Err(_) => f64::INFINITY,
-        };
-        if crate::trace::on() {
-            eprintln!("trace: {conv:?} legacy candidate: {legacy_ms:.4} ms");
         }
+        // the backend engines first: they win almost everywhere, and their time lets a fast
+        // search stop timing legacy algorithms that cannot beat it
         let graph = if allow_graph && conv.dtype != DType::F64 {
             self.plan_graph(conv, x, w, None, None, false, y, None).ok()
         } else {
             None
         };
+        let legacy = self.plan_legacy(conv, x, w, y, graph.as_ref().map(|g| g.ms));
+        // timed like the graph candidates (cuDNN's own figure comes from another method)
+        let legacy_ms = match (&legacy, search) {
+            (Ok(l), Search::Exhaustive) => {
+                let wsb = self.planning_workspace()?;
+                let ws = wsb.view();
+                self.count(|s| s.candidates_timed += 1);
+                self.candidate_ms(|| self.conv_forward(l, x, w, y, ws))?
+            }
+            (Ok(l), _) => l.measured_ms().unwrap_or(f64::INFINITY),
+            (Err(_), _) => f64::INFINITY,
+        };
+        if crate::trace::on() {
+            eprintln!("trace: {conv:?} legacy candidate: {legacy_ms:.4} ms");
+        }
         let choice = match (graph, legacy) {
             (Some(g), _) if g.ms < legacy_ms => ConvChoice::Graph(g),
             (_, Ok(legacy)) => ConvChoice::Plain(legacy),
@@ -98,13 +137,15 @@ impl Dnn {
             (None, Err(e)) => return Err(e),
         };
         self.remember(key, &choice);
+        self.planned(started, false);
         Ok(choice)
     }
 
     /// Chooses how `y = relu(conv(x, w) + bias [+ z])` runs: the legacy fused call or (when
     /// `allow_graph` and the dtype runs on tensor cores) a backend-API graph (strict f32 stays
     /// on the legacy fused call: see decision 43), whichever
-    /// measured faster; measured once per convolution and kept on disk.
+    /// measured faster, as thoroughly as [`Dnn::search`] says; kept on disk. A heuristic
+    /// search takes the legacy fused call with cuDNN's first suggestion that runs, untimed.
     ///
     /// With `split`, the bare convolution followed by that epilogue is a candidate too (not
     /// when `z` is `y` itself: the bare convolution would overwrite the residual first).
@@ -121,6 +162,8 @@ impl Dnn {
         split: Option<Epilogue<'_>>,
     ) -> Result<ConvChoice> {
         conv.check(x, w, y)?;
+        let started = std::time::Instant::now();
+        let search = self.search();
         let split = split.filter(|_| z.is_none_or(|z| !z.same_start(&y)));
         let key = self.key(
             conv,
@@ -129,50 +172,66 @@ impl Dnn {
             },
             allow_graph,
         );
-        let cached = self.choices.borrow().get(&key);
+        let cached = self.choices.borrow().get(&key, search);
         match &cached {
             Some(c @ Choice::Legacy { .. }) => {
                 let mut fused = FusedConv::describe(conv, true)?;
                 if self.use_cached(&mut fused.conv, c).is_some() {
                     trace_cached(conv, c);
+                    self.planned(started, true);
                     return Ok(ConvChoice::Fused(fused));
                 }
             }
-            Some(Choice::Graph { rank }) if allow_graph => {
-                let g = self.plan_graph(conv, x, w, Some(bias), z, true, y, Some(*rank));
+            Some(c @ Choice::Graph { list, index }) if allow_graph => {
+                let only = Some((*list, *index));
+                let g = self.plan_graph(conv, x, w, Some(bias), z, true, y, only);
                 if let Ok(g) = g {
-                    trace_cached(conv, &Choice::Graph { rank: *rank });
+                    trace_cached(conv, c);
+                    self.planned(started, true);
                     return Ok(ConvChoice::Graph(g));
                 }
             }
             Some(Choice::Split) if split.is_some() => {
                 if let Ok(bare) = self.plan_plain_best(conv, x, w, y, allow_graph) {
                     trace_cached(conv, &Choice::Split);
+                    self.planned(started, true);
                     return Ok(ConvChoice::Split(Box::new(bare)));
                 }
             }
             _ => {}
         }
-        let legacy = self.plan_fused_legacy(conv, true, x, w, bias, z, y)?;
+        if search == Search::Heuristic {
+            let legacy = self.plan_fused_legacy(conv, true, x, w, bias, z, y, None)?;
+            self.planned(started, false);
+            return Ok(ConvChoice::Fused(legacy));
+        }
+        // the backend engines first: their time lets a fast search stop timing legacy
+        // algorithms that cannot beat it (some take milliseconds a call fused with a residual)
         let graph = if allow_graph && conv.dtype.uses_tensor_cores() {
             self.plan_graph(conv, x, w, Some(bias), z, true, y, None)
                 .ok()
         } else {
             None
         };
-        let mut best_ms = legacy.conv.measured_ms().unwrap_or(f64::INFINITY);
-        let mut choice = ConvChoice::Fused(legacy);
-        if let Some(g) = graph {
-            if g.ms < best_ms {
-                best_ms = g.ms;
-                choice = ConvChoice::Graph(g);
+        let legacy =
+            self.plan_fused_legacy(conv, true, x, w, bias, z, y, graph.as_ref().map(|g| g.ms));
+        let (best_ms, mut choice) = match (legacy, graph) {
+            (Ok(l), g) => {
+                let legacy_ms = l.conv.measured_ms().unwrap_or(f64::INFINITY);
+                match g {
+                    Some(g) if g.ms < legacy_ms => (g.ms, ConvChoice::Graph(g)),
+                    _ => (legacy_ms, ConvChoice::Fused(l)),
+                }
             }
-        }
+            (Err(_), Some(g)) => (g.ms, ConvChoice::Graph(g)),
+            (Err(e), None) => return Err(e),
+        };
         if let Some(epilogue) = split {
             // timed like the others: the bare convolution and the epilogue, back to back
             let bare = self.plan_plain_best(conv, x, w, y, allow_graph)?;
             let wsb = self.planning_workspace()?;
             let ws = wsb.view();
+            self.count(|s| s.candidates_timed += 1);
             let ms = self.candidate_ms(|| {
                 self.bare_forward(&bare, x, w, y, ws)?;
                 epilogue(y, bias, z)
@@ -182,6 +241,7 @@ impl Dnn {
             }
         }
         self.remember(key, &choice);
+        self.planned(started, false);
         Ok(choice)
     }
 

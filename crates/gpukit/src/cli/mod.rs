@@ -261,6 +261,21 @@ pub struct InferArgs {
     /// "logits_<strategy>" for each other strategy).
     #[arg(long, value_name = "FILE", requires = "input")]
     pub save_output: Option<PathBuf>,
+
+    /// How each convolution's cuDNN engine is chosen: fast (the few best of cuDNN's ranking
+    /// timed, about as long as PyTorch's cudnn.benchmark) or exhaustive (every suggested
+    /// engine and algorithm timed: minutes). Choices are kept on disk either way.
+    #[arg(long, default_value = "fast", value_name = "SEARCH", value_parser = parse_planning)]
+    pub planning: gpukit_cuda::dnn::Search,
+}
+
+pub(crate) fn parse_planning(s: &str) -> Result<gpukit_cuda::dnn::Search, String> {
+    match gpukit_cuda::dnn::Search::parse(s) {
+        Some(gpukit_cuda::dnn::Search::Heuristic) | None => {
+            Err("unknown planning (fast or exhaustive)".to_string())
+        }
+        Some(search) => Ok(search),
+    }
 }
 
 fn parse_strategy(s: &str) -> Result<InferStrategy, String> {
@@ -327,6 +342,10 @@ pub struct ConvArgs {
     /// Run the same convolutions through PyTorch (cudnn.benchmark on) and show both.
     #[arg(long)]
     pub compare_pytorch: bool,
+
+    /// How each row's cuDNN engine is chosen: fast or exhaustive (as for infer).
+    #[arg(long, default_value = "fast", value_name = "SEARCH", value_parser = parse_planning)]
+    pub planning: gpukit_cuda::dnn::Search,
 }
 
 /// Parses one square matrix size.

@@ -223,10 +223,54 @@ pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
             notes,
         });
     }
+    if !r.planning.is_empty() {
+        out.push(planning_section(&r.planning));
+    }
     if let Some(p) = &r.pytorch {
         out.push(pytorch_infer_section(p));
     }
     out
+}
+
+/// How each GPU session's convolutions were planned and what it cost.
+fn planning_section(planning: &[gpukit_bench::infer::Planning]) -> Section {
+    let rows = planning
+        .iter()
+        .map(|p| {
+            vec![
+                p.what.clone(),
+                p.search.name().to_string(),
+                p.measured.to_string(),
+                p.cached.to_string(),
+                p.candidates_timed.to_string(),
+                format!("{:.2}", p.seconds),
+            ]
+        })
+        .collect();
+    let total: f64 = planning.iter().map(|p| p.seconds).sum();
+    Section {
+        title: "Planning".into(),
+        header: Some(
+            [
+                "session",
+                "search",
+                "convolutions measured",
+                "from the cache",
+                "candidates timed",
+                "seconds",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        rows,
+        notes: vec![format!(
+            "{total:.2} s in all preparing the GPU sessions (lowering, memory, choosing each \
+             convolution's engine); fast: the few best of cuDNN's ranking timed, the finalists \
+             confirmed in interleaved rounds; heuristic: cuDNN's first suggestion, untimed (the \
+             fp32 reference of rows that are not fp32); choices are kept on disk for the next run \
+             (--planning exhaustive times every candidate)"
+        )],
+    }
 }
 
 /// `infer --input`: each strategy's logits against the CPU's.

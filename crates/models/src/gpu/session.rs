@@ -15,6 +15,9 @@ use std::sync::Arc;
 
 mod profile;
 
+/// Values the in-place check draws before repeating them (a prime: see `check_in_place`).
+const IN_PLACE_PERIOD: usize = 1_000_003;
+
 /// Memory of one prepared batch.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct SessionMemory {
@@ -89,6 +92,20 @@ impl<'a> Session<'a> {
         w: usize,
         reuse: bool,
     ) -> Result<Session<'a>> {
+        Self::new_observed(ctx, weights, n, h, w, reuse, &mut |_| {})
+    }
+
+    /// [`Session::new`], telling `progress` how planning goes: a line for each convolution
+    /// planned ("planning convolutions: 5 of 21, 16 to measure, about 1.2 s left").
+    pub fn new_observed(
+        ctx: &'a GpuContext,
+        weights: &'a GpuWeights,
+        n: usize,
+        h: usize,
+        w: usize,
+        reuse: bool,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Session<'a>> {
         if n == 0 {
             return Err(Error::Invalid("batch size must be at least 1".into()));
         }
@@ -100,12 +117,21 @@ impl<'a> Session<'a> {
         // cannot write over their residual: there speed goes first (decision 29)
         let split_plans = weights.layout == Layout::Nchw && weights.dtype.uses_tensor_cores();
         let in_place = reuse && !split_plans;
-        let mut session = Self::prepare(ctx, weights, (n, h, w), reuse, in_place, try_graph)?;
+        let mut session = Self::prepare(
+            ctx,
+            weights,
+            (n, h, w),
+            reuse,
+            in_place,
+            try_graph,
+            progress,
+        )?;
         if !session.in_place.is_empty() {
             if let Err(why) = session.check_in_place() {
                 // an engine that cannot write over its residual: plan again without that
                 drop(session);
-                session = Self::prepare(ctx, weights, (n, h, w), reuse, false, try_graph)?;
+                session =
+                    Self::prepare(ctx, weights, (n, h, w), reuse, false, try_graph, progress)?;
                 session.in_place_note = Some(why);
             }
         }
@@ -122,6 +148,7 @@ impl<'a> Session<'a> {
         reuse: bool,
         in_place: bool,
         try_graph: bool,
+        progress: &mut dyn FnMut(&str),
     ) -> Result<Session<'a>> {
         let Lowered {
             spans,
@@ -181,7 +208,7 @@ impl<'a> Session<'a> {
             layer_names: weights.shape.conv_names(),
         };
         session.memory.arena_bytes = session.plan.total;
-        session.plan_convolutions()?;
+        session.plan_convolutions(progress)?;
         let need = session.memory.conv_workspace_bytes;
         if need > session.workspace.len() {
             session.workspace = ctx.alloc(need, "convolution workspace")?;
@@ -219,16 +246,24 @@ impl<'a> Session<'a> {
             checked.push(Rc::as_ptr(&run));
             let fail = |e: &dyn std::fmt::Display| format!("in-place check of {}: {e}", run.name());
             let seed = gpukit_tensor::random::fresh_seed();
-            let random = |t: &Tensor, seed: u64| -> Result<Tensor> {
-                let values = gpukit_tensor::random::uniform_f32(t.numel(), seed);
-                Ok(Tensor::from_f32_as(t.shape(), &values, t.dtype())?)
+            // random values, whatever the layout: a block drawn once and repeated at a prime
+            // period (no layout's dimensions align with it), written straight into the
+            // tensor's bytes; drawing every element on the host took seconds at batch 256
+            let fill = |t: usize, seed: u64| -> Result<()> {
+                let view = self.view(t)?;
+                let block = gpukit_tensor::codec::encode_f32(
+                    &gpukit_tensor::random::uniform_f32(IN_PLACE_PERIOD, seed),
+                    self.tensors[t].dtype(),
+                );
+                let mut bytes = Vec::with_capacity(view.bytes());
+                while bytes.len() < view.bytes() {
+                    let take = (view.bytes() - bytes.len()).min(block.len());
+                    bytes.extend_from_slice(&block[..take]);
+                }
+                Ok(self.ctx.gpu.upload_into(view, &bytes)?)
             };
-            let (input, residual) = (
-                random(&self.tensors[x], seed).map_err(|e| fail(&e))?,
-                random(&self.tensors[y], seed ^ 0x9e37).map_err(|e| fail(&e))?,
-            );
-            self.tensors[x].write(&input).map_err(|e| fail(&e))?;
-            self.tensors[z].write(&residual).map_err(|e| fail(&e))?;
+            fill(x, seed).map_err(|e| fail(&e))?;
+            fill(z, seed ^ 0x9e37).map_err(|e| fail(&e))?;
             let elsewhere = self
                 .ctx
                 .alloc(self.tensors[y].bytes(), "in-place check")
@@ -244,11 +279,16 @@ impl<'a> Session<'a> {
             let dtype = self.tensors[y].dtype();
             let decode = |bytes: Vec<u8>| gpukit_tensor::codec::decode_f32(&bytes, dtype);
             let gpu = &self.ctx.gpu;
-            let want = decode(gpu.download(&elsewhere).map_err(|e| fail(&e))?);
-            let got = decode(
-                gpu.download_from(zv, elsewhere.len())
-                    .map_err(|e| fail(&e))?,
-            );
+            let want_bytes = gpu.download(&elsewhere).map_err(|e| fail(&e))?;
+            let got_bytes = gpu
+                .download_from(zv, elsewhere.len())
+                .map_err(|e| fail(&e))?;
+            // the same kernel on the same inputs usually gives the same bits: compared as
+            // bytes first, decoded only when they differ
+            if want_bytes == got_bytes {
+                continue;
+            }
+            let (want, got) = (decode(want_bytes), decode(got_bytes));
             let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
             let worst = want
                 .iter()
@@ -283,11 +323,51 @@ impl<'a> Session<'a> {
         }
     }
 
-    fn plan_convolutions(&mut self) -> Result<()> {
+    /// The distinct convolutions to plan (one plan serves every layer of the same shape and
+    /// epilogue), and how many of them the choice cache already holds.
+    fn convolutions_to_plan(&self) -> (usize, usize) {
+        let mut seen = std::collections::HashSet::new();
+        let mut cached = 0;
+        for op in &self.ops {
+            if let Op::Conv {
+                conv, x, z, relu, ..
+            } = *op
+            {
+                let spec = self.conv_of(conv, x);
+                if seen.insert((spec, z.is_some(), relu)) {
+                    let fused = relu.then_some(z.is_some());
+                    cached += usize::from(self.ctx.dnn.has_choice(spec, fused, self.try_graph));
+                }
+            }
+        }
+        (seen.len(), cached)
+    }
+
+    fn plan_convolutions(&mut self, progress: &mut dyn FnMut(&str)) -> Result<()> {
         let mut runs = Vec::with_capacity(self.ops.len());
         let mut algorithms = Vec::new();
         let mut workspace = 0;
         let mut planned: HashMap<(Conv, bool, bool), Rc<ConvChoice>> = HashMap::new();
+        let (total, cached) = self.convolutions_to_plan();
+        let started = std::time::Instant::now();
+        let before = self.ctx.dnn.stats();
+        let say = |progress: &mut dyn FnMut(&str), done: usize| {
+            let measured = self.ctx.dnn.stats().measured - before.measured;
+            let to_measure = total - cached;
+            let left = match (measured, to_measure.saturating_sub(measured)) {
+                (_, 0) => String::new(),
+                (0, _) => String::new(),
+                (m, rest) => format!(
+                    ", about {:.1} s left",
+                    started.elapsed().as_secs_f64() / m as f64 * rest as f64
+                ),
+            };
+            progress(&format!(
+                "planning convolutions: {done} of {total} ({to_measure} to measure, {cached} \
+                 cached{left})"
+            ));
+        };
+        say(progress, 0);
         for op in &self.ops {
             let Op::Conv {
                 conv,
@@ -331,6 +411,7 @@ impl<'a> Session<'a> {
             let run = Rc::new(run);
             planned.insert((spec, z.is_some(), relu), run.clone());
             runs.push(Some(run));
+            say(progress, planned.len());
         }
         self.ctx.dnn.save_choices();
         self.runs = runs;

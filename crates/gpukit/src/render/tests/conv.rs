@@ -108,6 +108,7 @@ fn conv_rows() {
         rounds: 0,
         totals: gpukit_bench::conv::summary::totals(&rows),
         slowest: None,
+        planning: None,
         rows,
     };
     assert_drawn("conv", &conv_sections(&report));
@@ -164,6 +165,7 @@ fn conv_rows_beside_pytorch() {
         rounds: 4,
         totals: gpukit_bench::conv::summary::totals(&rows),
         slowest: gpukit_bench::conv::summary::slowest(&rows),
+        planning: None,
         rows,
     };
     let sections = conv_sections(&report);

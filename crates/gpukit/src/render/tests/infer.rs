@@ -55,6 +55,7 @@ fn infer_report(rows: Vec<InferRow>, gpu_unavailable: Option<&str>) -> InferRepo
         gpu_unavailable: gpu_unavailable.map(str::to_string),
         pytorch: None,
         tensorrt: None,
+        planning: Vec::new(),
     }
 }
 
