@@ -155,6 +155,9 @@ pub struct ConvReport {
 pub struct ConvPlanning {
     pub search: gpukit_cuda::dnn::Search,
     pub stats: gpukit_cuda::dnn::PlanStats,
+    /// Why the cuDNN choice cache on disk was not used, when it could not be read.
+    #[serde(default)]
+    pub cache_note: Option<String>,
 }
 
 /// Whether `bench conv` runs this dtype on the GPU (f64 is not a convolution dtype here).
@@ -289,6 +292,7 @@ fn run(
     report.planning = gpu.as_ref().map(|(_, d)| ConvPlanning {
         search: d.search(),
         stats: d.stats(),
+        cache_note: d.cache_note(),
     });
     report
 }

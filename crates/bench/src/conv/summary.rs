@@ -205,6 +205,7 @@ pub fn notes(report: &ConvReport, with_pytorch: bool) -> Vec<String> {
             s.cached,
             s.seconds
         ));
+        notes.extend(p.cache_note.iter().map(|n| format!("warning: {n}")));
     }
     if !with_pytorch {
         return notes;

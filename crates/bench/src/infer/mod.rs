@@ -185,6 +185,7 @@ pub fn run_infer(
         pytorch: None,
         tensorrt: None,
         planning: Vec::new(),
+        cache_note: None,
     };
     let wanted: Vec<InferStrategy> = opts
         .strategies
@@ -299,6 +300,7 @@ pub fn run_infer(
                 let rows = run.rows(&gpu, &singles, &batches, progress);
                 report.rows.extend(rows);
                 report.planning = run.planning.take();
+                report.cache_note = ctx.dnn.cache_note();
             }
             Err(e) => report.gpu_unavailable = Some(e.to_string()),
         }

@@ -100,6 +100,9 @@ pub struct InferReport {
     /// How each GPU session's convolutions were planned, and how long it took.
     #[serde(default)]
     pub planning: Vec<Planning>,
+    /// Why the cuDNN choice cache on disk was not used, when it could not be read.
+    #[serde(default)]
+    pub cache_note: Option<String>,
 }
 
 /// The planning of one GPU session (a precision and layout at one batch size): how many

@@ -289,6 +289,7 @@ fn report(rows: Vec<InferRow>) -> InferReport {
         pytorch: None,
         tensorrt: None,
         planning: Vec::new(),
+        cache_note: None,
     }
 }
 

@@ -224,7 +224,10 @@ pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
         });
     }
     if !r.planning.is_empty() {
-        out.push(planning_section(&r.planning));
+        let mut s = planning_section(&r.planning);
+        s.notes
+            .extend(r.cache_note.iter().map(|n| format!("warning: {n}")));
+        out.push(s);
     }
     if let Some(p) = &r.pytorch {
         out.push(pytorch_infer_section(p));

@@ -56,6 +56,7 @@ fn infer_report(rows: Vec<InferRow>, gpu_unavailable: Option<&str>) -> InferRepo
         pytorch: None,
         tensorrt: None,
         planning: Vec::new(),
+        cache_note: None,
     }
 }
 
