@@ -239,20 +239,8 @@ fn pointwise_op(pw: &Desc, x: &Desc, b: Option<&Desc>, y: &Desc) -> Result<Desc>
 /// cuDNN's global index of the engine behind an engine configuration, and whether its
 /// numerical notes say it runs on tensor cores.
 fn engine_facts(cfg: &Desc) -> Result<(i64, Option<bool>)> {
-    let engine = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
+    let engine = engine_of(cfg)?;
     let mut n = 0i64;
-    let mut raw = engine.0;
-    // SAFETY: one descriptor, created above, for cuDNN to fill with the configuration's engine.
-    ok("cudnnBackendGetAttribute", unsafe {
-        dn::cudnnBackendGetAttribute(
-            cfg.0,
-            A::CUDNN_ATTR_ENGINECFG_ENGINE,
-            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-            1,
-            &mut n,
-            &mut raw as *mut dn::cudnnBackendDescriptor_t as *mut c_void,
-        )
-    })?;
     let mut index = -1i64;
     // SAFETY: one INT64 into a local.
     ok("cudnnBackendGetAttribute", unsafe {
@@ -285,17 +273,13 @@ fn engine_facts(cfg: &Desc) -> Result<(i64, Option<bool>)> {
     Ok((index, tensor_cores))
 }
 
-/// Whether the configuration's engine compiles its kernel at run time (cuDNN's behaviour
-/// note): finalizing such a plan runs NVRTC, about half a second each, where a precompiled
-/// engine's takes milliseconds. False when cuDNN does not say.
-fn compiles_at_run_time(cfg: &Desc) -> bool {
-    let Ok(engine) = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR) else {
-        return false;
-    };
+/// The engine of an engine configuration.
+fn engine_of(cfg: &Desc) -> Result<Desc> {
+    let engine = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
     let mut n = 0i64;
     let mut raw = engine.0;
     // SAFETY: one descriptor, created above, for cuDNN to fill with the configuration's engine.
-    let got = ok("cudnnBackendGetAttribute", unsafe {
+    ok("cudnnBackendGetAttribute", unsafe {
         dn::cudnnBackendGetAttribute(
             cfg.0,
             A::CUDNN_ATTR_ENGINECFG_ENGINE,
@@ -304,10 +288,17 @@ fn compiles_at_run_time(cfg: &Desc) -> bool {
             &mut n,
             &mut raw as *mut dn::cudnnBackendDescriptor_t as *mut c_void,
         )
-    });
-    if got.is_err() {
+    })?;
+    Ok(engine)
+}
+
+/// Whether the configuration's engine compiles its kernel at run time (cuDNN's behaviour
+/// note): finalizing such a plan runs NVRTC, about half a second each, where a precompiled
+/// engine's takes milliseconds. False when cuDNN does not say.
+fn compiles_at_run_time(cfg: &Desc) -> bool {
+    let Ok(engine) = engine_of(cfg) else {
         return false;
-    }
+    };
     let mut notes = [dn::cudnnBackendBehaviorNote_t::CUDNN_BEHAVIOR_NOTE_TYPE_COUNT; 16];
     let mut count = 0i64;
     // SAFETY: an array of 16 notes; cuDNN writes at most that many and says how many.

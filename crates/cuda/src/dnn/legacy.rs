@@ -327,14 +327,7 @@ impl Dnn {
             return self.suggested_rows(plan);
         }
         plan.conv.check(x, w, y)?;
-        let mut max = 0;
-        // SAFETY: live handle, out-pointer to a local.
-        ok("cudnnGetConvolutionForwardAlgorithmMaxCount", unsafe {
-            dn::cudnnGetConvolutionForwardAlgorithmMaxCount(self.handle(), &mut max)
-        })?;
-        // SAFETY: zeroed POD structs, overwritten by cuDNN.
-        let mut perf: Vec<dn::cudnnConvolutionFwdAlgoPerfStruct> =
-            vec![unsafe { std::mem::zeroed() }; max.max(1) as usize];
+        let mut perf = self.perf_slots()?;
         let mut returned = 0;
         let wsb = self.planning_workspace()?;
         let ws = wsb.view();
@@ -357,28 +350,27 @@ impl Dnn {
             )
         })?;
         perf.truncate(returned.max(0) as usize);
-        let strict = !plan.conv.dtype.uses_tensor_cores();
-        // cuDNN sorts by time; strict f32 must also not have slipped onto tensor cores
-        Ok(perf
-            .iter()
-            .filter(|r| r.status == dn::cudnnStatus_t::CUDNN_STATUS_SUCCESS)
-            .filter(|r| r.memory <= ws.bytes())
-            .filter(|r| !strict || r.mathType != dn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH)
-            .map(AlgoRow::from)
+        // cuDNN sorts by time
+        Ok(usable(plan, &perf)
+            .filter(|r| r.workspace_bytes <= ws.bytes())
             .collect())
     }
 
-    /// cuDNN's heuristic ranking of the legacy algorithms for `plan` (nothing is run): those
-    /// it supports, within the workspace limit and (strict f32) off tensor cores.
-    fn suggested_rows(&self, plan: &ConvPlan) -> Result<Vec<AlgoRow>> {
+    /// As many empty result slots as cuDNN has legacy forward algorithms.
+    fn perf_slots(&self) -> Result<Vec<dn::cudnnConvolutionFwdAlgoPerfStruct>> {
         let mut max = 0;
         // SAFETY: live handle, out-pointer to a local.
         ok("cudnnGetConvolutionForwardAlgorithmMaxCount", unsafe {
             dn::cudnnGetConvolutionForwardAlgorithmMaxCount(self.handle(), &mut max)
         })?;
         // SAFETY: zeroed POD structs, overwritten by cuDNN.
-        let mut perf: Vec<dn::cudnnConvolutionFwdAlgoPerfStruct> =
-            vec![unsafe { std::mem::zeroed() }; max.max(1) as usize];
+        Ok(vec![unsafe { std::mem::zeroed() }; max.max(1) as usize])
+    }
+
+    /// cuDNN's heuristic ranking of the legacy algorithms for `plan` (nothing is run): those
+    /// it supports, within the workspace limit and (strict f32) off tensor cores.
+    fn suggested_rows(&self, plan: &ConvPlan) -> Result<Vec<AlgoRow>> {
+        let mut perf = self.perf_slots()?;
         let mut returned = 0;
         // SAFETY: live handle and descriptors; `perf` holds as many structs as asked for.
         ok("cudnnGetConvolutionForwardAlgorithm_v7", unsafe {
@@ -394,16 +386,9 @@ impl Dnn {
             )
         })?;
         perf.truncate(returned.max(0) as usize);
-        let strict = !plan.conv.dtype.uses_tensor_cores();
-        Ok(perf
-            .iter()
-            .filter(|r| r.status == dn::cudnnStatus_t::CUDNN_STATUS_SUCCESS)
-            .filter(|r| !strict || r.mathType != dn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH)
-            .map(|r| AlgoRow {
-                // a suggestion carries no time of its own
-                ms: 0.0,
-                ..AlgoRow::from(r)
-            })
+        Ok(usable(plan, &perf)
+            // a suggestion carries no time of its own
+            .map(|row| AlgoRow { ms: 0.0, ..row })
             .filter_map(|row| self.workspace_for(plan, row).ok())
             .collect())
     }
@@ -636,4 +621,17 @@ impl Dnn {
             )
         })
     }
+}
+
+/// The results cuDNN reports as supported, as rows; for strict f32 only those off tensor cores
+/// (cuDNN may otherwise slip a TF32 algorithm in).
+fn usable<'a>(
+    plan: &ConvPlan,
+    perf: &'a [dn::cudnnConvolutionFwdAlgoPerfStruct],
+) -> impl Iterator<Item = AlgoRow> + 'a {
+    let strict = !plan.conv.dtype.uses_tensor_cores();
+    perf.iter()
+        .filter(|r| r.status == dn::cudnnStatus_t::CUDNN_STATUS_SUCCESS)
+        .filter(move |r| !strict || r.mathType != dn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH)
+        .map(AlgoRow::from)
 }
