@@ -88,6 +88,15 @@ pub fn parameters(widths: &[usize]) -> Option<u64> {
     })
 }
 
+/// "16-64-1": the layer widths as `--layers` writes them.
+fn widths_name(cfg: &TrainConfig) -> String {
+    cfg.widths
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
 /// The widest layer (inputs included).
 fn widest(cfg: &TrainConfig) -> usize {
     cfg.widths.iter().copied().max().unwrap_or(1)
@@ -123,11 +132,7 @@ pub fn host_need(cfg: &TrainConfig, data: &DataShape, usage: &HostUse) -> Need {
     let copies = u64::from(usage.gpu) + u64::from(!usage.data_loaded);
     let mut need = Need::host(format!(
         "training MLP {} (batch {}, {} samples of {} features)",
-        cfg.widths
-            .iter()
-            .map(usize::to_string)
-            .collect::<Vec<_>>()
-            .join("-"),
+        widths_name(cfg),
         cfg.batch_size,
         data.samples(),
         data.features
@@ -225,11 +230,7 @@ pub fn device_need(
         ordinal,
         format!(
             "training MLP {} on the GPU (batch {}, {})",
-            cfg.widths
-                .iter()
-                .map(usize::to_string)
-                .collect::<Vec<_>>()
-                .join("-"),
+            widths_name(cfg),
             cfg.batch_size,
             precision.name()
         ),

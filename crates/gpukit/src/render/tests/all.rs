@@ -7,18 +7,18 @@ use std::path::PathBuf;
 #[test]
 fn all_ends_with_the_page_to_open_after_naming_every_file_written() {
     let doc = run67();
-    let dir = PathBuf::from("out/run 1");
+    let dir = PathBuf::from("out/my report");
     let written: Vec<PathBuf> = ["report.json", "report.md", "report.html"]
         .iter()
         .map(|n| dir.join(n))
         .collect();
     let done = all_done(&doc, &written);
-    assert_eq!(done.last.as_deref(), Some("open out/run 1/report.html"));
+    assert_eq!(done.last.as_deref(), Some("open out/my report/report.html"));
     assert_eq!(done.head.len(), 2, "{:?}", done.head);
     let wrote = &done.head[1];
     assert!(
         wrote.starts_with(
-            "wrote out/run 1/report.json, out/run 1/report.md, out/run 1/report.html in "
+            "wrote out/my report/report.json, out/my report/report.md, out/my report/report.html in "
         ),
         "{wrote}"
     );
