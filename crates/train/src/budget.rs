@@ -57,6 +57,9 @@ pub struct HostUse {
     pub compare_pytorch: bool,
     /// Ranks sharing every combined batch (1: one device).
     pub world: usize,
+    /// Ranks this process drives (data-parallel threads each keep their own copy of the data,
+    /// the weights and the optimizer state on the host; 1 otherwise).
+    pub ranks_here: usize,
     /// The data is already in memory (read from a file): its first copy is not counted again.
     pub data_loaded: bool,
 }
@@ -129,7 +132,8 @@ pub fn host_need(cfg: &TrainConfig, data: &DataShape, usage: &HostUse) -> Need {
         .map(|w| w[0].saturating_mul(w[1]))
         .max()
         .unwrap_or(0);
-    let copies = u64::from(usage.gpu) + u64::from(!usage.data_loaded);
+    let ranks = usage.ranks_here.max(1) as u64;
+    let copies = if usage.gpu { ranks } else { 0 } + u64::from(!usage.data_loaded);
     let mut need = Need::host(format!(
         "training MLP {} (batch {}, {} samples of {} features)",
         widths_name(cfg),
@@ -153,11 +157,11 @@ pub fn host_need(cfg: &TrainConfig, data: &DataShape, usage: &HostUse) -> Need {
         } else {
             "weights and gradients"
         },
-        f32s(params).and_then(|b| b.checked_mul(if usage.gpu { 1 } else { 2 })),
+        f32s(params).and_then(|b| b.checked_mul(if usage.gpu { ranks } else { 2 })),
     )
     .add(
         "optimizer state",
-        f32s(params).and_then(|b| b.checked_mul(state_buffers(cfg))),
+        f32s(params).and_then(|b| b.checked_mul(state_buffers(cfg) * ranks)),
     )
     .add(
         // every layer output of a batch (kept for backward, or the evaluation's), backward's
@@ -326,6 +330,7 @@ mod tests {
         gpu: false,
         compare_pytorch: false,
         world: 1,
+        ranks_here: 1,
         data_loaded: false,
     };
 

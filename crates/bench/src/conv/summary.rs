@@ -197,7 +197,7 @@ pub fn notes(report: &ConvReport, with_pytorch: bool) -> Vec<String> {
     if let Some(p) = &report.planning {
         let s = &p.stats;
         notes.push(format!(
-            "planning ({} search): {} engine choices measured ({} candidates timed), {} from the \
+            "planning ({} search): {} engine choices made now ({} candidates timed), {} from the \
              cache, {:.2} s",
             p.search.name(),
             s.measured,

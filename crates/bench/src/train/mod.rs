@@ -290,17 +290,17 @@ pub fn check_request(r: &TrainRequest) -> Result<()> {
 
 /// The host memory reading `path` takes: the file's bytes and the data decoded from them
 /// (CSV text may decode to twice its size: "1," is two bytes, its f32 four).
-fn file_need(path: &std::path::Path) -> Result<Need> {
+fn file_need(path: &std::path::Path) -> Need {
     let len = std::fs::metadata(path).map_or(0, |m| m.len());
     let csv = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
-    Ok(Need::host(format!("reading {}", path.display()))
+    Need::host(format!("reading {}", path.display()))
         .with("the file", Some(len))
         .with(
             "the data decoded from it",
             len.checked_mul(if csv { 2 } else { 1 }),
-        ))
+        )
 }
 
 /// `--steps N` makes N updates: with no `--epochs` the run takes as many epochs as that needs;
@@ -378,7 +378,7 @@ pub fn run_train_ranked(
         crate::peer::torch_version()?;
     }
     if let Some(path) = &r.data {
-        file_need(path)?.check_host("give a smaller --data file")?;
+        file_need(path).check_host("give a smaller --data file")?;
     }
     let file_data = r.data.as_deref().map(|p| data::load(p, task)).transpose()?;
     let mut p = plan(r, file_data.as_ref());
@@ -420,6 +420,10 @@ pub fn run_train_ranked(
         gpu: matches!(r.device, Some(Device::Cuda(_))) || r.parallel.is_some(),
         compare_pytorch: r.compare_pytorch,
         world,
+        ranks_here: match &r.parallel {
+            Some(crate::train::parallel::Ranks::Threads(g)) => *g,
+            _ => 1,
+        },
         data_loaded: file_data.is_some(),
     };
     host_need(&p.cfg, &shape, &usage).check_host(HINT)?;

@@ -253,24 +253,34 @@ fn engine_facts(cfg: &Desc) -> Result<(i64, Option<bool>)> {
             &mut index as *mut i64 as *mut c_void,
         )
     })?;
-    let mut notes = [dn::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_TYPE_COUNT; 16];
+    let tensor_cores = notes(
+        &engine,
+        A::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+        T::CUDNN_TYPE_NUMERICAL_NOTE,
+        dn::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_TYPE_COUNT,
+    )
+    .map(|n| n.contains(&dn::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_TENSOR_CORE));
+    Ok((index, tensor_cores))
+}
+
+/// An engine's notes of one kind (`ty` names the C enum `N`); None when cuDNN does not say.
+fn notes<N: Copy>(engine: &Desc, attr: A, ty: T, empty: N) -> Option<Vec<N>> {
+    let mut notes = [empty; 16];
     let mut count = 0i64;
-    // SAFETY: an array of 16 notes; cuDNN writes at most that many and says how many.
+    // SAFETY: an array of 16 notes of the enum `ty` names; cuDNN writes at most that many and
+    // says how many.
     let read = ok("cudnnBackendGetAttribute", unsafe {
         dn::cudnnBackendGetAttribute(
             engine.0,
-            A::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
-            T::CUDNN_TYPE_NUMERICAL_NOTE,
+            attr,
+            ty,
             notes.len() as i64,
             &mut count,
             notes.as_mut_ptr() as *mut c_void,
         )
     });
-    let tensor_cores = read.ok().map(|()| {
-        notes[..count.clamp(0, notes.len() as i64) as usize]
-            .contains(&dn::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_TENSOR_CORE)
-    });
-    Ok((index, tensor_cores))
+    read.ok()
+        .map(|()| notes[..count.clamp(0, notes.len() as i64) as usize].to_vec())
 }
 
 /// The engine of an engine configuration.
@@ -299,22 +309,15 @@ fn compiles_at_run_time(cfg: &Desc) -> bool {
     let Ok(engine) = engine_of(cfg) else {
         return false;
     };
-    let mut notes = [dn::cudnnBackendBehaviorNote_t::CUDNN_BEHAVIOR_NOTE_TYPE_COUNT; 16];
-    let mut count = 0i64;
-    // SAFETY: an array of 16 notes; cuDNN writes at most that many and says how many.
-    let read = ok("cudnnBackendGetAttribute", unsafe {
-        dn::cudnnBackendGetAttribute(
-            engine.0,
-            A::CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE,
-            T::CUDNN_TYPE_BEHAVIOR_NOTE,
-            notes.len() as i64,
-            &mut count,
-            notes.as_mut_ptr() as *mut c_void,
-        )
-    });
-    read.is_ok()
-        && notes[..count.clamp(0, notes.len() as i64) as usize]
-            .contains(&dn::cudnnBackendBehaviorNote_t::CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)
+    notes(
+        &engine,
+        A::CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE,
+        T::CUDNN_TYPE_BEHAVIOR_NOTE,
+        dn::cudnnBackendBehaviorNote_t::CUDNN_BEHAVIOR_NOTE_TYPE_COUNT,
+    )
+    .is_some_and(|n| {
+        n.contains(&dn::cudnnBackendBehaviorNote_t::CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)
+    })
 }
 
 /// Candidates timed a second time before the fastest backend engine is chosen.

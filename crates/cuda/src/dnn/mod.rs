@@ -146,7 +146,7 @@ impl Search {
 /// taken from the cache, how many candidates were timed and how long it took.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct PlanStats {
-    /// Convolutions whose choice was measured now.
+    /// Convolutions whose choice was made now (timed, or untimed by a heuristic search).
     pub measured: usize,
     /// Convolutions whose choice came from the cache.
     pub cached: usize,

@@ -257,7 +257,7 @@ fn planning_section(planning: &[gpukit_bench::infer::Planning]) -> Section {
             [
                 "session",
                 "search",
-                "convolutions measured",
+                "convolutions chosen now",
                 "from the cache",
                 "candidates timed",
                 "seconds",
