@@ -146,7 +146,7 @@ if [ "$MODE" = guard ]; then
     grep -E '^error' "$W/refuse-$label.txt" | cut -c1-400 | tee -a "$SUMMARY"
   }
   refuse huge-train train --device cuda:0 --layers 100000,100000,100000,1 --samples 100000 --features 100000
-  refuse gpu-only train --device cuda:0 --precision bf16 --optimizer sgd --layers 1024,122000,122000,1 --samples 4096 --features 1024
+  refuse gpu-only train --device cuda:0 --precision bf16 --optimizer sgd --layers 1024,130000,130000,1 --samples 4096 --features 1024
   refuse profile-cpu profile infer --device cpu --batch-size 100000
   refuse matmul-iterations bench matmul --device cuda:0 --iterations 99999999999
   for name in train_cli gpu_train gpu_engine bad_input profile_cli; do

@@ -168,7 +168,8 @@ fn gpu_settings_on_the_cpu_are_bad_input() -> Result<(), Failed> {
 /// data is bad input.
 /// Runs larger than the GPU are refused before anything is allocated or generated: exit 1 in
 /// under 2 s, naming what they need against what is there (the host's share first: 100,000
-/// samples of 100,000 features; then a model that fits the host but not the GPU).
+/// samples of 100,000 features; then a model that fits a 128 GiB host (68 GB of weights) but
+/// no GPU lent here, H200 included (169 GB of weights, gradients and 16-bit copies)).
 fn a_run_larger_than_the_gpu_is_refused_at_once() -> Result<(), Failed> {
     for (args, memory) in [
         (
@@ -195,7 +196,7 @@ fn a_run_larger_than_the_gpu_is_refused_at_once() -> Result<(), Failed> {
                 "--optimizer",
                 "sgd",
                 "--layers",
-                "1024,122000,122000,1",
+                "1024,130000,130000,1",
                 "--samples",
                 "4096",
                 "--features",
