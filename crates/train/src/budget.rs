@@ -1,5 +1,6 @@
 //! What a training run will hold, counted before anything is allocated: the host's share (data,
-//! model, optimizer state, one batch's activations and workspace, per-update losses) and, on a
+//! model, optimizer state, one batch's activations and workspace or the batches staged for a
+//! GPU, per-update losses) and, on a
 //! GPU, the device's share as [`crate::gpu::GpuTrainer::new`] allocates it. The resource guard
 //! ([`gpukit_types::resources`]) sets them against what the machine has, so a run too large for
 //! it is refused in milliseconds with the flag to change, instead of an abort or an
@@ -164,15 +165,32 @@ pub fn host_need(cfg: &TrainConfig, data: &DataShape, usage: &HostUse) -> Need {
         f32s(params).and_then(|b| b.checked_mul(state_buffers(cfg) * ranks)),
     )
     .add(
-        // every layer output of a batch (kept for backward, or the evaluation's), backward's
-        // two running gradients and the widest layer's weight gradient
-        "one batch's activations and workspace",
-        sum(&[
-            bytes(&[rows, per_row], 4),
-            bytes(&[rows, widest, 2], 4),
-            bytes(&[largest_layer], 4),
-            bytes(&[rows, data.features.saturating_add(data.target_width)], 4),
-        ]),
+        // on the CPU every layer output of a batch (kept for backward, or the evaluation's),
+        // backward's two running gradients and the widest layer's weight gradient; a GPU run
+        // computes those on the device and holds only the batches its loader stages
+        if usage.gpu {
+            "batches staged for the GPU"
+        } else {
+            "one batch's activations and workspace"
+        },
+        if usage.gpu {
+            bytes(
+                &[
+                    rows,
+                    data.features.saturating_add(data.target_width),
+                    crate::gpu::feed::RING + 1,
+                    usage.ranks_here.max(1),
+                ],
+                4,
+            )
+        } else {
+            sum(&[
+                bytes(&[rows, per_row], 4),
+                bytes(&[rows, widest, 2], 4),
+                bytes(&[largest_layer], 4),
+                bytes(&[rows, data.features.saturating_add(data.target_width)], 4),
+            ])
+        },
     )
     .add("an epoch's batch order", bytes(&[data.samples()], 8))
     .add(
@@ -405,6 +423,26 @@ mod tests {
             "estimate {estimate}, held {held}: {:?}",
             out.memory
         );
+    }
+
+    /// The model `train_cli`'s GPU refusal test asks for fits a 125 GiB host but no lent GPU
+    /// (an H200 has about 139 GiB): the refusal it expects is the device's.
+    #[test]
+    fn the_gpu_refusal_case_fits_the_host_and_no_gpu() {
+        let c = cfg(&[1024, 130_000, 130_000, 1], 64, OptimizerKind::Sgd);
+        let data = DataShape {
+            train: 4096,
+            eval: 0,
+            features: 1024,
+            target_width: 1,
+        };
+        let gpu = HostUse { gpu: true, ..CPU };
+        let host = host_need(&c, &data, &gpu).total().unwrap();
+        let device = device_need(0, &c, &data, Precision::Bf16, Loader::Resident)
+            .total()
+            .unwrap();
+        assert!(host < 100 << 30, "host {host}");
+        assert!(device > 150 << 30, "device {device}");
     }
 
     #[test]

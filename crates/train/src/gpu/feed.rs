@@ -77,7 +77,7 @@ pub(crate) struct PinnedRing {
 }
 
 /// Buffers in the ring: one being copied, one being filled, one ready.
-const RING: usize = 3;
+pub(crate) const RING: usize = 3;
 
 impl PinnedRing {
     /// Starts the worker over `batches` (each a list of sample indices) of `data`.
