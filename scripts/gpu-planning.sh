@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # On the lent GPU machine, over binaries staged by ../shared/tools/stage-for-device.sh:
-#   bash scripts/gpu-planning.sh [first|second]
+#   bash scripts/gpu-planning.sh [first|check|tests|second]
 # How long planning takes and what it picks. first: PyTorch's first iteration with
 # cudnn.benchmark; gpukit's first infer with an empty choice cache under the fast search, the
 # same again warm, then under the exhaustive search; the images/s of both choices (fast,
 # exhaustive, exhaustive, fast, on warm caches, at batch 1, 32 and 256); `all --quick` cold; the
-# planning GPU tests. second: `bench conv --compare-pytorch` cold, then `all` cold.
+# planning GPU tests. check: the fast search cold, warm and at batch 256 against the exhaustive
+# one, `all --quick` cold. tests: the GPU tests of planning and the engine, then check.
+# second: `bench conv --compare-pytorch` cold, then `all` cold (WITH_ALL=1).
 # Each cache is its own XDG_CACHE_HOME under a temporary folder, so "cold" is empty. Writes
 # summary.txt and planning.tar.gz under $OUT; prints the summary.
 set -u
@@ -76,6 +78,18 @@ if [ "$MODE" = first ]; then
   done
 fi
 
+if [ "$MODE" = tests ]; then
+  for t in gpu gpu_ops gpu_engine; do
+    b=$(ls "$TESTS"/"$t"-* 2>/dev/null | head -1)
+    [ -n "$b" ] || continue
+    t0=$(date +%s%N)
+    env -u LD_LIBRARY_PATH XDG_CACHE_HOME="$W/cache-tests" GPUKIT_REQUIRE_GPU=1 timeout 300 "$b" --test-threads 1 >"$W/test-$t.txt" 2>&1
+    say "test $t rc=$? in $(ms_since "$t0") ms: $(grep -E '^test result' "$W/test-$t.txt")"
+    grep -E "FAILED|failed|panicked" "$W/test-$t.txt" | head -5 | tee -a "$SUMMARY"
+  done
+  MODE=check
+fi
+
 if [ "$MODE" = check ]; then
   say "pytorch first iteration: $(python3 scripts/pytorch_first_iteration.py --batch 32 --dtype fp16 --layout nhwc 2>&1 | tail -1)"
   one="infer --device cuda:0 --batch-sizes 32 --strategies fp16-nhwc --gpu-iterations 20"
@@ -83,6 +97,14 @@ if [ "$MODE" = check ]; then
   run fast fast-cold $one
   # shellcheck disable=SC2086
   run fast fast-warm $one
+  grep -E "planning .* convolutions:|finalized ahead|infer cpu|verification|batch-1|timing" "$W/fast-cold.err" | tail -12 | tee -a "$SUMMARY"
+  grep -E "trace: +[0-9.]+ ms  infer" "$W/fast-warm.err" | tail -12 | tee -a "$SUMMARY"
+  # shellcheck disable=SC2086
+  run exh exh-cold $one --planning exhaustive
+  for order in fast exh exh fast; do
+    # shellcheck disable=SC2086
+    run "$order" "ab32-$order-$RANDOM" infer --device cuda:0 --batch-sizes 32 --strategies fp16-nhwc-graph --gpu-iterations 300 $([ "$order" = exh ] && echo --planning exhaustive)
+  done
   big="infer --device cuda:0 --batch-sizes 256 --strategies fp16-nhwc-graph --gpu-iterations 200"
   # shellcheck disable=SC2086
   run fast fast-256-cold $big
@@ -94,11 +116,14 @@ if [ "$MODE" = check ]; then
   done
   pack
   run quick all-quick-cold all --quick --out "$W/all-quick"
+  python3 - "$W/all-quick/report.json" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import json, sys
+d = json.load(open(sys.argv[1]))
+d = d.get("result", d)
+print("  all --quick sections:", ", ".join(f"{n} {s:.1f} s" for n, s in d.get("seconds", [])))
+PY
   pack
-  b=$(ls "$TESTS"/gpu_ops-* 2>/dev/null | head -1)
-  env -u LD_LIBRARY_PATH XDG_CACHE_HOME="$W/cache-tests" GPUKIT_REQUIRE_GPU=1 timeout 120 "$b" --test-threads 1 >"$W/test-gpu_ops.txt" 2>&1
-  say "test gpu_ops rc=$?: $(grep -E '^test result' "$W/test-gpu_ops.txt")"
-  MODE=second
+  [ "${WITH_SECOND:-0}" = 1 ] && MODE=second
 fi
 
 if [ "$MODE" = second ]; then

@@ -271,6 +271,11 @@ pub fn run_all(
         });
     }
 
+    // gpukit's own kernels compile on other cores while the first parts run (the lessons,
+    // training and memory parts use them)
+    if gpu {
+        gpukit_cuda::nvrtc::warm_cache(discovery, ordinal(opts.selection));
+    }
     progress("[gpukit all] bench matmul");
     let t = Instant::now();
     let mut matmul = run_matmul(discovery, &matmul_options(gpu, opts), progress);

@@ -1,5 +1,5 @@
 //! gpukit's own small GPU kernels (layout/precision conversion, pooling, bias), written in CUDA C,
-//! compiled at run time by NVRTC for the device's own architecture and cached on disk.
+//! compiled at run time by NVRTC for the device's own architecture and cached on disk (`nvrtc`).
 //!
 //! To use: [`Kernels::new`] once per opened [`Gpu`] (compiles, or reads the cached PTX), then the
 //! launch methods, which enqueue on the GPU's stream and return at once (capturable in a graph).
@@ -8,16 +8,12 @@
 
 use crate::driver::Gpu;
 use crate::error::{Error, Result};
-use crate::loader::{Discovery, Lib};
+use crate::loader::Discovery;
 use crate::memory::View;
+use crate::nvrtc::Module;
 use crate::stream::Stream;
-use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::{CompileOptions, Ptx};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use gpukit_types::{DType, Layout};
-use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
-use std::path::PathBuf;
-use std::sync::Arc;
 
 /// The kernels' name for an activation's storage type (f32, f16, bf16; tf32 is f32 storage),
 /// shared by every NVRTC source of this crate.
@@ -166,7 +162,33 @@ extern "C" __global__ void add_bias_f32(float* y, const float* b, int rows, int 
         y[o] += b[o % cols];
     }
 }
+
+// count[0] += how many of the first `bytes` bytes of a and b differ, compared a 32-bit word at
+// a time (a word counts once however many of its bytes differ), the tail byte by byte.
+extern "C" __global__ void count_unequal(const unsigned* a, const unsigned* b, long bytes,
+                                        unsigned long long* count) {
+    long words = bytes / 4;
+    unsigned long long mine = 0;
+    for (long o = blockIdx.x * (long)blockDim.x + threadIdx.x; o < words;
+         o += (long)gridDim.x * blockDim.x) {
+        mine += a[o] != b[o];
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        const unsigned char* ab = (const unsigned char*)a;
+        const unsigned char* bb = (const unsigned char*)b;
+        for (long o = words * 4; o < bytes; ++o) mine += ab[o] != bb[o];
+    }
+    if (mine) atomicAdd(count, mine);
+}
 "#;
+
+/// The module's name in the PTX cache.
+pub(crate) const STEM: &str = "kernels";
+
+/// The module's whole CUDA C source.
+pub(crate) fn source() -> String {
+    format!("{HALF}{SOURCE}")
+}
 
 /// The compiled kernels of one device.
 pub struct Kernels {
@@ -195,90 +217,14 @@ pub(crate) fn int(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::Invalid(format!("{what} = {v} exceeds i32")))
 }
 
-fn cache_file(discovery: &Discovery, source: &str, stem: &str, arch: &str) -> Option<PathBuf> {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    source.hash(&mut h);
-    arch.hash(&mut h);
-    crate::libs::api_version(discovery, Lib::Nvrtc).hash(&mut h);
-    crate::loader::cache_dir().map(|d| d.join(format!("{stem}-{arch}-{:016x}.ptx", h.finish())))
-}
-
-/// CUDA C compiled by NVRTC for one device (or read from the on-disk PTX cache) and loaded,
-/// with the functions named.
-pub(crate) struct Module {
-    _module: Arc<CudaModule>,
-    pub(crate) functions: HashMap<String, CudaFunction>,
-    pub(crate) origin: String,
-    pub(crate) load_ms: f64,
-}
-
-impl Module {
-    /// Compiles `source` for `gpu`'s architecture (cached as `{stem}-{arch}-{hash}.ptx`) and
-    /// loads the functions in `names`.
-    pub(crate) fn load(
-        discovery: &Discovery,
-        gpu: &Gpu,
-        source: &str,
-        stem: &str,
-        names: &[String],
-    ) -> Result<Module> {
-        let start = std::time::Instant::now();
-        let (major, minor) = gpu.compute_capability()?;
-        let arch = format!("sm_{major}{minor}");
-        let cached = cache_file(discovery, source, stem, &arch);
-        let from_cache = cached
-            .as_ref()
-            .and_then(|p| std::fs::read_to_string(p).ok().map(|s| (p.clone(), s)));
-        let (ptx, origin) = match from_cache {
-            Some((path, text)) => (Ptx::from_src(text), path.display().to_string()),
-            None => {
-                if !discovery.usable(Lib::Nvrtc) {
-                    return Err(Error::MissingLibrary(discovery.missing_message(Lib::Nvrtc)));
-                }
-                // SAFETY: asks the loader only.
-                if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-                    return Err(Error::MissingLibrary(
-                        "NVRTC was found but did not load".into(),
-                    ));
-                }
-                let opts = CompileOptions {
-                    options: vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()],
-                    ..Default::default()
-                };
-                let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
-                    .map_err(|e| Error::Compile(e.to_string()))?;
-                if let Some(path) = &cached {
-                    // a cache: when it cannot be written, the next run compiles again
-                    let _ = gpukit_types::files::write_atomically(path, ptx.to_src().as_bytes());
-                }
-                (ptx, "compiled by NVRTC".to_string())
-            }
-        };
-        let module = gpu.ctx().load_module(ptx)?;
-        let mut functions = HashMap::new();
-        for name in names {
-            let f = module.load_function(name)?;
-            functions.insert(name.clone(), f);
-        }
-        Ok(Module {
-            _module: module,
-            functions,
-            origin,
-            load_ms: start.elapsed().as_secs_f64() * 1e3,
-        })
-    }
-
-    pub(crate) fn function(&self, name: &str) -> Result<&CudaFunction> {
-        self.functions
-            .get(name)
-            .ok_or_else(|| Error::Invalid(format!("no kernel named {name}")))
-    }
-}
-
 impl Kernels {
     /// Compiles the kernels for `gpu` (or reads them from the on-disk cache) and loads them.
     pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<Kernels> {
-        let mut names = vec!["add_bias_f32".to_string(), "stream_barrier".to_string()];
+        let mut names = vec![
+            "add_bias_f32".to_string(),
+            "stream_barrier".to_string(),
+            "count_unequal".to_string(),
+        ];
         for e in ["f32", "f16", "bf16"] {
             for l in ["nchw", "nhwc"] {
                 for k in ["convert_input", "max_pool", "avg_pool", "bias_relu"] {
@@ -286,13 +232,7 @@ impl Kernels {
                 }
             }
         }
-        let module = Module::load(
-            discovery,
-            gpu,
-            &format!("{HALF}{SOURCE}"),
-            "kernels",
-            &names,
-        )?;
+        let module = Module::load(discovery, gpu, &source(), STEM, &names)?;
         Ok(Kernels {
             stream: gpu.stream().clone(),
             origin: module.origin.clone(),
@@ -444,6 +384,24 @@ impl Kernels {
         // SAFETY: no parameters; one thread that does nothing.
         unsafe { b.launch(cudarc::driver::LaunchConfig::for_num_elems(1)) }?;
         Ok(())
+    }
+
+    /// Whether the first `bytes` bytes of `a` and `b` are equal, compared on the GPU (waits for
+    /// the answer): a check of a whole activation without copying it to the host.
+    pub fn equal_bytes(&self, a: View<'_>, b: View<'_>, bytes: usize) -> Result<bool> {
+        a.require(bytes, "equal_bytes a")?;
+        b.require(bytes, "equal_bytes b")?;
+        let count = self.stream.raw().alloc_zeros::<u64>(1)?;
+        let f = self.function("count_unequal")?;
+        let (pa, pb, n) = (a.addr(), b.addr(), bytes as i64);
+        let mut l = self.stream.raw().launch_builder(f);
+        l.arg(&pa).arg(&pb).arg(&n).arg(&count);
+        // SAFETY: parameters (const unsigned*, const unsigned*, long, unsigned long long*)
+        // matched above; both views hold `bytes` bytes (checked); device allocations are at
+        // least 4-byte aligned and views start at tensor offsets the arena aligns.
+        unsafe { l.launch(config(bytes.div_ceil(4))) }?;
+        let got = self.stream.raw().clone_dtoh(&count)?;
+        Ok(got.first() == Some(&0))
     }
 
     /// `y[r, k] += bias[k]` for a row-major f32 `rows x cols` matrix.

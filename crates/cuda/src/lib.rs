@@ -19,6 +19,7 @@ pub mod lt;
 pub mod memory;
 pub mod nccl;
 pub mod nvml;
+pub mod nvrtc;
 pub mod pattern;
 pub mod profiler;
 pub mod stream;

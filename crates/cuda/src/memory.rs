@@ -174,6 +174,34 @@ impl Gpu {
         self.synchronize()
     }
 
+    /// Repeats the first `period` bytes of `dst` over the rest of it, on the GPU (doubling
+    /// copies: a handful however large `dst` is), and waits: a periodic fill of a large buffer
+    /// from one small upload.
+    pub fn repeat_prefix(&self, dst: View<'_>, period: usize) -> Result<()> {
+        if period == 0 {
+            return Err(Error::Invalid("repeat_prefix: an empty period".into()));
+        }
+        self.bind()?;
+        let total = dst.bytes();
+        // [0, done) holds whole periods; copying it to [done, ..) keeps the period
+        let mut done = period.min(total);
+        while done < total {
+            let take = done.min(total - done);
+            // SAFETY: [0, take) and [done, done + take) lie inside the view and do not overlap
+            // (take <= done).
+            unsafe {
+                result::memcpy_dtod_async(
+                    dst.addr() + done as u64,
+                    dst.addr(),
+                    take,
+                    self.stream().cu(),
+                )
+            }?;
+            done += take;
+        }
+        self.synchronize()
+    }
+
     /// Copies the first `len` bytes of `src` to the host.
     pub fn download_from(&self, src: View<'_>, len: usize) -> Result<Vec<u8>> {
         let mut out = vec![0u8; len];

@@ -8,9 +8,10 @@
 
 use crate::driver::Gpu;
 use crate::error::{Error, Result};
-use crate::kernels::{config, tag, Module, HALF};
+use crate::kernels::{config, tag, HALF};
 use crate::loader::Discovery;
 use crate::memory::{DeviceBuffer, View};
+use crate::nvrtc::Module;
 use crate::stream::Stream;
 use cudarc::driver::PushKernelArg;
 use gpukit_types::DType;
@@ -117,6 +118,14 @@ PATTERN(H, f16)
 PATTERN(B, bf16)
 "#;
 
+/// The module's name in the PTX cache.
+pub(crate) const STEM: &str = "pattern";
+
+/// The module's whole CUDA C source.
+pub(crate) fn source() -> String {
+    format!("{HALF}{SOURCE}")
+}
+
 /// The pattern kernels of one GPU, with the counter they add to.
 pub struct Pattern {
     stream: Stream,
@@ -131,13 +140,7 @@ impl Pattern {
             names.push(format!("fill_{t}"));
             names.push(format!("count_wrong_{t}"));
         }
-        let module = Module::load(
-            discovery,
-            gpu,
-            &format!("{HALF}{SOURCE}"),
-            "pattern",
-            &names,
-        )?;
+        let module = Module::load(discovery, gpu, &source(), STEM, &names)?;
         Ok(Pattern {
             stream: gpu.stream().clone(),
             module,

@@ -16,9 +16,10 @@
 
 use crate::driver::Gpu;
 use crate::error::{Error, Result};
-use crate::kernels::{Module, HALF};
+use crate::kernels::HALF;
 use crate::loader::Discovery;
 use crate::memory::View;
+use crate::nvrtc::Module;
 use crate::stream::Stream;
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use gpukit_types::DType;
@@ -91,6 +92,14 @@ impl Dims {
             sy: i64s(sy),
         })
     }
+}
+
+/// The module's name in the PTX cache.
+pub(crate) const STEM: &str = "tensor-kernels";
+
+/// The module's whole CUDA C source.
+pub(crate) fn source() -> String {
+    format!("{HALF}{SOURCE}")
 }
 
 /// An operand of a strided op: its bytes and its strides in elements (the shape is the op's).
@@ -180,13 +189,7 @@ impl TensorKernels {
             .iter()
             .flat_map(|s| ["f64", "f32", "f16", "bf16"].map(|t| format!("{s}_{t}")))
             .collect();
-        let module = Module::load(
-            discovery,
-            gpu,
-            &format!("{HALF}{SOURCE}"),
-            "tensor-kernels",
-            &names,
-        )?;
+        let module = Module::load(discovery, gpu, &source(), STEM, &names)?;
         let sms = crate::driver::device_attributes(gpu.ordinal, gpu.ordinal + 1)
             .map(|a| a.sm_count as usize)
             .unwrap_or(108)

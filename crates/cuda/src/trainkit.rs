@@ -13,9 +13,10 @@
 
 use crate::driver::Gpu;
 use crate::error::{Error, Result};
-use crate::kernels::{config, int, tag, Module, HALF};
+use crate::kernels::{config, int, tag, HALF};
 use crate::loader::Discovery;
 use crate::memory::View;
+use crate::nvrtc::Module;
 use crate::stream::Stream;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use gpukit_types::DType;
@@ -234,6 +235,14 @@ extern "C" __global__ void advance(State* st, int scaled, double lr, double beta
 /// Bytes of the device-side step state.
 pub const STATE_BYTES: usize = 32;
 
+/// The module's name in the PTX cache.
+pub(crate) const STEM: &str = "train-kernels";
+
+/// The module's whole CUDA C source.
+pub(crate) fn source() -> String {
+    format!("{HALF}{SOURCE}")
+}
+
 /// The step state as the host sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepState {
@@ -341,13 +350,7 @@ impl TrainKernels {
                 names.push(format!("{k}_{t}"));
             }
         }
-        let module = Module::load(
-            discovery,
-            gpu,
-            &format!("{HALF}{SOURCE}"),
-            "train-kernels",
-            &names,
-        )?;
+        let module = Module::load(discovery, gpu, &source(), STEM, &names)?;
         Ok(TrainKernels {
             stream: gpu.stream().clone(),
             origin: module.origin.clone(),

@@ -138,10 +138,9 @@ fn check_destination_file(path: &Path, flag: &str) -> Result<()> {
         .map_err(|e| Error::BadInput(format!("{flag} {}: {e}", path.display())).into())
 }
 
-/// Progress lines on stderr, only when a person is watching.
 /// What is running, for long commands: on a terminal a spinner line (elapsed time, rows done,
 /// the current row) cleared before the results print; otherwise one line per row on stderr, so
-/// logs show progress too.
+/// logs show progress too (with `GPUKIT_TRACE=1`, each with the time since gpukit started).
 fn progress() -> impl FnMut(&str) {
     use std::io::IsTerminal;
     let bar = std::io::stderr().is_terminal().then(|| {
@@ -163,6 +162,7 @@ fn progress() -> impl FnMut(&str) {
             started = true;
             b.set_message(line.to_string());
         }
+        None if gpukit_cuda::trace::on() => gpukit_cuda::trace::done_since_process_start(line),
         None => eprintln!("  {line}"),
     }
 }

@@ -20,7 +20,7 @@ use crate::peer::PeerServer;
 use crate::random::{fresh_seed, uniform_f32};
 use crate::report::{judge_rows, Document, PeerFigure, RowStatus, Verification};
 use gpu::{gpu_conv, ConvTurns};
-use gpukit_cuda::dnn::{Conv, Dnn};
+use gpukit_cuda::dnn::{Conv, Dnn, GraphSpec};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::Gpu;
 use gpukit_tensor::{ConvShape, DType, Device, Layout};
@@ -268,6 +268,25 @@ fn run(
             None
         }
     });
+    // helper threads finalize the engines that compile at run time, row by row ahead of the
+    // planner
+    if let Some((_, dnn)) = &gpu {
+        let mut specs = Vec::new();
+        for &batch in &opts.batches {
+            for named in shapes {
+                for &layout in &opts.layouts {
+                    for &dtype in opts.dtypes.iter().filter(|d| benchmarked(**d)) {
+                        specs.push(GraphSpec::plain(Conv {
+                            shape: named.shape.with_batch(batch),
+                            layout,
+                            dtype,
+                        }));
+                    }
+                }
+            }
+        }
+        dnn.precompile(&specs, true);
+    }
     for &batch in &opts.batches {
         for named in shapes {
             let named = NamedShape {
@@ -286,6 +305,9 @@ fn run(
                 report.rows.extend(rows);
             }
         }
+    }
+    if let Some((_, dnn)) = &gpu {
+        dnn.finish_precompile();
     }
     report.totals = summary::totals(&report.rows);
     report.slowest = summary::slowest(&report.rows);

@@ -433,6 +433,72 @@ impl GpuRun<'_> {
         progress: &mut dyn FnMut(&str),
     ) -> Vec<InferRow> {
         let s = self.image;
+        if !is_ref {
+            if let RefState::Unavailable(status) = &*reference {
+                return here
+                    .iter()
+                    .map(|st| self.row(st, n, status.clone()))
+                    .collect();
+            }
+        }
+        let fp32_rows = !here.is_empty();
+        // the GPU reference's own check: gpukit's CPU forward on the first images, on other
+        // cores while the GPU's session is planned
+        std::thread::scope(|scope| {
+            let cpu_check = is_ref.then(|| {
+                let k = n.min(CPU_CHECK_IMAGES);
+                progress(&format!(
+                    "infer cpu: checking logits for {k} image(s) of batch {n}"
+                ));
+                let folded = self.folded;
+                scope.spawn(move || {
+                    images(x, k, s)
+                        .map_err(gpukit_models::Error::from)
+                        .and_then(|t| values(folded.forward_cpu(&t)))
+                        .map(|logits| Reference {
+                            logits,
+                            images: k,
+                            label: format!(
+                                "gpukit's f32 CPU forward (first {k} image(s) of the batch)"
+                            ),
+                        })
+                        .map_err(|e| e.to_string())
+                })
+            });
+            let cpu_check = cpu_check.map(|job| {
+                move || {
+                    job.join()
+                        .unwrap_or_else(|_| Err("gpukit's CPU forward stopped".to_string()))
+                }
+            });
+            self.planned_batch(
+                weights,
+                (here, is_ref, fp32_rows),
+                (n, x),
+                reference,
+                fp32_eager,
+                firsts,
+                progress,
+                cpu_check,
+            )
+        })
+    }
+
+    /// [`Self::at_batch`] once the CPU's check (for the reference pair) is under way:
+    /// `cpu_check` waits for it.
+    #[allow(clippy::too_many_arguments)]
+    fn planned_batch(
+        &self,
+        weights: &GpuWeights,
+        (here, is_ref, fp32_rows): (&[Strategy], bool, bool),
+        (n, x): (usize, &[f32]),
+        reference: &mut RefState,
+        fp32_eager: &mut Option<f64>,
+        firsts: &mut Vec<(Strategy, Vec<f32>)>,
+        progress: &mut dyn FnMut(&str),
+        cpu_check: Option<impl FnOnce() -> Result<Reference, String>>,
+    ) -> Vec<InferRow> {
+        let s = self.image;
         let classes = self.folded.num_classes;
         let all = |status: RowStatus| -> Vec<InferRow> {
             here.iter()
@@ -440,34 +506,6 @@ impl GpuRun<'_> {
                 .collect()
         };
         let pair = pair_name(weights.dtype, weights.layout);
-        if !is_ref {
-            if let RefState::Unavailable(status) = &*reference {
-                return all(status.clone());
-            }
-        }
-        let fp32_rows = !here.is_empty();
-        // the GPU reference's own check: gpukit's CPU forward on the first images
-        let cpu_check = if is_ref {
-            let k = n.min(CPU_CHECK_IMAGES);
-            progress(&format!(
-                "infer cpu: checking logits for {k} image(s) of batch {n}"
-            ));
-            Some(
-                images(x, k, s)
-                    .map_err(gpukit_models::Error::from)
-                    .and_then(|t| values(self.folded.forward_cpu(&t)))
-                    .map(|logits| Reference {
-                        logits,
-                        images: k,
-                        label: format!(
-                            "gpukit's f32 CPU forward (first {k} image(s) of the batch)"
-                        ),
-                    })
-                    .map_err(|e| e.to_string()),
-            )
-        } else {
-            None
-        };
         // the reference of rows that are not fp32 is only checked against, never reported: its
         // speed does not matter, so cuDNN's first suggestion plans it, untimed
         let search = self.ctx.dnn.search();
@@ -493,7 +531,7 @@ impl GpuRun<'_> {
             Ok(session) => session,
             Err(e) => {
                 if let Some(check) = cpu_check {
-                    *reference = match check {
+                    *reference = match check() {
                         // too big for fp32: smaller precisions may fit; check them on the CPU's
                         Ok(mut r) if is_oom(&e) => {
                             r.label.push_str(": the GPU fp32 reference did not fit");
@@ -528,7 +566,7 @@ impl GpuRun<'_> {
         // the reference pair: its rows show the CPU check; the reference is its first pass
         let mut cpu_agreement = None;
         if let Some(check) = cpu_check {
-            let cpu = match check {
+            let cpu = match check() {
                 Ok(c) => c,
                 Err(e) => {
                     *reference = RefState::Unavailable(dependent_status(

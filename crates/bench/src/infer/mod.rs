@@ -147,29 +147,64 @@ pub fn unusable(report: &InferReport, selection: DeviceSelection) -> Option<Erro
     None
 }
 
-/// Runs every requested strategy at every batch size: the CPU rows, then the GPU rows.
+/// Runs every requested strategy at every batch size: the CPU rows, then the GPU rows. The GPU
+/// is opened while the weights are made on another thread.
 pub fn run_infer(
     discovery: &Discovery,
     opts: &InferOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<InferReport> {
-    let (dict, weights) = match &opts.weights {
-        Some(p) => (
-            load_safetensors(p, opts.model, None)?,
-            p.display().to_string(),
-        ),
-        None => (
-            seeded_init(opts.model, 1000, 0, true),
-            "seeded initialisation (seed 0, torchvision's scheme)".to_string(),
-        ),
-    };
     if opts.image_size < 32 {
         return Err(Error::BadInput(format!(
             "--image-size {} is too small: ResNet needs at least 32",
             opts.image_size
         )));
     }
-    let folded: FoldedResNet = fold(&dict)?;
+    let on_gpu = opts.strategies.iter().any(|s| {
+        runs_on(s, opts.selection)
+            && matches!(s, InferStrategy::Gpu(_) | InferStrategy::OneAtATime(_))
+    });
+    std::thread::scope(|scope| {
+        let made = scope.spawn(|| -> Result<(FoldedResNet, String)> {
+            let t = gpukit_cuda::trace::start();
+            let (dict, weights) = match &opts.weights {
+                Some(p) => (
+                    load_safetensors(p, opts.model, None)?,
+                    p.display().to_string(),
+                ),
+                None => (
+                    seeded_init(opts.model, 1000, 0, true),
+                    "seeded initialisation (seed 0, torchvision's scheme)".to_string(),
+                ),
+            };
+            gpukit_cuda::trace::done("infer: weights", t);
+            let t = gpukit_cuda::trace::start();
+            let folded = fold(&dict)?;
+            gpukit_cuda::trace::done("infer: batch norm folded", t);
+            Ok((folded, weights))
+        });
+        let ctx = match (on_gpu, gpu_ordinal(opts.selection)) {
+            (true, Some(ordinal)) => {
+                progress(&format!("infer cuda:{ordinal}: opening the GPU"));
+                Some((ordinal, GpuContext::open(discovery, ordinal)))
+            }
+            _ => None,
+        };
+        let (folded, weights) = made
+            .join()
+            .map_err(|_| Error::Failed("making the weights stopped".into()))??;
+        run_with(discovery, opts, (&folded, weights), ctx, progress)
+    })
+}
+
+/// [`run_infer`] once the weights are made and the GPU (when one runs) is open.
+fn run_with(
+    discovery: &Discovery,
+    opts: &InferOptions,
+    (folded, weights): (&FoldedResNet, String),
+    ctx: Option<(usize, gpukit_models::Result<GpuContext>)>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<InferReport> {
     let classes = folded.num_classes;
     let mut report = InferReport {
         model: opts.model.name().to_string(),
@@ -225,7 +260,7 @@ pub fn run_infer(
     let want_cpu = wanted.contains(&InferStrategy::Cpu);
     let mut ort = if wanted.contains(&InferStrategy::OnnxRuntime) {
         match find_onnxruntime().and_then(|lib| {
-            OrtModel::new(&lib, &export_resnet(&folded), gpukit_tensor::cpu::threads())
+            OrtModel::new(&lib, &export_resnet(folded), gpukit_tensor::cpu::threads())
         }) {
             Ok(m) => Some(m),
             Err(e) => {
@@ -243,7 +278,7 @@ pub fn run_infer(
             .filter(|(n, _)| opts.cpu_max_batch.is_none_or(|m| *n <= m))
             .collect();
         report.rows.extend(cpu_rows(
-            &folded,
+            folded,
             opts,
             &cpu_batches,
             want_cpu,
@@ -269,13 +304,14 @@ pub fn run_infer(
         .collect();
     let any_gpu = !(gpu.is_empty() && singles.is_empty());
     if any_gpu {
+        let t = gpukit_cuda::trace::start();
         report.tensorrt = Some(tensorrt_status(
             find_extra_library(discovery, "nvinfer").as_deref(),
         ));
+        gpukit_cuda::trace::done("infer: TensorRT looked for", t);
     }
-    if let (true, Some(ordinal)) = (any_gpu, gpu_ordinal(opts.selection)) {
-        progress(&format!("infer cuda:{ordinal}: opening the GPU"));
-        match GpuContext::open(discovery, ordinal) {
+    if let (true, Some((ordinal, opened))) = (any_gpu, ctx) {
+        match opened {
             Ok(ctx) => {
                 let (name, compute_capability) = gpu_name(discovery, ordinal);
                 report.gpu_device = Some(name);
@@ -288,7 +324,7 @@ pub fn run_infer(
                 ctx.dnn.set_search(opts.search);
                 let run = GpuRun {
                     ctx: &ctx,
-                    folded: &folded,
+                    folded,
                     device: format!("cuda:{ordinal}"),
                     image: opts.image_size,
                     plan: Plan::new(GPU_WARMUP, opts.gpu_iterations),

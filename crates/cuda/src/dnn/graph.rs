@@ -9,6 +9,11 @@
 //! `select` does), then [`Dnn::graph_forward`] (enqueues only; capturable in a CUDA graph).
 
 use super::cache::List;
+use super::engines::{
+    engine_facts, finalize_plan, plan_workspace, read_configs, Limits, FAST_FINALISTS,
+    HEURISTIC_ENOUGH,
+};
+use super::precompile::{GraphSpec, Kept};
 use super::{ok, Conv, Dnn, Search};
 use crate::error::{Error, Result};
 use crate::memory::View;
@@ -20,7 +25,12 @@ use gpukit_types::{DType, Layout};
 use std::ffi::c_void;
 
 /// An owned backend descriptor.
-struct Desc(dn::cudnnBackendDescriptor_t);
+pub(super) struct Desc(pub(super) dn::cudnnBackendDescriptor_t);
+
+// SAFETY: a backend descriptor is host memory cuDNN allocated; it may move to another thread
+// (a helper thread finalizes a plan, the planner uses it), as long as no two threads use it at
+// once, which ownership ensures (Desc is not Sync).
+unsafe impl Send for Desc {}
 
 impl Drop for Desc {
     fn drop(&mut self) {
@@ -32,7 +42,7 @@ impl Drop for Desc {
 }
 
 impl Desc {
-    fn new(ty: D) -> Result<Desc> {
+    pub(super) fn new(ty: D) -> Result<Desc> {
         let mut d = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
         ok("cudnnBackendCreateDescriptor", unsafe {
@@ -42,7 +52,7 @@ impl Desc {
     }
 
     /// Sets an attribute to `values` (`T` must be the C type that `ty` names).
-    fn set<V>(&self, name: A, ty: T, values: &[V]) -> Result<&Self> {
+    pub(super) fn set<V>(&self, name: A, ty: T, values: &[V]) -> Result<&Self> {
         // SAFETY: `values` is a live slice of the element type `ty` names (each caller pairs
         // them); cuDNN copies the values before returning.
         ok("cudnnBackendSetAttribute", unsafe {
@@ -57,12 +67,12 @@ impl Desc {
         Ok(self)
     }
 
-    fn set_desc(&self, name: A, other: &[&Desc]) -> Result<&Self> {
+    pub(super) fn set_desc(&self, name: A, other: &[&Desc]) -> Result<&Self> {
         let raw: Vec<dn::cudnnBackendDescriptor_t> = other.iter().map(|d| d.0).collect();
         self.set(name, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, &raw)
     }
 
-    fn finalize(&self) -> Result<()> {
+    pub(super) fn finalize(&self) -> Result<()> {
         // SAFETY: a live descriptor with its required attributes set.
         ok("cudnnBackendFinalize", unsafe {
             dn::cudnnBackendFinalize(self.0)
@@ -78,6 +88,9 @@ pub struct GraphConv {
     /// ones they were set from (cuDNN's own frontend keeps them too), so destroying them
     /// early would leave the plan pointing at freed memory.
     _built_from: Vec<Desc>,
+    /// For a plan a helper thread finalized: the descriptors and the cuDNN handle it was
+    /// finalized from, alive as long as the plan (dropped after it: fields drop in order).
+    _finalized_on: Option<Kept>,
     /// Variant packs by the addresses they bind: one plan serves every layer of its shape, and
     /// each layer passes the same buffers every time, so each pack is built once.
     packs: std::cell::RefCell<std::collections::HashMap<Vec<u64>, Desc>>,
@@ -103,75 +116,6 @@ const UID_Z: i64 = 4;
 const UID_Y: i64 = 5;
 const UID_CONV: i64 = 10;
 const UID_BIASED: i64 = 11;
-
-/// How many of the heuristic's engine configurations are finalized and timed: all of them up
-/// to this bound (cuDNN 9.19 suggests 33 for a bf16 1x1 convolution on an H100), as PyTorch's
-/// cudnn.benchmark times its whole list; with only the first 16, a faster engine ranked lower
-/// was never tried. Planning is measured once per convolution and kept on disk.
-const GRAPH_TRIALS: usize = 64;
-/// Then this many of cuDNN's fallback engines (after the heuristic's list).
-const GRAPH_FALLBACK_TRIALS: usize = 16;
-/// Strict f32 reads this many of each list, of which it times at most [`GRAPH_TRIALS`]
-/// engines without tensor cores.
-const STRICT_F32_LIST: usize = 64;
-
-/// Up to `limit` engine configurations cuDNN's heuristics in `mode` suggest for `graph`, best
-/// first, with the heuristics descriptor they came from (to be kept alive beside them).
-fn heuristic_configs(
-    graph: &Desc,
-    mode: dn::cudnnBackendHeurMode_t,
-    limit: usize,
-) -> Result<(Vec<Desc>, Desc)> {
-    let started = std::time::Instant::now();
-    let heur = Desc::new(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
-    heur.set_desc(A::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[graph])?
-        .set(
-            A::CUDNN_ATTR_ENGINEHEUR_MODE,
-            T::CUDNN_TYPE_HEUR_MODE,
-            &[mode],
-        )?;
-    heur.finalize()?;
-    let mut count = 0i64;
-    // SAFETY: asks for the number of results only (no array).
-    ok("cudnnBackendGetAttribute", unsafe {
-        dn::cudnnBackendGetAttribute(
-            heur.0,
-            A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
-            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-            0,
-            &mut count,
-            std::ptr::null_mut(),
-        )
-    })?;
-    let wanted = (count.max(0) as usize).min(limit);
-    let mut configs: Vec<Desc> = (0..wanted)
-        .map(|_| Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
-        .collect::<Result<_, _>>()?;
-    let mut raw: Vec<dn::cudnnBackendDescriptor_t> = configs.iter().map(|c| c.0).collect();
-    let mut got = 0i64;
-    if wanted > 0 {
-        // SAFETY: `raw` holds `wanted` created engine-config descriptors for cuDNN to fill.
-        ok("cudnnBackendGetAttribute", unsafe {
-            dn::cudnnBackendGetAttribute(
-                heur.0,
-                A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                wanted as i64,
-                &mut got,
-                raw.as_mut_ptr() as *mut c_void,
-            )
-        })?;
-    }
-    configs.truncate(got.clamp(0, wanted as i64) as usize);
-    if crate::trace::on() {
-        eprintln!(
-            "trace: cuDNN heuristics {mode:?}: {count} configurations, {} read in {:.2} ms",
-            configs.len(),
-            started.elapsed().as_secs_f64() * 1e3
-        );
-    }
-    Ok((configs, heur))
-}
 
 fn tensor(
     uid: i64,
@@ -236,108 +180,156 @@ fn pointwise_op(pw: &Desc, x: &Desc, b: Option<&Desc>, y: &Desc) -> Result<Desc>
     Ok(d)
 }
 
-/// cuDNN's global index of the engine behind an engine configuration, and whether its
-/// numerical notes say it runs on tensor cores.
-fn engine_facts(cfg: &Desc) -> Result<(i64, Option<bool>)> {
-    let engine = engine_of(cfg)?;
-    let mut n = 0i64;
-    let mut index = -1i64;
-    // SAFETY: one INT64 into a local.
-    ok("cudnnBackendGetAttribute", unsafe {
-        dn::cudnnBackendGetAttribute(
-            engine.0,
-            A::CUDNN_ATTR_ENGINE_GLOBAL_INDEX,
-            T::CUDNN_TYPE_INT64,
-            1,
-            &mut n,
-            &mut index as *mut i64 as *mut c_void,
-        )
-    })?;
-    let tensor_cores = notes(
-        &engine,
-        A::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
-        T::CUDNN_TYPE_NUMERICAL_NOTE,
-        dn::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_TYPE_COUNT,
-    )
-    .map(|n| n.contains(&dn::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_TENSOR_CORE));
-    Ok((index, tensor_cores))
+/// An operation graph and every descriptor it was built from (kept alive beside it).
+pub(super) struct Built {
+    pub graph: Desc,
+    pub parts: Vec<Desc>,
 }
 
-/// An engine's notes of one kind (`ty` names the C enum `N`); None when cuDNN does not say.
-fn notes<N: Copy>(engine: &Desc, attr: A, ty: T, empty: N) -> Option<Vec<N>> {
-    let mut notes = [empty; 16];
-    let mut count = 0i64;
-    // SAFETY: an array of 16 notes of the enum `ty` names; cuDNN writes at most that many and
-    // says how many.
-    let read = ok("cudnnBackendGetAttribute", unsafe {
-        dn::cudnnBackendGetAttribute(
-            engine.0,
-            attr,
-            ty,
-            notes.len() as i64,
-            &mut count,
-            notes.as_mut_ptr() as *mut c_void,
-        )
-    });
-    read.ok()
-        .map(|()| notes[..count.clamp(0, notes.len() as i64) as usize].to_vec())
-}
-
-/// The engine of an engine configuration.
-fn engine_of(cfg: &Desc) -> Result<Desc> {
-    let engine = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
-    let mut n = 0i64;
-    let mut raw = engine.0;
-    // SAFETY: one descriptor, created above, for cuDNN to fill with the configuration's engine.
-    ok("cudnnBackendGetAttribute", unsafe {
-        dn::cudnnBackendGetAttribute(
-            cfg.0,
-            A::CUDNN_ATTR_ENGINECFG_ENGINE,
-            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-            1,
-            &mut n,
-            &mut raw as *mut dn::cudnnBackendDescriptor_t as *mut c_void,
-        )
-    })?;
-    Ok(engine)
-}
-
-/// Whether the configuration's engine compiles its kernel at run time (cuDNN's behaviour
-/// note): finalizing such a plan runs NVRTC, about half a second each, where a precompiled
-/// engine's takes milliseconds. False when cuDNN does not say.
-fn compiles_at_run_time(cfg: &Desc) -> bool {
-    let Ok(engine) = engine_of(cfg) else {
-        return false;
+/// Builds and finalizes the operation graph `y = relu(conv(x, w) + bias [+ z])` (each part of
+/// the epilogue only when asked for; none: the bare convolution) on `handle`. The buffers do
+/// not enter: a graph depends on shapes, layout and dtype only.
+pub(super) fn build_graph(
+    handle: dn::cudnnHandle_t,
+    conv: Conv,
+    bias: bool,
+    residual: bool,
+    relu: bool,
+) -> Result<Built> {
+    let sh = conv.shape;
+    let dt = conv.data_type()?;
+    let f32t = dn::cudnnDataType_t::CUDNN_DATA_FLOAT;
+    let layout = conv.layout;
+    let (p, q) = sh.out_hw();
+    let out = [sh.n, sh.k, p, q];
+    let tx = tensor(UID_X, [sh.n, sh.c, sh.h, sh.w], layout, dt, false)?;
+    let tw = tensor(UID_W, [sh.k, sh.c, sh.r, sh.s], layout, dt, false)?;
+    // the epilogue in order: +bias, +residual, ReLU; the conv's own output is a virtual f32
+    // tensor unless nothing follows it
+    let epilogue = usize::from(bias) + usize::from(residual) + usize::from(relu);
+    let ty_out = tensor(UID_Y, out, layout, dt, false)?;
+    let tconv = if epilogue == 0 {
+        None
+    } else {
+        Some(tensor(UID_CONV, out, layout, f32t, true)?)
     };
-    notes(
-        &engine,
-        A::CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE,
-        T::CUDNN_TYPE_BEHAVIOR_NOTE,
-        dn::cudnnBackendBehaviorNote_t::CUDNN_BEHAVIOR_NOTE_TYPE_COUNT,
-    )
-    .is_some_and(|n| {
-        n.contains(&dn::cudnnBackendBehaviorNote_t::CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)
-    })
+    let tb = match bias {
+        true => Some(tensor(UID_B, [1, sh.k, 1, 1], layout, dt, false)?),
+        false => None,
+    };
+    let tz = match residual {
+        true => Some(tensor(UID_Z, out, layout, dt, false)?),
+        false => None,
+    };
+    let mut virtuals = Vec::new();
+    for i in 0..epilogue.saturating_sub(1) {
+        virtuals.push(tensor(UID_BIASED + i as i64, out, layout, f32t, true)?);
+    }
+
+    let desc = Desc::new(D::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
+    let two = |v: usize| [v as i64, v as i64];
+    desc.set(
+        A::CUDNN_ATTR_CONVOLUTION_COMP_TYPE,
+        T::CUDNN_TYPE_DATA_TYPE,
+        &[f32t],
+    )?
+    .set(
+        A::CUDNN_ATTR_CONVOLUTION_CONV_MODE,
+        T::CUDNN_TYPE_CONVOLUTION_MODE,
+        &[dn::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION],
+    )?
+    .set(
+        A::CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS,
+        T::CUDNN_TYPE_INT64,
+        &[2i64],
+    )?
+    .set(
+        A::CUDNN_ATTR_CONVOLUTION_DILATIONS,
+        T::CUDNN_TYPE_INT64,
+        &two(1),
+    )?
+    .set(
+        A::CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES,
+        T::CUDNN_TYPE_INT64,
+        &two(sh.stride),
+    )?
+    .set(
+        A::CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS,
+        T::CUDNN_TYPE_INT64,
+        &two(sh.pad),
+    )?
+    .set(
+        A::CUDNN_ATTR_CONVOLUTION_POST_PADDINGS,
+        T::CUDNN_TYPE_INT64,
+        &two(sh.pad),
+    )?;
+    desc.finalize()?;
+
+    let conv_op = Desc::new(D::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)?;
+    conv_op
+        .set_desc(A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, &[&tx])?
+        .set_desc(A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, &[&tw])?
+        .set_desc(
+            A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+            &[tconv.as_ref().unwrap_or(&ty_out)],
+        )?
+        .set_desc(
+            A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+            &[&desc],
+        )?
+        .set(
+            A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+            T::CUDNN_TYPE_FLOAT,
+            &[1f32],
+        )?
+        .set(
+            A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
+            T::CUDNN_TYPE_FLOAT,
+            &[0f32],
+        )?;
+    conv_op.finalize()?;
+
+    let add = pointwise(dn::cudnnPointwiseMode_t::CUDNN_POINTWISE_ADD)?;
+    let relu_pw = pointwise(dn::cudnnPointwiseMode_t::CUDNN_POINTWISE_RELU_FWD)?;
+    let mut ops = vec![conv_op];
+    if let Some(first) = &tconv {
+        // each step reads the previous output; the last writes the real output tensor
+        let outputs: Vec<&Desc> = virtuals.iter().chain(std::iter::once(&ty_out)).collect();
+        let mut cur = first;
+        let mut step = 0;
+        for (pw, operand) in [(&add, tb.as_ref()), (&add, tz.as_ref())] {
+            if let Some(b) = operand {
+                ops.push(pointwise_op(pw, cur, Some(b), outputs[step])?);
+                cur = outputs[step];
+                step += 1;
+            }
+        }
+        if relu {
+            ops.push(pointwise_op(&relu_pw, cur, None, outputs[step])?);
+        }
+    }
+
+    let graph = Desc::new(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
+    let op_refs: Vec<&Desc> = ops.iter().collect();
+    graph
+        .set_desc(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, &op_refs)?
+        .set(
+            A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
+            T::CUDNN_TYPE_HANDLE,
+            &[handle],
+        )?;
+    graph.finalize()?;
+    let mut parts = vec![tx, tw, ty_out, desc, add, relu_pw];
+    parts.extend(tconv);
+    parts.extend(tb);
+    parts.extend(tz);
+    parts.extend(virtuals);
+    parts.extend(ops);
+    Ok(Built { graph, parts })
 }
 
 /// Candidates timed a second time before the fastest backend engine is chosen.
 const FINALISTS: usize = 4;
-/// A fast search reads this many of the heuristic's ranking and [`FAST_FALLBACK`] of the
-/// fallback engines, times at most [`FAST_TIMED`] candidates that finalize (stopping a
-/// candidate's timing when it cannot win), finalizes at most [`FAST_RUNTIME_COMPILED`] engine
-/// that compiles its kernel at run time, and confirms [`FAST_FINALISTS`] finalists in
-/// interleaved rounds. Precompiled engines finalize in milliseconds and time in fractions of
-/// one, so reading past the first few costs little; the winners of an exhaustive search on an
-/// H100 sat up to 12th in the ranking, and in the fallback list.
-const FAST_LIST: usize = 16;
-const FAST_FALLBACK: usize = 4;
-const FAST_TIMED: usize = 20;
-const FAST_FINALISTS: usize = 4;
-const FAST_RUNTIME_COMPILED: usize = 1;
-/// A heuristic search reads the fallback list only when fewer than this many of the
-/// heuristic's suggestions finalized.
-const HEURISTIC_ENOUGH: usize = 1;
-
 impl Dnn {
     /// Builds the operation graph `y = relu(conv(x, w) + bias [+ z])` (or, without bias,
     /// residual and ReLU, the bare convolution), finalizes up to [`GRAPH_TRIALS`] of the
@@ -372,169 +364,13 @@ impl Dnn {
         if let Some(z) = z {
             z.require(conv.output_bytes(), "graph conv residual")?;
         }
-        let dt = conv.data_type()?;
-        let f32t = dn::cudnnDataType_t::CUDNN_DATA_FLOAT;
-        let layout = conv.layout;
-        let (p, q) = sh.out_hw();
-        let out = [sh.n, sh.k, p, q];
-        let tx = tensor(UID_X, [sh.n, sh.c, sh.h, sh.w], layout, dt, false)?;
-        let tw = tensor(UID_W, [sh.k, sh.c, sh.r, sh.s], layout, dt, false)?;
-        // the epilogue in order: +bias, +residual, ReLU; the conv's own output is a virtual f32
-        // tensor unless nothing follows it
-        let epilogue = usize::from(bias.is_some()) + usize::from(z.is_some()) + usize::from(relu);
-        let ty_out = tensor(UID_Y, out, layout, dt, false)?;
-        let tconv = if epilogue == 0 {
-            None
-        } else {
-            Some(tensor(UID_CONV, out, layout, f32t, true)?)
-        };
-        let tb = match bias {
-            Some(_) => Some(tensor(UID_B, [1, sh.k, 1, 1], layout, dt, false)?),
-            None => None,
-        };
-        let tz = match z {
-            Some(_) => Some(tensor(UID_Z, out, layout, dt, false)?),
-            None => None,
-        };
-        let mut virtuals = Vec::new();
-        for i in 0..epilogue.saturating_sub(1) {
-            virtuals.push(tensor(UID_BIASED + i as i64, out, layout, f32t, true)?);
-        }
+        let built = build_graph(self.handle(), conv, bias.is_some(), z.is_some(), relu)?;
+        let graph = &built.graph;
 
-        let desc = Desc::new(D::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
-        let two = |v: usize| [v as i64, v as i64];
-        desc.set(
-            A::CUDNN_ATTR_CONVOLUTION_COMP_TYPE,
-            T::CUDNN_TYPE_DATA_TYPE,
-            &[f32t],
-        )?
-        .set(
-            A::CUDNN_ATTR_CONVOLUTION_CONV_MODE,
-            T::CUDNN_TYPE_CONVOLUTION_MODE,
-            &[dn::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION],
-        )?
-        .set(
-            A::CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS,
-            T::CUDNN_TYPE_INT64,
-            &[2i64],
-        )?
-        .set(
-            A::CUDNN_ATTR_CONVOLUTION_DILATIONS,
-            T::CUDNN_TYPE_INT64,
-            &two(1),
-        )?
-        .set(
-            A::CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES,
-            T::CUDNN_TYPE_INT64,
-            &two(sh.stride),
-        )?
-        .set(
-            A::CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS,
-            T::CUDNN_TYPE_INT64,
-            &two(sh.pad),
-        )?
-        .set(
-            A::CUDNN_ATTR_CONVOLUTION_POST_PADDINGS,
-            T::CUDNN_TYPE_INT64,
-            &two(sh.pad),
-        )?;
-        desc.finalize()?;
-
-        let conv_op = Desc::new(D::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)?;
-        conv_op
-            .set_desc(A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, &[&tx])?
-            .set_desc(A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, &[&tw])?
-            .set_desc(
-                A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
-                &[tconv.as_ref().unwrap_or(&ty_out)],
-            )?
-            .set_desc(
-                A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
-                &[&desc],
-            )?
-            .set(
-                A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
-                T::CUDNN_TYPE_FLOAT,
-                &[1f32],
-            )?
-            .set(
-                A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
-                T::CUDNN_TYPE_FLOAT,
-                &[0f32],
-            )?;
-        conv_op.finalize()?;
-
-        let add = pointwise(dn::cudnnPointwiseMode_t::CUDNN_POINTWISE_ADD)?;
-        let relu_pw = pointwise(dn::cudnnPointwiseMode_t::CUDNN_POINTWISE_RELU_FWD)?;
-        let mut ops = vec![conv_op];
-        if let Some(first) = &tconv {
-            // each step reads the previous output; the last writes the real output tensor
-            let outputs: Vec<&Desc> = virtuals.iter().chain(std::iter::once(&ty_out)).collect();
-            let mut cur = first;
-            let mut step = 0;
-            for (pw, operand) in [(&add, tb.as_ref()), (&add, tz.as_ref())] {
-                if let Some(b) = operand {
-                    ops.push(pointwise_op(pw, cur, Some(b), outputs[step])?);
-                    cur = outputs[step];
-                    step += 1;
-                }
-            }
-            if relu {
-                ops.push(pointwise_op(&relu_pw, cur, None, outputs[step])?);
-            }
-        }
-
-        let graph = Desc::new(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
-        let op_refs: Vec<&Desc> = ops.iter().collect();
-        graph
-            .set_desc(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, &op_refs)?
-            .set(
-                A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
-                T::CUDNN_TYPE_HANDLE,
-                &[self.handle()],
-            )?;
-        graph.finalize()?;
-
-        // the candidates, by the search asked for: an exhaustive search reads cuDNN's whole
-        // heuristic list (mode A) and its fallback list and times every configuration that
-        // finalizes (what PyTorch's cudnn.benchmark times); a fast one finalizes the first few
-        // of the heuristic's ranking and the fallback list only when those are too few; a
-        // heuristic one takes the first that finalizes, untimed. Strict f32 reads longer lists
-        // to find engines without tensor cores (the heuristic ranks tensor-core ones first).
         let search = self.search();
-        let (list_a, list_fallback, timed_at_most) = match (only, search, strict_f32) {
-            (Some((List::Heuristic, i)), _, _) => (i + 1, 0, 1),
-            (Some((List::Fallback, i)), _, _) => (0, i + 1, 1),
-            (None, Search::Exhaustive, true) => (STRICT_F32_LIST, STRICT_F32_LIST, GRAPH_TRIALS),
-            (None, Search::Exhaustive, false) => (GRAPH_TRIALS, GRAPH_FALLBACK_TRIALS, usize::MAX),
-            (None, Search::Fast, true) => (STRICT_F32_LIST, STRICT_F32_LIST, FAST_TIMED),
-            (None, Search::Fast, false) => (FAST_LIST, FAST_FALLBACK, FAST_TIMED),
-            (None, Search::Heuristic, true) => (STRICT_F32_LIST, STRICT_F32_LIST, 1),
-            (None, Search::Heuristic, false) => (FAST_LIST, FAST_FALLBACK, 1),
-        };
-        let mut configs: Vec<(List, usize, Desc)> = Vec::new();
-        let mut heurs = Vec::new();
-        let mut count = 0;
-        for (list, mode, limit) in [
-            (
-                List::Heuristic,
-                dn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A,
-                list_a,
-            ),
-            (
-                List::Fallback,
-                dn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_FALLBACK,
-                list_fallback,
-            ),
-        ] {
-            if limit == 0 {
-                continue;
-            }
-            let (found, heur) = heuristic_configs(&graph, mode, limit)?;
-            count += found.len();
-            configs.extend(found.into_iter().enumerate().map(|(i, c)| (list, i, c)));
-            heurs.push(heur);
-        }
+        let limits = Limits::of(search, strict_f32, only);
+        let (configs, heurs) = read_configs(graph, limits)?;
+        let count = configs.len();
         let wsb = self.planning_workspace()?;
         let planning = wsb.view();
         let mut timed_all: Vec<(f64, GraphConv)> = Vec::new();
@@ -555,61 +391,35 @@ impl Dnn {
             {
                 break;
             }
-            if timed >= timed_at_most {
+            if timed >= limits.timed {
                 break;
             }
-            // strict f32: an engine that may use TF32 tensor cores (or does not say) is not a
-            // candidate
-            if strict_f32 && !matches!(engine_facts(cfg), Ok((_, Some(false)))) {
+            let Some(compiled) = limits.wants((*list, cfg), strict_f32, runtime_compiled) else {
                 continue;
-            }
-            // a fast search compiles few kernels: each costs more than timing every
-            // precompiled candidate
-            let compiled =
-                only.is_none() && search != Search::Exhaustive && compiles_at_run_time(cfg);
-            if compiled && runtime_compiled >= FAST_RUNTIME_COMPILED {
-                continue;
-            }
+            };
             runtime_compiled += usize::from(compiled);
-            let finalizing = std::time::Instant::now();
-            let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
-            plan.set(
-                A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
-                T::CUDNN_TYPE_HANDLE,
-                &[self.handle()],
-            )?
-            .set_desc(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[cfg])?;
-            // a configuration that does not support this graph fails here: skip it
-            let finalized_ok = plan.finalize().is_ok();
-            crate::trace::note(|| {
-                format!(
-                    "{:.2} ms finalizing {list:?} #{index}{}{}",
-                    finalizing.elapsed().as_secs_f64() * 1e3,
-                    if compiled {
-                        " (compiled at run time)"
-                    } else {
-                        ""
-                    },
-                    if finalized_ok { "" } else { ": not supported" }
-                )
-            });
-            if !finalized_ok {
+            let spec = GraphSpec {
+                conv,
+                bias: bias.is_some(),
+                residual: z.is_some(),
+                relu,
+            };
+            // finalized by a helper thread meanwhile, or here; a configuration that does not
+            // support this graph fails to finalize: skip it
+            let ahead = compiled
+                .then(|| self.precompiled(spec, pick, cfg))
+                .flatten();
+            let (plan, kept) = match ahead {
+                Some(done) => {
+                    self.count(|s| s.finalized_ahead += 1);
+                    (done.plan, done.kept)
+                }
+                None => (finalize_plan(self.handle(), cfg, pick, compiled)?, None),
+            };
+            let Some(plan) = plan else {
                 continue;
-            }
-            let mut ws = 0i64;
-            let mut n = 0i64;
-            // SAFETY: one INT64 into a local.
-            ok("cudnnBackendGetAttribute", unsafe {
-                dn::cudnnBackendGetAttribute(
-                    plan.0,
-                    A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                    T::CUDNN_TYPE_INT64,
-                    1,
-                    &mut n,
-                    &mut ws as *mut i64 as *mut c_void,
-                )
-            })?;
-            let ws = ws.max(0) as usize;
+            };
+            let ws = plan_workspace(&plan)?;
             if ws > self.workspace_limit() {
                 continue;
             }
@@ -617,6 +427,7 @@ impl Dnn {
             let candidate = GraphConv {
                 plan,
                 _built_from: Vec::new(),
+                _finalized_on: kept,
                 packs: Default::default(),
                 workspace_bytes: ws,
                 residual: z.is_some(),
@@ -680,8 +491,8 @@ impl Dnn {
         let best = timed_all
             .into_iter()
             .min_by(|a, b| a.0.total_cmp(&b.0))
-            .map(|(ms, c)| (ms, c.pick, c.plan, c.workspace_bytes));
-        let (ms, pick, plan, ws) = best.ok_or_else(|| {
+            .map(|(ms, c)| (ms, c.pick, c.plan, c.workspace_bytes, c._finalized_on));
+        let (ms, pick, plan, ws, kept) = best.ok_or_else(|| {
             Error::NoAlgorithm(format!(
                 "{conv:?}: no engine of the backend API runs the graph \
                  ({count} suggested, {finalized} finalized)"
@@ -694,16 +505,13 @@ impl Dnn {
             .transpose()?
             .unwrap_or((-1, None));
         let mut built_from: Vec<Desc> = configs.into_iter().map(|(_, _, c)| c).collect();
-        built_from.extend([tx, tw, ty_out, desc, add, relu_pw, graph]);
         built_from.extend(heurs);
-        built_from.extend(tconv);
-        built_from.extend(tb);
-        built_from.extend(tz);
-        built_from.extend(virtuals);
-        built_from.extend(ops);
+        built_from.push(built.graph);
+        built_from.extend(built.parts);
         Ok(GraphConv {
             plan,
             _built_from: built_from,
+            _finalized_on: kept,
             packs: Default::default(),
             workspace_bytes: ws,
             residual: z.is_some(),

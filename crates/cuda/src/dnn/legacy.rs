@@ -443,7 +443,7 @@ impl Dnn {
                     self.count(|s| s.candidates_timed += 1);
                     let to_beat = best.map(|b| f64::from(b.ms)).or(beat);
                     let timed =
-                        self.candidate_ms_within(to_beat, || self.conv_forward(&plan, x, w, y, ws));
+                        self.call_ms_within(to_beat, || self.conv_forward(&plan, x, w, y, ws));
                     let Ok(ms) = timed else {
                         continue;
                     };
@@ -517,8 +517,8 @@ impl Dnn {
                 super::Search::Fast => best.map(|(t, _)| t).or(beat),
                 _ => None,
             };
-            let timed = self
-                .candidate_ms_within(to_beat, || self.fused_forward(&fused, x, w, bias, z, y, ws));
+            let timed =
+                self.call_ms_within(to_beat, || self.fused_forward(&fused, x, w, bias, z, y, ws));
             let Ok(median) = timed else {
                 continue;
             };

@@ -17,12 +17,16 @@
 //! forms for each choice) to enqueue it with a workspace of [`ConvChoice::workspace_bytes`].
 
 mod cache;
+mod engines;
 mod graph;
 mod legacy;
+mod precompile;
 mod select;
+mod timing;
 
 pub use graph::GraphConv;
 pub use legacy::{ConvPlan, FusedConv};
+pub use precompile::GraphSpec;
 
 use crate::driver::Gpu;
 use crate::error::{Error, Result};
@@ -154,6 +158,10 @@ pub struct PlanStats {
     pub candidates_timed: usize,
     /// Wall seconds spent choosing (measuring and rebuilding cached plans).
     pub seconds: f64,
+    /// Plans of engines that compile at run time which helper threads finalized ahead of the
+    /// planner ([`Dnn::precompile`]).
+    #[serde(default)]
+    pub finalized_ahead: usize,
 }
 
 /// How one convolution runs: the legacy fused call, the legacy bare convolution, or a
@@ -232,26 +240,14 @@ pub struct Dnn {
     workspace_limit: Cell<usize>,
     choices: RefCell<cache::Choices>,
     /// When a candidate was last timed: a GPU idle longer than [`IDLE_CLOCKS_DOWN`] is warmed
-    /// before the next one ([`Dnn::candidate_ms`]).
+    /// before the next one ([`Dnn::candidate_ms_within`]).
     last_timed: Cell<Option<std::time::Instant>>,
     search: Cell<Search>,
     stats: Cell<PlanStats>,
+    /// The GPU's context, for helper threads ([`Dnn::precompile`]).
+    ctx: std::sync::Arc<cudarc::driver::CudaContext>,
+    precompiler: RefCell<Option<precompile::Precompiler>>,
 }
-
-/// A GPU idle this long may have lowered its clocks.
-const IDLE_CLOCKS_DOWN: std::time::Duration = std::time::Duration::from_millis(50);
-/// How long a candidate runs, untimed, on a GPU that was idle: long enough for the clocks to
-/// come up (the first candidates of a selection were timed up to 2x slow without it, and lost).
-/// Launches in a row when finalists are timed as a graph ([`Dnn::confirm_finalists`]).
-const BACK_TO_BACK: usize = 8;
-
-const WARM_UP: std::time::Duration = std::time::Duration::from_millis(30);
-/// Interleaved rounds in which the finalists are timed again ([`Dnn::confirm_finalists`]).
-const CONFIRM_ROUNDS: usize = 3;
-/// A candidate whose first run takes this many times the best time so far is not timed
-/// further ([`Dnn::candidate_ms_within`]): past a cold GPU's clock ramp (under 2x), it cannot
-/// win.
-const PROBE_FACTOR: f64 = 3.0;
 
 impl Dnn {
     pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<Dnn> {
@@ -285,54 +281,13 @@ impl Dnn {
             last_timed: Cell::new(None),
             search: Cell::new(Search::Fast),
             stats: Cell::new(PlanStats::default()),
+            ctx: gpu.ctx().clone(),
+            precompiler: RefCell::new(None),
         })
     }
 
     pub(crate) fn handle(&self) -> dn::cudnnHandle_t {
         self.handle
-    }
-
-    /// [`Dnn::candidate_ms`], stopped early when a candidate cannot win: with a time to beat,
-    /// one run is timed first, and a candidate over [`PROBE_FACTOR`] times that time is not
-    /// timed further (that run's time is its score). Some legacy algorithms take tens of
-    /// milliseconds a call where the winner takes tens of microseconds: without the probe,
-    /// their warm-up and repetitions cost seconds a convolution.
-    pub(crate) fn candidate_ms_within(
-        &self,
-        beat: Option<f64>,
-        mut work: impl FnMut() -> Result<()>,
-    ) -> Result<f64> {
-        if let Some(beat) = beat.filter(|b| b.is_finite()) {
-            let first = crate::timing::time_on_stream(&self.gpu_stream, 0, 1, &mut work)?;
-            let probe = first.first().copied().unwrap_or(f64::INFINITY);
-            if probe > beat * PROBE_FACTOR {
-                return Ok(probe);
-            }
-        }
-        self.candidate_ms(work)
-    }
-
-    /// Median device milliseconds of `work` over 5 runs after 2 warm-up runs: how every
-    /// candidate (legacy algorithm or backend engine) is timed, so that they compare.
-    /// A GPU that sat idle first runs the candidate untimed for [`WARM_UP`].
-    pub(crate) fn candidate_ms(&self, mut work: impl FnMut() -> Result<()>) -> Result<f64> {
-        let idle = self
-            .last_timed
-            .get()
-            .is_none_or(|t| t.elapsed() > IDLE_CLOCKS_DOWN);
-        if idle {
-            let started = std::time::Instant::now();
-            while started.elapsed() < WARM_UP {
-                for _ in 0..8 {
-                    work()?;
-                }
-                self.gpu_stream.synchronize()?;
-            }
-        }
-        let mut times = crate::timing::time_on_stream(&self.gpu_stream, 2, 5, &mut work)?;
-        self.last_timed.set(Some(std::time::Instant::now()));
-        times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
     }
 
     /// The planning workspace (the workspace limit: the most any plan may use), allocated on
@@ -407,52 +362,6 @@ impl Dnn {
             || self.choices.borrow().get(&key, self.search()).is_some()
     }
 
-    /// Times each finalist again, as a graph of [`BACK_TO_BACK`] launches, in
-    /// [`CONFIRM_ROUNDS`] interleaved rounds (A B C, A B C, ...), and sets each one's score to
-    /// the median of its rounds: a clock or a neighbour that changes during the rounds touches
-    /// every finalist alike, so the same convolution is not won by one engine in one run and
-    /// another in the next. A finalist that cannot be captured keeps its first score.
-    pub(crate) fn confirm_finalists<T>(
-        &self,
-        finalists: &mut [(f64, T)],
-        run: impl Fn(&T) -> Result<()>,
-    ) -> Result<()> {
-        if finalists.len() < 2 {
-            return Ok(());
-        }
-        let graphs: Vec<Option<crate::stream::Graph>> = finalists
-            .iter()
-            .map(|(_, item)| {
-                self.gpu_stream
-                    .capture(|| {
-                        for _ in 0..BACK_TO_BACK {
-                            run(item)?;
-                        }
-                        Ok::<(), Error>(())
-                    })
-                    .ok()
-            })
-            .collect();
-        let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); finalists.len()];
-        for _ in 0..CONFIRM_ROUNDS {
-            for (i, graph) in graphs.iter().enumerate() {
-                let Some(graph) = graph else { continue };
-                let mut replay = || graph.launch();
-                let mut times = crate::timing::time_on_stream(&self.gpu_stream, 1, 3, &mut replay)?;
-                times.sort_by(f64::total_cmp);
-                rounds[i].push(times[times.len() / 2] / BACK_TO_BACK as f64);
-            }
-        }
-        self.last_timed.set(Some(std::time::Instant::now()));
-        for ((score, _), mut r) in finalists.iter_mut().zip(rounds) {
-            if !r.is_empty() {
-                r.sort_by(f64::total_cmp);
-                *score = r[r.len() / 2];
-            }
-        }
-        Ok(())
-    }
-
     /// Writes the measured choices to disk (also done when the handle is dropped).
     pub fn save_choices(&self) {
         self.choices.borrow_mut().save();
@@ -461,6 +370,7 @@ impl Dnn {
 
 impl Drop for Dnn {
     fn drop(&mut self) {
+        self.finish_precompile();
         self.choices.borrow_mut().save();
         // SAFETY: created in new(), destroyed only here, after queued work finished.
         unsafe {

@@ -1,9 +1,10 @@
 //! The selection policy: how each convolution runs, decided by measurement in one place for the
 //! inference engine and `bench conv` alike. Candidates (cuDNN's backend engine configurations,
 //! its legacy algorithms, and for the fused form the bare convolution followed by an epilogue
-//! kernel) are timed the same way on the real buffers ([`Dnn::candidate_ms`]), as many as the
-//! [`Search`] asks for (fast by default: the best few of cuDNN's ranking; exhaustive: all of
-//! them), and the fastest is kept and remembered on disk with the search that found it.
+//! kernel) are timed on the real buffers ([`Dnn::candidate_ms_within`], [`Dnn::call_ms`]), as
+//! many as the [`Search`] asks for (fast by default: the best few of cuDNN's ranking;
+//! exhaustive: all of them), and the fastest is kept and remembered on disk with the search
+//! that found it.
 
 use super::cache::{Choice, Key, Op};
 use super::legacy::{ConvPlan, FusedConv};
@@ -122,7 +123,7 @@ impl Dnn {
                 let wsb = self.planning_workspace()?;
                 let ws = wsb.view();
                 self.count(|s| s.candidates_timed += 1);
-                self.candidate_ms(|| self.conv_forward(l, x, w, y, ws))?
+                self.call_ms(|| self.conv_forward(l, x, w, y, ws))?
             }
             (Ok(l), _) => l.measured_ms().unwrap_or(f64::INFINITY),
             (Err(_), _) => f64::INFINITY,
@@ -232,7 +233,7 @@ impl Dnn {
             let wsb = self.planning_workspace()?;
             let ws = wsb.view();
             self.count(|s| s.candidates_timed += 1);
-            let ms = self.candidate_ms(|| {
+            let ms = self.call_ms(|| {
                 self.bare_forward(&bare, x, w, y, ws)?;
                 epilogue(y, bias, z)
             });

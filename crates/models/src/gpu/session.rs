@@ -6,7 +6,7 @@ use super::lower::{lower, relu_of, y_of, Activation, Lowered, Op};
 use super::{GpuContext, GpuWeights};
 use crate::error::{Error, Result};
 use crate::plan::MemoryPlan;
-use gpukit_cuda::dnn::{Conv, ConvChoice, Epilogue};
+use gpukit_cuda::dnn::{Conv, ConvChoice, Epilogue, GraphSpec};
 use gpukit_cuda::{DeviceBuffer, Graph, View};
 use gpukit_tensor::{DType, Layout, Tensor};
 use std::collections::HashMap;
@@ -246,21 +246,19 @@ impl<'a> Session<'a> {
             checked.push(Rc::as_ptr(&run));
             let fail = |e: &dyn std::fmt::Display| format!("in-place check of {}: {e}", run.name());
             let seed = gpukit_tensor::random::fresh_seed();
-            // random values, whatever the layout: a block drawn once and repeated at a prime
-            // period (no layout's dimensions align with it), written straight into the
-            // tensor's bytes; drawing every element on the host took seconds at batch 256
+            // random values, whatever the layout: a block drawn once, uploaded and repeated on
+            // the GPU at a prime period (no layout's dimensions align with it); drawing and
+            // uploading every element took seconds at batch 256
             let fill = |t: usize, seed: u64| -> Result<()> {
                 let view = self.view(t)?;
+                let dtype = self.tensors[t].dtype();
+                let values = IN_PLACE_PERIOD.min(view.bytes() / dtype.size_bytes());
                 let block = gpukit_tensor::codec::encode_f32(
-                    &gpukit_tensor::random::uniform_f32(IN_PLACE_PERIOD, seed),
-                    self.tensors[t].dtype(),
+                    &gpukit_tensor::random::uniform_f32(values, seed),
+                    dtype,
                 );
-                let mut bytes = Vec::with_capacity(view.bytes());
-                while bytes.len() < view.bytes() {
-                    let take = (view.bytes() - bytes.len()).min(block.len());
-                    bytes.extend_from_slice(&block[..take]);
-                }
-                Ok(self.ctx.gpu.upload_into(view, &bytes)?)
+                self.ctx.gpu.upload_into(view, &block)?;
+                Ok(self.ctx.gpu.repeat_prefix(view, block.len())?)
             };
             fill(x, seed).map_err(|e| fail(&e))?;
             fill(z, seed ^ 0x9e37).map_err(|e| fail(&e))?;
@@ -275,6 +273,16 @@ impl<'a> Session<'a> {
             self.conv_call(i, xv, Some(zv), elsewhere.view())
                 .map_err(|e| fail(&e))?;
             self.conv_call(i, xv, Some(zv), zv).map_err(|e| fail(&e))?;
+            // the same kernel on the same inputs usually gives the same bits: compared on the
+            // GPU first, copied and decoded only when they differ
+            let same = self
+                .ctx
+                .kernels
+                .equal_bytes(elsewhere.view(), zv, elsewhere.len())
+                .map_err(|e| fail(&e))?;
+            if same {
+                continue;
+            }
             // both read in memory order, whatever the layout
             let dtype = self.tensors[y].dtype();
             let decode = |bytes: Vec<u8>| gpukit_tensor::codec::decode_f32(&bytes, dtype);
@@ -283,11 +291,6 @@ impl<'a> Session<'a> {
             let got_bytes = gpu
                 .download_from(zv, elsewhere.len())
                 .map_err(|e| fail(&e))?;
-            // the same kernel on the same inputs usually gives the same bits: compared as
-            // bytes first, decoded only when they differ
-            if want_bytes == got_bytes {
-                continue;
-            }
             let (want, got) = (decode(want_bytes), decode(got_bytes));
             let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
             let worst = want
@@ -368,6 +371,25 @@ impl<'a> Session<'a> {
             ));
         };
         say(progress, 0);
+        // helper threads finalize the engines that compile at run time while this thread
+        // times the others
+        let specs: Vec<GraphSpec> = self
+            .ops
+            .iter()
+            .filter_map(|op| match *op {
+                Op::Conv {
+                    conv, x, z, relu, ..
+                } => {
+                    let spec = self.conv_of(conv, x);
+                    Some(match relu {
+                        true => GraphSpec::fused(spec, z.is_some()),
+                        false => GraphSpec::plain(spec),
+                    })
+                }
+                _ => None,
+            })
+            .collect();
+        self.ctx.dnn.precompile(&specs, self.try_graph);
         for op in &self.ops {
             let Op::Conv {
                 conv,
@@ -413,6 +435,17 @@ impl<'a> Session<'a> {
             runs.push(Some(run));
             say(progress, planned.len());
         }
+        self.ctx.dnn.finish_precompile();
+        gpukit_cuda::trace::note(|| {
+            let after = self.ctx.dnn.stats();
+            format!(
+                "{:.2} ms planning {total} convolutions: {} measured, {} plans finalized ahead \
+                 by helper threads",
+                started.elapsed().as_secs_f64() * 1e3,
+                after.measured - before.measured,
+                after.finalized_ahead - before.finalized_ahead
+            )
+        });
         self.ctx.dnn.save_choices();
         self.runs = runs;
         self.algorithms = algorithms;

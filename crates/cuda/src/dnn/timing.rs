@@ -1,0 +1,159 @@
+//! How the selection policy times a candidate on the real buffers: a backend engine
+//! configuration captured once as a CUDA graph and replayed, a legacy algorithm as direct calls
+//! (its host work counts: the eager pass pays it), each stopped early when it cannot win, and
+//! the finalists timed again in interleaved rounds.
+//!
+//! A replay calls no library: a lock that another thread holds inside cuDNN (a helper
+//! finalizing a plan that compiles at run time, see `precompile`) cannot stretch the timed runs,
+//! and the launches follow one another without the host's gaps. Timed as direct calls while
+//! helpers compiled, candidates on an H100 measured up to 15 times their speed, and the
+//! fastest engine of a 1x1 convolution lost to one half as fast.
+
+use super::Dnn;
+use crate::error::{Error, Result};
+
+/// A GPU idle this long may have lowered its clocks.
+const IDLE_CLOCKS_DOWN: std::time::Duration = std::time::Duration::from_millis(50);
+/// Launches in a row when finalists are timed as a graph ([`Dnn::confirm_finalists`]).
+const BACK_TO_BACK: usize = 8;
+/// How long a candidate runs, untimed, on a GPU that was idle: long enough for the clocks to
+/// come up (the first candidates of a selection were timed up to 2x slow without it, and lost).
+const WARM_UP: std::time::Duration = std::time::Duration::from_millis(30);
+/// Launches of a candidate in the graph its timing replays ([`Dnn::candidate_ms_within`]).
+const IN_GRAPH: usize = 3;
+/// Interleaved rounds in which the finalists are timed again ([`Dnn::confirm_finalists`]).
+const CONFIRM_ROUNDS: usize = 3;
+/// A candidate whose first run takes this many times the best time so far is not timed
+/// further ([`Dnn::candidate_ms_within`]): past a cold GPU's clock ramp (under 2x), it cannot
+/// win.
+const PROBE_FACTOR: f64 = 3.0;
+
+impl Dnn {
+    /// Median device milliseconds of one run of `work`, a backend engine configuration:
+    /// captured as a graph of [`IN_GRAPH`] runs and timed over 5 replays after 2 warm-up ones
+    /// (as direct calls when it cannot be captured). See [`Dnn::timed_within`].
+    pub(crate) fn candidate_ms_within(
+        &self,
+        beat: Option<f64>,
+        work: impl FnMut() -> Result<()>,
+    ) -> Result<f64> {
+        self.timed_within(true, beat, work)
+    }
+
+    /// Median device milliseconds of one call of `work`, a legacy algorithm, timed as direct
+    /// calls (5 after 2 warm-up ones): as the eager pass makes them, host work included. A
+    /// legacy call may build a plan on the host at every call (cuDNN 9's fused legacy call
+    /// does): timed by replays, three residual convolutions of ResNet-50 chose it and the eager
+    /// pass at batch 32 ran at 40-60% of its speed with backend engines.
+    pub(crate) fn call_ms_within(
+        &self,
+        beat: Option<f64>,
+        work: impl FnMut() -> Result<()>,
+    ) -> Result<f64> {
+        self.timed_within(false, beat, work)
+    }
+
+    /// [`Dnn::call_ms_within`] with nothing to beat: timed in full.
+    pub(crate) fn call_ms(&self, work: impl FnMut() -> Result<()>) -> Result<f64> {
+        self.timed_within(false, None, work)
+    }
+
+    /// With a time to beat, one replay (or call) is timed first, and a candidate over
+    /// [`PROBE_FACTOR`] times that time is not timed further (that run's time is its score):
+    /// some legacy algorithms take tens of milliseconds a call where the winner takes tens of
+    /// microseconds, and without the probe their repetitions cost seconds a convolution. A GPU
+    /// that sat idle first runs the candidate untimed for [`WARM_UP`].
+    fn timed_within(
+        &self,
+        replayed: bool,
+        beat: Option<f64>,
+        mut work: impl FnMut() -> Result<()>,
+    ) -> Result<f64> {
+        let graph = replayed
+            .then(|| {
+                self.gpu_stream
+                    .capture(|| {
+                        for _ in 0..IN_GRAPH {
+                            work()?;
+                        }
+                        Ok::<(), Error>(())
+                    })
+                    .ok()
+            })
+            .flatten();
+        let (mut replay, runs): (Box<dyn FnMut() -> Result<()>>, usize) = match &graph {
+            Some(g) => (Box::new(|| g.launch()), IN_GRAPH),
+            None => (Box::new(&mut work), 1),
+        };
+        if let Some(beat) = beat.filter(|b| b.is_finite()) {
+            let first = crate::timing::time_on_stream(&self.gpu_stream, 0, 1, &mut replay)?;
+            let probe = first.first().copied().unwrap_or(f64::INFINITY) / runs as f64;
+            if probe > beat * PROBE_FACTOR {
+                return Ok(probe);
+            }
+        }
+        let idle = self
+            .last_timed
+            .get()
+            .is_none_or(|t| t.elapsed() > IDLE_CLOCKS_DOWN);
+        if idle {
+            let started = std::time::Instant::now();
+            while started.elapsed() < WARM_UP {
+                for _ in 0..8 {
+                    replay()?;
+                }
+                self.gpu_stream.synchronize()?;
+            }
+        }
+        let mut times = crate::timing::time_on_stream(&self.gpu_stream, 2, 5, &mut replay)?;
+        self.last_timed.set(Some(std::time::Instant::now()));
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2] / runs as f64)
+    }
+
+    /// Times each finalist again, as a graph of [`BACK_TO_BACK`] launches, in
+    /// [`CONFIRM_ROUNDS`] interleaved rounds (A B C, A B C, ...), and sets each one's score to
+    /// the median of its rounds: a clock or a neighbour that changes during the rounds touches
+    /// every finalist alike, so the same convolution is not won by one engine in one run and
+    /// another in the next. A finalist that cannot be captured keeps its first score.
+    pub(crate) fn confirm_finalists<T>(
+        &self,
+        finalists: &mut [(f64, T)],
+        run: impl Fn(&T) -> Result<()>,
+    ) -> Result<()> {
+        if finalists.len() < 2 {
+            return Ok(());
+        }
+        let graphs: Vec<Option<crate::stream::Graph>> = finalists
+            .iter()
+            .map(|(_, item)| {
+                self.gpu_stream
+                    .capture(|| {
+                        for _ in 0..BACK_TO_BACK {
+                            run(item)?;
+                        }
+                        Ok::<(), Error>(())
+                    })
+                    .ok()
+            })
+            .collect();
+        let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); finalists.len()];
+        for _ in 0..CONFIRM_ROUNDS {
+            for (i, graph) in graphs.iter().enumerate() {
+                let Some(graph) = graph else { continue };
+                let mut replay = || graph.launch();
+                let mut times = crate::timing::time_on_stream(&self.gpu_stream, 1, 3, &mut replay)?;
+                times.sort_by(f64::total_cmp);
+                rounds[i].push(times[times.len() / 2] / BACK_TO_BACK as f64);
+            }
+        }
+        self.last_timed.set(Some(std::time::Instant::now()));
+        for ((score, _), mut r) in finalists.iter_mut().zip(rounds) {
+            if !r.is_empty() {
+                r.sort_by(f64::total_cmp);
+                *score = r[r.len() / 2];
+            }
+        }
+        Ok(())
+    }
+}
