@@ -377,6 +377,12 @@ impl Dnn {
         let mut finalized = 0;
         let mut timed = 0;
         let mut runtime_compiled = 0;
+        let spec = GraphSpec {
+            conv,
+            bias: bias.is_some(),
+            residual: z.is_some(),
+            relu,
+        };
         for (list, index, cfg) in &configs {
             let pick = (*list, *index);
             if only.is_some_and(|o| o != pick) {
@@ -398,12 +404,6 @@ impl Dnn {
                 continue;
             };
             runtime_compiled += usize::from(compiled);
-            let spec = GraphSpec {
-                conv,
-                bias: bias.is_some(),
-                residual: z.is_some(),
-                relu,
-            };
             // finalized by a helper thread meanwhile, or here; a configuration that does not
             // support this graph fails to finalize: skip it
             let ahead = compiled
