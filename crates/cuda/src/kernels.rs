@@ -391,14 +391,18 @@ impl Kernels {
     pub fn equal_bytes(&self, a: View<'_>, b: View<'_>, bytes: usize) -> Result<bool> {
         a.require(bytes, "equal_bytes a")?;
         b.require(bytes, "equal_bytes b")?;
+        if !a.addr().is_multiple_of(4) || !b.addr().is_multiple_of(4) {
+            return Err(Error::Invalid(
+                "equal_bytes compares 4-byte words: both views must start 4-byte aligned".into(),
+            ));
+        }
         let count = self.stream.raw().alloc_zeros::<u64>(1)?;
         let f = self.function("count_unequal")?;
         let (pa, pb, n) = (a.addr(), b.addr(), bytes as i64);
         let mut l = self.stream.raw().launch_builder(f);
         l.arg(&pa).arg(&pb).arg(&n).arg(&count);
         // SAFETY: parameters (const unsigned*, const unsigned*, long, unsigned long long*)
-        // matched above; both views hold `bytes` bytes (checked); device allocations are at
-        // least 4-byte aligned and views start at tensor offsets the arena aligns.
+        // matched above; both views hold `bytes` bytes and start 4-byte aligned (checked).
         unsafe { l.launch(config(bytes.div_ceil(4))) }?;
         let got = self.stream.raw().clone_dtoh(&count)?;
         Ok(got.first() == Some(&0))

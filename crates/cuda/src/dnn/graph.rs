@@ -213,14 +213,12 @@ pub(super) fn build_graph(
     } else {
         Some(tensor(UID_CONV, out, layout, f32t, true)?)
     };
-    let tb = match bias {
-        true => Some(tensor(UID_B, [1, sh.k, 1, 1], layout, dt, false)?),
-        false => None,
-    };
-    let tz = match residual {
-        true => Some(tensor(UID_Z, out, layout, dt, false)?),
-        false => None,
-    };
+    let tb = bias
+        .then(|| tensor(UID_B, [1, sh.k, 1, 1], layout, dt, false))
+        .transpose()?;
+    let tz = residual
+        .then(|| tensor(UID_Z, out, layout, dt, false))
+        .transpose()?;
     let mut virtuals = Vec::new();
     for i in 0..epilogue.saturating_sub(1) {
         virtuals.push(tensor(UID_BIASED + i as i64, out, layout, f32t, true)?);

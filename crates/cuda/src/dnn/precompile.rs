@@ -14,11 +14,11 @@
 use super::cache::{Choice, List, Op};
 use super::engines::{engine_facts, finalize_plan, read_configs, Limits};
 use super::graph::{build_graph, Desc};
+use super::select::backend_reaches;
 use super::{ok, Conv, Dnn, Search};
 use crate::error::Result;
 use cudarc::cudnn::sys as dn;
 use cudarc::driver::CudaContext;
-use gpukit_types::DType;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -148,9 +148,18 @@ impl Precompiler {
         // every core but the planner's: compiles in parallel slow each other down (on an H100
         // host, 8 at once took 0.8 s each, 15 at once 0.66 s, one alone 0.22 s), so more of
         // them finish sooner; the planner's timing is confirmed by graph replays in turns
+        // and no more than there can be plans to finalize (a cached choice is one)
+        let most_plans = jobs
+            .iter()
+            .map(|j| match j.limits.only {
+                Some(_) => 1,
+                None => j.limits.runtime_compiled,
+            })
+            .fold(0usize, usize::saturating_add);
         let helpers = std::thread::available_parallelism()
             .map_or(1, |n| n.get().saturating_sub(1))
-            .clamp(1, MOST_HELPERS);
+            .clamp(1, MOST_HELPERS)
+            .min(most_plans.max(1));
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 queue: jobs.into(),
@@ -298,6 +307,7 @@ fn compile(
     let spec = job.spec;
     let strict_f32 = !spec.conv.dtype.uses_tensor_cores();
     let built = build_graph(handle.0, spec.conv, spec.bias, spec.residual, spec.relu)?;
+    // one configuration: its list read up to it (the search does not matter then)
     let limits = match job.pick {
         Some(pick) => Limits::of(Search::Fast, strict_f32, Some(pick)),
         None => job.limits,
@@ -351,13 +361,7 @@ impl Dnn {
             .iter()
             .filter(|s| seen.insert(**s))
             .filter_map(|&spec| {
-                let dtype = spec.conv.dtype;
-                // the selection policy's reach: a fused graph only on tensor cores
-                let backend = match spec.relu {
-                    true => dtype.uses_tensor_cores(),
-                    false => dtype != DType::F64,
-                };
-                if !backend {
+                if !backend_reaches(spec.conv, spec.relu) {
                     return None;
                 }
                 let op = match spec.relu {
@@ -372,7 +376,7 @@ impl Dnn {
                     Some(_) => return None,
                     None => None,
                 };
-                let limits = Limits::of(search, !dtype.uses_tensor_cores(), only);
+                let limits = Limits::of(search, !spec.conv.dtype.uses_tensor_cores(), only);
                 Some(Job {
                     spec,
                     limits,
@@ -419,7 +423,7 @@ impl Dnn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpukit_types::{ConvShape, Layout};
+    use gpukit_types::{ConvShape, DType, Layout};
 
     fn spec(k: usize) -> GraphSpec {
         let shape = ConvShape {

@@ -111,7 +111,7 @@ impl Dnn {
         }
         // the backend engines first: they win almost everywhere, and their time lets a fast
         // search stop timing legacy algorithms that cannot beat it
-        let graph = if allow_graph && conv.dtype != DType::F64 {
+        let graph = if allow_graph && backend_reaches(conv, false) {
             self.plan_graph(conv, x, w, None, None, false, y, None).ok()
         } else {
             None
@@ -208,7 +208,7 @@ impl Dnn {
         }
         // the backend engines first: their time lets a fast search stop timing legacy
         // algorithms that cannot beat it (some take milliseconds a call fused with a residual)
-        let graph = if allow_graph && conv.dtype.uses_tensor_cores() {
+        let graph = if allow_graph && backend_reaches(conv, true) {
             self.plan_graph(conv, x, w, Some(bias), z, true, y, None)
                 .ok()
         } else {
@@ -260,6 +260,17 @@ impl Dnn {
             ConvChoice::Graph(g) => self.graph_forward(g, x, w, None, None, y, ws),
             _ => Err(Error::Invalid("not a bare convolution choice".into())),
         }
+    }
+}
+
+/// Whether the selection policy tries cuDNN's backend engines for `conv` (fused with bias and
+/// ReLU, or bare): a fused graph only on tensor cores (strict f32 stays on the legacy fused
+/// call: with backend graphs allowed there, an f32 NHWC strided 1x1 projection found no
+/// engine), a bare one for every dtype but f64.
+pub(super) fn backend_reaches(conv: Conv, fused: bool) -> bool {
+    match fused {
+        true => conv.dtype.uses_tensor_cores(),
+        false => conv.dtype != DType::F64,
     }
 }
 
