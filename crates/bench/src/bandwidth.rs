@@ -89,7 +89,7 @@ impl Default for BandwidthOptions {
             sizes_bytes: vec![4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30],
             ordinal: 0,
             iterations: 20,
-            // one 1 MiB piece for each of 16 threads; 8 MiB was slower in every pairing (runs 37-38)
+            // one 1 MiB piece for each of 16 threads; 8 MiB was slower in every pairing
             staging_chunk_bytes: 16 << 20,
             rounds: 6,
         }
@@ -139,7 +139,7 @@ pub struct BandwidthReport {
 
 /// Host copy spread over threads: one thread cannot feed a PCIe 5 x16 link. One piece a
 /// thread (at least 64 KiB): with 1 MiB pieces of an 8 MiB staging chunk, half of 16 threads sat
-/// idle and staging ran at 24-25 GB/s; one piece for each of 16 threads reached 38-40 (run 37).
+/// idle and staging ran at 24-25 GB/s; one piece for each of 16 threads reached 38-40.
 fn parallel_copy(dst: &mut [u8], src: &[u8]) {
     let piece = dst
         .len()
@@ -214,8 +214,9 @@ pub fn run_bandwidth(
     run_bandwidth_turns(discovery, opts, &mut None, progress)
 }
 
-/// `run_bandwidth` with PyTorch taking turns on every copy it has (decisions 31 and 39): its
-/// version (and any rows it gave no figure for), or why it could not run.
+/// `run_bandwidth` with PyTorch taking turns on every copy it has (two figures compare only
+/// when both sides took turns on the same chip, in both orders: see `harness::interleave`):
+/// its version (and any rows it gave no figure for), or why it could not run.
 pub fn run_bandwidth_with_pytorch(
     discovery: &Discovery,
     opts: &BandwidthOptions,

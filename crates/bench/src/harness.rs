@@ -152,21 +152,22 @@ impl Interleaved {
 }
 
 /// Alternates our timed blocks with a peer's in ABBA order (ours first in even rounds, theirs
-/// first in odd ones; the reverse with `peer_opens`) for `rounds` rounds, `first` plans the opening block of each side and
-/// `later` the rest. On a power-capped GPU a figure depends on what ran in the last few
-/// hundred milliseconds (run 27: either side moved by 7% from one invocation to the next), so
-/// two figures are comparable only when both sides took turns on the same chip.
+/// first in odd ones; the reverse with `peer_opens`) for `rounds` rounds, `first` plans the
+/// opening block of each side and `later` the rest. On a power-capped GPU a figure depends on
+/// what ran in the last few hundred milliseconds (either side moved by 7% from one invocation
+/// to the next), so two figures are comparable only when both sides took turns on the same
+/// chip.
 ///
 /// Before the first round the peer runs one untimed block under `first`: its first request
 /// builds operands and initialises libraries while the chip idles, and an idle chip runs the
-/// next block faster (runs 39-41: the first round's ratio read 0.86-0.91 where the others read
+/// next block faster (the first round's ratio read 0.86-0.91 where the others read
 /// 0.96-1.01). Then, until `soak` has passed, both sides take further untimed turns (ours,
 /// theirs): a GPU that starts working after an idle spell swings in clock for the next half
-/// second or so (run 50: rounds 2-3 of a row read 0.80-0.93 or 1.07-1.18 where the others
+/// second or so (rounds 2-3 of a row read 0.80-0.93 or 1.07-1.18 where the others
 /// read 0.98-1.03). Every timed block follows a full block of the other side or its own.
 ///
 /// Ours open the timed rounds (ABBA...), or theirs do with `peer_opens` (BAAB...). The side
-/// that opens gained 1-6% in A/A tests (runs 53-55), so a fair comparison runs both orders
+/// that opens gained 1-6% in A/A tests, so a fair comparison runs both orders
 /// (`matmul::Turns::time`).
 pub fn interleave(
     rounds: usize,
@@ -251,7 +252,7 @@ pub struct Paired {
 
 /// `interleave` twice: ours open the first `rounds.div_ceil(2)` rounds and theirs the other
 /// `rounds / 2`, each sequence after its own opening turn and soak. The side that opens gained
-/// 1-6% in A/A tests (runs 53-55, decision 39); running both orders cancels it.
+/// 1-6% in A/A tests; running both orders cancels it.
 pub fn both_orders(
     rounds: usize,
     plans: (Plan, Plan),
@@ -318,7 +319,8 @@ pub struct TurnShape {
 /// multiplies each operand set equally often. Between two blocks the chip idles while the sides
 /// hand over (PyTorch's blocks follow one or two pipe round trips, ours none or one), and on a
 /// power-capped chip idle time buys clock; longer turns make it a smaller share of each turn.
-/// Its effect on a ratio was not measured on its own (runs 45-46 changed more than this).
+/// Its effect on a ratio was not measured on its own (the runs that brought it in changed
+/// more than this).
 pub fn block_reps(reps: usize, shape: Option<TurnShape>, block_ms: f64) -> usize {
     let Some(shape) = shape else {
         return reps;

@@ -42,7 +42,8 @@ pub struct PeerFigure {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub turn_ratios: Vec<f64>,
     /// The median of the rounds gpukit opened, then of those PyTorch opened; `ratio` is their
-    /// geometric mean (decision 39).
+    /// geometric mean: the side that opens a round gains a few percent, and the two orders
+    /// cancel it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub by_opener: Vec<f64>,
 }

@@ -6,7 +6,8 @@
 //! Each result is rounded once to the storage type, as the CPU reference does: an f32, f16 or
 //! bf16 sum or product of two values is exact in f64, so the GPU's results equal the CPU's bit
 //! for bit. The contiguous, aligned kernels (16-byte loads) add and multiply tensors in the
-//! storage type's own precision (f32 for f16/bf16), which rounds to the same bits (decision 81).
+//! storage type's own precision (f32 for f16/bf16), which rounds to the same bits: a value
+//! rounded once from the exact result either way.
 //! Sums along an axis accumulate in f64.
 //!
 //! To use: [`TensorKernels::new`] once per device (the tensor crate keeps one per [`Gpu`]),

@@ -100,7 +100,7 @@ fn gpu_row(
     let set_bytes = 3 * n * n * ty.size_bytes();
     // rotate over enough input sets that they cannot all sit in L2 (measure HBM, not cache),
     // and over at least MIN_SETS of them at any size: where operands sit moves a power-capped
-    // product's speed (run 49), and a figure should not hang on one allocation
+    // product's speed (see MIN_SETS), and a figure should not hang on one allocation
     let sets = if set_bytes >= 2 * l2 {
         MIN_SETS
     } else {
@@ -255,15 +255,15 @@ fn gpu_row(
     row
 }
 
-/// Operand sets a GPU row rotates over at least (memory permitting). Run 49 (PyTorch against
-/// itself, one operand set a side) timed the same f64 8192 product 1-8% apart depending on
+/// Operand sets a GPU row rotates over at least (memory permitting). PyTorch against itself,
+/// one operand set a side, timed the same f64 8192 product 1-8% apart depending on
 /// which allocation it read, the same values copied elsewhere included; rotating over 4 sets
 /// a side brought that to 0.0-0.7%.
 const MIN_SETS: usize = 4;
 
 /// A cuBLASLt algorithm that won the trial replaces cuBLAS only if its median time over cuBLAS's
-/// in paired turns is below this. Short trials on a power-capped chip misrank: run 45 timed one
-/// kernel 2-5% apart as cuBLAS and as cuBLASLt heuristic #0 (ncu, run 44: the same kernel),
+/// in paired turns is below this. Short trials on a power-capped chip misrank: one kernel was
+/// timed 2-5% apart as cuBLAS and as cuBLASLt heuristic #0 (the same kernel, by ncu),
 /// and the trial's f64 8192 winner then ran 4% behind cuBLAS's kernel in PyTorch's hands.
 const CONFIRM_RATIO: f64 = 0.98;
 
@@ -308,10 +308,10 @@ pub(super) fn trial_order(count: usize, round: usize) -> Vec<usize> {
 }
 
 /// The candidate to time: the fastest score, except that cuBLAS's own choice (index 0) is kept
-/// unless another beats it by more than 1% (decision 32). Trials are short, and a candidate
-/// that wins one by a hair is as often slower over a whole row: run 29 picked cuBLASLt
-/// algorithms for f64 at 4096 that then ran 1-2% behind PyTorch's in two invocations (run 30:
-/// the margin alone did not cure that row).
+/// unless another beats it by more than 1%. Trials are short, and a candidate that wins one
+/// by a hair is as often slower over a whole row: cuBLASLt algorithms picked that way for f64
+/// at 4096 then ran 1-2% behind PyTorch's in two invocations (the margin alone did not cure
+/// that row: paired turns confirm a challenger, see CONFIRM_RATIO).
 pub(super) fn pick_candidate(scores: &[Option<f64>]) -> Option<(f64, usize)> {
     const MARGIN: f64 = 0.99;
     let best = scores

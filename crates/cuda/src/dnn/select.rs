@@ -143,10 +143,10 @@ impl Dnn {
     }
 
     /// Chooses how `y = relu(conv(x, w) + bias [+ z])` runs: the legacy fused call or (when
-    /// `allow_graph` and the dtype runs on tensor cores) a backend-API graph (strict f32 stays
-    /// on the legacy fused call: see decision 43), whichever
-    /// measured faster, as thoroughly as [`Dnn::search`] says; kept on disk. A heuristic
-    /// search takes the legacy fused call with cuDNN's first suggestion that runs, untimed.
+    /// `allow_graph` and the dtype runs on tensor cores: [`backend_reaches`]) a backend-API
+    /// graph, whichever measured faster, as thoroughly as [`Dnn::search`] says; kept on disk.
+    /// A heuristic search takes the legacy fused call with cuDNN's first suggestion that runs,
+    /// untimed.
     ///
     /// With `split`, the bare convolution followed by that epilogue is a candidate too (not
     /// when `z` is `y` itself: the bare convolution would overwrite the residual first).

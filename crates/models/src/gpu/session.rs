@@ -114,7 +114,8 @@ impl<'a> Session<'a> {
         }
         let try_graph = true;
         // NCHW below f32 tries split plans (bare convolution, then an epilogue kernel), which
-        // cannot write over their residual: there speed goes first (decision 29)
+        // cannot write over their residual: there speed goes first, as NCHW's fused engines
+        // are few and often slow
         let split_plans = weights.layout == Layout::Nchw && weights.dtype.uses_tensor_cores();
         let in_place = reuse && !split_plans;
         let mut session = Self::prepare(
@@ -412,8 +413,8 @@ impl<'a> Session<'a> {
             let (wv, bv) = (c.weight.device_view()?, c.bias.device_view()?);
             let (xv, yv) = (self.view(x)?, self.view(y)?);
             let zv = z.map(|z| self.view(z)).transpose()?;
-            // NCHW also tries the bare convolution and the epilogue kernel (decision 29): its
-            // fused engines are few and often slow
+            // NCHW also tries the bare convolution and the epilogue kernel: its fused engines
+            // are few and often slow
             let (dtype, layout) = (spec.dtype.storage(), spec.layout);
             let (p, q) = spec.shape.out_hw();
             let kernels = &self.ctx.kernels;

@@ -252,7 +252,7 @@ const MIN_SPLIT_FLOP: usize = 1 << 22;
 /// thread to balance, kept within 128..=384 and a multiple of 16, and never longer than the
 /// side. Each tile is one single-threaded gemm whose packed panels stay in the core's own L2.
 /// gemm's own threading shares packed panels across cores and stopped near 1.0 TFLOP/s on the
-/// lent 16-core Xeon, where tiles of 192-384 ran 1.4-1.7 (runs 33-34, decision 33).
+/// lent 16-core Xeon, where tiles of 192-384 ran 1.4-1.7.
 fn tile_edge(len: usize, other: usize, threads: usize) -> usize {
     let area = (len as f64) * (other as f64) / (8.0 * threads.max(1) as f64);
     let edge = (area.sqrt() / 16.0).round() as usize * 16;
