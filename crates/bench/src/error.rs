@@ -17,7 +17,7 @@ pub enum Error {
     #[error(transparent)]
     Train(#[from] gpukit_train::Error),
     #[error(transparent)]
-    Dist(#[from] gpukit_dist::Error),
+    Dist(#[from] gpukit_ranks::Error),
     /// The work cannot fit in this machine's memory (the resource guard's refusal, before
     /// anything was allocated).
     #[error(transparent)]

@@ -288,7 +288,7 @@ fn bench_nccl(a: NcclArgs, out: &Output) -> Result<()> {
         graph: a.graph,
         timeout: std::time::Duration::from_secs(a.timeout as u64),
         compare_pytorch: a.compare_pytorch,
-        world: gpukit_dist::world::from_process_env()?,
+        world: gpukit_ranks::world::from_process_env()?,
     };
     let rank0 = opts.world.as_ref().is_none_or(|w| w.rank == 0);
     let mut quiet = |_: &str| {};
@@ -317,7 +317,7 @@ fn bench_p2p(a: P2pArgs, out: &Output) -> Result<()> {
 }
 
 fn launch(a: LaunchArgs) -> Result<()> {
-    let code = gpukit_dist::launch::run(&gpukit_dist::launch::LaunchOptions {
+    let code = gpukit_ranks::launch::run(&gpukit_ranks::launch::LaunchOptions {
         nproc_per_node: a.nproc_per_node,
         nnodes: a.nnodes,
         node_rank: a.node_rank,
@@ -512,7 +512,7 @@ fn print_bytes(bytes: &[u8]) -> Result<()> {
 fn train(a: TrainArgs, out: &Output) -> Result<()> {
     use gpukit_bench::train::parallel::Ranks;
     use gpukit_bench::train::{document, run_train_ranked};
-    let world = gpukit_dist::world::from_process_env()?.filter(|w| w.world_size > 1);
+    let world = gpukit_ranks::world::from_process_env()?.filter(|w| w.world_size > 1);
     let parallel = match (&world, a.gpus) {
         (Some(_), Some(g)) if g > 1 => {
             return Err(Error::BadInput(

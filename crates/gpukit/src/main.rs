@@ -104,7 +104,7 @@ fn exit_code(e: &anyhow::Error) -> u8 {
         };
         let dist = || {
             cause
-                .downcast_ref::<gpukit_dist::Error>()
+                .downcast_ref::<gpukit_ranks::Error>()
                 .map(HasKind::kind)
         };
         bench

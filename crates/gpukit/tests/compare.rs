@@ -1,7 +1,8 @@
-//! `gpukit compare` on the real H100 reports in docs/gpu-runs (run 58 in the old bare `all`
-//! format, run 67 in the envelope, gzipped; run 80's `all --quick` with training runs), a copy
-//! of run 67 with one figure cut by 20% (on its real repetitions, and on three), a copy of run
-//! 80 with one training run configured as a plain `train`, and inputs that are not reports.
+//! `gpukit compare` on real H100 reports (tests/fixtures: an older `all` in the bare format, a
+//! newer one in the envelope; a two-GPU `all --quick` with training runs), a copy of the newer
+//! one with one figure cut by 20% (on its real repetitions, and on three), a copy of the
+//! two-GPU report with one training run configured as a plain `train`, and inputs that are not
+//! reports.
 //! Runs on any machine: compare reads files, nothing else.
 
 use serde_json::Value;
@@ -14,25 +15,24 @@ fn bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpukit")))
 }
 
-fn runs() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/gpu-runs")
-}
-
-/// run58.json and run67.json (gunzipped) in a fresh directory.
-fn reports() -> (tempfile::TempDir, PathBuf, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let run58 = dir.path().join("run58.json");
-    std::fs::copy(
-        runs().join("2026-11-22-run58-h100-final-all/out/all/report.json"),
-        &run58,
-    )
-    .unwrap();
-    let gz = runs().join("2026-11-23-run67-h100-all-vs-run58/out/report.json.gz");
+/// The fixture `name` (gzipped JSON) written unzipped into `dir` as `as_name`.
+fn fixture(name: &str, dir: &Path, as_name: &str) -> PathBuf {
+    let gz = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
     let unzipped = Command::new("gzip").arg("-dc").arg(&gz).output().unwrap();
     assert!(unzipped.status.success(), "gzip -dc {}", gz.display());
-    let run67 = dir.path().join("run67.json");
-    std::fs::write(&run67, unzipped.stdout).unwrap();
-    (dir, run58, run67)
+    let path = dir.join(as_name);
+    std::fs::write(&path, unzipped.stdout).unwrap();
+    path
+}
+
+/// The older and the newer H100 `all` report (gunzipped) in a fresh directory.
+fn reports() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let older = fixture("all-h100-bare-format.json.gz", dir.path(), "older.json");
+    let newer = fixture("all-h100.json.gz", dir.path(), "newer.json");
+    (dir, older, newer)
 }
 
 fn gpukit(args: &[&std::ffi::OsStr]) -> Output {
@@ -55,8 +55,8 @@ fn compare(old: &Path, new: &Path, extra: &[&str]) -> Output {
 
 #[test]
 fn the_real_reports_compare_and_warn_about_the_other_chip() {
-    let (_dir, run58, run67) = reports();
-    let o = compare(&run58, &run67, &[]);
+    let (_dir, older, newer) = reports();
+    let o = compare(&older, &newer, &[]);
     let all = text(&o);
     assert_eq!(o.status.code(), Some(0), "{all}");
     assert!(all.contains("another chip of the same model"), "{all}");
@@ -71,12 +71,12 @@ fn read(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
-/// run 67 with that row's images/s cut by 20% (its times up to match).
-fn cut_copy(run67: &Path, to: &Path) {
-    cut_row(read(run67), to)
+/// the newer report with that row's images/s cut by 20% (its times up to match).
+fn cut_copy(newer: &Path, to: &Path) {
+    cut_row(read(newer), to)
 }
 
-/// `doc` (run 67) with the cut row's images/s cut by 20%, written to `to`.
+/// `doc` (the newer report) with the cut row's images/s cut by 20%, written to `to`.
 fn cut_row(mut doc: Value, to: &Path) {
     let rows = doc["result"]["infer"]["rows"].as_array_mut().unwrap();
     let row = rows
@@ -95,10 +95,10 @@ fn cut_row(mut doc: Value, to: &Path) {
 
 #[test]
 fn a_row_cut_by_20_percent_is_the_one_worse_figure() {
-    let (dir, _run58, run67) = reports();
-    let cut = dir.path().join("run67-cut.json");
-    cut_copy(&run67, &cut);
-    let o = compare(&run67, &cut, &["--json"]);
+    let (dir, _older, newer) = reports();
+    let cut = dir.path().join("newer-cut.json");
+    cut_copy(&newer, &cut);
+    let o = compare(&newer, &cut, &["--json"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let doc: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(doc["command"], "compare");
@@ -116,7 +116,7 @@ fn a_row_cut_by_20_percent_is_the_one_worse_figure() {
     }
     assert_eq!(doc["result"]["total"]["worse"], 1);
 
-    let o = compare(&run67, &cut, &["--fail-on-regression"]);
+    let o = compare(&newer, &cut, &["--fail-on-regression"]);
     let all = text(&o);
     assert_eq!(o.status.code(), Some(1), "{all}");
     assert!(
@@ -126,16 +126,16 @@ fn a_row_cut_by_20_percent_is_the_one_worse_figure() {
 
     // a 25% threshold swallows the cut
     let o = compare(
-        &run67,
+        &newer,
         &cut,
         &["--fail-on-regression", "--threshold", "25%"],
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
 
-/// Every timing summary of run 67 as if it had run three repetitions.
-fn three_repetitions(run67: &Path) -> Value {
-    let mut doc = read(run67);
+/// Every timing summary of the newer report as if it had run three repetitions.
+fn three_repetitions(newer: &Path) -> Value {
+    let mut doc = read(newer);
     for section in ["matmul", "bandwidth", "conv", "infer"] {
         let rows = doc["result"][section]["rows"].as_array_mut().unwrap();
         for row in rows {
@@ -149,9 +149,9 @@ fn three_repetitions(run67: &Path) -> Value {
 
 #[test]
 fn a_cut_on_three_repetitions_is_not_judged_and_fails_nothing() {
-    let (dir, _run58, run67) = reports();
+    let (dir, _older, newer) = reports();
     let (few, few_cut) = (dir.path().join("few.json"), dir.path().join("few-cut.json"));
-    let doc = three_repetitions(&run67);
+    let doc = three_repetitions(&newer);
     std::fs::write(&few, serde_json::to_vec(&doc).unwrap()).unwrap();
     cut_row(doc, &few_cut);
     let o = compare(&few, &few_cut, &["--json"]);
@@ -178,20 +178,15 @@ fn a_cut_on_three_repetitions_is_not_judged_and_fails_nothing() {
     );
 }
 
-/// run 80's `all --quick` report (two H100s: training runs on the CPU and the GPU).
-fn run80(dir: &Path) -> PathBuf {
-    let gz = runs().join("2026-11-26-run80-h100x2-all-dp/all-quick-report.json.gz");
-    let unzipped = Command::new("gzip").arg("-dc").arg(&gz).output().unwrap();
-    assert!(unzipped.status.success(), "gzip -dc {}", gz.display());
-    let path = dir.join("run80.json");
-    std::fs::write(&path, unzipped.stdout).unwrap();
-    path
+/// A two-H100 `all --quick` report (training runs on the CPU and the GPU).
+fn two_gpu_report(dir: &Path) -> PathBuf {
+    fixture("all-quick-2xh100-training.json.gz", dir, "two-gpus.json")
 }
 
 #[test]
 fn a_train_preset_inside_all_is_not_matched_with_a_plain_train_of_it() {
     let dir = tempfile::tempdir().unwrap();
-    let all = run80(dir.path());
+    let all = two_gpu_report(dir.path());
     // `all` holds 20% of the preset's 1024 samples out for evaluation; `train` trains on all
     let mut doc = read(&all);
     let first = &mut doc["result"]["train"][0];
@@ -231,9 +226,9 @@ fn a_train_preset_inside_all_is_not_matched_with_a_plain_train_of_it() {
 
 #[test]
 fn markdown_is_written_whole() {
-    let (dir, run58, run67) = reports();
+    let (dir, older, newer) = reports();
     let md = dir.path().join("compare.md");
-    let o = compare(&run58, &run67, &["--markdown", md.to_str().unwrap()]);
+    let o = compare(&older, &newer, &["--markdown", md.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let written = std::fs::read_to_string(&md).unwrap();
     assert!(written.starts_with("# gpukit compare"), "{written}");
@@ -243,9 +238,9 @@ fn markdown_is_written_whole() {
 
 #[test]
 fn what_is_not_a_report_exits_2_naming_the_file() {
-    let (dir, _run58, run67) = reports();
+    let (dir, _older, newer) = reports();
     let truncated = dir.path().join("truncated.json");
-    let bytes = std::fs::read(&run67).unwrap();
+    let bytes = std::fs::read(&newer).unwrap();
     std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
     let foreign = dir.path().join("foo.json");
     std::fs::write(&foreign, br#"{"foo":1}"#).unwrap();
@@ -253,7 +248,7 @@ fn what_is_not_a_report_exits_2_naming_the_file() {
         (&truncated, "is not valid JSON"),
         (&foreign, "is not a gpukit report"),
     ] {
-        let o = compare(&run67, bad, &[]);
+        let o = compare(&newer, bad, &[]);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{err}");
         assert!(
@@ -264,16 +259,16 @@ fn what_is_not_a_report_exits_2_naming_the_file() {
     }
     let o = compare(&foreign, &dir.path().join("missing.json"), &[]);
     assert_eq!(o.status.code(), Some(2));
-    let o = compare(&run67, dir.path(), &[]);
+    let o = compare(&newer, dir.path(), &[]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("is a directory"));
 }
 
 #[test]
 fn a_negative_threshold_exits_2() {
-    let (_dir, run58, run67) = reports();
+    let (_dir, older, newer) = reports();
     for t in ["-1", "-5%", "lots"] {
-        let o = compare(&run58, &run67, &["--threshold", t]);
+        let o = compare(&older, &newer, &["--threshold", t]);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{t}: {err}");
         assert!(err.contains("--threshold"), "{err}");

@@ -92,12 +92,11 @@ fn main() {
     libtest_mimic::run(&args, vec![trial]).exit();
 }
 
-/// Draws run 67's report, takes a screenshot and the DOM in headless Chromium, and checks the
+/// Draws a real H100 `all` report (tests/fixtures), takes a screenshot and the DOM in headless Chromium, and checks the
 /// page rendered: a large, varied image and every section in the DOM.
 fn report_html_renders_in_a_browser(exe: PathBuf) {
     let dir = tempfile::tempdir().unwrap();
-    let gz = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../docs/gpu-runs/2026-11-23-run67-h100-all-vs-run58/out/report.json.gz");
+    let gz = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/all-h100.json.gz");
     let unzipped = Command::new("gzip").arg("-dc").arg(&gz).output().unwrap();
     assert!(unzipped.status.success(), "gzip -dc {}", gz.display());
     let json = dir.path().join("report.json");

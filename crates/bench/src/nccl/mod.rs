@@ -15,8 +15,8 @@ use gpu::{Case, Local, Timing};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::nccl::{Comm, RedOp, UniqueId};
 use gpukit_cuda::Gpu;
-use gpukit_dist::rendezvous::{OnLost, Session};
-use gpukit_dist::world::World;
+use gpukit_ranks::rendezvous::{OnLost, Session};
+use gpukit_ranks::world::World;
 use gpukit_types::DType;
 use serde::{Deserialize, Serialize};
 use sweep::{Collective, Counts};
@@ -300,8 +300,8 @@ fn setup(discovery: &Discovery, o: &NcclOptions) -> Result<Setup> {
         }
         Some(world) => {
             let ordinal = world.local_rank % count;
-            gpukit_dist::before_exit(|| gpukit_cuda::nccl::exit_now(1));
-            let options = gpukit_dist::rendezvous::Options {
+            gpukit_ranks::before_exit(|| gpukit_cuda::nccl::exit_now(1));
+            let options = gpukit_ranks::rendezvous::Options {
                 timeout: o.timeout,
                 on_lost: OnLost::Exit,
             };

@@ -11,8 +11,8 @@ use crate::error::{Error, Result};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::nccl::{Comm, UniqueId};
 use gpukit_cuda::Gpu;
-use gpukit_dist::rendezvous::{OnLost, Session};
-use gpukit_dist::world::World;
+use gpukit_ranks::rendezvous::{OnLost, Session};
+use gpukit_ranks::world::World;
 use gpukit_train::checkpoint::Position;
 use gpukit_train::data::Dataset;
 use gpukit_train::gpu::parallel::Shard;
@@ -283,8 +283,8 @@ pub fn run(
             (first, times, "threads in one process".to_string())
         }
         Ranks::Launched(w) => {
-            gpukit_dist::before_exit(|| gpukit_cuda::nccl::exit_now(1));
-            let options = gpukit_dist::rendezvous::Options {
+            gpukit_ranks::before_exit(|| gpukit_cuda::nccl::exit_now(1));
+            let options = gpukit_ranks::rendezvous::Options {
                 timeout,
                 on_lost: OnLost::Exit,
             };

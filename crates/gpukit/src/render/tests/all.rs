@@ -1,12 +1,12 @@
 //! What `gpukit all` prints once its reports are written: the files and, last, the page to open.
 
-use super::html::run67;
+use super::html::h100_all;
 use crate::render::all_done;
 use std::path::PathBuf;
 
 #[test]
 fn all_ends_with_the_page_to_open_after_naming_every_file_written() {
-    let doc = run67();
+    let doc = h100_all();
     let dir = PathBuf::from("out/my report");
     let written: Vec<PathBuf> = ["report.json", "report.md", "report.html"]
         .iter()
@@ -27,6 +27,6 @@ fn all_ends_with_the_page_to_open_after_naming_every_file_written() {
 
 #[test]
 fn without_a_page_written_there_is_nothing_to_open() {
-    let done = all_done(&run67(), &[PathBuf::from("out/report.json")]);
+    let done = all_done(&h100_all(), &[PathBuf::from("out/report.json")]);
     assert_eq!(done.last, None);
 }

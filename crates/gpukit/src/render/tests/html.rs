@@ -1,4 +1,4 @@
-//! report.html of `gpukit all`, drawn from the real run-67 H100 report (docs/gpu-runs) with the
+//! report.html of `gpukit all`, drawn from a real H100 report (tests/fixtures) with the
 //! two training presets added (that run predates `train` in `all`): well-formed enough, every
 //! section and chart there, text from the report escaped, and rows without a figure never drawn.
 
@@ -11,10 +11,10 @@ use gpukit_bench::report::{Document, RowStatus};
 use gpukit_train::loss::LossKind;
 use std::path::Path;
 
-/// Run 67's `gpukit all` document (gunzipped with the system's gzip).
-pub(crate) fn run67() -> Document<AllReport> {
-    let gz = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../docs/gpu-runs/2026-11-23-run67-h100-all-vs-run58/out/report.json.gz");
+/// A real `gpukit all` document from an H100 (tests/fixtures/all-h100.json.gz, gunzipped with
+/// the system's gzip).
+pub(crate) fn h100_all() -> Document<AllReport> {
+    let gz = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/all-h100.json.gz");
     let out = std::process::Command::new("gzip")
         .arg("-dc")
         .arg(&gz)
@@ -24,9 +24,9 @@ pub(crate) fn run67() -> Document<AllReport> {
     serde_json::from_slice(&out.stdout).expect("the stored H100 report reads as the all document")
 }
 
-/// Run 67 with both training presets (decaying losses) and a note.
-pub(crate) fn run67_with_train() -> Document<AllReport> {
-    let mut doc = run67();
+/// The H100 report with both training presets (decaying losses) and a note.
+pub(crate) fn h100_all_with_train() -> Document<AllReport> {
+    let mut doc = h100_all();
     for loss in [LossKind::Mse, LossKind::CrossEntropy] {
         let mut t = super::train::report(loss);
         t.step_losses = (0..60)
@@ -43,8 +43,8 @@ fn count(h: &str, needle: &str) -> usize {
 }
 
 #[test]
-fn the_run67_report_is_one_well_formed_page() {
-    let doc = run67_with_train();
+fn the_h100_report_is_one_well_formed_page() {
+    let doc = h100_all_with_train();
     let h = all_html(&doc);
     assert!(h.starts_with("<!DOCTYPE html>"), "{}", &h[..100]);
     for tag in ["<html", "</html>", "<head>", "<body>", "<main>", "<style>"] {
@@ -55,7 +55,7 @@ fn the_run67_report_is_one_well_formed_page() {
         !h.contains(" src=") && !h.contains("<link"),
         "nothing fetched"
     );
-    // run 67's report has no profile, lessons or several-GPU parts
+    // the H100 report has no profile, lessons or several-GPU parts
     let absent = ["profile", "lessons", "nccl", "p2p"];
     let present: Vec<&str> = SECTION_IDS
         .into_iter()
@@ -90,7 +90,7 @@ fn the_run67_report_is_one_well_formed_page() {
 
 #[test]
 fn text_from_the_report_is_escaped() {
-    let mut doc = run67_with_train();
+    let mut doc = h100_all_with_train();
     let infer = doc.result.infer.as_mut().unwrap();
     infer.rows[3].strategy = "<b>bold</b> & \"quoted\"".into();
     doc.result.check.gpus[0].name = "<img src=x onerror=alert(1)>".into();
@@ -162,7 +162,7 @@ fn text_from_the_report_is_escaped() {
 
 #[test]
 fn rows_without_a_figure_are_in_the_tables_but_never_drawn() {
-    let mut doc = run67();
+    let mut doc = h100_all();
     // a failed matmul row that still carries a (wrong) rate, and a skipped one
     let m = &mut doc.result.matmul.rows;
     m[1].status = RowStatus::Failed("wrong result".into());
@@ -249,7 +249,7 @@ fn sections_become_tables_with_escaped_cells() {
 
 #[test]
 fn each_headline_card_writes_its_figure_as_its_table_does() {
-    let mut doc = run67();
+    let mut doc = h100_all();
     // a best inference rate that rounding to a whole number would change
     let infer = doc.result.infer.as_mut().unwrap();
     let mut first = true;

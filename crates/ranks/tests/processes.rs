@@ -2,9 +2,9 @@
 //! when a peer exits, is killed or freezes. The children are this test binary itself, running
 //! the ignored test `child` with a role in GPUKIT_DIST_TEST_ROLE.
 
-use gpukit_dist::launch::{self, LaunchOptions};
-use gpukit_dist::rendezvous::{OnLost, Options, Session};
-use gpukit_dist::world;
+use gpukit_ranks::launch::{self, LaunchOptions};
+use gpukit_ranks::rendezvous::{OnLost, Options, Session};
+use gpukit_ranks::world;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;

@@ -1,4 +1,4 @@
-//! The dist crate's one error type. Every message is for the user: it says what happened, which
+//! The ranks crate's one error type. Every message is for the user: it says what happened, which
 //! rank, host or port it concerns, and what to do; the kind decides the exit code (see
 //! [`gpukit_types::ErrorKind`]).
 //!
@@ -26,7 +26,7 @@ pub enum Error {
     Failed(String),
 }
 
-/// The dist crate's result.
+/// The ranks crate's result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
