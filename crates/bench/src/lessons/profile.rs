@@ -44,7 +44,7 @@ pub(crate) fn lesson8(b: &Bench) -> Result<Lesson> {
         epochs: Some(2),
         optimizer: Some(gpukit_train::optim::OptimizerKind::Sgd),
         loss: Some(gpukit_train::loss::LossKind::Mse),
-        precision: Some("fp32".into()),
+        precision: Some(gpukit_types::DType::F32),
         device: Some(b.device),
         ..Default::default()
     };

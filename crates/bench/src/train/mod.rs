@@ -8,7 +8,7 @@
 use crate::error::{Error, Result};
 use crate::report::Document;
 use gpukit_cuda::loader::Discovery;
-use gpukit_tensor::Device;
+use gpukit_tensor::{DType, Device};
 use gpukit_train::budget::{device_need, host_need, DataShape, HostUse, HINT};
 use gpukit_train::checkpoint::{self, Meta, Position};
 use gpukit_train::data::{self, Dataset, Task};
@@ -82,7 +82,8 @@ pub struct TrainRequest {
     pub resume: Option<PathBuf>,
     pub save_losses: Option<PathBuf>,
     /// fp32 (the CPU's), tf32, fp16 or bf16.
-    pub precision: Option<String>,
+    /// The element type products are computed in (None: fp32).
+    pub precision: Option<DType>,
     pub device: Option<Device>,
     /// How batches reach the GPU (None: resident when the data fits).
     pub loader: Option<Loader>,
@@ -221,11 +222,12 @@ fn plan(r: &TrainRequest, data: Option<&Dataset>) -> Plan {
 /// contradict a data file, destinations that cannot be written.
 pub fn check_request(r: &TrainRequest) -> Result<()> {
     let on_gpu = matches!(r.device, Some(Device::Cuda(_)));
-    if let Some(p) = r.precision.as_deref() {
-        match Precision::parse(p) {
+    if let Some(dtype) = r.precision {
+        let p = dtype.precision_name();
+        match Precision::of(dtype) {
             None => {
                 return Err(Error::BadInput(format!(
-                    "--precision {p}: unknown (fp32, tf32, fp16 or bf16)"
+                    "--precision {p}: gpukit trains in fp32, tf32, fp16 or bf16"
                 )))
             }
             Some(Precision::Fp32) => {}
@@ -427,11 +429,16 @@ pub fn run_train_ranked(
         data_loaded: file_data.is_some(),
     };
     host_need(&p.cfg, &shape, &usage).check_host(HINT)?;
-    let precision = r
-        .precision
-        .as_deref()
-        .and_then(Precision::parse)
-        .unwrap_or(Precision::Fp32);
+    // check_request refused what has no training mode: none is taken for another here
+    let precision = match r.precision.map(Precision::of) {
+        None => Precision::Fp32,
+        Some(Some(p)) => p,
+        Some(None) => {
+            return Err(Error::BadInput(
+                "--precision: gpukit trains in fp32, tf32, fp16 or bf16".into(),
+            ))
+        }
+    };
     let gpu = match r.device {
         Some(Device::Cuda(n)) if r.parallel.is_none() => {
             let gpu = std::sync::Arc::new(gpukit_cuda::Gpu::open(discovery, n)?);
@@ -758,14 +765,14 @@ mod tests {
             (
                 TrainRequest {
                     device: Some(Device::Cuda(0)),
-                    precision: Some("fp8".into()),
+                    precision: Some(DType::F64),
                     ..TrainRequest::default()
                 },
-                "--precision fp8",
+                "--precision fp64",
             ),
             (
                 TrainRequest {
-                    precision: Some("bf16".into()),
+                    precision: Some(DType::Bf16),
                     ..TrainRequest::default()
                 },
                 "--precision bf16",

@@ -2,7 +2,7 @@
 
 use super::{parse_batch, parse_count, parse_real};
 use clap::Args;
-use gpukit_tensor::Device;
+use gpukit_tensor::{DType, Device};
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -97,8 +97,8 @@ pub struct TrainArgs {
     pub save_losses: Option<PathBuf>,
 
     /// fp32, tf32, fp16 (with a dynamic loss scale) or bf16; the CPU trains in fp32.
-    #[arg(long)]
-    pub precision: Option<String>,
+    #[arg(long, value_parser = super::parse_precision)]
+    pub precision: Option<DType>,
 
     /// cpu or cuda:N [default: cpu; with --gpus or under a launcher, the ranks' GPUs].
     #[arg(long, value_name = "DEVICE")]

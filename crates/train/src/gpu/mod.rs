@@ -68,8 +68,9 @@ impl Precision {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Precision> {
-        Precision::ALL.into_iter().find(|p| p.name() == s.trim())
+    /// The training mode of an element type (None for f64, which gpukit does not train in).
+    pub fn of(dtype: DType) -> Option<Precision> {
+        Precision::ALL.into_iter().find(|p| p.inputs() == dtype)
     }
 
     /// The products' input type (and arithmetic).
