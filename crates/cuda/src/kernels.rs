@@ -15,17 +15,11 @@ use crate::stream::Stream;
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use gpukit_types::{DType, Layout};
 
-/// The kernels' name for an activation's storage type (f32, f16, bf16; tf32 is f32 storage),
-/// shared by every NVRTC source of this crate.
-pub(crate) fn tag(dtype: DType) -> Result<&'static str> {
-    match dtype.storage() {
-        DType::F32 => Ok("f32"),
-        DType::F16 => Ok("f16"),
-        DType::Bf16 => Ok("bf16"),
-        d => Err(Error::Invalid(format!(
-            "gpukit's kernels have no {d} version"
-        ))),
-    }
+/// The kernels' name for an element type: its storage type's name (`f32` for tf32), shared
+/// by every NVRTC source of this crate. A module without that type's version says so when the
+/// kernel is looked up.
+pub(crate) fn tag(dtype: DType) -> &'static str {
+    dtype.storage().name()
 }
 
 /// The 16-bit storage types (as bits: no CUDA headers) and conversions to and from f32,
@@ -247,7 +241,7 @@ impl Kernels {
 
     /// The kernel `{stem}_{dtype}_{layout}`.
     fn variant(&self, stem: &str, dtype: DType, layout: Layout) -> Result<&CudaFunction> {
-        self.function(&format!("{stem}_{}_{}", tag(dtype)?, layout.name()))
+        self.function(&format!("{stem}_{}_{}", tag(dtype), layout.name()))
     }
 
     /// `y` (elem, NCHW or NHWC, `cout` channels) = `x` (f32 NCHW, `c` channels), zero-padded.

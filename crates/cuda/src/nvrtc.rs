@@ -143,8 +143,10 @@ impl Module {
     }
 
     pub(crate) fn function(&self, name: &str) -> Result<&CudaFunction> {
-        self.functions
-            .get(name)
-            .ok_or_else(|| Error::Invalid(format!("no kernel named {name}")))
+        self.functions.get(name).ok_or_else(|| {
+            Error::Invalid(format!(
+                "gpukit has no kernel {name} (no version for that element type or layout)"
+            ))
+        })
     }
 }

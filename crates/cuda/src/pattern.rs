@@ -151,7 +151,7 @@ impl Pattern {
     /// `x[i] = value(rank, offset + i)` for `count` elements (queued on the GPU's stream).
     pub fn fill(&self, x: View<'_>, count: usize, dtype: DType, rank: usize) -> Result<()> {
         x.require(count * dtype.size_bytes(), "pattern fill")?;
-        let f = self.module.function(&format!("fill_{}", tag(dtype)?))?;
+        let f = self.module.function(&format!("fill_{}", tag(dtype)))?;
         let (px, n, r, off) = (x.addr(), count as i64, rank as i32, 0i64);
         let mut b = self.stream.raw().launch_builder(f);
         b.arg(&px).arg(&n).arg(&r).arg(&off);
@@ -171,7 +171,7 @@ impl Pattern {
         y.require(count * dtype.size_bytes(), "pattern check")?;
         let f = self
             .module
-            .function(&format!("count_wrong_{}", tag(dtype)?))?;
+            .function(&format!("count_wrong_{}", tag(dtype)))?;
         let (mode, ranks, op, block, fixed, offset) = match expect {
             Expect::Reduced {
                 ranks,

@@ -17,7 +17,7 @@
 
 use crate::driver::Gpu;
 use crate::error::{Error, Result};
-use crate::kernels::HALF;
+use crate::kernels::{tag, HALF};
 use crate::loader::Discovery;
 use crate::memory::View;
 use crate::nvrtc::Module;
@@ -152,15 +152,6 @@ pub enum Distribution {
     Uniform,
     /// Standard normal (mean 0, deviation 1), as `torch.randn`.
     Normal,
-}
-
-fn tag(dtype: DType) -> &'static str {
-    match dtype.storage() {
-        DType::F64 => "f64",
-        DType::F16 => "f16",
-        DType::Bf16 => "bf16",
-        _ => "f32",
-    }
 }
 
 const BLOCK: u32 = 256;

@@ -360,7 +360,7 @@ impl TrainKernels {
     }
 
     fn typed(&self, stem: &str, dtype: DType) -> Result<&cudarc::driver::CudaFunction> {
-        self.module.function(&format!("{stem}_{}", tag(dtype)?))
+        self.module.function(&format!("{stem}_{}", tag(dtype)))
     }
 
     /// `dst[r] = src[idx[r]]` for `rows` rows of `cols` f32 values, converted to `dtype`.
