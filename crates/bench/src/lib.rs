@@ -24,6 +24,7 @@ pub mod p2p;
 pub mod peer;
 pub mod power;
 pub mod profile;
+pub mod regime;
 pub mod report;
 pub use gpukit_tensor::random;
 pub mod stats;

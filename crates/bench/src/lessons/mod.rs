@@ -16,6 +16,7 @@ pub mod timing;
 
 use crate::ceilings::datasheet_peaks;
 use crate::error::{Error, Result};
+pub use crate::regime::Regime;
 use crate::stats::Summary;
 use gpukit_cuda::loader::Discovery;
 use gpukit_tensor::{Device, Devices};
@@ -68,31 +69,6 @@ impl Default for LessonsOptions {
             compare_pytorch: false,
             samples: 15,
             min_sample_ms: 2.0,
-        }
-    }
-}
-
-/// What bounds a version of a lesson (the notebook's three regimes, and the host).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Regime {
-    /// Launches, not the GPU's units, set the time (under ~10 us of work per launch).
-    LaunchOverhead,
-    /// Below the roofline's ridge: memory bandwidth bounds it.
-    Memory,
-    /// At or above the ridge: the arithmetic units bound it.
-    Compute,
-    /// Work on the CPU and copies over PCIe dominate.
-    HostAndTransfer,
-}
-
-impl Regime {
-    pub fn name(self) -> &'static str {
-        match self {
-            Regime::LaunchOverhead => "launch-bound",
-            Regime::Memory => "memory-bound",
-            Regime::Compute => "compute-bound",
-            Regime::HostAndTransfer => "host/PCIe-bound",
         }
     }
 }

@@ -2,6 +2,7 @@
 //! and which regime bounds it (the notebook's three: launch overhead, memory, compute).
 
 use super::{KernelRecord, OpRecord};
+pub use crate::regime::Regime;
 use serde::{Deserialize, Serialize};
 
 /// How rows are grouped.
@@ -25,18 +26,6 @@ impl GroupBy {
             _ => None,
         }
     }
-}
-
-/// What bounds a group, placed against the roofline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Regime {
-    /// So short that the launch, not the GPU's units, sets its time.
-    LaunchOverhead,
-    /// Below the roofline's ridge: bytes per FLOP high enough that memory bandwidth bounds it.
-    Memory,
-    /// At or above the ridge: the arithmetic units bound it.
-    Compute,
 }
 
 /// The chip's ceilings for one element type.

@@ -26,6 +26,7 @@ fn regime(r: Option<Regime>) -> &'static str {
         Some(Regime::LaunchOverhead) => "launch",
         Some(Regime::Memory) => "memory",
         Some(Regime::Compute) => "compute",
+        Some(Regime::HostAndTransfer) => "host",
         None => "-",
     }
 }
