@@ -2,11 +2,12 @@
 //! path, device->device, and both directions at once; every copy checked byte-exact and placed
 //! against the PCIe link and the memory's peak.
 
-use crate::check::{describe_gpu, GpuFacts};
 use crate::error::Result;
-use crate::harness::{
+use crate::gpu::{describe_gpu, GpuFacts};
+use crate::measure::{
     both_orders, device_samples, gbs, host_samples, Block, Clock, Measurement, PeerSamples, Plan,
 };
+use crate::part::{row_statuses, Context, Outcome, Part};
 use crate::peer::PeerServer;
 use crate::random::{fill_bytes, fresh_seed};
 use crate::report::{judge_rows, Document, PeerFigure, RowStatus};
@@ -547,10 +548,48 @@ fn time_copy(
     Ok((mine, Plan::new(plan.warmup, reps * rounds), theirs))
 }
 
+/// `bench bandwidth` under `gpukit all`, where there is a GPU: a few sizes (two under
+/// `--quick`).
+pub struct BandwidthPart;
+
+/// The bandwidth part of `gpukit all`.
+pub static PART: BandwidthPart = BandwidthPart;
+
+impl Part for BandwidthPart {
+    fn key(&self) -> &'static str {
+        "bandwidth"
+    }
+    fn command(&self) -> &'static str {
+        "bench bandwidth"
+    }
+    fn title(&self) -> &'static str {
+        "Data transfer"
+    }
+    fn wanted(&self, ctx: &Context<'_>) -> bool {
+        ctx.gpu
+    }
+    fn run(&self, ctx: &Context<'_>, progress: &mut dyn FnMut(&str)) -> Result<Outcome> {
+        let o = BandwidthOptions {
+            ordinal: ctx.ordinal(),
+            sizes_bytes: if ctx.quick {
+                vec![4 << 10, 16 << 20]
+            } else {
+                vec![4 << 10, 1 << 20, 64 << 20, 1 << 30]
+            },
+            iterations: if ctx.quick { 5 } else { 10 },
+            ..BandwidthOptions::default()
+        };
+        Ok(Outcome::report(&run_bandwidth(ctx.discovery, &o, progress)))
+    }
+    fn statuses(&self, report: &serde_json::Value) -> Vec<RowStatus> {
+        row_statuses(report)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::time_host;
+    use crate::measure::time_host;
 
     #[test]
     fn parallel_copy_copies_every_byte() {

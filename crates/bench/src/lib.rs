@@ -1,19 +1,23 @@
-//! gpukit's measuring layer: the timing harness and statistics every command uses, facts about
-//! the host and GPUs, the ceilings figures are placed against, and the workloads. Every result
-//! is a plain serde struct; the CLI only renders them.
+//! gpukit's commands, each a leaf over the shared measuring layer ([`gpukit_harness`], whose
+//! modules are re-exported here under their own names) and the workloads several commands run
+//! ([`workload`]). No command module uses another's; `gpukit all` runs them through the
+//! [`part::Part`] each offers ([`parts`]). Every result is a plain serde struct; the CLI only
+//! renders them.
 
 #![forbid(unsafe_code)]
 
+pub use gpukit_harness::{
+    accuracy, ceilings, error, gpu, hang_guard, host, measure, part, peer, power, regime, report,
+    stats,
+};
+pub use gpukit_tensor::random;
+pub mod workload;
+
 pub mod all;
 pub mod bandwidth;
-pub mod ceilings;
 pub mod check;
 pub mod compare;
 pub mod conv;
-pub mod error;
-pub mod hang_guard;
-pub mod harness;
-pub mod host;
 pub mod infer;
 pub mod lessons;
 pub mod matmul;
@@ -21,16 +25,31 @@ pub mod memory;
 pub mod monitor;
 pub mod nccl;
 pub mod p2p;
-pub mod peer;
-pub mod power;
 pub mod profile;
-pub mod regime;
-pub mod report;
-pub use gpukit_tensor::random;
-pub mod stats;
 pub mod train;
+
+#[cfg(test)]
+mod layers;
 
 /// The CPU paths live with the tensors (the inference engine uses them too).
 pub use gpukit_tensor::cpu;
 
 pub use error::{Error, Result};
+
+/// The parts of `gpukit all`, in the order they run: the check first (what it finds decides
+/// what the others may use), the several-GPU parts last.
+pub fn parts() -> Vec<&'static dyn part::Part> {
+    vec![
+        &check::PART,
+        &matmul::PART,
+        &bandwidth::PART,
+        &conv::PART,
+        &infer::PART,
+        &memory::PART,
+        &train::PART,
+        &profile::PART,
+        &lessons::PART,
+        &nccl::PART,
+        &p2p::PART,
+    ]
+}

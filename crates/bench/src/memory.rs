@@ -4,7 +4,9 @@
 //! out-of-memory as an explanation, with `--on-oom halve` and `--find-max-batch`.
 
 use crate::error::{Error, Result};
-use crate::harness::{time_device, Plan};
+use crate::gpu::{device_used, process_used};
+use crate::measure::{time_device, Plan};
+use crate::part::{row_statuses, Context, Outcome, Part};
 use crate::random::{fresh_seed, uniform_f32};
 use crate::report::{judge_rows, Document, RowStatus};
 use gpukit_cuda::driver::{device_attributes, probe};
@@ -135,21 +137,6 @@ pub struct PinnedHost {
     pub pinned_free_ms: f64,
     pub pageable_h2d_gb_s: f64,
     pub pinned_h2d_gb_s: f64,
-}
-
-pub(crate) fn process_used(nvml: Option<&NvmlSession>, uuid: &str) -> Option<u64> {
-    let me = std::process::id();
-    nvml?
-        .device(uuid)
-        .ok()?
-        .processes
-        .iter()
-        .find(|p| p.pid == me)
-        .and_then(|p| p.used_memory_bytes)
-}
-
-pub(crate) fn device_used(nvml: Option<&NvmlSession>, uuid: &str) -> Option<u64> {
-    nvml?.device(uuid).ok()?.memory_used_bytes
 }
 
 /// The JSON document of `gpukit memory`, with the verdict: a failed batch, nothing measured, or
@@ -485,4 +472,52 @@ fn find_max_batch(
         pool_reserved_after: after.reserved,
         back_to_baseline: after.reserved == base.reserved && after.used == base.used,
     })
+}
+
+/// `gpukit memory` under `gpukit all`, where there is a GPU: ResNet-50 fp32 at a few batch
+/// sizes, and the largest batch that fits unless `--quick`.
+pub struct MemoryPart;
+
+/// The memory part of `gpukit all`.
+pub static PART: MemoryPart = MemoryPart;
+
+impl Part for MemoryPart {
+    fn key(&self) -> &'static str {
+        "memory"
+    }
+    fn command(&self) -> &'static str {
+        "memory"
+    }
+    fn title(&self) -> &'static str {
+        "GPU memory"
+    }
+    fn wanted(&self, ctx: &Context<'_>) -> bool {
+        ctx.gpu
+    }
+    fn run(&self, ctx: &Context<'_>, progress: &mut dyn FnMut(&str)) -> Result<Outcome> {
+        let o = MemoryOptions {
+            model: ResNet::R50,
+            batch_sizes: if ctx.quick {
+                vec![16, 64]
+            } else {
+                vec![16, 32, 64, 128]
+            },
+            dtype: DType::F32,
+            layout: Layout::Nchw,
+            image_size: 224,
+            weights: None,
+            ordinal: ctx.ordinal(),
+            memory_fraction: None,
+            on_oom_halve: true,
+            find_max_batch: !ctx.quick,
+            max_workspace_bytes: None,
+        };
+        Ok(Outcome::of(
+            "memory",
+            run_memory(ctx.discovery, &o, progress),
+        ))
+    }
+    fn statuses(&self, report: &serde_json::Value) -> Vec<RowStatus> {
+        row_statuses(report)
+    }
 }

@@ -5,6 +5,7 @@
 //! To use: [`run_p2p`] with [`P2pOptions`]; every copy is checked byte for byte.
 
 use crate::error::{Error, Result};
+use crate::part::{Context, Outcome, Part};
 use crate::report::{judge_rows, Document, PeerFigure, RowStatus};
 use crate::stats::Summary;
 use gpukit_cuda::loader::Discovery;
@@ -291,4 +292,31 @@ fn compare_pytorch(
 pub fn document(report: P2pReport, peer: Option<&Result<String>>) -> Document<P2pReport> {
     let failure = judge_rows(report.rows.iter().map(|r| &r.status));
     Document::new("bench p2p", report, failure).with_peer(peer)
+}
+
+/// `bench p2p` under `gpukit all`, where there are several GPUs and all are selected.
+pub struct P2pPart;
+
+/// The p2p part of `gpukit all`.
+pub static PART: P2pPart = P2pPart;
+
+impl Part for P2pPart {
+    fn key(&self) -> &'static str {
+        "p2p"
+    }
+    fn command(&self) -> &'static str {
+        "bench p2p"
+    }
+    fn title(&self) -> &'static str {
+        "Several GPUs: copies between them"
+    }
+    fn wanted(&self, ctx: &Context<'_>) -> bool {
+        ctx.several_gpus()
+    }
+    fn run(&self, ctx: &Context<'_>, progress: &mut dyn FnMut(&str)) -> Result<Outcome> {
+        Ok(Outcome::of(
+            "bench p2p",
+            run_p2p(ctx.discovery, &P2pOptions::default(), progress).map(|(r, _)| r),
+        ))
+    }
 }

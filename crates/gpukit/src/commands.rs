@@ -208,7 +208,7 @@ fn busy_notes(discovery: &Discovery, selection: DeviceSelection) -> Vec<String> 
         DeviceSelection::All => 0,
         DeviceSelection::One(Device::Cpu) => return Vec::new(),
     };
-    gpukit_bench::check::busy_gpu(discovery, ordinal)
+    gpukit_bench::gpu::busy_gpu(discovery, ordinal)
         .into_iter()
         .collect()
 }
@@ -510,8 +510,8 @@ fn print_bytes(bytes: &[u8]) -> Result<()> {
 }
 
 fn train(a: TrainArgs, out: &Output) -> Result<()> {
-    use gpukit_bench::train::parallel::Ranks;
-    use gpukit_bench::train::{document, run_train_ranked};
+    use gpukit_bench::workload::train::parallel::Ranks;
+    use gpukit_bench::workload::train::{document, run_train_ranked};
     let world = gpukit_ranks::world::from_process_env()?.filter(|w| w.world_size > 1);
     let parallel = match (&world, a.gpus) {
         (Some(_), Some(g)) if g > 1 => {
@@ -539,7 +539,7 @@ fn train(a: TrainArgs, out: &Output) -> Result<()> {
         (Some(_), _) => Device::Cuda(0),
     };
     let request = train_request(a, device, parallel);
-    gpukit_bench::train::check_request(&request)?;
+    gpukit_bench::workload::train::check_request(&request)?;
     // only GPU work needs the CUDA libraries on the loader's path (which may re-execute)
     let discovery = if device == Device::Cpu {
         discover()
@@ -567,9 +567,9 @@ fn train(a: TrainArgs, out: &Output) -> Result<()> {
 fn train_request(
     a: TrainArgs,
     device: gpukit_tensor::Device,
-    parallel: Option<gpukit_bench::train::parallel::Ranks>,
-) -> gpukit_bench::train::TrainRequest {
-    use gpukit_bench::train::TrainRequest;
+    parallel: Option<gpukit_bench::workload::train::parallel::Ranks>,
+) -> gpukit_bench::workload::train::TrainRequest {
+    use gpukit_bench::workload::train::TrainRequest;
     TrainRequest {
         preset: a.preset,
         layers: a.layers.map(|l| l.0),
@@ -694,8 +694,13 @@ fn all(a: AllArgs, out: &Output) -> Result<()> {
             .collect(),
     };
     let busy = busy_notes(&discovery, a.device);
-    let report = run_all(&discovery, &opts, &mut progress())?;
-    let doc = document(report).with_notes(busy);
+    let parts = gpukit_bench::parts();
+    let report = run_all(&discovery, &opts, &parts, &mut progress())?;
+    let warnings = report
+        .part::<gpukit_bench::check::CheckReport>("check")
+        .map(|c| c.warnings)
+        .unwrap_or_default();
+    let doc = document(report, &parts, &warnings).with_notes(busy);
     let json = serde_json::to_vec_pretty(&doc).context("serializing the report")?;
     let md = render::all_markdown(&doc);
     let html = render::all_html(&doc);
@@ -762,8 +767,8 @@ fn html(a: HtmlArgs) -> Result<()> {
 fn profile_options(
     p: &ProfileOptionArgs,
     steps: usize,
-) -> Result<gpukit_bench::profile::ProfileOptions> {
-    let o = gpukit_bench::profile::ProfileOptions {
+) -> Result<gpukit_bench::workload::profile::ProfileOptions> {
+    let o = gpukit_bench::workload::profile::ProfileOptions {
         steps,
         top: p.top,
         group_by: p.group_by,
@@ -771,12 +776,12 @@ fn profile_options(
         timing: p.timing,
     };
     // --top 0, an unwritable trace: bad input, before any work
-    gpukit_bench::profile::run::check_options(&o)?;
+    gpukit_bench::workload::profile::run::check_options(&o)?;
     Ok(o)
 }
 
 fn profile(cmd: ProfileCommand, out: &Output) -> Result<()> {
-    use gpukit_bench::profile::{profile_infer, profile_train, InferWorkload};
+    use gpukit_bench::workload::profile::{profile_infer, profile_train, InferWorkload};
     let report = match cmd {
         ProfileCommand::Infer(a) => {
             let o = profile_options(&a.profile, a.steps)?;
@@ -811,7 +816,7 @@ fn profile(cmd: ProfileCommand, out: &Output) -> Result<()> {
             }
             let device = a.train.device.unwrap_or(Device::Cpu);
             let request = train_request(a.train, device, None);
-            gpukit_bench::train::check_request(&request)?;
+            gpukit_bench::workload::train::check_request(&request)?;
             let discovery = if device == Device::Cpu {
                 discover()
             } else {

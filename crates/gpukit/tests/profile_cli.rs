@@ -13,7 +13,7 @@ fn trace_is_valid(path: &std::path::Path) -> Result<Value, Failed> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let trace: Value =
         serde_json::from_slice(&bytes).map_err(|e| format!("the trace is not JSON: {e}"))?;
-    let broken = gpukit_bench::profile::trace::validate(&trace);
+    let broken = gpukit_bench::workload::profile::trace::validate(&trace);
     ensure(broken.is_empty(), || format!("trace: {broken:?}"))?;
     Ok(trace)
 }

@@ -5,7 +5,7 @@
 
 use super::{tolerance, ConvOptions};
 use crate::error::{Error, Result};
-use crate::harness::{
+use crate::measure::{
     block_reps, both_orders, device_samples, Clock, Measurement, PeerSamples, Plan, TurnShape,
 };
 use crate::peer::PeerServer;

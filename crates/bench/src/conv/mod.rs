@@ -3,6 +3,8 @@
 //! f32 / tf32 / f16 / bf16, NCHW and NHWC, each GPU output checked against the CPU's, optionally
 //! in turns with PyTorch's cudnn.benchmark on the same convolution.
 
+mod part;
+pub use part::{ConvPart, PART};
 mod gpu;
 mod shapes;
 pub mod summary;
@@ -12,10 +14,10 @@ mod tests;
 pub use shapes::{resnet50_shapes, NamedShape};
 pub use summary::{ConvTotal, SlowestRow};
 
-use crate::check::{describe_gpu, GpuFacts};
 use crate::cpu;
 use crate::error::{Error, Result};
-use crate::harness::{tflops, time_host, Measurement, Plan};
+use crate::gpu::{describe_gpu, GpuFacts};
+use crate::measure::{tflops, time_host, Measurement, Plan};
 use crate::peer::PeerServer;
 use crate::random::{fresh_seed, uniform_f32};
 use crate::report::{judge_rows, Document, PeerFigure, RowStatus, Verification};

@@ -60,7 +60,7 @@ fn row(
     let mut r = ConvRow::new(&tiny(name, count), Layout::Nhwc, device, dtype);
     let samples = [ms, ms, ms];
     r.timing = Some(Measurement {
-        clock: crate::harness::Clock::CudaEvents,
+        clock: crate::measure::Clock::CudaEvents,
         warmup: 0,
         reps_planned: 3,
         summary_ms: Summary::of(&samples).unwrap(),

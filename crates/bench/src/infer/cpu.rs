@@ -1,13 +1,13 @@
 //! The CPU rows of `gpukit infer`: gpukit's own f32 forward pass (the CPU reference) and ONNX
 //! Runtime's CPU provider on the same weights, checked against it.
 
-use super::accuracy::agreement;
 use super::report::{rate, row, InferRow};
-use super::strategy::{CPU_ROW, ORT_ROW};
 use super::InferOptions;
-use crate::harness::{time_host, Plan};
+use crate::accuracy::agreement;
+use crate::measure::{time_host, Plan};
 use crate::random::uniform_f32;
 use crate::report::RowStatus;
+use crate::workload::strategy::{CPU_ROW, ORT_ROW};
 use gpukit_models::forward::FoldedResNet;
 use gpukit_models::ort_runner::OrtModel;
 use gpukit_tensor::Tensor;

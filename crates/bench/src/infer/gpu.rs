@@ -3,13 +3,13 @@
 //! logits checked, the fp32 NCHW eager logits first as the batch's reference (checked against
 //! gpukit's CPU forward); and the one-at-a-time rows.
 
-use super::accuracy::{agreement, tolerance, verdict};
 use super::report::{one_at_a_time_reps, rate, row, InferRow};
-use super::strategy::{InferStrategy, CPU_CHECK_IMAGES};
-use crate::harness::{time_device, Plan};
+use crate::accuracy::{agreement, tolerance, verdict};
+use crate::measure::{time_device, Plan};
 use crate::power::{PowerMeter, Windows, STEADY_MS};
 use crate::random::uniform_f32;
 use crate::report::RowStatus;
+use crate::workload::strategy::{InferStrategy, CPU_CHECK_IMAGES};
 use gpukit_models::forward::FoldedResNet;
 use gpukit_models::gpu::{GpuContext, GpuWeights, Session, Strategy};
 use gpukit_models::Error as EngineError;
@@ -32,7 +32,7 @@ pub(super) fn engine_status(what: &str, e: &EngineError) -> RowStatus {
 
 /// Whether the GPU has the arithmetic for `p` (unknown capability: assume it does).
 fn supported(cc: Option<(u32, u32)>, d: DType) -> std::result::Result<(), String> {
-    match cc.and_then(|cc| crate::matmul::gpu_lacks(cc, d)) {
+    match cc.and_then(|cc| crate::gpu::gpu_lacks(cc, d)) {
         Some(why) => Err(why),
         None => Ok(()),
     }

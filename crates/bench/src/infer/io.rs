@@ -2,8 +2,8 @@
 //! requested strategy, the logits saved for checking numerics across frameworks. "logits" is
 //! gpukit's CPU f32 forward pass; "logits_<strategy>" each other strategy's, compared with it.
 
-use super::accuracy::{tolerance, verdict};
 use super::{agreement, Agreement, InferOptions, InferStrategy};
+use crate::accuracy::{tolerance, verdict};
 use crate::error::{Error, Result};
 use crate::report::{judge_rows, RowStatus};
 use gpukit_cuda::loader::Discovery;

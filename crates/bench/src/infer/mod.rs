@@ -18,35 +18,36 @@
 //! TensorRT is not run; the report only says whether its library is there ([`tensorrt_status`]).
 
 //!
-//! The parts: [`strategy`] (what `--strategies` names), [`report`] (the rows), [`accuracy`]
-//! (how logits are judged), `cpu` and `gpu` (the rows of each side), [`peer`] (PyTorch beside)
-//! and [`io`] (a user's own input).
+//! The parts: [`report`] (the rows), `cpu` and `gpu` (the rows of each side), [`peer`] (PyTorch
+//! beside) and [`io`] (a user's own input). What `--strategies` names is the workload layer's
+//! ([`crate::workload::strategy`]), how logits are judged the harness's ([`crate::accuracy`]).
 
-pub mod accuracy;
+mod part;
+pub use part::{InferPart, PART};
 mod cpu;
 mod gpu;
 pub mod io;
 pub mod peer;
 pub mod report;
-pub mod strategy;
 #[cfg(test)]
 mod tests;
 
-pub use accuracy::{agreement, tolerance, verdict};
-pub use report::{
-    best_gpu_rows, gpu_rows_without_figure, is_gpu_row, is_one_at_a_time, one_at_a_time_reps,
-    sort_rows, tensorrt_status, Agreement, InferReport, InferRow, Planning,
-};
-pub use strategy::{
+pub use crate::accuracy::{agreement, tolerance, verdict, Agreement};
+pub use crate::workload::strategy::{
     check_batches, select_strategies, InferStrategy, CPU_CHECK_IMAGES, CPU_ROW, GPU_WARMUP,
     ONE_AT_A_TIME, ONE_AT_A_TIME_MAX_PASSES, ONE_AT_A_TIME_MIN_REPS, ORT_ROW,
 };
+pub use report::{
+    best_gpu_rows, gpu_rows_without_figure, is_gpu_row, is_one_at_a_time, one_at_a_time_reps,
+    sort_rows, tensorrt_status, InferReport, InferRow, Planning,
+};
 
 use crate::error::{Error, Result};
-use crate::harness::Plan;
+use crate::measure::Plan;
 use crate::power::PowerMeter;
 use crate::random::fresh_seed;
 use crate::report::{judge_rows, Document, RowStatus};
+use crate::workload::strategy::{gpu_ordinal, runs_on};
 use cpu::cpu_rows;
 use gpu::GpuRun;
 use gpukit_cuda::loader::{find_extra_library, Discovery};
@@ -60,7 +61,6 @@ use gpukit_tensor::{Device, DeviceSelection};
 use report::row;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use strategy::{gpu_ordinal, runs_on};
 
 #[derive(Debug, Clone)]
 pub struct InferOptions {

@@ -1,28 +1,19 @@
 //! What `gpukit infer` reports: one row per strategy and batch size, and the questions asked of
 //! the rows (which GPU row was fastest, whether any GPU row gave a figure).
 
-use super::strategy::{ONE_AT_A_TIME, ONE_AT_A_TIME_MAX_PASSES, ONE_AT_A_TIME_MIN_REPS};
-use crate::harness::Measurement;
+use crate::accuracy::Agreement;
+use crate::measure::Measurement;
 use crate::report::{PeerFigure, RowStatus};
+use crate::workload::strategy::{ONE_AT_A_TIME, ONE_AT_A_TIME_MAX_PASSES, ONE_AT_A_TIME_MIN_REPS};
 use gpukit_models::gpu::SessionMemory;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
 #[cfg(doc)]
-use super::strategy::{CPU_ROW, ORT_ROW};
+use crate::workload::strategy::{CPU_ROW, ORT_ROW};
 #[cfg(doc)]
 use gpukit_models::gpu::Strategy;
-
-/// How a strategy's logits compare with a reference on the same input.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Agreement {
-    pub max_abs: f64,
-    /// max |a - b| over max |reference|.
-    pub max_rel: f64,
-    /// Fraction of images whose top-1 class is the same.
-    pub top1: f64,
-}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct InferRow {

@@ -2,7 +2,7 @@
 use super::gpu::{dependent_status, engine_status, is_oom, pairs};
 use super::report::row;
 use super::*;
-use crate::harness::Measurement;
+use crate::measure::Measurement;
 use crate::stats::Summary;
 use gpukit_models::Error as EngineError;
 use gpukit_tensor::{DType, Layout};
@@ -183,7 +183,7 @@ fn timed(strategy: &str, device: &str, batch: usize, rate: Option<f64>) -> Infer
     let mut r = row(strategy, device, batch);
     r.images_per_s = rate;
     r.timing = rate.map(|x| Measurement {
-        clock: crate::harness::Clock::CudaEvents,
+        clock: crate::measure::Clock::CudaEvents,
         warmup: 3,
         reps_planned: 5,
         summary_ms: Summary::of(&[batch as f64 / x * 1e3]).unwrap(),

@@ -8,6 +8,8 @@
 //! ([`timing::time_case`]). Stream overlap is read from event timestamps, not inferred from
 //! totals.
 
+mod part;
+pub use part::{LessonsPart, PART};
 mod notebook;
 mod peer;
 mod profile;

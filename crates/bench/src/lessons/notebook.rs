@@ -160,10 +160,10 @@ pub(crate) fn lesson0(discovery: &Discovery, device: Device) -> Result<Lesson> {
         .map_err(|e| Error::Unavailable(format!("lesson 0 needs a GPU: {e}")))?;
     let attrs = gpukit_cuda::driver::device_attributes(n, driver.device_count)?;
     let nvml = NvmlSession::open(discovery).ok();
-    let before = crate::memory::device_used(nvml.as_ref(), &attrs.uuid);
+    let before = crate::gpu::device_used(nvml.as_ref(), &attrs.uuid);
     let gpu = std::sync::Arc::new(gpukit_cuda::Gpu::open(discovery, n)?);
     gpu.synchronize()?;
-    let after_context = crate::memory::device_used(nvml.as_ref(), &attrs.uuid);
+    let after_context = crate::gpu::device_used(nvml.as_ref(), &attrs.uuid);
     // the notebook's torch.ones((1, 1)): one f32 on the device
     let one = Tensor::from_f32(&[1, 1], vec![1.0])?.to_gpu(&gpu)?;
     gpu.synchronize()?;
@@ -172,8 +172,8 @@ pub(crate) fn lesson0(discovery: &Discovery, device: Device) -> Result<Lesson> {
     gpu.tensor_ops()?;
     let _ = one.add_scalar(1.0)?;
     gpu.synchronize()?;
-    let after_libs = crate::memory::device_used(nvml.as_ref(), &attrs.uuid);
-    let process = crate::memory::process_used(nvml.as_ref(), &attrs.uuid);
+    let after_libs = crate::gpu::device_used(nvml.as_ref(), &attrs.uuid);
+    let process = crate::gpu::process_used(nvml.as_ref(), &attrs.uuid);
     let pool_after = gpu.pool_stats()?;
     let context = match (before, after_context) {
         (Some(b), Some(a)) => Some(a.saturating_sub(b)),

@@ -37,7 +37,7 @@ pub(crate) fn lesson8(b: &Bench) -> Result<Lesson> {
         })?;
     let path = file.path().to_path_buf();
     data.save(&path)?;
-    let request = crate::train::TrainRequest {
+    let request = crate::workload::train::TrainRequest {
         layers: Some(vec![512, 256, 10]),
         data: Some(path.clone()),
         batch_size: Some(1024),
@@ -48,14 +48,15 @@ pub(crate) fn lesson8(b: &Bench) -> Result<Lesson> {
         device: Some(b.device),
         ..Default::default()
     };
-    let opts = crate::profile::ProfileOptions {
+    let opts = crate::workload::profile::ProfileOptions {
         steps: 10,
         top: 5,
-        group_by: crate::profile::table::GroupBy::Op,
+        group_by: crate::workload::profile::table::GroupBy::Op,
         trace: None,
         timing: gpukit_cuda::profiler::TimingChoice::Auto,
     };
-    let report = crate::profile::profile_train(&b.discovery, &request, &opts, &mut |_| {})?;
+    let report =
+        crate::workload::profile::profile_train(&b.discovery, &request, &opts, &mut |_| {})?;
     for row in report.rows.iter().take(5) {
         l.profile.push(ProfileRow {
             name: row.key.clone(),

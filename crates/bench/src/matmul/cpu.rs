@@ -7,7 +7,7 @@ use super::verify::{verify_square, HostPair};
 use super::{MatmulOptions, MatmulRow};
 use crate::cpu;
 use crate::error::Error;
-use crate::harness::{host_samples, tflops, Clock, Plan};
+use crate::measure::{host_samples, tflops, Clock, Plan};
 use crate::random::fresh_seed;
 use crate::report::RowStatus;
 use gpukit_tensor::codec::{bytes_of, decode_f16, decode_f32, decode_f64};

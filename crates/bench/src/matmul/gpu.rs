@@ -4,10 +4,11 @@
 
 use super::turns::{block_reps, peer_figure, TurnShape, Turns};
 use super::verify::{verify_square, HostPair};
-use super::{gpu_lacks, MatmulOptions, MatmulRow};
-use crate::check::GpuFacts;
+use super::{MatmulOptions, MatmulRow};
 use crate::error::{Error, Result};
-use crate::harness::{device_samples, interleave, tflops, Clock, Plan};
+use crate::gpu::gpu_lacks;
+use crate::gpu::GpuFacts;
+use crate::measure::{device_samples, interleave, tflops, Clock, Plan};
 use crate::random::fresh_seed;
 use crate::report::{RowStatus, Verification};
 use gpukit_cuda::blas::Blas;

@@ -6,6 +6,8 @@
 //! The parts: this file (options, rows, the report and the run), `gpu` and `cpu` (each side's
 //! rows), `turns` (PyTorch taking turns) and `verify` (the check of every row).
 
+mod part;
+pub use part::{MatmulPart, PART};
 mod cpu;
 mod gpu;
 #[cfg(test)]
@@ -14,9 +16,9 @@ mod turns;
 mod verify;
 
 use crate::ceilings::Peaks;
-use crate::check::{describe_gpu, GpuFacts};
 use crate::error::{Error, Result};
-use crate::harness::Measurement;
+use crate::gpu::{describe_gpu, GpuFacts};
+use crate::measure::Measurement;
 use crate::peer::PeerServer;
 use crate::power::{PowerMeter, RowPower};
 use crate::random::{normal_f32, normal_f64, uniform_f32, uniform_f64};
@@ -262,24 +264,6 @@ pub fn tolerance(dtype: DType) -> f64 {
         DType::F16 => 3e-3,
         // bf16 output rounding alone is about 2e-3
         DType::Bf16 => 1.5e-2,
-    }
-}
-
-/// Why a GPU of this compute capability lacks the arithmetic for `d` (f16 from 5.3, bf16 and
-/// tf32 from 8.0), or None when it has it.
-pub fn gpu_lacks(cc: (u32, u32), d: DType) -> Option<String> {
-    let need = match d {
-        DType::F64 | DType::F32 => (0, 0),
-        DType::F16 => (5, 3),
-        DType::Tf32 | DType::Bf16 => (8, 0),
-    };
-    if cc >= need {
-        None
-    } else {
-        Some(format!(
-            "{d} needs compute capability {}.{} or newer; this GPU is {}.{}",
-            need.0, need.1, cc.0, cc.1
-        ))
     }
 }
 

@@ -4,8 +4,9 @@ use super::turns::{block_reps, peer_figure, TurnShape};
 use super::verify::{verify_square, HostPair};
 use super::*;
 use crate::cpu;
-use crate::harness::PeerSamples;
-use crate::harness::MAX_BLOCK_REPS;
+use crate::gpu::gpu_lacks;
+use crate::measure::PeerSamples;
+use crate::measure::MAX_BLOCK_REPS;
 use gpukit_tensor::codec::element_f64;
 
 fn cpu_only(sizes: Vec<usize>, dtypes: Vec<DType>) -> MatmulReport {
@@ -28,7 +29,7 @@ fn cpu_only(sizes: Vec<usize>, dtypes: Vec<DType>) -> MatmulReport {
 fn a_peer_takes_turns_on_every_cpu_row() {
     let dir = std::env::temp_dir().join(format!("gpukit-turns-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let python = crate::peer::tests::fake_python(&dir);
+    let python = gpukit_harness::peer::fake::fake_python(&dir).unwrap();
     let server = PeerServer::start_with(python, "cpu", Some(1)).unwrap();
     let mut turns = Turns {
         server: Some(server),

@@ -4,8 +4,8 @@
 
 use super::MatmulOptions;
 use crate::error::Result;
-pub(super) use crate::harness::{block_reps, TurnShape};
-use crate::harness::{both_orders, tflops, Clock, Measurement, PeerSamples, Plan};
+pub(super) use crate::measure::{block_reps, TurnShape};
+use crate::measure::{both_orders, tflops, Clock, Measurement, PeerSamples, Plan};
 use crate::peer::PeerServer;
 use crate::power::{PowerMeter, RowPower, Windows};
 use crate::report::PeerFigure;

@@ -6,6 +6,8 @@
 //! was started by torchrun, srun, mpirun or `gpukit launch` (one GPU per process), None for one
 //! process driving `gpus` GPUs. Only rank 0 gets a report back; the other ranks get None.
 
+mod part;
+pub use part::{NcclPart, PART};
 mod gpu;
 pub mod sweep;
 

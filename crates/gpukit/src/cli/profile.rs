@@ -24,7 +24,7 @@ pub struct ProfileOptionArgs {
 
     /// op (name and shapes), kernel (what the GPU ran; needs CUPTI) or layer.
     #[arg(long, default_value = "op", value_parser = parse_group_by)]
-    pub group_by: gpukit_bench::profile::table::GroupBy,
+    pub group_by: gpukit_bench::workload::profile::table::GroupBy,
 
     /// Write a Chrome trace (JSON) there: host launches, one track a stream for kernels and for
     /// ops, launch-to-kernel arrows and the memory pool.
@@ -80,8 +80,8 @@ pub struct ProfileTrainArgs {
     pub profile: ProfileOptionArgs,
 }
 
-fn parse_group_by(s: &str) -> Result<gpukit_bench::profile::table::GroupBy, String> {
-    gpukit_bench::profile::table::GroupBy::parse(s)
+fn parse_group_by(s: &str) -> Result<gpukit_bench::workload::profile::table::GroupBy, String> {
+    gpukit_bench::workload::profile::table::GroupBy::parse(s)
         .ok_or_else(|| "unknown grouping (op, kernel or layer)".to_string())
 }
 

@@ -12,7 +12,7 @@ pub struct TrainArgs {
     /// or seed-classification (100x3, labels 0/1, MLP 3-10-2, cross-entropy, SGD 0.01, full
     /// batch, 5 epochs); other flags override its settings [default: seed-regression].
     #[arg(long, value_parser = parse_preset)]
-    pub preset: Option<gpukit_bench::train::Preset>,
+    pub preset: Option<gpukit_bench::workload::train::Preset>,
 
     /// Layer widths, inputs first, outputs last, ReLU between (e.g. 16,64,1).
     #[arg(long, value_name = "N,N,...", value_parser = parse_layers)]
@@ -151,8 +151,8 @@ fn parse_loader(s: &str) -> Result<gpukit_train::gpu::feed::Loader, String> {
         .ok_or_else(|| "unknown loader (plain, pinned, prefetch or resident)".to_string())
 }
 
-fn parse_preset(s: &str) -> Result<gpukit_bench::train::Preset, String> {
-    gpukit_bench::train::Preset::parse(s)
+fn parse_preset(s: &str) -> Result<gpukit_bench::workload::train::Preset, String> {
+    gpukit_bench::workload::train::Preset::parse(s)
         .ok_or_else(|| "unknown preset (seed-regression or seed-classification)".to_string())
 }
 

@@ -4,7 +4,8 @@
 use super::fmt::{gib, mib, opt, tf};
 use super::Section;
 use gpukit_bench::ceilings::{PeakSource, Peaks};
-use gpukit_bench::check::{CheckReport, GpuFacts};
+use gpukit_bench::check::CheckReport;
+use gpukit_bench::gpu::GpuFacts;
 
 /// The headline: whether a GPU is usable, and why not.
 pub fn check_headline(r: &CheckReport) -> String {

@@ -18,6 +18,7 @@ mod matmul;
 mod memory;
 pub mod monitor;
 mod nccl;
+pub mod parts;
 mod power;
 mod profile;
 #[cfg(test)]

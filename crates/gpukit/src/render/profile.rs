@@ -2,8 +2,8 @@
 //! and the idle gaps a CUDA graph removes.
 
 use super::Section;
-use gpukit_bench::profile::table::Regime;
-use gpukit_bench::profile::ProfileReport;
+use gpukit_bench::workload::profile::table::Regime;
+use gpukit_bench::workload::profile::ProfileReport;
 
 fn ms(v: f64) -> String {
     format!("{v:.3} ms")
@@ -130,13 +130,14 @@ pub fn profile_sections(r: &ProfileReport) -> Vec<Section> {
             .push("NVTX ranges name every op (Nsight Systems shows gpukit's names).".into());
     }
     if let Some(t) = &r.trace {
-        head.notes.push(gpukit_bench::profile::run::trace_note(t));
+        head.notes
+            .push(gpukit_bench::workload::profile::run::trace_note(t));
     }
     let time = if r.host_only { "host" } else { "GPU" };
     let by = match r.group_by {
-        gpukit_bench::profile::table::GroupBy::Op => "op",
-        gpukit_bench::profile::table::GroupBy::Kernel => "kernel",
-        gpukit_bench::profile::table::GroupBy::Layer => "layer",
+        gpukit_bench::workload::profile::table::GroupBy::Op => "op",
+        gpukit_bench::workload::profile::table::GroupBy::Kernel => "kernel",
+        gpukit_bench::workload::profile::table::GroupBy::Layer => "layer",
     };
     let header: Vec<String> = [
         by,

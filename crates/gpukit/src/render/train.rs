@@ -1,7 +1,7 @@
 //! `gpukit train`: the run's set-up, then one row an epoch.
 
 use super::Section;
-use gpukit_bench::train::{classifies, TrainReport};
+use gpukit_bench::workload::train::{classifies, TrainReport};
 
 /// `gpukit train`.
 pub fn train_sections(r: &TrainReport) -> Vec<Section> {
@@ -251,7 +251,7 @@ fn memory_section(r: &TrainReport) -> Section {
 }
 
 /// The same loop in PyTorch: how far apart the loss curves are, and both loops' times.
-fn peer_section(p: &gpukit_bench::train::TrainPeer) -> Section {
+fn peer_section(p: &gpukit_bench::workload::train::TrainPeer) -> Section {
     let ms = |s: f64| format!("{:.3} ms", s * 1e3);
     let verdict = match (p.comparable(), p.disagreement()) {
         (false, _) => "not held to each other: the two scalers skipped different updates",
@@ -272,7 +272,7 @@ fn peer_section(p: &gpukit_bench::train::TrainPeer) -> Section {
                      {:.1e} (tolerance {:.0e}), the last {:.1e} apart (tolerance {:.0e}), the \
                      largest {:.1e} at update {}: {verdict}",
                     p.step_losses.len(),
-                    gpukit_bench::train::PEER_EARLY_UPDATES.min(p.step_losses.len()),
+                    gpukit_bench::workload::train::PEER_EARLY_UPDATES.min(p.step_losses.len()),
                     p.early_difference,
                     p.tolerance,
                     p.final_difference,
@@ -320,7 +320,7 @@ fn peer_section(p: &gpukit_bench::train::TrainPeer) -> Section {
 
 /// Data-parallel training: how the ranks scaled against each GPU doing its share alone, and
 /// PyTorch DDP's scaling on the same model beside it.
-fn data_parallel_section(d: &gpukit_bench::train::parallel::DataParallel) -> Section {
+fn data_parallel_section(d: &gpukit_bench::workload::train::parallel::DataParallel) -> Section {
     let ms = |v: &[f64]| {
         v.iter()
             .map(|x| format!("{x:.2}"))

@@ -1,6 +1,7 @@
 //! Views that draw a whole document: the lines above `check`'s tables, `all`'s report.md
 //! (every command's sections, then the notes) and the lines `all` prints when it is done.
 
+use super::parts::drawn_parts;
 use super::{self as render, to_markdown};
 use gpukit_bench::all::AllReport;
 use gpukit_bench::check::CheckReport;
@@ -18,11 +19,11 @@ pub fn check_head(r: &CheckReport) -> Vec<String> {
     ]
 }
 
-/// report.md of `gpukit all`: every part's sections under its heading, then the notes.
+/// report.md of `gpukit all`: each part's sections under its heading, then the notes.
 pub fn all_markdown(doc: &Document<AllReport>) -> String {
     let r = &doc.result;
     let mut md = format!(
-        "# gpukit report\n\ngpukit {} · `{}` · {:.1} s ({})\n\n## Check\n\n{}\n",
+        "# gpukit report\n\ngpukit {} · `{}` · {:.1} s ({})\n",
         doc.gpukit_version,
         r.command_line.join(" "),
         r.total_seconds,
@@ -31,48 +32,13 @@ pub fn all_markdown(doc: &Document<AllReport>) -> String {
             .map(|(n, s)| format!("{n} {s:.1} s"))
             .collect::<Vec<_>>()
             .join(", "),
-        render::check_headline(&r.check)
     );
-    md.push_str(&to_markdown(&render::check_sections(&r.check), 3));
-    md.push_str("\n## Matrix multiply\n");
-    md.push_str(&to_markdown(&render::matmul_sections(&r.matmul), 3));
-    if let Some(b) = &r.bandwidth {
-        md.push_str("\n## Data transfer\n");
-        md.push_str(&to_markdown(&render::bandwidth_sections(b), 3));
-    }
-    md.push_str("\n## Convolution\n");
-    md.push_str(&to_markdown(&render::conv_sections(&r.conv), 3));
-    if let Some(i) = &r.infer {
-        md.push_str("\n## Inference\n");
-        md.push_str(&to_markdown(&render::infer_sections(i), 3));
-    }
-    if let Some(m) = &r.memory {
-        md.push_str("\n## GPU memory\n");
-        md.push_str(&to_markdown(&render::memory_sections(m), 3));
-    }
-    if !r.train.is_empty() {
-        md.push_str("\n## Training\n");
-        for t in &r.train {
-            md.push_str(&to_markdown(&render::train_sections(t), 3));
+    for (_, title, d) in drawn_parts(r) {
+        md.push_str(&format!("\n## {title}\n"));
+        if let Some(lead) = &d.lead {
+            md.push_str(&format!("\n{lead}\n"));
         }
-    }
-    if !r.profile.is_empty() {
-        md.push_str("\n## Profile: where the time goes\n");
-        for p in &r.profile {
-            md.push_str(&to_markdown(&render::profile_sections(p), 3));
-        }
-    }
-    if let Some(l) = &r.lessons {
-        md.push_str("\n## Lessons\n");
-        md.push_str(&to_markdown(&render::lessons_sections(l), 3));
-    }
-    if let Some(n) = &r.nccl {
-        md.push_str("\n## Several GPUs: NCCL collectives\n");
-        md.push_str(&to_markdown(&render::nccl_sections(n), 3));
-    }
-    if let Some(p) = &r.p2p {
-        md.push_str("\n## Several GPUs: copies between them\n");
-        md.push_str(&to_markdown(&render::p2p_sections(p), 3));
+        md.push_str(&to_markdown(&d.sections, 3));
     }
     if !doc.notes.is_empty() || doc.failure.is_some() {
         md.push_str("\n## Notes\n\n");
@@ -98,9 +64,11 @@ pub struct AllDone {
 
 /// The lines `all` prints around its notes, from the files it wrote (report.html among them).
 pub fn all_done(doc: &Document<AllReport>, written: &[PathBuf]) -> AllDone {
-    let head = vec![
-        render::check_headline(&doc.result.check),
-        format!(
+    let check: Option<CheckReport> = doc.result.part("check");
+    let head = check
+        .map(|c| render::check_headline(&c))
+        .into_iter()
+        .chain([format!(
             "wrote {} in {:.1} s",
             written
                 .iter()
@@ -108,8 +76,8 @@ pub fn all_done(doc: &Document<AllReport>, written: &[PathBuf]) -> AllDone {
                 .collect::<Vec<_>>()
                 .join(", "),
             doc.result.total_seconds
-        ),
-    ];
+        )])
+        .collect();
     let last = written
         .iter()
         .find(|p| p.file_name().is_some_and(|n| n == "report.html"))

@@ -8,7 +8,7 @@ use gpukit_bench::infer::InferReport;
 use gpukit_bench::matmul::MatmulReport;
 use gpukit_bench::memory::MemoryReport;
 use gpukit_bench::report::RowStatus;
-use gpukit_bench::train::TrainReport;
+use gpukit_bench::workload::train::TrainReport;
 use gpukit_tensor::Device;
 
 /// Groups `(key, point)` by key in order of first appearance.

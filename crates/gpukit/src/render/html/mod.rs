@@ -5,15 +5,17 @@
 //! Only rows that produced a figure are drawn; failed and skipped rows appear in the tables as
 //! such. Every piece of text from the report is escaped (names come from files).
 
-use super::fmt::{f1, grouped, human_bytes};
-use super::{self as render, Section};
+use super::parts::{self, Drawn};
+use super::Section;
 use gpukit_bench::all::AllReport;
-use gpukit_bench::report::{Document, RowStatus};
-use gpukit_tensor::Device;
+use gpukit_bench::check::CheckReport;
+use gpukit_bench::report::Document;
 
+mod cards;
 mod charts;
 mod figures;
 
+pub use cards::{bandwidth_cards, infer_cards, matmul_cards, memory_cards};
 pub use charts::Chart;
 pub use figures::{
     bandwidth_chart, conv_chart, infer_chart, matmul_charts, memory_chart, train_chart,
@@ -35,22 +37,14 @@ pub fn escape(s: &str) -> String {
     out
 }
 
-/// The ids of the page's sections, in order (those with nothing to show are left out).
-pub const SECTION_IDS: [&str; 13] = [
-    "machine",
-    "check",
-    "matmul",
-    "bandwidth",
-    "conv",
-    "infer",
-    "memory",
-    "train",
-    "profile",
-    "lessons",
-    "nccl",
-    "p2p",
-    "notes",
-];
+/// The ids of the page's sections, in order (those with nothing to show are left out): the
+/// machine, each part of `all` by its key, the notes.
+pub fn section_ids() -> Vec<&'static str> {
+    let mut ids = vec!["machine"];
+    ids.extend(gpukit_bench::parts().iter().map(|p| p.key()));
+    ids.push("notes");
+    ids
+}
 
 const CSS: &str = r#"
 :root { --fg: #1d2330; --muted: #5b6473; --line: #d9dee7; --bg: #ffffff; --head: #f3f5f9; --bad: #b3261e; --warn: #8a5a00; }
@@ -169,82 +163,21 @@ pub fn all_html(doc: &Document<AllReport>) -> String {
         }
     }
 
+    let drawn = parts::drawn_parts(r);
     section(&mut h, "machine", "Machine");
     h.push_str(&machine_html(r));
     h.push_str("<h3>Headline figures</h3>\n");
-    h.push_str(&headline_html(r));
+    h.push_str(&headline_html(&drawn));
 
-    section(&mut h, "check", "Check");
-    h.push_str(&format!(
-        "<p>{}</p>\n",
-        escape(&render::check_headline(&r.check))
-    ));
-    h.push_str(&sections_to_html(&render::check_sections(&r.check)));
-
-    section(&mut h, "matmul", "Matrix multiply");
-    for c in matmul_charts(&r.matmul) {
-        h.push_str(&c.render());
-    }
-    h.push_str(&sections_to_html(&render::matmul_sections(&r.matmul)));
-
-    if let Some(b) = &r.bandwidth {
-        section(&mut h, "bandwidth", "Data transfer");
-        if let Some(c) = bandwidth_chart(b) {
+    for (key, title, d) in &drawn {
+        section(&mut h, key, title);
+        if let Some(lead) = &d.lead {
+            h.push_str(&format!("<p>{}</p>\n", escape(lead)));
+        }
+        for c in &d.charts {
             h.push_str(&c.render());
         }
-        h.push_str(&sections_to_html(&render::bandwidth_sections(b)));
-    }
-
-    section(&mut h, "conv", "Convolution");
-    if let Some(c) = conv_chart(&r.conv) {
-        h.push_str(&c.render());
-    }
-    h.push_str(&sections_to_html(&render::conv_sections(&r.conv)));
-
-    if let Some(i) = &r.infer {
-        section(&mut h, "infer", "Inference");
-        if let Some(c) = infer_chart(i) {
-            h.push_str(&c.render());
-        }
-        h.push_str(&sections_to_html(&render::infer_sections(i)));
-    }
-
-    if let Some(m) = &r.memory {
-        section(&mut h, "memory", "GPU memory");
-        if let Some(c) = memory_chart(m) {
-            h.push_str(&c.render());
-        }
-        h.push_str(&sections_to_html(&render::memory_sections(m)));
-    }
-
-    if !r.train.is_empty() {
-        section(&mut h, "train", "Training");
-        if let Some(c) = train_chart(&r.train) {
-            h.push_str(&c.render());
-        }
-        for t in &r.train {
-            h.push_str(&sections_to_html(&render::train_sections(t)));
-        }
-    }
-
-    if !r.profile.is_empty() {
-        section(&mut h, "profile", "Profile: where the time goes");
-        for p in &r.profile {
-            h.push_str(&sections_to_html(&render::profile_sections(p)));
-        }
-    }
-    if let Some(l) = &r.lessons {
-        section(&mut h, "lessons", "Lessons");
-        h.push_str(&sections_to_html(&render::lessons_sections(l)));
-    }
-
-    if let Some(n) = &r.nccl {
-        section(&mut h, "nccl", "Several GPUs: NCCL collectives");
-        h.push_str(&sections_to_html(&render::nccl_sections(n)));
-    }
-    if let Some(p) = &r.p2p {
-        section(&mut h, "p2p", "Several GPUs: copies between them");
-        h.push_str(&sections_to_html(&render::p2p_sections(p)));
+        h.push_str(&sections_to_html(&d.sections));
     }
 
     if !doc.notes.is_empty() || doc.failure.is_some() {
@@ -266,7 +199,7 @@ pub fn all_html(doc: &Document<AllReport>) -> String {
 }
 
 fn section(h: &mut String, id: &str, title: &str) {
-    debug_assert!(SECTION_IDS.contains(&id), "{id} is listed in SECTION_IDS");
+    debug_assert!(section_ids().contains(&id), "{id} is a section id");
     if h.contains("<section ") {
         h.push_str("</section>\n");
     }
@@ -335,15 +268,25 @@ pub fn sections_to_html(sections: &[Section]) -> String {
     out
 }
 
+/// The check's report: the page's machine facts come from it.
+fn check_of(r: &AllReport) -> Option<CheckReport> {
+    r.part("check")
+}
+
 fn machine_name(r: &AllReport) -> String {
-    match r.check.gpus.first() {
-        Some(g) => g.name.clone(),
-        None => r.check.host.cpu_model.clone(),
+    match check_of(r) {
+        Some(c) => match c.gpus.first() {
+            Some(g) => g.name.clone(),
+            None => c.host.cpu_model.clone(),
+        },
+        None => "unknown machine".into(),
     }
 }
 
 fn machine_html(r: &AllReport) -> String {
-    let c = &r.check;
+    let Some(c) = check_of(r) else {
+        return "<p>The check did not run.</p>\n".into();
+    };
     let mut rows: Vec<(String, String)> = Vec::new();
     if c.gpus.is_empty() {
         rows.push((
@@ -439,105 +382,13 @@ fn card(k: &str, v: &str, s: &str) -> String {
     )
 }
 
-/// The cards above the sections: each command's best figure, written by the same function as
-/// the table it comes from (a card that rounds otherwise reads as a different figure).
-fn headline_html(r: &AllReport) -> String {
-    let mut cards = String::new();
-    // matmul: best per dtype on the GPU (the CPU's when no GPU row measured)
-    let gpu_rows = r
-        .matmul
-        .rows
+/// The cards above the sections: each part's best figures, in the parts' order.
+fn headline_html(drawn: &[(&str, &str, Drawn)]) -> String {
+    let cards: String = drawn
         .iter()
-        .any(|x| x.device != Device::Cpu && x.status == RowStatus::Ok && x.tflops.is_some());
-    let mut dtypes: Vec<String> = Vec::new();
-    for x in &r.matmul.rows {
-        let d = x.dtype.to_string();
-        if !dtypes.contains(&d) {
-            dtypes.push(d);
-        }
-    }
-    for d in &dtypes {
-        let best = r
-            .matmul
-            .rows
-            .iter()
-            .filter(|x| (x.device != Device::Cpu) == gpu_rows && x.dtype.to_string() == *d)
-            .filter(|x| x.status == RowStatus::Ok)
-            .filter_map(|x| x.tflops.map(|t| (t, x)))
-            .max_by(|a, b| a.0.total_cmp(&b.0));
-        let Some((t, x)) = best else { continue };
-        let peak = r.matmul.gpu.as_ref().and_then(|g| g.peaks.for_dtype(d));
-        let sub = match (gpu_rows, peak) {
-            (true, Some(p)) => format!("{:.0}% of the {p:.1} peak, at {}", 100.0 * t / p, x.size),
-            _ => format!("on {} at {}", x.device, x.size),
-        };
-        cards.push_str(&card(
-            &format!("matmul {d}"),
-            &format!("{} TFLOP/s", f1(Some(t))),
-            &sub,
-        ));
-    }
-    if let Some(b) = &r.bandwidth {
-        use gpukit_bench::bandwidth::CopyKind;
-        let best = |d2d: bool| {
-            b.rows
-                .iter()
-                .filter(|x| x.status == RowStatus::Ok && (x.kind == CopyKind::D2d) == d2d)
-                .filter(|x| x.kind != CopyKind::Bidirectional)
-                .filter_map(|x| x.gbs.map(|g| (g, x)))
-                .max_by(|a, b| a.0.total_cmp(&b.0))
-        };
-        if let Some((g, x)) = best(false) {
-            let sub = match b.pcie_link_gbs {
-                Some(l) => format!(
-                    "{}, {}; link {l:.1} GB/s",
-                    x.kind.label(),
-                    human_bytes(x.bytes)
-                ),
-                None => format!("{}, {}", x.kind.label(), human_bytes(x.bytes)),
-            };
-            cards.push_str(&card(
-                "best host-device copy",
-                &format!("{} GB/s", f1(Some(g))),
-                &sub,
-            ));
-        }
-        if let Some((g, x)) = best(true) {
-            let sub = match b.memory_peak_gbs {
-                Some(m) => format!("{}; memory peak {m:.0} GB/s", human_bytes(x.bytes)),
-                None => human_bytes(x.bytes),
-            };
-            cards.push_str(&card(
-                "best device-device copy",
-                &format!("{} GB/s", f1(Some(g))),
-                &sub,
-            ));
-        }
-    }
-    if let Some(i) = &r.infer {
-        let best = i
-            .rows
-            .iter()
-            .filter(|x| x.status == RowStatus::Ok)
-            .filter_map(|x| x.images_per_s.map(|v| (v, x)))
-            .max_by(|a, b| a.0.total_cmp(&b.0));
-        if let Some((v, x)) = best {
-            cards.push_str(&card(
-                &format!("best inference ({})", i.model),
-                &format!("{} images/s", grouped(v)),
-                &format!("{} on {}, batch {}", x.strategy, x.device, x.batch),
-            ));
-        }
-    }
-    if let Some(m) = &r.memory {
-        if let Some(mb) = &m.max_batch {
-            cards.push_str(&card(
-                "largest batch that fits",
-                &mb.batch.to_string(),
-                &format!("{} {} {}", m.model, m.precision, m.layout),
-            ));
-        }
-    }
+        .flat_map(|(_, _, d)| d.cards.iter())
+        .map(|(k, v, s)| card(k, v, s))
+        .collect();
     if cards.is_empty() {
         return "<p>No figure was measured.</p>\n".into();
     }

@@ -4,7 +4,7 @@
 use super::{assert_drawn, pytorch, timing};
 use crate::render::bandwidth_sections;
 use gpukit_bench::bandwidth::{BandwidthReport, BandwidthRow, CopyKind};
-use gpukit_bench::harness::Clock;
+use gpukit_bench::measure::Clock;
 use gpukit_bench::report::RowStatus;
 
 /// A checked copy of `bytes` at `gbs`; callers add how it compares with the link or memory.

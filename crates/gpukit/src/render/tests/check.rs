@@ -3,7 +3,8 @@
 use super::{assert_text_drawn, h100, terminal};
 use crate::render::{check_headline, check_sections};
 use gpukit_bench::ceilings::{PeakSource, Peaks};
-use gpukit_bench::check::{CheckReport, DriverFacts, GpuFacts, LibraryRow};
+use gpukit_bench::check::{CheckReport, DriverFacts, LibraryRow};
+use gpukit_bench::gpu::GpuFacts;
 use gpukit_bench::host::HostFacts;
 use gpukit_cuda::loader::{Lib, Source};
 use std::path::PathBuf;

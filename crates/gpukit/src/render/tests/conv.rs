@@ -4,7 +4,7 @@
 use super::{assert_drawn, timing, verified};
 use crate::render::conv_sections;
 use gpukit_bench::conv::{ConvReport, ConvRow};
-use gpukit_bench::harness::Clock;
+use gpukit_bench::measure::Clock;
 use gpukit_bench::report::{PeerFigure, RowStatus};
 use gpukit_tensor::{ConvShape, DType, Device, Layout};
 

@@ -3,11 +3,16 @@
 //! section and chart there, text from the report escaped, and rows without a figure never drawn.
 
 use crate::render::html::{
-    all_html, infer_chart, matmul_charts, memory_chart, sections_to_html, Chart, SECTION_IDS,
+    all_html, infer_chart, matmul_charts, memory_chart, section_ids, sections_to_html, Chart,
 };
 use crate::render::Section;
 use gpukit_bench::all::AllReport;
+use gpukit_bench::check::CheckReport;
+use gpukit_bench::infer::InferReport;
+use gpukit_bench::matmul::MatmulReport;
+use gpukit_bench::memory::MemoryReport;
 use gpukit_bench::report::{Document, RowStatus};
+use gpukit_bench::workload::train::TrainReport;
 use gpukit_train::loss::LossKind;
 use std::path::Path;
 
@@ -27,13 +32,15 @@ pub(crate) fn h100_all() -> Document<AllReport> {
 /// The H100 report with both training presets (decaying losses) and a note.
 pub(crate) fn h100_all_with_train() -> Document<AllReport> {
     let mut doc = h100_all();
+    let mut train: Vec<TrainReport> = doc.result.part("train").unwrap_or_default();
     for loss in [LossKind::Mse, LossKind::CrossEntropy] {
         let mut t = super::train::report(loss);
         t.step_losses = (0..60)
             .map(|k| 0.9 * (-(k as f64) / 20.0).exp() + 0.05)
             .collect();
-        doc.result.train.push(t);
+        train.push(t);
     }
+    doc.result.set_part("train", &train).unwrap();
     doc.notes.push("warning: a note under the tables".into());
     doc
 }
@@ -57,11 +64,13 @@ fn the_h100_report_is_one_well_formed_page() {
     );
     // the H100 report has no profile, lessons or several-GPU parts
     let absent = ["profile", "lessons", "nccl", "p2p"];
-    let present: Vec<&str> = SECTION_IDS
-        .into_iter()
+    let ids = section_ids();
+    let present: Vec<&str> = ids
+        .iter()
+        .copied()
         .filter(|id| !absent.contains(id))
         .collect();
-    for id in SECTION_IDS {
+    for id in ids {
         let want = usize::from(present.contains(&id));
         assert_eq!(count(&h, &format!("id=\"{id}\"")), want, "section {id}");
     }
@@ -91,9 +100,12 @@ fn the_h100_report_is_one_well_formed_page() {
 #[test]
 fn text_from_the_report_is_escaped() {
     let mut doc = h100_all_with_train();
-    let infer = doc.result.infer.as_mut().unwrap();
+    let mut infer: InferReport = doc.result.part("infer").unwrap();
     infer.rows[3].strategy = "<b>bold</b> & \"quoted\"".into();
-    doc.result.check.gpus[0].name = "<img src=x onerror=alert(1)>".into();
+    doc.result.set_part("infer", &infer).unwrap();
+    let mut check: CheckReport = doc.result.part("check").unwrap();
+    check.gpus[0].name = "<img src=x onerror=alert(1)>".into();
+    doc.result.set_part("check", &check).unwrap();
     doc.notes.push("<script>alert(2)</script>".into());
     doc.result.command_line.push("</code><i>".into());
     let h = all_html(&doc);
@@ -164,13 +176,14 @@ fn text_from_the_report_is_escaped() {
 fn rows_without_a_figure_are_in_the_tables_but_never_drawn() {
     let mut doc = h100_all();
     // a failed matmul row that still carries a (wrong) rate, and a skipped one
-    let m = &mut doc.result.matmul.rows;
+    let mut matmul: MatmulReport = doc.result.part("matmul").unwrap();
+    let m = &mut matmul.rows;
     m[1].status = RowStatus::Failed("wrong result".into());
     m[1].tflops = Some(1234.5);
     m[2].status = RowStatus::Skipped("too big".into());
     let failed_size = m[1].size as f64;
     let skipped_size = m[2].size as f64;
-    let Chart::Lines(gpu) = &matmul_charts(&doc.result.matmul)[0] else {
+    let Chart::Lines(gpu) = &matmul_charts(&matmul)[0] else {
         panic!("matmul draws lines")
     };
     let f64_line = gpu.series.iter().find(|s| s.name == "f64").unwrap();
@@ -181,10 +194,10 @@ fn rows_without_a_figure_are_in_the_tables_but_never_drawn() {
     assert!(!f64_line.points.iter().any(|p| p.0 == skipped_size));
     assert_eq!(f64_line.points.len(), 1);
 
-    let infer = doc.result.infer.as_mut().unwrap();
+    let mut infer: InferReport = doc.result.part("infer").unwrap();
     infer.rows[2].status = RowStatus::Failed("logits differ".into());
     let failed = (infer.rows[2].strategy.clone(), infer.rows[2].batch);
-    let Some(Chart::Dots(dots)) = infer_chart(infer) else {
+    let Some(Chart::Dots(dots)) = infer_chart(&infer) else {
         panic!("infer draws dots")
     };
     let cat = dots
@@ -199,13 +212,20 @@ fn rows_without_a_figure_are_in_the_tables_but_never_drawn() {
         .unwrap();
     assert_eq!(batch.1[cat], None, "the failed row is not drawn");
 
-    let mem = doc.result.memory.as_mut().unwrap();
+    let mut mem: MemoryReport = doc.result.part("memory").unwrap();
     mem.rows[0].status = RowStatus::Failed("out of memory".into());
-    let Some(Chart::Stacked(bars)) = memory_chart(mem) else {
+    let Some(Chart::Stacked(bars)) = memory_chart(&mem) else {
         panic!("memory draws bars")
     };
     assert_eq!(bars.categories.len(), mem.rows.len() - 1);
 
+    for (key, v) in [
+        ("matmul", serde_json::to_value(&matmul)),
+        ("infer", serde_json::to_value(&infer)),
+        ("memory", serde_json::to_value(&mem)),
+    ] {
+        doc.result.set_part(key, &v.unwrap()).unwrap();
+    }
     let h = all_html(&doc);
     assert!(h.contains("<tr class=\"failed\">"));
     assert!(h.contains("FAILED: wrong result"));
@@ -251,12 +271,13 @@ fn sections_become_tables_with_escaped_cells() {
 fn each_headline_card_writes_its_figure_as_its_table_does() {
     let mut doc = h100_all();
     // a best inference rate that rounding to a whole number would change
-    let infer = doc.result.infer.as_mut().unwrap();
+    let mut infer: InferReport = doc.result.part("infer").unwrap();
     let mut first = true;
     for row in infer.rows.iter_mut().filter(|r| r.status == RowStatus::Ok) {
         row.images_per_s = Some(if first { 34.6 } else { 1.5 });
         first = false;
     }
+    doc.result.set_part("infer", &infer).unwrap();
     let h = all_html(&doc);
     assert!(
         h.contains("<div class=\"v\">34.6 images/s</div>"),
@@ -288,8 +309,7 @@ fn each_headline_card_writes_its_figure_as_its_table_does() {
     // the largest batch, as memory's note under its table writes it
     let batch = doc
         .result
-        .memory
-        .as_ref()
+        .part::<MemoryReport>("memory")
         .unwrap()
         .max_batch
         .as_ref()

@@ -3,10 +3,10 @@
 
 use super::{assert_drawn, pytorch, terminal, timing};
 use crate::render::{infer_sections, input_run_section};
-use gpukit_bench::harness::Clock;
 use gpukit_bench::infer::io::{InputRun, SavedLogits};
 use gpukit_bench::infer::peer::{BestFp16, PytorchComparison, PytorchRow};
 use gpukit_bench::infer::{Agreement, InferReport, InferRow, CPU_ROW, ORT_ROW};
+use gpukit_bench::measure::Clock;
 use gpukit_bench::report::RowStatus;
 
 fn agreement(max_rel: f64) -> Agreement {

@@ -2,8 +2,8 @@
 
 use super::{assert_drawn, h100, pytorch, timing, verified};
 use crate::render::matmul_sections;
-use gpukit_bench::harness::Clock;
 use gpukit_bench::matmul::{Init, MatmulReport, MatmulRow};
+use gpukit_bench::measure::Clock;
 use gpukit_bench::power::RowPower;
 use gpukit_bench::report::RowStatus;
 use gpukit_tensor::{DType, Device};

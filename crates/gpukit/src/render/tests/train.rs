@@ -3,7 +3,7 @@
 
 use super::{assert_drawn, terminal};
 use crate::render::train_sections;
-use gpukit_bench::train::{Preset, TrainReport};
+use gpukit_bench::workload::train::{Preset, TrainReport};
 use gpukit_train::checkpoint::Position;
 use gpukit_train::loss::LossKind;
 use gpukit_train::optim::{OptimizerConfig, OptimizerKind};

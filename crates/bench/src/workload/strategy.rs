@@ -110,7 +110,7 @@ pub(super) fn selection_has_cpu(selection: DeviceSelection) -> bool {
 }
 
 /// The CUDA ordinal the GPU rows run on: cuda:0 for `all`.
-pub(super) fn gpu_ordinal(selection: DeviceSelection) -> Option<usize> {
+pub fn gpu_ordinal(selection: DeviceSelection) -> Option<usize> {
     match selection {
         DeviceSelection::All => Some(0),
         DeviceSelection::One(Device::Cuda(n)) => Some(n),
@@ -118,7 +118,9 @@ pub(super) fn gpu_ordinal(selection: DeviceSelection) -> Option<usize> {
     }
 }
 
-pub(super) fn runs_on(s: &InferStrategy, selection: DeviceSelection) -> bool {
+/// Whether strategy `s` runs under `selection`: the CPU rows where the CPU is selected, the GPU
+/// rows where a GPU is.
+pub fn runs_on(s: &InferStrategy, selection: DeviceSelection) -> bool {
     if s.on_cpu() {
         selection_has_cpu(selection)
     } else {

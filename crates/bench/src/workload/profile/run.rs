@@ -7,11 +7,11 @@ use super::records::{attribute_graph, records, Attribution, Records};
 use super::table::{key_averages, GroupBy, Roofline, Row};
 use super::trace::{chrome_trace, validate, PoolSample};
 use super::{KernelRecord, OpRecord, Span};
+use crate::accuracy::{agreement, tolerance, verdict};
 use crate::ceilings::datasheet_peaks;
 use crate::error::{Error, Result};
-use crate::infer::accuracy::{agreement, tolerance, verdict};
-use crate::infer::InferStrategy;
 use crate::stats::Summary;
+use crate::workload::strategy::InferStrategy;
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::profiler::{self, Profiler, Recording, Timing, TimingChoice};
 use gpukit_models::forward::fold;
@@ -586,7 +586,7 @@ pub fn profile_infer(
 /// epochs after the recorded one.
 pub fn profile_train(
     discovery: &Discovery,
-    request: &crate::train::TrainRequest,
+    request: &crate::workload::train::TrainRequest,
     o: &ProfileOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ProfileReport> {
@@ -616,7 +616,7 @@ pub fn profile_train(
         }
     };
     r.profile = Some((recorded_epoch, o.timing));
-    let report = crate::train::run_train(&r, discovery, progress)?;
+    let report = crate::workload::train::run_train(&r, discovery, progress)?;
     let rec = report.recording.clone().ok_or_else(|| {
         Error::Failed("the recorded epoch did not run (--steps stopped the run before it?)".into())
     })?;

@@ -178,7 +178,7 @@ pub fn key_averages(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::Span;
+    use crate::workload::profile::Span;
 
     fn op(name: &str, layer: &str, gpu_us: f64, flops: f64, bytes: f64) -> OpRecord {
         OpRecord {

@@ -1,8 +1,18 @@
 //! How a strategy's logits are judged: agreement with a reference on the same input, the
 //! tolerance of each precision, and the verdict.
 
-use super::report::Agreement;
 use gpukit_tensor::DType;
+use serde::{Deserialize, Serialize};
+
+/// How a strategy's logits compare with a reference on the same input.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Agreement {
+    pub max_abs: f64,
+    /// max |a - b| over max |reference|.
+    pub max_rel: f64,
+    /// Fraction of images whose top-1 class is the same.
+    pub top1: f64,
+}
 
 /// Compares `got` with `reference` (both `batch x classes`).
 pub fn agreement(got: &[f32], reference: &[f32], classes: usize) -> Agreement {

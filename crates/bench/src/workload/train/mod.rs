@@ -93,7 +93,7 @@ pub struct TrainRequest {
     pub compare_pytorch: bool,
     pub checkpoint_activations: bool,
     /// Data-parallel over several GPUs: threads of this process, or a launcher's ranks.
-    pub parallel: Option<crate::train::parallel::Ranks>,
+    pub parallel: Option<crate::workload::train::parallel::Ranks>,
     /// Gradient bucket size for data-parallel runs (None: 25 MiB, as DDP).
     pub bucket_mb: Option<f64>,
     /// How long a launched rank waits for its peers (None: 60 s).
@@ -138,7 +138,7 @@ pub struct TrainReport {
     pub gpu: Option<GpuDetails>,
     /// Data-parallel training's figures (ranks, scaling, communication), when it ran.
     #[serde(default)]
-    pub data_parallel: Option<crate::train::parallel::DataParallel>,
+    pub data_parallel: Option<crate::workload::train::parallel::DataParallel>,
     /// `gpukit profile train`'s recording (not part of train's own report).
     #[serde(skip)]
     pub recording: Option<gpukit_cuda::profiler::Recording>,
@@ -402,8 +402,8 @@ pub fn run_train_ranked(
     }
     p.cfg.check()?;
     let world = match &r.parallel {
-        Some(crate::train::parallel::Ranks::Threads(g)) => *g,
-        Some(crate::train::parallel::Ranks::Launched(w)) => w.world_size,
+        Some(crate::workload::train::parallel::Ranks::Threads(g)) => *g,
+        Some(crate::workload::train::parallel::Ranks::Launched(w)) => w.world_size,
         None => 1,
     };
     let held = data::held_out(p.samples, p.eval_fraction);
@@ -423,7 +423,7 @@ pub fn run_train_ranked(
         compare_pytorch: r.compare_pytorch,
         world,
         ranks_here: match &r.parallel {
-            Some(crate::train::parallel::Ranks::Threads(g)) => *g,
+            Some(crate::workload::train::parallel::Ranks::Threads(g)) => *g,
             _ => 1,
         },
         data_loaded: file_data.is_some(),
@@ -520,7 +520,7 @@ pub fn run_train_ranked(
     };
     let (outcome, gpu): (RunOutcome, Option<GpuDetails>) = match trainer.as_mut() {
         _ if r.parallel.is_some() => {
-            let job = crate::train::parallel::Job {
+            let job = crate::workload::train::parallel::Job {
                 discovery,
                 cfg: &p.cfg,
                 opts: GpuOptions {
@@ -539,14 +539,14 @@ pub fn run_train_ranked(
             let ranks = r.parallel.as_ref().ok_or(Error::NoSamples)?;
             let timeout = r.timeout.unwrap_or(std::time::Duration::from_secs(60));
             let Some((o, d, m, op, mut dp)) =
-                crate::train::parallel::run(&job, ranks, timeout, progress)?
+                crate::workload::train::parallel::run(&job, ranks, timeout, progress)?
             else {
                 return Ok(None);
             };
             if r.compare_pytorch {
                 let steps = o.step_losses.len();
                 progress("PyTorch: DistributedDataParallel of the same model");
-                dp.pytorch = Some(crate::train::parallel::compare_ddp(
+                dp.pytorch = Some(crate::workload::train::parallel::compare_ddp(
                     &p.cfg,
                     precision.name(),
                     &dp,

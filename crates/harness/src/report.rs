@@ -4,7 +4,7 @@
 //! the notes every view shows (terminal, report.md, JSON).
 
 use crate::error::Result;
-use crate::harness::PeerSamples;
+use crate::measure::PeerSamples;
 use serde::{Deserialize, Serialize};
 
 /// Whether a row produced a figure.

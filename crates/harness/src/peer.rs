@@ -168,11 +168,8 @@ impl PeerServer {
         PeerServer::start_with(python(), device, threads)
     }
 
-    pub(crate) fn start_with(
-        python: PathBuf,
-        device: &str,
-        threads: Option<usize>,
-    ) -> Result<PeerServer> {
+    /// [`PeerServer::start`] with this interpreter (a chosen python3, or a stand-in in tests).
+    pub fn start_with(python: PathBuf, device: &str, threads: Option<usize>) -> Result<PeerServer> {
         let script = ScriptFile::write(device)?;
         let mut cmd = Command::new(&python);
         cmd.arg(&script.0).args(["serve", "--device", device]);
@@ -341,8 +338,38 @@ pub fn csv<T: ToString>(items: &[T]) -> String {
         .join(",")
 }
 
+/// A stand-in for the PyTorch peer in tests of the commands that take turns with it (the
+/// `testing` feature; never in a release build's code path).
+#[cfg(feature = "testing")]
+pub mod fake {
+    use std::path::PathBuf;
+
+    /// A stand-in for python3 that ignores the script and speaks the serve protocol: times
+    /// [1.5, 2.5] for every request, an error for bf16. Unix only (a shell script).
+    #[cfg(unix)]
+    pub fn fake_python(dir: &std::path::Path) -> std::io::Result<PathBuf> {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join("fake-python");
+        std::fs::write(
+            &path,
+            "#!/bin/sh\n\
+             echo '{\"ok\": true, \"ready\": true, \"torch_version\": \"9.9-fake\"}'\n\
+             while read -r line; do\n\
+               case \"$line\" in\n\
+                 *bf16*) echo '{\"ok\": false, \"error\": \"no bf16 here\"}' ;;\n\
+                 *d2h_pinned*) echo '{\"ok\": false, \"error\": \"copy did not match\"}' ;;\n\
+                 *copy*) echo '{\"ok\": true, \"times_ms\": [0.25]}' ;;\n\
+                 *) echo '{\"ok\": true, \"times_ms\": [1.5, 2.5]}' ;;\n\
+               esac\n\
+             done\n",
+        )?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+        Ok(path)
+    }
+}
+
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
     #[test]
@@ -369,36 +396,14 @@ pub(crate) mod tests {
         assert!(e.contains("/nonexistent/python3"), "{e}");
     }
 
-    /// A stand-in for python3 that ignores the script and speaks the serve protocol: times
-    /// [1.5, 2.5] for every request, an error for bf16. Unix only (a shell script).
-    #[cfg(unix)]
-    pub(crate) fn fake_python(dir: &std::path::Path) -> PathBuf {
-        use std::os::unix::fs::PermissionsExt;
-        let path = dir.join("fake-python");
-        std::fs::write(
-            &path,
-            "#!/bin/sh\n\
-             echo '{\"ok\": true, \"ready\": true, \"torch_version\": \"9.9-fake\"}'\n\
-             while read -r line; do\n\
-               case \"$line\" in\n\
-                 *bf16*) echo '{\"ok\": false, \"error\": \"no bf16 here\"}' ;;\n\
-                 *d2h_pinned*) echo '{\"ok\": false, \"error\": \"copy did not match\"}' ;;\n\
-                 *copy*) echo '{\"ok\": true, \"times_ms\": [0.25]}' ;;\n\
-                 *) echo '{\"ok\": true, \"times_ms\": [1.5, 2.5]}' ;;\n\
-               esac\n\
-             done\n",
-        )
-        .unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        path
-    }
-
     #[cfg(unix)]
     #[test]
     fn the_server_protocol_answers_blocks_and_errors() {
         let dir = std::env::temp_dir().join(format!("gpukit-peer-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut server = PeerServer::start_with(fake_python(&dir), "cpu", Some(2)).unwrap();
+        let mut server =
+            PeerServer::start_with(super::fake::fake_python(&dir).unwrap(), "cpu", Some(2))
+                .unwrap();
         assert_eq!(server.torch_version, "9.9-fake");
         let t = server
             .matmul_block("cpu", "f32", 64, "normal", 1, 2, 5.0)

@@ -1,0 +1,88 @@
+//! `infer` under `gpukit all`.
+
+use super::{gpu_rows_without_figure, run_infer, InferOptions, InferStrategy};
+use crate::error::Result;
+use crate::part::{row_statuses, Context, Outcome, Part};
+use crate::report::RowStatus;
+use gpukit_models::gpu::Strategy;
+use gpukit_models::ResNet;
+use gpukit_tensor::{Device, DeviceSelection};
+
+/// `infer` under `gpukit all`: ResNet-50 at batch 1 and 32 (and 8 without `--quick`); under
+/// `--quick` the CPU, ONNX Runtime and three GPU strategies, else every default strategy.
+pub struct InferPart;
+
+/// The infer part of `gpukit all`.
+pub static PART: InferPart = InferPart;
+
+fn options(ctx: &Context<'_>) -> InferOptions {
+    let (gpu, quick) = (ctx.gpu, ctx.quick);
+    let strategies = if gpu && quick {
+        let mut v = vec![InferStrategy::Cpu, InferStrategy::OnnxRuntime];
+        v.extend(
+            ["fp32", "fp16-nhwc", "fp16-nhwc-graph"]
+                .iter()
+                .filter_map(|s| Strategy::parse(s).ok())
+                .map(InferStrategy::Gpu),
+        );
+        v
+    } else {
+        InferStrategy::defaults()
+    };
+    InferOptions {
+        model: ResNet::R50,
+        batch_sizes: match (gpu, quick) {
+            (false, _) => vec![1],
+            (true, true) => vec![1, 32],
+            (true, false) => vec![1, 8, 32],
+        },
+        iterations: if quick { 2 } else { 5 },
+        weights: None,
+        image_size: 224,
+        budget_s: 5.0,
+        selection: if gpu {
+            ctx.selection
+        } else {
+            DeviceSelection::One(Device::Cpu)
+        },
+        strategies,
+        gpu_iterations: if quick { 20 } else { 50 },
+        // the CPU rows at large batches take minutes: the GPU rows' comparison is enough
+        cpu_max_batch: Some(if quick { 1 } else { 8 }),
+        search: gpukit_cuda::dnn::Search::Fast,
+    }
+}
+
+impl Part for InferPart {
+    fn key(&self) -> &'static str {
+        "infer"
+    }
+    fn command(&self) -> &'static str {
+        "infer"
+    }
+    fn title(&self) -> &'static str {
+        "Inference"
+    }
+    fn run(&self, ctx: &Context<'_>, progress: &mut dyn FnMut(&str)) -> Result<Outcome> {
+        let mut r = match run_infer(ctx.discovery, &options(ctx), progress) {
+            Ok(r) => r,
+            Err(e) => return Ok(Outcome::skipped("infer", e.to_string())),
+        };
+        if r.gpu_unavailable.is_none() {
+            r.gpu_unavailable.clone_from(&ctx.no_gpu);
+        }
+        let gpu_skipped = r
+            .gpu_unavailable
+            .clone()
+            .or_else(|| gpu_rows_without_figure(&r));
+        let mut o = Outcome::report(&r);
+        // (without a GPU the general entry says it already)
+        if let Some(reason) = gpu_skipped.filter(|_| ctx.no_gpu.is_none()) {
+            o = o.with_skipped("infer's GPU rows", reason);
+        }
+        Ok(o)
+    }
+    fn statuses(&self, report: &serde_json::Value) -> Vec<RowStatus> {
+        row_statuses(report)
+    }
+}

@@ -1,0 +1,62 @@
+//! `bench matmul` under `gpukit all`.
+
+use super::{run_matmul, MatmulOptions};
+use crate::error::Result;
+use crate::part::{row_statuses, Context, Outcome, Part};
+use crate::report::RowStatus;
+use gpukit_tensor::{Device, DeviceSelection};
+
+/// `bench matmul` under `gpukit all`: two or three sizes on the GPU; without one, the CPU at
+/// sizes a small machine does in seconds.
+pub struct MatmulPart;
+
+/// The matmul part of `gpukit all`.
+pub static PART: MatmulPart = MatmulPart;
+
+fn options(ctx: &Context<'_>) -> MatmulOptions {
+    let quick = ctx.quick;
+    if !ctx.gpu {
+        return MatmulOptions {
+            sizes: vec![256, 1024],
+            selection: DeviceSelection::One(Device::Cpu),
+            iterations: 5,
+            cpu_budget_s: if quick { 2.0 } else { 5.0 },
+            cpu_max_size: Some(1024),
+            ..MatmulOptions::default()
+        };
+    }
+    MatmulOptions {
+        sizes: if quick {
+            vec![1024, 4096]
+        } else {
+            vec![1024, 4096, 8192]
+        },
+        selection: ctx.selection,
+        iterations: if quick { 10 } else { 30 },
+        cpu_budget_s: if quick { 2.0 } else { 5.0 },
+        cpu_max_size: Some(if quick { 1024 } else { 4096 }),
+        ..MatmulOptions::default()
+    }
+}
+
+impl Part for MatmulPart {
+    fn key(&self) -> &'static str {
+        "matmul"
+    }
+    fn command(&self) -> &'static str {
+        "bench matmul"
+    }
+    fn title(&self) -> &'static str {
+        "Matrix multiply"
+    }
+    fn run(&self, ctx: &Context<'_>, progress: &mut dyn FnMut(&str)) -> Result<Outcome> {
+        let mut r = run_matmul(ctx.discovery, &options(ctx), progress);
+        if r.gpu_unavailable.is_none() {
+            r.gpu_unavailable.clone_from(&ctx.no_gpu);
+        }
+        Ok(Outcome::report(&r))
+    }
+    fn statuses(&self, report: &serde_json::Value) -> Vec<RowStatus> {
+        row_statuses(report)
+    }
+}
