@@ -416,9 +416,13 @@ pub(super) fn join_as_peer(world: &World, opts: Options) -> Result<Session> {
         Err(WireError::Io(e)) => Err(Error::Unavailable(format!(
             "the connection to rank 0 at {endpoint} failed during the rendezvous: {e}"
         ))),
+        // A rank 0 of another protocol version refuses this rank in its own encoding, which
+        // reads as garbage here; rank 0's output names both versions.
         Err(WireError::Protocol(why)) => Err(Error::Failed(format!(
-            "{endpoint} does not speak gpukit's rendezvous protocol ({why}): is another program \
-             listening there? set MASTER_PORT or GPUKIT_RDZV_PORT"
+            "{endpoint} does not speak gpukit's rendezvous protocol version {} ({why}): is \
+             another program listening there (set MASTER_PORT or GPUKIT_RDZV_PORT), or is it \
+             a gpukit of another version (see rank 0's output)?",
+            wire::VERSION
         ))),
     }
 }

@@ -509,6 +509,35 @@ fn another_protocol_version_is_refused_clearly() {
 }
 
 #[test]
+fn a_rank_0_of_another_version_is_named_as_a_possibility() {
+    let (listener, port) = listener();
+    thread::scope(|scope| {
+        // A rank 0 of protocol version 1 refusing this rank in version 1's encoding: a tag
+        // byte, the kind, then the message as a u32 big-endian length and its bytes.
+        scope.spawn(move || {
+            let (mut stream, _) = listener.accept().expect("accept");
+            let mut preamble = [0u8; 12];
+            stream.read_exact(&mut preamble).expect("preamble");
+            // Read whole: unread bytes at close would reset the connection.
+            wire::read_frame(&mut stream).expect("hello");
+            let message = b"rank 0 speaks version 1";
+            let mut body = vec![3, 0];
+            body.extend_from_slice(&(message.len() as u32).to_be_bytes());
+            body.extend_from_slice(message);
+            let mut bytes = (body.len() as u32).to_be_bytes().to_vec();
+            bytes.extend_from_slice(&body);
+            stream.write_all(&bytes).expect("refusal");
+        });
+        let text = message(&join(1, 2, port, None, 5000).map(|_| ()));
+        assert!(text.contains("a gpukit of another version"), "{text}");
+        assert!(
+            text.contains(&format!("protocol version {}", wire::VERSION)),
+            "{text}"
+        );
+    });
+}
+
+#[test]
 fn a_stray_client_does_not_disturb_the_ranks() {
     let (listener, port) = listener();
     let mut silent = TcpStream::connect(("127.0.0.1", port)).expect("silent client");
