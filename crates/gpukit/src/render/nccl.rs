@@ -5,6 +5,7 @@ use super::fmt::{f1, human_bytes, pct};
 use super::{results_table, Columns, Section};
 use gpukit_bench::nccl::{Figure, NcclReport, NcclRow};
 use gpukit_bench::p2p::{P2pReport, P2pRow};
+use gpukit_bench::report::RowStatus;
 
 fn figure_cells(f: Option<&Figure>) -> Vec<String> {
     match f {
@@ -119,9 +120,11 @@ fn nccl_notes(r: &NcclReport) -> Vec<String> {
         ),
     ];
     if let Some(l) = &r.link {
+        // Only rows whose output was right: a failed row's figures are not shown.
         let best = r
             .rows
             .iter()
+            .filter(|x| x.status == RowStatus::Ok)
             .flat_map(|x| [&x.out_of_place, &x.in_place])
             .flatten()
             .map(|f| f.busbw_gbs)

@@ -168,7 +168,14 @@ pub fn profile_sections(r: &ProfileReport) -> Vec<Section> {
                 us(row.cpu_launch_us),
                 opt(row.tflops, |v| format!("{v:.1}")),
                 opt(row.gbs, |v| format!("{v:.0}")),
-                opt(row.intensity, |v| format!("{v:.0}")),
+                // An elementwise op does well under 1 FLOP a byte: "0" would read as none.
+                opt(row.intensity, |v| {
+                    if v < 10.0 {
+                        format!("{v:.2}")
+                    } else {
+                        format!("{v:.0}")
+                    }
+                }),
                 regime(row.regime).to_string(),
             ]
         })

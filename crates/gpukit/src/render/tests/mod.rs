@@ -6,11 +6,15 @@ mod bandwidth;
 mod check;
 mod compare;
 mod conv;
+mod footprint;
 mod html;
 mod infer;
 mod lessons;
 mod matmul;
 mod memory;
+mod nccl;
+mod p2p;
+mod profile;
 mod train;
 
 use super::fmt::grouped;
