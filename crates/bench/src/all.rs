@@ -274,7 +274,16 @@ pub fn run_all(
     // gpukit's own kernels compile on other cores while the first parts run (the lessons,
     // training and memory parts use them)
     if gpu {
-        gpukit_cuda::nvrtc::warm_cache(discovery, ordinal(opts.selection));
+        gpukit_cuda::kernel::warm_cache(
+            discovery,
+            ordinal(opts.selection),
+            &[
+                gpukit_models::gpu::kernels::kernel_source(),
+                gpukit_tensor::kernels::kernel_source(),
+                gpukit_train::gpu::kernels::kernel_source(),
+                gpukit_cuda::pattern::kernel_source(),
+            ],
+        );
     }
     progress("[gpukit all] bench matmul");
     let t = Instant::now();
