@@ -109,7 +109,16 @@ pub fn run_all(
             machine_known = true;
             if ctx.gpu {
                 // gpukit's own kernels compile on other cores while the first parts run
-                gpukit_cuda::nvrtc::warm_cache(discovery, ctx.ordinal());
+                gpukit_cuda::kernel::warm_cache(
+                    discovery,
+                    ctx.ordinal(),
+                    &[
+                        gpukit_models::gpu::kernels::kernel_source(),
+                        gpukit_tensor::kernels::kernel_source(),
+                        gpukit_train::gpu::kernels::kernel_source(),
+                        gpukit_cuda::pattern::kernel_source(),
+                    ],
+                );
             }
         } else if !machine_known {
             // the first part must be the check: without it no part knows what it may use

@@ -97,6 +97,12 @@ pub struct Blas {
     workspace: DeviceBuffer,
 }
 
+// SAFETY: cuBLAS and cuBLASLt handles may be used from any host thread, one at a time (the
+// libraries are thread safe as long as a handle's configuration is not changed concurrently:
+// it is set once, at creation). Blas is not Sync, so a handle shared between threads goes
+// behind a lock, which serialises every use; its work is ordered on its one stream.
+unsafe impl Send for Blas {}
+
 /// One cuBLASLt algorithm for one shape and type, ready to run.
 pub struct LtPlan {
     desc: lt::cublasLtMatmulDesc_t,

@@ -10,29 +10,13 @@
 
 use crate::error::{Error, Result};
 use crate::loader::{Discovery, Lib, REQUIRED_DRIVER_API};
-use crate::stream::Stream;
+use crate::stream::{Graph, Stream};
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use serde::{Deserialize, Serialize};
-use std::sync::Arc;
+use std::any::Any;
+use std::sync::{Arc, Mutex};
 
-/// Why no GPU can be used, in words a user can act on.
-#[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Unavailable {
-    #[error("no NVIDIA driver found (libcuda.so.1 is not on this machine): {hint}")]
-    NoDriver { hint: String },
-    #[error("the NVIDIA driver supports CUDA {}, but this gpukit was built for CUDA {} (needs a driver of {}); rebuild with `cargo build --release --no-default-features --features cuda-12`, or update the driver", fmt_api(*driver_api), fmt_api(*required_api), if *required_api >= 13000 { "R580 or newer" } else { "R525 or newer" })]
-    DriverTooOld { driver_api: i32, required_api: i32 },
-    #[error("the NVIDIA driver is installed but reports no CUDA device (cuInit: {error})")]
-    NoDevice { error: String },
-    #[error("the NVIDIA driver failed to start: {error}")]
-    InitFailed { error: String },
-}
-
-/// `13000` -> `13.0`.
-pub fn fmt_api(v: i32) -> String {
-    format!("{}.{}", v / 1000, (v % 1000) / 10)
-}
+pub use crate::error::{fmt_api, Unavailable};
 
 /// A usable driver.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -234,8 +218,9 @@ pub struct Gpu {
     stream: Stream,
     /// What was found at open (the libraries later calls load from).
     discovery: Discovery,
-    /// The tensor ops' kernels and cuBLAS handle, made on first use.
-    tensor_ops: std::sync::Mutex<Option<Arc<crate::tensorkit::TensorOps>>>,
+    /// What crates above keep per opened device (the tensor ops' kernels and cuBLAS handle):
+    /// one value of each type, made on first use, dropped with the device.
+    extensions: Mutex<Vec<Arc<dyn Any + Send + Sync>>>,
 }
 
 impl Gpu {
@@ -260,7 +245,7 @@ impl Gpu {
             ctx,
             stream,
             discovery: discovery.clone(),
-            tensor_ops: std::sync::Mutex::new(None),
+            extensions: Mutex::new(Vec::new()),
         };
         gpu.keep_pool_cache()?;
         Ok(gpu)
@@ -291,17 +276,32 @@ impl Gpu {
         &self.discovery
     }
 
-    /// The tensor ops' kernels and cuBLAS handle on the work stream, made on the first call
-    /// (compiling or reading cached kernels) and shared after; a failure is not kept, so a
-    /// later call tries again.
-    pub fn tensor_ops(&self) -> Result<Arc<crate::tensorkit::TensorOps>> {
-        let mut slot = self.tensor_ops.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(ops) = slot.as_ref() {
-            return Ok(ops.clone());
+    /// This device's value of type `T`, made by `make` on the first call for the type and
+    /// shared after (until the device is dropped); a failure is not kept, so a later call tries
+    /// again. Crates above keep their per-device state here (the tensor crate its kernels and
+    /// cuBLAS handle): one value for each opened device, without this crate knowing its type.
+    /// `make` runs under the lock of these values, so it must not ask for another.
+    pub fn extension<T: Any + Send + Sync>(
+        &self,
+        make: impl FnOnce(&Gpu) -> Result<T>,
+    ) -> Result<Arc<T>> {
+        let mut values = self.extensions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = values.iter().find_map(|v| v.clone().downcast::<T>().ok()) {
+            return Ok(found);
         }
-        let ops = Arc::new(crate::tensorkit::TensorOps::new(&self.discovery, self)?);
-        *slot = Some(ops.clone());
-        Ok(ops)
+        let value = Arc::new(make(self)?);
+        values.push(value.clone());
+        Ok(value)
+    }
+
+    /// Runs `enqueue` with the work stream in capture mode and returns what it queued as a
+    /// graph, uploaded and ready to launch. The capture is ended whatever `enqueue` returns, so
+    /// the stream stays usable after an error.
+    pub fn capture<E: From<Error>>(
+        &self,
+        enqueue: impl FnOnce() -> Result<(), E>,
+    ) -> Result<Graph, E> {
+        self.stream().capture(enqueue)
     }
 
     /// Waits for everything queued on the work stream.

@@ -1,9 +1,28 @@
 //! The cuda crate's one error type: every call into the driver, cuBLAS, cuDNN, NVRTC or NVML
 //! that fails becomes an [`Error`], with out-of-memory recognised where the status is read.
 
-use crate::driver::Unavailable;
 use cudarc::driver::{sys, DriverError};
 use gpukit_types::{ErrorKind, HasKind};
+use serde::{Deserialize, Serialize};
+
+/// Why no GPU can be used, in words a user can act on.
+#[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Unavailable {
+    #[error("no NVIDIA driver found (libcuda.so.1 is not on this machine): {hint}")]
+    NoDriver { hint: String },
+    #[error("the NVIDIA driver supports CUDA {}, but this gpukit was built for CUDA {} (needs a driver of {}); rebuild with `cargo build --release --no-default-features --features cuda-12`, or update the driver", fmt_api(*driver_api), fmt_api(*required_api), if *required_api >= 13000 { "R580 or newer" } else { "R525 or newer" })]
+    DriverTooOld { driver_api: i32, required_api: i32 },
+    #[error("the NVIDIA driver is installed but reports no CUDA device (cuInit: {error})")]
+    NoDevice { error: String },
+    #[error("the NVIDIA driver failed to start: {error}")]
+    InitFailed { error: String },
+}
+
+/// `13000` -> `13.0`.
+pub fn fmt_api(v: i32) -> String {
+    format!("{}.{}", v / 1000, (v % 1000) / 10)
+}
 
 /// A failed CUDA request.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +54,77 @@ pub enum Error {
     Compile(String),
     #[error("NVML: {0}")]
     Nvml(String),
+    /// A kernel launch (or module) the typed kernel API refused (boxed: it is rare, and keeps
+    /// every result of this crate small).
+    #[error(transparent)]
+    Kernel(Box<KernelError>),
+}
+
+impl From<KernelError> for Error {
+    fn from(e: KernelError) -> Error {
+        Error::Kernel(Box::new(e))
+    }
+}
+
+/// A launch or a module the kernel API refused, and why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum KernelError {
+    #[error("kernel {kernel}: {reason}")]
+    Signature { kernel: String, reason: String },
+    #[error("kernel {kernel} takes {declared} arguments, {given} given")]
+    Count {
+        kernel: String,
+        declared: usize,
+        given: usize,
+    },
+    #[error("kernel {kernel}: argument {index} ({param}) is {declared}, {given} given")]
+    Kind {
+        kernel: String,
+        index: usize,
+        param: String,
+        declared: String,
+        given: String,
+    },
+    #[error("kernel {kernel}: argument {index} ({param}) = {value} does not fit {declared}")]
+    Range {
+        kernel: String,
+        index: usize,
+        param: String,
+        value: String,
+        declared: String,
+    },
+    #[error("kernel {kernel}: argument {index} ({param}) is struct {name} of {declared} bytes, {given} given")]
+    StructSize {
+        kernel: String,
+        index: usize,
+        param: String,
+        name: String,
+        declared: usize,
+        given: usize,
+    },
+    #[error("kernel {kernel}: argument {index} ({param}) is memory of cuda:{memory}, the module is loaded on cuda:{module}")]
+    Device {
+        kernel: String,
+        index: usize,
+        param: String,
+        memory: usize,
+        module: usize,
+    },
+    #[error(
+        "kernel {kernel}: the stream is on cuda:{stream}, the module is loaded on cuda:{module}"
+    )]
+    Stream {
+        kernel: String,
+        stream: usize,
+        module: usize,
+    },
+    #[error("kernel {kernel}: {grid:?} blocks of {block:?} threads: {reason}")]
+    Shape {
+        kernel: String,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        reason: String,
+    },
 }
 
 /// The cuda crate's result.

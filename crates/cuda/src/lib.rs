@@ -1,5 +1,6 @@
 //! gpukit's only crate with unsafe code and FFI: finding CUDA libraries, the driver, devices,
-//! memory, streams and graphs, cuBLAS(Lt), cuDNN, NVRTC kernels, NVML and device timing. cudarc
+//! memory, streams and graphs, cuBLAS(Lt), cuDNN, NCCL, NVML, device timing, NVRTC and the typed
+//! kernel API ([`kernel`]) through which the other crates launch their own CUDA C. cudarc
 //! stays inside: everything above this crate uses its own types ([`Gpu`], [`Stream`],
 //! [`DeviceBuffer`], [`View`], [`Graph`]) and one error type ([`Error`]).
 //!
@@ -12,22 +13,20 @@ pub mod blas;
 pub mod dnn;
 pub mod driver;
 pub mod error;
-pub mod kernels;
+pub mod kernel;
 pub mod libs;
 pub mod loader;
 pub mod lt;
 pub mod memory;
 pub mod nccl;
 pub mod nvml;
-pub mod nvrtc;
+mod nvrtc;
 pub mod pattern;
 pub mod profiler;
 pub mod stream;
-pub mod tensorkit;
 pub mod testing;
 pub mod timing;
 pub mod trace;
-pub mod trainkit;
 pub mod transfer;
 
 pub use driver::Gpu;

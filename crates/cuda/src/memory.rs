@@ -43,6 +43,7 @@ impl DeviceBuffer {
         View {
             ptr: self.addr(),
             bytes: self.len(),
+            device: self.slice.context().ordinal(),
             _owner: PhantomData,
         }
     }
@@ -61,6 +62,9 @@ impl DeviceBuffer {
 pub struct View<'a> {
     ptr: sys::CUdeviceptr,
     bytes: usize,
+    /// The ordinal of the device whose memory this is (gpukit uses each device's primary
+    /// context, so the ordinal names the context too).
+    device: usize,
     _owner: PhantomData<&'a DeviceBuffer>,
 }
 
@@ -71,6 +75,7 @@ impl<'a> View<'a> {
             Some(end) if end <= self.bytes => Ok(View {
                 ptr: self.ptr + offset as u64,
                 bytes,
+                device: self.device,
                 _owner: PhantomData,
             }),
             _ => Err(Error::Invalid(format!(
@@ -82,6 +87,27 @@ impl<'a> View<'a> {
 
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Whether the view's first byte is at a multiple of `align` bytes.
+    pub fn is_aligned(&self, align: usize) -> bool {
+        align != 0 && self.ptr.is_multiple_of(align as u64)
+    }
+
+    /// The ordinal of the device the bytes are on.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// A view of no buffer, for the kernel API's checks in tests without a GPU.
+    #[cfg(test)]
+    pub(crate) fn fake(ptr: u64, bytes: usize, device: usize) -> View<'static> {
+        View {
+            ptr,
+            bytes,
+            device,
+            _owner: PhantomData,
+        }
     }
 
     /// The device address (for FFI calls inside this crate).

@@ -2,10 +2,11 @@
 //! disk as PTX (`{stem}-{arch}-{hash}.ptx` in gpukit's cache folder, the hash over the source,
 //! the architecture and NVRTC's version): a module is compiled once per machine.
 //!
-//! To use: [`Module::load`] where a module is first needed; [`warm_cache`] at the start of a
-//! long command compiles every module the cache lacks on helper threads, so that none is
-//! compiled on the command's own path (the first use then only reads the file; a use that
-//! comes while its module is still compiling waits for that compile rather than start another).
+//! Used through `kernel`, the public API: [`Module::load`] where a module is first needed;
+//! [`warm_cache`] at the start of a long command compiles every module the cache lacks on
+//! helper threads, so that none is compiled on the command's own path (the first use then only
+//! reads the file; a use that comes while its module is still compiling waits for that compile
+//! rather than start another).
 
 use crate::driver::Gpu;
 use crate::error::{Error, Result};
@@ -71,27 +72,22 @@ fn ptx(discovery: &Discovery, source: &str, stem: &str, arch: &str) -> Result<(P
     Ok((ptx, "compiled by NVRTC".to_string()))
 }
 
-/// Every module of this crate: its name in the cache and its source.
-fn modules() -> [(&'static str, String); 4] {
-    [
-        (crate::kernels::STEM, crate::kernels::source()),
-        (crate::tensorkit::STEM, crate::tensorkit::source()),
-        (crate::trainkit::STEM, crate::trainkit::source()),
-        (crate::pattern::STEM, crate::pattern::source()),
-    ]
-}
-
-/// Compiles, each on its own thread, every module the disk cache lacks for the GPU `ordinal`'s
-/// architecture (nothing when the cache has them all, or NVRTC or the GPU is missing: the
-/// module's first use then says why). Returns at once; the threads end with their compile.
-pub fn warm_cache(discovery: &Discovery, ordinal: usize) {
+/// Compiles, each on its own thread, every module of `modules` (name in the cache, source) the
+/// disk cache lacks for the GPU `ordinal`'s architecture (nothing when the cache has them all,
+/// or NVRTC or the GPU is missing: the module's first use then says why). Returns at once; the
+/// threads end with their compile.
+pub(crate) fn warm_cache(
+    discovery: &Discovery,
+    ordinal: usize,
+    modules: Vec<(&'static str, String)>,
+) {
     let count = crate::driver::probe(discovery).map_or(0, |d| d.device_count);
     let Ok(attributes) = crate::driver::device_attributes(ordinal, count) else {
         return;
     };
     let (major, minor) = attributes.compute_capability;
     let arch = format!("sm_{major}{minor}");
-    for (stem, source) in modules() {
+    for (stem, source) in modules {
         let cached = cache_file(discovery, &source, stem, &arch).is_some_and(|p| p.is_file());
         if cached || !discovery.usable(Lib::Nvrtc) {
             continue;

@@ -8,12 +8,10 @@
 
 use crate::driver::Gpu;
 use crate::error::{Error, Result};
-use crate::kernels::{config, tag, HALF};
+use crate::kernel::{grid_for, tag, Arg, KernelModule, KernelSource, HALF};
 use crate::loader::Discovery;
 use crate::memory::{DeviceBuffer, View};
-use crate::nvrtc::Module;
 use crate::stream::Stream;
-use cudarc::driver::PushKernelArg;
 use gpukit_types::DType;
 
 /// Element `index` of rank `rank`'s input: an integer in -8..=8, exact in every float type, and
@@ -119,28 +117,33 @@ PATTERN(B, bf16)
 "#;
 
 /// The module's name in the PTX cache.
-pub(crate) const STEM: &str = "pattern";
+const STEM: &str = "pattern";
 
-/// The module's whole CUDA C source.
-pub(crate) fn source() -> String {
-    format!("{HALF}{SOURCE}")
+/// The pattern kernels' module: its name in the cache, its whole CUDA C source and the kernels
+/// loaded from it (also what `gpukit all` compiles ahead).
+pub fn kernel_source() -> KernelSource {
+    let mut names = Vec::new();
+    for t in ["f32", "f16", "bf16"] {
+        names.push(format!("fill_{t}"));
+        names.push(format!("count_wrong_{t}"));
+    }
+    KernelSource {
+        stem: STEM,
+        source: format!("{HALF}{SOURCE}"),
+        names,
+    }
 }
 
 /// The pattern kernels of one GPU, with the counter they add to.
 pub struct Pattern {
     stream: Stream,
-    module: Module,
+    module: KernelModule,
     counter: DeviceBuffer,
 }
 
 impl Pattern {
     pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<Pattern> {
-        let mut names = Vec::new();
-        for t in ["f32", "f16", "bf16"] {
-            names.push(format!("fill_{t}"));
-            names.push(format!("count_wrong_{t}"));
-        }
-        let module = Module::load(discovery, gpu, &source(), STEM, &names)?;
+        let module = KernelModule::load(discovery, gpu, &kernel_source())?;
         Ok(Pattern {
             stream: gpu.stream().clone(),
             module,
@@ -151,13 +154,10 @@ impl Pattern {
     /// `x[i] = value(rank, offset + i)` for `count` elements (queued on the GPU's stream).
     pub fn fill(&self, x: View<'_>, count: usize, dtype: DType, rank: usize) -> Result<()> {
         x.require(count * dtype.size_bytes(), "pattern fill")?;
-        let f = self.module.function(&format!("fill_{}", tag(dtype)))?;
-        let (px, n, r, off) = (x.addr(), count as i64, rank as i32, 0i64);
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&px).arg(&n).arg(&r).arg(&off);
-        // SAFETY: x holds `count` elements of the kernel's type (checked above).
-        unsafe { b.launch(config(count)) }?;
-        Ok(())
+        let args = [Arg::Ptr(x), Arg::Size(count), Arg::Size(rank), Arg::I64(0)];
+        let name = format!("fill_{}", tag(dtype));
+        self.module
+            .launch(&name, &self.stream, grid_for(count), &args)
     }
 
     /// How many of `count` elements of `y` differ from `expect` (waits for the GPU's stream).
@@ -169,9 +169,6 @@ impl Pattern {
         expect: Expect,
     ) -> Result<u64> {
         y.require(count * dtype.size_bytes(), "pattern check")?;
-        let f = self
-            .module
-            .function(&format!("count_wrong_{}", tag(dtype)))?;
         let (mode, ranks, op, block, fixed, offset) = match expect {
             Expect::Reduced {
                 ranks,
@@ -190,7 +187,14 @@ impl Pattern {
                 block,
                 rank,
                 offset,
-            } => (1, 1, 0, block.max(1), rank.map_or(-1, |r| r as i32), offset),
+            } => {
+                let fixed = match rank {
+                    Some(r) => i32::try_from(r)
+                        .map_err(|_| Error::Invalid(format!("rank {r} exceeds i32")))?,
+                    None => -1,
+                };
+                (1, 1, 0, block.max(1), fixed, offset)
+            }
         };
         if ranks > i32::MAX as usize {
             return Err(Error::Invalid(format!("{ranks} ranks")));
@@ -204,26 +208,21 @@ impl Pattern {
                 self.stream.cu(),
             )
         }?;
-        let (py, n, ranks, block, offset, pc) = (
-            y.addr(),
-            count as i64,
-            ranks as i32,
-            block as i64,
-            offset as i64,
-            self.counter.view().addr(),
-        );
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&py)
-            .arg(&n)
-            .arg(&mode)
-            .arg(&ranks)
-            .arg(&op)
-            .arg(&block)
-            .arg(&fixed)
-            .arg(&offset)
-            .arg(&pc);
-        // SAFETY: y holds `count` elements (checked); the counter holds one u64.
-        unsafe { b.launch(config(count)) }?;
+        // y holds `count` elements (checked); the counter holds one u64
+        let args = [
+            Arg::Ptr(y),
+            Arg::Size(count),
+            Arg::I32(mode),
+            Arg::Size(ranks),
+            Arg::I32(op),
+            Arg::Size(block),
+            Arg::I32(fixed),
+            Arg::Size(offset),
+            Arg::Ptr(self.counter.view()),
+        ];
+        let name = format!("count_wrong_{}", tag(dtype));
+        self.module
+            .launch(&name, &self.stream, grid_for(count), &args)?;
         let mut out = [0u8; 8];
         crate::transfer::copy_d2h(&self.stream, &self.counter, &mut out)?;
         self.stream.synchronize()?;
@@ -234,6 +233,21 @@ impl Pattern {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::Param;
+
+    #[test]
+    fn the_kernels_take_what_the_launchers_pass() {
+        use Param::{Ptr, I32, I64};
+        let got = kernel_source().signatures().unwrap();
+        assert_eq!(got.len(), 6);
+        for t in ["f32", "f16", "bf16"] {
+            assert_eq!(got[&format!("fill_{t}")], [Ptr, I64, I32, I64]);
+            assert_eq!(
+                got[&format!("count_wrong_{t}")],
+                [Ptr, I64, I32, I32, I32, I64, I32, I64, Ptr]
+            );
+        }
+    }
 
     #[test]
     fn values_are_small_integers_and_sums_of_32_ranks_stay_exact_in_bf16() {

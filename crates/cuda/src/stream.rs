@@ -5,7 +5,6 @@
 //! [`crate::driver::Gpu::new_stream`] makes another (copies in both directions at once);
 //! [`crate::driver::Gpu::capture`] records what a closure enqueues as a [`Graph`].
 
-use crate::driver::Gpu;
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{sys, CudaEvent, CudaGraph, CudaStream};
@@ -96,20 +95,8 @@ impl Graph {
     }
 }
 
-impl Gpu {
-    /// Runs `enqueue` with the work stream in capture mode and returns what it queued as a
-    /// graph, uploaded and ready to launch. The capture is ended whatever `enqueue` returns, so
-    /// the stream stays usable after an error.
-    pub fn capture<E: From<Error>>(
-        &self,
-        enqueue: impl FnOnce() -> Result<(), E>,
-    ) -> Result<Graph, E> {
-        self.stream().capture(enqueue)
-    }
-}
-
 impl Stream {
-    /// As [`Gpu::capture`], on this stream.
+    /// As [`crate::driver::Gpu::capture`], on this stream.
     pub fn capture<E: From<Error>>(
         &self,
         enqueue: impl FnOnce() -> Result<(), E>,

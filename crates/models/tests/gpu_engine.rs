@@ -1,11 +1,13 @@
 //! gpukit's GPU inference engine against its CPU forward pass, on fresh random weights and
 //! inputs: every precision in both layouts, eager and replayed as a CUDA graph, odd image sizes,
-//! with and without the memory plan, no op writing over a live tensor, and out-of-memory as a typed error. Ignored, with the
-//! reason, without a GPU; GPUKIT_REQUIRE_GPU=1 makes a missing GPU a failure.
+//! with and without the memory plan, no op writing over a live tensor, and out-of-memory as a
+//! typed error; also the engine's device-side byte comparison. Ignored, with the reason,
+//! without a GPU; GPUKIT_REQUIRE_GPU=1 makes a missing GPU a failure.
 
 use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::Gpu;
 use gpukit_models::forward::{fold, FoldedResNet};
-use gpukit_models::gpu::{GpuContext, GpuWeights, Session, ENGINE_DTYPES};
+use gpukit_models::gpu::{GpuContext, GpuWeights, Kernels, Session, ENGINE_DTYPES};
 use gpukit_models::weights::seeded_init;
 use gpukit_models::Error as EngineError;
 use gpukit_models::ResNet;
@@ -193,6 +195,94 @@ fn out_of_memory_is_a_typed_error() -> Result<(), Failed> {
     }
 }
 
+/// Deterministic-per-seed but fresh-per-run random floats in [-1, 1).
+fn random_f32(n: usize, seed: u64) -> Vec<f32> {
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    let mut s = seed ^ run ^ 0x9E37_79B9_7F4A_7C15;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn bytes_of(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+fn check(cond: bool, msg: impl Into<String>) -> Result<(), Failed> {
+    if cond {
+        Ok(())
+    } else {
+        Err(msg.into().into())
+    }
+}
+
+/// A seed that differs from run to run (the time), printed by the failures that use it.
+fn time_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(7, |d| d.as_nanos() as u64)
+}
+
+/// A buffer filled by repeating its first bytes on the device holds the host's periodic
+/// pattern (an odd period over an odd length), and the device's byte comparison finds one
+/// changed byte anywhere: in a 32-bit word, and in the tail past the last whole word.
+fn device_repeat_and_compare_match_the_host() -> Result<(), Failed> {
+    let discovery = DISCOVERY.get().ok_or("no discovery")?;
+    let g = Gpu::open(discovery, 0).map_err(|e| format!("open cuda:0: {e}"))?;
+    let e = |e: gpukit_cuda::Error| e.to_string();
+    let kernels = Kernels::new(discovery, &g).map_err(e)?;
+    let period = 1_000_003usize;
+    let total = 10 * period + 7;
+    let block = bytes_of(&random_f32(period.div_ceil(4), 11));
+    let block = &block[..period];
+    let want: Vec<u8> = (0..total).map(|i| block[i % period]).collect();
+    let dev = g.alloc(total).map_err(e)?;
+    g.upload_into(dev.view(), block).map_err(e)?;
+    g.repeat_prefix(dev.view(), period).map_err(e)?;
+    let got = g.download(&dev).map_err(e)?;
+    check(
+        got == want,
+        "the repeated prefix differs from the host's pattern",
+    )?;
+    let copy = g.upload(&want).map_err(e)?;
+    check(
+        kernels
+            .equal_bytes(&g, dev.view(), copy.view(), total)
+            .map_err(e)?,
+        "equal buffers compared unequal",
+    )?;
+    let seed = time_seed();
+    for at in [seed as usize % (total - 8), total - 1, total - 3, 0] {
+        let mut changed = want.clone();
+        changed[at] ^= 0x10;
+        let other = g.upload(&changed).map_err(e)?;
+        check(
+            !kernels
+                .equal_bytes(&g, dev.view(), other.view(), total)
+                .map_err(e)?,
+            format!("a byte changed at {at} of {total} (seed {seed}) compared equal"),
+        )?;
+        // the bytes before the change compare equal
+        if at > 0 {
+            check(
+                kernels
+                    .equal_bytes(&g, dev.view(), other.view(), at)
+                    .map_err(e)?,
+                format!("the {at} bytes before a change compared unequal"),
+            )?;
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
@@ -218,6 +308,10 @@ fn main() {
         (
             "gpu::out_of_memory_is_a_typed_error",
             out_of_memory_is_a_typed_error,
+        ),
+        (
+            "gpu::device_repeat_and_compare_match_the_host",
+            device_repeat_and_compare_match_the_host,
         ),
     ];
     let trials = tests

@@ -8,16 +8,16 @@
 //! (equal to the CPU's within one rounding of the dtype); products go through cuBLAS.
 
 use crate::error::Result;
+use crate::kernels::{tensor_ops, Arith, Distribution, Strided, TensorOps};
 use crate::storage::{cuda_err, Storage};
 use crate::tensor::{contiguous_strides, sizes};
 use crate::{DType, Tensor};
-use gpukit_cuda::tensorkit::{Arith, Distribution, Strided, TensorOps};
 use gpukit_cuda::Gpu;
 use std::sync::Arc;
 
 /// The device's tensor kernels and cuBLAS handle.
 fn ops_of(gpu: &Gpu, op: &'static str) -> Result<Arc<TensorOps>> {
-    gpu.tensor_ops().map_err(cuda_err(op, gpu))
+    tensor_ops(gpu).map_err(cuda_err(op, gpu))
 }
 
 impl Tensor {

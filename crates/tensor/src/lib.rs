@@ -11,6 +11,7 @@ pub mod codec;
 pub mod cpu;
 mod cuda_ops;
 pub mod error;
+pub mod kernels;
 mod ops;
 pub mod random;
 mod storage;

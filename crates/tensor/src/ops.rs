@@ -4,9 +4,9 @@
 
 use crate::codec::{encode_f32, encode_f64};
 use crate::error::{check_same_device, Error, Result};
+use crate::kernels::Arith;
 use crate::tensor::{contiguous_strides, nhwc_strides, numel_of, sizes};
 use crate::{DType, Tensor};
-use gpukit_cuda::tensorkit::Arith;
 
 /// `x (op) y` in f64 (rounded to the dtype by the caller).
 fn apply(arith: Arith, x: f64, y: f64) -> f64 {

@@ -7,7 +7,7 @@
 //! the generator, the chunk's index its stream), so the values depend on the seed alone, not on
 //! how many threads drew them.
 
-pub use gpukit_cuda::tensorkit::Distribution;
+pub use crate::kernels::Distribution;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution as _, StandardNormal, Uniform};

@@ -169,7 +169,7 @@ pub(crate) fn lesson0(discovery: &Discovery, device: Device) -> Result<Lesson> {
     gpu.synchronize()?;
     let pool = gpu.pool_stats()?;
     // the libraries and kernels the lessons use (cuBLAS, gpukit's tensor kernels)
-    gpu.tensor_ops()?;
+    gpukit_tensor::kernels::tensor_ops(&gpu)?;
     let _ = one.add_scalar(1.0)?;
     gpu.synchronize()?;
     let after_libs = crate::gpu::device_used(nvml.as_ref(), &attrs.uuid);

@@ -7,9 +7,9 @@ use super::{Bench, Case, Lesson, Overlap, Verdict};
 use crate::error::{Error, Result};
 use crate::stats::Summary;
 use gpukit_cuda::blas::Blas;
-use gpukit_cuda::tensorkit::{Arith, Strided};
 use gpukit_cuda::transfer::{copy_pinned_range_to, copy_pinned_to, copy_to_pinned, PinnedBytes};
 use gpukit_cuda::{Event, Gpu, Stream};
+use gpukit_tensor::kernels::{tensor_ops, Arith, Strided};
 use gpukit_tensor::{DType, Tensor};
 use std::sync::Arc;
 use std::time::Instant;
@@ -193,7 +193,7 @@ pub(crate) fn streams(b: &Bench) -> Result<Lesson> {
     let dev: Vec<Tensor> = (0..chunks)
         .map(|_| Tensor::zeros_on(&[elems], DType::F32, b.device, &b.devices).map_err(Error::from))
         .collect::<Result<_>>()?;
-    let ops = gpu.tensor_ops()?;
+    let ops = tensor_ops(&gpu)?;
     let strides = [1usize];
     let pipelined_streams = [s1.clone(), s2.clone(), gpu.new_stream()?];
     // stage by stage on one stream, each stage's time from events

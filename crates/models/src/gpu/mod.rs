@@ -22,11 +22,13 @@
 //! [`Session::new`] per batch size and [`Session::run`] (or [`Session::enqueue`] /
 //! [`Session::capture`] + [`Session::replay`] to time it).
 
+pub mod kernels;
 mod lower;
 mod session;
 pub mod strategy;
 mod weights;
 
+pub use kernels::Kernels;
 pub use lower::{arena_bytes, ConvLayer, NetShape};
 pub use session::{Session, SessionMemory};
 pub use strategy::{Strategy, ENGINE_DTYPES};
@@ -35,7 +37,6 @@ pub use weights::GpuWeights;
 use crate::error::{Error, Result};
 use gpukit_cuda::blas::Blas;
 use gpukit_cuda::dnn::Dnn;
-use gpukit_cuda::kernels::Kernels;
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::{DeviceBuffer, Gpu};
 use std::sync::Arc;

@@ -279,7 +279,7 @@ impl<'a> Session<'a> {
             let same = self
                 .ctx
                 .kernels
-                .equal_bytes(elsewhere.view(), zv, elsewhere.len())
+                .equal_bytes(&self.ctx.gpu, elsewhere.view(), zv, elsewhere.len())
                 .map_err(|e| fail(&e))?;
             if same {
                 continue;

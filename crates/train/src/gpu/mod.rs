@@ -18,6 +18,7 @@
 //! so the same run gives the same bits and N steps + M resumed steps equal N + M steps.
 
 pub mod feed;
+pub mod kernels;
 pub mod parallel;
 mod plan;
 mod step;
@@ -32,9 +33,9 @@ use gpukit_cuda::blas::Blas;
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::lt::{mask_bytes, LtMatmul};
 use gpukit_cuda::profiler::{Recording, TimingChoice};
-use gpukit_cuda::trainkit::{StepState, TrainKernels, STATE_BYTES};
 use gpukit_cuda::{DeviceBuffer, Gpu, Graph};
 use gpukit_types::DType;
+use kernels::{StepState, TrainKernels, STATE_BYTES};
 use plan::{Fusion, Layout};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;

@@ -2,6 +2,7 @@
 //! (replayed from a CUDA graph when asked), and the evaluation.
 
 use super::feed::{batch_bytes, copy_in, target_width, Loader, PinnedRing};
+use super::kernels::{AdamArgs, StepState};
 use super::parallel::Shard;
 use super::plan::InputEpilogue;
 use super::{count_sum, GpuDetails, GpuTrainer, Input, Op, GROWTH_INTERVAL};
@@ -12,7 +13,6 @@ use crate::loss::LossKind;
 use crate::optim::{OptimizerKind, BETA1, BETA2, EPS};
 use crate::run::{EpochStats, RunOutcome};
 use gpukit_cuda::profiler::{self, Profiler};
-use gpukit_cuda::trainkit::{AdamArgs, StepState};
 use gpukit_cuda::{DeviceBuffer, Event, View};
 use gpukit_tensor::codec::decode_f64;
 use gpukit_types::DType;

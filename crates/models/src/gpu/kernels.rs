@@ -1,53 +1,19 @@
-//! gpukit's own small GPU kernels (layout/precision conversion, pooling, bias), written in CUDA C,
-//! compiled at run time by NVRTC for the device's own architecture and cached on disk (`nvrtc`).
+//! The inference engine's own small GPU kernels (layout/precision conversion, pooling, bias,
+//! and two helpers of its plans: a stream barrier and a byte comparison), written in CUDA C,
+//! compiled at run time by NVRTC for the device's own architecture, cached on disk and launched
+//! through `gpukit_cuda::kernel`.
 //!
 //! To use: [`Kernels::new`] once per opened [`Gpu`] (compiles, or reads the cached PTX), then the
 //! launch methods, which enqueue on the GPU's stream and return at once (capturable in a graph).
-//! The half-precision types are handled with bit operations and PTX conversions, so the source
-//! needs no CUDA headers (NVRTC builds without any include path).
+//! The half-precision types are handled with bit operations and PTX conversions (the kernel
+//! API's shared `HALF` prelude), so the source needs no CUDA headers. The kernel API checks
+//! each launch's arguments against the kernel's declared parameters; the sizes of the buffers
+//! the kernels index are checked here, before each launch.
 
-use crate::driver::Gpu;
-use crate::error::{Error, Result};
-use crate::loader::Discovery;
-use crate::memory::View;
-use crate::nvrtc::Module;
-use crate::stream::Stream;
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use gpukit_cuda::kernel::{grid_for, tag, Arg, KernelModule, KernelSource, Launch, HALF};
+use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::{Error, Gpu, Result, Stream, View};
 use gpukit_types::{DType, Layout};
-
-/// The kernels' name for an element type: its storage type's name (`f32` for tf32), shared
-/// by every NVRTC source of this crate. A module without that type's version says so when the
-/// kernel is looked up.
-pub(crate) fn tag(dtype: DType) -> &'static str {
-    dtype.storage().name()
-}
-
-/// The 16-bit storage types (as bits: no CUDA headers) and conversions to and from f32,
-/// shared by every NVRTC source of this crate.
-pub(crate) const HALF: &str = r#"
-struct H { unsigned short v; };
-struct B { unsigned short v; };
-
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(H x) {
-    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.v)); return f;
-}
-__device__ __forceinline__ float to_f(B x) { return __uint_as_float(((unsigned)x.v) << 16); }
-
-template <class T> __device__ __forceinline__ T from_f(float f);
-template <> __device__ __forceinline__ float from_f<float>(float f) { return f; }
-template <> __device__ __forceinline__ H from_f<H>(float f) {
-    H h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.v) : "f"(f)); return h;
-}
-template <> __device__ __forceinline__ B from_f<B>(float f) {
-    unsigned u = __float_as_uint(f);
-    B b;
-    if ((u & 0x7fffffffu) > 0x7f800000u) { b.v = 0x7fc0; return b; }  // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1u);                                 // round to nearest even
-    b.v = (unsigned short)(u >> 16);
-    return b;
-}
-"#;
 
 const SOURCE: &str = r#"
 // NCHW f32 input -> T in NCHW or NHWC with `cout` >= c channels (the extra ones zero).
@@ -177,56 +143,44 @@ extern "C" __global__ void count_unequal(const unsigned* a, const unsigned* b, l
 "#;
 
 /// The module's name in the PTX cache.
-pub(crate) const STEM: &str = "kernels";
+const STEM: &str = "kernels";
 
-/// The module's whole CUDA C source.
-pub(crate) fn source() -> String {
-    format!("{HALF}{SOURCE}")
+/// The inference kernels' module: its name in the cache, its whole CUDA C source and the
+/// kernels loaded from it (also what `gpukit all` compiles ahead).
+pub fn kernel_source() -> KernelSource {
+    let mut names = vec![
+        "add_bias_f32".to_string(),
+        "stream_barrier".to_string(),
+        "count_unequal".to_string(),
+    ];
+    for e in ["f32", "f16", "bf16"] {
+        for l in ["nchw", "nhwc"] {
+            for k in ["convert_input", "max_pool", "avg_pool", "bias_relu"] {
+                names.push(format!("{k}_{e}_{l}"));
+            }
+        }
+    }
+    KernelSource {
+        stem: STEM,
+        source: format!("{HALF}{SOURCE}"),
+        names,
+    }
 }
 
 /// The compiled kernels of one device.
 pub struct Kernels {
     stream: Stream,
-    module: Module,
+    module: KernelModule,
     /// Where the PTX came from: "compiled" or the cache file.
     pub origin: String,
     /// Milliseconds spent compiling or reading the cache and loading the module.
     pub load_ms: f64,
 }
 
-/// Threads per block of every launch here.
-const BLOCK: u32 = 256;
-
-pub(crate) fn config(total: usize) -> LaunchConfig {
-    // grid-stride loops: a bounded grid covers any size
-    let blocks = total.div_ceil(BLOCK as usize).clamp(1, 65_535 * 8) as u32;
-    LaunchConfig {
-        grid_dim: (blocks, 1, 1),
-        block_dim: (BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-pub(crate) fn int(v: usize, what: &str) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::Invalid(format!("{what} = {v} exceeds i32")))
-}
-
 impl Kernels {
     /// Compiles the kernels for `gpu` (or reads them from the on-disk cache) and loads them.
     pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<Kernels> {
-        let mut names = vec![
-            "add_bias_f32".to_string(),
-            "stream_barrier".to_string(),
-            "count_unequal".to_string(),
-        ];
-        for e in ["f32", "f16", "bf16"] {
-            for l in ["nchw", "nhwc"] {
-                for k in ["convert_input", "max_pool", "avg_pool", "bias_relu"] {
-                    names.push(format!("{k}_{e}_{l}"));
-                }
-            }
-        }
-        let module = Module::load(discovery, gpu, &source(), STEM, &names)?;
+        let module = KernelModule::load(discovery, gpu, &kernel_source())?;
         Ok(Kernels {
             stream: gpu.stream().clone(),
             origin: module.origin.clone(),
@@ -235,13 +189,21 @@ impl Kernels {
         })
     }
 
-    fn function(&self, name: &str) -> Result<&CudaFunction> {
-        self.module.function(name)
+    fn run(&self, name: &str, launch: Launch, args: &[Arg<'_>]) -> Result<()> {
+        self.module.launch(name, &self.stream, launch, args)
     }
 
     /// The kernel `{stem}_{dtype}_{layout}`.
-    fn variant(&self, stem: &str, dtype: DType, layout: Layout) -> Result<&CudaFunction> {
-        self.function(&format!("{stem}_{}_{}", tag(dtype), layout.name()))
+    fn variant(
+        &self,
+        stem: &str,
+        dtype: DType,
+        layout: Layout,
+        launch: Launch,
+        args: &[Arg<'_>],
+    ) -> Result<()> {
+        let name = format!("{stem}_{}_{}", tag(dtype), layout.name());
+        self.run(&name, launch, args)
     }
 
     /// `y` (elem, NCHW or NHWC, `cout` channels) = `x` (f32 NCHW, `c` channels), zero-padded.
@@ -263,20 +225,15 @@ impl Kernels {
         x.require(n * c * h * w * 4, "convert_input x")?;
         let total = n * cout * h * w;
         y.require(total * dtype.size_bytes(), "convert_input y")?;
-        let f = self.variant("convert_input", dtype, layout)?;
-        let (px, py) = (x.addr(), y.addr());
-        let (n, c, cout, hw) = (
-            int(n, "n")?,
-            int(c, "c")?,
-            int(cout, "cout")?,
-            int(h * w, "h*w")?,
-        );
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&px).arg(&py).arg(&n).arg(&c).arg(&cout).arg(&hw);
-        // SAFETY: the kernel's parameters are (const float*, T*, int, int, int, int), matched
-        // above; both buffers are large enough (checked).
-        unsafe { b.launch(config(total)) }?;
-        Ok(())
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::Size(n),
+            Arg::Size(c),
+            Arg::Size(cout),
+            Arg::Size(h * w),
+        ];
+        self.variant("convert_input", dtype, layout, grid_for(total), &args)
     }
 
     /// `y = relu(y + bias[channel] (+ z))` in place over `n x k x hw` elements (f32 inside):
@@ -302,18 +259,15 @@ impl Kernels {
                 ));
             }
         }
-        let f = self.variant("bias_relu", dtype, layout)?;
-        let (py, pb, pz) = (y.addr(), bias.addr(), z.map_or(0u64, |z| z.addr()));
-        let a = [int(n, "n")?, int(k, "k")?, int(hw, "hw")?];
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&py).arg(&pb).arg(&pz);
-        for v in &a {
-            b.arg(v);
-        }
-        // SAFETY: parameters (T*, const T*, const T* or null, int x3) matched above; sizes
-        // checked; z does not overlap y.
-        unsafe { b.launch(config(n * k * hw)) }?;
-        Ok(())
+        let args = [
+            Arg::Ptr(y),
+            Arg::Ptr(bias),
+            Arg::opt(z),
+            Arg::Size(n),
+            Arg::Size(k),
+            Arg::Size(hw),
+        ];
+        self.variant("bias_relu", dtype, layout, grid_for(n * k * hw), &args)
     }
 
     /// 3x3 / stride 2 / padding 1 max pooling; returns the output height and width.
@@ -328,23 +282,17 @@ impl Kernels {
         let (p, q) = ((h + 2 - 3) / 2 + 1, (w + 2 - 3) / 2 + 1);
         x.require(n * c * h * w * dtype.size_bytes(), "max_pool x")?;
         y.require(n * c * p * q * dtype.size_bytes(), "max_pool y")?;
-        let f = self.variant("max_pool", dtype, layout)?;
-        let (px, py) = (x.addr(), y.addr());
-        let a = [
-            int(n, "n")?,
-            int(c, "c")?,
-            int(h, "h")?,
-            int(w, "w")?,
-            int(p, "p")?,
-            int(q, "q")?,
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::Size(n),
+            Arg::Size(c),
+            Arg::Size(h),
+            Arg::Size(w),
+            Arg::Size(p),
+            Arg::Size(q),
         ];
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&px).arg(&py);
-        for v in &a {
-            b.arg(v);
-        }
-        // SAFETY: parameters (const T*, T*, int x6) matched above; sizes checked.
-        unsafe { b.launch(config(n * c * p * q)) }?;
+        self.variant("max_pool", dtype, layout, grid_for(n * c * p * q), &args)?;
         Ok((p, q))
     }
 
@@ -359,60 +307,117 @@ impl Kernels {
     ) -> Result<()> {
         x.require(n * c * h * w * dtype.size_bytes(), "avg_pool x")?;
         y.require(n * c * 4, "avg_pool y")?;
-        let f = self.variant("avg_pool", dtype, layout)?;
-        let (px, py) = (x.addr(), y.addr());
-        let (n, c, hw) = (int(n, "n")?, int(c, "c")?, int(h * w, "h*w")?);
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&px).arg(&py).arg(&n).arg(&c).arg(&hw);
-        // SAFETY: parameters (const T*, float*, int, int, int) matched above; sizes checked.
-        unsafe { b.launch(config((n * c) as usize)) }?;
-        Ok(())
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::Size(n),
+            Arg::Size(c),
+            Arg::Size(h * w),
+        ];
+        self.variant("avg_pool", dtype, layout, grid_for(n * c), &args)
     }
 
     /// An empty kernel: a full dependency point on the stream. After a library kernel whose
-    /// output the next library kernel reads at once, it keeps the two from overlapping (see
-    /// docs/DECISIONS.md 26).
+    /// output the next library kernel reads at once, it keeps the two from overlapping.
     pub fn barrier(&self) -> Result<()> {
-        let f = self.function("stream_barrier")?;
-        let mut b = self.stream.raw().launch_builder(f);
-        // SAFETY: no parameters; one thread that does nothing.
-        unsafe { b.launch(cudarc::driver::LaunchConfig::for_num_elems(1)) }?;
-        Ok(())
+        // one block of 1024 threads, the shape this launch has always had
+        self.run("stream_barrier", Launch::new((1, 1, 1), (1024, 1, 1)), &[])
     }
 
     /// Whether the first `bytes` bytes of `a` and `b` are equal, compared on the GPU (waits for
     /// the answer): a check of a whole activation without copying it to the host.
-    pub fn equal_bytes(&self, a: View<'_>, b: View<'_>, bytes: usize) -> Result<bool> {
+    pub fn equal_bytes(&self, gpu: &Gpu, a: View<'_>, b: View<'_>, bytes: usize) -> Result<bool> {
         a.require(bytes, "equal_bytes a")?;
         b.require(bytes, "equal_bytes b")?;
-        if !a.addr().is_multiple_of(4) || !b.addr().is_multiple_of(4) {
+        if !a.is_aligned(4) || !b.is_aligned(4) {
             return Err(Error::Invalid(
                 "equal_bytes compares 4-byte words: both views must start 4-byte aligned".into(),
             ));
         }
-        let count = self.stream.raw().alloc_zeros::<u64>(1)?;
-        let f = self.function("count_unequal")?;
-        let (pa, pb, n) = (a.addr(), b.addr(), bytes as i64);
-        let mut l = self.stream.raw().launch_builder(f);
-        l.arg(&pa).arg(&pb).arg(&n).arg(&count);
-        // SAFETY: parameters (const unsigned*, const unsigned*, long, unsigned long long*)
-        // matched above; both views hold `bytes` bytes and start 4-byte aligned (checked).
-        unsafe { l.launch(config(bytes.div_ceil(4))) }?;
-        let got = self.stream.raw().clone_dtoh(&count)?;
-        Ok(got.first() == Some(&0))
+        let count = gpu.alloc(8)?;
+        let args = [
+            Arg::Ptr(a),
+            Arg::Ptr(b),
+            Arg::Size(bytes),
+            Arg::Ptr(count.view()),
+        ];
+        self.run("count_unequal", grid_for(bytes.div_ceil(4)), &args)?;
+        let got = gpu.download(&count)?;
+        Ok(got.iter().all(|&b| b == 0))
     }
 
     /// `y[r, k] += bias[k]` for a row-major f32 `rows x cols` matrix.
     pub fn add_bias(&self, y: View<'_>, bias: View<'_>, rows: usize, cols: usize) -> Result<()> {
         y.require(rows * cols * 4, "add_bias y")?;
         bias.require(cols * 4, "add_bias bias")?;
-        let f = self.function("add_bias_f32")?;
-        let (py, pb) = (y.addr(), bias.addr());
-        let (r, c) = (int(rows, "rows")?, int(cols, "cols")?);
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&py).arg(&pb).arg(&r).arg(&c);
-        // SAFETY: parameters (float*, const float*, int, int) matched above; sizes checked.
-        unsafe { b.launch(config(rows * cols)) }?;
-        Ok(())
+        let args = [
+            Arg::Ptr(y),
+            Arg::Ptr(bias),
+            Arg::Size(rows),
+            Arg::Size(cols),
+        ];
+        self.run("add_bias_f32", grid_for(rows * cols), &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpukit_cuda::kernel::Param;
+
+    /// Parameter kinds one letter each: p pointer, i int, l long (long), u unsigned long long,
+    /// f float, d double, s struct Dims.
+    fn kinds(code: &str) -> Vec<Param> {
+        code.split_whitespace()
+            .map(|c| match c {
+                "p" => Param::Ptr,
+                "i" => Param::I32,
+                "l" => Param::I64,
+                "u" => Param::U64,
+                "f" => Param::F32,
+                "d" => Param::F64,
+                "s" => Param::Struct("Dims".into()),
+                other => panic!("{other}"),
+            })
+            .collect()
+    }
+
+    /// Every kernel the module loads has the parameters the launchers here pass.
+    fn assert_signatures(source: KernelSource, expected: &[(&str, &str)], tags: &[&str]) {
+        let got = source
+            .signatures()
+            .expect("every kernel's parameters are readable");
+        let mut checked = 0;
+        for (name, code) in expected {
+            let names: Vec<String> = if tags.is_empty() || !name.ends_with('_') {
+                vec![name.to_string()]
+            } else {
+                tags.iter().map(|t| format!("{name}{t}")).collect()
+            };
+            for n in names {
+                assert_eq!(got.get(&n), Some(&kinds(code)), "{n}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, got.len(), "a kernel without an expected signature");
+    }
+
+    #[test]
+    fn the_kernels_take_what_the_launchers_pass() {
+        let tags: Vec<String> = ["f32", "f16", "bf16"]
+            .iter()
+            .flat_map(|e| ["nchw", "nhwc"].map(|l| format!("{e}_{l}")))
+            .collect();
+        let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
+        let expected = [
+            ("convert_input_", "p p i i i i"),
+            ("max_pool_", "p p i i i i i i"),
+            ("avg_pool_", "p p i i i"),
+            ("bias_relu_", "p p p i i i"),
+            ("add_bias_f32", "p p i i"),
+            ("stream_barrier", ""),
+            ("count_unequal", "p p l p"),
+        ];
+        assert_signatures(kernel_source(), &expected, &tags);
     }
 }

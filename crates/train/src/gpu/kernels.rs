@@ -1,7 +1,8 @@
-//! The training engine's own GPU kernels (NVRTC, compiled once per device and cached): batch
-//! gathering and casting, MSE and cross-entropy with their gradients, the optimizers over one
-//! flat parameter buffer (one launch updates every parameter), the loss scaler, and the
-//! epilogue kernels used where cuBLASLt has no fused epilogue for a shape or type.
+//! The training engine's own GPU kernels (CUDA C compiled by NVRTC once per device and cached,
+//! launched through `gpukit_cuda::kernel`): batch gathering and casting, MSE and cross-entropy
+//! with their gradients, the optimizers over one flat parameter buffer (one launch updates
+//! every parameter), the loss scaler, and the epilogue kernels used where cuBLASLt has no fused
+//! epilogue for a shape or type.
 //!
 //! Everything a step needs that changes from step to step (Adam's bias corrections, the loss
 //! scale, whether the gradients overflowed) lives in a small device-side [`STATE_BYTES`] block
@@ -9,16 +10,13 @@
 //! be captured once as a CUDA graph and replayed.
 //!
 //! To use: [`TrainKernels::new`], then the launch methods (all enqueue on the GPU's stream and
-//! return at once). Element types: `F32`, `F16`, `Bf16` (`Tf32` is f32 storage).
+//! return at once). Element types: `F32`, `F16`, `Bf16` (`Tf32` is f32 storage). The kernel API
+//! checks each launch's arguments against the kernel's declared parameters; the sizes of the
+//! buffers the kernels index are checked here, before each launch.
 
-use crate::driver::Gpu;
-use crate::error::{Error, Result};
-use crate::kernels::{config, int, tag, HALF};
-use crate::loader::Discovery;
-use crate::memory::View;
-use crate::nvrtc::Module;
-use crate::stream::Stream;
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use gpukit_cuda::kernel::{grid_for, tag, Arg, KernelModule, KernelSource, Launch, HALF};
+use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::{Error, Gpu, Result, Stream, View};
 use gpukit_types::DType;
 
 const SOURCE: &str = r#"
@@ -236,11 +234,37 @@ extern "C" __global__ void advance(State* st, int scaled, double lr, double beta
 pub const STATE_BYTES: usize = 32;
 
 /// The module's name in the PTX cache.
-pub(crate) const STEM: &str = "train-kernels";
+const STEM: &str = "train-kernels";
 
-/// The module's whole CUDA C source.
-pub(crate) fn source() -> String {
-    format!("{HALF}{SOURCE}")
+/// The element types every typed kernel is instantiated for.
+const TAGS: [&str; 3] = ["f32", "f16", "bf16"];
+
+/// The training kernels' module: its name in the cache, its whole CUDA C source and the
+/// kernels loaded from it (also what `gpukit all` compiles ahead).
+pub fn kernel_source() -> KernelSource {
+    let mut names: Vec<String> = ["gather_u32", "axpy_f32", "check_finite", "advance"]
+        .map(String::from)
+        .to_vec();
+    for t in TAGS {
+        for k in [
+            "gather_rows",
+            "cast",
+            "mse",
+            "cross_entropy",
+            "bias_act",
+            "relu_grad",
+            "bias_grad",
+            "adam",
+            "sgd",
+        ] {
+            names.push(format!("{k}_{t}"));
+        }
+    }
+    KernelSource {
+        stem: STEM,
+        source: format!("{HALF}{SOURCE}"),
+        names,
+    }
 }
 
 /// The step state as the host sees it.
@@ -312,45 +336,19 @@ pub struct AdamArgs {
 /// The loaded training kernels of one device.
 pub struct TrainKernels {
     stream: Stream,
-    module: Module,
+    module: KernelModule,
     pub origin: String,
     pub load_ms: f64,
 }
 
 /// One block of 1024 threads: the losses reduce in one block (reproducible sums).
-fn one_block() -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (1024, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-fn long(v: usize) -> i64 {
-    v as i64
+fn one_block() -> Launch {
+    Launch::new((1, 1, 1), (1024, 1, 1))
 }
 
 impl TrainKernels {
     pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<TrainKernels> {
-        let mut names: Vec<String> = ["gather_u32", "axpy_f32", "check_finite", "advance"]
-            .map(String::from)
-            .to_vec();
-        for t in ["f32", "f16", "bf16"] {
-            for k in [
-                "gather_rows",
-                "cast",
-                "mse",
-                "cross_entropy",
-                "bias_act",
-                "relu_grad",
-                "bias_grad",
-                "adam",
-                "sgd",
-            ] {
-                names.push(format!("{k}_{t}"));
-            }
-        }
-        let module = Module::load(discovery, gpu, &source(), STEM, &names)?;
+        let module = KernelModule::load(discovery, gpu, &kernel_source())?;
         Ok(TrainKernels {
             stream: gpu.stream().clone(),
             origin: module.origin.clone(),
@@ -359,8 +357,13 @@ impl TrainKernels {
         })
     }
 
-    fn typed(&self, stem: &str, dtype: DType) -> Result<&cudarc::driver::CudaFunction> {
-        self.module.function(&format!("{stem}_{}", tag(dtype)))
+    fn run(&self, name: &str, launch: Launch, args: &[Arg<'_>]) -> Result<()> {
+        self.module.launch(name, &self.stream, launch, args)
+    }
+
+    /// The typed kernel `{stem}_{tag}` of `dtype`.
+    fn typed(&self, stem: &str, dtype: DType, launch: Launch, args: &[Arg<'_>]) -> Result<()> {
+        self.run(&format!("{stem}_{}", tag(dtype)), launch, args)
     }
 
     /// `dst[r] = src[idx[r]]` for `rows` rows of `cols` f32 values, converted to `dtype`.
@@ -374,15 +377,15 @@ impl TrainKernels {
     ) -> Result<()> {
         dst.require(rows * cols * dtype.size_bytes(), "gather dst")?;
         idx.require(rows * 4, "gather idx")?;
-        let f = self.typed("gather_rows", dtype)?;
-        let (ps, pd, pi) = (src.addr(), dst.addr(), idx.addr());
-        let (r, c) = (int(rows, "rows")?, int(cols, "cols")?);
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&ps).arg(&pd).arg(&pi).arg(&r).arg(&c);
-        // SAFETY: (const float*, T*, const unsigned*, int, int) as declared; dst and idx sizes
-        // checked; the indices are below the source's row count (the caller's order).
-        unsafe { b.launch(config(rows * cols)) }?;
-        Ok(())
+        // the indices are below the source's row count (the caller's order)
+        let args = [
+            Arg::Ptr(src),
+            Arg::Ptr(dst),
+            Arg::Ptr(idx),
+            Arg::Size(rows),
+            Arg::Size(cols),
+        ];
+        self.typed("gather_rows", dtype, grid_for(rows * cols), &args)
     }
 
     /// As [`TrainKernels::gather_rows`] for u32 values (class labels).
@@ -395,27 +398,22 @@ impl TrainKernels {
     ) -> Result<()> {
         dst.require(rows * cols * 4, "gather dst")?;
         idx.require(rows * 4, "gather idx")?;
-        let f = self.module.function("gather_u32")?;
-        let (ps, pd, pi) = (src.addr(), dst.addr(), idx.addr());
-        let (r, c) = (int(rows, "rows")?, int(cols, "cols")?);
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&ps).arg(&pd).arg(&pi).arg(&r).arg(&c);
-        // SAFETY: as gather_rows, 4-byte elements.
-        unsafe { b.launch(config(rows * cols)) }?;
-        Ok(())
+        let args = [
+            Arg::Ptr(src),
+            Arg::Ptr(dst),
+            Arg::Ptr(idx),
+            Arg::Size(rows),
+            Arg::Size(cols),
+        ];
+        self.run("gather_u32", grid_for(rows * cols), &args)
     }
 
     /// `dst = src` converted from f32 to `dtype`, `n` values.
     pub fn cast(&self, src: View<'_>, dst: View<'_>, dtype: DType, n: usize) -> Result<()> {
         src.require(n * 4, "cast src")?;
         dst.require(n * dtype.size_bytes(), "cast dst")?;
-        let f = self.typed("cast", dtype)?;
-        let (ps, pd, nn) = (src.addr(), dst.addr(), long(n));
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&ps).arg(&pd).arg(&nn);
-        // SAFETY: (const float*, T*, long); sizes checked.
-        unsafe { b.launch(config(n)) }?;
-        Ok(())
+        let args = [Arg::Ptr(src), Arg::Ptr(dst), Arg::Size(n)];
+        self.typed("cast", dtype, grid_for(n), &args)
     }
 
     /// MSE of `n` outputs against f32 targets into `loss` (one f64); the gradient (times
@@ -438,21 +436,16 @@ impl TrainKernels {
             g.require(n * dtype.size_bytes(), "mse grad")?;
         }
         loss.require(8, "mse loss")?;
-        let f = self.typed("mse", dtype)?;
-        let (po, pt, pg) = (out.addr(), target.addr(), grad.map_or(0, |g| g.addr()));
-        let (ps, pl, nn) = (state.map_or(0, |s| s.addr()), loss.addr(), int(n, "n")?);
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&po)
-            .arg(&pt)
-            .arg(&pg)
-            .arg(&nn)
-            .arg(&ps)
-            .arg(&mult)
-            .arg(&pl);
-        // SAFETY: (const T*, const float*, T* or null, int, const State* or null, float,
-        // double*); sizes checked.
-        unsafe { b.launch(one_block()) }?;
-        Ok(())
+        let args = [
+            Arg::Ptr(out),
+            Arg::Ptr(target),
+            Arg::opt(grad),
+            Arg::Size(n),
+            Arg::opt(state),
+            Arg::F32(mult),
+            Arg::Ptr(loss),
+        ];
+        self.typed("mse", dtype, one_block(), &args)
     }
 
     /// Cross-entropy of `rows x width` logits against u32 classes (each below `width`, the
@@ -478,24 +471,18 @@ impl TrainKernels {
         }
         loss.require(8, "cross_entropy loss")?;
         correct.require(4, "cross_entropy correct")?;
-        let f = self.typed("cross_entropy", dtype)?;
-        let (po, pc, pg) = (out.addr(), classes.addr(), grad.map_or(0, |g| g.addr()));
-        let (ps, pl, pk) = (state.map_or(0, |s| s.addr()), loss.addr(), correct.addr());
-        let (r, w) = (int(rows, "rows")?, int(width, "width")?);
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&po)
-            .arg(&pc)
-            .arg(&pg)
-            .arg(&r)
-            .arg(&w)
-            .arg(&ps)
-            .arg(&mult)
-            .arg(&pl)
-            .arg(&pk);
-        // SAFETY: (const T*, const unsigned*, T* or null, int, int, const State* or null,
-        // float, double*, unsigned*); sizes checked.
-        unsafe { b.launch(one_block()) }?;
-        Ok(())
+        let args = [
+            Arg::Ptr(out),
+            Arg::Ptr(classes),
+            Arg::opt(grad),
+            Arg::Size(rows),
+            Arg::Size(width),
+            Arg::opt(state),
+            Arg::F32(mult),
+            Arg::Ptr(loss),
+            Arg::Ptr(correct),
+        ];
+        self.typed("cross_entropy", dtype, one_block(), &args)
     }
 
     /// `y (m x n, column-major) += bias[row]`, then ReLU when `relu`.
@@ -509,27 +496,22 @@ impl TrainKernels {
     ) -> Result<()> {
         y.require(m * n * dtype.size_bytes(), "bias_act y")?;
         bias.require(m * 4, "bias_act bias")?;
-        let f = self.typed("bias_act", dtype)?;
-        let (py, pb) = (y.addr(), bias.addr());
-        let (mm, nn, r) = (int(m, "m")?, int(n, "n")?, i32::from(relu));
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&py).arg(&pb).arg(&mm).arg(&nn).arg(&r);
-        // SAFETY: (T*, const float*, int, int, int); sizes checked.
-        unsafe { b.launch(config(m * n)) }?;
-        Ok(())
+        let args = [
+            Arg::Ptr(y),
+            Arg::Ptr(bias),
+            Arg::Size(m),
+            Arg::Size(n),
+            Arg::Bool(relu),
+        ];
+        self.typed("bias_act", dtype, grid_for(m * n), &args)
     }
 
     /// `dx = h > 0 ? dx : 0` over `n` values.
     pub fn relu_grad(&self, dx: View<'_>, h: View<'_>, dtype: DType, n: usize) -> Result<()> {
         dx.require(n * dtype.size_bytes(), "relu_grad dx")?;
         h.require(n * dtype.size_bytes(), "relu_grad h")?;
-        let f = self.typed("relu_grad", dtype)?;
-        let (pd, ph, nn) = (dx.addr(), h.addr(), long(n));
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&pd).arg(&ph).arg(&nn);
-        // SAFETY: (T*, const T*, long); sizes checked.
-        unsafe { b.launch(config(n)) }?;
-        Ok(())
+        let args = [Arg::Ptr(dx), Arg::Ptr(h), Arg::Size(n)];
+        self.typed("relu_grad", dtype, grid_for(n), &args)
     }
 
     /// `db = beta db + row sums of dy (m x n, column-major)`, f32.
@@ -543,46 +525,34 @@ impl TrainKernels {
     ) -> Result<()> {
         dy.require(m * n * dtype.size_bytes(), "bias_grad dy")?;
         db.require(m * 4, "bias_grad db")?;
-        let f = self.typed("bias_grad", dtype)?;
-        let (py, pb) = (dy.addr(), db.addr());
-        let (mm, nn) = (int(m, "m")?, int(n, "n")?);
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&py).arg(&pb).arg(&mm).arg(&nn).arg(&beta);
-        let grid = LaunchConfig {
-            grid_dim: (m.div_ceil(32) as u32, 1, 1),
-            block_dim: (32, 32, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: (const T*, float*, int, int, float); sizes checked; the kernel's 32 x 32
-        // block shape is the one given here.
-        unsafe { b.launch(grid) }?;
-        Ok(())
+        let args = [
+            Arg::Ptr(dy),
+            Arg::Ptr(db),
+            Arg::Size(m),
+            Arg::Size(n),
+            Arg::F32(beta),
+        ];
+        // the kernel is written for this 32 x 32 block shape: 32 rows a block
+        let blocks = u32::try_from(m.div_ceil(32))
+            .map_err(|_| Error::Invalid(format!("bias_grad: {m} rows is too many blocks")))?;
+        let launch = Launch::new((blocks, 1, 1), (32, 32, 1));
+        self.typed("bias_grad", dtype, launch, &args)
     }
 
     /// `y += x`, `n` f32 values.
     pub fn axpy(&self, y: View<'_>, x: View<'_>, n: usize) -> Result<()> {
         y.require(n * 4, "axpy y")?;
         x.require(n * 4, "axpy x")?;
-        let f = self.module.function("axpy_f32")?;
-        let (py, px, nn) = (y.addr(), x.addr(), long(n));
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&py).arg(&px).arg(&nn);
-        // SAFETY: (float*, const float*, long); sizes checked.
-        unsafe { b.launch(config(n)) }?;
-        Ok(())
+        let args = [Arg::Ptr(y), Arg::Ptr(x), Arg::Size(n)];
+        self.run("axpy_f32", grid_for(n), &args)
     }
 
     /// Marks `state` when any of `n` f32 gradients is inf or NaN.
     pub fn check_finite(&self, grads: View<'_>, n: usize, state: View<'_>) -> Result<()> {
         grads.require(n * 4, "check_finite grads")?;
         state.require(STATE_BYTES, "check_finite state")?;
-        let f = self.module.function("check_finite")?;
-        let (pg, nn, ps) = (grads.addr(), long(n), state.addr());
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&pg).arg(&nn).arg(&ps);
-        // SAFETY: (const float*, long, State*); sizes checked.
-        unsafe { b.launch(config(n)) }?;
-        Ok(())
+        let args = [Arg::Ptr(grads), Arg::Size(n), Arg::Ptr(state)];
+        self.run("check_finite", grid_for(n), &args)
     }
 
     /// One Adam/AdamW update of `n` parameters (skipped when the state says the gradients
@@ -605,39 +575,29 @@ impl TrainKernels {
             h.require(n * dtype.size_bytes(), "adam half")?;
         }
         state.require(STATE_BYTES, "adam state")?;
-        let f = self.typed("adam", dtype)?;
-        let ptrs = [
-            p.addr(),
-            g.addr(),
-            m.addr(),
-            v.addr(),
-            half.map_or(0, |h| h.addr()),
-        ];
-        let (nn, ps) = (long(n), state.addr());
         let (b1c, b2, b2c) = (
             (1.0 - args.beta1) as f32,
             args.beta2 as f32,
             (1.0 - args.beta2) as f32,
         );
-        let (adamw, sc) = (i32::from(args.adamw), i32::from(scaled));
-        let mut b = self.stream.raw().launch_builder(f);
-        for x in &ptrs {
-            b.arg(x);
-        }
-        b.arg(&nn)
-            .arg(&ps)
-            .arg(&args.weight_decay)
-            .arg(&args.decay)
-            .arg(&b1c)
-            .arg(&b2)
-            .arg(&b2c)
-            .arg(&args.eps)
-            .arg(&adamw)
-            .arg(&sc);
-        // SAFETY: (float* x4, T* or null, long, const State*, float x6, int, int) as declared;
-        // sizes checked.
-        unsafe { b.launch(config(n)) }?;
-        Ok(())
+        let a = [
+            Arg::Ptr(p),
+            Arg::Ptr(g),
+            Arg::Ptr(m),
+            Arg::Ptr(v),
+            Arg::opt(half),
+            Arg::Size(n),
+            Arg::Ptr(state),
+            Arg::F32(args.weight_decay),
+            Arg::F32(args.decay),
+            Arg::F32(b1c),
+            Arg::F32(b2),
+            Arg::F32(b2c),
+            Arg::F32(args.eps),
+            Arg::Bool(args.adamw),
+            Arg::Bool(scaled),
+        ];
+        self.typed("adam", dtype, grid_for(n), &a)
     }
 
     /// One SGD update (momentum buffer `m` when given).
@@ -661,28 +621,19 @@ impl TrainKernels {
             h.require(n * dtype.size_bytes(), "sgd half")?;
         }
         state.require(STATE_BYTES, "sgd state")?;
-        let f = self.typed("sgd", dtype)?;
-        let ptrs = [
-            p.addr(),
-            g.addr(),
-            m.map_or(0, |m| m.addr()),
-            half.map_or(0, |h| h.addr()),
+        let args = [
+            Arg::Ptr(p),
+            Arg::Ptr(g),
+            Arg::opt(m),
+            Arg::opt(half),
+            Arg::Size(n),
+            Arg::Ptr(state),
+            Arg::F32(lr),
+            Arg::F32(wd),
+            Arg::F32(momentum),
+            Arg::Bool(scaled),
         ];
-        let (nn, ps, sc) = (long(n), state.addr(), i32::from(scaled));
-        let mut b = self.stream.raw().launch_builder(f);
-        for x in &ptrs {
-            b.arg(x);
-        }
-        b.arg(&nn)
-            .arg(&ps)
-            .arg(&lr)
-            .arg(&wd)
-            .arg(&momentum)
-            .arg(&sc);
-        // SAFETY: (float*, const float*, float* or null, T* or null, long, const State*,
-        // float x3, int); sizes checked.
-        unsafe { b.launch(config(n)) }?;
-        Ok(())
+        self.typed("sgd", dtype, grid_for(n), &args)
     }
 
     /// Counts the update (or its skip), moves the loss scale (halved on overflow, doubled
@@ -695,17 +646,93 @@ impl TrainKernels {
         growth_interval: u32,
     ) -> Result<()> {
         state.require(STATE_BYTES, "advance state")?;
-        let f = self.module.function("advance")?;
-        let (ps, sc, gi) = (state.addr(), i32::from(scaled), growth_interval as i32);
-        let mut b = self.stream.raw().launch_builder(f);
-        b.arg(&ps)
-            .arg(&sc)
-            .arg(&lr)
-            .arg(&beta1)
-            .arg(&beta2)
-            .arg(&gi);
-        // SAFETY: (State*, int, double x3, int); size checked; one thread.
-        unsafe { b.launch(LaunchConfig::for_num_elems(1)) }?;
-        Ok(())
+        let args = [
+            Arg::Ptr(state),
+            Arg::Bool(scaled),
+            Arg::F64(lr),
+            Arg::F64(beta1),
+            Arg::F64(beta2),
+            Arg::Size(growth_interval as usize),
+        ];
+        // one block of 1024 threads, the shape this launch has always had
+        self.run("advance", Launch::new((1, 1, 1), (1024, 1, 1)), &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpukit_cuda::kernel::Param;
+
+    /// Parameter kinds one letter each: p pointer, i int, l long (long), u unsigned long long,
+    /// f float, d double, s struct Dims.
+    fn kinds(code: &str) -> Vec<Param> {
+        code.split_whitespace()
+            .map(|c| match c {
+                "p" => Param::Ptr,
+                "i" => Param::I32,
+                "l" => Param::I64,
+                "u" => Param::U64,
+                "f" => Param::F32,
+                "d" => Param::F64,
+                "s" => Param::Struct("Dims".into()),
+                other => panic!("{other}"),
+            })
+            .collect()
+    }
+
+    /// Every kernel the module loads has the parameters the launchers here pass.
+    fn assert_signatures(source: KernelSource, expected: &[(&str, &str)], tags: &[&str]) {
+        let got = source
+            .signatures()
+            .expect("every kernel's parameters are readable");
+        let mut checked = 0;
+        for (name, code) in expected {
+            let names: Vec<String> = if tags.is_empty() || !name.ends_with('_') {
+                vec![name.to_string()]
+            } else {
+                tags.iter().map(|t| format!("{name}{t}")).collect()
+            };
+            for n in names {
+                assert_eq!(got.get(&n), Some(&kinds(code)), "{n}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, got.len(), "a kernel without an expected signature");
+    }
+
+    #[test]
+    fn the_kernels_take_what_the_launchers_pass() {
+        let expected = [
+            ("gather_rows_", "p p p i i"),
+            ("cast_", "p p l"),
+            ("mse_", "p p p i p f p"),
+            ("cross_entropy_", "p p p i i p f p p"),
+            ("bias_act_", "p p i i i"),
+            ("relu_grad_", "p p l"),
+            ("bias_grad_", "p p i i f"),
+            ("adam_", "p p p p p l p f f f f f f i i"),
+            ("sgd_", "p p p p l p f f f i"),
+            ("gather_u32", "p p p i i"),
+            ("axpy_f32", "p p l"),
+            ("check_finite", "p l p"),
+            ("advance", "p i d d d i"),
+        ];
+        assert_signatures(kernel_source(), &expected, &TAGS);
+    }
+
+    #[test]
+    fn step_state_round_trips_through_its_bytes() {
+        let st = StepState {
+            scale: 65536.0,
+            step_size: 1e-3,
+            bc2_sqrt: 0.5,
+            found_inf: true,
+            step: 7,
+            growth: 3,
+            skipped: 1,
+        };
+        assert_eq!(StepState::from_bytes(&st.to_bytes()).unwrap(), st);
+        assert!(StepState::from_bytes(&[0; STATE_BYTES - 1]).is_err());
     }
 }

@@ -1,7 +1,7 @@
 //! The kernels behind the tensor crate's CUDA ops: random fill on the device, strided
 //! elementwise arithmetic (out of place and in place), strided copies (with a tiled transpose),
-//! reductions along an axis, for f64, f32, f16 and bf16 storage, compiled by NVRTC like the
-//! crate's other kernels.
+//! reductions along an axis, for f64, f32, f16 and bf16 storage: CUDA C compiled by NVRTC once
+//! per device and cached, launched through `gpukit_cuda::kernel`.
 //!
 //! Each result is rounded once to the storage type, as the CPU reference does: an f32, f16 or
 //! bf16 sum or product of two values is exact in f64, so the GPU's results equal the CPU's bit
@@ -10,20 +10,18 @@
 //! rounded once from the exact result either way.
 //! Sums along an axis accumulate in f64.
 //!
-//! To use: [`TensorKernels::new`] once per device (the tensor crate keeps one per [`Gpu`]),
-//! then the launch methods, which enqueue on the [`Stream`] given and return at once.
-//! Operands are described by a [`Strided`]: a view, the element strides and (shared by the
-//! operands of one call) the shape.
+//! To use: [`tensor_ops`] for a device (made once per opened [`Gpu`], kept with it), then the
+//! launch methods of its [`TensorKernels`], which enqueue on the [`Stream`] given and return at
+//! once. Operands are described by a [`Strided`]: a view, the element strides and (shared by
+//! the operands of one call) the shape. Every element an operand's strides reach is checked to
+//! lie in its view before a launch; the kernel API checks the arguments' kinds.
 
-use crate::driver::Gpu;
-use crate::error::{Error, Result};
-use crate::kernels::{tag, HALF};
-use crate::loader::Discovery;
-use crate::memory::View;
-use crate::nvrtc::Module;
-use crate::stream::Stream;
-use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use gpukit_cuda::blas::Blas;
+use gpukit_cuda::kernel::{tag, Arg, KernelModule, KernelSource, Launch, HALF};
+use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::{Error, Gpu, Result, Stream, View};
 use gpukit_types::DType;
+use std::sync::{Arc, Mutex};
 
 /// The most dimensions a strided operand may have.
 pub const MAX_RANK: usize = 6;
@@ -31,8 +29,7 @@ pub const MAX_RANK: usize = 6;
 mod source;
 use source::{SOURCE, STEMS};
 
-/// Shapes and strides of up to three operands, as the kernels read them.
-#[repr(C)]
+/// Shapes and strides of up to three operands, as the kernels read them (their `struct Dims`).
 #[derive(Clone, Copy, Debug, Default)]
 struct Dims {
     rank: i32,
@@ -42,9 +39,8 @@ struct Dims {
     sy: [i64; MAX_RANK],
 }
 
-// SAFETY: plain-old-data with the C layout of the kernels' `struct Dims` (an int, padding to 8,
-// then four arrays of 6 long longs).
-unsafe impl DeviceRepr for Dims {}
+/// Bytes of the kernels' `struct Dims`: an int, padding to 8, then four arrays of 6 long longs.
+const DIMS_BYTES: usize = 8 + 4 * MAX_RANK * 8;
 
 fn rank_error(rank: usize) -> Error {
     Error::Invalid(format!(
@@ -93,14 +89,34 @@ impl Dims {
             sy: i64s(sy),
         })
     }
+
+    /// The bytes of the kernels' `struct Dims` (the C layout, native byte order).
+    fn bytes(&self) -> [u8; DIMS_BYTES] {
+        let mut b = [0u8; DIMS_BYTES];
+        b[..4].copy_from_slice(&self.rank.to_ne_bytes());
+        let arrays = [self.shape, self.sa, self.sb, self.sy];
+        for (i, v) in arrays.iter().flatten().enumerate() {
+            b[8 + i * 8..16 + i * 8].copy_from_slice(&v.to_ne_bytes());
+        }
+        b
+    }
 }
 
 /// The module's name in the PTX cache.
-pub(crate) const STEM: &str = "tensor-kernels";
+const STEM: &str = "tensor-kernels";
 
-/// The module's whole CUDA C source.
-pub(crate) fn source() -> String {
-    format!("{HALF}{SOURCE}")
+/// The tensor kernels' module: its name in the cache, its whole CUDA C source and the kernels
+/// loaded from it (also what `gpukit all` compiles ahead).
+pub fn kernel_source() -> KernelSource {
+    let names: Vec<String> = STEMS
+        .iter()
+        .flat_map(|s| ["f64", "f32", "f16", "bf16"].map(|t| format!("{s}_{t}")))
+        .collect();
+    KernelSource {
+        stem: STEM,
+        source: format!("{HALF}{SOURCE}"),
+        names,
+    }
 }
 
 /// An operand of a strided op: its bytes and its strides in elements (the shape is the op's).
@@ -156,8 +172,13 @@ pub enum Distribution {
 
 const BLOCK: u32 = 256;
 
-fn grid(total: usize) -> LaunchConfig {
-    crate::kernels::config(total)
+fn grid(total: usize) -> Launch {
+    gpukit_cuda::kernel::grid_for(total)
+}
+
+/// A grid dimension, an error when it exceeds what a launch takes.
+fn dim(v: usize, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::Invalid(format!("{what} = {v}: too many blocks")))
 }
 
 /// Threads of the vectorised kernels: one per 16 bytes (at least one, for the tail).
@@ -167,7 +188,7 @@ fn vectors(n: usize, dtype: DType) -> usize {
 
 /// The loaded tensor kernels of one device.
 pub struct TensorKernels {
-    module: Module,
+    module: KernelModule,
     /// Multiprocessors of the device (how many blocks fill it).
     sms: usize,
     pub origin: String,
@@ -177,12 +198,8 @@ pub struct TensorKernels {
 impl TensorKernels {
     /// Compiles the kernels for `gpu` (or reads them from the on-disk cache) and loads them.
     pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<TensorKernels> {
-        let names: Vec<String> = STEMS
-            .iter()
-            .flat_map(|s| ["f64", "f32", "f16", "bf16"].map(|t| format!("{s}_{t}")))
-            .collect();
-        let module = Module::load(discovery, gpu, &source(), STEM, &names)?;
-        let sms = crate::driver::device_attributes(gpu.ordinal, gpu.ordinal + 1)
+        let module = KernelModule::load(discovery, gpu, &kernel_source())?;
+        let sms = gpukit_cuda::driver::device_attributes(gpu.ordinal, gpu.ordinal + 1)
             .map(|a| a.sm_count as usize)
             .unwrap_or(108)
             .max(1);
@@ -194,8 +211,17 @@ impl TensorKernels {
         })
     }
 
-    fn f(&self, stem: &str, dtype: DType) -> Result<&CudaFunction> {
-        self.module.function(&format!("{stem}_{}", tag(dtype)))
+    /// Launches `{stem}_{tag}` of `dtype` on `stream`.
+    fn run(
+        &self,
+        stream: &Stream,
+        stem: &str,
+        dtype: DType,
+        launch: Launch,
+        args: &[Arg<'_>],
+    ) -> Result<()> {
+        let name = format!("{stem}_{}", tag(dtype));
+        self.module.launch(&name, stream, launch, args)
     }
 
     /// Fills the first `n` elements of `y` with random values from `seed`: element `i` depends
@@ -213,15 +239,15 @@ impl TensorKernels {
         if n == 0 {
             return Ok(());
         }
-        let f = self.f("fill", dtype)?;
-        let (py, nn, normal) = (y.addr(), n as i64, i32::from(dist == Distribution::Normal));
-        let mut b = stream.raw().launch_builder(f);
-        b.arg(&py).arg(&nn).arg(&seed).arg(&normal);
+        let args = [
+            Arg::Ptr(y),
+            Arg::Size(n),
+            Arg::U64(seed),
+            Arg::Bool(dist == Distribution::Normal),
+        ];
         // two values a thread in f64, four below
         let per_thread = if dtype.storage() == DType::F64 { 2 } else { 4 };
-        // SAFETY: (T*, long long, unsigned long long, int) as declared; y holds n elements.
-        unsafe { b.launch(grid(n.div_ceil(per_thread))) }?;
-        Ok(())
+        self.run(stream, "fill", dtype, grid(n.div_ceil(per_thread)), &args)
     }
 
     /// `y = a (op) b` elementwise over `shape`, each operand at its own strides (`y` may be
@@ -242,28 +268,22 @@ impl TensorKernels {
         if n == 0 {
             return Ok(());
         }
-        let (pa, pb, py, nn, code) = (
-            a.view.addr(),
-            b.view.addr(),
-            y.view.addr(),
-            n as i64,
-            op.code(),
-        );
-        if d.rank == 0 && [pa, pb, py].iter().all(|p| p % 16 == 0) {
-            let mut l = stream.raw().launch_builder(self.f("binary_vec", dtype)?);
-            l.arg(&pa).arg(&pb).arg(&py).arg(&nn).arg(&code);
-            // SAFETY: (const T*, const T*, T*, long long, int) as declared; the three operands
-            // are contiguous, hold n elements (checked) and start on 16 bytes.
-            unsafe { l.launch(grid(vectors(n, dtype))) }?;
-            return Ok(());
+        let (pa, pb, py) = (Arg::Ptr(a.view), Arg::Ptr(b.view), Arg::Ptr(y.view));
+        if d.rank == 0 && [a.view, b.view, y.view].iter().all(|v| v.is_aligned(16)) {
+            // contiguous, n elements each (checked), 16-byte aligned: vector loads
+            let args = [pa, pb, py, Arg::Size(n), Arg::I32(op.code())];
+            return self.run(stream, "binary_vec", dtype, grid(vectors(n, dtype)), &args);
         }
-        let f = self.f("binary", dtype)?;
-        let mut l = stream.raw().launch_builder(f);
-        l.arg(&pa).arg(&pb).arg(&py).arg(&d).arg(&nn).arg(&code);
-        // SAFETY: (const T*, const T*, T*, Dims, long long, int) as declared; every element
-        // each operand's strides reach was checked to lie in its view.
-        unsafe { l.launch(grid(n)) }?;
-        Ok(())
+        let dims = d.bytes();
+        let args = [
+            pa,
+            pb,
+            py,
+            Arg::Struct("Dims", &dims),
+            Arg::Size(n),
+            Arg::I32(op.code()),
+        ];
+        self.run(stream, "binary", dtype, grid(n), &args)
     }
 
     /// `y = a (op) s` elementwise with a scalar (`y` may be `a`).
@@ -283,21 +303,21 @@ impl TensorKernels {
         if n == 0 {
             return Ok(());
         }
-        let (pa, py, nn, code) = (a.view.addr(), y.view.addr(), n as i64, op.code());
-        if d.rank == 0 && pa % 16 == 0 && py % 16 == 0 {
-            let mut l = stream.raw().launch_builder(self.f("scalar_vec", dtype)?);
-            l.arg(&pa).arg(&py).arg(&nn).arg(&code).arg(&s);
-            // SAFETY: (const T*, T*, long long, int, double) as declared; both operands are
-            // contiguous, hold n elements (checked) and start on 16 bytes.
-            unsafe { l.launch(grid(vectors(n, dtype))) }?;
-            return Ok(());
+        let (pa, py, code) = (Arg::Ptr(a.view), Arg::Ptr(y.view), Arg::I32(op.code()));
+        if d.rank == 0 && a.view.is_aligned(16) && y.view.is_aligned(16) {
+            let args = [pa, py, Arg::Size(n), code, Arg::F64(s)];
+            return self.run(stream, "scalar_vec", dtype, grid(vectors(n, dtype)), &args);
         }
-        let f = self.f("scalar", dtype)?;
-        let mut l = stream.raw().launch_builder(f);
-        l.arg(&pa).arg(&py).arg(&d).arg(&nn).arg(&code).arg(&s);
-        // SAFETY: (const T*, T*, Dims, long long, int, double) as declared; bounds checked.
-        unsafe { l.launch(grid(n)) }?;
-        Ok(())
+        let dims = d.bytes();
+        let args = [
+            pa,
+            py,
+            Arg::Struct("Dims", &dims),
+            Arg::Size(n),
+            code,
+            Arg::F64(s),
+        ];
+        self.run(stream, "scalar", dtype, grid(n), &args)
     }
 
     /// `y = a` over `shape` at both operands' strides. A batch of transposed matrices (the last
@@ -318,32 +338,34 @@ impl TensorKernels {
             return Ok(());
         }
         if let Some((batch, rows, cols, xs)) = transposed_batch(shape, a.strides, y.strides) {
-            let f = self.f("transpose", dtype)?;
-            let (px, py) = (a.view.addr(), y.view.addr());
-            let (nb, r, c, s) = (batch as i64, rows as i32, cols as i32, xs as i64);
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    cols.div_ceil(32) as u32,
-                    rows.div_ceil(32) as u32,
-                    batch as u32,
+            let launch = Launch::new(
+                (
+                    dim(cols.div_ceil(32), "transpose column tiles")?,
+                    dim(rows.div_ceil(32), "transpose row tiles")?,
+                    dim(batch, "transpose batch")?,
                 ),
-                block_dim: (32, 8, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut l = stream.raw().launch_builder(f);
-            l.arg(&px).arg(&py).arg(&nb).arg(&r).arg(&c).arg(&s);
-            // SAFETY: (const T*, T*, long long, int, int, long long) as declared; the tiles stay
-            // inside [batch, rows, cols] (checked in the kernel), which lie in both views.
-            unsafe { l.launch(cfg) }?;
-            return Ok(());
+                (32, 8, 1),
+            );
+            // the tiles stay inside [batch, rows, cols] (checked in the kernel), which lie in
+            // both views
+            let args = [
+                Arg::Ptr(a.view),
+                Arg::Ptr(y.view),
+                Arg::Size(batch),
+                Arg::Size(rows),
+                Arg::Size(cols),
+                Arg::Size(xs),
+            ];
+            return self.run(stream, "transpose", dtype, launch, &args);
         }
-        let f = self.f("copy", dtype)?;
-        let (pa, py, nn) = (a.view.addr(), y.view.addr(), n as i64);
-        let mut l = stream.raw().launch_builder(f);
-        l.arg(&pa).arg(&py).arg(&d).arg(&nn);
-        // SAFETY: (const T*, T*, Dims, long long) as declared; bounds checked.
-        unsafe { l.launch(grid(n)) }?;
-        Ok(())
+        let dims = d.bytes();
+        let args = [
+            Arg::Ptr(a.view),
+            Arg::Ptr(y.view),
+            Arg::Struct("Dims", &dims),
+            Arg::Size(n),
+        ];
+        self.run(stream, "copy", dtype, grid(n), &args)
     }
 
     /// Sums `x` (of `shape`, at its strides) along `axis` into the contiguous `y` (the shape
@@ -367,10 +389,10 @@ impl TensorKernels {
             return Ok(());
         }
         let part = match (plan.splits > 1, scratch) {
-            (false, _) => 0u64,
+            (false, _) => None,
             (true, Some(s)) => {
                 s.require(plan.scratch_bytes(), "sum scratch")?;
-                s.addr()
+                Some(s)
             }
             (true, None) => {
                 return Err(Error::Invalid(format!(
@@ -379,51 +401,36 @@ impl TensorKernels {
                 )))
             }
         };
-        let (px, py) = (x.view.addr(), y.addr());
-        let (outputs, len, rs, chunk) = (
-            plan.outputs as i64,
-            plan.len as i64,
-            plan.rs as i64,
-            plan.chunk as i64,
-        );
-        let (f, cfg) = if plan.rows {
-            let cfg = LaunchConfig {
-                grid_dim: (plan.outputs as u32, plan.splits as u32, 1),
-                block_dim: (BLOCK, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            (self.f("sum_rows", dtype)?, cfg)
+        let splits = dim(plan.splits, "sum splits")?;
+        let (stem, launch) = if plan.rows {
+            let grid = (dim(plan.outputs, "sum outputs")?, splits, 1);
+            ("sum_rows", Launch::new(grid, (BLOCK, 1, 1)))
         } else {
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    plan.outputs.div_ceil(BLOCK as usize) as u32,
-                    plan.splits as u32,
-                    1,
-                ),
-                block_dim: (BLOCK, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            (self.f("sum_cols", dtype)?, cfg)
+            let blocks = dim(plan.outputs.div_ceil(BLOCK as usize), "sum outputs")?;
+            ("sum_cols", Launch::new((blocks, splits, 1), (BLOCK, 1, 1)))
         };
-        let mut l = stream.raw().launch_builder(f);
-        l.arg(&px)
-            .arg(&py)
-            .arg(&part)
-            .arg(&plan.dims)
-            .arg(&outputs)
-            .arg(&len)
-            .arg(&rs)
-            .arg(&chunk);
-        // SAFETY: (const T*, T*, double*, Dims, long long x4) as declared; x's elements checked
-        // to lie in its view, y holds `outputs` elements, the partials (when used) fit scratch.
-        unsafe { l.launch(cfg) }?;
-        if plan.splits > 1 {
-            let f = self.f("sum_partials", dtype)?;
-            let splits = plan.splits as i32;
-            let mut l = stream.raw().launch_builder(f);
-            l.arg(&part).arg(&py).arg(&outputs).arg(&splits);
-            // SAFETY: (const double*, T*, long long, int) as declared; sizes checked above.
-            unsafe { l.launch(grid(plan.outputs)) }?;
+        // x's elements checked to lie in its view, y holds `outputs` elements, the partials
+        // (when used) fit the scratch
+        let dims = plan.dims.bytes();
+        let args = [
+            Arg::Ptr(x.view),
+            Arg::Ptr(y),
+            Arg::opt(part),
+            Arg::Struct("Dims", &dims),
+            Arg::Size(plan.outputs),
+            Arg::Size(plan.len),
+            Arg::Size(plan.rs),
+            Arg::Size(plan.chunk),
+        ];
+        self.run(stream, stem, dtype, launch, &args)?;
+        if let Some(part) = part {
+            let args = [
+                Arg::Ptr(part),
+                Arg::Ptr(y),
+                Arg::Size(plan.outputs),
+                Arg::Size(plan.splits),
+            ];
+            self.run(stream, "sum_partials", dtype, grid(plan.outputs), &args)?;
         }
         Ok(())
     }
@@ -484,34 +491,33 @@ impl TensorKernels {
 }
 
 /// What the tensor crate's CUDA ops launch on one device: [`TensorKernels`] and a cuBLAS
-/// handle, both on the device's work stream (from [`Gpu::tensor_ops`]).
+/// handle, both on the device's work stream (from [`tensor_ops`]).
 pub struct TensorOps {
     pub kernels: TensorKernels,
-    blas: std::sync::Mutex<SendBlas>,
+    /// One thread at a time uses the handle (its work is ordered on its one stream).
+    blas: Mutex<Blas>,
 }
-
-/// A cuBLAS handle that may move between threads: the mutex around it lets one thread at a
-/// time use it, and its work is ordered on its one stream.
-struct SendBlas(crate::blas::Blas);
-
-// SAFETY: cuBLAS handles may be used from any host thread (cuBLAS is thread safe as long as
-// the handle's configuration is not changed concurrently; it is set once, at creation, and the
-// mutex serialises every use).
-unsafe impl Send for SendBlas {}
 
 impl TensorOps {
     pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<TensorOps> {
         Ok(TensorOps {
             kernels: TensorKernels::new(discovery, gpu)?,
-            blas: std::sync::Mutex::new(SendBlas(crate::blas::Blas::new(discovery, gpu)?)),
+            blas: Mutex::new(Blas::new(discovery, gpu)?),
         })
     }
 
     /// Runs `f` with the device's cuBLAS handle (on the work stream).
-    pub fn with_blas<T>(&self, f: impl FnOnce(&crate::blas::Blas) -> Result<T>) -> Result<T> {
+    pub fn with_blas<T>(&self, f: impl FnOnce(&Blas) -> Result<T>) -> Result<T> {
         let guard = self.blas.lock().unwrap_or_else(|e| e.into_inner());
-        f(&guard.0)
+        f(&guard)
     }
+}
+
+/// The tensor ops' kernels and cuBLAS handle on `gpu`'s work stream, made on the first call for
+/// this opened device (compiling or reading cached kernels), shared after and dropped with the
+/// [`Gpu`]; a failure is not kept, so a later call tries again.
+pub fn tensor_ops(gpu: &Gpu) -> Result<Arc<TensorOps>> {
+    gpu.extension(|gpu| TensorOps::new(gpu.discovery(), gpu))
 }
 
 struct SumPlan {
@@ -571,12 +577,78 @@ fn transposed_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpukit_cuda::kernel::Param;
+
+    /// Parameter kinds one letter each: p pointer, i int, l long (long), u unsigned long long,
+    /// f float, d double, s struct Dims.
+    fn kinds(code: &str) -> Vec<Param> {
+        code.split_whitespace()
+            .map(|c| match c {
+                "p" => Param::Ptr,
+                "i" => Param::I32,
+                "l" => Param::I64,
+                "u" => Param::U64,
+                "f" => Param::F32,
+                "d" => Param::F64,
+                "s" => Param::Struct("Dims".into()),
+                other => panic!("{other}"),
+            })
+            .collect()
+    }
+
+    /// Every kernel the module loads has the parameters the launchers here pass.
+    fn assert_signatures(source: KernelSource, expected: &[(&str, &str)], tags: &[&str]) {
+        let got = source
+            .signatures()
+            .expect("every kernel's parameters are readable");
+        let mut checked = 0;
+        for (name, code) in expected {
+            let names: Vec<String> = if tags.is_empty() || !name.ends_with('_') {
+                vec![name.to_string()]
+            } else {
+                tags.iter().map(|t| format!("{name}{t}")).collect()
+            };
+            for n in names {
+                assert_eq!(got.get(&n), Some(&kinds(code)), "{n}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, got.len(), "a kernel without an expected signature");
+    }
+
+    #[test]
+    fn the_kernels_take_what_the_launchers_pass() {
+        let expected = [
+            ("binary_", "p p p s l i"),
+            ("scalar_", "p p s l i d"),
+            ("binary_vec_", "p p p l i"),
+            ("scalar_vec_", "p p l i d"),
+            ("copy_", "p p s l"),
+            ("transpose_", "p p l i i l"),
+            ("fill_", "p l u i"),
+            ("sum_rows_", "p p p s l l l l"),
+            ("sum_cols_", "p p p s l l l l"),
+            ("sum_partials_", "p p l i"),
+        ];
+        assert_signatures(kernel_source(), &expected, &["f64", "f32", "f16", "bf16"]);
+    }
 
     #[test]
     fn dims_match_the_c_layout() {
         // int (4) + padding (4) + 4 arrays of 6 long longs
-        assert_eq!(std::mem::size_of::<Dims>(), 8 + 4 * 6 * 8);
-        assert_eq!(std::mem::align_of::<Dims>(), 8);
+        assert_eq!(DIMS_BYTES, 8 + 4 * 6 * 8);
+        let d = Dims::new(&[2, 3], &[3, 1], &[1, 2], &[1, 2]).unwrap();
+        let b = d.bytes();
+        assert_eq!(&b[..4], &2i32.to_ne_bytes());
+        assert_eq!(&b[4..8], &[0; 4]);
+        let at = |array: usize, k: usize| {
+            let o = 8 + (array * MAX_RANK + k) * 8;
+            i64::from_ne_bytes(b[o..o + 8].try_into().unwrap())
+        };
+        assert_eq!((at(0, 0), at(0, 1), at(0, 2)), (2, 3, 0));
+        assert_eq!((at(1, 0), at(1, 1)), (3, 1));
+        assert_eq!((at(2, 0), at(2, 1)), (1, 2));
+        assert_eq!((at(3, 0), at(3, 1), at(3, 5)), (1, 2, 0));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The tensor kernels' device code (CUDA C, compiled by NVRTC) and the stems of the kernels it
 //! defines, each instantiated for f64, f32, f16 and bf16 (`<stem>_<tag>`). The launchers are in
-//! the parent module; `Dims` here must match its `#[repr(C)]` twin there.
+//! the parent module; `Dims` here must match the bytes its twin there writes (`Dims::bytes`).
 
 pub(super) const SOURCE: &str = r#"
 #define MAX_RANK 6
