@@ -5,7 +5,6 @@
 
 use crate::error::{Error, Result};
 use crate::loader::{Discovery, Lib};
-use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::enum_wrappers::device::{
     Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor,
 };
@@ -239,22 +238,6 @@ impl GpuSample {
     }
 }
 
-/// NVML's throttle-reason bits and gpukit's names for them.
-const REASONS: [(ThrottleReasons, &str); 9] = [
-    (ThrottleReasons::GPU_IDLE, "gpu_idle"),
-    (
-        ThrottleReasons::APPLICATIONS_CLOCKS_SETTING,
-        "applications_clocks",
-    ),
-    (ThrottleReasons::SW_POWER_CAP, "sw_power_cap"),
-    (ThrottleReasons::HW_SLOWDOWN, "hw_slowdown"),
-    (ThrottleReasons::SYNC_BOOST, "sync_boost"),
-    (ThrottleReasons::SW_THERMAL_SLOWDOWN, "sw_thermal"),
-    (ThrottleReasons::HW_THERMAL_SLOWDOWN, "hw_thermal"),
-    (ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN, "hw_power_brake"),
-    (ThrottleReasons::DISPLAY_CLOCK_SETTING, "display_clocks"),
-];
-
 impl NvmlSession {
     /// One reading of every GPU, in NVML's order. `previous` is the last round (empty at the
     /// start): per-process SM utilisation covers the time since it, and PCIe rates are the
@@ -409,13 +392,7 @@ fn instant_power_w(d: &nvml_wrapper::Device<'_>) -> Option<f64> {
 /// The throttle reasons in force now, by gpukit's names (empty when unreadable).
 fn throttle_names(d: &nvml_wrapper::Device<'_>) -> Vec<String> {
     d.current_throttle_reasons()
-        .map(|r| {
-            REASONS
-                .iter()
-                .filter(|(bit, _)| r.contains(*bit))
-                .map(|(_, name)| name.to_string())
-                .collect()
-        })
+        .map(|r| gpukit_types::throttle::names(r.bits()))
         .unwrap_or_default()
 }
 
@@ -449,12 +426,7 @@ pub struct PowerReading {
 }
 
 /// Whether a throttle reason holds the chip down for power or heat.
-pub fn throttling(reason: &str) -> bool {
-    matches!(
-        reason,
-        "sw_power_cap" | "hw_slowdown" | "sw_thermal" | "hw_thermal" | "hw_power_brake"
-    )
-}
+pub use gpukit_types::throttle::throttling;
 
 impl NvmlSession {
     /// NVML's index of the device with this UUID.

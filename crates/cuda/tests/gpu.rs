@@ -581,7 +581,10 @@ fn library_versions_are_reported() -> Result<(), Failed> {
 fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
-    let args = Arguments::from_args();
+    let mut args = Arguments::from_args();
+    // the trials share one device and its memory pool (one of them checks what the pool holds),
+    // so they run one at a time
+    args.test_threads = Some(1);
     let gpus = DISCOVERY
         .get()
         .and_then(|d| driver::probe(d).ok())

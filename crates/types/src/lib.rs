@@ -15,6 +15,7 @@ pub mod error;
 pub mod files;
 pub mod layout;
 pub mod resources;
+pub mod throttle;
 
 pub use conv::ConvShape;
 pub use device::{Device, DeviceSelection, ParseDeviceError};

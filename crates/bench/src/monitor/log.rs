@@ -47,21 +47,7 @@ pub fn timestamp(unix_ms: u64) -> String {
 
 /// NVML's throttle-reason bitmask of the named reasons, as nvidia-smi prints it (0x...).
 pub fn reasons_mask(reasons: &[String]) -> u64 {
-    reasons
-        .iter()
-        .map(|r| match r.as_str() {
-            "gpu_idle" => 0x1,
-            "applications_clocks" => 0x2,
-            "sw_power_cap" => 0x4,
-            "hw_slowdown" => 0x8,
-            "sync_boost" => 0x10,
-            "sw_thermal" => 0x20,
-            "hw_thermal" => 0x40,
-            "hw_power_brake" => 0x80,
-            "display_clocks" => 0x100,
-            _ => 0,
-        })
-        .fold(0, |a, b| a | b)
+    gpukit_types::throttle::mask(reasons)
 }
 
 /// One CSV line (no newline); names with a comma are quoted.

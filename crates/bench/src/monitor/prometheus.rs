@@ -19,20 +19,6 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 const MIB: u64 = 1 << 20;
 
-/// NVML's clock throttle reason bits (`nvmlClocksThrottleReason*`), by the names
-/// [`GpuSample::throttle_reasons`] uses.
-const THROTTLE_BITS: [(&str, u64); 9] = [
-    ("gpu_idle", 0x1),
-    ("applications_clocks", 0x2),
-    ("sw_power_cap", 0x4),
-    ("hw_slowdown", 0x8),
-    ("sync_boost", 0x10),
-    ("sw_thermal", 0x20),
-    ("hw_thermal", 0x40),
-    ("hw_power_brake", 0x80),
-    ("display_clocks", 0x100),
-];
-
 /// A sample's value as written: integers exactly, floats only when finite.
 #[derive(Debug, Clone, Copy)]
 enum Value {
@@ -170,10 +156,7 @@ const FAMILIES: &[Family] = &[
 /// be wrong).
 fn throttle_mask(reasons: &[String]) -> Option<u64> {
     reasons.iter().try_fold(0u64, |mask, reason| {
-        THROTTLE_BITS
-            .iter()
-            .find(|(name, _)| *name == reason.as_str())
-            .map(|(_, bit)| mask | bit)
+        gpukit_types::throttle::by_name(reason).map(|r| mask | r.bit)
     })
 }
 

@@ -57,11 +57,5 @@ pub(super) fn power_note(unit: &str, peer: bool, during: &str) -> String {
 }
 
 fn throttle_name(reason: &str) -> &'static str {
-    match reason {
-        "sw_power_cap" => "power cap",
-        "hw_power_brake" => "power brake",
-        "sw_thermal" | "hw_thermal" => "thermal",
-        "hw_slowdown" => "slowdown",
-        _ => "held",
-    }
+    gpukit_types::throttle::by_name(reason).map_or("held", |r| r.label)
 }

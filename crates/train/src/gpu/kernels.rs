@@ -654,8 +654,9 @@ impl TrainKernels {
             Arg::F64(beta2),
             Arg::Size(growth_interval as usize),
         ];
-        // one block of 1024 threads, the shape this launch has always had
-        self.run("advance", Launch::new((1, 1, 1), (1024, 1, 1)), &args)
+        // one thread: the kernel reads and writes the one step state without a thread guard, so
+        // more threads would race on it (the count could move by more than one)
+        self.run("advance", Launch::new((1, 1, 1), (1, 1, 1)), &args)
     }
 }
 

@@ -213,7 +213,10 @@ fn throttle_mask_follows_nvml_bits() {
         throttle_mask(&names(&["sw_power_cap", "sw_thermal"])),
         Some(0x24)
     );
-    let all: Vec<&str> = THROTTLE_BITS.iter().map(|(n, _)| *n).collect();
+    let all: Vec<&str> = gpukit_types::throttle::REASONS
+        .iter()
+        .map(|r| r.name)
+        .collect();
     assert_eq!(throttle_mask(&names(&all)), Some(0x1ff));
     assert_eq!(throttle_mask(&names(&["gpu_idle", "unknown"])), None);
 }
