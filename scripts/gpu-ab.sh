@@ -41,7 +41,7 @@ for x in r.get("rows") or []:
         print(f"  matmul {x['dtype']:5} {x['size']:5} {x['tflops']:8.1f} TFLOP/s")
 if "epochs" in r and r.get("epochs"):
     e = [x for x in r["epochs"][1:]] or r["epochs"]
-    sps = [x["samples"] / x["seconds"] for x in e if x.get("seconds")]
+    sps = [x["samples_per_s"] for x in e if x.get("samples_per_s")]
     if sps:
         print(f"  train {r.get('precision')} median {sorted(sps)[len(sps)//2]:.0f} samples/s over {len(sps)} epochs")
 PY
