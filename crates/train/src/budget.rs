@@ -11,8 +11,8 @@
 //! `device_need(ordinal, &cfg, &shape, precision, loader).check(Some(free), HINT)`.
 
 use crate::gpu::feed::Loader;
-use crate::gpu::Precision;
 use crate::optim::OptimizerKind;
+use crate::precision::Precision;
 use crate::run::TrainConfig;
 use gpukit_types::resources::{bytes, Need};
 

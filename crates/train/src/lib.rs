@@ -16,6 +16,7 @@ pub mod gpu;
 pub mod loss;
 pub mod model;
 pub mod optim;
+pub mod precision;
 pub mod real;
 pub mod run;
 

@@ -16,6 +16,7 @@
 //! [`Dnn::plan_fused_best`] for each convolution on its real buffers; [`Dnn::run_choice`] (or the
 //! forms for each choice) to enqueue it with a workspace of [`ConvChoice::workspace_bytes`].
 
+mod backend;
 mod cache;
 mod engines;
 mod graph;
@@ -24,7 +25,7 @@ mod precompile;
 mod select;
 mod timing;
 
-pub use graph::GraphConv;
+pub use backend::GraphConv;
 pub use legacy::{ConvPlan, FusedConv};
 pub use precompile::GraphSpec;
 

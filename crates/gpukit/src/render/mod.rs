@@ -31,7 +31,6 @@ pub use check::{check_headline, check_sections};
 pub use compare::{compare_markdown, compare_sections};
 pub use conv::conv_sections;
 pub use footprint::footprint_sections;
-pub use html::all_html;
 pub use infer::{infer_sections, input_run_section};
 pub use lessons::lessons_sections;
 pub use man::man_page;
@@ -40,7 +39,7 @@ pub use memory::memory_sections;
 pub use nccl::{nccl_sections, p2p_sections};
 pub use profile::profile_sections;
 pub use train::train_sections;
-pub use views::{all_done, all_markdown, check_head};
+pub use views::{all_done, all_html, all_markdown, check_head};
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, ContentArrangement, Table};
 use fmt::{f1, times};

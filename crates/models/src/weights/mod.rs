@@ -12,13 +12,14 @@ mod tests;
 pub use init::seeded_init;
 
 use crate::error::Result;
+pub use crate::error::WeightsError;
 use crate::resnet::ResNet;
 use gpukit_tensor::codec::{bytes_of, decode_f32};
 use gpukit_tensor::DType;
-use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors, TensorView, View};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// One parameter or buffer, as f32, row-major.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,158 +53,6 @@ impl StateDict {
             .values()
             .map(|p| p.data.len() * std::mem::size_of::<f32>())
             .sum()
-    }
-}
-
-/// Why a weights file could not be loaded or saved; every message names the file and, where
-/// there is one, the key, so that a bad checkpoint can be fixed without a debugger.
-#[derive(Debug, thiserror::Error)]
-pub enum WeightsError {
-    /// The file could not be read (absent, unreadable).
-    #[error("weights file {}: cannot be read: {source}", .path.display())]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// The file (or its temporary sibling) could not be written, synced or renamed.
-    #[error("weights file {}: cannot be written: {source}", .path.display())]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// The bytes are not safetensors: truncated, corrupt, or another format altogether.
-    #[error("weights file {}: is not a valid safetensors file: {source}", .path.display())]
-    Format {
-        path: PathBuf,
-        source: SafeTensorError,
-    },
-    /// The safetensors library refused to encode the state dict.
-    #[error("weights file {}: cannot be encoded as safetensors: {source}", .path.display())]
-    Encode {
-        path: PathBuf,
-        source: SafeTensorError,
-    },
-    /// A key of the model's state dict is absent from the file.
-    #[error("weights file {}: missing key {key}", .path.display())]
-    MissingKey { path: PathBuf, key: String },
-    /// The file holds a key the model does not have.
-    #[error(
-        "weights file {}: unexpected key {key} (is this a {} state_dict?)",
-        .path.display(),
-        .model.name()
-    )]
-    UnexpectedKey {
-        path: PathBuf,
-        key: String,
-        model: ResNet,
-    },
-    /// A key's shape differs from the model's; `expected` is written as torchvision would
-    /// (`[64, 3, 7, 7]`, or `[classes, 512]` where the class count could not be inferred).
-    #[error(
-        "weights file {}: key {key} has shape {found:?}, {} expects {expected}",
-        .path.display(),
-        .model.name()
-    )]
-    Shape {
-        path: PathBuf,
-        key: String,
-        model: ResNet,
-        found: Vec<usize>,
-        expected: String,
-    },
-    /// A key's element type is not a floating-point type this loader converts.
-    #[error(
-        "weights file {}: key {key} has dtype {dtype}; expected F32, F16, BF16 or F64",
-        .path.display()
-    )]
-    Dtype {
-        path: PathBuf,
-        key: String,
-        dtype: String,
-    },
-    /// A key's data holds a non-finite value (after conversion to f32, so F64 values beyond
-    /// f32's range count as Inf).
-    #[error(
-        "weights file {}: key {key} holds NaN or Inf (first at element {index})",
-        .path.display()
-    )]
-    NonFinite {
-        path: PathBuf,
-        key: String,
-        index: usize,
-    },
-    /// A stored tensor's byte length does not fit its shape and dtype.
-    #[error(
-        "weights file {}: key {key} has {found} bytes of data, but shape {shape:?} as {dtype} needs {expected}",
-        .path.display()
-    )]
-    ByteLength {
-        path: PathBuf,
-        key: String,
-        shape: Vec<usize>,
-        dtype: String,
-        found: usize,
-        expected: usize,
-    },
-    /// A `Param` handed to `save_safetensors` has a value count that does not fit its shape.
-    #[error(
-        "weights file {}: key {key} has {found} values, but shape {shape:?} needs {expected}",
-        .path.display()
-    )]
-    ValueCount {
-        path: PathBuf,
-        key: String,
-        shape: Vec<usize>,
-        found: usize,
-        expected: usize,
-    },
-    /// A tensor file (an input batch, not weights) could not be read.
-    #[error("{}: cannot be read: {source}", .path.display())]
-    TensorRead {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// A tensor file (an input batch, not weights) is not safetensors.
-    #[error("{}: is not a valid safetensors file: {source}", .path.display())]
-    TensorFormat {
-        path: PathBuf,
-        source: SafeTensorError,
-    },
-    /// A file of single tensors lacks the one asked for.
-    #[error(
-        "{}: has no tensor named {name:?} ({})",
-        .path.display(),
-        holding(.names)
-    )]
-    NoTensor {
-        path: PathBuf,
-        name: String,
-        names: Vec<String>,
-    },
-    /// The class count is zero, which no classifier has; usually an empty `fc.weight`.
-    #[error(
-        "weights file {}: num_classes is 0 (fc.weight needs at least one row)",
-        .path.display()
-    )]
-    NoClasses { path: PathBuf },
-    /// A header names one tensor twice: the file's writer is broken, and which of the two a
-    /// reader keeps is arbitrary.
-    #[error("weights file {}: key {key} appears twice in the header", .path.display())]
-    DuplicateKey { path: PathBuf, key: String },
-}
-
-/// What a file of single tensors holds, for the message that the asked-for one is absent: at
-/// most eight names, then how many more.
-fn holding(names: &[String]) -> String {
-    const SHOWN: usize = 8;
-    match names.len() {
-        0 => "it holds no tensors".to_string(),
-        n if n <= SHOWN => format!("it has: {}", names.join(", ")),
-        n => format!(
-            "it has: {}, and {} more",
-            names[..SHOWN].join(", "),
-            n - SHOWN
-        ),
     }
 }
 

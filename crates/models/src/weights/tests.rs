@@ -28,6 +28,7 @@ fn single_tensors_round_trip_and_errors_name_file_and_key() {
 }
 use super::*;
 use crate::error::Error;
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 /// A file under the temp dir, deleted when the test ends (pass or fail).

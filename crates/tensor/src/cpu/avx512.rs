@@ -1,7 +1,14 @@
 //! The packed convolution's AVX-512 micro-kernel: the `Tile` it computes, laid out for the
 //! assembly, and the inline assembly itself (x86-64 only, run after runtime detection).
 
-use super::packed::ROWS;
+/// Output channels per weight panel and per micro-kernel tile (four 16-float vectors): the tile
+/// shape the assembly is written for.
+pub(super) const PANEL: usize = 64;
+
+/// Output pixels per micro-kernel tile: 7 rows x 4 vectors = 28 accumulators, plus 3 weight
+/// vectors and a broadcast fill the 32 AVX-512 registers. Seven divides every ResNet feature
+/// map at 224 x 224 (112, 56, 28, 14, 7), so no tile is partly wasted.
+pub(super) const ROWS: usize = 7;
 
 /// What one micro-kernel call computes: for each of `ROWS` output rows j,
 /// `out[j][0..64] = epilogue(init + sum over taps t, depth d of row(t, j)[d] * weight[t][d][..])`
@@ -303,5 +310,5 @@ const _: () = {
     assert!(std::mem::offset_of!(Tile, prefetch) == 168);
     assert!(std::mem::offset_of!(Tile, accumulate) == 176);
     assert!(std::mem::offset_of!(Tile, offset) == 184);
-    assert!(ROWS == 7 && super::packed::PANEL == 64);
+    assert!(ROWS == 7 && PANEL == 64);
 };

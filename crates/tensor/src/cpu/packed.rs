@@ -15,8 +15,7 @@
 //! threads that share the work out are the team's (`team`).
 
 #[cfg(target_arch = "x86_64")]
-use super::avx512::tile_avx512;
-use super::avx512::Tile;
+use super::avx512::{tile_avx512, Tile, PANEL, ROWS};
 use super::im2col::im2col_nhwc_row;
 use super::team::run_parts;
 use super::{threads, SharedOut};
@@ -25,14 +24,6 @@ use gpukit_types::ConvShape;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::sync::OnceLock;
-
-/// Output channels per weight panel and per micro-kernel tile (four 16-float vectors).
-pub(super) const PANEL: usize = 64;
-
-/// Output pixels per micro-kernel tile: 7 rows x 4 vectors = 28 accumulators, plus 3 weight
-/// vectors and a broadcast fill the 32 AVX-512 registers. Seven divides every ResNet feature
-/// map at 224 x 224 (112, 56, 28, 14, 7), so no tile is partly wasted.
-pub(super) const ROWS: usize = 7;
 
 /// Bytes of input a block of pixel groups should touch, so that the block stays in a core's
 /// L2 while every weight panel streams past it.

@@ -5,11 +5,7 @@
 //! Only rows that produced a figure are drawn; failed and skipped rows appear in the tables as
 //! such. Every piece of text from the report is escaped (names come from files).
 
-use super::parts::{self, Drawn};
 use super::Section;
-use gpukit_bench::all::AllReport;
-use gpukit_bench::check::CheckReport;
-use gpukit_bench::report::Document;
 
 mod cards;
 mod charts;
@@ -46,7 +42,7 @@ pub fn section_ids() -> Vec<&'static str> {
     ids
 }
 
-const CSS: &str = r#"
+pub(crate) const CSS: &str = r#"
 :root { --fg: #1d2330; --muted: #5b6473; --line: #d9dee7; --bg: #ffffff; --head: #f3f5f9; --bad: #b3261e; --warn: #8a5a00; }
 * { box-sizing: border-box; }
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; color: var(--fg); background: var(--bg); margin: 0; }
@@ -128,89 +124,6 @@ pub fn command_html<T>(
     h
 }
 
-/// report.html of `gpukit all`.
-pub fn all_html(doc: &Document<AllReport>) -> String {
-    let r = &doc.result;
-    let mut h = String::new();
-    h.push_str("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
-    h.push_str("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n");
-    h.push_str(&format!(
-        "<title>gpukit report: {}</title>\n",
-        escape(&machine_name(r))
-    ));
-    h.push_str(&format!("<style>{CSS}</style>\n</head>\n<body>\n<main>\n"));
-    h.push_str("<h1>gpukit report</h1>\n");
-    h.push_str(&format!(
-        "<p class=\"meta\">gpukit {} · <code>{}</code> · {:.1} s ({})</p>\n",
-        escape(&doc.gpukit_version),
-        escape(&r.command_line.join(" ")),
-        r.total_seconds,
-        escape(
-            &r.seconds
-                .iter()
-                .map(|(n, s)| format!("{n} {s:.1} s"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    ));
-    match &doc.failure {
-        Some(f) => h.push_str(&format!(
-            "<div class=\"banner bad\">Run failed: {}</div>\n",
-            escape(f)
-        )),
-        None => {
-            h.push_str("<div class=\"banner good\">Every measured row passed its check.</div>\n")
-        }
-    }
-
-    let drawn = parts::drawn_parts(r);
-    section(&mut h, "machine", "Machine");
-    h.push_str(&machine_html(r));
-    h.push_str("<h3>Headline figures</h3>\n");
-    h.push_str(&headline_html(&drawn));
-
-    for (key, title, d) in &drawn {
-        section(&mut h, key, title);
-        if let Some(lead) = &d.lead {
-            h.push_str(&format!("<p>{}</p>\n", escape(lead)));
-        }
-        for c in &d.charts {
-            h.push_str(&c.render());
-        }
-        h.push_str(&sections_to_html(&d.sections));
-    }
-
-    if !doc.notes.is_empty() || doc.failure.is_some() {
-        section(&mut h, "notes", "Notes");
-        h.push_str("<ul>\n");
-        if let Some(f) = &doc.failure {
-            h.push_str(&format!(
-                "<li><strong>failed</strong>: {}</li>\n",
-                escape(f)
-            ));
-        }
-        for n in &doc.notes {
-            h.push_str(&format!("<li>{}</li>\n", escape(n)));
-        }
-        h.push_str("</ul>\n");
-    }
-    h.push_str("</section>\n</main>\n</body>\n</html>\n");
-    h
-}
-
-fn section(h: &mut String, id: &str, title: &str) {
-    debug_assert!(section_ids().contains(&id), "{id} is a section id");
-    if h.contains("<section ") {
-        h.push_str("</section>\n");
-    }
-    h.push_str(&format!(
-        "<section id=\"{id}\">\n<h2>{}</h2>\n",
-        escape(title)
-    ));
-}
-
-/// Sections as HTML tables (a key/value list when a section has no header), notes under each;
-/// a section with no table is its title and its notes as paragraphs.
 /// Rows that failed or were skipped are marked so (class `failed` / `skipped`).
 pub fn sections_to_html(sections: &[Section]) -> String {
     let mut out = String::new();
@@ -266,131 +179,4 @@ pub fn sections_to_html(sections: &[Section]) -> String {
         }
     }
     out
-}
-
-/// The check's report: the page's machine facts come from it.
-fn check_of(r: &AllReport) -> Option<CheckReport> {
-    r.part("check")
-}
-
-fn machine_name(r: &AllReport) -> String {
-    match check_of(r) {
-        Some(c) => match c.gpus.first() {
-            Some(g) => g.name.clone(),
-            None => c.host.cpu_model.clone(),
-        },
-        None => "unknown machine".into(),
-    }
-}
-
-fn machine_html(r: &AllReport) -> String {
-    let Some(c) = check_of(r) else {
-        return "<p>The check did not run.</p>\n".into();
-    };
-    let mut rows: Vec<(String, String)> = Vec::new();
-    if c.gpus.is_empty() {
-        rows.push((
-            "GPU".into(),
-            c.reason.clone().unwrap_or_else(|| "none found".into()),
-        ));
-    }
-    for g in &c.gpus {
-        let mut v = g.name.clone();
-        if let Some((a, b)) = g.compute_capability {
-            v.push_str(&format!(", compute {a}.{b}"));
-        }
-        if let Some(sm) = g.sm_count {
-            v.push_str(&format!(", {sm} SMs"));
-        }
-        if let Some(m) = g.memory_usable_bytes {
-            v.push_str(&format!(", {:.1} GiB", m as f64 / (1u64 << 30) as f64));
-        }
-        rows.push((format!("GPU {}", g.index), v));
-    }
-    if let Some(d) = &c.driver {
-        rows.push((
-            "Driver".into(),
-            format!(
-                "{} (CUDA {})",
-                d.version
-                    .clone()
-                    .unwrap_or_else(|| "version unknown".into()),
-                d.cuda_api
-            ),
-        ));
-    }
-    let found: Vec<String> = c
-        .libraries
-        .iter()
-        .filter(|l| l.found)
-        .map(|l| match &l.version {
-            Some(v) => format!("{} {v}", l.name),
-            None => l.name.clone(),
-        })
-        .collect();
-    let missing: Vec<String> = c
-        .libraries
-        .iter()
-        .filter(|l| !l.found)
-        .map(|l| l.name.clone())
-        .collect();
-    rows.push((
-        "CUDA libraries found".into(),
-        if found.is_empty() {
-            "none".into()
-        } else {
-            found.join(", ")
-        },
-    ));
-    if !missing.is_empty() {
-        rows.push(("Not found".into(), missing.join(", ")));
-    }
-    let host = &c.host;
-    rows.push((
-        "CPU".into(),
-        format!(
-            "{}, {} threads{}, {}",
-            host.cpu_model,
-            host.logical_cores,
-            host.physical_cores
-                .map(|p| format!(" ({p} cores)"))
-                .unwrap_or_default(),
-            host.simd
-        ),
-    ));
-    if let Some(m) = host.memory_total_bytes {
-        rows.push((
-            "Host memory".into(),
-            format!("{:.1} GiB", m as f64 / (1u64 << 30) as f64),
-        ));
-    }
-    rows.push(("OS".into(), format!("{} ({})", host.os, host.arch)));
-    let mut out = String::from("<dl class=\"facts\">\n");
-    for (k, v) in rows {
-        out.push_str(&format!("<dt>{}</dt><dd>{}</dd>\n", escape(&k), escape(&v)));
-    }
-    out.push_str("</dl>\n");
-    out
-}
-
-fn card(k: &str, v: &str, s: &str) -> String {
-    format!(
-        "<div class=\"card\"><div class=\"k\">{}</div><div class=\"v\">{}</div><div class=\"s\">{}</div></div>\n",
-        escape(k),
-        escape(v),
-        escape(s)
-    )
-}
-
-/// The cards above the sections: each part's best figures, in the parts' order.
-fn headline_html(drawn: &[(&str, &str, Drawn)]) -> String {
-    let cards: String = drawn
-        .iter()
-        .flat_map(|(_, _, d)| d.cards.iter())
-        .map(|(k, v, s)| card(k, v, s))
-        .collect();
-    if cards.is_empty() {
-        return "<p>No figure was measured.</p>\n".into();
-    }
-    format!("<div class=\"cards\">\n{cards}</div>\n")
 }

@@ -3,9 +3,9 @@
 //! section and chart there, text from the report escaped, and rows without a figure never drawn.
 
 use crate::render::html::{
-    all_html, infer_chart, matmul_charts, memory_chart, section_ids, sections_to_html, Chart,
+    infer_chart, matmul_charts, memory_chart, section_ids, sections_to_html, Chart,
 };
-use crate::render::Section;
+use crate::render::{all_html, Section};
 use gpukit_bench::all::AllReport;
 use gpukit_bench::check::CheckReport;
 use gpukit_bench::infer::InferReport;
