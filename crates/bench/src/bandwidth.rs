@@ -3,6 +3,7 @@
 //! against the PCIe link and the memory's peak.
 
 use crate::error::Result;
+use crate::figures::*;
 use crate::gpu::{describe_gpu, GpuFacts};
 use crate::measure::{
     both_orders, device_samples, gbs, host_samples, Block, Clock, Measurement, PeerSamples, Plan,
@@ -16,6 +17,7 @@ use gpukit_cuda::transfer::{copy_d2d, copy_d2h, copy_h2d, h2d_staged, PinnedByte
 use gpukit_cuda::{DeviceBuffer, Gpu, Stream};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::time::Duration;
 
 /// Which copy.
@@ -556,6 +558,9 @@ pub struct BandwidthPart;
 pub static PART: BandwidthPart = BandwidthPart;
 
 impl Part for BandwidthPart {
+    fn figures(&self, section: &serde_json::Value, out: &mut Vec<crate::figures::Figure>) {
+        bandwidth_figures(section, out)
+    }
     fn key(&self) -> &'static str {
         "bandwidth"
     }
@@ -583,6 +588,34 @@ impl Part for BandwidthPart {
     }
     fn statuses(&self, report: &serde_json::Value) -> Vec<RowStatus> {
         row_statuses(report)
+    }
+}
+
+// `gpukit compare`'s figures of this command's section.
+/// `bench bandwidth`: GB/s per GPU, kind of copy and size.
+fn bandwidth_figures(section: &Value, out: &mut Vec<Figure>) {
+    let spec = Spec {
+        section: "bandwidth",
+        unit: "GB/s",
+        better: Better::Higher,
+        timed: true,
+        exact: false,
+    };
+    let gpu = gpu_device(section)
+        .map(|d| format!("{d} "))
+        .unwrap_or_default();
+    for row in rows(section) {
+        let (Some(kind), Some(bytes)) =
+            (text(row, "kind"), row.get("bytes").and_then(Value::as_u64))
+        else {
+            continue;
+        };
+        out.extend(row_figure(
+            &spec,
+            format!("{gpu}{kind} {}", bytes_name(bytes)),
+            row,
+            "gbs",
+        ));
     }
 }
 

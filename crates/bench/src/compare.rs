@@ -25,20 +25,11 @@ mod tests;
 pub use figures::figures;
 
 use crate::error::{Error, Result};
+pub use crate::figures::{Better, Figure, Reading};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
-
-/// Which way a figure improves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Better {
-    /// Rates: TFLOP/s, GB/s, images/s.
-    Higher,
-    /// Costs: milliseconds, bytes.
-    Lower,
-}
 
 /// Repetitions each side needs behind its p10-p90 range before a change beyond the threshold
 /// is called better or worse. From ten on, p10 and p90 sit at the second-lowest and
@@ -52,39 +43,6 @@ pub const MIN_SAMPLES: u64 = 10;
 /// which the runs as a whole are called too noisy to judge: past half, the counts describe the
 /// noise more than the builds.
 const NOISY_SHARE: f64 = 0.5;
-
-/// One row's measurement as a report holds it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Reading {
-    /// The figure; None when the row did not produce one (see `problem`).
-    pub value: Option<f64>,
-    /// The run's own spread in the value's unit: what p10 and p90 of its timing map to.
-    pub spread: Option<[f64; 2]>,
-    /// How many repetitions the value and its spread summarise (a timing's count, a training
-    /// run's steady epochs); None when the report does not say.
-    #[serde(default)]
-    pub samples: Option<u64>,
-    /// "failed: ..." or "skipped: ..." when the row's status was not ok.
-    pub problem: Option<String>,
-}
-
-/// A figure of one report: what it is (its key names the section, the row and the
-/// configuration that decides it), and its reading.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Figure {
-    /// matmul, bandwidth, conv, infer, memory, train, nccl, p2p.
-    pub section: String,
-    /// The section, the row's identifying fields and the settings that change the figure:
-    /// "matmul cuda:0 bf16 8192", "train cpu 16-64-1 mse adam batch 64 819 samples fp32".
-    pub key: String,
-    pub unit: String,
-    pub better: Better,
-    /// A count or size that a repeat reproduces (bytes, a batch size), not a timing: it has no
-    /// spread to wait for, and the threshold alone judges it.
-    #[serde(default)]
-    pub exact: bool,
-    pub reading: Reading,
-}
 
 /// How a figure changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,8 +7,8 @@
 #![forbid(unsafe_code)]
 
 pub use gpukit_harness::{
-    accuracy, ceilings, error, gpu, hang_guard, host, measure, part, peer, power, regime, report,
-    stats,
+    accuracy, ceilings, error, figures, gpu, hang_guard, host, measure, part, peer, power, regime,
+    report, stats,
 };
 pub use gpukit_tensor::random;
 pub mod workload;

@@ -4,6 +4,7 @@
 //! out-of-memory as an explanation, with `--on-oom halve` and `--find-max-batch`.
 
 use crate::error::{Error, Result};
+use crate::figures::*;
 use crate::gpu::{device_used, process_used};
 use crate::measure::{time_device, Plan};
 use crate::part::{row_statuses, Context, Outcome, Part};
@@ -20,6 +21,7 @@ use gpukit_models::Error as EngineError;
 use gpukit_models::ResNet;
 use gpukit_tensor::{DType, Layout, Tensor};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::path::PathBuf;
 
 #[derive(Debug, Clone)]
@@ -482,6 +484,9 @@ pub struct MemoryPart;
 pub static PART: MemoryPart = MemoryPart;
 
 impl Part for MemoryPart {
+    fn figures(&self, section: &serde_json::Value, out: &mut Vec<crate::figures::Figure>) {
+        memory_figures(section, out)
+    }
     fn key(&self) -> &'static str {
         "memory"
     }
@@ -520,4 +525,86 @@ impl Part for MemoryPart {
     fn statuses(&self, report: &serde_json::Value) -> Vec<RowStatus> {
         row_statuses(report)
     }
+}
+
+// `gpukit compare`'s figures of this command's section.
+/// `memory`: per model, precision, layout, image size, device and workspace cap, and per
+/// batch, the pool's peak (bytes, exact) and the time per batch (ms); the largest batch that
+/// fits (exact; under the memory limit when one was set), when it was searched for.
+fn memory_figures(section: &Value, out: &mut Vec<Figure>) {
+    let bytes = Spec {
+        section: "memory",
+        unit: "bytes",
+        better: Better::Lower,
+        timed: false,
+        exact: true,
+    };
+    let ms = Spec {
+        unit: "ms",
+        exact: false,
+        ..bytes
+    };
+    let mut setup = model_and_size(section, memory_image_size(section));
+    for field in ["precision", "layout"] {
+        if let Some(v) = text(section, field) {
+            setup.push_str(&format!("{v} "));
+        }
+    }
+    if let Some(dev) = device(section) {
+        setup.push_str(&format!("{dev} "));
+    }
+    if let Some(cap) = section.get("max_workspace_bytes").and_then(Value::as_u64) {
+        setup.push_str(&format!("workspace cap {} ", bytes_name(cap)));
+    }
+    for row in rows(section) {
+        let Some(batch) = text(row, "batch") else {
+            continue;
+        };
+        out.extend(row_figure(
+            &bytes,
+            format!("{setup}batch {batch} pool peak"),
+            row,
+            "pool_used_peak",
+        ));
+        out.extend(row_figure(
+            &ms,
+            format!("{setup}batch {batch} per batch"),
+            row,
+            "ms_per_batch",
+        ));
+    }
+    let largest = Spec {
+        section: "memory",
+        unit: "images",
+        better: Better::Higher,
+        timed: false,
+        exact: true,
+    };
+    let limit = section
+        .get("limit_bytes")
+        .and_then(Value::as_u64)
+        .map(|b| format!(" under {}", bytes_name(b)))
+        .unwrap_or_default();
+    let max = section.get("max_batch").and_then(|m| m.get("batch"));
+    out.extend(plain_figure(
+        &largest,
+        format!("{setup}largest batch{limit}"),
+        max,
+    ));
+}
+
+/// The image size of a memory report, which names none: its input batch is NCHW f32 whatever
+/// the precision (3 channels of 4 bytes a pixel), so a row's input bytes give the square's side.
+fn memory_image_size(section: &Value) -> Option<String> {
+    rows(section).iter().find_map(|row| {
+        let batch = row.get("batch").and_then(Value::as_u64)?;
+        let input = row.get("input_bytes").and_then(Value::as_u64)?;
+        let per_image = input.checked_div(batch * 12)?;
+        if per_image * batch * 12 != input {
+            return None;
+        }
+        // a side of at most a few thousand pixels: the float root is exact here
+        let side = (per_image as f64).sqrt().round() as u64;
+        (side * side == per_image).then(|| side.to_string())
+    })
 }

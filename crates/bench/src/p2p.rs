@@ -5,6 +5,7 @@
 //! To use: [`run_p2p`] with [`P2pOptions`]; every copy is checked byte for byte.
 
 use crate::error::{Error, Result};
+use crate::figures::*;
 use crate::part::{Context, Outcome, Part};
 use crate::report::{judge_rows, Document, PeerFigure, RowStatus};
 use crate::stats::Summary;
@@ -12,6 +13,7 @@ use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::transfer::{copy_peer, enable_peer_access};
 use gpukit_cuda::{DeviceBuffer, Gpu};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 #[derive(Debug, Clone)]
 pub struct P2pOptions {
@@ -301,6 +303,9 @@ pub struct P2pPart;
 pub static PART: P2pPart = P2pPart;
 
 impl Part for P2pPart {
+    fn figures(&self, section: &serde_json::Value, out: &mut Vec<crate::figures::Figure>) {
+        p2p_figures(section, out)
+    }
     fn key(&self) -> &'static str {
         "p2p"
     }
@@ -318,5 +323,46 @@ impl Part for P2pPart {
             "bench p2p",
             run_p2p(ctx.discovery, &P2pOptions::default(), progress).map(|(r, _)| r),
         ))
+    }
+}
+
+// `gpukit compare`'s figures of this command's section.
+/// `bench p2p`: one-way GB/s per ordered pair of GPUs and copy size, with its p10-p90 range
+/// (the report does not say over how many samples, so such a figure is judged only when the
+/// change stays within the threshold or the ranges overlap).
+fn p2p_figures(section: &Value, out: &mut Vec<Figure>) {
+    let spec = Spec {
+        section: "p2p",
+        unit: "GB/s",
+        better: Better::Higher,
+        timed: false,
+        exact: false,
+    };
+    for row in rows(section) {
+        let (Some(src), Some(dst)) = (text(row, "src"), text(row, "dst")) else {
+            continue;
+        };
+        let size = row
+            .get("bytes")
+            .and_then(Value::as_u64)
+            .map(|b| format!(" {}", bytes_name(b)))
+            .unwrap_or_default();
+        let Some(mut f) = row_figure(
+            &spec,
+            format!("cuda:{src} -> cuda:{dst}{size} one way"),
+            row,
+            "one_way_gbs",
+        ) else {
+            continue;
+        };
+        if f.reading.value.is_some() {
+            if let (Some(lo), Some(hi)) = (
+                positive(row.get("one_way_p10_gbs")),
+                positive(row.get("one_way_p90_gbs")),
+            ) {
+                f.reading.spread = Some([lo, hi]);
+            }
+        }
+        out.push(f);
     }
 }

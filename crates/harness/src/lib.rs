@@ -8,6 +8,7 @@
 pub mod accuracy;
 pub mod ceilings;
 pub mod error;
+pub mod figures;
 pub mod gpu;
 pub mod hang_guard;
 pub mod host;

@@ -132,6 +132,9 @@ pub trait Part: Sync {
     /// says so in its outcome's skipped list; an error stops `all` (only where nothing can run,
     /// such as the check's bad input).
     fn run(&self, ctx: &Context<'_>, progress: &mut dyn FnMut(&str)) -> crate::Result<Outcome>;
+    /// `gpukit compare`'s figures of its section of a report (read as JSON, so that a report
+    /// of another version still reads); none by default.
+    fn figures(&self, _section: &Value, _out: &mut Vec<crate::figures::Figure>) {}
     /// The statuses of the rows its report holds that count for `all`'s verdict.
     fn statuses(&self, _report: &Value) -> Vec<RowStatus> {
         Vec::new()

@@ -2,11 +2,13 @@
 
 use super::{gpu_rows_without_figure, run_infer, InferOptions, InferStrategy};
 use crate::error::Result;
+use crate::figures::*;
 use crate::part::{row_statuses, Context, Outcome, Part};
 use crate::report::RowStatus;
 use gpukit_models::gpu::Strategy;
 use gpukit_models::ResNet;
 use gpukit_tensor::{Device, DeviceSelection};
+use serde_json::Value;
 
 /// `infer` under `gpukit all`: ResNet-50 at batch 1 and 32 (and 8 without `--quick`); under
 /// `--quick` the CPU, ONNX Runtime and three GPU strategies, else every default strategy.
@@ -54,6 +56,9 @@ fn options(ctx: &Context<'_>) -> InferOptions {
 }
 
 impl Part for InferPart {
+    fn figures(&self, section: &serde_json::Value, out: &mut Vec<crate::figures::Figure>) {
+        infer_figures(section, out)
+    }
     fn key(&self) -> &'static str {
         "infer"
     }
@@ -84,5 +89,34 @@ impl Part for InferPart {
     }
     fn statuses(&self, report: &serde_json::Value) -> Vec<RowStatus> {
         row_statuses(report)
+    }
+}
+
+// `gpukit compare`'s figures of this command's section.
+/// `infer`: images/s per model, image size, strategy, device (a CPU row's threads) and batch.
+fn infer_figures(section: &Value, out: &mut Vec<Figure>) {
+    let spec = Spec {
+        section: "infer",
+        unit: "images/s",
+        better: Better::Higher,
+        timed: true,
+        exact: false,
+    };
+    let model = model_and_size(section, text(section, "image_size"));
+    for row in rows(section) {
+        let (Some(strategy), Some(dev), Some(batch)) =
+            (text(row, "strategy"), device(row), text(row, "batch"))
+        else {
+            continue;
+        };
+        out.extend(row_figure(
+            &spec,
+            format!(
+                "{model}{strategy} {dev}{} batch {batch}",
+                threads(section, &dev)
+            ),
+            row,
+            "images_per_s",
+        ));
     }
 }

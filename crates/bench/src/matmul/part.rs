@@ -2,9 +2,11 @@
 
 use super::{run_matmul, MatmulOptions};
 use crate::error::Result;
+use crate::figures::*;
 use crate::part::{row_statuses, Context, Outcome, Part};
 use crate::report::RowStatus;
 use gpukit_tensor::{Device, DeviceSelection};
+use serde_json::Value;
 
 /// `bench matmul` under `gpukit all`: two or three sizes on the GPU; without one, the CPU at
 /// sizes a small machine does in seconds.
@@ -40,6 +42,9 @@ fn options(ctx: &Context<'_>) -> MatmulOptions {
 }
 
 impl Part for MatmulPart {
+    fn figures(&self, section: &serde_json::Value, out: &mut Vec<crate::figures::Figure>) {
+        matmul_figures(section, out)
+    }
     fn key(&self) -> &'static str {
         "matmul"
     }
@@ -58,5 +63,37 @@ impl Part for MatmulPart {
     }
     fn statuses(&self, report: &serde_json::Value) -> Vec<RowStatus> {
         row_statuses(report)
+    }
+}
+
+// `gpukit compare`'s figures of this command's section.
+/// `bench matmul`: TFLOP/s per device, dtype and size; a CPU row's thread count; the inputs'
+/// distribution when not the default normal (a power-capped GPU clocks by the bits that
+/// toggle).
+fn matmul_figures(section: &Value, out: &mut Vec<Figure>) {
+    let spec = Spec {
+        section: "matmul",
+        unit: "TFLOP/s",
+        better: Better::Higher,
+        timed: true,
+        exact: false,
+    };
+    let inputs = match text(section, "inputs") {
+        Some(d) if d != "normal" => format!(" {d} inputs"),
+        _ => String::new(),
+    };
+    for row in rows(section) {
+        let (Some(dev), Some(dtype), Some(size)) =
+            (device(row), text(row, "dtype"), text(row, "size"))
+        else {
+            continue;
+        };
+        let threads = threads(section, &dev);
+        out.extend(row_figure(
+            &spec,
+            format!("{dev} {dtype} {size}{threads}{inputs}"),
+            row,
+            "tflops",
+        ));
     }
 }
