@@ -97,6 +97,60 @@ impl KernelSource {
             .collect())
     }
 
+    /// How the source's kernels differ from what their launchers pass, for the owning crate's
+    /// test (empty: they agree). `expected` gives each kernel's parameters one letter each (p
+    /// pointer, i int, l long, u unsigned long long, f float, d double, s the struct `Dims`);
+    /// a name ending in `_` stands for that name with each of `tags` after it. A kernel of the
+    /// module that `expected` does not name is a difference too.
+    pub fn signature_differences(&self, expected: &[(&str, &str)], tags: &[&str]) -> Vec<String> {
+        let got = match self.signatures() {
+            Ok(g) => g,
+            Err(e) => return vec![e.to_string()],
+        };
+        let kinds = |code: &str| -> Result<Vec<Param>, String> {
+            code.split_whitespace()
+                .map(|c| match c {
+                    "p" => Ok(Param::Ptr),
+                    "i" => Ok(Param::I32),
+                    "l" => Ok(Param::I64),
+                    "u" => Ok(Param::U64),
+                    "f" => Ok(Param::F32),
+                    "d" => Ok(Param::F64),
+                    "s" => Ok(Param::Struct("Dims".into())),
+                    other => Err(format!("unknown parameter letter {other:?}")),
+                })
+                .collect()
+        };
+        let mut out = Vec::new();
+        let mut named = std::collections::HashSet::new();
+        for (name, code) in expected {
+            let names: Vec<String> = if tags.is_empty() || !name.ends_with('_') {
+                vec![name.to_string()]
+            } else {
+                tags.iter().map(|t| format!("{name}{t}")).collect()
+            };
+            for n in names {
+                match kinds(code) {
+                    Ok(want) if got.get(&n) == Some(&want) => {}
+                    Ok(want) => out.push(format!(
+                        "{n}: declared {:?}, launched with {want:?}",
+                        got.get(&n)
+                    )),
+                    Err(e) => out.push(format!("{n}: {e}")),
+                }
+                named.insert(n);
+            }
+        }
+        let mut unnamed: Vec<&String> = got.keys().filter(|k| !named.contains(*k)).collect();
+        unnamed.sort();
+        out.extend(
+            unnamed
+                .into_iter()
+                .map(|k| format!("{k}: no expected signature")),
+        );
+        out
+    }
+
     fn declared(&self) -> Result<HashMap<String, Vec<Declared>>, KernelError> {
         let mut parsed = signature::kernels(&self.source);
         let mut declared = HashMap::new();

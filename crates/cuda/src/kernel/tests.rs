@@ -307,3 +307,23 @@ fn half_and_tag_are_what_every_module_shares() {
     assert_eq!(tag(DType::Bf16), "bf16");
     assert!(HALF.contains("struct H") && HALF.contains("from_f<B>"));
 }
+
+#[test]
+fn signature_differences_name_every_mismatch_and_every_unexpected_kernel() {
+    let source = KernelSource {
+        stem: "t",
+        source: "extern \"C\" __global__ void a(float* x, int n) {}\n\
+                 extern \"C\" __global__ void b(double s) {}\n"
+            .into(),
+        names: vec!["a".into(), "b".into()],
+    };
+    assert!(source
+        .signature_differences(&[("a", "p i"), ("b", "d")], &[])
+        .is_empty());
+    let d = source.signature_differences(&[("a", "p l")], &[]);
+    assert_eq!(d.len(), 2, "{d:?}");
+    assert!(d[0].starts_with("a:"), "{d:?}");
+    assert_eq!(d[1], "b: no expected signature");
+    let d = source.signature_differences(&[("a", "p x"), ("b", "d")], &[]);
+    assert!(d[0].contains("unknown parameter letter"), "{d:?}");
+}
