@@ -195,23 +195,6 @@ fn out_of_memory_is_a_typed_error() -> Result<(), Failed> {
     }
 }
 
-/// Deterministic-per-seed but fresh-per-run random floats in [-1, 1).
-fn random_f32(n: usize, seed: u64) -> Vec<f32> {
-    let run = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1);
-    let mut s = seed ^ run ^ 0x9E37_79B9_7F4A_7C15;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
 fn bytes_of(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_ne_bytes()).collect()
 }
@@ -241,7 +224,10 @@ fn device_repeat_and_compare_match_the_host() -> Result<(), Failed> {
     let kernels = Kernels::new(discovery, &g).map_err(e)?;
     let period = 1_000_003usize;
     let total = 10 * period + 7;
-    let block = bytes_of(&random_f32(period.div_ceil(4), 11));
+    let block = bytes_of(&gpukit_tensor::random::uniform_f32(
+        period.div_ceil(4),
+        gpukit_tensor::random::fresh_seed(),
+    ));
     let block = &block[..period];
     let want: Vec<u8> = (0..total).map(|i| block[i % period]).collect();
     let dev = g.alloc(total).map_err(e)?;

@@ -191,8 +191,6 @@ pub struct TensorKernels {
     module: KernelModule,
     /// Multiprocessors of the device (how many blocks fill it).
     sms: usize,
-    pub origin: String,
-    pub load_ms: f64,
 }
 
 impl TensorKernels {
@@ -203,12 +201,7 @@ impl TensorKernels {
             .map(|a| a.sm_count as usize)
             .unwrap_or(108)
             .max(1);
-        Ok(TensorKernels {
-            origin: module.origin.clone(),
-            load_ms: module.load_ms,
-            module,
-            sms,
-        })
+        Ok(TensorKernels { module, sms })
     }
 
     /// Launches `{stem}_{tag}` of `dtype` on `stream`.

@@ -171,10 +171,6 @@ pub fn kernel_source() -> KernelSource {
 pub struct Kernels {
     stream: Stream,
     module: KernelModule,
-    /// Where the PTX came from: "compiled" or the cache file.
-    pub origin: String,
-    /// Milliseconds spent compiling or reading the cache and loading the module.
-    pub load_ms: f64,
 }
 
 impl Kernels {
@@ -183,8 +179,6 @@ impl Kernels {
         let module = KernelModule::load(discovery, gpu, &kernel_source())?;
         Ok(Kernels {
             stream: gpu.stream().clone(),
-            origin: module.origin.clone(),
-            load_ms: module.load_ms,
             module,
         })
     }

@@ -337,8 +337,6 @@ pub struct AdamArgs {
 pub struct TrainKernels {
     stream: Stream,
     module: KernelModule,
-    pub origin: String,
-    pub load_ms: f64,
 }
 
 /// One block of 1024 threads: the losses reduce in one block (reproducible sums).
@@ -351,8 +349,6 @@ impl TrainKernels {
         let module = KernelModule::load(discovery, gpu, &kernel_source())?;
         Ok(TrainKernels {
             stream: gpu.stream().clone(),
-            origin: module.origin.clone(),
-            load_ms: module.load_ms,
             module,
         })
     }
