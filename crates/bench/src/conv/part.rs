@@ -5,10 +5,11 @@ use crate::error::Result;
 use crate::figures::*;
 use crate::part::{row_statuses, Context, Outcome, Part};
 use crate::report::RowStatus;
+use gpukit_tensor::DType;
 use serde_json::Value;
 
 /// `bench conv` under `gpukit all`: ResNet-50's convolutions at one batch size (8 under
-/// `--quick`, 32 without; 2 on the CPU).
+/// `--quick`, 32 without; 2 on the CPU); under `--quick` on a GPU, tf32 and f16 only.
 pub struct ConvPart;
 
 /// The conv part of `gpukit all`.
@@ -36,6 +37,14 @@ impl Part for ConvPart {
                 (true, false) => 32,
             }],
             ordinal: gpu.then(|| ctx.ordinal()),
+            // a quick tour shows the tensor-core paths of each precision family (tf32 for
+            // 32-bit data, f16 for 16-bit); f32 on CUDA cores and bf16 (f16's speed on this
+            // hardware) wait for the full run
+            dtypes: if quick && gpu {
+                vec![DType::Tf32, DType::F16]
+            } else {
+                ConvOptions::default().dtypes
+            },
             iterations: if quick || !gpu { 3 } else { 20 },
             cpu_budget_s: if quick || !gpu { 1.0 } else { 3.0 },
             ..ConvOptions::default()

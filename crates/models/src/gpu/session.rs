@@ -348,8 +348,8 @@ impl<'a> Session<'a> {
     }
 
     fn plan_convolutions(&mut self, progress: &mut dyn FnMut(&str)) -> Result<()> {
-        let mut runs = Vec::with_capacity(self.ops.len());
-        let mut algorithms = Vec::new();
+        let mut runs: Vec<Option<Rc<ConvChoice>>> = vec![None; self.ops.len()];
+        let mut names: Vec<Option<String>> = vec![None; self.ops.len()];
         let mut workspace = 0;
         let mut planned: HashMap<(Conv, bool, bool), Rc<ConvChoice>> = HashMap::new();
         let (total, cached) = self.convolutions_to_plan();
@@ -391,22 +391,29 @@ impl<'a> Session<'a> {
             })
             .collect();
         self.ctx.dnn.precompile(&specs, self.try_graph);
-        for op in &self.ops {
+        // the convolutions with a residual input last: their engines are almost all compiled at
+        // run time, and the helpers compile them while this thread times the others
+        let order: Vec<usize> = (0..self.ops.len())
+            .filter(|&i| matches!(self.ops[i], Op::Conv { z: None, .. }))
+            .chain(
+                (0..self.ops.len()).filter(|&i| matches!(self.ops[i], Op::Conv { z: Some(_), .. })),
+            )
+            .collect();
+        for i in order {
             let Op::Conv {
                 conv,
                 x,
                 y,
                 z,
                 relu,
-            } = *op
+            } = self.ops[i]
             else {
-                runs.push(None);
                 continue;
             };
             let spec = self.conv_of(conv, x);
             if let Some(run) = planned.get(&(spec, z.is_some(), relu)) {
-                algorithms.push(run.name());
-                runs.push(Some(Rc::clone(run)));
+                names[i] = Some(run.name());
+                runs[i] = Some(Rc::clone(run));
                 continue;
             }
             let c = &self.weights.convs[conv];
@@ -430,10 +437,10 @@ impl<'a> Session<'a> {
                 dnn.plan_plain_best(spec, xv, wv, yv, self.try_graph)?
             };
             workspace = workspace.max(run.workspace_bytes());
-            algorithms.push(run.name());
+            names[i] = Some(run.name());
             let run = Rc::new(run);
             planned.insert((spec, z.is_some(), relu), run.clone());
-            runs.push(Some(run));
+            runs[i] = Some(run);
             say(progress, planned.len());
         }
         self.ctx.dnn.finish_precompile();
@@ -449,7 +456,8 @@ impl<'a> Session<'a> {
         });
         self.ctx.dnn.save_choices();
         self.runs = runs;
-        self.algorithms = algorithms;
+        // in the order of the layers
+        self.algorithms = names.into_iter().flatten().collect();
         self.memory.conv_workspace_bytes = workspace;
         Ok(())
     }

@@ -7,6 +7,7 @@ use super::GpuContext;
 use crate::error::{Error, Result};
 use crate::forward::{FoldedConv, FoldedResNet};
 use gpukit_tensor::{DType, Layout, Tensor};
+use rayon::prelude::*;
 
 /// A convolution's weights on the device.
 pub(super) struct DeviceConv {
@@ -68,33 +69,8 @@ impl GpuWeights {
         layout: Layout,
     ) -> Result<GpuWeights> {
         let shape = NetShape::of(model, dtype, layout)?;
-        let mut convs = Vec::new();
-        let mut bytes = 0;
-        let mut push =
-            |conv: &FoldedConv, layer: ConvLayer, bias: Option<Vec<f32>>| -> Result<()> {
-                let w = filter(conv, layer.c, dtype, layout)?;
-                let b = Tensor::from_f32_as(
-                    &[conv.out_ch],
-                    &bias.unwrap_or_else(|| conv.bias.clone()),
-                    dtype,
-                )?;
-                ctx.check_limit(w.bytes() + b.bytes(), "the weights")?;
-                bytes += w.bytes() + b.bytes();
-                convs.push(DeviceConv {
-                    layer,
-                    weight: w.to_gpu(&ctx.gpu)?,
-                    bias: b.to_gpu(&ctx.gpu)?,
-                });
-                Ok(())
-            };
         // the order of NetShape::of: the stem, then per block its main path and its projection
-        let mut layers = shape.convs.iter().copied();
-        let mut next = || {
-            layers
-                .next()
-                .ok_or_else(|| Error::Invalid("internal: fewer layers than convolutions".into()))
-        };
-        push(&model.stem, next()?, None)?;
+        let mut jobs: Vec<(&FoldedConv, Option<Vec<f32>>)> = vec![(&model.stem, None)];
         for block in &model.blocks {
             let last = block.convs.len() - 1;
             for (i, conv) in block.convs.iter().enumerate() {
@@ -109,11 +85,42 @@ impl GpuWeights {
                     ),
                     _ => None,
                 };
-                push(conv, next()?, bias)?;
+                jobs.push((conv, bias));
             }
             if let Some(d) = &block.downsample {
-                push(d, next()?, Some(vec![0.0; d.out_ch]))?;
+                jobs.push((d, Some(vec![0.0; d.out_ch])));
             }
+        }
+        if jobs.len() != shape.convs.len() {
+            return Err(Error::Invalid(
+                "internal: the convolutions and the network shape disagree".into(),
+            ));
+        }
+        // converted on every core (the filters of a ResNet-50 are 25 million values), then
+        // uploaded in order
+        let host: Vec<(ConvLayer, Tensor, Tensor)> = jobs
+            .into_par_iter()
+            .zip(shape.convs.par_iter().copied())
+            .map(|((conv, bias), layer)| -> Result<_> {
+                let w = filter(conv, layer.c, dtype, layout)?;
+                let b = Tensor::from_f32_as(
+                    &[conv.out_ch],
+                    &bias.unwrap_or_else(|| conv.bias.clone()),
+                    dtype,
+                )?;
+                Ok((layer, w, b))
+            })
+            .collect::<Result<_>>()?;
+        let mut convs = Vec::with_capacity(host.len());
+        let mut bytes = 0;
+        for (layer, w, b) in host {
+            ctx.check_limit(w.bytes() + b.bytes(), "the weights")?;
+            bytes += w.bytes() + b.bytes();
+            convs.push(DeviceConv {
+                layer,
+                weight: w.to_gpu(&ctx.gpu)?,
+                bias: b.to_gpu(&ctx.gpu)?,
+            });
         }
         let features = shape.features;
         let classes = model.num_classes;
@@ -126,11 +133,6 @@ impl GpuWeights {
         let fc_weight = Tensor::from_f32(&[features, classes], wt)?.to_gpu(&ctx.gpu)?;
         let fc_bias = Tensor::from_f32(&[classes], model.fc_bias.clone())?.to_gpu(&ctx.gpu)?;
         bytes += fc_weight.bytes() + fc_bias.bytes();
-        if convs.len() != shape.convs.len() {
-            return Err(Error::Invalid(
-                "internal: uploaded convolutions and the network shape disagree".into(),
-            ));
-        }
         Ok(GpuWeights {
             dtype,
             layout,

@@ -4,11 +4,17 @@ use super::{Param, StateDict};
 use crate::resnet::ResNet;
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
 use std::collections::BTreeMap;
 
 /// One key's values: a ChaCha8 stream of the seed, chosen by the key's name (its FNV-1a hash),
 /// so a key's values do not depend on which other keys exist.
+#[derive(Clone)]
 struct KeyStream(ChaCha8Rng);
+
+/// Values drawn per task when a key is drawn on several threads: each task seeks its stream to
+/// where its first value's bits begin, so the values are those of one sequential draw.
+const CHUNK: usize = 1 << 16;
 
 impl KeyStream {
     fn new(seed: u64, key: &str) -> KeyStream {
@@ -20,29 +26,51 @@ impl KeyStream {
         KeyStream(rng)
     }
 
+    /// The stream moved on by `draws` 64-bit draws (two 32-bit words each).
+    fn skipped(&self, draws: usize) -> KeyStream {
+        let mut rng = self.0.clone();
+        rng.set_word_pos(rng.get_word_pos() + 2 * draws as u128);
+        KeyStream(rng)
+    }
+
     /// Uniform in [0, 1) with 53 random bits.
     fn unit(&mut self) -> f64 {
         (self.0.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
-    fn uniforms(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f32> {
-        (0..n)
-            .map(|_| (lo + (hi - lo) * self.unit()) as f32)
-            .collect()
+    /// `n` values uniform in [lo, hi): value i from draw i.
+    fn uniforms(&self, n: usize, lo: f64, hi: f64) -> Vec<f32> {
+        let mut out = vec![0f32; n];
+        out.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(i, chunk)| {
+                let mut s = self.skipped(i * CHUNK);
+                for v in chunk {
+                    *v = (lo + (hi - lo) * s.unit()) as f32;
+                }
+            });
+        out
     }
 
-    /// Box-Muller, both outputs of each pair used.
-    fn normals(&mut self, n: usize, mean: f64, std: f64) -> Vec<f32> {
-        let mut out = Vec::with_capacity(n);
-        while out.len() < n {
-            // 1 - u lies in (0, 1], keeping the logarithm away from 0
-            let r = (-2.0 * libm::log(1.0 - self.unit())).sqrt();
-            let t = std::f64::consts::TAU * self.unit();
-            out.push((mean + std * r * libm::cos(t)) as f32);
-            if out.len() < n {
-                out.push((mean + std * r * libm::sin(t)) as f32);
-            }
-        }
+    /// `n` normal values by Box-Muller, both outputs of each pair used: pair j from draws 2j and
+    /// 2j+1.
+    fn normals(&self, n: usize, mean: f64, std: f64) -> Vec<f32> {
+        let mut out = vec![0f32; n];
+        // CHUNK is even, so every chunk starts at a pair
+        out.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(i, chunk)| {
+                let mut s = self.skipped(i * CHUNK);
+                for pair in chunk.chunks_mut(2) {
+                    // 1 - u lies in (0, 1], keeping the logarithm away from 0
+                    let r = (-2.0 * libm::log(1.0 - s.unit())).sqrt();
+                    let t = std::f64::consts::TAU * s.unit();
+                    pair[0] = (mean + std * r * libm::cos(t)) as f32;
+                    if let Some(second) = pair.get_mut(1) {
+                        *second = (mean + std * r * libm::sin(t)) as f32;
+                    }
+                }
+            });
         out
     }
 }
@@ -69,32 +97,35 @@ pub fn seeded_init(model: ResNet, num_classes: usize, seed: u64, realistic_bn: b
         .and_then(|s| s.shape.get(1).copied())
         .unwrap_or(1);
     let fc_bound = 1.0 / (fc_in.max(1) as f64).sqrt();
-    let mut params = BTreeMap::new();
-    for spec in specs {
-        let n: usize = spec.shape.iter().product();
-        let mut rng = KeyStream::new(seed, &spec.name);
-        let leaf = spec.name.rsplit('.').next().unwrap_or("");
-        let data = match (spec.shape.as_slice(), leaf) {
-            ([out, _, kh, kw], _) => {
-                let fan_out = (out * kh * kw).max(1) as f64;
-                rng.normals(n, 0.0, (2.0 / fan_out).sqrt())
-            }
-            _ if spec.name.starts_with("fc.") => rng.uniforms(n, -fc_bound, fc_bound),
-            (_, "weight") if realistic_bn => rng.uniforms(n, 0.5, 1.5),
-            (_, "bias") if realistic_bn => rng.normals(n, 0.0, 0.1),
-            (_, "running_mean") if realistic_bn => rng.normals(n, 0.0, 0.1),
-            (_, "running_var") if realistic_bn => rng.uniforms(n, 0.5, 1.5),
-            (_, "weight" | "running_var") => vec![1.0; n],
-            _ => vec![0.0; n],
-        };
-        params.insert(
-            spec.name,
-            Param {
-                shape: spec.shape,
-                data,
-            },
-        );
-    }
+    let drawn: Vec<(String, Param)> = specs
+        .into_par_iter()
+        .map(|spec| {
+            let n: usize = spec.shape.iter().product();
+            let rng = KeyStream::new(seed, &spec.name);
+            let leaf = spec.name.rsplit('.').next().unwrap_or("");
+            let data = match (spec.shape.as_slice(), leaf) {
+                ([out, _, kh, kw], _) => {
+                    let fan_out = (out * kh * kw).max(1) as f64;
+                    rng.normals(n, 0.0, (2.0 / fan_out).sqrt())
+                }
+                _ if spec.name.starts_with("fc.") => rng.uniforms(n, -fc_bound, fc_bound),
+                (_, "weight") if realistic_bn => rng.uniforms(n, 0.5, 1.5),
+                (_, "bias") if realistic_bn => rng.normals(n, 0.0, 0.1),
+                (_, "running_mean") if realistic_bn => rng.normals(n, 0.0, 0.1),
+                (_, "running_var") if realistic_bn => rng.uniforms(n, 0.5, 1.5),
+                (_, "weight" | "running_var") => vec![1.0; n],
+                _ => vec![0.0; n],
+            };
+            (
+                spec.name,
+                Param {
+                    shape: spec.shape,
+                    data,
+                },
+            )
+        })
+        .collect();
+    let params: BTreeMap<String, Param> = drawn.into_iter().collect();
     StateDict {
         model,
         num_classes,
@@ -106,11 +137,36 @@ pub fn seeded_init(model: ResNet, num_classes: usize, seed: u64, realistic_bn: b
 mod tests {
     use super::*;
 
+    /// The draws of one thread in order: what the chunked draw must equal.
+    fn sequential_normals(mut s: KeyStream, n: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let r = (-2.0 * libm::log(1.0 - s.unit())).sqrt();
+            let t = std::f64::consts::TAU * s.unit();
+            out.push((r * libm::cos(t)) as f32);
+            if out.len() < n {
+                out.push((r * libm::sin(t)) as f32);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn chunked_draws_equal_one_sequential_draw() {
+        // odd, and across several chunk boundaries
+        let n = 3 * CHUNK + 12_345;
+        let s = KeyStream::new(11, "layer4.0.conv2.weight");
+        assert_eq!(s.normals(n, 0.0, 1.0), sequential_normals(s.clone(), n));
+        let mut seq = s.clone();
+        let uniform: Vec<f32> = (0..n).map(|_| (-1.0 + 2.0 * seq.unit()) as f32).collect();
+        assert_eq!(s.uniforms(n, -1.0, 1.0), uniform);
+    }
+
     #[test]
     fn streams_are_pinned_and_normal() {
         // the values every machine draws for seed 7 and one key (a change here changes every
         // seeded model: do it on purpose only)
-        let mut s = KeyStream::new(7, "conv1.weight");
+        let s = KeyStream::new(7, "conv1.weight");
         let first: Vec<f32> = s.normals(4, 0.0, 1.0);
         let again: Vec<f32> = KeyStream::new(7, "conv1.weight").normals(4, 0.0, 1.0);
         assert_eq!(first, again);
