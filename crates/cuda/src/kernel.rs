@@ -3,10 +3,10 @@
 //! `unsafe`.
 //!
 //! To use:
-//! 1. describe the module: a [`KernelSource`] (its name in the PTX cache, its whole CUDA C
+//! 1. describe the module: a [`KernelSource`] (its name in the kernel cache, its whole CUDA C
 //!    source, the kernels to load);
-//! 2. [`KernelModule::load`] once per device (compiles with NVRTC, or reads the on-disk PTX
-//!    cache: see `nvrtc`);
+//! 2. [`KernelModule::load`] once per device (compiles with NVRTC, or reads the compiled
+//!    module from the on-disk cache: see `nvrtc`);
 //! 3. [`KernelModule::launch`] with a [`Launch`] shape (often [`grid_for`]) and the arguments as
 //!    [`Arg`]s. It enqueues on the stream given and returns at once (capturable in a graph).
 //!
@@ -76,7 +76,7 @@ template <> __device__ __forceinline__ B from_f<B>(float f) {
 }
 "#;
 
-/// A module of CUDA C: its name in the PTX cache (`{stem}-{arch}-{hash}.ptx`), its whole
+/// A module of CUDA C: its name in the kernel cache (`{stem}-{arch}-{hash}.cubin`), its whole
 /// source and the kernels to load from it.
 #[derive(Clone, Debug)]
 pub struct KernelSource {
@@ -406,15 +406,15 @@ pub struct KernelModule {
     module: Module,
     signatures: HashMap<String, Signature>,
     device: usize,
-    /// Where the PTX came from: "compiled by NVRTC" or the cache file.
+    /// Where the machine code came from: "compiled by NVRTC" or the cache file.
     pub origin: String,
     /// Milliseconds spent compiling or reading the cache and loading the module.
     pub load_ms: f64,
 }
 
 impl KernelModule {
-    /// Compiles `spec` for `gpu` (or reads its cached PTX), loads the kernels it names and reads
-    /// their parameters: an error when a named kernel is not an `extern "C" __global__`
+    /// Compiles `spec` for `gpu` (or reads its cached machine code), loads the kernels it names
+    /// and reads their parameters: an error when a named kernel is not an `extern "C" __global__`
     /// function of the source, when its parameters cannot be read, or when they disagree with
     /// the compiled kernel's.
     pub fn load(discovery: &Discovery, gpu: &Gpu, spec: &KernelSource) -> Result<KernelModule> {

@@ -1,6 +1,8 @@
-//! gpukit's CUDA C modules, compiled by NVRTC for the device's own architecture and kept on
-//! disk as PTX (`{stem}-{arch}-{hash}.ptx` in gpukit's cache folder, the hash over the source,
-//! the architecture and NVRTC's version): a module is compiled once per machine.
+//! gpukit's CUDA C modules, compiled by NVRTC for the device's own architecture to machine code
+//! (a cubin) and kept on disk (`{stem}-{arch}-{hash}.cubin` in gpukit's cache folder, the hash
+//! over the source, the architecture and NVRTC's version): a module is compiled once per
+//! machine. Loading PTX instead made the driver compile it again at every first load on a
+//! machine whose driver cache was empty (a second per module, on a command's own path).
 //!
 //! Used through `kernel`, the public API: [`Module::load`] where a module is first needed;
 //! [`warm_cache`] at the start of a long command compiles every module the cache lacks on
@@ -12,7 +14,7 @@ use crate::driver::Gpu;
 use crate::error::{Error, Result};
 use crate::loader::{Discovery, Lib};
 use cudarc::driver::{CudaFunction, CudaModule};
-use cudarc::nvrtc::{CompileOptions, Ptx};
+use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
@@ -23,7 +25,7 @@ fn cache_file(discovery: &Discovery, source: &str, stem: &str, arch: &str) -> Op
     source.hash(&mut h);
     arch.hash(&mut h);
     crate::libs::api_version(discovery, Lib::Nvrtc).hash(&mut h);
-    crate::loader::cache_dir().map(|d| d.join(format!("{stem}-{arch}-{:016x}.ptx", h.finish())))
+    crate::loader::cache_dir().map(|d| d.join(format!("{stem}-{arch}-{:016x}.cubin", h.finish())))
 }
 
 /// One lock per module and architecture: a second caller waits for the first one's compile.
@@ -36,17 +38,18 @@ fn compiling(key: String) -> Arc<Mutex<()>> {
     Arc::clone(locks.entry(key).or_default())
 }
 
-/// The PTX of `source` for `arch`: read from the disk cache, or compiled by NVRTC and written
-/// there. Also says where it came from (the cache file, or "compiled by NVRTC").
-fn ptx(discovery: &Discovery, source: &str, stem: &str, arch: &str) -> Result<(Ptx, String)> {
+/// The machine code of `source` for `arch`: read from the disk cache, or compiled by NVRTC and
+/// written there. Also says where it came from (the cache file, or "compiled by NVRTC").
+fn cubin(discovery: &Discovery, source: &str, stem: &str, arch: &str) -> Result<(Ptx, String)> {
     let _turn = compiling(format!("{stem}-{arch}"));
     let _turn = _turn.lock().unwrap_or_else(|p| p.into_inner());
     let cached = cache_file(discovery, source, stem, arch);
     let from_cache = cached
         .as_ref()
-        .and_then(|p| std::fs::read_to_string(p).ok().map(|s| (p.clone(), s)));
-    if let Some((path, text)) = from_cache {
-        return Ok((Ptx::from_src(text), path.display().to_string()));
+        .and_then(|p| std::fs::read(p).ok().map(|b| (p.clone(), b)))
+        .filter(|(_, b)| looks_like_cubin(b));
+    if let Some((path, bytes)) = from_cache {
+        return Ok((Ptx::from_binary(bytes), path.display().to_string()));
     }
     if !discovery.usable(Lib::Nvrtc) {
         return Err(Error::MissingLibrary(discovery.missing_message(Lib::Nvrtc)));
@@ -58,18 +61,65 @@ fn ptx(discovery: &Discovery, source: &str, stem: &str, arch: &str) -> Result<(P
         ));
     }
     let started = crate::trace::start();
-    let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()],
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
-        .map_err(|e| Error::Compile(e.to_string()))?;
+    let options = [format!("--gpu-architecture={arch}"), "-std=c++17".into()];
+    let bytes = compile_cubin(source, stem, &options)?;
     crate::trace::done(&format!("nvrtc: {stem} compiled for {arch}"), started);
     if let Some(path) = &cached {
         // a cache: when it cannot be written, the next run compiles again
-        let _ = gpukit_types::files::write_atomically(path, ptx.to_src().as_bytes());
+        let _ = gpukit_types::files::write_atomically(path, &bytes);
     }
-    Ok((ptx, "compiled by NVRTC".to_string()))
+    Ok((Ptx::from_binary(bytes), "compiled by NVRTC".to_string()))
+}
+
+/// Whether `bytes` can be a cubin (an ELF file): a cache file cut short or from elsewhere is
+/// compiled again rather than handed to the driver.
+fn looks_like_cubin(bytes: &[u8]) -> bool {
+    bytes.len() > 64 && bytes.starts_with(b"\x7fELF")
+}
+
+/// NVRTC's machine code of `source` for the real architecture named in `options`.
+fn compile_cubin(source: &str, stem: &str, options: &[String]) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys};
+    let src = std::ffi::CString::new(source)
+        .map_err(|_| Error::Compile(format!("{stem}: the source holds a NUL byte")))?;
+    let name = std::ffi::CString::new(format!("{stem}.cu"))
+        .map_err(|_| Error::Compile(format!("{stem}: the name holds a NUL byte")))?;
+    let prog = result::create_program(&src, Some(&name))
+        .map_err(|e| Error::Compile(format!("{stem}: {e:?}")))?;
+    struct Program(sys::nvrtcProgram);
+    impl Drop for Program {
+        fn drop(&mut self) {
+            // SAFETY: created by create_program, destroyed once, here.
+            let _ = unsafe { result::destroy_program(self.0) };
+        }
+    }
+    let prog = Program(prog);
+    // SAFETY: a live program; the options are NUL-free strings.
+    if let Err(e) = unsafe { result::compile_program(prog.0, options) } {
+        // SAFETY: a live program that was compiled (and failed): its log is readable.
+        let log = unsafe { result::get_program_log(prog.0) }
+            .map(|l| {
+                let bytes: Vec<u8> = l
+                    .iter()
+                    .take_while(|&&c| c != 0)
+                    .map(|&c| c as u8)
+                    .collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            })
+            .unwrap_or_default();
+        return Err(Error::Compile(format!("{stem}: {e:?}: {log}")));
+    }
+    let mut size = 0usize;
+    // SAFETY: a compiled program; the out-pointer is a local.
+    unsafe { sys::nvrtcGetCUBINSize(prog.0, &mut size) }
+        .result()
+        .map_err(|e| Error::Compile(format!("{stem}: no machine code ({e:?})")))?;
+    let mut bytes = vec![0u8; size];
+    // SAFETY: `bytes` holds the size NVRTC reported.
+    unsafe { sys::nvrtcGetCUBIN(prog.0, bytes.as_mut_ptr().cast()) }
+        .result()
+        .map_err(|e| Error::Compile(format!("{stem}: no machine code ({e:?})")))?;
+    Ok(bytes)
 }
 
 /// Compiles, each on its own thread, every module of `modules` (name in the cache, source) the
@@ -96,12 +146,12 @@ pub(crate) fn warm_cache(
         let _ = std::thread::Builder::new()
             .name(format!("nvrtc-{stem}"))
             .spawn(move || {
-                let _ = ptx(&discovery, &source, stem, &arch);
+                let _ = cubin(&discovery, &source, stem, &arch);
             });
     }
 }
 
-/// CUDA C compiled by NVRTC for one device (or read from the on-disk PTX cache) and loaded,
+/// CUDA C compiled by NVRTC for one device (or read from the on-disk cache) and loaded,
 /// with the functions named.
 pub(crate) struct Module {
     _module: Arc<CudaModule>,
@@ -111,7 +161,7 @@ pub(crate) struct Module {
 }
 
 impl Module {
-    /// Compiles `source` for `gpu`'s architecture (cached as `{stem}-{arch}-{hash}.ptx`) and
+    /// Compiles `source` for `gpu`'s architecture (cached as `{stem}-{arch}-{hash}.cubin`) and
     /// loads the functions in `names`.
     pub(crate) fn load(
         discovery: &Discovery,
@@ -123,8 +173,8 @@ impl Module {
         let start = std::time::Instant::now();
         let (major, minor) = gpu.compute_capability()?;
         let arch = format!("sm_{major}{minor}");
-        let (ptx, origin) = ptx(discovery, source, stem, &arch)?;
-        let module = gpu.ctx().load_module(ptx)?;
+        let (image, origin) = cubin(discovery, source, stem, &arch)?;
+        let module = gpu.ctx().load_module(image)?;
         let mut functions = HashMap::new();
         for name in names {
             let f = module.load_function(name)?;

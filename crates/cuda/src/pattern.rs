@@ -116,7 +116,7 @@ PATTERN(H, f16)
 PATTERN(B, bf16)
 "#;
 
-/// The module's name in the PTX cache.
+/// The module's name in the kernel cache.
 const STEM: &str = "pattern";
 
 /// The pattern kernels' module: its name in the cache, its whole CUDA C source and the kernels

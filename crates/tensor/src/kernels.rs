@@ -102,7 +102,7 @@ impl Dims {
     }
 }
 
-/// The module's name in the PTX cache.
+/// The module's name in the kernel cache.
 const STEM: &str = "tensor-kernels";
 
 /// The tensor kernels' module: its name in the cache, its whole CUDA C source and the kernels

@@ -322,6 +322,7 @@ fn run_with(
                     .filter_map(|r| Some((r.batch, r.images_per_s?)))
                     .collect();
                 ctx.dnn.set_search(opts.search);
+                precompile_ahead(&ctx, folded, opts, &gpu, &singles, &batches);
                 let run = GpuRun {
                     ctx: &ctx,
                     folded,
@@ -363,4 +364,40 @@ fn gpu_name(discovery: &Discovery, ordinal: usize) -> (String, Option<(u32, u32)
         ),
         None => (format!("cuda:{ordinal}"), None),
     }
+}
+
+/// Starts cuDNN's helper threads on every operation graph the GPU rows will plan, before the
+/// first session is prepared: the engines that compile at run time are then compiling while
+/// the reference is made and the first convolutions are timed. The CPU rows have run by then
+/// (the helpers would take their cores).
+fn precompile_ahead(
+    ctx: &GpuContext,
+    folded: &FoldedResNet,
+    opts: &InferOptions,
+    gpu: &[Strategy],
+    singles: &[Strategy],
+    batches: &[(usize, u64)],
+) {
+    let s = opts.image_size;
+    let all: Vec<Strategy> = gpu.iter().chain(singles).copied().collect();
+    let mut specs = Vec::new();
+    // in the order the rows prepare their sessions; the reference pair only where it has rows
+    // (alone it is planned from the heuristic's first suggestion, compiling nothing)
+    for (dtype, layout) in gpu::pairs(&all) {
+        if !all
+            .iter()
+            .any(|st| (st.dtype, st.layout) == (dtype, layout))
+        {
+            continue;
+        }
+        let Ok(net) = gpukit_models::gpu::NetShape::of(folded, dtype, layout) else {
+            continue;
+        };
+        for &(n, _) in batches {
+            if let Ok(more) = gpukit_models::gpu::graph_specs(&net, n, s, s) {
+                specs.extend(more);
+            }
+        }
+    }
+    ctx.dnn.precompile(&specs, true);
 }

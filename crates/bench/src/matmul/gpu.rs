@@ -120,6 +120,8 @@ fn gpu_row(
     // at most half the free memory: PyTorch's operands, beside, need room too
     let sets = sets.min(((free - blas_workspace()) / 2 / set_bytes).max(1));
     let seed = fresh_seed();
+    let label = format!("matmul cuda:{} {} {n}", gpu.ordinal, dtype.name());
+    let t = gpukit_cuda::trace::start();
     let mut host0 = None;
     let mut case = GpuCase {
         gpu,
@@ -149,6 +151,11 @@ fn gpu_row(
             host0 = Some(pair);
         }
     }
+    gpukit_cuda::trace::done(
+        &format!("{label}: {sets} operand sets drawn and uploaded"),
+        t,
+    );
+    let t = gpukit_cuda::trace::start();
     // choose: cuBLAS's default against cuBLASLt's heuristic candidates, each timed briefly
     let mut candidates = vec![Backend::Cublas];
     if opts.lt_candidates > 0 {
@@ -180,6 +187,11 @@ fn gpu_row(
         })
         .collect();
     let best = pick_candidate(&scores);
+    gpukit_cuda::trace::done(
+        &format!("{label}: {} candidates tried", candidates.len()),
+        t,
+    );
+    let t = gpukit_cuda::trace::start();
     row.candidates = candidates
         .iter()
         .zip(&scores)
@@ -203,6 +215,8 @@ fn gpu_row(
             row.confirmation = median.map(|m| (m, ratios));
         }
     }
+    gpukit_cuda::trace::done(&format!("{label}: the trial's winner confirmed"), t);
+    let t = gpukit_cuda::trace::start();
     let backend = &candidates[chosen];
     row.backend = Some(backend.label());
     let (timing, theirs, powers) = turns.time(
@@ -223,6 +237,8 @@ fn gpu_row(
             return row;
         }
     };
+    gpukit_cuda::trace::done(&format!("{label}: timed"), t);
+    let t = gpukit_cuda::trace::start();
     // poison, recompute on set 0, compare: a wrong fast number is never reported
     let verified = (|| -> Result<Verification> {
         gpu.fill(case.c[0].view(), 0xFF)?;
@@ -233,6 +249,7 @@ fn gpu_row(
             .ok_or_else(|| Error::Failed("no inputs".into()))?;
         Ok(verify_square(ty, dtype, inputs, &c, n, seed))
     })();
+    gpukit_cuda::trace::done(&format!("{label}: verified"), t);
     match verified {
         Ok(v) => {
             if !v.passed {

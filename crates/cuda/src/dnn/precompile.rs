@@ -141,10 +141,12 @@ impl Shared {
 pub(super) struct Precompiler {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    /// Every graph it was asked for (those it had nothing to compile for included).
+    specs: HashSet<GraphSpec>,
 }
 
 impl Precompiler {
-    fn start(ctx: &Arc<CudaContext>, jobs: Vec<Job>) -> Precompiler {
+    fn start(ctx: &Arc<CudaContext>, jobs: Vec<Job>, specs: HashSet<GraphSpec>) -> Precompiler {
         // every core but the planner's: compiles in parallel slow each other down (on an H100
         // host, 8 at once took 0.8 s each, 15 at once 0.66 s, one alone 0.22 s), so more of
         // them finish sooner; the planner's timing is confirmed by graph replays in turns
@@ -176,7 +178,11 @@ impl Precompiler {
                     .ok()
             })
             .collect();
-        Precompiler { shared, threads }
+        Precompiler {
+            shared,
+            threads,
+            specs,
+        }
     }
 
     /// The plan a helper finalized for `pick` of `spec`, waiting while a helper has it to do;
@@ -349,13 +355,24 @@ impl Dnn {
     /// Starts helper threads that finalize, for each graph in `specs` the selection policy will
     /// plan (with the current search and the choices on disk), the configurations that compile
     /// their kernel at run time. Graphs that will not use the backend API, or whose cached
-    /// choice is not a backend engine, are left out. Replaces helpers started before.
+    /// choice is not a backend engine, are left out. Helpers started before for every one of
+    /// these graphs go on (a caller may start them for several sessions ahead of the first);
+    /// otherwise they are replaced. A heuristic search times nothing, so it starts none (and
+    /// leaves running ones alone).
     pub fn precompile(&self, specs: &[GraphSpec], allow_graph: bool) {
-        self.finish_precompile();
         let search = self.search();
         if !allow_graph || search == Search::Heuristic {
             return;
         }
+        let covered = self
+            .precompiler
+            .borrow()
+            .as_ref()
+            .is_some_and(|p| specs.iter().all(|s| p.specs.contains(s)));
+        if covered {
+            return;
+        }
+        self.finish_precompile();
         let mut seen = HashSet::new();
         let jobs: Vec<Job> = specs
             .iter()
@@ -387,7 +404,21 @@ impl Dnn {
         if jobs.is_empty() {
             return;
         }
-        *self.precompiler.borrow_mut() = Some(Precompiler::start(&self.ctx, jobs));
+        let asked = specs.iter().copied().collect();
+        *self.precompiler.borrow_mut() = Some(Precompiler::start(&self.ctx, jobs, asked));
+    }
+
+    /// [`Dnn::finish_precompile`] when the helpers were given no graph beyond `specs` (one
+    /// session's, planned now); helpers started for later sessions too go on.
+    pub fn finish_precompile_of(&self, specs: &[GraphSpec]) {
+        let beyond = self
+            .precompiler
+            .borrow()
+            .as_ref()
+            .is_some_and(|p| p.specs.iter().any(|s| !specs.contains(s)));
+        if !beyond {
+            self.finish_precompile();
+        }
     }
 
     /// Stops the helpers (after the graph each is finalizing) and drops the plans nobody took.

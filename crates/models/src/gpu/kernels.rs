@@ -142,7 +142,7 @@ extern "C" __global__ void count_unequal(const unsigned* a, const unsigned* b, l
 }
 "#;
 
-/// The module's name in the PTX cache.
+/// The module's name in the kernel cache.
 const STEM: &str = "kernels";
 
 /// The inference kernels' module: its name in the cache, its whole CUDA C source and the

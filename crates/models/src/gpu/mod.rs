@@ -29,7 +29,7 @@ pub mod strategy;
 mod weights;
 
 pub use kernels::Kernels;
-pub use lower::{arena_bytes, ConvLayer, NetShape};
+pub use lower::{arena_bytes, graph_specs, ConvLayer, NetShape};
 pub use session::{Session, SessionMemory};
 pub use strategy::{Strategy, ENGINE_DTYPES};
 pub use weights::GpuWeights;

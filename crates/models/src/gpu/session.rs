@@ -2,7 +2,7 @@
 //! over it, each convolution's chosen engine, the workspace they need, and (after
 //! [`Session::capture`]) a CUDA graph of the whole pass.
 
-use super::lower::{lower, relu_of, y_of, Activation, Lowered, Op};
+use super::lower::{lower, relu_of, spec_of, y_of, Activation, Lowered, Op};
 use super::{GpuContext, GpuWeights};
 use crate::error::{Error, Result};
 use crate::plan::MemoryPlan;
@@ -377,19 +377,9 @@ impl<'a> Session<'a> {
         let specs: Vec<GraphSpec> = self
             .ops
             .iter()
-            .filter_map(|op| match *op {
-                Op::Conv {
-                    conv, x, z, relu, ..
-                } => {
-                    let spec = self.conv_of(conv, x);
-                    Some(match relu {
-                        true => GraphSpec::fused(spec, z.is_some()),
-                        false => GraphSpec::plain(spec),
-                    })
-                }
-                _ => None,
-            })
+            .filter_map(|op| spec_of(&self.weights.shape, &self.shapes, self.n, *op))
             .collect();
+        // (helpers started earlier for these graphs, by the caller, go on as they are)
         self.ctx.dnn.precompile(&specs, self.try_graph);
         // the convolutions with a residual input last: their engines are almost all compiled at
         // run time, and the helpers compile them while this thread times the others
@@ -443,7 +433,8 @@ impl<'a> Session<'a> {
             runs[i] = Some(run);
             say(progress, planned.len());
         }
-        self.ctx.dnn.finish_precompile();
+        // helpers started for more sessions than this one go on for the others
+        self.ctx.dnn.finish_precompile_of(&specs);
         gpukit_cuda::trace::note(|| {
             let after = self.ctx.dnn.stats();
             format!(

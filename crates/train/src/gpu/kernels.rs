@@ -233,7 +233,7 @@ extern "C" __global__ void advance(State* st, int scaled, double lr, double beta
 /// Bytes of the device-side step state.
 pub const STATE_BYTES: usize = 32;
 
-/// The module's name in the PTX cache.
+/// The module's name in the kernel cache.
 const STEM: &str = "train-kernels";
 
 /// The element types every typed kernel is instantiated for.
