@@ -454,8 +454,9 @@ fn push_dir(roots: &mut Vec<(PathBuf, Source)>, dir: PathBuf, source: Source) {
 }
 
 /// The search order: the user's own setting first, then what the loader already sees, then the
-/// active Python or conda environment (PyTorch's own, version-matched set), then CUDA toolkits,
-/// then the driver's and the system's directories. Earlier wins.
+/// active Python or conda environment and the one gpukit is installed in (PyTorch's own,
+/// version-matched set), then CUDA toolkits, then the driver's and the system's directories.
+/// Earlier wins.
 fn search_roots(warnings: &mut Vec<Warning>) -> Vec<(PathBuf, Source)> {
     let mut roots = Vec::new();
     if let Some(val) = std::env::var_os(USER_PATH_ENV) {
@@ -559,18 +560,43 @@ fn wheel_lib_dirs(site: &Path) -> Vec<PathBuf> {
     dirs
 }
 
-/// site-packages of `$VIRTUAL_ENV` and of the `python3` on PATH (python3's answer is cached).
+/// site-packages of `$VIRTUAL_ENV`, of the Python environment gpukit itself is installed in
+/// ([`installed_site_packages`]), and of the `python3` on PATH (python3's answer is cached).
 pub fn python_site_packages() -> Vec<PathBuf> {
+    let venv = std::env::var_os("VIRTUAL_ENV").map(PathBuf::from);
+    let own = std::env::current_exe()
+        .map(|exe| installed_site_packages(&exe))
+        .unwrap_or_default();
+    sites_in_order(venv.as_deref(), own, python3_site_packages_cached())
+}
+
+/// The site-packages in search order, each once: `$VIRTUAL_ENV`'s, the binary's own
+/// environment's, then python3's.
+fn sites_in_order(venv: Option<&Path>, own: Vec<PathBuf>, python3: Vec<PathBuf>) -> Vec<PathBuf> {
     let mut sites = Vec::new();
-    if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
-        sites.extend(glob_site_packages(&PathBuf::from(venv)));
+    if let Some(venv) = venv {
+        sites.extend(glob_site_packages(venv));
     }
-    for p in python3_site_packages_cached() {
+    for p in own.into_iter().chain(python3) {
         if p.is_dir() && !sites.contains(&p) {
             sites.push(p);
         }
     }
     sites
+}
+
+/// The site-packages of the Python environment the binary `exe` was installed into: `pip install
+/// gpukit` puts it in `<prefix>/bin/` (a virtual environment, a conda environment, `--user`'s
+/// `~/.local`) beside `<prefix>/lib/python3.X/site-packages`, where PyTorch's CUDA wheels are, so
+/// they are found without the environment being activated. Empty for a binary outside a `bin`
+/// directory (cargo's `target/release/`) or whose prefix holds no site-packages.
+fn installed_site_packages(exe: &Path) -> Vec<PathBuf> {
+    match exe.parent() {
+        Some(bin) if bin.file_name().is_some_and(|n| n == "bin") => {
+            bin.parent().map(glob_site_packages).unwrap_or_default()
+        }
+        _ => Vec::new(),
+    }
 }
 
 /// Asking python3 costs 20-60 ms (more behind a pyenv shim), too much for every start, so the

@@ -188,3 +188,76 @@ fn a_disabled_library_is_absent_and_says_why() {
     assert!(m.contains("GPUKIT_DISABLE") && m.contains("cupti"), "{m}");
     assert!(!m.contains("install"), "{m}");
 }
+
+#[test]
+fn the_environment_gpukit_is_installed_in_is_searched() {
+    let base = std::env::temp_dir().join(format!("gpukit-ownenv-{}", std::process::id()));
+    // as `pip install gpukit` lays out a virtual environment beside PyTorch's CUDA wheels
+    let venv = base.join("venv");
+    let site = venv.join("lib/python3.11/site-packages");
+    std::fs::create_dir_all(venv.join("bin")).unwrap();
+    std::fs::create_dir_all(site.join("nvidia/cudnn/lib")).unwrap();
+    std::fs::create_dir_all(site.join("nvidia/cublas/lib")).unwrap();
+    std::fs::create_dir_all(site.join("nvidia/cu13/lib")).unwrap();
+    std::fs::create_dir_all(site.join("nvidia/not-a-wheel")).unwrap();
+    let exe = venv.join("bin/gpukit");
+    std::fs::write(&exe, b"x").unwrap();
+    assert_eq!(installed_site_packages(&exe), vec![site.clone()]);
+    assert_eq!(
+        wheel_lib_dirs(&site),
+        vec![
+            site.join("nvidia/cudnn/lib"),
+            site.join("nvidia/cublas/lib"),
+            site.join("nvidia/cu13/lib"),
+        ]
+    );
+    // a binary outside a `bin` directory (cargo's target/release/), or whose prefix has no
+    // site-packages (`cargo install`'s ~/.cargo/bin/), adds nothing
+    let cargo_out = base.join("target/release");
+    std::fs::create_dir_all(&cargo_out).unwrap();
+    std::fs::create_dir_all(base.join("target/lib/python3.11/site-packages")).unwrap();
+    assert!(installed_site_packages(&cargo_out.join("gpukit")).is_empty());
+    let cargo_bin = base.join("cargo/bin");
+    std::fs::create_dir_all(&cargo_bin).unwrap();
+    assert!(installed_site_packages(&cargo_bin.join("gpukit")).is_empty());
+    assert!(installed_site_packages(Path::new("gpukit")).is_empty());
+    // order: $VIRTUAL_ENV's first, then the binary's own environment, then python3's; each once
+    let active = base.join("active");
+    let active_site = active.join("lib/python3.12/site-packages");
+    std::fs::create_dir_all(&active_site).unwrap();
+    let system_site = base.join("system/site-packages");
+    std::fs::create_dir_all(&system_site).unwrap();
+    let gone = base.join("gone/site-packages");
+    assert_eq!(
+        sites_in_order(
+            Some(&active),
+            installed_site_packages(&exe),
+            vec![system_site.clone(), site.clone(), gone.clone()],
+        ),
+        vec![active_site.clone(), site.clone(), system_site.clone()]
+    );
+    // not activated: the binary's own environment is still found, before python3's
+    assert_eq!(
+        sites_in_order(
+            None,
+            installed_site_packages(&exe),
+            vec![system_site.clone()]
+        ),
+        vec![site.clone(), system_site.clone()]
+    );
+    // activated and the same environment: once
+    assert_eq!(
+        sites_in_order(Some(&venv), installed_site_packages(&exe), vec![]),
+        vec![site.clone()]
+    );
+    // a binary outside any environment: as before this change
+    assert_eq!(
+        sites_in_order(
+            Some(&active),
+            installed_site_packages(&cargo_out.join("gpukit")),
+            vec![system_site.clone()]
+        ),
+        vec![active_site, system_site]
+    );
+    std::fs::remove_dir_all(&base).unwrap();
+}
