@@ -13,6 +13,7 @@ pub mod blas;
 pub mod dnn;
 pub mod driver;
 pub mod error;
+pub mod exit;
 pub mod kernel;
 pub mod libs;
 pub mod loader;

@@ -33,13 +33,16 @@ fn main() -> ExitCode {
     gpukit_cuda::trace::done_since_process_start(
         "total since the first process started (re-exec included)",
     );
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
+    let code = match result {
+        Ok(()) => 0,
         Err(e) => {
             eprintln!("error: {}", message(&e));
-            ExitCode::from(exit_code(&e))
+            exit_code(&e)
         }
-    }
+    };
+    // the CUDA libraries' exit handlers took a fifth of a second after every GPU command;
+    // everything gpukit opened is closed by now
+    gpukit_cuda::exit::now(code)
 }
 
 /// The error and its causes, joined with ": ", each cause said once: a cause whose text the
