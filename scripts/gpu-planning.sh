@@ -8,7 +8,8 @@
 # planning GPU tests. check: the fast search cold, warm and at batch 256 against the exhaustive
 # one, `all --quick` cold. tests: the GPU tests of planning and the engine, then check.
 # second: `bench conv --compare-pytorch` cold, then `all` cold (WITH_ALL=1).
-# TEST_BINARIES (tests): which test binaries run; SKIP_256=1 (check): no batch-256 comparison.
+# TEST_BINARIES (tests): which test binaries run; ONLY_TESTS=1: tests without check;
+# SKIP_256=1 (check): no batch-256 comparison.
 # Each cache is its own XDG_CACHE_HOME under a temporary folder, so "cold" is empty. Writes
 # summary.txt and planning.tar.gz under $OUT; prints the summary.
 set -u
@@ -90,6 +91,7 @@ if [ "$MODE" = tests ]; then
     say "test $t rc=$? in $(ms_since "$t0") ms: $(grep -E '^test result' "$W/test-$t.txt")"
     grep -E "FAILED|failed|panicked" "$W/test-$t.txt" | head -5 | tee -a "$SUMMARY"
   done
+  [ "${ONLY_TESTS:-0}" = 1 ] && { pack; exit 0; }
   MODE=check
 fi
 

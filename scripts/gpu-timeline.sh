@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the lent GPU machine, over binaries staged by ../shared/tools/stage-for-device.sh:
-#   bash scripts/gpu-timeline.sh [single] [quick] [all]
+#   bash scripts/gpu-timeline.sh [single] [quick] [all] [ab]
 # Where the seconds of a first result go: GPUKIT_TRACE=1 timelines (every step with its time
 # since the start) of ResNet-50 fp16 NHWC batch 32 one strategy, with an empty choice cache and
 # then twice warm (single); `all --quick` with an empty cache (quick); `all` with an empty cache
@@ -38,6 +38,22 @@ for mode in "$@"; do
     # shellcheck disable=SC2086
     run single single-warm2 $one ;;
   quick) run quick all-quick-cold all --quick --out "$W/all-quick" ;;
-  all) run full all-cold all --out "$W/all" ;;
+  all) run full all-cold all --out "$W/all"
+    cp "$W/all/report.md" "$OUT/all-cold-report.md" 2>/dev/null ;;
+  # warm single rows of $GPUKIT_BASE (default .device/base/gpukit) against $BIN, order A B B A
+  # twice, each binary's cache warmed first: whole-command wall times
+  ab)
+    A=${GPUKIT_BASE:-$PWD/.device/base/gpukit}
+    one="infer --device cuda:0 --batch-sizes 32 --strategies fp16-nhwc --gpu-iterations 20"
+    for b in "$A" "$BIN"; do
+      # shellcheck disable=SC2086
+      env -u LD_LIBRARY_PATH XDG_CACHE_HOME="$W/cache-ab-$(basename "$(dirname "$b")")" "$b" $one >/dev/null 2>&1
+    done
+    for b in "$A" "$BIN" "$BIN" "$A" "$A" "$BIN" "$BIN" "$A"; do
+      t0=$(date +%s%N)
+      # shellcheck disable=SC2086
+      env -u LD_LIBRARY_PATH XDG_CACHE_HOME="$W/cache-ab-$(basename "$(dirname "$b")")" "$b" $one >/dev/null 2>&1
+      say "warm single row rc=$? wall $(ms_since "$t0") ms: $b"
+    done ;;
   esac
 done

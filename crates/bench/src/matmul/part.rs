@@ -36,7 +36,8 @@ fn options(ctx: &Context<'_>) -> MatmulOptions {
         selection: ctx.selection,
         iterations: if quick { 10 } else { 30 },
         cpu_budget_s: if quick { 2.0 } else { 5.0 },
-        cpu_max_size: Some(if quick { 1024 } else { 4096 }),
+        // the CPU's rows at 4096 took 4-6 s each (f32, f64, f16): `bench matmul` has them
+        cpu_max_size: Some(1024),
         // a cuBLASLt winner is confirmed against cuBLAS in 8 turns of half this: 400 ms a row
         // at the default, most of a quick row's time
         block_ms: if quick {
