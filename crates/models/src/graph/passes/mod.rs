@@ -1,0 +1,1 @@
+//! Rewrites of the graph that keep its outputs.

@@ -1,0 +1,1 @@
+//! gpukit's ResNet as a graph.
