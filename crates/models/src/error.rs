@@ -272,6 +272,9 @@ pub enum OnnxProblem {
     /// The model has no graph.
     #[error("has no graph")]
     NoGraph,
+    /// The model imports no version of the default domain's operators.
+    #[error("imports no opset of the default domain (ai.onnx)")]
+    NoOpset,
     /// The default domain's opset version is outside what gpukit reads.
     #[error("imports opset {version} of the default domain; gpukit reads opsets {min} to {max}")]
     Opset { version: i64, min: i64, max: i64 },

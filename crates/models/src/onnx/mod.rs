@@ -2,13 +2,18 @@
 //!
 //! To use:
 //! 1. export a folded ResNet for ONNX Runtime with [`export_resnet`];
-//! 2. (later parts) import a model into gpukit's graph.
+//! 2. import any supported model into gpukit's graph with [`import_file`] or [`import_bytes`]
+//!    ([`ImportOptions`] gives the batch and other open sizes).
 //!
-//! The parts: `proto` (the `onnx.proto` messages, prost derives) and `export` (a folded
-//! ResNet as a ModelProto).
+//! The parts: `proto` (the `onnx.proto` messages, prost derives), `export` (a folded ResNet as
+//! a ModelProto) and `import` (ModelProto -> `crate::graph::Graph`).
 
 mod export;
+mod import;
 pub mod proto;
 
 pub use export::{export_model, export_resnet};
+pub use import::{
+    import_bytes, import_file, import_model, ImportOptions, MAX_OPSET, MIN_OPSET, SUPPORTED_OPS,
+};
 pub use proto::ModelProto;
