@@ -6,9 +6,12 @@
 //!    ([`ImportOptions`] gives the batch and other open sizes).
 //!
 //! The parts: `proto` (the `onnx.proto` messages, prost derives), `export` (a folded ResNet as
-//! a ModelProto) and `import` (ModelProto -> `crate::graph::Graph`).
+//! a ModelProto), `import` (ModelProto -> `crate::graph::Graph`), and for tests `builder` (a
+//! small ONNX writer) and `fixtures` (models of the families the importer targets).
 
+pub mod builder;
 mod export;
+pub mod fixtures;
 mod import;
 pub mod proto;
 

@@ -241,3 +241,6 @@ fn build(
     }
     Ok(b.finish()?)
 }
+
+#[cfg(test)]
+mod tests;
