@@ -110,7 +110,7 @@ pub(crate) fn out_extent(
     } else {
         room / stride
     } + 1;
-    if ceil && (out - 1) * stride >= len + pad_begin {
+    if ceil && (out - 1).saturating_mul(stride) >= len.saturating_add(pad_begin) {
         out -= 1;
     }
     Ok(out)

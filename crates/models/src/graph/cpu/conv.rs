@@ -76,7 +76,18 @@ pub(super) fn conv(c: &Conv, inputs: &[View], out_shape: &[usize]) -> Result<Vec
     };
     let [r, s] = c.kernel;
     let mut out = vec![0f32; n * k * p * q];
-    let plain = c.groups == 1 && c.dilations == [1, 1] && c.strides[0] == c.strides[1];
+    // The padded copy an asymmetric padding needs is bounded here (shape inference bounds the
+    // output, not it): absurd pads take the direct loop instead.
+    let padded_fits = [
+        h.saturating_add(c.pads[0]).saturating_add(c.pads[2]),
+        w.saturating_add(c.pads[1]).saturating_add(c.pads[3]),
+        n,
+        ch,
+    ]
+    .iter()
+    .try_fold(1usize, |a, &d| a.checked_mul(d))
+    .is_some_and(|e| e <= 2 * x.len() + (1 << 20));
+    let plain = c.groups == 1 && c.dilations == [1, 1] && c.strides[0] == c.strides[1] && padded_fits;
     if plain {
         let symmetric = c.pads.iter().all(|&v| v == c.pads[0]);
         let padded;
