@@ -4,13 +4,28 @@
 //! through the passes, its ReLUs and residual Adds become Conv epilogues, the fusions the
 //! hand-built CPU and GPU paths make.
 
-use super::{Conv, DType, Data, Epilogue, Gemm, Graph, GraphBuilder, GraphError, Op, Pool, ValueId};
+use super::{
+    Conv, DType, Data, Epilogue, Gemm, Graph, GraphBuilder, GraphError, Op, Pool, ValueId,
+};
 use crate::forward::{block_name, FoldedConv, FoldedResNet};
 
 /// Adds `conv` (named `name`, torchvision's key without `.weight`) on `x`; returns its output.
-fn conv(b: &mut GraphBuilder, name: &str, c: &FoldedConv, x: ValueId) -> Result<ValueId, GraphError> {
-    let w = b.constant(&format!("{name}.weight"), vec![c.out_ch, c.in_ch, c.kernel, c.kernel], Data::F32(c.weight.clone()))?;
-    let bias = b.constant(&format!("{name}.bias"), vec![c.out_ch], Data::F32(c.bias.clone()))?;
+fn conv(
+    b: &mut GraphBuilder,
+    name: &str,
+    c: &FoldedConv,
+    x: ValueId,
+) -> Result<ValueId, GraphError> {
+    let w = b.constant(
+        &format!("{name}.weight"),
+        vec![c.out_ch, c.in_ch, c.kernel, c.kernel],
+        Data::F32(c.weight.clone()),
+    )?;
+    let bias = b.constant(
+        &format!("{name}.bias"),
+        vec![c.out_ch],
+        Data::F32(c.bias.clone()),
+    )?;
     let op = Op::Conv(Conv {
         kernel: [c.kernel, c.kernel],
         strides: [c.stride, c.stride],
@@ -29,12 +44,23 @@ fn relu(b: &mut GraphBuilder, name: &str, x: ValueId) -> Result<ValueId, GraphEr
 
 /// The graph of `model` on `batch` NCHW RGB images of `height x width`: input `input`
 /// `[batch, 3, height, width]`, output `logits` `[batch, classes]`.
-pub fn resnet_graph(model: &FoldedResNet, batch: usize, height: usize, width: usize) -> Result<Graph, GraphError> {
+pub fn resnet_graph(
+    model: &FoldedResNet,
+    batch: usize,
+    height: usize,
+    width: usize,
+) -> Result<Graph, GraphError> {
     let mut b = GraphBuilder::new();
     let x = b.input("input", DType::F32, vec![batch, 3, height, width])?;
     let y = conv(&mut b, "conv1", &model.stem, x)?;
     let y = relu(&mut b, "relu", y)?;
-    let pool = Pool { kernel: [3, 3], strides: [2, 2], pads: [1; 4], ceil_mode: false, count_include_pad: false };
+    let pool = Pool {
+        kernel: [3, 3],
+        strides: [2, 2],
+        pads: [1; 4],
+        ceil_mode: false,
+        count_include_pad: false,
+    };
     let mut x = b.node("maxpool", Op::MaxPool(pool), &[y], &["maxpool"])?[0];
     let stages = model.model.blocks();
     for (i, block) in model.blocks.iter().enumerate() {
@@ -47,7 +73,12 @@ pub fn resnet_graph(model: &FoldedResNet, batch: usize, height: usize, width: us
         for (j, c) in block.convs.iter().enumerate() {
             y = conv(&mut b, &format!("{name}.conv{}", j + 1), c, y)?;
             if j + 1 == block.convs.len() {
-                y = b.node(&format!("{name}.add"), Op::Binary(super::Binary::Add), &[y, identity], &[&format!("{name}.add")])?[0];
+                y = b.node(
+                    &format!("{name}.add"),
+                    Op::Binary(super::Binary::Add),
+                    &[y, identity],
+                    &[&format!("{name}.add")],
+                )?[0];
             }
             y = relu(&mut b, &format!("{name}.relu{}", j + 1), y)?;
         }
@@ -56,9 +87,22 @@ pub fn resnet_graph(model: &FoldedResNet, batch: usize, height: usize, width: us
     let pooled = b.node("avgpool", Op::GlobalAveragePool, &[x], &["avgpool"])?[0];
     let flat = b.node("flatten", Op::Flatten { axis: 1 }, &[pooled], &["flatten"])?[0];
     let features = model.fc_weight.len() / model.num_classes.max(1);
-    let w = b.constant("fc.weight", vec![model.num_classes, features], Data::F32(model.fc_weight.clone()))?;
-    let bias = b.constant("fc.bias", vec![model.num_classes], Data::F32(model.fc_bias.clone()))?;
-    let gemm = Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: true };
+    let w = b.constant(
+        "fc.weight",
+        vec![model.num_classes, features],
+        Data::F32(model.fc_weight.clone()),
+    )?;
+    let bias = b.constant(
+        "fc.bias",
+        vec![model.num_classes],
+        Data::F32(model.fc_bias.clone()),
+    )?;
+    let gemm = Gemm {
+        alpha: 1.0,
+        beta: 1.0,
+        trans_a: false,
+        trans_b: true,
+    };
     let logits = b.node("fc", Op::Gemm(gemm), &[flat, w, bias], &["logits"])?[0];
     b.output(logits);
     b.finish()
@@ -87,13 +131,21 @@ mod tests {
             let graph = resnet_graph(&folded, n, h, w).unwrap();
             let mut fused = graph.clone();
             let stats = passes::optimize(&mut fused).unwrap();
-            let convs = fused.nodes.iter().filter(|n| matches!(n.op, Op::Conv(_))).count();
+            let convs = fused
+                .nodes
+                .iter()
+                .filter(|n| matches!(n.op, Op::Conv(_)))
+                .count();
             // every ReLU and residual Add is now a convolution's epilogue
             assert_eq!(fused.nodes.len(), convs + 4, "{model:?}: {stats:?}");
             for g in [&graph, &fused] {
                 let got = forward_cpu(g, &[Array::f32(&[n, 3, h, w], x.clone())]).unwrap();
                 let got = got[0].as_f32().unwrap();
-                let num: f64 = got.iter().zip(&want).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
+                let num: f64 = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2))
+                    .sum();
                 let den: f64 = want.iter().map(|b| f64::from(*b).powi(2)).sum();
                 let rel = (num / den).sqrt();
                 assert!(rel <= 1e-5, "{model:?}: relative error {rel} (seed {seed})");

@@ -87,7 +87,8 @@ pub(super) fn conv(c: &Conv, inputs: &[View], out_shape: &[usize]) -> Result<Vec
     .iter()
     .try_fold(1usize, |a, &d| a.checked_mul(d))
     .is_some_and(|e| e <= 2 * x.len() + (1 << 20));
-    let plain = c.groups == 1 && c.dilations == [1, 1] && c.strides[0] == c.strides[1] && padded_fits;
+    let plain =
+        c.groups == 1 && c.dilations == [1, 1] && c.strides[0] == c.strides[1] && padded_fits;
     if plain {
         let symmetric = c.pads.iter().all(|&v| v == c.pads[0]);
         let padded;
