@@ -56,10 +56,16 @@ pub enum Error {
     /// An ONNX model that cannot be imported (each message names the file and, where there is
     /// one, the node, its operator and the input or attribute).
     #[error(transparent)]
-    Onnx(#[from] OnnxError),
+    Onnx(Box<OnnxError>),
     /// A graph that is not well formed, or inputs it cannot take.
     #[error(transparent)]
     Graph(#[from] GraphError),
+}
+
+impl From<OnnxError> for Error {
+    fn from(e: OnnxError) -> Self {
+        Error::Onnx(Box::new(e))
+    }
 }
 
 /// The models crate's result.

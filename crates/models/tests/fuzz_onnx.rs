@@ -100,7 +100,7 @@ fn check_import(bytes: &[u8]) -> Result<Graph, String> {
         }
         Err(e) => {
             let msg = e.to_string();
-            let e = Error::from(e);
+            assert!(matches!(e, Error::Onnx(_)), "not an ONNX error: {msg}");
             assert_eq!(e.kind(), ErrorKind::BadInput, "{msg}");
             let problem = msg
                 .strip_prefix("ONNX model <bytes>: ")

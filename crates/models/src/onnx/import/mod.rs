@@ -35,8 +35,9 @@ pub struct ImportOptions {
     pub dims: Vec<(String, usize)>,
 }
 
-/// Imports the model at `path`; external data files are found relative to its folder.
-pub fn import_file(path: &Path, options: &ImportOptions) -> Result<Graph, OnnxError> {
+/// Imports the model at `path`; external data files are found relative to its folder. Errors
+/// are [`crate::Error::Onnx`].
+pub fn import_file(path: &Path, options: &ImportOptions) -> crate::Result<Graph> {
     let file = path.display().to_string();
     let fail = |problem| OnnxError {
         file: file.clone(),
@@ -57,7 +58,7 @@ pub fn import_file(path: &Path, options: &ImportOptions) -> Result<Graph, OnnxEr
 }
 
 /// Imports a model from its bytes (it cannot have external data: there is no folder).
-pub fn import_bytes(bytes: &[u8], options: &ImportOptions) -> Result<Graph, OnnxError> {
+pub fn import_bytes(bytes: &[u8], options: &ImportOptions) -> crate::Result<Graph> {
     let model = ModelProto::decode(bytes).map_err(|e| OnnxError {
         file: "<bytes>".into(),
         problem: OnnxProblem::Decode(e.to_string()),
@@ -71,10 +72,13 @@ pub fn import_model(
     dir: Option<&Path>,
     file: &str,
     options: &ImportOptions,
-) -> Result<Graph, OnnxError> {
-    build(model, dir, options).map_err(|problem| OnnxError {
-        file: file.to_string(),
-        problem,
+) -> crate::Result<Graph> {
+    build(model, dir, options).map_err(|problem| {
+        OnnxError {
+            file: file.to_string(),
+            problem,
+        }
+        .into()
     })
 }
 

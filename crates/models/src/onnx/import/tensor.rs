@@ -184,7 +184,7 @@ fn read_external(t: &TensorProto, dir: Option<&Path>, need: usize) -> Result<Vec
         .metadata()
         .map_err(|e| ext(&file, format!("cannot be read: {e}")))?
         .len();
-    let end = offset.checked_add(need as u64).unwrap_or(u64::MAX);
+    let end = offset.saturating_add(need as u64);
     if end > len {
         return Err(ext(
             &file,

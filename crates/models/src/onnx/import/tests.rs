@@ -80,9 +80,10 @@ fn import_err(bytes: &[u8]) -> String {
     let e = import_bytes(bytes, &batch(1)).unwrap_err();
     let msg = e.to_string();
     assert_eq!(
-        gpukit_types::HasKind::kind(&crate::Error::from(e)),
+        gpukit_types::HasKind::kind(&e),
         gpukit_types::ErrorKind::BadInput
     );
+    assert!(matches!(e, crate::Error::Onnx(_)), "{msg}");
     msg
 }
 
