@@ -159,6 +159,28 @@ pub fn forward_cpu(graph: &Graph, inputs: &[Array]) -> Result<Vec<Array>, GraphE
             op: node.op.name().to_string(),
             problem,
         };
+        // An operator that only relabels a shape takes its input's buffer when this is the
+        // input's last reader, instead of copying it.
+        let relabel = matches!(
+            node.op,
+            Op::Flatten { .. }
+                | Op::Reshape
+                | Op::Identity
+                | Op::Squeeze { .. }
+                | Op::Unsqueeze { .. }
+        );
+        if let (true, Some(&v), Some(&o)) = (relabel, node.inputs.first(), node.outputs.first()) {
+            let last = last_use[v] == Some(i) && !node.inputs[1..].contains(&v);
+            if last && matches!(slots[v], Some(Cow::Owned(_))) {
+                slots[o] = slots[v].take();
+                for &u in &node.inputs[1..] {
+                    if last_use[u] == Some(i) && graph.values[u].constant.is_none() {
+                        slots[u] = None;
+                    }
+                }
+                continue;
+            }
+        }
         let views = node
             .inputs
             .iter()

@@ -188,9 +188,14 @@ fn build(
         let (dtype, shape) = input_type(v, options)?;
         b.input(&v.name, dtype, shape)?;
     }
-    for node in &g.node {
+    for (index, node) in g.node.iter().enumerate() {
+        // a node the model left unnamed is named by its operator and position
+        let name = match node.name.as_str() {
+            "" => format!("{}_{index}", node.op_type),
+            n => n.to_string(),
+        };
         let fail = |problem: NodeProblem| OnnxProblem::Node {
-            node: node.name.clone(),
+            node: name.clone(),
             op: node.op_type.clone(),
             problem,
         };
@@ -233,7 +238,7 @@ fn build(
             },
             _ => return Err(fail(NodeProblem::Arity("has no output".into()))),
         };
-        b.node(&node.name, op, &ids, &[output])?;
+        b.node(&name, op, &ids, &[output])?;
     }
     for v in &g.output {
         let id = b.lookup(&v.name).ok_or_else(|| OnnxProblem::Value {

@@ -162,9 +162,10 @@ fn unsupported_attributes_ops_and_domains_are_errors_naming_node_op_and_attribut
     )
     .unwrap();
     model.graph.as_mut().unwrap().node[0].domain = "com.microsoft".into();
+    model.graph.as_mut().unwrap().node[0].name = String::new();
     let msg = import_err(&model.encode_to_vec());
     assert!(
-        msg.contains("node relu_1_node (Relu): domain \"com.microsoft\" is not supported"),
+        msg.contains("node Relu_0 (Relu): domain \"com.microsoft\" is not supported"),
         "{msg}"
     );
     // an opset out of range
