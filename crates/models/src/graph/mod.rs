@@ -20,7 +20,7 @@ pub mod passes;
 pub mod resnet;
 
 pub use crate::error::GraphError;
-pub use cpu::{forward_cpu, Array};
+pub use cpu::{forward_cpu, last_uses, Array};
 pub use infer::{GraphBuilder, MAX_ELEMENTS};
 pub use op::{Activation, Binary, Conv, Epilogue, Gemm, Op, Pool};
 

@@ -143,16 +143,7 @@ pub fn forward_cpu(graph: &Graph, inputs: &[Array]) -> Result<Vec<Array>, GraphE
             slots[id] = Some(Cow::Borrowed(c));
         }
     }
-    // the memory plan: the last node reading each value (graph outputs are never freed)
-    let mut last_use = vec![None; graph.values.len()];
-    for (i, node) in graph.nodes.iter().enumerate() {
-        for &v in &node.inputs {
-            last_use[v] = Some(i);
-        }
-    }
-    for &o in &graph.outputs {
-        last_use[o] = None;
-    }
+    let last_use = last_uses(graph);
     for (i, node) in graph.nodes.iter().enumerate() {
         let fail = |problem: String| GraphError::Node {
             node: node.name.clone(),
@@ -227,6 +218,26 @@ pub fn forward_cpu(graph: &Graph, inputs: &[Array]) -> Result<Vec<Array>, GraphE
             })
         })
         .collect()
+}
+
+/// The memory plan: for each value, the index of the last node that reads it, after which
+/// its buffer can go; None for values no node reads and for graph outputs, which are kept.
+/// (Constants are never freed either; a backend may place them apart.)
+pub fn last_uses(graph: &Graph) -> Vec<Option<usize>> {
+    let mut last_use = vec![None; graph.values.len()];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        for &v in &node.inputs {
+            if let Some(l) = last_use.get_mut(v) {
+                *l = Some(i);
+            }
+        }
+    }
+    for &o in &graph.outputs {
+        if let Some(l) = last_use.get_mut(o) {
+            *l = None;
+        }
+    }
+    last_use
 }
 
 /// Row-major strides of `shape`.

@@ -753,6 +753,25 @@ fn shape_arithmetic_runs_on_i64() {
 }
 
 #[test]
+fn each_value_is_freed_after_its_last_reader_and_outputs_are_kept() {
+    // x -> a -> b, x and a read again by c; b and c are outputs
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, vec![4]).unwrap();
+    let relu = Op::Activation(Activation::Relu);
+    let a = b.node("a", relu.clone(), &[x], &["a"]).unwrap()[0];
+    let bb = b.node("b", relu, &[a], &["b"]).unwrap()[0];
+    let c = b
+        .node("c", Op::Binary(Binary::Add), &[x, a], &["c"])
+        .unwrap()[0];
+    b.output(bb);
+    b.output(c);
+    let g = b.finish().unwrap();
+    assert_eq!(crate::graph::last_uses(&g), [Some(2), Some(2), None, None]);
+    let out = forward_cpu(&g, &[Array::f32(&[4], vec![-1.0, 2.0, -3.0, 4.0])]).unwrap();
+    assert_eq!(out[1].as_f32().unwrap(), [-1.0, 4.0, -3.0, 8.0]);
+}
+
+#[test]
 fn bad_graphs_and_inputs_are_errors_naming_the_node_or_input() {
     let mut b = GraphBuilder::new();
     let x = b.input("x", DType::F32, vec![1, 3, 8, 8]).unwrap();
