@@ -10,9 +10,11 @@
 //!    epilogues, squeeze-excitation, dead nodes), or with the passes one by one;
 //! 3. run it with [`forward_cpu`].
 //!
-//! The parts: `op` (the operators), `infer` (shape inference and the builder), `cpu` (the f32
+//! The parts: `op` (the operators), `infer` (shape inference), `builder` (the builder and
+//! the graph check), `cpu` (the f32
 //! interpreter, one file per operator family), `passes`, `resnet` (gpukit's ResNet as a graph).
 
+mod builder;
 pub mod cpu;
 mod infer;
 pub mod op;
@@ -20,8 +22,9 @@ pub mod passes;
 pub mod resnet;
 
 pub use crate::error::GraphError;
+pub use builder::GraphBuilder;
 pub use cpu::{forward_cpu, last_uses, Array};
-pub use infer::{GraphBuilder, MAX_ELEMENTS};
+pub use infer::MAX_ELEMENTS;
 pub use op::{Activation, Binary, Conv, Epilogue, Gemm, Op, Pool};
 
 /// A value's index in [`Graph::values`].
@@ -203,6 +206,6 @@ impl Graph {
     /// read, constants holding as many elements as their shape, and every node's outputs of
     /// the shapes and types its operator gives on its inputs.
     pub fn check(&self) -> Result<(), GraphError> {
-        infer::check(self)
+        builder::check(self)
     }
 }
