@@ -53,6 +53,19 @@ pub enum Error {
     /// A request the engine cannot serve (a batch of 0, a dtype it has no kernels for, ...).
     #[error("{0}")]
     Invalid(String),
+    /// An ONNX model that cannot be imported (each message names the file and, where there is
+    /// one, the node, its operator and the input or attribute).
+    #[error(transparent)]
+    Onnx(Box<OnnxError>),
+    /// A graph that is not well formed, or inputs it cannot take.
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+}
+
+impl From<OnnxError> for Error {
+    fn from(e: OnnxError) -> Self {
+        Error::Onnx(Box::new(e))
+    }
 }
 
 /// The models crate's result.
@@ -77,7 +90,9 @@ impl HasKind for Error {
             Error::Weights(_)
             | Error::Fold(_)
             | Error::InputLength { .. }
-            | Error::TooSmall { .. } => ErrorKind::BadInput,
+            | Error::TooSmall { .. }
+            | Error::Onnx(_)
+            | Error::Graph(_) => ErrorKind::BadInput,
             Error::Cuda(e) => e.kind(),
             Error::Tensor(e) => e.kind(),
             Error::OnnxRuntime(_) => ErrorKind::Unavailable,
@@ -221,6 +236,104 @@ pub enum WeightsError {
     /// reader keeps is arbitrary.
     #[error("weights file {}: key {key} appears twice in the header", .path.display())]
     DuplicateKey { path: PathBuf, key: String },
+}
+
+/// Why a graph is not well formed, or cannot run on the inputs given: the node (its name and
+/// operator) or graph input at fault, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GraphError {
+    /// A node whose inputs, attributes or outputs do not fit together.
+    #[error("node {node} ({op}): {problem}")]
+    Node {
+        node: String,
+        op: String,
+        problem: String,
+    },
+    /// A graph input that is missing, or of another shape or type than the graph's.
+    #[error("input {input}: {problem}")]
+    Input { input: String, problem: String },
+    /// The graph's own structure: a value used before it is computed, an id out of range.
+    #[error("graph: {0}")]
+    Structure(String),
+}
+
+/// Why an ONNX model cannot be imported: the file (or `<bytes>`), then what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("ONNX model {file}: {problem}")]
+pub struct OnnxError {
+    /// The model's path as given, or `<bytes>` for a model read from memory.
+    pub file: String,
+    pub problem: OnnxProblem,
+}
+
+/// What is wrong with an ONNX model; [`OnnxError`] adds the file.
+#[derive(Debug, thiserror::Error)]
+pub enum OnnxProblem {
+    /// The file could not be read.
+    #[error("cannot be read: {0}")]
+    Read(std::io::Error),
+    /// The bytes are not a ModelProto (truncated, corrupt, another format).
+    #[error("is not a valid ONNX protobuf: {0}")]
+    Decode(String),
+    /// The model has no graph.
+    #[error("has no graph")]
+    NoGraph,
+    /// The model imports no version of the default domain's operators.
+    #[error("imports no opset of the default domain (ai.onnx)")]
+    NoOpset,
+    /// The default domain's opset version is outside what gpukit reads.
+    #[error("imports opset {version} of the default domain; gpukit reads opsets {min} to {max}")]
+    Opset { version: i64, min: i64, max: i64 },
+    /// A node gpukit cannot take as it is.
+    #[error("node {node} ({op}): {problem}")]
+    Node {
+        node: String,
+        op: String,
+        problem: NodeProblem,
+    },
+    /// An initializer or constant tensor whose data cannot be read.
+    #[error("tensor {tensor}: {problem}")]
+    Tensor { tensor: String, problem: String },
+    /// A tensor's external data file is missing, unreadable or too short.
+    #[error("tensor {tensor}: external data file {}: {problem}", .file.display())]
+    ExternalData {
+        tensor: String,
+        file: PathBuf,
+        problem: String,
+    },
+    /// A graph input or output gpukit cannot take (type, unresolved size).
+    #[error("{role} {name}: {problem}")]
+    Value {
+        role: &'static str,
+        name: String,
+        problem: String,
+    },
+    /// The graph built from the model is not well formed (shapes that do not fit).
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+}
+
+/// What is wrong with one node of an ONNX model.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeProblem {
+    /// An operator gpukit does not implement.
+    #[error("operator {op} is not supported; gpukit supports {supported}")]
+    UnsupportedOp { op: String, supported: String },
+    /// An operator of another domain than ONNX's default one.
+    #[error("domain {domain:?} is not supported; gpukit reads the default domain (ai.onnx) only")]
+    Domain { domain: String },
+    /// A required attribute is absent.
+    #[error("attribute {attribute} is required")]
+    MissingAttribute { attribute: String },
+    /// An attribute gpukit does not implement for this operator, or a value it does not take.
+    #[error("attribute {attribute}: {problem}")]
+    Attribute { attribute: String, problem: String },
+    /// An input that is absent, unknown or not what the operator takes.
+    #[error("input {input}: {problem}")]
+    Input { input: String, problem: String },
+    /// The node's inputs or outputs are not as many as the operator takes.
+    #[error("{0}")]
+    Arity(String),
 }
 
 /// What a file of single tensors holds, for the message that the asked-for one is absent: at

@@ -16,7 +16,7 @@ use gpukit_tensor::{ConvShape, DType, Device, Tensor};
 use std::sync::OnceLock;
 
 mod peaks;
-use peaks::block_name;
+pub(crate) use peaks::block_name;
 pub use peaks::Peaks;
 
 /// torchvision's BatchNorm2d epsilon.

@@ -7,6 +7,7 @@
 pub mod error;
 pub mod forward;
 pub mod gpu;
+pub mod graph;
 pub mod onnx;
 pub mod ort_runner;
 pub mod plan;

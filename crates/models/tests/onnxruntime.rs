@@ -1,9 +1,12 @@
-//! gpukit's ONNX export run by ONNX Runtime against gpukit's own CPU forward pass, on fresh
-//! random weights and inputs. Ignored, with the reason, where ONNX Runtime is not installed;
+//! gpukit's ONNX export run by ONNX Runtime against gpukit's own CPU forward pass, and the
+//! importer's fixture models run by ONNX Runtime against gpukit's graph interpreter (as
+//! imported, and after the passes), on fresh random weights and inputs. Ignored, with the reason, where ONNX Runtime is not installed;
 //! GPUKIT_REQUIRE_ORT=1 (set by .ci/run, which installs it) makes its absence a failure.
 
 use gpukit_models::forward::fold;
-use gpukit_models::onnx::export_resnet;
+use gpukit_models::graph::passes::optimize;
+use gpukit_models::graph::{forward_cpu, Array};
+use gpukit_models::onnx::{export_resnet, fixtures, import_bytes, ImportOptions};
 use gpukit_models::ort_runner::{find_onnxruntime, OrtModel};
 use gpukit_models::weights::seeded_init;
 use gpukit_models::ResNet;
@@ -41,6 +44,48 @@ fn exported_model_matches_cpu_forward() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Relative L2 error of `got` against `want`.
+fn relative_error(got: &[f32], want: &[f32]) -> f64 {
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|b| f64::from(*b).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+fn fixtures_match_graph_interpreter() -> Result<(), Failed> {
+    let lib = find_onnxruntime()?;
+    let seed = gpukit_tensor::random::fresh_seed();
+    let (n, side) = (2, fixtures::SIDE);
+    let options = ImportOptions {
+        batch: Some(n),
+        dims: Vec::new(),
+    };
+    for f in fixtures::all(seed) {
+        let bytes = prost::Message::encode_to_vec(&f.model);
+        let x = gpukit_tensor::random::uniform_f32(n * 3 * side * side, seed);
+        let want = OrtModel::new(&lib, &bytes, 2)?.run(&x, n, side, side)?;
+        let imported = import_bytes(&bytes, &options)?;
+        let mut optimized = imported.clone();
+        optimize(&mut optimized)?;
+        for (stage, graph) in [("imported", &imported), ("optimized", &optimized)] {
+            let out = forward_cpu(graph, &[Array::f32(&[n, 3, side, side], x.clone())])?;
+            let got = out[0].as_f32().ok_or("f32 output")?;
+            let rel = relative_error(got, &want);
+            if got.len() != want.len() || rel.is_nan() || rel > 1e-5 {
+                return Err(format!(
+                    "{} ({stage}): ONNX Runtime vs gpukit's interpreter relative error {rel} (seed {seed})",
+                    f.name
+                )
+                .into());
+            }
+        }
+    }
+    Ok(())
+}
+
 fn seed_dict(model: ResNet, classes: usize, seed: u64) -> gpukit_models::weights::StateDict {
     seeded_init(model, classes, seed, true)
 }
@@ -59,10 +104,17 @@ fn main() {
             Some(e)
         }
     };
-    let trials = vec![Trial::test(
-        "onnxruntime::exported_model_matches_cpu_forward",
-        exported_model_matches_cpu_forward,
-    )
-    .with_ignored_flag(skip.is_some())];
+    let trials = vec![
+        Trial::test(
+            "onnxruntime::exported_model_matches_cpu_forward",
+            exported_model_matches_cpu_forward,
+        )
+        .with_ignored_flag(skip.is_some()),
+        Trial::test(
+            "onnxruntime::fixtures_match_graph_interpreter",
+            fixtures_match_graph_interpreter,
+        )
+        .with_ignored_flag(skip.is_some()),
+    ];
     libtest_mimic::run(&args, trials).exit();
 }

@@ -1,6 +1,6 @@
-//! What the safetensors fuzz tests and the corpus replay check of every outcome: an error is
-//! bad input naming the file, and no single allocation was far beyond the file's size (a header
-//! claiming a huge tensor must be refused before anything that size is allocated).
+//! What the safetensors and ONNX fuzz tests and the corpus replay check of every outcome: an
+//! error is bad input naming the file, and no single allocation was far beyond the file's size
+//! (a header claiming a huge tensor must be refused before anything that size is allocated).
 
 use gpukit_models::Error;
 use gpukit_types::{ErrorKind, HasKind};
@@ -46,17 +46,24 @@ unsafe impl GlobalAlloc for Alloc {
     }
 }
 
+/// Runs `f` and returns its value with the largest single allocation it made on this thread.
+pub fn largest_allocation<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    LARGEST.with(|l| l.set(0));
+    let value = f();
+    (value, LARGEST.with(Cell::get))
+}
+
 /// Runs a reader on a file of `file_len` bytes at `path` and checks its outcome: no allocation
 /// over four times the file (f16 decoded to f32 doubles it) plus 1 MiB, and an error that is
 /// bad input and names the file. Returns the value, or the error's message.
+// not every test binary that includes this module reads safetensors
+#[allow(dead_code)]
 pub fn check_read<T>(
     path: &Path,
     file_len: usize,
     read: impl FnOnce() -> Result<T, Error>,
 ) -> Result<T, String> {
-    LARGEST.with(|l| l.set(0));
-    let outcome = read();
-    let largest = LARGEST.with(Cell::get);
+    let (outcome, largest) = largest_allocation(read);
     let limit = file_len.saturating_mul(4) + (1 << 20);
     assert!(
         largest <= limit,

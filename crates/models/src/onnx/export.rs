@@ -1,138 +1,19 @@
 //! Writes a folded ResNet as an ONNX model (opset 17), so ONNX Runtime runs the very weights
-//! gpukit runs. The messages are the subset of ONNX's `onnx.proto` the export needs, declared
-//! with `prost`'s derive (field numbers as in onnx.proto; repeated scalars unpacked, as proto2
-//! writes them).
+//! gpukit runs.
 
+use super::proto::{
+    attribute_type, data_type, AttributeProto, Dimension, GraphProto, ModelProto, NodeProto,
+    OperatorSetIdProto, TensorProto, TensorShapeProto, TensorTypeProto, TypeProto, ValueInfoProto,
+};
 use crate::forward::{FoldedConv, FoldedResNet};
 use prost::Message;
 
-/// ONNX's `ModelProto`.
-#[derive(Clone, PartialEq, Message)]
-pub struct ModelProto {
-    #[prost(int64, tag = "1")]
-    pub ir_version: i64,
-    #[prost(string, tag = "2")]
-    pub producer_name: String,
-    #[prost(string, tag = "3")]
-    pub producer_version: String,
-    #[prost(message, optional, tag = "7")]
-    pub graph: Option<GraphProto>,
-    #[prost(message, repeated, tag = "8")]
-    pub opset_import: Vec<OperatorSetIdProto>,
-}
-
-/// ONNX's `OperatorSetIdProto`.
-#[derive(Clone, PartialEq, Message)]
-pub struct OperatorSetIdProto {
-    #[prost(string, tag = "1")]
-    pub domain: String,
-    #[prost(int64, tag = "2")]
-    pub version: i64,
-}
-
-/// ONNX's `GraphProto`.
-#[derive(Clone, PartialEq, Message)]
-pub struct GraphProto {
-    #[prost(message, repeated, tag = "1")]
-    pub node: Vec<NodeProto>,
-    #[prost(string, tag = "2")]
-    pub name: String,
-    #[prost(message, repeated, tag = "5")]
-    pub initializer: Vec<TensorProto>,
-    #[prost(message, repeated, tag = "11")]
-    pub input: Vec<ValueInfoProto>,
-    #[prost(message, repeated, tag = "12")]
-    pub output: Vec<ValueInfoProto>,
-}
-
-/// ONNX's `NodeProto`.
-#[derive(Clone, PartialEq, Message)]
-pub struct NodeProto {
-    #[prost(string, repeated, tag = "1")]
-    pub input: Vec<String>,
-    #[prost(string, repeated, tag = "2")]
-    pub output: Vec<String>,
-    #[prost(string, tag = "3")]
-    pub name: String,
-    #[prost(string, tag = "4")]
-    pub op_type: String,
-    #[prost(message, repeated, tag = "5")]
-    pub attribute: Vec<AttributeProto>,
-}
-
 /// `AttributeProto.AttributeType`: INT.
-const ATTRIBUTE_INT: i32 = 2;
+const ATTRIBUTE_INT: i32 = attribute_type::INT;
 /// `AttributeProto.AttributeType`: INTS.
-const ATTRIBUTE_INTS: i32 = 7;
+const ATTRIBUTE_INTS: i32 = attribute_type::INTS;
 /// `TensorProto.DataType`: FLOAT.
-const FLOAT: i32 = 1;
-
-/// ONNX's `AttributeProto` (int and ints attributes).
-#[derive(Clone, PartialEq, Message)]
-pub struct AttributeProto {
-    #[prost(string, tag = "1")]
-    pub name: String,
-    #[prost(int64, optional, tag = "3")]
-    pub i: Option<i64>,
-    #[prost(int64, repeated, packed = "false", tag = "8")]
-    pub ints: Vec<i64>,
-    #[prost(int32, tag = "20")]
-    pub r#type: i32,
-}
-
-/// ONNX's `TensorProto` (raw little-endian data).
-#[derive(Clone, PartialEq, Message)]
-pub struct TensorProto {
-    #[prost(int64, repeated, packed = "false", tag = "1")]
-    pub dims: Vec<i64>,
-    #[prost(int32, tag = "2")]
-    pub data_type: i32,
-    #[prost(string, tag = "8")]
-    pub name: String,
-    #[prost(bytes = "vec", tag = "9")]
-    pub raw_data: Vec<u8>,
-}
-
-/// ONNX's `ValueInfoProto`.
-#[derive(Clone, PartialEq, Message)]
-pub struct ValueInfoProto {
-    #[prost(string, tag = "1")]
-    pub name: String,
-    #[prost(message, optional, tag = "2")]
-    pub r#type: Option<TypeProto>,
-}
-
-/// ONNX's `TypeProto`, tensor types only.
-#[derive(Clone, PartialEq, Message)]
-pub struct TypeProto {
-    #[prost(message, optional, tag = "1")]
-    pub tensor_type: Option<TensorTypeProto>,
-}
-
-/// ONNX's `TypeProto.Tensor`.
-#[derive(Clone, PartialEq, Message)]
-pub struct TensorTypeProto {
-    #[prost(int32, tag = "1")]
-    pub elem_type: i32,
-    #[prost(message, optional, tag = "2")]
-    pub shape: Option<TensorShapeProto>,
-}
-
-/// ONNX's `TensorShapeProto`.
-#[derive(Clone, PartialEq, Message)]
-pub struct TensorShapeProto {
-    #[prost(message, repeated, tag = "1")]
-    pub dim: Vec<Dimension>,
-}
-
-/// ONNX's `TensorShapeProto.Dimension`: a number or a named (symbolic) size.
-#[derive(Clone, PartialEq, Message)]
-pub struct Dimension {
-    #[prost(int64, optional, tag = "1")]
-    pub dim_value: Option<i64>,
-    #[prost(string, optional, tag = "2")]
-    pub dim_param: Option<String>,
-}
+const FLOAT: i32 = data_type::FLOAT;
 
 fn attr_ints(name: &str, values: &[i64]) -> AttributeProto {
     AttributeProto {
@@ -140,6 +21,7 @@ fn attr_ints(name: &str, values: &[i64]) -> AttributeProto {
         i: None,
         ints: values.to_vec(),
         r#type: ATTRIBUTE_INTS,
+        ..AttributeProto::default()
     }
 }
 
@@ -149,6 +31,7 @@ fn attr_int(name: &str, value: i64) -> AttributeProto {
         i: Some(value),
         ints: Vec::new(),
         r#type: ATTRIBUTE_INT,
+        ..AttributeProto::default()
     }
 }
 
@@ -159,6 +42,7 @@ fn node(inputs: &[&str], output: &str, op: &str, attribute: Vec<AttributeProto>)
         name: output.into(),
         op_type: op.into(),
         attribute,
+        domain: String::new(),
     }
 }
 
@@ -169,6 +53,7 @@ fn initializer(name: &str, dims: &[usize], values: &[f32]) -> TensorProto {
         data_type: FLOAT,
         name: name.into(),
         raw_data: gpukit_tensor::codec::bytes_of(values).to_vec(),
+        ..TensorProto::default()
     }
 }
 
@@ -322,6 +207,7 @@ pub fn export_model(model: &FoldedResNet) -> ModelProto {
                 &[Err("batch"), Ok(3), Err("height"), Err("width")],
             )],
             output: vec![value_info("logits", &[Err("batch"), Ok(model.num_classes)])],
+            value_info: Vec::new(),
         }),
         opset_import: vec![OperatorSetIdProto {
             domain: String::new(),
