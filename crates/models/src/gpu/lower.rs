@@ -434,6 +434,44 @@ pub fn arena_bytes(net: &NetShape, n: usize, h: usize, w: usize, reuse: bool) ->
     Ok(lower(net, n, h, w, reuse, reuse)?.plan.total)
 }
 
+/// Every operation graph a session of `net` at batch `n` and `h` x `w` images plans, in the
+/// order of its layers (layers of one shape repeat; the planner plans each once): what
+/// [`gpukit_cuda::dnn::Dnn::precompile`] takes, so helper threads can compile the engines of
+/// sessions before they are prepared.
+pub fn graph_specs(net: &NetShape, n: usize, h: usize, w: usize) -> Result<Vec<GraphSpec>> {
+    let lowered = lower(net, n, h, w, true, false)?;
+    Ok(lowered
+        .ops
+        .iter()
+        .filter_map(|op| spec_of(net, &lowered.tensors, n, *op))
+        .collect())
+}
+
+/// The operation graph of convolution op `op` (None for the other ops).
+pub(super) fn spec_of(
+    net: &NetShape,
+    tensors: &[Activation],
+    n: usize,
+    op: Op,
+) -> Option<GraphSpec> {
+    let Op::Conv {
+        conv, x, z, relu, ..
+    } = op
+    else {
+        return None;
+    };
+    let a = tensors.get(x)?;
+    let conv = Conv {
+        shape: net.convs.get(conv)?.at(n, a.h, a.w),
+        layout: net.layout,
+        dtype: net.dtype,
+    };
+    Some(match relu {
+        true => GraphSpec::fused(conv, z.is_some()),
+        false => GraphSpec::plain(conv),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -500,42 +538,4 @@ mod tests {
             assert_eq!(net.conv_names(), expected, "{model:?}");
         }
     }
-}
-
-/// Every operation graph a session of `net` at batch `n` and `h` x `w` images plans, in the
-/// order of its layers (layers of one shape repeat; the planner plans each once): what
-/// [`gpukit_cuda::dnn::Dnn::precompile`] takes, so helper threads can compile the engines of
-/// sessions before they are prepared.
-pub fn graph_specs(net: &NetShape, n: usize, h: usize, w: usize) -> Result<Vec<GraphSpec>> {
-    let lowered = lower(net, n, h, w, true, false)?;
-    Ok(lowered
-        .ops
-        .iter()
-        .filter_map(|op| spec_of(net, &lowered.tensors, n, *op))
-        .collect())
-}
-
-/// The operation graph of convolution op `op` (None for the other ops).
-pub(super) fn spec_of(
-    net: &NetShape,
-    tensors: &[Activation],
-    n: usize,
-    op: Op,
-) -> Option<GraphSpec> {
-    let Op::Conv {
-        conv, x, z, relu, ..
-    } = op
-    else {
-        return None;
-    };
-    let a = tensors.get(x)?;
-    let conv = Conv {
-        shape: net.convs.get(conv)?.at(n, a.h, a.w),
-        layout: net.layout,
-        dtype: net.dtype,
-    };
-    Some(match relu {
-        true => GraphSpec::fused(conv, z.is_some()),
-        false => GraphSpec::plain(conv),
-    })
 }
