@@ -19,6 +19,7 @@ pub mod cpu;
 mod infer;
 pub mod op;
 pub mod passes;
+pub mod recognize;
 pub mod resnet;
 
 pub use crate::error::GraphError;
