@@ -1,10 +1,11 @@
 //! ONNX Runtime as a peer strategy: finds `libonnxruntime` (as the `onnxruntime` wheels install
 //! it, or `GPUKIT_ORT_LIB`), loads it at run time through `ort` (no download, no build-time
-//! link) and runs a model gpukit exported itself.
+//! link) and runs a model gpukit exported itself ([`OrtModel::run`]), or a user's model as it is
+//! ([`OrtModel::from_file`], [`OrtModel::run_named`]).
 
 use crate::error::{Error, Result};
 use ort::session::Session;
-use ort::value::Tensor;
+use ort::value::{Tensor, TensorRef};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -79,6 +80,61 @@ impl OrtModel {
             .commit_from_memory(onnx)
             .map_err(|e| Error::OnnxRuntime(format!("ONNX Runtime rejected the model: {e}")))?;
         Ok(OrtModel { session })
+    }
+
+    /// A session for the model at `path`, read by ONNX Runtime itself: what a model whose
+    /// weights are in external data files needs (they are found beside it).
+    pub fn from_file(lib: &Path, path: &Path, threads: usize) -> Result<OrtModel> {
+        let env = environment(lib)?;
+        let session = Session::builder(env)
+            .map_err(ort_error)?
+            .with_intra_threads(threads)
+            .map_err(ort_error)?
+            .commit_from_file(path)
+            .map_err(|e| {
+                Error::OnnxRuntime(format!(
+                    "ONNX Runtime rejected the model {}: {e}",
+                    path.display()
+                ))
+            })?;
+        Ok(OrtModel { session })
+    }
+
+    /// Runs the model on one f32 input `input` of `shape` and returns `outputs` (names), in
+    /// that order, each as its shape and its values as f32 (int64 outputs converted).
+    pub fn run_named(
+        &mut self,
+        input: &str,
+        shape: &[usize],
+        values: &[f32],
+        outputs: &[String],
+    ) -> Result<Vec<(Vec<usize>, Vec<f32>)>> {
+        // a view of the caller's values: nothing copied inside a timed pass
+        let x = TensorRef::from_array_view((shape.to_vec(), values)).map_err(ort_error)?;
+        let got = self
+            .session
+            .run(ort::inputs![input => x])
+            .map_err(ort_error)?;
+        outputs
+            .iter()
+            .map(|name| {
+                let v = got.get(name.as_str()).ok_or_else(|| {
+                    Error::OnnxRuntime(format!("ONNX Runtime gave no output named {name}"))
+                })?;
+                let dims = |s: &ort::value::Shape| -> Vec<usize> {
+                    s.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect()
+                };
+                if let Ok((s, x)) = v.try_extract_tensor::<f32>() {
+                    return Ok((dims(s), x.to_vec()));
+                }
+                let (s, x) = v.try_extract_tensor::<i64>().map_err(|e| {
+                    Error::OnnxRuntime(format!(
+                        "ONNX Runtime's output {name} is neither float nor int64: {e}"
+                    ))
+                })?;
+                Ok((dims(s), x.iter().map(|&i| i as f32).collect()))
+            })
+            .collect()
     }
 
     /// Logits for `n` NCHW RGB images of `h x w` (the model's `input` -> `logits`).

@@ -19,14 +19,16 @@
 
 //!
 //! The parts: [`report`] (the rows), `cpu` and `gpu` (the rows of each side), [`peer`] (PyTorch
-//! beside) and [`io`] (a user's own input). What `--strategies` names is the workload layer's
-//! ([`crate::workload::strategy`]), how logits are judged the harness's ([`crate::accuracy`]).
+//! beside), [`io`] (a user's own input) and [`onnx`] (a user's own ONNX model, `--onnx`). What
+//! `--strategies` names is the workload layer's ([`crate::workload::strategy`]), how logits are
+//! judged the harness's ([`crate::accuracy`]).
 
 mod part;
 pub use part::{InferPart, PART};
 mod cpu;
 mod gpu;
 pub mod io;
+pub mod onnx;
 pub mod peer;
 pub mod report;
 #[cfg(test)]

@@ -18,6 +18,18 @@ pub struct Fixture {
     pub model: ModelProto,
 }
 
+impl Fixture {
+    /// The model's bytes, as a `.onnx` file holds them.
+    pub fn bytes(&self) -> Vec<u8> {
+        bytes(&self.model)
+    }
+}
+
+/// A model's bytes, as a `.onnx` file holds them.
+pub fn bytes(model: &ModelProto) -> Vec<u8> {
+    prost::Message::encode_to_vec(model)
+}
+
 /// Layers on a [`ModelBuilder`], as the exporters of the families write them.
 struct Net {
     m: ModelBuilder,
