@@ -93,6 +93,7 @@ fn check_outputs_are_not_inputs(command: &Command, out: &Output) -> Result<()> {
             vec![
                 ("--weights", a.weights.as_deref()),
                 ("--input", a.input.as_deref()),
+                ("--onnx", a.onnx.as_deref()),
             ],
             vec![("--save-output", a.save_output.as_deref())],
         ),
@@ -614,9 +615,13 @@ fn infer(a: InferArgs, out: &Output) -> Result<()> {
         check_batches, compare_with_pytorch, document, run_infer, select_strategies, unusable,
         InferOptions,
     };
+    if a.onnx.is_some() {
+        return infer_onnx(a, out);
+    }
     let strategies = select_strategies(a.strategies.as_deref(), a.device)?;
+    let batch_sizes = a.batch_sizes.clone().unwrap_or_else(|| vec![1, 8, 16, 32]);
     if a.input.is_none() {
-        check_batches(&strategies, &a.batch_sizes)?;
+        check_batches(&strategies, &batch_sizes)?;
     }
     let wants_gpu = strategies.iter().any(|s| !s.on_cpu());
     // only GPU work needs the CUDA libraries on the loader's path (which may re-execute)
@@ -633,7 +638,7 @@ fn infer(a: InferArgs, out: &Output) -> Result<()> {
     }
     let opts = InferOptions {
         model: a.model_name,
-        batch_sizes: dedup(a.batch_sizes.clone()),
+        batch_sizes: dedup(batch_sizes),
         iterations: a.iterations,
         weights: a.weights.clone(),
         image_size: a.image_size,
@@ -676,6 +681,32 @@ fn infer(a: InferArgs, out: &Output) -> Result<()> {
     let charts = render::html::infer_chart(&report).into_iter().collect();
     let doc = document(report, peer.as_ref()).with_notes(busy);
     emit_charted(&doc, out, Vec::new(), sections, charts)
+}
+
+/// `infer --onnx`: the user's model on the CPU (gpukit's interpreter and ONNX Runtime); no GPU
+/// is opened (GPU strategies give skipped rows), so the CUDA libraries are not looked for.
+fn infer_onnx(a: InferArgs, out: &Output) -> Result<()> {
+    use gpukit_bench::infer::check_batches;
+    use gpukit_bench::infer::onnx::{document, onnx_strategies, run_onnx, OnnxOptions};
+    let Some(file) = a.onnx else {
+        return Err(Error::BadInput("infer --onnx needs a model file".into()).into());
+    };
+    let strategies = onnx_strategies(a.strategies.as_deref(), a.device)?;
+    if let Some(sizes) = &a.batch_sizes {
+        check_batches(&strategies, sizes)?;
+    }
+    let opts = OnnxOptions {
+        file,
+        batch_sizes: a.batch_sizes.map(dedup),
+        dims: a.input_dims,
+        iterations: a.iterations,
+        budget_s: 10.0,
+        selection: a.device,
+        strategies,
+    };
+    let run = run_onnx(&opts, &mut progress())?;
+    let sections = render::onnx_run_sections(&run);
+    emit(&document(run), out, Vec::new(), sections)
 }
 
 fn all(a: AllArgs, out: &Output) -> Result<()> {

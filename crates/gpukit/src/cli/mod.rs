@@ -210,9 +210,27 @@ pub struct InferArgs {
     #[arg(long, default_value = "resnet50", value_parser = parse_model)]
     pub model_name: gpukit_models::ResNet,
 
-    /// Batch sizes.
-    #[arg(long, value_name = "N,N,...", value_delimiter = ',', default_value = "1,8,16,32", value_parser = parse_batch)]
-    pub batch_sizes: Vec<usize>,
+    /// Batch sizes [default: 1,8,16,32; with --onnx, the model's own batch where its input
+    /// fixes one].
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', value_parser = parse_batch)]
+    pub batch_sizes: Option<Vec<usize>>,
+
+    /// Your own model: an ONNX file (torch.onnx.export's, opset 13 or later, one f32 input)
+    /// run on the CPU by gpukit's graph interpreter after its passes, and by ONNX Runtime on
+    /// the same random input; every output of gpukit's checked against ONNX Runtime's (max rel.
+    /// diff <= 1e-5). GPU strategies give skipped rows: the GPU engine does not run imported
+    /// ONNX graphs yet. --batch-sizes fills a dynamic batch axis.
+    #[arg(
+        long,
+        value_name = "MODEL.onnx",
+        conflicts_with_all = ["model_name", "weights", "image_size", "input", "compare_pytorch"]
+    )]
+    pub onnx: Option<PathBuf>,
+
+    /// With --onnx: sizes of the input's other named axes (`height=224,width=224`), where the
+    /// model leaves them open.
+    #[arg(long, value_name = "NAME=N,...", value_delimiter = ',', value_parser = parse_input_dim, requires = "onnx")]
+    pub input_dims: Vec<(String, usize)>,
 
     /// A torchvision state_dict saved as safetensors [default: seeded initialisation].
     #[arg(long, value_name = "FILE")]
@@ -275,6 +293,25 @@ pub(crate) fn parse_planning(s: &str) -> Result<gpukit_cuda::dnn::Search, String
             Err("unknown planning (fast or exhaustive)".to_string())
         }
         Some(search) => Ok(search),
+    }
+}
+
+/// `height=224`: an input axis's name and size.
+fn parse_input_dim(s: &str) -> Result<(String, usize), String> {
+    let (name, size) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=N (e.g. height=224)"))?;
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(format!("{s:?} names no axis (NAME=N, e.g. height=224)"));
+    }
+    match size.trim().parse::<usize>() {
+        Ok(0) => Err(format!("{name}: a size must be at least 1")),
+        Ok(n) if n > MAX_BATCH => Err(format!(
+            "{name}: {n} is beyond any machine (at most {MAX_BATCH})"
+        )),
+        Ok(n) => Ok((name.to_string(), n)),
+        Err(_) => Err(format!("{name}: {size:?} is not a size (a whole number)")),
     }
 }
 

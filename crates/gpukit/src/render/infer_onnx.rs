@@ -1,0 +1,236 @@
+//! `gpukit infer --onnx`: the model (file, opset, nodes before and after the passes, inputs and
+//! outputs), its latency at the first batch size and its throughput at each, as trtexec's
+//! summary gives them.
+
+use super::fmt::{grouped, human_bytes, times};
+use super::{results_table, Columns, Section};
+use gpukit_bench::infer::onnx::{OnnxRun, OnnxValue, Passes, GRAPH_CPU_ROW, TOLERANCE};
+use gpukit_bench::infer::InferRow;
+use gpukit_bench::report::RowStatus;
+
+/// `input: float [batch, 3, 224, 224], [1, 3, 224, 224] at batch 1`.
+fn value_line(v: &OnnxValue, batch: usize) -> String {
+    let declared = if v.declared.is_empty() {
+        "no declared shape".to_string()
+    } else {
+        format!("[{}]", v.declared.join(", "))
+    };
+    format!(
+        "{}: {} {declared}, {:?} at batch {batch}",
+        v.name, v.elem_type, v.shape
+    )
+}
+
+/// `2 batch norms folded, 3 conv epilogues fused`, or that the passes changed nothing.
+fn passes_line(p: &Passes) -> String {
+    let done: Vec<String> = [
+        (p.folded_constants, "node(s) folded into constants"),
+        (
+            p.folded_batch_norms,
+            "batch norm(s) folded into convolutions",
+        ),
+        (p.gelus, "GELU chain(s) made one operator"),
+        (
+            p.fused_epilogues,
+            "activation(s)/residual Add(s) fused into convolutions",
+        ),
+        (p.squeeze_excites, "squeeze-excitation block(s) recognised"),
+        (p.dead_nodes, "dead node(s) removed"),
+    ]
+    .iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, what)| format!("{n} {what}"))
+    .collect();
+    if done.is_empty() {
+        "the passes changed nothing".into()
+    } else {
+        done.join(", ")
+    }
+}
+
+fn setup(r: &OnnxRun) -> Section {
+    let m = &r.model;
+    let file_name = std::path::Path::new(&m.file)
+        .file_name()
+        .map_or(m.file.clone(), |n| n.to_string_lossy().into_owned());
+    let mut model = format!(
+        "{} ({}), opset {}",
+        m.file,
+        human_bytes(usize::try_from(m.file_bytes).unwrap_or(usize::MAX)),
+        m.opset
+    );
+    if !m.producer.is_empty() {
+        model.push_str(&format!(", written by {}", m.producer));
+    }
+    model.push_str(&format!(
+        "; {} constant elements (weights)",
+        grouped(m.parameters as f64)
+    ));
+    if m.external_data {
+        model.push_str(", in external data files");
+    }
+    let mut rows = vec![
+        ("Model", model),
+        (
+            "Graph",
+            format!(
+                "{} nodes in the file, {} imported, {} after gpukit's passes: {}",
+                m.nodes_in_file,
+                m.nodes_imported,
+                m.nodes_optimized,
+                passes_line(&m.passes)
+            ),
+        ),
+    ];
+    for v in &m.inputs {
+        rows.push(("Input", value_line(v, m.batch)));
+    }
+    for v in &m.outputs {
+        rows.push(("Output", value_line(v, m.batch)));
+    }
+    rows.push(("Input values", r.input.clone()));
+    if let Some(c) = &r.passes_check {
+        let figure = c
+            .agreement
+            .as_ref()
+            .map(|a| format!("max rel. diff {:.1e} (<= {:.0e})", a.max_rel, c.tolerance))
+            .unwrap_or_default();
+        rows.push((
+            "Passes check",
+            match &c.status {
+                RowStatus::Ok => format!(
+                    "the graph as imported and as optimized agree at batch {}: {figure}",
+                    c.batch
+                ),
+                RowStatus::Failed(why) | RowStatus::Skipped(why) => {
+                    format!("FAILED at batch {}: {why}", c.batch)
+                }
+            },
+        ));
+    }
+    rows.push((
+        "CPU",
+        format!(
+            "{} threads; ONNX Runtime {}",
+            r.cpu_threads,
+            match (&r.onnxruntime, &r.onnxruntime_unavailable) {
+                (_, Some(why)) => format!("did not run ({why}): gpukit's rows are unchecked"),
+                (Some(lib), None) => format!("from {lib}, on the file's bytes as they are"),
+                (None, None) => "not asked for".into(),
+            }
+        ),
+    ));
+    rows.push((
+        "GPU",
+        r.gpu
+            .as_ref()
+            .map_or("not selected".into(), |why| format!("no figures: {why}")),
+    ));
+    rows.push((
+        "Checks",
+        format!(
+            "every output of {GRAPH_CPU_ROW} against ONNX Runtime's on the same input: max \
+             |diff| / max |ONNX Runtime| <= {TOLERANCE:.0e}, else the row fails and shows no \
+             speed"
+        ),
+    ));
+    rows.push((
+        "Timing",
+        "host clock around each pass, after one warm-up pass (at most 10 s a row); \
+         samples/s = batch / median latency"
+            .into(),
+    ));
+    Section::kv(format!("Inference: {file_name} (ONNX)"), rows)
+}
+
+/// trtexec's latency summary for the first batch size's timed rows.
+fn latency(r: &OnnxRun) -> Option<Section> {
+    let first = r.batch_sizes.first().copied()?;
+    let rows: Vec<Vec<String>> = r
+        .rows
+        .iter()
+        .filter(|x| x.batch == first)
+        .filter_map(|x| {
+            let s = &x.timing.as_ref()?.summary_ms;
+            Some(vec![
+                x.strategy.clone(),
+                format!("{:.3}", s.min),
+                format!("{:.3}", s.mean),
+                format!("{:.3}", s.median),
+                format!("{:.3}", s.p90),
+                format!("{:.3}", s.max),
+                s.count.to_string(),
+            ])
+        })
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    Some(Section {
+        title: format!("Latency at batch {first} (ms)"),
+        header: Some(
+            ["strategy", "min", "mean", "median", "p90", "max", "passes"]
+                .map(String::from)
+                .to_vec(),
+        ),
+        rows,
+        notes: vec![
+            "percentiles of the timed passes; with this few, a p99 would be the max".into(),
+        ],
+    })
+}
+
+/// One row a strategy and batch size: latency, throughput, the check.
+fn throughput(r: &OnnxRun) -> Section {
+    let rows: Vec<&InferRow> = r.rows.iter().collect();
+    let (header, body) = results_table(
+        &rows,
+        Columns {
+            naming: &["strategy", "device", "batch"],
+            measured: &[
+                "median ms (p10-p90)",
+                "samples/s",
+                "vs gpukit",
+                "max rel. diff vs ONNX Runtime (tolerance)",
+            ],
+            rate_unit: "samples/s",
+            name: &|x: &&InferRow| vec![x.strategy.clone(), x.device.clone(), x.batch.to_string()],
+            status: &|x| &x.status,
+            values: &|x| {
+                vec![
+                    x.timing
+                        .as_ref()
+                        .map(|t| {
+                            let s = &t.summary_ms;
+                            format!("{:.3} ({:.3}-{:.3}) n={}", s.median, s.p10, s.p90, s.count)
+                        })
+                        .unwrap_or_default(),
+                    x.images_per_s.map(grouped).unwrap_or_default(),
+                    times(x.speedup_vs_reference),
+                    match (&x.agreement, x.tolerance) {
+                        (Some(a), Some(t)) => format!("{:.1e} ({t:.0e})", a.max_rel),
+                        (Some(a), None) => format!("{:.1e}", a.max_rel),
+                        (None, _) if x.strategy == GRAPH_CPU_ROW => "unchecked".into(),
+                        (None, _) => "reference".into(),
+                    },
+                ]
+            },
+            peer: &|x| x.pytorch.as_ref(),
+            behind: None,
+        },
+    );
+    Section {
+        title: "Throughput".into(),
+        header: Some(header),
+        rows: body,
+        notes: Vec::new(),
+    }
+}
+
+/// The setup, the latency at the first batch size, the throughput at each.
+pub fn onnx_run_sections(r: &OnnxRun) -> Vec<Section> {
+    let mut out = vec![setup(r)];
+    out.extend(latency(r));
+    out.push(throughput(r));
+    out
+}
