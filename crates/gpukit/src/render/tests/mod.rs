@@ -9,6 +9,7 @@ mod conv;
 mod footprint;
 mod html;
 mod infer;
+mod infer_onnx;
 mod lessons;
 mod matmul;
 mod memory;

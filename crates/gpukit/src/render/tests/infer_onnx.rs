@@ -1,0 +1,139 @@
+//! `gpukit infer --onnx`: the report of a fixture model, imported and optimized for real, with
+//! rows made by hand (timings are not reproducible).
+
+use super::{assert_drawn, terminal, timing};
+use crate::render::onnx_run_sections;
+use gpukit_bench::infer::onnx::{describe, OnnxRun, PassesCheck, GPU_NOT_YET, GRAPH_CPU_ROW};
+use gpukit_bench::infer::{Agreement, InferRow, ORT_ROW};
+use gpukit_bench::measure::Clock;
+use gpukit_bench::report::RowStatus;
+use gpukit_models::onnx::{fixtures, ModelFile};
+
+fn row(strategy: &str, device: &str, batch: usize, ms: Option<f64>) -> InferRow {
+    InferRow {
+        strategy: strategy.into(),
+        device: device.into(),
+        batch,
+        status: RowStatus::Ok,
+        timing: ms.map(|ms| timing(Clock::Host, ms, ms * 0.9, ms * 1.2, 10)),
+        images_per_s: ms.map(|ms| batch as f64 / ms * 1e3),
+        speedup_vs_reference: None,
+        speedup_vs_fp32_eager: None,
+        gpu_memory_bytes: None,
+        gpu_memory: None,
+        agreement: None,
+        compared_with: None,
+        tolerance: None,
+        pytorch: None,
+        batching_gain: None,
+        power: None,
+    }
+}
+
+fn checked(mut r: InferRow, max_rel: f64) -> InferRow {
+    r.agreement = Some(Agreement {
+        max_abs: max_rel * 3.0,
+        max_rel,
+        top1: 1.0,
+    });
+    r.tolerance = Some(1e-5);
+    r.compared_with = Some("ONNX Runtime CPU on the same input".into());
+    r.speedup_vs_reference = Some(1.0);
+    r
+}
+
+fn vs(mut r: InferRow, gpukit_ms: f64) -> InferRow {
+    r.speedup_vs_reference = r.timing.as_ref().map(|t| gpukit_ms / t.summary_ms.median);
+    r
+}
+
+/// tiny_resnet (seed 7) imported and optimized at batch 1; gpukit and ONNX Runtime at batch 1
+/// and 8, gpukit failing its check at 8, a GPU strategy skipped.
+fn fixture_run() -> OnnxRun {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny_resnet.onnx");
+    std::fs::write(&path, fixtures::bytes(&fixtures::tiny_resnet(7))).unwrap();
+    let mut model = describe(&ModelFile::read(&path).unwrap(), 1, &[]).unwrap();
+    model.file = "models/tiny_resnet.onnx".into();
+    // the fixtures' producer carries the crate's version, which a snapshot must not
+    model.producer = "gpukit-tests".into();
+    let mut failed = row(GRAPH_CPU_ROW, "cpu", 8, None);
+    failed.status = RowStatus::Failed(
+        "output logits: logits differ from the reference: max relative difference 3.0e-4 is over the tolerance 1e-5".into(),
+    );
+    let mut gpu = |n| {
+        let mut r = row("fp16-nhwc-graph", "cuda:0", n, None);
+        r.status = RowStatus::Skipped(GPU_NOT_YET.into());
+        r
+    };
+    OnnxRun {
+        model,
+        batch_sizes: vec![1, 8],
+        cpu_threads: 16,
+        input: "random standard normal f32 for input, fresh at each batch size; both rows at one batch size get the same".into(),
+        passes_check: Some(PassesCheck {
+            batch: 1,
+            agreement: Some(Agreement {
+                max_abs: 1e-7,
+                max_rel: 8.5e-8,
+                top1: 1.0,
+            }),
+            tolerance: 1e-5,
+            status: RowStatus::Ok,
+        }),
+        rows: vec![
+            checked(row(GRAPH_CPU_ROW, "cpu", 1, Some(0.25)), 1.7e-7),
+            vs(row(ORT_ROW, "cpu", 1, Some(0.05)), 0.25),
+            gpu(1),
+            failed,
+            row(ORT_ROW, "cpu", 8, Some(0.2)),
+            gpu(8),
+        ],
+        onnxruntime: Some("/opt/onnxruntime/libonnxruntime.so.1.32.0".into()),
+        onnxruntime_unavailable: None,
+        gpu: Some(GPU_NOT_YET.into()),
+    }
+}
+
+#[test]
+fn infer_onnx_reports_the_model_its_passes_latency_and_throughput() {
+    let sections = onnx_run_sections(&fixture_run());
+    let titles: Vec<&str> = sections.iter().map(|s| s.title.as_str()).collect();
+    assert_eq!(
+        titles,
+        [
+            "Inference: tiny_resnet.onnx (ONNX)",
+            "Latency at batch 1 (ms)",
+            "Throughput"
+        ]
+    );
+    let text = terminal(&sections);
+    for needle in [
+        "opset 17",
+        "batch norm(s) folded into convolutions",
+        "input: float [batch, 3, 32, 32], [1, 3, 32, 32] at batch 1",
+        "logits: float [batch, 10], [1, 10] at batch 1",
+        "FAILED: output logits",
+        "skipped: the GPU engine does not run imported ONNX graphs yet",
+        "1.7e-7 (1e-5)",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from {text}");
+    }
+    // the latency table has the timed rows of the first batch size only
+    assert_eq!(sections[1].rows.len(), 2);
+    assert_drawn("infer_onnx", &sections);
+}
+
+#[test]
+fn infer_onnx_without_onnxruntime_says_the_rows_are_unchecked() {
+    let mut run = fixture_run();
+    run.onnxruntime = None;
+    run.onnxruntime_unavailable = Some("ONNX Runtime was not found".into());
+    run.rows = vec![row(GRAPH_CPU_ROW, "cpu", 1, Some(0.25))];
+    let text = terminal(&onnx_run_sections(&run));
+    assert!(
+        text.contains("did not run (ONNX Runtime was not found): gpukit's rows are unchecked")
+            && text.contains("unchecked"),
+        "{text}"
+    );
+}
