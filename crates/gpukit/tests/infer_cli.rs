@@ -433,6 +433,61 @@ fn infer_onnx_runs_every_fixture_checked_against_onnxruntime() -> Result<(), Fai
     Ok(())
 }
 
+/// A model whose f32 weights are in an external data file beside it (as torch.onnx.export
+/// writes models over 2 GiB): gpukit imports it, ONNX Runtime reads it from its path, and the
+/// rows agree.
+fn infer_onnx_reads_external_data_beside_the_model() -> Result<(), Failed> {
+    use gpukit_models::onnx::proto::{StringStringEntryProto, DATA_LOCATION_EXTERNAL};
+    let dir = tempfile::tempdir()?;
+    let mut model = gpukit_models::onnx::fixtures::tiny_resnet(gpukit_tensor::random::fresh_seed());
+    let mut data = Vec::new();
+    let graph = model.graph.as_mut().ok_or("the fixture has no graph")?;
+    for t in graph
+        .initializer
+        .iter_mut()
+        .filter(|t| !t.raw_data.is_empty())
+    {
+        let entry = |key: &str, value: String| StringStringEntryProto {
+            key: key.into(),
+            value,
+        };
+        t.external_data = vec![
+            entry("location", "weights.bin".into()),
+            entry("offset", data.len().to_string()),
+            entry("length", t.raw_data.len().to_string()),
+        ];
+        t.data_location = DATA_LOCATION_EXTERNAL;
+        data.append(&mut t.raw_data);
+    }
+    std::fs::write(dir.path().join("weights.bin"), &data)?;
+    let file = dir.path().join("external.onnx");
+    std::fs::write(&file, gpukit_models::onnx::fixtures::bytes(&model))?;
+    let file = file.to_str().ok_or("a temporary path that is not UTF-8")?;
+    let args = [
+        "infer",
+        "--onnx",
+        file,
+        "--batch-sizes",
+        "2",
+        "--iterations",
+        "1",
+        "--device",
+        "cpu",
+    ];
+    let doc = document(&args, 0)?;
+    let v = &doc["result"];
+    ensure(v["model"]["external_data"] == true, || format!("{v}"))?;
+    let rows = v["rows"].as_array().cloned().unwrap_or_default();
+    ensure(
+        rows.len() == 2
+            && rows.iter().all(|r| r["status"]["status"] == "ok")
+            && rows[0]["agreement"]["max_rel"]
+                .as_f64()
+                .is_some_and(|m| m <= 1e-5),
+        || format!("{v}"),
+    )
+}
+
 /// GPU strategies named with `--onnx` give rows skipped with the reason, never a figure, and
 /// the command still passes on its CPU rows; the table says why. Runs on any machine: no GPU
 /// is opened (without ONNX Runtime the CPU row is unchecked, and still passes).
@@ -502,11 +557,20 @@ fn onnxruntime_trials() -> Vec<libtest_mimic::Trial> {
             Some(e)
         }
     };
-    vec![libtest_mimic::Trial::test(
-        "ort::infer_onnx_runs_every_fixture_checked_against_onnxruntime",
-        infer_onnx_runs_every_fixture_checked_against_onnxruntime,
-    )
-    .with_ignored_flag(missing.is_some())]
+    let trials: [(&str, Test); 2] = [
+        (
+            "ort::infer_onnx_runs_every_fixture_checked_against_onnxruntime",
+            infer_onnx_runs_every_fixture_checked_against_onnxruntime,
+        ),
+        (
+            "ort::infer_onnx_reads_external_data_beside_the_model",
+            infer_onnx_reads_external_data_beside_the_model,
+        ),
+    ];
+    trials
+        .into_iter()
+        .map(|(name, f)| libtest_mimic::Trial::test(name, f).with_ignored_flag(missing.is_some()))
+        .collect()
 }
 
 fn main() {
