@@ -1,0 +1,245 @@
+//! `infer --onnx FILE`: a user's own ONNX model (torch.onnx.export's, say) on the CPU, as
+//! trtexec reports one: what the model is, what gpukit's passes did to it, then per batch size
+//! gpukit's graph interpreter and ONNX Runtime's CPU provider, timed alike, gpukit's outputs
+//! checked against ONNX Runtime's on the same random input.
+//!
+//! To use:
+//! 1. pick the rows with [`onnx_strategies`] (cpu and onnxruntime unless others are named);
+//! 2. `run_onnx(&OnnxOptions { file, .. }, progress)` reads the file once, imports it at each
+//!    batch size, optimizes and runs it; [`document`] judges the rows;
+//! 3. [`describe`] alone gives the model part of the report (no timing).
+//!
+//! The parts: `model` (the file checked, imported and optimized at a batch size, described)
+//! and `rows` (the rows at one batch size and the checks).
+//!
+//! Rows:
+//! - [`GRAPH_CPU_ROW`]: `gpukit_models::graph::forward_cpu` on the optimized graph, f32. It
+//!   fails when any output differs from ONNX Runtime's by more than [`TOLERANCE`] (max |diff|
+//!   over max |ONNX Runtime's|, [`crate::accuracy::agreement`]).
+//! - [`ORT_ROW`](crate::workload::strategy::ORT_ROW): ONNX Runtime on the file's bytes as they are (its path where the weights
+//!   are in external data files), the reference.
+//! - GPU strategies: skipped, [`GPU_NOT_YET`]; never a figure.
+//!
+//! The passes are checked once, at the first batch size: the graph as imported and as
+//! optimized run on the same input and must agree within [`TOLERANCE`]. The CPU row's check
+//! covers both at every batch size; this one says which of the two a difference comes from.
+
+mod model;
+mod rows;
+#[cfg(test)]
+mod tests;
+
+pub use model::{describe, OnnxModel, OnnxValue, Passes, DEFAULT_BATCH_SIZES};
+pub use rows::{PassesCheck, GRAPH_CPU_ROW, TOLERANCE};
+
+use super::report::{row, sort_rows, InferRow};
+use super::InferStrategy;
+use crate::error::{Error, Result};
+use crate::measure::Plan;
+use crate::report::{judge_rows, Document, RowStatus};
+use crate::workload::strategy::{gpu_ordinal, runs_on, select_strategies};
+use gpukit_models::onnx::ModelFile;
+use gpukit_models::ort_runner::{find_onnxruntime, OrtModel};
+use gpukit_tensor::DeviceSelection;
+use model::{batch_sizes, model_of, prepare, the_input};
+use rows::Bench;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Why a GPU strategy has no figure for an imported model.
+pub const GPU_NOT_YET: &str = "the GPU engine does not run imported ONNX graphs yet";
+
+#[derive(Debug, Clone)]
+pub struct OnnxOptions {
+    pub file: PathBuf,
+    /// None: the model's own batch where it fixes one, else [`DEFAULT_BATCH_SIZES`].
+    pub batch_sizes: Option<Vec<usize>>,
+    /// Sizes of the input's other named axes (`--input-dims height=224`).
+    pub dims: Vec<(String, usize)>,
+    /// Timed repetitions per row (fewer when `budget_s` cuts in).
+    pub iterations: usize,
+    /// Longest one row may run, in seconds.
+    pub budget_s: f64,
+    pub selection: DeviceSelection,
+    /// From [`onnx_strategies`].
+    pub strategies: Vec<InferStrategy>,
+}
+
+/// `infer --onnx`'s report.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OnnxRun {
+    pub model: OnnxModel,
+    pub batch_sizes: Vec<usize>,
+    pub cpu_threads: usize,
+    /// How the input was drawn.
+    pub input: String,
+    pub passes_check: Option<PassesCheck>,
+    /// By batch size: gpukit's row, ONNX Runtime's, then the GPU strategies asked for.
+    pub rows: Vec<InferRow>,
+    /// The ONNX Runtime library that ran, when one did.
+    pub onnxruntime: Option<String>,
+    /// Why ONNX Runtime did not run: gpukit's rows are then unchecked.
+    pub onnxruntime_unavailable: Option<String>,
+    /// Why there are no GPU figures, when a GPU was selected.
+    pub gpu: Option<String>,
+}
+
+/// The rows `infer --onnx` runs: those named (a GPU one gives a skipped row), else gpukit's
+/// CPU row and ONNX Runtime's where the CPU is selected (the GPU defaults otherwise, each a
+/// skipped row).
+pub fn onnx_strategies(
+    requested: Option<&[InferStrategy]>,
+    selection: DeviceSelection,
+) -> Result<Vec<InferStrategy>> {
+    let all = select_strategies(requested, selection)?;
+    if requested.is_some() || !all.iter().any(InferStrategy::on_cpu) {
+        return Ok(all);
+    }
+    Ok(all.into_iter().filter(InferStrategy::on_cpu).collect())
+}
+
+/// The JSON document of `infer --onnx`: failed when a row failed, the passes' check failed, or
+/// nothing was measured. ONNX Runtime's absence is a warning: gpukit's rows are unchecked.
+pub fn document(run: OnnxRun) -> Document<OnnxRun> {
+    let failure = judge_rows(run.rows.iter().map(|r| &r.status)).or_else(|| {
+        match run.passes_check.as_ref().map(|c| &c.status) {
+            Some(RowStatus::Failed(why)) => {
+                Some(format!("gpukit's passes changed the outputs: {why}"))
+            }
+            _ => None,
+        }
+    });
+    let notes = run
+        .onnxruntime_unavailable
+        .iter()
+        .map(|why| {
+            format!("warning: ONNX Runtime did not run ({why}): gpukit's outputs are not checked")
+        })
+        .collect::<Vec<_>>();
+    Document::new("infer --onnx", run, failure).with_notes(notes)
+}
+
+/// ONNX Runtime on the model (its path where its weights are in external data files), and the
+/// library's path; or why it cannot run.
+fn open_onnxruntime(
+    file: &ModelFile,
+    threads: usize,
+) -> std::result::Result<(OrtModel, String), String> {
+    let lib = find_onnxruntime().map_err(|e| e.to_string())?;
+    let model = if file.has_external_data() {
+        OrtModel::from_file(&lib, file.path(), threads)
+    } else {
+        OrtModel::new(&lib, file.bytes(), threads)
+    };
+    model
+        .map(|m| (m, lib.display().to_string()))
+        .map_err(|e| e.to_string())
+}
+
+/// The skipped rows of the GPU strategies asked for: no figure, [`GPU_NOT_YET`].
+fn gpu_rows(
+    wanted: &[InferStrategy],
+    selection: DeviceSelection,
+    sizes: &[usize],
+) -> Vec<InferRow> {
+    let device = gpu_ordinal(selection).map_or("cuda".into(), |o| format!("cuda:{o}"));
+    let mut rows = Vec::new();
+    for s in wanted.iter().filter(|s| !s.on_cpu()) {
+        for &n in sizes {
+            // one image at a time is against the batch: it has no row at batch 1
+            if matches!(s, InferStrategy::OneAtATime(_)) && n < 2 {
+                continue;
+            }
+            let mut r = row(&s.name(), &device, n);
+            r.status = RowStatus::Skipped(GPU_NOT_YET.into());
+            rows.push(r);
+        }
+    }
+    rows
+}
+
+/// Reads, imports and runs the model: see the module's doc. The file's problems (unreadable,
+/// not ONNX, an operator gpukit does not implement, inputs it cannot feed) are bad input,
+/// found before anything is timed.
+pub fn run_onnx(opts: &OnnxOptions, progress: &mut dyn FnMut(&str)) -> Result<OnnxRun> {
+    let file = ModelFile::read(&opts.file)?;
+    let input = the_input(&file, &opts.dims)?;
+    let sizes = batch_sizes(&file, &input, opts.batch_sizes.as_deref())?;
+    let first = sizes.first().copied().unwrap_or(1);
+    progress(&format!("infer --onnx: importing {}", opts.file.display()));
+    let prepared = prepare(&file, first, &opts.dims)?;
+    let model = model_of(&file, first, &prepared);
+    let outputs: Vec<String> = model.outputs.iter().map(|o| o.name.clone()).collect();
+    let wanted: Vec<InferStrategy> = opts
+        .strategies
+        .iter()
+        .copied()
+        .filter(|s| runs_on(s, opts.selection))
+        .collect();
+    let bench = Bench {
+        plan: Plan::new(1, opts.iterations).with_budget(opts.budget_s),
+        input: &input.name,
+        outputs: &outputs,
+        cpu: wanted.contains(&InferStrategy::Cpu),
+        ort: wanted.contains(&InferStrategy::OnnxRuntime),
+    };
+    let threads = gpukit_tensor::cpu::threads();
+    let mut run = OnnxRun {
+        model,
+        batch_sizes: sizes.clone(),
+        cpu_threads: threads,
+        input: format!(
+            "random standard normal f32 for {}, fresh at each batch size; both rows at one \
+             batch size get the same",
+            input.name
+        ),
+        passes_check: None,
+        rows: Vec::new(),
+        onnxruntime: None,
+        onnxruntime_unavailable: None,
+        gpu: gpu_ordinal(opts.selection).map(|_| GPU_NOT_YET.to_string()),
+    };
+    // ONNX Runtime runs whenever a CPU row does: it is the reference gpukit's row is checked
+    // against, timed only when its own row was asked for
+    let mut ort = None;
+    if bench.cpu || bench.ort {
+        match open_onnxruntime(&file, threads) {
+            Ok((m, lib)) => {
+                ort = Some(m);
+                run.onnxruntime = Some(lib);
+            }
+            Err(why) => run.onnxruntime_unavailable = Some(why),
+        }
+    }
+    if bench.cpu || ort.is_some() {
+        let mut prepared = Some(prepared);
+        for &n in &sizes {
+            let p = match prepared.take() {
+                Some(p) => p,
+                None => prepare(&file, n, &opts.dims)?,
+            };
+            let at = bench.rows_at(n, &p, ort.as_mut(), n == first, progress);
+            run.rows.extend(at.rows);
+            if at.passes_check.is_some() {
+                run.passes_check = at.passes_check;
+            }
+        }
+    }
+    run.rows.extend(gpu_rows(&wanted, opts.selection, &sizes));
+    if run.rows.is_empty() {
+        let why = run
+            .onnxruntime_unavailable
+            .as_deref()
+            .unwrap_or("no strategy has a row at these batch sizes");
+        return Err(Error::Unavailable(format!(
+            "no strategy could run: ONNX Runtime: {why}"
+        )));
+    }
+    let order: Vec<String> = wanted
+        .iter()
+        .filter(|s| !s.on_cpu())
+        .map(InferStrategy::name)
+        .collect();
+    sort_rows(&mut run.rows, &order);
+    Ok(run)
+}

@@ -1,0 +1,159 @@
+//! `infer --onnx` on the importer's fixtures, without ONNX Runtime (the CLI tests run it
+//! against ONNX Runtime where it is installed).
+
+use super::model::{peak_activation_bytes, prepare};
+use super::rows::judge;
+use super::*;
+use gpukit_models::onnx::fixtures;
+use gpukit_tensor::Device;
+
+fn written(model: &gpukit_models::onnx::ModelProto) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.onnx");
+    std::fs::write(&path, fixtures::bytes(model)).unwrap();
+    (dir, path)
+}
+
+fn options(file: PathBuf, strategies: Vec<InferStrategy>) -> OnnxOptions {
+    OnnxOptions {
+        file,
+        batch_sizes: Some(vec![2, 1]),
+        dims: Vec::new(),
+        iterations: 1,
+        budget_s: 5.0,
+        selection: DeviceSelection::All,
+        strategies,
+    }
+}
+
+#[test]
+fn the_defaults_are_the_cpu_rows_and_named_gpu_strategies_stay() {
+    let cpu = vec![InferStrategy::Cpu, InferStrategy::OnnxRuntime];
+    assert_eq!(onnx_strategies(None, DeviceSelection::All).unwrap(), cpu);
+    let gpu = onnx_strategies(None, DeviceSelection::One(Device::Cuda(0))).unwrap();
+    assert!(!gpu.is_empty() && gpu.iter().all(|s| !s.on_cpu()));
+    let named = [InferStrategy::Cpu, InferStrategy::parse("fp16").unwrap()];
+    assert_eq!(
+        onnx_strategies(Some(&named), DeviceSelection::All).unwrap(),
+        named
+    );
+}
+
+#[test]
+fn describe_counts_nodes_passes_and_resolves_shapes() {
+    let (_dir, path) = written(&fixtures::tiny_resnet(3));
+    let file = ModelFile::read(&path).unwrap();
+    let m = describe(&file, 4, &[]).unwrap();
+    assert_eq!(m.opset, 17);
+    assert_eq!(m.batch, 4);
+    assert_eq!(m.inputs[0].shape, [4, 3, 32, 32]);
+    assert_eq!(m.inputs[0].declared, ["batch", "3", "32", "32"]);
+    assert_eq!(m.outputs[0].name, "logits");
+    assert_eq!(m.outputs[0].shape, [4, 10]);
+    assert!(m.passes.folded_batch_norms > 0 && m.passes.fused_epilogues > 0);
+    assert!(m.nodes_optimized < m.nodes_imported);
+    assert!(m.parameters > 1000);
+}
+
+#[test]
+fn gpu_strategies_give_skipped_rows_and_no_figure() {
+    let (_dir, path) = written(&fixtures::tiny_resnet(5));
+    let strategies = vec![
+        InferStrategy::Cpu,
+        InferStrategy::parse("fp16-nhwc-graph").unwrap(),
+        InferStrategy::parse("fp16-nhwc-graph-one-at-a-time").unwrap(),
+    ];
+    let run = run_onnx(&options(path, strategies), &mut |_| {}).unwrap();
+    assert_eq!(run.batch_sizes, [1, 2]);
+    let gpu: Vec<&InferRow> = run.rows.iter().filter(|r| r.device != "cpu").collect();
+    // fp16-nhwc-graph at 1 and 2, one at a time at 2 only
+    assert_eq!(gpu.len(), 3);
+    for r in gpu {
+        assert_eq!(r.status, RowStatus::Skipped(GPU_NOT_YET.into()));
+        assert!(r.timing.is_none() && r.images_per_s.is_none());
+    }
+    let cpu: Vec<&InferRow> = run.rows.iter().filter(|r| r.device == "cpu").collect();
+    assert_eq!(cpu.len(), 2);
+    assert!(cpu
+        .iter()
+        .all(|r| r.strategy == GRAPH_CPU_ROW && r.timing.is_some()));
+    assert_eq!(run.gpu.as_deref(), Some(GPU_NOT_YET));
+}
+
+#[test]
+fn a_fixed_batch_model_refuses_another_batch_before_any_work() {
+    let mut m = fixtures::tiny_resnet(1);
+    let dim = &mut m.graph.as_mut().unwrap().input[0]
+        .r#type
+        .as_mut()
+        .unwrap()
+        .tensor_type
+        .as_mut()
+        .unwrap()
+        .shape
+        .as_mut()
+        .unwrap()
+        .dim[0];
+    dim.dim_param = None;
+    dim.dim_value = Some(1);
+    let (_dir, path) = written(&m);
+    let e = run_onnx(
+        &options(path.clone(), vec![InferStrategy::Cpu]),
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("fixed batch of 1") && e.contains("asks for 2"),
+        "{e}"
+    );
+    let mut o = options(path, vec![InferStrategy::Cpu]);
+    o.batch_sizes = None;
+    assert_eq!(run_onnx(&o, &mut |_| {}).unwrap().batch_sizes, [1]);
+}
+
+#[test]
+fn input_dims_may_not_name_the_batch_or_an_unknown_axis() {
+    let (_dir, path) = written(&fixtures::tiny_resnet(1));
+    for (name, says) in [
+        ("batch", "--batch-sizes"),
+        ("height", "no axis named height"),
+    ] {
+        let mut o = options(path.clone(), vec![InferStrategy::Cpu]);
+        o.dims = vec![(name.to_string(), 8)];
+        let e = run_onnx(&o, &mut |_| {}).unwrap_err().to_string();
+        assert!(e.contains(says), "{e}");
+    }
+}
+
+#[test]
+fn judge_names_the_output_that_differs_and_passes_within_tolerance() {
+    let names = vec!["logits".to_string()];
+    let want = vec![(vec![2, 2], vec![1.0, -2.0, 3.0, 4.0])];
+    let close = vec![(vec![2, 2], vec![1.0, -2.0, 3.0, 4.000_01])];
+    assert!(judge(&close, &want, &names).1.is_none());
+    let far = vec![(vec![2, 2], vec![1.0, -2.0, 3.0, 4.01])];
+    let why = judge(&far, &want, &names).1.unwrap();
+    assert!(why.starts_with("output logits:"), "{why}");
+    let shape = vec![(vec![4], vec![1.0, -2.0, 3.0, 4.0])];
+    assert!(judge(&shape, &want, &names).1.unwrap().contains("shape"));
+    let nan = vec![(vec![2, 2], vec![1.0, f32::NAN, 3.0, 4.0])];
+    assert!(judge(&nan, &want, &names).1.unwrap().contains("not finite"));
+}
+
+#[test]
+fn the_peak_counts_live_values_not_all_of_them() {
+    let (_dir, path) = written(&fixtures::tiny_resnet(1));
+    let file = ModelFile::read(&path).unwrap();
+    let p = prepare(&file, 2, &[]).unwrap();
+    let g = &p.optimized;
+    let peak = peak_activation_bytes(g).unwrap();
+    let all: u64 = g
+        .values
+        .iter()
+        .filter(|v| v.constant.is_none())
+        .map(|v| v.shape.iter().product::<usize>() as u64 * 4)
+        .sum();
+    let input = 2 * 3 * 32 * 32 * 4;
+    assert!(peak >= input && peak < all, "{peak} of {all}");
+}
