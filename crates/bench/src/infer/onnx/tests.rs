@@ -157,3 +157,25 @@ fn the_peak_counts_live_values_not_all_of_them() {
     let input = 2 * 3 * 32 * 32 * 4;
     assert!(peak >= input && peak < all, "{peak} of {all}");
 }
+
+#[test]
+fn an_int64_input_is_refused_naming_it() {
+    let mut m = fixtures::tiny_resnet(1);
+    if let Some(t) = m
+        .graph
+        .as_mut()
+        .and_then(|g| g.input.first_mut())
+        .and_then(|i| i.r#type.as_mut())
+        .and_then(|t| t.tensor_type.as_mut())
+    {
+        t.elem_type = 7;
+    }
+    let (_dir, path) = written(&m);
+    let e = run_onnx(&options(path, vec![InferStrategy::Cpu]), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("input input is int64") && e.contains("f32"),
+        "{e}"
+    );
+}
