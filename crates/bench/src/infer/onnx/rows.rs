@@ -58,7 +58,7 @@ impl Bench<'_> {
         &self,
         n: usize,
         p: &Prepared,
-        mut ort: Option<&mut OrtModel>,
+        ort: Option<&mut OrtModel>,
         check_passes: bool,
         progress: &mut dyn FnMut(&str),
     ) -> AtBatch {
@@ -110,7 +110,7 @@ impl Bench<'_> {
         let inputs = [Array::f32(&shape, x)];
         let x = inputs[0].as_f32().unwrap_or_default();
 
-        let (reference, ort_row) = match ort.as_deref_mut() {
+        let (reference, ort_row) = match ort {
             Some(m) => {
                 progress(&format!("infer --onnx: onnxruntime batch {n}"));
                 self.reference(m, n, &shape, x)

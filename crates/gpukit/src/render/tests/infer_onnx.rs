@@ -61,7 +61,7 @@ fn fixture_run() -> OnnxRun {
     failed.status = RowStatus::Failed(
         "output logits: logits differ from the reference: max relative difference 3.0e-4 is over the tolerance 1e-5".into(),
     );
-    let mut gpu = |n| {
+    let gpu = |n| {
         let mut r = row("fp16-nhwc-graph", "cuda:0", n, None);
         r.status = RowStatus::Skipped(GPU_NOT_YET.into());
         r
