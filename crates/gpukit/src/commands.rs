@@ -683,8 +683,9 @@ fn infer(a: InferArgs, out: &Output) -> Result<()> {
     emit_charted(&doc, out, Vec::new(), sections, charts)
 }
 
-/// `infer --onnx`: the user's model on the CPU (gpukit's interpreter and ONNX Runtime); no GPU
-/// is opened (GPU strategies give skipped rows), so the CUDA libraries are not looked for.
+/// `infer --onnx`: the user's model on the CPU (gpukit's interpreter and ONNX Runtime), and on
+/// the GPU where it is of torchvision's ResNet family; the CUDA libraries are looked for only
+/// when a GPU strategy is asked for.
 fn infer_onnx(a: InferArgs, out: &Output) -> Result<()> {
     use gpukit_bench::infer::check_batches;
     use gpukit_bench::infer::onnx::{document, onnx_strategies, run_onnx, OnnxOptions};
@@ -704,7 +705,15 @@ fn infer_onnx(a: InferArgs, out: &Output) -> Result<()> {
         selection: a.device,
         strategies,
     };
-    let run = run_onnx(&opts, &mut progress())?;
+    let wants_gpu = opts.strategies.iter().any(|s| !s.on_cpu());
+    let discovery = if wants_gpu {
+        let discovery = prepare_process();
+        check_named_gpu(&discovery, opts.selection)?;
+        Some(discovery)
+    } else {
+        None
+    };
+    let run = run_onnx(&opts, discovery.as_ref(), &mut progress())?;
     let sections = render::onnx_run_sections(&run);
     emit(&document(run), out, Vec::new(), sections)
 }

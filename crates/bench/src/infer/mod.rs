@@ -199,6 +199,21 @@ pub fn run_infer(
     })
 }
 
+/// [`run_infer`]'s GPU rows for a model already folded (an imported graph read back as a ResNet,
+/// say): the GPU is opened here, `opts.model` and `opts.weights` are not read.
+pub(crate) fn run_on_folded(
+    discovery: &Discovery,
+    opts: &InferOptions,
+    (folded, weights): (&FoldedResNet, String),
+    progress: &mut dyn FnMut(&str),
+) -> Result<InferReport> {
+    let ctx = gpu_ordinal(opts.selection).map(|ordinal| {
+        progress(&format!("infer cuda:{ordinal}: opening the GPU"));
+        (ordinal, GpuContext::open(discovery, ordinal))
+    });
+    run_with(discovery, opts, (folded, weights), ctx, progress)
+}
+
 /// [`run_infer`] once the weights are made and the GPU (when one runs) is open.
 fn run_with(
     discovery: &Discovery,

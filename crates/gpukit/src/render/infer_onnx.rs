@@ -122,9 +122,11 @@ fn setup(r: &OnnxRun) -> Section {
     ));
     rows.push((
         "GPU",
-        r.gpu
-            .as_ref()
-            .map_or("not selected".into(), |why| format!("no figures: {why}")),
+        match (&r.gpu_engine, &r.gpu) {
+            (Some(engine), None) => engine.clone(),
+            (_, Some(why)) => format!("no figures: {why}"),
+            (None, None) => "not selected".into(),
+        },
     ));
     rows.push((
         "Checks",

@@ -18,12 +18,16 @@
 //!   over max |ONNX Runtime's|, [`crate::accuracy::agreement`]).
 //! - [`ORT_ROW`](crate::workload::strategy::ORT_ROW): ONNX Runtime on the file's bytes as they are (its path where the weights
 //!   are in external data files), the reference.
-//! - GPU strategies: skipped, [`GPU_NOT_YET`]; never a figure.
+//! - GPU strategies: a model of torchvision's ResNet family (read back from the optimized graph
+//!   by `gpukit_models::graph::recognize::as_resnet`, and checked equal to the graph on the
+//!   CPU) runs on gpukit's GPU engine with every check `infer` makes; any other model's GPU
+//!   rows are skipped, [`GPU_NOT_YET`], never a figure.
 //!
 //! The passes are checked once, at the first batch size: the graph as imported and as
 //! optimized run on the same input and must agree within [`TOLERANCE`]. The CPU row's check
 //! covers both at every batch size; this one says which of the two a difference comes from.
 
+mod gpu;
 mod model;
 mod rows;
 #[cfg(test)]
@@ -38,6 +42,7 @@ use crate::error::{Error, Result};
 use crate::measure::Plan;
 use crate::report::{judge_rows, Document, RowStatus};
 use crate::workload::strategy::{gpu_ordinal, runs_on, select_strategies};
+use gpukit_cuda::loader::Discovery;
 use gpukit_models::onnx::ModelFile;
 use gpukit_models::ort_runner::{find_onnxruntime, OrtModel};
 use gpukit_tensor::DeviceSelection;
@@ -46,8 +51,9 @@ use rows::Bench;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-/// Why a GPU strategy has no figure for an imported model.
-pub const GPU_NOT_YET: &str = "the GPU engine does not run imported ONNX graphs yet";
+/// Why a GPU strategy has no figure for an imported model outside the ResNet family.
+pub const GPU_NOT_YET: &str =
+    "the GPU engine runs imported graphs of torchvision's ResNet family only, so far";
 
 #[derive(Debug, Clone)]
 pub struct OnnxOptions {
@@ -82,6 +88,10 @@ pub struct OnnxRun {
     pub onnxruntime_unavailable: Option<String>,
     /// Why there are no GPU figures, when a GPU was selected.
     pub gpu: Option<String>,
+    /// What runs the GPU rows, when they ran: the model the graph was read as and the check that
+    /// it equals the graph.
+    #[serde(default)]
+    pub gpu_engine: Option<String>,
 }
 
 /// The rows `infer --onnx` runs: those named (a GPU one gives a skipped row), else gpukit's
@@ -136,11 +146,12 @@ fn open_onnxruntime(
         .map_err(|e| e.to_string())
 }
 
-/// The skipped rows of the GPU strategies asked for: no figure, [`GPU_NOT_YET`].
+/// The skipped rows of the GPU strategies asked for: no figure, `why`.
 fn gpu_rows(
     wanted: &[InferStrategy],
     selection: DeviceSelection,
     sizes: &[usize],
+    why: &str,
 ) -> Vec<InferRow> {
     let device = gpu_ordinal(selection).map_or("cuda".into(), |o| format!("cuda:{o}"));
     let mut rows = Vec::new();
@@ -151,7 +162,7 @@ fn gpu_rows(
                 continue;
             }
             let mut r = row(&s.name(), &device, n);
-            r.status = RowStatus::Skipped(GPU_NOT_YET.into());
+            r.status = RowStatus::Skipped(why.into());
             rows.push(r);
         }
     }
@@ -161,7 +172,12 @@ fn gpu_rows(
 /// Reads, imports and runs the model: see the module's doc. The file's problems (unreadable,
 /// not ONNX, an operator gpukit does not implement, inputs it cannot feed) are bad input,
 /// found before anything is timed.
-pub fn run_onnx(opts: &OnnxOptions, progress: &mut dyn FnMut(&str)) -> Result<OnnxRun> {
+/// `discovery`: where the CUDA libraries are (None: GPU rows are not run, each one skipped).
+pub fn run_onnx(
+    opts: &OnnxOptions,
+    discovery: Option<&Discovery>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<OnnxRun> {
     let file = ModelFile::read(&opts.file)?;
     let input = the_input(&file, &opts.dims)?;
     let sizes = batch_sizes(&file, &input, opts.batch_sizes.as_deref())?;
@@ -197,8 +213,12 @@ pub fn run_onnx(opts: &OnnxOptions, progress: &mut dyn FnMut(&str)) -> Result<On
         rows: Vec::new(),
         onnxruntime: None,
         onnxruntime_unavailable: None,
-        gpu: gpu_ordinal(opts.selection).map(|_| GPU_NOT_YET.to_string()),
+        gpu: None,
+        gpu_engine: None,
     };
+    // the GPU rows' model, read from the graph before the CPU rows take it
+    let on_gpu: Vec<InferStrategy> = wanted.iter().copied().filter(|s| !s.on_cpu()).collect();
+    let resnet = (!on_gpu.is_empty()).then(|| gpu::resnet_of(&prepared));
     // ONNX Runtime runs whenever a CPU row does: it is the reference gpukit's row is checked
     // against, timed only when its own row was asked for
     let mut ort = None;
@@ -225,7 +245,33 @@ pub fn run_onnx(opts: &OnnxOptions, progress: &mut dyn FnMut(&str)) -> Result<On
             }
         }
     }
-    run.rows.extend(gpu_rows(&wanted, opts.selection, &sizes));
+    match (resnet, discovery) {
+        (Some(Ok(read)), Some(discovery)) => {
+            let gpu_opts = gpu::options(opts, &read, &on_gpu, &sizes);
+            let weights = format!(
+                "{}, read as {}",
+                opts.file.display(),
+                read.folded.model.name()
+            );
+            let report =
+                super::run_on_folded(discovery, &gpu_opts, (&read.folded, weights), progress)?;
+            run.gpu = report.gpu_unavailable.clone();
+            run.gpu_engine = Some(read.describe(report.gpu_device.as_deref()));
+            run.rows.extend(report.rows);
+        }
+        (Some(Err(why)), _) => {
+            run.gpu = Some(why.clone());
+            run.rows
+                .extend(gpu_rows(&wanted, opts.selection, &sizes, &why));
+        }
+        (Some(Ok(_)), None) | (None, _) => {
+            if !on_gpu.is_empty() {
+                run.gpu = Some(GPU_NOT_YET.to_string());
+            }
+            run.rows
+                .extend(gpu_rows(&wanted, opts.selection, &sizes, GPU_NOT_YET));
+        }
+    }
     if run.rows.is_empty() {
         let why = run
             .onnxruntime_unavailable

@@ -92,6 +92,7 @@ fn fixture_run() -> OnnxRun {
         onnxruntime: Some("/opt/onnxruntime/libonnxruntime.so.1.32.0".into()),
         onnxruntime_unavailable: None,
         gpu: Some(GPU_NOT_YET.into()),
+        gpu_engine: None,
     }
 }
 
@@ -114,7 +115,7 @@ fn infer_onnx_reports_the_model_its_passes_latency_and_throughput() {
         "input: float [batch, 3, 32, 32], [1, 3, 32, 32] at batch 1",
         "logits: float [batch, 10], [1, 10] at batch 1",
         "FAILED: output logits",
-        "skipped: the GPU engine does not run imported ONNX graphs yet",
+        "skipped: the GPU engine runs imported graphs of torchvision's ResNet family only",
         "1.7e-7 (1e-5)",
     ] {
         assert!(text.contains(needle), "{needle} missing from {text}");
