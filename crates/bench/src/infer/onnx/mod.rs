@@ -245,6 +245,9 @@ pub fn run_onnx(
             }
         }
     }
+    // ONNX Runtime's threads wait spinning for the next run: gone before the GPU rows, whose
+    // eager passes are bound by the host's launches
+    drop(ort);
     match (resnet, discovery) {
         (Some(Ok(read)), Some(discovery)) => {
             let gpu_opts = gpu::options(opts, &read, &on_gpu, &sizes);
