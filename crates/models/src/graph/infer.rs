@@ -4,7 +4,7 @@
 //! ([`evaluate`]), since a Reshape's output shape depends on them; the graph keeps their nodes
 //! until constant folding. `builder` applies both node by node.
 
-use super::{cpu, DType, Data, Op};
+use super::{cpu, DType, Data, Op, OutType};
 
 /// The most elements any one tensor may have (cuDNN and most kernels index with 32 bits).
 pub const MAX_ELEMENTS: usize = i32::MAX as usize;
@@ -19,9 +19,6 @@ pub(crate) struct In<'a> {
     pub shape: &'a [usize],
     pub known: Option<&'a Data>,
 }
-
-/// An output's type and shape.
-pub(crate) type OutType = (DType, Vec<usize>);
 
 /// The element count of `shape`, or an error past [`MAX_ELEMENTS`].
 pub(crate) fn element_count(shape: &[usize]) -> Result<usize, String> {

@@ -22,6 +22,9 @@ pub mod passes;
 pub mod recognize;
 pub mod resnet;
 
+/// An output's type and shape.
+pub(crate) type OutType = (DType, Vec<usize>);
+
 pub use crate::error::GraphError;
 pub use builder::GraphBuilder;
 pub use cpu::{forward_cpu, last_uses, Array};

@@ -74,7 +74,8 @@ pub(super) fn resnet_of(prepared: &Prepared) -> Result<ReadResnet, String> {
         return Err("the read model's output has another size than the graph's".into());
     }
     let a = agreement(&theirs, graph_out, classes);
-    if !(a.max_rel <= TOLERANCE) {
+    // NaN is over too
+    if a.max_rel.is_nan() || a.max_rel > TOLERANCE {
         return Err(format!(
             "read as {}, it differs from the graph on the CPU by {:.1e} (over {TOLERANCE:.0e})",
             folded.model.name(),

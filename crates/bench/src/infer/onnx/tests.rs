@@ -63,13 +63,18 @@ fn gpu_strategies_give_skipped_rows_and_no_figure() {
         InferStrategy::parse("fp16-nhwc-graph").unwrap(),
         InferStrategy::parse("fp16-nhwc-graph-one-at-a-time").unwrap(),
     ];
-    let run = run_onnx(&options(path, strategies), &mut |_| {}).unwrap();
+    let run = run_onnx(&options(path, strategies), None, &mut |_| {}).unwrap();
     assert_eq!(run.batch_sizes, [1, 2]);
     let gpu: Vec<&InferRow> = run.rows.iter().filter(|r| r.device != "cpu").collect();
     // fp16-nhwc-graph at 1 and 2, one at a time at 2 only
     assert_eq!(gpu.len(), 3);
+    // not of torchvision's ResNet family: the reason says where it departs
     for r in gpu {
-        assert_eq!(r.status, RowStatus::Skipped(GPU_NOT_YET.into()));
+        assert!(
+            matches!(&r.status, RowStatus::Skipped(why) if why.starts_with(GPU_NOT_YET)),
+            "{:?}",
+            r.status
+        );
         assert!(r.timing.is_none() && r.images_per_s.is_none());
     }
     let cpu: Vec<&InferRow> = run.rows.iter().filter(|r| r.device == "cpu").collect();
@@ -77,7 +82,10 @@ fn gpu_strategies_give_skipped_rows_and_no_figure() {
     assert!(cpu
         .iter()
         .all(|r| r.strategy == GRAPH_CPU_ROW && r.timing.is_some()));
-    assert_eq!(run.gpu.as_deref(), Some(GPU_NOT_YET));
+    assert!(run
+        .gpu
+        .as_deref()
+        .is_some_and(|w| w.starts_with(GPU_NOT_YET)));
 }
 
 #[test]
@@ -99,6 +107,7 @@ fn a_fixed_batch_model_refuses_another_batch_before_any_work() {
     let (_dir, path) = written(&m);
     let e = run_onnx(
         &options(path.clone(), vec![InferStrategy::Cpu]),
+        None,
         &mut |_| {},
     )
     .unwrap_err()
@@ -109,7 +118,7 @@ fn a_fixed_batch_model_refuses_another_batch_before_any_work() {
     );
     let mut o = options(path, vec![InferStrategy::Cpu]);
     o.batch_sizes = None;
-    assert_eq!(run_onnx(&o, &mut |_| {}).unwrap().batch_sizes, [1]);
+    assert_eq!(run_onnx(&o, None, &mut |_| {}).unwrap().batch_sizes, [1]);
 }
 
 #[test]
@@ -121,7 +130,7 @@ fn input_dims_may_not_name_the_batch_or_an_unknown_axis() {
     ] {
         let mut o = options(path.clone(), vec![InferStrategy::Cpu]);
         o.dims = vec![(name.to_string(), 8)];
-        let e = run_onnx(&o, &mut |_| {}).unwrap_err().to_string();
+        let e = run_onnx(&o, None, &mut |_| {}).unwrap_err().to_string();
         assert!(e.contains(says), "{e}");
     }
 }
@@ -171,7 +180,7 @@ fn an_int64_input_is_refused_naming_it() {
         t.elem_type = 7;
     }
     let (_dir, path) = written(&m);
-    let e = run_onnx(&options(path, vec![InferStrategy::Cpu]), &mut |_| {})
+    let e = run_onnx(&options(path, vec![InferStrategy::Cpu]), None, &mut |_| {})
         .unwrap_err()
         .to_string();
     assert!(

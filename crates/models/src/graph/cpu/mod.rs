@@ -16,8 +16,7 @@ mod linalg;
 mod norm;
 mod pool;
 
-use super::infer::OutType;
-use super::{Data, Graph, GraphError, Op};
+use super::{Data, Graph, GraphError, Op, OutType};
 use std::borrow::Cow;
 
 /// A tensor handed to or returned by [`forward_cpu`]: its shape and row-major elements.
