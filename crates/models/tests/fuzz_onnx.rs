@@ -10,34 +10,18 @@
 
 mod common;
 
-use common::{largest_allocation, Alloc};
+use common::{config, largest_allocation, Alloc};
 use gpukit_models::graph::{forward_cpu, passes, Array, DType, Data, Graph};
 use gpukit_models::onnx::proto::{AttributeProto, ModelProto};
 use gpukit_models::onnx::{fixtures, import_bytes, ImportOptions, SUPPORTED_OPS};
 use gpukit_models::Error;
 use gpukit_types::{ErrorKind, HasKind};
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 use prost::Message;
 use std::sync::OnceLock;
 
 #[global_allocator]
 static ALLOC: Alloc = Alloc;
-
-/// The cases of a property: `default` unless `PROPTEST_CASES` asks for more (or fewer), at most
-/// `cap`. Persistence is off.
-fn config(default: u32, cap: u32) -> Config {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-        .min(cap);
-    Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
 
 /// The fixtures, decoded and encoded, weights from a fixed seed.
 fn fixture_models() -> &'static [(ModelProto, Vec<u8>)] {

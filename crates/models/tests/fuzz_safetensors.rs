@@ -11,32 +11,16 @@
 
 mod common;
 
-use common::{check_read, Alloc};
+use common::{check_read, config, Alloc};
 use gpukit_models::weights::{load_safetensors, load_tensor, save_tensors, seeded_init};
 use gpukit_models::ResNet;
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 use safetensors::tensor::{Dtype, TensorView};
 use std::path::Path;
 use std::sync::OnceLock;
 
 #[global_allocator]
 static ALLOC: Alloc = Alloc;
-
-/// The cases of a property: `default` unless `PROPTEST_CASES` asks for more (or fewer), at most
-/// `cap`. Persistence is off: crashing inputs are kept in the corpus instead.
-fn config(default: u32, cap: u32) -> Config {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-        .min(cap);
-    Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
 
 /// Writes `bytes` to a fresh temp file and runs both readers on it, checking every outcome.
 fn run_readers(bytes: &[u8]) -> Outcomes {

@@ -60,7 +60,7 @@ use gpukit_models::ort_runner::{find_onnxruntime, OrtModel};
 use gpukit_models::weights::{load_safetensors, seeded_init};
 use gpukit_models::ResNet;
 use gpukit_tensor::{Device, DeviceSelection};
-use report::row;
+use report::{row, sort_rows_as_asked};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -359,12 +359,7 @@ fn run_with(
             Err(e) => report.gpu_unavailable = Some(e.to_string()),
         }
     }
-    let order: Vec<String> = wanted
-        .iter()
-        .filter(|s| !s.on_cpu())
-        .map(InferStrategy::name)
-        .collect();
-    sort_rows(&mut report.rows, &order);
+    sort_rows_as_asked(&mut report.rows, &wanted);
     Ok(report)
 }
 

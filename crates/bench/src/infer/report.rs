@@ -141,6 +141,16 @@ pub fn one_at_a_time_reps(reps: usize, n: usize) -> usize {
         .max(1)
 }
 
+/// [`sort_rows`] with the GPU rows in the order `wanted` names their strategies.
+pub(crate) fn sort_rows_as_asked(rows: &mut [InferRow], wanted: &[super::InferStrategy]) {
+    let order: Vec<String> = wanted
+        .iter()
+        .filter(|s| !s.on_cpu())
+        .map(super::InferStrategy::name)
+        .collect();
+    sort_rows(rows, &order);
+}
+
 /// Orders rows by batch size, then the CPU rows (in the order they came), then the GPU rows in
 /// the order of `gpu_order` (strategy names).
 pub fn sort_rows(rows: &mut [InferRow], gpu_order: &[String]) {

@@ -85,3 +85,19 @@ pub fn check_read<T>(
         msg
     })
 }
+
+/// The cases of a fuzz property: `default` unless `PROPTEST_CASES` asks for more (or fewer), at
+/// most `cap`. Persistence is off: crashing inputs are kept in a corpus instead.
+#[allow(dead_code)] // the corpus replay has no property
+pub fn config(default: u32, cap: u32) -> proptest::test_runner::Config {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+        .min(cap);
+    proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    }
+}

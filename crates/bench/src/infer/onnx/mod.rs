@@ -36,7 +36,7 @@ mod tests;
 pub use model::{describe, OnnxModel, OnnxValue, Passes, DEFAULT_BATCH_SIZES};
 pub use rows::{PassesCheck, GRAPH_CPU_ROW, TOLERANCE};
 
-use super::report::{row, sort_rows, InferRow};
+use super::report::{row, sort_rows_as_asked, InferRow};
 use super::InferStrategy;
 use crate::error::{Error, Result};
 use crate::measure::Plan;
@@ -284,11 +284,6 @@ pub fn run_onnx(
             "no strategy could run: ONNX Runtime: {why}"
         )));
     }
-    let order: Vec<String> = wanted
-        .iter()
-        .filter(|s| !s.on_cpu())
-        .map(InferStrategy::name)
-        .collect();
-    sort_rows(&mut run.rows, &order);
+    sort_rows_as_asked(&mut run.rows, &wanted);
     Ok(run)
 }
