@@ -40,7 +40,7 @@ pub use crate::workload::strategy::{
     ONE_AT_A_TIME, ONE_AT_A_TIME_MAX_PASSES, ONE_AT_A_TIME_MIN_REPS, ORT_ROW,
 };
 pub use report::{
-    best_gpu_rows, gpu_rows_without_figure, is_gpu_row, is_one_at_a_time, one_at_a_time_reps,
+    best_gpu_rows, gpu_rows_without_figure, is_gpu_row, is_one_at_a_time, one_at_a_time_reps, row,
     sort_rows, tensorrt_status, InferReport, InferRow, Planning,
 };
 
@@ -60,7 +60,7 @@ use gpukit_models::ort_runner::{find_onnxruntime, OrtModel};
 use gpukit_models::weights::{load_safetensors, seeded_init};
 use gpukit_models::ResNet;
 use gpukit_tensor::{Device, DeviceSelection};
-use report::{row, sort_rows_as_asked};
+use report::sort_rows_as_asked;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 

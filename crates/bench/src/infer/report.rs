@@ -205,7 +205,7 @@ pub fn gpu_rows_without_figure(report: &InferReport) -> Option<String> {
     ))
 }
 
-pub(super) fn row(strategy: &str, device: &str, batch: usize) -> InferRow {
+pub fn row(strategy: &str, device: &str, batch: usize) -> InferRow {
     InferRow {
         strategy: strategy.to_string(),
         device: device.to_string(),

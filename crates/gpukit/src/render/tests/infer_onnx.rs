@@ -4,29 +4,16 @@
 use super::{assert_drawn, terminal, timing};
 use crate::render::onnx_run_sections;
 use gpukit_bench::infer::onnx::{describe, OnnxRun, PassesCheck, GPU_NOT_YET, GRAPH_CPU_ROW};
-use gpukit_bench::infer::{Agreement, InferRow, ORT_ROW};
+use gpukit_bench::infer::{row as blank_row, Agreement, InferRow, ORT_ROW};
 use gpukit_bench::measure::Clock;
 use gpukit_bench::report::RowStatus;
 use gpukit_models::onnx::{fixtures, ModelFile};
 
 fn row(strategy: &str, device: &str, batch: usize, ms: Option<f64>) -> InferRow {
     InferRow {
-        strategy: strategy.into(),
-        device: device.into(),
-        batch,
-        status: RowStatus::Ok,
         timing: ms.map(|ms| timing(Clock::Host, ms, ms * 0.9, ms * 1.2, 10)),
         images_per_s: ms.map(|ms| batch as f64 / ms * 1e3),
-        speedup_vs_reference: None,
-        speedup_vs_fp32_eager: None,
-        gpu_memory_bytes: None,
-        gpu_memory: None,
-        agreement: None,
-        compared_with: None,
-        tolerance: None,
-        pytorch: None,
-        batching_gain: None,
-        power: None,
+        ..blank_row(strategy, device, batch)
     }
 }
 
