@@ -161,6 +161,7 @@ fn cudnn_conv_matches_cpu() -> Result<(), Failed> {
         s: r,
         stride,
         pad,
+        groups: 1,
     };
     let shapes = [
         shape(2, 16, 13, 24, 3, 1, 1),

@@ -287,6 +287,7 @@ impl FoldedConv {
             s: self.kernel,
             stride: self.stride,
             pad: self.pad,
+            groups: 1,
         }
     }
 
@@ -699,6 +700,7 @@ impl FoldedResNet {
             s: 1,
             stride: 1,
             pad: 0,
+            groups: 1,
         };
         conv2d_nhwc_packed(&fc, &feats, &pack.fc, None, false, logits);
         ws.give(feats);

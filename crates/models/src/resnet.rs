@@ -143,6 +143,7 @@ impl ResNet {
             s: r,
             stride,
             pad,
+            groups: 1,
         };
         let stem = conv(3, image, 64, 7, 2, 3);
         // after the stem and the 3x3/2 max pooling

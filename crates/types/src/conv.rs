@@ -2,8 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A 2-D convolution's shape: input `n x c x h x w`, filter `k x c x r x s`, one stride and one
-/// padding for both axes, no dilation, no groups. The layout is not part of the shape (it is
+/// A 2-D convolution's shape: input `n x c x h x w`, filter `k x (c / groups) x r x s`, one
+/// stride and one padding for both axes, no dilation. `groups` splits the channels: 1 is a
+/// plain convolution, `c` (with `k` a multiple of it) a depthwise one. The layout is not part of the shape (it is
 /// chosen apart: [`crate::Layout`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ConvShape {
@@ -25,6 +26,13 @@ pub struct ConvShape {
     pub stride: usize,
     /// Zero padding on all four sides.
     pub pad: usize,
+    /// Channel groups (1: a plain convolution); `c` and `k` are multiples of it.
+    #[serde(default = "one")]
+    pub groups: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// Output extent along one axis; 0 when the shape is degenerate (stride 0, or a filter larger
@@ -59,15 +67,15 @@ impl ConvShape {
         (self.out_h(), self.out_w())
     }
 
-    /// 2 * N * K * P * Q * C * R * S: multiply-adds counted as two, padding included, as
-    /// cuDNN and PyTorch benchmarks count them.
+    /// 2 * N * K * P * Q * (C / groups) * R * S: multiply-adds counted as two, padding
+    /// included, as cuDNN and PyTorch benchmarks count them.
     pub fn flops(&self) -> f64 {
         [
             self.n,
             self.k,
             self.out_h(),
             self.out_w(),
-            self.c,
+            self.group_channels(),
             self.r,
             self.s,
         ]
@@ -80,9 +88,19 @@ impl ConvShape {
         product(&[self.n, self.c, self.h, self.w])
     }
 
-    /// Elements in the weight tensor, K * C * R * S (saturating).
+    /// Elements in the weight tensor, K * (C / groups) * R * S (saturating).
     pub fn weight_len(&self) -> usize {
-        product(&[self.k, self.c, self.r, self.s])
+        product(&[self.k, self.group_channels(), self.r, self.s])
+    }
+
+    /// Input channels each filter reads, C / groups (C when groups is 0).
+    pub fn group_channels(&self) -> usize {
+        self.c.checked_div(self.groups).unwrap_or(self.c)
+    }
+
+    /// Whether the groups divide both channel counts (a shape a backend can run).
+    pub fn groups_fit(&self) -> bool {
+        self.groups >= 1 && self.c % self.groups == 0 && self.k % self.groups == 0
     }
 
     /// Elements in the output tensor, N * K * P * Q (saturating).
@@ -100,10 +118,15 @@ impl ConvShape {
         ConvShape { n, ..self }
     }
 
-    /// `NxCxHxW:KxRxS:s<stride>p<pad>`, the syntax of the PyTorch reference script.
+    /// `NxCxHxW:KxRxS:s<stride>p<pad>` (then `g<groups>` when grouped), the syntax of the
+    /// PyTorch reference script.
     pub fn spec(&self) -> String {
+        let groups = match self.groups {
+            1 => String::new(),
+            g => format!("g{g}"),
+        };
         format!(
-            "{}x{}x{}x{}:{}x{}x{}:s{}p{}",
+            "{}x{}x{}x{}:{}x{}x{}:s{}p{}{groups}",
             self.n, self.c, self.h, self.w, self.k, self.r, self.s, self.stride, self.pad
         )
     }
@@ -124,6 +147,7 @@ mod tests {
             s: r,
             stride,
             pad,
+            groups: 1,
         }
     }
 
@@ -141,5 +165,22 @@ mod tests {
         let huge = ConvShape { n: usize::MAX, ..s };
         assert_eq!(huge.input_len(), usize::MAX);
         assert!(shape(9, 1, 1, 0).is_pointwise() && !s.is_pointwise());
+        // depthwise: one input channel per filter
+        let dw = ConvShape {
+            c: 8,
+            k: 8,
+            groups: 8,
+            ..s
+        };
+        assert_eq!(dw.weight_len(), 8 * 49);
+        assert_eq!(dw.flops(), 2.0 * 2.0 * 8.0 * 112.0 * 112.0 * 49.0);
+        assert_eq!(dw.spec(), "2x8x224x224:8x7x7:s2p3g8");
+        assert!(dw.groups_fit() && !ConvShape { k: 4, ..dw }.groups_fit());
+        // a shape saved before groups existed reads as a plain convolution
+        let old: ConvShape = serde_json::from_str(
+            r#"{"n":1,"c":3,"h":8,"w":8,"k":4,"r":3,"s":3,"stride":1,"pad":1}"#,
+        )
+        .unwrap();
+        assert_eq!(old.groups, 1);
     }
 }

@@ -16,6 +16,7 @@ fn tiny(name: &str, modules: usize) -> NamedShape {
             s: 3,
             stride: 1,
             pad: 1,
+            groups: 1,
         },
     }
 }

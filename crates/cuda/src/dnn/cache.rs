@@ -261,6 +261,7 @@ mod tests {
                     s: 1,
                     stride: 1,
                     pad: 0,
+                    groups: 1,
                 },
                 layout: Layout::Nhwc,
                 dtype: DType::F16,
@@ -374,6 +375,7 @@ mod tests {
                         s,
                         stride,
                         pad,
+                        groups: 1,
                     }
                 });
             (

@@ -162,7 +162,14 @@ pub(super) fn build_graph(
     let (p, q) = sh.out_hw();
     let out = [sh.n, sh.k, p, q];
     let tx = tensor(UID_X, [sh.n, sh.c, sh.h, sh.w], layout, dt, false)?;
-    let tw = tensor(UID_W, [sh.k, sh.c, sh.r, sh.s], layout, dt, false)?;
+    // grouped: each filter reads c / groups channels (the backend infers the groups from it)
+    let tw = tensor(
+        UID_W,
+        [sh.k, sh.group_channels(), sh.r, sh.s],
+        layout,
+        dt,
+        false,
+    )?;
     // the epilogue in order: +bias, +residual, ReLU; the conv's own output is a virtual f32
     // tensor unless nothing follows it
     let epilogue = usize::from(bias) + usize::from(residual) + usize::from(relu);

@@ -172,7 +172,7 @@ impl ConvPlan {
                     dt,
                     fmt,
                     i(sh.k)?,
-                    i(sh.c)?,
+                    i(sh.group_channels())?,
                     i(sh.r)?,
                     i(sh.s)?,
                 ),
@@ -199,6 +199,12 @@ impl ConvPlan {
                 "cudnnSetConvolutionMathType",
                 dn::cudnnSetConvolutionMathType(plan.desc, conv.math()),
             )?;
+            if sh.groups != 1 {
+                ok(
+                    "cudnnSetConvolutionGroupCount",
+                    dn::cudnnSetConvolutionGroupCount(plan.desc, i(sh.groups)?),
+                )?;
+            }
         }
         Ok(plan)
     }

@@ -68,6 +68,12 @@ impl Conv {
 
     /// An error unless the buffers hold the input, filter and output.
     fn check(&self, x: View<'_>, w: View<'_>, y: View<'_>) -> Result<()> {
+        if !self.shape.groups_fit() {
+            return Err(Error::Invalid(format!(
+                "a convolution of {} groups over {} input and {} output channels",
+                self.shape.groups, self.shape.c, self.shape.k
+            )));
+        }
         x.require(self.input_bytes(), "convolution input")?;
         w.require(self.filter_bytes(), "convolution filter")?;
         y.require(self.output_bytes(), "convolution output")

@@ -467,6 +467,7 @@ mod tests {
             s: 3,
             stride: 1,
             pad: 1,
+            groups: 1,
         };
         GraphSpec::fused(
             Conv {

@@ -30,6 +30,7 @@ fn passes_line(p: &Passes) -> String {
             "batch norm(s) folded into convolutions",
         ),
         (p.gelus, "GELU chain(s) made one operator"),
+        (p.silus, "x * sigmoid(x) pair(s) made one SiLU"),
         (
             p.fused_epilogues,
             "activation(s)/residual Add(s) fused into convolutions",

@@ -109,6 +109,7 @@ impl ConvLayer {
             s: self.r,
             stride: self.stride,
             pad: self.pad,
+            groups: 1,
         }
     }
 }

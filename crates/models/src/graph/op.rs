@@ -16,6 +16,8 @@ pub enum Activation {
     HardSwish,
     /// x * (1 + erf(x / sqrt(2))) / 2 (the exact form, not tanh's approximation).
     Gelu,
+    /// x / (1 + exp(-x)), also called swish (torch.onnx writes it as a Sigmoid and a Mul).
+    Silu,
 }
 
 impl Activation {
@@ -27,6 +29,7 @@ impl Activation {
             Activation::HardSigmoid { .. } => "HardSigmoid",
             Activation::HardSwish => "HardSwish",
             Activation::Gelu => "Gelu",
+            Activation::Silu => "Silu",
         }
     }
 }

@@ -127,6 +127,7 @@ pub(super) fn shape(
         s,
         stride,
         pad,
+        groups: 1,
     }
 }
 

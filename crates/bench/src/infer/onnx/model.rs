@@ -29,6 +29,8 @@ pub struct Passes {
     pub folded_constants: usize,
     pub folded_batch_norms: usize,
     pub gelus: usize,
+    #[serde(default)]
+    pub silus: usize,
     pub fused_epilogues: usize,
     pub squeeze_excites: usize,
     pub dead_nodes: usize,
@@ -40,6 +42,7 @@ impl From<PassStats> for Passes {
             folded_constants: s.folded_constants,
             folded_batch_norms: s.folded_batch_norms,
             gelus: s.gelus,
+            silus: s.silus,
             fused_epilogues: s.fused_epilogues,
             squeeze_excites: s.squeeze_excites,
             dead_nodes: s.dead_nodes,

@@ -59,6 +59,7 @@ fn conv_rows() {
         s: 3,
         stride: 1,
         pad: 1,
+        groups: 1,
     };
     let name = "layer1 3x3 64->64 @56";
     let gpu = Device::Cuda(0);
@@ -127,6 +128,7 @@ fn conv_rows_beside_pytorch() {
         s: 1,
         stride: 1,
         pad: 0,
+        groups: 1,
     };
     let name = "layer4 1x1 2048->512 @7";
     let peer = |rate: f64, ratio: f64| PeerFigure {

@@ -108,6 +108,7 @@ pub(super) fn conv(c: &Conv, inputs: &[View], out_shape: &[usize]) -> Result<Vec
             s,
             stride: c.strides[0],
             pad,
+            groups: 1,
         };
         if (shape.out_h(), shape.out_w()) != (p, q) {
             return Err(format!(

@@ -16,6 +16,7 @@ pub(crate) fn activate(a: Activation, x: f32) -> f32 {
         Activation::HardSigmoid { alpha, beta } => (alpha * x + beta).clamp(0.0, 1.0),
         Activation::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
         Activation::Gelu => gelu(x),
+        Activation::Silu => x / (1.0 + (-x).exp()),
     }
 }
 

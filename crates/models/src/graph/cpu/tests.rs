@@ -110,10 +110,11 @@ fn act_ref(a: Activation, x: f64) -> f64 {
         }
         Activation::HardSwish => x * (x + 3.0).clamp(0.0, 6.0) / 6.0,
         Activation::Gelu => 0.5 * x * (1.0 + libm::erf(x / 2f64.sqrt())),
+        Activation::Silu => x / (1.0 + (-x).exp()),
     }
 }
 
-const ACTIVATIONS: [Activation; 5] = [
+const ACTIVATIONS: [Activation; 6] = [
     Activation::Relu,
     Activation::Sigmoid,
     Activation::HardSigmoid {
@@ -122,6 +123,7 @@ const ACTIVATIONS: [Activation; 5] = [
     },
     Activation::HardSwish,
     Activation::Gelu,
+    Activation::Silu,
 ];
 
 #[test]

@@ -8,7 +8,7 @@
 //! The passes: `fold` (constant folding: Constant nodes and anything computed from constants
 //! only, the shape arithmetic before a Reshape included), `dead` (dead nodes and unused values),
 //! `batch_norm` (BatchNormalization folded into the Conv before it), `gelu` (the erf form of
-//! GELU as one operator), `conv_epilogue` (activation and residual Add fused into the Conv
+//! GELU as one operator), `silu` (`x * sigmoid(x)` as one operator), `conv_epilogue` (activation and residual Add fused into the Conv
 //! before them), `squeeze_excite` (squeeze-and-excitation blocks recognised as [`Pattern`]s).
 //!
 //! [`Pattern`]: super::Pattern
@@ -18,6 +18,7 @@ mod conv_epilogue;
 mod dead;
 mod fold;
 mod gelu;
+mod silu;
 mod squeeze_excite;
 
 pub use batch_norm::fold_batch_norms;
@@ -25,6 +26,7 @@ pub use conv_epilogue::fuse_conv_epilogues;
 pub use dead::eliminate_dead_nodes;
 pub use fold::fold_constants;
 pub use gelu::recognize_gelu;
+pub use silu::recognize_silu;
 pub use squeeze_excite::annotate_squeeze_excite;
 
 use super::{Graph, GraphError, Node, ValueId};
@@ -38,6 +40,9 @@ pub struct PassStats {
     pub folded_batch_norms: usize,
     /// GELU chains made one operator.
     pub gelus: usize,
+    /// `x * sigmoid(x)` pairs made one SiLU.
+    #[doc(alias = "swish")]
+    pub silus: usize,
     /// Activations and residual Adds fused into convolutions.
     pub fused_epilogues: usize,
     /// Squeeze-and-excitation blocks recognised.
@@ -56,6 +61,7 @@ pub fn optimize(graph: &mut Graph) -> Result<PassStats, GraphError> {
     s.dead_nodes += eliminate_dead_nodes(graph);
     s.folded_batch_norms = fold_batch_norms(graph);
     s.gelus = recognize_gelu(graph);
+    s.silus = recognize_silu(graph);
     s.dead_nodes += eliminate_dead_nodes(graph);
     s.fused_epilogues = fuse_conv_epilogues(graph);
     s.dead_nodes += eliminate_dead_nodes(graph);

@@ -259,3 +259,35 @@ fn optimize_keeps_every_fixtures_outputs() {
         assert_same_outputs(&before, &after, 1e-5, f.name);
     }
 }
+
+#[test]
+fn x_times_its_sigmoid_becomes_one_silu_and_gates_stay() {
+    let before = import(&fixtures::efficientnet_se(fresh_seed()));
+    let sigmoids = |g: &Graph| count(g, |o| *o == Op::Activation(Activation::Sigmoid));
+    let mut after = before.clone();
+    // the stem's, the depthwise convolution's and the squeeze's SiLU; the gate's sigmoid
+    // multiplies another value
+    assert_eq!(recognize_silu(&mut after), 3);
+    assert_eq!(sigmoids(&after), 1);
+    assert_eq!(count(&after, |o| *o == Op::Activation(Activation::Silu)), 3);
+    assert_same_outputs(&before, &after, 1e-6, "silu, EfficientNet");
+    // a sigmoid read twice stays: the Mul is not its only reader
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, vec![2, 3]).unwrap();
+    let s = b
+        .node("s", Op::Activation(Activation::Sigmoid), &[x], &["s"])
+        .unwrap()[0];
+    let m = b
+        .node("m", Op::Binary(Binary::Mul), &[x, s], &["m"])
+        .unwrap()[0];
+    b.output(m);
+    b.output(s);
+    let mut g = b.finish().unwrap();
+    assert_eq!(recognize_silu(&mut g), 0);
+    // and the whole pipeline fuses the SiLUs into their convolutions
+    let mut all = before.clone();
+    let stats = optimize(&mut all).unwrap();
+    assert_eq!(stats.silus, 3);
+    assert_eq!(count(&all, |o| *o == Op::Activation(Activation::Silu)), 0);
+    assert_same_outputs(&before, &all, 1e-5, "optimized EfficientNet");
+}
