@@ -1,5 +1,6 @@
 """Exports torchvision classifiers to ONNX as a user would (torch.onnx.export, opset 17, a
-dynamic batch), with random weights from a fixed seed, for `gpukit infer --onnx`.
+dynamic batch), with random weights from a fixed seed and batch norm statistics measured on
+random inputs (as a trained model's are measured on data), for `gpukit infer --onnx`.
 
     python3 scripts/export_torchvision.py OUT_DIR [NAME ...]
 
@@ -22,9 +23,29 @@ NAMES = [
 ]
 
 
+def calibrate(model, batches=4):
+    """Running batch norm statistics set to the mean and variance of random inputs' activations
+    (cumulative over `batches` batches of 16), layer by layer as the forward pass computes them."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None
+    model.train()
+    with torch.no_grad():
+        for _ in range(batches):
+            model(torch.randn(16, 3, 224, 224))
+
+
 def export(name, out_dir):
     torch.manual_seed(0)
-    model = getattr(torchvision.models, name)(weights=None).eval()
+    model = getattr(torchvision.models, name)(weights=None)
+    # batch norm statistics from data, as a trained model has them: with a fresh init's
+    # (mean 0, variance 1) some models' activations shrink layer by layer until the logits are
+    # near 1e-9, below what fp16 represents; a trained model's are of order one
+    calibrate(model)
+    model = model.eval()
     x = torch.randn(1, 3, 224, 224)
     path = f"{out_dir}/{name}.onnx"
     started = time.time()

@@ -704,6 +704,7 @@ fn infer_onnx(a: InferArgs, out: &Output) -> Result<()> {
         budget_s: 10.0,
         selection: a.device,
         strategies,
+        general_engine: a.general_engine,
     };
     let wants_gpu = opts.strategies.iter().any(|s| !s.on_cpu());
     let discovery = if wants_gpu {

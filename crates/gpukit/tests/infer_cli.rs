@@ -4,7 +4,6 @@
 mod common;
 
 use common::*;
-use gpukit_bench::infer::onnx::GPU_NOT_YET;
 use libtest_mimic::Failed;
 use serde_json::Value;
 
@@ -489,18 +488,17 @@ fn infer_onnx_reads_external_data_beside_the_model() -> Result<(), Failed> {
     )
 }
 
-/// GPU strategies named with `--onnx` give rows skipped with the reason, never a figure, and
-/// the command still passes on its CPU rows; the table says why. Runs on any machine: no GPU
-/// is opened (without ONNX Runtime the CPU row is unchecked, and still passes).
-fn infer_onnx_skips_gpu_strategies_with_the_reason() -> Result<(), Failed> {
+/// `infer --onnx` on a fixture with GPU strategies named; what `check` does with its GPU rows is
+/// the caller's: see the two tests below.
+fn infer_onnx_document(
+    model: &gpukit_models::onnx::ModelProto,
+    name: &str,
+) -> Result<(tempfile::TempDir, Vec<String>), Failed> {
     let dir = tempfile::tempdir()?;
-    let file = dir.path().join("tiny_resnet.onnx");
-    std::fs::write(
-        &file,
-        gpukit_models::onnx::fixtures::bytes(&gpukit_models::onnx::fixtures::tiny_resnet(2)),
-    )?;
+    let file = dir.path().join(format!("{name}.onnx"));
+    std::fs::write(&file, gpukit_models::onnx::fixtures::bytes(model))?;
     let file = file.to_str().ok_or("a temporary path that is not UTF-8")?;
-    let args = [
+    let args: Vec<String> = [
         "infer",
         "--onnx",
         file,
@@ -512,7 +510,20 @@ fn infer_onnx_skips_gpu_strategies_with_the_reason() -> Result<(), Failed> {
         "all",
         "--strategies",
         "cpu,fp32,fp16-nhwc-graph",
-    ];
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    Ok((dir, args))
+}
+
+/// Without a GPU, GPU strategies named with `--onnx` give rows skipped with the reason (the
+/// driver to install), never a figure, and the command still passes on its CPU rows; the table
+/// says why (without ONNX Runtime the CPU row is unchecked, and still passes).
+fn without_a_gpu_infer_onnx_skips_gpu_strategies_with_the_reason() -> Result<(), Failed> {
+    let model = gpukit_models::onnx::fixtures::tiny_resnet(2);
+    let (_dir, args) = infer_onnx_document(&model, "tiny_resnet")?;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let doc = document(&args, 0)?;
     let v = &doc["result"];
     let rows = v["rows"].as_array().cloned().unwrap_or_default();
@@ -523,7 +534,7 @@ fn infer_onnx_skips_gpu_strategies_with_the_reason() -> Result<(), Failed> {
             r["status"]["status"] == "skipped"
                 && r["status"]["why"]
                     .as_str()
-                    .is_some_and(|w| w.starts_with(GPU_NOT_YET))
+                    .is_some_and(|w| w.contains("driver"))
                 && r["timing"].is_null()
                 && r["images_per_s"].is_null(),
             || format!("{r}"),
@@ -539,11 +550,46 @@ fn infer_onnx_skips_gpu_strategies_with_the_reason() -> Result<(), Failed> {
     let s = text(&out.stdout);
     ensure(
         s.contains("Inference: tiny_resnet.onnx (ONNX)")
-            && s.contains(&format!("skipped: {GPU_NOT_YET}"))
+            && s.contains("skipped: ")
+            && s.contains("driver")
             && s.contains("Latency at batch 1")
             && s.contains("Throughput"),
         || s.clone(),
     )
+}
+
+/// With a GPU, every fixture's GPU rows run on the general engine, each checked against the
+/// reference of its batch (ONNX Runtime's where it is installed, else the interpreter's), with
+/// a figure; a ResNet too with --general-engine.
+fn with_a_gpu_infer_onnx_runs_every_fixture_on_the_gpu() -> Result<(), Failed> {
+    for f in gpukit_models::onnx::fixtures::all(gpukit_tensor::random::fresh_seed()) {
+        let (_dir, mut args) = infer_onnx_document(&f.model, f.name)?;
+        args.push("--general-engine".into());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let doc = document(&args, 0)?;
+        let v = &doc["result"];
+        let rows = v["rows"].as_array().cloned().unwrap_or_default();
+        let gpu: Vec<&Value> = rows.iter().filter(|r| r["device"] != "cpu").collect();
+        ensure(gpu.len() == 4, || format!("{}: {v}", f.name))?;
+        for r in &gpu {
+            ensure(
+                r["status"]["status"] == "ok"
+                    && r["images_per_s"].as_f64().is_some_and(|x| x > 0.0)
+                    && r["agreement"]["max_rel"]
+                        .as_f64()
+                        .zip(r["tolerance"].as_f64())
+                        .is_some_and(|(m, t)| m <= t),
+                || format!("{}: {r}", f.name),
+            )?;
+        }
+        ensure(
+            v["gpu_engine"]
+                .as_str()
+                .is_some_and(|e| e.contains("general GPU engine")),
+            || format!("{}: {v}", f.name),
+        )?;
+    }
+    Ok(())
 }
 
 /// The ONNX Runtime trials: ignored, with the reason, where it is not installed (a failure
@@ -587,16 +633,22 @@ fn main() {
                 "infer_bad_input_exits_2_with_the_reason",
                 infer_bad_input_exits_2_with_the_reason,
             ),
+        ],
+        vec![
             (
-                "infer_onnx_skips_gpu_strategies_with_the_reason",
-                infer_onnx_skips_gpu_strategies_with_the_reason,
+                "no_gpu::infer_says_why_gpu_rows_are_absent",
+                without_a_gpu_infer_says_why_gpu_rows_are_absent,
+            ),
+            (
+                "no_gpu::infer_onnx_skips_gpu_strategies_with_the_reason",
+                without_a_gpu_infer_onnx_skips_gpu_strategies_with_the_reason,
             ),
         ],
-        vec![(
-            "no_gpu::infer_says_why_gpu_rows_are_absent",
-            without_a_gpu_infer_says_why_gpu_rows_are_absent,
-        )],
         vec![
+            (
+                "gpu::infer_onnx_runs_every_fixture_on_the_gpu",
+                with_a_gpu_infer_onnx_runs_every_fixture_on_the_gpu,
+            ),
             (
                 "gpu::infer_runs_every_default_strategy",
                 with_a_gpu_infer_runs_every_default_strategy,

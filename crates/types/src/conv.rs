@@ -100,7 +100,7 @@ impl ConvShape {
 
     /// Whether the groups divide both channel counts (a shape a backend can run).
     pub fn groups_fit(&self) -> bool {
-        self.groups >= 1 && self.c % self.groups == 0 && self.k % self.groups == 0
+        self.groups >= 1 && self.c.is_multiple_of(self.groups) && self.k.is_multiple_of(self.groups)
     }
 
     /// Elements in the output tensor, N * K * P * Q (saturating).

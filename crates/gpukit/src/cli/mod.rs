@@ -218,8 +218,9 @@ pub struct InferArgs {
     /// Your own model: an ONNX file (torch.onnx.export's, opset 13 or later, one f32 input)
     /// run on the CPU by gpukit's graph interpreter after its passes, and by ONNX Runtime on
     /// the same random input; every output of gpukit's checked against ONNX Runtime's (max rel.
-    /// diff <= 1e-5). GPU strategies give skipped rows: the GPU engine does not run imported
-    /// ONNX graphs yet. --batch-sizes fills a dynamic batch axis.
+    /// diff <= 1e-5). GPU strategies run it on gpukit's GPU engine, each row's outputs checked
+    /// against ONNX Runtime's on the same input (fp32 within 1e-5). --batch-sizes fills a
+    /// dynamic batch axis.
     #[arg(
         long,
         value_name = "MODEL.onnx",
@@ -231,6 +232,11 @@ pub struct InferArgs {
     /// model leaves them open.
     #[arg(long, value_name = "NAME=N,...", value_delimiter = ',', value_parser = parse_input_dim, requires = "onnx")]
     pub input_dims: Vec<(String, usize)>,
+
+    /// With --onnx: run a ResNet's GPU rows on the general engine too (a model of
+    /// torchvision's ResNet family otherwise runs on the hand-built ResNet engine).
+    #[arg(long, requires = "onnx")]
+    pub general_engine: bool,
 
     /// A torchvision state_dict saved as safetensors [default: seeded initialisation].
     #[arg(long, value_name = "FILE")]

@@ -24,6 +24,7 @@
 
 pub mod kernels;
 mod lower;
+pub mod program;
 mod session;
 pub mod strategy;
 mod weights;

@@ -20,19 +20,26 @@
 //!   are in external data files), the reference.
 //! - GPU strategies: a model of torchvision's ResNet family (read back from the optimized graph
 //!   by `gpukit_models::graph::recognize::as_resnet`, and checked equal to the graph on the
-//!   CPU) runs on gpukit's GPU engine with every check `infer` makes; any other model's GPU
-//!   rows are skipped, [`GPU_NOT_YET`], never a figure.
+//!   CPU) runs on gpukit's hand-built ResNet engine with every check `infer` makes; any other
+//!   graph (every graph with [`OnnxOptions::general_engine`]) runs on the general engine
+//!   (`gpukit_models::gpu::program`), each row's outputs checked against ONNX Runtime's on the
+//!   same input (the interpreter's where ONNX Runtime is missing), within
+//!   [`general_tolerance`]. Without a GPU discovery the rows are skipped,
+//!   [`GPU_NOT_LOOKED_FOR`], never a figure.
+//!
 //!
 //! The passes are checked once, at the first batch size: the graph as imported and as
 //! optimized run on the same input and must agree within [`TOLERANCE`]. The CPU row's check
 //! covers both at every batch size; this one says which of the two a difference comes from.
 
+mod general;
 mod gpu;
 mod model;
 mod rows;
 #[cfg(test)]
 mod tests;
 
+pub use general::general_tolerance;
 pub use model::{describe, OnnxModel, OnnxValue, Passes, DEFAULT_BATCH_SIZES};
 pub use rows::{PassesCheck, GRAPH_CPU_ROW, TOLERANCE};
 
@@ -51,9 +58,8 @@ use rows::Bench;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-/// Why a GPU strategy has no figure for an imported model outside the ResNet family.
-pub const GPU_NOT_YET: &str =
-    "the GPU engine runs imported graphs of torchvision's ResNet family only, so far";
+/// Why a GPU strategy has no figure when `run_onnx` was given no discovery of the GPU libraries.
+pub const GPU_NOT_LOOKED_FOR: &str = "the GPU rows did not run: no GPU libraries were looked for";
 
 #[derive(Debug, Clone)]
 pub struct OnnxOptions {
@@ -69,6 +75,9 @@ pub struct OnnxOptions {
     pub selection: DeviceSelection,
     /// From [`onnx_strategies`].
     pub strategies: Vec<InferStrategy>,
+    /// Run the GPU rows on the general engine even for a ResNet (which otherwise runs on the
+    /// hand-built ResNet engine it is read back as).
+    pub general_engine: bool,
 }
 
 /// `infer --onnx`'s report.
@@ -198,6 +207,7 @@ pub fn run_onnx(
         outputs: &outputs,
         cpu: wanted.contains(&InferStrategy::Cpu),
         ort: wanted.contains(&InferStrategy::OnnxRuntime),
+        keep_reference: false,
     };
     let threads = gpukit_tensor::cpu::threads();
     let mut run = OnnxRun {
@@ -216,13 +226,19 @@ pub fn run_onnx(
         gpu: None,
         gpu_engine: None,
     };
-    // the GPU rows' model, read from the graph before the CPU rows take it
+    // the GPU rows' model: a ResNet read from the graph runs on the hand-built engine, any
+    // other graph (or every graph, with `general_engine`) on the general one
     let on_gpu: Vec<InferStrategy> = wanted.iter().copied().filter(|s| !s.on_cpu()).collect();
-    let resnet = (!on_gpu.is_empty()).then(|| gpu::resnet_of(&prepared));
-    // ONNX Runtime runs whenever a CPU row does: it is the reference gpukit's row is checked
-    // against, timed only when its own row was asked for
+    let resnet = (!on_gpu.is_empty() && !opts.general_engine).then(|| gpu::resnet_of(&prepared));
+    let general = !on_gpu.is_empty() && !matches!(resnet, Some(Ok(_)));
+    let bench = Bench {
+        keep_reference: general && discovery.is_some(),
+        ..bench
+    };
+    // ONNX Runtime runs whenever a CPU row does, or GPU rows need a reference: gpukit's rows
+    // are checked against it, timed only when its own row was asked for
     let mut ort = None;
-    if bench.cpu || bench.ort {
+    if bench.cpu || bench.ort || bench.keep_reference {
         match open_onnxruntime(&file, threads) {
             Ok((m, lib)) => {
                 ort = Some(m);
@@ -231,7 +247,9 @@ pub fn run_onnx(
             Err(why) => run.onnxruntime_unavailable = Some(why),
         }
     }
-    if bench.cpu || ort.is_some() {
+    // per batch size, what the general engine's rows take: the graph, the input, the reference
+    let mut for_gpu = Vec::new();
+    if bench.cpu || ort.is_some() || bench.keep_reference {
         let mut prepared = Some(prepared);
         for &n in &sizes {
             let p = match prepared.take() {
@@ -243,11 +261,15 @@ pub fn run_onnx(
             if at.passes_check.is_some() {
                 run.passes_check = at.passes_check;
             }
+            if bench.keep_reference {
+                for_gpu.push((n, p.optimized, at.input, at.reference));
+            }
         }
     }
     // ONNX Runtime's threads wait spinning for the next run: gone before the GPU rows, whose
     // eager passes are bound by the host's launches
     drop(ort);
+    let device = gpu_ordinal(opts.selection).map_or("cuda".into(), |o| format!("cuda:{o}"));
     match (resnet, discovery) {
         (Some(Ok(read)), Some(discovery)) => {
             let gpu_opts = gpu::options(opts, &read, &on_gpu, &sizes);
@@ -262,17 +284,55 @@ pub fn run_onnx(
             run.gpu_engine = Some(read.describe(report.gpu_device.as_deref()));
             run.rows.extend(report.rows);
         }
-        (Some(Err(why)), _) => {
-            run.gpu = Some(why.clone());
-            run.rows
-                .extend(gpu_rows(&wanted, opts.selection, &sizes, &why));
-        }
-        (Some(Ok(_)), None) | (None, _) => {
-            if !on_gpu.is_empty() {
-                run.gpu = Some(GPU_NOT_YET.to_string());
+        (_, Some(discovery)) if general => {
+            let ctx = general::open(discovery, gpu_ordinal(opts.selection).unwrap_or(0));
+            if let Err(why) = &ctx {
+                run.gpu = Some(why.clone());
             }
-            run.rows
-                .extend(gpu_rows(&wanted, opts.selection, &sizes, GPU_NOT_YET));
+            let plan = Plan::new(5, 50).with_budget(opts.budget_s);
+            let mut steps = None;
+            for (n, graph, input, reference) in &for_gpu {
+                if steps.is_none() {
+                    steps = on_gpu.iter().find_map(|s| match s {
+                        InferStrategy::Gpu(g) => {
+                            gpukit_models::gpu::program::Program::lower(graph, g.dtype, g.layout)
+                                .ok()
+                                .map(|p| p.step_counts())
+                        }
+                        _ => None,
+                    });
+                }
+                let reference = reference.as_ref().map(|(o, label)| general::Reference {
+                    input,
+                    outputs: o,
+                    label,
+                });
+                run.rows.extend(general::rows_at(
+                    ctx.as_ref().map_err(String::as_str),
+                    discovery,
+                    &device,
+                    graph,
+                    *n,
+                    &on_gpu,
+                    reference,
+                    plan,
+                    progress,
+                ));
+            }
+            if ctx.is_ok() {
+                run.gpu_engine = Some(general::describe(steps.as_deref(), &device));
+            }
+        }
+        _ => {
+            if !on_gpu.is_empty() {
+                run.gpu = Some(GPU_NOT_LOOKED_FOR.to_string());
+            }
+            run.rows.extend(gpu_rows(
+                &wanted,
+                opts.selection,
+                &sizes,
+                GPU_NOT_LOOKED_FOR,
+            ));
         }
     }
     if run.rows.is_empty() {

@@ -29,7 +29,7 @@ pub struct PassesCheck {
 }
 
 /// Outputs as shapes and f32 values.
-type Outputs = Vec<(Vec<usize>, Vec<f32>)>;
+pub(super) type Outputs = Vec<(Vec<usize>, Vec<f32>)>;
 
 /// What every batch size's rows share.
 pub(super) struct Bench<'a> {
@@ -42,6 +42,9 @@ pub(super) struct Bench<'a> {
     pub cpu: bool,
     /// ONNX Runtime's row asked for (it runs untimed as the reference otherwise).
     pub ort: bool,
+    /// GPU rows follow: keep the input and a reference output (ONNX Runtime's, else the
+    /// interpreter's, run untimed when its row was not asked for).
+    pub keep_reference: bool,
 }
 
 /// What one batch size gave: its rows (gpukit's, then ONNX Runtime's) and, where asked, the
@@ -49,6 +52,10 @@ pub(super) struct Bench<'a> {
 pub(super) struct AtBatch {
     pub rows: Vec<InferRow>,
     pub passes_check: Option<PassesCheck>,
+    /// With [`Bench::keep_reference`]: the input, and the outputs the GPU rows are checked
+    /// against with what they are.
+    pub input: Vec<f32>,
+    pub reference: Option<(Outputs, String)>,
 }
 
 impl Bench<'_> {
@@ -65,6 +72,8 @@ impl Bench<'_> {
         let mut at = AtBatch {
             rows: Vec::new(),
             passes_check: None,
+            input: Vec::new(),
+            reference: None,
         };
         let names: Vec<&str> = [
             (self.cpu, GRAPH_CPU_ROW),
@@ -132,6 +141,25 @@ impl Bench<'_> {
                 _ => None,
             };
             at.rows.push(r);
+        }
+        if self.keep_reference {
+            at.input = x.to_vec();
+            at.reference = match (&reference, &optimized) {
+                (Some(Ok(r)), _) => Some((r.clone(), "ONNX Runtime CPU on the same input".into())),
+                (_, Some(o)) => Some((
+                    o.clone(),
+                    format!("{GRAPH_CPU_ROW} (CPU) on the same input"),
+                )),
+                _ => {
+                    progress(&format!("infer --onnx: the reference outputs, batch {n}"));
+                    forward_cpu(&p.optimized, &inputs).ok().map(|o| {
+                        (
+                            as_f32(o),
+                            format!("{GRAPH_CPU_ROW} (CPU) on the same input"),
+                        )
+                    })
+                }
+            };
         }
         if check_passes {
             progress(&format!(
@@ -245,6 +273,16 @@ pub(super) fn judge(
     reference: &[(Vec<usize>, Vec<f32>)],
     names: &[String],
 ) -> (Option<Agreement>, Option<String>) {
+    judge_with(got, reference, names, TOLERANCE)
+}
+
+/// [`judge`] with another tolerance (a GPU precision's).
+pub(super) fn judge_with(
+    got: &[(Vec<usize>, Vec<f32>)],
+    reference: &[(Vec<usize>, Vec<f32>)],
+    names: &[String],
+    tolerance: f64,
+) -> (Option<Agreement>, Option<String>) {
     if got.len() != reference.len() {
         return (
             None,
@@ -269,7 +307,7 @@ pub(super) fn judge(
         // one "sample" per batch item for the top-1 figure
         let per_item = gs.iter().skip(1).product::<usize>().max(1);
         let a = agreement(g, r, per_item);
-        if let Some(why) = verdict(g, &a, TOLERANCE) {
+        if let Some(why) = verdict(g, &a, tolerance) {
             return (Some(a), Some(format!("output {name}: {why}")));
         }
         if worst.as_ref().is_none_or(|w| a.max_rel > w.max_rel) {

@@ -3,7 +3,9 @@
 
 use super::{assert_drawn, terminal, timing};
 use crate::render::onnx_run_sections;
-use gpukit_bench::infer::onnx::{describe, OnnxRun, PassesCheck, GPU_NOT_YET, GRAPH_CPU_ROW};
+use gpukit_bench::infer::onnx::{
+    describe, OnnxRun, PassesCheck, GPU_NOT_LOOKED_FOR, GRAPH_CPU_ROW,
+};
 use gpukit_bench::infer::{row as blank_row, Agreement, InferRow, ORT_ROW};
 use gpukit_bench::measure::Clock;
 use gpukit_bench::report::RowStatus;
@@ -50,7 +52,7 @@ fn fixture_run() -> OnnxRun {
     );
     let gpu = |n| {
         let mut r = row("fp16-nhwc-graph", "cuda:0", n, None);
-        r.status = RowStatus::Skipped(GPU_NOT_YET.into());
+        r.status = RowStatus::Skipped(GPU_NOT_LOOKED_FOR.into());
         r
     };
     OnnxRun {
@@ -78,7 +80,7 @@ fn fixture_run() -> OnnxRun {
         ],
         onnxruntime: Some("/opt/onnxruntime/libonnxruntime.so.1.32.0".into()),
         onnxruntime_unavailable: None,
-        gpu: Some(GPU_NOT_YET.into()),
+        gpu: Some(GPU_NOT_LOOKED_FOR.into()),
         gpu_engine: None,
     }
 }
@@ -102,7 +104,7 @@ fn infer_onnx_reports_the_model_its_passes_latency_and_throughput() {
         "input: float [batch, 3, 32, 32], [1, 3, 32, 32] at batch 1",
         "logits: float [batch, 10], [1, 10] at batch 1",
         "FAILED: output logits",
-        "skipped: the GPU engine runs imported graphs of torchvision's ResNet family only",
+        "skipped: the GPU rows did not run: no GPU libraries were looked for",
         "1.7e-7 (1e-5)",
     ] {
         assert!(text.contains(needle), "{needle} missing from {text}");

@@ -1,0 +1,203 @@
+//! `infer --onnx`'s GPU rows on the general engine (`gpukit_models::gpu::program`): any graph
+//! the lowering takes, every strategy asked for at each batch size, each row's outputs checked
+//! against the reference of that batch (ONNX Runtime's on the same input, else gpukit's
+//! interpreter's) before its speed counts.
+
+use super::rows::{judge_with, Outputs, TOLERANCE};
+use crate::accuracy::tolerance;
+use crate::infer::report::{rate, row, InferRow};
+use crate::infer::InferStrategy;
+use crate::measure::{time_device, Plan};
+use crate::report::RowStatus;
+use gpukit_cuda::loader::Discovery;
+use gpukit_models::gpu::program::{Program, ProgramSession};
+use gpukit_models::gpu::GpuContext;
+use gpukit_models::graph::Graph;
+use gpukit_tensor::DType;
+
+/// What the GPU rows of one batch size check against.
+pub(super) struct Reference<'a> {
+    pub input: &'a [f32],
+    pub outputs: &'a Outputs,
+    /// `ONNX Runtime CPU on the same input`, ...
+    pub label: &'a str,
+}
+
+/// The tolerance of a precision against the f32 reference: the fp32 bound for f32,
+/// the engine's usual ones below it.
+pub fn general_tolerance(d: DType) -> f64 {
+    match d {
+        DType::F32 => TOLERANCE,
+        other => tolerance(other),
+    }
+}
+
+/// The GPU rows of `graph` (optimized, at batch `n`) for `wanted` (GPU strategies), timed by
+/// `plan`; `ctx`: the opened device or why it could not open.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn rows_at(
+    ctx: Result<&GpuContext, &str>,
+    discovery: &Discovery,
+    device: &str,
+    graph: &Graph,
+    n: usize,
+    wanted: &[InferStrategy],
+    reference: Option<Reference<'_>>,
+    plan: Plan,
+    progress: &mut dyn FnMut(&str),
+) -> Vec<InferRow> {
+    let strategies: Vec<_> = wanted
+        .iter()
+        .filter_map(|s| match s {
+            InferStrategy::Gpu(g) => Some(*g),
+            _ => None,
+        })
+        .collect();
+    let skipped = |why: &str| -> Vec<InferRow> {
+        strategies
+            .iter()
+            .map(|s| {
+                let mut r = row(&s.name(), device, n);
+                r.status = RowStatus::Skipped(why.to_string());
+                r
+            })
+            .collect()
+    };
+    let ctx = match ctx {
+        Ok(c) => c,
+        Err(why) => return skipped(why),
+    };
+    let Some(reference) = reference else {
+        return skipped("no reference output to check against at this batch size");
+    };
+    let mut rows = Vec::new();
+    let mut fp32_eager = None;
+    // one program and session per dtype and layout; its eager and graph rows share it
+    let mut pairs: Vec<(DType, gpukit_tensor::Layout)> = Vec::new();
+    for s in &strategies {
+        if !pairs.contains(&(s.dtype, s.layout)) {
+            pairs.push((s.dtype, s.layout));
+        }
+    }
+    for (dtype, layout) in pairs {
+        let here: Vec<_> = strategies
+            .iter()
+            .filter(|s| (s.dtype, s.layout) == (dtype, layout))
+            .copied()
+            .collect();
+        let fail_all = |status: RowStatus| -> Vec<InferRow> {
+            here.iter()
+                .map(|s| {
+                    let mut r = row(&s.name(), device, n);
+                    r.status = status.clone();
+                    r
+                })
+                .collect()
+        };
+        let program = match Program::lower(graph, dtype, layout) {
+            Ok(p) => p,
+            Err(e) => {
+                rows.extend(fail_all(RowStatus::Skipped(format!(
+                    "the GPU engine cannot run this graph yet: {e}"
+                ))));
+                continue;
+            }
+        };
+        let what = format!("infer --onnx {device} {}", here[0].name());
+        let made = ProgramSession::new(ctx, discovery, &program, &mut |line| {
+            progress(&format!("{what} batch {n}: {line}"))
+        });
+        let mut session = match made {
+            Ok(s) => s,
+            Err(e) => {
+                rows.extend(fail_all(RowStatus::Failed(format!(
+                    "preparing batch {n}: {e}"
+                ))));
+                continue;
+            }
+        };
+        if let Err(e) = session.run(&[reference.input]) {
+            rows.extend(fail_all(RowStatus::Failed(format!("the first pass: {e}"))));
+            continue;
+        }
+        let tol = general_tolerance(dtype);
+        let mut captured = false;
+        for st in &here {
+            let mut r = row(&st.name(), device, n);
+            r.tolerance = Some(tol);
+            r.gpu_memory_bytes = Some(session.memory_bytes() as u64);
+            r.compared_with = Some(reference.label.to_string());
+            if st.graph && !captured {
+                if let Err(e) = session.capture() {
+                    r.status = RowStatus::Failed(format!("capturing the CUDA graph: {e}"));
+                    rows.push(r);
+                    continue;
+                }
+                captured = true;
+            }
+            progress(&format!("infer --onnx {device} {} batch {n}", st.name()));
+            let stream = ctx.gpu.stream();
+            let timed = if st.graph {
+                time_device(stream, plan, || session.replay())
+            } else {
+                time_device(stream, plan, || session.enqueue())
+            };
+            let t = match timed {
+                Ok(t) => t,
+                Err(e) => {
+                    r.status = RowStatus::Failed(e.to_string());
+                    rows.push(r);
+                    continue;
+                }
+            };
+            // the last timed pass's outputs, on the reference's input
+            let got = match session.outputs() {
+                Ok(o) => o,
+                Err(e) => {
+                    r.status = RowStatus::Failed(format!("reading the outputs: {e}"));
+                    rows.push(r);
+                    continue;
+                }
+            };
+            let got: Outputs = got
+                .into_iter()
+                .zip(reference.outputs)
+                .map(|(v, (shape, _))| (shape.clone(), v))
+                .collect();
+            let names: Vec<String> = (0..got.len()).map(|i| format!("#{i}")).collect();
+            let (a, why) = judge_with(&got, reference.outputs, &names, tol);
+            r.agreement = a;
+            if let Some(why) = why {
+                r.status = RowStatus::Failed(why);
+            } else {
+                let rate = rate(n, &t);
+                if dtype == DType::F32 && !st.graph {
+                    fp32_eager = Some(rate);
+                }
+                r.images_per_s = Some(rate);
+                r.speedup_vs_fp32_eager = fp32_eager.map(|f| rate / f);
+                r.timing = Some(t);
+            }
+            rows.push(r);
+        }
+    }
+    rows
+}
+
+/// What runs the GPU rows, for the report: the engine and the opened device.
+pub(super) fn describe(program_steps: Option<&[(&'static str, usize)]>, device: &str) -> String {
+    let steps = program_steps
+        .map(|s| {
+            s.iter()
+                .map(|(k, n)| format!("{n} {k}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    format!("gpukit's general GPU engine on {device}: {steps}")
+}
+
+/// Opens the device the GPU rows run on, or why it could not.
+pub(super) fn open(discovery: &Discovery, ordinal: usize) -> Result<GpuContext, String> {
+    GpuContext::open(discovery, ordinal).map_err(|e| e.to_string())
+}

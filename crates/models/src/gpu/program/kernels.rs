@@ -1,0 +1,590 @@
+//! The general engine's own kernels: one strided element-wise kernel (up to two operands and an
+//! activation: activations, broadcasting arithmetic, batch norm as a per-channel affine map,
+//! convolution epilogues, copies that change a layout or fill a slice of a concatenation),
+//! pooling with any window, global average pooling, layer normalization over contiguous rows,
+//! and the conversions from and to f32. CUDA C compiled by NVRTC for the device, cached on disk.
+//!
+//! Every tensor argument is a rank-4 strided view ([`Strided`]: lower ranks are padded with
+//! leading size-1 axes), so one kernel serves NCHW, NHWC, transposed and broadcast operands.
+//! Each launcher checks the extent of every view it indexes before launching.
+
+use super::Strided;
+use crate::graph::{Activation, Binary};
+use gpukit_cuda::kernel::{grid_for, tag, Arg, KernelModule, KernelSource, Launch, HALF};
+use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::{Gpu, Result, Stream, View};
+use gpukit_types::DType;
+
+const SOURCE: &str = r#"
+// The geometry of a launch: what each kernel reads from it is documented at the kernel.
+struct Dims { long long v[32]; };
+
+__device__ __forceinline__ float activate(int act, float x, float alpha, float beta) {
+    switch (act) {
+        case 1: return x > 0.0f ? x : 0.0f;
+        case 2: return 1.0f / (1.0f + expf(-x));
+        case 3: return fminf(fmaxf(alpha * x + beta, 0.0f), 1.0f);
+        case 4: return x * fminf(fmaxf(x / 6.0f + 0.5f, 0.0f), 1.0f);
+        case 5: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+        case 6: return x / (1.0f + expf(-x));
+        default: return x;
+    }
+}
+
+// n / d by a multiply (n < 2^31): `magic` packs m (low 32 bits) and the shift (high bits), as
+// `fast_divisor` computes them on the host.
+__device__ __forceinline__ long long fdiv(long long n, long long magic) {
+    unsigned m = (unsigned)(magic & 0xffffffffll), s = (unsigned)(magic >> 32);
+    return (long long)((__umulhi((unsigned)n, m) + (unsigned)n) >> s);
+}
+
+__device__ __forceinline__ long long at4(const long long* s, long long i0, long long i1,
+                                         long long i2, long long i3) {
+    return i0 * s[0] + i1 * s[1] + i2 * s[2] + i3 * s[3];
+}
+
+// y = act(op(a, b) + c), element by element over the dims v[0..4]; strides of a, b, c and y in
+// v[4..8], v[8..12], v[12..16], v[16..20]; v[20] != 0: all four share one dense layout, so the
+// element index is the offset; v[24..28]: fast division (see fdiv). b and c may be null. y may
+// be a (in place).
+// op: 0 none, 1 add, 2 sub, 3 mul, 4 div.
+template <class T>
+__device__ void pointwise(const T* a, const T* b, const T* c, T* y, Dims g, int op, int act,
+                          float alpha, float beta) {
+    const long long* d = g.v;
+    long long total = d[0] * d[1] * d[2] * d[3];
+    bool flat = d[20] != 0;
+    for (long long o = blockIdx.x * (long long)blockDim.x + threadIdx.x; o < total;
+         o += (long long)gridDim.x * blockDim.x) {
+        long long ia = o, ib = o, ic = o, iy = o;
+        if (!flat) {
+            // v[24..27]: the divisors' magic numbers, v[27] != 0 when the indices fit 31 bits
+            long long r3 = d[27] ? fdiv(o, d[24]) : o / d[3], i3 = o - r3 * d[3];
+            long long r2 = d[27] ? fdiv(r3, d[25]) : r3 / d[2], i2 = r3 - r2 * d[2];
+            long long i0 = d[27] ? fdiv(r2, d[26]) : r2 / d[1], i1 = r2 - i0 * d[1];
+            ia = at4(d + 4, i0, i1, i2, i3);
+            ib = at4(d + 8, i0, i1, i2, i3);
+            ic = at4(d + 12, i0, i1, i2, i3);
+            iy = at4(d + 16, i0, i1, i2, i3);
+        }
+        float v = to_f(a[ia]);
+        if (b) {
+            float u = to_f(b[ib]);
+            if (op == 1) v += u;
+            else if (op == 2) v -= u;
+            else if (op == 3) v *= u;
+            else if (op == 4) v /= u;
+        }
+        if (c) v += to_f(c[ic]);
+        y[iy] = from_f<T>(activate(act, v, alpha, beta));
+    }
+}
+
+// Max (v[22] = 1) or average pooling. Output dims n, c, p, q in v[0..4]; strides of x and y in
+// v[4..8] and v[8..12]; input h, w in v[12], v[13]; window kh, kw v[14], v[15]; steps v[16],
+// v[17]; padding top, left, bottom, right v[18..22]; v[23] != 0: an average divides by the
+// window clipped to the padded input, else by its taps inside the input; v[24] != 0: outputs
+// are visited channel fastest (NHWC), else width fastest.
+template <class T>
+__device__ void pool(const T* __restrict__ x, T* __restrict__ y, Dims g) {
+    const long long* d = g.v;
+    long long n = d[0], c = d[1], p = d[2], q = d[3], h = d[12], w = d[13];
+    long long total = n * c * p * q;
+    for (long long o = blockIdx.x * (long long)blockDim.x + threadIdx.x; o < total;
+         o += (long long)gridDim.x * blockDim.x) {
+        long long img, ch, i, j, r, r2;
+        // v[25..28]: the magic numbers of the three divisors in visiting order, v[28] != 0 when
+        // the indices fit 31 bits
+        if (d[24]) {
+            r = d[28] ? fdiv(o, d[25]) : o / c; ch = o - r * c;
+            r2 = d[28] ? fdiv(r, d[26]) : r / q; j = r - r2 * q;
+            img = d[28] ? fdiv(r2, d[27]) : r2 / p; i = r2 - img * p;
+        } else {
+            r = d[28] ? fdiv(o, d[25]) : o / q; j = o - r * q;
+            r2 = d[28] ? fdiv(r, d[26]) : r / p; i = r - r2 * p;
+            img = d[28] ? fdiv(r2, d[27]) : r2 / c; ch = r2 - img * c;
+        }
+        long long h0 = i * d[16] - d[18], w0 = j * d[17] - d[19];
+        bool is_max = d[22] != 0;
+        float m = is_max ? -__int_as_float(0x7f800000) : 0.0f;
+        long long taps = 0;
+        for (long long di = 0; di < d[14]; ++di) {
+            long long yy = h0 + di;
+            if (yy < 0 || yy >= h) continue;
+            for (long long dj = 0; dj < d[15]; ++dj) {
+                long long xx = w0 + dj;
+                if (xx < 0 || xx >= w) continue;
+                float v = to_f(x[at4(d + 4, img, ch, yy, xx)]);
+                m = is_max ? fmaxf(m, v) : m + v;
+                ++taps;
+            }
+        }
+        if (!is_max) {
+            long long div = taps;
+            if (d[23]) {
+                long long he = min(h0 + d[14], h + d[20]), we = min(w0 + d[15], w + d[21]);
+                div = (he - h0) * (we - w0);
+            }
+            m = div > 0 ? m / (float)div : 0.0f;
+        }
+        y[at4(d + 8, img, ch, i, j)] = from_f<T>(m);
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float s) {
+    for (int k = 16; k > 0; k >>= 1) s += __shfl_down_sync(0xffffffffu, s, k);
+    return s;
+}
+
+// Global average pooling, a warp per output (for inputs whose spatial axes are contiguous).
+// x dims n, c, h, w in v[0..4], strides v[4..8]; y strides v[8..12].
+template <class T>
+__device__ void gap_warps(const T* __restrict__ x, T* __restrict__ y, Dims g) {
+    const long long* d = g.v;
+    long long n = d[0], c = d[1], h = d[2], w = d[3], hw = h * w;
+    int lane = threadIdx.x & 31;
+    long long warp = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;
+    long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long o = warp; o < n * c; o += warps) {
+        long long ch = o % c, img = o / c;
+        float s = 0.0f;
+        for (long long p = lane; p < hw; p += 32) s += to_f(x[at4(d + 4, img, ch, p / w, p % w)]);
+        s = warp_sum(s);
+        if (lane == 0) y[at4(d + 8, img, ch, 0, 0)] = from_f<T>(s / (float)hw);
+    }
+}
+
+// Global average pooling for channel-contiguous inputs: a block of 32 x 8 threads per image and
+// 32 channels, each lane one channel, each warp a share of the pixels. Same Dims as gap_warps.
+template <class T>
+__device__ void gap_channels(const T* __restrict__ x, T* __restrict__ y, Dims g) {
+    const long long* d = g.v;
+    long long n = d[0], c = d[1], h = d[2], w = d[3], hw = h * w;
+    long long chunks = (c + 31) / 32;
+    __shared__ float part[8][33];
+    for (long long b = blockIdx.x; b < n * chunks; b += gridDim.x) {
+        long long img = b / chunks, ch = (b % chunks) * 32 + threadIdx.x;
+        float s = 0.0f;
+        if (ch < c)
+            for (long long p = threadIdx.y; p < hw; p += blockDim.y)
+                s += to_f(x[at4(d + 4, img, ch, p / w, p % w)]);
+        part[threadIdx.y][threadIdx.x] = s;
+        __syncthreads();
+        if (threadIdx.y == 0 && ch < c) {
+            float t = 0.0f;
+            for (int k = 0; k < blockDim.y; ++k) t += part[k][threadIdx.x];
+            y[at4(d + 8, img, ch, 0, 0)] = from_f<T>(t / (float)hw);
+        }
+        __syncthreads();
+    }
+}
+
+// Layer normalization of `rows` contiguous rows of `cols` values, a warp per row, statistics in
+// f32: y = (x - mean) / sqrt(var + eps) * gamma (+ beta). beta may be null.
+template <class T>
+__device__ void layer_norm(const T* x, const T* __restrict__ gamma, const T* __restrict__ beta,
+                           T* y, long long rows, int cols, float eps) {
+    int lane = threadIdx.x & 31;
+    long long warp = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;
+    long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long row = warp; row < rows; row += warps) {
+        const T* xr = x + row * cols;
+        T* yr = y + row * cols;
+        float s = 0.0f;
+        for (int k = lane; k < cols; k += 32) s += to_f(xr[k]);
+        float mean = __shfl_sync(0xffffffffu, warp_sum(s), 0) / (float)cols;
+        float q = 0.0f;
+        for (int k = lane; k < cols; k += 32) { float e = to_f(xr[k]) - mean; q += e * e; }
+        float var = __shfl_sync(0xffffffffu, warp_sum(q), 0) / (float)cols;
+        float rstd = rsqrtf(var + eps);
+        for (int k = lane; k < cols; k += 32) {
+            float v = (to_f(xr[k]) - mean) * rstd * to_f(gamma[k]);
+            if (beta) v += to_f(beta[k]);
+            yr[k] = from_f<T>(v);
+        }
+    }
+}
+
+// y (f32, dense row-major over dims v[0..4]) = x read through strides v[4..8].
+template <class T>
+__device__ void to_f32(const T* __restrict__ x, float* __restrict__ y, Dims g) {
+    const long long* d = g.v;
+    long long total = d[0] * d[1] * d[2] * d[3];
+    for (long long o = blockIdx.x * (long long)blockDim.x + threadIdx.x; o < total;
+         o += (long long)gridDim.x * blockDim.x) {
+        long long r3 = d[27] ? fdiv(o, d[24]) : o / d[3], i3 = o - r3 * d[3];
+        long long r2 = d[27] ? fdiv(r3, d[25]) : r3 / d[2], i2 = r3 - r2 * d[2];
+        long long i0 = d[27] ? fdiv(r2, d[26]) : r2 / d[1], i1 = r2 - i0 * d[1];
+        y[o] = to_f(x[at4(d + 4, i0, i1, i2, i3)]);
+    }
+}
+
+// y (strides v[4..8]) = x (f32, dense row-major over dims v[0..4]).
+template <class T>
+__device__ void from_f32(const float* __restrict__ x, T* __restrict__ y, Dims g) {
+    const long long* d = g.v;
+    long long total = d[0] * d[1] * d[2] * d[3];
+    for (long long o = blockIdx.x * (long long)blockDim.x + threadIdx.x; o < total;
+         o += (long long)gridDim.x * blockDim.x) {
+        long long r3 = d[27] ? fdiv(o, d[24]) : o / d[3], i3 = o - r3 * d[3];
+        long long r2 = d[27] ? fdiv(r3, d[25]) : r3 / d[2], i2 = r3 - r2 * d[2];
+        long long i0 = d[27] ? fdiv(r2, d[26]) : r2 / d[1], i1 = r2 - i0 * d[1];
+        y[at4(d + 4, i0, i1, i2, i3)] = from_f<T>(x[o]);
+    }
+}
+
+#define INSTANCES(T, TAG)                                                                     \
+extern "C" __global__ void pointwise_##TAG(const T* a, const T* b, const T* c, T* y, Dims g,  \
+    int op, int act, float alpha, float beta) { pointwise<T>(a, b, c, y, g, op, act, alpha, beta); } \
+extern "C" __global__ void pool_##TAG(const T* x, T* y, Dims g) { pool<T>(x, y, g); }          \
+extern "C" __global__ void gap_warps_##TAG(const T* x, T* y, Dims g) { gap_warps<T>(x, y, g); } \
+extern "C" __global__ void gap_channels_##TAG(const T* x, T* y, Dims g)                       \
+    { gap_channels<T>(x, y, g); }                                                             \
+extern "C" __global__ void layer_norm_##TAG(const T* x, const T* gamma, const T* beta, T* y,   \
+    long long rows, int cols, float eps) { layer_norm<T>(x, gamma, beta, y, rows, cols, eps); } \
+extern "C" __global__ void to_f32_##TAG(const T* x, float* y, Dims g) { to_f32<T>(x, y, g); }  \
+extern "C" __global__ void from_f32_##TAG(const float* x, T* y, Dims g) { from_f32<T>(x, y, g); }
+
+INSTANCES(float, f32)
+INSTANCES(H, f16)
+INSTANCES(B, bf16)
+"#;
+
+/// The kernels' names without their element type tag.
+const KERNELS: [&str; 7] = [
+    "pointwise",
+    "pool",
+    "gap_warps",
+    "gap_channels",
+    "layer_norm",
+    "to_f32",
+    "from_f32",
+];
+
+/// The module: its name in the kernel cache, its source and its kernels.
+pub fn kernel_source() -> KernelSource {
+    let names = ["f32", "f16", "bf16"]
+        .iter()
+        .flat_map(|t| KERNELS.iter().map(move |k| format!("{k}_{t}")))
+        .collect();
+    KernelSource {
+        stem: "program",
+        source: format!("{HALF}{SOURCE}"),
+        names,
+    }
+}
+
+/// A pooling window, as the pool kernel takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub kernel: [usize; 2],
+    pub strides: [usize; 2],
+    /// top, left, bottom, right.
+    pub pads: [usize; 4],
+    pub max: bool,
+    pub count_include_pad: bool,
+}
+
+/// The code of an activation in the kernels, and its two parameters.
+pub(super) fn activation_code(a: Option<Activation>) -> (i32, f32, f32) {
+    match a {
+        None => (0, 0.0, 0.0),
+        Some(Activation::Relu) => (1, 0.0, 0.0),
+        Some(Activation::Sigmoid) => (2, 0.0, 0.0),
+        Some(Activation::HardSigmoid { alpha, beta }) => (3, alpha, beta),
+        Some(Activation::HardSwish) => (4, 0.0, 0.0),
+        Some(Activation::Gelu) => (5, 0.0, 0.0),
+        Some(Activation::Silu) => (6, 0.0, 0.0),
+    }
+}
+
+/// The code of a binary operation in the pointwise kernel.
+pub(super) fn binary_code(b: Binary) -> i32 {
+    match b {
+        Binary::Add => 1,
+        Binary::Sub => 2,
+        Binary::Mul => 3,
+        Binary::Div => 4,
+    }
+}
+
+/// The bytes of a `Dims` argument.
+fn dims_bytes(v: &[i64; 32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+}
+
+/// The magic number of `n / d` by a multiply and a shift for `n < 2^31` (`fdiv` in the
+/// kernels): m in the low 32 bits, the shift above.
+pub(super) fn fast_divisor(d: usize) -> i64 {
+    let d = d.max(1) as u128;
+    let shift = 128 - (d - 1).leading_zeros(); // ceil(log2 d)
+    let m = ((1u128 << 32) * ((1u128 << shift) - d)) / d + 1;
+    (m as u32) as i64 | (i64::from(shift) << 32)
+}
+
+/// Puts the magic numbers of `divisors` at `at` and, after them, whether indices below
+/// `total` fit 31 bits (else the kernels divide).
+fn put_divisors(v: &mut [i64; 32], at: usize, divisors: [usize; 3], total: usize) {
+    for (i, d) in divisors.into_iter().enumerate() {
+        v[at + i] = fast_divisor(d);
+    }
+    v[at + 3] = i64::from(total < (1 << 31) && divisors.iter().all(|&d| d < (1 << 31)));
+}
+
+fn put(v: &mut [i64; 32], at: usize, values: &[usize]) {
+    for (i, &x) in values.iter().enumerate() {
+        v[at + i] = x as i64;
+    }
+}
+
+/// The compiled kernels on one device.
+pub struct ProgramKernels {
+    stream: Stream,
+    module: KernelModule,
+}
+
+impl ProgramKernels {
+    /// Compiles the kernels for `gpu` (or reads them from the cache) and loads them.
+    pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<ProgramKernels> {
+        Ok(ProgramKernels {
+            stream: gpu.stream().clone(),
+            module: KernelModule::load(discovery, gpu, &kernel_source())?,
+        })
+    }
+
+    fn run(&self, stem: &str, dtype: DType, launch: Launch, args: &[Arg<'_>]) -> Result<()> {
+        let name = format!("{stem}_{}", tag(dtype));
+        self.module.launch(&name, &self.stream, launch, args)
+    }
+
+    /// `y = act(op(a, b) + c)` over `y`'s dims (a, b, c broadcast through their strides).
+    #[allow(clippy::too_many_arguments)]
+    pub fn pointwise(
+        &self,
+        dtype: DType,
+        (a, sa): (View<'_>, &Strided),
+        b: Option<(View<'_>, &Strided, Binary)>,
+        c: Option<(View<'_>, &Strided)>,
+        act: Option<Activation>,
+        (y, sy): (View<'_>, &Strided),
+    ) -> Result<()> {
+        let e = dtype.size_bytes();
+        a.require(sa.span() * e, "pointwise a")?;
+        y.require(sy.span() * e, "pointwise y")?;
+        let mut v = [0i64; 32];
+        put(&mut v, 0, &sy.dims);
+        put(&mut v, 4, &sa.strides);
+        put(&mut v, 16, &sy.strides);
+        let mut flat = sy.is_dense() && sa.strides == sy.strides && sa.dims == sy.dims;
+        let op = match &b {
+            Some((view, s, op)) => {
+                view.require(s.span() * e, "pointwise b")?;
+                put(&mut v, 8, &s.strides);
+                flat &= s.strides == sy.strides && s.dims == sy.dims;
+                binary_code(*op)
+            }
+            None => 0,
+        };
+        if let Some((view, s)) = &c {
+            view.require(s.span() * e, "pointwise c")?;
+            put(&mut v, 12, &s.strides);
+            flat &= s.strides == sy.strides && s.dims == sy.dims;
+        }
+        v[20] = i64::from(flat);
+        put_divisors(&mut v, 24, [sy.dims[3], sy.dims[2], sy.dims[1]], sy.len());
+        let bytes = dims_bytes(&v);
+        let (code, alpha, beta) = activation_code(act);
+        let args = [
+            Arg::Ptr(a),
+            b.as_ref().map_or(Arg::Null, |(v, _, _)| Arg::Ptr(*v)),
+            c.as_ref().map_or(Arg::Null, |(v, _)| Arg::Ptr(*v)),
+            Arg::Ptr(y),
+            Arg::Struct("Dims", &bytes),
+            Arg::I32(op),
+            Arg::I32(code),
+            Arg::F32(alpha),
+            Arg::F32(beta),
+        ];
+        self.run("pointwise", dtype, grid_for(sy.len()), &args)
+    }
+
+    /// Max or average pooling of `x` ([n, c, h, w]) into `y` ([n, c, p, q]).
+    pub fn pool(
+        &self,
+        dtype: DType,
+        (x, sx): (View<'_>, &Strided),
+        (y, sy): (View<'_>, &Strided),
+        win: &Window,
+    ) -> Result<()> {
+        let e = dtype.size_bytes();
+        x.require(sx.span() * e, "pool x")?;
+        y.require(sy.span() * e, "pool y")?;
+        let mut v = [0i64; 32];
+        put(&mut v, 0, &sy.dims);
+        put(&mut v, 4, &sx.strides);
+        put(&mut v, 8, &sy.strides);
+        put(&mut v, 12, &[sx.dims[2], sx.dims[3]]);
+        put(&mut v, 14, &win.kernel);
+        put(&mut v, 16, &win.strides);
+        put(&mut v, 18, &win.pads);
+        v[22] = i64::from(win.max);
+        v[23] = i64::from(win.count_include_pad);
+        let channels_fastest = sy.strides[1] == 1 && sy.dims[1] > 1;
+        v[24] = i64::from(channels_fastest);
+        let [_, c, p, q] = sy.dims;
+        let order = if channels_fastest {
+            [c, q, p]
+        } else {
+            [q, p, c]
+        };
+        put_divisors(&mut v, 25, order, sy.len());
+        let bytes = dims_bytes(&v);
+        let args = [Arg::Ptr(x), Arg::Ptr(y), Arg::Struct("Dims", &bytes)];
+        self.run("pool", dtype, grid_for(sy.len()), &args)
+    }
+
+    /// The mean of each image's channel over its pixels: `x` [n, c, h, w] into `y` [n, c, 1, 1].
+    pub fn global_average(
+        &self,
+        dtype: DType,
+        (x, sx): (View<'_>, &Strided),
+        (y, sy): (View<'_>, &Strided),
+    ) -> Result<()> {
+        let e = dtype.size_bytes();
+        x.require(sx.span() * e, "global average x")?;
+        y.require(sy.span() * e, "global average y")?;
+        let mut v = [0i64; 32];
+        put(&mut v, 0, &sx.dims);
+        put(&mut v, 4, &sx.strides);
+        put(&mut v, 8, &sy.strides);
+        let bytes = dims_bytes(&v);
+        let args = [Arg::Ptr(x), Arg::Ptr(y), Arg::Struct("Dims", &bytes)];
+        let [n, c, ..] = sx.dims;
+        if sx.strides[1] == 1 && c > 1 {
+            let blocks = (n * c.div_ceil(32)).clamp(1, 65_535) as u32;
+            let launch = Launch::new((blocks, 1, 1), (32, 8, 1));
+            self.run("gap_channels", dtype, launch, &args)
+        } else {
+            // a warp per output: 8 outputs a block
+            let blocks = (n * c).div_ceil(8).clamp(1, 65_535 * 8) as u32;
+            self.run(
+                "gap_warps",
+                dtype,
+                Launch::new((blocks, 1, 1), (256, 1, 1)),
+                &args,
+            )
+        }
+    }
+
+    /// Layer normalization of `rows` contiguous rows of `cols` values.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_norm(
+        &self,
+        dtype: DType,
+        x: View<'_>,
+        gamma: View<'_>,
+        beta: Option<View<'_>>,
+        y: View<'_>,
+        (rows, cols): (usize, usize),
+        eps: f32,
+    ) -> Result<()> {
+        let e = dtype.size_bytes();
+        x.require(rows * cols * e, "layer norm x")?;
+        y.require(rows * cols * e, "layer norm y")?;
+        gamma.require(cols * e, "layer norm scale")?;
+        if let Some(b) = beta {
+            b.require(cols * e, "layer norm bias")?;
+        }
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(gamma),
+            Arg::opt(beta),
+            Arg::Ptr(y),
+            Arg::Size(rows),
+            Arg::Size(cols),
+            Arg::F32(eps),
+        ];
+        let blocks = rows.div_ceil(8).clamp(1, 65_535 * 8) as u32;
+        self.run(
+            "layer_norm",
+            dtype,
+            Launch::new((blocks, 1, 1), (256, 1, 1)),
+            &args,
+        )
+    }
+
+    /// `y` (f32, dense row-major) = `x` of `dtype` through its strides.
+    pub fn to_f32(&self, dtype: DType, (x, sx): (View<'_>, &Strided), y: View<'_>) -> Result<()> {
+        x.require(sx.span() * dtype.size_bytes(), "to_f32 x")?;
+        y.require(sx.len() * 4, "to_f32 y")?;
+        let mut v = [0i64; 32];
+        put(&mut v, 0, &sx.dims);
+        put(&mut v, 4, &sx.strides);
+        put_divisors(&mut v, 24, [sx.dims[3], sx.dims[2], sx.dims[1]], sx.len());
+        let bytes = dims_bytes(&v);
+        let args = [Arg::Ptr(x), Arg::Ptr(y), Arg::Struct("Dims", &bytes)];
+        self.run("to_f32", dtype, grid_for(sx.len()), &args)
+    }
+
+    /// `y` of `dtype` through its strides = `x` (f32, dense row-major over `y`'s dims).
+    pub fn from_f32(&self, dtype: DType, x: View<'_>, (y, sy): (View<'_>, &Strided)) -> Result<()> {
+        x.require(sy.len() * 4, "from_f32 x")?;
+        y.require(sy.span() * dtype.size_bytes(), "from_f32 y")?;
+        let mut v = [0i64; 32];
+        put(&mut v, 0, &sy.dims);
+        put(&mut v, 4, &sy.strides);
+        put_divisors(&mut v, 24, [sy.dims[3], sy.dims[2], sy.dims[1]], sy.len());
+        let bytes = dims_bytes(&v);
+        let args = [Arg::Ptr(x), Arg::Ptr(y), Arg::Struct("Dims", &bytes)];
+        self.run("from_f32", dtype, grid_for(sy.len()), &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernels_take_what_the_launchers_pass() {
+        let expected = [
+            ("pointwise_", "p p p p s i i f f"),
+            ("pool_", "p p s"),
+            ("gap_warps_", "p p s"),
+            ("gap_channels_", "p p s"),
+            ("layer_norm_", "p p p p l i f"),
+            ("to_f32_", "p p s"),
+            ("from_f32_", "p p s"),
+        ];
+        let differences = kernel_source().signature_differences(&expected, &["f32", "f16", "bf16"]);
+        assert!(differences.is_empty(), "{differences:#?}");
+    }
+
+    /// `fdiv` as the kernels compute it, on the host.
+    fn fdiv(n: u32, magic: i64) -> u32 {
+        let (m, s) = (magic as u32, (magic >> 32) as u32);
+        let hi = ((u64::from(n) * u64::from(m)) >> 32) as u32;
+        (hi + n) >> s
+    }
+
+    #[test]
+    fn division_by_a_multiply_is_exact_below_two_to_the_31() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut divisors: Vec<usize> = (1..300).collect();
+        divisors.extend([3136, 12544, 50176, 1 << 20, (1 << 31) - 1]);
+        divisors.extend((0..200).map(|_| (next() % (1 << 31)) as usize + 1));
+        for d in divisors {
+            let magic = fast_divisor(d);
+            let mut ns: Vec<u32> = vec![0, 1, d as u32 - 1, d as u32, (1 << 31) - 1];
+            ns.extend((0..500).map(|_| (next() % (1 << 31)) as u32));
+            for n in ns {
+                assert_eq!(fdiv(n, magic), n / d as u32, "{n} / {d}");
+            }
+        }
+    }
+}

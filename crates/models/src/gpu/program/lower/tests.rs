@@ -1,0 +1,410 @@
+//! The lowering checked without a GPU: a program is run step by step by an emulator of the
+//! kernels (f32, every view read through its strides, one arena at the memory plan's offsets)
+//! and its outputs compared with the graph interpreter's. Views, fusions, concatenation slices,
+//! channel padding, filter layouts and slot reuse all show in the outputs when wrong.
+
+use super::*;
+use crate::graph::{forward_cpu, passes::optimize, Array};
+use crate::onnx::{fixtures, import_model, ImportOptions};
+use gpukit_tensor::random::{fresh_seed, normal_f32};
+
+fn act(a: Option<Activation>, x: f32) -> f32 {
+    let x64 = f64::from(x);
+    match a {
+        None => x,
+        Some(Activation::Relu) => x.max(0.0),
+        Some(Activation::Sigmoid) => 1.0 / (1.0 + (-x).exp()),
+        Some(Activation::HardSigmoid { alpha, beta }) => (alpha * x + beta).clamp(0.0, 1.0),
+        Some(Activation::HardSwish) => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
+        Some(Activation::Gelu) => {
+            (0.5 * x64 * (1.0 + libm::erf(x64 * std::f64::consts::FRAC_1_SQRT_2))) as f32
+        }
+        Some(Activation::Silu) => x / (1.0 + (-x).exp()),
+    }
+}
+
+/// The index of element `o` of a row-major view with strides `rm`.
+fn unravel(o: usize, rm: &Strided) -> [usize; 4] {
+    let mut rest = o;
+    rm.strides.map(|s| {
+        let i = rest / s;
+        rest %= s;
+        i
+    })
+}
+
+/// Every index of `dims`, row-major.
+fn indices(dims: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
+    let [a, b, c, d] = dims;
+    (0..a).flat_map(move |i| {
+        (0..b).flat_map(move |j| (0..c).flat_map(move |k| (0..d).map(move |l| [i, j, k, l])))
+    })
+}
+
+struct Emu<'p> {
+    p: &'p Program,
+    arena: Vec<f32>,
+}
+
+impl Emu<'_> {
+    fn at(&self, t: &Tref, i: [usize; 4]) -> (Buf, usize) {
+        let off = t.offset + (0..4).map(|a| i[a] * t.s.strides[a]).sum::<usize>();
+        (t.buf, off)
+    }
+
+    fn get(&self, t: &Tref, i: [usize; 4]) -> f32 {
+        match self.at(t, i) {
+            (Buf::Slot(s), off) => self.arena[self.p.plan.offsets[s] / 4 + off],
+            (Buf::Const(c), off) => self.p.consts[c].values[off],
+        }
+    }
+
+    fn put(&mut self, t: &Tref, i: [usize; 4], v: f32) {
+        match self.at(t, i) {
+            (Buf::Slot(s), off) => {
+                let base = self.p.plan.offsets[s] / 4;
+                assert!(
+                    off < self.p.slots[s].bytes / 4,
+                    "write past slot {}",
+                    self.p.slots[s].name
+                );
+                self.arena[base + off] = v;
+            }
+            (Buf::Const(_), _) => panic!("a step writes a constant"),
+        }
+    }
+
+    fn step(&mut self, step: &Step) {
+        match step {
+            Step::ConvertImage { x, y, c, .. } => {
+                for i in indices(y.s.dims) {
+                    let v = if i[1] < *c { self.get(x, i) } else { 0.0 };
+                    self.put(y, i, v);
+                }
+            }
+            Step::FromF32 { x, y } | Step::ToF32 { x, y } => {
+                for i in indices(y.s.dims) {
+                    let v = self.get(x, i);
+                    self.put(y, i, v);
+                }
+            }
+            Step::Pointwise { a, b, c, act: f, y } => {
+                for i in indices(y.s.dims) {
+                    let mut v = self.get(a, i);
+                    if let Some((t, op)) = b {
+                        let u = self.get(t, i);
+                        v = match op {
+                            Binary::Add => v + u,
+                            Binary::Sub => v - u,
+                            Binary::Mul => v * u,
+                            Binary::Div => v / u,
+                        };
+                    }
+                    if let Some(t) = c {
+                        v += self.get(t, i);
+                    }
+                    self.put(y, i, act(*f, v));
+                }
+            }
+            Step::Pool { x, y, win } => {
+                let [h, w] = [x.s.dims[2] as isize, x.s.dims[3] as isize];
+                for [n, ch, i, j] in indices(y.s.dims) {
+                    let h0 = (i * win.strides[0]) as isize - win.pads[0] as isize;
+                    let w0 = (j * win.strides[1]) as isize - win.pads[1] as isize;
+                    let (mut m, mut taps) = (if win.max { f32::NEG_INFINITY } else { 0.0 }, 0);
+                    for di in 0..win.kernel[0] as isize {
+                        for dj in 0..win.kernel[1] as isize {
+                            let (yy, xx) = (h0 + di, w0 + dj);
+                            if yy < 0 || yy >= h || xx < 0 || xx >= w {
+                                continue;
+                            }
+                            let v = self.get(x, [n, ch, yy as usize, xx as usize]);
+                            m = if win.max { m.max(v) } else { m + v };
+                            taps += 1;
+                        }
+                    }
+                    if !win.max {
+                        let div = if win.count_include_pad {
+                            let he = (h0 + win.kernel[0] as isize).min(h + win.pads[2] as isize);
+                            let we = (w0 + win.kernel[1] as isize).min(w + win.pads[3] as isize);
+                            (he - h0) * (we - w0)
+                        } else {
+                            taps
+                        };
+                        m /= div as f32;
+                    }
+                    self.put(y, [n, ch, i, j], m);
+                }
+            }
+            Step::GlobalAverage { x, y } => {
+                let [n, c, h, w] = x.s.dims;
+                for i in 0..n {
+                    for ch in 0..c {
+                        let mut s = 0.0f64;
+                        for a in 0..h {
+                            for b in 0..w {
+                                s += f64::from(self.get(x, [i, ch, a, b]));
+                            }
+                        }
+                        self.put(y, [i, ch, 0, 0], (s / (h * w) as f64) as f32);
+                    }
+                }
+            }
+            Step::LayerNorm {
+                x,
+                gamma,
+                beta,
+                y,
+                rows,
+                cols,
+                eps,
+            } => {
+                // rows of a row-major view: element r * cols + k
+                let elem = |t: &Tref, o: usize| unravel(o, &Strided::row_major(t.s.dims));
+                for r in 0..*rows {
+                    let xs: Vec<f64> = (0..*cols)
+                        .map(|k| f64::from(self.get(x, elem(x, r * cols + k))))
+                        .collect();
+                    let mean = xs.iter().sum::<f64>() / *cols as f64;
+                    let var = xs.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / *cols as f64;
+                    for (k, v) in xs.iter().enumerate() {
+                        let g = f64::from(self.get(gamma, elem(gamma, k)));
+                        let b = beta.map_or(0.0, |b| f64::from(self.get(&b, elem(&b, k))));
+                        let out = (v - mean) / (var + f64::from(*eps)).sqrt() * g + b;
+                        self.put(y, elem(y, r * cols + k), out as f32);
+                    }
+                }
+            }
+            Step::Gemm { a, b, y, m, n, k } => {
+                let ra = Strided::row_major(a.s.dims);
+                let at = |o: usize, t: &Tref, rm: &Strided| self.get(t, unravel(o, rm));
+                let rb = Strided::row_major(b.s.dims);
+                let mut out = vec![0f32; m * n];
+                for i in 0..*m {
+                    for j in 0..*n {
+                        let mut s = 0f64;
+                        for l in 0..*k {
+                            s +=
+                                f64::from(at(i * k + l, a, &ra)) * f64::from(at(l * n + j, b, &rb));
+                        }
+                        out[i * n + j] = s as f32;
+                    }
+                }
+                let ry = Strided::row_major(y.s.dims);
+                for (o, v) in out.into_iter().enumerate() {
+                    self.put(y, unravel(o, &ry), v);
+                }
+            }
+            Step::Conv(c) => {
+                let sh = c.shape;
+                let cg = sh.group_channels();
+                let kg = sh.k / sh.groups;
+                let w = &self.p.consts[c.w].values;
+                let mut out = Vec::new();
+                for [n, ko, p, q] in indices(c.y.s.dims) {
+                    let g = ko / kg;
+                    let mut s = 0f64;
+                    for ci in 0..cg {
+                        for i in 0..sh.r {
+                            for j in 0..sh.s {
+                                let yy = (p * sh.stride + i) as isize - sh.pad as isize;
+                                let xx = (q * sh.stride + j) as isize - sh.pad as isize;
+                                if yy < 0 || xx < 0 || yy >= sh.h as isize || xx >= sh.w as isize {
+                                    continue;
+                                }
+                                let wi = match self.p.layout {
+                                    Layout::Nchw => ((ko * cg + ci) * sh.r + i) * sh.s + j,
+                                    Layout::Nhwc => ((ko * sh.r + i) * sh.s + j) * cg + ci,
+                                };
+                                let xv = self.get(&c.x, [n, g * cg + ci, yy as usize, xx as usize]);
+                                s += f64::from(xv) * f64::from(w[wi]);
+                            }
+                        }
+                    }
+                    let mut v = s as f32;
+                    if c.fused {
+                        v += c.bias.map_or(0.0, |b| self.p.consts[b].values[ko]);
+                        if let Some(z) = &c.z {
+                            v += self.get(z, [n, ko, p, q]);
+                        }
+                        v = v.max(0.0);
+                    }
+                    out.push(([n, ko, p, q], v));
+                }
+                for (i, v) in out {
+                    self.put(&c.y, i, v);
+                }
+            }
+        }
+    }
+
+    /// Runs the program on `inputs`; the outputs, f32 row-major.
+    fn run(p: &Program, inputs: &[&[f32]]) -> Vec<Vec<f32>> {
+        // NaN everywhere first: a read of a byte nothing wrote shows
+        let mut e = Emu {
+            p,
+            arena: vec![f32::NAN; p.plan.total / 4],
+        };
+        for ((_, _, slot), x) in p.inputs.iter().zip(inputs) {
+            let base = p.plan.offsets[*slot] / 4;
+            e.arena[base..base + x.len()].copy_from_slice(x);
+        }
+        for (_, step) in &p.steps {
+            e.step(step);
+        }
+        p.outputs
+            .iter()
+            .map(|(_, shape, slot)| {
+                let base = p.plan.offsets[*slot] / 4;
+                e.arena[base..base + shape.iter().product::<usize>()].to_vec()
+            })
+            .collect()
+    }
+}
+
+fn optimized(model: &crate::onnx::ModelProto) -> Graph {
+    let options = ImportOptions {
+        batch: Some(2),
+        dims: Vec::new(),
+    };
+    let mut g = import_model(model, None, "fixture", &options).unwrap();
+    optimize(&mut g).unwrap();
+    g
+}
+
+fn max_rel(got: &[f32], want: &[f32]) -> f64 {
+    let scale = want
+        .iter()
+        .fold(0f64, |m, v| m.max(f64::from(v.abs())))
+        .max(1e-12);
+    got.iter()
+        .zip(want)
+        .map(|(a, b)| {
+            let d = (f64::from(*a) - f64::from(*b)).abs();
+            if d.is_nan() {
+                f64::INFINITY
+            } else {
+                d
+            }
+        })
+        .fold(0f64, f64::max)
+        / scale
+}
+
+#[test]
+fn every_fixture_lowers_and_its_program_computes_the_graph() {
+    for f in fixtures::all(fresh_seed()) {
+        let g = optimized(&f.model);
+        let inputs: Vec<Array> = g
+            .inputs
+            .iter()
+            .map(|&i| {
+                let shape = g.value(i).shape.clone();
+                let x = normal_f32(shape.iter().product(), fresh_seed());
+                Array::f32(&shape, x)
+            })
+            .collect();
+        let want = forward_cpu(&g, &inputs).unwrap();
+        let xs: Vec<&[f32]> = inputs.iter().map(|a| a.as_f32().unwrap()).collect();
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            let p = Program::lower(&g, DType::F32, layout)
+                .unwrap_or_else(|e| panic!("{} {layout:?}: {e}", f.name));
+            let got = Emu::run(&p, &xs);
+            assert_eq!(got.len(), want.len(), "{}", f.name);
+            for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+                let rel = max_rel(g, w.as_f32().unwrap());
+                assert!(
+                    rel <= 1e-5,
+                    "{} {layout:?} output {o}: max rel. diff {rel:.1e}\n{:?}",
+                    f.name,
+                    p.step_counts()
+                );
+            }
+            assert!(p.arena_bytes() <= p.arena_bytes_without_plan);
+            // the other storage types lower to the same steps, but for converting the input
+            let computing = |p: &Program| {
+                let mut c = p.step_counts();
+                c.retain(|(k, _)| *k != "convert input");
+                c
+            };
+            for dtype in [DType::Tf32, DType::F16, DType::Bf16] {
+                let q = Program::lower(&g, dtype, layout).unwrap();
+                assert_eq!(computing(&q), computing(&p), "{} {dtype}", f.name);
+            }
+        }
+    }
+}
+
+#[test]
+fn layouts_decide_the_copies_and_fusions_are_counted() {
+    let count = |p: &Program, kind: &str| {
+        p.step_counts()
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map_or(0, |(_, n)| *n)
+    };
+    // ConvNeXt's transposes around its layer norm and linear layers: free in NHWC, where the
+    // channels-last order is the bytes' order, a copy each way in NCHW
+    let g = optimized(&fixtures::convnext(fresh_seed()));
+    let nhwc = Program::lower(&g, DType::F16, Layout::Nhwc).unwrap();
+    let nchw = Program::lower(&g, DType::F16, Layout::Nchw).unwrap();
+    assert!(
+        count(&nhwc, "element-wise") < count(&nchw, "element-wise"),
+        "{:?} vs {:?}",
+        nhwc.step_counts(),
+        nchw.step_counts()
+    );
+    // EfficientNet: every SiLU is a convolution's epilogue, no step of its own
+    let g = optimized(&fixtures::efficientnet_se(fresh_seed()));
+    let p = Program::lower(&g, DType::F16, Layout::Nhwc).unwrap();
+    let silus = p
+        .steps
+        .iter()
+        .filter(|(_, s)| {
+            matches!(
+                s,
+                Step::Pointwise {
+                    act: Some(Activation::Silu),
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(silus, 3);
+    assert_eq!(count(&p, "conv (cuDNN)"), count(&p, "conv (cuDNN)"));
+    // the ResNet fixture: every ReLU fused into cuDNN's call, the stem's input padded to 8
+    // channels in NHWC
+    let g = optimized(&fixtures::tiny_resnet(fresh_seed()));
+    let p = Program::lower(&g, DType::F16, Layout::Nhwc).unwrap();
+    assert!(
+        count(&p, "conv+bias+relu (cuDNN)") >= 3,
+        "{:?}",
+        p.step_counts()
+    );
+    assert!(p
+        .steps
+        .iter()
+        .any(|(_, s)| matches!(s, Step::ConvertImage { cout: 8, .. })));
+}
+
+#[test]
+fn what_the_engine_cannot_run_is_named() {
+    let g = optimized(&fixtures::tiny_resnet(fresh_seed()));
+    let e = Program::lower(&g, DType::F64, Layout::Nchw).unwrap_err();
+    assert!(e.why.contains("f64"), "{e}");
+    // a dilated convolution names its node
+    let mut d = g.clone();
+    let (i, node) = d
+        .nodes
+        .iter()
+        .enumerate()
+        .find(|(_, n)| matches!(n.op, Op::Conv(_)))
+        .unwrap();
+    let name = node.name.clone();
+    if let Op::Conv(c) = &mut d.nodes[i].op {
+        c.dilations = [2, 2];
+    }
+    let e = Program::lower(&d, DType::F16, Layout::Nhwc).unwrap_err();
+    assert_eq!((e.node.as_str(), e.op.as_str()), (name.as_str(), "Conv"));
+    assert!(e.to_string().contains("dilated"), "{e}");
+}

@@ -1,0 +1,429 @@
+//! A [`Program`] on a device: its constants uploaded, its arena allocated at the planned
+//! offsets, every convolution planned by measurement (once per distinct shape), and after
+//! [`ProgramSession::capture`] a CUDA graph of the whole pass.
+
+use super::kernels::ProgramKernels;
+use super::lower::{Buf, ConvStep, Step, Tref};
+use super::Program;
+use crate::error::{Error, Result};
+use crate::gpu::GpuContext;
+use gpukit_cuda::dnn::{Conv, ConvChoice, Epilogue, GraphSpec};
+use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::profiler::OpInfo;
+use gpukit_cuda::{DeviceBuffer, Graph, View};
+use gpukit_tensor::{DType, Layout};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// A program prepared on a device.
+pub struct ProgramSession<'a> {
+    ctx: &'a GpuContext,
+    program: &'a Program,
+    kernels: ProgramKernels,
+    arena: DeviceBuffer,
+    weights: DeviceBuffer,
+    /// Byte offset of each constant in `weights`.
+    const_at: Vec<usize>,
+    /// Per step, its convolution's plan.
+    runs: Vec<Option<Rc<ConvChoice>>>,
+    workspace: DeviceBuffer,
+    graph: Option<Graph>,
+    /// Most workspace a chosen convolution algorithm uses.
+    pub workspace_bytes: usize,
+    /// The engine chosen for each convolution step, in order.
+    pub algorithms: Vec<String>,
+}
+
+impl<'a> ProgramSession<'a> {
+    /// Uploads the constants, allocates the arena and plans every convolution (by measurement,
+    /// or from the choices measured before); `progress` hears how planning goes.
+    pub fn new(
+        ctx: &'a GpuContext,
+        discovery: &Discovery,
+        program: &'a Program,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<ProgramSession<'a>> {
+        let kernels = ProgramKernels::new(discovery, &ctx.gpu)?;
+        let storage = program.dtype.storage();
+        // the constants, each at an aligned offset of one buffer
+        let mut const_at = Vec::with_capacity(program.consts.len());
+        let mut bytes = Vec::new();
+        for c in &program.consts {
+            const_at.push(bytes.len());
+            bytes.extend(gpukit_tensor::codec::encode_f32(&c.values, storage));
+            bytes.resize(
+                bytes.len().div_ceil(crate::plan::ALIGN) * crate::plan::ALIGN,
+                0,
+            );
+        }
+        ctx.check_limit(bytes.len() + program.plan.total, "weights and activations")?;
+        let weights = ctx.alloc(bytes.len().max(256), "weights")?;
+        ctx.gpu.upload_into(weights.view(), &bytes)?;
+        let arena = ctx.alloc(program.plan.total.max(256), "activation arena")?;
+        let mut session = ProgramSession {
+            ctx,
+            program,
+            kernels,
+            arena,
+            weights,
+            const_at,
+            runs: vec![None; program.steps.len()],
+            workspace: ctx.alloc(256, "convolution workspace")?,
+            graph: None,
+            workspace_bytes: 0,
+            algorithms: Vec::new(),
+        };
+        session.plan_convolutions(progress)?;
+        if session.workspace_bytes > session.workspace.len() {
+            session.workspace = ctx.alloc(session.workspace_bytes, "convolution workspace")?;
+        }
+        ctx.dnn.release_workspace();
+        Ok(session)
+    }
+
+    /// Bytes of the element type `t` is stored in.
+    fn elem_bytes(&self, t: &Tref) -> usize {
+        match t.buf {
+            Buf::Slot(s) if self.is_f32_slot(s) => 4,
+            _ => self.program.dtype.storage().size_bytes(),
+        }
+    }
+
+    /// The graph's inputs and outputs are f32 slots.
+    fn is_f32_slot(&self, s: usize) -> bool {
+        let p = self.program;
+        p.inputs
+            .iter()
+            .chain(&p.outputs)
+            .any(|(_, _, slot)| *slot == s)
+    }
+
+    /// The device bytes of view `t` (from its first element to one past its last).
+    fn view(&self, t: &Tref) -> Result<View<'_>> {
+        let e = self.elem_bytes(t);
+        let (base, at) = match t.buf {
+            Buf::Slot(s) => (self.arena.view(), self.program.plan.offsets[s]),
+            Buf::Const(c) => (self.weights.view(), self.const_at[c]),
+        };
+        Ok(base.sub(at + t.offset * e, t.s.span().max(1) * e)?)
+    }
+
+    fn conv_of(&self, c: &ConvStep) -> Conv {
+        Conv {
+            shape: c.shape,
+            layout: self.program.layout,
+            dtype: self.program.dtype,
+        }
+    }
+
+    fn const_view(&self, c: usize) -> Result<View<'_>> {
+        let e = self.program.dtype.storage().size_bytes();
+        let len = self.program.consts[c].values.len() * e;
+        Ok(self.weights.view().sub(self.const_at[c], len.max(1))?)
+    }
+
+    fn plan_convolutions(&mut self, progress: &mut dyn FnMut(&str)) -> Result<()> {
+        let steps = &self.program.steps;
+        let spec = |c: &ConvStep| {
+            let conv = self.conv_of(c);
+            match c.fused {
+                true => GraphSpec::fused(conv, c.z.is_some()),
+                false => GraphSpec::plain(conv),
+            }
+        };
+        let specs: Vec<GraphSpec> = steps
+            .iter()
+            .filter_map(|(_, s)| match s {
+                Step::Conv(c) => Some(spec(c)),
+                _ => None,
+            })
+            .collect();
+        self.ctx.dnn.precompile(&specs, true);
+        let mut planned: HashMap<(Conv, bool, bool), Rc<ConvChoice>> = HashMap::new();
+        let total = {
+            let mut seen = std::collections::HashSet::new();
+            steps
+                .iter()
+                .filter(|(_, s)| match s {
+                    Step::Conv(c) => seen.insert((self.conv_of(c), c.fused, c.z.is_some())),
+                    _ => false,
+                })
+                .count()
+        };
+        let mut runs = vec![None; steps.len()];
+        let mut names = Vec::new();
+        let mut workspace = 0;
+        let layout = self.program.layout;
+        for (i, (_, step)) in steps.iter().enumerate() {
+            let Step::Conv(c) = step else { continue };
+            let conv = self.conv_of(c);
+            let key = (conv, c.fused, c.z.is_some());
+            if let Some(run) = planned.get(&key) {
+                names.push(run.name());
+                runs[i] = Some(Rc::clone(run));
+                continue;
+            }
+            progress(&format!(
+                "planning convolutions: {} of {total}",
+                planned.len() + 1
+            ));
+            let (xv, yv, wv) = (self.view(&c.x)?, self.view(&c.y)?, self.const_view(c.w)?);
+            let dnn = &self.ctx.dnn;
+            let run = match c.bias {
+                Some(b) if c.fused => {
+                    let bv = self.const_view(b)?;
+                    let zv = c.z.as_ref().map(|z| self.view(z)).transpose()?;
+                    let (dtype, (p, q)) = (conv.dtype.storage(), conv.shape.out_hw());
+                    let kernels = &self.ctx.kernels;
+                    let epilogue = |y: View<'_>, b: View<'_>, z: Option<View<'_>>| {
+                        kernels.bias_relu(
+                            y,
+                            b,
+                            z,
+                            dtype,
+                            layout,
+                            (conv.shape.n, conv.shape.k, p * q),
+                        )
+                    };
+                    let split: Option<Epilogue<'_>> = (layout == Layout::Nchw
+                        && conv.dtype.uses_tensor_cores())
+                    .then_some(&epilogue);
+                    dnn.plan_fused_best(conv, xv, wv, bv, zv, yv, true, split)?
+                }
+                _ => dnn.plan_plain_best(conv, xv, wv, yv, true)?,
+            };
+            workspace = usize::max(workspace, run.workspace_bytes());
+            names.push(run.name());
+            let run = Rc::new(run);
+            planned.insert(key, Rc::clone(&run));
+            runs[i] = Some(run);
+        }
+        self.ctx.dnn.finish_precompile_of(&specs);
+        self.ctx.dnn.save_choices();
+        self.runs = runs;
+        self.algorithms = names;
+        self.workspace_bytes = workspace;
+        Ok(())
+    }
+
+    /// Copies the graph's inputs (f32, row-major, in the graph's order) into the arena.
+    pub fn set_inputs(&mut self, inputs: &[&[f32]]) -> Result<()> {
+        let p = self.program;
+        if inputs.len() != p.inputs.len() {
+            return Err(Error::Invalid(format!(
+                "{} inputs given, the program takes {}",
+                inputs.len(),
+                p.inputs.len()
+            )));
+        }
+        for ((name, shape, slot), x) in p.inputs.iter().zip(inputs) {
+            let want: usize = shape.iter().product();
+            if x.len() != want {
+                return Err(Error::Invalid(format!(
+                    "input {name} has {} values; its shape {shape:?} holds {want}",
+                    x.len()
+                )));
+            }
+            let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_ne_bytes()).collect();
+            let at = p.plan.offsets[*slot];
+            self.ctx
+                .gpu
+                .upload_into(self.arena.view().sub(at, bytes.len().max(1))?, &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues one pass (no synchronisation).
+    pub fn enqueue(&self) -> Result<()> {
+        for i in 0..self.program.steps.len() {
+            self.enqueue_step(i)?;
+        }
+        Ok(())
+    }
+
+    fn enqueue_step(&self, i: usize) -> Result<()> {
+        let (name, step) = &self.program.steps[i];
+        let _op = gpukit_cuda::profiler::op(|| self.op_info(i));
+        let k = &self.kernels;
+        let dt = self.program.dtype.storage();
+        let v = |t: &Tref| self.view(t);
+        match step {
+            Step::ConvertImage { x, y, c, cout } => {
+                let [n, _, h, w] = y.s.dims;
+                self.ctx.kernels.convert_input(
+                    v(x)?,
+                    v(y)?,
+                    dt,
+                    self.program.layout,
+                    (n, *c, h, w),
+                    *cout,
+                )?;
+            }
+            Step::FromF32 { x, y } => k.from_f32(dt, v(x)?, (v(y)?, &y.s))?,
+            Step::ToF32 { x, y } => k.to_f32(dt, (v(x)?, &x.s), v(y)?)?,
+            Step::Pointwise { a, b, c, act, y } => {
+                let bv = match b {
+                    Some((t, op)) => Some((v(t)?, &t.s, *op)),
+                    None => None,
+                };
+                let cv = match c {
+                    Some(t) => Some((v(t)?, &t.s)),
+                    None => None,
+                };
+                k.pointwise(dt, (v(a)?, &a.s), bv, cv, *act, (v(y)?, &y.s))?;
+            }
+            Step::Pool { x, y, win } => k.pool(dt, (v(x)?, &x.s), (v(y)?, &y.s), win)?,
+            Step::GlobalAverage { x, y } => k.global_average(dt, (v(x)?, &x.s), (v(y)?, &y.s))?,
+            Step::LayerNorm {
+                x,
+                gamma,
+                beta,
+                y,
+                rows,
+                cols,
+                eps,
+            } => {
+                let bv = beta.as_ref().map(&v).transpose()?;
+                k.layer_norm(dt, v(x)?, v(gamma)?, bv, v(y)?, (*rows, *cols), *eps)?;
+            }
+            Step::Gemm {
+                a,
+                b,
+                y,
+                m,
+                n,
+                k: kk,
+            } => {
+                self.ctx
+                    .blas
+                    .gemm_views(self.program.dtype, v(a)?, v(b)?, v(y)?, (*m, *n, *kk))?;
+            }
+            Step::Conv(c) => {
+                let Some(run) = self.runs[i].as_deref() else {
+                    return Err(Error::Invalid(format!(
+                        "{name}: a convolution without a plan"
+                    )));
+                };
+                let ctx = self.ctx;
+                let (x, y, w) = (v(&c.x)?, v(&c.y)?, self.const_view(c.w)?);
+                let ws = self.workspace.view();
+                let z = c.z.as_ref().map(&v).transpose()?;
+                match (run, c.bias) {
+                    (ConvChoice::Fused(f), Some(b)) => {
+                        ctx.dnn
+                            .fused_forward(f, x, w, self.const_view(b)?, z, y, ws)?
+                    }
+                    (ConvChoice::Graph(g), b) => {
+                        let b = b.map(|b| self.const_view(b)).transpose()?;
+                        ctx.dnn.graph_forward(g, x, w, b, z, y, ws)?
+                    }
+                    (ConvChoice::Plain(p), _) => ctx.dnn.conv_forward(p, x, w, y, ws)?,
+                    (ConvChoice::Split(bare), Some(b)) => {
+                        ctx.dnn.bare_forward(bare, x, w, y, ws)?;
+                        let [n, kk, p, q] = c.y.s.dims;
+                        ctx.kernels.bias_relu(
+                            y,
+                            self.const_view(b)?,
+                            z,
+                            dt,
+                            self.program.layout,
+                            (n, kk, p * q),
+                        )?;
+                    }
+                    _ => {
+                        return Err(Error::Invalid(format!(
+                            "{name}: a plan that does not fit the step"
+                        )))
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What step `i` is, for the profiler: its kind, the node it comes from, its output's
+    /// shape, the library behind it and its work.
+    pub fn op_info(&self, i: usize) -> OpInfo {
+        let (name, step) = &self.program.steps[i];
+        let (reads, write) = step.operands();
+        let bytes: usize = reads
+            .iter()
+            .chain(Some(&write))
+            .map(|t| t.s.len() * self.elem_bytes(t))
+            .sum();
+        let d = write.s.dims;
+        let (flops, library) = match step {
+            Step::Conv(c) => (c.shape.flops(), "cuDNN"),
+            Step::Gemm { m, n, k, .. } => (2.0 * (*m * *n * *k) as f64, "cuBLAS"),
+            _ => (0.0, "NVRTC"),
+        };
+        OpInfo {
+            name: step.kind().to_string(),
+            layer: Some(name.clone()),
+            detail: format!(
+                "{}x{}x{}x{} {} {}",
+                d[0],
+                d[1],
+                d[2],
+                d[3],
+                self.program.dtype.storage().name(),
+                self.program.layout.name()
+            ),
+            library: library.to_string(),
+            flops,
+            bytes: bytes as f64,
+            dtype: self.program.dtype.name().to_string(),
+        }
+    }
+
+    /// Every step's [`OpInfo`], in order.
+    pub fn op_infos(&self) -> Vec<OpInfo> {
+        (0..self.program.steps.len())
+            .map(|i| self.op_info(i))
+            .collect()
+    }
+
+    /// Sets the inputs, runs one pass and returns the outputs.
+    pub fn run(&mut self, inputs: &[&[f32]]) -> Result<Vec<Vec<f32>>> {
+        self.set_inputs(inputs)?;
+        self.enqueue()?;
+        self.outputs()
+    }
+
+    /// The outputs of the last pass (waits for it): f32, row-major, in the graph's order.
+    pub fn outputs(&self) -> Result<Vec<Vec<f32>>> {
+        let p = self.program;
+        let mut out = Vec::new();
+        for (_, shape, slot) in &p.outputs {
+            let len: usize = shape.iter().product();
+            let at = p.plan.offsets[*slot];
+            let bytes = self
+                .ctx
+                .gpu
+                .download_from(self.arena.view().sub(at, (len * 4).max(1))?, len * 4)?;
+            out.push(gpukit_tensor::codec::decode_f32(&bytes, DType::F32));
+        }
+        Ok(out)
+    }
+
+    /// Records one pass as a CUDA graph.
+    pub fn capture(&mut self) -> Result<()> {
+        let graph = self.ctx.gpu.capture(|| self.enqueue())?;
+        self.graph = Some(graph);
+        Ok(())
+    }
+
+    /// Launches the captured graph (no synchronisation).
+    pub fn replay(&self) -> Result<()> {
+        let graph = self
+            .graph
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("no graph captured".into()))?;
+        Ok(graph.launch()?)
+    }
+
+    /// Bytes the session holds: weights, arena and workspace.
+    pub fn memory_bytes(&self) -> usize {
+        self.weights.len() + self.arena.len() + self.workspace.len()
+    }
+}

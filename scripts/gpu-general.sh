@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# On the lent GPU machine, over the binaries staged in .device/ (gpukit and the test binaries
+# gpu_program-* and infer_cli-* in .device/tests):
+#   PART=tests|a|b bash scripts/gpu-general.sh
+# tests: the general engine's GPU tests (every fixture, precision, layout, eager and graph)
+#   and the CLI's GPU tests;
+# a, b: torchvision's six classifiers exported (scripts/export_torchvision.py), each through
+#   `gpukit infer --onnx` on the general engine (ONNX Runtime's outputs the reference of every
+#   row) at batch 1 and 32, with PyTorch's eager and CUDA-graph figures for the same models
+#   (scripts/torchvision_peer.py) in the same call. a: resnet50 (general and hand-built),
+#   mobilenet_v3_large, efficientnet_b0; b: regnet_y_800mf, densenet121, convnext_tiny.
+# XDG_CACHE_HOME is .device/cache, so choices planned in one call serve the next (the first
+#   call's planning is cold).
+set -u
+OUT=${OUT:-$PWD/gpu-run-out}
+BIN=${GPUKIT_BIN:-$PWD/.device/gpukit}
+W=$(mktemp -d)
+mkdir -p "$OUT" .device/cache; SUMMARY=$OUT/summary.txt; : >>"$SUMMARY"
+say() { echo "$*" | tee -a "$SUMMARY"; }
+export PATH=/opt/torch/.venv/bin:$PATH
+ORT=$(python3 -c 'import onnxruntime, os, glob; print(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so*"))[0])' 2>/dev/null)
+export GPUKIT_ORT_LIB=$ORT XDG_CACHE_HOME=$PWD/.device/cache GPUKIT_BIN=$BIN GPUKIT_REQUIRE_GPU=1
+say "== gpu-general PART=${PART:-a} $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); onnxruntime: ${ORT:-not found}"
+g() {
+  local name=$1; shift
+  local t0; t0=$(date +%s%N)
+  env -u LD_LIBRARY_PATH timeout 280 "$BIN" "$@" --save-json "$OUT/$name.json" >"$OUT/$name.txt" 2>"$OUT/$name.err"
+  say "$name rc=$? wall $(( ($(date +%s%N) - t0) / 1000000 )) ms: gpukit $*"
+  python3 - "$OUT/$name.json" <<'PY' 2>/dev/null | tee -a "$SUMMARY"
+import json, sys
+d = json.load(open(sys.argv[1]))["result"]
+for r in d.get("rows") or []:
+    st = r.get("status", {})
+    fig = r.get("images_per_s")
+    agr = r.get("agreement") or {}
+    extra = f" max_rel {agr.get('max_rel'):.1e} top1 {agr.get('top1')}" if agr else ""
+    why = st.get("why", "")[:200]
+    print(f"  {r['strategy']:20} {r['device']:7} b{r['batch']:<4} {st.get('status'):8} {fig and round(fig, 1)} /s{extra} {why}")
+if d.get("gpu_engine"): print("  gpu:", d["gpu_engine"][:300])
+PY
+}
+case "${PART:-a}" in
+tests)
+  for t in .device/tests/gpu_program-* .device/tests/infer_cli-*; do
+    [ -x "$t" ] || continue
+    t0=$(date +%s)
+    filter=""; case "$t" in *infer_cli*) filter="gpu::";; esac
+    env -u LD_LIBRARY_PATH timeout 400 "$t" --test-threads 1 $filter >"$OUT/$(basename "$t").log" 2>&1
+    say "$(basename "$t") rc=$? $(( $(date +%s) - t0 )) s: $(grep -E '^test result' "$OUT/$(basename "$t").log")"
+    grep -E "FAILED|failed|panicked" "$OUT/$(basename "$t").log" | head -20 | cut -c1-600 | tee -a "$SUMMARY"
+  done
+  ;;
+a|b)
+  if [ "${PART:-a}" = a ]; then MODELS="resnet50 mobilenet_v3_large efficientnet_b0"; else MODELS="regnet_y_800mf densenet121 convnext_tiny"; fi
+  (cd scripts && python3 export_torchvision.py "$W" $MODELS) 2>"$OUT/export-$PART.err" | cut -c1-200 | tee -a "$SUMMARY"
+  for m in $MODELS; do
+    [ -f "$W/$m.onnx" ] || { say "$m: not exported"; continue; }
+    g "general-$m" infer --onnx "$W/$m.onnx" --general-engine --batch-sizes 1,32 --device all \
+      --strategies fp32,fp16-nhwc,fp16-nhwc-graph --iterations 3
+  done
+  if [ "${PART:-a}" = a ]; then
+    g "handbuilt-resnet50" infer --onnx "$W/resnet50.onnx" --batch-sizes 1,32 --device all \
+      --strategies fp16-nhwc-graph --iterations 3
+  fi
+  say "-- PyTorch 2.x, same models, fp16 channels_last, cudnn.benchmark:"
+  (cd scripts && env -u LD_LIBRARY_PATH python3 torchvision_peer.py 1,32 $MODELS) 2>"$OUT/peer-$PART.err" | tee -a "$SUMMARY"
+  ;;
+esac
+# what comes back is limited in count: the summary and the JSON reports
+find "$OUT" -name '*.err' -size 0 -delete
+rm -f "$OUT"/*.txt.keep "$OUT"/general-*.txt "$OUT"/handbuilt-*.txt
