@@ -3,7 +3,6 @@
 //! one timed, then checked on a poisoned output.
 
 use super::turns::{block_reps, peer_figure, TurnShape, Turns};
-use super::verify::{verify_square, HostPair};
 use super::{MatmulOptions, MatmulRow};
 use crate::error::{Error, Result};
 use crate::gpu::gpu_lacks;
@@ -11,6 +10,7 @@ use crate::gpu::GpuFacts;
 use crate::measure::{device_samples, interleave, tflops, Clock, Plan};
 use crate::random::fresh_seed;
 use crate::report::{RowStatus, Verification};
+use crate::workload::gemm::{verify_square, HostPair};
 use gpukit_cuda::blas::Blas;
 use gpukit_cuda::{DeviceBuffer, Gpu};
 use gpukit_tensor::kernels::Distribution;

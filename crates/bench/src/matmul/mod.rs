@@ -13,7 +13,6 @@ mod gpu;
 #[cfg(test)]
 mod tests;
 mod turns;
-mod verify;
 
 use crate::ceilings::Peaks;
 use crate::error::{Error, Result};
@@ -251,21 +250,8 @@ pub struct MatmulReport {
     pub rows: Vec<MatmulRow>,
 }
 
-/// Relative tolerance of a sampled check, by dtype (f32 or wider accumulation). The relative
-/// error does not depend on the input distribution: on an H100, f16 measured 2.0-2.1e-4 and bf16
-/// 1.6-1.8e-3 at 8192 with normal and with uniform inputs alike.
-pub fn tolerance(dtype: DType) -> f64 {
-    match dtype {
-        DType::F64 => 1e-12,
-        // true f32 stays far below; TF32 (about 3e-4) must not pass as f32
-        DType::F32 => 5e-5,
-        DType::Tf32 => 3e-3,
-        // f16 output rounding alone is about 3e-4
-        DType::F16 => 3e-3,
-        // bf16 output rounding alone is about 2e-3
-        DType::Bf16 => 1.5e-2,
-    }
-}
+/// The tolerance of a sampled check, by dtype (shared with every matrix product gpukit checks).
+pub use crate::workload::gemm::tolerance;
 
 /// The JSON document of `bench matmul`: the report with PyTorch's outcome (when compared), the
 /// notes on how the turns were taken, and the verdict (a failed row, or nothing measured, is
