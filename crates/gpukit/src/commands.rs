@@ -5,7 +5,7 @@
 use crate::cli::{
     AllArgs, BandwidthArgs, BenchCommand, CheckArgs, Cli, Command, CompareArgs, ConvArgs, HtmlArgs,
     InferArgs, LaunchArgs, LessonsArgs, MatmulArgs, MemoryArgs, NcclArgs, P2pArgs, ProfileCommand,
-    ProfileOptionArgs, TrainArgs,
+    ProfileOptionArgs, StressArgs, TrainArgs,
 };
 use crate::output::{emit, emit_charted, Output};
 use crate::render;
@@ -55,6 +55,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Profile(p) => profile(p, &out),
         Command::Lessons(a) => lessons(a, &out),
+        Command::Stress(a) => stress(a, &out),
         Command::All(a) => all(a, &out),
         Command::Compare(a) => compare(a, &out),
         Command::Html(a) => html(a),
@@ -315,6 +316,24 @@ fn bench_p2p(a: P2pArgs, out: &Output) -> Result<()> {
     let (report, peer) = run_p2p(&discovery, &opts, &mut progress())?;
     let sections = render::p2p_sections(&report);
     emit(&document(report, peer.as_ref()), out, Vec::new(), sections)
+}
+
+fn stress(a: StressArgs, out: &Output) -> Result<()> {
+    use gpukit_bench::stress::{document, parse_plant, run_stress, StressOptions, PLANT_FAULT_VAR};
+    let mut opts = StressOptions::new(a.level, a.duration)?;
+    opts.gpus = a.gpus;
+    opts.plant = parse_plant(std::env::var(PLANT_FAULT_VAR).ok().as_deref())?;
+    let discovery = prepare_process();
+    // one line per test as each GPU's thread starts it
+    let shown = std::sync::Mutex::new(progress());
+    let report = run_stress(&discovery, &opts, &|line: &str| {
+        if let Ok(mut p) = shown.lock() {
+            p(line)
+        }
+    })?;
+    drop(shown);
+    let sections = render::stress_sections(&report);
+    emit(&document(report), out, Vec::new(), sections)
 }
 
 fn launch(a: LaunchArgs) -> Result<()> {

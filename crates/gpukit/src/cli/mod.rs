@@ -7,9 +7,11 @@ use std::path::PathBuf;
 
 mod gpus;
 mod profile;
+mod stress;
 mod train;
 pub use gpus::{LaunchArgs, NcclArgs, P2pArgs};
 pub use profile::{ProfileCommand, ProfileInferArgs, ProfileOptionArgs, ProfileTrainArgs};
+pub use stress::StressArgs;
 pub use train::TrainArgs;
 
 /// The lessons asked for, one value to clap.
@@ -105,6 +107,12 @@ pub enum Command {
     /// on this GPU: each claim's bad and good versions, the regime of each, and a verdict
     /// (holds, holds weakly, does not hold) with the reason.
     Lessons(LessonsArgs),
+    /// A burn-in with a verdict per GPU, every GPU at once: sustained bf16 and tf32 matmul (each
+    /// result compared bit for bit with the first and checked against float64), a pattern test
+    /// over 90% of the free memory, pinned copies against the PCIe link, NVML watched throughout
+    /// (throttle reasons, clocks, temperature, power, ECC, remapped rows, XID). Exit 1 names
+    /// each failing GPU and why.
+    Stress(StressArgs),
     /// Run every command and write DIR/report.json, DIR/report.md and DIR/report.html.
     All(AllArgs),
     /// Print a shell completion script: `gpukit completions bash > ~/.local/share/bash-completion/completions/gpukit`.

@@ -22,6 +22,7 @@ mod nccl;
 pub mod parts;
 mod power;
 mod profile;
+mod stress;
 #[cfg(test)]
 mod tests;
 mod train;
@@ -40,6 +41,7 @@ pub use matmul::matmul_sections;
 pub use memory::memory_sections;
 pub use nccl::{nccl_sections, p2p_sections};
 pub use profile::profile_sections;
+pub use stress::stress_sections;
 pub use train::train_sections;
 pub use views::{all_done, all_html, all_markdown, check_head};
 
