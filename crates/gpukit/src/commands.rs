@@ -237,6 +237,9 @@ fn check(args: CheckArgs, out: &Output) -> Result<()> {
 
 fn bench_matmul(a: MatmulArgs, out: &Output) -> Result<()> {
     use gpukit_bench::matmul::{document, run_matmul, run_matmul_with_pytorch, MatmulOptions};
+    if a.search {
+        return bench_matmul_search(a, out);
+    }
     let discovery = prepare_process();
     check_named_gpu(&discovery, a.device)?;
     if !(a.cpu_seconds > 0.0 && a.cpu_seconds.is_finite()) {
@@ -269,6 +272,41 @@ fn bench_matmul(a: MatmulArgs, out: &Output) -> Result<()> {
     let charts = render::html::matmul_charts(&report);
     let doc = document(report, peer.as_ref()).with_notes(busy);
     emit_charted(&doc, out, Vec::new(), sections, charts)
+}
+
+fn bench_matmul_search(a: MatmulArgs, out: &Output) -> Result<()> {
+    use gpukit_bench::matmul::search::{run_search, search_document, SearchOptions};
+    let ordinal = match a.device {
+        DeviceSelection::All => 0,
+        DeviceSelection::One(Device::Cuda(n)) => n,
+        DeviceSelection::One(Device::Cpu) => {
+            return Err(Error::BadInput(
+                "--search measures a GPU: give --device cuda:N (or leave --device out)".into(),
+            )
+            .into())
+        }
+    };
+    let discovery = prepare_process();
+    check_named_gpu(&discovery, DeviceSelection::One(Device::Cuda(ordinal)))?;
+    let opts = SearchOptions {
+        ordinal,
+        dtypes: a
+            .dtype
+            .map(dedup)
+            .unwrap_or_else(|| SearchOptions::default().dtypes),
+        iterations: a.iterations,
+        lt_candidates: a.lt_candidates,
+        ..SearchOptions::default()
+    };
+    let busy = busy_notes(&discovery, DeviceSelection::One(Device::Cuda(ordinal)));
+    let report = run_search(&discovery, &opts, &mut progress())?;
+    let sections = render::matmul_search_sections(&report);
+    emit(
+        &search_document(report).with_notes(busy),
+        out,
+        Vec::new(),
+        sections,
+    )
 }
 
 fn bench_nccl(a: NcclArgs, out: &Output) -> Result<()> {

@@ -660,6 +660,18 @@ fn cases(dir: &Path) -> Vec<Case> {
         case(&["stress", "--gpus", "0,,1"], &["--gpus"]),
         case(&["stress", "--gpus=-1"], &["--gpus"]),
         case(&["stress", "--level", "1", "--level", "2"], &["--level"]),
+        case(
+            &["bench", "matmul", "--search", "--device", "cpu"],
+            &["--search measures a GPU", "cuda:N"],
+        ),
+        case(
+            &["bench", "matmul", "--search", "--sizes", "1024"],
+            &["--search", "--sizes"],
+        ),
+        case(
+            &["bench", "matmul", "--search", "--dtype", "fp8"],
+            &["--dtype"],
+        ),
     ]);
     // a value that is not UTF-8
     let mut c = case(&["bench", "matmul", "--dtype"], &["--dtype"]);

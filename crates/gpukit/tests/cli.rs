@@ -472,6 +472,7 @@ fn without_a_gpu_a_named_gpu_exits_1_naming_the_driver() -> Result<(), Failed> {
         &["bench", "nccl", "--max-bytes", "1M"][..],
         &["bench", "p2p"][..],
         &["stress", "--duration", "5"][..],
+        &["bench", "matmul", "--search"][..],
         &["train", "--gpus", "2", "--epochs", "1"][..],
         &[
             "infer",
@@ -540,6 +541,7 @@ fn with_a_gpu_a_device_past_the_last_exits_2() -> Result<(), Failed> {
         &["check", "--device", "cuda:9"][..],
         &["bench", "matmul", "--device", "cuda:9", "--sizes", "64"][..],
         &["stress", "--gpus", "9", "--duration", "5"][..],
+        &["bench", "matmul", "--search", "--device", "cuda:9"][..],
         &[
             "infer",
             "--device",

@@ -17,13 +17,13 @@ use gpukit_tensor::kernels::Distribution;
 use gpukit_tensor::{DType, Device};
 
 /// How a GPU row's product is computed.
-enum Backend {
+pub(super) enum Backend {
     Cublas,
     Lt(gpukit_cuda::blas::LtPlan),
 }
 
 impl Backend {
-    fn label(&self) -> String {
+    pub(super) fn label(&self) -> String {
         match self {
             Backend::Cublas => "cuBLAS GemmEx".into(),
             Backend::Lt(p) => format!("cuBLASLt (heuristic #{})", p.rank),

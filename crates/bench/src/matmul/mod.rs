@@ -10,6 +10,7 @@ mod part;
 pub use part::{MatmulPart, PART};
 mod cpu;
 mod gpu;
+pub mod search;
 #[cfg(test)]
 mod tests;
 mod turns;

@@ -579,6 +579,13 @@ pub struct MatmulArgs {
     /// split between them); gpukit opens the first half of the rounds and PyTorch the rest.
     #[arg(long, default_value = "6", value_parser = parse_turns, value_name = "N")]
     pub turns: usize,
+
+    /// Instead of square sizes: the highest rate over a grid of 26 shapes (M, N, K from 2048
+    /// to 16384, with mamf-finder's flat, deep ones such as 2048x2048x13312), per dtype
+    /// [--dtype default: bf16], every shape's result checked. The best is kept in gpukit's
+    /// cache folder for this GPU, driver and cuBLASLt; `stress` shows rates against it.
+    #[arg(long, conflicts_with_all = ["sizes", "matrix_size", "compare_pytorch"])]
+    pub search: bool,
 }
 
 #[derive(Debug, Args)]

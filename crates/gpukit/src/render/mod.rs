@@ -37,7 +37,7 @@ pub use infer::{infer_sections, input_run_section};
 pub use infer_onnx::onnx_run_sections;
 pub use lessons::lessons_sections;
 pub use man::man_page;
-pub use matmul::matmul_sections;
+pub use matmul::{matmul_search_sections, matmul_sections};
 pub use memory::memory_sections;
 pub use nccl::{nccl_sections, p2p_sections};
 pub use profile::profile_sections;
