@@ -10,7 +10,9 @@
 #   4. `bench matmul --search --dtype bf16`: the best shape and rate (the H100 target: 780 TFLOP/s
 #      or more), kept in the cache folder;
 #   5. `stress --level 2 --duration 90`: whether sw_power_cap was seen, and the rates against the
-#      searched ceiling just kept.
+#      searched ceiling just kept;
+#   6. with two GPUs or more, `stress --duration 20`: the peer copies and the NCCL all-reduce
+#      (with one, that the output says they did not run).
 # Writes summary.txt and every output under $OUT; prints the summary as it goes. LD_LIBRARY_PATH
 # is removed for every gpukit process: gpukit must find CUDA by itself.
 set -u
@@ -126,6 +128,27 @@ for g in json.load(open(sys.argv[1]))["result"]["gpus"]:
     cap = seen.get("sw_power_cap")
     print(f"  cuda:{g['ordinal']}: sw_power_cap {'seen in %.0f%% of readings' % (100 * cap) if cap else 'not seen'}")
 PY
-cp "$OUT/stress-level1.txt" "$OUT/stress-level1-table.txt" 2>/dev/null
+# 6. with two GPUs or more: the tests between them (peer copies, the NCCL all-reduce)
+NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
+if [ "$NGPU" -ge 2 ]; then
+  t0=$(date +%s%N)
+  g timeout 300 "$BIN" stress --duration 20 --save-json "$OUT/stress-multi.json" >"$OUT/stress-multi.txt" 2>"$OUT/stress-multi.err"
+  rc=$?
+  say "stress --duration 20 on $NGPU GPUs rc=$rc wall $(ms_since "$t0") ms"
+  [ $rc = 0 ] && check ok "$NGPU GPUs pass, between them too" || check fail "$NGPU GPUs: $(tail -1 "$OUT/stress-multi.err")"
+  python3 - "$OUT/stress-multi.json" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import json, sys
+r = json.load(open(sys.argv[1]))["result"]
+m = r.get("multi_gpu") or {}
+for c in m.get("peer_copies", []):
+    print(f"  copy cuda:{c['from']} -> cuda:{c['to']} {c['link']}: {c['gbs'] and round(c['gbs'], 1)} GB/s ({c['pct_of_link'] and round(c['pct_of_link'])}%), verified {c['verified']}, peer access {c['peer_access']}, error {c['error']}")
+a = m.get("all_reduce")
+if a: print(f"  all-reduce {a['gpus']}: wrong {a['wrong']} over {a['rounds']} rounds, busbw {a['busbw_gbs'] and round(a['busbw_gbs'], 1)} GB/s, error {a['error']}")
+print(f"  not run: {r.get('multi_gpu_not_run')}")
+PY
+else
+  say "one GPU: the tests between GPUs are not exercised here (the output says they did not run)"
+  grep -q "not run (not passed): one GPU tested" "$OUT/stress-level1.txt" && check ok "one GPU: says the tests between GPUs did not run" || check fail "one GPU: the not-run line"
+fi
 say "== gpu-stress done: $FAILS check(s) failed"
 rm -rf "$W"

@@ -4,8 +4,8 @@
 
 use super::kernels::{Pattern, StressKernels};
 use super::{
-    Budget, CopyStress, FaultTest, GpuStress, MatmulStress, MemoryStress, PatternPass,
-    StressOptions,
+    bytes_differing, Budget, CopyStress, FaultTest, GpuStress, MatmulStress, MemoryStress,
+    PatternPass, StressOptions,
 };
 use crate::ceilings::PeakSource;
 use crate::error::{Error, Result};
@@ -375,6 +375,7 @@ fn copies(gpu: &Gpu, seconds: f64, link_gbs: Option<f64>) -> Vec<CopyStress> {
         gbs: None,
         pct_of_link: None,
         verified: false,
+        bytes_wrong: 0,
         error: None,
     };
     let mut h2d = row("host->device");
@@ -409,7 +410,8 @@ fn run_copies(
         copy_pinned_to(stream, &pinned_src, bytes, dev.view())
     })?;
     finish_copy(h2d, &rates, link_gbs);
-    h2d.verified = gpu.download(&dev)? == src;
+    h2d.bytes_wrong = bytes_differing(&src, &gpu.download(&dev)?);
+    h2d.verified = h2d.bytes_wrong == 0;
     // device->host into a poisoned destination
     pinned_dst.as_mut_slice().fill(0);
     let rates = timed_copies(gpu, each_s, bytes, &mut || {
@@ -417,7 +419,8 @@ fn run_copies(
     })?;
     finish_copy(d2h, &rates, link_gbs);
     stream.synchronize()?;
-    d2h.verified = pinned_dst.as_slice() == src.as_slice();
+    d2h.bytes_wrong = bytes_differing(&src, pinned_dst.as_slice());
+    d2h.verified = d2h.bytes_wrong == 0;
     Ok(())
 }
 

@@ -5,11 +5,16 @@
 //! throttle reasons, temperature, power, ECC counts, remapped rows, XID events). Each GPU passes
 //! or fails with every reason (`verdict`).
 //!
+//! With several GPUs, once their own tests are done: a peer copy between every pair and an NCCL
+//! all-reduce over all of them, each result checked.
+//!
 //! The parts: this file (options, levels, the report and the run), `gpu` (one GPU's tests),
-//! `kernels` (the CUDA C), `watch` (the NVML thread) and `verdict` (the judgement, no GPU).
+//! `multi` (the tests between GPUs), `kernels` (the CUDA C), `watch` (the NVML thread) and
+//! `verdict` (the judgement, no GPU).
 
 mod gpu;
 pub mod kernels;
+pub mod multi;
 #[cfg(test)]
 mod tests;
 pub mod verdict;
@@ -22,6 +27,7 @@ use crate::workload::gemm::DtypeBest;
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::nvml::HealthCounters;
 use gpukit_tensor::DType;
+pub use multi::{AllReduceCheck, MultiGpu, PeerCopy};
 use serde::{Deserialize, Serialize};
 pub use verdict::{FailReason, Rules, Verdict};
 pub use watch::{ThrottleSeen, Watched};
@@ -219,7 +225,16 @@ pub struct CopyStress {
     pub pct_of_link: Option<f64>,
     /// The last copy arrived byte for byte.
     pub verified: bool,
+    /// Bytes of the last copy that differed from the source.
+    #[serde(default)]
+    pub bytes_wrong: u64,
     pub error: Option<String>,
+}
+
+/// How many bytes of `got` differ from `want` (a length difference counts too).
+pub(crate) fn bytes_differing(want: &[u8], got: &[u8]) -> u64 {
+    let differ = want.iter().zip(got).filter(|(a, b)| a != b).count();
+    (differ + want.len().abs_diff(got.len())) as u64
 }
 
 /// Everything one GPU did and what became of it.
@@ -285,8 +300,9 @@ pub struct StressReport {
     pub elapsed_s: f64,
     pub rules: Rules,
     pub gpus: Vec<GpuStress>,
-    /// The tests between GPUs (peer copies, an NCCL all-reduce): not run by this version, and
-    /// why; never counted as passed.
+    /// The tests between GPUs (peer copies, an NCCL all-reduce), with two GPUs or more.
+    pub multi_gpu: Option<MultiGpu>,
+    /// Why they did not run, when they did not; never counted as passed.
     pub multi_gpu_not_run: Option<String>,
     /// Set only when a fault was planted for a test.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -372,6 +388,18 @@ pub fn run_stress(
             })
             .collect()
     });
+    let (multi_gpu, multi_gpu_not_run) = if ordinals.len() < 2 {
+        (
+            None,
+            Some("one GPU tested: there is no pair for peer copies or an all-reduce".to_string()),
+        )
+    } else {
+        let uuids: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
+        match multi::run_multi(discovery, &ordinals, &uuids, progress) {
+            Ok(m) => (Some(m), None),
+            Err(e) => (None, Some(e)),
+        }
+    };
     let watched = watcher.stop();
     for g in &mut gpus {
         if let Some(w) = watched.get(&g.uuid) {
@@ -384,18 +412,15 @@ pub fn run_stress(
             );
         }
     }
-    verdict::judge(&mut gpus, &opts.rules);
+    verdict::judge(&mut gpus, multi_gpu.as_ref(), &opts.rules);
     Ok(StressReport {
         level: opts.level,
         duration_s: opts.duration_s,
         budget,
         elapsed_s: started.elapsed().as_secs_f64(),
         rules: opts.rules,
-        multi_gpu_not_run: (ordinals.len() > 1).then(|| {
-            "peer copies and an NCCL all-reduce between the GPUs are not part of stress yet: \
-             run `gpukit bench p2p` and `gpukit bench nccl`"
-                .to_string()
-        }),
+        multi_gpu,
+        multi_gpu_not_run,
         gpus,
         planted: opts.plant,
         fp8_not_run: "fp8 (E4M3) matmul is not run: gpukit's cuBLASLt wrapper has no fp8 \

@@ -62,6 +62,7 @@ fn h100(ordinal: usize, bf16_tflops: f64) -> GpuStress {
         gbs: Some(52.0),
         pct_of_link: Some(82.0),
         verified: true,
+        bytes_wrong: 0,
         error: None,
     }];
     let health = HealthCounters {
@@ -81,7 +82,7 @@ fn reasons(g: &GpuStress) -> Vec<FailReason> {
 }
 
 fn judged(mut gpus: Vec<GpuStress>) -> Vec<GpuStress> {
-    judge(&mut gpus, &Rules::default());
+    judge(&mut gpus, None, &Rules::default());
     gpus
 }
 
@@ -139,6 +140,7 @@ fn memory_words_off_their_pattern_fail_with_the_count() {
 fn a_copy_that_did_not_arrive_intact_fails_and_an_error_is_never_a_pass() {
     let mut g = h100(0, 700.0);
     g.copies[0].verified = false;
+    g.copies[0].bytes_wrong = 2;
     let mut h = h100(1, 700.0);
     h.matmul[1].error = Some("CUBLAS_STATUS_EXECUTION_FAILED".into());
     let gpus = judged(vec![g, h]);
@@ -288,6 +290,7 @@ fn the_document_names_each_failing_gpu() {
         elapsed_s: 31.0,
         rules: Rules::default(),
         gpus,
+        multi_gpu: None,
         multi_gpu_not_run: None,
         planted: Some(PlantedFault {
             test: FaultTest::Matmul,
@@ -359,4 +362,78 @@ fn the_planted_fault_variable_is_read_strictly() {
             "{bad}"
         );
     }
+}
+
+#[test]
+fn a_wrong_peer_copy_fails_both_gpus_and_a_wrong_all_reduce_the_gpu_it_was_wrong_on() {
+    let copy = |from: usize, to: usize, verified: bool| PeerCopy {
+        from,
+        to,
+        link: Some("NV18 (NVLink 4)".into()),
+        peer_access: true,
+        bytes: 64 << 20,
+        gbs: verified.then_some(370.0),
+        pct_of_link: verified.then_some(82.0),
+        verified,
+        bytes_wrong: if verified { 0 } else { 3 },
+        error: None,
+    };
+    let multi = MultiGpu {
+        peer_copies: vec![
+            copy(0, 1, false),
+            copy(1, 0, true),
+            copy(0, 2, true),
+            copy(2, 0, true),
+            copy(1, 2, true),
+            copy(2, 1, true),
+        ],
+        all_reduce: Some(AllReduceCheck {
+            gpus: vec![0, 1, 2],
+            dtype: DType::F32,
+            count: 1 << 20,
+            rounds: 5,
+            wrong: vec![0, 0, 7],
+            busbw_gbs: Some(360.0),
+            error: None,
+        }),
+    };
+    let mut gpus = vec![h100(0, 700.0), h100(1, 700.0), h100(2, 700.0)];
+    judge(&mut gpus, Some(&multi), &Rules::default());
+    for g in &gpus[..2] {
+        assert!(
+            matches!(&reasons(g)[..], [FailReason::WrongResult { test, .. }] if test == "peer copy cuda:0 -> cuda:1"),
+            "{:?}",
+            g.verdict
+        );
+    }
+    match &reasons(&gpus[2])[..] {
+        [FailReason::WrongResult {
+            test,
+            wrong,
+            checked,
+            ..
+        }] => assert_eq!(
+            (test.as_str(), *wrong, *checked),
+            ("NCCL all-reduce", 7, 5 << 20)
+        ),
+        other => panic!("{other:?}"),
+    }
+    // an all-reduce that could not run is never a pass for the GPUs in it
+    let failed = MultiGpu {
+        peer_copies: Vec::new(),
+        all_reduce: Some(AllReduceCheck {
+            error: Some("NCCL: unhandled system error".into()),
+            ..multi.all_reduce.clone().unwrap()
+        }),
+    };
+    let mut gpus = vec![h100(0, 700.0), h100(1, 700.0)];
+    judge(&mut gpus, Some(&failed), &Rules::default());
+    assert!(gpus.iter().all(|g| !g.verdict.passed()));
+}
+
+#[test]
+fn differing_bytes_are_counted_with_a_short_copy_as_wrong() {
+    assert_eq!(bytes_differing(b"abcd", b"abcd"), 0);
+    assert_eq!(bytes_differing(b"abcd", b"abXY"), 2);
+    assert_eq!(bytes_differing(b"abcd", b"ab"), 2);
 }

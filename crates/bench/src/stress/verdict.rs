@@ -9,7 +9,7 @@
 //! seen). The power cap (sw_power_cap) is reported, never a failure: holding it is the point of
 //! a long run.
 
-use super::GpuStress;
+use super::{GpuStress, MultiGpu};
 use crate::ceilings::PeakSource;
 use gpukit_tensor::DType;
 use serde::{Deserialize, Serialize};
@@ -180,17 +180,76 @@ const THERMAL: [&str; 2] = ["sw_thermal", "hw_thermal"];
 /// board or the system's power supply as well as the GPU.
 const HARDWARE: [&str; 2] = ["hw_slowdown", "hw_power_brake"];
 
-/// Judges every GPU, in place: the rate rules compare GPUs of the same model.
-pub fn judge(gpus: &mut [GpuStress], rules: &Rules) {
-    let verdicts: Vec<Verdict> = gpus.iter().map(|g| judge_one(g, gpus, rules)).collect();
+/// Judges every GPU, in place: the rate rules compare GPUs of the same model; a test between
+/// GPUs that went wrong counts against every GPU it involved.
+pub fn judge(gpus: &mut [GpuStress], multi: Option<&MultiGpu>, rules: &Rules) {
+    let verdicts: Vec<Verdict> = gpus
+        .iter()
+        .map(|g| judge_one(g, gpus, multi, rules))
+        .collect();
     for (g, v) in gpus.iter_mut().zip(verdicts) {
         g.verdict = v;
     }
 }
 
-fn judge_one(g: &GpuStress, all: &[GpuStress], rules: &Rules) -> Verdict {
+/// What the tests between GPUs say of GPU `ordinal`.
+fn between_gpus(
+    ordinal: usize,
+    m: &MultiGpu,
+    reasons: &mut Vec<FailReason>,
+    warnings: &mut Vec<String>,
+) {
+    for c in m
+        .peer_copies
+        .iter()
+        .filter(|c| c.from == ordinal || c.to == ordinal)
+    {
+        let test = format!("peer copy cuda:{} -> cuda:{}", c.from, c.to);
+        if let Some(e) = &c.error {
+            reasons.push(FailReason::TestError {
+                test,
+                error: e.clone(),
+            });
+        } else if !c.verified {
+            reasons.push(FailReason::WrongResult {
+                test,
+                wrong: c.bytes_wrong.max(1),
+                checked: c.bytes,
+                unit: "bytes".into(),
+            });
+        } else if !c.peer_access && c.from == ordinal {
+            warnings.push(format!(
+                "no peer access cuda:{} -> cuda:{}: the copy went through the host",
+                c.from, c.to
+            ));
+        }
+    }
+    let Some(r) = &m.all_reduce else { return };
+    let Some(i) = r.gpus.iter().position(|&g| g == ordinal) else {
+        return;
+    };
+    if let Some(e) = &r.error {
+        reasons.push(FailReason::TestError {
+            test: "NCCL all-reduce".into(),
+            error: e.clone(),
+        });
+    }
+    if let Some(&wrong) = r.wrong.get(i).filter(|w| **w > 0) {
+        reasons.push(FailReason::WrongResult {
+            test: "NCCL all-reduce".into(),
+            wrong,
+            checked: r.count * r.rounds,
+            unit: "elements".into(),
+        });
+    }
+}
+
+fn judge_one(g: &GpuStress, all: &[GpuStress], multi: Option<&MultiGpu>, rules: &Rules) -> Verdict {
     let mut reasons = Vec::new();
     let mut warnings = Vec::new();
+    if let Some(m) = multi {
+        between_gpus(g.ordinal, m, &mut reasons, &mut warnings);
+    }
     for e in &g.errors {
         reasons.push(FailReason::TestError {
             test: "the GPU".into(),
@@ -260,9 +319,9 @@ fn judge_one(g: &GpuStress, all: &[GpuStress], rules: &Rules) -> Verdict {
         } else if !c.verified {
             reasons.push(FailReason::WrongResult {
                 test,
-                wrong: 1,
-                checked: 1,
-                unit: "copies checked".into(),
+                wrong: c.bytes_wrong.max(1),
+                checked: c.bytes,
+                unit: "bytes".into(),
             });
         }
     }

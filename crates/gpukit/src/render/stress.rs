@@ -16,6 +16,7 @@ pub fn stress_sections(r: &StressReport) -> Vec<Section> {
         copies(r),
         watched(r),
         health(r),
+        between(r),
         not_run(r),
     ]
 }
@@ -124,7 +125,7 @@ fn matmul(r: &StressReport) -> Section {
             ]);
         }
     }
-    let mut notes = vec![
+    let notes = vec![
         "TFLOP/s: the median of half-second blocks of back-to-back products (slowest-fastest \
          block), CUDA events around each product; shown only when every check passed."
             .to_string(),
@@ -137,7 +138,6 @@ fn matmul(r: &StressReport) -> Section {
          (blank: no search kept)."
             .to_string(),
     ];
-    notes.push(format!("{}.", r.fp8_not_run));
     Section {
         title: "Sustained matrix multiply (random normal inputs)".into(),
         header: Some(
@@ -222,7 +222,7 @@ fn copies(r: &StressReport) -> Section {
             let checked = match (&c.error, c.verified) {
                 (Some(e), _) => format!("error: {e}"),
                 (None, true) => "byte-exact".into(),
-                (None, false) => "MISMATCH".into(),
+                (None, false) => format!("{} bytes DIFFER", c.bytes_wrong),
             };
             rows.push(vec![
                 gpu_cell(g),
@@ -416,11 +416,99 @@ fn health(r: &StressReport) -> Section {
     }
 }
 
+fn between(r: &StressReport) -> Section {
+    let Some(m) = &r.multi_gpu else {
+        return Section {
+            title: "Between GPUs".into(),
+            header: None,
+            rows: Vec::new(),
+            notes: vec![format!(
+                "not run (not passed): {}",
+                r.multi_gpu_not_run.as_deref().unwrap_or("no reason given")
+            )],
+        };
+    };
+    let mut rows: Vec<Vec<String>> = m
+        .peer_copies
+        .iter()
+        .map(|c| {
+            let checked = match (&c.error, c.verified) {
+                (Some(e), _) => format!("error: {e}"),
+                (None, true) => "byte-exact".into(),
+                (None, false) => format!("{} bytes DIFFER", c.bytes_wrong),
+            };
+            vec![
+                format!("copy cuda:{} -> cuda:{}", c.from, c.to),
+                format!(
+                    "{}{}",
+                    c.link.clone().unwrap_or_else(|| "link not readable".into()),
+                    if c.peer_access {
+                        ""
+                    } else {
+                        ", no peer access"
+                    }
+                ),
+                c.gbs
+                    .map(|g| format!("{} GB/s", f1(Some(g))))
+                    .unwrap_or_default(),
+                pct(c.pct_of_link),
+                checked,
+            ]
+        })
+        .collect();
+    if let Some(a) = &m.all_reduce {
+        let wrong: u64 = a.wrong.iter().sum();
+        let checked = match (&a.error, wrong) {
+            (Some(e), _) => format!("error: {e}"),
+            (None, 0) => format!("{} rounds exact", a.rounds),
+            (None, _) => format!(
+                "WRONG: {}",
+                a.gpus
+                    .iter()
+                    .zip(&a.wrong)
+                    .filter(|(_, w)| **w > 0)
+                    .map(|(g, w)| format!("cuda:{g} {w}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        rows.push(vec![
+            format!(
+                "NCCL all-reduce over {}",
+                a.gpus
+                    .iter()
+                    .map(|g| format!("cuda:{g}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            format!("{} x {} {}", a.gpus.len(), a.count, a.dtype),
+            a.busbw_gbs
+                .map(|g| format!("{} GB/s bus", f1(Some(g))))
+                .unwrap_or_default(),
+            String::new(),
+            checked,
+        ]);
+    }
+    Section {
+        title: "Between GPUs".into(),
+        header: Some(
+            ["test", "link / elements", "rate", "% of NVLink", "check"]
+                .map(String::from)
+                .to_vec(),
+        ),
+        rows,
+        notes: vec![
+            "copies: 64 MiB one way on the source's stream (median of 10), the last compared byte \
+             for byte; % of NVLink: of the direct links' datasheet rate one way. all-reduce: a \
+             sum of each GPU's small integers (exact in f32), every element of every GPU's \
+             result counted against the exact sum, 5 rounds; bus GB/s as nccl-tests counts it."
+                .into(),
+        ],
+    }
+}
+
 fn not_run(r: &StressReport) -> Section {
     let mut notes = Vec::new();
-    if let Some(why) = &r.multi_gpu_not_run {
-        notes.push(format!("not run (not passed): {why}."));
-    }
     if r.gpus.len() == 1 {
         notes.push(
             "one GPU: the rule against the best GPU of the same model had none to compare with."
@@ -434,6 +522,7 @@ fn not_run(r: &StressReport) -> Section {
             p.gpu
         ));
     }
+    notes.push(format!("{}.", r.fp8_not_run));
     Section {
         title: "Not covered".into(),
         header: None,

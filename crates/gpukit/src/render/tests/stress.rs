@@ -8,8 +8,8 @@ use gpukit_bench::report::Verification;
 use gpukit_bench::stress::kernels::Pattern;
 use gpukit_bench::stress::verdict::{judge, Rules};
 use gpukit_bench::stress::{
-    Budget, CopyStress, GpuStress, MatmulStress, MemoryStress, PatternPass, StressReport,
-    ThrottleSeen, Watched,
+    AllReduceCheck, Budget, CopyStress, GpuStress, MatmulStress, MemoryStress, MultiGpu,
+    PatternPass, PeerCopy, StressReport, ThrottleSeen, Watched,
 };
 use gpukit_bench::workload::gemm::DtypeBest;
 use gpukit_cuda::nvml::HealthCounters;
@@ -99,6 +99,7 @@ fn gpu(ordinal: usize, bf16: f64) -> GpuStress {
                 gbs: Some(53.2),
                 pct_of_link: Some(84.4),
                 verified: true,
+                bytes_wrong: 0,
                 error: None,
             },
             CopyStress {
@@ -108,6 +109,7 @@ fn gpu(ordinal: usize, bf16: f64) -> GpuStress {
                 gbs: Some(54.9),
                 pct_of_link: Some(87.1),
                 verified: true,
+                bytes_wrong: 0,
                 error: None,
             },
         ],
@@ -134,6 +136,21 @@ fn gpu(ordinal: usize, bf16: f64) -> GpuStress {
     }
 }
 
+fn peer(from: usize, to: usize, verified: bool) -> PeerCopy {
+    PeerCopy {
+        from,
+        to,
+        link: Some("NV18 (NVLink 4)".into()),
+        peer_access: true,
+        bytes: 64 << 20,
+        gbs: verified.then_some(371.2),
+        pct_of_link: verified.then_some(82.5),
+        verified,
+        bytes_wrong: 0,
+        error: None,
+    }
+}
+
 fn report() -> StressReport {
     let mut bad = gpu(1, 702.0);
     bad.matmul[0].repeat_words_differing = 1;
@@ -150,8 +167,20 @@ fn report() -> StressReport {
         h.ecc_volatile_corrected = Some(2);
     }
     bad.health_before = None;
+    let multi = MultiGpu {
+        peer_copies: vec![peer(0, 1, true), peer(1, 0, true)],
+        all_reduce: Some(AllReduceCheck {
+            gpus: vec![0, 1],
+            dtype: DType::F32,
+            count: 64 << 20,
+            rounds: 5,
+            wrong: vec![0, 0],
+            busbw_gbs: Some(361.5),
+            error: None,
+        }),
+    };
     let mut gpus = vec![gpu(0, 705.3), bad];
-    judge(&mut gpus, &Rules::default());
+    judge(&mut gpus, Some(&multi), &Rules::default());
     StressReport {
         level: 1,
         duration_s: 30.0,
@@ -159,11 +188,8 @@ fn report() -> StressReport {
         elapsed_s: 34.2,
         rules: Rules::default(),
         gpus,
-        multi_gpu_not_run: Some(
-            "peer copies and an NCCL all-reduce between the GPUs are not part of stress yet: \
-             run `gpukit bench p2p` and `gpukit bench nccl`"
-                .into(),
-        ),
+        multi_gpu: Some(multi),
+        multi_gpu_not_run: None,
         planted: None,
         fp8_not_run: "fp8 (E4M3) matmul is not run: gpukit's cuBLASLt wrapper has no fp8 types \
                       yet"
@@ -183,4 +209,19 @@ fn stress_says_not_readable_never_zero() {
     // cuda:1's counters before the run could not be read: no change is claimed
     assert!(text.contains("not readable"));
     assert!(text.contains("PASS") && text.contains("FAIL"));
+}
+
+#[test]
+fn stress_on_one_gpu_says_what_it_did_not_run() {
+    let mut r = report();
+    r.gpus.truncate(1);
+    r.multi_gpu = None;
+    r.multi_gpu_not_run =
+        Some("one GPU tested: there is no pair for peer copies or an all-reduce".into());
+    let text = super::terminal(&stress_sections(&r));
+    assert!(
+        text.contains("not run (not passed): one GPU tested"),
+        "{text}"
+    );
+    assert!(text.contains("had none to compare with"));
 }
