@@ -249,6 +249,10 @@ pub struct MatmulReport {
     #[serde(default)]
     pub soak_ms: f64,
     pub rows: Vec<MatmulRow>,
+    /// The best rates `bench matmul --search` kept for this GPU under this driver and cuBLASLt:
+    /// the achievable ceiling beside the datasheet's (empty: no search kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub achievable: Vec<crate::workload::gemm::DtypeBest>,
 }
 
 /// The tolerance of a sampled check, by dtype (shared with every matrix product gpukit checks).
@@ -348,6 +352,7 @@ fn run_matmul_turns(
         turn_ms: opts.block_ms,
         soak_ms: opts.soak_ms,
         rows: Vec::new(),
+        achievable: Vec::new(),
     };
     let ordinal = match opts.selection {
         DeviceSelection::All => Some(0),
@@ -360,6 +365,7 @@ fn run_matmul_turns(
             describe_gpu(discovery, ordinal),
         ) {
             (Ok(gpu), Ok(facts)) => {
+                report.achievable = kept_ceiling(discovery, &facts);
                 turns.meter = PowerMeter::start(discovery, &facts.uuid);
                 if let (Some(m), Some(s)) = (&turns.meter, &turns.server) {
                     m.own_process(s.pid());
@@ -390,6 +396,18 @@ fn run_matmul_turns(
     }
     finish_rows(&mut report.rows, report.gpu.as_ref().map(|g| &g.peaks));
     report
+}
+
+/// The search kept for this GPU, driver and cuBLASLt, if any.
+fn kept_ceiling(discovery: &Discovery, facts: &GpuFacts) -> Vec<crate::workload::gemm::DtypeBest> {
+    use crate::workload::gemm::{cache_dir, load_achievable, AchievableKey, Lookup};
+    let found = cache_dir()
+        .zip(AchievableKey::current(discovery, &facts.name, &facts.uuid))
+        .map(|(dir, key)| load_achievable(&dir, &key));
+    match found {
+        Some(Lookup::Found(a)) => a.best,
+        _ => Vec::new(),
+    }
 }
 
 /// Fills the derived columns: % of peak, % of best measured, speedup over the CPU.

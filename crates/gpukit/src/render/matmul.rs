@@ -83,6 +83,23 @@ pub fn matmul_sections(r: &gpukit_bench::matmul::MatmulReport) -> Vec<Section> {
             }
         ));
     }
+    if !r.achievable.is_empty() {
+        notes.push(format!(
+            "achievable ceiling (bench matmul --search on this GPU, driver and cuBLASLt): {}",
+            r.achievable
+                .iter()
+                .map(|b| format!(
+                    "{} {} TFLOP/s at {}x{}x{}",
+                    b.dtype,
+                    f1(Some(b.tflops)),
+                    b.m,
+                    b.n,
+                    b.k
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     if let Some(why) = &r.gpu_unavailable {
         notes.push(format!("GPU rows skipped: {why}"));
     }

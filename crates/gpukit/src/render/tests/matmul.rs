@@ -99,6 +99,7 @@ fn report() -> MatmulReport {
         rounds: 0,
         turn_ms: 0.0,
         soak_ms: 0.0,
+        achievable: Vec::new(),
         rows: vec![
             cpu_f32,
             cpu_tf32,
@@ -158,6 +159,24 @@ fn matmul_gpu_rows_with_power_beside_pytorchs() {
         }
     }
     assert_drawn("matmul_power", &matmul_sections(&r));
+}
+
+#[test]
+fn matmul_names_the_searched_ceiling_when_one_was_kept() {
+    let mut r = report();
+    r.achievable = vec![gpukit_bench::workload::gemm::DtypeBest {
+        dtype: DType::Bf16,
+        m: 2048,
+        n: 2048,
+        k: 13312,
+        tflops: 785.3,
+    }];
+    let notes = &matmul_sections(&r)[0].notes;
+    assert!(
+        notes.iter().any(|n| n
+            == "achievable ceiling (bench matmul --search on this GPU, driver and cuBLASLt): bf16 785 TFLOP/s at 2048x2048x13312"),
+        "{notes:#?}"
+    );
 }
 
 #[test]
