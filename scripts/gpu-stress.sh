@@ -2,8 +2,9 @@
 # On the lent GPU machine, over the binaries staged in .device/ (../shared/tools/stage-for-device.sh):
 #   bash scripts/gpu-stress.sh
 # `gpukit stress` and `bench matmul --search` on the GPU(s), about 5-6 minutes on one H100:
-#   1. the stress GPU tests of the CLI test binary (GPUKIT_REQUIRE_GPU=1): a short run that must
-#      check every result, and the planted fault that must fail GPU 0;
+#   1. the stress GPU tests (GPUKIT_REQUIRE_GPU=1): the kernels against the host's patterns
+#      (gpu_ops), then a short run that must check every result and the planted fault that must
+#      fail GPU 0 (cli);
 #   2. `stress --level 1`, timed: must exit 0 within 60 s;
 #   3. the planted faults (GPUKIT_STRESS_PLANT_FAULT, for tests only), matmul then memory: each
 #      must exit 1 naming cuda:0;
@@ -30,15 +31,16 @@ check() { if [ "$1" = ok ]; then say "  OK   $2"; else say "  FAIL $2"; FAILS=$(
 
 say "== gpu-stress $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=index,name,driver_version,power.limit --format=csv,noheader | tr '\n' ';')"
 
-# 1. the GPU tests
-for t in "$TESTS"/cli-*; do
+# 1. the GPU tests: the kernels (gpu_ops), then the command (cli)
+for t in "$TESTS"/gpu_ops-* "$TESTS"/cli-*; do
   [ -x "$t" ] || continue
+  name=$(basename "$t"); name=${name%%-*}
   t0=$(date +%s%N)
-  g env GPUKIT_REQUIRE_GPU=1 GPUKIT_BIN="$BIN" timeout 240 "$t" gpu::stress >"$OUT/tests-stress.txt" 2>&1
+  g env GPUKIT_REQUIRE_GPU=1 GPUKIT_BIN="$BIN" timeout 240 "$t" gpu::stress >"$OUT/tests-stress-$name.txt" 2>&1
   rc=$?
   say "stress GPU tests rc=$rc wall $(ms_since "$t0") ms ($(basename "$t") gpu::stress)"
-  grep -E "^test |test result" "$OUT/tests-stress.txt" | tee -a "$SUMMARY" >/dev/null
-  [ $rc = 0 ] && check ok "GPU tests" || check fail "GPU tests (see tests-stress.txt)"
+  grep -E "^test |test result" "$OUT/tests-stress-$name.txt" | tee -a "$SUMMARY"
+  [ $rc = 0 ] && check ok "$name GPU tests" || check fail "$name GPU tests (see tests-stress-$name.txt)"
 done
 
 # 2. level 1, timed
