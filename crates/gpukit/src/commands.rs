@@ -362,6 +362,18 @@ fn stress(a: StressArgs, out: &Output) -> Result<()> {
     opts.gpus = a.gpus;
     opts.plant = parse_plant(std::env::var(PLANT_FAULT_VAR).ok().as_deref())?;
     let discovery = prepare_process();
+    // a GPU that is not idle may fail the rate rules for what else runs on it: say so
+    let busy: Vec<String> = match gpukit_cuda::driver::probe(&discovery) {
+        Ok(d) => opts
+            .gpus
+            .clone()
+            .unwrap_or_else(|| (0..d.device_count).collect())
+            .into_iter()
+            .filter(|&o| o < d.device_count)
+            .filter_map(|o| gpukit_bench::gpu::busy_gpu(&discovery, o))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
     // one line per test as each GPU's thread starts it
     let shown = std::sync::Mutex::new(progress());
     let report = run_stress(&discovery, &opts, &|line: &str| {
@@ -371,7 +383,12 @@ fn stress(a: StressArgs, out: &Output) -> Result<()> {
     })?;
     drop(shown);
     let sections = render::stress_sections(&report);
-    emit(&document(report), out, Vec::new(), sections)
+    emit(
+        &document(report).with_notes(busy),
+        out,
+        Vec::new(),
+        sections,
+    )
 }
 
 fn launch(a: LaunchArgs) -> Result<()> {
