@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 /// Every command module of this crate.
-const COMMANDS: [&str; 14] = [
+const COMMANDS: [&str; 15] = [
     "all",
     "bandwidth",
     "check",
@@ -19,6 +19,7 @@ const COMMANDS: [&str; 14] = [
     "nccl",
     "p2p",
     "profile",
+    "stress",
     "train",
 ];
 

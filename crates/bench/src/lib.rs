@@ -26,6 +26,7 @@ pub mod monitor;
 pub mod nccl;
 pub mod p2p;
 pub mod profile;
+pub mod stress;
 pub mod train;
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! GPU operations against CPU references, on fresh random inputs: cuBLAS and cuBLASLt at
 //! non-square shapes for every dtype, cuDNN convolution in both layouts, and copies (staged ones
-//! at sizes that are not a multiple of the chunk). Ignored, with the reason, without a GPU;
+//! at sizes that are not a multiple of the chunk), and the stress test's pattern and comparison
+//! kernels. Ignored, with the reason, without a GPU;
 //! GPUKIT_REQUIRE_GPU=1 makes a missing GPU a failure.
 
 use gpukit_bench::cpu;
@@ -324,6 +325,62 @@ fn copies_are_byte_exact_at_odd_sizes() -> Result<(), Failed> {
     Ok(())
 }
 
+/// The stress test's kernels: the GPU writes exactly the words the host's `Pattern::word`
+/// documents, counts none wrong on an intact buffer and exactly the flipped ones otherwise, and
+/// the result comparison counts the words that differ.
+fn stress_kernels_count_exactly_the_words_that_differ() -> Result<(), Failed> {
+    use gpukit_bench::stress::kernels::{Pattern, StressKernels};
+    let g = gpu()?;
+    let k = StressKernels::load(DISCOVERY.get().ok_or("no discovery")?, &g)
+        .map_err(|e| e.to_string())?;
+    let words = (1 << 20) + 3;
+    let buf = g.alloc(words * 4).map_err(|e| e.to_string())?;
+    let base = 5 << 30;
+    for p in Pattern::ALL {
+        let seed = fresh_seed();
+        k.fill(buf.view(), words, base, p, seed)
+            .map_err(|e| e.to_string())?;
+        let got = g.download(&buf).map_err(|e| e.to_string())?;
+        for (i, w) in got.chunks_exact(4).enumerate() {
+            let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+            let want = p.word((base + i) as u64, seed);
+            if w != want {
+                return Err(format!("{p:?} word {i}: GPU {w:#x}, host {want:#x}").into());
+            }
+        }
+        k.count_wrong(buf.view(), words, base, p, seed)
+            .map_err(|e| e.to_string())?;
+        let intact = k.take_count(&g).map_err(|e| e.to_string())?;
+        for i in [0, 77, words - 1] {
+            k.flip(buf.view(), i, 0x0001_0000)
+                .map_err(|e| e.to_string())?;
+        }
+        k.count_wrong(buf.view(), words, base, p, seed)
+            .map_err(|e| e.to_string())?;
+        let flipped = k.take_count(&g).map_err(|e| e.to_string())?;
+        if (intact, flipped) != (0, 3) {
+            return Err(format!("{p:?}: {intact} wrong intact, {flipped} after 3 flips").into());
+        }
+    }
+    let other = g.alloc(words * 4).map_err(|e| e.to_string())?;
+    let bytes = g.download(&buf).map_err(|e| e.to_string())?;
+    g.upload_into(other.view(), &bytes)
+        .map_err(|e| e.to_string())?;
+    k.count_unequal(buf.view(), other.view(), words)
+        .map_err(|e| e.to_string())?;
+    let same = k.take_count(&g).map_err(|e| e.to_string())?;
+    k.flip(other.view(), 12345, 1).map_err(|e| e.to_string())?;
+    k.count_unequal(buf.view(), other.view(), words)
+        .map_err(|e| e.to_string())?;
+    let one = k.take_count(&g).map_err(|e| e.to_string())?;
+    if (same, one) != (0, 1) {
+        return Err(
+            format!("comparison: {same} differing of equal buffers, {one} after one flip").into(),
+        );
+    }
+    Ok(())
+}
+
 fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
@@ -340,6 +397,10 @@ fn main() {
         (
             "gpu::copies_are_byte_exact_at_odd_sizes",
             copies_are_byte_exact_at_odd_sizes,
+        ),
+        (
+            "gpu::stress_kernels_count_exactly_the_words_that_differ",
+            stress_kernels_count_exactly_the_words_that_differ,
         ),
     ];
     let trials = tests

@@ -806,6 +806,6 @@ mod process;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use process::cache_dir;
+pub use process::cache_dir;
 use process::fnv1a;
 pub use process::prepare_process;

@@ -15,6 +15,9 @@ use nvml_wrapper::sys_exports::field_id::{
 use nvml_wrapper::Nvml;
 use serde::{Deserialize, Serialize};
 
+mod health;
+pub use health::{HealthCounters, XidWait, XidWatch};
+
 /// An initialised NVML.
 pub struct NvmlSession {
     nvml: Nvml,

@@ -5,7 +5,7 @@
 use crate::cli::{
     AllArgs, BandwidthArgs, BenchCommand, CheckArgs, Cli, Command, CompareArgs, ConvArgs, HtmlArgs,
     InferArgs, LaunchArgs, LessonsArgs, MatmulArgs, MemoryArgs, NcclArgs, P2pArgs, ProfileCommand,
-    ProfileOptionArgs, TrainArgs,
+    ProfileOptionArgs, StressArgs, TrainArgs,
 };
 use crate::output::{emit, emit_charted, Output};
 use crate::render;
@@ -55,6 +55,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Profile(p) => profile(p, &out),
         Command::Lessons(a) => lessons(a, &out),
+        Command::Stress(a) => stress(a, &out),
         Command::All(a) => all(a, &out),
         Command::Compare(a) => compare(a, &out),
         Command::Html(a) => html(a),
@@ -236,6 +237,9 @@ fn check(args: CheckArgs, out: &Output) -> Result<()> {
 
 fn bench_matmul(a: MatmulArgs, out: &Output) -> Result<()> {
     use gpukit_bench::matmul::{document, run_matmul, run_matmul_with_pytorch, MatmulOptions};
+    if a.search {
+        return bench_matmul_search(a, out);
+    }
     let discovery = prepare_process();
     check_named_gpu(&discovery, a.device)?;
     if !(a.cpu_seconds > 0.0 && a.cpu_seconds.is_finite()) {
@@ -268,6 +272,41 @@ fn bench_matmul(a: MatmulArgs, out: &Output) -> Result<()> {
     let charts = render::html::matmul_charts(&report);
     let doc = document(report, peer.as_ref()).with_notes(busy);
     emit_charted(&doc, out, Vec::new(), sections, charts)
+}
+
+fn bench_matmul_search(a: MatmulArgs, out: &Output) -> Result<()> {
+    use gpukit_bench::matmul::search::{run_search, search_document, SearchOptions};
+    let ordinal = match a.device {
+        DeviceSelection::All => 0,
+        DeviceSelection::One(Device::Cuda(n)) => n,
+        DeviceSelection::One(Device::Cpu) => {
+            return Err(Error::BadInput(
+                "--search measures a GPU: give --device cuda:N (or leave --device out)".into(),
+            )
+            .into())
+        }
+    };
+    let discovery = prepare_process();
+    check_named_gpu(&discovery, DeviceSelection::One(Device::Cuda(ordinal)))?;
+    let opts = SearchOptions {
+        ordinal,
+        dtypes: a
+            .dtype
+            .map(dedup)
+            .unwrap_or_else(|| SearchOptions::default().dtypes),
+        iterations: a.iterations,
+        lt_candidates: a.lt_candidates,
+        ..SearchOptions::default()
+    };
+    let busy = busy_notes(&discovery, DeviceSelection::One(Device::Cuda(ordinal)));
+    let report = run_search(&discovery, &opts, &mut progress())?;
+    let sections = render::matmul_search_sections(&report);
+    emit(
+        &search_document(report).with_notes(busy),
+        out,
+        Vec::new(),
+        sections,
+    )
 }
 
 fn bench_nccl(a: NcclArgs, out: &Output) -> Result<()> {
@@ -315,6 +354,41 @@ fn bench_p2p(a: P2pArgs, out: &Output) -> Result<()> {
     let (report, peer) = run_p2p(&discovery, &opts, &mut progress())?;
     let sections = render::p2p_sections(&report);
     emit(&document(report, peer.as_ref()), out, Vec::new(), sections)
+}
+
+fn stress(a: StressArgs, out: &Output) -> Result<()> {
+    use gpukit_bench::stress::{document, parse_plant, run_stress, StressOptions, PLANT_FAULT_VAR};
+    let mut opts = StressOptions::new(a.level, a.duration)?;
+    opts.gpus = a.gpus;
+    opts.plant = parse_plant(std::env::var(PLANT_FAULT_VAR).ok().as_deref())?;
+    let discovery = prepare_process();
+    // a GPU that is not idle may fail the rate rules for what else runs on it: say so
+    let busy: Vec<String> = match gpukit_cuda::driver::probe(&discovery) {
+        Ok(d) => opts
+            .gpus
+            .clone()
+            .unwrap_or_else(|| (0..d.device_count).collect())
+            .into_iter()
+            .filter(|&o| o < d.device_count)
+            .filter_map(|o| gpukit_bench::gpu::busy_gpu(&discovery, o))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    // one line per test as each GPU's thread starts it
+    let shown = std::sync::Mutex::new(progress());
+    let report = run_stress(&discovery, &opts, &|line: &str| {
+        if let Ok(mut p) = shown.lock() {
+            p(line)
+        }
+    })?;
+    drop(shown);
+    let sections = render::stress_sections(&report);
+    emit(
+        &document(report).with_notes(busy),
+        out,
+        Vec::new(),
+        sections,
+    )
 }
 
 fn launch(a: LaunchArgs) -> Result<()> {

@@ -631,6 +631,48 @@ fn cases(dir: &Path) -> Vec<Case> {
         &["--epochs", "at most"],
     ));
     v.extend(onnx_cases(dir));
+    // stress: levels, durations and GPU lists, refused before a GPU is asked for
+    v.extend([
+        case(
+            &["stress", "--level", "4"],
+            &["--level", "the levels are 1"],
+        ),
+        case(
+            &["stress", "--level", "0"],
+            &["--level", "the levels are 1"],
+        ),
+        case(&["stress", "--level", "two"], &["--level"]),
+        case(
+            &["stress", "--duration", "0"],
+            &["--duration", "from 1 to 604800"],
+        ),
+        case(
+            &["stress", "--duration=-30"],
+            &["--duration", "from 1 to 604800"],
+        ),
+        case(&["stress", "--duration", "nan"], &["--duration"]),
+        case(
+            &["stress", "--duration", "soon"],
+            &["--duration", "not a number"],
+        ),
+        case(&["stress", "--duration", "1e9"], &["--duration", "604800"]),
+        case(&["stress", "--gpus", "x"], &["--gpus", "not a GPU"]),
+        case(&["stress", "--gpus", "0,,1"], &["--gpus"]),
+        case(&["stress", "--gpus=-1"], &["--gpus"]),
+        case(&["stress", "--level", "1", "--level", "2"], &["--level"]),
+        case(
+            &["bench", "matmul", "--search", "--device", "cpu"],
+            &["--search measures a GPU", "cuda:N"],
+        ),
+        case(
+            &["bench", "matmul", "--search", "--sizes", "1024"],
+            &["--search", "--sizes"],
+        ),
+        case(
+            &["bench", "matmul", "--search", "--dtype", "fp8"],
+            &["--dtype"],
+        ),
+    ]);
     // a value that is not UTF-8
     let mut c = case(&["bench", "matmul", "--dtype"], &["--dtype"]);
     c.args.push(not_utf8);

@@ -417,6 +417,20 @@ fn memory_bad_input_exits_2() -> Result<(), Failed> {
     Ok(())
 }
 
+/// The planted fault's variable is read strictly, before any GPU is asked for.
+fn stress_a_bad_planted_fault_exits_2() -> Result<(), Failed> {
+    let args = ["stress", "--duration", "5"];
+    let out = Command::new(bin())
+        .args(args)
+        .env("GPUKIT_STRESS_PLANT_FAULT", "disk:0")
+        .output()
+        .map_err(|e| Failed::from(e.to_string()))?;
+    exited(&out, 2, &args)?;
+    ensure(text(&out.stderr).contains("matmul:N or memory:N"), || {
+        text(&out.stderr)
+    })
+}
+
 // ---- a machine without a GPU ----
 
 /// Without a driver, sampling exits 1 naming NVML and the driver.
@@ -457,6 +471,8 @@ fn without_a_gpu_a_named_gpu_exits_1_naming_the_driver() -> Result<(), Failed> {
         &["memory", "--batch-sizes", "1"][..],
         &["bench", "nccl", "--max-bytes", "1M"][..],
         &["bench", "p2p"][..],
+        &["stress", "--duration", "5"][..],
+        &["bench", "matmul", "--search"][..],
         &["train", "--gpus", "2", "--epochs", "1"][..],
         &[
             "infer",
@@ -524,6 +540,8 @@ fn with_a_gpu_a_device_past_the_last_exits_2() -> Result<(), Failed> {
     for args in [
         &["check", "--device", "cuda:9"][..],
         &["bench", "matmul", "--device", "cuda:9", "--sizes", "64"][..],
+        &["stress", "--gpus", "9", "--duration", "5"][..],
+        &["bench", "matmul", "--search", "--device", "cuda:9"][..],
         &[
             "infer",
             "--device",
@@ -541,6 +559,62 @@ fn with_a_gpu_a_device_past_the_last_exits_2() -> Result<(), Failed> {
         ensure(text(&out.stderr).contains("cuda:9"), || text(&out.stderr))?;
     }
     Ok(())
+}
+
+/// A short stress run: every test ran on GPU 0, every product was compared with the first and
+/// checked against float64, memory was written and read, copies arrived; the verdict is the
+/// GPU's (the exit code follows it, whichever it is).
+fn with_a_gpu_stress_checks_every_result_and_judges_each_gpu() -> Result<(), Failed> {
+    let args = ["stress", "--gpus", "0", "--duration", "8", "--json"];
+    let out = gpukit(&args);
+    let code = out.status.code();
+    ensure(code == Some(0) || code == Some(1), || {
+        format!("exit {code:?}: {}", text(&out.stderr))
+    })?;
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| Failed::from(format!("not JSON: {e}: {}", text(&out.stdout))))?;
+    let g = &doc["result"]["gpus"][0];
+    for m in g["matmul"].as_array().into_iter().flatten() {
+        if m["skipped"].is_string() {
+            continue;
+        }
+        ensure(m["products"].as_u64().unwrap_or(0) >= 2, || m.to_string())?;
+        ensure(m["reference_first"]["passed"] == true, || m.to_string())?;
+        ensure(m["repeat_words_differing"] == 0, || m.to_string())?;
+    }
+    ensure(
+        g["memory"]["tested_bytes"].as_u64().unwrap_or(0) > 0,
+        || g.to_string(),
+    )?;
+    ensure(
+        g["memory"]["passes"][0]["passes"].as_u64().unwrap_or(0) >= 1,
+        || g.to_string(),
+    )?;
+    ensure(
+        g["copies"]
+            .as_array()
+            .is_some_and(|c| c.len() == 2 && c.iter().all(|c| c["verified"] == true)),
+        || g.to_string(),
+    )?;
+    let passed = g["verdict"]["verdict"] == "pass";
+    ensure(passed == (code == Some(0)), || doc.to_string())
+}
+
+/// The planted fault (tests only) flips one word of one product on GPU 0: the run must fail
+/// that GPU with exit 1, naming it and the test.
+fn with_a_gpu_stress_fails_the_gpu_a_fault_was_planted_on() -> Result<(), Failed> {
+    let args = ["stress", "--gpus", "0", "--duration", "6"];
+    let out = std::process::Command::new(common::bin())
+        .args(args)
+        .env("GPUKIT_STRESS_PLANT_FAULT", "matmul:0")
+        .output()
+        .map_err(|e| Failed::from(e.to_string()))?;
+    exited(&out, 1, &args)?;
+    let err = text(&out.stderr);
+    ensure(
+        err.contains("cuda:0 failed") && err.contains("wrong result in matmul bf16"),
+        || err.clone(),
+    )
 }
 
 /// The conventions of command-line tools: a version that says the build's CUDA, completion
@@ -635,6 +709,10 @@ fn main() {
             version_completions_and_man_page,
         ),
         ("memory_bad_input_exits_2", memory_bad_input_exits_2),
+        (
+            "stress_a_bad_planted_fault_exits_2",
+            stress_a_bad_planted_fault_exits_2,
+        ),
     ];
     let no_gpu: Vec<(&str, Test)> = vec![
         ("no_gpu::check_says_why", without_a_gpu_check_says_why),
@@ -652,6 +730,14 @@ fn main() {
         (
             "gpu::a_device_past_the_last_exits_2",
             with_a_gpu_a_device_past_the_last_exits_2,
+        ),
+        (
+            "gpu::stress_checks_every_result_and_judges_each_gpu",
+            with_a_gpu_stress_checks_every_result_and_judges_each_gpu,
+        ),
+        (
+            "gpu::stress_fails_the_gpu_a_fault_was_planted_on",
+            with_a_gpu_stress_fails_the_gpu_a_fault_was_planted_on,
         ),
     ];
     run_kinds(any, no_gpu, gpu, Vec::new());

@@ -3,13 +3,13 @@
 //! no such arithmetic).
 
 use super::turns::{peer_figure, Turns};
-use super::verify::{verify_square, HostPair};
 use super::{MatmulOptions, MatmulRow};
 use crate::cpu;
 use crate::error::Error;
 use crate::measure::{host_samples, tflops, Clock, Plan};
 use crate::random::fresh_seed;
 use crate::report::RowStatus;
+use crate::workload::gemm::{verify_square, HostPair};
 use gpukit_tensor::codec::{bytes_of, decode_f16, decode_f32, decode_f64};
 use gpukit_tensor::{DType, Device};
 use half::f16;

@@ -3,7 +3,6 @@
 //! one timed, then checked on a poisoned output.
 
 use super::turns::{block_reps, peer_figure, TurnShape, Turns};
-use super::verify::{verify_square, HostPair};
 use super::{MatmulOptions, MatmulRow};
 use crate::error::{Error, Result};
 use crate::gpu::gpu_lacks;
@@ -11,19 +10,20 @@ use crate::gpu::GpuFacts;
 use crate::measure::{device_samples, interleave, tflops, Clock, Plan};
 use crate::random::fresh_seed;
 use crate::report::{RowStatus, Verification};
+use crate::workload::gemm::{verify_square, HostPair};
 use gpukit_cuda::blas::Blas;
 use gpukit_cuda::{DeviceBuffer, Gpu};
 use gpukit_tensor::kernels::Distribution;
 use gpukit_tensor::{DType, Device};
 
 /// How a GPU row's product is computed.
-enum Backend {
+pub(super) enum Backend {
     Cublas,
     Lt(gpukit_cuda::blas::LtPlan),
 }
 
 impl Backend {
-    fn label(&self) -> String {
+    pub(super) fn label(&self) -> String {
         match self {
             Backend::Cublas => "cuBLAS GemmEx".into(),
             Backend::Lt(p) => format!("cuBLASLt (heuristic #{})", p.rank),

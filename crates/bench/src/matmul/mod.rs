@@ -10,10 +10,10 @@ mod part;
 pub use part::{MatmulPart, PART};
 mod cpu;
 mod gpu;
+pub mod search;
 #[cfg(test)]
 mod tests;
 mod turns;
-mod verify;
 
 use crate::ceilings::Peaks;
 use crate::error::{Error, Result};
@@ -249,23 +249,14 @@ pub struct MatmulReport {
     #[serde(default)]
     pub soak_ms: f64,
     pub rows: Vec<MatmulRow>,
+    /// The best rates `bench matmul --search` kept for this GPU under this driver and cuBLASLt:
+    /// the achievable ceiling beside the datasheet's (empty: no search kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub achievable: Vec<crate::workload::gemm::DtypeBest>,
 }
 
-/// Relative tolerance of a sampled check, by dtype (f32 or wider accumulation). The relative
-/// error does not depend on the input distribution: on an H100, f16 measured 2.0-2.1e-4 and bf16
-/// 1.6-1.8e-3 at 8192 with normal and with uniform inputs alike.
-pub fn tolerance(dtype: DType) -> f64 {
-    match dtype {
-        DType::F64 => 1e-12,
-        // true f32 stays far below; TF32 (about 3e-4) must not pass as f32
-        DType::F32 => 5e-5,
-        DType::Tf32 => 3e-3,
-        // f16 output rounding alone is about 3e-4
-        DType::F16 => 3e-3,
-        // bf16 output rounding alone is about 2e-3
-        DType::Bf16 => 1.5e-2,
-    }
-}
+/// The tolerance of a sampled check, by dtype (shared with every matrix product gpukit checks).
+pub use crate::workload::gemm::tolerance;
 
 /// The JSON document of `bench matmul`: the report with PyTorch's outcome (when compared), the
 /// notes on how the turns were taken, and the verdict (a failed row, or nothing measured, is
@@ -361,6 +352,7 @@ fn run_matmul_turns(
         turn_ms: opts.block_ms,
         soak_ms: opts.soak_ms,
         rows: Vec::new(),
+        achievable: Vec::new(),
     };
     let ordinal = match opts.selection {
         DeviceSelection::All => Some(0),
@@ -373,6 +365,7 @@ fn run_matmul_turns(
             describe_gpu(discovery, ordinal),
         ) {
             (Ok(gpu), Ok(facts)) => {
+                report.achievable = kept_ceiling(discovery, &facts);
                 turns.meter = PowerMeter::start(discovery, &facts.uuid);
                 if let (Some(m), Some(s)) = (&turns.meter, &turns.server) {
                     m.own_process(s.pid());
@@ -403,6 +396,18 @@ fn run_matmul_turns(
     }
     finish_rows(&mut report.rows, report.gpu.as_ref().map(|g| &g.peaks));
     report
+}
+
+/// The search kept for this GPU, driver and cuBLASLt, if any.
+fn kept_ceiling(discovery: &Discovery, facts: &GpuFacts) -> Vec<crate::workload::gemm::DtypeBest> {
+    use crate::workload::gemm::{cache_dir, load_achievable, AchievableKey, Lookup};
+    let found = cache_dir()
+        .zip(AchievableKey::current(discovery, &facts.name, &facts.uuid))
+        .map(|(dir, key)| load_achievable(&dir, &key));
+    match found {
+        Some(Lookup::Found(a)) => a.best,
+        _ => Vec::new(),
+    }
 }
 
 /// Fills the derived columns: % of peak, % of best measured, speedup over the CPU.

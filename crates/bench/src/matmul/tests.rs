@@ -1,12 +1,12 @@
 //! Tests of `bench matmul` that need no GPU.
 use super::gpu::{pick_candidate, trial_order};
 use super::turns::{block_reps, peer_figure, TurnShape};
-use super::verify::{verify_square, HostPair};
 use super::*;
 use crate::cpu;
 use crate::gpu::gpu_lacks;
 use crate::measure::PeerSamples;
 use crate::measure::MAX_BLOCK_REPS;
+use crate::workload::gemm::{verify_square, HostPair};
 use gpukit_tensor::codec::element_f64;
 
 fn cpu_only(sizes: Vec<usize>, dtypes: Vec<DType>) -> MatmulReport {

@@ -128,7 +128,9 @@ fn make_alias_dir(discovery: &Discovery) -> Option<PathBuf> {
     Some(dir)
 }
 
-pub(crate) fn cache_dir() -> Option<PathBuf> {
+/// gpukit's cache folder (`$XDG_CACHE_HOME/gpukit`, else `~/.cache/gpukit`, else one in the
+/// temporary folder), created if missing; None when none of them can be written.
+pub fn cache_dir() -> Option<PathBuf> {
     let candidates = [
         std::env::var_os("XDG_CACHE_HOME").map(|p| PathBuf::from(p).join("gpukit")),
         std::env::var_os("HOME").map(|p| PathBuf::from(p).join(".cache/gpukit")),

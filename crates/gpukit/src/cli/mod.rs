@@ -7,9 +7,11 @@ use std::path::PathBuf;
 
 mod gpus;
 mod profile;
+mod stress;
 mod train;
 pub use gpus::{LaunchArgs, NcclArgs, P2pArgs};
 pub use profile::{ProfileCommand, ProfileInferArgs, ProfileOptionArgs, ProfileTrainArgs};
+pub use stress::StressArgs;
 pub use train::TrainArgs;
 
 /// The lessons asked for, one value to clap.
@@ -105,6 +107,12 @@ pub enum Command {
     /// on this GPU: each claim's bad and good versions, the regime of each, and a verdict
     /// (holds, holds weakly, does not hold) with the reason.
     Lessons(LessonsArgs),
+    /// A burn-in with a verdict per GPU, every GPU at once: sustained bf16 and tf32 matmul (each
+    /// result compared bit for bit with the first and checked against float64), a pattern test
+    /// over 90% of the free memory, pinned copies against the PCIe link, NVML watched throughout
+    /// (throttle reasons, clocks, temperature, power, ECC, remapped rows, XID). Exit 1 names
+    /// each failing GPU and why.
+    Stress(StressArgs),
     /// Run every command and write DIR/report.json, DIR/report.md and DIR/report.html.
     All(AllArgs),
     /// Print a shell completion script: `gpukit completions bash > ~/.local/share/bash-completion/completions/gpukit`.
@@ -577,6 +585,13 @@ pub struct MatmulArgs {
     /// split between them); gpukit opens the first half of the rounds and PyTorch the rest.
     #[arg(long, default_value = "6", value_parser = parse_turns, value_name = "N")]
     pub turns: usize,
+
+    /// Instead of square sizes: the highest rate over a grid of 26 shapes (M, N, K from 2048
+    /// to 16384, with mamf-finder's flat, deep ones such as 2048x2048x13312), per dtype
+    /// [--dtype default: bf16], every shape's result checked. The best is kept in gpukit's
+    /// cache folder for this GPU, driver and cuBLASLt; `stress` shows rates against it.
+    #[arg(long, conflicts_with_all = ["sizes", "matrix_size", "compare_pytorch"])]
+    pub search: bool,
 }
 
 #[derive(Debug, Args)]

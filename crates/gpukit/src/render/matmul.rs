@@ -83,6 +83,23 @@ pub fn matmul_sections(r: &gpukit_bench::matmul::MatmulReport) -> Vec<Section> {
             }
         ));
     }
+    if !r.achievable.is_empty() {
+        notes.push(format!(
+            "achievable ceiling (bench matmul --search on this GPU, driver and cuBLASLt): {}",
+            r.achievable
+                .iter()
+                .map(|b| format!(
+                    "{} {} TFLOP/s at {}x{}x{}",
+                    b.dtype,
+                    f1(Some(b.tflops)),
+                    b.m,
+                    b.n,
+                    b.k
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     if let Some(why) = &r.gpu_unavailable {
         notes.push(format!("GPU rows skipped: {why}"));
     }
@@ -99,4 +116,103 @@ pub fn matmul_sections(r: &gpukit_bench::matmul::MatmulReport) -> Vec<Section> {
         rows,
         notes,
     }]
+}
+
+/// `gpukit bench matmul --search`: the best shape and rate per dtype with the spread over the
+/// grid, then every shape.
+pub fn matmul_search_sections(r: &gpukit_bench::matmul::search::SearchReport) -> Vec<Section> {
+    let summary_rows = r
+        .dtypes
+        .iter()
+        .map(|d| {
+            let best = d.best.as_ref();
+            vec![
+                d.dtype.to_string(),
+                f1(best.map(|b| b.tflops)),
+                best.map(|b| format!("{}x{}x{}", b.m, b.n, b.k))
+                    .unwrap_or_else(|| "nothing measured".into()),
+                pct(best
+                    .map(|b| b.tflops)
+                    .zip(d.peak_tflops)
+                    .map(|(t, p)| 100.0 * t / p)),
+                match (d.median_tflops, d.p10_tflops, d.p90_tflops) {
+                    (Some(m), Some(lo), Some(hi)) => {
+                        format!("{} ({}-{})", f1(Some(m)), f1(Some(lo)), f1(Some(hi)))
+                    }
+                    _ => String::new(),
+                },
+                d.shapes_measured.to_string(),
+            ]
+        })
+        .collect();
+    let mut notes = Vec::new();
+    if let Some(g) = &r.gpu {
+        notes.push(format!(
+            "GPU: {} ({})",
+            g.name,
+            match &g.peaks.source {
+                PeakSource::Datasheet { part } => format!("% peak of the {part} datasheet"),
+                PeakSource::Estimate { .. } => "% peak of a peak estimated from SMs x clock".into(),
+            }
+        ));
+    }
+    match (&r.kept_in, &r.not_kept) {
+        (Some(p), _) => notes.push(format!(
+            "kept as this GPU's achievable ceiling (this driver and cuBLASLt) in {p}"
+        )),
+        (None, Some(why)) => notes.push(format!("not kept: {why}")),
+        (None, None) => {}
+    }
+    let summary = Section {
+        title: "Matrix multiply: the highest rate over the grid of shapes".into(),
+        header: Some(
+            [
+                "dtype",
+                "best TFLOP/s",
+                "at M x N x K",
+                "% peak",
+                "TFLOP/s over the grid: median (p10-p90)",
+                "shapes",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        rows: summary_rows,
+        notes,
+    };
+    let (header, rows) = results_table(
+        &r.rows,
+        Columns {
+            naming: &["dtype", "M x N x K"],
+            measured: &["median ms", "TFLOP/s", "check", "backend"],
+            rate_unit: "TFLOP/s",
+            name: &|x: &gpukit_bench::matmul::search::SearchRow| {
+                vec![x.dtype.to_string(), format!("{}x{}x{}", x.m, x.n, x.k)]
+            },
+            status: &|x| &x.status,
+            values: &|x| {
+                vec![
+                    x.median_ms.map(|m| format!("{m:.3}")).unwrap_or_default(),
+                    f1(x.tflops),
+                    check_cell(x.verification.as_ref()),
+                    x.backend.clone().unwrap_or_default(),
+                ]
+            },
+            peer: &|_| None,
+            behind: None,
+        },
+    );
+    let shapes = Section {
+        title: "Every shape (random normal inputs, one operand set each)".into(),
+        header: Some(header),
+        rows,
+        notes: vec![
+            "each shape: cuBLAS's default and cuBLASLt's heuristic candidates timed in three \
+             interleaved rounds, the fastest timed again (median of CUDA-event times), then its \
+             result checked against a float64 product on sampled entries; a shape that fails \
+             gives no figure."
+                .into(),
+        ],
+    };
+    vec![summary, shapes]
 }

@@ -22,6 +22,7 @@ mod nccl;
 pub mod parts;
 mod power;
 mod profile;
+mod stress;
 #[cfg(test)]
 mod tests;
 mod train;
@@ -36,10 +37,11 @@ pub use infer::{infer_sections, input_run_section};
 pub use infer_onnx::onnx_run_sections;
 pub use lessons::lessons_sections;
 pub use man::man_page;
-pub use matmul::matmul_sections;
+pub use matmul::{matmul_search_sections, matmul_sections};
 pub use memory::memory_sections;
 pub use nccl::{nccl_sections, p2p_sections};
 pub use profile::profile_sections;
+pub use stress::stress_sections;
 pub use train::train_sections;
 pub use views::{all_done, all_html, all_markdown, check_head};
 

@@ -1,7 +1,7 @@
 //! `gpukit bench matmul`: rows that passed, failed and were skipped, with and without PyTorch.
 
 use super::{assert_drawn, h100, pytorch, timing, verified};
-use crate::render::matmul_sections;
+use crate::render::{matmul_search_sections, matmul_sections};
 use gpukit_bench::matmul::{Init, MatmulReport, MatmulRow};
 use gpukit_bench::measure::Clock;
 use gpukit_bench::power::RowPower;
@@ -99,6 +99,7 @@ fn report() -> MatmulReport {
         rounds: 0,
         turn_ms: 0.0,
         soak_ms: 0.0,
+        achievable: Vec::new(),
         rows: vec![
             cpu_f32,
             cpu_tf32,
@@ -161,6 +162,24 @@ fn matmul_gpu_rows_with_power_beside_pytorchs() {
 }
 
 #[test]
+fn matmul_names_the_searched_ceiling_when_one_was_kept() {
+    let mut r = report();
+    r.achievable = vec![gpukit_bench::workload::gemm::DtypeBest {
+        dtype: DType::Bf16,
+        m: 2048,
+        n: 2048,
+        k: 13312,
+        tflops: 785.3,
+    }];
+    let notes = &matmul_sections(&r)[0].notes;
+    assert!(
+        notes.iter().any(|n| n
+            == "achievable ceiling (bench matmul --search on this GPU, driver and cuBLASLt): bf16 785 TFLOP/s at 2048x2048x13312"),
+        "{notes:#?}"
+    );
+}
+
+#[test]
 fn matmul_without_a_gpu_says_why() {
     let mut r = report();
     r.gpu = None;
@@ -174,4 +193,45 @@ fn matmul_without_a_gpu_says_why() {
             "CPU: AMD EPYC 9454 48-Core Processor with 16 threads",
         ]
     );
+}
+
+#[test]
+fn matmul_search_best_shape_spread_and_every_row() {
+    use gpukit_bench::matmul::search::{summarise, SearchReport, SearchRow};
+    let shape = |m: usize, n: usize, k: usize, ms: f64, status: RowStatus| {
+        let ok = status == RowStatus::Ok;
+        let tflops = 2.0 * (m * n * k) as f64 / (ms * 1e9);
+        SearchRow {
+            dtype: DType::Bf16,
+            m,
+            n,
+            k,
+            status,
+            backend: ok.then(|| "cuBLASLt (heuristic #0)".to_string()),
+            tflops: ok.then_some(tflops),
+            median_ms: ok.then_some(ms),
+            verification: ok.then(|| verified(1.7e-3)),
+        }
+    };
+    let rows = vec![
+        shape(2048, 2048, 13312, 0.1407, RowStatus::Ok),
+        shape(8192, 8192, 8192, 1.5433, RowStatus::Ok),
+        shape(4096, 4096, 4096, 0.2062, RowStatus::Ok),
+        shape(
+            16384,
+            16384,
+            16384,
+            0.0,
+            RowStatus::Failed("wrong result: relative error 3.1e-1 over tolerance 2e-2".into()),
+        ),
+    ];
+    let gpu = h100();
+    let report = SearchReport {
+        dtypes: summarise(&rows, &[DType::Bf16], Some(&gpu)),
+        gpu: Some(gpu),
+        rows,
+        kept_in: None,
+        not_kept: Some("a shape failed: a failing GPU's rates are not kept".into()),
+    };
+    assert_drawn("matmul_search", &matmul_search_sections(&report));
 }

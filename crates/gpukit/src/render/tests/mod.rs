@@ -16,6 +16,7 @@ mod memory;
 mod nccl;
 mod p2p;
 mod profile;
+mod stress;
 mod train;
 
 use super::fmt::grouped;
