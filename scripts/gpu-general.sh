@@ -40,6 +40,21 @@ if d.get("gpu_engine"): print("  gpu:", d["gpu_engine"][:300])
 PY
 }
 case "${PART:-a}" in
+profile)
+  MODELS=${MODELS:-"efficientnet_b0 densenet121 convnext_tiny resnet50"}
+  (cd scripts && python3 export_torchvision.py "$W" $MODELS) 2>"$OUT/export-profile.err" | cut -c1-120 | tee -a "$SUMMARY"
+  for m in $MODELS; do
+    for by in op kernel; do
+      t0=$(date +%s%N)
+      env -u LD_LIBRARY_PATH timeout 200 "$BIN" profile infer --onnx "$W/$m.onnx" --batch-size 32 \
+        --strategy fp16-nhwc-graph --group-by $by --top 12 >"$OUT/profile-$m-$by.txt" 2>"$OUT/profile-$m-$by.err"
+      say "profile $m by $by rc=$? wall $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+      grep -vE "^\s*$" "$OUT/profile-$m-$by.txt" | head -40 | cut -c1-200 | tee -a "$SUMMARY"
+      tail -3 "$OUT/profile-$m-$by.err" | tee -a "$SUMMARY"
+    done
+  done
+  rm -f "$OUT"/profile-*.txt
+  ;;
 tests)
   for t in .device/tests/gpu_program-* .device/tests/infer_cli-*; do
     [ -x "$t" ] || continue

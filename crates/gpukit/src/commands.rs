@@ -101,9 +101,15 @@ fn check_outputs_are_not_inputs(command: &Command, out: &Output) -> Result<()> {
         Command::Memory(a) => (vec![("--weights", a.weights.as_deref())], Vec::new()),
         Command::Train(a) => (train_inputs(a).to_vec(), train_outputs(a).to_vec()),
         Command::Profile(ProfileCommand::Infer(ProfileInferArgs {
-            weights, profile, ..
+            weights,
+            onnx,
+            profile,
+            ..
         })) => (
-            vec![("--weights", weights.as_deref())],
+            vec![
+                ("--weights", weights.as_deref()),
+                ("--onnx", onnx.as_deref()),
+            ],
             vec![("--trace", profile.trace.as_deref())],
         ),
         Command::Profile(ProfileCommand::Train(p)) => {
@@ -896,7 +902,9 @@ fn profile_options(
 }
 
 fn profile(cmd: ProfileCommand, out: &Output) -> Result<()> {
-    use gpukit_bench::workload::profile::{profile_infer, profile_train, InferWorkload};
+    use gpukit_bench::workload::profile::{
+        profile_infer, profile_onnx, profile_train, InferWorkload,
+    };
     let report = match cmd {
         ProfileCommand::Infer(a) => {
             let o = profile_options(&a.profile, a.steps)?;
@@ -918,7 +926,12 @@ fn profile(cmd: ProfileCommand, out: &Output) -> Result<()> {
                 strategy: a.strategy,
                 device: a.device,
             };
-            profile_infer(&discovery, &w, &o, &mut progress())?
+            match &a.onnx {
+                Some(file) => {
+                    profile_onnx(&discovery, &w, file, &a.input_dims, &o, &mut progress())?
+                }
+                None => profile_infer(&discovery, &w, &o, &mut progress())?,
+            }
         }
         ProfileCommand::Train(a) => {
             let a = *a;

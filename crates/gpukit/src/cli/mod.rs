@@ -311,7 +311,7 @@ pub(crate) fn parse_planning(s: &str) -> Result<gpukit_cuda::dnn::Search, String
 }
 
 /// `height=224`: an input axis's name and size.
-fn parse_input_dim(s: &str) -> Result<(String, usize), String> {
+pub(crate) fn parse_input_dim(s: &str) -> Result<(String, usize), String> {
     let (name, size) = s
         .split_once('=')
         .ok_or_else(|| format!("{s:?} is not NAME=N (e.g. height=224)"))?;

@@ -42,6 +42,15 @@ pub struct ProfileInferArgs {
     #[arg(long, default_value = "resnet50", value_parser = parse_model)]
     pub model_name: gpukit_models::ResNet,
 
+    /// Your own model: an ONNX file, profiled on gpukit's general GPU engine, each step named
+    /// by the ONNX node it comes from.
+    #[arg(long, value_name = "MODEL.onnx", conflicts_with_all = ["weights", "image_size"])]
+    pub onnx: Option<PathBuf>,
+
+    /// With --onnx: sizes of the input's other named axes (`height=224,width=224`).
+    #[arg(long, value_name = "NAME=N,...", value_delimiter = ',', value_parser = crate::cli::parse_input_dim, requires = "onnx")]
+    pub input_dims: Vec<(String, usize)>,
+
     /// Batch size.
     #[arg(long, default_value = "32", value_parser = parse_batch)]
     pub batch_size: usize,

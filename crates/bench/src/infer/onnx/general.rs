@@ -23,12 +23,17 @@ pub(super) struct Reference<'a> {
     pub label: &'a str,
 }
 
-/// The tolerance of a precision against the f32 reference: the fp32 bound for f32,
-/// the engine's usual ones below it.
+/// The tolerance of a precision against the f32 reference (max |diff| over max |reference|):
+/// ONNX Runtime's own bound for f32; tf32 as the ResNet engine judges it; for f16 and bf16 a
+/// bound that a broken step exceeds by far but 50 layers of 16-bit storage stay under on a
+/// model whose logits are of order one (ResNet-50 with measured batch-norm statistics: 2.4-3.4e-2
+/// in f16 on both GPU engines, every top-1 class the same). Top-1 agreement is shown beside.
 pub fn general_tolerance(d: DType) -> f64 {
     match d {
-        DType::F32 => TOLERANCE,
-        other => tolerance(other),
+        DType::F32 | DType::F64 => TOLERANCE,
+        DType::Tf32 => tolerance(DType::Tf32),
+        DType::F16 => 5e-2,
+        DType::Bf16 => 1e-1,
     }
 }
 

@@ -17,7 +17,9 @@ pub mod run;
 pub mod table;
 pub mod trace;
 
-pub use run::{profile_infer, profile_train, InferWorkload, ProfileOptions, ProfileReport};
+pub use run::{
+    profile_infer, profile_onnx, profile_train, InferWorkload, ProfileOptions, ProfileReport,
+};
 
 use serde::{Deserialize, Serialize};
 

@@ -487,33 +487,77 @@ pub fn profile_infer(
     if gs.graph {
         session.capture()?;
     }
-    let stream = ctx.gpu.stream().clone();
-    let step = |session: &Session<'_>| -> Result<()> {
-        if gs.graph {
-            session.replay()?;
-        } else {
-            session.enqueue()?;
-        }
-        Ok(())
+    let session = std::cell::RefCell::new(session);
+    let after = || -> Result<()> {
+        let got = session.borrow().logits()?.to_vec_f32()?;
+        check(&got)
     };
-    // an idle GPU lowers its clocks (the CPU check above left it idle): run the step for a
-    // while first, or the first timed steps measure the clocks coming up
+    profile_gpu(
+        &ctx,
+        discovery,
+        o,
+        GpuPass {
+            graph: gs.graph,
+            enqueue: &|| Ok(session.borrow().enqueue()?),
+            replay: &|| Ok(session.borrow().replay()?),
+            check_after: &after,
+        },
+        workload,
+        device_name,
+        format!(
+            "logits of the first {check_images} image(s) against gpukit's f32 CPU path, \
+             before and after profiling (tolerance {})",
+            tolerance(gs.dtype)
+        ),
+    )
+}
+
+/// A prepared pass the profiler runs: launched call by call, or replayed as a captured graph
+/// (`graph`), and the check of its outputs after the recorded steps.
+pub(super) struct GpuPass<'a> {
+    pub graph: bool,
+    pub enqueue: &'a dyn Fn() -> Result<()>,
+    pub replay: &'a dyn Fn() -> Result<()>,
+    pub check_after: &'a dyn Fn() -> Result<()>,
+}
+
+/// The GPU part of `profile infer`, whatever the engine: warm-up, the step time without the
+/// profiler, a graph's attribution through an eager pass, the recorded steps, the check after
+/// them, the report.
+fn profile_gpu(
+    ctx: &GpuContext,
+    discovery: &Discovery,
+    o: &ProfileOptions,
+    pass: GpuPass<'_>,
+    workload: String,
+    device_name: String,
+    verified: String,
+) -> Result<ProfileReport> {
+    let stream = ctx.gpu.stream().clone();
+    let step = || -> Result<()> {
+        if pass.graph {
+            (pass.replay)()
+        } else {
+            (pass.enqueue)()
+        }
+    };
+    // an idle GPU lowers its clocks (the check before left it idle): run the step for a while
+    // first, or the first timed steps measure the clocks coming up
     let warm = Instant::now();
     while warm.elapsed() < std::time::Duration::from_millis(300) {
-        step(&session)?;
+        step()?;
         stream.synchronize()?;
     }
     let reps = o.steps.max(50);
-    let times =
-        gpukit_cuda::timing::time_on_stream(&stream, 3, reps, || -> Result<()> { step(&session) })?;
+    let times = gpukit_cuda::timing::time_on_stream(&stream, 3, reps, step)?;
     // a graph's replay is attributed through the same pass launched op by op
     let mut eager: Option<Records> = None;
     let mut eager_idle = None;
-    if gs.graph && o.timing != TimingChoice::Events {
+    if pass.graph && o.timing != TimingChoice::Events {
         if let Ok(p) = Profiler::start(&ctx.gpu, discovery, TimingChoice::Cupti) {
             for k in 0..3 {
                 profiler::step(k);
-                session.enqueue()?;
+                (pass.enqueue)()?;
             }
             let rec = p.finish()?;
             let r = records(&rec);
@@ -537,14 +581,13 @@ pub fn profile_infer(
     let p = Profiler::start(&ctx.gpu, discovery, o.timing)?;
     for k in 0..o.steps {
         profiler::step(k);
-        step(&session)?;
+        step()?;
     }
     let rec = p.finish()?;
-    let after = session.logits()?.to_vec_f32()?;
-    check(&after)?;
+    (pass.check_after)()?;
     let mut rs = records(&rec);
     let mut attribution = None;
-    if let (Some(e), true) = (&eager, gs.graph && rec.timing == Timing::Cupti) {
+    if let (Some(e), true) = (&eager, pass.graph && rec.timing == Timing::Cupti) {
         let (a, how) = attribute_graph(e, &rs);
         rs = a;
         attribution = Some(match how {
@@ -554,7 +597,7 @@ pub fn profile_infer(
             }
             Attribution::Mismatch(why) => format!("kernels left with the replay: {why}"),
         });
-    } else if gs.graph {
+    } else if pass.graph {
         attribution = Some(
             "a graph replay is one op here: per-op times need CUPTI (the eager pass's kernel \
              order ties a replay's kernels to ops)"
@@ -571,13 +614,111 @@ pub fn profile_infer(
             step_ms: Summary::of(&times),
             attribution,
             eager_idle,
-            verified: format!(
-                "logits of the first {check_images} image(s) against gpukit's f32 CPU path, \
-                 before and after profiling (tolerance {})",
-                tolerance(gs.dtype)
-            ),
+            verified,
         },
         o,
+    )
+}
+
+/// `gpukit profile infer --onnx`: the model's graph at `w.batch` on the general GPU engine,
+/// each step named by the ONNX node it comes from; outputs checked against gpukit's graph
+/// interpreter before and after profiling.
+pub fn profile_onnx(
+    discovery: &Discovery,
+    w: &InferWorkload,
+    file: &Path,
+    dims: &[(String, usize)],
+    o: &ProfileOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<ProfileReport> {
+    check_options(o)?;
+    let gs = match w.strategy {
+        None => gpukit_models::gpu::Strategy {
+            dtype: gpukit_tensor::DType::F16,
+            layout: gpukit_tensor::Layout::Nhwc,
+            graph: false,
+        },
+        Some(InferStrategy::Gpu(s)) => s,
+        Some(other) => {
+            return Err(Error::BadInput(format!(
+                "profile infer --onnx runs gpukit's GPU engine: {} is not one of its strategies \
+                 (give fp16-nhwc, fp16-nhwc-graph, fp32, ...)",
+                other.name()
+            )))
+        }
+    };
+    if w.device == Some(Device::Cpu) {
+        return Err(Error::BadInput(
+            "profile infer --onnx runs on a GPU, not on --device cpu".into(),
+        ));
+    }
+    let n = w.batch;
+    let graph = crate::infer::onnx::optimized_graph(file, n, dims)?;
+    let program = gpukit_models::gpu::program::Program::lower(&graph, gs.dtype, gs.layout)
+        .map_err(|e| Error::BadInput(format!("the GPU engine cannot run this model yet: {e}")))?;
+    let ordinal = match w.device {
+        Some(Device::Cuda(k)) => k,
+        _ => 0,
+    };
+    let ctx = GpuContext::open(discovery, ordinal)?;
+    let device_name = ctx.gpu.name().unwrap_or_else(|_| format!("cuda:{ordinal}"));
+    let name = file.file_name().map_or_else(
+        || file.display().to_string(),
+        |f| f.to_string_lossy().into_owned(),
+    );
+    let workload = format!("infer --onnx {name} {} batch {n}", gs.name());
+    progress(&format!("profile: {workload} on {device_name}"));
+    let inputs: Vec<gpukit_models::graph::Array> = graph
+        .inputs
+        .iter()
+        .map(|&i| {
+            let shape = graph.value(i).shape.clone();
+            let x = crate::random::normal_f32(shape.iter().product(), crate::random::fresh_seed());
+            gpukit_models::graph::Array::f32(&shape, x)
+        })
+        .collect();
+    let want =
+        gpukit_models::graph::forward_cpu(&graph, &inputs).map_err(gpukit_models::Error::from)?;
+    let xs: Vec<&[f32]> = inputs.iter().filter_map(|a| a.as_f32()).collect();
+    let mut session =
+        gpukit_models::gpu::program::ProgramSession::new(&ctx, discovery, &program, progress)?;
+    let tol = crate::infer::onnx::general_tolerance(gs.dtype);
+    let check = |got: &[Vec<f32>]| -> Result<()> {
+        for (g, w) in got.iter().zip(&want) {
+            let w = w.as_f32().unwrap_or_default();
+            let classes = w.len() / n.max(1);
+            let a = agreement(g, w, classes.max(1));
+            if let Some(why) = verdict(g, &a, tol) {
+                return Err(Error::Failed(format!(
+                    "{}: the outputs disagree with gpukit's graph interpreter: {why}",
+                    gs.name()
+                )));
+            }
+        }
+        Ok(())
+    };
+    check(&session.run(&xs)?)?;
+    if gs.graph {
+        session.capture()?;
+    }
+    let session = std::cell::RefCell::new(session);
+    let after = || -> Result<()> { check(&session.borrow().outputs()?) };
+    profile_gpu(
+        &ctx,
+        discovery,
+        o,
+        GpuPass {
+            graph: gs.graph,
+            enqueue: &|| Ok(session.borrow().enqueue()?),
+            replay: &|| Ok(session.borrow().replay()?),
+            check_after: &after,
+        },
+        workload,
+        device_name,
+        format!(
+            "outputs of the whole batch against gpukit's graph interpreter (CPU, f32), before \
+             and after profiling (tolerance {tol})"
+        ),
     )
 }
 

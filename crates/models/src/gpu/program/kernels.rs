@@ -38,6 +38,17 @@ __device__ __forceinline__ long long fdiv(long long n, long long magic) {
     return (long long)((__umulhi((unsigned)n, m) + (unsigned)n) >> s);
 }
 
+__device__ __forceinline__ unsigned fdiv32(unsigned n, long long magic) {
+    unsigned m = (unsigned)(magic & 0xffffffffll), s = (unsigned)(magic >> 32);
+    return (__umulhi(n, m) + n) >> s;
+}
+
+// An offset in 32 bits, for views whose every offset fits 31 bits.
+__device__ __forceinline__ unsigned at4u(const long long* s, unsigned i0, unsigned i1,
+                                         unsigned i2, unsigned i3) {
+    return i0 * (unsigned)s[0] + i1 * (unsigned)s[1] + i2 * (unsigned)s[2] + i3 * (unsigned)s[3];
+}
+
 __device__ __forceinline__ long long at4(const long long* s, long long i0, long long i1,
                                          long long i2, long long i3) {
     return i0 * s[0] + i1 * s[1] + i2 * s[2] + i3 * s[3];
@@ -57,11 +68,21 @@ __device__ void pointwise(const T* a, const T* b, const T* c, T* y, Dims g, int 
     for (long long o = blockIdx.x * (long long)blockDim.x + threadIdx.x; o < total;
          o += (long long)gridDim.x * blockDim.x) {
         long long ia = o, ib = o, ic = o, iy = o;
-        if (!flat) {
-            // v[24..27]: the divisors' magic numbers, v[27] != 0 when the indices fit 31 bits
-            long long r3 = d[27] ? fdiv(o, d[24]) : o / d[3], i3 = o - r3 * d[3];
-            long long r2 = d[27] ? fdiv(r3, d[25]) : r3 / d[2], i2 = r3 - r2 * d[2];
-            long long i0 = d[27] ? fdiv(r2, d[26]) : r2 / d[1], i1 = r2 - i0 * d[1];
+        if (!flat && d[27]) {
+            // v[24..27]: the divisors' magic numbers; v[27] != 0: every index and offset fits
+            // 31 bits, so the arithmetic is 32-bit
+            unsigned u = (unsigned)o;
+            unsigned r3 = fdiv32(u, d[24]), i3 = u - r3 * (unsigned)d[3];
+            unsigned r2 = fdiv32(r3, d[25]), i2 = r3 - r2 * (unsigned)d[2];
+            unsigned i0 = fdiv32(r2, d[26]), i1 = r2 - i0 * (unsigned)d[1];
+            ia = at4u(d + 4, i0, i1, i2, i3);
+            ib = at4u(d + 8, i0, i1, i2, i3);
+            ic = at4u(d + 12, i0, i1, i2, i3);
+            iy = at4u(d + 16, i0, i1, i2, i3);
+        } else if (!flat) {
+            long long r3 = o / d[3], i3 = o - r3 * d[3];
+            long long r2 = r3 / d[2], i2 = r3 - r2 * d[2];
+            long long i0 = r2 / d[1], i1 = r2 - i0 * d[1];
             ia = at4(d + 4, i0, i1, i2, i3);
             ib = at4(d + 8, i0, i1, i2, i3);
             ic = at4(d + 12, i0, i1, i2, i3);
@@ -114,7 +135,9 @@ __device__ void pool(const T* __restrict__ x, T* __restrict__ y, Dims g) {
             for (long long dj = 0; dj < d[15]; ++dj) {
                 long long xx = w0 + dj;
                 if (xx < 0 || xx >= w) continue;
-                float v = to_f(x[at4(d + 4, img, ch, yy, xx)]);
+                long long at = d[28] ? (long long)at4u(d + 4, img, ch, yy, xx)
+                                     : at4(d + 4, img, ch, yy, xx);
+                float v = to_f(x[at]);
                 m = is_max ? fmaxf(m, v) : m + v;
                 ++taps;
             }
@@ -127,7 +150,7 @@ __device__ void pool(const T* __restrict__ x, T* __restrict__ y, Dims g) {
             }
             m = div > 0 ? m / (float)div : 0.0f;
         }
-        y[at4(d + 8, img, ch, i, j)] = from_f<T>(m);
+        y[d[28] ? (long long)at4u(d + 8, img, ch, i, j) : at4(d + 8, img, ch, i, j)] = from_f<T>(m);
     }
 }
 
@@ -308,6 +331,14 @@ pub(super) fn binary_code(b: Binary) -> i32 {
     }
 }
 
+/// The axes of `s` from its largest stride to its smallest (size-1 axes first, in order): the
+/// order a kernel visits elements in to touch memory consecutively.
+fn memory_order(s: &Strided) -> [usize; 4] {
+    let mut order = [0usize, 1, 2, 3];
+    order.sort_by_key(|&i| (s.dims[i] != 1, std::cmp::Reverse(s.strides[i]), i));
+    order
+}
+
 /// The bytes of a `Dims` argument.
 fn dims_bytes(v: &[i64; 32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_ne_bytes()).collect()
@@ -371,6 +402,15 @@ impl ProgramKernels {
         let e = dtype.size_bytes();
         a.require(sa.span() * e, "pointwise a")?;
         y.require(sy.span() * e, "pointwise y")?;
+        // visited in the output's memory order (its largest stride slowest), so that a warp's
+        // writes, and the reads of operands laid out alike, are consecutive
+        let order = memory_order(sy);
+        let (sa, sy) = (&sa.permuted(order), &sy.permuted(order));
+        let b = b.map(|(v, s, op)| (v, s.permuted(order), op));
+        let c = c.map(|(v, s)| (v, s.permuted(order)));
+        let mut spans = vec![sa.span(), sy.span()];
+        spans.extend(b.iter().map(|(_, s, _)| s.span()));
+        spans.extend(c.iter().map(|(_, s)| s.span()));
         let mut v = [0i64; 32];
         put(&mut v, 0, &sy.dims);
         put(&mut v, 4, &sa.strides);
@@ -391,7 +431,8 @@ impl ProgramKernels {
             flat &= s.strides == sy.strides && s.dims == sy.dims;
         }
         v[20] = i64::from(flat);
-        put_divisors(&mut v, 24, [sy.dims[3], sy.dims[2], sy.dims[1]], sy.len());
+        let biggest = spans.into_iter().max().unwrap_or(0).max(sy.len());
+        put_divisors(&mut v, 24, [sy.dims[3], sy.dims[2], sy.dims[1]], biggest);
         let bytes = dims_bytes(&v);
         let (code, alpha, beta) = activation_code(act);
         let args = [
@@ -437,7 +478,7 @@ impl ProgramKernels {
         } else {
             [q, p, c]
         };
-        put_divisors(&mut v, 25, order, sy.len());
+        put_divisors(&mut v, 25, order, sy.len().max(sx.span()).max(sy.span()));
         let bytes = dims_bytes(&v);
         let args = [Arg::Ptr(x), Arg::Ptr(y), Arg::Struct("Dims", &bytes)];
         self.run("pool", dtype, grid_for(sy.len()), &args)

@@ -282,6 +282,9 @@ struct Lowering<'g> {
     /// The graph input converted with padded channels: (value, channels, padded).
     padded: Option<(ValueId, usize, usize)>,
     input_slots: Vec<usize>,
+    /// Biases of convolutions whose output only a later convolution reads, as its residual:
+    /// added into that convolution's bias instead (one pass over the output fewer).
+    moved_bias: HashMap<ValueId, Vec<f32>>,
     /// The node being lowered, for errors.
     node: (String, String),
 }
@@ -314,6 +317,7 @@ impl<'g> Lowering<'g> {
             const_of: HashMap::new(),
             padded: None,
             input_slots: Vec::new(),
+            moved_bias: HashMap::new(),
             node: ("graph input".into(), "-".into()),
         }
     }
@@ -906,6 +910,15 @@ impl<'g> Lowering<'g> {
         }
     }
 
+    /// Whether a convolution reads `v` as its residual input (its only reader, checked by the
+    /// caller).
+    fn residual_reader(&self, v: ValueId) -> bool {
+        self.g.nodes.iter().any(|n| match &n.op {
+            Op::Conv(c) => c.residual_input().is_some_and(|i| n.inputs[i] == v),
+            _ => false,
+        })
+    }
+
     fn global_average(&mut self, x: ValueId, out: ValueId, name: &str) -> Lowered<()> {
         if self.g.value(x).shape.len() != 4 {
             return self.fail("a global average of a tensor that is not 4-D");
@@ -1036,11 +1049,30 @@ impl<'g> Lowering<'g> {
         if (shape.out_h(), shape.out_w()) != (dims[2], dims[3]) {
             return self.fail("its output size is not what one padding for all sides gives");
         }
-        let bias = if c.bias {
+        let mut bias = if c.bias {
             Some(self.constant(node.inputs[2], "bias")?.to_vec())
         } else {
             None
         };
+        // a residual whose bias was left to this convolution: added to this one's
+        if let Some(moved) = c
+            .residual_input()
+            .and_then(|i| self.moved_bias.remove(&node.inputs[i]))
+        {
+            let b = bias.get_or_insert_with(|| vec![0.0; k]);
+            for (b, m) in b.iter_mut().zip(moved) {
+                *b += m;
+            }
+        }
+        // this convolution's bias left to the one that reads its output as a residual: both
+        // are added into one sum
+        let act = c.epilogue.activation;
+        if let (Some(b), None, None) = (&bias, act, c.residual_input()) {
+            if self.uses[out] == 1 && !self.is_output[out] && self.residual_reader(out) {
+                self.moved_bias.insert(out, b.clone());
+                bias = None;
+            }
+        }
         let z = match c.residual_input() {
             Some(i) => {
                 let t = self.get(node.inputs[i])?;
@@ -1049,7 +1081,6 @@ impl<'g> Lowering<'g> {
             None => None,
         };
         let y = self.new_view(Strided::image(dims, self.layout), &name);
-        let act = c.epilogue.activation;
         if act == Some(Activation::Relu) {
             let b = bias.unwrap_or_else(|| vec![0.0; k]);
             let bc = self.add_const(&format!("{name}.bias"), b);

@@ -376,6 +376,20 @@ impl<'a> ProgramSession<'a> {
         }
     }
 
+    /// A replay of the captured graph, for the profiler: one op holding every step's work.
+    fn graph_info(&self) -> OpInfo {
+        let ops = self.op_infos();
+        OpInfo {
+            name: "graph replay".into(),
+            layer: None,
+            detail: format!("{} steps", ops.len()),
+            library: "CUDA graph".into(),
+            flops: ops.iter().map(|o| o.flops).sum(),
+            bytes: ops.iter().map(|o| o.bytes).sum(),
+            dtype: self.program.dtype.name().to_string(),
+        }
+    }
+
     /// Every step's [`OpInfo`], in order.
     pub fn op_infos(&self) -> Vec<OpInfo> {
         (0..self.program.steps.len())
@@ -419,6 +433,7 @@ impl<'a> ProgramSession<'a> {
             .graph
             .as_ref()
             .ok_or_else(|| Error::Invalid("no graph captured".into()))?;
+        let _op = gpukit_cuda::profiler::op(|| self.graph_info());
         Ok(graph.launch()?)
     }
 

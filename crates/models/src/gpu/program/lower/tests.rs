@@ -381,6 +381,11 @@ fn layouts_decide_the_copies_and_fusions_are_counted() {
         "{:?}",
         p.step_counts()
     );
+    // its projection's bias joined the sum of the convolution that adds it: the projection
+    // is a bare convolution with no element-wise step after it (the one left: the classifier's
+    // bias)
+    assert_eq!(count(&p, "conv (cuDNN)"), 1, "{:?}", p.step_counts());
+    assert_eq!(count(&p, "element-wise"), 1, "{:?}", p.step_counts());
     assert!(p
         .steps
         .iter()
