@@ -40,6 +40,15 @@ if d.get("gpu_engine"): print("  gpu:", d["gpu_engine"][:300])
 PY
 }
 case "${PART:-a}" in
+resnet)
+  (cd scripts && python3 export_torchvision.py "$W" resnet50) 2>"$OUT/export-resnet.err" | cut -c1-120 | tee -a "$SUMMARY"
+  for i in 1 2; do
+    g "general-resnet50-$i" infer --onnx "$W/resnet50.onnx" --general-engine --batch-sizes 1,32,128 --device all \
+      --strategies fp32,fp16-nhwc,fp16-nhwc-graph --iterations 3
+  done
+  g "handbuilt-resnet50" infer --onnx "$W/resnet50.onnx" --batch-sizes 1,32,128 --device all \
+    --strategies fp32,fp16-nhwc-graph --iterations 3
+  ;;
 profile)
   MODELS=${MODELS:-"efficientnet_b0 densenet121 convnext_tiny resnet50"}
   (cd scripts && python3 export_torchvision.py "$W" $MODELS) 2>"$OUT/export-profile.err" | cut -c1-120 | tee -a "$SUMMARY"
@@ -75,7 +84,7 @@ a|b)
   done
   if [ "${PART:-a}" = a ]; then
     g "handbuilt-resnet50" infer --onnx "$W/resnet50.onnx" --batch-sizes 1,32 --device all \
-      --strategies fp16-nhwc-graph --iterations 3
+      --strategies fp32,fp16-nhwc-graph --iterations 3
   fi
   say "-- PyTorch 2.x, same models, fp16 channels_last, cudnn.benchmark:"
   (cd scripts && env -u LD_LIBRARY_PATH python3 torchvision_peer.py 1,32 $MODELS) 2>"$OUT/peer-$PART.err" | tee -a "$SUMMARY"

@@ -5,7 +5,12 @@
 //! precision).
 
 use super::model::Prepared;
-use super::{OnnxOptions, TOLERANCE};
+use super::OnnxOptions;
+
+/// How far the model read back may be from the graph on the CPU: both are f32 computations of
+/// the same sums in another order (a misread model is off by the size of its outputs); with
+/// batch-norm statistics measured on data ResNet-50's two agree within 1e-5 to 1e-4.
+pub const READ_BACK_TOLERANCE: f64 = 1e-4;
 use crate::accuracy::agreement;
 use crate::infer::{InferOptions, InferStrategy};
 use crate::random::fresh_seed;
@@ -27,7 +32,7 @@ impl ReadResnet {
     pub fn describe(&self, device: Option<&str>) -> String {
         format!(
             "{} read from the graph (on the CPU at batch {}: max rel. diff {:.1e} against \
-             gpukit's interpreter, <= {TOLERANCE:.0e}); gpukit's engine{}",
+             gpukit's interpreter, <= {READ_BACK_TOLERANCE:.0e}); gpukit's ResNet engine{}",
             self.folded.model.name(),
             self.batch,
             self.max_rel,
@@ -75,9 +80,9 @@ pub(super) fn resnet_of(prepared: &Prepared) -> Result<ReadResnet, String> {
     }
     let a = agreement(&theirs, graph_out, classes);
     // NaN is over too
-    if a.max_rel.is_nan() || a.max_rel > TOLERANCE {
+    if a.max_rel.is_nan() || a.max_rel > READ_BACK_TOLERANCE {
         return Err(format!(
-            "read as {}, it differs from the graph on the CPU by {:.1e} (over {TOLERANCE:.0e})",
+            "read as {}, it differs from the graph on the CPU by {:.1e} (over {READ_BACK_TOLERANCE:.0e})",
             folded.model.name(),
             a.max_rel
         ));

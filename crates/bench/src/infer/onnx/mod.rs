@@ -242,6 +242,10 @@ pub fn run_onnx(
     let on_gpu: Vec<InferStrategy> = wanted.iter().copied().filter(|s| !s.on_cpu()).collect();
     let resnet = (!on_gpu.is_empty() && !opts.general_engine).then(|| gpu::resnet_of(&prepared));
     let general = !on_gpu.is_empty() && !matches!(resnet, Some(Ok(_)));
+    let refused = match &resnet {
+        Some(Err(why)) if why.contains("differs from the graph") => Some(why.clone()),
+        _ => None,
+    };
     let bench = Bench {
         keep_reference: general && discovery.is_some(),
         ..bench
@@ -331,7 +335,13 @@ pub fn run_onnx(
                 ));
             }
             if ctx.is_ok() {
-                run.gpu_engine = Some(general::describe(steps.as_deref(), &device));
+                let mut engine = general::describe(steps.as_deref(), &device);
+                // a graph of the ResNet family the reader refused: say why it is not on the
+                // hand-built engine
+                if let Some(why) = &refused {
+                    engine.push_str(&format!(" (not on the ResNet engine: {why})"));
+                }
+                run.gpu_engine = Some(engine);
             }
         }
         _ => {
