@@ -340,10 +340,8 @@ impl<'a> ProgramSession<'a> {
                 // its output: a barrier keeps the two from overlapping (as the ResNet engine
                 // does after its projections; cuDNN's kernels may start before the one before
                 // them has finished)
-                let next_is_conv = matches!(
-                    self.program.steps.get(i + 1),
-                    Some((_, Step::Conv(_)))
-                );
+                let next_is_conv =
+                    matches!(self.program.steps.get(i + 1), Some((_, Step::Conv(_))));
                 if !c.fused && next_is_conv {
                     ctx.kernels.barrier()?;
                 }
