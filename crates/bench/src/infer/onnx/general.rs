@@ -3,8 +3,7 @@
 //! against the reference of that batch (ONNX Runtime's on the same input, else gpukit's
 //! interpreter's) before its speed counts.
 
-use super::rows::{judge_with, Outputs, TOLERANCE};
-use crate::accuracy::tolerance;
+use super::rows::{judge_with, Outputs};
 use crate::infer::report::{rate, row, InferRow};
 use crate::infer::InferStrategy;
 use crate::measure::{time_device, Plan};
@@ -23,19 +22,7 @@ pub(super) struct Reference<'a> {
     pub label: &'a str,
 }
 
-/// The tolerance of a precision against the f32 reference (max |diff| over max |reference|):
-/// ONNX Runtime's own bound for f32; tf32 as the ResNet engine judges it; for f16 and bf16 a
-/// bound that a broken step exceeds by far but 50 layers of 16-bit storage stay under on a
-/// model whose logits are of order one (ResNet-50 with measured batch-norm statistics: 2.4-3.4e-2
-/// in f16 on both GPU engines, every top-1 class the same). Top-1 agreement is shown beside.
-pub fn general_tolerance(d: DType) -> f64 {
-    match d {
-        DType::F32 | DType::F64 => TOLERANCE,
-        DType::Tf32 => tolerance(DType::Tf32),
-        DType::F16 => 5e-2,
-        DType::Bf16 => 1e-1,
-    }
-}
+pub use crate::accuracy::graph_tolerance as general_tolerance;
 
 /// The GPU rows of `graph` (optimized, at batch `n`) for `wanted` (GPU strategies), timed by
 /// `plan`; `ctx`: the opened device or why it could not open.

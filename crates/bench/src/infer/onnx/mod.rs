@@ -103,17 +103,6 @@ pub struct OnnxRun {
     pub gpu_engine: Option<String>,
 }
 
-/// The model in `file` imported at batch `n` (other named axes from `dims`) and optimized by
-/// gpukit's passes: what the GPU engine lowers (`profile infer --onnx`'s workload).
-pub fn optimized_graph(
-    file: &std::path::Path,
-    n: usize,
-    dims: &[(String, usize)],
-) -> Result<gpukit_models::graph::Graph> {
-    let file = ModelFile::read(file)?;
-    Ok(prepare(&file, n, dims)?.optimized)
-}
-
 /// The rows `infer --onnx` runs: those named (a GPU one gives a skipped row), else gpukit's
 /// CPU row and ONNX Runtime's where the CPU is selected (the GPU defaults otherwise, each a
 /// skipped row).

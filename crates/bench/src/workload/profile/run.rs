@@ -653,7 +653,13 @@ pub fn profile_onnx(
         ));
     }
     let n = w.batch;
-    let graph = crate::infer::onnx::optimized_graph(file, n, dims)?;
+    let mut graph = gpukit_models::onnx::ModelFile::read(file)?.import(
+        &gpukit_models::onnx::ImportOptions {
+            batch: Some(n),
+            dims: dims.to_vec(),
+        },
+    )?;
+    gpukit_models::graph::passes::optimize(&mut graph).map_err(gpukit_models::Error::from)?;
     let program = gpukit_models::gpu::program::Program::lower(&graph, gs.dtype, gs.layout)
         .map_err(|e| Error::BadInput(format!("the GPU engine cannot run this model yet: {e}")))?;
     let ordinal = match w.device {
@@ -682,7 +688,7 @@ pub fn profile_onnx(
     let xs: Vec<&[f32]> = inputs.iter().filter_map(|a| a.as_f32()).collect();
     let mut session =
         gpukit_models::gpu::program::ProgramSession::new(&ctx, discovery, &program, progress)?;
-    let tol = crate::infer::onnx::general_tolerance(gs.dtype);
+    let tol = crate::accuracy::graph_tolerance(gs.dtype);
     let check = |got: &[Vec<f32>]| -> Result<()> {
         for (g, w) in got.iter().zip(&want) {
             let w = w.as_f32().unwrap_or_default();
