@@ -105,6 +105,14 @@ fn profile_bad_input_exits_2() -> Result<(), Failed> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let nowhere = dir.path().join("missing").join("t.json");
     let nowhere = nowhere.to_string_lossy().to_string();
+    let missing_model = dir.path().join("none.onnx").to_string_lossy().to_string();
+    let model_path = dir.path().join("tiny.onnx");
+    std::fs::write(
+        &model_path,
+        gpukit_models::onnx::fixtures::bytes(&gpukit_models::onnx::fixtures::tiny_resnet(1)),
+    )
+    .map_err(|e| e.to_string())?;
+    let model = model_path.to_string_lossy().to_string();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["profile", "lessons"], "unrecognized subcommand"),
         (
@@ -142,6 +150,18 @@ fn profile_bad_input_exits_2() -> Result<(), Failed> {
             "runs on a GPU",
         ),
         (vec!["profile", "train", "--gpus", "2"], "one GPU"),
+        (
+            vec!["profile", "infer", "--onnx", &missing_model],
+            "cannot be read",
+        ),
+        (
+            vec!["profile", "infer", "--onnx", &model, "--strategy", "cpu"],
+            "not one of its strategies",
+        ),
+        (
+            vec!["profile", "infer", "--onnx", &model, "--weights", &model],
+            "cannot be used with",
+        ),
     ];
     for (args, says) in cases {
         let out = gpukit(&args);
@@ -194,6 +214,42 @@ fn with_a_gpu_every_kernel_has_an_op_and_a_layer() -> Result<(), Failed> {
         format!("kernel time / step = {coverage}: {r}")
     })?;
     trace_is_valid(&trace).map(drop)
+}
+
+/// An ONNX model on the general engine: every kernel tied to a step named by its ONNX node,
+/// the graph replay attributed through the eager pass.
+fn with_a_gpu_an_onnx_model_is_profiled_by_node() -> Result<(), Failed> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let path = dir.path().join("convnext.onnx");
+    let seed = gpukit_tensor::random::fresh_seed();
+    std::fs::write(
+        &path,
+        gpukit_models::onnx::fixtures::bytes(&gpukit_models::onnx::fixtures::convnext(seed)),
+    )
+    .map_err(|e| e.to_string())?;
+    let p = path.to_string_lossy().to_string();
+    for strategy in ["fp16-nhwc", "fp32-graph"] {
+        let doc = gpu_profile(&[
+            "--onnx",
+            &p,
+            "--batch-size",
+            "4",
+            "--strategy",
+            strategy,
+            "--steps",
+            "3",
+            "--group-by",
+            "layer",
+        ])?;
+        let r = &doc["result"];
+        ensure(
+            r["unattributed_kernels"] == 0 && r["without_layer"] == 0,
+            || format!("{strategy}: {r}"),
+        )?;
+        let rows = rows(&doc);
+        ensure(rows.len() >= 5, || format!("{strategy}: {r}"))?;
+    }
+    Ok(())
 }
 
 fn with_a_gpu_a_graph_replay_is_attributed_and_has_fewer_gaps() -> Result<(), Failed> {
@@ -319,6 +375,10 @@ fn main() {
         (
             "gpu::training_is_profiled_op_by_op",
             with_a_gpu_training_is_profiled_op_by_op,
+        ),
+        (
+            "gpu::an_onnx_model_is_profiled_by_node",
+            with_a_gpu_an_onnx_model_is_profiled_by_node,
         ),
     ];
     run_kinds(any, Vec::new(), gpu, Vec::new());
