@@ -772,7 +772,11 @@ fn infer_onnx(a: InferArgs, out: &Output) -> Result<()> {
     let Some(file) = a.onnx else {
         return Err(Error::BadInput("infer --onnx needs a model file".into()).into());
     };
-    let strategies = onnx_strategies(a.strategies.as_deref(), a.device)?;
+    // the GPU's default rows only where one is usable (never a wall of skipped rows)
+    let gpu_usable = a.strategies.is_none()
+        && a.device != DeviceSelection::One(Device::Cpu)
+        && gpukit_cuda::driver::probe(&prepare_process()).is_ok();
+    let strategies = onnx_strategies(a.strategies.as_deref(), a.device, gpu_usable)?;
     if let Some(sizes) = &a.batch_sizes {
         check_batches(&strategies, sizes)?;
     }

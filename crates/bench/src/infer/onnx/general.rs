@@ -45,6 +45,18 @@ pub(super) fn rows_at(
             _ => None,
         })
         .collect();
+    // one image at a time is the ResNet engine's: its rows say so
+    let mut rows: Vec<InferRow> = wanted
+        .iter()
+        .filter(|s| matches!(s, InferStrategy::OneAtATime(_)) && n > 1)
+        .map(|s| {
+            let mut r = row(&s.name(), device, n);
+            r.status = RowStatus::Skipped(
+                "one image at a time runs on the ResNet engine only, so far".into(),
+            );
+            r
+        })
+        .collect();
     let skipped = |why: &str| -> Vec<InferRow> {
         strategies
             .iter()
@@ -57,12 +69,17 @@ pub(super) fn rows_at(
     };
     let ctx = match ctx {
         Ok(c) => c,
-        Err(why) => return skipped(why),
+        Err(why) => {
+            rows.extend(skipped(why));
+            return rows;
+        }
     };
     let Some(reference) = reference else {
-        return skipped("no reference output to check against at this batch size");
+        rows.extend(skipped(
+            "no reference output to check against at this batch size",
+        ));
+        return rows;
     };
-    let mut rows = Vec::new();
     let mut fp32_eager = None;
     // one program and session per dtype and layout; its eager and graph rows share it
     let mut pairs: Vec<(DType, gpukit_tensor::Layout)> = Vec::new();

@@ -103,18 +103,23 @@ pub struct OnnxRun {
     pub gpu_engine: Option<String>,
 }
 
-/// The rows `infer --onnx` runs: those named (a GPU one gives a skipped row), else gpukit's
-/// CPU row and ONNX Runtime's where the CPU is selected (the GPU defaults otherwise, each a
-/// skipped row).
+/// The rows `infer --onnx` runs: those named; else gpukit's CPU row and ONNX Runtime's where
+/// the CPU is selected, and the GPU engine's default strategies where a GPU is selected and
+/// `gpu_usable` (one image at a time is the ResNet engine's and is left out of the defaults).
+/// Without a usable GPU the defaults are the CPU rows, not a wall of skipped rows.
 pub fn onnx_strategies(
     requested: Option<&[InferStrategy]>,
     selection: DeviceSelection,
+    gpu_usable: bool,
 ) -> Result<Vec<InferStrategy>> {
     let all = select_strategies(requested, selection)?;
     if requested.is_some() || !all.iter().any(InferStrategy::on_cpu) {
         return Ok(all);
     }
-    Ok(all.into_iter().filter(InferStrategy::on_cpu).collect())
+    Ok(all
+        .into_iter()
+        .filter(|s| s.on_cpu() || (gpu_usable && matches!(s, InferStrategy::Gpu(_))))
+        .collect())
 }
 
 /// The JSON document of `infer --onnx`: failed when a row failed, the passes' check failed, or

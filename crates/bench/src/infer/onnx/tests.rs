@@ -30,12 +30,20 @@ fn options(file: PathBuf, strategies: Vec<InferStrategy>) -> OnnxOptions {
 #[test]
 fn the_defaults_are_the_cpu_rows_and_named_gpu_strategies_stay() {
     let cpu = vec![InferStrategy::Cpu, InferStrategy::OnnxRuntime];
-    assert_eq!(onnx_strategies(None, DeviceSelection::All).unwrap(), cpu);
-    let gpu = onnx_strategies(None, DeviceSelection::One(Device::Cuda(0))).unwrap();
+    assert_eq!(
+        onnx_strategies(None, DeviceSelection::All, false).unwrap(),
+        cpu
+    );
+    // with a usable GPU, the engine's GPU strategies too, one image at a time left out
+    let both = onnx_strategies(None, DeviceSelection::All, true).unwrap();
+    assert_eq!(both[..2], cpu[..]);
+    assert!(both.len() > 2);
+    assert!(both[2..].iter().all(|s| matches!(s, InferStrategy::Gpu(_))));
+    let gpu = onnx_strategies(None, DeviceSelection::One(Device::Cuda(0)), true).unwrap();
     assert!(!gpu.is_empty() && gpu.iter().all(|s| !s.on_cpu()));
     let named = [InferStrategy::Cpu, InferStrategy::parse("fp16").unwrap()];
     assert_eq!(
-        onnx_strategies(Some(&named), DeviceSelection::All).unwrap(),
+        onnx_strategies(Some(&named), DeviceSelection::All, false).unwrap(),
         named
     );
 }
