@@ -31,10 +31,13 @@ pub fn tolerance(dtype: DType) -> f64 {
         DType::F16 => 3e-3,
         // bf16 output rounding alone is about 2e-3
         DType::Bf16 => 1.5e-2,
+        // fp8 inputs drawn exact in E4M3 (products exact in f32), f32 accumulation, bf16 output:
+        // the output's rounding dominates as for bf16
+        DType::F8E4M3 => 1.5e-2,
     }
 }
 
-/// Checks `c` (row-major n x n, storage `ty`) against a float64 product of the stored inputs on
+/// Checks `c` (row-major n x n, storage `ty.product_output()`) against a float64 product of the stored inputs on
 /// a grid of sampled rows and columns. NaN anywhere in the sample fails.
 pub fn verify_square(
     ty: DType,
@@ -47,7 +50,8 @@ pub fn verify_square(
     verify_product(ty, dtype, pair, c, (n, n, n), seed)
 }
 
-/// Checks `c` (row-major m x n, storage `ty`) = `a` (m x k) times `b` (k x n) against a float64
+/// Checks `c` (row-major m x n, storage `ty.product_output()`: bf16 for fp8) = `a` (m x k) times
+/// `b` (k x n) against a float64
 /// product of the stored inputs on a grid of sampled rows and columns (the last row and column
 /// always among them). NaN anywhere in the sample fails.
 pub fn verify_product(
@@ -74,6 +78,7 @@ pub fn verify_product(
     }
     let (mut num, mut den) = (0.0f64, 0.0f64);
     let mut nan = false;
+    let out = ty.product_output();
     for &i in &rows {
         let arow: Vec<f64> = (0..k)
             .map(|p| element_f64(&pair.a, ty, i * k + p))
@@ -82,7 +87,7 @@ pub fn verify_product(
             let r: f64 = (0..k)
                 .map(|p| arow[p] * element_f64(&pair.b, ty, p * n + j))
                 .sum();
-            let got = element_f64(c, ty, i * n + j);
+            let got = element_f64(c, out, i * n + j);
             nan |= !got.is_finite();
             num += (got - r).powi(2);
             den += r * r;
@@ -329,6 +334,45 @@ mod tests {
             load_achievable(dir.path(), &key()),
             Lookup::Unreadable(_)
         ));
+    }
+
+    #[test]
+    fn an_fp8_product_is_read_as_bf16_and_checked_against_float64() {
+        use gpukit_tensor::codec::encode_f64;
+        let (m, n, k) = (3, 2, 16);
+        let a: Vec<f64> = (0..m * k).map(|i| (i % 7) as f64 * 0.25 - 0.75).collect();
+        let b: Vec<f64> = (0..k * n).map(|i| 1.5 - (i % 5) as f64 * 0.5).collect();
+        let mut c = vec![0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+            }
+        }
+        let pair = HostPair {
+            a: encode_f64(&a, DType::F8E4M3),
+            b: encode_f64(&b, DType::F8E4M3),
+        };
+        let good = verify_product(
+            DType::F8E4M3,
+            DType::F8E4M3,
+            &pair,
+            &encode_f64(&c, DType::Bf16),
+            (m, n, k),
+            5,
+        );
+        assert!(good.passed && good.rel_err < 1e-2, "{good:?}");
+        assert_eq!(good.tolerance, tolerance(DType::F8E4M3));
+        // a wrong corner (always among the samples) fails
+        c[(m - 1) * n + n - 1] *= 2.0;
+        let bad = verify_product(
+            DType::F8E4M3,
+            DType::F8E4M3,
+            &pair,
+            &encode_f64(&c, DType::Bf16),
+            (m, n, k),
+            5,
+        );
+        assert!(!bad.passed, "{bad:?}");
     }
 
     #[test]
