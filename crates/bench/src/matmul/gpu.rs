@@ -431,7 +431,7 @@ pub(crate) fn fp8_backend(backend: &str, tolerance: f64) -> String {
 }
 
 /// Why an fp8 shape has no product: cuBLASLt offered no algorithm.
-pub(super) fn fp8_no_algorithm((m, n, k): (usize, usize, usize), said: &str) -> String {
+pub(crate) fn fp8_no_algorithm((m, n, k): (usize, usize, usize), said: &str) -> String {
     format!(
         "cuBLASLt has no fp8 algorithm for {m}x{n}x{k} (it said: {said}; fp8 wants dimensions \
          that are multiples of 16)"
@@ -440,7 +440,7 @@ pub(super) fn fp8_no_algorithm((m, n, k): (usize, usize, usize), said: &str) -> 
 
 /// fp8 operands drawn on the host (the random kernel draws no fp8): uniform in [-2, 2) or
 /// normal, rounded to E4M3 (`random::fill_e4m3`), then uploaded.
-pub(super) fn draw_fp8(
+pub(crate) fn draw_fp8(
     gpu: &Gpu,
     len: usize,
     seed: u64,
