@@ -10,7 +10,10 @@ use crate::gpu::GpuFacts;
 use crate::measure::{device_samples, interleave, tflops, Clock, Plan};
 use crate::random::fresh_seed;
 use crate::report::{RowStatus, Verification};
-use crate::workload::gemm::{verify_square, HostPair};
+use crate::workload::gemm::{
+    b_as_stored, draw_fp8, fp8_backend, fp8_no_algorithm, unsupported_shape, verify_square,
+    HostPair,
+};
 use gpukit_cuda::blas::Blas;
 use gpukit_cuda::{DeviceBuffer, Gpu};
 use gpukit_tensor::kernels::Distribution;
@@ -83,6 +86,10 @@ pub(super) fn gpu_rows(
             continue;
         }
         for &n in &opts.sizes {
+            if let Some(why) = unsupported_shape(dtype, (n, n, n)) {
+                rows.push(MatmulRow::skipped(dev, dtype, n, why));
+                continue;
+            }
             progress(&format!("matmul {dev} {dtype} {n}x{n}"));
             rows.push(gpu_row((gpu, blas), dtype, n, l2, opts, turns));
         }
@@ -420,50 +427,6 @@ pub(super) fn gpu_candidates(
         }
     }
     Ok(candidates)
-}
-
-/// An fp8 row's backend cell: what was multiplied and how closely it was checked.
-pub(crate) fn fp8_backend(backend: &str, tolerance: f64) -> String {
-    format!(
-        "{backend}; E4M3 inputs (exact), f32 accumulation, bf16 output checked against float64 \
-         to {tolerance:.1e}"
-    )
-}
-
-/// Why an fp8 shape has no product: cuBLASLt offered no algorithm.
-pub(crate) fn fp8_no_algorithm((m, n, k): (usize, usize, usize), said: &str) -> String {
-    format!(
-        "cuBLASLt has no fp8 algorithm for {m}x{n}x{k} (it said: {said}; fp8 wants dimensions \
-         that are multiples of 16)"
-    )
-}
-
-/// fp8 operands drawn on the host (the random kernel draws no fp8): uniform in [-2, 2) or
-/// normal, rounded to E4M3 (`random::fill_e4m3`), then uploaded.
-pub(crate) fn draw_fp8(
-    gpu: &Gpu,
-    len: usize,
-    seed: u64,
-    dist: Distribution,
-) -> Result<DeviceBuffer> {
-    let mut bytes = vec![0u8; len];
-    gpukit_tensor::random::fill_e4m3(&mut bytes, seed, dist);
-    Ok(gpu.upload(&bytes)?)
-}
-
-/// The host copy of a `k x n` B operand as the check reads it (row-major k x n): fp8's buffer
-/// holds B transposed (`n x k`, the form gemm_lt takes), turned back here.
-pub(crate) fn b_as_stored(ty: DType, bytes: Vec<u8>, k: usize, n: usize) -> Vec<u8> {
-    if ty != DType::F8E4M3 || bytes.len() < k * n {
-        return bytes;
-    }
-    let mut out = vec![0u8; k * n];
-    for (j, row) in bytes.chunks_exact(k).take(n).enumerate() {
-        for (p, &v) in row.iter().enumerate() {
-            out[p * n + j] = v;
-        }
-    }
-    out
 }
 
 fn blas_workspace() -> usize {

@@ -9,7 +9,7 @@
 mod part;
 pub use part::{MatmulPart, PART};
 mod cpu;
-pub(crate) mod gpu;
+mod gpu;
 pub mod search;
 #[cfg(test)]
 mod tests;

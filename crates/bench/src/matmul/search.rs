@@ -5,7 +5,7 @@
 //! row; a shape whose check fails gives no figure. The best of each dtype is kept in gpukit's
 //! cache folder per GPU, driver and cuBLASLt, where `stress` reads it as the achievable ceiling.
 
-use super::gpu::{b_as_stored, draw_fp8, gpu_candidates, pick_candidate, trial_order, Backend};
+use super::gpu::{gpu_candidates, pick_candidate, trial_order, Backend};
 use crate::error::{Error, Result};
 use crate::gpu::{describe_gpu, gpu_lacks, GpuFacts};
 use crate::measure::{device_samples, tflops, Plan};
@@ -13,7 +13,8 @@ use crate::random::fresh_seed;
 use crate::report::{judge_rows, Document, RowStatus, Verification};
 use crate::stats::Summary;
 use crate::workload::gemm::{
-    cache_dir, save_achievable, verify_product, AchievableKey, DtypeBest, HostPair,
+    b_as_stored, cache_dir, draw_fp8, fp8_backend, save_achievable, unsupported_shape,
+    verify_product, AchievableKey, DtypeBest, HostPair,
 };
 use gpukit_cuda::blas::Blas;
 use gpukit_cuda::loader::Discovery;
@@ -151,7 +152,8 @@ pub fn run_search(
                 median_ms: None,
                 verification: None,
             };
-            if let Some(why) = gpu_lacks(cc, dtype) {
+            if let Some(why) = gpu_lacks(cc, dtype).or_else(|| unsupported_shape(dtype, (m, n, k)))
+            {
                 row.status = RowStatus::Skipped(why);
                 rows.push(row);
                 continue;
@@ -348,7 +350,7 @@ fn search_shape(gpu: &Gpu, blas: &Blas, opts: &SearchOptions, row: &mut SearchRo
         ));
     }
     if dtype == DType::F8E4M3 {
-        row.backend = Some(super::gpu::fp8_backend(&backend.label(), v.tolerance));
+        row.backend = Some(fp8_backend(&backend.label(), v.tolerance));
     }
     row.verification = Some(v);
     Ok(())

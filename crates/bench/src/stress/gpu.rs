@@ -10,11 +10,12 @@ use super::{
 use crate::ceilings::PeakSource;
 use crate::error::{Error, Result};
 use crate::gpu::describe_gpu;
-use crate::matmul::gpu::{b_as_stored, draw_fp8, fp8_no_algorithm};
+
 use crate::measure::{device_samples, gbs, Plan};
 use crate::random::{fill_bytes, fresh_seed};
 use crate::workload::gemm::{
-    cache_dir, load_achievable, verify_square, AchievableKey, HostPair, Lookup,
+    b_as_stored, cache_dir, draw_fp8, fp8_no_algorithm, load_achievable, unsupported_shape,
+    verify_square, AchievableKey, HostPair, Lookup,
 };
 use gpukit_cuda::blas::Blas;
 use gpukit_cuda::loader::Discovery;
@@ -97,6 +98,8 @@ pub(super) fn stress_gpu(
     let cc = facts.compute_capability.unwrap_or((0, 0));
     for (dtype, seconds) in budget.matmul_mix(cc) {
         progress(&format!("cuda:{ordinal} matmul {dtype}"));
+        let n = opts.matmul_size;
+        let seconds = seconds.and_then(|s| unsupported_shape(dtype, (n, n, n)).map_or(Ok(s), Err));
         let mut m = match seconds {
             Err(why) => MatmulStress {
                 dtype: Some(dtype),

@@ -4,10 +4,14 @@
 //! kept in gpukit's cache folder per GPU, driver and cuBLASLt (the "achievable" ceiling `stress`
 //! places its rates against beside the datasheet's).
 
+use crate::error::Result;
 use crate::report::Verification;
 use gpukit_cuda::loader::{Discovery, Lib};
 use gpukit_cuda::nvml::NvmlSession;
+use gpukit_cuda::DeviceBuffer;
+use gpukit_cuda::Gpu;
 use gpukit_tensor::codec::element_f64;
+use gpukit_tensor::kernels::Distribution;
 use gpukit_tensor::DType;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -105,6 +109,59 @@ pub fn verify_product(
         tolerance,
         passed: rel_err <= tolerance,
     }
+}
+
+// ---- fp8 (E4M3) products: what `bench matmul` and `stress` share ----
+
+/// Why cuBLASLt's fp8 cannot take a shape (None for every other dtype): its fp8 kernels want
+/// 16-byte aligned leading dimensions, so gpukit runs fp8 only where m, n and k are multiples of
+/// 16 (1000 and 1023, in the default sizes, are not: those rows are skipped, not failed).
+pub fn unsupported_shape(dtype: DType, (m, n, k): (usize, usize, usize)) -> Option<String> {
+    if dtype != DType::F8E4M3 || [m, n, k].iter().all(|d| d % 16 == 0) {
+        return None;
+    }
+    Some(format!(
+        "fp8 on cuBLASLt takes dimensions that are multiples of 16; {m}x{n}x{k} is not"
+    ))
+}
+
+/// An fp8 row's backend cell: what was multiplied and how closely it was checked.
+pub fn fp8_backend(backend: &str, tolerance: f64) -> String {
+    format!(
+        "{backend}; E4M3 inputs (exact), f32 accumulation, bf16 output checked against float64 \
+         to {tolerance:.1e}"
+    )
+}
+
+/// Why an fp8 shape has no product: cuBLASLt offered no algorithm.
+pub fn fp8_no_algorithm((m, n, k): (usize, usize, usize), said: &str) -> String {
+    format!(
+        "cuBLASLt has no fp8 algorithm for {m}x{n}x{k} (it said: {said}; fp8 wants dimensions \
+         that are multiples of 16)"
+    )
+}
+
+/// fp8 operands drawn on the host (the random kernel draws no fp8): uniform in [-2, 2) or
+/// normal, rounded to E4M3 (`random::fill_e4m3`), then uploaded.
+pub fn draw_fp8(gpu: &Gpu, len: usize, seed: u64, dist: Distribution) -> Result<DeviceBuffer> {
+    let mut bytes = vec![0u8; len];
+    gpukit_tensor::random::fill_e4m3(&mut bytes, seed, dist);
+    Ok(gpu.upload(&bytes)?)
+}
+
+/// The host copy of a `k x n` B operand as the check reads it (row-major k x n): fp8's buffer
+/// holds B transposed (`n x k`, the form gemm_lt takes), turned back here.
+pub fn b_as_stored(ty: DType, bytes: Vec<u8>, k: usize, n: usize) -> Vec<u8> {
+    if ty != DType::F8E4M3 || bytes.len() < k * n {
+        return bytes;
+    }
+    let mut out = vec![0u8; k * n];
+    for (j, row) in bytes.chunks_exact(k).take(n).enumerate() {
+        for (p, &v) in row.iter().enumerate() {
+            out[p * n + j] = v;
+        }
+    }
+    out
 }
 
 // ---- the achievable ceiling: `bench matmul --search`'s best, kept per GPU ----
