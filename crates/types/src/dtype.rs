@@ -136,7 +136,8 @@ impl FromStr for DType {
             "tf32" => Ok(DType::Tf32),
             "f16" | "fp16" | "float16" | "half" => Ok(DType::F16),
             "bf16" | "bfloat16" => Ok(DType::Bf16),
-            "fp8" | "f8" | "f8e4m3" | "e4m3" | "float8_e4m3fn" | "fp8_e4m3" => Ok(DType::F8E4M3),
+            // not "f8": it would not say which fp8 (E5M2 is the other)
+            "fp8" | "f8e4m3" | "e4m3" | "float8_e4m3fn" | "fp8_e4m3" => Ok(DType::F8E4M3),
             _ => Err(ParseDTypeError {
                 given: crate::shown(s),
             }),
@@ -162,6 +163,7 @@ mod tests {
         assert_eq!("F8E4M3".parse(), Ok(DType::F8E4M3));
         assert_eq!("float8_e4m3fn".parse(), Ok(DType::F8E4M3));
         assert!("fp8_e5m2".parse::<DType>().is_err());
+        assert!("f8".parse::<DType>().is_err());
         assert!(!DType::ALL.contains(&DType::F8E4M3));
         assert_eq!(DType::MATMUL.len(), DType::ALL.len() + 1);
         for d in DType::MATMUL {
