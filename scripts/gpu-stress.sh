@@ -9,7 +9,9 @@
 #   3. the planted faults (GPUKIT_STRESS_PLANT_FAULT, for tests only), matmul then memory: each
 #      must exit 1 naming cuda:0;
 #   4. `bench matmul --search --dtype bf16`: the best shape and rate (the H100 target: 780 TFLOP/s
-#      or more), kept in the cache folder;
+#      or more), kept in the cache folder; then `--dtype fp8` (compute capability 8.9 and newer;
+#      mamf-finder's published H100 fp8 best: 1,402.6 TFLOP/s), kept beside it, after the fp8
+#      GPU test (cuBLASLt's fp8 candidates against float64, gpu_ops gpu::fp8);
 #   5. `stress --level 2 --duration 90`: whether sw_power_cap was seen, and the rates against the
 #      searched ceiling just kept;
 #   6. with two GPUs or more, `stress --duration 20`: the peer copies and the NCCL all-reduce
@@ -113,6 +115,45 @@ for d in r["dtypes"]:
 for row in r["rows"]:
     st = row["status"]
     print(f"    {row['dtype']} {row['m']}x{row['n']}x{row['k']}: {row['tflops'] and round(row['tflops'], 1)} {st['status']} {st.get('why', '')[:100]} {row['backend']}")
+print(f"  kept in: {r['kept_in']}; not kept: {r['not_kept']}")
+PY
+
+# 4b. fp8: the GPU test (ignored, with the reason, below compute capability 8.9), then the search
+for t in "$TESTS"/gpu_ops-*; do
+  [ -x "$t" ] || continue
+  g env GPUKIT_REQUIRE_GPU=1 timeout 120 "$t" gpu::fp8 >"$OUT/tests-fp8.txt" 2>&1
+  rc=$?
+  say "fp8 GPU test rc=$rc ($(basename "$t") gpu::fp8)"
+  grep -E "^test |fp8 cuBLASLt|ignored:|test result" "$OUT/tests-fp8.txt" | tee -a "$SUMMARY"
+  [ $rc = 0 ] && check ok "fp8 GPU test" || check fail "fp8 GPU test (see tests-fp8.txt)"
+done
+t0=$(date +%s%N)
+g timeout 400 "$BIN" bench matmul --search --dtype fp8 --save-json "$OUT/search-fp8.json" >"$OUT/search-fp8.txt" 2>"$OUT/search-fp8.err"
+rc=$?
+say "bench matmul --search --dtype fp8 rc=$rc wall $(ms_since "$t0") ms"
+if [ $rc = 0 ]; then
+  check ok "fp8 search ran, every shape checked"
+elif grep -q "needs compute capability 8.9" "$OUT/search-fp8.err"; then
+  say "  SKIP fp8 search: this GPU has no fp8 (below compute capability 8.9); not a pass"
+else
+  check fail "fp8 search: $(tail -1 "$OUT/search-fp8.err")"
+fi
+python3 - "$OUT/search-fp8.json" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import json, sys
+r = json.load(open(sys.argv[1]))["result"]
+MAMF_H100_FP8 = 1402.6  # mamf-finder's published H100 SXM fp8 best (TFLOP/s)
+for d in r["dtypes"]:
+    b = d["best"] or {}
+    t = b.get("tflops")
+    print(f"  {d['dtype']}: best {t and round(t, 1)} TFLOP/s at {b.get('m')}x{b.get('n')}x{b.get('k')} "
+          f"({t and d['peak_tflops'] and round(100 * t / d['peak_tflops'])}% of the datasheet's {d['peak_tflops']}); "
+          f"median {d['median_tflops'] and round(d['median_tflops'], 1)} over {d['shapes_measured']} shapes; "
+          f"mamf-finder's H100 fp8 {MAMF_H100_FP8}: {t and round(100 * t / MAMF_H100_FP8)}%")
+for row in r["rows"]:
+    st = row["status"]
+    v = row.get("verification") or {}
+    print(f"    {row['dtype']} {row['m']}x{row['n']}x{row['k']}: {row['tflops'] and round(row['tflops'], 1)} {st['status']} "
+          f"{st.get('why', '')[:120]} err {v.get('rel_err')} tol {v.get('tolerance')} {row['backend']}")
 print(f"  kept in: {r['kept_in']}; not kept: {r['not_kept']}")
 PY
 

@@ -1,5 +1,5 @@
 //! GPU operations against CPU references, on fresh random inputs: cuBLAS and cuBLASLt at
-//! non-square shapes for every dtype, cuDNN convolution in both layouts, and copies (staged ones
+//! non-square shapes for every dtype (fp8 through cuBLASLt on compute capability 8.9 and newer), cuDNN convolution in both layouts, and copies (staged ones
 //! at sizes that are not a multiple of the chunk), and the stress test's pattern and comparison
 //! kernels. Ignored, with the reason, without a GPU;
 //! GPUKIT_REQUIRE_GPU=1 makes a missing GPU a failure.
@@ -12,6 +12,7 @@ use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::transfer::{copy_d2d, copy_d2h, copy_h2d, h2d_staged, PinnedBytes};
 use gpukit_cuda::Gpu;
 use gpukit_tensor::codec::{decode_f64, encode_f32, round_f32};
+use gpukit_tensor::kernels::Distribution;
 use gpukit_tensor::{ConvShape, DType, Layout};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::OnceLock;
@@ -101,6 +102,71 @@ fn gemm_all_types_non_square() -> Result<(), Failed> {
                 )
                 .into());
             }
+        }
+    }
+    Ok(())
+}
+
+/// fp8 (E4M3) through cuBLASLt at a non-square shape, every heuristic candidate against a
+/// float64 product of the same inputs: A m x k row-major, B handed over transposed (n x k, the
+/// form gemm_lt's fp8 takes), C bf16. A wrong operand layout gives an error near 1, far over the
+/// tolerance.
+fn fp8_gemm_lt_matches_float64() -> Result<(), Failed> {
+    let g = gpu()?;
+    let blas = Blas::new(DISCOVERY.get().ok_or("no discovery")?, &g).map_err(|e| e.to_string())?;
+    let ty = DType::F8E4M3;
+    // fp8 wants multiples of 16
+    let (m, n, k) = (64usize, 48usize, 272usize);
+    let seed = fresh_seed();
+    let mut a = vec![0u8; m * k];
+    let mut b = vec![0u8; k * n];
+    gpukit_bench::random::fill_e4m3(&mut a, seed ^ 1, Distribution::Uniform);
+    gpukit_bench::random::fill_e4m3(&mut b, seed ^ 2, Distribution::Uniform);
+    let (af, bf) = (decode(ty, &a), decode(ty, &b));
+    let mut want = vec![0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            want[i * n + j] = (0..k).map(|p| af[i * k + p] * bf[p * n + j]).sum();
+        }
+    }
+    // B transposed: bt[j][p] = b[p][j]
+    let mut bt = vec![0u8; n * k];
+    for p in 0..k {
+        for j in 0..n {
+            bt[j * k + p] = b[p * n + j];
+        }
+    }
+    let ad = g.upload(&a).map_err(|e| e.to_string())?;
+    let bd = g.upload(&bt).map_err(|e| e.to_string())?;
+    // cuBLAS's GemmEx takes no fp8: an error, not a wrong product
+    let mut cd = g
+        .upload(&vec![0xFFu8; m * n * 2])
+        .map_err(|e| e.to_string())?;
+    if blas.gemm(ty, &ad, &bd, &mut cd, (m, n, k)).is_ok() {
+        return Err("cublasGemmEx accepted fp8".into());
+    }
+    let plans = blas
+        .lt_candidates(ty, m, n, k, 4)
+        .map_err(|e| e.to_string())?;
+    if plans.is_empty() {
+        return Err("cuBLASLt offered no fp8 algorithm".into());
+    }
+    let tol = gpukit_bench::workload::gemm::tolerance(ty);
+    for plan in &plans {
+        let mut cd = g
+            .upload(&vec![0xFFu8; m * n * ty.product_output().size_bytes()])
+            .map_err(|e| e.to_string())?;
+        blas.gemm_lt(plan, &ad, &bd, &mut cd)
+            .map_err(|e| e.to_string())?;
+        let got = decode(DType::Bf16, &g.download(&cd).map_err(|e| e.to_string())?);
+        let err = rel(&got, &want);
+        eprintln!("    fp8 cuBLASLt #{}: relative error {err:.2e}", plan.rank);
+        if err > tol {
+            return Err(format!(
+                "cuBLASLt #{} fp8: relative error {err:.2e} > {tol:.1e} (seed {seed})",
+                plan.rank
+            )
+            .into());
         }
     }
     Ok(())
@@ -403,9 +469,25 @@ fn main() {
             stress_kernels_count_exactly_the_words_that_differ,
         ),
     ];
-    let trials = tests
+    let mut trials: Vec<Trial> = tests
         .into_iter()
         .map(|(name, f)| Trial::test(name, f).with_ignored_flag(skip.is_some()))
         .collect();
+    // fp8 needs compute capability 8.9: ignored, with the reason, on older GPUs (never passed)
+    let cc = match &skip {
+        Some(_) => None,
+        None => gpu().ok().and_then(|g| g.compute_capability().ok()),
+    };
+    let fp8_lacking = cc.and_then(|cc| gpukit_bench::gpu::gpu_lacks(cc, DType::F8E4M3));
+    if let Some(why) = &fp8_lacking {
+        eprintln!("gpu::fp8_gemm_lt_matches_float64 ignored: {why}");
+    }
+    trials.push(
+        Trial::test(
+            "gpu::fp8_gemm_lt_matches_float64",
+            fp8_gemm_lt_matches_float64,
+        )
+        .with_ignored_flag(skip.is_some() || fp8_lacking.is_some()),
+    );
     libtest_mimic::run(&args, trials).exit();
 }

@@ -10,6 +10,14 @@
 //! Buffers are raw device bytes holding the storage type of the [`DType`] (`Tf32` is f32
 //! storage computed on TF32 tensor cores); the library's own type enums are chosen here, at the
 //! boundary.
+//!
+//! fp8 (E4M3, compute capability 8.9 and newer) runs on cuBLASLt only, in the one form its fp8
+//! kernels take ("TN": in its column-major terms A transposed, B not): inputs E4M3, C and D
+//! bf16 ([`DType::product_output`]), f32 accumulation and scales, the scale pointers left at
+//! their default of 1. Row-major `C (m x n) = A (m x k) * B (k x n)` is column-major
+//! `C^T = B^T A^T`, whose first operand must be stored transposed: for fp8, the `b` buffer holds
+//! B transposed (n x k row-major: B column-major, as a linear layer's weight is kept). `a`
+//! stays m x k row-major.
 
 use crate::driver::Gpu;
 use crate::error::{Error, Result};
@@ -38,6 +46,8 @@ impl GemmTypes for DType {
             DType::Tf32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_FAST_TF32),
             DType::F16 => (D::CUDA_R_16F, C::CUBLAS_COMPUTE_32F),
             DType::Bf16 => (D::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F),
+            // cublasGemmEx takes no fp8: the callers refuse it first (matmul_only)
+            DType::F8E4M3 => (D::CUDA_R_8F_E4M3, C::CUBLAS_COMPUTE_32F),
         }
     }
 
@@ -54,6 +64,7 @@ impl GemmTypes for DType {
             ),
             DType::F16 => (D::CUDA_R_16F, C::CUBLAS_COMPUTE_32F, D::CUDA_R_32F),
             DType::Bf16 => (D::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F, D::CUDA_R_32F),
+            DType::F8E4M3 => (D::CUDA_R_8F_E4M3, C::CUBLAS_COMPUTE_32F, D::CUDA_R_32F),
         }
     }
 
@@ -83,6 +94,25 @@ fn lt_ok(call: &'static str, s: lt::cublasStatus_t) -> Result<()> {
         Ok(())
     } else {
         Err(Error::library("cuBLASLt", call, s))
+    }
+}
+
+fn fp8_needs_lt() -> Error {
+    Error::Invalid(
+        "fp8 products run on cuBLASLt only (lt_candidates and gemm_lt), not cublasGemmEx".into(),
+    )
+}
+
+/// The cuBLASLt layouts of row-major `C (m x n) = A (m x k) * B (k x n)` computed as
+/// column-major `C^T = op(X) * A^T`: whether X (the library's A operand, our B) is read
+/// transposed, and (rows, cols, leading dimension) of X, A^T and C^T. fp8 takes X stored
+/// transposed (k x n column-major: B transposed, n x k row-major) and read with op T; the other
+/// types read our row-major B as it is (n x k column-major, op N).
+pub fn lt_layouts(ty: DType, m: usize, n: usize, k: usize) -> (bool, [(usize, usize, usize); 3]) {
+    if ty == DType::F8E4M3 {
+        (true, [(k, n, k), (k, m, k), (n, m, n)])
+    } else {
+        (false, [(n, k, n), (k, m, k), (n, m, n)])
     }
 }
 
@@ -219,11 +249,11 @@ impl Blas {
         c: usize,
         (m, n, k): (usize, usize, usize),
     ) -> Result<()> {
-        let e = ty.size_bytes();
+        let (e, o) = (ty.size_bytes(), ty.product_output().size_bytes());
         for (what, have, need) in [
             ("A", a, m * k * e),
             ("B", b, k * n * e),
-            ("C", c, m * n * e),
+            ("C", c, m * n * o),
         ] {
             if have < need {
                 return Err(Error::Invalid(format!(
@@ -256,6 +286,9 @@ impl Blas {
         c: View<'_>,
         (m, n, k): (usize, usize, usize),
     ) -> Result<()> {
+        if ty.matmul_only() {
+            return Err(fp8_needs_lt());
+        }
         Self::check_lens(ty, a.bytes(), b.bytes(), c.bytes(), (m, n, k))?;
         let (dt, compute) = ty.cublas_types();
         let (alpha, beta) = ty.scalars();
@@ -300,6 +333,9 @@ impl Blas {
         (batch, m, n, k): (usize, usize, usize, usize),
         (trans_a, trans_b): (bool, bool),
     ) -> Result<()> {
+        if ty.matmul_only() {
+            return Err(fp8_needs_lt());
+        }
         let e = ty.size_bytes();
         for (what, have, need) in [
             ("A", a.bytes(), batch * m * k * e),
@@ -374,19 +410,37 @@ impl Blas {
         max: usize,
     ) -> Result<Vec<LtPlan>> {
         let (dt, compute, scale) = ty.lt_types();
+        let (out_dt, _, _) = ty.product_output().lt_types();
+        let (trans_x, dims) = lt_layouts(ty, m, n, k);
         let make = || -> Result<(lt::cublasLtMatmulDesc_t, [lt::cublasLtMatrixLayout_t; 3])> {
             let mut desc = std::ptr::null_mut();
             // SAFETY: out-pointer to a local.
             lt_ok("cublasLtMatmulDescCreate", unsafe {
                 lt::cublasLtMatmulDescCreate(&mut desc, compute, scale)
             })?;
-            // column-major view: D^T (n x m) = B^T (n x k) * A^T (k x m)
+            // column-major view: D^T (n x m) = op(X) (n x k) * A^T (k x m), X our B (see
+            // lt_layouts)
             let mut layouts = [std::ptr::null_mut(); 3];
-            let dims = [(n, k, n), (k, m, k), (n, m, n)];
-            for (slot, (rows, cols, ld)) in layouts.iter_mut().zip(dims) {
+            let types = [dt, dt, out_dt];
+            let op_x: i32 = i32::from(trans_x); // CUBLAS_OP_N = 0, CUBLAS_OP_T = 1
+                                                // SAFETY: `op_x` is a live i32, the attribute's type.
+            let transposed = lt_ok("cublasLtMatmulDescSetAttribute", unsafe {
+                lt::cublasLtMatmulDescSetAttribute(
+                    desc,
+                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                    &op_x as *const i32 as *const c_void,
+                    std::mem::size_of::<i32>(),
+                )
+            });
+            if let Err(e) = transposed {
+                // SAFETY: created above, not shared.
+                unsafe { lt::cublasLtMatmulDescDestroy(desc) };
+                return Err(e);
+            }
+            for ((slot, (rows, cols, ld)), t) in layouts.iter_mut().zip(dims).zip(types) {
                 // SAFETY: out-pointer to a local array slot.
                 let s = unsafe {
-                    lt::cublasLtMatrixLayoutCreate(slot, dt, rows as u64, cols as u64, ld as i64)
+                    lt::cublasLtMatrixLayoutCreate(slot, t, rows as u64, cols as u64, ld as i64)
                 };
                 if let Err(e) = lt_ok("cublasLtMatrixLayoutCreate", s) {
                     // SAFETY: destroy what was created so far.
@@ -487,7 +541,8 @@ impl Blas {
         Ok(plans)
     }
 
-    /// Runs one cuBLASLt plan: row-major `C = A * B` for the plan's shape.
+    /// Runs one cuBLASLt plan: row-major `C = A * B` for the plan's shape (for fp8, `b` holds B
+    /// transposed, n x k, and `c` is bf16: see the module's notes).
     pub fn gemm_lt(
         &self,
         plan: &LtPlan,
@@ -533,5 +588,37 @@ impl Drop for Blas {
             cb::cublasDestroy_v2(self.handle);
             lt::cublasLtDestroy(self.lt_handle);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp8_layouts_are_the_tn_form_and_the_others_read_b_as_stored() {
+        // m = 2, n = 3, k = 16: C^T is 3 x 2 column-major either way
+        let (t, [x, at, ct]) = lt_layouts(DType::F8E4M3, 2, 3, 16);
+        assert!(t, "fp8 reads its first operand transposed");
+        // X stored k x n column-major (B transposed, n x k row-major), ld k
+        assert_eq!(x, (16, 3, 16));
+        assert_eq!(at, (16, 2, 16));
+        assert_eq!(ct, (3, 2, 3));
+        let (t, [x, ..]) = lt_layouts(DType::Bf16, 2, 3, 16);
+        assert!(!t);
+        assert_eq!(x, (3, 16, 3));
+    }
+
+    #[test]
+    fn fp8_writes_bf16_and_is_refused_by_gemm_ex() {
+        assert_eq!(DType::F8E4M3.lt_types().0, lt::cudaDataType::CUDA_R_8F_E4M3);
+        assert_eq!(
+            DType::F8E4M3.product_output().lt_types().0,
+            lt::cudaDataType::CUDA_R_16BF
+        );
+        // C of a 4x4x16 fp8 product is bf16: 32 bytes, not 16
+        assert!(Blas::check_lens(DType::F8E4M3, 64, 64, 16, (4, 4, 16)).is_err());
+        assert!(Blas::check_lens(DType::F8E4M3, 64, 64, 32, (4, 4, 16)).is_ok());
+        assert!(fp8_needs_lt().to_string().contains("cuBLASLt"));
     }
 }

@@ -162,6 +162,7 @@ fn storage_type(d: DType) -> lt::cudaDataType {
         DType::F64 => D::CUDA_R_64F,
         DType::F16 => D::CUDA_R_16F,
         DType::Bf16 => D::CUDA_R_16BF,
+        DType::F8E4M3 => D::CUDA_R_8F_E4M3,
         _ => D::CUDA_R_32F,
     }
 }
@@ -187,6 +188,12 @@ impl Blas {
     /// cuBLASLt has none for it (a combination of types and epilogue it does not fuse).
     pub fn lt_matmul(&self, spec: MatmulSpec) -> Result<Option<LtMatmul>> {
         use lt::cublasLtMatmulDescAttributes_t as A;
+        if spec.inputs.matmul_only() || spec.output.matmul_only() || spec.bias_type.matmul_only() {
+            return Err(Error::Invalid(format!(
+                "lt_matmul: {} is not a training type (fp8 products run through Blas::gemm_lt)",
+                DType::F8E4M3
+            )));
+        }
         if spec.inputs == DType::F64
             || !matches!(spec.output.storage(), DType::F32)
                 && spec.output.storage() != spec.inputs.storage()

@@ -97,6 +97,9 @@ fn raw_dtype(d: DType) -> sys::ncclDataType_t {
         DType::F64 => sys::ncclDataType_t::ncclFloat64,
         DType::F16 => sys::ncclDataType_t::ncclFloat16,
         DType::Bf16 => sys::ncclDataType_t::ncclBfloat16,
+        // never reached: `need` refuses fp8 before any call (a byte type would move the bytes
+        // but sum them as integers)
+        DType::F8E4M3 => sys::ncclDataType_t::ncclUint8,
         _ => sys::ncclDataType_t::ncclFloat32,
     }
 }
@@ -266,6 +269,11 @@ impl Comm {
     }
 
     fn need(view: &View<'_>, count: usize, dtype: DType, what: &str) -> Result<()> {
+        if dtype.matmul_only() {
+            return Err(Error::Invalid(format!(
+                "{what}: gpukit's collectives take f64, f32, f16 and bf16, not {dtype}"
+            )));
+        }
         view.require(count * dtype.size_bytes(), what)
     }
 

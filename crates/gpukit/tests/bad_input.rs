@@ -669,8 +669,8 @@ fn cases(dir: &Path) -> Vec<Case> {
             &["--search", "--sizes"],
         ),
         case(
-            &["bench", "matmul", "--search", "--dtype", "fp8"],
-            &["--dtype"],
+            &["bench", "matmul", "--search", "--dtype", "fp8_e5m2"],
+            &["--dtype", "unknown dtype"],
         ),
     ]);
     // a value that is not UTF-8

@@ -561,8 +561,8 @@ fn with_a_gpu_a_device_past_the_last_exits_2() -> Result<(), Failed> {
     Ok(())
 }
 
-/// A short stress run: every test ran on GPU 0, every product was compared with the first and
-/// checked against float64, memory was written and read, copies arrived; the verdict is the
+/// A short stress run: every test ran on GPU 0 (fp8 where the GPU has it), every product was
+/// compared with the first and checked against float64, memory was written and read, copies arrived; the verdict is the
 /// GPU's (the exit code follows it, whichever it is).
 fn with_a_gpu_stress_checks_every_result_and_judges_each_gpu() -> Result<(), Failed> {
     let args = ["stress", "--gpus", "0", "--duration", "8", "--json"];
@@ -581,6 +581,26 @@ fn with_a_gpu_stress_checks_every_result_and_judges_each_gpu() -> Result<(), Fai
         ensure(m["products"].as_u64().unwrap_or(0) >= 2, || m.to_string())?;
         ensure(m["reference_first"]["passed"] == true, || m.to_string())?;
         ensure(m["repeat_words_differing"] == 0, || m.to_string())?;
+    }
+    // fp8 is in the mix from compute capability 8.9, and says why not below it
+    let cc = g["compute_capability"]
+        .as_array()
+        .and_then(|v| Some((v.first()?.as_u64()?, v.get(1)?.as_u64()?)));
+    let fp8 = g["matmul"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["dtype"] == "f8e4m3")
+        .ok_or_else(|| Failed::from(format!("no fp8 entry: {g}")))?;
+    match cc {
+        Some(cc) if cc >= (8, 9) => ensure(
+            fp8["skipped"].is_null() && fp8["products"].as_u64().unwrap_or(0) >= 2,
+            || fp8.to_string(),
+        )?,
+        _ => ensure(
+            fp8["skipped"].as_str().is_some_and(|w| w.contains("8.9")),
+            || fp8.to_string(),
+        )?,
     }
     ensure(
         g["memory"]["tested_bytes"].as_u64().unwrap_or(0) > 0,

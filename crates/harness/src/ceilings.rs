@@ -36,7 +36,8 @@ impl Peaks {
             "tf32" => self.tf32_tflops,
             "f16" => self.f16_tflops,
             "bf16" => self.bf16_tflops,
-            "fp8" => self.fp8_tflops,
+            // DType::F8E4M3's name, and the precision name
+            "f8e4m3" | "fp8" => self.fp8_tflops,
             _ => None,
         }
     }
@@ -349,6 +350,9 @@ mod tests {
     #[test]
     fn datasheet_names_as_nvidia_smi_prints_them() {
         let h100 = datasheet_peaks("NVIDIA H100 80GB HBM3").unwrap();
+        // dense fp8 (1979 TFLOP/s on the datasheet), under DType::F8E4M3's name too
+        assert_eq!(h100.for_dtype("f8e4m3"), Some(1978.9));
+        assert_eq!(h100.for_dtype("fp8"), Some(1978.9));
         assert_eq!(
             h100.source,
             PeakSource::Datasheet {

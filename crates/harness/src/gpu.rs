@@ -173,12 +173,14 @@ pub fn gpu_facts(
 }
 
 /// Why a GPU of this compute capability lacks the arithmetic for `d` (f16 from 5.3, bf16 and
-/// tf32 from 8.0), or None when it has it.
+/// tf32 from 8.0, fp8 from 8.9), or None when it has it.
 pub fn gpu_lacks(cc: (u32, u32), d: DType) -> Option<String> {
     let need = match d {
         DType::F64 | DType::F32 => (0, 0),
         DType::F16 => (5, 3),
         DType::Tf32 | DType::Bf16 => (8, 0),
+        // fp8 tensor cores: Ada (8.9) and Hopper (9.0) onward
+        DType::F8E4M3 => (8, 9),
     };
     if cc >= need {
         None
@@ -209,6 +211,18 @@ pub fn device_used(nvml: Option<&NvmlSession>, uuid: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn fp8_needs_ada_or_hopper() {
+        assert_eq!(gpu_lacks((9, 0), DType::F8E4M3), None);
+        assert_eq!(gpu_lacks((8, 9), DType::F8E4M3), None);
+        let a100 = gpu_lacks((8, 0), DType::F8E4M3).unwrap();
+        assert_eq!(
+            a100,
+            "f8e4m3 needs compute capability 8.9 or newer; this GPU is 8.0"
+        );
+        assert_eq!(gpu_lacks((8, 0), DType::Bf16), None);
+    }
+
     use super::*;
     use gpukit_cuda::nvml::GpuProcess;
 

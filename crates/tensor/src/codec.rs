@@ -1,6 +1,7 @@
 //! The one codec between values and the bytes of a dtype's storage (machine byte order, which is
 //! what the GPU reads): f32/f64 values in, storage bytes out, and back. Byte views go through
 //! `bytemuck` (with `half`'s f16 and bf16), so no caller writes its own `to_ne_bytes` loop.
+//! fp8 E4M3 is one byte an element, encoded here ([`e4m3_from_f64`], [`e4m3_to_f64`]).
 
 use crate::DType;
 use half::{bf16, f16};
@@ -22,6 +23,47 @@ pub(crate) fn f64_to_f32_round_odd(v: f64) -> f32 {
         r.to_bits() + 1
     };
     f32::from_bits(bits)
+}
+
+/// The largest finite E4M3 value.
+pub const E4M3_MAX: f64 = 448.0;
+
+/// `v` as fp8 E4M3 ("fn": no infinities; 0x7f and 0xff are NaN), rounded to nearest with ties
+/// to even; a magnitude beyond 448 (infinity too) saturates to ±448, NaN stays NaN.
+pub fn e4m3_from_f64(v: f64) -> u8 {
+    let sign = if v.is_sign_negative() { 0x80u8 } else { 0 };
+    if v.is_nan() {
+        return sign | 0x7f;
+    }
+    let a = v.abs();
+    if a >= E4M3_MAX {
+        return sign | 0x7e;
+    }
+    // below 2^-6 the values are subnormal: multiples of 2^-9 (8 of them make 2^-6, exponent 1)
+    if a < 2f64.powi(-6) {
+        return sign | (a * 512.0).round_ties_even() as u8;
+    }
+    // a normal f64 here: its unbiased exponent e is in -6..=8; 8 steps of 2^(e-3) per octave
+    let e = ((a.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+    let q = (a * 2f64.powi(3 - e)).round_ties_even() as u32; // 8..=16, exact scaling
+    let (e, q) = if q == 16 { (e + 1, 8) } else { (e, q) };
+    // 448 < a rounds down to 448 (handled above), so the code stays below the NaN pattern
+    sign | (((e + 7) as u8) << 3) | (q - 8) as u8
+}
+
+/// The value of the fp8 E4M3 byte `b` (exact in f64; NaN for 0x7f and 0xff).
+pub fn e4m3_to_f64(b: u8) -> f64 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exp = i32::from((b >> 3) & 0x0f);
+    let mant = f64::from(b & 0x07);
+    if exp == 15 && mant == 7.0 {
+        return f64::NAN;
+    }
+    if exp == 0 {
+        sign * mant * 2f64.powi(-9)
+    } else {
+        sign * (1.0 + mant / 8.0) * 2f64.powi(exp - 7)
+    }
 }
 
 /// The elements of `bytes` as `T` (copied when `bytes` is not aligned for `T`; a trailing
@@ -51,6 +93,7 @@ pub fn element_f64(bytes: &[u8], dtype: DType, i: usize) -> f64 {
         DType::F64 => bytemuck::pod_read_unaligned::<f64>(b),
         DType::F16 => bytemuck::pod_read_unaligned::<f16>(b).to_f64(),
         DType::Bf16 => bytemuck::pod_read_unaligned::<bf16>(b).to_f64(),
+        DType::F8E4M3 => e4m3_to_f64(b[0]),
         _ => f64::from(bytemuck::pod_read_unaligned::<f32>(b)),
     }
 }
@@ -61,6 +104,7 @@ pub fn decode_f64(bytes: &[u8], dtype: DType) -> Vec<f64> {
         DType::F64 => elems::<f64>(bytes).into_owned(),
         DType::F16 => elems::<f16>(bytes).iter().map(|v| v.to_f64()).collect(),
         DType::Bf16 => elems::<bf16>(bytes).iter().map(|v| v.to_f64()).collect(),
+        DType::F8E4M3 => bytes.iter().map(|&b| e4m3_to_f64(b)).collect(),
         _ => elems::<f32>(bytes).iter().map(|&v| f64::from(v)).collect(),
     }
 }
@@ -71,6 +115,8 @@ pub fn decode_f32(bytes: &[u8], dtype: DType) -> Vec<f32> {
         DType::F64 => elems::<f64>(bytes).iter().map(|&v| v as f32).collect(),
         DType::F16 => elems::<f16>(bytes).iter().map(|v| v.to_f32()).collect(),
         DType::Bf16 => elems::<bf16>(bytes).iter().map(|v| v.to_f32()).collect(),
+        // every E4M3 value is exact in f32
+        DType::F8E4M3 => bytes.iter().map(|&b| e4m3_to_f64(b) as f32).collect(),
         _ => elems::<f32>(bytes).into_owned(),
     }
 }
@@ -87,6 +133,11 @@ pub fn decode_f16(bytes: &[u8], dtype: DType) -> Vec<f16> {
         DType::Bf16 => elems::<bf16>(bytes)
             .iter()
             .map(|v| f16::from_f32(v.to_f32()))
+            .collect(),
+        // every E4M3 value is exact in f16
+        DType::F8E4M3 => bytes
+            .iter()
+            .map(|&b| f16::from_f64(e4m3_to_f64(b)))
             .collect(),
         _ => elems::<f32>(bytes)
             .iter()
@@ -113,6 +164,7 @@ pub fn encode_f64(values: &[f64], dtype: DType) -> Vec<u8> {
                 .collect();
             bytes_of(&v).to_vec()
         }
+        DType::F8E4M3 => values.iter().map(|&v| e4m3_from_f64(v)).collect(),
         _ => {
             let v: Vec<f32> = values.iter().map(|&v| v as f32).collect();
             bytes_of(&v).to_vec()
@@ -135,6 +187,10 @@ pub fn encode_f32(values: &[f32], dtype: DType) -> Vec<u8> {
             let v: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
             bytes_of(&v).to_vec()
         }
+        DType::F8E4M3 => values
+            .iter()
+            .map(|&v| e4m3_from_f64(f64::from(v)))
+            .collect(),
         _ => bytes_of(values).to_vec(),
     }
 }
@@ -143,7 +199,7 @@ pub fn encode_f32(values: &[f32], dtype: DType) -> Vec<u8> {
 /// actually multiplies).
 pub fn round_f32(values: &[f32], dtype: DType) -> Vec<f32> {
     match dtype.storage() {
-        DType::F16 | DType::Bf16 => decode_f32(&encode_f32(values, dtype), dtype),
+        DType::F16 | DType::Bf16 | DType::F8E4M3 => decode_f32(&encode_f32(values, dtype), dtype),
         _ => values.to_vec(),
     }
 }
@@ -154,8 +210,9 @@ mod tests {
 
     #[test]
     fn codec_round_trips_and_reads_unaligned_bytes() {
-        let x = [1.0f32, -2.5, 0.375, 1024.0];
-        for d in DType::ALL {
+        // all exact in every dtype, fp8 included (E4M3 tops out at 448)
+        let x = [1.0f32, -2.5, 0.375, 256.0];
+        for d in DType::MATMUL {
             assert_eq!(decode_f32(&encode_f32(&x, d), d), x, "{d}");
             assert_eq!(
                 decode_f64(&encode_f64(&[0.5, -3.0], d), d),
@@ -171,5 +228,59 @@ mod tests {
         assert_eq!(round_f32(&[1.0 + 1e-4], DType::F16), vec![1.0]);
         let b = encode_f32(&[0.5, -1.5, 3.0], DType::Bf16);
         assert_eq!(element_f64(&b, DType::Bf16, 1), -1.5);
+    }
+
+    #[test]
+    fn e4m3_encodes_hand_computed_values() {
+        // (value, byte): sign | exponent (4 bits, bias 7) | mantissa (3 bits)
+        let cases = [
+            (0.0, 0x00),
+            (-0.0, 0x80),
+            (1.0, 0x38), // 2^0: exponent 7
+            (-1.0, 0xb8),
+            (448.0, 0x7e), // 1.75 * 2^8, the largest finite
+            (-448.0, 0xfe),
+            (0.1015625, 0x1d),           // 1.625 * 2^-4: exponent 3, mantissa 5
+            (2f64.powi(-9), 0x01),       // the smallest subnormal
+            (7.0 * 2f64.powi(-9), 0x07), // the largest subnormal
+            (2f64.powi(-6), 0x08),       // the smallest normal
+            (1.75, 0x3e),
+            (2.0, 0x40),
+        ];
+        for (v, b) in cases {
+            assert_eq!(e4m3_from_f64(v), b, "encode {v}");
+            assert_eq!(e4m3_to_f64(b), v, "decode {b:#04x}");
+        }
+        assert!(e4m3_to_f64(0x7f).is_nan() && e4m3_to_f64(0xff).is_nan());
+        assert_eq!(e4m3_from_f64(f64::NAN) & 0x7f, 0x7f);
+        // saturation: beyond 448 (and infinity) gives ±448, never NaN
+        assert_eq!(e4m3_from_f64(449.0), 0x7e);
+        assert_eq!(e4m3_from_f64(1e6), 0x7e);
+        assert_eq!(e4m3_from_f64(f64::INFINITY), 0x7e);
+        assert_eq!(e4m3_from_f64(f64::NEG_INFINITY), 0xfe);
+        // ties to even: 1 + 1/16 is halfway between 1 (mantissa 0) and 1.125 (mantissa 1)
+        assert_eq!(e4m3_from_f64(1.0625), 0x38);
+        // 1.1875 is halfway between 1.125 (odd) and 1.25 (even)
+        assert_eq!(e4m3_from_f64(1.1875), 0x3a);
+        // just above a tie rounds up
+        assert_eq!(e4m3_from_f64(1.0625 + 1e-9), 0x39);
+        // subnormal ties: 1.5 * 2^-9 goes to 2 * 2^-9, 0.5 * 2^-9 to zero
+        assert_eq!(e4m3_from_f64(1.5 * 2f64.powi(-9)), 0x02);
+        assert_eq!(e4m3_from_f64(0.5 * 2f64.powi(-9)), 0x00);
+        // the largest subnormal rounds up into the smallest normal (7.5 -> 8 steps of 2^-9)
+        assert_eq!(e4m3_from_f64(7.5 * 2f64.powi(-9)), 0x08);
+        // 15.5 (between 15 and 16 with step 1) rounds to 16, carrying into the next octave
+        assert_eq!(e4m3_from_f64(15.5), 0x58);
+        // every byte but NaN decodes and encodes back to itself
+        for b in 0..=255u8 {
+            if b & 0x7f != 0x7f {
+                assert_eq!(e4m3_from_f64(e4m3_to_f64(b)), b, "{b:#04x}");
+            }
+        }
+        // through the codec, one byte an element
+        let bytes = encode_f32(&[0.1015625, -448.0, 500.0], DType::F8E4M3);
+        assert_eq!(bytes, vec![0x1d, 0xfe, 0x7e]);
+        assert_eq!(element_f64(&bytes, DType::F8E4M3, 1), -448.0);
+        assert_eq!(round_f32(&[0.1], DType::F8E4M3), vec![0.1015625]);
     }
 }

@@ -86,6 +86,24 @@ pub fn uniform_f64(n: usize, seed: u64) -> Vec<f64> {
     v
 }
 
+/// Fills `out` with fp8 E4M3 bytes: uniform values in [-2, 2), or standard normal ones, each
+/// rounded to the nearest E4M3 value (so the stored inputs are the values drawn, rounded once);
+/// the same seed gives the same bytes.
+pub fn fill_e4m3(out: &mut [u8], seed: u64, dist: Distribution) {
+    match dist {
+        Distribution::Uniform => {
+            let d = Uniform::new(-2.0f32, 2.0).expect("a finite, non-empty range");
+            fill(out, seed, |r| {
+                crate::codec::e4m3_from_f64(f64::from(d.sample(r)))
+            });
+        }
+        Distribution::Normal => fill(out, seed, |r| {
+            let v: f32 = StandardNormal.sample(r);
+            crate::codec::e4m3_from_f64(f64::from(v))
+        }),
+    }
+}
+
 /// Random bytes (for copy benchmarks).
 pub fn fill_bytes(out: &mut [u8], seed: u64) {
     out.par_chunks_mut(CHUNK * 8)
@@ -100,6 +118,28 @@ pub fn fill_bytes(out: &mut [u8], seed: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn e4m3_draws_stay_in_range_and_spread_over_it() {
+        let mut v = vec![0u8; 100_000];
+        fill_e4m3(&mut v, 7, Distribution::Uniform);
+        let x: Vec<f64> = v.iter().map(|&b| crate::codec::e4m3_to_f64(b)).collect();
+        assert!(
+            x.iter().all(|&x| (-2.0..=2.0).contains(&x)),
+            "out of [-2, 2]"
+        );
+        let mean = x.iter().sum::<f64>() / x.len() as f64;
+        let var = x.iter().map(|x| x * x).sum::<f64>() / x.len() as f64;
+        // uniform on [-2, 2): mean 0, variance 4/3 (rounding to E4M3 moves it little)
+        assert!(mean.abs() < 0.02, "mean {mean}");
+        assert!((var - 4.0 / 3.0).abs() < 0.03, "variance {var}");
+        let mut w = vec![0u8; 100_000];
+        fill_e4m3(&mut w, 7, Distribution::Uniform);
+        assert_eq!(v, w, "the same seed gives the same bytes");
+        fill_e4m3(&mut w, 7, Distribution::Normal);
+        assert!(w.iter().all(|&b| b & 0x7f != 0x7f), "no NaN");
+        assert_ne!(v, w);
+    }
 
     #[test]
     fn normal_values_have_unit_deviation_and_gaussian_tails() {

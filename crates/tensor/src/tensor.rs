@@ -80,6 +80,14 @@ pub(crate) fn numel_of(shape: &[usize]) -> Option<usize> {
 
 /// Elements count and byte size of a dense `shape` of `dtype`, or `TooLarge`.
 pub(crate) fn sizes(shape: &[usize], dtype: DType) -> Result<(usize, usize)> {
+    if dtype.matmul_only() {
+        // fp8 is bytes for cuBLASLt's products (gpukit_tensor::codec encodes them), no tensor
+        return Err(Error::UnsupportedDType {
+            op: "tensor",
+            dtype,
+            supported: "f64, f32, tf32, f16, bf16 (fp8 is a matmul input type only)",
+        });
+    }
     numel_of(shape)
         .and_then(|n| Some((n, n.checked_mul(dtype.size_bytes())?)))
         .ok_or_else(|| Error::TooLarge {

@@ -162,9 +162,10 @@ pub struct ConvPlanning {
     pub cache_note: Option<String>,
 }
 
-/// Whether `bench conv` runs this dtype on the GPU (f64 is not a convolution dtype here).
+/// Whether `bench conv` runs this dtype on the GPU (f64 and fp8 are not convolution dtypes here).
 pub fn benchmarked(d: DType) -> bool {
-    d != DType::F64
+    // fp8 is a matmul input type only (cuDNN convolutions in it are not gpukit's)
+    d != DType::F64 && !d.matmul_only()
 }
 
 /// Tolerance against the CPU's f32 result computed from the same stored inputs (f16 and bf16

@@ -183,4 +183,5 @@ fn tolerances_loosen_with_the_stored_precision() {
     assert!(tolerance(DType::F32) < tolerance(DType::Tf32));
     assert!(tolerance(DType::F16) < tolerance(DType::Bf16));
     assert!(!benchmarked(DType::F64) && benchmarked(DType::Bf16));
+    assert!(!benchmarked(DType::F8E4M3));
 }

@@ -83,8 +83,20 @@ pub(super) fn cpu_rows(
                 rows.push(row);
             }
         }
+        if dtypes.contains(&DType::F8E4M3) {
+            rows.push(MatmulRow::skipped(
+                Device::Cpu,
+                DType::F8E4M3,
+                n,
+                CPU_FP8.into(),
+            ));
+        }
     }
 }
+
+/// Why a CPU row of fp8 is not run.
+pub(super) const CPU_FP8: &str =
+    "fp8 products run on GPUs only (cuBLASLt, compute capability 8.9 and newer)";
 
 fn cpu_row(dtype: DType, n: usize, opts: &MatmulOptions, turns: &mut Turns) -> MatmulRow {
     let mut row = MatmulRow::new(Device::Cpu, dtype, n);

@@ -10,7 +10,10 @@ use crate::gpu::GpuFacts;
 use crate::measure::{device_samples, interleave, tflops, Clock, Plan};
 use crate::random::fresh_seed;
 use crate::report::{RowStatus, Verification};
-use crate::workload::gemm::{verify_square, HostPair};
+use crate::workload::gemm::{
+    b_as_stored, draw_fp8, fp8_backend, fp8_no_algorithm, unsupported_shape, verify_square,
+    HostPair,
+};
 use gpukit_cuda::blas::Blas;
 use gpukit_cuda::{DeviceBuffer, Gpu};
 use gpukit_tensor::kernels::Distribution;
@@ -72,20 +75,42 @@ pub(super) fn gpu_rows(
 ) {
     let dev = Device::Cuda(gpu.ordinal);
     let cc = facts.compute_capability.unwrap_or((0, 0));
-    let dtypes = opts.dtypes.clone().unwrap_or_else(|| DType::ALL.to_vec());
+    let dtypes = opts
+        .dtypes
+        .clone()
+        .unwrap_or_else(|| DType::MATMUL.to_vec());
     let l2 = facts.l2_cache_bytes.unwrap_or(64 << 20) as usize;
     for &dtype in &dtypes {
-        if let Some(why) = gpu_lacks(cc, dtype) {
-            for &n in &opts.sizes {
-                rows.push(MatmulRow::skipped(dev, dtype, n, why.clone()));
-            }
+        if let Some(skipped) = lacking_rows(dev, cc, dtype, &opts.sizes) {
+            rows.extend(skipped);
             continue;
         }
         for &n in &opts.sizes {
+            if let Some(why) = unsupported_shape(dtype, (n, n, n)) {
+                rows.push(MatmulRow::skipped(dev, dtype, n, why));
+                continue;
+            }
             progress(&format!("matmul {dev} {dtype} {n}x{n}"));
             rows.push(gpu_row((gpu, blas), dtype, n, l2, opts, turns));
         }
     }
+}
+
+/// The rows of `dtype` on a GPU of compute capability `cc` that lacks its arithmetic (fp8 below
+/// 8.9, bf16 and tf32 below 8.0, ...), each skipped with the reason; None when it has it.
+pub(super) fn lacking_rows(
+    dev: Device,
+    cc: (u32, u32),
+    dtype: DType,
+    sizes: &[usize],
+) -> Option<Vec<MatmulRow>> {
+    let why = gpu_lacks(cc, dtype)?;
+    Some(
+        sizes
+            .iter()
+            .map(|&n| MatmulRow::skipped(dev, dtype, n, why.clone()))
+            .collect(),
+    )
 }
 
 fn gpu_row(
@@ -99,7 +124,9 @@ fn gpu_row(
     let dev = Device::Cuda(gpu.ordinal);
     let mut row = MatmulRow::new(dev, dtype, n);
     let ty = dtype;
-    let set_bytes = 3 * n * n * ty.size_bytes();
+    // fp8: one-byte inputs, a bf16 output
+    let out_bytes = n * n * ty.product_output().size_bytes();
+    let set_bytes = 2 * n * n * ty.size_bytes() + out_bytes;
     // rotate over enough input sets that they cannot all sit in L2 (measure HBM, not cache),
     // and over at least MIN_SETS of them at any size: where operands sit moves a power-capped
     // product's speed (see MIN_SETS), and a figure should not hang on one allocation
@@ -149,14 +176,18 @@ fn gpu_row(
     for s in 0..sets {
         let drawn = (|| -> Result<()> {
             let fresh = |k: u64| -> Result<DeviceBuffer> {
+                if ty == DType::F8E4M3 {
+                    return draw_fp8(gpu, n * n, seed ^ k, dist);
+                }
                 let buf = gpu.alloc(n * n * ty.size_bytes())?;
                 ops.kernels
                     .fill_random(gpu.stream(), buf.view(), ty, n * n, seed ^ k, dist)?;
                 Ok(buf)
             };
             case.a.push(fresh(2 * s as u64 + 1)?);
+            // for fp8 this is B transposed (gemm_lt's fp8 form): the check reads it so
             case.b.push(fresh(2 * s as u64 + 2)?);
-            case.c.push(gpu.alloc(n * n * ty.size_bytes())?);
+            case.c.push(gpu.alloc(out_bytes)?);
             Ok(())
         })();
         if let Err(e) = drawn {
@@ -167,7 +198,7 @@ fn gpu_row(
     let copied = (|| -> Result<HostPair> {
         Ok(HostPair {
             a: gpu.download(&case.a[0])?,
-            b: gpu.download(&case.b[0])?,
+            b: b_as_stored(ty, gpu.download(&case.b[0])?, n, n),
         })
     })();
     let host0 = match copied {
@@ -183,12 +214,14 @@ fn gpu_row(
     );
     let t = gpukit_cuda::trace::start();
     // choose: cuBLAS's default against cuBLASLt's heuristic candidates, each timed briefly
-    let mut candidates = vec![Backend::Cublas];
-    if opts.lt_candidates > 0 {
-        if let Ok(plans) = blas.lt_candidates(ty, n, n, n, opts.lt_candidates) {
-            candidates.extend(plans.into_iter().map(Backend::Lt));
+    // (fp8 runs on cuBLASLt alone: its heuristic's first choice stands where cuBLAS's would)
+    let candidates = match gpu_candidates(blas, ty, (n, n, n), opts.lt_candidates) {
+        Ok(c) => c,
+        Err(why) => {
+            row.status = RowStatus::Failed(why);
+            return row;
         }
-    }
+    };
     // Short trials: long ones heat the chip before the timed run (seen on the H200: 20 ms a
     // candidate went with a 5% lower final f16 figure), and the ranking settles within a few runs.
     let trial = opts.trial;
@@ -292,6 +325,9 @@ fn gpu_row(
                 row.power = powers.ours;
                 row.pytorch_power = powers.theirs;
             }
+            if dtype == DType::F8E4M3 {
+                row.backend = row.backend.take().map(|b| fp8_backend(&b, v.tolerance));
+            }
             row.verification = Some(v);
         }
         Err(e) => row.status = RowStatus::Failed(format!("verification: {e}")),
@@ -367,6 +403,30 @@ pub(super) fn pick_candidate(scores: &[Option<f64>]) -> Option<(f64, usize)> {
         Some(default) if best.0 > default * MARGIN => Some((default, 0)),
         _ => Some(best),
     }
+}
+
+/// The backends a GPU row tries, the default first: cuBLAS and up to `lt` cuBLASLt algorithms;
+/// for fp8 the cuBLASLt algorithms alone (at least one, else why there is none).
+pub(super) fn gpu_candidates(
+    blas: &Blas,
+    ty: DType,
+    (m, n, k): (usize, usize, usize),
+    lt: usize,
+) -> std::result::Result<Vec<Backend>, String> {
+    if ty == DType::F8E4M3 {
+        return match blas.lt_candidates(ty, m, n, k, lt.max(1)) {
+            Ok(plans) if !plans.is_empty() => Ok(plans.into_iter().map(Backend::Lt).collect()),
+            Ok(_) => Err(fp8_no_algorithm((m, n, k), "none")),
+            Err(e) => Err(fp8_no_algorithm((m, n, k), &e.to_string())),
+        };
+    }
+    let mut candidates = vec![Backend::Cublas];
+    if lt > 0 {
+        if let Ok(plans) = blas.lt_candidates(ty, m, n, k, lt) {
+            candidates.extend(plans.into_iter().map(Backend::Lt));
+        }
+    }
+    Ok(candidates)
 }
 
 fn blas_workspace() -> usize {

@@ -5,7 +5,7 @@
 //! row; a shape whose check fails gives no figure. The best of each dtype is kept in gpukit's
 //! cache folder per GPU, driver and cuBLASLt, where `stress` reads it as the achievable ceiling.
 
-use super::gpu::{pick_candidate, trial_order, Backend};
+use super::gpu::{gpu_candidates, pick_candidate, trial_order, Backend};
 use crate::error::{Error, Result};
 use crate::gpu::{describe_gpu, gpu_lacks, GpuFacts};
 use crate::measure::{device_samples, tflops, Plan};
@@ -13,7 +13,8 @@ use crate::random::fresh_seed;
 use crate::report::{judge_rows, Document, RowStatus, Verification};
 use crate::stats::Summary;
 use crate::workload::gemm::{
-    cache_dir, save_achievable, verify_product, AchievableKey, DtypeBest, HostPair,
+    b_as_stored, cache_dir, draw_fp8, fp8_backend, save_achievable, unsupported_shape,
+    verify_product, AchievableKey, DtypeBest, HostPair,
 };
 use gpukit_cuda::blas::Blas;
 use gpukit_cuda::loader::Discovery;
@@ -151,7 +152,8 @@ pub fn run_search(
                 median_ms: None,
                 verification: None,
             };
-            if let Some(why) = gpu_lacks(cc, dtype) {
+            if let Some(why) = gpu_lacks(cc, dtype).or_else(|| unsupported_shape(dtype, (m, n, k)))
+            {
                 row.status = RowStatus::Skipped(why);
                 rows.push(row);
                 continue;
@@ -254,12 +256,15 @@ fn keep(discovery: &Discovery, report: &mut SearchReport) {
 }
 
 /// Times one shape: cuBLAS's default and the cuBLASLt candidates briefly in interleaved rounds,
-/// the fastest (cuBLAS's unless another beats it by more than 1%) for `opts.iterations`
+/// the fastest (cuBLAS's unless another beats it by more than 1%; for fp8, cuBLASLt's first
+/// choice in cuBLAS's place) for `opts.iterations`
 /// products, then its result checked.
 fn search_shape(gpu: &Gpu, blas: &Blas, opts: &SearchOptions, row: &mut SearchRow) -> Result<()> {
     let (dtype, m, n, k) = (row.dtype, row.m, row.n, row.k);
     let e = dtype.size_bytes();
-    let bytes = (m * k + k * n + m * n) * e;
+    // fp8 writes bf16
+    let out = dtype.product_output().size_bytes();
+    let bytes = (m * k + k * n) * e + m * n * out;
     let free = gpu.mem_info()?.0 as usize;
     if bytes + gpukit_cuda::blas::WORKSPACE_BYTES > free {
         row.status = RowStatus::Skipped(format!(
@@ -272,6 +277,9 @@ fn search_shape(gpu: &Gpu, blas: &Blas, opts: &SearchOptions, row: &mut SearchRo
     let ops = gpukit_tensor::kernels::tensor_ops(gpu)?;
     let seed = fresh_seed();
     let draw = |count: usize, salt: u64| -> Result<DeviceBuffer> {
+        if dtype == DType::F8E4M3 {
+            return draw_fp8(gpu, count, seed ^ salt, Distribution::Normal);
+        }
         let buf = gpu.alloc(count * e)?;
         ops.kernels.fill_random(
             gpu.stream(),
@@ -283,14 +291,11 @@ fn search_shape(gpu: &Gpu, blas: &Blas, opts: &SearchOptions, row: &mut SearchRo
         )?;
         Ok(buf)
     };
+    // for fp8, b is B transposed (n x k): the form gemm_lt's fp8 takes
     let (a, b) = (draw(m * k, 1)?, draw(k * n, 2)?);
-    let mut c = gpu.alloc(m * n * e)?;
-    let mut candidates = vec![Backend::Cublas];
-    if opts.lt_candidates > 0 {
-        if let Ok(plans) = blas.lt_candidates(dtype, m, n, k, opts.lt_candidates) {
-            candidates.extend(plans.into_iter().map(Backend::Lt));
-        }
-    }
+    let mut c = gpu.alloc(m * n * out)?;
+    let candidates =
+        gpu_candidates(blas, dtype, (m, n, k), opts.lt_candidates).map_err(Error::Failed)?;
     let run = |backend: &Backend, c: &mut DeviceBuffer| -> Result<()> {
         match backend {
             Backend::Cublas => blas.gemm(dtype, &a, &b, c, (m, n, k)),
@@ -331,7 +336,7 @@ fn search_shape(gpu: &Gpu, blas: &Blas, opts: &SearchOptions, row: &mut SearchRo
     run(backend, &mut c)?;
     let pair = HostPair {
         a: gpu.download(&a)?,
-        b: gpu.download(&b)?,
+        b: b_as_stored(dtype, gpu.download(&b)?, k, n),
     };
     let got = gpu.download(&c)?;
     let v = verify_product(dtype, dtype, &pair, &got, (m, n, k), seed);
@@ -343,6 +348,9 @@ fn search_shape(gpu: &Gpu, blas: &Blas, opts: &SearchOptions, row: &mut SearchRo
             "wrong result: relative error {:.2e} over tolerance {:.0e}",
             v.rel_err, v.tolerance
         ));
+    }
+    if dtype == DType::F8E4M3 {
+        row.backend = Some(fp8_backend(&backend.label(), v.tolerance));
     }
     row.verification = Some(v);
     Ok(())

@@ -201,6 +201,68 @@ fn tf32_error_cannot_pass_as_f32() {
 }
 
 #[test]
+fn fp8_rows_are_skipped_below_compute_capability_8_9() {
+    let dev = Device::Cuda(0);
+    let rows = super::gpu::lacking_rows(dev, (8, 0), DType::F8E4M3, &[1024, 4096]).unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in &rows {
+        assert_eq!(r.dtype, DType::F8E4M3);
+        match &r.status {
+            RowStatus::Skipped(why) => assert!(why.contains("8.9"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(r.tflops.is_none());
+    }
+    // Ada (8.9) and Hopper run them
+    assert!(super::gpu::lacking_rows(dev, (8, 9), DType::F8E4M3, &[1024]).is_none());
+    assert!(super::gpu::lacking_rows(dev, (9, 0), DType::F8E4M3, &[1024]).is_none());
+}
+
+#[test]
+fn fp8_shapes_must_be_multiples_of_16_and_others_are_free() {
+    use crate::workload::gemm::unsupported_shape;
+    assert_eq!(unsupported_shape(DType::F8E4M3, (1024, 1024, 1024)), None);
+    assert_eq!(unsupported_shape(DType::F8E4M3, (2048, 2048, 13312)), None);
+    // the default sizes 1000 and 1023 are skipped, with the reason
+    for n in [1000, 1023] {
+        let why = unsupported_shape(DType::F8E4M3, (n, n, n)).unwrap();
+        assert!(
+            why.contains("multiples of 16") && why.contains(&n.to_string()),
+            "{why}"
+        );
+    }
+    assert!(unsupported_shape(DType::F8E4M3, (64, 48, 40)).is_some());
+    assert_eq!(unsupported_shape(DType::Bf16, (1023, 1023, 1023)), None);
+}
+
+#[test]
+fn fp8_asked_of_the_cpu_is_a_skipped_row() {
+    let r = cpu_only(vec![64], vec![DType::F8E4M3]);
+    assert_eq!(r.rows.len(), 1);
+    assert_eq!(
+        r.rows[0].status,
+        RowStatus::Skipped(super::cpu::CPU_FP8.into())
+    );
+}
+
+#[test]
+fn the_fp8_b_operand_is_read_back_untransposed() {
+    // B (k = 2 x n = 3) stored transposed: rows of B^T are B's columns
+    let bt = vec![1u8, 4, 2, 5, 3, 6];
+    let b = crate::workload::gemm::b_as_stored(DType::F8E4M3, bt.clone(), 2, 3);
+    assert_eq!(b, vec![1, 2, 3, 4, 5, 6]);
+    // other dtypes are stored as B already
+    assert_eq!(
+        crate::workload::gemm::b_as_stored(DType::Bf16, bt.clone(), 2, 3),
+        bt
+    );
+    // an fp8 row says how closely it was checked
+    let cell = crate::workload::gemm::fp8_backend("cuBLASLt (heuristic #0)", 1.5e-2);
+    assert!(cell.starts_with("cuBLASLt (heuristic #0); E4M3"), "{cell}");
+    assert!(cell.ends_with("to 1.5e-2"), "{cell}");
+}
+
+#[test]
 fn dtype_support_by_compute_capability() {
     assert!(gpu_lacks((7, 5), DType::Bf16).is_some());
     assert!(gpu_lacks((7, 5), DType::F16).is_none());

@@ -50,7 +50,19 @@ impl Turns {
             Some(m) => m.timed(&mut ours_w, || ours(p)),
             None => ours(p),
         };
-        let Some(server) = self.server.as_mut() else {
+        // gpukit's PyTorch peer multiplies no fp8 (torch's fp8 product is a scaled one with
+        // its own rules): fp8 rows run alone, and say so
+        if dtype.matmul_only() && self.server.is_some() {
+            self.missed.push(format!(
+                "{device} {dtype} {n}: no PyTorch turn (the peer runs no fp8 product)"
+            ));
+        }
+        let server = if dtype.matmul_only() {
+            None
+        } else {
+            self.server.as_mut()
+        };
+        let Some(server) = server else {
             let mine = summarise(plan, ours(plan));
             let powers = Powers {
                 ours: meter.and_then(|m| m.during(&ours_w)),

@@ -9,11 +9,13 @@ use super::{
 };
 use crate::ceilings::PeakSource;
 use crate::error::{Error, Result};
-use crate::gpu::{describe_gpu, gpu_lacks};
+use crate::gpu::describe_gpu;
+
 use crate::measure::{device_samples, gbs, Plan};
 use crate::random::{fill_bytes, fresh_seed};
 use crate::workload::gemm::{
-    cache_dir, load_achievable, verify_square, AchievableKey, HostPair, Lookup,
+    b_as_stored, cache_dir, draw_fp8, fp8_no_algorithm, load_achievable, unsupported_shape,
+    verify_square, AchievableKey, HostPair, Lookup,
 };
 use gpukit_cuda::blas::Blas;
 use gpukit_cuda::loader::Discovery;
@@ -94,19 +96,18 @@ pub(super) fn stress_gpu(
             .is_some_and(|p| p.test == test && p.gpu == ordinal)
     };
     let cc = facts.compute_capability.unwrap_or((0, 0));
-    for (dtype, seconds) in [
-        (DType::Bf16, budget.matmul_bf16_s),
-        (DType::Tf32, budget.matmul_tf32_s),
-    ] {
+    for (dtype, seconds) in budget.matmul_mix(cc) {
         progress(&format!("cuda:{ordinal} matmul {dtype}"));
-        let mut m = match gpu_lacks(cc, dtype) {
-            Some(why) => MatmulStress {
+        let n = opts.matmul_size;
+        let seconds = seconds.and_then(|s| unsupported_shape(dtype, (n, n, n)).map_or(Ok(s), Err));
+        let mut m = match seconds {
+            Err(why) => MatmulStress {
                 dtype: Some(dtype),
                 size: opts.matmul_size,
                 skipped: Some(why),
                 ..MatmulStress::default()
             },
-            None => matmul(
+            Ok(seconds) => matmul(
                 &gpu,
                 &kernels,
                 dtype,
@@ -145,8 +146,10 @@ pub(super) fn stress_gpu(
 }
 
 /// Sustained `n x n x n` products of `dtype` for about `seconds`: cuBLAS's default algorithm
-/// (bit-reproducible run to run on one GPU, as cuBLAS documents), each result compared word for
-/// word with the first on the GPU, the first and the last against a float64 reference.
+/// (bit-reproducible run to run on one GPU, as cuBLAS documents; for fp8, which cuBLAS's
+/// GemmEx lacks, cuBLASLt's heuristic first choice, one algorithm throughout), each result
+/// compared word for word with the first on the GPU, the first and the last against a float64
+/// reference.
 fn matmul(
     gpu: &Gpu,
     kernels: &StressKernels,
@@ -158,7 +161,11 @@ fn matmul(
     let mut m = MatmulStress {
         dtype: Some(dtype),
         size: n,
-        backend: "cuBLAS GemmEx (default algorithm)".into(),
+        backend: if dtype == DType::F8E4M3 {
+            "cuBLASLt (heuristic #0; E4M3 inputs, bf16 output)".into()
+        } else {
+            "cuBLAS GemmEx (default algorithm)".into()
+        },
         ..MatmulStress::default()
     };
     if let Err(e) = run_matmul(gpu, kernels, dtype, n, seconds, plant, &mut m) {
@@ -177,8 +184,10 @@ fn run_matmul(
     m: &mut MatmulStress,
 ) -> Result<()> {
     let bytes = n * n * dtype.size_bytes();
+    // fp8 writes bf16
+    let out_bytes = n * n * dtype.product_output().size_bytes();
     let free = gpu.mem_info()?.0 as usize;
-    let need = 4 * bytes + gpukit_cuda::blas::WORKSPACE_BYTES;
+    let need = 2 * bytes + 2 * out_bytes + gpukit_cuda::blas::WORKSPACE_BYTES;
     if need > free {
         return Err(Error::Failed(format!(
             "needs {:.1} GiB of GPU memory, {:.1} GiB free",
@@ -190,6 +199,9 @@ fn run_matmul(
     let ops = gpukit_tensor::kernels::tensor_ops(gpu)?;
     let seed = fresh_seed();
     let draw = |k: u64| -> Result<DeviceBuffer> {
+        if dtype == DType::F8E4M3 {
+            return draw_fp8(gpu, n * n, seed ^ k, Distribution::Normal);
+        }
         let buf = gpu.alloc(bytes)?;
         ops.kernels.fill_random(
             gpu.stream(),
@@ -201,18 +213,40 @@ fn run_matmul(
         )?;
         Ok(buf)
     };
+    // for fp8, b holds B transposed (the form gemm_lt's fp8 takes)
     let (a, b) = (draw(1)?, draw(2)?);
-    let mut first = gpu.alloc(bytes)?;
-    let mut work = gpu.alloc(bytes)?;
+    let mut first = gpu.alloc(out_bytes)?;
+    let mut work = gpu.alloc(out_bytes)?;
     let pair = HostPair {
         a: gpu.download(&a)?,
-        b: gpu.download(&b)?,
+        b: b_as_stored(dtype, gpu.download(&b)?, n, n),
     };
-    blas.gemm(dtype, &a, &b, &mut first, (n, n, n))?;
+    // one algorithm for every product: the same inputs must give the same bits
+    let plan = if dtype == DType::F8E4M3 {
+        let plans = blas
+            .lt_candidates(dtype, n, n, n, 1)
+            .map_err(|e| Error::Failed(fp8_no_algorithm((n, n, n), &e.to_string())))?;
+        Some(
+            plans
+                .into_iter()
+                .next()
+                .ok_or_else(|| Error::Failed(fp8_no_algorithm((n, n, n), "none")))?,
+        )
+    } else {
+        None
+    };
+    let product = |c: &mut DeviceBuffer| -> Result<()> {
+        match &plan {
+            Some(plan) => blas.gemm_lt(plan, &a, &b, c),
+            None => blas.gemm(dtype, &a, &b, c, (n, n, n)),
+        }
+        .map_err(Error::from)
+    };
+    product(&mut first)?;
     let c = gpu.download(&first)?;
     m.reference_first = Some(verify_square(dtype, dtype, &pair, &c, n, seed));
-    m.words_per_result = (bytes / 4) as u64;
-    let words = bytes / 4;
+    m.words_per_result = (out_bytes / 4) as u64;
+    let words = out_bytes / 4;
     let flops = 2.0 * (n as f64).powi(3);
     let stream = gpu.stream();
     let deadline = Instant::now() + Duration::from_secs_f64(seconds.max(0.0));
@@ -224,7 +258,7 @@ fn run_matmul(
         let mut marks = Vec::with_capacity(reps);
         for _ in 0..reps {
             let before = stream.record_timed()?;
-            blas.gemm(dtype, &a, &b, &mut work, (n, n, n))?;
+            product(&mut work)?;
             let after = stream.record_timed()?;
             if plant {
                 kernels.flip(work.view(), words / 2, FAULT_MASK)?;

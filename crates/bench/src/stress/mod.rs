@@ -52,21 +52,57 @@ pub fn level_seconds(level: u8) -> Result<f64> {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Budget {
     pub matmul_bf16_s: f64,
+    /// fp8 (E4M3) matmul, on GPUs of compute capability 8.9 and newer; elsewhere this time goes
+    /// to bf16 ([`Budget::matmul_mix`]). Absent from reports made before fp8: 0.
+    #[serde(default)]
+    pub matmul_fp8_s: f64,
     pub matmul_tf32_s: f64,
     pub memory_s: f64,
     pub copies_s: f64,
 }
 
+/// One dtype of a GPU's sustained matmul mix: its seconds, or why it is not run.
+pub type MixEntry = (DType, std::result::Result<f64, String>);
+
 impl Budget {
-    /// 55% bf16 matmul (the power-hungriest load, held longest), 20% tf32 matmul, 18% memory
-    /// patterns, 5% copies; the rest is setup (drawing operands, the reference checks).
+    /// 40% bf16 matmul (the power-hungriest load, held longest), 15% fp8 matmul, 20% tf32
+    /// matmul, 18% memory patterns, 5% copies; the rest is setup (drawing operands, the
+    /// reference checks). A GPU without fp8 gives its 15% to bf16 (55% then).
     pub fn split(duration_s: f64) -> Budget {
         Budget {
-            matmul_bf16_s: 0.55 * duration_s,
+            matmul_bf16_s: 0.40 * duration_s,
+            matmul_fp8_s: 0.15 * duration_s,
             matmul_tf32_s: 0.20 * duration_s,
             memory_s: 0.18 * duration_s,
             copies_s: 0.05 * duration_s,
         }
+    }
+
+    /// The sustained matmul mix of a GPU of compute capability `cc`, in the order run: bf16,
+    /// fp8, tf32, each with its seconds or why the GPU cannot run it (fp8 below 8.9, bf16 and
+    /// tf32 below 8.0). Without fp8, its seconds go to bf16.
+    pub fn matmul_mix(&self, cc: (u32, u32)) -> Vec<MixEntry> {
+        let no_fp8 = crate::gpu::gpu_lacks(cc, DType::F8E4M3);
+        let bf16_s = self.matmul_bf16_s
+            + if no_fp8.is_some() {
+                self.matmul_fp8_s
+            } else {
+                0.0
+            };
+        [
+            (DType::Bf16, bf16_s),
+            (DType::F8E4M3, self.matmul_fp8_s),
+            (DType::Tf32, self.matmul_tf32_s),
+        ]
+        .into_iter()
+        .map(|(d, s)| match crate::gpu::gpu_lacks(cc, d) {
+            Some(why) if d == DType::F8E4M3 && s > 0.0 => {
+                (d, Err(format!("{why} (its time went to bf16)")))
+            }
+            Some(why) => (d, Err(why)),
+            None => (d, Ok(s)),
+        })
+        .collect()
     }
 }
 

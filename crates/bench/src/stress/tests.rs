@@ -268,6 +268,32 @@ fn below_the_datasheet_floor_fails_where_gpukit_knows_the_peak() {
 }
 
 #[test]
+fn fp8_is_held_to_the_best_gpu_of_its_model_not_to_the_datasheet() {
+    let with_fp8 = |ordinal: usize, fp8: f64| {
+        let mut g = h100(ordinal, 700.0);
+        g.matmul.insert(1, matmul(DType::F8E4M3, fp8));
+        g
+    };
+    // 900 is 45% of an H100's fp8 datasheet peak (1978.9): no floor for fp8 yet
+    let gpus = judged(vec![with_fp8(0, 900.0)]);
+    assert!(gpus[0].verdict.passed(), "{:?}", gpus[0].verdict);
+    // but an fp8 rate under 90% of the best H100's fails
+    let gpus = judged(vec![with_fp8(0, 1300.0), with_fp8(1, 1100.0)]);
+    assert!(gpus[0].verdict.passed());
+    assert!(
+        matches!(
+            &reasons(&gpus[1])[..],
+            [FailReason::BelowBest {
+                dtype: DType::F8E4M3,
+                ..
+            }]
+        ),
+        "{:?}",
+        gpus[1].verdict
+    );
+}
+
+#[test]
 fn every_reason_is_listed_not_just_the_first() {
     let mut g = h100(0, 590.0);
     g.matmul[0].repeat_words_differing = 4;
@@ -333,9 +359,35 @@ fn levels_durations_and_gpus_are_checked() {
 #[test]
 fn the_budget_gives_most_time_to_bf16_and_fits_the_duration() {
     let b = Budget::split(30.0);
-    let total = b.matmul_bf16_s + b.matmul_tf32_s + b.memory_s + b.copies_s;
+    let total = b.matmul_bf16_s + b.matmul_fp8_s + b.matmul_tf32_s + b.memory_s + b.copies_s;
     assert!(total < 30.0 && total > 27.0, "{total}");
     assert!(b.matmul_bf16_s > b.matmul_tf32_s && b.matmul_bf16_s > b.memory_s);
+    assert!(b.matmul_fp8_s > 0.0);
+}
+
+#[test]
+fn fp8_joins_the_matmul_mix_from_compute_capability_8_9() {
+    let b = Budget::split(100.0);
+    // Hopper: bf16, fp8 and tf32, each its own share
+    let h100 = b.matmul_mix((9, 0));
+    let dtypes: Vec<DType> = h100.iter().map(|(d, _)| *d).collect();
+    assert_eq!(dtypes, [DType::Bf16, DType::F8E4M3, DType::Tf32]);
+    assert_eq!(h100[0].1, Ok(b.matmul_bf16_s));
+    assert_eq!(h100[1].1, Ok(b.matmul_fp8_s));
+    assert_eq!(h100[2].1, Ok(b.matmul_tf32_s));
+    // Ada has fp8 too
+    assert!(b.matmul_mix((8, 9))[1].1.is_ok());
+    // A100: fp8 not run, with the reason; its time goes to bf16, the total stays
+    let a100 = b.matmul_mix((8, 0));
+    let why = a100[1].1.clone().unwrap_err();
+    assert!(
+        why.contains("8.9") && why.contains("this GPU is 8.0"),
+        "{why}"
+    );
+    assert_eq!(a100[0].1, Ok(b.matmul_bf16_s + b.matmul_fp8_s));
+    assert_eq!(a100[2].1, Ok(b.matmul_tf32_s));
+    // Turing: only f16-era arithmetic, none of the three
+    assert!(b.matmul_mix((7, 5)).iter().all(|(_, s)| s.is_err()));
 }
 
 #[test]

@@ -4,10 +4,14 @@
 //! kept in gpukit's cache folder per GPU, driver and cuBLASLt (the "achievable" ceiling `stress`
 //! places its rates against beside the datasheet's).
 
+use crate::error::Result;
 use crate::report::Verification;
 use gpukit_cuda::loader::{Discovery, Lib};
 use gpukit_cuda::nvml::NvmlSession;
+use gpukit_cuda::DeviceBuffer;
+use gpukit_cuda::Gpu;
 use gpukit_tensor::codec::element_f64;
+use gpukit_tensor::kernels::Distribution;
 use gpukit_tensor::DType;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -31,10 +35,13 @@ pub fn tolerance(dtype: DType) -> f64 {
         DType::F16 => 3e-3,
         // bf16 output rounding alone is about 2e-3
         DType::Bf16 => 1.5e-2,
+        // fp8 inputs drawn exact in E4M3 (products exact in f32), f32 accumulation, bf16 output:
+        // the output's rounding dominates as for bf16
+        DType::F8E4M3 => 1.5e-2,
     }
 }
 
-/// Checks `c` (row-major n x n, storage `ty`) against a float64 product of the stored inputs on
+/// Checks `c` (row-major n x n, storage `ty.product_output()`) against a float64 product of the stored inputs on
 /// a grid of sampled rows and columns. NaN anywhere in the sample fails.
 pub fn verify_square(
     ty: DType,
@@ -47,7 +54,8 @@ pub fn verify_square(
     verify_product(ty, dtype, pair, c, (n, n, n), seed)
 }
 
-/// Checks `c` (row-major m x n, storage `ty`) = `a` (m x k) times `b` (k x n) against a float64
+/// Checks `c` (row-major m x n, storage `ty.product_output()`: bf16 for fp8) = `a` (m x k) times
+/// `b` (k x n) against a float64
 /// product of the stored inputs on a grid of sampled rows and columns (the last row and column
 /// always among them). NaN anywhere in the sample fails.
 pub fn verify_product(
@@ -74,6 +82,7 @@ pub fn verify_product(
     }
     let (mut num, mut den) = (0.0f64, 0.0f64);
     let mut nan = false;
+    let out = ty.product_output();
     for &i in &rows {
         let arow: Vec<f64> = (0..k)
             .map(|p| element_f64(&pair.a, ty, i * k + p))
@@ -82,7 +91,7 @@ pub fn verify_product(
             let r: f64 = (0..k)
                 .map(|p| arow[p] * element_f64(&pair.b, ty, p * n + j))
                 .sum();
-            let got = element_f64(c, ty, i * n + j);
+            let got = element_f64(c, out, i * n + j);
             nan |= !got.is_finite();
             num += (got - r).powi(2);
             den += r * r;
@@ -100,6 +109,59 @@ pub fn verify_product(
         tolerance,
         passed: rel_err <= tolerance,
     }
+}
+
+// ---- fp8 (E4M3) products: what `bench matmul` and `stress` share ----
+
+/// Why cuBLASLt's fp8 cannot take a shape (None for every other dtype): its fp8 kernels want
+/// 16-byte aligned leading dimensions, so gpukit runs fp8 only where m, n and k are multiples of
+/// 16 (1000 and 1023, in the default sizes, are not: those rows are skipped, not failed).
+pub fn unsupported_shape(dtype: DType, (m, n, k): (usize, usize, usize)) -> Option<String> {
+    if dtype != DType::F8E4M3 || [m, n, k].iter().all(|d| d % 16 == 0) {
+        return None;
+    }
+    Some(format!(
+        "fp8 on cuBLASLt takes dimensions that are multiples of 16; {m}x{n}x{k} is not"
+    ))
+}
+
+/// An fp8 row's backend cell: what was multiplied and how closely it was checked.
+pub fn fp8_backend(backend: &str, tolerance: f64) -> String {
+    format!(
+        "{backend}; E4M3 inputs (exact), f32 accumulation, bf16 output checked against float64 \
+         to {tolerance:.1e}"
+    )
+}
+
+/// Why an fp8 shape has no product: cuBLASLt offered no algorithm.
+pub fn fp8_no_algorithm((m, n, k): (usize, usize, usize), said: &str) -> String {
+    format!(
+        "cuBLASLt has no fp8 algorithm for {m}x{n}x{k} (it said: {said}; fp8 wants dimensions \
+         that are multiples of 16)"
+    )
+}
+
+/// fp8 operands drawn on the host (the random kernel draws no fp8): uniform in [-2, 2) or
+/// normal, rounded to E4M3 (`random::fill_e4m3`), then uploaded.
+pub fn draw_fp8(gpu: &Gpu, len: usize, seed: u64, dist: Distribution) -> Result<DeviceBuffer> {
+    let mut bytes = vec![0u8; len];
+    gpukit_tensor::random::fill_e4m3(&mut bytes, seed, dist);
+    Ok(gpu.upload(&bytes)?)
+}
+
+/// The host copy of a `k x n` B operand as the check reads it (row-major k x n): fp8's buffer
+/// holds B transposed (`n x k`, the form gemm_lt takes), turned back here.
+pub fn b_as_stored(ty: DType, bytes: Vec<u8>, k: usize, n: usize) -> Vec<u8> {
+    if ty != DType::F8E4M3 || bytes.len() < k * n {
+        return bytes;
+    }
+    let mut out = vec![0u8; k * n];
+    for (j, row) in bytes.chunks_exact(k).take(n).enumerate() {
+        for (p, &v) in row.iter().enumerate() {
+            out[p * n + j] = v;
+        }
+    }
+    out
 }
 
 // ---- the achievable ceiling: `bench matmul --search`'s best, kept per GPU ----
@@ -329,6 +391,45 @@ mod tests {
             load_achievable(dir.path(), &key()),
             Lookup::Unreadable(_)
         ));
+    }
+
+    #[test]
+    fn an_fp8_product_is_read_as_bf16_and_checked_against_float64() {
+        use gpukit_tensor::codec::encode_f64;
+        let (m, n, k) = (3, 2, 16);
+        let a: Vec<f64> = (0..m * k).map(|i| (i % 7) as f64 * 0.25 - 0.75).collect();
+        let b: Vec<f64> = (0..k * n).map(|i| 1.5 - (i % 5) as f64 * 0.5).collect();
+        let mut c = vec![0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+            }
+        }
+        let pair = HostPair {
+            a: encode_f64(&a, DType::F8E4M3),
+            b: encode_f64(&b, DType::F8E4M3),
+        };
+        let good = verify_product(
+            DType::F8E4M3,
+            DType::F8E4M3,
+            &pair,
+            &encode_f64(&c, DType::Bf16),
+            (m, n, k),
+            5,
+        );
+        assert!(good.passed && good.rel_err < 1e-2, "{good:?}");
+        assert_eq!(good.tolerance, tolerance(DType::F8E4M3));
+        // a wrong corner (always among the samples) fails
+        c[(m - 1) * n + n - 1] *= 2.0;
+        let bad = verify_product(
+            DType::F8E4M3,
+            DType::F8E4M3,
+            &pair,
+            &encode_f64(&c, DType::Bf16),
+            (m, n, k),
+            5,
+        );
+        assert!(!bad.passed, "{bad:?}");
     }
 
     #[test]

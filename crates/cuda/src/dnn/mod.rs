@@ -88,6 +88,10 @@ impl Conv {
             DType::F64 => Err(Error::NoAlgorithm(
                 "gpukit runs convolutions in f32, tf32, f16 and bf16, not f64".into(),
             )),
+            DType::F8E4M3 => Err(Error::NoAlgorithm(
+                "gpukit runs convolutions in f32, tf32, f16 and bf16, not fp8 (a matmul-only type)"
+                    .into(),
+            )),
         }
     }
 

@@ -551,7 +551,8 @@ pub struct MatmulArgs {
     #[arg(long, value_name = "N,N,...", value_delimiter = ',', value_parser = parse_size)]
     pub sizes: Option<Vec<usize>>,
 
-    /// dtypes: any of f64, f32, tf32, f16, bf16 [default: all the device supports].
+    /// dtypes: any of f64, f32, tf32, f16, bf16, fp8 (E4M3 inputs, bf16 output; GPUs of compute
+    /// capability 8.9 and newer) [default: all the device supports].
     #[arg(long, value_name = "DTYPE,...", value_delimiter = ',')]
     pub dtype: Option<Vec<DType>>,
 

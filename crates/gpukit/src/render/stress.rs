@@ -46,11 +46,13 @@ fn verdicts(r: &StressReport) -> Section {
         })
         .collect();
     let mut notes = vec![format!(
-        "level {}: {:.0} s per GPU, all GPUs at once ({:.0} s bf16 matmul, {:.0} s tf32 matmul, \
-         {:.0} s memory patterns, {:.0} s copies, the rest setup); the run took {:.0} s.",
+        "level {}: {:.0} s per GPU, all GPUs at once ({:.0} s bf16 matmul, {:.0} s fp8 matmul \
+         (bf16's on a GPU without fp8), {:.0} s tf32 matmul, {:.0} s memory patterns, {:.0} s \
+         copies, the rest setup); the run took {:.0} s.",
         r.level,
         r.duration_s,
         r.budget.matmul_bf16_s,
+        r.budget.matmul_fp8_s,
         r.budget.matmul_tf32_s,
         r.budget.memory_s,
         r.budget.copies_s,

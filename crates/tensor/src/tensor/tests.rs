@@ -746,3 +746,10 @@ fn random_on_the_cpu_is_seeded_and_distributed() {
         Err(Error::NoGpu { .. })
     ));
 }
+
+#[test]
+fn fp8_is_refused_as_a_tensor_type() {
+    let e = Tensor::zeros(&[2, 2], DType::F8E4M3).unwrap_err();
+    assert!(e.to_string().contains("matmul input type only"), "{e}");
+    assert!(Tensor::from_f32_as(&[1], &[1.0], DType::F8E4M3).is_err());
+}

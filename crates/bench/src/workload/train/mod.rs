@@ -771,6 +771,15 @@ mod tests {
                 "--precision fp64",
             ),
             (
+                // fp8 is a matmul input type only: no training mode
+                TrainRequest {
+                    device: Some(Device::Cuda(0)),
+                    precision: Some(DType::F8E4M3),
+                    ..TrainRequest::default()
+                },
+                "--precision fp8: gpukit trains in fp32, tf32, fp16 or bf16",
+            ),
+            (
                 TrainRequest {
                     precision: Some(DType::Bf16),
                     ..TrainRequest::default()

@@ -36,8 +36,15 @@ fn matmul(dtype: DType, tflops: f64, products: u64) -> MatmulStress {
         tflops_max: Some(tflops * 1.01),
         reference_first: Some(checked(1.7e-3)),
         reference_last: Some(checked(1.8e-3)),
-        words_per_result: 8192 * 8192 * dtype.size_bytes() as u64 / 4,
-        pct_of_peak: Some(100.0 * tflops / if dtype == DType::Bf16 { 989.4 } else { 494.7 }),
+        words_per_result: 8192 * 8192 * dtype.product_output().size_bytes() as u64 / 4,
+        pct_of_peak: Some(
+            100.0 * tflops
+                / match dtype {
+                    DType::Bf16 => 989.4,
+                    DType::F8E4M3 => 1978.9,
+                    _ => 494.7,
+                },
+        ),
         ..MatmulStress::default()
     }
 }
@@ -73,6 +80,11 @@ fn gpu(ordinal: usize, bf16: f64) -> GpuStress {
             MatmulStress {
                 pct_of_achievable: Some(100.0 * bf16 / 781.0),
                 ..matmul(DType::Bf16, bf16, 9800)
+            },
+            MatmulStress {
+                backend: "cuBLASLt (heuristic #0; E4M3 inputs, bf16 output)".into(),
+                seconds: 4.5,
+                ..matmul(DType::F8E4M3, 1296.0, 4400)
             },
             matmul(DType::Tf32, 371.0, 1900),
         ],
@@ -224,4 +236,29 @@ fn stress_on_one_gpu_says_what_it_did_not_run() {
         "{text}"
     );
     assert!(text.contains("had none to compare with"));
+}
+
+#[test]
+fn stress_says_fp8_was_not_run_on_a_gpu_without_it() {
+    let mut r = report();
+    r.gpus.truncate(1);
+    let g = &mut r.gpus[0];
+    g.name = "NVIDIA A100-SXM4-80GB".into();
+    g.compute_capability = Some((8, 0));
+    let why = Budget::split(30.0).matmul_mix((8, 0))[1]
+        .1
+        .clone()
+        .unwrap_err();
+    g.matmul[1] = MatmulStress {
+        dtype: Some(DType::F8E4M3),
+        size: 8192,
+        skipped: Some(why),
+        ..MatmulStress::default()
+    };
+    let text = super::terminal(&stress_sections(&r));
+    assert!(
+        text.contains("not run: f8e4m3 needs compute capability 8.9 or newer; this GPU is 8.0"),
+        "{text}"
+    );
+    assert!(text.contains("its time went to bf16"), "{text}");
 }
