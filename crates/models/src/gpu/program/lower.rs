@@ -825,22 +825,8 @@ impl<'g> Lowering<'g> {
                         w[i * n + j] = gm.alpha * v;
                     }
                 }
-                let wc = self.add_const(&format!("{name}.weight"), w);
-                let wt = Tref {
-                    buf: Buf::Const(wc),
-                    offset: 0,
-                    s: Strided::row_major([1, 1, k, n]),
-                };
-                let dims = self.dims(out)?;
-                let y = self.new_view(Strided::row_major(dims), &name);
-                self.push(Step::Gemm {
-                    a,
-                    b: wt,
-                    y,
-                    m,
-                    n,
-                    k,
-                });
+                let y = self.gemm(a, w, (m, n, k), out, &name)?;
+                let dims = y.s.dims;
                 if let Some(&c) = node.inputs.get(2) {
                     let ct = match self.g.value(c).constant.as_ref().and_then(|d| d.as_f32()) {
                         Some(v) => {
@@ -884,22 +870,7 @@ impl<'g> Lowering<'g> {
                     return self.fail("the first operand's last axis is not the second's rows");
                 }
                 let m = a.s.len() / k.max(1);
-                let wc = self.add_const(&format!("{name}.weight"), b);
-                let wt = Tref {
-                    buf: Buf::Const(wc),
-                    offset: 0,
-                    s: Strided::row_major([1, 1, k, n]),
-                };
-                let dims = self.dims(out)?;
-                let y = self.new_view(Strided::row_major(dims), &name);
-                self.push(Step::Gemm {
-                    a,
-                    b: wt,
-                    y,
-                    m,
-                    n,
-                    k,
-                });
+                let y = self.gemm(a, b, (m, n, k), out, &name)?;
                 self.set(out, y);
                 Ok(())
             }
@@ -908,6 +879,28 @@ impl<'g> Lowering<'g> {
                  shape arithmetic on constants",
             ),
         }
+    }
+
+    /// `a [m, k] x weight [k, n]` (row-major, the weight a new constant) into a new row-major
+    /// slot for value `out`: the Gemm step of Gemm and MatMul.
+    fn gemm(
+        &mut self,
+        a: Tref,
+        weight: Vec<f32>,
+        (m, n, k): (usize, usize, usize),
+        out: ValueId,
+        name: &str,
+    ) -> Lowered<Tref> {
+        let wc = self.add_const(&format!("{name}.weight"), weight);
+        let b = Tref {
+            buf: Buf::Const(wc),
+            offset: 0,
+            s: Strided::row_major([1, 1, k, n]),
+        };
+        let dims = self.dims(out)?;
+        let y = self.new_view(Strided::row_major(dims), name);
+        self.push(Step::Gemm { a, b, y, m, n, k });
+        Ok(y)
     }
 
     /// Whether a convolution reads `v` as its residual input (its only reader, checked by the
