@@ -1,0 +1,187 @@
+//! Convolutions lowered: the checks of what the engine runs (one stride and one padding, no
+//! dilation, groups that fit), the filter rearranged for the layout (input channels padded
+//! where the converted input is), the epilogue fused into cuDNN's call (ReLU) or left to one
+//! element-wise step, and a projection's bias moved into the sum that adds it.
+
+use super::{Buf, ConvStep, Lowered, Lowering, Step, Tref};
+use crate::gpu::program::Strided;
+use crate::graph::{Activation, Binary, Op, ValueId};
+use gpukit_tensor::{ConvShape, Layout};
+
+impl Lowering<'_> {
+    /// Whether a convolution reads `v` as its residual input (its only reader, checked by the
+    /// caller).
+    fn residual_reader(&self, v: ValueId) -> bool {
+        self.g.nodes.iter().any(|n| match &n.op {
+            Op::Conv(c) => c.residual_input().is_some_and(|i| n.inputs[i] == v),
+            _ => false,
+        })
+    }
+
+    pub(super) fn conv(
+        &mut self,
+        node: &crate::graph::Node,
+        c: &crate::graph::Conv,
+    ) -> Lowered<()> {
+        let name = node.name.clone();
+        let out = node.outputs[0];
+        let [pt, pl, pb, pr] = c.pads;
+        if c.dilations != [1, 1] {
+            return self.fail("dilated convolutions are not in the GPU engine yet");
+        }
+        if c.strides[0] != c.strides[1] || !(pt == pl && pl == pb && pb == pr) {
+            return self.fail(
+                "the GPU engine runs convolutions with one stride and one padding for both axes",
+            );
+        }
+        if self.g.value(node.inputs[0]).shape.len() != 4 {
+            return self.fail("a convolution of a tensor that is not 4-D");
+        }
+        let xin = node.inputs[0];
+        let x = self.get(xin)?;
+        let x = self.as_image(x, &format!("{name} (input in the engine's layout)"));
+        let [n, cin, h, w] = x.s.dims;
+        let wshape = &self.g.value(node.inputs[1]).shape;
+        let (k, cg, r, s) = (wshape[0], wshape[1], wshape[2], wshape[3]);
+        let weights = self.constant(node.inputs[1], "weight")?;
+        // the converted input's padded channels meet zero filter taps
+        let (c_real, c_pad) = match self.padded {
+            Some((v, c, cout)) if v == xin => (c, cout),
+            _ => (cin, cin),
+        };
+        let cg_pad = if c_pad != c_real { c_pad } else { cg };
+        let filter = arrange_filter(weights, [k, cg, r, s], cg_pad, self.layout);
+        let wc = self.add_const(&format!("{name}.weight"), filter);
+        let shape = ConvShape {
+            n,
+            c: cin,
+            h,
+            w,
+            k,
+            r,
+            s,
+            stride: c.strides[0],
+            pad: pt,
+            groups: c.groups,
+        };
+        if shape.group_channels() != cg_pad || !shape.groups_fit() {
+            return self.fail(format!(
+                "a filter of {cg} channels a group does not fit {cin} input channels in {} groups",
+                c.groups
+            ));
+        }
+        let dims = self.dims(out)?;
+        if (shape.out_h(), shape.out_w()) != (dims[2], dims[3]) {
+            return self.fail("its output size is not what one padding for all sides gives");
+        }
+        let mut bias = if c.bias {
+            Some(self.constant(node.inputs[2], "bias")?.to_vec())
+        } else {
+            None
+        };
+        // a residual whose bias was left to this convolution: added to this one's
+        if let Some(moved) = c
+            .residual_input()
+            .and_then(|i| self.moved_bias.remove(&node.inputs[i]))
+        {
+            let b = bias.get_or_insert_with(|| vec![0.0; k]);
+            for (b, m) in b.iter_mut().zip(moved) {
+                *b += m;
+            }
+        }
+        // this convolution's bias left to the one that reads its output as a residual: both
+        // are added into one sum
+        let act = c.epilogue.activation;
+        if let (Some(b), None, None) = (&bias, act, c.residual_input()) {
+            if self.uses[out] == 1 && !self.is_output[out] && self.residual_reader(out) {
+                self.moved_bias.insert(out, b.clone());
+                bias = None;
+            }
+        }
+        let z = match c.residual_input() {
+            Some(i) => {
+                let t = self.get(node.inputs[i])?;
+                Some(self.as_image(t, &format!("{name} (residual in the engine's layout)")))
+            }
+            None => None,
+        };
+        let y = self.new_view(Strided::image(dims, self.layout), &name);
+        if act == Some(Activation::Relu) {
+            let b = bias.unwrap_or_else(|| vec![0.0; k]);
+            let bc = self.add_const(&format!("{name}.bias"), b);
+            self.push(Step::Conv(ConvStep {
+                shape,
+                x,
+                w: wc,
+                bias: Some(bc),
+                z,
+                y,
+                fused: true,
+            }));
+            self.set(out, y);
+            return Ok(());
+        }
+        self.push(Step::Conv(ConvStep {
+            shape,
+            x,
+            w: wc,
+            bias: None,
+            z: None,
+            y,
+            fused: false,
+        }));
+        // the epilogue as one element-wise step over the output, in place
+        let b = match bias {
+            Some(b) => {
+                let bc = self.add_const(&format!("{name}.bias"), b);
+                let s = Strided::row_major([1, k, 1, 1]).broadcast_to(dims);
+                s.map(|s| {
+                    (
+                        Tref {
+                            buf: Buf::Const(bc),
+                            offset: 0,
+                            s,
+                        },
+                        Binary::Add,
+                    )
+                })
+            }
+            None => None,
+        };
+        if b.is_some() || z.is_some() || act.is_some() {
+            let i = self.push(Step::Pointwise {
+                a: y,
+                b,
+                c: z,
+                act,
+                y,
+            });
+            if act.is_none() {
+                self.open[out] = Some(i);
+            }
+        }
+        self.set(out, y);
+        Ok(())
+    }
+}
+
+/// A `[k, cg, r, s]` filter as the layout stores it (KCRS or KRSC), input channels zero-padded
+/// to `cg_pad`.
+fn arrange_filter(w: &[f32], [k, cg, r, s]: [usize; 4], cg_pad: usize, layout: Layout) -> Vec<f32> {
+    let mut out = vec![0f32; k * cg_pad * r * s];
+    for o in 0..k {
+        for c in 0..cg {
+            for i in 0..r {
+                for j in 0..s {
+                    let v = w[((o * cg + c) * r + i) * s + j];
+                    let at = match layout {
+                        Layout::Nchw => ((o * cg_pad + c) * r + i) * s + j,
+                        Layout::Nhwc => ((o * r + i) * s + j) * cg_pad + c,
+                    };
+                    out[at] = v;
+                }
+            }
+        }
+    }
+    out
+}
