@@ -43,17 +43,17 @@ case "${PART:-a}" in
 resnet)
   (cd scripts && python3 export_torchvision.py "$W" resnet50) 2>"$OUT/export-resnet.err" | cut -c1-120 | tee -a "$SUMMARY"
   for i in 1 2; do
-    g "general-resnet50-$i" infer --onnx "$W/resnet50.onnx" --general-engine --batch-sizes 1,32,128 --device all \
+    g "general-resnet50-$i" infer --onnx "$W/resnet50.onnx" --batch-sizes 1,32,128 --device all \
       --strategies fp32,fp16-nhwc,fp16-nhwc-graph --iterations 3
   done
-  g "handbuilt-resnet50" infer --onnx "$W/resnet50.onnx" --batch-sizes 1,32,128 --device all \
+  g "handbuilt-resnet50" infer --onnx "$W/resnet50.onnx" --resnet-engine --batch-sizes 1,32,128 --device all \
     --strategies fp32,fp16-nhwc-graph --iterations 3
   ;;
 profile)
   MODELS=${MODELS:-"efficientnet_b0 densenet121 convnext_tiny resnet50"}
   (cd scripts && python3 export_torchvision.py "$W" $MODELS) 2>"$OUT/export-profile.err" | cut -c1-120 | tee -a "$SUMMARY"
   for m in $MODELS; do
-    for by in op kernel; do
+    for by in ${BYS:-op kernel}; do
       t0=$(date +%s%N)
       env -u LD_LIBRARY_PATH timeout 200 "$BIN" profile infer --onnx "$W/$m.onnx" --batch-size 32 \
         --strategy fp16-nhwc-graph --group-by $by --top 12 >"$OUT/profile-$m-$by.txt" 2>"$OUT/profile-$m-$by.err"
@@ -79,17 +79,22 @@ a|b)
   (cd scripts && python3 export_torchvision.py "$W" $MODELS) 2>"$OUT/export-$PART.err" | cut -c1-200 | tee -a "$SUMMARY"
   for m in $MODELS; do
     [ -f "$W/$m.onnx" ] || { say "$m: not exported"; continue; }
-    g "general-$m" infer --onnx "$W/$m.onnx" --general-engine --batch-sizes 1,32 --device all \
+    g "general-$m" infer --onnx "$W/$m.onnx" --batch-sizes 1,32 --device all \
       --strategies fp32,fp16-nhwc,fp16-nhwc-graph --iterations 3
   done
   if [ "${PART:-a}" = a ]; then
-    g "handbuilt-resnet50" infer --onnx "$W/resnet50.onnx" --batch-sizes 1,32 --device all \
+    g "handbuilt-resnet50" infer --onnx "$W/resnet50.onnx" --resnet-engine --batch-sizes 1,32 --device all \
       --strategies fp32,fp16-nhwc-graph --iterations 3
   fi
   say "-- PyTorch 2.x, same models, fp16 channels_last, cudnn.benchmark:"
   (cd scripts && env -u LD_LIBRARY_PATH python3 torchvision_peer.py 1,32 $MODELS) 2>"$OUT/peer-$PART.err" | tee -a "$SUMMARY"
   ;;
 esac
-# what comes back is limited in count: the summary and the JSON reports
-find "$OUT" -name '*.err' -size 0 -delete
+# what comes back is limited in count: the summary and the JSON reports (each error file's
+# last lines go into the summary first)
+for f in "$OUT"/*.err; do
+  [ -s "$f" ] || continue
+  echo "-- $(basename "$f"):" >>"$SUMMARY"; grep -v "planning convolutions" "$f" | tail -5 >>"$SUMMARY"
+done
+find "$OUT" -name '*.err' -delete
 rm -f "$OUT"/*.txt.keep "$OUT"/general-*.txt "$OUT"/handbuilt-*.txt

@@ -728,6 +728,7 @@ fn infer(a: InferArgs, out: &Output) -> Result<()> {
         gpu_iterations: a.gpu_iterations,
         cpu_max_batch: None,
         search: a.planning,
+        tolerance: gpukit_bench::accuracy::tolerance,
     };
     if let Some(input) = &a.input {
         let run = gpukit_bench::infer::io::run_on_input(
@@ -788,7 +789,7 @@ fn infer_onnx(a: InferArgs, out: &Output) -> Result<()> {
         budget_s: 10.0,
         selection: a.device,
         strategies,
-        general_engine: a.general_engine,
+        resnet_engine: a.resnet_engine,
     };
     let wants_gpu = opts.strategies.iter().any(|s| !s.on_cpu());
     let discovery = if wants_gpu {

@@ -560,11 +560,10 @@ fn without_a_gpu_infer_onnx_skips_gpu_strategies_with_the_reason() -> Result<(),
 
 /// With a GPU, every fixture's GPU rows run on the general engine, each checked against the
 /// reference of its batch (ONNX Runtime's where it is installed, else the interpreter's), with
-/// a figure; a ResNet too with --general-engine.
+/// a figure, a ResNet included.
 fn with_a_gpu_infer_onnx_runs_every_fixture_on_the_gpu() -> Result<(), Failed> {
     for f in gpukit_models::onnx::fixtures::all(gpukit_tensor::random::fresh_seed()) {
-        let (_dir, mut args) = infer_onnx_document(&f.model, f.name)?;
-        args.push("--general-engine".into());
+        let (_dir, args) = infer_onnx_document(&f.model, f.name)?;
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let doc = document(&args, 0)?;
         let v = &doc["result"];

@@ -134,6 +134,8 @@ pub(super) struct GpuRun<'a> {
     pub meter: Option<PowerMeter>,
     /// How each session was planned, in order.
     pub planning: std::cell::RefCell<Vec<super::report::Planning>>,
+    /// How far each precision may be from the fp32 reference (`InferOptions::tolerance`).
+    pub tolerance: fn(DType) -> f64,
 }
 
 impl GpuRun<'_> {
@@ -300,7 +302,7 @@ impl GpuRun<'_> {
         for &st in strategies {
             let name = InferStrategy::OneAtATime(st).name();
             let mut r = row(&name, &self.device, n);
-            let tol = tolerance(st.dtype);
+            let tol = (self.tolerance)(st.dtype);
             r.tolerance = Some(tol);
             let resident = "every timed pass runs on that one image, resident on the GPU";
             let (expected, label) = match checks.firsts.iter().find(|(s, _)| *s == st) {
@@ -604,7 +606,7 @@ impl GpuRun<'_> {
         let RefState::Ready(reference) = &*reference else {
             return all(RowStatus::Skipped("no reference to verify against".into()));
         };
-        let tol = tolerance(weights.dtype);
+        let tol = (self.tolerance)(weights.dtype);
         let mem = session.memory;
         let mut rows = Vec::new();
         let mut captured = false;

@@ -85,6 +85,9 @@ pub struct InferOptions {
     pub cpu_max_batch: Option<usize>,
     /// How thoroughly each convolution's way to run is searched for.
     pub search: gpukit_cuda::dnn::Search,
+    /// How far each precision's logits may be from the GPU fp32 reference: [`tolerance`] for
+    /// gpukit's own models, [`crate::accuracy::graph_tolerance`] for a user's graph.
+    pub tolerance: fn(gpukit_tensor::DType) -> f64,
 }
 
 impl InferOptions {
@@ -102,6 +105,7 @@ impl InferOptions {
             gpu_iterations: 50,
             cpu_max_batch: None,
             search: gpukit_cuda::dnn::Search::Fast,
+            tolerance,
         }
     }
 }
@@ -350,6 +354,7 @@ fn run_with(
                     compute_capability,
                     meter: PowerMeter::for_ordinal(discovery, ordinal),
                     planning: Default::default(),
+                    tolerance: opts.tolerance,
                 };
                 let rows = run.rows(&gpu, &singles, &batches, progress);
                 report.rows.extend(rows);

@@ -52,6 +52,7 @@ fn options(ctx: &Context<'_>) -> InferOptions {
         // the CPU rows at large batches take minutes: the GPU rows' comparison is enough
         cpu_max_batch: Some(if quick { 1 } else { 8 }),
         search: gpukit_cuda::dnn::Search::Fast,
+        tolerance: crate::accuracy::tolerance,
     }
 }
 

@@ -13,7 +13,7 @@ use super::engines::{
 };
 use super::graph::*;
 use super::precompile::{GraphSpec, Kept};
-use super::{ok, Conv, Dnn, Search};
+use super::{ok, Act, Conv, Dnn, Search};
 use crate::error::{Error, Result};
 use crate::memory::View;
 use cudarc::cudnn::sys as dn;
@@ -69,7 +69,7 @@ impl Dnn {
         w: View<'_>,
         bias: Option<View<'_>>,
         z: Option<View<'_>>,
-        relu: bool,
+        act: Option<Act>,
         y: View<'_>,
         only: Option<(List, usize)>,
     ) -> Result<GraphConv> {
@@ -88,7 +88,7 @@ impl Dnn {
         if let Some(z) = z {
             z.require(conv.output_bytes(), "graph conv residual")?;
         }
-        let built = build_graph(self.handle(), conv, bias.is_some(), z.is_some(), relu)?;
+        let built = build_graph(self.handle(), conv, bias.is_some(), z.is_some(), act)?;
         let graph = &built.graph;
 
         let search = self.search();
@@ -105,7 +105,7 @@ impl Dnn {
             conv,
             bias: bias.is_some(),
             residual: z.is_some(),
-            relu,
+            act,
         };
         for (list, index, cfg) in &configs {
             let pick = (*list, *index);

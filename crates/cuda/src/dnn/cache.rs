@@ -7,6 +7,7 @@
 //! starts afresh. `GPUKIT_REPLAN=1` measures again and overwrites.
 
 use super::legacy::{algo_name, math_name, AlgoRow, FWD_ALGOS, MATH_TYPES};
+use super::Act;
 use super::{Conv, Search};
 use crate::driver::Gpu;
 use cudarc::cudnn::sys as dn;
@@ -31,8 +32,16 @@ pub(super) struct Key {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(super) enum Op {
-    Fused { residual: bool },
+    /// `relu(conv + bias [+ z])`.
+    Fused {
+        residual: bool,
+    },
     Plain,
+    /// `act(conv + bias [+ z])` with any other activation, or none.
+    Epilogue {
+        residual: bool,
+        act: Option<Act>,
+    },
 }
 
 /// How the convolution ran best.
@@ -384,7 +393,17 @@ mod tests {
                 prop::sample::select(DType::ALL.to_vec()),
                 prop_oneof![
                     any::<bool>().prop_map(|residual| Op::Fused { residual }),
-                    Just(Op::Plain)
+                    Just(Op::Plain),
+                    (
+                        any::<bool>(),
+                        prop::option::of(prop::sample::select(vec![
+                            Act::Relu,
+                            Act::Swish,
+                            Act::Gelu,
+                            Act::Sigmoid
+                        ]))
+                    )
+                        .prop_map(|(residual, act)| Op::Epilogue { residual, act }),
                 ],
                 any::<bool>(),
                 prop::option::of(dim()),

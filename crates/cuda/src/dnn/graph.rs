@@ -1,9 +1,9 @@
 //! cuDNN's backend (graph) API at its lowest: descriptors that destroy themselves, and the
-//! operation graph `y = relu(conv(x, w) + bias [+ z])` (or the bare convolution; f32 arithmetic
+//! operation graph `y = act(conv(x, w) + bias [+ z])` (or the bare convolution; f32 arithmetic
 //! inside, the storage type outside) built and finalized on a handle. Planning on it is
 //! `backend`'s; the engine lists `engines`'. This file uses neither.
 
-use super::{ok, Conv};
+use super::{ok, Act, Conv};
 use crate::error::Result;
 use cudarc::cudnn::sys as dn;
 use dn::cudnnBackendAttributeName_t as A;
@@ -127,6 +127,17 @@ fn pointwise(mode: dn::cudnnPointwiseMode_t) -> Result<Desc> {
     Ok(d)
 }
 
+/// The pointwise descriptor of an epilogue's activation.
+fn activation(act: Act) -> Result<Desc> {
+    use dn::cudnnPointwiseMode_t as M;
+    pointwise(match act {
+        Act::Relu => M::CUDNN_POINTWISE_RELU_FWD,
+        Act::Swish => M::CUDNN_POINTWISE_SWISH_FWD,
+        Act::Gelu => M::CUDNN_POINTWISE_GELU_FWD,
+        Act::Sigmoid => M::CUDNN_POINTWISE_SIGMOID_FWD,
+    })
+}
+
 fn pointwise_op(pw: &Desc, x: &Desc, b: Option<&Desc>, y: &Desc) -> Result<Desc> {
     let d = Desc::new(D::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)?;
     d.set_desc(A::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &[pw])?
@@ -145,7 +156,7 @@ pub(super) struct Built {
     pub parts: Vec<Desc>,
 }
 
-/// Builds and finalizes the operation graph `y = relu(conv(x, w) + bias [+ z])` (each part of
+/// Builds and finalizes the operation graph `y = act(conv(x, w) + bias [+ z])` (each part of
 /// the epilogue only when asked for; none: the bare convolution) on `handle`. The buffers do
 /// not enter: a graph depends on shapes, layout and dtype only.
 pub(super) fn build_graph(
@@ -153,7 +164,7 @@ pub(super) fn build_graph(
     conv: Conv,
     bias: bool,
     residual: bool,
-    relu: bool,
+    act: Option<Act>,
 ) -> Result<Built> {
     let sh = conv.shape;
     let dt = conv.data_type()?;
@@ -170,9 +181,9 @@ pub(super) fn build_graph(
         dt,
         false,
     )?;
-    // the epilogue in order: +bias, +residual, ReLU; the conv's own output is a virtual f32
-    // tensor unless nothing follows it
-    let epilogue = usize::from(bias) + usize::from(residual) + usize::from(relu);
+    // the epilogue in order: +bias, +residual, the activation; the conv's own output is a
+    // virtual f32 tensor unless nothing follows it
+    let epilogue = usize::from(bias) + usize::from(residual) + usize::from(act.is_some());
     let ty_out = tensor(UID_Y, out, layout, dt, false)?;
     let tconv = if epilogue == 0 {
         None
@@ -254,7 +265,7 @@ pub(super) fn build_graph(
     conv_op.finalize()?;
 
     let add = pointwise(dn::cudnnPointwiseMode_t::CUDNN_POINTWISE_ADD)?;
-    let relu_pw = pointwise(dn::cudnnPointwiseMode_t::CUDNN_POINTWISE_RELU_FWD)?;
+    let act_pw = act.map(activation).transpose()?;
     let mut ops = vec![conv_op];
     if let Some(first) = &tconv {
         // each step reads the previous output; the last writes the real output tensor
@@ -268,8 +279,8 @@ pub(super) fn build_graph(
                 step += 1;
             }
         }
-        if relu {
-            ops.push(pointwise_op(&relu_pw, cur, None, outputs[step])?);
+        if let Some(pw) = &act_pw {
+            ops.push(pointwise_op(pw, cur, None, outputs[step])?);
         }
     }
 
@@ -283,7 +294,8 @@ pub(super) fn build_graph(
             &[handle],
         )?;
     graph.finalize()?;
-    let mut parts = vec![tx, tw, ty_out, desc, add, relu_pw];
+    let mut parts = vec![tx, tw, ty_out, desc, add];
+    parts.extend(act_pw);
     parts.extend(tconv);
     parts.extend(tb);
     parts.extend(tz);

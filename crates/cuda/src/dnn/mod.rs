@@ -40,6 +40,18 @@ use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+/// An activation cuDNN's backend graphs apply after a convolution (and its bias and residual).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Act {
+    Relu,
+    /// `x * sigmoid(x)` (SiLU).
+    Swish,
+    /// `0.5 x (1 + erf(x / sqrt 2))`.
+    Gelu,
+    Sigmoid,
+}
+
 /// One convolution to run: its shape, the layout of its activations (and filters) and its
 /// element type (`Tf32`: f32 storage on TF32 tensor cores; `F32`: strict f32, no tensor cores).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -15,7 +15,7 @@ use super::cache::{Choice, List, Op};
 use super::engines::{engine_facts, finalize_plan, read_configs, Limits};
 use super::graph::{build_graph, Desc};
 use super::select::backend_reaches;
-use super::{ok, Conv, Dnn, Search};
+use super::{ok, Act, Conv, Dnn, Search};
 use crate::error::Result;
 use cudarc::cudnn::sys as dn;
 use cudarc::driver::CudaContext;
@@ -29,7 +29,7 @@ pub struct GraphSpec {
     pub conv: Conv,
     pub bias: bool,
     pub residual: bool,
-    pub relu: bool,
+    pub act: Option<Act>,
 }
 
 impl GraphSpec {
@@ -39,7 +39,7 @@ impl GraphSpec {
             conv,
             bias: false,
             residual: false,
-            relu: false,
+            act: None,
         }
     }
 
@@ -49,7 +49,26 @@ impl GraphSpec {
             conv,
             bias: true,
             residual,
-            relu: true,
+            act: Some(Act::Relu),
+        }
+    }
+
+    /// `y = act(conv(x, w) + bias [+ z])`.
+    pub fn epilogue(conv: Conv, residual: bool, act: Option<Act>) -> GraphSpec {
+        GraphSpec {
+            conv,
+            bias: true,
+            residual,
+            act,
+        }
+    }
+
+    /// The operation as the choices cache keys it.
+    pub(super) fn op(&self) -> Op {
+        match (self.bias, self.residual, self.act) {
+            (false, false, None) => Op::Plain,
+            (true, residual, Some(Act::Relu)) => Op::Fused { residual },
+            (_, residual, act) => Op::Epilogue { residual, act },
         }
     }
 }
@@ -312,7 +331,7 @@ fn compile(
 ) -> Result<(Option<((List, usize), Done)>, Vec<(List, usize)>)> {
     let spec = job.spec;
     let strict_f32 = !spec.conv.dtype.uses_tensor_cores();
-    let built = build_graph(handle.0, spec.conv, spec.bias, spec.residual, spec.relu)?;
+    let built = build_graph(handle.0, spec.conv, spec.bias, spec.residual, spec.act)?;
     // one configuration: its list read up to it (the search does not matter then)
     let limits = match job.pick {
         Some(pick) => Limits::of(Search::Fast, strict_f32, Some(pick)),
@@ -378,15 +397,10 @@ impl Dnn {
             .iter()
             .filter(|s| seen.insert(**s))
             .filter_map(|&spec| {
-                if !backend_reaches(spec.conv, spec.relu) {
+                let op = spec.op();
+                if !backend_reaches(spec.conv, op != Op::Plain) {
                     return None;
                 }
-                let op = match spec.relu {
-                    true => Op::Fused {
-                        residual: spec.residual,
-                    },
-                    false => Op::Plain,
-                };
                 let key = self.key(spec.conv, op, allow_graph);
                 let only = match self.choices.borrow().get(&key, search) {
                     Some(Choice::Graph { list, index }) => Some((list, index)),

@@ -8,7 +8,7 @@
 
 use super::cache::{Choice, Key, Op};
 use super::legacy::{ConvPlan, FusedConv};
-use super::{Conv, ConvChoice, Dnn, Epilogue, Search, CONV_WORKSPACE_BYTES};
+use super::{Act, Conv, ConvChoice, Dnn, Epilogue, Search, CONV_WORKSPACE_BYTES};
 use crate::error::{Error, Result};
 use crate::memory::View;
 use gpukit_types::DType;
@@ -95,7 +95,7 @@ impl Dnn {
             }
             Some(c @ Choice::Graph { list, index }) if allow_graph => {
                 let only = Some((*list, *index));
-                if let Ok(g) = self.plan_graph(conv, x, w, None, None, false, y, only) {
+                if let Ok(g) = self.plan_graph(conv, x, w, None, None, None, y, only) {
                     trace_cached(conv, c);
                     self.planned(started, true);
                     return Ok(ConvChoice::Graph(g));
@@ -112,7 +112,7 @@ impl Dnn {
         // the backend engines first: they win almost everywhere, and their time lets a fast
         // search stop timing legacy algorithms that cannot beat it
         let graph = if allow_graph && backend_reaches(conv, false) {
-            self.plan_graph(conv, x, w, None, None, false, y, None).ok()
+            self.plan_graph(conv, x, w, None, None, None, y, None).ok()
         } else {
             None
         };
@@ -185,7 +185,7 @@ impl Dnn {
             }
             Some(c @ Choice::Graph { list, index }) if allow_graph => {
                 let only = Some((*list, *index));
-                let g = self.plan_graph(conv, x, w, Some(bias), z, true, y, only);
+                let g = self.plan_graph(conv, x, w, Some(bias), z, Some(Act::Relu), y, only);
                 if let Ok(g) = g {
                     trace_cached(conv, c);
                     self.planned(started, true);
@@ -209,7 +209,7 @@ impl Dnn {
         // the backend engines first: their time lets a fast search stop timing legacy
         // algorithms that cannot beat it (some take milliseconds a call fused with a residual)
         let graph = if allow_graph && backend_reaches(conv, true) {
-            self.plan_graph(conv, x, w, Some(bias), z, true, y, None)
+            self.plan_graph(conv, x, w, Some(bias), z, Some(Act::Relu), y, None)
                 .ok()
         } else {
             None
@@ -241,6 +241,92 @@ impl Dnn {
                 choice = ConvChoice::Split(Box::new(bare));
             }
         }
+        self.remember(key, &choice);
+        self.planned(started, false);
+        Ok(choice)
+    }
+
+    /// Chooses how `y = act(conv(x, w) + bias [+ z])` runs for an activation other than ReLU,
+    /// or none (ReLU is [`Dnn::plan_fused_best`]'s): a backend-API graph holding the whole
+    /// epilogue (where [`backend_reaches`] a fused graph), or the bare convolution followed by
+    /// `split` (gpukit's epilogue kernel), whichever measured faster; kept on disk. A
+    /// heuristic search takes cuDNN's first graph that finalizes, else the split.
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan_epilogue_best(
+        &self,
+        conv: Conv,
+        x: View<'_>,
+        w: View<'_>,
+        bias: View<'_>,
+        z: Option<View<'_>>,
+        act: Option<Act>,
+        y: View<'_>,
+        allow_graph: bool,
+        split: Option<Epilogue<'_>>,
+    ) -> Result<ConvChoice> {
+        conv.check(x, w, y)?;
+        let started = std::time::Instant::now();
+        let search = self.search();
+        let split = split.filter(|_| z.is_none_or(|z| !z.same_start(&y)));
+        let residual = z.is_some();
+        let key = self.key(conv, Op::Epilogue { residual, act }, allow_graph);
+        let reaches = allow_graph && backend_reaches(conv, true);
+        let cached = self.choices.borrow().get(&key, search);
+        match &cached {
+            Some(c @ Choice::Graph { list, index }) if reaches => {
+                let only = Some((*list, *index));
+                if let Ok(g) = self.plan_graph(conv, x, w, Some(bias), z, act, y, only) {
+                    trace_cached(conv, c);
+                    self.planned(started, true);
+                    return Ok(ConvChoice::Graph(g));
+                }
+            }
+            Some(Choice::Split) if split.is_some() => {
+                if let Ok(bare) = self.plan_plain_best(conv, x, w, y, allow_graph) {
+                    trace_cached(conv, &Choice::Split);
+                    self.planned(started, true);
+                    return Ok(ConvChoice::Split(Box::new(bare)));
+                }
+            }
+            _ => {}
+        }
+        let graph = reaches
+            .then(|| {
+                self.plan_graph(conv, x, w, Some(bias), z, act, y, None)
+                    .ok()
+            })
+            .flatten();
+        let choice = match (graph, split) {
+            (Some(g), Some(epilogue)) if search != Search::Heuristic => {
+                // timed like the graph: the bare convolution and the epilogue, back to back
+                let bare = self.plan_plain_best(conv, x, w, y, allow_graph)?;
+                let wsb = self.planning_workspace()?;
+                let ws = wsb.view();
+                self.count(|s| s.candidates_timed += 1);
+                let ms = self.call_ms(|| {
+                    self.bare_forward(&bare, x, w, y, ws)?;
+                    epilogue(y, bias, z)
+                });
+                match ms {
+                    Ok(ms) if ms < g.ms => ConvChoice::Split(Box::new(bare)),
+                    _ => ConvChoice::Graph(g),
+                }
+            }
+            (Some(g), _) => ConvChoice::Graph(g),
+            (None, Some(_)) => ConvChoice::Split(Box::new(self.plan_plain_best(
+                conv,
+                x,
+                w,
+                y,
+                allow_graph,
+            )?)),
+            (None, None) => {
+                return Err(Error::NoAlgorithm(format!(
+                    "{conv:?} with its epilogue ({act:?}, residual {residual}): no backend graph \
+                     finalized and no epilogue kernel was given"
+                )))
+            }
+        };
         self.remember(key, &choice);
         self.planned(started, false);
         Ok(choice)

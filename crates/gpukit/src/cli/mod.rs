@@ -241,10 +241,10 @@ pub struct InferArgs {
     #[arg(long, value_name = "NAME=N,...", value_delimiter = ',', value_parser = parse_input_dim, requires = "onnx")]
     pub input_dims: Vec<(String, usize)>,
 
-    /// With --onnx: run a ResNet's GPU rows on the general engine too (a model of
-    /// torchvision's ResNet family otherwise runs on the hand-built ResNet engine).
+    /// With --onnx: run a model of torchvision's ResNet family on the hand-built ResNet engine
+    /// (read back from the graph), not on the general engine every graph runs on.
     #[arg(long, requires = "onnx")]
-    pub general_engine: bool,
+    pub resnet_engine: bool,
 
     /// A torchvision state_dict saved as safetensors [default: seeded initialisation].
     #[arg(long, value_name = "FILE")]

@@ -114,5 +114,6 @@ pub(super) fn options(
         gpu_iterations: 50,
         cpu_max_batch: None,
         search: gpukit_cuda::dnn::Search::Fast,
+        tolerance: crate::accuracy::graph_tolerance,
     }
 }

@@ -18,13 +18,13 @@
 //!   over max |ONNX Runtime's|, [`crate::accuracy::agreement`]).
 //! - [`ORT_ROW`](crate::workload::strategy::ORT_ROW): ONNX Runtime on the file's bytes as they are (its path where the weights
 //!   are in external data files), the reference.
-//! - GPU strategies: a model of torchvision's ResNet family (read back from the optimized graph
-//!   by `gpukit_models::graph::recognize::as_resnet`, and checked equal to the graph on the
-//!   CPU) runs on gpukit's hand-built ResNet engine with every check `infer` makes; any other
-//!   graph (every graph with [`OnnxOptions::general_engine`]) runs on the general engine
-//!   (`gpukit_models::gpu::program`), each row's outputs checked against ONNX Runtime's on the
-//!   same input (the interpreter's where ONNX Runtime is missing), within
-//!   [`general_tolerance`]. Without a GPU discovery the rows are skipped,
+//! - GPU strategies: every graph runs on the general engine (`gpukit_models::gpu::program`),
+//!   each row's outputs checked against ONNX Runtime's on the same input (the interpreter's
+//!   where ONNX Runtime is missing), within [`general_tolerance`]. With
+//!   [`OnnxOptions::resnet_engine`], a model of torchvision's ResNet family (read back from the
+//!   optimized graph by `gpukit_models::graph::recognize::as_resnet`, and checked equal to the
+//!   graph on the CPU) runs on gpukit's hand-built ResNet engine with every check `infer`
+//!   makes, judged by the same tolerances. Without a GPU discovery the rows are skipped,
 //!   [`GPU_NOT_LOOKED_FOR`], never a figure.
 //!
 //!
@@ -75,9 +75,9 @@ pub struct OnnxOptions {
     pub selection: DeviceSelection,
     /// From [`onnx_strategies`].
     pub strategies: Vec<InferStrategy>,
-    /// Run the GPU rows on the general engine even for a ResNet (which otherwise runs on the
-    /// hand-built ResNet engine it is read back as).
-    pub general_engine: bool,
+    /// Run a model of torchvision's ResNet family on the hand-built ResNet engine, read back
+    /// from the graph (every graph runs on the general engine otherwise).
+    pub resnet_engine: bool,
 }
 
 /// `infer --onnx`'s report.
@@ -231,10 +231,10 @@ pub fn run_onnx(
         gpu: None,
         gpu_engine: None,
     };
-    // the GPU rows' model: a ResNet read from the graph runs on the hand-built engine, any
-    // other graph (or every graph, with `general_engine`) on the general one
+    // the GPU rows' model: every graph runs on the general engine; with `resnet_engine`, a
+    // ResNet read from the graph runs on the hand-built one
     let on_gpu: Vec<InferStrategy> = wanted.iter().copied().filter(|s| !s.on_cpu()).collect();
-    let resnet = (!on_gpu.is_empty() && !opts.general_engine).then(|| gpu::resnet_of(&prepared));
+    let resnet = (!on_gpu.is_empty() && opts.resnet_engine).then(|| gpu::resnet_of(&prepared));
     let general = !on_gpu.is_empty() && !matches!(resnet, Some(Ok(_)));
     let refused = match &resnet {
         Some(Err(why)) if why.contains("differs from the graph") => Some(why.clone()),

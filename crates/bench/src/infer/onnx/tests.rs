@@ -23,7 +23,7 @@ fn options(file: PathBuf, strategies: Vec<InferStrategy>) -> OnnxOptions {
         budget_s: 5.0,
         selection: DeviceSelection::All,
         strategies,
-        general_engine: false,
+        resnet_engine: false,
     }
 }
 

@@ -15,7 +15,11 @@ use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::{Gpu, Result, Stream, View};
 use gpukit_types::DType;
 
-const SOURCE: &str = r#"
+pub(super) mod depthwise;
+
+/// What every module of the engine's kernels starts with (after the half types): the launch
+/// geometry struct and the activations.
+const PRELUDE: &str = r#"
 // The geometry of a launch: what each kernel reads from it is documented at the kernel.
 struct Dims { long long v[32]; };
 
@@ -31,6 +35,9 @@ __device__ __forceinline__ float activate(int act, float x, float alpha, float b
     }
 }
 
+"#;
+
+const SOURCE: &str = r#"
 // n / d by a multiply (n < 2^31): `magic` packs m (low 32 bits) and the shift (high bits), as
 // `fast_divisor` computes them on the host.
 __device__ __forceinline__ long long fdiv(long long n, long long magic) {
@@ -292,7 +299,7 @@ pub fn kernel_source() -> KernelSource {
         .collect();
     KernelSource {
         stem: "program",
-        source: format!("{HALF}{SOURCE}"),
+        source: format!("{HALF}{PRELUDE}{SOURCE}"),
         names,
     }
 }
@@ -372,6 +379,7 @@ fn put(v: &mut [i64; 32], at: usize, values: &[usize]) {
 pub struct ProgramKernels {
     stream: Stream,
     module: KernelModule,
+    depthwise_module: KernelModule,
 }
 
 impl ProgramKernels {
@@ -380,6 +388,7 @@ impl ProgramKernels {
         Ok(ProgramKernels {
             stream: gpu.stream().clone(),
             module: KernelModule::load(discovery, gpu, &kernel_source())?,
+            depthwise_module: depthwise::load(discovery, gpu)?,
         })
     }
 

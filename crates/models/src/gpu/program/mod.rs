@@ -28,6 +28,7 @@
 pub mod kernels;
 mod lower;
 mod session;
+mod steps;
 
 pub use kernels::{ProgramKernels, Window};
 pub use lower::{Program, Unsupported};

@@ -5,9 +5,11 @@
 use super::kernels::ProgramKernels;
 use super::lower::{Buf, ConvStep, Step, Tref};
 use super::Program;
+use super::Strided;
 use crate::error::{Error, Result};
 use crate::gpu::GpuContext;
-use gpukit_cuda::dnn::{Conv, ConvChoice, Epilogue, GraphSpec};
+use crate::graph::{Activation, Binary};
+use gpukit_cuda::dnn::{Act, Conv, ConvChoice, Epilogue, GraphSpec};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::profiler::OpInfo;
 use gpukit_cuda::{DeviceBuffer, Graph, View};
@@ -126,9 +128,10 @@ impl<'a> ProgramSession<'a> {
         let steps = &self.program.steps;
         let spec = |c: &ConvStep| {
             let conv = self.conv_of(c);
-            match c.fused {
-                true => GraphSpec::fused(conv, c.z.is_some()),
-                false => GraphSpec::plain(conv),
+            match (c.fused, library_act(c.act)) {
+                (false, _) => GraphSpec::plain(conv),
+                (true, Some(Act::Relu)) => GraphSpec::fused(conv, c.z.is_some()),
+                (true, act) => GraphSpec::epilogue(conv, c.z.is_some(), act),
             }
         };
         let specs: Vec<GraphSpec> = steps
@@ -139,13 +142,13 @@ impl<'a> ProgramSession<'a> {
             })
             .collect();
         self.ctx.dnn.precompile(&specs, true);
-        let mut planned: HashMap<(Conv, bool, bool), Rc<ConvChoice>> = HashMap::new();
+        let mut planned: HashMap<GraphSpec, Rc<ConvChoice>> = HashMap::new();
         let total = {
             let mut seen = std::collections::HashSet::new();
             steps
                 .iter()
                 .filter(|(_, s)| match s {
-                    Step::Conv(c) => seen.insert((self.conv_of(c), c.fused, c.z.is_some())),
+                    Step::Conv(c) => seen.insert(spec(c)),
                     _ => false,
                 })
                 .count()
@@ -157,7 +160,7 @@ impl<'a> ProgramSession<'a> {
         for (i, (_, step)) in steps.iter().enumerate() {
             let Step::Conv(c) = step else { continue };
             let conv = self.conv_of(c);
-            let key = (conv, c.fused, c.z.is_some());
+            let key = spec(c);
             if let Some(run) = planned.get(&key) {
                 names.push(run.name());
                 runs[i] = Some(Rc::clone(run));
@@ -170,6 +173,15 @@ impl<'a> ProgramSession<'a> {
             let (xv, yv, wv) = (self.view(&c.x)?, self.view(&c.y)?, self.const_view(c.w)?);
             let dnn = &self.ctx.dnn;
             let run = match c.bias {
+                Some(b) if c.fused && !c.fused_relu() => {
+                    let bv = self.const_view(b)?;
+                    let zv = c.z.as_ref().map(|z| self.view(z)).transpose()?;
+                    let epilogue = |y: View<'_>, b: View<'_>, z: Option<View<'_>>| {
+                        self.split_epilogue(c, y, b, z)
+                    };
+                    let act = library_act(c.act);
+                    dnn.plan_epilogue_best(conv, xv, wv, bv, zv, act, yv, true, Some(&epilogue))?
+                }
                 Some(b) if c.fused => {
                     let bv = self.const_view(b)?;
                     let zv = c.z.as_ref().map(|z| self.view(z)).transpose()?;
@@ -204,6 +216,33 @@ impl<'a> ProgramSession<'a> {
         self.algorithms = names;
         self.workspace_bytes = workspace;
         Ok(())
+    }
+
+    /// `y = act(y + bias (+ z))` on the element-wise kernel: the epilogue of convolution step
+    /// `c` when it runs apart from the bare convolution.
+    fn split_epilogue(
+        &self,
+        c: &ConvStep,
+        y: View<'_>,
+        bias: View<'_>,
+        z: Option<View<'_>>,
+    ) -> gpukit_cuda::Result<()> {
+        let dims = c.y.s.dims;
+        let bs = Strided::row_major([1, dims[1], 1, 1])
+            .broadcast_to(dims)
+            .ok_or_else(|| gpukit_cuda::Error::Invalid("a bias that does not broadcast".into()))?;
+        let zs = match (z, &c.z) {
+            (Some(v), Some(t)) => Some((v, &t.s)),
+            _ => None,
+        };
+        self.kernels.pointwise(
+            self.program.dtype.storage(),
+            (y, &c.y.s),
+            Some((bias, &bs, Binary::Add)),
+            zs,
+            c.act,
+            (y, &c.y.s),
+        )
     }
 
     /// Copies the graph's inputs (f32, row-major, in the graph's order) into the arena.
@@ -298,6 +337,16 @@ impl<'a> ProgramSession<'a> {
                     .blas
                     .gemm_views(self.program.dtype, v(a)?, v(b)?, v(y)?, (*m, *n, *kk))?;
             }
+            Step::Depthwise(d) => k.depthwise(
+                dt,
+                &d.shape,
+                v(&d.x)?,
+                self.const_view(d.taps)?,
+                d.bias.map(|b| self.const_view(b)).transpose()?,
+                d.z.as_ref().map(&v).transpose()?,
+                d.act,
+                v(&d.y)?,
+            )?,
             Step::Conv(c) => {
                 let Some(run) = self.runs[i].as_deref() else {
                     return Err(Error::Invalid(format!(
@@ -318,6 +367,10 @@ impl<'a> ProgramSession<'a> {
                         ctx.dnn.graph_forward(g, x, w, b, z, y, ws)?
                     }
                     (ConvChoice::Plain(p), _) => ctx.dnn.conv_forward(p, x, w, y, ws)?,
+                    (ConvChoice::Split(bare), Some(b)) if !c.fused_relu() => {
+                        ctx.dnn.bare_forward(bare, x, w, y, ws)?;
+                        self.split_epilogue(c, y, self.const_view(b)?, z)?;
+                    }
                     (ConvChoice::Split(bare), Some(b)) => {
                         ctx.dnn.bare_forward(bare, x, w, y, ws)?;
                         let [n, kk, p, q] = c.y.s.dims;
@@ -363,6 +416,7 @@ impl<'a> ProgramSession<'a> {
         let d = write.s.dims;
         let (flops, library) = match step {
             Step::Conv(c) => (c.shape.flops(), "cuDNN"),
+            Step::Depthwise(d) => (d.shape.flops(), "NVRTC"),
             Step::Gemm { m, n, k, .. } => (2.0 * (*m * *n * *k) as f64, "cuBLAS"),
             _ => (0.0, "NVRTC"),
         };
@@ -449,5 +503,17 @@ impl<'a> ProgramSession<'a> {
     /// Bytes the session holds: weights, arena and workspace.
     pub fn memory_bytes(&self) -> usize {
         self.weights.len() + self.arena.len() + self.workspace.len()
+    }
+}
+
+/// cuDNN's form of an epilogue's activation (None: no activation, or one cuDNN lacks: the
+/// lowering leaves those to the element-wise kernel).
+fn library_act(a: Option<Activation>) -> Option<Act> {
+    match a? {
+        Activation::Relu => Some(Act::Relu),
+        Activation::Silu => Some(Act::Swish),
+        Activation::Gelu => Some(Act::Gelu),
+        Activation::Sigmoid => Some(Act::Sigmoid),
+        Activation::HardSwish | Activation::HardSigmoid { .. } => None,
     }
 }

@@ -1,9 +1,12 @@
 //! Convolutions lowered: the checks of what the engine runs (one stride and one padding, no
 //! dilation, groups that fit), the filter rearranged for the layout (input channels padded
-//! where the converted input is), the epilogue fused into cuDNN's call (ReLU) or left to one
-//! element-wise step, and a projection's bias moved into the sum that adds it.
+//! where the converted input is), the epilogue fused into cuDNN's call (ReLU, SiLU, GELU,
+//! sigmoid, a bias or a residual, where cuDNN runs it) or left to one element-wise step, and a
+//! projection's bias moved into the sum that adds it. A depthwise convolution on channel-last
+//! tensors runs on gpukit's kernel with its whole epilogue.
 
-use super::{Buf, ConvStep, Lowered, Lowering, Step, Tref};
+use super::{Buf, ConvStep, DepthwiseStep, Lowered, Lowering, Step, Tref};
+use crate::gpu::program::kernels::depthwise;
 use crate::gpu::program::Strided;
 use crate::graph::{Activation, Binary, Op, ValueId};
 use gpukit_tensor::{ConvShape, Layout};
@@ -50,8 +53,6 @@ impl Lowering<'_> {
             _ => (cin, cin),
         };
         let cg_pad = if c_pad != c_real { c_pad } else { cg };
-        let filter = arrange_filter(weights, [k, cg, r, s], cg_pad, self.layout);
-        let wc = self.add_const(&format!("{name}.weight"), filter);
         let shape = ConvShape {
             n,
             c: cin,
@@ -106,7 +107,43 @@ impl Lowering<'_> {
             None => None,
         };
         let y = self.new_view(Strided::image(dims, self.layout), &name);
-        if act == Some(Activation::Relu) {
+        // one filter per channel on channel-last tensors: gpukit's kernel, epilogue and all
+        let dense = |t: &Tref| t.s == Strided::image(t.s.dims, Layout::Nhwc);
+        if self.layout == Layout::Nhwc
+            && c_real == c_pad
+            && depthwise::runs(&shape)
+            && dense(&x)
+            && z.as_ref().is_none_or(dense)
+        {
+            let taps = self.add_const(&format!("{name}.taps"), taps_of(weights, [k, r, s]));
+            let bias = bias.map(|b| self.add_const(&format!("{name}.bias"), b));
+            self.push(Step::Depthwise(DepthwiseStep {
+                shape,
+                x,
+                taps,
+                bias,
+                z,
+                act,
+                y,
+            }));
+            self.set(out, y);
+            return Ok(());
+        }
+        let filter = arrange_filter(weights, [k, cg, r, s], cg_pad, self.layout);
+        let wc = self.add_const(&format!("{name}.weight"), filter);
+        // the epilogue in cuDNN's call: ReLU everywhere (the legacy fused call serves strict
+        // f32), other activations and a bare bias or residual where its backend graphs were
+        // checked (on tensor cores, channel-last, ungrouped: in NCHW such graphs gave wrong
+        // outputs on the GPU, grouped ones too); HardSwish and HardSigmoid have no cuDNN form
+        let graphs =
+            self.dtype.uses_tensor_cores() && self.layout == Layout::Nhwc && shape.groups == 1;
+        let in_library = match act {
+            Some(Activation::Relu) => true,
+            Some(Activation::HardSwish | Activation::HardSigmoid { .. }) => false,
+            Some(Activation::Silu | Activation::Gelu | Activation::Sigmoid) => graphs,
+            None => (bias.is_some() || z.is_some()) && graphs,
+        };
+        if in_library {
             let b = bias.unwrap_or_else(|| vec![0.0; k]);
             let bc = self.add_const(&format!("{name}.bias"), b);
             self.push(Step::Conv(ConvStep {
@@ -117,6 +154,7 @@ impl Lowering<'_> {
                 z,
                 y,
                 fused: true,
+                act,
             }));
             self.set(out, y);
             return Ok(());
@@ -129,6 +167,7 @@ impl Lowering<'_> {
             z: None,
             y,
             fused: false,
+            act: None,
         }));
         // the epilogue as one element-wise step over the output, in place
         let b = match bias {
@@ -163,6 +202,17 @@ impl Lowering<'_> {
         self.set(out, y);
         Ok(())
     }
+}
+
+/// A depthwise `[k, 1, r, s]` filter as the depthwise kernel reads it: `[r, s, k]`.
+fn taps_of(w: &[f32], [k, r, s]: [usize; 3]) -> Vec<f32> {
+    let mut out = vec![0f32; k * r * s];
+    for o in 0..k {
+        for t in 0..r * s {
+            out[t * k + o] = w[o * r * s + t];
+        }
+    }
+    out
 }
 
 /// A `[k, cg, r, s]` filter as the layout stores it (KCRS or KRSC), input channels zero-padded

@@ -4,7 +4,7 @@
 //! channel padding, filter layouts and slot reuse all show in the outputs when wrong.
 
 use super::*;
-use crate::graph::{forward_cpu, passes::optimize, Array};
+use crate::graph::{forward_cpu, passes::optimize, Activation, Array};
 use crate::onnx::{fixtures, import_model, ImportOptions};
 use gpukit_tensor::random::{fresh_seed, normal_f32};
 
@@ -227,12 +227,39 @@ impl Emu<'_> {
                         if let Some(z) = &c.z {
                             v += self.get(z, [n, ko, p, q]);
                         }
-                        v = v.max(0.0);
+                        v = act(c.act, v);
                     }
                     out.push(([n, ko, p, q], v));
                 }
                 for (i, v) in out {
                     self.put(&c.y, i, v);
+                }
+            }
+            Step::Depthwise(d) => {
+                let sh = d.shape;
+                let taps = &self.p.consts[d.taps].values;
+                let mut out = Vec::new();
+                for [n, ch, p, q] in indices(d.y.s.dims) {
+                    let mut s = 0f64;
+                    for i in 0..sh.r {
+                        for j in 0..sh.s {
+                            let yy = (p * sh.stride + i) as isize - sh.pad as isize;
+                            let xx = (q * sh.stride + j) as isize - sh.pad as isize;
+                            if yy < 0 || xx < 0 || yy >= sh.h as isize || xx >= sh.w as isize {
+                                continue;
+                            }
+                            let xv = self.get(&d.x, [n, ch, yy as usize, xx as usize]);
+                            s += f64::from(xv) * f64::from(taps[(i * sh.s + j) * sh.c + ch]);
+                        }
+                    }
+                    let mut v = s as f32 + d.bias.map_or(0.0, |b| self.p.consts[b].values[ch]);
+                    if let Some(z) = &d.z {
+                        v += self.get(z, [n, ch, p, q]);
+                    }
+                    out.push(([n, ch, p, q], act(d.act, v)));
+                }
+                for (i, v) in out {
+                    self.put(&d.y, i, v);
                 }
             }
         }
@@ -327,10 +354,25 @@ fn every_fixture_lowers_and_its_program_computes_the_graph() {
                 c.retain(|(k, _)| *k != "convert input");
                 c
             };
-            for dtype in [DType::Tf32, DType::F16, DType::Bf16] {
+            // (strict f32 keeps the epilogues cuDNN would fuse on tensor cores apart: the same
+            // convolutions, more element-wise steps)
+            let tensor_cores = Program::lower(&g, DType::Tf32, layout).unwrap();
+            for dtype in [DType::F16, DType::Bf16] {
                 let q = Program::lower(&g, dtype, layout).unwrap();
-                assert_eq!(computing(&q), computing(&p), "{} {dtype}", f.name);
+                assert_eq!(
+                    computing(&q),
+                    computing(&tensor_cores),
+                    "{} {dtype}",
+                    f.name
+                );
             }
+            let convs = |p: &Program| {
+                p.steps
+                    .iter()
+                    .filter(|(_, s)| matches!(s, Step::Conv(_) | Step::Depthwise(_)))
+                    .count()
+            };
+            assert_eq!(convs(&tensor_cores), convs(&p), "{}", f.name);
         }
     }
 }
@@ -354,24 +396,58 @@ fn layouts_decide_the_copies_and_fusions_are_counted() {
         nhwc.step_counts(),
         nchw.step_counts()
     );
-    // EfficientNet: every SiLU is a convolution's epilogue, no step of its own
+    // EfficientNet: every SiLU is a convolution's epilogue: in cuDNN's call or the depthwise
+    // kernel's pass, never a step of its own; every convolution is one step
     let g = optimized(&fixtures::efficientnet_se(fresh_seed()));
-    let p = Program::lower(&g, DType::F16, Layout::Nhwc).unwrap();
-    let silus = p
-        .steps
+    let convs = g
+        .nodes
         .iter()
-        .filter(|(_, s)| {
-            matches!(
-                s,
-                Step::Pointwise {
-                    act: Some(Activation::Silu),
-                    ..
-                }
-            )
-        })
+        .filter(|n| matches!(n.op, Op::Conv(_)))
         .count();
-    assert_eq!(silus, 3);
-    assert_eq!(count(&p, "conv (cuDNN)"), count(&p, "conv (cuDNN)"));
+    for layout in [Layout::Nhwc, Layout::Nchw] {
+        let p = Program::lower(&g, DType::F16, layout).unwrap();
+        let silus = p
+            .steps
+            .iter()
+            .filter(|(_, s)| match s {
+                Step::Pointwise { act, .. } => *act == Some(Activation::Silu),
+                Step::Depthwise(d) => d.act == Some(Activation::Silu),
+                Step::Conv(c) => c.fused && c.act == Some(Activation::Silu),
+                _ => false,
+            })
+            .count();
+        assert_eq!(silus, 3, "{layout:?}: {:?}", p.step_counts());
+        let depthwise = count(&p, "depthwise conv (gpukit)");
+        assert_eq!(
+            depthwise > 0,
+            layout == Layout::Nhwc,
+            "{:?}",
+            p.step_counts()
+        );
+        let elementwise_silus = p
+            .steps
+            .iter()
+            .filter(|(_, s)| {
+                matches!(
+                    s,
+                    Step::Pointwise {
+                        act: Some(Activation::Silu),
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!(elementwise_silus, 0, "{:?}", p.step_counts());
+        assert_eq!(
+            count(&p, "conv (cuDNN)")
+                + count(&p, "conv+bias+relu (cuDNN)")
+                + count(&p, "conv+epilogue (cuDNN)")
+                + depthwise,
+            convs,
+            "{layout:?}: {:?}",
+            p.step_counts()
+        );
+    }
     // the ResNet fixture: every ReLU fused into cuDNN's call, the stem's input padded to 8
     // channels in NHWC
     let g = optimized(&fixtures::tiny_resnet(fresh_seed()));

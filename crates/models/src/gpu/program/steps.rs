@@ -1,0 +1,197 @@
+//! The lowered program's parts: the views steps read and write (a slot of the arena or a
+//! constant, with strides), and the steps themselves. No device is needed.
+
+use super::kernels::Window;
+use super::Strided;
+use crate::graph::{Activation, Binary};
+use gpukit_tensor::ConvShape;
+
+/// Why a graph cannot run on the GPU engine: the node, its operator and the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsupported {
+    pub node: String,
+    pub op: String,
+    pub why: String,
+}
+
+impl std::fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "node {} ({}): {}", self.node, self.op, self.why)
+    }
+}
+
+impl std::error::Error for Unsupported {}
+
+/// Where a view's elements are: an arena slot or a constant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Buf {
+    Slot(usize),
+    Const(usize),
+}
+
+/// A view: its buffer, the offset of its first element (in elements) and its strides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Tref {
+    pub buf: Buf,
+    pub offset: usize,
+    pub s: Strided,
+}
+
+/// A region of the arena.
+#[derive(Debug, Clone)]
+pub(super) struct Slot {
+    pub bytes: usize,
+    pub name: String,
+}
+
+/// A constant on the device: its values in the order its view reads them (stored in the
+/// strategy's storage type).
+#[derive(Debug, Clone)]
+pub(super) struct Const {
+    pub values: Vec<f32>,
+}
+
+/// A convolution step.
+#[derive(Debug, Clone)]
+pub(super) struct ConvStep {
+    pub shape: ConvShape,
+    pub x: Tref,
+    /// The filter (KCRS or KRSC as the layout is, input channels padded where the input is).
+    pub w: usize,
+    /// The bias, for a fused call.
+    pub bias: Option<usize>,
+    pub z: Option<Tref>,
+    pub y: Tref,
+    /// The epilogue in the library's call, `act(conv + bias (+ z))` (ReLU: the legacy fused
+    /// call or a graph; another activation, or none: a backend graph); else the bare
+    /// convolution.
+    pub fused: bool,
+    /// The fused epilogue's activation.
+    pub act: Option<Activation>,
+}
+
+impl ConvStep {
+    /// Whether the fused epilogue is `relu(conv + bias (+ z))`.
+    pub fn fused_relu(&self) -> bool {
+        self.fused && self.act == Some(Activation::Relu)
+    }
+}
+
+/// A depthwise convolution on gpukit's kernel (channel-last, dense operands):
+/// `y = act(conv(x) + bias (+ z))` in one pass.
+#[derive(Debug, Clone)]
+pub(super) struct DepthwiseStep {
+    pub shape: ConvShape,
+    pub x: Tref,
+    /// The filter's taps, `[r, s, c]`.
+    pub taps: usize,
+    pub bias: Option<usize>,
+    pub z: Option<Tref>,
+    pub act: Option<Activation>,
+    pub y: Tref,
+}
+
+/// One step of the program.
+#[derive(Debug, Clone)]
+pub(super) enum Step {
+    /// The f32 NCHW input to the image layout and type, channels zero-padded to `cout`.
+    ConvertImage {
+        x: Tref,
+        y: Tref,
+        c: usize,
+        cout: usize,
+    },
+    FromF32 {
+        x: Tref,
+        y: Tref,
+    },
+    Conv(ConvStep),
+    Depthwise(DepthwiseStep),
+    Pointwise {
+        a: Tref,
+        b: Option<(Tref, Binary)>,
+        c: Option<Tref>,
+        act: Option<Activation>,
+        y: Tref,
+    },
+    Pool {
+        x: Tref,
+        y: Tref,
+        win: Window,
+    },
+    GlobalAverage {
+        x: Tref,
+        y: Tref,
+    },
+    LayerNorm {
+        x: Tref,
+        gamma: Tref,
+        beta: Option<Tref>,
+        y: Tref,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    },
+    /// Row-major `y [m, n] = a [m, k] x b [k, n]`.
+    Gemm {
+        a: Tref,
+        b: Tref,
+        y: Tref,
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    ToF32 {
+        x: Tref,
+        y: Tref,
+    },
+}
+
+impl Step {
+    /// The views the step reads, then the one it writes.
+    pub(super) fn operands(&self) -> (Vec<Tref>, Tref) {
+        match self {
+            Step::ConvertImage { x, y, .. }
+            | Step::FromF32 { x, y }
+            | Step::Pool { x, y, .. }
+            | Step::GlobalAverage { x, y }
+            | Step::ToF32 { x, y } => (vec![*x], *y),
+            Step::Conv(c) => (std::iter::once(c.x).chain(c.z).collect(), c.y),
+            Step::Depthwise(d) => (std::iter::once(d.x).chain(d.z).collect(), d.y),
+            Step::Pointwise { a, b, c, y, .. } => (
+                std::iter::once(*a)
+                    .chain(b.map(|(t, _)| t))
+                    .chain(*c)
+                    .collect(),
+                *y,
+            ),
+            Step::LayerNorm {
+                x, gamma, beta, y, ..
+            } => (
+                std::iter::once(*x)
+                    .chain(Some(*gamma))
+                    .chain(*beta)
+                    .collect(),
+                *y,
+            ),
+            Step::Gemm { a, b, y, .. } => (vec![*a, *b], *y),
+        }
+    }
+
+    /// A short name of the step's kind.
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            Step::ConvertImage { .. } | Step::FromF32 { .. } => "convert input",
+            Step::Conv(c) if c.fused_relu() => "conv+bias+relu (cuDNN)",
+            Step::Conv(c) if c.fused => "conv+epilogue (cuDNN)",
+            Step::Conv(_) => "conv (cuDNN)",
+            Step::Depthwise(_) => "depthwise conv (gpukit)",
+            Step::Pointwise { .. } => "element-wise",
+            Step::Pool { .. } => "pool",
+            Step::GlobalAverage { .. } => "global average",
+            Step::LayerNorm { .. } => "layer norm",
+            Step::Gemm { .. } => "gemm (cuBLAS)",
+            Step::ToF32 { .. } => "convert output",
+        }
+    }
+}
