@@ -709,6 +709,22 @@ fn one_node_model(op: &str, names: &[&str]) -> Vec<u8> {
     m.bytes()
 }
 
+/// An ONNX model of one Relu on images of 8x4 (f32 `[batch, 3, 8, 4]`).
+fn not_square_model() -> Vec<u8> {
+    use gpukit_models::onnx::builder::{Dim, ModelBuilder};
+    let dims = [
+        Dim::Named("batch"),
+        Dim::Fixed(3),
+        Dim::Fixed(8),
+        Dim::Fixed(4),
+    ];
+    let mut m = ModelBuilder::new(17, 1);
+    let x = m.input("input", &dims);
+    let y = m.node("Relu", &[&x], Vec::new());
+    m.output(&y, &dims);
+    m.bytes()
+}
+
 /// `infer --onnx`: files that are not a model gpukit runs, and flags that do not go with it.
 fn onnx_cases(dir: &Path) -> Vec<Case> {
     use gpukit_models::onnx::fixtures;
@@ -740,10 +756,83 @@ fn onnx_cases(dir: &Path) -> Vec<Case> {
     std::fs::write(&fixed_batch, fixtures::bytes(&fixed)).unwrap();
     let weights = dir.join("w.safetensors");
     safetensors(&weights, "conv1.weight", &[1], &[0.5]);
+    let not_square = dir.join("not-square.onnx");
+    std::fs::write(&not_square, not_square_model()).unwrap();
     let p = |path: &Path| path.to_str().unwrap().to_string();
     let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
     let (model, weights) = (leak(p(&model)), leak(p(&weights)));
+    let missing = leak(p(&dir.join("missing.safetensors")));
+    let not_square = leak(p(&not_square));
+    let peer = ["--compare-pytorch", "--torchvision"];
     vec![
+        // --torchvision: what it goes with, a name torchvision has, files that exist, images
+        // PyTorch's classifiers take; all said before PyTorch is asked
+        case(&["infer", "--torchvision", "resnet50"], &["--onnx"]),
+        case(
+            &["infer", "--onnx", model, "--torchvision", "resnet50"],
+            &["--compare-pytorch"],
+        ),
+        case(
+            &["infer", "--onnx", model, "--compare-pytorch"],
+            &[
+                "--compare-pytorch with --onnx needs --torchvision NAME",
+                "mobilenet_v3_large",
+            ],
+        ),
+        case(
+            &["infer", "--onnx", model, peer[0], peer[1], "mobilenet"],
+            &[
+                "--torchvision",
+                "not one of torchvision's classifiers",
+                "mobilenet_v3_large",
+                "resnet50",
+            ],
+        ),
+        case(
+            &["infer", "--onnx", model, "--torchvision-weights", weights],
+            &["--torchvision"],
+        ),
+        case(
+            &[
+                "infer",
+                "--onnx",
+                model,
+                peer[0],
+                peer[1],
+                "resnet18",
+                "--torchvision-weights",
+                missing,
+            ],
+            &[
+                "--torchvision-weights",
+                "missing.safetensors",
+                "cannot be read",
+            ],
+        ),
+        case(
+            &[
+                "--save-json",
+                weights,
+                "infer",
+                "--onnx",
+                model,
+                peer[0],
+                peer[1],
+                "resnet18",
+                "--torchvision-weights",
+                weights,
+            ],
+            &["--save-json", "is also the input --torchvision-weights"],
+        ),
+        case(
+            &["infer", "--onnx", not_square, peer[0], peer[1], "resnet18"],
+            &[
+                "--torchvision",
+                "square images",
+                "not-square.onnx",
+                "[8, 3, 8, 4]",
+            ],
+        ),
         with_path(
             &["infer", "--onnx"],
             &dir.join("missing.onnx"),
