@@ -4,7 +4,7 @@
 //! wiring is checked on any machine with python3: the check before any row runs, the refusal of
 //! another model, PyTorch's rows beside gpukit's and what the report says of them.
 
-use crate::common::{bin, ensure, text};
+use crate::common::{bin, ensure, exited, text};
 use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 use std::path::PathBuf;
@@ -109,6 +109,9 @@ impl Setup {
     }
 }
 
+/// How a failing check names the command it ran.
+const SHOWN: [&str; 1] = ["infer --onnx tiny_resnet.onnx --compare-pytorch --torchvision resnet18"];
+
 fn has(args: &[String], flag: &str, value: &str) -> bool {
     args.windows(2).any(|w| w[0] == flag && w[1] == value)
 }
@@ -118,10 +121,8 @@ fn has(args: &[String], flag: &str, value: &str) -> bool {
 fn another_model_is_refused_naming_both_counts() -> Result<(), Failed> {
     let setup = Setup::new()?;
     let out = setup.run(7, &[])?;
+    exited(&out, 2, &SHOWN)?;
     let err = text(&out.stderr);
-    ensure(out.status.code() == Some(2), || {
-        format!("exit {:?}: {err}", out.status.code())
-    })?;
     ensure(
         err.contains("--torchvision resnet18 is not the model in the file")
             && err.contains("6 Conv and 1 Gemm/MatMul")
@@ -141,10 +142,7 @@ fn another_model_is_refused_naming_both_counts() -> Result<(), Failed> {
 fn pytorch_stands_beside_with_what_made_it_the_same_model() -> Result<(), Failed> {
     let setup = Setup::new()?;
     let out = setup.run(6, &["--json"])?;
-    let err = text(&out.stderr);
-    ensure(out.status.code() == Some(0), || {
-        format!("exit {:?}: {err}", out.status.code())
-    })?;
+    exited(&out, 0, &SHOWN)?;
     let doc: Value = serde_json::from_slice(&out.stdout)?;
     let p = &doc["result"]["pytorch"];
     let same = &p["same_model"];
@@ -209,7 +207,7 @@ fn the_weights_file_is_what_pytorch_loads() -> Result<(), Failed> {
         .to_str()
         .ok_or("a temporary path that is not UTF-8")?;
     let out = setup.run(6, &["--torchvision-weights", w, "--json"])?;
-    ensure(out.status.code() == Some(0), || text(&out.stderr))?;
+    exited(&out, 0, &SHOWN)?;
     let calls = setup.calls();
     ensure(
         calls.len() == 2 && calls.iter().all(|c| has(c, "--weights", w)),
@@ -241,10 +239,8 @@ fn without_python_it_says_what_to_install_before_any_row() -> Result<(), Failed>
         ])
         .env("GPUKIT_PYTHON", "/nonexistent/python3")
         .output()?;
+    exited(&out, 1, &SHOWN)?;
     let err = text(&out.stderr);
-    ensure(out.status.code() == Some(1), || {
-        format!("exit {:?}: {err}", out.status.code())
-    })?;
     ensure(
         err.contains("install Python 3 and PyTorch") && !err.contains("importing"),
         || err.clone(),
