@@ -822,7 +822,7 @@ fn infer_onnx(a: InferArgs, out: &Output) -> Result<()> {
     let mut run = run_onnx(&opts, discovery.as_ref(), &mut progress())?;
     let peer = torchvision
         .zip(checked)
-        .map(|(tv, checked)| compare(&mut run, &opts, &tv, checked));
+        .map(|(tv, checked)| compare(&mut run, &opts, &tv, checked, &mut progress()));
     let sections = render::onnx_run_sections(&run);
     emit(
         &document(run).with_peer(peer.as_ref()),

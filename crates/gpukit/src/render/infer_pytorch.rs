@@ -117,7 +117,8 @@ pub(super) fn pytorch_infer_section(p: &PytorchComparison) -> Section {
             p.cudnn_benchmark,
             p.device_name.as_deref().unwrap_or("?")
         ),
-        header: Some(
+        // the check alone where no timed row ran (`--onnx` with no row to stand beside)
+        header: (!p.rows.is_empty()).then(|| {
             [
                 "strategy",
                 "device",
@@ -128,8 +129,8 @@ pub(super) fn pytorch_infer_section(p: &PytorchComparison) -> Section {
                 "compile",
             ]
             .map(String::from)
-            .to_vec(),
-        ),
+            .to_vec()
+        }),
         rows,
         notes,
     }

@@ -2,7 +2,8 @@
 //! stand-in for python3 that answers as scripts/pytorch_reference.py does (the structure it is
 //! told, constant logits, one eager fp32 row per batch size) and logs each call, so the command's
 //! wiring is checked on any machine with python3: the check before any row runs, the refusal of
-//! another model, PyTorch's rows beside gpukit's and what the report says of them.
+//! another model, PyTorch's rows beside gpukit's and what the report says of them. The real
+//! script runs too, as far as it goes without torch: its refusal of a name it does not know.
 
 use crate::common::{bin, ensure, exited, text};
 use libtest_mimic::{Failed, Trial};
@@ -247,6 +248,27 @@ fn without_python_it_says_what_to_install_before_any_row() -> Result<(), Failed>
     )
 }
 
+/// scripts/pytorch_reference.py refuses a name torchvision has no classifier of while reading
+/// its arguments, before it imports torch: `{"ok": false}` naming the name, exit 2.
+fn the_script_refuses_an_unknown_model_before_importing_torch() -> Result<(), Failed> {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/pytorch_reference.py"
+    );
+    let out = Command::new("python3")
+        .args([script, "infer", "--model", "resnet", "--check-only"])
+        .output()?;
+    let doc: Value = serde_json::from_slice(&out.stdout)?;
+    ensure(out.status.code() == Some(2) && doc["ok"] == false, || {
+        format!("exit {:?}: {doc}", out.status.code())
+    })?;
+    let error = doc["error"].as_str().unwrap_or_default();
+    ensure(
+        error.contains("'resnet' is not one of") && error.contains("mobilenet_v3_large"),
+        || error.to_string(),
+    )
+}
+
 /// The trials, ignored (with the reason) where python3 does not run.
 pub fn trials() -> Vec<Trial> {
     let python = Command::new("python3")
@@ -256,7 +278,7 @@ pub fn trials() -> Vec<Trial> {
     if !python {
         eprintln!("fake_pytorch:: tests ignored: the stand-in for PyTorch needs python3");
     }
-    let all: [(&str, crate::common::Test); 4] = [
+    let all: [(&str, crate::common::Test); 5] = [
         (
             "fake_pytorch::another_model_is_refused_naming_both_counts",
             another_model_is_refused_naming_both_counts,
@@ -272,6 +294,10 @@ pub fn trials() -> Vec<Trial> {
         (
             "fake_pytorch::without_python_it_says_what_to_install_before_any_row",
             without_python_it_says_what_to_install_before_any_row,
+        ),
+        (
+            "fake_pytorch::the_script_refuses_an_unknown_model_before_importing_torch",
+            the_script_refuses_an_unknown_model_before_importing_torch,
         ),
     ];
     all.into_iter()

@@ -250,9 +250,19 @@ pub fn compare(
     opts: &OnnxOptions,
     tv: &Torchvision,
     checked: Checked,
+    progress: &mut dyn FnMut(&str),
 ) -> Result<String> {
     let gpu = batches_of(&run.rows, GRAPH_CPU_ROW, false);
     let cpu = batches_of(&run.rows, GRAPH_CPU_ROW, true);
+    for (device, sizes) in [("the GPU", &gpu), ("the CPU", &cpu)] {
+        if !sizes.is_empty() {
+            progress(&format!(
+                "infer --onnx: PyTorch's {} on {device} at batch sizes {}",
+                tv.name,
+                crate::peer::csv(sizes)
+            ));
+        }
+    }
     let ran = run_rows(
         &tv.model_args(),
         checked.image_size,
@@ -270,9 +280,10 @@ pub fn compare(
                 checked.head,
                 Vec::new(),
                 None,
-                Err(Error::Peer(
-                    "no row of gpukit's to set PyTorch's beside: every row was skipped".into(),
-                )),
+                Err(Error::Peer(format!(
+                    "no row of gpukit's to set PyTorch's beside: PyTorch runs beside the GPU \
+                     rows and {GRAPH_CPU_ROW}, and none of them ran"
+                ))),
             ),
         },
         Err(e) => (checked.head, Vec::new(), None, Err(e)),
