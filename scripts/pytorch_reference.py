@@ -24,8 +24,7 @@ Usage:
                             [--iterations 50] [--warmup 10] [--benchmark-cudnn]
                             [--device cuda|cpu] [--threads N]
 
-  pytorch_reference.py infer --weights FILE.safetensors
-                             [--model resnet18|resnet34|resnet50|resnet101|resnet152]
+  pytorch_reference.py infer [--model NAME] [--weights FILE.safetensors] [--check-only]
                              [--batch-sizes 1,8,16,32] [--image-size 224]
                              [--iterations 50] [--warmup 10] [--strategies S,...]
                              [--benchmark-cudnn] [--input FILE.safetensors]
@@ -82,10 +81,19 @@ Usage:
   gradient_as_bucket_view); the DDP step is the slowest rank's; scaling efficiency =
   N-rank samples/s / (N * one-GPU samples/s).
 
-  infer times a torchvision ResNet (torchvision's own class when torchvision imports,
-  else the same architecture built here with torchvision's module names) loaded from a
-  safetensors state_dict (float32; `*.num_batches_tracked` may be present or not; any
-  other missing or unexpected key is an error).  Strategies (default: all):
+  infer times a torchvision image classifier: --model is one of TORCHVISION_CLASSIFIERS
+  (default resnet50).  Its weights: --weights, a safetensors state_dict (float32;
+  `*.num_batches_tracked` may be present or not; any other missing or unexpected key is an
+  error), loaded into torchvision's class (a ResNet into the same architecture built here
+  with torchvision's module names when torchvision does not import); or, without --weights,
+  "seeded": torchvision's own initialisation under torch.manual_seed(0) and batch norm
+  statistics measured on 4 batches of 16 random 224x224 images, as
+  scripts/export_torchvision.py makes them (seeded_classifier; needs torchvision).
+  "structure" counts, in one forward of one image on the CPU, the convolution calls
+  (F.conv1d/2d/3d) and linear calls (F.linear): an ONNX export of the model has as many
+  Conv nodes and Gemm/MatMul nodes on constant weights.  --check-only builds the model and
+  reports its structure (and the logits on --input) without timing anything ("results": []).
+  Strategies (default: all):
     eager_fp32           fp32, NCHW, TF32 off for cuBLAS and cuDNN
     eager_tf32           fp32, NCHW, TF32 on
     eager_fp16           model.half(), NCHW
@@ -106,8 +114,10 @@ Output:
   success: {"ok": true, "command": ..., "torch_version": ..., "cuda_available": bool,
             "device_name": str|null, "cudnn_version": int|null, "results": [row, ...]}
            infer adds "model", "model_source" ("torchvision" or "pytorch_reference.py"),
-           "torchvision": str|null, "device", "image_size", "cudnn_benchmark": bool,
-           "parameters": int, "outputs": null|{...}; its rows are
+           "torchvision": str|null, "weights": "seeded"|path, "device", "image_size",
+           "cudnn_benchmark": bool, "parameters": int, "structure": {"conv": int,
+           "linear": int, "parameters": int, "output_shape": [1, classes]},
+           "outputs": null|{...}; its rows are
            {"strategy", "batch", "status": "ok"|"skipped"|"failed", "reason" (not ok only),
             "median_ms", "p10_ms", "p90_ms", "count", "images_per_s",
             "peak_allocated_bytes", "peak_reserved_bytes" (cuda: peaks since a reset at
@@ -154,6 +164,32 @@ CONV_SHAPE_RE = re.compile(r"^(\d+)x(\d+)x(\d+)x(\d+):(\d+)x(\d+)x(\d+):s(\d+)p(
 RESNETS = {"resnet18": ("basic", (2, 2, 2, 2)), "resnet34": ("basic", (3, 4, 6, 3)),
            "resnet50": ("bottleneck", (3, 4, 6, 3)), "resnet101": ("bottleneck", (3, 4, 23, 3)),
            "resnet152": ("bottleneck", (3, 8, 36, 3))}
+# torchvision's image classifiers (torchvision.models.list_models(module=torchvision.models)),
+# the names infer --model takes; gpukit's `--torchvision` takes the same list
+TORCHVISION_CLASSIFIERS = (
+    "alexnet", "convnext_base", "convnext_large", "convnext_small", "convnext_tiny",
+    "densenet121", "densenet161", "densenet169", "densenet201",
+    "efficientnet_b0", "efficientnet_b1", "efficientnet_b2", "efficientnet_b3", "efficientnet_b4",
+    "efficientnet_b5", "efficientnet_b6", "efficientnet_b7",
+    "efficientnet_v2_l", "efficientnet_v2_m", "efficientnet_v2_s",
+    "googlenet", "inception_v3", "maxvit_t",
+    "mnasnet0_5", "mnasnet0_75", "mnasnet1_0", "mnasnet1_3",
+    "mobilenet_v2", "mobilenet_v3_large", "mobilenet_v3_small",
+    "regnet_x_16gf", "regnet_x_1_6gf", "regnet_x_32gf", "regnet_x_3_2gf", "regnet_x_400mf",
+    "regnet_x_800mf", "regnet_x_8gf", "regnet_y_128gf", "regnet_y_16gf", "regnet_y_1_6gf",
+    "regnet_y_32gf", "regnet_y_3_2gf", "regnet_y_400mf", "regnet_y_800mf", "regnet_y_8gf",
+    "resnet101", "resnet152", "resnet18", "resnet34", "resnet50",
+    "resnext101_32x8d", "resnext101_64x4d", "resnext50_32x4d",
+    "shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "shufflenet_v2_x1_5", "shufflenet_v2_x2_0",
+    "squeezenet1_0", "squeezenet1_1",
+    "swin_b", "swin_s", "swin_t", "swin_v2_b", "swin_v2_s", "swin_v2_t",
+    "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn",
+    "vit_b_16", "vit_b_32", "vit_h_14", "vit_l_16", "vit_l_32",
+    "wide_resnet101_2", "wide_resnet50_2",
+)
+SEED = 0  # the seeded weights: torchvision's initialisation under torch.manual_seed(SEED)
+# batch norm statistics of the seeded weights: measured on this many batches of random images
+CALIBRATION_BATCHES, CALIBRATION_BATCH, CALIBRATION_IMAGE = 4, 16, 224
 # infer strategy -> (torch dtype name, channels_last, TF32 allowed, how it runs: eager|graph|compile)
 INFER_STRATEGIES = {
     "eager_fp32": ("float32", False, False, "eager"),
@@ -313,9 +349,12 @@ def build_parser():
     t.add_argument("--device", type=choice_of("cuda", "cpu"), default="cuda")
     t.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all)")
 
-    i = sub.add_parser("infer", help="ResNet inference from a safetensors state_dict")
-    i.add_argument("--model", type=choice_of(*RESNETS), default="resnet50")
-    i.add_argument("--weights", required=True, help="torchvision state_dict as .safetensors")
+    i = sub.add_parser("infer", help="inference of a torchvision classifier")
+    i.add_argument("--model", type=choice_of(*TORCHVISION_CLASSIFIERS), default="resnet50")
+    i.add_argument("--weights", default=None,
+                   help="torchvision state_dict as .safetensors (default: seeded, see infer above)")
+    i.add_argument("--check-only", action="store_true",
+                   help="build the model and report its structure (and logits on --input); time nothing")
     i.add_argument("--batch-sizes", type=csv_of(positive_int), default=[1, 8, 16, 32])
     i.add_argument("--image-size", type=positive_int, default=224)
     i.add_argument("--strategies", type=csv_of(choice_of(*INFER_STRATEGIES)), default=list(INFER_STRATEGIES))
@@ -997,6 +1036,114 @@ def load_resnet(torch, name, state, path):
     return model.eval(), source, version
 
 
+def import_torchvision(name, needed_for):
+    """torchvision, with model `name`; else a RuntimeError naming what to install."""
+    try:
+        import torchvision
+    except Exception as exc:  # missing, or broken (e.g. built for another torch)
+        raise RuntimeError(f"{needed_for} needs torchvision ({one_line(exc)}); "
+                           "install it with 'pip install torchvision'") from None
+    if not hasattr(torchvision.models, name):
+        raise RuntimeError(f"torchvision {torchvision.__version__} has no model {name}; "
+                           "a newer one may: 'pip install -U torchvision'")
+    return torchvision
+
+
+def calibrate(torch, model, batches=CALIBRATION_BATCHES):
+    """Running batch norm statistics set to the mean and variance of random inputs' activations
+    (cumulative over `batches` batches), layer by layer as the forward pass computes them."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None
+    model.train()
+    with torch.no_grad():
+        for _ in range(batches):
+            model(torch.randn(CALIBRATION_BATCH, 3, CALIBRATION_IMAGE, CALIBRATION_IMAGE))
+
+
+def seeded_classifier(torch, torchvision, name):
+    """torchvision's `name` with its own initialisation under torch.manual_seed(SEED) and batch
+    norm statistics measured on random images, in eval mode on the CPU: what
+    scripts/export_torchvision.py exports. With a fresh init's statistics (mean 0, variance 1)
+    some models' activations shrink layer by layer until the logits are near 1e-9, below what
+    fp16 represents; a trained model's are of order one."""
+    torch.manual_seed(SEED)
+    model = getattr(torchvision.models, name)(weights=None)
+    calibrate(torch, model)
+    return model.eval()
+
+
+def load_classifier(torch, torchvision, name, state, path):
+    """torchvision's `name` for state (its classes read from the last linear layer's weight), loaded."""
+    constructor = getattr(torchvision.models, name)
+    model = constructor(weights=None)
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    head = state.get(f"{linears[-1][0]}.weight") if linears else None
+    if head is not None and head.dim() == 2 and head.shape[0] != linears[-1][1].out_features:
+        model = constructor(weights=None, num_classes=int(head.shape[0]))
+    check_state_dict(model, state, f"weights in {path}", name)
+    model.load_state_dict(state, strict=False)  # only num_batches_tracked may be absent (checked above)
+    return model.eval()
+
+
+def build_model(torch, args):
+    """infer's model on the CPU in eval mode: (model, where its class came from, torchvision's
+    version or None, its weights: "seeded" or the file)."""
+    if args.weights is None:
+        tv = import_torchvision(args.model, "a seeded model (torchvision's own initialisation)")
+        model, source, version = seeded_classifier(torch, tv, args.model), "torchvision", tv.__version__
+    else:
+        state = read_safetensors(torch, args.weights, "weights file")
+        if args.model in RESNETS:  # builds without torchvision too
+            model, source, version = load_resnet(torch, args.model, state, args.weights)
+        else:
+            tv = import_torchvision(args.model, args.model)
+            model = load_classifier(torch, tv, args.model, state, args.weights)
+            source, version = "torchvision", tv.__version__
+    model.requires_grad_(False)
+    return model, source, version, args.weights or "seeded"
+
+
+def structure(torch, model, image_size):
+    """What the model computes with, counted in one forward of one image on the CPU: calls of
+    F.conv1d/2d/3d and of F.linear, its parameters and the output's shape. torch.onnx.export
+    traces the same calls, writing one Conv node per convolution and one Gemm or MatMul on
+    constant weights per linear call, so an export of the model has the same counts. The
+    functions are counted rather than the modules because some models call them on a module's
+    weights (Swin's attention) or inside one call (MultiheadAttention's in and out projections,
+    counted with its fast path off, which tracing does not take either)."""
+    F = torch.nn.functional
+    counts = {"conv": 0, "linear": 0}
+    kinds = {"conv1d": "conv", "conv2d": "conv", "conv3d": "conv", "linear": "linear"}
+    originals = {name: getattr(F, name) for name in kinds}
+
+    def counting(name):
+        def call(*args, **kwargs):
+            counts[kinds[name]] += 1
+            return originals[name](*args, **kwargs)
+        return call
+
+    mha = getattr(torch.backends, "mha", None)
+    fast_path = mha.get_fastpath_enabled() if mha else None
+    try:
+        for name in kinds:
+            setattr(F, name, counting(name))
+        if mha:
+            mha.set_fastpath_enabled(False)
+        with torch.inference_mode():
+            out = model(torch.zeros(1, 3, image_size, image_size))
+    finally:
+        for name, original in originals.items():
+            setattr(F, name, original)
+        if mha:
+            mha.set_fastpath_enabled(fast_path)
+    return {**counts, "parameters": sum(p.numel() for p in model.parameters()),
+            "output_shape": list(getattr(out, "shape", []))}
+
+
 def read_input(torch, path):
     tensors = read_safetensors(torch, path, "input file")
     x = tensors.get("input")
@@ -1296,11 +1443,10 @@ def bench_infer(torch, args):
     graphs handle best); every forward, capture and compilation runs under
     torch.inference_mode()."""
     torch.backends.cudnn.benchmark = args.benchmark_cudnn
-    state = read_safetensors(torch, args.weights, "weights file")
-    base, source, tv_version = load_resnet(torch, args.model, state, args.weights)
-    del state
-    parameters = sum(p.numel() for p in base.parameters())
-    log(f"{args.model} from {source}: {parameters} parameters, {base.fc.out_features} classes")
+    base, source, tv_version, weights = build_model(torch, args)
+    shape = structure(torch, base, args.image_size)
+    log(f"{args.model} from {source}, {weights} weights: {shape['parameters']} parameters, "
+        f"{shape['conv']} convolution and {shape['linear']} linear calls, output {shape['output_shape']}")
 
     inp, outputs, saved = None, None, {}
     if args.input:
@@ -1318,7 +1464,7 @@ def bench_infer(torch, args):
                    "max_abs_diff": {}, "top1_agreement": {}, "errors": {}}
 
     rows = []
-    for name in args.strategies:
+    for name in [] if args.check_only else args.strategies:
         # eager_fp32's logits on the input are the reference itself
         strategy_rows, logits, logits_error = bench_strategy(
             torch, args, base, name, inp if name != "eager_fp32" else None)
@@ -1343,9 +1489,10 @@ def bench_infer(torch, args):
             write_safetensors(torch, args.save_output, saved)
             outputs["saved"] = args.save_output
             log(f"wrote {', '.join(saved)} to {args.save_output}")
-    extra = {"model": args.model, "model_source": source, "torchvision": tv_version, "device": args.device,
-             "image_size": args.image_size, "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-             "parameters": parameters, "outputs": outputs}
+    extra = {"model": args.model, "model_source": source, "torchvision": tv_version, "weights": weights,
+             "device": args.device, "image_size": args.image_size,
+             "cudnn_benchmark": bool(torch.backends.cudnn.benchmark), "parameters": shape["parameters"],
+             "structure": shape, "outputs": outputs}
     return rows, extra
 
 

@@ -13,7 +13,7 @@ import time
 import torch
 import torchvision
 
-from export_torchvision import calibrate
+from pytorch_reference import calibrate
 
 NAMES = ["resnet50", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_800mf",
          "densenet121", "convnext_tiny"]
@@ -36,7 +36,7 @@ def main():
     for name in names:
         torch.manual_seed(0)
         model = getattr(torchvision.models, name)(weights=None)
-        calibrate(model)
+        calibrate(torch, model)
         model = model.eval().cuda().half()
         model = model.to(memory_format=torch.channels_last)
         for n in batches:

@@ -95,6 +95,7 @@ fn check_outputs_are_not_inputs(command: &Command, out: &Output) -> Result<()> {
                 ("--weights", a.weights.as_deref()),
                 ("--input", a.input.as_deref()),
                 ("--onnx", a.onnx.as_deref()),
+                ("--torchvision-weights", a.torchvision_weights.as_deref()),
             ],
             vec![("--save-output", a.save_output.as_deref())],
         ),
@@ -764,14 +765,30 @@ fn infer(a: InferArgs, out: &Output) -> Result<()> {
     emit_charted(&doc, out, Vec::new(), sections, charts)
 }
 
-/// `infer --onnx`: the user's model on the CPU (gpukit's interpreter and ONNX Runtime), and on
-/// the GPU where it is of torchvision's ResNet family; the CUDA libraries are looked for only
-/// when a GPU strategy is asked for.
+/// `infer --onnx`: the user's model on the CPU (gpukit's interpreter and ONNX Runtime) and on
+/// the GPU; the CUDA libraries are looked for only when a GPU strategy is asked for. With
+/// `--torchvision`, PyTorch's model is checked to be the file's before any row runs, and runs
+/// beside after.
 fn infer_onnx(a: InferArgs, out: &Output) -> Result<()> {
     use gpukit_bench::infer::check_batches;
+    use gpukit_bench::infer::onnx::peer::{check_same_model, compare, Torchvision};
     use gpukit_bench::infer::onnx::{document, onnx_strategies, run_onnx, OnnxOptions};
     let Some(file) = a.onnx else {
         return Err(Error::BadInput("infer --onnx needs a model file".into()).into());
+    };
+    let torchvision = match (a.compare_pytorch, a.torchvision) {
+        (true, None) => {
+            return Err(Error::BadInput(
+                "--compare-pytorch with --onnx needs --torchvision NAME, the torchvision \
+                 classifier the file was exported from (e.g. --torchvision mobilenet_v3_large)"
+                    .into(),
+            )
+            .into())
+        }
+        (_, name) => name.map(|name| Torchvision {
+            name,
+            weights: a.torchvision_weights,
+        }),
     };
     // the GPU's default rows only where one is usable (never a wall of skipped rows)
     let gpu_usable = a.strategies.is_none()
@@ -799,9 +816,21 @@ fn infer_onnx(a: InferArgs, out: &Output) -> Result<()> {
     } else {
         None
     };
-    let run = run_onnx(&opts, discovery.as_ref(), &mut progress())?;
+    let checked = match &torchvision {
+        Some(tv) => Some(check_same_model(&opts, tv, &mut progress())?),
+        None => None,
+    };
+    let mut run = run_onnx(&opts, discovery.as_ref(), &mut progress())?;
+    let peer = torchvision
+        .zip(checked)
+        .map(|(tv, checked)| compare(&mut run, &opts, &tv, checked, &mut progress()));
     let sections = render::onnx_run_sections(&run);
-    emit(&document(run), out, Vec::new(), sections)
+    emit(
+        &document(run).with_peer(peer.as_ref()),
+        out,
+        Vec::new(),
+        sections,
+    )
 }
 
 fn all(a: AllArgs, out: &Output) -> Result<()> {

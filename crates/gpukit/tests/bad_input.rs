@@ -692,14 +692,14 @@ fn cases(dir: &Path) -> Vec<Case> {
     v
 }
 
-/// An ONNX model of one node `op` over inputs `names` (f32 `[batch, 3, 8, 8]` each).
-fn one_node_model(op: &str, names: &[&str]) -> Vec<u8> {
+/// An ONNX model of one node `op` over inputs `names` (f32 `[batch, 3, h, w]` each).
+fn one_node_model(op: &str, names: &[&str], (h, w): (usize, usize)) -> Vec<u8> {
     use gpukit_models::onnx::builder::{Dim, ModelBuilder};
     let dims = [
         Dim::Named("batch"),
         Dim::Fixed(3),
-        Dim::Fixed(8),
-        Dim::Fixed(8),
+        Dim::Fixed(h),
+        Dim::Fixed(w),
     ];
     let mut m = ModelBuilder::new(17, 1);
     let inputs: Vec<String> = names.iter().map(|n| m.input(n, &dims)).collect();
@@ -720,9 +720,17 @@ fn onnx_cases(dir: &Path) -> Vec<Case> {
     let text = dir.join("text.onnx");
     std::fs::write(&text, b"this is not an ONNX model\n").unwrap();
     let unsupported = dir.join("unsupported.onnx");
-    std::fs::write(&unsupported, one_node_model("Frobnicate", &["input"])).unwrap();
+    std::fs::write(
+        &unsupported,
+        one_node_model("Frobnicate", &["input"], (8, 8)),
+    )
+    .unwrap();
     let two_inputs = dir.join("two-inputs.onnx");
-    std::fs::write(&two_inputs, one_node_model("Add", &["left", "right"])).unwrap();
+    std::fs::write(
+        &two_inputs,
+        one_node_model("Add", &["left", "right"], (8, 8)),
+    )
+    .unwrap();
     let mut fixed = fixtures::tiny_resnet(1);
     if let Some(d) = fixed
         .graph
@@ -740,10 +748,75 @@ fn onnx_cases(dir: &Path) -> Vec<Case> {
     std::fs::write(&fixed_batch, fixtures::bytes(&fixed)).unwrap();
     let weights = dir.join("w.safetensors");
     safetensors(&weights, "conv1.weight", &[1], &[0.5]);
+    let not_square = dir.join("not-square.onnx");
+    std::fs::write(&not_square, one_node_model("Relu", &["input"], (8, 4))).unwrap();
     let p = |path: &Path| path.to_str().unwrap().to_string();
     let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
     let (model, weights) = (leak(p(&model)), leak(p(&weights)));
+    let missing = leak(p(&dir.join("missing.safetensors")));
+    let not_square = leak(p(&not_square));
+    let peer = ["--compare-pytorch", "--torchvision"];
+    // the fixture's model beside PyTorch's resnet18, and `more`
+    let tv = |more: &[&'static str]| -> Vec<&'static str> {
+        [
+            &["infer", "--onnx", model, peer[0], peer[1], "resnet18"][..],
+            more,
+        ]
+        .concat()
+    };
     vec![
+        // --torchvision: what it goes with, a name torchvision has, files that exist, images
+        // PyTorch's classifiers take; all said before PyTorch is asked
+        case(&["infer", "--torchvision", "resnet50"], &["--onnx"]),
+        case(
+            &["infer", "--onnx", model, "--torchvision", "resnet50"],
+            &["--compare-pytorch"],
+        ),
+        case(
+            &["infer", "--onnx", model, "--compare-pytorch"],
+            &[
+                "--compare-pytorch with --onnx needs --torchvision NAME",
+                "mobilenet_v3_large",
+            ],
+        ),
+        case(
+            &["infer", "--onnx", model, peer[0], peer[1], "mobilenet"],
+            &[
+                "--torchvision",
+                "not one of torchvision's classifiers",
+                "mobilenet_v3_large",
+                "resnet50",
+            ],
+        ),
+        case(
+            &["infer", "--onnx", model, "--torchvision-weights", weights],
+            &["--torchvision"],
+        ),
+        case(
+            &tv(&["--torchvision-weights", missing]),
+            &[
+                "--torchvision-weights",
+                "missing.safetensors",
+                "cannot be read",
+            ],
+        ),
+        case(
+            &[
+                &["--save-json", weights][..],
+                &tv(&["--torchvision-weights", weights]),
+            ]
+            .concat(),
+            &["--save-json", "is also the input --torchvision-weights"],
+        ),
+        case(
+            &["infer", "--onnx", not_square, peer[0], peer[1], "resnet18"],
+            &[
+                "--torchvision",
+                "square images",
+                "not-square.onnx",
+                "[8, 3, 8, 4]",
+            ],
+        ),
         with_path(
             &["infer", "--onnx"],
             &dir.join("missing.onnx"),

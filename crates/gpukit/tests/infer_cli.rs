@@ -2,6 +2,7 @@
 //! (ignored, with the reason, elsewhere), and what it says where none is.
 
 mod common;
+mod fake_pytorch;
 
 use common::*;
 use libtest_mimic::Failed;
@@ -661,6 +662,9 @@ fn main() {
                 with_a_gpu_infer_input_fails_fp16_overflow_naming_the_layer,
             ),
         ],
-        onnxruntime_trials(),
+        onnxruntime_trials()
+            .into_iter()
+            .chain(fake_pytorch::trials())
+            .collect(),
     )
 }

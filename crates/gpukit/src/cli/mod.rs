@@ -178,6 +178,10 @@ fn parse_model(s: &str) -> Result<gpukit_models::ResNet, String> {
         .map_err(|e: gpukit_models::UnknownModel| e.to_string())
 }
 
+fn parse_torchvision(s: &str) -> Result<String, String> {
+    gpukit_bench::infer::onnx::torchvision::check_name(s).map(str::to_string)
+}
+
 /// The largest batch size accepted on the command line.
 const MAX_BATCH: usize = 1 << 24;
 
@@ -232,9 +236,24 @@ pub struct InferArgs {
     #[arg(
         long,
         value_name = "MODEL.onnx",
-        conflicts_with_all = ["model_name", "weights", "image_size", "input", "compare_pytorch"]
+        conflicts_with_all = ["model_name", "weights", "image_size", "input"]
     )]
     pub onnx: Option<PathBuf>,
+
+    /// With --onnx --compare-pytorch: the torchvision classifier the file was exported from
+    /// (mobilenet_v3_large, ...). PyTorch runs it beside gpukit (eager, CUDA graph,
+    /// torch.compile), once checked to be the file's model: as many convolutions and linear
+    /// layers, and the same output shape (else exit 2); its logits against the file's on one
+    /// batch say whether the weights are the same too.
+    #[arg(long, value_name = "NAME", value_parser = parse_torchvision, requires_all = ["onnx", "compare_pytorch"])]
+    pub torchvision: Option<String>,
+
+    /// With --torchvision: PyTorch's weights, the state dict as safetensors
+    /// (scripts/export_torchvision.py writes NAME.safetensors beside NAME.onnx) [default: seeded,
+    /// torchvision's initialisation under seed 0 with batch-norm statistics measured on random
+    /// images, as scripts/export_torchvision.py exports them].
+    #[arg(long, value_name = "FILE", requires = "torchvision")]
+    pub torchvision_weights: Option<PathBuf>,
 
     /// With --onnx: sizes of the input's other named axes (`height=224,width=224`), where the
     /// model leaves them open.
@@ -275,7 +294,8 @@ pub struct InferArgs {
     #[arg(long, value_name = "NAME,...", value_delimiter = ',', value_parser = parse_strategy)]
     pub strategies: Option<Vec<InferStrategy>>,
 
-    /// Run the same strategies through PyTorch (scripts/pytorch_reference.py) and show both.
+    /// Run the same strategies through PyTorch (scripts/pytorch_reference.py) and show both
+    /// (with --onnx, name the model with --torchvision).
     #[arg(long)]
     pub compare_pytorch: bool,
 

@@ -230,7 +230,7 @@ pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
         out.push(s);
     }
     if let Some(p) = &r.pytorch {
-        out.push(pytorch_infer_section(p));
+        out.push(super::infer_pytorch::pytorch_infer_section(p));
     }
     out
 }
@@ -319,85 +319,6 @@ pub fn input_run_section(r: &gpukit_bench::infer::io::InputRun) -> Section {
                 "tolerance",
                 "top-1 agree",
                 "verdict",
-            ]
-            .map(String::from)
-            .to_vec(),
-        ),
-        rows,
-        notes,
-    }
-}
-
-/// PyTorch's own rows (`infer --compare-pytorch`), the logits check and best fp16 against best.
-fn pytorch_infer_section(p: &gpukit_bench::infer::peer::PytorchComparison) -> Section {
-    let rows = p
-        .rows
-        .iter()
-        .map(|x| {
-            let figure = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map(f).unwrap_or_default();
-            vec![
-                x.strategy.clone(),
-                x.device.clone(),
-                x.batch.to_string(),
-                if x.status == "ok" {
-                    figure(x.median_ms, &|m| {
-                        format!(
-                            "{m:.3} ({:.3}-{:.3})",
-                            x.p10_ms.unwrap_or(m),
-                            x.p90_ms.unwrap_or(m)
-                        )
-                    })
-                } else {
-                    format!("{}: {}", x.status, x.reason.clone().unwrap_or_default())
-                },
-                figure(x.images_per_s, &grouped),
-                x.peak_allocated_bytes.map(mib).unwrap_or_default(),
-                figure(x.compile_s, &|c| format!("{c:.1} s")),
-            ]
-        })
-        .collect();
-    let mut notes = Vec::new();
-    match (&p.logits, &p.logits_unavailable) {
-        (Some(a), _) => notes.push(format!(
-            "PyTorch's eager fp32 logits (TF32 off) against gpukit's CPU f32 forward on the same \
-             {} images and weights: max rel. diff {:.1e}, top-1 agreement {:.0}%",
-            p.logits_images,
-            a.max_rel,
-            a.top1 * 100.0
-        )),
-        (None, Some(why)) => notes.push(format!("logits not compared: {why}")),
-        (None, None) => {}
-    }
-    for b in &p.best_fp16 {
-        notes.push(format!(
-            "best fp16 at batch {}: gpukit {} {} img/s, PyTorch {} {} img/s: {:.2}x",
-            b.batch,
-            b.gpukit_strategy,
-            grouped(b.gpukit_images_per_s),
-            b.pytorch_strategy,
-            grouped(b.pytorch_images_per_s),
-            b.ratio
-        ));
-    }
-    Section {
-        title: format!(
-            "PyTorch {} (torchvision {}, cudnn.benchmark {}) on {}",
-            p.torch_version,
-            p.torchvision
-                .as_deref()
-                .unwrap_or("absent: the script's own ResNet"),
-            p.cudnn_benchmark,
-            p.device_name.as_deref().unwrap_or("?")
-        ),
-        header: Some(
-            [
-                "strategy",
-                "device",
-                "batch",
-                "median ms (p10-p90)",
-                "images/s",
-                "peak allocated",
-                "compile",
             ]
             .map(String::from)
             .to_vec(),

@@ -230,10 +230,16 @@ fn throughput(r: &OnnxRun) -> Section {
     }
 }
 
-/// The setup, the latency at the first batch size, the throughput at each.
+/// The setup, the latency at the first batch size, the throughput at each, and PyTorch's rows
+/// where it ran beside (`--torchvision`).
 pub fn onnx_run_sections(r: &OnnxRun) -> Vec<Section> {
     let mut out = vec![setup(r)];
     out.extend(latency(r));
     out.push(throughput(r));
+    out.extend(
+        r.pytorch
+            .as_ref()
+            .map(super::infer_pytorch::pytorch_infer_section),
+    );
     out
 }

@@ -13,6 +13,7 @@ mod footprint;
 pub mod html;
 mod infer;
 mod infer_onnx;
+mod infer_pytorch;
 mod lessons;
 mod man;
 mod matmul;

@@ -9,8 +9,10 @@
 //!    batch size, optimizes and runs it; [`document`] judges the rows;
 //! 3. [`describe`] alone gives the model part of the report (no timing).
 //!
-//! The parts: `model` (the file checked, imported and optimized at a batch size, described)
-//! and `rows` (the rows at one batch size and the checks).
+//! The parts: `model` (the file checked, imported and optimized at a batch size, described),
+//! `rows` (the rows at one batch size and the checks), `gpu` and `general` (the GPU rows), and
+//! [`peer`] with [`torchvision`] (`--compare-pytorch --torchvision NAME`: PyTorch's NAME beside,
+//! checked to be the file's model).
 //!
 //! Rows:
 //! - [`GRAPH_CPU_ROW`]: `gpukit_models::graph::forward_cpu` on the optimized graph, f32. It
@@ -35,13 +37,16 @@
 mod general;
 mod gpu;
 mod model;
+pub mod peer;
 mod rows;
 #[cfg(test)]
 mod tests;
+pub mod torchvision;
 
 pub use general::general_tolerance;
 pub use model::{describe, OnnxModel, OnnxValue, Passes, DEFAULT_BATCH_SIZES};
 pub use rows::{PassesCheck, GRAPH_CPU_ROW, TOLERANCE};
+pub use torchvision::TORCHVISION_CLASSIFIERS;
 
 use super::report::{row, sort_rows_as_asked, InferRow};
 use super::InferStrategy;
@@ -101,6 +106,10 @@ pub struct OnnxRun {
     /// it equals the graph.
     #[serde(default)]
     pub gpu_engine: Option<String>,
+    /// `--compare-pytorch --torchvision NAME`: PyTorch's rows, how its model was checked to be
+    /// the file's, and the best fp16 of each side.
+    #[serde(default)]
+    pub pytorch: Option<crate::infer::peer::PytorchComparison>,
 }
 
 /// The rows `infer --onnx` runs: those named; else gpukit's CPU row and ONNX Runtime's where
@@ -123,7 +132,8 @@ pub fn onnx_strategies(
 }
 
 /// The JSON document of `infer --onnx`: failed when a row failed, the passes' check failed, or
-/// nothing was measured. ONNX Runtime's absence is a warning: gpukit's rows are unchecked.
+/// nothing was measured. ONNX Runtime's absence is a warning: gpukit's rows are unchecked; so
+/// are PyTorch's other weights (`--torchvision`): its figures are for the same layers only.
 pub fn document(run: OnnxRun) -> Document<OnnxRun> {
     let failure = judge_rows(run.rows.iter().map(|r| &r.status)).or_else(|| {
         match run.passes_check.as_ref().map(|c| &c.status) {
@@ -139,13 +149,37 @@ pub fn document(run: OnnxRun) -> Document<OnnxRun> {
         .map(|why| {
             format!("warning: ONNX Runtime did not run ({why}): gpukit's outputs are not checked")
         })
+        .chain(run.pytorch.as_ref().and_then(other_weights))
         .collect::<Vec<_>>();
     Document::new("infer --onnx", run, failure).with_notes(notes)
 }
 
+/// The warning when PyTorch's model has the file's layers but not its weights.
+fn other_weights(p: &crate::infer::peer::PytorchComparison) -> Option<String> {
+    let same = p.same_model.as_ref()?;
+    if same.same_weights != Some(false) {
+        return None;
+    }
+    let diff = p.logits.as_ref().map_or(f64::NAN, |a| a.max_rel);
+    let hint = if same.weights == "seeded" {
+        "pass the state dict the file was exported from with --torchvision-weights".to_string()
+    } else {
+        format!(
+            "is {} the state dict the file was exported from?",
+            same.weights
+        )
+    };
+    Some(format!(
+        "warning: PyTorch's {} has the file's layers but other weights (its logits differ from \
+         the file's by {diff:.1e}, over {:.0e}): its times are for the same layers, not the same \
+         numbers; {hint}",
+        same.torchvision, same.logits_tolerance
+    ))
+}
+
 /// ONNX Runtime on the model (its path where its weights are in external data files), and the
 /// library's path; or why it cannot run.
-fn open_onnxruntime(
+pub(super) fn open_onnxruntime(
     file: &ModelFile,
     threads: usize,
 ) -> std::result::Result<(OrtModel, String), String> {
@@ -230,6 +264,7 @@ pub fn run_onnx(
         onnxruntime_unavailable: None,
         gpu: None,
         gpu_engine: None,
+        pytorch: None,
     };
     // the GPU rows' model: every graph runs on the general engine; with `resnet_engine`, a
     // ResNet read from the graph runs on the hand-built one

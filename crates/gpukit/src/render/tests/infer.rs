@@ -4,7 +4,7 @@
 use super::{assert_drawn, pytorch, terminal, timing};
 use crate::render::{infer_sections, input_run_section};
 use gpukit_bench::infer::io::{InputRun, SavedLogits};
-use gpukit_bench::infer::peer::{BestFp16, PytorchComparison, PytorchRow};
+use gpukit_bench::infer::peer::{BestFp16, PytorchComparison, PytorchRow, RESNET_LOGITS_REFERENCE};
 use gpukit_bench::infer::{Agreement, InferReport, InferRow, CPU_ROW, ORT_ROW};
 use gpukit_bench::measure::Clock;
 use gpukit_bench::report::RowStatus;
@@ -154,6 +154,9 @@ fn infer_against_pytorch() {
         logits: Some(agreement(3.2e-6)),
         logits_images: 8,
         logits_unavailable: None,
+        logits_reference: RESNET_LOGITS_REFERENCE.into(),
+        same_model: None,
+        cpu_rows_failed: None,
         best_fp16: vec![BestFp16 {
             batch: 32,
             gpukit_strategy: "fp16-nhwc-graph".into(),

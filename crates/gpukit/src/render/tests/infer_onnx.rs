@@ -6,9 +6,10 @@ use crate::render::onnx_run_sections;
 use gpukit_bench::infer::onnx::{
     describe, OnnxRun, PassesCheck, GPU_NOT_LOOKED_FOR, GRAPH_CPU_ROW,
 };
+use gpukit_bench::infer::peer::{BestFp16, Layers, PytorchComparison, PytorchRow, SameModel};
 use gpukit_bench::infer::{row as blank_row, Agreement, InferRow, ORT_ROW};
 use gpukit_bench::measure::Clock;
-use gpukit_bench::report::RowStatus;
+use gpukit_bench::report::{PeerFigure, RowStatus};
 use gpukit_models::onnx::{fixtures, ModelFile};
 
 fn row(strategy: &str, device: &str, batch: usize, ms: Option<f64>) -> InferRow {
@@ -82,6 +83,7 @@ fn fixture_run() -> OnnxRun {
         onnxruntime_unavailable: None,
         gpu: Some(GPU_NOT_LOOKED_FOR.into()),
         gpu_engine: None,
+        pytorch: None,
     }
 }
 
@@ -125,5 +127,84 @@ fn infer_onnx_without_onnxruntime_says_the_rows_are_unchecked() {
         text.contains("did not run (ONNX Runtime was not found): gpukit's rows are unchecked")
             && text.contains("unchecked"),
         "{text}"
+    );
+}
+
+/// PyTorch's rows beside (`--torchvision`): the layers both sides have, the logits' verdict on
+/// the weights, PyTorch's figure beside gpukit's row and the best fp16 of each side.
+fn with_pytorch(same_weights: bool) -> OnnxRun {
+    let mut run = fixture_run();
+    let mut gpu = row("fp16-nhwc-graph", "cuda:0", 8, Some(0.4));
+    gpu.pytorch = Some(PeerFigure::single(0.8, 10_000.0, 20_000.0));
+    run.rows = vec![gpu];
+    let max_rel = if same_weights { 2.5e-6 } else { 0.9 };
+    run.pytorch = Some(PytorchComparison {
+        torch_version: "2.9.0+cu130".into(),
+        torchvision: Some("0.24.0".into()),
+        device_name: Some("NVIDIA H100 80GB HBM3".into()),
+        cudnn_benchmark: true,
+        rows: vec![PytorchRow {
+            strategy: "cuda_graph_fp16".into(),
+            device: "cuda".into(),
+            batch: 8,
+            status: "ok".into(),
+            reason: None,
+            median_ms: Some(0.8),
+            p10_ms: Some(0.79),
+            p90_ms: Some(0.82),
+            images_per_s: Some(10_000.0),
+            peak_allocated_bytes: Some(40 << 20),
+            compile_s: None,
+        }],
+        logits: Some(Agreement {
+            max_abs: max_rel * 10.0,
+            max_rel,
+            top1: 1.0,
+        }),
+        logits_images: 8,
+        logits_unavailable: None,
+        logits_reference: "ONNX Runtime's on the file (both on the CPU)".into(),
+        same_model: Some(SameModel {
+            torchvision: "resnet18".into(),
+            weights: "seeded".into(),
+            onnx: Layers { conv: 6, linear: 1 },
+            pytorch: Layers { conv: 6, linear: 1 },
+            output_shape: vec![10],
+            pytorch_parameters: 11_689_512,
+            logits_tolerance: 1e-4,
+            same_weights: Some(same_weights),
+        }),
+        cpu_rows_failed: None,
+        best_fp16: vec![BestFp16 {
+            batch: 8,
+            gpukit_strategy: "fp16-nhwc-graph".into(),
+            gpukit_images_per_s: 20_000.0,
+            pytorch_strategy: "cuda_graph_fp16".into(),
+            pytorch_images_per_s: 10_000.0,
+            ratio: 2.0,
+        }],
+    });
+    run
+}
+
+#[test]
+fn infer_onnx_with_pytorch_says_what_made_it_the_same_model() {
+    let sections = onnx_run_sections(&with_pytorch(true));
+    let text = terminal(&sections);
+    for needle in [
+        "PyTorch 2.9.0+cu130 (torchvision 0.24.0, cudnn.benchmark true)",
+        "the file has 6 Conv and 1 Gemm/MatMul node(s) on constant weights",
+        "PyTorch's resnet18 calls 6 convolution(s) and 1 linear layer(s)",
+        "against ONNX Runtime's on the file (both on the CPU) on the same 8 images",
+        "the same weights (<= 1e-4)",
+        "best fp16 at batch 8: gpukit fp16-nhwc-graph 20,000 img/s",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from {text}");
+    }
+    assert_drawn("infer_onnx_pytorch", &sections);
+    let other = terminal(&onnx_run_sections(&with_pytorch(false)));
+    assert!(
+        other.contains("(over 1e-4): other weights") && !other.contains("the same weights"),
+        "{other}"
     );
 }
