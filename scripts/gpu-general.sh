@@ -6,9 +6,10 @@
 #   and the CLI's GPU tests;
 # a, b: torchvision's six classifiers exported (scripts/export_torchvision.py), each through
 #   `gpukit infer --onnx` on the general engine (ONNX Runtime's outputs the reference of every
-#   row) at batch 1 and 32, with PyTorch's eager and CUDA-graph figures for the same models
-#   (scripts/torchvision_peer.py) in the same call. a: resnet50 (general and hand-built),
-#   mobilenet_v3_large, efficientnet_b0; b: regnet_y_800mf, densenet121, convnext_tiny.
+#   row) at batch 1 and 32. a: resnet50 (general and hand-built),
+#   mobilenet_v3_large, efficientnet_b0; b: regnet_y_800mf, densenet121, convnext_tiny. PyTorch
+#   runs the same model with the same weights beside each (`--compare-pytorch --torchvision`:
+#   its counterparts of the rows, its CUDA graph and torch.compile).
 # XDG_CACHE_HOME is .device/cache, so choices planned in one call serve the next (the first
 #   call's planning is cold).
 set -u
@@ -37,6 +38,14 @@ for r in d.get("rows") or []:
     why = st.get("why", "")[:200]
     print(f"  {r['strategy']:20} {r['device']:7} b{r['batch']:<4} {st.get('status'):8} {fig and round(fig, 1)} /s{extra} {why}")
 if d.get("gpu_engine"): print("  gpu:", d["gpu_engine"][:300])
+pt = d.get("pytorch") or {}
+for r in pt.get("rows") or []:
+    if r.get("device") == "cuda":
+        extra = f" compile {r['compile_s']:.0f} s" if r.get("compile_s") else ""
+        print(f"  pytorch {r['strategy']:20} b{r['batch']:<4} {r['status']:8} {r.get('images_per_s') and round(r['images_per_s'], 1)} /s{extra} {(r.get('reason') or '')[:120]}")
+for b in pt.get("best_fp16") or []:
+    print(f"  best fp16 b{b['batch']}: gpukit {b['gpukit_strategy']} {b['gpukit_images_per_s']:.0f} / PyTorch {b['pytorch_strategy']} {b['pytorch_images_per_s']:.0f} = {b['ratio']:.2f}x")
+if pt.get("same_model"): print("  same model:", json.dumps(pt["same_model"])[:300])
 PY
 }
 case "${PART:-a}" in
@@ -80,14 +89,13 @@ a|b)
   for m in $MODELS; do
     [ -f "$W/$m.onnx" ] || { say "$m: not exported"; continue; }
     g "general-$m" infer --onnx "$W/$m.onnx" --batch-sizes 1,32 --device all \
-      --strategies fp32,fp16-nhwc,fp16-nhwc-graph --iterations 3
+      --strategies fp32,fp16-nhwc,fp16-nhwc-graph --iterations 3 \
+      --compare-pytorch --torchvision "$m" --torchvision-weights "$W/$m.safetensors"
   done
   if [ "${PART:-a}" = a ]; then
     g "handbuilt-resnet50" infer --onnx "$W/resnet50.onnx" --resnet-engine --batch-sizes 1,32 --device all \
       --strategies fp32,fp16-nhwc-graph --iterations 3
   fi
-  say "-- PyTorch 2.x, same models, fp16 channels_last, cudnn.benchmark:"
-  (cd scripts && env -u LD_LIBRARY_PATH python3 torchvision_peer.py 1,32 $MODELS) 2>"$OUT/peer-$PART.err" | tee -a "$SUMMARY"
   ;;
 esac
 # what comes back is limited in count: the summary and the JSON reports (each error file's

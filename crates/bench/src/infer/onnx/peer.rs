@@ -264,9 +264,21 @@ pub fn compare(
             ));
         }
     }
+    // PyTorch's counterparts of the GPU rows asked for, and its best forms (a CUDA graph,
+    // torch.compile) for the best-of-each-side figures
+    let mut only: Vec<&str> = run
+        .rows
+        .iter()
+        .filter(|r| r.device != "cpu")
+        .filter_map(|r| super::super::peer::counterpart(&r.strategy))
+        .chain(["cuda_graph_fp16", "compile_fp16"])
+        .collect();
+    only.sort_unstable();
+    only.dedup();
     let ran = run_rows(
         &tv.model_args(),
         checked.image_size,
+        Some(&only),
         (&gpu, GPU_ITERATIONS),
         (&cpu, opts.iterations),
         None,

@@ -135,7 +135,7 @@ pub struct SameModel {
     pub same_weights: Option<bool>,
 }
 
-fn counterpart(gpukit: &str) -> Option<&'static str> {
+pub(crate) fn counterpart(gpukit: &str) -> Option<&'static str> {
     COUNTERPARTS
         .iter()
         .find(|(g, _)| *g == gpukit)

@@ -50,6 +50,7 @@ pub fn compare(report: &mut InferReport, opts: &InferOptions) -> Result<String> 
     let ran = run_rows(
         &model,
         s,
+        None,
         (
             &batches_of(&report.rows, CPU_ROW, false),
             opts.gpu_iterations,

@@ -82,9 +82,11 @@ pub(crate) fn batches_of(ours: &[InferRow], cpu_row: &str, cpu: bool) -> Vec<usi
 /// every strategy on cuda at `gpu.0` batch sizes (`gpu.1` timed repetitions, cudnn.benchmark
 /// on), eager fp32 on cpu at `cpu.0`; `logits` (input file, output file) go to the first run.
 /// The GPU run's failure is the comparison's; the CPU run's is noted when the GPU run gave rows.
+/// `only`: the GPU strategies to run, where not every one is wanted.
 pub(crate) fn run_rows(
     model: &[String],
     image_size: usize,
+    only: Option<&[&str]>,
     gpu: (&[usize], usize),
     cpu: (&[usize], usize),
     logits: Option<(&Path, &Path)>,
@@ -120,6 +122,9 @@ pub(crate) fn run_rows(
     if !gpu.0.is_empty() {
         let mut a = args("cuda", gpu.0, gpu.1, true);
         a.push("--benchmark-cudnn".into());
+        if let Some(only) = only {
+            a.extend(["--strategies".into(), only.join(",")]);
+        }
         let run = run_pytorch(&a)?;
         out.head = Some(Head::of(&run));
         out.rows.extend(parse_rows(&run.results, "cuda"));

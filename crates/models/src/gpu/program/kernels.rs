@@ -15,13 +15,16 @@ use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::{Gpu, Result, Stream, View};
 use gpukit_types::DType;
 
-pub(super) mod depthwise;
+pub(super) mod channels_last;
 
 /// What every module of the engine's kernels starts with (after the half types): the launch
 /// geometry struct and the activations.
 const PRELUDE: &str = r#"
 // The geometry of a launch: what each kernel reads from it is documented at the kernel.
 struct Dims { long long v[32]; };
+
+// V consecutive elements, loaded and stored as one access.
+template <class T, int V> struct alignas(sizeof(T) * V) Pack { T v[V]; };
 
 __device__ __forceinline__ float activate(int act, float x, float alpha, float beta) {
     switch (act) {
@@ -105,6 +108,64 @@ __device__ void pointwise(const T* a, const T* b, const T* c, T* y, Dims g, int 
         }
         if (c) v += to_f(c[ic]);
         y[iy] = from_f<T>(activate(act, v, alpha, beta));
+    }
+}
+
+// pointwise, V elements of y's last axis a thread: the same Dims, with the dims and strides in
+// memory order (y's last axis contiguous, v[3] a multiple of V; every operand's last stride 1,
+// or 0 for one value broadcast over the vector; every other stride a multiple of V, every
+// pointer 16-byte aligned, every offset within 31 bits); v[24..27]: the magic numbers of
+// v[3] / V, v[2], v[1].
+template <class T, int V>
+__device__ void pointwise_vec(const T* a, const T* b, const T* c, T* y, Dims g, int op, int act,
+                              float alpha, float beta) {
+    const long long* d = g.v;
+    const unsigned d3 = (unsigned)d[3] / V;
+    const unsigned total = (unsigned)(d[0] * d[1] * d[2]) * d3;
+    for (unsigned o = blockIdx.x * blockDim.x + threadIdx.x; o < total;
+         o += gridDim.x * blockDim.x) {
+        unsigned r3 = fdiv32(o, d[24]), i3 = (o - r3 * d3) * V;
+        unsigned r2 = fdiv32(r3, d[25]), i2 = r3 - r2 * (unsigned)d[2];
+        unsigned i0 = fdiv32(r2, d[26]), i1 = r2 - i0 * (unsigned)d[1];
+        float v[V], u[V], w[V];
+        Pack<T, V> pa = *(const Pack<T, V>*)(a + at4u(d + 4, i0, i1, i2, i3));
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[k] = to_f(pa.v[k]);
+        if (b) {
+            const T* pb = b + at4u(d + 8, i0, i1, i2, i3);
+            if (d[11]) {
+                Pack<T, V> q = *(const Pack<T, V>*)pb;
+#pragma unroll
+                for (int k = 0; k < V; ++k) u[k] = to_f(q.v[k]);
+            } else {
+#pragma unroll
+                for (int k = 0; k < V; ++k) u[k] = to_f(pb[0]);
+            }
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                if (op == 1) v[k] += u[k];
+                else if (op == 2) v[k] -= u[k];
+                else if (op == 3) v[k] *= u[k];
+                else if (op == 4) v[k] /= u[k];
+            }
+        }
+        if (c) {
+            const T* pc = c + at4u(d + 12, i0, i1, i2, i3);
+            if (d[15]) {
+                Pack<T, V> q = *(const Pack<T, V>*)pc;
+#pragma unroll
+                for (int k = 0; k < V; ++k) w[k] = to_f(q.v[k]);
+            } else {
+#pragma unroll
+                for (int k = 0; k < V; ++k) w[k] = to_f(pc[0]);
+            }
+#pragma unroll
+            for (int k = 0; k < V; ++k) v[k] += w[k];
+        }
+        Pack<T, V> out;
+#pragma unroll
+        for (int k = 0; k < V; ++k) out.v[k] = from_f<T>(activate(act, v[k], alpha, beta));
+        *(Pack<T, V>*)(y + at4u(d + 16, i0, i1, i2, i3)) = out;
     }
 }
 
@@ -266,6 +327,9 @@ __device__ void from_f32(const float* __restrict__ x, T* __restrict__ y, Dims g)
 #define INSTANCES(T, TAG)                                                                     \
 extern "C" __global__ void pointwise_##TAG(const T* a, const T* b, const T* c, T* y, Dims g,  \
     int op, int act, float alpha, float beta) { pointwise<T>(a, b, c, y, g, op, act, alpha, beta); } \
+extern "C" __global__ void pointwise_vec_##TAG(const T* a, const T* b, const T* c, T* y,        \
+    Dims g, int op, int act, float alpha, float beta)                                          \
+    { pointwise_vec<T, 16 / sizeof(T)>(a, b, c, y, g, op, act, alpha, beta); }                  \
 extern "C" __global__ void pool_##TAG(const T* x, T* y, Dims g) { pool<T>(x, y, g); }          \
 extern "C" __global__ void gap_warps_##TAG(const T* x, T* y, Dims g) { gap_warps<T>(x, y, g); } \
 extern "C" __global__ void gap_channels_##TAG(const T* x, T* y, Dims g)                       \
@@ -281,8 +345,9 @@ INSTANCES(B, bf16)
 "#;
 
 /// The kernels' names without their element type tag.
-const KERNELS: [&str; 7] = [
+const KERNELS: [&str; 8] = [
     "pointwise",
+    "pointwise_vec",
     "pool",
     "gap_warps",
     "gap_channels",
@@ -379,7 +444,7 @@ fn put(v: &mut [i64; 32], at: usize, values: &[usize]) {
 pub struct ProgramKernels {
     stream: Stream,
     module: KernelModule,
-    depthwise_module: KernelModule,
+    channels_last: KernelModule,
 }
 
 impl ProgramKernels {
@@ -388,7 +453,7 @@ impl ProgramKernels {
         Ok(ProgramKernels {
             stream: gpu.stream().clone(),
             module: KernelModule::load(discovery, gpu, &kernel_source())?,
-            depthwise_module: depthwise::load(discovery, gpu)?,
+            channels_last: channels_last::load(discovery, gpu)?,
         })
     }
 
@@ -441,7 +506,27 @@ impl ProgramKernels {
         }
         v[20] = i64::from(flat);
         let biggest = spans.into_iter().max().unwrap_or(0).max(sy.len());
-        put_divisors(&mut v, 24, [sy.dims[3], sy.dims[2], sy.dims[1]], biggest);
+        // a vector of elements a thread where y's last axis in memory order is contiguous and
+        // every operand reads it whole (or one value for it), aligned
+        let width = 16 / e;
+        let whole = |s: &Strided, view: &View<'_>| {
+            s.strides[3] == 1
+                && s.strides[..3].iter().all(|x| x % width == 0)
+                && view.is_aligned(16)
+        };
+        let vector = sy.dims[3] % width == 0
+            && whole(sy, &y)
+            && whole(sa, &a)
+            && b.iter()
+                .all(|(view, s, _)| s.strides[3] == 0 || whole(s, view))
+            && c.iter()
+                .all(|(view, s)| s.strides[3] == 0 || whole(s, view))
+            && biggest < (1 << 31);
+        let (stem, last) = match vector {
+            true => ("pointwise_vec", sy.dims[3] / width),
+            false => ("pointwise", sy.dims[3]),
+        };
+        put_divisors(&mut v, 24, [last, sy.dims[2], sy.dims[1]], biggest);
         let bytes = dims_bytes(&v);
         let (code, alpha, beta) = activation_code(act);
         let args = [
@@ -455,7 +540,8 @@ impl ProgramKernels {
             Arg::F32(alpha),
             Arg::F32(beta),
         ];
-        self.run("pointwise", dtype, grid_for(sy.len()), &args)
+        let threads = if vector { sy.len() / width } else { sy.len() };
+        self.run(stem, dtype, grid_for(threads), &args)
     }
 
     /// Max or average pooling of `x` ([n, c, h, w]) into `y` ([n, c, p, q]).
@@ -469,6 +555,9 @@ impl ProgramKernels {
         let e = dtype.size_bytes();
         x.require(sx.span() * e, "pool x")?;
         y.require(sy.span() * e, "pool y")?;
+        if let Some(done) = self.pool_channels_last(dtype, (x, sx), (y, sy), win) {
+            return done;
+        }
         let mut v = [0i64; 32];
         put(&mut v, 0, &sy.dims);
         put(&mut v, 4, &sx.strides);
@@ -503,6 +592,9 @@ impl ProgramKernels {
         let e = dtype.size_bytes();
         x.require(sx.span() * e, "global average x")?;
         y.require(sy.span() * e, "global average y")?;
+        if let Some(done) = self.global_average_channels_last(dtype, (x, sx), (y, sy)) {
+            return done;
+        }
         let mut v = [0i64; 32];
         put(&mut v, 0, &sx.dims);
         put(&mut v, 4, &sx.strides);
@@ -598,6 +690,7 @@ mod tests {
     fn the_kernels_take_what_the_launchers_pass() {
         let expected = [
             ("pointwise_", "p p p p s i i f f"),
+            ("pointwise_vec_", "p p p p s i i f f"),
             ("pool_", "p p s"),
             ("gap_warps_", "p p s"),
             ("gap_channels_", "p p s"),

@@ -1,0 +1,407 @@
+//! gpukit's kernels for dense channel-last tensors, a vector of channels a thread (16-byte loads,
+//! f32 arithmetic):
+//! - depthwise convolution (one filter per channel), `y = act(conv(x) + bias (+ z))` in one
+//!   pass: cuDNN's fused engines run these convolutions on a grouped direct kernel at a tenth of
+//!   the memory's speed, and its bare ones leave the epilogue to another pass;
+//! - max and average pooling;
+//! - global average pooling, a block per image and group of channels, its threads sharing the
+//!   pixels (the general kernels give 32 channels a block: a 112x112 image of 32 channels took
+//!   0.76 ms at batch 32).
+//! The general kernels (`super`) serve every other layout and stride.
+
+use super::{activation_code, dims_bytes, put, ProgramKernels, Strided, Window, HALF, PRELUDE};
+use crate::graph::Activation;
+use gpukit_cuda::kernel::{grid_for, tag, Arg, KernelModule, KernelSource, Launch};
+use gpukit_cuda::{Error, Result, View};
+use gpukit_tensor::ConvShape;
+use gpukit_types::DType;
+
+const SOURCE: &str = r#"
+
+// x [n, h, w, c], taps [r, s, c], y and z [n, p, q, c], all dense channel-last; bias [c].
+// v[0..4] n, h, w, c; v[4], v[5] p, q; v[6], v[7] r, s; v[8] stride; v[9] padding (all sides).
+// Thread o computes channels [V * (o % (c / V)), +V) of output pixel o / (c / V). Every index
+// fits 31 bits (the launcher checks).
+template <class T, int V>
+__device__ void depthwise(const T* __restrict__ x, const T* __restrict__ w,
+                          const T* __restrict__ bias, const T* __restrict__ z, T* __restrict__ y,
+                          Dims g, int act, float alpha, float beta) {
+    const long long* d = g.v;
+    const unsigned h = d[1], wd = d[2], c = d[3], p = d[4], q = d[5], r = d[6], s = d[7];
+    const int st = (int)d[8], pad = (int)d[9];
+    const unsigned cv = c / V, total = (unsigned)d[0] * p * q * cv;
+    for (unsigned o = blockIdx.x * blockDim.x + threadIdx.x; o < total;
+         o += gridDim.x * blockDim.x) {
+        unsigned pixel = o / cv, ch = (o - pixel * cv) * V;
+        unsigned row = pixel / q, j = pixel - row * q;
+        unsigned img = row / p, i = row - img * p;
+        float acc[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] = 0.0f;
+        for (unsigned di = 0; di < r; ++di) {
+            int yy = (int)(i * st + di) - pad;
+            if (yy < 0 || yy >= (int)h) continue;
+            const T* xrow = x + ((img * h + (unsigned)yy) * wd) * c + ch;
+            const T* wrow = w + di * s * c + ch;
+            for (unsigned dj = 0; dj < s; ++dj) {
+                int xx = (int)(j * st + dj) - pad;
+                if (xx < 0 || xx >= (int)wd) continue;
+                Pack<T, V> xv = *(const Pack<T, V>*)(xrow + (unsigned)xx * c);
+                Pack<T, V> wv = *(const Pack<T, V>*)(wrow + dj * c);
+#pragma unroll
+                for (int k = 0; k < V; ++k) acc[k] += to_f(xv.v[k]) * to_f(wv.v[k]);
+            }
+        }
+        unsigned at = pixel * c + ch;
+        Pack<T, V> out;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            float v = acc[k];
+            if (bias) v += to_f(bias[ch + k]);
+            if (z) v += to_f(z[at + k]);
+            out.v[k] = from_f<T>(activate(act, v, alpha, beta));
+        }
+        *(Pack<T, V>*)(y + at) = out;
+    }
+}
+
+// Max (v[14] != 0) or average pooling: x [n, h, w, c], y [n, p, q, c]. v[0..4] n, h, w, c;
+// v[4], v[5] p, q; v[6], v[7] window; v[8], v[9] steps; v[10..14] padding top, left, bottom,
+// right; v[15] != 0: an average divides by the window clipped to the padded input, else by its
+// taps inside the input.
+template <class T, int V>
+__device__ void pool_cl(const T* __restrict__ x, T* __restrict__ y, Dims g) {
+    const long long* d = g.v;
+    const unsigned h = d[1], wd = d[2], c = d[3], p = d[4], q = d[5];
+    const int kh = (int)d[6], kw = (int)d[7], sh = (int)d[8], sw = (int)d[9];
+    const int pt = (int)d[10], pl = (int)d[11], pb = (int)d[12], pr = (int)d[13];
+    const bool is_max = d[14] != 0;
+    const unsigned cv = c / V, total = (unsigned)d[0] * p * q * cv;
+    for (unsigned o = blockIdx.x * blockDim.x + threadIdx.x; o < total;
+         o += gridDim.x * blockDim.x) {
+        unsigned pixel = o / cv, ch = (o - pixel * cv) * V;
+        unsigned row = pixel / q, j = pixel - row * q;
+        unsigned img = row / p, i = row - img * p;
+        int h0 = (int)i * sh - pt, w0 = (int)j * sw - pl;
+        float m[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) m[k] = is_max ? -__int_as_float(0x7f800000) : 0.0f;
+        int taps = 0;
+        for (int di = 0; di < kh; ++di) {
+            int yy = h0 + di;
+            if (yy < 0 || yy >= (int)h) continue;
+            for (int dj = 0; dj < kw; ++dj) {
+                int xx = w0 + dj;
+                if (xx < 0 || xx >= (int)wd) continue;
+                Pack<T, V> xv = *(const Pack<T, V>*)(x + ((img * h + (unsigned)yy) * wd +
+                                                          (unsigned)xx) * c + ch);
+#pragma unroll
+                for (int k = 0; k < V; ++k) {
+                    float u = to_f(xv.v[k]);
+                    m[k] = is_max ? fmaxf(m[k], u) : m[k] + u;
+                }
+                ++taps;
+            }
+        }
+        float scale = 1.0f;
+        if (!is_max) {
+            int div = taps;
+            if (d[15]) {
+                int he = min(h0 + kh, (int)h + pb), we = min(w0 + kw, (int)wd + pr);
+                div = (he - h0) * (we - w0);
+            }
+            scale = div > 0 ? 1.0f / (float)div : 0.0f;
+        }
+        Pack<T, V> out;
+#pragma unroll
+        for (int k = 0; k < V; ++k) out.v[k] = from_f<T>(is_max ? m[k] : m[k] * scale);
+        *(Pack<T, V>*)(y + pixel * c + ch) = out;
+    }
+}
+
+// Global average pooling: x [n, hw, c] into y [n, c]. v[0] n, v[1] hw, v[2] c, v[3] the channel
+// vectors a block sums (vb); a block of blockDim.x = lanes * vb threads per image and vb
+// vectors, each lane summing every lanes-th pixel, the lanes' sums added in shared memory.
+template <class T, int V>
+__device__ void gap_cl(const T* __restrict__ x, T* __restrict__ y, Dims g) {
+    __shared__ float part[1024 * V];
+    const long long* d = g.v;
+    const unsigned n = d[0], hw = d[1], c = d[2], vb = d[3];
+    const unsigned cv = c / V, chunks = (cv + vb - 1) / vb, lanes = blockDim.x / vb;
+    const unsigned t = threadIdx.x, v = t % vb, lane = t / vb;
+    for (unsigned b = blockIdx.x; b < n * chunks; b += gridDim.x) {
+        unsigned img = b / chunks, first = (b % chunks) * vb, vec = first + v;
+        float s[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) s[k] = 0.0f;
+        if (vec < cv)
+            for (unsigned px = lane; px < hw; px += lanes) {
+                Pack<T, V> xv =
+                    *(const Pack<T, V>*)(x + ((unsigned long long)img * hw + px) * c + vec * V);
+#pragma unroll
+                for (int k = 0; k < V; ++k) s[k] += to_f(xv.v[k]);
+            }
+#pragma unroll
+        for (int k = 0; k < V; ++k) part[t * V + k] = s[k];
+        __syncthreads();
+        for (unsigned u = t; u < vb * V; u += blockDim.x) {
+            unsigned vv = u / V, k = u % V;
+            float sum = 0.0f;
+            for (unsigned l = 0; l < lanes; ++l) sum += part[(l * vb + vv) * V + k];
+            if (first + vv < cv)
+                y[(unsigned long long)img * c + (first + vv) * V + k] = from_f<T>(sum / (float)hw);
+        }
+        __syncthreads();
+    }
+}
+
+#define DEPTHWISE(T, TAG, V)                                                                   \
+extern "C" __global__ void depthwise_vec_##TAG(const T* x, const T* w, const T* bias,           \
+    const T* z, T* y, Dims g, int act, float alpha, float beta)                                \
+    { depthwise<T, V>(x, w, bias, z, y, g, act, alpha, beta); }                                 \
+extern "C" __global__ void depthwise_one_##TAG(const T* x, const T* w, const T* bias,           \
+    const T* z, T* y, Dims g, int act, float alpha, float beta)                                \
+    { depthwise<T, 1>(x, w, bias, z, y, g, act, alpha, beta); }                                 \
+extern "C" __global__ void pool_cl_##TAG(const T* x, T* y, Dims g) { pool_cl<T, V>(x, y, g); }  \
+extern "C" __global__ void gap_cl_##TAG(const T* x, T* y, Dims g) { gap_cl<T, V>(x, y, g); }
+
+DEPTHWISE(float, f32, 4)
+DEPTHWISE(H, f16, 8)
+DEPTHWISE(B, bf16, 8)
+"#;
+
+/// The kernels' names without their element type tag.
+const KERNELS: [&str; 4] = ["depthwise_vec", "depthwise_one", "pool_cl", "gap_cl"];
+
+/// The module: its name in the kernel cache, its source and its kernels.
+pub fn kernel_source() -> KernelSource {
+    let names = ["f32", "f16", "bf16"]
+        .iter()
+        .flat_map(|t| KERNELS.map(|k| format!("{k}_{t}")))
+        .collect();
+    KernelSource {
+        stem: "program-channels-last",
+        source: format!("{HALF}{PRELUDE}{SOURCE}"),
+        names,
+    }
+}
+
+/// Channels a thread of `depthwise_vec` computes for element type `dtype`.
+fn vector(dtype: DType) -> usize {
+    16 / dtype.size_bytes()
+}
+
+/// Whether the depthwise kernel runs `shape`: one filter per channel, and every index within 31
+/// bits.
+pub fn depthwise_runs(shape: &ConvShape) -> bool {
+    let fits = |n: usize| n < (1 << 31);
+    shape.groups == shape.c
+        && shape.k == shape.c
+        && fits(shape.n * shape.c * shape.h * shape.w)
+        && fits(shape.n * shape.k * shape.out_h() * shape.out_w())
+}
+
+/// Loads the module for `gpu`.
+pub(super) fn load(
+    discovery: &gpukit_cuda::loader::Discovery,
+    gpu: &gpukit_cuda::Gpu,
+) -> Result<KernelModule> {
+    KernelModule::load(discovery, gpu, &kernel_source())
+}
+
+impl ProgramKernels {
+    /// `y = act(depthwise(x, taps) + bias (+ z))`, all channel-last and dense; `taps` is
+    /// `[r, s, c]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn depthwise(
+        &self,
+        dtype: DType,
+        shape: &ConvShape,
+        x: View<'_>,
+        taps: View<'_>,
+        bias: Option<View<'_>>,
+        z: Option<View<'_>>,
+        act: Option<Activation>,
+        y: View<'_>,
+    ) -> Result<()> {
+        if !depthwise_runs(shape) {
+            return Err(Error::Invalid(format!(
+                "the depthwise kernel does not run {shape:?}"
+            )));
+        }
+        let e = dtype.size_bytes();
+        let (p, q) = (shape.out_h(), shape.out_w());
+        let out = shape.n * shape.k * p * q;
+        x.require(shape.n * shape.c * shape.h * shape.w * e, "depthwise x")?;
+        taps.require(shape.r * shape.s * shape.c * e, "depthwise taps")?;
+        y.require(out * e, "depthwise y")?;
+        if let Some(b) = bias {
+            b.require(shape.c * e, "depthwise bias")?;
+        }
+        if let Some(z) = z {
+            z.require(out * e, "depthwise z")?;
+        }
+        let v = vector(dtype);
+        let aligned = [Some(x), Some(taps), z, Some(y)]
+            .into_iter()
+            .flatten()
+            .all(|b| b.is_aligned(16));
+        let (stem, threads) = if shape.c % v == 0 && aligned {
+            ("depthwise_vec", out / v)
+        } else {
+            ("depthwise_one", out)
+        };
+        let mut dims = [0i64; 32];
+        put(
+            &mut dims,
+            0,
+            &[
+                shape.n,
+                shape.h,
+                shape.w,
+                shape.c,
+                p,
+                q,
+                shape.r,
+                shape.s,
+                shape.stride,
+                shape.pad,
+            ],
+        );
+        let bytes = dims_bytes(&dims);
+        let (code, alpha, beta) = activation_code(act);
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(taps),
+            Arg::opt(bias),
+            Arg::opt(z),
+            Arg::Ptr(y),
+            Arg::Struct("Dims", &bytes),
+            Arg::I32(code),
+            Arg::F32(alpha),
+            Arg::F32(beta),
+        ];
+        let name = format!("{stem}_{}", tag(dtype));
+        self.channels_last
+            .launch(&name, &self.stream, grid_for(threads), &args)
+    }
+}
+
+/// The channels of one dense channel-last image row: `s` (`[n, c, h, w]` dims) with channels
+/// contiguous and pixels `c` apart; Some(c).
+fn dense_channels_last(s: &Strided) -> Option<usize> {
+    let [_, c, h, w] = s.dims;
+    (*s == Strided::image(s.dims, gpukit_tensor::Layout::Nhwc) && c > 1 && h * w >= 1).then_some(c)
+}
+
+/// Whether vectors of `v` elements of these views are whole and 16-byte aligned, and every index
+/// fits 31 bits.
+fn vectors_fit(views: &[View<'_>], c: usize, v: usize, elements: usize) -> bool {
+    c % v == 0 && views.iter().all(|b| b.is_aligned(16)) && elements < (1 << 31)
+}
+
+impl ProgramKernels {
+    /// Pooling on dense channel-last tensors, a vector of channels a thread; None where the
+    /// views are not of that form (the general kernel runs them).
+    pub(super) fn pool_channels_last(
+        &self,
+        dtype: DType,
+        (x, sx): (View<'_>, &Strided),
+        (y, sy): (View<'_>, &Strided),
+        win: &Window,
+    ) -> Option<Result<()>> {
+        let c = dense_channels_last(sx)?;
+        dense_channels_last(sy)?;
+        let v = vector(dtype);
+        if !vectors_fit(&[x, y], c, v, sx.len().max(sy.len())) {
+            return None;
+        }
+        let [n, _, h, w] = sx.dims;
+        let [_, _, p, q] = sy.dims;
+        let mut dims = [0i64; 32];
+        put(&mut dims, 0, &[n, h, w, c, p, q]);
+        put(&mut dims, 6, &win.kernel);
+        put(&mut dims, 8, &win.strides);
+        put(&mut dims, 10, &win.pads);
+        dims[14] = i64::from(win.max);
+        dims[15] = i64::from(win.count_include_pad);
+        let bytes = dims_bytes(&dims);
+        let args = [Arg::Ptr(x), Arg::Ptr(y), Arg::Struct("Dims", &bytes)];
+        let name = format!("pool_cl_{}", tag(dtype));
+        Some(
+            self.channels_last
+                .launch(&name, &self.stream, grid_for(sy.len() / v), &args),
+        )
+    }
+
+    /// Global average pooling of a dense channel-last `x` into `y` ([n, c] dense); None where
+    /// the views are not of that form.
+    pub(super) fn global_average_channels_last(
+        &self,
+        dtype: DType,
+        (x, sx): (View<'_>, &Strided),
+        (y, sy): (View<'_>, &Strided),
+    ) -> Option<Result<()>> {
+        let c = dense_channels_last(sx)?;
+        let [n, _, h, w] = sx.dims;
+        if sy.dims != [n, c, 1, 1] || (n > 1 && sy.strides[0] != c) || sy.strides[1] != 1 {
+            return None;
+        }
+        let v = vector(dtype);
+        if !vectors_fit(&[x, y], c, v, sx.len()) {
+            return None;
+        }
+        // a block: up to 128 channel vectors, and as many lanes over the pixels as 1,024
+        // threads allow
+        let vb = (c / v).min(128);
+        let lanes = (1024 / vb).min(h * w).max(1);
+        let chunks = (c / v).div_ceil(vb);
+        let mut dims = [0i64; 32];
+        put(&mut dims, 0, &[n, h * w, c, vb]);
+        let bytes = dims_bytes(&dims);
+        let args = [Arg::Ptr(x), Arg::Ptr(y), Arg::Struct("Dims", &bytes)];
+        let blocks = (n * chunks).clamp(1, 65_535) as u32;
+        let launch = Launch::new((blocks, 1, 1), ((lanes * vb) as u32, 1, 1));
+        let name = format!("gap_cl_{}", tag(dtype));
+        Some(
+            self.channels_last
+                .launch(&name, &self.stream, launch, &args),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernels_take_what_the_launcher_passes() {
+        let expected = [
+            ("depthwise_vec_", "p p p p p s i f f"),
+            ("depthwise_one_", "p p p p p s i f f"),
+            ("pool_cl_", "p p s"),
+            ("gap_cl_", "p p s"),
+        ];
+        let differences = kernel_source().signature_differences(&expected, &["f32", "f16", "bf16"]);
+        assert!(differences.is_empty(), "{differences:#?}");
+    }
+
+    #[test]
+    fn only_one_filter_a_channel_runs() {
+        let shape = ConvShape {
+            n: 2,
+            c: 8,
+            h: 5,
+            w: 5,
+            k: 8,
+            r: 3,
+            s: 3,
+            stride: 1,
+            pad: 1,
+            groups: 8,
+        };
+        assert!(depthwise_runs(&shape));
+        assert!(!depthwise_runs(&ConvShape { groups: 4, ..shape }));
+        assert!(!depthwise_runs(&ConvShape { k: 16, ..shape }));
+    }
+}
