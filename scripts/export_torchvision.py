@@ -19,8 +19,7 @@ import time
 import torch
 import torchvision
 
-from pytorch_reference import (  # noqa: F401 (calibrate: torchvision_peer.py imports it here)
-    calibrate,
+from pytorch_reference import (
     seeded_classifier,
     write_safetensors,
 )

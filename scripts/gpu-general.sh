@@ -84,7 +84,8 @@ tests)
   done
   ;;
 a|b)
-  if [ "${PART:-a}" = a ]; then MODELS="resnet50 mobilenet_v3_large efficientnet_b0"; else MODELS="regnet_y_800mf densenet121 convnext_tiny"; fi
+  if [ "${PART:-a}" = a ]; then DEFAULT="resnet50 mobilenet_v3_large efficientnet_b0"; else DEFAULT="regnet_y_800mf densenet121 convnext_tiny"; fi
+  MODELS=${MODELS:-$DEFAULT}
   (cd scripts && python3 export_torchvision.py "$W" $MODELS) 2>"$OUT/export-$PART.err" | cut -c1-200 | tee -a "$SUMMARY"
   for m in $MODELS; do
     [ -f "$W/$m.onnx" ] || { say "$m: not exported"; continue; }
@@ -92,7 +93,7 @@ a|b)
       --strategies fp32,fp16-nhwc,fp16-nhwc-graph --iterations 3 \
       --compare-pytorch --torchvision "$m" --torchvision-weights "$W/$m.safetensors"
   done
-  if [ "${PART:-a}" = a ]; then
+  if [ -f "$W/resnet50.onnx" ]; then
     g "handbuilt-resnet50" infer --onnx "$W/resnet50.onnx" --resnet-engine --batch-sizes 1,32 --device all \
       --strategies fp32,fp16-nhwc-graph --iterations 3
   fi
