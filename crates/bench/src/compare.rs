@@ -256,6 +256,10 @@ fn sections_of(command: &str, result: Value) -> BTreeMap<String, Value> {
         }
         return out;
     }
+    if command == "infer --onnx" {
+        out.insert(crate::infer::onnx::figures::SECTION.to_string(), result);
+        return out;
+    }
     let name = command.strip_prefix("bench ").unwrap_or(command);
     if ALL_SECTIONS.contains(&name) {
         out.insert(name.to_string(), result);

@@ -23,6 +23,10 @@ pub fn figures(loaded: &Loaded) -> Vec<Figure> {
             part.figures(section, &mut out);
         }
     }
+    // `infer --onnx` is a command of its own, not a part of `all`
+    if let Some(section) = loaded.sections.get(crate::infer::onnx::figures::SECTION) {
+        crate::infer::onnx::figures::figures(section, &mut out);
+    }
     unique_keys(out)
 }
 

@@ -708,3 +708,43 @@ fn nccl_and_p2p_rows_are_read() {
         Some(394.0)
     );
 }
+
+/// An `infer --onnx` report of `file` (input `[n, 3, 224, 224]`) with one GPU row.
+fn onnx_report(file: &str, images_per_s: f64) -> Value {
+    envelope(
+        "infer --onnx",
+        json!({"model": {"file": file, "inputs": [{"name": "input", "shape": [1, 3, 224, 224]}]},
+               "cpu_threads": 2,
+               "rows": [{"strategy": "fp16-nhwc-graph", "device": "cuda:0", "batch": 32,
+                         "status": {"status": "ok"}, "images_per_s": images_per_s,
+                         "timing": timing(1.0, 0.99, 1.01)},
+                        {"strategy": "gpukit graph f32", "device": "cpu", "batch": 1,
+                         "status": {"status": "ok"}, "images_per_s": 50.0,
+                         "timing": timing(20.0, 19.8, 20.2)}]}),
+    )
+}
+
+#[test]
+fn infer_onnx_reports_compare_by_model_file_shape_strategy_device_and_batch() {
+    let old = loaded(onnx_report("/tmp/a/mobilenet_v3_large.onnx", 30_000.0));
+    let figs = figures::figures(&old);
+    let gpu = by_key(
+        &figs,
+        "infer --onnx mobilenet_v3_large 3x224x224 fp16-nhwc-graph cuda:0 batch 32",
+    );
+    assert_eq!(gpu.unit, "images/s");
+    by_key(
+        &figs,
+        "infer --onnx mobilenet_v3_large 3x224x224 gpukit graph f32 cpu 2 threads batch 1",
+    );
+    // the same export elsewhere matches; 20% faster is better
+    let new = loaded(onnx_report("/home/u/mobilenet_v3_large.onnx", 36_000.0));
+    let r = compare(&old, &new, 0.05).unwrap();
+    assert_eq!((r.total.better, r.total.same), (1, 1), "{r:?}");
+    // another model has nothing in common with it
+    let other = loaded(onnx_report("/tmp/a/efficientnet_b0.onnx", 30_000.0));
+    match compare(&old, &other, 0.05) {
+        Err(Error::BadInput(m)) => assert!(m.contains("no figure in common"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -34,6 +34,7 @@
 //! optimized run on the same input and must agree within [`TOLERANCE`]. The CPU row's check
 //! covers both at every batch size; this one says which of the two a difference comes from.
 
+pub mod figures;
 mod general;
 mod gpu;
 mod model;
