@@ -256,8 +256,11 @@ fn sections_of(command: &str, result: Value) -> BTreeMap<String, Value> {
         }
         return out;
     }
-    if command == "infer --onnx" {
-        out.insert(crate::infer::onnx::figures::SECTION.to_string(), result);
+    if let Some((name, _)) = crate::other_reports()
+        .into_iter()
+        .find(|(c, _)| *c == command)
+    {
+        out.insert(name.to_string(), result);
         return out;
     }
     let name = command.strip_prefix("bench ").unwrap_or(command);

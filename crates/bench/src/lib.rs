@@ -37,6 +37,18 @@ pub use gpukit_tensor::cpu;
 
 pub use error::{Error, Result};
 
+/// A command's report that `compare` reads though the command is not a part of `all`: the
+/// command as its report names it (also the section's name), and the reader of its figures.
+pub type OtherReport = (
+    &'static str,
+    fn(&serde_json::Value, &mut Vec<figures::Figure>),
+);
+
+/// The reports [`OtherReport`] describes.
+pub fn other_reports() -> Vec<OtherReport> {
+    vec![(infer::onnx::figures::SECTION, infer::onnx::figures::figures)]
+}
+
 /// The parts of `gpukit all`, in the order they run: the check first (what it finds decides
 /// what the others may use), the several-GPU parts last.
 pub fn parts() -> Vec<&'static dyn part::Part> {

@@ -23,9 +23,11 @@ pub fn figures(loaded: &Loaded) -> Vec<Figure> {
             part.figures(section, &mut out);
         }
     }
-    // `infer --onnx` is a command of its own, not a part of `all`
-    if let Some(section) = loaded.sections.get(crate::infer::onnx::figures::SECTION) {
-        crate::infer::onnx::figures::figures(section, &mut out);
+    // commands of their own, not parts of `all` (`infer --onnx`)
+    for (name, read) in crate::other_reports() {
+        if let Some(section) = loaded.sections.get(name) {
+            read(section, &mut out);
+        }
     }
     unique_keys(out)
 }

@@ -7,7 +7,7 @@
 use crate::figures::*;
 use serde_json::Value;
 
-/// The section `compare` files an `infer --onnx` report under.
+/// The command as an `infer --onnx` report names it, and the section `compare` files it under.
 pub const SECTION: &str = "infer --onnx";
 
 /// The model part of a key: `mobilenet_v3_large 3x224x224`.
