@@ -183,23 +183,16 @@ impl Dnn {
                     return Ok(ConvChoice::Fused(fused));
                 }
             }
-            Some(c @ Choice::Graph { list, index }) if allow_graph => {
-                let only = Some((*list, *index));
-                let g = self.plan_graph(conv, x, w, Some(bias), z, Some(Act::Relu), y, only);
-                if let Ok(g) = g {
-                    trace_cached(conv, c);
+            Some(c) => {
+                let ops = (x, w, bias, z, y);
+                let act = Some(Act::Relu);
+                if let Some(run) = self.cached_graph_or_split(conv, ops, act, c, allow_graph, split)
+                {
                     self.planned(started, true);
-                    return Ok(ConvChoice::Graph(g));
+                    return Ok(run);
                 }
             }
-            Some(Choice::Split) if split.is_some() => {
-                if let Ok(bare) = self.plan_plain_best(conv, x, w, y, allow_graph) {
-                    trace_cached(conv, &Choice::Split);
-                    self.planned(started, true);
-                    return Ok(ConvChoice::Split(Box::new(bare)));
-                }
-            }
-            _ => {}
+            None => {}
         }
         if search == Search::Heuristic {
             let legacy = self.plan_fused_legacy(conv, true, x, w, bias, z, y, None)?;
@@ -228,17 +221,9 @@ impl Dnn {
             (Err(e), None) => return Err(e),
         };
         if let Some(epilogue) = split {
-            // timed like the others: the bare convolution and the epilogue, back to back
-            let bare = self.plan_plain_best(conv, x, w, y, allow_graph)?;
-            let wsb = self.planning_workspace()?;
-            let ws = wsb.view();
-            self.count(|s| s.candidates_timed += 1);
-            let ms = self.call_ms(|| {
-                self.bare_forward(&bare, x, w, y, ws)?;
-                epilogue(y, bias, z)
-            });
-            if ms.is_ok_and(|ms| ms < best_ms) {
-                choice = ConvChoice::Split(Box::new(bare));
+            let ops = (x, w, bias, z, y);
+            if let Some(faster) = self.split_if_faster(conv, ops, allow_graph, epilogue, best_ms)? {
+                choice = faster;
             }
         }
         self.remember(key, &choice);
@@ -272,23 +257,12 @@ impl Dnn {
         let key = self.key(conv, Op::Epilogue { residual, act }, allow_graph);
         let reaches = allow_graph && backend_reaches(conv, true);
         let cached = self.choices.borrow().get(&key, search);
-        match &cached {
-            Some(c @ Choice::Graph { list, index }) if reaches => {
-                let only = Some((*list, *index));
-                if let Ok(g) = self.plan_graph(conv, x, w, Some(bias), z, act, y, only) {
-                    trace_cached(conv, c);
-                    self.planned(started, true);
-                    return Ok(ConvChoice::Graph(g));
-                }
+        if let Some(c) = &cached {
+            let ops = (x, w, bias, z, y);
+            if let Some(run) = self.cached_graph_or_split(conv, ops, act, c, reaches, split) {
+                self.planned(started, true);
+                return Ok(run);
             }
-            Some(Choice::Split) if split.is_some() => {
-                if let Ok(bare) = self.plan_plain_best(conv, x, w, y, allow_graph) {
-                    trace_cached(conv, &Choice::Split);
-                    self.planned(started, true);
-                    return Ok(ConvChoice::Split(Box::new(bare)));
-                }
-            }
-            _ => {}
         }
         let graph = reaches
             .then(|| {
@@ -298,18 +272,10 @@ impl Dnn {
             .flatten();
         let choice = match (graph, split) {
             (Some(g), Some(epilogue)) if search != Search::Heuristic => {
-                // timed like the graph: the bare convolution and the epilogue, back to back
-                let bare = self.plan_plain_best(conv, x, w, y, allow_graph)?;
-                let wsb = self.planning_workspace()?;
-                let ws = wsb.view();
-                self.count(|s| s.candidates_timed += 1);
-                let ms = self.call_ms(|| {
-                    self.bare_forward(&bare, x, w, y, ws)?;
-                    epilogue(y, bias, z)
-                });
-                match ms {
-                    Ok(ms) if ms < g.ms => ConvChoice::Split(Box::new(bare)),
-                    _ => ConvChoice::Graph(g),
+                let ops = (x, w, bias, z, y);
+                match self.split_if_faster(conv, ops, allow_graph, epilogue, g.ms)? {
+                    Some(split) => split,
+                    None => ConvChoice::Graph(g),
                 }
             }
             (Some(g), _) => ConvChoice::Graph(g),
@@ -332,6 +298,57 @@ impl Dnn {
         Ok(choice)
     }
 
+    /// A cached backend-graph or split choice for `act(conv + bias [+ z])`, planned again
+    /// without timing; None when the cache holds another kind of choice or it no longer plans.
+    fn cached_graph_or_split(
+        &self,
+        conv: Conv,
+        (x, w, bias, z, y): Operands<'_>,
+        act: Option<Act>,
+        cached: &Choice,
+        allow_graph: bool,
+        split: Option<Epilogue<'_>>,
+    ) -> Option<ConvChoice> {
+        let run = match cached {
+            Choice::Graph { list, index } if allow_graph => {
+                let only = Some((*list, *index));
+                ConvChoice::Graph(
+                    self.plan_graph(conv, x, w, Some(bias), z, act, y, only)
+                        .ok()?,
+                )
+            }
+            Choice::Split if split.is_some() => ConvChoice::Split(Box::new(
+                self.plan_plain_best(conv, x, w, y, allow_graph).ok()?,
+            )),
+            _ => return None,
+        };
+        trace_cached(conv, cached);
+        Some(run)
+    }
+
+    /// The bare convolution followed by `epilogue`, timed as the other candidates are (back to
+    /// back): Some when it beats `best_ms`.
+    fn split_if_faster(
+        &self,
+        conv: Conv,
+        (x, w, bias, z, y): Operands<'_>,
+        allow_graph: bool,
+        epilogue: Epilogue<'_>,
+        best_ms: f64,
+    ) -> Result<Option<ConvChoice>> {
+        let bare = self.plan_plain_best(conv, x, w, y, allow_graph)?;
+        let wsb = self.planning_workspace()?;
+        let ws = wsb.view();
+        self.count(|s| s.candidates_timed += 1);
+        let ms = self.call_ms(|| {
+            self.bare_forward(&bare, x, w, y, ws)?;
+            epilogue(y, bias, z)
+        });
+        Ok(ms
+            .is_ok_and(|ms| ms < best_ms)
+            .then(|| ConvChoice::Split(Box::new(bare))))
+    }
+
     /// Runs a bare convolution choice (`Plain`, or a `Graph` planned without epilogue).
     pub fn bare_forward(
         &self,
@@ -348,6 +365,9 @@ impl Dnn {
         }
     }
 }
+
+/// A fused convolution's buffers: x, w, bias, the residual z, y.
+type Operands<'v> = (View<'v>, View<'v>, View<'v>, Option<View<'v>>, View<'v>);
 
 /// Whether the selection policy tries cuDNN's backend engines for `conv` (fused with bias and
 /// ReLU, or bare): a fused graph only on tensor cores (strict f32 stays on the legacy fused
