@@ -96,14 +96,25 @@ impl Part for InferPart {
 // `gpukit compare`'s figures of this command's section.
 /// `infer`: images/s per model, image size, strategy, device (a CPU row's threads) and batch.
 fn infer_figures(section: &Value, out: &mut Vec<Figure>) {
+    let model = model_and_size(section, text(section, "image_size"));
+    rate_figures("infer", &model, section, out);
+}
+
+/// Each row's images/s in `section_name`, keyed `{model}{strategy} {device} batch {batch}`
+/// (`model` ends with a space where it is not empty; a CPU row's device names its threads).
+pub(super) fn rate_figures(
+    section_name: &str,
+    model: &str,
+    section: &Value,
+    out: &mut Vec<Figure>,
+) {
     let spec = Spec {
-        section: "infer",
+        section: section_name,
         unit: "images/s",
         better: Better::Higher,
         timed: true,
         exact: false,
     };
-    let model = model_and_size(section, text(section, "image_size"));
     for row in rows(section) {
         let (Some(strategy), Some(dev), Some(batch)) =
             (text(row, "strategy"), device(row), text(row, "batch"))

@@ -4,7 +4,7 @@
 //! what the engine chose (steps, fusions, algorithms) is left out: comparing those across
 //! versions is the point.
 
-use crate::figures::*;
+use crate::figures::Figure;
 use serde_json::Value;
 
 /// The command as an `infer --onnx` report names it, and the section `compare` files it under.
@@ -32,30 +32,7 @@ fn model_key(section: &Value) -> Option<String> {
 
 /// Every row's images/s, keyed as the module says.
 pub fn figures(section: &Value, out: &mut Vec<Figure>) {
-    let spec = Spec {
-        section: SECTION,
-        unit: "images/s",
-        better: Better::Higher,
-        timed: true,
-        exact: false,
-    };
-    let Some(model) = model_key(section) else {
-        return;
-    };
-    for row in rows(section) {
-        let (Some(strategy), Some(dev), Some(batch)) =
-            (text(row, "strategy"), device(row), text(row, "batch"))
-        else {
-            continue;
-        };
-        out.extend(row_figure(
-            &spec,
-            format!(
-                "{model} {strategy} {dev}{} batch {batch}",
-                threads(section, &dev)
-            ),
-            row,
-            "images_per_s",
-        ));
+    if let Some(model) = model_key(section) {
+        crate::infer::part::rate_figures(SECTION, &format!("{model} "), section, out);
     }
 }
