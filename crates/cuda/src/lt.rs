@@ -39,6 +39,13 @@ pub enum Epilogue {
     /// D = AB; bias = the sum of op(B) over the k dimension (n values): the gradient of this
     /// layer's bias, taken while its weight gradient is computed.
     BgradB,
+    /// D = relu(AB).
+    Relu,
+    /// D = gelu(AB), GELU by cuBLASLt's tanh approximation (within 16-bit rounding of the erf
+    /// form; for 16-bit outputs only).
+    Gelu,
+    /// D = gelu(AB + bias), the same approximation.
+    GeluBias,
 }
 
 impl Epilogue {
@@ -52,12 +59,18 @@ impl Epilogue {
             Epilogue::DreluBgrad => E::CUBLASLT_EPILOGUE_DRELU_BGRAD,
             Epilogue::Drelu => E::CUBLASLT_EPILOGUE_DRELU,
             Epilogue::BgradB => E::CUBLASLT_EPILOGUE_BGRADB,
+            Epilogue::Relu => E::CUBLASLT_EPILOGUE_RELU,
+            Epilogue::Gelu => E::CUBLASLT_EPILOGUE_GELU,
+            Epilogue::GeluBias => E::CUBLASLT_EPILOGUE_GELU_BIAS,
         }
     }
 
     /// Whether the epilogue reads or writes the bias vector.
     pub fn uses_bias(self) -> bool {
-        !matches!(self, Epilogue::None | Epilogue::Drelu)
+        !matches!(
+            self,
+            Epilogue::None | Epilogue::Drelu | Epilogue::Relu | Epilogue::Gelu
+        )
     }
 
     /// Whether it writes (ReluAuxBias) or reads (DreluBgrad) the ReLU bit mask.
@@ -311,8 +324,8 @@ impl Blas {
     }
 
     /// Runs `plan`: `d = op(a) op(b) + beta * d` with its epilogue; `bias` is read (Bias,
-    /// ReluBias, ReluAuxBias) or written (DreluBgrad, BgradB; those ignore beta for the
-    /// bias: it is overwritten) in the spec's bias type; `mask` is written (ReluAuxBias) or
+    /// ReluBias, ReluAuxBias, GeluBias) or written (DreluBgrad, BgradB; those ignore beta for
+    /// the bias: it is overwritten) in the spec's bias type; `mask` is written (ReluAuxBias) or
     /// read (DreluBgrad, Drelu).
     /// Enqueued on the Blas's stream; capturable.
     #[allow(clippy::too_many_arguments)]
@@ -326,12 +339,27 @@ impl Blas {
         bias: Option<View<'_>>,
         mask: Option<View<'_>>,
     ) -> Result<()> {
+        self.run_lt_with(plan, (a, b, None, d), beta, bias, mask)
+    }
+
+    /// [`Blas::run_lt`] with C apart from D: `d = epilogue(op(a) op(b) + beta * c)`, `c` laid
+    /// out as D (D itself when None).
+    pub fn run_lt_with(
+        &self,
+        plan: &LtMatmul,
+        (a, b, c, d): (View<'_>, View<'_>, Option<View<'_>>, View<'_>),
+        beta: f32,
+        bias: Option<View<'_>>,
+        mask: Option<View<'_>>,
+    ) -> Result<()> {
         use lt::cublasLtMatmulDescAttributes_t as A;
         let s = plan.spec;
         let [na, nb, nd] = s.bytes();
         a.require(na, "matmul A")?;
         b.require(nb, "matmul B")?;
         d.require(nd, "matmul D")?;
+        let c = c.unwrap_or(d);
+        c.require(nd, "matmul C")?;
         if s.epilogue.uses_bias() {
             let len = if s.epilogue == Epilogue::BgradB {
                 s.n
@@ -358,7 +386,13 @@ impl Blas {
             )?;
         }
         let one = 1f32;
-        let (pa, pb, pd, pw) = (a.addr(), b.addr(), d.addr(), self.workspace_addr());
+        let (pa, pb, pc, pd, pw) = (
+            a.addr(),
+            b.addr(),
+            c.addr(),
+            d.addr(),
+            self.workspace_addr(),
+        );
         // SAFETY: sizes checked above; the descriptors live in `plan`; the workspace is the
         // Blas's and at least as large as the heuristic was told; alpha and beta are host f32
         // (scale type f32), read before the call returns.
@@ -372,7 +406,7 @@ impl Blas {
                 pb as *const c_void,
                 plan.layouts[1],
                 &beta as *const f32 as *const c_void,
-                pd as *const c_void,
+                pc as *const c_void,
                 plan.layouts[2],
                 pd as *mut c_void,
                 plan.layouts[2],

@@ -251,18 +251,32 @@ pub fn regnet_grouped(seed: u64) -> ModelProto {
 /// count_include_pad.
 pub fn densenet(seed: u64) -> ModelProto {
     let (mut n, x) = Net::new(17, seed);
-    let mut f = n.conv(&x, (3, 8), 3, 1, 1, 1, false);
-    let mut c = 8;
-    for _ in 0..2 {
-        let y = n.bn(&f, c);
+    let f0 = n.conv(&x, (3, 8), 3, 1, 1, 1, false);
+    let layer = |n: &mut Net, f: &str, c: usize| {
+        let y = n.bn(f, c);
         let y = n.op("Relu", &[&y]);
         let y = n.conv(&y, (c, 16), 1, 1, 0, 1, false);
         let y = n.bn(&y, 16);
         let y = n.op("Relu", &[&y]);
-        let y = n.conv(&y, (16, 4), 3, 1, 1, 1, false);
-        f = n.m.node("Concat", &[&f, &y], vec![attr_int("axis", 1)]);
+        n.conv(&y, (16, 4), 3, 1, 1, 1, false)
+    };
+    // as torch.onnx writes torchvision's blocks: each layer concatenates every feature before
+    // it (the first layer's of one input), the block's output all of them
+    let mut features = vec![f0];
+    let mut c = 8;
+    for _ in 0..2 {
+        let refs: Vec<&str> = features.iter().map(String::as_str).collect();
+        let f = n.m.node("Concat", &refs, vec![attr_int("axis", 1)]);
+        let y = layer(&mut n, &f, c);
+        features.push(y);
         c += 4;
     }
+    let refs: Vec<&str> = features.iter().map(String::as_str).collect();
+    let f = n.m.node("Concat", &refs, vec![attr_int("axis", 1)]);
+    // and a concatenation of that concatenation
+    let y = layer(&mut n, &f, c);
+    let f = n.m.node("Concat", &[&f, &y], vec![attr_int("axis", 1)]);
+    c += 4;
     let t = n.bn(&f, c);
     let t = n.op("Relu", &[&t]);
     let t = n.conv(&t, (c, 8), 1, 1, 0, 1, false);

@@ -10,7 +10,9 @@ use gpukit_tensor::{DType, Layout};
 use std::collections::{HashMap, HashSet};
 
 pub use super::steps::Unsupported;
-pub(super) use super::steps::{Buf, Const, ConvStep, DepthwiseStep, Slot, SqueezeStep, Step, Tref};
+pub(super) use super::steps::{
+    Buf, Const, ConvStep, DepthwiseStep, GemmStep, Slot, SqueezeStep, Step, Tref,
+};
 
 /// A graph lowered for one dtype and layout.
 #[derive(Debug, Clone)]
@@ -119,6 +121,9 @@ struct Lowering<'g> {
     /// Per graph value: the element-wise step that computes it, while that step's activation
     /// and added operand are still free.
     open: Vec<Option<usize>>,
+    /// Per graph value: the Gemm step whose output it is (or a view of), while that step's
+    /// epilogue can still take a bias, a layer scale, a residual or an activation.
+    open_gemm: Vec<Option<usize>>,
     /// Graph constants already on the device (row-major, storage type).
     const_of: HashMap<ValueId, usize>,
     /// The graph input converted with padded channels: (value, channels, padded).
@@ -129,6 +134,10 @@ struct Lowering<'g> {
     moved_bias: HashMap<ValueId, Vec<f32>>,
     /// Nodes another step already computes (a squeeze-and-excitation block's convolutions).
     skipped: HashSet<String>,
+    /// Concatenations that extend an earlier one, sharing its slot.
+    chains: concat::Chains,
+    /// Per chain, its slot (the dims of its last concatenation), once placed.
+    chain_slot: HashMap<usize, Tref>,
     /// The node being lowered, for errors.
     node: (String, String),
 }
@@ -158,11 +167,14 @@ impl<'g> Lowering<'g> {
             uses,
             is_output,
             open: vec![None; n],
+            open_gemm: vec![None; n],
             const_of: HashMap::new(),
             padded: None,
             input_slots: Vec::new(),
             moved_bias: HashMap::new(),
             skipped: HashSet::new(),
+            chains: concat::Chains::of(g),
+            chain_slot: HashMap::new(),
             node: ("graph input".into(), "-".into()),
         }
     }
@@ -434,6 +446,9 @@ impl<'g> Lowering<'g> {
             Op::Activation(a) => {
                 let x = node.inputs[0];
                 let t = self.get(x)?;
+                if self.join_gemm_activation(x, out, *a) {
+                    return Ok(());
+                }
                 // fused into the element-wise step that computes x, when nothing else reads x
                 if let Some(i) = self.open[x] {
                     if self.uses[x] == 1 && !self.is_output[x] {
@@ -554,7 +569,12 @@ impl<'g> Lowering<'g> {
             | Op::Unsqueeze { .. }
             | Op::Identity => {
                 let t = self.get(node.inputs[0])?;
-                self.relabel(t, out, &name)
+                let viewed = t.s.is_row_major();
+                self.relabel(t, out, &name)?;
+                if viewed {
+                    self.carry_open_gemm(node.inputs[0], out);
+                }
+                Ok(())
             }
             Op::Transpose { perm } => {
                 let t = self.get(node.inputs[0])?;
@@ -570,35 +590,10 @@ impl<'g> Lowering<'g> {
                         ..t
                     },
                 );
+                self.carry_open_gemm(node.inputs[0], out);
                 Ok(())
             }
-            Op::Concat { axis } => {
-                let dims = self.dims(out)?;
-                let want = self.default_layout(out, dims);
-                let y = self.new_view(want, &name);
-                let axis4 = 4 - self.g.value(out).shape.len() + axis;
-                let mut start = 0;
-                for &i in &node.inputs {
-                    let x = self.get(i)?;
-                    let mut s = y.s;
-                    s.dims[axis4] = x.s.dims[axis4];
-                    let part = Tref {
-                        offset: y.offset + start * y.s.strides[axis4],
-                        s,
-                        ..y
-                    };
-                    start += x.s.dims[axis4];
-                    self.push(Step::Pointwise {
-                        a: x,
-                        b: None,
-                        c: None,
-                        act: None,
-                        y: part,
-                    });
-                }
-                self.set(out, y);
-                Ok(())
-            }
+            Op::Concat { axis } => self.concat(node, *axis),
             Op::LayerNorm { axis, epsilon } => {
                 let x = self.get(node.inputs[0])?;
                 let shape = &self.g.value(node.inputs[0]).shape;
@@ -662,6 +657,9 @@ impl<'g> Lowering<'g> {
                 let y = self.gemm(a, w, (m, n, k), out, &name)?;
                 let dims = y.s.dims;
                 if let Some(&c) = node.inputs.get(2) {
+                    if gm.beta == 1.0 && self.join_gemm_bias(out, c)? {
+                        return Ok(());
+                    }
                     let ct = match self.g.value(c).constant.as_ref().and_then(|d| d.as_f32()) {
                         Some(v) => {
                             let scaled = v.iter().map(|x| x * gm.beta).collect();
@@ -730,28 +728,6 @@ impl<'g> Lowering<'g> {
         Ok(())
     }
 
-    /// `a [m, k] x weight [k, n]` (row-major, the weight a new constant) into a new row-major
-    /// slot for value `out`: the Gemm step of Gemm and MatMul.
-    fn gemm(
-        &mut self,
-        a: Tref,
-        weight: Vec<f32>,
-        (m, n, k): (usize, usize, usize),
-        out: ValueId,
-        name: &str,
-    ) -> Lowered<Tref> {
-        let wc = self.add_const(&format!("{name}.weight"), weight);
-        let b = Tref {
-            buf: Buf::Const(wc),
-            offset: 0,
-            s: Strided::row_major([1, 1, k, n]),
-        };
-        let dims = self.dims(out)?;
-        let y = self.new_view(Strided::row_major(dims), name);
-        self.push(Step::Gemm { a, b, y, m, n, k });
-        Ok(y)
-    }
-
     fn global_average(&mut self, x: ValueId, out: ValueId, name: &str) -> Lowered<()> {
         if self.g.value(x).shape.len() != 4 {
             return self.fail("a global average of a tensor that is not 4-D");
@@ -774,6 +750,9 @@ impl<'g> Lowering<'g> {
             return self.fail("operands that do not broadcast to the output");
         };
         let (a, b) = (Tref { s: sa, ..a }, Tref { s: sb, ..b });
+        if self.join_gemm_binary((av, a), (bv, b), out, op)? {
+            return Ok(());
+        }
         // an Add of a value an open element-wise step computes (nothing else reading it, no
         // added operand yet, of the output's dims) joins that step as its added operand
         if op == Binary::Add {
@@ -831,7 +810,9 @@ impl<'g> Lowering<'g> {
     }
 }
 
+mod concat;
 mod conv;
+mod gemm;
 mod squeeze_excite;
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,7 @@
 
 use super::kernels::channels_last::SqueezeViews;
 use super::kernels::ProgramKernels;
-use super::lower::{Buf, ConvStep, Step, Tref};
+use super::lower::{Buf, ConvStep, GemmStep, Step, Tref};
 use super::Program;
 use super::Strided;
 use crate::error::{Error, Result};
@@ -12,11 +12,18 @@ use crate::gpu::GpuContext;
 use crate::graph::{Activation, Binary};
 use gpukit_cuda::dnn::{Act, Conv, ConvChoice, Epilogue, GraphSpec};
 use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::lt::{Epilogue as LtEpilogue, LtMatmul, MatmulSpec};
 use gpukit_cuda::profiler::OpInfo;
 use gpukit_cuda::{DeviceBuffer, Graph, View};
 use gpukit_tensor::{DType, Layout};
 use std::collections::HashMap;
 use std::rc::Rc;
+
+/// A Gemm step's cuBLASLt plan, and whether it holds the step's epilogue.
+struct GemmRun {
+    plan: LtMatmul,
+    fused: bool,
+}
 
 /// A program prepared on a device.
 pub struct ProgramSession<'a> {
@@ -29,6 +36,8 @@ pub struct ProgramSession<'a> {
     const_at: Vec<usize>,
     /// Per step, its convolution's plan.
     runs: Vec<Option<Rc<ConvChoice>>>,
+    /// Per step, its matrix product's cuBLASLt plan.
+    gemms: Vec<Option<GemmRun>>,
     workspace: DeviceBuffer,
     graph: Option<Graph>,
     /// Most workspace a chosen convolution algorithm uses.
@@ -71,12 +80,14 @@ impl<'a> ProgramSession<'a> {
             weights,
             const_at,
             runs: vec![None; program.steps.len()],
+            gemms: Vec::new(),
             workspace: ctx.alloc(256, "convolution workspace")?,
             graph: None,
             workspace_bytes: 0,
             algorithms: Vec::new(),
         };
         session.plan_convolutions(progress)?;
+        session.plan_gemms()?;
         if session.workspace_bytes > session.workspace.len() {
             session.workspace = ctx.alloc(session.workspace_bytes, "convolution workspace")?;
         }
@@ -219,6 +230,105 @@ impl<'a> ProgramSession<'a> {
         Ok(())
     }
 
+    /// A cuBLASLt plan for every Gemm step: with its epilogue where cuBLASLt has an algorithm
+    /// for it, else the bare product (the epilogue then runs on the element-wise kernel).
+    fn plan_gemms(&mut self) -> Result<()> {
+        let dtype = self.program.dtype;
+        let mut gemms = Vec::with_capacity(self.program.steps.len());
+        for (_, step) in &self.program.steps {
+            let Step::Gemm(g) = step else {
+                gemms.push(None);
+                continue;
+            };
+            let epilogue = match (g.bias.is_some(), g.act) {
+                (false, None) => Some(LtEpilogue::None),
+                (true, None) => Some(LtEpilogue::Bias),
+                (false, Some(Activation::Relu)) => Some(LtEpilogue::Relu),
+                (true, Some(Activation::Relu)) => Some(LtEpilogue::ReluBias),
+                (false, Some(Activation::Gelu)) => Some(LtEpilogue::Gelu),
+                (true, Some(Activation::Gelu)) => Some(LtEpilogue::GeluBias),
+                _ => None,
+            };
+            let spec = MatmulSpec {
+                m: g.n,
+                n: g.m,
+                k: g.k,
+                trans_a: false,
+                trans_b: false,
+                inputs: dtype,
+                output: dtype,
+                epilogue: LtEpilogue::None,
+                bias_type: dtype.storage(),
+            };
+            let blas = &self.ctx.blas;
+            let fused = match epilogue {
+                Some(e) => blas.lt_matmul(MatmulSpec {
+                    epilogue: e,
+                    ..spec
+                })?,
+                None => None,
+            };
+            gemms.push(match fused {
+                Some(plan) => Some(GemmRun { plan, fused: true }),
+                None => blas
+                    .lt_matmul(spec)?
+                    .map(|plan| GemmRun { plan, fused: false }),
+            });
+        }
+        self.gemms = gemms;
+        Ok(())
+    }
+
+    /// Gemm step `i`: its cuBLASLt plan (cuBLAS's GEMM where it has none), then its epilogue
+    /// on the element-wise kernel where the plan does not hold it.
+    fn enqueue_gemm(&self, i: usize, g: &GemmStep) -> Result<()> {
+        let v = |t: &Tref| self.view(t);
+        let (a, b, y) = (v(&g.a)?, v(&g.b)?, v(&g.y)?);
+        let z = g.z.as_ref().map(&v).transpose()?;
+        let fused = match self.gemms.get(i).and_then(Option::as_ref) {
+            Some(run) => {
+                let (bias, c) = match run.fused {
+                    true => (g.bias.map(|c| self.const_view(c)).transpose()?, z),
+                    false => (None, None),
+                };
+                let beta = if c.is_some() { 1.0 } else { 0.0 };
+                self.ctx
+                    .blas
+                    .run_lt_with(&run.plan, (b, a, c, y), beta, bias, None)?;
+                run.fused
+            }
+            None => {
+                let dims = (g.m, g.n, g.k);
+                self.ctx
+                    .blas
+                    .gemm_views(self.program.dtype, a, b, y, dims)?;
+                false
+            }
+        };
+        if fused || (g.bias.is_none() && g.z.is_none() && g.act.is_none()) {
+            return Ok(());
+        }
+        let row = Strided::row_major([1, 1, 1, g.n]).broadcast_to(g.y.s.dims);
+        let bias = match (g.bias, row) {
+            (Some(c), Some(s)) => Some((self.const_view(c)?, s)),
+            (Some(_), None) => {
+                return Err(Error::Invalid(
+                    "a Gemm bias that does not broadcast over its output".into(),
+                ))
+            }
+            _ => None,
+        };
+        self.kernels.pointwise(
+            self.program.dtype.storage(),
+            (y, &g.y.s),
+            bias.as_ref().map(|(bv, s)| (*bv, s, Binary::Add)),
+            z.map(|zv| (zv, &g.y.s)),
+            g.act,
+            (y, &g.y.s),
+        )?;
+        Ok(())
+    }
+
     /// `y = act(y + bias (+ z))` on the element-wise kernel: the epilogue of convolution step
     /// `c` when it runs apart from the bare convolution.
     fn split_epilogue(
@@ -326,18 +436,7 @@ impl<'a> ProgramSession<'a> {
                 let bv = beta.as_ref().map(&v).transpose()?;
                 k.layer_norm(dt, v(x)?, v(gamma)?, bv, v(y)?, (*rows, *cols), *eps)?;
             }
-            Step::Gemm {
-                a,
-                b,
-                y,
-                m,
-                n,
-                k: kk,
-            } => {
-                self.ctx
-                    .blas
-                    .gemm_views(self.program.dtype, v(a)?, v(b)?, v(y)?, (*m, *n, *kk))?;
-            }
+            Step::Gemm(g) => self.enqueue_gemm(i, g)?,
             Step::Depthwise(d) => k.depthwise(
                 dt,
                 &d.shape,
@@ -435,7 +534,7 @@ impl<'a> ProgramSession<'a> {
                 let [n, c, ..] = s.x.s.dims;
                 (4.0 * (n * c * s.squeezed) as f64, "NVRTC")
             }
-            Step::Gemm { m, n, k, .. } => (2.0 * (*m * *n * *k) as f64, "cuBLAS"),
+            Step::Gemm(g) => (2.0 * (g.m * g.n * g.k) as f64, "cuBLASLt"),
             _ => (0.0, "NVRTC"),
         };
         OpInfo {

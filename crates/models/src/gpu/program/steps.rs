@@ -23,7 +23,7 @@ impl std::fmt::Display for Unsupported {
 impl std::error::Error for Unsupported {}
 
 /// Where a view's elements are: an arena slot or a constant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) enum Buf {
     Slot(usize),
     Const(usize),
@@ -109,6 +109,25 @@ pub(super) struct SqueezeStep {
     pub y: Tref,
 }
 
+/// A matrix product with constant weights on cuBLASLt: row-major
+/// `y [m, n] = act(a [m, k] x b [k, n] + bias + z)`, the epilogue in the library's call.
+#[derive(Debug, Clone)]
+pub(super) struct GemmStep {
+    pub a: Tref,
+    /// The weights, `[k, n]` row-major (a constant the step owns).
+    pub b: Tref,
+    /// `n` values added to every row (a constant the step owns).
+    pub bias: Option<usize>,
+    /// Added before the activation, laid out as `y`.
+    pub z: Option<Tref>,
+    /// ReLU, or GELU for 16-bit types (cuBLASLt's tanh form, within their rounding).
+    pub act: Option<Activation>,
+    pub y: Tref,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
 /// One step of the program.
 #[derive(Debug, Clone)]
 pub(super) enum Step {
@@ -151,15 +170,7 @@ pub(super) enum Step {
         cols: usize,
         eps: f32,
     },
-    /// Row-major `y [m, n] = a [m, k] x b [k, n]`.
-    Gemm {
-        a: Tref,
-        b: Tref,
-        y: Tref,
-        m: usize,
-        n: usize,
-        k: usize,
-    },
+    Gemm(GemmStep),
     ToF32 {
         x: Tref,
         y: Tref,
@@ -194,7 +205,7 @@ impl Step {
                     .collect(),
                 *y,
             ),
-            Step::Gemm { a, b, y, .. } => (vec![*a, *b], *y),
+            Step::Gemm(g) => ([g.a, g.b].into_iter().chain(g.z).collect(), g.y),
         }
     }
 
@@ -211,7 +222,7 @@ impl Step {
             Step::Pool { .. } => "pool",
             Step::GlobalAverage { .. } => "global average",
             Step::LayerNorm { .. } => "layer norm",
-            Step::Gemm { .. } => "gemm (cuBLAS)",
+            Step::Gemm(_) => "gemm (cuBLASLt)",
             Step::ToF32 { .. } => "convert output",
         }
     }

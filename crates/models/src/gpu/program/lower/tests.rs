@@ -41,12 +41,30 @@ fn indices(dims: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
     })
 }
 
+/// The arena as cells of 2 bytes (the smallest element): element `i` of a slot whose elements
+/// take `e` bytes is the cell `offset / 2 + i * e / 2`, so slots the plan overlaps share cells.
 struct Emu<'p> {
     p: &'p Program,
     arena: Vec<f32>,
 }
 
 impl Emu<'_> {
+    /// Bytes of slot `s`'s elements: the graph's inputs and outputs are f32, the others the
+    /// storage type.
+    fn elem(&self, s: usize) -> usize {
+        let p = self.p;
+        let io = p.inputs.iter().chain(&p.outputs).any(|(_, _, x)| *x == s);
+        if io {
+            4
+        } else {
+            p.dtype.storage().size_bytes()
+        }
+    }
+
+    fn cell(&self, s: usize, off: usize) -> usize {
+        (self.p.plan.offsets[s] + off * self.elem(s)) / 2
+    }
+
     fn at(&self, t: &Tref, i: [usize; 4]) -> (Buf, usize) {
         let off = t.offset + (0..4).map(|a| i[a] * t.s.strides[a]).sum::<usize>();
         (t.buf, off)
@@ -54,7 +72,7 @@ impl Emu<'_> {
 
     fn get(&self, t: &Tref, i: [usize; 4]) -> f32 {
         match self.at(t, i) {
-            (Buf::Slot(s), off) => self.arena[self.p.plan.offsets[s] / 4 + off],
+            (Buf::Slot(s), off) => self.arena[self.cell(s, off)],
             (Buf::Const(c), off) => self.p.consts[c].values[off],
         }
     }
@@ -62,13 +80,13 @@ impl Emu<'_> {
     fn put(&mut self, t: &Tref, i: [usize; 4], v: f32) {
         match self.at(t, i) {
             (Buf::Slot(s), off) => {
-                let base = self.p.plan.offsets[s] / 4;
                 assert!(
-                    off < self.p.slots[s].bytes / 4,
+                    off < self.p.slots[s].bytes / self.elem(s),
                     "write past slot {}",
                     self.p.slots[s].name
                 );
-                self.arena[base + off] = v;
+                let c = self.cell(s, off);
+                self.arena[c] = v;
             }
             (Buf::Const(_), _) => panic!("a step writes a constant"),
         }
@@ -175,24 +193,31 @@ impl Emu<'_> {
                     }
                 }
             }
-            Step::Gemm { a, b, y, m, n, k } => {
-                let ra = Strided::row_major(a.s.dims);
+            Step::Gemm(g) => {
+                let (m, n, k) = (g.m, g.n, g.k);
+                let ra = Strided::row_major(g.a.s.dims);
                 let at = |o: usize, t: &Tref, rm: &Strided| self.get(t, unravel(o, rm));
-                let rb = Strided::row_major(b.s.dims);
+                let rb = Strided::row_major(g.b.s.dims);
+                let ry = Strided::row_major(g.y.s.dims);
                 let mut out = vec![0f32; m * n];
-                for i in 0..*m {
-                    for j in 0..*n {
+                for i in 0..m {
+                    for j in 0..n {
                         let mut s = 0f64;
-                        for l in 0..*k {
-                            s +=
-                                f64::from(at(i * k + l, a, &ra)) * f64::from(at(l * n + j, b, &rb));
+                        for l in 0..k {
+                            s += f64::from(at(i * k + l, &g.a, &ra))
+                                * f64::from(at(l * n + j, &g.b, &rb));
                         }
-                        out[i * n + j] = s as f32;
+                        if let Some(c) = g.bias {
+                            s += f64::from(self.p.consts[c].values[j]);
+                        }
+                        if let Some(z) = &g.z {
+                            s += f64::from(at(i * n + j, z, &ry));
+                        }
+                        out[i * n + j] = act(g.act, s as f32);
                     }
                 }
-                let ry = Strided::row_major(y.s.dims);
                 for (o, v) in out.into_iter().enumerate() {
-                    self.put(y, unravel(o, &ry), v);
+                    self.put(&g.y, unravel(o, &ry), v);
                 }
             }
             Step::Conv(c) => {
@@ -303,11 +328,13 @@ impl Emu<'_> {
         // NaN everywhere first: a read of a byte nothing wrote shows
         let mut e = Emu {
             p,
-            arena: vec![f32::NAN; p.plan.total / 4],
+            arena: vec![f32::NAN; p.plan.total / 2],
         };
         for ((_, _, slot), x) in p.inputs.iter().zip(inputs) {
-            let base = p.plan.offsets[*slot] / 4;
-            e.arena[base..base + x.len()].copy_from_slice(x);
+            for (i, v) in x.iter().enumerate() {
+                let c = e.cell(*slot, i);
+                e.arena[c] = *v;
+            }
         }
         for (_, step) in &p.steps {
             e.step(step);
@@ -315,8 +342,8 @@ impl Emu<'_> {
         p.outputs
             .iter()
             .map(|(_, shape, slot)| {
-                let base = p.plan.offsets[*slot] / 4;
-                e.arena[base..base + shape.iter().product::<usize>()].to_vec()
+                let n = shape.iter().product::<usize>();
+                (0..n).map(|i| e.arena[e.cell(*slot, i)]).collect()
             })
             .collect()
     }
@@ -369,16 +396,20 @@ fn every_fixture_lowers_and_its_program_computes_the_graph() {
         for layout in [Layout::Nchw, Layout::Nhwc] {
             let p = Program::lower(&g, DType::F32, layout)
                 .unwrap_or_else(|e| panic!("{} {layout:?}: {e}", f.name));
-            let got = Emu::run(&p, &xs);
-            assert_eq!(got.len(), want.len(), "{}", f.name);
-            for (o, (g, w)) in got.iter().zip(&want).enumerate() {
-                let rel = max_rel(g, w.as_f32().unwrap());
-                assert!(
-                    rel <= 1e-5,
-                    "{} {layout:?} output {o}: max rel. diff {rel:.1e}\n{:?}",
-                    f.name,
-                    p.step_counts()
-                );
+            // f16's program too (the emulator computes in f32): its fusions differ from f32's
+            let h = Program::lower(&g, DType::F16, layout).unwrap();
+            for (dtype, p) in [(DType::F32, &p), (DType::F16, &h)] {
+                let got = Emu::run(p, &xs);
+                assert_eq!(got.len(), want.len(), "{}", f.name);
+                for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let rel = max_rel(g, w.as_f32().unwrap());
+                    assert!(
+                        rel <= 1e-5,
+                        "{} {dtype} {layout:?} output {o}: max rel. diff {rel:.1e}\n{:?}",
+                        f.name,
+                        p.step_counts()
+                    );
+                }
             }
             assert!(p.arena_bytes() <= p.arena_bytes_without_plan);
             // the other storage types lower to the same steps, but for converting the input
@@ -388,17 +419,22 @@ fn every_fixture_lowers_and_its_program_computes_the_graph() {
                 c
             };
             // (strict f32 keeps the epilogues cuDNN would fuse on tensor cores apart: the same
-            // convolutions, more element-wise steps)
+            // convolutions, more element-wise steps; 16-bit types fuse GELU into cuBLASLt's
+            // call where tf32 keeps it apart: fewer element-wise steps)
             let tensor_cores = Program::lower(&g, DType::Tf32, layout).unwrap();
-            for dtype in [DType::F16, DType::Bf16] {
-                let q = Program::lower(&g, dtype, layout).unwrap();
-                assert_eq!(
-                    computing(&q),
-                    computing(&tensor_cores),
-                    "{} {dtype}",
-                    f.name
-                );
-            }
+            let q = Program::lower(&g, DType::Bf16, layout).unwrap();
+            assert_eq!(computing(&q), computing(&h), "{} bf16", f.name);
+            let but_elementwise = |p: &Program| {
+                let mut c = computing(p);
+                c.retain(|(k, _)| *k != "element-wise");
+                c
+            };
+            assert_eq!(
+                but_elementwise(&h),
+                but_elementwise(&tensor_cores),
+                "{} f16",
+                f.name
+            );
             let convs = |p: &Program| {
                 p.steps
                     .iter()
@@ -428,6 +464,34 @@ fn layouts_decide_the_copies_and_fusions_are_counted() {
         "{:?} vs {:?}",
         nhwc.step_counts(),
         nchw.step_counts()
+    );
+    // ...and its linear layers' epilogues in cuBLASLt's call: the first's bias and GELU (16-bit
+    // only), the second's bias, layer scale (folded into its weights) and, through the
+    // transpose back, the block's residual; the classifier's bias
+    let gemms = |p: &Program| -> Vec<(bool, Option<Activation>, bool)> {
+        p.steps
+            .iter()
+            .filter_map(|(_, s)| match s {
+                Step::Gemm(g) => Some((g.bias.is_some(), g.act, g.z.is_some())),
+                _ => None,
+            })
+            .collect()
+    };
+    let (some, gelu) = (true, Some(Activation::Gelu));
+    assert_eq!(
+        gemms(&nhwc),
+        vec![(some, gelu, false), (some, None, true), (some, None, false)]
+    );
+    let f32 = Program::lower(&g, DType::Tf32, Layout::Nhwc).unwrap();
+    assert_eq!(
+        gemms(&f32),
+        vec![(some, None, false), (some, None, true), (some, None, false)]
+    );
+    assert_eq!(
+        count(&f32, "element-wise"),
+        count(&nhwc, "element-wise") + 1,
+        "{:?}",
+        f32.step_counts()
     );
     // EfficientNet: every SiLU is a convolution's epilogue, in NHWC in cuDNN's call or the
     // depthwise kernel's pass, never a step of its own; every convolution is one step
@@ -498,10 +562,10 @@ fn layouts_decide_the_copies_and_fusions_are_counted() {
         p.step_counts()
     );
     // its projection's bias joined the sum of the convolution that adds it: the projection
-    // is a bare convolution with no element-wise step after it (the one left: the classifier's
-    // bias)
+    // is a bare convolution with no element-wise step after it, and the classifier's bias is
+    // cuBLASLt's epilogue: no element-wise step at all
     assert_eq!(count(&p, "conv (cuDNN)"), 1, "{:?}", p.step_counts());
-    assert_eq!(count(&p, "element-wise"), 1, "{:?}", p.step_counts());
+    assert_eq!(count(&p, "element-wise"), 0, "{:?}", p.step_counts());
     assert!(p
         .steps
         .iter()
@@ -528,4 +592,35 @@ fn what_the_engine_cannot_run_is_named() {
     let e = Program::lower(&d, DType::F16, Layout::Nhwc).unwrap_err();
     assert_eq!((e.node.as_str(), e.op.as_str()), (name.as_str(), "Conv"));
     assert!(e.to_string().contains("dilated"), "{e}");
+}
+
+#[test]
+fn a_chain_of_concatenations_copies_each_feature_once() {
+    // the DenseNet fixture: [f0], [f0, y1], [f0, y1, y2] as torch.onnx writes a block, then a
+    // concatenation of the last with y3: one slot, each of the four features copied once
+    // (eight copies when each concatenation copies all its inputs)
+    let g = optimized(&fixtures::densenet(fresh_seed()));
+    let concats: Vec<&str> = g
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::Concat { .. }))
+        .map(|n| n.name.as_str())
+        .collect();
+    assert!(concats.len() >= 3, "{concats:?}");
+    for layout in [Layout::Nhwc, Layout::Nchw] {
+        let p = Program::lower(&g, DType::F16, layout).unwrap();
+        let copies = p
+            .steps
+            .iter()
+            .filter(|(name, _)| concats.contains(&name.as_str()))
+            .count();
+        assert_eq!(copies, 4, "{layout:?}");
+        let slots: std::collections::HashSet<Buf> = p
+            .steps
+            .iter()
+            .filter(|(name, _)| concats.contains(&name.as_str()))
+            .map(|(_, s)| s.operands().1.buf)
+            .collect();
+        assert_eq!(slots.len(), 1, "{layout:?}");
+    }
 }

@@ -1,0 +1,231 @@
+//! Matrix products with constant weights (Gemm, MatMul) lowered to cuBLASLt steps, and what
+//! their epilogue takes from the nodes after them: a constant row as the bias (Add), a
+//! constant row as a layer scale folded into the weights and bias (Mul), a residual laid out
+//! as the output, also through a view such as ConvNeXt's transpose back (Add, cuBLASLt's C),
+//! and ReLU or, for 16-bit types, GELU. Each joins only while nothing else reads the value.
+
+use super::{Buf, GemmStep, Lowered, Lowering, Step, Tref};
+use crate::gpu::program::Strided;
+use crate::graph::{Activation, Binary, ValueId};
+use gpukit_tensor::DType;
+
+impl Lowering<'_> {
+    /// `a [m, k] x weight [k, n]` (row-major, the weight a new constant) into a new row-major
+    /// slot for value `out`: the Gemm step of Gemm and MatMul.
+    pub(super) fn gemm(
+        &mut self,
+        a: Tref,
+        weight: Vec<f32>,
+        (m, n, k): (usize, usize, usize),
+        out: ValueId,
+        name: &str,
+    ) -> Lowered<Tref> {
+        let wc = self.add_const(&format!("{name}.weight"), weight);
+        let b = Tref {
+            buf: Buf::Const(wc),
+            offset: 0,
+            s: Strided::row_major([1, 1, k, n]),
+        };
+        let dims = self.dims(out)?;
+        let y = self.new_view(Strided::row_major(dims), name);
+        let i = self.push(Step::Gemm(GemmStep {
+            a,
+            b,
+            bias: None,
+            z: None,
+            act: None,
+            y,
+            m,
+            n,
+            k,
+        }));
+        self.open_gemm[out] = Some(i);
+        self.set(out, y);
+        Ok(y)
+    }
+
+    /// The open Gemm step of value `x`, when nothing else reads `x`.
+    pub(super) fn open_gemm_of(&self, x: ValueId) -> Option<usize> {
+        let i = self.open_gemm[x]?;
+        (self.uses[x] == 1 && !self.is_output[x]).then_some(i)
+    }
+
+    /// `out`, a view of `x`'s bytes, keeps `x`'s open Gemm step.
+    pub(super) fn carry_open_gemm(&mut self, x: ValueId, out: ValueId) {
+        if let Some(i) = self.open_gemm_of(x) {
+            self.open_gemm[x] = None;
+            self.open_gemm[out] = Some(i);
+        }
+    }
+
+    /// Step `i`'s Gemm (every caller holds an index `open_gemm` gave).
+    fn gemm_step(&mut self, i: usize) -> &mut GemmStep {
+        match &mut self.steps[i].1 {
+            Step::Gemm(g) => g,
+            _ => unreachable!("open_gemm indexes Gemm steps only"),
+        }
+    }
+
+    /// Value `out` is `x` with the Gemm step's epilogue grown: `x` is that step's open output.
+    fn joined(&mut self, x: ValueId, out: ValueId, i: usize, open: bool) {
+        self.open_gemm[x] = None;
+        self.open_gemm[out] = open.then_some(i);
+        let t = self.at[x];
+        self.at[out] = t;
+    }
+
+    /// `act(x)` into the epilogue of the Gemm step computing `x`: ReLU, or GELU where the
+    /// storage is 16-bit (cuBLASLt's GELU is the tanh form, within 16-bit rounding of erf's).
+    pub(super) fn join_gemm_activation(&mut self, x: ValueId, out: ValueId, a: Activation) -> bool {
+        let Some(i) = self.open_gemm_of(x) else {
+            return false;
+        };
+        let ok = match a {
+            Activation::Relu => true,
+            Activation::Gelu => matches!(self.elem, DType::F16 | DType::Bf16),
+            _ => false,
+        };
+        if !ok || self.gemm_step(i).act.is_some() {
+            return false;
+        }
+        self.gemm_step(i).act = Some(a);
+        self.joined(x, out, i, false);
+        true
+    }
+
+    /// The values of constant `c` when, seen from the Gemm output `x`'s index space, it is a
+    /// row of the step's `n` columns broadcast over the rows (and `x` is the step's own
+    /// row-major output, not a permuted view).
+    fn gemm_row(&mut self, i: usize, x: ValueId, c: ValueId) -> Lowered<Option<Vec<f32>>> {
+        let g = self.gemm_step(i).clone();
+        if self.at[x] != Some(g.y) || self.g.value(c).constant.is_none() {
+            return Ok(None);
+        }
+        let ct = self.get(c)?;
+        let Some(bs) = ct.s.broadcast_to(g.y.s.dims) else {
+            return Ok(None);
+        };
+        let rows_broadcast = (0..3).all(|a| bs.dims[a] == 1 || bs.strides[a] == 0);
+        if !rows_broadcast || bs.strides[3] != 1 || bs.dims[3] != g.n {
+            return Ok(None);
+        }
+        Ok(self.constant(c, "row").ok().map(|v| v.to_vec()))
+    }
+
+    /// `x + c` into the Gemm step computing `x` as its bias, `c` a constant row; Ok(true) when
+    /// joined.
+    pub(super) fn join_gemm_bias(&mut self, x: ValueId, c: ValueId) -> Lowered<bool> {
+        self.join_gemm_bias_as(x, x, c)
+    }
+
+    /// [`Self::join_gemm_bias`] for a node whose output `out` is `x + c` (`x` itself: the
+    /// Gemm node's own C).
+    fn join_gemm_bias_as(&mut self, x: ValueId, out: ValueId, c: ValueId) -> Lowered<bool> {
+        let open = if x == out {
+            self.open_gemm[x]
+        } else {
+            self.open_gemm_of(x)
+        };
+        let Some(i) = open else {
+            return Ok(false);
+        };
+        let g = self.gemm_step(i).clone();
+        if g.bias.is_some() || g.act.is_some() {
+            return Ok(false);
+        }
+        let Some(row) = self.gemm_row(i, x, c)? else {
+            return Ok(false);
+        };
+        let name = self.node.0.clone();
+        let b = self.add_const(&format!("{name}.bias"), row);
+        self.gemm_step(i).bias = Some(b);
+        if x != out {
+            self.joined(x, out, i, true);
+        }
+        Ok(true)
+    }
+
+    /// `x * c`, `c` a constant row, folded into the Gemm step computing `x`: its weights'
+    /// columns and its bias scaled. Ok(true) when joined.
+    fn join_gemm_scale(&mut self, x: ValueId, out: ValueId, c: ValueId) -> Lowered<bool> {
+        let Some(i) = self.open_gemm_of(x) else {
+            return Ok(false);
+        };
+        let g = self.gemm_step(i).clone();
+        if g.z.is_some() || g.act.is_some() {
+            return Ok(false);
+        }
+        let Some(row) = self.gemm_row(i, x, c)? else {
+            return Ok(false);
+        };
+        let Buf::Const(w) = g.b.buf else {
+            return Ok(false);
+        };
+        for (j, v) in self.consts[w].values.iter_mut().enumerate() {
+            *v *= row[j % g.n];
+        }
+        if let Some(b) = g.bias {
+            for (v, r) in self.consts[b].values.iter_mut().zip(&row) {
+                *v *= r;
+            }
+        }
+        self.joined(x, out, i, true);
+        Ok(true)
+    }
+
+    /// `x + r` into the Gemm step computing `x`, `r` laid out as `x` (read through the same
+    /// strides) and computed before the step: cuBLASLt's C. Ok(true) when joined.
+    fn join_gemm_residual(&mut self, x: ValueId, out: ValueId, r: Tref) -> bool {
+        let Some(i) = self.open_gemm_of(x) else {
+            return false;
+        };
+        let g = self.gemm_step(i).clone();
+        let Some(xt) = self.at[x] else { return false };
+        if g.z.is_some() || g.act.is_some() || xt.offset != g.y.offset || r.s != xt.s {
+            return false;
+        }
+        if let Buf::Slot(s) = r.buf {
+            let later = self.steps[i + 1..]
+                .iter()
+                .any(|(_, st)| st.operands().1.buf == Buf::Slot(s));
+            if later || r.buf == g.y.buf {
+                return false;
+            }
+        }
+        self.gemm_step(i).z = Some(Tref {
+            buf: r.buf,
+            offset: r.offset,
+            s: g.y.s,
+        });
+        self.joined(x, out, i, true);
+        true
+    }
+
+    /// `out = a op b` into the epilogue of the Gemm step computing one operand: a constant row
+    /// as its bias (Add) or layer scale (Mul), or a residual laid out as the output (Add).
+    /// Ok(true) when joined.
+    pub(super) fn join_gemm_binary(
+        &mut self,
+        (av, a): (ValueId, Tref),
+        (bv, b): (ValueId, Tref),
+        out: ValueId,
+        op: Binary,
+    ) -> Lowered<bool> {
+        for (x, other, ot) in [(av, bv, b), (bv, av, a)] {
+            if self.open_gemm_of(x).is_none() || other == x {
+                continue;
+            }
+            let constant = self.g.value(other).constant.is_some();
+            let joined = match op {
+                Binary::Add if constant => self.join_gemm_bias_as(x, out, other)?,
+                Binary::Add => self.join_gemm_residual(x, out, ot),
+                Binary::Mul if constant => self.join_gemm_scale(x, out, other)?,
+                _ => false,
+            };
+            if joined {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
