@@ -2,7 +2,6 @@
 # On the lent GPU machine, over the binaries staged in .device/ (gpukit and the test binaries
 # gpu_program-* and infer_cli-* in .device/tests):
 #   PART=tests|a|b bash scripts/gpu-general.sh
-# ab: the depthwise row kernels against the generic one (GPUKIT_DEPTHWISE=generic), in turns;
 # tests: the general engine's GPU tests (every fixture, precision, layout, eager and graph)
 #   and the CLI's GPU tests;
 # a, b: torchvision's six classifiers exported (scripts/export_torchvision.py), each through
@@ -73,22 +72,6 @@ profile)
     done
   done
   rm -f "$OUT"/profile-*.txt
-  ;;
-ab)
-  # the depthwise row kernels against the generic one, gpukit only, in turns
-  MODELS=${MODELS:-"convnext_tiny efficientnet_b0"}
-  (cd scripts && python3 export_torchvision.py "$W" $MODELS) 2>"$OUT/export-ab.err" | cut -c1-120 | tee -a "$SUMMARY"
-  for m in $MODELS; do
-    for turn in 1 2; do
-      for kind in rows generic; do
-        if [ $kind = generic ]; then export GPUKIT_DEPTHWISE=generic; else unset GPUKIT_DEPTHWISE; fi
-        g "ab-$m-$kind-$turn" infer --onnx "$W/$m.onnx" --batch-sizes 1,32 --device cuda:0 \
-          --strategies fp16-nhwc-graph --gpu-iterations 100
-      done
-    done
-  done
-  unset GPUKIT_DEPTHWISE
-  rm -f "$OUT"/ab-*.json "$OUT"/ab-*.txt
   ;;
 tests)
   for t in .device/tests/gpu_program-* .device/tests/infer_cli-*; do

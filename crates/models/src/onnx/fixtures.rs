@@ -340,7 +340,7 @@ fn gelu_by_erf(n: &mut Net, x: &str) -> String {
 }
 
 /// ConvNeXt: a patchify stem, a block of depthwise 7x7, Transpose to channels-last,
-/// LayerNormalization, MatMul, GELU through Erf, MatMul, layer scale, Transpose back and the
+/// LayerNormalization, MatMul, GELU through Erf, MatMul, Transpose back, layer scale and the
 /// residual; the head averages with ReduceMean and normalizes before the classifier.
 pub fn convnext(seed: u64) -> ModelProto {
     let (mut n, x) = Net::new(17, seed);
@@ -386,10 +386,11 @@ pub fn convnext(seed: u64) -> ModelProto {
     let b2 = n.m.random("pwconv2.bias", &[c], 0.0, 0.1);
     let t = n.op("MatMul", &[&t, &w2]);
     let t = n.op("Add", &[&t, &b2]);
-    let gamma = n.m.random("layer_scale", &[c], 0.5, 0.2);
-    let t = n.op("Mul", &[&gamma, &t]);
+    // torchvision's layer scale is [c, 1, 1], after the transpose back
     let t =
         n.m.node("Transpose", &[&t], vec![attr_ints("perm", &[0, 3, 1, 2])]);
+    let gamma = n.m.random("layer_scale", &[c, 1, 1], 0.5, 0.2);
+    let t = n.op("Mul", &[&gamma, &t]);
     let y = n.op("Add", &[&s, &t]);
     let p = n.m.node(
         "ReduceMean",

@@ -193,17 +193,26 @@ pub(super) fn rows_at(
     rows
 }
 
-/// What runs the GPU rows, for the report: the engine and the opened device.
-pub(super) fn describe(program_steps: Option<&[(&'static str, usize)]>, device: &str) -> String {
-    let steps = program_steps
-        .map(|s| {
-            s.iter()
+/// What runs the GPU rows, for the report: the engine, the opened device and each program's
+/// steps by kind (one a precision and layout).
+pub(super) fn describe(
+    programs: Option<&[(String, Vec<(&'static str, usize)>)]>,
+    device: &str,
+) -> String {
+    let steps = programs
+        .unwrap_or_default()
+        .iter()
+        .map(|(label, counts)| {
+            let counts = counts
+                .iter()
                 .map(|(k, n)| format!("{n} {k}"))
                 .collect::<Vec<_>>()
-                .join(", ")
+                .join(", ");
+            format!("{label}: {counts}")
         })
-        .unwrap_or_default();
-    format!("gpukit's general GPU engine on {device}: {steps}")
+        .collect::<Vec<_>>()
+        .join("; ");
+    format!("gpukit's general GPU engine on {device}; {steps}")
 }
 
 /// Opens the device the GPU rows run on, or why it could not.

@@ -335,17 +335,24 @@ pub fn run_onnx(
                 run.gpu = Some(why.clone());
             }
             let plan = Plan::new(5, 50).with_budget(opts.budget_s);
-            let mut steps = None;
+            // each distinct program's steps (precision and layout), from the first batch size
+            let mut steps: Option<Vec<(String, Vec<(&'static str, usize)>)>> = None;
             for (n, graph, input, reference) in &for_gpu {
                 if steps.is_none() {
-                    steps = on_gpu.iter().find_map(|s| match s {
-                        InferStrategy::Gpu(g) => {
-                            gpukit_models::gpu::program::Program::lower(graph, g.dtype, g.layout)
-                                .ok()
-                                .map(|p| p.step_counts())
+                    let mut programs: Vec<(String, Vec<(&'static str, usize)>)> = Vec::new();
+                    for s in &on_gpu {
+                        let InferStrategy::Gpu(g) = s else { continue };
+                        let label = format!("{} {}", g.dtype.name(), g.layout.name());
+                        if programs.iter().any(|(l, _)| *l == label) {
+                            continue;
                         }
-                        _ => None,
-                    });
+                        if let Ok(p) =
+                            gpukit_models::gpu::program::Program::lower(graph, g.dtype, g.layout)
+                        {
+                            programs.push((label, p.step_counts()));
+                        }
+                    }
+                    steps = Some(programs);
                 }
                 let reference = reference.as_ref().map(|(o, label)| general::Reference {
                     input,

@@ -297,6 +297,62 @@ __device__ void layer_norm(const T* x, const T* __restrict__ gamma, const T* __r
     }
 }
 
+// The same for rows of cols = V * vectors values (16-byte aligned): a group of `group` lanes (a
+// power of 2 dividing 32) per row, each holding up to 4 vectors of its row in registers, so x
+// is read once; 32 / group rows a warp.
+template <class T, int V>
+__device__ void layer_norm_vec(const T* __restrict__ x, const T* __restrict__ gamma,
+                               const T* __restrict__ beta, T* __restrict__ y, long long rows,
+                               int cols, float eps, int group) {
+    const int lane = threadIdx.x & 31, sub = lane % group, per_warp = 32 / group;
+    const int vecs = cols / V;
+    long long warp = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;
+    long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long first = warp * per_warp; first < rows; first += warps * per_warp) {
+        const long long row = first + lane / group;
+        const bool live = row < rows;
+        float v[4][V];
+        float s = 0.0f;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            const int k = sub + p * group;
+            if (live && k < vecs) {
+                Pack<T, V> xv = *(const Pack<T, V>*)(x + row * cols + k * V);
+#pragma unroll
+                for (int u = 0; u < V; ++u) { v[p][u] = to_f(xv.v[u]); s += v[p][u]; }
+            } else {
+#pragma unroll
+                for (int u = 0; u < V; ++u) v[p][u] = 0.0f;
+            }
+        }
+        for (int o = group / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        const float mean = s / (float)cols;
+        float q = 0.0f;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            if (live && sub + p * group < vecs) {
+#pragma unroll
+                for (int u = 0; u < V; ++u) { float e = v[p][u] - mean; q += e * e; }
+            }
+        }
+        for (int o = group / 2; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+        const float rstd = rsqrtf(q / (float)cols + eps);
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            const int k = sub + p * group;
+            if (!live || k >= vecs) continue;
+            Pack<T, V> gv = *(const Pack<T, V>*)(gamma + k * V), out;
+#pragma unroll
+            for (int u = 0; u < V; ++u) {
+                float r = (v[p][u] - mean) * rstd * to_f(gv.v[u]);
+                if (beta) r += to_f(beta[k * V + u]);
+                out.v[u] = from_f<T>(r);
+            }
+            *(Pack<T, V>*)(y + row * cols + k * V) = out;
+        }
+    }
+}
+
 // y (f32, dense row-major over dims v[0..4]) = x read through strides v[4..8].
 template <class T>
 __device__ void to_f32(const T* __restrict__ x, float* __restrict__ y, Dims g) {
@@ -337,6 +393,9 @@ extern "C" __global__ void gap_channels_##TAG(const T* x, T* y, Dims g)         
     { gap_channels<T>(x, y, g); }                                                             \
 extern "C" __global__ void layer_norm_##TAG(const T* x, const T* gamma, const T* beta, T* y,   \
     long long rows, int cols, float eps) { layer_norm<T>(x, gamma, beta, y, rows, cols, eps); } \
+extern "C" __global__ void layer_norm_vec_##TAG(const T* x, const T* gamma, const T* beta,     \
+    T* y, long long rows, int cols, float eps, int group)                                     \
+    { layer_norm_vec<T, 16 / sizeof(T)>(x, gamma, beta, y, rows, cols, eps, group); }          \
 extern "C" __global__ void to_f32_##TAG(const T* x, float* y, Dims g) { to_f32<T>(x, y, g); }  \
 extern "C" __global__ void from_f32_##TAG(const float* x, T* y, Dims g) { from_f32<T>(x, y, g); }
 
@@ -346,13 +405,14 @@ INSTANCES(B, bf16)
 "#;
 
 /// The kernels' names without their element type tag.
-const KERNELS: [&str; 8] = [
+const KERNELS: [&str; 9] = [
     "pointwise",
     "pointwise_vec",
     "pool",
     "gap_warps",
     "gap_channels",
     "layer_norm",
+    "layer_norm_vec",
     "to_f32",
     "from_f32",
 ];
@@ -638,6 +698,19 @@ impl ProgramKernels {
         if let Some(b) = beta {
             b.require(cols * e, "layer norm bias")?;
         }
+        // rows of whole 16-byte vectors, at most 4 a lane: the vector kernel, a group of lanes
+        // a row
+        let width = 16 / e;
+        let vectors = cols / width;
+        let aligned = [Some(x), Some(gamma), beta, Some(y)]
+            .into_iter()
+            .flatten()
+            .all(|b| b.is_aligned(16));
+        let group = vectors.div_ceil(4).next_power_of_two().clamp(1, 32);
+        let vector = cols.is_multiple_of(width)
+            && vectors <= 4 * 32
+            && aligned
+            && beta.is_none_or(|b| b.is_aligned(16));
         let args = [
             Arg::Ptr(x),
             Arg::Ptr(gamma),
@@ -646,14 +719,14 @@ impl ProgramKernels {
             Arg::Size(rows),
             Arg::Size(cols),
             Arg::F32(eps),
+            Arg::I32(group as i32),
         ];
-        let blocks = rows.div_ceil(8).clamp(1, 65_535 * 8) as u32;
-        self.run(
-            "layer_norm",
-            dtype,
-            Launch::new((blocks, 1, 1), (256, 1, 1)),
-            &args,
-        )
+        let (stem, args, rows_a_block) = match vector {
+            true => ("layer_norm_vec", &args[..], 8 * (32 / group)),
+            false => ("layer_norm", &args[..7], 8),
+        };
+        let blocks = rows.div_ceil(rows_a_block).clamp(1, 65_535 * 8) as u32;
+        self.run(stem, dtype, Launch::new((blocks, 1, 1), (256, 1, 1)), args)
     }
 
     /// `y` (f32, dense row-major) = `x` of `dtype` through its strides.
@@ -696,6 +769,7 @@ mod tests {
             ("gap_warps_", "p p s"),
             ("gap_channels_", "p p s"),
             ("layer_norm_", "p p p p l i f"),
+            ("layer_norm_vec_", "p p p p l i f i"),
             ("to_f32_", "p p s"),
             ("from_f32_", "p p s"),
         ];

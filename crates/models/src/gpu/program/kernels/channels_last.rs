@@ -66,77 +66,6 @@ __device__ void depthwise(const T* __restrict__ x, const T* __restrict__ w,
     }
 }
 
-// The same convolution at stride 1 with K x K taps (K a compile-time size): thread o computes
-// OW consecutive outputs of one row for channels [V * (o % cv), +V), so each filter row's taps
-// and each input column of the row are read and converted once for all OW outputs (the
-// generic kernel reads them once per output). Padding v[9] on every side.
-template <class T, int V, int K, int OW>
-__device__ void depthwise_rows(const T* __restrict__ x, const T* __restrict__ w,
-                               const T* __restrict__ bias, const T* __restrict__ z,
-                               T* __restrict__ y, Dims g, int act, float alpha, float beta) {
-    const long long* d = g.v;
-    const unsigned h = d[1], wd = d[2], c = d[3], p = d[4], q = d[5];
-    const int pad = (int)d[9];
-    const unsigned cv = c / V, strips = (q + OW - 1) / OW;
-    const unsigned total = (unsigned)d[0] * p * strips * cv;
-    for (unsigned o = blockIdx.x * blockDim.x + threadIdx.x; o < total;
-         o += gridDim.x * blockDim.x) {
-        unsigned rest = o / cv, ch = (o - rest * cv) * V;
-        unsigned row = rest / strips, j0 = (rest - row * strips) * OW;
-        unsigned img = row / p, i = row - img * p;
-        float acc[OW][V];
-#pragma unroll
-        for (int u = 0; u < OW; ++u)
-#pragma unroll
-            for (int k = 0; k < V; ++k) acc[u][k] = 0.0f;
-#pragma unroll
-        for (int di = 0; di < K; ++di) {
-            int yy = (int)i + di - pad;
-            if (yy < 0 || yy >= (int)h) continue;
-            const T* xrow = x + ((img * h + (unsigned)yy) * wd) * c + ch;
-            float wf[K][V];
-#pragma unroll
-            for (int dj = 0; dj < K; ++dj) {
-                Pack<T, V> wv = *(const Pack<T, V>*)(w + (di * K + dj) * c + ch);
-#pragma unroll
-                for (int k = 0; k < V; ++k) wf[dj][k] = to_f(wv.v[k]);
-            }
-#pragma unroll
-            for (int t = 0; t < OW + K - 1; ++t) {
-                int xx = (int)j0 + t - pad;
-                if (xx < 0 || xx >= (int)wd) continue;
-                Pack<T, V> xv = *(const Pack<T, V>*)(xrow + (unsigned)xx * c);
-                float xf[V];
-#pragma unroll
-                for (int k = 0; k < V; ++k) xf[k] = to_f(xv.v[k]);
-#pragma unroll
-                for (int u = 0; u < OW; ++u) {
-                    const int dj = t - u;
-                    if (dj >= 0 && dj < K) {
-#pragma unroll
-                        for (int k = 0; k < V; ++k) acc[u][k] += xf[k] * wf[dj][k];
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < OW; ++u) {
-            unsigned j = j0 + u;
-            if (j >= q) break;
-            unsigned at = ((img * p + i) * q + j) * c + ch;
-            Pack<T, V> out;
-#pragma unroll
-            for (int k = 0; k < V; ++k) {
-                float v = acc[u][k];
-                if (bias) v += to_f(bias[ch + k]);
-                if (z) v += to_f(z[at + k]);
-                out.v[k] = from_f<T>(activate(act, v, alpha, beta));
-            }
-            *(Pack<T, V>*)(y + at) = out;
-        }
-    }
-}
-
 // Max (v[14] != 0) or average pooling: x [n, h, w, c], y [n, p, q, c]. v[0..4] n, h, w, c;
 // v[4], v[5] p, q; v[6], v[7] window; v[8], v[9] steps; v[10..14] padding top, left, bottom,
 // right; v[15] != 0: an average divides by the window clipped to the padded input, else by its
@@ -287,13 +216,6 @@ __device__ void se_gate_cl(const T* __restrict__ x, const T* __restrict__ w1,
     }
 }
 
-#define DEPTHWISE_K(T, TAG, V, K)                                                              \
-extern "C" __global__ void depthwise_k##K##_##TAG(const T* x, const T* w, const T* bias,        \
-    const T* z, T* y, Dims g, int act, float alpha, float beta)                                \
-    { depthwise_rows<T, V, K, ROW_OUTPUTS>(x, w, bias, z, y, g, act, alpha, beta); }
-
-#define ROW_OUTPUTS 4
-
 #define DEPTHWISE(T, TAG, V)                                                                   \
 extern "C" __global__ void depthwise_vec_##TAG(const T* x, const T* w, const T* bias,           \
     const T* z, T* y, Dims g, int act, float alpha, float beta)                                \
@@ -301,7 +223,6 @@ extern "C" __global__ void depthwise_vec_##TAG(const T* x, const T* w, const T* 
 extern "C" __global__ void depthwise_one_##TAG(const T* x, const T* w, const T* bias,           \
     const T* z, T* y, Dims g, int act, float alpha, float beta)                                \
     { depthwise<T, 1>(x, w, bias, z, y, g, act, alpha, beta); }                                 \
-DEPTHWISE_K(T, TAG, V, 3) DEPTHWISE_K(T, TAG, V, 5) DEPTHWISE_K(T, TAG, V, 7)                  \
 extern "C" __global__ void pool_cl_##TAG(const T* x, T* y, Dims g) { pool_cl<T, V>(x, y, g); }  \
 extern "C" __global__ void gap_cl_##TAG(const T* x, T* y, Dims g) { gap_cl<T, V>(x, y, g); }    \
 extern "C" __global__ void se_gate_cl_##TAG(const T* x, const T* w1, const T* b1, const T* w2,  \
@@ -315,11 +236,8 @@ DEPTHWISE(B, bf16, 8)
 "#;
 
 /// The kernels' names without their element type tag.
-const KERNELS: [&str; 8] = [
+const KERNELS: [&str; 5] = [
     "depthwise_vec",
-    "depthwise_k3",
-    "depthwise_k5",
-    "depthwise_k7",
     "depthwise_one",
     "pool_cl",
     "gap_cl",
@@ -342,16 +260,6 @@ pub fn kernel_source() -> KernelSource {
         source: format!("{HALF}{PRELUDE}{SOURCE}"),
         names,
     }
-}
-
-/// Outputs of a row a thread of `depthwise_k*` computes (ROW_OUTPUTS in the source).
-const ROW_OUTPUTS: usize = 4;
-
-/// `GPUKIT_DEPTHWISE=generic`: every depthwise convolution on the generic kernel (one output a
-/// thread), for measuring the row kernels against it in one call.
-fn generic_depthwise() -> bool {
-    static GENERIC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *GENERIC.get_or_init(|| std::env::var("GPUKIT_DEPTHWISE").is_ok_and(|v| v == "generic"))
 }
 
 /// Channels a thread of `depthwise_vec` computes for element type `dtype`.
@@ -414,24 +322,10 @@ impl ProgramKernels {
             .into_iter()
             .flatten()
             .all(|b| b.is_aligned(16));
-        let vectors = shape.c.is_multiple_of(v) && aligned;
-        let rows = vectors
-            && shape.stride == 1
-            && shape.r == shape.s
-            && matches!(shape.r, 3 | 5 | 7)
-            && !generic_depthwise();
-        let (stem, threads) = match (vectors, rows) {
-            (true, true) => {
-                let strips = q.div_ceil(ROW_OUTPUTS);
-                let stem = match shape.r {
-                    3 => "depthwise_k3",
-                    5 => "depthwise_k5",
-                    _ => "depthwise_k7",
-                };
-                (stem, shape.n * p * strips * shape.c / v)
-            }
-            (true, false) => ("depthwise_vec", out / v),
-            _ => ("depthwise_one", out),
+        let (stem, threads) = if shape.c.is_multiple_of(v) && aligned {
+            ("depthwise_vec", out / v)
+        } else {
+            ("depthwise_one", out)
         };
         let mut dims = [0i64; 32];
         put(
@@ -634,9 +528,6 @@ mod tests {
         let expected = [
             ("depthwise_vec_", "p p p p p s i f f"),
             ("depthwise_one_", "p p p p p s i f f"),
-            ("depthwise_k3_", "p p p p p s i f f"),
-            ("depthwise_k5_", "p p p p p s i f f"),
-            ("depthwise_k7_", "p p p p p s i f f"),
             ("pool_cl_", "p p s"),
             ("gap_cl_", "p p s"),
             ("se_gate_cl_", "p p p p p p s i f f i f f"),

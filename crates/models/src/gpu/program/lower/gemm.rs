@@ -93,23 +93,45 @@ impl Lowering<'_> {
         true
     }
 
-    /// The values of constant `c` when, seen from the Gemm output `x`'s index space, it is a
-    /// row of the step's `n` columns broadcast over the rows (and `x` is the step's own
-    /// row-major output, not a permuted view).
+    /// The values of constant `c` when, seen from the Gemm output `x`'s index space (the step's
+    /// own row-major output, or a permuted view of it such as ConvNeXt's transpose back to
+    /// channels-first, whose layer scale is `[c, 1, 1]`), it is a row of the step's `n` columns
+    /// broadcast over the rows: it varies along the one axis that walks the columns, with
+    /// stride 1, and along no other.
     fn gemm_row(&mut self, i: usize, x: ValueId, c: ValueId) -> Lowered<Option<Vec<f32>>> {
         let g = self.gemm_step(i).clone();
-        if self.at[x] != Some(g.y) || self.g.value(c).constant.is_none() {
+        let Some(xt) = self.at[x] else {
+            return Ok(None);
+        };
+        if xt.buf != g.y.buf || xt.offset != g.y.offset || self.g.value(c).constant.is_none() {
             return Ok(None);
         }
         let ct = self.get(c)?;
-        let Some(bs) = ct.s.broadcast_to(g.y.s.dims) else {
+        let Some(bs) = ct.s.broadcast_to(xt.s.dims) else {
             return Ok(None);
         };
-        let rows_broadcast = (0..3).all(|a| bs.dims[a] == 1 || bs.strides[a] == 0);
-        if !rows_broadcast || bs.strides[3] != 1 || bs.dims[3] != g.n {
+        let mut columns = 0;
+        for a in 0..4 {
+            if xt.s.dims[a] == 1 {
+                continue;
+            }
+            if xt.s.strides[a] == 1 {
+                if bs.strides[a] != 1 || xt.s.dims[a] != g.n {
+                    return Ok(None);
+                }
+                columns += 1;
+            } else if bs.strides[a] != 0 {
+                return Ok(None);
+            }
+        }
+        if columns != 1 && g.n != 1 {
             return Ok(None);
         }
-        Ok(self.constant(c, "row").ok().map(|v| v.to_vec()))
+        Ok(self
+            .constant(c, "row")
+            .ok()
+            .filter(|v| v.len() == g.n)
+            .map(|v| v.to_vec()))
     }
 
     /// `x + c` into the Gemm step computing `x` as its bias, `c` a constant row; Ok(true) when

@@ -624,3 +624,28 @@ fn a_chain_of_concatenations_copies_each_feature_once() {
         assert_eq!(slots.len(), 1, "{layout:?}");
     }
 }
+#[test]
+#[ignore]
+fn scratch_real_models() {
+    for m in [
+        "densenet121",
+        "convnext_tiny",
+        "mobilenet_v3_large",
+        "efficientnet_b0",
+    ] {
+        let path = format!("/work/tv-models/{m}.onnx");
+        let opts = ImportOptions {
+            batch: Some(1),
+            dims: Vec::new(),
+        };
+        let mut g = crate::onnx::import_file(std::path::Path::new(&path), &opts).unwrap();
+        optimize(&mut g).unwrap();
+        let p = Program::lower(&g, DType::F16, Layout::Nhwc).unwrap();
+        eprintln!(
+            "{m}: {} steps {:?} arena {} MB",
+            p.steps.len(),
+            p.step_counts(),
+            p.arena_bytes() >> 20
+        );
+    }
+}
