@@ -193,12 +193,12 @@ pub(super) fn rows_at(
     rows
 }
 
+/// A program's label (precision and layout) and its steps by kind.
+pub(super) type ProgramSteps = (String, Vec<(&'static str, usize)>);
+
 /// What runs the GPU rows, for the report: the engine, the opened device and each program's
 /// steps by kind (one a precision and layout).
-pub(super) fn describe(
-    programs: Option<&[(String, Vec<(&'static str, usize)>)]>,
-    device: &str,
-) -> String {
+pub(super) fn describe(programs: Option<&[ProgramSteps]>, device: &str) -> String {
     let steps = programs
         .unwrap_or_default()
         .iter()

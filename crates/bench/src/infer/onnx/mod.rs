@@ -336,10 +336,10 @@ pub fn run_onnx(
             }
             let plan = Plan::new(5, 50).with_budget(opts.budget_s);
             // each distinct program's steps (precision and layout), from the first batch size
-            let mut steps: Option<Vec<(String, Vec<(&'static str, usize)>)>> = None;
+            let mut steps: Option<Vec<general::ProgramSteps>> = None;
             for (n, graph, input, reference) in &for_gpu {
                 if steps.is_none() {
-                    let mut programs: Vec<(String, Vec<(&'static str, usize)>)> = Vec::new();
+                    let mut programs: Vec<general::ProgramSteps> = Vec::new();
                     for s in &on_gpu {
                         let InferStrategy::Gpu(g) = s else { continue };
                         let label = format!("{} {}", g.dtype.name(), g.layout.name());
