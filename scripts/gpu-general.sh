@@ -10,6 +10,7 @@
 #   mobilenet_v3_large, efficientnet_b0; b: regnet_y_800mf, densenet121, convnext_tiny. PyTorch
 #   runs the same model with the same weights beside each (`--compare-pytorch --torchvision`:
 #   its counterparts of the rows, its CUDA graph and torch.compile).
+# HANDBUILT=0 skips the hand-built ResNet-50 row of PART=a.
 # XDG_CACHE_HOME is .device/cache, so choices planned in one call serve the next (the first
 #   call's planning is cold).
 set -u
@@ -93,7 +94,7 @@ a|b)
       --strategies fp32,fp16-nhwc,fp16-nhwc-graph --iterations 3 \
       --compare-pytorch --torchvision "$m" --torchvision-weights "$W/$m.safetensors"
   done
-  if [ -f "$W/resnet50.onnx" ]; then
+  if [ -f "$W/resnet50.onnx" ] && [ "${HANDBUILT:-1}" = 1 ]; then
     g "handbuilt-resnet50" infer --onnx "$W/resnet50.onnx" --resnet-engine --batch-sizes 1,32 --device all \
       --strategies fp32,fp16-nhwc-graph --iterations 3
   fi
