@@ -23,11 +23,6 @@ const PRELUDE: &str = r#"
 // The geometry of a launch: what each kernel reads from it is documented at the kernel.
 struct Dims { long long v[32]; };
 
-__device__ __forceinline__ float warp_sum(float s) {
-    for (int k = 16; k > 0; k >>= 1) s += __shfl_down_sync(0xffffffffu, s, k);
-    return s;
-}
-
 // V consecutive elements, loaded and stored as one access.
 template <class T, int V> struct alignas(sizeof(T) * V) Pack { T v[V]; };
 
@@ -227,6 +222,10 @@ __device__ void pool(const T* __restrict__ x, T* __restrict__ y, Dims g) {
     }
 }
 
+__device__ __forceinline__ float warp_sum(float s) {
+    for (int k = 16; k > 0; k >>= 1) s += __shfl_down_sync(0xffffffffu, s, k);
+    return s;
+}
 
 // Global average pooling, a warp per output (for inputs whose spatial axes are contiguous).
 // x dims n, c, h, w in v[0..4], strides v[4..8]; y strides v[8..12].

@@ -7,12 +7,10 @@ use super::{pad4, Strided};
 use crate::graph::{Binary, Graph, Op, ValueId};
 use crate::plan::{plan_no_reuse, plan_reuse, Lifetime, MemoryPlan};
 use gpukit_tensor::{DType, Layout};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 pub use super::steps::Unsupported;
-pub(super) use super::steps::{
-    Buf, Const, ConvStep, DepthwiseStep, GemmStep, Slot, SqueezeStep, Step, Tref,
-};
+pub(super) use super::steps::{Buf, Const, ConvStep, DepthwiseStep, GemmStep, Slot, Step, Tref};
 
 /// A graph lowered for one dtype and layout.
 #[derive(Debug, Clone)]
@@ -132,8 +130,6 @@ struct Lowering<'g> {
     /// Biases of convolutions whose output only a later convolution reads, as its residual:
     /// added into that convolution's bias instead (one pass over the output fewer).
     moved_bias: HashMap<ValueId, Vec<f32>>,
-    /// Nodes another step already computes (a squeeze-and-excitation block's convolutions).
-    skipped: HashSet<String>,
     /// Concatenations that extend an earlier one, sharing its slot.
     chains: concat::Chains,
     /// Per chain, its slot (the dims of its last concatenation), once placed.
@@ -172,7 +168,6 @@ impl<'g> Lowering<'g> {
             padded: None,
             input_slots: Vec::new(),
             moved_bias: HashMap::new(),
-            skipped: HashSet::new(),
             chains: concat::Chains::of(g),
             chain_slot: HashMap::new(),
             node: ("graph input".into(), "-".into()),
@@ -322,9 +317,6 @@ impl<'g> Lowering<'g> {
         let g = self.g;
         self.place_inputs()?;
         for node in &g.nodes {
-            if self.skipped.contains(&node.name) {
-                continue;
-            }
             self.node = (node.name.clone(), node.op.name().to_string());
             self.lower_node(node)?;
         }
@@ -546,10 +538,7 @@ impl<'g> Lowering<'g> {
                 self.set(out, y);
                 Ok(())
             }
-            Op::GlobalAveragePool => match self.squeeze_excite(out)? {
-                true => Ok(()),
-                false => self.global_average(node.inputs[0], out, &name),
-            },
+            Op::GlobalAveragePool => self.global_average(node.inputs[0], out, &name),
             Op::ReduceMean { axes, keep_dims } => {
                 let rank = self.g.value(node.inputs[0]).shape.len();
                 if rank != 4 || axes != &[2, 3] {
@@ -813,6 +802,5 @@ impl<'g> Lowering<'g> {
 mod concat;
 mod conv;
 mod gemm;
-mod squeeze_excite;
 #[cfg(test)]
 mod tests;

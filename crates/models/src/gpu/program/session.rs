@@ -2,7 +2,6 @@
 //! offsets, every convolution planned by measurement (once per distinct shape), and after
 //! [`ProgramSession::capture`] a CUDA graph of the whole pass.
 
-use super::kernels::channels_last::SqueezeViews;
 use super::kernels::ProgramKernels;
 use super::lower::{Buf, ConvStep, GemmStep, Step, Tref};
 use super::Program;
@@ -447,19 +446,6 @@ impl<'a> ProgramSession<'a> {
                 d.act,
                 v(&d.y)?,
             )?,
-            Step::SqueezeExcite(s) => k.squeeze_excite(
-                dt,
-                SqueezeViews {
-                    x: (v(&s.x)?, &s.x.s),
-                    w1: self.const_view(s.w1)?,
-                    b1: self.const_view(s.b1)?,
-                    w2: self.const_view(s.w2)?,
-                    b2: self.const_view(s.b2)?,
-                    gate: v(&s.y)?,
-                },
-                s.squeezed,
-                (s.act1, s.act2),
-            )?,
             Step::Conv(c) => {
                 let Some(run) = self.runs[i].as_deref() else {
                     return Err(Error::Invalid(format!(
@@ -530,10 +516,6 @@ impl<'a> ProgramSession<'a> {
         let (flops, library) = match step {
             Step::Conv(c) => (c.shape.flops(), "cuDNN"),
             Step::Depthwise(d) => (d.shape.flops(), "NVRTC"),
-            Step::SqueezeExcite(s) => {
-                let [n, c, ..] = s.x.s.dims;
-                (4.0 * (n * c * s.squeezed) as f64, "NVRTC")
-            }
             Step::Gemm(g) => (2.0 * (g.m * g.n * g.k) as f64, "cuBLASLt"),
             _ => (0.0, "NVRTC"),
         };

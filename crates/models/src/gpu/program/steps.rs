@@ -91,24 +91,6 @@ pub(super) struct DepthwiseStep {
     pub y: Tref,
 }
 
-/// Squeeze-and-excitation's gate on gpukit's kernel: `y = act2(W2 act1(W1 mean(x) + b1) + b2)`,
-/// `x` dense channel-last `[n, c, h, w]`, `y` `[n, c, 1, 1]`.
-#[derive(Debug, Clone)]
-pub(super) struct SqueezeStep {
-    pub x: Tref,
-    /// `[squeezed, c]`, row-major.
-    pub w1: usize,
-    pub b1: usize,
-    pub act1: Option<Activation>,
-    /// `W2` transposed: `[squeezed, c]`, row-major.
-    pub w2: usize,
-    pub b2: usize,
-    pub act2: Activation,
-    /// Channels after the squeeze.
-    pub squeezed: usize,
-    pub y: Tref,
-}
-
 /// A matrix product with constant weights on cuBLASLt: row-major
 /// `y [m, n] = act(a [m, k] x b [k, n] + bias + z)`, the epilogue in the library's call.
 #[derive(Debug, Clone)]
@@ -144,7 +126,6 @@ pub(super) enum Step {
     },
     Conv(ConvStep),
     Depthwise(DepthwiseStep),
-    SqueezeExcite(SqueezeStep),
     Pointwise {
         a: Tref,
         b: Option<(Tref, Binary)>,
@@ -188,7 +169,6 @@ impl Step {
             | Step::ToF32 { x, y } => (vec![*x], *y),
             Step::Conv(c) => (std::iter::once(c.x).chain(c.z).collect(), c.y),
             Step::Depthwise(d) => (std::iter::once(d.x).chain(d.z).collect(), d.y),
-            Step::SqueezeExcite(s) => (vec![s.x], s.y),
             Step::Pointwise { a, b, c, y, .. } => (
                 std::iter::once(*a)
                     .chain(b.map(|(t, _)| t))
@@ -217,7 +197,6 @@ impl Step {
             Step::Conv(c) if c.fused => "conv+epilogue (cuDNN)",
             Step::Conv(_) => "conv (cuDNN)",
             Step::Depthwise(_) => "depthwise conv (gpukit)",
-            Step::SqueezeExcite(_) => "squeeze-excitation gate (gpukit)",
             Step::Pointwise { .. } => "element-wise",
             Step::Pool { .. } => "pool",
             Step::GlobalAverage { .. } => "global average",

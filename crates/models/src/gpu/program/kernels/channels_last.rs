@@ -156,66 +156,6 @@ __device__ void gap_cl(const T* __restrict__ x, T* __restrict__ y, Dims g) {
     }
 }
 
-// Squeeze-and-excitation's gate: g = act2(W2 act1(W1 mean(x) + b1) + b2), x [n, hw, c], W1 and
-// W2 transposed both [cr, c] row-major, g [n, c]. A block per image: the mean as gap_cl takes
-// it (the channel vectors in groups of vb), then a warp per squeezed value, then a thread per
-// gate value. v[0] n, v[1] hw, v[2] c, v[3] vb, v[4] cr (c <= 2048, cr <= 512).
-template <class T, int V>
-__device__ void se_gate_cl(const T* __restrict__ x, const T* __restrict__ w1,
-                           const T* __restrict__ b1, const T* __restrict__ w2,
-                           const T* __restrict__ b2, T* __restrict__ gate, Dims g, int act1,
-                           float alpha1, float beta1, int act2, float alpha2, float beta2) {
-    __shared__ float part[1024 * V];
-    __shared__ float pooled[2048];
-    __shared__ float hidden[512];
-    const long long* d = g.v;
-    const unsigned n = d[0], hw = d[1], c = d[2], vb = d[3], cr = d[4];
-    const unsigned cv = c / V, chunks = (cv + vb - 1) / vb, lanes = blockDim.x / vb;
-    const unsigned t = threadIdx.x, v = t % vb, lane = t / vb;
-    const unsigned warp = t / 32, lane32 = t % 32, warps = blockDim.x / 32;
-    for (unsigned img = blockIdx.x; img < n; img += gridDim.x) {
-        for (unsigned chunk = 0; chunk < chunks; ++chunk) {
-            unsigned first = chunk * vb, vec = first + v;
-            float s[V];
-#pragma unroll
-            for (int k = 0; k < V; ++k) s[k] = 0.0f;
-            if (vec < cv && lane < lanes) {
-                for (unsigned px = lane; px < hw; px += lanes) {
-                    Pack<T, V> xv = *(const Pack<T, V>*)(x + ((unsigned long long)img * hw + px) *
-                                                               c + vec * V);
-#pragma unroll
-                    for (int k = 0; k < V; ++k) s[k] += to_f(xv.v[k]);
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < V; ++k) part[t * V + k] = s[k];
-            __syncthreads();
-            for (unsigned u = t; u < vb * V; u += blockDim.x) {
-                unsigned vv = u / V, k = u % V;
-                float sum = 0.0f;
-                for (unsigned l = 0; l < lanes; ++l) sum += part[(l * vb + vv) * V + k];
-                if (first + vv < cv) pooled[(first + vv) * V + k] = sum / (float)hw;
-            }
-            __syncthreads();
-        }
-        for (unsigned j = warp; j < cr; j += warps) {
-            float s = 0.0f;
-#pragma unroll 4
-            for (unsigned i = lane32; i < c; i += 32) s += to_f(w1[j * c + i]) * pooled[i];
-            s = warp_sum(s);
-            if (lane32 == 0) hidden[j] = activate(act1, s + to_f(b1[j]), alpha1, beta1);
-        }
-        __syncthreads();
-        for (unsigned i = t; i < c; i += blockDim.x) {
-            float s = to_f(b2[i]);
-#pragma unroll 8
-            for (unsigned j = 0; j < cr; ++j) s += to_f(w2[j * c + i]) * hidden[j];
-            gate[(unsigned long long)img * c + i] = from_f<T>(activate(act2, s, alpha2, beta2));
-        }
-        __syncthreads();
-    }
-}
-
 #define DEPTHWISE(T, TAG, V)                                                                   \
 extern "C" __global__ void depthwise_vec_##TAG(const T* x, const T* w, const T* bias,           \
     const T* z, T* y, Dims g, int act, float alpha, float beta)                                \
@@ -224,11 +164,7 @@ extern "C" __global__ void depthwise_one_##TAG(const T* x, const T* w, const T* 
     const T* z, T* y, Dims g, int act, float alpha, float beta)                                \
     { depthwise<T, 1>(x, w, bias, z, y, g, act, alpha, beta); }                                 \
 extern "C" __global__ void pool_cl_##TAG(const T* x, T* y, Dims g) { pool_cl<T, V>(x, y, g); }  \
-extern "C" __global__ void gap_cl_##TAG(const T* x, T* y, Dims g) { gap_cl<T, V>(x, y, g); }    \
-extern "C" __global__ void se_gate_cl_##TAG(const T* x, const T* w1, const T* b1, const T* w2,  \
-    const T* b2, T* gate, Dims g, int act1, float alpha1, float beta1, int act2, float alpha2,  \
-    float beta2) { se_gate_cl<T, V>(x, w1, b1, w2, b2, gate, g, act1, alpha1, beta1, act2,       \
-    alpha2, beta2); }
+extern "C" __global__ void gap_cl_##TAG(const T* x, T* y, Dims g) { gap_cl<T, V>(x, y, g); }
 
 DEPTHWISE(float, f32, 4)
 DEPTHWISE(H, f16, 8)
@@ -236,18 +172,7 @@ DEPTHWISE(B, bf16, 8)
 "#;
 
 /// The kernels' names without their element type tag.
-const KERNELS: [&str; 5] = [
-    "depthwise_vec",
-    "depthwise_one",
-    "pool_cl",
-    "gap_cl",
-    "se_gate_cl",
-];
-
-/// Most channels, and most squeezed channels, the squeeze-and-excitation kernel holds (its
-/// shared memory).
-pub const SE_MOST_CHANNELS: usize = 2048;
-pub const SE_MOST_SQUEEZED: usize = 512;
+const KERNELS: [&str; 4] = ["depthwise_vec", "depthwise_one", "pool_cl", "gap_cl"];
 
 /// The module: its name in the kernel cache, its source and its kernels.
 pub fn kernel_source() -> KernelSource {
@@ -446,79 +371,6 @@ impl ProgramKernels {
     }
 }
 
-/// The views of a squeeze-and-excitation gate: the block's input, the squeeze's weights and
-/// bias, the excitation's (transposed) weights and bias, and the gate.
-pub struct SqueezeViews<'v> {
-    pub x: (View<'v>, &'v Strided),
-    pub w1: View<'v>,
-    pub b1: View<'v>,
-    pub w2: View<'v>,
-    pub b2: View<'v>,
-    pub gate: View<'v>,
-}
-
-impl ProgramKernels {
-    /// Squeeze-and-excitation's gate `act2(W2 act1(W1 mean(x) + b1) + b2)`, `x` dense
-    /// channel-last, `squeezed` the channels in between.
-    pub fn squeeze_excite(
-        &self,
-        dtype: DType,
-        v: SqueezeViews<'_>,
-        squeezed: usize,
-        (act1, act2): (Option<Activation>, Activation),
-    ) -> Result<()> {
-        let (x, sx) = v.x;
-        let Some(c) = dense_channels_last(sx) else {
-            return Err(Error::Invalid(
-                "squeeze-excitation of a tensor that is not dense channel-last".into(),
-            ));
-        };
-        let [n, _, h, w] = sx.dims;
-        let width = vector(dtype);
-        if !vectors_fit(&[x], c, width, sx.len())
-            || c > SE_MOST_CHANNELS
-            || squeezed > SE_MOST_SQUEEZED
-        {
-            return Err(Error::Invalid(format!(
-                "squeeze-excitation of {c} channels (squeezed to {squeezed}) does not fit the kernel"
-            )));
-        }
-        let e = dtype.size_bytes();
-        x.require(sx.len() * e, "squeeze-excitation x")?;
-        v.w1.require(squeezed * c * e, "squeeze weights")?;
-        v.b1.require(squeezed * e, "squeeze bias")?;
-        v.w2.require(squeezed * c * e, "excitation weights")?;
-        v.b2.require(c * e, "excitation bias")?;
-        v.gate.require(n * c * e, "squeeze-excitation gate")?;
-        let vb = (c / width).min(128);
-        let mut dims = [0i64; 32];
-        put(&mut dims, 0, &[n, h * w, c, vb, squeezed]);
-        let bytes = dims_bytes(&dims);
-        let (code1, alpha1, beta1) = activation_code(act1);
-        let (code2, alpha2, beta2) = activation_code(Some(act2));
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(v.w1),
-            Arg::Ptr(v.b1),
-            Arg::Ptr(v.w2),
-            Arg::Ptr(v.b2),
-            Arg::Ptr(v.gate),
-            Arg::Struct("Dims", &bytes),
-            Arg::I32(code1),
-            Arg::F32(alpha1),
-            Arg::F32(beta1),
-            Arg::I32(code2),
-            Arg::F32(alpha2),
-            Arg::F32(beta2),
-        ];
-        let threads = ((1024 / vb) * vb) as u32;
-        let launch = Launch::new((n.clamp(1, 65_535) as u32, 1, 1), (threads, 1, 1));
-        let name = format!("se_gate_cl_{}", tag(dtype));
-        self.channels_last
-            .launch(&name, &self.stream, launch, &args)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -530,7 +382,6 @@ mod tests {
             ("depthwise_one_", "p p p p p s i f f"),
             ("pool_cl_", "p p s"),
             ("gap_cl_", "p p s"),
-            ("se_gate_cl_", "p p p p p p s i f f i f f"),
         ];
         let differences = kernel_source().signature_differences(&expected, &["f32", "f16", "bf16"]);
         assert!(differences.is_empty(), "{differences:#?}");

@@ -260,39 +260,6 @@ impl Emu<'_> {
                     self.put(&c.y, i, v);
                 }
             }
-            Step::SqueezeExcite(s) => {
-                let [n, c, h, w] = s.x.s.dims;
-                let cr = s.squeezed;
-                let values = |k: usize| &self.p.consts[k].values;
-                for img in 0..n {
-                    let pooled: Vec<f64> = (0..c)
-                        .map(|ch| {
-                            let mut sum = 0f64;
-                            for i in 0..h {
-                                for j in 0..w {
-                                    sum += f64::from(self.get(&s.x, [img, ch, i, j]));
-                                }
-                            }
-                            sum / (h * w) as f64
-                        })
-                        .collect();
-                    let hidden: Vec<f32> = (0..cr)
-                        .map(|j| {
-                            let dot: f64 = (0..c)
-                                .map(|i| f64::from(values(s.w1)[j * c + i]) * pooled[i])
-                                .sum();
-                            act(s.act1, dot as f32 + values(s.b1)[j])
-                        })
-                        .collect();
-                    for i in 0..c {
-                        let dot: f64 = (0..cr)
-                            .map(|j| f64::from(values(s.w2)[j * c + i]) * f64::from(hidden[j]))
-                            .sum();
-                        let g = act(Some(s.act2), dot as f32 + values(s.b2)[i]);
-                        self.put(&s.y, [img, i, 0, 0], g);
-                    }
-                }
-            }
             Step::Depthwise(d) => {
                 let sh = d.shape;
                 let taps = &self.p.consts[d.taps].values;
@@ -510,7 +477,6 @@ fn layouts_decide_the_copies_and_fusions_are_counted() {
                 Step::Pointwise { act, .. } => *act == Some(Activation::Silu),
                 Step::Depthwise(d) => d.act == Some(Activation::Silu),
                 Step::Conv(c) => c.fused && c.act == Some(Activation::Silu),
-                Step::SqueezeExcite(s) => s.act1 == Some(Activation::Silu),
                 _ => false,
             })
             .count();
@@ -538,15 +504,11 @@ fn layouts_decide_the_copies_and_fusions_are_counted() {
         // (NCHW keeps them in element-wise steps: cuDNN's graphs are used channel-last only)
         let apart = if layout == Layout::Nhwc { 0 } else { silus };
         assert_eq!(elementwise_silus, apart, "{:?}", p.step_counts());
-        // a squeeze-and-excitation gate holds its block's two convolutions, in NHWC
-        let gates = count(&p, "squeeze-excitation gate (gpukit)");
-        assert_eq!(gates > 0, layout == Layout::Nhwc, "{:?}", p.step_counts());
         assert_eq!(
             count(&p, "conv (cuDNN)")
                 + count(&p, "conv+bias+relu (cuDNN)")
                 + count(&p, "conv+epilogue (cuDNN)")
-                + depthwise
-                + 2 * gates,
+                + depthwise,
             convs,
             "{layout:?}: {:?}",
             p.step_counts()
