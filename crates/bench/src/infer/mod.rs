@@ -370,7 +370,7 @@ fn run_with(
 
 /// `cuda:0 NVIDIA H100 80GB HBM3` (just `cuda:0` if the driver does not say), and the
 /// compute capability.
-fn gpu_name(discovery: &Discovery, ordinal: usize) -> (String, Option<(u32, u32)>) {
+pub(crate) fn gpu_name(discovery: &Discovery, ordinal: usize) -> (String, Option<(u32, u32)>) {
     let attributes = gpukit_cuda::driver::probe(discovery)
         .ok()
         .and_then(|d| gpukit_cuda::driver::device_attributes(ordinal, d.device_count).ok());

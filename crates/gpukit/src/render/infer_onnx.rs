@@ -124,7 +124,10 @@ fn setup(r: &OnnxRun) -> Section {
     rows.push((
         "GPU",
         match (&r.gpu_engine, &r.gpu) {
-            (Some(engine), None) => engine.clone(),
+            (Some(engine), None) => match &r.gpu_device {
+                Some(device) => format!("{device}: {engine}"),
+                None => engine.clone(),
+            },
             (_, Some(why)) => format!("no figures: {why}"),
             (None, None) => "not selected".into(),
         },

@@ -103,6 +103,9 @@ pub struct OnnxRun {
     pub onnxruntime_unavailable: Option<String>,
     /// Why there are no GPU figures, when a GPU was selected.
     pub gpu: Option<String>,
+    /// The device the GPU rows ran on (`cuda:0 NVIDIA H100 80GB HBM3`), when they ran.
+    #[serde(default)]
+    pub gpu_device: Option<String>,
     /// What runs the GPU rows, when they ran: the model the graph was read as and the check that
     /// it equals the graph.
     #[serde(default)]
@@ -265,6 +268,7 @@ pub fn run_onnx(
         onnxruntime_unavailable: None,
         gpu: None,
         gpu_engine: None,
+        gpu_device: None,
         pytorch: None,
     };
     // the GPU rows' model: every graph runs on the general engine; with `resnet_engine`, a
@@ -327,6 +331,7 @@ pub fn run_onnx(
                 super::run_on_folded(discovery, &gpu_opts, (&read.folded, weights), progress)?;
             run.gpu = report.gpu_unavailable.clone();
             run.gpu_engine = Some(read.describe(report.gpu_device.as_deref()));
+            run.gpu_device = report.gpu_device.clone();
             run.rows.extend(report.rows);
         }
         (_, Some(discovery)) if general => {
@@ -372,6 +377,8 @@ pub fn run_onnx(
                 ));
             }
             if ctx.is_ok() {
+                let ordinal = gpu_ordinal(opts.selection).unwrap_or(0);
+                run.gpu_device = Some(crate::infer::gpu_name(discovery, ordinal).0);
                 let mut engine = general::describe(steps.as_deref(), &device);
                 // a graph of the ResNet family the reader refused: say why it is not on the
                 // hand-built engine

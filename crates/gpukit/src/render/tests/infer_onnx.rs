@@ -83,6 +83,7 @@ fn fixture_run() -> OnnxRun {
         onnxruntime_unavailable: None,
         gpu: Some(GPU_NOT_LOOKED_FOR.into()),
         gpu_engine: None,
+        gpu_device: None,
         pytorch: None,
     }
 }
