@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On the lent GPU machine, over the binaries staged in .device/ (gpukit and the test binaries
 # gpu_program-* and infer_cli-* in .device/tests):
-#   PART=tests|a|b bash scripts/gpu-general.sh
+#   PART=tests|a|b|strict|top1|profile bash scripts/gpu-general.sh
+# strict: fp32 rows only (judged against float64); top1: fp16's top-1 agreement on 256 images,
+#   gpukit's and PyTorch's;
 # tests: the general engine's GPU tests (every fixture, precision, layout, eager and graph)
 #   and the CLI's GPU tests;
 # a, b: torchvision's six classifiers exported (scripts/export_torchvision.py), each through
@@ -73,6 +75,24 @@ profile)
     done
   done
   rm -f "$OUT"/profile-*.txt
+  ;;
+strict)
+  # fp32 rows only, judged against float64 (and ONNX Runtime beside), no PyTorch
+  MODELS=${MODELS:-resnet50}
+  (cd scripts && python3 export_torchvision.py "$W" $MODELS) 2>"$OUT/export-strict.err" | cut -c1-120 | tee -a "$SUMMARY"
+  for m in $MODELS; do
+    g "strict-$m" infer --onnx "$W/$m.onnx" --batch-sizes 1,32 --device cuda:0 --strategies fp32
+  done
+  ;;
+top1)
+  # fp16's top-1 agreement with f32 on 256 random images: gpukit against ONNX Runtime's f32,
+  # PyTorch's fp16 against its own fp32 (scripts/top1_fp16.py)
+  MODELS=${MODELS:-"mobilenet_v3_large resnet50"}
+  (cd scripts && python3 export_torchvision.py "$W" $MODELS) 2>"$OUT/export-top1.err" | cut -c1-120 | tee -a "$SUMMARY"
+  for m in $MODELS; do
+    g "top1-$m" infer --onnx "$W/$m.onnx" --batch-sizes 256 --device cuda:0 --strategies fp16-nhwc-graph --gpu-iterations 10
+  done
+  (cd scripts && python3 top1_fp16.py --images 256 $MODELS) 2>"$OUT/top1-pytorch.err" | tee -a "$SUMMARY"
   ;;
 tests)
   for t in .device/tests/gpu_program-* .device/tests/infer_cli-*; do
