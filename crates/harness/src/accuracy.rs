@@ -14,31 +14,18 @@ pub struct Agreement {
     pub top1: f64,
 }
 
-/// Compares `got` with `reference` (both `batch x classes`).
-pub fn agreement(got: &[f32], reference: &[f32], classes: usize) -> Agreement {
-    let max_ref = reference
-        .iter()
-        .fold(0f64, |m, v| m.max(f64::from(v.abs())));
-    let max_abs = got.iter().zip(reference).fold(0f64, |m, (a, b)| {
-        let d = (f64::from(*a) - f64::from(*b)).abs();
+/// Compares `got` with `reference` (both `batch x classes`; the reference in f32, or in f64
+/// where it is a float64 computation).
+pub fn agreement<R: Copy + Into<f64>>(got: &[f32], reference: &[R], classes: usize) -> Agreement {
+    let max_ref = reference.iter().fold(0f64, |m, &v| m.max(v.into().abs()));
+    let max_abs = got.iter().zip(reference).fold(0f64, |m, (&a, &b)| {
+        let d = (f64::from(a) - b.into()).abs();
         if d.is_nan() {
             f64::INFINITY
         } else {
             m.max(d)
         }
     });
-    let argmax = |v: &[f32]| {
-        v.iter()
-            .enumerate()
-            .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
-                if x > best.1 {
-                    (i, x)
-                } else {
-                    best
-                }
-            })
-            .0
-    };
     let images = reference.len() / classes.max(1);
     let same = (0..images)
         .filter(|&i| {
@@ -51,6 +38,21 @@ pub fn agreement(got: &[f32], reference: &[f32], classes: usize) -> Agreement {
         max_rel: max_abs / max_ref.max(f64::MIN_POSITIVE),
         top1: same as f64 / images.max(1) as f64,
     }
+}
+
+/// The index of the first largest value (NaN never wins).
+fn argmax<T: Copy + Into<f64>>(v: &[T]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold((0, f64::NEG_INFINITY), |best, (i, &x)| {
+            let x = x.into();
+            if x > best.1 {
+                (i, x)
+            } else {
+                best
+            }
+        })
+        .0
 }
 
 /// Largest max_rel (as [`agreement`] computes it) a GPU precision may show against the GPU fp32

@@ -41,7 +41,7 @@ pub use crate::workload::strategy::{
 };
 pub use report::{
     best_gpu_rows, gpu_rows_without_figure, is_gpu_row, is_one_at_a_time, one_at_a_time_reps, row,
-    sort_rows, tensorrt_status, InferReport, InferRow, Planning,
+    sort_rows, tensorrt_status, Float64Check, InferReport, InferRow, Planning,
 };
 
 use crate::error::{Error, Result};

@@ -46,9 +46,14 @@ pub struct InferRow {
     /// logits (whole batch)", ... None for the CPU reference row itself.
     #[serde(default)]
     pub compared_with: Option<String>,
-    /// Largest `agreement.max_rel` the row may show and pass.
+    /// Largest `agreement.max_rel` the row may show and pass (None where the row is judged by
+    /// `float64` instead, or not at all).
     #[serde(default)]
     pub tolerance: Option<f64>,
+    /// fp32 rows of `infer --onnx`: how far the row is from float64 outputs on the same input,
+    /// what it was judged by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub float64: Option<Float64Check>,
     /// PyTorch's figure for the same strategy (`--compare-pytorch`).
     #[serde(default)]
     pub pytorch: Option<PeerFigure>,
@@ -59,6 +64,19 @@ pub struct InferRow {
     /// GPU rows: what the chip drew during the timed passes (power, clock, throttling).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power: Option<crate::power::RowPower>,
+}
+
+/// An fp32 row against float64 outputs (the graph run in f64 on the same input): it passes
+/// within [`Float64Check::tolerance`], the larger of 1e-5 and ONNX Runtime f32's own distance
+/// from the same float64 outputs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Float64Check {
+    /// The row's max |diff| / max |float64| (its worst output's).
+    pub max_rel: f64,
+    /// ONNX Runtime's f32 outputs' on the same input, the same way; None where it gave none.
+    pub onnxruntime_max_rel: Option<f64>,
+    /// Largest `max_rel` the row may show and pass.
+    pub tolerance: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -220,6 +238,7 @@ pub fn row(strategy: &str, device: &str, batch: usize) -> InferRow {
         agreement: None,
         compared_with: None,
         tolerance: None,
+        float64: None,
         pytorch: None,
         batching_gain: None,
         power: None,

@@ -4,7 +4,9 @@
 
 use super::fmt::{grouped, human_bytes, times};
 use super::{results_table, Columns, Section};
-use gpukit_bench::infer::onnx::{OnnxRun, OnnxValue, Passes, GRAPH_CPU_ROW, TOLERANCE};
+use gpukit_bench::infer::onnx::{
+    Float64Reference, OnnxRun, OnnxValue, Passes, GRAPH_CPU_ROW, TOLERANCE,
+};
 use gpukit_bench::infer::InferRow;
 use gpukit_bench::report::RowStatus;
 
@@ -140,6 +142,9 @@ fn setup(r: &OnnxRun) -> Section {
              speed"
         ),
     ));
+    if !r.float64.is_empty() {
+        rows.push(("Float64", float64_line(&r.float64)));
+    }
     rows.push((
         "Timing",
         "host clock around each pass, after one warm-up pass (at most 10 s a row); \
@@ -147,6 +152,49 @@ fn setup(r: &OnnxRun) -> Section {
             .into(),
     ));
     Section::kv(format!("Inference: {file_name} (ONNX)"), rows)
+}
+
+/// What the fp32 GPU rows were judged against, and ONNX Runtime's own distance from it, by
+/// batch size.
+fn float64_line(refs: &[Float64Reference]) -> String {
+    let each: Vec<String> = refs
+        .iter()
+        .map(|f| match (&f.unavailable, f.onnxruntime_max_rel) {
+            (Some(why), _) => format!(
+                "batch {}: none ({why}; fp32 rows judged against the f32 reference)",
+                f.batch
+            ),
+            (None, Some(o)) => format!(
+                "batch {}: ONNX Runtime's f32 is {o:.1e} from it{}",
+                f.batch,
+                seconds(f.seconds)
+            ),
+            (None, None) => format!(
+                "batch {}: no ONNX Runtime outputs to compare{}",
+                f.batch,
+                seconds(f.seconds)
+            ),
+        })
+        .collect();
+    format!(
+        "the graph run entirely in f64 on each batch size's input; fp32 GPU rows pass within \
+         {TOLERANCE:.0e} of it, or as close as ONNX Runtime's f32 is (max rel. diff); {}",
+        each.join("; ")
+    )
+}
+
+/// ` (computed in 2.3 s)`, or nothing.
+fn seconds(s: Option<f64>) -> String {
+    s.map(|s| format!(" (computed in {s:.1} s)"))
+        .unwrap_or_default()
+}
+
+/// The fp32 row's distance from float64 and what it may be: `1.2e-5 (1.5e-5)`.
+fn float64_cell(x: &InferRow) -> String {
+    x.float64
+        .as_ref()
+        .map(|c| format!("{:.1e} ({:.1e})", c.max_rel, c.tolerance))
+        .unwrap_or_default()
 }
 
 /// trtexec's latency summary for the first batch size's timed rows.
@@ -186,24 +234,28 @@ fn latency(r: &OnnxRun) -> Option<Section> {
     })
 }
 
-/// One row a strategy and batch size: latency, throughput, the check.
+/// One row a strategy and batch size: latency, throughput, the check (and for fp32 GPU rows,
+/// the float64 one, in a column of its own where there are such rows).
 fn throughput(r: &OnnxRun) -> Section {
     let rows: Vec<&InferRow> = r.rows.iter().collect();
+    let float64 = rows.iter().any(|x| x.float64.is_some());
+    let measured: &[&str] = &[
+        "median ms (p10-p90)",
+        "samples/s",
+        "vs gpukit",
+        "max rel. diff vs ONNX Runtime (tolerance)",
+        "vs float64 (tolerance)",
+    ];
     let (header, body) = results_table(
         &rows,
         Columns {
             naming: &["strategy", "device", "batch"],
-            measured: &[
-                "median ms (p10-p90)",
-                "samples/s",
-                "vs gpukit",
-                "max rel. diff vs ONNX Runtime (tolerance)",
-            ],
+            measured: &measured[..measured.len() - usize::from(!float64)],
             rate_unit: "samples/s",
             name: &|x: &&InferRow| vec![x.strategy.clone(), x.device.clone(), x.batch.to_string()],
             status: &|x| &x.status,
             values: &|x| {
-                vec![
+                let mut cells = vec![
                     x.timing
                         .as_ref()
                         .map(|t| {
@@ -219,17 +271,30 @@ fn throughput(r: &OnnxRun) -> Section {
                         (None, _) if x.strategy == GRAPH_CPU_ROW => "unchecked".into(),
                         (None, _) => "reference".into(),
                     },
-                ]
+                ];
+                if float64 {
+                    cells.push(float64_cell(x));
+                }
+                cells
             },
             peer: &|x| x.pytorch.as_ref(),
             behind: None,
         },
     );
+    let notes = if float64 {
+        vec![format!(
+            "fp32 GPU rows are judged against float64 outputs (the Float64 line): max rel. diff \
+             <= the larger of {TOLERANCE:.0e} and ONNX Runtime f32's own; their figure against \
+             ONNX Runtime is shown, not judged"
+        )]
+    } else {
+        Vec::new()
+    };
     Section {
         title: "Throughput".into(),
         header: Some(header),
         rows: body,
-        notes: Vec::new(),
+        notes,
     }
 }
 

@@ -577,12 +577,7 @@ pub(crate) fn evaluate(
         .all(|(t, s)| *t == DType::I64 && s.iter().product::<usize>() <= MAX_KNOWN_ELEMENTS);
     let views: Option<Vec<cpu::View>> = inputs
         .iter()
-        .map(|i| {
-            i.known.map(|data| cpu::View {
-                shape: i.shape,
-                data,
-            })
-        })
+        .map(|i| i.known.map(|data| cpu::View::of(i.shape, data)))
         .collect();
     match views {
         Some(views) if small_i64 => cpu::run_op(op, &views, outs).map(Some),

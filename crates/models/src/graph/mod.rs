@@ -8,11 +8,11 @@
 //!    are inferred as it is added), or import one with `crate::onnx::import_bytes`;
 //! 2. optimize it with [`passes::optimize`] (constant folding, batch norm folding, GELU, conv
 //!    epilogues, squeeze-excitation, dead nodes), or with the passes one by one;
-//! 3. run it with [`forward_cpu`].
+//! 3. run it with [`forward_cpu`] (or [`forward_cpu_f64`], the same computation in f64).
 //!
 //! The parts: `op` (the operators), `infer` (shape inference), `builder` (the builder and
-//! the graph check), `cpu` (the f32
-//! interpreter, one file per operator family), `passes`, `resnet` (gpukit's ResNet as a graph).
+//! the graph check), `cpu` (the interpreter, in f32 or f64, one file per operator family),
+//! `passes`, `resnet` (gpukit's ResNet as a graph).
 
 mod builder;
 pub mod cpu;
@@ -27,7 +27,7 @@ pub(crate) type OutType = (DType, Vec<usize>);
 
 pub use crate::error::GraphError;
 pub use builder::GraphBuilder;
-pub use cpu::{forward_cpu, last_uses, Array};
+pub use cpu::{forward_cpu, forward_cpu_f64, last_uses, Array, ArrayF64};
 pub use infer::MAX_ELEMENTS;
 pub use op::{Activation, Binary, Conv, Epilogue, Gemm, Op, Pool};
 

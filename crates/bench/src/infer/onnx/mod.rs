@@ -20,9 +20,14 @@
 //!   over max |ONNX Runtime's|, [`crate::accuracy::agreement`]).
 //! - [`ORT_ROW`](crate::workload::strategy::ORT_ROW): ONNX Runtime on the file's bytes as they are (its path where the weights
 //!   are in external data files), the reference.
-//! - GPU strategies: every graph runs on the general engine (`gpukit_models::gpu::program`),
-//!   each row's outputs checked against ONNX Runtime's on the same input (the interpreter's
-//!   where ONNX Runtime is missing), within [`general_tolerance`]. With
+//! - GPU strategies: every graph runs on the general engine (`gpukit_models::gpu::program`).
+//!   fp32 rows are judged against float64 outputs on the same input (the optimized graph run
+//!   in f64 by `gpukit_models::graph::forward_cpu_f64`, once a batch size): they pass within
+//!   [`float64_tolerance`], the larger of [`TOLERANCE`] and ONNX Runtime f32's own distance
+//!   from float64 ([`Float64Reference`]), since on a deep model f32 itself lands farther than
+//!   1e-5 (ResNet-50: 1.5e-5). Every other precision's outputs are checked against ONNX
+//!   Runtime's on the same input (the interpreter's where ONNX Runtime is missing), within
+//!   [`general_tolerance`], and fp32 rows show that agreement too. With
 //!   [`OnnxOptions::resnet_engine`], a model of torchvision's ResNet family (read back from the
 //!   optimized graph by `gpukit_models::graph::recognize::as_resnet`, and checked equal to the
 //!   graph on the CPU) runs on gpukit's hand-built ResNet engine with every check `infer`
@@ -46,7 +51,7 @@ pub mod torchvision;
 
 pub use general::general_tolerance;
 pub use model::{describe, OnnxModel, OnnxValue, Passes, DEFAULT_BATCH_SIZES};
-pub use rows::{PassesCheck, GRAPH_CPU_ROW, TOLERANCE};
+pub use rows::{float64_tolerance, Float64Reference, PassesCheck, GRAPH_CPU_ROW, TOLERANCE};
 pub use torchvision::TORCHVISION_CLASSIFIERS;
 
 use super::report::{row, sort_rows_as_asked, InferRow};
@@ -114,6 +119,10 @@ pub struct OnnxRun {
     /// the file's, and the best fp16 of each side.
     #[serde(default)]
     pub pytorch: Option<crate::infer::peer::PytorchComparison>,
+    /// By batch size, the float64 reference the fp32 GPU rows were judged against (where fp32
+    /// GPU rows ran on the general engine).
+    #[serde(default)]
+    pub float64: Vec<Float64Reference>,
 }
 
 /// The rows `infer --onnx` runs: those named; else gpukit's CPU row and ONNX Runtime's where
@@ -251,6 +260,7 @@ pub fn run_onnx(
         cpu: wanted.contains(&InferStrategy::Cpu),
         ort: wanted.contains(&InferStrategy::OnnxRuntime),
         keep_reference: false,
+        float64: false,
     };
     let threads = gpukit_tensor::cpu::threads();
     let mut run = OnnxRun {
@@ -270,6 +280,7 @@ pub fn run_onnx(
         gpu_engine: None,
         gpu_device: None,
         pytorch: None,
+        float64: Vec::new(),
     };
     // the GPU rows' model: every graph runs on the general engine; with `resnet_engine`, a
     // ResNet read from the graph runs on the hand-built one
@@ -280,8 +291,12 @@ pub fn run_onnx(
         Some(Err(why)) if why.contains("differs from the graph") => Some(why.clone()),
         _ => None,
     };
+    let fp32 = on_gpu
+        .iter()
+        .any(|s| matches!(s, InferStrategy::Gpu(g) if g.dtype == gpukit_tensor::DType::F32));
     let bench = Bench {
         keep_reference: general && discovery.is_some(),
+        float64: general && discovery.is_some() && fp32,
         ..bench
     };
     // ONNX Runtime runs whenever a CPU row does, or GPU rows need a reference: gpukit's rows
@@ -310,8 +325,9 @@ pub fn run_onnx(
             if at.passes_check.is_some() {
                 run.passes_check = at.passes_check;
             }
+            run.float64.extend(at.float64_reference);
             if bench.keep_reference {
-                for_gpu.push((n, p.optimized, at.input, at.reference));
+                for_gpu.push((n, p.optimized, at.input, at.reference, at.float64));
             }
         }
     }
@@ -342,7 +358,7 @@ pub fn run_onnx(
             let plan = Plan::new(5, 50).with_budget(opts.budget_s);
             // each distinct program's steps (precision and layout), from the first batch size
             let mut steps: Option<Vec<general::ProgramSteps>> = None;
-            for (n, graph, input, reference) in &for_gpu {
+            for (n, graph, input, reference, float64) in &for_gpu {
                 if steps.is_none() {
                     let mut programs: Vec<general::ProgramSteps> = Vec::new();
                     for s in &on_gpu {
@@ -363,6 +379,7 @@ pub fn run_onnx(
                     input,
                     outputs: o,
                     label,
+                    float64: float64.as_ref(),
                 });
                 run.rows.extend(general::rows_at(
                     ctx.as_ref().map_err(String::as_str),

@@ -236,6 +236,21 @@ pub fn describe(file: &ModelFile, n: usize, dims: &[(String, usize)]) -> Result<
     Ok(model_of(file, n, &prepare(file, n, dims)?))
 }
 
+/// Host memory the float64 reference takes beside the f32 runs: the activations' peak and the
+/// constants, both widened to 8 bytes an element.
+pub(super) fn float64_bytes(graph: &Graph) -> Option<u64> {
+    let constants = graph
+        .values
+        .iter()
+        .filter(|v| v.constant.is_some())
+        .try_fold(0u64, |acc, v| {
+            acc.checked_add(gpukit_types::resources::bytes(&v.shape, 8)?)
+        })?;
+    peak_activation_bytes(graph)?
+        .checked_mul(2)?
+        .checked_add(constants)
+}
+
 /// The most bytes the interpreter holds at once: the input and the values alive after each
 /// node (each freed after its last reader, as `forward_cpu` does); constants not counted (the
 /// graph holds them already). None when it cannot be counted.

@@ -1,22 +1,91 @@
 //! The CPU rows of `infer --onnx` at one batch size: ONNX Runtime (the reference, timed when
 //! its row was asked for), gpukit's graph interpreter checked against it, and once the passes'
-//! own check (the graph as imported against it as optimized).
+//! own check (the graph as imported against it as optimized). Where fp32 GPU rows follow, the
+//! float64 reference they are judged against.
 
-use super::model::{peak_activation_bytes, Prepared};
+use super::model::{float64_bytes, peak_activation_bytes, Prepared};
 use crate::accuracy::{agreement, verdict, Agreement};
-use crate::infer::report::{rate, row, InferRow};
+use crate::infer::report::{rate, row, Float64Check, InferRow};
 use crate::measure::{time_host, Plan};
 use crate::random::{fresh_seed, normal_f32};
 use crate::report::RowStatus;
 use crate::workload::strategy::ORT_ROW;
-use gpukit_models::graph::{forward_cpu, Array, Data};
+use gpukit_models::graph::{forward_cpu, forward_cpu_f64, Array, Data};
 use gpukit_models::ort_runner::OrtModel;
 use serde::{Deserialize, Serialize};
+use std::time::Instant;
 
 /// The row of gpukit's graph interpreter.
 pub const GRAPH_CPU_ROW: &str = "gpukit graph f32";
-/// Largest max |gpukit - ONNX Runtime| / max |ONNX Runtime| a row may show and pass (f32 both).
+/// Largest max |gpukit - ONNX Runtime| / max |ONNX Runtime| a row may show and pass (f32 both);
+/// for fp32 GPU rows, the distance from float64 that passes whatever ONNX Runtime's own is.
 pub const TOLERANCE: f64 = 1e-5;
+
+/// The float64 reference of one batch size, as the report keeps it: the optimized graph run
+/// entirely in f64 (`forward_cpu_f64`) on the input the GPU rows get, and how far ONNX
+/// Runtime's f32 outputs are from it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Float64Reference {
+    pub batch: usize,
+    /// ONNX Runtime's f32 outputs' max |diff| / max |float64| (the worst output's); None where
+    /// ONNX Runtime gave no outputs.
+    pub onnxruntime_max_rel: Option<f64>,
+    /// Wall seconds of the float64 pass.
+    pub seconds: Option<f64>,
+    /// Why there is no float64 reference at this batch size: the fp32 rows are then judged
+    /// against the f32 reference, as the other precisions are.
+    pub unavailable: Option<String>,
+}
+
+/// The float64 outputs the fp32 rows of one batch size are judged against.
+pub(super) struct Float64 {
+    pub outputs: Vec<(Vec<usize>, Vec<f64>)>,
+    /// ONNX Runtime's f32 outputs' distance from them ([`Float64Reference`]'s).
+    pub onnxruntime_max_rel: Option<f64>,
+}
+
+/// The largest max rel. diff from float64 an fp32 row may show and pass: [`TOLERANCE`], or
+/// ONNX Runtime f32's own distance from the same float64 outputs where that is larger (f32
+/// itself cannot do better on such a model). Without ONNX Runtime's figure, [`TOLERANCE`].
+pub fn float64_tolerance(onnxruntime_max_rel: Option<f64>) -> f64 {
+    onnxruntime_max_rel
+        .filter(|r| r.is_finite())
+        .map_or(TOLERANCE, |r| r.max(TOLERANCE))
+}
+
+/// An fp32 row's outputs `got` against the float64 outputs: the check the row reports, and why
+/// it fails (a shape that differs, a value not finite, or farther from float64 than
+/// [`float64_tolerance`] allows, naming the row's and ONNX Runtime's distances).
+pub(super) fn judge_float64(
+    got: &[(Vec<usize>, Vec<f32>)],
+    float64: &Float64,
+    names: &[String],
+) -> (Option<Float64Check>, Option<String>) {
+    // shapes and finiteness; the distance is judged below
+    let (worst, why) = judge_with(got, &float64.outputs, names, f64::INFINITY);
+    let check = worst.map(|a| Float64Check {
+        max_rel: a.max_rel,
+        onnxruntime_max_rel: float64.onnxruntime_max_rel,
+        tolerance: float64_tolerance(float64.onnxruntime_max_rel),
+    });
+    if why.is_some() {
+        return (check, why);
+    }
+    let why = check
+        .as_ref()
+        .filter(|c| c.max_rel.is_nan() || c.max_rel > c.tolerance)
+        .map(|c| {
+            let ort = match c.onnxruntime_max_rel {
+                Some(o) => format!(", and farther than ONNX Runtime's f32 ({o:.1e})"),
+                None => " (no ONNX Runtime outputs to compare)".into(),
+            };
+            format!(
+                "max rel. diff {:.1e} from float64: over {TOLERANCE:.0e}{ort}",
+                c.max_rel
+            )
+        });
+    (check, why)
+}
 
 /// The passes' own check: the imported graph against the optimized one, on one input.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -45,6 +114,8 @@ pub(super) struct Bench<'a> {
     /// GPU rows follow: keep the input and a reference output (ONNX Runtime's, else the
     /// interpreter's, run untimed when its row was not asked for).
     pub keep_reference: bool,
+    /// fp32 GPU rows follow (with `keep_reference`): compute the float64 reference too.
+    pub float64: bool,
 }
 
 /// What one batch size gave: its rows (gpukit's, then ONNX Runtime's) and, where asked, the
@@ -56,6 +127,9 @@ pub(super) struct AtBatch {
     /// against with what they are.
     pub input: Vec<f32>,
     pub reference: Option<(Outputs, String)>,
+    /// With [`Bench::float64`]: the float64 outputs on that input, and the report's account.
+    pub float64: Option<Float64>,
+    pub float64_reference: Option<Float64Reference>,
 }
 
 impl Bench<'_> {
@@ -74,6 +148,8 @@ impl Bench<'_> {
             passes_check: None,
             input: Vec::new(),
             reference: None,
+            float64: None,
+            float64_reference: None,
         };
         let names: Vec<&str> = [
             (self.cpu, GRAPH_CPU_ROW),
@@ -160,6 +236,16 @@ impl Bench<'_> {
                     })
                 }
             };
+        }
+        if self.keep_reference && self.float64 {
+            progress(&format!("infer --onnx: the float64 reference, batch {n}"));
+            let ort = match &reference {
+                Some(Ok(r)) => Some(r),
+                _ => None,
+            };
+            let (outputs, account) = float64_reference(p, &inputs, ort, self.outputs, n);
+            at.float64 = outputs;
+            at.float64_reference = Some(account);
         }
         if check_passes {
             progress(&format!(
@@ -265,6 +351,53 @@ pub(super) fn as_f32(outputs: Vec<Array>) -> Outputs {
         .collect()
 }
 
+/// The float64 outputs of the optimized graph on `inputs` (at batch `n`), and how far ONNX
+/// Runtime's outputs `ort` are from them; None, and why, where they cannot be computed.
+fn float64_reference(
+    p: &Prepared,
+    inputs: &[Array],
+    ort: Option<&Outputs>,
+    names: &[String],
+    n: usize,
+) -> (Option<Float64>, Float64Reference) {
+    let mut account = Float64Reference {
+        batch: n,
+        onnxruntime_max_rel: None,
+        seconds: None,
+        unavailable: None,
+    };
+    let guard = gpukit_types::resources::Need::host(format!("the float64 reference at batch {n}"))
+        .with(
+            "activations and weights in f64",
+            float64_bytes(&p.optimized),
+        )
+        .check_host("lower --batch-sizes");
+    if let Err(refused) = guard {
+        account.unavailable = Some(refused.to_string());
+        return (None, account);
+    }
+    let start = Instant::now();
+    let outputs: Vec<(Vec<usize>, Vec<f64>)> = match forward_cpu_f64(&p.optimized, inputs) {
+        Ok(o) => o.into_iter().map(|a| (a.shape, a.data)).collect(),
+        Err(e) => {
+            account.unavailable = Some(e.to_string());
+            return (None, account);
+        }
+    };
+    account.seconds = Some(start.elapsed().as_secs_f64());
+    // ONNX Runtime's figure counts only where its outputs are comparable at all
+    account.onnxruntime_max_rel =
+        ort.and_then(|o| match judge_with(o, &outputs, names, f64::INFINITY) {
+            (Some(a), None) => Some(a.max_rel),
+            _ => None,
+        });
+    let float64 = Float64 {
+        outputs,
+        onnxruntime_max_rel: account.onnxruntime_max_rel,
+    };
+    (Some(float64), account)
+}
+
 /// `got` against `reference`, output by output: the worst agreement, and why it fails (a
 /// shape that differs, a value not finite, or a difference over [`TOLERANCE`]), naming the
 /// output.
@@ -276,10 +409,10 @@ pub(super) fn judge(
     judge_with(got, reference, names, TOLERANCE)
 }
 
-/// [`judge`] with another tolerance (a GPU precision's).
-pub(super) fn judge_with(
+/// [`judge`] with another tolerance (a GPU precision's), against f32 or float64 outputs.
+pub(super) fn judge_with<R: Copy + Into<f64>>(
     got: &[(Vec<usize>, Vec<f32>)],
-    reference: &[(Vec<usize>, Vec<f32>)],
+    reference: &[(Vec<usize>, Vec<R>)],
     names: &[String],
     tolerance: f64,
 ) -> (Option<Agreement>, Option<String>) {

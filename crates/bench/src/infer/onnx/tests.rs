@@ -2,7 +2,7 @@
 //! against ONNX Runtime where it is installed).
 
 use super::model::{peak_activation_bytes, prepare};
-use super::rows::judge;
+use super::rows::{judge, judge_float64, Bench, Float64};
 use super::*;
 use gpukit_models::onnx::fixtures;
 use gpukit_tensor::Device;
@@ -196,4 +196,113 @@ fn an_int64_input_is_refused_naming_it() {
         e.contains("input input is int64") && e.contains("f32"),
         "{e}"
     );
+}
+
+#[test]
+fn fp32_rows_may_be_1e5_from_float64_or_as_far_as_onnxruntimes_f32() {
+    assert_eq!(float64_tolerance(None), TOLERANCE);
+    assert_eq!(float64_tolerance(Some(3e-6)), TOLERANCE);
+    assert_eq!(float64_tolerance(Some(1.5e-5)), 1.5e-5);
+    // ONNX Runtime's own outputs not finite: no allowance
+    assert_eq!(float64_tolerance(Some(f64::NAN)), TOLERANCE);
+    assert_eq!(float64_tolerance(Some(f64::INFINITY)), TOLERANCE);
+}
+
+#[test]
+fn an_fp32_row_is_judged_by_its_distance_from_float64_beside_onnxruntimes() {
+    let names = vec!["logits".to_string()];
+    let float64 = |ort: Option<f64>| Float64 {
+        outputs: vec![(vec![2, 2], vec![1.0, -2.0, 3.0, 4.0])],
+        onnxruntime_max_rel: ort,
+    };
+    // 2.0e-5 from float64 (max |float64| is 4)
+    let last = 4.000_08f32;
+    let row = vec![(vec![2, 2], vec![1.0, -2.0, 3.0, last])];
+    let dist = (f64::from(last) - 4.0) / 4.0;
+    assert!((dist - 2e-5).abs() < 1e-7, "{dist}");
+    // ONNX Runtime's f32 closer to float64 than the row, and 1e-5 too: fails naming both
+    let (check, why) = judge_float64(&row, &float64(Some(1.5e-5)), &names);
+    let check = check.unwrap();
+    assert_eq!(
+        (check.max_rel, check.onnxruntime_max_rel, check.tolerance),
+        (dist, Some(1.5e-5), 1.5e-5)
+    );
+    let why = why.unwrap();
+    assert!(
+        why.contains("2.0e-5 from float64") && why.contains("1e-5") && why.contains("1.5e-5"),
+        "{why}"
+    );
+    // ONNX Runtime's f32 farther than the row: the row passes
+    let (check, why) = judge_float64(&row, &float64(Some(2.5e-5)), &names);
+    assert!(why.is_none(), "{why:?}");
+    assert_eq!(check.unwrap().tolerance, 2.5e-5);
+    // ONNX Runtime's closer than 1e-5: 1e-5 is the bound
+    let close = vec![(vec![2, 2], vec![1.0, -2.0, 3.0, 4.000_02])];
+    let (check, why) = judge_float64(&close, &float64(Some(1e-7)), &names);
+    assert!(why.is_none() && check.unwrap().tolerance == TOLERANCE);
+    // no ONNX Runtime: within 1e-5 of float64
+    let (_, why) = judge_float64(&row, &float64(None), &names);
+    assert!(why.unwrap().contains("no ONNX Runtime outputs"));
+    assert!(judge_float64(&close, &float64(None), &names).1.is_none());
+    // values not finite or a shape that differs fail whatever the distances
+    let nan = vec![(vec![2, 2], vec![1.0, f32::NAN, 3.0, 4.0])];
+    let why = judge_float64(&nan, &float64(Some(1.0)), &names).1.unwrap();
+    assert!(why.contains("not finite"), "{why}");
+    let shape = vec![(vec![4], vec![1.0, -2.0, 3.0, 4.0])];
+    let why = judge_float64(&shape, &float64(Some(1.0)), &names)
+        .1
+        .unwrap();
+    assert!(why.contains("shape"), "{why}");
+}
+
+#[test]
+fn the_float64_reference_is_computed_at_a_batch_only_where_fp32_gpu_rows_follow() {
+    let (_dir, path) = written(&fixtures::tiny_resnet(4));
+    let file = ModelFile::read(&path).unwrap();
+    let p = prepare(&file, 2, &[]).unwrap();
+    let outputs = vec!["logits".to_string()];
+    let bench = |float64| Bench {
+        plan: Plan::new(0, 1),
+        input: "input",
+        outputs: &outputs,
+        cpu: false,
+        ort: false,
+        keep_reference: true,
+        float64,
+    };
+    let at = bench(true).rows_at(2, &p, None, false, &mut |_| {});
+    let account = at.float64_reference.unwrap();
+    assert_eq!(
+        (
+            account.batch,
+            account.onnxruntime_max_rel,
+            account.unavailable
+        ),
+        (2, None, None)
+    );
+    assert!(account.seconds.is_some_and(|s| s >= 0.0));
+    let float64 = at.float64.unwrap();
+    assert_eq!(float64.outputs[0].0, [2, fixtures::CLASSES]);
+    // without ONNX Runtime the f32 reference is the interpreter's, within 1e-5 of float64
+    let (reference, label) = at.reference.unwrap();
+    assert!(label.contains(GRAPH_CPU_ROW), "{label}");
+    let (check, why) = judge_float64(&reference, &float64, &outputs);
+    assert!(why.is_none(), "{why:?}");
+    assert!(check.is_some_and(|c| c.max_rel > 0.0 && c.max_rel <= TOLERANCE));
+    let at = bench(false).rows_at(2, &p, None, false, &mut |_| {});
+    assert!(at.float64.is_none() && at.float64_reference.is_none());
+    assert!(at.reference.is_some());
+}
+
+#[test]
+fn without_gpu_discovery_fp32_strategies_are_skipped_and_no_float64_is_computed() {
+    let (_dir, path) = written(&fixtures::tiny_resnet(6));
+    let strategies = vec![InferStrategy::Cpu, InferStrategy::parse("fp32").unwrap()];
+    let run = run_onnx(&options(path, strategies), None, &mut |_| {}).unwrap();
+    assert!(run.float64.is_empty());
+    let fp32: Vec<&InferRow> = run.rows.iter().filter(|r| r.device != "cpu").collect();
+    assert_eq!(fp32.len(), 2);
+    assert!(fp32
+        .iter()
+        .all(|r| matches!(r.status, RowStatus::Skipped(_)) && r.float64.is_none()));
 }

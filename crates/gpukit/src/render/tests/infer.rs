@@ -33,6 +33,7 @@ fn infer_row(strategy: &str, device: &str, batch: usize, rate: f64) -> InferRow 
         agreement: Some(agreement(2e-4)),
         compared_with: None,
         tolerance: Some(1e-2),
+        float64: None,
         pytorch: None,
         batching_gain: None,
         power: None,

@@ -4,10 +4,10 @@
 use super::{assert_drawn, terminal, timing};
 use crate::render::onnx_run_sections;
 use gpukit_bench::infer::onnx::{
-    describe, OnnxRun, PassesCheck, GPU_NOT_LOOKED_FOR, GRAPH_CPU_ROW,
+    describe, Float64Reference, OnnxRun, PassesCheck, GPU_NOT_LOOKED_FOR, GRAPH_CPU_ROW,
 };
 use gpukit_bench::infer::peer::{BestFp16, Layers, PytorchComparison, PytorchRow, SameModel};
-use gpukit_bench::infer::{row as blank_row, Agreement, InferRow, ORT_ROW};
+use gpukit_bench::infer::{row as blank_row, Agreement, Float64Check, InferRow, ORT_ROW};
 use gpukit_bench::measure::Clock;
 use gpukit_bench::report::{PeerFigure, RowStatus};
 use gpukit_models::onnx::{fixtures, ModelFile};
@@ -85,6 +85,7 @@ fn fixture_run() -> OnnxRun {
         gpu_engine: None,
         gpu_device: None,
         pytorch: None,
+        float64: Vec::new(),
     }
 }
 
@@ -129,6 +130,64 @@ fn infer_onnx_without_onnxruntime_says_the_rows_are_unchecked() {
             && text.contains("unchecked"),
         "{text}"
     );
+}
+
+/// fp32 GPU rows judged against float64: each row's distance from it and its tolerance in a
+/// column of their own, ONNX Runtime's distance from it on the setup's Float64 line, a failing
+/// row's reason naming both.
+#[test]
+fn infer_onnx_fp32_rows_show_their_distance_from_float64_beside_onnxruntimes() {
+    let mut run = fixture_run();
+    let fp32 = |n: usize, ms: f64, max_rel: f64, ort: f64| {
+        let mut r = checked(row("fp32", "cuda:0", n, Some(ms)), 2.2e-5);
+        r.tolerance = None;
+        r.float64 = Some(Float64Check {
+            max_rel,
+            onnxruntime_max_rel: Some(ort),
+            tolerance: ort.max(1e-5),
+        });
+        r
+    };
+    let mut failed = fp32(8, 1.0, 2.4e-5, 1.6e-5);
+    failed.status = RowStatus::Failed(
+        "max rel. diff 2.4e-5 from float64: over 1e-5, and farther than ONNX Runtime's f32 \
+         (1.6e-5)"
+            .into(),
+    );
+    run.rows = vec![
+        checked(row(GRAPH_CPU_ROW, "cpu", 1, Some(0.25)), 1.7e-7),
+        fp32(1, 0.5, 1.2e-5, 1.5e-5),
+        failed,
+    ];
+    run.gpu = None;
+    run.gpu_engine = Some("gpukit's general GPU engine on cuda:0: 12 cuDNN".into());
+    run.float64 = vec![
+        Float64Reference {
+            batch: 1,
+            onnxruntime_max_rel: Some(1.5e-5),
+            seconds: Some(0.9),
+            unavailable: None,
+        },
+        Float64Reference {
+            batch: 8,
+            onnxruntime_max_rel: Some(1.6e-5),
+            seconds: Some(3.2),
+            unavailable: None,
+        },
+    ];
+    let sections = onnx_run_sections(&run);
+    let text = terminal(&sections);
+    for needle in [
+        "batch 1: ONNX Runtime's f32 is 1.5e-5 from it (computed in 0.9 s)",
+        "vs float64 (tolerance)",
+        "1.2e-5 (1.5e-5)",
+        "2.2e-5",
+        "2.4e-5 from float64",
+        "fp32 GPU rows are judged against float64",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from {text}");
+    }
+    assert_drawn("infer_onnx_float64", &sections);
 }
 
 /// PyTorch's rows beside (`--torchvision`): the layers both sides have, the logits' verdict on

@@ -1,20 +1,20 @@
-//! 2-D convolution on NCHW: plain convolutions (one group, no dilation, one stride) through the
-//! tensor crate's im2col + gemm, input padded first where the padding is asymmetric; grouped,
-//! depthwise, dilated and unevenly strided ones through a direct loop, one output plane per
-//! task. Then the epilogue (bias, residual, activation) in one pass.
+//! 2-D convolution on NCHW: plain convolutions (one group, no dilation, one stride) through
+//! im2col + gemm (the tensor crate's in f32, [`im2col_gemm`] in f64), input padded first where
+//! the padding is asymmetric; grouped, depthwise, dilated and unevenly strided ones through a
+//! direct loop, one output plane per task. Then the epilogue (bias, residual, activation) in
+//! one pass.
 
 use super::elementwise::activate;
+use super::real::Real;
 use super::View;
 use crate::graph::Conv;
-use gpukit_tensor::cpu::conv2d_f32;
 use gpukit_tensor::ConvShape;
-use gpukit_types::Layout;
 use rayon::prelude::*;
 
 /// `x` `[n, c, h, w]` with `pads` (top, left, bottom, right) of zeros around each image.
-fn pad_input(x: &[f32], [n, c, h, w]: [usize; 4], pads: [usize; 4]) -> (Vec<f32>, [usize; 2]) {
+fn pad_input<T: Real>(x: &[T], [n, c, h, w]: [usize; 4], pads: [usize; 4]) -> (Vec<T>, [usize; 2]) {
     let (ph, pw) = (h + pads[0] + pads[2], w + pads[1] + pads[3]);
-    let mut out = vec![0f32; n * c * ph * pw];
+    let mut out = vec![T::ZERO; n * c * ph * pw];
     out.par_chunks_mut(ph * pw)
         .zip(x.par_chunks(h * w))
         .for_each(|(dst, src)| {
@@ -28,12 +28,12 @@ fn pad_input(x: &[f32], [n, c, h, w]: [usize; 4], pads: [usize; 4]) -> (Vec<f32>
 
 /// One output plane `[p, q]` of a direct convolution: the sum over the group's input channels
 /// `planes` (each `[h, w]`) and the filter taps `filter` (`[cg, r, s]`).
-fn direct_plane(
+fn direct_plane<T: Real>(
     c: &Conv,
-    planes: &[f32],
+    planes: &[T],
     [h, w]: [usize; 2],
-    filter: &[f32],
-    out: &mut [f32],
+    filter: &[T],
+    out: &mut [T],
     q: usize,
 ) {
     let [r, s] = c.kernel;
@@ -63,9 +63,13 @@ fn direct_plane(
 }
 
 /// The convolution `c` of `inputs` (x, weight, bias?, residual?) into a tensor of `out_shape`.
-pub(super) fn conv(c: &Conv, inputs: &[View], out_shape: &[usize]) -> Result<Vec<f32>, String> {
+pub(super) fn conv<T: Real>(
+    c: &Conv,
+    inputs: &[View<T>],
+    out_shape: &[usize],
+) -> Result<Vec<T>, String> {
     let (x, wt) = match inputs {
-        [x, w, ..] => (x.f32()?, w.f32()?),
+        [x, w, ..] => (x.real()?, w.real()?),
         _ => return Err("takes an input and a weight".into()),
     };
     let &[n, ch, h, w] = inputs[0].shape else {
@@ -75,7 +79,7 @@ pub(super) fn conv(c: &Conv, inputs: &[View], out_shape: &[usize]) -> Result<Vec
         return Err("output is not 4-D".into());
     };
     let [r, s] = c.kernel;
-    let mut out = vec![0f32; n * k * p * q];
+    let mut out = vec![T::ZERO; n * k * p * q];
     // The padded copy an asymmetric padding needs is bounded here (shape inference bounds the
     // output, not it): absurd pads take the direct loop instead.
     let padded_fits = [
@@ -117,7 +121,7 @@ pub(super) fn conv(c: &Conv, inputs: &[View], out_shape: &[usize]) -> Result<Vec
                 shape.out_w()
             ));
         }
-        conv2d_f32(&shape, Layout::Nchw, src, wt, &mut out);
+        T::conv_nchw(&shape, src, wt, &mut out);
     } else {
         let (kg, cg) = (k / c.groups, ch / c.groups);
         out.par_chunks_mut(p * q)
@@ -136,19 +140,19 @@ pub(super) fn conv(c: &Conv, inputs: &[View], out_shape: &[usize]) -> Result<Vec
 }
 
 /// Bias, residual and activation, in that order, over every output plane.
-fn epilogue(
+fn epilogue<T: Real>(
     c: &Conv,
-    inputs: &[View],
-    out: &mut [f32],
+    inputs: &[View<T>],
+    out: &mut [T],
     k: usize,
     plane: usize,
 ) -> Result<(), String> {
     let bias = match c.bias {
-        true => Some(inputs.get(2).ok_or("the bias is missing")?.f32()?),
+        true => Some(inputs.get(2).ok_or("the bias is missing")?.real()?),
         false => None,
     };
     let residual = match c.residual_input() {
-        Some(i) => Some(inputs.get(i).ok_or("the residual is missing")?.f32()?),
+        Some(i) => Some(inputs.get(i).ok_or("the residual is missing")?.real()?),
         None => None,
     };
     let act = c.epilogue.activation;
@@ -156,7 +160,7 @@ fn epilogue(
         return Ok(());
     }
     out.par_chunks_mut(plane).enumerate().for_each(|(i, o)| {
-        let b = bias.map_or(0.0, |b| b[i % k]);
+        let b = bias.map_or(T::ZERO, |b| b[i % k]);
         let res = residual.map(|r| &r[i * plane..(i + 1) * plane]);
         for (j, v) in o.iter_mut().enumerate() {
             let mut y = *v + b;
@@ -167,4 +171,48 @@ fn epilogue(
         }
     });
     Ok(())
+}
+
+/// Convolution of one group and one stride on NCHW by im2col + gemm, for types the tensor
+/// crate has no convolution of (f64): each image's `col (CRS x PQ)` built in parallel, then
+/// `out (K x PQ) = weight (K x CRS) * col` by the tensor crate's multithreaded product. Images
+/// run in parallel too, each with its own im2col buffer (at most one per thread). A 1x1
+/// stride-1 unpadded convolution reads the image as the matrix it already is.
+pub(super) fn im2col_gemm<T: Real>(sh: &ConvShape, x: &[T], weight: &[T], out: &mut [T]) {
+    let (p, q) = (sh.out_h(), sh.out_w());
+    let (crs, pq) = (sh.c * sh.r * sh.s, p * q);
+    let (img_in, img_out) = (sh.c * sh.h * sh.w, sh.k * pq);
+    if img_out == 0 || img_in == 0 {
+        out.fill(T::ZERO);
+        return;
+    }
+    out.par_chunks_mut(img_out)
+        .zip(x.par_chunks(img_in))
+        .for_each(|(o, img)| {
+            if sh.is_pointwise() {
+                T::matmul(weight, img, o, sh.k, pq, crs);
+                return;
+            }
+            let mut col = vec![T::ZERO; crs * pq];
+            col.par_chunks_mut(pq).enumerate().for_each(|(row, dst)| {
+                let (ci, a, b) = (row / (sh.r * sh.s), row / sh.s % sh.r, row % sh.s);
+                let plane = &img[ci * sh.h * sh.w..(ci + 1) * sh.h * sh.w];
+                // output columns whose input column j * stride + b - pad lies in [0, w)
+                let j_lo = sh.pad.saturating_sub(b).div_ceil(sh.stride).min(q);
+                let j_hi = (sh.w + sh.pad).saturating_sub(b).div_ceil(sh.stride).min(q);
+                for (i, drow) in dst.chunks_mut(q).enumerate() {
+                    let Some(y) = (i * sh.stride + a)
+                        .checked_sub(sh.pad)
+                        .filter(|&y| y < sh.h)
+                    else {
+                        continue;
+                    };
+                    let irow = &plane[y * sh.w..(y + 1) * sh.w];
+                    for (j, d) in drow.iter_mut().enumerate().take(j_hi).skip(j_lo) {
+                        *d = irow[j * sh.stride + b - sh.pad];
+                    }
+                }
+            });
+            T::matmul(weight, &col, o, sh.k, pq, crs);
+        });
 }

@@ -1,33 +1,37 @@
 //! Element-wise operators: the activations, erf, and Add/Sub/Mul/Div with numpy broadcasting
-//! (f32, and i64 for shape arithmetic, where overflow and division by zero are errors).
+//! (floats, and i64 for shape arithmetic, where overflow and division by zero are errors).
 
-use super::{broadcast_strides, View};
-use crate::graph::{Activation, Binary, Data};
+use super::real::Real;
+use super::{broadcast_strides, int, real, Elems, Tensor, View};
+use crate::graph::{Activation, Binary};
 use rayon::prelude::*;
 
 /// Elements per parallel task.
 const CHUNK: usize = 1 << 14;
 
 /// One activation of one value.
-pub(crate) fn activate(a: Activation, x: f32) -> f32 {
+pub(crate) fn activate<T: Real>(a: Activation, x: T) -> T {
+    let (zero, one) = (T::ZERO, T::ONE);
     match a {
-        Activation::Relu => x.max(0.0),
-        Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-        Activation::HardSigmoid { alpha, beta } => (alpha * x + beta).clamp(0.0, 1.0),
-        Activation::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
+        Activation::Relu => x.max(zero),
+        Activation::Sigmoid => one / (one + (-x).exp()),
+        Activation::HardSigmoid { alpha, beta } => {
+            (T::from_f32(alpha) * x + T::from_f32(beta)).clamp(zero, one)
+        }
+        Activation::HardSwish => x * (x / T::from_f32(6.0) + T::from_f32(0.5)).clamp(zero, one),
         Activation::Gelu => gelu(x),
-        Activation::Silu => x / (1.0 + (-x).exp()),
+        Activation::Silu => x / (one + (-x).exp()),
     }
 }
 
 /// GELU's exact form, in f64.
-fn gelu(x: f32) -> f32 {
-    let x = f64::from(x);
-    (0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2))) as f32
+fn gelu<T: Real>(x: T) -> T {
+    let x = x.to_f64();
+    T::from_f64(0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)))
 }
 
 /// `a` applied to every element.
-pub(super) fn activation(a: Activation, x: &[f32]) -> Vec<f32> {
+pub(super) fn activation<T: Real>(a: Activation, x: &[T]) -> Vec<T> {
     let mut out = x.to_vec();
     out.par_chunks_mut(CHUNK)
         .for_each(|c| c.iter_mut().for_each(|v| *v = activate(a, *v)));
@@ -35,11 +39,11 @@ pub(super) fn activation(a: Activation, x: &[f32]) -> Vec<f32> {
 }
 
 /// erf of every element (computed in f64).
-pub(super) fn erf(x: &[f32]) -> Vec<f32> {
+pub(super) fn erf<T: Real>(x: &[T]) -> Vec<T> {
     let mut out = x.to_vec();
     out.par_chunks_mut(CHUNK).for_each(|c| {
         c.iter_mut()
-            .for_each(|v| *v = libm::erf(f64::from(*v)) as f32)
+            .for_each(|v| *v = T::from_f64(libm::erf(v.to_f64())))
     });
     out
 }
@@ -100,26 +104,29 @@ fn i64_op(op: Binary, x: i64, y: i64) -> Result<i64, String> {
 }
 
 /// `op` on two inputs of one type, broadcast to `out_shape`.
-pub(super) fn binary(op: Binary, inputs: &[View], out_shape: &[usize]) -> Result<Data, String> {
+pub(super) fn binary<T: Real>(
+    op: Binary,
+    inputs: &[View<T>],
+    out_shape: &[usize],
+) -> Result<Tensor<'static, T>, String> {
     let [a, b] = inputs else {
         return Err("takes two inputs".into());
     };
     match (a.data, b.data) {
-        (Data::F32(x), Data::F32(y)) => {
+        (Elems::Real(x), Elems::Real(y)) => {
             let f = match op {
-                Binary::Add => |x: f32, y: f32| x + y,
-                Binary::Sub => |x: f32, y: f32| x - y,
-                Binary::Mul => |x: f32, y: f32| x * y,
-                Binary::Div => |x: f32, y: f32| x / y,
+                Binary::Add => |x: T, y: T| x + y,
+                Binary::Sub => |x: T, y: T| x - y,
+                Binary::Mul => |x: T, y: T| x * y,
+                Binary::Div => |x: T, y: T| x / y,
             };
-            broadcast_apply((x, a.shape), (y, b.shape), out_shape, |x, y| Ok(f(x, y)))
-                .map(Data::F32)
+            broadcast_apply((x, a.shape), (y, b.shape), out_shape, |x, y| Ok(f(x, y))).map(real)
         }
-        (Data::I64(x), Data::I64(y)) => {
+        (Elems::I64(x), Elems::I64(y)) => {
             broadcast_apply((x, a.shape), (y, b.shape), out_shape, |x, y| {
                 i64_op(op, x, y)
             })
-            .map(Data::I64)
+            .map(int)
         }
         _ => Err("inputs of two types".into()),
     }

@@ -1,14 +1,14 @@
 //! Operators that move elements without arithmetic: transpose, concat and gather (any type).
 
-use super::{strides, View};
-use crate::graph::Data;
+use super::real::Real;
+use super::{int, real, strides, Elems, Tensor, View};
 
 /// Applies `f` to the elements of `data`, whichever their type.
 macro_rules! each_type {
     ($data:expr, |$v:ident| $body:expr) => {
         match $data {
-            Data::F32($v) => Data::F32($body),
-            Data::I64($v) => Data::I64($body),
+            Elems::Real($v) => real($body),
+            Elems::I64($v) => int($body),
         }
     };
 }
@@ -36,7 +36,7 @@ fn transpose_t<T: Copy>(x: &[T], shape: &[usize], perm: &[usize]) -> Vec<T> {
 }
 
 /// Output axis `i` is input axis `perm[i]`.
-pub(super) fn transpose(x: View, perm: &[usize]) -> Data {
+pub(super) fn transpose<T: Real>(x: View<T>, perm: &[usize]) -> Tensor<'static, T> {
     each_type!(x.data, |v| transpose_t(v, x.shape, perm))
 }
 
@@ -53,26 +53,27 @@ fn concat_t<T: Copy>(parts: &[(&[T], &[usize])], axis: usize) -> Vec<T> {
 }
 
 /// The inputs joined along `axis` (all of one type, checked by inference).
-pub(super) fn concat(inputs: &[View], axis: usize) -> Result<Data, String> {
+pub(super) fn concat<T: Real>(
+    inputs: &[View<T>],
+    axis: usize,
+) -> Result<Tensor<'static, T>, String> {
     match inputs.first().map(|v| v.data) {
-        Some(Data::F32(_)) => {
+        Some(Elems::Real(_)) => {
             let parts = inputs
                 .iter()
-                .map(|v| v.f32().map(|d| (d, v.shape)))
+                .map(|v| v.real().map(|d| (d, v.shape)))
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(Data::F32(concat_t(&parts, axis)))
+            Ok(real(concat_t(&parts, axis)))
         }
-        Some(Data::I64(_)) => {
+        Some(Elems::I64(_)) => {
             let parts = inputs
                 .iter()
-                .map(|v| {
-                    v.data
-                        .as_i64()
-                        .map(|d| (d, v.shape))
-                        .ok_or("inputs of two types")
+                .map(|v| match v.data {
+                    Elems::I64(d) => Ok((d, v.shape)),
+                    Elems::Real(_) => Err("inputs of two types"),
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(Data::I64(concat_t(&parts, axis)))
+            Ok(int(concat_t(&parts, axis)))
         }
         None => Err("takes at least one input".into()),
     }
@@ -93,15 +94,18 @@ fn gather_t<T: Copy>(x: &[T], shape: &[usize], axis: usize, idx: &[usize]) -> Ve
 }
 
 /// The slices of `axis` that the i64 indices (negative ones counting from the end) pick.
-pub(super) fn gather(inputs: &[View], axis: usize) -> Result<Data, String> {
+pub(super) fn gather<T: Real>(
+    inputs: &[View<T>],
+    axis: usize,
+) -> Result<Tensor<'static, T>, String> {
     let [x, indices] = inputs else {
         return Err("takes data and indices".into());
     };
     let dim = *x.shape.get(axis).ok_or("axis out of range")?;
+    let Elems::I64(indices) = indices.data else {
+        return Err("indices must be i64".into());
+    };
     let idx = indices
-        .data
-        .as_i64()
-        .ok_or("indices must be i64")?
         .iter()
         .map(|&i| {
             let j = if i < 0 { i + dim as i64 } else { i };

@@ -1,11 +1,16 @@
 //! Gemm and MatMul through the tensor crate's gemm (numpy's batch broadcasting for MatMul).
 
+use super::real::Real;
 use super::{broadcast_strides, View};
 use crate::graph::Gemm;
-use gpukit_tensor::cpu::{gemm_t, matmul_f32};
+use gpukit_tensor::cpu::gemm_t;
 
 /// `alpha * op(A) * op(B) + beta * C`.
-pub(super) fn gemm(g: &Gemm, inputs: &[View], out_shape: &[usize]) -> Result<Vec<f32>, String> {
+pub(super) fn gemm<T: Real>(
+    g: &Gemm,
+    inputs: &[View<T>],
+    out_shape: &[usize],
+) -> Result<Vec<T>, String> {
     let (a, b) = match inputs {
         [a, b, ..] => (a, b),
         _ => return Err("takes A and B".into()),
@@ -14,23 +19,25 @@ pub(super) fn gemm(g: &Gemm, inputs: &[View], out_shape: &[usize]) -> Result<Vec
         return Err("the output is not 2-D".into());
     };
     let k = if g.trans_a { a.shape[0] } else { a.shape[1] };
-    let mut out = vec![0f32; m * n];
+    let mut out = vec![T::ZERO; m * n];
     gemm_t(
         (g.trans_a, g.trans_b),
         (m, n, k),
-        a.f32()?,
-        b.f32()?,
+        a.real()?,
+        b.real()?,
         &mut out,
     );
     if g.alpha != 1.0 {
-        out.iter_mut().for_each(|v| *v *= g.alpha);
+        let alpha = T::from_f32(g.alpha);
+        out.iter_mut().for_each(|v| *v = *v * alpha);
     }
     if let Some(c) = inputs.get(2) {
-        let data = c.f32()?;
+        let data = c.real()?;
+        let beta = T::from_f32(g.beta);
         let st = broadcast_strides(c.shape, out_shape);
         for (i, row) in out.chunks_mut(n).enumerate() {
             for (j, v) in row.iter_mut().enumerate() {
-                *v += g.beta * data[i * st[0] + j * st[1]];
+                *v += beta * data[i * st[0] + j * st[1]];
             }
         }
     }
@@ -39,11 +46,11 @@ pub(super) fn gemm(g: &Gemm, inputs: &[View], out_shape: &[usize]) -> Result<Vec
 
 /// numpy's matmul: 1-D operands promoted (and their axis dropped from the output), batch axes
 /// broadcast.
-pub(super) fn matmul(inputs: &[View], out_shape: &[usize]) -> Result<Vec<f32>, String> {
+pub(super) fn matmul<T: Real>(inputs: &[View<T>], out_shape: &[usize]) -> Result<Vec<T>, String> {
     let [a, b] = inputs else {
         return Err("takes A and B".into());
     };
-    let (ad, bd) = (a.f32()?, b.f32()?);
+    let (ad, bd) = (a.real()?, b.real()?);
     let (ra, rb) = (a.shape.len(), b.shape.len());
     let (m, k) = if ra == 1 {
         (1, a.shape[0])
@@ -55,7 +62,7 @@ pub(super) fn matmul(inputs: &[View], out_shape: &[usize]) -> Result<Vec<f32>, S
     let batches: usize = batch_shape.iter().product();
     let sa = broadcast_strides(&a.shape[..ra.saturating_sub(2)], batch_shape);
     let sb = broadcast_strides(&b.shape[..rb.saturating_sub(2)], batch_shape);
-    let mut out = vec![0f32; batches * m * n];
+    let mut out = vec![T::ZERO; batches * m * n];
     for (t, o) in out.chunks_mut(m * n).enumerate() {
         let (mut rest, mut oa, mut ob) = (t, 0, 0);
         for axis in (0..batch_shape.len()).rev() {
@@ -66,7 +73,7 @@ pub(super) fn matmul(inputs: &[View], out_shape: &[usize]) -> Result<Vec<f32>, S
         }
         let am = &ad[oa * m * k..(oa + 1) * m * k];
         let bm = &bd[ob * k * n..(ob + 1) * k * n];
-        matmul_f32(am, bm, o, m, n, k);
+        T::matmul(am, bm, o, m, n, k);
     }
     Ok(out)
 }

@@ -1,13 +1,16 @@
-//! The graph's f32 CPU interpreter: every operator on row-major NCHW tensors, nodes run in
-//! order, each value freed after its last reader (the memory plan).
+//! The graph's CPU interpreter: every operator on row-major NCHW tensors, nodes run in order,
+//! each value freed after its last reader (the memory plan). It runs in f32, the graph's own
+//! type, or entirely in f64 (every constant and input widened, every operator computed in
+//! f64): a reference for f32 results that is free of f32's own rounding.
 //!
 //! To use: `forward_cpu(&graph, &[Array::f32(shape, values)])` returns the graph's outputs in
-//! order.
+//! order; `forward_cpu_f64` takes the same inputs and returns them in f64.
 //!
-//! The parts: `conv` (convolutions, grouped and depthwise included, with their epilogue),
-//! `elementwise` (activations, erf, broadcast arithmetic), `linalg` (Gemm, MatMul), `pool`
-//! (max, average, global average), `norm` (batch and layer normalization, ReduceMean),
-//! `layout` (transpose, concat, gather, and the copies that only relabel a shape).
+//! The parts: `real` (the two float types, over which every operator is written once),
+//! `conv` (convolutions, grouped and depthwise included, with their epilogue), `elementwise`
+//! (activations, erf, broadcast arithmetic), `linalg` (Gemm, MatMul), `pool` (max, average,
+//! global average), `norm` (batch and layer normalization, ReduceMean), `layout` (transpose,
+//! concat, gather, and the copies that only relabel a shape).
 
 mod conv;
 mod elementwise;
@@ -15,8 +18,10 @@ mod layout;
 mod linalg;
 mod norm;
 mod pool;
+mod real;
 
-use super::{Data, Graph, GraphError, Op, OutType};
+use super::{DType, Data, Graph, GraphError, Op, OutType};
+use real::Real;
 use std::borrow::Cow;
 
 /// A tensor handed to or returned by [`forward_cpu`]: its shape and row-major elements.
@@ -41,30 +46,152 @@ impl Array {
     }
 }
 
-/// An operator's input as a kernel reads it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct View<'a> {
-    pub shape: &'a [usize],
-    pub data: &'a Data,
+/// An output of [`forward_cpu_f64`]: its shape and row-major elements in f64 (an i64 output's
+/// elements converted, exact up to 2^53).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArrayF64 {
+    pub shape: Vec<usize>,
+    pub data: Vec<f64>,
 }
 
-impl<'a> View<'a> {
-    /// The f32 elements, or what the kernel expected.
-    fn f32(&self) -> Result<&'a [f32], String> {
-        self.data
-            .as_f32()
-            .ok_or_else(|| "an f32 input holds i64 elements".to_string())
+/// A value's elements as a kernel reads them: floats in the type the interpreter runs in, or
+/// i64 (shapes and indices).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Elems<'a, T> {
+    Real(&'a [T]),
+    I64(&'a [i64]),
+}
+
+impl<'a> Elems<'a, f32> {
+    /// A graph's elements, as the f32 interpreter reads them.
+    pub(crate) fn of(data: &'a Data) -> Self {
+        match data {
+            Data::F32(v) => Elems::Real(v),
+            Data::I64(v) => Elems::I64(v),
+        }
     }
 }
 
-/// The f32 outputs of a kernel that has only f32 inputs.
-fn f32_out(v: Vec<f32>) -> Result<Vec<Data>, String> {
-    Ok(vec![Data::F32(v)])
+/// A value while the interpreter runs: a graph constant or input (borrowed where the type is
+/// the graph's own) or an operator's output (owned).
+#[derive(Debug, Clone)]
+pub(crate) enum Tensor<'a, T: Real> {
+    Real(Cow<'a, [T]>),
+    I64(Cow<'a, [i64]>),
 }
 
-/// Runs `op` on `inputs` (already checked against the operator by shape inference, which gave
-/// `outs`).
+impl<'a, T: Real> Tensor<'a, T> {
+    /// A graph's elements in the type `T` ([`Real::adopt`]).
+    fn of(data: &'a Data) -> Self {
+        match data {
+            Data::F32(v) => Tensor::Real(T::adopt(v)),
+            Data::I64(v) => Tensor::I64(Cow::Borrowed(v)),
+        }
+    }
+
+    fn elems(&self) -> Elems<'_, T> {
+        match self {
+            Tensor::Real(v) => Elems::Real(v),
+            Tensor::I64(v) => Elems::I64(v),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Tensor::Real(v) => v.len(),
+            Tensor::I64(v) => v.len(),
+        }
+    }
+
+    /// The graph's type for it: `T` stands for the graph's F32.
+    fn dtype(&self) -> DType {
+        match self {
+            Tensor::Real(_) => DType::F32,
+            Tensor::I64(_) => DType::I64,
+        }
+    }
+
+    fn is_owned(&self) -> bool {
+        matches!(
+            self,
+            Tensor::Real(Cow::Owned(_)) | Tensor::I64(Cow::Owned(_))
+        )
+    }
+
+    fn into_owned(self) -> Tensor<'static, T> {
+        match self {
+            Tensor::Real(v) => Tensor::Real(Cow::Owned(v.into_owned())),
+            Tensor::I64(v) => Tensor::I64(Cow::Owned(v.into_owned())),
+        }
+    }
+}
+
+impl Tensor<'_, f32> {
+    fn into_data(self) -> Data {
+        match self {
+            Tensor::Real(v) => Data::F32(v.into_owned()),
+            Tensor::I64(v) => Data::I64(v.into_owned()),
+        }
+    }
+}
+
+/// An owned float output.
+fn real<T: Real>(v: Vec<T>) -> Tensor<'static, T> {
+    Tensor::Real(Cow::Owned(v))
+}
+
+/// An owned i64 output.
+fn int<T: Real>(v: Vec<i64>) -> Tensor<'static, T> {
+    Tensor::I64(Cow::Owned(v))
+}
+
+/// An operator's input as a kernel reads it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct View<'a, T = f32> {
+    pub shape: &'a [usize],
+    pub data: Elems<'a, T>,
+}
+
+impl<'a> View<'a, f32> {
+    /// A graph value's shape and elements, as the f32 interpreter reads them.
+    pub(crate) fn of(shape: &'a [usize], data: &'a Data) -> Self {
+        View {
+            shape,
+            data: Elems::of(data),
+        }
+    }
+}
+
+impl<'a, T> View<'a, T> {
+    /// The float elements, or what the kernel expected.
+    fn real(&self) -> Result<&'a [T], String> {
+        match self.data {
+            Elems::Real(v) => Ok(v),
+            Elems::I64(_) => Err("an f32 input holds i64 elements".to_string()),
+        }
+    }
+}
+
+/// The output of a kernel that gives one float tensor.
+fn real_out<T: Real>(v: Vec<T>) -> Result<Vec<Tensor<'static, T>>, String> {
+    Ok(vec![real(v)])
+}
+
+/// Runs `op` on `inputs` in f32 (already checked against the operator by shape inference,
+/// which gave `outs`): what constant folding and shape inference compute with.
 pub(crate) fn run_op(op: &Op, inputs: &[View], outs: &[OutType]) -> Result<Vec<Data>, String> {
+    Ok(run(op, inputs, outs)?
+        .into_iter()
+        .map(Tensor::into_data)
+        .collect())
+}
+
+/// Runs `op` on `inputs` in `T`.
+fn run<T: Real>(
+    op: &Op,
+    inputs: &[View<T>],
+    outs: &[OutType],
+) -> Result<Vec<Tensor<'static, T>>, String> {
     let out_shape = outs
         .first()
         .map(|(_, s)| s.as_slice())
@@ -72,24 +199,27 @@ pub(crate) fn run_op(op: &Op, inputs: &[View], outs: &[OutType]) -> Result<Vec<D
     let first = inputs.first().copied();
     let x = || first.ok_or_else(|| "the operator needs an input".to_string());
     match op {
-        Op::Constant { value, .. } => Ok(vec![value.clone()]),
-        Op::Conv(c) => f32_out(conv::conv(c, inputs, out_shape)?),
-        Op::Gemm(g) => f32_out(linalg::gemm(g, inputs, out_shape)?),
-        Op::MatMul => f32_out(linalg::matmul(inputs, out_shape)?),
-        Op::Activation(a) => f32_out(elementwise::activation(*a, x()?.f32()?)),
-        Op::Erf => f32_out(elementwise::erf(x()?.f32()?)),
+        Op::Constant { value, .. } => Ok(vec![Tensor::of(value).into_owned()]),
+        Op::Conv(c) => real_out(conv::conv(c, inputs, out_shape)?),
+        Op::Gemm(g) => real_out(linalg::gemm(g, inputs, out_shape)?),
+        Op::MatMul => real_out(linalg::matmul(inputs, out_shape)?),
+        Op::Activation(a) => real_out(elementwise::activation(*a, x()?.real()?)),
+        Op::Erf => real_out(elementwise::erf(x()?.real()?)),
         Op::Binary(b) => Ok(vec![elementwise::binary(*b, inputs, out_shape)?]),
-        Op::MaxPool(p) => f32_out(pool::max_pool(p, x()?, out_shape)?),
-        Op::AveragePool(p) => f32_out(pool::average_pool(p, x()?, out_shape)?),
-        Op::GlobalAveragePool => f32_out(pool::global_average(x()?)?),
-        Op::BatchNorm { epsilon } => f32_out(norm::batch_norm(*epsilon, inputs)?),
-        Op::LayerNorm { axis, epsilon } => f32_out(norm::layer_norm(*axis, *epsilon, inputs)?),
-        Op::ReduceMean { axes, .. } => f32_out(norm::reduce_mean(axes, x()?, out_shape)?),
+        Op::MaxPool(p) => real_out(pool::max_pool(p, x()?, out_shape)?),
+        Op::AveragePool(p) => real_out(pool::average_pool(p, x()?, out_shape)?),
+        Op::GlobalAveragePool => real_out(pool::global_average(x()?)?),
+        Op::BatchNorm { epsilon } => real_out(norm::batch_norm(*epsilon, inputs)?),
+        Op::LayerNorm { axis, epsilon } => real_out(norm::layer_norm(*axis, *epsilon, inputs)?),
+        Op::ReduceMean { axes, .. } => real_out(norm::reduce_mean(axes, x()?, out_shape)?),
         Op::Flatten { .. }
         | Op::Reshape
         | Op::Identity
         | Op::Unsqueeze { .. }
-        | Op::Squeeze { .. } => Ok(vec![x()?.data.clone()]),
+        | Op::Squeeze { .. } => Ok(vec![match x()?.data {
+            Elems::Real(v) => real(v.to_vec()),
+            Elems::I64(v) => int(v.to_vec()),
+        }]),
         Op::Transpose { perm } => Ok(vec![layout::transpose(x()?, perm)]),
         Op::Concat { axis } => Ok(vec![layout::concat(inputs, *axis)?]),
         Op::Gather { axis } => Ok(vec![layout::gather(inputs, *axis)?]),
@@ -98,7 +228,7 @@ pub(crate) fn run_op(op: &Op, inputs: &[View], outs: &[OutType]) -> Result<Vec<D
                 .shape
                 .get(*start..*end)
                 .ok_or("start and end out of range")?;
-            Ok(vec![Data::I64(dims.iter().map(|&d| d as i64).collect())])
+            Ok(vec![int(dims.iter().map(|&d| d as i64).collect())])
         }
     }
 }
@@ -108,6 +238,39 @@ pub(crate) fn run_op(op: &Op, inputs: &[View], outs: &[OutType]) -> Result<Vec<D
 ///
 /// Checks the graph first ([`Graph::check`]), so a malformed graph is an error, never a panic.
 pub fn forward_cpu(graph: &Graph, inputs: &[Array]) -> Result<Vec<Array>, GraphError> {
+    Ok(forward::<f32>(graph, inputs)?
+        .into_iter()
+        .map(|(shape, t)| Array {
+            shape,
+            data: t.into_data(),
+        })
+        .collect())
+}
+
+/// [`forward_cpu`] entirely in f64: the f32 inputs and every f32 constant widened, every
+/// operator computed in f64, the outputs in f64. A reference for f32 results (gpukit's, or
+/// another runtime's) that carries none of f32's rounding: only the weights' and inputs' own.
+///
+/// Takes twice [`forward_cpu`]'s memory for weights and activations, and runs at the speed of
+/// f64 products (half of f32's or less).
+pub fn forward_cpu_f64(graph: &Graph, inputs: &[Array]) -> Result<Vec<ArrayF64>, GraphError> {
+    Ok(forward::<f64>(graph, inputs)?
+        .into_iter()
+        .map(|(shape, t)| ArrayF64 {
+            shape,
+            data: match t {
+                Tensor::Real(v) => v.into_owned(),
+                Tensor::I64(v) => v.iter().map(|&i| i as f64).collect(),
+            },
+        })
+        .collect())
+}
+
+/// An output of the interpreter: its shape and elements.
+type Output<T> = (Vec<usize>, Tensor<'static, T>);
+
+/// The interpreter in `T`: the graph's outputs in order.
+fn forward<T: Real>(graph: &Graph, inputs: &[Array]) -> Result<Vec<Output<T>>, GraphError> {
     graph.check()?;
     if inputs.len() != graph.inputs.len() {
         return Err(GraphError::Structure(format!(
@@ -116,7 +279,7 @@ pub fn forward_cpu(graph: &Graph, inputs: &[Array]) -> Result<Vec<Array>, GraphE
             inputs.len()
         )));
     }
-    let mut slots: Vec<Option<Cow<Data>>> = vec![None; graph.values.len()];
+    let mut slots: Vec<Option<Tensor<T>>> = vec![None; graph.values.len()];
     for (&id, given) in graph.inputs.iter().zip(inputs) {
         let v = &graph.values[id];
         if given.shape != v.shape
@@ -135,11 +298,11 @@ pub fn forward_cpu(graph: &Graph, inputs: &[Array]) -> Result<Vec<Array>, GraphE
                 ),
             });
         }
-        slots[id] = Some(Cow::Borrowed(&given.data));
+        slots[id] = Some(Tensor::of(&given.data));
     }
     for (id, v) in graph.values.iter().enumerate() {
         if let Some(c) = &v.constant {
-            slots[id] = Some(Cow::Borrowed(c));
+            slots[id] = Some(Tensor::of(c));
         }
     }
     let last_use = last_uses(graph);
@@ -161,7 +324,7 @@ pub fn forward_cpu(graph: &Graph, inputs: &[Array]) -> Result<Vec<Array>, GraphE
         );
         if let (true, Some(&v), Some(&o)) = (relabel, node.inputs.first(), node.outputs.first()) {
             let last = last_use[v] == Some(i) && !node.inputs[1..].contains(&v);
-            if last && matches!(slots[v], Some(Cow::Owned(_))) {
+            if last && slots[v].as_ref().is_some_and(Tensor::is_owned) {
                 slots[o] = slots[v].take();
                 for &u in &node.inputs[1..] {
                     if last_use[u] == Some(i) && graph.values[u].constant.is_none() {
@@ -175,19 +338,19 @@ pub fn forward_cpu(graph: &Graph, inputs: &[Array]) -> Result<Vec<Array>, GraphE
             .inputs
             .iter()
             .map(|&v| {
-                slots[v].as_deref().map(|data| View {
+                slots[v].as_ref().map(|t| View {
                     shape: &graph.values[v].shape,
-                    data,
+                    data: t.elems(),
                 })
             })
-            .collect::<Option<Vec<View>>>()
+            .collect::<Option<Vec<View<T>>>>()
             .ok_or_else(|| fail("an input was freed or never computed".into()))?;
         let outs: Vec<OutType> = node
             .outputs
             .iter()
             .map(|&o| (graph.values[o].dtype, graph.values[o].shape.clone()))
             .collect();
-        let results = run_op(&node.op, &views, &outs).map_err(fail)?;
+        let results = run(&node.op, &views, &outs).map_err(fail)?;
         for (&o, data) in node.outputs.iter().zip(results) {
             if data.len() != graph.elements(o) || data.dtype() != graph.values[o].dtype {
                 return Err(fail(format!(
@@ -196,7 +359,7 @@ pub fn forward_cpu(graph: &Graph, inputs: &[Array]) -> Result<Vec<Array>, GraphE
                     graph.values[o].name
                 )));
             }
-            slots[o] = Some(Cow::Owned(data));
+            slots[o] = Some(data);
         }
         for &v in &node.inputs {
             if last_use[v] == Some(i) && graph.values[v].constant.is_none() {
@@ -211,10 +374,7 @@ pub fn forward_cpu(graph: &Graph, inputs: &[Array]) -> Result<Vec<Array>, GraphE
             let data = slots[o].clone().ok_or_else(|| {
                 GraphError::Structure(format!("output {} was not computed", graph.values[o].name))
             })?;
-            Ok(Array {
-                shape: graph.values[o].shape.clone(),
-                data: data.into_owned(),
-            })
+            Ok((graph.values[o].shape.clone(), data.into_owned()))
         })
         .collect()
 }
@@ -261,5 +421,7 @@ pub(crate) fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
         .collect()
 }
 
+#[cfg(test)]
+mod f64_tests;
 #[cfg(test)]
 mod tests;

@@ -1,25 +1,26 @@
 //! Normalizations: inference batch norm (per channel, axis 1), layer norm (over the axes from
 //! `axis` on, statistics in f64), and ReduceMean over any axes.
 
+use super::real::Real;
 use super::{broadcast_strides, strides, View};
 use rayon::prelude::*;
 
 /// `(x - mean) / sqrt(var + epsilon) * scale + bias`, per channel of axis 1.
-pub(super) fn batch_norm(epsilon: f32, inputs: &[View]) -> Result<Vec<f32>, String> {
+pub(super) fn batch_norm<T: Real>(epsilon: f32, inputs: &[View<T>]) -> Result<Vec<T>, String> {
     let [x, scale, bias, mean, var] = inputs else {
         return Err("takes five inputs".into());
     };
     let (data, c) = (
-        x.f32()?,
+        x.real()?,
         x.shape.get(1).copied().ok_or("input has no axis 1")?,
     );
-    let (scale, bias, mean, var) = (scale.f32()?, bias.f32()?, mean.f32()?, var.f32()?);
+    let (scale, bias, mean, var) = (scale.real()?, bias.real()?, mean.real()?, var.real()?);
     let plane: usize = x.shape.iter().skip(2).product();
     // per channel y = a * x + b, a and b in f64
     let ab: Vec<(f64, f64)> = (0..c)
         .map(|i| {
-            let a = f64::from(scale[i]) / (f64::from(var[i]) + f64::from(epsilon)).sqrt();
-            (a, f64::from(bias[i]) - f64::from(mean[i]) * a)
+            let a = scale[i].to_f64() / (var[i].to_f64() + f64::from(epsilon)).sqrt();
+            (a, bias[i].to_f64() - mean[i].to_f64() * a)
         })
         .collect();
     let mut out = data.to_vec();
@@ -28,14 +29,14 @@ pub(super) fn batch_norm(epsilon: f32, inputs: &[View]) -> Result<Vec<f32>, Stri
         .for_each(|(i, o)| {
             let (a, b) = ab[i % c];
             o.iter_mut()
-                .for_each(|v| *v = (a * f64::from(*v) + b) as f32);
+                .for_each(|v| *v = T::from_f64(a * v.to_f64() + b));
         });
     Ok(out)
 }
 
 /// `p` (of a shape broadcasting to `normalized`) expanded to all of `normalized`'s elements.
-fn expand(p: &View, normalized: &[usize]) -> Result<Vec<f32>, String> {
-    let data = p.f32()?;
+fn expand<T: Real>(p: &View<T>, normalized: &[usize]) -> Result<Vec<T>, String> {
+    let data = p.real()?;
     let st = broadcast_strides(p.shape, normalized);
     let count: usize = normalized.iter().product();
     Ok((0..count)
@@ -51,7 +52,11 @@ fn expand(p: &View, normalized: &[usize]) -> Result<Vec<f32>, String> {
 }
 
 /// Layer normalization over the axes from `axis` on, then `* scale + bias`.
-pub(super) fn layer_norm(axis: usize, epsilon: f32, inputs: &[View]) -> Result<Vec<f32>, String> {
+pub(super) fn layer_norm<T: Real>(
+    axis: usize,
+    epsilon: f32,
+    inputs: &[View<T>],
+) -> Result<Vec<T>, String> {
     let x = inputs.first().ok_or("takes an input")?;
     let normalized = x.shape.get(axis..).ok_or("axis out of range")?;
     let d: usize = normalized.iter().product();
@@ -61,19 +66,19 @@ pub(super) fn layer_norm(axis: usize, epsilon: f32, inputs: &[View]) -> Result<V
     let scale = expand(inputs.get(1).ok_or("the scale is missing")?, normalized)?;
     let bias = match inputs.get(2) {
         Some(b) => expand(b, normalized)?,
-        None => vec![0.0; d],
+        None => vec![T::ZERO; d],
     };
-    let mut out = x.f32()?.to_vec();
+    let mut out = x.real()?.to_vec();
     out.par_chunks_mut(d).for_each(|row| {
-        let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / d as f64;
+        let mean = row.iter().map(|&v| v.to_f64()).sum::<f64>() / d as f64;
         let var = row
             .iter()
-            .map(|&v| (f64::from(v) - mean).powi(2))
+            .map(|&v| (v.to_f64() - mean).powi(2))
             .sum::<f64>()
             / d as f64;
         let inv = 1.0 / (var + f64::from(epsilon)).sqrt();
         for ((v, &s), &b) in row.iter_mut().zip(&scale).zip(&bias) {
-            *v = ((f64::from(*v) - mean) * inv * f64::from(s) + f64::from(b)) as f32;
+            *v = T::from_f64((v.to_f64() - mean) * inv * s.to_f64() + b.to_f64());
         }
     });
     Ok(out)
@@ -81,12 +86,12 @@ pub(super) fn layer_norm(axis: usize, epsilon: f32, inputs: &[View]) -> Result<V
 
 /// The mean over `axes` (the output has `out_shape`'s element count, reduced axes of size 1 or
 /// gone).
-pub(super) fn reduce_mean(
+pub(super) fn reduce_mean<T: Real>(
     axes: &[usize],
-    x: View,
+    x: View<T>,
     out_shape: &[usize],
-) -> Result<Vec<f32>, String> {
-    let data = x.f32()?;
+) -> Result<Vec<T>, String> {
+    let data = x.real()?;
     // the output's strides in the input's rank, 0 along the reduced axes
     let kept: Vec<usize> = x
         .shape
@@ -106,8 +111,8 @@ pub(super) fn reduce_mean(
             at += (rest % x.shape[a]) * os[a];
             rest /= x.shape[a];
         }
-        sums[at] += f64::from(v);
+        sums[at] += v.to_f64();
     }
     let n = (data.len() / count.max(1)).max(1) as f64;
-    Ok(sums.into_iter().map(|s| (s / n) as f32).collect())
+    Ok(sums.into_iter().map(|s| T::from_f64(s / n)).collect())
 }

@@ -1,6 +1,7 @@
 //! Pooling on NCHW: max and average windows (padding, ceil mode, count_include_pad) and the
 //! global average, one plane per task.
 
+use super::real::Real;
 use super::View;
 use crate::graph::Pool;
 use rayon::prelude::*;
@@ -25,17 +26,17 @@ fn window(
 }
 
 /// Applies `f` to every window of every plane: `f(plane, rows, cols, padded_count)`.
-fn pool_with(
+fn pool_with<T: Real>(
     p: &Pool,
-    x: View,
+    x: View<T>,
     out_shape: &[usize],
-    f: impl Fn(&[f32], (usize, usize), (usize, usize), usize, usize) -> f32 + Sync,
-) -> Result<Vec<f32>, String> {
-    let x_data = x.f32()?;
+    f: impl Fn(&[T], (usize, usize), (usize, usize), usize, usize) -> T + Sync,
+) -> Result<Vec<T>, String> {
+    let x_data = x.real()?;
     let (&[n, c, h, w], &[_, _, oh, ow]) = (x.shape, out_shape) else {
         return Err("pooling takes 4-D tensors".into());
     };
-    let mut out = vec![0f32; n * c * oh * ow];
+    let mut out = vec![T::ZERO; n * c * oh * ow];
     out.par_chunks_mut(oh * ow)
         .enumerate()
         .for_each(|(plane, o)| {
@@ -54,9 +55,13 @@ fn pool_with(
 
 /// Max pooling (padding never wins: windows always hold at least one input element, which
 /// shape inference ensures by keeping pads below the kernel).
-pub(super) fn max_pool(p: &Pool, x: View, out_shape: &[usize]) -> Result<Vec<f32>, String> {
+pub(super) fn max_pool<T: Real>(
+    p: &Pool,
+    x: View<T>,
+    out_shape: &[usize],
+) -> Result<Vec<T>, String> {
     pool_with(p, x, out_shape, |src, (y0, y1), (x0, x1), _, w| {
-        let mut m = f32::NEG_INFINITY;
+        let mut m = T::NEG_INFINITY;
         for y in y0..y1 {
             for &v in &src[y * w + x0..y * w + x1] {
                 // NaN propagates, as in ONNX Runtime and PyTorch
@@ -71,14 +76,18 @@ pub(super) fn max_pool(p: &Pool, x: View, out_shape: &[usize]) -> Result<Vec<f32
 
 /// Average pooling: the sum over the window's input elements, divided by their count, or with
 /// count_include_pad by the window's size within the padded input.
-pub(super) fn average_pool(p: &Pool, x: View, out_shape: &[usize]) -> Result<Vec<f32>, String> {
+pub(super) fn average_pool<T: Real>(
+    p: &Pool,
+    x: View<T>,
+    out_shape: &[usize],
+) -> Result<Vec<T>, String> {
     let include = p.count_include_pad;
     pool_with(p, x, out_shape, |src, (y0, y1), (x0, x1), padded, w| {
         let mut sum = 0f64;
         for y in y0..y1 {
             sum += src[y * w + x0..y * w + x1]
                 .iter()
-                .map(|&v| f64::from(v))
+                .map(|&v| v.to_f64())
                 .sum::<f64>();
         }
         let count = if include {
@@ -86,13 +95,13 @@ pub(super) fn average_pool(p: &Pool, x: View, out_shape: &[usize]) -> Result<Vec
         } else {
             (y1 - y0) * (x1 - x0)
         };
-        (sum / count.max(1) as f64) as f32
+        T::from_f64(sum / count.max(1) as f64)
     })
 }
 
 /// The mean of every plane (all axes after the second), summed in f64.
-pub(super) fn global_average(x: View) -> Result<Vec<f32>, String> {
-    let data = x.f32()?;
+pub(super) fn global_average<T: Real>(x: View<T>) -> Result<Vec<T>, String> {
+    let data = x.real()?;
     let planes: usize = x.shape.iter().take(2).product();
     let plane = data.len() / planes.max(1);
     if plane == 0 {
@@ -100,6 +109,6 @@ pub(super) fn global_average(x: View) -> Result<Vec<f32>, String> {
     }
     Ok(data
         .par_chunks(plane)
-        .map(|c| (c.iter().map(|&v| f64::from(v)).sum::<f64>() / plane as f64) as f32)
+        .map(|c| T::from_f64(c.iter().map(|&v| v.to_f64()).sum::<f64>() / plane as f64))
         .collect())
 }

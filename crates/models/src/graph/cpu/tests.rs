@@ -1,31 +1,61 @@
 //! Each operator of the interpreter against a naive float64 reference written from the ONNX
 //! definitions (multi-indices, explicit padding), on random shapes, attributes and values drawn
-//! from a fresh seed (printed on failure).
+//! from a fresh seed (printed on failure). Every node runs through both interpreters: f32
+//! within each test's tolerance of the reference, f64 within [`F64_TOLERANCE`] of it and within
+//! the f32 tolerance of f32.
 
 use crate::graph::{
-    forward_cpu, Activation, Array, Binary, Conv, DType, Data, Epilogue, Gemm, GraphBuilder, Op,
-    Pool,
+    forward_cpu, forward_cpu_f64, Activation, Array, Binary, Conv, DType, Data, Epilogue, Gemm,
+    GraphBuilder, Op, Pool,
 };
 use gpukit_tensor::random::{fresh_seed, uniform_f32};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// Relative L2 error of `got` against `want`, asserting it is at most `tol`.
-fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let num: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (f64::from(*a) - b).powi(2))
-        .sum();
+/// How far the f64 interpreter may be from a float64 reference computed from the same f32
+/// inputs: rounding in f64's last bits, and the f32 attributes (epsilon) the reference writes
+/// as f64 literals.
+const F64_TOLERANCE: f64 = 1e-10;
+
+/// Relative L2 error of `got` against `want`.
+fn rel_l2(got: impl Iterator<Item = f64>, want: &[f64]) -> f64 {
+    let num: f64 = got.zip(want).map(|(a, b)| (a - b).powi(2)).sum();
     let den: f64 = want.iter().map(|b| b * b).sum::<f64>().max(1e-30);
-    let rel = (num / den).sqrt();
-    assert!(rel <= tol, "{what}: relative error {rel}");
+    (num / den).sqrt()
 }
 
+/// Asserts that `got`'s f32 output is within `tol` of `want` (relative L2), its f64 output
+/// within [`F64_TOLERANCE`] of it, and the two within `tol` of each other.
+fn assert_close(got: &Ran, want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.f32.len(), want.len(), "{what}: length");
+    assert_eq!(got.f64.len(), want.len(), "{what}: f64 length");
+    let rel = rel_l2(got.f32.iter().map(|&v| f64::from(v)), want);
+    assert!(rel <= tol, "{what}: relative error {rel}");
+    let rel64 = rel_l2(got.f64.iter().copied(), want);
+    assert!(rel64 <= F64_TOLERANCE, "{what}: f64 relative error {rel64}");
+    let apart = rel_l2(got.f32.iter().map(|&v| f64::from(v)), &got.f64);
+    assert!(apart <= tol, "{what}: f32 and f64 differ by {apart}");
+}
+
+/// One node's output from both interpreters.
+pub(super) struct Ran {
+    pub shape: Vec<usize>,
+    pub f32: Vec<f32>,
+    pub f64: Vec<f64>,
+}
+
+impl Ran {
+    fn as_f32(&self) -> Option<&[f32]> {
+        Some(&self.f32)
+    }
+}
+
+/// A node input for [`run_one`]: shape, values, and whether it is a constant (else fed).
+pub(super) type Input = (Vec<usize>, Vec<f32>, bool);
+
 /// Runs one node of `op` on `inputs` (name, shape, values; constants where `values` given to a
-/// constant) and returns its output.
-fn run_one(op: Op, inputs: &[(Vec<usize>, Vec<f32>, bool)]) -> Array {
+/// constant) through [`forward_cpu`] and [`forward_cpu_f64`], and returns its output.
+pub(super) fn run_one(op: Op, inputs: &[Input]) -> Ran {
     let mut b = GraphBuilder::new();
     let mut ids = Vec::new();
     let mut feed = Vec::new();
@@ -42,14 +72,21 @@ fn run_one(op: Op, inputs: &[(Vec<usize>, Vec<f32>, bool)]) -> Array {
     let out = b.node("n", op, &ids, &["y"]).unwrap()[0];
     b.output(out);
     let g = b.finish().unwrap();
-    forward_cpu(&g, &feed).unwrap().remove(0)
+    let single = forward_cpu(&g, &feed).unwrap().remove(0);
+    let double = forward_cpu_f64(&g, &feed).unwrap().remove(0);
+    assert_eq!(single.shape, double.shape);
+    Ran {
+        f32: single.as_f32().unwrap().to_vec(),
+        shape: single.shape,
+        f64: double.data,
+    }
 }
 
-fn f64s(v: &[f32]) -> Vec<f64> {
+pub(super) fn f64s(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| f64::from(x)).collect()
 }
 
-fn rng() -> (u64, ChaCha8Rng) {
+pub(super) fn rng() -> (u64, ChaCha8Rng) {
     let seed = fresh_seed();
     (seed, ChaCha8Rng::seed_from_u64(seed))
 }
@@ -99,6 +136,35 @@ fn conv_ref(
         }
     }
     (out, [n, k, p, q])
+}
+
+/// A convolution `cv` of `x` `[n, c, h, w]` into `k` channels: its naive reference, output
+/// shape and node inputs (x fed; the weight, and the bias where `cv` has one, as constants).
+pub(super) fn conv_case(
+    cv: &Conv,
+    [n, c, h, w]: [usize; 4],
+    k: usize,
+    x: Vec<f32>,
+    wt: Vec<f32>,
+    bias: Vec<f32>,
+) -> (Vec<f64>, [usize; 4], Vec<Input>) {
+    let [r, s] = cv.kernel;
+    let (want, oshape) = conv_ref(
+        &f64s(&x),
+        [n, c, h, w],
+        &f64s(&wt),
+        k,
+        cv,
+        cv.bias.then(|| f64s(&bias)).as_deref(),
+    );
+    let mut inputs = vec![
+        (vec![n, c, h, w], x, false),
+        (vec![k, c / cv.groups, r, s], wt, true),
+    ];
+    if cv.bias {
+        inputs.push((vec![k], bias, true));
+    }
+    (want, oshape, inputs)
 }
 
 fn act_ref(a: Activation, x: f64) -> f64 {
@@ -164,21 +230,7 @@ fn conv_matches_naive_reference_over_groups_pads_strides_dilations_and_epilogues
         let x = uniform_f32(n * c * h * w, seed ^ case);
         let wt = uniform_f32(k * (c / groups) * r * s, seed.wrapping_add(case + 1));
         let bias = uniform_f32(k, seed.wrapping_add(case + 2));
-        let (mut want, oshape) = conv_ref(
-            &f64s(&x),
-            [n, c, h, w],
-            &f64s(&wt),
-            k,
-            &cv,
-            cv.bias.then(|| f64s(&bias)).as_deref(),
-        );
-        let mut inputs = vec![
-            (vec![n, c, h, w], x, false),
-            (vec![k, c / groups, r, s], wt, true),
-        ];
-        if cv.bias {
-            inputs.push((vec![k], bias, true));
-        }
+        let (mut want, oshape, mut inputs) = conv_case(&cv, [n, c, h, w], k, x, wt, bias);
         if cv.epilogue.residual {
             let res = uniform_f32(want.len(), seed.wrapping_add(case + 3));
             want.iter_mut()
@@ -192,7 +244,7 @@ fn conv_matches_naive_reference_over_groups_pads_strides_dilations_and_epilogues
         let got = run_one(Op::Conv(cv.clone()), &inputs);
         assert_eq!(got.shape, oshape, "seed {seed} case {case} {cv:?}");
         assert_close(
-            got.as_f32().unwrap(),
+            &got,
             &want,
             1e-5,
             &format!("seed {seed} case {case} {cv:?}"),
@@ -288,7 +340,7 @@ fn pools_match_naive_reference_with_pads_and_ceil_mode() {
             assert_eq!(got.shape, [n, c, oh, ow], "seed {seed} case {case} {p:?}");
             let want = pool_ref(&f64s(&x), [n, c, h, w], &p, max, [oh, ow]);
             assert_close(
-                got.as_f32().unwrap(),
+                &got,
                 &want,
                 1e-6,
                 &format!("seed {seed} case {case} max {max} {p:?}"),
@@ -358,7 +410,7 @@ fn binary_ops_broadcast_as_numpy() {
                 .collect();
             assert_eq!(oshape.len(), sa.len().max(sb.len()), "seed {seed}");
             assert_close(
-                got.as_f32().unwrap(),
+                &got,
                 &want,
                 1e-6,
                 &format!("seed {seed} case {case} {op:?} {sa:?} {sb:?}"),
@@ -377,21 +429,11 @@ fn activations_and_erf_match_float64() {
     for a in ACTIVATIONS {
         let got = run_one(Op::Activation(a), &[(vec![3, 333], x.clone(), false)]);
         let want: Vec<f64> = x.iter().map(|&v| act_ref(a, f64::from(v))).collect();
-        assert_close(
-            got.as_f32().unwrap(),
-            &want,
-            1e-6,
-            &format!("seed {seed} {a:?}"),
-        );
+        assert_close(&got, &want, 1e-6, &format!("seed {seed} {a:?}"));
     }
     let got = run_one(Op::Erf, &[(vec![999], x.clone(), false)]);
     let want: Vec<f64> = x.iter().map(|&v| libm::erf(f64::from(v))).collect();
-    assert_close(
-        got.as_f32().unwrap(),
-        &want,
-        1e-6,
-        &format!("seed {seed} erf"),
-    );
+    assert_close(&got, &want, 1e-6, &format!("seed {seed} erf"));
 }
 
 #[test]
@@ -443,12 +485,7 @@ fn gemm_and_matmul_match_naive_products() {
                     + f64::from(g.beta) * f64::from(c[j])
             })
             .collect();
-        assert_close(
-            got.as_f32().unwrap(),
-            &want,
-            1e-5,
-            &format!("seed {seed} case {case} {g:?}"),
-        );
+        assert_close(&got, &want, 1e-5, &format!("seed {seed} case {case} {g:?}"));
         // MatMul with broadcast batches, and 1-D operands
         let (ba, bb): (Vec<usize>, Vec<usize>) = match case % 4 {
             0 => (vec![2, 3], vec![3]),
@@ -488,7 +525,7 @@ fn gemm_and_matmul_match_naive_products() {
             })
             .collect();
         assert_close(
-            got.as_f32().unwrap(),
+            &got,
             &want,
             1e-5,
             &format!("seed {seed} case {case} matmul {sa:?} {sb:?}"),
@@ -551,7 +588,7 @@ fn normalizations_and_means_match_float64() {
             })
             .collect();
         assert_close(
-            got.as_f32().unwrap(),
+            &got,
             &want,
             1e-6,
             &format!("seed {seed} case {case} batch norm"),
@@ -591,7 +628,7 @@ fn normalizations_and_means_match_float64() {
             })
             .collect();
         assert_close(
-            got.as_f32().unwrap(),
+            &got,
             &want,
             1e-5,
             &format!("seed {seed} case {case} layer norm axis {axis}"),
@@ -629,7 +666,7 @@ fn normalizations_and_means_match_float64() {
         };
         assert_eq!(got.shape, want_shape, "seed {seed}");
         assert_close(
-            got.as_f32().unwrap(),
+            &got,
             &want,
             1e-6,
             &format!("seed {seed} case {case} mean {axes:?}"),
@@ -640,12 +677,7 @@ fn normalizations_and_means_match_float64() {
             .map(|p| p.iter().map(|&v| f64::from(v)).sum::<f64>() / plane as f64)
             .collect();
         assert_eq!(got.shape, [shape[0], shape[1], 1, 1]);
-        assert_close(
-            got.as_f32().unwrap(),
-            &want,
-            1e-6,
-            &format!("seed {seed} gap"),
-        );
+        assert_close(&got, &want, 1e-6, &format!("seed {seed} gap"));
     }
 }
 
@@ -679,12 +711,7 @@ fn layout_ops_move_elements_as_defined() {
                 f64::from(x[ii.iter().zip(&shape).fold(0, |acc, (i, d)| acc * d + i)])
             })
             .collect();
-        assert_close(
-            got.as_f32().unwrap(),
-            &want,
-            0.0,
-            &format!("seed {seed} transpose {perm:?}"),
-        );
+        assert_close(&got, &want, 0.0, &format!("seed {seed} transpose {perm:?}"));
         // concat of two along a random axis
         let axis = rng.random_range(0..rank);
         let mut s2 = shape.clone();
@@ -712,12 +739,7 @@ fn layout_ops_move_elements_as_defined() {
                 })
             })
             .collect();
-        assert_close(
-            got.as_f32().unwrap(),
-            &want,
-            0.0,
-            &format!("seed {seed} concat axis {axis}"),
-        );
+        assert_close(&got, &want, 0.0, &format!("seed {seed} concat axis {axis}"));
     }
 }
 

@@ -26,9 +26,11 @@ pub fn fold_constants(g: &mut Graph) -> Result<usize, GraphError> {
         let views: Vec<View> = node
             .inputs
             .iter()
-            .map(|&v| View {
-                shape: &g.values[v].shape,
-                data: g.values[v].constant.as_ref().unwrap_or(&empty),
+            .map(|&v| {
+                View::of(
+                    &g.values[v].shape,
+                    g.values[v].constant.as_ref().unwrap_or(&empty),
+                )
             })
             .collect();
         let results = run_op(&node.op, &views, &outs).map_err(|problem| GraphError::Node {
