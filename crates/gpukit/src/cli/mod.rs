@@ -229,11 +229,11 @@ pub struct InferArgs {
 
     /// Your own model: an ONNX file (torch.onnx.export's, opset 13 or later, one f32 input)
     /// run on the CPU by gpukit's graph interpreter after its passes, and by ONNX Runtime on
-    /// the same random input; every output of gpukit's checked against ONNX Runtime's (max rel.
-    /// diff <= 1e-5). GPU strategies run it on gpukit's GPU engine: fp32 rows are checked
-    /// against float64 outputs on the same input (the graph run in f64 on the CPU) and pass
-    /// within 1e-5 of them, or as close as ONNX Runtime's f32 is; tf32, fp16 and bf16 rows
-    /// against ONNX Runtime's outputs. --batch-sizes fills a dynamic batch axis.
+    /// the same random input. GPU strategies run it on gpukit's GPU engine. Every f32 row (the
+    /// interpreter's, fp32 GPU rows) is checked against float64 outputs on the same input (the
+    /// graph run in f64 on the CPU) and passes within 1e-5 of them (max rel. diff), or as close
+    /// as ONNX Runtime's f32 is; tf32, fp16 and bf16 rows against ONNX Runtime's outputs.
+    /// --batch-sizes fills a dynamic batch axis.
     #[arg(
         long,
         value_name = "MODEL.onnx",

@@ -138,8 +138,8 @@ fn setup(r: &OnnxRun) -> Section {
         "Checks",
         format!(
             "every output of {GRAPH_CPU_ROW} against ONNX Runtime's on the same input: max \
-             |diff| / max |ONNX Runtime| <= {TOLERANCE:.0e}, else the row fails and shows no \
-             speed"
+             |diff| / max |ONNX Runtime| <= {TOLERANCE:.0e} (against float64 where the line \
+             below says so), else the row fails and shows no speed"
         ),
     ));
     if !r.float64.is_empty() {
@@ -177,8 +177,9 @@ fn float64_line(refs: &[Float64Reference]) -> String {
         })
         .collect();
     format!(
-        "the graph run entirely in f64 on each batch size's input; fp32 GPU rows pass within \
-         {TOLERANCE:.0e} of it, or as close as ONNX Runtime's f32 is (max rel. diff); {}",
+        "the graph run entirely in f64 on each batch size's input; f32 rows ({GRAPH_CPU_ROW}, \
+         fp32 GPU rows) pass within {TOLERANCE:.0e} of it, or as close as ONNX Runtime's f32 \
+         is (max rel. diff); {}",
         each.join("; ")
     )
 }

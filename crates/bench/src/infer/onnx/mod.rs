@@ -119,8 +119,8 @@ pub struct OnnxRun {
     /// the file's, and the best fp16 of each side.
     #[serde(default)]
     pub pytorch: Option<crate::infer::peer::PytorchComparison>,
-    /// By batch size, the float64 reference the fp32 GPU rows were judged against (where fp32
-    /// GPU rows ran on the general engine).
+    /// By batch size, the float64 reference the f32 rows were judged against (where gpukit's
+    /// CPU row or fp32 GPU rows on the general engine ran).
     #[serde(default)]
     pub float64: Vec<Float64Reference>,
 }
@@ -294,9 +294,10 @@ pub fn run_onnx(
     let fp32 = on_gpu
         .iter()
         .any(|s| matches!(s, InferStrategy::Gpu(g) if g.dtype == gpukit_tensor::DType::F32));
+    // the float64 reference where an f32 row is judged: gpukit's CPU row, or fp32 GPU rows
     let bench = Bench {
         keep_reference: general && discovery.is_some(),
-        float64: general && discovery.is_some() && fp32,
+        float64: bench.cpu || (general && discovery.is_some() && fp32),
         ..bench
     };
     // ONNX Runtime runs whenever a CPU row does, or GPU rows need a reference: gpukit's rows

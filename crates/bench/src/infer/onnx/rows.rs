@@ -114,7 +114,8 @@ pub(super) struct Bench<'a> {
     /// GPU rows follow: keep the input and a reference output (ONNX Runtime's, else the
     /// interpreter's, run untimed when its row was not asked for).
     pub keep_reference: bool,
-    /// fp32 GPU rows follow (with `keep_reference`): compute the float64 reference too.
+    /// An f32 row is judged here (gpukit's CPU row, or fp32 GPU rows that follow): compute the
+    /// float64 reference too.
     pub float64: bool,
 }
 
@@ -202,11 +203,22 @@ impl Bench<'_> {
             }
             None => (None, None),
         };
+        if self.float64 {
+            progress(&format!("infer --onnx: the float64 reference, batch {n}"));
+            let ort = match &reference {
+                Some(Ok(r)) => Some(r),
+                _ => None,
+            };
+            let (outputs, account) = float64_reference(p, &inputs, ort, self.outputs, n);
+            at.float64 = outputs;
+            at.float64_reference = Some(account);
+        }
         let mut optimized = None;
         let mut gpukit_rate = None;
         if self.cpu {
             progress(&format!("infer --onnx: {GRAPH_CPU_ROW} batch {n}"));
-            let (r, outputs) = self.gpukit_row(n, p, &inputs, reference.as_ref());
+            let (r, outputs) =
+                self.gpukit_row(n, p, &inputs, reference.as_ref(), at.float64.as_ref());
             gpukit_rate = r.images_per_s;
             optimized = outputs;
             at.rows.push(r);
@@ -236,16 +248,6 @@ impl Bench<'_> {
                     })
                 }
             };
-        }
-        if self.keep_reference && self.float64 {
-            progress(&format!("infer --onnx: the float64 reference, batch {n}"));
-            let ort = match &reference {
-                Some(Ok(r)) => Some(r),
-                _ => None,
-            };
-            let (outputs, account) = float64_reference(p, &inputs, ort, self.outputs, n);
-            at.float64 = outputs;
-            at.float64_reference = Some(account);
         }
         if check_passes {
             progress(&format!(
@@ -298,6 +300,7 @@ impl Bench<'_> {
         p: &Prepared,
         inputs: &[Array],
         reference: Option<&Result<Outputs, String>>,
+        float64: Option<&Float64>,
     ) -> (InferRow, Option<Outputs>) {
         let mut r = row(GRAPH_CPU_ROW, "cpu", n);
         let mut out = Vec::new();
@@ -313,8 +316,29 @@ impl Bench<'_> {
             }
         };
         let got = as_f32(out);
-        match reference {
-            Some(Ok(want)) => {
+        match (reference, float64) {
+            // judged as the fp32 GPU rows are: against float64, ONNX Runtime's figure shown
+            (reference, Some(f)) => {
+                let mut mismatch = None;
+                match reference {
+                    Some(Ok(want)) => {
+                        let (a, m) = judge_with(&got, want, self.outputs, f64::INFINITY);
+                        r.agreement = a;
+                        mismatch = m;
+                        r.compared_with = Some("ONNX Runtime CPU on the same input".into());
+                    }
+                    Some(Err(e)) => {
+                        r.compared_with = Some(format!("float64 only: ONNX Runtime failed ({e})"));
+                    }
+                    None => r.compared_with = Some("float64 only".into()),
+                }
+                let (check, why) = judge_float64(&got, f, self.outputs);
+                r.float64 = check;
+                if let Some(why) = mismatch.or(why) {
+                    r.status = RowStatus::Failed(why);
+                }
+            }
+            (Some(Ok(want)), None) => {
                 let (a, why) = judge(&got, want, self.outputs);
                 r.agreement = a;
                 r.compared_with = Some("ONNX Runtime CPU on the same input".into());
@@ -323,10 +347,10 @@ impl Bench<'_> {
                     r.status = RowStatus::Failed(why);
                 }
             }
-            Some(Err(e)) => {
+            (Some(Err(e)), None) => {
                 r.compared_with = Some(format!("nothing: ONNX Runtime failed on this input ({e})"));
             }
-            None => {}
+            (None, None) => {}
         }
         if r.status == RowStatus::Ok {
             r.images_per_s = Some(rate(n, &t));

@@ -295,14 +295,33 @@ fn the_float64_reference_is_computed_at_a_batch_only_where_fp32_gpu_rows_follow(
 }
 
 #[test]
-fn without_gpu_discovery_fp32_strategies_are_skipped_and_no_float64_is_computed() {
+fn without_gpu_discovery_fp32_strategies_are_skipped_and_the_cpu_row_is_judged_against_float64() {
     let (_dir, path) = written(&fixtures::tiny_resnet(6));
     let strategies = vec![InferStrategy::Cpu, InferStrategy::parse("fp32").unwrap()];
-    let run = run_onnx(&options(path, strategies), None, &mut |_| {}).unwrap();
-    assert!(run.float64.is_empty());
+    let run = run_onnx(&options(path.clone(), strategies), None, &mut |_| {}).unwrap();
     let fp32: Vec<&InferRow> = run.rows.iter().filter(|r| r.device != "cpu").collect();
     assert_eq!(fp32.len(), 2);
     assert!(fp32
         .iter()
         .all(|r| matches!(r.status, RowStatus::Skipped(_)) && r.float64.is_none()));
+    // gpukit's CPU row is an f32 row: judged against float64 at every batch size
+    assert_eq!(run.float64.len(), run.batch_sizes.len());
+    let cpu: Vec<&InferRow> = run
+        .rows
+        .iter()
+        .filter(|r| r.strategy == GRAPH_CPU_ROW)
+        .collect();
+    assert!(!cpu.is_empty());
+    for r in cpu {
+        assert_eq!(r.status, RowStatus::Ok, "{r:?}");
+        let check = r.float64.as_ref().expect("the CPU row's float64 check");
+        assert!(
+            check.max_rel > 0.0 && check.max_rel <= check.tolerance,
+            "{check:?}"
+        );
+    }
+    // without the CPU row (nor fp32 GPU rows that run) nothing is computed in f64
+    let only_gpu = vec![InferStrategy::parse("fp32").unwrap()];
+    let run = run_onnx(&options(path, only_gpu), None, &mut |_| {}).unwrap();
+    assert!(run.float64.is_empty());
 }
