@@ -126,9 +126,12 @@ fn setup(r: &OnnxRun) -> Section {
     rows.push((
         "GPU",
         match (&r.gpu_engine, &r.gpu) {
-            (Some(engine), None) => match &r.gpu_device {
-                Some(device) => format!("{device}: {engine}"),
-                None => engine.clone(),
+            // the engine's line names the ordinal; the device's name goes after it
+            (Some(engine), None) => match r.gpu_device.as_deref().and_then(|d| d.split_once(' ')) {
+                Some((ordinal, name)) if !engine.contains(name) => {
+                    engine.replacen(ordinal, &format!("{ordinal} ({name})"), 1)
+                }
+                _ => engine.clone(),
             },
             (_, Some(why)) => format!("no figures: {why}"),
             (None, None) => "not selected".into(),
@@ -284,9 +287,9 @@ fn throughput(r: &OnnxRun) -> Section {
     );
     let notes = if float64 {
         vec![format!(
-            "fp32 GPU rows are judged against float64 outputs (the Float64 line): max rel. diff \
-             <= the larger of {TOLERANCE:.0e} and ONNX Runtime f32's own; their figure against \
-             ONNX Runtime is shown, not judged"
+            "f32 rows ({GRAPH_CPU_ROW}, fp32 GPU rows) are judged against float64 outputs (the \
+             Float64 line): max rel. diff <= the larger of {TOLERANCE:.0e} and ONNX Runtime \
+             f32's own; their figure against ONNX Runtime is shown, not judged"
         )]
     } else {
         Vec::new()

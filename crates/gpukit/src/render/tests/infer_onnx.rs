@@ -160,7 +160,9 @@ fn infer_onnx_fp32_rows_show_their_distance_from_float64_beside_onnxruntimes() {
         failed,
     ];
     run.gpu = None;
-    run.gpu_engine = Some("gpukit's general GPU engine on cuda:0: 12 cuDNN".into());
+    run.gpu_engine =
+        Some("gpukit's general GPU engine on cuda:0; f32 nchw: 12 conv (cuDNN)".into());
+    run.gpu_device = Some("cuda:0 NVIDIA H200".into());
     run.float64 = vec![
         Float64Reference {
             batch: 1,
@@ -183,7 +185,7 @@ fn infer_onnx_fp32_rows_show_their_distance_from_float64_beside_onnxruntimes() {
         "1.2e-5 (1.5e-5)",
         "2.2e-5",
         "2.4e-5 from float64",
-        "fp32 GPU rows are judged against float64",
+        "fp32 GPU rows) are judged against float64",
     ] {
         assert!(text.contains(needle), "{needle} missing from {text}");
     }
