@@ -134,6 +134,25 @@ impl Lowering<'_> {
             .map(|v| v.to_vec()))
     }
 
+    /// The open Gemm step `open` (its index and a copy) and constant `c` as a row of its columns,
+    /// unless `blocked` says its epilogue has gone past where `c` may join.
+    fn row_for(
+        &mut self,
+        open: Option<usize>,
+        x: ValueId,
+        c: ValueId,
+        blocked: fn(&GemmStep) -> bool,
+    ) -> Lowered<Option<(usize, GemmStep, Vec<f32>)>> {
+        let Some(i) = open else {
+            return Ok(None);
+        };
+        let g = self.gemm_step(i).clone();
+        if blocked(&g) {
+            return Ok(None);
+        }
+        Ok(self.gemm_row(i, x, c)?.map(|row| (i, g, row)))
+    }
+
     /// `x + c` into the Gemm step computing `x` as its bias, `c` a constant row; Ok(true) when
     /// joined.
     pub(super) fn join_gemm_bias(&mut self, x: ValueId, c: ValueId) -> Lowered<bool> {
@@ -148,14 +167,8 @@ impl Lowering<'_> {
         } else {
             self.open_gemm_of(x)
         };
-        let Some(i) = open else {
-            return Ok(false);
-        };
-        let g = self.gemm_step(i).clone();
-        if g.bias.is_some() || g.act.is_some() {
-            return Ok(false);
-        }
-        let Some(row) = self.gemm_row(i, x, c)? else {
+        let blocked = |g: &GemmStep| g.bias.is_some() || g.act.is_some();
+        let Some((i, _, row)) = self.row_for(open, x, c, blocked)? else {
             return Ok(false);
         };
         let name = self.node.0.clone();
@@ -170,14 +183,9 @@ impl Lowering<'_> {
     /// `x * c`, `c` a constant row, folded into the Gemm step computing `x`: its weights'
     /// columns and its bias scaled. Ok(true) when joined.
     fn join_gemm_scale(&mut self, x: ValueId, out: ValueId, c: ValueId) -> Lowered<bool> {
-        let Some(i) = self.open_gemm_of(x) else {
-            return Ok(false);
-        };
-        let g = self.gemm_step(i).clone();
-        if g.z.is_some() || g.act.is_some() {
-            return Ok(false);
-        }
-        let Some(row) = self.gemm_row(i, x, c)? else {
+        let open = self.open_gemm_of(x);
+        let blocked = |g: &GemmStep| g.z.is_some() || g.act.is_some();
+        let Some((i, g, row)) = self.row_for(open, x, c, blocked)? else {
             return Ok(false);
         };
         let Buf::Const(w) = g.b.buf else {

@@ -4,7 +4,7 @@
 //! channel padding, filter layouts and slot reuse all show in the outputs when wrong.
 
 use super::*;
-use crate::graph::{forward_cpu, passes::optimize, Activation, Array};
+use crate::graph::{forward_cpu, passes::optimize, Activation, Array, Data};
 use crate::onnx::{fixtures, import_model, ImportOptions};
 use gpukit_tensor::random::{fresh_seed, normal_f32};
 
@@ -586,28 +586,105 @@ fn a_chain_of_concatenations_copies_each_feature_once() {
         assert_eq!(slots.len(), 1, "{layout:?}");
     }
 }
-#[test]
-#[ignore]
-fn scratch_real_models() {
-    for m in [
-        "densenet121",
-        "convnext_tiny",
-        "mobilenet_v3_large",
-        "efficientnet_b0",
-    ] {
-        let path = format!("/work/tv-models/{m}.onnx");
-        let opts = ImportOptions {
-            batch: Some(1),
-            dims: Vec::new(),
-        };
-        let mut g = crate::onnx::import_file(std::path::Path::new(&path), &opts).unwrap();
-        optimize(&mut g).unwrap();
-        let p = Program::lower(&g, DType::F16, Layout::Nhwc).unwrap();
-        eprintln!(
-            "{m}: {} steps {:?} arena {} MB",
-            p.steps.len(),
-            p.step_counts(),
-            p.arena_bytes() >> 20
-        );
+
+/// Runs `g` through the emulator in both layouts (f32 and f16 programs) against the interpreter
+/// on fresh inputs; the f16 NHWC program.
+fn emulated(g: &Graph) -> Program {
+    let inputs: Vec<Array> = g
+        .inputs
+        .iter()
+        .map(|&i| {
+            let shape = g.value(i).shape.clone();
+            Array::f32(&shape, normal_f32(shape.iter().product(), fresh_seed()))
+        })
+        .collect();
+    let want = forward_cpu(g, &inputs).unwrap();
+    let xs: Vec<&[f32]> = inputs.iter().map(|a| a.as_f32().unwrap()).collect();
+    for layout in [Layout::Nchw, Layout::Nhwc] {
+        for dtype in [DType::F32, DType::F16] {
+            let p = Program::lower(g, dtype, layout).unwrap();
+            for (o, (got, w)) in Emu::run(&p, &xs).iter().zip(&want).enumerate() {
+                let rel = max_rel(got, w.as_f32().unwrap());
+                assert!(rel <= 1e-5, "{dtype} {layout:?} output {o}: {rel:.1e}");
+            }
+        }
     }
+    Program::lower(g, DType::F16, Layout::Nhwc).unwrap()
+}
+
+#[test]
+fn concatenations_that_do_not_extend_one_another_each_copy_their_inputs() {
+    use crate::graph::GraphBuilder;
+    let mut b = GraphBuilder::new();
+    let x = b
+        .input("x", crate::graph::DType::F32, vec![2, 8, 3, 3])
+        .unwrap();
+    let relu = Op::Activation(Activation::Relu);
+    let sig = Op::Activation(Activation::Sigmoid);
+    let r = b.node("r", relu, &[x], &["r"]).unwrap()[0];
+    let s = b.node("s", sig, &[x], &["s"]).unwrap()[0];
+    let cat = |axis| Op::Concat { axis };
+    // the second's inputs do not begin with the first's; the third is along another axis
+    let c1 = b.node("c1", cat(1), &[r, s], &["c1"]).unwrap()[0];
+    let c2 = b.node("c2", cat(1), &[s, r, x], &["c2"]).unwrap()[0];
+    let c3 = b.node("c3", cat(2), &[r, s, x], &["c3"]).unwrap()[0];
+    for v in [c1, c2, c3] {
+        b.output(v);
+    }
+    let g = b.finish().unwrap();
+    let p = emulated(&g);
+    let copies = p
+        .steps
+        .iter()
+        .filter(|(name, _)| name.starts_with('c'))
+        .count();
+    assert_eq!(copies, 2 + 3 + 3, "{:?}", p.step_counts());
+}
+
+#[test]
+fn a_constant_that_varies_along_the_rows_is_not_a_gemm_bias() {
+    use crate::graph::GraphBuilder;
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", crate::graph::DType::F32, vec![4, 6]).unwrap();
+    let w = b
+        .constant("w", vec![6, 5], Data::F32(normal_f32(30, fresh_seed())))
+        .unwrap();
+    // [4, 1] broadcast over the columns: one value a row, not a row of the columns
+    let per_row = b
+        .constant(
+            "per_row",
+            vec![4, 1],
+            Data::F32(normal_f32(4, fresh_seed())),
+        )
+        .unwrap();
+    let row = b
+        .constant("row", vec![5], Data::F32(normal_f32(5, fresh_seed())))
+        .unwrap();
+    let y = b.node("mm", Op::MatMul, &[x, w], &["y"]).unwrap()[0];
+    let y = b
+        .node("add", Op::Binary(Binary::Add), &[y, per_row], &["a"])
+        .unwrap()[0];
+    let y = b
+        .node("mul", Op::Binary(Binary::Mul), &[y, row], &["m"])
+        .unwrap()[0];
+    b.output(y);
+    let g = b.finish().unwrap();
+    let p = emulated(&g);
+    let gemm = p
+        .steps
+        .iter()
+        .find_map(|(_, s)| match s {
+            Step::Gemm(g) => Some(g.clone()),
+            _ => None,
+        })
+        .unwrap();
+    // neither joined: the Add's constant is not a row, and the Mul comes after that Add's step
+    assert!(gemm.bias.is_none() && gemm.act.is_none() && gemm.z.is_none());
+    assert_eq!(
+        p.step_counts()
+            .iter()
+            .find(|(k, _)| *k == "element-wise")
+            .map(|(_, n)| *n),
+        Some(2)
+    );
 }
