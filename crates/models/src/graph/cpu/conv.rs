@@ -1,5 +1,5 @@
 //! 2-D convolution on NCHW: plain convolutions (one group, no dilation, one stride) through
-//! im2col + gemm (the tensor crate's in f32, [`im2col_gemm`] in f64), input padded first where
+//! im2col + gemm (the tensor crate's in f32, `real::im2col_gemm` in f64), input padded first where
 //! the padding is asymmetric; grouped, depthwise, dilated and unevenly strided ones through a
 //! direct loop, one output plane per task. Then the epilogue (bias, residual, activation) in
 //! one pass.
@@ -171,48 +171,4 @@ fn epilogue<T: Real>(
         }
     });
     Ok(())
-}
-
-/// Convolution of one group and one stride on NCHW by im2col + gemm, for types the tensor
-/// crate has no convolution of (f64): each image's `col (CRS x PQ)` built in parallel, then
-/// `out (K x PQ) = weight (K x CRS) * col` by the tensor crate's multithreaded product. Images
-/// run in parallel too, each with its own im2col buffer (at most one per thread). A 1x1
-/// stride-1 unpadded convolution reads the image as the matrix it already is.
-pub(super) fn im2col_gemm<T: Real>(sh: &ConvShape, x: &[T], weight: &[T], out: &mut [T]) {
-    let (p, q) = (sh.out_h(), sh.out_w());
-    let (crs, pq) = (sh.c * sh.r * sh.s, p * q);
-    let (img_in, img_out) = (sh.c * sh.h * sh.w, sh.k * pq);
-    if img_out == 0 || img_in == 0 {
-        out.fill(T::ZERO);
-        return;
-    }
-    out.par_chunks_mut(img_out)
-        .zip(x.par_chunks(img_in))
-        .for_each(|(o, img)| {
-            if sh.is_pointwise() {
-                T::matmul(weight, img, o, sh.k, pq, crs);
-                return;
-            }
-            let mut col = vec![T::ZERO; crs * pq];
-            col.par_chunks_mut(pq).enumerate().for_each(|(row, dst)| {
-                let (ci, a, b) = (row / (sh.r * sh.s), row / sh.s % sh.r, row % sh.s);
-                let plane = &img[ci * sh.h * sh.w..(ci + 1) * sh.h * sh.w];
-                // output columns whose input column j * stride + b - pad lies in [0, w)
-                let j_lo = sh.pad.saturating_sub(b).div_ceil(sh.stride).min(q);
-                let j_hi = (sh.w + sh.pad).saturating_sub(b).div_ceil(sh.stride).min(q);
-                for (i, drow) in dst.chunks_mut(q).enumerate() {
-                    let Some(y) = (i * sh.stride + a)
-                        .checked_sub(sh.pad)
-                        .filter(|&y| y < sh.h)
-                    else {
-                        continue;
-                    };
-                    let irow = &plane[y * sh.w..(y + 1) * sh.w];
-                    for (j, d) in drow.iter_mut().enumerate().take(j_hi).skip(j_lo) {
-                        *d = irow[j * sh.stride + b - sh.pad];
-                    }
-                }
-            });
-            T::matmul(weight, &col, o, sh.k, pq, crs);
-        });
 }
