@@ -9,6 +9,7 @@
 
 pub mod budget;
 pub mod checkpoint;
+pub mod cnn;
 pub mod data;
 pub mod error;
 pub mod export;
