@@ -3,6 +3,9 @@
 //! loss, a whole ResNet's gradients, torchvision's names and sizes, and the optimizers'
 //! formulas.
 
+// finite differences index the perturbed input and the analytic gradient by the same i
+#![allow(clippy::needless_range_loop)]
+
 use super::layers::*;
 use super::loss::cross_entropy_smoothed;
 use super::optim::{CnnOptimizer, CnnOptimizerConfig};
@@ -479,7 +482,7 @@ fn optimizers_follow_pytorch_rules() {
     let p0 = normal_f64(5, seed);
     let grads: Vec<Vec<f64>> = (0..3).map(|t| normal_f64(5, seed + 1 + t)).collect();
     let (lr, mom, wd) = (0.1, 0.9, 5e-4);
-    let mut p = vec![p0.clone()];
+    let mut p = [p0.clone()];
     let mut opt = CnnOptimizer::new(CnnOptimizerConfig {
         kind: OptimizerKind::Sgd,
         lr,
@@ -503,7 +506,7 @@ fn optimizers_follow_pytorch_rules() {
         }
     }
     let (lr, wd) = (1e-3, 0.01);
-    let mut p = vec![p0.clone()];
+    let mut p = [p0.clone()];
     let mut opt = CnnOptimizer::new(CnnOptimizerConfig {
         kind: OptimizerKind::AdamW,
         lr,
