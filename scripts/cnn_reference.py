@@ -3,7 +3,7 @@
 
 Builds torchvision's resnet18 (or 34, 50) with --classes outputs from --seed, draws --steps
 batches of random --size x --size images and labels, and trains on them with SGD (momentum
-0.9, Nesterov, weight decay 5e-4) and cross-entropy with label smoothing 0.1, in float32 and,
+0.9, Nesterov, weight decay 5e-4) or --optimizer adamw and cross-entropy with label smoothing 0.1, in float32 and,
 from the same start, in float64. Writes into --out:
   init.safetensors     the initial state dict (float32; num_batches_tracked int64)
   batches.safetensors  images [steps, batch, 3, size, size] float32, labels [steps, batch] int64
@@ -43,8 +43,11 @@ def save(path, tensors):
 
 
 def train(model, images, labels, args):
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, nesterov=True,
-                          weight_decay=5e-4)
+    if args.optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, nesterov=True,
+                              weight_decay=args.weight_decay)
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
     model.train()
     losses = []
@@ -67,6 +70,8 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--lr", type=float, default=0.001)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
+    p.add_argument("--weight-decay", type=float, default=5e-4)
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(args.seed)
@@ -83,8 +88,9 @@ def main():
     save(os.path.join(args.out, "final64.safetensors"), model64.state_dict())
     with open(os.path.join(args.out, "losses.json"), "w") as f:
         json.dump({"model": args.model, "classes": args.classes, "size": args.size,
-                   "batch": args.batch, "steps": args.steps, "lr": args.lr, "momentum": 0.9,
-                   "nesterov": True, "weight_decay": 5e-4, "label_smoothing": 0.1,
+                   "batch": args.batch, "steps": args.steps, "optimizer": args.optimizer,
+                   "lr": args.lr, "momentum": 0.9 if args.optimizer == "sgd" else 0.0,
+                   "nesterov": args.optimizer == "sgd", "weight_decay": args.weight_decay, "label_smoothing": 0.1,
                    "torch": torch.__version__, "torchvision": torchvision.__version__,
                    "losses_f32": losses, "losses_f64": losses64}, f, indent=1)
     for s, (a, b) in enumerate(zip(losses, losses64)):

@@ -69,7 +69,10 @@ fn train<T: Real>(r: &Reference) -> (Vec<f64>, ResNet<T>, f64) {
     let images = values(&data, "images").expect("images");
     let labels = values(&data, "labels").expect("labels");
     let mut opt = CnnOptimizer::new(CnnOptimizerConfig {
-        kind: OptimizerKind::Sgd,
+        kind: match s["optimizer"].as_str() {
+            Some("adamw") => OptimizerKind::AdamW,
+            _ => OptimizerKind::Sgd,
+        },
         lr: get("lr"),
         momentum: get("momentum"),
         nesterov: s["nesterov"].as_bool().expect("nesterov"),
