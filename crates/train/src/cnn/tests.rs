@@ -375,7 +375,7 @@ fn check_resnet(depth: Depth, (batch, size): (usize, usize), h: f64, names: &[&s
             let (wide, num) = (central(2.0 * h), central(h));
             // a ReLU or a max pool's choice switching within +-2h (a kink): the quotients of
             // two steps disagree and neither is the derivative; take another coordinate
-            if (wide - num).abs() > 1e-6 * (wide.abs() + num.abs()).max(1e-4) {
+            if (wide - num).abs() > 1e-5 * (wide.abs() + num.abs()).max(1e-4) {
                 kinks += 1;
                 assert!(kinks < 20, "{depth:?}: kinks everywhere (seed {seed})");
                 continue;
@@ -399,7 +399,8 @@ fn resnet18_gradients_match_finite_differences() {
     check_resnet(
         Depth::ResNet18,
         (2, 64),
-        H,
+        // steps of 1e-5 switch a ReLU or a pool's choice somewhere for most coordinates
+        1e-6,
         &[
             "conv1.weight",
             "bn1.weight",
