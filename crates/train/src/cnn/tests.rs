@@ -386,7 +386,8 @@ fn check_resnet(depth: Depth, (batch, size): (usize, usize), h: f64, names: &[&s
                 "{depth:?} {name}[{i}]: analytic {} vs numeric {num} err {err:.1e} (seed {seed})",
                 grads[k][i]
             );
-            bad += usize::from(err >= 1e-5);
+            // steps of 1e-7 leave the quotient ~1e-8 of rounding: 1e-4 of small gradients
+            bad += usize::from(err >= 1e-4);
         }
     }
     assert_eq!(bad, 0, "{depth:?}: gradients off (seed {seed})");
