@@ -1,7 +1,7 @@
 //! SGD, Adam and AdamW with PyTorch's update rules (torch.optim, default arguments apart from
 //! those given), so that the same weights, batches and hyperparameters give the same losses:
 //! - SGD: `g += wd p`; with momentum `buf = g` on the first step, then `buf = m buf + g`;
-//!   `p -= lr buf` (dampening 0, no Nesterov).
+//!   `p -= lr buf` (dampening 0); with Nesterov (the CNN path) `p -= lr (g + m buf)`.
 //! - Adam: `g += wd p`; `m = lerp(m, g, 1 - b1)`; `v = b2 v + (1 - b2) g^2`;
 //!   `p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)`, the bias corrections in
 //!   float64 as PyTorch computes them from its step count.
@@ -135,54 +135,117 @@ impl<T: Real> Optimizer<T> {
             .zip(&grads.bias)
             .flat_map(|(w, b)| [w, b]);
         self.step += 1;
-        let t = self.step as f64;
-        let lr = T::from_f64(c.lr);
-        let wd = T::from_f64(c.weight_decay);
-        let step_size = T::from_f64(c.lr / (1.0 - BETA1.powf(t)));
-        let bc2_sqrt = T::from_f64((1.0 - BETA2.powf(t)).sqrt());
-        let (b1c, b2, b2c, eps) = (
-            T::from_f64(1.0 - BETA1),
-            T::from_f64(BETA2),
-            T::from_f64(1.0 - BETA2),
-            T::from_f64(EPS),
-        );
-        let decay = T::from_f64(1.0 - c.lr * c.weight_decay);
-        let momentum = T::from_f64(c.momentum);
+        let rule = StepRule::new(c.kind, c.lr, c.momentum, c.weight_decay, false, self.step);
         for (k, (p, g)) in params.zip(gs).enumerate() {
-            match c.kind {
-                OptimizerKind::Sgd => match self.m.get_mut(k) {
-                    Some(buf) => {
-                        for ((pi, &gi), bi) in p.iter_mut().zip(g).zip(buf.iter_mut()) {
-                            let d = gi + wd * *pi;
-                            *bi = if first { d } else { momentum * *bi + d };
+            let m = self.m.get_mut(k).map(Vec::as_mut_slice);
+            let v = self.v.get_mut(k).map(Vec::as_mut_slice);
+            rule.apply(p, g, m, v, first);
+        }
+    }
+}
+
+/// One step's update rule with its constants computed once (the bias corrections in float64
+/// from the step count, as PyTorch computes them), applied tensor by tensor: what the MLP's
+/// [`Optimizer`] and the convolutional networks' optimizer ([`crate::cnn::optim`]) share.
+#[derive(Debug, Clone, Copy)]
+pub struct StepRule<T> {
+    kind: OptimizerKind,
+    nesterov: bool,
+    lr: T,
+    wd: T,
+    momentum: T,
+    step_size: T,
+    bc2_sqrt: T,
+    b1c: T,
+    b2: T,
+    b2c: T,
+    eps: T,
+    decay: T,
+}
+
+impl<T: Real> StepRule<T> {
+    /// The rule of update number `step` (1 for the first). `nesterov` applies to SGD with
+    /// momentum: `g = g + m buf` after the buffer's update, `p -= lr g`.
+    pub fn new(
+        kind: OptimizerKind,
+        lr: f64,
+        momentum: f64,
+        weight_decay: f64,
+        nesterov: bool,
+        step: u64,
+    ) -> StepRule<T> {
+        let t = step as f64;
+        StepRule {
+            kind,
+            nesterov,
+            lr: T::from_f64(lr),
+            wd: T::from_f64(weight_decay),
+            momentum: T::from_f64(momentum),
+            step_size: T::from_f64(lr / (1.0 - BETA1.powf(t))),
+            bc2_sqrt: T::from_f64((1.0 - BETA2.powf(t)).sqrt()),
+            b1c: T::from_f64(1.0 - BETA1),
+            b2: T::from_f64(BETA2),
+            b2c: T::from_f64(1.0 - BETA2),
+            eps: T::from_f64(EPS),
+            decay: T::from_f64(1.0 - lr * weight_decay),
+        }
+    }
+
+    /// Updates `p` from its gradient `g`. `m`: SGD's momentum buffer (None: plain SGD) or
+    /// Adam's first moment; `v`: Adam's second moment. `first`: the buffers' first step (SGD
+    /// then sets `buf = g` as PyTorch does).
+    ///
+    /// # Panics
+    ///
+    /// For Adam or AdamW without both moments.
+    pub fn apply(
+        &self,
+        p: &mut [T],
+        g: &[T],
+        m: Option<&mut [T]>,
+        v: Option<&mut [T]>,
+        first: bool,
+    ) {
+        let (lr, wd, momentum) = (self.lr, self.wd, self.momentum);
+        match self.kind {
+            OptimizerKind::Sgd => match m {
+                Some(buf) => {
+                    for ((pi, &gi), bi) in p.iter_mut().zip(g).zip(buf.iter_mut()) {
+                        let d = gi + wd * *pi;
+                        *bi = if first { d } else { momentum * *bi + d };
+                        if self.nesterov {
+                            *pi -= lr * (d + momentum * *bi);
+                        } else {
                             *pi -= lr * *bi;
                         }
                     }
-                    None => {
-                        for (pi, &gi) in p.iter_mut().zip(g) {
-                            let d = gi + wd * *pi;
-                            *pi -= lr * d;
-                        }
+                }
+                None => {
+                    for (pi, &gi) in p.iter_mut().zip(g) {
+                        let d = gi + wd * *pi;
+                        *pi -= lr * d;
                     }
-                },
-                OptimizerKind::Adam | OptimizerKind::AdamW => {
-                    let adam = c.kind == OptimizerKind::Adam;
-                    // one pass of zipped slices (no indexing): the compiler vectorises it
-                    let (m, v) = (&mut self.m[k], &mut self.v[k]);
-                    for (((pi, &gi), mi), vi) in
-                        p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut())
-                    {
-                        let d = if adam {
-                            gi + wd * *pi
-                        } else {
-                            *pi *= decay;
-                            gi
-                        };
-                        *mi = *mi + b1c * (d - *mi);
-                        *vi = b2 * *vi + b2c * d * d;
-                        let denom = vi.sqrt() / bc2_sqrt + eps;
-                        *pi -= step_size * (*mi / denom);
-                    }
+                }
+            },
+            OptimizerKind::Adam | OptimizerKind::AdamW => {
+                let adam = self.kind == OptimizerKind::Adam;
+                let (m, v) = (
+                    m.expect("Adam needs its first moments"),
+                    v.expect("Adam needs its second moments"),
+                );
+                // one pass of zipped slices (no indexing): the compiler vectorises it
+                for (((pi, &gi), mi), vi) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut())
+                {
+                    let d = if adam {
+                        gi + wd * *pi
+                    } else {
+                        *pi *= self.decay;
+                        gi
+                    };
+                    *mi = *mi + self.b1c * (d - *mi);
+                    *vi = self.b2 * *vi + self.b2c * d * d;
+                    let denom = vi.sqrt() / self.bc2_sqrt + self.eps;
+                    *pi -= self.step_size * (*mi / denom);
                 }
             }
         }
