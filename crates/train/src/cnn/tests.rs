@@ -20,9 +20,11 @@ fn rand_tensor(shape: [usize; 4], seed: u64) -> Tensor<f64> {
     Tensor::from_vec(shape, normal_f64(shape.iter().product(), seed))
 }
 
-/// |a - b| small against their size: finite differences of smooth f64 functions.
+/// |a - b| small against their size: finite differences of smooth f64 functions. The floor
+/// 1e-2 of the scale allows an absolute 1e-8: a central difference with step 1e-5 of sums of
+/// order 10 carries rounding of about 1e-9 (a conv's dx of 3e-4 once came out 2.9e-9 off).
 fn close(a: f64, b: f64, what: &str, seed: u64) {
-    let err = (a - b).abs() / (a.abs() + b.abs()).max(1e-3);
+    let err = (a - b).abs() / (a.abs() + b.abs()).max(1e-2);
     assert!(
         err < 1e-6,
         "{what}: analytic {a} vs numeric {b} (seed {seed})"
@@ -339,8 +341,26 @@ fn model_loss(model: &mut ResNet<f64>, x: &Tensor<f64>, labels: &[u32]) -> f64 {
     cross_entropy_smoothed(&logits, model.classes, labels, 0.1, &mut Vec::new()).0
 }
 
-fn check_resnet(depth: Depth, (batch, size): (usize, usize), h: f64, names: &[&str]) {
-    let seed = fresh_seed();
+/// [`check_seed`] on fresh seeds until one leaves enough smooth coordinates (at most three).
+fn check_resnet(depth: Depth, shape: (usize, usize), h: f64, names: &[&str]) {
+    for _ in 0..3 {
+        if check_seed(depth, shape, h, names, fresh_seed()) {
+            return;
+        }
+    }
+    panic!("{depth:?}: three seeds with kinks nearly everywhere");
+}
+
+/// The gradients of `names` (two coordinates each) against finite differences; false when
+/// kinks (a ReLU or a max pool's choice switching within the steps) left too few smooth
+/// coordinates to check. A gradient off panics.
+fn check_seed(
+    depth: Depth,
+    (batch, size): (usize, usize),
+    h: f64,
+    names: &[&str],
+    seed: u64,
+) -> bool {
     let mut model = ResNet::<f64>::new(depth, 5, seed);
     let x = rand_tensor([batch, 3, size, size], seed + 1);
     let labels: Vec<u32> = (0..batch as u32).map(|i| (i * 3 + 1) % 5).collect();
@@ -364,33 +384,49 @@ fn check_resnet(depth: Depth, (batch, size): (usize, usize), h: f64, names: &[&s
                 .wrapping_add(1442695040888963407);
             let i = (pick >> 33) as usize % model.params[k].data.len();
             let keep = model.params[k].data[i];
-            let mut central = |h: f64| {
-                model.params[k].data[i] = keep + h;
-                let up = model_loss(&mut model, &x, &labels);
-                model.params[k].data[i] = keep - h;
-                let down = model_loss(&mut model, &x, &labels);
+            let mut at = |v: f64| {
+                model.params[k].data[i] = v;
+                let loss = model_loss(&mut model, &x, &labels);
                 model.params[k].data[i] = keep;
-                (up - down) / (2.0 * h)
+                loss
             };
-            let (wide, num) = (central(2.0 * h), central(h));
-            // a ReLU or a max pool's choice switching within +-2h (a kink): the quotients of
-            // two steps disagree and neither is the derivative; take another coordinate
-            if (wide - num).abs() > 1e-5 * (wide.abs() + num.abs()).max(1e-4) {
+            let (f0, up, down) = (at(keep), at(keep + h), at(keep - h));
+            let (up2, down2) = (at(keep + 2.0 * h), at(keep - 2.0 * h));
+            let num = (up - down) / (2.0 * h);
+            let wide = (up2 - down2) / (4.0 * h);
+            // a ReLU or a max pool's choice switching within +-2h (a kink): the central
+            // quotients of two steps disagree, and neither is the derivative: take another
+            // coordinate
+            let scale = |a: f64, b: f64| (a.abs() + b.abs()).max(1e-4);
+            if (wide - num).abs() > 1e-5 * scale(wide, num) {
                 kinks += 1;
-                assert!(kinks < 20, "{depth:?}: kinks everywhere (seed {seed})");
+                if kinks >= 60 {
+                    eprintln!("{depth:?}: kinks nearly everywhere (seed {seed}); another seed");
+                    return false;
+                }
                 continue;
             }
             checked += 1;
-            let err = (grads[k][i] - num).abs() / (grads[k][i].abs() + num.abs()).max(1e-4);
+            let err = (grads[k][i] - num).abs() / scale(grads[k][i], num);
+            // where the switch sits within +-h of the middle, both central quotients give the
+            // mean of the two slopes and agree; the derivative the backward pass takes is one
+            // of the one-sided slopes, (f(x+h) - f(x)) / h or (f(x) - f(x-h)) / h, within
+            // f'' h of it
+            let one_sided = [(up - f0) / h, (f0 - down) / h]
+                .iter()
+                .map(|s| (grads[k][i] - s).abs() / scale(grads[k][i], *s))
+                .fold(f64::INFINITY, f64::min);
             eprintln!(
-                "{depth:?} {name}[{i}]: analytic {} vs numeric {num} err {err:.1e} (seed {seed})",
+                "{depth:?} {name}[{i}]: analytic {} vs numeric {num} err {err:.1e}, one-sided \
+                 {one_sided:.1e} (seed {seed})",
                 grads[k][i]
             );
             // steps of 1e-7 leave the quotient ~1e-8 of rounding: 1e-4 of small gradients
-            bad += usize::from(err >= 1e-4);
+            bad += usize::from(err >= 1e-4 && one_sided >= 1e-3);
         }
     }
     assert_eq!(bad, 0, "{depth:?}: gradients off (seed {seed})");
+    true
 }
 
 /// ResNet-18 at 64x64, batch 2, f64 (smaller images leave layer4's batch norm two values a
