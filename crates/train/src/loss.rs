@@ -82,20 +82,8 @@ fn cross_entropy<T: Real>(
         .zip(classes)
     {
         let c = c as usize;
-        let mut max = row[0];
-        let mut arg = 0;
-        for (j, &v) in row.iter().enumerate() {
-            if v > max {
-                max = v;
-                arg = j;
-            }
-        }
+        let (arg, max, total) = exp_row(row, g);
         correct += usize::from(arg == c);
-        let mut total = T::ZERO;
-        for (gj, &v) in g.iter_mut().zip(row) {
-            *gj = (v - max).exp();
-            total += *gj;
-        }
         sum += (total.ln() + max - row[c]).to_f64();
         for (j, gj) in g.iter_mut().enumerate() {
             let p = *gj / total;
@@ -103,6 +91,25 @@ fn cross_entropy<T: Real>(
         }
     }
     (sum / n, correct)
+}
+
+/// One row of logits' softmax numerators, computed stably: `g_j = exp(z_j - max)`; the first
+/// largest logit's index, the largest logit and the numerators' sum.
+pub(crate) fn exp_row<T: Real>(row: &[T], g: &mut [T]) -> (usize, T, T) {
+    let mut max = row[0];
+    let mut arg = 0;
+    for (j, &v) in row.iter().enumerate() {
+        if v > max {
+            max = v;
+            arg = j;
+        }
+    }
+    let mut total = T::ZERO;
+    for (gj, &v) in g.iter_mut().zip(row) {
+        *gj = (v - max).exp();
+        total += *gj;
+    }
+    (arg, max, total)
 }
 
 #[cfg(test)]

@@ -32,20 +32,8 @@ pub fn cross_entropy_smoothed<T: Real>(
     {
         let label = label as usize;
         assert!(label < classes, "label {label} of {classes} classes");
-        let mut max = row[0];
-        let mut arg = 0;
-        for (j, &v) in row.iter().enumerate() {
-            if v > max {
-                max = v;
-                arg = j;
-            }
-        }
+        let (arg, max, sum) = crate::loss::exp_row(row, g);
         correct += usize::from(arg == label);
-        let mut sum = T::ZERO;
-        for (gj, &v) in g.iter_mut().zip(row) {
-            *gj = (v - max).exp();
-            sum += *gj;
-        }
         // log p_j = z_j - max - log(sum)
         let lse = sum.ln().to_f64() + max.to_f64();
         let nll = lse - row[label].to_f64();
