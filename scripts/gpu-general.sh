@@ -19,7 +19,9 @@ set -u
 OUT=${OUT:-$PWD/gpu-run-out}
 BIN=${GPUKIT_BIN:-$PWD/.device/gpukit}
 W=$(mktemp -d)
-mkdir -p "$OUT" .device/cache; SUMMARY=$OUT/summary.txt; : >>"$SUMMARY"
+# 0-summary.txt sorts first: the device tool returns a limited number of files, alphabetically,
+# and a call that runs past its limit must still bring the summary back
+mkdir -p "$OUT" .device/cache; SUMMARY=$OUT/0-summary.txt; : >>"$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 export PATH=/opt/torch/.venv/bin:$PATH
 ORT=$(python3 -c 'import onnxruntime, os, glob; print(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so*"))[0])' 2>/dev/null)
