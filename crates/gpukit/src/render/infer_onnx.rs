@@ -126,13 +126,7 @@ fn setup(r: &OnnxRun) -> Section {
     rows.push((
         "GPU",
         match (&r.gpu_engine, &r.gpu) {
-            // the engine's line names the ordinal; the device's name goes after it
-            (Some(engine), None) => match r.gpu_device.as_deref().and_then(|d| d.split_once(' ')) {
-                Some((ordinal, name)) if !engine.contains(name) => {
-                    engine.replacen(ordinal, &format!("{ordinal} ({name})"), 1)
-                }
-                _ => engine.clone(),
-            },
+            (Some(engine), None) => engine.clone(),
             (_, Some(why)) => format!("no figures: {why}"),
             (None, None) => "not selected".into(),
         },

@@ -396,8 +396,10 @@ pub fn run_onnx(
             }
             if ctx.is_ok() {
                 let ordinal = gpu_ordinal(opts.selection).unwrap_or(0);
-                run.gpu_device = Some(crate::infer::gpu_name(discovery, ordinal).0);
-                let mut engine = general::describe(steps.as_deref(), &device);
+                let (name, _) = crate::infer::gpu_name(discovery, ordinal);
+                // the engine's line names the device as the hand-built engine's does
+                let mut engine = general::describe(steps.as_deref(), &name);
+                run.gpu_device = Some(name);
                 // a graph of the ResNet family the reader refused: say why it is not on the
                 // hand-built engine
                 if let Some(why) = &refused {

@@ -161,7 +161,7 @@ fn infer_onnx_fp32_rows_show_their_distance_from_float64_beside_onnxruntimes() {
     ];
     run.gpu = None;
     run.gpu_engine =
-        Some("gpukit's general GPU engine on cuda:0; f32 nchw: 12 conv (cuDNN)".into());
+        Some("gpukit's general GPU engine on cuda:0 NVIDIA H200; f32 nchw: 12 conv (cuDNN)".into());
     run.gpu_device = Some("cuda:0 NVIDIA H200".into());
     run.float64 = vec![
         Float64Reference {
