@@ -78,7 +78,6 @@ impl Dnn {
                 "f64 stays on the legacy API".to_string(),
             ));
         }
-        let strict_f32 = !conv.dtype.uses_tensor_cores();
         conv.check(x, w, y)?;
         let sh = conv.shape;
         let e = conv.dtype.size_bytes();
@@ -92,7 +91,7 @@ impl Dnn {
         let graph = &built.graph;
 
         let search = self.search();
-        let limits = Limits::of(search, strict_f32, only);
+        let limits = Limits::of(search, self.strict(conv.dtype), only);
         let (configs, heurs) = read_configs(graph, limits)?;
         let count = configs.len();
         let wsb = self.planning_workspace()?;
@@ -124,7 +123,7 @@ impl Dnn {
             if timed >= limits.timed {
                 break;
             }
-            let Some(compiled) = limits.wants((*list, cfg), strict_f32, runtime_compiled) else {
+            let Some(compiled) = limits.wants((*list, cfg), runtime_compiled) else {
                 continue;
             };
             runtime_compiled += usize::from(compiled);

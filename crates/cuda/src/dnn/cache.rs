@@ -6,12 +6,11 @@
 //! cuDNN version, so a new gpukit with the same policy keeps using it and a new cuDNN or GPU
 //! starts afresh. `GPUKIT_REPLAN=1` measures again and overwrites.
 
-use super::legacy::{algo_name, math_name, AlgoRow, FWD_ALGOS, MATH_TYPES};
+use super::legacy::{algo_name, exact_f32_algo, math_name, AlgoRow, FWD_ALGOS, MATH_TYPES};
 use super::Act;
-use super::{Conv, Search};
+use super::{Conv, Search, Strict};
 use crate::driver::Gpu;
 use cudarc::cudnn::sys as dn;
-use gpukit_types::DType;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -27,6 +26,10 @@ pub(super) struct Key {
     pub legacy_only: bool,
     /// The workspace limit, when below the default.
     pub workspace_limit: Option<usize>,
+    /// Planned as exact f32 ([`super::Strict::Exact`]); absent in files from before it existed,
+    /// whose choices were made without the rule.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exact_f32: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -74,18 +77,20 @@ impl Choice {
         }
     }
 
-    /// The legacy row this choice names (time and workspace unknown), if it is one a `dtype`
-    /// convolution may run; None means measure again. None too for names this build does not
-    /// know, and for strict f32 (or f64) with any math type but FMA: a hand-edited or foreign
-    /// file must not put a strict convolution on TF32 tensor cores (default math allows them
-    /// on Ampere and newer).
-    pub fn legacy_row(&self, dtype: DType) -> Option<AlgoRow> {
+    /// The legacy row this choice names (time and workspace unknown), if it is one a
+    /// convolution held to `strict` may run; None means measure again. None too for names this
+    /// build does not know, for strict f32 (or f64) with any math type but FMA (a hand-edited or
+    /// foreign file must not put a strict convolution on TF32 tensor cores: default math allows
+    /// them on Ampere and newer), and for exact f32 with a Winograd or FFT algorithm.
+    pub fn legacy_row(&self, strict: Strict) -> Option<AlgoRow> {
         let Choice::Legacy { algo, math } = self else {
             return None;
         };
         let algo = FWD_ALGOS.iter().find(|(n, _)| n == algo)?.1;
         let math = MATH_TYPES.iter().find(|(n, _)| n == math)?.1;
-        if !dtype.uses_tensor_cores() && math != dn::cudnnMathType_t::CUDNN_FMA_MATH {
+        if strict.f32() && math != dn::cudnnMathType_t::CUDNN_FMA_MATH
+            || strict == Strict::Exact && !exact_f32_algo(algo)
+        {
             return None;
         }
         Some(AlgoRow {
@@ -278,6 +283,7 @@ mod tests {
             op: Op::Fused { residual },
             legacy_only: false,
             workspace_limit: None,
+            exact_f32: false,
         }
     }
 
@@ -298,9 +304,9 @@ mod tests {
         c.put(key(false), graph.clone(), Search::Exhaustive);
         let back = Choices::parse(&c.render()).unwrap();
         assert_eq!(back, c.map);
-        let again = back[&key(true)].choice.legacy_row(DType::F16).unwrap();
+        let again = back[&key(true)].choice.legacy_row(Strict::Any).unwrap();
         assert_eq!((again.algo, again.math), (row.algo, row.math));
-        assert!(back[&key(false)].choice.legacy_row(DType::F16).is_none());
+        assert!(back[&key(false)].choice.legacy_row(Strict::Any).is_none());
         assert_eq!(c.get(&key(false), Search::Fast), Some(graph));
     }
 
@@ -335,7 +341,7 @@ mod tests {
             algo: "NO_SUCH".into(),
             math: "FMA".into(),
         };
-        assert!(unknown.legacy_row(DType::F16).is_none());
+        assert!(unknown.legacy_row(Strict::Any).is_none());
     }
 
     #[test]
@@ -345,10 +351,50 @@ mod tests {
             math: math.into(),
         };
         for (math, _) in MATH_TYPES {
-            let strict = choice(math).legacy_row(DType::F32);
+            let strict = choice(math).legacy_row(Strict::NoTensorCores);
             assert_eq!(strict.is_some(), math == "FMA", "{math}");
-            assert!(choice(math).legacy_row(DType::Tf32).is_some(), "{math}");
+            assert!(choice(math).legacy_row(Strict::Any).is_some(), "{math}");
         }
+    }
+
+    #[test]
+    fn a_cached_row_never_puts_exact_f32_on_winograd_or_fft() {
+        for (algo, a) in FWD_ALGOS {
+            let row = |math: &str, strict| {
+                Choice::Legacy {
+                    algo: algo.into(),
+                    math: math.into(),
+                }
+                .legacy_row(strict)
+            };
+            let transform = algo.starts_with("WINOGRAD") || algo.starts_with("FFT");
+            assert_eq!(row("FMA", Strict::Exact).is_some(), !transform, "{algo}");
+            assert_eq!(exact_f32_algo(a), !transform, "{algo}");
+            assert!(row("FMA", Strict::NoTensorCores).is_some(), "{algo}");
+            assert!(row("TENSOR_OP", Strict::Exact).is_none(), "{algo}");
+        }
+    }
+
+    #[test]
+    fn exact_choices_are_kept_apart_and_old_files_read_as_not_exact() {
+        let plain = key(false);
+        let exact = Key {
+            exact_f32: true,
+            ..key(false)
+        };
+        let mut c = Choices::default();
+        let legacy = |algo: &str| Choice::Legacy {
+            algo: algo.into(),
+            math: "FMA".into(),
+        };
+        c.put(plain.clone(), legacy("WINOGRAD_NONFUSED"), Search::Fast);
+        c.put(exact.clone(), legacy("IMPLICIT_GEMM"), Search::Fast);
+        let text = String::from_utf8(c.render()).unwrap();
+        // a key planned without the rule is written as before it existed
+        assert_eq!(text.matches("exact_f32").count(), 1, "{text}");
+        let back = Choices::parse(text.as_bytes()).unwrap();
+        assert_eq!(back[&plain].choice, legacy("WINOGRAD_NONFUSED"));
+        assert_eq!(back[&exact].choice, legacy("IMPLICIT_GEMM"));
     }
 
     #[test]
@@ -407,9 +453,10 @@ mod tests {
                 ],
                 any::<bool>(),
                 prop::option::of(dim()),
+                any::<bool>(),
             )
                 .prop_map(
-                    |(shape, layout, dtype, op, legacy_only, workspace_limit)| Key {
+                    |(shape, layout, dtype, op, legacy_only, workspace_limit, exact_f32)| Key {
                         conv: Conv {
                             shape,
                             layout,
@@ -418,6 +465,7 @@ mod tests {
                         op,
                         legacy_only,
                         workspace_limit,
+                        exact_f32,
                     },
                 )
         }
@@ -526,11 +574,17 @@ mod tests {
                     let v = &stored.choice;
                     // an unknown name, a rank past the list or a strict tensor-core math type
                     // comes back as no row, which means measure again
-                    if let Some(row) = v.legacy_row(k.conv.dtype) {
+                        let strict = match (k.conv.dtype.uses_tensor_cores(), k.exact_f32) {
+                        (true, _) => Strict::Any,
+                        (false, false) => Strict::NoTensorCores,
+                        (false, true) => Strict::Exact,
+                    };
+                    if let Some(row) = v.legacy_row(strict) {
                         prop_assert!(
                             k.conv.dtype.uses_tensor_cores()
                                 || row.math == dn::cudnnMathType_t::CUDNN_FMA_MATH
                         );
+                        prop_assert!(strict != Strict::Exact || exact_f32_algo(row.algo));
                         prop_assert_eq!(&Choice::legacy(row), v);
                     }
                 }

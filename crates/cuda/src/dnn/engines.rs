@@ -6,7 +6,7 @@
 
 use super::cache::List;
 use super::graph::Desc;
-use super::{ok, Search};
+use super::{ok, Search, Strict};
 use crate::error::Result;
 use cudarc::cudnn::sys as dn;
 use dn::cudnnBackendAttributeName_t as A;
@@ -113,6 +113,8 @@ pub(super) struct Limits {
     pub runtime_compiled: usize,
     /// The one configuration wanted (a choice measured before), if any.
     pub only: Option<(List, usize)>,
+    /// Which engines the convolution may run.
+    pub strict: Strict,
 }
 
 impl Limits {
@@ -122,8 +124,8 @@ impl Limits {
     /// the heuristic's ranking and of the fallback list; a heuristic one takes the first that
     /// finalizes, untimed. Strict f32 reads longer lists to find engines without tensor cores
     /// (the heuristic ranks tensor-core ones first).
-    pub fn of(search: Search, strict_f32: bool, only: Option<(List, usize)>) -> Limits {
-        let (heuristic, fallback, timed) = match (only, search, strict_f32) {
+    pub fn of(search: Search, strict: Strict, only: Option<(List, usize)>) -> Limits {
+        let (heuristic, fallback, timed) = match (only, search, strict.f32()) {
             (Some((List::Heuristic, i)), _, _) => (i + 1, 0, 1),
             (Some((List::Fallback, i)), _, _) => (0, i + 1, 1),
             (None, Search::Exhaustive, true) => (STRICT_F32_LIST, STRICT_F32_LIST, GRAPH_TRIALS),
@@ -145,6 +147,7 @@ impl Limits {
             timed,
             runtime_compiled,
             only,
+            strict,
         }
     }
 
@@ -153,13 +156,13 @@ impl Limits {
     /// use TF32 tensor cores, or does not say; one compiled kernel too many; or, in a fast
     /// search, a fallback engine that compiles at run time), else whether it compiles at run
     /// time.
-    pub fn wants(
-        &self,
-        (list, cfg): (List, &Desc),
-        strict_f32: bool,
-        compiled_before: usize,
-    ) -> Option<bool> {
-        if strict_f32 && !matches!(engine_facts(cfg), Ok((_, Some(false)))) {
+    pub fn wants(&self, (list, cfg): (List, &Desc), compiled_before: usize) -> Option<bool> {
+        let admitted = match self.strict {
+            Strict::Any => true,
+            Strict::NoTensorCores => matches!(engine_facts(cfg), Ok((_, Some(false)))),
+            Strict::Exact => exact_f32_engine(cfg),
+        };
+        if !admitted {
             return None;
         }
         let compiled = compiles_at_run_time(cfg);
@@ -285,6 +288,34 @@ pub(super) fn engine_facts(cfg: &Desc) -> Result<(i64, Option<bool>)> {
     )
     .map(|n| n.contains(&dn::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_TENSOR_CORE));
     Ok((index, tensor_cores))
+}
+
+/// Whether an engine computes strict f32 as its sums are written: its numerical notes known,
+/// and none of tensor cores, Winograd or FFT transforms, reduced-precision sums or inputs
+/// converted down. Winograd's transforms put ResNet-50's f32 logits 2.0-2.3e-5 from float64,
+/// farther than ONNX Runtime's f32 (1.4-1.7e-5).
+pub(super) fn exact_f32_engine(cfg: &Desc) -> bool {
+    use dn::cudnnBackendNumericalNote_t as N;
+    let Ok(engine) = engine_of(cfg) else {
+        return false;
+    };
+    let inexact = [
+        N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE,
+        N::CUDNN_NUMERICAL_NOTE_WINOGRAD,
+        N::CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4,
+        N::CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6,
+        N::CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13,
+        N::CUDNN_NUMERICAL_NOTE_FFT,
+        N::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION,
+        N::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS,
+    ];
+    notes(
+        &engine,
+        A::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+        T::CUDNN_TYPE_NUMERICAL_NOTE,
+        N::CUDNN_NUMERICAL_NOTE_TYPE_COUNT,
+    )
+    .is_some_and(|n| !n.iter().any(|x| inexact.contains(x)))
 }
 
 /// An engine's notes of one kind (`ty` names the C enum `N`); None when cuDNN does not say.

@@ -3,7 +3,7 @@
 //! (`cudnnGetConvolutionForwardAlgorithm_v7`, which runs nothing), the bare convolution and the fused
 //! `y = act(conv(x) + bias + z)` of `cudnnConvolutionBiasActivationForward`.
 
-use super::{ok, Conv, Dnn};
+use super::{ok, Conv, Dnn, Strict};
 use crate::error::{Error, Result};
 use crate::memory::View;
 use cudarc::cudnn::sys as dn;
@@ -357,7 +357,7 @@ impl Dnn {
         })?;
         perf.truncate(returned.max(0) as usize);
         // cuDNN sorts by time
-        Ok(usable(plan, &perf)
+        Ok(usable(self.strict(plan.conv.dtype), &perf)
             .filter(|r| r.workspace_bytes <= ws.bytes())
             .collect())
     }
@@ -392,7 +392,7 @@ impl Dnn {
             )
         })?;
         perf.truncate(returned.max(0) as usize);
-        Ok(usable(plan, &perf)
+        Ok(usable(self.strict(plan.conv.dtype), &perf)
             // a suggestion carries no time of its own
             .map(|row| AlgoRow { ms: 0.0, ..row })
             .filter_map(|row| self.workspace_for(plan, row).ok())
@@ -629,15 +629,30 @@ impl Dnn {
     }
 }
 
-/// The results cuDNN reports as supported, as rows; for strict f32 only those off tensor cores
-/// (cuDNN may otherwise slip a TF32 algorithm in).
-fn usable<'a>(
-    plan: &ConvPlan,
-    perf: &'a [dn::cudnnConvolutionFwdAlgoPerfStruct],
-) -> impl Iterator<Item = AlgoRow> + 'a {
-    let strict = !plan.conv.dtype.uses_tensor_cores();
+/// Whether a legacy algorithm sums the products as written: not through Winograd's or FFT's
+/// transforms, whose rounding puts deep models' f32 outputs farther from float64 than other f32
+/// frameworks' (exact f32 leaves them out).
+pub(super) fn exact_f32_algo(algo: dn::cudnnConvolutionFwdAlgo_t) -> bool {
+    use dn::cudnnConvolutionFwdAlgo_t as F;
+    !matches!(
+        algo,
+        F::CUDNN_CONVOLUTION_FWD_ALGO_FFT
+            | F::CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING
+            | F::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD
+            | F::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED
+    )
+}
+
+/// The results cuDNN reports as supported, as rows; for strict f32 only those with FMA math
+/// (default math permits TF32 tensor cores on Ampere and newer; the cache keeps the same rule),
+/// for exact f32 also off Winograd and FFT transforms ([`exact_f32_algo`]).
+fn usable(
+    strict: Strict,
+    perf: &[dn::cudnnConvolutionFwdAlgoPerfStruct],
+) -> impl Iterator<Item = AlgoRow> + '_ {
     perf.iter()
         .filter(|r| r.status == dn::cudnnStatus_t::CUDNN_STATUS_SUCCESS)
-        .filter(move |r| !strict || r.mathType != dn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH)
+        .filter(move |r| !strict.f32() || r.mathType == dn::cudnnMathType_t::CUDNN_FMA_MATH)
+        .filter(move |r| strict != Strict::Exact || exact_f32_algo(r.algo))
         .map(AlgoRow::from)
 }

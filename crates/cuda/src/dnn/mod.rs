@@ -135,6 +135,23 @@ pub(crate) fn ok(call: &'static str, status: dn::cudnnStatus_t) -> Result<()> {
 /// Largest workspace an algorithm may use.
 pub const CONV_WORKSPACE_BYTES: usize = 256 << 20;
 
+/// Which convolution kernels an f32 (or f64) convolution may run: tensor-core types take any;
+/// strict f32 leaves out TF32 tensor cores; exact f32 also leaves out Winograd and FFT transforms,
+/// reduced-precision sums and inputs converted down ([`Dnn::set_exact_f32`]), so that a deep
+/// model's f32 output stays as near float64 as other frameworks' f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Strict {
+    Any,
+    NoTensorCores,
+    Exact,
+}
+
+impl Strict {
+    pub fn f32(self) -> bool {
+        self != Strict::Any
+    }
+}
+
 /// How hard the selection policy searches for each convolution's fastest way to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -266,6 +283,8 @@ pub struct Dnn {
     /// before the next one ([`Dnn::candidate_ms_within`]).
     last_timed: Cell<Option<std::time::Instant>>,
     search: Cell<Search>,
+    /// Whether strict f32 convolutions planned from now on must be exact ([`Strict::Exact`]).
+    exact_f32: Cell<bool>,
     stats: Cell<PlanStats>,
     /// The GPU's context, for helper threads ([`Dnn::precompile`]).
     ctx: std::sync::Arc<cudarc::driver::CudaContext>,
@@ -303,6 +322,7 @@ impl Dnn {
             choices: RefCell::new(cache::Choices::open(gpu)),
             last_timed: Cell::new(None),
             search: Cell::new(Search::Fast),
+            exact_f32: Cell::new(false),
             stats: Cell::new(PlanStats::default()),
             ctx: gpu.ctx().clone(),
             precompiler: RefCell::new(None),
@@ -333,6 +353,23 @@ impl Dnn {
     /// are cached apart from the unlimited ones.
     pub fn set_workspace_limit(&self, bytes: usize) {
         self.workspace_limit.set(bytes.min(CONV_WORKSPACE_BYTES));
+    }
+
+    /// Makes the f32 convolutions planned from now on exact: no Winograd or FFT transforms, no
+    /// reduced-precision sums, no inputs converted down (besides no TF32). For programs whose f32
+    /// output is judged against float64; `bench conv` keeps every f32 algorithm PyTorch's
+    /// cudnn.benchmark may pick. Choices made so are cached apart.
+    pub fn set_exact_f32(&self, on: bool) {
+        self.exact_f32.set(on);
+    }
+
+    /// What a `dtype` convolution planned now may run ([`Strict`]).
+    pub(super) fn strict(&self, dtype: DType) -> Strict {
+        match (dtype.uses_tensor_cores(), self.exact_f32.get()) {
+            (true, _) => Strict::Any,
+            (false, false) => Strict::NoTensorCores,
+            (false, true) => Strict::Exact,
+        }
     }
 
     /// See [`Dnn::set_workspace_limit`].

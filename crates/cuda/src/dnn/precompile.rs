@@ -330,11 +330,10 @@ fn compile(
     job: &Job,
 ) -> Result<(Option<((List, usize), Done)>, Vec<(List, usize)>)> {
     let spec = job.spec;
-    let strict_f32 = !spec.conv.dtype.uses_tensor_cores();
     let built = build_graph(handle.0, spec.conv, spec.bias, spec.residual, spec.act)?;
     // one configuration: its list read up to it (the search does not matter then)
     let limits = match job.pick {
-        Some(pick) => Limits::of(Search::Fast, strict_f32, Some(pick)),
+        Some(pick) => Limits::of(Search::Fast, job.limits.strict, Some(pick)),
         None => job.limits,
     };
     let (configs, heurs) = read_configs(&built.graph, limits)?;
@@ -345,7 +344,7 @@ fn compile(
         if limits.only.is_some_and(|o| o != pick) {
             continue;
         }
-        let Some(compiled) = job.limits.wants((*list, cfg), strict_f32, compiled_before) else {
+        let Some(compiled) = job.limits.wants((*list, cfg), compiled_before) else {
             continue;
         };
         compiled_before += usize::from(compiled);
@@ -407,7 +406,7 @@ impl Dnn {
                     Some(_) => return None,
                     None => None,
                 };
-                let limits = Limits::of(search, !spec.conv.dtype.uses_tensor_cores(), only);
+                let limits = Limits::of(search, self.strict(spec.conv.dtype), only);
                 Some(Job {
                     spec,
                     limits,
@@ -468,6 +467,7 @@ impl Dnn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dnn::Strict;
     use gpukit_types::{ConvShape, DType, Layout};
 
     fn spec(k: usize) -> GraphSpec {
@@ -496,7 +496,7 @@ mod tests {
     fn job(spec: GraphSpec, pick: Option<(List, usize)>) -> Job {
         Job {
             spec,
-            limits: Limits::of(Search::Fast, false, None),
+            limits: Limits::of(Search::Fast, Strict::Any, None),
             pick,
         }
     }
@@ -530,12 +530,12 @@ mod tests {
     /// to its index only.
     #[test]
     fn limits_follow_the_search() {
-        let fast = Limits::of(Search::Fast, false, None);
+        let fast = Limits::of(Search::Fast, Strict::Any, None);
         assert!(fast.runtime_compiled < usize::MAX && fast.timed > 1);
-        let exhaustive = Limits::of(Search::Exhaustive, false, None);
+        let exhaustive = Limits::of(Search::Exhaustive, Strict::Any, None);
         assert_eq!(exhaustive.runtime_compiled, usize::MAX);
         assert!(exhaustive.heuristic > fast.heuristic);
-        let cached = Limits::of(Search::Fast, false, Some((List::Fallback, 2)));
+        let cached = Limits::of(Search::Fast, Strict::Any, Some((List::Fallback, 2)));
         assert_eq!((cached.heuristic, cached.fallback, cached.timed), (0, 3, 1));
         assert_eq!(cached.runtime_compiled, usize::MAX);
     }

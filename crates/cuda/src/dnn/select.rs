@@ -8,7 +8,7 @@
 
 use super::cache::{Choice, Key, Op};
 use super::legacy::{ConvPlan, FusedConv};
-use super::{Act, Conv, ConvChoice, Dnn, Epilogue, Search, CONV_WORKSPACE_BYTES};
+use super::{Act, Conv, ConvChoice, Dnn, Epilogue, Search, Strict, CONV_WORKSPACE_BYTES};
 use crate::error::{Error, Result};
 use crate::memory::View;
 use gpukit_types::DType;
@@ -21,6 +21,7 @@ impl Dnn {
             legacy_only: !allow_graph,
             workspace_limit: (self.workspace_limit() < CONV_WORKSPACE_BYTES)
                 .then_some(self.workspace_limit()),
+            exact_f32: self.strict(conv.dtype) == Strict::Exact,
         }
     }
 
@@ -41,7 +42,7 @@ impl Dnn {
     /// workspace (or the cache names an algorithm this cuDNN lacks, or a math type the dtype
     /// must not run with).
     fn use_cached(&self, plan: &mut ConvPlan, choice: &Choice) -> Option<()> {
-        let row = choice.legacy_row(plan.conv.dtype)?;
+        let row = choice.legacy_row(self.strict(plan.conv.dtype))?;
         plan.apply(row).ok()?;
         let row = self.workspace_for(plan, row).ok()?;
         plan.apply(row).ok()

@@ -63,6 +63,9 @@ impl GpuContext {
     pub fn open(discovery: &Discovery, ordinal: usize) -> Result<GpuContext> {
         let gpu = Arc::new(Gpu::open(discovery, ordinal)?);
         let dnn = Dnn::new(discovery, &gpu)?;
+        // the engine's f32 outputs are judged against float64: no Winograd or FFT transforms
+        // (bench conv, which sets cuDNN beside PyTorch's cudnn.benchmark, keeps them)
+        dnn.set_exact_f32(true);
         // one small GEMM per pass (the classifier): a 4 MiB workspace is plenty
         let blas = Blas::with_workspace(discovery, &gpu, 4 << 20)?;
         let kernels = Kernels::new(discovery, &gpu)?;

@@ -121,22 +121,29 @@ __device__ void pool_cl(const T* __restrict__ x, T* __restrict__ y, Dims g) {
 }
 
 // Global average pooling: x [n, hw, c] into y [n, c]. v[0] n, v[1] hw, v[2] c, v[3] the channel
-// vectors a block sums (vb); a block of blockDim.x = lanes * vb threads per image and vb
-// vectors, each lane summing every lanes-th pixel, the lanes' sums added in shared memory.
+// vectors a block sums (vb), v[4] splits: the blocks an image's group of channels is split over.
+// A block of blockDim.x = lanes * vb threads per (image, group of vb vectors, split), each lane
+// summing every (lanes * splits)-th pixel, the lanes' sums added in shared memory. With splits
+// > 1 (small batches: too few blocks otherwise) each block writes its sums to `partial` and the
+// last block of its (image, group) to finish adds them up and writes y, then sets the group's
+// `count` back to 0 for the next launch.
 template <class T, int V>
-__device__ void gap_cl(const T* __restrict__ x, T* __restrict__ y, Dims g) {
+__device__ void gap_cl(const T* __restrict__ x, T* __restrict__ y, float* partial,
+                       unsigned* count, Dims g) {
     __shared__ float part[1024 * V];
+    __shared__ bool last;
     const long long* d = g.v;
-    const unsigned n = d[0], hw = d[1], c = d[2], vb = d[3];
+    const unsigned n = d[0], hw = d[1], c = d[2], vb = d[3], splits = d[4];
     const unsigned cv = c / V, chunks = (cv + vb - 1) / vb, lanes = blockDim.x / vb;
     const unsigned t = threadIdx.x, v = t % vb, lane = t / vb;
-    for (unsigned b = blockIdx.x; b < n * chunks; b += gridDim.x) {
-        unsigned img = b / chunks, first = (b % chunks) * vb, vec = first + v;
+    for (unsigned b = blockIdx.x; b < n * chunks * splits; b += gridDim.x) {
+        const unsigned group = b / splits, split = b - group * splits;
+        const unsigned img = group / chunks, first = (group % chunks) * vb, vec = first + v;
         float s[V];
 #pragma unroll
         for (int k = 0; k < V; ++k) s[k] = 0.0f;
         if (vec < cv)
-            for (unsigned px = lane; px < hw; px += lanes) {
+            for (unsigned px = split * lanes + lane; px < hw; px += lanes * splits) {
                 Pack<T, V> xv =
                     *(const Pack<T, V>*)(x + ((unsigned long long)img * hw + px) * c + vec * V);
 #pragma unroll
@@ -149,10 +156,93 @@ __device__ void gap_cl(const T* __restrict__ x, T* __restrict__ y, Dims g) {
             unsigned vv = u / V, k = u % V;
             float sum = 0.0f;
             for (unsigned l = 0; l < lanes; ++l) sum += part[(l * vb + vv) * V + k];
-            if (first + vv < cv)
+            if (splits > 1)
+                partial[(unsigned long long)b * vb * V + u] = sum;
+            else if (first + vv < cv)
                 y[(unsigned long long)img * c + (first + vv) * V + k] = from_f<T>(sum / (float)hw);
         }
+        if (splits > 1) {
+            __threadfence();
+            __syncthreads();
+            if (t == 0) last = atomicAdd(&count[group], 1u) == splits - 1;
+            __syncthreads();
+            if (last) {
+                __threadfence();
+                for (unsigned u = t; u < vb * V; u += blockDim.x) {
+                    unsigned vv = u / V, k = u % V;
+                    float sum = 0.0f;
+                    for (unsigned sp = 0; sp < splits; ++sp)
+                        sum += __ldcg(&partial[((unsigned long long)group * splits + sp) * vb * V + u]);
+                    if (first + vv < cv)
+                        y[(unsigned long long)img * c + (first + vv) * V + k] =
+                            from_f<T>(sum / (float)hw);
+                }
+                if (t == 0) count[group] = 0;
+            }
+        }
         __syncthreads();
+    }
+}
+
+// The depthwise convolution with its bias, then layer normalization over each output pixel's
+// channels (ConvNeXt's block): u = conv(x) + bias, y = (u - mean) / sqrt(var + eps) * gamma
+// (+ beta), u never stored. Layouts and v[0..10] as `depthwise`'s; v[10] group: a group of that
+// many lanes (a power of 2 dividing 32) a pixel, each computing up to 4 vectors of its channels
+// (c = V * vectors) in registers; 32 / group pixels a warp.
+template <class T, int V>
+__device__ void depthwise_norm(const T* __restrict__ x, const T* __restrict__ w,
+                               const T* __restrict__ bias, const T* __restrict__ gamma,
+                               const T* __restrict__ beta, T* __restrict__ y, Dims g, float eps) {
+    const long long* d = g.v;
+    const unsigned h = d[1], wd = d[2], c = d[3], p = d[4], q = d[5], r = d[6], s = d[7];
+    const int st = (int)d[8], pad = (int)d[9], group = (int)d[10];
+    const int lane = threadIdx.x & 31, sub = lane % group, per_warp = 32 / group;
+    const int vecs = (int)(c / V);
+    const unsigned pixels = (unsigned)d[0] * p * q;
+    const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const unsigned warps = (gridDim.x * blockDim.x) >> 5;
+    for (unsigned first = warp * per_warp; first < pixels; first += warps * per_warp) {
+        const unsigned pixel = first + lane / group;
+        const bool live = pixel < pixels;
+        const unsigned row = pixel / q, j = pixel - row * q;
+        const unsigned img = row / p, i = row - img * p;
+        float v[4][V];
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+#pragma unroll
+            for (int u = 0; u < V; ++u) v[k][u] = 0.0f;
+        for (unsigned di = 0; live && di < r; ++di) {
+            int yy = (int)(i * st + di) - pad;
+            if (yy < 0 || yy >= (int)h) continue;
+            const T* xrow = x + ((img * h + (unsigned)yy) * wd) * c;
+            const T* wrow = w + di * s * c;
+            for (unsigned dj = 0; dj < s; ++dj) {
+                int xx = (int)(j * st + dj) - pad;
+                if (xx < 0 || xx >= (int)wd) continue;
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const int ch = (sub + k * group) * V;
+                    if (sub + k * group >= vecs) continue;
+                    Pack<T, V> xv = *(const Pack<T, V>*)(xrow + (unsigned)xx * c + ch);
+                    Pack<T, V> wv = *(const Pack<T, V>*)(wrow + dj * c + ch);
+#pragma unroll
+                    for (int u = 0; u < V; ++u) v[k][u] += to_f(xv.v[u]) * to_f(wv.v[u]);
+                }
+            }
+        }
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int vec = sub + k * group;
+            if (!live || vec >= vecs) continue;
+#pragma unroll
+            for (int u = 0; u < V; ++u) {
+                if (bias) v[k][u] += to_f(bias[vec * V + u]);
+                sum += v[k][u];
+            }
+        }
+        norm_row<T, V>(v, sum, live, sub, group, vecs, eps, gamma, beta,
+                       live ? y + pixel * c : y);
     }
 }
 
@@ -163,8 +253,12 @@ extern "C" __global__ void depthwise_vec_##TAG(const T* x, const T* w, const T* 
 extern "C" __global__ void depthwise_one_##TAG(const T* x, const T* w, const T* bias,           \
     const T* z, T* y, Dims g, int act, float alpha, float beta)                                \
     { depthwise<T, 1>(x, w, bias, z, y, g, act, alpha, beta); }                                 \
+extern "C" __global__ void depthwise_norm_##TAG(const T* x, const T* w, const T* bias,          \
+    const T* gamma, const T* beta, T* y, Dims g, float eps)                                    \
+    { depthwise_norm<T, V>(x, w, bias, gamma, beta, y, g, eps); }                               \
 extern "C" __global__ void pool_cl_##TAG(const T* x, T* y, Dims g) { pool_cl<T, V>(x, y, g); }  \
-extern "C" __global__ void gap_cl_##TAG(const T* x, T* y, Dims g) { gap_cl<T, V>(x, y, g); }
+extern "C" __global__ void gap_cl_##TAG(const T* x, T* y, float* partial, unsigned* count,      \
+    Dims g) { gap_cl<T, V>(x, y, partial, count, g); }
 
 DEPTHWISE(float, f32, 4)
 DEPTHWISE(H, f16, 8)
@@ -172,7 +266,13 @@ DEPTHWISE(B, bf16, 8)
 "#;
 
 /// The kernels' names without their element type tag.
-const KERNELS: [&str; 4] = ["depthwise_vec", "depthwise_one", "pool_cl", "gap_cl"];
+const KERNELS: [&str; 5] = [
+    "depthwise_vec",
+    "depthwise_one",
+    "depthwise_norm",
+    "pool_cl",
+    "gap_cl",
+];
 
 /// The module: its name in the kernel cache, its source and its kernels.
 pub fn kernel_source() -> KernelSource {
@@ -200,6 +300,57 @@ pub fn depthwise_runs(shape: &ConvShape) -> bool {
         && shape.k == shape.c
         && fits(shape.n * shape.c * shape.h * shape.w)
         && fits(shape.n * shape.k * shape.out_h() * shape.out_w())
+}
+
+/// Whether `depthwise_norm` runs `shape` in `dtype`: the depthwise kernel does, and the
+/// channels are whole 16-byte vectors, at most 128 of them (4 a lane of a warp).
+pub fn depthwise_norm_runs(shape: &ConvShape, dtype: DType) -> bool {
+    let v = vector(dtype);
+    depthwise_runs(shape) && shape.c.is_multiple_of(v) && shape.c / v <= 128
+}
+
+/// Lanes a pixel of `depthwise_norm` for `c` channels: one vector a lane where a warp holds
+/// them, else up to 4 (more threads for the small images where this kernel runs).
+fn norm_group(c: usize, dtype: DType) -> usize {
+    (c / vector(dtype)).next_power_of_two().clamp(1, 32)
+}
+
+/// The layer normalization after a depthwise convolution: its scale, optional bias and epsilon.
+#[derive(Clone, Copy)]
+pub struct PixelNorm<'a> {
+    pub gamma: View<'a>,
+    pub beta: Option<View<'a>>,
+    pub eps: f32,
+}
+
+/// Floats of the global average's partial sums and groups of its counters
+/// ([`ProgramKernels::new`] allocates them once).
+pub(super) const GAP_PARTIAL_FLOATS: usize = 1 << 19;
+pub(super) const GAP_COUNTS: usize = 4096;
+/// Blocks a global average aims for when it splits images' pixels over blocks.
+const GAP_BLOCKS: usize = 256;
+
+/// Lanes a block and splits an (image, group of `vb` channel vectors) for a global average of
+/// `groups` such groups over `hw` pixels: one block a group of up to 1,024 threads where there
+/// are enough groups; else blocks of 256 threads, each group's pixels split over up to 32 of
+/// them (at least 4 pixels a lane), as long as the partial sums fit the scratch.
+fn split_average(groups: usize, vb: usize, hw: usize) -> (usize, usize) {
+    let whole = ((1024 / vb).min(hw).max(1), 1);
+    if groups >= GAP_BLOCKS / 2 || groups > GAP_COUNTS {
+        return whole;
+    }
+    let lanes = (256 / vb).min(hw).max(1);
+    let splits = GAP_BLOCKS
+        .div_ceil(groups)
+        .min(32)
+        .min(hw.div_ceil(lanes * 4))
+        .max(1);
+    // at most 8 values a vector (16 bytes of 16-bit values)
+    let fits = groups * splits * vb * 8 <= GAP_PARTIAL_FLOATS;
+    match splits > 1 && fits {
+        true => (lanes, splits),
+        false => whole,
+    }
 }
 
 /// Loads the module for `gpu`.
@@ -286,6 +437,78 @@ impl ProgramKernels {
         self.channels_last
             .launch(&name, &self.stream, grid_for(threads), &args)
     }
+
+    /// `y = layer_norm(depthwise(x, taps) + bias)` over each pixel's channels, all channel-last
+    /// and dense ([`depthwise_norm_runs`]); `taps` is `[r, s, c]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn depthwise_norm(
+        &self,
+        dtype: DType,
+        shape: &ConvShape,
+        x: View<'_>,
+        taps: View<'_>,
+        bias: Option<View<'_>>,
+        norm: PixelNorm<'_>,
+        y: View<'_>,
+    ) -> Result<()> {
+        let e = dtype.size_bytes();
+        let (p, q) = (shape.out_h(), shape.out_w());
+        let pixels = shape.n * p * q;
+        let aligned = [x, taps, norm.gamma, y].iter().all(|b| b.is_aligned(16));
+        if !depthwise_norm_runs(shape, dtype) || !aligned {
+            return Err(Error::Invalid(format!(
+                "the depthwise kernel with its layer norm does not run {shape:?} (channels in \
+                 whole 16-byte vectors, at most 128, aligned)"
+            )));
+        }
+        x.require(shape.n * shape.c * shape.h * shape.w * e, "depthwise x")?;
+        taps.require(shape.r * shape.s * shape.c * e, "depthwise taps")?;
+        y.require(pixels * shape.c * e, "depthwise y")?;
+        norm.gamma.require(shape.c * e, "layer norm scale")?;
+        for b in [bias, norm.beta].into_iter().flatten() {
+            b.require(shape.c * e, "depthwise or layer norm bias")?;
+        }
+        let group = norm_group(shape.c, dtype);
+        let mut dims = [0i64; 32];
+        put(
+            &mut dims,
+            0,
+            &[
+                shape.n,
+                shape.h,
+                shape.w,
+                shape.c,
+                p,
+                q,
+                shape.r,
+                shape.s,
+                shape.stride,
+                shape.pad,
+                group,
+            ],
+        );
+        let bytes = dims_bytes(&dims);
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(taps),
+            Arg::opt(bias),
+            Arg::Ptr(norm.gamma),
+            Arg::opt(norm.beta),
+            Arg::Ptr(y),
+            Arg::Struct("Dims", &bytes),
+            Arg::F32(norm.eps),
+        ];
+        // small blocks: at batch 1 a stage has a few thousand pixels
+        let threads = pixels * group;
+        let blocks = threads.div_ceil(128).clamp(1, 65_535 * 8) as u32;
+        let name = format!("depthwise_norm_{}", tag(dtype));
+        self.channels_last.launch(
+            &name,
+            &self.stream,
+            Launch::new((blocks, 1, 1), (128, 1, 1)),
+            &args,
+        )
+    }
 }
 
 /// The channels of one dense channel-last image row: `s` (`[n, c, h, w]` dims) with channels
@@ -353,15 +576,23 @@ impl ProgramKernels {
             return None;
         }
         // a block: up to 128 channel vectors, and as many lanes over the pixels as 1,024
-        // threads allow
+        // threads allow; where that gives few blocks (small batches), blocks of 256 threads and
+        // each image's pixels split over several
         let vb = (c / v).min(128);
-        let lanes = (1024 / vb).min(h * w).max(1);
         let chunks = (c / v).div_ceil(vb);
+        let groups = n * chunks;
+        let (lanes, splits) = split_average(groups, vb, h * w);
         let mut dims = [0i64; 32];
-        put(&mut dims, 0, &[n, h * w, c, vb]);
+        put(&mut dims, 0, &[n, h * w, c, vb, splits]);
         let bytes = dims_bytes(&dims);
-        let args = [Arg::Ptr(x), Arg::Ptr(y), Arg::Struct("Dims", &bytes)];
-        let blocks = (n * chunks).clamp(1, 65_535) as u32;
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::Ptr(self.gap_partial.view()),
+            Arg::Ptr(self.gap_counts.view()),
+            Arg::Struct("Dims", &bytes),
+        ];
+        let blocks = (groups * splits).clamp(1, 65_535) as u32;
         let launch = Launch::new((blocks, 1, 1), ((lanes * vb) as u32, 1, 1));
         let name = format!("gap_cl_{}", tag(dtype));
         Some(
@@ -376,12 +607,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn small_batches_split_an_average_over_blocks_within_the_scratch() {
+        // EfficientNet's first average at batch 1: 32 channels of 112x112 in f16 (4 vectors)
+        let (lanes, splits) = split_average(1, 4, 112 * 112);
+        assert_eq!((lanes, splits), (64, 32));
+        // enough groups: one block each, as before
+        assert_eq!(split_average(256, 4, 3136), (256, 1));
+        // few pixels: no split below 4 a lane
+        assert_eq!(split_average(1, 128, 7), (7, 1));
+        // its average of 144 channels over 56x56 (18 vectors)
+        assert_eq!(split_average(1, 18, 56 * 56), (14, 32));
+        for groups in 1..200 {
+            for vb in [1, 2, 4, 12, 60, 128] {
+                for hw in [1, 7, 49, 196, 3136, 12544] {
+                    let (lanes, splits) = split_average(groups, vb, hw);
+                    assert!(lanes * vb <= 1024 && (1..=32).contains(&splits));
+                    assert!(splits == 1 || groups * splits * vb * 8 <= GAP_PARTIAL_FLOATS);
+                    assert!(splits == 1 || groups <= GAP_COUNTS);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn the_kernels_take_what_the_launcher_passes() {
         let expected = [
             ("depthwise_vec_", "p p p p p s i f f"),
             ("depthwise_one_", "p p p p p s i f f"),
+            ("depthwise_norm_", "p p p p p p s f"),
             ("pool_cl_", "p p s"),
-            ("gap_cl_", "p p s"),
+            ("gap_cl_", "p p p p s"),
         ];
         let differences = kernel_source().signature_differences(&expected, &["f32", "f16", "bf16"]);
         assert!(differences.is_empty(), "{differences:#?}");
