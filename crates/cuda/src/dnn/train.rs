@@ -873,11 +873,9 @@ impl Dnn {
                     m,
                     o,
                     xd,
-                    if ops == BnOps::Bn {
-                        std::ptr::null_mut()
-                    } else {
-                        xd
-                    },
+                    // y's shape whatever the op (as PyTorch asks); the call passes y only
+                    // with a fused ReLU
+                    xd,
                     xd,
                     zd,
                     xd,
