@@ -87,10 +87,10 @@ impl From<&dn::cudnnConvolutionFwdAlgoPerfStruct> for AlgoRow {
 
 /// Descriptors of one convolution and the algorithm chosen for it.
 pub struct ConvPlan {
-    x: dn::cudnnTensorDescriptor_t,
-    w: dn::cudnnFilterDescriptor_t,
-    y: dn::cudnnTensorDescriptor_t,
-    desc: dn::cudnnConvolutionDescriptor_t,
+    pub(super) x: dn::cudnnTensorDescriptor_t,
+    pub(super) w: dn::cudnnFilterDescriptor_t,
+    pub(super) y: dn::cudnnTensorDescriptor_t,
+    pub(super) desc: dn::cudnnConvolutionDescriptor_t,
     row: AlgoRow,
     pub conv: Conv,
     /// The chosen algorithm's name.

@@ -9,6 +9,8 @@
 //! - `select`: the selection policy, the one place that decides how a convolution runs (every
 //!   legacy algorithm and backend engine timed the same way, the fastest kept), used by the
 //!   inference engine and by `bench conv` alike;
+//! - `train`: what training adds (backward data and filter, batch norm forward-training and
+//!   backward, max pooling forward and backward), on cuDNN's heuristic choices;
 //! - `cache`: the measured choices, kept on disk per GPU model and cuDNN version so that a shape
 //!   is measured once (`GPUKIT_REPLAN=1` measures again).
 //!
@@ -24,10 +26,15 @@ mod legacy;
 mod precompile;
 mod select;
 mod timing;
+mod train;
 
 pub use backend::GraphConv;
 pub use legacy::{ConvPlan, FusedConv};
 pub use precompile::GraphSpec;
+pub use train::{
+    pool_out, BatchNorm, BnBackward, BnForward, BnMode, BnOps, Candidate, ConvTrain, Maps, MaxPool,
+    Pass,
+};
 
 use crate::driver::Gpu;
 use crate::error::{Error, Result};
@@ -38,6 +45,7 @@ use cudarc::cudnn::sys as dn;
 use gpukit_types::{ConvShape, DType, Layout};
 use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 
 /// An activation cuDNN's backend graphs apply after a convolution (and its bias and residual).
@@ -93,18 +101,7 @@ impl Conv {
 
     /// cuDNN's storage type of the dtype (its conversion at the library boundary).
     fn data_type(&self) -> Result<dn::cudnnDataType_t> {
-        match self.dtype {
-            DType::F32 | DType::Tf32 => Ok(dn::cudnnDataType_t::CUDNN_DATA_FLOAT),
-            DType::F16 => Ok(dn::cudnnDataType_t::CUDNN_DATA_HALF),
-            DType::Bf16 => Ok(dn::cudnnDataType_t::CUDNN_DATA_BFLOAT16),
-            DType::F64 => Err(Error::NoAlgorithm(
-                "gpukit runs convolutions in f32, tf32, f16 and bf16, not f64".into(),
-            )),
-            DType::F8E4M3 => Err(Error::NoAlgorithm(
-                "gpukit runs convolutions in f32, tf32, f16 and bf16, not fp8 (a matmul-only type)"
-                    .into(),
-            )),
-        }
+        data_type(self.dtype)
     }
 
     /// The legacy API's math type: FMA_MATH forbids TF32 for strict f32 (cuDNN otherwise uses it
@@ -117,10 +114,31 @@ impl Conv {
     }
 
     fn format(&self) -> dn::cudnnTensorFormat_t {
-        match self.layout {
-            Layout::Nhwc => dn::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC,
-            Layout::Nchw => dn::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
-        }
+        format(self.layout)
+    }
+}
+
+/// cuDNN's storage type of a dtype (its conversion at the library boundary).
+fn data_type(dtype: DType) -> Result<dn::cudnnDataType_t> {
+    match dtype {
+        DType::F32 | DType::Tf32 => Ok(dn::cudnnDataType_t::CUDNN_DATA_FLOAT),
+        DType::F16 => Ok(dn::cudnnDataType_t::CUDNN_DATA_HALF),
+        DType::Bf16 => Ok(dn::cudnnDataType_t::CUDNN_DATA_BFLOAT16),
+        DType::F64 => Err(Error::NoAlgorithm(
+            "gpukit runs convolutions in f32, tf32, f16 and bf16, not f64".into(),
+        )),
+        DType::F8E4M3 => Err(Error::NoAlgorithm(
+            "gpukit runs convolutions in f32, tf32, f16 and bf16, not fp8 (a matmul-only type)"
+                .into(),
+        )),
+    }
+}
+
+/// cuDNN's name of a layout.
+fn format(layout: Layout) -> dn::cudnnTensorFormat_t {
+    match layout {
+        Layout::Nhwc => dn::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC,
+        Layout::Nchw => dn::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
     }
 }
 
@@ -289,6 +307,8 @@ pub struct Dnn {
     /// The GPU's context, for helper threads ([`Dnn::precompile`]).
     ctx: std::sync::Arc<cudarc::driver::CudaContext>,
     precompiler: RefCell<Option<precompile::Precompiler>>,
+    /// Training plans by convolution ([`Dnn::plan_conv_train`]): a shape is planned once.
+    train_plans: RefCell<HashMap<Conv, Rc<ConvTrain>>>,
 }
 
 impl Dnn {
@@ -326,6 +346,7 @@ impl Dnn {
             stats: Cell::new(PlanStats::default()),
             ctx: gpu.ctx().clone(),
             precompiler: RefCell::new(None),
+            train_plans: RefCell::new(HashMap::new()),
         })
     }
 

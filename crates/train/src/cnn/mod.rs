@@ -2,9 +2,10 @@
 //! gradient checks use): the layers of a ResNet with forward and backward ([`layers`]),
 //! cross-entropy with label smoothing ([`loss`]), ResNet-18/34/50 as torchvision builds them
 //! with its state-dict names ([`resnet`]), SGD (momentum, Nesterov, weight decay) and AdamW
-//! over the named parameters ([`optim`]). This path is the reference the GPU path is tested
-//! against, and is itself compared with PyTorch (`scripts/cnn_reference.py`).
+//! over the named parameters ([`optim`]). This path is the reference the GPU path ([`gpu`],
+//! cuDNN) is tested against, and is itself compared with PyTorch (`scripts/cnn_reference.py`).
 
+pub mod gpu;
 pub mod layers;
 pub mod loss;
 pub mod optim;

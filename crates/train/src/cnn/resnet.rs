@@ -63,23 +63,23 @@ pub struct Named<T> {
 
 /// A convolution followed by its batch norm: indices of the conv weight, the norm's weight
 /// and bias in the parameters, and its running mean and variance in the buffers.
-#[derive(Debug, Clone, Copy)]
-struct Unit {
-    conv: Conv2d,
-    bn: BatchNorm2d,
-    weight: usize,
-    gamma: usize,
-    beta: usize,
-    mean: usize,
-    var: usize,
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Unit {
+    pub conv: Conv2d,
+    pub bn: BatchNorm2d,
+    pub weight: usize,
+    pub gamma: usize,
+    pub beta: usize,
+    pub mean: usize,
+    pub var: usize,
 }
 
 /// A residual block: its main path (ReLU after every unit but the last), the shortcut's
 /// downsampling unit if any, then add and ReLU.
-#[derive(Debug, Clone)]
-struct Block {
-    main: Vec<Unit>,
-    down: Option<Unit>,
+#[derive(Debug, Clone, PartialEq)]
+pub struct Block {
+    pub main: Vec<Unit>,
+    pub down: Option<Unit>,
 }
 
 /// Whether batch norm uses the batch's statistics (and moves its running ones) or the
@@ -289,6 +289,26 @@ impl<T: Real> ResNet<T> {
             fc_weight,
             fc_bias,
         }
+    }
+
+    /// The stem's convolution and norm (a ReLU and [`ResNet::pool`] follow).
+    pub fn stem(&self) -> &Unit {
+        &self.stem
+    }
+
+    /// The stem's max pooling.
+    pub fn pool(&self) -> MaxPool2d {
+        self.pool
+    }
+
+    /// The residual blocks in order.
+    pub fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+
+    /// The linear head and the indices of its weight and bias in [`ResNet::params`].
+    pub fn head(&self) -> (Linear, usize, usize) {
+        (self.fc, self.fc_weight, self.fc_bias)
     }
 
     /// Zeros shaped like every parameter, in [`ResNet::params`] order.

@@ -77,14 +77,18 @@ template <class T> __device__ void mse(const T* out, const float* target, T* gra
     if (threadIdx.x == 0) *loss = total / (double)n;
 }
 
-// Cross-entropy over rows x width logits: *loss = mean(logsumexp(row) - row[c]);
-// grad = (softmax(row) - onehot(c)) / rows * mult * scale; *correct = rows whose largest
-// logit (the first, on ties) is the target's.
+// Cross-entropy over rows x width logits with label smoothing eps (PyTorch's):
+// *loss = mean((1 - eps) (logsumexp(row) - row[c]) + eps mean_j(logsumexp(row) - row[j]));
+// grad = (softmax(row) - q) / rows * mult * scale, q = (1 - eps) onehot(c) + eps / width;
+// *correct = rows whose largest logit (the first, on ties) is the target's. Without smoothing
+// every operation is the plain cross-entropy's.
 template <class T> __device__ void cross_entropy(const T* out, const unsigned* cls, T* grad,
                                                  int rows, int width, const State* st,
-                                                 float mult, double* loss, unsigned* correct) {
+                                                 float mult, float eps, double* loss,
+                                                 unsigned* correct) {
     __shared__ double part[1024];
     float k = 1.0f / (float)rows * mult * (st ? st->scale : 1.0f);
+    float off = eps / (float)width, on = 1.0f - eps;
     double s = 0.0, right = 0.0;
     for (int r = threadIdx.x; r < rows; r += blockDim.x) {
         const T* row = out + (long)r * width;
@@ -93,13 +97,21 @@ template <class T> __device__ void cross_entropy(const T* out, const unsigned* c
         for (int j = 1; j < width; ++j) { float v = to_f(row[j]); if (v > mx) { mx = v; arg = j; } }
         float total = 0.0f;
         for (int j = 0; j < width; ++j) total += expf(to_f(row[j]) - mx);
-        s += (double)(logf(total) + mx - to_f(row[c]));
+        double term = (double)(logf(total) + mx - to_f(row[c]));
+        if (eps != 0.0f) {
+            // the smoothed loss summed in double, as the CPU reference does
+            double lse = (double)logf(total) + (double)mx, spread = 0.0;
+            for (int j = 0; j < width; ++j) spread += lse - (double)to_f(row[j]);
+            term = (1.0 - (double)eps) * (lse - (double)to_f(row[c]))
+                 + (double)eps * spread / (double)width;
+        }
+        s += term;
         right += arg == c ? 1.0 : 0.0;
         if (grad) {
             T* g = grad + (long)r * width;
             for (int j = 0; j < width; ++j) {
                 float p = expf(to_f(row[j]) - mx) / total;
-                g[j] = from_f<T>(k * (j == c ? p - 1.0f : p));
+                g[j] = from_f<T>(k * (p - (j == c ? off + on : off)));
             }
         }
     }
@@ -160,16 +172,21 @@ template <class T> __device__ void adam(float* p, const float* g, float* m, floa
     }
 }
 
-// SGD with optional momentum (buffer = d on the first update) and weight decay.
+// SGD with optional momentum (buffer = d on the first update; Nesterov: the step is
+// d + momentum buffer) and weight decay.
 template <class T> __device__ void sgd(float* p, const float* g, float* m, T* half, long n,
                                        const State* st, float lr, float wd, float momentum,
-                                       int scaled) {
+                                       int nesterov, int scaled) {
     if (st->found_inf) return;
     float inv = scaled ? 1.0f / st->scale : 1.0f;
     int first = st->step == 0;
     LOOP(i, n) {
         float pi = p[i], d = g[i] * inv + wd * pi;
-        if (m) { float b = first ? d : momentum * m[i] + d; m[i] = b; d = b; }
+        if (m) {
+            float b = first ? d : momentum * m[i] + d;
+            m[i] = b;
+            d = nesterov ? d + momentum * b : b;
+        }
         pi -= lr * d;
         p[i] = pi;
         if (half) half[i] = from_f<T>(pi);
@@ -183,8 +200,8 @@ extern "C" __global__ void cast_##TAG(const float* s, T* d, long n) { cast<T>(s,
 extern "C" __global__ void mse_##TAG(const T* o, const float* t, T* g, int n, const State* st,  \
     float mult, double* loss) { mse<T>(o, t, g, n, st, mult, loss); }                          \
 extern "C" __global__ void cross_entropy_##TAG(const T* o, const unsigned* c, T* g, int r,      \
-    int w, const State* st, float mult, double* loss, unsigned* correct)                        \
-    { cross_entropy<T>(o, c, g, r, w, st, mult, loss, correct); }                              \
+    int w, const State* st, float mult, float eps, double* loss, unsigned* correct)             \
+    { cross_entropy<T>(o, c, g, r, w, st, mult, eps, loss, correct); }                         \
 extern "C" __global__ void bias_act_##TAG(T* y, const float* b, int m, int n, int relu)        \
     { bias_act<T>(y, b, m, n, relu); }                                                         \
 extern "C" __global__ void relu_grad_##TAG(T* dx, const T* h, long n) { relu_grad<T>(dx, h, n); } \
@@ -195,8 +212,8 @@ extern "C" __global__ void adam_##TAG(float* p, const float* g, float* m, float*
     int adamw, int scaled) { adam<T>(p, g, m, v, h, n, st, wd, decay, b1c, b2, b2c, eps, adamw, \
     scaled); }                                                                                 \
 extern "C" __global__ void sgd_##TAG(float* p, const float* g, float* m, T* h, long n,         \
-    const State* st, float lr, float wd, float mom, int scaled)                                \
-    { sgd<T>(p, g, m, h, n, st, lr, wd, mom, scaled); }
+    const State* st, float lr, float wd, float mom, int nesterov, int scaled)                  \
+    { sgd<T>(p, g, m, h, n, st, lr, wd, mom, nesterov, scaled); }
 
 INSTANCES(float, f32)
 INSTANCES(H, f16)
@@ -445,7 +462,9 @@ impl TrainKernels {
     }
 
     /// Cross-entropy of `rows x width` logits against u32 classes (each below `width`, the
-    /// caller's check) into `loss`, the count of right answers into `correct`.
+    /// caller's check), label smoothing `smoothing` (0: none), into `loss`, the count of right
+    /// answers into `correct`; the gradient (times `mult` and the state's loss scale) into
+    /// `grad` when given.
     #[allow(clippy::too_many_arguments)]
     pub fn cross_entropy(
         &self,
@@ -455,10 +474,15 @@ impl TrainKernels {
         dtype: DType,
         (rows, width): (usize, usize),
         state: Option<View<'_>>,
-        mult: f32,
+        (mult, smoothing): (f32, f32),
         loss: View<'_>,
         correct: View<'_>,
     ) -> Result<()> {
+        if !(0.0..1.0).contains(&smoothing) {
+            return Err(Error::Invalid(format!(
+                "label smoothing {smoothing}: must be in [0, 1)"
+            )));
+        }
         let bytes = rows * width * dtype.size_bytes();
         out.require(bytes, "cross_entropy out")?;
         classes.require(rows * 4, "cross_entropy classes")?;
@@ -475,6 +499,7 @@ impl TrainKernels {
             Arg::Size(width),
             Arg::opt(state),
             Arg::F32(mult),
+            Arg::F32(smoothing),
             Arg::Ptr(loss),
             Arg::Ptr(correct),
         ];
@@ -596,7 +621,7 @@ impl TrainKernels {
         self.typed("adam", dtype, grid_for(n), &a)
     }
 
-    /// One SGD update (momentum buffer `m` when given).
+    /// One SGD update (momentum buffer `m` when given; Nesterov's step when `nesterov`).
     #[allow(clippy::too_many_arguments)]
     pub fn sgd(
         &self,
@@ -605,7 +630,7 @@ impl TrainKernels {
         dtype: DType,
         n: usize,
         state: View<'_>,
-        (lr, wd, momentum): (f32, f32, f32),
+        (lr, wd, momentum, nesterov): (f32, f32, f32, bool),
         scaled: bool,
     ) -> Result<()> {
         p.require(n * 4, "sgd p")?;
@@ -627,6 +652,7 @@ impl TrainKernels {
             Arg::F32(lr),
             Arg::F32(wd),
             Arg::F32(momentum),
+            Arg::Bool(nesterov),
             Arg::Bool(scaled),
         ];
         self.typed("sgd", dtype, grid_for(n), &args)
@@ -666,12 +692,12 @@ mod tests {
             ("gather_rows_", "p p p i i"),
             ("cast_", "p p l"),
             ("mse_", "p p p i p f p"),
-            ("cross_entropy_", "p p p i i p f p p"),
+            ("cross_entropy_", "p p p i i p f f p p"),
             ("bias_act_", "p p i i i"),
             ("relu_grad_", "p p l"),
             ("bias_grad_", "p p i i f"),
             ("adam_", "p p p p p l p f f f f f f i i"),
-            ("sgd_", "p p p p l p f f f i"),
+            ("sgd_", "p p p p l p f f f i i"),
             ("gather_u32", "p p p i i"),
             ("axpy_f32", "p p l"),
             ("check_finite", "p l p"),

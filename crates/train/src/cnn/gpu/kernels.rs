@@ -1,0 +1,176 @@
+//! The convolutional networks' own small GPU kernels (CUDA C compiled by NVRTC, launched
+//! through `gpukit_cuda::kernel`): a residual add and ReLU after batch norm where cuDNN does not
+//! fuse them, and global average pooling with its backward. The losses, the optimizers and
+//! ReLU's backward are the MLP engine's kernels ([`crate::gpu::kernels`]), the same math.
+//!
+//! Each does its arithmetic in f32 in the CPU reference's order (the pool sums a plane in
+//! order, then multiplies by 1 / plane), so the f32 paths agree to the last bit where the
+//! inputs do.
+
+use gpukit_cuda::kernel::{grid_for, tag, Arg, KernelModule, KernelSource, Launch, HALF};
+use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::{Gpu, Result, Stream, View};
+use gpukit_types::DType;
+
+const SOURCE: &str = r#"
+#define LOOP(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); \
+                        i += (long)gridDim.x * blockDim.x)
+
+// y = relu(y + z), or relu(y) when z is null; a NaN stays NaN.
+template <class T> __device__ void add_relu(T* y, const T* z, long n) {
+    LOOP(i, n) {
+        float v = to_f(y[i]);
+        if (z) v += to_f(z[i]);
+        y[i] = from_f<T>(v < 0.0f ? 0.0f : v);
+    }
+}
+
+// y[p] = (sum of plane p of x, in order) * inv, one thread a plane.
+template <class T> __device__ void avg_pool(const T* x, T* y, long planes, int plane, float inv) {
+    LOOP(p, planes) {
+        const T* src = x + p * plane;
+        float s = 0.0f;
+        for (int k = 0; k < plane; ++k) s += to_f(src[k]);
+        y[p] = from_f<T>(s * inv);
+    }
+}
+
+// dx[i] = dy[i / plane] * inv.
+template <class T> __device__ void avg_pool_back(const T* dy, T* dx, long n, int plane, float inv) {
+    LOOP(i, n) dx[i] = from_f<T>(to_f(dy[i / plane]) * inv);
+}
+
+#define INSTANCES(T, TAG)                                                                      \
+extern "C" __global__ void add_relu_##TAG(T* y, const T* z, long n) { add_relu<T>(y, z, n); }  \
+extern "C" __global__ void avg_pool_##TAG(const T* x, T* y, long planes, int plane, float inv) \
+    { avg_pool<T>(x, y, planes, plane, inv); }                                                 \
+extern "C" __global__ void avg_pool_back_##TAG(const T* dy, T* dx, long n, int plane,          \
+    float inv) { avg_pool_back<T>(dy, dx, n, plane, inv); }
+
+INSTANCES(float, f32)
+INSTANCES(H, f16)
+INSTANCES(B, bf16)
+"#;
+
+const STEM: &str = "cnn-kernels";
+const TAGS: [&str; 3] = ["f32", "f16", "bf16"];
+
+/// The module's name in the kernel cache, its source and its kernels.
+pub fn kernel_source() -> KernelSource {
+    let names = TAGS
+        .iter()
+        .flat_map(|t| ["add_relu", "avg_pool", "avg_pool_back"].map(|k| format!("{k}_{t}")))
+        .collect();
+    KernelSource {
+        stem: STEM,
+        source: format!("{HALF}{SOURCE}"),
+        names,
+    }
+}
+
+/// The loaded kernels of one device.
+pub struct CnnKernels {
+    stream: Stream,
+    module: KernelModule,
+}
+
+impl CnnKernels {
+    pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<CnnKernels> {
+        Ok(CnnKernels {
+            stream: gpu.stream().clone(),
+            module: KernelModule::load(discovery, gpu, &kernel_source())?,
+        })
+    }
+
+    fn typed(&self, stem: &str, dtype: DType, launch: Launch, args: &[Arg<'_>]) -> Result<()> {
+        self.module.launch(
+            &format!("{stem}_{}", tag(dtype)),
+            &self.stream,
+            launch,
+            args,
+        )
+    }
+
+    /// `y = relu(y + z)` (`relu(y)` without `z`) over `n` values.
+    pub fn add_relu(&self, y: View<'_>, z: Option<View<'_>>, dtype: DType, n: usize) -> Result<()> {
+        let bytes = n * dtype.size_bytes();
+        y.require(bytes, "add_relu y")?;
+        if let Some(z) = z {
+            z.require(bytes, "add_relu z")?;
+        }
+        let args = [Arg::Ptr(y), Arg::opt(z), Arg::Size(n)];
+        self.typed("add_relu", dtype, grid_for(n), &args)
+    }
+
+    /// Each of `planes` planes of `plane` values of `x` averaged into `y`.
+    pub fn avg_pool(
+        &self,
+        x: View<'_>,
+        y: View<'_>,
+        dtype: DType,
+        (planes, plane): (usize, usize),
+    ) -> Result<()> {
+        let e = dtype.size_bytes();
+        x.require(planes * plane * e, "avg_pool x")?;
+        y.require(planes * e, "avg_pool y")?;
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::Size(planes),
+            Arg::Size(plane),
+            Arg::F32(inverse(plane)),
+        ];
+        self.typed("avg_pool", dtype, grid_for(planes), &args)
+    }
+
+    /// The average pool's backward: each of `planes` gradients of `dy` spread over its plane of
+    /// `dx`.
+    pub fn avg_pool_back(
+        &self,
+        dy: View<'_>,
+        dx: View<'_>,
+        dtype: DType,
+        (planes, plane): (usize, usize),
+    ) -> Result<()> {
+        let e = dtype.size_bytes();
+        dy.require(planes * e, "avg_pool_back dy")?;
+        dx.require(planes * plane * e, "avg_pool_back dx")?;
+        let n = planes * plane;
+        let args = [
+            Arg::Ptr(dy),
+            Arg::Ptr(dx),
+            Arg::Size(n),
+            Arg::Size(plane),
+            Arg::F32(inverse(plane)),
+        ];
+        self.typed("avg_pool_back", dtype, grid_for(n), &args)
+    }
+}
+
+/// 1 / plane as the CPU reference rounds it (through f64).
+fn inverse(plane: usize) -> f32 {
+    (1.0 / plane.max(1) as f64) as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernels_take_what_the_launchers_pass() {
+        let expected = [
+            ("add_relu_", "p p l"),
+            ("avg_pool_", "p p l i f"),
+            ("avg_pool_back_", "p p l i f"),
+        ];
+        let differences = kernel_source().signature_differences(&expected, &TAGS);
+        assert!(differences.is_empty(), "{differences:#?}");
+    }
+
+    #[test]
+    fn the_pool_scale_is_the_cpu_references() {
+        assert_eq!(inverse(16), 0.0625);
+        assert_eq!(inverse(49), (1.0f64 / 49.0) as f32);
+        assert_eq!(inverse(0), 1.0);
+    }
+}
