@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# On the lent GPU machine, over the binaries staged in .device/ (gpukit and the test binaries
-# gpu_program-* and infer_cli-* in .device/tests):
+# On the lent GPU machine, over the binaries staged in .device/ (gpukit, and test binaries such
+# as gpu_program-*, infer_cli-*, gpu_cnn-* and gpu_train-* in .device/tests):
 #   PART=tests|a|b|strict|top1|profile bash scripts/gpu-general.sh
 # strict: fp32 rows only (judged against float64); top1: fp16's top-1 agreement on 256 images,
 #   gpukit's and PyTorch's;
-# tests: the general engine's GPU tests (every fixture, precision, layout, eager and graph)
-#   and the CLI's GPU tests;
+# tests: every test binary staged in .device/tests (the general engine's GPU tests: every
+#   fixture, precision, layout, eager and graph; the CLI's GPU tests, filtered to gpu::; the
+#   training crate's);
 # a, b: torchvision's six classifiers exported (scripts/export_torchvision.py), each through
 #   `gpukit infer --onnx` on the general engine (ONNX Runtime's outputs the reference of every
 #   row) at batch 1 and 32. a: resnet50 (general and hand-built),
@@ -97,7 +98,7 @@ top1)
   (cd scripts && python3 top1_fp16.py --images 256 $MODELS) 2>"$OUT/top1-pytorch.err" | tee -a "$SUMMARY"
   ;;
 tests)
-  for t in .device/tests/gpu_program-* .device/tests/infer_cli-*; do
+  for t in .device/tests/*; do
     [ -x "$t" ] || continue
     t0=$(date +%s)
     filter=""; case "$t" in *infer_cli*) filter="gpu::";; esac

@@ -15,7 +15,7 @@ use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::{DeviceBuffer, Gpu, Result, Stream, View};
 use gpukit_types::DType;
 
-pub mod channels_last;
+pub(super) mod channels_last;
 
 /// What every module of the engine's kernels starts with (after the half types): the launch
 /// geometry struct and the activations.
@@ -35,45 +35,6 @@ __device__ __forceinline__ float activate(int act, float x, float alpha, float b
         case 5: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
         case 6: return x / (1.0f + expf(-x));
         default: return x;
-    }
-}
-
-// Layer normalization of a row of V * vecs values that a group of `group` lanes (a power of 2
-// dividing 32) holds in registers: lane `sub` of the group holds vectors sub, sub + group, ...
-// (at most 4; zeros past the row) and `s`, its share of the row's sum. Writes
-// (v - mean) / sqrt(var + eps) * gamma (+ beta) to yr (16-byte aligned; beta may be null),
-// statistics in f32. Every lane of the warp takes part (the sums are shuffles); `live` lanes
-// hold a row.
-template <class T, int V>
-__device__ __forceinline__ void norm_row(const float (&v)[4][V], float s, bool live, int sub,
-                                         int group, int vecs, float eps,
-                                         const T* __restrict__ gamma,
-                                         const T* __restrict__ beta, T* __restrict__ yr) {
-    const float cols = (float)(vecs * V);
-    for (int o = group / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    const float mean = s / cols;
-    float q = 0.0f;
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-        if (live && sub + p * group < vecs) {
-#pragma unroll
-            for (int u = 0; u < V; ++u) { float e = v[p][u] - mean; q += e * e; }
-        }
-    }
-    for (int o = group / 2; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
-    const float rstd = rsqrtf(q / cols + eps);
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-        const int k = sub + p * group;
-        if (!live || k >= vecs) continue;
-        Pack<T, V> gv = *(const Pack<T, V>*)(gamma + k * V), out;
-#pragma unroll
-        for (int u = 0; u < V; ++u) {
-            float r = (v[p][u] - mean) * rstd * to_f(gv.v[u]);
-            if (beta) r += to_f(beta[k * V + u]);
-            out.v[u] = from_f<T>(r);
-        }
-        *(Pack<T, V>*)(yr + k * V) = out;
     }
 }
 
@@ -363,7 +324,31 @@ __device__ void layer_norm_vec(const T* __restrict__ x, const T* __restrict__ ga
                 for (int u = 0; u < V; ++u) v[p][u] = 0.0f;
             }
         }
-        norm_row<T, V>(v, s, live, sub, group, vecs, eps, gamma, beta, live ? y + row * cols : y);
+        for (int o = group / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        const float mean = s / (float)cols;
+        float q = 0.0f;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            if (live && sub + p * group < vecs) {
+#pragma unroll
+                for (int u = 0; u < V; ++u) { float e = v[p][u] - mean; q += e * e; }
+            }
+        }
+        for (int o = group / 2; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+        const float rstd = rsqrtf(q / (float)cols + eps);
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            const int k = sub + p * group;
+            if (!live || k >= vecs) continue;
+            Pack<T, V> gv = *(const Pack<T, V>*)(gamma + k * V), out;
+#pragma unroll
+            for (int u = 0; u < V; ++u) {
+                float r = (v[p][u] - mean) * rstd * to_f(gv.v[u]);
+                if (beta) r += to_f(beta[k * V + u]);
+                out.v[u] = from_f<T>(r);
+            }
+            *(Pack<T, V>*)(y + row * cols + k * V) = out;
+        }
     }
 }
 

@@ -10,9 +10,7 @@ use gpukit_tensor::{DType, Layout};
 use std::collections::HashMap;
 
 pub use super::steps::Unsupported;
-pub(super) use super::steps::{
-    Buf, Const, ConvStep, DepthwiseStep, GemmStep, NormStep, Slot, Step, Tref,
-};
+pub(super) use super::steps::{Buf, Const, ConvStep, DepthwiseStep, GemmStep, Slot, Step, Tref};
 
 /// A graph lowered for one dtype and layout.
 #[derive(Debug, Clone)]
@@ -342,7 +340,6 @@ impl<'g> Lowering<'g> {
             .zip(&self.input_slots)
             .map(|(&i, &s)| (g.value(i).name.clone(), g.value(i).shape.clone(), s))
             .collect::<Vec<_>>();
-        self.fuse_depthwise_norms();
         // lifetimes: from the first step that touches a slot to the last; inputs and outputs
         // live throughout (written before, read after)
         let steps = self.steps.len();

@@ -2,7 +2,6 @@
 //! offsets, every convolution planned by measurement (once per distinct shape), and after
 //! [`ProgramSession::capture`] a CUDA graph of the whole pass.
 
-use super::kernels::channels_last::PixelNorm;
 use super::kernels::ProgramKernels;
 use super::lower::{Buf, ConvStep, GemmStep, Step, Tref};
 use super::Program;
@@ -437,24 +436,16 @@ impl<'a> ProgramSession<'a> {
                 k.layer_norm(dt, v(x)?, v(gamma)?, bv, v(y)?, (*rows, *cols), *eps)?;
             }
             Step::Gemm(g) => self.enqueue_gemm(i, g)?,
-            Step::Depthwise(d) => {
-                let (x, y, taps) = (v(&d.x)?, v(&d.y)?, self.const_view(d.taps)?);
-                let bias = d.bias.map(|b| self.const_view(b)).transpose()?;
-                match &d.norm {
-                    Some(n) => {
-                        let norm = PixelNorm {
-                            gamma: v(&n.gamma)?,
-                            beta: n.beta.as_ref().map(&v).transpose()?,
-                            eps: n.eps,
-                        };
-                        k.depthwise_norm(dt, &d.shape, x, taps, bias, norm, y)?
-                    }
-                    None => {
-                        let z = d.z.as_ref().map(&v).transpose()?;
-                        k.depthwise(dt, &d.shape, x, taps, bias, z, d.act, y)?
-                    }
-                }
-            }
+            Step::Depthwise(d) => k.depthwise(
+                dt,
+                &d.shape,
+                v(&d.x)?,
+                self.const_view(d.taps)?,
+                d.bias.map(|b| self.const_view(b)).transpose()?,
+                d.z.as_ref().map(&v).transpose()?,
+                d.act,
+                v(&d.y)?,
+            )?,
             Step::Conv(c) => {
                 let Some(run) = self.runs[i].as_deref() else {
                     return Err(Error::Invalid(format!(

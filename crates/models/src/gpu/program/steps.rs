@@ -78,8 +78,7 @@ impl ConvStep {
 }
 
 /// A depthwise convolution on gpukit's kernel (channel-last, dense operands):
-/// `y = act(conv(x) + bias (+ z))` in one pass, or (with `norm`) `y = layer_norm(conv(x) +
-/// bias)` over each pixel's channels.
+/// `y = act(conv(x) + bias (+ z))` in one pass.
 #[derive(Debug, Clone)]
 pub(super) struct DepthwiseStep {
     pub shape: ConvShape,
@@ -89,18 +88,7 @@ pub(super) struct DepthwiseStep {
     pub bias: Option<usize>,
     pub z: Option<Tref>,
     pub act: Option<Activation>,
-    /// The layer norm that only read this convolution's output (then `z` and `act` are None).
-    pub norm: Option<NormStep>,
     pub y: Tref,
-}
-
-/// A layer normalization over each pixel's channels, taken into the step before it: its scale,
-/// optional bias (row-major constants of the channels' count) and epsilon.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct NormStep {
-    pub gamma: Tref,
-    pub beta: Option<Tref>,
-    pub eps: f32,
 }
 
 /// A matrix product with constant weights on cuBLASLt: row-major
@@ -180,17 +168,7 @@ impl Step {
             | Step::GlobalAverage { x, y }
             | Step::ToF32 { x, y } => (vec![*x], *y),
             Step::Conv(c) => (std::iter::once(c.x).chain(c.z).collect(), c.y),
-            Step::Depthwise(d) => (
-                std::iter::once(d.x)
-                    .chain(d.z)
-                    .chain(
-                        d.norm
-                            .iter()
-                            .flat_map(|n| std::iter::once(n.gamma).chain(n.beta)),
-                    )
-                    .collect(),
-                d.y,
-            ),
+            Step::Depthwise(d) => (std::iter::once(d.x).chain(d.z).collect(), d.y),
             Step::Pointwise { a, b, c, y, .. } => (
                 std::iter::once(*a)
                     .chain(b.map(|(t, _)| t))
@@ -218,7 +196,6 @@ impl Step {
             Step::Conv(c) if c.fused_relu() => "conv+bias+relu (cuDNN)",
             Step::Conv(c) if c.fused => "conv+epilogue (cuDNN)",
             Step::Conv(_) => "conv (cuDNN)",
-            Step::Depthwise(d) if d.norm.is_some() => "depthwise conv+layer norm (gpukit)",
             Step::Depthwise(_) => "depthwise conv (gpukit)",
             Step::Pointwise { .. } => "element-wise",
             Step::Pool { .. } => "pool",

@@ -184,68 +184,6 @@ __device__ void gap_cl(const T* __restrict__ x, T* __restrict__ y, float* partia
     }
 }
 
-// The depthwise convolution with its bias, then layer normalization over each output pixel's
-// channels (ConvNeXt's block): u = conv(x) + bias, y = (u - mean) / sqrt(var + eps) * gamma
-// (+ beta), u never stored. Layouts and v[0..10] as `depthwise`'s; v[10] group: a group of that
-// many lanes (a power of 2 dividing 32) a pixel, each computing up to 4 vectors of its channels
-// (c = V * vectors) in registers; 32 / group pixels a warp.
-template <class T, int V>
-__device__ void depthwise_norm(const T* __restrict__ x, const T* __restrict__ w,
-                               const T* __restrict__ bias, const T* __restrict__ gamma,
-                               const T* __restrict__ beta, T* __restrict__ y, Dims g, float eps) {
-    const long long* d = g.v;
-    const unsigned h = d[1], wd = d[2], c = d[3], p = d[4], q = d[5], r = d[6], s = d[7];
-    const int st = (int)d[8], pad = (int)d[9], group = (int)d[10];
-    const int lane = threadIdx.x & 31, sub = lane % group, per_warp = 32 / group;
-    const int vecs = (int)(c / V);
-    const unsigned pixels = (unsigned)d[0] * p * q;
-    const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const unsigned warps = (gridDim.x * blockDim.x) >> 5;
-    for (unsigned first = warp * per_warp; first < pixels; first += warps * per_warp) {
-        const unsigned pixel = first + lane / group;
-        const bool live = pixel < pixels;
-        const unsigned row = pixel / q, j = pixel - row * q;
-        const unsigned img = row / p, i = row - img * p;
-        float v[4][V];
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-#pragma unroll
-            for (int u = 0; u < V; ++u) v[k][u] = 0.0f;
-        for (unsigned di = 0; live && di < r; ++di) {
-            int yy = (int)(i * st + di) - pad;
-            if (yy < 0 || yy >= (int)h) continue;
-            const T* xrow = x + ((img * h + (unsigned)yy) * wd) * c;
-            const T* wrow = w + di * s * c;
-            for (unsigned dj = 0; dj < s; ++dj) {
-                int xx = (int)(j * st + dj) - pad;
-                if (xx < 0 || xx >= (int)wd) continue;
-#pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    const int ch = (sub + k * group) * V;
-                    if (sub + k * group >= vecs) continue;
-                    Pack<T, V> xv = *(const Pack<T, V>*)(xrow + (unsigned)xx * c + ch);
-                    Pack<T, V> wv = *(const Pack<T, V>*)(wrow + dj * c + ch);
-#pragma unroll
-                    for (int u = 0; u < V; ++u) v[k][u] += to_f(xv.v[u]) * to_f(wv.v[u]);
-                }
-            }
-        }
-        float sum = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int vec = sub + k * group;
-            if (!live || vec >= vecs) continue;
-#pragma unroll
-            for (int u = 0; u < V; ++u) {
-                if (bias) v[k][u] += to_f(bias[vec * V + u]);
-                sum += v[k][u];
-            }
-        }
-        norm_row<T, V>(v, sum, live, sub, group, vecs, eps, gamma, beta,
-                       live ? y + pixel * c : y);
-    }
-}
-
 #define DEPTHWISE(T, TAG, V)                                                                   \
 extern "C" __global__ void depthwise_vec_##TAG(const T* x, const T* w, const T* bias,           \
     const T* z, T* y, Dims g, int act, float alpha, float beta)                                \
@@ -253,9 +191,6 @@ extern "C" __global__ void depthwise_vec_##TAG(const T* x, const T* w, const T* 
 extern "C" __global__ void depthwise_one_##TAG(const T* x, const T* w, const T* bias,           \
     const T* z, T* y, Dims g, int act, float alpha, float beta)                                \
     { depthwise<T, 1>(x, w, bias, z, y, g, act, alpha, beta); }                                 \
-extern "C" __global__ void depthwise_norm_##TAG(const T* x, const T* w, const T* bias,          \
-    const T* gamma, const T* beta, T* y, Dims g, float eps)                                    \
-    { depthwise_norm<T, V>(x, w, bias, gamma, beta, y, g, eps); }                               \
 extern "C" __global__ void pool_cl_##TAG(const T* x, T* y, Dims g) { pool_cl<T, V>(x, y, g); }  \
 extern "C" __global__ void gap_cl_##TAG(const T* x, T* y, float* partial, unsigned* count,      \
     Dims g) { gap_cl<T, V>(x, y, partial, count, g); }
@@ -266,13 +201,7 @@ DEPTHWISE(B, bf16, 8)
 "#;
 
 /// The kernels' names without their element type tag.
-const KERNELS: [&str; 5] = [
-    "depthwise_vec",
-    "depthwise_one",
-    "depthwise_norm",
-    "pool_cl",
-    "gap_cl",
-];
+const KERNELS: [&str; 4] = ["depthwise_vec", "depthwise_one", "pool_cl", "gap_cl"];
 
 /// The module: its name in the kernel cache, its source and its kernels.
 pub fn kernel_source() -> KernelSource {
@@ -300,27 +229,6 @@ pub fn depthwise_runs(shape: &ConvShape) -> bool {
         && shape.k == shape.c
         && fits(shape.n * shape.c * shape.h * shape.w)
         && fits(shape.n * shape.k * shape.out_h() * shape.out_w())
-}
-
-/// Whether `depthwise_norm` runs `shape` in `dtype`: the depthwise kernel does, and the
-/// channels are whole 16-byte vectors, at most 128 of them (4 a lane of a warp).
-pub fn depthwise_norm_runs(shape: &ConvShape, dtype: DType) -> bool {
-    let v = vector(dtype);
-    depthwise_runs(shape) && shape.c.is_multiple_of(v) && shape.c / v <= 128
-}
-
-/// Lanes a pixel of `depthwise_norm` for `c` channels: one vector a lane where a warp holds
-/// them, else up to 4 (more threads for the small images where this kernel runs).
-fn norm_group(c: usize, dtype: DType) -> usize {
-    (c / vector(dtype)).next_power_of_two().clamp(1, 32)
-}
-
-/// The layer normalization after a depthwise convolution: its scale, optional bias and epsilon.
-#[derive(Clone, Copy)]
-pub struct PixelNorm<'a> {
-    pub gamma: View<'a>,
-    pub beta: Option<View<'a>>,
-    pub eps: f32,
 }
 
 /// Floats of the global average's partial sums and groups of its counters
@@ -436,78 +344,6 @@ impl ProgramKernels {
         let name = format!("{stem}_{}", tag(dtype));
         self.channels_last
             .launch(&name, &self.stream, grid_for(threads), &args)
-    }
-
-    /// `y = layer_norm(depthwise(x, taps) + bias)` over each pixel's channels, all channel-last
-    /// and dense ([`depthwise_norm_runs`]); `taps` is `[r, s, c]`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn depthwise_norm(
-        &self,
-        dtype: DType,
-        shape: &ConvShape,
-        x: View<'_>,
-        taps: View<'_>,
-        bias: Option<View<'_>>,
-        norm: PixelNorm<'_>,
-        y: View<'_>,
-    ) -> Result<()> {
-        let e = dtype.size_bytes();
-        let (p, q) = (shape.out_h(), shape.out_w());
-        let pixels = shape.n * p * q;
-        let aligned = [x, taps, norm.gamma, y].iter().all(|b| b.is_aligned(16));
-        if !depthwise_norm_runs(shape, dtype) || !aligned {
-            return Err(Error::Invalid(format!(
-                "the depthwise kernel with its layer norm does not run {shape:?} (channels in \
-                 whole 16-byte vectors, at most 128, aligned)"
-            )));
-        }
-        x.require(shape.n * shape.c * shape.h * shape.w * e, "depthwise x")?;
-        taps.require(shape.r * shape.s * shape.c * e, "depthwise taps")?;
-        y.require(pixels * shape.c * e, "depthwise y")?;
-        norm.gamma.require(shape.c * e, "layer norm scale")?;
-        for b in [bias, norm.beta].into_iter().flatten() {
-            b.require(shape.c * e, "depthwise or layer norm bias")?;
-        }
-        let group = norm_group(shape.c, dtype);
-        let mut dims = [0i64; 32];
-        put(
-            &mut dims,
-            0,
-            &[
-                shape.n,
-                shape.h,
-                shape.w,
-                shape.c,
-                p,
-                q,
-                shape.r,
-                shape.s,
-                shape.stride,
-                shape.pad,
-                group,
-            ],
-        );
-        let bytes = dims_bytes(&dims);
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(taps),
-            Arg::opt(bias),
-            Arg::Ptr(norm.gamma),
-            Arg::opt(norm.beta),
-            Arg::Ptr(y),
-            Arg::Struct("Dims", &bytes),
-            Arg::F32(norm.eps),
-        ];
-        // small blocks: at batch 1 a stage has a few thousand pixels
-        let threads = pixels * group;
-        let blocks = threads.div_ceil(128).clamp(1, 65_535 * 8) as u32;
-        let name = format!("depthwise_norm_{}", tag(dtype));
-        self.channels_last.launch(
-            &name,
-            &self.stream,
-            Launch::new((blocks, 1, 1), (128, 1, 1)),
-            &args,
-        )
     }
 }
 
@@ -634,7 +470,6 @@ mod tests {
         let expected = [
             ("depthwise_vec_", "p p p p p s i f f"),
             ("depthwise_one_", "p p p p p s i f f"),
-            ("depthwise_norm_", "p p p p p p s f"),
             ("pool_cl_", "p p s"),
             ("gap_cl_", "p p p p s"),
         ];

@@ -5,7 +5,7 @@
 //! projection's bias moved into the sum that adds it. A depthwise convolution on channel-last
 //! tensors runs on gpukit's kernel with its whole epilogue.
 
-use super::{Buf, ConvStep, DepthwiseStep, Lowered, Lowering, NormStep, Step, Tref};
+use super::{Buf, ConvStep, DepthwiseStep, Lowered, Lowering, Step, Tref};
 use crate::gpu::program::kernels::channels_last;
 use crate::gpu::program::Strided;
 use crate::graph::{Activation, Binary, Op, ValueId};
@@ -124,7 +124,6 @@ impl Lowering<'_> {
                 bias,
                 z,
                 act,
-                norm: None,
                 y,
             }));
             self.set(out, y);
@@ -235,83 +234,4 @@ fn arrange_filter(w: &[f32], [k, cg, r, s]: [usize; 4], cg_pad: usize, layout: L
         }
     }
     out
-}
-
-impl Lowering<'_> {
-    /// A depthwise convolution (bias, no activation, no residual) whose output only a layer norm
-    /// over its channels reads, ConvNeXt's block, writes the norm's output itself
-    /// ([`channels_last::depthwise_norm_runs`]): one launch and one pass over the activations
-    /// fewer a block. Runs once every node is lowered.
-    pub(super) fn fuse_depthwise_norms(&mut self) {
-        let mut readers = vec![0usize; self.slots.len()];
-        for (_, step) in &self.steps {
-            for t in step.operands().0 {
-                if let Buf::Slot(s) = t.buf {
-                    readers[s] += 1;
-                }
-            }
-        }
-        // the one step that writes each slot (None: none, or several, as a concatenation's)
-        let mut writer: Vec<Option<Option<usize>>> = vec![None; self.slots.len()];
-        for (i, (_, step)) in self.steps.iter().enumerate() {
-            if let Buf::Slot(s) = step.operands().1.buf {
-                writer[s] = Some(writer[s].map_or(Some(i), |_| None));
-            }
-        }
-        let mut fused = Vec::new();
-        for (i, (_, step)) in self.steps.iter().enumerate() {
-            let Step::LayerNorm {
-                x,
-                gamma,
-                beta,
-                y,
-                rows,
-                cols,
-                eps,
-            } = step
-            else {
-                continue;
-            };
-            let Buf::Slot(s) = x.buf else { continue };
-            let Some(j) = writer[s].flatten().filter(|_| readers[s] == 1) else {
-                continue;
-            };
-            let Step::Depthwise(d) = &self.steps[j].1 else {
-                continue;
-            };
-            let [n, c, p, q] = d.y.s.dims;
-            let pixels = Strided::row_major([n, p, q, c]);
-            let fits = d.act.is_none()
-                && d.z.is_none()
-                && d.norm.is_none()
-                && channels_last::depthwise_norm_runs(&d.shape, self.elem)
-                && d.y.offset == 0
-                && d.y.s == Strided::image(d.y.s.dims, Layout::Nhwc)
-                && x.offset == 0
-                && y.offset == 0
-                && (x.s, y.s) == (pixels, pixels)
-                && (*rows, *cols) == (n * p * q, c);
-            if fits {
-                let norm = NormStep {
-                    gamma: *gamma,
-                    beta: *beta,
-                    eps: *eps,
-                };
-                let y = Tref { s: d.y.s, ..*y };
-                fused.push((i, j, norm, y));
-            }
-        }
-        for &(_, j, norm, y) in &fused {
-            if let Step::Depthwise(d) = &mut self.steps[j].1 {
-                d.norm = Some(norm);
-                d.y = y;
-            }
-        }
-        let gone: std::collections::HashSet<usize> = fused.iter().map(|f| f.0).collect();
-        let mut at = 0;
-        self.steps.retain(|_| {
-            at += 1;
-            !gone.contains(&(at - 1))
-        });
-    }
 }
