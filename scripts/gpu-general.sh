@@ -103,7 +103,8 @@ tests)
     t0=$(date +%s)
     filter=""; case "$t" in *infer_cli*) filter="gpu::";; *gpu_cnn*) filter="--nocapture";; esac
     env -u LD_LIBRARY_PATH timeout 400 "$t" --test-threads 1 $filter >"$OUT/$(basename "$t").log" 2>&1
-    say "$(basename "$t") rc=$? $(( $(date +%s) - t0 )) s: $(grep -E '^test result' "$OUT/$(basename "$t").log")"
+    rc=$?
+    say "$(basename "$t") rc=$rc $(( $(date +%s) - t0 )) s: $(grep -E '^test result' "$OUT/$(basename "$t").log")"
     grep -E "FAILED|failed|panicked" "$OUT/$(basename "$t").log" | head -20 | cut -c1-600 | tee -a "$SUMMARY"
   done
   ;;
