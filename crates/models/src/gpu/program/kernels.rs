@@ -352,6 +352,41 @@ __device__ void layer_norm_vec(const T* __restrict__ x, const T* __restrict__ ga
     }
 }
 
+// y [n, k] = act(x [n, c] w [k, c]^T + bias (+ z)), all dense row-major (16-byte aligned rows
+// of V values where V > 1): a group of `group` lanes (a power of 2 dividing 32) an output, each
+// summing every group-th vector of the row, the group's sums added with shuffles; 32 / group
+// outputs a warp. bias and z may be null.
+template <class T, int V>
+__device__ void matvec(const T* __restrict__ x, const T* __restrict__ w,
+                       const T* __restrict__ bias, const T* __restrict__ z, T* __restrict__ y,
+                       long long n, int k, int c, int group, int act, float alpha, float beta) {
+    const int lane = threadIdx.x & 31, sub = lane % group, per_warp = 32 / group;
+    const int vecs = c / V;
+    const long long outs = n * k;
+    long long warp = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;
+    long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long first = warp * per_warp; first < outs; first += warps * per_warp) {
+        const long long o = first + lane / group;
+        const bool live = o < outs;
+        const long long img = live ? o / k : 0;
+        const long long row = live ? o - img * k : 0;
+        float acc = 0.0f;
+        if (live)
+            for (int v = sub; v < vecs; v += group) {
+                Pack<T, V> xv = *(const Pack<T, V>*)(x + img * c + v * V);
+                Pack<T, V> wv = *(const Pack<T, V>*)(w + row * c + v * V);
+#pragma unroll
+                for (int u = 0; u < V; ++u) acc += to_f(xv.v[u]) * to_f(wv.v[u]);
+            }
+        for (int s = group / 2; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+        if (live && sub == 0) {
+            if (bias) acc += to_f(bias[row]);
+            if (z) acc += to_f(z[o]);
+            y[o] = from_f<T>(activate(act, acc, alpha, beta));
+        }
+    }
+}
+
 // y (f32, dense row-major over dims v[0..4]) = x read through strides v[4..8].
 template <class T>
 __device__ void to_f32(const T* __restrict__ x, float* __restrict__ y, Dims g) {
@@ -395,6 +430,12 @@ extern "C" __global__ void layer_norm_##TAG(const T* x, const T* gamma, const T*
 extern "C" __global__ void layer_norm_vec_##TAG(const T* x, const T* gamma, const T* beta,     \
     T* y, long long rows, int cols, float eps, int group)                                     \
     { layer_norm_vec<T, 16 / sizeof(T)>(x, gamma, beta, y, rows, cols, eps, group); }          \
+extern "C" __global__ void matvec_vec_##TAG(const T* x, const T* w, const T* bias, const T* z,  \
+    T* y, long long n, int k, int c, int group, int act, float alpha, float beta)              \
+    { matvec<T, 16 / sizeof(T)>(x, w, bias, z, y, n, k, c, group, act, alpha, beta); }         \
+extern "C" __global__ void matvec_one_##TAG(const T* x, const T* w, const T* bias, const T* z,  \
+    T* y, long long n, int k, int c, int group, int act, float alpha, float beta)              \
+    { matvec<T, 1>(x, w, bias, z, y, n, k, c, group, act, alpha, beta); }                      \
 extern "C" __global__ void to_f32_##TAG(const T* x, float* y, Dims g) { to_f32<T>(x, y, g); }  \
 extern "C" __global__ void from_f32_##TAG(const float* x, T* y, Dims g) { from_f32<T>(x, y, g); }
 
@@ -404,7 +445,7 @@ INSTANCES(B, bf16)
 "#;
 
 /// The kernels' names without their element type tag.
-const KERNELS: [&str; 9] = [
+const KERNELS: [&str; 11] = [
     "pointwise",
     "pointwise_vec",
     "pool",
@@ -412,6 +453,8 @@ const KERNELS: [&str; 9] = [
     "gap_channels",
     "layer_norm",
     "layer_norm_vec",
+    "matvec_vec",
+    "matvec_one",
     "to_f32",
     "from_f32",
 ];
@@ -734,6 +777,57 @@ impl ProgramKernels {
         self.run(stem, dtype, Launch::new((blocks, 1, 1), (256, 1, 1)), args)
     }
 
+    /// `y [n, k] = act(x [n, c] w [k, c]^T + bias (+ z))`, all dense row-major: a group of
+    /// lanes an output, sized so that each lane sums about four 16-byte vectors of a row.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec(
+        &self,
+        dtype: DType,
+        x: View<'_>,
+        w: View<'_>,
+        bias: Option<View<'_>>,
+        z: Option<View<'_>>,
+        act: Option<Activation>,
+        y: View<'_>,
+        (n, k, c): (usize, usize, usize),
+    ) -> Result<()> {
+        let e = dtype.size_bytes();
+        x.require(n * c * e, "matvec x")?;
+        w.require(k * c * e, "matvec weights")?;
+        y.require(n * k * e, "matvec y")?;
+        if let Some(b) = bias {
+            b.require(k * e, "matvec bias")?;
+        }
+        if let Some(z) = z {
+            z.require(n * k * e, "matvec z")?;
+        }
+        let width = 16 / e;
+        let vector = c.is_multiple_of(width) && x.is_aligned(16) && w.is_aligned(16);
+        let (stem, vectors) = match vector {
+            true => ("matvec_vec", c / width),
+            false => ("matvec_one", c),
+        };
+        let group = vectors.div_ceil(4).next_power_of_two().clamp(1, 32);
+        let (code, alpha, beta) = activation_code(act);
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::opt(bias),
+            Arg::opt(z),
+            Arg::Ptr(y),
+            Arg::Size(n),
+            Arg::Size(k),
+            Arg::Size(c),
+            Arg::I32(group as i32),
+            Arg::I32(code),
+            Arg::F32(alpha),
+            Arg::F32(beta),
+        ];
+        let warps = (n * k).div_ceil(32 / group);
+        let blocks = warps.div_ceil(8).clamp(1, 65_535 * 8) as u32;
+        self.run(stem, dtype, Launch::new((blocks, 1, 1), (256, 1, 1)), &args)
+    }
+
     /// `y` (f32, dense row-major) = `x` of `dtype` through its strides.
     pub fn to_f32(&self, dtype: DType, (x, sx): (View<'_>, &Strided), y: View<'_>) -> Result<()> {
         x.require(sx.span() * dtype.size_bytes(), "to_f32 x")?;
@@ -775,6 +869,8 @@ mod tests {
             ("gap_channels_", "p p s"),
             ("layer_norm_", "p p p p l i f"),
             ("layer_norm_vec_", "p p p p l i f i"),
+            ("matvec_vec_", "p p p p p l i i i i f f"),
+            ("matvec_one_", "p p p p p l i i i i f f"),
             ("to_f32_", "p p s"),
             ("from_f32_", "p p s"),
         ];

@@ -10,7 +10,9 @@ use gpukit_tensor::{DType, Layout};
 use std::collections::HashMap;
 
 pub use super::steps::Unsupported;
-pub(super) use super::steps::{Buf, Const, ConvStep, DepthwiseStep, GemmStep, Slot, Step, Tref};
+pub(super) use super::steps::{
+    Buf, Const, ConvStep, DepthwiseStep, GemmStep, MatVecStep, Slot, Step, Tref,
+};
 
 /// A graph lowered for one dtype and layout.
 #[derive(Debug, Clone)]

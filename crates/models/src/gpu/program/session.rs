@@ -436,6 +436,16 @@ impl<'a> ProgramSession<'a> {
                 k.layer_norm(dt, v(x)?, v(gamma)?, bv, v(y)?, (*rows, *cols), *eps)?;
             }
             Step::Gemm(g) => self.enqueue_gemm(i, g)?,
+            Step::MatVec(m) => k.matvec(
+                dt,
+                v(&m.x)?,
+                self.const_view(m.w)?,
+                m.bias.map(|b| self.const_view(b)).transpose()?,
+                m.z.as_ref().map(&v).transpose()?,
+                m.act,
+                v(&m.y)?,
+                (m.n, m.k, m.c),
+            )?,
             Step::Depthwise(d) => k.depthwise(
                 dt,
                 &d.shape,
@@ -516,6 +526,7 @@ impl<'a> ProgramSession<'a> {
         let (flops, library) = match step {
             Step::Conv(c) => (c.shape.flops(), "cuDNN"),
             Step::Depthwise(d) => (d.shape.flops(), "NVRTC"),
+            Step::MatVec(m) => (2.0 * (m.n * m.k * m.c) as f64, "NVRTC"),
             Step::Gemm(g) => (2.0 * (g.m * g.n * g.k) as f64, "cuBLASLt"),
             _ => (0.0, "NVRTC"),
         };

@@ -91,6 +91,22 @@ pub(super) struct DepthwiseStep {
     pub y: Tref,
 }
 
+/// A 1x1 convolution of 1x1 maps (squeeze-and-excitation's layers) on gpukit's kernel:
+/// `y [n, k] = act(x [n, c] w [k, c]^T + bias (+ z))`, all dense row-major.
+#[derive(Debug, Clone)]
+pub(super) struct MatVecStep {
+    pub x: Tref,
+    /// The weights, `[k, c]` row-major.
+    pub w: usize,
+    pub bias: Option<usize>,
+    pub z: Option<Tref>,
+    pub act: Option<Activation>,
+    pub y: Tref,
+    pub n: usize,
+    pub k: usize,
+    pub c: usize,
+}
+
 /// A matrix product with constant weights on cuBLASLt: row-major
 /// `y [m, n] = act(a [m, k] x b [k, n] + bias + z)`, the epilogue in the library's call.
 #[derive(Debug, Clone)]
@@ -126,6 +142,7 @@ pub(super) enum Step {
     },
     Conv(ConvStep),
     Depthwise(DepthwiseStep),
+    MatVec(MatVecStep),
     Pointwise {
         a: Tref,
         b: Option<(Tref, Binary)>,
@@ -169,6 +186,7 @@ impl Step {
             | Step::ToF32 { x, y } => (vec![*x], *y),
             Step::Conv(c) => (std::iter::once(c.x).chain(c.z).collect(), c.y),
             Step::Depthwise(d) => (std::iter::once(d.x).chain(d.z).collect(), d.y),
+            Step::MatVec(m) => (std::iter::once(m.x).chain(m.z).collect(), m.y),
             Step::Pointwise { a, b, c, y, .. } => (
                 std::iter::once(*a)
                     .chain(b.map(|(t, _)| t))
@@ -197,6 +215,7 @@ impl Step {
             Step::Conv(c) if c.fused => "conv+epilogue (cuDNN)",
             Step::Conv(_) => "conv (cuDNN)",
             Step::Depthwise(_) => "depthwise conv (gpukit)",
+            Step::MatVec(_) => "1x1 conv of 1x1 maps (gpukit)",
             Step::Pointwise { .. } => "element-wise",
             Step::Pool { .. } => "pool",
             Step::GlobalAverage { .. } => "global average",

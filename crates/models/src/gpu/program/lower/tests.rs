@@ -260,6 +260,28 @@ impl Emu<'_> {
                     self.put(&c.y, i, v);
                 }
             }
+            Step::MatVec(m) => {
+                let w = &self.p.consts[m.w].values;
+                let mut out = Vec::new();
+                for i in 0..m.n {
+                    for o in 0..m.k {
+                        let s: f64 = (0..m.c)
+                            .map(|ch| {
+                                f64::from(self.get(&m.x, [i, ch, 0, 0]))
+                                    * f64::from(w[o * m.c + ch])
+                            })
+                            .sum();
+                        let mut v = s as f32 + m.bias.map_or(0.0, |b| self.p.consts[b].values[o]);
+                        if let Some(z) = &m.z {
+                            v += self.get(z, [i, o, 0, 0]);
+                        }
+                        out.push(([i, o, 0, 0], act(m.act, v)));
+                    }
+                }
+                for (i, v) in out {
+                    self.put(&m.y, i, v);
+                }
+            }
             Step::Depthwise(d) => {
                 let sh = d.shape;
                 let taps = &self.p.consts[d.taps].values;
@@ -461,7 +483,8 @@ fn layouts_decide_the_copies_and_fusions_are_counted() {
         f32.step_counts()
     );
     // EfficientNet: every SiLU is a convolution's epilogue, in NHWC in cuDNN's call or the
-    // depthwise kernel's pass, never a step of its own; every convolution is one step
+    // depthwise kernel's pass, never a step of its own; every convolution is one step, the
+    // squeeze-and-excitation's two on 1x1 maps gpukit's matrix-vector kernel in both layouts
     let g = optimized(&fixtures::efficientnet_se(fresh_seed()));
     let convs = g
         .nodes
@@ -476,6 +499,7 @@ fn layouts_decide_the_copies_and_fusions_are_counted() {
             .filter(|(_, s)| match s {
                 Step::Pointwise { act, .. } => *act == Some(Activation::Silu),
                 Step::Depthwise(d) => d.act == Some(Activation::Silu),
+                Step::MatVec(m) => m.act == Some(Activation::Silu),
                 Step::Conv(c) => c.fused && c.act == Some(Activation::Silu),
                 _ => false,
             })
@@ -501,14 +525,27 @@ fn layouts_decide_the_copies_and_fusions_are_counted() {
                 )
             })
             .count();
-        // (NCHW keeps them in element-wise steps: cuDNN's graphs are used channel-last only)
-        let apart = if layout == Layout::Nhwc { 0 } else { silus };
+        // (NCHW keeps them in element-wise steps: cuDNN's graphs are used channel-last only;
+        // the matrix-vector kernel takes its own in both)
+        let matvecs = count(&p, "1x1 conv of 1x1 maps (gpukit)");
+        assert_eq!(matvecs, 2, "{layout:?}: {:?}", p.step_counts());
+        let in_matvec = p
+            .steps
+            .iter()
+            .filter(|(_, s)| matches!(s, Step::MatVec(m) if m.act == Some(Activation::Silu)))
+            .count();
+        let apart = if layout == Layout::Nhwc {
+            0
+        } else {
+            silus - in_matvec
+        };
         assert_eq!(elementwise_silus, apart, "{:?}", p.step_counts());
         assert_eq!(
             count(&p, "conv (cuDNN)")
                 + count(&p, "conv+bias+relu (cuDNN)")
                 + count(&p, "conv+epilogue (cuDNN)")
-                + depthwise,
+                + depthwise
+                + matvecs,
             convs,
             "{layout:?}: {:?}",
             p.step_counts()
