@@ -631,7 +631,8 @@ fn named(t: &[gpukit_train::cnn::resnet::Named<f32>]) -> Vec<(String, Vec<f32>)>
 /// ResNet-18 on the GPU against the CPU f32 engine (and float64 where f32 rounding makes the
 /// two f32 engines part): the same initial weights, batches and optimizer for `steps` updates.
 /// Each update's loss within `loss_tol` relative of the CPU f32 loss (or, where the CPU f32 has
-/// itself left float64 by more than 1e-5, of the float64 loss); then every parameter's total
+/// itself left float64 by more than 1e-5, within `loss_tol` of the float64 loss or at most twice
+/// as far from it as the CPU f32 loss); then every parameter's total
 /// update (relative to its largest element) and every running statistic judged against float64:
 /// within `update_tol` / 1e-4 of it, or at most twice as far as the CPU's f32 engine is.
 fn train_like_the_cpu(
@@ -666,10 +667,14 @@ fn train_like_the_cpu(
             "  update {}: GPU {lg:.9} CPU f32 {l32:.9} f64 {l64:.9}: GPU-CPU {e32:.2e}, CPU-f64 {e_cpu:.2e}, GPU-f64 {e64:.2e}; right {cg}/{c32}",
             s + 1
         );
-        let fine = e32 <= loss_tol || (e_cpu > 1e-5 && e64 <= loss_tol);
+        // once the CPU's f32 engine has left float64 (a ReLU that flips in one f32 engine and
+        // not the other moves the next losses by 1e-3), float64 judges: the GPU within the
+        // tolerance of it, or at most twice as far as the CPU's f32 engine
+        let fine = e32 <= loss_tol || (e_cpu > 1e-5 && e64 <= loss_tol.max(2.0 * e_cpu));
         if !fine {
             return Err(format!(
-                "update {}: GPU loss {lg} against CPU f32 {l32} (f64 {l64}): over {loss_tol:.0e}",
+                "update {}: GPU loss {lg} against CPU f32 {l32} (f64 {l64}): over {loss_tol:.0e}, \
+                 and farther from float64 ({e64:.1e}) than twice the CPU f32 engine ({e_cpu:.1e})",
                 s + 1
             )
             .into());
