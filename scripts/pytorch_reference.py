@@ -81,6 +81,19 @@ Usage:
   gradient_as_bucket_view); the DDP step is the slowest rank's; scaling efficiency =
   N-rank samples/s / (N * one-GPU samples/s).
 
+  train-cnn trains torchvision's resnet18/34/50 (--classes outputs) on the GPU as a careful
+  PyTorch user does: data resident on the GPU (--data: "images" [N,3,H,W] float32 and "labels"
+  [N] int64, else 2 x --batch-size random images and labels from --seed), cudnn.benchmark,
+  autocast with channels_last for bf16/fp16 (GradScaler for fp16), SGD (--momentum,
+  --nesterov, --weight-decay) or AdamW with foreach updates, cross-entropy with
+  --label-smoothing. Each mode of --modes (eager; compile: torch.compile(model), default mode)
+  starts from the same weights (--init, a torchvision state dict as .safetensors, else
+  torchvision's initialisation under torch.manual_seed(--seed)); the first update's time,
+  compilation included, is first_step_s; then --warmup untimed updates and --steps updates
+  timed by CUDA events. Rows: {"mode", "status", "reason" (failed only), "model", "batch",
+  "image_size", "precision", "first_step_s", "step_ms" {median_ms, p10_ms, p90_ms, count},
+  "images_per_s", "peak_allocated_bytes", "losses" (the first --loss-steps updates')}.
+
   infer times a torchvision image classifier: --model is one of TORCHVISION_CLASSIFIERS
   (default resnet50).  Its weights: --weights, a safetensors state_dict (float32;
   `*.num_batches_tracked` may be present or not; any other missing or unexpected key is an
@@ -141,6 +154,7 @@ single synchronize.  CPU timings use time.perf_counter and stop early so that on
 row takes about CPU_ROW_BUDGET_S seconds at most (at least one timed iteration).
 """
 import argparse
+import copy
 import ctypes
 import gc
 import importlib
@@ -190,6 +204,10 @@ TORCHVISION_CLASSIFIERS = (
 SEED = 0  # the seeded weights: torchvision's initialisation under torch.manual_seed(SEED)
 # batch norm statistics of the seeded weights: measured on this many batches of random images
 CALIBRATION_BATCHES, CALIBRATION_BATCH, CALIBRATION_IMAGE = 4, 16, 224
+# train-cnn: the models and how each mode runs the training step
+CNN_TRAIN_MODELS = ("resnet18", "resnet34", "resnet50")
+CNN_TRAIN_MODES = ("eager", "compile")
+
 # infer strategy -> (torch dtype name, channels_last, TF32 allowed, how it runs: eager|graph|compile)
 INFER_STRATEGIES = {
     "eager_fp32": ("float32", False, False, "eager"),
@@ -348,6 +366,29 @@ def build_parser():
     t.add_argument("--repeats", type=positive_int, default=5)
     t.add_argument("--device", type=choice_of("cuda", "cpu"), default="cuda")
     t.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all)")
+
+    r = sub.add_parser("train-cnn", help="torchvision's ResNet trained on synthetic data on the GPU")
+    r.add_argument("--model", type=choice_of(*CNN_TRAIN_MODELS), default="resnet50")
+    r.add_argument("--classes", type=positive_int, default=1000)
+    r.add_argument("--image-size", type=positive_int, default=224)
+    r.add_argument("--batch-size", type=positive_int, default=256)
+    r.add_argument("--steps", type=positive_int, default=30, help="timed updates, after --warmup")
+    r.add_argument("--warmup", type=non_negative_int, default=5)
+    r.add_argument("--loss-steps", type=non_negative_int, default=20,
+                   help="updates whose losses are reported (the first ones, from --init)")
+    r.add_argument("--precision", type=choice_of("fp32", "tf32", "bf16", "fp16"), default="bf16")
+    r.add_argument("--optimizer", type=choice_of("sgd", "adamw"), default="sgd")
+    r.add_argument("--lr", type=positive_float, default=0.1)
+    r.add_argument("--momentum", type=float, default=0.9)
+    r.add_argument("--nesterov", action="store_true")
+    r.add_argument("--weight-decay", type=float, default=5e-5)
+    r.add_argument("--label-smoothing", type=float, default=0.0)
+    r.add_argument("--seed", type=non_negative_int, default=0)
+    r.add_argument("--init", default=None, help="a torchvision state dict as .safetensors")
+    r.add_argument("--data", default=None,
+                   help='.safetensors with "images" [N,3,H,W] float32 and "labels" [N] int64')
+    r.add_argument("--modes", type=csv_of(choice_of(*CNN_TRAIN_MODES)), default=list(CNN_TRAIN_MODES))
+    r.add_argument("--device", type=choice_of("cuda"), default="cuda")
 
     i = sub.add_parser("infer", help="inference of a torchvision classifier")
     i.add_argument("--model", type=choice_of(*TORCHVISION_CLASSIFIERS), default="resnet50")
@@ -1437,6 +1478,113 @@ def bench_train(torch, args):
         {"precision": precision, "resident": resident}
 
 
+def bench_train_cnn(torch, args):
+    """torchvision's ResNet trained as a careful PyTorch user trains it: data resident on the GPU,
+    cudnn.benchmark, channels_last for 16-bit autocast (GradScaler for fp16), SGD (momentum,
+    Nesterov, weight decay) or AdamW with foreach updates, cross-entropy with label smoothing.
+    Each mode ("eager", "compile": torch.compile of the model, default mode) starts from the same
+    weights: --warmup untimed updates after the first (whose time, compilation included, is
+    first_step_s), then --steps updates each timed by CUDA events. The losses of the first
+    --loss-steps updates (from the initial weights) are reported for comparison with gpukit's."""
+    import torchvision
+    device = torch.device(args.device)
+    torch.backends.cudnn.benchmark = True
+    set_tf32(torch, matmul=args.precision == "tf32", cudnn=args.precision == "tf32")
+    torch.manual_seed(args.seed)
+    base = torchvision.models.__dict__[args.model](num_classes=args.classes)
+    if args.init:
+        state = read_safetensors(torch, args.init, "initial weights file")
+        missing = [k for k in base.state_dict() if k not in state and not k.endswith("num_batches_tracked")]
+        unexpected = [k for k in state if k not in base.state_dict()]
+        if missing or unexpected:
+            raise RuntimeError(f"{args.init} is not {args.model}'s state dict: missing {missing[:3]}, "
+                               f"unexpected {unexpected[:3]}")
+        base.load_state_dict({k: v for k, v in state.items()}, strict=False)
+    init = {k: v.clone() for k, v in base.state_dict().items()}
+    size, batch = args.image_size, args.batch_size
+    if args.data:
+        data = read_safetensors(torch, args.data, "data file")
+        images, labels = data["images"].float(), data["labels"].long()
+        if images.dim() != 4 or images.shape[1] != 3 or images.shape[0] < batch:
+            raise RuntimeError(f"images of shape {list(images.shape)}: want [N >= {batch}, 3, H, W]")
+        size = images.shape[2]
+    else:
+        g = torch.Generator().manual_seed(args.seed)
+        images = torch.randn(max(batch, 2 * batch), 3, size, size, generator=g)
+        labels = torch.randint(0, args.classes, (images.shape[0],), generator=g)
+    half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.precision)
+    fmt = torch.channels_last if half is not None else torch.contiguous_format
+    images = images.to(device).contiguous(memory_format=fmt)
+    labels = labels.to(device)
+    count = images.shape[0] // batch
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+
+    def one_mode(mode):
+        model = copy.deepcopy(base).to(device).to(memory_format=fmt)
+        model.load_state_dict(init)
+        model.train()
+        if args.optimizer == "sgd":
+            opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                                  nesterov=args.nesterov, weight_decay=args.weight_decay, foreach=True)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
+                                    foreach=True)
+        scaler = torch.amp.GradScaler("cuda", enabled=args.precision == "fp16")
+        run = torch.compile(model) if mode == "compile" else model
+
+        def step(i):
+            j = i % count
+            xb, yb = images[j * batch:(j + 1) * batch], labels[j * batch:(j + 1) * batch]
+            with torch.autocast("cuda", dtype=half or torch.float32, enabled=half is not None):
+                loss = loss_fn(run(xb), yb)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach().float()
+
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        t0 = time.perf_counter()
+        losses = [step(0)]
+        torch.cuda.synchronize()
+        first_s = time.perf_counter() - t0
+        done = 1
+        while done < 1 + args.warmup:
+            losses.append(step(done))
+            done += 1
+        times = []
+        for _ in range(args.steps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            losses.append(step(done))
+            end.record()
+            times.append((start, end))
+            done += 1
+        torch.cuda.synchronize()
+        ms = [s.elapsed_time(e) for s, e in times]
+        timing = summarize(ms)
+        row = {"mode": mode, "status": "ok", "model": args.model, "batch": batch, "image_size": size,
+               "precision": args.precision, "first_step_s": first_s, "step_ms": timing,
+               "images_per_s": rate(batch, timing["median_ms"], 1.0),
+               "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
+               "losses": [float(v) for v in losses[:args.loss_steps]]}
+        del run, model, opt
+        return row
+
+    rows = []
+    for mode in args.modes:
+        try:
+            rows.append(one_mode(mode))
+        except Exception as exc:  # one mode failing (a compiler missing, out of memory) is its row
+            rows.append({"mode": mode, "status": "failed", "reason": one_line(exc)})
+        if mode == "compile" and "torch._dynamo" in sys.modules:
+            sys.modules["torch._dynamo"].reset()
+        cleanup(torch, args.device)
+    return rows, {"model": args.model, "torchvision": torchvision.__version__,
+                  "optimizer": args.optimizer, "lr": args.lr, "label_smoothing": args.label_smoothing}
+
+
 def bench_infer(torch, args):
     """Return (rows, extra top-level fields).  Models are built and converted outside
     inference mode (their parameters stay ordinary tensors, which torch.compile and CUDA
@@ -2094,6 +2242,8 @@ def run(torch, args):
         results, extra = bench_infer(torch, args)
     elif args.command == "train":
         results, extra = bench_train(torch, args)
+    elif args.command == "train-cnn":
+        results, extra = bench_train_cnn(torch, args)
     else:
         bench = {"matmul": bench_matmul, "bandwidth": bench_bandwidth, "conv": bench_conv,
                  "p2p": bench_p2p}[args.command]
