@@ -109,6 +109,8 @@ pub struct MatmulSpec {
     pub epilogue: Epilogue,
     /// Type of the epilogue's bias vector (or bias gradient): F32, or the output's type.
     pub bias_type: DType,
+    /// B's leading dimension where B is a block of a wider matrix (None: its stored rows).
+    pub b_ld: Option<usize>,
 }
 
 impl MatmulSpec {
@@ -126,11 +128,16 @@ impl MatmulSpec {
         [a, b, (self.m, self.n)]
     }
 
-    /// Bytes A, B and D take.
+    /// Bytes A, B and D take (B: from its first element to its last, through its leading
+    /// dimension).
     pub fn bytes(&self) -> [usize; 3] {
         let [a, b, d] = self.stored();
         let (i, o) = (self.inputs.size_bytes(), self.output.size_bytes());
-        [a.0 * a.1 * i, b.0 * b.1 * i, d.0 * d.1 * o]
+        let b_span = match self.b_ld {
+            Some(ld) if b.1 > 0 => ld * (b.1 - 1) + b.0,
+            _ => b.0 * b.1,
+        };
+        [a.0 * a.1 * i, b_span * i, d.0 * d.1 * o]
     }
 }
 
@@ -252,9 +259,21 @@ impl Blas {
                 &(mask_ld(spec.m) as i64),
             )?;
         }
+        if spec.b_ld.is_some_and(|ld| ld < spec.stored()[1].0) {
+            return Err(Error::Invalid(format!(
+                "a leading dimension of B ({:?}) below its {} stored rows",
+                spec.b_ld,
+                spec.stored()[1].0
+            )));
+        }
         let stored = spec.stored();
         let types = [spec.inputs, spec.inputs, spec.output];
-        for (slot, ((rows, cols), ty)) in plan.layouts.iter_mut().zip(stored.iter().zip(types)) {
+        let lds = [stored[0].0, spec.b_ld.unwrap_or(stored[1].0), stored[2].0];
+        for (slot, (((rows, cols), ty), ld)) in plan
+            .layouts
+            .iter_mut()
+            .zip(stored.iter().zip(types).zip(lds))
+        {
             // SAFETY: out-pointer to a field; plan's Drop destroys what was made.
             lt_ok("cublasLtMatrixLayoutCreate", unsafe {
                 lt::cublasLtMatrixLayoutCreate(
@@ -262,7 +281,7 @@ impl Blas {
                     storage_type(ty),
                     *rows as u64,
                     *cols as u64,
-                    *rows as i64,
+                    ld as i64,
                 )
             })?;
         }

@@ -409,8 +409,9 @@ fn checkpointing_computes_the_same_bits() -> Result<(), Failed> {
 /// Data-parallel training over every GPU of the machine (a thread a GPU, NCCL between them)
 /// makes the same updates as one GPU training on the combined batch: the same per-update
 /// losses and final weights, up to the order of f32 sums. With a last combined batch that does
-/// not divide evenly, gradient accumulation, and epochs replayed as CUDA graphs (the
-/// communication captured in them).
+/// not divide evenly, gradient accumulation, epochs replayed as CUDA graphs (the
+/// communication captured in them), and the first layer's weight gradient in pieces each
+/// averaged on its own.
 fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<(), Failed> {
     use gpukit_cuda::nccl::{Comm, UniqueId};
     use gpukit_train::gpu::parallel::Shard;
@@ -419,10 +420,11 @@ fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<(), Failed> {
         .map_err(|e| e.to_string())?
         .device_count;
     let per_gpu = 16;
-    for (loss, kind, accumulate, graph) in [
-        (LossKind::CrossEntropy, OptimizerKind::Adam, 1, false),
-        (LossKind::Mse, OptimizerKind::Sgd, 2, false),
-        (LossKind::CrossEntropy, OptimizerKind::AdamW, 1, true),
+    for (loss, kind, accumulate, graph, pieces) in [
+        (LossKind::CrossEntropy, OptimizerKind::Adam, 1, false, 1),
+        (LossKind::Mse, OptimizerKind::Sgd, 2, false, 3),
+        (LossKind::CrossEntropy, OptimizerKind::AdamW, 1, true, 1),
+        (LossKind::CrossEntropy, OptimizerKind::Sgd, 1, true, 5),
     ] {
         let widths = match loss {
             LossKind::Mse => vec![24, 64, 64, 1],
@@ -451,6 +453,7 @@ fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<(), Failed> {
                         let g = Arc::new(Gpu::open(d, rank).map_err(|x| e(&x))?);
                         let o = GpuOptions {
                             shard: Some(Shard { rank, world }),
+                            grad_pieces: pieces,
                             ..opts
                         };
                         let mut t = GpuTrainer::new(d, g.clone(), cfg, o, data.clone(), None)
@@ -474,7 +477,9 @@ fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<(), Failed> {
                 .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
                 .collect()
         });
-        let tag = format!("{loss:?} {kind:?} accumulate {accumulate} graph {graph}, {world} GPUs");
+        let tag = format!(
+            "{loss:?} {kind:?} accumulate {accumulate} graph {graph} first-layer pieces {pieces}, {world} GPUs"
+        );
         for (rank, r) in runs.into_iter().enumerate() {
             let (out, m) = r.map_err(|e| format!("{tag}: rank {rank}: {e}"))?;
             let want = &one.outcome.step_losses;

@@ -63,6 +63,10 @@ pub struct GpuOptions {
     pub fuse: bool,
     /// Data-parallel: this rank's share of every combined batch (None: one GPU, all rows).
     pub shard: Option<parallel::Shard>,
+    /// Data-parallel: the first layer's weight gradient (backward's last product) computed in
+    /// this many pieces, each averaged as soon as it is done, so that only the last piece's
+    /// averaging is left after backward (0: chosen from the layer's size; 1: whole).
+    pub grad_pieces: usize,
 }
 
 impl GpuOptions {
@@ -73,6 +77,7 @@ impl GpuOptions {
             graph: None,
             fuse: true,
             shard: None,
+            grad_pieces: 0,
         }
     }
 }
@@ -123,6 +128,8 @@ enum Op {
     Forward,
     ForwardEval,
     WeightGrad,
+    /// The weight gradient of `n` of the layer's outputs (a piece of [`Op::WeightGrad`]).
+    WeightGradPiece(usize),
     InputGrad,
 }
 
@@ -175,6 +182,9 @@ pub struct GpuTrainer {
     memory: MemoryUse,
     /// The data-parallel communicator and buckets, once attached.
     dp: Option<parallel::Dp>,
+    /// The first layer's weight gradient in pieces (data-parallel): its outputs' ranges
+    /// `[a, b)`; empty when it is computed whole.
+    grad_pieces: Vec<(usize, usize)>,
     /// The epoch to profile, with how ([`GpuTrainer::profile_epoch`]).
     profile_at: Option<(u64, Discovery, TimingChoice)>,
     /// That epoch's recording, once made.
@@ -398,6 +408,7 @@ impl GpuTrainer {
             setup_seconds: 0.0,
             memory,
             dp: None,
+            grad_pieces: Vec::new(),
         };
         trainer.plan_all()?;
         trainer.setup_seconds = started.elapsed().as_secs_f64();

@@ -38,22 +38,44 @@ impl Shard {
     }
 }
 
-/// The gradients' buckets: runs of whole layers from the last (backward's first) down, each
-/// closed once it holds `bytes` or more, as DDP's bucket_cap_mb. `(lo, hi)`: layers lo..=hi,
-/// in the order backward completes them.
-pub(super) fn buckets(layout: &Layout, bytes: usize) -> Vec<(usize, usize)> {
+/// The gradients' buckets: runs of whole layers from the last (backward's first) down to
+/// layer `first`, each closed once it holds `bytes` or more, as DDP's bucket_cap_mb.
+/// `(lo, hi)`: layers lo..=hi, in the order backward completes them.
+pub(super) fn buckets(layout: &Layout, bytes: usize, first: usize) -> Vec<(usize, usize)> {
     let layers = layout.layers();
     let mut out = Vec::new();
     let mut hi = None;
-    for l in (0..layers).rev() {
+    for l in (first..layers).rev() {
         let top = *hi.get_or_insert(l);
         let (lo_off, hi_end) = span(layout, l, top);
-        if (hi_end - lo_off) * 4 >= bytes || l == 0 {
+        if (hi_end - lo_off) * 4 >= bytes || l == first {
             out.push((l, top));
             hi = None;
         }
     }
     out
+}
+
+/// Elements of the flat gradient buffer that the first layer's weight-gradient pieces occupy
+/// (`pieces`: ranges of its outputs, the weight stored [outputs, inputs]); the last piece
+/// also takes the layer's bias and the padding after it, so that the pieces and the buckets
+/// of the layers above cover the buffer.
+pub(super) fn piece_spans(layout: &Layout, pieces: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let (i, _) = layout.io(0);
+    let (wo, _) = layout.offsets[0];
+    let end = span(layout, 0, 0).1;
+    pieces
+        .iter()
+        .enumerate()
+        .map(|(p, &(a, b))| {
+            let hi = if p + 1 == pieces.len() {
+                end
+            } else {
+                wo + b * i
+            };
+            (wo + a * i, hi)
+        })
+        .collect()
 }
 
 /// Elements of the flat gradient buffer that layers lo..=hi occupy: [start, end).
@@ -66,6 +88,9 @@ pub(super) fn span(layout: &Layout, lo: usize, hi: usize) -> (usize, usize) {
 pub(super) struct Dp {
     comm: Comm,
     buckets: Vec<(usize, usize)>,
+    /// The first layer's weight-gradient pieces, as elements of the flat gradient buffer
+    /// (empty: the layer is in `buckets`).
+    pieces: Vec<(usize, usize)>,
     /// The buckets launched for the update being enqueued: their elements of the flat
     /// gradient buffer, [start, end), and the point of the communication stream after each.
     launched: std::sync::Mutex<Vec<((usize, usize), Event)>>,
@@ -85,12 +110,14 @@ impl GpuTrainer {
                 comm.rank, comm.size, shard.rank, shard.world
             )));
         }
-        let buckets = buckets(&self.layout, bucket_bytes.max(1));
+        let pieces = piece_spans(&self.layout, &self.grad_pieces);
+        let first = usize::from(!pieces.is_empty());
+        let buckets = buckets(&self.layout, bucket_bytes.max(1), first);
         // NCCL connects its peers at a communicator's first collective of each kind and size
-        // class, which a graph capture refuses: average every bucket once now (the gradients
-        // are overwritten by the first backward)
-        for &(lo, hi) in &buckets {
-            let (a, b) = span(&self.layout, lo, hi);
+        // class, which a graph capture refuses: average every bucket and piece once now (the
+        // gradients are overwritten by the first backward)
+        let regions = buckets.iter().map(|&(lo, hi)| span(&self.layout, lo, hi));
+        for (a, b) in regions.chain(pieces.iter().copied()) {
             let region = self.grads.view().sub(a * 4, (b - a) * 4)?;
             comm.all_reduce(region, region, b - a, DType::F32, RedOp::Avg)?;
         }
@@ -98,6 +125,7 @@ impl GpuTrainer {
         comm.async_error()?;
         self.dp = Some(Dp {
             buckets,
+            pieces,
             comm,
             launched: std::sync::Mutex::new(Vec::new()),
         });
@@ -113,15 +141,31 @@ impl GpuTrainer {
         let Some(dp) = &self.dp else { return Ok(()) };
         for &(lo, hi) in &dp.buckets {
             if lo == l {
-                let (a, b) = span(&self.layout, lo, hi);
-                let region = self.grads.view().sub(a * 4, (b - a) * 4)?;
-                dp.comm.stream().wait(&self.gpu.stream().record()?)?;
-                dp.comm
-                    .all_reduce(region, region, b - a, DType::F32, RedOp::Avg)?;
-                let done = dp.comm.stream().record()?;
-                lock(&dp.launched).push(((a, b), done));
+                self.launch_average(dp, span(&self.layout, lo, hi))?;
             }
         }
+        Ok(())
+    }
+
+    /// After piece `p` of the first layer's weight gradient of an update's last batch: its
+    /// averaging starts on the communication stream once the work stream has reached here.
+    pub(super) fn piece_done(&self, p: usize) -> Result<()> {
+        let Some(dp) = &self.dp else { return Ok(()) };
+        let Some(&(a, b)) = dp.pieces.get(p) else {
+            return Ok(());
+        };
+        self.launch_average(dp, (a, b))
+    }
+
+    /// Averages gradient elements [a, b) on the communication stream after the work stream's
+    /// current point; the update waits for it.
+    fn launch_average(&self, dp: &Dp, (a, b): (usize, usize)) -> Result<()> {
+        let region = self.grads.view().sub(a * 4, (b - a) * 4)?;
+        dp.comm.stream().wait(&self.gpu.stream().record()?)?;
+        dp.comm
+            .all_reduce(region, region, b - a, DType::F32, RedOp::Avg)?;
+        let done = dp.comm.stream().record()?;
+        lock(&dp.launched).push(((a, b), done));
         Ok(())
     }
 
@@ -222,13 +266,13 @@ mod tests {
     fn buckets_cover_every_layer_once_from_the_last() {
         let layout = Layout::new(&[16, 64, 64, 64, 1]);
         // one layer a bucket
-        let each = buckets(&layout, 1);
+        let each = buckets(&layout, 1, 0);
         assert_eq!(each, vec![(3, 3), (2, 2), (1, 1), (0, 0)]);
         // everything in one
-        assert_eq!(buckets(&layout, usize::MAX), vec![(0, 3)]);
+        assert_eq!(buckets(&layout, usize::MAX, 0), vec![(0, 3)]);
         // a hidden layer holds 64x64 weights (16 KiB in f32): 20 KiB closes a bucket once it
         // has two of them (the small last layer rides with the first)
-        let b = buckets(&layout, 20 << 10);
+        let b = buckets(&layout, 20 << 10, 0);
         assert_eq!(b, vec![(1, 3), (0, 0)]);
         let (a, e) = span(&layout, 0, 3);
         assert_eq!((a, e), (0, layout.total));
@@ -236,5 +280,36 @@ mod tests {
         let (_, end_low) = span(&layout, 0, 1);
         let (start_high, _) = span(&layout, 2, 3);
         assert_eq!(end_low, start_high);
+    }
+
+    #[test]
+    fn the_first_layers_pieces_and_the_buckets_above_cover_the_gradients_once() {
+        use super::super::plan::split;
+        let layout = Layout::new(&[48, 64, 64, 10]);
+        for count in [1, 2, 3, 4, 7, 64] {
+            let pieces = split(64, count);
+            assert_eq!(pieces.len(), count.min(64));
+            let spans = piece_spans(&layout, &pieces);
+            let mut all: Vec<(usize, usize)> = buckets(&layout, 1, 1)
+                .iter()
+                .map(|&(lo, hi)| span(&layout, lo, hi))
+                .chain(spans.iter().copied())
+                .collect();
+            all.sort_unstable();
+            // consecutive, from 0 to the end, nothing twice
+            let mut at = 0;
+            for (a, b) in &all {
+                assert_eq!(*a, at, "{count} pieces: {all:?}");
+                assert!(b > a);
+                at = *b;
+            }
+            assert_eq!(at, layout.total);
+            // each piece but the last holds whole rows of the weight (48 inputs a row)
+            for &(a, b) in &spans[..spans.len() - 1] {
+                assert_eq!((b - a) % 48, 0);
+            }
+        }
+        assert_eq!(split(10, 3), vec![(0, 3), (3, 6), (6, 10)]);
+        assert_eq!(split(2, 5), vec![(0, 1), (1, 2)]);
     }
 }

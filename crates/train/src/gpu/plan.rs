@@ -69,6 +69,14 @@ impl Layout {
     }
 }
 
+/// `n` split into `count` consecutive ranges as even as they go (at most `n`, at least one).
+pub(super) fn split(n: usize, count: usize) -> Vec<(usize, usize)> {
+    let count = count.clamp(1, n.max(1));
+    (0..count)
+        .map(|p| (p * n / count, (p + 1) * n / count))
+        .collect()
+}
+
 /// How a layer's input-gradient product applies the previous layer's ReLU and bias gradient.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) enum InputEpilogue {
@@ -129,6 +137,8 @@ impl GpuTrainer {
         let (m, n, k, ta, tb, out) = match op {
             Op::Forward | Op::ForwardEval => (o, rows, i, true, false, p.storage()),
             Op::WeightGrad => (i, o, rows, false, true, DType::F32),
+            // rows [a, a + n) of the output gradient's transpose: B a block of it, ld o
+            Op::WeightGradPiece(n) => (i, n, rows, false, true, DType::F32),
             Op::InputGrad => (i, rows, o, false, false, p.storage()),
         };
         MatmulSpec {
@@ -141,6 +151,7 @@ impl GpuTrainer {
             output: out,
             epilogue,
             bias_type: bias,
+            b_ld: matches!(op, Op::WeightGradPiece(_)).then_some(o),
         }
     }
 
@@ -259,9 +270,38 @@ impl GpuTrainer {
             gpukit_cuda::trace::note(|| format!("train: layer {l} epilogues {f:?}"));
             fusion.push(f);
         }
+        // data-parallel: the first layer's weight gradient in pieces, each averaged once done
+        let pieces = self.piece_ranges();
+        if pieces.len() > 1 {
+            let mut widths: Vec<usize> = pieces.iter().map(|(a, b)| b - a).collect();
+            widths.dedup();
+            for n in widths {
+                let op = Op::WeightGradPiece(n);
+                plans.extend(
+                    self.plans_for(0, op, Epilogue::None, DType::F32)?
+                        .ok_or_else(|| self.no_algorithm(0, op))?,
+                );
+            }
+        }
+        self.grad_pieces = if pieces.len() > 1 { pieces } else { Vec::new() };
         self.plans = plans;
         self.fusion = fusion;
         Ok(())
+    }
+
+    /// The first layer's outputs in the pieces its weight gradient is computed in (one range
+    /// when whole): data-parallel only, for a model of two or more layers; `grad_pieces` many,
+    /// or (0) four where the layer's weights take 16 MiB or more (the 4096-wide MLP's 64 MiB
+    /// gradient was backward's last product, its averaging left after backward whole).
+    fn piece_ranges(&self) -> Vec<(usize, usize)> {
+        let (i, o) = self.layout.io(0);
+        let count = match self.opts.grad_pieces {
+            _ if self.opts.shard.is_none() || self.layout.layers() < 2 => 1,
+            0 if i * o * 4 >= 16 << 20 => 4,
+            0 => 1,
+            n => n,
+        };
+        split(o, count)
     }
 
     fn no_algorithm(&self, l: usize, op: Op) -> Error {

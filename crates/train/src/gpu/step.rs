@@ -219,6 +219,27 @@ impl GpuTrainer {
             let input = if l == 0 { x0 } else { self.act(l - 1) };
             let dy = self.dz[cur].view();
             let bgrad_b = !hidden && fusion.bgrad_b;
+            if l == 0 && !self.grad_pieces.is_empty() {
+                // data-parallel: the first layer's weight gradient in pieces of its outputs
+                // (rows of the weight), each averaged while the next is computed
+                for (p, &(first, end)) in self.grad_pieces.iter().enumerate() {
+                    let op = Op::WeightGradPiece(end - first);
+                    let _piece_op = self.op_product(0, op, rows);
+                    self.blas.run_lt(
+                        self.plan(0, op, rows)?,
+                        input,
+                        dy.sub(first * es, dy.bytes() - first * es)?,
+                        sub(&self.grads, 4, wo + first * i, (end - first) * i)?,
+                        beta,
+                        None,
+                        None,
+                    )?;
+                    if b.update {
+                        self.piece_done(p)?;
+                    }
+                }
+                continue;
+            }
             let weight_op = self.op_product(l, Op::WeightGrad, rows);
             self.blas.run_lt(
                 self.plan(l, Op::WeightGrad, rows)?,

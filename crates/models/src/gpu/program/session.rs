@@ -258,6 +258,7 @@ impl<'a> ProgramSession<'a> {
                 output: dtype,
                 epilogue: LtEpilogue::None,
                 bias_type: dtype.storage(),
+                b_ld: None,
             };
             let blas = &self.ctx.blas;
             let fused = match epilogue {

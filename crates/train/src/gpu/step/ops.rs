@@ -24,10 +24,12 @@ impl GpuTrainer {
                     self.fusion[l].forward.is_some(),
                 ),
                 Op::WeightGrad => ("linear weight+bias grad", self.fusion[l].bgrad_b),
+                Op::WeightGradPiece(_) => ("linear weight grad (a piece)", true),
                 Op::InputGrad => ("linear input grad+relu grad", true),
             };
             let (m, n, k) = match kind {
                 Op::WeightGrad => (i, o, rows),
+                Op::WeightGradPiece(n) => (i, n, rows),
                 Op::InputGrad => (rows, i, o),
                 _ => (rows, o, i),
             };
