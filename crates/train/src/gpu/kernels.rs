@@ -48,6 +48,10 @@ template <class T> __device__ void cast(const float* src, T* dst, long n) {
     LOOP(o, n) dst[o] = from_f<T>(src[o]);
 }
 
+template <class T> __device__ void widen(const T* src, float* dst, long n) {
+    LOOP(o, n) dst[o] = to_f(src[o]);
+}
+
 // One block: the loss's sum in double over a fixed assignment of elements to threads and a
 // fixed tree, so the same inputs always give the same bits.
 __device__ double block_sum(double v, double* shared) {
@@ -197,6 +201,7 @@ template <class T> __device__ void sgd(float* p, const float* g, float* m, T* ha
 extern "C" __global__ void gather_rows_##TAG(const float* s, T* d, const unsigned* idx, int r, \
     int c) { gather_rows<T>(s, d, idx, r, c); }                                                \
 extern "C" __global__ void cast_##TAG(const float* s, T* d, long n) { cast<T>(s, d, n); }      \
+extern "C" __global__ void widen_##TAG(const T* s, float* d, long n) { widen<T>(s, d, n); }    \
 extern "C" __global__ void mse_##TAG(const T* o, const float* t, T* g, int n, const State* st,  \
     float mult, double* loss) { mse<T>(o, t, g, n, st, mult, loss); }                          \
 extern "C" __global__ void cross_entropy_##TAG(const T* o, const unsigned* c, T* g, int r,      \
@@ -266,6 +271,7 @@ pub fn kernel_source() -> KernelSource {
         for k in [
             "gather_rows",
             "cast",
+            "widen",
             "mse",
             "cross_entropy",
             "bias_act",
@@ -427,6 +433,14 @@ impl TrainKernels {
         dst.require(n * dtype.size_bytes(), "cast dst")?;
         let args = [Arg::Ptr(src), Arg::Ptr(dst), Arg::Size(n)];
         self.typed("cast", dtype, grid_for(n), &args)
+    }
+
+    /// `dst = src` (of `dtype`) widened to f32, `n` values.
+    pub fn widen(&self, src: View<'_>, dst: View<'_>, dtype: DType, n: usize) -> Result<()> {
+        src.require(n * dtype.size_bytes(), "widen src")?;
+        dst.require(n * 4, "widen dst")?;
+        let args = [Arg::Ptr(src), Arg::Ptr(dst), Arg::Size(n)];
+        self.typed("widen", dtype, grid_for(n), &args)
     }
 
     /// MSE of `n` outputs against f32 targets into `loss` (one f64); the gradient (times
@@ -691,6 +705,7 @@ mod tests {
         let expected = [
             ("gather_rows_", "p p p i i"),
             ("cast_", "p p l"),
+            ("widen_", "p p l"),
             ("mse_", "p p p i p f p"),
             ("cross_entropy_", "p p p i i p f f p p"),
             ("bias_act_", "p p i i i"),

@@ -67,6 +67,10 @@ pub struct GpuOptions {
     /// this many pieces, each averaged as soon as it is done, so that only the last piece's
     /// averaging is left after backward (0: chosen from the layer's size; 1: whole).
     pub grad_pieces: usize,
+    /// Data-parallel: the type gradients are averaged in. F32 (the default) keeps the one-GPU
+    /// updates up to the order of sums; Bf16 halves the bytes sent and rounds every averaged
+    /// gradient to bf16 (it changes the numerics, as PyTorch's bf16 compression hook does).
+    pub grad_comm: DType,
 }
 
 impl GpuOptions {
@@ -78,6 +82,7 @@ impl GpuOptions {
             fuse: true,
             shard: None,
             grad_pieces: 0,
+            grad_comm: DType::F32,
         }
     }
 }

@@ -91,6 +91,8 @@ pub(super) struct Dp {
     /// The first layer's weight-gradient pieces, as elements of the flat gradient buffer
     /// (empty: the layer is in `buckets`).
     pieces: Vec<(usize, usize)>,
+    /// Averaging in bf16: the gradients cast into it before each all-reduce, widened back after.
+    comm_buf: Option<gpukit_cuda::DeviceBuffer>,
     /// The buckets launched for the update being enqueued: their elements of the flat
     /// gradient buffer, [start, end), and the point of the communication stream after each.
     launched: std::sync::Mutex<Vec<((usize, usize), Event)>>,
@@ -110,6 +112,16 @@ impl GpuTrainer {
                 comm.rank, comm.size, shard.rank, shard.world
             )));
         }
+        let comm_buf = match self.opts.grad_comm {
+            DType::F32 => None,
+            DType::Bf16 => Some(self.gpu.alloc(self.layout.total * 2)?),
+            other => {
+                return Err(Error::Setting(format!(
+                    "gradients are averaged in f32 or bf16, not {other}"
+                )))
+            }
+        };
+        let comm_type = self.opts.grad_comm;
         let pieces = piece_spans(&self.layout, &self.grad_pieces);
         let first = usize::from(!pieces.is_empty());
         let buckets = buckets(&self.layout, bucket_bytes.max(1), first);
@@ -118,14 +130,17 @@ impl GpuTrainer {
         // gradients are overwritten by the first backward)
         let regions = buckets.iter().map(|&(lo, hi)| span(&self.layout, lo, hi));
         for (a, b) in regions.chain(pieces.iter().copied()) {
-            let region = self.grads.view().sub(a * 4, (b - a) * 4)?;
-            comm.all_reduce(region, region, b - a, DType::F32, RedOp::Avg)?;
+            let e = comm_type.size_bytes();
+            let whole = comm_buf.as_ref().unwrap_or(&self.grads).view();
+            let region = whole.sub(a * e, (b - a) * e)?;
+            comm.all_reduce(region, region, b - a, comm_type, RedOp::Avg)?;
         }
         comm.stream().synchronize()?;
         comm.async_error()?;
         self.dp = Some(Dp {
             buckets,
             pieces,
+            comm_buf,
             comm,
             launched: std::sync::Mutex::new(Vec::new()),
         });
@@ -160,20 +175,42 @@ impl GpuTrainer {
     /// Averages gradient elements [a, b) on the communication stream after the work stream's
     /// current point; the update waits for it.
     fn launch_average(&self, dp: &Dp, (a, b): (usize, usize)) -> Result<()> {
-        let region = self.grads.view().sub(a * 4, (b - a) * 4)?;
+        let grads = self.grads.view().sub(a * 4, (b - a) * 4)?;
+        let (region, ty) = match &dp.comm_buf {
+            Some(buf) => {
+                let half = buf.view().sub(a * 2, (b - a) * 2)?;
+                self.k.cast(grads, half, DType::Bf16, b - a)?;
+                (half, DType::Bf16)
+            }
+            None => (grads, DType::F32),
+        };
         dp.comm.stream().wait(&self.gpu.stream().record()?)?;
-        dp.comm
-            .all_reduce(region, region, b - a, DType::F32, RedOp::Avg)?;
+        dp.comm.all_reduce(region, region, b - a, ty, RedOp::Avg)?;
         let done = dp.comm.stream().record()?;
         lock(&dp.launched).push(((a, b), done));
         Ok(())
     }
 
-    /// Before the update: the work stream waits for the last bucket.
+    /// Before the update: the work stream waits for the last bucket (and, averaging in bf16,
+    /// widens every launched region back into the f32 gradients).
     pub(super) fn gradients_averaged(&self) -> Result<()> {
         if let Some(dp) = &self.dp {
-            lock(&dp.launched).clear();
+            let launched = std::mem::take(&mut *lock(&dp.launched));
             self.gpu.stream().wait(&dp.comm.stream().record()?)?;
+            for ((a, b), _) in launched {
+                self.widen_averaged(dp, (a, b))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Averaging in bf16: gradient elements [a, b) back from the communication buffer (on the
+    /// work stream, after it waited for their all-reduce).
+    fn widen_averaged(&self, dp: &Dp, (a, b): (usize, usize)) -> Result<()> {
+        if let Some(buf) = &dp.comm_buf {
+            let half = buf.view().sub(a * 2, (b - a) * 2)?;
+            let grads = self.grads.view().sub(a * 4, (b - a) * 4)?;
+            self.k.widen(half, grads, DType::Bf16, b - a)?;
         }
         Ok(())
     }
@@ -194,11 +231,15 @@ impl GpuTrainer {
         let launched = std::mem::take(&mut *lock(&dp.launched));
         let covered: usize = launched.iter().map(|((a, b), _)| b - a).sum();
         if covered != total {
-            self.gradients_averaged()?;
+            self.gpu.stream().wait(&dp.comm.stream().record()?)?;
+            for &((a, b), _) in &launched {
+                self.widen_averaged(dp, (a, b))?;
+            }
             return update(0, total);
         }
         for ((a, b), done) in launched {
             self.gpu.stream().wait(&done)?;
+            self.widen_averaged(dp, (a, b))?;
             update(a, b)?;
         }
         Ok(())
