@@ -69,7 +69,9 @@ pub fn generated(n: usize, size: (usize, usize), classes: usize, seed: u64) -> R
         return Err(Error::Setting("--classes 0: must be at least 1".into()));
     }
     let mut rng = ChaCha8Rng::seed_from_u64(targets_seed(seed));
-    let labels = (0..n).map(|_| rng.random_range(0..classes as u32)).collect();
+    let labels = (0..n)
+        .map(|_| rng.random_range(0..classes as u32))
+        .collect();
     Ok(Images {
         size,
         pixels: gpukit_tensor::random::normal_f32(values, seed),
@@ -150,7 +152,9 @@ mod tests {
     }
 
     fn f32s(n: usize) -> Vec<u8> {
-        (0..n).flat_map(|i| (i as f32 * 0.5).to_le_bytes()).collect()
+        (0..n)
+            .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+            .collect()
     }
 
     fn i64s(v: &[i64]) -> Vec<u8> {

@@ -39,10 +39,7 @@ impl Stepper for CpuResNet {
                 labels.len()
             )));
         }
-        if let Some(&l) = labels
-            .iter()
-            .find(|&&l| l as usize >= self.model.classes)
-        {
+        if let Some(&l) = labels.iter().find(|&&l| l as usize >= self.model.classes) {
             return Err(Error::Setting(format!(
                 "label {l} of a model of {} classes",
                 self.model.classes
@@ -197,13 +194,8 @@ mod tests {
         for (step, (epoch, b)) in [(0u64, 0usize), (0, 1), (1, 0)].into_iter().enumerate() {
             let order = crate::data::batch_order(5, epoch, 4, true);
             let (x, y) = images.batch(&order[b * 2..b * 2 + 2]);
-            let (loss, correct) = crate::cnn::train_step(
-                &mut reference.model,
-                &mut reference.opt,
-                &x,
-                &y,
-                0.0,
-            );
+            let (loss, correct) =
+                crate::cnn::train_step(&mut reference.model, &mut reference.opt, &x, &y, 0.0);
             assert_eq!(out.updates[step].loss, loss);
             assert_eq!(out.updates[step].accuracy, correct as f64 / 2.0);
         }

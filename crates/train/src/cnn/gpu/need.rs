@@ -67,12 +67,7 @@ pub fn device_need(
         OptimizerKind::Adam | OptimizerKind::AdamW => 2,
     };
     let at = |m: &Maps| m.elements() as u64 * elem as u64;
-    let largest = outputs
-        .iter()
-        .chain([&pooled])
-        .map(at)
-        .max()
-        .unwrap_or(0);
+    let largest = outputs.iter().chain([&pooled]).map(at).max().unwrap_or(0);
     let maps: u64 = outputs.iter().map(at).sum::<u64>() + at(&pooled);
     let saved: usize = outputs
         .iter()
