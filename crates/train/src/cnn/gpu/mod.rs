@@ -32,7 +32,7 @@ use gpukit_cuda::dnn::{
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::{DeviceBuffer, Gpu, View};
 use gpukit_tensor::codec::{bytes_of, decode_f32};
-use gpukit_types::{ConvShape, DType, Layout};
+use gpukit_types::{ConvShape, DType};
 use kernels::CnnKernels;
 use layout::{FlatLayout, ALIGN};
 use std::rc::Rc;
@@ -41,8 +41,8 @@ use std::sync::Arc;
 /// The element type of every buffer here.
 const F32: DType = DType::F32;
 
-/// The convolution of a unit over `input` maps, as cuDNN describes it (fp32 NCHW), and its
-/// output maps; an error when the input's channels are not the convolution's or the maps are
+/// The convolution of a unit over `input` maps, as cuDNN describes it (in the input's layout
+/// and element type), and its output maps; an error when the input's channels are not the convolution's or the maps are
 /// too small to leave one output position.
 pub fn unit_shapes(unit: &Unit, input: Maps) -> Result<(Conv, Maps)> {
     let c = unit.conv;
@@ -76,10 +76,16 @@ pub fn unit_shapes(unit: &Unit, input: Maps) -> Result<(Conv, Maps)> {
     }
     let conv = Conv {
         shape,
-        layout: Layout::Nchw,
-        dtype: F32,
+        layout: input.layout,
+        dtype: input.dtype,
     };
-    Ok((conv, Maps::nchw_f32(input.n, c.out_channels, oh, ow)))
+    let output = Maps {
+        c: c.out_channels,
+        h: oh,
+        w: ow,
+        ..input
+    };
+    Ok((conv, output))
 }
 
 /// One convolution and its batch norm on the GPU, with the buffers the step keeps.
