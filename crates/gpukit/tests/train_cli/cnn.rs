@@ -181,6 +181,10 @@ pub fn bad_cnn_input_exits_2_naming_it() -> Result<(), Failed> {
             vec!["--precision bf16: the CPU trains convolutional networks in fp32"],
         ),
         (
+            with(&["--precision", "bf16", "--device", "cuda:0"]),
+            vec!["--precision bf16: the GPU trains convolutional networks in fp32 so far"],
+        ),
+        (
             with(&["--precision", "tf32", "--device", "cuda:0"]),
             vec!["--precision tf32: convolutional networks train in fp32, bf16 or fp16"],
         ),
