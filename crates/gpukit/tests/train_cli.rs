@@ -2,6 +2,8 @@
 //! where there is one, on the GPU in fp16), GPU settings refused where they cannot apply, and the comparison with PyTorch (ignored, with the reason, where the python has no
 //! torch).
 
+#[path = "train_cli/cnn.rs"]
+mod cnn;
 mod common;
 
 use common::*;
@@ -344,6 +346,14 @@ fn main() {
                 "a_diverged_run_writes_its_report_and_no_checkpoint",
                 a_diverged_run_writes_its_report_and_no_checkpoint,
             ),
+            (
+                "cnn::a_tiny_cpu_resnet_run_is_the_librarys_train_step",
+                cnn::a_tiny_cpu_resnet_run_is_the_librarys_train_step,
+            ),
+            (
+                "cnn::bad_cnn_input_exits_2_naming_it",
+                cnn::bad_cnn_input_exits_2_naming_it,
+            ),
         ],
         vec![(
             "no_gpu::train_on_cuda_names_what_is_missing",
@@ -357,6 +367,10 @@ fn main() {
             (
                 "gpu::a_run_larger_than_the_gpu_is_refused_at_once",
                 a_run_larger_than_the_gpu_is_refused_at_once,
+            ),
+            (
+                "gpu::cnn_resnet_runs_and_oversized_runs_are_refused",
+                cnn::gpu_resnet_runs_and_oversized_runs_are_refused,
             ),
         ],
         vec![with_torch],

@@ -209,7 +209,7 @@ fn rows<T: Copy>(data: &[T], width: usize, idx: &[usize]) -> Vec<T> {
 
 /// The seed of a preset's targets: another stream than its inputs' (a plain `seed + 1` would
 /// make one seed's targets the next seed's inputs).
-fn targets_seed(seed: u64) -> u64 {
+pub(crate) fn targets_seed(seed: u64) -> u64 {
     seed ^ 0x9E37_79B9_7F4A_7C15
 }
 
@@ -529,7 +529,7 @@ fn from_safetensors(bytes: &[u8], task: Task) -> Result<Dataset, String> {
 }
 
 /// The tensor `name` of `file`, or that it is missing and what the file has instead.
-fn tensor<'a>(file: &SafeTensors<'a>, name: &str) -> Result<TensorView<'a>, String> {
+pub(crate) fn tensor<'a>(file: &SafeTensors<'a>, name: &str) -> Result<TensorView<'a>, String> {
     const LISTED: usize = 8;
     file.tensor(name).map_err(|_| {
         let mut names = file.names();
@@ -588,7 +588,7 @@ fn y_shape(y: &TensorView, task: Task) -> Result<(usize, usize), String> {
 
 /// The values of a float tensor as f32, each checked finite (after the conversion: an F64
 /// value beyond f32's range is refused too).
-fn floats(t: &TensorView, name: &str) -> Result<Vec<f32>, String> {
+pub(crate) fn floats(t: &TensorView, name: &str) -> Result<Vec<f32>, String> {
     let dtype = float_dtype(t.dtype()).ok_or_else(|| {
         format!(
             "{name} has dtype {}; expected F32, F64, F16 or BF16",
@@ -639,7 +639,7 @@ fn check_count(t: &TensorView, name: &str, found: usize) -> Result<(), String> {
 }
 
 /// Classification targets of `y` [n] holding class indices.
-fn class_targets(y: &TensorView) -> Result<Targets, String> {
+pub(crate) fn class_targets(y: &TensorView) -> Result<Targets, String> {
     let labels = labels(y)?;
     check_count(y, "y", labels.len())?;
     let data = labels

@@ -14,6 +14,27 @@ pub struct TrainArgs {
     #[arg(long, value_parser = parse_preset)]
     pub preset: Option<gpukit_bench::workload::train::Preset>,
 
+    /// Train a convolutional network instead of an MLP: resnet18, resnet34 or resnet50 (as
+    /// torchvision builds them), on images from --data or generated from --seed.
+    #[arg(long, value_parser = parse_cnn)]
+    pub model: Option<gpukit_train::cnn::resnet::Depth>,
+
+    /// --model: height and width of generated images [default: 224 on a GPU, 32 on the CPU].
+    #[arg(long, value_parser = parse_count)]
+    pub image_size: Option<usize>,
+
+    /// --model: classes the network outputs (labels must be below it) [default: 1000].
+    #[arg(long, value_parser = parse_count)]
+    pub classes: Option<usize>,
+
+    /// --model: SGD with Nesterov momentum.
+    #[arg(long)]
+    pub nesterov: bool,
+
+    /// --model: label smoothing of the cross-entropy, in [0, 1) [default: 0].
+    #[arg(long, value_parser = parse_real)]
+    pub label_smoothing: Option<f64>,
+
     /// Layer widths, inputs first, outputs last, ReLU between (e.g. 16,64,1).
     #[arg(long, value_name = "N,N,...", value_parser = parse_layers)]
     pub layers: Option<Layers>,
@@ -144,6 +165,16 @@ pub struct TrainArgs {
     /// Data-parallel under a launcher: seconds to wait for every rank, and for a silent peer.
     #[arg(long, default_value = "60", value_parser = parse_count, value_name = "SECONDS")]
     pub timeout: usize,
+}
+
+fn parse_cnn(s: &str) -> Result<gpukit_train::cnn::resnet::Depth, String> {
+    gpukit_train::cnn::resnet::Depth::parse(s).map_err(|_| {
+        let names: Vec<&str> = gpukit_train::cnn::resnet::Depth::ALL
+            .iter()
+            .map(|d| d.name())
+            .collect();
+        format!("unknown model (one of {})", names.join(", "))
+    })
 }
 
 fn parse_loader(s: &str) -> Result<gpukit_train::gpu::feed::Loader, String> {

@@ -254,6 +254,18 @@ pub(super) fn profile(cmd: ProfileCommand, out: &Output) -> Result<()> {
                 )
                 .into());
             }
+            if a.train.model.is_some() {
+                return Err(Error::BadInput(
+                    "profile train records the MLP loop: leave out --model".into(),
+                )
+                .into());
+            }
+            if let Some(flag) = cnn_only_flag(&a.train) {
+                return Err(Error::BadInput(format!(
+                    "{flag}: is about convolutional networks (train --model)"
+                ))
+                .into());
+            }
             let device = a.train.device.unwrap_or(Device::Cpu);
             let request = train_request(a.train, device, None);
             gpukit_bench::workload::train::check_request(&request)?;

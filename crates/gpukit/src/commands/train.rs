@@ -4,6 +4,15 @@ use super::*;
 
 pub(super) fn train(a: TrainArgs, out: &Output) -> Result<()> {
     use gpukit_bench::workload::train::parallel::Ranks;
+    if let Some(model) = a.model {
+        return train_cnn(a, model, out);
+    }
+    if let Some(flag) = cnn_only_flag(&a) {
+        return Err(Error::BadInput(format!(
+            "{flag}: is about convolutional networks; add --model resnet18|resnet34|resnet50"
+        ))
+        .into());
+    }
     use gpukit_bench::workload::train::{document, run_train_ranked};
     let world = gpukit_ranks::world::from_process_env()?.filter(|w| w.world_size > 1);
     let parallel = match (&world, a.gpus) {
@@ -100,4 +109,81 @@ pub(super) fn train_request(
         timeout: Some(std::time::Duration::from_secs(a.timeout as u64)),
         profile: None,
     }
+}
+
+/// The first flag given that only convolutional networks (`--model`) take.
+pub(super) fn cnn_only_flag(a: &TrainArgs) -> Option<&'static str> {
+    [
+        ("--image-size", a.image_size.is_some()),
+        ("--classes", a.classes.is_some()),
+        ("--nesterov", a.nesterov),
+        ("--label-smoothing", a.label_smoothing.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(flag, given)| given.then_some(flag))
+}
+
+/// `train --model`: a ResNet, refusing the flags only the MLP loop takes.
+fn train_cnn(a: TrainArgs, model: gpukit_train::cnn::resnet::Depth, out: &Output) -> Result<()> {
+    use gpukit_bench::workload::train::cnn::{
+        check_request, document, run_cnn_train, CnnTrainRequest,
+    };
+    let mlp_only = [
+        ("--preset", a.preset.is_some()),
+        ("--layers", a.layers.is_some()),
+        ("--features", a.features.is_some()),
+        ("--loss", a.loss.is_some()),
+        ("--eval-fraction", a.eval_fraction.is_some()),
+        ("--no-shuffle", a.no_shuffle),
+        ("--accumulate", a.accumulate.is_some()),
+        ("--save", a.save.is_some()),
+        ("--resume", a.resume.is_some()),
+        ("--compare-pytorch", a.compare_pytorch),
+        ("--checkpoint-activations", a.checkpoint_activations),
+        ("--gpus", a.gpus.is_some()),
+        ("--loader", a.loader.is_some()),
+        ("--graph", a.graph),
+        ("--no-graph", a.no_graph),
+    ];
+    if let Some((flag, _)) = mlp_only.iter().find(|(_, given)| *given) {
+        return Err(Error::BadInput(format!(
+            "{flag}: is not available with --model yet (the convolutional networks train on \
+             one device, from the start)"
+        ))
+        .into());
+    }
+    let device = a.device.unwrap_or(Device::Cpu);
+    let request = CnnTrainRequest {
+        model,
+        device,
+        batch_size: a.batch_size,
+        steps: a.steps,
+        epochs: a.epochs,
+        image_size: a.image_size,
+        classes: a.classes,
+        samples: a.samples,
+        optimizer: a.optimizer,
+        lr: a.lr,
+        momentum: a.momentum,
+        nesterov: a.nesterov,
+        weight_decay: a.weight_decay,
+        label_smoothing: a.label_smoothing,
+        seed: a.seed,
+        init: a.init,
+        data: a.data,
+        precision: a.precision,
+        save_losses: a.save_losses,
+    };
+    check_request(&request)?;
+    let discovery = if device == Device::Cpu {
+        discover()
+    } else {
+        let d = prepare_process();
+        check_named_gpu(&d, DeviceSelection::One(device))?;
+        d
+    };
+    let mut shown = progress();
+    let report = run_cnn_train(&request, &discovery, &mut shown)?;
+    let sections = render::cnn_train_sections(&report);
+    emit(&document(report), out, Vec::new(), sections)
 }

@@ -27,6 +27,7 @@ mod stress;
 #[cfg(test)]
 mod tests;
 mod train;
+mod train_cnn;
 mod views;
 
 pub use bandwidth::bandwidth_sections;
@@ -44,6 +45,7 @@ pub use nccl::{nccl_sections, p2p_sections};
 pub use profile::profile_sections;
 pub use stress::stress_sections;
 pub use train::train_sections;
+pub use train_cnn::cnn_train_sections;
 pub use views::{all_done, all_html, all_markdown, check_head};
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, ContentArrangement, Table};

@@ -5,11 +5,14 @@
 //! over the named parameters ([`optim`]). This path is the reference the GPU path ([`gpu`],
 //! cuDNN) is tested against, and is itself compared with PyTorch (`scripts/cnn_reference.py`).
 
+pub mod data;
 pub mod gpu;
+pub mod init;
 pub mod layers;
 pub mod loss;
 pub mod optim;
 pub mod resnet;
+pub mod run;
 
 #[cfg(test)]
 mod tests;

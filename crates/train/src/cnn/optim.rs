@@ -9,7 +9,7 @@ use crate::optim::{OptimizerKind, StepRule};
 use crate::real::Real;
 
 /// Hyperparameters of the CNN optimizer.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CnnOptimizerConfig {
     pub kind: OptimizerKind,
     pub lr: f64,

@@ -27,17 +27,30 @@ pub enum Depth {
 }
 
 impl Depth {
+    /// Every network, smallest first.
+    pub const ALL: [Depth; 3] = [Depth::ResNet18, Depth::ResNet34, Depth::ResNet50];
+
+    /// torchvision's name of the network (`resnet50`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Depth::ResNet18 => "resnet18",
+            Depth::ResNet34 => "resnet34",
+            Depth::ResNet50 => "resnet50",
+        }
+    }
+
     /// The depth of torchvision's name (`resnet18`, `resnet34`, `resnet50`; any case, a dash
     /// allowed).
     pub fn parse(name: &str) -> Result<Depth> {
-        match name.to_ascii_lowercase().replace('-', "").as_str() {
-            "resnet18" => Ok(Depth::ResNet18),
-            "resnet34" => Ok(Depth::ResNet34),
-            "resnet50" => Ok(Depth::ResNet50),
-            _ => Err(Error::Setting(format!(
-                "--model {name:?}: not a known network (resnet18, resnet34, resnet50)"
-            ))),
-        }
+        let wanted = name.to_ascii_lowercase().replace('-', "");
+        Depth::ALL
+            .into_iter()
+            .find(|d| d.name() == wanted)
+            .ok_or_else(|| {
+                Error::Setting(format!(
+                    "--model {name:?}: not a known network (resnet18, resnet34, resnet50)"
+                ))
+            })
     }
 
     /// Blocks a stage.

@@ -22,6 +22,7 @@ use gpukit_types::resources::Need;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+pub mod cnn;
 pub mod parallel;
 mod peer;
 
@@ -292,7 +293,7 @@ pub fn check_request(r: &TrainRequest) -> Result<()> {
 
 /// The host memory reading `path` takes: the file's bytes and the data decoded from them
 /// (CSV text may decode to twice its size: "1," is two bytes, its f32 four).
-fn file_need(path: &std::path::Path) -> Need {
+pub(crate) fn file_need(path: &std::path::Path) -> Need {
     let len = std::fs::metadata(path).map_or(0, |m| m.len());
     let csv = path
         .extension()

@@ -40,8 +40,45 @@ template <class T> __device__ void avg_pool_back(const T* dy, T* dx, long n, int
     LOOP(i, n) dx[i] = from_f<T>(to_f(dy[i / plane]) * inv);
 }
 
+// y += z (a residual's gradient joining its block's input gradient).
+template <class T> __device__ void add(T* y, const T* z, long n) {
+    LOOP(i, n) y[i] = from_f<T>(to_f(y[i]) + to_f(z[i]));
+}
+
+// d = s in f32 (16-bit weight gradients into the f32 gradient buffer).
+template <class T> __device__ void widen(const T* s, float* d, long n) {
+    LOOP(i, n) d[i] = to_f(s[i]);
+}
+
+// Channels-last: y[b c + ch] = (sum over the plane of x[(b plane + k) c + ch], in order) * inv.
+template <class T> __device__ void avg_pool_nhwc(const T* x, T* y, long planes, int plane, int c,
+                                                 float inv) {
+    LOOP(p, planes) {
+        long b = p / c, ch = p % c;
+        const T* src = x + b * (long)plane * c + ch;
+        float s = 0.0f;
+        for (int k = 0; k < plane; ++k) s += to_f(src[(long)k * c]);
+        y[p] = from_f<T>(s * inv);
+    }
+}
+
+// Channels-last: dx[(b plane + k) c + ch] = dy[b c + ch] * inv.
+template <class T> __device__ void avg_pool_back_nhwc(const T* dy, T* dx, long n, int plane, int c,
+                                                      float inv) {
+    LOOP(i, n) {
+        long ch = i % c, b = i / ((long)plane * c);
+        dx[i] = from_f<T>(to_f(dy[b * c + ch]) * inv);
+    }
+}
+
 #define INSTANCES(T, TAG)                                                                      \
 extern "C" __global__ void add_relu_##TAG(T* y, const T* z, long n) { add_relu<T>(y, z, n); }  \
+extern "C" __global__ void add_##TAG(T* y, const T* z, long n) { add<T>(y, z, n); }            \
+extern "C" __global__ void widen_##TAG(const T* s, float* d, long n) { widen<T>(s, d, n); }    \
+extern "C" __global__ void avg_pool_nhwc_##TAG(const T* x, T* y, long planes, int plane, int c, \
+    float inv) { avg_pool_nhwc<T>(x, y, planes, plane, c, inv); }                              \
+extern "C" __global__ void avg_pool_back_nhwc_##TAG(const T* dy, T* dx, long n, int plane,     \
+    int c, float inv) { avg_pool_back_nhwc<T>(dy, dx, n, plane, c, inv); }                     \
 extern "C" __global__ void avg_pool_##TAG(const T* x, T* y, long planes, int plane, float inv) \
     { avg_pool<T>(x, y, planes, plane, inv); }                                                 \
 extern "C" __global__ void avg_pool_back_##TAG(const T* dy, T* dx, long n, int plane,          \
@@ -54,12 +91,21 @@ INSTANCES(B, bf16)
 
 const STEM: &str = "cnn-kernels";
 const TAGS: [&str; 3] = ["f32", "f16", "bf16"];
+const KERNELS: [&str; 7] = [
+    "add_relu",
+    "add",
+    "widen",
+    "avg_pool",
+    "avg_pool_back",
+    "avg_pool_nhwc",
+    "avg_pool_back_nhwc",
+];
 
 /// The module's name in the kernel cache, its source and its kernels.
 pub fn kernel_source() -> KernelSource {
     let names = TAGS
         .iter()
-        .flat_map(|t| ["add_relu", "avg_pool", "avg_pool_back"].map(|k| format!("{k}_{t}")))
+        .flat_map(|t| KERNELS.map(|k| format!("{k}_{t}")))
         .collect();
     KernelSource {
         stem: STEM,
@@ -147,6 +193,70 @@ impl CnnKernels {
     }
 }
 
+impl CnnKernels {
+    /// `y += z` over `n` values.
+    pub fn add(&self, y: View<'_>, z: View<'_>, dtype: DType, n: usize) -> Result<()> {
+        let bytes = n * dtype.size_bytes();
+        y.require(bytes, "add y")?;
+        z.require(bytes, "add z")?;
+        let args = [Arg::Ptr(y), Arg::Ptr(z), Arg::Size(n)];
+        self.typed("add", dtype, grid_for(n), &args)
+    }
+
+    /// `n` values of `dtype` in `src` written to `dst` as f32.
+    pub fn widen(&self, src: View<'_>, dst: View<'_>, dtype: DType, n: usize) -> Result<()> {
+        src.require(n * dtype.size_bytes(), "widen src")?;
+        dst.require(n * 4, "widen dst")?;
+        let args = [Arg::Ptr(src), Arg::Ptr(dst), Arg::Size(n)];
+        self.typed("widen", dtype, grid_for(n), &args)
+    }
+
+    /// [`CnnKernels::avg_pool`] of channels-last maps: `planes` = images x `channels`.
+    pub fn avg_pool_nhwc(
+        &self,
+        x: View<'_>,
+        y: View<'_>,
+        dtype: DType,
+        (planes, plane, channels): (usize, usize, usize),
+    ) -> Result<()> {
+        let e = dtype.size_bytes();
+        x.require(planes * plane * e, "avg_pool_nhwc x")?;
+        y.require(planes * e, "avg_pool_nhwc y")?;
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::Size(planes),
+            Arg::Size(plane),
+            Arg::Size(channels),
+            Arg::F32(inverse(plane)),
+        ];
+        self.typed("avg_pool_nhwc", dtype, grid_for(planes), &args)
+    }
+
+    /// [`CnnKernels::avg_pool_back`] of channels-last maps.
+    pub fn avg_pool_back_nhwc(
+        &self,
+        dy: View<'_>,
+        dx: View<'_>,
+        dtype: DType,
+        (planes, plane, channels): (usize, usize, usize),
+    ) -> Result<()> {
+        let e = dtype.size_bytes();
+        dy.require(planes * e, "avg_pool_back_nhwc dy")?;
+        dx.require(planes * plane * e, "avg_pool_back_nhwc dx")?;
+        let n = planes * plane;
+        let args = [
+            Arg::Ptr(dy),
+            Arg::Ptr(dx),
+            Arg::Size(n),
+            Arg::Size(plane),
+            Arg::Size(channels),
+            Arg::F32(inverse(plane)),
+        ];
+        self.typed("avg_pool_back_nhwc", dtype, grid_for(n), &args)
+    }
+}
+
 /// 1 / plane as the CPU reference rounds it (through f64).
 fn inverse(plane: usize) -> f32 {
     (1.0 / plane.max(1) as f64) as f32
@@ -162,6 +272,10 @@ mod tests {
             ("add_relu_", "p p l"),
             ("avg_pool_", "p p l i f"),
             ("avg_pool_back_", "p p l i f"),
+            ("add_", "p p l"),
+            ("widen_", "p p l"),
+            ("avg_pool_nhwc_", "p p l i i f"),
+            ("avg_pool_back_nhwc_", "p p l i i f"),
         ];
         let differences = kernel_source().signature_differences(&expected, &TAGS);
         assert!(differences.is_empty(), "{differences:#?}");

@@ -16,6 +16,7 @@
 
 pub mod kernels;
 pub mod layout;
+pub mod need;
 
 use super::layers::Linear;
 use super::optim::{CnnOptimizer, CnnOptimizerConfig};
@@ -31,7 +32,7 @@ use gpukit_cuda::dnn::{
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::{DeviceBuffer, Gpu, View};
 use gpukit_tensor::codec::{bytes_of, decode_f32};
-use gpukit_types::{ConvShape, DType, Layout};
+use gpukit_types::{ConvShape, DType};
 use kernels::CnnKernels;
 use layout::{FlatLayout, ALIGN};
 use std::rc::Rc;
@@ -40,8 +41,8 @@ use std::sync::Arc;
 /// The element type of every buffer here.
 const F32: DType = DType::F32;
 
-/// The convolution of a unit over `input` maps, as cuDNN describes it (fp32 NCHW), and its
-/// output maps; an error when the input's channels are not the convolution's or the maps are
+/// The convolution of a unit over `input` maps, as cuDNN describes it (in the input's layout
+/// and element type), and its output maps; an error when the input's channels are not the convolution's or the maps are
 /// too small to leave one output position.
 pub fn unit_shapes(unit: &Unit, input: Maps) -> Result<(Conv, Maps)> {
     let c = unit.conv;
@@ -75,10 +76,16 @@ pub fn unit_shapes(unit: &Unit, input: Maps) -> Result<(Conv, Maps)> {
     }
     let conv = Conv {
         shape,
-        layout: Layout::Nchw,
-        dtype: F32,
+        layout: input.layout,
+        dtype: input.dtype,
     };
-    Ok((conv, Maps::nchw_f32(input.n, c.out_channels, oh, ow)))
+    let output = Maps {
+        c: c.out_channels,
+        h: oh,
+        w: ow,
+        ..input
+    };
+    Ok((conv, output))
 }
 
 /// One convolution and its batch norm on the GPU, with the buffers the step keeps.
@@ -183,6 +190,17 @@ pub struct GpuResNet {
     /// Gradients of activations: three buffers, each as large as the largest map.
     scratch: [DeviceBuffer; 3],
     workspace: DeviceBuffer,
+    /// Whether a batch is on the device.
+    uploaded: bool,
+}
+
+impl super::run::Stepper for GpuResNet {
+    fn step(&mut self, images: &Tensor<f32>, labels: &[u32], fresh: bool) -> Result<(f64, usize)> {
+        if fresh || !self.uploaded {
+            self.upload(images, labels)?;
+        }
+        self.step_uploaded()
+    }
 }
 
 fn f32_view<'a>(buf: &'a DeviceBuffer, layout: &FlatLayout, i: usize) -> Result<View<'a>> {
@@ -217,6 +235,7 @@ impl GpuResNet {
                 model.classes
             )));
         }
+        gpu.reset_pool_peaks()?;
         let dnn = Dnn::new(discovery, &gpu)?;
         let blas = Blas::new(discovery, &gpu)?;
         let k = TrainKernels::new(discovery, &gpu)?;
@@ -322,6 +341,7 @@ impl GpuResNet {
             correct: alloc(4)?,
             scratch: [alloc(largest)?, alloc(largest)?, alloc(largest)?],
             workspace: alloc(workspace_bytes.max(256))?,
+            uploaded: false,
             gpu,
         };
         net.load(model)?;
@@ -485,6 +505,13 @@ impl GpuResNet {
     /// statistics move), the smoothed cross-entropy, backward and the optimizer's step. Returns
     /// the batch's loss before the update and how many images were classified right.
     pub fn train_step(&mut self, images: &Tensor<f32>, labels: &[u32]) -> Result<(f64, usize)> {
+        self.upload(images, labels)?;
+        self.step_uploaded()
+    }
+
+    /// Copies a batch to the device for the next [`GpuResNet::step_uploaded`]s, after checking
+    /// its shape and labels.
+    pub fn upload(&mut self, images: &Tensor<f32>, labels: &[u32]) -> Result<()> {
         let (h, w) = self.image;
         if images.shape != [self.batch, 3, h, w]
             || images.data.len() != images.shape.iter().product::<usize>()
@@ -508,9 +535,19 @@ impl GpuResNet {
                 self.classes
             )));
         }
-        let g = self.gpu.clone();
+        let g = &self.gpu;
         g.upload_into(self.images.view(), bytes_of(&images.data))?;
         g.upload_into(self.labels.view(), bytes_of(labels))?;
+        self.uploaded = true;
+        Ok(())
+    }
+
+    /// One update on the batch last uploaded (see [`GpuResNet::train_step`]).
+    pub fn step_uploaded(&mut self) -> Result<(f64, usize)> {
+        if !self.uploaded {
+            return Err(Error::Failed("a step before any batch was uploaded".into()));
+        }
+        let g = self.gpu.clone();
         self.forward()?;
         self.backward()?;
         self.update()?;
@@ -527,6 +564,13 @@ impl GpuResNet {
                 .map_err(|_| Error::Failed("the count is not 4 bytes".into()))?,
         );
         Ok((loss, correct as usize))
+    }
+
+    /// The most bytes the device's memory pool held for live buffers since this trainer began
+    /// allocating (every buffer of the step comes from the pool; cuDNN's and cuBLAS's own
+    /// handles do not).
+    pub fn peak_bytes(&self) -> Result<u64> {
+        Ok(self.gpu.pool_stats()?.used_high)
     }
 
     /// Convolution then training-mode batch norm of one unit from `x`.

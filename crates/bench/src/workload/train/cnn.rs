@@ -1,0 +1,508 @@
+//! `gpukit train --model resnet18|resnet34|resnet50`: a ResNet trained on images (a
+//! safetensors file, or generated from the seed), from torchvision's initialisation or a
+//! torchvision state dict, on the CPU (the reference path) or one GPU; every update's loss and
+//! batch accuracy, the time to the first update and images per second after it, the GPU's
+//! peak memory.
+//!
+//! Everything that can be checked before work is: the flags against each other, the data file
+//! and the state dict against the model, the precision against the device, and the run's
+//! memory against the GPU's (refused before any allocation).
+
+use crate::error::{Error, Result};
+use crate::report::Document;
+use gpukit_cuda::loader::Discovery;
+use gpukit_tensor::{DType, Device};
+use gpukit_train::cnn::data::{self, Images};
+use gpukit_train::cnn::gpu::need::{device_need, unit_outputs, HINT};
+use gpukit_train::cnn::gpu::GpuResNet;
+use gpukit_train::cnn::optim::{CnnOptimizer, CnnOptimizerConfig};
+use gpukit_train::cnn::resnet::{Depth, ResNet};
+use gpukit_train::cnn::run::{self, CpuResNet, LoopConfig, Stepper, UpdateStats};
+use gpukit_train::gpu::Precision;
+use gpukit_train::optim::OptimizerKind;
+use gpukit_types::resources::{bytes, Need};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// What the user asked for; None takes the default.
+#[derive(Debug, Clone)]
+pub struct CnnTrainRequest {
+    pub model: Depth,
+    pub device: Device,
+    pub batch_size: Option<usize>,
+    pub steps: Option<u64>,
+    pub epochs: Option<u64>,
+    /// Height and width of generated images (a data file gives its own).
+    pub image_size: Option<usize>,
+    pub classes: Option<usize>,
+    /// Images generated (with no --data).
+    pub samples: Option<usize>,
+    pub optimizer: Option<OptimizerKind>,
+    pub lr: Option<f64>,
+    pub momentum: Option<f64>,
+    pub nesterov: bool,
+    pub weight_decay: Option<f64>,
+    pub label_smoothing: Option<f64>,
+    pub seed: Option<u64>,
+    pub init: Option<PathBuf>,
+    pub data: Option<PathBuf>,
+    pub precision: Option<DType>,
+    pub save_losses: Option<PathBuf>,
+}
+
+/// The report of `gpukit train --model`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CnnTrainReport {
+    pub model: String,
+    pub device: String,
+    pub precision: String,
+    pub parameters: usize,
+    pub classes: usize,
+    /// (height, width).
+    pub image_size: (usize, usize),
+    pub batch_size: usize,
+    pub optimizer: CnnOptimizerConfig,
+    pub label_smoothing: f64,
+    pub seed: u64,
+    /// Where the images came from: the file, or the generator and seed.
+    pub data: String,
+    pub images: usize,
+    pub initial_weights: String,
+    pub updates: Vec<UpdateStats>,
+    /// Seconds before the first update: the model built, the GPU's convolutions planned and
+    /// its buffers allocated, the data read or generated.
+    pub setup_seconds: f64,
+    /// The first update's seconds (reported apart from the rate).
+    pub first_step_seconds: f64,
+    /// Images a second over the updates after the first.
+    pub images_per_s: Option<f64>,
+    /// The most bytes of the GPU's memory pool the run held.
+    pub peak_gpu_bytes: Option<u64>,
+    /// Why the run stopped early at a non-finite loss (the report then fails).
+    pub diverged: Option<String>,
+    pub saved_losses: Option<PathBuf>,
+}
+
+/// The defaults: a GPU trains torchvision's 224x224 images, the CPU small ones.
+fn defaults(device: Device) -> (usize, usize) {
+    match device {
+        Device::Cpu => (32, 8),
+        Device::Cuda(_) => (224, 64),
+    }
+}
+
+/// Updates when neither --steps nor --epochs is given and the images are generated.
+const DEFAULT_STEPS: u64 = 10;
+
+/// The precision a request trains in, or why the device cannot.
+fn precision_of(r: &CnnTrainRequest) -> Result<Precision> {
+    let Some(dtype) = r.precision else {
+        return Ok(Precision::Fp32);
+    };
+    let name = dtype.precision_name();
+    match (Precision::of(dtype), r.device) {
+        (Some(Precision::Fp32), _) => Ok(Precision::Fp32),
+        (Some(Precision::Bf16 | Precision::Fp16), Device::Cpu) => Err(Error::BadInput(format!(
+            "--precision {name}: the CPU trains convolutional networks in fp32 (bf16 and fp16 \
+             are GPU precisions: add --device cuda:0)"
+        ))),
+        // the trainer is fp32 NCHW so far: a 16-bit request is refused, never run as fp32
+        (Some(Precision::Bf16 | Precision::Fp16), Device::Cuda(_)) => {
+            Err(Error::BadInput(format!(
+                "--precision {name}: the GPU trains convolutional networks in fp32 so far (bf16 \
+                 and fp16 are to come; use --precision fp32)"
+            )))
+        }
+        _ => Err(Error::BadInput(format!(
+            "--precision {name}: convolutional networks train in fp32, bf16 or fp16"
+        ))),
+    }
+}
+
+/// The optimizer the flags describe (SGD: momentum 0.9 unless given, as torchvision's recipe).
+fn optimizer_of(r: &CnnTrainRequest) -> Result<CnnOptimizerConfig> {
+    let kind = r.optimizer.unwrap_or(OptimizerKind::Sgd);
+    let config = CnnOptimizerConfig {
+        kind,
+        lr: r.lr.unwrap_or(match kind {
+            OptimizerKind::Sgd => 0.1,
+            _ => 1e-3,
+        }),
+        momentum: r.momentum.unwrap_or(match kind {
+            OptimizerKind::Sgd => 0.9,
+            _ => 0.0,
+        }),
+        nesterov: r.nesterov,
+        weight_decay: r.weight_decay.unwrap_or(match kind {
+            OptimizerKind::Sgd => 1e-4,
+            _ => 0.01,
+        }),
+    };
+    config.check()?;
+    Ok(config)
+}
+
+/// Refuses, before any work, flags that contradict each other or cannot be met.
+pub fn check_request(r: &CnnTrainRequest) -> Result<()> {
+    if r.data.is_some() && (r.image_size.is_some() || r.samples.is_some()) {
+        return Err(Error::BadInput(
+            "--image-size and --samples describe generated images; with --data the file gives \
+             them"
+                .into(),
+        ));
+    }
+    if let Some(s) = r.label_smoothing {
+        if !(s.is_finite() && (0.0..1.0).contains(&s)) {
+            return Err(Error::BadInput(format!(
+                "--label-smoothing {s}: must be at least 0 and below 1"
+            )));
+        }
+    }
+    for (flag, v) in [
+        ("--batch-size", r.batch_size),
+        ("--image-size", r.image_size),
+        ("--classes", r.classes),
+        ("--samples", r.samples),
+    ] {
+        if v == Some(0) {
+            return Err(Error::BadInput(format!("{flag} 0: must be at least 1")));
+        }
+    }
+    if let Some(p) = &r.save_losses {
+        gpukit_types::files::check_writable_file(p).map_err(|source| Error::Io {
+            what: "--save-losses",
+            path: p.clone(),
+            source,
+        })?;
+    }
+    precision_of(r)?;
+    optimizer_of(r)?;
+    Ok(())
+}
+
+/// The updates a run makes: --steps, or --epochs over the data's whole batches, or one epoch
+/// of a data file, or [`DEFAULT_STEPS`]; --epochs ending before --steps is a contradiction.
+fn updates(r: &CnnTrainRequest, per_epoch: u64) -> Result<u64> {
+    match (r.steps, r.epochs) {
+        (Some(s), Some(e)) if e.saturating_mul(per_epoch) < s => Err(Error::BadInput(format!(
+            "--steps {s} needs {} epochs of {per_epoch} batches, but --epochs {e} ends after {}",
+            s.div_ceil(per_epoch),
+            e.saturating_mul(per_epoch)
+        ))),
+        (Some(s), _) => Ok(s),
+        (None, Some(e)) => Ok(e.saturating_mul(per_epoch)),
+        (None, None) if r.data.is_some() => Ok(per_epoch),
+        (None, None) => Ok(DEFAULT_STEPS),
+    }
+}
+
+/// Host memory of the run: the images, the model's weights, gradients and optimizer state,
+/// and on the CPU a batch's activations (each unit keeps its input, its convolution's output
+/// and its norm's cache: about four copies of its output maps).
+fn host_need(
+    model: &ResNet<f32>,
+    images: usize,
+    image: (usize, usize),
+    batch: usize,
+    gpu: bool,
+) -> Result<Need> {
+    let input = gpukit_cuda::dnn::Maps::nchw_f32(batch, 3, image.0, image.1);
+    let (outputs, pooled) = unit_outputs(model, input)?;
+    let activations: u64 = outputs
+        .iter()
+        .chain([&pooled])
+        .map(|m| m.bytes() as u64)
+        .sum();
+    let mut need = Need::host(format!(
+        "training {} (batch {batch}, {}x{} images)",
+        model.depth.name(),
+        image.0,
+        image.1
+    ));
+    need.add("the images", bytes(&[images, 3, image.0, image.1], 4))
+        .add("a batch gathered", bytes(&[batch, 3, image.0, image.1], 4))
+        .add(
+            "weights, gradients and optimizer state",
+            bytes(&[model.parameter_count(), 4], 4),
+        )
+        .add(
+            "a batch's activations",
+            if gpu {
+                Some(0)
+            } else {
+                activations.checked_mul(4)
+            },
+        );
+    Ok(need)
+}
+
+/// Trains the request's network (`discovery` finds the CUDA libraries); `progress` hears of
+/// every update.
+pub fn run_cnn_train(
+    r: &CnnTrainRequest,
+    discovery: &Discovery,
+    progress: &mut dyn FnMut(&str),
+) -> Result<CnnTrainReport> {
+    check_request(r)?;
+    let started = Instant::now();
+    let precision = precision_of(r)?;
+    let opt = optimizer_of(r)?;
+    let (default_image, default_batch) = defaults(r.device);
+    let batch = r.batch_size.unwrap_or(default_batch);
+    let classes = r.classes.unwrap_or(1000);
+    let seed = r.seed.unwrap_or(0);
+    let smoothing = r.label_smoothing.unwrap_or(0.0);
+    if let Some(path) = &r.data {
+        super::file_need(path).check_host("give a smaller --data file")?;
+    }
+    let file = r
+        .data
+        .as_deref()
+        .map(|p| data::load(p, classes))
+        .transpose()?;
+    let image = file.as_ref().map_or_else(
+        || {
+            let s = r.image_size.unwrap_or(default_image);
+            (s, s)
+        },
+        |f| f.size,
+    );
+    let count = file
+        .as_ref()
+        .map_or(r.samples.unwrap_or(batch), Images::len);
+    let cfg = LoopConfig {
+        batch_size: batch,
+        steps: 0,
+        seed,
+    };
+    let cfg = LoopConfig {
+        steps: updates(r, cfg.batches_per_epoch(count)?)?,
+        ..cfg
+    };
+    let mut model = ResNet::<f32>::new(r.model, classes, seed);
+    let on_gpu = matches!(r.device, Device::Cuda(_));
+    host_need(&model, count, image, batch, on_gpu)?.check_host(HINT)?;
+    let gpu = match r.device {
+        Device::Cpu => None,
+        Device::Cuda(n) => {
+            let gpu = std::sync::Arc::new(gpukit_cuda::Gpu::open(discovery, n)?);
+            check_precision_on(&gpu, precision)?;
+            let (free, _) = gpu.mem_info()?;
+            device_need(n, &model, batch, image, precision, &opt)?.check(Some(free), HINT)?;
+            Some(gpu)
+        }
+    };
+    let initial_weights = match &r.init {
+        Some(path) => {
+            gpukit_train::cnn::init::load_state_dict(path, &mut model)?;
+            path.display().to_string()
+        }
+        None => format!("torchvision's initialisation, seed {seed}"),
+    };
+    let (images, origin) = match file {
+        Some(f) => (f, r.data.as_ref().map(|p| p.display().to_string())),
+        None => (data::generated(count, image, classes, seed)?, None),
+    };
+    let origin = origin.unwrap_or_else(|| {
+        format!("generated: pixels ~ N(0,1), labels uniform over {classes} classes, seed {seed}")
+    });
+    let parameters = model.parameter_count();
+    let mut gpu_net = None;
+    let mut cpu_net = None;
+    let stepper: &mut dyn Stepper = match gpu {
+        Some(gpu) => {
+            progress(&format!(
+                "planning {} on the GPU (batch {batch}, {}x{})",
+                r.model.name(),
+                image.0,
+                image.1
+            ));
+            gpu_net.insert(GpuResNet::new(
+                discovery, gpu, &model, batch, image, opt, smoothing,
+            )?)
+        }
+        None => cpu_net.insert(CpuResNet {
+            model,
+            opt: CnnOptimizer::new(opt),
+            smoothing,
+        }),
+    };
+    let setup_seconds = started.elapsed().as_secs_f64();
+    let out = run::train(stepper, &images, &cfg, &mut |u| {
+        progress(&format!(
+            "update {}: loss {:.6}, accuracy {:.3} ({:.1} ms)",
+            u.step,
+            u.loss,
+            u.accuracy,
+            u.seconds * 1e3
+        ))
+    })?;
+    let peak_gpu_bytes = gpu_net.as_ref().map(GpuResNet::peak_bytes).transpose()?;
+    if let Some(path) = &r.save_losses {
+        let mut csv = String::from("step,loss\n");
+        for u in &out.updates {
+            csv.push_str(&format!("{},{:e}\n", u.step, u.loss));
+        }
+        gpukit_types::files::write_atomically(path, csv.as_bytes()).map_err(|source| {
+            Error::Io {
+                what: "--save-losses",
+                path: path.clone(),
+                source,
+            }
+        })?;
+    }
+    Ok(CnnTrainReport {
+        model: r.model.name().into(),
+        device: r.device.to_string(),
+        precision: precision.name().into(),
+        parameters,
+        classes,
+        image_size: image,
+        batch_size: batch,
+        optimizer: opt,
+        label_smoothing: smoothing,
+        seed,
+        data: origin,
+        images: images.len(),
+        initial_weights,
+        updates: out.updates,
+        setup_seconds,
+        first_step_seconds: out.first_step_seconds,
+        images_per_s: out.images_per_s,
+        peak_gpu_bytes,
+        diverged: out.diverged,
+        saved_losses: r.save_losses.clone(),
+    })
+}
+
+/// bf16 needs an Ampere or newer GPU (compute capability 8.0), fp16 training's tensor-op
+/// convolutions Volta (7.0): an older one is bad input, named before any work.
+fn check_precision_on(gpu: &gpukit_cuda::Gpu, precision: Precision) -> Result<()> {
+    let (major, minor) = gpu.compute_capability()?;
+    let needs = match precision {
+        Precision::Bf16 => (8, "bf16"),
+        Precision::Fp16 => (7, "fp16"),
+        _ => return Ok(()),
+    };
+    if major < needs.0 {
+        return Err(Error::BadInput(format!(
+            "--precision {}: {} (compute capability {major}.{minor}) does not train in it; it \
+             needs compute capability {}.0 or newer (use --precision fp32)",
+            needs.1,
+            gpu.name().unwrap_or_else(|_| "this GPU".into()),
+            needs.0
+        )));
+    }
+    Ok(())
+}
+
+/// The JSON document of `gpukit train --model`: a diverged run fails.
+pub fn document(report: CnnTrainReport) -> Document<CnnTrainReport> {
+    let failure = report.diverged.clone();
+    Document::new("train", report, failure)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> CnnTrainRequest {
+        CnnTrainRequest {
+            model: Depth::ResNet18,
+            device: Device::Cpu,
+            batch_size: Some(2),
+            steps: Some(2),
+            epochs: None,
+            image_size: Some(16),
+            classes: Some(10),
+            samples: None,
+            optimizer: None,
+            lr: None,
+            momentum: None,
+            nesterov: false,
+            weight_decay: None,
+            label_smoothing: None,
+            seed: None,
+            init: None,
+            data: None,
+            precision: None,
+            save_losses: None,
+        }
+    }
+
+    #[test]
+    fn a_small_cpu_run_reports_every_update_and_a_rate() {
+        let report = run_cnn_train(&request(), &gpukit_cuda::loader::discover(), &mut |_| {})
+            .expect("a run");
+        assert_eq!(report.updates.len(), 2);
+        assert!(report.images_per_s.is_some() && report.peak_gpu_bytes.is_none());
+        assert_eq!(report.parameters, 11_181_642);
+    }
+
+    #[test]
+    fn contradictions_are_refused_before_work() {
+        let cases = [
+            (
+                CnnTrainRequest {
+                    precision: Some(DType::Bf16),
+                    ..request()
+                },
+                "--precision bf16: the CPU trains",
+            ),
+            (
+                CnnTrainRequest {
+                    precision: Some(DType::Tf32),
+                    device: Device::Cuda(0),
+                    ..request()
+                },
+                "--precision tf32: convolutional networks train in fp32, bf16 or fp16",
+            ),
+            (
+                CnnTrainRequest {
+                    precision: Some(DType::F16),
+                    device: Device::Cuda(0),
+                    ..request()
+                },
+                "--precision fp16: the GPU trains convolutional networks in fp32 so far",
+            ),
+            (
+                CnnTrainRequest {
+                    data: Some("d.safetensors".into()),
+                    ..request()
+                },
+                "--image-size and --samples describe generated images",
+            ),
+            (
+                CnnTrainRequest {
+                    label_smoothing: Some(1.0),
+                    ..request()
+                },
+                "--label-smoothing 1",
+            ),
+            (
+                CnnTrainRequest {
+                    optimizer: Some(OptimizerKind::AdamW),
+                    nesterov: true,
+                    ..request()
+                },
+                "--momentum and --nesterov apply to sgd",
+            ),
+            (
+                CnnTrainRequest {
+                    steps: Some(5),
+                    epochs: Some(2),
+                    ..request()
+                },
+                "--steps 5 needs 5 epochs of 1 batches, but --epochs 2 ends after 2",
+            ),
+        ];
+        for (r, says) in cases {
+            let e = match check_request(&r) {
+                Err(e) => e.to_string(),
+                Ok(()) => updates(&r, 1).map_or_else(|e| e.to_string(), |_| "ran".into()),
+            };
+            assert!(e.contains(says), "{says}: {e}");
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! `gpukit train --model`: the run's set-up, one row an update, then its speed and memory.
+
+use super::Section;
+use gpukit_bench::workload::train::cnn::CnnTrainReport;
+use gpukit_train::optim::OptimizerKind;
+use gpukit_types::resources::human_bytes;
+
+/// `gpukit train --model resnet50`.
+pub fn cnn_train_sections(r: &CnnTrainReport) -> Vec<Section> {
+    let o = &r.optimizer;
+    let optimizer = match o.kind {
+        OptimizerKind::Sgd => format!(
+            "sgd, lr {}, momentum {}{}, weight decay {}",
+            o.lr,
+            o.momentum,
+            if o.nesterov { " (Nesterov)" } else { "" },
+            o.weight_decay
+        ),
+        kind => format!(
+            "{}, lr {}, betas 0.9/0.999, weight decay {}",
+            kind.name(),
+            o.lr,
+            o.weight_decay
+        ),
+    };
+    let setup = Section::kv(
+        format!(
+            "Training {} on {} ({})",
+            r.model, r.device, r.precision
+        ),
+        vec![
+            (
+                "Model",
+                format!(
+                    "{}, {} classes, {} parameters; initial weights: {}",
+                    r.model, r.classes, r.parameters, r.initial_weights
+                ),
+            ),
+            (
+                "Data",
+                format!(
+                    "{} images of 3x{}x{}; {}",
+                    r.images, r.image_size.0, r.image_size.1, r.data
+                ),
+            ),
+            (
+                "Loop",
+                format!(
+                    "cross-entropy{}, {optimizer}; batch {}, {} update(s), batches ordered by seed {}",
+                    if r.label_smoothing > 0.0 {
+                        format!(" (label smoothing {})", r.label_smoothing)
+                    } else {
+                        String::new()
+                    },
+                    r.batch_size,
+                    r.updates.len(),
+                    r.seed
+                ),
+            ),
+        ],
+    );
+    let rows = r
+        .updates
+        .iter()
+        .map(|u| {
+            vec![
+                u.step.to_string(),
+                format!("{:.6}", u.loss),
+                format!("{:.1}%", 100.0 * u.accuracy),
+                format!("{:.3}", u.seconds * 1e3),
+            ]
+        })
+        .collect();
+    let mut notes = Vec::new();
+    if let Some(p) = &r.saved_losses {
+        notes.push(format!("every update's loss written to {}", p.display()));
+    }
+    let updates = Section {
+        title: "Updates".into(),
+        header: Some(
+            ["update", "loss", "batch acc.", "ms"]
+                .map(String::from)
+                .to_vec(),
+        ),
+        rows,
+        notes,
+    };
+    let mut speed = vec![
+        ("Set-up", format!("{:.3} s", r.setup_seconds)),
+        (
+            "First update",
+            format!(
+                "{:.3} s (to the first update: {:.3} s)",
+                r.first_step_seconds,
+                r.setup_seconds + r.first_step_seconds
+            ),
+        ),
+        (
+            "Images/s",
+            r.images_per_s.map_or(
+                "- (one update: the rate is taken over the updates after the first)".into(),
+                |v| format!("{v:.1} over updates 2 to {}", r.updates.len()),
+            ),
+        ),
+    ];
+    if let Some(b) = r.peak_gpu_bytes {
+        speed.push(("Peak GPU memory", human_bytes(b)));
+    }
+    vec![setup, updates, Section::kv("Speed", speed)]
+}

@@ -1,0 +1,215 @@
+//! The training loop of a convolutional network, on the CPU ([`CpuResNet`]) or the GPU
+//! ([`super::gpu::GpuResNet`]) alike: batches of an epoch in a seeded order (whole batches
+//! only), one update each, every update's loss, accuracy and time; images per second over the
+//! updates after the first (which plans, allocates and warms caches, and is reported apart).
+//!
+//! To use: a [`Stepper`], the [`Images`], then [`train`] with a [`LoopConfig`].
+
+use super::data::Images;
+use super::optim::CnnOptimizer;
+use super::resnet::ResNet;
+use super::Tensor;
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// One training update of a network on a batch: returns the batch's loss before the update
+/// and how many of its images were classified right.
+pub trait Stepper {
+    /// `fresh` is false when the batch is the one the previous call had (a GPU keeps it).
+    fn step(&mut self, images: &Tensor<f32>, labels: &[u32], fresh: bool) -> Result<(f64, usize)>;
+}
+
+/// A ResNet, its optimizer and the label smoothing, trained on the CPU by
+/// [`super::train_step`].
+#[derive(Debug, Clone)]
+pub struct CpuResNet {
+    pub model: ResNet<f32>,
+    pub opt: CnnOptimizer<f32>,
+    pub smoothing: f64,
+}
+
+impl Stepper for CpuResNet {
+    fn step(&mut self, images: &Tensor<f32>, labels: &[u32], _: bool) -> Result<(f64, usize)> {
+        let [n, c, h, w] = images.shape;
+        if c != 3 || n != labels.len() || n == 0 || h == 0 || w == 0 {
+            return Err(Error::Setting(format!(
+                "a batch of images {:?} with {} labels",
+                images.shape,
+                labels.len()
+            )));
+        }
+        if let Some(&l) = labels.iter().find(|&&l| l as usize >= self.model.classes) {
+            return Err(Error::Setting(format!(
+                "label {l} of a model of {} classes",
+                self.model.classes
+            )));
+        }
+        Ok(super::train_step(
+            &mut self.model,
+            &mut self.opt,
+            images,
+            labels,
+            self.smoothing,
+        ))
+    }
+}
+
+/// How the loop walks the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoopConfig {
+    pub batch_size: usize,
+    /// Updates in all.
+    pub steps: u64,
+    /// Orders the batches of each epoch.
+    pub seed: u64,
+}
+
+impl LoopConfig {
+    /// Whole batches an epoch of `images` holds (the remainder is left out, as PyTorch's
+    /// `drop_last`); an error when there is not one.
+    pub fn batches_per_epoch(&self, images: usize) -> Result<u64> {
+        match images.checked_div(self.batch_size) {
+            Some(b) if b > 0 => Ok(b as u64),
+            _ => Err(Error::Setting(format!(
+                "--batch-size {}: the data holds {images} images, not one whole batch",
+                self.batch_size
+            ))),
+        }
+    }
+}
+
+/// One update's figures.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct UpdateStats {
+    /// 1-based.
+    pub step: u64,
+    pub loss: f64,
+    /// Images of the batch classified right, as a fraction.
+    pub accuracy: f64,
+    /// Wall time of the update, its batch's copy to the device included.
+    pub seconds: f64,
+}
+
+/// What the loop did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoopOutcome {
+    pub updates: Vec<UpdateStats>,
+    /// The first update's seconds (algorithms chosen, caches warmed).
+    pub first_step_seconds: f64,
+    /// Images a second over every update after the first; None with one update.
+    pub images_per_s: Option<f64>,
+    /// Why the loop stopped at a non-finite loss.
+    pub diverged: Option<String>,
+}
+
+/// Trains `stepper` for `cfg.steps` updates over `images`, telling `progress` of each.
+pub fn train(
+    stepper: &mut dyn Stepper,
+    images: &Images,
+    cfg: &LoopConfig,
+    progress: &mut dyn FnMut(&UpdateStats),
+) -> Result<LoopOutcome> {
+    let per_epoch = cfg.batches_per_epoch(images.len())?;
+    // a data set of one batch is that batch every update: it is gathered (and uploaded) once
+    let single = per_epoch == 1 && images.len() == cfg.batch_size;
+    let mut updates = Vec::new();
+    let mut diverged = None;
+    let mut order = Vec::new();
+    let mut held: Option<(Tensor<f32>, Vec<u32>)> = None;
+    for step in 0..cfg.steps {
+        let (epoch, b) = (step / per_epoch, (step % per_epoch) as usize);
+        let fresh = !(single && held.is_some());
+        if fresh {
+            if b == 0 {
+                order = crate::data::batch_order(images.len(), epoch, cfg.seed, !single);
+            }
+            held = Some(images.batch(&order[b * cfg.batch_size..(b + 1) * cfg.batch_size]));
+        }
+        let Some((batch, labels)) = held.as_ref() else {
+            return Err(Error::Failed("no batch to train on".into()));
+        };
+        let start = Instant::now();
+        let (loss, correct) = stepper.step(batch, labels, fresh)?;
+        let stats = UpdateStats {
+            step: step + 1,
+            loss,
+            accuracy: correct as f64 / cfg.batch_size as f64,
+            seconds: start.elapsed().as_secs_f64(),
+        };
+        progress(&stats);
+        updates.push(stats);
+        if !loss.is_finite() {
+            diverged = Some(format!("the loss of update {} is {loss}", step + 1));
+            break;
+        }
+    }
+    let later: f64 = updates.iter().skip(1).map(|u| u.seconds).sum();
+    Ok(LoopOutcome {
+        first_step_seconds: updates.first().map_or(0.0, |u| u.seconds),
+        images_per_s: (updates.len() > 1 && later > 0.0)
+            .then(|| (updates.len() - 1) as f64 * cfg.batch_size as f64 / later),
+        updates,
+        diverged,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cnn::optim::CnnOptimizerConfig;
+    use crate::cnn::resnet::Depth;
+    use crate::optim::OptimizerKind;
+
+    fn cpu(seed: u64) -> CpuResNet {
+        CpuResNet {
+            model: ResNet::new(Depth::ResNet18, 10, seed),
+            opt: CnnOptimizer::new(CnnOptimizerConfig {
+                kind: OptimizerKind::Sgd,
+                lr: 0.01,
+                momentum: 0.9,
+                nesterov: false,
+                weight_decay: 0.0,
+            }),
+            smoothing: 0.0,
+        }
+    }
+
+    /// The loop's updates are `train_step`'s on the batches of `batch_order`, whole batches
+    /// only, epoch after epoch.
+    #[test]
+    fn the_loop_makes_train_steps_on_the_epochs_batches() {
+        let images = crate::cnn::data::generated(5, (16, 16), 10, 2).unwrap();
+        let cfg = LoopConfig {
+            batch_size: 2,
+            steps: 3,
+            seed: 4,
+        };
+        let mut stepper = cpu(1);
+        let mut seen = 0;
+        let out = train(&mut stepper, &images, &cfg, &mut |_| seen += 1).unwrap();
+        assert_eq!((seen, out.updates.len()), (3, 3));
+        assert!(out.images_per_s.is_some() && out.diverged.is_none());
+        let mut reference = cpu(1);
+        for (step, (epoch, b)) in [(0u64, 0usize), (0, 1), (1, 0)].into_iter().enumerate() {
+            let order = crate::data::batch_order(5, epoch, 4, true);
+            let (x, y) = images.batch(&order[b * 2..b * 2 + 2]);
+            let (loss, correct) =
+                crate::cnn::train_step(&mut reference.model, &mut reference.opt, &x, &y, 0.0);
+            assert_eq!(out.updates[step].loss, loss);
+            assert_eq!(out.updates[step].accuracy, correct as f64 / 2.0);
+        }
+        let e = train(
+            &mut cpu(1),
+            &images,
+            &LoopConfig {
+                batch_size: 6,
+                ..cfg
+            },
+            &mut |_| {},
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("holds 5 images, not one whole batch"), "{e}");
+    }
+}
