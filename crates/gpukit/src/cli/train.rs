@@ -162,9 +162,28 @@ pub struct TrainArgs {
     #[arg(long, default_value = "25", value_parser = parse_real, value_name = "MIB")]
     pub bucket_mb: f64,
 
+    /// Data-parallel: compute the first layer's weight gradient (backward's last product) in
+    /// this many pieces, each averaged as soon as it is done (0: four where that layer's
+    /// weights take 16 MiB or more, else whole; 1: whole).
+    #[arg(long, value_parser = clap::value_parser!(usize), value_name = "N")]
+    pub grad_pieces: Option<usize>,
+
+    /// Data-parallel: average gradients in f32 (the default: one GPU's updates up to the order
+    /// of sums) or bf16 (half the bytes; every averaged gradient rounded to bf16).
+    #[arg(long, value_parser = parse_grad_comm, value_name = "TYPE")]
+    pub grad_comm: Option<gpukit_types::DType>,
+
     /// Data-parallel under a launcher: seconds to wait for every rank, and for a silent peer.
     #[arg(long, default_value = "60", value_parser = parse_count, value_name = "SECONDS")]
     pub timeout: usize,
+}
+
+fn parse_grad_comm(s: &str) -> Result<gpukit_types::DType, String> {
+    match s {
+        "f32" | "fp32" => Ok(gpukit_types::DType::F32),
+        "bf16" => Ok(gpukit_types::DType::Bf16),
+        _ => Err(format!("gradients are averaged in f32 or bf16, not '{s}'")),
+    }
 }
 
 fn parse_cnn(s: &str) -> Result<gpukit_train::cnn::resnet::Depth, String> {

@@ -106,6 +106,8 @@ pub(super) fn train_request(
         checkpoint_activations: a.checkpoint_activations,
         parallel,
         bucket_mb: Some(a.bucket_mb),
+        grad_pieces: a.grad_pieces,
+        grad_comm: a.grad_comm,
         timeout: Some(std::time::Duration::from_secs(a.timeout as u64)),
         profile: None,
     }
@@ -141,6 +143,8 @@ fn train_cnn(a: TrainArgs, model: gpukit_train::cnn::resnet::Depth, out: &Output
         ("--compare-pytorch", a.compare_pytorch),
         ("--checkpoint-activations", a.checkpoint_activations),
         ("--gpus", a.gpus.is_some()),
+        ("--grad-pieces", a.grad_pieces.is_some()),
+        ("--grad-comm", a.grad_comm.is_some()),
         ("--loader", a.loader.is_some()),
         ("--graph", a.graph),
         ("--no-graph", a.no_graph),

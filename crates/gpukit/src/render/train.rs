@@ -338,8 +338,19 @@ fn data_parallel_section(d: &gpukit_bench::workload::train::parallel::DataParall
         (
             "Gradients",
             format!(
-                "{:.1} MiB averaged in {} bucket(s) of about {:.0} MiB, each launched as soon as backward has finished its layers",
-                d.gradient_mib, d.buckets, d.bucket_mb
+                "{:.1} MiB averaged in {}{} bucket(s) of about {:.0} MiB, each launched as soon as backward has finished its layers{}",
+                d.gradient_mib,
+                if d.grad_comm == "bf16" { "bf16 (rounded), " } else { "" },
+                d.buckets,
+                d.bucket_mb,
+                if d.grad_pieces > 1 {
+                    format!(
+                        "; the first layer's weight gradient in {} pieces, each averaged as soon as it is computed",
+                        d.grad_pieces
+                    )
+                } else {
+                    String::new()
+                }
             ),
         ),
         (

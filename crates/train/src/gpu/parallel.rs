@@ -273,6 +273,12 @@ impl GpuTrainer {
         self.dp.as_ref().map_or(0, |d| d.buckets.len())
     }
 
+    /// How many pieces the first layer's weight gradient is computed and averaged in (1:
+    /// whole, in a bucket; 0 without peers).
+    pub fn grad_pieces(&self) -> usize {
+        self.dp.as_ref().map_or(0, |d| d.pieces.len().max(1))
+    }
+
     pub(super) fn shard(&self) -> Shard {
         self.opts.shard.unwrap_or(Shard { rank: 0, world: 1 })
     }

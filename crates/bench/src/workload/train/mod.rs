@@ -97,6 +97,11 @@ pub struct TrainRequest {
     pub parallel: Option<crate::workload::train::parallel::Ranks>,
     /// Gradient bucket size for data-parallel runs (None: 25 MiB, as DDP).
     pub bucket_mb: Option<f64>,
+    /// Data-parallel: pieces of the first layer's weight gradient (None or 0: chosen from its
+    /// size; 1: whole).
+    pub grad_pieces: Option<usize>,
+    /// Data-parallel: the type gradients are averaged in (None: f32).
+    pub grad_comm: Option<gpukit_types::DType>,
     /// How long a launched rank waits for its peers (None: 60 s).
     pub timeout: Option<std::time::Duration>,
     /// `gpukit profile train`: record this epoch (0-based) of a GPU run, or every epoch of a
@@ -527,6 +532,8 @@ pub fn run_train_ranked(
                 opts: GpuOptions {
                     loader: r.loader,
                     graph: r.graph,
+                    grad_pieces: r.grad_pieces.unwrap_or(0),
+                    grad_comm: r.grad_comm.unwrap_or(gpukit_types::DType::F32),
                     ..GpuOptions::new(precision)
                 },
                 train: &train,

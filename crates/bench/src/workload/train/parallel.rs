@@ -41,6 +41,12 @@ pub struct DataParallel {
     pub combined_batch: usize,
     pub buckets: usize,
     pub bucket_mb: f64,
+    /// Pieces the first layer's weight gradient was computed and averaged in (1: whole).
+    #[serde(default)]
+    pub grad_pieces: usize,
+    /// The type gradients were averaged in ("f32", or "bf16", which rounds them).
+    #[serde(default)]
+    pub grad_comm: String,
     pub gradient_mib: f64,
     /// Each rank's step time with the same batches and no communication (median of its epochs).
     pub single_step_ms: Vec<f64>,
@@ -76,6 +82,7 @@ struct RankRun {
     single_step_ms: f64,
     step_ms: f64,
     buckets: usize,
+    grad_pieces: usize,
     model: Option<(Mlp<f32>, Optimizer<f32>)>,
 }
 
@@ -182,6 +189,7 @@ fn rank_run(
         details,
         single_step_ms,
         buckets: t.buckets(),
+        grad_pieces: t.grad_pieces(),
         model,
     })
 }
@@ -334,6 +342,8 @@ pub fn run(
         combined_batch: b * world,
         buckets: first.buckets,
         bucket_mb: job.bucket_bytes as f64 / (1 << 20) as f64,
+        grad_pieces: first.grad_pieces,
+        grad_comm: job.opts.grad_comm.to_string(),
         gradient_mib: (params * 4) as f64 / (1 << 20) as f64,
         samples_per_s: (b * world) as f64 / (slowest(&dp) / 1e3),
         single_samples_per_s: b as f64 / (slowest(&single) / 1e3),
