@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on a lent machine with several GPUs, from the project root, over binaries staged into
 # .device/ (see scripts/gpu-test.sh):
-#   bash scripts/gpu-multi.sh [bench|train|faults|all]     (default: all)
+#   bash scripts/gpu-multi.sh [bench|train|overlap|faults|all]     (default: all)
 # bench: the cuda crate's GPU tests (NCCL collectives against float64, peer copies), then
 #        `bench nccl` in one process beside torch.distributed, the same sweep through
 #        `gpukit launch`, through torchrun and as CUDA graphs, NCCL's socket transport (shared
@@ -10,6 +10,9 @@
 # train: the training engine's GPU tests (data-parallel against one GPU on the combined batch
 #        included), then the 4096-wide MLP in bf16, batch 4096 a GPU, data-parallel on every GPU
 #        (threads of one process, beside PyTorch DDP; through `gpukit launch`; one bucket only).
+# overlap: data-parallel's choices for hiding communication, in turns: the first layer's weight
+#        gradient whole or in 2, 4 or 8 pieces each averaged when done, f32 or bf16 averaging
+#        (the data-parallel GPU test first, PyTorch DDP once beside).
 # faults: a rank killed mid-run, a wrong WORLD_SIZE, a missing MASTER_ADDR, an occupied port, a
 #        rank that never arrives: every surviving process must exit non-zero with a message
 #        within the timeout.
@@ -154,6 +157,38 @@ if os.path.exists(p):
     print("one GPU, combined batch: losses", [round(x, 6) for x in r["step_losses"][:4]], "...", [round(x, 6) for x in r["step_losses"][-2:]])
 PY
   tail -3 "$W/dp-threads.err" "$W/dp-launch.err" | tee -a "$SUMMARY"
+fi
+
+if [ "$MODE" = overlap ]; then
+  # issue 36's choices, measured in turns on the same machine: the first layer's weight
+  # gradient whole (one bucket of it) or in pieces each averaged when done, and bf16 averaging
+  if [ -x "$TESTS/gpu_train" ]; then
+    clean env GPUKIT_REQUIRE_GPU=1 "$TESTS/gpu_train" --test-threads 1 data_parallel >"$W/train-dp-test.txt" 2>&1
+    say "data-parallel GPU test rc=$?: $(grep 'test result' "$W/train-dp-test.txt")"
+    grep -E 'every rank|FAILED|failed|panicked' "$W/train-dp-test.txt" | head -8 | tee -a "$SUMMARY"
+  fi
+  M0="--layers 4096,4096,4096,1 --features 4096 --samples 65536 --epochs 4 --lr 1e-5 --precision bf16"
+  M="$M0 --batch-size 4096"
+  clean "$BIN" train --gpus "$NGPU" $M --grad-pieces 1 --compare-pytorch --save-json "$W/ov-whole-ddp.json" >"$W/ov-whole-ddp.txt" 2>"$W/ov-whole-ddp.err"
+  say "whole + PyTorch DDP rc=$?"
+  for turn in a b; do
+    for v in "whole:--grad-pieces 1" "p4:--grad-pieces 4" "p8:--grad-pieces 8" "p2:--grad-pieces 2" "bf16p4:--grad-pieces 4 --grad-comm bf16" "bf16whole:--grad-pieces 1 --grad-comm bf16"; do
+      name=${v%%:*}; flags=${v#*:}
+      clean "$BIN" train --gpus "$NGPU" $M $flags --save-json "$W/ov-$name-$turn.json" >/dev/null 2>"$W/ov-$name-$turn.err"
+      say "$name ($flags) turn $turn rc=$?"
+    done
+  done
+  python3 - "$W" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import json, sys, os, glob
+w = sys.argv[1]
+for p in sorted(glob.glob(os.path.join(w, "ov-*.json"))):
+    r = json.load(open(p))["result"]; d = r.get("data_parallel") or {}
+    pt = d.get("pytorch") or {}
+    print(f"{os.path.basename(p):22} eff {d.get('scaling_efficiency', 0):.3f} step {d.get('step_ms')} single {d.get('single_step_ms')} "
+          f"samples/s {d.get('samples_per_s', 0):.0f} pieces {d.get('grad_pieces')} comm {d.get('grad_comm')} exposed {d.get('exposed_comm_ms', 0):.3f} ms"
+          + (f" | DDP eff {pt.get('scaling_efficiency', 0):.3f} samples/s {pt.get('samples_per_s', 0):.0f}" if pt else ""))
+    print("   losses", [round(x, 6) for x in r["step_losses"][:3]], "...", [round(x, 6) for x in r["step_losses"][-2:]])
+PY
 fi
 
 if [ "$MODE" = faults ] || [ "$MODE" = all ]; then
