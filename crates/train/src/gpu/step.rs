@@ -219,9 +219,10 @@ impl GpuTrainer {
             let input = if l == 0 { x0 } else { self.act(l - 1) };
             let dy = self.dz[cur].view();
             let bgrad_b = !hidden && fusion.bgrad_b;
-            if l == 0 && !self.grad_pieces.is_empty() {
+            if l == 0 && !self.grad_pieces.is_empty() && self.dp.is_some() {
                 // data-parallel: the first layer's weight gradient in pieces of its outputs
-                // (rows of the weight), each averaged while the next is computed
+                // (rows of the weight), each averaged while the next is computed (before a
+                // communicator is attached, as in the one-GPU baseline, the product is whole)
                 for (p, &(first, end)) in self.grad_pieces.iter().enumerate() {
                     let op = Op::WeightGradPiece(end - first);
                     let _piece_op = self.op_product(0, op, rows);
