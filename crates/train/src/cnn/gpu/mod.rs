@@ -1171,6 +1171,27 @@ mod tests {
         assert!(e.contains("64 input channels given maps of 3"), "{e}");
     }
 
+    /// fp32 trains NCHW f32 maps, bf16 and fp16 channels-last 16-bit ones; tf32 is refused.
+    #[test]
+    fn each_precision_has_its_maps() {
+        let m = input_maps(Precision::Fp32, 2, (8, 9)).unwrap();
+        assert_eq!(m, Maps::nchw_f32(2, 3, 8, 9));
+        for (p, dtype) in [
+            (Precision::Bf16, DType::Bf16),
+            (Precision::Fp16, DType::F16),
+        ] {
+            let m = input_maps(p, 2, (8, 9)).unwrap();
+            assert_eq!(
+                (m.layout, m.dtype, m.c, m.h, m.w),
+                (Layout::Nhwc, dtype, 3, 8, 9)
+            );
+        }
+        let e = input_maps(Precision::Tf32, 2, (8, 9))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tf32"), "{e}");
+    }
+
     /// The flat parameter layout follows the CPU model's parameter order, so tensor i of the
     /// GPU buffer is `params[i]` by name.
     #[test]
