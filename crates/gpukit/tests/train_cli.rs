@@ -372,6 +372,10 @@ fn main() {
                 "gpu::cnn_resnet_runs_and_oversized_runs_are_refused",
                 cnn::gpu_resnet_runs_and_oversized_runs_are_refused,
             ),
+            (
+                "gpu::cnn_resnet_trains_in_bf16",
+                cnn::gpu_resnet_trains_in_bf16,
+            ),
         ],
         vec![with_torch],
     )

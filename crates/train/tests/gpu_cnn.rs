@@ -13,6 +13,7 @@ use gpukit_cuda::{DeviceBuffer, Gpu};
 use gpukit_tensor::codec::{decode_f32, encode_f32, round_f32};
 use gpukit_tensor::random::{fresh_seed, normal_f32, uniform_f32};
 use gpukit_train::cnn::gpu::kernels::CnnKernels;
+use gpukit_train::cnn::gpu::layout::{channels_first, channels_last};
 use gpukit_train::cnn::gpu::GpuResNet;
 use gpukit_train::cnn::layers::{
     add_inplace, avgpool_backward, avgpool_forward, relu_inplace, BatchNorm2d, Conv2d, MaxPool2d,
@@ -23,6 +24,7 @@ use gpukit_train::cnn::resnet::{Depth, ResNet};
 use gpukit_train::cnn::{train_step, Tensor};
 use gpukit_train::gpu::kernels::TrainKernels;
 use gpukit_train::optim::OptimizerKind;
+use gpukit_train::precision::Precision;
 use gpukit_types::{ConvShape, DType, Layout};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::{Arc, OnceLock};
@@ -83,34 +85,14 @@ fn tensor64(shape: [usize; 4], v: &[f32]) -> Tensor<f64> {
 fn to_layout(v: &[f32], [n, c, h, w]: [usize; 4], layout: Layout) -> Vec<f32> {
     match layout {
         Layout::Nchw => v.to_vec(),
-        Layout::Nhwc => {
-            let mut out = vec![0.0; v.len()];
-            for i in 0..n {
-                for ch in 0..c {
-                    for p in 0..h * w {
-                        out[(i * h * w + p) * c + ch] = v[(i * c + ch) * h * w + p];
-                    }
-                }
-            }
-            out
-        }
+        Layout::Nhwc => channels_last(v, (n, c, h * w)).unwrap_or_default(),
     }
 }
 
 fn from_layout(v: &[f32], [n, c, h, w]: [usize; 4], layout: Layout) -> Vec<f32> {
     match layout {
         Layout::Nchw => v.to_vec(),
-        Layout::Nhwc => {
-            let mut out = vec![0.0; v.len()];
-            for i in 0..n {
-                for ch in 0..c {
-                    for p in 0..h * w {
-                        out[(i * c + ch) * h * w + p] = v[(i * h * w + p) * c + ch];
-                    }
-                }
-            }
-            out
-        }
+        Layout::Nhwc => channels_first(v, (n, c, h * w)).unwrap_or_default(),
     }
 }
 
@@ -567,6 +549,30 @@ fn cnn_kernels_match_the_cpu_bit_for_bit() -> Result<(), Failed> {
     if down(&g, &dxb, len, DType::F32)? != avgpool_backward(shape, &dy).data {
         return Err("avg_pool_back differs from the CPU's".into());
     }
+    // channels-last: the same sums in the same order
+    let xl = up(&g, &to_layout(&x.data, shape, Layout::Nhwc), DType::F32)?;
+    k.avg_pool_nhwc(xl.view(), fb.view(), DType::F32, (planes, plane, shape[1]))?;
+    if down(&g, &fb, planes, DType::F32)? != avgpool_forward(&x) {
+        return Err("avg_pool_nhwc differs from the CPU's".into());
+    }
+    k.avg_pool_back_nhwc(
+        dyb.view(),
+        dxb.view(),
+        DType::F32,
+        (planes, plane, shape[1]),
+    )?;
+    let back = from_layout(&down(&g, &dxb, len, DType::F32)?, shape, Layout::Nhwc);
+    if back != avgpool_backward(shape, &dy).data {
+        return Err("avg_pool_back_nhwc differs from the CPU's".into());
+    }
+    for dtype in [DType::F32, DType::Bf16] {
+        let src = up(&g, &x.data, dtype)?;
+        let dst = g.alloc(len * dtype.size_bytes())?;
+        k.copy(dst.view(), src.view(), dtype, len)?;
+        if down(&g, &dst, len, dtype)? != round_f32(&x.data, dtype) {
+            return Err(format!("copy of {dtype:?} changed values").into());
+        }
+    }
     Ok(())
 }
 
@@ -648,7 +654,16 @@ fn train_like_the_cpu(
     let mut cpu = init.clone();
     let mut cpu64 = ResNet::<f64>::new(Depth::ResNet18, classes, seed);
     cpu64.load(|name| init.tensor(name).map(|t| wide(&t.data)))?;
-    let mut gpu_net = GpuResNet::new(d, g, &init, batch, (size, size), config, smoothing)?;
+    let mut gpu_net = GpuResNet::new(
+        d,
+        g,
+        &init,
+        batch,
+        (size, size),
+        Precision::Fp32,
+        config,
+        smoothing,
+    )?;
     for line in gpu_net.conv_algorithms() {
         println!("  {line}");
     }
@@ -748,16 +763,9 @@ fn train_like_the_cpu(
 }
 
 fn resnet18_sgd_trains_like_the_cpu() -> Result<(), Failed> {
-    let config = CnnOptimizerConfig {
-        kind: OptimizerKind::Sgd,
-        // DECISIONS 111's PyTorch comparison: at this rate the f32 engines stay within 1e-5
-        // of float64 over 5 updates at batch 8
-        lr: 1e-3,
-        momentum: 0.9,
-        nesterov: true,
-        weight_decay: 5e-4,
-    };
-    train_like_the_cpu(config, 5, (1e-4, 1e-3))
+    // DECISIONS 111's PyTorch comparison: at this rate the f32 engines stay within 1e-5 of
+    // float64 over 5 updates at batch 8
+    train_like_the_cpu(nesterov_sgd(), 5, (1e-4, 1e-3))
 }
 
 fn resnet18_adamw_trains_like_the_cpu() -> Result<(), Failed> {
@@ -771,6 +779,165 @@ fn resnet18_adamw_trains_like_the_cpu() -> Result<(), Failed> {
     // Adam's first steps are g / |g|: a near-zero gradient's rounding becomes a whole step, so
     // updates are compared loosely (DECISIONS 111: both f32 engines leave float64 by ~1e-5)
     train_like_the_cpu(config, 3, (1e-3, 5e-2))
+}
+
+/// Nesterov SGD as DECISIONS 111 compared with PyTorch (lr 1e-3, momentum 0.9, wd 5e-4).
+fn nesterov_sgd() -> CnnOptimizerConfig {
+    CnnOptimizerConfig {
+        kind: OptimizerKind::Sgd,
+        lr: 1e-3,
+        momentum: 0.9,
+        nesterov: true,
+        weight_decay: 5e-4,
+    }
+}
+
+/// The mixed-precision tolerance of the MLP path (`gpu_train.rs`,
+/// `mixed_precision_trains_like_fp32`): a loss within 2% of fp32's.
+const MIXED_LOSS_TOL: f64 = 0.02;
+
+/// ResNet-18 (batch 8, 32x32, 10 classes, smoothing 0.1, Nesterov SGD) in `precision` against
+/// the fp32 GPU path from the same weights and batches over 5 updates: every update's loss
+/// within [`MIXED_LOSS_TOL`] of fp32's; no update skipped (fp16 at a loss scale of 1024, which
+/// these gradients cannot overflow; its scale unchanged after 5 clean updates); every
+/// parameter's total update within 10% of the largest of fp32's in that tensor, the running
+/// statistics within 2% of the largest of their tensor.
+fn trains_like_fp32(precision: Precision) -> Result<(), Failed> {
+    let (d, g) = gpu()?;
+    let seed = fresh_seed();
+    println!("seed {seed}, {}", precision.name());
+    let (batch, size, classes, smoothing, steps) = (8, 32, 10, 0.1, 5);
+    let config = nesterov_sgd();
+    let init = ResNet::<f32>::new(Depth::ResNet18, classes, seed);
+    let make = |p| {
+        GpuResNet::new(
+            d,
+            g.clone(),
+            &init,
+            batch,
+            (size, size),
+            p,
+            config,
+            smoothing,
+        )
+    };
+    let mut full = make(Precision::Fp32)?;
+    let mut half = make(precision)?;
+    if precision == Precision::Fp16 {
+        half.set_loss_scale(1024.0)?;
+    }
+    for line in half.conv_algorithms() {
+        println!("  {line}");
+    }
+    for (s, (images, labels)) in batches(steps, batch, size, classes, seed)
+        .iter()
+        .enumerate()
+    {
+        let (l32, c32) = full.train_step(images, labels)?;
+        let (l16, c16) = half.train_step(images, labels)?;
+        let e = rel_f64(l16, l32);
+        println!(
+            "  update {}: {} {l16:.6} fp32 {l32:.6} ({e:.2e} apart); right {c16}/{c32}",
+            s + 1,
+            precision.name()
+        );
+        if e.partial_cmp(&MIXED_LOSS_TOL) != Some(std::cmp::Ordering::Less) {
+            return Err(format!(
+                "update {}: {} loss {l16} against fp32 {l32} ({e:.2e} apart, tolerance \
+                 {MIXED_LOSS_TOL})",
+                s + 1,
+                precision.name()
+            )
+            .into());
+        }
+    }
+    let st = half.scaler()?;
+    let scale_kept = precision != Precision::Fp16 || st.scale == 1024.0;
+    if st.skipped != 0 || st.step != steps as u32 || !scale_kept {
+        return Err(format!("after {steps} clean updates the step state is {st:?}").into());
+    }
+    let (mut a, mut b) = (init.clone(), init.clone());
+    half.store(&mut a)?;
+    full.store(&mut b)?;
+    let init_p = named(&init.params);
+    for (what, got, want, base, tol) in [
+        (
+            "parameter updates",
+            named(&a.params),
+            named(&b.params),
+            Some(init_p.as_slice()),
+            0.1,
+        ),
+        (
+            "running statistics",
+            named(&a.buffers),
+            named(&b.buffers),
+            None,
+            2e-2,
+        ),
+    ] {
+        let (e, name) = worst(&got, &want, base);
+        check(&format!("{what} against fp32 (worst: {name})"), e, tol)?;
+    }
+    Ok(())
+}
+
+fn resnet18_bf16_trains_like_fp32() -> Result<(), Failed> {
+    trains_like_fp32(Precision::Bf16)
+}
+
+fn resnet18_fp16_trains_like_fp32() -> Result<(), Failed> {
+    trains_like_fp32(Precision::Fp16)
+}
+
+/// fp16 at a loss scale of 2^24: the loss's gradient itself overflows fp16, so the update is
+/// skipped (every parameter keeps its bits, the step count stays 0), the scale halves and the
+/// skip is counted; the forward still ran (the running statistics moved, as PyTorch's do). Then
+/// GradScaler's default 65536 on 3 fresh updates: the skips it makes are printed, not judged.
+fn fp16_skips_an_overflowing_update() -> Result<(), Failed> {
+    let (d, g) = gpu()?;
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    let (batch, size, classes, smoothing) = (8, 32, 10, 0.1);
+    let init = ResNet::<f32>::new(Depth::ResNet18, classes, seed);
+    let make = || {
+        GpuResNet::new(
+            d,
+            g.clone(),
+            &init,
+            batch,
+            (size, size),
+            Precision::Fp16,
+            nesterov_sgd(),
+            smoothing,
+        )
+    };
+    let mut net = make()?;
+    let huge = 16_777_216.0;
+    net.set_loss_scale(huge)?;
+    let data = batches(3, batch, size, classes, seed);
+    let (loss, _) = net.train_step(&data[0].0, &data[0].1)?;
+    let st = net.scaler()?;
+    println!("  loss {loss:.6}, then {st:?}");
+    if st.skipped != 1 || st.step != 0 || st.scale != huge / 2.0 || st.found_inf {
+        return Err(format!("an overflow at scale 2^24 left the step state {st:?}").into());
+    }
+    let mut after = init.clone();
+    net.store(&mut after)?;
+    for (p, q) in after.params.iter().zip(&init.params) {
+        if p.data != q.data {
+            return Err(format!("{} changed in a skipped update", p.name).into());
+        }
+    }
+    if after.batches_tracked != init.batches_tracked + 1 || after.buffers == init.buffers {
+        return Err("the skipped update's forward did not move the running statistics".into());
+    }
+    let mut net = make()?;
+    for (images, labels) in &data {
+        net.train_step(images, labels)?;
+    }
+    println!("  GradScaler's defaults, 3 updates: {:?}", net.scaler()?);
+    Ok(())
 }
 
 fn main() {
@@ -806,6 +973,18 @@ fn main() {
         (
             "gpu_cnn::resnet18_adamw_trains_like_the_cpu",
             resnet18_adamw_trains_like_the_cpu,
+        ),
+        (
+            "gpu_cnn::resnet18_bf16_trains_like_fp32",
+            resnet18_bf16_trains_like_fp32,
+        ),
+        (
+            "gpu_cnn::resnet18_fp16_trains_like_fp32",
+            resnet18_fp16_trains_like_fp32,
+        ),
+        (
+            "gpu_cnn::fp16_skips_an_overflowing_update",
+            fp16_skips_an_overflowing_update,
         ),
     ];
     let trials: Vec<Trial> = tests

@@ -72,6 +72,13 @@ pub fn cnn_train_sections(r: &CnnTrainReport) -> Vec<Section> {
         })
         .collect();
     let mut notes = Vec::new();
+    if let Some(scale) = r.loss_scale {
+        notes.push(format!(
+            "fp16 loss scale {scale} at the end (GradScaler's rules from 65536); {} update(s) \
+             skipped on an overflow",
+            r.skipped_updates
+        ));
+    }
     if let Some(p) = &r.saved_losses {
         notes.push(format!("every update's loss written to {}", p.display()));
     }

@@ -1,6 +1,6 @@
 //! `gpukit train --model`: a tiny CPU run equal, update by update, to the library's
 //! `train_step`; every kind of bad input refused with exit 2 and a message naming it; on a GPU,
-//! a small run and a run larger than the GPU refused before any allocation.
+//! a small run (fp32 and bf16) and a run larger than the GPU refused before any allocation.
 
 use crate::common::*;
 use gpukit_train::cnn::data::generated;
@@ -181,10 +181,6 @@ pub fn bad_cnn_input_exits_2_naming_it() -> Result<(), Failed> {
             vec!["--precision bf16: the CPU trains convolutional networks in fp32"],
         ),
         (
-            with(&["--precision", "bf16", "--device", "cuda:0"]),
-            vec!["--precision bf16: the GPU trains convolutional networks in fp32 so far"],
-        ),
-        (
             with(&["--precision", "tf32", "--device", "cuda:0"]),
             vec!["--precision tf32: convolutional networks train in fp32, bf16 or fp16"],
         ),
@@ -275,4 +271,42 @@ pub fn gpu_resnet_runs_and_oversized_runs_are_refused() -> Result<(), Failed> {
     ensure(started.elapsed().as_secs_f64() < 5.0, || {
         format!("refused after {:.1} s", started.elapsed().as_secs_f64())
     })
+}
+
+/// On a GPU: ResNet-18 in bf16 (channels-last, fp32 master weights) at 32x32 trains 5 updates of
+/// one generated batch, reports its precision, and its loss falls from the first update to the
+/// last (lr 0.01: the same batch each time).
+pub fn gpu_resnet_trains_in_bf16() -> Result<(), Failed> {
+    let args = [
+        "train",
+        "--model",
+        "resnet18",
+        "--device",
+        "cuda:0",
+        "--precision",
+        "bf16",
+        "--image-size",
+        "32",
+        "--batch-size",
+        "8",
+        "--steps",
+        "5",
+        "--classes",
+        "10",
+        "--lr",
+        "0.01",
+    ];
+    let doc = document(&args, 0)?;
+    let r = &doc["result"];
+    let losses: Vec<f64> = r["updates"]
+        .as_array()
+        .map(|u| u.iter().filter_map(|u| u["loss"].as_f64()).collect())
+        .unwrap_or_default();
+    ensure(
+        r["precision"] == "bf16"
+            && losses.len() == 5
+            && losses.iter().all(|l| l.is_finite())
+            && losses[4] < losses[0],
+        || format!("{doc}"),
+    )
 }

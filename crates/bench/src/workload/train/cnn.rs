@@ -79,6 +79,13 @@ pub struct CnnTrainReport {
     pub images_per_s: Option<f64>,
     /// The most bytes of the GPU's memory pool the run held.
     pub peak_gpu_bytes: Option<u64>,
+    /// fp16: the loss scale at the end (GradScaler's rules from 65536).
+    #[serde(default)]
+    pub loss_scale: Option<f32>,
+    /// fp16: updates skipped because a scaled gradient overflowed (their losses are reported;
+    /// the weights did not move).
+    #[serde(default)]
+    pub skipped_updates: u32,
     /// Why the run stopped early at a non-finite loss (the report then fails).
     pub diverged: Option<String>,
     pub saved_losses: Option<PathBuf>,
@@ -107,13 +114,9 @@ fn precision_of(r: &CnnTrainRequest) -> Result<Precision> {
             "--precision {name}: the CPU trains convolutional networks in fp32 (bf16 and fp16 \
              are GPU precisions: add --device cuda:0)"
         ))),
-        // the trainer is fp32 NCHW so far: a 16-bit request is refused, never run as fp32
-        (Some(Precision::Bf16 | Precision::Fp16), Device::Cuda(_)) => {
-            Err(Error::BadInput(format!(
-                "--precision {name}: the GPU trains convolutional networks in fp32 so far (bf16 \
-                 and fp16 are to come; use --precision fp32)"
-            )))
-        }
+        // channels-last 16-bit maps over fp32 master weights; the GPU's own support is
+        // checked once it is open (check_precision_on)
+        (Some(p @ (Precision::Bf16 | Precision::Fp16)), Device::Cuda(_)) => Ok(p),
         _ => Err(Error::BadInput(format!(
             "--precision {name}: convolutional networks train in fp32, bf16 or fp16"
         ))),
@@ -319,7 +322,7 @@ pub fn run_cnn_train(
                 image.1
             ));
             gpu_net.insert(GpuResNet::new(
-                discovery, gpu, &model, batch, image, opt, smoothing,
+                discovery, gpu, &model, batch, image, precision, opt, smoothing,
             )?)
         }
         None => cpu_net.insert(CpuResNet {
@@ -339,6 +342,11 @@ pub fn run_cnn_train(
         ))
     })?;
     let peak_gpu_bytes = gpu_net.as_ref().map(GpuResNet::peak_bytes).transpose()?;
+    let scaler = gpu_net
+        .as_ref()
+        .filter(|n| n.precision.scaled())
+        .map(GpuResNet::scaler)
+        .transpose()?;
     if let Some(path) = &r.save_losses {
         let mut csv = String::from("step,loss\n");
         for u in &out.updates {
@@ -371,6 +379,8 @@ pub fn run_cnn_train(
         first_step_seconds: out.first_step_seconds,
         images_per_s: out.images_per_s,
         peak_gpu_bytes,
+        loss_scale: scaler.map(|s| s.scale),
+        skipped_updates: scaler.map_or(0, |s| s.skipped),
         diverged: out.diverged,
         saved_losses: r.save_losses.clone(),
     })
@@ -457,14 +467,6 @@ mod tests {
                     ..request()
                 },
                 "--precision tf32: convolutional networks train in fp32, bf16 or fp16",
-            ),
-            (
-                CnnTrainRequest {
-                    precision: Some(DType::F16),
-                    device: Device::Cuda(0),
-                    ..request()
-                },
-                "--precision fp16: the GPU trains convolutional networks in fp32 so far",
             ),
             (
                 CnnTrainRequest {

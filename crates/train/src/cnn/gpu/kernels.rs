@@ -1,6 +1,7 @@
 //! The convolutional networks' own small GPU kernels (CUDA C compiled by NVRTC, launched
 //! through `gpukit_cuda::kernel`): a residual add and ReLU after batch norm where cuDNN does not
-//! fuse them, and global average pooling with its backward. The losses, the optimizers and
+//! fuse them (and a copy standing in for the fused backward's residual gradient), and global
+//! average pooling with its backward, channels-first and channels-last. The losses, the optimizers and
 //! ReLU's backward are the MLP engine's kernels ([`crate::gpu::kernels`]), the same math.
 //!
 //! Each does its arithmetic in f32 in the CPU reference's order (the pool sums a plane in
@@ -45,9 +46,9 @@ template <class T> __device__ void add(T* y, const T* z, long n) {
     LOOP(i, n) y[i] = from_f<T>(to_f(y[i]) + to_f(z[i]));
 }
 
-// d = s in f32 (16-bit weight gradients into the f32 gradient buffer).
-template <class T> __device__ void widen(const T* s, float* d, long n) {
-    LOOP(i, n) d[i] = to_f(s[i]);
+// y = z (a gradient handed on unchanged where cuDNN's fused norm would have written it).
+template <class T> __device__ void copy(T* y, const T* z, long n) {
+    LOOP(i, n) y[i] = z[i];
 }
 
 // Channels-last: y[b c + ch] = (sum over the plane of x[(b plane + k) c + ch], in order) * inv.
@@ -74,7 +75,7 @@ template <class T> __device__ void avg_pool_back_nhwc(const T* dy, T* dx, long n
 #define INSTANCES(T, TAG)                                                                      \
 extern "C" __global__ void add_relu_##TAG(T* y, const T* z, long n) { add_relu<T>(y, z, n); }  \
 extern "C" __global__ void add_##TAG(T* y, const T* z, long n) { add<T>(y, z, n); }            \
-extern "C" __global__ void widen_##TAG(const T* s, float* d, long n) { widen<T>(s, d, n); }    \
+extern "C" __global__ void copy_##TAG(T* y, const T* z, long n) { copy<T>(y, z, n); }         \
 extern "C" __global__ void avg_pool_nhwc_##TAG(const T* x, T* y, long planes, int plane, int c, \
     float inv) { avg_pool_nhwc<T>(x, y, planes, plane, c, inv); }                              \
 extern "C" __global__ void avg_pool_back_nhwc_##TAG(const T* dy, T* dx, long n, int plane,     \
@@ -94,7 +95,7 @@ const TAGS: [&str; 3] = ["f32", "f16", "bf16"];
 const KERNELS: [&str; 7] = [
     "add_relu",
     "add",
-    "widen",
+    "copy",
     "avg_pool",
     "avg_pool_back",
     "avg_pool_nhwc",
@@ -203,12 +204,13 @@ impl CnnKernels {
         self.typed("add", dtype, grid_for(n), &args)
     }
 
-    /// `n` values of `dtype` in `src` written to `dst` as f32.
-    pub fn widen(&self, src: View<'_>, dst: View<'_>, dtype: DType, n: usize) -> Result<()> {
-        src.require(n * dtype.size_bytes(), "widen src")?;
-        dst.require(n * 4, "widen dst")?;
-        let args = [Arg::Ptr(src), Arg::Ptr(dst), Arg::Size(n)];
-        self.typed("widen", dtype, grid_for(n), &args)
+    /// `y = z` over `n` values.
+    pub fn copy(&self, y: View<'_>, z: View<'_>, dtype: DType, n: usize) -> Result<()> {
+        let bytes = n * dtype.size_bytes();
+        y.require(bytes, "copy y")?;
+        z.require(bytes, "copy z")?;
+        let args = [Arg::Ptr(y), Arg::Ptr(z), Arg::Size(n)];
+        self.typed("copy", dtype, grid_for(n), &args)
     }
 
     /// [`CnnKernels::avg_pool`] of channels-last maps: `planes` = images x `channels`.
@@ -273,7 +275,7 @@ mod tests {
             ("avg_pool_", "p p l i f"),
             ("avg_pool_back_", "p p l i f"),
             ("add_", "p p l"),
-            ("widen_", "p p l"),
+            ("copy_", "p p l"),
             ("avg_pool_nhwc_", "p p l i i f"),
             ("avg_pool_back_nhwc_", "p p l i i f"),
         ];

@@ -97,9 +97,63 @@ impl FlatLayout {
     }
 }
 
+/// `[outer, c, plane]` values with the channel moved last, `[outer, plane, c]`: NCHW maps to
+/// NHWC, and a KCRS filter to KRSC (cuDNN's channels-last filter). An error unless the sizes
+/// multiply to the values' count.
+pub fn channels_last(v: &[f32], (outer, c, plane): (usize, usize, usize)) -> Result<Vec<f32>> {
+    permute_channels(v, (outer, c, plane), true)
+}
+
+/// [`channels_last`] undone: `[outer, plane, c]` back to `[outer, c, plane]`.
+pub fn channels_first(v: &[f32], (outer, c, plane): (usize, usize, usize)) -> Result<Vec<f32>> {
+    permute_channels(v, (outer, c, plane), false)
+}
+
+fn permute_channels(
+    v: &[f32],
+    (outer, c, plane): (usize, usize, usize),
+    last: bool,
+) -> Result<Vec<f32>> {
+    let n = outer.checked_mul(c).and_then(|x| x.checked_mul(plane));
+    if n != Some(v.len()) {
+        return Err(Error::Failed(format!(
+            "{} values permuted as {outer} x {c} x {plane}",
+            v.len()
+        )));
+    }
+    let mut out = vec![0f32; v.len()];
+    for o in 0..outer {
+        for ch in 0..c {
+            for p in 0..plane {
+                let first = (o * c + ch) * plane + p;
+                let lst = (o * plane + p) * c + ch;
+                if last {
+                    out[lst] = v[first];
+                } else {
+                    out[first] = v[lst];
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn channels_move_last_and_back() {
+        // two images of 3 channels of 2 positions
+        let v: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let last = channels_last(&v, (2, 3, 2)).unwrap();
+        assert_eq!(
+            last,
+            vec![0.0, 2.0, 4.0, 1.0, 3.0, 5.0, 6.0, 8.0, 10.0, 7.0, 9.0, 11.0]
+        );
+        assert_eq!(channels_first(&last, (2, 3, 2)).unwrap(), v);
+        assert!(channels_last(&v, (2, 3, 3)).is_err());
+    }
 
     #[test]
     fn tensors_start_aligned_and_round_trip() {

@@ -1,15 +1,25 @@
-//! ResNets trained on the GPU, fp32 NCHW, mirroring [`ResNet`] (the same parameters in the same
-//! order under the same names, loaded from a CPU model and read back into one): convolutions
-//! forward, backward data and backward filter through cuDNN's legacy calls on its heuristic
-//! choices, batch norm in training mode through cuDNN (batch statistics, running statistics
-//! moved as PyTorch moves them), max pooling through cuDNN, ReLU and the residual add by a
-//! small kernel ([`kernels`]) and ReLU's backward by the MLP engine's, global average pooling
-//! by gpukit's kernels, the linear head through cuBLAS, the smoothed cross-entropy and the
-//! optimizers (SGD with momentum, Nesterov and weight decay; AdamW) by the MLP engine's kernels
-//! over one flat parameter buffer ([`layout`]).
+//! ResNets trained on the GPU, mirroring [`ResNet`] (the same parameters in the same order under
+//! the same names, loaded from a CPU model and read back into one): convolutions forward,
+//! backward data and backward filter through cuDNN's legacy calls on its heuristic choices,
+//! batch norm in training mode through cuDNN (batch statistics, running statistics moved as
+//! PyTorch moves them), max pooling through cuDNN, global average pooling by gpukit's kernels
+//! ([`kernels`]), the linear head through cuBLAS, the smoothed cross-entropy, the loss scaler
+//! and the optimizers (SGD with momentum, Nesterov and weight decay; AdamW) by the MLP engine's
+//! kernels over one flat f32 parameter buffer ([`layout`]).
 //!
-//! fp32 is true fp32: convolutions run with cuDNN's FMA math (no TF32) and the head's products
-//! with cuBLAS's plain f32 compute type.
+//! Two arithmetics ([`Precision`]):
+//! - fp32, NCHW, true fp32: convolutions with cuDNN's FMA math (no TF32), the head's products
+//!   with cuBLAS's plain f32 compute type; batch norm bare (SPATIAL), ReLU and the residual add
+//!   by gpukit's kernels, ReLU's backward by the MLP engine's.
+//! - bf16 / fp16, NHWC, as PyTorch's autocast with channels_last: f32 master weights (conv
+//!   filters held in KRSC order, so the optimizer's 16-bit copy of the whole buffer is cuDNN's
+//!   channels-last filter; [`GpuResNet::load`] and [`GpuResNet::store`] permute on the host),
+//!   16-bit maps and gradients, tensor-op convolutions and products summing in f32, batch norm
+//!   in SPATIAL_PERSISTENT mode with its ReLU and residual add + ReLU fused forward and
+//!   backward (f32 statistics and parameters), each 16-bit filter and head gradient widened
+//!   into the f32 gradients as it is made, the loss in f32 from 16-bit logits. fp16 scales the
+//!   loss by GradScaler's rules through the shared step state: an inf or NaN gradient skips the
+//!   update and halves the scale, 2000 clean updates double it.
 //!
 //! To use: [`GpuResNet::new`] from a CPU model (its weights and running statistics are
 //! uploaded), [`GpuResNet::train_step`] per batch, [`GpuResNet::store`] to read the model back.
@@ -24,21 +34,23 @@ use super::resnet::{Depth, ResNet, Unit};
 use super::Tensor;
 use crate::error::{Error, Result};
 use crate::gpu::kernels::{AdamArgs, StepState, TrainKernels, STATE_BYTES};
+use crate::gpu::{GROWTH_INTERVAL, INITIAL_SCALE};
 use crate::optim::{OptimizerKind, BETA1, BETA2, EPS};
+use crate::precision::Precision;
 use gpukit_cuda::blas::Blas;
 use gpukit_cuda::dnn::{
     BatchNorm, BnBackward, BnForward, BnMode, BnOps, Conv, ConvTrain, Dnn, Maps, MaxPool,
 };
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::{DeviceBuffer, Gpu, View};
-use gpukit_tensor::codec::{bytes_of, decode_f32};
-use gpukit_types::{ConvShape, DType};
+use gpukit_tensor::codec::{bytes_of, decode_f32, encode_f32};
+use gpukit_types::{ConvShape, DType, Layout};
 use kernels::CnnKernels;
-use layout::{FlatLayout, ALIGN};
+use layout::{channels_first, channels_last, FlatLayout, ALIGN};
 use std::rc::Rc;
 use std::sync::Arc;
 
-/// The element type of every buffer here.
+/// The element type of the master weights, gradients, statistics and optimizer state.
 const F32: DType = DType::F32;
 
 /// The convolution of a unit over `input` maps, as cuDNN describes it (in the input's layout
@@ -88,11 +100,36 @@ pub fn unit_shapes(unit: &Unit, input: Maps) -> Result<(Conv, Maps)> {
     Ok((conv, output))
 }
 
+/// The maps of a batch of images in a precision: fp32 NCHW, or 16-bit NHWC.
+pub fn input_maps(precision: Precision, batch: usize, (h, w): (usize, usize)) -> Result<Maps> {
+    let (layout, dtype) = match precision {
+        Precision::Fp32 => (Layout::Nchw, F32),
+        Precision::Bf16 | Precision::Fp16 => (Layout::Nhwc, precision.storage()),
+        Precision::Tf32 => {
+            return Err(Error::Setting(
+                "tf32: convolutional networks train in strict fp32, bf16 or fp16".into(),
+            ))
+        }
+    };
+    Ok(Maps {
+        n: batch,
+        c: 3,
+        h,
+        w,
+        layout,
+        dtype,
+    })
+}
+
 /// One convolution and its batch norm on the GPU, with the buffers the step keeps.
 struct GpuUnit {
     spec: Unit,
     conv: Rc<ConvTrain>,
     bn: BatchNorm,
+    /// What follows the norm in the network: nothing (a downsampling unit, whose output is the
+    /// residual), ReLU, or the residual add then ReLU (a block's last unit). cuDNN runs it
+    /// when `bn.ops` is the same, else gpukit's kernels do.
+    role: BnOps,
     /// The maps it reads and writes.
     output: Maps,
     /// The convolution's output (the norm's input), kept for the norm's backward.
@@ -104,28 +141,46 @@ struct GpuUnit {
     saved: (usize, usize),
 }
 
+impl GpuUnit {
+    /// Whether cuDNN runs what follows the norm.
+    fn fused(&self) -> bool {
+        self.bn.ops == self.role
+    }
+}
+
 struct GpuBlock {
     main: Vec<GpuUnit>,
     down: Option<GpuUnit>,
 }
 
+/// The norm of a unit: in 16-bit channels-last maps cuDNN's persistent kernels with the
+/// unit's ReLU or add + ReLU fused, else (fp32, or where cuDNN runs no fused form) bare.
+fn plan_norm(dnn: &Dnn, output: Maps, role: BnOps, spec: &Unit) -> Result<BatchNorm> {
+    let stats = (spec.bn.eps, spec.bn.momentum);
+    if output.dtype != F32 {
+        for ops in [role, BnOps::Bn] {
+            match dnn.batch_norm(output, ops, BnMode::SpatialPersistent, stats) {
+                Ok(bn) => return Ok(bn),
+                Err(gpukit_cuda::Error::NoAlgorithm(_)) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(dnn.batch_norm(output, BnOps::Bn, BnMode::Spatial, stats)?)
+}
+
 /// Plans a unit over `input` and allocates its buffers; `saved_at` hands out its place in the
 /// saved-statistics buffer.
 fn plan_unit(
-    dnn: &Dnn,
-    gpu: &Gpu,
+    (dnn, gpu): (&Dnn, &Gpu),
     spec: &Unit,
+    role: BnOps,
     input: Maps,
     saved_at: &mut usize,
 ) -> Result<GpuUnit> {
     let (conv, output) = unit_shapes(spec, input)?;
     let conv = dnn.plan_conv_train(conv)?;
-    let bn = dnn.batch_norm(
-        output,
-        BnOps::Bn,
-        BnMode::Spatial,
-        (spec.bn.eps, spec.bn.momentum),
-    )?;
+    let bn = plan_norm(dnn, output, role, spec)?;
     let c = output.c;
     let mean = *saved_at;
     let invstd = (mean + c).next_multiple_of(ALIGN);
@@ -137,6 +192,7 @@ fn plan_unit(
     Ok(GpuUnit {
         spec: *spec,
         conv,
+        role,
         output,
         conv_out: gpu.alloc(output.bytes())?,
         bn_out: gpu.alloc(output.bytes())?,
@@ -144,6 +200,15 @@ fn plan_unit(
         saved: (mean, invstd),
         bn,
     })
+}
+
+/// The 16-bit side of a bf16 / fp16 trainer.
+struct Half {
+    /// Every parameter in the storage type, at the f32 layout's offsets (the optimizer writes
+    /// it whole; the convolutions read the filters, the head its weight).
+    weights: DeviceBuffer,
+    /// One filter's or the head weight's gradient, before it is widened into the f32 gradients.
+    grad: DeviceBuffer,
 }
 
 /// A ResNet's training state on one GPU for one batch size and image size.
@@ -158,15 +223,20 @@ pub struct GpuResNet {
     pub batch: usize,
     /// Image height and width.
     pub image: (usize, usize),
+    pub precision: Precision,
     /// Training-mode forward passes so far (every norm's `num_batches_tracked`).
     pub batches_tracked: u64,
     names: Vec<String>,
+    /// Each parameter's (filters, channels, taps) when it is a convolution filter held in KRSC
+    /// order on the device.
+    filters: Vec<Option<(usize, usize, usize)>>,
     opt: CnnOptimizerConfig,
     smoothing: f32,
     params_layout: FlatLayout,
     stats_layout: FlatLayout,
     params: DeviceBuffer,
     grads: DeviceBuffer,
+    half: Option<Half>,
     m: Option<DeviceBuffer>,
     v: Option<DeviceBuffer>,
     stats: DeviceBuffer,
@@ -177,6 +247,8 @@ pub struct GpuResNet {
     pool_out: DeviceBuffer,
     blocks: Vec<GpuBlock>,
     head: (Linear, usize, usize),
+    /// The images' maps (the stem's input).
+    input: Maps,
     /// The last block's maps (the average pool's input).
     last: Maps,
     images: DeviceBuffer,
@@ -203,15 +275,26 @@ impl super::run::Stepper for GpuResNet {
     }
 }
 
-fn f32_view<'a>(buf: &'a DeviceBuffer, layout: &FlatLayout, i: usize) -> Result<View<'a>> {
+/// Tensor `i` of a flat buffer of `elem`-byte values laid out by `layout`.
+fn tensor_view<'a>(
+    buf: &'a DeviceBuffer,
+    layout: &FlatLayout,
+    i: usize,
+    elem: usize,
+) -> Result<View<'a>> {
     let (o, n) = layout.range(i)?;
-    Ok(buf.view().sub(o * 4, n * 4)?)
+    Ok(buf.view().sub(o * elem, n * elem)?)
+}
+
+fn f32_view<'a>(buf: &'a DeviceBuffer, layout: &FlatLayout, i: usize) -> Result<View<'a>> {
+    tensor_view(buf, layout, i, 4)
 }
 
 impl GpuResNet {
     /// The GPU copy of `model` for batches of `batch` images of `image` (height, width), trained
-    /// by `opt` with label smoothing `smoothing`: plans every convolution and norm, allocates
-    /// every buffer and uploads the model (its optimizer starts fresh; see
+    /// in `precision` (fp32, bf16 or fp16) by `opt` with label smoothing `smoothing`: plans
+    /// every convolution and norm, allocates every buffer and uploads the model (its optimizer
+    /// starts fresh, fp16's loss scale at GradScaler's 65536; see
     /// [`GpuResNet::load_optimizer`]).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -220,6 +303,7 @@ impl GpuResNet {
         model: &ResNet<f32>,
         batch: usize,
         image: (usize, usize),
+        precision: Precision,
         opt: CnnOptimizerConfig,
         smoothing: f64,
     ) -> Result<GpuResNet> {
@@ -235,14 +319,16 @@ impl GpuResNet {
                 model.classes
             )));
         }
+        let input = input_maps(precision, batch, image)?;
+        let elem = input.dtype.size_bytes();
         gpu.reset_pool_peaks()?;
         let dnn = Dnn::new(discovery, &gpu)?;
         let blas = Blas::new(discovery, &gpu)?;
         let k = TrainKernels::new(discovery, &gpu)?;
         let ck = CnnKernels::new(discovery, &gpu)?;
         let mut saved_at = 0;
-        let input = Maps::nchw_f32(batch, 3, image.0, image.1);
-        let stem = plan_unit(&dnn, &gpu, model.stem(), input, &mut saved_at)?;
+        let on = (&dnn, gpu.as_ref());
+        let stem = plan_unit(on, model.stem(), BnOps::BnRelu, input, &mut saved_at)?;
         let p = model.pool();
         let pool = dnn.max_pool(stem.output, p.kernel, p.stride, p.padding)?;
         let pool_out = gpu.alloc(pool.output.bytes())?;
@@ -252,20 +338,26 @@ impl GpuResNet {
         for b in model.blocks() {
             let block_in = maps;
             let mut main = Vec::new();
-            for u in &b.main {
-                let unit = plan_unit(&dnn, &gpu, u, maps, &mut saved_at)?;
+            for (i, u) in b.main.iter().enumerate() {
+                let role = if i + 1 == b.main.len() {
+                    BnOps::BnAddRelu
+                } else {
+                    BnOps::BnRelu
+                };
+                let unit = plan_unit(on, u, role, maps, &mut saved_at)?;
                 maps = unit.output;
                 largest = largest.max(maps.bytes());
                 main.push(unit);
             }
             let down = match &b.down {
-                Some(u) => Some(plan_unit(&dnn, &gpu, u, block_in, &mut saved_at)?),
+                Some(u) => Some(plan_unit(on, u, BnOps::Bn, block_in, &mut saved_at)?),
                 None => None,
             };
             let shortcut = down.as_ref().map_or(block_in, |d| d.output);
-            if shortcut != maps {
+            if shortcut != maps || main.is_empty() {
                 return Err(Error::Failed(format!(
-                    "a residual block adds {shortcut:?} to {maps:?}"
+                    "a residual block of {} units adds {shortcut:?} to {maps:?}",
+                    main.len()
                 )));
             }
             blocks.push(GpuBlock { main, down });
@@ -301,8 +393,31 @@ impl GpuResNet {
                 None
             })
         };
+        let channels_last_filters = input.layout == Layout::Nhwc;
+        let filters = model
+            .params
+            .iter()
+            .map(|p| match p.shape[..] {
+                [k, c, r, s] if channels_last_filters => Some((k, c, r * s)),
+                _ => None,
+            })
+            .collect();
         let (classes, features) = (model.classes, maps.c);
         let alloc = |bytes: usize| gpu.alloc(bytes.max(4));
+        let half = if precision.half() {
+            // the largest tensor whose gradient a 16-bit product makes: a filter or fc.weight
+            let widest = units()
+                .map(|u| u.spec.conv.weight_len())
+                .chain([head.0.inputs * head.0.outputs])
+                .max()
+                .unwrap_or(0);
+            Some(Half {
+                weights: alloc(params_layout.total * elem)?,
+                grad: alloc(widest * elem)?,
+            })
+        } else {
+            None
+        };
         let mut net = GpuResNet {
             dnn,
             blas,
@@ -312,12 +427,15 @@ impl GpuResNet {
             classes,
             batch,
             image,
+            precision,
             batches_tracked: model.batches_tracked,
             names: model.params.iter().map(|p| p.name.clone()).collect(),
+            filters,
             opt,
             smoothing: smoothing as f32,
             params: alloc(params_layout.total * 4)?,
             grads: alloc(params_layout.total * 4)?,
+            half,
             m: moments(momentum)?,
             v: moments(opt.kind != OptimizerKind::Sgd)?,
             stats: alloc(stats_layout.total * 4)?,
@@ -330,13 +448,14 @@ impl GpuResNet {
             pool_out,
             blocks,
             head,
+            input,
             last: maps,
             images: alloc(input.bytes())?,
             labels: alloc(batch * 4)?,
-            features: alloc(batch * features * 4)?,
-            logits: alloc(batch * classes * 4)?,
-            dlogits: alloc(batch * classes * 4)?,
-            dfeatures: alloc(batch * features * 4)?,
+            features: alloc(batch * features * elem)?,
+            logits: alloc(batch * classes * elem)?,
+            dlogits: alloc(batch * classes * elem)?,
+            dfeatures: alloc(batch * features * elem)?,
             loss: alloc(8)?,
             correct: alloc(4)?,
             scratch: [alloc(largest)?, alloc(largest)?, alloc(largest)?],
@@ -349,7 +468,8 @@ impl GpuResNet {
     }
 
     /// The algorithms cuDNN's heuristics gave each convolution, `name: forward / backward data /
-    /// backward filter`, for reports and for the first GPU run to check.
+    /// backward filter`, and each norm's kernels where they are not the bare SPATIAL ones
+    /// (`[persistent, fused]`), for reports and for the first GPU run to check.
     pub fn conv_algorithms(&self) -> Vec<String> {
         use gpukit_cuda::dnn::Pass;
         self.units()
@@ -363,7 +483,13 @@ impl GpuResNet {
                     })
                     .collect();
                 let name = self.names.get(u.spec.weight).map_or("?", String::as_str);
-                format!("{name}: {}", names.join(" / "))
+                let norm = match (u.bn.mode, u.fused() && u.role != BnOps::Bn) {
+                    (BnMode::Spatial, false) => "",
+                    (BnMode::Spatial, true) => " [fused]",
+                    (BnMode::SpatialPersistent, false) => " [persistent]",
+                    (BnMode::SpatialPersistent, true) => " [persistent, fused]",
+                };
+                format!("{name}: {}{norm}", names.join(" / "))
             })
             .collect()
     }
@@ -376,12 +502,52 @@ impl GpuResNet {
         )
     }
 
+    /// The storage type of maps, their gradients and the products' inputs.
+    fn dtype(&self) -> DType {
+        self.input.dtype
+    }
+
     fn param(&self, i: usize) -> Result<View<'_>> {
         f32_view(&self.params, &self.params_layout, i)
     }
 
+    /// Parameter `i` as the products read it: the 16-bit copy, or the f32 master.
+    fn weight(&self, i: usize) -> Result<View<'_>> {
+        match &self.half {
+            Some(h) => tensor_view(
+                &h.weights,
+                &self.params_layout,
+                i,
+                self.dtype().size_bytes(),
+            ),
+            None => self.param(i),
+        }
+    }
+
     fn grad(&self, i: usize) -> Result<View<'_>> {
         f32_view(&self.grads, &self.params_layout, i)
+    }
+
+    /// Where a product writes parameter `i`'s gradient: the 16-bit scratch (then
+    /// [`GpuResNet::widen_grad`]), or the f32 gradient itself.
+    fn product_grad(&self, i: usize) -> Result<View<'_>> {
+        match &self.half {
+            Some(h) => {
+                let n = self.params_layout.range(i)?.1;
+                Ok(h.grad.view().sub(0, n * self.dtype().size_bytes())?)
+            }
+            None => self.grad(i),
+        }
+    }
+
+    /// Parameter `i`'s 16-bit gradient, just made by a product, widened into the f32 gradients.
+    fn widen_grad(&self, i: usize) -> Result<()> {
+        if self.half.is_some() {
+            let n = self.params_layout.range(i)?.1;
+            self.k
+                .widen(self.product_grad(i)?, self.grad(i)?, self.dtype(), n)?;
+        }
+        Ok(())
     }
 
     fn stat(&self, i: usize) -> Result<View<'_>> {
@@ -394,6 +560,36 @@ impl GpuResNet {
         Ok((s.sub(u.saved.0 * 4, c)?, s.sub(u.saved.1 * 4, c)?))
     }
 
+    /// Parameter-shaped tensors in the CPU model's order and shapes moved to the device's
+    /// (filters KRSC when channels-last), or back from it.
+    fn reorder(&self, tensors: Vec<Vec<f32>>, to_device: bool) -> Result<Vec<Vec<f32>>> {
+        let permute = if to_device {
+            channels_last
+        } else {
+            channels_first
+        };
+        tensors
+            .into_iter()
+            .zip(&self.filters)
+            .map(|(t, f)| match f {
+                Some(dims) => permute(&t, *dims),
+                None => Ok(t),
+            })
+            .collect()
+    }
+
+    /// A flat f32 buffer of parameter-shaped tensors read back in the CPU model's order.
+    fn download_params(&self, buf: &DeviceBuffer) -> Result<Vec<Vec<f32>>> {
+        let flat = decode_f32(&self.gpu.download(buf)?, F32);
+        self.reorder(self.params_layout.unpack(&flat)?, false)
+    }
+
+    /// Parameter-shaped tensors in the CPU model's order packed into a flat buffer's layout.
+    fn pack_params<'a>(&self, tensors: impl IntoIterator<Item = &'a [f32]>) -> Result<Vec<f32>> {
+        let device = self.reorder(tensors.into_iter().map(<[f32]>::to_vec).collect(), true)?;
+        self.params_layout.pack(device.iter().map(Vec::as_slice))
+    }
+
     /// Uploads the model's parameters, running statistics and batch count, and starts the
     /// optimizer afresh.
     pub fn load(&mut self, model: &ResNet<f32>) -> Result<()> {
@@ -404,19 +600,23 @@ impl GpuResNet {
             )));
         }
         let g = &self.gpu;
-        let params = self
-            .params_layout
-            .pack(model.params.iter().map(|p| p.data.as_slice()))?;
+        let params = self.pack_params(model.params.iter().map(|p| p.data.as_slice()))?;
         g.upload_into(self.params.view(), bytes_of(&params))?;
         let stats = self
             .stats_layout
             .pack(model.buffers.iter().map(|b| b.data.as_slice()))?;
         g.upload_into(self.stats.view(), bytes_of(&stats))?;
+        if let Some(h) = &self.half {
+            let n = self.params_layout.total;
+            self.k
+                .cast(self.params.view(), h.weights.view(), self.dtype(), n)?;
+        }
         self.batches_tracked = model.batches_tracked;
         self.load_optimizer(&CnnOptimizer::new(self.opt))
     }
 
-    /// Uploads an optimizer's state (its configuration must be this trainer's).
+    /// Uploads an optimizer's state (its configuration must be this trainer's); fp16's loss
+    /// scale starts again at GradScaler's 65536.
     pub fn load_optimizer(&mut self, opt: &CnnOptimizer<f32>) -> Result<()> {
         if opt.config != self.opt {
             return Err(Error::Setting(format!(
@@ -430,14 +630,18 @@ impl GpuResNet {
             let flat = if opt.step == 0 || saved.is_empty() {
                 vec![0f32; self.params_layout.total]
             } else {
-                self.params_layout.pack(saved.iter().map(Vec::as_slice))?
+                self.pack_params(saved.iter().map(Vec::as_slice))?
             };
             g.upload_into(buf.view(), bytes_of(&flat))?;
         }
         g.fill(self.grads.view(), 0)?;
         let t = (opt.step + 1) as f64;
         let st = StepState {
-            scale: 1.0,
+            scale: if self.precision.scaled() {
+                INITIAL_SCALE as f32
+            } else {
+                1.0
+            },
             step_size: (self.opt.lr / (1.0 - BETA1.powf(t))) as f32,
             bc2_sqrt: (1.0 - BETA2.powf(t)).sqrt() as f32,
             found_inf: false,
@@ -447,6 +651,35 @@ impl GpuResNet {
             skipped: 0,
         };
         g.upload_into(self.state.view(), &st.to_bytes())?;
+        Ok(())
+    }
+
+    /// The step state: updates applied and skipped, and (fp16) the loss scale and the clean
+    /// updates since it last moved.
+    pub fn scaler(&self) -> Result<StepState> {
+        Ok(StepState::from_bytes(&self.gpu.download(&self.state)?)?)
+    }
+
+    /// Sets fp16's loss scale (positive and finite; GradScaler's `init_scale` is a power of
+    /// two) and restarts its growth count; an error in other precisions.
+    pub fn set_loss_scale(&mut self, scale: f32) -> Result<()> {
+        if !self.precision.scaled() {
+            return Err(Error::Setting(format!(
+                "a loss scale for {}: only fp16 scales its loss",
+                self.precision.name()
+            )));
+        }
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(Error::Setting(format!(
+                "loss scale {scale}: must be positive and finite"
+            )));
+        }
+        let st = StepState {
+            scale,
+            growth: 0,
+            ..self.scaler()?
+        };
+        self.gpu.upload_into(self.state.view(), &st.to_bytes())?;
         Ok(())
     }
 
@@ -460,9 +693,7 @@ impl GpuResNet {
             )));
         }
         let g = &self.gpu;
-        let params = self
-            .params_layout
-            .unpack(&decode_f32(&g.download(&self.params)?, F32))?;
+        let params = self.download_params(&self.params)?;
         for (p, data) in model.params.iter_mut().zip(params) {
             p.data = data;
         }
@@ -478,15 +709,12 @@ impl GpuResNet {
 
     /// Reads the optimizer's state back (step count and moment buffers).
     pub fn store_optimizer(&self, opt: &mut CnnOptimizer<f32>) -> Result<()> {
-        let g = &self.gpu;
-        let st = StepState::from_bytes(&g.download(&self.state)?)?;
+        let st = self.scaler()?;
         opt.config = self.opt;
         opt.step = u64::from(st.step);
         let read = |buf: &Option<DeviceBuffer>| -> Result<Vec<Vec<f32>>> {
             match buf {
-                Some(b) if st.step > 0 => {
-                    self.params_layout.unpack(&decode_f32(&g.download(b)?, F32))
-                }
+                Some(b) if st.step > 0 => self.download_params(b),
                 _ => Ok(Vec::new()),
             }
         };
@@ -495,22 +723,23 @@ impl GpuResNet {
         Ok(())
     }
 
-    /// The gradients of the last step, in [`ResNet::params`] order.
+    /// The gradients of the last step, in [`ResNet::params`] order (fp16: times the loss scale
+    /// the step ran at).
     pub fn gradients(&self) -> Result<Vec<Vec<f32>>> {
-        self.params_layout
-            .unpack(&decode_f32(&self.gpu.download(&self.grads)?, F32))
+        self.download_params(&self.grads)
     }
 
     /// One update as [`super::train_step`] makes it: forward in training mode (the running
-    /// statistics move), the smoothed cross-entropy, backward and the optimizer's step. Returns
-    /// the batch's loss before the update and how many images were classified right.
+    /// statistics move), the smoothed cross-entropy, backward and the optimizer's step (fp16:
+    /// skipped when a gradient overflowed). Returns the batch's loss before the update and how
+    /// many images were classified right.
     pub fn train_step(&mut self, images: &Tensor<f32>, labels: &[u32]) -> Result<(f64, usize)> {
         self.upload(images, labels)?;
         self.step_uploaded()
     }
 
     /// Copies a batch to the device for the next [`GpuResNet::step_uploaded`]s, after checking
-    /// its shape and labels.
+    /// its shape and labels (16-bit trainers take it channels-last in the storage type).
     pub fn upload(&mut self, images: &Tensor<f32>, labels: &[u32]) -> Result<()> {
         let (h, w) = self.image;
         if images.shape != [self.batch, 3, h, w]
@@ -536,7 +765,13 @@ impl GpuResNet {
             )));
         }
         let g = &self.gpu;
-        g.upload_into(self.images.view(), bytes_of(&images.data))?;
+        match self.input.layout {
+            Layout::Nchw => g.upload_into(self.images.view(), bytes_of(&images.data))?,
+            Layout::Nhwc => {
+                let nhwc = channels_last(&images.data, (self.batch, 3, h * w))?;
+                g.upload_into(self.images.view(), &encode_f32(&nhwc, self.dtype()))?
+            }
+        }
         g.upload_into(self.labels.view(), bytes_of(labels))?;
         self.uploaded = true;
         Ok(())
@@ -573,20 +808,23 @@ impl GpuResNet {
         Ok(self.gpu.pool_stats()?.used_high)
     }
 
-    /// Convolution then training-mode batch norm of one unit from `x`.
-    fn unit_forward(&self, u: &GpuUnit, x: View<'_>) -> Result<()> {
+    /// Convolution then training-mode batch norm of one unit from `x`, then its ReLU (after
+    /// adding `z`, the residual, for a block's last unit): by cuDNN when fused, else by
+    /// gpukit's kernel.
+    fn unit_forward(&self, u: &GpuUnit, x: View<'_>, z: Option<View<'_>>) -> Result<()> {
         let ws = self.workspace.view();
         self.dnn.conv_train_forward(
             &u.conv,
             x,
-            self.param(u.spec.weight)?,
+            self.weight(u.spec.weight)?,
             u.conv_out.view(),
             ws,
         )?;
         let (saved_mean, saved_invstd) = self.saved_stats(u)?;
+        let fused = u.fused();
         let args = BnForward {
             x: u.conv_out.view(),
-            z: None,
+            z: z.filter(|_| fused),
             y: u.bn_out.view(),
             gamma: self.param(u.spec.gamma)?,
             beta: self.param(u.spec.beta)?,
@@ -597,27 +835,41 @@ impl GpuResNet {
         };
         self.dnn
             .bn_forward_training(&u.bn, &args, ws, u.reserve.as_ref().map(|r| r.view()))?;
+        if !fused {
+            self.ck
+                .add_relu(u.bn_out.view(), z, self.dtype(), u.output.elements())?;
+        }
         Ok(())
     }
 
-    /// Backward through one unit from the gradient of its norm's output in `dy`: the norm's
-    /// gradients, the convolution's filter gradient and (into `dx`, added to what it holds
-    /// when `accumulate`) its input's; `tmp` holds the norm's input gradient.
-    fn unit_backward(
+    /// Backward through one unit's norm and what follows it, from the gradient of the unit's
+    /// output in `dy` (overwritten when gpukit's kernels run the ReLU's backward) to the norm
+    /// input's in `dx`, and for a block's last unit the residual's in `dz`; the norm's
+    /// parameter gradients into the f32 gradients.
+    fn norm_backward(
         &self,
         u: &GpuUnit,
-        x: View<'_>,
-        (dy, tmp, dx): (View<'_>, View<'_>, Option<View<'_>>),
-        accumulate: bool,
+        (dy, dx): (View<'_>, View<'_>),
+        dz: Option<View<'_>>,
     ) -> Result<()> {
         let ws = self.workspace.view();
+        let fused = u.fused();
+        let n = u.output.elements();
+        if !fused {
+            if u.role != BnOps::Bn {
+                self.k.relu_grad(dy, u.bn_out.view(), self.dtype(), n)?;
+            }
+            if let Some(dz) = dz {
+                self.ck.copy(dz, dy, self.dtype(), n)?;
+            }
+        }
         let (saved_mean, saved_invstd) = self.saved_stats(u)?;
         let args = BnBackward {
             x: u.conv_out.view(),
-            y: None,
+            y: (fused && u.role != BnOps::Bn).then(|| u.bn_out.view()),
             dy,
-            dz: None,
-            dx: tmp,
+            dz: dz.filter(|_| fused),
+            dx,
             gamma: self.param(u.spec.gamma)?,
             beta: self.param(u.spec.beta)?,
             dgamma: self.grad(u.spec.gamma)?,
@@ -632,78 +884,88 @@ impl GpuResNet {
             u.reserve.as_ref().map(|r| r.view()),
             false,
         )?;
-        let weight = self.param(u.spec.weight)?;
-        if let Some(dx) = dx {
-            self.dnn
-                .conv_backward_data(&u.conv, (weight, tmp, dx), ws, accumulate)?;
-        }
-        self.dnn
-            .conv_backward_filter(&u.conv, (x, tmp, self.grad(u.spec.weight)?), ws, false)?;
         Ok(())
     }
 
+    /// Backward through one unit's convolution from its output's gradient `dy` (the norm's
+    /// input gradient): into `dx` when given (added to what it holds when its flag says so),
+    /// and the filter's gradient.
+    fn conv_backward(
+        &self,
+        u: &GpuUnit,
+        x: View<'_>,
+        dy: View<'_>,
+        dx: Option<(View<'_>, bool)>,
+    ) -> Result<()> {
+        let ws = self.workspace.view();
+        let i = u.spec.weight;
+        if let Some((dx, accumulate)) = dx {
+            self.dnn
+                .conv_backward_data(&u.conv, (self.weight(i)?, dy, dx), ws, accumulate)?;
+        }
+        self.dnn
+            .conv_backward_filter(&u.conv, (x, dy, self.product_grad(i)?), ws, false)?;
+        self.widen_grad(i)
+    }
+
     fn forward(&self) -> Result<()> {
+        let dt = self.dtype();
         let stem = &self.stem;
-        self.unit_forward(stem, self.images.view())?;
-        self.ck
-            .add_relu(stem.bn_out.view(), None, F32, stem.output.elements())?;
+        self.unit_forward(stem, self.images.view(), None)?;
         self.dnn
             .max_pool_forward(&self.pool, stem.bn_out.view(), self.pool_out.view())?;
         let mut x = self.pool_out.view();
         for b in &self.blocks {
-            let mut src = x;
-            for (i, u) in b.main.iter().enumerate() {
-                self.unit_forward(u, src)?;
-                if i + 1 < b.main.len() {
-                    self.ck
-                        .add_relu(u.bn_out.view(), None, F32, u.output.elements())?;
-                }
-                src = u.bn_out.view();
-            }
+            // the shortcut first: the block's last norm adds it
             let shortcut = match &b.down {
                 Some(d) => {
-                    self.unit_forward(d, x)?;
+                    self.unit_forward(d, x, None)?;
                     d.bn_out.view()
                 }
                 None => x,
             };
-            let last = b
-                .main
-                .last()
-                .ok_or_else(|| Error::Failed("a residual block without units".into()))?;
-            self.ck.add_relu(
-                last.bn_out.view(),
-                Some(shortcut),
-                F32,
-                last.output.elements(),
-            )?;
-            x = last.bn_out.view();
+            let mut src = x;
+            for (i, u) in b.main.iter().enumerate() {
+                let z = (i + 1 == b.main.len()).then_some(shortcut);
+                self.unit_forward(u, src, z)?;
+                src = u.bn_out.view();
+            }
+            x = src;
         }
         let (fc, w, bias) = self.head;
         let (n, c) = (self.batch, self.last.c);
         let plane = self.last.h * self.last.w;
-        self.ck
-            .avg_pool(x, self.features.view(), F32, (n * c, plane))?;
+        match self.last.layout {
+            Layout::Nchw => self
+                .ck
+                .avg_pool(x, self.features.view(), dt, (n * c, plane))?,
+            Layout::Nhwc => {
+                self.ck
+                    .avg_pool_nhwc(x, self.features.view(), dt, (n * c, plane, c))?
+            }
+        }
         self.blas.gemm_batched(
-            F32,
-            (self.features.view(), self.param(w)?, self.logits.view()),
+            dt,
+            (self.features.view(), self.weight(w)?, self.logits.view()),
             (1, n, fc.outputs, fc.inputs),
             (false, true),
         )?;
         self.k.bias_act(
             self.logits.view(),
             self.param(bias)?,
-            F32,
+            dt,
             (fc.outputs, n),
             false,
         )?;
+        // fp16: the loss's gradient times the loss scale
+        let state = self.precision.scaled().then(|| self.state.view());
         self.k.cross_entropy(
             self.logits.view(),
             self.labels.view(),
             Some(self.dlogits.view()),
-            F32,
+            dt,
             (n, fc.outputs),
-            None,
+            state,
             (1.0, self.smoothing),
             self.loss.view(),
             self.correct.view(),
@@ -712,37 +974,49 @@ impl GpuResNet {
     }
 
     fn backward(&self) -> Result<()> {
+        let dt = self.dtype();
         let (fc, w, bias) = self.head;
         let (n, c) = (self.batch, self.last.c);
         self.blas.gemm_batched(
-            F32,
-            (self.dlogits.view(), self.features.view(), self.grad(w)?),
+            dt,
+            (
+                self.dlogits.view(),
+                self.features.view(),
+                self.product_grad(w)?,
+            ),
             (1, fc.outputs, fc.inputs, n),
             (true, false),
         )?;
+        self.widen_grad(w)?;
         self.k.bias_grad(
             self.dlogits.view(),
             self.grad(bias)?,
-            F32,
+            dt,
             (fc.outputs, n),
             0.0,
         )?;
         self.blas.gemm_batched(
-            F32,
-            (self.dlogits.view(), self.param(w)?, self.dfeatures.view()),
+            dt,
+            (self.dlogits.view(), self.weight(w)?, self.dfeatures.view()),
             (1, n, fc.inputs, fc.outputs),
             (false, false),
         )?;
         let s = |i: usize| self.scratch[i].view();
         // o: the gradient of the current block's output; p, q: the other two
         let mut o = 0;
-        self.ck.avg_pool_back(
-            self.dfeatures.view(),
-            s(o),
-            F32,
-            (n * c, self.last.h * self.last.w),
-        )?;
+        let plane = self.last.h * self.last.w;
+        match self.last.layout {
+            Layout::Nchw => {
+                self.ck
+                    .avg_pool_back(self.dfeatures.view(), s(o), dt, (n * c, plane))?
+            }
+            Layout::Nhwc => {
+                self.ck
+                    .avg_pool_back_nhwc(self.dfeatures.view(), s(o), dt, (n * c, plane, c))?
+            }
+        }
         let pool_out = self.pool_out.view();
+        let no_units = || Error::Failed("a residual block without units".into());
         for (bi, b) in self.blocks.iter().enumerate().rev() {
             let (p, q) = ((o + 1) % 3, (o + 2) % 3);
             let block_in = match bi {
@@ -750,37 +1024,29 @@ impl GpuResNet {
                 _ => self.blocks[bi - 1]
                     .main
                     .last()
-                    .ok_or_else(|| Error::Failed("a residual block without units".into()))?
+                    .ok_or_else(no_units)?
                     .bn_out
                     .view(),
             };
-            let count = b.main.len();
-            let last = b
-                .main
-                .last()
-                .ok_or_else(|| Error::Failed("a residual block without units".into()))?;
-            let out_elements = last.output.elements();
-            self.k
-                .relu_grad(s(o), last.bn_out.view(), F32, out_elements)?;
-            for (i, u) in b.main.iter().enumerate().rev() {
-                let dy = if i + 1 == count {
-                    s(o)
-                } else {
-                    // the ReLU after unit i made unit i + 1's input
-                    self.k
-                        .relu_grad(s(q), u.bn_out.view(), F32, u.output.elements())?;
-                    s(q)
-                };
-                let x = if i == 0 {
-                    block_in
-                } else {
-                    b.main[i - 1].bn_out.view()
-                };
-                self.unit_backward(u, x, (dy, s(p), Some(s(q))), false)?;
+            let last = b.main.last().ok_or_else(no_units)?;
+            // the last norm: its input's gradient into p, the residual's into q
+            self.norm_backward(last, (s(o), s(p)), Some(s(q)))?;
+            if let Some(d) = &b.down {
+                // the shortcut's norm and convolution: the block input's gradient into q
+                self.norm_backward(d, (s(q), s(o)), None)?;
+                self.conv_backward(d, block_in, s(o), Some((s(q), false)))?;
             }
-            match &b.down {
-                Some(d) => self.unit_backward(d, block_in, (s(o), s(p), Some(s(q))), true)?,
-                None => self.k.axpy(s(q), s(o), out_elements)?,
+            // the main path from the last unit's norm-input gradient in p; each earlier unit's
+            // output gradient in o; the first unit adds its input's gradient to q
+            for (i, u) in b.main.iter().enumerate().rev() {
+                if i + 1 < b.main.len() {
+                    self.norm_backward(u, (s(o), s(p)), None)?;
+                }
+                let (x, dx) = match i {
+                    0 => (block_in, (s(q), true)),
+                    _ => (b.main[i - 1].bn_out.view(), (s(o), false)),
+                };
+                self.conv_backward(u, x, s(p), Some(dx))?;
             }
             o = q;
         }
@@ -788,22 +1054,29 @@ impl GpuResNet {
         let stem = &self.stem;
         self.dnn
             .max_pool_backward(&self.pool, (stem.bn_out.view(), pool_out), s(o), s(p))?;
-        self.k
-            .relu_grad(s(p), stem.bn_out.view(), F32, stem.output.elements())?;
-        self.unit_backward(stem, self.images.view(), (s(p), s(q), None), false)?;
+        self.norm_backward(stem, (s(p), s(q)), None)?;
+        self.conv_backward(stem, self.images.view(), s(q), None)?;
         Ok(())
     }
 
-    /// The optimizer's step over every parameter at once, then the step count.
+    /// The optimizer's step over every parameter at once (writing the 16-bit copy when there
+    /// is one; fp16: after the scaler's overflow check, unscaling, skipped on an overflow),
+    /// then the step state advanced.
     fn update(&self) -> Result<()> {
         let c = self.opt;
         let n = self.params_layout.total;
+        let scaled = self.precision.scaled();
         let (p, g, st) = (self.params.view(), self.grads.view(), self.state.view());
+        let half = self.half.as_ref().map(|h| h.weights.view());
+        let dt = self.dtype();
+        if scaled {
+            self.k.check_finite(g, n, st)?;
+        }
         match c.kind {
             OptimizerKind::Sgd => self.k.sgd(
                 (p, g, self.m.as_ref().map(|m| m.view())),
-                None,
-                F32,
+                half,
+                dt,
                 n,
                 st,
                 (
@@ -812,7 +1085,7 @@ impl GpuResNet {
                     c.momentum as f32,
                     c.nesterov,
                 ),
-                false,
+                scaled,
             )?,
             OptimizerKind::Adam | OptimizerKind::AdamW => {
                 let (Some(m), Some(v)) = (&self.m, &self.v) else {
@@ -820,8 +1093,8 @@ impl GpuResNet {
                 };
                 self.k.adam(
                     (p, g, m.view(), v.view()),
-                    None,
-                    F32,
+                    half,
+                    dt,
                     n,
                     st,
                     AdamArgs {
@@ -832,12 +1105,12 @@ impl GpuResNet {
                         eps: EPS as f32,
                         adamw: c.kind == OptimizerKind::AdamW,
                     },
-                    false,
+                    scaled,
                 )?
             }
         }
         self.k
-            .advance(st, false, (c.lr, BETA1, BETA2), crate::gpu::GROWTH_INTERVAL)?;
+            .advance(st, scaled, (c.lr, BETA1, BETA2), GROWTH_INTERVAL)?;
         Ok(())
     }
 }
@@ -896,6 +1169,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("64 input channels given maps of 3"), "{e}");
+    }
+
+    /// fp32 trains NCHW f32 maps, bf16 and fp16 channels-last 16-bit ones; tf32 is refused.
+    #[test]
+    fn each_precision_has_its_maps() {
+        let m = input_maps(Precision::Fp32, 2, (8, 9)).unwrap();
+        assert_eq!(m, Maps::nchw_f32(2, 3, 8, 9));
+        for (p, dtype) in [
+            (Precision::Bf16, DType::Bf16),
+            (Precision::Fp16, DType::F16),
+        ] {
+            let m = input_maps(p, 2, (8, 9)).unwrap();
+            assert_eq!(
+                (m.layout, m.dtype, m.c, m.h, m.w),
+                (Layout::Nhwc, dtype, 3, 8, 9)
+            );
+        }
+        let e = input_maps(Precision::Tf32, 2, (8, 9))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tf32"), "{e}");
     }
 
     /// The flat parameter layout follows the CPU model's parameter order, so tensor i of the

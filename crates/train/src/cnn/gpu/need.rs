@@ -60,6 +60,7 @@ pub fn device_need(
     let (outputs, pooled) = unit_outputs(model, input)?;
     let params = FlatLayout::new(model.params.iter().map(|p| p.data.len())).total;
     let stats = FlatLayout::new(model.buffers.iter().map(|b| b.data.len())).total;
+    let widest = model.params.iter().map(|p| p.data.len()).max().unwrap_or(0);
     let f32s = |n: usize| bytes(&[n], 4);
     let moments = match opt.kind {
         OptimizerKind::Sgd if opt.momentum == 0.0 => 0,
@@ -87,9 +88,10 @@ pub fn device_need(
     need.add("fp32 weights and gradients", bytes(&[params, 2], 4))
         .add("optimizer state", bytes(&[params, moments], 4))
         .add(
-            "16-bit weights and gradients",
+            // the whole 16-bit copy, and one tensor's 16-bit gradient before it is widened
+            "16-bit weights and a gradient",
             if precision.half() {
-                bytes(&[params, 2], elem)
+                bytes(&[params + widest], elem)
             } else {
                 Some(0)
             },
