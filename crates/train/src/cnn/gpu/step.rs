@@ -1,0 +1,312 @@
+//! One training step of a [`GpuResNet`] on its uploaded batch: each unit's convolution and
+//! batch norm forward, the loss, backward through the blocks to the stem, and the update.
+
+use super::*;
+
+impl GpuResNet {
+    /// Convolution then training-mode batch norm of one unit from `x`, then its ReLU (after
+    /// adding `z`, the residual, for a block's last unit): by cuDNN when fused, else by
+    /// gpukit's kernel.
+    fn unit_forward(&self, u: &GpuUnit, x: View<'_>, z: Option<View<'_>>) -> Result<()> {
+        let ws = self.workspace.view();
+        self.dnn.conv_train_forward(
+            &u.conv,
+            x,
+            self.weight(u.spec.weight)?,
+            u.conv_out.view(),
+            ws,
+        )?;
+        let (saved_mean, saved_invstd) = self.saved_stats(u)?;
+        let fused = u.fused();
+        let args = BnForward {
+            x: u.conv_out.view(),
+            z: z.filter(|_| fused),
+            y: u.bn_out.view(),
+            gamma: self.param(u.spec.gamma)?,
+            beta: self.param(u.spec.beta)?,
+            running_mean: self.stat(u.spec.mean)?,
+            running_var: self.stat(u.spec.var)?,
+            saved_mean,
+            saved_invstd,
+        };
+        self.dnn
+            .bn_forward_training(&u.bn, &args, ws, u.reserve.as_ref().map(|r| r.view()))?;
+        if !fused {
+            self.ck
+                .add_relu(u.bn_out.view(), z, self.dtype(), u.output.elements())?;
+        }
+        Ok(())
+    }
+
+    /// Backward through one unit's norm and what follows it, from the gradient of the unit's
+    /// output in `dy` (overwritten when gpukit's kernels run the ReLU's backward) to the norm
+    /// input's in `dx`, and for a block's last unit the residual's in `dz`; the norm's
+    /// parameter gradients into the f32 gradients.
+    fn norm_backward(
+        &self,
+        u: &GpuUnit,
+        (dy, dx): (View<'_>, View<'_>),
+        dz: Option<View<'_>>,
+    ) -> Result<()> {
+        let ws = self.workspace.view();
+        let fused = u.fused();
+        let n = u.output.elements();
+        if !fused {
+            if u.role != BnOps::Bn {
+                self.k.relu_grad(dy, u.bn_out.view(), self.dtype(), n)?;
+            }
+            if let Some(dz) = dz {
+                self.ck.copy(dz, dy, self.dtype(), n)?;
+            }
+        }
+        let (saved_mean, saved_invstd) = self.saved_stats(u)?;
+        let args = BnBackward {
+            x: u.conv_out.view(),
+            y: (fused && u.role != BnOps::Bn).then(|| u.bn_out.view()),
+            dy,
+            dz: dz.filter(|_| fused),
+            dx,
+            gamma: self.param(u.spec.gamma)?,
+            beta: self.param(u.spec.beta)?,
+            dgamma: self.grad(u.spec.gamma)?,
+            dbeta: self.grad(u.spec.beta)?,
+            saved_mean,
+            saved_invstd,
+        };
+        self.dnn.bn_backward(
+            &u.bn,
+            &args,
+            ws,
+            u.reserve.as_ref().map(|r| r.view()),
+            false,
+        )?;
+        Ok(())
+    }
+
+    /// Backward through one unit's convolution from its output's gradient `dy` (the norm's
+    /// input gradient): into `dx` when given (added to what it holds when its flag says so),
+    /// and the filter's gradient.
+    fn conv_backward(
+        &self,
+        u: &GpuUnit,
+        x: View<'_>,
+        dy: View<'_>,
+        dx: Option<(View<'_>, bool)>,
+    ) -> Result<()> {
+        let ws = self.workspace.view();
+        let i = u.spec.weight;
+        if let Some((dx, accumulate)) = dx {
+            self.dnn
+                .conv_backward_data(&u.conv, (self.weight(i)?, dy, dx), ws, accumulate)?;
+        }
+        self.dnn
+            .conv_backward_filter(&u.conv, (x, dy, self.product_grad(i)?), ws, false)?;
+        self.widen_grad(i)
+    }
+
+    pub(super) fn forward(&self) -> Result<()> {
+        let dt = self.dtype();
+        let stem = &self.stem;
+        self.unit_forward(stem, self.images.view(), None)?;
+        self.dnn
+            .max_pool_forward(&self.pool, stem.bn_out.view(), self.pool_out.view())?;
+        let mut x = self.pool_out.view();
+        for b in &self.blocks {
+            // the shortcut first: the block's last norm adds it
+            let shortcut = match &b.down {
+                Some(d) => {
+                    self.unit_forward(d, x, None)?;
+                    d.bn_out.view()
+                }
+                None => x,
+            };
+            let mut src = x;
+            for (i, u) in b.main.iter().enumerate() {
+                let z = (i + 1 == b.main.len()).then_some(shortcut);
+                self.unit_forward(u, src, z)?;
+                src = u.bn_out.view();
+            }
+            x = src;
+        }
+        let (fc, w, bias) = self.head;
+        let (n, c) = (self.batch, self.last.c);
+        let plane = self.last.h * self.last.w;
+        match self.last.layout {
+            Layout::Nchw => self
+                .ck
+                .avg_pool(x, self.features.view(), dt, (n * c, plane))?,
+            Layout::Nhwc => {
+                self.ck
+                    .avg_pool_nhwc(x, self.features.view(), dt, (n * c, plane, c))?
+            }
+        }
+        self.blas.gemm_batched(
+            dt,
+            (self.features.view(), self.weight(w)?, self.logits.view()),
+            (1, n, fc.outputs, fc.inputs),
+            (false, true),
+        )?;
+        self.k.bias_act(
+            self.logits.view(),
+            self.param(bias)?,
+            dt,
+            (fc.outputs, n),
+            false,
+        )?;
+        // fp16: the loss's gradient times the loss scale
+        let state = self.precision.scaled().then(|| self.state.view());
+        self.k.cross_entropy(
+            self.logits.view(),
+            self.labels.view(),
+            Some(self.dlogits.view()),
+            dt,
+            (n, fc.outputs),
+            state,
+            (1.0, self.smoothing),
+            self.loss.view(),
+            self.correct.view(),
+        )?;
+        Ok(())
+    }
+
+    pub(super) fn backward(&self) -> Result<()> {
+        let dt = self.dtype();
+        let (fc, w, bias) = self.head;
+        let (n, c) = (self.batch, self.last.c);
+        self.blas.gemm_batched(
+            dt,
+            (
+                self.dlogits.view(),
+                self.features.view(),
+                self.product_grad(w)?,
+            ),
+            (1, fc.outputs, fc.inputs, n),
+            (true, false),
+        )?;
+        self.widen_grad(w)?;
+        self.k.bias_grad(
+            self.dlogits.view(),
+            self.grad(bias)?,
+            dt,
+            (fc.outputs, n),
+            0.0,
+        )?;
+        self.blas.gemm_batched(
+            dt,
+            (self.dlogits.view(), self.weight(w)?, self.dfeatures.view()),
+            (1, n, fc.inputs, fc.outputs),
+            (false, false),
+        )?;
+        let s = |i: usize| self.scratch[i].view();
+        // o: the gradient of the current block's output; p, q: the other two
+        let mut o = 0;
+        let plane = self.last.h * self.last.w;
+        match self.last.layout {
+            Layout::Nchw => {
+                self.ck
+                    .avg_pool_back(self.dfeatures.view(), s(o), dt, (n * c, plane))?
+            }
+            Layout::Nhwc => {
+                self.ck
+                    .avg_pool_back_nhwc(self.dfeatures.view(), s(o), dt, (n * c, plane, c))?
+            }
+        }
+        let pool_out = self.pool_out.view();
+        let no_units = || Error::Failed("a residual block without units".into());
+        for (bi, b) in self.blocks.iter().enumerate().rev() {
+            let (p, q) = ((o + 1) % 3, (o + 2) % 3);
+            let block_in = match bi {
+                0 => pool_out,
+                _ => self.blocks[bi - 1]
+                    .main
+                    .last()
+                    .ok_or_else(no_units)?
+                    .bn_out
+                    .view(),
+            };
+            let last = b.main.last().ok_or_else(no_units)?;
+            // the last norm: its input's gradient into p, the residual's into q
+            self.norm_backward(last, (s(o), s(p)), Some(s(q)))?;
+            if let Some(d) = &b.down {
+                // the shortcut's norm and convolution: the block input's gradient into q
+                self.norm_backward(d, (s(q), s(o)), None)?;
+                self.conv_backward(d, block_in, s(o), Some((s(q), false)))?;
+            }
+            // the main path from the last unit's norm-input gradient in p; each earlier unit's
+            // output gradient in o; the first unit adds its input's gradient to q
+            for (i, u) in b.main.iter().enumerate().rev() {
+                if i + 1 < b.main.len() {
+                    self.norm_backward(u, (s(o), s(p)), None)?;
+                }
+                let (x, dx) = match i {
+                    0 => (block_in, (s(q), true)),
+                    _ => (b.main[i - 1].bn_out.view(), (s(o), false)),
+                };
+                self.conv_backward(u, x, s(p), Some(dx))?;
+            }
+            o = q;
+        }
+        let (p, q) = ((o + 1) % 3, (o + 2) % 3);
+        let stem = &self.stem;
+        self.dnn
+            .max_pool_backward(&self.pool, (stem.bn_out.view(), pool_out), s(o), s(p))?;
+        self.norm_backward(stem, (s(p), s(q)), None)?;
+        self.conv_backward(stem, self.images.view(), s(q), None)?;
+        Ok(())
+    }
+
+    /// The optimizer's step over every parameter at once (writing the 16-bit copy when there
+    /// is one; fp16: after the scaler's overflow check, unscaling, skipped on an overflow),
+    /// then the step state advanced.
+    pub(super) fn update(&self) -> Result<()> {
+        let c = self.opt;
+        let n = self.params_layout.total;
+        let scaled = self.precision.scaled();
+        let (p, g, st) = (self.params.view(), self.grads.view(), self.state.view());
+        let half = self.half.as_ref().map(|h| h.weights.view());
+        let dt = self.dtype();
+        if scaled {
+            self.k.check_finite(g, n, st)?;
+        }
+        match c.kind {
+            OptimizerKind::Sgd => self.k.sgd(
+                (p, g, self.m.as_ref().map(|m| m.view())),
+                half,
+                dt,
+                n,
+                st,
+                (
+                    c.lr as f32,
+                    c.weight_decay as f32,
+                    c.momentum as f32,
+                    c.nesterov,
+                ),
+                scaled,
+            )?,
+            OptimizerKind::Adam | OptimizerKind::AdamW => {
+                let (Some(m), Some(v)) = (&self.m, &self.v) else {
+                    return Err(Error::Failed("AdamW without its moments".into()));
+                };
+                self.k.adam(
+                    (p, g, m.view(), v.view()),
+                    half,
+                    dt,
+                    n,
+                    st,
+                    AdamArgs {
+                        weight_decay: c.weight_decay as f32,
+                        decay: (1.0 - c.lr * c.weight_decay) as f32,
+                        beta1: BETA1,
+                        beta2: BETA2,
+                        eps: EPS as f32,
+                        adamw: c.kind == OptimizerKind::AdamW,
+                    },
+                    scaled,
+                )?
+            }
+        }
+        self.k
+            .advance(st, scaled, (c.lr, BETA1, BETA2), GROWTH_INTERVAL)?;
+        Ok(())
+    }
+}
