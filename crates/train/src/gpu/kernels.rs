@@ -356,6 +356,16 @@ pub struct AdamArgs {
     pub adamw: bool,
 }
 
+/// An optimizer's update rule as [`TrainKernels::optimizer_step`] takes it.
+#[derive(Debug, Clone, Copy)]
+pub struct UpdateRule {
+    pub kind: crate::optim::OptimizerKind,
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub momentum: f64,
+    pub nesterov: bool,
+}
+
 /// The loaded training kernels of one device.
 pub struct TrainKernels {
     stream: Stream,
@@ -633,6 +643,50 @@ impl TrainKernels {
             Arg::Bool(scaled),
         ];
         self.typed("adam", dtype, grid_for(n), &a)
+    }
+
+    /// One update of `n` parameters by `rule`: SGD (momentum, Nesterov, weight decay; `m` its
+    /// momentum buffer) or Adam / AdamW (`m`, `v` their moments), writing the 16-bit copy
+    /// `half` when given; with `scaled`, unscaled by the step state's loss scale and skipped on
+    /// its overflow flag.
+    #[allow(clippy::too_many_arguments)]
+    pub fn optimizer_step(
+        &self,
+        rule: UpdateRule,
+        (p, g, m, v): (View<'_>, View<'_>, Option<View<'_>>, Option<View<'_>>),
+        half: Option<View<'_>>,
+        dtype: DType,
+        n: usize,
+        state: View<'_>,
+        scaled: bool,
+    ) -> Result<()> {
+        use crate::optim::{OptimizerKind, BETA1, BETA2, EPS};
+        let r = rule;
+        match r.kind {
+            OptimizerKind::Sgd => {
+                let hyper = (
+                    r.lr as f32,
+                    r.weight_decay as f32,
+                    r.momentum as f32,
+                    r.nesterov,
+                );
+                self.sgd((p, g, m), half, dtype, n, state, hyper, scaled)
+            }
+            OptimizerKind::Adam | OptimizerKind::AdamW => {
+                let (Some(m), Some(v)) = (m, v) else {
+                    return Err(Error::Invalid("Adam without its moments".into()));
+                };
+                let args = AdamArgs {
+                    weight_decay: r.weight_decay as f32,
+                    decay: (1.0 - r.lr * r.weight_decay) as f32,
+                    beta1: BETA1,
+                    beta2: BETA2,
+                    eps: EPS as f32,
+                    adamw: r.kind == OptimizerKind::AdamW,
+                };
+                self.adam((p, g, m, v), half, dtype, n, state, args, scaled)
+            }
+        }
     }
 
     /// One SGD update (momentum buffer `m` when given; Nesterov's step when `nesterov`).

@@ -2,7 +2,7 @@
 //! (replayed from a CUDA graph when asked), and the evaluation.
 
 use super::feed::{batch_bytes, copy_in, target_width, Loader, PinnedRing};
-use super::kernels::{AdamArgs, StepState};
+use super::kernels::{StepState, UpdateRule};
 use super::parallel::Shard;
 use super::plan::InputEpilogue;
 use super::{count_sum, GpuDetails, GpuTrainer, Input, Op, GROWTH_INTERVAL};
@@ -10,7 +10,7 @@ use crate::checkpoint::Position;
 use crate::data::{batch_order, Targets};
 use crate::error::{Error, Result};
 use crate::loss::LossKind;
-use crate::optim::{OptimizerKind, BETA1, BETA2, EPS};
+use crate::optim::{BETA1, BETA2};
 use crate::run::{EpochStats, RunOutcome};
 use gpukit_cuda::profiler::{self, Profiler};
 use gpukit_cuda::{DeviceBuffer, Event, View};
@@ -411,43 +411,24 @@ impl GpuTrainer {
                 .map(|h| sub(h, es, a, b - a))
                 .transpose()?;
             let (params, grads) = (f32s(&self.params, a, b)?, f32s(&self.grads, a, b)?);
-            match c.kind {
-                OptimizerKind::Sgd => self.k.sgd(
-                    (
-                        params,
-                        grads,
-                        self.m.as_ref().map(|m| f32s(m, a, b)).transpose()?,
-                    ),
-                    half,
-                    dtype,
-                    b - a,
-                    state,
-                    (c.lr as f32, c.weight_decay as f32, c.momentum as f32, false),
-                    scaled,
-                )?,
-                OptimizerKind::Adam | OptimizerKind::AdamW => {
-                    let (m, v) = match (&self.m, &self.v) {
-                        (Some(m), Some(v)) => (f32s(m, a, b)?, f32s(v, a, b)?),
-                        _ => return Err(Error::Failed("Adam without its moments".into())),
-                    };
-                    self.k.adam(
-                        (params, grads, m, v),
-                        half,
-                        dtype,
-                        b - a,
-                        state,
-                        AdamArgs {
-                            weight_decay: c.weight_decay as f32,
-                            decay: (1.0 - c.lr * c.weight_decay) as f32,
-                            beta1: BETA1,
-                            beta2: BETA2,
-                            eps: EPS as f32,
-                            adamw: c.kind == OptimizerKind::AdamW,
-                        },
-                        scaled,
-                    )?
-                }
-            }
+            let m = self.m.as_ref().map(|m| f32s(m, a, b)).transpose()?;
+            let v = self.v.as_ref().map(|v| f32s(v, a, b)).transpose()?;
+            let rule = UpdateRule {
+                kind: c.kind,
+                lr: c.lr,
+                weight_decay: c.weight_decay,
+                momentum: c.momentum,
+                nesterov: false,
+            };
+            self.k.optimizer_step(
+                rule,
+                (params, grads, m, v),
+                half,
+                dtype,
+                b - a,
+                state,
+                scaled,
+            )?;
             Ok(())
         };
         if scaled {

@@ -34,9 +34,9 @@ use super::optim::{CnnOptimizer, CnnOptimizerConfig};
 use super::resnet::{Depth, ResNet, Unit};
 use super::Tensor;
 use crate::error::{Error, Result};
-use crate::gpu::kernels::{AdamArgs, StepState, TrainKernels, STATE_BYTES};
+use crate::gpu::kernels::{StepState, TrainKernels, UpdateRule, STATE_BYTES};
 use crate::gpu::{GROWTH_INTERVAL, INITIAL_SCALE};
-use crate::optim::{OptimizerKind, BETA1, BETA2, EPS};
+use crate::optim::{OptimizerKind, BETA1, BETA2};
 use crate::precision::Precision;
 use gpukit_cuda::blas::Blas;
 use gpukit_cuda::dnn::{

@@ -268,43 +268,23 @@ impl GpuResNet {
         if scaled {
             self.k.check_finite(g, n, st)?;
         }
-        match c.kind {
-            OptimizerKind::Sgd => self.k.sgd(
-                (p, g, self.m.as_ref().map(|m| m.view())),
-                half,
-                dt,
-                n,
-                st,
-                (
-                    c.lr as f32,
-                    c.weight_decay as f32,
-                    c.momentum as f32,
-                    c.nesterov,
-                ),
-                scaled,
-            )?,
-            OptimizerKind::Adam | OptimizerKind::AdamW => {
-                let (Some(m), Some(v)) = (&self.m, &self.v) else {
-                    return Err(Error::Failed("AdamW without its moments".into()));
-                };
-                self.k.adam(
-                    (p, g, m.view(), v.view()),
-                    half,
-                    dt,
-                    n,
-                    st,
-                    AdamArgs {
-                        weight_decay: c.weight_decay as f32,
-                        decay: (1.0 - c.lr * c.weight_decay) as f32,
-                        beta1: BETA1,
-                        beta2: BETA2,
-                        eps: EPS as f32,
-                        adamw: c.kind == OptimizerKind::AdamW,
-                    },
-                    scaled,
-                )?
-            }
-        }
+        let rule = UpdateRule {
+            kind: c.kind,
+            lr: c.lr,
+            weight_decay: c.weight_decay,
+            momentum: c.momentum,
+            nesterov: c.nesterov,
+        };
+        let (m, v) = (self.m.as_ref(), self.v.as_ref());
+        self.k.optimizer_step(
+            rule,
+            (p, g, m.map(|m| m.view()), v.map(|v| v.view())),
+            half,
+            dt,
+            n,
+            st,
+            scaled,
+        )?;
         self.k
             .advance(st, scaled, (c.lr, BETA1, BETA2), GROWTH_INTERVAL)?;
         Ok(())

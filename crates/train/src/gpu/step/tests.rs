@@ -1,7 +1,7 @@
 use super::*;
 use crate::data::regression_preset;
 use crate::model::Mlp;
-use crate::optim::{Optimizer, OptimizerConfig};
+use crate::optim::{Optimizer, OptimizerConfig, OptimizerKind};
 use crate::run::{train_cpu, TrainConfig};
 
 fn cfg(batch: usize, accumulate: usize, max_steps: Option<u64>) -> TrainConfig {
