@@ -263,6 +263,109 @@ impl Dnn {
         Ok(plan)
     }
 
+    /// Times every algorithm cuDNN has for each of the plan's passes on scratch buffers of its
+    /// shapes (`cudnnFind*AlgorithmEx`, what PyTorch's `cudnn.benchmark` calls, with the planning
+    /// workspace) and makes the fastest of the plan's candidates its choice. A pass whose search
+    /// fails, or finds none of the candidates, keeps the heuristic's choice; a strict f32 plan
+    /// keeps its math type, so the times are of what will run.
+    pub fn benchmark_conv_train(&self, plan: &ConvTrain) -> Result<()> {
+        let conv = plan.conv();
+        let alloc = |bytes: usize| -> Result<crate::memory::DeviceBuffer> {
+            Ok(crate::memory::DeviceBuffer::new(
+                self.gpu_stream.raw().alloc_zeros::<u8>(bytes.max(256))?,
+            ))
+        };
+        let (x, w, y) = (
+            alloc(conv.input_bytes())?,
+            alloc(conv.filter_bytes())?,
+            alloc(conv.output_bytes())?,
+        );
+        let wsb = self.planning_workspace()?;
+        let ws = wsb.view();
+        for pass in Pass::ALL {
+            let timed = match self.find(plan, pass, (x.view(), w.view(), y.view()), ws) {
+                Ok(t) => t,
+                Err(e) => {
+                    crate::trace::note(|| {
+                        format!("{conv:?} {}: cuDNN's search failed ({e})", pass.name())
+                    });
+                    continue;
+                }
+            };
+            let fastest = timed.iter().find_map(|(algo, math)| {
+                usable(&conv, *math, true)
+                    .then(|| plan.candidates(pass).iter().position(|c| c.algo == *algo))
+                    .flatten()
+            });
+            if let Some(i) = fastest {
+                plan.choose(pass, i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// cuDNN's timed search of one pass on (input, filter, output) buffers: the algorithms
+    /// that ran, fastest first, with their math types.
+    fn find(
+        &self,
+        plan: &ConvTrain,
+        pass: Pass,
+        (x, w, y): (View<'_>, View<'_>, View<'_>),
+        ws: View<'_>,
+    ) -> Result<Vec<(Algo, dn::cudnnMathType_t)>> {
+        let (p, h) = (&plan.plan, self.handle());
+        let (xa, wa, ya) = (
+            x.addr() as *mut c_void,
+            w.addr() as *mut c_void,
+            y.addr() as *mut c_void,
+        );
+        let (wsa, wsn) = (ws.addr() as *mut c_void, ws.bytes());
+        macro_rules! find {
+            ($max:ident, $query:ident, $perf:ty, $variant:ident, ($($arg:expr),*)) => {{
+                let mut max = 0;
+                // SAFETY: live handle, out-pointer to a local.
+                ok(stringify!($max), unsafe { dn::$max(h, &mut max) })?;
+                // SAFETY: zeroed POD structs, overwritten by cuDNN.
+                let mut perf: Vec<$perf> = vec![unsafe { std::mem::zeroed() }; max.max(1) as usize];
+                let mut returned = 0;
+                // SAFETY: the buffers hold the descriptors' shapes (allocated from them); the
+                // workspace is the planning workspace of `wsn` bytes; `perf` holds as many
+                // structs as asked for.
+                ok(stringify!($query), unsafe {
+                    dn::$query(h, $($arg,)* perf.len() as i32, &mut returned, perf.as_mut_ptr(), wsa, wsn)
+                })?;
+                perf.truncate(returned.max(0) as usize);
+                perf.iter()
+                    .filter(|r| r.status == dn::cudnnStatus_t::CUDNN_STATUS_SUCCESS)
+                    .map(|r| (Algo::$variant(r.algo), r.mathType))
+                    .collect()
+            }};
+        }
+        Ok(match pass {
+            Pass::Forward => find!(
+                cudnnGetConvolutionForwardAlgorithmMaxCount,
+                cudnnFindConvolutionForwardAlgorithmEx,
+                dn::cudnnConvolutionFwdAlgoPerfStruct,
+                Fwd,
+                (p.x, xa, p.w, wa, p.desc, p.y, ya)
+            ),
+            Pass::BackwardData => find!(
+                cudnnGetConvolutionBackwardDataAlgorithmMaxCount,
+                cudnnFindConvolutionBackwardDataAlgorithmEx,
+                dn::cudnnConvolutionBwdDataAlgoPerfStruct,
+                Data,
+                (p.w, wa, p.y, ya, p.desc, p.x, xa)
+            ),
+            Pass::BackwardFilter => find!(
+                cudnnGetConvolutionBackwardFilterAlgorithmMaxCount,
+                cudnnFindConvolutionBackwardFilterAlgorithmEx,
+                dn::cudnnConvolutionBwdFilterAlgoPerfStruct,
+                Filter,
+                (p.x, xa, p.y, ya, p.desc, p.w, wa)
+            ),
+        })
+    }
+
     /// cuDNN's heuristic ranking of `pass` for the plan's descriptors.
     fn ranking(&self, plan: &ConvPlan, pass: Pass) -> Result<Vec<Ranked>> {
         let h = self.handle();

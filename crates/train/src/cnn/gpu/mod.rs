@@ -377,6 +377,16 @@ impl GpuResNet {
                     .flat_map(|b| b.main.iter().chain(b.down.as_ref())),
             )
         };
+        // every distinct convolution's passes timed as PyTorch's cudnn.benchmark times them
+        // (cuDNN's own search on buffers of its shapes): the fastest within the workspace limit
+        // runs, not the heuristic's first guess
+        let mut timed = std::collections::HashSet::new();
+        for u in units() {
+            if timed.insert(u.conv.conv()) {
+                dnn.benchmark_conv_train(&u.conv)?;
+            }
+        }
+        dnn.release_workspace();
         let workspace_bytes = units()
             .map(|u| u.conv.workspace_bytes().max(u.bn.workspace_bytes()))
             .max()
