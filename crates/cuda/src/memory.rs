@@ -200,6 +200,22 @@ impl Gpu {
         self.synchronize()
     }
 
+    /// Queues a copy of the first `bytes` bytes of `src` into `dst` on the work stream (the
+    /// driver's device-to-device copy; the views must not overlap).
+    pub fn copy_view(&self, dst: View<'_>, src: View<'_>, bytes: usize) -> Result<()> {
+        src.require(bytes, "device copy source")?;
+        dst.require(bytes, "device copy destination")?;
+        if dst.overlaps(&src) {
+            return Err(Error::Invalid(
+                "a device copy between overlapping views".into(),
+            ));
+        }
+        self.bind()?;
+        // SAFETY: both views hold `bytes` bytes of this context's memory and do not overlap.
+        unsafe { result::memcpy_dtod_async(dst.addr(), src.addr(), bytes, self.stream().cu()) }?;
+        Ok(())
+    }
+
     /// Repeats the first `period` bytes of `dst` over the rest of it, on the GPU (doubling
     /// copies: a handful however large `dst` is), and waits: a periodic fill of a large buffer
     /// from one small upload.

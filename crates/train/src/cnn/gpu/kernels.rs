@@ -1,6 +1,6 @@
 //! The convolutional networks' own small GPU kernels (CUDA C compiled by NVRTC, launched
 //! through `gpukit_cuda::kernel`): a residual add and ReLU after batch norm where cuDNN does not
-//! fuse them (and a copy standing in for the fused backward's residual gradient), and global
+//! fuse them, and global
 //! average pooling with its backward, channels-first and channels-last. The losses, the optimizers and
 //! ReLU's backward are the MLP engine's kernels ([`crate::gpu::kernels`]), the same math.
 //!
@@ -41,15 +41,7 @@ template <class T> __device__ void avg_pool_back(const T* dy, T* dx, long n, int
     LOOP(i, n) dx[i] = from_f<T>(to_f(dy[i / plane]) * inv);
 }
 
-// y += z (a residual's gradient joining its block's input gradient).
-template <class T> __device__ void add(T* y, const T* z, long n) {
-    LOOP(i, n) y[i] = from_f<T>(to_f(y[i]) + to_f(z[i]));
-}
 
-// y = z (a gradient handed on unchanged where cuDNN's fused norm would have written it).
-template <class T> __device__ void copy(T* y, const T* z, long n) {
-    LOOP(i, n) y[i] = z[i];
-}
 
 // Channels-last: y[b c + ch] = (sum over the plane of x[(b plane + k) c + ch], in order) * inv.
 template <class T> __device__ void avg_pool_nhwc(const T* x, T* y, long planes, int plane, int c,
@@ -74,8 +66,6 @@ template <class T> __device__ void avg_pool_back_nhwc(const T* dy, T* dx, long n
 
 #define INSTANCES(T, TAG)                                                                      \
 extern "C" __global__ void add_relu_##TAG(T* y, const T* z, long n) { add_relu<T>(y, z, n); }  \
-extern "C" __global__ void add_##TAG(T* y, const T* z, long n) { add<T>(y, z, n); }            \
-extern "C" __global__ void copy_##TAG(T* y, const T* z, long n) { copy<T>(y, z, n); }         \
 extern "C" __global__ void avg_pool_nhwc_##TAG(const T* x, T* y, long planes, int plane, int c, \
     float inv) { avg_pool_nhwc<T>(x, y, planes, plane, c, inv); }                              \
 extern "C" __global__ void avg_pool_back_nhwc_##TAG(const T* dy, T* dx, long n, int plane,     \
@@ -92,10 +82,8 @@ INSTANCES(B, bf16)
 
 const STEM: &str = "cnn-kernels";
 const TAGS: [&str; 3] = ["f32", "f16", "bf16"];
-const KERNELS: [&str; 7] = [
+const KERNELS: [&str; 5] = [
     "add_relu",
-    "add",
-    "copy",
     "avg_pool",
     "avg_pool_back",
     "avg_pool_nhwc",
@@ -192,26 +180,6 @@ impl CnnKernels {
         ];
         self.typed("avg_pool_back", dtype, grid_for(n), &args)
     }
-}
-
-impl CnnKernels {
-    /// `y += z` over `n` values.
-    pub fn add(&self, y: View<'_>, z: View<'_>, dtype: DType, n: usize) -> Result<()> {
-        let bytes = n * dtype.size_bytes();
-        y.require(bytes, "add y")?;
-        z.require(bytes, "add z")?;
-        let args = [Arg::Ptr(y), Arg::Ptr(z), Arg::Size(n)];
-        self.typed("add", dtype, grid_for(n), &args)
-    }
-
-    /// `y = z` over `n` values.
-    pub fn copy(&self, y: View<'_>, z: View<'_>, dtype: DType, n: usize) -> Result<()> {
-        let bytes = n * dtype.size_bytes();
-        y.require(bytes, "copy y")?;
-        z.require(bytes, "copy z")?;
-        let args = [Arg::Ptr(y), Arg::Ptr(z), Arg::Size(n)];
-        self.typed("copy", dtype, grid_for(n), &args)
-    }
 
     /// [`CnnKernels::avg_pool`] of channels-last maps: `planes` = images x `channels`.
     pub fn avg_pool_nhwc(
@@ -274,8 +242,6 @@ mod tests {
             ("add_relu_", "p p l"),
             ("avg_pool_", "p p l i f"),
             ("avg_pool_back_", "p p l i f"),
-            ("add_", "p p l"),
-            ("copy_", "p p l"),
             ("avg_pool_nhwc_", "p p l i i f"),
             ("avg_pool_back_nhwc_", "p p l i i f"),
         ];

@@ -56,7 +56,7 @@ impl GpuResNet {
                 self.k.relu_grad(dy, u.bn_out.view(), self.dtype(), n)?;
             }
             if let Some(dz) = dz {
-                self.ck.copy(dz, dy, self.dtype(), n)?;
+                self.gpu.copy_view(dz, dy, n * self.dtype().size_bytes())?;
             }
         }
         let (saved_mean, saved_invstd) = self.saved_stats(u)?;
