@@ -22,6 +22,42 @@ for t in .device/tests/gpu_cnn-* .device/tests/train_cli-*; do
   say "$(basename "$t") rc=$rc: $(grep -E '^test result' "$OUT/$(basename "$t").log")"
   grep -E "FAILED|panicked" "$OUT/$(basename "$t").log" | head -10 | cut -c1-400 | tee -a "$SUMMARY"
 done
+# Per-update losses from the same torchvision init and images: PyTorch eager writes both files
+# (one batch of CMP_BATCH images, trained on every update) and gpukit reads them.
+CM=${CMP_MODEL:-resnet50}; CB=${CMP_BATCH:-32}
+HYPER="--lr ${CMP_LR:-0.1} --momentum 0.9 --weight-decay 1e-4 --label-smoothing 0.1"
+for p in ${CMP_PRECISIONS:-fp32 bf16}; do
+  timeout 300 python3 scripts/pytorch_reference.py train-cnn --model "$CM" --batch-size "$CB" \
+    --samples "$CB" --precision "$p" --warmup 19 --steps 1 --loss-steps 20 $HYPER \
+    --modes "$([ "$p" = fp32 ] && echo eager,eager64 || echo eager)" \
+    --write-init "$OUT/cmp-init.safetensors" --write-data "$OUT/cmp-data.safetensors" \
+    >"$OUT/cmp-pytorch-$CM-$p.json" 2>"$OUT/cmp-pytorch-$CM-$p.err"
+  say "compare $CM $p b$CB: pytorch rc=$?"
+  env -u LD_LIBRARY_PATH timeout 240 "$BIN" train --model "$CM" --device cuda:0 --batch-size "$CB" \
+    --steps 20 --precision "$p" --init "$OUT/cmp-init.safetensors" --data "$OUT/cmp-data.safetensors" \
+    $HYPER --save-json "$OUT/cmp-gpukit-$CM-$p.json" >"$OUT/cmp-gpukit-$CM-$p.txt" 2>&1
+  say "compare $CM $p b$CB: gpukit rc=$?"
+  python3 - "$OUT/cmp-pytorch-$CM-$p.json" "$OUT/cmp-gpukit-$CM-$p.json" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import json, sys
+try:
+    t = json.load(open(sys.argv[1])); g = json.load(open(sys.argv[2]))
+    runs = {r["mode"]: r["losses"] for r in t["results"] if r.get("status") == "ok"}
+    runs["gpukit"] = [u["loss"] for u in g["result"]["updates"]]
+except Exception as e:
+    print("   compare: no losses:", repr(e)[:300]); sys.exit()
+for m, l in runs.items():
+    print(f"   {m:8}", [round(x, 6) for x in l[:20]])
+def dist(a, b):
+    n = min(len(a), len(b), 20)
+    d = [abs(x - y) for x, y in zip(a[:n], b[:n])]
+    first = next((i + 1 for i, v in enumerate(d) if v > 1e-4), None)
+    return f"max {max(d):.3g} at update {d.index(max(d)) + 1}, first above 1e-4: {first}"
+for a, b in [("gpukit", "eager"), ("gpukit", "eager64"), ("eager", "eager64")]:
+    if a in runs and b in runs:
+        print(f"   |{a} - {b}|: {dist(runs[a], runs[b])}")
+PY
+done
+rm -f "$OUT"/cmp-*.safetensors
 B=${BATCH:-256}
 for m in ${MODELS:-resnet18 resnet50}; do
   for p in ${PRECISIONS:-fp32 bf16}; do

@@ -206,7 +206,7 @@ SEED = 0  # the seeded weights: torchvision's initialisation under torch.manual_
 CALIBRATION_BATCHES, CALIBRATION_BATCH, CALIBRATION_IMAGE = 4, 16, 224
 # train-cnn: the models and how each mode runs the training step
 CNN_TRAIN_MODELS = ("resnet18", "resnet34", "resnet50")
-CNN_TRAIN_MODES = ("eager", "compile")
+CNN_TRAIN_MODES = ("eager", "compile", "eager64")  # eager64: float64 weights and images (a reference)
 
 # infer strategy -> (torch dtype name, channels_last, TF32 allowed, how it runs: eager|graph|compile)
 INFER_STRATEGIES = {
@@ -372,6 +372,9 @@ def build_parser():
     r.add_argument("--classes", type=positive_int, default=1000)
     r.add_argument("--image-size", type=positive_int, default=224)
     r.add_argument("--batch-size", type=positive_int, default=256)
+    r.add_argument("--samples", type=positive_int, default=None,
+                   help="images generated (default twice the batch); as many as the batch trains "
+                        "on that one batch every update, as gpukit does with such a data file")
     r.add_argument("--steps", type=positive_int, default=30, help="timed updates, after --warmup")
     r.add_argument("--warmup", type=non_negative_int, default=5)
     r.add_argument("--loss-steps", type=non_negative_int, default=20,
@@ -386,8 +389,13 @@ def build_parser():
     r.add_argument("--seed", type=non_negative_int, default=0)
     r.add_argument("--init", default=None, help="a torchvision state dict as .safetensors")
     r.add_argument("--data", default=None,
-                   help='.safetensors with "images" [N,3,H,W] float32 and "labels" [N] int64')
-    r.add_argument("--modes", type=csv_of(choice_of(*CNN_TRAIN_MODES)), default=list(CNN_TRAIN_MODES))
+                   help='.safetensors with "images" (or "x") [N,3,H,W] and "labels" (or "y") [N] int64')
+    r.add_argument("--write-init", default=None,
+                   help="write the initial state dict here (.safetensors) for gpukit's --init")
+    r.add_argument("--write-data", default=None,
+                   help='write the images and labels trained on here (.safetensors, "x" and "y") '
+                        "for gpukit's --data")
+    r.add_argument("--modes", type=csv_of(choice_of(*CNN_TRAIN_MODES)), default=["eager", "compile"])
     r.add_argument("--device", type=choice_of("cuda"), default="cuda")
 
     i = sub.add_parser("infer", help="inference of a torchvision classifier")
@@ -1504,14 +1512,23 @@ def bench_train_cnn(torch, args):
     size, batch = args.image_size, args.batch_size
     if args.data:
         data = read_safetensors(torch, args.data, "data file")
-        images, labels = data["images"].float(), data["labels"].long()
+        names = ("images", "labels") if "images" in data else ("x", "y")
+        if any(n not in data for n in names):
+            raise RuntimeError(f"{args.data} holds {sorted(data)}: want images and labels (or x and y)")
+        images, labels = data[names[0]].float(), data[names[1]].long()
         if images.dim() != 4 or images.shape[1] != 3 or images.shape[0] < batch:
             raise RuntimeError(f"images of shape {list(images.shape)}: want [N >= {batch}, 3, H, W]")
         size = images.shape[2]
     else:
         g = torch.Generator().manual_seed(args.seed)
-        images = torch.randn(max(batch, 2 * batch), 3, size, size, generator=g)
+        if args.samples is not None and args.samples < batch:
+            raise RuntimeError(f"--samples {args.samples} is fewer than one batch of {batch}")
+        images = torch.randn(args.samples or 2 * batch, 3, size, size, generator=g)
         labels = torch.randint(0, args.classes, (images.shape[0],), generator=g)
+    if args.write_init:
+        write_safetensors(torch, args.write_init, init)
+    if args.write_data:
+        write_safetensors(torch, args.write_data, {"x": images, "y": labels})
     half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.precision)
     fmt = torch.channels_last if half is not None else torch.contiguous_format
     images = images.to(device).contiguous(memory_format=fmt)
@@ -1520,8 +1537,13 @@ def bench_train_cnn(torch, args):
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
     def one_mode(mode):
+        wide = mode == "eager64"  # every value float64, no autocast: the reference for fp32 losses
+        if wide and half is not None:
+            raise RuntimeError("eager64 is the float64 reference of fp32 training (--precision fp32)")
         model = copy.deepcopy(base).to(device).to(memory_format=fmt)
         model.load_state_dict(init)
+        if wide:
+            model = model.double()
         model.train()
         if args.optimizer == "sgd":
             opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
@@ -1535,13 +1557,15 @@ def bench_train_cnn(torch, args):
         def step(i):
             j = i % count
             xb, yb = images[j * batch:(j + 1) * batch], labels[j * batch:(j + 1) * batch]
+            if wide:
+                xb = xb.double()
             with torch.autocast("cuda", dtype=half or torch.float32, enabled=half is not None):
                 loss = loss_fn(run(xb), yb)
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
             opt.zero_grad(set_to_none=True)
-            return loss.detach().float()
+            return loss.detach() if wide else loss.detach().float()
 
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
@@ -1568,7 +1592,7 @@ def bench_train_cnn(torch, args):
                "precision": args.precision, "first_step_s": first_s, "step_ms": timing,
                "images_per_s": rate(batch, timing["median_ms"], 1.0),
                "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
-               "losses": [float(v) for v in losses[:args.loss_steps]]}
+               "losses": [float(v) for v in losses[:args.loss_steps]]}  # float() of a float64 keeps it
         del run, model, opt
         return row
 

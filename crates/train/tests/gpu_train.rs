@@ -456,10 +456,12 @@ fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<(), Failed> {
             DType::Bf16,
         ),
     ] {
-        // averaging in bf16 rounds every gradient to 8 bits of mantissa: the updates then
-        // follow one GPU's within that rounding, not within f32's
+        // averaging in bf16 rounds every gradient to 8 bits of mantissa (2^-9 relative): the
+        // updates then follow one GPU's within that rounding, not within f32's, so the weights
+        // are judged by how far they are from one GPU's against the largest move one GPU made
+        // (a weight near zero has no scale of its own to be judged against)
         let (loss_tol, weight_tol) = match comm {
-            DType::Bf16 => (1e-2, 1e-2),
+            DType::Bf16 => (1e-2, 2e-2),
             _ => (1e-4, 1e-3),
         };
         let widths = match loss {
@@ -534,11 +536,26 @@ fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<(), Failed> {
                 format!("{tag}: rank {rank}: losses differ by {rel:e} (tolerance {loss_tol:e})"),
             )?;
             let (a, b) = (weights(&m), weights(&one.model));
-            let worst = a
-                .iter()
-                .zip(&b)
-                .map(|(x, y)| (x - y).abs() / y.abs().max(1e-2))
-                .fold(0.0f32, f32::max);
+            let worst = if comm == DType::Bf16 {
+                let start = weights(&model);
+                let moved = b
+                    .iter()
+                    .zip(&start)
+                    .map(|(y, s)| (y - s).abs())
+                    .fold(0.0f32, f32::max)
+                    .max(f32::MIN_POSITIVE);
+                let far = a
+                    .iter()
+                    .zip(&b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0f32, f32::max);
+                far / moved
+            } else {
+                a.iter()
+                    .zip(&b)
+                    .map(|(x, y)| (x - y).abs() / y.abs().max(1e-2))
+                    .fold(0.0f32, f32::max)
+            };
             check(
                 worst < weight_tol,
                 format!(

@@ -104,13 +104,41 @@ struct Ranked {
     deterministic: bool,
 }
 
+impl Algo {
+    /// Whether the algorithm sums the products as written: not through Winograd's or FFT's
+    /// transforms, whose rounding moved f32 training away from float64 within a few updates
+    /// (the inference engine's exact f32 leaves them out for the same reason).
+    fn exact(self) -> bool {
+        use dn::cudnnConvolutionBwdDataAlgo_t as D;
+        use dn::cudnnConvolutionBwdFilterAlgo_t as F;
+        match self {
+            Algo::Fwd(a) => super::super::legacy::exact_f32_algo(a),
+            Algo::Data(a) => !matches!(
+                a,
+                D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT
+                    | D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING
+                    | D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD
+                    | D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED
+            ),
+            Algo::Filter(a) => !matches!(
+                a,
+                F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT
+                    | F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING
+                    | F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD
+                    | F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED
+            ),
+        }
+    }
+}
+
 /// Whether a ranked algorithm may run `conv`: supported, and for strict f32 listed under FMA or
-/// default math (the descriptor's FMA math type then keeps it off tensor cores).
-fn usable(conv: &Conv, math: dn::cudnnMathType_t, supported: bool) -> bool {
+/// default math (the descriptor's FMA math type then keeps it off tensor cores) and exact
+/// ([`Algo::exact`]): f32 training is the precise path, compared with float64.
+fn usable(conv: &Conv, algo: Algo, math: dn::cudnnMathType_t, supported: bool) -> bool {
     use dn::cudnnMathType_t as M;
     supported
         && (conv.dtype.uses_tensor_cores()
-            || matches!(math, M::CUDNN_FMA_MATH | M::CUDNN_DEFAULT_MATH))
+            || matches!(math, M::CUDNN_FMA_MATH | M::CUDNN_DEFAULT_MATH) && algo.exact())
 }
 
 /// One way cuDNN can run a pass, with the workspace it needs.
@@ -222,7 +250,7 @@ impl Dnn {
         for pass in Pass::ALL {
             let list = &mut candidates[pass.index()];
             for row in self.ranking(&plan, pass)? {
-                if !usable(&conv, row.math, row.supported)
+                if !usable(&conv, row.algo, row.math, row.supported)
                     || list.iter().any(|c| c.algo == row.algo)
                 {
                     continue;
@@ -293,7 +321,7 @@ impl Dnn {
                 }
             };
             let fastest = timed.iter().find_map(|(algo, math)| {
-                usable(&conv, *math, true)
+                usable(&conv, *algo, *math, true)
                     .then(|| plan.candidates(pass).iter().position(|c| c.algo == *algo))
                     .flatten()
             });
@@ -573,7 +601,7 @@ mod tests {
     }
 
     #[test]
-    fn strict_f32_keeps_only_fma_and_default_math() {
+    fn strict_f32_keeps_only_exact_sums_in_fma_and_default_math() {
         use dn::cudnnMathType_t as M;
         let mut conv = Conv {
             shape: gpukit_types::ConvShape {
@@ -591,16 +619,57 @@ mod tests {
             layout: Layout::Nchw,
             dtype: DType::F32,
         };
-        assert!(usable(&conv, M::CUDNN_FMA_MATH, true));
-        assert!(usable(&conv, M::CUDNN_DEFAULT_MATH, true));
-        assert!(!usable(&conv, M::CUDNN_TENSOR_OP_MATH, true));
+        use dn::cudnnConvolutionBwdDataAlgo_t as D;
+        use dn::cudnnConvolutionBwdFilterAlgo_t as F;
+        use dn::cudnnConvolutionFwdAlgo_t as W;
+        let gemm = Algo::Fwd(W::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
+        assert!(usable(&conv, gemm, M::CUDNN_FMA_MATH, true));
+        assert!(usable(&conv, gemm, M::CUDNN_DEFAULT_MATH, true));
+        assert!(!usable(&conv, gemm, M::CUDNN_TENSOR_OP_MATH, true));
         assert!(!usable(
             &conv,
+            gemm,
             M::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
             true
         ));
-        assert!(!usable(&conv, M::CUDNN_FMA_MATH, false));
+        assert!(!usable(&conv, gemm, M::CUDNN_FMA_MATH, false));
+        // f32: every pass off Winograd and FFT; the plain sums of each pass kept
+        for (algo, exact) in [
+            (
+                Algo::Fwd(W::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED),
+                false,
+            ),
+            (Algo::Fwd(W::CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING), false),
+            (
+                Algo::Data(D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD),
+                false,
+            ),
+            (Algo::Data(D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT), false),
+            (Algo::Data(D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_1), true),
+            (
+                Algo::Filter(F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED),
+                false,
+            ),
+            (
+                Algo::Filter(F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING),
+                false,
+            ),
+            (Algo::Filter(F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3), true),
+        ] {
+            assert_eq!(
+                usable(&conv, algo, M::CUDNN_FMA_MATH, true),
+                exact,
+                "{algo:?}"
+            );
+        }
+        // 16-bit types: tensor cores, and the transforms too (cuDNN's rounding is theirs)
         conv.dtype = DType::Bf16;
-        assert!(usable(&conv, M::CUDNN_TENSOR_OP_MATH, true));
+        assert!(usable(&conv, gemm, M::CUDNN_TENSOR_OP_MATH, true));
+        assert!(usable(
+            &conv,
+            Algo::Fwd(W::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED),
+            M::CUDNN_TENSOR_OP_MATH,
+            true
+        ));
     }
 }
