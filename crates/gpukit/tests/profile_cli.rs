@@ -151,6 +151,14 @@ fn profile_bad_input_exits_2() -> Result<(), Failed> {
         ),
         (vec!["profile", "train", "--gpus", "2"], "one GPU"),
         (
+            vec!["profile", "train", "--model", "resnet18"],
+            "add --device cuda:0",
+        ),
+        (
+            vec!["profile", "train", "--model", "resnet18", "--layers", "4,4"],
+            "--layers",
+        ),
+        (
             vec!["profile", "infer", "--onnx", &missing_model],
             "cannot be read",
         ),
@@ -347,6 +355,66 @@ fn with_a_gpu_training_is_profiled_op_by_op() -> Result<(), Failed> {
     ensure(r["unattributed_kernels"] == 0, || format!("{r}"))
 }
 
+/// A ResNet's update: every kernel belongs to an op, and the convolutions' passes, the norms,
+/// the head, the loss and the optimizer are there by torchvision's layer names.
+fn with_a_gpu_a_resnet_update_is_profiled_op_by_op() -> Result<(), Failed> {
+    let args = [
+        "profile",
+        "train",
+        "--model",
+        "resnet18",
+        "--device",
+        "cuda:0",
+        "--precision",
+        "bf16",
+        "--batch-size",
+        "16",
+        "--image-size",
+        "64",
+        "--classes",
+        "10",
+        "--steps",
+        "4",
+    ];
+    let by_layer = document(&[&args[..], &["--group-by", "layer"]].concat(), 0)?;
+    let layers: Vec<String> = rows(&by_layer)
+        .iter()
+        .filter_map(|r| r["key"].as_str().map(String::from))
+        .collect();
+    for want in [
+        "conv1",
+        "bn1",
+        "layer4.1.conv2",
+        "layer4.1.bn2",
+        "fc",
+        "loss",
+        "optimizer",
+    ] {
+        ensure(layers.iter().any(|l| l == want), || {
+            format!("no {want}: {layers:?}")
+        })?;
+    }
+    let r = &by_layer["result"];
+    ensure(r["unattributed_kernels"] == 0, || format!("{r}"))?;
+    let by_op = document(&[&args[..], &["--group-by", "op"]].concat(), 0)?;
+    let ops: Vec<String> = rows(&by_op)
+        .iter()
+        .filter_map(|r| r["key"].as_str().map(String::from))
+        .collect();
+    for want in [
+        "conv forward",
+        "conv backward data",
+        "conv backward filter",
+        "batch norm forward",
+        "batch norm backward",
+    ] {
+        ensure(ops.iter().any(|o| o == want), || {
+            format!("no {want}: {ops:?}")
+        })?;
+    }
+    Ok(())
+}
+
 fn main() {
     let any: Vec<(&str, Test)> = vec![
         (
@@ -379,6 +447,10 @@ fn main() {
         (
             "gpu::an_onnx_model_is_profiled_by_node",
             with_a_gpu_an_onnx_model_is_profiled_by_node,
+        ),
+        (
+            "gpu::a_resnet_update_is_profiled_op_by_op",
+            with_a_gpu_a_resnet_update_is_profiled_op_by_op,
         ),
     ];
     run_kinds(any, Vec::new(), gpu, Vec::new());

@@ -254,11 +254,19 @@ pub(super) fn profile(cmd: ProfileCommand, out: &Output) -> Result<()> {
                 )
                 .into());
             }
-            if a.train.model.is_some() {
-                return Err(Error::BadInput(
-                    "profile train records the MLP loop: leave out --model".into(),
-                )
-                .into());
+            if let Some(model) = a.train.model {
+                let request = super::train::cnn_request(a.train, model)?;
+                let discovery = prepare_process();
+                check_named_gpu(&discovery, DeviceSelection::One(request.device))?;
+                let report = gpukit_bench::workload::profile::profile_cnn_train(
+                    &discovery,
+                    &request,
+                    &o,
+                    &mut progress(),
+                )?;
+                let sections = render::profile_sections(&report);
+                let doc = Document::new("profile", report, None);
+                return emit(&doc, out, Vec::new(), sections);
             }
             if let Some(flag) = cnn_only_flag(&a.train) {
                 return Err(Error::BadInput(format!(

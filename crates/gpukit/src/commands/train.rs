@@ -127,9 +127,29 @@ pub(super) fn cnn_only_flag(a: &TrainArgs) -> Option<&'static str> {
 
 /// `train --model`: a ResNet, refusing the flags only the MLP loop takes.
 fn train_cnn(a: TrainArgs, model: gpukit_train::cnn::resnet::Depth, out: &Output) -> Result<()> {
-    use gpukit_bench::workload::train::cnn::{
-        check_request, document, run_cnn_train, CnnTrainRequest,
+    use gpukit_bench::workload::train::cnn::{document, run_cnn_train};
+    let request = cnn_request(a, model)?;
+    let device = request.device;
+    let discovery = if device == Device::Cpu {
+        discover()
+    } else {
+        let d = prepare_process();
+        check_named_gpu(&d, DeviceSelection::One(device))?;
+        d
     };
+    let mut shown = progress();
+    let report = run_cnn_train(&request, &discovery, &mut shown)?;
+    let sections = render::cnn_train_sections(&report);
+    emit(&document(report), out, Vec::new(), sections)
+}
+
+/// The request `train --model` (and `profile train --model`) makes of the flags, checked:
+/// flags only the MLP loop takes are refused.
+pub(super) fn cnn_request(
+    a: TrainArgs,
+    model: gpukit_train::cnn::resnet::Depth,
+) -> Result<gpukit_bench::workload::train::cnn::CnnTrainRequest> {
+    use gpukit_bench::workload::train::cnn::{check_request, CnnTrainRequest};
     let mlp_only = [
         ("--preset", a.preset.is_some()),
         ("--layers", a.layers.is_some()),
@@ -177,17 +197,8 @@ fn train_cnn(a: TrainArgs, model: gpukit_train::cnn::resnet::Depth, out: &Output
         data: a.data,
         precision: a.precision,
         save_losses: a.save_losses,
+        profile: None,
     };
     check_request(&request)?;
-    let discovery = if device == Device::Cpu {
-        discover()
-    } else {
-        let d = prepare_process();
-        check_named_gpu(&d, DeviceSelection::One(device))?;
-        d
-    };
-    let mut shown = progress();
-    let report = run_cnn_train(&request, &discovery, &mut shown)?;
-    let sections = render::cnn_train_sections(&report);
-    emit(&document(report), out, Vec::new(), sections)
+    Ok(request)
 }

@@ -18,7 +18,8 @@ pub mod table;
 pub mod trace;
 
 pub use run::{
-    profile_infer, profile_onnx, profile_train, InferWorkload, ProfileOptions, ProfileReport,
+    profile_cnn_train, profile_infer, profile_onnx, profile_train, InferWorkload, ProfileOptions,
+    ProfileReport,
 };
 
 use serde::{Deserialize, Serialize};

@@ -805,6 +805,70 @@ pub fn profile_train(
     )
 }
 
+/// `gpukit profile train --model`: one update of a ResNet on the GPU recorded op by op (the
+/// third by default: the first pays for planning, the second warms up), the others timed
+/// around it by the host as the step's time.
+pub fn profile_cnn_train(
+    discovery: &Discovery,
+    request: &crate::workload::train::cnn::CnnTrainRequest,
+    o: &ProfileOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<ProfileReport> {
+    check_options(o)?;
+    if !matches!(request.device, Device::Cuda(_)) {
+        return Err(Error::BadInput(
+            "profile train --model records a GPU run: add --device cuda:0".into(),
+        ));
+    }
+    let mut r = request.clone();
+    if r.steps.is_none() && r.epochs.is_none() {
+        r.steps = Some(8);
+    }
+    let at = r.steps.map_or(2, |s| s.saturating_sub(1).min(2));
+    r.profile = Some((at, o.timing));
+    let report = crate::workload::train::cnn::run_cnn_train(&r, discovery, progress)?;
+    let rec = report.recording.clone().ok_or_else(|| {
+        Error::Failed(format!(
+            "update {} was not made (--steps or --epochs ended the run before it)",
+            at + 1
+        ))
+    })?;
+    if let Some(why) = &report.diverged {
+        return Err(Error::Failed(format!("the run diverged: {why}")));
+    }
+    // the step's time from the updates neither planning (the first) nor recorded
+    let per_step: Vec<f64> = report
+        .updates
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i > 0 && i as u64 != at)
+        .map(|(_, u)| u.seconds * 1e3)
+        .collect();
+    let workload = format!(
+        "train {} batch {} {}x{} {} {}",
+        report.model,
+        report.batch_size,
+        report.image_size.0,
+        report.image_size.1,
+        report.precision,
+        report.device
+    );
+    assemble(
+        Assembly {
+            workload,
+            device: report.gpu_name.clone().unwrap_or(report.device.clone()),
+            records: records(&rec),
+            recording: &rec,
+            steps: 1,
+            step_ms: Summary::of(&per_step),
+            attribution: None,
+            eager_idle: None,
+            verified: "the run's own checks (losses finite; a diverging run fails)".into(),
+        },
+        o,
+    )
+}
+
 /// Where the trace went, for the notes.
 pub fn trace_note(path: &Path) -> String {
     format!(

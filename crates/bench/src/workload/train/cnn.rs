@@ -11,6 +11,7 @@
 use crate::error::{Error, Result};
 use crate::report::Document;
 use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::profiler::{Recording, TimingChoice};
 use gpukit_tensor::{DType, Device};
 use gpukit_train::cnn::data::{self, Images};
 use gpukit_train::cnn::gpu::need::{device_need, unit_outputs, HINT};
@@ -49,6 +50,8 @@ pub struct CnnTrainRequest {
     pub data: Option<PathBuf>,
     pub precision: Option<DType>,
     pub save_losses: Option<PathBuf>,
+    /// `gpukit profile train --model`: record this update (0-based) of a GPU run, and how.
+    pub profile: Option<(u64, TimingChoice)>,
 }
 
 /// The report of `gpukit train --model`.
@@ -56,6 +59,9 @@ pub struct CnnTrainRequest {
 pub struct CnnTrainReport {
     pub model: String,
     pub device: String,
+    /// The GPU's name, when one trained.
+    #[serde(default)]
+    pub gpu_name: Option<String>,
     pub precision: String,
     pub parameters: usize,
     pub classes: usize,
@@ -89,6 +95,9 @@ pub struct CnnTrainReport {
     /// Why the run stopped early at a non-finite loss (the report then fails).
     pub diverged: Option<String>,
     pub saved_losses: Option<PathBuf>,
+    /// `gpukit profile train --model`'s recording (not part of train's own report).
+    #[serde(skip)]
+    pub recording: Option<Recording>,
 }
 
 /// The defaults: a GPU trains torchvision's 224x224 images, the CPU small ones.
@@ -285,12 +294,14 @@ pub fn run_cnn_train(
     };
     let mut model = ResNet::<f32>::new(r.model, classes, seed);
     let on_gpu = matches!(r.device, Device::Cuda(_));
+    let mut gpu_name = None;
     host_need(&model, count, image, batch, on_gpu)?.check_host(HINT)?;
     let gpu = match r.device {
         Device::Cpu => None,
         Device::Cuda(n) => {
             let gpu = std::sync::Arc::new(gpukit_cuda::Gpu::open(discovery, n)?);
             check_precision_on(&gpu, precision)?;
+            gpu_name = gpu.name().ok();
             let (free, _) = gpu.mem_info()?;
             device_need(n, &model, batch, image, precision, &opt)?.check(Some(free), HINT)?;
             Some(gpu)
@@ -321,9 +332,13 @@ pub fn run_cnn_train(
                 image.0,
                 image.1
             ));
-            gpu_net.insert(GpuResNet::new(
+            let net = gpu_net.insert(GpuResNet::new(
                 discovery, gpu, &model, batch, image, precision, opt, smoothing,
-            )?)
+            )?);
+            if let Some((at, timing)) = r.profile {
+                net.profile_update(at, discovery, timing);
+            }
+            net
         }
         None => cpu_net.insert(CpuResNet {
             model,
@@ -342,6 +357,7 @@ pub fn run_cnn_train(
         ))
     })?;
     let peak_gpu_bytes = gpu_net.as_ref().map(GpuResNet::peak_bytes).transpose()?;
+    let recording = gpu_net.as_mut().and_then(GpuResNet::take_recording);
     let scaler = gpu_net
         .as_ref()
         .filter(|n| n.precision.scaled())
@@ -363,6 +379,7 @@ pub fn run_cnn_train(
     Ok(CnnTrainReport {
         model: r.model.name().into(),
         device: r.device.to_string(),
+        gpu_name,
         precision: precision.name().into(),
         parameters,
         classes,
@@ -383,6 +400,7 @@ pub fn run_cnn_train(
         skipped_updates: scaler.map_or(0, |s| s.skipped),
         diverged: out.diverged,
         saved_losses: r.save_losses.clone(),
+        recording,
     })
 }
 
@@ -438,6 +456,7 @@ mod tests {
             data: None,
             precision: None,
             save_losses: None,
+            profile: None,
         }
     }
 

@@ -27,6 +27,7 @@
 pub mod kernels;
 pub mod layout;
 pub mod need;
+mod ops;
 mod step;
 
 use super::layers::Linear;
@@ -43,6 +44,7 @@ use gpukit_cuda::dnn::{
     BatchNorm, BnBackward, BnForward, BnMode, BnOps, Conv, ConvTrain, Dnn, Maps, MaxPool,
 };
 use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::profiler::{Profiler, Recording, TimingChoice};
 use gpukit_cuda::{DeviceBuffer, Gpu, View};
 use gpukit_tensor::codec::{bytes_of, decode_f32, encode_f32};
 use gpukit_types::{ConvShape, DType, Layout};
@@ -265,14 +267,32 @@ pub struct GpuResNet {
     workspace: DeviceBuffer,
     /// Whether a batch is on the device.
     uploaded: bool,
+    /// Updates made through [`super::run::Stepper::step`].
+    updates: u64,
+    /// `gpukit profile train --model`: the update (0-based) to record, and how.
+    profile_at: Option<(u64, Discovery, TimingChoice)>,
+    recording: Option<Recording>,
 }
 
 impl super::run::Stepper for GpuResNet {
+    /// One update; the one [`GpuResNet::profile_update`] names is recorded, its batch's upload
+    /// included.
     fn step(&mut self, images: &Tensor<f32>, labels: &[u32], fresh: bool) -> Result<(f64, usize)> {
+        let profiler = match &self.profile_at {
+            Some((at, discovery, timing)) if *at == self.updates => {
+                Some(Profiler::start(&self.gpu, discovery, *timing)?)
+            }
+            _ => None,
+        };
+        self.updates += 1;
         if fresh || !self.uploaded {
             self.upload(images, labels)?;
         }
-        self.step_uploaded()
+        let out = self.step_uploaded();
+        if let Some(p) = profiler {
+            self.recording = Some(p.finish()?);
+        }
+        out
     }
 }
 
@@ -472,6 +492,9 @@ impl GpuResNet {
             scratch: [alloc(largest)?, alloc(largest)?, alloc(largest)?],
             workspace: alloc(workspace_bytes.max(256))?,
             uploaded: false,
+            updates: 0,
+            profile_at: None,
+            recording: None,
             gpu,
         };
         net.load(model)?;
@@ -481,6 +504,17 @@ impl GpuResNet {
     /// The algorithms cuDNN's heuristics gave each convolution, `name: forward / backward data /
     /// backward filter`, and each norm's kernels where they are not the bare SPATIAL ones
     /// (`[persistent, fused]`), for reports and for the first GPU run to check.
+    /// Records update `at` (0-based) of the updates made through the stepper with a profiler.
+    pub fn profile_update(&mut self, at: u64, discovery: &Discovery, timing: TimingChoice) {
+        self.profile_at = Some((at, discovery.clone(), timing));
+        self.recording = None;
+    }
+
+    /// The recording [`GpuResNet::profile_update`] asked for, once that update ran.
+    pub fn take_recording(&mut self) -> Option<Recording> {
+        self.recording.take()
+    }
+
     pub fn conv_algorithms(&self) -> Vec<String> {
         use gpukit_cuda::dnn::Pass;
         self.units()
@@ -776,6 +810,7 @@ impl GpuResNet {
             )));
         }
         let g = &self.gpu;
+        let _op = self.op_other("upload batch", "input", images.data.len(), "host + copy");
         match self.input.layout {
             Layout::Nchw => g.upload_into(self.images.view(), bytes_of(&images.data))?,
             Layout::Nhwc => {

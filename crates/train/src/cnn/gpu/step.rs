@@ -1,6 +1,7 @@
 //! One training step of a [`GpuResNet`] on its uploaded batch: each unit's convolution and
 //! batch norm forward, the loss, backward through the blocks to the stem, and the update.
 
+use super::ops::UnitOp;
 use super::*;
 
 impl GpuResNet {
@@ -9,6 +10,7 @@ impl GpuResNet {
     /// gpukit's kernel.
     fn unit_forward(&self, u: &GpuUnit, x: View<'_>, z: Option<View<'_>>) -> Result<()> {
         let ws = self.workspace.view();
+        let op = self.op_unit(u, UnitOp::ConvForward);
         self.dnn.conv_train_forward(
             &u.conv,
             x,
@@ -16,6 +18,8 @@ impl GpuResNet {
             u.conv_out.view(),
             ws,
         )?;
+        drop(op);
+        let _op = self.op_unit(u, UnitOp::NormForward);
         let (saved_mean, saved_invstd) = self.saved_stats(u)?;
         let fused = u.fused();
         let args = BnForward {
@@ -49,6 +53,7 @@ impl GpuResNet {
         dz: Option<View<'_>>,
     ) -> Result<()> {
         let ws = self.workspace.view();
+        let _op = self.op_unit(u, UnitOp::NormBackward);
         let fused = u.fused();
         let n = u.output.elements();
         if !fused {
@@ -96,9 +101,11 @@ impl GpuResNet {
         let ws = self.workspace.view();
         let i = u.spec.weight;
         if let Some((dx, accumulate)) = dx {
+            let _op = self.op_unit(u, UnitOp::ConvBackwardData);
             self.dnn
                 .conv_backward_data(&u.conv, (self.weight(i)?, dy, dx), ws, accumulate)?;
         }
+        let _op = self.op_unit(u, UnitOp::ConvBackwardFilter);
         self.dnn
             .conv_backward_filter(&u.conv, (x, dy, self.product_grad(i)?), ws, false)?;
         self.widen_grad(i)
@@ -108,8 +115,15 @@ impl GpuResNet {
         let dt = self.dtype();
         let stem = &self.stem;
         self.unit_forward(stem, self.images.view(), None)?;
+        let op = self.op_other(
+            "max pool forward",
+            "maxpool",
+            stem.output.elements(),
+            "cuDNN",
+        );
         self.dnn
             .max_pool_forward(&self.pool, stem.bn_out.view(), self.pool_out.view())?;
+        drop(op);
         let mut x = self.pool_out.view();
         for b in &self.blocks {
             // the shortcut first: the block's last norm adds it
@@ -131,6 +145,7 @@ impl GpuResNet {
         let (fc, w, bias) = self.head;
         let (n, c) = (self.batch, self.last.c);
         let plane = self.last.h * self.last.w;
+        let op = self.op_other("average pool forward", "avgpool", n * c * plane, "NVRTC");
         match self.last.layout {
             Layout::Nchw => self
                 .ck
@@ -140,6 +155,8 @@ impl GpuResNet {
                     .avg_pool_nhwc(x, self.features.view(), dt, (n * c, plane, c))?
             }
         }
+        drop(op);
+        let op = self.op_head("linear+bias forward", (n, fc.outputs, fc.inputs));
         self.blas.gemm_batched(
             dt,
             (self.features.view(), self.weight(w)?, self.logits.view()),
@@ -153,6 +170,8 @@ impl GpuResNet {
             (fc.outputs, n),
             false,
         )?;
+        drop(op);
+        let _op = self.op_other("cross entropy", "loss", n * fc.outputs, "NVRTC");
         // fp16: the loss's gradient times the loss scale
         let state = self.precision.scaled().then(|| self.state.view());
         self.k.cross_entropy(
@@ -173,6 +192,7 @@ impl GpuResNet {
         let dt = self.dtype();
         let (fc, w, bias) = self.head;
         let (n, c) = (self.batch, self.last.c);
+        let op = self.op_head("linear weight+bias grad", (fc.outputs, fc.inputs, n));
         self.blas.gemm_batched(
             dt,
             (
@@ -191,16 +211,20 @@ impl GpuResNet {
             (fc.outputs, n),
             0.0,
         )?;
+        drop(op);
+        let op = self.op_head("linear input grad", (n, fc.inputs, fc.outputs));
         self.blas.gemm_batched(
             dt,
             (self.dlogits.view(), self.weight(w)?, self.dfeatures.view()),
             (1, n, fc.inputs, fc.outputs),
             (false, false),
         )?;
+        drop(op);
         let s = |i: usize| self.scratch[i].view();
         // o: the gradient of the current block's output; p, q: the other two
         let mut o = 0;
         let plane = self.last.h * self.last.w;
+        let op = self.op_other("average pool backward", "avgpool", n * c * plane, "NVRTC");
         match self.last.layout {
             Layout::Nchw => {
                 self.ck
@@ -211,6 +235,7 @@ impl GpuResNet {
                     .avg_pool_back_nhwc(self.dfeatures.view(), s(o), dt, (n * c, plane, c))?
             }
         }
+        drop(op);
         let pool_out = self.pool_out.view();
         let no_units = || Error::Failed("a residual block without units".into());
         for (bi, b) in self.blocks.iter().enumerate().rev() {
@@ -248,8 +273,15 @@ impl GpuResNet {
         }
         let (p, q) = ((o + 1) % 3, (o + 2) % 3);
         let stem = &self.stem;
+        let op = self.op_other(
+            "max pool backward",
+            "maxpool",
+            stem.output.elements(),
+            "cuDNN",
+        );
         self.dnn
             .max_pool_backward(&self.pool, (stem.bn_out.view(), pool_out), s(o), s(p))?;
+        drop(op);
         self.norm_backward(stem, (s(p), s(q)), None)?;
         self.conv_backward(stem, self.images.view(), s(q), None)?;
         Ok(())
@@ -265,6 +297,7 @@ impl GpuResNet {
         let (p, g, st) = (self.params.view(), self.grads.view(), self.state.view());
         let half = self.half.as_ref().map(|h| h.weights.view());
         let dt = self.dtype();
+        let _op = self.op_update();
         if scaled {
             self.k.check_finite(g, n, st)?;
         }
