@@ -833,8 +833,10 @@ impl GpuResNet {
         self.backward()?;
         self.update()?;
         self.batches_tracked += 1;
+        let op = self.op_other("read the loss", "loss", 3, "copy");
         let loss = g.download_from(self.loss.view(), 8)?;
         let correct = g.download_from(self.correct.view(), 4)?;
+        drop(op);
         let loss = f64::from_ne_bytes(
             loss.try_into()
                 .map_err(|_| Error::Failed("the loss is not 8 bytes".into()))?,
