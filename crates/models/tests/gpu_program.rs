@@ -13,7 +13,7 @@ use gpukit_models::graph::{forward_cpu, passes::optimize, Array, Graph};
 use gpukit_models::onnx::{fixtures, import_model, ImportOptions};
 use gpukit_tensor::codec::{decode_f32, decode_f64, encode_f32};
 use gpukit_tensor::random::{fresh_seed, normal_f32};
-use gpukit_tensor::{DType, Layout};
+use gpukit_tensor::{ConvShape, DType, Layout};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::OnceLock;
 
@@ -172,13 +172,100 @@ fn global_average_matches_float64() -> Result<(), Failed> {
     }
 }
 
+/// The channel-last depthwise kernels against float64 where each runs: rows of outputs a
+/// thread (four at batch 8, two at batch 1 and large maps) and an output a thread (small maps),
+/// 3x3, 5x5 and 7x7 filters, with bias, a residual and SiLU.
+fn depthwise_matches_float64() -> Result<(), Failed> {
+    use gpukit_models::graph::Activation;
+    let discovery = DISCOVERY.get().ok_or("no discovery")?;
+    let ctx = GpuContext::open(discovery, 0)?;
+    let k = ProgramKernels::new(discovery, &ctx.gpu)?;
+    let mut failures = Vec::new();
+    for dtype in [DType::F32, DType::F16, DType::Bf16] {
+        for (n, c, h, f, residual) in [
+            (8, 96, 56, 7, false),
+            (1, 96, 56, 7, true),
+            (1, 384, 14, 7, false),
+            (8, 144, 28, 3, true),
+            (1, 240, 28, 5, false),
+            (2, 12, 9, 3, false),
+        ] {
+            let pad = f / 2;
+            let shape = ConvShape {
+                n,
+                c,
+                h,
+                w: h,
+                k: c,
+                r: f,
+                s: f,
+                stride: 1,
+                pad,
+                groups: c,
+            };
+            let seed = fresh_seed();
+            let len = n * c * h * h;
+            let (x, xs) = upload(&ctx, &normal_f32(len, seed), dtype)?;
+            let taps: Vec<f32> = normal_f32(f * f * c, seed + 1)
+                .iter()
+                .map(|v| v / f as f32)
+                .collect();
+            let (taps, ts) = upload(&ctx, &taps, dtype)?;
+            let (bias, bs) = upload(&ctx, &normal_f32(c, seed + 2), dtype)?;
+            let (z, zs) = upload(&ctx, &normal_f32(len, seed + 3), dtype)?;
+            let mut want = Vec::with_capacity(len);
+            for (o, zo) in zs.iter().enumerate() {
+                let (px, ch) = (o / c, o % c);
+                let (img, i, j) = (px / (h * h), px / h % h, px % h);
+                let mut s = bs[ch];
+                for di in 0..f {
+                    for dj in 0..f {
+                        let yy = (i + di) as isize - pad as isize;
+                        let xx = (j + dj) as isize - pad as isize;
+                        if yy < 0 || xx < 0 || yy >= h as isize || xx >= h as isize {
+                            continue;
+                        }
+                        let at = ((img * h + yy as usize) * h + xx as usize) * c + ch;
+                        s += xs[at] * ts[(di * f + dj) * c + ch];
+                    }
+                }
+                if residual {
+                    s += zo;
+                }
+                want.push((s / (1.0 + (-s).exp())) as f32);
+            }
+            let y = ctx.gpu.alloc(len * dtype.storage().size_bytes())?;
+            k.depthwise(
+                dtype,
+                &shape,
+                x.view(),
+                taps.view(),
+                Some(bias.view()),
+                residual.then(|| z.view()),
+                Some(Activation::Silu),
+                y.view(),
+            )?;
+            let r = rel(&download(&ctx, &y, dtype)?, &want);
+            if r > kernel_tolerance(dtype) {
+                failures.push(format!(
+                    "{dtype} {n}x{c}x{h}x{h} {f}x{f} residual {residual} (seed {seed}): {r:.1e}"
+                ));
+            }
+        }
+    }
+    match failures.is_empty() {
+        true => Ok(()),
+        false => Err(failures.join("\n").into()),
+    }
+}
+
 type Test = fn() -> Result<(), Failed>;
 
 fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 2] = [
+    let tests: [(&str, Test); 3] = [
         (
             "gpu::program::every_fixture_matches_the_interpreter",
             every_fixture_matches_the_interpreter,
@@ -186,6 +273,10 @@ fn main() {
         (
             "gpu::program::global_average_matches_float64",
             global_average_matches_float64,
+        ),
+        (
+            "gpu::program::depthwise_matches_float64",
+            depthwise_matches_float64,
         ),
     ];
     let trials = tests

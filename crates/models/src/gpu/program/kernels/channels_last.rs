@@ -66,6 +66,75 @@ __device__ void depthwise(const T* __restrict__ x, const T* __restrict__ w,
     }
 }
 
+// The same for stride 1 and an S x S filter, P outputs along a row a thread: each of the S input
+// rows' P + S - 1 pixels is loaded once into registers and each tap once, where the kernel above
+// loads an input pixel and a tap for every output and tap (its loads, not its arithmetic, set
+// its speed). V channels a thread (8-byte loads); v[] as above. Thread o computes channels
+// [V * (o % (c / V)), +V) of outputs j0..j0+P of row (o / (c / V)) / ceil(q / P).
+template <class T, int V, int P, int S>
+__device__ void depthwise_rows(const T* __restrict__ x, const T* __restrict__ w,
+                               const T* __restrict__ bias, const T* __restrict__ z,
+                               T* __restrict__ y, Dims g, int act, float alpha, float beta) {
+    const long long* d = g.v;
+    const unsigned h = d[1], wd = d[2], c = d[3], p = d[4], q = d[5];
+    const int pad = (int)d[9];
+    const unsigned cv = c / V, qb = (q + P - 1) / P, total = (unsigned)d[0] * p * qb * cv;
+    for (unsigned o = blockIdx.x * blockDim.x + threadIdx.x; o < total;
+         o += gridDim.x * blockDim.x) {
+        const unsigned rest = o / cv, ch = (o - rest * cv) * V;
+        const unsigned row = rest / qb, jb = rest - row * qb;
+        const unsigned img = row / p, i = row - img * p;
+        const int j0 = (int)(jb * P);
+        float acc[P][V];
+#pragma unroll
+        for (int k = 0; k < P; ++k)
+#pragma unroll
+            for (int u = 0; u < V; ++u) acc[k][u] = 0.0f;
+        for (int di = 0; di < S; ++di) {
+            const int yy = (int)i + di - pad;
+            if (yy < 0 || yy >= (int)h) continue;
+            const T* xrow = x + ((img * h + (unsigned)yy) * wd) * c + ch;
+            float win[P + S - 1][V];
+#pragma unroll
+            for (int t = 0; t < P + S - 1; ++t) {
+                const int xx = j0 - pad + t;
+                if (xx >= 0 && xx < (int)wd) {
+                    Pack<T, V> xv = *(const Pack<T, V>*)(xrow + (unsigned)xx * c);
+#pragma unroll
+                    for (int u = 0; u < V; ++u) win[t][u] = to_f(xv.v[u]);
+                } else {
+#pragma unroll
+                    for (int u = 0; u < V; ++u) win[t][u] = 0.0f;
+                }
+            }
+            const T* wrow = w + (unsigned)(di * S) * c + ch;
+#pragma unroll
+            for (int dj = 0; dj < S; ++dj) {
+                Pack<T, V> wv = *(const Pack<T, V>*)(wrow + (unsigned)dj * c);
+#pragma unroll
+                for (int k = 0; k < P; ++k)
+#pragma unroll
+                    for (int u = 0; u < V; ++u) acc[k][u] += win[k + dj][u] * to_f(wv.v[u]);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < P; ++k) {
+            const int j = j0 + k;
+            if (j >= (int)q) break;
+            const unsigned at = ((img * p + i) * q + (unsigned)j) * c + ch;
+            Pack<T, V> out;
+#pragma unroll
+            for (int u = 0; u < V; ++u) {
+                float v = acc[k][u];
+                if (bias) v += to_f(bias[ch + u]);
+                if (z) v += to_f(z[at + u]);
+                out.v[u] = from_f<T>(activate(act, v, alpha, beta));
+            }
+            *(Pack<T, V>*)(y + at) = out;
+        }
+    }
+}
+
 // Max (v[14] != 0) or average pooling: x [n, h, w, c], y [n, p, q, c]. v[0..4] n, h, w, c;
 // v[4], v[5] p, q; v[6], v[7] window; v[8], v[9] steps; v[10..14] padding top, left, bottom,
 // right; v[15] != 0: an average divides by the window clipped to the padded input, else by its
@@ -184,6 +253,12 @@ __device__ void gap_cl(const T* __restrict__ x, T* __restrict__ y, float* partia
     }
 }
 
+// depthwise_rows for filter size S and P outputs a thread, 8-byte loads
+#define DW_ROWS(T, TAG, S, P)                                                                  \
+extern "C" __global__ void depthwise_rows##S##x##P##_##TAG(const T* x, const T* w,            \
+    const T* bias, const T* z, T* y, Dims g, int act, float alpha, float beta)                 \
+    { depthwise_rows<T, 8 / sizeof(T), P, S>(x, w, bias, z, y, g, act, alpha, beta); }
+
 #define DEPTHWISE(T, TAG, V)                                                                   \
 extern "C" __global__ void depthwise_vec_##TAG(const T* x, const T* w, const T* bias,           \
     const T* z, T* y, Dims g, int act, float alpha, float beta)                                \
@@ -191,6 +266,8 @@ extern "C" __global__ void depthwise_vec_##TAG(const T* x, const T* w, const T* 
 extern "C" __global__ void depthwise_one_##TAG(const T* x, const T* w, const T* bias,           \
     const T* z, T* y, Dims g, int act, float alpha, float beta)                                \
     { depthwise<T, 1>(x, w, bias, z, y, g, act, alpha, beta); }                                 \
+DW_ROWS(T, TAG, 3, 2) DW_ROWS(T, TAG, 3, 4) DW_ROWS(T, TAG, 5, 2) DW_ROWS(T, TAG, 5, 4)          \
+DW_ROWS(T, TAG, 7, 2) DW_ROWS(T, TAG, 7, 4)                                                    \
 extern "C" __global__ void pool_cl_##TAG(const T* x, T* y, Dims g) { pool_cl<T, V>(x, y, g); }  \
 extern "C" __global__ void gap_cl_##TAG(const T* x, T* y, float* partial, unsigned* count,      \
     Dims g) { gap_cl<T, V>(x, y, partial, count, g); }
@@ -201,7 +278,18 @@ DEPTHWISE(B, bf16, 8)
 "#;
 
 /// The kernels' names without their element type tag.
-const KERNELS: [&str; 4] = ["depthwise_vec", "depthwise_one", "pool_cl", "gap_cl"];
+const KERNELS: [&str; 10] = [
+    "depthwise_vec",
+    "depthwise_one",
+    "depthwise_rows3x2",
+    "depthwise_rows3x4",
+    "depthwise_rows5x2",
+    "depthwise_rows5x4",
+    "depthwise_rows7x2",
+    "depthwise_rows7x4",
+    "pool_cl",
+    "gap_cl",
+];
 
 /// The module: its name in the kernel cache, its source and its kernels.
 pub fn kernel_source() -> KernelSource {
@@ -219,6 +307,36 @@ pub fn kernel_source() -> KernelSource {
 /// Channels a thread of `depthwise_vec` computes for element type `dtype`.
 fn vector(dtype: DType) -> usize {
     16 / dtype.size_bytes()
+}
+
+/// Threads below which `depthwise_rows` would leave the GPU idle (a row's outputs shared by
+/// fewer threads): about two blocks of 128 an SM of the largest GPUs.
+const ROWS_MIN_THREADS: usize = 16 * 1024;
+
+/// The `depthwise_rows` kernel for `shape` and its thread count: stride 1, a square 3, 5 or 7
+/// filter, channels in whole 8-byte vectors, 8-byte aligned views; four outputs a thread
+/// where that leaves 32K threads or more, two where 16K or more, else None (the kernel a thread
+/// an output serves small images better).
+fn rows_variant(
+    shape: &ConvShape,
+    dtype: DType,
+    views: &[Option<View<'_>>],
+) -> Option<(String, usize)> {
+    let v = 8 / dtype.size_bytes();
+    let fits = shape.stride == 1
+        && shape.r == shape.s
+        && matches!(shape.r, 3 | 5 | 7)
+        && shape.c.is_multiple_of(v)
+        && views.iter().flatten().all(|b| b.is_aligned(8));
+    if !fits {
+        return None;
+    }
+    let (p, q) = (shape.out_h(), shape.out_w());
+    let threads = |per: usize| shape.n * p * q.div_ceil(per) * (shape.c / v);
+    let per = [4, 2]
+        .into_iter()
+        .find(|&per| threads(per) >= ROWS_MIN_THREADS * per / 2)?;
+    Some((format!("depthwise_rows{}x{per}", shape.r), threads(per)))
 }
 
 /// Whether the depthwise kernel runs `shape`: one filter per channel, and every index within 31
@@ -306,10 +424,11 @@ impl ProgramKernels {
             .into_iter()
             .flatten()
             .all(|b| b.is_aligned(16));
-        let (stem, threads) = if shape.c.is_multiple_of(v) && aligned {
-            ("depthwise_vec", out / v)
-        } else {
-            ("depthwise_one", out)
+        let rows = rows_variant(shape, dtype, &[Some(x), Some(taps), z, Some(y)]);
+        let (stem, threads) = match rows {
+            Some((stem, threads)) => (stem, threads),
+            None if shape.c.is_multiple_of(v) && aligned => ("depthwise_vec".to_string(), out / v),
+            None => ("depthwise_one".to_string(), out),
         };
         let mut dims = [0i64; 32];
         put(
@@ -443,6 +562,64 @@ mod tests {
     use super::*;
 
     #[test]
+    fn rows_of_outputs_a_thread_where_there_are_threads_enough() {
+        let convnext = |n: usize, c: usize, h: usize| ConvShape {
+            n,
+            c,
+            h,
+            w: h,
+            k: c,
+            r: 7,
+            s: 7,
+            stride: 1,
+            pad: 3,
+            groups: c,
+        };
+        let pick = |s: &ConvShape, d: DType| rows_variant(s, d, &[]).map(|(k, _)| k);
+        // batch 32: four outputs a thread; batch 1: two at 56x56 and 28x28, the old kernel below
+        assert_eq!(
+            pick(&convnext(32, 96, 56), DType::F16).as_deref(),
+            Some("depthwise_rows7x4")
+        );
+        assert_eq!(
+            pick(&convnext(1, 96, 56), DType::F16).as_deref(),
+            Some("depthwise_rows7x2")
+        );
+        assert_eq!(
+            pick(&convnext(1, 192, 28), DType::F16).as_deref(),
+            Some("depthwise_rows7x2")
+        );
+        assert_eq!(pick(&convnext(1, 384, 14), DType::F16), None);
+        // stride 2, a 1x3 filter, channels not in 8-byte vectors: never
+        assert_eq!(
+            pick(
+                &ConvShape {
+                    stride: 2,
+                    ..convnext(32, 96, 56)
+                },
+                DType::F16
+            ),
+            None
+        );
+        assert_eq!(
+            pick(
+                &ConvShape {
+                    r: 1,
+                    s: 3,
+                    ..convnext(32, 96, 56)
+                },
+                DType::F16
+            ),
+            None
+        );
+        assert_eq!(pick(&convnext(32, 6, 56), DType::F16), None);
+        assert_eq!(
+            pick(&convnext(32, 6, 56), DType::F32).as_deref(),
+            Some("depthwise_rows7x4")
+        );
+    }
+
+    #[test]
     fn small_batches_split_an_average_over_blocks_within_the_scratch() {
         // EfficientNet's first average at batch 1: 32 channels of 112x112 in f16 (4 vectors)
         let (lanes, splits) = split_average(1, 4, 112 * 112);
@@ -470,6 +647,12 @@ mod tests {
         let expected = [
             ("depthwise_vec_", "p p p p p s i f f"),
             ("depthwise_one_", "p p p p p s i f f"),
+            ("depthwise_rows3x2_", "p p p p p s i f f"),
+            ("depthwise_rows3x4_", "p p p p p s i f f"),
+            ("depthwise_rows5x2_", "p p p p p s i f f"),
+            ("depthwise_rows5x4_", "p p p p p s i f f"),
+            ("depthwise_rows7x2_", "p p p p p s i f f"),
+            ("depthwise_rows7x4_", "p p p p p s i f f"),
             ("pool_cl_", "p p s"),
             ("gap_cl_", "p p p p s"),
         ];
