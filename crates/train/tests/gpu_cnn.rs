@@ -895,7 +895,7 @@ const MIXED_LOSS_TOL: f64 = 0.02;
 /// the fp32 GPU path over 5 updates, the fp32 network rebuilt before each update from the mixed
 /// run's master weights: every update's loss within [`MIXED_LOSS_TOL`] of fp32's at the same
 /// weights and batch, and the first update (the same start) moving the parameters in fp32's
-/// direction (cosine above 0.5), the running statistics within 2%. No update
+/// direction (cosine above 0.5), the running statistics within 5% (bf16) / 1% (fp16). No update
 /// skipped (fp16 at a loss scale of 1024, which these gradients cannot overflow; its scale
 /// unchanged after 5 clean updates).
 ///
@@ -990,11 +990,17 @@ fn trains_like_fp32(precision: Precision) -> Result<(), Failed> {
             )
             .into());
         }
+        // a batch mean over 8 images of 16-bit maps cancels: bf16 rounds 8 times coarser than
+        // fp16 (measured 2.2e-2 / 2.2e-3 of a tensor's largest)
+        let stats_tol = match precision {
+            Precision::Bf16 => 5e-2,
+            _ => 1e-2,
+        };
         let (e, name) = worst(&named(&a.buffers), &named(&b.buffers), None);
         check(
             &format!("running statistics after it against fp32 (worst: {name})"),
             e,
-            2e-2,
+            stats_tol,
         )?;
     }
     let st = half.scaler()?;
