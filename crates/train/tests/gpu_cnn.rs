@@ -112,7 +112,9 @@ fn convolutions_match_the_cpu_layer() -> Result<(), Failed> {
         (3, 8, 10, 11, 12, 3, 2, 1),
         (2, 16, 8, 8, 32, 1, 2, 0),
         (4, 64, 7, 7, 64, 3, 1, 1),
+        (3, 16, 6, 5, 24, 1, 1, 0),
     ];
+    let blas = gpukit_cuda::blas::Blas::new(d, &g)?;
     // every algorithm cuDNN offers for each pass, in f32 NCHW and in bf16 channels-last (its
     // inputs rounded to bf16 first, so the tolerance is the output's rounding)
     for (layout, dtype, tol) in [
@@ -244,6 +246,22 @@ fn convolutions_match_the_cpu_layer() -> Result<(), Failed> {
                     tried.push(format!("{} {}", pass.name(), cand.name));
                 }
                 plan.choose(pass, 0)?;
+            }
+            // a channels-last 1x1 stride-1 filter's gradient as the trainer may take it: one
+            // cuBLAS product dW [k, c] = dY^T [k, pixels] X [pixels, c]
+            if layout == Layout::Nhwc && (r, stride, pad) == (1, 1, 0) {
+                blas.gemm_batched(
+                    dtype,
+                    (dyb.view(), xb.view(), dwb.view()),
+                    (1, k, c, n * h * w),
+                    (true, false),
+                )?;
+                check(
+                    &format!("{what} filter gradient as a cuBLAS product"),
+                    rel(&take(&dwb, ws_)?, &dw_ref),
+                    tol,
+                )?;
+                tried.push("cuBLAS product".into());
             }
             println!("  {what}: {} algorithms right", tried.len());
         }
@@ -513,6 +531,59 @@ fn max_pooling_matches_the_cpu_layer() -> Result<(), Failed> {
         let dx_ref = layer.backward([n, c, h, w], &arg, &tensor64([n, c, oh, ow], &dy));
         check("forward", rel(&y, &wide(&y_ref.data)), 0.0)?;
         check("backward", rel(&dx, &dx_ref.data), 1e-6)?;
+    }
+    // gpukit's channel-last backward kernel, after cuDNN's channel-last forward, on maps that
+    // are half zeros (as after a ReLU: windows whose maximum is a tie): the gradient goes to the
+    // window's first maximum, as the CPU layer gives it; f32 within 1e-6 (sums of up to four
+    // gradients), 16-bit within one rounding
+    let ck = CnnKernels::new(d, &g)?;
+    for (dtype, tol) in [(DType::F32, 1e-6), (DType::Bf16, 4e-3), (DType::F16, 1e-3)] {
+        for (n, c, h, w) in [(2, 8, 9, 9), (3, 16, 16, 12), (2, 64, 112, 112)] {
+            let layer = MaxPool2d {
+                kernel: 3,
+                stride: 2,
+                padding: 1,
+            };
+            let maps = Maps {
+                n,
+                c,
+                h,
+                w,
+                layout: Layout::Nhwc,
+                dtype,
+            };
+            let p = dnn.max_pool(maps, 3, 2, 1)?;
+            let (oh, ow) = layer.out_size(h, w);
+            let x: Vec<f32> = round_f32(&normal_f32(n * c * h * w, seed + 7), dtype)
+                .into_iter()
+                .map(|v| v.max(0.0))
+                .collect();
+            let dy = round_f32(&normal_f32(n * c * oh * ow, seed + 8), dtype);
+            let (xs, ys) = ([n, c, h, w], [n, c, oh, ow]);
+            let xb = up(&g, &to_layout(&x, xs, Layout::Nhwc), dtype)?;
+            let dyb = up(&g, &to_layout(&dy, ys, Layout::Nhwc), dtype)?;
+            let e = dtype.size_bytes();
+            let (yb, dxb) = (g.alloc(dy.len() * e)?, g.alloc(x.len() * e)?);
+            dnn.max_pool_forward(&p, xb.view(), yb.view())?;
+            ck.max_pool_back_nhwc(
+                (xb.view(), yb.view(), dyb.view(), dxb.view()),
+                dtype,
+                (n, h, w, c),
+                (oh, ow),
+                (3, 2, 1),
+            )?;
+            let dx = from_layout(&down(&g, &dxb, x.len(), dtype)?, xs, Layout::Nhwc);
+            let (_, arg) = layer.forward(&Tensor::from_vec(xs, x.clone()));
+            let dx_ref = layer.backward(xs, &arg, &tensor64(ys, &dy));
+            check(
+                &format!(
+                    "{} channels-last backward kernel {n}x{c}x{h}x{w}",
+                    dtype.name()
+                ),
+                rel(&dx, &dx_ref.data),
+                tol,
+            )?;
+        }
     }
     Ok(())
 }
@@ -1069,6 +1140,105 @@ fn fp16_skips_an_overflowing_update() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Diagnostic, run by name with `--ignored`: how far the first SGD update's moves of ResNet-18
+/// lie from float64's, for the GPU and for the CPU's f32 engine, over fresh seeds and two image
+/// sizes: per tensor the largest element error and the L2 error (each against that tensor's
+/// float64 move; the worst tensor named), and the whole move's cosine with float64's. Judges
+/// nothing: it tells an engine's error from the network's conditioning.
+fn first_move_conditioning() -> Result<(), Failed> {
+    let (d, g) = gpu()?;
+    let config = nesterov_sgd();
+    let (batch, classes, smoothing) = (8, 10, 0.1);
+    for size in [32usize, 64] {
+        for k in 0..4u64 {
+            let seed = fresh_seed().wrapping_add(k);
+            let init = ResNet::<f32>::new(Depth::ResNet18, classes, seed);
+            let mut cpu = init.clone();
+            let mut cpu64 = ResNet::<f64>::new(Depth::ResNet18, classes, seed);
+            cpu64.load(|name| init.tensor(name).map(|t| wide(&t.data)))?;
+            let mut net = GpuResNet::new(
+                d,
+                g.clone(),
+                &init,
+                batch,
+                (size, size),
+                Precision::Fp32,
+                config,
+                smoothing,
+            )?;
+            let (images, labels) = &batches(1, batch, size, classes, seed)[0];
+            net.train_step(images, labels)?;
+            train_step(
+                &mut cpu,
+                &mut CnnOptimizer::new(config),
+                images,
+                labels,
+                smoothing,
+            );
+            let images64 = Tensor::from_vec(images.shape, wide(&images.data));
+            let mut opt64 = CnnOptimizer::<f64>::new(config);
+            train_step(&mut cpu64, &mut opt64, &images64, labels, smoothing);
+            let mut on_gpu = init.clone();
+            net.store(&mut on_gpu)?;
+            let want: Vec<Vec<f64>> = cpu64
+                .params
+                .iter()
+                .zip(&init.params)
+                .map(|(p, o)| {
+                    p.data
+                        .iter()
+                        .zip(&o.data)
+                        .map(|(a, &b)| a - f64::from(b))
+                        .collect()
+                })
+                .collect();
+            let judge = |m: &ResNet<f32>| {
+                let (mut max_e, mut l2_e, mut dot, mut na, mut nb) =
+                    ((0.0, ""), (0.0, ""), 0.0, 0.0, 0.0);
+                for ((p, o), w) in m.params.iter().zip(&init.params).zip(&want) {
+                    let got: Vec<f64> = p
+                        .data
+                        .iter()
+                        .zip(&o.data)
+                        .map(|(&a, &b)| f64::from(a) - f64::from(b))
+                        .collect();
+                    let scale = w.iter().fold(0.0f64, |s, v| s.max(v.abs())).max(1e-300);
+                    let (mut big, mut sq, mut wsq) = (0.0f64, 0.0, 0.0);
+                    for (x, y) in got.iter().zip(w) {
+                        big = big.max((x - y).abs());
+                        sq += (x - y) * (x - y);
+                        wsq += y * y;
+                        dot += x * y;
+                        na += x * x;
+                        nb += y * y;
+                    }
+                    let (e1, e2) = (big / scale, (sq / wsq.max(1e-300)).sqrt());
+                    if e1 > max_e.0 {
+                        max_e = (e1, p.name.as_str());
+                    }
+                    if e2 > l2_e.0 {
+                        l2_e = (e2, p.name.as_str());
+                    }
+                }
+                format!(
+                    "largest element {:.2e} ({}), L2 {:.2e} ({}), cosine 1 - {:.1e}",
+                    max_e.0,
+                    max_e.1,
+                    l2_e.0,
+                    l2_e.1,
+                    1.0 - dot / (na.sqrt() * nb.sqrt()).max(1e-300)
+                )
+            };
+            println!(
+                "{size}x{size} seed {seed}:\n  GPU     {}\n  CPU f32 {}",
+                judge(&on_gpu),
+                judge(&cpu)
+            );
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
@@ -1125,6 +1295,13 @@ fn main() {
             })
             .with_ignored_flag(skip.is_some())
         })
+        .chain(std::iter::once(
+            Trial::test("gpu_cnn::diagnostic_first_move_conditioning", || {
+                let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+                first_move_conditioning()
+            })
+            .with_ignored_flag(true),
+        ))
         .collect();
     libtest_mimic::run(&args, trials).exit();
 }

@@ -76,6 +76,11 @@ pub struct CnnTrainReport {
     pub images: usize,
     pub initial_weights: String,
     pub updates: Vec<UpdateStats>,
+    /// A GPU run's convolutions: each unit's forward / backward data / backward filter
+    /// algorithm (`*`: not deterministic), its norm's form, and where cuBLAS takes the filter
+    /// gradient.
+    #[serde(default)]
+    pub conv_algorithms: Vec<String>,
     /// Seconds before the first update: the model built, the GPU's convolutions planned and
     /// its buffers allocated, the data read or generated.
     pub setup_seconds: f64,
@@ -295,6 +300,7 @@ pub fn run_cnn_train(
     let mut model = ResNet::<f32>::new(r.model, classes, seed);
     let on_gpu = matches!(r.device, Device::Cuda(_));
     let mut gpu_name = None;
+    let mut conv_algorithms = Vec::new();
     host_need(&model, count, image, batch, on_gpu)?.check_host(HINT)?;
     let gpu = match r.device {
         Device::Cpu => None,
@@ -338,6 +344,7 @@ pub fn run_cnn_train(
             if let Some((at, timing)) = r.profile {
                 net.profile_update(at, discovery, timing);
             }
+            conv_algorithms = net.conv_algorithms();
             net
         }
         None => cpu_net.insert(CpuResNet {
@@ -392,6 +399,7 @@ pub fn run_cnn_train(
         images: images.len(),
         initial_weights,
         updates: out.updates,
+        conv_algorithms,
         setup_seconds,
         first_step_seconds: out.first_step_seconds,
         images_per_s: out.images_per_s,

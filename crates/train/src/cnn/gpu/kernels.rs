@@ -64,6 +64,49 @@ template <class T> __device__ void avg_pool_back_nhwc(const T* dy, T* dx, long n
     }
 }
 
+// Max pooling's backward, channels-last, one thread an input value: the gradients of the
+// outputs whose window took it, added in output order. A window takes its first maximum in scan
+// order (the CPU reference's rule): x[i] equal to the window's output y, and no earlier value of
+// the window equal to it. x, y: the forward's input and output; window k, stride s, padding p.
+template <class T> __device__ void max_pool_back_nhwc(const T* x, const T* y, const T* dy, T* dx,
+                                                      long total, int h, int w, int c, int oh,
+                                                      int ow, int k, int s, int p) {
+    LOOP(i, total) {
+        const int ch = (int)(i % c);
+        long r = i / c;
+        const int ix = (int)(r % w);
+        r /= w;
+        const int iy = (int)(r % h);
+        const long b = r / h;
+        const float v = to_f(x[i]);
+        const int ly = iy + p - k + 1, lx = ix + p - k + 1;
+        const int oy0 = ly <= 0 ? 0 : (ly + s - 1) / s, ox0 = lx <= 0 ? 0 : (lx + s - 1) / s;
+        const int oy1 = min(oh - 1, (iy + p) / s), ox1 = min(ow - 1, (ix + p) / s);
+        float g = 0.0f;
+        for (int oy = oy0; oy <= oy1; ++oy) {
+            for (int ox = ox0; ox <= ox1; ++ox) {
+                const long o = ((b * oh + oy) * ow + ox) * c + ch;
+                const float m = to_f(y[o]);
+                if (!(v == m)) continue;
+                // an earlier value of the window equal to the maximum takes it instead
+                bool first = true, reached = false;
+                for (int ky = 0; ky < k && first && !reached; ++ky) {
+                    const int yy = oy * s - p + ky;
+                    if (yy < 0 || yy >= h) continue;
+                    for (int kx = 0; kx < k; ++kx) {
+                        const int xx = ox * s - p + kx;
+                        if (xx < 0 || xx >= w) continue;
+                        if (yy == iy && xx == ix) { reached = true; break; }
+                        if (to_f(x[((b * h + yy) * w + xx) * c + ch]) == m) { first = false; break; }
+                    }
+                }
+                if (first) g += to_f(dy[o]);
+            }
+        }
+        dx[i] = from_f<T>(g);
+    }
+}
+
 #define INSTANCES(T, TAG)                                                                      \
 extern "C" __global__ void add_relu_##TAG(T* y, const T* z, long n) { add_relu<T>(y, z, n); }  \
 extern "C" __global__ void avg_pool_nhwc_##TAG(const T* x, T* y, long planes, int plane, int c, \
@@ -73,7 +116,10 @@ extern "C" __global__ void avg_pool_back_nhwc_##TAG(const T* dy, T* dx, long n, 
 extern "C" __global__ void avg_pool_##TAG(const T* x, T* y, long planes, int plane, float inv) \
     { avg_pool<T>(x, y, planes, plane, inv); }                                                 \
 extern "C" __global__ void avg_pool_back_##TAG(const T* dy, T* dx, long n, int plane,          \
-    float inv) { avg_pool_back<T>(dy, dx, n, plane, inv); }
+    float inv) { avg_pool_back<T>(dy, dx, n, plane, inv); }                                    \
+extern "C" __global__ void max_pool_back_nhwc_##TAG(const T* x, const T* y, const T* dy, T* dx, \
+    long total, int h, int w, int c, int oh, int ow, int k, int s, int p)                      \
+    { max_pool_back_nhwc<T>(x, y, dy, dx, total, h, w, c, oh, ow, k, s, p); }
 
 INSTANCES(float, f32)
 INSTANCES(H, f16)
@@ -82,12 +128,13 @@ INSTANCES(B, bf16)
 
 const STEM: &str = "cnn-kernels";
 const TAGS: [&str; 3] = ["f32", "f16", "bf16"];
-const KERNELS: [&str; 5] = [
+const KERNELS: [&str; 6] = [
     "add_relu",
     "avg_pool",
     "avg_pool_back",
     "avg_pool_nhwc",
     "avg_pool_back_nhwc",
+    "max_pool_back_nhwc",
 ];
 
 /// The module's name in the kernel cache, its source and its kernels.
@@ -181,6 +228,43 @@ impl CnnKernels {
         self.typed("avg_pool_back", dtype, grid_for(n), &args)
     }
 
+    /// Max pooling's backward on channels-last maps `(n, h, w, c)` pooled to `(oh, ow)` by a
+    /// `window` x `window` window every `stride` with `pad`: `dx` from the forward's input `x`,
+    /// output `y` and the output gradient `dy` (each output's gradient to the first maximum of
+    /// its window, as the CPU layer gives it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn max_pool_back_nhwc(
+        &self,
+        (x, y, dy, dx): (View<'_>, View<'_>, View<'_>, View<'_>),
+        dtype: DType,
+        (n, h, w, c): (usize, usize, usize, usize),
+        (oh, ow): (usize, usize),
+        (window, stride, pad): (usize, usize, usize),
+    ) -> Result<()> {
+        let e = dtype.size_bytes();
+        let total = n * h * w * c;
+        x.require(total * e, "max_pool_back x")?;
+        dx.require(total * e, "max_pool_back dx")?;
+        y.require(n * oh * ow * c * e, "max_pool_back y")?;
+        dy.require(n * oh * ow * c * e, "max_pool_back dy")?;
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::Ptr(dy),
+            Arg::Ptr(dx),
+            Arg::Size(total),
+            Arg::Size(h),
+            Arg::Size(w),
+            Arg::Size(c),
+            Arg::Size(oh),
+            Arg::Size(ow),
+            Arg::Size(window),
+            Arg::Size(stride),
+            Arg::Size(pad),
+        ];
+        self.typed("max_pool_back_nhwc", dtype, grid_for(total), &args)
+    }
+
     /// [`CnnKernels::avg_pool`] of channels-last maps: `planes` = images x `channels`.
     pub fn avg_pool_nhwc(
         &self,
@@ -244,6 +328,7 @@ mod tests {
             ("avg_pool_back_", "p p l i f"),
             ("avg_pool_nhwc_", "p p l i i f"),
             ("avg_pool_back_nhwc_", "p p l i i f"),
+            ("max_pool_back_nhwc_", "p p p p l i i i i i i i i"),
         ];
         let differences = kernel_source().signature_differences(&expected, &TAGS);
         assert!(differences.is_empty(), "{differences:#?}");

@@ -142,6 +142,9 @@ struct GpuUnit {
     reserve: Option<DeviceBuffer>,
     /// Offsets (f32 elements) of the batch mean and inverse std in the saved-statistics buffer.
     saved: (usize, usize),
+    /// The filter's gradient as one cuBLAS product (a channels-last 1x1 stride-1 convolution's
+    /// is dY^T X), where that timed faster than cuDNN's chosen algorithm.
+    gemm_filter: bool,
 }
 
 impl GpuUnit {
@@ -202,7 +205,67 @@ fn plan_unit(
         reserve,
         saved: (mean, invstd),
         bn,
+        gemm_filter: false,
     })
+}
+
+/// Whether a unit's filter gradient is a plain product in its layout: channels-last 16-bit
+/// maps through a 1x1 filter at stride 1 without padding (each output pixel is its input
+/// pixel's channels times the filter), dW [k, c] = dY^T [k, pixels] X [pixels, c].
+fn filter_is_a_product(conv: &Conv) -> bool {
+    let s = conv.shape;
+    conv.layout == Layout::Nhwc
+        && conv.dtype.uses_tensor_cores()
+        && (s.r, s.s, s.stride, s.pad, s.groups) == (1, 1, 1, 0, 1)
+}
+
+/// For each distinct convolution whose filter gradient is a product, whether cuBLAS computes it
+/// faster than cuDNN's chosen algorithm: both timed (median of 5 after a warm-up) on scratch
+/// buffers of the convolution's shapes. cuDNN's algorithms for a 64x64 filter over 800K pixels
+/// (ResNet-50's layer1.0.conv1 at batch 256) ran at 3 TFLOP/s (run 94).
+fn time_filter_products(
+    (dnn, blas, gpu): (&Dnn, &Blas, &Gpu),
+    convs: impl Iterator<Item = Rc<ConvTrain>>,
+) -> Result<std::collections::HashMap<Conv, bool>> {
+    let mut faster = std::collections::HashMap::new();
+    for plan in convs {
+        let conv = plan.conv();
+        if !filter_is_a_product(&conv) || faster.contains_key(&conv) {
+            continue;
+        }
+        let s = conv.shape;
+        let es = conv.dtype.size_bytes();
+        let pixels = s.n * s.h * s.w;
+        let (x, dy, dw) = (
+            gpu.alloc(pixels * s.c * es)?,
+            gpu.alloc(pixels * s.k * es)?,
+            gpu.alloc(s.k * s.c * es)?,
+        );
+        let ws = gpu.alloc(plan.workspace_bytes().max(256))?;
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let stream = gpu.stream();
+        let cudnn = median(gpukit_cuda::timing::time_on_stream(stream, 1, 5, || {
+            dnn.conv_backward_filter(&plan, (x.view(), dy.view(), dw.view()), ws.view(), false)
+                .map_err(Error::from)
+        })?);
+        let cublas = median(gpukit_cuda::timing::time_on_stream(stream, 1, 5, || {
+            blas.gemm_batched(
+                conv.dtype,
+                (dy.view(), x.view(), dw.view()),
+                (1, s.k, s.c, pixels),
+                (true, false),
+            )
+            .map_err(Error::from)
+        })?);
+        gpukit_cuda::trace::note(|| {
+            format!("{conv:?}: filter gradient cuDNN {cudnn:.3} ms, cuBLAS {cublas:.3} ms")
+        });
+        faster.insert(conv, cublas < cudnn);
+    }
+    Ok(faster)
 }
 
 /// The 16-bit side of a bf16 / fp16 trainer.
@@ -247,6 +310,8 @@ pub struct GpuResNet {
     state: DeviceBuffer,
     stem: GpuUnit,
     pool: MaxPool,
+    /// The max pool's window, stride and padding (gpukit's backward kernel takes them).
+    pool_window: (usize, usize, usize),
     pool_out: DeviceBuffer,
     blocks: Vec<GpuBlock>,
     head: (Linear, usize, usize),
@@ -407,6 +472,28 @@ impl GpuResNet {
             }
         }
         dnn.release_workspace();
+        let products = time_filter_products(
+            (&dnn, &blas, &gpu),
+            units()
+                .map(|u| u.conv.clone())
+                .collect::<Vec<_>>()
+                .into_iter(),
+        )?;
+        let (mut stem, mut blocks) = (stem, blocks);
+        for u in std::iter::once(&mut stem).chain(
+            blocks
+                .iter_mut()
+                .flat_map(|b| b.main.iter_mut().chain(b.down.as_mut())),
+        ) {
+            u.gemm_filter = products.get(&u.conv.conv()).copied().unwrap_or(false);
+        }
+        let units = || {
+            std::iter::once(&stem).chain(
+                blocks
+                    .iter()
+                    .flat_map(|b| b.main.iter().chain(b.down.as_ref())),
+            )
+        };
         let workspace_bytes = units()
             .map(|u| u.conv.workspace_bytes().max(u.bn.workspace_bytes()))
             .max()
@@ -476,6 +563,11 @@ impl GpuResNet {
             stats_layout,
             stem,
             pool,
+            pool_window: (
+                model.pool().kernel,
+                model.pool().stride,
+                model.pool().padding,
+            ),
             pool_out,
             blocks,
             head,
@@ -534,7 +626,12 @@ impl GpuResNet {
                     (BnMode::SpatialPersistent, false) => " [persistent]",
                     (BnMode::SpatialPersistent, true) => " [persistent, fused]",
                 };
-                format!("{name}: {}{norm}", names.join(" / "))
+                let filter = if u.gemm_filter {
+                    " [filter gradient: cuBLAS]"
+                } else {
+                    ""
+                };
+                format!("{name}: {}{norm}{filter}", names.join(" / "))
             })
             .collect()
     }

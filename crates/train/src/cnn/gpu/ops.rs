@@ -71,7 +71,7 @@ impl GpuResNet {
                     // the 16-bit gradient widened into the f32 gradients is part of it
                     es * (input + output + filter) + 4.0 * filter,
                     s.flops(),
-                    "cuDNN",
+                    if u.gemm_filter { "cuBLAS" } else { "cuDNN" },
                 ),
                 // x read, y written (and the residual read); the statistics are small
                 UnitOp::NormForward => (
