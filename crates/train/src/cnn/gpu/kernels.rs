@@ -64,46 +64,71 @@ template <class T> __device__ void avg_pool_back_nhwc(const T* dy, T* dx, long n
     }
 }
 
-// Max pooling's backward, channels-last, one thread an input value: the gradients of the
-// outputs whose window took it, added in output order. A window takes its first maximum in scan
-// order (the CPU reference's rule): x[i] equal to the window's output y, and no earlier value of
-// the window equal to it. x, y: the forward's input and output; window k, stride s, padding p.
-template <class T> __device__ void max_pool_back_nhwc(const T* x, const T* y, const T* dy, T* dx,
-                                                      long total, int h, int w, int c, int oh,
-                                                      int ow, int k, int s, int p) {
-    LOOP(i, total) {
-        const int ch = (int)(i % c);
-        long r = i / c;
-        const int ix = (int)(r % w);
-        r /= w;
-        const int iy = (int)(r % h);
-        const long b = r / h;
-        const float v = to_f(x[i]);
+// Max pooling's backward, channels-last, one thread a vector of V channels of one input
+// position (16-byte loads; 32-bit index arithmetic: total < 2^32): the gradients of the outputs
+// whose window took each value, added in output order. A window takes its first maximum in scan
+// order (the CPU reference's rule): x equal to the window's output y, and no earlier value of
+// the window equal to it (checked only where x equals y). Window k, stride s, padding p; cv =
+// channels / V.
+template <class T, int V> struct alignas(sizeof(T) * V) PoolPack { T v[V]; };
+template <class T, int V>
+__device__ void max_pool_back_nhwc(const T* x, const T* y, const T* dy, T* dx, unsigned total,
+                                   int h, int w, int cv, int oh, int ow, int k, int s, int p) {
+    typedef PoolPack<T, V> P;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += gridDim.x * blockDim.x) {
+        unsigned r = i / (unsigned)cv;
+        const unsigned chv = i - r * (unsigned)cv;
+        const unsigned q = r / (unsigned)w;
+        const int ix = (int)(r - q * (unsigned)w);
+        const unsigned b = q / (unsigned)h;
+        const int iy = (int)(q - b * (unsigned)h);
+        const P xv = ((const P*)x)[i];
+        float g[V];
+#pragma unroll
+        for (int u = 0; u < V; ++u) g[u] = 0.0f;
         const int ly = iy + p - k + 1, lx = ix + p - k + 1;
         const int oy0 = ly <= 0 ? 0 : (ly + s - 1) / s, ox0 = lx <= 0 ? 0 : (lx + s - 1) / s;
         const int oy1 = min(oh - 1, (iy + p) / s), ox1 = min(ow - 1, (ix + p) / s);
-        float g = 0.0f;
         for (int oy = oy0; oy <= oy1; ++oy) {
             for (int ox = ox0; ox <= ox1; ++ox) {
-                const long o = ((b * oh + oy) * ow + ox) * c + ch;
-                const float m = to_f(y[o]);
-                if (!(v == m)) continue;
+                const unsigned o = ((b * (unsigned)oh + (unsigned)oy) * (unsigned)ow
+                                    + (unsigned)ox) * (unsigned)cv + chv;
+                const P yv = ((const P*)y)[o];
+                bool hit[V];
+                bool any = false;
+#pragma unroll
+                for (int u = 0; u < V; ++u) {
+                    hit[u] = to_f(xv.v[u]) == to_f(yv.v[u]);
+                    any = any || hit[u];
+                }
+                if (!any) continue;
                 // an earlier value of the window equal to the maximum takes it instead
-                bool first = true, reached = false;
-                for (int ky = 0; ky < k && first && !reached; ++ky) {
+                bool reached = false;
+                for (int ky = 0; ky < k && !reached; ++ky) {
                     const int yy = oy * s - p + ky;
                     if (yy < 0 || yy >= h) continue;
                     for (int kx = 0; kx < k; ++kx) {
                         const int xx = ox * s - p + kx;
                         if (xx < 0 || xx >= w) continue;
                         if (yy == iy && xx == ix) { reached = true; break; }
-                        if (to_f(x[((b * h + yy) * w + xx) * c + ch]) == m) { first = false; break; }
+                        const P e = ((const P*)x)[((b * (unsigned)h + (unsigned)yy) * (unsigned)w
+                                                   + (unsigned)xx) * (unsigned)cv + chv];
+#pragma unroll
+                        for (int u = 0; u < V; ++u)
+                            if (to_f(e.v[u]) == to_f(yv.v[u])) hit[u] = false;
                     }
                 }
-                if (first) g += to_f(dy[o]);
+                const P dv = ((const P*)dy)[o];
+#pragma unroll
+                for (int u = 0; u < V; ++u)
+                    if (hit[u]) g[u] += to_f(dv.v[u]);
             }
         }
-        dx[i] = from_f<T>(g);
+        P out;
+#pragma unroll
+        for (int u = 0; u < V; ++u) out.v[u] = from_f<T>(g[u]);
+        ((P*)dx)[i] = out;
     }
 }
 
@@ -118,8 +143,8 @@ extern "C" __global__ void avg_pool_##TAG(const T* x, T* y, long planes, int pla
 extern "C" __global__ void avg_pool_back_##TAG(const T* dy, T* dx, long n, int plane,          \
     float inv) { avg_pool_back<T>(dy, dx, n, plane, inv); }                                    \
 extern "C" __global__ void max_pool_back_nhwc_##TAG(const T* x, const T* y, const T* dy, T* dx, \
-    long total, int h, int w, int c, int oh, int ow, int k, int s, int p)                      \
-    { max_pool_back_nhwc<T>(x, y, dy, dx, total, h, w, c, oh, ow, k, s, p); }
+    unsigned total, int h, int w, int cv, int oh, int ow, int k, int s, int p)                 \
+    { max_pool_back_nhwc<T, 16 / sizeof(T)>(x, y, dy, dx, total, h, w, cv, oh, ow, k, s, p); }
 
 INSTANCES(float, f32)
 INSTANCES(H, f16)
@@ -242,11 +267,19 @@ impl CnnKernels {
         (window, stride, pad): (usize, usize, usize),
     ) -> Result<()> {
         let e = dtype.size_bytes();
-        let total = n * h * w * c;
-        x.require(total * e, "max_pool_back x")?;
-        dx.require(total * e, "max_pool_back dx")?;
+        let v = 16 / e;
+        let values = n * h * w * c;
+        x.require(values * e, "max_pool_back x")?;
+        dx.require(values * e, "max_pool_back dx")?;
         y.require(n * oh * ow * c * e, "max_pool_back y")?;
         dy.require(n * oh * ow * c * e, "max_pool_back dy")?;
+        if !c.is_multiple_of(v) || [x, y, dy, dx].iter().any(|b| !b.is_aligned(16)) {
+            return Err(gpukit_cuda::Error::Invalid(format!(
+                "max_pool_back_nhwc: {c} channels or a view not in whole 16-byte vectors \
+                 (max_pool_back_runs says which maps it takes)"
+            )));
+        }
+        let total = values / v;
         let args = [
             Arg::Ptr(x),
             Arg::Ptr(y),
@@ -255,7 +288,7 @@ impl CnnKernels {
             Arg::Size(total),
             Arg::Size(h),
             Arg::Size(w),
-            Arg::Size(c),
+            Arg::Size(c / v),
             Arg::Size(oh),
             Arg::Size(ow),
             Arg::Size(window),
@@ -263,6 +296,13 @@ impl CnnKernels {
             Arg::Size(pad),
         ];
         self.typed("max_pool_back_nhwc", dtype, grid_for(total), &args)
+    }
+
+    /// Whether [`CnnKernels::max_pool_back_nhwc`] takes maps of `c` channels, `values` values
+    /// in all, in `dtype`: whole 16-byte channel vectors and fewer than 2^32 vectors.
+    pub fn max_pool_back_runs(dtype: DType, c: usize, values: usize) -> bool {
+        let v = 16 / dtype.size_bytes();
+        c.is_multiple_of(v) && values / v < u32::MAX as usize
     }
 
     /// [`CnnKernels::avg_pool`] of channels-last maps: `planes` = images x `channels`.
@@ -328,7 +368,7 @@ mod tests {
             ("avg_pool_back_", "p p l i f"),
             ("avg_pool_nhwc_", "p p l i i f"),
             ("avg_pool_back_nhwc_", "p p l i i f"),
-            ("max_pool_back_nhwc_", "p p p p l i i i i i i i i"),
+            ("max_pool_back_nhwc_", "p p p p u i i i i i i i i"),
         ];
         let differences = kernel_source().signature_differences(&expected, &TAGS);
         assert!(differences.is_empty(), "{differences:#?}");

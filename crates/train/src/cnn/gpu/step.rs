@@ -285,7 +285,11 @@ impl GpuResNet {
         let (p, q) = ((o + 1) % 3, (o + 2) % 3);
         let stem = &self.stem;
         let (x, y) = (self.pool.input, self.pool.output);
-        let channels_last = x.layout == Layout::Nhwc;
+        let channels_last = x.layout == Layout::Nhwc
+            && CnnKernels::max_pool_back_runs(dt, x.c, x.elements())
+            && [stem.bn_out.view(), pool_out, s(o), s(p)]
+                .iter()
+                .all(|v| v.is_aligned(16));
         let op = self.op_other(
             "max pool backward",
             "maxpool",
