@@ -114,6 +114,7 @@ impl KernelSource {
                     "i" => Ok(Param::I32),
                     "l" => Ok(Param::I64),
                     "u" => Ok(Param::U64),
+                    "u32" => Ok(Param::U32),
                     "f" => Ok(Param::F32),
                     "d" => Ok(Param::F64),
                     "s" => Ok(Param::Struct("Dims".into())),

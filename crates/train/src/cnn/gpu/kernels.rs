@@ -368,7 +368,7 @@ mod tests {
             ("avg_pool_back_", "p p l i f"),
             ("avg_pool_nhwc_", "p p l i i f"),
             ("avg_pool_back_nhwc_", "p p l i i f"),
-            ("max_pool_back_nhwc_", "p p p p u i i i i i i i i"),
+            ("max_pool_back_nhwc_", "p p p p u32 i i i i i i i i"),
         ];
         let differences = kernel_source().signature_differences(&expected, &TAGS);
         assert!(differences.is_empty(), "{differences:#?}");

@@ -104,6 +104,38 @@ pub fn channels_last(v: &[f32], (outer, c, plane): (usize, usize, usize)) -> Res
     permute_channels(v, (outer, c, plane), true)
 }
 
+/// Rows of `c` values widened to `wide` with zeros after them (`wide >= c`).
+pub fn pad_rows(v: &[f32], (rows, c, wide): (usize, usize, usize)) -> Result<Vec<f32>> {
+    if rows.checked_mul(c) != Some(v.len()) || wide < c {
+        return Err(Error::Failed(format!(
+            "{} values padded as {rows} rows of {c} to {wide}",
+            v.len()
+        )));
+    }
+    if wide == c {
+        return Ok(v.to_vec());
+    }
+    let mut out = vec![0f32; rows * wide];
+    for (o, i) in out.chunks_exact_mut(wide).zip(v.chunks_exact(c)) {
+        o[..c].copy_from_slice(i);
+    }
+    Ok(out)
+}
+
+/// [`pad_rows`] undone: the first `c` of each row of `wide` values.
+pub fn unpad_rows(v: &[f32], (rows, c, wide): (usize, usize, usize)) -> Result<Vec<f32>> {
+    if rows.checked_mul(wide) != Some(v.len()) || wide < c {
+        return Err(Error::Failed(format!(
+            "{} values unpadded as {rows} rows of {wide} to {c}",
+            v.len()
+        )));
+    }
+    Ok(v.chunks_exact(wide.max(1))
+        .flat_map(|r| &r[..c])
+        .copied()
+        .collect())
+}
+
 /// [`channels_last`] undone: `[outer, plane, c]` back to `[outer, c, plane]`.
 pub fn channels_first(v: &[f32], (outer, c, plane): (usize, usize, usize)) -> Result<Vec<f32>> {
     permute_channels(v, (outer, c, plane), false)
@@ -141,6 +173,19 @@ fn permute_channels(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_pad_with_zeros_and_come_back() {
+        let v: Vec<f32> = (1..=6).map(|x| x as f32).collect();
+        let wide = pad_rows(&v, (2, 3, 8)).unwrap();
+        assert_eq!(wide.len(), 16);
+        assert_eq!(&wide[..8], &[1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+        assert_eq!(&wide[8..11], &[4.0, 5.0, 6.0]);
+        assert_eq!(unpad_rows(&wide, (2, 3, 8)).unwrap(), v);
+        assert_eq!(pad_rows(&v, (2, 3, 3)).unwrap(), v);
+        assert!(pad_rows(&v, (2, 3, 2)).is_err());
+        assert!(unpad_rows(&v, (2, 3, 8)).is_err());
+    }
 
     #[test]
     fn channels_move_last_and_back() {

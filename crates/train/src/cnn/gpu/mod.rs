@@ -49,7 +49,7 @@ use gpukit_cuda::{DeviceBuffer, Gpu, View};
 use gpukit_tensor::codec::{bytes_of, decode_f32, encode_f32};
 use gpukit_types::{ConvShape, DType, Layout};
 use kernels::CnnKernels;
-use layout::{channels_first, channels_last, FlatLayout, ALIGN};
+use layout::{channels_first, channels_last, pad_rows, unpad_rows, FlatLayout, ALIGN};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -61,7 +61,7 @@ const F32: DType = DType::F32;
 /// too small to leave one output position.
 pub fn unit_shapes(unit: &Unit, input: Maps) -> Result<(Conv, Maps)> {
     let c = unit.conv;
-    if input.c != c.in_channels {
+    if input.c != device_channels(c.in_channels, input.layout) {
         return Err(Error::Setting(format!(
             "a convolution of {} input channels given maps of {}",
             c.in_channels, input.c
@@ -69,7 +69,7 @@ pub fn unit_shapes(unit: &Unit, input: Maps) -> Result<(Conv, Maps)> {
     }
     let shape = ConvShape {
         n: input.n,
-        c: c.in_channels,
+        c: input.c,
         h: input.h,
         w: input.w,
         k: c.out_channels,
@@ -103,7 +103,18 @@ pub fn unit_shapes(unit: &Unit, input: Maps) -> Result<(Conv, Maps)> {
     Ok((conv, output))
 }
 
-/// The maps of a batch of images in a precision: fp32 NCHW, or 16-bit NHWC.
+/// The channels a convolution's input and filter have on the device: channels-last 16-bit
+/// maps in whole 8-channel vectors (the stem's 3 become 8, their filter taps zero: cuDNN's
+/// tensor-core kernels take them), else the network's own.
+pub fn device_channels(c: usize, layout: Layout) -> usize {
+    match layout {
+        Layout::Nhwc => c.next_multiple_of(8),
+        Layout::Nchw => c,
+    }
+}
+
+/// The maps of a batch of images in a precision: fp32 NCHW, or 16-bit NHWC (3 channels padded
+/// to [`device_channels`]).
 pub fn input_maps(precision: Precision, batch: usize, (h, w): (usize, usize)) -> Result<Maps> {
     let (layout, dtype) = match precision {
         Precision::Fp32 => (Layout::Nchw, F32),
@@ -116,7 +127,7 @@ pub fn input_maps(precision: Precision, batch: usize, (h, w): (usize, usize)) ->
     };
     Ok(Maps {
         n: batch,
-        c: 3,
+        c: device_channels(3, layout),
         h,
         w,
         layout,
@@ -268,6 +279,29 @@ fn time_filter_products(
     Ok(faster)
 }
 
+/// Each parameter's (filters, channels, taps, device channels) when it is a filter held in KRSC
+/// order on the device (channels-last maps), else None.
+fn filters_of(model: &ResNet<f32>, layout: Layout) -> Vec<Option<(usize, usize, usize, usize)>> {
+    model
+        .params
+        .iter()
+        .map(|p| match (&p.shape[..], layout) {
+            (&[k, c, r, s], Layout::Nhwc) => Some((k, c, r * s, device_channels(c, layout))),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Each parameter's length on the device (a filter's padded channels included).
+pub fn device_lens(model: &ResNet<f32>, layout: Layout) -> Vec<usize> {
+    model
+        .params
+        .iter()
+        .zip(filters_of(model, layout))
+        .map(|(p, f)| f.map_or(p.data.len(), |(k, _, taps, wide)| k * taps * wide))
+        .collect()
+}
+
 /// The 16-bit side of a bf16 / fp16 trainer.
 struct Half {
     /// Every parameter in the storage type, at the f32 layout's offsets (the optimizer writes
@@ -293,9 +327,9 @@ pub struct GpuResNet {
     /// Training-mode forward passes so far (every norm's `num_batches_tracked`).
     pub batches_tracked: u64,
     names: Vec<String>,
-    /// Each parameter's (filters, channels, taps) when it is a convolution filter held in KRSC
-    /// order on the device.
-    filters: Vec<Option<(usize, usize, usize)>>,
+    /// Each parameter's (filters, channels, taps, device channels) when it is a convolution
+    /// filter held in KRSC order on the device (its channels padded with zeros to the device's).
+    filters: Vec<Option<(usize, usize, usize, usize)>>,
     opt: CnnOptimizerConfig,
     smoothing: f32,
     params_layout: FlatLayout,
@@ -498,7 +532,7 @@ impl GpuResNet {
             .map(|u| u.conv.workspace_bytes().max(u.bn.workspace_bytes()))
             .max()
             .unwrap_or(0);
-        let params_layout = FlatLayout::new(model.params.iter().map(|p| p.data.len()));
+        let params_layout = FlatLayout::new(device_lens(model, input.layout));
         let stats_layout = FlatLayout::new(model.buffers.iter().map(|b| b.data.len()));
         let momentum = match opt.kind {
             OptimizerKind::Sgd => opt.momentum != 0.0,
@@ -511,21 +545,13 @@ impl GpuResNet {
                 None
             })
         };
-        let channels_last_filters = input.layout == Layout::Nhwc;
-        let filters = model
-            .params
-            .iter()
-            .map(|p| match p.shape[..] {
-                [k, c, r, s] if channels_last_filters => Some((k, c, r * s)),
-                _ => None,
-            })
-            .collect();
+        let filters = filters_of(model, input.layout);
         let (classes, features) = (model.classes, maps.c);
         let alloc = |bytes: usize| gpu.alloc(bytes.max(4));
         let half = if precision.half() {
             // the largest tensor whose gradient a 16-bit product makes: a filter or fc.weight
             let widest = units()
-                .map(|u| u.spec.conv.weight_len())
+                .map(|u| u.conv.conv().shape.weight_len())
                 .chain([head.0.inputs * head.0.outputs])
                 .max()
                 .unwrap_or(0);
@@ -713,8 +739,13 @@ impl GpuResNet {
         tensors
             .into_iter()
             .zip(&self.filters)
-            .map(|(t, f)| match f {
-                Some(dims) => permute(&t, *dims),
+            .map(|(t, f)| match *f {
+                Some((k, c, taps, wide)) if to_device => {
+                    pad_rows(&permute(&t, (k, c, taps))?, (k * taps, c, wide))
+                }
+                Some((k, c, taps, wide)) => {
+                    permute(&unpad_rows(&t, (k * taps, c, wide))?, (k, c, taps))
+                }
                 None => Ok(t),
             })
             .collect()
@@ -912,7 +943,8 @@ impl GpuResNet {
             Layout::Nchw => g.upload_into(self.images.view(), bytes_of(&images.data))?,
             Layout::Nhwc => {
                 let nhwc = channels_last(&images.data, (self.batch, 3, h * w))?;
-                g.upload_into(self.images.view(), &encode_f32(&nhwc, self.dtype()))?
+                let wide = pad_rows(&nhwc, (self.batch * h * w, 3, self.input.c))?;
+                g.upload_into(self.images.view(), &encode_f32(&wide, self.dtype()))?
             }
         }
         g.upload_into(self.labels.view(), bytes_of(labels))?;
@@ -1010,7 +1042,8 @@ mod tests {
         assert!(e.contains("64 input channels given maps of 3"), "{e}");
     }
 
-    /// fp32 trains NCHW f32 maps, bf16 and fp16 channels-last 16-bit ones; tf32 is refused.
+    /// fp32 trains NCHW f32 maps, bf16 and fp16 channels-last 16-bit ones (the images' 3
+    /// channels padded to 8); tf32 is refused.
     #[test]
     fn each_precision_has_its_maps() {
         let m = input_maps(Precision::Fp32, 2, (8, 9)).unwrap();
@@ -1022,7 +1055,7 @@ mod tests {
             let m = input_maps(p, 2, (8, 9)).unwrap();
             assert_eq!(
                 (m.layout, m.dtype, m.c, m.h, m.w),
-                (Layout::Nhwc, dtype, 3, 8, 9)
+                (Layout::Nhwc, dtype, 8, 8, 9)
             );
         }
         let e = input_maps(Precision::Tf32, 2, (8, 9))
@@ -1033,6 +1066,17 @@ mod tests {
 
     /// The flat parameter layout follows the CPU model's parameter order, so tensor i of the
     /// GPU buffer is `params[i]` by name.
+    #[test]
+    fn only_the_stems_filter_is_padded_on_the_device() {
+        let model = ResNet::<f32>::new(Depth::ResNet50, 10, 3);
+        let own: Vec<usize> = model.params.iter().map(|p| p.data.len()).collect();
+        assert_eq!(device_lens(&model, Layout::Nchw), own);
+        let wide = device_lens(&model, Layout::Nhwc);
+        assert_eq!(model.params[0].name, "conv1.weight");
+        assert_eq!((own[0], wide[0]), (64 * 3 * 49, 64 * 8 * 49));
+        assert_eq!(wide[1..], own[1..]);
+    }
+
     #[test]
     fn the_flat_layout_holds_the_parameters_in_order() {
         let model = ResNet::<f32>::new(Depth::ResNet18, 10, 3);
