@@ -1,0 +1,264 @@
+//! Planning a [`super::GpuResNet`]: each unit's convolution and norm described for cuDNN in the
+//! trainer's layout and element type (the stem's 3 image channels padded to 8 in channel-last
+//! 16-bit training), their buffers allocated, and which 1x1 filter gradients cuBLAS computes
+//! faster than cuDNN.
+
+use super::layout::ALIGN;
+use super::F32;
+use crate::cnn::resnet::{ResNet, Unit};
+use crate::error::{Error, Result};
+use crate::precision::Precision;
+use gpukit_cuda::blas::Blas;
+use gpukit_cuda::dnn::{BatchNorm, BnMode, BnOps, Conv, ConvTrain, Dnn, Maps};
+use gpukit_cuda::{DeviceBuffer, Gpu};
+use gpukit_types::{ConvShape, Layout};
+use std::rc::Rc;
+
+/// The convolution of a unit over `input` maps, as cuDNN describes it (in the input's layout
+/// and element type), and its output maps; an error when the input's channels are not the convolution's or the maps are
+/// too small to leave one output position.
+pub fn unit_shapes(unit: &Unit, input: Maps) -> Result<(Conv, Maps)> {
+    let c = unit.conv;
+    if input.c != device_channels(c.in_channels, input.layout) {
+        return Err(Error::Setting(format!(
+            "a convolution of {} input channels given maps of {}",
+            c.in_channels, input.c
+        )));
+    }
+    let shape = ConvShape {
+        n: input.n,
+        c: input.c,
+        h: input.h,
+        w: input.w,
+        k: c.out_channels,
+        r: c.kernel,
+        s: c.kernel,
+        stride: c.stride,
+        pad: c.padding,
+        groups: 1,
+    };
+    let (oh, ow) = shape.out_hw();
+    if oh == 0 || ow == 0 {
+        return Err(Error::Setting(format!(
+            "images too small: a {k}x{k} convolution of stride {s} leaves no position of {}x{} maps",
+            input.h,
+            input.w,
+            k = c.kernel,
+            s = c.stride
+        )));
+    }
+    let conv = Conv {
+        shape,
+        layout: input.layout,
+        dtype: input.dtype,
+    };
+    let output = Maps {
+        c: c.out_channels,
+        h: oh,
+        w: ow,
+        ..input
+    };
+    Ok((conv, output))
+}
+
+/// The channels a convolution's input and filter have on the device: channels-last 16-bit
+/// maps in whole 8-channel vectors (the stem's 3 become 8, their filter taps zero: cuDNN's
+/// tensor-core kernels take them), else the network's own.
+pub fn device_channels(c: usize, layout: Layout) -> usize {
+    match layout {
+        Layout::Nhwc => c.next_multiple_of(8),
+        Layout::Nchw => c,
+    }
+}
+
+/// The maps of a batch of images in a precision: fp32 NCHW, or 16-bit NHWC (3 channels padded
+/// to [`device_channels`]).
+pub fn input_maps(precision: Precision, batch: usize, (h, w): (usize, usize)) -> Result<Maps> {
+    let (layout, dtype) = match precision {
+        Precision::Fp32 => (Layout::Nchw, F32),
+        Precision::Bf16 | Precision::Fp16 => (Layout::Nhwc, precision.storage()),
+        Precision::Tf32 => {
+            return Err(Error::Setting(
+                "tf32: convolutional networks train in strict fp32, bf16 or fp16".into(),
+            ))
+        }
+    };
+    Ok(Maps {
+        n: batch,
+        c: device_channels(3, layout),
+        h,
+        w,
+        layout,
+        dtype,
+    })
+}
+
+/// One convolution and its batch norm on the GPU, with the buffers the step keeps.
+pub(super) struct GpuUnit {
+    pub(super) spec: Unit,
+    pub(super) conv: Rc<ConvTrain>,
+    pub(super) bn: BatchNorm,
+    /// What follows the norm in the network: nothing (a downsampling unit, whose output is the
+    /// residual), ReLU, or the residual add then ReLU (a block's last unit). cuDNN runs it
+    /// when `bn.ops` is the same, else gpukit's kernels do.
+    pub(super) role: BnOps,
+    /// The maps it reads and writes.
+    pub(super) output: Maps,
+    /// The convolution's output (the norm's input), kept for the norm's backward.
+    pub(super) conv_out: DeviceBuffer,
+    /// The norm's output, after the ReLU or the residual add and ReLU that follow it.
+    pub(super) bn_out: DeviceBuffer,
+    pub(super) reserve: Option<DeviceBuffer>,
+    /// Offsets (f32 elements) of the batch mean and inverse std in the saved-statistics buffer.
+    pub(super) saved: (usize, usize),
+    /// The filter's gradient as one cuBLAS product (a channels-last 1x1 stride-1 convolution's
+    /// is dY^T X), where that timed faster than cuDNN's chosen algorithm.
+    pub(super) gemm_filter: bool,
+}
+
+impl GpuUnit {
+    /// Whether cuDNN runs what follows the norm.
+    pub(super) fn fused(&self) -> bool {
+        self.bn.ops == self.role
+    }
+}
+
+pub(super) struct GpuBlock {
+    pub(super) main: Vec<GpuUnit>,
+    pub(super) down: Option<GpuUnit>,
+}
+
+/// The norm of a unit: in 16-bit channels-last maps cuDNN's persistent kernels with the
+/// unit's ReLU or add + ReLU fused, else (fp32, or where cuDNN runs no fused form) bare.
+pub(super) fn plan_norm(dnn: &Dnn, output: Maps, role: BnOps, spec: &Unit) -> Result<BatchNorm> {
+    let stats = (spec.bn.eps, spec.bn.momentum);
+    if output.dtype != F32 {
+        for ops in [role, BnOps::Bn] {
+            match dnn.batch_norm(output, ops, BnMode::SpatialPersistent, stats) {
+                Ok(bn) => return Ok(bn),
+                Err(gpukit_cuda::Error::NoAlgorithm(_)) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(dnn.batch_norm(output, BnOps::Bn, BnMode::Spatial, stats)?)
+}
+
+/// Plans a unit over `input` and allocates its buffers; `saved_at` hands out its place in the
+/// saved-statistics buffer.
+pub(super) fn plan_unit(
+    (dnn, gpu): (&Dnn, &Gpu),
+    spec: &Unit,
+    role: BnOps,
+    input: Maps,
+    saved_at: &mut usize,
+) -> Result<GpuUnit> {
+    let (conv, output) = unit_shapes(spec, input)?;
+    let conv = dnn.plan_conv_train(conv)?;
+    let bn = plan_norm(dnn, output, role, spec)?;
+    let c = output.c;
+    let mean = *saved_at;
+    let invstd = (mean + c).next_multiple_of(ALIGN);
+    *saved_at = (invstd + c).next_multiple_of(ALIGN);
+    let reserve = match bn.reserve_bytes() {
+        0 => None,
+        r => Some(gpu.alloc(r)?),
+    };
+    Ok(GpuUnit {
+        spec: *spec,
+        conv,
+        role,
+        output,
+        conv_out: gpu.alloc(output.bytes())?,
+        bn_out: gpu.alloc(output.bytes())?,
+        reserve,
+        saved: (mean, invstd),
+        bn,
+        gemm_filter: false,
+    })
+}
+
+/// Whether a unit's filter gradient is a plain product in its layout: channels-last 16-bit
+/// maps through a 1x1 filter at stride 1 without padding (each output pixel is its input
+/// pixel's channels times the filter), dW [k, c] = dY^T [k, pixels] X [pixels, c].
+fn filter_is_a_product(conv: &Conv) -> bool {
+    let s = conv.shape;
+    conv.layout == Layout::Nhwc
+        && conv.dtype.uses_tensor_cores()
+        && (s.r, s.s, s.stride, s.pad, s.groups) == (1, 1, 1, 0, 1)
+}
+
+/// For each distinct convolution whose filter gradient is a product, whether cuBLAS computes it
+/// faster than cuDNN's chosen algorithm: both timed (median of 5 after a warm-up) on scratch
+/// buffers of the convolution's shapes. cuDNN's algorithms for a 64x64 filter over 800K pixels
+/// (ResNet-50's layer1.0.conv1 at batch 256) ran at 3 TFLOP/s (run 94).
+pub(super) fn time_filter_products(
+    (dnn, blas, gpu): (&Dnn, &Blas, &Gpu),
+    convs: impl Iterator<Item = Rc<ConvTrain>>,
+) -> Result<std::collections::HashMap<Conv, bool>> {
+    let mut faster = std::collections::HashMap::new();
+    for plan in convs {
+        let conv = plan.conv();
+        if !filter_is_a_product(&conv) || faster.contains_key(&conv) {
+            continue;
+        }
+        let s = conv.shape;
+        let es = conv.dtype.size_bytes();
+        let pixels = s.n * s.h * s.w;
+        let (x, dy, dw) = (
+            gpu.alloc(pixels * s.c * es)?,
+            gpu.alloc(pixels * s.k * es)?,
+            gpu.alloc(s.k * s.c * es)?,
+        );
+        let ws = gpu.alloc(plan.workspace_bytes().max(256))?;
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let stream = gpu.stream();
+        let cudnn = median(gpukit_cuda::timing::time_on_stream(stream, 1, 5, || {
+            dnn.conv_backward_filter(&plan, (x.view(), dy.view(), dw.view()), ws.view(), false)
+                .map_err(Error::from)
+        })?);
+        let cublas = median(gpukit_cuda::timing::time_on_stream(stream, 1, 5, || {
+            blas.gemm_batched(
+                conv.dtype,
+                (dy.view(), x.view(), dw.view()),
+                (1, s.k, s.c, pixels),
+                (true, false),
+            )
+            .map_err(Error::from)
+        })?);
+        gpukit_cuda::trace::note(|| {
+            format!("{conv:?}: filter gradient cuDNN {cudnn:.3} ms, cuBLAS {cublas:.3} ms")
+        });
+        faster.insert(conv, cublas < cudnn);
+    }
+    Ok(faster)
+}
+
+/// Each parameter's (filters, channels, taps, device channels) when it is a filter held in KRSC
+/// order on the device (channels-last maps), else None.
+pub(super) fn filters_of(
+    model: &ResNet<f32>,
+    layout: Layout,
+) -> Vec<Option<(usize, usize, usize, usize)>> {
+    model
+        .params
+        .iter()
+        .map(|p| match (&p.shape[..], layout) {
+            (&[k, c, r, s], Layout::Nhwc) => Some((k, c, r * s, device_channels(c, layout))),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Each parameter's length on the device (a filter's padded channels included).
+pub fn device_lens(model: &ResNet<f32>, layout: Layout) -> Vec<usize> {
+    model
+        .params
+        .iter()
+        .zip(filters_of(model, layout))
+        .map(|(p, f)| f.map_or(p.data.len(), |(k, _, taps, wide)| k * taps * wide))
+        .collect()
+}
