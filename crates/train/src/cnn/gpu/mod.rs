@@ -60,6 +60,25 @@ use std::sync::Arc;
 /// The element type of the master weights, gradients, statistics and optimizer state.
 const F32: DType = DType::F32;
 
+/// NCHW f32 images (3 channels of `plane` pixels each) as channel-last `dtype` bytes with
+/// `channels` a pixel (zeros after the third), an image at a time on every core: the host's
+/// part of each fresh batch, which one thread made a step's worth of time at 224x224.
+fn nhwc_bytes(images: &[f32], (plane, channels): (usize, usize), dtype: DType) -> Result<Vec<u8>> {
+    use rayon::prelude::*;
+    let per_image = plane * channels * dtype.size_bytes();
+    let count = images.len() / (3 * plane).max(1);
+    let mut out = vec![0u8; count * per_image];
+    out.par_chunks_mut(per_image.max(1))
+        .zip(images.par_chunks(3 * plane.max(1)))
+        .try_for_each(|(dst, img)| -> Result<()> {
+            let nhwc = channels_last(img, (1, 3, plane))?;
+            let wide = pad_rows(&nhwc, (plane, 3, channels))?;
+            dst.copy_from_slice(&encode_f32(&wide, dtype));
+            Ok(())
+        })?;
+    Ok(out)
+}
+
 /// The 16-bit side of a bf16 / fp16 trainer.
 struct Half {
     /// Every parameter in the storage type, at the f32 layout's offsets (the optimizer writes
@@ -700,9 +719,8 @@ impl GpuResNet {
         match self.input.layout {
             Layout::Nchw => g.upload_into(self.images.view(), bytes_of(&images.data))?,
             Layout::Nhwc => {
-                let nhwc = channels_last(&images.data, (self.batch, 3, h * w))?;
-                let wide = pad_rows(&nhwc, (self.batch * h * w, 3, self.input.c))?;
-                g.upload_into(self.images.view(), &encode_f32(&wide, self.dtype()))?
+                let bytes = nhwc_bytes(&images.data, (h * w, self.input.c), self.dtype())?;
+                g.upload_into(self.images.view(), &bytes)?
             }
         }
         g.upload_into(self.labels.view(), bytes_of(labels))?;
@@ -824,6 +842,16 @@ mod tests {
 
     /// The flat parameter layout follows the CPU model's parameter order, so tensor i of the
     /// GPU buffer is `params[i]` by name.
+    #[test]
+    fn images_become_padded_channel_last_bytes_image_by_image() {
+        let (n, plane) = (3, 5);
+        let images: Vec<f32> = (0..n * 3 * plane).map(|v| v as f32 * 0.5 - 7.0).collect();
+        let got = nhwc_bytes(&images, (plane, 8), DType::Bf16).unwrap();
+        let nhwc = channels_last(&images, (n, 3, plane)).unwrap();
+        let want = encode_f32(&pad_rows(&nhwc, (n * plane, 3, 8)).unwrap(), DType::Bf16);
+        assert_eq!(got, want);
+    }
+
     #[test]
     fn only_the_stems_filter_is_padded_on_the_device() {
         let model = ResNet::<f32>::new(Depth::ResNet50, 10, 3);
