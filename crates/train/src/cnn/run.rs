@@ -13,27 +13,11 @@ use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
-/// A stepper's host-side preparation of a batch's images (bytes ready to upload), callable
-/// from another thread.
-pub type Preparer = std::sync::Arc<dyn Fn(&Tensor<f32>) -> Result<Vec<u8>> + Send + Sync>;
-
 /// One training update of a network on a batch: returns the batch's loss before the update
 /// and how many of its images were classified right.
 pub trait Stepper {
     /// `fresh` is false when the batch is the one the previous call had (a GPU keeps it).
     fn step(&mut self, images: &Tensor<f32>, labels: &[u32], fresh: bool) -> Result<(f64, usize)>;
-
-    /// How this stepper prepares a batch on the host, when it can be done apart from the step
-    /// ([`train`] then prepares the next batch on another thread while the step runs).
-    fn preparer(&self) -> Option<Preparer> {
-        None
-    }
-
-    /// One update on a batch its [`Stepper::preparer`] made.
-    fn step_prepared(&mut self, prepared: &[u8], labels: &[u32]) -> Result<(f64, usize)> {
-        let _ = (prepared, labels);
-        Err(Error::Failed("this stepper takes batches as images".into()))
-    }
 }
 
 /// A ResNet, its optimizer and the label smoothing, trained on the CPU by
@@ -129,9 +113,6 @@ pub fn train(
     let per_epoch = cfg.batches_per_epoch(images.len())?;
     // a data set of one batch is that batch every update: it is gathered (and uploaded) once
     let single = per_epoch == 1 && images.len() == cfg.batch_size;
-    if let Some(prep) = stepper.preparer().filter(|_| !single) {
-        return train_prepared(stepper, &prep, images, cfg, per_epoch, progress);
-    }
     let mut updates = Vec::new();
     let mut diverged = None;
     let mut order = Vec::new();
@@ -163,88 +144,14 @@ pub fn train(
             break;
         }
     }
-    Ok(outcome(updates, diverged, cfg.batch_size))
-}
-
-/// Every update's figures summed up: the first update's time apart, images a second after it.
-fn outcome(updates: Vec<UpdateStats>, diverged: Option<String>, batch: usize) -> LoopOutcome {
     let later: f64 = updates.iter().skip(1).map(|u| u.seconds).sum();
-    LoopOutcome {
+    Ok(LoopOutcome {
         first_step_seconds: updates.first().map_or(0.0, |u| u.seconds),
         images_per_s: (updates.len() > 1 && later > 0.0)
-            .then(|| (updates.len() - 1) as f64 * batch as f64 / later),
+            .then(|| (updates.len() - 1) as f64 * cfg.batch_size as f64 / later),
         updates,
         diverged,
-    }
-}
-
-/// [`train`] for a stepper that prepares batches apart ([`Stepper::preparer`]): the same
-/// batches in the same order, the next one gathered and prepared on another thread while the
-/// current update runs. An update's time includes waiting for the next batch when that takes
-/// longer (and the first update its own batch's preparation).
-fn train_prepared(
-    stepper: &mut dyn Stepper,
-    prep: &Preparer,
-    images: &Images,
-    cfg: &LoopConfig,
-    per_epoch: u64,
-    progress: &mut dyn FnMut(&UpdateStats),
-) -> Result<LoopOutcome> {
-    let bs = cfg.batch_size;
-    let mut epoch_order: Option<(u64, Vec<usize>)> = None;
-    let mut indices = |step: u64| -> Vec<usize> {
-        let (epoch, b) = (step / per_epoch, (step % per_epoch) as usize);
-        if epoch_order.as_ref().map(|o| o.0) != Some(epoch) {
-            epoch_order = Some((
-                epoch,
-                crate::data::batch_order(images.len(), epoch, cfg.seed, true),
-            ));
-        }
-        epoch_order
-            .as_ref()
-            .map(|o| o.1[b * bs..(b + 1) * bs].to_vec())
-            .unwrap_or_default()
-    };
-    let prepare = |idx: &[usize]| -> Result<(Vec<u8>, Vec<u32>)> {
-        let (batch, labels) = images.batch(idx);
-        Ok((prep(&batch)?, labels))
-    };
-    let prepare = &prepare;
-    let mut updates = Vec::new();
-    let mut diverged = None;
-    let mut ready = None;
-    for step in 0..cfg.steps {
-        let start = Instant::now();
-        let (bytes, labels) = match ready.take() {
-            Some(r) => r,
-            None => prepare(&indices(step))?,
-        };
-        let next = (step + 1 < cfg.steps).then(|| indices(step + 1));
-        let (result, next) = std::thread::scope(|s| {
-            let handle = next.map(|idx| s.spawn(move || prepare(&idx)));
-            let result = stepper.step_prepared(&bytes, &labels);
-            let next = handle.map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Error::Failed("preparing a batch panicked".into())))
-            });
-            (result, next)
-        });
-        let (loss, correct) = result?;
-        ready = next.transpose()?;
-        let stats = UpdateStats {
-            step: step + 1,
-            loss,
-            accuracy: correct as f64 / bs as f64,
-            seconds: start.elapsed().as_secs_f64(),
-        };
-        progress(&stats);
-        updates.push(stats);
-        if !loss.is_finite() {
-            diverged = Some(format!("the loss of update {} is {loss}", step + 1));
-            break;
-        }
-    }
-    Ok(outcome(updates, diverged, bs))
+    })
 }
 
 #[cfg(test)]
@@ -265,52 +172,6 @@ mod tests {
                 weight_decay: 0.0,
             }),
             smoothing: 0.0,
-        }
-    }
-
-    /// A stepper that records each batch it is given (its images' sum as the "loss", its
-    /// labels as the count), either as images or prepared apart.
-    struct Recorder {
-        apart: bool,
-    }
-
-    impl Stepper for Recorder {
-        fn step(&mut self, images: &Tensor<f32>, labels: &[u32], _: bool) -> Result<(f64, usize)> {
-            let sum = images.data.iter().map(|&v| f64::from(v)).sum();
-            Ok((sum, labels.iter().map(|&l| l as usize).sum()))
-        }
-
-        fn preparer(&self) -> Option<Preparer> {
-            self.apart.then(|| -> Preparer {
-                std::sync::Arc::new(|t: &Tensor<f32>| {
-                    Ok(t.data.iter().flat_map(|v| v.to_le_bytes()).collect())
-                })
-            })
-        }
-
-        fn step_prepared(&mut self, prepared: &[u8], labels: &[u32]) -> Result<(f64, usize)> {
-            let sum = prepared
-                .chunks_exact(4)
-                .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-                .sum();
-            Ok((sum, labels.iter().map(|&l| l as usize).sum()))
-        }
-    }
-
-    /// Batches prepared on another thread are the same batches in the same order, over epochs.
-    #[test]
-    fn prepared_batches_are_the_loops_batches() {
-        let images = crate::cnn::data::generated(7, (4, 4), 10, 3).unwrap();
-        let cfg = LoopConfig {
-            batch_size: 2,
-            steps: 8,
-            seed: 5,
-        };
-        let plain = train(&mut Recorder { apart: false }, &images, &cfg, &mut |_| {}).unwrap();
-        let apart = train(&mut Recorder { apart: true }, &images, &cfg, &mut |_| {}).unwrap();
-        assert_eq!(apart.updates.len(), 8);
-        for (a, b) in plain.updates.iter().zip(&apart.updates) {
-            assert_eq!((a.step, a.loss, a.accuracy), (b.step, b.loss, b.accuracy));
         }
     }
 

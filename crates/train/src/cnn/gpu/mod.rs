@@ -150,13 +150,10 @@ pub struct GpuResNet {
     recording: Option<Recording>,
 }
 
-/// What puts a stepper's batch on the device before its update.
-type Upload<'a> = &'a dyn Fn(&mut GpuResNet) -> Result<()>;
-
-impl GpuResNet {
-    /// One update through the stepper, after `upload` (when given) put its batch on the
-    /// device; the one [`GpuResNet::profile_update`] names is recorded, its upload included.
-    fn stepper_update(&mut self, upload: Option<Upload<'_>>) -> Result<(f64, usize)> {
+impl super::run::Stepper for GpuResNet {
+    /// One update; the one [`GpuResNet::profile_update`] names is recorded, its batch's upload
+    /// included.
+    fn step(&mut self, images: &Tensor<f32>, labels: &[u32], fresh: bool) -> Result<(f64, usize)> {
         let profiler = match &self.profile_at {
             Some((at, discovery, timing)) if *at == self.updates => {
                 Some(Profiler::start(&self.gpu, discovery, *timing)?)
@@ -164,31 +161,14 @@ impl GpuResNet {
             _ => None,
         };
         self.updates += 1;
-        if let Some(upload) = upload {
-            upload(self)?;
+        if fresh || !self.uploaded {
+            self.upload(images, labels)?;
         }
         let out = self.step_uploaded();
         if let Some(p) = profiler {
             self.recording = Some(p.finish()?);
         }
         out
-    }
-}
-
-impl super::run::Stepper for GpuResNet {
-    fn step(&mut self, images: &Tensor<f32>, labels: &[u32], fresh: bool) -> Result<(f64, usize)> {
-        let upload = |net: &mut GpuResNet| net.upload(images, labels);
-        let fresh = fresh || !self.uploaded;
-        self.stepper_update(fresh.then_some(&upload as Upload<'_>))
-    }
-
-    fn preparer(&self) -> Option<super::run::Preparer> {
-        Some(GpuResNet::preparer(self))
-    }
-
-    fn step_prepared(&mut self, prepared: &[u8], labels: &[u32]) -> Result<(f64, usize)> {
-        let upload = |net: &mut GpuResNet| net.upload_prepared(prepared, labels);
-        self.stepper_update(Some(&upload))
     }
 }
 
@@ -711,47 +691,14 @@ impl GpuResNet {
     /// Copies a batch to the device for the next [`GpuResNet::step_uploaded`]s, after checking
     /// its shape and labels (16-bit trainers take it channels-last in the storage type).
     pub fn upload(&mut self, images: &Tensor<f32>, labels: &[u32]) -> Result<()> {
-        let bytes = (self.preparer())(images)?;
-        self.upload_prepared(&bytes, labels)
-    }
-
-    /// The host's part of a batch's upload, as a function any thread may call (the training
-    /// loop prepares the next batch while the GPU runs the current step): the images' shape
-    /// checked, then their bytes in the trainer's layout and element type (channel-last 16-bit
-    /// with the stem's padding, or NCHW f32 as they are).
-    pub fn preparer(&self) -> super::run::Preparer {
-        let (batch, (h, w), layout, c, dtype) = (
-            self.batch,
-            self.image,
-            self.input.layout,
-            self.input.c,
-            self.dtype(),
-        );
-        Arc::new(move |images: &Tensor<f32>| -> Result<Vec<u8>> {
-            if images.shape != [batch, 3, h, w]
-                || images.data.len() != images.shape.iter().product::<usize>()
-            {
-                return Err(Error::Setting(format!(
-                    "images of shape {:?}; this trainer takes {:?}",
-                    images.shape,
-                    [batch, 3, h, w]
-                )));
-            }
-            match layout {
-                Layout::Nchw => Ok(bytes_of(&images.data).to_vec()),
-                Layout::Nhwc => nhwc_bytes(&images.data, (h * w, c), dtype),
-            }
-        })
-    }
-
-    /// Copies a batch made by [`GpuResNet::preparer`] and its labels to the device, after
-    /// checking them.
-    pub fn upload_prepared(&mut self, bytes: &[u8], labels: &[u32]) -> Result<()> {
-        if bytes.len() != self.input.bytes() {
+        let (h, w) = self.image;
+        if images.shape != [self.batch, 3, h, w]
+            || images.data.len() != images.shape.iter().product::<usize>()
+        {
             return Err(Error::Setting(format!(
-                "a prepared batch of {} bytes; this trainer's images take {}",
-                bytes.len(),
-                self.input.bytes()
+                "images of shape {:?}; this trainer takes {:?}",
+                images.shape,
+                [self.batch, 3, h, w]
             )));
         }
         if labels.len() != self.batch {
@@ -768,8 +715,14 @@ impl GpuResNet {
             )));
         }
         let g = &self.gpu;
-        let _op = self.op_other("upload batch", "input", self.input.elements(), "copy");
-        g.upload_into(self.images.view(), bytes)?;
+        let _op = self.op_other("upload batch", "input", images.data.len(), "host + copy");
+        match self.input.layout {
+            Layout::Nchw => g.upload_into(self.images.view(), bytes_of(&images.data))?,
+            Layout::Nhwc => {
+                let bytes = nhwc_bytes(&images.data, (h * w, self.input.c), self.dtype())?;
+                g.upload_into(self.images.view(), &bytes)?
+            }
+        }
         g.upload_into(self.labels.view(), bytes_of(labels))?;
         self.uploaded = true;
         Ok(())
