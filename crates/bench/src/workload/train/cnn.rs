@@ -239,6 +239,12 @@ fn host_need(
     ));
     need.add("the images", bytes(&[images, 3, image.0, image.1], 4))
         .add("a batch gathered", bytes(&[batch, 3, image.0, image.1], 4))
+        // a 16-bit GPU run converts each batch into pinned memory, 8 channels of 2 bytes a
+        // pixel (counted for every GPU run: fp32 uploads from the gathered batch instead)
+        .add(
+            "the batch's pinned copy for the GPU",
+            bytes(&[batch, image.0, image.1, 8], if gpu { 2 } else { 0 }),
+        )
         .add(
             "weights, gradients and optimizer state",
             bytes(&[model.parameter_count(), 4], 4),
