@@ -7,6 +7,10 @@
 # torchvision model (scripts/pytorch_reference.py train-cnn: eager and torch.compile, resident
 # data, cudnn.benchmark) at the same batch and precision. MODELS (default "resnet18 resnet50"),
 # BATCH (default 256) and PRECISIONS (default "fp32 bf16"; gpukit's rows where it has them).
+# PT_MODES: PyTorch's modes (default eager,compile,compile_fused,compile_graphs); GK_FLAGS:
+# gpukit's variants, ";"-separated flag sets (default one run with no extra flags, e.g.
+# ";--no-graph" runs both); SKIP_TESTS=1, SKIP_CMP=1 and SKIP_PT=1 skip the tests, the loss
+# comparison and PyTorch's timed rows.
 set -u
 OUT=${OUT:-$PWD/gpu-run-out}
 BIN=${GPUKIT_BIN:-$PWD/.device/gpukit}
@@ -14,7 +18,7 @@ mkdir -p "$OUT"; SUMMARY=$OUT/0-summary.txt; : >>"$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 export PATH=/opt/torch/.venv/bin:$PATH GPUKIT_REQUIRE_GPU=1 GPUKIT_BIN=$BIN
 say "== gpu-train-cnn $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
-for t in .device/tests/gpu_cnn-* .device/tests/gpu_cnn_resnet-* .device/tests/train_cli-*; do
+[ "${SKIP_TESTS:-0}" = 1 ] || for t in .device/tests/gpu_cnn-* .device/tests/gpu_cnn_resnet-* .device/tests/train_cli-*; do
   [ -x "$t" ] || continue
   filter="--nocapture"; case "$t" in *train_cli*) filter="gpu::";; esac
   env -u LD_LIBRARY_PATH timeout 300 "$t" --test-threads 1 $filter >"$OUT/$(basename "$t").log" 2>&1
@@ -26,7 +30,7 @@ done
 # (one batch of CMP_BATCH images, trained on every update) and gpukit reads them.
 CM=${CMP_MODEL:-resnet50}; CB=${CMP_BATCH:-32}
 HYPER="--lr ${CMP_LR:-0.1} --momentum 0.9 --weight-decay 1e-4 --label-smoothing 0.1"
-for p in ${CMP_PRECISIONS:-fp32 bf16}; do
+[ "${SKIP_CMP:-0}" = 1 ] || for p in ${CMP_PRECISIONS:-fp32 bf16}; do
   timeout 300 python3 scripts/pytorch_reference.py train-cnn --model "$CM" --batch-size "$CB" \
     --samples "$CB" --precision "$p" --warmup 19 --steps 1 --loss-steps 20 $HYPER \
     --modes "$([ "$p" = fp32 ] && echo eager,eager64 || echo eager)" \
@@ -61,13 +65,18 @@ rm -f "$OUT"/cmp-*.safetensors
 B=${BATCH:-256}
 for m in ${MODELS:-resnet18 resnet50}; do
   for p in ${PRECISIONS:-fp32 bf16}; do
-    t0=$(date +%s%N)
-    env -u LD_LIBRARY_PATH timeout 240 "$BIN" train --model "$m" --device cuda:0 --batch-size "$B" \
-      --steps 30 --precision "$p" --save-json "$OUT/gpukit-$m-$p.json" >"$OUT/gpukit-$m-$p.txt" 2>&1
-    say "gpukit train --model $m --precision $p --batch-size $B rc=$? wall $(( ($(date +%s%N) - t0) / 1000000 )) ms"
-    grep -iE "images/s|first|peak|error" "$OUT/gpukit-$m-$p.txt" | head -6 | cut -c1-300 | tee -a "$SUMMARY"
-    timeout 400 python3 scripts/pytorch_reference.py train-cnn --model "$m" --batch-size "$B" \
-      --precision "$p" --steps 30 >"$OUT/pytorch-$m-$p.json" 2>"$OUT/pytorch-$m-$p.err"
+    IFS=';' read -ra variants <<<"${GK_FLAGS:-}"; [ ${#variants[@]} -eq 0 ] && variants=("")
+    for v in "${variants[@]}"; do
+      tag=$m-$p$(echo "$v" | tr -d ' -'); t0=$(date +%s%N)
+      env -u LD_LIBRARY_PATH timeout 240 "$BIN" train --model "$m" --device cuda:0 --batch-size "$B" \
+        --steps 30 --precision "$p" $v --save-json "$OUT/gpukit-$tag.json" >"$OUT/gpukit-$tag.txt" 2>&1
+      say "gpukit train --model $m --precision $p --batch-size $B $v rc=$? wall $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+      grep -iE "images/s|first|peak|launched|error" "$OUT/gpukit-$tag.txt" | head -8 | cut -c1-400 | tee -a "$SUMMARY"
+    done
+    [ "${SKIP_PT:-0}" = 1 ] && continue
+    timeout 480 python3 scripts/pytorch_reference.py train-cnn --model "$m" --batch-size "$B" \
+      --precision "$p" --steps 30 --modes "${PT_MODES:-eager,compile,compile_fused,compile_graphs}" \
+      >"$OUT/pytorch-$m-$p.json" 2>"$OUT/pytorch-$m-$p.err"
     say "pytorch train-cnn $m $p rc=$?"
     python3 - "$OUT/pytorch-$m-$p.json" <<'PY' 2>&1 | tee -a "$SUMMARY"
 import json, sys

@@ -86,7 +86,8 @@ Usage:
   [N] int64, else 2 x --batch-size random images and labels from --seed), cudnn.benchmark,
   autocast with channels_last for bf16/fp16 (GradScaler for fp16), SGD (--momentum,
   --nesterov, --weight-decay) or AdamW with foreach updates, cross-entropy with
-  --label-smoothing. Each mode of --modes (eager; compile: torch.compile(model), default mode)
+  --label-smoothing. Each mode of --modes (eager; compile: torch.compile(model), default mode;
+  compile_fused: with the fused optimizer; compile_graphs: mode="reduce-overhead", fused)
   starts from the same weights (--init, a torchvision state dict as .safetensors, else
   torchvision's initialisation under torch.manual_seed(--seed)); the first update's time,
   compilation included, is first_step_s; then --warmup untimed updates and --steps updates
@@ -206,7 +207,9 @@ SEED = 0  # the seeded weights: torchvision's initialisation under torch.manual_
 CALIBRATION_BATCHES, CALIBRATION_BATCH, CALIBRATION_IMAGE = 4, 16, 224
 # train-cnn: the models and how each mode runs the training step
 CNN_TRAIN_MODELS = ("resnet18", "resnet34", "resnet50")
-CNN_TRAIN_MODES = ("eager", "compile", "eager64")  # eager64: float64 weights and images (a reference)
+# eager64: float64 weights and images (a reference); compile_fused: torch.compile with the fused
+# (single-kernel) optimizer; compile_graphs: mode="reduce-overhead" (CUDA graphs) with it
+CNN_TRAIN_MODES = ("eager", "compile", "compile_fused", "compile_graphs", "eager64")
 
 # infer strategy -> (torch dtype name, channels_last, TF32 allowed, how it runs: eager|graph|compile)
 INFER_STRATEGIES = {
@@ -1490,7 +1493,8 @@ def bench_train_cnn(torch, args):
     """torchvision's ResNet trained as a careful PyTorch user trains it: data resident on the GPU,
     cudnn.benchmark, channels_last for 16-bit autocast (GradScaler for fp16), SGD (momentum,
     Nesterov, weight decay) or AdamW with foreach updates, cross-entropy with label smoothing.
-    Each mode ("eager", "compile": torch.compile of the model, default mode) starts from the same
+    Each mode ("eager"; "compile": torch.compile of the model, default mode; "compile_fused": with
+    the fused optimizer; "compile_graphs": mode="reduce-overhead", CUDA graphs, fused) starts from the same
     weights: --warmup untimed updates after the first (whose time, compilation included, is
     first_step_s), then --steps updates each timed by CUDA events. The losses of the first
     --loss-steps updates (from the initial weights) are reported for comparison with gpukit's."""
@@ -1545,17 +1549,24 @@ def bench_train_cnn(torch, args):
         if wide:
             model = model.double()
         model.train()
+        fused = mode in ("compile_fused", "compile_graphs")
+        how = {"fused": True} if fused else {"foreach": True}
         if args.optimizer == "sgd":
             opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
-                                  nesterov=args.nesterov, weight_decay=args.weight_decay, foreach=True)
+                                  nesterov=args.nesterov, weight_decay=args.weight_decay, **how)
         else:
-            opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                                    foreach=True)
+            opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, **how)
         scaler = torch.amp.GradScaler("cuda", enabled=args.precision == "fp16")
-        run = torch.compile(model) if mode == "compile" else model
+        graphs = mode == "compile_graphs"
+        if mode.startswith("compile"):
+            run = torch.compile(model, mode="reduce-overhead" if graphs else "default")
+        else:
+            run = model
 
         def step(i):
             j = i % count
+            if graphs:
+                torch.compiler.cudagraph_mark_step_begin()
             xb, yb = images[j * batch:(j + 1) * batch], labels[j * batch:(j + 1) * batch]
             if wide:
                 xb = xb.double()
@@ -1565,7 +1576,8 @@ def bench_train_cnn(torch, args):
             scaler.step(opt)
             scaler.update()
             opt.zero_grad(set_to_none=True)
-            return loss.detach() if wide else loss.detach().float()
+            # a copy: a CUDA graph's output is overwritten by its next replay
+            return loss.detach().clone() if wide else loss.detach().float().clone()
 
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
@@ -1602,7 +1614,7 @@ def bench_train_cnn(torch, args):
             rows.append(one_mode(mode))
         except Exception as exc:  # one mode failing (a compiler missing, out of memory) is its row
             rows.append({"mode": mode, "status": "failed", "reason": one_line(exc)})
-        if mode == "compile" and "torch._dynamo" in sys.modules:
+        if mode.startswith("compile") and "torch._dynamo" in sys.modules:
             sys.modules["torch._dynamo"].reset()
         cleanup(torch, args.device)
     return rows, {"model": args.model, "torchvision": torchvision.__version__,

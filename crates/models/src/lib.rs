@@ -10,7 +10,7 @@ pub mod gpu;
 pub mod graph;
 pub mod onnx;
 pub mod ort_runner;
-pub mod plan;
+pub use gpukit_types::arena as plan;
 pub mod resnet;
 pub mod weights;
 

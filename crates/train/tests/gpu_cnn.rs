@@ -461,104 +461,161 @@ fn max_pooling_matches_the_cpu_layer() -> Result<(), Failed> {
         check("forward", rel(&y, &wide(&y_ref.data)), 0.0)?;
         check("backward", rel(&dx, &dx_ref.data), 1e-6)?;
     }
-    // gpukit's channel-last backward kernel, after cuDNN's channel-last forward, on maps that
-    // are half zeros (as after a ReLU: windows whose maximum is a tie): the gradient goes to the
-    // window's first maximum, as the CPU layer gives it; f32 within 1e-6 (sums of up to four
-    // gradients), 16-bit within one rounding
+    // gpukit's channel-last ReLU + max pool kernels and their backward, on maps of which half
+    // are below zero (after the ReLU, windows whose maximum is a tie at zero): against the CPU
+    // layers (ReLU, then the pool; the pool's backward, then ReLU's), the pooled values exact,
+    // the gradient to each window's first maximum where it is above zero, f32 within 1e-6 (sums
+    // of up to four gradients), 16-bit within one rounding
     let ck = CnnKernels::new(d, &g)?;
     for (dtype, tol) in [(DType::F32, 1e-6), (DType::Bf16, 4e-3), (DType::F16, 1e-3)] {
-        for (n, c, h, w) in [(2, 8, 9, 9), (3, 16, 16, 12), (2, 64, 112, 112)] {
+        for (n, c, h, w, (k, st, pad)) in [
+            (2, 8, 9, 9, (3, 2, 1)),
+            (2, 8, 9, 9, (2, 2, 0)),
+            (3, 16, 16, 12, (3, 2, 1)),
+            (2, 64, 112, 112, (3, 2, 1)),
+        ] {
             let layer = MaxPool2d {
-                kernel: 3,
-                stride: 2,
-                padding: 1,
+                kernel: k,
+                stride: st,
+                padding: pad,
             };
-            let maps = Maps {
-                n,
-                c,
-                h,
-                w,
-                layout: Layout::Nhwc,
-                dtype,
-            };
-            let p = dnn.max_pool(maps, 3, 2, 1)?;
             let (oh, ow) = layer.out_size(h, w);
-            let x: Vec<f32> = round_f32(&normal_f32(n * c * h * w, seed + 7), dtype)
-                .into_iter()
-                .map(|v| v.max(0.0))
-                .collect();
+            let x = round_f32(&normal_f32(n * c * h * w, seed + 7), dtype);
             let dy = round_f32(&normal_f32(n * c * oh * ow, seed + 8), dtype);
             let (xs, ys) = ([n, c, h, w], [n, c, oh, ow]);
             let xb = up(&g, &to_layout(&x, xs, Layout::Nhwc), dtype)?;
             let dyb = up(&g, &to_layout(&dy, ys, Layout::Nhwc), dtype)?;
             let e = dtype.size_bytes();
-            let (yb, dxb) = (g.alloc(dy.len() * e)?, g.alloc(x.len() * e)?);
-            dnn.max_pool_forward(&p, xb.view(), yb.view())?;
-            ck.max_pool_back_nhwc(
-                (xb.view(), yb.view(), dyb.view(), dxb.view()),
+            let (yb, dxb, idx) = (
+                g.alloc(dy.len() * e)?,
+                g.alloc(x.len() * e)?,
+                g.alloc(dy.len())?,
+            );
+            ck.max_pool_relu_nhwc(
+                (xb.view(), yb.view(), idx.view()),
                 dtype,
                 (n, h, w, c),
                 (oh, ow),
-                (3, 2, 1),
+                (k, st, pad),
             )?;
+            ck.max_pool_relu_back_nhwc(
+                (idx.view(), yb.view(), dyb.view(), dxb.view()),
+                dtype,
+                (n, h, w, c),
+                (oh, ow),
+                (k, st, pad),
+            )?;
+            let y = from_layout(&down(&g, &yb, dy.len(), dtype)?, ys, Layout::Nhwc);
             let dx = from_layout(&down(&g, &dxb, x.len(), dtype)?, xs, Layout::Nhwc);
-            let (_, arg) = layer.forward(&Tensor::from_vec(xs, x.clone()));
-            let dx_ref = layer.backward(xs, &arg, &tensor64(ys, &dy));
-            check(
-                &format!(
-                    "{} channels-last backward kernel {n}x{c}x{h}x{w}",
-                    dtype.name()
-                ),
-                rel(&dx, &dx_ref.data),
-                tol,
-            )?;
+            let relu: Vec<f32> = x.iter().map(|&v| v.max(0.0)).collect();
+            let (y_ref, arg) = layer.forward(&Tensor::from_vec(xs, relu.clone()));
+            let mut dx_ref = layer.backward(xs, &arg, &tensor64(ys, &dy));
+            for (d, &r) in dx_ref.data.iter_mut().zip(&relu) {
+                if r <= 0.0 {
+                    *d = 0.0;
+                }
+            }
+            let what = format!(
+                "{} relu + max pool {n}x{c}x{h}x{w} window {k}/{st}/{pad}",
+                dtype.name()
+            );
+            check(&format!("{what} forward"), rel(&y, &wide(&y_ref.data)), 0.0)?;
+            check(&format!("{what} backward"), rel(&dx, &dx_ref.data), tol)?;
         }
     }
     Ok(())
 }
 
-/// The training kernels' cross-entropy with label smoothing 0.1 against the CPU loss in
-/// float64: the loss within 1e-6, the gradient within 1e-5, the count of right answers exact.
+/// The training kernels' cross-entropy, one thread a row and a block a row, against the CPU
+/// loss in float64: with label smoothing 0.1 and without, 10 classes and ImageNet's 1000,
+/// logits rounded to halves in one case so that rows hold tied maxima (the first counts): the
+/// loss within 1e-6, the gradient within 1e-5, the count of right answers exact.
 fn smoothed_cross_entropy_matches_the_cpu_loss() -> Result<(), Failed> {
     let (d, g) = gpu()?;
     let k = TrainKernels::new(d, &g)?;
     let seed = fresh_seed();
     println!("seed {seed}");
-    let (rows, classes, eps) = (13, 10, 0.1);
-    let logits: Vec<f32> = normal_f32(rows * classes, seed)
-        .iter()
-        .map(|v| 3.0 * v)
-        .collect();
-    let labels: Vec<u32> = uniform_f32(rows, seed + 1)
-        .iter()
-        .map(|v| (((v + 1.0) * 0.5 * classes as f32) as u32).min(classes as u32 - 1))
-        .collect();
-    let lb = up(&g, &logits, DType::F32)?;
-    let cb = g.upload(gpukit_tensor::codec::bytes_of(&labels))?;
-    let (gb, loss_b, correct_b) = (g.alloc(logits.len() * 4)?, g.alloc(8)?, g.alloc(4)?);
-    k.cross_entropy(
-        lb.view(),
-        cb.view(),
-        Some(gb.view()),
-        DType::F32,
-        (rows, classes),
-        None,
-        (1.0, eps as f32),
-        loss_b.view(),
-        correct_b.view(),
-    )?;
-    let grad = down(&g, &gb, logits.len(), DType::F32)?;
-    let loss_bytes = g.download(&loss_b)?;
-    let loss = f64::from_ne_bytes(loss_bytes[..8].try_into().map_err(|_| "loss bytes")?);
-    let cbytes = g.download(&correct_b)?;
-    let correct = u32::from_ne_bytes(cbytes[..4].try_into().map_err(|_| "count bytes")?);
-    let mut grad64 = Vec::new();
-    let (loss64, correct64) =
-        cross_entropy_smoothed(&wide(&logits), classes, &labels, eps, &mut grad64);
-    check("loss", (loss - loss64).abs() / loss64.abs(), 1e-6)?;
-    check("gradient", rel(&grad, &grad64), 1e-5)?;
-    if correct as usize != correct64 {
-        return Err(format!("{correct} right on the GPU, {correct64} on the CPU").into());
+    for (case, (rows, classes, eps, ties)) in [
+        (13, 10, 0.1, false),
+        (256, 1000, 0.1, false),
+        (300, 1000, 0.0, false),
+        (64, 1000, 0.1, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = seed + 2 * case as u64;
+        let logits: Vec<f32> = normal_f32(rows * classes, seed)
+            .iter()
+            .map(|v| {
+                if ties {
+                    (2.0 * v).round() * 0.5
+                } else {
+                    3.0 * v
+                }
+            })
+            .collect();
+        let labels: Vec<u32> = uniform_f32(rows, seed + 1)
+            .iter()
+            .map(|v| (((v + 1.0) * 0.5 * classes as f32) as u32).min(classes as u32 - 1))
+            .collect();
+        let mut grad64 = Vec::new();
+        let (loss64, correct64) =
+            cross_entropy_smoothed(&wide(&logits), classes, &labels, eps, &mut grad64);
+        let lb = up(&g, &logits, DType::F32)?;
+        let cb = g.upload(gpukit_tensor::codec::bytes_of(&labels))?;
+        for per_block in [false, true] {
+            let (gb, loss_b, correct_b) = (g.alloc(logits.len() * 4)?, g.alloc(8)?, g.alloc(4)?);
+            if per_block {
+                let part = g.alloc(rows * 16)?;
+                k.cross_entropy_rows(
+                    (lb.view(), cb.view(), Some(gb.view())),
+                    DType::F32,
+                    (rows, classes),
+                    None,
+                    (1.0, eps as f32),
+                    part.view(),
+                    (loss_b.view(), correct_b.view()),
+                )?;
+            } else {
+                k.cross_entropy(
+                    lb.view(),
+                    cb.view(),
+                    Some(gb.view()),
+                    DType::F32,
+                    (rows, classes),
+                    None,
+                    (1.0, eps as f32),
+                    loss_b.view(),
+                    correct_b.view(),
+                )?;
+            }
+            let grad = down(&g, &gb, logits.len(), DType::F32)?;
+            let loss_bytes = g.download(&loss_b)?;
+            let loss = f64::from_ne_bytes(loss_bytes[..8].try_into().map_err(|_| "loss bytes")?);
+            let cbytes = g.download(&correct_b)?;
+            let correct = u32::from_ne_bytes(cbytes[..4].try_into().map_err(|_| "count bytes")?);
+            let what = format!(
+                "{rows}x{classes} eps {eps}{} ({})",
+                if ties { " with ties" } else { "" },
+                if per_block {
+                    "a block a row"
+                } else {
+                    "a thread a row"
+                }
+            );
+            check(
+                &format!("loss {what}"),
+                (loss - loss64).abs() / loss64.abs(),
+                1e-6,
+            )?;
+            check(&format!("gradient {what}"), rel(&grad, &grad64), 1e-5)?;
+            if correct as usize != correct64 {
+                return Err(
+                    format!("{what}: {correct} right on the GPU, {correct64} on the CPU").into(),
+                );
+            }
+        }
     }
     Ok(())
 }

@@ -381,16 +381,7 @@ fn trains_like_fp32(precision: Precision) -> Result<(), Failed> {
         // the whole first move's direction: a wrong or missing gradient turns it away from
         // fp32's; 16-bit rounding amplified by the ill-conditioned backward pass (the CPU's own
         // f32 moves part from float64's by up to 1e-1 of a tensor's largest) leaves it close
-        let (mut dot, mut na, mut nb) = (0.0f64, 0.0f64, 0.0f64);
-        for ((x, y), z) in ga.iter().zip(&gb).zip(&init_p) {
-            for ((&p, &q), &o) in x.1.iter().zip(&y.1).zip(&z.1) {
-                let (u, v) = (f64::from(p) - f64::from(o), f64::from(q) - f64::from(o));
-                dot += u * v;
-                na += u * u;
-                nb += v * v;
-            }
-        }
-        let cosine = dot / (na.sqrt() * nb.sqrt()).max(1e-300);
+        let cosine = move_cosine(&ga, &gb, &init_p);
         println!("  first move's cosine with fp32's: {cosine:.4}");
         if cosine.partial_cmp(&0.5) != Some(std::cmp::Ordering::Greater) {
             return Err(format!(
@@ -415,6 +406,123 @@ fn trains_like_fp32(precision: Precision) -> Result<(), Failed> {
     let scale_kept = precision != Precision::Fp16 || st.scale == 1024.0;
     if st.skipped != 0 || st.step != steps as u32 || !scale_kept {
         return Err(format!("after {steps} clean updates the step state is {st:?}").into());
+    }
+    Ok(())
+}
+
+/// The cosine between two models' moves from `from` (every parameter as one vector).
+fn move_cosine(
+    a: &[(String, Vec<f32>)],
+    b: &[(String, Vec<f32>)],
+    from: &[(String, Vec<f32>)],
+) -> f64 {
+    let (mut dot, mut na, mut nb) = (0.0f64, 0.0f64, 0.0f64);
+    for ((x, y), z) in a.iter().zip(b).zip(from) {
+        for ((&p, &q), &o) in x.1.iter().zip(&y.1).zip(&z.1) {
+            let (u, v) = (f64::from(p) - f64::from(o), f64::from(q) - f64::from(o));
+            dot += u * v;
+            na += u * u;
+            nb += v * v;
+        }
+    }
+    dot / (na.sqrt() * nb.sqrt()).max(1e-300)
+}
+
+/// Steps replayed from one captured CUDA graph compute what eager steps compute: ResNet-18 in
+/// fp32 and fp16 (whose loss scale lives in the graph's device state) trains 4 fresh batches
+/// with graphs on (the first update eager, the second captured, all later replayed); before
+/// each, an eager twin is built from the graph net's weights, running statistics, optimizer
+/// state and loss scale (fp16 from 1024, which these gradients do not overflow). Each
+/// update's loss within 1e-5 (fp32) / 1e-3 (fp16) of the twin's, the same count right, the
+/// move's cosine with the twin's above 1 - 1e-4 (fp32) / 0.9 (fp16), the running statistics
+/// within 1e-4 / 1e-2 of a tensor's largest, and the step count advanced inside the graph.
+fn graph_replay_matches_eager_steps() -> Result<(), Failed> {
+    let (d, g) = gpu()?;
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    let (batch, size, classes, smoothing, steps) = (8, 32, 10, 0.1, 4);
+    let config = nesterov_sgd();
+    let init = ResNet::<f32>::new(Depth::ResNet18, classes, seed);
+    for (precision, loss_tol, cos_tol, stats_tol) in [
+        (Precision::Fp32, 1e-5, 1e-4, 1e-4),
+        (Precision::Fp16, 1e-3, 0.1, 1e-2),
+    ] {
+        let make = |from: &ResNet<f32>| {
+            GpuResNet::new(
+                d,
+                g.clone(),
+                from,
+                batch,
+                (size, size),
+                precision,
+                config,
+                smoothing,
+            )
+        };
+        let mut replayed = make(&init)?;
+        replayed.use_graph(true);
+        if precision == Precision::Fp16 {
+            // GradScaler's 65536 overflows these gradients (skipped updates move nothing)
+            replayed.set_loss_scale(1024.0)?;
+        }
+        for (s, (images, labels)) in batches(steps, batch, size, classes, seed + 7)
+            .iter()
+            .enumerate()
+        {
+            let mut here = init.clone();
+            replayed.store(&mut here)?;
+            let mut twin = make(&here)?;
+            let mut opt = CnnOptimizer::new(config);
+            replayed.store_optimizer(&mut opt)?;
+            twin.load_optimizer(&opt)?;
+            if precision == Precision::Fp16 {
+                let scale = replayed.scaler()?.scale;
+                twin.set_loss_scale(scale)?;
+            }
+            let (le, ce) = twin.train_step(images, labels)?;
+            let (lg, cg) = replayed.train_step(images, labels)?;
+            let e = rel_f64(lg, le);
+            println!(
+                "  {} update {}: graph {lg:.6}, eager {le:.6} ({e:.2e}); right {cg}/{ce}; {}",
+                precision.name(),
+                s + 1,
+                replayed.step_launch()
+            );
+            check(&format!("update {} loss", s + 1), e, loss_tol)?;
+            if cg != ce {
+                return Err(format!("update {}: {cg} right replayed, {ce} eager", s + 1).into());
+            }
+            let (skipped, twin_skipped) = (replayed.scaler()?.skipped, twin.scaler()?.skipped);
+            if skipped != 0 || twin_skipped != 0 {
+                return Err(format!(
+                    "update {}: skipped {skipped} replayed, {twin_skipped} eager at scale 1024",
+                    s + 1
+                )
+                .into());
+            }
+            let (mut a, mut b) = (init.clone(), init.clone());
+            replayed.store(&mut a)?;
+            twin.store(&mut b)?;
+            let cosine = move_cosine(&named(&a.params), &named(&b.params), &named(&here.params));
+            check(
+                &format!("update {}: 1 - the move's cosine with eager's", s + 1),
+                1.0 - cosine,
+                cos_tol,
+            )?;
+            let (e, name) = worst(&named(&a.buffers), &named(&b.buffers), None);
+            check(
+                &format!("update {}: running statistics (worst: {name})", s + 1),
+                e,
+                stats_tol,
+            )?;
+        }
+        if !replayed.step_launch().starts_with("CUDA graph") {
+            return Err(format!("the steps ran {}", replayed.step_launch()).into());
+        }
+        let st = replayed.scaler()?;
+        if st.step + st.skipped != steps as u32 {
+            return Err(format!("after {steps} updates the step state is {st:?}").into());
+        }
     }
     Ok(())
 }
@@ -598,6 +706,10 @@ fn main() {
             (
                 "gpu_cnn_resnet::fp16_skips_an_overflowing_update",
                 fp16_skips_an_overflowing_update,
+            ),
+            (
+                "gpu_cnn_resnet::graph_replay_matches_eager_steps",
+                graph_replay_matches_eager_steps,
             ),
         ],
         vec![(

@@ -8,6 +8,7 @@
 //! crate).
 #![forbid(unsafe_code)]
 
+pub mod arena;
 pub mod conv;
 pub mod device;
 pub mod dtype;

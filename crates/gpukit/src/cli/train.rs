@@ -132,7 +132,8 @@ pub struct TrainArgs {
     pub loader: Option<gpukit_train::gpu::feed::Loader>,
 
     /// Capture each epoch's steps once as a CUDA graph and replay it (needs resident data)
-    /// [default: on with resident data].
+    /// [default: on with resident data]; with --model, each update is one graph, replayed
+    /// from the second update [default: on].
     #[arg(long, conflicts_with = "no_graph")]
     pub graph: bool,
 

@@ -166,8 +166,6 @@ pub(super) fn cnn_request(
         ("--grad-pieces", a.grad_pieces.is_some()),
         ("--grad-comm", a.grad_comm.is_some()),
         ("--loader", a.loader.is_some()),
-        ("--graph", a.graph),
-        ("--no-graph", a.no_graph),
     ];
     if let Some((flag, _)) = mlp_only.iter().find(|(_, given)| *given) {
         return Err(Error::BadInput(format!(
@@ -198,6 +196,11 @@ pub(super) fn cnn_request(
         precision: a.precision,
         save_losses: a.save_losses,
         profile: None,
+        graph: match (a.graph, a.no_graph) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        },
     };
     check_request(&request)?;
     Ok(request)

@@ -110,8 +110,25 @@ pub fn cnn_train_sections(r: &CnnTrainReport) -> Vec<Section> {
             ),
         ),
     ];
+    if let Some(how) = &r.step_launch {
+        speed.push(("Updates launched", how.clone()));
+    }
     if let Some(b) = r.peak_gpu_bytes {
-        speed.push(("Peak GPU memory", human_bytes(b)));
+        let parts: Vec<String> = r
+            .gpu_memory
+            .iter()
+            .filter(|(_, bytes)| *bytes > 0)
+            .map(|(name, bytes)| {
+                // the plan's bounds as sizes, not byte counts
+                let name = name.split(" (").next().unwrap_or(name);
+                format!("{name} {}", human_bytes(*bytes))
+            })
+            .collect();
+        let shown = match parts.is_empty() {
+            true => human_bytes(b),
+            false => format!("{} (allocated: {})", human_bytes(b), parts.join(", ")),
+        };
+        speed.push(("Peak GPU memory", shown));
     }
     vec![setup, updates, Section::kv("Speed", speed)]
 }

@@ -124,6 +124,69 @@ template <class T> __device__ void cross_entropy(const T* out, const unsigned* c
     if (threadIdx.x == 0) { *loss = total / (double)rows; if (correct) *correct = (unsigned)hits; }
 }
 
+// The cross-entropy above with one block of CE_THREADS threads a row (a row of 1000 classes
+// was one thread's serial work): the row's term and whether its largest logit is the target's
+// into part[2 r] and part[2 r + 1], its gradient row when grad is given; cross_entropy_total
+// then sums the rows in a fixed order. Every reduction is a fixed tree: reproducible bits.
+#define CE_THREADS 256
+template <class T> __device__ void cross_entropy_row(const T* out, const unsigned* cls, T* grad,
+                                                     int rows, int width, const State* st,
+                                                     float mult, float eps, double* part) {
+    __shared__ float fv[CE_THREADS];
+    __shared__ int fi[CE_THREADS];
+    __shared__ double dv[1024];
+    int r = blockIdx.x, t = threadIdx.x;
+    const T* row = out + (long)r * width;
+    int c = (int)cls[r];
+    // the largest logit, the first on ties (each thread's in order, then the lower index)
+    float mx = -__int_as_float(0x7f800000); int arg = 0x7fffffff;
+    if (t < width) { mx = to_f(row[t]); arg = t; }
+    for (int j = t + CE_THREADS; j < width; j += CE_THREADS) {
+        float v = to_f(row[j]);
+        if (v > mx) { mx = v; arg = j; }
+    }
+    fv[t] = mx; fi[t] = arg;
+    __syncthreads();
+    for (int s = CE_THREADS / 2; s > 0; s >>= 1) {
+        if (t < s) {
+            float a = fv[t], b = fv[t + s];
+            if (b > a || (b == a && fi[t + s] < fi[t])) { fv[t] = b; fi[t] = fi[t + s]; }
+        }
+        __syncthreads();
+    }
+    mx = fv[0]; arg = fi[0];
+    __syncthreads();
+    float e = 0.0f;
+    for (int j = t; j < width; j += CE_THREADS) e += expf(to_f(row[j]) - mx);
+    fv[t] = e;
+    __syncthreads();
+    for (int s = CE_THREADS / 2; s > 0; s >>= 1) {
+        if (t < s) fv[t] += fv[t + s];
+        __syncthreads();
+    }
+    float total = fv[0];
+    double term = (double)(logf(total) + mx - to_f(row[c]));
+    if (eps != 0.0f) {
+        // sum_j (lse - row[j]) = width lse - sum_j row[j], in double
+        double sv = 0.0;
+        for (int j = t; j < width; j += CE_THREADS) sv += (double)to_f(row[j]);
+        double sum = block_sum(sv, dv);
+        double lse = (double)logf(total) + (double)mx;
+        term = (1.0 - (double)eps) * (lse - (double)to_f(row[c]))
+             + (double)eps * ((double)width * lse - sum) / (double)width;
+    }
+    if (grad) {
+        float k = 1.0f / (float)rows * mult * (st ? st->scale : 1.0f);
+        float off = eps / (float)width, on = 1.0f - eps;
+        T* g = grad + (long)r * width;
+        for (int j = t; j < width; j += CE_THREADS) {
+            float p = expf(to_f(row[j]) - mx) / total;
+            g[j] = from_f<T>(k * (p - (j == c ? off + on : off)));
+        }
+    }
+    if (t == 0) { part[2 * (long)r] = term; part[2 * (long)r + 1] = arg == c ? 1.0 : 0.0; }
+}
+
 // y (m x n column-major) = y + bias[i] (then relu): the forward epilogue run apart.
 template <class T> __device__ void bias_act(T* y, const float* bias, int m, int n, int relu) {
     LOOP(o, (long)m * n) {
@@ -207,6 +270,9 @@ extern "C" __global__ void mse_##TAG(const T* o, const float* t, T* g, int n, co
 extern "C" __global__ void cross_entropy_##TAG(const T* o, const unsigned* c, T* g, int r,      \
     int w, const State* st, float mult, float eps, double* loss, unsigned* correct)             \
     { cross_entropy<T>(o, c, g, r, w, st, mult, eps, loss, correct); }                         \
+extern "C" __global__ void cross_entropy_row_##TAG(const T* o, const unsigned* c, T* g, int r,  \
+    int w, const State* st, float mult, float eps, double* part)                               \
+    { cross_entropy_row<T>(o, c, g, r, w, st, mult, eps, part); }                              \
 extern "C" __global__ void bias_act_##TAG(T* y, const float* b, int m, int n, int relu)        \
     { bias_act<T>(y, b, m, n, relu); }                                                         \
 extern "C" __global__ void relu_grad_##TAG(T* dx, const T* h, long n) { relu_grad<T>(dx, h, n); } \
@@ -227,6 +293,19 @@ INSTANCES(B, bf16)
 extern "C" __global__ void gather_u32(const unsigned* s, unsigned* d, const unsigned* idx, int r,
                                       int c) {
     LOOP(o, (long)r * c) { long row = o / c; d[o] = s[(long)idx[row] * c + o % c]; }
+}
+
+// The rows' terms and hits of cross_entropy_row summed in a fixed order (one block of 1024).
+extern "C" __global__ void cross_entropy_total(const double* part, int rows, double* loss,
+                                               unsigned* correct) {
+    __shared__ double sh[1024];
+    double s = 0.0, right = 0.0;
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        s += part[2 * (long)r]; right += part[2 * (long)r + 1];
+    }
+    double total = block_sum(s, sh);
+    double hits = block_sum(right, sh);
+    if (threadIdx.x == 0) { *loss = total / (double)rows; if (correct) *correct = (unsigned)hits; }
 }
 
 extern "C" __global__ void axpy_f32(float* y, const float* x, long n) { LOOP(i, n) y[i] += x[i]; }
@@ -264,9 +343,15 @@ const TAGS: [&str; 3] = ["f32", "f16", "bf16"];
 /// The training kernels' module: its name in the cache, its whole CUDA C source and the
 /// kernels loaded from it (also what `gpukit all` compiles ahead).
 pub fn kernel_source() -> KernelSource {
-    let mut names: Vec<String> = ["gather_u32", "axpy_f32", "check_finite", "advance"]
-        .map(String::from)
-        .to_vec();
+    let mut names: Vec<String> = [
+        "gather_u32",
+        "axpy_f32",
+        "check_finite",
+        "advance",
+        "cross_entropy_total",
+    ]
+    .map(String::from)
+    .to_vec();
     for t in TAGS {
         for k in [
             "gather_rows",
@@ -274,6 +359,7 @@ pub fn kernel_source() -> KernelSource {
             "widen",
             "mse",
             "cross_entropy",
+            "cross_entropy_row",
             "bias_act",
             "relu_grad",
             "bias_grad",
@@ -373,6 +459,9 @@ pub struct TrainKernels {
 }
 
 /// One block of 1024 threads: the losses reduce in one block (reproducible sums).
+/// Threads of a `cross_entropy_row` block (CE_THREADS in the source).
+const CE_THREADS: u32 = 256;
+
 fn one_block() -> Launch {
     Launch::new((1, 1, 1), (1024, 1, 1))
 }
@@ -528,6 +617,62 @@ impl TrainKernels {
             Arg::Ptr(correct),
         ];
         self.typed("cross_entropy", dtype, one_block(), &args)
+    }
+
+    /// [`TrainKernels::cross_entropy`] with a block of threads a row, for wide rows (a
+    /// thousand classes): `part` holds each row's term and hit (16 bytes a row) before they
+    /// are summed in a fixed order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cross_entropy_rows(
+        &self,
+        (out, classes, grad): (View<'_>, View<'_>, Option<View<'_>>),
+        dtype: DType,
+        (rows, width): (usize, usize),
+        state: Option<View<'_>>,
+        (mult, smoothing): (f32, f32),
+        part: View<'_>,
+        (loss, correct): (View<'_>, View<'_>),
+    ) -> Result<()> {
+        if !(0.0..1.0).contains(&smoothing) {
+            return Err(Error::Invalid(format!(
+                "label smoothing {smoothing}: must be in [0, 1)"
+            )));
+        }
+        let bytes = rows * width * dtype.size_bytes();
+        out.require(bytes, "cross_entropy out")?;
+        classes.require(rows * 4, "cross_entropy classes")?;
+        if let Some(g) = grad {
+            g.require(bytes, "cross_entropy grad")?;
+        }
+        part.require(rows * 16, "cross_entropy part")?;
+        loss.require(8, "cross_entropy loss")?;
+        correct.require(4, "cross_entropy correct")?;
+        let blocks = u32::try_from(rows)
+            .map_err(|_| Error::Invalid(format!("{rows} rows: too many for one launch")))?;
+        let args = [
+            Arg::Ptr(out),
+            Arg::Ptr(classes),
+            Arg::opt(grad),
+            Arg::Size(rows),
+            Arg::Size(width),
+            Arg::opt(state),
+            Arg::F32(mult),
+            Arg::F32(smoothing),
+            Arg::Ptr(part),
+        ];
+        self.typed(
+            "cross_entropy_row",
+            dtype,
+            Launch::new((blocks.max(1), 1, 1), (CE_THREADS, 1, 1)),
+            &args,
+        )?;
+        let args = [
+            Arg::Ptr(part),
+            Arg::Size(rows),
+            Arg::Ptr(loss),
+            Arg::Ptr(correct),
+        ];
+        self.run("cross_entropy_total", one_block(), &args)
     }
 
     /// `y (m x n, column-major) += bias[row]`, then ReLU when `relu`.
@@ -762,6 +907,8 @@ mod tests {
             ("widen_", "p p l"),
             ("mse_", "p p p i p f p"),
             ("cross_entropy_", "p p p i i p f f p p"),
+            ("cross_entropy_row_", "p p p i i p f f p"),
+            ("cross_entropy_total", "p i p p"),
             ("bias_act_", "p p i i i"),
             ("relu_grad_", "p p l"),
             ("bias_grad_", "p p i i f"),

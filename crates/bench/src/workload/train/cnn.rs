@@ -52,6 +52,8 @@ pub struct CnnTrainRequest {
     pub save_losses: Option<PathBuf>,
     /// `gpukit profile train --model`: record this update (0-based) of a GPU run, and how.
     pub profile: Option<(u64, TimingChoice)>,
+    /// GPU: replay each update as one CUDA graph (from the second) [default: on].
+    pub graph: Option<bool>,
 }
 
 /// The report of `gpukit train --model`.
@@ -90,6 +92,12 @@ pub struct CnnTrainReport {
     pub images_per_s: Option<f64>,
     /// The most bytes of the GPU's memory pool the run held.
     pub peak_gpu_bytes: Option<u64>,
+    /// How a GPU run's updates were launched: one CUDA graph replayed, or kernel by kernel.
+    #[serde(default)]
+    pub step_launch: Option<String>,
+    /// What the GPU trainer allocated, part by part (name, bytes).
+    #[serde(default)]
+    pub gpu_memory: Vec<(String, u64)>,
     /// fp16: the loss scale at the end (GradScaler's rules from 65536).
     #[serde(default)]
     pub loss_scale: Option<f32>,
@@ -167,6 +175,11 @@ pub fn check_request(r: &CnnTrainRequest) -> Result<()> {
             "--image-size and --samples describe generated images; with --data the file gives \
              them"
                 .into(),
+        ));
+    }
+    if r.graph == Some(true) && r.device == Device::Cpu {
+        return Err(Error::BadInput(
+            "--graph: CUDA graphs replay GPU work; give --device cuda:N".into(),
         ));
     }
     if let Some(s) = r.label_smoothing {
@@ -350,6 +363,7 @@ pub fn run_cnn_train(
             if let Some((at, timing)) = r.profile {
                 net.profile_update(at, discovery, timing);
             }
+            net.use_graph(r.graph.unwrap_or(true));
             conv_algorithms = net.conv_algorithms();
             net
         }
@@ -370,6 +384,11 @@ pub fn run_cnn_train(
         ))
     })?;
     let peak_gpu_bytes = gpu_net.as_ref().map(GpuResNet::peak_bytes).transpose()?;
+    let step_launch = gpu_net.as_ref().map(GpuResNet::step_launch);
+    let gpu_memory = gpu_net
+        .as_ref()
+        .map(GpuResNet::memory_parts)
+        .unwrap_or_default();
     let recording = gpu_net.as_mut().and_then(GpuResNet::take_recording);
     let scaler = gpu_net
         .as_ref()
@@ -410,6 +429,8 @@ pub fn run_cnn_train(
         first_step_seconds: out.first_step_seconds,
         images_per_s: out.images_per_s,
         peak_gpu_bytes,
+        gpu_memory,
+        step_launch,
         loss_scale: scaler.map(|s| s.scale),
         skipped_updates: scaler.map_or(0, |s| s.skipped),
         diverged: out.diverged,
@@ -471,6 +492,7 @@ mod tests {
             precision: None,
             save_losses: None,
             profile: None,
+            graph: None,
         }
     }
 

@@ -1,7 +1,8 @@
 //! The convolutional networks' own small GPU kernels (CUDA C compiled by NVRTC, launched
 //! through `gpukit_cuda::kernel`): a residual add and ReLU after batch norm where cuDNN does not
-//! fuse them, and global
-//! average pooling with its backward, channels-first and channels-last. The losses, the optimizers and
+//! fuse them, global average pooling with its backward (channels-first and channels-last), the
+//! stem's ReLU and max pooling in one channel-last pass (positions kept for the backward), and
+//! the blocked stem filter's gradient mask. The losses, the optimizers and
 //! ReLU's backward are the MLP engine's kernels ([`crate::gpu::kernels`]), the same math.
 //!
 //! Each does its arithmetic in f32 in the CPU reference's order (the pool sums a plane in
@@ -64,17 +65,70 @@ template <class T> __device__ void avg_pool_back_nhwc(const T* dy, T* dx, long n
     }
 }
 
-// Max pooling's backward, channels-last, one thread a vector of V channels of one input
-// position (16-byte loads; 32-bit index arithmetic: total < 2^32): the gradients of the outputs
-// whose window took each value, added in output order. A window takes its first maximum in scan
-// order (the CPU reference's rule): x equal to the window's output y, and no earlier value of
-// the window equal to it (checked only where x equals y). Window k, stride s, padding p; cv =
-// channels / V.
+// Max pooling of ReLU's output, channels-last, one thread a vector of V channels of one output
+// position (16-byte loads; 32-bit index arithmetic: total < 2^32): y = the window's largest of
+// relu(x), taken as the CPU reference takes it (from -inf, a value larger than the best or a
+// NaN; the first in-bounds position when none is), and idx = its position in the window
+// (ky k + kx, below 256). relu(x) is never written: x is the norm's output before its ReLU.
+// Window k, stride s, padding p; cv = channels / V.
 template <class T, int V> struct alignas(sizeof(T) * V) PoolPack { T v[V]; };
-template <class T, int V>
-__device__ void max_pool_back_nhwc(const T* x, const T* y, const T* dy, T* dx, unsigned total,
-                                   int h, int w, int cv, int oh, int ow, int k, int s, int p) {
+template <int V> struct alignas(V) IdxPack { unsigned char v[V]; };
+template <class T, int V, int K, int S, int PAD>
+__device__ void max_pool_relu_nhwc(const T* x, T* y, unsigned char* idx, unsigned total, int h,
+                                   int w, int cv, int oh, int ow, int k_, int s_, int p_) {
     typedef PoolPack<T, V> P;
+    const int k = K ? K : k_, s = S ? S : s_, p = K ? PAD : p_;
+    for (unsigned o = blockIdx.x * blockDim.x + threadIdx.x; o < total;
+         o += gridDim.x * blockDim.x) {
+        unsigned r = o / (unsigned)cv;
+        const unsigned chv = o - r * (unsigned)cv;
+        const unsigned q = r / (unsigned)ow;
+        const int ox = (int)(r - q * (unsigned)ow);
+        const unsigned b = q / (unsigned)oh;
+        const int oy = (int)(q - b * (unsigned)oh);
+        float best[V];
+        int at[V];
+#pragma unroll
+        for (int u = 0; u < V; ++u) { best[u] = -__int_as_float(0x7f800000); at[u] = -1; }
+        for (int ky = 0; ky < k; ++ky) {
+            const int iy = oy * s - p + ky;
+            if (iy < 0 || iy >= h) continue;
+            for (int kx = 0; kx < k; ++kx) {
+                const int ix = ox * s - p + kx;
+                if (ix < 0 || ix >= w) continue;
+                const P e = ((const P*)x)[((b * (unsigned)h + (unsigned)iy) * (unsigned)w
+                                           + (unsigned)ix) * (unsigned)cv + chv];
+#pragma unroll
+                for (int u = 0; u < V; ++u) {
+                    float v = to_f(e.v[u]);
+                    v = v < 0.0f ? 0.0f : v;
+                    if (at[u] < 0) at[u] = ky * k + kx;
+                    if (v > best[u] || v != v) { best[u] = v; at[u] = ky * k + kx; }
+                }
+            }
+        }
+        P out;
+        IdxPack<V> where;
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+            out.v[u] = from_f<T>(best[u]);
+            where.v[u] = (unsigned char)(at[u] < 0 ? 0 : at[u]);
+        }
+        ((P*)y)[o] = out;
+        ((IdxPack<V>*)idx)[o] = where;
+    }
+}
+
+// max_pool_relu_nhwc's backward, one thread a vector of V channels of one input position: the
+// gradients of the outputs whose window took this position (idx), added in output order, each
+// where the output is above zero (ReLU's backward: the value taken is the output). dx is the
+// gradient of the norm's output before its ReLU.
+template <class T, int V, int K, int S, int PAD>
+__device__ void max_pool_relu_back_nhwc(const unsigned char* idx, const T* y, const T* dy, T* dx,
+                                        unsigned total, int h, int w, int cv, int oh, int ow,
+                                        int k_, int s_, int p_) {
+    typedef PoolPack<T, V> P;
+    const int k = K ? K : k_, s = S ? S : s_, p = K ? PAD : p_;
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += gridDim.x * blockDim.x) {
         unsigned r = i / (unsigned)cv;
@@ -83,7 +137,6 @@ __device__ void max_pool_back_nhwc(const T* x, const T* y, const T* dy, T* dx, u
         const int ix = (int)(r - q * (unsigned)w);
         const unsigned b = q / (unsigned)h;
         const int iy = (int)(q - b * (unsigned)h);
-        const P xv = ((const P*)x)[i];
         float g[V];
 #pragma unroll
         for (int u = 0; u < V; ++u) g[u] = 0.0f;
@@ -94,35 +147,18 @@ __device__ void max_pool_back_nhwc(const T* x, const T* y, const T* dy, T* dx, u
             for (int ox = ox0; ox <= ox1; ++ox) {
                 const unsigned o = ((b * (unsigned)oh + (unsigned)oy) * (unsigned)ow
                                     + (unsigned)ox) * (unsigned)cv + chv;
-                const P yv = ((const P*)y)[o];
-                bool hit[V];
+                const unsigned char pos = (unsigned char)((iy - (oy * s - p)) * k
+                                                          + (ix - (ox * s - p)));
+                const IdxPack<V> at = ((const IdxPack<V>*)idx)[o];
                 bool any = false;
 #pragma unroll
-                for (int u = 0; u < V; ++u) {
-                    hit[u] = to_f(xv.v[u]) == to_f(yv.v[u]);
-                    any = any || hit[u];
-                }
+                for (int u = 0; u < V; ++u) any = any || at.v[u] == pos;
                 if (!any) continue;
-                // an earlier value of the window equal to the maximum takes it instead
-                bool reached = false;
-                for (int ky = 0; ky < k && !reached; ++ky) {
-                    const int yy = oy * s - p + ky;
-                    if (yy < 0 || yy >= h) continue;
-                    for (int kx = 0; kx < k; ++kx) {
-                        const int xx = ox * s - p + kx;
-                        if (xx < 0 || xx >= w) continue;
-                        if (yy == iy && xx == ix) { reached = true; break; }
-                        const P e = ((const P*)x)[((b * (unsigned)h + (unsigned)yy) * (unsigned)w
-                                                   + (unsigned)xx) * (unsigned)cv + chv];
-#pragma unroll
-                        for (int u = 0; u < V; ++u)
-                            if (to_f(e.v[u]) == to_f(yv.v[u])) hit[u] = false;
-                    }
-                }
+                const P yv = ((const P*)y)[o];
                 const P dv = ((const P*)dy)[o];
 #pragma unroll
                 for (int u = 0; u < V; ++u)
-                    if (hit[u]) g[u] += to_f(dv.v[u]);
+                    if (at.v[u] == pos && to_f(yv.v[u]) > 0.0f) g[u] += to_f(dv.v[u]);
             }
         }
         P out;
@@ -131,6 +167,18 @@ __device__ void max_pool_back_nhwc(const T* x, const T* y, const T* dy, T* dx, u
         ((P*)dx)[i] = out;
     }
 }
+
+// The pool kernels for any window (runtime k, s, p) and for ResNet's 3x3 stride-2 padding-1
+// window (constants: the window arithmetic folds).
+#define POOL_INSTANCES(T, TAG, WIN, K, S, PAD)                                                 \
+extern "C" __global__ void max_pool_relu_nhwc##WIN##_##TAG(const T* x, T* y,                   \
+    unsigned char* idx, unsigned total, int h, int w, int cv, int oh, int ow, int k, int s,     \
+    int p) { max_pool_relu_nhwc<T, 16 / sizeof(T), K, S, PAD>(x, y, idx, total, h, w, cv, oh,   \
+    ow, k, s, p); }                                                                            \
+extern "C" __global__ void max_pool_relu_back_nhwc##WIN##_##TAG(const unsigned char* idx,      \
+    const T* y, const T* dy, T* dx, unsigned total, int h, int w, int cv, int oh, int ow, int k, \
+    int s, int p) { max_pool_relu_back_nhwc<T, 16 / sizeof(T), K, S, PAD>(idx, y, dy, dx, total, \
+    h, w, cv, oh, ow, k, s, p); }
 
 #define INSTANCES(T, TAG)                                                                      \
 extern "C" __global__ void add_relu_##TAG(T* y, const T* z, long n) { add_relu<T>(y, z, n); }  \
@@ -142,24 +190,29 @@ extern "C" __global__ void avg_pool_##TAG(const T* x, T* y, long planes, int pla
     { avg_pool<T>(x, y, planes, plane, inv); }                                                 \
 extern "C" __global__ void avg_pool_back_##TAG(const T* dy, T* dx, long n, int plane,          \
     float inv) { avg_pool_back<T>(dy, dx, n, plane, inv); }                                    \
-extern "C" __global__ void max_pool_back_nhwc_##TAG(const T* x, const T* y, const T* dy, T* dx, \
-    unsigned total, int h, int w, int cv, int oh, int ow, int k, int s, int p)                 \
-    { max_pool_back_nhwc<T, 16 / sizeof(T)>(x, y, dy, dx, total, h, w, cv, oh, ow, k, s, p); }
+POOL_INSTANCES(T, TAG, , 0, 0, 0)                                                              \
+POOL_INSTANCES(T, TAG, _k3s2p1, 3, 2, 1)
 
 INSTANCES(float, f32)
 INSTANCES(H, f16)
 INSTANCES(B, bf16)
+
+// v[i] *= keep[i]: the blocked stem filter's gradient kept to the network's taps (keep is 0 or 1).
+extern "C" __global__ void mask_f32(float* v, const float* keep, long n) { LOOP(i, n) v[i] *= keep[i]; }
 "#;
 
 const STEM: &str = "cnn-kernels";
 const TAGS: [&str; 3] = ["f32", "f16", "bf16"];
-const KERNELS: [&str; 6] = [
+const KERNELS: [&str; 9] = [
     "add_relu",
     "avg_pool",
     "avg_pool_back",
     "avg_pool_nhwc",
     "avg_pool_back_nhwc",
-    "max_pool_back_nhwc",
+    "max_pool_relu_nhwc",
+    "max_pool_relu_back_nhwc",
+    "max_pool_relu_nhwc_k3s2p1",
+    "max_pool_relu_back_nhwc_k3s2p1",
 ];
 
 /// The module's name in the kernel cache, its source and its kernels.
@@ -167,6 +220,7 @@ pub fn kernel_source() -> KernelSource {
     let names = TAGS
         .iter()
         .flat_map(|t| KERNELS.map(|k| format!("{k}_{t}")))
+        .chain(["mask_f32".to_string()])
         .collect();
     KernelSource {
         stem: STEM,
@@ -196,6 +250,15 @@ impl CnnKernels {
             launch,
             args,
         )
+    }
+
+    /// `v *= keep` over `n` f32 values (`keep` 0 or 1).
+    pub fn mask_f32(&self, v: View<'_>, keep: View<'_>, n: usize) -> Result<()> {
+        v.require(n * 4, "mask_f32 v")?;
+        keep.require(n * 4, "mask_f32 keep")?;
+        let args = [Arg::Ptr(v), Arg::Ptr(keep), Arg::Size(n)];
+        self.module
+            .launch("mask_f32", &self.stream, grid_for(n), &args)
     }
 
     /// `y = relu(y + z)` (`relu(y)` without `z`) over `n` values.
@@ -253,14 +316,54 @@ impl CnnKernels {
         self.typed("avg_pool_back", dtype, grid_for(n), &args)
     }
 
-    /// Max pooling's backward on channels-last maps `(n, h, w, c)` pooled to `(oh, ow)` by a
-    /// `window` x `window` window every `stride` with `pad`: `dx` from the forward's input `x`,
-    /// output `y` and the output gradient `dy` (each output's gradient to the first maximum of
-    /// its window, as the CPU layer gives it).
-    #[allow(clippy::too_many_arguments)]
-    pub fn max_pool_back_nhwc(
+    /// Max pooling of `relu(x)` (channels-last `n x h x w x c` maps to `oh x ow`, window,
+    /// stride, padding) into `y`, each output's position in its window into `idx` (a byte an
+    /// output value): ReLU and pooling in one pass over the norm's output, the CPU layer's
+    /// choice of the value taken.
+    pub fn max_pool_relu_nhwc(
         &self,
-        (x, y, dy, dx): (View<'_>, View<'_>, View<'_>, View<'_>),
+        (x, y, idx): (View<'_>, View<'_>, View<'_>),
+        dtype: DType,
+        (n, h, w, c): (usize, usize, usize, usize),
+        (oh, ow): (usize, usize),
+        (window, stride, pad): (usize, usize, usize),
+    ) -> Result<()> {
+        let e = dtype.size_bytes();
+        let v = 16 / e;
+        let outputs = n * oh * ow * c;
+        x.require(n * h * w * c * e, "max_pool_relu x")?;
+        y.require(outputs * e, "max_pool_relu y")?;
+        idx.require(outputs, "max_pool_relu idx")?;
+        check_pool(dtype, c, n * h * w * c, window, &[x, y], &[idx])?;
+        let total = outputs / v;
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::Ptr(idx),
+            Arg::Size(total),
+            Arg::Size(h),
+            Arg::Size(w),
+            Arg::Size(c / v),
+            Arg::Size(oh),
+            Arg::Size(ow),
+            Arg::Size(window),
+            Arg::Size(stride),
+            Arg::Size(pad),
+        ];
+        self.typed(
+            pool_kernel("max_pool_relu_nhwc", (window, stride, pad)),
+            dtype,
+            grid_for(total),
+            &args,
+        )
+    }
+
+    /// [`CnnKernels::max_pool_relu_nhwc`]'s backward: from the outputs' gradients `dy`, their
+    /// values `y` and positions `idx`, the gradient of the pooled ReLU's input into `dx` (each
+    /// output's gradient to the position it took where the output is above zero).
+    pub fn max_pool_relu_back_nhwc(
+        &self,
+        (idx, y, dy, dx): (View<'_>, View<'_>, View<'_>, View<'_>),
         dtype: DType,
         (n, h, w, c): (usize, usize, usize, usize),
         (oh, ow): (usize, usize),
@@ -269,19 +372,15 @@ impl CnnKernels {
         let e = dtype.size_bytes();
         let v = 16 / e;
         let values = n * h * w * c;
-        x.require(values * e, "max_pool_back x")?;
-        dx.require(values * e, "max_pool_back dx")?;
-        y.require(n * oh * ow * c * e, "max_pool_back y")?;
-        dy.require(n * oh * ow * c * e, "max_pool_back dy")?;
-        if !c.is_multiple_of(v) || [x, y, dy, dx].iter().any(|b| !b.is_aligned(16)) {
-            return Err(gpukit_cuda::Error::Invalid(format!(
-                "max_pool_back_nhwc: {c} channels or a view not in whole 16-byte vectors \
-                 (max_pool_back_runs says which maps it takes)"
-            )));
-        }
+        let outputs = n * oh * ow * c;
+        dx.require(values * e, "max_pool_relu_back dx")?;
+        y.require(outputs * e, "max_pool_relu_back y")?;
+        dy.require(outputs * e, "max_pool_relu_back dy")?;
+        idx.require(outputs, "max_pool_relu_back idx")?;
+        check_pool(dtype, c, values, window, &[y, dy, dx], &[idx])?;
         let total = values / v;
         let args = [
-            Arg::Ptr(x),
+            Arg::Ptr(idx),
             Arg::Ptr(y),
             Arg::Ptr(dy),
             Arg::Ptr(dx),
@@ -295,14 +394,20 @@ impl CnnKernels {
             Arg::Size(stride),
             Arg::Size(pad),
         ];
-        self.typed("max_pool_back_nhwc", dtype, grid_for(total), &args)
+        self.typed(
+            pool_kernel("max_pool_relu_back_nhwc", (window, stride, pad)),
+            dtype,
+            grid_for(total),
+            &args,
+        )
     }
 
-    /// Whether [`CnnKernels::max_pool_back_nhwc`] takes maps of `c` channels, `values` values
-    /// in all, in `dtype`: whole 16-byte channel vectors and fewer than 2^32 vectors.
-    pub fn max_pool_back_runs(dtype: DType, c: usize, values: usize) -> bool {
+    /// Whether the max-pool kernels take channel-last maps of `c` channels, `values` values and
+    /// a window of `window` x `window`: whole 16-byte channel vectors, 32-bit indices, window
+    /// positions in a byte.
+    pub fn max_pool_runs(dtype: DType, c: usize, values: usize, window: usize) -> bool {
         let v = 16 / dtype.size_bytes();
-        c.is_multiple_of(v) && values / v < u32::MAX as usize
+        c.is_multiple_of(v) && values / v < u32::MAX as usize && window * window <= 256
     }
 
     /// [`CnnKernels::avg_pool`] of channels-last maps: `planes` = images x `channels`.
@@ -351,6 +456,39 @@ impl CnnKernels {
     }
 }
 
+/// The pool kernel `stem` for a window: its 3x3 stride-2 padding-1 instance (the window's
+/// arithmetic in constants) or the general one.
+fn pool_kernel(stem: &str, window: (usize, usize, usize)) -> &str {
+    match (stem, window) {
+        ("max_pool_relu_nhwc", (3, 2, 1)) => "max_pool_relu_nhwc_k3s2p1",
+        ("max_pool_relu_back_nhwc", (3, 2, 1)) => "max_pool_relu_back_nhwc_k3s2p1",
+        _ => stem,
+    }
+}
+
+/// The max-pool kernels' preconditions ([`CnnKernels::max_pool_runs`], maps 16-byte aligned,
+/// index bytes aligned to a vector's count).
+fn check_pool(
+    dtype: DType,
+    c: usize,
+    values: usize,
+    window: usize,
+    maps: &[View<'_>],
+    idx: &[View<'_>],
+) -> Result<()> {
+    let v = 16 / dtype.size_bytes();
+    if !CnnKernels::max_pool_runs(dtype, c, values, window)
+        || maps.iter().any(|b| !b.is_aligned(16))
+        || idx.iter().any(|b| !b.is_aligned(v))
+    {
+        return Err(gpukit_cuda::Error::Invalid(format!(
+            "max pooling kernels: {c} channels, a {window}x{window} window or a view not in \
+             whole 16-byte vectors (max_pool_runs says which maps they take)"
+        )));
+    }
+    Ok(())
+}
+
 /// 1 / plane as the CPU reference rounds it (through f64).
 fn inverse(plane: usize) -> f32 {
     (1.0 / plane.max(1) as f64) as f32
@@ -368,7 +506,14 @@ mod tests {
             ("avg_pool_back_", "p p l i f"),
             ("avg_pool_nhwc_", "p p l i i f"),
             ("avg_pool_back_nhwc_", "p p l i i f"),
-            ("max_pool_back_nhwc_", "p p p p u32 i i i i i i i i"),
+            ("max_pool_relu_nhwc_", "p p p u32 i i i i i i i i"),
+            ("max_pool_relu_back_nhwc_", "p p p p u32 i i i i i i i i"),
+            ("max_pool_relu_nhwc_k3s2p1_", "p p p u32 i i i i i i i i"),
+            (
+                "max_pool_relu_back_nhwc_k3s2p1_",
+                "p p p p u32 i i i i i i i i",
+            ),
+            ("mask_f32", "p p l"),
         ];
         let differences = kernel_source().signature_differences(&expected, &TAGS);
         assert!(differences.is_empty(), "{differences:#?}");

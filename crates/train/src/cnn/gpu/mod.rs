@@ -4,8 +4,9 @@
 //! by cuDNN's own search (f32: only those that sum the products as written), a channels-last
 //! 1x1 filter's gradient by one cuBLAS product where that times faster (`plan.rs`); batch norm in
 //! training mode through cuDNN (batch statistics, running statistics moved as PyTorch moves
-//! them); max pooling forward through cuDNN, its channel-last backward and global average
-//! pooling by gpukit's kernels ([`kernels`]); the linear head through cuBLAS; the smoothed
+//! them); the stem's ReLU and max pooling by cuDNN (fp32) or in one pass of gpukit's kernels
+//! (channel-last, keeping each pooled value's position for the backward), global average pooling
+//! by gpukit's kernels ([`kernels`]); the linear head through cuBLAS; the smoothed
 //! cross-entropy, the loss scaler and the optimizers (SGD with momentum, Nesterov and weight
 //! decay; AdamW) by the MLP engine's kernels over one flat f32 parameter buffer ([`layout`]).
 //!
@@ -15,7 +16,8 @@
 //!   by gpukit's kernels, ReLU's backward by the MLP engine's.
 //! - bf16 / fp16, NHWC, as PyTorch's autocast with channels_last: f32 master weights (conv
 //!   filters held in KRSC order, so the optimizer's 16-bit copy of the whole buffer is cuDNN's
-//!   channels-last filter; the stem's 3 channels padded to 8 with zero taps, images too;
+//!   channels-last filter; the stem over 2x2 blocks of pixels where the image sizes are even
+//!   ([`stem`]), else its 3 channels padded to 8 with zero taps, images too;
 //!   [`GpuResNet::load`] and [`GpuResNet::store`] permute and pad on the host),
 //!   16-bit maps and gradients, tensor-op convolutions and products summing in f32, batch norm
 //!   in SPATIAL_PERSISTENT mode with its ReLU and residual add + ReLU fused forward and
@@ -24,19 +26,24 @@
 //!   loss by GradScaler's rules through the shared step state: an inf or NaN gradient skips the
 //!   update and halves the scale, 2000 clean updates double it.
 //!
+//! Every map and gradient lives in one arena placed by lifetimes ([`memory`]); the whole update
+//! can be replayed as one CUDA graph ([`GpuResNet::use_graph`]).
+//!
 //! To use: [`GpuResNet::new`] from a CPU model (its weights and running statistics are
 //! uploaded), [`GpuResNet::train_step`] per batch, [`GpuResNet::store`] to read the model back.
 
 pub mod kernels;
 pub mod layout;
+pub mod memory;
 pub mod need;
 mod ops;
 mod params;
 mod plan;
+pub mod stem;
 mod step;
 
 pub use plan::{device_channels, device_lens, input_maps, unit_shapes};
-use plan::{filters_of, plan_unit, time_filter_products, GpuBlock, GpuUnit};
+use plan::{filters_of, plan_unit, time_filter_products, DeviceFilter, GpuBlock, GpuUnit};
 
 use super::layers::Linear;
 use super::optim::{CnnOptimizer, CnnOptimizerConfig};
@@ -99,6 +106,24 @@ fn nhwc_into(
         })
 }
 
+/// NCHW f32 images as the stem's blocked channel-last `dtype` bytes ([`stem`]), an image at a
+/// time on every core.
+fn blocks_into(images: &[f32], (h, w): (usize, usize), dtype: DType, out: &mut [u8]) -> Result<()> {
+    use rayon::prelude::*;
+    let (bh, bw) = stem::block_dims((h, w));
+    let per_image = bh * bw * stem::BLOCK_CHANNELS * dtype.size_bytes();
+    let count = images.len() / (3 * h * w).max(1);
+    if out.len() != count * per_image {
+        return Err(Error::Failed(format!(
+            "{} bytes for {count} blocked images of {per_image}",
+            out.len()
+        )));
+    }
+    out.par_chunks_mut(per_image.max(1))
+        .zip(images.par_chunks(3 * h * w))
+        .try_for_each(|(dst, img)| stem::image_into(img, (h, w), dtype, dst))
+}
+
 /// The 16-bit side of a bf16 / fp16 trainer.
 struct Half {
     /// Every parameter in the storage type, at the f32 layout's offsets (the optimizer writes
@@ -124,9 +149,11 @@ pub struct GpuResNet {
     /// Training-mode forward passes so far (every norm's `num_batches_tracked`).
     pub batches_tracked: u64,
     names: Vec<String>,
-    /// Each parameter's (filters, channels, taps, device channels) when it is a convolution
-    /// filter held in KRSC order on the device (its channels padded with zeros to the device's).
-    filters: Vec<Option<(usize, usize, usize, usize)>>,
+    /// Each parameter's form on the device when it is a filter held channels-last (KRSC, its
+    /// channels padded with zeros to the device's; the stem's over 2x2 blocks).
+    filters: Vec<Option<DeviceFilter>>,
+    /// The blocked stem filter's mask (1 on the network's weights), applied to its gradient.
+    stem_mask: Option<DeviceBuffer>,
     opt: CnnOptimizerConfig,
     smoothing: f32,
     params_layout: FlatLayout,
@@ -143,7 +170,9 @@ pub struct GpuResNet {
     pool: MaxPool,
     /// The max pool's window, stride and padding (gpukit's backward kernel takes them).
     pool_window: (usize, usize, usize),
-    pool_out: DeviceBuffer,
+    /// Every map the step keeps and every gradient of a map, placed by `maps_plan`.
+    maps: DeviceBuffer,
+    maps_plan: memory::MapsPlan,
     blocks: Vec<GpuBlock>,
     head: (Linear, usize, usize),
     /// The images' maps (the stem's input).
@@ -157,9 +186,9 @@ pub struct GpuResNet {
     dlogits: DeviceBuffer,
     dfeatures: DeviceBuffer,
     loss: DeviceBuffer,
+    /// Each image's loss term and hit before they are summed.
+    loss_rows: DeviceBuffer,
     correct: DeviceBuffer,
-    /// Gradients of activations: three buffers, each as large as the largest map.
-    scratch: [DeviceBuffer; 3],
     workspace: DeviceBuffer,
     /// Whether a batch is on the device.
     uploaded: bool,
@@ -168,6 +197,13 @@ pub struct GpuResNet {
     staging: Option<PinnedBytes>,
     /// Updates made through [`super::run::Stepper::step`].
     updates: u64,
+    /// Whether steps replay one captured CUDA graph (from the second step on), the reason
+    /// when a capture failed and steps stay eager, and the graph once captured.
+    graph_on: bool,
+    graph_failed: Option<String>,
+    graph: Option<gpukit_cuda::Graph>,
+    /// Steps run so far (the first is eager: libraries initialise lazily outside a capture).
+    steps_run: u64,
     /// `gpukit profile train --model`: the update (0-based) to record, and how.
     profile_at: Option<(u64, Discovery, TimingChoice)>,
     recording: Option<Recording>,
@@ -187,7 +223,8 @@ impl super::run::Stepper for GpuResNet {
         if fresh || !self.uploaded {
             self.upload(images, labels)?;
         }
-        let out = self.step_uploaded();
+        // a recorded update runs eagerly: the profiler ties each launch to its op
+        let out = self.step_on_device(profiler.is_some());
         if let Some(p) = profiler {
             self.recording = Some(p.finish()?);
         }
@@ -246,41 +283,66 @@ impl GpuResNet {
         let blas = Blas::new(discovery, &gpu)?;
         let k = TrainKernels::new(discovery, &gpu)?;
         let ck = CnnKernels::new(discovery, &gpu)?;
+        let net = need::net_maps(model, input)?;
+        let pool_kernels = plan::pools_on_kernels(&net.stem, model.pool().kernel);
+        let maps_plan = memory::plan_maps(&net, pool_kernels)?;
         let mut saved_at = 0;
         let on = (&dnn, gpu.as_ref());
-        let stem = plan_unit(on, model.stem(), BnOps::BnRelu, input, &mut saved_at)?;
+        // the stem's ReLU runs in gpukit's pool kernels where they take its maps
+        let stem_role = match pool_kernels {
+            true => BnOps::Bn,
+            false => BnOps::BnRelu,
+        };
+        let stem = plan_unit(
+            on,
+            (model.stem(), stem_role),
+            (input, maps_plan.stem),
+            &mut saved_at,
+        )?;
         let p = model.pool();
         let pool = dnn.max_pool(stem.output, p.kernel, p.stride, p.padding)?;
-        let pool_out = gpu.alloc(pool.output.bytes())?;
         let mut maps = pool.output;
-        let mut largest = stem.output.bytes().max(maps.bytes());
         let mut blocks = Vec::new();
-        for b in model.blocks() {
+        for (b, slots) in model.blocks().iter().zip(&maps_plan.blocks) {
             let block_in = maps;
             let mut main = Vec::new();
-            for (i, u) in b.main.iter().enumerate() {
+            for (i, (u, &at)) in b.main.iter().zip(&slots.main).enumerate() {
                 let role = if i + 1 == b.main.len() {
                     BnOps::BnAddRelu
                 } else {
                     BnOps::BnRelu
                 };
-                let unit = plan_unit(on, u, role, maps, &mut saved_at)?;
+                let unit = plan_unit(on, (u, role), (maps, at), &mut saved_at)?;
                 maps = unit.output;
-                largest = largest.max(maps.bytes());
                 main.push(unit);
             }
-            let down = match &b.down {
-                Some(u) => Some(plan_unit(on, u, BnOps::Bn, block_in, &mut saved_at)?),
-                None => None,
+            let down = match (&b.down, slots.down) {
+                (Some(u), Some(at)) => Some(plan_unit(
+                    on,
+                    (u, BnOps::Bn),
+                    (block_in, at),
+                    &mut saved_at,
+                )?),
+                (None, None) => None,
+                _ => {
+                    return Err(Error::Failed(
+                        "the maps' plan and the network disagree on a shortcut".into(),
+                    ))
+                }
             };
             let shortcut = down.as_ref().map_or(block_in, |d| d.output);
-            if shortcut != maps || main.is_empty() {
+            if shortcut != maps || main.is_empty() || main.len() != b.main.len() {
                 return Err(Error::Failed(format!(
                     "a residual block of {} units adds {shortcut:?} to {maps:?}",
                     main.len()
                 )));
             }
             blocks.push(GpuBlock { main, down });
+        }
+        if blocks.len() != maps_plan.blocks.len() || pool.output != net.pooled {
+            return Err(Error::Failed(
+                "the maps' plan and the network disagree".into(),
+            ));
         }
         let head = model.head();
         if head.0.inputs != maps.c || head.0.outputs != model.classes {
@@ -332,7 +394,7 @@ impl GpuResNet {
             .map(|u| u.conv.workspace_bytes().max(u.bn.workspace_bytes()))
             .max()
             .unwrap_or(0);
-        let params_layout = FlatLayout::new(device_lens(model, input.layout));
+        let params_layout = FlatLayout::new(device_lens(model, input));
         let stats_layout = FlatLayout::new(model.buffers.iter().map(|b| b.data.len()));
         let momentum = match opt.kind {
             OptimizerKind::Sgd => opt.momentum != 0.0,
@@ -345,7 +407,11 @@ impl GpuResNet {
                 None
             })
         };
-        let filters = filters_of(model, input.layout);
+        let filters = filters_of(model, input);
+        let stem_mask = match filters.get(model.stem().weight) {
+            Some(Some(DeviceFilter::Blocks { k })) => Some(gpu.upload(bytes_of(&stem::mask(*k)))?),
+            _ => None,
+        };
         let (classes, features) = (model.classes, maps.c);
         let alloc = |bytes: usize| gpu.alloc(bytes.max(4));
         let half = if precision.half() {
@@ -375,6 +441,7 @@ impl GpuResNet {
             batches_tracked: model.batches_tracked,
             names: model.params.iter().map(|p| p.name.clone()).collect(),
             filters,
+            stem_mask,
             opt,
             smoothing: smoothing as f32,
             params: alloc(params_layout.total * 4)?,
@@ -394,7 +461,8 @@ impl GpuResNet {
                 model.pool().stride,
                 model.pool().padding,
             ),
-            pool_out,
+            maps: alloc(maps_plan.total)?,
+            maps_plan,
             blocks,
             head,
             input,
@@ -406,12 +474,16 @@ impl GpuResNet {
             dlogits: alloc(batch * classes * elem)?,
             dfeatures: alloc(batch * features * elem)?,
             loss: alloc(8)?,
+            loss_rows: alloc(batch * 16)?,
             correct: alloc(4)?,
-            scratch: [alloc(largest)?, alloc(largest)?, alloc(largest)?],
             workspace: alloc(workspace_bytes.max(256))?,
             uploaded: false,
             staging: None,
             updates: 0,
+            graph_on: false,
+            graph_failed: None,
+            graph: None,
+            steps_run: 0,
             profile_at: None,
             recording: None,
             gpu,
@@ -509,14 +581,25 @@ impl GpuResNet {
         }
     }
 
-    /// Parameter `i`'s 16-bit gradient, just made by a product, widened into the f32 gradients.
+    /// Parameter `i`'s 16-bit gradient, just made by a product, widened into the f32 gradients
+    /// (the blocked stem's masked: its unused taps stay zero).
     fn widen_grad(&self, i: usize) -> Result<()> {
         if self.half.is_some() {
             let n = self.params_layout.range(i)?.1;
             self.k
                 .widen(self.product_grad(i)?, self.grad(i)?, self.dtype(), n)?;
+            if let (Some(mask), Some(Some(DeviceFilter::Blocks { .. }))) =
+                (&self.stem_mask, self.filters.get(i))
+            {
+                self.ck.mask_f32(self.grad(i)?, mask.view(), n)?;
+            }
         }
         Ok(())
+    }
+
+    /// A map or gradient of the arena.
+    fn at(&self, s: memory::Slot) -> Result<View<'_>> {
+        Ok(self.maps.view().sub(s.offset, s.bytes)?)
     }
 
     fn stat(&self, i: usize) -> Result<View<'_>> {
@@ -577,12 +660,16 @@ impl GpuResNet {
                     _ => PinnedBytes::new(g, len, true)?,
                 };
                 let mut staging = staging;
-                nhwc_into(
-                    &images.data,
-                    (h * w, self.input.c),
-                    self.dtype(),
-                    staging.as_mut_slice(),
-                )?;
+                if self.stem_mask.is_some() {
+                    blocks_into(&images.data, (h, w), self.dtype(), staging.as_mut_slice())?;
+                } else {
+                    nhwc_into(
+                        &images.data,
+                        (h * w, self.input.c),
+                        self.dtype(),
+                        staging.as_mut_slice(),
+                    )?;
+                }
                 copy_pinned_to(g.stream(), &staging, len, self.images.view())?;
                 self.staging = Some(staging);
             }
@@ -592,15 +679,61 @@ impl GpuResNet {
         Ok(())
     }
 
+    /// Steps replay one CUDA graph of the whole update from the second on (`on`), or launch
+    /// every kernel eagerly (the default).
+    pub fn use_graph(&mut self, on: bool) {
+        self.graph_on = on;
+        if !on {
+            self.graph = None;
+        }
+    }
+
+    /// How the steps ran: "CUDA graph", "eager", or why a capture failed.
+    pub fn step_launch(&self) -> String {
+        match (&self.graph, &self.graph_failed, self.graph_on) {
+            (Some(_), _, _) => "CUDA graph (from the second update)".into(),
+            (None, Some(why), _) => format!("eager (the graph's capture failed: {why})"),
+            _ => "eager".into(),
+        }
+    }
+
     /// One update on the batch last uploaded (see [`GpuResNet::train_step`]).
     pub fn step_uploaded(&mut self) -> Result<(f64, usize)> {
+        self.step_on_device(false)
+    }
+
+    /// The update's work enqueued: replayed from the graph when graphs are on and `eager` is
+    /// not asked (the graph captured at the second step), else launched op by op.
+    fn enqueue_step(&mut self, eager: bool) -> Result<()> {
+        let replay = self.graph_on && !eager && self.graph_failed.is_none() && self.steps_run > 0;
+        self.steps_run += 1;
+        if replay && self.graph.is_none() {
+            let this = &*self;
+            match self.gpu.capture(|| -> Result<()> {
+                this.forward()?;
+                this.backward()?;
+                this.update()
+            }) {
+                Ok(graph) => self.graph = Some(graph),
+                Err(e) => self.graph_failed = Some(e.to_string()),
+            }
+        }
+        match (&self.graph, replay) {
+            (Some(graph), true) => Ok(graph.launch()?),
+            _ => {
+                self.forward()?;
+                self.backward()?;
+                self.update()
+            }
+        }
+    }
+
+    fn step_on_device(&mut self, eager: bool) -> Result<(f64, usize)> {
         if !self.uploaded {
             return Err(Error::Failed("a step before any batch was uploaded".into()));
         }
         let g = self.gpu.clone();
-        self.forward()?;
-        self.backward()?;
-        self.update()?;
+        self.enqueue_step(eager)?;
         self.batches_tracked += 1;
         let op = self.op_other("read the loss", "loss", 3, "copy");
         let loss = g.download_from(self.loss.view(), 8)?;
@@ -616,6 +749,58 @@ impl GpuResNet {
                 .map_err(|_| Error::Failed("the count is not 4 bytes".into()))?,
         );
         Ok((loss, correct as usize))
+    }
+
+    /// What this trainer allocated, part by part (bytes): for reports beside the pool's peak.
+    pub fn memory_parts(&self) -> Vec<(String, u64)> {
+        let len = |b: &DeviceBuffer| b.len() as u64;
+        let opt = self.m.iter().chain(&self.v).map(len).sum::<u64>();
+        let half = self
+            .half
+            .as_ref()
+            .map_or(0, |h| len(&h.weights) + len(&h.grad));
+        let reserve: u64 = self
+            .units()
+            .filter_map(|u| u.reserve.as_ref())
+            .map(len)
+            .sum();
+        let plan = &self.maps_plan;
+        let head = [
+            &self.labels,
+            &self.features,
+            &self.logits,
+            &self.dlogits,
+            &self.dfeatures,
+            &self.loss,
+            &self.loss_rows,
+            &self.correct,
+            &self.state,
+        ];
+        vec![
+            (
+                format!(
+                    "maps and their gradients, one plan (lower bound {}, each its own {})",
+                    plan.lower_bound, plan.without_reuse
+                ),
+                len(&self.maps),
+            ),
+            (
+                "f32 weights and gradients".into(),
+                len(&self.params) + len(&self.grads),
+            ),
+            ("optimizer state".into(), opt),
+            ("16-bit weights and a gradient".into(), half),
+            (
+                "norm statistics and reserve".into(),
+                len(&self.stats) + len(&self.saved) + reserve,
+            ),
+            ("images".into(), len(&self.images)),
+            (
+                "labels, head and loss".into(),
+                head.iter().map(|b| len(b)).sum(),
+            ),
+            ("convolution workspace".into(), len(&self.workspace)),
+        ]
     }
 
     /// The most bytes the device's memory pool held for live buffers since this trainer began
@@ -683,7 +868,8 @@ mod tests {
     }
 
     /// fp32 trains NCHW f32 maps, bf16 and fp16 channels-last 16-bit ones (the images' 3
-    /// channels padded to 8); tf32 is refused.
+    /// channels padded to 8, or in 2x2 blocks of 16 channels where the sizes are even); tf32
+    /// is refused.
     #[test]
     fn each_precision_has_its_maps() {
         let m = input_maps(Precision::Fp32, 2, (8, 9)).unwrap();
@@ -696,6 +882,11 @@ mod tests {
             assert_eq!(
                 (m.layout, m.dtype, m.c, m.h, m.w),
                 (Layout::Nhwc, dtype, 8, 8, 9)
+            );
+            let m = input_maps(p, 2, (224, 160)).unwrap();
+            assert_eq!(
+                (m.layout, m.dtype, m.c, m.h, m.w),
+                (Layout::Nhwc, dtype, 16, 115, 83)
             );
         }
         let e = input_maps(Precision::Tf32, 2, (8, 9))
@@ -716,15 +907,27 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    /// Channel-last, only the stem's filter changes length: padded to 8 channels, or 4x4 taps
+    /// of 16 channels over 2x2 blocks; the stem's unit over blocks is a 4x4 stride-1
+    /// convolution of 16 channels with the stride-2 convolution's output.
     #[test]
     fn only_the_stems_filter_is_padded_on_the_device() {
         let model = ResNet::<f32>::new(Depth::ResNet50, 10, 3);
         let own: Vec<usize> = model.params.iter().map(|p| p.data.len()).collect();
-        assert_eq!(device_lens(&model, Layout::Nchw), own);
-        let wide = device_lens(&model, Layout::Nhwc);
+        let on = |p, size| input_maps(p, 2, (size, size)).unwrap();
+        assert_eq!(device_lens(&model, on(Precision::Fp32, 32)), own);
+        let wide = device_lens(&model, on(Precision::Bf16, 31));
         assert_eq!(model.params[0].name, "conv1.weight");
         assert_eq!((own[0], wide[0]), (64 * 3 * 49, 64 * 8 * 49));
         assert_eq!(wide[1..], own[1..]);
+        let blocks = device_lens(&model, on(Precision::Bf16, 32));
+        assert_eq!(blocks[0], 64 * 16 * 16);
+        assert_eq!(blocks[1..], own[1..]);
+        let (conv, out) = unit_shapes(model.stem(), on(Precision::Bf16, 32)).unwrap();
+        let s = conv.shape;
+        assert_eq!((s.c, s.h, s.r, s.stride, s.pad), (16, 19, 4, 1, 0));
+        let (_, plain) = unit_shapes(model.stem(), on(Precision::Fp32, 32)).unwrap();
+        assert_eq!((out.c, out.h, out.w), (plain.c, plain.h, plain.w));
     }
 
     #[test]

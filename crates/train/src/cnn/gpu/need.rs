@@ -7,6 +7,7 @@
 //! HINT)`.
 
 use super::layout::{FlatLayout, ALIGN};
+use super::memory::plan_maps;
 use super::unit_shapes;
 use crate::cnn::optim::CnnOptimizerConfig;
 use crate::cnn::resnet::ResNet;
@@ -19,12 +20,39 @@ use gpukit_types::resources::{bytes, Need};
 /// The flags that change a convolutional run's memory.
 pub const HINT: &str = "lower --batch-size or --image-size (or train a smaller --model)";
 
-/// The output maps of every convolution + norm unit in the order the trainer plans them (the
-/// stem, then each block's main path and its downsampling), and the stem's pooled maps.
-pub fn unit_outputs(model: &ResNet<f32>, input: Maps) -> Result<(Vec<Maps>, Maps)> {
-    let mut outputs = Vec::new();
+/// A block's maps: its input, each main unit's output and its downsampling unit's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockMaps {
+    pub input: Maps,
+    pub main: Vec<Maps>,
+    pub down: Option<Maps>,
+}
+
+/// A network's maps for one batch: the stem's output, the max pool's, each block's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetMaps {
+    pub stem: Maps,
+    pub pooled: Maps,
+    pub blocks: Vec<BlockMaps>,
+}
+
+impl NetMaps {
+    /// Every unit's output in the order the trainer plans them (the stem, then each block's
+    /// main path and its downsampling).
+    pub fn unit_outputs(&self) -> Vec<Maps> {
+        std::iter::once(self.stem)
+            .chain(
+                self.blocks
+                    .iter()
+                    .flat_map(|b| b.main.iter().copied().chain(b.down)),
+            )
+            .collect()
+    }
+}
+
+/// The maps `model` makes of `input`.
+pub fn net_maps(model: &ResNet<f32>, input: Maps) -> Result<NetMaps> {
     let (_, stem) = unit_shapes(model.stem(), input)?;
-    outputs.push(stem);
     let p = model.pool();
     let pooled = Maps {
         h: pool_out(stem.h, p.kernel, p.stride, p.padding),
@@ -32,17 +60,32 @@ pub fn unit_outputs(model: &ResNet<f32>, input: Maps) -> Result<(Vec<Maps>, Maps
         ..stem
     };
     let mut maps = pooled;
+    let mut blocks = Vec::new();
     for b in model.blocks() {
-        let block_in = maps;
+        let input = maps;
+        let mut main = Vec::new();
         for u in &b.main {
             maps = unit_shapes(u, maps)?.1;
-            outputs.push(maps);
+            main.push(maps);
         }
-        if let Some(d) = &b.down {
-            outputs.push(unit_shapes(d, block_in)?.1);
-        }
+        let down = match &b.down {
+            Some(d) => Some(unit_shapes(d, input)?.1),
+            None => None,
+        };
+        blocks.push(BlockMaps { input, main, down });
     }
-    Ok((outputs, pooled))
+    Ok(NetMaps {
+        stem,
+        pooled,
+        blocks,
+    })
+}
+
+/// The output maps of every convolution + norm unit in the order the trainer plans them (the
+/// stem, then each block's main path and its downsampling), and the stem's pooled maps.
+pub fn unit_outputs(model: &ResNet<f32>, input: Maps) -> Result<(Vec<Maps>, Maps)> {
+    let net = net_maps(model, input)?;
+    Ok((net.unit_outputs(), net.pooled))
 }
 
 /// The device memory of training `model` on batches of `batch` images of `image` in
@@ -56,8 +99,13 @@ pub fn device_need(
     opt: &CnnOptimizerConfig,
 ) -> Result<Need> {
     let elem = precision.storage().size_bytes();
-    let input = Maps::nchw_f32(batch, 3, image.0, image.1);
-    let (outputs, pooled) = unit_outputs(model, input)?;
+    let input = super::input_maps(precision, batch, image)?;
+    let net = net_maps(model, input)?;
+    let maps = plan_maps(
+        &net,
+        super::plan::pools_on_kernels(&net.stem, model.pool().kernel),
+    )?;
+    let outputs = net.unit_outputs();
     let params = FlatLayout::new(model.params.iter().map(|p| p.data.len())).total;
     let stats = FlatLayout::new(model.buffers.iter().map(|b| b.data.len())).total;
     let widest = model.params.iter().map(|p| p.data.len()).max().unwrap_or(0);
@@ -67,9 +115,6 @@ pub fn device_need(
         OptimizerKind::Sgd => 1,
         OptimizerKind::Adam | OptimizerKind::AdamW => 2,
     };
-    let at = |m: &Maps| m.elements() as u64 * elem as u64;
-    let largest = outputs.iter().chain([&pooled]).map(at).max().unwrap_or(0);
-    let maps: u64 = outputs.iter().map(at).sum::<u64>() + at(&pooled);
     let saved: usize = outputs
         .iter()
         .map(|m| 2 * m.c.next_multiple_of(ALIGN))
@@ -98,15 +143,15 @@ pub fn device_need(
         )
         .add("running and saved statistics", f32s(stats + saved))
         .add(
-            // each unit keeps its convolution's and its norm's outputs for backward
-            "activations",
-            Some(maps.saturating_mul(2)),
+            // each unit's convolution and norm outputs and the gradients of the backward
+            // stages, placed by their lifetimes
+            "maps and their gradients (one plan)",
+            Some(maps.total as u64),
         )
-        .add("three gradient buffers", largest.checked_mul(3))
         .add(
             "images, labels, head and loss",
             sum(&[
-                bytes(&[batch, 3, image.0, image.1], elem.max(4)),
+                Some(input.bytes() as u64),
                 bytes(&[batch], 4),
                 bytes(&[batch, features, 2], 4),
                 bytes(&[batch, classes, 2], 4),

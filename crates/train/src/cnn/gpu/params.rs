@@ -6,7 +6,8 @@ use super::*;
 
 impl GpuResNet {
     /// Parameter-shaped tensors in the CPU model's order and shapes moved to the device's
-    /// (filters KRSC when channels-last), or back from it.
+    /// (filters KRSC when channels-last, the stem's over 2x2 blocks), or back from it (an error
+    /// where a blocked stem's unused tap is not zero).
     fn reorder(&self, tensors: Vec<Vec<f32>>, to_device: bool) -> Result<Vec<Vec<f32>>> {
         let permute = if to_device {
             channels_last
@@ -17,12 +18,14 @@ impl GpuResNet {
             .into_iter()
             .zip(&self.filters)
             .map(|(t, f)| match *f {
-                Some((k, c, taps, wide)) if to_device => {
+                Some(DeviceFilter::Krsc { k, c, taps, wide }) if to_device => {
                     pad_rows(&permute(&t, (k, c, taps))?, (k * taps, c, wide))
                 }
-                Some((k, c, taps, wide)) => {
+                Some(DeviceFilter::Krsc { k, c, taps, wide }) => {
                     permute(&unpad_rows(&t, (k * taps, c, wide))?, (k, c, taps))
                 }
+                Some(DeviceFilter::Blocks { k }) if to_device => stem::filter_to_blocks(&t, k),
+                Some(DeviceFilter::Blocks { k }) => stem::filter_from_blocks(&t, k),
                 None => Ok(t),
             })
             .collect()

@@ -4,6 +4,8 @@
 //! faster than cuDNN.
 
 use super::layout::ALIGN;
+use super::memory::UnitSlots;
+use super::stem;
 use super::F32;
 use crate::cnn::resnet::{ResNet, Unit};
 use crate::error::{Error, Result};
@@ -19,22 +21,30 @@ use std::rc::Rc;
 /// too small to leave one output position.
 pub fn unit_shapes(unit: &Unit, input: Maps) -> Result<(Conv, Maps)> {
     let c = unit.conv;
-    if input.c != device_channels(c.in_channels, input.layout) {
+    let blocked = input.layout == Layout::Nhwc
+        && input.c == stem::BLOCK_CHANNELS
+        && stem::is_stem(c.in_channels, c.kernel, c.stride, c.padding);
+    if !blocked && input.c != device_channels(c.in_channels, input.layout) {
         return Err(Error::Setting(format!(
             "a convolution of {} input channels given maps of {}",
             c.in_channels, input.c
         )));
     }
+    // the stem over 2x2 blocks: a 4x4 stride-1 convolution of the padded blocks (stem.rs)
+    let (kernel, stride, pad) = match blocked {
+        true => (stem::TAPS, 1, 0),
+        false => (c.kernel, c.stride, c.padding),
+    };
     let shape = ConvShape {
         n: input.n,
         c: input.c,
         h: input.h,
         w: input.w,
         k: c.out_channels,
-        r: c.kernel,
-        s: c.kernel,
-        stride: c.stride,
-        pad: c.padding,
+        r: kernel,
+        s: kernel,
+        stride,
+        pad,
         groups: 1,
     };
     let (oh, ow) = shape.out_hw();
@@ -71,8 +81,18 @@ pub fn device_channels(c: usize, layout: Layout) -> usize {
     }
 }
 
-/// The maps of a batch of images in a precision: fp32 NCHW, or 16-bit NHWC (3 channels padded
-/// to [`device_channels`]).
+/// Whether the stem's ReLU and max pool run as gpukit's kernels over its norm's output `stem`
+/// (channel-last 16-bit maps they take; a `window` x `window` pool): cuDNN's pool, and the
+/// ReLU fused into cuDNN's norm, otherwise.
+pub fn pools_on_kernels(stem: &Maps, window: usize) -> bool {
+    stem.layout == Layout::Nhwc
+        && stem.dtype != F32
+        && super::kernels::CnnKernels::max_pool_runs(stem.dtype, stem.c, stem.elements(), window)
+}
+
+/// The maps of a batch of images in a precision: fp32 NCHW, or 16-bit NHWC: 2x2 blocks of
+/// pixels where the sizes are even (the stem runs on them: `stem.rs`), else 3 channels padded to
+/// [`device_channels`].
 pub fn input_maps(precision: Precision, batch: usize, (h, w): (usize, usize)) -> Result<Maps> {
     let (layout, dtype) = match precision {
         Precision::Fp32 => (Layout::Nchw, F32),
@@ -83,6 +103,17 @@ pub fn input_maps(precision: Precision, batch: usize, (h, w): (usize, usize)) ->
             ))
         }
     };
+    if stem::runs_on_blocks(layout, (h, w)) {
+        let (bh, bw) = stem::block_dims((h, w));
+        return Ok(Maps {
+            n: batch,
+            c: stem::BLOCK_CHANNELS,
+            h: bh,
+            w: bw,
+            layout,
+            dtype,
+        });
+    }
     Ok(Maps {
         n: batch,
         c: device_channels(3, layout),
@@ -104,10 +135,10 @@ pub(super) struct GpuUnit {
     pub(super) role: BnOps,
     /// The maps it reads and writes.
     pub(super) output: Maps,
-    /// The convolution's output (the norm's input), kept for the norm's backward.
-    pub(super) conv_out: DeviceBuffer,
-    /// The norm's output, after the ReLU or the residual add and ReLU that follow it.
-    pub(super) bn_out: DeviceBuffer,
+    /// The convolution's output (the norm's input, kept for the norm's backward) and the
+    /// norm's output (after the ReLU or the residual add and ReLU that follow it): their places
+    /// in the trainer's arena of maps.
+    pub(super) maps: UnitSlots,
     pub(super) reserve: Option<DeviceBuffer>,
     /// Offsets (f32 elements) of the batch mean and inverse std in the saved-statistics buffer.
     pub(super) saved: (usize, usize),
@@ -144,16 +175,23 @@ pub(super) fn plan_norm(dnn: &Dnn, output: Maps, role: BnOps, spec: &Unit) -> Re
     Ok(dnn.batch_norm(output, BnOps::Bn, BnMode::Spatial, stats)?)
 }
 
-/// Plans a unit over `input` and allocates its buffers; `saved_at` hands out its place in the
-/// saved-statistics buffer.
+/// Plans a unit over `input` whose maps the arena keeps at `maps`, and allocates its norm's
+/// reserve; `saved_at` hands out its place in the saved-statistics buffer.
 pub(super) fn plan_unit(
     (dnn, gpu): (&Dnn, &Gpu),
-    spec: &Unit,
-    role: BnOps,
-    input: Maps,
+    (spec, role): (&Unit, BnOps),
+    (input, maps): (Maps, UnitSlots),
     saved_at: &mut usize,
 ) -> Result<GpuUnit> {
     let (conv, output) = unit_shapes(spec, input)?;
+    if [maps.conv_out, maps.bn_out]
+        .iter()
+        .any(|s| s.bytes != output.bytes())
+    {
+        return Err(Error::Failed(format!(
+            "the maps' plan holds {maps:?} for {output:?}"
+        )));
+    }
     let conv = dnn.plan_conv_train(conv)?;
     let bn = plan_norm(dnn, output, role, spec)?;
     let c = output.c;
@@ -169,8 +207,7 @@ pub(super) fn plan_unit(
         conv,
         role,
         output,
-        conv_out: gpu.alloc(output.bytes())?,
-        bn_out: gpu.alloc(output.bytes())?,
+        maps,
         reserve,
         saved: (mean, invstd),
         bn,
@@ -237,28 +274,68 @@ pub(super) fn time_filter_products(
     Ok(faster)
 }
 
-/// Each parameter's (filters, channels, taps, device channels) when it is a filter held in KRSC
-/// order on the device (channels-last maps), else None.
-pub(super) fn filters_of(
-    model: &ResNet<f32>,
-    layout: Layout,
-) -> Vec<Option<(usize, usize, usize, usize)>> {
+/// How a filter parameter is held on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DeviceFilter {
+    /// KRSC: `k` filters of `taps` taps of `c` channels, padded with zeros to `wide`.
+    Krsc {
+        k: usize,
+        c: usize,
+        taps: usize,
+        wide: usize,
+    },
+    /// The stem's `k` filters over 2x2 blocks (`stem.rs`).
+    Blocks { k: usize },
+}
+
+impl DeviceFilter {
+    pub(super) fn len(&self) -> usize {
+        match *self {
+            DeviceFilter::Krsc { k, taps, wide, .. } => k * taps * wide,
+            DeviceFilter::Blocks { k } => k * stem::TAPS * stem::TAPS * stem::BLOCK_CHANNELS,
+        }
+    }
+}
+
+/// Each parameter's form on the device when it is a filter held channels-last (16-bit
+/// training over `input`), else None.
+pub(super) fn filters_of(model: &ResNet<f32>, input: Maps) -> Vec<Option<DeviceFilter>> {
+    let blocks = input.layout == Layout::Nhwc && input.c == stem::BLOCK_CHANNELS;
+    let stem = model.stem();
     model
         .params
         .iter()
-        .map(|p| match (&p.shape[..], layout) {
-            (&[k, c, r, s], Layout::Nhwc) => Some((k, c, r * s, device_channels(c, layout))),
+        .enumerate()
+        .map(|(i, p)| match (&p.shape[..], input.layout) {
+            (&[k, ..], Layout::Nhwc)
+                if blocks
+                    && i == stem.weight
+                    && stem::is_stem(
+                        stem.conv.in_channels,
+                        stem.conv.kernel,
+                        stem.conv.stride,
+                        stem.conv.padding,
+                    ) =>
+            {
+                Some(DeviceFilter::Blocks { k })
+            }
+            (&[k, c, r, s], Layout::Nhwc) => Some(DeviceFilter::Krsc {
+                k,
+                c,
+                taps: r * s,
+                wide: device_channels(c, input.layout),
+            }),
             _ => None,
         })
         .collect()
 }
 
-/// Each parameter's length on the device (a filter's padded channels included).
-pub fn device_lens(model: &ResNet<f32>, layout: Layout) -> Vec<usize> {
+/// Each parameter's length on the device (a filter's padded channels or blocked taps included).
+pub fn device_lens(model: &ResNet<f32>, input: Maps) -> Vec<usize> {
     model
         .params
         .iter()
-        .zip(filters_of(model, layout))
-        .map(|(p, f)| f.map_or(p.data.len(), |(k, _, taps, wide)| k * taps * wide))
+        .zip(filters_of(model, input))
+        .map(|(p, f)| f.map_or(p.data.len(), |f| f.len()))
         .collect()
 }

@@ -15,7 +15,7 @@ impl GpuResNet {
             &u.conv,
             x,
             self.weight(u.spec.weight)?,
-            u.conv_out.view(),
+            self.at(u.maps.conv_out)?,
             ws,
         )?;
         drop(op);
@@ -23,9 +23,9 @@ impl GpuResNet {
         let (saved_mean, saved_invstd) = self.saved_stats(u)?;
         let fused = u.fused();
         let args = BnForward {
-            x: u.conv_out.view(),
+            x: self.at(u.maps.conv_out)?,
             z: z.filter(|_| fused),
-            y: u.bn_out.view(),
+            y: self.at(u.maps.bn_out)?,
             gamma: self.param(u.spec.gamma)?,
             beta: self.param(u.spec.beta)?,
             running_mean: self.stat(u.spec.mean)?,
@@ -36,8 +36,12 @@ impl GpuResNet {
         self.dnn
             .bn_forward_training(&u.bn, &args, ws, u.reserve.as_ref().map(|r| r.view()))?;
         if !fused {
-            self.ck
-                .add_relu(u.bn_out.view(), z, self.dtype(), u.output.elements())?;
+            self.ck.add_relu(
+                self.at(u.maps.bn_out)?,
+                z,
+                self.dtype(),
+                u.output.elements(),
+            )?;
         }
         Ok(())
     }
@@ -58,7 +62,8 @@ impl GpuResNet {
         let n = u.output.elements();
         if !fused {
             if u.role != BnOps::Bn {
-                self.k.relu_grad(dy, u.bn_out.view(), self.dtype(), n)?;
+                self.k
+                    .relu_grad(dy, self.at(u.maps.bn_out)?, self.dtype(), n)?;
             }
             if let Some(dz) = dz {
                 self.gpu.copy_view(dz, dy, n * self.dtype().size_bytes())?;
@@ -66,8 +71,12 @@ impl GpuResNet {
         }
         let (saved_mean, saved_invstd) = self.saved_stats(u)?;
         let args = BnBackward {
-            x: u.conv_out.view(),
-            y: (fused && u.role != BnOps::Bn).then(|| u.bn_out.view()),
+            x: self.at(u.maps.conv_out)?,
+            y: if fused && u.role != BnOps::Bn {
+                Some(self.at(u.maps.bn_out)?)
+            } else {
+                None
+            },
             dy,
             dz: dz.filter(|_| fused),
             dx,
@@ -126,22 +135,42 @@ impl GpuResNet {
         let dt = self.dtype();
         let stem = &self.stem;
         self.unit_forward(stem, self.images.view(), None)?;
-        let op = self.op_other(
-            "max pool forward",
-            "maxpool",
-            stem.output.elements(),
-            "cuDNN",
-        );
-        self.dnn
-            .max_pool_forward(&self.pool, stem.bn_out.view(), self.pool_out.view())?;
-        drop(op);
-        let mut x = self.pool_out.view();
+        let (stem_out, pooled) = (self.at(stem.maps.bn_out)?, self.at(self.maps_plan.pooled)?);
+        let (x, y) = (self.pool.input, self.pool.output);
+        match self.maps_plan.pool_index {
+            Some(at) => {
+                // the stem's ReLU and pool in one pass (its norm ran bare)
+                let _op = self.op_other(
+                    "relu + max pool forward",
+                    "maxpool",
+                    stem.output.elements(),
+                    "NVRTC",
+                );
+                self.ck.max_pool_relu_nhwc(
+                    (stem_out, pooled, self.at(at)?),
+                    dt,
+                    (x.n, x.h, x.w, x.c),
+                    (y.h, y.w),
+                    self.pool_window,
+                )?;
+            }
+            None => {
+                let _op = self.op_other(
+                    "max pool forward",
+                    "maxpool",
+                    stem.output.elements(),
+                    "cuDNN",
+                );
+                self.dnn.max_pool_forward(&self.pool, stem_out, pooled)?;
+            }
+        }
+        let mut x = self.at(self.maps_plan.pooled)?;
         for b in &self.blocks {
             // the shortcut first: the block's last norm adds it
             let shortcut = match &b.down {
                 Some(d) => {
                     self.unit_forward(d, x, None)?;
-                    d.bn_out.view()
+                    self.at(d.maps.bn_out)?
                 }
                 None => x,
             };
@@ -149,7 +178,7 @@ impl GpuResNet {
             for (i, u) in b.main.iter().enumerate() {
                 let z = (i + 1 == b.main.len()).then_some(shortcut);
                 self.unit_forward(u, src, z)?;
-                src = u.bn_out.view();
+                src = self.at(u.maps.bn_out)?;
             }
             x = src;
         }
@@ -185,16 +214,19 @@ impl GpuResNet {
         let _op = self.op_other("cross entropy", "loss", n * fc.outputs, "NVRTC");
         // fp16: the loss's gradient times the loss scale
         let state = self.precision.scaled().then(|| self.state.view());
-        self.k.cross_entropy(
-            self.logits.view(),
-            self.labels.view(),
-            Some(self.dlogits.view()),
+        // a block a row: one thread a row took 0.24 ms at batch 256 (run 94)
+        self.k.cross_entropy_rows(
+            (
+                self.logits.view(),
+                self.labels.view(),
+                Some(self.dlogits.view()),
+            ),
             dt,
             (n, fc.outputs),
             state,
             (1.0, self.smoothing),
-            self.loss.view(),
-            self.correct.view(),
+            self.loss_rows.view(),
+            (self.loss.view(), self.correct.view()),
         )?;
         Ok(())
     }
@@ -231,87 +263,93 @@ impl GpuResNet {
             (false, false),
         )?;
         drop(op);
-        let s = |i: usize| self.scratch[i].view();
-        // o: the gradient of the current block's output; p, q: the other two
-        let mut o = 0;
+        let plan = &self.maps_plan;
+        // o: the gradient of the current block's output; p: the stage's temporary; q: the
+        // gradient of the block's input (its residual's first), the previous block's o
+        let mut o = self.at(plan.grad_out)?;
         let plane = self.last.h * self.last.w;
         let op = self.op_other("average pool backward", "avgpool", n * c * plane, "NVRTC");
         match self.last.layout {
-            Layout::Nchw => {
-                self.ck
-                    .avg_pool_back(self.dfeatures.view(), s(o), dt, (n * c, plane))?
-            }
+            Layout::Nchw => self
+                .ck
+                .avg_pool_back(self.dfeatures.view(), o, dt, (n * c, plane))?,
             Layout::Nhwc => {
                 self.ck
-                    .avg_pool_back_nhwc(self.dfeatures.view(), s(o), dt, (n * c, plane, c))?
+                    .avg_pool_back_nhwc(self.dfeatures.view(), o, dt, (n * c, plane, c))?
             }
         }
         drop(op);
-        let pool_out = self.pool_out.view();
+        let pool_out = self.at(plan.pooled)?;
         let no_units = || Error::Failed("a residual block without units".into());
-        for (bi, b) in self.blocks.iter().enumerate().rev() {
-            let (p, q) = ((o + 1) % 3, (o + 2) % 3);
+        for (bi, (b, slots)) in self.blocks.iter().zip(&plan.blocks).enumerate().rev() {
+            let (p, q) = (self.at(slots.temp)?, self.at(slots.grad_in)?);
             let block_in = match bi {
                 0 => pool_out,
-                _ => self.blocks[bi - 1]
+                _ => self.at(self.blocks[bi - 1]
                     .main
                     .last()
                     .ok_or_else(no_units)?
-                    .bn_out
-                    .view(),
+                    .maps
+                    .bn_out)?,
             };
             let last = b.main.last().ok_or_else(no_units)?;
             // the last norm: its input's gradient into p, the residual's into q
-            self.norm_backward(last, (s(o), s(p)), Some(s(q)))?;
+            self.norm_backward(last, (o, p), Some(q))?;
             if let Some(d) = &b.down {
                 // the shortcut's norm and convolution: the block input's gradient into q
-                self.norm_backward(d, (s(q), s(o)), None)?;
-                self.conv_backward(d, block_in, s(o), Some((s(q), false)))?;
+                self.norm_backward(d, (q, o), None)?;
+                self.conv_backward(d, block_in, o, Some((q, false)))?;
             }
             // the main path from the last unit's norm-input gradient in p; each earlier unit's
             // output gradient in o; the first unit adds its input's gradient to q
             for (i, u) in b.main.iter().enumerate().rev() {
                 if i + 1 < b.main.len() {
-                    self.norm_backward(u, (s(o), s(p)), None)?;
+                    self.norm_backward(u, (o, p), None)?;
                 }
                 let (x, dx) = match i {
-                    0 => (block_in, (s(q), true)),
-                    _ => (b.main[i - 1].bn_out.view(), (s(o), false)),
+                    0 => (block_in, (q, true)),
+                    _ => (self.at(b.main[i - 1].maps.bn_out)?, (o, false)),
                 };
-                self.conv_backward(u, x, s(p), Some(dx))?;
+                self.conv_backward(u, x, p, Some(dx))?;
             }
             o = q;
         }
-        let (p, q) = ((o + 1) % 3, (o + 2) % 3);
+        let (p, q) = (self.at(plan.stem_grads.0)?, self.at(plan.stem_grads.1)?);
         let stem = &self.stem;
         let (x, y) = (self.pool.input, self.pool.output);
-        let channels_last = x.layout == Layout::Nhwc
-            && CnnKernels::max_pool_back_runs(dt, x.c, x.elements())
-            && [stem.bn_out.view(), pool_out, s(o), s(p)]
-                .iter()
-                .all(|v| v.is_aligned(16));
-        let op = self.op_other(
-            "max pool backward",
-            "maxpool",
-            stem.output.elements(),
-            if channels_last { "NVRTC" } else { "cuDNN" },
-        );
-        if channels_last {
-            // gpukit's kernel: cuDNN's channel-last backward ran at 483 GB/s (run 94)
-            self.ck.max_pool_back_nhwc(
-                (stem.bn_out.view(), pool_out, s(o), s(p)),
-                dt,
-                (x.n, x.h, x.w, x.c),
-                (y.h, y.w),
-                self.pool_window,
-            )?;
-        } else {
-            self.dnn
-                .max_pool_backward(&self.pool, (stem.bn_out.view(), pool_out), s(o), s(p))?;
+        match plan.pool_index {
+            Some(at) => {
+                // gpukit's kernel from the pool's positions: the gradient of the stem norm's
+                // output before its ReLU (cuDNN's channel-last backward ran at 483 GB/s, run 94;
+                // gpukit's earlier kernel, which searched each window again, at 563, run 95)
+                let _op = self.op_other(
+                    "relu + max pool backward",
+                    "maxpool",
+                    stem.output.elements(),
+                    "NVRTC",
+                );
+                self.ck.max_pool_relu_back_nhwc(
+                    (self.at(at)?, pool_out, o, p),
+                    dt,
+                    (x.n, x.h, x.w, x.c),
+                    (y.h, y.w),
+                    self.pool_window,
+                )?;
+            }
+            None => {
+                let _op = self.op_other(
+                    "max pool backward",
+                    "maxpool",
+                    stem.output.elements(),
+                    "cuDNN",
+                );
+                let stem_out = self.at(stem.maps.bn_out)?;
+                self.dnn
+                    .max_pool_backward(&self.pool, (stem_out, pool_out), o, p)?;
+            }
         }
-        drop(op);
-        self.norm_backward(stem, (s(p), s(q)), None)?;
-        self.conv_backward(stem, self.images.view(), s(q), None)?;
+        self.norm_backward(stem, (p, q), None)?;
+        self.conv_backward(stem, self.images.view(), q, None)?;
         Ok(())
     }
 

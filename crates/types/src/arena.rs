@@ -2,7 +2,9 @@
 //! during which it must stay intact), place them in one arena so that buffers whose lifetimes
 //! overlap never share bytes, and buffers whose lifetimes do not may. Greedy by size, lowest
 //! fitting offset first: the classic offset-assignment heuristic of inference runtimes; on
-//! ResNet it reaches the lower bound (the largest sum of simultaneously live buffers).
+//! ResNet it reaches the lower bound (the largest sum of simultaneously live buffers). The
+//! inference engine plans its activations with it, the convolutional trainer its maps and their
+//! gradients.
 
 /// One buffer: `bytes` long, live from step `first` to step `last` inclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +95,7 @@ pub fn lower_bound(buffers: &[Lifetime]) -> usize {
 }
 
 /// An error naming two buffers that are live together and share bytes, if any.
-pub(crate) fn check(buffers: &[Lifetime], plan: &MemoryPlan) -> Result<(), String> {
+pub fn check(buffers: &[Lifetime], plan: &MemoryPlan) -> Result<(), String> {
     for i in 0..buffers.len() {
         let (a, oa) = (buffers[i], plan.offsets[i]);
         if oa + a.bytes > plan.total {

@@ -1,0 +1,302 @@
+//! Where a [`super::GpuResNet`]'s maps and their gradients live: one arena, every buffer placed
+//! by its lifetime over the step ([`gpukit_types::arena`], the inference engine's planner).
+//!
+//! A step's timeline, in the order the trainer runs it: the stem's unit, the max pool, each
+//! block's units (its downsampling first), the head; then backward a block at a time from the
+//! last, and the stem last. A buffer lives from the op that writes it to the last stage that
+//! reads it:
+//! - a unit's convolution output (its norm's input) until its block's backward;
+//! - a unit's norm output (after ReLU or add + ReLU) until its block's backward (the next
+//!   unit's filter gradient and its own ReLU's; a block's last unit's is also the next block's
+//!   input, read in that block's stage, which comes first); a downsampling unit's only until its
+//!   block's last unit has added it (nothing reads it backward);
+//! - the gradients a block's backward passes on: the gradient of the block's input, made in
+//!   its stage and read in the previous block's; a stage's temporary for its norms' inputs.
+//!
+//! So the gradients of the first blocks' large maps reuse the bytes of the last blocks' maps,
+//! dead by then, and the downsampling outputs share with what comes after them: the arena is the
+//! largest set of buffers live at once (the lower bound is reported beside it), where three
+//! gradient buffers of the largest map beside every map each held its own bytes before.
+
+use super::need::NetMaps;
+use crate::error::{Error, Result};
+use gpukit_cuda::dnn::Maps;
+use gpukit_types::arena::{check, lower_bound, plan_no_reuse, plan_reuse, Lifetime};
+
+/// A buffer's place in the arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub offset: usize,
+    pub bytes: usize,
+}
+
+/// A unit's two kept maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnitSlots {
+    /// The convolution's output, the norm's input.
+    pub conv_out: Slot,
+    /// The norm's output after what follows it.
+    pub bn_out: Slot,
+}
+
+/// A block's maps and the gradients its backward stage makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockSlots {
+    pub main: Vec<UnitSlots>,
+    pub down: Option<UnitSlots>,
+    /// The stage's temporary: each main unit's norm-input gradient.
+    pub temp: Slot,
+    /// The gradient of the block's input (written in its stage; its residual's gradient passes
+    /// through it first), read by the previous block's stage as its output's gradient.
+    pub grad_in: Slot,
+}
+
+/// Every map and gradient of a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapsPlan {
+    pub stem: UnitSlots,
+    /// The max pool's output (the first block's input).
+    pub pooled: Slot,
+    /// Where each pooled value was taken in its window, a byte each (gpukit's pool kernels).
+    pub pool_index: Option<Slot>,
+    pub blocks: Vec<BlockSlots>,
+    /// The gradient of the last block's output (from the average pool's backward).
+    pub grad_out: Slot,
+    /// The stem's stage: the max pool's input gradient, then the stem norm's input gradient.
+    pub stem_grads: (Slot, Slot),
+    /// The arena's bytes.
+    pub total: usize,
+    /// The largest total of buffers live at one step: no placement uses less.
+    pub lower_bound: usize,
+    /// Every buffer its own bytes.
+    pub without_reuse: usize,
+}
+
+/// Collects lifetimes and hands back each buffer's index.
+struct Timeline {
+    buffers: Vec<Lifetime>,
+}
+
+impl Timeline {
+    fn add(&mut self, bytes: usize, first: usize, last: usize) -> usize {
+        self.buffers.push(Lifetime { bytes, first, last });
+        self.buffers.len() - 1
+    }
+}
+
+/// Plans the arena of a network's maps (from their shapes alone: [`super::need`] counts it
+/// before anything is allocated, [`super::GpuResNet::new`] allocates it).
+///
+/// `pool_kernels`: the stem's ReLU and max pool run as gpukit's kernels
+/// ([`super::kernels::CnnKernels::max_pool_relu_nhwc`]): the stem norm's output is read only
+/// by the pool (its backward takes the pool's positions, a byte an output, and outputs), else
+/// it is kept for cuDNN's pooling and ReLU backward.
+pub fn plan_maps(net: &NetMaps, pool_kernels: bool) -> Result<MapsPlan> {
+    let at = |m: &Maps| m.bytes();
+    let blocks = &net.blocks;
+    if blocks.is_empty() || blocks.iter().any(|b| b.main.is_empty()) {
+        return Err(Error::Failed(
+            "a network without blocks, or a block without units".into(),
+        ));
+    }
+    // forward times: 0 the stem, 1 the pool, then each unit; the head; then one backward stage
+    // a block from the last, the stem's stage last
+    let mut t = 2;
+    let mut fwd = Vec::with_capacity(blocks.len());
+    for b in blocks {
+        let down = b.down.map(|_| {
+            t += 1;
+            t - 1
+        });
+        let main: Vec<usize> = (0..b.main.len()).map(|i| t + i).collect();
+        t += b.main.len();
+        fwd.push((main, down));
+    }
+    let head = t;
+    let last = blocks.len() - 1;
+    // the stage of block bi
+    let stage = |bi: usize| head + 1 + (last - bi);
+    let stem_stage = stage(0) + 1;
+    let mut tl = Timeline {
+        buffers: Vec::new(),
+    };
+    let stem = (
+        tl.add(at(&net.stem), 0, stem_stage),
+        tl.add(at(&net.stem), 0, if pool_kernels { 1 } else { stem_stage }),
+    );
+    let pooled = tl.add(at(&net.pooled), 1, stem_stage);
+    let pool_index = pool_kernels.then(|| tl.add(net.pooled.elements(), 1, stem_stage));
+    // what the stage of block bi needs of o (its output's gradient, then each main unit's) and
+    // of q (its residual's gradient, then its input's)
+    let largest_main = |bi: usize| blocks[bi].main.iter().map(at).max().unwrap_or(0);
+    let o_need = |bi: usize| largest_main(bi);
+    let q_need = |bi: usize| {
+        let out = blocks[bi].main.last().map_or(0, at);
+        out.max(at(&blocks[bi].input))
+    };
+    let mut units = Vec::with_capacity(blocks.len());
+    for (bi, b) in blocks.iter().enumerate() {
+        let (main_t, down_t) = &fwd[bi];
+        // a main unit's norm output is read by its block's stage (the next unit's filter
+        // gradient, its own ReLU's backward), a last unit's also by the next block's, earlier
+        let main: Vec<(usize, usize)> = b
+            .main
+            .iter()
+            .zip(main_t)
+            .map(|(m, &f)| (tl.add(at(m), f, stage(bi)), tl.add(at(m), f, stage(bi))))
+            .collect();
+        let added = *main_t.last().unwrap_or(&0);
+        let down = match (b.down, down_t) {
+            (Some(m), Some(f)) => Some((tl.add(at(&m), *f, stage(bi)), tl.add(at(&m), *f, added))),
+            _ => None,
+        };
+        let temp = tl.add(largest_main(bi), stage(bi), stage(bi));
+        let (grad_in, read_until) = match bi {
+            0 => (q_need(0).max(at(&net.pooled)), stem_stage),
+            _ => (q_need(bi).max(o_need(bi - 1)), stage(bi - 1)),
+        };
+        let grad_in = tl.add(grad_in, stage(bi), read_until);
+        units.push((main, down, temp, grad_in));
+    }
+    let grad_out = tl.add(o_need(last), stage(last), stage(last));
+    let stem_grads = (
+        tl.add(at(&net.stem), stem_stage, stem_stage),
+        tl.add(at(&net.stem), stem_stage, stem_stage),
+    );
+    let plan = plan_reuse(&tl.buffers);
+    check(&tl.buffers, &plan).map_err(|e| Error::Failed(format!("the maps' plan: {e}")))?;
+    let slot = |i: usize| Slot {
+        offset: plan.offsets[i],
+        bytes: tl.buffers[i].bytes,
+    };
+    let pair = |(c, b): (usize, usize)| UnitSlots {
+        conv_out: slot(c),
+        bn_out: slot(b),
+    };
+    Ok(MapsPlan {
+        stem: pair(stem),
+        pooled: slot(pooled),
+        pool_index: pool_index.map(slot),
+        blocks: units
+            .into_iter()
+            .map(|(main, down, temp, grad_in)| BlockSlots {
+                main: main.into_iter().map(pair).collect(),
+                down: down.map(pair),
+                temp: slot(temp),
+                grad_in: slot(grad_in),
+            })
+            .collect(),
+        grad_out: slot(grad_out),
+        stem_grads: (slot(stem_grads.0), slot(stem_grads.1)),
+        total: plan.total,
+        lower_bound: lower_bound(&tl.buffers),
+        without_reuse: plan_no_reuse(&tl.buffers).total,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::need::net_maps;
+    use super::*;
+    use crate::cnn::resnet::{Depth, ResNet};
+
+    fn slots(p: &MapsPlan) -> Vec<Slot> {
+        let mut v: Vec<Slot> = p.pool_index.into_iter().collect();
+        v.extend([
+            p.stem.conv_out,
+            p.stem.bn_out,
+            p.pooled,
+            p.grad_out,
+            p.stem_grads.0,
+            p.stem_grads.1,
+        ]);
+        for b in &p.blocks {
+            for u in b.main.iter().chain(b.down.as_ref()) {
+                v.extend([u.conv_out, u.bn_out]);
+            }
+            v.extend([b.temp, b.grad_in]);
+        }
+        v
+    }
+
+    /// ResNet-50's maps at batch 256 of 224x224 in bf16: the plan reaches its lower bound,
+    /// keeps every buffer inside the arena, and is smaller than two maps a unit plus three
+    /// gradient buffers of the largest (the layout before it) by the downsampling outputs and
+    /// the gradient buffers, less the last stage's three small gradients (live beside every
+    /// map when backward starts).
+    #[test]
+    fn resnet50s_maps_and_gradients_share_one_arena() {
+        let model = ResNet::<f32>::new(Depth::ResNet50, 1000, 0);
+        let input = crate::cnn::gpu::input_maps(crate::precision::Precision::Bf16, 256, (224, 224))
+            .unwrap();
+        let net = net_maps(&model, input).unwrap();
+        let p = plan_maps(&net, true).unwrap();
+        assert_eq!(p.total, p.lower_bound);
+        for s in slots(&p) {
+            assert!(s.offset + s.bytes <= p.total, "{s:?}");
+            assert_eq!(s.offset % 256, 0);
+        }
+        let maps: usize = net
+            .blocks
+            .iter()
+            .flat_map(|b| b.main.iter().chain(b.down.as_ref()))
+            .chain([&net.stem])
+            .map(|m| 2 * m.bytes())
+            .sum::<usize>()
+            + net.pooled.bytes();
+        let before = maps + 3 * net.stem.bytes();
+        // the stem norm's output lives only until the pool: not at the peak
+        let kept = plan_maps(&net, false).unwrap();
+        assert_eq!(kept.total, kept.lower_bound);
+        assert!(
+            p.total + net.stem.bytes() <= kept.total + net.pooled.elements(),
+            "{} {}",
+            p.total,
+            kept.total
+        );
+        let downs: usize = net
+            .blocks
+            .iter()
+            .filter_map(|b| b.down)
+            .map(|m| m.bytes())
+            .sum();
+        let last = p.blocks.last().unwrap();
+        let first_stage = p.grad_out.bytes + last.temp.bytes + last.grad_in.bytes;
+        assert!(
+            p.total + downs + 3 * net.stem.bytes() <= before + first_stage,
+            "{} {before}",
+            p.total
+        );
+        assert!(p.without_reuse > p.total);
+    }
+
+    /// The large gradients of the stem's stage and the first blocks lie on bytes whose maps
+    /// are dead by then, never on a map still to be read.
+    #[test]
+    fn a_gradient_never_shares_bytes_with_a_map_read_after_it() {
+        let model = ResNet::<f32>::new(Depth::ResNet18, 10, 0);
+        let input =
+            crate::cnn::gpu::input_maps(crate::precision::Precision::Fp32, 8, (64, 64)).unwrap();
+        let p = plan_maps(&net_maps(&model, input).unwrap(), false).unwrap();
+        let share =
+            |a: Slot, b: Slot| a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
+        // the stem's stage reads the stem's maps and the pooled maps
+        for g in [p.stem_grads.0, p.stem_grads.1, p.blocks[0].grad_in] {
+            for m in [p.stem.conv_out, p.stem.bn_out, p.pooled] {
+                assert!(!share(g, m), "{g:?} {m:?}");
+            }
+        }
+        // block 0's stage reads its own maps and the pooled ones; its gradients avoid them
+        let b0 = &p.blocks[0];
+        for g in [b0.temp, b0.grad_in, p.blocks[1].grad_in] {
+            for u in &b0.main {
+                assert!(
+                    !share(g, u.conv_out) && !share(g, u.bn_out),
+                    "{g:?} {u:?} {:?}",
+                    p.blocks
+                );
+            }
+            assert!(!share(g, p.pooled));
+        }
+    }
+}
