@@ -433,7 +433,8 @@ fn move_cosine(
 /// with graphs on (the first update eager, the second captured, all later replayed); before
 /// each, an eager twin is built from the graph net's weights, running statistics, optimizer
 /// state and loss scale (fp16 from 1024, which these gradients do not overflow). Each
-/// update's loss within 1e-5 (fp32) / 1e-3 (fp16) of the twin's, the same count right, the
+/// update's loss within 1e-5 (fp32; bit for bit where both plan the same algorithms) / 1e-2
+/// (fp16) of the twin's, the same count right, the
 /// move's cosine with the twin's above 1 - 1e-4 (fp32) / 0.9 (fp16), the running statistics
 /// within 1e-4 / 1e-2 of a tensor's largest, and the step count advanced inside the graph.
 fn graph_replay_matches_eager_steps() -> Result<(), Failed> {
@@ -445,7 +446,9 @@ fn graph_replay_matches_eager_steps() -> Result<(), Failed> {
     let init = ResNet::<f32>::new(Depth::ResNet18, classes, seed);
     for (precision, loss_tol, cos_tol, stats_tol) in [
         (Precision::Fp32, 1e-5, 1e-4, 1e-4),
-        (Precision::Fp16, 1e-3, 0.1, 1e-2),
+        // the twin plans its own algorithms: fp16's sums may be ordered otherwise (2e-4 to 1e-3
+        // apart by update 3, measured); a replay of stale weights or a lost update is 10% off
+        (Precision::Fp16, 1e-2, 0.1, 1e-2),
     ] {
         let make = |from: &ResNet<f32>| {
             GpuResNet::new(

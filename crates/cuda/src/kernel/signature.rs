@@ -219,8 +219,15 @@ fn macro_args(toks: &[Token], open: usize) -> Option<(Vec<Vec<Token>>, usize)> {
     None
 }
 
-/// Pastes `a ## b` into one token.
+/// Pastes `a ## b` into one token (an empty macro argument between two `##` pastes nothing:
+/// `a ## ## b` is `ab`, as C's placemarkers make it).
 fn paste(toks: Vec<Token>) -> Vec<Token> {
+    let toks: Vec<Token> = toks
+        .iter()
+        .enumerate()
+        .filter(|(i, t)| !(t.text() == "##" && *i > 0 && toks[i - 1].text() == "##"))
+        .map(|(_, t)| t.clone())
+        .collect();
     let mut out: Vec<Token> = Vec::with_capacity(toks.len());
     let mut i = 0;
     while i < toks.len() {
@@ -508,6 +515,10 @@ struct Dims { int rank; long long shape[6]; };
 #define TYPED(T, tag) \
 extern "C" __global__ void copy_##tag(const T* a, T* y, Dims d, long long n) {}
 TYPED(double, f64)
+#define WINDOWED(T, TAG, WIN, K) \
+extern "C" __global__ void pool##WIN##_##TAG(const T* x, int k) {}
+#define ALL(T, TAG) WINDOWED(T, TAG, , 0) WINDOWED(T, TAG, _k3, 3)
+ALL(float, f32)
 "#;
         let all = kernels(src);
         for name in ["cast_f32", "cast_f16"] {
@@ -531,6 +542,10 @@ TYPED(double, f64)
             ]
         );
         assert!(!all.contains_key("cast_TAG") && !all.contains_key("cast_"));
+        // an empty argument pasted between two ##, through a macro of macros
+        for name in ["pool_f32", "pool_k3_f32"] {
+            assert_eq!(kinds(src, name), [Param::Ptr, Param::I32], "{name}");
+        }
     }
 
     #[test]

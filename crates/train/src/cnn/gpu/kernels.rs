@@ -73,11 +73,10 @@ template <class T> __device__ void avg_pool_back_nhwc(const T* dy, T* dx, long n
 // Window k, stride s, padding p; cv = channels / V.
 template <class T, int V> struct alignas(sizeof(T) * V) PoolPack { T v[V]; };
 template <int V> struct alignas(V) IdxPack { unsigned char v[V]; };
-template <class T, int V, int K, int S, int PAD>
+template <class T, int V>
 __device__ void max_pool_relu_nhwc(const T* x, T* y, unsigned char* idx, unsigned total, int h,
-                                   int w, int cv, int oh, int ow, int k_, int s_, int p_) {
+                                   int w, int cv, int oh, int ow, int k, int s, int p) {
     typedef PoolPack<T, V> P;
-    const int k = K ? K : k_, s = S ? S : s_, p = K ? PAD : p_;
     for (unsigned o = blockIdx.x * blockDim.x + threadIdx.x; o < total;
          o += gridDim.x * blockDim.x) {
         unsigned r = o / (unsigned)cv;
@@ -123,12 +122,11 @@ __device__ void max_pool_relu_nhwc(const T* x, T* y, unsigned char* idx, unsigne
 // gradients of the outputs whose window took this position (idx), added in output order, each
 // where the output is above zero (ReLU's backward: the value taken is the output). dx is the
 // gradient of the norm's output before its ReLU.
-template <class T, int V, int K, int S, int PAD>
+template <class T, int V>
 __device__ void max_pool_relu_back_nhwc(const unsigned char* idx, const T* y, const T* dy, T* dx,
                                         unsigned total, int h, int w, int cv, int oh, int ow,
-                                        int k_, int s_, int p_) {
+                                        int k, int s, int p) {
     typedef PoolPack<T, V> P;
-    const int k = K ? K : k_, s = S ? S : s_, p = K ? PAD : p_;
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += gridDim.x * blockDim.x) {
         unsigned r = i / (unsigned)cv;
@@ -168,18 +166,6 @@ __device__ void max_pool_relu_back_nhwc(const unsigned char* idx, const T* y, co
     }
 }
 
-// The pool kernels for any window (runtime k, s, p) and for ResNet's 3x3 stride-2 padding-1
-// window (constants: the window arithmetic folds).
-#define POOL_INSTANCES(T, TAG, WIN, K, S, PAD)                                                 \
-extern "C" __global__ void max_pool_relu_nhwc##WIN##_##TAG(const T* x, T* y,                   \
-    unsigned char* idx, unsigned total, int h, int w, int cv, int oh, int ow, int k, int s,     \
-    int p) { max_pool_relu_nhwc<T, 16 / sizeof(T), K, S, PAD>(x, y, idx, total, h, w, cv, oh,   \
-    ow, k, s, p); }                                                                            \
-extern "C" __global__ void max_pool_relu_back_nhwc##WIN##_##TAG(const unsigned char* idx,      \
-    const T* y, const T* dy, T* dx, unsigned total, int h, int w, int cv, int oh, int ow, int k, \
-    int s, int p) { max_pool_relu_back_nhwc<T, 16 / sizeof(T), K, S, PAD>(idx, y, dy, dx, total, \
-    h, w, cv, oh, ow, k, s, p); }
-
 #define INSTANCES(T, TAG)                                                                      \
 extern "C" __global__ void add_relu_##TAG(T* y, const T* z, long n) { add_relu<T>(y, z, n); }  \
 extern "C" __global__ void avg_pool_nhwc_##TAG(const T* x, T* y, long planes, int plane, int c, \
@@ -190,8 +176,13 @@ extern "C" __global__ void avg_pool_##TAG(const T* x, T* y, long planes, int pla
     { avg_pool<T>(x, y, planes, plane, inv); }                                                 \
 extern "C" __global__ void avg_pool_back_##TAG(const T* dy, T* dx, long n, int plane,          \
     float inv) { avg_pool_back<T>(dy, dx, n, plane, inv); }                                    \
-POOL_INSTANCES(T, TAG, , 0, 0, 0)                                                              \
-POOL_INSTANCES(T, TAG, _k3s2p1, 3, 2, 1)
+extern "C" __global__ void max_pool_relu_nhwc_##TAG(const T* x, T* y, unsigned char* idx,      \
+    unsigned total, int h, int w, int cv, int oh, int ow, int k, int s, int p)                 \
+    { max_pool_relu_nhwc<T, 16 / sizeof(T)>(x, y, idx, total, h, w, cv, oh, ow, k, s, p); }    \
+extern "C" __global__ void max_pool_relu_back_nhwc_##TAG(const unsigned char* idx, const T* y,  \
+    const T* dy, T* dx, unsigned total, int h, int w, int cv, int oh, int ow, int k, int s,     \
+    int p) { max_pool_relu_back_nhwc<T, 16 / sizeof(T)>(idx, y, dy, dx, total, h, w, cv, oh, ow, \
+    k, s, p); }
 
 INSTANCES(float, f32)
 INSTANCES(H, f16)
@@ -203,7 +194,7 @@ extern "C" __global__ void mask_f32(float* v, const float* keep, long n) { LOOP(
 
 const STEM: &str = "cnn-kernels";
 const TAGS: [&str; 3] = ["f32", "f16", "bf16"];
-const KERNELS: [&str; 9] = [
+const KERNELS: [&str; 7] = [
     "add_relu",
     "avg_pool",
     "avg_pool_back",
@@ -211,8 +202,6 @@ const KERNELS: [&str; 9] = [
     "avg_pool_back_nhwc",
     "max_pool_relu_nhwc",
     "max_pool_relu_back_nhwc",
-    "max_pool_relu_nhwc_k3s2p1",
-    "max_pool_relu_back_nhwc_k3s2p1",
 ];
 
 /// The module's name in the kernel cache, its source and its kernels.
@@ -350,12 +339,7 @@ impl CnnKernels {
             Arg::Size(stride),
             Arg::Size(pad),
         ];
-        self.typed(
-            pool_kernel("max_pool_relu_nhwc", (window, stride, pad)),
-            dtype,
-            grid_for(total),
-            &args,
-        )
+        self.typed("max_pool_relu_nhwc", dtype, grid_for(total), &args)
     }
 
     /// [`CnnKernels::max_pool_relu_nhwc`]'s backward: from the outputs' gradients `dy`, their
@@ -394,12 +378,7 @@ impl CnnKernels {
             Arg::Size(stride),
             Arg::Size(pad),
         ];
-        self.typed(
-            pool_kernel("max_pool_relu_back_nhwc", (window, stride, pad)),
-            dtype,
-            grid_for(total),
-            &args,
-        )
+        self.typed("max_pool_relu_back_nhwc", dtype, grid_for(total), &args)
     }
 
     /// Whether the max-pool kernels take channel-last maps of `c` channels, `values` values and
@@ -456,16 +435,6 @@ impl CnnKernels {
     }
 }
 
-/// The pool kernel `stem` for a window: its 3x3 stride-2 padding-1 instance (the window's
-/// arithmetic in constants) or the general one.
-fn pool_kernel(stem: &str, window: (usize, usize, usize)) -> &str {
-    match (stem, window) {
-        ("max_pool_relu_nhwc", (3, 2, 1)) => "max_pool_relu_nhwc_k3s2p1",
-        ("max_pool_relu_back_nhwc", (3, 2, 1)) => "max_pool_relu_back_nhwc_k3s2p1",
-        _ => stem,
-    }
-}
-
 /// The max-pool kernels' preconditions ([`CnnKernels::max_pool_runs`], maps 16-byte aligned,
 /// index bytes aligned to a vector's count).
 fn check_pool(
@@ -508,11 +477,6 @@ mod tests {
             ("avg_pool_back_nhwc_", "p p l i i f"),
             ("max_pool_relu_nhwc_", "p p p u32 i i i i i i i i"),
             ("max_pool_relu_back_nhwc_", "p p p p u32 i i i i i i i i"),
-            ("max_pool_relu_nhwc_k3s2p1_", "p p p u32 i i i i i i i i"),
-            (
-                "max_pool_relu_back_nhwc_k3s2p1_",
-                "p p p p u32 i i i i i i i i",
-            ),
             ("mask_f32", "p p l"),
         ];
         let differences = kernel_source().signature_differences(&expected, &TAGS);
