@@ -393,6 +393,9 @@ def build_parser():
     r.add_argument("--init", default=None, help="a torchvision state dict as .safetensors")
     r.add_argument("--data", default=None,
                    help='.safetensors with "images" (or "x") [N,3,H,W] and "labels" (or "y") [N] int64')
+    r.add_argument("--order", default=None,
+                   help='.safetensors "order" int64 [updates, batch]: the images of each update '
+                        "(gpukit's --compare-pytorch writes it); else consecutive batches")
     r.add_argument("--write-init", default=None,
                    help="write the initial state dict here (.safetensors) for gpukit's --init")
     r.add_argument("--write-data", default=None,
@@ -1538,6 +1541,14 @@ def bench_train_cnn(torch, args):
     images = images.to(device).contiguous(memory_format=fmt)
     labels = labels.to(device)
     count = images.shape[0] // batch
+    order = None
+    if args.order:
+        order = read_safetensors(torch, args.order, "order file")["order"].long()
+        if order.dim() != 2 or order.shape[1] != batch or order.numel() == 0 \
+                or int(order.min()) < 0 or int(order.max()) >= images.shape[0]:
+            raise RuntimeError(f"order of shape {list(order.shape)}: want [updates, {batch}] indices "
+                               f"below {images.shape[0]}")
+        order = order.to(device)
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
     def one_mode(mode):
@@ -1567,7 +1578,12 @@ def bench_train_cnn(torch, args):
             j = i % count
             if graphs:
                 torch.compiler.cudagraph_mark_step_begin()
-            xb, yb = images[j * batch:(j + 1) * batch], labels[j * batch:(j + 1) * batch]
+            if order is not None:
+                idx = order[i % order.shape[0]]
+                xb = images.index_select(0, idx).contiguous(memory_format=fmt)
+                yb = labels.index_select(0, idx)
+            else:
+                xb, yb = images[j * batch:(j + 1) * batch], labels[j * batch:(j + 1) * batch]
             if wide:
                 xb = xb.double()
             with torch.autocast("cuda", dtype=half or torch.float32, enabled=half is not None):

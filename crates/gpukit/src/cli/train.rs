@@ -142,7 +142,8 @@ pub struct TrainArgs {
     pub no_graph: bool,
 
     /// Run the same loop in PyTorch (same data, initial weights and batch order), compare the
-    /// per-update losses and the times.
+    /// per-update losses and the times; with --model (GPU): eager, torch.compile, and
+    /// torch.compile with CUDA graphs and the fused optimizer.
     #[arg(long)]
     pub compare_pytorch: bool,
 

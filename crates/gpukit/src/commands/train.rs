@@ -160,7 +160,6 @@ pub(super) fn cnn_request(
         ("--accumulate", a.accumulate.is_some()),
         ("--save", a.save.is_some()),
         ("--resume", a.resume.is_some()),
-        ("--compare-pytorch", a.compare_pytorch),
         ("--checkpoint-activations", a.checkpoint_activations),
         ("--gpus", a.gpus.is_some()),
         ("--grad-pieces", a.grad_pieces.is_some()),
@@ -196,6 +195,7 @@ pub(super) fn cnn_request(
         precision: a.precision,
         save_losses: a.save_losses,
         profile: None,
+        compare_pytorch: a.compare_pytorch,
         graph: match (a.graph, a.no_graph) {
             (true, _) => Some(true),
             (_, true) => Some(false),

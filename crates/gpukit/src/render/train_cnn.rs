@@ -2,6 +2,7 @@
 
 use super::Section;
 use gpukit_bench::workload::train::cnn::CnnTrainReport;
+use gpukit_bench::workload::train::cnn_peer::CnnPeer;
 use gpukit_train::optim::OptimizerKind;
 use gpukit_types::resources::human_bytes;
 
@@ -130,5 +131,96 @@ pub fn cnn_train_sections(r: &CnnTrainReport) -> Vec<Section> {
         };
         speed.push(("Peak GPU memory", shown));
     }
-    vec![setup, updates, Section::kv("Speed", speed)]
+    let mut out = vec![setup, updates, Section::kv("Speed", speed)];
+    out.extend(r.pytorch.as_ref().map(|p| pytorch_section(r, p)));
+    out
+}
+
+/// `--compare-pytorch`: gpukit's row and each of PyTorch's modes, the speed against gpukit's,
+/// and how the losses compare.
+fn pytorch_section(r: &CnnTrainReport, p: &CnnPeer) -> Section {
+    let ours = r.images_per_s;
+    let fmt_rate = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+    let mut rows = vec![vec![
+        "gpukit".into(),
+        fmt_rate(ours),
+        "1.00x".into(),
+        format!("{:.2}", r.setup_seconds + r.first_step_seconds),
+        r.peak_gpu_bytes.map_or("-".into(), human_bytes),
+        r.updates
+            .first()
+            .map_or("-".into(), |u| format!("{:.6}", u.loss)),
+    ]];
+    for m in &p.rows {
+        if let Some(why) = &m.failed {
+            rows.push(vec![
+                m.mode.clone(),
+                format!("failed: {why}"),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+            ]);
+            continue;
+        }
+        rows.push(vec![
+            m.mode.clone(),
+            fmt_rate(m.images_per_s),
+            match (ours, m.images_per_s) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+                _ => "-".into(),
+            },
+            m.first_step_s.map_or("-".into(), |v| format!("{v:.2}")),
+            m.peak_bytes.map_or("-".into(), human_bytes),
+            m.losses.first().map_or("-".into(), |l| format!("{l:.6}")),
+        ]);
+    }
+    let mut notes = vec![
+        format!(
+            "PyTorch {}: the same weights, images, batch order and optimizer; modes: eager, \
+             torch.compile, torch.compile with CUDA graphs (reduce-overhead) and the fused \
+             optimizer",
+            p.torch_version
+        ),
+        format!(
+            "first update's loss {:.1e} from eager PyTorch's (relative; tolerance {:.0e}): {}",
+            p.first_difference,
+            p.tolerance,
+            if p.disagreement().is_none() {
+                "the same forward pass and loss"
+            } else {
+                "FAILED"
+            }
+        ),
+        format!(
+            "later losses, reported: up to {:.1e} apart (update {}); two engines' ResNet \
+             trajectories part by more than rounding within a few updates (PyTorch's f32 from \
+             its own float64 too)",
+            p.max_difference, p.at_update
+        ),
+        "speed ratio: gpukit's images/s over the mode's; first update: seconds from the start \
+         to the first update's end (gpukit) or the first update's seconds, compilation \
+         included (PyTorch)"
+            .into(),
+    ];
+    if let Some(best) = p.best() {
+        notes.push(format!("PyTorch's fastest here: {}", best.mode));
+    }
+    Section {
+        title: "PyTorch beside gpukit".into(),
+        header: Some(
+            [
+                "run",
+                "images/s",
+                "gpukit vs it",
+                "first update s",
+                "peak memory",
+                "loss 1",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        rows,
+        notes,
+    }
 }

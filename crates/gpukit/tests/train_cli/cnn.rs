@@ -189,6 +189,14 @@ pub fn bad_cnn_input_exits_2_naming_it() -> Result<(), Failed> {
             vec!["--layers: is not available with --model"],
         ),
         (
+            with(&["--compare-pytorch"]),
+            vec!["--compare-pytorch: PyTorch's side trains on the GPU; give --device cuda:N"],
+        ),
+        (
+            with(&["--graph"]),
+            vec!["--graph: CUDA graphs replay GPU work; give --device cuda:N"],
+        ),
+        (
             vec!["train".into(), "--label-smoothing".into(), "0.1".into()],
             vec!["--label-smoothing: is about convolutional networks; add --model"],
         ),

@@ -66,6 +66,32 @@ pub struct LoopConfig {
 }
 
 impl LoopConfig {
+    /// Whether every update trains the one batch `images` hold (gathered and uploaded once).
+    fn single(&self, images: usize) -> bool {
+        images == self.batch_size
+    }
+
+    /// The order of the images in `epoch` (shuffled by the seed unless the data is one batch).
+    fn epoch_order(&self, images: usize, epoch: u64) -> Vec<usize> {
+        crate::data::batch_order(images, epoch, self.seed, !self.single(images))
+    }
+
+    /// The images each update trains on, as [`train`] takes them: for handing the same
+    /// batches to another framework.
+    pub fn update_batches(&self, images: usize) -> Result<Vec<Vec<usize>>> {
+        let per_epoch = self.batches_per_epoch(images)?;
+        let mut out = Vec::new();
+        let mut order = Vec::new();
+        for step in 0..self.steps {
+            let (epoch, b) = (step / per_epoch, (step % per_epoch) as usize);
+            if b == 0 {
+                order = self.epoch_order(images, epoch);
+            }
+            out.push(order[b * self.batch_size..(b + 1) * self.batch_size].to_vec());
+        }
+        Ok(out)
+    }
+
     /// Whole batches an epoch of `images` holds (the remainder is left out, as PyTorch's
     /// `drop_last`); an error when there is not one.
     pub fn batches_per_epoch(&self, images: usize) -> Result<u64> {
@@ -112,7 +138,7 @@ pub fn train(
 ) -> Result<LoopOutcome> {
     let per_epoch = cfg.batches_per_epoch(images.len())?;
     // a data set of one batch is that batch every update: it is gathered (and uploaded) once
-    let single = per_epoch == 1 && images.len() == cfg.batch_size;
+    let single = cfg.single(images.len());
     let mut updates = Vec::new();
     let mut diverged = None;
     let mut order = Vec::new();
@@ -122,7 +148,7 @@ pub fn train(
         let fresh = !(single && held.is_some());
         if fresh {
             if b == 0 {
-                order = crate::data::batch_order(images.len(), epoch, cfg.seed, !single);
+                order = cfg.epoch_order(images.len(), epoch);
             }
             held = Some(images.batch(&order[b * cfg.batch_size..(b + 1) * cfg.batch_size]));
         }
@@ -191,8 +217,11 @@ mod tests {
         assert_eq!((seen, out.updates.len()), (3, 3));
         assert!(out.images_per_s.is_some() && out.diverged.is_none());
         let mut reference = cpu(1);
+        let handed = cfg.update_batches(5).unwrap();
+        assert_eq!(handed.len(), 3);
         for (step, (epoch, b)) in [(0u64, 0usize), (0, 1), (1, 0)].into_iter().enumerate() {
             let order = crate::data::batch_order(5, epoch, 4, true);
+            assert_eq!(handed[step], order[b * 2..b * 2 + 2]);
             let (x, y) = images.batch(&order[b * 2..b * 2 + 2]);
             let (loss, correct) =
                 crate::cnn::train_step(&mut reference.model, &mut reference.opt, &x, &y, 0.0);

@@ -8,6 +8,7 @@
 //! and the state dict against the model, the precision against the device, and the run's
 //! memory against the GPU's (refused before any allocation).
 
+use super::cnn_peer;
 use crate::error::{Error, Result};
 use crate::report::Document;
 use gpukit_cuda::loader::Discovery;
@@ -54,6 +55,8 @@ pub struct CnnTrainRequest {
     pub profile: Option<(u64, TimingChoice)>,
     /// GPU: replay each update as one CUDA graph (from the second) [default: on].
     pub graph: Option<bool>,
+    /// Train the same model, weights, images and optimizer in PyTorch beside (GPU only).
+    pub compare_pytorch: bool,
 }
 
 /// The report of `gpukit train --model`.
@@ -105,6 +108,9 @@ pub struct CnnTrainReport {
     /// the weights did not move).
     #[serde(default)]
     pub skipped_updates: u32,
+    /// `--compare-pytorch`: PyTorch's modes on the same run, and how its losses compare.
+    #[serde(default)]
+    pub pytorch: Option<cnn_peer::CnnPeer>,
     /// Why the run stopped early at a non-finite loss (the report then fails).
     pub diverged: Option<String>,
     pub saved_losses: Option<PathBuf>,
@@ -175,6 +181,11 @@ pub fn check_request(r: &CnnTrainRequest) -> Result<()> {
             "--image-size and --samples describe generated images; with --data the file gives \
              them"
                 .into(),
+        ));
+    }
+    if r.compare_pytorch && r.device == Device::Cpu {
+        return Err(Error::BadInput(
+            "--compare-pytorch: PyTorch's side trains on the GPU; give --device cuda:N".into(),
         ));
     }
     if r.graph == Some(true) && r.device == Device::Cpu {
@@ -281,6 +292,10 @@ pub fn run_cnn_train(
     progress: &mut dyn FnMut(&str),
 ) -> Result<CnnTrainReport> {
     check_request(r)?;
+    if r.compare_pytorch {
+        // a missing PyTorch is said before minutes of gpukit's side
+        crate::peer::torch_version()?;
+    }
     let started = Instant::now();
     let precision = precision_of(r)?;
     let opt = optimizer_of(r)?;
@@ -347,6 +362,7 @@ pub fn run_cnn_train(
         format!("generated: pixels ~ N(0,1), labels uniform over {classes} classes, seed {seed}")
     });
     let parameters = model.parameter_count();
+    let initial = r.compare_pytorch.then(|| model.clone());
     let mut gpu_net = None;
     let mut cpu_net = None;
     let stepper: &mut dyn Stepper = match gpu {
@@ -408,6 +424,26 @@ pub fn run_cnn_train(
             }
         })?;
     }
+    // the GPU's memory goes back to the driver before PyTorch takes its own
+    drop(gpu_net.take());
+    drop(cpu_net.take());
+    let pytorch = match (&initial, &out.diverged) {
+        (Some(initial), None) => {
+            progress("PyTorch: the same model, weights, images and optimizer");
+            let losses: Vec<f64> = out.updates.iter().map(|u| u.loss).collect();
+            let handed = cnn_peer::Handover {
+                request: r,
+                initial,
+                images: &images,
+                cfg: &cfg,
+                precision,
+                opt,
+                smoothing,
+            };
+            Some(cnn_peer::compare(&handed, &losses)?)
+        }
+        _ => None,
+    };
     Ok(CnnTrainReport {
         model: r.model.name().into(),
         device: r.device.to_string(),
@@ -433,6 +469,7 @@ pub fn run_cnn_train(
         step_launch,
         loss_scale: scaler.map(|s| s.scale),
         skipped_updates: scaler.map_or(0, |s| s.skipped),
+        pytorch,
         diverged: out.diverged,
         saved_losses: r.save_losses.clone(),
         recording,
@@ -460,9 +497,15 @@ fn check_precision_on(gpu: &gpukit_cuda::Gpu, precision: Precision) -> Result<()
     Ok(())
 }
 
-/// The JSON document of `gpukit train --model`: a diverged run fails.
+/// The JSON document of `gpukit train --model`: a diverged run fails, and one whose first
+/// loss is not PyTorch's on the same weights and images.
 pub fn document(report: CnnTrainReport) -> Document<CnnTrainReport> {
-    let failure = report.diverged.clone();
+    let failure = report.diverged.clone().or_else(|| {
+        report
+            .pytorch
+            .as_ref()
+            .and_then(cnn_peer::CnnPeer::disagreement)
+    });
     Document::new("train", report, failure)
 }
 
@@ -493,6 +536,7 @@ mod tests {
             save_losses: None,
             profile: None,
             graph: None,
+            compare_pytorch: false,
         }
     }
 
