@@ -432,7 +432,7 @@ pub fn run_cnn_train(
             progress("PyTorch: the same model, weights, images and optimizer");
             let losses: Vec<f64> = out.updates.iter().map(|u| u.loss).collect();
             let handed = cnn_peer::Handover {
-                request: r,
+                model: r.model.name(),
                 initial,
                 images: &images,
                 cfg: &cfg,

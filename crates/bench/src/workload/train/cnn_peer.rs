@@ -11,7 +11,6 @@
 //! parts by more than rounding within a few updates in any two engines, PyTorch's f32 against
 //! its own float64 included (runs 94 and 95).
 
-use super::cnn::CnnTrainRequest;
 use crate::error::{Error, Result};
 use gpukit_train::cnn::data::Images;
 use gpukit_train::cnn::optim::CnnOptimizerConfig;
@@ -82,7 +81,8 @@ impl CnnPeer {
 
 /// What the comparison hands PyTorch.
 pub struct Handover<'a> {
-    pub request: &'a CnnTrainRequest,
+    /// torchvision's name of the network (`resnet50`).
+    pub model: &'a str,
     pub initial: &'a ResNet<f32>,
     pub images: &'a Images,
     pub cfg: &'a LoopConfig,
@@ -110,7 +110,7 @@ pub fn compare(h: &Handover<'_>, gpukit_losses: &[f64]) -> Result<CnnPeer> {
     let mut args: Vec<String> = vec![
         "train-cnn".into(),
         "--model".into(),
-        h.request.model.name().into(),
+        h.model.into(),
         "--classes".into(),
         h.initial.classes.to_string(),
         "--batch-size".into(),

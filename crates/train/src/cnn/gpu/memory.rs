@@ -18,10 +18,39 @@
 //! largest set of buffers live at once (the lower bound is reported beside it), where three
 //! gradient buffers of the largest map beside every map each held its own bytes before.
 
-use super::need::NetMaps;
 use crate::error::{Error, Result};
 use gpukit_cuda::dnn::Maps;
 use gpukit_types::arena::{check, lower_bound, plan_no_reuse, plan_reuse, Lifetime};
+
+/// A block's maps: its input, each main unit's output and its downsampling unit's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockMaps {
+    pub input: Maps,
+    pub main: Vec<Maps>,
+    pub down: Option<Maps>,
+}
+
+/// A network's maps for one batch: the stem's output, the max pool's, each block's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetMaps {
+    pub stem: Maps,
+    pub pooled: Maps,
+    pub blocks: Vec<BlockMaps>,
+}
+
+impl NetMaps {
+    /// Every unit's output in the order the trainer plans them (the stem, then each block's
+    /// main path and its downsampling).
+    pub fn unit_outputs(&self) -> Vec<Maps> {
+        std::iter::once(self.stem)
+            .chain(
+                self.blocks
+                    .iter()
+                    .flat_map(|b| b.main.iter().copied().chain(b.down)),
+            )
+            .collect()
+    }
+}
 
 /// A buffer's place in the arena.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,111 +221,4 @@ pub fn plan_maps(net: &NetMaps, pool_kernels: bool) -> Result<MapsPlan> {
         lower_bound: lower_bound(&tl.buffers),
         without_reuse: plan_no_reuse(&tl.buffers).total,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::need::net_maps;
-    use super::*;
-    use crate::cnn::resnet::{Depth, ResNet};
-
-    fn slots(p: &MapsPlan) -> Vec<Slot> {
-        let mut v: Vec<Slot> = p.pool_index.into_iter().collect();
-        v.extend([
-            p.stem.conv_out,
-            p.stem.bn_out,
-            p.pooled,
-            p.grad_out,
-            p.stem_grads.0,
-            p.stem_grads.1,
-        ]);
-        for b in &p.blocks {
-            for u in b.main.iter().chain(b.down.as_ref()) {
-                v.extend([u.conv_out, u.bn_out]);
-            }
-            v.extend([b.temp, b.grad_in]);
-        }
-        v
-    }
-
-    /// ResNet-50's maps at batch 256 of 224x224 in bf16: the plan reaches its lower bound,
-    /// keeps every buffer inside the arena, and is smaller than two maps a unit plus three
-    /// gradient buffers of the largest (the layout before it) by the downsampling outputs and
-    /// the gradient buffers, less the last stage's three small gradients (live beside every
-    /// map when backward starts).
-    #[test]
-    fn resnet50s_maps_and_gradients_share_one_arena() {
-        let model = ResNet::<f32>::new(Depth::ResNet50, 1000, 0);
-        let input = crate::cnn::gpu::input_maps(crate::precision::Precision::Bf16, 256, (224, 224))
-            .unwrap();
-        let net = net_maps(&model, input).unwrap();
-        let p = plan_maps(&net, true).unwrap();
-        assert_eq!(p.total, p.lower_bound);
-        for s in slots(&p) {
-            assert!(s.offset + s.bytes <= p.total, "{s:?}");
-            assert_eq!(s.offset % 256, 0);
-        }
-        let maps: usize = net
-            .blocks
-            .iter()
-            .flat_map(|b| b.main.iter().chain(b.down.as_ref()))
-            .chain([&net.stem])
-            .map(|m| 2 * m.bytes())
-            .sum::<usize>()
-            + net.pooled.bytes();
-        let before = maps + 3 * net.stem.bytes();
-        // the stem norm's output lives only until the pool: not at the peak
-        let kept = plan_maps(&net, false).unwrap();
-        assert_eq!(kept.total, kept.lower_bound);
-        assert!(
-            p.total + net.stem.bytes() <= kept.total + net.pooled.elements(),
-            "{} {}",
-            p.total,
-            kept.total
-        );
-        let downs: usize = net
-            .blocks
-            .iter()
-            .filter_map(|b| b.down)
-            .map(|m| m.bytes())
-            .sum();
-        let last = p.blocks.last().unwrap();
-        let first_stage = p.grad_out.bytes + last.temp.bytes + last.grad_in.bytes;
-        assert!(
-            p.total + downs + 3 * net.stem.bytes() <= before + first_stage,
-            "{} {before}",
-            p.total
-        );
-        assert!(p.without_reuse > p.total);
-    }
-
-    /// The large gradients of the stem's stage and the first blocks lie on bytes whose maps
-    /// are dead by then, never on a map still to be read.
-    #[test]
-    fn a_gradient_never_shares_bytes_with_a_map_read_after_it() {
-        let model = ResNet::<f32>::new(Depth::ResNet18, 10, 0);
-        let input =
-            crate::cnn::gpu::input_maps(crate::precision::Precision::Fp32, 8, (64, 64)).unwrap();
-        let p = plan_maps(&net_maps(&model, input).unwrap(), false).unwrap();
-        let share =
-            |a: Slot, b: Slot| a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
-        // the stem's stage reads the stem's maps and the pooled maps
-        for g in [p.stem_grads.0, p.stem_grads.1, p.blocks[0].grad_in] {
-            for m in [p.stem.conv_out, p.stem.bn_out, p.pooled] {
-                assert!(!share(g, m), "{g:?} {m:?}");
-            }
-        }
-        // block 0's stage reads its own maps and the pooled ones; its gradients avoid them
-        let b0 = &p.blocks[0];
-        for g in [b0.temp, b0.grad_in, p.blocks[1].grad_in] {
-            for u in &b0.main {
-                assert!(
-                    !share(g, u.conv_out) && !share(g, u.bn_out),
-                    "{g:?} {u:?} {:?}",
-                    p.blocks
-                );
-            }
-            assert!(!share(g, p.pooled));
-        }
-    }
 }
