@@ -44,6 +44,7 @@ fn convolutions_match_the_cpu_layer() -> Result<(), Failed> {
         (3, 16, 6, 5, 24, 1, 1, 0),
     ];
     let blas = gpukit_cuda::blas::Blas::new(d, &g)?;
+    let ck = CnnKernels::new(d, &g)?;
     // every algorithm cuDNN offers for each pass, in f32 NCHW and in bf16 channels-last (its
     // inputs rounded to bf16 first, so the tolerance is the output's rounding)
     for (layout, dtype, tol) in [
@@ -176,17 +177,33 @@ fn convolutions_match_the_cpu_layer() -> Result<(), Failed> {
                 }
                 plan.choose(pass, 0)?;
             }
-            // a channels-last 1x1 stride-1 filter's gradient as the trainer may take it: one
-            // cuBLAS product dW [k, c] = dY^T [k, pixels] X [pixels, c]
-            if layout == Layout::Nhwc && (r, stride, pad) == (1, 1, 0) {
+            // a channels-last 1x1 filter's gradient as the trainer may take it: one cuBLAS
+            // product dW [k, c] = dY^T [k, pixels] X [pixels, c], a strided one's input pixels
+            // gathered first by gpukit's kernel
+            if layout == Layout::Nhwc && (r, pad) == (1, 0) {
+                let (oh, ow) = shape.out_hw();
+                let gathered = g.alloc(n * oh * ow * c * dtype.size_bytes())?;
+                let x = match stride {
+                    1 => xb.view(),
+                    _ => {
+                        ck.subsample_nhwc(
+                            (xb.view(), gathered.view()),
+                            dtype,
+                            (n, h, w, c),
+                            (oh, ow),
+                            stride,
+                        )?;
+                        gathered.view()
+                    }
+                };
                 blas.gemm_batched(
                     dtype,
-                    (dyb.view(), xb.view(), dwb.view()),
-                    (1, k, c, n * h * w),
+                    (dyb.view(), x, dwb.view()),
+                    (1, k, c, n * oh * ow),
                     (true, false),
                 )?;
                 check(
-                    &format!("{what} filter gradient as a cuBLAS product"),
+                    &format!("{what} filter gradient as a cuBLAS product (stride {stride})"),
                     rel(&take(&dwb, ws_)?, &dw_ref),
                     tol,
                 )?;

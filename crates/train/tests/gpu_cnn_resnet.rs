@@ -430,7 +430,7 @@ fn move_cosine(
 
 /// Steps replayed from one captured CUDA graph compute what eager steps compute: ResNet-18 in
 /// fp32 and fp16 (whose loss scale lives in the graph's device state) trains 4 fresh batches
-/// with graphs on (the first update eager, the second captured, all later replayed); before
+/// with graphs on (the first update eager and then captured, all later replayed); before
 /// each, an eager twin is built from the graph net's weights, running statistics, optimizer
 /// state and loss scale (fp16 from 1024, which these gradients do not overflow). Each
 /// update's loss within 1e-5 (fp32; bit for bit where both plan the same algorithms) / 1e-2

@@ -166,6 +166,25 @@ __device__ void max_pool_relu_back_nhwc(const unsigned char* idx, const T* y, co
     }
 }
 
+// y[b, oy, ox, :] = x[b, s oy, s ox, :] for channel-last maps, a 16-byte vector a thread: the
+// pixels a 1x1 stride-s convolution reads, gathered so that its filter gradient is one product.
+template <class T, int V>
+__device__ void subsample_nhwc(const T* x, T* y, unsigned total, int h, int w, int cv, int oh,
+                               int ow, int s) {
+    typedef PoolPack<T, V> P;
+    for (unsigned o = blockIdx.x * blockDim.x + threadIdx.x; o < total;
+         o += gridDim.x * blockDim.x) {
+        unsigned r = o / (unsigned)cv;
+        const unsigned chv = o - r * (unsigned)cv;
+        const unsigned q = r / (unsigned)ow;
+        const unsigned ox = r - q * (unsigned)ow;
+        const unsigned b = q / (unsigned)oh;
+        const unsigned oy = q - b * (unsigned)oh;
+        ((P*)y)[o] = ((const P*)x)[((b * (unsigned)h + oy * (unsigned)s) * (unsigned)w
+                                    + ox * (unsigned)s) * (unsigned)cv + chv];
+    }
+}
+
 #define INSTANCES(T, TAG)                                                                      \
 extern "C" __global__ void add_relu_##TAG(T* y, const T* z, long n) { add_relu<T>(y, z, n); }  \
 extern "C" __global__ void avg_pool_nhwc_##TAG(const T* x, T* y, long planes, int plane, int c, \
@@ -182,7 +201,10 @@ extern "C" __global__ void max_pool_relu_nhwc_##TAG(const T* x, T* y, unsigned c
 extern "C" __global__ void max_pool_relu_back_nhwc_##TAG(const unsigned char* idx, const T* y,  \
     const T* dy, T* dx, unsigned total, int h, int w, int cv, int oh, int ow, int k, int s,     \
     int p) { max_pool_relu_back_nhwc<T, 16 / sizeof(T)>(idx, y, dy, dx, total, h, w, cv, oh, ow, \
-    k, s, p); }
+    k, s, p); }                                                                                \
+extern "C" __global__ void subsample_nhwc_##TAG(const T* x, T* y, unsigned total, int h, int w, \
+    int cv, int oh, int ow, int s) { subsample_nhwc<T, 16 / sizeof(T)>(x, y, total, h, w, cv,   \
+    oh, ow, s); }
 
 INSTANCES(float, f32)
 INSTANCES(H, f16)
@@ -194,7 +216,7 @@ extern "C" __global__ void mask_f32(float* v, const float* keep, long n) { LOOP(
 
 const STEM: &str = "cnn-kernels";
 const TAGS: [&str; 3] = ["f32", "f16", "bf16"];
-const KERNELS: [&str; 7] = [
+const KERNELS: [&str; 8] = [
     "add_relu",
     "avg_pool",
     "avg_pool_back",
@@ -202,6 +224,7 @@ const KERNELS: [&str; 7] = [
     "avg_pool_back_nhwc",
     "max_pool_relu_nhwc",
     "max_pool_relu_back_nhwc",
+    "subsample_nhwc",
 ];
 
 /// The module's name in the kernel cache, its source and its kernels.
@@ -381,6 +404,52 @@ impl CnnKernels {
         self.typed("max_pool_relu_back_nhwc", dtype, grid_for(total), &args)
     }
 
+    /// Every `stride`-th pixel of channel-last `n x h x w x c` maps `x` into `y` (`oh x ow`
+    /// pixels: what a 1x1 stride-`stride` convolution reads), in 16-byte channel vectors.
+    pub fn subsample_nhwc(
+        &self,
+        (x, y): (View<'_>, View<'_>),
+        dtype: DType,
+        (n, h, w, c): (usize, usize, usize, usize),
+        (oh, ow): (usize, usize),
+        stride: usize,
+    ) -> Result<()> {
+        let e = dtype.size_bytes();
+        let v = 16 / e;
+        let outputs = n * oh * ow * c;
+        x.require(n * h * w * c * e, "subsample x")?;
+        y.require(outputs * e, "subsample y")?;
+        if !Self::subsample_runs(dtype, c, n * h * w * c)
+            || [x, y].iter().any(|b| !b.is_aligned(16))
+            || (oh - 1) * stride >= h
+            || (ow - 1) * stride >= w
+        {
+            return Err(gpukit_cuda::Error::Invalid(format!(
+                "subsample_nhwc: {c} channels not in whole 16-byte vectors, a view not aligned, \
+                 or {oh}x{ow} outputs at stride {stride} beyond {h}x{w}"
+            )));
+        }
+        let total = outputs / v;
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::Size(total),
+            Arg::Size(h),
+            Arg::Size(w),
+            Arg::Size(c / v),
+            Arg::Size(oh),
+            Arg::Size(ow),
+            Arg::Size(stride),
+        ];
+        self.typed("subsample_nhwc", dtype, grid_for(total), &args)
+    }
+
+    /// Whether [`CnnKernels::subsample_nhwc`] takes maps of `c` channels and `values` values.
+    pub fn subsample_runs(dtype: DType, c: usize, values: usize) -> bool {
+        let v = 16 / dtype.size_bytes();
+        c.is_multiple_of(v) && values / v < u32::MAX as usize
+    }
+
     /// Whether the max-pool kernels take channel-last maps of `c` channels, `values` values and
     /// a window of `window` x `window`: whole 16-byte channel vectors, 32-bit indices, window
     /// positions in a byte.
@@ -477,6 +546,7 @@ mod tests {
             ("avg_pool_back_nhwc_", "p p l i i f"),
             ("max_pool_relu_nhwc_", "p p p u32 i i i i i i i i"),
             ("max_pool_relu_back_nhwc_", "p p p p u32 i i i i i i i i"),
+            ("subsample_nhwc_", "p p u32 i i i i i i"),
             ("mask_f32", "p p l"),
         ];
         let differences = kernel_source().signature_differences(&expected, &TAGS);

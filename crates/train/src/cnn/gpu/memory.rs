@@ -11,7 +11,8 @@
 //!   input, read in that block's stage, which comes first); a downsampling unit's only until its
 //!   block's last unit has added it (nothing reads it backward);
 //! - the gradients a block's backward passes on: the gradient of the block's input, made in
-//!   its stage and read in the previous block's; a stage's temporary for its norms' inputs.
+//!   its stage and read in the previous block's; a stage's temporary for its norms' inputs; and
+//!   (channel-last) the pixels a strided 1x1 downsampling reads, gathered in its stage.
 //!
 //! So the gradients of the first blocks' large maps reuse the bytes of the last blocks' maps,
 //! dead by then, and the downsampling outputs share with what comes after them: the arena is the
@@ -78,6 +79,9 @@ pub struct BlockSlots {
     /// The gradient of the block's input (written in its stage; its residual's gradient passes
     /// through it first), read by the previous block's stage as its output's gradient.
     pub grad_in: Slot,
+    /// Channel-last maps with a strided 1x1 downsampling: the block input's pixels it reads,
+    /// gathered in the stage for its filter gradient as one product.
+    pub down_input: Option<Slot>,
 }
 
 /// Every map and gradient of a step.
@@ -180,12 +184,21 @@ pub fn plan_maps(net: &NetMaps, pool_kernels: bool) -> Result<MapsPlan> {
             _ => None,
         };
         let temp = tl.add(largest_main(bi), stage(bi), stage(bi));
+        let down_input = b
+            .down
+            .filter(|d| {
+                d.layout == gpukit_types::Layout::Nhwc && (d.h, d.w) != (b.input.h, b.input.w)
+            })
+            .map(|d| {
+                let bytes = d.n * d.h * d.w * b.input.c * d.dtype.size_bytes();
+                tl.add(bytes, stage(bi), stage(bi))
+            });
         let (grad_in, read_until) = match bi {
             0 => (q_need(0).max(at(&net.pooled)), stem_stage),
             _ => (q_need(bi).max(o_need(bi - 1)), stage(bi - 1)),
         };
         let grad_in = tl.add(grad_in, stage(bi), read_until);
-        units.push((main, down, temp, grad_in));
+        units.push((main, down, temp, grad_in, down_input));
     }
     let grad_out = tl.add(o_need(last), stage(last), stage(last));
     let stem_grads = (
@@ -208,10 +221,11 @@ pub fn plan_maps(net: &NetMaps, pool_kernels: bool) -> Result<MapsPlan> {
         pool_index: pool_index.map(slot),
         blocks: units
             .into_iter()
-            .map(|(main, down, temp, grad_in)| BlockSlots {
+            .map(|(main, down, temp, grad_in, down_input)| BlockSlots {
                 main: main.into_iter().map(pair).collect(),
                 down: down.map(pair),
                 temp: slot(temp),
+                down_input: down_input.map(slot),
                 grad_in: slot(grad_in),
             })
             .collect(),

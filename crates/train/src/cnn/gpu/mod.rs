@@ -197,13 +197,11 @@ pub struct GpuResNet {
     staging: Option<PinnedBytes>,
     /// Updates made through [`super::run::Stepper::step`].
     updates: u64,
-    /// Whether steps replay one captured CUDA graph (from the second step on), the reason
-    /// when a capture failed and steps stay eager, and the graph once captured.
+    /// Whether steps replay one captured CUDA graph (captured after the first update, replayed
+    /// from the second), the reason when a capture failed and steps stay eager, and the graph.
     graph_on: bool,
     graph_failed: Option<String>,
     graph: Option<gpukit_cuda::Graph>,
-    /// Steps run so far (the first is eager: libraries initialise lazily outside a capture).
-    steps_run: u64,
     /// `gpukit profile train --model`: the update (0-based) to record, and how.
     profile_at: Option<(u64, Discovery, TimingChoice)>,
     recording: Option<Recording>,
@@ -369,7 +367,7 @@ impl GpuResNet {
         }
         dnn.release_workspace();
         let products = time_filter_products(
-            (&dnn, &blas, &gpu),
+            (&dnn, &blas, &ck, &gpu),
             units()
                 .map(|u| u.conv.clone())
                 .collect::<Vec<_>>()
@@ -483,7 +481,6 @@ impl GpuResNet {
             graph_on: false,
             graph_failed: None,
             graph: None,
-            steps_run: 0,
             profile_at: None,
             recording: None,
             gpu,
@@ -703,11 +700,19 @@ impl GpuResNet {
     }
 
     /// The update's work enqueued: replayed from the graph when graphs are on and `eager` is
-    /// not asked (the graph captured at the second step), else launched op by op.
+    /// not asked, else launched op by op. The first update runs op by op (libraries initialise
+    /// lazily), then the update is captured once, its cost the first update's, so that every
+    /// later one is a replay.
     fn enqueue_step(&mut self, eager: bool) -> Result<()> {
-        let replay = self.graph_on && !eager && self.graph_failed.is_none() && self.steps_run > 0;
-        self.steps_run += 1;
-        if replay && self.graph.is_none() {
+        let wanted = self.graph_on && !eager;
+        if let (Some(graph), true) = (&self.graph, wanted) {
+            return Ok(graph.launch()?);
+        }
+        self.forward()?;
+        self.backward()?;
+        self.update()?;
+        if wanted && self.graph.is_none() && self.graph_failed.is_none() {
+            // the capture waits for the update just enqueued, then records without running
             let this = &*self;
             match self.gpu.capture(|| -> Result<()> {
                 this.forward()?;
@@ -718,14 +723,7 @@ impl GpuResNet {
                 Err(e) => self.graph_failed = Some(e.to_string()),
             }
         }
-        match (&self.graph, replay) {
-            (Some(graph), true) => Ok(graph.launch()?),
-            _ => {
-                self.forward()?;
-                self.backward()?;
-                self.update()
-            }
-        }
+        Ok(())
     }
 
     fn step_on_device(&mut self, eager: bool) -> Result<(f64, usize)> {

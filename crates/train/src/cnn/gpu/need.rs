@@ -197,6 +197,7 @@ mod arena_tests {
                 v.extend([u.conv_out, u.bn_out]);
             }
             v.extend([b.temp, b.grad_in]);
+            v.extend(b.down_input);
         }
         v
     }

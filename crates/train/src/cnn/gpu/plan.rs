@@ -216,21 +216,25 @@ pub(super) fn plan_unit(
 }
 
 /// Whether a unit's filter gradient is a plain product in its layout: channels-last 16-bit
-/// maps through a 1x1 filter at stride 1 without padding (each output pixel is its input
-/// pixel's channels times the filter), dW [k, c] = dY^T [k, pixels] X [pixels, c].
+/// maps through a 1x1 filter without padding (each output pixel is one input pixel's channels
+/// times the filter), dW [k, c] = dY^T [k, pixels] X [pixels, c]; at a stride above 1 over the
+/// input's pixels gathered first ([`super::kernels::CnnKernels::subsample_nhwc`]).
 fn filter_is_a_product(conv: &Conv) -> bool {
     let s = conv.shape;
     conv.layout == Layout::Nhwc
         && conv.dtype.uses_tensor_cores()
-        && (s.r, s.s, s.stride, s.pad, s.groups) == (1, 1, 1, 0, 1)
+        && (s.r, s.s, s.pad, s.groups) == (1, 1, 0, 1)
+        && (s.stride == 1
+            || super::kernels::CnnKernels::subsample_runs(conv.dtype, s.c, s.input_len()))
 }
 
 /// For each distinct convolution whose filter gradient is a product, whether cuBLAS computes it
-/// faster than cuDNN's chosen algorithm: both timed (median of 5 after a warm-up) on scratch
-/// buffers of the convolution's shapes. cuDNN's algorithms for a 64x64 filter over 800K pixels
-/// (ResNet-50's layer1.0.conv1 at batch 256) ran at 3 TFLOP/s (run 94).
+/// (after gathering a strided convolution's pixels) faster than cuDNN's chosen algorithm: both
+/// timed (median of 5 after a warm-up) on scratch buffers of the convolution's shapes. cuDNN's
+/// algorithms for a 64x64 filter over 800K pixels (ResNet-50's layer1.0.conv1 at batch 256) ran
+/// at 3 TFLOP/s (run 94), for ResNet-18's 1x1 stride-2 128 -> 256 at batch 64 at 1.2 (run 95).
 pub(super) fn time_filter_products(
-    (dnn, blas, gpu): (&Dnn, &Blas, &Gpu),
+    (dnn, blas, ck, gpu): (&Dnn, &Blas, &super::kernels::CnnKernels, &Gpu),
     convs: impl Iterator<Item = Rc<ConvTrain>>,
 ) -> Result<std::collections::HashMap<Conv, bool>> {
     let mut faster = std::collections::HashMap::new();
@@ -241,12 +245,17 @@ pub(super) fn time_filter_products(
         }
         let s = conv.shape;
         let es = conv.dtype.size_bytes();
-        let pixels = s.n * s.h * s.w;
+        let (oh, ow) = s.out_hw();
+        let pixels = s.n * oh * ow;
         let (x, dy, dw) = (
-            gpu.alloc(pixels * s.c * es)?,
+            gpu.alloc(s.input_len() * es)?,
             gpu.alloc(pixels * s.k * es)?,
             gpu.alloc(s.k * s.c * es)?,
         );
+        let gathered = match s.stride {
+            1 => None,
+            _ => Some(gpu.alloc(pixels * s.c * es)?),
+        };
         let ws = gpu.alloc(plan.workspace_bytes().max(256))?;
         let median = |mut v: Vec<f64>| {
             v.sort_by(f64::total_cmp);
@@ -258,9 +267,22 @@ pub(super) fn time_filter_products(
                 .map_err(Error::from)
         })?);
         let cublas = median(gpukit_cuda::timing::time_on_stream(stream, 1, 5, || {
+            let x = match &gathered {
+                Some(g) => {
+                    ck.subsample_nhwc(
+                        (x.view(), g.view()),
+                        conv.dtype,
+                        (s.n, s.h, s.w, s.c),
+                        (oh, ow),
+                        s.stride,
+                    )?;
+                    g.view()
+                }
+                None => x.view(),
+            };
             blas.gemm_batched(
                 conv.dtype,
-                (dy.view(), x.view(), dw.view()),
+                (dy.view(), x, dw.view()),
                 (1, s.k, s.c, pixels),
                 (true, false),
             )

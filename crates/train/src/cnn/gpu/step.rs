@@ -97,15 +97,15 @@ impl GpuResNet {
         Ok(())
     }
 
-    /// Backward through one unit's convolution from its output's gradient `dy` (the norm's
-    /// input gradient): into `dx` when given (added to what it holds when its flag says so),
-    /// and the filter's gradient.
+    /// Backward through one unit's convolution from its output's gradient `dy`: into `dx` when
+    /// given (added to what it holds when its flag says so), and the filter's gradient (a
+    /// strided 1x1 convolution's product over `x`'s pixels gathered into `gathered`).
     fn conv_backward(
         &self,
         u: &GpuUnit,
-        x: View<'_>,
-        dy: View<'_>,
+        (x, dy): (View<'_>, View<'_>),
         dx: Option<(View<'_>, bool)>,
+        gathered: Option<View<'_>>,
     ) -> Result<()> {
         let ws = self.workspace.view();
         let i = u.spec.weight;
@@ -116,12 +116,32 @@ impl GpuResNet {
         }
         let _op = self.op_unit(u, UnitOp::ConvBackwardFilter);
         if u.gemm_filter {
-            // dW [k, c] = dY^T [k, pixels] X [pixels, c] (a channels-last 1x1 stride-1 filter)
+            // dW [k, c] = dY^T [k, pixels] X [pixels, c] (a channels-last 1x1 filter; a strided
+            // one's pixels gathered first)
             let s = u.conv.conv().shape;
+            let (oh, ow) = s.out_hw();
+            let x = match (s.stride, gathered) {
+                (1, _) => x,
+                (_, Some(g)) => {
+                    self.ck.subsample_nhwc(
+                        (x, g),
+                        self.dtype(),
+                        (s.n, s.h, s.w, s.c),
+                        (oh, ow),
+                        s.stride,
+                    )?;
+                    g
+                }
+                (_, None) => {
+                    return Err(Error::Failed(
+                        "a strided 1x1 filter gradient without its gathered pixels".into(),
+                    ))
+                }
+            };
             self.blas.gemm_batched(
                 self.dtype(),
                 (dy, x, self.product_grad(i)?),
-                (1, s.k, s.c, s.n * s.h * s.w),
+                (1, s.k, s.c, s.n * oh * ow),
                 (true, false),
             )?;
         } else {
@@ -298,7 +318,8 @@ impl GpuResNet {
             if let Some(d) = &b.down {
                 // the shortcut's norm and convolution: the block input's gradient into q
                 self.norm_backward(d, (q, o), None)?;
-                self.conv_backward(d, block_in, o, Some((q, false)))?;
+                let gathered = slots.down_input.map(|g| self.at(g)).transpose()?;
+                self.conv_backward(d, (block_in, o), Some((q, false)), gathered)?;
             }
             // the main path from the last unit's norm-input gradient in p; each earlier unit's
             // output gradient in o; the first unit adds its input's gradient to q
@@ -310,7 +331,7 @@ impl GpuResNet {
                     0 => (block_in, (q, true)),
                     _ => (self.at(b.main[i - 1].maps.bn_out)?, (o, false)),
                 };
-                self.conv_backward(u, x, p, Some(dx))?;
+                self.conv_backward(u, (x, p), Some(dx), None)?;
             }
             o = q;
         }
@@ -349,7 +370,7 @@ impl GpuResNet {
             }
         }
         self.norm_backward(stem, (p, q), None)?;
-        self.conv_backward(stem, self.images.view(), q, None)?;
+        self.conv_backward(stem, (self.images.view(), q), None, None)?;
         Ok(())
     }
 
