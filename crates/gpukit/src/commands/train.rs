@@ -157,7 +157,6 @@ pub(super) fn cnn_request(
         ("--loss", a.loss.is_some()),
         ("--eval-fraction", a.eval_fraction.is_some()),
         ("--no-shuffle", a.no_shuffle),
-        ("--accumulate", a.accumulate.is_some()),
         ("--save", a.save.is_some()),
         ("--resume", a.resume.is_some()),
         ("--checkpoint-activations", a.checkpoint_activations),
@@ -196,6 +195,7 @@ pub(super) fn cnn_request(
         save_losses: a.save_losses,
         profile: None,
         compare_pytorch: a.compare_pytorch,
+        accumulate: a.accumulate,
         graph: match (a.graph, a.no_graph) {
             (true, _) => Some(true),
             (_, true) => Some(false),

@@ -53,7 +53,16 @@ pub fn cnn_train_sections(r: &CnnTrainReport) -> Vec<Section> {
                     } else {
                         String::new()
                     },
-                    r.batch_size,
+                    if r.accumulate > 1 {
+                        format!(
+                            "{} ({} micro-batches of {} an update, their gradients summed)",
+                            r.accumulate * r.batch_size,
+                            r.accumulate,
+                            r.batch_size
+                        )
+                    } else {
+                        r.batch_size.to_string()
+                    },
                     r.updates.len(),
                     r.seed
                 ),

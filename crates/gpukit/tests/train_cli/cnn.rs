@@ -193,6 +193,10 @@ pub fn bad_cnn_input_exits_2_naming_it() -> Result<(), Failed> {
             vec!["--compare-pytorch: PyTorch's side trains on the GPU; give --device cuda:N"],
         ),
         (
+            with(&["--compare-pytorch", "--accumulate", "2"]),
+            vec!["--compare-pytorch with --accumulate"],
+        ),
+        (
             with(&["--graph"]),
             vec!["--graph: CUDA graphs replay GPU work; give --device cuda:N"],
         ),

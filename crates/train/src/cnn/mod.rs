@@ -63,16 +63,55 @@ pub fn train_step<T: crate::real::Real>(
     labels: &[u32],
     smoothing: f64,
 ) -> (f64, usize) {
+    micro_step(
+        (model, opt),
+        &mut Vec::new(),
+        (images, labels),
+        smoothing,
+        (0, 1),
+    )
+}
+
+/// Micro-batch `i` of `k` of one update with gradient accumulation, as PyTorch accumulates:
+/// forward in training mode (the running statistics move with every micro-batch), backward of
+/// the loss divided by `k`, the gradients added into `acc`; after the last, the optimizer's step
+/// on their sum (and `acc` emptied). `k = 1` is [`train_step`]. Returns the micro-batch's loss
+/// and how many of its images were classified right.
+pub fn micro_step<T: crate::real::Real>(
+    (model, opt): (&mut resnet::ResNet<T>, &mut optim::CnnOptimizer<T>),
+    acc: &mut Vec<Vec<T>>,
+    (images, labels): (&Tensor<T>, &[u32]),
+    smoothing: f64,
+    (i, k): (usize, usize),
+) -> (f64, usize) {
     let (logits, tape) = model.forward(images, resnet::Mode::Train);
     let mut dlogits = Vec::new();
     let (loss, correct) =
         loss::cross_entropy_smoothed(&logits, model.classes, labels, smoothing, &mut dlogits);
+    if k > 1 {
+        let inv = T::from_f64(1.0 / k as f64);
+        for d in &mut dlogits {
+            *d *= inv;
+        }
+    }
     let mut grads = model.zero_grads();
     model.backward(
         &tape.expect("training mode keeps a tape"),
         &dlogits,
         &mut grads,
     );
-    opt.update(model.params.iter_mut().map(|p| &mut p.data), &grads);
+    if i == 0 || acc.len() != grads.len() {
+        *acc = grads;
+    } else {
+        for (a, g) in acc.iter_mut().zip(&grads) {
+            for (x, &y) in a.iter_mut().zip(g) {
+                *x += y;
+            }
+        }
+    }
+    if i + 1 >= k {
+        opt.update(model.params.iter_mut().map(|p| &mut p.data), acc);
+        acc.clear();
+    }
     (loss, correct)
 }

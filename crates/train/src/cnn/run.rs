@@ -13,24 +13,48 @@ use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
-/// One training update of a network on a batch: returns the batch's loss before the update
-/// and how many of its images were classified right.
+/// One micro-batch of a training update of a network: `micro` = (i, k), the update made after
+/// micro-batch k - 1 (k = 1: every call is an update). Returns the batch's loss before the
+/// update and how many of its images were classified right.
 pub trait Stepper {
     /// `fresh` is false when the batch is the one the previous call had (a GPU keeps it).
-    fn step(&mut self, images: &Tensor<f32>, labels: &[u32], fresh: bool) -> Result<(f64, usize)>;
+    fn step(
+        &mut self,
+        batch: (&Tensor<f32>, &[u32]),
+        fresh: bool,
+        micro: (usize, usize),
+    ) -> Result<(f64, usize)>;
 }
 
 /// A ResNet, its optimizer and the label smoothing, trained on the CPU by
-/// [`super::train_step`].
+/// [`super::micro_step`].
 #[derive(Debug, Clone)]
 pub struct CpuResNet {
     pub model: ResNet<f32>,
     pub opt: CnnOptimizer<f32>,
     pub smoothing: f64,
+    /// The gradients summed so far in an update of several micro-batches.
+    pub accumulated: Vec<Vec<f32>>,
+}
+
+impl CpuResNet {
+    pub fn new(model: ResNet<f32>, opt: CnnOptimizer<f32>, smoothing: f64) -> CpuResNet {
+        CpuResNet {
+            model,
+            opt,
+            smoothing,
+            accumulated: Vec::new(),
+        }
+    }
 }
 
 impl Stepper for CpuResNet {
-    fn step(&mut self, images: &Tensor<f32>, labels: &[u32], _: bool) -> Result<(f64, usize)> {
+    fn step(
+        &mut self,
+        (images, labels): (&Tensor<f32>, &[u32]),
+        _: bool,
+        micro: (usize, usize),
+    ) -> Result<(f64, usize)> {
         let [n, c, h, w] = images.shape;
         if c != 3 || n != labels.len() || n == 0 || h == 0 || w == 0 {
             return Err(Error::Setting(format!(
@@ -45,12 +69,12 @@ impl Stepper for CpuResNet {
                 self.model.classes
             )));
         }
-        Ok(super::train_step(
-            &mut self.model,
-            &mut self.opt,
-            images,
-            labels,
+        Ok(super::micro_step(
+            (&mut self.model, &mut self.opt),
+            &mut self.accumulated,
+            (images, labels),
             self.smoothing,
+            micro,
         ))
     }
 }
@@ -61,6 +85,9 @@ pub struct LoopConfig {
     pub batch_size: usize,
     /// Updates in all.
     pub steps: u64,
+    /// Micro-batches of `batch_size` an update sums the gradients of (1: none); an update may
+    /// take the last micro-batches of one epoch and the first of the next.
+    pub accumulate: usize,
     /// Orders the batches of each epoch.
     pub seed: u64,
 }
@@ -76,13 +103,13 @@ impl LoopConfig {
         crate::data::batch_order(images, epoch, self.seed, !self.single(images))
     }
 
-    /// The images each update trains on, as [`train`] takes them: for handing the same
-    /// batches to another framework.
+    /// The images each micro-batch trains on, in order, as [`train`] takes them: for handing
+    /// the same batches to another framework.
     pub fn update_batches(&self, images: usize) -> Result<Vec<Vec<usize>>> {
         let per_epoch = self.batches_per_epoch(images)?;
         let mut out = Vec::new();
         let mut order = Vec::new();
-        for step in 0..self.steps {
+        for step in 0..self.micro_batches() {
             let (epoch, b) = (step / per_epoch, (step % per_epoch) as usize);
             if b == 0 {
                 order = self.epoch_order(images, epoch);
@@ -90,6 +117,11 @@ impl LoopConfig {
             out.push(order[b * self.batch_size..(b + 1) * self.batch_size].to_vec());
         }
         Ok(out)
+    }
+
+    /// Micro-batches in all.
+    fn micro_batches(&self) -> u64 {
+        self.steps.saturating_mul(self.accumulate.max(1) as u64)
     }
 
     /// Whole batches an epoch of `images` holds (the remainder is left out, as PyTorch's
@@ -143,38 +175,61 @@ pub fn train(
     let mut diverged = None;
     let mut order = Vec::new();
     let mut held: Option<(Tensor<f32>, Vec<u32>)> = None;
-    for step in 0..cfg.steps {
-        let (epoch, b) = (step / per_epoch, (step % per_epoch) as usize);
-        let fresh = !(single && held.is_some());
-        if fresh {
-            if b == 0 {
-                order = cfg.epoch_order(images.len(), epoch);
-            }
-            held = Some(images.batch(&order[b * cfg.batch_size..(b + 1) * cfg.batch_size]));
-        }
-        let Some((batch, labels)) = held.as_ref() else {
-            return Err(Error::Failed("no batch to train on".into()));
-        };
+    let k = cfg.accumulate.max(1);
+    'updates: for step in 0..cfg.steps {
         let start = Instant::now();
-        let (loss, correct) = stepper.step(batch, labels, fresh)?;
+        let (mut loss, mut correct) = (0.0, 0);
+        for i in 0..k {
+            let j = step * k as u64 + i as u64;
+            let (epoch, b) = (j / per_epoch, (j % per_epoch) as usize);
+            let fresh = !(single && held.is_some());
+            if fresh {
+                if b == 0 {
+                    order = cfg.epoch_order(images.len(), epoch);
+                }
+                held = Some(images.batch(&order[b * cfg.batch_size..(b + 1) * cfg.batch_size]));
+            }
+            let Some((batch, labels)) = held.as_ref() else {
+                return Err(Error::Failed("no batch to train on".into()));
+            };
+            let (l, c) = stepper.step((batch, labels), fresh, (i, k))?;
+            loss += l / k as f64;
+            correct += c;
+            if !l.is_finite() {
+                diverged = Some(format!(
+                    "the loss of update {} is {l}{}",
+                    step + 1,
+                    if k > 1 {
+                        format!(" (micro-batch {} of {k})", i + 1)
+                    } else {
+                        String::new()
+                    }
+                ));
+                let stats = UpdateStats {
+                    step: step + 1,
+                    loss: l,
+                    accuracy: 0.0,
+                    seconds: start.elapsed().as_secs_f64(),
+                };
+                progress(&stats);
+                updates.push(stats);
+                break 'updates;
+            }
+        }
         let stats = UpdateStats {
             step: step + 1,
             loss,
-            accuracy: correct as f64 / cfg.batch_size as f64,
+            accuracy: correct as f64 / (k * cfg.batch_size) as f64,
             seconds: start.elapsed().as_secs_f64(),
         };
         progress(&stats);
         updates.push(stats);
-        if !loss.is_finite() {
-            diverged = Some(format!("the loss of update {} is {loss}", step + 1));
-            break;
-        }
     }
     let later: f64 = updates.iter().skip(1).map(|u| u.seconds).sum();
     Ok(LoopOutcome {
         first_step_seconds: updates.first().map_or(0.0, |u| u.seconds),
         images_per_s: (updates.len() > 1 && later > 0.0)
-            .then(|| (updates.len() - 1) as f64 * cfg.batch_size as f64 / later),
+            .then(|| (updates.len() - 1) as f64 * (k * cfg.batch_size) as f64 / later),
         updates,
         diverged,
     })
@@ -188,17 +243,17 @@ mod tests {
     use crate::optim::OptimizerKind;
 
     fn cpu(seed: u64) -> CpuResNet {
-        CpuResNet {
-            model: ResNet::new(Depth::ResNet18, 10, seed),
-            opt: CnnOptimizer::new(CnnOptimizerConfig {
+        CpuResNet::new(
+            ResNet::new(Depth::ResNet18, 10, seed),
+            CnnOptimizer::new(CnnOptimizerConfig {
                 kind: OptimizerKind::Sgd,
                 lr: 0.01,
                 momentum: 0.9,
                 nesterov: false,
                 weight_decay: 0.0,
             }),
-            smoothing: 0.0,
-        }
+            0.0,
+        )
     }
 
     /// The loop's updates are `train_step`'s on the batches of `batch_order`, whole batches
@@ -209,6 +264,7 @@ mod tests {
         let cfg = LoopConfig {
             batch_size: 2,
             steps: 3,
+            accumulate: 1,
             seed: 4,
         };
         let mut stepper = cpu(1);
@@ -240,5 +296,56 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("holds 5 images, not one whole batch"), "{e}");
+    }
+
+    /// With `accumulate` 2 an update sums two micro-batches' gradients, each of the loss over
+    /// 2, as PyTorch accumulates: the same as two backward passes of the halved loss by hand,
+    /// then one step; the update's loss is the micro-batches' mean, its accuracy over both; the
+    /// micro-batches run on through the epochs.
+    #[test]
+    fn an_update_sums_its_micro_batches_gradients() {
+        let images = crate::cnn::data::generated(6, (16, 16), 10, 2).unwrap();
+        let cfg = LoopConfig {
+            batch_size: 2,
+            steps: 2,
+            accumulate: 2,
+            seed: 4,
+        };
+        let mut stepper = cpu(1);
+        let out = train(&mut stepper, &images, &cfg, &mut |_| {}).unwrap();
+        assert_eq!(out.updates.len(), 2);
+        let micro = cfg.update_batches(6).unwrap();
+        assert_eq!(micro.len(), 4);
+        let mut reference = cpu(1);
+        for u in 0..2 {
+            let mut sum: Vec<Vec<f32>> = Vec::new();
+            let mut losses = 0.0;
+            for i in 0..2 {
+                let (x, y) = images.batch(&micro[2 * u + i]);
+                let m = &mut reference.model;
+                let (logits, tape) = m.forward(&x, crate::cnn::resnet::Mode::Train);
+                let mut d = Vec::new();
+                let (loss, _) =
+                    crate::cnn::loss::cross_entropy_smoothed(&logits, 10, &y, 0.0, &mut d);
+                losses += loss / 2.0;
+                d.iter_mut().for_each(|v| *v *= 0.5);
+                let mut g = m.zero_grads();
+                m.backward(tape.as_ref().unwrap(), &d, &mut g);
+                if sum.is_empty() {
+                    sum = g;
+                } else {
+                    for (a, b) in sum.iter_mut().zip(&g) {
+                        a.iter_mut().zip(b).for_each(|(p, q)| *p += q);
+                    }
+                }
+            }
+            reference
+                .opt
+                .update(reference.model.params.iter_mut().map(|p| &mut p.data), &sum);
+            assert_eq!(out.updates[u].loss, losses);
+        }
+        assert_eq!(stepper.model.params, reference.model.params);
+        assert_eq!(stepper.model.buffers, reference.model.buffers);
+        assert!(stepper.accumulated.is_empty());
     }
 }

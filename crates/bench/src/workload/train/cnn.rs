@@ -57,6 +57,8 @@ pub struct CnnTrainRequest {
     pub graph: Option<bool>,
     /// Train the same model, weights, images and optimizer in PyTorch beside (GPU only).
     pub compare_pytorch: bool,
+    /// Micro-batches of `batch_size` whose gradients an update sums (each loss divided by it).
+    pub accumulate: Option<usize>,
 }
 
 /// The report of `gpukit train --model`.
@@ -73,6 +75,9 @@ pub struct CnnTrainReport {
     /// (height, width).
     pub image_size: (usize, usize),
     pub batch_size: usize,
+    /// Micro-batches of `batch_size` an update sums the gradients of.
+    #[serde(default = "one")]
+    pub accumulate: usize,
     pub optimizer: CnnOptimizerConfig,
     pub label_smoothing: f64,
     pub seed: u64,
@@ -117,6 +122,10 @@ pub struct CnnTrainReport {
     /// `gpukit profile train --model`'s recording (not part of train's own report).
     #[serde(skip)]
     pub recording: Option<Recording>,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// The defaults: a GPU trains torchvision's 224x224 images, the CPU small ones.
@@ -183,6 +192,16 @@ pub fn check_request(r: &CnnTrainRequest) -> Result<()> {
                 .into(),
         ));
     }
+    if r.accumulate == Some(0) {
+        return Err(Error::BadInput("--accumulate 0: must be at least 1".into()));
+    }
+    if r.compare_pytorch && r.accumulate.is_some_and(|k| k > 1) {
+        return Err(Error::BadInput(
+            "--compare-pytorch with --accumulate: PyTorch's side of a convolutional network \
+             takes one batch an update (drop one of the two)"
+                .into(),
+        ));
+    }
     if r.compare_pytorch && r.device == Device::Cpu {
         return Err(Error::BadInput(
             "--compare-pytorch: PyTorch's side trains on the GPU; give --device cuda:N".into(),
@@ -224,16 +243,21 @@ pub fn check_request(r: &CnnTrainRequest) -> Result<()> {
 
 /// The updates a run makes: --steps, or --epochs over the data's whole batches, or one epoch
 /// of a data file, or [`DEFAULT_STEPS`]; --epochs ending before --steps is a contradiction.
-fn updates(r: &CnnTrainRequest, per_epoch: u64) -> Result<u64> {
+/// The updates of a run: `--steps`, or `--epochs` of the data's batches (`accumulate` batches an
+/// update, at least one update), or one epoch of a data file, else the default.
+fn updates(r: &CnnTrainRequest, per_epoch: u64, accumulate: u64) -> Result<u64> {
+    let k = accumulate.max(1);
+    let of_epochs = |e: u64| (e.saturating_mul(per_epoch) / k).max(1);
     match (r.steps, r.epochs) {
-        (Some(s), Some(e)) if e.saturating_mul(per_epoch) < s => Err(Error::BadInput(format!(
-            "--steps {s} needs {} epochs of {per_epoch} batches, but --epochs {e} ends after {}",
-            s.div_ceil(per_epoch),
-            e.saturating_mul(per_epoch)
+        (Some(s), Some(e)) if of_epochs(e) < s => Err(Error::BadInput(format!(
+            "--steps {s} needs {} epochs of {per_epoch} batches ({k} an update), but --epochs \
+             {e} ends after {} updates",
+            s.saturating_mul(k).div_ceil(per_epoch),
+            of_epochs(e)
         ))),
         (Some(s), _) => Ok(s),
-        (None, Some(e)) => Ok(e.saturating_mul(per_epoch)),
-        (None, None) if r.data.is_some() => Ok(per_epoch),
+        (None, Some(e)) => Ok(of_epochs(e)),
+        (None, None) if r.data.is_some() => Ok(of_epochs(1)),
         (None, None) => Ok(DEFAULT_STEPS),
     }
 }
@@ -322,13 +346,15 @@ pub fn run_cnn_train(
     let count = file
         .as_ref()
         .map_or(r.samples.unwrap_or(batch), Images::len);
+    let accumulate = r.accumulate.unwrap_or(1);
     let cfg = LoopConfig {
         batch_size: batch,
         steps: 0,
+        accumulate,
         seed,
     };
     let cfg = LoopConfig {
-        steps: updates(r, cfg.batches_per_epoch(count)?)?,
+        steps: updates(r, cfg.batches_per_epoch(count)?, accumulate as u64)?,
         ..cfg
     };
     let mut model = ResNet::<f32>::new(r.model, classes, seed);
@@ -343,7 +369,8 @@ pub fn run_cnn_train(
             check_precision_on(&gpu, precision)?;
             gpu_name = gpu.name().ok();
             let (free, _) = gpu.mem_info()?;
-            device_need(n, &model, batch, image, precision, &opt)?.check(Some(free), HINT)?;
+            device_need(n, &model, (batch, accumulate), image, precision, &opt)?
+                .check(Some(free), HINT)?;
             Some(gpu)
         }
     };
@@ -380,14 +407,11 @@ pub fn run_cnn_train(
                 net.profile_update(at, discovery, timing);
             }
             net.use_graph(r.graph.unwrap_or(true));
+            net.set_accumulate(accumulate)?;
             conv_algorithms = net.conv_algorithms();
             net
         }
-        None => cpu_net.insert(CpuResNet {
-            model,
-            opt: CnnOptimizer::new(opt),
-            smoothing,
-        }),
+        None => cpu_net.insert(CpuResNet::new(model, CnnOptimizer::new(opt), smoothing)),
     };
     let setup_seconds = started.elapsed().as_secs_f64();
     let out = run::train(stepper, &images, &cfg, &mut |u| {
@@ -453,6 +477,7 @@ pub fn run_cnn_train(
         classes,
         image_size: image,
         batch_size: batch,
+        accumulate,
         optimizer: opt,
         label_smoothing: smoothing,
         seed,
@@ -537,6 +562,7 @@ mod tests {
             profile: None,
             graph: None,
             compare_pytorch: false,
+            accumulate: None,
         }
     }
 
@@ -601,7 +627,7 @@ mod tests {
         for (r, says) in cases {
             let e = match check_request(&r) {
                 Err(e) => e.to_string(),
-                Ok(()) => updates(&r, 1).map_or_else(|e| e.to_string(), |_| "ran".into()),
+                Ok(()) => updates(&r, 1, 1).map_or_else(|e| e.to_string(), |_| "ran".into()),
             };
             assert!(e.contains(says), "{says}: {e}");
         }

@@ -197,11 +197,16 @@ pub struct GpuResNet {
     staging: Option<PinnedBytes>,
     /// Updates made through [`super::run::Stepper::step`].
     updates: u64,
-    /// Whether steps replay one captured CUDA graph (captured after the first update, replayed
-    /// from the second), the reason when a capture failed and steps stay eager, and the graph.
+    /// Whether steps replay captured CUDA graphs (each kind of micro-batch captured after its
+    /// first eager run, replayed after), the reason when a capture failed and steps stay
+    /// eager, and the graphs: a whole update (or the first micro-batch), a middle micro-batch,
+    /// the last.
     graph_on: bool,
     graph_failed: Option<String>,
-    graph: Option<gpukit_cuda::Graph>,
+    graphs: [Option<gpukit_cuda::Graph>; 3],
+    /// Micro-batches an update sums the gradients of, and their sum when above 1.
+    accumulate: usize,
+    acc: Option<DeviceBuffer>,
     /// `gpukit profile train --model`: the update (0-based) to record, and how.
     profile_at: Option<(u64, Discovery, TimingChoice)>,
     recording: Option<Recording>,
@@ -210,7 +215,18 @@ pub struct GpuResNet {
 impl super::run::Stepper for GpuResNet {
     /// One update; the one [`GpuResNet::profile_update`] names is recorded, its batch's upload
     /// included.
-    fn step(&mut self, images: &Tensor<f32>, labels: &[u32], fresh: bool) -> Result<(f64, usize)> {
+    fn step(
+        &mut self,
+        (images, labels): (&Tensor<f32>, &[u32]),
+        fresh: bool,
+        micro: (usize, usize),
+    ) -> Result<(f64, usize)> {
+        if micro.1 != self.accumulate || micro.0 >= micro.1 {
+            return Err(Error::Failed(format!(
+                "micro-batch {micro:?} of a trainer of {} an update",
+                self.accumulate
+            )));
+        }
         let profiler = match &self.profile_at {
             Some((at, discovery, timing)) if *at == self.updates => {
                 Some(Profiler::start(&self.gpu, discovery, *timing)?)
@@ -222,7 +238,7 @@ impl super::run::Stepper for GpuResNet {
             self.upload(images, labels)?;
         }
         // a recorded update runs eagerly: the profiler ties each launch to its op
-        let out = self.step_on_device(profiler.is_some());
+        let out = self.step_on_device(profiler.is_some(), micro);
         if let Some(p) = profiler {
             self.recording = Some(p.finish()?);
         }
@@ -480,7 +496,9 @@ impl GpuResNet {
             updates: 0,
             graph_on: false,
             graph_failed: None,
-            graph: None,
+            graphs: [None, None, None],
+            accumulate: 1,
+            acc: None,
             profile_at: None,
             recording: None,
             gpu,
@@ -681,57 +699,82 @@ impl GpuResNet {
     pub fn use_graph(&mut self, on: bool) {
         self.graph_on = on;
         if !on {
-            self.graph = None;
+            self.graphs = [None, None, None];
         }
+    }
+
+    /// Updates sum the gradients of `k` micro-batches (each loss over `k`), as PyTorch's
+    /// accumulation: an f32 accumulator of every parameter when `k > 1`.
+    pub fn set_accumulate(&mut self, k: usize) -> Result<()> {
+        if k == 0 {
+            return Err(Error::Setting("--accumulate 0: must be at least 1".into()));
+        }
+        self.acc = match k {
+            1 => None,
+            _ => Some(self.gpu.alloc(self.params_layout.total * 4)?),
+        };
+        self.accumulate = k;
+        self.graphs = [None, None, None];
+        Ok(())
     }
 
     /// How the steps ran: "CUDA graph", "eager", or why a capture failed.
     pub fn step_launch(&self) -> String {
-        match (&self.graph, &self.graph_failed, self.graph_on) {
-            (Some(_), _, _) => "CUDA graph (from the second update)".into(),
-            (None, Some(why), _) => format!("eager (the graph's capture failed: {why})"),
+        match (
+            self.graphs.iter().any(Option::is_some),
+            &self.graph_failed,
+            self.graph_on,
+        ) {
+            (true, _, _) => "CUDA graph (from the second update)".into(),
+            (false, Some(why), _) => format!("eager (the graph's capture failed: {why})"),
             _ => "eager".into(),
         }
     }
 
-    /// One update on the batch last uploaded (see [`GpuResNet::train_step`]).
+    /// One update on the batch last uploaded (see [`GpuResNet::train_step`]; a trainer of one
+    /// micro-batch an update).
     pub fn step_uploaded(&mut self) -> Result<(f64, usize)> {
-        self.step_on_device(false)
+        if self.accumulate != 1 {
+            return Err(Error::Failed(format!(
+                "a whole update of a trainer of {} micro-batches an update",
+                self.accumulate
+            )));
+        }
+        self.step_on_device(false, (0, 1))
     }
 
-    /// The update's work enqueued: replayed from the graph when graphs are on and `eager` is
-    /// not asked, else launched op by op. The first update runs op by op (libraries initialise
-    /// lazily), then the update is captured once, its cost the first update's, so that every
-    /// later one is a replay.
-    fn enqueue_step(&mut self, eager: bool) -> Result<()> {
+    /// A micro-batch's work enqueued ([`GpuResNet::micro`]): replayed from its kind's graph
+    /// when graphs are on and `eager` is not asked, else launched op by op. The first of each
+    /// kind runs op by op (libraries initialise lazily), then it is captured once, its cost
+    /// that micro-batch's, so that every later one is a replay.
+    fn enqueue_step(&mut self, eager: bool, (i, k): (usize, usize)) -> Result<()> {
+        let kind = match (i, k) {
+            (0, _) => 0,
+            _ if i + 1 >= k => 2,
+            _ => 1,
+        };
         let wanted = self.graph_on && !eager;
-        if let (Some(graph), true) = (&self.graph, wanted) {
+        if let (Some(graph), true) = (&self.graphs[kind], wanted) {
             return Ok(graph.launch()?);
         }
-        self.forward()?;
-        self.backward()?;
-        self.update()?;
-        if wanted && self.graph.is_none() && self.graph_failed.is_none() {
-            // the capture waits for the update just enqueued, then records without running
+        self.micro((i, k))?;
+        if wanted && self.graphs[kind].is_none() && self.graph_failed.is_none() {
+            // the capture waits for the work just enqueued, then records without running
             let this = &*self;
-            match self.gpu.capture(|| -> Result<()> {
-                this.forward()?;
-                this.backward()?;
-                this.update()
-            }) {
-                Ok(graph) => self.graph = Some(graph),
+            match self.gpu.capture(|| this.micro((i, k))) {
+                Ok(graph) => self.graphs[kind] = Some(graph),
                 Err(e) => self.graph_failed = Some(e.to_string()),
             }
         }
         Ok(())
     }
 
-    fn step_on_device(&mut self, eager: bool) -> Result<(f64, usize)> {
+    fn step_on_device(&mut self, eager: bool, micro: (usize, usize)) -> Result<(f64, usize)> {
         if !self.uploaded {
             return Err(Error::Failed("a step before any batch was uploaded".into()));
         }
         let g = self.gpu.clone();
-        self.enqueue_step(eager)?;
+        self.enqueue_step(eager, micro)?;
         self.batches_tracked += 1;
         let op = self.op_other("read the loss", "loss", 3, "copy");
         let loss = g.download_from(self.loss.view(), 8)?;
@@ -787,6 +830,10 @@ impl GpuResNet {
                 len(&self.params) + len(&self.grads),
             ),
             ("optimizer state".into(), opt),
+            (
+                "gradient accumulator".into(),
+                self.acc.as_ref().map_or(0, len),
+            ),
             ("16-bit weights and a gradient".into(), half),
             (
                 "norm statistics and reserve".into(),

@@ -3,7 +3,7 @@
 //! large for the GPU is refused in milliseconds (exit 1, needed against available) instead of
 //! failing part way through its allocations.
 //!
-//! To use: `device_need(ordinal, &model, batch, image, precision, &opt)?.check(Some(free),
+//! To use: `device_need(ordinal, &model, (batch, accumulate), image, precision, &opt)?.check(Some(free),
 //! HINT)`.
 
 use super::layout::{FlatLayout, ALIGN};
@@ -58,12 +58,13 @@ pub fn unit_outputs(model: &ResNet<f32>, input: Maps) -> Result<(Vec<Maps>, Maps
     Ok((net.unit_outputs(), net.pooled))
 }
 
-/// The device memory of training `model` on batches of `batch` images of `image` in
-/// `precision` with `opt`, part by part (the convolution workspace at its limit).
+/// The device memory of training `model` on batches of `batch` images of `image` (`accumulate`
+/// of them an update) in `precision` with `opt`, part by part (the convolution workspace at its
+/// limit).
 pub fn device_need(
     ordinal: usize,
     model: &ResNet<f32>,
-    batch: usize,
+    (batch, accumulate): (usize, usize),
     image: (usize, usize),
     precision: Precision,
     opt: &CnnOptimizerConfig,
@@ -102,6 +103,10 @@ pub fn device_need(
     );
     need.add("fp32 weights and gradients", bytes(&[params, 2], 4))
         .add("optimizer state", bytes(&[params, moments], 4))
+        .add(
+            "gradient accumulator",
+            bytes(&[params, usize::from(accumulate > 1)], 4),
+        )
         .add(
             // the whole 16-bit copy, and one tensor's 16-bit gradient before it is widened
             "16-bit weights and a gradient",
@@ -159,7 +164,7 @@ mod tests {
     fn resnet50s_need_is_counted_from_its_shapes() {
         let model = ResNet::<f32>::new(Depth::ResNet50, 1000, 0);
         let total = |batch| {
-            device_need(0, &model, batch, (224, 224), Precision::Fp32, &sgd())
+            device_need(0, &model, (batch, 1), (224, 224), Precision::Fp32, &sgd())
                 .unwrap()
                 .total()
                 .unwrap()
@@ -167,7 +172,7 @@ mod tests {
         let (b256, b32) = (total(256), total(32));
         assert!(b256 > 8 << 30 && b256 < 80 << 30, "{b256}");
         assert!(b32 < b256 / 4, "{b32} {b256}");
-        let refused = device_need(0, &model, 256, (224, 224), Precision::Fp32, &sgd())
+        let refused = device_need(0, &model, (256, 1), (224, 224), Precision::Fp32, &sgd())
             .unwrap()
             .check(Some(4 << 30), HINT)
             .unwrap_err()

@@ -244,7 +244,8 @@ impl GpuResNet {
             dt,
             (n, fc.outputs),
             state,
-            (1.0, self.smoothing),
+            // an update of k micro-batches: each loss over k
+            (1.0 / self.accumulate as f32, self.smoothing),
             self.loss_rows.view(),
             (self.loss.view(), self.correct.view()),
         )?;
@@ -374,6 +375,26 @@ impl GpuResNet {
         Ok(())
     }
 
+    /// Micro-batch `i` of `k` of an update on the batch uploaded: forward, backward, the
+    /// gradients copied (the first) or added (the others) into the accumulator when `k > 1`,
+    /// and after the last the optimizer's step.
+    pub(super) fn micro(&self, (i, k): (usize, usize)) -> Result<()> {
+        self.forward()?;
+        self.backward()?;
+        if let Some(acc) = &self.acc {
+            let n = self.params_layout.total;
+            if i == 0 {
+                self.gpu.copy_view(acc.view(), self.grads.view(), n * 4)?;
+            } else {
+                self.k.axpy(acc.view(), self.grads.view(), n)?;
+            }
+        }
+        if i + 1 >= k {
+            self.update()?;
+        }
+        Ok(())
+    }
+
     /// The optimizer's step over every parameter at once (writing the 16-bit copy when there
     /// is one; fp16: after the scaler's overflow check, unscaling, skipped on an overflow),
     /// then the step state advanced.
@@ -381,7 +402,9 @@ impl GpuResNet {
         let c = self.opt;
         let n = self.params_layout.total;
         let scaled = self.precision.scaled();
-        let (p, g, st) = (self.params.view(), self.grads.view(), self.state.view());
+        // several micro-batches: their summed gradients
+        let g = self.acc.as_ref().unwrap_or(&self.grads).view();
+        let (p, st) = (self.params.view(), self.state.view());
         let half = self.half.as_ref().map(|h| h.weights.view());
         let dt = self.dtype();
         let _op = self.op_update();
