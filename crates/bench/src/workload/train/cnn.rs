@@ -250,10 +250,18 @@ fn updates(r: &CnnTrainRequest, per_epoch: u64, accumulate: u64) -> Result<u64> 
     let of_epochs = |e: u64| (e.saturating_mul(per_epoch) / k).max(1);
     match (r.steps, r.epochs) {
         (Some(s), Some(e)) if of_epochs(e) < s => Err(Error::BadInput(format!(
-            "--steps {s} needs {} epochs of {per_epoch} batches ({k} an update), but --epochs \
-             {e} ends after {} updates",
+            "--steps {s} needs {} epochs of {per_epoch} batches{}, but --epochs {e} ends after {}",
             s.saturating_mul(k).div_ceil(per_epoch),
-            of_epochs(e)
+            if k > 1 {
+                format!(" ({k} an update)")
+            } else {
+                String::new()
+            },
+            if k > 1 {
+                format!("{} updates", of_epochs(e))
+            } else {
+                of_epochs(e).to_string()
+            }
         ))),
         (Some(s), _) => Ok(s),
         (None, Some(e)) => Ok(of_epochs(e)),
