@@ -41,6 +41,7 @@ mod params;
 mod plan;
 pub mod stem;
 mod step;
+mod upload;
 
 pub use plan::{device_channels, device_lens, input_maps, unit_shapes};
 use plan::{filters_of, plan_unit, time_filter_products, DeviceFilter, GpuBlock, GpuUnit};
@@ -68,61 +69,6 @@ use std::sync::Arc;
 
 /// The element type of the master weights, gradients, statistics and optimizer state.
 const F32: DType = DType::F32;
-
-/// NCHW f32 images (3 channels of `plane` pixels each) as channel-last `dtype` bytes with
-/// `channels` a pixel (zeros after the third), an image at a time on every core: the host's
-/// part of each fresh batch, which one thread made a step's worth of time at 224x224.
-#[cfg(test)]
-fn nhwc_bytes(images: &[f32], (plane, channels): (usize, usize), dtype: DType) -> Result<Vec<u8>> {
-    let count = images.len() / (3 * plane).max(1);
-    let mut out = vec![0u8; count * plane * channels * dtype.size_bytes()];
-    nhwc_into(images, (plane, channels), dtype, &mut out)?;
-    Ok(out)
-}
-
-/// [`nhwc_bytes`] written into `out` (as many bytes as the images take).
-fn nhwc_into(
-    images: &[f32],
-    (plane, channels): (usize, usize),
-    dtype: DType,
-    out: &mut [u8],
-) -> Result<()> {
-    use rayon::prelude::*;
-    let per_image = plane * channels * dtype.size_bytes();
-    let count = images.len() / (3 * plane).max(1);
-    if out.len() != count * per_image {
-        return Err(Error::Failed(format!(
-            "{} bytes for {count} images of {per_image}",
-            out.len()
-        )));
-    }
-    out.par_chunks_mut(per_image.max(1))
-        .zip(images.par_chunks(3 * plane.max(1)))
-        .try_for_each(|(dst, img)| -> Result<()> {
-            let nhwc = channels_last(img, (1, 3, plane))?;
-            let wide = pad_rows(&nhwc, (plane, 3, channels))?;
-            dst.copy_from_slice(&encode_f32(&wide, dtype));
-            Ok(())
-        })
-}
-
-/// NCHW f32 images as the stem's blocked channel-last `dtype` bytes ([`stem`]), an image at a
-/// time on every core.
-fn blocks_into(images: &[f32], (h, w): (usize, usize), dtype: DType, out: &mut [u8]) -> Result<()> {
-    use rayon::prelude::*;
-    let (bh, bw) = stem::block_dims((h, w));
-    let per_image = bh * bw * stem::BLOCK_CHANNELS * dtype.size_bytes();
-    let count = images.len() / (3 * h * w).max(1);
-    if out.len() != count * per_image {
-        return Err(Error::Failed(format!(
-            "{} bytes for {count} blocked images of {per_image}",
-            out.len()
-        )));
-    }
-    out.par_chunks_mut(per_image.max(1))
-        .zip(images.par_chunks(3 * h * w))
-        .try_for_each(|(dst, img)| stem::image_into(img, (h, w), dtype, dst))
-}
 
 /// The 16-bit side of a bf16 / fp16 trainer.
 struct Half {
@@ -636,162 +582,6 @@ impl GpuResNet {
         self.step_uploaded()
     }
 
-    /// Copies a batch to the device for the next [`GpuResNet::step_uploaded`]s, after checking
-    /// its shape and labels (16-bit trainers take it channels-last in the storage type).
-    pub fn upload(&mut self, images: &Tensor<f32>, labels: &[u32]) -> Result<()> {
-        let (h, w) = self.image;
-        if images.shape != [self.batch, 3, h, w]
-            || images.data.len() != images.shape.iter().product::<usize>()
-        {
-            return Err(Error::Setting(format!(
-                "images of shape {:?}; this trainer takes {:?}",
-                images.shape,
-                [self.batch, 3, h, w]
-            )));
-        }
-        if labels.len() != self.batch {
-            return Err(Error::Setting(format!(
-                "{} labels for a batch of {}",
-                labels.len(),
-                self.batch
-            )));
-        }
-        if let Some(&bad) = labels.iter().find(|&&l| l as usize >= self.classes) {
-            return Err(Error::Setting(format!(
-                "label {bad} of {} classes",
-                self.classes
-            )));
-        }
-        let g = &self.gpu;
-        let _op = self.op_other("upload batch", "input", images.data.len(), "host + copy");
-        match self.input.layout {
-            Layout::Nchw => g.upload_into(self.images.view(), bytes_of(&images.data))?,
-            Layout::Nhwc => {
-                // the previous copy out of the staging memory has finished before it is rewritten
-                g.stream().synchronize()?;
-                let len = self.input.bytes();
-                let staging = match self.staging.take() {
-                    Some(p) if p.len() == len => p,
-                    _ => PinnedBytes::new(g, len, true)?,
-                };
-                let mut staging = staging;
-                if self.stem_mask.is_some() {
-                    blocks_into(&images.data, (h, w), self.dtype(), staging.as_mut_slice())?;
-                } else {
-                    nhwc_into(
-                        &images.data,
-                        (h * w, self.input.c),
-                        self.dtype(),
-                        staging.as_mut_slice(),
-                    )?;
-                }
-                copy_pinned_to(g.stream(), &staging, len, self.images.view())?;
-                self.staging = Some(staging);
-            }
-        }
-        g.upload_into(self.labels.view(), bytes_of(labels))?;
-        self.uploaded = true;
-        Ok(())
-    }
-
-    /// Steps replay one CUDA graph of the whole update from the second on (`on`), or launch
-    /// every kernel eagerly (the default).
-    pub fn use_graph(&mut self, on: bool) {
-        self.graph_on = on;
-        if !on {
-            self.graphs = [None, None, None];
-        }
-    }
-
-    /// Updates sum the gradients of `k` micro-batches (each loss over `k`), as PyTorch's
-    /// accumulation: an f32 accumulator of every parameter when `k > 1`.
-    pub fn set_accumulate(&mut self, k: usize) -> Result<()> {
-        if k == 0 {
-            return Err(Error::Setting("--accumulate 0: must be at least 1".into()));
-        }
-        self.acc = match k {
-            1 => None,
-            _ => Some(self.gpu.alloc(self.params_layout.total * 4)?),
-        };
-        self.accumulate = k;
-        self.graphs = [None, None, None];
-        Ok(())
-    }
-
-    /// How the steps ran: "CUDA graph", "eager", or why a capture failed.
-    pub fn step_launch(&self) -> String {
-        match (
-            self.graphs.iter().any(Option::is_some),
-            &self.graph_failed,
-            self.graph_on,
-        ) {
-            (true, _, _) => "CUDA graph (from the second update)".into(),
-            (false, Some(why), _) => format!("eager (the graph's capture failed: {why})"),
-            _ => "eager".into(),
-        }
-    }
-
-    /// One update on the batch last uploaded (see [`GpuResNet::train_step`]; a trainer of one
-    /// micro-batch an update).
-    pub fn step_uploaded(&mut self) -> Result<(f64, usize)> {
-        if self.accumulate != 1 {
-            return Err(Error::Failed(format!(
-                "a whole update of a trainer of {} micro-batches an update",
-                self.accumulate
-            )));
-        }
-        self.step_on_device(false, (0, 1))
-    }
-
-    /// A micro-batch's work enqueued ([`GpuResNet::micro`]): replayed from its kind's graph
-    /// when graphs are on and `eager` is not asked, else launched op by op. The first of each
-    /// kind runs op by op (libraries initialise lazily), then it is captured once, its cost
-    /// that micro-batch's, so that every later one is a replay.
-    fn enqueue_step(&mut self, eager: bool, (i, k): (usize, usize)) -> Result<()> {
-        let kind = match (i, k) {
-            (0, _) => 0,
-            _ if i + 1 >= k => 2,
-            _ => 1,
-        };
-        let wanted = self.graph_on && !eager;
-        if let (Some(graph), true) = (&self.graphs[kind], wanted) {
-            return Ok(graph.launch()?);
-        }
-        self.micro((i, k))?;
-        if wanted && self.graphs[kind].is_none() && self.graph_failed.is_none() {
-            // the capture waits for the work just enqueued, then records without running
-            let this = &*self;
-            match self.gpu.capture(|| this.micro((i, k))) {
-                Ok(graph) => self.graphs[kind] = Some(graph),
-                Err(e) => self.graph_failed = Some(e.to_string()),
-            }
-        }
-        Ok(())
-    }
-
-    fn step_on_device(&mut self, eager: bool, micro: (usize, usize)) -> Result<(f64, usize)> {
-        if !self.uploaded {
-            return Err(Error::Failed("a step before any batch was uploaded".into()));
-        }
-        let g = self.gpu.clone();
-        self.enqueue_step(eager, micro)?;
-        self.batches_tracked += 1;
-        let op = self.op_other("read the loss", "loss", 3, "copy");
-        let loss = g.download_from(self.loss.view(), 8)?;
-        let correct = g.download_from(self.correct.view(), 4)?;
-        drop(op);
-        let loss = f64::from_ne_bytes(
-            loss.try_into()
-                .map_err(|_| Error::Failed("the loss is not 8 bytes".into()))?,
-        );
-        let correct = u32::from_ne_bytes(
-            correct
-                .try_into()
-                .map_err(|_| Error::Failed("the count is not 4 bytes".into()))?,
-        );
-        Ok((loss, correct as usize))
-    }
-
     /// What this trainer allocated, part by part (bytes): for reports beside the pool's peak.
     pub fn memory_parts(&self) -> Vec<(String, u64)> {
         let len = |b: &DeviceBuffer| b.len() as u64;
@@ -938,18 +728,6 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("tf32"), "{e}");
-    }
-
-    /// The flat parameter layout follows the CPU model's parameter order, so tensor i of the
-    /// GPU buffer is `params[i]` by name.
-    #[test]
-    fn images_become_padded_channel_last_bytes_image_by_image() {
-        let (n, plane) = (3, 5);
-        let images: Vec<f32> = (0..n * 3 * plane).map(|v| v as f32 * 0.5 - 7.0).collect();
-        let got = nhwc_bytes(&images, (plane, 8), DType::Bf16).unwrap();
-        let nhwc = channels_last(&images, (n, 3, plane)).unwrap();
-        let want = encode_f32(&pad_rows(&nhwc, (n * plane, 3, 8)).unwrap(), DType::Bf16);
-        assert_eq!(got, want);
     }
 
     /// Channel-last, only the stem's filter changes length: padded to 8 channels, or 4x4 taps

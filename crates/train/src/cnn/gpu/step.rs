@@ -433,3 +433,109 @@ impl GpuResNet {
         Ok(())
     }
 }
+
+/// How updates are launched: op by op, or replayed from captured graphs, one micro-batch at a
+/// time.
+impl GpuResNet {
+    /// Steps replay one CUDA graph of the whole update from the second on (`on`), or launch
+    /// every kernel eagerly (the default).
+    pub fn use_graph(&mut self, on: bool) {
+        self.graph_on = on;
+        if !on {
+            self.graphs = [None, None, None];
+        }
+    }
+
+    /// Updates sum the gradients of `k` micro-batches (each loss over `k`), as PyTorch's
+    /// accumulation: an f32 accumulator of every parameter when `k > 1`.
+    pub fn set_accumulate(&mut self, k: usize) -> Result<()> {
+        if k == 0 {
+            return Err(Error::Setting("--accumulate 0: must be at least 1".into()));
+        }
+        self.acc = match k {
+            1 => None,
+            _ => Some(self.gpu.alloc(self.params_layout.total * 4)?),
+        };
+        self.accumulate = k;
+        self.graphs = [None, None, None];
+        Ok(())
+    }
+
+    /// How the steps ran: "CUDA graph", "eager", or why a capture failed.
+    pub fn step_launch(&self) -> String {
+        match (
+            self.graphs.iter().any(Option::is_some),
+            &self.graph_failed,
+            self.graph_on,
+        ) {
+            (true, _, _) => "CUDA graph (from the second update)".into(),
+            (false, Some(why), _) => format!("eager (the graph's capture failed: {why})"),
+            _ => "eager".into(),
+        }
+    }
+
+    /// One update on the batch last uploaded (see [`GpuResNet::train_step`]; a trainer of one
+    /// micro-batch an update).
+    pub fn step_uploaded(&mut self) -> Result<(f64, usize)> {
+        if self.accumulate != 1 {
+            return Err(Error::Failed(format!(
+                "a whole update of a trainer of {} micro-batches an update",
+                self.accumulate
+            )));
+        }
+        self.step_on_device(false, (0, 1))
+    }
+
+    /// A micro-batch's work enqueued ([`GpuResNet::micro`]): replayed from its kind's graph
+    /// when graphs are on and `eager` is not asked, else launched op by op. The first of each
+    /// kind runs op by op (libraries initialise lazily), then it is captured once, its cost
+    /// that micro-batch's, so that every later one is a replay.
+    fn enqueue_step(&mut self, eager: bool, (i, k): (usize, usize)) -> Result<()> {
+        let kind = match (i, k) {
+            (0, _) => 0,
+            _ if i + 1 >= k => 2,
+            _ => 1,
+        };
+        let wanted = self.graph_on && !eager;
+        if let (Some(graph), true) = (&self.graphs[kind], wanted) {
+            return Ok(graph.launch()?);
+        }
+        self.micro((i, k))?;
+        if wanted && self.graphs[kind].is_none() && self.graph_failed.is_none() {
+            // the capture waits for the work just enqueued, then records without running
+            let this = &*self;
+            match self.gpu.capture(|| this.micro((i, k))) {
+                Ok(graph) => self.graphs[kind] = Some(graph),
+                Err(e) => self.graph_failed = Some(e.to_string()),
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn step_on_device(
+        &mut self,
+        eager: bool,
+        micro: (usize, usize),
+    ) -> Result<(f64, usize)> {
+        if !self.uploaded {
+            return Err(Error::Failed("a step before any batch was uploaded".into()));
+        }
+        let g = self.gpu.clone();
+        self.enqueue_step(eager, micro)?;
+        self.batches_tracked += 1;
+        let op = self.op_other("read the loss", "loss", 3, "copy");
+        let loss = g.download_from(self.loss.view(), 8)?;
+        let correct = g.download_from(self.correct.view(), 4)?;
+        drop(op);
+        let loss = f64::from_ne_bytes(
+            loss.try_into()
+                .map_err(|_| Error::Failed("the loss is not 8 bytes".into()))?,
+        );
+        let correct = u32::from_ne_bytes(
+            correct
+                .try_into()
+                .map_err(|_| Error::Failed("the count is not 4 bytes".into()))?,
+        );
+        Ok((loss, correct as usize))
+    }
+}
