@@ -19,6 +19,8 @@ use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::{Error, Gpu, Result, Stream, View};
 use gpukit_types::DType;
 
+pub use super::state::{StepState, STATE_BYTES};
+
 const SOURCE: &str = r#"
 // The step state: floats then ints (see trainkit.rs).
 struct State {
@@ -331,9 +333,6 @@ extern "C" __global__ void advance(State* st, int scaled, double lr, double beta
 }
 "#;
 
-/// Bytes of the device-side step state.
-pub const STATE_BYTES: usize = 32;
-
 /// The module's name in the kernel cache.
 const STEM: &str = "train-kernels";
 
@@ -376,60 +375,6 @@ pub fn kernel_source() -> KernelSource {
     }
 }
 
-/// The step state as the host sees it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StepState {
-    pub scale: f32,
-    pub step_size: f32,
-    pub bc2_sqrt: f32,
-    pub found_inf: bool,
-    pub step: u32,
-    pub growth: u32,
-    pub skipped: u32,
-}
-
-impl StepState {
-    pub fn to_bytes(&self) -> [u8; STATE_BYTES] {
-        let mut b = [0u8; STATE_BYTES];
-        for (i, f) in [self.scale, self.step_size, self.bc2_sqrt, 0.0]
-            .iter()
-            .enumerate()
-        {
-            b[i * 4..i * 4 + 4].copy_from_slice(&f.to_ne_bytes());
-        }
-        for (i, v) in [
-            u32::from(self.found_inf),
-            self.step,
-            self.growth,
-            self.skipped,
-        ]
-        .iter()
-        .enumerate()
-        {
-            b[16 + i * 4..20 + i * 4].copy_from_slice(&v.to_ne_bytes());
-        }
-        b
-    }
-
-    pub fn from_bytes(b: &[u8]) -> Result<StepState> {
-        if b.len() < STATE_BYTES {
-            return Err(Error::Invalid("step state: too few bytes".into()));
-        }
-        let word = |i: usize| [b[i * 4], b[i * 4 + 1], b[i * 4 + 2], b[i * 4 + 3]];
-        let f = |i: usize| f32::from_ne_bytes(word(i));
-        let u = |i: usize| u32::from_ne_bytes(word(i));
-        Ok(StepState {
-            scale: f(0),
-            step_size: f(1),
-            bc2_sqrt: f(2),
-            found_inf: u(4) != 0,
-            step: u(5),
-            growth: u(6),
-            skipped: u(7),
-        })
-    }
-}
-
 /// Adam's or AdamW's constants for [`TrainKernels::adam`].
 #[derive(Debug, Clone, Copy)]
 pub struct AdamArgs {
@@ -459,6 +404,30 @@ pub struct TrainKernels {
 }
 
 /// One block of 1024 threads: the losses reduce in one block (reproducible sums).
+/// The cross-entropy kernels' arguments checked: the smoothing in [0, 1), every buffer large
+/// enough for `rows x width` logits of `dtype`.
+fn check_cross_entropy(
+    (out, classes, grad): (View<'_>, View<'_>, Option<View<'_>>),
+    dtype: DType,
+    (rows, width): (usize, usize),
+    smoothing: f32,
+    (loss, correct): (View<'_>, View<'_>),
+) -> Result<()> {
+    if !(0.0..1.0).contains(&smoothing) {
+        return Err(Error::Invalid(format!(
+            "label smoothing {smoothing}: must be in [0, 1)"
+        )));
+    }
+    let bytes = rows * width * dtype.size_bytes();
+    out.require(bytes, "cross_entropy out")?;
+    classes.require(rows * 4, "cross_entropy classes")?;
+    if let Some(g) = grad {
+        g.require(bytes, "cross_entropy grad")?;
+    }
+    loss.require(8, "cross_entropy loss")?;
+    correct.require(4, "cross_entropy correct")
+}
+
 /// Threads of a `cross_entropy_row` block (CE_THREADS in the source).
 const CE_THREADS: u32 = 256;
 
@@ -591,19 +560,13 @@ impl TrainKernels {
         loss: View<'_>,
         correct: View<'_>,
     ) -> Result<()> {
-        if !(0.0..1.0).contains(&smoothing) {
-            return Err(Error::Invalid(format!(
-                "label smoothing {smoothing}: must be in [0, 1)"
-            )));
-        }
-        let bytes = rows * width * dtype.size_bytes();
-        out.require(bytes, "cross_entropy out")?;
-        classes.require(rows * 4, "cross_entropy classes")?;
-        if let Some(g) = grad {
-            g.require(bytes, "cross_entropy grad")?;
-        }
-        loss.require(8, "cross_entropy loss")?;
-        correct.require(4, "cross_entropy correct")?;
+        check_cross_entropy(
+            (out, classes, grad),
+            dtype,
+            (rows, width),
+            smoothing,
+            (loss, correct),
+        )?;
         let args = [
             Arg::Ptr(out),
             Arg::Ptr(classes),
@@ -633,20 +596,14 @@ impl TrainKernels {
         part: View<'_>,
         (loss, correct): (View<'_>, View<'_>),
     ) -> Result<()> {
-        if !(0.0..1.0).contains(&smoothing) {
-            return Err(Error::Invalid(format!(
-                "label smoothing {smoothing}: must be in [0, 1)"
-            )));
-        }
-        let bytes = rows * width * dtype.size_bytes();
-        out.require(bytes, "cross_entropy out")?;
-        classes.require(rows * 4, "cross_entropy classes")?;
-        if let Some(g) = grad {
-            g.require(bytes, "cross_entropy grad")?;
-        }
+        check_cross_entropy(
+            (out, classes, grad),
+            dtype,
+            (rows, width),
+            smoothing,
+            (loss, correct),
+        )?;
         part.require(rows * 16, "cross_entropy part")?;
-        loss.require(8, "cross_entropy loss")?;
-        correct.require(4, "cross_entropy correct")?;
         let blocks = u32::try_from(rows)
             .map_err(|_| Error::Invalid(format!("{rows} rows: too many for one launch")))?;
         let args = [

@@ -21,6 +21,7 @@ pub mod feed;
 pub mod kernels;
 pub mod parallel;
 mod plan;
+pub mod state;
 mod step;
 
 use crate::data::{Dataset, Targets};
