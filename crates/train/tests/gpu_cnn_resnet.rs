@@ -1,8 +1,9 @@
 //! A whole ResNet-18 trained on the GPU against the CPU engines (`gpukit_train::cnn`) from the
 //! same initial weights and batches, on fresh seeds every run (printed): fp32 SGD and AdamW, each
 //! update's loss against float64 at the GPU's own weights and the first move against float64's;
-//! bf16 and fp16 against the fp32 GPU path at the same weights; fp16's overflow skip; and a
-//! diagnostic of the first move's conditioning (run with `--ignored`). The parts are
+//! bf16 and fp16 against the fp32 GPU path at the same weights; fp16's overflow skip; updates
+//! replayed from CUDA graphs against eager twins; gradient accumulation against the CPU engine
+//! and replayed; and a diagnostic of the first move's conditioning (run with `--ignored`). The parts are
 //! `gpu_cnn.rs`. Ignored, with the reason, without a GPU; GPUKIT_REQUIRE_GPU=1 makes a missing
 //! GPU a failure.
 

@@ -93,11 +93,7 @@ pub struct Handover<'a> {
 
 /// Runs PyTorch's side on the handed-over run and compares it with gpukit's losses.
 pub fn compare(h: &Handover<'_>, gpukit_losses: &[f64]) -> Result<CnnPeer> {
-    let dir = tempfile::tempdir().map_err(|source| Error::Io {
-        what: "a temporary directory",
-        path: std::env::temp_dir(),
-        source,
-    })?;
+    let dir = super::peer::handover_dir()?;
     let file = |name: &str| dir.path().join(name);
     gpukit_train::export::save_resnet(&file("init.safetensors"), h.initial)?;
     gpukit_train::export::save_images(&file("data.safetensors"), h.images)?;

@@ -131,11 +131,7 @@ pub(super) fn compare(
     precision: Precision,
     gpukit_skipped: u64,
 ) -> Result<TrainPeer> {
-    let dir = tempfile::tempdir().map_err(|source| Error::Io {
-        what: "a temporary directory",
-        path: std::env::temp_dir(),
-        source,
-    })?;
+    let dir = handover_dir()?;
     let file = |name: &str| dir.path().join(name);
     train.save(&file("data.safetensors"))?;
     gpukit_train::export::save_weights(&file("init.safetensors"), initial)?;
@@ -227,6 +223,15 @@ pub(super) fn compare(
         skipped_updates: row["skipped_steps"]
             .as_u64()
             .map(|theirs| (theirs, gpukit_skipped)),
+    })
+}
+
+/// A temporary directory for the files a run hands PyTorch (removed when dropped).
+pub(super) fn handover_dir() -> Result<tempfile::TempDir> {
+    tempfile::tempdir().map_err(|source| Error::Io {
+        what: "a temporary directory",
+        path: std::env::temp_dir(),
+        source,
     })
 }
 

@@ -444,7 +444,8 @@ impl CnnKernels {
         self.typed("subsample_nhwc", dtype, grid_for(total), &args)
     }
 
-    /// Whether [`CnnKernels::subsample_nhwc`] takes maps of `c` channels and `values` values.
+    /// Whether [`CnnKernels::subsample_nhwc`] takes maps of `c` channels and `values` values:
+    /// whole 16-byte channel vectors, 32-bit indices (the pool kernels' condition too).
     pub fn subsample_runs(dtype: DType, c: usize, values: usize) -> bool {
         let v = 16 / dtype.size_bytes();
         c.is_multiple_of(v) && values / v < u32::MAX as usize
@@ -454,8 +455,7 @@ impl CnnKernels {
     /// a window of `window` x `window`: whole 16-byte channel vectors, 32-bit indices, window
     /// positions in a byte.
     pub fn max_pool_runs(dtype: DType, c: usize, values: usize, window: usize) -> bool {
-        let v = 16 / dtype.size_bytes();
-        c.is_multiple_of(v) && values / v < u32::MAX as usize && window * window <= 256
+        Self::subsample_runs(dtype, c, values) && window * window <= 256
     }
 
     /// [`CnnKernels::avg_pool`] of channels-last maps: `planes` = images x `channels`.

@@ -437,8 +437,9 @@ impl GpuResNet {
 /// How updates are launched: op by op, or replayed from captured graphs, one micro-batch at a
 /// time.
 impl GpuResNet {
-    /// Steps replay one CUDA graph of the whole update from the second on (`on`), or launch
-    /// every kernel eagerly (the default).
+    /// Updates replay captured CUDA graphs from the second on (`on`; one graph an update, or one
+    /// a kind of micro-batch with accumulation), or launch every kernel eagerly (a new
+    /// trainer's default; `train --model` turns graphs on).
     pub fn use_graph(&mut self, on: bool) {
         self.graph_on = on;
         if !on {
