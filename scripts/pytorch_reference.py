@@ -94,6 +94,9 @@ Usage:
   timed by CUDA events. Rows: {"mode", "status", "reason" (failed only), "model", "batch",
   "image_size", "precision", "first_step_s", "step_ms" {median_ms, p10_ms, p90_ms, count},
   "images_per_s", "peak_allocated_bytes", "losses" (the first --loss-steps updates')}.
+  --checkpoint runs each residual block under torch.utils.checkpoint (use_reentrant=False), as
+  a PyTorch user trades compute for memory (its recomputation moves the batch-norm running
+  statistics a second time; the training losses are not affected).
 
   infer times a torchvision image classifier: --model is one of TORCHVISION_CLASSIFIERS
   (default resnet50).  Its weights: --weights, a safetensors state_dict (float32;
@@ -321,6 +324,19 @@ def byte_size(text):
     return value
 
 
+def add_cnn_recipe(p):
+    """train-cnn's and ddp-cnn's training recipe: precision, optimizer, loss and checkpointing."""
+    p.add_argument("--precision", type=choice_of("fp32", "tf32", "bf16", "fp16"), default="bf16")
+    p.add_argument("--optimizer", type=choice_of("sgd", "adamw"), default="sgd")
+    p.add_argument("--lr", type=positive_float, default=0.1)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--nesterov", action="store_true")
+    p.add_argument("--weight-decay", type=float, default=5e-5)
+    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--checkpoint", action="store_true",
+                   help="activation checkpointing: each residual block under torch.utils.checkpoint")
+
+
 def build_parser():
     parser = JsonArgumentParser(prog="pytorch_reference.py", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -382,13 +398,7 @@ def build_parser():
     r.add_argument("--warmup", type=non_negative_int, default=5)
     r.add_argument("--loss-steps", type=non_negative_int, default=20,
                    help="updates whose losses are reported (the first ones, from --init)")
-    r.add_argument("--precision", type=choice_of("fp32", "tf32", "bf16", "fp16"), default="bf16")
-    r.add_argument("--optimizer", type=choice_of("sgd", "adamw"), default="sgd")
-    r.add_argument("--lr", type=positive_float, default=0.1)
-    r.add_argument("--momentum", type=float, default=0.9)
-    r.add_argument("--nesterov", action="store_true")
-    r.add_argument("--weight-decay", type=float, default=5e-5)
-    r.add_argument("--label-smoothing", type=float, default=0.0)
+    add_cnn_recipe(r)
     r.add_argument("--seed", type=non_negative_int, default=0)
     r.add_argument("--init", default=None, help="a torchvision state dict as .safetensors")
     r.add_argument("--data", default=None,
@@ -444,6 +454,22 @@ def build_parser():
     d.add_argument("--timeout-s", type=positive_int, default=120,
                    help="process group timeout; ranks that make no progress this long are stopped")
     d.add_argument("--backend", type=choice_of("nccl", "gloo"), default="nccl", help=argparse.SUPPRESS)
+    e = sub.add_parser("ddp-cnn", help="DistributedDataParallel scaling of torchvision's ResNet training")
+    e.add_argument("--model", type=choice_of(*CNN_TRAIN_MODELS), default="resnet50")
+    e.add_argument("--classes", type=positive_int, default=1000)
+    e.add_argument("--image-size", type=positive_int, default=224)
+    e.add_argument("--nproc", type=positive_int, default=None, help="ranks, one GPU each (default: all GPUs)")
+    e.add_argument("--batch-per-gpu", type=positive_int, default=256)
+    add_cnn_recipe(e)
+    e.add_argument("--modes", type=csv_of(choice_of("ddp", "ddp_compile")), default=["ddp", "ddp_compile"],
+                   help="ddp: eager DDP; ddp_compile: torch.compile of the DDP model (its optimizer "
+                        "splits the graph at the buckets)")
+    e.add_argument("--steps", type=positive_int, default=30)
+    e.add_argument("--warmup", type=non_negative_int, default=5)
+    e.add_argument("--bucket-mb", type=positive_float, default=25.0, help="DDP's bucket_cap_mb")
+    e.add_argument("--timeout-s", type=positive_int, default=300,
+                   help="process group timeout; ranks that make no progress this long are stopped")
+    e.add_argument("--backend", type=choice_of("nccl", "gloo"), default="nccl", help=argparse.SUPPRESS)
     return parser
 
 
@@ -1492,6 +1518,26 @@ def bench_train(torch, args):
         {"precision": precision, "resident": resident}
 
 
+def checkpoint_blocks(torch, model):
+    """Each residual block of a torchvision ResNet run under torch.utils.checkpoint: its maps
+    dropped after the forward and recomputed in the backward (the parameters and their order
+    are unchanged)."""
+    import torch.utils.checkpoint as ckpt
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self, block):
+            super().__init__()
+            self.block = block
+
+        def forward(self, x):
+            return ckpt.checkpoint(self.block, x, use_reentrant=False)
+
+    for name in ("layer1", "layer2", "layer3", "layer4"):
+        layer = getattr(model, name)
+        for i in range(len(layer)):
+            layer[i] = Checkpointed(layer[i])
+
+
 def bench_train_cnn(torch, args):
     """torchvision's ResNet trained as a careful PyTorch user trains it: data resident on the GPU,
     cudnn.benchmark, channels_last for 16-bit autocast (GradScaler for fp16), SGD (momentum,
@@ -1559,6 +1605,8 @@ def bench_train_cnn(torch, args):
         model.load_state_dict(init)
         if wide:
             model = model.double()
+        if args.checkpoint:
+            checkpoint_blocks(torch, model)
         model.train()
         fused = mode in ("compile_fused", "compile_graphs")
         how = {"fused": True} if fused else {"foreach": True}
@@ -2187,17 +2235,63 @@ def ddp_measure(torch, opts, rank, device, dist):
     return time_cpu(lambda _i: step(), opts["steps"], opts["warmup"])
 
 
+def ddp_cnn_measure(torch, opts, rank, device, dist):
+    """Update times (ms) of torchvision's ResNet as train-cnn trains it (cudnn.benchmark,
+    channels_last autocast for 16-bit, GradScaler for fp16, SGD or AdamW with foreach updates)
+    on random images resident on `device` (each rank its own): DDP-wrapped when dist is given,
+    torch.compile'd in mode ddp_compile."""
+    import torchvision
+    c, batch = opts["cnn"], opts["batch"]
+    torch.backends.cudnn.benchmark = True
+    set_tf32(torch, matmul=c["precision"] == "tf32", cudnn=c["precision"] == "tf32")
+    half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(c["precision"])
+    fmt = torch.channels_last if half is not None else torch.contiguous_format
+    torch.manual_seed(0)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    model = torchvision.models.__dict__[c["model"]](num_classes=c["classes"])
+    model = model.to(device).to(memory_format=fmt)
+    if c["checkpoint"]:
+        checkpoint_blocks(torch, model)
+    model.train()
+    if dist is not None:
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index], bucket_cap_mb=opts["bucket_mb"], gradient_as_bucket_view=True)
+    if c["optimizer"] == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=c["lr"], momentum=c["momentum"], nesterov=c["nesterov"],
+                              weight_decay=c["weight_decay"], foreach=True)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], weight_decay=c["weight_decay"], foreach=True)
+    run = torch.compile(model) if opts["mode"].endswith("compile") else model
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=c["label_smoothing"])
+    scaler = torch.amp.GradScaler("cuda", enabled=c["precision"] == "fp16")
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1 + rank)  # each rank its own batch
+    size = c["image_size"]
+    x = torch.randn(batch, 3, size, size, device=device, generator=gen).contiguous(memory_format=fmt)
+    y = torch.randint(0, c["classes"], (batch,), device=device, generator=gen)
+
+    def step():
+        with torch.autocast("cuda", dtype=half or torch.float32, enabled=half is not None):
+            loss = loss_fn(run(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+    return time_cuda_chained(torch, step, opts["steps"], opts["warmup"])
+
+
 def _ddp_worker(rank, world, port, opts, workdir):
     import torch
     dist = None
     try:
         device = rank_device(torch, opts["backend"], rank)
-        if opts["mode"] == "ddp":
+        if opts["mode"].startswith("ddp"):
             import torch.distributed as dist
             init_group(dist, opts["backend"], rank, world, port, opts["timeout_s"],
                        device if device.type == "cuda" else None)
         heartbeat(workdir)
-        summary = summarize(ddp_measure(torch, opts, rank, device, dist))
+        measure = ddp_cnn_measure if "cnn" in opts else ddp_measure
+        summary = summarize(measure(torch, opts, rank, device, dist))
         heartbeat(workdir)
         summaries = [summary]
         if dist is not None:  # every rank's summary, as a tensor (all_gather_object needs numpy)
@@ -2256,6 +2350,48 @@ def bench_ddp(torch, args):
             "scaling_efficiency": efficiency}
 
 
+def bench_ddp_cnn(torch, args):
+    """For each of --modes: one GPU alone, then --nproc ranks under DDP, each --batch-per-gpu
+    images; the DDP update is the slowest rank's; scaling efficiency = DDP images/s / (N x one
+    GPU's)."""
+    world = check_distributed(torch, args.backend, args.nproc, "ddp-cnn")
+    batch = args.batch_per_gpu
+    cnn = {"model": args.model, "classes": args.classes, "image_size": args.image_size,
+           "precision": args.precision, "optimizer": args.optimizer, "lr": args.lr,
+           "momentum": args.momentum, "nesterov": args.nesterov, "weight_decay": args.weight_decay,
+           "label_smoothing": args.label_smoothing, "checkpoint": args.checkpoint}
+    opts = {"cnn": cnn, "batch": batch, "steps": args.steps, "warmup": args.warmup,
+            "bucket_mb": args.bucket_mb, "backend": args.backend, "timeout_s": args.timeout_s}
+    rows, version, device_name = [], torch.__version__, None
+    for mode in args.modes:
+        found = {}
+        try:
+            for how, ranks in (("single", 1), (mode, world)):
+                tag = "single" if how == "single" else "ddp"
+                log(f"ddp-cnn {mode}: {tag} ({ranks} rank(s), batch {batch} each, {args.precision})")
+                run_mode = mode.replace("ddp", "alone") if how == "single" else mode
+                with tempfile.TemporaryDirectory(prefix=f"pytorch_reference_{tag}_") as workdir:
+                    run_ranks(torch, _ddp_worker, ranks,
+                              (ranks, free_port(), {**opts, "mode": run_mode}, workdir), workdir,
+                              args.timeout_s, f"ddp-cnn {run_mode} ({args.backend}, {ranks} rank(s))")
+                    with open(os.path.join(workdir, "result.json")) as f:
+                        found[tag] = json.load(f)
+        except Exception as exc:  # one mode failing (a compiler missing, memory) is its row
+            rows.append({"mode": mode, "status": "failed", "reason": one_line(exc)})
+            continue
+        version, device_name = found["ddp"]["torch_version"], found["ddp"]["device_name"]
+        single = found["single"]["per_rank"][0]
+        slowest = max(found["ddp"]["per_rank"], key=lambda s: s["median_ms"])
+        single_ips = rate(batch, single["median_ms"], 1)
+        ddp_ips = rate(world * batch, slowest["median_ms"], 1)
+        rows.append({"mode": mode, "status": "ok", "single": {"step_ms": single, "images_per_s": single_ips},
+                     "ddp": {"step_ms": slowest, "images_per_s": ddp_ips},
+                     "scaling_efficiency": ddp_ips / (world * single_ips) if single_ips and ddp_ips else None})
+    return {"ok": True, "command": "ddp-cnn", "torch_version": version, "device_name": device_name,
+            "world_size": world, "batch_per_gpu": batch, "model": args.model, "precision": args.precision,
+            "results": rows}
+
+
 def cpu_name():
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -2273,6 +2409,8 @@ def run(torch, args):
         return bench_nccl(torch, args)
     if args.command == "ddp":
         return bench_ddp(torch, args)
+    if args.command == "ddp-cnn":
+        return bench_ddp_cnn(torch, args)
     device = getattr(args, "device", "cuda")
     cuda_ok = torch.cuda.is_available()
     if device == "cuda" and not cuda_ok:

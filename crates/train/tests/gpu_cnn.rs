@@ -320,6 +320,7 @@ fn bn_case(
         beta: bb.view(),
         running_mean: rmb.view(),
         running_var: rvb.view(),
+        move_running: true,
         saved_mean: smb.view(),
         saved_invstd: sib.view(),
     };
@@ -358,6 +359,31 @@ fn bn_case(
     let stat = |b: &DeviceBuffer| down(g, b, c, DType::F32);
     let (rm_got, rv_got, si_got) = (stat(&rmb)?, stat(&rvb)?, stat(&sib)?);
     let (dg_got, db_got) = (stat(&dgb)?, stat(&dbb)?);
+    // a recomputation (activation checkpointing) of the same forward into another output: the
+    // same maps and saved statistics, the running statistics left as the first forward put them
+    let y2b = g.alloc(maps.bytes())?;
+    let again = BnForward {
+        y: y2b.view(),
+        move_running: false,
+        ..fwd
+    };
+    dnn.bn_forward_training(&bn, &again, ws.view(), reserve.as_ref().map(|r| r.view()))?;
+    let same_bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    if !same_bits(&stat(&rmb)?, &rm_got) || !same_bits(&stat(&rvb)?, &rv_got) {
+        return Err("a forward that does not move the running statistics moved them".into());
+    }
+    let (y2, si2) = (get(&y2b)?, stat(&sib)?);
+    let (maps_tol, stat_tol, _) = bn_tolerances(dtype);
+    check(
+        "recomputed output against the first",
+        rel(&y2, &wide(&y)),
+        maps_tol,
+    )?;
+    check(
+        "recomputed inverse std",
+        rel(&si2, &wide(&si_got)),
+        stat_tol,
+    )?;
 
     // the reference
     let layer = BatchNorm2d::new(c);
@@ -400,15 +426,16 @@ fn bn_case(
 }
 
 /// Batch norm in training mode and its backward, bare and with the fused ReLU and add + ReLU:
-/// fp32 NCHW (SPATIAL) must run bare; each fused op must run in at least one of fp32 NCHW,
-/// f16 NHWC and bf16 NHWC (SPATIAL_PERSISTENT), and every configuration cuDNN runs must match.
+/// f32 NCHW and NHWC (SPATIAL) must run bare; each fused op must run in at least one of f32
+/// NCHW and NHWC (SPATIAL, and NHWC SPATIAL_PERSISTENT), f16 NHWC and bf16 NHWC
+/// (SPATIAL_PERSISTENT), and every configuration cuDNN runs must match.
 fn batch_norm_matches_the_cpu_layer() -> Result<(), Failed> {
     let (d, g) = gpu()?;
     let dnn = Dnn::new(d, &g)?;
     let seed = fresh_seed();
     println!("seed {seed}");
     let f32_maps = Maps::nchw_f32(4, 6, 5, 7);
-    let half = |dtype| Maps {
+    let nhwc = |dtype| Maps {
         c: 8,
         layout: Layout::Nhwc,
         dtype,
@@ -418,8 +445,10 @@ fn batch_norm_matches_the_cpu_layer() -> Result<(), Failed> {
         let mut ran = 0;
         for (maps, mode) in [
             (f32_maps, BnMode::Spatial),
-            (half(DType::F16), BnMode::SpatialPersistent),
-            (half(DType::Bf16), BnMode::SpatialPersistent),
+            (nhwc(DType::F32), BnMode::Spatial),
+            (nhwc(DType::F32), BnMode::SpatialPersistent),
+            (nhwc(DType::F16), BnMode::SpatialPersistent),
+            (nhwc(DType::Bf16), BnMode::SpatialPersistent),
         ] {
             println!(
                 "{ops:?} {:?} {} {mode:?} {}x{}x{}x{}:",
@@ -431,8 +460,13 @@ fn batch_norm_matches_the_cpu_layer() -> Result<(), Failed> {
                 maps.w
             );
             let r = bn_case(&dnn, &g, maps, ops, mode, seed)?;
-            if r.is_none() && ops == BnOps::Bn && maps.dtype == DType::F32 {
-                return Err("cuDNN did not run plain fp32 NCHW batch norm".into());
+            // fp32 (NCHW) and tf32 (NHWC) training run the bare SPATIAL norm
+            if r.is_none() && (ops, maps.dtype, mode) == (BnOps::Bn, DType::F32, BnMode::Spatial) {
+                return Err(format!(
+                    "cuDNN did not run plain f32 {} batch norm",
+                    maps.layout.name()
+                )
+                .into());
             }
             ran += usize::from(r.is_some());
         }

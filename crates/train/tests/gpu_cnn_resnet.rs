@@ -1,8 +1,9 @@
 //! A whole ResNet-18 trained on the GPU against the CPU engines (`gpukit_train::cnn`) from the
 //! same initial weights and batches, on fresh seeds every run (printed): fp32 SGD and AdamW, each
 //! update's loss against float64 at the GPU's own weights and the first move against float64's;
-//! bf16 and fp16 against the fp32 GPU path at the same weights; fp16's overflow skip; updates
-//! replayed from CUDA graphs against eager twins; gradient accumulation against the CPU engine
+//! bf16, fp16 and tf32 against the fp32 GPU path at the same weights; fp16's overflow skip; updates
+//! replayed from CUDA graphs against eager twins; checkpointed steps against twins that keep
+//! every map; gradient accumulation against the CPU engine
 //! and replayed; and a diagnostic of the first move's conditioning (run with `--ignored`). The parts are
 //! `gpu_cnn.rs`. Ignored, with the reason, without a GPU; GPUKIT_REQUIRE_GPU=1 makes a missing
 //! GPU a failure.
@@ -102,7 +103,7 @@ fn train_like_the_cpu(
         &init,
         batch,
         (size, size),
-        Precision::Fp32,
+        (Precision::Fp32, false),
         config,
         smoothing,
     )?;
@@ -306,7 +307,8 @@ const MIXED_LOSS_TOL: f64 = 0.02;
 /// weights and batch, and the first update (the same start) moving the parameters in fp32's
 /// direction (cosine above 0.5), the running statistics within 5% (bf16) / 1% (fp16). No update
 /// skipped (fp16 at a loss scale of 1024, which these gradients cannot overflow; its scale
-/// unchanged after 5 clean updates).
+/// unchanged after 5 clean updates). tf32's first loss must also differ from fp32's by more than
+/// strict f32's rounding: its convolutions and products ran on tensor cores.
 ///
 /// Two free-running trajectories are not compared: with batch norm over 8 images a rounding
 /// difference flips ReLUs within a few updates, and the fp32 GPU and CPU engines part from
@@ -325,7 +327,7 @@ fn trains_like_fp32(precision: Precision) -> Result<(), Failed> {
             from,
             batch,
             (size, size),
-            p,
+            (p, false),
             config,
             smoothing,
         )
@@ -353,6 +355,18 @@ fn trains_like_fp32(precision: Precision) -> Result<(), Failed> {
             s + 1,
             precision.name()
         );
+        // tf32 multiplies on tensor cores: its loss parts from strict f32's by its rounding
+        // (a plan that stayed strict would agree to about 1e-7)
+        if precision == Precision::Tf32
+            && s == 0
+            && e.partial_cmp(&1e-6) != Some(std::cmp::Ordering::Greater)
+        {
+            return Err(format!(
+                "tf32's first loss {l16} is {e:.1e} from strict fp32's {l32}: its convolutions \
+                 did not run on tensor cores"
+            )
+            .into());
+        }
         if e.partial_cmp(&MIXED_LOSS_TOL) != Some(std::cmp::Ordering::Less) {
             return Err(format!(
                 "update {}: {} loss {l16} against fp32 {l32} at the same weights ({e:.2e} \
@@ -411,6 +425,32 @@ fn trains_like_fp32(precision: Precision) -> Result<(), Failed> {
     Ok(())
 }
 
+/// After update `update` of two trainers from the same weights `here`: the move of `a` within
+/// `cos_tol` of `b`'s direction (1 - cosine) and their running statistics within `stats_tol`
+/// of a tensor's largest; `whose` names `b` in the messages.
+fn moved_alike(
+    (update, whose): (usize, &str),
+    (init, here): (&ResNet<f32>, &ResNet<f32>),
+    (a, b): (&GpuResNet, &GpuResNet),
+    (cos_tol, stats_tol): (f64, f64),
+) -> Result<(), Failed> {
+    let (mut ma, mut mb) = (init.clone(), init.clone());
+    a.store(&mut ma)?;
+    b.store(&mut mb)?;
+    let cosine = move_cosine(&named(&ma.params), &named(&mb.params), &named(&here.params));
+    check(
+        &format!("update {update}: 1 - the move's cosine with {whose}"),
+        1.0 - cosine,
+        cos_tol,
+    )?;
+    let (e, name) = worst(&named(&ma.buffers), &named(&mb.buffers), None);
+    check(
+        &format!("update {update}: running statistics (worst: {name})"),
+        e,
+        stats_tol,
+    )
+}
+
 /// The cosine between two models' moves from `from` (every parameter as one vector).
 fn move_cosine(
     a: &[(String, Vec<f32>)],
@@ -458,7 +498,7 @@ fn graph_replay_matches_eager_steps() -> Result<(), Failed> {
                 from,
                 batch,
                 (size, size),
-                precision,
+                (precision, false),
                 config,
                 smoothing,
             )
@@ -504,20 +544,11 @@ fn graph_replay_matches_eager_steps() -> Result<(), Failed> {
                 )
                 .into());
             }
-            let (mut a, mut b) = (init.clone(), init.clone());
-            replayed.store(&mut a)?;
-            twin.store(&mut b)?;
-            let cosine = move_cosine(&named(&a.params), &named(&b.params), &named(&here.params));
-            check(
-                &format!("update {}: 1 - the move's cosine with eager's", s + 1),
-                1.0 - cosine,
-                cos_tol,
-            )?;
-            let (e, name) = worst(&named(&a.buffers), &named(&b.buffers), None);
-            check(
-                &format!("update {}: running statistics (worst: {name})", s + 1),
-                e,
-                stats_tol,
+            moved_alike(
+                (s + 1, "eager's"),
+                (&init, &here),
+                (&replayed, &twin),
+                (cos_tol, stats_tol),
             )?;
         }
         if !replayed.step_launch().starts_with("CUDA graph") {
@@ -526,6 +557,95 @@ fn graph_replay_matches_eager_steps() -> Result<(), Failed> {
         let st = replayed.scaler()?;
         if st.step + st.skipped != steps as u32 {
             return Err(format!("after {steps} updates the step state is {st:?}").into());
+        }
+    }
+    Ok(())
+}
+
+/// Activation checkpointing recomputes what the kept maps held: ResNet-18 fp32 and ResNet-50
+/// bf16 (bottleneck blocks, cuDNN's fused 16-bit norms, the gathered strided shortcut) train 3
+/// fresh batches checkpointed, with graphs on (the recomputation captured and replayed); before
+/// each update a twin that keeps every map is built from the checkpointed net's weights,
+/// running statistics and optimizer state, its convolutions on the checkpointed net's
+/// algorithms (two timed plans may choose differently, and bf16 rounding through ResNet-50's
+/// norms over 1x1 maps of 8 images moved a first loss by 3.6%). Each update's loss within 1e-5
+/// (fp32) / 2e-2 (bf16) of the twin's, the move's cosine with the twin's above
+/// 1 - 1e-4 / 0.9, and the running statistics within 1e-4 / 5e-2 of a tensor's largest: a
+/// recomputation that moved them a second time is off by a tenth of the batch's statistics.
+/// The checkpointed arena is the smaller.
+fn checkpointed_steps_match_kept_maps() -> Result<(), Failed> {
+    let (d, g) = gpu()?;
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    let (batch, size, classes, smoothing, steps) = (8, 32, 10, 0.1, 3);
+    let config = nesterov_sgd();
+    for (depth, precision, loss_tol, cos_tol, stats_tol) in [
+        (Depth::ResNet18, Precision::Fp32, 1e-5, 1e-4, 1e-4),
+        (Depth::ResNet50, Precision::Bf16, 2e-2, 0.1, 5e-2),
+    ] {
+        let init = ResNet::<f32>::new(depth, classes, seed);
+        let make = |from: &ResNet<f32>, checkpoint| {
+            GpuResNet::new(
+                d,
+                g.clone(),
+                from,
+                batch,
+                (size, size),
+                (precision, checkpoint),
+                config,
+                smoothing,
+            )
+        };
+        let mut ckpt = make(&init, true)?;
+        ckpt.use_graph(true);
+        if !ckpt.checkpointed() {
+            return Err("a trainer asked to checkpoint keeps every map".into());
+        }
+        for (s, (images, labels)) in batches(steps, batch, size, classes, seed + 11)
+            .iter()
+            .enumerate()
+        {
+            let mut here = init.clone();
+            ckpt.store(&mut here)?;
+            let mut twin = make(&here, false)?;
+            twin.same_algorithms_as(&ckpt)?;
+            let mut opt = CnnOptimizer::new(config);
+            ckpt.store_optimizer(&mut opt)?;
+            twin.load_optimizer(&opt)?;
+            if s == 0 {
+                let arena = |n: &GpuResNet| n.memory_parts()[0].1;
+                println!(
+                    "  {} {}: maps arena {} MiB checkpointed, {} MiB kept",
+                    depth.name(),
+                    precision.name(),
+                    arena(&ckpt) >> 20,
+                    arena(&twin) >> 20
+                );
+                if arena(&ckpt) >= arena(&twin) {
+                    return Err("checkpointing did not shrink the maps' arena".into());
+                }
+            }
+            let (lk, ck) = twin.train_step(images, labels)?;
+            let (lc, cc) = ckpt.train_step(images, labels)?;
+            let e = rel_f64(lc, lk);
+            println!(
+                "  {} {} update {}: checkpointed {lc:.6}, kept {lk:.6} ({e:.2e}); right \
+                 {cc}/{ck}; {}",
+                depth.name(),
+                precision.name(),
+                s + 1,
+                ckpt.step_launch()
+            );
+            check(&format!("update {} loss", s + 1), e, loss_tol)?;
+            moved_alike(
+                (s + 1, "the kept maps'"),
+                (&init, &here),
+                (&ckpt, &twin),
+                (cos_tol, stats_tol),
+            )?;
+        }
+        if !ckpt.step_launch().starts_with("CUDA graph") {
+            return Err(format!("the checkpointed steps ran {}", ckpt.step_launch()).into());
         }
     }
     Ok(())
@@ -553,7 +673,7 @@ fn accumulated_updates_match_the_cpu_and_replay() -> Result<(), Failed> {
             from,
             batch,
             (size, size),
-            Precision::Fp32,
+            (Precision::Fp32, false),
             config,
             smoothing,
         )?;
@@ -627,6 +747,10 @@ fn resnet18_fp16_trains_like_fp32() -> Result<(), Failed> {
     trains_like_fp32(Precision::Fp16)
 }
 
+fn resnet18_tf32_trains_like_fp32() -> Result<(), Failed> {
+    trains_like_fp32(Precision::Tf32)
+}
+
 /// fp16 at a loss scale of 2^24: the loss's gradient itself overflows fp16, so the update is
 /// skipped (every parameter keeps its bits, the step count stays 0), the scale halves and the
 /// skip is counted; the forward still ran (the running statistics moved, as PyTorch's do). Then
@@ -644,7 +768,7 @@ fn fp16_skips_an_overflowing_update() -> Result<(), Failed> {
             &init,
             batch,
             (size, size),
-            Precision::Fp16,
+            (Precision::Fp16, false),
             nesterov_sgd(),
             smoothing,
         )
@@ -699,7 +823,7 @@ fn first_move_conditioning() -> Result<(), Failed> {
                 &init,
                 batch,
                 (size, size),
-                Precision::Fp32,
+                (Precision::Fp32, false),
                 config,
                 smoothing,
             )?;
@@ -796,12 +920,20 @@ fn main() {
                 resnet18_fp16_trains_like_fp32,
             ),
             (
+                "gpu_cnn_resnet::resnet18_tf32_trains_like_fp32",
+                resnet18_tf32_trains_like_fp32,
+            ),
+            (
                 "gpu_cnn_resnet::fp16_skips_an_overflowing_update",
                 fp16_skips_an_overflowing_update,
             ),
             (
                 "gpu_cnn_resnet::graph_replay_matches_eager_steps",
                 graph_replay_matches_eager_steps,
+            ),
+            (
+                "gpu_cnn_resnet::checkpointed_steps_match_kept_maps",
+                checkpointed_steps_match_kept_maps,
             ),
             (
                 "gpu_cnn_resnet::accumulated_updates_match_the_cpu_and_replay",

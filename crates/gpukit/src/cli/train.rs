@@ -148,21 +148,25 @@ pub struct TrainArgs {
     pub compare_pytorch: bool,
 
     /// Keep only some layer outputs in the forward pass and recompute the rest in backward
-    /// (less activation memory for one more forward pass).
+    /// (less activation memory for one more forward pass); with --model on a GPU, each
+    /// residual block keeps only its output.
     #[arg(long)]
     pub checkpoint_activations: bool,
 
     /// Train data-parallel on this many GPUs of this machine (cuda:0..N-1, a thread each):
     /// each takes --batch-size rows of every combined batch and the gradients are averaged
-    /// through NCCL. Under torchrun, srun, mpirun or `gpukit launch`, every process is one
-    /// rank on its LOCAL_RANK's GPU and --gpus is left out.
+    /// through NCCL (with --model: while backward goes on, beside the ranks training alone).
+    /// Under torchrun, srun, mpirun or `gpukit launch`, every process is one rank on its
+    /// LOCAL_RANK's GPU and --gpus is left out (the MLP loop only).
     #[arg(long, value_parser = parse_count, value_name = "N")]
     pub gpus: Option<usize>,
 
     /// Data-parallel: gradients are averaged in buckets of about this many MiB, each as soon as
-    /// backward has finished its layers (PyTorch DDP's bucket_cap_mb).
-    #[arg(long, default_value = "25", value_parser = parse_real, value_name = "MIB")]
-    pub bucket_mb: f64,
+    /// backward has finished its layers (PyTorch DDP's bucket_cap_mb) [default: 25; with
+    /// --model all of them in one bucket after backward, which timed faster on NVLink than
+    /// averaging during backward]
+    #[arg(long, value_parser = parse_real, value_name = "MIB")]
+    pub bucket_mb: Option<f64>,
 
     /// Data-parallel: compute the first layer's weight gradient (backward's last product) in
     /// this many pieces, each averaged as soon as it is done (0: four where that layer's

@@ -105,7 +105,7 @@ pub(super) fn train_request(
         compare_pytorch: a.compare_pytorch,
         checkpoint_activations: a.checkpoint_activations,
         parallel,
-        bucket_mb: Some(a.bucket_mb),
+        bucket_mb: a.bucket_mb,
         grad_pieces: a.grad_pieces,
         grad_comm: a.grad_comm,
         timeout: Some(std::time::Duration::from_secs(a.timeout as u64)),
@@ -159,16 +159,14 @@ pub(super) fn cnn_request(
         ("--no-shuffle", a.no_shuffle),
         ("--save", a.save.is_some()),
         ("--resume", a.resume.is_some()),
-        ("--checkpoint-activations", a.checkpoint_activations),
-        ("--gpus", a.gpus.is_some()),
         ("--grad-pieces", a.grad_pieces.is_some()),
         ("--grad-comm", a.grad_comm.is_some()),
         ("--loader", a.loader.is_some()),
     ];
     if let Some((flag, _)) = mlp_only.iter().find(|(_, given)| *given) {
         return Err(Error::BadInput(format!(
-            "{flag}: is not available with --model yet (the convolutional networks train on \
-             one device, from the start)"
+            "{flag}: is not available with --model yet (convolutional networks train from \
+             the start, on one GPU or data-parallel with --gpus)"
         ))
         .into());
     }
@@ -196,6 +194,9 @@ pub(super) fn cnn_request(
         profile: None,
         compare_pytorch: a.compare_pytorch,
         accumulate: a.accumulate,
+        checkpoint_activations: a.checkpoint_activations,
+        gpus: a.gpus,
+        bucket_mb: a.bucket_mb,
         graph: match (a.graph, a.no_graph) {
             (true, _) => Some(true),
             (_, true) => Some(false),

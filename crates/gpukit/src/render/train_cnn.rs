@@ -2,6 +2,7 @@
 
 use super::Section;
 use gpukit_bench::workload::train::cnn::CnnTrainReport;
+use gpukit_bench::workload::train::cnn_parallel::CnnDataParallel;
 use gpukit_bench::workload::train::cnn_peer::CnnPeer;
 use gpukit_train::optim::OptimizerKind;
 use gpukit_types::resources::human_bytes;
@@ -92,6 +93,14 @@ pub fn cnn_train_sections(r: &CnnTrainReport) -> Vec<Section> {
     if let Some(p) = &r.saved_losses {
         notes.push(format!("every update's loss written to {}", p.display()));
     }
+    if r.checkpoint_activations {
+        notes.push(
+            "activation checkpointing: each residual block kept only its output through the \
+             forward; its other maps were recomputed in its backward stage (the batch-norm \
+             running statistics moved once)"
+                .into(),
+        );
+    }
     let updates = Section {
         title: "Updates".into(),
         header: Some(
@@ -142,6 +151,7 @@ pub fn cnn_train_sections(r: &CnnTrainReport) -> Vec<Section> {
     }
     let mut out = vec![setup, updates, Section::kv("Speed", speed)];
     out.extend(r.pytorch.as_ref().map(|p| pytorch_section(r, p)));
+    out.extend(r.data_parallel.as_ref().map(data_parallel_section));
     out
 }
 
@@ -188,8 +198,13 @@ fn pytorch_section(r: &CnnTrainReport, p: &CnnPeer) -> Section {
         format!(
             "PyTorch {}: the same weights, images, batch order and optimizer; modes: eager, \
              torch.compile, torch.compile with CUDA graphs (reduce-overhead) and the fused \
-             optimizer",
-            p.torch_version
+             optimizer{}",
+            p.torch_version,
+            if p.checkpoint {
+                "; each residual block under torch.utils.checkpoint, as gpukit recomputed them"
+            } else {
+                ""
+            }
         ),
         format!(
             "first update's loss {:.1e} from eager PyTorch's (relative; tolerance {:.0e}): {}",
@@ -232,4 +247,66 @@ fn pytorch_section(r: &CnnTrainReport, p: &CnnPeer) -> Section {
         rows,
         notes,
     }
+}
+
+/// `--gpus N`: the ranks, alone and data-parallel, the scaling efficiency, and PyTorch's
+/// DistributedDataParallel beside when compared.
+fn data_parallel_section(dp: &CnnDataParallel) -> Section {
+    let mut rows = vec![
+        (
+            "GPUs".to_string(),
+            format!(
+                "{} (batch {} each, {} combined); {:.1} MiB of f32 gradients averaged {}",
+                dp.ranks,
+                dp.batch_per_gpu,
+                dp.combined_batch,
+                dp.gradient_mib,
+                match dp.buckets {
+                    1 => "in one bucket after backward".to_string(),
+                    n => format!(
+                        "in {n} buckets of at least {:.1} MiB while backward goes on",
+                        dp.bucket_mb
+                    ),
+                }
+            ),
+        ),
+        (
+            "Each GPU alone".to_string(),
+            format!(
+                "{:.1} images/s ({:.2} ms an update, the same batches, no communication)",
+                dp.single_images_per_s, dp.single_step_ms
+            ),
+        ),
+        (
+            "Data-parallel".to_string(),
+            format!(
+                "{:.1} images/s ({:.2} ms an update)",
+                dp.images_per_s, dp.step_ms
+            ),
+        ),
+        (
+            "Scaling efficiency".to_string(),
+            format!(
+                "{:.3} (the update alone over the update data-parallel; 1: the averaging hidden)",
+                dp.scaling_efficiency
+            ),
+        ),
+    ];
+    for row in &dp.ddp {
+        let shown = match (&row.failed, row.images_per_s) {
+            (Some(why), _) => format!("failed: {why}"),
+            (None, Some(ips)) => format!(
+                "{ips:.1} images/s (alone {}), efficiency {}; gpukit {:.2}x",
+                row.single_images_per_s
+                    .map_or("-".into(), |v| format!("{v:.1}")),
+                row.scaling_efficiency
+                    .map_or("-".into(), |v| format!("{v:.3}")),
+                dp.images_per_s / ips
+            ),
+            (None, None) => "no figures".into(),
+        };
+        rows.push((format!("PyTorch {}", row.mode), shown));
+    }
+    let rows = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    Section::kv("Data-parallel", rows)
 }

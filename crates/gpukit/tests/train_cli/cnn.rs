@@ -181,8 +181,16 @@ pub fn bad_cnn_input_exits_2_naming_it() -> Result<(), Failed> {
             vec!["--precision bf16: the CPU trains convolutional networks in fp32"],
         ),
         (
-            with(&["--precision", "tf32", "--device", "cuda:0"]),
-            vec!["--precision tf32: convolutional networks train in fp32, bf16 or fp16"],
+            with(&["--precision", "tf32"]),
+            vec!["--precision tf32: the CPU trains convolutional networks in fp32"],
+        ),
+        (
+            with(&["--gpus", "2"]),
+            vec!["--gpus 2: data-parallel training runs on cuda:0..1; give --device cuda:0"],
+        ),
+        (
+            with(&["--checkpoint-activations"]),
+            vec!["--checkpoint-activations: the CPU path keeps every map"],
         ),
         (
             with(&["--layers", "3,4,2"]),

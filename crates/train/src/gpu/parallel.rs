@@ -248,24 +248,10 @@ impl GpuTrainer {
     /// The whole combined batches' figures from each rank's own: `values` (one per batch,
     /// already weighted by the rank's share) summed over ranks. Identity without peers.
     pub(super) fn sum_over_ranks(&self, values: &[f64]) -> Result<Vec<f64>> {
-        let Some(dp) = &self.dp else {
-            return Ok(values.to_vec());
-        };
-        if values.is_empty() {
-            return Ok(Vec::new());
+        match &self.dp {
+            Some(dp) => reduce_f64((&self.gpu, &dp.comm), values, RedOp::Sum),
+            None => Ok(values.to_vec()),
         }
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let buf = self.gpu.upload(&bytes)?;
-        self.gpu.synchronize()?;
-        dp.comm
-            .all_reduce(buf.view(), buf.view(), values.len(), DType::F64, RedOp::Sum)?;
-        dp.comm.stream().synchronize()?;
-        dp.comm.async_error()?;
-        let back = self.gpu.download(&buf)?;
-        Ok(back
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-            .collect())
     }
 
     /// How many buckets the gradients are averaged in (0 without peers).
@@ -285,6 +271,29 @@ impl GpuTrainer {
 }
 
 /// The mutex's value, also after a panic elsewhere held it (the list is only pushed and taken).
+/// `values` reduced by `op` over the ranks of `comm` (on `gpu`), back on the host; every rank
+/// must call it with as many values.
+pub(crate) fn reduce_f64(
+    (gpu, comm): (&gpukit_cuda::Gpu, &Comm),
+    values: &[f64],
+    op: RedOp,
+) -> Result<Vec<f64>> {
+    if values.is_empty() {
+        return Ok(Vec::new());
+    }
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let buf = gpu.upload(&bytes)?;
+    gpu.synchronize()?;
+    comm.all_reduce(buf.view(), buf.view(), values.len(), DType::F64, op)?;
+    comm.stream().synchronize()?;
+    comm.async_error()?;
+    let back = gpu.download(&buf)?;
+    Ok(back
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+        .collect())
+}
+
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

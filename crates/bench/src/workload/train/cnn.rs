@@ -8,7 +8,7 @@
 //! and the state dict against the model, the precision against the device, and the run's
 //! memory against the GPU's (refused before any allocation).
 
-use super::cnn_peer;
+use super::{cnn_parallel, cnn_peer};
 use crate::error::{Error, Result};
 use crate::report::Document;
 use gpukit_cuda::loader::Discovery;
@@ -59,6 +59,13 @@ pub struct CnnTrainRequest {
     pub compare_pytorch: bool,
     /// Micro-batches of `batch_size` whose gradients an update sums (each loss divided by it).
     pub accumulate: Option<usize>,
+    /// Data-parallel over cuda:0..N-1 (`batch_size` images on each).
+    pub gpus: Option<usize>,
+    /// Data-parallel: gradient buckets of at least this many MiB [default 25, as DDP's].
+    pub bucket_mb: Option<f64>,
+    /// GPU: keep only each residual block's output through the forward, the block's other
+    /// maps recomputed in its backward stage (less memory, one more forward of the blocks).
+    pub checkpoint_activations: bool,
 }
 
 /// The report of `gpukit train --model`.
@@ -78,6 +85,10 @@ pub struct CnnTrainReport {
     /// Micro-batches of `batch_size` an update sums the gradients of.
     #[serde(default = "one")]
     pub accumulate: usize,
+    /// Activation checkpointing: each residual block's maps but its output recomputed in its
+    /// backward stage.
+    #[serde(default)]
+    pub checkpoint_activations: bool,
     pub optimizer: CnnOptimizerConfig,
     pub label_smoothing: f64,
     pub seed: u64,
@@ -116,6 +127,9 @@ pub struct CnnTrainReport {
     /// `--compare-pytorch`: PyTorch's modes on the same run, and how its losses compare.
     #[serde(default)]
     pub pytorch: Option<cnn_peer::CnnPeer>,
+    /// `--gpus N`: the data-parallel figures (and PyTorch's DDP beside, when compared).
+    #[serde(default)]
+    pub data_parallel: Option<cnn_parallel::CnnDataParallel>,
     /// Why the run stopped early at a non-finite loss (the report then fails).
     pub diverged: Option<String>,
     pub saved_losses: Option<PathBuf>,
@@ -147,15 +161,18 @@ fn precision_of(r: &CnnTrainRequest) -> Result<Precision> {
     let name = dtype.precision_name();
     match (Precision::of(dtype), r.device) {
         (Some(Precision::Fp32), _) => Ok(Precision::Fp32),
-        (Some(Precision::Bf16 | Precision::Fp16), Device::Cpu) => Err(Error::BadInput(format!(
-            "--precision {name}: the CPU trains convolutional networks in fp32 (bf16 and fp16 \
-             are GPU precisions: add --device cuda:0)"
-        ))),
-        // channels-last 16-bit maps over fp32 master weights; the GPU's own support is
-        // checked once it is open (check_precision_on)
-        (Some(p @ (Precision::Bf16 | Precision::Fp16)), Device::Cuda(_)) => Ok(p),
-        _ => Err(Error::BadInput(format!(
-            "--precision {name}: convolutional networks train in fp32, bf16 or fp16"
+        (Some(p @ (Precision::Tf32 | Precision::Bf16 | Precision::Fp16)), Device::Cpu) => {
+            Err(Error::BadInput(format!(
+                "--precision {}: the CPU trains convolutional networks in fp32 (tf32, bf16 and \
+                 fp16 are GPU precisions: add --device cuda:0)",
+                p.name()
+            )))
+        }
+        // tf32: f32 maps multiplied on tensor cores; 16-bit: channels-last maps over fp32
+        // master weights; the GPU's own support is checked once it is open (check_precision_on)
+        (Some(p), Device::Cuda(_)) => Ok(p),
+        (None, _) => Err(Error::BadInput(format!(
+            "--precision {name}: convolutional networks train in fp32, tf32, bf16 or fp16"
         ))),
     }
 }
@@ -205,6 +222,38 @@ pub fn check_request(r: &CnnTrainRequest) -> Result<()> {
     if r.compare_pytorch && r.device == Device::Cpu {
         return Err(Error::BadInput(
             "--compare-pytorch: PyTorch's side trains on the GPU; give --device cuda:N".into(),
+        ));
+    }
+    if let Some(n) = r.gpus {
+        if n == 0 {
+            return Err(Error::BadInput("--gpus 0: must be at least 1".into()));
+        }
+        if r.device != Device::Cuda(0) {
+            return Err(Error::BadInput(format!(
+                "--gpus {n}: data-parallel training runs on cuda:0..{}; give --device cuda:0",
+                n - 1
+            )));
+        }
+        if r.bucket_mb
+            .is_some_and(|mb| mb.is_nan() || mb.is_infinite() || mb <= 0.0)
+        {
+            return Err(Error::BadInput(
+                "--bucket-mb: must be a positive number of MiB".into(),
+            ));
+        }
+        if n > 1 && r.accumulate.is_some_and(|k| k > 1) {
+            return Err(Error::BadInput(
+                "--gpus with --accumulate: data-parallel training of convolutional networks \
+                 takes one batch an update (drop one of the two)"
+                    .into(),
+            ));
+        }
+    }
+    if r.checkpoint_activations && r.device == Device::Cpu {
+        return Err(Error::BadInput(
+            "--checkpoint-activations: the CPU path keeps every map (convolutional networks \
+             recompute them on the GPU); give --device cuda:N"
+                .into(),
         ));
     }
     if r.graph == Some(true) && r.device == Device::Cpu {
@@ -351,12 +400,15 @@ pub fn run_cnn_train(
         },
         |f| f.size,
     );
+    // data-parallel: each update trains a combined batch, `batch` on each GPU
+    let world = r.gpus.unwrap_or(1);
+    let combined = batch * world;
     let count = file
         .as_ref()
-        .map_or(r.samples.unwrap_or(batch), Images::len);
+        .map_or(r.samples.unwrap_or(combined), Images::len);
     let accumulate = r.accumulate.unwrap_or(1);
     let cfg = LoopConfig {
-        batch_size: batch,
+        batch_size: combined,
         steps: 0,
         accumulate,
         seed,
@@ -377,8 +429,15 @@ pub fn run_cnn_train(
             check_precision_on(&gpu, precision)?;
             gpu_name = gpu.name().ok();
             let (free, _) = gpu.mem_info()?;
-            device_need(n, &model, (batch, accumulate), image, precision, &opt)?
-                .check(Some(free), HINT)?;
+            device_need(
+                n,
+                &model,
+                (batch, accumulate, r.checkpoint_activations),
+                image,
+                precision,
+                &opt,
+            )?
+            .check(Some(free), HINT)?;
             Some(gpu)
         }
     };
@@ -400,43 +459,138 @@ pub fn run_cnn_train(
     let initial = r.compare_pytorch.then(|| model.clone());
     let mut gpu_net = None;
     let mut cpu_net = None;
-    let stepper: &mut dyn Stepper = match gpu {
-        Some(gpu) => {
-            progress(&format!(
-                "planning {} on the GPU (batch {batch}, {}x{})",
-                r.model.name(),
-                image.0,
-                image.1
-            ));
-            let net = gpu_net.insert(GpuResNet::new(
-                discovery, gpu, &model, batch, image, precision, opt, smoothing,
-            )?);
-            if let Some((at, timing)) = r.profile {
-                net.profile_update(at, discovery, timing);
-            }
-            net.use_graph(r.graph.unwrap_or(true));
-            net.set_accumulate(accumulate)?;
-            conv_algorithms = net.conv_algorithms();
-            net
-        }
-        None => cpu_net.insert(CpuResNet::new(model, CnnOptimizer::new(opt), smoothing)),
-    };
-    let setup_seconds = started.elapsed().as_secs_f64();
-    let out = run::train(stepper, &images, &cfg, &mut |u| {
+    let mut data_parallel = None;
+    let (setup_seconds, out, rank0) = if world > 1 {
+        // the rank threads open their own GPUs
+        drop(gpu);
         progress(&format!(
-            "update {}: loss {:.6}, accuracy {:.3} ({:.1} ms)",
-            u.step,
-            u.loss,
-            u.accuracy,
-            u.seconds * 1e3
-        ))
-    })?;
-    let peak_gpu_bytes = gpu_net.as_ref().map(GpuResNet::peak_bytes).transpose()?;
-    let step_launch = gpu_net.as_ref().map(GpuResNet::step_launch);
-    let gpu_memory = gpu_net
-        .as_ref()
-        .map(GpuResNet::memory_parts)
-        .unwrap_or_default();
+            "planning {} on {world} GPUs (batch {batch} each, {}x{})",
+            r.model.name(),
+            image.0,
+            image.1
+        ));
+        // one bucket of every gradient unless asked (cnn_parallel::DDP_BUCKET_MB says why)
+        let gradient_mib = (model.parameter_count() * 4) as f64 / f64::from(1 << 20);
+        let setup = cnn_parallel::Setup {
+            discovery,
+            model: &model,
+            batch_per_gpu: batch,
+            image,
+            precision,
+            checkpoint: r.checkpoint_activations,
+            opt,
+            smoothing,
+            graph: r.graph.unwrap_or(true),
+            bucket_mb: r.bucket_mb.unwrap_or(gradient_mib),
+        };
+        let (setup_seconds, alone, out, figures) =
+            cnn_parallel::with_ranks(&setup, world, |ranks| {
+                let setup_seconds = started.elapsed().as_secs_f64();
+                let alone = run::train(ranks, &images, &cfg, &mut |u| {
+                    progress(&format!(
+                        "each GPU alone, update {}: {:.1} ms",
+                        u.step,
+                        u.seconds * 1e3
+                    ))
+                })?;
+                ranks.join()?;
+                let out = run::train(ranks, &images, &cfg, &mut |u| {
+                    progress(&format!(
+                        "data-parallel x{world}, update {}: loss {:.6} ({:.1} ms)",
+                        u.step,
+                        u.loss,
+                        u.seconds * 1e3
+                    ))
+                })?;
+                Ok((setup_seconds, alone, out, ranks.figures()?))
+            })?;
+        // both phases start from the same weights on the same shards: the same first loss
+        if let (Some(a), Some(d)) = (alone.updates.first(), out.updates.first()) {
+            let apart = (a.loss - d.loss).abs() / a.loss.abs().max(1e-30);
+            if apart.is_nan() || apart > 1e-5 {
+                return Err(Error::Failed(format!(
+                    "the first data-parallel loss {} is not the ranks' alone {} ({apart:.1e} \
+                     apart): the shards or the weights differ",
+                    d.loss, a.loss
+                )));
+            }
+        }
+        let (single, together) = (
+            cnn_parallel::median_step_ms(&alone.updates),
+            cnn_parallel::median_step_ms(&out.updates),
+        );
+        data_parallel = Some(cnn_parallel::CnnDataParallel {
+            ranks: world,
+            batch_per_gpu: batch,
+            combined_batch: combined,
+            buckets: figures.buckets,
+            bucket_mb: setup.bucket_mb,
+            gradient_mib,
+            single_step_ms: single,
+            step_ms: together,
+            single_images_per_s: batch as f64 / (single / 1e3),
+            images_per_s: combined as f64 / (together / 1e3),
+            scaling_efficiency: single / together,
+            ddp: Vec::new(),
+        });
+        conv_algorithms = figures.conv_algorithms.clone();
+        (setup_seconds, out, Some(figures))
+    } else {
+        let stepper: &mut dyn Stepper = match gpu {
+            Some(gpu) => {
+                progress(&format!(
+                    "planning {} on the GPU (batch {batch}, {}x{})",
+                    r.model.name(),
+                    image.0,
+                    image.1
+                ));
+                let net = gpu_net.insert(GpuResNet::new(
+                    discovery,
+                    gpu,
+                    &model,
+                    batch,
+                    image,
+                    (precision, r.checkpoint_activations),
+                    opt,
+                    smoothing,
+                )?);
+                if let Some((at, timing)) = r.profile {
+                    net.profile_update(at, discovery, timing);
+                }
+                net.use_graph(r.graph.unwrap_or(true));
+                net.set_accumulate(accumulate)?;
+                conv_algorithms = net.conv_algorithms();
+                net
+            }
+            None => cpu_net.insert(CpuResNet::new(model, CnnOptimizer::new(opt), smoothing)),
+        };
+        let setup_seconds = started.elapsed().as_secs_f64();
+        let out = run::train(stepper, &images, &cfg, &mut |u| {
+            progress(&format!(
+                "update {}: loss {:.6}, accuracy {:.3} ({:.1} ms)",
+                u.step,
+                u.loss,
+                u.accuracy,
+                u.seconds * 1e3
+            ))
+        })?;
+        (setup_seconds, out, None)
+    };
+    let peak_gpu_bytes = match &rank0 {
+        Some(f) => Some(f.peak_bytes),
+        None => gpu_net.as_ref().map(GpuResNet::peak_bytes).transpose()?,
+    };
+    let step_launch = match &rank0 {
+        Some(f) => Some(f.step_launch.clone()),
+        None => gpu_net.as_ref().map(GpuResNet::step_launch),
+    };
+    let gpu_memory = match &rank0 {
+        Some(f) => f.memory.clone(),
+        None => gpu_net
+            .as_ref()
+            .map(GpuResNet::memory_parts)
+            .unwrap_or_default(),
+    };
     let recording = gpu_net.as_mut().and_then(GpuResNet::take_recording);
     let scaler = gpu_net
         .as_ref()
@@ -459,8 +613,28 @@ pub fn run_cnn_train(
     // the GPU's memory goes back to the driver before PyTorch takes its own
     drop(gpu_net.take());
     drop(cpu_net.take());
-    let pytorch = match (&initial, &out.diverged) {
-        (Some(initial), None) => {
+    if let (Some(dp), true, None) = (&mut data_parallel, r.compare_pytorch, &out.diverged) {
+        progress("PyTorch: DistributedDataParallel of the same network");
+        dp.ddp = cnn_parallel::compare_ddp(
+            &cnn_parallel::DdpRequest {
+                model: r.model.name(),
+                classes,
+                image: image.0,
+                precision,
+                opt,
+                smoothing,
+                checkpoint: r.checkpoint_activations,
+            },
+            (
+                world,
+                batch,
+                r.bucket_mb.unwrap_or(cnn_parallel::DDP_BUCKET_MB),
+            ),
+            cfg.steps,
+        )?;
+    }
+    let pytorch = match (&initial, &out.diverged, world) {
+        (Some(initial), None, 1) => {
             progress("PyTorch: the same model, weights, images and optimizer");
             let losses: Vec<f64> = out.updates.iter().map(|u| u.loss).collect();
             let handed = cnn_peer::Handover {
@@ -471,6 +645,7 @@ pub fn run_cnn_train(
                 precision,
                 opt,
                 smoothing,
+                checkpoint: r.checkpoint_activations,
             };
             Some(cnn_peer::compare(&handed, &losses)?)
         }
@@ -486,6 +661,7 @@ pub fn run_cnn_train(
         image_size: image,
         batch_size: batch,
         accumulate,
+        checkpoint_activations: r.checkpoint_activations,
         optimizer: opt,
         label_smoothing: smoothing,
         seed,
@@ -503,6 +679,7 @@ pub fn run_cnn_train(
         loss_scale: scaler.map(|s| s.scale),
         skipped_updates: scaler.map_or(0, |s| s.skipped),
         pytorch,
+        data_parallel,
         diverged: out.diverged,
         saved_losses: r.save_losses.clone(),
         recording,
@@ -515,8 +692,9 @@ fn check_precision_on(gpu: &gpukit_cuda::Gpu, precision: Precision) -> Result<()
     let (major, minor) = gpu.compute_capability()?;
     let needs = match precision {
         Precision::Bf16 => (8, "bf16"),
+        Precision::Tf32 => (8, "tf32"),
         Precision::Fp16 => (7, "fp16"),
-        _ => return Ok(()),
+        Precision::Fp32 => return Ok(()),
     };
     if major < needs.0 {
         return Err(Error::BadInput(format!(
@@ -571,6 +749,9 @@ mod tests {
             graph: None,
             compare_pytorch: false,
             accumulate: None,
+            gpus: None,
+            bucket_mb: None,
+            checkpoint_activations: false,
         }
     }
 
@@ -591,15 +772,45 @@ mod tests {
                     precision: Some(DType::Bf16),
                     ..request()
                 },
-                "--precision bf16: the CPU trains",
+                "--precision bf16: the CPU trains convolutional networks in fp32",
             ),
             (
                 CnnTrainRequest {
                     precision: Some(DType::Tf32),
+                    ..request()
+                },
+                "--precision tf32: the CPU trains convolutional networks in fp32",
+            ),
+            (
+                CnnTrainRequest {
+                    precision: Some(DType::F8E4M3),
                     device: Device::Cuda(0),
                     ..request()
                 },
-                "--precision tf32: convolutional networks train in fp32, bf16 or fp16",
+                "--precision fp8: convolutional networks train in fp32, tf32, bf16 or fp16",
+            ),
+            (
+                CnnTrainRequest {
+                    gpus: Some(2),
+                    ..request()
+                },
+                "--gpus 2: data-parallel training runs on cuda:0..1; give --device cuda:0",
+            ),
+            (
+                CnnTrainRequest {
+                    gpus: Some(2),
+                    device: Device::Cuda(0),
+                    accumulate: Some(2),
+                    ..request()
+                },
+                "--gpus with --accumulate",
+            ),
+            (
+                CnnTrainRequest {
+                    checkpoint_activations: true,
+                    ..request()
+                },
+                "--checkpoint-activations: the CPU path keeps every map",
             ),
             (
                 CnnTrainRequest {

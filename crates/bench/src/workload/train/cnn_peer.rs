@@ -51,6 +51,10 @@ pub struct CnnPeer {
     /// The largest relative difference over the compared updates (reported), and where (1-based).
     pub max_difference: f64,
     pub at_update: usize,
+    /// Each residual block ran under torch.utils.checkpoint (gpukit's run recomputed its
+    /// blocks' maps).
+    #[serde(default)]
+    pub checkpoint: bool,
 }
 
 impl CnnPeer {
@@ -89,6 +93,9 @@ pub struct Handover<'a> {
     pub precision: Precision,
     pub opt: CnnOptimizerConfig,
     pub smoothing: f64,
+    /// gpukit recomputed each block's maps: PyTorch runs each block under
+    /// torch.utils.checkpoint.
+    pub checkpoint: bool,
 }
 
 /// Runs PyTorch's side on the handed-over run and compares it with gpukit's losses.
@@ -146,6 +153,9 @@ pub fn compare(h: &Handover<'_>, gpukit_losses: &[f64]) -> Result<CnnPeer> {
     if o.nesterov {
         args.push("--nesterov".into());
     }
+    if h.checkpoint {
+        args.push("--checkpoint".into());
+    }
     let run = crate::peer::run_pytorch(&args)?;
     let rows: Vec<CnnPeerRow> = run
         .results
@@ -185,6 +195,7 @@ pub fn compare(h: &Handover<'_>, gpukit_losses: &[f64]) -> Result<CnnPeer> {
         tolerance: super::peer::peer_tolerance(h.precision),
         max_difference,
         at_update,
+        checkpoint: h.checkpoint,
         rows,
     })
 }
@@ -247,6 +258,7 @@ mod tests {
             tolerance: 1e-4,
             max_difference: 0.1,
             at_update: 5,
+            checkpoint: false,
         };
         assert!(peer(1e-6).disagreement().is_none());
         assert!(peer(1e-3).disagreement().unwrap().contains("first update"));

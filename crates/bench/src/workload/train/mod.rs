@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 pub mod cnn;
+pub mod cnn_parallel;
 pub mod cnn_peer;
 pub mod parallel;
 mod peer;

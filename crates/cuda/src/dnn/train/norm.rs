@@ -99,6 +99,11 @@ pub struct BnForward<'a> {
     pub beta: View<'a>,
     pub running_mean: View<'a>,
     pub running_var: View<'a>,
+    /// Whether the running statistics move toward the batch's (by the norm's momentum). A
+    /// recomputation of a forward already made (activation checkpointing) leaves them where
+    /// that forward put them: cuDNN is given a factor of 0, so each becomes `r * 1 + 0 * batch`,
+    /// the same bits.
+    pub move_running: bool,
     /// The batch's mean, written for the backward.
     pub saved_mean: View<'a>,
     /// The batch's 1 / sqrt(biased variance + eps), written for the backward.
@@ -308,7 +313,8 @@ impl Dnn {
     }
 
     /// Training-mode forward: `y = op(gamma (x - mean) invstd + beta [, z])` with the batch's
-    /// statistics, which are saved for the backward and move the running ones.
+    /// statistics, which are saved for the backward and move the running ones (unless
+    /// [`BnForward::move_running`] is off).
     pub fn bn_forward_training(
         &self,
         bn: &BatchNorm,
@@ -338,7 +344,7 @@ impl Dnn {
                 bn.param.0,
                 a.gamma.addr() as *const c_void,
                 a.beta.addr() as *const c_void,
-                bn.momentum,
+                if a.move_running { bn.momentum } else { 0.0 },
                 a.running_mean.addr() as *mut c_void,
                 a.running_var.addr() as *mut c_void,
                 bn.eps,
@@ -448,6 +454,7 @@ mod tests {
             beta: stat,
             running_mean: stat,
             running_var: stat,
+            move_running: true,
             saved_mean: stat,
             saved_invstd: stat,
         }

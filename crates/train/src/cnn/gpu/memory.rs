@@ -14,6 +14,13 @@
 //!   its stage and read in the previous block's; a stage's temporary for its norms' inputs; and
 //!   (channel-last) the pixels a strided 1x1 downsampling reads, gathered in its stage.
 //!
+//! With activation checkpointing a block's forward keeps only its output: each of its other
+//! maps lives from the op that writes it to the next unit's op, and the block's stage begins
+//! with a recomputation of its forward (from its input, kept as the previous block's output)
+//! into buffers that live through the stage; a recomputed downsampling output only until the
+//! block's last unit has added it. The running statistics do not move twice
+//! (`BnForward::move_running`).
+//!
 //! So the gradients of the first blocks' large maps reuse the bytes of the last blocks' maps,
 //! dead by then, and the downsampling outputs share with what comes after them: the arena is the
 //! largest set of buffers live at once (the lower bound is reported beside it), where three
@@ -82,6 +89,16 @@ pub struct BlockSlots {
     /// Channel-last maps with a strided 1x1 downsampling: the block input's pixels it reads,
     /// gathered in the stage for its filter gradient as one product.
     pub down_input: Option<Slot>,
+    /// With activation checkpointing, where the stage recomputes the block's maps (the last
+    /// unit's norm output is the block's output, kept from the forward: its own slot).
+    pub recompute: Option<Recompute>,
+}
+
+/// The maps a checkpointed block's stage recomputes, unit by unit as [`BlockSlots`] holds them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recompute {
+    pub main: Vec<UnitSlots>,
+    pub down: Option<UnitSlots>,
 }
 
 /// Every map and gradient of a step.
@@ -123,8 +140,9 @@ impl Timeline {
 /// `pool_kernels`: the stem's ReLU and max pool run as gpukit's kernels
 /// ([`super::kernels::CnnKernels::max_pool_relu_nhwc`]): the stem norm's output is read only
 /// by the pool (its backward takes the pool's positions, a byte an output, and outputs), else
-/// it is kept for cuDNN's pooling and ReLU backward.
-pub fn plan_maps(net: &NetMaps, pool_kernels: bool) -> Result<MapsPlan> {
+/// it is kept for cuDNN's pooling and ReLU backward. `checkpoint`: each block's maps but its
+/// output are recomputed in its stage (the module's note).
+pub fn plan_maps(net: &NetMaps, pool_kernels: bool, checkpoint: bool) -> Result<MapsPlan> {
     let at = |m: &Maps| m.bytes();
     let blocks = &net.blocks;
     if blocks.is_empty() || blocks.iter().any(|b| b.main.is_empty()) {
@@ -147,8 +165,12 @@ pub fn plan_maps(net: &NetMaps, pool_kernels: bool) -> Result<MapsPlan> {
     }
     let head = t;
     let last = blocks.len() - 1;
-    // the stage of block bi
-    let stage = |bi: usize| head + 1 + (last - bi);
+    // the stage of block bi, and where it recomputes the block's maps: the step before it
+    // with checkpointing (the average pool's backward, which writes the last block's output
+    // gradient, counts as the last block's), else the stage itself
+    let per_stage = if checkpoint { 2 } else { 1 };
+    let stage = |bi: usize| head + per_stage * (last - bi + 1);
+    let recompute_at = |bi: usize| stage(bi) + 1 - per_stage;
     let stem_stage = stage(0) + 1;
     let mut tl = Timeline {
         buffers: Vec::new(),
@@ -170,20 +192,50 @@ pub fn plan_maps(net: &NetMaps, pool_kernels: bool) -> Result<MapsPlan> {
     let mut units = Vec::with_capacity(blocks.len());
     for (bi, b) in blocks.iter().enumerate() {
         let (main_t, down_t) = &fwd[bi];
-        // a main unit's norm output is read by its block's stage (the next unit's filter
-        // gradient, its own ReLU's backward), a last unit's also by the next block's, earlier
+        let added = *main_t.last().unwrap_or(&0);
+        let n = b.main.len();
+        // kept: a main unit's norm output is read by its block's stage (the next unit's filter
+        // gradient, its own ReLU's backward), a last unit's also by the next block's, earlier.
+        // checkpointed: each lives until the next unit reads it, the block's output as kept
         let main: Vec<(usize, usize)> = b
             .main
             .iter()
             .zip(main_t)
-            .map(|(m, &f)| (tl.add(at(m), f, stage(bi)), tl.add(at(m), f, stage(bi))))
+            .enumerate()
+            .map(|(i, (m, &f))| match (checkpoint, i + 1 == n) {
+                (false, _) => (tl.add(at(m), f, stage(bi)), tl.add(at(m), f, stage(bi))),
+                (true, false) => (tl.add(at(m), f, f), tl.add(at(m), f, f + 1)),
+                (true, true) => (tl.add(at(m), f, f), tl.add(at(m), f, stage(bi))),
+            })
             .collect();
-        let added = *main_t.last().unwrap_or(&0);
-        let down = match (b.down, down_t) {
-            (Some(m), Some(f)) => Some((tl.add(at(&m), *f, stage(bi)), tl.add(at(&m), *f, added))),
+        let down = match (b.down, *down_t) {
+            (Some(m), Some(f)) => {
+                let conv_until = if checkpoint { f } else { stage(bi) };
+                Some((tl.add(at(&m), f, conv_until), tl.add(at(&m), f, added)))
+            }
             _ => None,
         };
-        let temp = tl.add(largest_main(bi), stage(bi), stage(bi));
+        // the stage's recomputation: through the stage, a downsampling output only until the
+        // last unit adds it
+        let (r, s) = (recompute_at(bi), stage(bi));
+        let recompute = checkpoint.then(|| {
+            let main: Vec<(usize, usize)> = b
+                .main
+                .iter()
+                .zip(&main)
+                .enumerate()
+                .map(|(i, (m, kept))| {
+                    let conv_out = tl.add(at(m), r, s);
+                    match i + 1 == n {
+                        true => (conv_out, kept.1),
+                        false => (conv_out, tl.add(at(m), r, s)),
+                    }
+                })
+                .collect();
+            let down = b.down.map(|m| (tl.add(at(&m), r, s), tl.add(at(&m), r, r)));
+            (main, down)
+        });
+        let temp = tl.add(largest_main(bi), s, s);
         let down_input = b
             .down
             .filter(|d| {
@@ -191,16 +243,16 @@ pub fn plan_maps(net: &NetMaps, pool_kernels: bool) -> Result<MapsPlan> {
             })
             .map(|d| {
                 let bytes = d.n * d.h * d.w * b.input.c * d.dtype.size_bytes();
-                tl.add(bytes, stage(bi), stage(bi))
+                tl.add(bytes, s, s)
             });
         let (grad_in, read_until) = match bi {
             0 => (q_need(0).max(at(&net.pooled)), stem_stage),
             _ => (q_need(bi).max(o_need(bi - 1)), stage(bi - 1)),
         };
-        let grad_in = tl.add(grad_in, stage(bi), read_until);
-        units.push((main, down, temp, grad_in, down_input));
+        let grad_in = tl.add(grad_in, s, read_until);
+        units.push((main, down, temp, grad_in, down_input, recompute));
     }
-    let grad_out = tl.add(o_need(last), stage(last), stage(last));
+    let grad_out = tl.add(o_need(last), recompute_at(last), stage(last));
     let stem_grads = (
         tl.add(at(&net.stem), stem_stage, stem_stage),
         tl.add(at(&net.stem), stem_stage, stem_stage),
@@ -221,13 +273,19 @@ pub fn plan_maps(net: &NetMaps, pool_kernels: bool) -> Result<MapsPlan> {
         pool_index: pool_index.map(slot),
         blocks: units
             .into_iter()
-            .map(|(main, down, temp, grad_in, down_input)| BlockSlots {
-                main: main.into_iter().map(pair).collect(),
-                down: down.map(pair),
-                temp: slot(temp),
-                down_input: down_input.map(slot),
-                grad_in: slot(grad_in),
-            })
+            .map(
+                |(main, down, temp, grad_in, down_input, recompute)| BlockSlots {
+                    main: main.into_iter().map(pair).collect(),
+                    down: down.map(pair),
+                    temp: slot(temp),
+                    down_input: down_input.map(slot),
+                    grad_in: slot(grad_in),
+                    recompute: recompute.map(|(main, down)| Recompute {
+                        main: main.into_iter().map(pair).collect(),
+                        down: down.map(pair),
+                    }),
+                },
+            )
             .collect(),
         grad_out: slot(grad_out),
         stem_grads: (slot(stem_grads.0), slot(stem_grads.1)),

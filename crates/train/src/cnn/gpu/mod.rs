@@ -37,13 +37,15 @@ pub mod layout;
 pub mod memory;
 pub mod need;
 mod ops;
+mod parallel;
 mod params;
 mod plan;
 pub mod stem;
 mod step;
 mod upload;
 
-pub use plan::{device_channels, device_lens, input_maps, unit_shapes};
+pub use parallel::buckets_of;
+pub use plan::{device_channels, device_lens, input_maps, products, unit_shapes};
 use plan::{filters_of, plan_unit, time_filter_products, DeviceFilter, GpuBlock, GpuUnit};
 
 use super::layers::Linear;
@@ -153,6 +155,8 @@ pub struct GpuResNet {
     /// Micro-batches an update sums the gradients of, and their sum when above 1.
     accumulate: usize,
     acc: Option<DeviceBuffer>,
+    /// Data-parallel peers, when attached ([`GpuResNet::attach`]).
+    dp: Option<parallel::CnnDp>,
     /// `gpukit profile train --model`: the update (0-based) to record, and how.
     profile_at: Option<(u64, Discovery, TimingChoice)>,
     recording: Option<Recording>,
@@ -209,7 +213,9 @@ fn f32_view<'a>(buf: &'a DeviceBuffer, layout: &FlatLayout, i: usize) -> Result<
 
 impl GpuResNet {
     /// The GPU copy of `model` for batches of `batch` images of `image` (height, width), trained
-    /// in `precision` (fp32, bf16 or fp16) by `opt` with label smoothing `smoothing`: plans
+    /// in `precision` (fp32, tf32, bf16 or fp16), with activation checkpointing when `checkpoint`
+    /// (each block's maps but its output recomputed in its backward stage), by `opt` with label
+    /// smoothing `smoothing`: plans
     /// every convolution and norm, allocates every buffer and uploads the model (its optimizer
     /// starts fresh, fp16's loss scale at GradScaler's 65536; see
     /// [`GpuResNet::load_optimizer`]).
@@ -220,7 +226,7 @@ impl GpuResNet {
         model: &ResNet<f32>,
         batch: usize,
         image: (usize, usize),
-        precision: Precision,
+        (precision, checkpoint): (Precision, bool),
         opt: CnnOptimizerConfig,
         smoothing: f64,
     ) -> Result<GpuResNet> {
@@ -245,9 +251,9 @@ impl GpuResNet {
         let ck = CnnKernels::new(discovery, &gpu)?;
         let net = need::net_maps(model, input)?;
         let pool_kernels = plan::pools_on_kernels(&net.stem, model.pool().kernel);
-        let maps_plan = memory::plan_maps(&net, pool_kernels)?;
+        let maps_plan = memory::plan_maps(&net, pool_kernels, checkpoint)?;
         let mut saved_at = 0;
-        let on = (&dnn, gpu.as_ref());
+        let on = (&dnn, gpu.as_ref(), products(precision));
         // the stem's ReLU runs in gpukit's pool kernels where they take its maps
         let stem_role = match pool_kernels {
             true => BnOps::Bn,
@@ -273,15 +279,15 @@ impl GpuResNet {
                     BnOps::BnRelu
                 };
                 let unit = plan_unit(on, (u, role), (maps, at), &mut saved_at)?;
+                let again = slots.recompute.as_ref().map(|r| r.main.get(i).copied());
+                let unit = plan::recomputed_in(unit, again)?;
                 maps = unit.output;
                 main.push(unit);
             }
             let down = match (&b.down, slots.down) {
-                (Some(u), Some(at)) => Some(plan_unit(
-                    on,
-                    (u, BnOps::Bn),
-                    (block_in, at),
-                    &mut saved_at,
+                (Some(u), Some(at)) => Some(plan::recomputed_in(
+                    plan_unit(on, (u, BnOps::Bn), (block_in, at), &mut saved_at)?,
+                    slots.recompute.as_ref().map(|r| r.down),
                 )?),
                 (None, None) => None,
                 _ => {
@@ -445,6 +451,7 @@ impl GpuResNet {
             graphs: [None, None, None],
             accumulate: 1,
             acc: None,
+            dp: None,
             profile_at: None,
             recording: None,
             gpu,
@@ -496,6 +503,59 @@ impl GpuResNet {
             .collect()
     }
 
+    /// Runs each convolution pass with the algorithm `other` chose for the same unit (and its
+    /// filter gradients where `other`'s do), so that two trainers of one network differ only in
+    /// what is compared (tests of checkpointing: cuDNN's timed choice may differ between two
+    /// plans, and 16-bit rounding through small batch norms then shows). An error when the
+    /// networks' units or candidates differ.
+    pub fn same_algorithms_as(&mut self, other: &GpuResNet) -> Result<()> {
+        use gpukit_cuda::dnn::Pass;
+        let theirs: Vec<(std::rc::Rc<gpukit_cuda::dnn::ConvTrain>, bool)> = other
+            .units()
+            .map(|u| (u.conv.clone(), u.gemm_filter))
+            .collect();
+        if theirs.len() != self.units().count() {
+            return Err(Error::Failed("trainers of different networks".into()));
+        }
+        let mine = std::iter::once(&mut self.stem).chain(
+            self.blocks
+                .iter_mut()
+                .flat_map(|b| b.main.iter_mut().chain(b.down.as_mut())),
+        );
+        for (u, (conv, gemm)) in mine.zip(theirs) {
+            if u.conv.conv() != conv.conv() {
+                return Err(Error::Failed(format!(
+                    "units {:?} and {:?} differ",
+                    u.conv.conv(),
+                    conv.conv()
+                )));
+            }
+            for pass in Pass::ALL {
+                let name = conv.chosen(pass)?.name;
+                let at = u
+                    .conv
+                    .candidates(pass)
+                    .iter()
+                    .position(|c| c.name == name)
+                    .ok_or_else(|| {
+                        Error::Failed(format!("{name} is not a candidate of {:?}", conv.conv()))
+                    })?;
+                u.conv.choose(pass, at)?;
+            }
+            u.gemm_filter = gemm;
+        }
+        let needed = self
+            .units()
+            .map(|u| u.conv.workspace_bytes().max(u.bn.workspace_bytes()))
+            .max()
+            .unwrap_or(0);
+        if needed > self.workspace.len() {
+            self.workspace = self.gpu.alloc(needed)?;
+        }
+        self.graphs = [None, None, None];
+        Ok(())
+    }
+
     fn units(&self) -> impl Iterator<Item = &GpuUnit> {
         std::iter::once(&self.stem).chain(
             self.blocks
@@ -507,6 +567,11 @@ impl GpuResNet {
     /// The storage type of maps, their gradients and the products' inputs.
     fn dtype(&self) -> DType {
         self.input.dtype
+    }
+
+    /// The arithmetic of the head's matrix products (the convolutions' is planned in theirs).
+    fn products(&self) -> DType {
+        products(self.precision)
     }
 
     fn param(&self, i: usize) -> Result<View<'_>> {
@@ -542,18 +607,18 @@ impl GpuResNet {
         }
     }
 
-    /// Parameter `i`'s 16-bit gradient, just made by a product, widened into the f32 gradients
-    /// (the blocked stem's masked: its unused taps stay zero).
+    /// Parameter `i`'s gradient, just made by a product: a 16-bit one widened into the f32
+    /// gradients; the blocked stem's masked in any precision (its unused taps stay zero).
     fn widen_grad(&self, i: usize) -> Result<()> {
+        let n = self.params_layout.range(i)?.1;
         if self.half.is_some() {
-            let n = self.params_layout.range(i)?.1;
             self.k
                 .widen(self.product_grad(i)?, self.grad(i)?, self.dtype(), n)?;
-            if let (Some(mask), Some(Some(DeviceFilter::Blocks { .. }))) =
-                (&self.stem_mask, self.filters.get(i))
-            {
-                self.ck.mask_f32(self.grad(i)?, mask.view(), n)?;
-            }
+        }
+        if let (Some(mask), Some(Some(DeviceFilter::Blocks { .. }))) =
+            (&self.stem_mask, self.filters.get(i))
+        {
+            self.ck.mask_f32(self.grad(i)?, mask.view(), n)?;
         }
         Ok(())
     }
@@ -580,6 +645,12 @@ impl GpuResNet {
     pub fn train_step(&mut self, images: &Tensor<f32>, labels: &[u32]) -> Result<(f64, usize)> {
         self.upload(images, labels)?;
         self.step_uploaded()
+    }
+
+    /// Whether each residual block's maps but its output are recomputed in backward
+    /// (activation checkpointing).
+    pub fn checkpointed(&self) -> bool {
+        self.maps_plan.blocks.iter().any(|b| b.recompute.is_some())
     }
 
     /// What this trainer allocated, part by part (bytes): for reports beside the pool's peak.
@@ -610,8 +681,14 @@ impl GpuResNet {
         vec![
             (
                 format!(
-                    "maps and their gradients, one plan (lower bound {}, each its own {})",
-                    plan.lower_bound, plan.without_reuse
+                    "maps and their gradients, one plan{} (lower bound {}, each its own {})",
+                    if self.checkpointed() {
+                        ", blocks recomputed"
+                    } else {
+                        ""
+                    },
+                    plan.lower_bound,
+                    plan.without_reuse
                 ),
                 len(&self.maps),
             ),
@@ -702,13 +779,14 @@ mod tests {
         assert!(e.contains("64 input channels given maps of 3"), "{e}");
     }
 
-    /// fp32 trains NCHW f32 maps, bf16 and fp16 channels-last 16-bit ones (the images' 3
-    /// channels padded to 8, or in 2x2 blocks of 16 channels where the sizes are even); tf32
-    /// is refused.
+    /// fp32 and tf32 train NCHW f32 maps (tf32 multiplies them on tensor cores), bf16 and
+    /// fp16 channels-last 16-bit ones (the images' 3 channels padded to 8, or in 2x2 blocks of
+    /// 16 channels where the sizes are even).
     #[test]
     fn each_precision_has_its_maps() {
         let m = input_maps(Precision::Fp32, 2, (8, 9)).unwrap();
         assert_eq!(m, Maps::nchw_f32(2, 3, 8, 9));
+        assert_eq!(input_maps(Precision::Tf32, 2, (8, 9)).unwrap(), m);
         for (p, dtype) in [
             (Precision::Bf16, DType::Bf16),
             (Precision::Fp16, DType::F16),
@@ -724,10 +802,13 @@ mod tests {
                 (Layout::Nhwc, dtype, 16, 115, 83)
             );
         }
-        let e = input_maps(Precision::Tf32, 2, (8, 9))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("tf32"), "{e}");
+        let arithmetic = Precision::ALL.map(products);
+        assert_eq!(
+            arithmetic,
+            [DType::F32, DType::Tf32, DType::F16, DType::Bf16],
+            "{:?}",
+            Precision::ALL
+        );
     }
 
     /// Channel-last, only the stem's filter changes length: padded to 8 channels, or 4x4 taps

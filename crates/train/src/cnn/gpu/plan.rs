@@ -82,26 +82,23 @@ pub fn device_channels(c: usize, layout: Layout) -> usize {
 }
 
 /// Whether the stem's ReLU and max pool run as gpukit's kernels over its norm's output `stem`
-/// (channel-last 16-bit maps they take; a `window` x `window` pool): cuDNN's pool, and the
-/// ReLU fused into cuDNN's norm, otherwise.
+/// (channel-last maps they take; a `window` x `window` pool): cuDNN's pool, and the ReLU
+/// fused into cuDNN's norm (or after it), otherwise.
 pub fn pools_on_kernels(stem: &Maps, window: usize) -> bool {
     stem.layout == Layout::Nhwc
-        && stem.dtype != F32
         && super::kernels::CnnKernels::max_pool_runs(stem.dtype, stem.c, stem.elements(), window)
 }
 
-/// The maps of a batch of images in a precision: fp32 NCHW, or 16-bit NHWC: 2x2 blocks of
-/// pixels where the sizes are even (the stem runs on them: `stem.rs`), else 3 channels padded to
-/// [`device_channels`].
+/// The maps of a batch of images in a precision: fp32 and tf32 NCHW f32 (tf32 is the
+/// convolutions' and products' arithmetic, [`products`]), or 16-bit NHWC: 2x2 blocks of pixels
+/// where the sizes are even (the stem runs on them: `stem.rs`), else 3 channels padded to
+/// [`device_channels`]. tf32 stays NCHW: cuDNN's legacy training algorithms for channels-last
+/// f32 ran off tensor cores (IMPLICIT_GEMM, ALGO_0/1), ResNet-18 at 1,075 images/s against
+/// 4,306 NCHW (run 96).
 pub fn input_maps(precision: Precision, batch: usize, (h, w): (usize, usize)) -> Result<Maps> {
     let (layout, dtype) = match precision {
-        Precision::Fp32 => (Layout::Nchw, F32),
+        Precision::Fp32 | Precision::Tf32 => (Layout::Nchw, F32),
         Precision::Bf16 | Precision::Fp16 => (Layout::Nhwc, precision.storage()),
-        Precision::Tf32 => {
-            return Err(Error::Setting(
-                "tf32: convolutional networks train in strict fp32, bf16 or fp16".into(),
-            ))
-        }
     };
     if stem::runs_on_blocks(layout, (h, w)) {
         let (bh, bw) = stem::block_dims((h, w));
@@ -122,6 +119,17 @@ pub fn input_maps(precision: Precision, batch: usize, (h, w): (usize, usize)) ->
         layout,
         dtype,
     })
+}
+
+/// The arithmetic of a precision's convolutions and matrix products: its maps' element type,
+/// except tf32, whose f32 maps multiply on tensor cores (10-bit mantissas, f32 sums; cuDNN may
+/// take Winograd and FFT algorithms, as PyTorch's `allow_tf32` does), where fp32 stays strict
+/// and exact (every product in f32, summed as written).
+pub fn products(precision: Precision) -> gpukit_types::DType {
+    match precision {
+        Precision::Tf32 => gpukit_types::DType::Tf32,
+        _ => precision.storage(),
+    }
 }
 
 /// One convolution and its batch norm on the GPU, with the buffers the step keeps.
@@ -145,12 +153,43 @@ pub(super) struct GpuUnit {
     /// The filter's gradient as one cuBLAS product (a channels-last 1x1 stride-1 convolution's
     /// is dY^T X), where that timed faster than cuDNN's chosen algorithm.
     pub(super) gemm_filter: bool,
+    /// With activation checkpointing, where its block's stage recomputes its maps.
+    pub(super) recompute: Option<UnitSlots>,
 }
 
 impl GpuUnit {
     /// Whether cuDNN runs what follows the norm.
     pub(super) fn fused(&self) -> bool {
         self.bn.ops == self.role
+    }
+
+    /// The maps its backward reads: the recomputed ones with checkpointing, else the forward's.
+    pub(super) fn backward_maps(&self) -> UnitSlots {
+        self.recompute.unwrap_or(self.maps)
+    }
+}
+
+/// `unit` with the slots its block's stage recomputes its maps into (`again`: None without
+/// checkpointing; Some(None) when the plan has none for it, an error), checked against its
+/// output's size.
+pub(super) fn recomputed_in(
+    mut unit: GpuUnit,
+    again: Option<Option<UnitSlots>>,
+) -> Result<GpuUnit> {
+    let Some(again) = again else {
+        return Ok(unit);
+    };
+    match again {
+        Some(r)
+            if r.conv_out.bytes == unit.output.bytes() && r.bn_out.bytes == unit.output.bytes() =>
+        {
+            unit.recompute = Some(r);
+            Ok(unit)
+        }
+        _ => Err(Error::Failed(format!(
+            "the maps' plan recomputes {again:?} for {:?}",
+            unit.output
+        ))),
     }
 }
 
@@ -175,15 +214,24 @@ pub(super) fn plan_norm(dnn: &Dnn, output: Maps, role: BnOps, spec: &Unit) -> Re
     Ok(dnn.batch_norm(output, BnOps::Bn, BnMode::Spatial, stats)?)
 }
 
-/// Plans a unit over `input` whose maps the arena keeps at `maps`, and allocates its norm's
-/// reserve; `saved_at` hands out its place in the saved-statistics buffer.
+/// Plans a unit over `input` whose maps the arena keeps at `maps`, its convolution in
+/// `arithmetic` ([`products`]), and allocates its norm's reserve; `saved_at` hands out its place
+/// in the saved-statistics buffer.
 pub(super) fn plan_unit(
-    (dnn, gpu): (&Dnn, &Gpu),
+    (dnn, gpu, arithmetic): (&Dnn, &Gpu, gpukit_types::DType),
     (spec, role): (&Unit, BnOps),
     (input, maps): (Maps, UnitSlots),
     saved_at: &mut usize,
 ) -> Result<GpuUnit> {
-    let (conv, output) = unit_shapes(spec, input)?;
+    let (mut conv, output) = unit_shapes(spec, input)?;
+    if arithmetic.storage() != input.dtype {
+        return Err(Error::Failed(format!(
+            "{} products over maps of {}",
+            arithmetic.name(),
+            input.dtype.name()
+        )));
+    }
+    conv.dtype = arithmetic;
     if [maps.conv_out, maps.bn_out]
         .iter()
         .any(|s| s.bytes != output.bytes())
@@ -212,6 +260,7 @@ pub(super) fn plan_unit(
         saved: (mean, invstd),
         bn,
         gemm_filter: false,
+        recompute: None,
     })
 }
 

@@ -1,21 +1,29 @@
 //! One training step of a [`GpuResNet`] on its uploaded batch: each unit's convolution and
 //! batch norm forward, the loss, backward through the blocks to the stem, and the update.
 
+use super::memory::UnitSlots;
 use super::ops::UnitOp;
 use super::*;
 
 impl GpuResNet {
-    /// Convolution then training-mode batch norm of one unit from `x`, then its ReLU (after
-    /// adding `z`, the residual, for a block's last unit): by cuDNN when fused, else by
-    /// gpukit's kernel.
-    fn unit_forward(&self, u: &GpuUnit, x: View<'_>, z: Option<View<'_>>) -> Result<()> {
+    /// Convolution then training-mode batch norm of one unit from `x` into `maps` (its own, or
+    /// where its block's stage recomputes them), then its ReLU (after adding `z`, the residual,
+    /// for a block's last unit): by cuDNN when fused, else by gpukit's kernel. A recomputation
+    /// (`move_running` off) leaves the running statistics as the forward left them.
+    fn unit_forward(
+        &self,
+        (u, maps): (&GpuUnit, UnitSlots),
+        x: View<'_>,
+        z: Option<View<'_>>,
+        move_running: bool,
+    ) -> Result<()> {
         let ws = self.workspace.view();
         let op = self.op_unit(u, UnitOp::ConvForward);
         self.dnn.conv_train_forward(
             &u.conv,
             x,
             self.weight(u.spec.weight)?,
-            self.at(u.maps.conv_out)?,
+            self.at(maps.conv_out)?,
             ws,
         )?;
         drop(op);
@@ -23,27 +31,49 @@ impl GpuResNet {
         let (saved_mean, saved_invstd) = self.saved_stats(u)?;
         let fused = u.fused();
         let args = BnForward {
-            x: self.at(u.maps.conv_out)?,
+            x: self.at(maps.conv_out)?,
             z: z.filter(|_| fused),
-            y: self.at(u.maps.bn_out)?,
+            y: self.at(maps.bn_out)?,
             gamma: self.param(u.spec.gamma)?,
             beta: self.param(u.spec.beta)?,
             running_mean: self.stat(u.spec.mean)?,
             running_var: self.stat(u.spec.var)?,
+            move_running,
             saved_mean,
             saved_invstd,
         };
         self.dnn
             .bn_forward_training(&u.bn, &args, ws, u.reserve.as_ref().map(|r| r.view()))?;
         if !fused {
-            self.ck.add_relu(
-                self.at(u.maps.bn_out)?,
-                z,
-                self.dtype(),
-                u.output.elements(),
-            )?;
+            self.ck
+                .add_relu(self.at(maps.bn_out)?, z, self.dtype(), u.output.elements())?;
         }
         Ok(())
+    }
+
+    /// One residual block's forward from its input `x`: its downsampling unit first (the
+    /// shortcut the last norm adds), then the main path; the block's output returned. `again`:
+    /// its backward stage recomputing its maps (activation checkpointing) where the plan keeps
+    /// them for the stage, the running statistics left where the forward put them.
+    fn block_forward<'a>(&'a self, b: &GpuBlock, x: View<'a>, again: bool) -> Result<View<'a>> {
+        let maps = |u: &GpuUnit| match again {
+            true => u.backward_maps(),
+            false => u.maps,
+        };
+        let shortcut = match &b.down {
+            Some(d) => {
+                self.unit_forward((d, maps(d)), x, None, !again)?;
+                self.at(maps(d).bn_out)?
+            }
+            None => x,
+        };
+        let mut src = x;
+        for (i, u) in b.main.iter().enumerate() {
+            let z = (i + 1 == b.main.len()).then_some(shortcut);
+            self.unit_forward((u, maps(u)), src, z, !again)?;
+            src = self.at(maps(u).bn_out)?;
+        }
+        Ok(src)
     }
 
     /// Backward through one unit's norm and what follows it, from the gradient of the unit's
@@ -63,7 +93,7 @@ impl GpuResNet {
         if !fused {
             if u.role != BnOps::Bn {
                 self.k
-                    .relu_grad(dy, self.at(u.maps.bn_out)?, self.dtype(), n)?;
+                    .relu_grad(dy, self.at(u.backward_maps().bn_out)?, self.dtype(), n)?;
             }
             if let Some(dz) = dz {
                 self.gpu.copy_view(dz, dy, n * self.dtype().size_bytes())?;
@@ -71,9 +101,9 @@ impl GpuResNet {
         }
         let (saved_mean, saved_invstd) = self.saved_stats(u)?;
         let args = BnBackward {
-            x: self.at(u.maps.conv_out)?,
+            x: self.at(u.backward_maps().conv_out)?,
             y: if fused && u.role != BnOps::Bn {
-                Some(self.at(u.maps.bn_out)?)
+                Some(self.at(u.backward_maps().bn_out)?)
             } else {
                 None
             },
@@ -118,7 +148,7 @@ impl GpuResNet {
         if u.gemm_filter {
             // dW [k, c] = dY^T [k, pixels] X [pixels, c] (a channels-last 1x1 filter; a strided
             // one's pixels gathered first)
-            let s = u.conv.conv().shape;
+            let (s, arithmetic) = (u.conv.conv().shape, u.conv.conv().dtype);
             let (oh, ow) = s.out_hw();
             let x = match (s.stride, gathered) {
                 (1, _) => x,
@@ -139,7 +169,7 @@ impl GpuResNet {
                 }
             };
             self.blas.gemm_batched(
-                self.dtype(),
+                arithmetic,
                 (dy, x, self.product_grad(i)?),
                 (1, s.k, s.c, s.n * oh * ow),
                 (true, false),
@@ -154,7 +184,7 @@ impl GpuResNet {
     pub(super) fn forward(&self) -> Result<()> {
         let dt = self.dtype();
         let stem = &self.stem;
-        self.unit_forward(stem, self.images.view(), None)?;
+        self.unit_forward((stem, stem.maps), self.images.view(), None, true)?;
         let (stem_out, pooled) = (self.at(stem.maps.bn_out)?, self.at(self.maps_plan.pooled)?);
         let (x, y) = (self.pool.input, self.pool.output);
         match self.maps_plan.pool_index {
@@ -186,21 +216,7 @@ impl GpuResNet {
         }
         let mut x = self.at(self.maps_plan.pooled)?;
         for b in &self.blocks {
-            // the shortcut first: the block's last norm adds it
-            let shortcut = match &b.down {
-                Some(d) => {
-                    self.unit_forward(d, x, None)?;
-                    self.at(d.maps.bn_out)?
-                }
-                None => x,
-            };
-            let mut src = x;
-            for (i, u) in b.main.iter().enumerate() {
-                let z = (i + 1 == b.main.len()).then_some(shortcut);
-                self.unit_forward(u, src, z)?;
-                src = self.at(u.maps.bn_out)?;
-            }
-            x = src;
+            x = self.block_forward(b, x, false)?;
         }
         let (fc, w, bias) = self.head;
         let (n, c) = (self.batch, self.last.c);
@@ -218,7 +234,7 @@ impl GpuResNet {
         drop(op);
         let op = self.op_head("linear+bias forward", (n, fc.outputs, fc.inputs));
         self.blas.gemm_batched(
-            dt,
+            self.products(),
             (self.features.view(), self.weight(w)?, self.logits.view()),
             (1, n, fc.outputs, fc.inputs),
             (false, true),
@@ -258,7 +274,7 @@ impl GpuResNet {
         let (n, c) = (self.batch, self.last.c);
         let op = self.op_head("linear weight+bias grad", (fc.outputs, fc.inputs, n));
         self.blas.gemm_batched(
-            dt,
+            self.products(),
             (
                 self.dlogits.view(),
                 self.features.view(),
@@ -278,12 +294,14 @@ impl GpuResNet {
         drop(op);
         let op = self.op_head("linear input grad", (n, fc.inputs, fc.outputs));
         self.blas.gemm_batched(
-            dt,
+            self.products(),
             (self.dlogits.view(), self.weight(w)?, self.dfeatures.view()),
             (1, n, fc.inputs, fc.outputs),
             (false, false),
         )?;
         drop(op);
+        // data-parallel: the head's gradients are done (the first backward group)
+        self.group_done(0)?;
         let plan = &self.maps_plan;
         // o: the gradient of the current block's output; p: the stage's temporary; q: the
         // gradient of the block's input (its residual's first), the previous block's o
@@ -314,6 +332,10 @@ impl GpuResNet {
                     .bn_out)?,
             };
             let last = b.main.last().ok_or_else(no_units)?;
+            if slots.recompute.is_some() {
+                // checkpointed: the block's maps again, from its input
+                self.block_forward(b, block_in, true)?;
+            }
             // the last norm: its input's gradient into p, the residual's into q
             self.norm_backward(last, (o, p), Some(q))?;
             if let Some(d) = &b.down {
@@ -330,10 +352,11 @@ impl GpuResNet {
                 }
                 let (x, dx) = match i {
                     0 => (block_in, (q, true)),
-                    _ => (self.at(b.main[i - 1].maps.bn_out)?, (o, false)),
+                    _ => (self.at(b.main[i - 1].backward_maps().bn_out)?, (o, false)),
                 };
                 self.conv_backward(u, (x, p), Some(dx), None)?;
             }
+            self.group_done(self.blocks.len() - bi)?;
             o = q;
         }
         let (p, q) = (self.at(plan.stem_grads.0)?, self.at(plan.stem_grads.1)?);
@@ -372,6 +395,7 @@ impl GpuResNet {
         }
         self.norm_backward(stem, (p, q), None)?;
         self.conv_backward(stem, (self.images.view(), q), None, None)?;
+        self.group_done(self.blocks.len() + 1)?;
         Ok(())
     }
 
@@ -408,6 +432,7 @@ impl GpuResNet {
         let half = self.half.as_ref().map(|h| h.weights.view());
         let dt = self.dtype();
         let _op = self.op_update();
+        self.gradients_averaged()?;
         if scaled {
             self.k.check_finite(g, n, st)?;
         }
@@ -452,6 +477,11 @@ impl GpuResNet {
     pub fn set_accumulate(&mut self, k: usize) -> Result<()> {
         if k == 0 {
             return Err(Error::Setting("--accumulate 0: must be at least 1".into()));
+        }
+        if k > 1 && self.dp.is_some() {
+            return Err(Error::Setting(
+                "data-parallel training with --accumulate is not available yet".into(),
+            ));
         }
         self.acc = match k {
             1 => None,

@@ -1,0 +1,470 @@
+//! `gpukit train --model NAME --device cuda:0 --gpus N`: a convolutional network trained
+//! data-parallel on cuda:0..N-1, a thread a GPU. Every rank builds the same network from the
+//! same weights and trains its rows of each combined batch (`--batch-size` a GPU); the
+//! gradients are averaged through NCCL in buckets while backward goes on (the train crate's
+//! `cnn::gpu::parallel`).
+//!
+//! Before that, the ranks train the same batches without any communication: the one-GPU
+//! baseline of exactly the work each GPU does. The scaling efficiency is that baseline's update
+//! time over the data-parallel one (1.0: the averaging fully hidden).
+//!
+//! The loop is the one-GPU loop ([`gpukit_train::cnn::run::train`]) over the combined batches,
+//! with [`Ranks`] as its stepper: each update hands every rank thread its shard and returns the
+//! mean of their losses (the combined batch's) and the sum of their right answers.
+
+use crate::error::{Error, Result};
+use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::nccl::{Comm, UniqueId};
+use gpukit_cuda::Gpu;
+use gpukit_train::cnn::gpu::need::{device_need, HINT};
+use gpukit_train::cnn::gpu::GpuResNet;
+use gpukit_train::cnn::optim::{CnnOptimizer, CnnOptimizerConfig};
+use gpukit_train::cnn::resnet::ResNet;
+use gpukit_train::cnn::run::{Stepper, UpdateStats};
+use gpukit_train::cnn::Tensor;
+use gpukit_train::precision::Precision;
+use serde::{Deserialize, Serialize};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::time::Duration;
+
+/// DistributedDataParallel's default `bucket_cap_mb`: PyTorch's side unless `--bucket-mb` is
+/// given. gpukit's default is one bucket of every gradient, averaged after backward: on 2
+/// H200 joined by NVLink, ResNet-50 bf16 at 256 a GPU scaled 0.976 so, 0.964 in buckets of 25
+/// MiB, 0.950 of 5 and 0.933 of 2 (NCCL's kernels slowed the backward beside them by more than
+/// they hid; run 96).
+pub const DDP_BUCKET_MB: f64 = 25.0;
+
+/// How long the other ranks may wait on a failed one inside NCCL before the process ends.
+const HANG_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What data-parallel training did, beside the run's own figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CnnDataParallel {
+    pub ranks: usize,
+    pub batch_per_gpu: usize,
+    pub combined_batch: usize,
+    pub buckets: usize,
+    pub bucket_mb: f64,
+    /// The f32 gradients averaged each update.
+    pub gradient_mib: f64,
+    /// The median update time (ms) of the ranks training the same batches alone, and
+    /// data-parallel (updates after the first).
+    pub single_step_ms: f64,
+    pub step_ms: f64,
+    /// Images a second of one GPU alone (its share) and of the whole world data-parallel.
+    pub single_images_per_s: f64,
+    pub images_per_s: f64,
+    /// Baseline update time over data-parallel update time.
+    pub scaling_efficiency: f64,
+    /// PyTorch's DistributedDataParallel of the same network, when compared.
+    #[serde(default)]
+    pub ddp: Vec<DdpCnnRow>,
+}
+
+/// One PyTorch DistributedDataParallel mode's figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DdpCnnRow {
+    /// `ddp` (eager) or `ddp_compile` (torch.compile of the DDP model).
+    pub mode: String,
+    pub failed: Option<String>,
+    pub single_images_per_s: Option<f64>,
+    pub images_per_s: Option<f64>,
+    pub scaling_efficiency: Option<f64>,
+}
+
+/// What every rank builds: the same network, weights and optimizer.
+pub struct Setup<'a> {
+    pub discovery: &'a Discovery,
+    pub model: &'a ResNet<f32>,
+    pub batch_per_gpu: usize,
+    pub image: (usize, usize),
+    pub precision: Precision,
+    pub checkpoint: bool,
+    pub opt: CnnOptimizerConfig,
+    pub smoothing: f64,
+    pub graph: bool,
+    /// Gradient buckets of at least this many MiB.
+    pub bucket_mb: f64,
+}
+
+/// A rank thread's work.
+enum Ask {
+    /// Train a micro-batch: its shard (None: the one it holds).
+    Step {
+        shard: Option<(Tensor<f32>, Vec<u32>)>,
+        micro: (usize, usize),
+    },
+    /// Join the communicator of this id, then start again from the initial weights and a
+    /// fresh optimizer.
+    Join(UniqueId),
+    /// Its figures.
+    Figures,
+}
+
+/// Rank 0's trainer figures for the report.
+#[derive(Debug, Clone, Default)]
+pub struct RankFigures {
+    pub peak_bytes: u64,
+    pub step_launch: String,
+    pub memory: Vec<(String, u64)>,
+    pub conv_algorithms: Vec<String>,
+    pub buckets: usize,
+    /// [`GpuResNet::weights_digest`].
+    pub weights: u64,
+}
+
+enum Reply {
+    Ready,
+    Stepped(f64, usize),
+    Joined,
+    Figures(RankFigures),
+}
+
+/// The rank threads, as one stepper of the combined batches.
+pub struct Ranks {
+    asks: Vec<Sender<Ask>>,
+    replies: Vec<Receiver<Result<Reply>>>,
+    batch_per_gpu: usize,
+}
+
+fn gone(rank: usize) -> Error {
+    Error::Failed(format!("the thread of rank {rank} (cuda:{rank}) ended"))
+}
+
+impl Ranks {
+    fn send(&self, rank: usize, ask: Ask) -> Result<()> {
+        self.asks[rank].send(ask).map_err(|_| gone(rank))
+    }
+
+    /// Every rank's reply, in rank order; the first failure arms the hang guard (the others may
+    /// wait for the failed rank inside NCCL) and is returned.
+    fn gather(&self) -> Result<Vec<Reply>> {
+        let mut out = Vec::with_capacity(self.replies.len());
+        for (rank, rx) in self.replies.iter().enumerate() {
+            match rx.recv().map_err(|_| gone(rank)).and_then(|r| r) {
+                Ok(r) => out.push(r),
+                Err(e) => {
+                    crate::hang_guard::after_failure(
+                        HANG_TIMEOUT,
+                        format!("rank {rank} (cuda:{rank}): {e}"),
+                    );
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Joins every rank to one communicator, each starting again from the initial weights.
+    pub fn join(&self) -> Result<()> {
+        let id = UniqueId::new()?;
+        for rank in 0..self.asks.len() {
+            self.send(rank, Ask::Join(id.clone()))?;
+        }
+        self.gather().map(|_| ())
+    }
+
+    /// Rank 0's figures, once every rank is seen to hold the same weights (each applied the
+    /// same averaged gradients to the same start: a difference is a broken average).
+    pub fn figures(&self) -> Result<RankFigures> {
+        for rank in 0..self.asks.len() {
+            self.send(rank, Ask::Figures)?;
+        }
+        let mut all = Vec::new();
+        for reply in self.gather()? {
+            match reply {
+                Reply::Figures(f) => all.push(f),
+                _ => return Err(Error::Failed("a rank answered out of turn".into())),
+            }
+        }
+        if let Some(rank) = all.iter().position(|f| f.weights != all[0].weights) {
+            return Err(Error::Failed(format!(
+                "after training, rank {rank}'s weights differ from rank 0's: the gradients were \
+                 not averaged alike"
+            )));
+        }
+        all.into_iter()
+            .next()
+            .ok_or_else(|| Error::Failed("no rank".into()))
+    }
+}
+
+/// Rows `[first, first + n)` of a batch.
+fn rows(
+    (images, labels): (&Tensor<f32>, &[u32]),
+    first: usize,
+    n: usize,
+) -> (Tensor<f32>, Vec<u32>) {
+    let [_, c, h, w] = images.shape;
+    let per = c * h * w;
+    (
+        Tensor {
+            shape: [n, c, h, w],
+            data: images.data[first * per..(first + n) * per].to_vec(),
+        },
+        labels[first..first + n].to_vec(),
+    )
+}
+
+impl Stepper for Ranks {
+    fn step(
+        &mut self,
+        (images, labels): (&Tensor<f32>, &[u32]),
+        fresh: bool,
+        micro: (usize, usize),
+    ) -> gpukit_train::Result<(f64, usize)> {
+        let ranks = self.asks.len();
+        let b = self.batch_per_gpu;
+        if images.shape[0] != ranks * b || labels.len() != ranks * b {
+            return Err(gpukit_train::Error::Failed(format!(
+                "a combined batch of {} images for {ranks} ranks of {b}",
+                images.shape[0]
+            )));
+        }
+        let fail = |e: Error| gpukit_train::Error::Failed(e.to_string());
+        for rank in 0..ranks {
+            let shard = fresh.then(|| rows((images, labels), rank * b, b));
+            self.send(rank, Ask::Step { shard, micro }).map_err(fail)?;
+        }
+        let (mut loss, mut correct) = (0.0, 0);
+        for reply in self.gather().map_err(fail)? {
+            if let Reply::Stepped(l, c) = reply {
+                loss += l / ranks as f64;
+                correct += c;
+            }
+        }
+        Ok((loss, correct))
+    }
+}
+
+/// One rank's thread: builds its trainer on cuda:`rank` (its memory checked first), answers
+/// Ready, then serves asks until the channel closes or one fails.
+fn rank_thread(
+    setup: &Setup<'_>,
+    rank: usize,
+    world: usize,
+    asks: Receiver<Ask>,
+    replies: Sender<Result<Reply>>,
+) {
+    let built = (|| -> Result<(std::sync::Arc<Gpu>, GpuResNet)> {
+        let gpu = std::sync::Arc::new(Gpu::open(setup.discovery, rank)?);
+        let (free, _) = gpu.mem_info()?;
+        device_need(
+            rank,
+            setup.model,
+            (setup.batch_per_gpu, 1, setup.checkpoint),
+            setup.image,
+            setup.precision,
+            &setup.opt,
+        )?
+        .check(Some(free), HINT)?;
+        let mut net = GpuResNet::new(
+            setup.discovery,
+            gpu.clone(),
+            setup.model,
+            setup.batch_per_gpu,
+            setup.image,
+            (setup.precision, setup.checkpoint),
+            setup.opt,
+            setup.smoothing,
+        )?;
+        net.use_graph(setup.graph);
+        Ok((gpu, net))
+    })();
+    let (gpu, mut net) = match built {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = replies.send(Err(e));
+            return;
+        }
+    };
+    if replies.send(Ok(Reply::Ready)).is_err() {
+        return;
+    }
+    let mut held: Option<(Tensor<f32>, Vec<u32>)> = None;
+    for ask in asks {
+        let reply = match ask {
+            Ask::Step { shard, micro } => (|| {
+                let fresh = shard.is_some();
+                if let Some(s) = shard {
+                    held = Some(s);
+                }
+                let (images, labels) = held
+                    .as_ref()
+                    .ok_or_else(|| Error::Failed("a step before any batch".into()))?;
+                let (l, c) = net.step((images, labels), fresh, micro)?;
+                Ok(Reply::Stepped(l, c))
+            })(),
+            Ask::Join(id) => (|| {
+                let comm = Comm::init_rank_on(&gpu, gpu.new_priority_stream()?, &id, rank, world)?;
+                net.attach(comm, (setup.bucket_mb * f64::from(1 << 20)) as usize)?;
+                net.load(setup.model)?;
+                net.load_optimizer(&CnnOptimizer::new(setup.opt))?;
+                held = None;
+                Ok(Reply::Joined)
+            })(),
+            Ask::Figures => (|| {
+                Ok(Reply::Figures(RankFigures {
+                    peak_bytes: net.peak_bytes()?,
+                    step_launch: net.step_launch(),
+                    memory: net.memory_parts(),
+                    conv_algorithms: net.conv_algorithms(),
+                    buckets: net.buckets(),
+                    weights: net.weights_digest()?,
+                }))
+            })(),
+        };
+        let failed = reply.is_err();
+        if replies.send(reply).is_err() || failed {
+            return;
+        }
+    }
+}
+
+/// What PyTorch's DistributedDataParallel is asked to train: the run's network, precision
+/// and optimizer.
+pub struct DdpRequest<'a> {
+    /// torchvision's name (`resnet50`).
+    pub model: &'a str,
+    pub classes: usize,
+    /// Square images of this side.
+    pub image: usize,
+    pub precision: Precision,
+    pub opt: CnnOptimizerConfig,
+    pub smoothing: f64,
+    pub checkpoint: bool,
+}
+
+/// PyTorch's modes (eager DDP, torch.compile of the DDP model), each one GPU alone and then
+/// `world` ranks of `batch` images (the reference script's `ddp-cnn`, buckets of `bucket_mb`),
+/// `steps` timed updates after 5.
+pub fn compare_ddp(
+    r: &DdpRequest<'_>,
+    (world, batch, bucket_mb): (usize, usize, f64),
+    steps: u64,
+) -> Result<Vec<DdpCnnRow>> {
+    use gpukit_train::optim::OptimizerKind;
+    let o = r.opt;
+    let mut args: Vec<String> = [
+        "ddp-cnn",
+        "--model",
+        r.model,
+        "--classes",
+        &r.classes.to_string(),
+        "--image-size",
+        &r.image.to_string(),
+        "--nproc",
+        &world.to_string(),
+        "--batch-per-gpu",
+        &batch.to_string(),
+        "--precision",
+        r.precision.name(),
+        "--optimizer",
+        match o.kind {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Adam | OptimizerKind::AdamW => "adamw",
+        },
+        "--lr",
+        &o.lr.to_string(),
+        "--momentum",
+        &o.momentum.to_string(),
+        "--weight-decay",
+        &o.weight_decay.to_string(),
+        "--label-smoothing",
+        &r.smoothing.to_string(),
+        "--steps",
+        &steps.max(10).to_string(),
+        "--bucket-mb",
+        &bucket_mb.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if o.nesterov {
+        args.push("--nesterov".into());
+    }
+    if r.checkpoint {
+        args.push("--checkpoint".into());
+    }
+    let run = crate::peer::run_pytorch(&args)?;
+    Ok(run
+        .results
+        .iter()
+        .map(|v| DdpCnnRow {
+            mode: v["mode"].as_str().unwrap_or("?").to_string(),
+            failed: (v["status"] != "ok")
+                .then(|| v["reason"].as_str().unwrap_or("failed").to_string()),
+            single_images_per_s: v["single"]["images_per_s"].as_f64(),
+            images_per_s: v["ddp"]["images_per_s"].as_f64(),
+            scaling_efficiency: v["scaling_efficiency"].as_f64(),
+        })
+        .collect())
+}
+
+/// The median of the update times after the first (ms).
+pub fn median_step_ms(updates: &[UpdateStats]) -> f64 {
+    let mut v: Vec<f64> = updates.iter().skip(1).map(|u| u.seconds * 1e3).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Starts a thread per GPU (cuda:0..`world`), each with its trainer built, and hands
+/// `work` the ranks as a stepper; the threads end when `work` returns.
+pub fn with_ranks<T>(
+    setup: &Setup<'_>,
+    world: usize,
+    work: impl FnOnce(&mut Ranks) -> Result<T>,
+) -> Result<T> {
+    std::thread::scope(|scope| {
+        let mut asks = Vec::new();
+        let mut replies = Vec::new();
+        for rank in 0..world {
+            let (ask_tx, ask_rx) = channel();
+            let (reply_tx, reply_rx) = channel();
+            asks.push(ask_tx);
+            replies.push(reply_rx);
+            scope.spawn(move || rank_thread(setup, rank, world, ask_rx, reply_tx));
+        }
+        let mut ranks = Ranks {
+            asks,
+            replies,
+            batch_per_gpu: setup.batch_per_gpu,
+        };
+        ranks.gather()?;
+        // the threads end when their channels close, whatever `work` returned
+        work(&mut ranks)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_are_the_rows_of_each_rank() {
+        let images = Tensor {
+            shape: [4, 1, 1, 2],
+            data: (0..8).map(|v| v as f32).collect(),
+        };
+        let labels = [0, 1, 2, 3];
+        let (x, y) = rows((&images, &labels), 2, 2);
+        assert_eq!(x.shape, [2, 1, 1, 2]);
+        assert_eq!(x.data, vec![4.0, 5.0, 6.0, 7.0]);
+        assert_eq!(y, vec![2, 3]);
+    }
+
+    #[test]
+    fn the_median_leaves_the_first_update_out() {
+        let u = |s| UpdateStats {
+            step: 1,
+            loss: 0.0,
+            accuracy: 0.0,
+            seconds: s,
+        };
+        assert_eq!(median_step_ms(&[u(9.0), u(0.001), u(0.003), u(0.002)]), 2.0);
+        assert!(median_step_ms(&[u(1.0)]).is_nan());
+    }
+}

@@ -1,0 +1,196 @@
+//! Data-parallel training of a [`GpuResNet`]: each rank trains its share of every combined
+//! batch and the gradients are averaged over the ranks through NCCL while backward goes on.
+//!
+//! Backward finishes the parameters a group at a time: the head's, then each residual block's
+//! from the last, then the stem's. Each group's gradients are one contiguous span of the flat
+//! gradient buffer (torchvision's parameter order). Consecutive groups are joined into buckets
+//! of at least the bucket size; when backward has finished a bucket's last group, its average
+//! starts on the communicator's stream after the work stream's current point, so it overlaps
+//! the backward of the blocks before it. The update waits for the last. The stem's small
+//! bucket is all that is left to average when backward ends.
+//!
+//! Batch norm is per rank, as DistributedDataParallel without SyncBatchNorm: each rank
+//! normalises its own images and keeps its own running statistics (rank 0's are the model's,
+//! as DDP's broadcast of rank 0's buffers makes them).
+
+use super::GpuResNet;
+use crate::error::{Error, Result};
+use gpukit_cuda::nccl::{Comm, RedOp};
+use gpukit_types::DType;
+
+/// A trainer's peers: its communicator and its buckets.
+pub(super) struct CnnDp {
+    comm: Comm,
+    /// Each bucket: the backward group that completes it and its span of the flat gradients,
+    /// elements [start, end).
+    buckets: Vec<(usize, (usize, usize))>,
+}
+
+/// Joins the spans of consecutive groups (backward order, each [start, end)) into buckets of at
+/// least `bytes` (f32 gradients; the last may be smaller): each the group that completes it and
+/// its span, the spans tiling [0, `total`) (the flat layout's padding after a group goes with
+/// it). An error unless the groups come from the end down, each ending at most `slack`
+/// elements below where the one before it starts (padding, not gradients left out).
+pub fn buckets_of(
+    groups: &[(usize, usize)],
+    total: usize,
+    (bytes, slack): (usize, usize),
+) -> Result<Vec<(usize, (usize, usize))>> {
+    let mut out = Vec::new();
+    // the lowest start so far, and the top of the bucket being filled
+    let (mut end, mut top) = (total, total);
+    for (g, &(a, b)) in groups.iter().enumerate() {
+        if a > b || b > end || end - b >= slack.max(1) {
+            return Err(Error::Failed(format!(
+                "backward group {g} spans gradients {a}..{b}, the one after it starts at {end}"
+            )));
+        }
+        end = a;
+        if (top - a) * 4 >= bytes {
+            out.push((g, (a, top)));
+            top = a;
+        }
+    }
+    if end >= slack.max(1) {
+        return Err(Error::Failed(format!(
+            "the backward groups leave gradients 0..{end} out"
+        )));
+    }
+    match out.last_mut() {
+        // the padding below the lowest group, or the groups since the last full bucket
+        Some(last) if top == end => last.1 .0 = 0,
+        _ if !groups.is_empty() => out.push((groups.len() - 1, (0, top))),
+        _ => {}
+    }
+    Ok(out)
+}
+
+impl GpuResNet {
+    /// The spans of the flat gradients backward finishes a group at a time: the head's, each
+    /// block's from the last, the stem's.
+    fn backward_groups(&self) -> Result<Vec<(usize, usize)>> {
+        let span = |indices: &[usize]| -> Result<(usize, usize)> {
+            let (lo, hi) = (
+                *indices.iter().min().unwrap_or(&0),
+                *indices.iter().max().unwrap_or(&0),
+            );
+            let (a, _) = self.params_layout.range(lo)?;
+            let (b, n) = self.params_layout.range(hi)?;
+            Ok((a, b + n))
+        };
+        let of_units = |units: &mut dyn Iterator<Item = &super::GpuUnit>| -> Vec<usize> {
+            units
+                .flat_map(|u| [u.spec.weight, u.spec.gamma, u.spec.beta])
+                .collect()
+        };
+        let (_, w, bias) = self.head;
+        let mut groups = vec![span(&[w, bias])?];
+        for b in self.blocks.iter().rev() {
+            let ids = of_units(&mut b.main.iter().chain(b.down.as_ref()));
+            groups.push(span(&ids)?);
+        }
+        groups.push(span(&of_units(&mut std::iter::once(&self.stem)))?);
+        Ok(groups)
+    }
+
+    /// Joins this trainer to its data-parallel peers: `comm` (this rank's communicator, on a
+    /// stream of this GPU other than the work stream) averages the gradients in buckets of at
+    /// least `bucket_bytes` while backward goes on. Every rank must attach with the same
+    /// network and bucket size. Refused with gradient accumulation (its sum, not each
+    /// micro-batch's gradients, would need the average).
+    pub fn attach(&mut self, comm: Comm, bucket_bytes: usize) -> Result<()> {
+        if self.accumulate != 1 {
+            return Err(Error::Setting(
+                "data-parallel training with --accumulate is not available yet".into(),
+            ));
+        }
+        let buckets = buckets_of(
+            &self.backward_groups()?,
+            self.params_layout.total,
+            (bucket_bytes.max(1), super::layout::ALIGN),
+        )?;
+        // NCCL connects its peers at a communicator's first collective of each size class,
+        // which a graph capture refuses: average every bucket once now (the first backward
+        // overwrites the gradients)
+        for &(_, (a, b)) in &buckets {
+            let region = self.grads.view().sub(a * 4, (b - a) * 4)?;
+            comm.all_reduce(region, region, b - a, DType::F32, RedOp::Avg)?;
+        }
+        comm.stream().synchronize()?;
+        comm.async_error()?;
+        self.dp = Some(CnnDp { comm, buckets });
+        // graphs captured without the communication would skip it
+        self.graphs = [None, None, None];
+        Ok(())
+    }
+
+    /// After backward has finished group `g` ([`GpuResNet::backward_groups`]'s order): the
+    /// bucket it completes starts averaging on the communicator's stream once the work stream
+    /// has reached this point.
+    pub(super) fn group_done(&self, g: usize) -> Result<()> {
+        let Some(dp) = &self.dp else { return Ok(()) };
+        for &(last, (a, b)) in &dp.buckets {
+            if last == g {
+                let region = self.grads.view().sub(a * 4, (b - a) * 4)?;
+                dp.comm.stream().wait(&self.gpu.stream().record()?)?;
+                dp.comm
+                    .all_reduce(region, region, b - a, DType::F32, RedOp::Avg)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Before the update: the work stream waits for every bucket's average.
+    pub(super) fn gradients_averaged(&self) -> Result<()> {
+        if let Some(dp) = &self.dp {
+            self.gpu.stream().wait(&dp.comm.stream().record()?)?;
+        }
+        Ok(())
+    }
+
+    /// A digest of the f32 weights: ranks that averaged the same gradients hold the same bits.
+    pub fn weights_digest(&self) -> Result<u64> {
+        use std::hash::Hasher;
+        let bytes = self.gpu.download(&self.params)?;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        h.write(&bytes);
+        Ok(h.finish())
+    }
+
+    /// How many buckets the gradients are averaged in (0 without peers).
+    pub fn buckets(&self) -> usize {
+        self.dp.as_ref().map_or(0, |d| d.buckets.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Groups from the end of the gradients join into buckets of at least the size, the last
+    /// bucket taking what is left and the padding between groups going with the group above;
+    /// groups that overlap, come out of order or leave more than padding out are refused.
+    #[test]
+    fn groups_join_into_buckets_from_the_end() {
+        // head 10..12, blocks 6..10 and 2..6, stem 0..2 (f32: 4 bytes each)
+        let groups = [(10, 12), (6, 10), (2, 6), (0, 2)];
+        let b = buckets_of(&groups, 12, (20, 4)).unwrap();
+        assert_eq!(b, vec![(1, (6, 12)), (3, (0, 6))]);
+        let each = buckets_of(&groups, 12, (1, 4)).unwrap();
+        assert_eq!(each.len(), 4);
+        assert_eq!(each[0], (0, (10, 12)));
+        let one = buckets_of(&groups, 12, (1 << 20, 4)).unwrap();
+        assert_eq!(one, vec![(3, (0, 12))]);
+        // padding after each group (the flat layout's alignment), and below the lowest
+        let padded = [(12, 14), (7, 10), (1, 5)];
+        let b = buckets_of(&padded, 16, (1, 4)).unwrap();
+        assert_eq!(b, vec![(0, (12, 16)), (1, (7, 12)), (2, (0, 7))]);
+        let b = buckets_of(&padded, 16, (1 << 20, 4)).unwrap();
+        assert_eq!(b, vec![(2, (0, 16))]);
+        // overlapping, out of order, more than padding left out between or below
+        assert!(buckets_of(&[(10, 12), (5, 11), (0, 5)], 12, (4, 4)).is_err());
+        assert!(buckets_of(&[(0, 2), (10, 12)], 12, (4, 4)).is_err());
+        assert!(buckets_of(&[(10, 12), (0, 5)], 12, (4, 4)).is_err());
+        assert!(buckets_of(&[(10, 12), (6, 10)], 12, (4, 4)).is_err());
+    }
+}
