@@ -483,56 +483,9 @@ pub fn run_cnn_train(
             graph: r.graph.unwrap_or(true),
             bucket_mb: r.bucket_mb.unwrap_or(gradient_mib),
         };
-        let (setup_seconds, alone, out, figures) =
-            cnn_parallel::with_ranks(&setup, world, |ranks| {
-                let setup_seconds = started.elapsed().as_secs_f64();
-                let alone = run::train(ranks, &images, &cfg, &mut |u| {
-                    progress(&format!(
-                        "each GPU alone, update {}: {:.1} ms",
-                        u.step,
-                        u.seconds * 1e3
-                    ))
-                })?;
-                ranks.join()?;
-                let out = run::train(ranks, &images, &cfg, &mut |u| {
-                    progress(&format!(
-                        "data-parallel x{world}, update {}: loss {:.6} ({:.1} ms)",
-                        u.step,
-                        u.loss,
-                        u.seconds * 1e3
-                    ))
-                })?;
-                Ok((setup_seconds, alone, out, ranks.figures()?))
-            })?;
-        // both phases start from the same weights on the same shards: the same first loss
-        if let (Some(a), Some(d)) = (alone.updates.first(), out.updates.first()) {
-            let apart = (a.loss - d.loss).abs() / a.loss.abs().max(1e-30);
-            if apart.is_nan() || apart > 1e-5 {
-                return Err(Error::Failed(format!(
-                    "the first data-parallel loss {} is not the ranks' alone {} ({apart:.1e} \
-                     apart): the shards or the weights differ",
-                    d.loss, a.loss
-                )));
-            }
-        }
-        let (single, together) = (
-            cnn_parallel::median_step_ms(&alone.updates),
-            cnn_parallel::median_step_ms(&out.updates),
-        );
-        data_parallel = Some(cnn_parallel::CnnDataParallel {
-            ranks: world,
-            batch_per_gpu: batch,
-            combined_batch: combined,
-            buckets: figures.buckets,
-            bucket_mb: setup.bucket_mb,
-            gradient_mib,
-            single_step_ms: single,
-            step_ms: together,
-            single_images_per_s: batch as f64 / (single / 1e3),
-            images_per_s: combined as f64 / (together / 1e3),
-            scaling_efficiency: single / together,
-            ddp: Vec::new(),
-        });
+        let (setup_seconds, out, figures, dp) =
+            cnn_parallel::train(&setup, world, (&images, &cfg), started, progress)?;
+        data_parallel = Some(dp);
         conv_algorithms = figures.conv_algorithms.clone();
         (setup_seconds, out, Some(figures))
     } else {

@@ -16,16 +16,17 @@ use crate::error::{Error, Result};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::nccl::{Comm, UniqueId};
 use gpukit_cuda::Gpu;
+use gpukit_train::cnn::data::Images;
 use gpukit_train::cnn::gpu::need::{device_need, HINT};
 use gpukit_train::cnn::gpu::GpuResNet;
 use gpukit_train::cnn::optim::{CnnOptimizer, CnnOptimizerConfig};
 use gpukit_train::cnn::resnet::ResNet;
-use gpukit_train::cnn::run::{Stepper, UpdateStats};
+use gpukit_train::cnn::run::{self, LoopConfig, LoopOutcome, Stepper, UpdateStats};
 use gpukit_train::cnn::Tensor;
 use gpukit_train::precision::Precision;
 use serde::{Deserialize, Serialize};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// DistributedDataParallel's default `bucket_cap_mb`: PyTorch's side unless `--bucket-mb` is
 /// given. gpukit's default is one bucket of every gradient, averaged after backward: on 2
@@ -319,6 +320,69 @@ fn rank_thread(
             return;
         }
     }
+}
+
+/// Trains `world` ranks of `setup` over `images` by `cfg` (its batch the combined one): first
+/// each rank alone on its shards, then together from the initial weights. Returns the seconds
+/// from `started` to the first update, the data-parallel loop's outcome, rank 0's figures and
+/// the data-parallel figures (no PyTorch rows yet); an error when the first data-parallel loss
+/// is not the first alone loss (the same weights and shards) or the ranks' weights differ at
+/// the end.
+pub fn train(
+    setup: &Setup<'_>,
+    world: usize,
+    (images, cfg): (&Images, &LoopConfig),
+    started: Instant,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(f64, LoopOutcome, RankFigures, CnnDataParallel)> {
+    let (setup_seconds, alone, out, figures) = with_ranks(setup, world, |ranks| {
+        let setup_seconds = started.elapsed().as_secs_f64();
+        let alone = run::train(ranks, images, cfg, &mut |u| {
+            progress(&format!(
+                "each GPU alone, update {}: {:.1} ms",
+                u.step,
+                u.seconds * 1e3
+            ))
+        })?;
+        ranks.join()?;
+        let out = run::train(ranks, images, cfg, &mut |u| {
+            progress(&format!(
+                "data-parallel x{world}, update {}: loss {:.6} ({:.1} ms)",
+                u.step,
+                u.loss,
+                u.seconds * 1e3
+            ))
+        })?;
+        Ok((setup_seconds, alone, out, ranks.figures()?))
+    })?;
+    // both phases start from the same weights on the same shards: the same first loss
+    if let (Some(a), Some(d)) = (alone.updates.first(), out.updates.first()) {
+        let apart = (a.loss - d.loss).abs() / a.loss.abs().max(1e-30);
+        if apart.is_nan() || apart > 1e-5 {
+            return Err(Error::Failed(format!(
+                "the first data-parallel loss {} is not the ranks' alone {} ({apart:.1e} \
+                 apart): the shards or the weights differ",
+                d.loss, a.loss
+            )));
+        }
+    }
+    let (single, together) = (median_step_ms(&alone.updates), median_step_ms(&out.updates));
+    let batch = setup.batch_per_gpu;
+    let dp = CnnDataParallel {
+        ranks: world,
+        batch_per_gpu: batch,
+        combined_batch: cfg.batch_size,
+        buckets: figures.buckets,
+        bucket_mb: setup.bucket_mb,
+        gradient_mib: (setup.model.parameter_count() * 4) as f64 / f64::from(1 << 20),
+        single_step_ms: single,
+        step_ms: together,
+        single_images_per_s: batch as f64 / (single / 1e3),
+        images_per_s: cfg.batch_size as f64 / (together / 1e3),
+        scaling_efficiency: single / together,
+        ddp: Vec::new(),
+    };
+    Ok((setup_seconds, out, figures, dp))
 }
 
 /// What PyTorch's DistributedDataParallel is asked to train: the run's network, precision
