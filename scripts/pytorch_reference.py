@@ -467,6 +467,8 @@ def build_parser():
     e.add_argument("--steps", type=positive_int, default=30)
     e.add_argument("--warmup", type=non_negative_int, default=5)
     e.add_argument("--bucket-mb", type=positive_float, default=25.0, help="DDP's bucket_cap_mb")
+    e.add_argument("--grad-comm", type=choice_of("f32", "bf16"), default="f32",
+                   help="bf16: DDP's bf16_compress_hook (each averaged gradient rounded to bf16)")
     e.add_argument("--timeout-s", type=positive_int, default=300,
                    help="process group timeout; ranks that make no progress this long are stopped")
     e.add_argument("--backend", type=choice_of("nccl", "gloo"), default="nccl", help=argparse.SUPPRESS)
@@ -2255,6 +2257,9 @@ def ddp_cnn_measure(torch, opts, rank, device, dist):
     if dist is not None:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index], bucket_cap_mb=opts["bucket_mb"], gradient_as_bucket_view=True)
+        if c["grad_comm"] == "bf16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            model.register_comm_hook(None, default_hooks.bf16_compress_hook)
     if c["optimizer"] == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=c["lr"], momentum=c["momentum"], nesterov=c["nesterov"],
                               weight_decay=c["weight_decay"], foreach=True)
@@ -2359,7 +2364,8 @@ def bench_ddp_cnn(torch, args):
     cnn = {"model": args.model, "classes": args.classes, "image_size": args.image_size,
            "precision": args.precision, "optimizer": args.optimizer, "lr": args.lr,
            "momentum": args.momentum, "nesterov": args.nesterov, "weight_decay": args.weight_decay,
-           "label_smoothing": args.label_smoothing, "checkpoint": args.checkpoint}
+           "label_smoothing": args.label_smoothing, "checkpoint": args.checkpoint,
+           "grad_comm": args.grad_comm}
     opts = {"cnn": cnn, "batch": batch, "steps": args.steps, "warmup": args.warmup,
             "bucket_mb": args.bucket_mb, "backend": args.backend, "timeout_s": args.timeout_s}
     rows, version, device_name = [], torch.__version__, None

@@ -160,7 +160,6 @@ pub(super) fn cnn_request(
         ("--save", a.save.is_some()),
         ("--resume", a.resume.is_some()),
         ("--grad-pieces", a.grad_pieces.is_some()),
-        ("--grad-comm", a.grad_comm.is_some()),
         ("--loader", a.loader.is_some()),
     ];
     if let Some((flag, _)) = mlp_only.iter().find(|(_, given)| *given) {
@@ -197,6 +196,7 @@ pub(super) fn cnn_request(
         checkpoint_activations: a.checkpoint_activations,
         gpus: a.gpus,
         bucket_mb: a.bucket_mb,
+        grad_comm: a.grad_comm,
         graph: match (a.graph, a.no_graph) {
             (true, _) => Some(true),
             (_, true) => Some(false),

@@ -256,11 +256,15 @@ fn data_parallel_section(dp: &CnnDataParallel) -> Section {
         (
             "GPUs".to_string(),
             format!(
-                "{} (batch {} each, {} combined); {:.1} MiB of f32 gradients averaged {}",
+                "{} (batch {} each, {} combined); {:.1} MiB of f32 gradients averaged{} {}",
                 dp.ranks,
                 dp.batch_per_gpu,
                 dp.combined_batch,
                 dp.gradient_mib,
+                match dp.grad_comm.as_str() {
+                    "f32" => String::new(),
+                    t => format!(" in {t} (each averaged gradient rounded to it)"),
+                },
                 match dp.buckets {
                     1 => "in one bucket after backward".to_string(),
                     n => format!(

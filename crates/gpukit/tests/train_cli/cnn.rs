@@ -189,6 +189,10 @@ pub fn bad_cnn_input_exits_2_naming_it() -> Result<(), Failed> {
             vec!["--gpus 2: data-parallel training runs on cuda:0..1; give --device cuda:0"],
         ),
         (
+            with(&["--grad-comm", "bf16"]),
+            vec!["--grad-comm and --bucket-mb: say how data-parallel ranks average"],
+        ),
+        (
             with(&["--checkpoint-activations"]),
             vec!["--checkpoint-activations: the CPU path keeps every map"],
         ),

@@ -61,8 +61,10 @@ pub struct CnnTrainRequest {
     pub accumulate: Option<usize>,
     /// Data-parallel over cuda:0..N-1 (`batch_size` images on each).
     pub gpus: Option<usize>,
-    /// Data-parallel: gradient buckets of at least this many MiB [default 25, as DDP's].
+    /// Data-parallel: gradient buckets of at least this many MiB [default: one bucket].
     pub bucket_mb: Option<f64>,
+    /// Data-parallel: the type gradients are averaged in [default f32; bf16 rounds them].
+    pub grad_comm: Option<DType>,
     /// GPU: keep only each residual block's output through the forward, the block's other
     /// maps recomputed in its backward stage (less memory, one more forward of the blocks).
     pub checkpoint_activations: bool,
@@ -248,6 +250,22 @@ pub fn check_request(r: &CnnTrainRequest) -> Result<()> {
                     .into(),
             ));
         }
+    }
+    if r.gpus.unwrap_or(1) < 2 && (r.grad_comm.is_some() || r.bucket_mb.is_some()) {
+        return Err(Error::BadInput(
+            "--grad-comm and --bucket-mb: say how data-parallel ranks average their gradients; \
+             give --gpus N (2 or more)"
+                .into(),
+        ));
+    }
+    if let Some(t) = r
+        .grad_comm
+        .filter(|t| ![DType::F32, DType::Bf16].contains(t))
+    {
+        return Err(Error::BadInput(format!(
+            "--grad-comm {}: gradients are averaged in f32 or bf16",
+            t.name()
+        )));
     }
     if r.checkpoint_activations && r.device == Device::Cpu {
         return Err(Error::BadInput(
@@ -482,6 +500,7 @@ pub fn run_cnn_train(
             smoothing,
             graph: r.graph.unwrap_or(true),
             bucket_mb: r.bucket_mb.unwrap_or(gradient_mib),
+            grad_comm: r.grad_comm.unwrap_or(DType::F32),
         };
         let (setup_seconds, out, figures, dp) =
             cnn_parallel::train(&setup, world, (&images, &cfg), started, progress)?;
@@ -577,6 +596,7 @@ pub fn run_cnn_train(
                 opt,
                 smoothing,
                 checkpoint: r.checkpoint_activations,
+                bf16_comm: r.grad_comm == Some(DType::Bf16),
             },
             (
                 world,
@@ -704,6 +724,7 @@ mod tests {
             accumulate: None,
             gpus: None,
             bucket_mb: None,
+            grad_comm: None,
             checkpoint_activations: false,
         }
     }
@@ -757,6 +778,14 @@ mod tests {
                     ..request()
                 },
                 "--gpus with --accumulate",
+            ),
+            (
+                CnnTrainRequest {
+                    grad_comm: Some(DType::Bf16),
+                    device: Device::Cuda(0),
+                    ..request()
+                },
+                "--grad-comm and --bucket-mb: say how data-parallel ranks average",
             ),
             (
                 CnnTrainRequest {

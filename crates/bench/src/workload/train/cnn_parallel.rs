@@ -46,6 +46,9 @@ pub struct CnnDataParallel {
     pub combined_batch: usize,
     pub buckets: usize,
     pub bucket_mb: f64,
+    /// The type the gradients were averaged in: "f32", or "bf16", which rounds them.
+    #[serde(default = "f32_name")]
+    pub grad_comm: String,
     /// The f32 gradients averaged each update.
     pub gradient_mib: f64,
     /// The median update time (ms) of the ranks training the same batches alone, and
@@ -60,6 +63,10 @@ pub struct CnnDataParallel {
     /// PyTorch's DistributedDataParallel of the same network, when compared.
     #[serde(default)]
     pub ddp: Vec<DdpCnnRow>,
+}
+
+fn f32_name() -> String {
+    "f32".into()
 }
 
 /// One PyTorch DistributedDataParallel mode's figures.
@@ -86,6 +93,8 @@ pub struct Setup<'a> {
     pub graph: bool,
     /// Gradient buckets of at least this many MiB.
     pub bucket_mb: f64,
+    /// The type the gradients are averaged in (f32, or bf16 which rounds them).
+    pub grad_comm: gpukit_types::DType,
 }
 
 /// A rank thread's work.
@@ -298,7 +307,11 @@ fn rank_thread(
             })(),
             Ask::Join(id) => (|| {
                 let comm = Comm::init_rank_on(&gpu, gpu.new_priority_stream()?, &id, rank, world)?;
-                net.attach(comm, (setup.bucket_mb * f64::from(1 << 20)) as usize)?;
+                net.attach(
+                    comm,
+                    (setup.bucket_mb * f64::from(1 << 20)) as usize,
+                    setup.grad_comm,
+                )?;
                 net.load(setup.model)?;
                 net.load_optimizer(&CnnOptimizer::new(setup.opt))?;
                 held = None;
@@ -374,6 +387,7 @@ pub fn train(
         combined_batch: cfg.batch_size,
         buckets: figures.buckets,
         bucket_mb: setup.bucket_mb,
+        grad_comm: setup.grad_comm.name().into(),
         gradient_mib: (setup.model.parameter_count() * 4) as f64 / f64::from(1 << 20),
         single_step_ms: single,
         step_ms: together,
@@ -397,6 +411,8 @@ pub struct DdpRequest<'a> {
     pub opt: CnnOptimizerConfig,
     pub smoothing: f64,
     pub checkpoint: bool,
+    /// Averaging in bf16: DDP's bf16 compression hook.
+    pub bf16_comm: bool,
 }
 
 /// PyTorch's modes (eager DDP, torch.compile of the DDP model), each one GPU alone and then
@@ -449,6 +465,9 @@ pub fn compare_ddp(
     }
     if r.checkpoint {
         args.push("--checkpoint".into());
+    }
+    if r.bf16_comm {
+        args.extend(["--grad-comm".into(), "bf16".into()]);
     }
     let run = crate::peer::run_pytorch(&args)?;
     Ok(run

@@ -9,6 +9,10 @@
 //! the backward of the blocks before it. The update waits for the last. The stem's small
 //! bucket is all that is left to average when backward ends.
 //!
+//! Averaging in bf16 (`grad_comm`): each bucket's f32 gradients are cast into a bf16 copy on
+//! the work stream, averaged in it, and widened back before the update: half the bytes, every
+//! averaged gradient rounded to bf16 (it changes the numerics; f32 is the default).
+//!
 //! Batch norm is per rank, as DistributedDataParallel without SyncBatchNorm: each rank
 //! normalises its own images and keeps its own running statistics (rank 0's are the model's,
 //! as DDP's broadcast of rank 0's buffers makes them).
@@ -24,6 +28,18 @@ pub(super) struct CnnDp {
     /// Each bucket: the backward group that completes it and its span of the flat gradients,
     /// elements [start, end).
     buckets: Vec<(usize, (usize, usize))>,
+    /// Averaging in bf16: the gradients' bf16 copy (None: averaged in f32 in place).
+    comm_buf: Option<gpukit_cuda::DeviceBuffer>,
+}
+
+impl CnnDp {
+    /// The type the gradients are averaged in.
+    fn comm_type(&self) -> DType {
+        match self.comm_buf {
+            Some(_) => DType::Bf16,
+            None => DType::F32,
+        }
+    }
 }
 
 /// Joins the spans of consecutive groups (backward order, each [start, end)) into buckets of at
@@ -94,11 +110,12 @@ impl GpuResNet {
     }
 
     /// Joins this trainer to its data-parallel peers: `comm` (this rank's communicator, on a
-    /// stream of this GPU other than the work stream) averages the gradients in buckets of at
-    /// least `bucket_bytes` while backward goes on. Every rank must attach with the same
-    /// network and bucket size. Refused with gradient accumulation (its sum, not each
-    /// micro-batch's gradients, would need the average).
-    pub fn attach(&mut self, comm: Comm, bucket_bytes: usize) -> Result<()> {
+    /// stream of this GPU other than the work stream) averages the gradients in `grad_comm`
+    /// (f32, or bf16 which rounds them) in buckets of at least `bucket_bytes` of f32
+    /// gradients while backward goes on. Every rank must attach with the same network, bucket
+    /// size and type. Refused with gradient accumulation (its sum, not each micro-batch's
+    /// gradients, would need the average).
+    pub fn attach(&mut self, comm: Comm, bucket_bytes: usize, grad_comm: DType) -> Result<()> {
         if self.accumulate != 1 {
             return Err(Error::Setting(
                 "data-parallel training with --accumulate is not available yet".into(),
@@ -109,16 +126,33 @@ impl GpuResNet {
             self.params_layout.total,
             (bucket_bytes.max(1), super::layout::ALIGN),
         )?;
+        let comm_buf = match grad_comm {
+            DType::F32 => None,
+            DType::Bf16 => Some(self.gpu.alloc(self.params_layout.total * 2)?),
+            other => {
+                return Err(Error::Setting(format!(
+                    "gradients are averaged in f32 or bf16, not {other}"
+                )))
+            }
+        };
         // NCCL connects its peers at a communicator's first collective of each size class,
         // which a graph capture refuses: average every bucket once now (the first backward
-        // overwrites the gradients)
+        // overwrites the gradients and their copy)
+        let (whole, e) = match &comm_buf {
+            Some(buf) => (buf.view(), 2),
+            None => (self.grads.view(), 4),
+        };
         for &(_, (a, b)) in &buckets {
-            let region = self.grads.view().sub(a * 4, (b - a) * 4)?;
-            comm.all_reduce(region, region, b - a, DType::F32, RedOp::Avg)?;
+            let region = whole.sub(a * e, (b - a) * e)?;
+            comm.all_reduce(region, region, b - a, grad_comm, RedOp::Avg)?;
         }
         comm.stream().synchronize()?;
         comm.async_error()?;
-        self.dp = Some(CnnDp { comm, buckets });
+        self.dp = Some(CnnDp {
+            comm,
+            buckets,
+            comm_buf,
+        });
         // graphs captured without the communication would skip it
         self.graphs = [None, None, None];
         Ok(())
@@ -131,19 +165,35 @@ impl GpuResNet {
         let Some(dp) = &self.dp else { return Ok(()) };
         for &(last, (a, b)) in &dp.buckets {
             if last == g {
-                let region = self.grads.view().sub(a * 4, (b - a) * 4)?;
+                let grads = self.grads.view().sub(a * 4, (b - a) * 4)?;
+                let region = match &dp.comm_buf {
+                    Some(buf) => {
+                        let half = buf.view().sub(a * 2, (b - a) * 2)?;
+                        self.k.cast(grads, half, DType::Bf16, b - a)?;
+                        half
+                    }
+                    None => grads,
+                };
                 dp.comm.stream().wait(&self.gpu.stream().record()?)?;
                 dp.comm
-                    .all_reduce(region, region, b - a, DType::F32, RedOp::Avg)?;
+                    .all_reduce(region, region, b - a, dp.comm_type(), RedOp::Avg)?;
             }
         }
         Ok(())
     }
 
-    /// Before the update: the work stream waits for every bucket's average.
+    /// Before the update: the work stream waits for every bucket's average (and, averaging in
+    /// bf16, widens them back into the f32 gradients).
     pub(super) fn gradients_averaged(&self) -> Result<()> {
         if let Some(dp) = &self.dp {
             self.gpu.stream().wait(&dp.comm.stream().record()?)?;
+            if let Some(buf) = &dp.comm_buf {
+                for &(_, (a, b)) in &dp.buckets {
+                    let half = buf.view().sub(a * 2, (b - a) * 2)?;
+                    let grads = self.grads.view().sub(a * 4, (b - a) * 4)?;
+                    self.k.widen(half, grads, DType::Bf16, b - a)?;
+                }
+            }
         }
         Ok(())
     }
@@ -155,6 +205,11 @@ impl GpuResNet {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         h.write(&bytes);
         Ok(h.finish())
+    }
+
+    /// The type the gradients are averaged in (None without peers).
+    pub fn grad_comm(&self) -> Option<DType> {
+        self.dp.as_ref().map(CnnDp::comm_type)
     }
 
     /// How many buckets the gradients are averaged in (0 without peers).
