@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the lent GPU machine, over the binaries staged in .device/ (gpukit; test binaries such as
-# gpu_cnn-*, gpu_cnn_resnet-* and train_cli-* in .device/tests):
+# gpu_cnn-*, gpu_cnn_resnet-*, gpu_cnn_modes-* and train_cli-* in .device/tests):
 #   bash scripts/gpu-train-cnn.sh
 # The CNN training path's GPU tests (every cuDNN training call against float64, ResNet-18 against
 # the CPU engines), then `gpukit train --model` beside PyTorch's training of the same
@@ -18,7 +18,7 @@ mkdir -p "$OUT"; SUMMARY=$OUT/0-summary.txt; : >>"$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 export PATH=/opt/torch/.venv/bin:$PATH GPUKIT_REQUIRE_GPU=1 GPUKIT_BIN=$BIN
 say "== gpu-train-cnn $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
-[ "${SKIP_TESTS:-0}" = 1 ] || for t in .device/tests/gpu_cnn-* .device/tests/gpu_cnn_resnet-* .device/tests/train_cli-*; do
+[ "${SKIP_TESTS:-0}" = 1 ] || for t in .device/tests/gpu_cnn-* .device/tests/gpu_cnn_resnet-* .device/tests/gpu_cnn_modes-* .device/tests/train_cli-*; do
   [ -x "$t" ] || continue
   filter="--nocapture"; case "$t" in *train_cli*) filter="gpu::";; esac
   env -u LD_LIBRARY_PATH timeout 300 "$t" --test-threads 1 $filter >"$OUT/$(basename "$t").log" 2>&1

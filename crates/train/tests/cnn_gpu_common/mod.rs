@@ -2,6 +2,8 @@
 //! type, float64 helpers, tolerance checks and layout permutations. Each binary uses part of it.
 #![allow(dead_code)]
 
+pub mod resnet;
+
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::{DeviceBuffer, Gpu};
 use gpukit_tensor::codec::{decode_f32, encode_f32};
