@@ -461,9 +461,10 @@ def build_parser():
     e.add_argument("--nproc", type=positive_int, default=None, help="ranks, one GPU each (default: all GPUs)")
     e.add_argument("--batch-per-gpu", type=positive_int, default=256)
     add_cnn_recipe(e)
-    e.add_argument("--modes", type=csv_of(choice_of("ddp", "ddp_compile")), default=["ddp", "ddp_compile"],
+    e.add_argument("--modes", type=csv_of(choice_of("ddp", "ddp_compile", "ddp_compile_fused")),
+                   default=["ddp", "ddp_compile", "ddp_compile_fused"],
                    help="ddp: eager DDP; ddp_compile: torch.compile of the DDP model (its optimizer "
-                        "splits the graph at the buckets)")
+                        "splits the graph at the buckets); ddp_compile_fused: with the fused optimizer")
     e.add_argument("--steps", type=positive_int, default=30)
     e.add_argument("--warmup", type=non_negative_int, default=5)
     e.add_argument("--bucket-mb", type=positive_float, default=25.0, help="DDP's bucket_cap_mb")
@@ -2241,7 +2242,7 @@ def ddp_cnn_measure(torch, opts, rank, device, dist):
     """Update times (ms) of torchvision's ResNet as train-cnn trains it (cudnn.benchmark,
     channels_last autocast for 16-bit, GradScaler for fp16, SGD or AdamW with foreach updates)
     on random images resident on `device` (each rank its own): DDP-wrapped when dist is given,
-    torch.compile'd in mode ddp_compile."""
+    torch.compile'd in the compile modes, with the fused optimizer in ddp_compile_fused."""
     import torchvision
     c, batch = opts["cnn"], opts["batch"]
     torch.backends.cudnn.benchmark = True
@@ -2260,12 +2261,13 @@ def ddp_cnn_measure(torch, opts, rank, device, dist):
         if c["grad_comm"] == "bf16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    how = {"fused": True} if opts["mode"].endswith("fused") else {"foreach": True}
     if c["optimizer"] == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=c["lr"], momentum=c["momentum"], nesterov=c["nesterov"],
-                              weight_decay=c["weight_decay"], foreach=True)
+                              weight_decay=c["weight_decay"], **how)
     else:
-        opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], weight_decay=c["weight_decay"], foreach=True)
-    run = torch.compile(model) if opts["mode"].endswith("compile") else model
+        opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], weight_decay=c["weight_decay"], **how)
+    run = torch.compile(model) if "compile" in opts["mode"] else model
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=c["label_smoothing"])
     scaler = torch.amp.GradScaler("cuda", enabled=c["precision"] == "fp16")
     gen = torch.Generator(device=device)

@@ -243,6 +243,11 @@ pub fn check_request(r: &CnnTrainRequest) -> Result<()> {
                 "--bucket-mb: must be a positive number of MiB".into(),
             ));
         }
+        if n > 1 && r.profile.is_some() {
+            return Err(Error::BadInput(
+                "--gpus: profile records one GPU's update; leave --gpus out".into(),
+            ));
+        }
         if n > 1 && r.accumulate.is_some_and(|k| k > 1) {
             return Err(Error::BadInput(
                 "--gpus with --accumulate: data-parallel training of convolutional networks \
@@ -778,6 +783,15 @@ mod tests {
                     ..request()
                 },
                 "--gpus with --accumulate",
+            ),
+            (
+                CnnTrainRequest {
+                    gpus: Some(2),
+                    device: Device::Cuda(0),
+                    profile: Some((0, TimingChoice::Auto)),
+                    ..request()
+                },
+                "--gpus: profile records one GPU's update",
             ),
             (
                 CnnTrainRequest {

@@ -72,7 +72,8 @@ fn f32_name() -> String {
 /// One PyTorch DistributedDataParallel mode's figures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DdpCnnRow {
-    /// `ddp` (eager) or `ddp_compile` (torch.compile of the DDP model).
+    /// `ddp` (eager), `ddp_compile` (torch.compile of the DDP model) or `ddp_compile_fused`
+    /// (with the fused optimizer).
     pub mode: String,
     pub failed: Option<String>,
     pub single_images_per_s: Option<f64>,

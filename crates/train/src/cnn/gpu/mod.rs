@@ -45,7 +45,7 @@ mod step;
 mod upload;
 
 pub use parallel::buckets_of;
-pub use plan::{device_channels, device_lens, input_maps, products, unit_shapes};
+pub use plan::{device_channels, device_lens, input_maps, unit_shapes};
 use plan::{filters_of, plan_unit, time_filter_products, DeviceFilter, GpuBlock, GpuUnit};
 
 use super::layers::Linear;
@@ -253,7 +253,7 @@ impl GpuResNet {
         let pool_kernels = plan::pools_on_kernels(&net.stem, model.pool().kernel);
         let maps_plan = memory::plan_maps(&net, pool_kernels, checkpoint)?;
         let mut saved_at = 0;
-        let on = (&dnn, gpu.as_ref(), products(precision));
+        let on = (&dnn, gpu.as_ref(), precision.inputs());
         // the stem's ReLU runs in gpukit's pool kernels where they take its maps
         let stem_role = match pool_kernels {
             true => BnOps::Bn,
@@ -569,11 +569,6 @@ impl GpuResNet {
         self.input.dtype
     }
 
-    /// The arithmetic of the head's matrix products (the convolutions' is planned in theirs).
-    fn products(&self) -> DType {
-        products(self.precision)
-    }
-
     fn param(&self, i: usize) -> Result<View<'_>> {
         f32_view(&self.params, &self.params_layout, i)
     }
@@ -802,7 +797,7 @@ mod tests {
                 (Layout::Nhwc, dtype, 16, 115, 83)
             );
         }
-        let arithmetic = Precision::ALL.map(products);
+        let arithmetic = Precision::ALL.map(Precision::inputs);
         assert_eq!(
             arithmetic,
             [DType::F32, DType::Tf32, DType::F16, DType::Bf16],

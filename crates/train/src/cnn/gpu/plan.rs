@@ -90,7 +90,7 @@ pub fn pools_on_kernels(stem: &Maps, window: usize) -> bool {
 }
 
 /// The maps of a batch of images in a precision: fp32 and tf32 NCHW f32 (tf32 is the
-/// convolutions' and products' arithmetic, [`products`]), or 16-bit NHWC: 2x2 blocks of pixels
+/// convolutions' and products' arithmetic, `Precision::inputs`), or 16-bit NHWC: 2x2 blocks of pixels
 /// where the sizes are even (the stem runs on them: `stem.rs`), else 3 channels padded to
 /// [`device_channels`]. tf32 stays NCHW: cuDNN's legacy training algorithms for channels-last
 /// f32 ran off tensor cores (IMPLICIT_GEMM, ALGO_0/1), ResNet-18 at 1,075 images/s against
@@ -119,17 +119,6 @@ pub fn input_maps(precision: Precision, batch: usize, (h, w): (usize, usize)) ->
         layout,
         dtype,
     })
-}
-
-/// The arithmetic of a precision's convolutions and matrix products: its maps' element type,
-/// except tf32, whose f32 maps multiply on tensor cores (10-bit mantissas, f32 sums; cuDNN may
-/// take Winograd and FFT algorithms, as PyTorch's `allow_tf32` does), where fp32 stays strict
-/// and exact (every product in f32, summed as written).
-pub fn products(precision: Precision) -> gpukit_types::DType {
-    match precision {
-        Precision::Tf32 => gpukit_types::DType::Tf32,
-        _ => precision.storage(),
-    }
 }
 
 /// One convolution and its batch norm on the GPU, with the buffers the step keeps.
@@ -215,7 +204,8 @@ pub(super) fn plan_norm(dnn: &Dnn, output: Maps, role: BnOps, spec: &Unit) -> Re
 }
 
 /// Plans a unit over `input` whose maps the arena keeps at `maps`, its convolution in
-/// `arithmetic` ([`products`]), and allocates its norm's reserve; `saved_at` hands out its place
+/// `arithmetic` (the precision's `inputs`: tf32's f32 maps multiply on tensor cores, where
+/// fp32 stays strict and exact), and allocates its norm's reserve; `saved_at` hands out its place
 /// in the saved-statistics buffer.
 pub(super) fn plan_unit(
     (dnn, gpu, arithmetic): (&Dnn, &Gpu, gpukit_types::DType),

@@ -234,7 +234,7 @@ impl GpuResNet {
         drop(op);
         let op = self.op_head("linear+bias forward", (n, fc.outputs, fc.inputs));
         self.blas.gemm_batched(
-            self.products(),
+            self.precision.inputs(),
             (self.features.view(), self.weight(w)?, self.logits.view()),
             (1, n, fc.outputs, fc.inputs),
             (false, true),
@@ -274,7 +274,7 @@ impl GpuResNet {
         let (n, c) = (self.batch, self.last.c);
         let op = self.op_head("linear weight+bias grad", (fc.outputs, fc.inputs, n));
         self.blas.gemm_batched(
-            self.products(),
+            self.precision.inputs(),
             (
                 self.dlogits.view(),
                 self.features.view(),
@@ -294,7 +294,7 @@ impl GpuResNet {
         drop(op);
         let op = self.op_head("linear input grad", (n, fc.inputs, fc.outputs));
         self.blas.gemm_batched(
-            self.products(),
+            self.precision.inputs(),
             (self.dlogits.view(), self.weight(w)?, self.dfeatures.view()),
             (1, n, fc.inputs, fc.outputs),
             (false, false),
