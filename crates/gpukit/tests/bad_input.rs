@@ -209,6 +209,43 @@ fn cases(dir: &Path) -> Vec<Case> {
         case(&["bench", "conv", "--backward"], &["--backward"]),
         // train
         case(&["train", "--batch-size", "0"], &["--batch-size"]),
+        case(
+            &["train", "--pipeline", "1"],
+            &["--pipeline 1", "at least 2"],
+        ),
+        case(&["train", "--pipeline", "0"], &["--pipeline"]),
+        case(
+            &["train", "--pipeline", "2", "--accumulate", "2"],
+            &["--pipeline", "--accumulate"],
+        ),
+        case(
+            &["train", "--pipeline", "2", "--precision", "fp16"],
+            &["--pipeline", "fp16"],
+        ),
+        case(
+            &["train", "--pipeline", "2", "--device", "cpu"],
+            &["--pipeline", "GPUs"],
+        ),
+        case(
+            &["train", "--micro-batches", "4"],
+            &["--micro-batches", "--pipeline"],
+        ),
+        case(
+            &["train", "--pipeline", "2", "--micro-batches", "0"],
+            &["--micro-batches"],
+        ),
+        case(
+            &["train", "--memory-fraction", "0.5"],
+            &["--memory-fraction"],
+        ),
+        case(
+            &["train", "--memory-fraction", "1.5"],
+            &["--memory-fraction"],
+        ),
+        case(
+            &["train", "--model", "resnet18", "--pipeline", "2"],
+            &["--pipeline", "--model"],
+        ),
         case(&["train", "--batch-size", "-1"], &["--batch-size"]),
         case(&["train", "--lr", "0"], &["--lr"]),
         case(&["train", "--lr", "-1"], &["--lr"]),

@@ -568,6 +568,140 @@ fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Pipeline-parallel over two GPUs against the whole model on one, the same batches: the 1F1B
+/// schedule's micro-batches (uneven ones, and a last partial batch) sum to the batch's
+/// gradient, so every update's loss is one GPU's within f32's order of sums (the 1e-5
+/// relative) and so are the final weights; bf16 within its rounding.
+fn pipeline_matches_one_gpu_on_the_same_batches() -> Result<(), Failed> {
+    use gpukit_cuda::nccl::{Comm, UniqueId};
+    use gpukit_train::gpu::pipeline::Stage;
+    let d = DISCOVERY.get().ok_or("no discovery")?;
+    for (loss, kind, widths, spans, micro, batch, p) in [
+        (
+            LossKind::Mse,
+            OptimizerKind::Adam,
+            vec![24, 64, 64, 64, 1],
+            vec![(0, 2), (2, 4)],
+            4,
+            32,
+            Precision::Fp32,
+        ),
+        (
+            LossKind::CrossEntropy,
+            OptimizerKind::Sgd,
+            vec![24, 48, 64, 3],
+            vec![(0, 1), (1, 3)],
+            3,
+            31,
+            Precision::Fp32,
+        ),
+        (
+            LossKind::CrossEntropy,
+            OptimizerKind::AdamW,
+            vec![32, 128, 128, 128, 8],
+            vec![(0, 3), (3, 4)],
+            8,
+            64,
+            Precision::Bf16,
+        ),
+    ] {
+        let (loss_tol, weight_tol) = match p {
+            Precision::Fp32 => (1e-5, 1e-4),
+            _ => (5e-2, 5e-2),
+        };
+        let cfg = config(&widths, loss, kind, batch);
+        let data = dataset(&cfg, batch * 5 + 7, fresh_seed());
+        let model = Mlp::new(&widths, fresh_seed());
+        let opts = GpuOptions {
+            loader: Some(Loader::Resident),
+            graph: Some(false),
+            ..GpuOptions::new(p)
+        };
+        let one = run_gpu(&cfg, opts, &data, &model)?;
+        let count = spans.len();
+        let id = UniqueId::new()?;
+        let runs: Vec<Result<(RunOutcome, Mlp<f32>), String>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = spans
+                .iter()
+                .enumerate()
+                .map(|(index, &layers)| {
+                    let (id, cfg, data, model) = (id.clone(), &cfg, &data, &model);
+                    scope.spawn(move || -> Result<(RunOutcome, Mlp<f32>), String> {
+                        let e = |e: &dyn std::fmt::Display| e.to_string();
+                        let g = Arc::new(Gpu::open(d, index).map_err(|x| e(&x))?);
+                        let stage = Stage {
+                            index,
+                            count,
+                            layers,
+                            micro,
+                        };
+                        let o = GpuOptions {
+                            stage: Some(stage),
+                            ..opts
+                        };
+                        let mut t = GpuTrainer::new(d, g.clone(), cfg, o, data.clone(), None)
+                            .map_err(|x| e(&x))?;
+                        let comm = Comm::init_rank_on(&g, t.stream(), &id, index, count)
+                            .map_err(|x| e(&x))?;
+                        t.attach_pipeline(comm).map_err(|x| e(&x))?;
+                        let mut m = model.clone();
+                        let mut opt = Optimizer::new(cfg.optimizer);
+                        t.load(&m, &opt, None).map_err(|x| e(&x))?;
+                        let (out, _) =
+                            t.run(Position::default(), &mut |_| {}).map_err(|x| e(&x))?;
+                        t.store(&mut m, &mut opt).map_err(|x| e(&x))?;
+                        Ok((out, m))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("a stage panicked".into())))
+                .collect()
+        });
+        let tag = format!(
+            "{loss:?} {kind:?} {widths:?} stages {spans:?} {micro} micro-batches of batch {batch}, {}",
+            p.name()
+        );
+        let mut trained = model.clone();
+        let mut last = None;
+        for (r, &(a, b)) in runs.into_iter().zip(&spans) {
+            let (out, m) = r.map_err(|e| format!("{tag}: {e}"))?;
+            trained.layers[a..b].clone_from_slice(&m.layers[a..b]);
+            last = Some(out);
+        }
+        let out = last.ok_or("no stage ran")?;
+        let want = &one.outcome.step_losses;
+        check(
+            out.step_losses.len() == want.len(),
+            format!(
+                "{tag}: {} updates, one GPU made {}",
+                out.step_losses.len(),
+                want.len()
+            ),
+        )?;
+        let rel = max_rel(&out.step_losses, want);
+        check(
+            rel < loss_tol,
+            format!("{tag}: losses differ by {rel:e} (tolerance {loss_tol:e})"),
+        )?;
+        let worst = weights(&trained)
+            .iter()
+            .zip(&weights(&one.model))
+            .map(|(x, y)| (x - y).abs() / y.abs().max(1e-2))
+            .fold(0.0f32, f32::max);
+        check(
+            worst < weight_tol,
+            format!("{tag}: weights differ by {worst:e} (tolerance {weight_tol:e})"),
+        )?;
+        eprintln!(
+            "    {tag}: {} updates, losses within {rel:.1e}, weights within {worst:.1e}",
+            want.len()
+        );
+    }
+    Ok(())
+}
+
 fn check(ok: bool, msg: String) -> Result<(), Failed> {
     if ok {
         Ok(())
@@ -616,7 +750,7 @@ fn main() {
         })
         .collect();
     if gpus < 2 {
-        eprintln!("gpu::data_parallel_matches_one_gpu_on_the_combined_batch needs 2 or more GPUs ({gpus} here): ignored");
+        eprintln!("gpu::data_parallel_matches_one_gpu_on_the_combined_batch and gpu::pipeline_matches_one_gpu_on_the_same_batches need 2 or more GPUs ({gpus} here): ignored");
     }
     trials.push(
         Trial::test(
@@ -626,6 +760,13 @@ fn main() {
                 data_parallel_matches_one_gpu_on_the_combined_batch()
             },
         )
+        .with_ignored_flag(gpus < 2),
+    );
+    trials.push(
+        Trial::test("gpu::pipeline_matches_one_gpu_on_the_same_batches", || {
+            let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+            pipeline_matches_one_gpu_on_the_same_batches()
+        })
         .with_ignored_flag(gpus < 2),
     );
     libtest_mimic::run(&args, trials).exit();

@@ -512,7 +512,7 @@ fn parse_precision(s: &str) -> Result<DType, String> {
         .ok_or_else(|| "unknown precision (fp32, tf32, fp16 or bf16)".to_string())
 }
 
-fn parse_fraction(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_fraction(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
         Ok(f) => Err(format!("{f} is not a fraction above 0 and at most 1")),

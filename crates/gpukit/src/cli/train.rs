@@ -179,6 +179,19 @@ pub struct TrainArgs {
     #[arg(long, value_parser = parse_grad_comm, value_name = "TYPE")]
     pub grad_comm: Option<gpukit_types::DType>,
 
+    /// Train pipeline-parallel on this many GPUs of this machine (cuda:0..N-1, a thread each):
+    /// the MLP's layers split by the time their products take, each batch cut into
+    /// micro-batches run in the 1F1B schedule; beside the whole model on one GPU with the same
+    /// batches (its losses must be the pipeline's).
+    #[arg(long, value_parser = parse_count, value_name = "N")]
+    pub pipeline: Option<usize>,
+    /// --pipeline: micro-batches a batch is cut into [default: 4 a stage].
+    #[arg(long, value_parser = parse_count, value_name = "M")]
+    pub micro_batches: Option<usize>,
+    /// The most of a GPU's memory the run may plan to use, as a fraction in (0, 1]: a run that
+    /// needs more is refused before allocating (with --pipeline, each stage's own share).
+    #[arg(long, value_name = "F", value_parser = super::parse_fraction)]
+    pub memory_fraction: Option<f64>,
     /// Data-parallel under a launcher: seconds to wait for every rank, and for a silent peer.
     #[arg(long, default_value = "60", value_parser = parse_count, value_name = "SECONDS")]
     pub timeout: usize,

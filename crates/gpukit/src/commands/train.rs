@@ -30,6 +30,8 @@ pub(super) fn train(a: TrainArgs, out: &Output) -> Result<()> {
     };
     let rank0 = world.as_ref().is_none_or(|w| w.rank == 0);
     let device = match (&parallel, a.device) {
+        // a pipeline's stages are cuda:0..N-1
+        (None, None) if a.pipeline.is_some() => Device::Cuda(0),
         (None, d) => d.unwrap_or(Device::Cpu),
         (Some(_), Some(Device::Cpu)) => {
             return Err(Error::BadInput(
@@ -110,6 +112,9 @@ pub(super) fn train_request(
         grad_comm: a.grad_comm,
         timeout: Some(std::time::Duration::from_secs(a.timeout as u64)),
         profile: None,
+        pipeline: a.pipeline,
+        micro_batches: a.micro_batches,
+        memory_fraction: a.memory_fraction,
     }
 }
 
@@ -161,6 +166,9 @@ pub(super) fn cnn_request(
         ("--resume", a.resume.is_some()),
         ("--grad-pieces", a.grad_pieces.is_some()),
         ("--loader", a.loader.is_some()),
+        ("--pipeline", a.pipeline.is_some()),
+        ("--micro-batches", a.micro_batches.is_some()),
+        ("--memory-fraction", a.memory_fraction.is_some()),
     ];
     if let Some((flag, _)) = mlp_only.iter().find(|(_, given)| *given) {
         return Err(Error::BadInput(format!(

@@ -173,6 +173,9 @@ pub fn train_sections(r: &TrainReport) -> Vec<Section> {
         },
     ];
     sections.push(memory_section(r));
+    if let Some(pp) = &r.pipeline {
+        sections.push(pipeline_section(pp));
+    }
     if let Some(dp) = &r.data_parallel {
         sections.push(data_parallel_section(dp));
     }
@@ -394,4 +397,93 @@ fn data_parallel_section(d: &gpukit_bench::workload::train::parallel::DataParall
         ));
     }
     Section::kv("Data-parallel", rows)
+}
+
+/// Pipeline-parallel training: the split, each stage busy against the pipeline's update, the
+/// bubble against the schedule's, and the whole model on one GPU beside.
+fn pipeline_section(p: &gpukit_bench::workload::train::pipeline::Pipeline) -> Section {
+    let ms = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let stage_cost: Vec<f64> = p
+        .layers
+        .iter()
+        .map(|&(a, b)| p.layer_ms[a..b].iter().sum())
+        .collect();
+    let mut rows = vec![
+        (
+            "Stages",
+            format!(
+                "{} GPUs (threads in one process), layers {} (products of a micro-batch {} ms a stage)",
+                p.stages,
+                p.layers
+                    .iter()
+                    .map(|(a, b)| format!("{}-{}", a + 1, b))
+                    .collect::<Vec<_>>()
+                    .join(" | "),
+                ms(&stage_cost)
+            ),
+        ),
+        (
+            "Schedule",
+            format!(
+                "1F1B, {} micro-batches of up to {} rows a batch; activations and their gradients through NCCL send/receive",
+                p.micro_batches, p.micro_rows
+            ),
+        ),
+        (
+            "Step time",
+            format!(
+                "{} ms in the pipeline (each stage) vs {} ms each stage's micro-batches alone",
+                ms(&p.step_ms),
+                ms(&p.alone_step_ms)
+            ),
+        ),
+        (
+            "Bubble",
+            format!(
+                "{:.3} of the update idle on the busiest stage; {:.3} without the first stage's optimizer step ({:.2} ms), which the others wait for at every flush; the schedule's with equal stages {:.3}",
+                p.bubble,
+                p.bubble_without_flush,
+                p.optimizer_ms.first().copied().unwrap_or(0.0),
+                p.bubble_schedule
+            ),
+        ),
+        ("Throughput", format!("{:.0} samples/s", p.samples_per_s)),
+        (
+            "Peak GPU memory",
+            p.stage_peak_bytes
+                .iter()
+                .map(|&b| format!("{:.2} GiB", gib(b)))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+    ];
+    if let Some(why) = &p.one_gpu_refused {
+        rows.push(("One GPU, --memory-fraction", format!("refused: {why}")));
+    }
+    match &p.one_gpu {
+        Some(o) => rows.push((
+            "One GPU, same batches",
+            format!(
+                "{:.0} samples/s ({:.2} ms an update{}, {:.2} GiB); per-update losses within {:.1e} of the pipeline's (allowed {:.0e}); the pipeline {:.2}x",
+                o.samples_per_s,
+                o.step_ms,
+                if o.graph { ", CUDA graph" } else { "" },
+                gib(o.peak_bytes),
+                o.max_loss_rel_diff,
+                o.tolerance,
+                p.samples_per_s / o.samples_per_s
+            ),
+        )),
+        None => rows.push((
+            "One GPU, same batches",
+            "not run: the whole model does not fit one GPU (the losses were not compared)".into(),
+        )),
+    }
+    Section::kv("Pipeline-parallel", rows)
 }

@@ -20,6 +20,7 @@
 pub mod feed;
 pub mod kernels;
 pub mod parallel;
+pub mod pipeline;
 mod plan;
 pub mod state;
 mod step;
@@ -50,7 +51,7 @@ pub const INITIAL_SCALE: f64 = 65536.0;
 pub const GROWTH_INTERVAL: u32 = 2000;
 
 /// How a GPU run is carried out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GpuOptions {
     pub precision: Precision,
     /// None: resident when the data set takes under a quarter of the free memory, else
@@ -72,6 +73,12 @@ pub struct GpuOptions {
     /// updates up to the order of sums; Bf16 halves the bytes sent and rounds every averaged
     /// gradient to bf16 (it changes the numerics, as PyTorch's bf16 compression hook does).
     pub grad_comm: DType,
+    /// Pipeline-parallel: the layers this GPU holds, and its place in the pipeline (None: the
+    /// whole model). The trainer is still given the whole model's config and weights.
+    pub stage: Option<pipeline::Stage>,
+    /// The most of the device's memory the run may plan to use, as a fraction of it (the
+    /// resource guard refuses a run that needs more, before allocating).
+    pub memory_fraction: Option<f64>,
 }
 
 impl GpuOptions {
@@ -84,6 +91,8 @@ impl GpuOptions {
             shard: None,
             grad_pieces: 0,
             grad_comm: DType::F32,
+            stage: None,
+            memory_fraction: None,
         }
     }
 }
@@ -161,21 +170,20 @@ pub struct GpuTrainer {
     half: Option<DeviceBuffer>,
     bias_scratch: Vec<DeviceBuffer>,
     state: DeviceBuffer,
-    x_in: DeviceBuffer,
     /// The batch's targets when gathered on the device (resident data, evaluation).
     tgt: DeviceBuffer,
     /// The copy stream of the prefetch loader.
     copies: Option<gpukit_cuda::Stream>,
     /// f32 batches as copied from the host (two slots for prefetch; none when resident).
     stage: Vec<DeviceBuffer>,
-    /// Layer outputs: every layer's own buffer, or with checkpointing only the kept layers'
-    /// (each segment's last and the model's output) plus one a position in a segment that
-    /// recomputed outputs share; `act_of[l]` is layer l's index here.
-    acts: Vec<DeviceBuffer>,
+    /// A batch's maps: one set, or on a pipeline stage one a micro-batch in flight
+    /// (`slot` picks the one the next ops use).
+    maps: Vec<Maps>,
+    slot: std::cell::Cell<usize>,
+    /// Layer l's output is `acts[act_of[l]]` of a [`Maps`].
     act_of: Vec<usize>,
     /// Layers a checkpointed segment spans (None: every output kept).
     segment: Option<usize>,
-    masks: Vec<Option<DeviceBuffer>>,
     dz: [DeviceBuffer; 2],
     losses: DeviceBuffer,
     correct: DeviceBuffer,
@@ -191,10 +199,21 @@ pub struct GpuTrainer {
     /// The first layer's weight gradient in pieces (data-parallel): its outputs' ranges
     /// `[a, b)`; empty when it is computed whole.
     grad_pieces: Vec<(usize, usize)>,
+    /// Pipeline-parallel: the communicator to the stages beside this one, once attached.
+    pipe: Option<gpukit_cuda::nccl::Comm>,
     /// The epoch to profile, with how ([`GpuTrainer::profile_epoch`]).
     profile_at: Option<(u64, Discovery, TimingChoice)>,
     /// That epoch's recording, once made.
     recording: Option<Recording>,
+}
+
+/// One batch's maps: the first layer's input, the layer outputs (every layer's own buffer, or
+/// with checkpointing only the kept layers' (each segment's last and the model's output) plus
+/// one a position in a segment that recomputed outputs share) and the ReLU bits.
+struct Maps {
+    x_in: DeviceBuffer,
+    acts: Vec<DeviceBuffer>,
+    masks: Vec<Option<DeviceBuffer>>,
 }
 
 /// The first layer's input comes from here.
@@ -219,14 +238,28 @@ impl GpuTrainer {
     ) -> Result<GpuTrainer> {
         cfg.check()?;
         cfg.check_data(&train)?;
+        // a pipeline stage plans, allocates and trains its own layers only
+        let staged;
+        let cfg = match &opts.stage {
+            Some(stage) => {
+                staged = stage.config(cfg)?;
+                &staged
+            }
+            None => cfg,
+        };
+        let first_stage = opts.stage.is_none_or(|s| s.first());
         let started = Instant::now();
         let shape = crate::budget::DataShape {
             train: train.len(),
             eval: eval.as_ref().map_or(0, Dataset::len),
-            features: train.features,
+            features: cfg.widths[0],
             target_width: target_width(&train),
         };
-        let (free, _) = gpu.mem_info()?;
+        let (free, total_memory) = gpu.mem_info()?;
+        // --memory-fraction: what the run may plan to use
+        let free = opts
+            .memory_fraction
+            .map_or(free, |f| free.min((total_memory as f64 * f) as u64));
         let loader = opts
             .loader
             .unwrap_or_else(|| crate::budget::default_loader(&shape, free));
@@ -251,7 +284,12 @@ impl GpuTrainer {
         let st = p.storage().size_bytes();
         let eval_len = eval.as_ref().map_or(0, Dataset::len);
         let rows = cfg.batch_size.min(train.len().max(eval_len)).max(1);
-        let f = train.features;
+        // a pipeline stage holds a micro-batch's maps a slot
+        let (rows, slots) = match &opts.stage {
+            Some(s) => (rows.div_ceil(s.micro), s.slots()),
+            None => (rows, 1),
+        };
+        let f = cfg.widths[0];
         let tw = target_width(&train);
         let per_epoch = train.len().div_ceil(cfg.batch_size);
         let n_layers = layout.layers();
@@ -264,7 +302,8 @@ impl GpuTrainer {
         let m = uses_m.then(|| alloc(total * 4)).transpose()?;
         let v = uses_v.then(|| alloc(total * 4)).transpose()?;
         let half = p.half().then(|| alloc(total * st)).transpose()?;
-        let bias_scratch = if cfg.accumulate > 1 {
+        let micro = opts.stage.map_or(cfg.accumulate, |s| s.micro);
+        let bias_scratch = if micro > 1 {
             (0..n_layers)
                 .map(|l| alloc(layout.io(l).1 * 4))
                 .collect::<gpukit_cuda::Result<Vec<_>>>()?
@@ -272,7 +311,6 @@ impl GpuTrainer {
             Vec::new()
         };
         let state = alloc(STATE_BYTES)?;
-        let x_in = alloc(rows * f * st)?;
         let tgt = alloc(rows * tw * 4)?;
         let copies = (loader == Loader::Prefetch)
             .then(|| gpu.new_stream())
@@ -287,41 +325,62 @@ impl GpuTrainer {
         let segment = cfg.checkpoint_activations.then(|| cfg.segment());
         let kept =
             |l: usize| segment.is_none_or(|s| (l + 1).is_multiple_of(s) || l + 1 == n_layers);
-        let mut acts = Vec::new();
+        let last_stage = opts.stage.is_none_or(|s| s.last());
+        let mut maps = Vec::new();
         let mut act_of = Vec::new();
-        // recomputed outputs share one buffer a position in the segment (as wide as the widest)
-        let mut shared: HashMap<usize, usize> = HashMap::new();
-        let mut masks = Vec::new();
         let mut all_kept = 0;
-        for l in 0..n_layers {
-            let out = layout.io(l).1;
-            all_kept += rows * out * st;
-            if kept(l) {
-                act_of.push(acts.len());
-                acts.push(alloc(rows * out * st)?);
-            } else {
-                let position = l % segment.unwrap_or(1);
-                let at = match shared.get(&position) {
-                    Some(&at) => at,
-                    None => {
-                        acts.push(alloc(rows * widest * st)?);
-                        shared.insert(position, acts.len() - 1);
-                        acts.len() - 1
-                    }
-                };
-                act_of.push(at);
+        for _ in 0..slots {
+            let x_in = alloc(rows * f * st)?;
+            let mut acts = Vec::new();
+            let mut masks = Vec::new();
+            act_of.clear();
+            all_kept = 0;
+            // recomputed outputs share one buffer a position in the segment (as wide as the
+            // widest)
+            let mut shared: HashMap<usize, usize> = HashMap::new();
+            for l in 0..n_layers {
+                let out = layout.io(l).1;
+                all_kept += rows * out * st;
+                if kept(l) {
+                    act_of.push(acts.len());
+                    acts.push(alloc(rows * out * st)?);
+                } else {
+                    let position = l % segment.unwrap_or(1);
+                    let at = match shared.get(&position) {
+                        Some(&at) => at,
+                        None => {
+                            acts.push(alloc(rows * widest * st)?);
+                            shared.insert(position, acts.len() - 1);
+                            acts.len() - 1
+                        }
+                    };
+                    act_of.push(at);
+                }
+                // the ReLU bits (one bit an element) stay for every layer
+                let hidden = l + 1 < n_layers || !last_stage;
+                masks.push(hidden.then(|| alloc(mask_bytes(out, rows))).transpose()?);
             }
-            let hidden = l + 1 < n_layers;
-            // the ReLU bits (one bit an element) stay for every layer
-            masks.push(hidden.then(|| alloc(mask_bytes(out, rows))).transpose()?);
+            if opts.stage.is_some() {
+                // a stage that times its layers alone reads what is there: zeros, not garbage
+                gpu.fill(x_in.view(), 0)?;
+            }
+            maps.push(Maps { x_in, acts, masks });
         }
         let dz = [alloc(rows * widest * st)?, alloc(rows * widest * st)?];
+        if opts.stage.is_some() {
+            gpu.fill(dz[0].view(), 0)?;
+        }
         let eval_batches = eval
             .as_ref()
             .map_or(0, |e| e.len().div_ceil(cfg.batch_size));
-        let slots = per_epoch.max(eval_batches).max(1);
-        let losses = alloc(slots * 8)?;
-        let correct = alloc(slots * 4)?;
+        let loss_slots = (per_epoch * opts.stage.map_or(1, |s| s.micro))
+            .max(eval_batches)
+            .max(1);
+        let losses = alloc(loss_slots * 8)?;
+        let correct = alloc(loss_slots * 4)?;
+        // a stage before the last computes no loss: its slots read as zeros
+        gpu.fill(losses.view(), 0)?;
+        gpu.fill(correct.view(), 0)?;
         let upload_targets = |d: &Dataset| -> gpukit_cuda::Result<DeviceBuffer> {
             match &d.y {
                 Targets::Values { data, .. } => gpu.upload(bytes(data)),
@@ -332,7 +391,12 @@ impl GpuTrainer {
         };
         let resident = if loader == Loader::Resident {
             Some((
-                gpu.upload(bytes(&train.x))?,
+                // only the first stage reads the inputs
+                if first_stage {
+                    gpu.upload(bytes(&train.x))?
+                } else {
+                    alloc(4)?
+                },
                 upload_targets(&train)?,
                 alloc(train.len() * 4)?,
             ))
@@ -350,10 +414,19 @@ impl GpuTrainer {
             None => None,
         };
         let f32b = |n: usize| n * 4;
-        let mask_bytes_all = masks.iter().flatten().map(DeviceBuffer::len).sum::<usize>();
-        let act_bytes: usize =
-            acts.iter().map(DeviceBuffer::len).sum::<usize>() + mask_bytes_all + x_in.len();
-        let all_kept = all_kept + mask_bytes_all + x_in.len();
+        let mask_bytes_all = maps[0]
+            .masks
+            .iter()
+            .flatten()
+            .map(DeviceBuffer::len)
+            .sum::<usize>();
+        let act_bytes: usize = maps
+            .iter()
+            .map(|m| {
+                m.acts.iter().map(DeviceBuffer::len).sum::<usize>() + mask_bytes_all + m.x_in.len()
+            })
+            .sum();
+        let all_kept = (all_kept + mask_bytes_all + maps[0].x_in.len()) * slots;
         let memory = MemoryUse {
             weights: f32b(total) + half.as_ref().map_or(0, DeviceBuffer::len),
             gradients: f32b(total) + bias_scratch.iter().map(DeviceBuffer::len).sum::<usize>(),
@@ -393,14 +466,13 @@ impl GpuTrainer {
             half,
             bias_scratch,
             state,
-            x_in,
             tgt,
             copies,
             stage,
-            acts,
+            maps,
+            slot: std::cell::Cell::new(0),
             act_of,
             segment,
-            masks,
             dz,
             losses,
             correct,
@@ -415,6 +487,7 @@ impl GpuTrainer {
             memory,
             dp: None,
             grad_pieces: Vec::new(),
+            pipe: None,
         };
         trainer.plan_all()?;
         trainer.setup_seconds = started.elapsed().as_secs_f64();
@@ -447,9 +520,19 @@ impl GpuTrainer {
         scaler: Option<(f64, u64)>,
     ) -> Result<()> {
         let g = &self.gpu;
-        let flat = self.layout.pack(model);
+        // a pipeline stage's own layers, and their tensors of the optimizer's state
+        let (first, end) = self.own_layers();
+        let own = Mlp {
+            layers: model.layers[first..end].to_vec(),
+        };
+        let flat = self.layout.pack(&own);
         g.upload_into(self.params.view(), bytes(&flat))?;
-        for (buf, saved) in [(&self.m, &opt.m), (&self.v, &opt.v)] {
+        let mine = |saved: &[Vec<f32>]| -> Vec<Vec<f32>> {
+            saved
+                .get(2 * first..2 * end)
+                .map_or_else(Vec::new, <[_]>::to_vec)
+        };
+        for (buf, saved) in [(&self.m, mine(&opt.m)), (&self.v, mine(&opt.v))] {
             if let Some(buf) = buf {
                 if saved.is_empty() {
                     g.fill(buf.view(), 0)?;
@@ -503,6 +586,8 @@ impl GpuTrainer {
         let g = &self.gpu;
         let st = StepState::from_bytes(&g.download(&self.state)?)?;
         let flat = f32s(&g.download(&self.params)?);
+        // a pipeline stage writes its own layers (and their optimizer state) only
+        let (first, _) = self.own_layers();
         for (l, mut tensors) in self
             .layout
             .unpack(&flat)
@@ -510,20 +595,25 @@ impl GpuTrainer {
             .map(|c| c.to_vec())
             .enumerate()
         {
-            let layer = &mut model.layers[l];
+            let layer = &mut model.layers[first + l];
             layer.bias = tensors.pop().unwrap_or_default();
             layer.weight = tensors.pop().unwrap_or_default();
         }
         opt.step = u64::from(st.step);
         let stepped = st.step > 0;
-        opt.m = match (&self.m, stepped) {
-            (Some(b), true) => self.layout.unpack(&f32s(&g.download(b)?)),
-            _ => Vec::new(),
-        };
-        opt.v = match (&self.v, stepped) {
-            (Some(b), true) => self.layout.unpack(&f32s(&g.download(b)?)),
-            _ => Vec::new(),
-        };
+        let whole = 2 * model.layers.len();
+        for (buf, saved) in [(&self.m, &mut opt.m), (&self.v, &mut opt.v)] {
+            match (buf, stepped) {
+                (Some(b), true) => {
+                    let mine = self.layout.unpack(&f32s(&g.download(b)?));
+                    saved.resize(whole, Vec::new());
+                    for (at, t) in mine.into_iter().enumerate() {
+                        saved[2 * first + at] = t;
+                    }
+                }
+                _ => saved.clear(),
+            }
+        }
         Ok(st)
     }
 }

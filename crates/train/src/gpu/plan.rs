@@ -102,6 +102,36 @@ pub(super) struct Fusion {
     pub(super) input: InputEpilogue,
 }
 
+/// The product `op` of a layer of `(inputs, outputs)` on `rows` rows, in `p`, with its
+/// epilogue and the bias's type.
+pub(super) fn product_spec(
+    (i, o): (usize, usize),
+    p: super::Precision,
+    op: Op,
+    rows: usize,
+    (epilogue, bias): (Epilogue, DType),
+) -> MatmulSpec {
+    let (m, n, k, ta, tb, out) = match op {
+        Op::Forward | Op::ForwardEval => (o, rows, i, true, false, p.storage()),
+        Op::WeightGrad => (i, o, rows, false, true, DType::F32),
+        // rows [a, a + n) of the output gradient's transpose: B a block of it, ld o
+        Op::WeightGradPiece(n) => (i, n, rows, false, true, DType::F32),
+        Op::InputGrad => (i, rows, o, false, false, p.storage()),
+    };
+    MatmulSpec {
+        m,
+        n,
+        k,
+        trans_a: ta,
+        trans_b: tb,
+        inputs: p.inputs(),
+        output: out,
+        epilogue,
+        bias_type: bias,
+        b_ld: matches!(op, Op::WeightGradPiece(_)).then_some(o),
+    }
+}
+
 impl GpuTrainer {
     /// The batch sizes a run meets: the full one and the last, partial one of an epoch (and
     /// of the evaluation).
@@ -126,33 +156,26 @@ impl GpuTrainer {
                 rows.push(e.len() % b);
             }
         }
+        // a pipeline stage runs micro-batches
+        if let Some(stage) = self.opts.stage {
+            rows = rows
+                .iter()
+                .flat_map(|&r| super::pipeline::split_rows(r, stage.micro))
+                .collect();
+        }
         rows.sort_unstable();
         rows.dedup();
         rows
     }
 
     fn spec(&self, l: usize, op: Op, rows: usize, epilogue: Epilogue, bias: DType) -> MatmulSpec {
-        let (i, o) = self.layout.io(l);
-        let p = self.opts.precision;
-        let (m, n, k, ta, tb, out) = match op {
-            Op::Forward | Op::ForwardEval => (o, rows, i, true, false, p.storage()),
-            Op::WeightGrad => (i, o, rows, false, true, DType::F32),
-            // rows [a, a + n) of the output gradient's transpose: B a block of it, ld o
-            Op::WeightGradPiece(n) => (i, n, rows, false, true, DType::F32),
-            Op::InputGrad => (i, rows, o, false, false, p.storage()),
-        };
-        MatmulSpec {
-            m,
-            n,
-            k,
-            trans_a: ta,
-            trans_b: tb,
-            inputs: p.inputs(),
-            output: out,
-            epilogue,
-            bias_type: bias,
-            b_ld: matches!(op, Op::WeightGradPiece(_)).then_some(o),
-        }
+        product_spec(
+            self.layout.io(l),
+            self.opts.precision,
+            op,
+            rows,
+            (epilogue, bias),
+        )
     }
 
     /// The plans of one product of layer `l` for every batch size, or None when cuBLASLt has
@@ -192,7 +215,7 @@ impl GpuTrainer {
         let mut fusion: Vec<Fusion> = Vec::new();
         let mut plans = HashMap::new();
         for l in 0..layers {
-            let hidden = l + 1 < layers;
+            let hidden = self.hidden(l);
             let mut f = Fusion::default();
             for (op, fused_epi) in [
                 (
@@ -244,8 +267,12 @@ impl GpuTrainer {
                         .ok_or_else(|| self.no_algorithm(l, Op::WeightGrad))?,
                 ),
             }
-            if l > 0 {
-                let mask = fusion.get(l - 1).is_some_and(|p| p.forward.is_some());
+            // a pipeline stage after the first also sends its first layer's input gradient
+            if l > 0 || self.opts.stage.is_some_and(|s| !s.first()) {
+                let mask = l
+                    .checked_sub(1)
+                    .and_then(|below| fusion.get(below))
+                    .is_some_and(|p| p.forward.is_some());
                 let mut input = InputEpilogue::Plain;
                 if fuse && mask {
                     for (epi, kind) in [

@@ -20,22 +20,24 @@ use std::time::Instant;
 
 /// One batch of an epoch as the loop runs it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Batch {
-    /// Its number in the epoch (its loss's slot).
-    index: usize,
+pub(super) struct Batch {
+    /// Its number in the epoch (its loss's slot, or on a pipeline stage with `micro`).
+    pub(super) index: usize,
+    /// Pipeline-parallel: its place among its batch's micro-batches (0 elsewhere).
+    pub(super) micro: usize,
     /// Its first row in the epoch's order.
-    first_row: usize,
-    rows: usize,
+    pub(super) first_row: usize,
+    pub(super) rows: usize,
     /// The first batch of an update: its gradients overwrite, later ones add.
-    first_micro: bool,
+    pub(super) first_micro: bool,
     /// An update follows it.
-    update: bool,
+    pub(super) update: bool,
     /// Rows of the combined batch this is a share of (all ranks' rows; `rows` on one GPU).
-    combined: usize,
+    pub(super) combined: usize,
     /// This share's weight in the combined batch's mean: rows x ranks / combined (1 for full
     /// combined batches and on one GPU), applied to the loss's gradient so that the average
     /// over ranks is the combined batch's gradient.
-    weight: f32,
+    pub(super) weight: f32,
 }
 
 /// The batches of epoch `pos.epoch` from `pos.batch` on for `n` samples: an update after every
@@ -65,6 +67,7 @@ fn epoch_batches(
         let (offset, rows) = shard.rows(combined, cfg.batch_size);
         out.push(Batch {
             index: b,
+            micro: 0,
             first_row: first_row + offset,
             rows,
             first_micro,
@@ -90,17 +93,25 @@ fn sub(buf: &DeviceBuffer, elem: usize, offset: usize, len: usize) -> Result<Vie
 }
 
 impl GpuTrainer {
-    /// The batches of epoch `pos.epoch` from `pos.batch` on, stopping at the step limit.
+    /// The batches of epoch `pos.epoch` from `pos.batch` on, stopping at the step limit (on a
+    /// pipeline stage, each batch as its micro-batches).
     fn batches(&self, pos: &Position) -> Vec<Batch> {
-        epoch_batches(&self.cfg, self.train.len(), pos, self.shard())
+        let batches = epoch_batches(&self.cfg, self.train.len(), pos, self.shard());
+        match self.opts.stage {
+            Some(stage) => super::pipeline::micro_batches(&batches, stage.micro),
+            None => batches,
+        }
+    }
+
+    /// Where a batch's loss goes.
+    fn loss_slot(&self, b: &Batch) -> usize {
+        b.index * self.opts.stage.map_or(1, |s| s.micro) + b.micro
     }
 
     /// Enqueues one batch: its input, forward, loss (into its slot), backward, and the update
     /// when one follows.
     fn enqueue(&self, input: Input, b: Batch) -> Result<()> {
-        let p = self.opts.precision;
-        let st = p.storage();
-        let es = st.size_bytes();
+        let st = self.opts.precision.storage();
         let f = self.train.features;
         let tw = target_width(&self.train);
         let rows = b.rows;
@@ -108,17 +119,11 @@ impl GpuTrainer {
         profiler::step(b.index);
         // the first layer's input and the targets
         let input_op = self.op_other("gather_batch", "input", rows * f);
+        let x_in = self.maps().x_in.view();
         let (x0, targets): (View<'_>, View<'_>) = match input {
             Input::Resident { first_row } => {
-                let (x, y, idx) = self
-                    .resident
-                    .as_ref()
-                    .ok_or_else(|| Error::Failed("no resident data".into()))?;
-                let idx = idx.view().sub(first_row * 4, rows * 4)?;
-                self.k
-                    .gather_rows(x.view(), self.x_in.view(), idx, st, (rows, f))?;
-                self.gather_targets(y.view(), idx, rows, tw)?;
-                (self.x_in.view(), self.tgt.view())
+                self.gather_batch(first_row, rows, true, true)?;
+                (x_in, self.tgt.view())
             }
             Input::Staged { slot } => {
                 let stage = &self.stage[slot];
@@ -127,20 +132,57 @@ impl GpuTrainer {
                 if st == DType::F32 {
                     (x, y)
                 } else {
-                    self.k.cast(x, self.x_in.view(), st, rows * f)?;
-                    (self.x_in.view(), y)
+                    self.k.cast(x, x_in, st, rows * f)?;
+                    (x_in, y)
                 }
             }
         };
         drop(input_op);
         self.forward(x0, 0..layers, rows, Op::Forward)?;
-        // the loss and its gradient (times 1/accumulate and the loss scale) into dz[0]
+        self.enqueue_loss(targets, &b)?;
+        self.enqueue_backward(x0, &b, false)?;
+        Ok(())
+    }
+
+    /// Gathers a batch's rows of the resident data by the epoch's order: the inputs into the
+    /// current maps' `x_in` and the targets into `tgt`, as asked.
+    pub(super) fn gather_batch(
+        &self,
+        first_row: usize,
+        rows: usize,
+        inputs: bool,
+        targets: bool,
+    ) -> Result<()> {
+        let st = self.opts.precision.storage();
+        let (f, tw) = (self.train.features, target_width(&self.train));
+        let (x, y, idx) = self
+            .resident
+            .as_ref()
+            .ok_or_else(|| Error::Failed("no resident data".into()))?;
+        let idx = idx.view().sub(first_row * 4, rows * 4)?;
+        if inputs {
+            self.k
+                .gather_rows(x.view(), self.maps().x_in.view(), idx, st, (rows, f))?;
+        }
+        if targets {
+            self.gather_targets(y.view(), idx, rows, tw)?;
+        }
+        Ok(())
+    }
+
+    /// The loss of the last layer's output against `targets` (into the batch's slot) and its
+    /// gradient (times the batch's share of its update and the loss scale) into dz[0].
+    pub(super) fn enqueue_loss(&self, targets: View<'_>, b: &Batch) -> Result<()> {
+        let st = self.opts.precision.storage();
+        let rows = b.rows;
+        let layers = self.layout.layers();
         let out = self.act(layers - 1);
         let width = self.cfg.widths[layers];
-        let loss = self.losses.view().sub(b.index * 8, 8)?;
-        let mult = b.weight / self.cfg.accumulate as f32;
+        let loss = self.losses.view().sub(self.loss_slot(b) * 8, 8)?;
+        let micro = self.opts.stage.map_or(self.cfg.accumulate, |s| s.micro);
+        let mult = b.weight / micro as f32;
         let state = Some(self.state.view());
-        let loss_op = self.op_other(
+        let _loss_op = self.op_other(
             match self.cfg.loss {
                 LossKind::Mse => "mse_loss+grad",
                 LossKind::CrossEntropy => "cross_entropy+grad",
@@ -168,11 +210,26 @@ impl GpuTrainer {
                 state,
                 (mult, 0.0),
                 loss,
-                self.correct.view().sub(b.index * 4, 4)?,
+                self.correct.view().sub(self.loss_slot(b) * 4, 4)?,
             )?,
         }
-        drop(loss_op);
-        // backward
+        Ok(())
+    }
+
+    /// Backward from the output gradient in dz[0] down to the first layer, whose input was
+    /// `x0`, and the update when one follows. On a pipeline stage after the first,
+    /// `input_grad` also computes the first layer's input gradient (plain: its ReLU and bias
+    /// belong to the stage before); returns the dz buffer that holds it.
+    pub(super) fn enqueue_backward(
+        &self,
+        x0: View<'_>,
+        b: &Batch,
+        input_grad: bool,
+    ) -> Result<usize> {
+        let st = self.opts.precision.storage();
+        let es = st.size_bytes();
+        let rows = b.rows;
+        let layers = self.layout.layers();
         let beta = if b.first_micro { 0.0 } else { 1.0 };
         let weights = self.half.as_ref().unwrap_or(&self.params);
         let wes = if self.half.is_some() { es } else { 4 };
@@ -214,7 +271,7 @@ impl GpuTrainer {
             }
             let (i, o) = self.layout.io(l);
             let (wo, _) = self.layout.offsets[l];
-            let hidden = l + 1 < layers;
+            let hidden = self.hidden(l);
             let fusion = self.fusion[l];
             let input = if l == 0 { x0 } else { self.act(l - 1) };
             let dy = self.dz[cur].view();
@@ -263,9 +320,23 @@ impl GpuTrainer {
             if b.update {
                 self.layer_done(l)?;
             }
+            if l == 0 && input_grad {
+                // the gradient the stage before continues from
+                let _input_op = self.op_product(l, Op::InputGrad, rows);
+                self.blas.run_lt(
+                    self.plan(l, Op::InputGrad, rows)?,
+                    sub(weights, wes, wo, i * o)?,
+                    dy,
+                    self.dz[1 - cur].view(),
+                    0.0,
+                    None,
+                    None,
+                )?;
+                cur = 1 - cur;
+            }
             if l > 0 {
                 let dx = self.dz[1 - cur].view();
-                let mask = self.masks[l - 1].as_ref().map(DeviceBuffer::view);
+                let mask = self.maps().masks[l - 1].as_ref().map(DeviceBuffer::view);
                 let _input_op = self.op_product(l, Op::InputGrad, rows);
                 let (bias, mask) = match fusion.input {
                     InputEpilogue::DreluBgrad => (Some(epilogue_bias(l - 1)?), mask),
@@ -299,7 +370,7 @@ impl GpuTrainer {
         if b.update {
             self.enqueue_update()?;
         }
-        Ok(())
+        Ok(cur)
     }
 
     fn plan(&self, l: usize, op: Op, rows: usize) -> Result<&gpukit_cuda::lt::LtMatmul> {
@@ -319,14 +390,19 @@ impl GpuTrainer {
         Ok(())
     }
 
+    /// The maps the next ops use.
+    pub(super) fn maps(&self) -> &super::Maps {
+        &self.maps[self.slot.get()]
+    }
+
     /// Layer l's output buffer (shared by recomputed layers when checkpointing).
-    fn act(&self, l: usize) -> View<'_> {
-        self.acts[self.act_of[l]].view()
+    pub(super) fn act(&self, l: usize) -> View<'_> {
+        self.maps().acts[self.act_of[l]].view()
     }
 
     /// Layers `range` forward from `x0`, the first one's input (train: keeping ReLU masks;
     /// eval: not).
-    fn forward(
+    pub(super) fn forward(
         &self,
         x0: View<'_>,
         range: std::ops::Range<usize>,
@@ -334,7 +410,6 @@ impl GpuTrainer {
         op: Op,
     ) -> Result<()> {
         let st = self.opts.precision.storage();
-        let layers = self.layout.layers();
         let weights = self.half.as_ref().unwrap_or(&self.params);
         let wes = if self.half.is_some() {
             st.size_bytes()
@@ -345,7 +420,7 @@ impl GpuTrainer {
         for l in range {
             let (i, o) = self.layout.io(l);
             let (wo, bo) = self.layout.offsets[l];
-            let hidden = l + 1 < layers;
+            let hidden = self.hidden(l);
             let input = if l == first { x0 } else { self.act(l - 1) };
             let fused = match op {
                 Op::Forward => self.fusion[l].forward,
@@ -358,7 +433,7 @@ impl GpuTrainer {
             };
             let _op = self.op_product(l, op, rows);
             let mask = if fused.is_some() && op == Op::Forward {
-                self.masks[l].as_ref().map(DeviceBuffer::view)
+                self.maps().masks[l].as_ref().map(DeviceBuffer::view)
             } else {
                 None
             };
@@ -388,7 +463,7 @@ impl GpuTrainer {
     /// averaged), the optimizer over the parameters (in one launch, or a launch a bucket as
     /// each bucket's averaging ends: [`GpuTrainer::update_in_pieces`]), then the step state
     /// advanced.
-    fn enqueue_update(&self) -> Result<()> {
+    pub(super) fn enqueue_update(&self) -> Result<()> {
         let _op = self.op_update();
         let p = self.opts.precision;
         let scaled = p.scaled();
@@ -447,6 +522,13 @@ impl GpuTrainer {
     /// Runs the epoch's batches through the loader; returns when all are enqueued.
     fn enqueue_epoch(&mut self, order: &[usize], batches: &[Batch]) -> Result<()> {
         let stream = self.gpu.stream().clone();
+        if self.opts.stage.is_some() {
+            // a pipeline stage: each update's micro-batches in the 1F1B schedule
+            for update in batches.split_inclusive(|b| b.update) {
+                self.one_f_one_b(update)?;
+            }
+            return Ok(());
+        }
         match self.loader {
             Loader::Resident => {
                 let key = graph_key(batches);
@@ -581,17 +663,18 @@ impl GpuTrainer {
             }
             let count = batches.len();
             let first = batches.first().map_or(0, |b| b.index);
-            let losses = self
-                .gpu
-                .download_from(self.losses.view().sub(first * 8, count * 8)?, count * 8)?;
+            let first_slot = batches.first().map_or(0, |b| self.loss_slot(b));
+            let losses = self.gpu.download_from(
+                self.losses.view().sub(first_slot * 8, count * 8)?,
+                count * 8,
+            )?;
             let seconds = started.elapsed().as_secs_f64();
             let losses = decode_f64(&losses, DType::F64);
             let correct: usize = if classes {
-                count_sum(
-                    &self
-                        .gpu
-                        .download_from(self.correct.view().sub(first * 4, count * 4)?, count * 4)?,
-                )
+                count_sum(&self.gpu.download_from(
+                    self.correct.view().sub(first_slot * 4, count * 4)?,
+                    count * 4,
+                )?)
             } else {
                 0
             };
@@ -611,10 +694,15 @@ impl GpuTrainer {
             } else {
                 (losses, correct)
             };
-            // per-update losses: the mean of each update's batches
+            // per-update losses: the mean of each update's batches (a pipeline's micro-batches
+            // weighted by their rows)
             let (mut micro, mut steps, mut seen) = (Vec::new(), 0u64, 0usize);
             for (b, loss) in batches.iter().zip(&losses) {
-                seen += b.combined;
+                seen += if self.opts.stage.is_some() {
+                    b.rows
+                } else {
+                    b.combined
+                };
                 if !loss.is_finite() {
                     let at = Position {
                         step: pos.step + steps,
@@ -631,16 +719,27 @@ impl GpuTrainer {
                     out.seconds += seconds;
                     break 'epochs;
                 }
-                micro.push(*loss);
+                micro.push(match self.opts.stage {
+                    Some(stage) => loss * f64::from(b.weight) / stage.micro as f64,
+                    None => *loss,
+                });
                 if b.update {
-                    out.step_losses
-                        .push(micro.iter().sum::<f64>() / micro.len() as f64);
+                    let mean = match self.opts.stage {
+                        Some(_) => micro.iter().sum::<f64>(),
+                        None => micro.iter().sum::<f64>() / micro.len() as f64,
+                    };
+                    out.step_losses.push(mean);
                     micro.clear();
                     steps += 1;
                 }
             }
             pos.step += steps;
             pos.batch = batches.last().map_or(pos.batch, |b| b.index as u64 + 1);
+            let count = if self.opts.stage.is_some() {
+                batches.iter().filter(|b| b.update).count()
+            } else {
+                count
+            };
             out.seconds += seconds;
             let complete = first == 0 && pos.batch == per_epoch;
             let (eval_loss, eval_accuracy) = if pos.batch == per_epoch && self.eval.is_some() {
@@ -654,7 +753,12 @@ impl GpuTrainer {
                 complete,
                 batches: count as u64,
                 steps,
-                train_loss: losses.iter().sum::<f64>() / count.max(1) as f64,
+                train_loss: if self.opts.stage.is_some() {
+                    let recent = &out.step_losses[out.step_losses.len() - steps as usize..];
+                    recent.iter().sum::<f64>() / recent.len().max(1) as f64
+                } else {
+                    losses.iter().sum::<f64>() / count.max(1) as f64
+                },
                 train_accuracy: classes.then(|| correct as f64 / seen.max(1) as f64),
                 eval_loss,
                 eval_accuracy,
@@ -706,7 +810,7 @@ impl GpuTrainer {
             rows_of.push(rows);
             let ix = idx.view().sub(lo * 4, rows * 4)?;
             self.k
-                .gather_rows(x.view(), self.x_in.view(), ix, st, (rows, f))?;
+                .gather_rows(x.view(), self.maps().x_in.view(), ix, st, (rows, f))?;
             match e.y {
                 Targets::Values { .. } => {
                     self.k
@@ -718,7 +822,7 @@ impl GpuTrainer {
                 }
             }
             self.forward(
-                self.x_in.view(),
+                self.maps().x_in.view(),
                 0..self.layout.layers(),
                 rows,
                 Op::ForwardEval,

@@ -27,6 +27,7 @@ pub mod cnn_parallel;
 pub mod cnn_peer;
 pub mod parallel;
 mod peer;
+pub mod pipeline;
 
 pub use peer::{
     peer_tolerance, TrainPeer, PEER_EARLY_UPDATES, PEER_FINAL_TOLERANCE, PEER_LOSS_TOLERANCE,
@@ -106,6 +107,12 @@ pub struct TrainRequest {
     pub grad_comm: Option<gpukit_types::DType>,
     /// How long a launched rank waits for its peers (None: 60 s).
     pub timeout: Option<std::time::Duration>,
+    /// Pipeline-parallel over this many GPUs of this machine.
+    pub pipeline: Option<usize>,
+    /// Pipeline-parallel: micro-batches a batch is cut into (None: four a stage).
+    pub micro_batches: Option<usize>,
+    /// The most of a GPU's memory the run may plan to use, as a fraction of it.
+    pub memory_fraction: Option<f64>,
     /// `gpukit profile train`: record this epoch (0-based) of a GPU run, or every epoch of a
     /// CPU run, with this timing.
     pub profile: Option<(u64, gpukit_cuda::profiler::TimingChoice)>,
@@ -147,6 +154,9 @@ pub struct TrainReport {
     /// Data-parallel training's figures (ranks, scaling, communication), when it ran.
     #[serde(default)]
     pub data_parallel: Option<crate::workload::train::parallel::DataParallel>,
+    /// Pipeline-parallel training's figures (stages, bubble, the one-GPU run beside).
+    #[serde(default)]
+    pub pipeline: Option<pipeline::Pipeline>,
     /// `gpukit profile train`'s recording (not part of train's own report).
     #[serde(skip)]
     pub recording: Option<gpukit_cuda::profiler::Recording>,
@@ -258,6 +268,12 @@ pub fn check_request(r: &TrainRequest) -> Result<()> {
             }
         )));
     }
+    check_pipeline(r)?;
+    if r.memory_fraction.is_some() && !on_gpu && r.parallel.is_none() {
+        return Err(Error::BadInput(
+            "--memory-fraction: is about a GPU's memory; add --device cuda:0".into(),
+        ));
+    }
     if r.compare_pytorch && r.resume.is_some() {
         return Err(Error::BadInput(
             "--compare-pytorch runs both sides from the start: leave out --resume".into(),
@@ -294,6 +310,56 @@ pub fn check_request(r: &TrainRequest) -> Result<()> {
                 source,
             })?;
         }
+    }
+    Ok(())
+}
+
+/// `--pipeline N` with what it takes: several GPUs' worth of layers, batches cut into
+/// micro-batches, the data on the GPU; the rest is refused naming the flag.
+fn check_pipeline(r: &TrainRequest) -> Result<()> {
+    let Some(n) = r.pipeline else {
+        return match r.micro_batches {
+            Some(_) => Err(Error::BadInput(
+                "--micro-batches: cuts batches for a pipeline; add --pipeline N".into(),
+            )),
+            None => Ok(()),
+        };
+    };
+    if n < 2 {
+        return Err(Error::BadInput(format!(
+            "--pipeline {n}: a pipeline has at least 2 stages (one GPU trains without it)"
+        )));
+    }
+    if r.micro_batches == Some(0) {
+        return Err(Error::BadInput(
+            "--micro-batches 0: must be at least 1".into(),
+        ));
+    }
+    if matches!(r.device, Some(Device::Cpu)) {
+        return Err(Error::BadInput(
+            "--pipeline: runs on GPUs (cuda:0..N-1); leave --device out or name cuda:0".into(),
+        ));
+    }
+    let refused = [
+        ("--gpus or a launcher", r.parallel.is_some()),
+        ("--accumulate", r.accumulate.is_some_and(|k| k > 1)),
+        ("--checkpoint-activations", r.checkpoint_activations),
+        ("--eval-fraction", r.eval_fraction.is_some_and(|f| f > 0.0)),
+        ("--resume", r.resume.is_some()),
+        ("--compare-pytorch", r.compare_pytorch),
+        ("--graph", r.graph == Some(true)),
+        (
+            "--loader (the pipeline keeps the data on the GPUs)",
+            r.loader.is_some_and(|l| l != Loader::Resident),
+        ),
+        ("--profile", r.profile.is_some()),
+        (
+            "--precision fp16 (its loss scale would span the stages: use bf16)",
+            r.precision == Some(DType::F16),
+        ),
+    ];
+    if let Some((flag, _)) = refused.iter().find(|(_, given)| *given) {
+        return Err(Error::BadInput(format!("--pipeline does not take {flag}")));
     }
     Ok(())
 }
@@ -427,11 +493,15 @@ pub fn run_train_ranked(
     }
     // the resource guard: refused here, before the data is generated or a buffer allocated
     let usage = HostUse {
-        gpu: matches!(r.device, Some(Device::Cuda(_))) || r.parallel.is_some(),
+        gpu: matches!(r.device, Some(Device::Cuda(_)))
+            || r.parallel.is_some()
+            || r.pipeline.is_some(),
         compare_pytorch: r.compare_pytorch,
         world,
-        ranks_here: match &r.parallel {
-            Some(crate::workload::train::parallel::Ranks::Threads(g)) => *g,
+        ranks_here: match (&r.parallel, r.pipeline) {
+            (Some(crate::workload::train::parallel::Ranks::Threads(g)), _) => *g,
+            // each stage holds its own copy of the data
+            (_, Some(stages)) => stages,
             _ => 1,
         },
         data_loaded: file_data.is_some(),
@@ -448,9 +518,12 @@ pub fn run_train_ranked(
         }
     };
     let gpu = match r.device {
-        Some(Device::Cuda(n)) if r.parallel.is_none() => {
+        Some(Device::Cuda(n)) if r.parallel.is_none() && r.pipeline.is_none() => {
             let gpu = std::sync::Arc::new(gpukit_cuda::Gpu::open(discovery, n)?);
-            let (free, _) = gpu.mem_info()?;
+            let (free, total) = gpu.mem_info()?;
+            let free = r
+                .memory_fraction
+                .map_or(free, |f| free.min((total as f64 * f) as u64));
             let loader = r
                 .loader
                 .unwrap_or_else(|| gpukit_train::budget::default_loader(&shape, free));
@@ -503,6 +576,7 @@ pub fn run_train_ranked(
     // the comparison starts PyTorch from the weights gpukit started from
     let initial_model = r.compare_pytorch.then(|| model.clone());
     let mut data_parallel = None;
+    let mut pipelined = None;
     let mut recording = None;
     let mut trainer = match gpu {
         None => None,
@@ -510,6 +584,7 @@ pub fn run_train_ranked(
             let opts = GpuOptions {
                 loader: r.loader,
                 graph: r.graph,
+                memory_fraction: r.memory_fraction,
                 ..GpuOptions::new(precision)
             };
             Some(GpuTrainer::new(
@@ -527,6 +602,26 @@ pub fn run_train_ranked(
         _ => "cpu".to_string(),
     };
     let (outcome, gpu): (RunOutcome, Option<GpuDetails>) = match trainer.as_mut() {
+        _ if r.pipeline.is_some() => {
+            let stages = r.pipeline.unwrap_or(2);
+            let job = pipeline::Job {
+                discovery,
+                cfg: &p.cfg,
+                precision,
+                train: &train,
+                model: &model,
+                opt: &opt,
+                stages,
+                micro: r.micro_batches.unwrap_or(4 * stages),
+                memory_fraction: r.memory_fraction,
+                timeout: r.timeout.unwrap_or(std::time::Duration::from_secs(60)),
+            };
+            let (o, d, m, op, report) = pipeline::run(&job, progress)?;
+            model = m;
+            opt = op;
+            pipelined = Some(report);
+            (o, Some(d))
+        }
         _ if r.parallel.is_some() => {
             let job = crate::workload::train::parallel::Job {
                 discovery,
@@ -647,17 +742,22 @@ pub fn run_train_ranked(
             )
         })
         .transpose()?;
-    let device = match (&gpu, &data_parallel) {
-        (Some(g), Some(dp)) => format!(
+    let device = match (&gpu, &data_parallel, &pipelined) {
+        (Some(g), Some(dp), _) => format!(
             "{} GPUs, data-parallel ({}, {})",
             dp.ranks, g.device_name, dp.started_by
         ),
-        (Some(g), None) => format!("{device} ({})", g.device_name),
-        (None, _) => device,
+        (Some(g), None, Some(pp)) => format!(
+            "{} GPUs, pipeline-parallel ({}, threads in one process)",
+            pp.stages, g.device_name
+        ),
+        (Some(g), None, None) => format!("{device} ({})", g.device_name),
+        (None, ..) => device,
     };
     let saved_checkpoint = r.save.clone().filter(|_| outcome.diverged.is_none());
     Ok(Some(TrainReport {
         data_parallel,
+        pipeline: pipelined,
         recording,
         pytorch,
         preset: r
@@ -693,7 +793,13 @@ pub fn document(report: TrainReport) -> Document<TrainReport> {
     let failure = report
         .diverged
         .clone()
-        .or_else(|| report.pytorch.as_ref().and_then(TrainPeer::disagreement));
+        .or_else(|| report.pytorch.as_ref().and_then(TrainPeer::disagreement))
+        .or_else(|| {
+            report
+                .pipeline
+                .as_ref()
+                .and_then(|p| p.disagreement.clone())
+        });
     Document::new("train", report, failure)
 }
 

@@ -95,6 +95,7 @@ pub(super) fn report(loss: LossKind) -> TrainReport {
         pytorch: None,
         gpu: None,
         data_parallel: None,
+        pipeline: None,
         recording: None,
     }
 }
@@ -111,4 +112,53 @@ fn train_regression_has_no_accuracy_columns() {
     assert!(!text.contains("acc."), "{text}");
     assert!(!text.contains("Resumed"), "{text}");
     assert!(text.contains("adam, lr 0.01, betas 0.9/0.999"), "{text}");
+}
+
+#[test]
+fn a_pipeline_run_shows_its_split_bubble_and_the_one_gpu_run_beside() {
+    use gpukit_bench::workload::train::pipeline::{OneGpu, Pipeline};
+    let mut r = report(LossKind::Mse);
+    r.pipeline = Some(Pipeline {
+        stages: 2,
+        micro_batches: 8,
+        micro_rows: 512,
+        layers: vec![(0, 4), (4, 9)],
+        layer_ms: vec![0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.25],
+        alone_step_ms: vec![29.6, 37.3],
+        step_ms: vec![41.7, 41.6],
+        optimizer_ms: vec![0.31, 0.29],
+        samples_per_s: 97_152.0,
+        bubble: 0.106,
+        bubble_schedule: 1.0 / 9.0,
+        bubble_without_flush: 0.109,
+        stage_peak_bytes: vec![1 << 30, 3 << 29],
+        one_gpu_refused: Some("needs about 37.1 GiB, 31.7 GiB is available".into()),
+        one_gpu: Some(OneGpu {
+            step_ms: 60.7,
+            samples_per_s: 67_471.0,
+            max_loss_rel_diff: 9.4e-9,
+            tolerance: 1e-5,
+            peak_bytes: 5 << 29,
+            graph: true,
+            step_losses: vec![2.7, 2.6],
+        }),
+        disagreement: None,
+    });
+    let text = terminal(&train_sections(&r));
+    for want in [
+        "Pipeline-parallel",
+        "layers 1-4 | 5-9",
+        "3.50, 4.25 ms a stage",
+        "8 micro-batches of up to 512 rows",
+        "41.70, 41.60 ms in the pipeline",
+        "0.106 of the update idle",
+        "0.109 without the first stage's optimizer step (0.31 ms)",
+        "the schedule's with equal stages 0.111",
+        "1.00 GiB, 1.50 GiB",
+        "refused: needs about 37.1 GiB",
+        "within 9.4e-9",
+        "the pipeline 1.44x",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
 }

@@ -13,7 +13,7 @@ impl GpuTrainer {
             let (i, o) = self.layout.io(l);
             let p = self.opts.precision;
             let es = p.storage().size_bytes() as f64;
-            let hidden = l + 1 < self.layout.layers();
+            let hidden = self.hidden(l);
             let (name, fused) = match kind {
                 Op::Forward | Op::ForwardEval => (
                     if hidden {

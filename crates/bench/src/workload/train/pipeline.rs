@@ -1,0 +1,419 @@
+//! `gpukit train --pipeline N`: the MLP's layers split across N GPUs of this machine (a
+//! thread each), by the time their products take, each batch run as micro-batches in the 1F1B
+//! schedule (the train crate's `gpu::pipeline`).
+//!
+//! What the run measures and checks, in this order:
+//! - each layer's products timed on cuda:0; the split whose slowest stage is fastest;
+//! - the whole model on one GPU, the same batches (when it fits, under --memory-fraction and
+//!   then without it): its per-update losses are what the pipeline's must equal, its speed
+//!   the figure beside;
+//! - each stage alone: its micro-batches through its layers with no sends or receives (the
+//!   busy time); then the stages together. The bubble is the share of the pipeline's update
+//!   the slowest stage is not busy, set beside the schedule's (N - 1) / (M + N - 1).
+
+use crate::error::{Error, Result};
+use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::nccl::{Comm, UniqueId};
+use gpukit_cuda::Gpu;
+use gpukit_train::budget::{device_need, DataShape, HINT};
+use gpukit_train::checkpoint::Position;
+use gpukit_train::data::Dataset;
+use gpukit_train::gpu::feed::Loader;
+use gpukit_train::gpu::pipeline::{layer_costs, partition, split_rows, Stage};
+use gpukit_train::gpu::{GpuDetails, GpuOptions, GpuTrainer, Precision};
+use gpukit_train::model::Mlp;
+use gpukit_train::optim::Optimizer;
+use gpukit_train::run::{RunOutcome, TrainConfig};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// What pipeline-parallel training did, beside the run's own figures.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Pipeline {
+    pub stages: usize,
+    pub micro_batches: usize,
+    /// Rows of the largest micro-batch.
+    pub micro_rows: usize,
+    /// Each stage's layers `[first, end)`.
+    pub layers: Vec<(usize, usize)>,
+    /// Milliseconds of each layer's products on one micro-batch (what the split balances).
+    pub layer_ms: Vec<f64>,
+    /// Each stage's update alone: its micro-batches, no sends or receives (median of epochs).
+    pub alone_step_ms: Vec<f64>,
+    /// Each stage's update in the pipeline.
+    pub step_ms: Vec<f64>,
+    /// Each stage's optimizer step alone. The first stage's is on every update's critical
+    /// path: the others wait for its next forward while it updates (the flush).
+    #[serde(default)]
+    pub optimizer_ms: Vec<f64>,
+    pub samples_per_s: f64,
+    /// The share of the pipeline's update the busiest stage is idle: 1 - alone / pipeline.
+    pub bubble: f64,
+    /// The 1F1B schedule's idle share with equal stages: (N - 1) / (M + N - 1).
+    pub bubble_schedule: f64,
+    /// The bubble less the first stage's optimizer step, which the schedule's fraction leaves
+    /// out: 1 - (alone - its step) / (pipeline - the first stage's step), on the busiest stage.
+    #[serde(default)]
+    pub bubble_without_flush: f64,
+    /// Peak device memory each stage's pool held.
+    pub stage_peak_bytes: Vec<u64>,
+    /// The whole model on one GPU: refused under --memory-fraction (why), and the run without
+    /// the fraction beside.
+    #[serde(default)]
+    pub one_gpu_refused: Option<String>,
+    #[serde(default)]
+    pub one_gpu: Option<OneGpu>,
+    /// Why the pipeline's losses are not the one-GPU run's (the report then fails).
+    #[serde(default)]
+    pub disagreement: Option<String>,
+}
+
+/// The whole model on one GPU with the same batches.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OneGpu {
+    pub step_ms: f64,
+    pub samples_per_s: f64,
+    /// Largest per-update loss difference from the pipeline's, relative.
+    pub max_loss_rel_diff: f64,
+    /// What the comparison allows for the precision.
+    pub tolerance: f64,
+    pub peak_bytes: u64,
+    /// Whether it replayed CUDA graphs (its best mode; the pipeline launches eagerly).
+    pub graph: bool,
+    /// Its per-update losses (the pipeline's are the run's).
+    #[serde(default)]
+    pub step_losses: Vec<f64>,
+}
+
+/// Everything the stages share.
+pub struct Job<'a> {
+    pub discovery: &'a Discovery,
+    pub cfg: &'a TrainConfig,
+    pub precision: Precision,
+    pub train: &'a Dataset,
+    pub model: &'a Mlp<f32>,
+    pub opt: &'a Optimizer<f32>,
+    pub stages: usize,
+    pub micro: usize,
+    pub memory_fraction: Option<f64>,
+    pub timeout: std::time::Duration,
+}
+
+/// Median milliseconds an update over the epochs.
+fn step_ms(o: &RunOutcome) -> f64 {
+    let per: Vec<f64> = o
+        .epochs
+        .iter()
+        .filter(|e| e.steps > 0)
+        .map(|e| e.seconds * 1e3 / e.steps as f64)
+        .collect();
+    crate::stats::Summary::of(&per).map_or(f64::NAN, |s| s.median)
+}
+
+/// The per-update losses the pipeline must meet, relative: fp32 sums in another order only;
+/// tf32 and 16-bit products round differently with the micro-batches' row counts.
+fn tolerance(p: Precision) -> f64 {
+    match p {
+        Precision::Fp32 => 1e-5,
+        Precision::Tf32 => 5e-3,
+        Precision::Fp16 | Precision::Bf16 => 5e-2,
+    }
+}
+
+/// One stage's part.
+struct StageRun {
+    outcome: RunOutcome,
+    details: GpuDetails,
+    alone_ms: f64,
+    update_ms: f64,
+    step_ms: f64,
+    model: Mlp<f32>,
+    opt: Optimizer<f32>,
+}
+
+/// Threads meet here before NCCL, as the data-parallel ranks do: a stage that failed to set up
+/// must not leave the others waiting inside ncclCommInitRank.
+struct Meet<'a> {
+    barrier: &'a std::sync::Barrier,
+    failed: &'a std::sync::atomic::AtomicBool,
+}
+
+fn opts(job: &Job<'_>, stage: Option<Stage>, fraction: Option<f64>) -> GpuOptions {
+    GpuOptions {
+        loader: Some(Loader::Resident),
+        // a stage launches eagerly; one GPU takes its default (graphs)
+        graph: stage.map(|_| false),
+        stage,
+        memory_fraction: fraction,
+        ..GpuOptions::new(job.precision)
+    }
+}
+
+/// Runs `t` from the start twice (the first warms the libraries and, in the pipeline, NCCL's
+/// connections); the second's outcome. In the pipeline every stage starts each run together
+/// (`together`): a stage that starts later would count in the others' times.
+fn twice(
+    t: &mut GpuTrainer,
+    job: &Job<'_>,
+    together: Option<&std::sync::Barrier>,
+) -> Result<(RunOutcome, GpuDetails)> {
+    for round in 0..2 {
+        t.load(job.model, job.opt, None)?;
+        if let Some(b) = together {
+            b.wait();
+        }
+        let r = t.run(Position::default(), &mut |_| {})?;
+        if round == 1 {
+            return Ok(r);
+        }
+    }
+    Err(Error::Failed("no run".into()))
+}
+
+fn stage_run(job: &Job<'_>, id: &UniqueId, stage: Stage, meet: Meet<'_>) -> Result<StageRun> {
+    use std::sync::atomic::Ordering;
+    let prepared = (|| -> Result<_> {
+        let gpu = Arc::new(Gpu::open(job.discovery, stage.index)?);
+        let mut t = GpuTrainer::new(
+            job.discovery,
+            gpu.clone(),
+            job.cfg,
+            opts(job, Some(stage), job.memory_fraction),
+            job.train.clone(),
+            None,
+        )?;
+        let (alone, _) = twice(&mut t, job, None)?;
+        let update_ms = t.time_update()?;
+        Ok((gpu, t, step_ms(&alone), update_ms))
+    })();
+    if prepared.is_err() {
+        meet.failed.store(true, Ordering::SeqCst);
+    }
+    meet.barrier.wait();
+    if prepared.is_ok() && meet.failed.load(Ordering::SeqCst) {
+        return Err(Error::Failed(
+            "another stage failed before the pipeline started (its error is reported)".into(),
+        ));
+    }
+    let (gpu, mut t, alone_ms, update_ms) = prepared?;
+    let comm = Comm::init_rank_on(&gpu, t.stream(), id, stage.index, stage.count)?;
+    t.attach_pipeline(comm)?;
+    let (outcome, details) = twice(&mut t, job, Some(meet.barrier))?;
+    let (mut model, mut opt) = (job.model.clone(), job.opt.clone());
+    t.store(&mut model, &mut opt)?;
+    Ok(StageRun {
+        step_ms: step_ms(&outcome),
+        outcome,
+        details,
+        alone_ms,
+        update_ms,
+        model,
+        opt,
+    })
+}
+
+/// The whole model on cuda:0: refused under the memory fraction (the refusal, in words), and
+/// run without it when it fits the GPU.
+/// Why one GPU refused the model under the fraction, and the run without it (when it fits).
+type OneGpuRun = (Option<String>, Option<(RunOutcome, GpuDetails)>);
+
+fn one_gpu(job: &Job<'_>) -> Result<OneGpuRun> {
+    let gpu = Arc::new(Gpu::open(job.discovery, 0)?);
+    let (free, total) = gpu.mem_info()?;
+    let shape = DataShape {
+        train: job.train.len(),
+        eval: 0,
+        features: job.train.features,
+        target_width: job.train.target_width(),
+    };
+    let need = device_need(0, job.cfg, &shape, job.precision, Loader::Resident);
+    let refused = job.memory_fraction.and_then(|f| {
+        let limit = free.min((total as f64 * f) as u64);
+        need.check(Some(limit), HINT).err().map(|r| r.to_string())
+    });
+    if need.check(Some(free), HINT).is_err() {
+        return Ok((refused, None));
+    }
+    let mut t = GpuTrainer::new(
+        job.discovery,
+        gpu,
+        job.cfg,
+        opts(job, None, None),
+        job.train.clone(),
+        None,
+    )?;
+    Ok((refused, Some(twice(&mut t, job, None)?)))
+}
+
+/// The run's result: the pipeline's outcome (the last stage's losses), its GPU details, the
+/// trained model and optimizer (every stage's layers), and the pipeline's figures.
+pub type Outcome = (RunOutcome, GpuDetails, Mlp<f32>, Optimizer<f32>, Pipeline);
+
+pub fn run(job: &Job<'_>, progress: &mut dyn FnMut(&str)) -> Result<Outcome> {
+    let n = job.stages;
+    let count = gpukit_cuda::driver::probe(job.discovery)
+        .map_err(|e| Error::Unavailable(format!("pipeline-parallel training needs GPUs: {e}")))?
+        .device_count;
+    if n > count {
+        return Err(Error::BadInput(format!(
+            "--pipeline {n}: this machine has {count} CUDA device(s)"
+        )));
+    }
+    gpukit_cuda::nccl::require(job.discovery)
+        .map_err(|e| Error::Unavailable(format!("pipeline-parallel training needs NCCL: {e}")))?;
+    let rows = job.cfg.batch_size.min(job.train.len());
+    let micro_rows = split_rows(rows, job.micro)[0];
+    progress(&format!(
+        "pipeline x{n}: timing each layer's products on {micro_rows} rows"
+    ));
+    let layer_ms = {
+        let gpu = Arc::new(Gpu::open(job.discovery, 0)?);
+        layer_costs(
+            job.discovery,
+            &gpu,
+            &job.cfg.widths,
+            micro_rows,
+            job.precision,
+        )?
+    };
+    let spans = partition(&layer_ms, n)?;
+    progress("pipeline: the whole model on one GPU, the same batches");
+    let (one_gpu_refused, single) = one_gpu(job)?;
+    progress(&format!(
+        "pipeline x{n}: layers {}",
+        spans
+            .iter()
+            .map(|(a, b)| format!("{a}..{b}"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    ));
+    let id = UniqueId::new()?;
+    let barrier = std::sync::Barrier::new(n);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let runs: Vec<Result<StageRun>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = spans
+            .iter()
+            .enumerate()
+            .map(|(index, &layers)| {
+                let stage = Stage {
+                    index,
+                    count: n,
+                    layers,
+                    micro: job.micro,
+                };
+                let (id, meet) = (
+                    id.clone(),
+                    Meet {
+                        barrier: &barrier,
+                        failed: &failed,
+                    },
+                );
+                scope.spawn(move || {
+                    let r = stage_run(job, &id, stage, meet);
+                    if let Err(e) = &r {
+                        crate::hang_guard::after_failure(
+                            job.timeout,
+                            format!("pipeline stage {index} (cuda:{index}): {e}"),
+                        );
+                    }
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Failed("a pipeline thread panicked".into())))
+            })
+            .collect()
+    });
+    let runs = runs.into_iter().collect::<Result<Vec<_>>>()?;
+    // every stage's layers, and their optimizer state, into one model
+    let (mut model, mut opt) = (job.model.clone(), job.opt.clone());
+    for (r, &(a, b)) in runs.iter().zip(&spans) {
+        model.layers[a..b].clone_from_slice(&r.model.layers[a..b]);
+        opt.step = r.opt.step;
+        for (all, mine) in [(&mut opt.m, &r.opt.m), (&mut opt.v, &r.opt.v)] {
+            if !mine.is_empty() {
+                all.resize(mine.len(), Vec::new());
+                all[2 * a..2 * b].clone_from_slice(&mine[2 * a..2 * b]);
+            }
+        }
+    }
+    let slowest = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let alone: Vec<f64> = runs.iter().map(|r| r.alone_ms).collect();
+    let steps: Vec<f64> = runs.iter().map(|r| r.step_ms).collect();
+    let last = runs.last().ok_or(Error::NoSamples)?;
+    let tol = tolerance(job.precision);
+    let (one_gpu, disagreement) = match &single {
+        Some((o, d)) => {
+            let (worst, at) = o
+                .step_losses
+                .iter()
+                .zip(&last.outcome.step_losses)
+                .enumerate()
+                .map(|(i, (a, b))| ((a - b).abs() / a.abs().max(1e-12), i))
+                .fold((0.0f64, 0usize), |m, x| if x.0 > m.0 { x } else { m });
+            let lengths = o.step_losses.len() != last.outcome.step_losses.len();
+            let disagreement = if lengths {
+                Some(format!(
+                    "the pipeline made {} updates, one GPU {}",
+                    last.outcome.step_losses.len(),
+                    o.step_losses.len()
+                ))
+            } else {
+                (worst > tol || !worst.is_finite()).then(|| {
+                    format!(
+                        "update {}'s loss differs from one GPU's by {worst:.2e} (relative), more \
+                         than {tol:.0e}: the pipeline is not the same training",
+                        at + 1
+                    )
+                })
+            };
+            let ms = step_ms(o);
+            (
+                Some(OneGpu {
+                    step_ms: ms,
+                    samples_per_s: rows as f64 / (ms / 1e3),
+                    max_loss_rel_diff: worst,
+                    tolerance: tol,
+                    peak_bytes: d.pool_peak_bytes,
+                    graph: d.graph,
+                    step_losses: o.step_losses.clone(),
+                }),
+                disagreement,
+            )
+        }
+        None => (None, None),
+    };
+    // the busiest stage alone, and its step; the first stage's step, which the pipeline waits
+    // for at every flush
+    let busiest = alone
+        .iter()
+        .enumerate()
+        .fold(0, |b, (i, &a)| if a > alone[b] { i } else { b });
+    let updates: Vec<f64> = runs.iter().map(|r| r.update_ms).collect();
+    let flush = updates[0];
+    let report = Pipeline {
+        bubble_without_flush: 1.0 - (alone[busiest] - updates[busiest]) / (slowest(&steps) - flush),
+        optimizer_ms: updates.clone(),
+        stages: n,
+        micro_batches: job.micro,
+        micro_rows,
+        layers: spans,
+        layer_ms,
+        bubble: 1.0 - slowest(&alone) / slowest(&steps),
+        bubble_schedule: (n - 1) as f64 / (job.micro + n - 1) as f64,
+        samples_per_s: rows as f64 / (slowest(&steps) / 1e3),
+        alone_step_ms: alone,
+        step_ms: steps,
+        stage_peak_bytes: runs.iter().map(|r| r.details.pool_peak_bytes).collect(),
+        one_gpu_refused,
+        one_gpu,
+        disagreement,
+    };
+    let mut details = last.details.clone();
+    details.pool_peak_bytes = report.stage_peak_bytes.iter().copied().max().unwrap_or(0);
+    Ok((last.outcome.clone(), details, model, opt, report))
+}

@@ -1,0 +1,523 @@
+//! Pipeline-parallel training (`train --pipeline N`): the layers split across N GPUs, each
+//! batch cut into micro-batches that flow through the stages in the 1F1B schedule (Narayanan
+//! et al., PipeDream-Flush, as Megatron-LM runs it): a stage starts with as many forwards as
+//! stages follow it, then alternates one forward and one backward, then finishes the
+//! backwards. Activations go forward and their gradients back through NCCL sends and
+//! receives on the stage's own compute stream, each send paired with the receive it meets in a
+//! group so that neither side waits for the other. A stage keeps at most `stages - index`
+//! micro-batches' maps.
+//!
+//! Every stage sums its layers' gradients over the micro-batches (each micro-batch's loss
+//! gradient weighted by its share of the batch's rows) and updates its own layers once a
+//! batch, so an update is the one-GPU update on the same combined batch, up to the order of
+//! sums.
+//!
+//! To use: build each stage's [`GpuTrainer`] with [`super::GpuOptions::stage`] set (the whole
+//! model's config and weights; it keeps its own layers), then
+//! [`GpuTrainer::attach_pipeline`] a communicator of the stages made on the trainer's own
+//! stream ([`GpuTrainer::stream`]). Before that, [`GpuTrainer::run`] runs the stage alone: its
+//! micro-batches through its layers with no sends or receives, the busy time the pipeline's
+//! bubble is measured against.
+
+use super::plan::{product_spec, Layout};
+use super::step::Batch;
+use super::{GpuTrainer, Op, Precision};
+use crate::error::{Error, Result};
+use crate::run::TrainConfig;
+use gpukit_cuda::blas::Blas;
+use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::lt::Epilogue;
+use gpukit_cuda::nccl::{self, Comm};
+use gpukit_cuda::{Gpu, View};
+use gpukit_types::DType;
+use std::sync::Arc;
+
+/// One GPU's part of a pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stage {
+    /// Its place: 0 reads the data, `count - 1` computes the loss.
+    pub index: usize,
+    pub count: usize,
+    /// The model's layers it holds: `[first, end)`.
+    pub layers: (usize, usize),
+    /// Micro-batches a batch is cut into.
+    pub micro: usize,
+}
+
+impl Stage {
+    pub fn first(&self) -> bool {
+        self.index == 0
+    }
+
+    pub fn last(&self) -> bool {
+        self.index + 1 == self.count
+    }
+
+    /// Micro-batches whose maps the stage holds at once under 1F1B.
+    pub fn slots(&self) -> usize {
+        (self.count - self.index).min(self.micro).max(1)
+    }
+
+    /// The stage's own training config: the whole model's, its widths cut to its layers.
+    pub(super) fn config(&self, cfg: &TrainConfig) -> Result<TrainConfig> {
+        let (a, b) = self.layers;
+        let layers = cfg.widths.len() - 1;
+        if a >= b || b > layers || self.index >= self.count || self.micro == 0 {
+            return Err(Error::Setting(format!(
+                "pipeline stage {} of {}: layers {a}..{b} of {layers}, {} micro-batches",
+                self.index, self.count, self.micro
+            )));
+        }
+        if cfg.accumulate > 1 || cfg.checkpoint_activations {
+            return Err(Error::Setting(
+                "a pipeline stage takes no --accumulate or --checkpoint-activations".into(),
+            ));
+        }
+        Ok(TrainConfig {
+            widths: cfg.widths[a..=b].to_vec(),
+            ..cfg.clone()
+        })
+    }
+}
+
+/// `rows` cut into `micro` near-equal parts (the first ones a row more; fewer parts when there
+/// are fewer rows).
+pub fn split_rows(rows: usize, micro: usize) -> Vec<usize> {
+    let parts = micro.min(rows).max(1);
+    (0..parts)
+        .map(|j| rows / parts + usize::from(j < rows % parts))
+        .collect()
+}
+
+/// Each batch as its micro-batches: consecutive rows of it, the first one's gradients
+/// overwriting, the update after the last; each micro-batch's loss gradient weighted by its
+/// share of the batch's rows (`weight / micro` = rows / batch rows).
+pub(super) fn micro_batches(batches: &[Batch], micro: usize) -> Vec<Batch> {
+    let mut out = Vec::new();
+    for b in batches {
+        let parts = split_rows(b.rows, micro);
+        let mut offset = 0;
+        for (j, &rows) in parts.iter().enumerate() {
+            out.push(Batch {
+                micro: j,
+                first_row: b.first_row + offset,
+                rows,
+                first_micro: b.first_micro && j == 0,
+                update: b.update && j + 1 == parts.len(),
+                weight: b.weight * (rows * micro) as f32 / b.rows.max(1) as f32,
+                ..*b
+            });
+            offset += rows;
+        }
+    }
+    out
+}
+
+/// A send or receive of a stage: the buffer, its elements and the peer stage.
+type Transfer<'a> = Option<(View<'a>, usize, usize)>;
+
+impl GpuTrainer {
+    /// Whether layer `l` (of this trainer's layers) is followed by a ReLU: every layer but
+    /// the model's last.
+    pub(super) fn hidden(&self, l: usize) -> bool {
+        l + 1 < self.layout.layers() || self.opts.stage.is_some_and(|s| !s.last())
+    }
+
+    /// The model's layers this trainer holds.
+    pub(super) fn own_layers(&self) -> (usize, usize) {
+        self.opts
+            .stage
+            .map_or((0, self.layout.layers()), |s| s.layers)
+    }
+
+    /// The stream the trainer's work is queued on (a pipeline's communicator is made on it).
+    pub fn stream(&self) -> gpukit_cuda::Stream {
+        self.gpu.stream().clone()
+    }
+
+    /// Joins the pipeline: `comm` holds every stage (rank = stage index) and queues on the
+    /// trainer's own stream. Until then the stage runs alone.
+    pub fn attach_pipeline(&mut self, comm: Comm) -> Result<()> {
+        let Some(stage) = self.opts.stage else {
+            return Err(Error::Setting("not a pipeline stage".into()));
+        };
+        if comm.size != stage.count || comm.rank != stage.index {
+            return Err(Error::Setting(format!(
+                "stage {} of {} given rank {} of {}",
+                stage.index, stage.count, comm.rank, comm.size
+            )));
+        }
+        self.pipe = Some(comm);
+        Ok(())
+    }
+
+    /// Milliseconds one optimizer step over the stage's parameters takes (timed over a few;
+    /// they change the weights and the step count: load again before training).
+    pub fn time_update(&self) -> Result<f64> {
+        const REPS: usize = 5;
+        let stream = self.gpu.stream();
+        self.enqueue_update()?;
+        let start = stream.record_timed()?;
+        for _ in 0..REPS {
+            self.enqueue_update()?;
+        }
+        let end = stream.record_timed()?;
+        end.synchronize()?;
+        Ok(start.elapsed_ms(&end)? / REPS as f64)
+    }
+
+    fn stage(&self) -> Result<Stage> {
+        self.opts
+            .stage
+            .ok_or_else(|| Error::Failed("not a pipeline stage".into()))
+    }
+
+    /// The maps slot of micro-batch `b`.
+    fn slot_of(&self, b: &Batch) -> Result<usize> {
+        Ok(b.micro % self.stage()?.slots())
+    }
+
+    /// One update's micro-batches through this stage in the 1F1B order.
+    pub(super) fn one_f_one_b(&self, group: &[Batch]) -> Result<()> {
+        let stage = self.stage()?;
+        let m = group.len();
+        let warm = (stage.count - stage.index - 1).min(m);
+        let (mut f, mut bw) = (0, 0);
+        for _ in 0..warm {
+            self.exchange(None, self.recv_input(&group[f])?)?;
+            self.stage_forward(&group[f])?;
+            self.exchange(self.send_output(&group[f])?, None)?;
+            f += 1;
+        }
+        if f < m {
+            self.exchange(None, self.recv_input(&group[f])?)?;
+        }
+        while f < m {
+            self.stage_forward(&group[f])?;
+            self.exchange(self.send_output(&group[f])?, self.recv_grad(&group[bw])?)?;
+            f += 1;
+            let dx = self.stage_backward(&group[bw])?;
+            let next = if f < m {
+                self.recv_input(&group[f])?
+            } else {
+                None
+            };
+            self.exchange(self.send_grad(&group[bw], dx)?, next)?;
+            bw += 1;
+        }
+        while bw < m {
+            self.exchange(None, self.recv_grad(&group[bw])?)?;
+            let dx = self.stage_backward(&group[bw])?;
+            self.exchange(self.send_grad(&group[bw], dx)?, None)?;
+            bw += 1;
+        }
+        Ok(())
+    }
+
+    /// A micro-batch's forward through the stage's layers (the first stage gathers its
+    /// inputs; the last computes its loss).
+    fn stage_forward(&self, b: &Batch) -> Result<()> {
+        let stage = self.stage()?;
+        self.slot.set(self.slot_of(b)?);
+        gpukit_cuda::profiler::step(b.index);
+        if stage.first() || stage.last() {
+            self.gather_batch(b.first_row, b.rows, stage.first(), stage.last())?;
+        }
+        let x0 = self.maps().x_in.view();
+        self.forward(x0, 0..self.layout.layers(), b.rows, Op::Forward)?;
+        if stage.last() {
+            self.enqueue_loss(self.tgt.view(), b)?;
+        }
+        Ok(())
+    }
+
+    /// A micro-batch's backward through the stage's layers from the output gradient in dz[0]
+    /// (the loss's, or received: a stage before the last applies its top layer's ReLU and
+    /// takes its bias gradient first); returns the dz buffer holding the gradient to send back.
+    fn stage_backward(&self, b: &Batch) -> Result<usize> {
+        let stage = self.stage()?;
+        self.slot.set(self.slot_of(b)?);
+        let st = self.opts.precision.storage();
+        if !stage.last() {
+            let top = self.layout.layers() - 1;
+            let o = self.layout.io(top).1;
+            let dy = self.dz[0].view();
+            self.k.relu_grad(dy, self.act(top), st, b.rows * o)?;
+            let db = self
+                .grads
+                .view()
+                .sub(self.layout.offsets[top].1 * 4, o * 4)?;
+            let beta = if b.first_micro { 0.0 } else { 1.0 };
+            self.k.bias_grad(dy, db, st, (o, b.rows), beta)?;
+        }
+        let x0 = self.maps().x_in.view();
+        self.enqueue_backward(x0, b, !stage.first())
+    }
+
+    /// The micro-batch's input from the stage before (none on the first stage).
+    fn recv_input(&self, b: &Batch) -> Result<Transfer<'_>> {
+        let stage = self.stage()?;
+        Ok((!stage.first()).then(|| {
+            let n = b.rows * self.layout.io(0).0;
+            (
+                self.maps[b.micro % stage.slots()].x_in.view(),
+                n,
+                stage.index - 1,
+            )
+        }))
+    }
+
+    /// The micro-batch's output to the stage after (none on the last stage).
+    fn send_output(&self, b: &Batch) -> Result<Transfer<'_>> {
+        let stage = self.stage()?;
+        let top = self.layout.layers() - 1;
+        Ok((!stage.last()).then(|| {
+            let n = b.rows * self.layout.io(top).1;
+            let maps = &self.maps[b.micro % stage.slots()];
+            (maps.acts[self.act_of[top]].view(), n, stage.index + 1)
+        }))
+    }
+
+    /// The gradient of the micro-batch's output, from the stage after, into dz[0].
+    fn recv_grad(&self, b: &Batch) -> Result<Transfer<'_>> {
+        let stage = self.stage()?;
+        let top = self.layout.layers() - 1;
+        Ok((!stage.last()).then(|| {
+            (
+                self.dz[0].view(),
+                b.rows * self.layout.io(top).1,
+                stage.index + 1,
+            )
+        }))
+    }
+
+    /// The gradient of the micro-batch's input (in dz[`at`]) to the stage before.
+    fn send_grad(&self, b: &Batch, at: usize) -> Result<Transfer<'_>> {
+        let stage = self.stage()?;
+        Ok((!stage.first()).then(|| {
+            (
+                self.dz[at].view(),
+                b.rows * self.layout.io(0).0,
+                stage.index - 1,
+            )
+        }))
+    }
+
+    /// A send and a receive as one NCCL group (nothing before the pipeline is attached).
+    fn exchange(&self, send: Transfer<'_>, recv: Transfer<'_>) -> Result<()> {
+        let Some(comm) = &self.pipe else {
+            return Ok(());
+        };
+        if send.is_none() && recv.is_none() {
+            return Ok(());
+        }
+        let dtype = self.opts.precision.storage();
+        nccl::group(|| {
+            if let Some((buf, n, peer)) = send {
+                comm.send(buf, n, dtype, peer)?;
+            }
+            if let Some((buf, n, peer)) = recv {
+                comm.recv(buf, n, dtype, peer)?;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+}
+
+/// Milliseconds each layer's three products (forward, weight gradient, input gradient) take on
+/// `rows` rows in `precision`, timed on `gpu` (each shape once, on zeroed operands): the cost
+/// the layers are split by.
+pub fn layer_costs(
+    discovery: &Discovery,
+    gpu: &Arc<Gpu>,
+    widths: &[usize],
+    rows: usize,
+    precision: Precision,
+) -> Result<Vec<f64>> {
+    let blas = Blas::new(discovery, gpu)?;
+    let layout = Layout::new(widths);
+    let st = precision.storage().size_bytes();
+    let mut timed: Vec<((usize, usize), f64)> = Vec::new();
+    let mut costs = Vec::new();
+    for l in 0..layout.layers() {
+        let io = layout.io(l);
+        if let Some((_, ms)) = timed.iter().find(|(shape, _)| *shape == io) {
+            costs.push(*ms);
+            continue;
+        }
+        let (i, o) = io;
+        let zeroed = |n: usize| -> Result<gpukit_cuda::DeviceBuffer> {
+            let b = gpu.alloc(n.max(4))?;
+            gpu.fill(b.view(), 0)?;
+            Ok(b)
+        };
+        let (w, x, y, dw, dx) = (
+            zeroed(i * o * st)?,
+            zeroed(rows * i * st)?,
+            zeroed(rows * o * st)?,
+            zeroed(i * o * 4)?,
+            zeroed(rows * i * st)?,
+        );
+        let plan = |op: Op| -> Result<gpukit_cuda::lt::LtMatmul> {
+            let spec = product_spec(io, precision, op, rows, (Epilogue::None, DType::F32));
+            blas.lt_matmul(spec)?.ok_or_else(|| {
+                Error::Failed(format!(
+                    "cuBLASLt has no algorithm for a {i}x{o} layer's {op:?}"
+                ))
+            })
+        };
+        let (fwd, wgrad, igrad) = (
+            plan(Op::Forward)?,
+            plan(Op::WeightGrad)?,
+            plan(Op::InputGrad)?,
+        );
+        let products = || -> Result<()> {
+            blas.run_lt(&fwd, w.view(), x.view(), y.view(), 0.0, None, None)?;
+            blas.run_lt(&wgrad, x.view(), y.view(), dw.view(), 0.0, None, None)?;
+            blas.run_lt(&igrad, w.view(), y.view(), dx.view(), 0.0, None, None)?;
+            Ok(())
+        };
+        products()?;
+        const REPS: usize = 10;
+        let stream = gpu.stream();
+        let start = stream.record_timed()?;
+        for _ in 0..REPS {
+            products()?;
+        }
+        let end = stream.record_timed()?;
+        end.synchronize()?;
+        let ms = start.elapsed_ms(&end)? / REPS as f64;
+        timed.push((io, ms));
+        costs.push(ms);
+    }
+    Ok(costs)
+}
+
+/// Consecutive layers for each of `stages` stages, the largest stage's cost as small as it
+/// goes (every stage at least one layer).
+pub fn partition(costs: &[f64], stages: usize) -> Result<Vec<(usize, usize)>> {
+    let n = costs.len();
+    if stages == 0 || stages > n {
+        return Err(Error::Setting(format!(
+            "{stages} pipeline stages need at least as many layers; the model has {n}"
+        )));
+    }
+    let prefix: Vec<f64> = std::iter::once(0.0)
+        .chain(costs.iter().scan(0.0, |s, &c| {
+            *s += c;
+            Some(*s)
+        }))
+        .collect();
+    let sum = |a: usize, b: usize| prefix[b] - prefix[a];
+    // best[k][j]: the smallest largest stage cost of layers [0, j) in k stages; cut[k][j] the
+    // start of the last of them
+    let mut best = vec![vec![f64::INFINITY; n + 1]; stages + 1];
+    let mut cut = vec![vec![0usize; n + 1]; stages + 1];
+    best[0][0] = 0.0;
+    for k in 1..=stages {
+        for j in k..=n {
+            for a in (k - 1)..j {
+                let v = best[k - 1][a].max(sum(a, j));
+                if v < best[k][j] {
+                    best[k][j] = v;
+                    cut[k][j] = a;
+                }
+            }
+        }
+    }
+    let mut spans = Vec::new();
+    let mut end = n;
+    for k in (1..=stages).rev() {
+        let a = cut[k][end];
+        spans.push((a, end));
+        end = a;
+    }
+    spans.reverse();
+    Ok(spans)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_split_into_near_equal_micro_batches() {
+        assert_eq!(split_rows(8, 4), vec![2, 2, 2, 2]);
+        assert_eq!(split_rows(10, 4), vec![3, 3, 2, 2]);
+        assert_eq!(split_rows(3, 8), vec![1, 1, 1]);
+        for (rows, micro) in [(1, 1), (7, 3), (4096, 8), (1000, 7)] {
+            let parts = split_rows(rows, micro);
+            assert_eq!(parts.iter().sum::<usize>(), rows);
+            assert!(parts.iter().max().unwrap() - parts.iter().min().unwrap() <= 1);
+        }
+    }
+
+    fn batch(index: usize, first_row: usize, rows: usize) -> Batch {
+        Batch {
+            index,
+            micro: 0,
+            first_row,
+            rows,
+            first_micro: true,
+            update: true,
+            combined: rows,
+            weight: 1.0,
+        }
+    }
+
+    #[test]
+    fn micro_batches_cover_each_batch_once_and_weigh_by_rows() {
+        let batches = [batch(0, 0, 10), batch(1, 10, 3)];
+        let micro = micro_batches(&batches, 4);
+        assert_eq!(micro.len(), 4 + 3);
+        for b in &batches {
+            let mine: Vec<_> = micro.iter().filter(|m| m.index == b.index).collect();
+            let mut row = b.first_row;
+            for (j, m) in mine.iter().enumerate() {
+                assert_eq!((m.micro, m.first_row), (j, row));
+                assert_eq!(m.first_micro, j == 0);
+                assert_eq!(m.update, j + 1 == mine.len());
+                row += m.rows;
+            }
+            assert_eq!(row, b.first_row + b.rows);
+            // the loss gradients' multipliers (weight / micro) sum to the batch's one
+            let share: f32 = mine.iter().map(|m| m.weight / 4.0).sum();
+            assert!((share - 1.0).abs() < 1e-6, "{share}");
+        }
+    }
+
+    #[test]
+    fn partition_balances_consecutive_layers() {
+        assert_eq!(
+            partition(&[1.0, 1.0, 1.0, 1.0], 2).unwrap(),
+            vec![(0, 2), (2, 4)]
+        );
+        // a heavy first layer takes a stage to itself
+        assert_eq!(
+            partition(&[5.0, 1.0, 1.0, 1.0, 1.0], 2).unwrap(),
+            vec![(0, 1), (1, 5)]
+        );
+        assert_eq!(
+            partition(&[1.0, 2.0, 3.0, 4.0, 5.0], 3).unwrap(),
+            vec![(0, 3), (3, 4), (4, 5)]
+        );
+        let spans = partition(&[1.0; 7], 7).unwrap();
+        assert_eq!(spans.len(), 7);
+        assert!(partition(&[1.0; 2], 3).is_err());
+        assert!(partition(&[1.0; 2], 0).is_err());
+    }
+
+    #[test]
+    fn stages_hold_the_maps_1f1b_keeps_in_flight() {
+        let s = |index, micro| Stage {
+            index,
+            count: 4,
+            layers: (index, index + 1),
+            micro,
+        };
+        assert_eq!(s(0, 8).slots(), 4);
+        assert_eq!(s(3, 8).slots(), 1);
+        assert_eq!(s(0, 2).slots(), 2);
+    }
+}
