@@ -22,6 +22,7 @@ pub mod kernels;
 pub mod parallel;
 pub mod pipeline;
 mod plan;
+mod stage;
 pub mod state;
 mod step;
 
@@ -75,7 +76,7 @@ pub struct GpuOptions {
     pub grad_comm: DType,
     /// Pipeline-parallel: the layers this GPU holds, and its place in the pipeline (None: the
     /// whole model). The trainer is still given the whole model's config and weights.
-    pub stage: Option<pipeline::Stage>,
+    pub stage: Option<stage::Stage>,
     /// The most of the device's memory the run may plan to use, as a fraction of it (the
     /// resource guard refuses a run that needs more, before allocating).
     pub memory_fraction: Option<f64>,

@@ -20,10 +20,10 @@
 //! bubble is measured against.
 
 use super::plan::{product_spec, Layout};
+pub use super::stage::{split_rows, Stage};
 use super::step::Batch;
 use super::{GpuTrainer, Op, Precision};
 use crate::error::{Error, Result};
-use crate::run::TrainConfig;
 use gpukit_cuda::blas::Blas;
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::lt::Epilogue;
@@ -31,87 +31,6 @@ use gpukit_cuda::nccl::{self, Comm};
 use gpukit_cuda::{Gpu, View};
 use gpukit_types::DType;
 use std::sync::Arc;
-
-/// One GPU's part of a pipeline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stage {
-    /// Its place: 0 reads the data, `count - 1` computes the loss.
-    pub index: usize,
-    pub count: usize,
-    /// The model's layers it holds: `[first, end)`.
-    pub layers: (usize, usize),
-    /// Micro-batches a batch is cut into.
-    pub micro: usize,
-}
-
-impl Stage {
-    pub fn first(&self) -> bool {
-        self.index == 0
-    }
-
-    pub fn last(&self) -> bool {
-        self.index + 1 == self.count
-    }
-
-    /// Micro-batches whose maps the stage holds at once under 1F1B.
-    pub fn slots(&self) -> usize {
-        (self.count - self.index).min(self.micro).max(1)
-    }
-
-    /// The stage's own training config: the whole model's, its widths cut to its layers.
-    pub(super) fn config(&self, cfg: &TrainConfig) -> Result<TrainConfig> {
-        let (a, b) = self.layers;
-        let layers = cfg.widths.len() - 1;
-        if a >= b || b > layers || self.index >= self.count || self.micro == 0 {
-            return Err(Error::Setting(format!(
-                "pipeline stage {} of {}: layers {a}..{b} of {layers}, {} micro-batches",
-                self.index, self.count, self.micro
-            )));
-        }
-        if cfg.accumulate > 1 || cfg.checkpoint_activations {
-            return Err(Error::Setting(
-                "a pipeline stage takes no --accumulate or --checkpoint-activations".into(),
-            ));
-        }
-        Ok(TrainConfig {
-            widths: cfg.widths[a..=b].to_vec(),
-            ..cfg.clone()
-        })
-    }
-}
-
-/// `rows` cut into `micro` near-equal parts (the first ones a row more; fewer parts when there
-/// are fewer rows).
-pub fn split_rows(rows: usize, micro: usize) -> Vec<usize> {
-    let parts = micro.min(rows).max(1);
-    (0..parts)
-        .map(|j| rows / parts + usize::from(j < rows % parts))
-        .collect()
-}
-
-/// Each batch as its micro-batches: consecutive rows of it, the first one's gradients
-/// overwriting, the update after the last; each micro-batch's loss gradient weighted by its
-/// share of the batch's rows (`weight / micro` = rows / batch rows).
-pub(super) fn micro_batches(batches: &[Batch], micro: usize) -> Vec<Batch> {
-    let mut out = Vec::new();
-    for b in batches {
-        let parts = split_rows(b.rows, micro);
-        let mut offset = 0;
-        for (j, &rows) in parts.iter().enumerate() {
-            out.push(Batch {
-                micro: j,
-                first_row: b.first_row + offset,
-                rows,
-                first_micro: b.first_micro && j == 0,
-                update: b.update && j + 1 == parts.len(),
-                weight: b.weight * (rows * micro) as f32 / b.rows.max(1) as f32,
-                ..*b
-            });
-            offset += rows;
-        }
-    }
-    out
-}
 
 /// A send or receive of a stage: the buffer, its elements and the peer stage.
 type Transfer<'a> = Option<(View<'a>, usize, usize)>;
@@ -465,6 +384,8 @@ mod tests {
             weight: 1.0,
         }
     }
+
+    use super::super::step::micro_batches;
 
     #[test]
     fn micro_batches_cover_each_batch_once_and_weigh_by_rows() {

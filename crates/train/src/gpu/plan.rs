@@ -160,7 +160,7 @@ impl GpuTrainer {
         if let Some(stage) = self.opts.stage {
             rows = rows
                 .iter()
-                .flat_map(|&r| super::pipeline::split_rows(r, stage.micro))
+                .flat_map(|&r| super::stage::split_rows(r, stage.micro))
                 .collect();
         }
         rows.sort_unstable();

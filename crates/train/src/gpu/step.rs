@@ -80,6 +80,30 @@ fn epoch_batches(
     out
 }
 
+/// Each batch as its micro-batches: consecutive rows of it, the first one's gradients
+/// overwriting, the update after the last; each micro-batch's loss gradient weighted by its
+/// share of the batch's rows (`weight / micro` = rows / batch rows).
+pub(super) fn micro_batches(batches: &[Batch], micro: usize) -> Vec<Batch> {
+    let mut out = Vec::new();
+    for b in batches {
+        let parts = super::stage::split_rows(b.rows, micro);
+        let mut offset = 0;
+        for (j, &rows) in parts.iter().enumerate() {
+            out.push(Batch {
+                micro: j,
+                first_row: b.first_row + offset,
+                rows,
+                first_micro: b.first_micro && j == 0,
+                update: b.update && j + 1 == parts.len(),
+                weight: b.weight * (rows * micro) as f32 / b.rows.max(1) as f32,
+                ..*b
+            });
+            offset += rows;
+        }
+    }
+    out
+}
+
 /// A captured graph replays one range of an epoch's batches: its first and one past its last.
 fn graph_key(batches: &[Batch]) -> (u64, u64) {
     (
@@ -98,7 +122,7 @@ impl GpuTrainer {
     fn batches(&self, pos: &Position) -> Vec<Batch> {
         let batches = epoch_batches(&self.cfg, self.train.len(), pos, self.shard());
         match self.opts.stage {
-            Some(stage) => super::pipeline::micro_batches(&batches, stage.micro),
+            Some(stage) => micro_batches(&batches, stage.micro),
             None => batches,
         }
     }
