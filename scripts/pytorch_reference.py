@@ -454,6 +454,17 @@ def build_parser():
     d.add_argument("--timeout-s", type=positive_int, default=120,
                    help="process group timeout; ranks that make no progress this long are stopped")
     d.add_argument("--backend", type=choice_of("nccl", "gloo"), default="nccl", help=argparse.SUPPRESS)
+    q2 = sub.add_parser("pipeline", help="torch.distributed.pipelining's 1F1B schedule on gpukit's training MLP")
+    q2.add_argument("--config", required=True, help="gpukit's TrainConfig as a JSON file (with its precision)")
+    q2.add_argument("--spans", required=True, type=csv_of(str),
+                    help="each stage's layers as FIRST:END (gpukit's split), one a GPU")
+    q2.add_argument("--micro-batches", type=positive_int, required=True)
+    q2.add_argument("--batch", type=positive_int, required=True, help="rows an update (all micro-batches)")
+    q2.add_argument("--steps", type=positive_int, default=20)
+    q2.add_argument("--warmup", type=non_negative_int, default=5)
+    q2.add_argument("--timeout-s", type=positive_int, default=120,
+                    help="process group timeout; ranks that make no progress this long are stopped")
+    q2.add_argument("--backend", type=choice_of("nccl", "gloo"), default="nccl", help=argparse.SUPPRESS)
     e = sub.add_parser("ddp-cnn", help="DistributedDataParallel scaling of torchvision's ResNet training")
     e.add_argument("--model", type=choice_of(*CNN_TRAIN_MODELS), default="resnet50")
     e.add_argument("--classes", type=positive_int, default=1000)
@@ -2400,6 +2411,138 @@ def bench_ddp_cnn(torch, args):
             "results": rows}
 
 
+# --- pipeline -------------------------------------------------------------------------------------
+
+
+def parse_spans(spans, layers):
+    """[(first, end), ...] from FIRST:END strings: consecutive, covering every layer once."""
+    out = []
+    for text in spans:
+        try:
+            a, b = (int(v) for v in text.split(":"))
+        except ValueError:
+            raise RuntimeError(f"--spans: {text!r} is not FIRST:END")
+        out.append((a, b))
+    if not out or out[0][0] != 0 or out[-1][1] != layers or any(
+            a >= b or (i and out[i - 1][1] != a) for i, (a, b) in enumerate(out)):
+        raise RuntimeError(f"--spans {spans}: not consecutive runs covering layers 0..{layers}")
+    return out
+
+
+def pipeline_measure(torch, opts, rank, device, dist):
+    """Update times (ms) of this rank's stage of gpukit's MLP under torch.distributed.pipelining's
+    Schedule1F1B: the stage's Linear (and ReLU) layers, autocast for 16-bit, the update after
+    every batch of --micro-batches micro-batches; the last stage's losses are kept."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    cfg, batch, micro = opts["config"], opts["batch"], opts["micro"]
+    widths, precision = cfg["widths"], cfg.get("precision", "fp32")
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    first, end = opts["spans"][rank]
+    world, last = len(opts["spans"]), len(widths) - 1
+    torch.manual_seed(0)
+    layers = []
+    for i in range(first, end):
+        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
+        if i + 1 < last:
+            layers.append(torch.nn.ReLU())
+    body = torch.nn.Sequential(*layers).to(device)
+
+    class Stage(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                enabled=autocast_dtype is not None):
+                return self.inner(x)
+
+    module = Stage(body)
+    stage = PipelineStage(module, rank, world, device)
+    loss_fn = make_loss(torch, cfg["loss"])
+    schedule = Schedule1F1B(stage, micro, loss_fn=lambda out, y: loss_fn(out.float(), y))
+    opt = make_optimizer(torch, module.parameters(), cfg["optimizer"])
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1)
+    x = torch.randn(batch, widths[0], device=device, generator=gen)
+    if cfg["loss"] == "cross-entropy":
+        y = torch.randint(0, widths[-1], (batch,), device=device, generator=gen)
+    else:
+        y = torch.randn(batch, widths[-1], device=device, generator=gen)
+    losses = []
+
+    def step():
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            out = []
+            schedule.step(target=y, losses=out)
+            losses.append(float(sum(l.item() for l in out) / max(len(out), 1)))
+        else:
+            schedule.step()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    times = time_cuda_chained(torch, step, opts["steps"], opts["warmup"])
+    opts["losses"] = losses
+    return times
+
+
+def _pipeline_worker(rank, world, port, opts, workdir):
+    import torch
+    import torch.distributed as dist
+    try:
+        device = rank_device(torch, opts["backend"], rank)
+        init_group(dist, opts["backend"], rank, world, port, opts["timeout_s"], device)
+        heartbeat(workdir)
+        summary = summarize(pipeline_measure(torch, opts, rank, device, dist))
+        heartbeat(workdir)
+        keys = ("median_ms", "p10_ms", "p90_ms", "count")
+        mine = torch.tensor([float(summary[k]) for k in keys], dtype=torch.float64, device=device)
+        every = torch.empty(world * len(keys), dtype=torch.float64, device=device)
+        dist.all_gather_into_tensor(every, mine)
+        values = every.view(world, len(keys)).tolist()
+        summaries = [{**dict(zip(keys[:3], v[:3])), "count": int(v[3])} for v in values]
+        if rank == world - 1:
+            write_json_atomic(os.path.join(workdir, "result.json"), {
+                "torch_version": torch.__version__, "device_name": device_label(torch, device),
+                "per_rank": summaries, "last_losses": opts.get("losses", [])})
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException as exc:
+        worker_failed(workdir, rank, exc)
+        raise
+
+
+def bench_pipeline(torch, args):
+    cfg = read_train_config(args.config)
+    check_ddp_config(cfg, args.config)
+    spans = parse_spans(args.spans, len(cfg["widths"]) - 1)
+    world = check_distributed(torch, args.backend, len(spans), "pipeline")
+    if args.micro_batches > args.batch:
+        raise RuntimeError(f"--micro-batches {args.micro_batches} is more than --batch {args.batch}")
+    opts = {"config": cfg, "batch": args.batch, "micro": args.micro_batches, "spans": spans,
+            "steps": args.steps, "warmup": args.warmup, "backend": args.backend,
+            "timeout_s": args.timeout_s}
+    log(f"pipeline: {world} stages {spans}, batch {args.batch} in {args.micro_batches} micro-batches, "
+        f"{cfg.get('precision', 'fp32')}, {args.steps} updates after {args.warmup} warm-up")
+    with tempfile.TemporaryDirectory(prefix="pytorch_reference_pipeline_") as workdir:
+        run_ranks(torch, _pipeline_worker, world, (world, free_port(), opts, workdir), workdir,
+                  args.timeout_s, f"pipeline ({args.backend}, {world} stages)")
+        with open(os.path.join(workdir, "result.json")) as f:
+            doc = json.load(f)
+    slowest = max(doc["per_rank"], key=lambda r: r["median_ms"])
+    return {"ok": True, "command": "pipeline", "torch_version": doc["torch_version"],
+            "device_name": doc["device_name"], "stages": world, "spans": spans,
+            "micro_batches": args.micro_batches, "batch": args.batch,
+            "precision": cfg.get("precision", "fp32"), "widths": cfg["widths"],
+            "steps": args.steps, "warmup": args.warmup,
+            "step_ms": slowest, "per_rank_step_ms": [r["median_ms"] for r in doc["per_rank"]],
+            "samples_per_s": rate(args.batch, slowest["median_ms"], 1),
+            "losses": doc["last_losses"]}
+
+
 def cpu_name():
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -2419,6 +2562,8 @@ def run(torch, args):
         return bench_ddp(torch, args)
     if args.command == "ddp-cnn":
         return bench_ddp_cnn(torch, args)
+    if args.command == "pipeline":
+        return bench_pipeline(torch, args)
     device = getattr(args, "device", "cuda")
     cuda_ok = torch.cuda.is_available()
     if device == "cuda" and not cuda_ok:

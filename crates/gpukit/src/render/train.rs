@@ -485,5 +485,17 @@ fn pipeline_section(p: &gpukit_bench::workload::train::pipeline::Pipeline) -> Se
             "not run: the whole model does not fit one GPU (the losses were not compared)".into(),
         )),
     }
+    if let Some(t) = &p.pytorch {
+        rows.push((
+            "PyTorch pipelining",
+            format!(
+                "{:.0} samples/s (Schedule1F1B, the same split and micro-batches, PyTorch {}; {:.2} ms an update); gpukit {:.2}x",
+                t.samples_per_s,
+                t.torch_version,
+                t.step_ms,
+                p.samples_per_s / t.samples_per_s
+            ),
+        ));
+    }
     Section::kv("Pipeline-parallel", rows)
 }

@@ -346,7 +346,6 @@ fn check_pipeline(r: &TrainRequest) -> Result<()> {
         ("--checkpoint-activations", r.checkpoint_activations),
         ("--eval-fraction", r.eval_fraction.is_some_and(|f| f > 0.0)),
         ("--resume", r.resume.is_some()),
-        ("--compare-pytorch", r.compare_pytorch),
         ("--graph", r.graph == Some(true)),
         (
             "--loader (the pipeline keeps the data on the GPUs)",
@@ -616,7 +615,18 @@ pub fn run_train_ranked(
                 memory_fraction: r.memory_fraction,
                 timeout: r.timeout.unwrap_or(std::time::Duration::from_secs(60)),
             };
-            let (o, d, m, op, report) = pipeline::run(&job, progress)?;
+            let (o, d, m, op, mut report) = pipeline::run(&job, progress)?;
+            if r.compare_pytorch {
+                progress(
+                    "PyTorch: torch.distributed.pipelining's 1F1B on the same model and split",
+                );
+                report.pytorch = Some(pipeline::compare(
+                    &p.cfg,
+                    precision,
+                    &report,
+                    o.step_losses.len(),
+                )?);
+            }
             model = m;
             opt = op;
             pipelined = Some(report);
@@ -728,7 +738,7 @@ pub fn run_train_ranked(
         })?;
     }
     let pytorch = initial_model
-        .filter(|_| r.parallel.is_none() && outcome.diverged.is_none())
+        .filter(|_| r.parallel.is_none() && r.pipeline.is_none() && outcome.diverged.is_none())
         .map(|initial| {
             let skipped = gpu.as_ref().map_or(0, |g| g.skipped_updates);
             peer::compare(

@@ -66,6 +66,20 @@ pub struct Pipeline {
     /// Why the pipeline's losses are not the one-GPU run's (the report then fails).
     #[serde(default)]
     pub disagreement: Option<String>,
+    /// torch.distributed.pipelining's Schedule1F1B on the same model, split and micro-batches,
+    /// with --compare-pytorch.
+    #[serde(default)]
+    pub pytorch: Option<PipelinePeer>,
+}
+
+/// PyTorch's pipeline of the same MLP (a process a stage, the same layers each).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PipelinePeer {
+    pub torch_version: String,
+    /// The slowest stage's median update.
+    pub step_ms: f64,
+    pub per_stage_step_ms: Vec<f64>,
+    pub samples_per_s: f64,
 }
 
 /// The whole model on one GPU with the same batches.
@@ -412,8 +426,57 @@ pub fn run(job: &Job<'_>, progress: &mut dyn FnMut(&str)) -> Result<Outcome> {
         one_gpu_refused,
         one_gpu,
         disagreement,
+        pytorch: None,
     };
     let mut details = last.details.clone();
     details.pool_peak_bytes = report.stage_peak_bytes.iter().copied().max().unwrap_or(0);
     Ok((last.outcome.clone(), details, model, opt, report))
+}
+
+/// torch.distributed.pipelining's Schedule1F1B on the same MLP, split and micro-batches (a
+/// process a stage, torch.multiprocessing), timed as gpukit times its stages.
+pub fn compare(
+    cfg: &TrainConfig,
+    precision: Precision,
+    p: &Pipeline,
+    steps: usize,
+) -> Result<PipelinePeer> {
+    let dir = tempfile::tempdir().map_err(|source| Error::Io {
+        what: "a temporary directory",
+        path: std::env::temp_dir(),
+        source,
+    })?;
+    let path = dir.path().join("config.json");
+    let mut json = serde_json::to_value(cfg).map_err(|e| Error::Failed(e.to_string()))?;
+    json["precision"] = precision.name().into();
+    std::fs::write(&path, json.to_string()).map_err(|source| Error::Io {
+        what: "the training config",
+        path: path.clone(),
+        source,
+    })?;
+    let spans: Vec<String> = p.layers.iter().map(|(a, b)| format!("{a}:{b}")).collect();
+    let run = crate::peer::run_pytorch(&[
+        "pipeline".into(),
+        "--config".into(),
+        path.display().to_string(),
+        "--spans".into(),
+        spans.join(","),
+        "--micro-batches".into(),
+        p.micro_batches.to_string(),
+        "--batch".into(),
+        cfg.batch_size.to_string(),
+        "--steps".into(),
+        steps.max(10).to_string(),
+    ])?;
+    let d = &run.document;
+    let num = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    Ok(PipelinePeer {
+        torch_version: run.torch_version.clone(),
+        step_ms: num(&d["step_ms"]["median_ms"]),
+        per_stage_step_ms: d["per_rank_step_ms"]
+            .as_array()
+            .map(|v| v.iter().map(num).collect())
+            .unwrap_or_default(),
+        samples_per_s: num(&d["samples_per_s"]),
+    })
 }

@@ -116,7 +116,7 @@ fn train_regression_has_no_accuracy_columns() {
 
 #[test]
 fn a_pipeline_run_shows_its_split_bubble_and_the_one_gpu_run_beside() {
-    use gpukit_bench::workload::train::pipeline::{OneGpu, Pipeline};
+    use gpukit_bench::workload::train::pipeline::{OneGpu, Pipeline, PipelinePeer};
     let mut r = report(LossKind::Mse);
     r.pipeline = Some(Pipeline {
         stages: 2,
@@ -143,6 +143,12 @@ fn a_pipeline_run_shows_its_split_bubble_and_the_one_gpu_run_beside() {
             step_losses: vec![2.7, 2.6],
         }),
         disagreement: None,
+        pytorch: Some(PipelinePeer {
+            torch_version: "2.11.0".into(),
+            step_ms: 42.61,
+            per_stage_step_ms: vec![42.61, 42.5],
+            samples_per_s: 96_125.0,
+        }),
     });
     let text = terminal(&train_sections(&r));
     for want in [
@@ -158,6 +164,8 @@ fn a_pipeline_run_shows_its_split_bubble_and_the_one_gpu_run_beside() {
         "refused: needs about 37.1 GiB",
         "within 9.4e-9",
         "the pipeline 1.44x",
+        "96125 samples/s (Schedule1F1B",
+        "gpukit 1.01x",
     ] {
         assert!(text.contains(want), "{want}: {text}");
     }
