@@ -770,9 +770,12 @@ pub fn run_train_ranked(
         pipeline: pipelined,
         recording,
         pytorch,
-        preset: r
-            .preset
-            .or((r.data.is_none()).then_some(Preset::SeedRegression)),
+        // the default preset names the run only where its task is the run's: generated data
+        // trained with cross-entropy is not the regression tutorial's
+        preset:
+            r.preset
+                .or((r.data.is_none() && p.cfg.loss == LossKind::Mse)
+                    .then_some(Preset::SeedRegression)),
         device,
         precision: precision.name().into(),
         gpu,
