@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on a lent machine with several GPUs, from the project root, over binaries staged into
 # .device/ (see scripts/gpu-test.sh):
-#   bash scripts/gpu-multi.sh [bench|train|overlap|faults|all]     (default: all)
+#   bash scripts/gpu-multi.sh [bench|train|overlap|pipeline|faults|all]     (default: all)
 # bench: the cuda crate's GPU tests (NCCL collectives against float64, peer copies), then
 #        `bench nccl` in one process beside torch.distributed, the same sweep through
 #        `gpukit launch`, through torchrun and as CUDA graphs, NCCL's socket transport (shared
@@ -13,6 +13,9 @@
 # overlap: data-parallel's choices for hiding communication, in turns: the first layer's weight
 #        gradient whole or in 2, 4 or 8 pieces each averaged when done, f32 or bf16 averaging
 #        (the data-parallel GPU test first, PyTorch DDP once beside).
+# pipeline: the pipeline GPU test, then `train --pipeline 2` of the 1024-4096x8-16 MLP at batch 4096
+#        (SGD: fp32 and bf16, beside PyTorch's Schedule1F1B; a micro-batch sweep), and a
+#        16384-wide model one GPU refuses under --memory-fraction 0.4 (sized from the GPU's memory).
 # faults: a rank killed mid-run, a wrong WORLD_SIZE, a missing MASTER_ADDR, an occupied port, a
 #        rank that never arrives: every surviving process must exit non-zero with a message
 #        within the timeout.
@@ -188,6 +191,38 @@ for p in sorted(glob.glob(os.path.join(w, "ov-*.json"))):
           f"samples/s {d.get('samples_per_s', 0):.0f} pieces {d.get('grad_pieces')} comm {d.get('grad_comm')} exposed {d.get('exposed_comm_ms', 0):.3f} ms"
           + (f" | DDP eff {pt.get('scaling_efficiency', 0):.3f} samples/s {pt.get('samples_per_s', 0):.0f}" if pt else ""))
     print("   losses", [round(x, 6) for x in r["step_losses"][:3]], "...", [round(x, 6) for x in r["step_losses"][-2:]])
+PY
+fi
+
+if [ "$MODE" = pipeline ]; then
+  if [ -x "$TESTS/gpu_train" ]; then
+    clean env GPUKIT_REQUIRE_GPU=1 "$TESTS/gpu_train" --test-threads 1 --nocapture pipeline >"$W/pipeline-test.txt" 2>&1
+    say "pipeline GPU test rc=$?: $(grep 'test result' "$W/pipeline-test.txt")"
+    grep -E 'stages|FAILED|failed|panicked' "$W/pipeline-test.txt" | head -8 | tee -a "$SUMMARY"
+  fi
+  P="--pipeline 2 --layers 1024,4096,4096,4096,4096,4096,4096,4096,4096,16 --features 1024 --loss cross-entropy --samples 81920 --batch-size 4096 --optimizer sgd --lr 0.01 --momentum 0.9"
+  for v in "fp32:--precision fp32 --steps 20 --compare-pytorch" "bf16:--precision bf16 --steps 40 --compare-pytorch" "bf16m4:--precision bf16 --steps 40 --micro-batches 4" "bf16m16:--precision bf16 --steps 40 --micro-batches 16"; do
+    name=${v%%:*}; flags=${v#*:}
+    clean "$BIN" train $P $flags --save-json "$W/pp-$name.json" >"$W/pp-$name.txt" 2>"$W/pp-$name.err"
+    say "pipeline $name ($flags) rc=$?"
+  done
+  # one GPU's 0.4 must be too little for the whole model and enough for each half
+  MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  BIG=$(( MIB > 100000 ? 18 : 11 ))
+  L=1024$(for i in $(seq $BIG); do printf ,16384; done),16
+  clean "$BIN" train --pipeline 2 --layers "$L" --features 1024 --loss cross-entropy --samples 40960 --batch-size 4096 --steps 10 --precision bf16 --optimizer sgd --lr 0.01 --momentum 0.9 --memory-fraction 0.4 --save-json "$W/pp-memory.json" >"$W/pp-memory.txt" 2>"$W/pp-memory.err"
+  say "pipeline of a model one GPU refuses under --memory-fraction 0.4 ($BIG layers of 16384) rc=$?"
+  python3 - "$W" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import json, sys, os, glob
+w = sys.argv[1]
+for p in sorted(glob.glob(os.path.join(w, "pp-*.json"))):
+    r = json.load(open(p))["result"]; d = r.get("pipeline") or {}
+    one, pt = d.get("one_gpu") or {}, d.get("pytorch") or {}
+    print(f"{os.path.basename(p):16} bubble {d.get('bubble', 0):.3f} (schedule {d.get('bubble_schedule', 0):.3f}) "
+          f"steps {d.get('step_ms')} alone {d.get('alone_step_ms')} samples/s {d.get('samples_per_s', 0):.0f}"
+          + (f" | one GPU {one.get('samples_per_s', 0):.0f} losses within {one.get('max_loss_rel_diff', 0):.1e}" if one else "")
+          + (f" | PyTorch {pt.get('samples_per_s', 0):.0f}" if pt else "")
+          + (f" | one GPU refused under the fraction" if d.get("one_gpu_refused") else ""))
 PY
 fi
 
