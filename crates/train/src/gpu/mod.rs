@@ -17,6 +17,7 @@
 //! Reproducible: one algorithm a shape (the heuristic's first), reductions in a fixed order,
 //! so the same run gives the same bits and N steps + M resumed steps equal N + M steps.
 
+mod batches;
 pub mod feed;
 pub mod kernels;
 pub mod parallel;

@@ -19,9 +19,9 @@
 //! micro-batches through its layers with no sends or receives, the busy time the pipeline's
 //! bubble is measured against.
 
+use super::batches::Batch;
 use super::plan::{product_spec, Layout};
 pub use super::stage::{split_rows, Stage};
-use super::step::Batch;
 use super::{GpuTrainer, Op, Precision};
 use crate::error::{Error, Result};
 use gpukit_cuda::blas::Blas;
@@ -385,7 +385,7 @@ mod tests {
         }
     }
 
-    use super::super::step::micro_batches;
+    use super::super::batches::micro_batches;
 
     #[test]
     fn micro_batches_cover_each_batch_once_and_weigh_by_rows() {

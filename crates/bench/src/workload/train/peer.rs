@@ -142,17 +142,10 @@ pub(super) fn compare(
         cfg.seed,
         cfg.shuffle,
     )?;
-    let mut json = serde_json::to_value(cfg).map_err(|e| Error::Failed(e.to_string()))?;
-    json["precision"] = precision.name().into();
-    json["resident"] = trainer
+    let resident = trainer
         .as_ref()
-        .is_some_and(|t| t.loader() == Loader::Resident)
-        .into();
-    std::fs::write(file("config.json"), json.to_string()).map_err(|source| Error::Io {
-        what: "the training config",
-        path: file("config.json"),
-        source,
-    })?;
+        .is_some_and(|t| t.loader() == Loader::Resident);
+    write_config(dir.path(), cfg, precision.name(), resident)?;
     let path = |name: &str| file(name).display().to_string();
     let peer = crate::peer::run_pytorch(&[
         "train".into(),
@@ -224,6 +217,26 @@ pub(super) fn compare(
             .as_u64()
             .map(|theirs| (theirs, gpukit_skipped)),
     })
+}
+
+/// `cfg` as the JSON file PyTorch's side reads (`config.json` in `dir`), with the precision and
+/// whether the data stays on the GPU; returns its path.
+pub(super) fn write_config(
+    dir: &std::path::Path,
+    cfg: &TrainConfig,
+    precision: &str,
+    resident: bool,
+) -> Result<std::path::PathBuf> {
+    let path = dir.join("config.json");
+    let mut json = serde_json::to_value(cfg).map_err(|e| Error::Failed(e.to_string()))?;
+    json["precision"] = precision.into();
+    json["resident"] = resident.into();
+    std::fs::write(&path, json.to_string()).map_err(|source| Error::Io {
+        what: "the training config",
+        path: path.clone(),
+        source,
+    })?;
+    Ok(path)
 }
 
 /// A temporary directory for the files a run hands PyTorch (removed when dropped).

@@ -441,19 +441,8 @@ pub fn compare(
     p: &Pipeline,
     steps: usize,
 ) -> Result<PipelinePeer> {
-    let dir = tempfile::tempdir().map_err(|source| Error::Io {
-        what: "a temporary directory",
-        path: std::env::temp_dir(),
-        source,
-    })?;
-    let path = dir.path().join("config.json");
-    let mut json = serde_json::to_value(cfg).map_err(|e| Error::Failed(e.to_string()))?;
-    json["precision"] = precision.name().into();
-    std::fs::write(&path, json.to_string()).map_err(|source| Error::Io {
-        what: "the training config",
-        path: path.clone(),
-        source,
-    })?;
+    let dir = super::peer::handover_dir()?;
+    let path = super::peer::write_config(dir.path(), cfg, precision.name(), true)?;
     let spans: Vec<String> = p.layers.iter().map(|(a, b)| format!("{a}:{b}")).collect();
     let run = crate::peer::run_pytorch(&[
         "pipeline".into(),
