@@ -87,7 +87,7 @@ struct RankRun {
 }
 
 /// Median seconds an update over the complete epochs (all epochs if none is complete).
-fn step_ms(epochs: &[EpochStats]) -> f64 {
+pub(super) fn step_ms(epochs: &[EpochStats]) -> f64 {
     let per: Vec<f64> = epochs
         .iter()
         .filter(|e| e.steps > 0)
@@ -112,9 +112,9 @@ pub struct Job<'a> {
 
 /// Threads of one process meet here before NCCL: a rank that failed to set up must not leave
 /// the others waiting forever for it inside ncclCommInitRank.
-struct Meet<'a> {
-    barrier: &'a std::sync::Barrier,
-    failed: &'a std::sync::atomic::AtomicBool,
+pub(super) struct Meet<'a> {
+    pub(super) barrier: &'a std::sync::Barrier,
+    pub(super) failed: &'a std::sync::atomic::AtomicBool,
 }
 
 fn rank_run(

@@ -11,6 +11,7 @@
 //!   busy time); then the stages together. The bubble is the share of the pipeline's update
 //!   the slowest stage is not busy, set beside the schedule's (N - 1) / (M + N - 1).
 
+use super::parallel::Meet;
 use crate::error::{Error, Result};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::nccl::{Comm, UniqueId};
@@ -113,15 +114,9 @@ pub struct Job<'a> {
     pub timeout: std::time::Duration,
 }
 
-/// Median milliseconds an update over the epochs.
+/// Median milliseconds an update over the run's epochs.
 fn step_ms(o: &RunOutcome) -> f64 {
-    let per: Vec<f64> = o
-        .epochs
-        .iter()
-        .filter(|e| e.steps > 0)
-        .map(|e| e.seconds * 1e3 / e.steps as f64)
-        .collect();
-    crate::stats::Summary::of(&per).map_or(f64::NAN, |s| s.median)
+    super::parallel::step_ms(&o.epochs)
 }
 
 /// The per-update losses the pipeline must meet, relative: fp32 sums in another order only;
@@ -145,13 +140,6 @@ struct StageRun {
     opt: Optimizer<f32>,
 }
 
-/// Threads meet here before NCCL, as the data-parallel ranks do: a stage that failed to set up
-/// must not leave the others waiting inside ncclCommInitRank.
-struct Meet<'a> {
-    barrier: &'a std::sync::Barrier,
-    failed: &'a std::sync::atomic::AtomicBool,
-}
-
 fn opts(job: &Job<'_>, stage: Option<Stage>, fraction: Option<f64>) -> GpuOptions {
     GpuOptions {
         loader: Some(Loader::Resident),
@@ -171,17 +159,15 @@ fn twice(
     job: &Job<'_>,
     together: Option<&std::sync::Barrier>,
 ) -> Result<(RunOutcome, GpuDetails)> {
-    for round in 0..2 {
+    let mut run = || -> Result<(RunOutcome, GpuDetails)> {
         t.load(job.model, job.opt, None)?;
         if let Some(b) = together {
             b.wait();
         }
-        let r = t.run(Position::default(), &mut |_| {})?;
-        if round == 1 {
-            return Ok(r);
-        }
-    }
-    Err(Error::Failed("no run".into()))
+        Ok(t.run(Position::default(), &mut |_| {})?)
+    };
+    run()?;
+    run()
 }
 
 fn stage_run(job: &Job<'_>, id: &UniqueId, stage: Stage, meet: Meet<'_>) -> Result<StageRun> {
