@@ -10,9 +10,11 @@
 # train: the training engine's GPU tests (data-parallel against one GPU on the combined batch
 #        included), then the 4096-wide MLP in bf16, batch 4096 a GPU, data-parallel on every GPU
 #        (threads of one process, beside PyTorch DDP; through `gpukit launch`; one bucket only).
-# overlap: data-parallel's choices for hiding communication, in turns: the first layer's weight
-#        gradient whole or in 2, 4 or 8 pieces each averaged when done, f32 or bf16 averaging
-#        (the data-parallel GPU test first, PyTorch DDP once beside).
+# overlap: data-parallel's choices for hiding communication, in turns: the optimizer sharded (the
+#        default) or every gradient averaged, the first layer's weight gradient whole or in 4
+#        pieces each reduced when done, op-by-op launches or CUDA graphs, f32 or bf16 gradients
+#        (the data-parallel GPU test first, PyTorch DDP and DDP with ZeroRedundancyOptimizer
+#        once beside).
 # pipeline: the pipeline GPU test, then `train --pipeline 2` of the 1024-4096x8-16 MLP at batch 4096
 #        (SGD: fp32 and bf16, beside PyTorch's Schedule1F1B; a micro-batch sweep), and a
 #        16384-wide model one GPU refuses under --memory-fraction 0.4 (sized from the GPU's memory).
@@ -172,10 +174,10 @@ if [ "$MODE" = overlap ]; then
   fi
   M0="--layers 4096,4096,4096,1 --features 4096 --samples 65536 --epochs 4 --lr 1e-5 --precision bf16"
   M="$M0 --batch-size 4096"
-  clean "$BIN" train --gpus "$NGPU" $M --grad-pieces 1 --compare-pytorch --save-json "$W/ov-whole-ddp.json" >"$W/ov-whole-ddp.txt" 2>"$W/ov-whole-ddp.err"
-  say "whole + PyTorch DDP rc=$?"
+  clean "$BIN" train --gpus "$NGPU" $M --compare-pytorch --save-json "$W/ov-default-ddp.json" >"$W/ov-default-ddp.txt" 2>"$W/ov-default-ddp.err"
+  say "default (optimizer sharded) + PyTorch DDP and DDP with ZeroRedundancyOptimizer rc=$?"
   for turn in a b; do
-    for v in "whole:--grad-pieces 1" "p4:--grad-pieces 4" "p8:--grad-pieces 8" "p2:--grad-pieces 2" "bf16p4:--grad-pieces 4 --grad-comm bf16" "bf16whole:--grad-pieces 1 --grad-comm bf16"; do
+    for v in "zero:" "zero-p4:--grad-pieces 4" "zero-graph:--graph" "zero-bf16:--grad-comm bf16" "dp-whole:--no-shard-optimizer --grad-pieces 1" "dp-p4:--no-shard-optimizer --grad-pieces 4" "dp-p4-graph:--no-shard-optimizer --grad-pieces 4 --graph"; do
       name=${v%%:*}; flags=${v#*:}
       clean "$BIN" train --gpus "$NGPU" $M $flags --save-json "$W/ov-$name-$turn.json" >/dev/null 2>"$W/ov-$name-$turn.err"
       say "$name ($flags) turn $turn rc=$?"
@@ -188,8 +190,8 @@ for p in sorted(glob.glob(os.path.join(w, "ov-*.json"))):
     r = json.load(open(p))["result"]; d = r.get("data_parallel") or {}
     pt = d.get("pytorch") or {}
     print(f"{os.path.basename(p):22} eff {d.get('scaling_efficiency', 0):.3f} step {d.get('step_ms')} single {d.get('single_step_ms')} "
-          f"samples/s {d.get('samples_per_s', 0):.0f} pieces {d.get('grad_pieces')} comm {d.get('grad_comm')} exposed {d.get('exposed_comm_ms', 0):.3f} ms"
-          + (f" | DDP eff {pt.get('scaling_efficiency', 0):.3f} samples/s {pt.get('samples_per_s', 0):.0f}" if pt else ""))
+          f"samples/s {d.get('samples_per_s', 0):.0f} pieces {d.get('grad_pieces')} comm {d.get('grad_comm')} sharded {d.get('sharded_optimizer')} exposed {d.get('exposed_comm_ms', 0):.3f} ms"
+          + (f" | DDP eff {pt.get('scaling_efficiency', 0):.3f} samples/s {pt.get('samples_per_s', 0):.0f} ZeRO {pt.get('zero')}" if pt else ""))
     print("   losses", [round(x, 6) for x in r["step_losses"][:3]], "...", [round(x, 6) for x in r["step_losses"][-2:]])
 PY
 fi

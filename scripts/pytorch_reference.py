@@ -149,7 +149,8 @@ Output:
             "world_size", "batch_per_gpu", "precision", "optimizer", "widths", "steps", "warmup",
             "bucket_mb", "single": {"step_ms": {median_ms, p10_ms, p90_ms, count},
             "samples_per_s"}, "ddp": {"step_ms": {...} (the slowest rank's), "samples_per_s",
-            "per_rank_step_ms": [median_ms of each rank]}, "scaling_efficiency"}
+            "per_rank_step_ms": [median_ms of each rank]}, "scaling_efficiency", with --zero
+            also "ddp_zero": {the same as "ddp", with its "scaling_efficiency"}}
   failure: {"ok": false, "error": "<one line>"}; exit 1 (runtime: torch missing,
            no CUDA, out of memory, unreadable weights, ...) or 2 (bad arguments).
 
@@ -451,6 +452,8 @@ def build_parser():
     d.add_argument("--steps", type=positive_int, default=50)
     d.add_argument("--warmup", type=non_negative_int, default=10)
     d.add_argument("--bucket-mb", type=positive_float, default=25.0, help="DDP's bucket_cap_mb")
+    d.add_argument("--zero", action="store_true",
+                   help="also DDP with the optimizer sharded (torch.distributed.optim.ZeroRedundancyOptimizer)")
     d.add_argument("--timeout-s", type=positive_int, default=120,
                    help="process group timeout; ranks that make no progress this long are stopped")
     d.add_argument("--backend", type=choice_of("nccl", "gloo"), default="nccl", help=argparse.SUPPRESS)
@@ -1418,14 +1421,20 @@ def mlp_layers(torch, widths):
     return layers
 
 
-def make_optimizer(torch, params, opt_cfg):
-    """torch.optim's SGD, Adam or AdamW from gpukit's OptimizerConfig."""
+def optimizer_spec(torch, opt_cfg):
+    """torch.optim's SGD, Adam or AdamW class and its arguments from gpukit's OptimizerConfig."""
     kind, lr, wd = opt_cfg["kind"], opt_cfg["lr"], opt_cfg["weight_decay"]
     if kind == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=opt_cfg["momentum"], weight_decay=wd)
+        return torch.optim.SGD, {"lr": lr, "momentum": opt_cfg["momentum"], "weight_decay": wd}
     if kind == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
+        return torch.optim.Adam, {"lr": lr, "weight_decay": wd}
+    return torch.optim.AdamW, {"lr": lr, "weight_decay": wd}
+
+
+def make_optimizer(torch, params, opt_cfg):
+    """torch.optim's SGD, Adam or AdamW from gpukit's OptimizerConfig."""
+    cls, kwargs = optimizer_spec(torch, opt_cfg)
+    return cls(params, **kwargs)
 
 
 def make_loss(torch, loss_name):
@@ -2225,7 +2234,12 @@ def ddp_measure(torch, opts, rank, device, dist):
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None,
             bucket_cap_mb=opts["bucket_mb"], gradient_as_bucket_view=True)
-    opt = make_optimizer(torch, model.parameters(), cfg["optimizer"])
+    if opts["mode"] == "ddp_zero":  # the optimizer sharded over the ranks (ZeRO stage 1)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        cls, kwargs = optimizer_spec(torch, cfg["optimizer"])
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **kwargs)
+    else:
+        opt = make_optimizer(torch, model.parameters(), cfg["optimizer"])
     loss_fn = make_loss(torch, cfg["loss"])
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     gen = torch.Generator(device=device)
@@ -2344,7 +2358,8 @@ def bench_ddp(torch, args):
     opts = {"config": cfg, "batch": batch, "steps": args.steps, "warmup": args.warmup,
             "bucket_mb": args.bucket_mb, "backend": args.backend, "timeout_s": args.timeout_s}
     found = {}
-    for mode, ranks in (("single", 1), ("ddp", world)):
+    modes = [("single", 1), ("ddp", world)] + ([("ddp_zero", world)] if args.zero else [])
+    for mode, ranks in modes:
         log(f"ddp: {mode} ({ranks} rank(s), batch {batch} each, {precision}, {args.steps} steps after "
             f"{args.warmup} warm-up)")
         with tempfile.TemporaryDirectory(prefix=f"pytorch_reference_{mode}_") as workdir:
@@ -2358,6 +2373,14 @@ def bench_ddp(torch, args):
     single_sps = rate(batch, single["median_ms"], 1)
     ddp_sps = rate(world * batch, slowest["median_ms"], 1)
     efficiency = ddp_sps / (world * single_sps) if single_sps and ddp_sps else None
+    zero = {}
+    if "ddp_zero" in found:
+        per_rank = found["ddp_zero"]["per_rank"]
+        slowest_zero = max(per_rank, key=lambda s: s["median_ms"])
+        zero_sps = rate(world * batch, slowest_zero["median_ms"], 1)
+        zero = {"ddp_zero": {"step_ms": slowest_zero, "samples_per_s": zero_sps,
+                             "per_rank_step_ms": [s["median_ms"] for s in per_rank],
+                             "scaling_efficiency": zero_sps / (world * single_sps) if single_sps and zero_sps else None}}
     return {"ok": True, "command": "ddp", "torch_version": found["ddp"]["torch_version"],
             "device_name": found["ddp"]["device_name"], "backend": args.backend, "world_size": world,
             "batch_per_gpu": batch, "precision": precision, "optimizer": cfg["optimizer"]["kind"],
@@ -2365,7 +2388,7 @@ def bench_ddp(torch, args):
             "single": {"step_ms": single, "samples_per_s": single_sps},
             "ddp": {"step_ms": slowest, "samples_per_s": ddp_sps,
                     "per_rank_step_ms": [s["median_ms"] for s in per_rank]},
-            "scaling_efficiency": efficiency}
+            "scaling_efficiency": efficiency, **zero}
 
 
 def bench_ddp_cnn(torch, args):

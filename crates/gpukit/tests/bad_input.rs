@@ -246,6 +246,25 @@ fn cases(dir: &Path) -> Vec<Case> {
             &["train", "--model", "resnet18", "--pipeline", "2"],
             &["--pipeline", "--model"],
         ),
+        case(
+            &["train", "--shard-optimizer"],
+            &["--shard-optimizer", "--gpus"],
+        ),
+        case(
+            &[
+                "train",
+                "--gpus",
+                "2",
+                "--shard-optimizer",
+                "--precision",
+                "fp16",
+            ],
+            &["--shard-optimizer", "bf16"],
+        ),
+        case(
+            &["train", "--model", "resnet18", "--shard-optimizer"],
+            &["--shard-optimizer", "--model"],
+        ),
         case(&["train", "--batch-size", "-1"], &["--batch-size"]),
         case(&["train", "--lr", "0"], &["--lr"]),
         case(&["train", "--lr", "-1"], &["--lr"]),

@@ -155,7 +155,9 @@ pub struct TrainArgs {
 
     /// Train data-parallel on this many GPUs of this machine (cuda:0..N-1, a thread each):
     /// each takes --batch-size rows of every combined batch and the gradients are averaged
-    /// through NCCL (with --model: while backward goes on, beside the ranks training alone).
+    /// through NCCL (with --model: while backward goes on, beside the ranks training alone;
+    /// without it, the MLP's steps are launched op by op unless --graph: that timed faster
+    /// on two GPUs than replaying CUDA graphs).
     /// Under torchrun, srun, mpirun or `gpukit launch`, every process is one rank on its
     /// LOCAL_RANK's GPU and --gpus is left out (the MLP loop only).
     #[arg(long, value_parser = parse_count, value_name = "N")]
@@ -170,7 +172,7 @@ pub struct TrainArgs {
 
     /// Data-parallel: compute the first layer's weight gradient (backward's last product) in
     /// this many pieces, each averaged as soon as it is done (0: four where that layer's
-    /// weights take 16 MiB or more, else whole; 1: whole).
+    /// weights take 16 MiB or more and the optimizer is not sharded, else whole; 1: whole).
     #[arg(long, value_parser = clap::value_parser!(usize), value_name = "N")]
     pub grad_pieces: Option<usize>,
 
@@ -178,6 +180,16 @@ pub struct TrainArgs {
     /// of sums) or bf16 (half the bytes; every averaged gradient rounded to bf16).
     #[arg(long, value_parser = parse_grad_comm, value_name = "TYPE")]
     pub grad_comm: Option<gpukit_types::DType>,
+
+    /// Data-parallel: shard the optimizer over the GPUs (as ZeRO stage 2): gradients are
+    /// reduce-scattered, each GPU updates 1/N of the parameters and the updated weights are
+    /// gathered while the next part is updated. The same updates as averaging every gradient;
+    /// the default except in fp16 (its overflow check reads every gradient).
+    #[arg(long, conflicts_with = "no_shard_optimizer")]
+    pub shard_optimizer: bool,
+    /// Data-parallel: every GPU updates every parameter from all-reduced gradients, as DDP.
+    #[arg(long)]
+    pub no_shard_optimizer: bool,
 
     /// Train pipeline-parallel on this many GPUs of this machine (cuda:0..N-1, a thread each):
     /// the MLP's layers split by the time their products take, each batch cut into

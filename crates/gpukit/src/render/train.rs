@@ -341,8 +341,9 @@ fn data_parallel_section(d: &gpukit_bench::workload::train::parallel::DataParall
         (
             "Gradients",
             format!(
-                "{:.1} MiB averaged in {}{} bucket(s) of about {:.0} MiB, each launched as soon as backward has finished its layers{}",
+                "{:.1} MiB {} in {}{} bucket(s) of about {:.0} MiB, each launched as soon as backward has finished its layers{}",
                 d.gradient_mib,
+                if d.sharded_optimizer { "reduce-scattered" } else { "averaged" },
                 if d.grad_comm == "bf16" { "bf16 (rounded), " } else { "" },
                 d.buckets,
                 d.bucket_mb,
@@ -356,6 +357,20 @@ fn data_parallel_section(d: &gpukit_bench::workload::train::parallel::DataParall
                 }
             ),
         ),
+    ];
+    if d.sharded_optimizer {
+        rows.push((
+            "Optimizer",
+            format!(
+                "sharded: each GPU updates 1/{} of the parameters (its block of every bucket); \
+                 the updated weights are gathered in the order the next forward pass reads them",
+                d.ranks
+            ),
+        ));
+    } else if let Some(why) = &d.unsharded_reason {
+        rows.push(("Optimizer", format!("not sharded: {why}")));
+    }
+    rows.extend([
         (
             "Step time",
             format!(
@@ -376,12 +391,19 @@ fn data_parallel_section(d: &gpukit_bench::workload::train::parallel::DataParall
         ),
         (
             "Scaling efficiency",
-            format!(
-                "{:.3} ({:.2} ms a step of communication backward did not hide)",
-                d.scaling_efficiency, d.exposed_comm_ms
-            ),
+            if d.exposed_comm_ms >= 0.0 {
+                format!(
+                    "{:.3} ({:.2} ms a step of communication backward did not hide)",
+                    d.scaling_efficiency, d.exposed_comm_ms
+                )
+            } else {
+                format!(
+                    "{:.3} (a step {:.2} ms shorter than each GPU alone: the update's work is shared)",
+                    d.scaling_efficiency, -d.exposed_comm_ms
+                )
+            },
         ),
-    ];
+    ]);
     if let Some(p) = &d.pytorch {
         rows.push((
             "PyTorch DDP",
@@ -395,6 +417,15 @@ fn data_parallel_section(d: &gpukit_bench::workload::train::parallel::DataParall
                 d.samples_per_s / p.samples_per_s
             ),
         ));
+        if let Some((sps, eff)) = p.zero {
+            rows.push((
+                "PyTorch DDP, optimizer sharded",
+                format!(
+                    "{sps:.0} samples/s (ZeroRedundancyOptimizer): efficiency {eff:.3}; gpukit's throughput {:.2}x",
+                    d.samples_per_s / sps
+                ),
+            ));
+        }
     }
     Section::kv("Data-parallel", rows)
 }

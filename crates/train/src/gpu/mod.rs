@@ -75,6 +75,12 @@ pub struct GpuOptions {
     /// updates up to the order of sums; Bf16 halves the bytes sent and rounds every averaged
     /// gradient to bf16 (it changes the numerics, as PyTorch's bf16 compression hook does).
     pub grad_comm: DType,
+    /// Data-parallel: shard the optimizer (ZeRO stage 2's traffic): each bucket's gradients
+    /// are reduce-scattered instead of all-reduced, each rank updates only its block of every
+    /// bucket, and the updated weights (the 16-bit copy in mixed precision) are all-gathered
+    /// on the communication stream. Half the bytes of averaging and 1/N of the optimizer's
+    /// work on each rank; the same updates as averaging every gradient.
+    pub shard_optimizer: bool,
     /// Pipeline-parallel: the layers this GPU holds, and its place in the pipeline (None: the
     /// whole model). The trainer is still given the whole model's config and weights.
     pub stage: Option<stage::Stage>,
@@ -93,6 +99,7 @@ impl GpuOptions {
             shard: None,
             grad_pieces: 0,
             grad_comm: DType::F32,
+            shard_optimizer: false,
             stage: None,
             memory_fraction: None,
         }
@@ -268,7 +275,11 @@ impl GpuTrainer {
         // refused before the first allocation, with what it needs against what is free
         crate::budget::device_need(gpu.ordinal, cfg, &shape, opts.precision, loader)
             .check(Some(free), crate::budget::HINT)?;
-        let layout = Layout::new(&cfg.widths);
+        // a sharded optimizer's ranks each take an equal block of every bucket
+        let layout = match opts.shard {
+            Some(s) if opts.shard_optimizer => Layout::aligned(&cfg.widths, s.world),
+            _ => Layout::new(&cfg.widths),
+        };
         let mut opts = opts;
         let graph = opts.graph.unwrap_or(loader == Loader::Resident);
         opts.graph = Some(graph);

@@ -6,6 +6,15 @@
 //! averaging ends (the last bucket's averaging overlaps the others' update); every rank makes
 //! the same update, and the run's losses are the combined batch's.
 //!
+//! With [`GpuOptions::shard_optimizer`] the optimizer is sharded as ZeRO stage 2 does it: each
+//! bucket (and first-layer piece) is reduce-scattered instead, so rank r holds the average of
+//! block r of it (every bucket splits into equal blocks: the layout is aligned to the ranks),
+//! updates that block only, and the updated weights (the 16-bit copy in mixed precision, else
+//! the f32 weights) are all-gathered on the communication stream while the next block is
+//! updated. Every rank then makes the same update it would have made from all-reduced
+//! gradients; the f32 master weights and the optimizer's moments outside a rank's blocks are
+//! gathered once, at the end of a run.
+//!
 //! To use: build the [`GpuTrainer`] with [`GpuOptions::shard`] set, then
 //! [`GpuTrainer::attach`] the rank's communicator (made on a stream of its own).
 
@@ -93,6 +102,18 @@ pub(super) struct Dp {
     pieces: Vec<(usize, usize)>,
     /// Averaging in bf16: the gradients cast into it before each all-reduce, widened back after.
     comm_buf: Option<gpukit_cuda::DeviceBuffer>,
+    /// The optimizer is sharded: each region reduce-scattered, its block updated here and the
+    /// weights all-gathered.
+    sharded: bool,
+    /// Why the optimizer is not sharded although it was asked to be.
+    unsharded: Option<String>,
+    /// The launched regions of the flat buffer (buckets, then pieces), for gathering the
+    /// sharded state at the end of a run.
+    regions: Vec<(usize, usize)>,
+    /// Sharded: the weights' all-gathers of the last update not yet waited for, with the point
+    /// of the communication stream after each; the next forward waits for a layer's before
+    /// its product.
+    gathering: std::sync::Mutex<Vec<((usize, usize), Event)>>,
     /// The buckets launched for the update being enqueued: their elements of the flat
     /// gradient buffer, [start, end), and the point of the communication stream after each.
     launched: std::sync::Mutex<Vec<((usize, usize), Event)>>,
@@ -122,18 +143,65 @@ impl GpuTrainer {
             }
         };
         let comm_type = self.opts.grad_comm;
+        // in 16-bit precision a sharded rank keeps only its blocks of the f32 weights current
+        // (the products read the gathered 16-bit copy): a forward that reads a bias in f32
+        // (gpukit's bias kernel, or an epilogue without a 16-bit bias) needs them all
+        let f32_bias = self.half.is_some().then(|| {
+            self.fusion.iter().position(|f| {
+                !matches!(f.forward, Some(t) if t != DType::F32)
+                    || !matches!(f.eval, Some(t) if t != DType::F32)
+            })
+        });
+        let unsharded = match f32_bias.flatten() {
+            Some(l) if self.opts.shard_optimizer => Some(format!(
+                "layer {l}'s forward reads its bias in f32, which a sharded rank does not keep \
+                 current: every gradient is averaged instead"
+            )),
+            _ => None,
+        };
+        let sharded = self.opts.shard_optimizer && shard.world > 1 && unsharded.is_none();
+        if sharded && self.opts.precision.scaled() {
+            return Err(Error::Setting(
+                "a sharded optimizer needs every rank to see every gradient's overflow check: \
+                 train in bf16 rather than fp16"
+                    .into(),
+            ));
+        }
         let pieces = piece_spans(&self.layout, &self.grad_pieces);
         let first = usize::from(!pieces.is_empty());
         let buckets = buckets(&self.layout, bucket_bytes.max(1), first);
+        let regions: Vec<(usize, usize)> = buckets
+            .iter()
+            .map(|&(lo, hi)| span(&self.layout, lo, hi))
+            .chain(pieces.iter().copied())
+            .collect();
+        if sharded {
+            if let Some(&(a, b)) = regions.iter().find(|(a, b)| (b - a) % shard.world != 0) {
+                return Err(Error::Failed(format!(
+                    "gradient elements {a}..{b} do not split into {} equal blocks",
+                    shard.world
+                )));
+            }
+        }
         // NCCL connects its peers at a communicator's first collective of each kind and size
-        // class, which a graph capture refuses: average every bucket and piece once now (the
-        // gradients are overwritten by the first backward)
-        let regions = buckets.iter().map(|&(lo, hi)| span(&self.layout, lo, hi));
-        for (a, b) in regions.chain(pieces.iter().copied()) {
+        // class, which a graph capture refuses: run every region's collectives once now, on
+        // the gradients (the first backward overwrites them)
+        let weight_type = self.weight_type();
+        for &(a, b) in &regions {
             let e = comm_type.size_bytes();
             let whole = comm_buf.as_ref().unwrap_or(&self.grads).view();
             let region = whole.sub(a * e, (b - a) * e)?;
-            comm.all_reduce(region, region, b - a, comm_type, RedOp::Avg)?;
+            if sharded {
+                let c = (b - a) / shard.world;
+                let block = region.sub(shard.rank * c * e, c * e)?;
+                comm.reduce_scatter(region, block, c, comm_type, RedOp::Avg)?;
+                let we = weight_type.size_bytes();
+                let region = self.grads.view().sub(a * we, (b - a) * we)?;
+                let block = region.sub(shard.rank * c * we, c * we)?;
+                comm.all_gather(block, region, c, weight_type)?;
+            } else {
+                comm.all_reduce(region, region, b - a, comm_type, RedOp::Avg)?;
+            }
         }
         comm.stream().synchronize()?;
         comm.async_error()?;
@@ -142,6 +210,10 @@ impl GpuTrainer {
             pieces,
             comm_buf,
             comm,
+            sharded,
+            unsharded,
+            regions,
+            gathering: std::sync::Mutex::new(Vec::new()),
             launched: std::sync::Mutex::new(Vec::new()),
         });
         // graphs captured without the communication would skip it
@@ -185,7 +257,13 @@ impl GpuTrainer {
             None => (grads, DType::F32),
         };
         dp.comm.stream().wait(&self.gpu.stream().record()?)?;
-        dp.comm.all_reduce(region, region, b - a, ty, RedOp::Avg)?;
+        if dp.sharded {
+            let (e, c) = (ty.size_bytes(), (b - a) / self.shard().world);
+            let block = region.sub(self.shard().rank * c * e, c * e)?;
+            dp.comm.reduce_scatter(region, block, c, ty, RedOp::Avg)?;
+        } else {
+            dp.comm.all_reduce(region, region, b - a, ty, RedOp::Avg)?;
+        }
         let done = dp.comm.stream().record()?;
         lock(&dp.launched).push(((a, b), done));
         Ok(())
@@ -230,6 +308,32 @@ impl GpuTrainer {
         };
         let launched = std::mem::take(&mut *lock(&dp.launched));
         let covered: usize = launched.iter().map(|((a, b), _)| b - a).sum();
+        if dp.sharded {
+            if covered != total {
+                return Err(Error::Failed(format!(
+                    "a sharded update needs every gradient averaged: {covered} of {total} were"
+                )));
+            }
+            // each region's own block updated once its reduce-scatter is done; then the
+            // weights gathered in the order the next forward reads them (the first layer's
+            // first), each layer's product waiting only for its own
+            let mut regions = Vec::new();
+            for ((a, b), done) in launched {
+                self.gpu.stream().wait(&done)?;
+                let (oa, ob) = self.own_block((a, b));
+                self.widen_averaged(dp, (oa, ob))?;
+                update(oa, ob)?;
+                regions.push((a, b));
+            }
+            regions.sort_unstable();
+            dp.comm.stream().wait(&self.gpu.stream().record()?)?;
+            let mut gathering = lock(&dp.gathering);
+            for region in regions {
+                self.gather(dp, region, self.weights_buffer(), self.weight_type())?;
+                gathering.push((region, dp.comm.stream().record()?));
+            }
+            return Ok(());
+        }
         if covered != total {
             self.gpu.stream().wait(&dp.comm.stream().record()?)?;
             for &((a, b), _) in &launched {
@@ -243,6 +347,104 @@ impl GpuTrainer {
             update(a, b)?;
         }
         Ok(())
+    }
+
+    /// Before layer `l`'s forward product (sharded): the work stream waits for the gathers of
+    /// the last update that cover the layer's weights and bias.
+    pub(super) fn weights_ready(&self, l: usize) -> Result<()> {
+        let Some(dp) = self.dp.as_ref().filter(|d| d.sharded) else {
+            return Ok(());
+        };
+        let (lo, hi) = span(&self.layout, l, l);
+        let mut gathering = lock(&dp.gathering);
+        for (_, done) in gathering.iter().filter(|((a, b), _)| *a < hi && lo < *b) {
+            self.gpu.stream().wait(done)?;
+        }
+        gathering.retain(|((a, b), _)| !(*a < hi && lo < *b));
+        Ok(())
+    }
+
+    /// The work stream waits for every gather still pending (before the end of an epoch's
+    /// work, which a graph capture or a read of the results needs joined).
+    pub(super) fn gathers_joined(&self) -> Result<()> {
+        let Some(dp) = self.dp.as_ref().filter(|d| d.sharded) else {
+            return Ok(());
+        };
+        let mut gathering = lock(&dp.gathering);
+        if !gathering.is_empty() {
+            self.gpu.stream().wait(&dp.comm.stream().record()?)?;
+            gathering.clear();
+        }
+        Ok(())
+    }
+
+    /// Rank r's block of region [a, b) of the flat buffer, sharded: block r of `world` equal
+    /// blocks.
+    fn own_block(&self, (a, b): (usize, usize)) -> (usize, usize) {
+        let s = self.shard();
+        let c = (b - a) / s.world;
+        (a + s.rank * c, a + (s.rank + 1) * c)
+    }
+
+    /// Region [a, b) of `buf` (elements of `ty`) made whole on every rank from each rank's own
+    /// block of it, on the communication stream (NCCL's in-place all-gather).
+    fn gather(
+        &self,
+        dp: &Dp,
+        (a, b): (usize, usize),
+        buf: &gpukit_cuda::DeviceBuffer,
+        ty: DType,
+    ) -> Result<()> {
+        let (e, c) = (ty.size_bytes(), (b - a) / self.shard().world);
+        let region = buf.view().sub(a * e, (b - a) * e)?;
+        let block = region.sub(self.shard().rank * c * e, c * e)?;
+        dp.comm.all_gather(block, region, c, ty)?;
+        Ok(())
+    }
+
+    /// The weights the products read: the 16-bit copy in mixed precision, else the f32 ones.
+    fn weights_buffer(&self) -> &gpukit_cuda::DeviceBuffer {
+        self.half.as_ref().unwrap_or(&self.params)
+    }
+
+    fn weight_type(&self) -> DType {
+        if self.half.is_some() {
+            self.opts.precision.storage()
+        } else {
+            DType::F32
+        }
+    }
+
+    /// A sharded optimizer's f32 weights and moments made whole on every rank (each rank
+    /// updated only its blocks of them): at the end of a run, before anything reads them back.
+    /// Every rank must call it. Nothing to do otherwise.
+    pub(super) fn gather_shards(&self) -> Result<()> {
+        let Some(dp) = self.dp.as_ref().filter(|d| d.sharded) else {
+            return Ok(());
+        };
+        dp.comm.stream().wait(&self.gpu.stream().record()?)?;
+        for &region in &dp.regions {
+            for buf in [Some(&self.params), self.m.as_ref(), self.v.as_ref()]
+                .into_iter()
+                .flatten()
+            {
+                self.gather(dp, region, buf, DType::F32)?;
+            }
+        }
+        self.gpu.stream().wait(&dp.comm.stream().record()?)?;
+        self.gpu.synchronize()?;
+        dp.comm.async_error()?;
+        Ok(())
+    }
+
+    /// Whether the optimizer is sharded over the ranks.
+    pub fn sharded_optimizer(&self) -> bool {
+        self.dp.as_ref().is_some_and(|d| d.sharded)
+    }
+
+    /// Why the optimizer is not sharded although the options asked for it.
+    pub fn unsharded_reason(&self) -> Option<&str> {
+        self.dp.as_ref().and_then(|d| d.unsharded.as_deref())
     }
 
     /// The whole combined batches' figures from each rank's own: `values` (one per batch,
@@ -367,5 +569,47 @@ mod tests {
         }
         assert_eq!(split(10, 3), vec![(0, 3), (3, 6), (6, 10)]);
         assert_eq!(split(2, 5), vec![(0, 1), (1, 2)]);
+    }
+
+    #[test]
+    fn a_sharded_optimizers_regions_split_into_equal_blocks_a_rank() {
+        use super::super::plan::{split, split_for_blocks};
+        for widths in [
+            vec![48, 64, 64, 10],
+            vec![7, 33, 5],
+            vec![3, 1, 1],
+            vec![4096, 4096, 1],
+        ] {
+            for world in 1..=8 {
+                let layout = Layout::aligned(&widths, world);
+                let (i, o) = layout.io(0);
+                for count in [1, 2, 3, 4, 7] {
+                    let pieces = split_for_blocks(split(o, count), i, world);
+                    assert!(!pieces.is_empty() && pieces.len() <= count);
+                    assert_eq!(pieces.last().map(|p| p.1), Some(o));
+                    let spans = if pieces.len() > 1 {
+                        piece_spans(&layout, &pieces)
+                    } else {
+                        Vec::new()
+                    };
+                    let first = usize::from(!spans.is_empty());
+                    let mut all: Vec<(usize, usize)> = buckets(&layout, 1, first)
+                        .iter()
+                        .map(|&(lo, hi)| span(&layout, lo, hi))
+                        .chain(spans)
+                        .collect();
+                    all.sort_unstable();
+                    let mut at = 0;
+                    for &(a, b) in &all {
+                        let tag = format!("{widths:?} world {world} {count} pieces: {all:?}");
+                        assert_eq!(a, at, "{tag}");
+                        assert!(b > a, "{tag}");
+                        assert_eq!((b - a) % world, 0, "{tag}");
+                        at = b;
+                    }
+                    assert_eq!(at, layout.total);
+                }
+            }
+        }
     }
 }

@@ -351,6 +351,8 @@ impl GpuTrainer {
         };
         let first = range.start;
         for l in range {
+            // a sharded optimizer's gathered weights of the last update
+            self.weights_ready(l)?;
             let (i, o) = self.layout.io(l);
             let (wo, bo) = self.layout.offsets[l];
             let hidden = self.hidden(l);
@@ -521,7 +523,8 @@ impl GpuTrainer {
                 }
             }
         }
-        Ok(())
+        // the last update's weight gathers (sharded optimizer) end with the epoch's work
+        self.gathers_joined()
     }
 
     /// Captures the epoch's batches as a graph (resident data), once per range of batches.
@@ -541,7 +544,7 @@ impl GpuTrainer {
                     *b,
                 )?;
             }
-            Ok(())
+            this.gathers_joined()
         })?;
         self.graphs.insert(key, graph);
         self.setup_seconds += started.elapsed().as_secs_f64();
@@ -705,6 +708,8 @@ impl GpuTrainer {
                 pos.batch = 0;
             }
         }
+        // a sharded optimizer's ranks each hold their blocks of the f32 weights and moments
+        self.gather_shards()?;
         out.position = pos;
         let st = StepState::from_bytes(&self.gpu.download(&self.state)?)?;
         let pool = self.gpu.pool_stats()?;

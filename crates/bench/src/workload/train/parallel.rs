@@ -47,6 +47,13 @@ pub struct DataParallel {
     /// The type gradients were averaged in ("f32", or "bf16", which rounds them).
     #[serde(default)]
     pub grad_comm: String,
+    /// Each rank updated only its share of the parameters (gradients reduce-scattered, the
+    /// updated weights all-gathered), as ZeRO stage 2.
+    #[serde(default)]
+    pub sharded_optimizer: bool,
+    /// Why the optimizer was not sharded where that was the default or asked for.
+    #[serde(default)]
+    pub unsharded_reason: Option<String>,
     pub gradient_mib: f64,
     /// Each rank's step time with the same batches and no communication (median of its epochs).
     pub single_step_ms: Vec<f64>,
@@ -73,6 +80,10 @@ pub struct DdpPeer {
     pub single_samples_per_s: f64,
     pub samples_per_s: f64,
     pub scaling_efficiency: f64,
+    /// DDP with the optimizer sharded (ZeroRedundancyOptimizer), beside a sharded run:
+    /// samples/s and scaling efficiency.
+    #[serde(default)]
+    pub zero: Option<(f64, f64)>,
 }
 
 /// One rank's part of a run.
@@ -83,6 +94,8 @@ struct RankRun {
     step_ms: f64,
     buckets: usize,
     grad_pieces: usize,
+    sharded_optimizer: bool,
+    unsharded_reason: Option<String>,
     model: Option<(Mlp<f32>, Optimizer<f32>)>,
 }
 
@@ -190,6 +203,8 @@ fn rank_run(
         single_step_ms,
         buckets: t.buckets(),
         grad_pieces: t.grad_pieces(),
+        sharded_optimizer: t.sharded_optimizer(),
+        unsharded_reason: t.unsharded_reason().map(str::to_string),
         model,
     })
 }
@@ -344,6 +359,8 @@ pub fn run(
         bucket_mb: job.bucket_bytes as f64 / (1 << 20) as f64,
         grad_pieces: first.grad_pieces,
         grad_comm: job.opts.grad_comm.to_string(),
+        sharded_optimizer: first.sharded_optimizer,
+        unsharded_reason: first.unsharded_reason.clone(),
         gradient_mib: (params * 4) as f64 / (1 << 20) as f64,
         samples_per_s: (b * world) as f64 / (slowest(&dp) / 1e3),
         single_samples_per_s: b as f64 / (slowest(&single) / 1e3),
@@ -366,7 +383,7 @@ pub fn compare_ddp(
 ) -> Result<DdpPeer> {
     let dir = super::peer::handover_dir()?;
     let path = super::peer::write_config(dir.path(), cfg, precision, true)?;
-    let run = crate::peer::run_pytorch(&[
+    let mut args: Vec<String> = vec![
         "ddp".into(),
         "--config".into(),
         path.display().to_string(),
@@ -378,13 +395,24 @@ pub fn compare_ddp(
         steps.max(10).to_string(),
         "--bucket-mb".into(),
         format!("{}", dp.bucket_mb.round().max(1.0)),
-    ])?;
+    ];
+    if dp.sharded_optimizer {
+        args.push("--zero".into());
+    }
+    let run = crate::peer::run_pytorch(&args)?;
     let d = &run.document;
     let num = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    let zero = &d["ddp_zero"];
     Ok(DdpPeer {
         torch_version: run.torch_version.clone(),
         single_samples_per_s: num(&d["single"]["samples_per_s"]),
         samples_per_s: num(&d["ddp"]["samples_per_s"]),
         scaling_efficiency: num(&d["scaling_efficiency"]),
+        zero: zero.is_object().then(|| {
+            (
+                num(&zero["samples_per_s"]),
+                num(&zero["scaling_efficiency"]),
+            )
+        }),
     })
 }

@@ -43,6 +43,26 @@ pub fn check_request(r: &TrainRequest) -> Result<()> {
         )));
     }
     check_pipeline(r)?;
+    if let Some(flag) = r.shard_optimizer.map(|on| {
+        if on {
+            "--shard-optimizer"
+        } else {
+            "--no-shard-optimizer"
+        }
+    }) {
+        if r.parallel.is_none() {
+            return Err(Error::BadInput(format!(
+                "{flag}: is about data-parallel GPUs; add --gpus N or start under a launcher"
+            )));
+        }
+    }
+    if r.shard_optimizer == Some(true) && r.precision == Some(DType::F16) {
+        return Err(Error::BadInput(
+            "--shard-optimizer: fp16's overflow check reads every gradient, which no GPU holds \
+             once they are sharded; train in bf16"
+                .into(),
+        ));
+    }
     if r.memory_fraction.is_some() && !on_gpu && r.parallel.is_none() {
         return Err(Error::BadInput(
             "--memory-fraction: is about a GPU's memory; add --device cuda:0".into(),

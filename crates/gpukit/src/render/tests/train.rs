@@ -170,3 +170,63 @@ fn a_pipeline_run_shows_its_split_bubble_and_the_one_gpu_run_beside() {
         assert!(text.contains(want), "{want}: {text}");
     }
 }
+
+#[test]
+fn a_data_parallel_run_names_its_sharded_optimizer_and_both_pytorch_peers() {
+    use gpukit_bench::workload::train::parallel::{DataParallel, DdpPeer};
+    let dp = |sharded: bool, reason: Option<&str>, single: f64, step: f64| DataParallel {
+        ranks: 2,
+        started_by: "threads in one process".into(),
+        batch_per_gpu: 4096,
+        combined_batch: 8192,
+        buckets: 2,
+        bucket_mb: 25.0,
+        grad_pieces: 1,
+        grad_comm: "f32".into(),
+        sharded_optimizer: sharded,
+        unsharded_reason: reason.map(str::to_string),
+        gradient_mib: 128.0,
+        single_step_ms: vec![single, single],
+        step_ms: vec![step, step],
+        samples_per_s: 8192.0 / (step / 1e3),
+        single_samples_per_s: 4096.0 / (single / 1e3),
+        scaling_efficiency: single / step,
+        exposed_comm_ms: step - single,
+        pytorch: Some(DdpPeer {
+            torch_version: "2.11.0".into(),
+            single_samples_per_s: 2_053_108.0,
+            samples_per_s: 3_384_251.0,
+            scaling_efficiency: 0.824,
+            zero: sharded.then_some((2_398_104.0, 0.584)),
+        }),
+    };
+    let mut r = report(LossKind::Mse);
+    r.data_parallel = Some(dp(true, None, 1.52, 1.61));
+    let text = terminal(&train_sections(&r));
+    for want in [
+        "128.0 MiB reduce-scattered in 2 bucket(s)",
+        "sharded: each GPU updates 1/2 of the parameters",
+        "0.944 (0.09 ms a step of communication backward did not hide)",
+        "efficiency 0.824",
+        "2398104 samples/s (ZeroRedundancyOptimizer): efficiency 0.584; gpukit's throughput 2.12x",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    // a step shorter than each GPU alone (the shared update) says so; a refused sharding
+    // says why
+    r.data_parallel = Some(dp(
+        false,
+        Some("layer 0's forward reads its bias in f32"),
+        1.6,
+        1.5,
+    ));
+    let text = terminal(&train_sections(&r));
+    for want in [
+        "128.0 MiB averaged in 2 bucket(s)",
+        "not sharded: layer 0's forward reads its bias in f32",
+        "a step 0.10 ms shorter than each GPU alone",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    assert!(!text.contains("ZeroRedundancyOptimizer"), "{text}");
+}
