@@ -251,6 +251,20 @@ fn cases(dir: &Path) -> Vec<Case> {
             &["--shard-optimizer", "--gpus"],
         ),
         case(
+            &["train", "--no-shard-optimizer"],
+            &["--no-shard-optimizer", "--gpus"],
+        ),
+        case(
+            &[
+                "train",
+                "--gpus",
+                "2",
+                "--shard-optimizer",
+                "--no-shard-optimizer",
+            ],
+            &["--shard-optimizer", "--no-shard-optimizer"],
+        ),
+        case(
             &[
                 "train",
                 "--gpus",

@@ -60,6 +60,9 @@ for r in ${ROWS:-z4cmp dp4 z4 dpw z1 z4b dp4b z4c z1b}; do
     def|def2) row $r $M ;;
     defcmp) row $r $M --compare-pytorch ;;
     defg) row $r $M --graph ;;
+    dmin32) NCCL_MIN_NCHANNELS=32 row $r $M ;;
+    dmin24) NCCL_MIN_NCHANNELS=24 row $r $M ;;
+    dmax16) NCCL_MAX_NCHANNELS=16 row $r $M ;;
     z8) row $r $M --shard-optimizer --grad-pieces 8 ;;
     pp32cmp) row $r --pipeline 2 $MLP --optimizer sgd --lr 0.01 --momentum 0.9 --steps 20 --precision fp32 --compare-pytorch ;;
     pp16cmp) row $r --pipeline 2 $MLP --optimizer sgd --lr 0.01 --momentum 0.9 --steps 40 --precision bf16 --compare-pytorch ;;
