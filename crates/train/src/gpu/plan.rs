@@ -246,14 +246,17 @@ impl GpuTrainer {
 
     /// Chooses each layer's epilogues, fused where cuBLASLt can (for every batch size), and
     /// builds every product's plan. The forward's bias is f32 where cuBLASLt takes it with
-    /// 16-bit outputs, else the weights' 16-bit copy (as autocast does); a backward that needs
-    /// the forward's ReLU bits uses them only where the forward fused.
+    /// 16-bit outputs, else the weights' 16-bit copy (as autocast does); with a sharded
+    /// optimizer the 16-bit copy first (a sharded rank keeps only its blocks of the f32
+    /// weights current, the 16-bit copy whole). A backward that needs the forward's ReLU bits
+    /// uses them only where the forward fused.
     pub(super) fn plan_all(&mut self) -> Result<()> {
         let st = self.opts.precision.storage();
         let fuse = self.opts.fuse;
         let mut bias_types = vec![DType::F32];
         if st != DType::F32 {
-            bias_types.push(st);
+            let sharded = self.opts.shard_optimizer && self.opts.shard.is_some_and(|s| s.world > 1);
+            bias_types.insert(usize::from(!sharded), st);
         }
         let layers = self.layout.layers();
         let mut fusion: Vec<Fusion> = Vec::new();
