@@ -16,6 +16,7 @@
 
 mod builder;
 pub mod cpu;
+pub mod fp8;
 mod infer;
 pub mod op;
 pub mod passes;

@@ -4,7 +4,9 @@
 //! f64): a reference for f32 results that is free of f32's own rounding.
 //!
 //! To use: `forward_cpu(&graph, &[Array::f32(shape, values)])` returns the graph's outputs in
-//! order; `forward_cpu_f64` takes the same inputs and returns them in f64.
+//! order; `forward_cpu_f64` takes the same inputs and returns them in f64; `forward_cpu_tapped`
+//! runs in f32 with a [`NodeTap`] that sees each node's float inputs and outputs and may hand
+//! the node other inputs (the fp8 simulation's quantized copies).
 //!
 //! The parts: `real` (the two float types, over which every operator is written once),
 //! `conv` (convolutions, grouped and depthwise included, with their epilogue), `elementwise`
@@ -20,7 +22,7 @@ mod norm;
 mod pool;
 mod real;
 
-use super::{DType, Data, Graph, GraphError, Op, OutType};
+use super::{DType, Data, Graph, GraphError, Node, Op, OutType};
 use real::Real;
 use std::borrow::Cow;
 
@@ -163,6 +165,14 @@ impl<'a> View<'a, f32> {
 }
 
 impl<'a, T> View<'a, T> {
+    /// How many elements it holds.
+    fn len(&self) -> usize {
+        match self.data {
+            Elems::Real(v) => v.len(),
+            Elems::I64(v) => v.len(),
+        }
+    }
+
     /// The float elements, or what the kernel expected.
     fn real(&self) -> Result<&'a [T], String> {
         match self.data {
@@ -266,11 +276,126 @@ pub fn forward_cpu_f64(graph: &Graph, inputs: &[Array]) -> Result<Vec<ArrayF64>,
         .collect())
 }
 
+/// A node's float input or output as a [`NodeTap`] sees it (None for i64 values).
+#[derive(Debug, Clone, Copy)]
+pub struct Seen<'a> {
+    pub shape: &'a [usize],
+    pub values: Option<&'a [f32]>,
+}
+
+/// What [`forward_cpu_tapped`] calls around each node it computes (nodes that only relabel a
+/// shape, run in place, are not shown).
+pub trait NodeTap {
+    /// Node `index`'s inputs before it runs: the inputs to replace (the same length), by
+    /// position; an empty vector (the default) keeps them all.
+    fn inputs(&mut self, index: usize, node: &Node, inputs: &[Seen<'_>]) -> Vec<Option<Vec<f32>>> {
+        let _ = (index, node, inputs);
+        Vec::new()
+    }
+
+    /// Node `index`'s outputs once computed.
+    fn outputs(&mut self, index: usize, node: &Node, outputs: &[Seen<'_>]) {
+        let _ = (index, node, outputs);
+    }
+}
+
+/// [`forward_cpu`] with `tap` called around every node.
+pub fn forward_cpu_tapped(
+    graph: &Graph,
+    inputs: &[Array],
+    tap: &mut dyn NodeTap,
+) -> Result<Vec<Array>, GraphError> {
+    let mut f32_tap = F32Tap(tap);
+    Ok(forward_with::<f32>(graph, inputs, &mut f32_tap)?
+        .into_iter()
+        .map(|(shape, t)| Array {
+            shape,
+            data: t.into_data(),
+        })
+        .collect())
+}
+
+/// The interpreter's side of a tap, in the type it runs in.
+trait Tap<T: Real> {
+    fn inputs(&mut self, index: usize, node: &Node, inputs: &[View<'_, T>]) -> Vec<Option<Vec<T>>>;
+    fn outputs(
+        &mut self,
+        index: usize,
+        node: &Node,
+        shapes: &[&[usize]],
+        outputs: &[&Tensor<'_, T>],
+    );
+}
+
+/// No tap.
+struct Untapped;
+
+impl<T: Real> Tap<T> for Untapped {
+    fn inputs(&mut self, _: usize, _: &Node, _: &[View<'_, T>]) -> Vec<Option<Vec<T>>> {
+        Vec::new()
+    }
+    fn outputs(&mut self, _: usize, _: &Node, _: &[&[usize]], _: &[&Tensor<'_, T>]) {}
+}
+
+/// A caller's [`NodeTap`] on the f32 interpreter.
+struct F32Tap<'t>(&'t mut dyn NodeTap);
+
+impl Tap<f32> for F32Tap<'_> {
+    fn inputs(
+        &mut self,
+        index: usize,
+        node: &Node,
+        inputs: &[View<'_, f32>],
+    ) -> Vec<Option<Vec<f32>>> {
+        let seen: Vec<Seen> = inputs
+            .iter()
+            .map(|v| Seen {
+                shape: v.shape,
+                values: match v.data {
+                    Elems::Real(r) => Some(r),
+                    Elems::I64(_) => None,
+                },
+            })
+            .collect();
+        self.0.inputs(index, node, &seen)
+    }
+
+    fn outputs(
+        &mut self,
+        index: usize,
+        node: &Node,
+        shapes: &[&[usize]],
+        outputs: &[&Tensor<'_, f32>],
+    ) {
+        let seen: Vec<Seen> = shapes
+            .iter()
+            .zip(outputs)
+            .map(|(shape, t)| Seen {
+                shape,
+                values: match t {
+                    Tensor::Real(r) => Some(r),
+                    Tensor::I64(_) => None,
+                },
+            })
+            .collect();
+        self.0.outputs(index, node, &seen);
+    }
+}
+
 /// An output of the interpreter: its shape and elements.
 type Output<T> = (Vec<usize>, Tensor<'static, T>);
 
 /// The interpreter in `T`: the graph's outputs in order.
 fn forward<T: Real>(graph: &Graph, inputs: &[Array]) -> Result<Vec<Output<T>>, GraphError> {
+    forward_with(graph, inputs, &mut Untapped)
+}
+
+/// [`forward`] with `tap` around each computed node.
+fn forward_with<T: Real>(
+    graph: &Graph,
+    inputs: &[Array],
+    tap: &mut dyn Tap<T>,
+) -> Result<Vec<Output<T>>, GraphError> {
     graph.check()?;
     if inputs.len() != graph.inputs.len() {
         return Err(GraphError::Structure(format!(
@@ -345,12 +470,42 @@ fn forward<T: Real>(graph: &Graph, inputs: &[Array]) -> Result<Vec<Output<T>>, G
             })
             .collect::<Option<Vec<View<T>>>>()
             .ok_or_else(|| fail("an input was freed or never computed".into()))?;
+        let replaced = tap.inputs(i, node, &views);
+        if !replaced.is_empty() && replaced.len() != views.len() {
+            return Err(fail(format!(
+                "a tap replaced {} inputs of {}",
+                replaced.len(),
+                views.len()
+            )));
+        }
+        let views: Vec<View<T>> = views
+            .iter()
+            .enumerate()
+            .map(|(k, v)| match replaced.get(k) {
+                Some(Some(data)) if data.len() == v.len() => Ok(View {
+                    shape: v.shape,
+                    data: Elems::Real(data.as_slice()),
+                }),
+                Some(Some(data)) => Err(fail(format!(
+                    "a tap gave input {k} {} elements for {}",
+                    data.len(),
+                    v.len()
+                ))),
+                _ => Ok(*v),
+            })
+            .collect::<Result<_, _>>()?;
         let outs: Vec<OutType> = node
             .outputs
             .iter()
             .map(|&o| (graph.values[o].dtype, graph.values[o].shape.clone()))
             .collect();
         let results = run(&node.op, &views, &outs).map_err(fail)?;
+        let shapes: Vec<&[usize]> = node
+            .outputs
+            .iter()
+            .map(|&o| graph.values[o].shape.as_slice())
+            .collect();
+        tap.outputs(i, node, &shapes, &results.iter().collect::<Vec<_>>());
         for (&o, data) in node.outputs.iter().zip(results) {
             if data.len() != graph.elements(o) || data.dtype() != graph.values[o].dtype {
                 return Err(fail(format!(

@@ -1,0 +1,576 @@
+//! fp8 (E4M3) inference simulated on the CPU: the reference an fp8 GPU strategy is judged
+//! against, and the calibration it takes its scales from. Every convolution's and matrix
+//! product's float operands are rounded to E4M3 with a scale, and the product is computed in
+//! f32 from the rounded values, as TensorRT's explicit quantization (a quantize-dequantize
+//! pair before each product) does:
+//! - the input activation per tensor, with the scale calibration found;
+//! - constant weights per output channel, from their own largest magnitude (a weight that is
+//!   not a constant is calibrated per tensor like an activation).
+//!
+//! [`calibrate`] runs the graph in f32 on sample inputs and keeps, for each quantized node,
+//! the largest magnitude its input reached ([`Method::Max`]) or a high percentile of the
+//! magnitudes ([`Method::Percentile`]): the value E4M3's largest, 448, stands for.
+//! [`forward_fp8`] runs the graph with those scales. [`judge`] sets the fp8 run beside the f32
+//! one on inputs calibration did not see: top-1 agreement and the logits' relative error, and
+//! each quantized node's own error (its output from quantized operands against f32's, both
+//! from the f32 run's inputs, so upstream error is left out), worst first: the layer fp8 hurts
+//! most is named.
+
+use super::cpu::{forward_cpu_tapped, run_op, Array, Elems, NodeTap, Seen, View};
+use super::{Graph, GraphError, Node, Op, OutType};
+use gpukit_tensor::codec::{e4m3_from_f64, e4m3_to_f64, E4M3_MAX};
+use serde::{Deserialize, Serialize};
+
+/// How calibration turns an input's magnitudes into the value E4M3's largest stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Method {
+    /// The largest magnitude seen (nothing saturates on the calibration data).
+    Max,
+    /// This percentile of the magnitudes seen, in (0, 100]: the few larger ones saturate, the
+    /// rest keep more precision.
+    Percentile(f64),
+}
+
+impl Method {
+    pub fn name(&self) -> String {
+        match self {
+            Method::Max => "max (the largest magnitude seen)".into(),
+            Method::Percentile(p) => format!("percentile {p} of the magnitudes seen"),
+        }
+    }
+}
+
+/// How a node's weight operand is scaled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum WeightScales {
+    /// One scale an output channel of a constant weight.
+    PerChannel(Vec<f32>),
+    /// One scale for the whole operand (a weight computed by the graph).
+    PerTensor(f32),
+}
+
+/// One quantized node's scales: a real value x is stored as E4M3(x / scale).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeScales {
+    pub node: String,
+    pub input: f32,
+    pub weight: WeightScales,
+}
+
+/// What calibration found, to be kept beside the weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fp8Scales {
+    pub method: Method,
+    /// Calibration batches run.
+    pub batches: usize,
+    pub nodes: Vec<NodeScales>,
+}
+
+/// The fp8 run against the f32 one on inputs calibration did not see.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fp8Accuracy {
+    /// Rows of the first output compared (its last axis is the classes).
+    pub rows: usize,
+    /// Rows whose largest logit is the same class in both runs.
+    pub top1_agreement: f64,
+    /// Over rows: |fp8 - f32| / |f32| of the row's logits (Euclidean norms).
+    pub max_rel_error: f64,
+    pub mean_rel_error: f64,
+    /// Each quantized node's own relative error, worst first.
+    pub layers: Vec<LayerError>,
+}
+
+/// A quantized node's output from quantized operands against f32's, from the same inputs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayerError {
+    pub node: String,
+    pub rel_error: f64,
+}
+
+impl Fp8Accuracy {
+    /// Ok, or why the row fails (top-1 agreement below `min_agreement`, or a logits error
+    /// above `max_rel_error`), naming the node fp8 hurts most.
+    pub fn verdict(&self, min_agreement: f64, max_rel_error: f64) -> Result<(), String> {
+        let worst = self
+            .layers
+            .first()
+            .map(|l| {
+                format!(
+                    "; the worst layer is {} ({:.3e} of its own output)",
+                    l.node, l.rel_error
+                )
+            })
+            .unwrap_or_default();
+        if self.top1_agreement < min_agreement {
+            return Err(format!(
+                "fp8 agrees with f32 on the top class of {:.2}% of {} rows (needs {:.2}%){worst}",
+                self.top1_agreement * 100.0,
+                self.rows,
+                min_agreement * 100.0
+            ));
+        }
+        if self.max_rel_error > max_rel_error {
+            return Err(format!(
+                "fp8's logits are {:.3e} from f32's (allowed {max_rel_error:.1e}){worst}",
+                self.max_rel_error
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `values` rounded to E4M3 with `scale` and back: scale x E4M3(x / scale), a magnitude
+/// beyond 448 x scale saturating.
+pub fn fake_quant(values: &[f32], scale: f32) -> Vec<f32> {
+    let s = f64::from(scale);
+    values
+        .iter()
+        .map(|&v| (e4m3_to_f64(e4m3_from_f64(f64::from(v) / s)) * s) as f32)
+        .collect()
+}
+
+/// The scale that maps `amax` to E4M3's largest value (1 for an all-zero operand).
+fn scale_for(amax: f64) -> f32 {
+    if amax > 0.0 && amax.is_finite() {
+        (amax / E4M3_MAX) as f32
+    } else {
+        1.0
+    }
+}
+
+/// Whether node `node` is quantized: a convolution, Gemm or MatMul.
+fn quantized(node: &Node) -> bool {
+    matches!(node.op, Op::Conv(_) | Op::Gemm(_) | Op::MatMul)
+}
+
+/// Output channels of a constant weight of `shape` for `op`, and for element i its channel:
+/// (channel count, rows (true: the channel is the leading axis; false: the last)).
+fn channel_layout(op: &Op, shape: &[usize]) -> Option<(usize, bool)> {
+    match op {
+        Op::Conv(_) => shape.first().map(|&k| (k, true)),
+        Op::Gemm(g) if shape.len() == 2 => Some(if g.trans_b {
+            (shape[0], true)
+        } else {
+            (shape[1], false)
+        }),
+        Op::MatMul => shape.last().map(|&n| (n, false)),
+        _ => None,
+    }
+}
+
+/// The channel of element `i` of a weight with `channels` along its leading axis (`rows`) or
+/// its last axis.
+fn channel_of(i: usize, len: usize, channels: usize, rows: bool) -> usize {
+    if rows {
+        i / (len / channels).max(1)
+    } else {
+        i % channels
+    }
+}
+
+/// Per-channel scales of a constant weight.
+fn weight_scales(values: &[f32], channels: usize, rows: bool) -> Vec<f32> {
+    let mut amax = vec![0f64; channels];
+    for (i, &v) in values.iter().enumerate() {
+        let c = channel_of(i, values.len(), channels, rows);
+        amax[c] = amax[c].max(f64::from(v).abs());
+    }
+    amax.into_iter().map(scale_for).collect()
+}
+
+/// A constant weight rounded with its per-channel scales.
+fn quantize_per_channel(values: &[f32], scales: &[f32], rows: bool) -> Vec<f32> {
+    let channels = scales.len();
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let s = f64::from(scales[channel_of(i, values.len(), channels, rows)]);
+            (e4m3_to_f64(e4m3_from_f64(f64::from(v) / s)) * s) as f32
+        })
+        .collect()
+}
+
+/// Most magnitudes a node keeps for a percentile (every k-th element beyond that).
+const KEPT: usize = 1 << 20;
+
+/// What calibration gathers of one operand: the largest magnitude, and for a percentile an
+/// even sample of the magnitudes (every `stride`-th, the stride doubling whenever the sample
+/// reaches twice [`KEPT`]).
+struct Magnitudes {
+    max: f64,
+    kept: Vec<f32>,
+    seen: usize,
+    stride: usize,
+}
+
+impl Default for Magnitudes {
+    fn default() -> Self {
+        Magnitudes {
+            max: 0.0,
+            kept: Vec::new(),
+            seen: 0,
+            stride: 1,
+        }
+    }
+}
+
+impl Magnitudes {
+    fn add(&mut self, values: &[f32], keep: bool) {
+        for &v in values {
+            let a = v.abs();
+            self.max = self.max.max(f64::from(a));
+            if keep && self.seen % self.stride == 0 {
+                self.kept.push(a);
+                if self.kept.len() >= 2 * KEPT {
+                    self.kept = self.kept.iter().step_by(2).copied().collect();
+                    self.stride *= 2;
+                }
+            }
+            self.seen += 1;
+        }
+    }
+
+    fn amax(&mut self, method: Method) -> f64 {
+        match method {
+            Method::Max => self.max,
+            Method::Percentile(p) => {
+                if self.kept.is_empty() {
+                    return self.max;
+                }
+                let n = self.kept.len();
+                let at = ((p / 100.0 * n as f64).ceil() as usize).clamp(1, n) - 1;
+                let (_, v, _) = self.kept.select_nth_unstable_by(at, f32::total_cmp);
+                f64::from(*v)
+            }
+        }
+    }
+}
+
+/// Calibration's tap: each quantized node's input (and a computed weight's) magnitudes.
+struct Calibrating {
+    method: Method,
+    seen: Vec<Option<[Magnitudes; 2]>>,
+}
+
+impl NodeTap for Calibrating {
+    fn inputs(&mut self, index: usize, _: &Node, inputs: &[Seen<'_>]) -> Vec<Option<Vec<f32>>> {
+        let keep = matches!(self.method, Method::Percentile(_));
+        if let Some(Some(m)) = self.seen.get_mut(index) {
+            for (k, operand) in inputs.iter().take(2).enumerate() {
+                if let Some(v) = operand.values {
+                    m[k].add(v, keep);
+                }
+            }
+        }
+        Vec::new()
+    }
+}
+
+/// Runs `graph` in f32 on each of `batches` (one input set each) and returns every quantized
+/// node's scales by `method`.
+pub fn calibrate(
+    graph: &Graph,
+    batches: &[Vec<Array>],
+    method: Method,
+) -> Result<Fp8Scales, GraphError> {
+    if let Method::Percentile(p) = method {
+        if !(p > 0.0 && p <= 100.0) {
+            return Err(GraphError::Structure(format!(
+                "calibration percentile {p}: must be in (0, 100]"
+            )));
+        }
+    }
+    if batches.is_empty() {
+        return Err(GraphError::Structure(
+            "calibration needs at least one batch of inputs".into(),
+        ));
+    }
+    let mut tap = Calibrating {
+        method,
+        seen: graph
+            .nodes
+            .iter()
+            .map(|n| quantized(n).then(Default::default))
+            .collect(),
+    };
+    for inputs in batches {
+        forward_cpu_tapped(graph, inputs, &mut tap)?;
+    }
+    let mut nodes = Vec::new();
+    for (node, seen) in graph.nodes.iter().zip(tap.seen.iter_mut()) {
+        let Some([x, w]) = seen else { continue };
+        let weight = node.inputs.get(1).map(|&id| &graph.values[id]);
+        let weight = match weight.and_then(|v| Some((v, v.constant.as_ref()?.as_f32()?))) {
+            Some((v, values)) => match channel_layout(&node.op, &v.shape) {
+                Some((channels, rows)) if channels > 0 => {
+                    WeightScales::PerChannel(weight_scales(values, channels, rows))
+                }
+                _ => WeightScales::PerTensor(scale_for(
+                    values.iter().fold(0f64, |m, &a| m.max(f64::from(a).abs())),
+                )),
+            },
+            None => WeightScales::PerTensor(scale_for(w.amax(method))),
+        };
+        nodes.push(NodeScales {
+            node: node.name.clone(),
+            input: scale_for(x.amax(method)),
+            weight,
+        });
+    }
+    Ok(Fp8Scales {
+        method,
+        batches: batches.len(),
+        nodes,
+    })
+}
+
+/// For each node of the graph, its quantized operands' recipe: the input's scale, and the
+/// weight already rounded (a constant) or its per-tensor scale.
+enum Recipe {
+    Plain,
+    Quantized { input: f32, weight: QuantizedWeight },
+}
+
+enum QuantizedWeight {
+    Rounded(Vec<f32>),
+    PerTensor(f32),
+}
+
+fn recipes(graph: &Graph, scales: &Fp8Scales) -> Result<Vec<Recipe>, GraphError> {
+    let by_name: std::collections::HashMap<&str, &NodeScales> =
+        scales.nodes.iter().map(|n| (n.node.as_str(), n)).collect();
+    graph
+        .nodes
+        .iter()
+        .map(|node| {
+            if !quantized(node) {
+                return Ok(Recipe::Plain);
+            }
+            let s = by_name
+                .get(node.name.as_str())
+                .ok_or_else(|| GraphError::Node {
+                    node: node.name.clone(),
+                    op: node.op.name().to_string(),
+                    problem:
+                        "the fp8 scales have none for this node (calibrated on another graph?)"
+                            .into(),
+                })?;
+            let weight = match &s.weight {
+                WeightScales::PerTensor(t) => QuantizedWeight::PerTensor(*t),
+                WeightScales::PerChannel(per) => {
+                    let v = node.inputs.get(1).map(|&id| &graph.values[id]);
+                    let values = v.and_then(|v| v.constant.as_ref()?.as_f32());
+                    let layout = v.and_then(|v| channel_layout(&node.op, &v.shape));
+                    match (values, layout) {
+                        (Some(values), Some((channels, rows))) if channels == per.len() => {
+                            QuantizedWeight::Rounded(quantize_per_channel(values, per, rows))
+                        }
+                        _ => {
+                            return Err(GraphError::Node {
+                                node: node.name.clone(),
+                                op: node.op.name().to_string(),
+                                problem: format!(
+                                    "{} per-channel weight scales do not fit its weight",
+                                    per.len()
+                                ),
+                            })
+                        }
+                    }
+                }
+            };
+            Ok(Recipe::Quantized {
+                input: s.input,
+                weight,
+            })
+        })
+        .collect()
+}
+
+/// The operands a quantized node runs on: its input and weight rounded (None where kept).
+fn rounded(recipe: &Recipe, inputs: &[Seen<'_>]) -> Vec<Option<Vec<f32>>> {
+    let Recipe::Quantized { input, weight } = recipe else {
+        return Vec::new();
+    };
+    let mut out: Vec<Option<Vec<f32>>> = vec![None; inputs.len()];
+    if let Some(x) = inputs.first().and_then(|s| s.values) {
+        out[0] = Some(fake_quant(x, *input));
+    }
+    if let Some(w) = inputs.get(1).and_then(|s| s.values) {
+        out[1] = Some(match weight {
+            QuantizedWeight::Rounded(r) => r.clone(),
+            QuantizedWeight::PerTensor(t) => fake_quant(w, *t),
+        });
+    }
+    out
+}
+
+/// The fp8 run's tap: every quantized node's operands rounded.
+struct Rounding(Vec<Recipe>);
+
+impl NodeTap for Rounding {
+    fn inputs(&mut self, index: usize, _: &Node, inputs: &[Seen<'_>]) -> Vec<Option<Vec<f32>>> {
+        self.0
+            .get(index)
+            .map_or_else(Vec::new, |r| rounded(r, inputs))
+    }
+}
+
+/// Runs `graph` with every convolution's and matrix product's operands rounded to E4M3 by
+/// `scales`, the rest in f32.
+pub fn forward_fp8(
+    graph: &Graph,
+    scales: &Fp8Scales,
+    inputs: &[Array],
+) -> Result<Vec<Array>, GraphError> {
+    let mut tap = Rounding(recipes(graph, scales)?);
+    forward_cpu_tapped(graph, inputs, &mut tap)
+}
+
+/// Each quantized node's own error during an f32 run: its output from rounded operands
+/// (computed beside) against the f32 output, as sums of squares.
+struct LocalError {
+    recipes: Vec<Recipe>,
+    outs: Vec<Vec<OutType>>,
+    pending: Option<(usize, Vec<f32>)>,
+    /// (sum of (fp8 - f32)^2, sum of f32^2) a node.
+    sums: Vec<(f64, f64)>,
+    error: Option<String>,
+}
+
+impl NodeTap for LocalError {
+    fn inputs(&mut self, index: usize, node: &Node, inputs: &[Seen<'_>]) -> Vec<Option<Vec<f32>>> {
+        let replaced = rounded(&self.recipes[index], inputs);
+        // the products' operands are all floats; a node with another input is left out
+        if replaced.is_empty() || inputs.iter().any(|s| s.values.is_none()) {
+            return Vec::new();
+        }
+        let views: Vec<View> = inputs
+            .iter()
+            .zip(&replaced)
+            .map(|(s, r)| View {
+                shape: s.shape,
+                data: Elems::Real(match (r, s.values) {
+                    (Some(r), _) => r.as_slice(),
+                    (None, v) => v.unwrap_or(&[]),
+                }),
+            })
+            .collect();
+        match run_op(&node.op, &views, &self.outs[index]) {
+            Ok(mut out) => {
+                if let Some(first) = out
+                    .drain(..)
+                    .next()
+                    .and_then(|d| d.as_f32().map(<[f32]>::to_vec))
+                {
+                    self.pending = Some((index, first));
+                }
+            }
+            Err(e) => {
+                self.error.get_or_insert(format!("{}: {e}", node.name));
+            }
+        }
+        Vec::new()
+    }
+
+    fn outputs(&mut self, index: usize, _: &Node, outputs: &[Seen<'_>]) {
+        let Some((at, fp8)) = self.pending.take() else {
+            return;
+        };
+        if at != index {
+            return;
+        }
+        if let Some(reference) = outputs.first().and_then(|s| s.values) {
+            let s = &mut self.sums[index];
+            for (&a, &b) in fp8.iter().zip(reference) {
+                let d = f64::from(a) - f64::from(b);
+                s.0 += d * d;
+                s.1 += f64::from(b) * f64::from(b);
+            }
+        }
+    }
+}
+
+/// The fp8 run beside the f32 one on each of `batches` (inputs calibration did not see): the
+/// first output's rows (its last axis the classes) compared, and every quantized node's own
+/// error.
+pub fn judge(
+    graph: &Graph,
+    scales: &Fp8Scales,
+    batches: &[Vec<Array>],
+) -> Result<Fp8Accuracy, GraphError> {
+    let mut local = LocalError {
+        recipes: recipes(graph, scales)?,
+        outs: graph
+            .nodes
+            .iter()
+            .map(|n| {
+                n.outputs
+                    .iter()
+                    .map(|&o| (graph.values[o].dtype, graph.values[o].shape.clone()))
+                    .collect()
+            })
+            .collect(),
+        pending: None,
+        sums: vec![(0.0, 0.0); graph.nodes.len()],
+        error: None,
+    };
+    let (mut rows, mut agree, mut max_rel, mut sum_rel) = (0usize, 0usize, 0f64, 0f64);
+    for inputs in batches {
+        let reference = forward_cpu_tapped(graph, inputs, &mut local)?;
+        if let Some(e) = local.error.take() {
+            return Err(GraphError::Structure(format!("fp8 operands of {e}")));
+        }
+        let fp8 = forward_fp8(graph, scales, inputs)?;
+        let (Some(r), Some(q)) = (reference.first(), fp8.first()) else {
+            return Err(GraphError::Structure("the graph has no output".into()));
+        };
+        let (Some(r), Some(q)) = (r.as_f32(), q.as_f32()) else {
+            return Err(GraphError::Structure(
+                "the graph's first output is not f32".into(),
+            ));
+        };
+        let classes = reference[0].shape.last().copied().unwrap_or(1).max(1);
+        for (a, b) in r.chunks(classes).zip(q.chunks(classes)) {
+            let top = |v: &[f32]| {
+                v.iter()
+                    .enumerate()
+                    .max_by(|x, y| x.1.total_cmp(y.1))
+                    .map(|(i, _)| i)
+            };
+            agree += usize::from(top(a) == top(b));
+            let d: f64 = a
+                .iter()
+                .zip(b)
+                .map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2))
+                .sum();
+            let n: f64 = a.iter().map(|&x| f64::from(x).powi(2)).sum();
+            let rel = if n > 0.0 { (d / n).sqrt() } else { d.sqrt() };
+            max_rel = max_rel.max(rel);
+            sum_rel += rel;
+            rows += 1;
+        }
+    }
+    let mut layers: Vec<LayerError> = graph
+        .nodes
+        .iter()
+        .zip(&local.sums)
+        .filter(|(n, _)| quantized(n))
+        .map(|(n, &(d, r))| LayerError {
+            node: n.name.clone(),
+            rel_error: if r > 0.0 { (d / r).sqrt() } else { d.sqrt() },
+        })
+        .collect();
+    layers.sort_by(|a, b| b.rel_error.total_cmp(&a.rel_error));
+    Ok(Fp8Accuracy {
+        rows,
+        top1_agreement: agree as f64 / rows.max(1) as f64,
+        max_rel_error: max_rel,
+        mean_rel_error: sum_rel / rows.max(1) as f64,
+        layers,
+    })
+}
+
+#[cfg(test)]
+#[path = "fp8_tests.rs"]
+mod tests;
