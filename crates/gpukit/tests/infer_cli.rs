@@ -629,6 +629,100 @@ fn with_a_gpu_infer_onnx_runs_every_fixture_on_the_gpu() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `infer --onnx --fp8-check` on the CPU: the fp8 simulation's section (64 calibration rows,
+/// 128 judged, every convolution and Gemm named among the layers), the scales written as
+/// JSON, and the exit code that follows the verdict (0 exactly when 99% of the rows keep their
+/// top class; otherwise the failure names the layer fp8 hurts most).
+fn infer_onnx_fp8_check_judges_fp8_against_f32() -> Result<(), Failed> {
+    use gpukit_models::onnx::fixtures;
+    let dir = tempfile::tempdir()?;
+    let model = dir.path().join("tiny_resnet.onnx");
+    std::fs::write(
+        &model,
+        fixtures::bytes(&fixtures::tiny_resnet(gpukit_tensor::random::fresh_seed())),
+    )?;
+    let scales = dir.path().join("scales.json");
+    let (model, scales) = (
+        model.to_str().ok_or("a temporary path that is not UTF-8")?,
+        scales
+            .to_str()
+            .ok_or("a temporary path that is not UTF-8")?,
+    );
+    let mut args = vec![
+        "infer",
+        "--onnx",
+        model,
+        "--batch-sizes",
+        "1",
+        "--iterations",
+        "1",
+        "--device",
+        "cpu",
+        "--strategies",
+        "cpu",
+        "--fp8-check",
+        "--fp8-calibration",
+        "percentile:99.99",
+        "--save-fp8-scales",
+        scales,
+        "--json",
+    ];
+    let out = gpukit(&args);
+    let doc: Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("{args:?}: stdout is not one JSON document: {e}"))?;
+    let f = &doc["result"]["fp8"];
+    let a = &f["accuracy"];
+    ensure(
+        f["calibration_rows"] == 64
+            && a["rows"] == 128
+            && f["calibration"]
+                .as_str()
+                .is_some_and(|c| c.contains("percentile 99.99")),
+        || format!("{f}"),
+    )?;
+    let agreement = a["top1_agreement"].as_f64().ok_or("no agreement")?;
+    let passed = agreement >= 0.99;
+    ensure(f["failed"].is_null() == passed, || format!("{f}"))?;
+    ensure(
+        out.status.code() == Some(if passed { 0 } else { 1 }),
+        || {
+            format!(
+                "exit {:?} with agreement {agreement}: {}",
+                out.status,
+                text(&out.stderr)
+            )
+        },
+    )?;
+    if !passed {
+        let worst = a["layers"][0]["node"].as_str().unwrap_or("?");
+        ensure(
+            f["failed"].as_str().is_some_and(|w| w.contains(worst)),
+            || format!("{f}"),
+        )?;
+    }
+    // every convolution and Gemm has its own error and its scales in the file
+    let layers = a["layers"].as_array().cloned().unwrap_or_default();
+    let saved: Value = serde_json::from_slice(&std::fs::read(scales)?)?;
+    let nodes = saved["nodes"].as_array().cloned().unwrap_or_default();
+    ensure(layers.len() >= 7 && nodes.len() == layers.len(), || {
+        format!("{} layers, {} scaled: {saved}", layers.len(), nodes.len())
+    })?;
+    ensure(
+        layers
+            .iter()
+            .all(|l| l["rel_error"].as_f64().is_some_and(|e| e > 0.0 && e < 0.5)),
+        || format!("{layers:?}"),
+    )?;
+    // the terminal report has the section
+    args.pop();
+    let out = gpukit(&args);
+    ensure(
+        text(&out.stdout).contains("fp8 (E4M3), simulated on the CPU"),
+        || text(&out.stdout),
+    )?;
+    Ok(())
+}
+
 /// The ONNX Runtime trials: ignored, with the reason, where it is not installed (a failure
 /// under GPUKIT_REQUIRE_ORT=1).
 fn onnxruntime_trials() -> Vec<libtest_mimic::Trial> {
@@ -669,6 +763,10 @@ fn main() {
             (
                 "infer_bad_input_exits_2_with_the_reason",
                 infer_bad_input_exits_2_with_the_reason,
+            ),
+            (
+                "infer_onnx_fp8_check_judges_fp8_against_f32",
+                infer_onnx_fp8_check_judges_fp8_against_f32,
             ),
         ],
         vec![

@@ -118,6 +118,14 @@ pub(super) fn infer_onnx(a: InferArgs, out: &Output) -> Result<()> {
         selection: a.device,
         strategies,
         resnet_engine: a.resnet_engine,
+        fp8: a
+            .fp8_check
+            .then(|| gpukit_bench::infer::onnx::fp8::Fp8Options {
+                method: a
+                    .fp8_calibration
+                    .unwrap_or(gpukit_models::graph::fp8::Method::Max),
+                save_scales: a.save_fp8_scales.clone(),
+            }),
     };
     let wants_gpu = opts.strategies.iter().any(|s| !s.on_cpu());
     let discovery = if wants_gpu {

@@ -296,8 +296,64 @@ fn throughput(r: &OnnxRun) -> Section {
     }
 }
 
-/// The setup, the latency at the first batch size, the throughput at each, and PyTorch's rows
-/// where it ran beside (`--torchvision`).
+/// `--fp8-check`: fp8 simulated on the CPU against f32, its verdict and the layers it hurts
+/// most.
+fn fp8_section(f: &gpukit_bench::infer::onnx::fp8::Fp8Check) -> Section {
+    let a = &f.accuracy;
+    let layers = a
+        .layers
+        .iter()
+        .take(3)
+        .map(|l| format!("{} ({:.1e} of its own output)", l.node, l.rel_error))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut rows = vec![
+        (
+            "Simulated",
+            "every convolution's and matrix product's operands rounded to E4M3 on the CPU, \
+             the products in f32 (no fp8 kernel ran)"
+                .to_string(),
+        ),
+        (
+            "Calibration",
+            format!(
+                "activations per tensor by {}, on {} generated rows; weights per output channel",
+                f.calibration, f.calibration_rows
+            ),
+        ),
+        (
+            "Top-1 agreement",
+            format!(
+                "{:.2}% of {} rows calibration never saw keep f32's top class (needs {:.0}%)",
+                a.top1_agreement * 100.0,
+                a.rows,
+                f.min_top1_agreement * 100.0
+            ),
+        ),
+        (
+            "Logits vs f32",
+            format!(
+                "relative error {:.2e} at most, {:.2e} on average over rows",
+                a.max_rel_error, a.mean_rel_error
+            ),
+        ),
+        ("Layers fp8 hurts most", layers),
+        (
+            "Verdict",
+            match &f.failed {
+                Some(why) => format!("FAILED: {why}"),
+                None => format!("passes ({:.1} s)", f.seconds),
+            },
+        ),
+    ];
+    if let Some(path) = &f.scales_saved {
+        rows.push(("Scales written", path.clone()));
+    }
+    Section::kv("fp8 (E4M3), simulated on the CPU", rows)
+}
+
+/// The setup, the latency at the first batch size, the throughput at each, PyTorch's rows
+/// where it ran beside (`--torchvision`), and the fp8 check where asked (`--fp8-check`).
 pub fn onnx_run_sections(r: &OnnxRun) -> Vec<Section> {
     let mut out = vec![setup(r)];
     out.extend(latency(r));
@@ -307,5 +363,6 @@ pub fn onnx_run_sections(r: &OnnxRun) -> Vec<Section> {
             .as_ref()
             .map(super::infer_pytorch::pytorch_infer_section),
     );
+    out.extend(r.fp8.as_ref().map(fp8_section));
     out
 }

@@ -81,6 +81,41 @@ pub(super) fn onnx_cases(dir: &Path) -> Vec<Case> {
         // --torchvision: what it goes with, a name torchvision has, files that exist, images
         // PyTorch's classifiers take; all said before PyTorch is asked
         case(&["infer", "--torchvision", "resnet50"], &["--onnx"]),
+        // --fp8-check: with --onnx; its calibration method; its scales not over the model
+        case(&["infer", "--fp8-check"], &["--fp8-check", "--onnx"]),
+        case(
+            &[
+                "infer",
+                "--onnx",
+                model,
+                "--fp8-check",
+                "--fp8-calibration",
+                "percentile:0",
+            ],
+            &["--fp8-calibration", "(0, 100]"],
+        ),
+        case(
+            &[
+                "infer",
+                "--onnx",
+                model,
+                "--fp8-check",
+                "--fp8-calibration",
+                "mean",
+            ],
+            &["--fp8-calibration", "percentile:P"],
+        ),
+        case(
+            &[
+                "infer",
+                "--onnx",
+                model,
+                "--fp8-check",
+                "--save-fp8-scales",
+                model,
+            ],
+            &["--save-fp8-scales", "the model file itself"],
+        ),
         case(
             &["infer", "--onnx", model, "--torchvision", "resnet50"],
             &["--compare-pytorch"],

@@ -18,7 +18,7 @@
 
 use super::cpu::{forward_cpu_tapped, run_op, Array, Elems, NodeTap, Seen, View};
 use super::{Graph, GraphError, Node, Op, OutType};
-use gpukit_tensor::codec::{e4m3_from_f64, e4m3_to_f64, E4M3_MAX};
+use gpukit_tensor::codec::E4M3_MAX;
 use serde::{Deserialize, Serialize};
 
 /// How calibration turns an input's magnitudes into the value E4M3's largest stands for.
@@ -119,14 +119,41 @@ impl Fp8Accuracy {
     }
 }
 
+/// `v` rounded to the nearest E4M3 value (ties to even), a magnitude of 448 or more
+/// saturating to 448, NaN kept: what `e4m3_to_f64(e4m3_from_f64(v))` gives, on f32's bits.
+pub fn e4m3_round(v: f32) -> f32 {
+    let a = v.abs();
+    if a.is_nan() {
+        return v;
+    }
+    let r = if a >= E4M3_MAX as f32 {
+        E4M3_MAX as f32
+    } else if a < 2f32.powi(-6) {
+        // subnormal E4M3: multiples of 2^-9 (exact in f32)
+        (a * 512.0).round_ties_even() / 512.0
+    } else {
+        // keep 3 of f32's 23 mantissa bits, to nearest with ties to even (a carry moves the
+        // exponent up, as it should)
+        let bits = a.to_bits();
+        let half = (1u32 << 19) - 1 + ((bits >> 20) & 1);
+        f32::from_bits((bits + half) & !((1u32 << 20) - 1))
+    };
+    r.copysign(v)
+}
+
+/// Elements from which [`fake_quant`] splits the work over the CPU's threads.
+const PARALLEL_FROM: usize = 1 << 16;
+
 /// `values` rounded to E4M3 with `scale` and back: scale x E4M3(x / scale), a magnitude
 /// beyond 448 x scale saturating.
 pub fn fake_quant(values: &[f32], scale: f32) -> Vec<f32> {
-    let s = f64::from(scale);
-    values
-        .iter()
-        .map(|&v| (e4m3_to_f64(e4m3_from_f64(f64::from(v) / s)) * s) as f32)
-        .collect()
+    use rayon::prelude::*;
+    let q = |&v: &f32| e4m3_round(v / scale) * scale;
+    if values.len() >= PARALLEL_FROM {
+        values.par_iter().map(q).collect()
+    } else {
+        values.iter().map(q).collect()
+    }
 }
 
 /// The scale that maps `amax` to E4M3's largest value (1 for an all-zero operand).
@@ -185,8 +212,8 @@ fn quantize_per_channel(values: &[f32], scales: &[f32], rows: bool) -> Vec<f32> 
         .iter()
         .enumerate()
         .map(|(i, &v)| {
-            let s = f64::from(scales[channel_of(i, values.len(), channels, rows)]);
-            (e4m3_to_f64(e4m3_from_f64(f64::from(v) / s)) * s) as f32
+            let s = scales[channel_of(i, values.len(), channels, rows)];
+            e4m3_round(v / s) * s
         })
         .collect()
 }
@@ -220,7 +247,7 @@ impl Magnitudes {
         for &v in values {
             let a = v.abs();
             self.max = self.max.max(f64::from(a));
-            if keep && self.seen % self.stride == 0 {
+            if keep && self.seen.is_multiple_of(self.stride) {
                 self.kept.push(a);
                 if self.kept.len() >= 2 * KEPT {
                     self.kept = self.kept.iter().step_by(2).copied().collect();

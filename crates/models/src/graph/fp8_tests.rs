@@ -2,7 +2,50 @@ use super::*;
 use crate::graph::cpu::forward_cpu;
 use crate::graph::{Conv, DType, Data, Epilogue, GraphBuilder};
 use crate::onnx::{fixtures, import_model, ImportOptions};
-use gpukit_tensor::random::{fresh_seed, uniform_f32};
+use gpukit_tensor::codec::{e4m3_from_f64, e4m3_to_f64};
+use gpukit_tensor::random::{fresh_seed, normal_f32, uniform_f32};
+
+#[test]
+fn e4m3_round_on_f32_bits_is_the_codecs_rounding() {
+    let codec = |v: f32| e4m3_to_f64(e4m3_from_f64(f64::from(v))) as f32;
+    // every E4M3 value, the midpoints between neighbours (ties), and just either side
+    let mut values: Vec<f32> = (0u8..=0x7e).map(|b| e4m3_to_f64(b) as f32).collect();
+    let grid = values.clone();
+    for w in grid.windows(2) {
+        let mid = (w[0] + w[1]) / 2.0;
+        values.extend([
+            mid,
+            f32::from_bits(mid.to_bits() + 1),
+            f32::from_bits(mid.to_bits() - 1),
+        ]);
+    }
+    values.extend([
+        448.0,
+        449.0,
+        464.0,
+        1e9,
+        f32::INFINITY,
+        2f32.powi(-10),
+        2f32.powi(-11),
+        1e-30,
+        0.0,
+    ]);
+    // and fresh values over every octave E4M3 covers and beyond
+    let seed = fresh_seed();
+    for (k, z) in normal_f32(1 << 16, seed).into_iter().enumerate() {
+        values.push(z * 2f32.powi((k % 28) as i32 - 14));
+    }
+    for v in values {
+        for x in [v, -v] {
+            assert_eq!(
+                e4m3_round(x).to_bits(),
+                codec(x).to_bits(),
+                "{x:e} (seed {seed})"
+            );
+        }
+    }
+    assert!(e4m3_round(f32::NAN).is_nan());
+}
 
 fn import(model: &crate::onnx::ModelProto, batch: usize) -> Graph {
     let options = ImportOptions {
@@ -51,6 +94,13 @@ fn fake_quant_rounds_to_e4m3_with_its_scale() {
             "{v}"
         );
     }
+    // the threads' split gives the same values
+    let many = normal_f32(PARALLEL_FROM + 3, fresh_seed());
+    let split = fake_quant(&many, 0.01);
+    assert!(many
+        .iter()
+        .zip(&split)
+        .all(|(&v, &q)| q == e4m3_round(v / 0.01) * 0.01));
     // beyond 448 saturates, 0.3 has 3 mantissa bits (0.3125), below 2^-10 is zero
     assert_eq!(&one[5..9], &[448.0, 448.0, 448.0, -448.0]);
     assert_eq!(one[3], 0.3125);

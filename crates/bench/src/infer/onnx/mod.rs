@@ -40,6 +40,7 @@
 //! covers both at every batch size; this one says which of the two a difference comes from.
 
 pub mod figures;
+pub mod fp8;
 mod general;
 mod gpu;
 mod model;
@@ -89,6 +90,8 @@ pub struct OnnxOptions {
     /// Run a model of torchvision's ResNet family on the hand-built ResNet engine, read back
     /// from the graph (every graph runs on the general engine otherwise).
     pub resnet_engine: bool,
+    /// `--fp8-check`: fp8 simulated on the CPU against f32 (None: not asked).
+    pub fp8: Option<fp8::Fp8Options>,
 }
 
 /// `infer --onnx`'s report.
@@ -123,6 +126,10 @@ pub struct OnnxRun {
     /// CPU row or fp32 GPU rows on the general engine ran).
     #[serde(default)]
     pub float64: Vec<Float64Reference>,
+    /// `--fp8-check`: fp8 (E4M3) simulated on the CPU against f32, on inputs calibration did
+    /// not see.
+    #[serde(default)]
+    pub fp8: Option<fp8::Fp8Check>,
 }
 
 /// The rows `infer --onnx` runs: those named; else gpukit's CPU row and ONNX Runtime's where
@@ -148,14 +155,17 @@ pub fn onnx_strategies(
 /// nothing was measured. ONNX Runtime's absence is a warning: gpukit's rows are unchecked; so
 /// are PyTorch's other weights (`--torchvision`): its figures are for the same layers only.
 pub fn document(run: OnnxRun) -> Document<OnnxRun> {
-    let failure = judge_rows(run.rows.iter().map(|r| &r.status)).or_else(|| {
-        match run.passes_check.as_ref().map(|c| &c.status) {
+    let failure = judge_rows(run.rows.iter().map(|r| &r.status))
+        .or_else(|| match run.passes_check.as_ref().map(|c| &c.status) {
             Some(RowStatus::Failed(why)) => {
                 Some(format!("gpukit's passes changed the outputs: {why}"))
             }
             _ => None,
-        }
-    });
+        })
+        .or_else(|| {
+            let why = run.fp8.as_ref()?.failed.as_ref()?;
+            Some(format!("fp8 check: {why}"))
+        });
     let notes = run
         .onnxruntime_unavailable
         .iter()
@@ -239,6 +249,9 @@ pub fn run_onnx(
     discovery: Option<&Discovery>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<OnnxRun> {
+    if let Some(f) = &opts.fp8 {
+        fp8::check_options(&opts.file, f)?;
+    }
     let file = ModelFile::read(&opts.file)?;
     let input = the_input(&file, &opts.dims)?;
     let sizes = batch_sizes(&file, &input, opts.batch_sizes.as_deref())?;
@@ -281,6 +294,7 @@ pub fn run_onnx(
         gpu_device: None,
         pytorch: None,
         float64: Vec::new(),
+        fp8: None,
     };
     // the GPU rows' model: every graph runs on the general engine; with `resnet_engine`, a
     // ResNet read from the graph runs on the hand-built one
@@ -430,5 +444,8 @@ pub fn run_onnx(
         )));
     }
     sort_rows_as_asked(&mut run.rows, &wanted);
+    if let Some(f) = &opts.fp8 {
+        run.fp8 = Some(fp8::fp8_check(&file, &opts.dims, f, progress)?);
+    }
     Ok(run)
 }

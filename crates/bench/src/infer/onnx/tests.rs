@@ -24,6 +24,7 @@ fn options(file: PathBuf, strategies: Vec<InferStrategy>) -> OnnxOptions {
         selection: DeviceSelection::All,
         strategies,
         resnet_engine: false,
+        fp8: None,
     }
 }
 

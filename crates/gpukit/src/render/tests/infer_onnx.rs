@@ -86,6 +86,7 @@ fn fixture_run() -> OnnxRun {
         gpu_device: None,
         pytorch: None,
         float64: Vec::new(),
+        fp8: None,
     }
 }
 
@@ -268,5 +269,64 @@ fn infer_onnx_with_pytorch_says_what_made_it_the_same_model() {
     assert!(
         other.contains("(over 1e-4): other weights") && !other.contains("the same weights"),
         "{other}"
+    );
+}
+
+#[test]
+fn a_failed_fp8_check_names_its_worst_layer_and_fails_the_document() {
+    use gpukit_bench::infer::onnx::fp8::Fp8Check;
+    use gpukit_models::graph::fp8::{Fp8Accuracy, LayerError};
+    let accuracy = Fp8Accuracy {
+        rows: 128,
+        top1_agreement: 0.953,
+        max_rel_error: 0.41,
+        mean_rel_error: 0.07,
+        layers: vec![
+            LayerError {
+                node: "layer4.2.conv3".into(),
+                rel_error: 0.38,
+            },
+            LayerError {
+                node: "conv1".into(),
+                rel_error: 0.02,
+            },
+        ],
+    };
+    let failed = accuracy.verdict(0.99, f64::INFINITY).err();
+    assert!(failed
+        .as_deref()
+        .is_some_and(|w| w.contains("layer4.2.conv3")));
+    let mut run = fixture_run();
+    // the fixture's own failed row left out: the fp8 check is what fails the document
+    run.rows
+        .retain(|r| !matches!(r.status, RowStatus::Failed(_)));
+    run.fp8 = Some(Fp8Check {
+        calibration: "max (the largest magnitude seen)".into(),
+        calibration_rows: 64,
+        input: "random standard normal f32".into(),
+        accuracy,
+        min_top1_agreement: 0.99,
+        failed,
+        scales_saved: None,
+        seconds: 1.5,
+    });
+    let text = terminal(&onnx_run_sections(&run));
+    for want in [
+        "fp8 (E4M3), simulated on the CPU",
+        "95.30% of 128 rows calibration never saw keep f32's top class (needs 99%)",
+        "relative error 4.10e-1 at most, 7.00e-2 on average",
+        "layer4.2.conv3 (3.8e-1 of its own output), conv1 (2.0e-2 of its own output)",
+        "FAILED: fp8 agrees with f32 on the top class of 95.30% of 128 rows",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    let doc = gpukit_bench::infer::onnx::document(run);
+    assert!(!doc.ok);
+    assert!(
+        doc.failure
+            .as_deref()
+            .is_some_and(|f| f.starts_with("fp8 check:") && f.contains("layer4.2.conv3")),
+        "{:?}",
+        doc.failure
     );
 }

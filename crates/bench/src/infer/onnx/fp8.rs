@@ -1,0 +1,134 @@
+//! `infer --onnx FILE --fp8-check`: what fp8 (E4M3) would do to the model's answers,
+//! simulated on the CPU (`gpukit_models::graph::fp8`): every convolution's and matrix
+//! product's operands rounded to E4M3, the activations with scales calibrated on generated
+//! inputs, the weights per output channel; then the fp8 run set beside the f32 one on inputs
+//! calibration never saw. The check fails when fewer than [`MIN_TOP1_AGREEMENT`] of the rows
+//! keep their top class, naming the layer fp8 hurts most.
+
+use super::model::prepare;
+use crate::error::{Error, Result};
+use crate::random::{fresh_seed, normal_f32};
+use gpukit_models::graph::cpu::Array;
+use gpukit_models::graph::fp8::{calibrate, judge, Fp8Accuracy, Method};
+use gpukit_models::onnx::ModelFile;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Rows a batch of the check.
+pub const FP8_BATCH: usize = 8;
+/// Batches calibration runs (64 rows).
+pub const CALIBRATION_BATCHES: usize = 8;
+/// Batches the fp8 run is judged on (128 rows: one row is 0.8%).
+pub const JUDGED_BATCHES: usize = 16;
+/// The share of rows whose top class fp8 must keep.
+pub const MIN_TOP1_AGREEMENT: f64 = 0.99;
+
+/// What `--fp8-check` asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fp8Options {
+    pub method: Method,
+    /// Where to write the calibrated scales (JSON).
+    pub save_scales: Option<PathBuf>,
+}
+
+/// The check's report.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Fp8Check {
+    /// How calibration chose each activation's scale.
+    pub calibration: String,
+    pub calibration_rows: usize,
+    /// How the inputs were drawn.
+    pub input: String,
+    pub accuracy: Fp8Accuracy,
+    pub min_top1_agreement: f64,
+    /// Why the check fails (None: it passes).
+    pub failed: Option<String>,
+    /// Where the scales were written.
+    pub scales_saved: Option<String>,
+    pub seconds: f64,
+}
+
+/// One input set of fresh standard normal values for the graph's one input.
+fn batch(graph: &gpukit_models::graph::Graph) -> Vec<Array> {
+    graph
+        .inputs
+        .iter()
+        .map(|&v| {
+            let shape = &graph.values[v].shape;
+            Array::f32(shape, normal_f32(shape.iter().product(), fresh_seed()))
+        })
+        .collect()
+}
+
+/// Refuses, before any work, a scales file that is the model itself or cannot be written.
+pub(super) fn check_options(model: &std::path::Path, opts: &Fp8Options) -> Result<()> {
+    let Some(path) = &opts.save_scales else {
+        return Ok(());
+    };
+    let same = match (path.canonicalize(), model.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => path == model,
+    };
+    if same {
+        return Err(Error::BadInput(format!(
+            "--save-fp8-scales {}: is the model file itself",
+            path.display()
+        )));
+    }
+    gpukit_types::files::check_writable_file(path).map_err(|source| Error::Io {
+        what: "--save-fp8-scales",
+        path: path.clone(),
+        source,
+    })
+}
+
+/// Calibrates on generated inputs, judges on others, writes the scales where asked.
+pub(super) fn fp8_check(
+    file: &ModelFile,
+    dims: &[(String, usize)],
+    opts: &Fp8Options,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Fp8Check> {
+    let started = std::time::Instant::now();
+    check_options(file.path(), opts)?;
+    let graph = prepare(file, FP8_BATCH, dims)?.optimized;
+    progress(&format!(
+        "infer --onnx: fp8 calibration on {} generated rows ({})",
+        CALIBRATION_BATCHES * FP8_BATCH,
+        opts.method.name()
+    ));
+    let calibration: Vec<Vec<Array>> = (0..CALIBRATION_BATCHES).map(|_| batch(&graph)).collect();
+    let scales =
+        calibrate(&graph, &calibration, opts.method).map_err(gpukit_models::Error::from)?;
+    drop(calibration);
+    progress(&format!(
+        "infer --onnx: fp8 against f32 on {} rows calibration did not see",
+        JUDGED_BATCHES * FP8_BATCH
+    ));
+    let unseen: Vec<Vec<Array>> = (0..JUDGED_BATCHES).map(|_| batch(&graph)).collect();
+    let accuracy = judge(&graph, &scales, &unseen).map_err(gpukit_models::Error::from)?;
+    let failed = accuracy.verdict(MIN_TOP1_AGREEMENT, f64::INFINITY).err();
+    let scales_saved = match &opts.save_scales {
+        Some(path) => {
+            let json = serde_json::to_vec_pretty(&scales)
+                .map_err(|e| Error::Failed(format!("the fp8 scales as JSON: {e}")))?;
+            gpukit_types::files::write_atomically(path, &json).map_err(|source| Error::Io {
+                what: "--save-fp8-scales",
+                path: path.clone(),
+                source,
+            })?;
+            Some(path.display().to_string())
+        }
+        None => None,
+    };
+    Ok(Fp8Check {
+        calibration: opts.method.name(),
+        calibration_rows: CALIBRATION_BATCHES * FP8_BATCH,
+        input: "random standard normal f32, fresh for calibration and for the check".into(),
+        accuracy,
+        min_top1_agreement: MIN_TOP1_AGREEMENT,
+        failed,
+        scales_saved,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
