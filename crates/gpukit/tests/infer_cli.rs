@@ -720,6 +720,49 @@ fn infer_onnx_fp8_check_judges_fp8_against_f32() -> Result<(), Failed> {
         text(&out.stdout).contains("fp8 (E4M3), simulated on the CPU"),
         || text(&out.stdout),
     )?;
+    // samples from a file: 43 rows are 5 batches of 8, 3 calibrate and 2 are judged
+    let samples = dir.path().join("samples.safetensors");
+    let values = gpukit_tensor::random::normal_f32(43 * 3 * 32 * 32, 7);
+    let header = format!(
+        "{{\"input\":{{\"dtype\":\"F32\",\"shape\":[43,3,32,32],\"data_offsets\":[0,{}]}}}}",
+        values.len() * 4
+    );
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+    std::fs::write(&samples, bytes)?;
+    let samples = samples
+        .to_str()
+        .ok_or("a temporary path that is not UTF-8")?;
+    let args = [
+        "infer",
+        "--onnx",
+        model,
+        "--batch-sizes",
+        "1",
+        "--iterations",
+        "1",
+        "--device",
+        "cpu",
+        "--strategies",
+        "cpu",
+        "--fp8-check",
+        "--calibrate",
+        samples,
+        "--json",
+    ];
+    let out = gpukit(&args);
+    let doc: Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("{args:?}: stdout is not one JSON document: {e}"))?;
+    let f = &doc["result"]["fp8"];
+    ensure(
+        f["calibration_rows"] == 24
+            && f["accuracy"]["rows"] == 16
+            && f["input"]
+                .as_str()
+                .is_some_and(|i| i.contains("samples.safetensors") && i.contains("3 left over")),
+        || format!("{f}"),
+    )?;
     Ok(())
 }
 

@@ -292,6 +292,12 @@ pub struct InferArgs {
     #[arg(long, value_name = "METHOD", value_parser = parse_fp8_calibration, requires = "fp8_check")]
     pub fp8_calibration: Option<gpukit_models::graph::fp8::Method>,
 
+    /// With --fp8-check: calibrate on these inputs instead of generated ones: a safetensors file
+    /// with one f32 tensor (named as the model's input, or x) of [n, ...the input's shape]; the
+    /// first half of its batches of 8 calibrates, the second half is judged.
+    #[arg(long, value_name = "FILE", requires = "fp8_check")]
+    pub calibrate: Option<PathBuf>,
+
     /// With --fp8-check: write the calibrated scales here (JSON: each node's input scale and its
     /// weight's per-channel scales).
     #[arg(long, value_name = "FILE", requires = "fp8_check")]

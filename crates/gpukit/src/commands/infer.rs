@@ -124,6 +124,7 @@ pub(super) fn infer_onnx(a: InferArgs, out: &Output) -> Result<()> {
                 method: a
                     .fp8_calibration
                     .unwrap_or(gpukit_models::graph::fp8::Method::Max),
+                samples: a.calibrate.clone(),
                 save_scales: a.save_fp8_scales.clone(),
             }),
     };

@@ -68,6 +68,14 @@ pub(super) fn onnx_cases(dir: &Path) -> Vec<Case> {
     let (model, weights) = (leak(p(&model)), leak(p(&weights)));
     let missing = leak(p(&dir.join("missing.safetensors")));
     let not_square = leak(p(&not_square));
+    let samples_8x8 = dir.join("samples-8x8.safetensors");
+    safetensors(
+        &samples_8x8,
+        "input",
+        &[16, 3, 8, 8],
+        &[0.5; 16 * 3 * 8 * 8],
+    );
+    let samples_8x8 = leak(p(&samples_8x8));
     let peer = ["--compare-pytorch", "--torchvision"];
     // the fixture's model beside PyTorch's resnet18, and `more`
     let tv = |more: &[&'static str]| -> Vec<&'static str> {
@@ -115,6 +123,28 @@ pub(super) fn onnx_cases(dir: &Path) -> Vec<Case> {
                 model,
             ],
             &["--save-fp8-scales", "the model file itself"],
+        ),
+        case(
+            &[
+                "infer",
+                "--onnx",
+                model,
+                "--fp8-check",
+                "--calibrate",
+                samples_8x8,
+            ],
+            &["--calibrate", "[n, 3, 32, 32]"],
+        ),
+        case(
+            &[
+                "infer",
+                "--onnx",
+                model,
+                "--fp8-check",
+                "--calibrate",
+                missing,
+            ],
+            &["--calibrate", "missing.safetensors"],
         ),
         case(
             &["infer", "--onnx", model, "--torchvision", "resnet50"],

@@ -598,6 +598,61 @@ pub fn judge(
     })
 }
 
+/// Sample inputs from a safetensors file's bytes: the f32 tensor named `input` (the model's
+/// input), or named `x`, or the file's only tensor, of shape `[n, row...]`. Returns n and the
+/// values; anything else is why not.
+pub fn samples_from_safetensors(
+    bytes: &[u8],
+    input: &str,
+    row: &[usize],
+) -> Result<(usize, Vec<f32>), String> {
+    use safetensors::tensor::{Dtype, SafeTensors};
+    let file = SafeTensors::deserialize(bytes)
+        .map_err(|e| format!("not a valid safetensors file: {e}"))?;
+    let names = file.names();
+    let name = if names.iter().any(|n| *n == input) {
+        input.to_string()
+    } else if names.iter().any(|n| *n == "x") {
+        "x".to_string()
+    } else if let [only] = names.as_slice() {
+        (*only).to_string()
+    } else {
+        return Err(format!(
+            "holds {} tensors ({}) and none is named {input} (the model's input) or x",
+            names.len(),
+            names
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    };
+    let t = file
+        .tensor(&name)
+        .map_err(|e| format!("tensor {name}: {e}"))?;
+    if t.dtype() != Dtype::F32 {
+        return Err(format!("tensor {name} is {:?}; samples are F32", t.dtype()));
+    }
+    match t.shape().split_first() {
+        Some((&n, rest)) if rest == row && n > 0 => {
+            let values = t
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            Ok((n, values))
+        }
+        _ => Err(format!(
+            "tensor {name} has shape {:?}; the model's input takes [n, {}]",
+            t.shape(),
+            row.iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
 #[cfg(test)]
 #[path = "fp8_tests.rs"]
 mod tests;

@@ -272,3 +272,52 @@ fn a_verdict_passes_within_its_bounds_and_names_the_worst_layer_otherwise() {
         "{e}"
     );
 }
+
+#[test]
+fn samples_come_from_the_inputs_tensor_or_x_or_the_only_one() {
+    use safetensors::tensor::{serialize, Dtype, TensorView};
+    let values: Vec<f32> = (0..2 * 3 * 2 * 2).map(|i| i as f32).collect();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let file = |name: &str, shape: Vec<usize>, dtype: Dtype, data: &[u8]| {
+        let view = TensorView::new(dtype, shape, data).unwrap();
+        serialize([(name, view)], None).unwrap()
+    };
+    let row = [3, 2, 2];
+    let (n, got) = samples_from_safetensors(
+        &file("input", vec![2, 3, 2, 2], Dtype::F32, &bytes),
+        "input",
+        &row,
+    )
+    .unwrap();
+    assert_eq!((n, got), (2, values.clone()));
+    assert_eq!(
+        samples_from_safetensors(
+            &file("images", vec![2, 3, 2, 2], Dtype::F32, &bytes),
+            "input",
+            &row
+        )
+        .unwrap()
+        .0,
+        2
+    );
+    let e = samples_from_safetensors(
+        &file("x", vec![4, 3, 1, 2], Dtype::F32, &bytes),
+        "input",
+        &row,
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("[4, 3, 1, 2]") && e.contains("[n, 3, 2, 2]"),
+        "{e}"
+    );
+    let e = samples_from_safetensors(
+        &file("x", vec![2, 3, 2, 2], Dtype::I32, &bytes),
+        "input",
+        &row,
+    )
+    .unwrap_err();
+    assert!(e.contains("F32"), "{e}");
+    assert!(samples_from_safetensors(b"not a file", "input", &row)
+        .unwrap_err()
+        .contains("safetensors"));
+}

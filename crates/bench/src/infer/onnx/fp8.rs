@@ -27,6 +27,9 @@ pub const MIN_TOP1_AGREEMENT: f64 = 0.99;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fp8Options {
     pub method: Method,
+    /// Sample inputs (safetensors, `[n, ...]` of the model's input): the first half of their
+    /// whole batches calibrates, the second half is judged (None: generated inputs).
+    pub samples: Option<PathBuf>,
     /// Where to write the calibrated scales (JSON).
     pub save_scales: Option<PathBuf>,
 }
@@ -60,8 +63,16 @@ fn batch(graph: &gpukit_models::graph::Graph) -> Vec<Array> {
         .collect()
 }
 
-/// Refuses, before any work, a scales file that is the model itself or cannot be written.
+/// Refuses, before any work, a samples file that cannot be read, and a scales file that is
+/// the model itself or cannot be written.
 pub(super) fn check_options(model: &std::path::Path, opts: &Fp8Options) -> Result<()> {
+    if let Some(path) = &opts.samples {
+        std::fs::metadata(path).map_err(|source| Error::Io {
+            what: "--calibrate",
+            path: path.clone(),
+            source,
+        })?;
+    }
     let Some(path) = &opts.save_scales else {
         return Ok(());
     };
@@ -82,7 +93,63 @@ pub(super) fn check_options(model: &std::path::Path, opts: &Fp8Options) -> Resul
     })
 }
 
-/// Calibrates on generated inputs, judges on others, writes the scales where asked.
+/// Batches of [`FP8_BATCH`] rows from a samples file: the first half of its whole batches for
+/// calibration, the second half to judge, and how the inputs were drawn.
+#[allow(clippy::type_complexity)]
+fn from_file(
+    graph: &gpukit_models::graph::Graph,
+    path: &std::path::Path,
+) -> Result<(Vec<Vec<Array>>, Vec<Vec<Array>>, String)> {
+    let bad = |why: String| Error::BadInput(format!("--calibrate {}: {why}", path.display()));
+    let id = *graph
+        .inputs
+        .first()
+        .ok_or_else(|| Error::Failed("the graph has no input".into()))?;
+    let value = &graph.values[id];
+    let row = &value.shape[1..];
+    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        what: "--calibrate",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let (n, values) = gpukit_models::graph::fp8::samples_from_safetensors(&bytes, &value.name, row)
+        .map_err(bad)?;
+    let batches = n / FP8_BATCH;
+    if batches < 2 {
+        return Err(bad(format!(
+            "holds {n} rows; the check takes at least {} ({} to calibrate, {} to judge)",
+            2 * FP8_BATCH,
+            FP8_BATCH,
+            FP8_BATCH
+        )));
+    }
+    let per = row.iter().product::<usize>() * FP8_BATCH;
+    let mut all: Vec<Vec<Array>> = values
+        .chunks_exact(per)
+        .take(batches)
+        .map(|c| vec![Array::f32(&value.shape, c.to_vec())])
+        .collect();
+    let judged = all.split_off(batches.div_ceil(2));
+    let left = n - batches * FP8_BATCH;
+    Ok((
+        all,
+        judged,
+        format!(
+            "{}: {n} rows, the first {} calibrate, the next {} are judged{}",
+            path.display(),
+            batches.div_ceil(2) * FP8_BATCH,
+            batches / 2 * FP8_BATCH,
+            if left > 0 {
+                format!(" ({left} left over: batches of {FP8_BATCH})")
+            } else {
+                String::new()
+            }
+        ),
+    ))
+}
+
+/// Calibrates on generated inputs (or a samples file's), judges on others, writes the scales
+/// where asked.
 pub(super) fn fp8_check(
     file: &ModelFile,
     dims: &[(String, usize)],
@@ -92,20 +159,26 @@ pub(super) fn fp8_check(
     let started = std::time::Instant::now();
     check_options(file.path(), opts)?;
     let graph = prepare(file, FP8_BATCH, dims)?.optimized;
+    let (calibration, unseen, input) = match &opts.samples {
+        Some(path) => from_file(&graph, path)?,
+        None => (
+            (0..CALIBRATION_BATCHES).map(|_| batch(&graph)).collect(),
+            (0..JUDGED_BATCHES).map(|_| batch(&graph)).collect(),
+            "random standard normal f32, fresh for calibration and for the check".to_string(),
+        ),
+    };
+    let calibration_rows = calibration.len() * FP8_BATCH;
     progress(&format!(
-        "infer --onnx: fp8 calibration on {} generated rows ({})",
-        CALIBRATION_BATCHES * FP8_BATCH,
+        "infer --onnx: fp8 calibration on {calibration_rows} rows ({})",
         opts.method.name()
     ));
-    let calibration: Vec<Vec<Array>> = (0..CALIBRATION_BATCHES).map(|_| batch(&graph)).collect();
     let scales =
         calibrate(&graph, &calibration, opts.method).map_err(gpukit_models::Error::from)?;
     drop(calibration);
     progress(&format!(
         "infer --onnx: fp8 against f32 on {} rows calibration did not see",
-        JUDGED_BATCHES * FP8_BATCH
+        unseen.len() * FP8_BATCH
     ));
-    let unseen: Vec<Vec<Array>> = (0..JUDGED_BATCHES).map(|_| batch(&graph)).collect();
     let accuracy = judge(&graph, &scales, &unseen).map_err(gpukit_models::Error::from)?;
     let failed = accuracy.verdict(MIN_TOP1_AGREEMENT, f64::INFINITY).err();
     let scales_saved = match &opts.save_scales {
@@ -123,8 +196,8 @@ pub(super) fn fp8_check(
     };
     Ok(Fp8Check {
         calibration: opts.method.name(),
-        calibration_rows: CALIBRATION_BATCHES * FP8_BATCH,
-        input: "random standard normal f32, fresh for calibration and for the check".into(),
+        calibration_rows,
+        input,
         accuracy,
         min_top1_agreement: MIN_TOP1_AGREEMENT,
         failed,
