@@ -610,9 +610,9 @@ pub fn samples_from_safetensors(
     let file = SafeTensors::deserialize(bytes)
         .map_err(|e| format!("not a valid safetensors file: {e}"))?;
     let names = file.names();
-    let name = if names.iter().any(|n| *n == input) {
+    let name = if names.contains(&input) {
         input.to_string()
-    } else if names.iter().any(|n| *n == "x") {
+    } else if names.contains(&"x") {
         "x".to_string()
     } else if let [only] = names.as_slice() {
         (*only).to_string()
