@@ -2345,6 +2345,17 @@ def _ddp_worker(rank, world, port, opts, workdir):
         raise
 
 
+def ranks_together(per_rank, world, batch, single_sps):
+    """One mode's ranks trained together: the slowest rank's step (the update is as slow as the
+    slowest rank), the world's samples/s, each rank's median and the scaling efficiency against
+    one GPU's samples/s."""
+    slowest = max(per_rank, key=lambda s: s["median_ms"])
+    sps = rate(world * batch, slowest["median_ms"], 1)
+    return {"step_ms": slowest, "samples_per_s": sps,
+            "per_rank_step_ms": [s["median_ms"] for s in per_rank],
+            "scaling_efficiency": sps / (world * single_sps) if single_sps and sps else None}
+
+
 def bench_ddp(torch, args):
     cfg = read_train_config(args.config)
     check_ddp_config(cfg, args.config)
@@ -2368,27 +2379,16 @@ def bench_ddp(torch, args):
             with open(os.path.join(workdir, "result.json")) as f:
                 found[mode] = json.load(f)
     single = found["single"]["per_rank"][0]
-    per_rank = found["ddp"]["per_rank"]
-    slowest = max(per_rank, key=lambda s: s["median_ms"])  # the step is as slow as the slowest rank
     single_sps = rate(batch, single["median_ms"], 1)
-    ddp_sps = rate(world * batch, slowest["median_ms"], 1)
-    efficiency = ddp_sps / (world * single_sps) if single_sps and ddp_sps else None
-    zero = {}
-    if "ddp_zero" in found:
-        per_rank = found["ddp_zero"]["per_rank"]
-        slowest_zero = max(per_rank, key=lambda s: s["median_ms"])
-        zero_sps = rate(world * batch, slowest_zero["median_ms"], 1)
-        zero = {"ddp_zero": {"step_ms": slowest_zero, "samples_per_s": zero_sps,
-                             "per_rank_step_ms": [s["median_ms"] for s in per_rank],
-                             "scaling_efficiency": zero_sps / (world * single_sps) if single_sps and zero_sps else None}}
+    ddp = ranks_together(found["ddp"]["per_rank"], world, batch, single_sps)
+    zero = {"ddp_zero": ranks_together(found["ddp_zero"]["per_rank"], world, batch, single_sps)} \
+        if "ddp_zero" in found else {}
     return {"ok": True, "command": "ddp", "torch_version": found["ddp"]["torch_version"],
             "device_name": found["ddp"]["device_name"], "backend": args.backend, "world_size": world,
             "batch_per_gpu": batch, "precision": precision, "optimizer": cfg["optimizer"]["kind"],
             "widths": cfg["widths"], "steps": args.steps, "warmup": args.warmup, "bucket_mb": args.bucket_mb,
             "single": {"step_ms": single, "samples_per_s": single_sps},
-            "ddp": {"step_ms": slowest, "samples_per_s": ddp_sps,
-                    "per_rank_step_ms": [s["median_ms"] for s in per_rank]},
-            "scaling_efficiency": efficiency, **zero}
+            "ddp": ddp, "scaling_efficiency": ddp["scaling_efficiency"], **zero}
 
 
 def bench_ddp_cnn(torch, args):

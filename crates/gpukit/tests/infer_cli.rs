@@ -648,7 +648,8 @@ fn infer_onnx_fp8_check_judges_fp8_against_f32() -> Result<(), Failed> {
             .to_str()
             .ok_or("a temporary path that is not UTF-8")?,
     );
-    let mut args = vec![
+    // the CPU row at batch 1 once, then the fp8 check with `more`
+    let base = [
         "infer",
         "--onnx",
         model,
@@ -661,12 +662,18 @@ fn infer_onnx_fp8_check_judges_fp8_against_f32() -> Result<(), Failed> {
         "--strategies",
         "cpu",
         "--fp8-check",
-        "--fp8-calibration",
-        "percentile:99.99",
-        "--save-fp8-scales",
-        scales,
-        "--json",
     ];
+    let mut args = [
+        &base[..],
+        &[
+            "--fp8-calibration",
+            "percentile:99.99",
+            "--save-fp8-scales",
+            scales,
+            "--json",
+        ],
+    ]
+    .concat();
     let out = gpukit(&args);
     let doc: Value = serde_json::from_slice(&out.stdout)
         .map_err(|e| format!("{args:?}: stdout is not one JSON document: {e}"))?;
@@ -734,23 +741,7 @@ fn infer_onnx_fp8_check_judges_fp8_against_f32() -> Result<(), Failed> {
     let samples = samples
         .to_str()
         .ok_or("a temporary path that is not UTF-8")?;
-    let args = [
-        "infer",
-        "--onnx",
-        model,
-        "--batch-sizes",
-        "1",
-        "--iterations",
-        "1",
-        "--device",
-        "cpu",
-        "--strategies",
-        "cpu",
-        "--fp8-check",
-        "--calibrate",
-        samples,
-        "--json",
-    ];
+    let args = [&base[..], &["--calibrate", samples, "--json"]].concat();
     let out = gpukit(&args);
     let doc: Value = serde_json::from_slice(&out.stdout)
         .map_err(|e| format!("{args:?}: stdout is not one JSON document: {e}"))?;
