@@ -346,6 +346,25 @@ fn fp8_section(f: &gpukit_bench::infer::onnx::fp8::Fp8Check) -> Section {
             },
         ),
     ];
+    if let Some(r) = &f.rescue {
+        rows.push((
+            "To pass",
+            if r.enough {
+                format!(
+                    "keep {} layer(s) out of fp8 ({}): {:.2}% of the same rows then keep their top class",
+                    r.kept.len(),
+                    r.kept.join(", "),
+                    r.top1_agreement * 100.0
+                )
+            } else {
+                format!(
+                    "keeping the {} layers fp8 hurts most out of fp8 still gives {:.2}%: the model is not one for fp8 as simulated",
+                    r.kept.len(),
+                    r.top1_agreement * 100.0
+                )
+            },
+        ));
+    }
     if let Some(path) = &f.scales_saved {
         rows.push(("Scales written", path.clone()));
     }

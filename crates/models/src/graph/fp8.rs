@@ -16,7 +16,7 @@
 //! from the f32 run's inputs, so upstream error is left out), worst first: the layer fp8 hurts
 //! most is named.
 
-use super::cpu::{forward_cpu_tapped, run_op, Array, Elems, NodeTap, Seen, View};
+use super::cpu::{forward_cpu, forward_cpu_tapped, run_op, Array, Elems, NodeTap, Seen, View};
 use super::{Graph, GraphError, Node, Op, OutType};
 use gpukit_tensor::codec::E4M3_MAX;
 use serde::{Deserialize, Serialize};
@@ -365,13 +365,22 @@ enum QuantizedWeight {
 }
 
 fn recipes(graph: &Graph, scales: &Fp8Scales) -> Result<Vec<Recipe>, GraphError> {
+    recipes_keeping(graph, scales, &[])
+}
+
+/// [`recipes`] with the nodes named in `kept` left out of fp8.
+fn recipes_keeping(
+    graph: &Graph,
+    scales: &Fp8Scales,
+    kept: &[String],
+) -> Result<Vec<Recipe>, GraphError> {
     let by_name: std::collections::HashMap<&str, &NodeScales> =
         scales.nodes.iter().map(|n| (n.node.as_str(), n)).collect();
     graph
         .nodes
         .iter()
         .map(|node| {
-            if !quantized(node) {
+            if !quantized(node) || kept.contains(&node.name) {
                 return Ok(Recipe::Plain);
             }
             let s = by_name
@@ -450,8 +459,144 @@ pub fn forward_fp8(
     scales: &Fp8Scales,
     inputs: &[Array],
 ) -> Result<Vec<Array>, GraphError> {
-    let mut tap = Rounding(recipes(graph, scales)?);
+    forward_fp8_keeping(graph, scales, &[], inputs)
+}
+
+/// [`forward_fp8`] with the nodes named in `kept` left out of fp8 (their operands as they come).
+pub fn forward_fp8_keeping(
+    graph: &Graph,
+    scales: &Fp8Scales,
+    kept: &[String],
+    inputs: &[Array],
+) -> Result<Vec<Array>, GraphError> {
+    let mut tap = Rounding(recipes_keeping(graph, scales, kept)?);
     forward_cpu_tapped(graph, inputs, &mut tap)
+}
+
+/// Rows of a first output compared: how many keep their top class, and each row's relative
+/// error (Euclidean norms), the rows being runs of `classes` values.
+fn compare_rows(reference: &[f32], fp8: &[f32], classes: usize) -> (usize, Vec<f64>) {
+    let top = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .map(|(i, _)| i)
+    };
+    let mut agree = 0;
+    let mut rels = Vec::new();
+    for (a, b) in reference.chunks(classes).zip(fp8.chunks(classes)) {
+        agree += usize::from(top(a) == top(b));
+        let d: f64 = a
+            .iter()
+            .zip(b)
+            .map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2))
+            .sum();
+        let n: f64 = a.iter().map(|&x| f64::from(x).powi(2)).sum();
+        rels.push(if n > 0.0 { (d / n).sqrt() } else { d.sqrt() });
+    }
+    (agree, rels)
+}
+
+/// A graph's first output as f32 rows of its last axis.
+fn first_output(outputs: &[Array]) -> Result<(&[f32], usize), GraphError> {
+    let first = outputs
+        .first()
+        .ok_or_else(|| GraphError::Structure("the graph has no output".into()))?;
+    let values = first
+        .as_f32()
+        .ok_or_else(|| GraphError::Structure("the graph's first output is not f32".into()))?;
+    Ok((values, first.shape.last().copied().unwrap_or(1).max(1)))
+}
+
+/// Layers to keep out of fp8 so that `min_agreement` of the rows keep their top class.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rescue {
+    /// The layers kept out (the ones fp8 hurts most, worst first).
+    pub kept: Vec<String>,
+    /// The rows' top-1 agreement with them kept out.
+    pub top1_agreement: f64,
+    /// Whether that meets the agreement asked for (false: even `kept`, the most tried, fall
+    /// short).
+    pub enough: bool,
+}
+
+/// The fewest of `worst` (layers, worst first, as [`judge`] orders them) to keep out of fp8 so
+/// that `min_agreement` of `batches`' rows keep f32's top class, trying at most `most`: counts
+/// 1, 2, 4, ... until one is enough, then halving between the last two (agreement grows with
+/// the layers kept out, nearly always: a count found this way is the fewest under that
+/// assumption). Judged on the rows given: pass rows other than the ones chosen on to confirm.
+pub fn rescue(
+    graph: &Graph,
+    scales: &Fp8Scales,
+    batches: &[Vec<Array>],
+    worst: &[LayerError],
+    min_agreement: f64,
+    most: usize,
+) -> Result<Rescue, GraphError> {
+    let references = batches
+        .iter()
+        .map(|inputs| forward_cpu(graph, inputs))
+        .collect::<Result<Vec<_>, _>>()?;
+    let most = most.min(worst.len());
+    let names = |k: usize| -> Vec<String> { worst[..k].iter().map(|l| l.node.clone()).collect() };
+    let agreement = |k: usize| -> Result<f64, GraphError> {
+        let kept = names(k);
+        let (mut agree, mut rows) = (0, 0);
+        for (inputs, reference) in batches.iter().zip(&references) {
+            let fp8 = forward_fp8_keeping(graph, scales, &kept, inputs)?;
+            let (r, classes) = first_output(reference)?;
+            let (q, _) = first_output(&fp8)?;
+            let (a, rels) = compare_rows(r, q, classes);
+            agree += a;
+            rows += rels.len();
+        }
+        Ok(agree as f64 / rows.max(1) as f64)
+    };
+    if most == 0 {
+        let a = agreement(0)?;
+        return Ok(Rescue {
+            kept: Vec::new(),
+            top1_agreement: a,
+            enough: a >= min_agreement,
+        });
+    }
+    let (mut below, mut k) = (0, 1);
+    let mut found: Option<(usize, f64)> = None;
+    let mut last = (0, 0.0);
+    while k <= most {
+        let a = agreement(k)?;
+        last = (k, a);
+        if a >= min_agreement {
+            found = Some((k, a));
+            break;
+        }
+        below = k;
+        if k == most {
+            break;
+        }
+        k = (k * 2).min(most);
+    }
+    let Some((mut hi, mut hi_a)) = found else {
+        return Ok(Rescue {
+            kept: names(last.0),
+            top1_agreement: last.1,
+            enough: false,
+        });
+    };
+    while hi - below > 1 {
+        let mid = (below + hi) / 2;
+        let a = agreement(mid)?;
+        if a >= min_agreement {
+            (hi, hi_a) = (mid, a);
+        } else {
+            below = mid;
+        }
+    }
+    Ok(Rescue {
+        kept: names(hi),
+        top1_agreement: hi_a,
+        enough: true,
+    })
 }
 
 /// Each quantized node's own error during an f32 run: its output from rounded operands
@@ -549,33 +694,14 @@ pub fn judge(
             return Err(GraphError::Structure(format!("fp8 operands of {e}")));
         }
         let fp8 = forward_fp8(graph, scales, inputs)?;
-        let (Some(r), Some(q)) = (reference.first(), fp8.first()) else {
-            return Err(GraphError::Structure("the graph has no output".into()));
-        };
-        let (Some(r), Some(q)) = (r.as_f32(), q.as_f32()) else {
-            return Err(GraphError::Structure(
-                "the graph's first output is not f32".into(),
-            ));
-        };
-        let classes = reference[0].shape.last().copied().unwrap_or(1).max(1);
-        for (a, b) in r.chunks(classes).zip(q.chunks(classes)) {
-            let top = |v: &[f32]| {
-                v.iter()
-                    .enumerate()
-                    .max_by(|x, y| x.1.total_cmp(y.1))
-                    .map(|(i, _)| i)
-            };
-            agree += usize::from(top(a) == top(b));
-            let d: f64 = a
-                .iter()
-                .zip(b)
-                .map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2))
-                .sum();
-            let n: f64 = a.iter().map(|&x| f64::from(x).powi(2)).sum();
-            let rel = if n > 0.0 { (d / n).sqrt() } else { d.sqrt() };
+        let (r, classes) = first_output(&reference)?;
+        let (q, _) = first_output(&fp8)?;
+        let (a, rels) = compare_rows(r, q, classes);
+        agree += a;
+        rows += rels.len();
+        for rel in rels {
             max_rel = max_rel.max(rel);
             sum_rel += rel;
-            rows += 1;
         }
     }
     let mut layers: Vec<LayerError> = graph

@@ -243,6 +243,24 @@ fn judge_names_the_layer_that_fp8_hurts() {
     assert!(a.layers[1].rel_error < 0.1, "{a:?}");
     let e = a.verdict(0.99, 1e-2).unwrap_err();
     assert!(e.contains("crushed"), "{e}");
+    // keeping crushed out of fp8 is what it takes, and enough (90%: with 24 rows of 3
+    // near-tied values, spread's own rounding may flip one)
+    let unseen = [batch(&g, seed ^ 2), batch(&g, seed ^ 3)];
+    let plain = judge(&g, &s, &unseen).unwrap();
+    let r = rescue(&g, &s, &unseen, &plain.layers, 0.9, 8).unwrap();
+    assert!(plain.top1_agreement < 0.9, "{plain:?}");
+    assert_eq!(r.kept, ["crushed"], "{r:?}");
+    assert!(r.enough && r.top1_agreement >= 0.9, "{r:?}");
+    // an agreement no count reaches: the most tried, and said so
+    let r = rescue(&g, &s, &unseen, &plain.layers, 1.01, 8).unwrap();
+    assert_eq!(r.kept.len(), 2);
+    assert!(!r.enough);
+    // none tried: fp8's own agreement
+    let r = rescue(&g, &s, &unseen, &plain.layers, 0.99, 0).unwrap();
+    assert!(
+        r.kept.is_empty() && r.top1_agreement == plain.top1_agreement,
+        "{r:?}"
+    );
 }
 
 #[test]

@@ -9,7 +9,7 @@ use super::model::prepare;
 use crate::error::{Error, Result};
 use crate::random::{fresh_seed, normal_f32};
 use gpukit_models::graph::cpu::Array;
-use gpukit_models::graph::fp8::{calibrate, judge, Fp8Accuracy, Method};
+use gpukit_models::graph::fp8::{calibrate, judge, rescue, Fp8Accuracy, Method, Rescue};
 use gpukit_models::onnx::ModelFile;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -22,6 +22,8 @@ pub const CALIBRATION_BATCHES: usize = 8;
 pub const JUDGED_BATCHES: usize = 16;
 /// The share of rows whose top class fp8 must keep.
 pub const MIN_TOP1_AGREEMENT: f64 = 0.99;
+/// Most layers a failed check tries keeping out of fp8.
+pub const MOST_KEPT: usize = 8;
 
 /// What `--fp8-check` asks for.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +48,10 @@ pub struct Fp8Check {
     pub min_top1_agreement: f64,
     /// Why the check fails (None: it passes).
     pub failed: Option<String>,
+    /// When it fails: the fewest of the layers fp8 hurts most that, kept out of fp8, make the
+    /// judged rows pass (or the most tried, and the agreement they reach).
+    #[serde(default)]
+    pub rescue: Option<Rescue>,
     /// Where the scales were written.
     pub scales_saved: Option<String>,
     pub seconds: f64,
@@ -181,6 +187,23 @@ pub(super) fn fp8_check(
     ));
     let accuracy = judge(&graph, &scales, &unseen).map_err(gpukit_models::Error::from)?;
     let failed = accuracy.verdict(MIN_TOP1_AGREEMENT, f64::INFINITY).err();
+    let rescue = match failed {
+        Some(_) => {
+            progress("infer --onnx: fp8 failed; which layers kept out of fp8 make it pass");
+            Some(
+                rescue(
+                    &graph,
+                    &scales,
+                    &unseen,
+                    &accuracy.layers,
+                    MIN_TOP1_AGREEMENT,
+                    MOST_KEPT,
+                )
+                .map_err(gpukit_models::Error::from)?,
+            )
+        }
+        None => None,
+    };
     let scales_saved = match &opts.save_scales {
         Some(path) => {
             let json = serde_json::to_vec_pretty(&scales)
@@ -201,6 +224,7 @@ pub(super) fn fp8_check(
         accuracy,
         min_top1_agreement: MIN_TOP1_AGREEMENT,
         failed,
+        rescue,
         scales_saved,
         seconds: started.elapsed().as_secs_f64(),
     })

@@ -307,6 +307,11 @@ fn a_failed_fp8_check_names_its_worst_layer_and_fails_the_document() {
         accuracy,
         min_top1_agreement: 0.99,
         failed,
+        rescue: Some(gpukit_models::graph::fp8::Rescue {
+            kept: vec!["layer4.2.conv3".into()],
+            top1_agreement: 0.992,
+            enough: true,
+        }),
         scales_saved: None,
         seconds: 1.5,
     });
@@ -317,6 +322,7 @@ fn a_failed_fp8_check_names_its_worst_layer_and_fails_the_document() {
         "relative error 4.10e-1 at most, 7.00e-2 on average",
         "layer4.2.conv3 (3.8e-1 of its own output), conv1 (2.0e-2 of its own output)",
         "FAILED: fp8 agrees with f32 on the top class of 95.30% of 128 rows",
+        "keep 1 layer(s) out of fp8 (layer4.2.conv3): 99.20% of the same rows then keep their top class",
     ] {
         assert!(text.contains(want), "{want}: {text}");
     }
