@@ -2312,6 +2312,17 @@ def ddp_cnn_measure(torch, opts, rank, device, dist):
     return time_cuda_chained(torch, step, opts["steps"], opts["warmup"])
 
 
+def every_rank_summary(torch, dist, summary, world, device):
+    """Every rank's timing summary (median, p10, p90, count), in rank order, gathered as one
+    tensor (all_gather_object would need numpy)."""
+    keys = ("median_ms", "p10_ms", "p90_ms", "count")
+    mine = torch.tensor([float(summary[k]) for k in keys], dtype=torch.float64, device=device)
+    every = torch.empty(world * len(keys), dtype=torch.float64, device=device)
+    dist.all_gather_into_tensor(every, mine)
+    values = every.view(world, len(keys)).tolist()
+    return [{**dict(zip(keys[:3], v[:3])), "count": int(v[3])} for v in values]
+
+
 def _ddp_worker(rank, world, port, opts, workdir):
     import torch
     dist = None
@@ -2326,13 +2337,8 @@ def _ddp_worker(rank, world, port, opts, workdir):
         summary = summarize(measure(torch, opts, rank, device, dist))
         heartbeat(workdir)
         summaries = [summary]
-        if dist is not None:  # every rank's summary, as a tensor (all_gather_object needs numpy)
-            keys = ("median_ms", "p10_ms", "p90_ms", "count")
-            mine = torch.tensor([float(summary[k]) for k in keys], dtype=torch.float64, device=device)
-            every = torch.empty(world * len(keys), dtype=torch.float64, device=device)
-            dist.all_gather_into_tensor(every, mine)
-            values = every.view(world, len(keys)).tolist()
-            summaries = [{**dict(zip(keys[:3], v[:3])), "count": int(v[3])} for v in values]
+        if dist is not None:
+            summaries = every_rank_summary(torch, dist, summary, world, device)
         if rank == 0:
             write_json_atomic(os.path.join(workdir, "result.json"), {
                 "torch_version": torch.__version__, "device_name": device_label(torch, device),
@@ -2521,12 +2527,7 @@ def _pipeline_worker(rank, world, port, opts, workdir):
         heartbeat(workdir)
         summary = summarize(pipeline_measure(torch, opts, rank, device, dist))
         heartbeat(workdir)
-        keys = ("median_ms", "p10_ms", "p90_ms", "count")
-        mine = torch.tensor([float(summary[k]) for k in keys], dtype=torch.float64, device=device)
-        every = torch.empty(world * len(keys), dtype=torch.float64, device=device)
-        dist.all_gather_into_tensor(every, mine)
-        values = every.view(world, len(keys)).tolist()
-        summaries = [{**dict(zip(keys[:3], v[:3])), "count": int(v[3])} for v in values]
+        summaries = every_rank_summary(torch, dist, summary, world, device)
         if rank == world - 1:
             write_json_atomic(os.path.join(workdir, "result.json"), {
                 "torch_version": torch.__version__, "device_name": device_label(torch, device),

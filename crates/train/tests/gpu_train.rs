@@ -406,6 +406,39 @@ fn checkpointing_computes_the_same_bits() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `f(i)` on a thread each for i in 0..n (a GPU each), joined in order; a panic is a failure.
+fn per_gpu_thread<T: Send>(
+    n: usize,
+    f: impl Fn(usize) -> Result<T, String> + Sync,
+) -> Vec<Result<T, String>> {
+    std::thread::scope(|scope| {
+        let f = &f;
+        let handles: Vec<_> = (0..n).map(|i| scope.spawn(move || f(i))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a GPU's thread panicked".into()))
+            })
+            .collect()
+    })
+}
+
+/// `model` trained by `t` from the start (a fresh optimizer): its outcome and final weights.
+fn train_from_the_start(
+    t: &mut GpuTrainer,
+    model: &Mlp<f32>,
+    cfg: &TrainConfig,
+) -> Result<(RunOutcome, Mlp<f32>), String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let mut m = model.clone();
+    let mut opt = Optimizer::new(cfg.optimizer);
+    t.load(&m, &opt, None).map_err(|x| e(&x))?;
+    let (out, _) = t.run(Position::default(), &mut |_| {}).map_err(|x| e(&x))?;
+    t.store(&mut m, &mut opt).map_err(|x| e(&x))?;
+    Ok((out, m))
+}
+
 /// Data-parallel training over every GPU of the machine (a thread a GPU, NCCL between them)
 /// makes the same updates as one GPU training on the combined batch: the same per-update
 /// losses and final weights, up to the order of f32 sums. With a last combined batch that does
@@ -552,47 +585,29 @@ fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<(), Failed> {
         let mut shard_cfg = cfg.clone();
         shard_cfg.batch_size = per_gpu;
         let id = UniqueId::new()?;
-        let runs: Vec<Result<(RunOutcome, Mlp<f32>), String>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..world)
-                .map(|rank| {
-                    let (id, cfg, data, model) = (id.clone(), &shard_cfg, &data, &model);
-                    scope.spawn(move || -> Result<(RunOutcome, Mlp<f32>), String> {
-                        let e = |e: &dyn std::fmt::Display| e.to_string();
-                        let g = Arc::new(Gpu::open(d, rank).map_err(|x| e(&x))?);
-                        let o = GpuOptions {
-                            shard: Some(Shard { rank, world }),
-                            grad_pieces: pieces,
-                            grad_comm: comm,
-                            shard_optimizer: sharded,
-                            ..opts
-                        };
-                        let mut t = GpuTrainer::new(d, g.clone(), cfg, o, data.clone(), None)
-                            .map_err(|x| e(&x))?;
-                        let stream = g.new_stream().map_err(|x| e(&x))?;
-                        let comm =
-                            Comm::init_rank_on(&g, stream, &id, rank, world).map_err(|x| e(&x))?;
-                        t.attach(comm, 4 << 10).map_err(|x| e(&x))?;
-                        if t.sharded_optimizer() != (sharding == Sharding::On) {
-                            return Err(format!(
-                                "asked for {sharding:?}, the optimizer is{} sharded ({:?})",
-                                if t.sharded_optimizer() { "" } else { " not" },
-                                t.unsharded_reason()
-                            ));
-                        }
-                        let mut m = model.clone();
-                        let mut opt = Optimizer::new(cfg.optimizer);
-                        t.load(&m, &opt, None).map_err(|x| e(&x))?;
-                        let (out, _) =
-                            t.run(Position::default(), &mut |_| {}).map_err(|x| e(&x))?;
-                        t.store(&mut m, &mut opt).map_err(|x| e(&x))?;
-                        Ok((out, m))
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
-                .collect()
+        let runs = per_gpu_thread(world, |rank| {
+            let e = |e: &dyn std::fmt::Display| e.to_string();
+            let g = Arc::new(Gpu::open(d, rank).map_err(|x| e(&x))?);
+            let o = GpuOptions {
+                shard: Some(Shard { rank, world }),
+                grad_pieces: pieces,
+                grad_comm: comm,
+                shard_optimizer: sharded,
+                ..opts
+            };
+            let mut t = GpuTrainer::new(d, g.clone(), &shard_cfg, o, data.clone(), None)
+                .map_err(|x| e(&x))?;
+            let stream = g.new_stream().map_err(|x| e(&x))?;
+            let comm = Comm::init_rank_on(&g, stream, &id, rank, world).map_err(|x| e(&x))?;
+            t.attach(comm, 4 << 10).map_err(|x| e(&x))?;
+            if t.sharded_optimizer() != (sharding == Sharding::On) {
+                return Err(format!(
+                    "asked for {sharding:?}, the optimizer is{} sharded ({:?})",
+                    if t.sharded_optimizer() { "" } else { " not" },
+                    t.unsharded_reason()
+                ));
+            }
+            train_from_the_start(&mut t, &model, &shard_cfg)
         });
         let tag = format!(
             "{loss:?} {kind:?} {} accumulate {accumulate} graph {graph} first-layer pieces {pieces} averaged in {comm}{}, {world} GPUs",
@@ -704,44 +719,24 @@ fn pipeline_matches_one_gpu_on_the_same_batches() -> Result<(), Failed> {
         let one = run_gpu(&cfg, opts, &data, &model)?;
         let count = spans.len();
         let id = UniqueId::new()?;
-        let runs: Vec<Result<(RunOutcome, Mlp<f32>), String>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = spans
-                .iter()
-                .enumerate()
-                .map(|(index, &layers)| {
-                    let (id, cfg, data, model) = (id.clone(), &cfg, &data, &model);
-                    scope.spawn(move || -> Result<(RunOutcome, Mlp<f32>), String> {
-                        let e = |e: &dyn std::fmt::Display| e.to_string();
-                        let g = Arc::new(Gpu::open(d, index).map_err(|x| e(&x))?);
-                        let stage = Stage {
-                            index,
-                            count,
-                            layers,
-                            micro,
-                        };
-                        let o = GpuOptions {
-                            stage: Some(stage),
-                            ..opts
-                        };
-                        let mut t = GpuTrainer::new(d, g.clone(), cfg, o, data.clone(), None)
-                            .map_err(|x| e(&x))?;
-                        let comm = Comm::init_rank_on(&g, t.stream(), &id, index, count)
-                            .map_err(|x| e(&x))?;
-                        t.attach_pipeline(comm).map_err(|x| e(&x))?;
-                        let mut m = model.clone();
-                        let mut opt = Optimizer::new(cfg.optimizer);
-                        t.load(&m, &opt, None).map_err(|x| e(&x))?;
-                        let (out, _) =
-                            t.run(Position::default(), &mut |_| {}).map_err(|x| e(&x))?;
-                        t.store(&mut m, &mut opt).map_err(|x| e(&x))?;
-                        Ok((out, m))
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err("a stage panicked".into())))
-                .collect()
+        let runs = per_gpu_thread(count, |index| {
+            let e = |e: &dyn std::fmt::Display| e.to_string();
+            let g = Arc::new(Gpu::open(d, index).map_err(|x| e(&x))?);
+            let stage = Stage {
+                index,
+                count,
+                layers: spans[index],
+                micro,
+            };
+            let o = GpuOptions {
+                stage: Some(stage),
+                ..opts
+            };
+            let mut t =
+                GpuTrainer::new(d, g.clone(), &cfg, o, data.clone(), None).map_err(|x| e(&x))?;
+            let comm = Comm::init_rank_on(&g, t.stream(), &id, index, count).map_err(|x| e(&x))?;
+            t.attach_pipeline(comm).map_err(|x| e(&x))?;
+            train_from_the_start(&mut t, &model, &cfg)
         });
         let tag = format!(
             "{loss:?} {kind:?} {widths:?} stages {spans:?} {micro} micro-batches of batch {batch}, {}",
