@@ -177,7 +177,7 @@ if [ "$MODE" = overlap ]; then
   clean "$BIN" train --gpus "$NGPU" $M --compare-pytorch --save-json "$W/ov-default-ddp.json" >"$W/ov-default-ddp.txt" 2>"$W/ov-default-ddp.err"
   say "default (optimizer sharded) + PyTorch DDP and DDP with ZeroRedundancyOptimizer rc=$?"
   for turn in a b; do
-    for v in "zero:" "zero-p4:--grad-pieces 4" "zero-graph:--graph" "zero-bf16:--grad-comm bf16" "dp-whole:--no-shard-optimizer --grad-pieces 1" "dp-p4:--no-shard-optimizer --grad-pieces 4" "dp-p4-graph:--no-shard-optimizer --grad-pieces 4 --graph"; do
+    for v in "zero:" "zero-sms8:--comm-sms 8" "zero-sms16:--comm-sms 16" "zero-sms24:--comm-sms 24" "zero-sms32:--comm-sms 32" "zero-p4:--grad-pieces 4" "zero-graph:--graph" "zero-bf16:--grad-comm bf16" "dp-whole:--no-shard-optimizer --grad-pieces 1" "dp-p4:--no-shard-optimizer --grad-pieces 4" "dp-p4-graph:--no-shard-optimizer --grad-pieces 4 --graph"; do
       name=${v%%:*}; flags=${v#*:}
       clean "$BIN" train --gpus "$NGPU" $M $flags --save-json "$W/ov-$name-$turn.json" >/dev/null 2>"$W/ov-$name-$turn.err"
       say "$name ($flags) turn $turn rc=$?"

@@ -111,6 +111,10 @@ pub struct MatmulSpec {
     pub bias_type: DType,
     /// B's leading dimension where B is a block of a wider matrix (None: its stored rows).
     pub b_ld: Option<usize>,
+    /// Multiprocessors the heuristic plans the product for, when fewer than the GPU's: the
+    /// rest are left to work beside it on another stream (NCCL's kernels), which a product
+    /// that keeps every multiprocessor busy until it ends would shut out. None: all of them.
+    pub sm_count_target: Option<u32>,
 }
 
 impl MatmulSpec {
@@ -257,6 +261,13 @@ impl Blas {
                 desc,
                 A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                 &(mask_ld(spec.m) as i64),
+            )?;
+        }
+        if let Some(sms) = spec.sm_count_target {
+            set(
+                desc,
+                A::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                &i32::try_from(sms).unwrap_or(i32::MAX),
             )?;
         }
         if spec.b_ld.is_some_and(|ld| ld < spec.stored()[1].0) {

@@ -191,6 +191,12 @@ pub struct TrainArgs {
     #[arg(long)]
     pub no_shard_optimizer: bool,
 
+    /// Data-parallel: leave this many multiprocessors to communication: cuBLASLt plans the
+    /// products for the rest, so NCCL's kernels run beside them rather than after them (the
+    /// baseline alone keeps every multiprocessor) [default: 0].
+    #[arg(long, value_parser = clap::value_parser!(u32), value_name = "N")]
+    pub comm_sms: Option<u32>,
+
     /// Train pipeline-parallel on this many GPUs of this machine (cuda:0..N-1, a thread each):
     /// the MLP's layers split by the time their products take, each batch cut into
     /// micro-batches run in the 1F1B schedule; beside the whole model on one GPU with the same

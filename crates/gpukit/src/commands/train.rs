@@ -110,6 +110,7 @@ pub(super) fn train_request(
         bucket_mb: a.bucket_mb,
         grad_pieces: a.grad_pieces,
         grad_comm: a.grad_comm,
+        comm_sms: a.comm_sms,
         shard_optimizer: match (a.shard_optimizer, a.no_shard_optimizer) {
             (true, _) => Some(true),
             (_, true) => Some(false),
@@ -172,6 +173,7 @@ pub(super) fn cnn_request(
         ("--grad-pieces", a.grad_pieces.is_some()),
         ("--shard-optimizer", a.shard_optimizer),
         ("--no-shard-optimizer", a.no_shard_optimizer),
+        ("--comm-sms", a.comm_sms.is_some()),
         ("--loader", a.loader.is_some()),
         ("--pipeline", a.pipeline.is_some()),
         ("--micro-batches", a.micro_batches.is_some()),

@@ -370,6 +370,15 @@ fn data_parallel_section(d: &gpukit_bench::workload::train::parallel::DataParall
     } else if let Some(why) = &d.unsharded_reason {
         rows.push(("Optimizer", format!("not sharded: {why}")));
     }
+    if d.comm_sms > 0 {
+        rows.push((
+            "Products",
+            format!(
+                "planned for {} fewer multiprocessors, left to communication (the baseline alone uses all)",
+                d.comm_sms
+            ),
+        ));
+    }
     rows.extend([
         (
             "Step time",

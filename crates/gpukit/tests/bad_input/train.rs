@@ -52,6 +52,7 @@ pub(super) fn train_flag_cases() -> Vec<Case> {
             &["train", "--no-shard-optimizer"],
             &["--no-shard-optimizer", "--gpus"],
         ),
+        case(&["train", "--comm-sms", "16"], &["--comm-sms", "--gpus"]),
         case(
             &[
                 "train",

@@ -81,6 +81,11 @@ pub struct GpuOptions {
     /// on the communication stream. Half the bytes of averaging and 1/N of the optimizer's
     /// work on each rank; the same updates as averaging every gradient.
     pub shard_optimizer: bool,
+    /// Data-parallel: multiprocessors the products leave to communication once a communicator
+    /// is attached (cuBLASLt plans them for the rest, so NCCL's kernels run beside them
+    /// instead of waiting for them to end; 0: products take every multiprocessor). The ranks'
+    /// baseline alone is planned for all of them.
+    pub comm_sms: u32,
     /// Pipeline-parallel: the layers this GPU holds, and its place in the pipeline (None: the
     /// whole model). The trainer is still given the whole model's config and weights.
     pub stage: Option<stage::Stage>,
@@ -100,6 +105,7 @@ impl GpuOptions {
             grad_pieces: 0,
             grad_comm: DType::F32,
             shard_optimizer: false,
+            comm_sms: 0,
             stage: None,
             memory_fraction: None,
         }
@@ -210,6 +216,8 @@ pub struct GpuTrainer {
     grad_pieces: Vec<(usize, usize)>,
     /// Pipeline-parallel: the communicator to the stages beside this one, once attached.
     pipe: Option<gpukit_cuda::nccl::Comm>,
+    /// Multiprocessors the products are planned for (None: the GPU's all).
+    sm_target: Option<u32>,
     /// The epoch to profile, with how ([`GpuTrainer::profile_epoch`]).
     profile_at: Option<(u64, Discovery, TimingChoice)>,
     /// That epoch's recording, once made.
@@ -501,6 +509,7 @@ impl GpuTrainer {
             dp: None,
             grad_pieces: Vec::new(),
             pipe: None,
+            sm_target: None,
         };
         trainer.plan_all()?;
         trainer.setup_seconds = started.elapsed().as_secs_f64();

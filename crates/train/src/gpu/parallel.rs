@@ -205,6 +205,9 @@ impl GpuTrainer {
         }
         comm.stream().synchronize()?;
         comm.async_error()?;
+        if self.opts.comm_sms > 0 {
+            self.leave_sms_to_communication(self.opts.comm_sms)?;
+        }
         self.dp = Some(Dp {
             buckets,
             pieces,
@@ -219,6 +222,37 @@ impl GpuTrainer {
         // graphs captured without the communication would skip it
         self.graphs.clear();
         Ok(())
+    }
+
+    /// Plans every product again for the GPU's multiprocessors less `sms` (the ones NCCL's
+    /// kernels then find free beside a product); the epilogues must stay the ones chosen.
+    fn leave_sms_to_communication(&mut self, sms: u32) -> Result<()> {
+        let ordinal = self.gpu.ordinal;
+        let all = gpukit_cuda::driver::device_attributes(ordinal, ordinal + 1)?.sm_count;
+        if sms >= all {
+            return Err(Error::Setting(format!(
+                "--comm-sms {sms}: this GPU has {all} multiprocessors; leave fewer to communication"
+            )));
+        }
+        let before = self.fusion.clone();
+        self.sm_target = Some(all - sms);
+        self.plan_all()?;
+        if self.fusion != before {
+            return Err(Error::Failed(format!(
+                "planned for {} of {all} multiprocessors, cuBLASLt fused other epilogues",
+                all - sms
+            )));
+        }
+        Ok(())
+    }
+
+    /// Multiprocessors the products leave to communication (0: none).
+    pub fn comm_sms(&self) -> u32 {
+        if self.sm_target.is_some() {
+            self.opts.comm_sms
+        } else {
+            0
+        }
     }
 
     /// After backward has finished layer `l` of an update's last batch: the bucket that ends

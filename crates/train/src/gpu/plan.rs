@@ -173,6 +173,7 @@ pub(super) fn product_spec(
         epilogue,
         bias_type: bias,
         b_ld: matches!(op, Op::WeightGradPiece(_)).then_some(o),
+        sm_count_target: None,
     }
 }
 
@@ -213,13 +214,16 @@ impl GpuTrainer {
     }
 
     fn spec(&self, l: usize, op: Op, rows: usize, epilogue: Epilogue, bias: DType) -> MatmulSpec {
-        product_spec(
-            self.layout.io(l),
-            self.opts.precision,
-            op,
-            rows,
-            (epilogue, bias),
-        )
+        MatmulSpec {
+            sm_count_target: self.sm_target,
+            ..product_spec(
+                self.layout.io(l),
+                self.opts.precision,
+                op,
+                rows,
+                (epilogue, bias),
+            )
+        }
     }
 
     /// The plans of one product of layer `l` for every batch size, or None when cuBLASLt has

@@ -112,6 +112,8 @@ pub struct TrainRequest {
     /// Data-parallel: each GPU updates its share of the parameters (gradients reduce-scattered,
     /// weights all-gathered). None: sharded unless in fp16.
     pub shard_optimizer: Option<bool>,
+    /// Data-parallel: multiprocessors the products leave to communication (None: 0).
+    pub comm_sms: Option<u32>,
     /// How long a launched rank waits for its peers (None: 60 s).
     pub timeout: Option<std::time::Duration>,
     /// Pipeline-parallel over this many GPUs of this machine.
@@ -462,6 +464,7 @@ pub fn run_train_ranked(
                     // against 0.85 averaging every gradient; fp16's overflow check needs
                     // every gradient on every GPU
                     shard_optimizer: r.shard_optimizer.unwrap_or(precision != Precision::Fp16),
+                    comm_sms: r.comm_sms.unwrap_or(0),
                     // eager launches: 0.92 against 0.88 replayed as a CUDA graph
                     graph: r.graph.or(Some(false)),
                     ..GpuOptions::new(precision)

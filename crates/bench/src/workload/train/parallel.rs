@@ -54,6 +54,9 @@ pub struct DataParallel {
     /// Why the optimizer was not sharded where that was the default or asked for.
     #[serde(default)]
     pub unsharded_reason: Option<String>,
+    /// Multiprocessors the products left to communication (0: none).
+    #[serde(default)]
+    pub comm_sms: u32,
     pub gradient_mib: f64,
     /// Each rank's step time with the same batches and no communication (median of its epochs).
     pub single_step_ms: Vec<f64>,
@@ -96,6 +99,7 @@ struct RankRun {
     grad_pieces: usize,
     sharded_optimizer: bool,
     unsharded_reason: Option<String>,
+    comm_sms: u32,
     model: Option<(Mlp<f32>, Optimizer<f32>)>,
 }
 
@@ -205,6 +209,7 @@ fn rank_run(
         grad_pieces: t.grad_pieces(),
         sharded_optimizer: t.sharded_optimizer(),
         unsharded_reason: t.unsharded_reason().map(str::to_string),
+        comm_sms: t.comm_sms(),
         model,
     })
 }
@@ -361,6 +366,7 @@ pub fn run(
         grad_comm: job.opts.grad_comm.to_string(),
         sharded_optimizer: first.sharded_optimizer,
         unsharded_reason: first.unsharded_reason.clone(),
+        comm_sms: first.comm_sms,
         gradient_mib: (params * 4) as f64 / (1 << 20) as f64,
         samples_per_s: (b * world) as f64 / (slowest(&dp) / 1e3),
         single_samples_per_s: b as f64 / (slowest(&single) / 1e3),

@@ -56,6 +56,12 @@ pub fn check_request(r: &TrainRequest) -> Result<()> {
             )));
         }
     }
+    if r.comm_sms.is_some() && r.parallel.is_none() {
+        return Err(Error::BadInput(
+            "--comm-sms: is about data-parallel GPUs; add --gpus N or start under a launcher"
+                .into(),
+        ));
+    }
     if r.shard_optimizer == Some(true) && r.precision == Some(DType::F16) {
         return Err(Error::BadInput(
             "--shard-optimizer: fp16's overflow check reads every gradient, which no GPU holds \

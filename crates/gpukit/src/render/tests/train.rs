@@ -185,6 +185,7 @@ fn a_data_parallel_run_names_its_sharded_optimizer_and_both_pytorch_peers() {
         grad_comm: "f32".into(),
         sharded_optimizer: sharded,
         unsharded_reason: reason.map(str::to_string),
+        comm_sms: 0,
         gradient_mib: 128.0,
         single_step_ms: vec![single, single],
         step_ms: vec![step, step],

@@ -259,6 +259,7 @@ impl<'a> ProgramSession<'a> {
                 epilogue: LtEpilogue::None,
                 bias_type: dtype.storage(),
                 b_ld: None,
+                sm_count_target: None,
             };
             let blas = &self.ctx.blas;
             let fused = match epilogue {
