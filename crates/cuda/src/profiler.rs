@@ -369,7 +369,8 @@ impl Profiler {
         }
         let wall_us = s.t0.elapsed().as_secs_f64() * 1e6;
         let (activities, dropped) = if s.timing == Timing::Cupti {
-            cupti::end()?
+            // this GPU's activities (threads driving other GPUs are recorded too)
+            cupti::end(s.gpu.as_ref().map(|g| g.ordinal as u32))?
         } else {
             (Vec::new(), 0)
         };
@@ -413,7 +414,7 @@ impl Drop for Profiler {
         let left = ACTIVE.with(|a| a.borrow_mut().take());
         if let Some(s) = left {
             if s.timing == Timing::Cupti {
-                let _ = cupti::end();
+                let _ = cupti::end(None);
             }
         }
     }

@@ -35,6 +35,8 @@ const KINDS: [sys::CUpti_ActivityKind; 6] = [
 struct Raw {
     kind: ActivityKind,
     name: String,
+    /// The CUDA device it ran on (CUPTI records every device the process uses).
+    device: u32,
     stream: u32,
     start: u64,
     end: u64,
@@ -130,6 +132,7 @@ unsafe fn parse(buffer: *mut u8, valid: usize, g: &mut Gathered) {
                 g.records.push(Raw {
                     kind: ActivityKind::Kernel,
                     name,
+                    device: unsafe { std::ptr::addr_of!((*k).deviceId).read_unaligned() },
                     stream: unsafe { std::ptr::addr_of!((*k).streamId).read_unaligned() },
                     start: unsafe { std::ptr::addr_of!((*k).start).read_unaligned() },
                     end: unsafe { std::ptr::addr_of!((*k).end).read_unaligned() },
@@ -143,6 +146,7 @@ unsafe fn parse(buffer: *mut u8, valid: usize, g: &mut Gathered) {
                 g.records.push(Raw {
                     kind: ActivityKind::Memcpy,
                     name: format!("memcpy {}", copy_kind(copy)),
+                    device: unsafe { std::ptr::addr_of!((*m).deviceId).read_unaligned() },
                     stream: unsafe { std::ptr::addr_of!((*m).streamId).read_unaligned() },
                     start: unsafe { std::ptr::addr_of!((*m).start).read_unaligned() },
                     end: unsafe { std::ptr::addr_of!((*m).end).read_unaligned() },
@@ -155,6 +159,7 @@ unsafe fn parse(buffer: *mut u8, valid: usize, g: &mut Gathered) {
                 g.records.push(Raw {
                     kind: ActivityKind::Memset,
                     name: "memset".into(),
+                    device: unsafe { std::ptr::addr_of!((*m).deviceId).read_unaligned() },
                     stream: unsafe { std::ptr::addr_of!((*m).streamId).read_unaligned() },
                     start: unsafe { std::ptr::addr_of!((*m).start).read_unaligned() },
                     end: unsafe { std::ptr::addr_of!((*m).end).read_unaligned() },
@@ -229,8 +234,8 @@ pub(super) fn pop() -> Result<()> {
 }
 
 /// Flushes CUPTI's buffers, stops gathering and returns the activities (with the op each
-/// belongs to) and how many records CUPTI dropped.
-pub(super) fn end() -> Result<(Vec<Activity>, u64)> {
+/// belongs to) on `device` (every device when None) and how many records CUPTI dropped.
+pub(super) fn end(device: Option<u32>) -> Result<(Vec<Activity>, u64)> {
     let forced = sys::CUpti_ActivityFlag::CUPTI_ACTIVITY_FLAG_FLUSH_FORCED as u32;
     let flushed = activity::flush_all(forced).map_err(|e| err("cuptiActivityFlushAll", e));
     for k in KINDS {
@@ -246,6 +251,7 @@ pub(super) fn end() -> Result<(Vec<Activity>, u64)> {
     let mut acts: Vec<Activity> = g
         .records
         .into_iter()
+        .filter(|r| device.is_none_or(|d| d == r.device))
         .map(|r| Activity {
             kind: r.kind,
             op: g

@@ -257,13 +257,13 @@ pub(super) fn profile(cmd: ProfileCommand, out: &Output) -> Result<()> {
         ProfileCommand::Train(a) => {
             let a = *a;
             let o = profile_options(&a.profile, 1)?;
-            if a.train.gpus.is_some_and(|g| g > 1) {
-                return Err(Error::BadInput(
-                    "profile train records one GPU: leave out --gpus".into(),
-                )
-                .into());
-            }
             if let Some(model) = a.train.model {
+                if a.train.gpus.is_some_and(|g| g > 1) {
+                    return Err(Error::BadInput(
+                        "profile train --model records one GPU: leave out --gpus".into(),
+                    )
+                    .into());
+                }
                 let request = super::train::cnn_request(a.train, model)?;
                 let discovery = prepare_process();
                 check_named_gpu(&discovery, DeviceSelection::One(request.device))?;
@@ -283,8 +283,17 @@ pub(super) fn profile(cmd: ProfileCommand, out: &Output) -> Result<()> {
                 ))
                 .into());
             }
-            let device = a.train.device.unwrap_or(Device::Cpu);
-            let request = train_request(a.train, device, None);
+            // data-parallel: threads on cuda:0..N-1, cuda:0's rank recorded
+            let parallel = a
+                .train
+                .gpus
+                .filter(|&g| g > 1)
+                .map(gpukit_bench::workload::train::parallel::Ranks::Threads);
+            let device = match parallel {
+                Some(_) => Device::Cuda(0),
+                None => a.train.device.unwrap_or(Device::Cpu),
+            };
+            let request = train_request(a.train, device, parallel);
             gpukit_bench::workload::train::check_request(&request)?;
             let discovery = if device == Device::Cpu {
                 discover()

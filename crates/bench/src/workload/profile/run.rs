@@ -738,12 +738,17 @@ pub fn profile_train(
     progress: &mut dyn FnMut(&str),
 ) -> Result<ProfileReport> {
     check_options(o)?;
-    if request.parallel.is_some() {
-        return Err(Error::BadInput(
-            "profile train records one GPU: leave out --gpus (and run it outside a launcher)"
-                .into(),
-        ));
-    }
+    let parallel = match &request.parallel {
+        Some(crate::workload::train::parallel::Ranks::Launched(_)) => {
+            return Err(Error::BadInput(
+                "profile train records the ranks of one process: use --gpus N outside a \
+                 launcher"
+                    .into(),
+            ))
+        }
+        Some(crate::workload::train::parallel::Ranks::Threads(n)) => Some(*n),
+        None => None,
+    };
     if !matches!(request.device, Some(Device::Cuda(_))) {
         check_host_profile(o)?;
     }
@@ -769,18 +774,27 @@ pub fn profile_train(
     })?;
     let host_only = rec.timing == Timing::Host;
     let recorded_steps = rec.ops.iter().map(|op| op.step).max().map_or(0, |m| m + 1);
-    // the other epochs' time a step, host clock around each epoch
+    // the other epochs' time a step, host clock around each epoch (data-parallel: every
+    // epoch is recorded, none is left unprofiled)
     let per_step: Vec<f64> = report
         .epochs
         .iter()
-        .filter(|e| !host_only && e.batches > 0 && e.epoch > recorded_epoch + 1)
+        .filter(|e| !host_only && parallel.is_none() && e.batches > 0)
+        .filter(|e| e.epoch > recorded_epoch + 1)
         .map(|e| e.seconds * 1e3 / e.batches as f64)
         .collect();
     let config = &report.config;
-    let workload = format!(
-        "train MLP {:?} batch {} {} {}",
-        config.widths, config.batch_size, report.precision, report.device
-    );
+    let workload = match parallel {
+        Some(n) => format!(
+            "train MLP {:?} batch {} a GPU {} data-parallel on {n} GPUs: cuda:0's whole run \
+             (every epoch), its communication stream included",
+            config.widths, config.batch_size, report.precision
+        ),
+        None => format!(
+            "train MLP {:?} batch {} {} {}",
+            config.widths, config.batch_size, report.precision, report.device
+        ),
+    };
     let graph = report.gpu.as_ref().is_some_and(|g| g.graph);
     assemble(
         Assembly {

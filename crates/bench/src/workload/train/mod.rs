@@ -476,14 +476,16 @@ pub fn run_train_ranked(
                 scaler: scaler_in,
                 pos,
                 bucket_bytes: (r.bucket_mb.unwrap_or(25.0) * (1 << 20) as f64) as usize,
+                profile: r.profile.map(|(_, timing)| timing),
             };
             let ranks = r.parallel.as_ref().ok_or(Error::NoSamples)?;
             let timeout = r.timeout.unwrap_or(std::time::Duration::from_secs(60));
-            let Some((o, d, m, op, mut dp)) =
+            let Some((o, d, m, op, mut dp, rec)) =
                 crate::workload::train::parallel::run(&job, ranks, timeout, progress)?
             else {
                 return Ok(None);
             };
+            recording = rec;
             if r.compare_pytorch {
                 let steps = o.step_losses.len();
                 progress("PyTorch: DistributedDataParallel of the same model");

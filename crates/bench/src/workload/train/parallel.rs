@@ -101,6 +101,7 @@ struct RankRun {
     unsharded_reason: Option<String>,
     comm_sms: u32,
     model: Option<(Mlp<f32>, Optimizer<f32>)>,
+    recording: Option<gpukit_cuda::profiler::Recording>,
 }
 
 /// Median seconds an update over the complete epochs (all epochs if none is complete).
@@ -125,6 +126,10 @@ pub struct Job<'a> {
     pub scaler: Option<(f64, u64)>,
     pub pos: Position,
     pub bucket_bytes: usize,
+    /// `gpukit profile train --gpus N`: rank 0 records its whole data-parallel run,
+    /// communication included (threads of one process only: every rank stops at a barrier
+    /// around the profiler's start and end, so none waits inside NCCL meanwhile).
+    pub profile: Option<gpukit_cuda::profiler::TimingChoice>,
 }
 
 /// Threads of one process meet here before NCCL: a rank that failed to set up must not leave
@@ -132,6 +137,28 @@ pub struct Job<'a> {
 pub(super) struct Meet<'a> {
     pub(super) barrier: &'a std::sync::Barrier,
     pub(super) failed: &'a std::sync::atomic::AtomicBool,
+}
+
+impl Meet<'_> {
+    /// Every rank stops here while rank 0 runs `f` (no rank has work in flight), then all go
+    /// on together; rank 0 returns what `f` gave, the others None; a failure of `f` fails
+    /// every rank.
+    fn around<T>(&self, rank: usize, f: impl FnOnce() -> Result<T>) -> Result<Option<T>> {
+        use std::sync::atomic::Ordering;
+        self.barrier.wait();
+        let mine = (rank == 0).then(f);
+        if matches!(mine, Some(Err(_))) {
+            self.failed.store(true, Ordering::SeqCst);
+        }
+        self.barrier.wait();
+        match mine {
+            Some(r) => r.map(Some),
+            None if self.failed.load(Ordering::SeqCst) => Err(Error::Failed(
+                "rank 0 failed while the ranks waited for it (its error is reported)".into(),
+            )),
+            None => Ok(None),
+        }
+    }
 }
 
 fn rank_run(
@@ -185,6 +212,20 @@ fn rank_run(
     t.attach(comm, job.bucket_bytes)?;
     t.load(job.model, job.opt, job.scaler)?;
     let rank = shard.rank;
+    // rank 0's profiler starts and ends while every rank waits at a barrier (CUPTI must not
+    // start or flush while a rank waits inside NCCL for rank 0)
+    let profiler = match (job.profile, &meet) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(Error::BadInput(
+                "profile train records the ranks of one process: use --gpus N outside a launcher"
+                    .into(),
+            ))
+        }
+        (Some(timing), Some(m)) => m.around(rank, || {
+            gpukit_cuda::profiler::Profiler::start(&gpu, job.discovery, timing).map_err(Error::from)
+        })?,
+    };
     let (outcome, details) = t.run(job.pos, &mut |e: &EpochStats| {
         if rank == 0 {
             progress(&format!(
@@ -193,6 +234,13 @@ fn rank_run(
             ))
         }
     })?;
+    let recording = match (job.profile, &meet) {
+        (Some(_), Some(m)) => m.around(rank, || match profiler {
+            Some(p) => p.finish().map_err(Error::from),
+            None => Err(Error::Failed("rank 0 has no profiler to finish".into())),
+        })?,
+        _ => None,
+    };
     let model = if rank == 0 {
         let (mut m, mut o) = (job.model.clone(), job.opt.clone());
         t.store(&mut m, &mut o)?;
@@ -211,6 +259,7 @@ fn rank_run(
         unsharded_reason: t.unsharded_reason().map(str::to_string),
         comm_sms: t.comm_sms(),
         model,
+        recording,
     })
 }
 
@@ -224,13 +273,15 @@ fn guarded(rank: usize, timeout: std::time::Duration, r: Result<RankRun>) -> Res
 }
 
 /// The run's result on rank 0 (None on the other ranks): the data-parallel outcome, rank 0's
-/// GPU details, the final model and optimizer, and the data-parallel figures.
+/// GPU details, the final model and optimizer, the data-parallel figures, and rank 0's
+/// recording when [`Job::profile`] asked for one.
 pub type Outcome = Option<(
     RunOutcome,
     GpuDetails,
     Mlp<f32>,
     Optimizer<f32>,
     DataParallel,
+    Option<gpukit_cuda::profiler::Recording>,
 )>;
 
 pub fn run(
@@ -376,7 +427,14 @@ pub fn run(
         step_ms: dp,
         pytorch: None,
     };
-    Ok(Some((first.outcome, first.details, model, opt, report)))
+    Ok(Some((
+        first.outcome,
+        first.details,
+        model,
+        opt,
+        report,
+        first.recording,
+    )))
 }
 
 /// PyTorch's DistributedDataParallel of the same model (torch.multiprocessing, one process a
