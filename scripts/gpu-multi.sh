@@ -178,13 +178,13 @@ if [ "$MODE" = overlap ]; then
   say "default (optimizer sharded) + PyTorch DDP and DDP with ZeroRedundancyOptimizer rc=$?"
   # cuda:0's whole data-parallel run recorded, its communication stream's kernels beside the
   # products (a timeline of what overlaps)
-  clean timeout 180 "$BIN" profile train --gpus "$NGPU" $M0 --batch-size 4096 --epochs 2 --trace "$W/dp-profile.trace.json" --save-json "$W/dp-profile.json" >"$W/dp-profile.txt" 2>"$W/dp-profile.err"
+  clean timeout 180 "$BIN" profile train --gpus "$NGPU" ${M0/--epochs 4/--epochs 2} --batch-size 4096 --trace "$W/dp-profile.trace.json" --save-json "$W/dp-profile.json" >"$W/dp-profile.txt" 2>"$W/dp-profile.err"
   say "profile train --gpus $NGPU rc=$?"
   head -40 "$W/dp-profile.txt" | cut -c1-200 | tee -a "$SUMMARY"
   for turn in a b; do
     for v in "zero:" "zero-sms8:--comm-sms 8" "zero-sms16:--comm-sms 16" "zero-sms24:--comm-sms 24" "zero-sms32:--comm-sms 32" "zero-p4:--grad-pieces 4" "zero-graph:--graph" "zero-bf16:--grad-comm bf16" "dp-whole:--no-shard-optimizer --grad-pieces 1" "dp-p4:--no-shard-optimizer --grad-pieces 4" "dp-p4-graph:--no-shard-optimizer --grad-pieces 4 --graph"; do
       name=${v%%:*}; flags=${v#*:}
-      clean "$BIN" train --gpus "$NGPU" $M $flags --save-json "$W/ov-$name-$turn.json" >/dev/null 2>"$W/ov-$name-$turn.err"
+      clean timeout 120 "$BIN" train --gpus "$NGPU" $M $flags --save-json "$W/ov-$name-$turn.json" >/dev/null 2>"$W/ov-$name-$turn.err"
       say "$name ($flags) turn $turn rc=$?"
     done
   done
