@@ -71,6 +71,24 @@ fn cubin(discovery: &Discovery, source: &str, stem: &str, arch: &str) -> Result<
     Ok((Ptx::from_binary(bytes), "compiled by NVRTC".to_string()))
 }
 
+use crate::kernel::PART;
+
+/// The programs of a module's source, each with its name in the cache: the whole source as
+/// `stem`, or the prefix followed by each part as `{stem}.{k}`.
+fn programs(source: &str, stem: &str) -> Vec<(String, String)> {
+    let mut pieces = source.split(PART);
+    let prefix = pieces.next().unwrap_or_default();
+    let parts: Vec<(String, String)> = pieces
+        .enumerate()
+        .map(|(k, part)| (format!("{stem}.{k}"), format!("{prefix}\n{part}")))
+        .collect();
+    if parts.is_empty() {
+        vec![(stem.to_string(), source.to_string())]
+    } else {
+        parts
+    }
+}
+
 /// Whether `bytes` can be a cubin (an ELF file): a cache file cut short or from elsewhere is
 /// compiled again rather than handed to the driver.
 fn looks_like_cubin(bytes: &[u8]) -> bool {
@@ -138,23 +156,25 @@ pub(crate) fn warm_cache(
     let (major, minor) = attributes.compute_capability;
     let arch = format!("sm_{major}{minor}");
     for (stem, source) in modules {
-        let cached = cache_file(discovery, &source, stem, &arch).is_some_and(|p| p.is_file());
-        if cached || !discovery.usable(Lib::Nvrtc) {
-            continue;
+        for (name, program) in programs(&source, stem) {
+            let cached = cache_file(discovery, &program, &name, &arch).is_some_and(|p| p.is_file());
+            if cached || !discovery.usable(Lib::Nvrtc) {
+                continue;
+            }
+            let (discovery, arch) = (discovery.clone(), arch.clone());
+            let _ = std::thread::Builder::new()
+                .name(format!("nvrtc-{name}"))
+                .spawn(move || {
+                    let _ = cubin(&discovery, &program, &name, &arch);
+                });
         }
-        let (discovery, arch) = (discovery.clone(), arch.clone());
-        let _ = std::thread::Builder::new()
-            .name(format!("nvrtc-{stem}"))
-            .spawn(move || {
-                let _ = cubin(&discovery, &source, stem, &arch);
-            });
     }
 }
 
 /// CUDA C compiled by NVRTC for one device (or read from the on-disk cache) and loaded,
 /// with the functions named.
 pub(crate) struct Module {
-    _module: Arc<CudaModule>,
+    _modules: Vec<Arc<CudaModule>>,
     pub(crate) functions: HashMap<String, CudaFunction>,
     pub(crate) origin: String,
     pub(crate) load_ms: f64,
@@ -173,17 +193,50 @@ impl Module {
         let start = std::time::Instant::now();
         let (major, minor) = gpu.compute_capability()?;
         let arch = format!("sm_{major}{minor}");
-        let (image, origin) = cubin(discovery, source, stem, &arch)?;
-        let module = gpu.ctx().load_module(image)?;
+        // a module's parts compile on threads of their own (each read from the cache when
+        // there), then load one after the other
+        let programs = programs(source, stem);
+        let images: Vec<Result<(Ptx, String)>> = std::thread::scope(|scope| {
+            let jobs: Vec<_> = programs
+                .iter()
+                .map(|(name, program)| scope.spawn(|| cubin(discovery, program, name, &arch)))
+                .collect();
+            jobs.into_iter()
+                .map(|j| {
+                    j.join()
+                        .unwrap_or_else(|_| Err(Error::Compile(format!("{stem}: NVRTC stopped"))))
+                })
+                .collect()
+        });
+        let mut modules = Vec::new();
+        let mut origins = Vec::new();
+        for image in images {
+            let (image, origin) = image?;
+            modules.push(gpu.ctx().load_module(image)?);
+            if !origins.contains(&origin) {
+                origins.push(origin);
+            }
+        }
         let mut functions = HashMap::new();
         for name in names {
-            let f = module.load_function(name)?;
+            let mut found = None;
+            for m in &modules {
+                if let Ok(f) = m.load_function(name) {
+                    found = Some(f);
+                    break;
+                }
+            }
+            let f = found.ok_or_else(|| {
+                Error::Invalid(format!(
+                    "the module {stem} has no kernel {name} once compiled"
+                ))
+            })?;
             functions.insert(name.clone(), f);
         }
         Ok(Module {
-            _module: module,
+            _modules: modules,
             functions,
-            origin,
+            origin: origins.join(", "),
             load_ms: start.elapsed().as_secs_f64() * 1e3,
         })
     }
@@ -194,5 +247,26 @@ impl Module {
                 "gpukit has no kernel {name} (no version for that element type or layout)"
             ))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_splits_into_its_prefix_and_each_part() {
+        assert_eq!(
+            programs("whole", "m"),
+            vec![("m".to_string(), "whole".to_string())]
+        );
+        let split = programs(&format!("pre{PART}one{PART}two"), "m");
+        assert_eq!(
+            split,
+            vec![
+                ("m.0".to_string(), "pre\none".to_string()),
+                ("m.1".to_string(), "pre\ntwo".to_string())
+            ]
+        );
     }
 }

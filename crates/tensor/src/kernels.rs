@@ -17,7 +17,7 @@
 //! lie in its view before a launch; the kernel API checks the arguments' kinds.
 
 use gpukit_cuda::blas::Blas;
-use gpukit_cuda::kernel::{tag, Arg, KernelModule, KernelSource, Launch, HALF};
+use gpukit_cuda::kernel::{tag, Arg, KernelModule, KernelSource, Launch, HALF, PART};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::{Error, Gpu, Result, Stream, View};
 use gpukit_types::DType;
@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 pub const MAX_RANK: usize = 6;
 
 mod source;
-use source::{SOURCE, STEMS};
+use source::{PARTS, SOURCE, STEMS};
 
 /// Shapes and strides of up to three operands, as the kernels read them (their `struct Dims`).
 #[derive(Clone, Copy, Debug, Default)]
@@ -114,7 +114,7 @@ pub fn kernel_source() -> KernelSource {
         .collect();
     KernelSource {
         stem: STEM,
-        source: format!("{HALF}{SOURCE}"),
+        source: format!("{HALF}{SOURCE}{PART}{}", PARTS.join(PART)),
         names,
     }
 }

@@ -236,7 +236,7 @@ impl Dnn {
     /// or none (ReLU is [`Dnn::plan_fused_best`]'s): a backend-API graph holding the whole
     /// epilogue (where [`backend_reaches`] a fused graph), or the bare convolution followed by
     /// `split` (gpukit's epilogue kernel), whichever measured faster; kept on disk. A
-    /// heuristic search takes cuDNN's first graph that finalizes, else the split.
+    /// heuristic search takes the split, else cuDNN's first graph that finalizes.
     #[allow(clippy::too_many_arguments)]
     pub fn plan_epilogue_best(
         &self,
@@ -265,7 +265,10 @@ impl Dnn {
                 return Ok(run);
             }
         }
-        let graph = reaches
+        // a heuristic pick (a reference's plan, never timed) takes the split where there is
+        // one: cuDNN's first fused graph is often an engine NVRTC compiles (50-170 ms each,
+        // in every process, since a heuristic pick is not kept)
+        let graph = (reaches && !(search == Search::Heuristic && split.is_some()))
             .then(|| {
                 self.plan_graph(conv, x, w, Some(bias), z, act, y, None)
                     .ok()

@@ -61,14 +61,25 @@ pub struct GpuContext {
 
 impl GpuContext {
     pub fn open(discovery: &Discovery, ordinal: usize) -> Result<GpuContext> {
+        use gpukit_cuda::trace;
+        let t = trace::start();
         let gpu = Arc::new(Gpu::open(discovery, ordinal)?);
+        trace::done("gpu context: the device", t);
+        let t = trace::start();
         let dnn = Dnn::new(discovery, &gpu)?;
+        trace::done("gpu context: cuDNN", t);
         // the engine's f32 outputs are judged against float64: no Winograd or FFT transforms
         // (bench conv, which sets cuDNN beside PyTorch's cudnn.benchmark, keeps them)
         dnn.set_exact_f32(true);
-        // one small GEMM per pass (the classifier): a 4 MiB workspace is plenty
+        // one small GEMM per pass (the classifier): a 4 MiB workspace is plenty (opening cuBLAS
+        // on a thread of its own, beside the upload and the first plans, measured no faster:
+        // its loading contends with the driver's and cuDNN's)
+        let t = trace::start();
         let blas = Blas::with_workspace(discovery, &gpu, 4 << 20)?;
+        trace::done("gpu context: cuBLAS", t);
+        let t = trace::start();
         let kernels = Kernels::new(discovery, &gpu)?;
+        trace::done("gpu context: gpukit's kernels", t);
         Ok(GpuContext {
             gpu,
             dnn,

@@ -348,11 +348,15 @@ extern "C" __global__ void sum_cols_##tag(const T* x, T* y, double* part, Dims d
 extern "C" __global__ void sum_partials_##tag(const double* part, T* y, long long outputs, int splits) \
     { sum_partials<T>(part, y, outputs, splits); }
 
-ALL(double, f64)
-ALL(float, f32)
-ALL(H, f16)
-ALL(B, bf16)
 "#;
+
+/// The instances, one part each (compiled apart: see `gpukit_cuda::kernel::PART`).
+pub(super) const PARTS: [&str; 4] = [
+    "ALL(double, f64)",
+    "ALL(float, f32)",
+    "ALL(H, f16)",
+    "ALL(B, bf16)",
+];
 
 pub(super) const STEMS: [&str; 10] = [
     "binary",

@@ -14,7 +14,9 @@
 //! checks each launch's arguments against the kernel's declared parameters; the sizes of the
 //! buffers the kernels index are checked here, before each launch.
 
-use gpukit_cuda::kernel::{grid_for, tag, Arg, KernelModule, KernelSource, Launch, BLOCK, HALF};
+use gpukit_cuda::kernel::{
+    grid_for, tag, Arg, KernelModule, KernelSource, Launch, BLOCK, HALF, PART,
+};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::{Error, Gpu, Result, Stream, View};
 use gpukit_types::DType;
@@ -304,9 +306,14 @@ extern "C" __global__ void sgd_##TAG(float* p, const float* g, float* m, T* h, l
     const State* st, float lr, float wd, float mom, int nesterov, int scaled)                  \
     { sgd<T>(p, g, m, h, n, st, lr, wd, mom, nesterov, scaled); }
 
+"#;
+
+/// The typed instances, one part each, and the untyped kernels with the f32 ones (compiled
+/// apart: see `gpukit_cuda::kernel::PART`).
+const PARTS: [&str; 3] = ["INSTANCES(H, f16)", "INSTANCES(B, bf16)", UNTYPED];
+
+const UNTYPED: &str = r#"
 INSTANCES(float, f32)
-INSTANCES(H, f16)
-INSTANCES(B, bf16)
 
 extern "C" __global__ void gather_u32(const unsigned* s, unsigned* d, const unsigned* idx, int r,
                                       int c) {
@@ -386,7 +393,7 @@ pub fn kernel_source() -> KernelSource {
     }
     KernelSource {
         stem: STEM,
-        source: format!("{HALF}{SOURCE}"),
+        source: format!("{HALF}{SOURCE}{PART}{}", PARTS.join(PART)),
         names,
     }
 }
