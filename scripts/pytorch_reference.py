@@ -150,7 +150,9 @@ Output:
             "bucket_mb", "single": {"step_ms": {median_ms, p10_ms, p90_ms, count},
             "samples_per_s"}, "ddp": {"step_ms": {...} (the slowest rank's), "samples_per_s",
             "per_rank_step_ms": [median_ms of each rank]}, "scaling_efficiency", with --zero
-            also "ddp_zero": {the same as "ddp", with its "scaling_efficiency"}}
+            also "ddp_zero": {the same as "ddp", with its "scaling_efficiency"}, with --compiled
+            also "ddp_compiled": {"single": {one GPU compiled}, the same as "ddp", its
+            "scaling_efficiency" against the compiled one GPU}}
   failure: {"ok": false, "error": "<one line>"}; exit 1 (runtime: torch missing,
            no CUDA, out of memory, unreadable weights, ...) or 2 (bad arguments).
 
@@ -454,6 +456,8 @@ def build_parser():
     d.add_argument("--bucket-mb", type=positive_float, default=25.0, help="DDP's bucket_cap_mb")
     d.add_argument("--zero", action="store_true",
                    help="also DDP with the optimizer sharded (torch.distributed.optim.ZeroRedundancyOptimizer)")
+    d.add_argument("--compiled", action="store_true",
+                   help="also torch.compile of the model with the fused optimizer, one GPU and DDP")
     d.add_argument("--timeout-s", type=positive_int, default=120,
                    help="process group timeout; ranks that make no progress this long are stopped")
     d.add_argument("--backend", type=choice_of("nccl", "gloo"), default="nccl", help=argparse.SUPPRESS)
@@ -1431,10 +1435,11 @@ def optimizer_spec(torch, opt_cfg):
     return torch.optim.AdamW, {"lr": lr, "weight_decay": wd}
 
 
-def make_optimizer(torch, params, opt_cfg):
-    """torch.optim's SGD, Adam or AdamW from gpukit's OptimizerConfig."""
+def make_optimizer(torch, params, opt_cfg, fused=False):
+    """torch.optim's SGD, Adam or AdamW from gpukit's OptimizerConfig (fused: the one-kernel
+    CUDA implementation)."""
     cls, kwargs = optimizer_spec(torch, opt_cfg)
-    return cls(params, **kwargs)
+    return cls(params, **kwargs, **({"fused": True} if fused else {}))
 
 
 def make_loss(torch, loss_name):
@@ -2226,6 +2231,7 @@ def ddp_measure(torch, opts, rank, device, dist):
     optimizer step, with the train subcommand's precision handling; DDP-wrapped when dist is given."""
     cfg, batch = opts["config"], opts["batch"]
     widths, precision = cfg["widths"], cfg.get("precision", "fp32")
+    compiled = opts["mode"].endswith("compiled")  # torch.compile with the fused optimizer
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
     torch.manual_seed(0)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
@@ -2239,7 +2245,8 @@ def ddp_measure(torch, opts, rank, device, dist):
         cls, kwargs = optimizer_spec(torch, cfg["optimizer"])
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, **kwargs)
     else:
-        opt = make_optimizer(torch, model.parameters(), cfg["optimizer"])
+        opt = make_optimizer(torch, model.parameters(), cfg["optimizer"], fused=compiled)
+    run = torch.compile(model) if compiled else model
     loss_fn = make_loss(torch, cfg["loss"])
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     gen = torch.Generator(device=device)
@@ -2252,7 +2259,7 @@ def ddp_measure(torch, opts, rank, device, dist):
 
     def step():
         with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-            loss = loss_fn(model(x), y)
+            loss = loss_fn(run(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
@@ -2375,7 +2382,8 @@ def bench_ddp(torch, args):
     opts = {"config": cfg, "batch": batch, "steps": args.steps, "warmup": args.warmup,
             "bucket_mb": args.bucket_mb, "backend": args.backend, "timeout_s": args.timeout_s}
     found = {}
-    modes = [("single", 1), ("ddp", world)] + ([("ddp_zero", world)] if args.zero else [])
+    modes = [("single", 1), ("ddp", world)] + ([("ddp_zero", world)] if args.zero else []) \
+        + ([("single_compiled", 1), ("ddp_compiled", world)] if args.compiled else [])
     for mode, ranks in modes:
         log(f"ddp: {mode} ({ranks} rank(s), batch {batch} each, {precision}, {args.steps} steps after "
             f"{args.warmup} warm-up)")
@@ -2389,6 +2397,11 @@ def bench_ddp(torch, args):
     ddp = ranks_together(found["ddp"]["per_rank"], world, batch, single_sps)
     zero = {"ddp_zero": ranks_together(found["ddp_zero"]["per_rank"], world, batch, single_sps)} \
         if "ddp_zero" in found else {}
+    if "ddp_compiled" in found:
+        alone = found["single_compiled"]["per_rank"][0]
+        alone_sps = rate(batch, alone["median_ms"], 1)
+        zero["ddp_compiled"] = {"single": {"step_ms": alone, "samples_per_s": alone_sps},
+                                **ranks_together(found["ddp_compiled"]["per_rank"], world, batch, alone_sps)}
     return {"ok": True, "command": "ddp", "torch_version": found["ddp"]["torch_version"],
             "device_name": found["ddp"]["device_name"], "backend": args.backend, "world_size": world,
             "batch_per_gpu": batch, "precision": precision, "optimizer": cfg["optimizer"]["kind"],

@@ -87,6 +87,34 @@ pub struct DdpPeer {
     /// samples/s and scaling efficiency.
     #[serde(default)]
     pub zero: Option<(f64, f64)>,
+    /// torch.compile of the model with the fused optimizer (PyTorch's fastest here): one GPU
+    /// alone, then DDP.
+    #[serde(default)]
+    pub compiled: Option<CompiledPeer>,
+}
+
+/// PyTorch's compiled mode's figures (torch.compile with the fused optimizer).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct CompiledPeer {
+    pub single_samples_per_s: f64,
+    pub samples_per_s: f64,
+    pub scaling_efficiency: f64,
+}
+
+impl DdpPeer {
+    /// PyTorch's highest data-parallel throughput of its modes (eager DDP, compiled, sharded).
+    pub fn best_samples_per_s(&self) -> f64 {
+        let modes = [
+            Some(self.samples_per_s),
+            self.zero.map(|z| z.0),
+            self.compiled.map(|c| c.samples_per_s),
+        ];
+        modes
+            .into_iter()
+            .flatten()
+            .filter(|v| v.is_finite())
+            .fold(f64::NAN, f64::max)
+    }
 }
 
 /// One rank's part of a run.
@@ -463,11 +491,19 @@ pub fn compare_ddp(
     if dp.sharded_optimizer {
         args.push("--zero".into());
     }
+    // PyTorch's fastest mode beside its eager one
+    args.push("--compiled".into());
     let run = crate::peer::run_pytorch(&args)?;
     let d = &run.document;
     let num = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
     let zero = &d["ddp_zero"];
+    let compiled = &d["ddp_compiled"];
     Ok(DdpPeer {
+        compiled: compiled.is_object().then(|| CompiledPeer {
+            single_samples_per_s: num(&compiled["single"]["samples_per_s"]),
+            samples_per_s: num(&compiled["samples_per_s"]),
+            scaling_efficiency: num(&compiled["scaling_efficiency"]),
+        }),
         torch_version: run.torch_version.clone(),
         single_samples_per_s: num(&d["single"]["samples_per_s"]),
         samples_per_s: num(&d["ddp"]["samples_per_s"]),
