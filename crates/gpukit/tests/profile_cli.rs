@@ -149,7 +149,12 @@ fn profile_bad_input_exits_2() -> Result<(), Failed> {
             ],
             "runs on a GPU",
         ),
-        (vec!["profile", "train", "--gpus", "2"], "one GPU"),
+        (
+            vec![
+                "profile", "train", "--model", "resnet18", "--device", "cuda:0", "--gpus", "2",
+            ],
+            "records one GPU",
+        ),
         (
             vec!["profile", "train", "--model", "resnet18"],
             "add --device cuda:0",
