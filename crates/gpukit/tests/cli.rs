@@ -153,6 +153,22 @@ fn a_rank_without_peers_gives_up_with_a_message() -> Result<(), Failed> {
     ensure(err.contains("MASTER_ADDR"), || err)
 }
 
+/// `train --model` under a launcher is refused with exit 2 (each process would train alone).
+fn a_launched_cnn_rank_is_refused() -> Result<(), Failed> {
+    let args = ["train", "--model", "resnet18", "--device", "cuda:0"];
+    let out = Command::new(bin())
+        .args(args)
+        .env("RANK", "1")
+        .env("WORLD_SIZE", "2")
+        .env("LOCAL_RANK", "1")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", "29500")
+        .output()?;
+    exited(&out, 2, &args)?;
+    let err = text(&out.stderr);
+    ensure(err.contains("under a launcher"), || err)
+}
+
 /// `--html FILE` beside any command: one self-contained page (no script, nothing fetched) with
 /// the command's chart drawn as inline SVG above its tables.
 fn html_beside_a_command_is_one_self_contained_page() -> Result<(), Failed> {
@@ -690,6 +706,10 @@ fn main() {
         (
             "a_rank_without_peers_gives_up_with_a_message",
             a_rank_without_peers_gives_up_with_a_message,
+        ),
+        (
+            "a_launched_cnn_rank_is_refused",
+            a_launched_cnn_rank_is_refused,
         ),
         (
             "monitor_runs_a_command_and_passes_its_exit_code",

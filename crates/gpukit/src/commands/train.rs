@@ -139,6 +139,17 @@ pub(super) fn cnn_only_flag(a: &TrainArgs) -> Option<&'static str> {
 /// `train --model`: a ResNet, refusing the flags only the MLP loop takes.
 fn train_cnn(a: TrainArgs, model: gpukit_train::cnn::resnet::Depth, out: &Output) -> Result<()> {
     use gpukit_bench::workload::train::cnn::{document, run_cnn_train};
+    // one process a rank is not there yet for convolutional networks: without this every
+    // process would train alone, unaware of the others
+    if gpukit_ranks::world::from_process_env()?.is_some_and(|w| w.world_size > 1) {
+        return Err(Error::BadInput(
+            "train --model under a launcher: convolutional networks train data-parallel from \
+             one process for now; run `gpukit train --model ... --device cuda:0 --gpus N` \
+             outside the launcher"
+                .into(),
+        )
+        .into());
+    }
     let request = cnn_request(a, model)?;
     let device = request.device;
     let discovery = if device == Device::Cpu {
