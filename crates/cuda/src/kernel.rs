@@ -41,11 +41,7 @@ use std::collections::HashMap;
 
 pub use signature::Param;
 
-/// The line that splits a module's source into programs NVRTC compiles apart, in parallel
-/// (a large module's compile takes seconds): the text before the first such line is every
-/// program's prefix, each text after one a program's own part (its kernels' instances; each
-/// kernel defined in one part only). A source without it is one program.
-pub const PART: &str = "\n// @part (compiled apart)\n";
+pub use crate::nvrtc::PART;
 
 /// The kernels' name for an element type: its storage type's name (`f32` for tf32). Every
 /// gpukit module names its typed kernels `{kernel}_{tag}`; a module without that type's

@@ -71,7 +71,11 @@ fn cubin(discovery: &Discovery, source: &str, stem: &str, arch: &str) -> Result<
     Ok((Ptx::from_binary(bytes), "compiled by NVRTC".to_string()))
 }
 
-use crate::kernel::PART;
+/// The line that splits a module's source into programs NVRTC compiles apart, in parallel
+/// (a large module's compile takes seconds): the text before the first such line is every
+/// program's prefix, each text after one a program's own part (its kernels' instances; each
+/// kernel defined in one part only). A source without it is one program.
+pub const PART: &str = "\n// @part (compiled apart)\n";
 
 /// The programs of a module's source, each with its name in the cache: the whole source as
 /// `stem`, or the prefix followed by each part as `{stem}.{k}`.
