@@ -34,6 +34,19 @@ pub struct Shard {
 }
 
 impl Shard {
+    /// This rank's block of `region` (`n` elements of `ty`, split into `world` equal blocks)
+    /// and the block's element count: what a reduce-scatter leaves here and an all-gather
+    /// sends from here.
+    fn block<'a>(
+        self,
+        region: gpukit_cuda::View<'a>,
+        n: usize,
+        ty: DType,
+    ) -> Result<(gpukit_cuda::View<'a>, usize)> {
+        let (e, c) = (ty.size_bytes(), n / self.world.max(1));
+        Ok((region.sub(self.rank * c * e, c * e)?, c))
+    }
+
     /// Rank `rank`'s first row (within the combined batch) and row count, for a combined batch
     /// of `m` rows of at most `world x batch`: `batch` each when full; the last, partial one
     /// shared as evenly as it goes (the first `m % world` ranks one row more).
@@ -192,12 +205,11 @@ impl GpuTrainer {
             let whole = comm_buf.as_ref().unwrap_or(&self.grads).view();
             let region = whole.sub(a * e, (b - a) * e)?;
             if sharded {
-                let c = (b - a) / shard.world;
-                let block = region.sub(shard.rank * c * e, c * e)?;
+                let (block, c) = shard.block(region, b - a, comm_type)?;
                 comm.reduce_scatter(region, block, c, comm_type, RedOp::Avg)?;
                 let we = weight_type.size_bytes();
                 let region = self.grads.view().sub(a * we, (b - a) * we)?;
-                let block = region.sub(shard.rank * c * we, c * we)?;
+                let (block, c) = shard.block(region, b - a, weight_type)?;
                 comm.all_gather(block, region, c, weight_type)?;
             } else {
                 comm.all_reduce(region, region, b - a, comm_type, RedOp::Avg)?;
@@ -292,8 +304,7 @@ impl GpuTrainer {
         };
         dp.comm.stream().wait(&self.gpu.stream().record()?)?;
         if dp.sharded {
-            let (e, c) = (ty.size_bytes(), (b - a) / self.shard().world);
-            let block = region.sub(self.shard().rank * c * e, c * e)?;
+            let (block, c) = self.shard().block(region, b - a, ty)?;
             dp.comm.reduce_scatter(region, block, c, ty, RedOp::Avg)?;
         } else {
             dp.comm.all_reduce(region, region, b - a, ty, RedOp::Avg)?;
@@ -429,9 +440,9 @@ impl GpuTrainer {
         buf: &gpukit_cuda::DeviceBuffer,
         ty: DType,
     ) -> Result<()> {
-        let (e, c) = (ty.size_bytes(), (b - a) / self.shard().world);
+        let e = ty.size_bytes();
         let region = buf.view().sub(a * e, (b - a) * e)?;
-        let block = region.sub(self.shard().rank * c * e, c * e)?;
+        let (block, c) = self.shard().block(region, b - a, ty)?;
         dp.comm.all_gather(block, region, c, ty)?;
         Ok(())
     }
