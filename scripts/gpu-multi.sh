@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on a lent machine with several GPUs, from the project root, over binaries staged into
 # .device/ (see scripts/gpu-test.sh):
-#   bash scripts/gpu-multi.sh [bench|train|overlap|pipeline|faults|all]     (default: all)
+#   bash scripts/gpu-multi.sh [bench|train|overlap|cnn|pipeline|faults|all]     (default: all)
 # bench: the cuda crate's GPU tests (NCCL collectives against float64, peer copies), then
 #        `bench nccl` in one process beside torch.distributed, the same sweep through
 #        `gpukit launch`, through torchrun and as CUDA graphs, NCCL's socket transport (shared
@@ -15,6 +15,8 @@
 #        pieces each reduced when done, op-by-op launches or CUDA graphs, f32 or bf16 gradients
 #        (the data-parallel GPU test first, PyTorch DDP and DDP with ZeroRedundancyOptimizer
 #        once beside).
+# cnn: ResNet-50 bf16 data-parallel as threads of one process and under `gpukit launch` (one
+#        process a rank), their per-update losses compared.
 # pipeline: the pipeline GPU test, then `train --pipeline 2` of the 1024-4096x8-16 MLP at batch 4096
 #        (SGD: fp32 and bf16, beside PyTorch's Schedule1F1B; a micro-batch sweep), and a
 #        16384-wide model one GPU refuses under --memory-fraction 0.4 (sized from the GPU's memory).
@@ -162,6 +164,29 @@ if os.path.exists(p):
     print("one GPU, combined batch: losses", [round(x, 6) for x in r["step_losses"][:4]], "...", [round(x, 6) for x in r["step_losses"][-2:]])
 PY
   tail -3 "$W/dp-threads.err" "$W/dp-launch.err" | tee -a "$SUMMARY"
+fi
+
+if [ "$MODE" = cnn ]; then
+  # ResNet-50 bf16, 256 a GPU, data-parallel as threads of one process and as one process a
+  # rank under `gpukit launch` (the same losses: the same data, order and weights)
+  C="--model resnet50 --precision bf16 --batch-size 256 --steps 30 --samples 16384"
+  clean "$BIN" train $C --device cuda:0 --gpus "$NGPU" --save-json "$W/cnn-threads.json" --save-losses "$W/cnn-threads.csv" >"$W/cnn-threads.txt" 2>"$W/cnn-threads.err"
+  say "train --model resnet50 --gpus $NGPU (threads) rc=$?"
+  clean timeout 300 "$BIN" launch --nproc-per-node "$NGPU" -- "$BIN" train $C --save-json "$W/cnn-launch.json" --save-losses "$W/cnn-launch.csv" >"$W/cnn-launch.txt" 2>"$W/cnn-launch.err"
+  say "train --model resnet50 under gpukit launch ($NGPU processes) rc=$?"
+  grep -hE "Scaling efficiency|Images|Step time|Update" "$W/cnn-threads.txt" "$W/cnn-launch.txt" | cut -c1-200 | tee -a "$SUMMARY"
+  python3 - "$W" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import csv, sys, os
+w = sys.argv[1]
+def losses(n):
+    p = os.path.join(w, n)
+    return [float(r["loss"]) for r in csv.DictReader(open(p))] if os.path.exists(p) else []
+a, b = losses("cnn-threads.csv"), losses("cnn-launch.csv")
+if a and len(a) == len(b):
+    print("threads vs launch: %d updates, losses within %.1e relative" % (len(a), max(abs(x - y) / abs(x) for x, y in zip(a, b))))
+else:
+    print("threads vs launch: %d against %d updates" % (len(a), len(b)))
+PY
 fi
 
 if [ "$MODE" = overlap ]; then

@@ -153,20 +153,29 @@ fn a_rank_without_peers_gives_up_with_a_message() -> Result<(), Failed> {
     ensure(err.contains("MASTER_ADDR"), || err)
 }
 
-/// `train --model` under a launcher is refused with exit 2 (each process would train alone).
-fn a_launched_cnn_rank_is_refused() -> Result<(), Failed> {
-    let args = ["train", "--model", "resnet18", "--device", "cuda:0"];
-    let out = Command::new(bin())
-        .args(args)
-        .env("RANK", "1")
-        .env("WORLD_SIZE", "2")
-        .env("LOCAL_RANK", "1")
-        .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", "29500")
-        .output()?;
-    exited(&out, 2, &args)?;
-    let err = text(&out.stderr);
-    ensure(err.contains("under a launcher"), || err)
+/// `train --model` under a launcher: each process is one rank, so what one process drives
+/// (several GPUs, PyTorch's DDP beside, the CPU) is refused with exit 2 before any work.
+fn a_launched_cnn_rank_refuses_what_one_process_drives() -> Result<(), Failed> {
+    for (flags, says) in [
+        (&["--gpus", "2"][..], "--gpus"),
+        (&["--compare-pytorch"][..], "--compare-pytorch"),
+        (&["--device", "cpu"][..], "GPUs"),
+    ] {
+        let mut args = vec!["train", "--model", "resnet18"];
+        args.extend_from_slice(flags);
+        let out = Command::new(bin())
+            .args(&args)
+            .env("RANK", "1")
+            .env("WORLD_SIZE", "2")
+            .env("LOCAL_RANK", "1")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", "29500")
+            .output()?;
+        exited(&out, 2, &args)?;
+        let err = text(&out.stderr);
+        ensure(err.contains(says), || format!("{args:?}: {err}"))?;
+    }
+    Ok(())
 }
 
 /// `--html FILE` beside any command: one self-contained page (no script, nothing fetched) with
@@ -708,8 +717,8 @@ fn main() {
             a_rank_without_peers_gives_up_with_a_message,
         ),
         (
-            "a_launched_cnn_rank_is_refused",
-            a_launched_cnn_rank_is_refused,
+            "a_launched_cnn_rank_refuses_what_one_process_drives",
+            a_launched_cnn_rank_refuses_what_one_process_drives,
         ),
         (
             "monitor_runs_a_command_and_passes_its_exit_code",

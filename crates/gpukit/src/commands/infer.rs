@@ -264,7 +264,7 @@ pub(super) fn profile(cmd: ProfileCommand, out: &Output) -> Result<()> {
                     )
                     .into());
                 }
-                let request = super::train::cnn_request(a.train, model)?;
+                let request = super::train::cnn_request(a.train, model, None)?;
                 let discovery = prepare_process();
                 check_named_gpu(&discovery, DeviceSelection::One(request.device))?;
                 let report = gpukit_bench::workload::profile::profile_cnn_train(

@@ -139,18 +139,16 @@ pub(super) fn cnn_only_flag(a: &TrainArgs) -> Option<&'static str> {
 /// `train --model`: a ResNet, refusing the flags only the MLP loop takes.
 fn train_cnn(a: TrainArgs, model: gpukit_train::cnn::resnet::Depth, out: &Output) -> Result<()> {
     use gpukit_bench::workload::train::cnn::{document, run_cnn_train};
-    // one process a rank is not there yet for convolutional networks: without this every
-    // process would train alone, unaware of the others
-    if gpukit_ranks::world::from_process_env()?.is_some_and(|w| w.world_size > 1) {
+    // under a launcher every process is one rank, on cuda:LOCAL_RANK
+    let world = gpukit_ranks::world::from_process_env()?.filter(|w| w.world_size > 1);
+    if world.is_some() && a.device == Some(Device::Cpu) {
         return Err(Error::BadInput(
-            "train --model under a launcher: convolutional networks train data-parallel from \
-             one process for now; run `gpukit train --model ... --device cuda:0 --gpus N` \
-             outside the launcher"
-                .into(),
+            "data-parallel training runs on GPUs: leave --device out or name cuda:N".into(),
         )
         .into());
     }
-    let request = cnn_request(a, model)?;
+    let rank0 = world.as_ref().is_none_or(|w| w.rank == 0);
+    let request = cnn_request(a, model, world)?;
     let device = request.device;
     let discovery = if device == Device::Cpu {
         discover()
@@ -159,8 +157,17 @@ fn train_cnn(a: TrainArgs, model: gpukit_train::cnn::resnet::Depth, out: &Output
         check_named_gpu(&d, DeviceSelection::One(device))?;
         d
     };
+    let mut quiet = |_: &str| {};
     let mut shown = progress();
-    let report = run_cnn_train(&request, &discovery, &mut shown)?;
+    let progress: &mut dyn FnMut(&str) = if rank0 { &mut shown } else { &mut quiet };
+    let report = run_cnn_train(&request, &discovery, progress)?;
+    if !rank0 {
+        // rank 0 reports the run; another rank says only that it failed
+        return match report.diverged {
+            Some(why) => Err(Error::Failed(why).into()),
+            None => Ok(()),
+        };
+    }
     let sections = render::cnn_train_sections(&report);
     emit(&document(report), out, Vec::new(), sections)
 }
@@ -170,6 +177,7 @@ fn train_cnn(a: TrainArgs, model: gpukit_train::cnn::resnet::Depth, out: &Output
 pub(super) fn cnn_request(
     a: TrainArgs,
     model: gpukit_train::cnn::resnet::Depth,
+    launched: Option<gpukit_ranks::world::World>,
 ) -> Result<gpukit_bench::workload::train::cnn::CnnTrainRequest> {
     use gpukit_bench::workload::train::cnn::{check_request, CnnTrainRequest};
     let mlp_only = [
@@ -197,7 +205,10 @@ pub(super) fn cnn_request(
         ))
         .into());
     }
-    let device = a.device.unwrap_or(Device::Cpu);
+    let device = match &launched {
+        Some(w) => Device::Cuda(w.local_rank),
+        None => a.device.unwrap_or(Device::Cpu),
+    };
     let request = CnnTrainRequest {
         model,
         device,
@@ -223,6 +234,7 @@ pub(super) fn cnn_request(
         accumulate: a.accumulate,
         checkpoint_activations: a.checkpoint_activations,
         gpus: a.gpus,
+        launched,
         bucket_mb: a.bucket_mb,
         grad_comm: a.grad_comm,
         graph: match (a.graph, a.no_graph) {

@@ -61,6 +61,9 @@ pub struct CnnTrainRequest {
     pub accumulate: Option<usize>,
     /// Data-parallel over cuda:0..N-1 (`batch_size` images on each).
     pub gpus: Option<usize>,
+    /// Data-parallel under a launcher: this process is one rank of this world, on
+    /// cuda:`local_rank` (`device` names it).
+    pub launched: Option<gpukit_ranks::world::World>,
     /// Data-parallel: gradient buckets of at least this many MiB [default: one bucket].
     pub bucket_mb: Option<f64>,
     /// Data-parallel: the type gradients are averaged in [default f32; bf16 rounds them].
@@ -236,13 +239,6 @@ pub fn check_request(r: &CnnTrainRequest) -> Result<()> {
                 n - 1
             )));
         }
-        if r.bucket_mb
-            .is_some_and(|mb| mb.is_nan() || mb.is_infinite() || mb <= 0.0)
-        {
-            return Err(Error::BadInput(
-                "--bucket-mb: must be a positive number of MiB".into(),
-            ));
-        }
         if n > 1 && r.profile.is_some() {
             return Err(Error::BadInput(
                 "--gpus: profile records one GPU's update; leave --gpus out".into(),
@@ -256,7 +252,35 @@ pub fn check_request(r: &CnnTrainRequest) -> Result<()> {
             ));
         }
     }
-    if r.gpus.unwrap_or(1) < 2 && (r.grad_comm.is_some() || r.bucket_mb.is_some()) {
+    if let Some(w) = &r.launched {
+        let refused = [
+            (r.gpus.is_some_and(|n| n > 1), "--gpus drives several GPUs from one process; under a launcher every process is one rank (leave --gpus out)"),
+            (r.compare_pytorch, "--compare-pytorch: PyTorch's DistributedDataParallel is started from one process; run gpukit with --gpus N instead of under a launcher"),
+            (r.profile.is_some(), "profile records one GPU's update; run it outside a launcher"),
+            (r.accumulate.is_some_and(|k| k > 1), "--accumulate: data-parallel training of convolutional networks takes one batch an update (drop it under a launcher)"),
+        ];
+        if let Some((_, why)) = refused.iter().find(|(bad, _)| *bad) {
+            return Err(Error::BadInput((*why).into()));
+        }
+        if r.device != Device::Cuda(w.local_rank) {
+            return Err(Error::BadInput(format!(
+                "rank {} trains on cuda:{} (its LOCAL_RANK), not {}",
+                w.rank, w.local_rank, r.device
+            )));
+        }
+    }
+    let world = r
+        .launched
+        .as_ref()
+        .map_or(r.gpus.unwrap_or(1), |w| w.world_size);
+    if r.bucket_mb
+        .is_some_and(|mb| mb.is_nan() || mb.is_infinite() || mb <= 0.0)
+    {
+        return Err(Error::BadInput(
+            "--bucket-mb: must be a positive number of MiB".into(),
+        ));
+    }
+    if world < 2 && (r.grad_comm.is_some() || r.bucket_mb.is_some()) {
         return Err(Error::BadInput(
             "--grad-comm and --bucket-mb: say how data-parallel ranks average their gradients; \
              give --gpus N (2 or more)"
@@ -424,7 +448,10 @@ pub fn run_cnn_train(
         |f| f.size,
     );
     // data-parallel: each update trains a combined batch, `batch` on each GPU
-    let world = r.gpus.unwrap_or(1);
+    let world = r
+        .launched
+        .as_ref()
+        .map_or(r.gpus.unwrap_or(1), |w| w.world_size);
     let combined = batch * world;
     let count = file
         .as_ref()
@@ -507,8 +534,12 @@ pub fn run_cnn_train(
             bucket_mb: r.bucket_mb.unwrap_or(gradient_mib),
             grad_comm: r.grad_comm.unwrap_or(DType::F32),
         };
+        let placement = match &r.launched {
+            Some(w) => cnn_parallel::Placement::Launched(w),
+            None => cnn_parallel::Placement::Threads(world),
+        };
         let (setup_seconds, out, figures, dp) =
-            cnn_parallel::train(&setup, world, (&images, &cfg), started, progress)?;
+            cnn_parallel::train(&setup, placement, (&images, &cfg), started, progress)?;
         data_parallel = Some(dp);
         conv_algorithms = figures.conv_algorithms.clone();
         (setup_seconds, out, Some(figures))
@@ -574,7 +605,9 @@ pub fn run_cnn_train(
         .filter(|n| n.precision.scaled())
         .map(GpuResNet::scaler)
         .transpose()?;
-    if let Some(path) = &r.save_losses {
+    // under a launcher rank 0 writes what the run leaves (every rank holds the same losses)
+    let writes = r.launched.as_ref().is_none_or(|w| w.rank == 0);
+    if let Some(path) = r.save_losses.as_ref().filter(|_| writes) {
         let mut csv = String::from("step,loss\n");
         for u in &out.updates {
             csv.push_str(&format!("{},{:e}\n", u.step, u.loss));
@@ -728,9 +761,75 @@ mod tests {
             compare_pytorch: false,
             accumulate: None,
             gpus: None,
+            launched: None,
             bucket_mb: None,
             grad_comm: None,
             checkpoint_activations: false,
+        }
+    }
+
+    #[test]
+    fn a_launched_rank_refuses_what_one_process_drives() {
+        let env = |k: &str| {
+            match k {
+                "RANK" => Some("1"),
+                "WORLD_SIZE" => Some("2"),
+                "LOCAL_RANK" => Some("1"),
+                "MASTER_ADDR" => Some("127.0.0.1"),
+                "MASTER_PORT" => Some("29500"),
+                _ => None,
+            }
+            .map(str::to_string)
+        };
+        let w = gpukit_ranks::world::from_env(&env).unwrap().unwrap();
+        let launched = CnnTrainRequest {
+            device: Device::Cuda(1),
+            launched: Some(w),
+            ..request()
+        };
+        assert!(check_request(&launched).is_ok());
+        // bucket size and averaging type are a launched world's too
+        let bf16 = CnnTrainRequest {
+            grad_comm: Some(DType::Bf16),
+            bucket_mb: Some(25.0),
+            ..launched.clone()
+        };
+        assert!(check_request(&bf16).is_ok());
+        for (bad, says) in [
+            (
+                CnnTrainRequest {
+                    gpus: Some(2),
+                    ..launched.clone()
+                },
+                "--gpus",
+            ),
+            (
+                CnnTrainRequest {
+                    compare_pytorch: true,
+                    ..launched.clone()
+                },
+                "--compare-pytorch",
+            ),
+            (
+                CnnTrainRequest {
+                    accumulate: Some(2),
+                    ..launched.clone()
+                },
+                "--accumulate",
+            ),
+            (
+                CnnTrainRequest {
+                    device: Device::Cuda(0),
+                    ..launched.clone()
+                },
+                "LOCAL_RANK",
+            ),
+        ] {
+            let err = check_request(&bad).unwrap_err();
+            assert!(
+                matches!(err, Error::BadInput(_)) && err.to_string().contains(says),
+                "{says}: {err}"
+            );
         }
     }
 

@@ -11,6 +11,13 @@
 //! The loop is the one-GPU loop ([`gpukit_train::cnn::run::train`]) over the combined batches,
 //! with [`Ranks`] as its stepper: each update hands every rank thread its shard and returns the
 //! mean of their losses (the combined batch's) and the sum of their right answers.
+//!
+//! Under a launcher (`gpukit launch`, torchrun, srun, mpirun: [`Placement::Launched`]) each
+//! process is one rank: it runs the same loop over the same combined batches (the same data
+//! and order on every process), its one rank thread trains its own shard, and once joined the
+//! thread sums the loss and right answers over every rank through NCCL. The processes meet at
+//! gpukit's rendezvous (which also hands out NCCL's id) and exchange their timings, first
+//! alone loss and final weights' digest there.
 
 use crate::error::{Error, Result};
 use gpukit_cuda::loader::Discovery;
@@ -81,6 +88,33 @@ pub struct DdpCnnRow {
     pub scaling_efficiency: Option<f64>,
 }
 
+/// Where the ranks run.
+#[derive(Clone, Copy)]
+pub enum Placement<'a> {
+    /// Every rank a thread of this process, rank r on cuda:r.
+    Threads(usize),
+    /// This process is one rank of a launched world, on cuda:`local_rank`.
+    Launched(&'a gpukit_ranks::world::World),
+}
+
+impl Placement<'_> {
+    /// How many ranks train together.
+    pub fn world(&self) -> usize {
+        match self {
+            Placement::Threads(n) => *n,
+            Placement::Launched(w) => w.world_size,
+        }
+    }
+
+    /// This process's threads: each (rank, GPU ordinal).
+    fn local(&self) -> Vec<(usize, usize)> {
+        match self {
+            Placement::Threads(n) => (0..*n).map(|r| (r, r)).collect(),
+            Placement::Launched(w) => vec![(w.rank, w.local_rank)],
+        }
+    }
+}
+
 /// What every rank builds: the same network, weights and optimizer.
 pub struct Setup<'a> {
     pub discovery: &'a Discovery,
@@ -126,38 +160,45 @@ pub struct RankFigures {
 
 enum Reply {
     Ready,
-    Stepped(f64, usize),
+    /// The step's loss and right answers: its own shard's, or (true) summed over every rank.
+    Stepped(f64, usize, bool),
     Joined,
     Figures(RankFigures),
 }
 
-/// The rank threads, as one stepper of the combined batches.
+/// This process's rank threads, as one stepper of the combined batches.
 pub struct Ranks {
     asks: Vec<Sender<Ask>>,
     replies: Vec<Receiver<Result<Reply>>>,
     batch_per_gpu: usize,
-}
-
-fn gone(rank: usize) -> Error {
-    Error::Failed(format!("the thread of rank {rank} (cuda:{rank}) ended"))
+    /// Each thread's (rank, GPU ordinal).
+    local: Vec<(usize, usize)>,
+    /// Ranks in all (on every process).
+    world: usize,
 }
 
 impl Ranks {
-    fn send(&self, rank: usize, ask: Ask) -> Result<()> {
-        self.asks[rank].send(ask).map_err(|_| gone(rank))
+    fn gone(&self, i: usize) -> Error {
+        let (rank, ordinal) = self.local[i];
+        Error::Failed(format!("the thread of rank {rank} (cuda:{ordinal}) ended"))
+    }
+
+    fn send(&self, i: usize, ask: Ask) -> Result<()> {
+        self.asks[i].send(ask).map_err(|_| self.gone(i))
     }
 
     /// Every rank's reply, in rank order; the first failure arms the hang guard (the others may
     /// wait for the failed rank inside NCCL) and is returned.
     fn gather(&self) -> Result<Vec<Reply>> {
         let mut out = Vec::with_capacity(self.replies.len());
-        for (rank, rx) in self.replies.iter().enumerate() {
-            match rx.recv().map_err(|_| gone(rank)).and_then(|r| r) {
+        for (i, rx) in self.replies.iter().enumerate() {
+            match rx.recv().map_err(|_| self.gone(i)).and_then(|r| r) {
                 Ok(r) => out.push(r),
                 Err(e) => {
+                    let (rank, ordinal) = self.local[i];
                     crate::hang_guard::after_failure(
                         HANG_TIMEOUT,
-                        format!("rank {rank} (cuda:{rank}): {e}"),
+                        format!("rank {rank} (cuda:{ordinal}): {e}"),
                     );
                     return Err(e);
                 }
@@ -166,11 +207,11 @@ impl Ranks {
         Ok(out)
     }
 
-    /// Joins every rank to one communicator, each starting again from the initial weights.
-    pub fn join(&self) -> Result<()> {
-        let id = UniqueId::new()?;
-        for rank in 0..self.asks.len() {
-            self.send(rank, Ask::Join(id.clone()))?;
+    /// Joins every rank of this process to the communicator of `id` (every process's ranks
+    /// join the same one), each starting again from the initial weights.
+    pub fn join(&self, id: &UniqueId) -> Result<()> {
+        for i in 0..self.asks.len() {
+            self.send(i, Ask::Join(id.clone()))?;
         }
         self.gather().map(|_| ())
     }
@@ -178,8 +219,8 @@ impl Ranks {
     /// Rank 0's figures, once every rank is seen to hold the same weights (each applied the
     /// same averaged gradients to the same start: a difference is a broken average).
     pub fn figures(&self) -> Result<RankFigures> {
-        for rank in 0..self.asks.len() {
-            self.send(rank, Ask::Figures)?;
+        for i in 0..self.asks.len() {
+            self.send(i, Ask::Figures)?;
         }
         let mut all = Vec::new();
         for reply in self.gather()? {
@@ -224,44 +265,57 @@ impl Stepper for Ranks {
         fresh: bool,
         micro: (usize, usize),
     ) -> gpukit_train::Result<(f64, usize)> {
-        let ranks = self.asks.len();
+        let (world, here) = (self.world, self.asks.len());
         let b = self.batch_per_gpu;
-        if images.shape[0] != ranks * b || labels.len() != ranks * b {
+        if images.shape[0] != world * b || labels.len() != world * b {
             return Err(gpukit_train::Error::Failed(format!(
-                "a combined batch of {} images for {ranks} ranks of {b}",
+                "a combined batch of {} images for {world} ranks of {b}",
                 images.shape[0]
             )));
         }
         let fail = |e: Error| gpukit_train::Error::Failed(e.to_string());
-        for rank in 0..ranks {
+        for (i, &(rank, _)) in self.local.iter().enumerate() {
             let shard = fresh.then(|| rows((images, labels), rank * b, b));
-            self.send(rank, Ask::Step { shard, micro }).map_err(fail)?;
+            self.send(i, Ask::Step { shard, micro }).map_err(fail)?;
         }
-        let (mut loss, mut correct) = (0.0, 0);
-        for reply in self.gather().map_err(fail)? {
-            if let Reply::Stepped(l, c) = reply {
-                loss += l / ranks as f64;
-                correct += c;
-            }
-        }
-        Ok((loss, correct))
+        Ok(combine(self.gather().map_err(fail)?, world, here))
     }
 }
 
-/// One rank's thread: builds its trainer on cuda:`rank` (its memory checked first), answers
-/// Ready, then serves asks until the channel closes or one fails.
+/// The combined batch's loss and right answers from this process's threads' replies: a reply
+/// summed over every rank (a launched rank once joined) is the whole; else the mean of the
+/// threads' losses and the sum of their answers (every rank of a world of threads, or a
+/// launched rank's own shard before it joins).
+fn combine(replies: Vec<Reply>, world: usize, here: usize) -> (f64, usize) {
+    let (mut loss, mut correct) = (0.0, 0);
+    for reply in replies {
+        match reply {
+            Reply::Stepped(l, c, true) => return (l / world as f64, c),
+            Reply::Stepped(l, c, false) => {
+                loss += l / here as f64;
+                correct += c;
+            }
+            _ => {}
+        }
+    }
+    (loss, correct)
+}
+
+/// One rank's thread: builds its trainer on cuda:`ordinal` (its memory checked first), answers
+/// Ready, then serves asks until the channel closes or one fails. With `sums`, a joined rank's
+/// step answers its loss and right answers summed over every rank (through NCCL).
 fn rank_thread(
     setup: &Setup<'_>,
-    rank: usize,
-    world: usize,
+    (rank, ordinal, world): (usize, usize, usize),
+    sums: bool,
     asks: Receiver<Ask>,
     replies: Sender<Result<Reply>>,
 ) {
     let built = (|| -> Result<(std::sync::Arc<Gpu>, GpuResNet)> {
-        let gpu = std::sync::Arc::new(Gpu::open(setup.discovery, rank)?);
+        let gpu = std::sync::Arc::new(Gpu::open(setup.discovery, ordinal)?);
         let (free, _) = gpu.mem_info()?;
         device_need(
-            rank,
+            ordinal,
             setup.model,
             (setup.batch_per_gpu, 1, setup.checkpoint),
             setup.image,
@@ -304,7 +358,11 @@ fn rank_thread(
                     .as_ref()
                     .ok_or_else(|| Error::Failed("a step before any batch".into()))?;
                 let (l, c) = net.step((images, labels), fresh, micro)?;
-                Ok(Reply::Stepped(l, c))
+                if sums && net.has_peers() {
+                    let all = net.sum_over_ranks(&[l, c as f64])?;
+                    return Ok(Reply::Stepped(all[0], all[1].round() as usize, true));
+                }
+                Ok(Reply::Stepped(l, c, false))
             })(),
             Ask::Join(id) => (|| {
                 let comm = Comm::init_rank_on(&gpu, gpu.new_priority_stream()?, &id, rank, world)?;
@@ -336,51 +394,89 @@ fn rank_thread(
     }
 }
 
-/// Trains `world` ranks of `setup` over `images` by `cfg` (its batch the combined one): first
-/// each rank alone on its shards, then together from the initial weights. Returns the seconds
-/// from `started` to the first update, the data-parallel loop's outcome, rank 0's figures and
-/// the data-parallel figures (no PyTorch rows yet); an error when the first data-parallel loss
-/// is not the first alone loss (the same weights and shards) or the ranks' weights differ at
-/// the end.
+/// Trains the ranks of `placement` (`setup` on each) over `images` by `cfg` (its batch the
+/// combined one): first each rank alone on its shards, then together from the initial weights.
+/// Returns the seconds from `started` to the first update, the data-parallel loop's outcome,
+/// rank 0's figures (this process's first rank's, launched) and the data-parallel figures (no
+/// PyTorch rows yet; the slowest rank's update times); an error when the first data-parallel
+/// loss is not the ranks' first alone loss (the same weights and shards) or the ranks' weights
+/// differ at the end.
 pub fn train(
     setup: &Setup<'_>,
-    world: usize,
+    placement: Placement<'_>,
     (images, cfg): (&Images, &LoopConfig),
     started: Instant,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(f64, LoopOutcome, RankFigures, CnnDataParallel)> {
-    let (setup_seconds, alone, out, figures) = with_ranks(setup, world, |ranks| {
-        let setup_seconds = started.elapsed().as_secs_f64();
-        let alone = run::train(ranks, images, cfg, &mut |u| {
-            progress(&format!(
-                "each GPU alone, update {}: {:.1} ms",
-                u.step,
-                u.seconds * 1e3
-            ))
-        })?;
-        ranks.join()?;
-        let out = run::train(ranks, images, cfg, &mut |u| {
-            progress(&format!(
-                "data-parallel x{world}, update {}: loss {:.6} ({:.1} ms)",
-                u.step,
-                u.loss,
-                u.seconds * 1e3
-            ))
-        })?;
-        Ok((setup_seconds, alone, out, ranks.figures()?))
+    let world = placement.world();
+    let (setup_seconds, alone, out, figures, exchanged) = with_ranks(setup, placement, |ranks| {
+        // launched: the processes meet (rank 0 hands out NCCL's id) before training alone
+        let session = match placement {
+            Placement::Launched(w) => Some(meet(w)?),
+            Placement::Threads(_) => None,
+        };
+        let run = (|| -> Result<_> {
+            let setup_seconds = started.elapsed().as_secs_f64();
+            let alone = run::train(ranks, images, cfg, &mut |u| {
+                progress(&format!(
+                    "each GPU alone, update {}: {:.1} ms",
+                    u.step,
+                    u.seconds * 1e3
+                ))
+            })?;
+            let id = match &session {
+                Some(s) => UniqueId::from_bytes(s.blob())?,
+                None => UniqueId::new()?,
+            };
+            ranks.join(&id)?;
+            let out = run::train(ranks, images, cfg, &mut |u| {
+                progress(&format!(
+                    "data-parallel x{world}, update {}: loss {:.6} ({:.1} ms)",
+                    u.step,
+                    u.loss,
+                    u.seconds * 1e3
+                ))
+            })?;
+            let figures = ranks.figures()?;
+            let exchanged = match &session {
+                Some(s) => Some(exchange(s, &alone, &out, figures.weights)?),
+                None => None,
+            };
+            Ok((setup_seconds, alone, out, figures, exchanged))
+        })();
+        match (session, run) {
+            (Some(s), Ok(done)) => {
+                s.finish()?;
+                Ok(done)
+            }
+            (Some(s), Err(e)) => {
+                s.abort(&e.to_string());
+                Err(e)
+            }
+            (None, run) => run,
+        }
     })?;
-    // both phases start from the same weights on the same shards: the same first loss
-    if let (Some(a), Some(d)) = (alone.updates.first(), out.updates.first()) {
-        let apart = (a.loss - d.loss).abs() / a.loss.abs().max(1e-30);
+    let mine = (
+        alone.updates.first().map(|u| u.loss),
+        median_step_ms(&alone.updates),
+        median_step_ms(&out.updates),
+    );
+    // both phases start from the same weights on the same shards: the same first loss (a
+    // launched rank's alone loss is its own shard's: the ranks' mean is the combined batch's)
+    let (first_alone, single, together) = match &exchanged {
+        Some(e) => e.combined()?,
+        None => mine,
+    };
+    if let (Some(a), Some(d)) = (first_alone, out.updates.first()) {
+        let apart = (a - d.loss).abs() / a.abs().max(1e-30);
         if apart.is_nan() || apart > 1e-5 {
             return Err(Error::Failed(format!(
-                "the first data-parallel loss {} is not the ranks' alone {} ({apart:.1e} \
+                "the first data-parallel loss {} is not the ranks' alone {a} ({apart:.1e} \
                  apart): the shards or the weights differ",
-                d.loss, a.loss
+                d.loss
             )));
         }
     }
-    let (single, together) = (median_step_ms(&alone.updates), median_step_ms(&out.updates));
     let batch = setup.batch_per_gpu;
     let dp = CnnDataParallel {
         ranks: world,
@@ -398,6 +494,71 @@ pub fn train(
         ddp: Vec::new(),
     };
     Ok((setup_seconds, out, figures, dp))
+}
+
+/// A launched rank at gpukit's rendezvous: every process arrives (or the run ends with a
+/// message), rank 0's NCCL id handed to all; a process that stops later ends the others.
+fn meet(w: &gpukit_ranks::world::World) -> Result<gpukit_ranks::rendezvous::Session> {
+    use gpukit_ranks::rendezvous::{OnLost, Options, Session};
+    gpukit_ranks::before_exit(|| gpukit_cuda::nccl::exit_now(1));
+    let options = Options {
+        timeout: HANG_TIMEOUT,
+        on_lost: OnLost::Exit,
+    };
+    Ok(Session::join(w, options, || {
+        UniqueId::new()
+            .map(|id| id.to_bytes())
+            .map_err(|e| e.to_string())
+    })?)
+}
+
+/// What each launched rank told the others after training: its first alone loss, its median
+/// update times alone and together, its final weights' digest (in rank order).
+struct Exchanged(Vec<RankSays>);
+
+/// One launched rank's first alone loss, median update times alone and together (ms), and
+/// final weights' digest.
+type RankSays = (Option<f64>, f64, f64, u64);
+
+impl Exchanged {
+    /// The ranks' mean first alone loss (the combined batch's) and the slowest rank's update
+    /// times; an error when a rank's final weights differ from rank 0's.
+    fn combined(&self) -> Result<(Option<f64>, f64, f64)> {
+        let all = &self.0;
+        if let Some(rank) = all.iter().position(|r| r.3 != all[0].3) {
+            return Err(Error::Failed(format!(
+                "after training, rank {rank}'s weights differ from rank 0's: the gradients were \
+                 not averaged alike"
+            )));
+        }
+        let firsts: Option<Vec<f64>> = all.iter().map(|r| r.0).collect();
+        let first = firsts.map(|f| f.iter().sum::<f64>() / f.len().max(1) as f64);
+        let slowest = |f: fn(&RankSays) -> f64| all.iter().map(f).fold(f64::NAN, f64::max);
+        Ok((first, slowest(|r| r.1), slowest(|r| r.2)))
+    }
+}
+
+/// Every launched rank's figures, through the rendezvous (one exchange after training).
+fn exchange(
+    session: &gpukit_ranks::rendezvous::Session,
+    alone: &LoopOutcome,
+    out: &LoopOutcome,
+    weights: u64,
+) -> Result<Exchanged> {
+    let mine = (
+        alone.updates.first().map(|u| u.loss),
+        median_step_ms(&alone.updates),
+        median_step_ms(&out.updates),
+        weights,
+    );
+    let bytes = serde_json::to_vec(&mine).map_err(|e| Error::Failed(e.to_string()))?;
+    let all = session
+        .all_gather(&bytes)?
+        .iter()
+        .map(|b| serde_json::from_slice(b))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::Failed(format!("a rank sent malformed figures: {e}")))?;
+    Ok(Exchanged(all))
 }
 
 /// What PyTorch's DistributedDataParallel is asked to train: the run's network, precision
@@ -495,27 +656,32 @@ pub fn median_step_ms(updates: &[UpdateStats]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Starts a thread per GPU (cuda:0..`world`), each with its trainer built, and hands
-/// `work` the ranks as a stepper; the threads end when `work` returns.
+/// Starts a thread per rank of this process (`placement`), each with its trainer built, and
+/// hands `work` the ranks as a stepper; the threads end when `work` returns.
 pub fn with_ranks<T>(
     setup: &Setup<'_>,
-    world: usize,
+    placement: Placement<'_>,
     work: impl FnOnce(&mut Ranks) -> Result<T>,
 ) -> Result<T> {
+    let world = placement.world();
+    let local = placement.local();
+    let sums = matches!(placement, Placement::Launched(_));
     std::thread::scope(|scope| {
         let mut asks = Vec::new();
         let mut replies = Vec::new();
-        for rank in 0..world {
+        for &(rank, ordinal) in &local {
             let (ask_tx, ask_rx) = channel();
             let (reply_tx, reply_rx) = channel();
             asks.push(ask_tx);
             replies.push(reply_rx);
-            scope.spawn(move || rank_thread(setup, rank, world, ask_rx, reply_tx));
+            scope.spawn(move || rank_thread(setup, (rank, ordinal, world), sums, ask_rx, reply_tx));
         }
         let mut ranks = Ranks {
             asks,
             replies,
             batch_per_gpu: setup.batch_per_gpu,
+            local,
+            world,
         };
         ranks.gather()?;
         // the threads end when their channels close, whatever `work` returned
@@ -538,6 +704,50 @@ mod tests {
         assert_eq!(x.shape, [2, 1, 1, 2]);
         assert_eq!(x.data, vec![4.0, 5.0, 6.0, 7.0]);
         assert_eq!(y, vec![2, 3]);
+    }
+
+    #[test]
+    fn a_combined_step_is_the_mean_of_the_shards_or_the_ranks_sum() {
+        // a world of threads: every shard's loss here
+        let threads = vec![Reply::Stepped(1.0, 3, false), Reply::Stepped(3.0, 5, false)];
+        assert_eq!(combine(threads, 2, 2), (2.0, 8));
+        // a launched rank once joined: its thread answers the sum over all 4 ranks
+        assert_eq!(
+            combine(vec![Reply::Stepped(10.0, 40, true)], 4, 1),
+            (2.5, 40)
+        );
+        // a launched rank alone: its own shard's
+        assert_eq!(combine(vec![Reply::Stepped(0.7, 2, false)], 4, 1), (0.7, 2));
+    }
+
+    #[test]
+    fn launched_ranks_figures_combine_into_the_slowest_and_the_mean_first_loss() {
+        let e = Exchanged(vec![(Some(1.0), 10.0, 12.0, 7), (Some(3.0), 11.0, 11.5, 7)]);
+        assert_eq!(e.combined().unwrap(), (Some(2.0), 11.0, 12.0));
+        let apart = Exchanged(vec![(Some(1.0), 1.0, 1.0, 7), (Some(1.0), 1.0, 1.0, 8)]);
+        let err = apart.combined().unwrap_err().to_string();
+        assert!(err.contains("rank 1's weights differ"), "{err}");
+        let none = Exchanged(vec![(None, 1.0, 1.0, 7), (Some(1.0), 1.0, 1.0, 7)]);
+        assert_eq!(none.combined().unwrap().0, None);
+    }
+
+    #[test]
+    fn placements_name_this_processs_ranks_and_gpus() {
+        assert_eq!(Placement::Threads(3).local(), vec![(0, 0), (1, 1), (2, 2)]);
+        let env = |k: &str| {
+            match k {
+                "RANK" => Some("3"),
+                "WORLD_SIZE" => Some("4"),
+                "LOCAL_RANK" => Some("1"),
+                "MASTER_ADDR" => Some("127.0.0.1"),
+                "MASTER_PORT" => Some("29500"),
+                _ => None,
+            }
+            .map(str::to_string)
+        };
+        let w = gpukit_ranks::world::from_env(&env).unwrap().unwrap();
+        let p = Placement::Launched(&w);
+        assert_eq!((p.world(), p.local()), (4, vec![(3, 1)]));
     }
 
     #[test]

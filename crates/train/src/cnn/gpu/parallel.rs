@@ -207,6 +207,20 @@ impl GpuResNet {
         Ok(h.finish())
     }
 
+    /// `values` summed over the ranks through the communicator (as they are without peers):
+    /// every rank must call it with as many values.
+    pub fn sum_over_ranks(&self, values: &[f64]) -> Result<Vec<f64>> {
+        match &self.dp {
+            Some(dp) => crate::gpu::parallel::reduce_f64((&self.gpu, &dp.comm), values, RedOp::Sum),
+            None => Ok(values.to_vec()),
+        }
+    }
+
+    /// Whether a communicator is attached.
+    pub fn has_peers(&self) -> bool {
+        self.dp.is_some()
+    }
+
     /// The type the gradients are averaged in (None without peers).
     pub fn grad_comm(&self) -> Option<DType> {
         self.dp.as_ref().map(CnnDp::comm_type)
