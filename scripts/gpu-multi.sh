@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on a lent machine with several GPUs, from the project root, over binaries staged into
 # .device/ (see scripts/gpu-test.sh):
-#   bash scripts/gpu-multi.sh [bench|train|overlap|cnn|pipeline|faults|all]     (default: all)
+#   bash scripts/gpu-multi.sh [bench|train|overlap|cnn|cnn-accumulate|pipeline|faults|all]     (default: all)
 # bench: the cuda crate's GPU tests (NCCL collectives against float64, peer copies), then
 #        `bench nccl` in one process beside torch.distributed, the same sweep through
 #        `gpukit launch`, through torchrun and as CUDA graphs, NCCL's socket transport (shared
@@ -17,6 +17,8 @@
 #        once beside).
 # cnn: ResNet-50 bf16 data-parallel as threads of one process and under `gpukit launch` (one
 #        process a rank), their per-update losses compared.
+# cnn-accumulate: ResNet-18 fp32 data-parallel with accumulation against one GPU accumulating
+#        as many micro-batches over the same images (per-update losses within 1e-4).
 # pipeline: the pipeline GPU test, then `train --pipeline 2` of the 1024-4096x8-16 MLP at batch 4096
 #        (SGD: fp32 and bf16, beside PyTorch's Schedule1F1B; a micro-batch sweep), and a
 #        16384-wide model one GPU refuses under --memory-fraction 0.4 (sized from the GPU's memory).
@@ -186,6 +188,28 @@ if a and len(a) == len(b):
     print("threads vs launch: %d updates, losses within %.1e relative" % (len(a), max(abs(x - y) / abs(x) for x, y in zip(a, b))))
 else:
     print("threads vs launch: %d against %d updates" % (len(a), len(b)))
+PY
+fi
+
+if [ "$MODE" = cnn-accumulate ]; then
+  # data-parallel accumulation: 2 ranks x 2 micro-batches of 8 against one GPU accumulating
+  # 4 micro-batches of 8 over the same images (batch norm is per micro-batch either way, so
+  # the updates are the same up to the order of the sums): fp32 losses within 1e-4
+  C="--model resnet18 --image-size 32 --classes 10 --precision fp32 --samples 256 --steps 4 --lr 0.01 --device cuda:0 --batch-size 8"
+  clean "$BIN" train $C --gpus 2 --accumulate 2 --save-json "$W/acc-dp.json" --save-losses "$W/acc-dp.csv" >"$W/acc-dp.txt" 2>"$W/acc-dp.err"
+  say "train resnet18 --gpus 2 --accumulate 2 rc=$?"
+  clean "$BIN" train $C --accumulate 4 --save-json "$W/acc-one.json" --save-losses "$W/acc-one.csv" >"$W/acc-one.txt" 2>"$W/acc-one.err"
+  say "train resnet18 --accumulate 4 (one GPU) rc=$?"
+  python3 - "$W" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import csv, sys, os
+w = sys.argv[1]
+def losses(n):
+    p = os.path.join(w, n)
+    return [float(r["loss"]) for r in csv.DictReader(open(p))] if os.path.exists(p) else []
+a, b = losses("acc-dp.csv"), losses("acc-one.csv")
+worst = max((abs(x - y) / abs(y) for x, y in zip(a, b)), default=float("nan"))
+ok = len(a) == len(b) == 4 and worst < 1e-4
+print("data-parallel accumulation vs one GPU: %d / %d updates, losses within %.1e: %s" % (len(a), len(b), worst, "ok" if ok else "FAILED"))
 PY
 fi
 

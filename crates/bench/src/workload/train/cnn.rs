@@ -244,13 +244,6 @@ pub fn check_request(r: &CnnTrainRequest) -> Result<()> {
                 "--gpus: profile records one GPU's update; leave --gpus out".into(),
             ));
         }
-        if n > 1 && r.accumulate.is_some_and(|k| k > 1) {
-            return Err(Error::BadInput(
-                "--gpus with --accumulate: data-parallel training of convolutional networks \
-                 takes one batch an update (drop one of the two)"
-                    .into(),
-            ));
-        }
     }
     if let Some(w) = &r.launched {
         let refused = [
@@ -533,6 +526,7 @@ pub fn run_cnn_train(
             graph: r.graph.unwrap_or(true),
             bucket_mb: r.bucket_mb.unwrap_or(gradient_mib),
             grad_comm: r.grad_comm.unwrap_or(DType::F32),
+            accumulate,
         };
         let placement = match &r.launched {
             Some(w) => cnn_parallel::Placement::Launched(w),
@@ -843,6 +837,17 @@ mod tests {
     }
 
     #[test]
+    fn data_parallel_accumulation_is_a_request_like_any_other() {
+        let r = CnnTrainRequest {
+            gpus: Some(2),
+            device: Device::Cuda(0),
+            accumulate: Some(2),
+            ..request()
+        };
+        assert!(check_request(&r).is_ok());
+    }
+
+    #[test]
     fn contradictions_are_refused_before_work() {
         let cases = [
             (
@@ -873,15 +878,6 @@ mod tests {
                     ..request()
                 },
                 "--gpus 2: data-parallel training runs on cuda:0..1; give --device cuda:0",
-            ),
-            (
-                CnnTrainRequest {
-                    gpus: Some(2),
-                    device: Device::Cuda(0),
-                    accumulate: Some(2),
-                    ..request()
-                },
-                "--gpus with --accumulate",
             ),
             (
                 CnnTrainRequest {

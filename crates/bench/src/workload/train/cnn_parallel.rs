@@ -130,6 +130,8 @@ pub struct Setup<'a> {
     pub bucket_mb: f64,
     /// The type the gradients are averaged in (f32, or bf16 which rounds them).
     pub grad_comm: gpukit_types::DType,
+    /// Micro-batches of `batch_per_gpu` an update sums on each rank (their sum averaged).
+    pub accumulate: usize,
 }
 
 /// A rank thread's work.
@@ -317,7 +319,7 @@ fn rank_thread(
         device_need(
             ordinal,
             setup.model,
-            (setup.batch_per_gpu, 1, setup.checkpoint),
+            (setup.batch_per_gpu, setup.accumulate, setup.checkpoint),
             setup.image,
             setup.precision,
             &setup.opt,
@@ -334,6 +336,7 @@ fn rank_thread(
             setup.smoothing,
         )?;
         net.use_graph(setup.graph);
+        net.set_accumulate(setup.accumulate)?;
         Ok((gpu, net))
     })();
     let (gpu, mut net) = match built {
@@ -488,8 +491,9 @@ pub fn train(
         gradient_mib: (setup.model.parameter_count() * 4) as f64 / f64::from(1 << 20),
         single_step_ms: single,
         step_ms: together,
-        single_images_per_s: batch as f64 / (single / 1e3),
-        images_per_s: cfg.batch_size as f64 / (together / 1e3),
+        // an update trains `accumulate` micro-batches
+        single_images_per_s: (batch * cfg.accumulate) as f64 / (single / 1e3),
+        images_per_s: (cfg.batch_size * cfg.accumulate) as f64 / (together / 1e3),
         scaling_efficiency: single / together,
         ddp: Vec::new(),
     };

@@ -155,6 +155,9 @@ pub struct GpuResNet {
     /// Micro-batches an update sums the gradients of, and their sum when above 1.
     accumulate: usize,
     acc: Option<DeviceBuffer>,
+    /// Whether the micro-batch being enqueued is its update's last (data-parallel with
+    /// accumulation averages the summed gradients then, bucket by bucket).
+    last_micro: std::cell::Cell<bool>,
     /// Data-parallel peers, when attached ([`GpuResNet::attach`]).
     dp: Option<parallel::CnnDp>,
     /// `gpukit profile train --model`: the update (0-based) to record, and how.
@@ -451,6 +454,7 @@ impl GpuResNet {
             graphs: [None, None, None],
             accumulate: 1,
             acc: None,
+            last_micro: std::cell::Cell::new(true),
             dp: None,
             profile_at: None,
             recording: None,

@@ -113,14 +113,10 @@ impl GpuResNet {
     /// stream of this GPU other than the work stream) averages the gradients in `grad_comm`
     /// (f32, or bf16 which rounds them) in buckets of at least `bucket_bytes` of f32
     /// gradients while backward goes on. Every rank must attach with the same network, bucket
-    /// size and type. Refused with gradient accumulation (its sum, not each micro-batch's
-    /// gradients, would need the average).
+    /// size and type. With gradient accumulation the sum of an update's micro-batches is
+    /// averaged: the last micro-batch's backward adds each bucket's gradients into the sum,
+    /// then averages that bucket of it.
     pub fn attach(&mut self, comm: Comm, bucket_bytes: usize, grad_comm: DType) -> Result<()> {
-        if self.accumulate != 1 {
-            return Err(Error::Setting(
-                "data-parallel training with --accumulate is not available yet".into(),
-            ));
-        }
         let buckets = buckets_of(
             &self.backward_groups()?,
             self.params_layout.total,
@@ -163,9 +159,21 @@ impl GpuResNet {
     /// has reached this point.
     pub(super) fn group_done(&self, g: usize) -> Result<()> {
         let Some(dp) = &self.dp else { return Ok(()) };
+        // accumulating: only the update's last micro-batch averages (the sum of them all)
+        if !self.last_micro.get() {
+            return Ok(());
+        }
         for &(last, (a, b)) in &dp.buckets {
             if last == g {
-                let grads = self.grads.view().sub(a * 4, (b - a) * 4)?;
+                let grads = match &self.acc {
+                    Some(acc) => {
+                        let sum = acc.view().sub(a * 4, (b - a) * 4)?;
+                        let own = self.grads.view().sub(a * 4, (b - a) * 4)?;
+                        self.k.axpy(sum, own, b - a)?;
+                        sum
+                    }
+                    None => self.grads.view().sub(a * 4, (b - a) * 4)?,
+                };
                 let region = match &dp.comm_buf {
                     Some(buf) => {
                         let half = buf.view().sub(a * 2, (b - a) * 2)?;
@@ -190,7 +198,8 @@ impl GpuResNet {
             if let Some(buf) = &dp.comm_buf {
                 for &(_, (a, b)) in &dp.buckets {
                     let half = buf.view().sub(a * 2, (b - a) * 2)?;
-                    let grads = self.grads.view().sub(a * 4, (b - a) * 4)?;
+                    let sum = self.acc.as_ref().unwrap_or(&self.grads);
+                    let grads = sum.view().sub(a * 4, (b - a) * 4)?;
                     self.k.widen(half, grads, DType::Bf16, b - a)?;
                 }
             }

@@ -403,13 +403,17 @@ impl GpuResNet {
     /// gradients copied (the first) or added (the others) into the accumulator when `k > 1`,
     /// and after the last the optimizer's step.
     pub(super) fn micro(&self, (i, k): (usize, usize)) -> Result<()> {
+        let last = i + 1 >= k;
+        self.last_micro.set(last);
         self.forward()?;
         self.backward()?;
         if let Some(acc) = &self.acc {
             let n = self.params_layout.total;
             if i == 0 {
                 self.gpu.copy_view(acc.view(), self.grads.view(), n * 4)?;
-            } else {
+            } else if !(last && self.dp.is_some()) {
+                // (data-parallel, the last micro-batch's gradients were added bucket by
+                // bucket as backward finished them, each bucket then averaged)
                 self.k.axpy(acc.view(), self.grads.view(), n)?;
             }
         }
@@ -477,11 +481,6 @@ impl GpuResNet {
     pub fn set_accumulate(&mut self, k: usize) -> Result<()> {
         if k == 0 {
             return Err(Error::Setting("--accumulate 0: must be at least 1".into()));
-        }
-        if k > 1 && self.dp.is_some() {
-            return Err(Error::Setting(
-                "data-parallel training with --accumulate is not available yet".into(),
-            ));
         }
         self.acc = match k {
             1 => None,
