@@ -242,6 +242,65 @@ fn gather_rows_matches_the_host() -> Result<(), Failed> {
     Ok(())
 }
 
+/// The one-pass ReLU and bias gradient against the host, bit for bit: the masked gradient in
+/// each type, and the bias gradient summed in the kernel's order (32 partial sums a column,
+/// each over every 32nd row, then added in order), onto a bias gradient already there or not.
+fn relu_bias_grad_matches_the_host() -> Result<(), Failed> {
+    use gpukit_tensor::codec::{bytes_of, decode_f32, encode_f32};
+    use gpukit_types::DType;
+    use rand::{Rng, SeedableRng};
+    let (d, g) = gpu()?;
+    let k = gpukit_train::gpu::kernels::TrainKernels::new(d, &g)?;
+    let seed = fresh_seed();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    for (m, n) in [(4096, 70), (37, 100), (1, 5), (65, 33)] {
+        for ty in [DType::F32, DType::F16, DType::Bf16] {
+            for beta in [0.0f32, 1.0] {
+                let mut draw = || -> Vec<f32> {
+                    let v: Vec<f32> = (0..m * n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+                    decode_f32(&encode_f32(&v, ty), ty)
+                };
+                let (dy, h) = (draw(), draw());
+                let db0: Vec<f32> = (0..m).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+                let dyb = g.upload(&encode_f32(&dy, ty))?;
+                let hb = g.upload(&encode_f32(&h, ty))?;
+                let dbb = g.upload(bytes_of(&db0))?;
+                k.relu_bias_grad((dyb.view(), hb.view()), dbb.view(), ty, (m, n), beta)?;
+                g.synchronize()?;
+                let masked: Vec<f32> = dy
+                    .iter()
+                    .zip(&h)
+                    .map(|(&v, &hv)| if hv > 0.0 { v } else { 0.0 })
+                    .collect();
+                let want_db: Vec<f32> = (0..m)
+                    .map(|i| {
+                        let t = (0..32).fold(0.0f32, |s, y| {
+                            s + (y..n)
+                                .step_by(32)
+                                .fold(0.0f32, |p, j| p + masked[i + j * m])
+                        });
+                        if beta != 0.0 {
+                            beta * db0[i] + t
+                        } else {
+                            t
+                        }
+                    })
+                    .collect();
+                let what = format!("{m} x {n} {ty:?} beta {beta} (seed {seed})");
+                check(
+                    g.download(&dyb)? == encode_f32(&masked, ty),
+                    format!("{what}: the masked gradient differs from the host's"),
+                )?;
+                check(
+                    g.download(&dbb)? == bytes_of(&want_db),
+                    format!("{what}: the bias gradient differs from the host's"),
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Every loader, and graph replay, computes the same bits.
 fn loaders_and_graphs_agree_bit_for_bit() -> Result<(), Failed> {
     let seed = fresh_seed();
@@ -474,6 +533,10 @@ fn main() {
         (
             "gpu::gather_rows_matches_the_host",
             gather_rows_matches_the_host,
+        ),
+        (
+            "gpu::relu_bias_grad_matches_the_host",
+            relu_bias_grad_matches_the_host,
         ),
         (
             "gpu::loaders_and_graphs_agree_bit_for_bit",

@@ -55,6 +55,7 @@ pub fn kernel_source() -> KernelSource {
             "bias_act",
             "relu_grad",
             "bias_grad",
+            "relu_bias_grad",
             "adam",
             "sgd",
         ] {
@@ -387,6 +388,34 @@ impl TrainKernels {
         self.typed("bias_grad", dtype, launch, &args)
     }
 
+    /// [`TrainKernels::relu_grad`] of `dy` by `h`, then [`TrainKernels::bias_grad`] of it, in
+    /// one pass (the same bits).
+    pub fn relu_bias_grad(
+        &self,
+        (dy, h): (View<'_>, View<'_>),
+        db: View<'_>,
+        dtype: DType,
+        (m, n): (usize, usize),
+        beta: f32,
+    ) -> Result<()> {
+        dy.require(m * n * dtype.size_bytes(), "relu_bias_grad dy")?;
+        h.require(m * n * dtype.size_bytes(), "relu_bias_grad h")?;
+        db.require(m * 4, "relu_bias_grad db")?;
+        let args = [
+            Arg::Ptr(dy),
+            Arg::Ptr(h),
+            Arg::Ptr(db),
+            Arg::Size(m),
+            Arg::Size(n),
+            Arg::F32(beta),
+        ];
+        // bias_grad's 32 x 32 block shape: 32 rows a block
+        let blocks = u32::try_from(m.div_ceil(32))
+            .map_err(|_| Error::Invalid(format!("relu_bias_grad: {m} rows is too many blocks")))?;
+        let launch = Launch::new((blocks, 1, 1), (32, 32, 1));
+        self.typed("relu_bias_grad", dtype, launch, &args)
+    }
+
     /// `y += x`, `n` f32 values.
     pub fn axpy(&self, y: View<'_>, x: View<'_>, n: usize) -> Result<()> {
         y.require(n * 4, "axpy y")?;
@@ -570,6 +599,7 @@ mod tests {
             ("bias_act_", "p p i i i"),
             ("relu_grad_", "p p l"),
             ("bias_grad_", "p p i i f"),
+            ("relu_bias_grad_", "p p p i i f"),
             ("adam_", "p p p p p l p f f f f f f i i"),
             ("sgd_", "p p p p l p f f f i i"),
             ("gather_u32", "p p p i i"),

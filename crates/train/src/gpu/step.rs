@@ -291,11 +291,13 @@ impl GpuTrainer {
                         self.k
                             .bias_grad(dx, grads_bias(l - 1)?, st, (i, rows), beta)?
                     }
-                    InputEpilogue::Plain => {
-                        self.k.relu_grad(dx, self.act(l - 1), st, rows * i)?;
-                        self.k
-                            .bias_grad(dx, grads_bias(l - 1)?, st, (i, rows), beta)?;
-                    }
+                    InputEpilogue::Plain => self.k.relu_bias_grad(
+                        (dx, self.act(l - 1)),
+                        grads_bias(l - 1)?,
+                        st,
+                        (i, rows),
+                        beta,
+                    )?,
                 }
                 cur = 1 - cur;
             }
@@ -306,7 +308,7 @@ impl GpuTrainer {
         Ok(cur)
     }
 
-    fn plan(&self, l: usize, op: Op, rows: usize) -> Result<&gpukit_cuda::lt::LtMatmul> {
+    pub(super) fn plan(&self, l: usize, op: Op, rows: usize) -> Result<&gpukit_cuda::lt::LtMatmul> {
         self.plans.get(&(l, op, rows)).ok_or_else(|| {
             Error::Failed(format!("no product planned for layer {l} {op:?} x{rows}"))
         })

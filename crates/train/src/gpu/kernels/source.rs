@@ -218,6 +218,28 @@ template <class T> __device__ void bias_grad(const T* dy, float* db, int m, int 
     }
 }
 
+// relu_grad then bias_grad in one pass: dy[i + j m] = h > 0 ? dy : 0 (h the forward's output
+// after its ReLU), db[i] = beta db[i] + sum_j of the masked dy, in bias_grad's order (the same
+// bits as the two kernels one after the other).
+template <class T> __device__ void relu_bias_grad(T* dy, const T* h, float* db, int m, int n,
+                                                  float beta) {
+    __shared__ float part[32][33];
+    int i = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (i < m) for (int j = threadIdx.y; j < n; j += 32) {
+        long o = i + (long)j * m;
+        if (to_f(h[o]) > 0.0f) s += to_f(dy[o]);
+        else dy[o] = from_f<T>(0.0f);
+    }
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && i < m) {
+        float t = 0.0f;
+        for (int k = 0; k < 32; ++k) t += part[k][threadIdx.x];
+        db[i] = beta != 0.0f ? beta * db[i] + t : t;
+    }
+}
+
 // Adam / AdamW over n parameters (PyTorch's rules, in the CPU engine's order of operations),
 // skipped whole when the gradients overflowed; `half` (may be null) receives the new weights
 // in the compute type.
@@ -279,6 +301,8 @@ extern "C" __global__ void bias_act_##TAG(T* y, const float* b, int m, int n, in
 extern "C" __global__ void relu_grad_##TAG(T* dx, const T* h, long n) { relu_grad<T>(dx, h, n); } \
 extern "C" __global__ void bias_grad_##TAG(const T* dy, float* db, int m, int n, float beta)   \
     { bias_grad<T>(dy, db, m, n, beta); }                                                      \
+extern "C" __global__ void relu_bias_grad_##TAG(T* dy, const T* h, float* db, int m, int n,     \
+    float beta) { relu_bias_grad<T>(dy, h, db, m, n, beta); }                                  \
 extern "C" __global__ void adam_##TAG(float* p, const float* g, float* m, float* v, T* h,      \
     long n, const State* st, float wd, float decay, float b1c, float b2, float b2c, float eps,  \
     int adamw, int scaled) { adam<T>(p, g, m, v, h, n, st, wd, decay, b1c, b2, b2c, eps, adamw, \
