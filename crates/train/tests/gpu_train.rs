@@ -198,6 +198,51 @@ fn fp32_matches_the_cpu_engine() -> Result<(), Failed> {
     Ok(())
 }
 
+/// A model of 2048-wide layers (the large products' cuBLASLt algorithms and epilogues, fused
+/// and not) trains in fp32 like the CPU engine. SGD: Adam's update of a weight whose gradient
+/// is near zero takes the gradient's sign, so rounding alone could move it by 2 x lr.
+fn wide_model_matches_the_cpu_engine() -> Result<(), Failed> {
+    let seed = fresh_seed();
+    let widths = [1536, 2048, 2048, 1];
+    let mut cfg = config(&widths, LossKind::Mse, OptimizerKind::Sgd, 2048);
+    cfg.optimizer.lr = 0.01;
+    cfg.epochs = 1;
+    let data = dataset(&cfg, 4096, seed);
+    let model = Mlp::new(&widths, seed);
+    let (cpu, cpu_model) = run_cpu(&cfg, &data, &model)?;
+    for fuse in [true, false] {
+        let opts = GpuOptions {
+            fuse,
+            ..GpuOptions::new(Precision::Fp32)
+        };
+        let g = run_gpu(&cfg, opts, &data, &model)?;
+        let what = format!("{widths:?} batch 2048 fused {fuse} (seed {seed})");
+        check(
+            g.outcome.step_losses.len() == cpu.step_losses.len(),
+            format!(
+                "{what}: {} updates, CPU {}",
+                g.outcome.step_losses.len(),
+                cpu.step_losses.len()
+            ),
+        )?;
+        let d = max_rel(&g.outcome.step_losses, &cpu.step_losses);
+        check(
+            d <= 1e-4,
+            format!("{what}: losses differ from the CPU's by {d:.2e}"),
+        )?;
+        let worst = weights(&g.model)
+            .iter()
+            .zip(&weights(&cpu_model))
+            .map(|(a, b)| (a - b).abs() / (1e-3 + b.abs()))
+            .fold(0f32, f32::max);
+        check(
+            worst <= 1e-3,
+            format!("{what}: final weights differ from the CPU's by {worst:.2e}"),
+        )?;
+    }
+    Ok(())
+}
+
 /// The batch gather against the host: rows picked by fresh random indices, converted to each
 /// type with round-to-nearest-even, bit for bit; widths with and without the 16-byte path.
 fn gather_rows_matches_the_host() -> Result<(), Failed> {
@@ -533,6 +578,10 @@ fn main() {
         (
             "gpu::gather_rows_matches_the_host",
             gather_rows_matches_the_host,
+        ),
+        (
+            "gpu::wide_model_matches_the_cpu_engine",
+            wide_model_matches_the_cpu_engine,
         ),
         (
             "gpu::relu_bias_grad_matches_the_host",

@@ -218,9 +218,6 @@ pub struct GpuTrainer {
     pipe: Option<gpukit_cuda::nccl::Comm>,
     /// Multiprocessors the products are planned for (None: the GPU's all).
     sm_target: Option<u32>,
-    /// Each layer's input gradient timed faster as the plain product and gpukit's kernel than
-    /// with cuBLASLt's ReLU epilogue (None: not timed yet).
-    plain_input: Option<Vec<bool>>,
     /// The epoch to profile, with how ([`GpuTrainer::profile_epoch`]).
     profile_at: Option<(u64, Discovery, TimingChoice)>,
     /// That epoch's recording, once made.
@@ -513,7 +510,6 @@ impl GpuTrainer {
             grad_pieces: Vec::new(),
             pipe: None,
             sm_target: None,
-            plain_input: None,
         };
         trainer.plan_all()?;
         trainer.setup_seconds = started.elapsed().as_secs_f64();

@@ -20,13 +20,6 @@ pub(super) struct Layout {
 
 const ALIGN: usize = 128;
 
-/// An input gradient product smaller than this keeps cuBLASLt's epilogue untimed.
-const MIN_TIMED_FLOP: f64 = 1e10;
-
-/// How much faster the plain product and gpukit's kernel must time to replace the epilogue:
-/// a margin timing noise does not cross, so trainers of one model choose alike.
-const PLAIN_MARGIN: f64 = 0.10;
-
 impl Layout {
     pub(super) fn new(widths: &[usize]) -> Layout {
         Layout::aligned(widths, 1)
@@ -371,118 +364,7 @@ impl GpuTrainer {
         self.grad_pieces = if pieces.len() > 1 { pieces } else { Vec::new() };
         self.plans = plans;
         self.fusion = fusion;
-        self.choose_input_epilogues()
-    }
-
-    /// Each hidden layer's input gradient whose ReLU (and bias gradient) cuBLASLt's epilogue
-    /// takes: timed against the plain product followed by gpukit's one-pass ReLU and bias
-    /// gradient kernel, on this trainer's own buffers at its largest batch, and the plain
-    /// product kept where it is faster by [`PLAIN_MARGIN`] or more (cuBLASLt may run a DRELU
-    /// epilogue as a kernel of its own after the product, then the bias gradient is a third
-    /// pass). Only products of [`MIN_TIMED_FLOP`] or more are timed. Decided once: a later
-    /// planning (for fewer multiprocessors) keeps the choice.
-    fn choose_input_epilogues(&mut self) -> Result<()> {
-        let layers = self.layout.layers();
-        let decided = match &self.plain_input {
-            Some(d) => d.clone(),
-            None => {
-                let mut d = vec![false; layers];
-                if self.opts.fuse {
-                    for (l, plain) in d.iter_mut().enumerate().skip(1) {
-                        *plain = self.input_plain_is_faster(l)?;
-                    }
-                }
-                self.plain_input = Some(d.clone());
-                d
-            }
-        };
-        for (l, &plain) in decided.iter().enumerate() {
-            if !plain || self.fusion[l].input == InputEpilogue::Plain {
-                continue;
-            }
-            let ps = self
-                .plans_for(l, Op::InputGrad, Epilogue::None, DType::F32)?
-                .ok_or_else(|| self.no_algorithm(l, Op::InputGrad))?;
-            self.plans.extend(ps);
-            self.fusion[l].input = InputEpilogue::Plain;
-        }
         Ok(())
-    }
-
-    /// Whether layer `l`'s input gradient runs faster as the plain product and gpukit's
-    /// one-pass kernel than with cuBLASLt's epilogue (false where it has no epilogue or no
-    /// plain algorithm). Milliseconds of both noted in the trace.
-    fn input_plain_is_faster(&self, l: usize) -> Result<bool> {
-        let kind = self.fusion[l].input;
-        let Some(&rows) = self.row_counts().last() else {
-            return Ok(false);
-        };
-        let (i, o) = self.layout.io(l);
-        // small products keep the epilogue untimed: their times are noise, and two trainers of
-        // one model (a resumed run, a test's twins) must choose alike to compute the same bits
-        if kind == InputEpilogue::Plain || 2.0 * ((rows * i * o) as f64) < MIN_TIMED_FLOP {
-            return Ok(false);
-        }
-        let Some(plain) =
-            self.blas
-                .lt_matmul(self.spec(l, Op::InputGrad, rows, Epilogue::None, DType::F32))?
-        else {
-            return Ok(false);
-        };
-        let fused = self.plan(l, Op::InputGrad, rows)?;
-        let st = self.opts.precision.storage();
-        let (wo, _) = self.layout.offsets[l];
-        let (weights, wes) = match &self.half {
-            Some(h) => (h, st.size_bytes()),
-            None => (&self.params, 4),
-        };
-        let w = weights.view().sub(wo * wes, i * o * wes)?;
-        let (dy, dx) = (self.dz[0].view(), self.dz[1].view());
-        let db = self.bias_scratch[l - 1].view();
-        let mask = self.maps().masks[l - 1].as_ref().map(|m| m.view());
-        let h = self.act(l - 1);
-        let run_fused = || -> Result<()> {
-            let bias = (kind == InputEpilogue::DreluBgrad).then_some(db);
-            self.blas.run_lt(fused, w, dy, dx, 0.0, bias, mask)?;
-            if kind == InputEpilogue::Drelu {
-                self.k.bias_grad(dx, db, st, (i, rows), 0.0)?;
-            }
-            Ok(())
-        };
-        let run_plain = || -> Result<()> {
-            self.blas.run_lt(&plain, w, dy, dx, 0.0, None, None)?;
-            self.k.relu_bias_grad((dx, h), db, st, (i, rows), 0.0)?;
-            Ok(())
-        };
-        let time = |run: &dyn Fn() -> Result<()>| -> Result<f64> {
-            const REPS: usize = 10;
-            for _ in 0..3 {
-                run()?;
-            }
-            let stream = self.gpu.stream();
-            let start = stream.record_timed()?;
-            for _ in 0..REPS {
-                run()?;
-            }
-            let end = stream.record_timed()?;
-            end.synchronize()?;
-            Ok(start.elapsed_ms(&end)? / REPS as f64)
-        };
-        // in turns, each the better of two
-        let (f1, p1, f2, p2) = (
-            time(&run_fused)?,
-            time(&run_plain)?,
-            time(&run_fused)?,
-            time(&run_plain)?,
-        );
-        let (fused_ms, plain_ms) = (f1.min(f2), p1.min(p2));
-        gpukit_cuda::trace::note(|| {
-            format!(
-                "train: layer {l} input gradient at {rows} rows: cuBLASLt's {kind:?} epilogue \
-                 {fused_ms:.3} ms, the plain product and gpukit's kernel {plain_ms:.3} ms"
-            )
-        });
-        Ok(plain_ms < fused_ms * (1.0 - PLAIN_MARGIN))
     }
 
     /// The first layer's outputs in the pieces its weight gradient is computed in (one range

@@ -308,7 +308,7 @@ impl GpuTrainer {
         Ok(cur)
     }
 
-    pub(super) fn plan(&self, l: usize, op: Op, rows: usize) -> Result<&gpukit_cuda::lt::LtMatmul> {
+    fn plan(&self, l: usize, op: Op, rows: usize) -> Result<&gpukit_cuda::lt::LtMatmul> {
         self.plans.get(&(l, op, rows)).ok_or_else(|| {
             Error::Failed(format!("no product planned for layer {l} {op:?} x{rows}"))
         })

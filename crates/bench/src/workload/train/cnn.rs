@@ -250,7 +250,6 @@ pub fn check_request(r: &CnnTrainRequest) -> Result<()> {
             (r.gpus.is_some_and(|n| n > 1), "--gpus drives several GPUs from one process; under a launcher every process is one rank (leave --gpus out)"),
             (r.compare_pytorch, "--compare-pytorch: PyTorch's DistributedDataParallel is started from one process; run gpukit with --gpus N instead of under a launcher"),
             (r.profile.is_some(), "profile records one GPU's update; run it outside a launcher"),
-            (r.accumulate.is_some_and(|k| k > 1), "--accumulate: data-parallel training of convolutional networks takes one batch an update (drop it under a launcher)"),
         ];
         if let Some((_, why)) = refused.iter().find(|(bad, _)| *bad) {
             return Err(Error::BadInput((*why).into()));
@@ -803,13 +802,6 @@ mod tests {
                     ..launched.clone()
                 },
                 "--compare-pytorch",
-            ),
-            (
-                CnnTrainRequest {
-                    accumulate: Some(2),
-                    ..launched.clone()
-                },
-                "--accumulate",
             ),
             (
                 CnnTrainRequest {
