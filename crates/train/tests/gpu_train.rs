@@ -71,6 +71,7 @@ fn dataset(cfg: &TrainConfig, samples: usize, seed: u64) -> Dataset {
 struct GpuRun {
     outcome: RunOutcome,
     model: Mlp<f32>,
+    opt: Optimizer<f32>,
     skipped: u64,
     scale: Option<(f64, u64)>,
 }
@@ -91,6 +92,7 @@ fn run_gpu(
     Ok(GpuRun {
         outcome,
         model,
+        opt,
         skipped: details.skipped_updates,
         scale: details.scaler,
     })

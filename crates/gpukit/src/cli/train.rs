@@ -182,8 +182,8 @@ pub struct TrainArgs {
     pub grad_comm: Option<gpukit_types::DType>,
 
     /// Data-parallel: shard the optimizer over the GPUs (as ZeRO stage 2): gradients are
-    /// reduce-scattered, each GPU updates 1/N of the parameters and the updated weights are
-    /// gathered while the next part is updated. The same updates as averaging every gradient;
+    /// reduce-scattered, each GPU keeps the optimizer's moments of 1/N of the parameters and
+    /// updates those, and the updated weights are gathered while the next part is updated. The same updates as averaging every gradient;
     /// the default except in fp16 (its overflow check reads every gradient).
     #[arg(long, conflicts_with = "no_shard_optimizer")]
     pub shard_optimizer: bool,

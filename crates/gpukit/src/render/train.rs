@@ -193,7 +193,17 @@ fn memory_section(r: &TrainReport) -> Section {
     let mut rows = vec![
         ("weights", kib(m.weights)),
         ("gradients", kib(m.gradients)),
-        ("optimizer state", kib(m.optimizer_state)),
+        (
+            "optimizer state",
+            match r.data_parallel.as_ref().filter(|d| d.sharded_optimizer) {
+                Some(d) => format!(
+                    "{} (sharded: this GPU's 1/{} of the moments)",
+                    kib(m.optimizer_state),
+                    d.ranks
+                ),
+                None => kib(m.optimizer_state),
+            },
+        ),
         ("activations", kib(m.activations)),
         ("workspace", kib(m.workspace)),
         ("total", kib(m.total())),
@@ -362,8 +372,9 @@ fn data_parallel_section(d: &gpukit_bench::workload::train::parallel::DataParall
         rows.push((
             "Optimizer",
             format!(
-                "sharded: each GPU updates 1/{} of the parameters (its block of every bucket); \
-                 the updated weights are gathered in the order the next forward pass reads them",
+                "sharded: each GPU keeps the optimizer's moments of 1/{} of the parameters and \
+                 updates those (its block of every bucket); the updated weights are gathered in \
+                 the order the next forward pass reads them",
                 d.ranks
             ),
         ));

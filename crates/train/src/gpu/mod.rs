@@ -180,8 +180,13 @@ pub struct GpuTrainer {
     fusion: Vec<Fusion>,
     params: DeviceBuffer,
     grads: DeviceBuffer,
+    /// The optimizer's moments: every parameter's, or with a sharded optimizer this rank's
+    /// blocks only, packed ([`GpuTrainer::state_span`]).
     m: Option<DeviceBuffer>,
     v: Option<DeviceBuffer>,
+    /// A sharded optimizer's moments made whole at the end of the last run, for `store` (m,
+    /// then v where the optimizer keeps it).
+    whole_moments: std::cell::RefCell<Option<Vec<Vec<f32>>>>,
     half: Option<DeviceBuffer>,
     bias_scratch: Vec<DeviceBuffer>,
     state: DeviceBuffer,
@@ -484,6 +489,7 @@ impl GpuTrainer {
             grads,
             m,
             v,
+            whole_moments: std::cell::RefCell::new(None),
             half,
             bias_scratch,
             state,
@@ -554,6 +560,7 @@ impl GpuTrainer {
                 .get(2 * first..2 * end)
                 .map_or_else(Vec::new, <[_]>::to_vec)
         };
+        self.whole_moments.replace(None);
         for (buf, saved) in [(&self.m, mine(&opt.m)), (&self.v, mine(&opt.v))] {
             if let Some(buf) = buf {
                 if saved.is_empty() {
@@ -569,7 +576,7 @@ impl GpuTrainer {
                             flat[at..at + part.len()].copy_from_slice(part);
                         }
                     }
-                    g.upload_into(buf.view(), bytes(&flat))?;
+                    self.upload_state(buf, &flat)?;
                 }
             }
         }
@@ -624,10 +631,23 @@ impl GpuTrainer {
         opt.step = u64::from(st.step);
         let stepped = st.step > 0;
         let whole = 2 * model.layers.len();
-        for (buf, saved) in [(&self.m, &mut opt.m), (&self.v, &mut opt.v)] {
+        let gathered = self.whole_moments.borrow();
+        for (i, (buf, saved)) in [(&self.m, &mut opt.m), (&self.v, &mut opt.v)]
+            .into_iter()
+            .enumerate()
+        {
             match (buf, stepped) {
                 (Some(b), true) => {
-                    let mine = self.layout.unpack(&f32s(&g.download(b)?));
+                    let values = match gathered.as_ref().and_then(|w| w.get(i)) {
+                        Some(w) => w.clone(),
+                        None if self.moments_sharded() => {
+                            return Err(Error::Failed(
+                                "the sharded optimizer's moments were not gathered".into(),
+                            ))
+                        }
+                        None => f32s(&g.download(b)?),
+                    };
+                    let mine = self.layout.unpack(&values);
                     saved.resize(whole, Vec::new());
                     for (at, t) in mine.into_iter().enumerate() {
                         saved[2 * first + at] = t;

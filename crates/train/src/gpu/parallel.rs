@@ -123,6 +123,9 @@ pub(super) struct Dp {
     /// The launched regions of the flat buffer (buckets, then pieces), for gathering the
     /// sharded state at the end of a run.
     regions: Vec<(usize, usize)>,
+    /// Sharded: this rank's block of each region, [start, end) of the flat buffer, with its
+    /// offset in the rank's moment buffers (the blocks packed in region order).
+    own: Vec<((usize, usize), usize)>,
     /// Sharded: the weights' all-gathers of the last update not yet waited for, with the point
     /// of the communication stream after each; the next forward waits for a layer's before
     /// its product.
@@ -217,6 +220,18 @@ impl GpuTrainer {
         }
         comm.stream().synchronize()?;
         comm.async_error()?;
+        // sharded: the moments of this rank's blocks only (what the update reads and writes)
+        let mut own = Vec::new();
+        if sharded {
+            let mut at = 0;
+            for &(a, b) in &regions {
+                let c = (b - a) / shard.world;
+                let block = (a + shard.rank * c, a + (shard.rank + 1) * c);
+                own.push((block, at));
+                at += c;
+            }
+            self.shard_moments(&own, at)?;
+        }
         if self.opts.comm_sms > 0 {
             self.leave_sms_to_communication(self.opts.comm_sms)?;
         }
@@ -228,6 +243,7 @@ impl GpuTrainer {
             sharded,
             unsharded,
             regions,
+            own,
             gathering: std::sync::Mutex::new(Vec::new()),
             launched: std::sync::Mutex::new(Vec::new()),
         });
@@ -460,25 +476,109 @@ impl GpuTrainer {
         }
     }
 
-    /// A sharded optimizer's f32 weights and moments made whole on every rank (each rank
-    /// updated only its blocks of them): at the end of a run, before anything reads them back.
-    /// Every rank must call it. Nothing to do otherwise.
+    /// A sharded optimizer's f32 weights made whole on every rank (each rank updated only its
+    /// blocks of them), and its moments gathered for `store` (each rank keeps only its blocks:
+    /// they pass, one at a time, through the gradients' buffer, free at the end of a run). At
+    /// the end of a run, before anything reads them back. Every rank must call it. Nothing to
+    /// do otherwise.
     pub(super) fn gather_shards(&self) -> Result<()> {
         let Some(dp) = self.dp.as_ref().filter(|d| d.sharded) else {
             return Ok(());
         };
         dp.comm.stream().wait(&self.gpu.stream().record()?)?;
         for &region in &dp.regions {
-            for buf in [Some(&self.params), self.m.as_ref(), self.v.as_ref()]
-                .into_iter()
-                .flatten()
-            {
-                self.gather(dp, region, buf, DType::F32)?;
+            self.gather(dp, region, &self.params, DType::F32)?;
+        }
+        let mut whole = Vec::new();
+        for buf in [self.m.as_ref(), self.v.as_ref()].into_iter().flatten() {
+            for &((a, b), at) in &dp.own {
+                let n = (b - a) * 4;
+                self.gpu.copy_view(
+                    self.grads.view().sub(a * 4, n)?,
+                    buf.view().sub(at * 4, n)?,
+                    n,
+                )?;
             }
+            dp.comm.stream().wait(&self.gpu.stream().record()?)?;
+            for &region in &dp.regions {
+                self.gather(dp, region, &self.grads, DType::F32)?;
+            }
+            self.gpu.stream().wait(&dp.comm.stream().record()?)?;
+            whole.push(super::f32s(&self.gpu.download(&self.grads)?));
         }
         self.gpu.stream().wait(&dp.comm.stream().record()?)?;
         self.gpu.synchronize()?;
         dp.comm.async_error()?;
+        self.whole_moments.replace(Some(whole));
+        Ok(())
+    }
+
+    /// Sharded at attach: the moments cut to this rank's blocks (`own`, `len` elements in
+    /// all), their values kept; the freed memory leaves the optimizer's share of the report.
+    fn shard_moments(&mut self, own: &[((usize, usize), usize)], len: usize) -> Result<()> {
+        let total = self.layout.total;
+        let mut kept = 0;
+        for slot in [&mut self.m, &mut self.v] {
+            let Some(whole) = slot.as_ref() else {
+                continue;
+            };
+            if whole.len() != total * 4 {
+                return Err(Error::Failed("the moments are sharded already".into()));
+            }
+            let mine = self.gpu.alloc(len * 4)?;
+            for &((a, b), at) in own {
+                let n = (b - a) * 4;
+                self.gpu
+                    .copy_view(mine.view().sub(at * 4, n)?, whole.view().sub(a * 4, n)?, n)?;
+            }
+            self.gpu.synchronize()?;
+            kept += mine.len();
+            *slot = Some(mine);
+        }
+        self.memory.optimizer_state = kept;
+        Ok(())
+    }
+
+    /// Whether this rank keeps only its blocks of the moments.
+    pub(super) fn moments_sharded(&self) -> bool {
+        self.dp.as_ref().is_some_and(|d| !d.own.is_empty())
+    }
+
+    /// Elements [a, b) of the flat buffer in a moment buffer `buf`: the same span, or with
+    /// sharded moments the packed place of this rank's block that is exactly [a, b).
+    pub(super) fn state_span<'b>(
+        &self,
+        buf: &'b gpukit_cuda::DeviceBuffer,
+        (a, b): (usize, usize),
+    ) -> Result<gpukit_cuda::View<'b>> {
+        let at = match self.dp.as_ref().filter(|d| !d.own.is_empty()) {
+            None => a,
+            Some(dp) => {
+                let &(_, at) = dp.own.iter().find(|(s, _)| *s == (a, b)).ok_or_else(|| {
+                    Error::Failed(format!(
+                        "elements {a}..{b} are not one of this rank's blocks of the moments"
+                    ))
+                })?;
+                at
+            }
+        };
+        Ok(buf.view().sub(at * 4, (b - a) * 4)?)
+    }
+
+    /// A moment buffer set from every parameter's values (`flat`): with sharded moments, this
+    /// rank's blocks of them.
+    pub(super) fn upload_state(&self, buf: &gpukit_cuda::DeviceBuffer, flat: &[f32]) -> Result<()> {
+        match self.dp.as_ref().filter(|d| !d.own.is_empty()) {
+            None => self.gpu.upload_into(buf.view(), super::bytes(flat))?,
+            Some(dp) => {
+                for &((a, b), at) in &dp.own {
+                    self.gpu.upload_into(
+                        buf.view().sub(at * 4, (b - a) * 4)?,
+                        super::bytes(&flat[a..b]),
+                    )?;
+                }
+            }
+        }
         Ok(())
     }
 

@@ -423,8 +423,16 @@ impl GpuTrainer {
                 .map(|h| sub(h, es, a, b - a))
                 .transpose()?;
             let (params, grads) = (f32s(&self.params, a, b)?, f32s(&self.grads, a, b)?);
-            let m = self.m.as_ref().map(|m| f32s(m, a, b)).transpose()?;
-            let v = self.v.as_ref().map(|v| f32s(v, a, b)).transpose()?;
+            let m = self
+                .m
+                .as_ref()
+                .map(|m| self.state_span(m, (a, b)))
+                .transpose()?;
+            let v = self
+                .v
+                .as_ref()
+                .map(|v| self.state_span(v, (a, b)))
+                .transpose()?;
             let rule = UpdateRule {
                 kind: c.kind,
                 lr: c.lr,

@@ -26,14 +26,29 @@ fn train_from_the_start(
     t: &mut GpuTrainer,
     model: &Mlp<f32>,
     cfg: &TrainConfig,
-) -> Result<(RunOutcome, Mlp<f32>), String> {
+) -> Result<(RunOutcome, Mlp<f32>, Optimizer<f32>), String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
     let mut m = model.clone();
     let mut opt = Optimizer::new(cfg.optimizer);
     t.load(&m, &opt, None).map_err(|x| e(&x))?;
     let (out, _) = t.run(Position::default(), &mut |_| {}).map_err(|x| e(&x))?;
     t.store(&mut m, &mut opt).map_err(|x| e(&x))?;
-    Ok((out, m))
+    Ok((out, m, opt))
+}
+
+/// The largest difference between two sets of moment tensors over the largest value of
+/// `want` (moments near zero have no scale of their own), or None when their shapes differ.
+fn moments_apart(got: &[Vec<f32>], want: &[Vec<f32>]) -> Option<f32> {
+    if got.len() != want.len() || got.iter().zip(want).any(|(a, b)| a.len() != b.len()) {
+        return None;
+    }
+    let scale = want.iter().flatten().fold(0f32, |s, x| s.max(x.abs()));
+    let far = got
+        .iter()
+        .flatten()
+        .zip(want.iter().flatten())
+        .fold(0f32, |s, (a, b)| s.max((a - b).abs()));
+    Some(far / scale.max(f32::MIN_POSITIVE))
 }
 
 /// Data-parallel training over every GPU of the machine (a thread a GPU, NCCL between them)
@@ -232,7 +247,18 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
             if comm_sms > 0 { ", 16 SMs left to communication" } else { "" }
         );
         for (rank, r) in runs.into_iter().enumerate() {
-            let (out, m) = r.map_err(|e| format!("{tag}: rank {rank}: {e}"))?;
+            let (out, m, opt) = r.map_err(|e| format!("{tag}: rank {rank}: {e}"))?;
+            // a sharded rank keeps only its blocks of the moments: gathered back, every
+            // rank's are one GPU's
+            for (what, got, want) in [("m", &opt.m, &one.opt.m), ("v", &opt.v, &one.opt.v)] {
+                match moments_apart(got, want) {
+                    Some(d) if d < weight_tol => {}
+                    d => check(
+                        false,
+                        format!("{tag}: rank {rank}: the optimizer's {what} differs from one GPU's by {d:?} of its largest value (tolerance {weight_tol:e})"),
+                    )?,
+                }
+            }
             let want = &one.outcome.step_losses;
             check(
                 out.step_losses.len() == want.len(),
@@ -358,7 +384,7 @@ pub(super) fn pipeline_matches_one_gpu_on_the_same_batches() -> Result<(), Faile
         let mut trained = model.clone();
         let mut last = None;
         for (r, &(a, b)) in runs.into_iter().zip(&spans) {
-            let (out, m) = r.map_err(|e| format!("{tag}: {e}"))?;
+            let (out, m, _) = r.map_err(|e| format!("{tag}: {e}"))?;
             trained.layers[a..b].clone_from_slice(&m.layers[a..b]);
             last = Some(out);
         }
