@@ -376,6 +376,82 @@ fn checkpointed_steps_match_kept_maps() -> Result<(), Failed> {
     Ok(())
 }
 
+/// A data set kept on the GPU feeds the network the bytes a host batch does: ResNet-18 (batch
+/// 8, 32x32, 10 classes) over 6 updates of a 40-image data set (fresh batches in the loop's
+/// seeded order, an epoch and a part), fp32 (NCHW) and bf16 (the stem's channel-last blocks).
+/// One network trains from the data set kept on the GPU, then, reloaded with the same weights
+/// and a fresh optimizer, from host batches; at lr 1e-12 the weights stay where they were (each
+/// loss is its batch's forward pass alone), so every update's loss and right answers must be
+/// equal bit for bit, and differ from batch to batch.
+fn resident_data_feeds_the_host_batches_bytes() -> Result<(), Failed> {
+    use gpukit_train::cnn::optim::{CnnOptimizer, CnnOptimizerConfig};
+    use gpukit_train::cnn::run::{self, LoopConfig};
+    use gpukit_train::optim::OptimizerKind;
+    let (d, g) = gpu()?;
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    let (batch, size, classes) = (8, 32, 10);
+    let config = CnnOptimizerConfig {
+        kind: OptimizerKind::Sgd,
+        lr: 1e-12,
+        momentum: 0.0,
+        nesterov: false,
+        weight_decay: 0.0,
+    };
+    let init = ResNet::<f32>::new(Depth::ResNet18, classes, seed);
+    let data = gpukit_train::cnn::data::generated(40, (size, size), classes, seed + 1)?;
+    let cfg = LoopConfig {
+        batch_size: batch,
+        steps: 6,
+        accumulate: 1,
+        seed: seed + 2,
+    };
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let name = precision.name();
+        let mut net = GpuResNet::new(
+            d,
+            g.clone(),
+            &init,
+            batch,
+            (size, size),
+            (precision, false),
+            config,
+            0.0,
+        )?;
+        if let Some(why) = net.keep_data(&data, 0.25)? {
+            return Err(format!("{name}: the data set stayed on the host: {why}").into());
+        }
+        let kept = run::train(&mut net, &data, &cfg, &mut |_| {})?;
+        net.forget_data();
+        net.load(&init)?;
+        net.load_optimizer(&CnnOptimizer::new(config))?;
+        let host = run::train(&mut net, &data, &cfg, &mut |_| {})?;
+        let pairs: Vec<_> = kept.updates.iter().zip(&host.updates).collect();
+        for (k, h) in &pairs {
+            println!(
+                "  {name} update {}: kept {:.9} ({:.3}), host {:.9} ({:.3})",
+                k.step, k.loss, k.accuracy, h.loss, h.accuracy
+            );
+        }
+        if pairs.len() != 6
+            || pairs
+                .iter()
+                .any(|(k, h)| k.loss != h.loss || k.accuracy != h.accuracy)
+        {
+            return Err(
+                format!("{name}: the kept data set's updates differ from the host's").into(),
+            );
+        }
+        if kept.updates.windows(2).any(|w| w[0].loss == w[1].loss) {
+            return Err(format!(
+                "{name}: two updates in a row had the same loss: not fresh batches"
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     run(
         vec![
@@ -402,6 +478,10 @@ fn main() {
             (
                 "gpu_cnn_modes::checkpointed_steps_match_kept_maps",
                 checkpointed_steps_match_kept_maps,
+            ),
+            (
+                "gpu_cnn_modes::resident_data_feeds_the_host_batches_bytes",
+                resident_data_feeds_the_host_batches_bytes,
             ),
         ],
         vec![],

@@ -14,6 +14,7 @@ use gpukit_tensor::random::fresh_seed;
 use gpukit_train::cnn::gpu::GpuResNet;
 use gpukit_train::cnn::optim::{CnnOptimizer, CnnOptimizerConfig};
 use gpukit_train::cnn::resnet::{Depth, ResNet};
+use gpukit_train::cnn::run::Batch;
 use gpukit_train::cnn::{train_step, Tensor};
 use gpukit_train::optim::OptimizerKind;
 use gpukit_train::precision::Precision;
@@ -269,8 +270,8 @@ fn accumulated_updates_match_the_cpu_and_replay() -> Result<(), Failed> {
         twin.load_optimizer(&opt)?;
         for i in 0..k {
             let (x, y) = &data[u * k + i];
-            let (lg, _) = replayed.step((x, y), true, (i, k))?;
-            let (lt, _) = twin.step((x, y), true, (i, k))?;
+            let (lg, _) = replayed.step(Batch::of(x, y), true, (i, k))?;
+            let (lt, _) = twin.step(Batch::of(x, y), true, (i, k))?;
             check(
                 &format!(
                     "update {} micro-batch {} loss, graph against eager",
@@ -281,7 +282,7 @@ fn accumulated_updates_match_the_cpu_and_replay() -> Result<(), Failed> {
                 1e-5,
             )?;
             if u == 0 {
-                let (lc, _) = cpu.step((x, y), true, (i, k))?;
+                let (lc, _) = cpu.step(Batch::of(x, y), true, (i, k))?;
                 check(
                     &format!("update 1 micro-batch {} loss against the CPU", i + 1),
                     rel_f64(lg, lc),

@@ -132,6 +132,9 @@ pub fn cnn_train_sections(r: &CnnTrainReport) -> Vec<Section> {
     if let Some(how) = &r.step_launch {
         speed.push(("Updates launched", how.clone()));
     }
+    if let Some(from) = &r.batches_from {
+        speed.push(("Batches from", from.clone()));
+    }
     if let Some(b) = r.peak_gpu_bytes {
         let parts: Vec<String> = r
             .gpu_memory

@@ -39,12 +39,14 @@ impl Images {
 
     /// The images at `idx`, in that order, as one batch, and their labels.
     pub fn batch(&self, idx: &[usize]) -> (Tensor<f32>, Vec<u32>) {
+        use rayon::prelude::*;
         let len = self.image_len();
-        let pixels = idx
-            .iter()
-            .flat_map(|&i| &self.pixels[i * len..(i + 1) * len])
-            .copied()
-            .collect();
+        // an image a task: a ResNet batch is hundreds of MB, one thread's copy a step's time
+        let mut pixels = vec![0f32; idx.len() * len];
+        pixels
+            .par_chunks_mut(len.max(1))
+            .zip(idx.par_iter())
+            .for_each(|(out, &i)| out.copy_from_slice(&self.pixels[i * len..(i + 1) * len]));
         let labels = idx.iter().map(|&i| self.labels[i]).collect();
         let (h, w) = self.size;
         (

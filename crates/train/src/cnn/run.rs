@@ -20,10 +20,53 @@ pub trait Stepper {
     /// `fresh` is false when the batch is the one the previous call had (a GPU keeps it).
     fn step(
         &mut self,
-        batch: (&Tensor<f32>, &[u32]),
+        batch: Batch<'_>,
         fresh: bool,
         micro: (usize, usize),
     ) -> Result<(f64, usize)>;
+
+    /// Whether this stepper keeps the whole data set and takes a batch by its images' indices:
+    /// the loop then gathers no pixels on the host.
+    fn resident(&self) -> bool {
+        false
+    }
+}
+
+/// A batch as the loop hands it over: its images' indices in the data set, their labels, and
+/// the images themselves unless the stepper keeps the data set ([`Stepper::resident`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    pub indices: &'a [usize],
+    pub images: Option<&'a Tensor<f32>>,
+    pub labels: &'a [u32],
+}
+
+impl<'a> Batch<'a> {
+    /// A batch of these images and labels, not indexed in a data set.
+    pub fn of(images: &'a Tensor<f32>, labels: &'a [u32]) -> Batch<'a> {
+        Batch {
+            indices: &[],
+            images: Some(images),
+            labels,
+        }
+    }
+}
+
+/// A batch the loop holds: [`Batch`]'s parts, owned.
+struct Held {
+    indices: Vec<usize>,
+    images: Option<Tensor<f32>>,
+    labels: Vec<u32>,
+}
+
+impl Held {
+    fn batch(&self) -> Batch<'_> {
+        Batch {
+            indices: &self.indices,
+            images: self.images.as_ref(),
+            labels: &self.labels,
+        }
+    }
 }
 
 /// A ResNet, its optimizer and the label smoothing, trained on the CPU by
@@ -49,12 +92,9 @@ impl CpuResNet {
 }
 
 impl Stepper for CpuResNet {
-    fn step(
-        &mut self,
-        (images, labels): (&Tensor<f32>, &[u32]),
-        _: bool,
-        micro: (usize, usize),
-    ) -> Result<(f64, usize)> {
+    fn step(&mut self, batch: Batch<'_>, _: bool, micro: (usize, usize)) -> Result<(f64, usize)> {
+        let (labels, images) = (batch.labels, batch.images);
+        let images = images.ok_or_else(|| Error::Failed("a batch without its images".into()))?;
         let [n, c, h, w] = images.shape;
         if c != 3 || n != labels.len() || n == 0 || h == 0 || w == 0 {
             return Err(Error::Setting(format!(
@@ -161,7 +201,9 @@ pub struct LoopOutcome {
     pub diverged: Option<String>,
 }
 
-/// Trains `stepper` for `cfg.steps` updates over `images`, telling `progress` of each.
+/// Trains `stepper` for `cfg.steps` updates over `images`, telling `progress` of each. The
+/// batches are gathered on a thread of their own, one ahead of the step that trains on them
+/// (a data set of one batch is gathered once).
 pub fn train(
     stepper: &mut dyn Stepper,
     images: &Images,
@@ -169,30 +211,77 @@ pub fn train(
     progress: &mut dyn FnMut(&UpdateStats),
 ) -> Result<LoopOutcome> {
     let per_epoch = cfg.batches_per_epoch(images.len())?;
-    // a data set of one batch is that batch every update: it is gathered (and uploaded) once
     let single = cfg.single(images.len());
+    let k = cfg.accumulate.max(1);
+    let micro = if single {
+        cfg.micro_batches().min(1)
+    } else {
+        cfg.micro_batches()
+    };
+    let pixels = !stepper.resident();
+    std::thread::scope(|scope| {
+        // a batch waiting at most: the gathering stays one step ahead; an early return drops
+        // the receiver, which ends the thread at its next send
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        scope.spawn(move || {
+            let mut order = Vec::new();
+            for j in 0..micro {
+                let (epoch, b) = (j / per_epoch, (j % per_epoch) as usize);
+                if b == 0 {
+                    order = cfg.epoch_order(images.len(), epoch);
+                }
+                let indices = order[b * cfg.batch_size..(b + 1) * cfg.batch_size].to_vec();
+                let held = if pixels {
+                    let (t, labels) = images.batch(&indices);
+                    Held {
+                        indices,
+                        images: Some(t),
+                        labels,
+                    }
+                } else {
+                    let labels = indices.iter().map(|&i| images.labels[i]).collect();
+                    Held {
+                        indices,
+                        images: None,
+                        labels,
+                    }
+                };
+                if tx.send(held).is_err() {
+                    return;
+                }
+            }
+        });
+        run_updates(stepper, (rx, single, k), cfg, progress)
+    })
+}
+
+/// The batches of [`train`], in training order, from the thread that gathers them.
+type Batches = std::sync::mpsc::Receiver<Held>;
+
+/// The loop of [`train`] over the batches `batches` hands over in order.
+fn run_updates(
+    stepper: &mut dyn Stepper,
+    (batches, single, k): (Batches, bool, usize),
+    cfg: &LoopConfig,
+    progress: &mut dyn FnMut(&UpdateStats),
+) -> Result<LoopOutcome> {
     let mut updates = Vec::new();
     let mut diverged = None;
-    let mut order = Vec::new();
-    let mut held: Option<(Tensor<f32>, Vec<u32>)> = None;
-    let k = cfg.accumulate.max(1);
+    let mut held: Option<Held> = None;
     'updates: for step in 0..cfg.steps {
         let start = Instant::now();
         let (mut loss, mut correct) = (0.0, 0);
         for i in 0..k {
-            let j = step * k as u64 + i as u64;
-            let (epoch, b) = (j / per_epoch, (j % per_epoch) as usize);
             let fresh = !(single && held.is_some());
             if fresh {
-                if b == 0 {
-                    order = cfg.epoch_order(images.len(), epoch);
-                }
-                held = Some(images.batch(&order[b * cfg.batch_size..(b + 1) * cfg.batch_size]));
+                held = Some(batches.recv().map_err(|_| {
+                    Error::Failed("the thread gathering the batches ended early".into())
+                })?);
             }
-            let Some((batch, labels)) = held.as_ref() else {
+            let Some(batch) = held.as_ref() else {
                 return Err(Error::Failed("no batch to train on".into()));
             };
-            let (l, c) = stepper.step((batch, labels), fresh, (i, k))?;
+            let (l, c) = stepper.step(batch.batch(), fresh, (i, k))?;
             loss += l / k as f64;
             correct += c;
             if !l.is_finite() {

@@ -119,6 +119,9 @@ pub struct CnnTrainReport {
     /// How a GPU run's updates were launched: one CUDA graph replayed, or kernel by kernel.
     #[serde(default)]
     pub step_launch: Option<String>,
+    /// Where a GPU run's batches came from: the data set kept on the GPU, or the host (why).
+    #[serde(default)]
+    pub batches_from: Option<String>,
     /// What the GPU trainer allocated, part by part (name, bytes).
     #[serde(default)]
     pub gpu_memory: Vec<(String, u64)>,
@@ -331,6 +334,19 @@ pub fn check_request(r: &CnnTrainRequest) -> Result<()> {
 
 /// The updates a run makes: --steps, or --epochs over the data's whole batches, or one epoch
 /// of a data file, or [`DEFAULT_STEPS`]; --epochs ending before --steps is a contradiction.
+/// The report's line on where a GPU run's batches came from.
+fn batches_from(on_host: Option<&str>, images: &Images, ranks: usize) -> String {
+    match on_host {
+        None => format!(
+            "the data set kept on {} GPU ({} images, converted once), each batch gathered there",
+            if ranks > 1 { "each" } else { "the" },
+            images.len()
+        ),
+        Some(cnn_parallel::ONE_BATCH) => cnn_parallel::ONE_BATCH.to_string(),
+        Some(why) => format!("the host, converted on every core and copied each batch: {why}"),
+    }
+}
+
 /// The updates of a run: `--steps`, or `--epochs` of the data's batches (`accumulate` batches an
 /// update, at least one update), or one epoch of a data file, else the default.
 fn updates(r: &CnnTrainRequest, per_epoch: u64, accumulate: u64) -> Result<u64> {
@@ -502,6 +518,7 @@ pub fn run_cnn_train(
     let mut gpu_net = None;
     let mut cpu_net = None;
     let mut data_parallel = None;
+    let mut data_on_host = None;
     let (setup_seconds, out, rank0) = if world > 1 {
         // the rank threads open their own GPUs
         drop(gpu);
@@ -526,6 +543,7 @@ pub fn run_cnn_train(
             bucket_mb: r.bucket_mb.unwrap_or(gradient_mib),
             grad_comm: r.grad_comm.unwrap_or(DType::F32),
             accumulate,
+            data: (images.len() > cfg.batch_size).then_some(&images),
         };
         let placement = match &r.launched {
             Some(w) => cnn_parallel::Placement::Launched(w),
@@ -561,6 +579,11 @@ pub fn run_cnn_train(
                 net.use_graph(r.graph.unwrap_or(true));
                 net.set_accumulate(accumulate)?;
                 conv_algorithms = net.conv_algorithms();
+                data_on_host = if images.len() > cfg.batch_size {
+                    net.keep_data(&images, cnn_parallel::DATA_SHARE)?
+                } else {
+                    Some(cnn_parallel::ONE_BATCH.into())
+                };
                 net
             }
             None => cpu_net.insert(CpuResNet::new(model, CnnOptimizer::new(opt), smoothing)),
@@ -581,6 +604,10 @@ pub fn run_cnn_train(
         Some(f) => Some(f.peak_bytes),
         None => gpu_net.as_ref().map(GpuResNet::peak_bytes).transpose()?,
     };
+    if let Some(f) = &rank0 {
+        data_on_host = f.data_on_host.clone();
+    }
+    let batches_from = on_gpu.then(|| batches_from(data_on_host.as_deref(), &images, world));
     let step_launch = match &rank0 {
         Some(f) => Some(f.step_launch.clone()),
         None => gpu_net.as_ref().map(GpuResNet::step_launch),
@@ -680,6 +707,7 @@ pub fn run_cnn_train(
         peak_gpu_bytes,
         gpu_memory,
         step_launch,
+        batches_from,
         loss_scale: scaler.map(|s| s.scale),
         skipped_updates: scaler.map_or(0, |s| s.skipped),
         pytorch,

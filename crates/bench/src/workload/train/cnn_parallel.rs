@@ -28,7 +28,7 @@ use gpukit_train::cnn::gpu::need::{device_need, HINT};
 use gpukit_train::cnn::gpu::GpuResNet;
 use gpukit_train::cnn::optim::{CnnOptimizer, CnnOptimizerConfig};
 use gpukit_train::cnn::resnet::ResNet;
-use gpukit_train::cnn::run::{self, LoopConfig, LoopOutcome, Stepper, UpdateStats};
+use gpukit_train::cnn::run::{self, Batch, LoopConfig, LoopOutcome, Stepper, UpdateStats};
 use gpukit_train::cnn::Tensor;
 use gpukit_train::precision::Precision;
 use serde::{Deserialize, Serialize};
@@ -132,13 +132,30 @@ pub struct Setup<'a> {
     pub grad_comm: gpukit_types::DType,
     /// Micro-batches of `batch_per_gpu` an update sums on each rank (their sum averaged).
     pub accumulate: usize,
+    /// The data set each rank keeps on its GPU where it fits ([`GpuResNet::keep_data`]); None:
+    /// every batch from the host.
+    pub data: Option<&'a Images>,
+}
+
+/// Why a data set of one batch is not kept on the GPU.
+pub const ONE_BATCH: &str = "the data set is one batch, uploaded once";
+
+/// The share of a GPU's free memory a data set kept there may take.
+pub const DATA_SHARE: f64 = 0.25;
+
+/// A rank's part of a micro-batch: its images' indices, their labels, and the images unless
+/// the rank keeps the data set.
+struct Shard {
+    indices: Vec<usize>,
+    images: Option<Tensor<f32>>,
+    labels: Vec<u32>,
 }
 
 /// A rank thread's work.
 enum Ask {
     /// Train a micro-batch: its shard (None: the one it holds).
     Step {
-        shard: Option<(Tensor<f32>, Vec<u32>)>,
+        shard: Option<Shard>,
         micro: (usize, usize),
     },
     /// Join the communicator of this id, then start again from the initial weights and a
@@ -158,10 +175,13 @@ pub struct RankFigures {
     pub buckets: usize,
     /// [`GpuResNet::weights_digest`].
     pub weights: u64,
+    /// Why the data set is not on the GPU (None: kept there).
+    pub data_on_host: Option<String>,
 }
 
 enum Reply {
-    Ready,
+    /// Built; why the data set stays on the host (None: kept on the GPU).
+    Ready(Option<String>),
     /// The step's loss and right answers: its own shard's, or (true) summed over every rank.
     Stepped(f64, usize, bool),
     Joined,
@@ -177,6 +197,8 @@ pub struct Ranks {
     local: Vec<(usize, usize)>,
     /// Ranks in all (on every process).
     world: usize,
+    /// Whether each thread's rank keeps the data set on its GPU.
+    resident: Vec<bool>,
 }
 
 impl Ranks {
@@ -243,6 +265,18 @@ impl Ranks {
     }
 }
 
+/// `values` copied on every core (a rank's share of a ResNet batch is over 100 MB: one thread's
+/// copy is a step's time).
+fn copied(values: &[f32]) -> Vec<f32> {
+    use rayon::prelude::*;
+    const PART: usize = 1 << 16;
+    let mut out = vec![0f32; values.len()];
+    out.par_chunks_mut(PART)
+        .zip(values.par_chunks(PART))
+        .for_each(|(o, v)| o.copy_from_slice(v));
+    out
+}
+
 /// Rows `[first, first + n)` of a batch.
 fn rows(
     (images, labels): (&Tensor<f32>, &[u32]),
@@ -254,7 +288,7 @@ fn rows(
     (
         Tensor {
             shape: [n, c, h, w],
-            data: images.data[first * per..(first + n) * per].to_vec(),
+            data: copied(&images.data[first * per..(first + n) * per]),
         },
         labels[first..first + n].to_vec(),
     )
@@ -263,24 +297,47 @@ fn rows(
 impl Stepper for Ranks {
     fn step(
         &mut self,
-        (images, labels): (&Tensor<f32>, &[u32]),
+        batch: Batch<'_>,
         fresh: bool,
         micro: (usize, usize),
     ) -> gpukit_train::Result<(f64, usize)> {
         let (world, here) = (self.world, self.asks.len());
         let b = self.batch_per_gpu;
-        if images.shape[0] != world * b || labels.len() != world * b {
+        let labels = batch.labels;
+        if labels.len() != world * b || batch.indices.len() != world * b {
             return Err(gpukit_train::Error::Failed(format!(
                 "a combined batch of {} images for {world} ranks of {b}",
-                images.shape[0]
+                labels.len()
             )));
         }
         let fail = |e: Error| gpukit_train::Error::Failed(e.to_string());
         for (i, &(rank, _)) in self.local.iter().enumerate() {
-            let shard = fresh.then(|| rows((images, labels), rank * b, b));
+            let shard = if fresh {
+                let at = rank * b;
+                let images = match (self.resident[i], batch.images) {
+                    (true, _) => None,
+                    (false, Some(images)) => Some(rows((images, labels), at, b).0),
+                    (false, None) => {
+                        return Err(gpukit_train::Error::Failed(
+                            "a batch without its images for a rank that keeps no data set".into(),
+                        ))
+                    }
+                };
+                Some(Shard {
+                    indices: batch.indices[at..at + b].to_vec(),
+                    images,
+                    labels: labels[at..at + b].to_vec(),
+                })
+            } else {
+                None
+            };
             self.send(i, Ask::Step { shard, micro }).map_err(fail)?;
         }
         Ok(combine(self.gather().map_err(fail)?, world, here))
+    }
+
+    fn resident(&self) -> bool {
+        !self.resident.is_empty() && self.resident.iter().all(|&r| r)
     }
 }
 
@@ -313,7 +370,7 @@ fn rank_thread(
     asks: Receiver<Ask>,
     replies: Sender<Result<Reply>>,
 ) {
-    let built = (|| -> Result<(std::sync::Arc<Gpu>, GpuResNet)> {
+    let built = (|| -> Result<(std::sync::Arc<Gpu>, GpuResNet, Option<String>)> {
         let gpu = std::sync::Arc::new(Gpu::open(setup.discovery, ordinal)?);
         let (free, _) = gpu.mem_info()?;
         device_need(
@@ -337,19 +394,23 @@ fn rank_thread(
         )?;
         net.use_graph(setup.graph);
         net.set_accumulate(setup.accumulate)?;
-        Ok((gpu, net))
+        let on_host = match setup.data {
+            Some(data) => net.keep_data(data, DATA_SHARE)?,
+            None => Some(ONE_BATCH.into()),
+        };
+        Ok((gpu, net, on_host))
     })();
-    let (gpu, mut net) = match built {
+    let (gpu, mut net, on_host) = match built {
         Ok(b) => b,
         Err(e) => {
             let _ = replies.send(Err(e));
             return;
         }
     };
-    if replies.send(Ok(Reply::Ready)).is_err() {
+    if replies.send(Ok(Reply::Ready(on_host.clone()))).is_err() {
         return;
     }
-    let mut held: Option<(Tensor<f32>, Vec<u32>)> = None;
+    let mut held: Option<Shard> = None;
     for ask in asks {
         let reply = match ask {
             Ask::Step { shard, micro } => (|| {
@@ -357,10 +418,15 @@ fn rank_thread(
                 if let Some(s) = shard {
                     held = Some(s);
                 }
-                let (images, labels) = held
+                let s = held
                     .as_ref()
                     .ok_or_else(|| Error::Failed("a step before any batch".into()))?;
-                let (l, c) = net.step((images, labels), fresh, micro)?;
+                let batch = Batch {
+                    indices: &s.indices,
+                    images: s.images.as_ref(),
+                    labels: &s.labels,
+                };
+                let (l, c) = net.step(batch, fresh, micro)?;
                 if sums && net.has_peers() {
                     let all = net.sum_over_ranks(&[l, c as f64])?;
                     return Ok(Reply::Stepped(all[0], all[1].round() as usize, true));
@@ -387,6 +453,7 @@ fn rank_thread(
                     conv_algorithms: net.conv_algorithms(),
                     buckets: net.buckets(),
                     weights: net.weights_digest()?,
+                    data_on_host: on_host.clone(),
                 }))
             })(),
         };
@@ -686,8 +753,13 @@ pub fn with_ranks<T>(
             batch_per_gpu: setup.batch_per_gpu,
             local,
             world,
+            resident: Vec::new(),
         };
-        ranks.gather()?;
+        ranks.resident = ranks
+            .gather()?
+            .into_iter()
+            .map(|r| matches!(r, Reply::Ready(None)))
+            .collect();
         // the threads end when their channels close, whatever `work` returned
         work(&mut ranks)
     })

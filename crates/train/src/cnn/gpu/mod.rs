@@ -48,6 +48,7 @@ pub use parallel::buckets_of;
 pub use plan::{device_channels, device_lens, input_maps, unit_shapes};
 use plan::{filters_of, plan_unit, time_filter_products, DeviceFilter, GpuBlock, GpuUnit};
 
+use super::data::Images;
 use super::layers::Linear;
 use super::optim::{CnnOptimizer, CnnOptimizerConfig};
 use super::resnet::{Depth, ResNet};
@@ -143,6 +144,8 @@ pub struct GpuResNet {
     /// Pinned host memory a channel-last batch is converted into and copied from (pageable
     /// memory moved 103 MB at about 3.5 GB/s, 29 ms a fresh ResNet-50 batch: run 94).
     staging: Option<PinnedBytes>,
+    /// The whole data set on the device, each batch gathered from it ([`GpuResNet::keep_data`]).
+    resident: Option<upload::Resident>,
     /// Updates made through [`super::run::Stepper::step`].
     updates: u64,
     /// Whether steps replay captured CUDA graphs (each kind of micro-batch captured after its
@@ -170,7 +173,7 @@ impl super::run::Stepper for GpuResNet {
     /// included.
     fn step(
         &mut self,
-        (images, labels): (&Tensor<f32>, &[u32]),
+        batch: super::run::Batch<'_>,
         fresh: bool,
         micro: (usize, usize),
     ) -> Result<(f64, usize)> {
@@ -188,7 +191,15 @@ impl super::run::Stepper for GpuResNet {
         };
         self.updates += 1;
         if fresh || !self.uploaded {
-            self.upload(images, labels)?;
+            match batch.images {
+                _ if self.resident.is_some() => self.gather_batch(batch.indices)?,
+                Some(images) => self.upload(images, batch.labels)?,
+                None => {
+                    return Err(Error::Failed(
+                        "a batch without its images for a trainer that keeps no data set".into(),
+                    ))
+                }
+            }
         }
         // a recorded update runs eagerly: the profiler ties each launch to its op
         let out = self.step_on_device(profiler.is_some(), micro);
@@ -196,6 +207,10 @@ impl super::run::Stepper for GpuResNet {
             self.recording = Some(p.finish()?);
         }
         out
+    }
+
+    fn resident(&self) -> bool {
+        self.resident.is_some()
     }
 }
 
@@ -448,6 +463,7 @@ impl GpuResNet {
             workspace: alloc(workspace_bytes.max(256))?,
             uploaded: false,
             staging: None,
+            resident: None,
             updates: 0,
             graph_on: false,
             graph_failed: None,
@@ -706,6 +722,10 @@ impl GpuResNet {
                 len(&self.stats) + len(&self.saved) + reserve,
             ),
             ("images".into(), len(&self.images)),
+            (
+                "data set".into(),
+                self.resident.as_ref().map_or(0, upload::Resident::bytes),
+            ),
             (
                 "labels, head and loss".into(),
                 head.iter().map(|b| len(b)).sum(),
