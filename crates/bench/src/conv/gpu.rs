@@ -81,6 +81,35 @@ pub(super) fn gpu_conv(
     opts: &ConvOptions,
     turns: Option<&mut ConvTurns>,
 ) -> Result<GpuMeasured> {
+    // the CPU's reference is computed on a thread of its own while the GPU plans and times
+    std::thread::scope(|scope| {
+        let reference = scope.spawn(move || reference_of(conv, (x, w, y_ref_f32)));
+        measured((g, dnn), conv, (x, w), opts, turns, reference)
+    })
+}
+
+/// The output a GPU row is checked against: an f16/bf16 row's is the f32 product of the
+/// rounded inputs, another row's the CPU's f32 output.
+fn reference_of(conv: Conv, (x, w, y_ref_f32): (&[f32], &[f32], &[f32])) -> Vec<f32> {
+    if conv.dtype.size_bytes() == 2 {
+        let mut y = vec![0f32; conv.shape.output_len()];
+        let (xr, wr) = (round_f32(x, conv.dtype), round_f32(w, conv.dtype));
+        crate::cpu::conv2d_f32(&conv.shape, conv.layout, &xr, &wr, &mut y);
+        y
+    } else {
+        y_ref_f32.to_vec()
+    }
+}
+
+/// [`gpu_conv`]'s row once its reference is on its way.
+fn measured(
+    (g, dnn): (&Gpu, &Dnn),
+    conv: Conv,
+    (x, w): (&[f32], &[f32]),
+    opts: &ConvOptions,
+    turns: Option<&mut ConvTurns>,
+    reference: std::thread::ScopedJoinHandle<'_, Vec<f32>>,
+) -> Result<GpuMeasured> {
     let (xb, wb) = (encode_f32(x, conv.dtype), encode_f32(w, conv.dtype));
     let need = xb.len() + wb.len() + conv.output_bytes();
     let free = g.mem_info().map(|(f, _)| f as usize).unwrap_or(0);
@@ -134,15 +163,9 @@ pub(super) fn gpu_conv(
     g.fill(yd.view(), 0xFF)?;
     launch()?;
     let got = decode_f32(&g.download(&yd)?, conv.dtype);
-    // f16/bf16 rows are checked against an f32 product of the rounded inputs
-    let reference: Vec<f32> = if conv.dtype.size_bytes() == 2 {
-        let mut y = vec![0f32; conv.shape.output_len()];
-        let (xr, wr) = (round_f32(x, conv.dtype), round_f32(w, conv.dtype));
-        crate::cpu::conv2d_f32(&conv.shape, conv.layout, &xr, &wr, &mut y);
-        y
-    } else {
-        y_ref_f32.to_vec()
-    };
+    let reference = reference
+        .join()
+        .map_err(|_| Error::Failed("the CPU reference's thread panicked".into()))?;
     let err = rel_err(&got, &reference);
     let tol = tolerance(conv.dtype);
     Ok(GpuMeasured {

@@ -23,6 +23,10 @@ const WARM_UP: std::time::Duration = std::time::Duration::from_millis(30);
 const IN_GRAPH: usize = 3;
 /// Interleaved rounds in which the finalists are timed again ([`Dnn::confirm_finalists`]).
 const CONFIRM_ROUNDS: usize = 3;
+/// A finalist whose first score is this many times the best first score keeps it, untimed
+/// again ([`Dnn::confirm_finalists`]): the rounds' spread is a few percent, and re-timing such
+/// finalists was a sixth of `gpukit all`'s planning (an 11 ms finalist beside a 0.4 ms best).
+const CONFIRM_FACTOR: f64 = 1.5;
 /// A candidate whose first run takes this many times the best time so far is not timed
 /// further ([`Dnn::candidate_ms_within`]): past a cold GPU's clock ramp (under 2x), it cannot
 /// win.
@@ -115,18 +119,32 @@ impl Dnn {
     /// [`CONFIRM_ROUNDS`] interleaved rounds (A B C, A B C, ...), and sets each one's score to
     /// the median of its rounds: a clock or a neighbour that changes during the rounds touches
     /// every finalist alike, so the same convolution is not won by one engine in one run and
-    /// another in the next. A finalist that cannot be captured keeps its first score.
+    /// another in the next. A finalist that cannot be captured, or whose first score is
+    /// [`CONFIRM_FACTOR`] times the best one or more, keeps its first score.
     pub(crate) fn confirm_finalists<T>(
         &self,
         finalists: &mut [(f64, T)],
         run: impl Fn(&T) -> Result<()>,
     ) -> Result<()> {
-        if finalists.len() < 2 {
+        let best = finalists
+            .iter()
+            .map(|(score, _)| *score)
+            .fold(f64::INFINITY, f64::min);
+        let contends = |score: f64| score < best * CONFIRM_FACTOR;
+        if finalists
+            .iter()
+            .filter(|(score, _)| contends(*score))
+            .count()
+            < 2
+        {
             return Ok(());
         }
         let graphs: Vec<Option<crate::stream::Graph>> = finalists
             .iter()
-            .map(|(_, item)| {
+            .map(|(score, item)| {
+                if !contends(*score) {
+                    return None;
+                }
                 self.gpu_stream
                     .capture(|| {
                         for _ in 0..BACK_TO_BACK {
