@@ -765,6 +765,24 @@ pub fn with_ranks<T>(
     })
 }
 
+/// A launched world as a launcher's environment describes it: rank `rank` of `size`, on
+/// cuda:`local` (for tests).
+#[cfg(test)]
+pub(super) fn launched_world(rank: usize, size: usize, local: usize) -> gpukit_ranks::world::World {
+    let env = |k: &str| match k {
+        "RANK" => Some(rank.to_string()),
+        "WORLD_SIZE" => Some(size.to_string()),
+        "LOCAL_RANK" => Some(local.to_string()),
+        "MASTER_ADDR" => Some("127.0.0.1".to_string()),
+        "MASTER_PORT" => Some("29500".to_string()),
+        _ => None,
+    };
+    gpukit_ranks::world::from_env(&env)
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("a launcher's environment for rank {rank} of {size}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -810,18 +828,7 @@ mod tests {
     #[test]
     fn placements_name_this_processs_ranks_and_gpus() {
         assert_eq!(Placement::Threads(3).local(), vec![(0, 0), (1, 1), (2, 2)]);
-        let env = |k: &str| {
-            match k {
-                "RANK" => Some("3"),
-                "WORLD_SIZE" => Some("4"),
-                "LOCAL_RANK" => Some("1"),
-                "MASTER_ADDR" => Some("127.0.0.1"),
-                "MASTER_PORT" => Some("29500"),
-                _ => None,
-            }
-            .map(str::to_string)
-        };
-        let w = gpukit_ranks::world::from_env(&env).unwrap().unwrap();
+        let w = launched_world(3, 4, 1);
         let p = Placement::Launched(&w);
         assert_eq!((p.world(), p.local()), (4, vec![(3, 1)]));
     }
