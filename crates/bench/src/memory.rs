@@ -561,12 +561,13 @@ impl Part for MemoryPart {
     fn run(&self, ctx: &Context<'_>, progress: &mut dyn FnMut(&str)) -> Result<Outcome> {
         let o = MemoryOptions {
             model: ResNet::R50,
-            // under --quick the batches infer's fp32 rows planned just before (their choices
-            // are cached): the tour measures memory without planning again
+            // the batches infer's fp32 rows planned just before (their choices are cached:
+            // memory is measured without planning again), and in the full run 128 beyond them
+            // (batches 16 and 64, planned for memory alone, were 3 s of a cold `all`)
             batch_sizes: if ctx.quick {
                 vec![1, 32]
             } else {
-                vec![16, 32, 64, 128]
+                vec![1, 8, 32, 128]
             },
             dtype: DType::F32,
             layout: Layout::Nchw,

@@ -519,7 +519,7 @@ pub struct MemoryArgs {
     #[arg(long, value_name = "ACTION", default_value = "fail", value_parser = ["fail", "halve"])]
     pub on_oom: String,
 
-    /// Also find the largest batch that fits (doubling, then bisection).
+    /// Also find the largest batch that fits (found on paper, confirmed by allocation).
     #[arg(long)]
     pub find_max_batch: bool,
 
