@@ -117,6 +117,19 @@ fn run_cpu(
     Ok((out, model))
 }
 
+/// `got`'s per-update losses against `want`'s: as many, each within `tol` (relative).
+fn losses_within(what: &str, got: &[f64], want: &[f64], tol: f64) -> Result<(), Failed> {
+    check(
+        got.len() == want.len(),
+        format!("{what}: {} updates against {}", got.len(), want.len()),
+    )?;
+    let rel = max_rel(got, want);
+    check(
+        rel < tol,
+        format!("{what}: losses differ by {rel:.2e} (tolerance {tol:.0e})"),
+    )
+}
+
 fn max_rel(a: &[f64], b: &[f64]) -> f64 {
     a.iter()
         .zip(b)
@@ -204,20 +217,8 @@ fn both_paths_match_the_cpu(
             ..GpuOptions::new(Precision::Fp32)
         };
         let g = run_gpu(cfg, opts, data, model)?;
-        let what = format!("{what} fused {fuse}");
-        check(
-            g.outcome.step_losses.len() == cpu.step_losses.len(),
-            format!(
-                "{what}: {} updates, CPU {}",
-                g.outcome.step_losses.len(),
-                cpu.step_losses.len()
-            ),
-        )?;
-        let d = max_rel(&g.outcome.step_losses, &cpu.step_losses);
-        check(
-            d <= 1e-4,
-            format!("{what}: losses differ from the CPU's by {d:.2e}"),
-        )?;
+        let what = format!("{what} fused {fuse}, against the CPU");
+        losses_within(&what, &g.outcome.step_losses, &cpu.step_losses, 1e-4)?;
         let worst = weights(&g.model)
             .iter()
             .zip(&weights(cpu_model))
