@@ -436,7 +436,8 @@ fn find_max_batch(
     const CAP: usize = 1 << 20;
     let start = std::time::Instant::now();
     let (free, _) = ctx.gpu.mem_info()?;
-    let on_paper = largest_within(CAP, |n| {
+    // the same search on paper (no allocation: the arena's size against the free memory)
+    let (on_paper, _, _) = search_from(1, CAP, |n| {
         Ok(arena_bytes(&weights.shape, n, s, s, true)? as u64 <= free)
     })?;
     let (ok, bad, attempts) = search_from(on_paper, CAP, |n| {
@@ -511,27 +512,6 @@ fn search_from(
         hi = Some(h);
     }
     Ok((lo, hi, asked))
-}
-
-/// The largest `n` in 1..=`cap` for which `ok(n)` holds, `ok` holding up to some `n` and not
-/// after (0 where `ok(1)` does not hold).
-fn largest_within(
-    cap: usize,
-    mut ok: impl FnMut(usize) -> Result<bool, EngineError>,
-) -> Result<usize, EngineError> {
-    if !ok(1)? {
-        return Ok(0);
-    }
-    let (mut lo, mut hi) = (1, cap + 1);
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if ok(mid)? {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    Ok(lo)
 }
 
 /// `gpukit memory` under `gpukit all`, where there is a GPU: ResNet-50 fp32 at a few batch
@@ -673,7 +653,7 @@ fn memory_image_size(section: &Value) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{largest_within, search_from};
+    use super::search_from;
 
     #[test]
     fn the_search_from_a_guess_finds_the_largest_that_fits() {
@@ -703,27 +683,6 @@ mod tests {
                     assert_eq!(asked, 2, "{what}: a right guess");
                 }
             }
-        }
-    }
-
-    #[test]
-    fn the_largest_batch_on_paper_is_the_last_that_holds() {
-        for (limit, cap, want) in [
-            (0, 8, 0),
-            (1, 8, 1),
-            (5, 8, 5),
-            (8, 8, 8),
-            (100, 8, 8),
-            (37, 1 << 20, 37),
-        ] {
-            let mut asked = 0;
-            let got = largest_within(cap, |n| {
-                asked += 1;
-                Ok(n <= limit)
-            })
-            .unwrap();
-            assert_eq!(got, want, "limit {limit} cap {cap}");
-            assert!(asked <= 22, "{asked} questions");
         }
     }
 }

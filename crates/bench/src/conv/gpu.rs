@@ -90,14 +90,17 @@ pub(super) fn gpu_conv(
 
 /// The output a GPU row is checked against: an f16/bf16 row's is the f32 product of the
 /// rounded inputs, another row's the CPU's f32 output.
-fn reference_of(conv: Conv, (x, w, y_ref_f32): (&[f32], &[f32], &[f32])) -> Vec<f32> {
+fn reference_of<'a>(
+    conv: Conv,
+    (x, w, y_ref_f32): (&[f32], &[f32], &'a [f32]),
+) -> std::borrow::Cow<'a, [f32]> {
     if conv.dtype.size_bytes() == 2 {
         let mut y = vec![0f32; conv.shape.output_len()];
         let (xr, wr) = (round_f32(x, conv.dtype), round_f32(w, conv.dtype));
         crate::cpu::conv2d_f32(&conv.shape, conv.layout, &xr, &wr, &mut y);
-        y
+        y.into()
     } else {
-        y_ref_f32.to_vec()
+        y_ref_f32.into()
     }
 }
 
@@ -108,7 +111,7 @@ fn measured(
     (x, w): (&[f32], &[f32]),
     opts: &ConvOptions,
     turns: Option<&mut ConvTurns>,
-    reference: std::thread::ScopedJoinHandle<'_, Vec<f32>>,
+    reference: std::thread::ScopedJoinHandle<'_, std::borrow::Cow<'_, [f32]>>,
 ) -> Result<GpuMeasured> {
     let (xb, wb) = (encode_f32(x, conv.dtype), encode_f32(w, conv.dtype));
     let need = xb.len() + wb.len() + conv.output_bytes();

@@ -227,21 +227,9 @@ fn gpu_row(
     let trial = opts.trial;
     let mut medians: Vec<Vec<f64>> = vec![Vec::new(); candidates.len()];
     for round in 0..trial.rounds {
-        // after the first round, only the candidates within TRIAL_FACTOR of its best run again
-        // (the others keep their one median: they cannot win)
-        let cut = (round > 0).then(|| {
-            medians
-                .iter()
-                .filter_map(|m| m.first().copied())
-                .fold(f64::INFINITY, f64::min)
-                * TRIAL_FACTOR
-        });
         // each round starts at a different candidate and runs the order backwards every other
         // round: no candidate always runs first on a rested chip, or right after the slowest
         for i in trial_order(candidates.len(), round) {
-            if cut.is_some_and(|c| medians[i].first().is_none_or(|&m| m > c)) {
-                continue;
-            }
             let b = &candidates[i];
             if let Ok(m) = case.samples(b, Plan::new(trial.warmup, trial.reps)) {
                 if let Some(s) = crate::stats::Summary::of(&m) {
@@ -358,11 +346,6 @@ const MIN_SETS: usize = 4;
 /// timed 2-5% apart as cuBLAS and as cuBLASLt heuristic #0 (the same kernel, by ncu),
 /// and the trial's f64 8192 winner then ran 4% behind cuBLAS's kernel in PyTorch's hands.
 const CONFIRM_RATIO: f64 = 0.98;
-
-/// A candidate whose first trial median is this many times the first round's best runs no
-/// further rounds: the rounds move a median by a few percent, and the trials of such
-/// candidates were a third of the f32 and f64 8192 rows' time.
-const TRIAL_FACTOR: f64 = 1.5;
 
 /// Paired turns (ABBA, 4 rounds, turns of at least `block_ms`) of candidate `chosen` against
 /// cuBLAS (index 0): its per-round time ratios, chosen over cuBLAS. Empty if either failed.

@@ -335,14 +335,18 @@ pub fn check_request(r: &CnnTrainRequest) -> Result<()> {
 /// The updates a run makes: --steps, or --epochs over the data's whole batches, or one epoch
 /// of a data file, or [`DEFAULT_STEPS`]; --epochs ending before --steps is a contradiction.
 /// The report's line on where a GPU run's batches came from.
-fn batches_from(on_host: Option<&str>, images: &Images, ranks: usize) -> String {
+fn batches_from(
+    on_host: Option<&str>,
+    (images, combined): (&Images, usize),
+    ranks: usize,
+) -> String {
     match on_host {
+        _ if images.len() <= combined => cnn_parallel::ONE_BATCH.to_string(),
         None => format!(
             "the data set kept on {} GPU ({} images, converted once), each batch gathered there",
             if ranks > 1 { "each" } else { "the" },
             images.len()
         ),
-        Some(cnn_parallel::ONE_BATCH) => cnn_parallel::ONE_BATCH.to_string(),
         Some(why) => format!("the host, converted on every core and copied each batch: {why}"),
     }
 }
@@ -607,7 +611,8 @@ pub fn run_cnn_train(
     if let Some(f) = &rank0 {
         data_on_host = f.data_on_host.clone();
     }
-    let batches_from = on_gpu.then(|| batches_from(data_on_host.as_deref(), &images, world));
+    let batches_from =
+        on_gpu.then(|| batches_from(data_on_host.as_deref(), (&images, cfg.batch_size), world));
     let step_launch = match &rank0 {
         Some(f) => Some(f.step_launch.clone()),
         None => gpu_net.as_ref().map(GpuResNet::step_launch),

@@ -158,8 +158,14 @@ impl GpuResNet {
             )));
         }
         let n = data.len();
-        if u32::try_from(n).is_err() || u32::try_from(per_image / 4).is_err() {
-            return Ok(Some(format!("{n} images are too many to index")));
+        // the gather kernel takes the batch and an image's words as C ints, the indices as u32
+        if u32::try_from(n).is_err()
+            || i32::try_from(per_image / 4).is_err()
+            || i32::try_from(self.batch).is_err()
+        {
+            return Ok(Some(format!(
+                "{n} images of {per_image} bytes are beyond the gather kernel's indices"
+            )));
         }
         let need = n * (per_image + 4) + self.batch * 4;
         let (free, _) = self.gpu.mem_info()?;
