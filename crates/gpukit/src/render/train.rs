@@ -191,7 +191,23 @@ fn memory_section(r: &TrainReport) -> Section {
     let m = &r.memory;
     let kib = |b: usize| format!("{:.1} KiB", b as f64 / 1024.0);
     let mut rows = vec![
-        ("weights", kib(m.weights)),
+        (
+            "weights",
+            match r.data_parallel.as_ref().filter(|d| d.sharded_optimizer) {
+                Some(d)
+                    if r.gpu
+                        .as_ref()
+                        .is_some_and(|g| matches!(g.precision.name(), "fp16" | "bf16")) =>
+                {
+                    format!(
+                        "{} (this GPU's 1/{} of the f32 weights and the whole 16-bit copy)",
+                        kib(m.weights),
+                        d.ranks
+                    )
+                }
+                _ => kib(m.weights),
+            },
+        ),
         ("gradients", kib(m.gradients)),
         (
             "optimizer state",

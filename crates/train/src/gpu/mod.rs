@@ -169,6 +169,14 @@ type PlanKey = (usize, Op, usize);
 /// A GPU trainer: buffers, plans and graphs for one model shape, data set and settings;
 /// [`GpuTrainer::run`] may be called again after [`GpuTrainer::load`] (repeated timings reuse
 /// the plans and graphs, as a warmed-up PyTorch reuses its own).
+/// A sharded optimizer's state gathered whole at the end of a run ([`GpuTrainer::gather_shards`]).
+struct Gathered {
+    /// The f32 weights, where each rank kept only its blocks of them.
+    params: Option<Vec<f32>>,
+    /// m, then v where the optimizer keeps it.
+    moments: Vec<Vec<f32>>,
+}
+
 pub struct GpuTrainer {
     gpu: Arc<Gpu>,
     blas: Blas,
@@ -178,15 +186,16 @@ pub struct GpuTrainer {
     loader: Loader,
     layout: Layout,
     fusion: Vec<Fusion>,
+    /// The f32 weights: every parameter's, or with a sharded optimizer in mixed precision this
+    /// rank's blocks only, packed ([`GpuTrainer::params_span`]).
     params: DeviceBuffer,
     grads: DeviceBuffer,
     /// The optimizer's moments: every parameter's, or with a sharded optimizer this rank's
     /// blocks only, packed ([`GpuTrainer::state_span`]).
     m: Option<DeviceBuffer>,
     v: Option<DeviceBuffer>,
-    /// A sharded optimizer's moments made whole at the end of the last run, for `store` (m,
-    /// then v where the optimizer keeps it).
-    whole_moments: std::cell::RefCell<Option<Vec<Vec<f32>>>>,
+    /// A sharded optimizer's state made whole at the end of the last run, for `store`.
+    gathered: std::cell::RefCell<Option<Gathered>>,
     half: Option<DeviceBuffer>,
     bias_scratch: Vec<DeviceBuffer>,
     state: DeviceBuffer,
@@ -489,7 +498,7 @@ impl GpuTrainer {
             grads,
             m,
             v,
-            whole_moments: std::cell::RefCell::new(None),
+            gathered: std::cell::RefCell::new(None),
             half,
             bias_scratch,
             state,
@@ -554,13 +563,13 @@ impl GpuTrainer {
             layers: model.layers[first..end].to_vec(),
         };
         let flat = self.layout.pack(&own);
-        g.upload_into(self.params.view(), bytes(&flat))?;
+        self.upload_params(&flat)?;
         let mine = |saved: &[Vec<f32>]| -> Vec<Vec<f32>> {
             saved
                 .get(2 * first..2 * end)
                 .map_or_else(Vec::new, <[_]>::to_vec)
         };
-        self.whole_moments.replace(None);
+        self.gathered.replace(None);
         for (buf, saved) in [(&self.m, mine(&opt.m)), (&self.v, mine(&opt.v))] {
             if let Some(buf) = buf {
                 if saved.is_empty() {
@@ -580,15 +589,23 @@ impl GpuTrainer {
                 }
             }
         }
-        g.fill(self.grads.view(), 0)?;
         if let Some(h) = &self.half {
+            // the 16-bit copy of every weight: from the f32 ones, or where a rank keeps only
+            // its blocks of them, from every weight put in the gradients' buffer
+            let from = if self.params_sharded() {
+                g.upload_into(self.grads.view(), bytes(&flat))?;
+                &self.grads
+            } else {
+                &self.params
+            };
             self.k.cast(
-                self.params.view(),
+                from.view(),
                 h.view(),
                 self.opts.precision.storage(),
                 self.layout.total,
             )?;
         }
+        g.fill(self.grads.view(), 0)?;
         let (scale, growth) = match (self.opts.precision.scaled(), scaler) {
             (true, Some(s)) => s,
             (true, None) => (INITIAL_SCALE, 0),
@@ -614,7 +631,16 @@ impl GpuTrainer {
     pub fn store(&self, model: &mut Mlp<f32>, opt: &mut Optimizer<f32>) -> Result<StepState> {
         let g = &self.gpu;
         let st = StepState::from_bytes(&g.download(&self.state)?)?;
-        let flat = f32s(&g.download(&self.params)?);
+        let gathered = self.gathered.borrow();
+        let flat = match gathered.as_ref().and_then(|w| w.params.as_ref()) {
+            Some(p) => p.clone(),
+            None if self.params_sharded() => {
+                return Err(Error::Failed(
+                    "the sharded optimizer's f32 weights were not gathered".into(),
+                ))
+            }
+            None => f32s(&g.download(&self.params)?),
+        };
         // a pipeline stage writes its own layers (and their optimizer state) only
         let (first, _) = self.own_layers();
         for (l, mut tensors) in self
@@ -631,14 +657,13 @@ impl GpuTrainer {
         opt.step = u64::from(st.step);
         let stepped = st.step > 0;
         let whole = 2 * model.layers.len();
-        let gathered = self.whole_moments.borrow();
         for (i, (buf, saved)) in [(&self.m, &mut opt.m), (&self.v, &mut opt.v)]
             .into_iter()
             .enumerate()
         {
             match (buf, stepped) {
                 (Some(b), true) => {
-                    let values = match gathered.as_ref().and_then(|w| w.get(i)) {
+                    let values = match gathered.as_ref().and_then(|w| w.moments.get(i)) {
                         Some(w) => w.clone(),
                         None if self.moments_sharded() => {
                             return Err(Error::Failed(

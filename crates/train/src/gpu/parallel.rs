@@ -106,6 +106,30 @@ pub(super) fn span(layout: &Layout, lo: usize, hi: usize) -> (usize, usize) {
     (layout.offsets[lo].0, end)
 }
 
+/// A rank's blocks of the flat buffer: each span [a, b) and its offset where they are packed.
+type Blocks = [((usize, usize), usize)];
+
+/// `whole` (`total` f32 values) cut to the blocks `own` (each at its packed offset, `len`
+/// values in all), in a new buffer.
+fn packed_copy(
+    gpu: &gpukit_cuda::Gpu,
+    whole: &gpukit_cuda::DeviceBuffer,
+    (total, own, len): (usize, &Blocks, usize),
+) -> Result<gpukit_cuda::DeviceBuffer> {
+    if whole.len() != total * 4 {
+        return Err(Error::Failed(
+            "the optimizer's state is sharded already".into(),
+        ));
+    }
+    let mine = gpu.alloc(len * 4)?;
+    for &((a, b), at) in own {
+        let n = (b - a) * 4;
+        gpu.copy_view(mine.view().sub(at * 4, n)?, whole.view().sub(a * 4, n)?, n)?;
+    }
+    gpu.synchronize()?;
+    Ok(mine)
+}
+
 /// A rank's communicator and its buckets.
 pub(super) struct Dp {
     comm: Comm,
@@ -230,7 +254,7 @@ impl GpuTrainer {
                 own.push((block, at));
                 at += c;
             }
-            self.shard_moments(&own, at)?;
+            self.shard_state(&own, at)?;
         }
         if self.opts.comm_sms > 0 {
             self.leave_sms_to_communication(self.opts.comm_sms)?;
@@ -476,72 +500,88 @@ impl GpuTrainer {
         }
     }
 
-    /// A sharded optimizer's f32 weights made whole on every rank (each rank updated only its
-    /// blocks of them), and its moments gathered for `store` (each rank keeps only its blocks:
-    /// they pass, one at a time, through the gradients' buffer, free at the end of a run). At
-    /// the end of a run, before anything reads them back. Every rank must call it. Nothing to
-    /// do otherwise.
+    /// A sharded optimizer's state made whole at the end of a run, before anything reads it
+    /// back (each rank updated, and in mixed precision keeps, only its blocks): the f32 weights
+    /// gathered in place where every rank keeps them whole (fp32: the products read them),
+    /// else, with the moments, one at a time through the gradients' buffer (free at the end of
+    /// a run) and kept on the host for `store`. Every rank must call it. Nothing to do
+    /// otherwise.
     pub(super) fn gather_shards(&self) -> Result<()> {
         let Some(dp) = self.dp.as_ref().filter(|d| d.sharded) else {
             return Ok(());
         };
         dp.comm.stream().wait(&self.gpu.stream().record()?)?;
-        for &region in &dp.regions {
-            self.gather(dp, region, &self.params, DType::F32)?;
-        }
-        let mut whole = Vec::new();
-        for buf in [self.m.as_ref(), self.v.as_ref()].into_iter().flatten() {
-            for &((a, b), at) in &dp.own {
-                let n = (b - a) * 4;
-                self.gpu.copy_view(
-                    self.grads.view().sub(a * 4, n)?,
-                    buf.view().sub(at * 4, n)?,
-                    n,
-                )?;
-            }
-            dp.comm.stream().wait(&self.gpu.stream().record()?)?;
+        let params = if self.params_sharded() {
+            Some(self.gather_packed(dp, &self.params)?)
+        } else {
             for &region in &dp.regions {
-                self.gather(dp, region, &self.grads, DType::F32)?;
+                self.gather(dp, region, &self.params, DType::F32)?;
             }
-            self.gpu.stream().wait(&dp.comm.stream().record()?)?;
-            whole.push(super::f32s(&self.gpu.download(&self.grads)?));
+            None
+        };
+        let mut moments = Vec::new();
+        for buf in [self.m.as_ref(), self.v.as_ref()].into_iter().flatten() {
+            moments.push(self.gather_packed(dp, buf)?);
         }
         self.gpu.stream().wait(&dp.comm.stream().record()?)?;
         self.gpu.synchronize()?;
         dp.comm.async_error()?;
-        self.whole_moments.replace(Some(whole));
+        self.gathered
+            .replace(Some(super::Gathered { params, moments }));
         Ok(())
     }
 
-    /// Sharded at attach: the moments cut to this rank's blocks (`own`, `len` elements in
-    /// all), their values kept; the freed memory leaves the optimizer's share of the report.
-    fn shard_moments(&mut self, own: &[((usize, usize), usize)], len: usize) -> Result<()> {
+    /// Every parameter's values of a buffer each rank keeps packed (its blocks only): the
+    /// blocks put in place in the gradients' buffer, all-gathered there, downloaded.
+    fn gather_packed(&self, dp: &Dp, buf: &gpukit_cuda::DeviceBuffer) -> Result<Vec<f32>> {
+        for &((a, b), at) in &dp.own {
+            let n = (b - a) * 4;
+            self.gpu.copy_view(
+                self.grads.view().sub(a * 4, n)?,
+                buf.view().sub(at * 4, n)?,
+                n,
+            )?;
+        }
+        dp.comm.stream().wait(&self.gpu.stream().record()?)?;
+        for &region in &dp.regions {
+            self.gather(dp, region, &self.grads, DType::F32)?;
+        }
+        self.gpu.stream().wait(&dp.comm.stream().record()?)?;
+        Ok(super::f32s(&self.gpu.download(&self.grads)?))
+    }
+
+    /// Sharded at attach: the moments, and in mixed precision the f32 weights (the products
+    /// read the 16-bit copy), cut to this rank's blocks (`own`, `len` elements in all), their
+    /// values kept; the freed memory leaves the report.
+    fn shard_state(&mut self, own: &Blocks, len: usize) -> Result<()> {
         let total = self.layout.total;
+        let mixed = self.half.is_some();
         let mut kept = 0;
         for slot in [&mut self.m, &mut self.v] {
             let Some(whole) = slot.as_ref() else {
                 continue;
             };
-            if whole.len() != total * 4 {
-                return Err(Error::Failed("the moments are sharded already".into()));
-            }
-            let mine = self.gpu.alloc(len * 4)?;
-            for &((a, b), at) in own {
-                let n = (b - a) * 4;
-                self.gpu
-                    .copy_view(mine.view().sub(at * 4, n)?, whole.view().sub(a * 4, n)?, n)?;
-            }
-            self.gpu.synchronize()?;
+            let mine = packed_copy(&self.gpu, whole, (total, own, len))?;
             kept += mine.len();
             *slot = Some(mine);
         }
         self.memory.optimizer_state = kept;
+        if mixed {
+            self.params = packed_copy(&self.gpu, &self.params, (total, own, len))?;
+            self.memory.weights =
+                self.params.len() + self.half.as_ref().map_or(0, gpukit_cuda::DeviceBuffer::len);
+        }
         Ok(())
     }
 
     /// Whether this rank keeps only its blocks of the moments.
     pub(super) fn moments_sharded(&self) -> bool {
         self.dp.as_ref().is_some_and(|d| !d.own.is_empty())
+    }
+
+    /// Whether this rank keeps only its blocks of the f32 weights (sharded in mixed precision).
+    pub(super) fn params_sharded(&self) -> bool {
+        self.moments_sharded() && self.half.is_some()
     }
 
     /// Elements [a, b) of the flat buffer in a moment buffer `buf`: the same span, or with
@@ -551,12 +591,28 @@ impl GpuTrainer {
         buf: &'b gpukit_cuda::DeviceBuffer,
         (a, b): (usize, usize),
     ) -> Result<gpukit_cuda::View<'b>> {
-        let at = match self.dp.as_ref().filter(|d| !d.own.is_empty()) {
+        self.span_in(buf, (a, b), self.moments_sharded())
+    }
+
+    /// Elements [a, b) of the f32 weights (as [`GpuTrainer::state_span`], where they are
+    /// sharded).
+    pub(super) fn params_span(&self, (a, b): (usize, usize)) -> Result<gpukit_cuda::View<'_>> {
+        self.span_in(&self.params, (a, b), self.params_sharded())
+    }
+
+    fn span_in<'b>(
+        &self,
+        buf: &'b gpukit_cuda::DeviceBuffer,
+        (a, b): (usize, usize),
+        packed: bool,
+    ) -> Result<gpukit_cuda::View<'b>> {
+        let at = match self.dp.as_ref().filter(|_| packed) {
             None => a,
             Some(dp) => {
                 let &(_, at) = dp.own.iter().find(|(s, _)| *s == (a, b)).ok_or_else(|| {
                     Error::Failed(format!(
-                        "elements {a}..{b} are not one of this rank's blocks of the moments"
+                        "elements {a}..{b} are not one of this rank's blocks of the optimizer's \
+                         state"
                     ))
                 })?;
                 at
@@ -568,7 +624,16 @@ impl GpuTrainer {
     /// A moment buffer set from every parameter's values (`flat`): with sharded moments, this
     /// rank's blocks of them.
     pub(super) fn upload_state(&self, buf: &gpukit_cuda::DeviceBuffer, flat: &[f32]) -> Result<()> {
-        match self.dp.as_ref().filter(|d| !d.own.is_empty()) {
+        self.upload_in(buf, flat, self.moments_sharded())
+    }
+
+    /// The f32 weights set from every parameter's values (`flat`), packed where sharded.
+    pub(super) fn upload_params(&self, flat: &[f32]) -> Result<()> {
+        self.upload_in(&self.params, flat, self.params_sharded())
+    }
+
+    fn upload_in(&self, buf: &gpukit_cuda::DeviceBuffer, flat: &[f32], packed: bool) -> Result<()> {
+        match self.dp.as_ref().filter(|_| packed) {
             None => self.gpu.upload_into(buf.view(), super::bytes(flat))?,
             Some(dp) => {
                 for &((a, b), at) in &dp.own {

@@ -422,7 +422,7 @@ impl GpuTrainer {
                 .as_ref()
                 .map(|h| sub(h, es, a, b - a))
                 .transpose()?;
-            let (params, grads) = (f32s(&self.params, a, b)?, f32s(&self.grads, a, b)?);
+            let (params, grads) = (self.params_span((a, b))?, f32s(&self.grads, a, b)?);
             let m = self
                 .m
                 .as_ref()

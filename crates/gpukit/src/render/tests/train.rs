@@ -212,6 +212,7 @@ fn a_data_parallel_run_names_its_sharded_optimizer_and_both_pytorch_peers() {
     for want in [
         "128.0 MiB reduce-scattered in 2 bucket(s)",
         "sharded: each GPU keeps the optimizer's moments of 1/2 of the parameters",
+        "(sharded: this GPU's 1/2 of the moments)",
         "0.944 (0.09 ms a step of communication backward did not hide)",
         "efficiency 0.824",
         "2398104 samples/s (ZeroRedundancyOptimizer): efficiency 0.584; gpukit's throughput 2.12x",
