@@ -166,9 +166,6 @@ enum Op {
 /// A product's plan is for a layer, a kind of product and a batch size.
 type PlanKey = (usize, Op, usize);
 
-/// A GPU trainer: buffers, plans and graphs for one model shape, data set and settings;
-/// [`GpuTrainer::run`] may be called again after [`GpuTrainer::load`] (repeated timings reuse
-/// the plans and graphs, as a warmed-up PyTorch reuses its own).
 /// A sharded optimizer's state gathered whole at the end of a run ([`GpuTrainer::gather_shards`]).
 struct Gathered {
     /// The f32 weights, where each rank kept only its blocks of them.
@@ -177,6 +174,9 @@ struct Gathered {
     moments: Vec<Vec<f32>>,
 }
 
+/// A GPU trainer: buffers, plans and graphs for one model shape, data set and settings;
+/// [`GpuTrainer::run`] may be called again after [`GpuTrainer::load`] (repeated timings reuse
+/// the plans and graphs, as a warmed-up PyTorch reuses its own).
 pub struct GpuTrainer {
     gpu: Arc<Gpu>,
     blas: Blas,
