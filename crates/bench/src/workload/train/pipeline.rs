@@ -425,7 +425,6 @@ fn run_launched(
     w: &gpukit_ranks::world::World,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Option<Outcome>> {
-    use gpukit_ranks::rendezvous::{OnLost, Options, Session};
     let n = job.stages;
     if w.world_size != n {
         return Err(Error::BadInput(format!(
@@ -433,16 +432,7 @@ fn run_launched(
             w.world_size
         )));
     }
-    gpukit_ranks::before_exit(|| gpukit_cuda::nccl::exit_now(1));
-    let options = Options {
-        timeout: job.timeout,
-        on_lost: OnLost::Exit,
-    };
-    let session = Session::join(w, options, || {
-        UniqueId::new()
-            .map(|id| id.to_bytes())
-            .map_err(|e| e.to_string())
-    })?;
+    let session = super::parallel::join_ranks(w, job.timeout)?;
     let micro_rows = micro_rows(job);
     let staged = (|| -> Result<Staged> {
         let mine = if w.rank == 0 {
