@@ -20,7 +20,8 @@
 # cnn-accumulate: ResNet-18 fp32 data-parallel with accumulation against one GPU accumulating
 #        as many micro-batches over the same images (per-update losses within 1e-4).
 # pipeline: the pipeline GPU test, then `train --pipeline 2` of the 1024-4096x8-16 MLP at batch 4096
-#        (SGD: fp32 and bf16, beside PyTorch's Schedule1F1B; a micro-batch sweep), and a
+#        (SGD: fp32 and bf16, beside PyTorch's Schedule1F1B; a micro-batch sweep; fp32 again as
+#        one process a stage under `gpukit launch`, its losses against the threads'), and a
 #        16384-wide model one GPU refuses under --memory-fraction 0.4 (sized from the GPU's memory).
 # faults: a rank killed mid-run, a wrong WORLD_SIZE, a missing MASTER_ADDR, an occupied port, a
 #        rank that never arrives: every surviving process must exit non-zero with a message
@@ -275,6 +276,20 @@ if [ "$MODE" = pipeline ]; then
     clean "$BIN" train $P $flags --save-json "$W/pp-$name.json" >"$W/pp-$name.txt" 2>"$W/pp-$name.err"
     say "pipeline $name ($flags) rc=$?"
   done
+  # the same fp32 pipeline as one process a stage under `gpukit launch`: the same losses
+  clean timeout 300 "$BIN" launch --nproc-per-node 2 -- "$BIN" train $P --precision fp32 --steps 20 --save-json "$W/pp-launch.json" --save-losses "$W/pp-launch.csv" >"$W/pp-launch.txt" 2>"$W/pp-launch.err"
+  say "pipeline fp32 under gpukit launch (2 processes) rc=$?"
+  python3 - "$W" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import json, sys, os
+w = sys.argv[1]
+try:
+    a = json.load(open(os.path.join(w, "pp-fp32.json")))["result"]["step_losses"]
+    b = json.load(open(os.path.join(w, "pp-launch.json")))["result"]["step_losses"]
+    worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+    print("pipeline threads vs launch: %d / %d updates, losses within %.1e: %s" % (len(a), len(b), worst, "ok" if len(a) == len(b) and worst <= 1e-5 else "FAILED"))
+except Exception as e:
+    print("pipeline threads vs launch: no comparison (%s)" % e)
+PY
   # one GPU's 0.4 must be too little for the whole model and enough for each half
   MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
   BIG=$(( MIB > 100000 ? 18 : 11 ))

@@ -155,13 +155,28 @@ fn a_rank_without_peers_gives_up_with_a_message() -> Result<(), Failed> {
 
 /// `train --model` under a launcher: each process is one rank, so what one process drives
 /// (several GPUs, PyTorch's DDP beside, the CPU) is refused with exit 2 before any work.
+/// And `train --pipeline N` under a launcher: each process is one stage, so N must be the
+/// launcher's process count, and what needs every stage's layers in one process (saving them,
+/// PyTorch's pipeline beside) is refused.
 fn a_launched_cnn_rank_refuses_what_one_process_drives() -> Result<(), Failed> {
+    let save = std::env::temp_dir().join("gpukit-never-written.ckpt");
+    let save = save.to_string_lossy().into_owned();
     for (flags, says) in [
-        (&["--gpus", "2"][..], "--gpus"),
-        (&["--compare-pytorch"][..], "--compare-pytorch"),
-        (&["--device", "cpu"][..], "GPUs"),
+        (&["--model", "resnet18", "--gpus", "2"][..], "--gpus"),
+        (
+            &["--model", "resnet18", "--compare-pytorch"][..],
+            "--compare-pytorch",
+        ),
+        (&["--model", "resnet18", "--device", "cpu"][..], "GPUs"),
+        (&["--pipeline", "3"][..], "each process is one stage"),
+        (&["--pipeline", "2", "--save", &save][..], "--save"),
+        (
+            &["--pipeline", "2", "--compare-pytorch"][..],
+            "--compare-pytorch",
+        ),
+        (&["--pipeline", "2", "--gpus", "2"][..], "--gpus"),
     ] {
-        let mut args = vec!["train", "--model", "resnet18"];
+        let mut args = vec!["train"];
         args.extend_from_slice(flags);
         let out = Command::new(bin())
             .args(&args)

@@ -507,8 +507,13 @@ fn pipeline_section(p: &gpukit_bench::workload::train::pipeline::Pipeline) -> Se
         (
             "Stages",
             format!(
-                "{} GPUs (threads in one process), layers {} (products of a micro-batch {} ms a stage)",
+                "{} GPUs ({}), layers {} (products of a micro-batch {} ms a stage)",
                 p.stages,
+                if p.started_by.is_empty() {
+                    "threads in one process"
+                } else {
+                    &p.started_by
+                },
                 p.layers
                     .iter()
                     .map(|(a, b)| format!("{}-{}", a + 1, b))

@@ -570,17 +570,7 @@ pub fn train(
 /// A launched rank at gpukit's rendezvous: every process arrives (or the run ends with a
 /// message), rank 0's NCCL id handed to all; a process that stops later ends the others.
 fn meet(w: &gpukit_ranks::world::World) -> Result<gpukit_ranks::rendezvous::Session> {
-    use gpukit_ranks::rendezvous::{OnLost, Options, Session};
-    gpukit_ranks::before_exit(|| gpukit_cuda::nccl::exit_now(1));
-    let options = Options {
-        timeout: HANG_TIMEOUT,
-        on_lost: OnLost::Exit,
-    };
-    Ok(Session::join(w, options, || {
-        UniqueId::new()
-            .map(|id| id.to_bytes())
-            .map_err(|e| e.to_string())
-    })?)
+    super::parallel::join_ranks(w, HANG_TIMEOUT)
 }
 
 /// What each launched rank told the others after training: its first alone loss, its median

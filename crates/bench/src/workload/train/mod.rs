@@ -294,7 +294,9 @@ pub fn run_train_ranked(
         p.cfg.optimizer = meta.optimizer;
     }
     p.cfg.check()?;
+    // a pipeline's stages train one batch together; data-parallel ranks a batch each
     let world = match &r.parallel {
+        _ if r.pipeline.is_some() => 1,
         Some(crate::workload::train::parallel::Ranks::Threads(g)) => *g,
         Some(crate::workload::train::parallel::Ranks::Launched(w)) => w.world_size,
         None => 1,
@@ -319,7 +321,8 @@ pub fn run_train_ranked(
         world,
         ranks_here: match (&r.parallel, r.pipeline) {
             (Some(crate::workload::train::parallel::Ranks::Threads(g)), _) => *g,
-            // each stage holds its own copy of the data
+            // each stage holds its own copy of the data (a launched stage, in its process)
+            (Some(crate::workload::train::parallel::Ranks::Launched(_)), Some(_)) => 1,
             (_, Some(stages)) => stages,
             _ => 1,
         },
@@ -434,8 +437,15 @@ pub fn run_train_ranked(
                 micro: r.micro_batches.unwrap_or(4 * stages),
                 memory_fraction: r.memory_fraction,
                 timeout: r.timeout.unwrap_or(std::time::Duration::from_secs(60)),
+                launched: match &r.parallel {
+                    Some(crate::workload::train::parallel::Ranks::Launched(w)) => Some(w),
+                    _ => None,
+                },
             };
-            let (o, d, m, op, mut report) = pipeline::run(&job, progress)?;
+            // under a launcher only rank 0 reports
+            let Some((o, d, m, op, mut report)) = pipeline::run(&job, progress)? else {
+                return Ok(None);
+            };
             if r.compare_pytorch {
                 progress(
                     "PyTorch: torch.distributed.pipelining's 1F1B on the same model and split",
@@ -586,8 +596,8 @@ pub fn run_train_ranked(
             dp.ranks, g.device_name, dp.started_by
         ),
         (Some(g), None, Some(pp)) => format!(
-            "{} GPUs, pipeline-parallel ({}, threads in one process)",
-            pp.stages, g.device_name
+            "{} GPUs, pipeline-parallel ({}, {})",
+            pp.stages, g.device_name, pp.started_by
         ),
         (Some(g), None, None) => format!("{device} ({})", g.device_name),
         (None, ..) => device,

@@ -162,6 +162,21 @@ pub struct Job<'a> {
 
 /// Threads of one process meet here before NCCL: a rank that failed to set up must not leave
 /// the others waiting forever for it inside ncclCommInitRank.
+/// This process's rank at gpukit's rendezvous with the launcher's others: rank 0's NCCL id
+/// handed out, a lost process ending the others (NCCL's communicators aborted first).
+pub(super) fn join_ranks(w: &World, timeout: std::time::Duration) -> Result<Session> {
+    gpukit_ranks::before_exit(|| gpukit_cuda::nccl::exit_now(1));
+    let options = gpukit_ranks::rendezvous::Options {
+        timeout,
+        on_lost: OnLost::Exit,
+    };
+    Ok(Session::join(w, options, || {
+        UniqueId::new()
+            .map(|id| id.to_bytes())
+            .map_err(|e| e.to_string())
+    })?)
+}
+
 pub(super) struct Meet<'a> {
     pub(super) barrier: &'a std::sync::Barrier,
     pub(super) failed: &'a std::sync::atomic::AtomicBool,
@@ -390,16 +405,7 @@ pub fn run(
             (first, times, "threads in one process".to_string())
         }
         Ranks::Launched(w) => {
-            gpukit_ranks::before_exit(|| gpukit_cuda::nccl::exit_now(1));
-            let options = gpukit_ranks::rendezvous::Options {
-                timeout,
-                on_lost: OnLost::Exit,
-            };
-            let session = Session::join(w, options, || {
-                UniqueId::new()
-                    .map(|id| id.to_bytes())
-                    .map_err(|e| e.to_string())
-            })?;
+            let session = join_ranks(w, timeout)?;
             let id = UniqueId::from_bytes(session.blob())?;
             let shard = Shard {
                 rank: w.rank,

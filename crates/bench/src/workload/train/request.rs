@@ -140,8 +140,36 @@ fn check_pipeline(r: &TrainRequest) -> Result<()> {
             "--pipeline: runs on GPUs (cuda:0..N-1); leave --device out or name cuda:0".into(),
         ));
     }
+    use crate::workload::train::parallel::Ranks;
+    if let Some(Ranks::Launched(w)) = &r.parallel {
+        // under a launcher each process is one stage, on cuda:LOCAL_RANK
+        if w.world_size != n {
+            return Err(Error::BadInput(format!(
+                "--pipeline {n} under a launcher of {} processes: each process is one stage \
+                 (start {n} processes, or give --pipeline {})",
+                w.world_size, w.world_size
+            )));
+        }
+        let refused = [
+            (
+                "--save (each process holds only its own stage's layers: run --pipeline N in \
+                 one process to save the model)",
+                r.save.is_some(),
+            ),
+            (
+                "--compare-pytorch (PyTorch's pipeline is started from one process: run \
+                 --pipeline N without a launcher)",
+                r.compare_pytorch,
+            ),
+        ];
+        if let Some((flag, _)) = refused.iter().find(|(_, given)| *given) {
+            return Err(Error::BadInput(format!(
+                "--pipeline under a launcher does not take {flag}"
+            )));
+        }
+    }
     let refused = [
-        ("--gpus or a launcher", r.parallel.is_some()),
+        ("--gpus", matches!(r.parallel, Some(Ranks::Threads(_)))),
         ("--accumulate", r.accumulate.is_some_and(|k| k > 1)),
         ("--checkpoint-activations", r.checkpoint_activations),
         ("--eval-fraction", r.eval_fraction.is_some_and(|f| f > 0.0)),

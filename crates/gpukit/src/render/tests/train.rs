@@ -120,6 +120,7 @@ fn a_pipeline_run_shows_its_split_bubble_and_the_one_gpu_run_beside() {
     let mut r = report(LossKind::Mse);
     r.pipeline = Some(Pipeline {
         stages: 2,
+        started_by: "threads in one process".into(),
         micro_batches: 8,
         micro_rows: 512,
         layers: vec![(0, 4), (4, 9)],
