@@ -22,8 +22,10 @@ const PERIOD: Duration = Duration::from_millis(10);
 const PROCESS_EVERY: u32 = 10;
 /// Fewer readings than this inside a row's blocks give no figure (blocks too short to read).
 pub const MIN_READINGS: usize = 5;
-/// How long a workload whose timed passes are short runs again, untimed, for its power.
-pub const STEADY_MS: f64 = 300.0;
+/// How long a workload whose timed passes are short runs again, untimed, for its power: about
+/// 15 readings at [`PERIOD`], 3x [`MIN_READINGS`] (300 ms was 11 s of a cold `gpukit all`, and
+/// 0.3 of a warm single-row `infer`'s 1.6 s).
+pub const STEADY_MS: f64 = 150.0;
 /// Share of a row's readings under a power or thermal limit past which the row is marked.
 pub const THROTTLED_SHARE: f64 = 0.2;
 

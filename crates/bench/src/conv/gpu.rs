@@ -61,13 +61,31 @@ fn per_graph(per_conv_ms: f64) -> usize {
 /// Relative error of `got` against `want` (root mean square over the root mean square of
 /// `want`); infinite where `got` is not finite.
 pub(super) fn rel_err(got: &[f32], want: &[f32]) -> f64 {
+    use rayon::prelude::*;
+    // parts summed on every core, then in order: the same figure on every run
+    const PART: usize = 1 << 16;
+    let parts: Vec<Option<(f64, f64)>> = got
+        .par_chunks(PART)
+        .zip(want.par_chunks(PART))
+        .map(|(g, w)| {
+            let (mut num, mut den) = (0.0f64, 0.0f64);
+            for (g, w) in g.iter().zip(w) {
+                if !g.is_finite() {
+                    return None;
+                }
+                num += (f64::from(*g) - f64::from(*w)).powi(2);
+                den += f64::from(*w).powi(2);
+            }
+            Some((num, den))
+        })
+        .collect();
     let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (g, w) in got.iter().zip(want) {
-        if !g.is_finite() {
+    for part in parts {
+        let Some((n, d)) = part else {
             return f64::INFINITY;
-        }
-        num += (f64::from(*g) - f64::from(*w)).powi(2);
-        den += f64::from(*w).powi(2);
+        };
+        num += n;
+        den += d;
     }
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
@@ -237,6 +255,35 @@ mod tests {
         assert_eq!(per_graph(3.0), 1);
         assert_eq!(per_graph(0.001), MAX_PER_REPLAY);
         assert_eq!(per_graph(0.0), MAX_PER_REPLAY);
+    }
+
+    #[test]
+    fn relative_error_of_a_large_output_is_the_whole_sums() {
+        let n = (1 << 18) + 4321;
+        let want: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.37).sin()).collect();
+        let got: Vec<f32> = want
+            .iter()
+            .enumerate()
+            .map(|(i, w)| w + 1e-3 * ((i % 7) as f32 - 3.0))
+            .collect();
+        let (num, den) = got
+            .iter()
+            .zip(&want)
+            .fold((0.0f64, 0.0f64), |(n, d), (g, w)| {
+                (
+                    n + (f64::from(*g) - f64::from(*w)).powi(2),
+                    d + f64::from(*w).powi(2),
+                )
+            });
+        let whole = (num / den).sqrt();
+        assert!(
+            (rel_err(&got, &want) - whole).abs() <= 1e-12 * whole,
+            "{} vs {whole}",
+            rel_err(&got, &want)
+        );
+        let mut bad = got.clone();
+        bad[n - 1] = f32::INFINITY;
+        assert!(rel_err(&bad, &want).is_infinite());
     }
 
     #[test]

@@ -212,7 +212,10 @@ pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
                 power_note(
                     "images",
                     false,
-                    "over a further 300 ms of the same passes after the timed ones",
+                    &format!(
+                        "over a further {} ms of the same passes after the timed ones",
+                        gpukit_bench::power::STEADY_MS
+                    ),
                 )
             }))
             .collect();
