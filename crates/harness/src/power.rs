@@ -22,10 +22,15 @@ const PERIOD: Duration = Duration::from_millis(10);
 const PROCESS_EVERY: u32 = 10;
 /// Fewer readings than this inside a row's blocks give no figure (blocks too short to read).
 pub const MIN_READINGS: usize = 5;
-/// How long a workload whose timed passes are short runs again, untimed, for its power: about
-/// 15 readings at [`PERIOD`], 3x [`MIN_READINGS`] (300 ms was 11 s of a cold `gpukit all`, and
-/// 0.3 of a warm single-row `infer`'s 1.6 s).
-pub const STEADY_MS: f64 = 150.0;
+/// A workload whose timed passes are too short to read runs again, untimed, in stretches of
+/// this long (about 7 readings at [`PERIOD`]) until its draw settles ([`PowerMeter::steady`]).
+pub const STRETCH_MS: f64 = 75.0;
+/// The draw has settled when the median of a stretch's readings is within this share of the
+/// stretch's before (a fixed 150 ms read 5-30% lower than 300 ms at batch 1 and 8 on an H100,
+/// the board still ramping; the same at batch 32).
+pub const SETTLED: f64 = 0.03;
+/// The most stretches a workload runs for its power (600 ms).
+pub const MAX_STRETCHES: usize = 8;
 /// Share of a row's readings under a power or thermal limit past which the row is marked.
 pub const THROTTLED_SHARE: f64 = 0.2;
 
@@ -140,6 +145,30 @@ impl PowerMeter {
         out
     }
 
+    /// The draw of a workload whose timed passes are too short to read: `stretch` (which runs
+    /// it for about [`STRETCH_MS`], untimed) is called until the median of its last stretch's
+    /// readings is within [`SETTLED`] of the one before, at least twice and at most
+    /// [`MAX_STRETCHES`] times; the figure is the last two stretches' readings. None when a
+    /// stretch fails or the readings are too few.
+    pub fn steady<E>(&self, mut stretch: impl FnMut() -> Result<(), E>) -> Option<RowPower> {
+        let mut windows: Vec<Windows> = Vec::new();
+        let mut medians: Vec<f64> = Vec::new();
+        for _ in 0..MAX_STRETCHES {
+            let mut w = Windows::default();
+            self.timed(&mut w, &mut stretch).ok()?;
+            medians.push(self.during(&w).map_or(f64::NAN, |p| p.median_w));
+            windows.push(w);
+            if settled(&medians) {
+                break;
+            }
+        }
+        let mut last_two = Windows::default();
+        for w in windows.iter().rev().take(2) {
+            last_two.0.extend(w.0.iter().copied());
+        }
+        self.during(&last_two)
+    }
+
     /// The readings inside `w`, summarised; None when none fell inside (blocks too short).
     pub fn during(&self, w: &Windows) -> Option<RowPower> {
         let readings = self.readings.lock().ok()?;
@@ -178,6 +207,14 @@ fn sample(session: &NvmlSession, index: u32, out: &Mutex<Vec<Reading>>, stop: &A
         // a fixed schedule from the start; after a stall, carry on from now
         let next = (PERIOD * n).max(start.elapsed());
         std::thread::sleep(next.saturating_sub(start.elapsed()));
+    }
+}
+
+/// Whether the last two stretches' median draws (`medians`, in order) agree within [`SETTLED`].
+fn settled(medians: &[f64]) -> bool {
+    match medians {
+        [.., a, b] if a.is_finite() && b.is_finite() => (a - b).abs() <= SETTLED * a.max(*b),
+        _ => false,
     }
 }
 
@@ -289,6 +326,19 @@ mod tests {
         let p = summarise(&refs, None, &[]).unwrap();
         assert!(!p.throttled());
         assert_eq!(p.worst_throttle(), None);
+    }
+
+    #[test]
+    fn the_draw_settles_when_two_stretches_agree() {
+        assert!(!settled(&[]));
+        assert!(!settled(&[400.0]));
+        // still ramping: 10% apart, then 2%
+        assert!(!settled(&[360.0, 400.0]));
+        assert!(settled(&[360.0, 400.0, 408.0]));
+        assert!(settled(&[500.0, 500.0]));
+        // a stretch too short to read never counts as settled
+        assert!(!settled(&[f64::NAN, 400.0]));
+        assert!(!settled(&[400.0, f64::NAN]));
     }
 
     #[test]

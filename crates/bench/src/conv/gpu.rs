@@ -131,6 +131,16 @@ fn measured(
     turns: Option<&mut ConvTurns>,
     reference: std::thread::ScopedJoinHandle<'_, std::borrow::Cow<'_, [f32]>>,
 ) -> Result<GpuMeasured> {
+    use gpukit_cuda::trace;
+    let label = |phase: &str| {
+        format!(
+            "conv {:?} {:?} {}: {phase}",
+            conv.layout,
+            conv.dtype,
+            conv.shape.spec()
+        )
+    };
+    let t = trace::start();
     let (xb, wb) = (encode_f32(x, conv.dtype), encode_f32(w, conv.dtype));
     let need = xb.len() + wb.len() + conv.output_bytes();
     let free = g.mem_info().map(|(f, _)| f as usize).unwrap_or(0);
@@ -142,6 +152,7 @@ fn measured(
     let xd = g.upload(&xb)?;
     let wd = g.upload(&wb)?;
     let yd = g.alloc(conv.output_bytes())?;
+    trace::done(&label("inputs encoded and uploaded"), t);
     let choice = dnn.plan_plain_best(conv, xd.view(), wd.view(), yd.view(), true)?;
     let ws = g.alloc(choice.workspace_bytes().max(1))?;
     dnn.release_workspace();
@@ -152,6 +163,7 @@ fn measured(
         None => crate::stats::Summary::of(&device_samples(g.stream(), Plan::new(2, 5), run)?)
             .map_or(0.1, |s| s.median),
     };
+    let t = trace::start();
     // timed as replays of a CUDA graph of `per_replay` convolutions, so that the figure is the
     // GPU's time and not the host's launch rate; direct launches where capture fails
     let graph = g.capture(|| (0..per_graph(per_conv_ms)).try_for_each(|_| run()));
@@ -173,6 +185,8 @@ fn measured(
         sets: 1,
     };
     let graphed = graph.as_ref().ok().map(|_| per_replay);
+    trace::done(&label("probed and captured"), t);
+    let t = trace::start();
     let (timing, theirs) = match turns {
         None => (
             Measurement::of(Clock::CudaEvents, plan, &ours(plan)?)?,
@@ -180,13 +194,18 @@ fn measured(
         ),
         Some(t) => in_turns(t, conv, (shape, graphed), opts, &mut ours)?,
     };
+    trace::done(&label("timed"), t);
+    let t = trace::start();
     // poison, run once more, compare with the CPU
     g.fill(yd.view(), 0xFF)?;
     launch()?;
     let got = decode_f32(&g.download(&yd)?, conv.dtype);
+    trace::done(&label("output read back"), t);
+    let t = trace::start();
     let reference = reference
         .join()
         .map_err(|_| Error::Failed("the CPU reference's thread panicked".into()))?;
+    trace::done(&label("waited for the CPU reference"), t);
     let err = rel_err(&got, &reference);
     let tol = tolerance(conv.dtype);
     Ok(GpuMeasured {

@@ -44,6 +44,9 @@ pub struct ConvOptions {
     /// against it).
     pub cpu: bool,
     pub iterations: usize,
+    /// Repetitions of a CPU row, where fewer than `iterations` (a CPU row is the reference
+    /// beside the GPU's, timed for the speed-up column; `gpukit all` times it 5 times).
+    pub cpu_iterations: Option<usize>,
     /// Seconds the CPU may spend timing one row (at least one repetition runs).
     pub cpu_budget_s: f64,
     /// With PyTorch: alternating blocks per side, split over both orders.
@@ -61,6 +64,7 @@ impl Default for ConvOptions {
             ordinal: Some(0),
             cpu: true,
             iterations: 30,
+            cpu_iterations: None,
             cpu_budget_s: 1.0,
             rounds: 4,
             search: gpukit_cuda::dnn::Search::Fast,
@@ -362,7 +366,8 @@ fn shape_rows(
         Ok::<(), Error>(())
     };
     if opts.cpu {
-        let plan = Plan::new(1, opts.iterations).with_budget(opts.cpu_budget_s);
+        let reps = opts.cpu_iterations.unwrap_or(opts.iterations).max(1);
+        let plan = Plan::new(1, reps).with_budget(opts.cpu_budget_s);
         match time_host(plan, &mut compute) {
             Ok(t) => {
                 cpu_row.tflops = Some(tflops(sh.flops(), t.summary_ms.median));

@@ -46,6 +46,8 @@ impl Part for ConvPart {
                 ConvOptions::default().dtypes
             },
             iterations: if quick || !gpu { 3 } else { 20 },
+            // the CPU rows at 20 repetitions were 10 s of a cold `all` on an H100 (16 cores)
+            cpu_iterations: Some(if quick || !gpu { 3 } else { 5 }),
             cpu_budget_s: if quick || !gpu { 1.0 } else { 3.0 },
             ..ConvOptions::default()
         };

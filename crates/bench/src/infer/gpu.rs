@@ -6,7 +6,7 @@
 use super::report::{one_at_a_time_reps, rate, row, InferRow};
 use crate::accuracy::{agreement, tolerance, verdict};
 use crate::measure::{time_device, Plan};
-use crate::power::{PowerMeter, Windows, STEADY_MS};
+use crate::power::{PowerMeter, STRETCH_MS};
 use crate::random::uniform_f32;
 use crate::report::RowStatus;
 use crate::workload::strategy::{InferStrategy, CPU_CHECK_IMAGES};
@@ -634,15 +634,10 @@ impl GpuRun<'_> {
             };
             let timed = time(self.plan);
             // the timed passes are too short to read the power (tens of ms): the same passes
-            // again for STEADY_MS, untimed, with the meter reading
+            // again, untimed, in stretches until the draw settles, with the meter reading
             if let (Some(m), Ok(t)) = (&self.meter, &timed) {
-                let reps = (STEADY_MS / t.summary_ms.median.max(1e-3)).ceil() as usize;
-                let mut windows = Windows::default();
-                if m.timed(&mut windows, || time(Plan::new(0, reps.clamp(1, 100_000))))
-                    .is_ok()
-                {
-                    r.power = m.during(&windows);
-                }
+                let reps = (STRETCH_MS / t.summary_ms.median.max(1e-3)).ceil() as usize;
+                r.power = m.steady(|| time(Plan::new(0, reps.clamp(1, 100_000))).map(|_| ()));
             }
             let t = match timed {
                 Ok(t) => t,

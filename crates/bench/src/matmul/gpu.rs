@@ -3,7 +3,7 @@
 //! one timed, then checked on a poisoned output.
 
 use super::turns::{block_reps, peer_figure, TurnShape, Turns};
-use super::{MatmulOptions, MatmulRow};
+use super::{MatmulOptions, MatmulRow, Trial};
 use crate::error::{Error, Result};
 use crate::gpu::gpu_lacks;
 use crate::gpu::GpuFacts;
@@ -224,7 +224,13 @@ fn gpu_row(
     };
     // Short trials: long ones heat the chip before the timed run (seen on the H200: 20 ms a
     // candidate went with a 5% lower final f16 figure), and the ranking settles within a few runs.
-    let trial = opts.trial;
+    // one run of cuBLAS's choice sizes the trial: a product of tens of milliseconds needs
+    // fewer runs a turn to rank the candidates (f32 8192's trial was 3.7 s of a cold `all`)
+    let probe = case
+        .samples(&candidates[0], Plan::new(1, 1))
+        .ok()
+        .and_then(|m| m.first().copied());
+    let trial = trial_for(opts.trial, probe);
     let mut medians: Vec<Vec<f64>> = vec![Vec::new(); candidates.len()];
     for round in 0..trial.rounds {
         // each round starts at a different candidate and runs the order backwards every other
@@ -356,8 +362,11 @@ fn confirm(
     shape: TurnShape,
     block_ms: f64,
 ) -> Vec<f64> {
-    let reps = block_reps(5, Some(shape), block_ms);
-    let plan = Plan::new(2, reps);
+    // long products: one warm-up and turns of at least two runs (f64 8192's confirmation
+    // was 1.9 s of a cold `all` at 5 runs and 2 warm-ups a turn)
+    let long = shape.per_rep_ms >= LONG_RUN_MS;
+    let reps = block_reps(if long { 2 } else { 5 }, Some(shape), block_ms);
+    let plan = Plan::new(if long { 1 } else { 2 }, reps);
     let case = std::cell::RefCell::new(case);
     let mut challenger = |p: Plan| case.borrow_mut().samples(&candidates[chosen], p);
     let mut default = |p: Plan| case.borrow_mut().samples(&candidates[0], p);
@@ -370,6 +379,28 @@ fn confirm(
         &mut default,
     );
     r.paired_time_ratios()
+}
+
+/// A product at least this long a run is timed with fewer runs a turn: its own length makes
+/// the turn long enough to read.
+const LONG_RUN_MS: f64 = 8.0;
+
+/// The most a candidate's turn in a trial round lasts, where its product is long enough that
+/// fewer runs than the trial's fill it.
+const TRIAL_TURN_MS: f64 = 40.0;
+
+/// The trial for products of `per_call_ms` (one probe run; None: unknown): `t` itself, except
+/// that products of [`LONG_RUN_MS`] or more take one warm-up and as many runs a turn as fill
+/// [`TRIAL_TURN_MS`], at least two.
+pub(super) fn trial_for(t: Trial, per_call_ms: Option<f64>) -> Trial {
+    match per_call_ms {
+        Some(ms) if ms >= LONG_RUN_MS => Trial {
+            warmup: t.warmup.min(1),
+            reps: ((TRIAL_TURN_MS / ms).ceil() as usize).clamp(2, t.reps.max(2)),
+            rounds: t.rounds,
+        },
+        _ => t,
+    }
 }
 
 /// The order candidates run in trial round `round`: starting at candidate `round`, forwards on

@@ -1,5 +1,5 @@
 //! Tests of `bench matmul` that need no GPU.
-use super::gpu::{pick_candidate, trial_order};
+use super::gpu::{pick_candidate, trial_for, trial_order};
 use super::turns::{block_reps, peer_figure, TurnShape};
 use super::*;
 use crate::cpu;
@@ -287,4 +287,23 @@ fn finish_rows_derives_ratios() {
     assert_eq!(rows[0].speedup_vs_cpu, Some(25.0));
     assert!((rows[0].pct_of_peak.unwrap() - 100.0 * 50.0 / 66.9).abs() < 1e-9);
     assert_eq!(rows[2].speedup_vs_cpu, None);
+}
+
+#[test]
+fn long_products_take_shorter_trials() {
+    let t = super::Trial {
+        warmup: 2,
+        reps: 5,
+        rounds: 3,
+    };
+    // short products and an unknown length keep the trial
+    assert_eq!(trial_for(t, None), t);
+    assert_eq!(trial_for(t, Some(2.8)), t);
+    assert_eq!(trial_for(t, Some(7.9)), t);
+    // a 22 ms product: one warm-up, two runs (40 ms a turn), the same rounds
+    let long = trial_for(t, Some(22.0));
+    assert_eq!((long.warmup, long.reps, long.rounds), (1, 2, 3));
+    // 9 ms: five runs fill 40 ms, never more than the trial's own
+    assert_eq!(trial_for(t, Some(9.0)).reps, 5);
+    assert_eq!(trial_for(t, Some(10.0)).reps, 4);
 }

@@ -155,12 +155,14 @@ pub fn b_as_stored(ty: DType, bytes: Vec<u8>, k: usize, n: usize) -> Vec<u8> {
     if ty != DType::F8E4M3 || bytes.len() < k * n {
         return bytes;
     }
+    use rayon::prelude::*;
+    // each output row (one p) on any core: it reads column p of the stored rows
     let mut out = vec![0u8; k * n];
-    for (j, row) in bytes.chunks_exact(k).take(n).enumerate() {
-        for (p, &v) in row.iter().enumerate() {
-            out[p * n + j] = v;
+    out.par_chunks_mut(n).enumerate().for_each(|(p, row)| {
+        for (j, v) in row.iter_mut().enumerate() {
+            *v = bytes[j * k + p];
         }
-    }
+    });
     out
 }
 

@@ -229,10 +229,12 @@ impl Choices {
             .map(|s| s.choice.clone())
     }
 
-    /// Keeps the choice a `search` made (a heuristic pick is not a measurement: not kept; a
-    /// faster search does not replace a more thorough one's choice).
+    /// Keeps the choice a `search` made; a faster search does not replace a more thorough
+    /// one's choice. A heuristic pick is kept too (asking cuDNN's heuristics again costs tens of
+    /// milliseconds a convolution in every process) but serves only a heuristic search, since
+    /// it is not a measurement.
     pub fn put(&mut self, key: Key, choice: Choice, search: Search) {
-        if search == Search::Heuristic || self.map.get(&key).is_some_and(|s| s.search > search) {
+        if self.map.get(&key).is_some_and(|s| s.search > search) {
             return;
         }
         let stored = Stored { choice, search };
@@ -326,11 +328,36 @@ mod tests {
             index: 7,
         };
         c.put(key(true), thorough.clone(), Search::Exhaustive);
-        // a later fast search does not replace it, and a heuristic pick is never kept
+        // a later fast search does not replace it, nor does a heuristic pick
         c.put(key(true), fast.clone(), Search::Fast);
-        c.put(key(false), fast, Search::Heuristic);
+        c.put(key(true), fast.clone(), Search::Heuristic);
         assert_eq!(c.get(&key(true), Search::Exhaustive), Some(thorough));
-        assert_eq!(c.get(&key(false), Search::Heuristic), None);
+    }
+
+    #[test]
+    fn a_heuristic_pick_serves_only_a_heuristic_search() {
+        let mut c = Choices::default();
+        let pick = Choice::Legacy {
+            algo: "IMPLICIT_PRECOMP_GEMM".into(),
+            math: "FMA".into(),
+        };
+        c.put(key(false), pick.clone(), Search::Heuristic);
+        assert_eq!(c.get(&key(false), Search::Heuristic), Some(pick.clone()));
+        assert_eq!(c.get(&key(false), Search::Fast), None);
+        assert_eq!(c.get(&key(false), Search::Exhaustive), None);
+        let back = Choices::parse(&c.render()).unwrap();
+        assert_eq!(back[&key(false)].search, Search::Heuristic);
+        // a measured choice then takes its place and serves both
+        let measured = Choice::Graph {
+            list: List::Heuristic,
+            index: 2,
+        };
+        c.put(key(false), measured.clone(), Search::Fast);
+        assert_eq!(
+            c.get(&key(false), Search::Heuristic),
+            Some(measured.clone())
+        );
+        assert_eq!(c.get(&key(false), Search::Fast), Some(measured));
     }
 
     #[test]

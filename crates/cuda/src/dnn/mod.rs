@@ -175,7 +175,7 @@ impl Strict {
 #[serde(rename_all = "snake_case")]
 pub enum Search {
     /// cuDNN's first suggestion that runs, untimed: for a reference pass whose speed is not
-    /// reported (nothing is measured, nothing is cached).
+    /// reported (nothing is measured; the pick is kept for the next heuristic search only).
     Heuristic,
     /// The few best of cuDNN's heuristic ranking timed on the real buffers, the finalists
     /// confirmed in interleaved rounds: the default, planning in about the time PyTorch's

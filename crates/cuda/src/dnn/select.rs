@@ -106,8 +106,11 @@ impl Dnn {
         }
         if search == Search::Heuristic {
             if let Ok(legacy) = self.plan_legacy(conv, x, w, y, None) {
+                let choice = ConvChoice::Plain(legacy);
+                // kept as a heuristic pick: the next reference plan asks cuDNN nothing
+                self.remember(key, &choice);
                 self.planned(started, false);
-                return Ok(ConvChoice::Plain(legacy));
+                return Ok(choice);
             }
         }
         // the backend engines first: they win almost everywhere, and their time lets a fast
@@ -197,8 +200,10 @@ impl Dnn {
         }
         if search == Search::Heuristic {
             let legacy = self.plan_fused_legacy(conv, true, x, w, bias, z, y, None)?;
+            let choice = ConvChoice::Fused(legacy);
+            self.remember(key, &choice);
             self.planned(started, false);
-            return Ok(ConvChoice::Fused(legacy));
+            return Ok(choice);
         }
         // the backend engines first: their time lets a fast search stop timing legacy
         // algorithms that cannot beat it (some take milliseconds a call fused with a residual)
@@ -267,7 +272,7 @@ impl Dnn {
         }
         // a heuristic pick (a reference's plan, never timed) takes the split where there is
         // one: cuDNN's first fused graph is often an engine NVRTC compiles (50-170 ms each,
-        // in every process, since a heuristic pick is not kept)
+        // and a kept graph pick is compiled again in every process)
         let graph = (reaches && !(search == Search::Heuristic && split.is_some()))
             .then(|| {
                 self.plan_graph(conv, x, w, Some(bias), z, act, y, None)

@@ -213,8 +213,11 @@ pub fn infer_sections(r: &gpukit_bench::infer::InferReport) -> Vec<Section> {
                     "images",
                     false,
                     &format!(
-                        "over a further {} ms of the same passes after the timed ones",
-                        gpukit_bench::power::STEADY_MS
+                        "over the last two of the {} ms stretches the same passes run again \
+                         after the timed ones (until two agree within {}%, at most {})",
+                        gpukit_bench::power::STRETCH_MS,
+                        gpukit_bench::power::SETTLED * 100.0,
+                        gpukit_bench::power::MAX_STRETCHES
                     ),
                 )
             }))
