@@ -166,6 +166,17 @@ impl Blas {
 
     /// As [`Blas::new`] with a workspace of `bytes` (algorithms that need more are not used;
     /// the inference engine runs one small GEMM per pass and takes 4 MiB).
+    /// An error naming what to install when the search found no usable cuBLAS or cuBLASLt
+    /// (nothing is loaded).
+    pub fn require(discovery: &Discovery) -> Result<()> {
+        for lib in [Lib::Cublas, Lib::CublasLt] {
+            if !discovery.usable(lib) {
+                return Err(Error::MissingLibrary(discovery.missing_message(lib)));
+            }
+        }
+        Ok(())
+    }
+
     pub fn with_workspace(discovery: &Discovery, gpu: &Gpu, bytes: usize) -> Result<Blas> {
         Self::on_stream(discovery, gpu, gpu.stream(), bytes)
     }
@@ -178,11 +189,7 @@ impl Blas {
         stream: &Stream,
         bytes: usize,
     ) -> Result<Blas> {
-        for lib in [Lib::Cublas, Lib::CublasLt] {
-            if !discovery.usable(lib) {
-                return Err(Error::MissingLibrary(discovery.missing_message(lib)));
-            }
-        }
+        Self::require(discovery)?;
         // SAFETY: asks the loader only.
         let present = unsafe { cb::is_culib_present() && lt::is_culib_present() };
         if !present {

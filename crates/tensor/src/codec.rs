@@ -205,6 +205,44 @@ pub fn encode_f32(values: &[f32], dtype: DType) -> Vec<u8> {
     }
 }
 
+/// [`encode_f32`] written into `out`, which must hold exactly `values.len()` elements of
+/// `dtype`'s storage (a reused or page-locked staging buffer: nothing is allocated); on every
+/// core for a large array. False, `out` untouched, when its length does not match.
+pub fn encode_f32_into(values: &[f32], dtype: DType, out: &mut [u8]) -> bool {
+    let storage = dtype.storage();
+    let size = storage.size_bytes();
+    if Some(out.len()) != values.len().checked_mul(size) {
+        return false;
+    }
+    let write = |o: &mut [u8], s: &[f32]| match storage {
+        DType::F64 => o
+            .chunks_exact_mut(8)
+            .zip(s)
+            .for_each(|(d, &v)| d.copy_from_slice(&f64::from(v).to_ne_bytes())),
+        DType::F16 => o
+            .chunks_exact_mut(2)
+            .zip(s)
+            .for_each(|(d, &v)| d.copy_from_slice(&f16::from_f32(v).to_ne_bytes())),
+        DType::Bf16 => o
+            .chunks_exact_mut(2)
+            .zip(s)
+            .for_each(|(d, &v)| d.copy_from_slice(&bf16::from_f32(v).to_ne_bytes())),
+        DType::F8E4M3 => o
+            .iter_mut()
+            .zip(s)
+            .for_each(|(d, &v)| *d = e4m3_from_f64(f64::from(v))),
+        _ => o.copy_from_slice(bytes_of(s)),
+    };
+    if values.len() < PAR_MIN {
+        write(out, values);
+    } else {
+        out.par_chunks_mut(PART * size)
+            .zip(values.par_chunks(PART))
+            .for_each(|(o, s)| write(o, s));
+    }
+    true
+}
+
 /// Each value rounded to `dtype`'s storage and back to f32 (the values a GPU row of that dtype
 /// actually multiplies).
 pub fn round_f32(values: &[f32], dtype: DType) -> Vec<f32> {
@@ -254,6 +292,13 @@ mod tests {
             };
             let got = encode_f32(&x, d);
             assert!(got == one, "{d:?}: the encoded bytes differ");
+            // into a buffer: the same bytes; a buffer of the wrong length is left alone
+            let mut into = vec![0xa5u8; got.len()];
+            assert!(encode_f32_into(&x, d, &mut into));
+            assert!(into == one, "{d:?}: the bytes encoded into a buffer differ");
+            let mut short = vec![0xa5u8; got.len() - 1];
+            assert!(!encode_f32_into(&x, d, &mut short));
+            assert!(short.iter().all(|&b| b == 0xa5));
             let back = decode_f32(&got, d);
             let want: Vec<u32> = match d {
                 DType::F64 => x.iter().map(|v| v.to_bits()).collect(),
@@ -292,6 +337,11 @@ mod tests {
         bytes.extend_from_slice(bytes_of(&[1.5f32, 2.0]));
         assert_eq!(decode_f32(&bytes[1..], DType::F32), vec![1.5, 2.0]);
         assert_eq!(encode_f32(&[1.0], DType::F16), 0x3c00u16.to_ne_bytes());
+        for d in [DType::F32, DType::Tf32, DType::F16, DType::Bf16] {
+            let mut small = vec![0u8; x.len() * d.size_bytes()];
+            assert!(encode_f32_into(&x, d, &mut small));
+            assert_eq!(small, encode_f32(&x, d), "{d}");
+        }
         assert_eq!(round_f32(&[1.0 + 1e-4], DType::F16), vec![1.0]);
         let b = encode_f32(&[0.5, -1.5, 3.0], DType::Bf16);
         assert_eq!(element_f64(&b, DType::Bf16, 1), -1.5);

@@ -11,8 +11,11 @@ use crate::measure::{
 use crate::peer::PeerServer;
 use crate::report::Verification;
 use gpukit_cuda::dnn::{Conv, Dnn};
+use gpukit_cuda::transfer::{copy_pinned_to, copy_to_pinned, PinnedBytes};
 use gpukit_cuda::Gpu;
-use gpukit_tensor::codec::{decode_f32, encode_f32, round_f32};
+use gpukit_cuda::View;
+use gpukit_tensor::codec::{decode_f32, encode_f32_into, round_f32};
+use gpukit_types::DType;
 use std::time::Duration;
 
 /// What one GPU row measured.
@@ -27,6 +30,44 @@ pub(super) struct GpuMeasured {
     pub verification: Verification,
     /// PyTorch's samples from the same turns, when it took part.
     pub theirs: Option<PeerSamples>,
+}
+
+/// Page-locked host memory the GPU rows move their operands and outputs through, grown to the
+/// largest row's need: pageable copies into fresh buffers were 10 s of a cold `gpukit all`'s
+/// conv rows on an H100 (28 ms to encode and upload a row's inputs, 27 to read its output).
+#[derive(Default)]
+pub(super) struct Staging(Option<PinnedBytes>);
+
+impl Staging {
+    /// At least `len` bytes of it (the old buffer freed first when it is too small).
+    fn at_least(&mut self, g: &Gpu, len: usize) -> Result<&mut PinnedBytes> {
+        if self.0.as_ref().is_none_or(|b| b.len() < len) {
+            self.0 = None;
+            self.0 = Some(PinnedBytes::new(g, len, false)?);
+        }
+        self.0
+            .as_mut()
+            .ok_or_else(|| Error::Failed("no staging buffer".into()))
+    }
+
+    /// `values` encoded as `dtype` into `dst`, through the staging buffer; waits for the copy.
+    fn upload(&mut self, g: &Gpu, values: &[f32], dtype: DType, dst: View<'_>) -> Result<()> {
+        let len = values.len() * dtype.size_bytes();
+        let buf = self.at_least(g, len)?;
+        if !encode_f32_into(values, dtype, &mut buf.as_mut_slice()[..len]) {
+            return Err(Error::Failed(format!("encoding {len} bytes of {dtype}")));
+        }
+        copy_pinned_to(g.stream(), buf, len, dst)?;
+        Ok(g.synchronize()?)
+    }
+
+    /// The first `len` bytes of `src`, decoded from `dtype` to f32.
+    fn download(&mut self, g: &Gpu, src: View<'_>, len: usize, dtype: DType) -> Result<Vec<f32>> {
+        let buf = self.at_least(g, len)?;
+        copy_to_pinned(g.stream(), src, buf, len)?;
+        g.synchronize()?;
+        Ok(decode_f32(&buf.as_slice()[..len], dtype))
+    }
 }
 
 /// PyTorch beside the GPU rows, and the rows it gave no figure for.
@@ -97,12 +138,12 @@ pub(super) fn gpu_conv(
     conv: Conv,
     (x, w, y_ref_f32): (&[f32], &[f32], &[f32]),
     opts: &ConvOptions,
-    turns: Option<&mut ConvTurns>,
+    (turns, staging): (Option<&mut ConvTurns>, &mut Staging),
 ) -> Result<GpuMeasured> {
     // the CPU's reference is computed on a thread of its own while the GPU plans and times
     std::thread::scope(|scope| {
         let reference = scope.spawn(move || reference_of(conv, (x, w, y_ref_f32)));
-        measured((g, dnn), conv, (x, w), opts, turns, reference)
+        measured((g, dnn), conv, (x, w), opts, (turns, staging), reference)
     })
 }
 
@@ -128,7 +169,7 @@ fn measured(
     conv: Conv,
     (x, w): (&[f32], &[f32]),
     opts: &ConvOptions,
-    turns: Option<&mut ConvTurns>,
+    (turns, staging): (Option<&mut ConvTurns>, &mut Staging),
     reference: std::thread::ScopedJoinHandle<'_, std::borrow::Cow<'_, [f32]>>,
 ) -> Result<GpuMeasured> {
     use gpukit_cuda::trace;
@@ -141,16 +182,17 @@ fn measured(
         )
     };
     let t = trace::start();
-    let (xb, wb) = (encode_f32(x, conv.dtype), encode_f32(w, conv.dtype));
-    let need = xb.len() + wb.len() + conv.output_bytes();
+    let (xn, wn) = (conv.input_bytes(), w.len() * conv.dtype.size_bytes());
+    let need = xn + wn + conv.output_bytes();
     let free = g.mem_info().map(|(f, _)| f as usize).unwrap_or(0);
     if need.saturating_add(gpukit_cuda::dnn::CONV_WORKSPACE_BYTES) > free {
         return Err(Error::Failed(format!(
             "needs {need} bytes of GPU memory, {free} free"
         )));
     }
-    let xd = g.upload(&xb)?;
-    let wd = g.upload(&wb)?;
+    let (xd, wd) = (g.alloc(xn)?, g.alloc(wn)?);
+    staging.upload(g, x, conv.dtype, xd.view())?;
+    staging.upload(g, w, conv.dtype, wd.view())?;
     let yd = g.alloc(conv.output_bytes())?;
     trace::done(&label("inputs encoded and uploaded"), t);
     let choice = dnn.plan_plain_best(conv, xd.view(), wd.view(), yd.view(), true)?;
@@ -199,7 +241,7 @@ fn measured(
     // poison, run once more, compare with the CPU
     g.fill(yd.view(), 0xFF)?;
     launch()?;
-    let got = decode_f32(&g.download(&yd)?, conv.dtype);
+    let got = staging.download(g, yd.view(), conv.output_bytes(), conv.dtype)?;
     trace::done(&label("output read back"), t);
     let t = trace::start();
     let reference = reference

@@ -21,7 +21,7 @@ use crate::measure::{tflops, time_host, Measurement, Plan};
 use crate::peer::PeerServer;
 use crate::random::{fresh_seed, uniform_f32};
 use crate::report::{judge_rows, Document, PeerFigure, RowStatus, Verification};
-use gpu::{gpu_conv, ConvTurns};
+use gpu::{gpu_conv, ConvTurns, Staging};
 use gpukit_cuda::dnn::{Conv, Dnn, GraphSpec};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::Gpu;
@@ -294,6 +294,7 @@ fn run(
         }
         dnn.precompile(&specs, true);
     }
+    let mut staging = Staging::default();
     for &batch in &opts.batches {
         for named in shapes {
             let named = NamedShape {
@@ -306,7 +307,7 @@ fn run(
                     layout,
                     (gpu.as_ref(), report.gpu.as_ref()),
                     opts,
-                    turns.as_deref_mut(),
+                    (turns.as_deref_mut(), &mut staging),
                     progress,
                 );
                 report.rows.extend(rows);
@@ -332,7 +333,7 @@ fn shape_rows(
     layout: Layout,
     (gpu, facts): (Option<&(Gpu, Dnn)>, Option<&GpuFacts>),
     opts: &ConvOptions,
-    mut turns: Option<&mut ConvTurns>,
+    (mut turns, staging): (Option<&mut ConvTurns>, &mut Staging),
     progress: &mut dyn FnMut(&str),
 ) -> Vec<ConvRow> {
     let sh = &named.shape;
@@ -399,7 +400,8 @@ fn shape_rows(
             layout,
             dtype,
         };
-        match gpu_conv((g, dnn), conv, (&x, &w, &y_ref), opts, turns.as_deref_mut()) {
+        let io = (turns.as_deref_mut(), &mut *staging);
+        match gpu_conv((g, dnn), conv, (&x, &w, &y_ref), opts, io) {
             Ok(m) => {
                 r.engine = Some(m.engine);
                 r.api = Some(m.api.to_string());

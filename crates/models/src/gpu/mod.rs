@@ -53,10 +53,68 @@ fn mib(b: usize) -> f64 {
 pub struct GpuContext {
     pub gpu: Arc<Gpu>,
     pub dnn: Dnn,
-    pub blas: Blas,
+    pub blas: LazyBlas,
     pub kernels: Kernels,
     /// Most bytes of the memory pool the engine may use (None: what the device has).
     pub limit: Option<u64>,
+}
+
+/// cuBLAS (the classifier's and Gemm nodes' products), opened on a thread of its own while the
+/// engine uploads its weights and plans its convolutions: opening it was a fifth of a warm
+/// single-row `infer` (320 ms on an H100). The first product waits for it; a missing library
+/// is refused at once.
+pub struct LazyBlas {
+    ready: std::cell::OnceCell<std::result::Result<Blas, String>>,
+    opening: std::cell::RefCell<Option<std::thread::JoinHandle<gpukit_cuda::Result<Blas>>>>,
+}
+
+impl LazyBlas {
+    fn open(discovery: &Discovery, gpu: &Arc<Gpu>) -> Result<LazyBlas> {
+        Blas::require(discovery)?;
+        let (d, g) = (discovery.clone(), gpu.clone());
+        let opening = std::thread::Builder::new()
+            .name("gpukit-cublas".into())
+            .spawn(move || {
+                let t = gpukit_cuda::trace::start();
+                // one small GEMM per pass (the classifier): a 4 MiB workspace is plenty
+                let blas = Blas::with_workspace(&d, &g, 4 << 20);
+                gpukit_cuda::trace::done("gpu context: cuBLAS (on its own thread)", t);
+                blas
+            })
+            .map_err(|e| Error::Invalid(format!("starting the thread that opens cuBLAS: {e}")))?;
+        Ok(LazyBlas {
+            ready: std::cell::OnceCell::new(),
+            opening: std::cell::RefCell::new(Some(opening)),
+        })
+    }
+
+    /// cuBLAS, once open (waits for the thread opening it).
+    pub fn get(&self) -> Result<&Blas> {
+        let opened = self.ready.get_or_init(|| {
+            let t = gpukit_cuda::trace::start();
+            let r = match self.opening.borrow_mut().take() {
+                Some(h) => match h.join() {
+                    Ok(r) => r.map_err(|e| e.to_string()),
+                    Err(_) => Err("the thread opening it panicked".to_string()),
+                },
+                None => Err("it was not opened".to_string()),
+            };
+            gpukit_cuda::trace::done("waited for cuBLAS", t);
+            r
+        });
+        opened
+            .as_ref()
+            .map_err(|e| Error::Invalid(format!("opening cuBLAS: {e}")))
+    }
+}
+
+impl Drop for LazyBlas {
+    fn drop(&mut self) {
+        // cuBLAS is closed before the device it was opened on
+        if let Some(h) = self.opening.get_mut().take() {
+            let _ = h.join();
+        }
+    }
 }
 
 impl GpuContext {
@@ -71,15 +129,11 @@ impl GpuContext {
         // the engine's f32 outputs are judged against float64: no Winograd or FFT transforms
         // (bench conv, which sets cuDNN beside PyTorch's cudnn.benchmark, keeps them)
         dnn.set_exact_f32(true);
-        // one small GEMM per pass (the classifier): a 4 MiB workspace is plenty (opening cuBLAS
-        // on a thread of its own, beside the upload and the first plans, measured no faster:
-        // its loading contends with the driver's and cuDNN's)
-        let t = trace::start();
-        let blas = Blas::with_workspace(discovery, &gpu, 4 << 20)?;
-        trace::done("gpu context: cuBLAS", t);
         let t = trace::start();
         let kernels = Kernels::new(discovery, &gpu)?;
         trace::done("gpu context: gpukit's kernels", t);
+        // opened once gpukit's kernels are loaded (opened beside them, both loads were slower)
+        let blas = LazyBlas::open(discovery, &gpu)?;
         Ok(GpuContext {
             gpu,
             dnn,

@@ -500,7 +500,7 @@ impl<'a> Session<'a> {
             }
             (Op::Classifier { x, y }, _) => {
                 let classes = self.weights.shape.num_classes;
-                ctx.blas.gemm_views(
+                ctx.blas.get()?.gemm_views(
                     DType::F32,
                     self.view(x)?,
                     self.weights.fc_weight.device_view()?,

@@ -261,7 +261,7 @@ impl<'a> ProgramSession<'a> {
                 b_ld: None,
                 sm_count_target: None,
             };
-            let blas = &self.ctx.blas;
+            let blas = self.ctx.blas.get()?;
             let fused = match epilogue {
                 Some(e) => blas.lt_matmul(MatmulSpec {
                     epilogue: e,
@@ -295,6 +295,7 @@ impl<'a> ProgramSession<'a> {
                 let beta = if c.is_some() { 1.0 } else { 0.0 };
                 self.ctx
                     .blas
+                    .get()?
                     .run_lt_with(&run.plan, (b, a, c, y), beta, bias, None)?;
                 run.fused
             }
@@ -302,6 +303,7 @@ impl<'a> ProgramSession<'a> {
                 let dims = (g.m, g.n, g.k);
                 self.ctx
                     .blas
+                    .get()?
                     .gemm_views(self.program.dtype, a, b, y, dims)?;
                 false
             }
