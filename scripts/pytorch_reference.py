@@ -149,7 +149,9 @@ Output:
             "world_size", "batch_per_gpu", "precision", "optimizer", "widths", "steps", "warmup",
             "bucket_mb", "single": {"step_ms": {median_ms, p10_ms, p90_ms, count},
             "samples_per_s"}, "ddp": {"step_ms": {...} (the slowest rank's), "samples_per_s",
-            "per_rank_step_ms": [median_ms of each rank]}, "scaling_efficiency", with --zero
+            "per_rank_step_ms": [median_ms of each rank], "peak_allocated_bytes" (the largest
+            rank's torch.cuda.max_memory_allocated over its run; null off the GPU)},
+            "scaling_efficiency", with --zero
             also "ddp_zero": {the same as "ddp", with its "scaling_efficiency"}, with --compiled
             also "ddp_compiled": {"single": {one GPU compiled}, the same as "ddp", its
             "scaling_efficiency" against the compiled one GPU}}
@@ -2320,14 +2322,16 @@ def ddp_cnn_measure(torch, opts, rank, device, dist):
 
 
 def every_rank_summary(torch, dist, summary, world, device):
-    """Every rank's timing summary (median, p10, p90, count), in rank order, gathered as one
-    tensor (all_gather_object would need numpy)."""
-    keys = ("median_ms", "p10_ms", "p90_ms", "count")
-    mine = torch.tensor([float(summary[k]) for k in keys], dtype=torch.float64, device=device)
+    """Every rank's timing summary (median, p10, p90, count) and peak of allocated memory (None
+    off the GPU), in rank order, gathered as one tensor (all_gather_object would need numpy)."""
+    keys = ("median_ms", "p10_ms", "p90_ms", "count", "peak_allocated_bytes")
+    row = [float(summary[k]) for k in keys[:4]] + [float(summary.get(keys[4]) or -1)]
+    mine = torch.tensor(row, dtype=torch.float64, device=device)
     every = torch.empty(world * len(keys), dtype=torch.float64, device=device)
     dist.all_gather_into_tensor(every, mine)
     values = every.view(world, len(keys)).tolist()
-    return [{**dict(zip(keys[:3], v[:3])), "count": int(v[3])} for v in values]
+    return [{**dict(zip(keys[:3], v[:3])), "count": int(v[3]),
+             "peak_allocated_bytes": int(v[4]) if v[4] >= 0 else None} for v in values]
 
 
 def _ddp_worker(rank, world, port, opts, workdir):
@@ -2340,8 +2344,13 @@ def _ddp_worker(rank, world, port, opts, workdir):
             init_group(dist, opts["backend"], rank, world, port, opts["timeout_s"],
                        device if device.type == "cuda" else None)
         heartbeat(workdir)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         measure = ddp_cnn_measure if "cnn" in opts else ddp_measure
         summary = summarize(measure(torch, opts, rank, device, dist))
+        if device.type == "cuda":
+            # the whole run's peak: model, gradients, optimizer state, activations, its batch
+            summary["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
         heartbeat(workdir)
         summaries = [summary]
         if dist is not None:
@@ -2364,7 +2373,9 @@ def ranks_together(per_rank, world, batch, single_sps):
     one GPU's samples/s."""
     slowest = max(per_rank, key=lambda s: s["median_ms"])
     sps = rate(world * batch, slowest["median_ms"], 1)
+    peaks = [s["peak_allocated_bytes"] for s in per_rank if s.get("peak_allocated_bytes") is not None]
     return {"step_ms": slowest, "samples_per_s": sps,
+            "peak_allocated_bytes": max(peaks) if peaks else None,
             "per_rank_step_ms": [s["median_ms"] for s in per_rank],
             "scaling_efficiency": sps / (world * single_sps) if single_sps and sps else None}
 

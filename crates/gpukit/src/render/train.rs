@@ -177,7 +177,7 @@ pub fn train_sections(r: &TrainReport) -> Vec<Section> {
         sections.push(pipeline_section(pp));
     }
     if let Some(dp) = &r.data_parallel {
-        sections.push(data_parallel_section(dp));
+        sections.push(data_parallel_section(dp, &r.memory));
     }
     if let Some(p) = &r.pytorch {
         sections.push(peer_section(p));
@@ -347,9 +347,43 @@ fn peer_section(p: &gpukit_bench::workload::train::TrainPeer) -> Section {
     )
 }
 
+/// gpukit's memory pool peak beside PyTorch's data-parallel modes' (None when PyTorch's were
+/// not read): gpukit's without its resident data set, which PyTorch's runs do not hold (they
+/// keep one batch, as gpukit keeps its batch buffers).
+fn peer_memory_row(
+    peaks: &gpukit_bench::workload::train::parallel::PeerPeaks,
+    memory: &gpukit_train::run::MemoryUse,
+) -> Option<String> {
+    let ours = memory.pool_peak?;
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let modes: Vec<String> = [
+        ("DDP", peaks.ddp),
+        ("DDP with ZeroRedundancyOptimizer", peaks.zero),
+        ("DDP compiled", peaks.compiled),
+    ]
+    .into_iter()
+    .filter_map(|(name, b)| b.map(|b| format!("{name} {:.0} MiB", mib(b))))
+    .collect();
+    if modes.is_empty() {
+        return None;
+    }
+    let data = memory.data as u64;
+    Some(format!(
+        "gpukit {:.0} MiB (its memory pool's live peak, less its resident data set of {:.0} MiB) / \
+         PyTorch {} (torch.cuda.max_memory_allocated of its busiest GPU: model, gradients, \
+         optimizer state, activations and its one batch)",
+        mib(ours.saturating_sub(data)),
+        mib(data),
+        modes.join(", ")
+    ))
+}
+
 /// Data-parallel training: how the ranks scaled against each GPU doing its share alone, and
 /// PyTorch DDP's scaling on the same model beside it.
-fn data_parallel_section(d: &gpukit_bench::workload::train::parallel::DataParallel) -> Section {
+fn data_parallel_section(
+    d: &gpukit_bench::workload::train::parallel::DataParallel,
+    memory: &gpukit_train::run::MemoryUse,
+) -> Section {
     let ms = |v: &[f64]| {
         v.iter()
             .map(|x| format!("{x:.2}"))
@@ -473,6 +507,9 @@ fn data_parallel_section(d: &gpukit_bench::workload::train::parallel::DataParall
                     d.samples_per_s / c.samples_per_s
                 ),
             ));
+        }
+        if let Some(row) = peer_memory_row(&p.peaks, memory) {
+            rows.push(("Peak memory a GPU", row));
         }
         let best = p.best_samples_per_s();
         if best.is_finite() {

@@ -91,6 +91,18 @@ pub struct DdpPeer {
     /// alone, then DDP.
     #[serde(default)]
     pub compiled: Option<CompiledPeer>,
+    /// Each mode's peak of allocated memory on its busiest GPU (torch.cuda.max_memory_allocated
+    /// over the run: model, gradients, optimizer state, activations and its one batch).
+    #[serde(default)]
+    pub peaks: PeerPeaks,
+}
+
+/// PyTorch's data-parallel modes' peaks of allocated memory a GPU, in bytes (None: not read).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct PeerPeaks {
+    pub ddp: Option<u64>,
+    pub zero: Option<u64>,
+    pub compiled: Option<u64>,
 }
 
 /// PyTorch's compiled mode's figures (torch.compile with the fused optimizer).
@@ -504,7 +516,13 @@ pub fn compare_ddp(
     let num = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
     let zero = &d["ddp_zero"];
     let compiled = &d["ddp_compiled"];
+    let peak = |mode: &serde_json::Value| mode["peak_allocated_bytes"].as_u64();
     Ok(DdpPeer {
+        peaks: PeerPeaks {
+            ddp: peak(&d["ddp"]),
+            zero: peak(zero),
+            compiled: peak(compiled),
+        },
         compiled: compiled.is_object().then(|| CompiledPeer {
             single_samples_per_s: num(&compiled["single"]["samples_per_s"]),
             samples_per_s: num(&compiled["samples_per_s"]),

@@ -174,7 +174,7 @@ fn a_pipeline_run_shows_its_split_bubble_and_the_one_gpu_run_beside() {
 
 #[test]
 fn a_data_parallel_run_names_its_sharded_optimizer_and_both_pytorch_peers() {
-    use gpukit_bench::workload::train::parallel::{CompiledPeer, DataParallel, DdpPeer};
+    use gpukit_bench::workload::train::parallel::{CompiledPeer, DataParallel, DdpPeer, PeerPeaks};
     let dp = |sharded: bool, reason: Option<&str>, single: f64, step: f64| DataParallel {
         ranks: 2,
         started_by: "threads in one process".into(),
@@ -205,10 +205,17 @@ fn a_data_parallel_run_names_its_sharded_optimizer_and_both_pytorch_peers() {
                 samples_per_s: 4_000_000.0,
                 scaling_efficiency: 0.833,
             }),
+            peaks: PeerPeaks {
+                ddp: Some(1_000 << 20),
+                zero: sharded.then_some(800 << 20),
+                compiled: None,
+            },
         }),
     };
     let mut r = report(LossKind::Mse);
     r.data_parallel = Some(dp(true, None, 1.52, 1.61));
+    r.memory.pool_peak = Some(1_700 << 20);
+    r.memory.data = 512 << 20;
     let text = terminal(&train_sections(&r));
     for want in [
         "128.0 MiB reduce-scattered in 2 bucket(s)",
@@ -219,6 +226,7 @@ fn a_data_parallel_run_names_its_sharded_optimizer_and_both_pytorch_peers() {
         "2398104 samples/s (ZeroRedundancyOptimizer): efficiency 0.584; gpukit's throughput 2.12x",
         "4000000 samples/s (torch.compile, fused optimizer), one GPU 2400000: efficiency 0.833; gpukit's throughput 1.27x",
         "gpukit's throughput 1.27x PyTorch's fastest data-parallel mode (4000000 samples/s)",
+        "gpukit 1188 MiB (its memory pool's live peak, less its resident data set of 512 MiB) / PyTorch DDP 1000 MiB, DDP with ZeroRedundancyOptimizer 800 MiB",
     ] {
         assert!(text.contains(want), "{want}: {text}");
     }
@@ -239,6 +247,7 @@ fn a_data_parallel_run_names_its_sharded_optimizer_and_both_pytorch_peers() {
         assert!(text.contains(want), "{want}: {text}");
     }
     assert!(!text.contains("ZeroRedundancyOptimizer"), "{text}");
+    assert!(text.contains("PyTorch DDP 1000 MiB (torch"), "{text}");
     // without the other modes, eager DDP is PyTorch's best
     assert!(
         text.contains("PyTorch's fastest data-parallel mode (3384251 samples/s)"),
