@@ -64,7 +64,8 @@ pub struct GpuContext {
 /// single-row `infer` (320 ms on an H100). The first product waits for it; a missing library
 /// is refused at once.
 pub struct LazyBlas {
-    ready: std::cell::OnceCell<std::result::Result<Blas, String>>,
+    /// cuBLAS, or why it did not open (the message, and whether a library was missing).
+    ready: std::cell::OnceCell<std::result::Result<Blas, (String, bool)>>,
     opening: std::cell::RefCell<Option<std::thread::JoinHandle<gpukit_cuda::Result<Blas>>>>,
 }
 
@@ -88,23 +89,37 @@ impl LazyBlas {
         })
     }
 
-    /// cuBLAS, once open (waits for the thread opening it).
+    /// cuBLAS, once open (waits for the thread opening it). The first call after a failure
+    /// returns the thread's own error; later ones its message, a missing library still as one.
     pub fn get(&self) -> Result<&Blas> {
-        let opened = self.ready.get_or_init(|| {
+        if self.ready.get().is_none() {
             let t = gpukit_cuda::trace::start();
-            let r = match self.opening.borrow_mut().take() {
-                Some(h) => match h.join() {
-                    Ok(r) => r.map_err(|e| e.to_string()),
-                    Err(_) => Err("the thread opening it panicked".to_string()),
-                },
-                None => Err("it was not opened".to_string()),
+            let opened = match self.opening.borrow_mut().take() {
+                Some(h) => h.join().unwrap_or_else(|_| {
+                    Err(gpukit_cuda::Error::Invalid(
+                        "the thread opening cuBLAS panicked".into(),
+                    ))
+                }),
+                None => Err(gpukit_cuda::Error::Invalid("cuBLAS was not opened".into())),
             };
             gpukit_cuda::trace::done("waited for cuBLAS", t);
-            r
-        });
-        opened
-            .as_ref()
-            .map_err(|e| Error::Invalid(format!("opening cuBLAS: {e}")))
+            match opened {
+                Ok(blas) => {
+                    let _ = self.ready.set(Ok(blas));
+                }
+                Err(e) => {
+                    let missing = matches!(e, gpukit_cuda::Error::MissingLibrary(_));
+                    let _ = self.ready.set(Err((e.to_string(), missing)));
+                    return Err(e.into());
+                }
+            }
+        }
+        match self.ready.get() {
+            Some(Ok(blas)) => Ok(blas),
+            Some(Err((why, true))) => Err(gpukit_cuda::Error::MissingLibrary(why.clone()).into()),
+            Some(Err((why, false))) => Err(Error::Invalid(format!("opening cuBLAS: {why}"))),
+            None => Err(Error::Invalid("cuBLAS was not opened".into())),
+        }
     }
 }
 
