@@ -328,6 +328,65 @@ mod tests {
         assert_eq!(p.worst_throttle(), None);
     }
 
+    /// A meter without a sampler thread, whose readings the test writes.
+    fn fake_meter() -> (PowerMeter, Arc<Mutex<Vec<Reading>>>) {
+        let readings = Arc::new(Mutex::new(Vec::new()));
+        let meter = PowerMeter {
+            readings: readings.clone(),
+            stop: Arc::new(AtomicBool::new(false)),
+            thread: None,
+            limit_w: None,
+            own: Mutex::new(Vec::new()),
+        };
+        (meter, readings)
+    }
+
+    /// One stretch: 6 readings of `w` watts, each taken inside it.
+    fn stretch_of(readings: &Mutex<Vec<Reading>>, w: f64) {
+        for _ in 0..6 {
+            std::thread::sleep(Duration::from_millis(1));
+            let r = reading(w, 1980, &[], None);
+            readings.lock().unwrap().push(Reading {
+                at: Instant::now(),
+                r,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+
+    #[test]
+    fn steady_power_runs_until_two_stretches_agree_and_reports_the_last_two() {
+        let (meter, readings) = fake_meter();
+        // a board ramping up: 300, 360, 400, then 404 W (within 3% of 400)
+        let draws = [300.0, 360.0, 400.0, 404.0, 404.0];
+        let mut runs = 0;
+        let p = meter
+            .steady(|| -> Result<(), ()> {
+                stretch_of(&readings, draws[runs]);
+                runs += 1;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(runs, 4);
+        assert_eq!(p.readings, 12, "the last two stretches' readings only");
+        assert_eq!(p.median_w, 402.0);
+        // a draw that never settles stops at the most stretches
+        let (meter, readings) = fake_meter();
+        let mut runs = 0;
+        let p = meter
+            .steady(|| -> Result<(), ()> {
+                stretch_of(&readings, if runs % 2 == 0 { 300.0 } else { 400.0 });
+                runs += 1;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(runs, MAX_STRETCHES);
+        assert_eq!(p.readings, 12);
+        // a failed stretch gives no figure
+        let (meter, _) = fake_meter();
+        assert_eq!(meter.steady(|| Err::<(), ()>(())), None);
+    }
+
     #[test]
     fn the_draw_settles_when_two_stretches_agree() {
         assert!(!settled(&[]));
