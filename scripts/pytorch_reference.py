@@ -2456,8 +2456,11 @@ def bench_ddp_cnn(torch, args):
         slowest = max(found["ddp"]["per_rank"], key=lambda s: s["median_ms"])
         single_ips = rate(batch, single["median_ms"], 1)
         ddp_ips = rate(world * batch, slowest["median_ms"], 1)
+        peaks = [s["peak_allocated_bytes"] for s in found["ddp"]["per_rank"]
+                 if s.get("peak_allocated_bytes") is not None]
         rows.append({"mode": mode, "status": "ok", "single": {"step_ms": single, "images_per_s": single_ips},
-                     "ddp": {"step_ms": slowest, "images_per_s": ddp_ips},
+                     "ddp": {"step_ms": slowest, "images_per_s": ddp_ips,
+                             "peak_allocated_bytes": max(peaks) if peaks else None},
                      "scaling_efficiency": ddp_ips / (world * single_ips) if single_ips and ddp_ips else None})
     return {"ok": True, "command": "ddp-cnn", "torch_version": version, "device_name": device_name,
             "world_size": world, "batch_per_gpu": batch, "model": args.model, "precision": args.precision,

@@ -254,7 +254,7 @@ fn pytorch_section(r: &CnnTrainReport, p: &CnnPeer) -> Section {
 
 /// `--gpus N`: the ranks, alone and data-parallel, the scaling efficiency, and PyTorch's
 /// DistributedDataParallel beside when compared.
-fn data_parallel_section(dp: &CnnDataParallel) -> Section {
+pub(super) fn data_parallel_section(dp: &CnnDataParallel) -> Section {
     let mut rows = vec![
         (
             "GPUs".to_string(),
@@ -303,12 +303,16 @@ fn data_parallel_section(dp: &CnnDataParallel) -> Section {
         let shown = match (&row.failed, row.images_per_s) {
             (Some(why), _) => format!("failed: {why}"),
             (None, Some(ips)) => format!(
-                "{ips:.1} images/s (alone {}), efficiency {}; gpukit {:.2}x",
+                "{ips:.1} images/s (alone {}), efficiency {}; gpukit {:.2}x{}",
                 row.single_images_per_s
                     .map_or("-".into(), |v| format!("{v:.1}")),
                 row.scaling_efficiency
                     .map_or("-".into(), |v| format!("{v:.3}")),
-                dp.images_per_s / ips
+                dp.images_per_s / ips,
+                row.peak_bytes.map_or(String::new(), |b| format!(
+                    "; peak memory {} a GPU (its busiest, one batch of images held)",
+                    human_bytes(b)
+                ))
             ),
             (None, None) => "no figures".into(),
         };

@@ -86,6 +86,10 @@ pub struct DdpCnnRow {
     pub single_images_per_s: Option<f64>,
     pub images_per_s: Option<f64>,
     pub scaling_efficiency: Option<f64>,
+    /// Its busiest GPU's peak of allocated memory (torch.cuda.max_memory_allocated over the
+    /// run: model, gradients, optimizer state, activations and its one batch of images).
+    #[serde(default)]
+    pub peak_bytes: Option<u64>,
 }
 
 /// Where the ranks run.
@@ -703,6 +707,7 @@ pub fn compare_ddp(
             single_images_per_s: v["single"]["images_per_s"].as_f64(),
             images_per_s: v["ddp"]["images_per_s"].as_f64(),
             scaling_efficiency: v["scaling_efficiency"].as_f64(),
+            peak_bytes: v["ddp"]["peak_allocated_bytes"].as_u64(),
         })
         .collect())
 }

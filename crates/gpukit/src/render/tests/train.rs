@@ -254,3 +254,50 @@ fn a_data_parallel_run_names_its_sharded_optimizer_and_both_pytorch_peers() {
         "{text}"
     );
 }
+
+#[test]
+fn a_cnn_data_parallel_run_shows_each_pytorch_mode_with_its_memory() {
+    use gpukit_bench::workload::train::cnn_parallel::{CnnDataParallel, DdpCnnRow};
+    let ddp = |mode: &str, ips: Option<f64>, peak: Option<u64>, failed: Option<&str>| DdpCnnRow {
+        mode: mode.into(),
+        failed: failed.map(str::to_string),
+        single_images_per_s: ips.map(|v| v / 1.9),
+        images_per_s: ips,
+        scaling_efficiency: ips.map(|_| 0.95),
+        peak_bytes: peak,
+    };
+    let dp = CnnDataParallel {
+        ranks: 2,
+        batch_per_gpu: 256,
+        combined_batch: 512,
+        buckets: 1,
+        bucket_mb: 97.5,
+        grad_comm: "f32".into(),
+        gradient_mib: 97.5,
+        single_step_ms: 34.6,
+        step_ms: 35.3,
+        single_images_per_s: 7_400.0,
+        images_per_s: 14_500.0,
+        scaling_efficiency: 0.979,
+        ddp: vec![
+            ddp("ddp", Some(9_259.0), Some(21_000 << 20), None),
+            ddp("ddp_compile", Some(12_792.0), None, None),
+            ddp("ddp_compile_fused", None, None, Some("out of memory")),
+        ],
+    };
+    let text = terminal(&[crate::render::train_cnn::data_parallel_section(&dp)]);
+    for want in [
+        "PyTorch ddp",
+        "9259.0 images/s (alone 4873.2), efficiency 0.950; gpukit 1.57x; peak memory 20.5 GiB a GPU",
+        "12792.0 images/s (alone 6732.6), efficiency 0.950; gpukit 1.13x",
+        "failed: out of memory",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    // a mode without a memory figure says none
+    let compiled = text
+        .lines()
+        .find(|l| l.contains("12792.0"))
+        .unwrap_or_default();
+    assert!(!compiled.contains("peak memory"), "{compiled}");
+}
