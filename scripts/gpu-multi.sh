@@ -16,7 +16,8 @@
 #        (the data-parallel GPU test first, PyTorch DDP and DDP with ZeroRedundancyOptimizer
 #        once beside).
 # cnn: ResNet-50 bf16 data-parallel as threads of one process and under `gpukit launch` (one
-#        process a rank), their per-update losses compared; then on 4096 images a GPU.
+#        process a rank), their per-update losses compared; beside PyTorch's DDP modes (with
+#        their peak memory); then on 4096 images a GPU.
 # cnn-accumulate: ResNet-18 fp32 data-parallel with accumulation against one GPU accumulating
 #        as many micro-batches over the same images (per-update losses within 1e-4).
 # pipeline: the pipeline GPU test, then `train --pipeline 2` of the 1024-4096x8-16 MLP at batch 4096
@@ -178,6 +179,10 @@ if [ "$MODE" = cnn ]; then
   clean timeout 300 "$BIN" launch --nproc-per-node "$NGPU" -- "$BIN" train $C --save-json "$W/cnn-launch.json" --save-losses "$W/cnn-launch.csv" >"$W/cnn-launch.txt" 2>"$W/cnn-launch.err"
   say "train --model resnet50 under gpukit launch ($NGPU processes) rc=$?"
   grep -hE "Scaling efficiency|Images|Step time|Update" "$W/cnn-threads.txt" "$W/cnn-launch.txt" | cut -c1-200 | tee -a "$SUMMARY"
+  # beside PyTorch's DDP modes (eager, compiled), each with its peak memory a GPU
+  clean "$BIN" train $C --device cuda:0 --gpus "$NGPU" --compare-pytorch --save-json "$W/cnn-compare.json" >"$W/cnn-compare.txt" 2>"$W/cnn-compare.err"
+  say "train --model resnet50 --gpus $NGPU --compare-pytorch rc=$?"
+  grep -hE "PyTorch|Scaling efficiency|peak" "$W/cnn-compare.txt" | cut -c1-260 | tee -a "$SUMMARY"
   # a data set of many batches (each GPU keeps it and gathers every batch there)
   clean "$BIN" train $C --samples $((4096 * NGPU)) --device cuda:0 --gpus "$NGPU" --save-json "$W/cnn-many.json" >"$W/cnn-many.txt" 2>"$W/cnn-many.err"
   say "train --model resnet50 --gpus $NGPU, $((4096 * NGPU)) images rc=$?"
