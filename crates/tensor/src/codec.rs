@@ -196,13 +196,10 @@ pub fn encode_f64(values: &[f64], dtype: DType) -> Vec<u8> {
 
 /// `values` stored as `dtype`, each rounded to nearest (ties to even).
 pub fn encode_f32(values: &[f32], dtype: DType) -> Vec<u8> {
-    match dtype.storage() {
-        DType::F64 => bytes_of(&map_all(values, |&v| f64::from(v))).to_vec(),
-        DType::F16 => bytes_of(&map_all(values, |&v| f16::from_f32(v))).to_vec(),
-        DType::Bf16 => bytes_of(&map_all(values, |&v| bf16::from_f32(v))).to_vec(),
-        DType::F8E4M3 => map_all(values, |&v| e4m3_from_f64(f64::from(v))),
-        _ => bytes_of(values).to_vec(),
-    }
+    let mut out = vec![0u8; values.len() * dtype.storage().size_bytes()];
+    // the length is exactly the storage's, so the encoding always takes place
+    encode_f32_into(values, dtype, &mut out);
+    out
 }
 
 /// [`encode_f32`] written into `out`, which must hold exactly `values.len()` elements of

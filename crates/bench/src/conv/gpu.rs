@@ -173,13 +173,13 @@ fn measured(
     reference: std::thread::ScopedJoinHandle<'_, std::borrow::Cow<'_, [f32]>>,
 ) -> Result<GpuMeasured> {
     use gpukit_cuda::trace;
-    let label = |phase: &str| {
-        format!(
-            "conv {:?} {:?} {}: {phase}",
-            conv.layout,
-            conv.dtype,
-            conv.shape.spec()
-        )
+    // a phase's line, written only under GPUKIT_TRACE (its text is not built otherwise)
+    let done = |phase: &str, t: Option<std::time::Instant>| {
+        if t.is_some() {
+            let spec = conv.shape.spec();
+            let line = format!("conv {:?} {:?} {spec}: {phase}", conv.layout, conv.dtype);
+            trace::done(&line, t);
+        }
     };
     let t = trace::start();
     let (xn, wn) = (conv.input_bytes(), w.len() * conv.dtype.size_bytes());
@@ -194,7 +194,7 @@ fn measured(
     staging.upload(g, x, conv.dtype, xd.view())?;
     staging.upload(g, w, conv.dtype, wd.view())?;
     let yd = g.alloc(conv.output_bytes())?;
-    trace::done(&label("inputs encoded and uploaded"), t);
+    done("inputs encoded and uploaded", t);
     let choice = dnn.plan_plain_best(conv, xd.view(), wd.view(), yd.view(), true)?;
     let ws = g.alloc(choice.workspace_bytes().max(1))?;
     dnn.release_workspace();
@@ -227,7 +227,7 @@ fn measured(
         sets: 1,
     };
     let graphed = graph.as_ref().ok().map(|_| per_replay);
-    trace::done(&label("probed and captured"), t);
+    done("probed and captured", t);
     let t = trace::start();
     let (timing, theirs) = match turns {
         None => (
@@ -236,18 +236,18 @@ fn measured(
         ),
         Some(t) => in_turns(t, conv, (shape, graphed), opts, &mut ours)?,
     };
-    trace::done(&label("timed"), t);
+    done("timed", t);
     let t = trace::start();
     // poison, run once more, compare with the CPU
     g.fill(yd.view(), 0xFF)?;
     launch()?;
     let got = staging.download(g, yd.view(), conv.output_bytes(), conv.dtype)?;
-    trace::done(&label("output read back"), t);
+    done("output read back", t);
     let t = trace::start();
     let reference = reference
         .join()
         .map_err(|_| Error::Failed("the CPU reference's thread panicked".into()))?;
-    trace::done(&label("waited for the CPU reference"), t);
+    done("waited for the CPU reference", t);
     let err = rel_err(&got, &reference);
     let tol = tolerance(conv.dtype);
     Ok(GpuMeasured {
