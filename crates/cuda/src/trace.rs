@@ -18,14 +18,25 @@ pub fn start() -> Option<Instant> {
     enabled().then(Instant::now)
 }
 
-/// Ends a phase started with [`start`].
+/// Ends a phase started with [`start`]: its length, then when it ended (milliseconds since the
+/// first of gpukit's processes started), so phases on different threads line up.
 pub fn done(phase: &str, started: Option<Instant>) {
     if let Some(t) = started {
+        let at = since_process_start()
+            .map(|ms| format!("  (ends at {ms:.0} ms)"))
+            .unwrap_or_default();
         eprintln!(
-            "trace: {:>8.2} ms  {phase}",
+            "trace: {:>8.2} ms  {phase}{at}",
             t.elapsed().as_secs_f64() * 1e3
         );
     }
+}
+
+/// Milliseconds since [`mark_process_start`] ran in the first process (None when it did not).
+fn since_process_start() -> Option<f64> {
+    static T0: std::sync::OnceLock<Option<u128>> = std::sync::OnceLock::new();
+    let t0 = (*T0.get_or_init(|| std::env::var(T0_ENV).ok().and_then(|v| v.parse().ok())))?;
+    Some(unix_ns().saturating_sub(t0) as f64 / 1e6)
 }
 
 /// Environment variable carrying the first process's start time across gpukit's re-exec.
@@ -50,12 +61,8 @@ pub fn done_since_process_start(phase: &str) {
     if !enabled() {
         return;
     }
-    let t0: Option<u128> = std::env::var(T0_ENV).ok().and_then(|v| v.parse().ok());
-    if let Some(t0) = t0 {
-        eprintln!(
-            "trace: {:>8.2} ms  {phase}",
-            unix_ns().saturating_sub(t0) as f64 / 1e6
-        );
+    if let Some(ms) = since_process_start() {
+        eprintln!("trace: {ms:>8.2} ms  {phase}");
     }
 }
 

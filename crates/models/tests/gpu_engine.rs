@@ -1,8 +1,8 @@
 //! gpukit's GPU inference engine against its CPU forward pass, on fresh random weights and
 //! inputs: every precision in both layouts, eager and replayed as a CUDA graph, odd image sizes,
 //! with and without the memory plan, no op writing over a live tensor, and out-of-memory as a
-//! typed error; also the engine's device-side byte comparison. Ignored, with the reason,
-//! without a GPU; GPUKIT_REQUIRE_GPU=1 makes a missing GPU a failure.
+//! typed error; also the engine's device-side byte comparison and its classifier kernel.
+//! Ignored, with the reason, without a GPU; GPUKIT_REQUIRE_GPU=1 makes a missing GPU a failure.
 
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::Gpu;
@@ -269,6 +269,72 @@ fn device_repeat_and_compare_match_the_host() -> Result<(), Failed> {
     Ok(())
 }
 
+/// The classifier kernel against float64 on fresh random inputs: one row and many, both ways it
+/// runs (a warp an output up to 4 rows, a block of 32 outputs beyond; a last block of rows part
+/// empty), outputs not a multiple of a block's, features not a multiple of 4 or 128, and inputs
+/// that are not 16-byte aligned (one value at a time).
+fn classifier_kernel_matches_float64() -> Result<(), Failed> {
+    let discovery = DISCOVERY.get().ok_or("no discovery")?;
+    let g = Gpu::open(discovery, 0).map_err(|e| format!("open cuda:0: {e}"))?;
+    let e = |e: gpukit_cuda::Error| e.to_string();
+    let kernels = Kernels::new(discovery, &g).map_err(e)?;
+    let seed = fresh_seed();
+    let shapes = [
+        (1, 1000, 2048, 0),
+        (3, 37, 130, 0),
+        (4, 33, 132, 4),
+        (5, 33, 132, 4),
+        (8, 1000, 2048, 0),
+        (9, 1000, 2048, 0),
+        (20, 1000, 2048, 0),
+        (64, 1000, 512, 0),
+        (65, 10, 2048, 0),
+        (256, 1000, 2048, 0),
+        (300, 33, 132, 4),
+    ];
+    for (i, (n, k, c, skew)) in shapes.into_iter().enumerate() {
+        let s = seed ^ (i as u64 * 0x9e37);
+        let x = gpukit_tensor::random::uniform_f32(n * c, s);
+        let w = gpukit_tensor::random::uniform_f32(k * c, s ^ 1);
+        let b = gpukit_tensor::random::uniform_f32(k, s ^ 2);
+        // `skew` bytes before x and w: rows no longer 16-byte aligned
+        let pad = vec![0u8; skew];
+        let xd = g.upload(&[pad.clone(), bytes_of(&x)].concat()).map_err(e)?;
+        let wd = g.upload(&[pad, bytes_of(&w)].concat()).map_err(e)?;
+        let bd = g.upload(&bytes_of(&b)).map_err(e)?;
+        let yd = g.alloc(n * k * 4).map_err(e)?;
+        let xv = xd.view().sub(skew, n * c * 4).map_err(e)?;
+        let wv = wd.view().sub(skew, k * c * 4).map_err(e)?;
+        kernels
+            .classify(xv, wv, bd.view(), yd.view(), (n, k, c))
+            .map_err(e)?;
+        let got: Vec<f32> = g
+            .download(&yd)
+            .map_err(e)?
+            .chunks_exact(4)
+            .map(|q| f32::from_ne_bytes([q[0], q[1], q[2], q[3]]))
+            .collect();
+        let (mut diff, mut scale) = (0f64, 0f64);
+        for r in 0..n {
+            for o in 0..k {
+                let want = f64::from(b[o])
+                    + (0..c)
+                        .map(|j| f64::from(x[r * c + j]) * f64::from(w[o * c + j]))
+                        .sum::<f64>();
+                diff = diff.max((f64::from(got[r * k + o]) - want).abs());
+                scale = scale.max(want.abs());
+            }
+        }
+        let rel = diff / scale.max(f64::MIN_POSITIVE);
+        eprintln!("classify {n}x{c} -> {k} (skew {skew}): rel {rel:.2e}");
+        check(
+            rel <= 1e-5,
+            format!("classify {n}x{c} -> {k} (skew {skew}, seed {seed}): rel error {rel:.3e}"),
+        )?;
+    }
+    Ok(())
+}
+
 fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
@@ -298,6 +364,10 @@ fn main() {
         (
             "gpu::device_repeat_and_compare_match_the_host",
             device_repeat_and_compare_match_the_host,
+        ),
+        (
+            "gpu::classifier_kernel_matches_float64",
+            classifier_kernel_matches_float64,
         ),
     ];
     let trials = tests

@@ -12,7 +12,7 @@ use super::engines::{
     HEURISTIC_ENOUGH,
 };
 use super::graph::*;
-use super::precompile::{GraphSpec, Kept};
+use super::precompile::{GraphSpec, Handle, Kept};
 use super::{ok, Act, Conv, Dnn, Search};
 use crate::error::{Error, Result};
 use crate::memory::View;
@@ -34,6 +34,9 @@ pub struct GraphConv {
     /// For a plan a helper thread finalized: the descriptors and the cuDNN handle it was
     /// finalized from, alive as long as the plan (dropped after it: fields drop in order).
     _finalized_on: Option<Kept>,
+    /// For a graph a helper read ahead: the handle its plans were finalized on, alive as long
+    /// as the plan.
+    _read_on: Option<std::sync::Arc<Handle>>,
     /// Variant packs by the addresses they bind: one plan serves every layer of its shape, and
     /// each layer passes the same buffers every time, so each pack is built once.
     packs: std::cell::RefCell<std::collections::HashMap<Vec<u64>, Desc>>,
@@ -87,12 +90,30 @@ impl Dnn {
         if let Some(z) = z {
             z.require(conv.output_bytes(), "graph conv residual")?;
         }
-        let built = build_graph(self.handle(), conv, bias.is_some(), z.is_some(), act)?;
-        let graph = &built.graph;
-
         let search = self.search();
         let limits = Limits::of(search, self.strict(conv.dtype), only);
-        let (configs, heurs) = read_configs(graph, limits)?;
+        let spec = GraphSpec {
+            conv,
+            bias: bias.is_some(),
+            residual: z.is_some(),
+            act,
+        };
+        // the graph and its configurations as a helper read them ahead (its plans finalized on
+        // the handle they were read on), or read here
+        let (built, configs, heurs, read_on) = match self.read_ahead(spec, limits) {
+            Some(r) => {
+                crate::trace::note(|| {
+                    format!("{conv:?}: {} configurations read ahead", r.configs.len())
+                });
+                (r.built, r.configs, r.heurs, Some(r.handle))
+            }
+            None => {
+                let built = build_graph(self.handle(), conv, bias.is_some(), z.is_some(), act)?;
+                let (configs, heurs) = read_configs(&built.graph, limits)?;
+                (built, configs, heurs, None)
+            }
+        };
+        let finalize_on = read_on.as_ref().map_or(self.handle(), |h| h.0);
         let count = configs.len();
         let wsb = self.planning_workspace()?;
         let planning = wsb.view();
@@ -100,12 +121,6 @@ impl Dnn {
         let mut finalized = 0;
         let mut timed = 0;
         let mut runtime_compiled = 0;
-        let spec = GraphSpec {
-            conv,
-            bias: bias.is_some(),
-            residual: z.is_some(),
-            act,
-        };
         for (list, index, cfg) in &configs {
             let pick = (*list, *index);
             if only.is_some_and(|o| o != pick) {
@@ -137,7 +152,7 @@ impl Dnn {
                     self.count(|s| s.finalized_ahead += 1);
                     (done.plan, done.kept)
                 }
-                None => (finalize_plan(self.handle(), cfg, pick, compiled)?, None),
+                None => (finalize_plan(finalize_on, cfg, pick, compiled)?, None),
             };
             let Some(plan) = plan else {
                 continue;
@@ -151,6 +166,7 @@ impl Dnn {
                 plan,
                 _built_from: Vec::new(),
                 _finalized_on: kept,
+                _read_on: read_on.clone(),
                 packs: Default::default(),
                 workspace_bytes: ws,
                 residual: z.is_some(),
@@ -175,6 +191,7 @@ impl Dnn {
                 .map(|(ms, _)| *ms)
                 .reduce(f64::min)
                 .filter(|_| search == Search::Fast);
+            let timing = std::time::Instant::now();
             let measured = self.candidate_ms_within(beat, run);
             self.count(|s| s.candidates_timed += 1);
             if crate::trace::on() {
@@ -185,7 +202,8 @@ impl Dnn {
                     .unwrap_or_else(|e| e.to_string());
                 eprintln!(
                     "trace: {conv:?} candidate {list:?} #{index} engine {engine} workspace {ws} \
-                     B: {t}"
+                     B: {t} (timed in {:.1} ms)",
+                    timing.elapsed().as_secs_f64() * 1e3
                 );
             }
             let Ok(median) = measured else { continue };
@@ -235,6 +253,7 @@ impl Dnn {
             plan,
             _built_from: built_from,
             _finalized_on: kept,
+            _read_on: read_on,
             packs: Default::default(),
             workspace_bytes: ws,
             residual: z.is_some(),

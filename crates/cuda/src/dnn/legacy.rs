@@ -448,8 +448,10 @@ impl Dnn {
                     plan.apply(row)?;
                     self.count(|s| s.candidates_timed += 1);
                     let to_beat = best.map(|b| f64::from(b.ms)).or(beat);
+                    let timing = std::time::Instant::now();
                     let timed =
                         self.call_ms_within(to_beat, || self.conv_forward(&plan, x, w, y, ws));
+                    trace_legacy(conv, row, &timed, timing);
                     let Ok(ms) = timed else {
                         continue;
                     };
@@ -523,8 +525,10 @@ impl Dnn {
                 super::Search::Fast => best.map(|(t, _)| t).or(beat),
                 _ => None,
             };
+            let timing = std::time::Instant::now();
             let timed =
                 self.call_ms_within(to_beat, || self.fused_forward(&fused, x, w, bias, z, y, ws));
+            trace_legacy(conv, row, &timed, timing);
             let Ok(median) = timed else {
                 continue;
             };
@@ -655,4 +659,19 @@ fn usable(
         .filter(move |r| !strict.f32() || r.mathType == dn::cudnnMathType_t::CUDNN_FMA_MATH)
         .filter(move |r| strict != Strict::Exact || exact_f32_algo(r.algo))
         .map(AlgoRow::from)
+}
+
+/// With `GPUKIT_TRACE=1`: a legacy algorithm timed by a fast search, and the host time it took.
+fn trace_legacy(conv: Conv, row: AlgoRow, timed: &Result<f64>, started: std::time::Instant) {
+    crate::trace::note(|| {
+        let t = timed
+            .as_ref()
+            .map(|ms| format!("{ms:.4} ms"))
+            .unwrap_or_else(|e| e.to_string());
+        format!(
+            "{conv:?} legacy {}: {t} (timed in {:.1} ms)",
+            algo_name(row.algo),
+            started.elapsed().as_secs_f64() * 1e3
+        )
+    });
 }

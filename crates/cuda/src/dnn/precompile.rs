@@ -12,8 +12,8 @@
 //! keeps that handle and its descriptors alive as long as it lives ([`Kept`]).
 
 use super::cache::{Choice, List, Op};
-use super::engines::{engine_facts, finalize_plan, read_configs, Limits};
-use super::graph::{build_graph, Desc};
+use super::engines::{engine_facts, finalize_plan, read_configs, Candidate, Limits};
+use super::graph::{build_graph, Built, Desc};
 use super::select::backend_reaches;
 use super::{ok, Act, Conv, Dnn, Search};
 use crate::error::Result;
@@ -76,12 +76,23 @@ impl GraphSpec {
 /// Most helper threads, whatever the host has.
 const MOST_HELPERS: usize = 16;
 
-/// A helper thread's cuDNN handle.
-struct Handle(dn::cudnnHandle_t);
+/// A helper thread's cuDNN handle, or a graph's read ahead of the planner.
+pub(super) struct Handle(pub(super) dn::cudnnHandle_t);
 
-// SAFETY: the handle is used by one thread at a time: its helper while finalizing, then by
-// no one (a finished plan refers to it; execution goes through the planner's own handle). It
-// is only destroyed when the last plan finalized on it is dropped.
+impl Handle {
+    /// A new cuDNN handle on the context current on this thread.
+    fn create() -> Result<Arc<Handle>> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the caller made the GPU's context current.
+        ok("cudnnCreate", unsafe { dn::cudnnCreate(&mut raw) })?;
+        Ok(Arc::new(Handle(raw)))
+    }
+}
+
+// SAFETY: the handle is used by one thread at a time: its helper while finalizing (or, for a
+// graph read ahead, while reading it), then the planner alone (finalizing that graph's plans)
+// or no one (a finished plan refers to it; execution goes through the planner's own handle).
+// It is only destroyed when the last plan finalized on it is dropped.
 unsafe impl Send for Handle {}
 unsafe impl Sync for Handle {}
 
@@ -108,8 +119,21 @@ pub(super) struct Done {
     engine: i64,
 }
 
-/// A helper's task: read a graph's configurations, finalize the first that compiles at run
-/// time and queue the others the planner will try (`pick` None), or finalize one of them.
+/// A graph built and its configurations read by a helper on a handle of their own, handed to
+/// the planner whole: from then on only the planner's thread uses the handle (it finalizes the
+/// graph's plans on it), so no handle is used by two threads at once.
+pub(super) struct ReadAhead {
+    pub built: Built,
+    pub configs: Vec<Candidate>,
+    pub heurs: Vec<Desc>,
+    pub handle: Arc<Handle>,
+    /// What was read: the planner takes it only if it would read the same.
+    limits: Limits,
+}
+
+/// A helper's task: read a graph's configurations ahead of the planner and queue those that
+/// compile at run time that the planner will try (`pick` None; for a cached choice, finalize
+/// it), or finalize one of them.
 struct Job {
     spec: GraphSpec,
     limits: Limits,
@@ -124,6 +148,8 @@ struct State {
     queue: VecDeque<Job>,
     running: HashSet<Task>,
     done: HashMap<(GraphSpec, (List, usize)), Done>,
+    /// Graphs read ahead, not yet taken.
+    read: HashMap<GraphSpec, ReadAhead>,
     /// Helpers with a handle, not yet gone.
     alive: usize,
     stop: bool,
@@ -152,6 +178,14 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // a helper that panicked left the state whole (every change is one statement)
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits, the state unlocked, until a helper changes it (or 50 ms pass).
+    fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.changed
+            .wait_timeout(state, std::time::Duration::from_millis(50))
+            .map(|(s, _)| s)
+            .unwrap_or_else(|p| p.into_inner().0)
     }
 }
 
@@ -217,12 +251,22 @@ impl Precompiler {
             if !state.owes(spec, pick) || (state.alive == 0 && !starting) {
                 return None;
             }
-            state = self
-                .shared
-                .changed
-                .wait_timeout(state, std::time::Duration::from_millis(50))
-                .map(|(s, _)| s)
-                .unwrap_or_else(|p| p.into_inner().0);
+            state = self.shared.wait(state);
+        }
+    }
+
+    /// `spec`'s graph and configurations as a helper read them, waiting while a helper reads
+    /// them; None when none has (not started yet: the planner reads them itself).
+    fn read(&self, spec: GraphSpec) -> Option<ReadAhead> {
+        let mut state = self.shared.lock();
+        loop {
+            if let Some(read) = state.read.remove(&spec) {
+                return Some(read);
+            }
+            if !state.running.contains(&(spec, None)) || state.alive == 0 {
+                return None;
+            }
+            state = self.shared.wait(state);
         }
     }
 }
@@ -269,12 +313,9 @@ fn helper(ctx: &CudaContext, shared: &Shared) {
     if ctx.bind_to_thread().is_err() {
         return;
     }
-    let mut raw = std::ptr::null_mut();
-    // SAFETY: out-pointer to a local; the context is current on this thread.
-    if ok("cudnnCreate", unsafe { dn::cudnnCreate(&mut raw) }).is_err() {
+    let Ok(handle) = Handle::create() else {
         return;
-    }
-    let handle = Arc::new(Handle(raw));
+    };
     shared.lock().alive += 1;
     let _alive = Alive(shared);
     loop {
@@ -303,12 +344,22 @@ fn helper(ctx: &CudaContext, shared: &Shared) {
             task: (job.spec, job.pick),
         };
         // a graph the helper cannot build is left to the planner, which will say why
-        let Ok((finished, more)) = compile(&handle, &job) else {
+        // a graph searched afresh is read ahead on a handle of its own (its configurations
+        // that compile at run time queued for the helpers); a cached choice's (the planner
+        // reads its list up to the choice, a millisecond) and one configuration are finalized
+        let outcome = match (job.pick, job.limits.only) {
+            (None, None) => read_ahead(&job).map(|(read, more)| (None, more, Some(read))),
+            _ => compile(&handle, &job).map(|(finished, more)| (finished, more, None)),
+        };
+        let Ok((finished, more, read)) = outcome else {
             continue;
         };
         let mut state = shared.lock();
         if let Some((pick, done)) = finished {
             state.done.insert((job.spec, pick), done);
+        }
+        if let Some(read) = read {
+            state.read.insert(job.spec, read);
         }
         // the graph's other configurations next, before later graphs
         for pick in more.into_iter().rev() {
@@ -321,9 +372,28 @@ fn helper(ctx: &CudaContext, shared: &Shared) {
     }
 }
 
+/// A helper's scan of a graph: builds it and reads the configurations the planner will read, on
+/// a handle of their own (handed to the planner with them), and names those that compile at run
+/// time that the planner would try, for helpers to finalize.
+fn read_ahead(job: &Job) -> Result<(ReadAhead, Vec<(List, usize)>)> {
+    let spec = job.spec;
+    let handle = Handle::create()?;
+    let built = build_graph(handle.0, spec.conv, spec.bias, spec.residual, spec.act)?;
+    let (configs, heurs) = read_configs(&built.graph, job.limits)?;
+    let wanted = runtime_compiled(&configs, job.limits, job.limits);
+    let read = ReadAhead {
+        built,
+        configs,
+        heurs,
+        handle,
+        limits: job.limits,
+    };
+    Ok((read, wanted))
+}
+
 /// A helper's task on its own handle: builds the graph and reads the configurations the
-/// planner will read; finalizes the one asked for, or (a scan) the first that compiles at run
-/// time the planner would try, and names the others.
+/// planner will read; finalizes the one asked for, or (a scan of a cached choice) the first that
+/// compiles at run time the planner would try, and names the others.
 #[allow(clippy::type_complexity)]
 fn compile(
     handle: &Arc<Handle>,
@@ -337,25 +407,14 @@ fn compile(
         None => job.limits,
     };
     let (configs, heurs) = read_configs(&built.graph, limits)?;
-    let mut compiled_before = 0;
-    let mut wanted = Vec::new();
-    for (list, index, cfg) in &configs {
-        let pick = (*list, *index);
-        if limits.only.is_some_and(|o| o != pick) {
-            continue;
-        }
-        let Some(compiled) = job.limits.wants((*list, cfg), compiled_before) else {
-            continue;
-        };
-        compiled_before += usize::from(compiled);
-        if compiled {
-            wanted.push((pick, cfg));
-        }
-    }
-    let Some(&(pick, cfg)) = wanted.first() else {
+    let wanted = runtime_compiled(&configs, limits, job.limits);
+    let Some(&pick) = wanted.first() else {
         return Ok((None, Vec::new()));
     };
-    let more = wanted[1..].iter().map(|(p, _)| *p).collect();
+    let more = wanted[1..].to_vec();
+    let Some((_, _, cfg)) = configs.iter().find(|(l, i, _)| (*l, *i) == pick) else {
+        return Ok((None, more));
+    };
     let engine = engine_facts(cfg).map_or(-1, |(e, _)| e);
     let plan = finalize_plan(handle.0, cfg, pick, true)?;
     let mut parts: Vec<Desc> = configs.into_iter().map(|(_, _, c)| c).collect();
@@ -367,6 +426,27 @@ fn compile(
         _handle: Arc::clone(handle),
     });
     Ok((Some((pick, Done { plan, kept, engine })), more))
+}
+
+/// The configurations of `configs` (read with `limits`) that compile at run time and that the
+/// planner, searching with `search`, would try.
+fn runtime_compiled(configs: &[Candidate], limits: Limits, search: Limits) -> Vec<(List, usize)> {
+    let mut compiled_before = 0;
+    let mut wanted = Vec::new();
+    for (list, index, cfg) in configs {
+        let pick = (*list, *index);
+        if limits.only.is_some_and(|o| o != pick) {
+            continue;
+        }
+        let Some(compiled) = search.wants((*list, cfg), compiled_before) else {
+            continue;
+        };
+        compiled_before += usize::from(compiled);
+        if compiled {
+            wanted.push(pick);
+        }
+    }
+    wanted
 }
 
 impl Dnn {
@@ -438,6 +518,13 @@ impl Dnn {
     pub fn finish_precompile(&self) {
         let helpers = self.precompiler.borrow_mut().take();
         drop(helpers);
+    }
+
+    /// `spec`'s graph and configurations read ahead by a helper, if it read what `limits` would
+    /// (waiting while it reads them); None when the planner must read them itself.
+    pub(super) fn read_ahead(&self, spec: GraphSpec, limits: Limits) -> Option<ReadAhead> {
+        let read = self.precompiler.borrow().as_ref()?.read(spec)?;
+        (read.limits == limits).then_some(read)
     }
 
     /// The plan a helper finalized for configuration `pick` of `spec` (waiting for it when a

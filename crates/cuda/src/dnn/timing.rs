@@ -29,7 +29,7 @@ const CONFIRM_ROUNDS: usize = 3;
 const CONFIRM_FACTOR: f64 = 1.5;
 /// A candidate whose first run takes this many times the best time so far is not timed
 /// further ([`Dnn::candidate_ms_within`]): past a cold GPU's clock ramp (under 2x), it cannot
-/// win.
+/// win. A backend engine's first run is one direct call ([`Dnn::direct_run_ms`]).
 const PROBE_FACTOR: f64 = 3.0;
 
 impl Dnn {
@@ -62,8 +62,9 @@ impl Dnn {
         self.timed_within(false, None, work)
     }
 
-    /// With a time to beat, one replay (or call) is timed first, and a candidate over
-    /// [`PROBE_FACTOR`] times that time is not timed further (that run's time is its score):
+    /// With a time to beat, one run is timed first (a backend engine's as one direct call, then
+    /// one replay), and a candidate over [`PROBE_FACTOR`] times that time is not timed further
+    /// (that run's time is its score):
     /// some legacy algorithms take tens of milliseconds a call where the winner takes tens of
     /// microseconds, and without the probe their repetitions cost seconds a convolution. A GPU
     /// that sat idle first runs the candidate untimed for [`WARM_UP`].
@@ -85,6 +86,14 @@ impl Dnn {
                     .ok()
             })
             .flatten();
+        // a slow candidate is stopped after one direct run, not a replay of IN_GRAPH runs (the
+        // fallback engines that take 7-15 ms a run were a quarter of a cold plan's time)
+        if let (Some(_), Some(beat)) = (&graph, beat.filter(|b| b.is_finite())) {
+            let gpu_ms = self.direct_run_ms(&mut work)?;
+            if gpu_ms > beat * PROBE_FACTOR {
+                return Ok(gpu_ms);
+            }
+        }
         let (mut replay, runs): (Box<dyn FnMut() -> Result<()>>, usize) = match &graph {
             Some(g) => (Box::new(|| g.launch()), IN_GRAPH),
             None => (Box::new(&mut work), 1),
@@ -113,6 +122,21 @@ impl Dnn {
         self.last_timed.set(Some(std::time::Instant::now()));
         times.sort_by(f64::total_cmp);
         Ok(times[times.len() / 2] / runs as f64)
+    }
+
+    /// One direct call of `work`: its device time less the host's time enqueueing it, a lower
+    /// bound of the GPU's own time (the GPU, idle at the start, may have waited for the host:
+    /// a call held up by a lock another thread holds inside cuDNN reads short, never long).
+    /// Called after the graph of `work` was captured, so its kernels are loaded already.
+    fn direct_run_ms(&self, work: &mut impl FnMut() -> Result<()>) -> Result<f64> {
+        self.gpu_stream.synchronize()?;
+        let start = self.gpu_stream.record_timed()?;
+        let host = std::time::Instant::now();
+        work()?;
+        let host_ms = host.elapsed().as_secs_f64() * 1e3;
+        let end = self.gpu_stream.record_timed()?;
+        end.synchronize()?;
+        Ok((start.elapsed_ms(&end)? - host_ms).max(0.0))
     }
 
     /// Times each finalist again, as a graph of [`BACK_TO_BACK`] launches, in

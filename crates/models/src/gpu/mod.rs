@@ -7,7 +7,8 @@
 //! - How each convolution runs is chosen by measurement once per shape (cuDNN's selection
 //!   policy, shared with `bench conv`), when a batch size is prepared ([`Session`]).
 //! - Input conversion, max pooling and global average pooling are gpukit's NVRTC kernels; the
-//!   classifier is a cuBLAS f32 matmul plus a bias kernel.
+//!   classifier is one f32 kernel of gpukit's too (its product and bias), on cuBLAS from
+//!   [`kernels::BLAS_ROWS`] rows where cuBLAS opens.
 //! - Every activation is a [`Tensor`] over one arena laid out by a memory plan
 //!   ([`crate::plan`]) that reuses bytes whose contents are dead; the input batch and the
 //!   logits are never overwritten.
@@ -59,38 +60,62 @@ pub struct GpuContext {
     pub limit: Option<u64>,
 }
 
-/// cuBLAS (the classifier's and Gemm nodes' products), opened on a thread of its own while the
-/// engine uploads its weights and plans its convolutions: opening it was a fifth of a warm
-/// single-row `infer` (320 ms on an H100). The first product waits for it; a missing library
-/// is refused at once.
+/// cuBLAS (the products of imported graphs' Gemm and MatMul nodes, and ResNet's classifier at
+/// large batches), opened only when something needs it: on a thread of its own while the engine
+/// uploads its weights and plans its convolutions ([`LazyBlas::open_ahead`]), or at its first
+/// use. Below [`kernels::BLAS_ROWS`] rows ResNet's classifier is a kernel of gpukit's: loading
+/// cuBLAS held up the first upload of a warm single-row `infer` by about 270 ms on an H100
+/// (the loader's lock), and such a run needs no other product.
 pub struct LazyBlas {
+    discovery: Discovery,
+    gpu: Arc<Gpu>,
     /// cuBLAS, or why it did not open (the message, and whether a library was missing).
     ready: std::cell::OnceCell<std::result::Result<Blas, (String, bool)>>,
     opening: std::cell::RefCell<Option<std::thread::JoinHandle<gpukit_cuda::Result<Blas>>>>,
 }
 
 impl LazyBlas {
-    fn open(discovery: &Discovery, gpu: &Arc<Gpu>) -> Result<LazyBlas> {
-        Blas::require(discovery)?;
-        let (d, g) = (discovery.clone(), gpu.clone());
-        let opening = std::thread::Builder::new()
-            .name("gpukit-cublas".into())
-            .spawn(move || {
-                let t = gpukit_cuda::trace::start();
-                // one small GEMM per pass (the classifier): a 4 MiB workspace is plenty
-                let blas = Blas::with_workspace(&d, &g, 4 << 20);
-                gpukit_cuda::trace::done("gpu context: cuBLAS (on its own thread)", t);
-                blas
-            })
-            .map_err(|e| Error::Invalid(format!("starting the thread that opens cuBLAS: {e}")))?;
-        Ok(LazyBlas {
+    fn new(discovery: &Discovery, gpu: &Arc<Gpu>) -> LazyBlas {
+        LazyBlas {
+            discovery: discovery.clone(),
+            gpu: gpu.clone(),
             ready: std::cell::OnceCell::new(),
-            opening: std::cell::RefCell::new(Some(opening)),
-        })
+            opening: std::cell::RefCell::new(None),
+        }
     }
 
-    /// cuBLAS, once open (waits for the thread opening it). The first call after a failure
-    /// returns the thread's own error; later ones its message, a missing library still as one.
+    fn open_now(discovery: &Discovery, gpu: &Arc<Gpu>) -> gpukit_cuda::Result<Blas> {
+        let t = gpukit_cuda::trace::start();
+        // one small GEMM per node and pass: a 4 MiB workspace is plenty
+        let blas = Blas::with_workspace(discovery, gpu, 4 << 20);
+        gpukit_cuda::trace::done("gpu context: cuBLAS", t);
+        blas
+    }
+
+    /// Starts opening cuBLAS on a thread of its own (once); a missing library is refused at
+    /// once.
+    pub fn open_ahead(&self) -> Result<()> {
+        Blas::require(&self.discovery)?;
+        if self.ready.get().is_some() || self.opening.borrow().is_some() {
+            return Ok(());
+        }
+        let (d, g) = (self.discovery.clone(), self.gpu.clone());
+        let opening = std::thread::Builder::new()
+            .name("gpukit-cublas".into())
+            .spawn(move || LazyBlas::open_now(&d, &g))
+            .map_err(|e| Error::Invalid(format!("starting the thread that opens cuBLAS: {e}")))?;
+        *self.opening.borrow_mut() = Some(opening);
+        Ok(())
+    }
+
+    /// Whether cuBLAS opened (asked for with [`LazyBlas::get`] before).
+    pub fn is_open(&self) -> bool {
+        matches!(self.ready.get(), Some(Ok(_)))
+    }
+
+    /// cuBLAS, once open: waits for the thread opening it, or opens it here when nothing did.
+    /// The first call after a failure returns its own error; later ones its message, a missing
+    /// library still as one.
     pub fn get(&self) -> Result<&Blas> {
         if self.ready.get().is_none() {
             let t = gpukit_cuda::trace::start();
@@ -100,7 +125,8 @@ impl LazyBlas {
                         "the thread opening cuBLAS panicked".into(),
                     ))
                 }),
-                None => Err(gpukit_cuda::Error::Invalid("cuBLAS was not opened".into())),
+                None => Blas::require(&self.discovery)
+                    .and_then(|()| LazyBlas::open_now(&self.discovery, &self.gpu)),
             };
             gpukit_cuda::trace::done("waited for cuBLAS", t);
             match opened {
@@ -147,8 +173,7 @@ impl GpuContext {
         let t = trace::start();
         let kernels = Kernels::new(discovery, &gpu)?;
         trace::done("gpu context: gpukit's kernels", t);
-        // opened once gpukit's kernels are loaded (opened beside them, both loads were slower)
-        let blas = LazyBlas::open(discovery, &gpu)?;
+        let blas = LazyBlas::new(discovery, &gpu);
         Ok(GpuContext {
             gpu,
             dnn,

@@ -2,6 +2,7 @@
 //! over it, each convolution's chosen engine, the workspace they need, and (after
 //! [`Session::capture`]) a CUDA graph of the whole pass.
 
+use super::kernels::BLAS_ROWS;
 use super::lower::{lower, relu_of, spec_of, y_of, Activation, Lowered, Op};
 use super::{GpuContext, GpuWeights};
 use crate::error::{Error, Result};
@@ -112,6 +113,10 @@ impl<'a> Session<'a> {
         if h < 32 || w < 32 {
             return Err(Error::TooSmall { h, w });
         }
+        // a large batch's classifier runs on cuBLAS: opened beside the planning
+        if n >= BLAS_ROWS {
+            let _ = ctx.blas.open_ahead();
+        }
         let try_graph = true;
         // NCHW below f32 tries split plans (bare convolution, then an epilogue kernel), which
         // cannot write over their residual: there speed goes first, as NCHW's fused engines
@@ -137,7 +142,17 @@ impl<'a> Session<'a> {
             }
         }
         ctx.dnn.release_workspace();
+        if n >= BLAS_ROWS {
+            // joined now, not inside a graph's capture (where cuBLAS missing, or failing to
+            // open, leaves the classifier on gpukit's kernel)
+            let _ = ctx.blas.get();
+        }
         Ok(session)
+    }
+
+    /// Whether the classifier runs on cuBLAS (a batch of [`BLAS_ROWS`] or more, cuBLAS open).
+    pub(super) fn classifier_on_blas(&self) -> bool {
+        self.n >= BLAS_ROWS && self.ctx.blas.is_open()
     }
 
     /// Lays out and allocates the arena, plans every convolution and allocates the workspace
@@ -499,20 +514,23 @@ impl<'a> Session<'a> {
                     .avg_pool(self.view(x)?, self.view(y)?, dtype, layout, (n, c, h, w))?;
             }
             (Op::Classifier { x, y }, _) => {
-                let classes = self.weights.shape.num_classes;
-                ctx.blas.get()?.gemm_views(
-                    DType::F32,
-                    self.view(x)?,
+                let (classes, features) =
+                    (self.weights.shape.num_classes, self.weights.shape.features);
+                let (xv, yv) = (self.view(x)?, self.view(y)?);
+                let (w, b) = (
                     self.weights.fc_weight.device_view()?,
-                    self.view(y)?,
-                    (self.n, classes, self.weights.shape.features),
-                )?;
-                ctx.kernels.add_bias(
-                    self.view(y)?,
                     self.weights.fc_bias.device_view()?,
-                    self.n,
-                    classes,
-                )?;
+                );
+                if self.classifier_on_blas() {
+                    let dims = (1, self.n, classes, features);
+                    ctx.blas
+                        .get()?
+                        .gemm_batched(DType::F32, (xv, w, yv), dims, (false, true))?;
+                    ctx.kernels.add_bias(yv, b, self.n, classes)?;
+                } else {
+                    ctx.kernels
+                        .classify(xv, w, b, yv, (self.n, classes, features))?;
+                }
             }
             (Op::Conv { .. }, None) => {
                 return Err(Error::Invalid("convolution without a plan".into()))

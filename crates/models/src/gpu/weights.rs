@@ -21,7 +21,7 @@ pub struct GpuWeights {
     pub dtype: DType,
     pub layout: Layout,
     pub(super) convs: Vec<DeviceConv>,
-    /// features x classes, f32.
+    /// classes x features (PyTorch's order), f32.
     pub(super) fc_weight: Tensor,
     pub(super) fc_bias: Tensor,
     /// Bytes of all weights on the device.
@@ -122,15 +122,9 @@ impl GpuWeights {
                 bias: b.to_gpu(&ctx.gpu)?,
             });
         }
-        let features = shape.features;
-        let classes = model.num_classes;
-        let mut wt = vec![0f32; features * classes];
-        for k in 0..classes {
-            for f in 0..features {
-                wt[f * classes + k] = model.fc_weight[k * features + f];
-            }
-        }
-        let fc_weight = Tensor::from_f32(&[features, classes], wt)?.to_gpu(&ctx.gpu)?;
+        let (features, classes) = (shape.features, model.num_classes);
+        let fc_weight =
+            Tensor::from_f32(&[classes, features], model.fc_weight.clone())?.to_gpu(&ctx.gpu)?;
         let fc_bias = Tensor::from_f32(&[classes], model.fc_bias.clone())?.to_gpu(&ctx.gpu)?;
         bytes += fc_weight.bytes() + fc_bias.bytes();
         Ok(GpuWeights {

@@ -236,5 +236,9 @@ pub(super) fn describe(programs: Option<&[ProgramSteps]>, device: &str) -> Strin
 
 /// Opens the device the GPU rows run on, or why it could not.
 pub(super) fn open(discovery: &Discovery, ordinal: usize) -> Result<GpuContext, String> {
-    GpuContext::open(discovery, ordinal).map_err(|e| e.to_string())
+    let ctx = GpuContext::open(discovery, ordinal).map_err(|e| e.to_string())?;
+    // Gemm and MatMul nodes run on cuBLASLt, opened while the weights upload; where it is
+    // missing, the first product that needs it says so
+    let _ = ctx.blas.open_ahead();
+    Ok(ctx)
 }

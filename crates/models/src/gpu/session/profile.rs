@@ -102,8 +102,11 @@ impl Session<'_> {
                     ..info(
                         "linear+bias",
                         "fc",
-                        format!("{n}x{features} x {features}x{classes} f32"),
-                        "cuBLAS + NVRTC bias".into(),
+                        format!("{n}x{features} x ({classes}x{features})^T f32"),
+                        match self.classifier_on_blas() {
+                            true => "cuBLAS + NVRTC bias".into(),
+                            false => "NVRTC (product and bias)".into(),
+                        },
                         (
                             2.0 * (n * classes * features) as f64,
                             bytes(x) + (features * classes * 4) as f64 + bytes(y),
