@@ -15,6 +15,7 @@ use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::nvml::NvmlSession;
 use gpukit_cuda::{Gpu, PoolStats};
 use gpukit_models::forward::fold;
+use gpukit_models::gpu::kernels::BLAS_ROWS;
 use gpukit_models::gpu::{arena_bytes, GpuContext, GpuWeights, NetShape, Session};
 use gpukit_models::weights::{load_safetensors, seeded_init};
 use gpukit_models::Error as EngineError;
@@ -46,7 +47,7 @@ pub struct MemoryOptions {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ContextCost {
     /// NVML's device-wide used memory before gpukit started CUDA, and after it opened the
-    /// context, cuDNN, cuBLAS and its kernels.
+    /// context, cuDNN, its kernels and (where a batch's classifier runs on it) cuBLAS.
     pub device_used_before: Option<u64>,
     pub device_used_after: Option<u64>,
     /// What NVML charges this process after opening.
@@ -179,8 +180,19 @@ pub fn run_memory(
     let attrs = device_attributes(opts.ordinal, driver.device_count)?;
     let nvml = NvmlSession::open(discovery).ok();
     let before = device_used(nvml.as_ref(), &attrs.uuid);
-    progress("memory: opening the GPU (context, cuDNN, cuBLAS, kernels)");
+    // the classifier of a batch of BLAS_ROWS or more runs on cuBLAS: opened with the context,
+    // so its workspace counts there (a session opening it later would read as a leak)
+    let blas = opts.find_max_batch || opts.batch_sizes.iter().any(|&n| n >= BLAS_ROWS);
+    progress(if blas {
+        "memory: opening the GPU (context, cuDNN, cuBLAS, kernels)"
+    } else {
+        "memory: opening the GPU (context, cuDNN, kernels)"
+    });
     let mut ctx = GpuContext::open(discovery, opts.ordinal)?;
+    if blas {
+        // where cuBLAS is missing or does not open, the classifier runs on gpukit's kernel
+        let _ = ctx.blas.get();
+    }
     ctx.gpu.synchronize()?;
     let pool0 = ctx.gpu.pool_stats()?;
     let after = device_used(nvml.as_ref(), &attrs.uuid);

@@ -29,7 +29,8 @@ pub fn memory_sections(r: &gpukit_bench::memory::MemoryReport) -> Vec<Section> {
                 format!(
                     "device used {} before, {} after opening; this process: {} = {} for the \
                      context, loaded kernels and driver state + {} of library workspaces \
-                     (cuDNN, cuBLAS) from the pool",
+                     (cuDNN's, and cuBLAS's where a batch's classifier runs on it) from the \
+                     pool",
                     opt(c.device_used_before),
                     opt(c.device_used_after),
                     opt(c.process_used),
@@ -53,7 +54,7 @@ pub fn memory_sections(r: &gpukit_bench::memory::MemoryReport) -> Vec<Section> {
             (
                 "Baseline",
                 format!(
-                    "pool used {} / reserved {} after the weights and cuBLAS's workspace",
+                    "pool used {} / reserved {} after the weights and the libraries' workspaces",
                     mib(r.baseline_used),
                     mib(r.baseline_reserved)
                 ),
