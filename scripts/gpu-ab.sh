@@ -4,9 +4,9 @@
 # .device/base/gpukit) and $GPUKIT_B (default .device/gpukit), each with its own choice cache
 # (warmed by an untimed first run). Figures: infer ResNet-50 fp16 NHWC eager and graph at batch
 # 32, bench matmul bf16/f16 4096, train of the 4096-wide MLP in bf16, order A B B A.
-#   bash scripts/gpu-ab.sh [ab|tests|conv3|quick]...   (default: tests ab)
-# tests: B's GPU test binaries (GPUKIT_REQUIRE_GPU=1); conv3: B's `bench conv
-# --compare-pytorch` three times, each with an empty cache; quick: B's `all --quick`, cold.
+#   bash scripts/gpu-ab.sh [ab|tests|quick]...   (default: tests ab)
+# tests: B's GPU test binaries (GPUKIT_REQUIRE_GPU=1); quick: B's `all --quick`, cold. (Cold
+# `bench conv` runs one after the other: scripts/gpu-conv-cold.sh.)
 # Writes summary.txt and ab.tar.gz under $OUT; prints the summary.
 set -u
 OUT=${OUT:-$PWD/gpu-run-out}
@@ -80,20 +80,6 @@ for mode in $MODES; do
       run "$bin" "$c" "$side-matmul-$RANDOM" $MM
       # shellcheck disable=SC2086
       run "$bin" "$c" "$side-train-$RANDOM" $TR
-    done
-    pack ;;
-  conv3)
-    for i in 1 2 3; do
-      run "$B" "conv$i" "conv-cold-$i" bench conv --compare-pytorch
-      python3 - "$W/conv-cold-$i.json" <<'PY' 2>&1 | tee -a "$SUMMARY"
-import json, sys
-d = json.load(open(sys.argv[1]))["result"]
-rows = [r for r in d["rows"] if r.get("pytorch") and r["pytorch"].get("ratio")]
-low = sorted(rows, key=lambda r: r["pytorch"]["ratio"])[:4]
-print(f"  conv rows with a PyTorch ratio: {len(rows)}; under 0.95x: {sum(r['pytorch']['ratio'] < 0.95 for r in rows)}")
-for r in low:
-    print(f"    {r['name']:36} {r['layout']} {r['dtype']:5} {r['pytorch']['ratio']:.3f}x  {r.get('engine')}")
-PY
     done
     pack ;;
   quick)

@@ -169,6 +169,14 @@ impl State {
     }
 }
 
+impl State {
+    /// Whether a helper is reading `spec`'s graph now (the planner waits for it then; a scan
+    /// still queued, or none at all, the planner does not wait for).
+    fn reading(&self, spec: GraphSpec) -> bool {
+        self.alive > 0 && self.running.contains(&(spec, None))
+    }
+}
+
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
@@ -263,7 +271,7 @@ impl Precompiler {
             if let Some(read) = state.read.remove(&spec) {
                 return Some(read);
             }
-            if !state.running.contains(&(spec, None)) || state.alive == 0 {
+            if !state.reading(spec) {
                 return None;
             }
             state = self.shared.wait(state);
@@ -610,6 +618,36 @@ mod tests {
         assert!(!state.owes(a, h3), "only another configuration is queued");
         state.running.insert((a, Some(h3)));
         assert!(state.owes(a, h3), "the configuration is finalizing");
+    }
+
+    /// The planner waits for a graph read ahead only while a helper is reading it: not while
+    /// its scan is queued (it reads the graph itself), nor when no helper is left.
+    #[test]
+    fn the_planner_waits_only_for_a_graph_being_read() {
+        let (a, b) = (spec(16), spec(32));
+        let mut state = State {
+            alive: 1,
+            ..State::default()
+        };
+        assert!(!state.reading(a), "nothing queued");
+        state.queue.push_back(job(a, None));
+        assert!(!state.reading(a), "a queued scan is not waited for");
+        state.queue.clear();
+        state.running.insert((a, None));
+        assert!(state.reading(a), "the graph is being read");
+        assert!(
+            !state.reading(b),
+            "another graph's read says nothing of this one"
+        );
+        state.running.insert((a, Some((List::Heuristic, 3))));
+        state.running.remove(&(a, None));
+        assert!(
+            !state.reading(a),
+            "a configuration finalizing is not a read"
+        );
+        state.running.insert((a, None));
+        state.alive = 0;
+        assert!(!state.reading(a), "no helper left");
     }
 
     /// A fast search finalizes a bounded number of runtime-compiled configurations, a cached
