@@ -469,12 +469,7 @@ impl Kernels {
                 "classify: the output overlaps the input".into(),
             ));
         }
-        let row_blocks = n.div_ceil(8);
-        if row_blocks > 65_535 || c > i32::MAX as usize || n * k > i64::MAX as usize {
-            return Err(Error::Invalid(format!(
-                "classify: {n} rows of {c} features into {k} outputs is past one launch"
-            )));
-        }
+        let (name, launch) = classify_launch(n, k, c)?;
         let vec = c.is_multiple_of(4) && x.is_aligned(16) && w.is_aligned(16);
         let args = [
             Arg::Ptr(x),
@@ -486,14 +481,6 @@ impl Kernels {
             Arg::Size(c),
             Arg::I32(i32::from(vec)),
         ];
-        let (name, outputs) = match n <= WARP_ROWS {
-            true => ("classify_warp_f32", 8),
-            false => ("classify_block_f32", 32),
-        };
-        let launch = Launch::new(
-            (k.div_ceil(outputs) as u32, row_blocks as u32, 1),
-            (256, 1, 1),
-        );
         self.run(name, launch, &args)
     }
 
@@ -511,6 +498,27 @@ impl Kernels {
     }
 }
 
+/// Which classifier kernel runs `n` rows of `c` features into `k` outputs, and its grid: a warp
+/// an output up to [`WARP_ROWS`] rows (8 outputs a block), a block of 32 outputs beyond; 8 rows
+/// a block either way. An error past one launch's grid or the kernel's 32-bit sizes.
+fn classify_launch(n: usize, k: usize, c: usize) -> Result<(&'static str, Launch)> {
+    let (name, outputs) = match n <= WARP_ROWS {
+        true => ("classify_warp_f32", 8),
+        false => ("classify_block_f32", 32),
+    };
+    let (rows, cols) = (n.div_ceil(8), k.div_ceil(outputs));
+    let int = i32::MAX as usize;
+    if rows > 65_535 || cols > int || n > int || k > int || c > int {
+        return Err(Error::Invalid(format!(
+            "classify: {n} rows of {c} features into {k} outputs is past one launch"
+        )));
+    }
+    Ok((
+        name,
+        Launch::new((cols as u32, rows as u32, 1), (256, 1, 1)),
+    ))
+}
+
 /// Up to this many rows [`Kernels::classify`] gives a warp an output. On an H200 a warp an
 /// output took 9.3 us at one row (cuBLAS's product and bias 9.5) and 2.5 us more a row (26.7
 /// at 8), a block of 8 rows x 32 outputs about 21 us from 9 to 64 rows (cuBLAS 19-22).
@@ -524,6 +532,25 @@ pub const BLAS_ROWS: usize = 65;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_classifier_takes_a_warp_an_output_up_to_warp_rows() {
+        let (name, l) = classify_launch(1, 1000, 2048).unwrap();
+        assert_eq!(
+            (name, l.grid, l.block),
+            ("classify_warp_f32", (125, 1, 1), (256, 1, 1))
+        );
+        let (name, _) = classify_launch(WARP_ROWS, 1000, 2048).unwrap();
+        assert_eq!(name, "classify_warp_f32");
+        let (name, l) = classify_launch(WARP_ROWS + 1, 1000, 2048).unwrap();
+        assert_eq!((name, l.grid), ("classify_block_f32", (32, 1, 1)));
+        // 8 rows a block, the last one part empty; outputs not a multiple of a block's
+        let (_, l) = classify_launch(300, 33, 132).unwrap();
+        assert_eq!(l.grid, (2, 38, 1));
+        assert!(classify_launch(65_535 * 8, 10, 10).is_ok());
+        assert!(classify_launch(65_535 * 8 + 1, 10, 10).is_err());
+        assert!(classify_launch(1, 10, i32::MAX as usize + 1).is_err());
+    }
 
     #[test]
     fn the_kernels_take_what_the_launchers_pass() {
