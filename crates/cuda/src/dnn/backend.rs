@@ -260,11 +260,17 @@ impl Dnn {
             has_bias: bias.is_some(),
             pick,
             choice: match (only, search) {
-                (Some(_), _) => format!("backend engine {engine} (chosen in an earlier run)"),
+                (Some(_), _) => format!(
+                    "backend engine {engine} ({:?} #{}, chosen in an earlier run)",
+                    pick.0, pick.1
+                ),
                 (None, Search::Heuristic) => {
                     format!("backend engine {engine} (cuDNN's first suggestion, untimed)")
                 }
-                (None, _) => format!("backend engine {engine} (fastest of {timed} timed)"),
+                (None, _) => format!(
+                    "backend engine {engine} ({:?} #{}, fastest of {timed} timed)",
+                    pick.0, pick.1
+                ),
             },
             tensor_cores,
             ms,

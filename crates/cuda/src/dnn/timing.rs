@@ -27,6 +27,15 @@ const CONFIRM_ROUNDS: usize = 3;
 /// again ([`Dnn::confirm_finalists`]): the rounds' spread is a few percent, and re-timing such
 /// finalists was a sixth of `gpukit all`'s planning (an 11 ms finalist beside a 0.4 ms best).
 const CONFIRM_FACTOR: f64 = 1.5;
+/// Finalists within this fraction of the best after the rounds are near-ties
+/// ([`Dnn::confirm_finalists`]).
+const NEAR_TIE: f64 = 0.03;
+/// Near-ties are timed again as replays of about this long ([`steady_launches`]): a row of
+/// `bench conv` replays some 50 launches of an 8 us convolution, where configurations of one
+/// engine that timed alike in graphs of 8 launches ran 8.45 and 9.1 us.
+const STEADY_REPLAY_MS: f64 = 0.25;
+/// The most launches in one of those replays.
+const MOST_LAUNCHES: usize = 64;
 /// A candidate whose first run takes this many times the best time so far is not timed
 /// further ([`Dnn::candidate_ms_within`]): past a cold GPU's clock ramp (under 2x), it cannot
 /// win. A backend engine's first run is one direct call ([`Dnn::direct_run_ms`]).
@@ -144,7 +153,9 @@ impl Dnn {
     /// the median of its rounds: a clock or a neighbour that changes during the rounds touches
     /// every finalist alike, so the same convolution is not won by one engine in one run and
     /// another in the next. A finalist that cannot be captured, or whose first score is
-    /// [`CONFIRM_FACTOR`] times the best one or more, keeps its first score.
+    /// [`CONFIRM_FACTOR`] times the best one or more, keeps its first score. Finalists then
+    /// within [`NEAR_TIE`] of the best are timed once more the same way in replays of about
+    /// [`STEADY_REPLAY_MS`] ([`steady_launches`]; short kernels only).
     pub(crate) fn confirm_finalists<T>(
         &self,
         finalists: &mut [(f64, T)],
@@ -163,15 +174,47 @@ impl Dnn {
         {
             return Ok(());
         }
+        let chosen: Vec<bool> = finalists.iter().map(|(s, _)| contends(*s)).collect();
+        self.time_in_rounds(finalists, &chosen, BACK_TO_BACK, &run)?;
+        // near-ties of short kernels: timed again in replays as long as a steady stream of
+        // them, where a configuration's start-up and its overlap with the next launch weigh as
+        // they do in a long run
+        let best = finalists
+            .iter()
+            .map(|(score, _)| *score)
+            .fold(f64::INFINITY, f64::min);
+        let launches = steady_launches(best);
+        let ties: Vec<bool> = finalists
+            .iter()
+            .zip(&chosen)
+            .map(|((score, _), c)| *c && *score <= best * (1.0 + NEAR_TIE))
+            .collect();
+        if launches > BACK_TO_BACK && ties.iter().filter(|t| **t).count() >= 2 {
+            self.time_in_rounds(finalists, &ties, launches, &run)?;
+        }
+        Ok(())
+    }
+
+    /// Times the `chosen` finalists as graphs of `launches` launches in [`CONFIRM_ROUNDS`]
+    /// interleaved rounds and sets each one's score to the median of its rounds (one that cannot
+    /// be captured keeps its score).
+    fn time_in_rounds<T>(
+        &self,
+        finalists: &mut [(f64, T)],
+        chosen: &[bool],
+        launches: usize,
+        run: &impl Fn(&T) -> Result<()>,
+    ) -> Result<()> {
         let graphs: Vec<Option<crate::stream::Graph>> = finalists
             .iter()
-            .map(|(score, item)| {
-                if !contends(*score) {
+            .zip(chosen)
+            .map(|((_, item), chosen)| {
+                if !*chosen {
                     return None;
                 }
                 self.gpu_stream
                     .capture(|| {
-                        for _ in 0..BACK_TO_BACK {
+                        for _ in 0..launches {
                             run(item)?;
                         }
                         Ok::<(), Error>(())
@@ -186,7 +229,7 @@ impl Dnn {
                 let mut replay = || graph.launch();
                 let mut times = crate::timing::time_on_stream(&self.gpu_stream, 1, 3, &mut replay)?;
                 times.sort_by(f64::total_cmp);
-                rounds[i].push(times[times.len() / 2] / BACK_TO_BACK as f64);
+                rounds[i].push(times[times.len() / 2] / launches as f64);
             }
         }
         self.last_timed.set(Some(std::time::Instant::now()));
@@ -197,5 +240,29 @@ impl Dnn {
             }
         }
         Ok(())
+    }
+}
+
+/// Launches in a replay of about [`STEADY_REPLAY_MS`] of a kernel taking `ms`: at least
+/// [`BACK_TO_BACK`], at most [`MOST_LAUNCHES`].
+fn steady_launches(ms: f64) -> usize {
+    if ms.is_nan() || ms <= 0.0 {
+        return BACK_TO_BACK;
+    }
+    ((STEADY_REPLAY_MS / ms).ceil() as usize).clamp(BACK_TO_BACK, MOST_LAUNCHES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn near_ties_of_short_kernels_are_replayed_longer() {
+        // an 8.4 us convolution: about 30 launches a replay; a millisecond one stays at 8
+        assert_eq!(steady_launches(0.0084), 30);
+        assert_eq!(steady_launches(1.0), BACK_TO_BACK);
+        assert_eq!(steady_launches(0.0001), MOST_LAUNCHES);
+        assert_eq!(steady_launches(f64::NAN), BACK_TO_BACK);
+        assert_eq!(steady_launches(0.0), BACK_TO_BACK);
     }
 }
