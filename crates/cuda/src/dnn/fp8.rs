@@ -10,14 +10,11 @@
 
 use super::cache::List;
 use super::engines::{engine_facts, finalize_plan, plan_workspace, read_configs, Limits};
-use super::graph::{build_fp8_graph, Desc, UID_S, UID_W, UID_X, UID_Y};
+use super::graph::{build_fp8_graph, variant_pack, Desc, UID_S, UID_W, UID_X, UID_Y};
 use super::{ok, Dnn, Search, Strict};
 use crate::error::{Error, Result};
 use crate::memory::View;
 use cudarc::cudnn::sys as dn;
-use dn::cudnnBackendAttributeName_t as A;
-use dn::cudnnBackendAttributeType_t as T;
-use dn::cudnnBackendDescriptorType_t as D;
 use gpukit_types::{ConvShape, DType};
 use std::ffi::c_void;
 
@@ -128,9 +125,7 @@ impl Dnn {
         }
         timed.sort_by(|a, b| a.0.total_cmp(&b.0));
         timed.truncate(super::engines::FAST_FINALISTS);
-        let run = |(_, plan, _): &Candidate| {
-            self.execute_fp8(plan, (x, w, scale, y), planning)
-        };
+        let run = |(_, plan, _): &Candidate| self.execute_fp8(plan, (x, w, scale, y), planning);
         self.confirm_finalists(&mut timed, run)?;
         let (ms, (pick, plan, ws)) = timed
             .into_iter()
@@ -192,23 +187,7 @@ impl Dnn {
             .iter()
             .map(|v| v.addr() as *mut c_void)
             .collect();
-        let pack = Desc::new(D::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
-        pack.set(
-            A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
-            T::CUDNN_TYPE_INT64,
-            &uids,
-        )?
-        .set(
-            A::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
-            T::CUDNN_TYPE_VOID_PTR,
-            &ptrs,
-        )?
-        .set(
-            A::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
-            T::CUDNN_TYPE_VOID_PTR,
-            &[ws.addr() as *mut c_void],
-        )?;
-        pack.finalize()?;
+        let pack = variant_pack(&uids, &ptrs, ws.addr() as *mut c_void)?;
         // SAFETY: the plan was finalized for these shapes and types; the pointers are device
         // memory the callers checked against them; the workspace holds what the plan needs.
         ok("cudnnBackendExecute", unsafe {

@@ -174,15 +174,7 @@ pub(super) fn build_graph(
     let layout = conv.layout;
     let (p, q) = sh.out_hw();
     let out = [sh.n, sh.k, p, q];
-    let tx = tensor(UID_X, [sh.n, sh.c, sh.h, sh.w], layout, dt, false)?;
-    // grouped: each filter reads c / groups channels (the backend infers the groups from it)
-    let tw = tensor(
-        UID_W,
-        [sh.k, sh.group_channels(), sh.r, sh.s],
-        layout,
-        dt,
-        false,
-    )?;
+    let (tx, tw) = operands(sh, layout, dt)?;
     // the epilogue in order: +bias, +residual, the activation; the conv's own output is a
     // virtual f32 tensor unless nothing follows it
     let epilogue = usize::from(bias) + usize::from(residual) + usize::from(act.is_some());
@@ -226,16 +218,7 @@ pub(super) fn build_graph(
         }
     }
 
-    let graph = Desc::new(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
-    let op_refs: Vec<&Desc> = ops.iter().collect();
-    graph
-        .set_desc(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, &op_refs)?
-        .set(
-            A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
-            T::CUDNN_TYPE_HANDLE,
-            &[handle],
-        )?;
-    graph.finalize()?;
+    let graph = operation_graph(handle, &ops.iter().collect::<Vec<_>>())?;
     let mut parts = vec![tx, tw, ty_out, desc, add];
     parts.extend(act_pw);
     parts.extend(tconv);
@@ -327,14 +310,7 @@ pub(super) fn build_fp8_graph(
     let nhwc = Layout::Nhwc;
     let (p, q) = sh.out_hw();
     let dims_y = [sh.n, sh.k, p, q];
-    let tx = tensor(UID_X, [sh.n, sh.c, sh.h, sh.w], nhwc, f8, false)?;
-    let tw = tensor(
-        UID_W,
-        [sh.k, sh.group_channels(), sh.r, sh.s],
-        nhwc,
-        f8,
-        false,
-    )?;
+    let (tx, tw) = operands(sh, nhwc, f8)?;
     let tconv = tensor(UID_CONV, dims_y, nhwc, f32t, true)?;
     let ts = tensor(UID_S, [1, sh.k, 1, 1], nhwc, f32t, false)?;
     let ty = tensor(UID_Y, dims_y, nhwc, out, false)?;
@@ -342,17 +318,61 @@ pub(super) fn build_fp8_graph(
     let conv = conv_op(&tx, &tw, &tconv, &desc)?;
     let mul = pointwise(dn::cudnnPointwiseMode_t::CUDNN_POINTWISE_MUL)?;
     let scaled = pointwise_op(&mul, &tconv, Some(&ts), &ty)?;
-    let graph = Desc::new(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
-    graph
-        .set_desc(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, &[&conv, &scaled])?
-        .set(
-            A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
-            T::CUDNN_TYPE_HANDLE,
-            &[handle],
-        )?;
-    graph.finalize()?;
+    let graph = operation_graph(handle, &[&conv, &scaled])?;
     Ok(Built {
         graph,
         parts: vec![tx, tw, tconv, ts, ty, desc, mul, conv, scaled],
     })
+}
+
+/// The input and filter tensors of a convolution: grouped, each filter reads c / groups
+/// channels (the backend infers the groups from it).
+fn operands(
+    sh: gpukit_types::ConvShape,
+    layout: Layout,
+    dt: dn::cudnnDataType_t,
+) -> Result<(Desc, Desc)> {
+    let tx = tensor(UID_X, [sh.n, sh.c, sh.h, sh.w], layout, dt, false)?;
+    let tw = tensor(
+        UID_W,
+        [sh.k, sh.group_channels(), sh.r, sh.s],
+        layout,
+        dt,
+        false,
+    )?;
+    Ok((tx, tw))
+}
+
+/// The finalized operation graph of `ops` on `handle`.
+fn operation_graph(handle: dn::cudnnHandle_t, ops: &[&Desc]) -> Result<Desc> {
+    let graph = Desc::new(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
+    graph.set_desc(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, ops)?.set(
+        A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
+        T::CUDNN_TYPE_HANDLE,
+        &[handle],
+    )?;
+    graph.finalize()?;
+    Ok(graph)
+}
+
+/// A finalized variant pack: the buffers of `uids` at `ptrs`, and the workspace.
+pub(super) fn variant_pack(uids: &[i64], ptrs: &[*mut c_void], ws: *mut c_void) -> Result<Desc> {
+    let pack = Desc::new(D::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
+    pack.set(
+        A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
+        T::CUDNN_TYPE_INT64,
+        uids,
+    )?
+    .set(
+        A::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+        T::CUDNN_TYPE_VOID_PTR,
+        ptrs,
+    )?
+    .set(
+        A::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+        T::CUDNN_TYPE_VOID_PTR,
+        &[ws],
+    )?;
+    pack.finalize()?;
+    Ok(pack)
 }
