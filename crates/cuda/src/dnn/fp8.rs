@@ -1,7 +1,7 @@
 //! fp8 convolutions through cuDNN's backend API, the first step of the fp8 strategy (decision
 //! 152): `y = conv(x, w) * scale` with `x` and `w` stored E4M3 (NHWC, filters KRSC), the sums in
 //! f32, `scale` one f32 a filter (the input's per-tensor scale times the filter's own), `y` in
-//! a 16-bit type. The heuristic's configurations are timed on the real buffers as the other
+//! a 16-bit type or E4M3. The heuristic's configurations are timed on the real buffers as the other
 //! graphs are (slow ones stopped early, the finalists confirmed in turns) and the fastest kept.
 //! Not cached on disk yet: a planned fp8 convolution lives as long as its [`Fp8Conv`].
 //!
@@ -27,7 +27,7 @@ pub struct Fp8Conv {
     /// The graph, its parts, configurations and heuristics, alive as long as the plan.
     _built_from: Vec<Desc>,
     pub shape: ConvShape,
-    /// The output's type (f16 or bf16).
+    /// The output's type (f16, bf16 or E4M3).
     pub out: DType,
     pub workspace_bytes: usize,
     /// cuDNN's global index of the engine that won, and its configuration.
@@ -61,7 +61,8 @@ impl Fp8Conv {
 }
 
 impl Dnn {
-    /// Plans `y = conv(x, w) * scale` for `shape` with E4M3 `x` and `w` and `out` (f16 or bf16)
+    /// Plans `y = conv(x, w) * scale` for `shape` with E4M3 `x` and `w` and `out` (f16, bf16,
+    /// or E4M3 as cuDNN's own sample writes it: the output's 1/scale then folded into `scale`)
     /// `y`, timing cuDNN's configurations on these buffers (a fast search: the heuristic's
     /// best few and its fallback list's first).
     pub fn plan_fp8_conv(
@@ -73,9 +74,10 @@ impl Dnn {
         let out_type = match out {
             DType::F16 => dn::cudnnDataType_t::CUDNN_DATA_HALF,
             DType::Bf16 => dn::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
+            DType::F8E4M3 => dn::cudnnDataType_t::CUDNN_DATA_FP8_E4M3,
             other => {
                 return Err(Error::Invalid(format!(
-                    "an fp8 convolution writes f16 or bf16, not {other}"
+                    "an fp8 convolution writes f16, bf16 or E4M3, not {other}"
                 )))
             }
         };
