@@ -1,5 +1,5 @@
 //! GPU operations against CPU references, on fresh random inputs: cuBLAS and cuBLASLt at
-//! non-square shapes for every dtype (fp8 through cuBLASLt on compute capability 8.9 and newer), cuDNN convolution in both layouts, and copies (staged ones
+//! non-square shapes for every dtype (fp8 through cuBLASLt on compute capability 8.9 and newer), cuDNN convolution in both layouts (fp8 on 9.0 and newer), and copies (staged ones
 //! at sizes that are not a multiple of the chunk), and the stress test's pattern and comparison
 //! kernels. Ignored, with the reason, without a GPU;
 //! GPUKIT_REQUIRE_GPU=1 makes a missing GPU a failure.
@@ -447,6 +447,170 @@ fn stress_kernels_count_exactly_the_words_that_differ() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `values` in `groups` equal runs (one tensor, or one a filter: K is the filters' outer axis),
+/// each scaled by its largest magnitude / 448 into E4M3: the bytes, the values they stand for
+/// (dequantized), and each run's scale.
+fn quantize_e4m3(values: &[f32], groups: usize) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+    let run = values.len() / groups;
+    let (mut bytes, mut back, mut scales) = (Vec::new(), Vec::new(), Vec::new());
+    for chunk in values.chunks(run) {
+        let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let scale = if amax > 0.0 { amax / 448.0 } else { 1.0 };
+        let scaled: Vec<f32> = chunk.iter().map(|v| v / scale).collect();
+        let b = encode(DType::F8E4M3, &scaled);
+        back.extend(decode(DType::F8E4M3, &b).iter().map(|v| *v as f32 * scale));
+        bytes.extend(b);
+        scales.push(scale);
+    }
+    (bytes, back, scales)
+}
+
+/// fp8 (E4M3) convolutions on cuDNN's backend engines (decision 152's first step): the input
+/// with one scale, the filters with one each, sums in f32 and the scales applied in cuDNN's
+/// graph, f16 out (E4M3 out, cuDNN's own sample's form, where f16 has no engine), against the
+/// CPU's convolution of the dequantized operands (within the output type's rounding); then
+/// ResNet-50's convolutions at batch 32 planned in fp8 and in f16, their planning times
+/// printed side by side (a record's figure, not this test's to judge).
+fn fp8_convolutions_match_the_dequantized_reference() -> Result<(), Failed> {
+    let g = gpu()?;
+    let dnn = Dnn::new(DISCOVERY.get().ok_or("no discovery")?, &g).map_err(|e| e.to_string())?;
+    let shape = |n, c, h, k, r, stride, pad| ConvShape {
+        n,
+        c,
+        h,
+        w: h,
+        k,
+        r,
+        s: r,
+        stride,
+        pad,
+        groups: 1,
+    };
+    let checked = [
+        shape(2, 64, 14, 64, 3, 1, 1),
+        shape(2, 128, 9, 32, 1, 2, 0),
+        shape(3, 32, 7, 48, 3, 1, 1),
+    ];
+    let timed = [
+        shape(32, 64, 56, 64, 1, 1, 0),
+        shape(32, 64, 56, 64, 3, 1, 1),
+        shape(32, 256, 56, 64, 1, 1, 0),
+        shape(32, 128, 28, 128, 3, 1, 1),
+        shape(32, 512, 28, 128, 1, 1, 0),
+        shape(32, 256, 14, 256, 3, 1, 1),
+        shape(32, 1024, 14, 256, 1, 1, 0),
+        shape(32, 512, 7, 512, 3, 1, 1),
+        shape(32, 2048, 7, 512, 1, 1, 0),
+        shape(32, 512, 7, 2048, 1, 1, 0),
+    ];
+    // f16 out first; where cuDNN has no engine for it, E4M3 out (its own sample's form), the
+    // output's scale folded into the filters' (the reference rounded the same way)
+    let mut out = DType::F16;
+    for (i, sh) in checked.iter().chain(&timed).enumerate() {
+        let seed = fresh_seed();
+        let e = |e: gpukit_cuda::Error| format!("fp8 {sh:?} (seed {seed}): {e}");
+        let (x8, xq, sx) = quantize_e4m3(&uniform_f32(sh.input_len(), seed ^ 1), 1);
+        let (w8, wq, sw) = quantize_e4m3(&uniform_f32(sh.weight_len(), seed ^ 2), sh.k);
+        // the CPU's reference for the checked shapes only (the timed ones are batch 32)
+        let mut want = vec![
+            0f32;
+            if i < checked.len() {
+                sh.output_len()
+            } else {
+                0
+            }
+        ];
+        if i < checked.len() {
+            cpu::conv2d_f32(sh, Layout::Nhwc, &xq, &wq, &mut want);
+        }
+        let xd = g.upload(&x8).map_err(e)?;
+        let wd = g.upload(&w8).map_err(e)?;
+        let mut planned = None;
+        for kind in [out, DType::F8E4M3] {
+            // E4M3 out: y / sy stored, sy the reference's largest magnitude / 448 (1 where
+            // only timed)
+            let sy = match kind {
+                DType::F8E4M3 if !want.is_empty() => {
+                    want.iter().fold(0f32, |m, v| m.max(v.abs())) / 448.0
+                }
+                _ => 1.0,
+            }
+            .max(f32::MIN_POSITIVE);
+            let scale: Vec<f32> = sw.iter().map(|s| s * sx[0] / sy).collect();
+            let sd = g.upload(&encode(DType::F32, &scale)).map_err(e)?;
+            let yd = g.alloc(sh.output_len() * kind.size_bytes()).map_err(e)?;
+            let views = (xd.view(), wd.view(), sd.view(), yd.view());
+            match dnn.plan_fp8_conv(*sh, kind, views) {
+                Ok(plan) => {
+                    out = kind;
+                    planned = Some((plan, sd, yd, sy));
+                    break;
+                }
+                Err(err) if kind != DType::F8E4M3 => {
+                    eprintln!("fp8 {sh:?} with {kind} out: {err}; trying E4M3 out");
+                }
+                Err(err) => return Err(e(err).into()),
+            }
+        }
+        let Some((plan, sd, yd, sy)) = planned else {
+            return Err(format!("fp8 {sh:?}: nothing planned").into());
+        };
+        let what = format!("fp8 {sh:?} {out} out (seed {seed})");
+        if i < checked.len() {
+            let ws = g.alloc(plan.workspace_bytes.max(1)).map_err(e)?;
+            g.fill(yd.view(), 0xFF).map_err(e)?;
+            dnn.fp8_forward(&plan, xd.view(), wd.view(), sd.view(), yd.view(), ws.view())
+                .map_err(e)?;
+            let got: Vec<f64> = decode(out, &g.download(&yd).map_err(e)?)
+                .iter()
+                .map(|v| v * f64::from(sy))
+                .collect();
+            // E4M3 out: the reference stored as E4M3 too (3 bits of mantissa)
+            let want: Vec<f64> = match out {
+                DType::F8E4M3 => {
+                    let scaled: Vec<f32> = want.iter().map(|v| v / sy).collect();
+                    decode(out, &encode(out, &scaled))
+                        .iter()
+                        .map(|v| v * f64::from(sy))
+                        .collect()
+                }
+                _ => want.iter().map(|&v| f64::from(v)).collect(),
+            };
+            let err = rel(&got, &want);
+            let tol = if out == DType::F8E4M3 { 3e-2 } else { 3e-3 };
+            eprintln!("{what}: engine {} relative error {err:.2e}", plan.engine);
+            if err > tol {
+                return Err(format!("{what}: relative error {err:.2e} > {tol:.0e}").into());
+            }
+            continue;
+        }
+        // the same convolution in f16, planned the same way, beside it
+        let conv = Conv {
+            shape: *sh,
+            layout: Layout::Nhwc,
+            dtype: DType::F16,
+        };
+        let x16 = g.upload(&encode(DType::F16, &xq)).map_err(e)?;
+        let w16 = g.upload(&encode(DType::F16, &wq)).map_err(e)?;
+        let y16 = g.alloc(conv.output_bytes()).map_err(e)?;
+        let f16 = dnn
+            .plan_plain_best(conv, x16.view(), w16.view(), y16.view(), true)
+            .map_err(e)?;
+        let f16_ms = f16.measured_ms().unwrap_or(f64::NAN);
+        eprintln!(
+            "{what}: {:.4} ms (engine {}, {:?} #{}, {} timed) against f16 {f16_ms:.4} ms ({}): {:.2}x",
+            plan.ms,
+            plan.engine,
+            plan.pick.0,
+            plan.pick.1,
+            plan.timed,
+            f16.name(),
+            f16_ms / plan.ms
+        );
+    }
+    Ok(())
+}
+
 fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
@@ -488,6 +652,18 @@ fn main() {
             fp8_gemm_lt_matches_float64,
         )
         .with_ignored_flag(skip.is_some() || fp8_lacking.is_some()),
+    );
+    // cuDNN's fp8 convolutions run on Hopper (compute capability 9.0) and newer
+    let hopper = cc.is_some_and(|cc| cc >= (9, 0));
+    if cc.is_some() && !hopper {
+        eprintln!("gpu::fp8_convolutions_match_the_dequantized_reference ignored: cuDNN's fp8 convolutions need compute capability 9.0");
+    }
+    trials.push(
+        Trial::test(
+            "gpu::fp8_convolutions_match_the_dequantized_reference",
+            fp8_convolutions_match_the_dequantized_reference,
+        )
+        .with_ignored_flag(skip.is_some() || !hopper),
     );
     libtest_mimic::run(&args, trials).exit();
 }

@@ -17,9 +17,6 @@ use super::{ok, Act, Conv, Dnn, Search};
 use crate::error::{Error, Result};
 use crate::memory::View;
 use cudarc::cudnn::sys as dn;
-use dn::cudnnBackendAttributeName_t as A;
-use dn::cudnnBackendAttributeType_t as T;
-use dn::cudnnBackendDescriptorType_t as D;
 use gpukit_types::DType;
 use std::ffi::c_void;
 
@@ -330,23 +327,7 @@ impl Dnn {
         key.push(ws.addr());
         let mut packs = conv.packs.borrow_mut();
         if !packs.contains_key(&key) {
-            let pack = Desc::new(D::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
-            pack.set(
-                A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
-                T::CUDNN_TYPE_INT64,
-                &uids,
-            )?
-            .set(
-                A::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
-                T::CUDNN_TYPE_VOID_PTR,
-                &ptrs,
-            )?
-            .set(
-                A::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
-                T::CUDNN_TYPE_VOID_PTR,
-                &[ws.addr() as *mut c_void],
-            )?;
-            pack.finalize()?;
+            let pack = variant_pack(&uids, &ptrs, ws.addr() as *mut c_void)?;
             packs.insert(key.clone(), pack);
         }
         let Some(pack) = packs.get(&key) else {

@@ -73,6 +73,8 @@ pub(super) const UID_W: i64 = 2;
 pub(super) const UID_B: i64 = 3;
 pub(super) const UID_Z: i64 = 4;
 pub(super) const UID_Y: i64 = 5;
+/// The per-filter scale of an fp8 convolution ([`build_fp8_graph`]).
+pub(super) const UID_S: i64 = 6;
 pub(super) const UID_CONV: i64 = 10;
 pub(super) const UID_BIASED: i64 = 11;
 
@@ -172,15 +174,7 @@ pub(super) fn build_graph(
     let layout = conv.layout;
     let (p, q) = sh.out_hw();
     let out = [sh.n, sh.k, p, q];
-    let tx = tensor(UID_X, [sh.n, sh.c, sh.h, sh.w], layout, dt, false)?;
-    // grouped: each filter reads c / groups channels (the backend infers the groups from it)
-    let tw = tensor(
-        UID_W,
-        [sh.k, sh.group_channels(), sh.r, sh.s],
-        layout,
-        dt,
-        false,
-    )?;
+    let (tx, tw) = operands(sh, layout, dt)?;
     // the epilogue in order: +bias, +residual, the activation; the conv's own output is a
     // virtual f32 tensor unless nothing follows it
     let epilogue = usize::from(bias) + usize::from(residual) + usize::from(act.is_some());
@@ -201,6 +195,43 @@ pub(super) fn build_graph(
         virtuals.push(tensor(UID_BIASED + i as i64, out, layout, f32t, true)?);
     }
 
+    let desc = conv_desc(sh)?;
+    let forward = conv_op(&tx, &tw, tconv.as_ref().unwrap_or(&ty_out), &desc)?;
+
+    let add = pointwise(dn::cudnnPointwiseMode_t::CUDNN_POINTWISE_ADD)?;
+    let act_pw = act.map(activation).transpose()?;
+    let mut ops = vec![forward];
+    if let Some(first) = &tconv {
+        // each step reads the previous output; the last writes the real output tensor
+        let outputs: Vec<&Desc> = virtuals.iter().chain(std::iter::once(&ty_out)).collect();
+        let mut cur = first;
+        let mut step = 0;
+        for (pw, operand) in [(&add, tb.as_ref()), (&add, tz.as_ref())] {
+            if let Some(b) = operand {
+                ops.push(pointwise_op(pw, cur, Some(b), outputs[step])?);
+                cur = outputs[step];
+                step += 1;
+            }
+        }
+        if let Some(pw) = &act_pw {
+            ops.push(pointwise_op(pw, cur, None, outputs[step])?);
+        }
+    }
+
+    let graph = operation_graph(handle, &ops.iter().collect::<Vec<_>>())?;
+    let mut parts = vec![tx, tw, ty_out, desc, add];
+    parts.extend(act_pw);
+    parts.extend(tconv);
+    parts.extend(tb);
+    parts.extend(tz);
+    parts.extend(virtuals);
+    parts.extend(ops);
+    Ok(Built { graph, parts })
+}
+
+/// The convolution's descriptor: cross-correlation in f32 with the shape's stride and padding.
+fn conv_desc(sh: gpukit_types::ConvShape) -> Result<Desc> {
+    let f32t = dn::cudnnDataType_t::CUDNN_DATA_FLOAT;
     let desc = Desc::new(D::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
     let two = |v: usize| [v as i64, v as i64];
     desc.set(
@@ -239,18 +270,18 @@ pub(super) fn build_graph(
         &two(sh.pad),
     )?;
     desc.finalize()?;
+    Ok(desc)
+}
 
-    let conv_op = Desc::new(D::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)?;
-    conv_op
-        .set_desc(A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, &[&tx])?
-        .set_desc(A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, &[&tw])?
-        .set_desc(
-            A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
-            &[tconv.as_ref().unwrap_or(&ty_out)],
-        )?
+/// The forward convolution operation `y = conv(x, w)` (alpha 1, beta 0).
+fn conv_op(tx: &Desc, tw: &Desc, ty: &Desc, desc: &Desc) -> Result<Desc> {
+    let op = Desc::new(D::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)?;
+    op.set_desc(A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, &[tx])?
+        .set_desc(A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, &[tw])?
+        .set_desc(A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, &[ty])?
         .set_desc(
             A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
-            &[&desc],
+            &[desc],
         )?
         .set(
             A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
@@ -262,44 +293,86 @@ pub(super) fn build_graph(
             T::CUDNN_TYPE_FLOAT,
             &[0f32],
         )?;
-    conv_op.finalize()?;
+    op.finalize()?;
+    Ok(op)
+}
 
-    let add = pointwise(dn::cudnnPointwiseMode_t::CUDNN_POINTWISE_ADD)?;
-    let act_pw = act.map(activation).transpose()?;
-    let mut ops = vec![conv_op];
-    if let Some(first) = &tconv {
-        // each step reads the previous output; the last writes the real output tensor
-        let outputs: Vec<&Desc> = virtuals.iter().chain(std::iter::once(&ty_out)).collect();
-        let mut cur = first;
-        let mut step = 0;
-        for (pw, operand) in [(&add, tb.as_ref()), (&add, tz.as_ref())] {
-            if let Some(b) = operand {
-                ops.push(pointwise_op(pw, cur, Some(b), outputs[step])?);
-                cur = outputs[step];
-                step += 1;
-            }
-        }
-        if let Some(pw) = &act_pw {
-            ops.push(pointwise_op(pw, cur, None, outputs[step])?);
-        }
-    }
+/// Builds and finalizes `y = conv(x, w) * scale` on `handle`, cuDNN's fp8 pattern: `x` and `w`
+/// E4M3 (NHWC, the filters KRSC), sums in f32 into a virtual tensor, `scale` one f32 a
+/// filter (the input's per-tensor scale times the filter's), `y` in `out` (a 16-bit type).
+pub(super) fn build_fp8_graph(
+    handle: dn::cudnnHandle_t,
+    sh: gpukit_types::ConvShape,
+    out: dn::cudnnDataType_t,
+) -> Result<Built> {
+    let f8 = dn::cudnnDataType_t::CUDNN_DATA_FP8_E4M3;
+    let f32t = dn::cudnnDataType_t::CUDNN_DATA_FLOAT;
+    let nhwc = Layout::Nhwc;
+    let (p, q) = sh.out_hw();
+    let dims_y = [sh.n, sh.k, p, q];
+    let (tx, tw) = operands(sh, nhwc, f8)?;
+    let tconv = tensor(UID_CONV, dims_y, nhwc, f32t, true)?;
+    let ts = tensor(UID_S, [1, sh.k, 1, 1], nhwc, f32t, false)?;
+    let ty = tensor(UID_Y, dims_y, nhwc, out, false)?;
+    let desc = conv_desc(sh)?;
+    let conv = conv_op(&tx, &tw, &tconv, &desc)?;
+    let mul = pointwise(dn::cudnnPointwiseMode_t::CUDNN_POINTWISE_MUL)?;
+    let scaled = pointwise_op(&mul, &tconv, Some(&ts), &ty)?;
+    let graph = operation_graph(handle, &[&conv, &scaled])?;
+    Ok(Built {
+        graph,
+        parts: vec![tx, tw, tconv, ts, ty, desc, mul, conv, scaled],
+    })
+}
 
+/// The input and filter tensors of a convolution: grouped, each filter reads c / groups
+/// channels (the backend infers the groups from it).
+fn operands(
+    sh: gpukit_types::ConvShape,
+    layout: Layout,
+    dt: dn::cudnnDataType_t,
+) -> Result<(Desc, Desc)> {
+    let tx = tensor(UID_X, [sh.n, sh.c, sh.h, sh.w], layout, dt, false)?;
+    let tw = tensor(
+        UID_W,
+        [sh.k, sh.group_channels(), sh.r, sh.s],
+        layout,
+        dt,
+        false,
+    )?;
+    Ok((tx, tw))
+}
+
+/// The finalized operation graph of `ops` on `handle`.
+fn operation_graph(handle: dn::cudnnHandle_t, ops: &[&Desc]) -> Result<Desc> {
     let graph = Desc::new(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
-    let op_refs: Vec<&Desc> = ops.iter().collect();
-    graph
-        .set_desc(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, &op_refs)?
-        .set(
-            A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
-            T::CUDNN_TYPE_HANDLE,
-            &[handle],
-        )?;
+    graph.set_desc(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, ops)?.set(
+        A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
+        T::CUDNN_TYPE_HANDLE,
+        &[handle],
+    )?;
     graph.finalize()?;
-    let mut parts = vec![tx, tw, ty_out, desc, add];
-    parts.extend(act_pw);
-    parts.extend(tconv);
-    parts.extend(tb);
-    parts.extend(tz);
-    parts.extend(virtuals);
-    parts.extend(ops);
-    Ok(Built { graph, parts })
+    Ok(graph)
+}
+
+/// A finalized variant pack: the buffers of `uids` at `ptrs`, and the workspace.
+pub(super) fn variant_pack(uids: &[i64], ptrs: &[*mut c_void], ws: *mut c_void) -> Result<Desc> {
+    let pack = Desc::new(D::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
+    pack.set(
+        A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
+        T::CUDNN_TYPE_INT64,
+        uids,
+    )?
+    .set(
+        A::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+        T::CUDNN_TYPE_VOID_PTR,
+        ptrs,
+    )?
+    .set(
+        A::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+        T::CUDNN_TYPE_VOID_PTR,
+        &[ws],
+    )?;
+    pack.finalize()?;
+    Ok(pack)
 }

@@ -21,6 +21,7 @@
 mod backend;
 mod cache;
 mod engines;
+mod fp8;
 mod graph;
 mod legacy;
 mod precompile;
@@ -29,6 +30,7 @@ mod timing;
 mod train;
 
 pub use backend::GraphConv;
+pub use fp8::Fp8Conv;
 pub use legacy::{ConvPlan, FusedConv};
 pub use precompile::GraphSpec;
 pub use train::{
