@@ -173,8 +173,9 @@ fn global_average_matches_float64() -> Result<(), Failed> {
 }
 
 /// The channel-last depthwise kernels against float64 where each runs: rows of outputs a
-/// thread (four at batch 8, two at batch 1 and large maps) and an output a thread (small maps),
-/// 3x3, 5x5 and 7x7 filters, with bias, a residual and SiLU.
+/// thread (four at batch 8), tiles in shared memory (batch 1 to 4: maps a tile wide and not,
+/// channels not a whole group of a block) and an output a thread (f32's larger maps), 3x3, 5x5
+/// and 7x7 filters, with bias, a residual and SiLU.
 fn depthwise_matches_float64() -> Result<(), Failed> {
     use gpukit_models::graph::Activation;
     let discovery = DISCOVERY.get().ok_or("no discovery")?;
@@ -189,6 +190,9 @@ fn depthwise_matches_float64() -> Result<(), Failed> {
             (8, 144, 28, 3, true),
             (1, 240, 28, 5, false),
             (2, 12, 9, 3, false),
+            (1, 768, 7, 7, true),
+            (1, 40, 13, 3, true),
+            (4, 24, 10, 5, false),
         ] {
             let pad = f / 2;
             let shape = ConvShape {

@@ -135,6 +135,71 @@ __device__ void depthwise_rows(const T* __restrict__ x, const T* __restrict__ w,
     }
 }
 
+// Stride 1 and an S x S filter for few outputs (small batches, where a thread an output leaves
+// most of the GPU idle and each thread's chain of loads sets the time): a block computes an
+// 8 x 8 tile of output pixels for G vectors of V channels (8-byte vectors), after loading the
+// input patch the tile reads ((8 + S - 1)^2 pixels, zeros outside the image) and the taps into
+// shared memory with every load of the block in flight at once. A thread an output vector,
+// thread t: vector t % G of pixel t / G of the tile. v[] as depthwise's; v[10] G. Grid: x the
+// tiles (row-major over ceil(p / 8) x ceil(q / 8)), y the groups of G vectors, z the images.
+template <class T, int S>
+__device__ void depthwise_tile(const T* __restrict__ x, const T* __restrict__ w,
+                               const T* __restrict__ bias, const T* __restrict__ z,
+                               T* __restrict__ y, Dims g, int act, float alpha, float beta) {
+    constexpr int V = 8 / sizeof(T), TILE = 8, PW = TILE + S - 1;
+    typedef Pack<T, V> P;
+    extern __shared__ __align__(16) unsigned char dw_tile_smem[];
+    const long long* d = g.v;
+    const int h = (int)d[1], wd = (int)d[2], c = (int)d[3], p = (int)d[4], q = (int)d[5];
+    const int pad = (int)d[9], G = (int)d[10], cv = c / V;
+    const int tiles_q = (q + TILE - 1) / TILE;
+    const int ti0 = (int)(blockIdx.x / tiles_q) * TILE, tj0 = (int)(blockIdx.x % tiles_q) * TILE;
+    const int g0 = (int)blockIdx.y * G, img = (int)blockIdx.z;
+    P* xs = (P*)dw_tile_smem;  // [PW * PW][G]
+    P* ws = xs + PW * PW * G;  // [S * S][G]
+    const int t = threadIdx.x, nt = blockDim.x;
+    P zero;
+#pragma unroll
+    for (int k = 0; k < V; ++k) zero.v[k] = from_f<T>(0.0f);
+    for (int u = t; u < PW * PW * G; u += nt) {
+        const int gv = u % G, pix = u / G, vec = g0 + gv;
+        const int yy = ti0 - pad + pix / PW, xx = tj0 - pad + pix % PW;
+        const bool in = vec < cv && yy >= 0 && yy < h && xx >= 0 && xx < wd;
+        xs[u] = in ? *(const P*)(x + ((unsigned)(img * h + yy) * wd + xx) * c + vec * V) : zero;
+    }
+    for (int u = t; u < S * S * G; u += nt) {
+        const int gv = u % G, tap = u / G, vec = g0 + gv;
+        ws[u] = vec < cv ? *(const P*)(w + (unsigned)tap * c + vec * V) : zero;
+    }
+    __syncthreads();
+    const int gv = t % G, pix = t / G, ti = pix / TILE, tj = pix % TILE;
+    const int i = ti0 + ti, j = tj0 + tj, vec = g0 + gv;
+    if (pix >= TILE * TILE || i >= p || j >= q || vec >= cv) return;
+    float acc[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] = 0.0f;
+#pragma unroll
+    for (int di = 0; di < S; ++di) {
+#pragma unroll
+        for (int dj = 0; dj < S; ++dj) {
+            const P xv = xs[((ti + di) * PW + tj + dj) * G + gv];
+            const P wv = ws[(di * S + dj) * G + gv];
+#pragma unroll
+            for (int k = 0; k < V; ++k) acc[k] += to_f(xv.v[k]) * to_f(wv.v[k]);
+        }
+    }
+    const unsigned at = ((unsigned)(img * p + i) * q + j) * c + vec * V;
+    P out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        float v = acc[k];
+        if (bias) v += to_f(bias[vec * V + k]);
+        if (z) v += to_f(z[at + k]);
+        out.v[k] = from_f<T>(activate(act, v, alpha, beta));
+    }
+    *(P*)(y + at) = out;
+}
+
 // Max (v[14] != 0) or average pooling: x [n, h, w, c], y [n, p, q, c]. v[0..4] n, h, w, c;
 // v[4], v[5] p, q; v[6], v[7] window; v[8], v[9] steps; v[10..14] padding top, left, bottom,
 // right; v[15] != 0: an average divides by the window clipped to the padded input, else by its
@@ -259,6 +324,12 @@ extern "C" __global__ void depthwise_rows##S##x##P##_##TAG(const T* x, const T* 
     const T* bias, const T* z, T* y, Dims g, int act, float alpha, float beta)                 \
     { depthwise_rows<T, 8 / sizeof(T), P, S>(x, w, bias, z, y, g, act, alpha, beta); }
 
+// depthwise_tile for filter size S
+#define DW_TILE(T, TAG, S)                                                                     \
+extern "C" __global__ void depthwise_tile##S##_##TAG(const T* x, const T* w, const T* bias,    \
+    const T* z, T* y, Dims g, int act, float alpha, float beta)                                \
+    { depthwise_tile<T, S>(x, w, bias, z, y, g, act, alpha, beta); }
+
 #define DEPTHWISE(T, TAG, V)                                                                   \
 extern "C" __global__ void depthwise_vec_##TAG(const T* x, const T* w, const T* bias,           \
     const T* z, T* y, Dims g, int act, float alpha, float beta)                                \
@@ -268,6 +339,7 @@ extern "C" __global__ void depthwise_one_##TAG(const T* x, const T* w, const T* 
     { depthwise<T, 1>(x, w, bias, z, y, g, act, alpha, beta); }                                 \
 DW_ROWS(T, TAG, 3, 2) DW_ROWS(T, TAG, 3, 4) DW_ROWS(T, TAG, 5, 2) DW_ROWS(T, TAG, 5, 4)          \
 DW_ROWS(T, TAG, 7, 2) DW_ROWS(T, TAG, 7, 4)                                                    \
+DW_TILE(T, TAG, 3) DW_TILE(T, TAG, 5) DW_TILE(T, TAG, 7)                                       \
 extern "C" __global__ void pool_cl_##TAG(const T* x, T* y, Dims g) { pool_cl<T, V>(x, y, g); }  \
 extern "C" __global__ void gap_cl_##TAG(const T* x, T* y, float* partial, unsigned* count,      \
     Dims g) { gap_cl<T, V>(x, y, partial, count, g); }
@@ -278,7 +350,7 @@ DEPTHWISE(B, bf16, 8)
 "#;
 
 /// The kernels' names without their element type tag.
-const KERNELS: [&str; 10] = [
+const KERNELS: [&str; 13] = [
     "depthwise_vec",
     "depthwise_one",
     "depthwise_rows3x2",
@@ -287,6 +359,9 @@ const KERNELS: [&str; 10] = [
     "depthwise_rows5x4",
     "depthwise_rows7x2",
     "depthwise_rows7x4",
+    "depthwise_tile3",
+    "depthwise_tile5",
+    "depthwise_tile7",
     "pool_cl",
     "gap_cl",
 ];
@@ -337,6 +412,50 @@ fn rows_variant(
         .into_iter()
         .find(|&per| threads(per) >= ROWS_MIN_THREADS * per / 2)?;
     Some((format!("depthwise_rows{}x{per}", shape.r), threads(per)))
+}
+
+/// Output vectors (8 bytes) up to which `depthwise_tile` runs: batch 1 of ConvNeXt's and
+/// MobileNet's maps (56x56x96 f16: 75K), where the kernels a thread an output or a row have too
+/// few threads to hide their loads' latency; more (larger batches) keep the row kernels.
+const TILE_MAX_VECTORS: usize = 128 * 1024;
+/// Blocks a tiled depthwise aims for: two an SM of the largest GPUs.
+const TILE_BLOCKS: usize = 256;
+
+/// How `depthwise_tile` runs `shape`: its kernel, and G (vectors a block) with the launch; None
+/// where it does not (stride 1, a square 3, 5 or 7 filter, channels in whole 8-byte vectors,
+/// 8-byte aligned views, at most [`TILE_MAX_VECTORS`] output vectors). G is the largest of 8, 4
+/// and 2 that still gives [`TILE_BLOCKS`] blocks (2 where none does).
+fn tile_variant(
+    shape: &ConvShape,
+    dtype: DType,
+    views: &[Option<View<'_>>],
+) -> Option<(String, usize, Launch)> {
+    let v = 8 / dtype.size_bytes();
+    let (p, q) = (shape.out_h(), shape.out_w());
+    let vectors = shape.c / v;
+    let fits = shape.stride == 1
+        && shape.r == shape.s
+        && matches!(shape.r, 3 | 5 | 7)
+        && shape.c.is_multiple_of(v)
+        && shape.n <= 65_535
+        && shape.n * p * q * vectors <= TILE_MAX_VECTORS
+        && views.iter().flatten().all(|b| b.is_aligned(8));
+    if !fits {
+        return None;
+    }
+    let tiles = p.div_ceil(8) * q.div_ceil(8);
+    let blocks = |g: usize| tiles * vectors.div_ceil(g) * shape.n;
+    let g = [8, 4, 2]
+        .into_iter()
+        .find(|&g| blocks(g) >= TILE_BLOCKS)
+        .unwrap_or(2);
+    let patch = (8 + shape.r - 1).pow(2) + shape.r * shape.s;
+    let launch = Launch {
+        grid: (tiles as u32, vectors.div_ceil(g) as u32, shape.n as u32),
+        block: (64 * g as u32, 1, 1),
+        shared_bytes: (patch * g * 8) as u32,
+    };
+    Some((format!("depthwise_tile{}", shape.r), g, launch))
 }
 
 /// Whether the depthwise kernel runs `shape`: one filter per channel, and every index within 31
@@ -424,11 +543,15 @@ impl ProgramKernels {
             .into_iter()
             .flatten()
             .all(|b| b.is_aligned(16));
-        let rows = rows_variant(shape, dtype, &[Some(x), Some(taps), z, Some(y)]);
-        let (stem, threads) = match rows {
-            Some((stem, threads)) => (stem, threads),
-            None if shape.c.is_multiple_of(v) && aligned => ("depthwise_vec".to_string(), out / v),
-            None => ("depthwise_one".to_string(), out),
+        let views = [Some(x), Some(taps), z, Some(y)];
+        let tile = tile_variant(shape, dtype, &views);
+        let (stem, launch, g) = match (tile, rows_variant(shape, dtype, &views)) {
+            (Some((stem, g, launch)), _) => (stem, launch, g),
+            (None, Some((stem, threads))) => (stem, grid_for(threads), 0),
+            _ if shape.c.is_multiple_of(v) && aligned => {
+                ("depthwise_vec".to_string(), grid_for(out / v), 0)
+            }
+            _ => ("depthwise_one".to_string(), grid_for(out), 0),
         };
         let mut dims = [0i64; 32];
         put(
@@ -445,6 +568,7 @@ impl ProgramKernels {
                 shape.s,
                 shape.stride,
                 shape.pad,
+                g,
             ],
         );
         let bytes = dims_bytes(&dims);
@@ -462,7 +586,7 @@ impl ProgramKernels {
         ];
         let name = format!("{stem}_{}", tag(dtype));
         self.channels_last
-            .launch(&name, &self.stream, grid_for(threads), &args)
+            .launch(&name, &self.stream, launch, &args)
     }
 }
 
@@ -620,6 +744,67 @@ mod tests {
     }
 
     #[test]
+    fn few_outputs_take_the_tiled_kernel_with_blocks_enough() {
+        let convnext = |n: usize, c: usize, h: usize| ConvShape {
+            n,
+            c,
+            h,
+            w: h,
+            k: c,
+            r: 7,
+            s: 7,
+            stride: 1,
+            pad: 3,
+            groups: c,
+        };
+        let pick = |s: &ConvShape, d: DType| tile_variant(s, d, &[]);
+        // batch 1 of ConvNeXt-T's four stages (f16: 4 channels a vector)
+        for (c, h, g) in [(96, 56, 4), (192, 28, 2), (384, 14, 2), (768, 7, 2)] {
+            let shape = convnext(1, c, h);
+            let (kernel, got, launch) = pick(&shape, DType::F16).expect("batch 1 is tiled");
+            assert_eq!((kernel.as_str(), got), ("depthwise_tile7", g), "{c}x{h}");
+            // every output pixel and vector has its thread, the patch fits 48 KiB
+            let (tx, ty, tz) = launch.grid;
+            assert_eq!(launch.block.0 as usize, 64 * g);
+            assert!(tx as usize * 64 >= h * h && ty as usize * g * 4 >= c && tz == 1);
+            assert!(launch.shared_bytes <= 48 * 1024);
+        }
+        // more outputs: 4 vectors a block where that still gives 256 blocks; 8 only at the
+        // limit (a block of 8 vectors covers 512 of its output vectors)
+        let (_, g, launch) = pick(&convnext(2, 192, 28), DType::F16).unwrap();
+        assert_eq!((g, launch.grid), (4, (16, 12, 2)));
+        assert_eq!(launch.shared_bytes, (14 * 14 + 49) * 4 * 8);
+        let at_limit = ConvShape {
+            r: 3,
+            s: 3,
+            pad: 1,
+            ..convnext(2, 256, 32)
+        };
+        assert_eq!(pick(&at_limit, DType::F16).map(|t| t.1), Some(8));
+        // batch 32, stride 2, a 1x3 filter, channels not in 8-byte vectors: never
+        assert!(pick(&convnext(32, 96, 56), DType::F16).is_none());
+        assert!(pick(
+            &ConvShape {
+                stride: 2,
+                ..convnext(1, 96, 56)
+            },
+            DType::F16
+        )
+        .is_none());
+        assert!(pick(
+            &ConvShape {
+                r: 1,
+                s: 3,
+                ..convnext(1, 96, 56)
+            },
+            DType::F16
+        )
+        .is_none());
+        assert!(pick(&convnext(1, 6, 14), DType::F16).is_none());
+        assert!(pick(&convnext(1, 6, 14), DType::F32).is_some());
+    }
+
+    #[test]
     fn small_batches_split_an_average_over_blocks_within_the_scratch() {
         // EfficientNet's first average at batch 1: 32 channels of 112x112 in f16 (4 vectors)
         let (lanes, splits) = split_average(1, 4, 112 * 112);
@@ -653,6 +838,9 @@ mod tests {
             ("depthwise_rows5x4_", "p p p p p s i f f"),
             ("depthwise_rows7x2_", "p p p p p s i f f"),
             ("depthwise_rows7x4_", "p p p p p s i f f"),
+            ("depthwise_tile3_", "p p p p p s i f f"),
+            ("depthwise_tile5_", "p p p p p s i f f"),
+            ("depthwise_tile7_", "p p p p p s i f f"),
             ("pool_cl_", "p p s"),
             ("gap_cl_", "p p p p s"),
         ];
