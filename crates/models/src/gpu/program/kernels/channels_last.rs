@@ -685,9 +685,9 @@ impl ProgramKernels {
 mod tests {
     use super::*;
 
-    #[test]
-    fn rows_of_outputs_a_thread_where_there_are_threads_enough() {
-        let convnext = |n: usize, c: usize, h: usize| ConvShape {
+    /// A ConvNeXt depthwise convolution: 7x7, padding 3, one filter a channel.
+    fn convnext(n: usize, c: usize, h: usize) -> ConvShape {
+        ConvShape {
             n,
             c,
             h,
@@ -698,7 +698,11 @@ mod tests {
             stride: 1,
             pad: 3,
             groups: c,
-        };
+        }
+    }
+
+    #[test]
+    fn rows_of_outputs_a_thread_where_there_are_threads_enough() {
         let pick = |s: &ConvShape, d: DType| rows_variant(s, d, &[]).map(|(k, _)| k);
         // batch 32: four outputs a thread; batch 1: two at 56x56 and 28x28, the old kernel below
         assert_eq!(
@@ -745,18 +749,6 @@ mod tests {
 
     #[test]
     fn few_outputs_take_the_tiled_kernel_with_blocks_enough() {
-        let convnext = |n: usize, c: usize, h: usize| ConvShape {
-            n,
-            c,
-            h,
-            w: h,
-            k: c,
-            r: 7,
-            s: 7,
-            stride: 1,
-            pad: 3,
-            groups: c,
-        };
         let pick = |s: &ConvShape, d: DType| tile_variant(s, d, &[]);
         // batch 1 of ConvNeXt-T's four stages (f16: 4 channels a vector)
         for (c, h, g) in [(96, 56, 4), (192, 28, 2), (384, 14, 2), (768, 7, 2)] {
