@@ -172,6 +172,13 @@ impl KernelSource {
     }
 }
 
+/// Compiles `module` for `arch` (such as "sm_90") with NVRTC on this thread, with no GPU and
+/// no disk cache: whether its source compiles, before a GPU machine is spent on it. Returns the
+/// machine code's bytes; an error carries NVRTC's log, or names what to install.
+pub fn compile_offline(discovery: &Discovery, module: &KernelSource, arch: &str) -> Result<usize> {
+    crate::nvrtc::compile_offline(discovery, &module.source, module.stem, arch)
+}
+
 /// Compiles, each on its own thread, every module of `modules` the disk cache lacks for the GPU
 /// `ordinal`'s architecture (nothing when the cache has them all, or NVRTC or the GPU is
 /// missing: the module's first use then says why). Returns at once; the threads end with their

@@ -175,6 +175,32 @@ pub(crate) fn warm_cache(
     }
 }
 
+/// Compiles every program of `source` for `arch` (such as "sm_90") with NVRTC, on this thread,
+/// without a GPU and without the disk cache; returns the machine code's bytes. A program that
+/// does not compile is an error with NVRTC's log.
+pub(crate) fn compile_offline(
+    discovery: &Discovery,
+    source: &str,
+    stem: &str,
+    arch: &str,
+) -> Result<usize> {
+    if !discovery.usable(Lib::Nvrtc) {
+        return Err(Error::MissingLibrary(discovery.missing_message(Lib::Nvrtc)));
+    }
+    // SAFETY: asks the loader only.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(Error::MissingLibrary(
+            "NVRTC was found but did not load".into(),
+        ));
+    }
+    let options = [format!("--gpu-architecture={arch}"), "-std=c++17".into()];
+    let mut bytes = 0;
+    for (name, program) in programs(source, stem) {
+        bytes += compile_cubin(&program, &name, &options)?.len();
+    }
+    Ok(bytes)
+}
+
 /// CUDA C compiled by NVRTC for one device (or read from the on-disk cache) and loaded,
 /// with the functions named.
 pub(crate) struct Module {

@@ -16,6 +16,8 @@ use gpukit_cuda::{DeviceBuffer, Gpu, Result, Stream, View};
 use gpukit_types::DType;
 
 pub(super) mod channels_last;
+/// The channel-last kernels' module (depthwise, pooling, global average).
+pub use channels_last::kernel_source as channels_last_source;
 mod geometry;
 
 pub use geometry::Window;
