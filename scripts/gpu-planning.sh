@@ -110,6 +110,8 @@ if [ "$MODE" = check ]; then
     # shellcheck disable=SC2086
     run "$order" "ab32-$order-$RANDOM" infer --device cuda:0 --batch-sizes 32 --strategies fp16-nhwc-graph --gpu-iterations 300 $([ "$order" = exh ] && echo --planning exhaustive)
   done
+  # which convolutions the two searches chose differently (where the fast choice's images/s go)
+  python3 scripts/choice_diff.py "$W/cache-fast" "$W/cache-exh" 2>&1 | head -30 | tee -a "$SUMMARY"
   big="infer --device cuda:0 --batch-sizes 256 --strategies fp16-nhwc-graph --gpu-iterations 200"
   if [ "${SKIP_256:-0}" != 1 ]; then
   # shellcheck disable=SC2086
