@@ -468,8 +468,9 @@ fn quantize_e4m3(values: &[f32], groups: usize) -> (Vec<u8>, Vec<f32>, Vec<f32>)
 /// fp8 (E4M3) convolutions on cuDNN's backend engines (decision 152's first step): the input
 /// with one scale, the filters with one each, sums in f32 and the scales applied in cuDNN's
 /// graph, f16 out (where an engine offers it) and E4M3 out (cuDNN's own sample's form), against
-/// the CPU's convolution of the dequantized operands (within the output type's rounding); then
-/// ResNet-50's convolutions at batch 32 and 256 timed in fp8 and f16 ([`fp8_timings`]).
+/// the CPU's convolution of the dequantized operands (within the output type's rounding); then,
+/// with GPUKIT_FP8_TIMINGS=1, ResNet-50's convolutions at batch 32 and 256 timed in fp8 and f16
+/// ([`fp8_timings`]).
 fn fp8_convolutions_match_the_dequantized_reference() -> Result<(), Failed> {
     let g = gpu()?;
     let dnn = Dnn::new(DISCOVERY.get().ok_or("no discovery")?, &g).map_err(|e| e.to_string())?;
@@ -554,6 +555,12 @@ fn fp8_convolutions_match_the_dequantized_reference() -> Result<(), Failed> {
     // at least the E4M3 output of every shape
     if checks < checked.len() {
         return Err(format!("fp8: {checks} checks for {} shapes", checked.len()).into());
+    }
+    // the timings are a record's figures (minutes of device time at batch 256), not this
+    // test's to judge: printed on request only
+    if !std::env::var("GPUKIT_FP8_TIMINGS").is_ok_and(|v| v == "1") {
+        eprintln!("fp8 timings not run (GPUKIT_FP8_TIMINGS=1 prints them)");
+        return Ok(());
     }
     let blas = Blas::new(DISCOVERY.get().ok_or("no discovery")?, &g).map_err(|e| e.to_string())?;
     for n in [32, 256] {
