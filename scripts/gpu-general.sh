@@ -33,26 +33,7 @@ g() {
   local t0; t0=$(date +%s%N)
   env -u LD_LIBRARY_PATH timeout 280 "$BIN" "$@" --save-json "$OUT/$name.json" >"$OUT/$name.txt" 2>"$OUT/$name.err"
   say "$name rc=$? wall $(( ($(date +%s%N) - t0) / 1000000 )) ms: gpukit $*"
-  python3 - "$OUT/$name.json" <<'PY' 2>/dev/null | tee -a "$SUMMARY"
-import json, sys
-d = json.load(open(sys.argv[1]))["result"]
-for r in d.get("rows") or []:
-    st = r.get("status", {})
-    fig = r.get("images_per_s")
-    agr = r.get("agreement") or {}
-    extra = f" max_rel {agr.get('max_rel'):.1e} top1 {agr.get('top1')}" if agr else ""
-    why = st.get("why", "")[:200]
-    print(f"  {r['strategy']:20} {r['device']:7} b{r['batch']:<4} {st.get('status'):8} {fig and round(fig, 1)} /s{extra} {why}")
-if d.get("gpu_engine"): print("  gpu:", d["gpu_engine"][:300])
-pt = d.get("pytorch") or {}
-for r in pt.get("rows") or []:
-    if r.get("device") == "cuda":
-        extra = f" compile {r['compile_s']:.0f} s" if r.get("compile_s") else ""
-        print(f"  pytorch {r['strategy']:20} b{r['batch']:<4} {r['status']:8} {r.get('images_per_s') and round(r['images_per_s'], 1)} /s{extra} {(r.get('reason') or '')[:120]}")
-for b in pt.get("best_fp16") or []:
-    print(f"  best fp16 b{b['batch']}: gpukit {b['gpukit_strategy']} {b['gpukit_images_per_s']:.0f} / PyTorch {b['pytorch_strategy']} {b['pytorch_images_per_s']:.0f} = {b['ratio']:.2f}x")
-if pt.get("same_model"): print("  same model:", json.dumps(pt["same_model"])[:300])
-PY
+  python3 scripts/onnx_rows.py "$OUT/$name.json" 2>/dev/null | tee -a "$SUMMARY"
 }
 case "${PART:-a}" in
 resnet)

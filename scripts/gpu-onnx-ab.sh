@@ -23,18 +23,7 @@ ORT=$(python3 -c 'import onnxruntime, os, glob; print(glob.glob(os.path.join(os.
 say "== gpu-onnx-ab $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); models: $MODELS"
 # shellcheck disable=SC2086
 (cd scripts && python3 export_torchvision.py "$W" $MODELS) 2>"$OUT/ab/export.err" | cut -c1-100 | tee -a "$S"
-rows() {
-  python3 - "$1" <<'PY' 2>&1 | grep -v " cpu " | tee -a "$S"
-import json, sys
-d = json.load(open(sys.argv[1]))["result"]
-for r in d.get("rows") or []:
-    st = r.get("status", {})
-    fig = r.get("images_per_s")
-    agr = r.get("agreement") or {}
-    rel = f" max_rel {agr['max_rel']:.1e}" if agr.get("max_rel") is not None else ""
-    print(f"  {r['strategy']:20} {r['device']:7} b{r['batch']:<4} {st.get('status')} {fig and round(fig, 1)} /s{rel} {st.get('why', '')[:100]}")
-PY
-}
+rows() { python3 scripts/onnx_rows.py "$1" 2>&1 | grep -v " cpu " | tee -a "$S"; }
 run() { # which model name extra-args...
   local which=$1 m=$2 name=$3; shift 3
   local bin=$NEW; [ "$which" = base ] && bin=$BASE
@@ -56,6 +45,5 @@ first=${MODELS%% *}
 env -u LD_LIBRARY_PATH XDG_CACHE_HOME="$W/cache-new" timeout 120 "$NEW" profile infer --onnx "$W/$first.onnx" \
   --batch-size 1 --strategy "$STRATEGY" --group-by op --top 12 >"$OUT/ab/profile-$first-b1.txt" 2>&1
 grep -E "Step without|│ [a-z]" "$OUT/ab/profile-$first-b1.txt" | head -16 | cut -c1-180 | tee -a "$S"
-[ "${PYTORCH:-0}" = 1 ] && run new "$first" "$first-pytorch" --compare-pytorch --torchvision "$first" \
-  && grep -E "PyTorch|cuda_graph|compile_" "$OUT/ab/$first-pytorch.txt" | head -12 | tee -a "$S"
+[ "${PYTORCH:-0}" = 1 ] && run new "$first" "$first-pytorch" --compare-pytorch --torchvision "$first"
 tar -C "$OUT" -czf "$OUT/ab.tar.gz" ab && rm -rf "$OUT/ab"

@@ -22,18 +22,7 @@ g() {
   env -u LD_LIBRARY_PATH XDG_CACHE_HOME="$W/cache" GPUKIT_ORT_LIB="$ORT" timeout 300 "$BIN" "$@" \
     --save-json "$OUT/$name.json" >"$OUT/$name.txt" 2>"$OUT/$name.err"
   say "$name rc=$? wall $(( ($(date +%s%N) - t0) / 1000000 )) ms: gpukit $*"
-  python3 - "$OUT/$name.json" <<'PY' 2>/dev/null | tee -a "$SUMMARY"
-import json, sys
-d = json.load(open(sys.argv[1]))["result"]
-for r in d.get("rows") or []:
-    st = r.get("status", {})
-    fig = r.get("images_per_s")
-    agr = r.get("agreement") or {}
-    extra = f" max_rel {agr.get('max_rel'):.1e} top1 {agr.get('top1')}" if agr else ""
-    why = st.get("why", "")[:140]
-    print(f"  {r['strategy']:32} {r['device']:7} b{r['batch']:<4} {st.get('status'):8} {fig and round(fig, 1)} /s{extra} {why}")
-if d.get("gpu_engine"): print("  gpu:", d["gpu_engine"])
-PY
+  python3 scripts/onnx_rows.py "$OUT/$name.json" 2>/dev/null | tee -a "$SUMMARY"
 }
 for m in resnet50 mobilenet_v3_large efficientnet_b0 regnet_y_800mf densenet121 convnext_tiny; do
   [ -f "$W/$m.onnx" ] || { say "$m: not exported"; continue; }

@@ -51,18 +51,9 @@ fn cubin(discovery: &Discovery, source: &str, stem: &str, arch: &str) -> Result<
     if let Some((path, bytes)) = from_cache {
         return Ok((Ptx::from_binary(bytes), path.display().to_string()));
     }
-    if !discovery.usable(Lib::Nvrtc) {
-        return Err(Error::MissingLibrary(discovery.missing_message(Lib::Nvrtc)));
-    }
-    // SAFETY: asks the loader only.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(Error::MissingLibrary(
-            "NVRTC was found but did not load".into(),
-        ));
-    }
+    nvrtc_ready(discovery)?;
     let started = crate::trace::start();
-    let options = [format!("--gpu-architecture={arch}"), "-std=c++17".into()];
-    let bytes = compile_cubin(source, stem, &options)?;
+    let bytes = compile_cubin(source, stem, &options(arch))?;
     crate::trace::done(&format!("nvrtc: {stem} compiled for {arch}"), started);
     if let Some(path) = &cached {
         // a cache: when it cannot be written, the next run compiles again
@@ -184,6 +175,16 @@ pub(crate) fn compile_offline(
     stem: &str,
     arch: &str,
 ) -> Result<usize> {
+    nvrtc_ready(discovery)?;
+    let mut bytes = 0;
+    for (name, program) in programs(source, stem) {
+        bytes += compile_cubin(&program, &name, &options(arch))?.len();
+    }
+    Ok(bytes)
+}
+
+/// An error naming what to install where NVRTC was not found or did not load.
+fn nvrtc_ready(discovery: &Discovery) -> Result<()> {
     if !discovery.usable(Lib::Nvrtc) {
         return Err(Error::MissingLibrary(discovery.missing_message(Lib::Nvrtc)));
     }
@@ -193,12 +194,12 @@ pub(crate) fn compile_offline(
             "NVRTC was found but did not load".into(),
         ));
     }
-    let options = [format!("--gpu-architecture={arch}"), "-std=c++17".into()];
-    let mut bytes = 0;
-    for (name, program) in programs(source, stem) {
-        bytes += compile_cubin(&program, &name, &options)?.len();
-    }
-    Ok(bytes)
+    Ok(())
+}
+
+/// NVRTC's options for machine code of the real architecture `arch`.
+fn options(arch: &str) -> [String; 2] {
+    [format!("--gpu-architecture={arch}"), "-std=c++17".into()]
 }
 
 /// CUDA C compiled by NVRTC for one device (or read from the on-disk cache) and loaded,

@@ -242,10 +242,7 @@ impl Dnn {
             .map(|(_, _, c)| engine_facts(c))
             .transpose()?
             .unwrap_or((-1, None));
-        let mut built_from: Vec<Desc> = configs.into_iter().map(|(_, _, c)| c).collect();
-        built_from.extend(heurs);
-        built_from.push(built.graph);
-        built_from.extend(built.parts);
+        let built_from = built.kept_with(configs, heurs);
         Ok(GraphConv {
             plan,
             _built_from: built_from,

@@ -143,10 +143,7 @@ impl Dnn {
             .find(|(l, i, _)| (*l, *i) == pick)
             .map(|(_, _, c)| engine_facts(c).map_or(-1, |(e, _)| e))
             .unwrap_or(-1);
-        let mut built_from: Vec<Desc> = configs.into_iter().map(|(_, _, c)| c).collect();
-        built_from.extend(heurs);
-        built_from.push(built.graph);
-        built_from.extend(built.parts);
+        let built_from = built.kept_with(configs, heurs);
         Ok(Fp8Conv {
             plan,
             _built_from: built_from,

@@ -158,6 +158,18 @@ pub(super) struct Built {
     pub parts: Vec<Desc>,
 }
 
+impl Built {
+    /// Every descriptor a plan finalized from this graph keeps alive: the graph, its parts, its
+    /// engine configurations and the heuristics that gave them.
+    pub fn kept_with(self, configs: Vec<super::engines::Candidate>, heurs: Vec<Desc>) -> Vec<Desc> {
+        let mut kept: Vec<Desc> = configs.into_iter().map(|(_, _, c)| c).collect();
+        kept.extend(heurs);
+        kept.push(self.graph);
+        kept.extend(self.parts);
+        kept
+    }
+}
+
 /// Builds and finalizes the operation graph `y = act(conv(x, w) + bias [+ z])` (each part of
 /// the epilogue only when asked for; none: the bare convolution) on `handle`. The buffers do
 /// not enter: a graph depends on shapes, layout and dtype only.

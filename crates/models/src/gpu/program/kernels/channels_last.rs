@@ -388,6 +388,16 @@ fn vector(dtype: DType) -> usize {
 /// fewer threads): about two blocks of 128 an SM of the largest GPUs.
 const ROWS_MIN_THREADS: usize = 16 * 1024;
 
+/// What the row and tile kernels both take: stride 1, a square 3, 5 or 7 filter, channels in
+/// whole 8-byte vectors, 8-byte aligned views.
+fn square_stride_one(shape: &ConvShape, dtype: DType, views: &[Option<View<'_>>]) -> bool {
+    shape.stride == 1
+        && shape.r == shape.s
+        && matches!(shape.r, 3 | 5 | 7)
+        && shape.c.is_multiple_of(8 / dtype.size_bytes())
+        && views.iter().flatten().all(|b| b.is_aligned(8))
+}
+
 /// The `depthwise_rows` kernel for `shape` and its thread count: stride 1, a square 3, 5 or 7
 /// filter, channels in whole 8-byte vectors, 8-byte aligned views; four outputs a thread
 /// where that leaves 32K threads or more, two where 16K or more, else None (the kernel a thread
@@ -397,15 +407,10 @@ fn rows_variant(
     dtype: DType,
     views: &[Option<View<'_>>],
 ) -> Option<(String, usize)> {
-    let v = 8 / dtype.size_bytes();
-    let fits = shape.stride == 1
-        && shape.r == shape.s
-        && matches!(shape.r, 3 | 5 | 7)
-        && shape.c.is_multiple_of(v)
-        && views.iter().flatten().all(|b| b.is_aligned(8));
-    if !fits {
+    if !square_stride_one(shape, dtype, views) {
         return None;
     }
+    let v = 8 / dtype.size_bytes();
     let (p, q) = (shape.out_h(), shape.out_w());
     let threads = |per: usize| shape.n * p * q.div_ceil(per) * (shape.c / v);
     let per = [4, 2]
@@ -433,13 +438,9 @@ fn tile_variant(
     let v = 8 / dtype.size_bytes();
     let (p, q) = (shape.out_h(), shape.out_w());
     let vectors = shape.c / v;
-    let fits = shape.stride == 1
-        && shape.r == shape.s
-        && matches!(shape.r, 3 | 5 | 7)
-        && shape.c.is_multiple_of(v)
+    let fits = square_stride_one(shape, dtype, views)
         && shape.n <= 65_535
-        && shape.n * p * q * vectors <= TILE_MAX_VECTORS
-        && views.iter().flatten().all(|b| b.is_aligned(8));
+        && shape.n * p * q * vectors <= TILE_MAX_VECTORS;
     if !fits {
         return None;
     }
