@@ -161,7 +161,23 @@ __device__ void depthwise_tile(const T* __restrict__ x, const T* __restrict__ w,
     P zero;
 #pragma unroll
     for (int k = 0; k < V; ++k) zero.v[k] = from_f<T>(0.0f);
-    for (int u = t; u < PW * PW * G; u += nt) {
+    // the patch: with the launcher's block (TILE * TILE * G threads) each thread loads LOADS
+    // vectors, all issued before any is stored (a loop of load-then-store waits on each load in
+    // turn); the last loop serves any other block size
+    constexpr int LOADS = (PW * PW + TILE * TILE - 1) / (TILE * TILE);
+    const int span = PW * PW * G;
+    P buf[LOADS];
+#pragma unroll
+    for (int it = 0; it < LOADS; ++it) {
+        const int u = t + it * nt, gv = u % G, pix = u / G, vec = g0 + gv;
+        const int yy = ti0 - pad + pix / PW, xx = tj0 - pad + pix % PW;
+        const bool in = u < span && vec < cv && yy >= 0 && yy < h && xx >= 0 && xx < wd;
+        buf[it] = in ? *(const P*)(x + ((unsigned)(img * h + yy) * wd + xx) * c + vec * V) : zero;
+    }
+#pragma unroll
+    for (int it = 0; it < LOADS; ++it)
+        if (t + it * nt < span) xs[t + it * nt] = buf[it];
+    for (int u = t + LOADS * nt; u < span; u += nt) {
         const int gv = u % G, pix = u / G, vec = g0 + gv;
         const int yy = ti0 - pad + pix / PW, xx = tj0 - pad + pix % PW;
         const bool in = vec < cv && yy >= 0 && yy < h && xx >= 0 && xx < wd;
