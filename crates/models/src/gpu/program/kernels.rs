@@ -318,6 +318,16 @@ __device__ void layer_norm_vec(const T* __restrict__ x, const T* __restrict__ ga
         const bool live = row < rows;
         float v[4][V];
         float s = 0.0f;
+        // the scale and shift loaded with x, not after the sums (one wait on memory, not two)
+        Pack<T, V> gs[4], bs[4];
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            const int k = sub + p * group;
+            if (live && k < vecs) {
+                gs[p] = *(const Pack<T, V>*)(gamma + k * V);
+                if (beta) bs[p] = *(const Pack<T, V>*)(beta + k * V);
+            }
+        }
 #pragma unroll
         for (int p = 0; p < 4; ++p) {
             const int k = sub + p * group;
@@ -346,11 +356,11 @@ __device__ void layer_norm_vec(const T* __restrict__ x, const T* __restrict__ ga
         for (int p = 0; p < 4; ++p) {
             const int k = sub + p * group;
             if (!live || k >= vecs) continue;
-            Pack<T, V> gv = *(const Pack<T, V>*)(gamma + k * V), out;
+            Pack<T, V> out;
 #pragma unroll
             for (int u = 0; u < V; ++u) {
-                float r = (v[p][u] - mean) * rstd * to_f(gv.v[u]);
-                if (beta) r += to_f(beta[k * V + u]);
+                float r = (v[p][u] - mean) * rstd * to_f(gs[p].v[u]);
+                if (beta) r += to_f(bs[p].v[u]);
                 out.v[u] = from_f<T>(r);
             }
             *(Pack<T, V>*)(y + row * cols + k * V) = out;
