@@ -265,13 +265,13 @@ pub fn compare(
         }
     }
     // PyTorch's counterparts of the GPU rows asked for, and its best forms (a CUDA graph,
-    // torch.compile) for the best-of-each-side figures
+    // torch.compile, torch.compile replayed as CUDA graphs) for the best-of-each-side figures
     let mut only: Vec<&str> = run
         .rows
         .iter()
         .filter(|r| r.device != "cpu")
         .filter_map(|r| super::super::peer::counterpart(&r.strategy))
-        .chain(["cuda_graph_fp16", "compile_fp16"])
+        .chain(["cuda_graph_fp16", "compile_fp16", "compile_graph_fp16"])
         .collect();
     only.sort_unstable();
     only.dedup();
