@@ -245,6 +245,11 @@ impl Blas {
         self.workspace.len()
     }
 
+    /// The stream its calls are enqueued on (to time them with events).
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
     pub(crate) fn stream_cu(&self) -> cudarc::driver::sys::CUstream {
         self.stream.cu()
     }

@@ -211,6 +211,31 @@ impl Blas {
     /// Builds the matmul of `spec` with the heuristic's first algorithm; `Ok(None)` when
     /// cuBLASLt has none for it (a combination of types and epilogue it does not fuse).
     pub fn lt_matmul(&self, spec: MatmulSpec) -> Result<Option<LtMatmul>> {
+        Ok(self.lt_matmul_candidates(spec, 1)?.into_iter().next())
+    }
+
+    /// Up to `max` builds of the matmul of `spec`, one a heuristic result in the heuristic's
+    /// order (each with descriptors of its own); empty when cuBLASLt has none for it.
+    pub fn lt_matmul_candidates(&self, spec: MatmulSpec, max: usize) -> Result<Vec<LtMatmul>> {
+        let probe = self.describe(spec)?;
+        let found = self.heuristics(&probe, max.max(1))?;
+        let mut plans = Vec::with_capacity(found.len());
+        // the first result keeps the descriptors it was found with; each other gets its own
+        let mut probe = Some(probe);
+        for (algo, workspace_bytes) in found {
+            let mut plan = match probe.take() {
+                Some(plan) => plan,
+                None => self.describe(spec)?,
+            };
+            plan.algo = algo;
+            plan.workspace_bytes = workspace_bytes;
+            plans.push(plan);
+        }
+        Ok(plans)
+    }
+
+    /// The descriptors of `spec` (its algorithm not chosen yet).
+    fn describe(&self, spec: MatmulSpec) -> Result<LtMatmul> {
         use lt::cublasLtMatmulDescAttributes_t as A;
         if spec.inputs.matmul_only() || spec.output.matmul_only() || spec.bias_type.matmul_only() {
             return Err(Error::Invalid(format!(
@@ -296,13 +321,25 @@ impl Blas {
                 )
             })?;
         }
+        Ok(plan)
+    }
+
+    /// Up to `max` of the heuristic's algorithms for `plan`'s descriptors, in its order, each
+    /// with the workspace it needs (within this Blas's); empty where it has none.
+    fn heuristics(
+        &self,
+        plan: &LtMatmul,
+        max: usize,
+    ) -> Result<Vec<(lt::cublasLtMatmulAlgo_t, usize)>> {
         let mut pref = std::ptr::null_mut();
         let ws = self.workspace_len() as u64;
-        let mut result: lt::cublasLtMatmulHeuristicResult_t =
-            // SAFETY: a plain C struct; all-zero is a valid "nothing yet".
-            unsafe { std::mem::zeroed() };
+        let mut results: Vec<lt::cublasLtMatmulHeuristicResult_t> =
+            // SAFETY: plain C structs; all-zero is a valid "nothing yet".
+            (0..max).map(|_| unsafe { std::mem::zeroed() }).collect();
         let mut count = 0;
-        // SAFETY: out-pointers to locals; the descriptors are live (owned by plan).
+        let requested = i32::try_from(max).unwrap_or(i32::MAX);
+        // SAFETY: out-pointers to locals (`results` holds `requested` entries); the
+        // descriptors are live (owned by plan).
         let found = unsafe {
             lt_ok(
                 "cublasLtMatmulPreferenceCreate",
@@ -328,8 +365,8 @@ impl Blas {
                     plan.layouts[2],
                     plan.layouts[2],
                     pref,
-                    1,
-                    &mut result,
+                    requested,
+                    results.as_mut_ptr(),
                     &mut count,
                 )
             })
@@ -341,16 +378,16 @@ impl Blas {
             }
         }
         let status = found?;
-        if status != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
-            || count < 1
-            || result.state != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
-        {
+        if status != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             // NOT_SUPPORTED and friends: no algorithm for this combination
-            return Ok(None);
+            return Ok(Vec::new());
         }
-        plan.algo = result.algo;
-        plan.workspace_bytes = result.workspaceSize;
-        Ok(Some(plan))
+        let count = usize::try_from(count).unwrap_or(0).min(max);
+        Ok(results[..count]
+            .iter()
+            .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+            .map(|r| (r.algo, r.workspaceSize))
+            .collect())
     }
 
     /// Runs `plan`: `d = op(a) op(b) + beta * d` with its epilogue; `bias` is read (Bias,

@@ -24,6 +24,27 @@ struct GemmRun {
     fused: bool,
 }
 
+/// Algorithms of cuBLASLt's heuristic timed for each Gemm step: at the small products of small
+/// batches its first choice is not always the fastest.
+const GEMM_CANDIDATES: usize = 8;
+
+/// Below this fraction of the heuristic's first choice's time another candidate replaces it
+/// (within it, timing noise would decide).
+const GEMM_WIN: f64 = 0.97;
+
+/// The candidate to keep from their device times (in the heuristic's order; infinite: it did
+/// not run): the heuristic's first unless another is faster by more than 3%, the fastest that
+/// ran where the first did not; None where none ran.
+fn pick_gemm(times: &[f64]) -> Option<usize> {
+    let best = (0..times.len())
+        .filter(|&i| times[i].is_finite())
+        .min_by(|&i, &j| times[i].total_cmp(&times[j]))?;
+    match times[0].is_finite() && times[best] >= times[0] * GEMM_WIN {
+        true => Some(0),
+        false => Some(best),
+    }
+}
+
 /// A program prepared on a device.
 pub struct ProgramSession<'a> {
     ctx: &'a GpuContext,
@@ -230,7 +251,8 @@ impl<'a> ProgramSession<'a> {
     }
 
     /// A cuBLASLt plan for every Gemm step: with its epilogue where cuBLASLt has an algorithm
-    /// for it, else the bare product (the epilogue then runs on the element-wise kernel).
+    /// for it, else the bare product (the epilogue then runs on the element-wise kernel); the
+    /// heuristic's first [`GEMM_CANDIDATES`] timed on the step's own buffers ([`pick_gemm`]).
     fn plan_gemms(&mut self) -> Result<()> {
         let dtype = self.program.dtype;
         let mut gemms = Vec::with_capacity(self.program.steps.len());
@@ -262,22 +284,77 @@ impl<'a> ProgramSession<'a> {
                 sm_count_target: None,
             };
             let blas = self.ctx.blas.get()?;
-            let fused = match epilogue {
-                Some(e) => blas.lt_matmul(MatmulSpec {
-                    epilogue: e,
-                    ..spec
-                })?,
-                None => None,
+            let mut fused = true;
+            let mut candidates = match epilogue {
+                Some(e) => blas.lt_matmul_candidates(
+                    MatmulSpec {
+                        epilogue: e,
+                        ..spec
+                    },
+                    GEMM_CANDIDATES,
+                )?,
+                None => Vec::new(),
             };
-            gemms.push(match fused {
-                Some(plan) => Some(GemmRun { plan, fused: true }),
-                None => blas
-                    .lt_matmul(spec)?
-                    .map(|plan| GemmRun { plan, fused: false }),
-            });
+            if candidates.is_empty() {
+                fused = false;
+                candidates = blas.lt_matmul_candidates(spec, GEMM_CANDIDATES)?;
+            }
+            let pick = self.fastest_gemm(blas, g, &candidates, fused)?;
+            gemms.push(pick.map(|i| GemmRun {
+                plan: candidates.swap_remove(i),
+                fused,
+            }));
         }
         self.gemms = gemms;
         Ok(())
+    }
+
+    /// Which of `candidates` runs Gemm step `g` fastest, timed on its own buffers (device time,
+    /// the median of 10 runs after 2 warm-ups; the arena's contents before a run are of no
+    /// use to anyone, so the products may write their outputs); None where there is none. A
+    /// candidate that fails to run is left out.
+    fn fastest_gemm(
+        &self,
+        blas: &gpukit_cuda::blas::Blas,
+        g: &GemmStep,
+        candidates: &[LtMatmul],
+        fused: bool,
+    ) -> Result<Option<usize>> {
+        if candidates.len() <= 1 {
+            return Ok((!candidates.is_empty()).then_some(0));
+        }
+        let v = |t: &Tref| self.view(t);
+        let (a, b, y) = (v(&g.a)?, v(&g.b)?, v(&g.y)?);
+        let z = g.z.as_ref().map(&v).transpose()?;
+        let (bias, c) = match fused {
+            true => (g.bias.map(|c| self.const_view(c)).transpose()?, z),
+            false => (None, None),
+        };
+        let beta = if c.is_some() { 1.0 } else { 0.0 };
+        let mut times = Vec::with_capacity(candidates.len());
+        for plan in candidates {
+            let run = || blas.run_lt_with(plan, (b, a, c, y), beta, bias, None);
+            let ms = gpukit_cuda::timing::time_on_stream(blas.stream(), 2, 10, run)
+                .ok()
+                .and_then(|mut t| {
+                    t.sort_by(f64::total_cmp);
+                    t.get(t.len() / 2).copied()
+                })
+                .unwrap_or(f64::INFINITY);
+            times.push(ms);
+        }
+        let pick = pick_gemm(&times);
+        gpukit_cuda::trace::note(|| {
+            let us: Vec<String> = times.iter().map(|t| format!("{:.1}", t * 1e3)).collect();
+            format!(
+                "gemm {}x{}x{} (fused {fused}): candidate {pick:?} of [{}] us",
+                g.m,
+                g.n,
+                g.k,
+                us.join(", ")
+            )
+        });
+        Ok(pick)
     }
 
     /// Gemm step `i`: its cuBLASLt plan (cuBLAS's GEMM where it has none), then its epilogue
@@ -629,5 +706,26 @@ fn library_act(a: Option<Activation>) -> Option<Act> {
         Activation::Gelu => Some(Act::Gelu),
         Activation::Sigmoid => Some(Act::Sigmoid),
         Activation::HardSwish | Activation::HardSigmoid { .. } => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick_gemm;
+
+    #[test]
+    fn the_heuristics_first_gemm_stays_unless_another_is_clearly_faster() {
+        // within 3%: the first (noise would decide otherwise)
+        assert_eq!(pick_gemm(&[10.0, 9.8, 9.9]), Some(0));
+        // more than 3% faster: that one, the fastest of them
+        assert_eq!(pick_gemm(&[10.0, 9.0, 8.5, 9.6]), Some(2));
+        // the first did not run: the fastest that did
+        assert_eq!(pick_gemm(&[f64::INFINITY, 12.0, 11.0]), Some(2));
+        // one candidate, none that ran, none at all
+        assert_eq!(pick_gemm(&[5.0]), Some(0));
+        assert_eq!(pick_gemm(&[f64::INFINITY, f64::INFINITY]), None);
+        assert_eq!(pick_gemm(&[]), None);
+        // NaN never wins
+        assert_eq!(pick_gemm(&[10.0, f64::NAN, 9.0]), Some(2));
     }
 }
