@@ -39,3 +39,67 @@ pub fn time_on_stream<E: From<Error>>(
         })
         .collect()
 }
+
+/// Device milliseconds of one run of each of `candidates` alternatives (`enqueue(i)` queues
+/// alternative `i` once on `stream`), for kernels too short to time one at a time: each is
+/// captured as a graph of as many runs as fill about `replay_ms` (at most `most_runs`), the
+/// graphs replayed once each untimed, then timed in `rounds` interleaved turns (a clock that
+/// drifts during the rounds moves every alternative alike); each score is the median of its
+/// turns over its runs. An alternative that cannot be captured or run scores infinity.
+pub fn replays_in_turns<E: From<Error>>(
+    stream: &Stream,
+    candidates: usize,
+    replay_ms: f64,
+    most_runs: usize,
+    rounds: usize,
+    mut enqueue: impl FnMut(usize) -> Result<(), E>,
+) -> Result<Vec<f64>, E> {
+    let mut capture = |i: usize, runs: usize| {
+        stream
+            .capture(|| (0..runs).try_for_each(|_| enqueue(i)))
+            .ok()
+    };
+    let once = |g: &crate::stream::Graph| {
+        time_on_stream::<Error>(stream, 1, 1, || g.launch())
+            .ok()
+            .and_then(|t| t.first().copied())
+    };
+    // a first estimate from one run each sets how many runs a graph holds
+    let singles: Vec<Option<crate::stream::Graph>> =
+        (0..candidates).map(|i| capture(i, 1)).collect();
+    let fastest = singles
+        .iter()
+        .flatten()
+        .filter_map(once)
+        .fold(f64::INFINITY, f64::min);
+    if !fastest.is_finite() {
+        return Ok(vec![f64::INFINITY; candidates]);
+    }
+    let runs = ((replay_ms / fastest.max(1e-4)).ceil() as usize).clamp(1, most_runs.max(1));
+    drop(singles);
+    let graphs: Vec<Option<crate::stream::Graph>> =
+        (0..candidates).map(|i| capture(i, runs)).collect();
+    for g in graphs.iter().flatten() {
+        g.launch()?;
+    }
+    stream.synchronize()?;
+    let mut turns = vec![Vec::with_capacity(rounds); candidates];
+    for _ in 0..rounds.max(1) {
+        for (i, g) in graphs.iter().enumerate() {
+            if let Some(ms) = g.as_ref().and_then(|g| {
+                time_on_stream::<Error>(stream, 0, 1, || g.launch())
+                    .ok()
+                    .and_then(|t| t.first().copied())
+            }) {
+                turns[i].push(ms / runs as f64);
+            }
+        }
+    }
+    Ok(turns
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            t.get(t.len() / 2).copied().unwrap_or(f64::INFINITY)
+        })
+        .collect())
+}

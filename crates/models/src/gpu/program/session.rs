@@ -256,6 +256,9 @@ impl<'a> ProgramSession<'a> {
     fn plan_gemms(&mut self) -> Result<()> {
         let dtype = self.program.dtype;
         let mut gemms = Vec::with_capacity(self.program.steps.len());
+        // a network repeats its products (a block per stage): each shape is timed once
+        let mut picked: HashMap<(MatmulSpec, Option<LtEpilogue>, bool, bool), Option<usize>> =
+            HashMap::new();
         for (_, step) in &self.program.steps {
             let Step::Gemm(g) = step else {
                 gemms.push(None);
@@ -299,7 +302,15 @@ impl<'a> ProgramSession<'a> {
                 fused = false;
                 candidates = blas.lt_matmul_candidates(spec, GEMM_CANDIDATES)?;
             }
-            let pick = self.fastest_gemm(blas, g, &candidates, fused)?;
+            let key = (spec, epilogue, fused, g.z.is_some());
+            let pick = match picked.get(&key) {
+                Some(&pick) => pick.filter(|&i| i < candidates.len()),
+                None => {
+                    let pick = self.fastest_gemm(blas, g, &candidates, fused)?;
+                    picked.insert(key, pick);
+                    pick
+                }
+            };
             gemms.push(pick.map(|i| GemmRun {
                 plan: candidates.swap_remove(i),
                 fused,
@@ -309,10 +320,12 @@ impl<'a> ProgramSession<'a> {
         Ok(())
     }
 
-    /// Which of `candidates` runs Gemm step `g` fastest, timed on its own buffers (device time,
-    /// the median of 10 runs after 2 warm-ups; the arena's contents before a run are of no
-    /// use to anyone, so the products may write their outputs); None where there is none. A
-    /// candidate that fails to run is left out.
+    /// Which of `candidates` runs Gemm step `g` fastest, timed on its own buffers (device time:
+    /// graphs of up to 32 runs of about 0.1 ms replayed in 5 interleaved turns, since one
+    /// product of a small batch takes a few microseconds and one timed call as long again in
+    /// launch and event overhead; the arena's contents before a run are of no use to anyone,
+    /// so the products may write their outputs); None where there is none. A candidate that
+    /// fails to run is left out.
     fn fastest_gemm(
         &self,
         blas: &gpukit_cuda::blas::Blas,
@@ -331,18 +344,14 @@ impl<'a> ProgramSession<'a> {
             false => (None, None),
         };
         let beta = if c.is_some() { 1.0 } else { 0.0 };
-        let mut times = Vec::with_capacity(candidates.len());
-        for plan in candidates {
-            let run = || blas.run_lt_with(plan, (b, a, c, y), beta, bias, None);
-            let ms = gpukit_cuda::timing::time_on_stream(blas.stream(), 2, 10, run)
-                .ok()
-                .and_then(|mut t| {
-                    t.sort_by(f64::total_cmp);
-                    t.get(t.len() / 2).copied()
-                })
-                .unwrap_or(f64::INFINITY);
-            times.push(ms);
-        }
+        let times = gpukit_cuda::timing::replays_in_turns(
+            blas.stream(),
+            candidates.len(),
+            0.1,
+            32,
+            5,
+            |i| blas.run_lt_with(&candidates[i], (b, a, c, y), beta, bias, None),
+        )?;
         let pick = pick_gemm(&times);
         gpukit_cuda::trace::note(|| {
             let us: Vec<String> = times.iter().map(|t| format!("{:.1}", t * 1e3)).collect();
