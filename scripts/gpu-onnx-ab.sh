@@ -5,7 +5,8 @@
 # torchvision's classifiers exported (scripts/export_torchvision.py), each run by both binaries
 # in turns (base new new base) with `infer --onnx --device cuda:0 --strategies fp16-nhwc-graph`
 # (every row checked against ONNX Runtime), each binary with its own choice cache; then the
-# first model's batch-1 profile by op on the new binary, and, with PYTORCH=1, the first model
+# first model's profile by op at each batch of PROFILE_BATCHES (default 1) on the new binary
+# (and the base one with PROFILE_BASE=1), and, with PYTORCH=1, the first model
 # beside PyTorch (`--compare-pytorch --torchvision`). Writes 0-summary.txt (first, so a call
 # that returns few files brings it back) and ab.tar.gz under $OUT.
 set -u
@@ -42,8 +43,17 @@ for m in $MODELS; do
   done
 done
 first=${MODELS%% *}
-env -u LD_LIBRARY_PATH XDG_CACHE_HOME="$W/cache-new" timeout 120 "$NEW" profile infer --onnx "$W/$first.onnx" \
-  --batch-size 1 --strategy "$STRATEGY" --group-by op --top 12 >"$OUT/ab/profile-$first-b1.txt" 2>&1
-grep -E "Step without|│ [a-z]" "$OUT/ab/profile-$first-b1.txt" | head -16 | cut -c1-180 | tee -a "$S"
+# the first model's profile by op at each batch of PROFILE_BATCHES (default 1), on the new
+# binary, and on the base one too with PROFILE_BASE=1
+for b in ${PROFILE_BATCHES:-1}; do
+  for which in new $([ "${PROFILE_BASE:-0}" = 1 ] && echo base); do
+    bin=$NEW; [ "$which" = base ] && bin=$BASE
+    f="$OUT/ab/profile-$first-b$b-$which.txt"
+    env -u LD_LIBRARY_PATH XDG_CACHE_HOME="$W/cache-$which" timeout 120 "$bin" profile infer --onnx "$W/$first.onnx" \
+      --batch-size "$b" --strategy "$STRATEGY" --group-by op --top 12 >"$f" 2>&1
+    say "profile $first b$b $which rc=$?"
+    grep -E "Step without|│ [a-z]" "$f" | head -16 | cut -c1-180 | tee -a "$S"
+  done
+done
 [ "${PYTORCH:-0}" = 1 ] && run new "$first" "$first-pytorch" --compare-pytorch --torchvision "$first"
 tar -C "$OUT" -czf "$OUT/ab.tar.gz" ab && rm -rf "$OUT/ab"
