@@ -263,13 +263,103 @@ fn depthwise_matches_float64() -> Result<(), Failed> {
     }
 }
 
+/// Every depthwise kernel that runs a shape against the one the engine chooses (itself checked
+/// against float64 above), at ConvNeXt-T's and MobileNetV3's shapes at batch 1 and 32 in f16;
+/// with `GPUKIT_DW_TIMINGS=1`, each one's device time too (graphs of launches replayed in
+/// turns), to choose among them by measurement.
+fn depthwise_variants_agree() -> Result<(), Failed> {
+    use gpukit_models::gpu::program::kernels::DEPTHWISE_VARIANTS;
+    let discovery = DISCOVERY.get().ok_or("no discovery")?;
+    let ctx = GpuContext::open(discovery, 0)?;
+    let k = ProgramKernels::new(discovery, &ctx.gpu)?;
+    let timings = std::env::var("GPUKIT_DW_TIMINGS").is_ok_and(|v| v == "1");
+    let dtype = DType::F16;
+    let mut failures = Vec::new();
+    for (n, c, h, f) in [
+        (32, 96, 56, 7),
+        (32, 192, 28, 7),
+        (32, 384, 14, 7),
+        (32, 768, 7, 7),
+        (1, 96, 56, 7),
+        (1, 384, 14, 7),
+        (32, 72, 56, 3),
+        (32, 240, 14, 5),
+    ] {
+        let shape = ConvShape {
+            n,
+            c,
+            h,
+            w: h,
+            k: c,
+            r: f,
+            s: f,
+            stride: 1,
+            pad: f / 2,
+            groups: c,
+        };
+        let seed = fresh_seed();
+        let len = n * c * h * h;
+        let (x, _) = upload(&ctx, &normal_f32(len, seed), dtype)?;
+        let taps: Vec<f32> = normal_f32(f * f * c, seed + 1)
+            .iter()
+            .map(|v| v / f as f32)
+            .collect();
+        let (taps, _) = upload(&ctx, &taps, dtype)?;
+        let (bias, _) = upload(&ctx, &normal_f32(c, seed + 2), dtype)?;
+        let bytes = len * dtype.storage().size_bytes();
+        let (want, got) = (ctx.gpu.alloc(bytes)?, ctx.gpu.alloc(bytes)?);
+        let run = |variant: Option<&str>, y: &DeviceBuffer| {
+            let (x, t, b, y) = (x.view(), taps.view(), Some(bias.view()), y.view());
+            match variant {
+                Some(v) => k.depthwise_variant(v, dtype, &shape, x, t, b, None, None, y),
+                None => k.depthwise(dtype, &shape, x, t, b, None, None, y),
+            }
+        };
+        run(None, &want)?;
+        let reference = download(&ctx, &want, dtype)?;
+        let mut runs = Vec::new();
+        for v in DEPTHWISE_VARIANTS {
+            if run(Some(v), &got).is_err() {
+                continue; // it does not take this shape
+            }
+            let r = rel(&download(&ctx, &got, dtype)?, &reference);
+            if r > kernel_tolerance(dtype) {
+                failures.push(format!(
+                    "{v} {n}x{c}x{h}x{h} {f}x{f} (seed {seed}): {r:.1e}"
+                ));
+            }
+            runs.push(v);
+        }
+        if timings {
+            let ms = gpukit_cuda::timing::replays_in_turns(
+                ctx.gpu.stream(),
+                runs.len(),
+                0.2,
+                32,
+                7,
+                |i| run(Some(runs[i]), &got),
+            )?;
+            let row: Vec<String> = runs
+                .iter()
+                .zip(&ms)
+                .map(|(v, t)| format!("{} {:.1}", v.trim_start_matches("depthwise_"), t * 1e3))
+                .collect();
+            println!("dw timing {n}x{c}x{h}x{h} {f}x{f} us: {}", row.join(", "));
+        }
+    }
+    match failures.is_empty() {
+        true => Ok(()),
+        false => Err(failures.join("\n").into()),
+    }
+}
+
 type Test = fn() -> Result<(), Failed>;
 
 fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 3] = [
+    let tests: [(&str, Test); 4] = [
         (
             "gpu::program::every_fixture_matches_the_interpreter",
             every_fixture_matches_the_interpreter,
@@ -281,6 +371,10 @@ fn main() {
         (
             "gpu::program::depthwise_matches_float64",
             depthwise_matches_float64,
+        ),
+        (
+            "gpu::program::depthwise_variants_agree",
+            depthwise_variants_agree,
         ),
     ];
     let trials = tests

@@ -18,6 +18,9 @@ use gpukit_types::DType;
 pub(super) mod channels_last;
 /// The channel-last kernels' module (depthwise, pooling, global average).
 pub use channels_last::kernel_source as channels_last_source;
+pub(super) mod depthwise;
+/// Every depthwise kernel by name, for `ProgramKernels::depthwise_variant`.
+pub use depthwise::VARIANTS as DEPTHWISE_VARIANTS;
 mod geometry;
 
 pub use geometry::Window;

@@ -6,7 +6,7 @@
 //! tensors runs on gpukit's kernel with its whole epilogue.
 
 use super::{Buf, ConvStep, DepthwiseStep, Lowered, Lowering, MatVecStep, Step, Tref};
-use crate::gpu::program::kernels::channels_last;
+use crate::gpu::program::kernels::depthwise;
 use crate::gpu::program::Strided;
 use crate::graph::{Activation, Binary, Op, ValueId};
 use gpukit_tensor::{ConvShape, Layout};
@@ -137,7 +137,7 @@ impl Lowering<'_> {
         let dense = |t: &Tref| t.s == Strided::image(t.s.dims, Layout::Nhwc);
         if self.layout == Layout::Nhwc
             && c_real == c_pad
-            && channels_last::depthwise_runs(&shape)
+            && depthwise::depthwise_runs(&shape)
             && dense(&x)
             && z.as_ref().is_none_or(dense)
         {
