@@ -68,10 +68,21 @@ fn tile_variant(
 ) -> Option<(String, usize, Launch)> {
     let v = 8 / dtype.size_bytes();
     let (p, q) = (shape.out_h(), shape.out_w());
+    let reach = shape.n * p * q * (shape.c / v) <= TILE_MAX_VECTORS;
+    reach.then(|| tile_launch(shape, dtype, views)).flatten()
+}
+
+/// [`tile_variant`] without its reach (what the tiled kernel would do at any batch, for
+/// timing it there).
+fn tile_launch(
+    shape: &ConvShape,
+    dtype: DType,
+    views: &[Option<View<'_>>],
+) -> Option<(String, usize, Launch)> {
+    let v = 8 / dtype.size_bytes();
+    let (p, q) = (shape.out_h(), shape.out_w());
     let vectors = shape.c / v;
-    let fits = square_stride_one(shape, dtype, views)
-        && shape.n <= 65_535
-        && shape.n * p * q * vectors <= TILE_MAX_VECTORS;
+    let fits = square_stride_one(shape, dtype, views) && shape.n <= 65_535;
     if !fits {
         return None;
     }
@@ -137,7 +148,8 @@ fn chosen(shape: &ConvShape, dtype: DType, views: &[Option<View<'_>>]) -> (Strin
     }
 }
 
-/// The launch and G of kernel `stem` (a name of [`VARIANTS`]) for `shape`, where it runs it.
+/// The launch and G of kernel `stem` (a name of [`VARIANTS`]) for `shape`, where it runs it
+/// (the tiled kernel past the reach the engine gives it too).
 fn named(
     stem: &str,
     shape: &ConvShape,
@@ -151,7 +163,7 @@ fn named(
         "depthwise_one" => (grid_for(out), 0),
         "depthwise_vec" if shape.c.is_multiple_of(v) && aligned => (grid_for(out / v), 0),
         _ if stem.starts_with("depthwise_tile") => {
-            let (name, g, launch) = tile_variant(shape, dtype, views)?;
+            let (name, g, launch) = tile_launch(shape, dtype, views)?;
             (name == stem).then_some((launch, g))?
         }
         _ => {
@@ -424,8 +436,9 @@ mod tests {
         assert!(named("depthwise_rows3x4", &b32, f16, &[]).is_none());
         assert!(named("depthwise_vec", &b32, f16, &[]).is_some());
         assert!(named("depthwise_one", &b32, f16, &[]).is_some());
-        // the tiled kernel at batch 1 only (past its reach at 32)
-        assert!(named("depthwise_tile7", &b32, f16, &[]).is_none());
+        // the tiled kernel by name at any batch (chosen at batch 1 only)
+        assert!(named("depthwise_tile7", &b32, f16, &[]).is_some());
+        assert!(chosen(&b32, f16, &[]).0 != "depthwise_tile7");
         assert!(named("depthwise_tile7", &convnext(1, 96, 56), f16, &[]).is_some());
         assert!(named("depthwise_tile3", &convnext(1, 96, 56), f16, &[]).is_none());
         // a name of no kernel, and the choice is among the names
