@@ -353,7 +353,7 @@ extern "C" __global__ void depthwise_one_##TAG(const T* x, const T* w, const T* 
     const T* z, T* y, Dims g, int act, float alpha, float beta)                                \
     { depthwise<T, 1>(x, w, bias, z, y, g, act, alpha, beta); }                                 \
 DW_ROWS(T, TAG, 3, 2) DW_ROWS(T, TAG, 3, 4) DW_ROWS(T, TAG, 5, 2) DW_ROWS(T, TAG, 5, 4)          \
-DW_ROWS(T, TAG, 7, 2) DW_ROWS(T, TAG, 7, 4) DW_ROWS(T, TAG, 7, 8)                              \
+DW_ROWS(T, TAG, 7, 2) DW_ROWS(T, TAG, 7, 4)                                                    \
 DW_TILE(T, TAG, 3) DW_TILE(T, TAG, 5) DW_TILE(T, TAG, 7)                                       \
 extern "C" __global__ void pool_cl_##TAG(const T* x, T* y, Dims g) { pool_cl<T, V>(x, y, g); }  \
 extern "C" __global__ void gap_cl_##TAG(const T* x, T* y, float* partial, unsigned* count,      \
@@ -365,7 +365,7 @@ DEPTHWISE(B, bf16, 8)
 "#;
 
 /// The kernels' names without their element type tag.
-const KERNELS: [&str; 14] = [
+const KERNELS: [&str; 13] = [
     "depthwise_vec",
     "depthwise_one",
     "depthwise_rows3x2",
@@ -374,7 +374,6 @@ const KERNELS: [&str; 14] = [
     "depthwise_rows5x4",
     "depthwise_rows7x2",
     "depthwise_rows7x4",
-    "depthwise_rows7x8",
     "depthwise_tile3",
     "depthwise_tile5",
     "depthwise_tile7",
@@ -561,7 +560,6 @@ mod tests {
             ("depthwise_rows5x4_", "p p p p p s i f f"),
             ("depthwise_rows7x2_", "p p p p p s i f f"),
             ("depthwise_rows7x4_", "p p p p p s i f f"),
-            ("depthwise_rows7x8_", "p p p p p s i f f"),
             ("depthwise_tile3_", "p p p p p s i f f"),
             ("depthwise_tile5_", "p p p p p s i f f"),
             ("depthwise_tile7_", "p p p p p s i f f"),
