@@ -172,6 +172,23 @@ fn global_average_matches_float64() -> Result<(), Failed> {
     }
 }
 
+/// A depthwise convolution of `c` channels, an `f` x `f` filter of stride 1 and the padding
+/// that keeps the size, over `n` images of `h` x `h`.
+fn depthwise_shape(n: usize, c: usize, h: usize, f: usize) -> ConvShape {
+    ConvShape {
+        n,
+        c,
+        h,
+        w: h,
+        k: c,
+        r: f,
+        s: f,
+        stride: 1,
+        pad: f / 2,
+        groups: c,
+    }
+}
+
 /// The channel-last depthwise kernels against float64 where each runs: rows of outputs a
 /// thread (four at batch 8), tiles in shared memory (batch 1 to 4: maps a tile wide and not,
 /// channels not a whole group of a block) and an output a thread (f32's larger maps), 3x3, 5x5
@@ -194,19 +211,7 @@ fn depthwise_matches_float64() -> Result<(), Failed> {
             (1, 40, 13, 3, true),
             (4, 24, 10, 5, false),
         ] {
-            let pad = f / 2;
-            let shape = ConvShape {
-                n,
-                c,
-                h,
-                w: h,
-                k: c,
-                r: f,
-                s: f,
-                stride: 1,
-                pad,
-                groups: c,
-            };
+            let (pad, shape) = (f / 2, depthwise_shape(n, c, h, f));
             let seed = fresh_seed();
             let len = n * c * h * h;
             let (x, xs) = upload(&ctx, &normal_f32(len, seed), dtype)?;
@@ -268,7 +273,7 @@ fn depthwise_matches_float64() -> Result<(), Failed> {
 /// with `GPUKIT_DW_TIMINGS=1`, each one's device time too (graphs of launches replayed in
 /// turns), to choose among them by measurement.
 fn depthwise_variants_agree() -> Result<(), Failed> {
-    use gpukit_models::gpu::program::kernels::DEPTHWISE_VARIANTS;
+    use gpukit_models::gpu::program::kernels::depthwise_variants;
     let discovery = DISCOVERY.get().ok_or("no discovery")?;
     let ctx = GpuContext::open(discovery, 0)?;
     let k = ProgramKernels::new(discovery, &ctx.gpu)?;
@@ -285,18 +290,7 @@ fn depthwise_variants_agree() -> Result<(), Failed> {
         (32, 72, 56, 3),
         (32, 240, 14, 5),
     ] {
-        let shape = ConvShape {
-            n,
-            c,
-            h,
-            w: h,
-            k: c,
-            r: f,
-            s: f,
-            stride: 1,
-            pad: f / 2,
-            groups: c,
-        };
+        let shape = depthwise_shape(n, c, h, f);
         let seed = fresh_seed();
         let len = n * c * h * h;
         let (x, _) = upload(&ctx, &normal_f32(len, seed), dtype)?;
@@ -318,7 +312,7 @@ fn depthwise_variants_agree() -> Result<(), Failed> {
         run(None, &want)?;
         let reference = download(&ctx, &want, dtype)?;
         let mut runs = Vec::new();
-        for v in DEPTHWISE_VARIANTS {
+        for v in depthwise_variants() {
             if run(Some(v), &got).is_err() {
                 continue; // it does not take this shape
             }

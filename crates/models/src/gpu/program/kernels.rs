@@ -20,7 +20,7 @@ pub(super) mod channels_last;
 pub use channels_last::kernel_source as channels_last_source;
 pub(super) mod depthwise;
 /// Every depthwise kernel by name, for `ProgramKernels::depthwise_variant`.
-pub use depthwise::VARIANTS as DEPTHWISE_VARIANTS;
+pub use depthwise::variants as depthwise_variants;
 mod geometry;
 
 pub use geometry::Window;

@@ -365,7 +365,7 @@ DEPTHWISE(B, bf16, 8)
 "#;
 
 /// The kernels' names without their element type tag.
-const KERNELS: [&str; 13] = [
+pub(super) const KERNELS: [&str; 13] = [
     "depthwise_vec",
     "depthwise_one",
     "depthwise_rows3x2",
