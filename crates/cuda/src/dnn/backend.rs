@@ -242,7 +242,7 @@ impl Dnn {
             .map(|(_, _, c)| engine_facts(c))
             .transpose()?
             .unwrap_or((-1, None));
-        let built_from = built.kept_with(configs, heurs);
+        let built_from = built.kept_with(configs.into_iter().map(|(_, _, c)| c), heurs);
         Ok(GraphConv {
             plan,
             _built_from: built_from,

@@ -143,7 +143,7 @@ impl Dnn {
             .find(|(l, i, _)| (*l, *i) == pick)
             .map(|(_, _, c)| engine_facts(c).map_or(-1, |(e, _)| e))
             .unwrap_or(-1);
-        let built_from = built.kept_with(configs, heurs);
+        let built_from = built.kept_with(configs.into_iter().map(|(_, _, c)| c), heurs);
         Ok(Fp8Conv {
             plan,
             _built_from: built_from,

@@ -160,9 +160,9 @@ pub(super) struct Built {
 
 impl Built {
     /// Every descriptor a plan finalized from this graph keeps alive: the graph, its parts, its
-    /// engine configurations and the heuristics that gave them.
-    pub fn kept_with(self, configs: Vec<super::engines::Candidate>, heurs: Vec<Desc>) -> Vec<Desc> {
-        let mut kept: Vec<Desc> = configs.into_iter().map(|(_, _, c)| c).collect();
+    /// engine configurations' descriptors and the heuristics that gave them.
+    pub fn kept_with(self, configs: impl IntoIterator<Item = Desc>, heurs: Vec<Desc>) -> Vec<Desc> {
+        let mut kept: Vec<Desc> = configs.into_iter().collect();
         kept.extend(heurs);
         kept.push(self.graph);
         kept.extend(self.parts);

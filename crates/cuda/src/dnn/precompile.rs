@@ -425,7 +425,7 @@ fn compile(
     };
     let engine = engine_facts(cfg).map_or(-1, |(e, _)| e);
     let plan = finalize_plan(handle.0, cfg, pick, true)?;
-    let parts = built.kept_with(configs, heurs);
+    let parts = built.kept_with(configs.into_iter().map(|(_, _, c)| c), heurs);
     let kept = plan.as_ref().map(|_| Kept {
         _parts: parts,
         _handle: Arc::clone(handle),

@@ -10,7 +10,6 @@
 //!
 //! The general kernels (`super`) serve every other layout and stride.
 
-use super::depthwise::vector;
 use super::{dims_bytes, put, ProgramKernels, Strided, Window, HALF, PRELUDE};
 use gpukit_cuda::kernel::{grid_for, tag, Arg, KernelModule, KernelSource, Launch};
 use gpukit_cuda::{Result, View};
@@ -380,6 +379,11 @@ pub(super) const KERNELS: [&str; 13] = [
     "pool_cl",
     "gap_cl",
 ];
+
+/// Channels a thread of `depthwise_vec` computes for element type `dtype`.
+pub(super) fn vector(dtype: DType) -> usize {
+    16 / dtype.size_bytes()
+}
 
 /// The module: its name in the kernel cache, its source and its kernels.
 pub fn kernel_source() -> KernelSource {

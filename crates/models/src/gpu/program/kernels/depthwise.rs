@@ -3,17 +3,13 @@
 //! else an output vector a thread), and each variant by name for timing them against one
 //! another.
 
+use super::channels_last::vector;
 use super::{activation_code, dims_bytes, put, ProgramKernels};
 use crate::graph::Activation;
 use gpukit_cuda::kernel::{grid_for, tag, Arg, Launch};
 use gpukit_cuda::{Error, Result, View};
 use gpukit_tensor::ConvShape;
 use gpukit_types::DType;
-
-/// Channels a thread of `depthwise_vec` computes for element type `dtype`.
-pub(super) fn vector(dtype: DType) -> usize {
-    16 / dtype.size_bytes()
-}
 
 /// Threads below which `depthwise_rows` would leave the GPU idle (a row's outputs shared by
 /// fewer threads): about two blocks of 128 an SM of the largest GPUs.
