@@ -189,6 +189,37 @@ fn depthwise_shape(n: usize, c: usize, h: usize, f: usize) -> ConvShape {
     }
 }
 
+/// A depthwise convolution's operands for `shape` on the device, drawn from `seed`: x, the
+/// taps (scaled by the filter's side) and a bias, each with the values rounded to `dtype`.
+#[allow(clippy::type_complexity)]
+fn depthwise_operands(
+    ctx: &GpuContext,
+    shape: &ConvShape,
+    dtype: DType,
+    seed: u64,
+) -> Result<
+    (
+        (DeviceBuffer, Vec<f64>),
+        (DeviceBuffer, Vec<f64>),
+        (DeviceBuffer, Vec<f64>),
+    ),
+    Failed,
+> {
+    let (c, f) = (shape.c, shape.r);
+    let x = upload(
+        ctx,
+        &normal_f32(shape.n * c * shape.h * shape.w, seed),
+        dtype,
+    )?;
+    let taps: Vec<f32> = normal_f32(f * f * c, seed + 1)
+        .iter()
+        .map(|v| v / f as f32)
+        .collect();
+    let taps = upload(ctx, &taps, dtype)?;
+    let bias = upload(ctx, &normal_f32(c, seed + 2), dtype)?;
+    Ok((x, taps, bias))
+}
+
 /// The channel-last depthwise kernels against float64 where each runs: rows of outputs a
 /// thread (four at batch 8), tiles in shared memory (batch 1 to 4: maps a tile wide and not,
 /// channels not a whole group of a block) and an output a thread (f32's larger maps), 3x3, 5x5
@@ -214,13 +245,7 @@ fn depthwise_matches_float64() -> Result<(), Failed> {
             let (pad, shape) = (f / 2, depthwise_shape(n, c, h, f));
             let seed = fresh_seed();
             let len = n * c * h * h;
-            let (x, xs) = upload(&ctx, &normal_f32(len, seed), dtype)?;
-            let taps: Vec<f32> = normal_f32(f * f * c, seed + 1)
-                .iter()
-                .map(|v| v / f as f32)
-                .collect();
-            let (taps, ts) = upload(&ctx, &taps, dtype)?;
-            let (bias, bs) = upload(&ctx, &normal_f32(c, seed + 2), dtype)?;
+            let ((x, xs), (taps, ts), (bias, bs)) = depthwise_operands(&ctx, &shape, dtype, seed)?;
             let (z, zs) = upload(&ctx, &normal_f32(len, seed + 3), dtype)?;
             let mut want = Vec::with_capacity(len);
             for (o, zo) in zs.iter().enumerate() {
@@ -293,13 +318,7 @@ fn depthwise_variants_agree() -> Result<(), Failed> {
         let shape = depthwise_shape(n, c, h, f);
         let seed = fresh_seed();
         let len = n * c * h * h;
-        let (x, _) = upload(&ctx, &normal_f32(len, seed), dtype)?;
-        let taps: Vec<f32> = normal_f32(f * f * c, seed + 1)
-            .iter()
-            .map(|v| v / f as f32)
-            .collect();
-        let (taps, _) = upload(&ctx, &taps, dtype)?;
-        let (bias, _) = upload(&ctx, &normal_f32(c, seed + 2), dtype)?;
+        let ((x, _), (taps, _), (bias, _)) = depthwise_operands(&ctx, &shape, dtype, seed)?;
         let bytes = len * dtype.storage().size_bytes();
         let (want, got) = (ctx.gpu.alloc(bytes)?, ctx.gpu.alloc(bytes)?);
         let run = |variant: Option<&str>, y: &DeviceBuffer| {
