@@ -366,13 +366,88 @@ fn depthwise_variants_agree() -> Result<(), Failed> {
     }
 }
 
+/// Every layer-norm kernel that takes a shape against the one the engine chooses (the fixtures
+/// check that one against the interpreter), at ConvNeXt-T's rows at batch 1 and 32, f16 and
+/// bf16; with `GPUKIT_LN_TIMINGS=1`, each one's device time in f16 too (graphs replayed in
+/// turns).
+fn layer_norm_variants_agree() -> Result<(), Failed> {
+    use gpukit_models::gpu::program::kernels::LAYER_NORM_VARIANTS;
+    let discovery = DISCOVERY.get().ok_or("no discovery")?;
+    let ctx = GpuContext::open(discovery, 0)?;
+    let k = ProgramKernels::new(discovery, &ctx.gpu)?;
+    let timings = std::env::var("GPUKIT_LN_TIMINGS").is_ok_and(|v| v == "1");
+    let mut failures = Vec::new();
+    for dtype in [DType::F16, DType::Bf16] {
+        for (rows, cols) in [
+            (3136, 96),
+            (196, 384),
+            (49, 768),
+            (100_352, 96),
+            (25_088, 192),
+            (6272, 384),
+            (1568, 768),
+        ] {
+            let seed = fresh_seed();
+            let (x, _) = upload(&ctx, &normal_f32(rows * cols, seed), dtype)?;
+            let gamma: Vec<f32> = normal_f32(cols, seed + 1)
+                .iter()
+                .map(|v| 1.0 + 0.2 * v)
+                .collect();
+            let (gamma, _) = upload(&ctx, &gamma, dtype)?;
+            let (beta, _) = upload(&ctx, &normal_f32(cols, seed + 2), dtype)?;
+            let bytes = rows * cols * dtype.storage().size_bytes();
+            let (want, got) = (ctx.gpu.alloc(bytes)?, ctx.gpu.alloc(bytes)?);
+            let run = |variant: Option<&str>, y: &DeviceBuffer| {
+                let (x, g, b, y) = (x.view(), gamma.view(), Some(beta.view()), y.view());
+                match variant {
+                    Some(v) => k.layer_norm_variant(v, dtype, x, g, b, y, (rows, cols), 1e-6),
+                    None => k.layer_norm(dtype, x, g, b, y, (rows, cols), 1e-6),
+                }
+            };
+            run(None, &want)?;
+            let reference = download(&ctx, &want, dtype)?;
+            let mut runs = Vec::new();
+            for v in LAYER_NORM_VARIANTS {
+                if run(Some(v), &got).is_err() {
+                    continue; // it does not take these rows
+                }
+                let r = rel(&download(&ctx, &got, dtype)?, &reference);
+                if r > kernel_tolerance(dtype) {
+                    failures.push(format!("{v} {dtype} {rows}x{cols} (seed {seed}): {r:.1e}"));
+                }
+                runs.push(v);
+            }
+            if timings && dtype == DType::F16 {
+                let ms = gpukit_cuda::timing::replays_in_turns(
+                    ctx.gpu.stream(),
+                    runs.len(),
+                    0.2,
+                    32,
+                    7,
+                    |i| run(Some(runs[i]), &got),
+                )?;
+                let row: Vec<String> = runs
+                    .iter()
+                    .zip(&ms)
+                    .map(|(v, t)| format!("{} {:.1}", v.trim_start_matches("layer_norm"), t * 1e3))
+                    .collect();
+                println!("ln timing {rows}x{cols} us: {}", row.join(", "));
+            }
+        }
+    }
+    match failures.is_empty() {
+        true => Ok(()),
+        false => Err(failures.join("\n").into()),
+    }
+}
+
 type Test = fn() -> Result<(), Failed>;
 
 fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 4] = [
+    let tests: [(&str, Test); 5] = [
         (
             "gpu::program::every_fixture_matches_the_interpreter",
             every_fixture_matches_the_interpreter,
@@ -388,6 +463,10 @@ fn main() {
         (
             "gpu::program::depthwise_variants_agree",
             depthwise_variants_agree,
+        ),
+        (
+            "gpu::program::layer_norm_variants_agree",
+            layer_norm_variants_agree,
         ),
     ];
     let trials = tests

@@ -19,8 +19,11 @@ pub(super) mod channels_last;
 /// The channel-last kernels' module (depthwise, pooling, global average).
 pub use channels_last::kernel_source as channels_last_source;
 pub(super) mod depthwise;
+pub(super) mod norm;
 /// Every depthwise kernel by name, for `ProgramKernels::depthwise_variant`.
 pub use depthwise::variants as depthwise_variants;
+/// Every layer-norm kernel by name, for `ProgramKernels::layer_norm_variant`.
+pub use norm::VARIANTS as LAYER_NORM_VARIANTS;
 mod geometry;
 
 pub use geometry::Window;
@@ -47,6 +50,12 @@ __device__ __forceinline__ float activate(int act, float x, float alpha, float b
     }
 }
 
+
+// The sum of `s` over a warp, in lane 0.
+__device__ __forceinline__ float warp_sum(float s) {
+    for (int k = 16; k > 0; k >>= 1) s += __shfl_down_sync(0xffffffffu, s, k);
+    return s;
+}
 "#;
 
 const SOURCE: &str = r#"
@@ -231,10 +240,6 @@ __device__ void pool(const T* __restrict__ x, T* __restrict__ y, Dims g) {
     }
 }
 
-__device__ __forceinline__ float warp_sum(float s) {
-    for (int k = 16; k > 0; k >>= 1) s += __shfl_down_sync(0xffffffffu, s, k);
-    return s;
-}
 
 // Global average pooling, a warp per output (for inputs whose spatial axes are contiguous).
 // x dims n, c, h, w in v[0..4], strides v[4..8]; y strides v[8..12].
@@ -276,98 +281,6 @@ __device__ void gap_channels(const T* __restrict__ x, T* __restrict__ y, Dims g)
             y[at4(d + 8, img, ch, 0, 0)] = from_f<T>(t / (float)hw);
         }
         __syncthreads();
-    }
-}
-
-// Layer normalization of `rows` contiguous rows of `cols` values, a warp per row, statistics in
-// f32: y = (x - mean) / sqrt(var + eps) * gamma (+ beta). beta may be null.
-template <class T>
-__device__ void layer_norm(const T* x, const T* __restrict__ gamma, const T* __restrict__ beta,
-                           T* y, long long rows, int cols, float eps) {
-    int lane = threadIdx.x & 31;
-    long long warp = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;
-    long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
-    for (long long row = warp; row < rows; row += warps) {
-        const T* xr = x + row * cols;
-        T* yr = y + row * cols;
-        float s = 0.0f;
-        for (int k = lane; k < cols; k += 32) s += to_f(xr[k]);
-        float mean = __shfl_sync(0xffffffffu, warp_sum(s), 0) / (float)cols;
-        float q = 0.0f;
-        for (int k = lane; k < cols; k += 32) { float e = to_f(xr[k]) - mean; q += e * e; }
-        float var = __shfl_sync(0xffffffffu, warp_sum(q), 0) / (float)cols;
-        float rstd = rsqrtf(var + eps);
-        for (int k = lane; k < cols; k += 32) {
-            float v = (to_f(xr[k]) - mean) * rstd * to_f(gamma[k]);
-            if (beta) v += to_f(beta[k]);
-            yr[k] = from_f<T>(v);
-        }
-    }
-}
-
-// The same for rows of cols = V * vectors values (16-byte aligned): a group of `group` lanes (a
-// power of 2 dividing 32) per row, each holding up to 4 vectors of its row in registers, so x
-// is read once; 32 / group rows a warp.
-template <class T, int V>
-__device__ void layer_norm_vec(const T* __restrict__ x, const T* __restrict__ gamma,
-                               const T* __restrict__ beta, T* __restrict__ y, long long rows,
-                               int cols, float eps, int group) {
-    const int lane = threadIdx.x & 31, sub = lane % group, per_warp = 32 / group;
-    const int vecs = cols / V;
-    long long warp = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;
-    long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
-    for (long long first = warp * per_warp; first < rows; first += warps * per_warp) {
-        const long long row = first + lane / group;
-        const bool live = row < rows;
-        float v[4][V];
-        float s = 0.0f;
-        // the scale and shift loaded with x, not after the sums (one wait on memory, not two)
-        Pack<T, V> gs[4], bs[4];
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-            const int k = sub + p * group;
-            if (live && k < vecs) {
-                gs[p] = *(const Pack<T, V>*)(gamma + k * V);
-                if (beta) bs[p] = *(const Pack<T, V>*)(beta + k * V);
-            }
-        }
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-            const int k = sub + p * group;
-            if (live && k < vecs) {
-                Pack<T, V> xv = *(const Pack<T, V>*)(x + row * cols + k * V);
-#pragma unroll
-                for (int u = 0; u < V; ++u) { v[p][u] = to_f(xv.v[u]); s += v[p][u]; }
-            } else {
-#pragma unroll
-                for (int u = 0; u < V; ++u) v[p][u] = 0.0f;
-            }
-        }
-        for (int o = group / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        const float mean = s / (float)cols;
-        float q = 0.0f;
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-            if (live && sub + p * group < vecs) {
-#pragma unroll
-                for (int u = 0; u < V; ++u) { float e = v[p][u] - mean; q += e * e; }
-            }
-        }
-        for (int o = group / 2; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
-        const float rstd = rsqrtf(q / (float)cols + eps);
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-            const int k = sub + p * group;
-            if (!live || k >= vecs) continue;
-            Pack<T, V> out;
-#pragma unroll
-            for (int u = 0; u < V; ++u) {
-                float r = (v[p][u] - mean) * rstd * to_f(gs[p].v[u]);
-                if (beta) r += to_f(bs[p].v[u]);
-                out.v[u] = from_f<T>(r);
-            }
-            *(Pack<T, V>*)(y + row * cols + k * V) = out;
-        }
     }
 }
 
@@ -444,11 +357,7 @@ extern "C" __global__ void pool_##TAG(const T* x, T* y, Dims g) { pool<T>(x, y, 
 extern "C" __global__ void gap_warps_##TAG(const T* x, T* y, Dims g) { gap_warps<T>(x, y, g); } \
 extern "C" __global__ void gap_channels_##TAG(const T* x, T* y, Dims g)                       \
     { gap_channels<T>(x, y, g); }                                                             \
-extern "C" __global__ void layer_norm_##TAG(const T* x, const T* gamma, const T* beta, T* y,   \
-    long long rows, int cols, float eps) { layer_norm<T>(x, gamma, beta, y, rows, cols, eps); } \
-extern "C" __global__ void layer_norm_vec_##TAG(const T* x, const T* gamma, const T* beta,     \
-    T* y, long long rows, int cols, float eps, int group)                                     \
-    { layer_norm_vec<T, 16 / sizeof(T)>(x, gamma, beta, y, rows, cols, eps, group); }          \
+LAYER_NORMS(T, TAG)                                                                            \
 extern "C" __global__ void matvec_vec_##TAG(const T* x, const T* w, const T* bias, const T* z,  \
     T* y, long long n, int k, int c, int group, int act, float alpha, float beta)              \
     { matvec<T, 16 / sizeof(T)>(x, w, bias, z, y, n, k, c, group, act, alpha, beta); }         \
@@ -464,7 +373,7 @@ INSTANCES(B, bf16)
 "#;
 
 /// The kernels' names without their element type tag.
-const KERNELS: [&str; 11] = [
+const KERNELS: [&str; 14] = [
     "pointwise",
     "pointwise_vec",
     "pool",
@@ -472,6 +381,9 @@ const KERNELS: [&str; 11] = [
     "gap_channels",
     "layer_norm",
     "layer_norm_vec",
+    "layer_norm_vec_late",
+    "layer_norm_vec3",
+    "layer_norm_vec3_late",
     "matvec_vec",
     "matvec_one",
     "to_f32",
@@ -486,7 +398,7 @@ pub fn kernel_source() -> KernelSource {
         .collect();
     KernelSource {
         stem: "program",
-        source: format!("{HALF}{PRELUDE}{SOURCE}"),
+        source: format!("{HALF}{PRELUDE}{}{SOURCE}", norm::SOURCE),
         names,
     }
 }
@@ -675,56 +587,6 @@ impl ProgramKernels {
         }
     }
 
-    /// Layer normalization of `rows` contiguous rows of `cols` values.
-    #[allow(clippy::too_many_arguments)]
-    pub fn layer_norm(
-        &self,
-        dtype: DType,
-        x: View<'_>,
-        gamma: View<'_>,
-        beta: Option<View<'_>>,
-        y: View<'_>,
-        (rows, cols): (usize, usize),
-        eps: f32,
-    ) -> Result<()> {
-        let e = dtype.size_bytes();
-        x.require(rows * cols * e, "layer norm x")?;
-        y.require(rows * cols * e, "layer norm y")?;
-        gamma.require(cols * e, "layer norm scale")?;
-        if let Some(b) = beta {
-            b.require(cols * e, "layer norm bias")?;
-        }
-        // rows of whole 16-byte vectors, at most 4 a lane: the vector kernel, a group of lanes
-        // a row
-        let width = 16 / e;
-        let vectors = cols / width;
-        let aligned = [Some(x), Some(gamma), beta, Some(y)]
-            .into_iter()
-            .flatten()
-            .all(|b| b.is_aligned(16));
-        let group = vectors.div_ceil(4).next_power_of_two().clamp(1, 32);
-        let vector = cols.is_multiple_of(width)
-            && vectors <= 4 * 32
-            && aligned
-            && beta.is_none_or(|b| b.is_aligned(16));
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(gamma),
-            Arg::opt(beta),
-            Arg::Ptr(y),
-            Arg::Size(rows),
-            Arg::Size(cols),
-            Arg::F32(eps),
-            Arg::I32(group as i32),
-        ];
-        let (stem, args, rows_a_block) = match vector {
-            true => ("layer_norm_vec", &args[..], 8 * (32 / group)),
-            false => ("layer_norm", &args[..7], 8),
-        };
-        let blocks = rows.div_ceil(rows_a_block).clamp(1, 65_535 * 8) as u32;
-        self.run(stem, dtype, Launch::new((blocks, 1, 1), (256, 1, 1)), args)
-    }
-
     /// `y [n, k] = act(x [n, c] w [k, c]^T + bias (+ z))`, all dense row-major: a group of
     /// lanes an output, sized so that each lane sums about four 16-byte vectors of a row.
     #[allow(clippy::too_many_arguments)]
@@ -818,6 +680,9 @@ mod tests {
             ("gap_channels_", "p p s"),
             ("layer_norm_", "p p p p l i f"),
             ("layer_norm_vec_", "p p p p l i f i"),
+            ("layer_norm_vec_late_", "p p p p l i f i"),
+            ("layer_norm_vec3_", "p p p p l i f i"),
+            ("layer_norm_vec3_late_", "p p p p l i f i"),
             ("matvec_vec_", "p p p p p l i i i i f f"),
             ("matvec_one_", "p p p p p l i i i i f f"),
             ("to_f32_", "p p s"),
