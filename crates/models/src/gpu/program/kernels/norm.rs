@@ -135,20 +135,37 @@ pub const VARIANTS: [&str; 5] = [
     "layer_norm_vec3_late",
 ];
 
-/// The kernel that runs rows of `vectors` 16-byte vectors (`vector`: rows of whole aligned
-/// vectors, at most 4 a lane with `group` lanes a row): `variant` where it takes them (the
-/// 3-vector kernels need at most 3 a lane), the engine's choice where `variant` is None.
-fn kernel(variant: Option<&str>, vector: bool, vectors: usize, group: usize) -> Option<&str> {
+/// Rows from which the engine loads the scale and shift after the statistics: timed on an
+/// H200 at ConvNeXt-T's rows, the late kernels took 11.4 / 6.3 / 3.9 us at 100,352 / 25,088 /
+/// 6,272 rows where the early ones took 17.6 / 7.8 / 5.4 (fewer registers, more rows in
+/// flight), 3.5 against 3.5 at 1,568, and 3.1 against 2.9 at 196 and 49 rows.
+const LATE_FROM_ROWS: usize = 1024;
+
+/// The kernel that runs `rows` rows of `vectors` 16-byte vectors (`vector`: rows of whole
+/// aligned vectors, at most 4 a lane with `group` lanes a row): `variant` where it takes them
+/// (the 3-vector kernels need at most 3 a lane), the engine's choice where `variant` is None
+/// (the 3-vector kernels where they fit, the scale and shift loaded late from
+/// [`LATE_FROM_ROWS`] rows).
+fn kernel(
+    variant: Option<&str>,
+    vector: bool,
+    vectors: usize,
+    group: usize,
+    rows: usize,
+) -> Option<&'static str> {
+    let three = vector && vectors.div_ceil(group) <= 3;
     let takes = |v: &str| match v {
         "layer_norm" => true,
         "layer_norm_vec" | "layer_norm_vec_late" => vector,
-        "layer_norm_vec3" | "layer_norm_vec3_late" => vector && vectors.div_ceil(group) <= 3,
+        "layer_norm_vec3" | "layer_norm_vec3_late" => three,
         _ => false,
     };
     match variant {
-        None if vector => Some("layer_norm_vec"),
-        None => Some("layer_norm"),
-        Some(v) => takes(v).then_some(v),
+        None if !vector => Some("layer_norm"),
+        None if rows < LATE_FROM_ROWS => Some("layer_norm_vec"),
+        None if three => Some("layer_norm_vec3_late"),
+        None => Some("layer_norm_vec_late"),
+        Some(v) => VARIANTS.into_iter().find(|k| *k == v && takes(k)),
     }
 }
 
@@ -224,7 +241,7 @@ impl ProgramKernels {
             Arg::F32(eps),
             Arg::I32(group as i32),
         ];
-        let Some(stem) = kernel(variant, vector, vectors, group) else {
+        let Some(stem) = kernel(variant, vector, vectors, group, rows) else {
             return Err(Error::Invalid(format!(
                 "{} does not take {rows} rows of {cols} values",
                 variant.unwrap_or("layer_norm")
@@ -249,24 +266,37 @@ mod tests {
         for (vectors, group) in [(12, 4), (24, 8), (48, 16), (96, 32)] {
             for v in VARIANTS {
                 assert_eq!(
-                    kernel(Some(v), true, vectors, group),
+                    kernel(Some(v), true, vectors, group, 196),
                     Some(v),
                     "{v} {vectors}"
                 );
             }
         }
         // 4 vectors a lane: not the 3-vector kernels
-        assert_eq!(kernel(Some("layer_norm_vec3"), true, 16, 4), None);
+        assert_eq!(kernel(Some("layer_norm_vec3"), true, 16, 4, 196), None);
         assert_eq!(
-            kernel(Some("layer_norm_vec"), true, 16, 4),
+            kernel(Some("layer_norm_vec"), true, 16, 4, 196),
             Some("layer_norm_vec")
         );
         // rows not of whole vectors: the warp kernel only
-        assert_eq!(kernel(Some("layer_norm_vec"), false, 12, 4), None);
-        assert_eq!(kernel(Some("layer_norm"), false, 12, 4), Some("layer_norm"));
+        assert_eq!(kernel(Some("layer_norm_vec"), false, 12, 4, 196), None);
+        assert_eq!(
+            kernel(Some("layer_norm"), false, 12, 4, 196),
+            Some("layer_norm")
+        );
         // the engine's choice, and a name of no kernel
-        assert_eq!(kernel(None, true, 12, 4), Some("layer_norm_vec"));
-        assert_eq!(kernel(None, false, 12, 4), Some("layer_norm"));
-        assert_eq!(kernel(Some("layer_norm_vec5"), true, 12, 4), None);
+        assert_eq!(kernel(None, true, 12, 4, 196), Some("layer_norm_vec"));
+        assert_eq!(kernel(None, false, 12, 4, 196), Some("layer_norm"));
+        // many rows: the scale and shift loaded late, 3 vectors a lane where they fit
+        assert_eq!(
+            kernel(None, true, 12, 4, 100_352),
+            Some("layer_norm_vec3_late")
+        );
+        assert_eq!(
+            kernel(None, true, 16, 4, 100_352),
+            Some("layer_norm_vec_late")
+        );
+        assert_eq!(kernel(None, false, 12, 4, 100_352), Some("layer_norm"));
+        assert_eq!(kernel(Some("layer_norm_vec5"), true, 12, 4, 196), None);
     }
 }
