@@ -191,23 +191,47 @@ pub fn warm_cache(discovery: &Discovery, ordinal: usize, modules: &[KernelSource
 /// Threads per block of [`grid_for`].
 pub const BLOCK: u32 = 256;
 
-/// The shape of a launch: blocks, threads per block, dynamic shared memory.
+/// The shape of a launch: blocks, threads per block, dynamic shared memory, and whether the
+/// grid may start before the kernel ahead of it on the stream has finished.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Launch {
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
     pub shared_bytes: u32,
+    /// Programmatic dependent launch (compute capability 9.0 and later; an ordinary launch
+    /// elsewhere or with `GPUKIT_NO_EARLY_START=1`): the grid may be scheduled while the kernel
+    /// ahead of it still runs, once that kernel lets it (`griddepcontrol.launch_dependents`) or
+    /// ends. Only for a kernel that executes `griddepcontrol.wait` (the prelude's
+    /// `wait_for_previous_grid()`) before it reads anything an earlier kernel writes and before
+    /// it writes anything: what it does before that may only read constants (weights).
+    pub early_start: bool,
 }
 
 impl Launch {
-    /// `grid` blocks of `block` threads, no dynamic shared memory.
+    /// `grid` blocks of `block` threads, no dynamic shared memory, an ordinary launch.
     pub fn new(grid: (u32, u32, u32), block: (u32, u32, u32)) -> Launch {
         Launch {
             grid,
             block,
             shared_bytes: 0,
+            early_start: false,
         }
     }
+
+    /// The same launch, started early where the GPU allows (see [`Launch::early_start`]).
+    pub fn starting_early(self) -> Launch {
+        Launch {
+            early_start: true,
+            ..self
+        }
+    }
+}
+
+/// Whether launches marked [`Launch::early_start`] start early: not with
+/// `GPUKIT_NO_EARLY_START=1` (to measure what it gives), read once.
+fn early_start_allowed() -> bool {
+    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ALLOWED.get_or_init(|| std::env::var_os("GPUKIT_NO_EARLY_START").is_none_or(|v| v != "1"))
 }
 
 /// The launch of a grid-stride loop over `total` elements: blocks of [`BLOCK`] threads, as many
@@ -420,6 +444,9 @@ pub struct KernelModule {
     pub origin: String,
     /// Milliseconds spent compiling or reading the cache and loading the module.
     pub load_ms: f64,
+    /// Whether the device starts grids early ([`Launch::early_start`]): compute capability 9.0
+    /// and later.
+    early_start: bool,
 }
 
 impl KernelModule {
@@ -436,9 +463,11 @@ impl KernelModule {
             let sizes = driver_sizes(&name, f.cu_function(), &declared)?;
             signatures.insert(name, Signature { declared, sizes });
         }
+        let early_start = gpu.compute_capability().is_ok_and(|(major, _)| major >= 9);
         Ok(KernelModule {
             origin: module.origin.clone(),
             load_ms: module.load_ms,
+            early_start,
             module,
             signatures,
             device: gpu.ordinal,
@@ -475,6 +504,40 @@ impl KernelModule {
             .map(|s| s.0.as_mut_ptr().cast::<std::ffi::c_void>())
             .collect();
         stream.raw().context().bind_to_thread()?;
+        if launch.early_start && self.early_start && early_start_allowed() {
+            let mut attribute = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value: sys::CUlaunchAttributeValue {
+                    programmaticStreamSerializationAllowed: 1,
+                },
+            };
+            let config = sys::CUlaunchConfig {
+                gridDimX: launch.grid.0,
+                gridDimY: launch.grid.1,
+                gridDimZ: launch.grid.2,
+                blockDimX: launch.block.0,
+                blockDimY: launch.block.1,
+                blockDimZ: launch.block.2,
+                sharedMemBytes: launch.shared_bytes,
+                hStream: stream.cu(),
+                attrs: &mut attribute,
+                numAttrs: 1,
+            };
+            // SAFETY: as for the ordinary launch below; the configuration and its one
+            // attribute are live locals for the call, which copies them. That the kernel waits
+            // before touching what earlier kernels use is the caller's promise (early_start).
+            unsafe {
+                sys::cuLaunchKernelEx(
+                    &config,
+                    f.cu_function(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .result()?;
+            return Ok(());
+        }
         // SAFETY: the function belongs to this module, loaded in the stream's context (same
         // device, checked); there is one parameter pointer per declared parameter, each to at
         // least as many live, 8-byte aligned bytes as the parameter takes (sizes checked against

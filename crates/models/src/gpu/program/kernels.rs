@@ -51,6 +51,23 @@ __device__ __forceinline__ float activate(int act, float x, float alpha, float b
 }
 
 
+// Early start (programmatic dependent launch, compute capability 9.0 and later; nothing
+// elsewhere): a kernel the host launches to start early calls wait_for_previous_grid() before
+// it reads what an earlier kernel wrote and before it writes anything (what it does before may
+// only read weights), and may call let_next_grid_start() to let the kernel after it be
+// scheduled (that kernel still waits for this one to end before it touches memory).
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void let_next_grid_start() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 // The sum of `s` over a warp, in lane 0.
 __device__ __forceinline__ float warp_sum(float s) {
     for (int k = 16; k > 0; k >>= 1) s += __shfl_down_sync(0xffffffffu, s, k);

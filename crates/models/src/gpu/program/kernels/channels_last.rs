@@ -25,6 +25,8 @@ template <class T, int V>
 __device__ void depthwise(const T* __restrict__ x, const T* __restrict__ w,
                           const T* __restrict__ bias, const T* __restrict__ z, T* __restrict__ y,
                           Dims g, int act, float alpha, float beta) {
+    let_next_grid_start();
+    wait_for_previous_grid();
     const long long* d = g.v;
     const unsigned h = d[1], wd = d[2], c = d[3], p = d[4], q = d[5], r = d[6], s = d[7];
     const int st = (int)d[8], pad = (int)d[9];
@@ -73,6 +75,8 @@ template <class T, int V, int P, int S>
 __device__ void depthwise_rows(const T* __restrict__ x, const T* __restrict__ w,
                                const T* __restrict__ bias, const T* __restrict__ z,
                                T* __restrict__ y, Dims g, int act, float alpha, float beta) {
+    let_next_grid_start();
+    wait_for_previous_grid();
     const long long* d = g.v;
     const unsigned h = d[1], wd = d[2], c = d[3], p = d[4], q = d[5];
     const int pad = (int)d[9];
@@ -159,6 +163,13 @@ __device__ void depthwise_tile(const T* __restrict__ x, const T* __restrict__ w,
     P zero;
 #pragma unroll
     for (int k = 0; k < V; ++k) zero.v[k] = from_f<T>(0.0f);
+    let_next_grid_start();
+    // the taps (weights) before the wait for the kernel ahead, the patch after
+    for (int u = t; u < S * S * G; u += nt) {
+        const int gv = u % G, tap = u / G, vec = g0 + gv;
+        ws[u] = vec < cv ? *(const P*)(w + (unsigned)tap * c + vec * V) : zero;
+    }
+    wait_for_previous_grid();
     // the patch: with the launcher's block (TILE * TILE * G threads) each thread loads LOADS
     // vectors, all issued before any is stored (a loop of load-then-store waits on each load in
     // turn); the last loop serves any other block size
@@ -180,10 +191,6 @@ __device__ void depthwise_tile(const T* __restrict__ x, const T* __restrict__ w,
         const int yy = ti0 - pad + pix / PW, xx = tj0 - pad + pix % PW;
         const bool in = vec < cv && yy >= 0 && yy < h && xx >= 0 && xx < wd;
         xs[u] = in ? *(const P*)(x + ((unsigned)(img * h + yy) * wd + xx) * c + vec * V) : zero;
-    }
-    for (int u = t; u < S * S * G; u += nt) {
-        const int gv = u % G, tap = u / G, vec = g0 + gv;
-        ws[u] = vec < cv ? *(const P*)(w + (unsigned)tap * c + vec * V) : zero;
     }
     __syncthreads();
     const int gv = t % G, pix = t / G, ti = pix / TILE, tj = pix % TILE;

@@ -90,9 +90,11 @@ fn tile_launch(
         .unwrap_or(2);
     let patch = (8 + shape.r - 1).pow(2) + shape.r * shape.s;
     let launch = Launch {
-        grid: (tiles as u32, vectors.div_ceil(g) as u32, shape.n as u32),
-        block: (64 * g as u32, 1, 1),
         shared_bytes: (patch * g * 8) as u32,
+        ..Launch::new(
+            (tiles as u32, vectors.div_ceil(g) as u32, shape.n as u32),
+            (64 * g as u32, 1, 1),
+        )
     };
     Some((format!("depthwise_tile{}", shape.r), g, launch))
 }
@@ -269,9 +271,10 @@ impl ProgramKernels {
             Arg::F32(alpha),
             Arg::F32(beta),
         ];
+        // every depthwise kernel waits for the kernel ahead before it reads x or writes y
         let name = format!("{stem}_{}", tag(dtype));
         self.channels_last
-            .launch(&name, &self.stream, launch, &args)
+            .launch(&name, &self.stream, launch.starting_early(), &args)
     }
 }
 

@@ -14,6 +14,8 @@ pub(super) const SOURCE: &str = r#"
 template <class T>
 __device__ void layer_norm(const T* x, const T* __restrict__ gamma, const T* __restrict__ beta,
                            T* y, long long rows, int cols, float eps) {
+    let_next_grid_start();
+    wait_for_previous_grid();
     int lane = threadIdx.x & 31;
     long long warp = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;
     long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
@@ -43,6 +45,7 @@ template <class T, int V, int NP, bool EARLY>
 __device__ void layer_norm_vec(const T* __restrict__ x, const T* __restrict__ gamma,
                                const T* __restrict__ beta, T* __restrict__ y, long long rows,
                                int cols, float eps, int group) {
+    let_next_grid_start();
     const int lane = threadIdx.x & 31, sub = lane % group, per_warp = 32 / group;
     const int vecs = cols / V;
     long long warp = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;
@@ -61,6 +64,7 @@ __device__ void layer_norm_vec(const T* __restrict__ x, const T* __restrict__ ga
                 if (beta) bs[p] = *(const Pack<T, V>*)(beta + k * V);
             }
         }
+        wait_for_previous_grid();  // the scale and shift (weights) may load before
 #pragma unroll
         for (int p = 0; p < NP; ++p) {
             const int k = sub + p * group;
@@ -252,7 +256,9 @@ impl ProgramKernels {
             _ => (&args[..], 8 * (32 / group)),
         };
         let blocks = rows.div_ceil(rows_a_block).clamp(1, 65_535 * 8) as u32;
-        self.run(stem, dtype, Launch::new((blocks, 1, 1), (256, 1, 1)), args)
+        // every layer-norm kernel waits for the kernel ahead before it reads x or writes y
+        let launch = Launch::new((blocks, 1, 1), (256, 1, 1)).starting_early();
+        self.run(stem, dtype, launch, args)
     }
 }
 
