@@ -48,17 +48,43 @@ fn stream_numbers(acts: &[Activity]) -> Vec<u32> {
     seen
 }
 
+/// Each activity's start, moved to the end of the work ahead of it on its stream where it began
+/// before that ended: a kernel launched to start early (programmatic dependent launch) is
+/// scheduled while the kernel ahead runs and waits for it, and would otherwise be charged the
+/// wait (the kernels' time a step then adds up to more than the step).
+fn own_starts(acts: &[Activity]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..acts.len()).collect();
+    order.sort_by(|&a, &b| acts[a].start_us.total_cmp(&acts[b].start_us));
+    let mut ahead: Vec<(u32, f64)> = Vec::new();
+    let mut starts = vec![0.0; acts.len()];
+    for i in order {
+        let a = &acts[i];
+        let end = match ahead.iter_mut().find(|(s, _)| *s == a.stream) {
+            Some((_, e)) => e,
+            None => {
+                ahead.push((a.stream, f64::NEG_INFINITY));
+                &mut ahead.last_mut().expect("just pushed").1
+            }
+        };
+        starts[i] = a.start_us.max(*end).min(a.end_us);
+        *end = end.max(a.end_us);
+    }
+    starts
+}
+
 /// The records of `r`: with CUPTI, an op's GPU span runs from its first kernel's start to its
-/// last one's end (None when it ran none); with events, the events' span.
+/// last one's end (None when it ran none), a kernel's start taken after the work ahead of it on
+/// its stream ([`own_starts`]); with events, the events' span.
 pub fn records(r: &Recording) -> Records {
     let streams = stream_numbers(&r.activities);
     let number = |s: u32| streams.iter().position(|&x| x == s).unwrap_or(0) as u32;
+    let starts = own_starts(&r.activities);
     let mut gpu: Vec<Option<(f64, f64, u32)>> = vec![None; r.ops.len()];
-    for a in &r.activities {
+    for (a, &start) in r.activities.iter().zip(&starts) {
         if let Some(g) = a.op.and_then(|i| gpu.get_mut(i)) {
             *g = Some(match *g {
-                None => (a.start_us, a.end_us, number(a.stream)),
-                Some((s, e, st)) => (s.min(a.start_us), e.max(a.end_us), st),
+                None => (start, a.end_us, number(a.stream)),
+                Some((s, e, st)) => (s.min(start), e.max(a.end_us), st),
             });
         }
     }
@@ -79,10 +105,11 @@ pub fn records(r: &Recording) -> Records {
     let kernels = r
         .activities
         .iter()
-        .map(|a| KernelRecord {
+        .zip(&starts)
+        .map(|(a, &start)| KernelRecord {
             name: a.name.clone(),
             stream: number(a.stream),
-            gpu: span(a.start_us, a.end_us),
+            gpu: span(start, a.end_us),
             op: a.op,
         })
         .collect();
@@ -229,6 +256,32 @@ mod tests {
             dropped: 0,
             fallback: None,
         }
+    }
+
+    #[test]
+    fn a_kernel_started_early_is_timed_from_the_end_of_the_one_ahead() {
+        // stream 7: k1 0-10, k2 scheduled at 8 (early) ending 14, k3 from 15; stream 9 apart
+        let acts = vec![
+            act("k2", 7, 8.0, 14.0, Some(1)),
+            act("k1", 7, 0.0, 10.0, Some(0)),
+            act("other", 9, 9.0, 12.0, None),
+            act("k3", 7, 15.0, 16.0, Some(2)),
+            act("inside", 7, 15.2, 15.5, None),
+        ];
+        assert_eq!(own_starts(&acts), vec![10.0, 0.0, 9.0, 15.0, 15.5]);
+        let r = recording(
+            vec![
+                recorded("a", 0, (0.0, 1.0)),
+                recorded("b", 0, (1.0, 2.0)),
+                recorded("c", 0, (2.0, 3.0)),
+            ],
+            acts,
+        );
+        let rec = records(&r);
+        let b = rec.ops[1].gpu.expect("b ran a kernel");
+        assert_eq!((b.start_us, b.dur_us), (10.0, 4.0));
+        assert_eq!(rec.kernels[0].gpu.dur_us, 4.0);
+        assert_eq!(rec.kernels[2].gpu.dur_us, 3.0);
     }
 
     #[test]

@@ -538,6 +538,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn kernels_started_early_wait_before_they_write() {
+        // the depthwise and layer-norm launchers start their kernels early: each kernel body
+        // must wait for the kernel ahead before its first store to y
+        let source = format!("{SOURCE}{}", super::super::norm::SOURCE);
+        for name in [
+            "depthwise",
+            "depthwise_rows",
+            "depthwise_tile",
+            "layer_norm",
+            "layer_norm_vec",
+        ] {
+            let start = source
+                .find(&format!("__device__ void {name}("))
+                .unwrap_or_else(|| panic!("{name} not in the source"));
+            let body = &source[start..];
+            let body = &body[..body.find("\n}\n").expect("a body")];
+            let wait = body.find("wait_for_previous_grid();");
+            let store = [" = out;", "yr[k] = "]
+                .iter()
+                .filter_map(|s| body.find(s))
+                .min()
+                .expect("a store to y");
+            assert!(
+                wait.is_some_and(|w| w < store),
+                "{name} waits before it stores"
+            );
+        }
+    }
+
+    #[test]
     fn small_batches_split_an_average_over_blocks_within_the_scratch() {
         // EfficientNet's first average at batch 1: 32 channels of 112x112 in f16 (4 vectors)
         let (lanes, splits) = split_average(1, 4, 112 * 112);
