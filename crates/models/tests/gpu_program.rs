@@ -445,11 +445,123 @@ fn layer_norm_variants_agree() -> Result<(), Failed> {
 
 type Test = fn() -> Result<(), Failed>;
 
+/// gpukit's kernel for products of few rows against float64 at ConvNeXt-T's batch-1 products
+/// and a row count that is not a multiple of 64, in every piece count it takes, with bias and
+/// ReLU, bias and a residual, or neither, f16 and bf16; each run twice (the pieces' counters
+/// must be back at 0). GPUKIT_GEMM_TIMINGS=1 prints its times (the engine's trace, with
+/// GPUKIT_TRACE=1, shows them beside cuBLASLt's candidates).
+fn small_gemm_matches_float64() -> Result<(), Failed> {
+    use gpukit_models::gpu::program::kernels::gemm::{pieces, SmallGemm};
+    use gpukit_models::graph::Activation;
+    let discovery = DISCOVERY.get().ok_or("no discovery")?;
+    let ctx = GpuContext::open(discovery, 0)?;
+    let small = SmallGemm::new(discovery, &ctx.gpu)?;
+    let timings = std::env::var("GPUKIT_GEMM_TIMINGS").is_ok_and(|v| v == "1");
+    let mut failures = Vec::new();
+    for dtype in [DType::F16, DType::Bf16] {
+        for (m, n, k) in [
+            (49, 768, 3072),
+            (196, 384, 1536),
+            (196, 1536, 384),
+            (3136, 384, 96),
+            (100, 128, 256),
+        ] {
+            let seed = fresh_seed();
+            let (x, xv) = upload(&ctx, &normal_f32(m * k, seed), dtype)?;
+            let w: Vec<f32> = normal_f32(k * n, seed + 1)
+                .iter()
+                .map(|v| v / (k as f32).sqrt())
+                .collect();
+            let (w, wv) = upload(&ctx, &w, dtype)?;
+            let (bias, bv) = upload(&ctx, &normal_f32(n, seed + 2), dtype)?;
+            let (z, zv) = upload(&ctx, &normal_f32(m * n, seed + 3), dtype)?;
+            let mut product = vec![0f64; m * n];
+            for i in 0..m {
+                for kk in 0..k {
+                    let a = xv[i * k + kk];
+                    let row = &wv[kk * n..(kk + 1) * n];
+                    for (p, b) in product[i * n..(i + 1) * n].iter_mut().zip(row) {
+                        *p += a * b;
+                    }
+                }
+            }
+            let y = ctx.gpu.alloc(m * n * dtype.storage().size_bytes())?;
+            for (label, with_bias, with_z, act) in [
+                ("bias+relu", true, false, Some(Activation::Relu)),
+                ("bias+residual", true, true, None),
+                ("plain", false, false, None),
+            ] {
+                let want: Vec<f32> = product
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| {
+                        let mut v = *p;
+                        if with_bias {
+                            v += bv[i % n];
+                        }
+                        if with_z {
+                            v += zv[i];
+                        }
+                        if act.is_some() {
+                            v = v.max(0.0);
+                        }
+                        v as f32
+                    })
+                    .collect();
+                let operands = (
+                    x.view(),
+                    w.view(),
+                    with_bias.then(|| bias.view()),
+                    with_z.then(|| z.view()),
+                    y.view(),
+                );
+                for p in pieces(m, n, k) {
+                    for run in 0..2 {
+                        ctx.gpu.fill(y.view(), 0xff)?;
+                        small.run(ctx.gpu.stream(), dtype, operands, (m, n, k), act, p)?;
+                        let r = rel(&download(&ctx, &y, dtype)?, &want);
+                        if r > kernel_tolerance(dtype) {
+                            failures.push(format!(
+                                "{dtype} {m}x{n}x{k} {label} in {p} pieces, run {run} \
+                                 (seed {seed}): {r:.1e}"
+                            ));
+                        }
+                    }
+                }
+            }
+            if timings && dtype == DType::F16 {
+                let ps = pieces(m, n, k);
+                let operands = (x.view(), w.view(), Some(bias.view()), None, y.view());
+                let act = Some(Activation::Relu);
+                let ms = gpukit_cuda::timing::replays_in_turns(
+                    ctx.gpu.stream(),
+                    ps.len(),
+                    0.1,
+                    32,
+                    7,
+                    |i| small.run(ctx.gpu.stream(), dtype, operands, (m, n, k), act, ps[i]),
+                )?;
+                let row: Vec<String> = ps
+                    .iter()
+                    .zip(&ms)
+                    .map(|(p, t)| format!("{p} pieces {:.1}", t * 1e3))
+                    .collect();
+                println!("gemm timing {m}x{n}x{k} us: {}", row.join(", "));
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n").into())
+    }
+}
+
 fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 5] = [
+    let tests: [(&str, Test); 6] = [
         (
             "gpu::program::every_fixture_matches_the_interpreter",
             every_fixture_matches_the_interpreter,
@@ -469,6 +581,10 @@ fn main() {
         (
             "gpu::program::layer_norm_variants_agree",
             layer_norm_variants_agree,
+        ),
+        (
+            "gpu::program::small_gemm_matches_float64",
+            small_gemm_matches_float64,
         ),
     ];
     let trials = tests

@@ -2,6 +2,7 @@
 //! offsets, every convolution planned by measurement (once per distinct shape), and after
 //! [`ProgramSession::capture`] a CUDA graph of the whole pass.
 
+use super::kernels::gemm::{self, SmallGemm};
 use super::kernels::ProgramKernels;
 use super::lower::{Buf, ConvStep, GemmStep, Step, Tref};
 use super::Program;
@@ -18,10 +19,11 @@ use gpukit_tensor::{DType, Layout};
 use std::collections::HashMap;
 use std::rc::Rc;
 
-/// A Gemm step's cuBLASLt plan, and whether it holds the step's epilogue.
-struct GemmRun {
-    plan: LtMatmul,
-    fused: bool,
+/// A Gemm step's product: a cuBLASLt plan and whether it holds the step's epilogue, or
+/// gpukit's kernel for products of few rows with K in `pieces` pieces (the whole epilogue).
+enum GemmRun {
+    Lt { plan: LtMatmul, fused: bool },
+    Own { pieces: usize },
 }
 
 /// Algorithms of cuBLASLt's heuristic timed for each Gemm step: at the small products of small
@@ -56,8 +58,11 @@ pub struct ProgramSession<'a> {
     const_at: Vec<usize>,
     /// Per step, its convolution's plan.
     runs: Vec<Option<Rc<ConvChoice>>>,
-    /// Per step, its matrix product's cuBLASLt plan.
+    /// Per step, its matrix product's plan.
     gemms: Vec<Option<GemmRun>>,
+    /// gpukit's kernel for products of few rows, where a 16-bit program has a product it
+    /// takes on a GPU that runs it (compute capability 8.0 and later).
+    small_gemm: Option<SmallGemm>,
     workspace: DeviceBuffer,
     graph: Option<Graph>,
     /// Most workspace a chosen convolution algorithm uses.
@@ -76,6 +81,7 @@ impl<'a> ProgramSession<'a> {
         progress: &mut dyn FnMut(&str),
     ) -> Result<ProgramSession<'a>> {
         let kernels = ProgramKernels::new(discovery, &ctx.gpu)?;
+        let small_gemm = Self::small_gemm(ctx, discovery, program);
         let storage = program.dtype.storage();
         // the constants, each at an aligned offset of one buffer
         let mut const_at = Vec::with_capacity(program.consts.len());
@@ -101,6 +107,7 @@ impl<'a> ProgramSession<'a> {
             const_at,
             runs: vec![None; program.steps.len()],
             gemms: Vec::new(),
+            small_gemm,
             workspace: ctx.alloc(256, "convolution workspace")?,
             graph: None,
             workspace_bytes: 0,
@@ -302,18 +309,22 @@ impl<'a> ProgramSession<'a> {
                 fused = false;
                 candidates = blas.lt_matmul_candidates(spec, GEMM_CANDIDATES)?;
             }
+            let own = self.own_pieces(g);
             let key = (spec, epilogue, fused, g.z.is_some());
             let pick = match picked.get(&key) {
-                Some(&pick) => pick.filter(|&i| i < candidates.len()),
+                Some(&pick) => pick.filter(|&i| i < candidates.len() + own.len()),
                 None => {
-                    let pick = self.fastest_gemm(blas, g, &candidates, fused)?;
+                    let pick = self.fastest_gemm(blas, g, &candidates, fused, &own)?;
                     picked.insert(key, pick);
                     pick
                 }
             };
-            gemms.push(pick.map(|i| GemmRun {
-                plan: candidates.swap_remove(i),
-                fused,
+            gemms.push(pick.map(|i| match i.checked_sub(candidates.len()) {
+                Some(o) => GemmRun::Own { pieces: own[o] },
+                None => GemmRun::Lt {
+                    plan: candidates.swap_remove(i),
+                    fused,
+                },
             }));
         }
         self.gemms = gemms;
@@ -332,9 +343,11 @@ impl<'a> ProgramSession<'a> {
         g: &GemmStep,
         candidates: &[LtMatmul],
         fused: bool,
+        own: &[usize],
     ) -> Result<Option<usize>> {
-        if candidates.len() <= 1 {
-            return Ok((!candidates.is_empty()).then_some(0));
+        let count = candidates.len() + own.len();
+        if count <= 1 {
+            return Ok((count == 1).then_some(0));
         }
         let v = |t: &Tref| self.view(t);
         let (a, b, y) = (v(&g.a)?, v(&g.b)?, v(&g.y)?);
@@ -344,19 +357,18 @@ impl<'a> ProgramSession<'a> {
             false => (None, None),
         };
         let beta = if c.is_some() { 1.0 } else { 0.0 };
-        let times = gpukit_cuda::timing::replays_in_turns(
-            blas.stream(),
-            candidates.len(),
-            0.1,
-            32,
-            5,
-            |i| blas.run_lt_with(&candidates[i], (b, a, c, y), beta, bias, None),
-        )?;
+        let times = gpukit_cuda::timing::replays_in_turns(blas.stream(), count, 0.1, 32, 5, |i| {
+            match i.checked_sub(candidates.len()) {
+                Some(o) => self.run_own(g, own[o]),
+                None => blas.run_lt_with(&candidates[i], (b, a, c, y), beta, bias, None),
+            }
+        })?;
         let pick = pick_gemm(&times);
         gpukit_cuda::trace::note(|| {
             let us: Vec<String> = times.iter().map(|t| format!("{:.1}", t * 1e3)).collect();
             format!(
-                "gemm {}x{}x{} (fused {fused}): candidate {pick:?} of [{}] us",
+                "gemm {}x{}x{} (fused {fused}, gpukit's in {own:?} pieces last): candidate \
+                 {pick:?} of [{}] us",
                 g.m,
                 g.n,
                 g.k,
@@ -366,6 +378,70 @@ impl<'a> ProgramSession<'a> {
         Ok(pick)
     }
 
+    /// gpukit's kernel for products of few rows, where `program` has a 16-bit product it takes
+    /// and the GPU runs it; None otherwise, or where it does not load (the products then stay
+    /// cuBLASLt's; the trace says why).
+    fn small_gemm(ctx: &GpuContext, discovery: &Discovery, program: &Program) -> Option<SmallGemm> {
+        let sixteen = matches!(program.dtype.storage(), DType::F16 | DType::Bf16);
+        let ampere = ctx
+            .gpu
+            .compute_capability()
+            .is_ok_and(|(major, _)| major >= 8);
+        let wanted = program.steps.iter().any(|(_, step)| match step {
+            Step::Gemm(g) => !gemm::pieces(g.m, g.n, g.k).is_empty(),
+            _ => false,
+        });
+        if !(sixteen && ampere && wanted) {
+            return None;
+        }
+        SmallGemm::new(discovery, &ctx.gpu)
+            .inspect_err(|e| {
+                gpukit_cuda::trace::note(|| format!("gpukit's small products not loaded: {e}"))
+            })
+            .ok()
+    }
+
+    /// The pieces gpukit's small-product kernel may run Gemm step `g` in: none where it is not
+    /// loaded or an operand is not dense row-major.
+    fn own_pieces(&self, g: &GemmStep) -> Vec<usize> {
+        let dense = |t: &Tref| t.s.is_dense() && t.s == Strided::row_major(t.s.dims);
+        let takes = self.small_gemm.is_some()
+            && dense(&g.a)
+            && dense(&g.y)
+            && g.z.as_ref().is_none_or(|z| z.s == g.y.s);
+        match takes {
+            true => gemm::pieces(g.m, g.n, g.k),
+            false => Vec::new(),
+        }
+    }
+
+    /// Gemm step `g` on gpukit's small-product kernel, K in `pieces` pieces, with its whole
+    /// epilogue.
+    fn run_own(&self, g: &GemmStep, pieces: usize) -> gpukit_cuda::Result<()> {
+        let small = self.small_gemm.as_ref().ok_or_else(|| {
+            gpukit_cuda::Error::Invalid("gpukit's small products are not loaded".into())
+        })?;
+        let v = |t: &Tref| {
+            self.view(t)
+                .map_err(|e| gpukit_cuda::Error::Invalid(e.to_string()))
+        };
+        let (a, b, y) = (v(&g.a)?, v(&g.b)?, v(&g.y)?);
+        let z = g.z.as_ref().map(v).transpose()?;
+        let bias = g
+            .bias
+            .map(|c| self.const_view(c))
+            .transpose()
+            .map_err(|e| gpukit_cuda::Error::Invalid(e.to_string()))?;
+        small.run(
+            self.ctx.gpu.stream(),
+            self.program.dtype.storage(),
+            (a, b, bias, z, y),
+            (g.m, g.n, g.k),
+            g.act,
+            pieces,
+        )
+    }
+
     /// Gemm step `i`: its cuBLASLt plan (cuBLAS's GEMM where it has none), then its epilogue
     /// on the element-wise kernel where the plan does not hold it.
     fn enqueue_gemm(&self, i: usize, g: &GemmStep) -> Result<()> {
@@ -373,8 +449,12 @@ impl<'a> ProgramSession<'a> {
         let (a, b, y) = (v(&g.a)?, v(&g.b)?, v(&g.y)?);
         let z = g.z.as_ref().map(&v).transpose()?;
         let fused = match self.gemms.get(i).and_then(Option::as_ref) {
-            Some(run) => {
-                let (bias, c) = match run.fused {
+            Some(GemmRun::Own { pieces }) => {
+                self.run_own(g, *pieces)?;
+                return Ok(());
+            }
+            Some(GemmRun::Lt { plan, fused }) => {
+                let (bias, c) = match fused {
                     true => (g.bias.map(|c| self.const_view(c)).transpose()?, z),
                     false => (None, None),
                 };
@@ -382,8 +462,8 @@ impl<'a> ProgramSession<'a> {
                 self.ctx
                     .blas
                     .get()?
-                    .run_lt_with(&run.plan, (b, a, c, y), beta, bias, None)?;
-                run.fused
+                    .run_lt_with(plan, (b, a, c, y), beta, bias, None)?;
+                *fused
             }
             None => {
                 let dims = (g.m, g.n, g.k);
@@ -617,11 +697,19 @@ impl<'a> ProgramSession<'a> {
             Step::Conv(c) => (c.shape.flops(), "cuDNN"),
             Step::Depthwise(d) => (d.shape.flops(), "NVRTC"),
             Step::MatVec(m) => (2.0 * (m.n * m.k * m.c) as f64, "NVRTC"),
-            Step::Gemm(g) => (2.0 * (g.m * g.n * g.k) as f64, "cuBLASLt"),
+            Step::Gemm(g) => match self.gemms.get(i) {
+                Some(Some(GemmRun::Own { .. })) => (2.0 * (g.m * g.n * g.k) as f64, "NVRTC"),
+                _ => (2.0 * (g.m * g.n * g.k) as f64, "cuBLASLt"),
+            },
             _ => (0.0, "NVRTC"),
         };
+        let kind = match (step, self.gemms.get(i)) {
+            (Step::Gemm(_), Some(Some(GemmRun::Own { .. }))) => "gemm (gpukit)",
+            (Step::Gemm(_), _) => "gemm (cuBLASLt)",
+            _ => step.kind(),
+        };
         OpInfo {
-            name: step.kind().to_string(),
+            name: kind.to_string(),
             layer: Some(name.clone()),
             detail: format!(
                 "{}x{}x{}x{} {} {}",

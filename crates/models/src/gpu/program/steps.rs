@@ -220,7 +220,7 @@ impl Step {
             Step::Pool { .. } => "pool",
             Step::GlobalAverage { .. } => "global average",
             Step::LayerNorm { .. } => "layer norm",
-            Step::Gemm(_) => "gemm (cuBLASLt)",
+            Step::Gemm(_) => "gemm (cuBLASLt or gpukit's, timed)",
             Step::ToF32 { .. } => "convert output",
         }
     }

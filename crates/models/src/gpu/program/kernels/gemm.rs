@@ -1,0 +1,392 @@
+//! Products of few rows on the tensor cores, gpukit's own: `y = act(x w + bias + z)` for 16-bit
+//! types where the library's kernels cost several microseconds whatever the size (ConvNeXt-T at
+//! batch 1: 4-7.7 us a product whose bytes need under 1.2). A block computes a 64 x 64 tile
+//! with `mma.sync` over one piece of K; where the tiles are too few to fill the GPU, K is cut
+//! into pieces whose f32 tiles the last block to finish adds up. The engine times it beside
+//! cuBLASLt's candidates and keeps it only where it is faster.
+
+use super::geometry::activation_code;
+use crate::graph::Activation;
+use gpukit_cuda::kernel::{tag, Arg, KernelModule, KernelSource, Launch, HALF};
+use gpukit_cuda::{DeviceBuffer, Error, Gpu, Result, Stream, View};
+use gpukit_types::DType;
+
+const SOURCE: &str = r#"
+// y [m, n] = act(x [m, k] w [k, n] + bias [n] + z [m, n]), all row-major 16-bit, rows 16-byte
+// aligned, n a multiple of 64, k of 32 * gridDim.z; f32 accumulation. Block (x, y, z): the
+// 64 x 64 tile at columns 64 x, rows 64 y, over K range [z kc, (z + 1) kc). 4 warps of 32 x 32
+// outputs, mma.sync m16n8k16 on fragments read by ldmatrix from x and w tiles (64 x 32, 32 x 64)
+// double-buffered by cp.async in shared memory padded against bank conflicts. One piece of K
+// (gridDim.z 1): the epilogue from the registers. Several: each block writes its f32 tile to
+// part [z][m][n]; the last of a tile's blocks to finish (counts[tile], which it sets back to 0)
+// adds the pieces in order (the same sums whichever finishes last) and writes y. w is
+// constant: a block prefetches its slice into L2 and loads its first tile before it waits for
+// the kernel ahead. bias, z (laid out as y, may be y itself), part and counts may be null.
+#define GS_BM 64
+#define GS_BN 64
+#define GS_BK 32
+#define GS_XP 40
+#define GS_WP 72
+
+template <class T> struct Mma;
+template <> struct Mma<H> {
+    static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+template <> struct Mma<B> {
+    static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+    unsigned long long a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (unsigned)a;
+}
+
+// 16 bytes from global to shared memory, zeros for the bytes past `bytes` (0 or 16)
+__device__ __forceinline__ void copy16(void* dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(shared_address(dst)), "l"(src), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix4(unsigned* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(shared_address(p)));
+}
+
+__device__ __forceinline__ void ldmatrix4_trans(unsigned* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(shared_address(p)));
+}
+
+template <class T>
+__device__ void gemm_small(const T* __restrict__ x, const T* __restrict__ w,
+                           const T* __restrict__ bias, const T* z, T* y, float* part,
+                           unsigned* counts, int m, int n, int k, int kc, int act, float alpha,
+                           float beta) {
+    __shared__ __align__(16) T xs[2][GS_BM * GS_XP];
+    __shared__ __align__(16) T ws[2][GS_BK * GS_WP];
+    __shared__ unsigned last;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int m0 = blockIdx.y * GS_BM, n0 = blockIdx.x * GS_BN, k0 = blockIdx.z * kc;
+    const int steps = kc / GS_BK;
+    let_next_grid_start();
+    // the weights (constants) before the wait: the block's slice into L2 (a row of it is one
+    // 128-byte line), its first tile into shared memory
+    for (int r = t; r < kc; r += blockDim.x)
+        asm volatile("prefetch.global.L2 [%0];" :: "l"(w + (long long)(k0 + r) * n + n0));
+    auto load_w = [&](int s, int kt) {
+        for (int i = t; i < GS_BK * 8; i += blockDim.x) {
+            const int r = i >> 3, c = (i & 7) * 8;
+            copy16(&ws[s][r * GS_WP + c], w + (long long)(k0 + kt * GS_BK + r) * n + n0 + c, 16);
+        }
+    };
+    auto load_x = [&](int s, int kt) {
+        for (int i = t; i < GS_BM * 4; i += blockDim.x) {
+            const int r = i >> 2, c = (i & 3) * 8, row = m0 + r;
+            const T* src = x + (long long)(row < m ? row : 0) * k + k0 + kt * GS_BK + c;
+            copy16(&xs[s][r * GS_XP + c], src, row < m ? 16 : 0);
+        }
+    };
+    load_w(0, 0);
+    wait_for_previous_grid();
+    load_x(0, 0);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    float acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32, q = lane >> 3;
+    for (int kt = 0; kt < steps; ++kt) {
+        const int s = kt & 1;
+        if (kt + 1 < steps) {
+            load_w(s ^ 1, kt + 1);
+            load_x(s ^ 1, kt + 1);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < GS_BK; kk += 16) {
+            unsigned a[2][4], b[4][2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+                ldmatrix4(a[i], &xs[s][(wm + i * 16 + (lane & 15)) * GS_XP + kk + (lane >> 4) * 8]);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                // lanes 8q..8q+7 give the rows of 8 x 8 matrix q: k (q & 1) * 8 + lane % 8,
+                // columns from (q >> 1) * 8 of the warp's 16-column piece j
+                unsigned r[4];
+                ldmatrix4_trans(
+                    r, &ws[s][(kk + (q & 1) * 8 + (lane & 7)) * GS_WP + wn + j * 16 + (q >> 1) * 8]);
+                b[2 * j][0] = r[0];
+                b[2 * j][1] = r[1];
+                b[2 * j + 1][0] = r[2];
+                b[2 * j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) Mma<T>::run(acc[i][j], a[i], b[j]);
+        }
+        __syncthreads();
+    }
+    // accumulator (i, j, e): row wm + 16 i + lane / 4 (+ 8 for e >= 2), column
+    // wn + 8 j + 2 (lane % 4) (+ 1 for odd e), of the block's tile
+    const int row0 = m0 + wm + (lane >> 2), col0 = n0 + wn + (lane & 3) * 2;
+    if (gridDim.z > 1) {
+        float* mine = part + (long long)blockIdx.z * m * n;
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = row0 + i * 16 + h * 8, col = col0 + j * 8;
+                    if (row < m)
+                        *(float2*)(mine + (long long)row * n + col) =
+                            make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                }
+        __threadfence();
+        __syncthreads();
+        const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
+        if (t == 0) last = atomicAdd(&counts[tile], 1u) == gridDim.z - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = row0 + i * 16 + h * 8, col = col0 + j * 8;
+                    float s0 = 0.0f, s1 = 0.0f;
+                    if (row < m)
+                        for (int p = 0; p < (int)gridDim.z; ++p) {
+                            const float* at = part + ((long long)p * m + row) * n + col;
+                            float v0, v1;
+                            asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];"
+                                         : "=f"(v0), "=f"(v1) : "l"(at));
+                            s0 += v0;
+                            s1 += v1;
+                        }
+                    acc[i][j][2 * h] = s0;
+                    acc[i][j][2 * h + 1] = s1;
+                }
+        if (t == 0) counts[tile] = 0;
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = row0 + i * 16 + h * 8, col = col0 + j * 8;
+                if (row >= m) continue;
+                const long long at = (long long)row * n + col;
+                float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+                if (bias) { v0 += to_f(bias[col]); v1 += to_f(bias[col + 1]); }
+                if (z) { v0 += to_f(z[at]); v1 += to_f(z[at + 1]); }
+                Pack<T, 2> o;
+                o.v[0] = from_f<T>(activate(act, v0, alpha, beta));
+                o.v[1] = from_f<T>(activate(act, v1, alpha, beta));
+                *(Pack<T, 2>*)(y + at) = o;
+            }
+}
+
+#define GEMM_SMALL(T, TAG)                                                                     \
+extern "C" __global__ void gemm_small_##TAG(const T* x, const T* w, const T* bias,          \
+    const T* z, T* y, float* part, unsigned* counts, int m, int n, int k, int kc, int act,      \
+    float alpha, float beta)                                                                   \
+    { gemm_small<T>(x, w, bias, z, y, part, counts, m, n, k, kc, act, alpha, beta); }
+GEMM_SMALL(H, f16)
+GEMM_SMALL(B, bf16)
+"#;
+
+/// The module: its name in the kernel cache, its source and its kernels.
+pub fn kernel_source() -> KernelSource {
+    KernelSource {
+        stem: "program-gemm",
+        source: format!("{HALF}{}{SOURCE}", super::PRELUDE),
+        names: vec!["gemm_small_f16".into(), "gemm_small_bf16".into()],
+    }
+}
+
+/// Floats of the pieces' partial tiles and counters of tiles ([`SmallGemm::new`] allocates
+/// them once): 4 MiB, enough for the products of small batches this kernel is for.
+const PART_FLOATS: usize = 1 << 20;
+const COUNTS: usize = 4096;
+/// Blocks a product aims for when K is cut into pieces: about two a multiprocessor of an H100.
+const AIM_BLOCKS: usize = 264;
+/// Fewest values of K a piece takes (4 tiles of 32).
+const MIN_PIECE: usize = 128;
+
+/// The pieces K may be cut into for an `m x n x k` product (the kernel's constraints: n a
+/// multiple of 64, every piece of K a multiple of 32, the partial tiles within the scratch):
+/// one, and where one leaves too few blocks, the most pieces up to about [`AIM_BLOCKS`] blocks
+/// of at least [`MIN_PIECE`] values of K. Empty where the kernel does not take the shape.
+pub fn pieces(m: usize, n: usize, k: usize) -> Vec<usize> {
+    let tiles = m.div_ceil(64) * (n / 64);
+    if m == 0 || !n.is_multiple_of(64) || !k.is_multiple_of(32) || tiles > COUNTS {
+        return Vec::new();
+    }
+    if m.div_ceil(64) > 65_535 || n / 64 > 65_535 {
+        return Vec::new();
+    }
+    let fits =
+        |p: usize| k.is_multiple_of(32 * p) && k / p >= MIN_PIECE && p * m * n <= PART_FLOATS;
+    let split = (2..=32).rev().find(|&p| tiles * p <= AIM_BLOCKS && fits(p));
+    std::iter::once(1).chain(split).collect()
+}
+
+/// The kernel on one device, with its scratch.
+pub struct SmallGemm {
+    module: KernelModule,
+    part: DeviceBuffer,
+    counts: DeviceBuffer,
+}
+
+impl SmallGemm {
+    /// Compiles the kernel for `gpu` (or reads it from the cache) and allocates its scratch
+    /// (the counters zeroed).
+    pub fn new(discovery: &gpukit_cuda::loader::Discovery, gpu: &Gpu) -> Result<SmallGemm> {
+        let counts = gpu.alloc(COUNTS * 4)?;
+        gpu.fill(counts.view(), 0)?;
+        Ok(SmallGemm {
+            module: KernelModule::load(discovery, gpu, &kernel_source())?,
+            part: gpu.alloc(PART_FLOATS * 4)?,
+            counts,
+        })
+    }
+
+    /// `y [m, n] = act(x [m, k] w [k, n] + bias + z)` (row-major, z laid out as y) with K in
+    /// `pieces` pieces (one of [`pieces`]' answers), on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &self,
+        stream: &Stream,
+        dtype: DType,
+        (x, w, bias, z, y): (
+            View<'_>,
+            View<'_>,
+            Option<View<'_>>,
+            Option<View<'_>>,
+            View<'_>,
+        ),
+        (m, n, k): (usize, usize, usize),
+        act: Option<Activation>,
+        pieces: usize,
+    ) -> Result<()> {
+        if !matches!(dtype, DType::F16 | DType::Bf16) {
+            return Err(Error::Invalid(format!(
+                "gemm_small takes f16 and bf16, not {dtype}"
+            )));
+        }
+        if !self::pieces(m, n, k).contains(&pieces) {
+            return Err(Error::Invalid(format!(
+                "gemm_small does not take {m}x{n}x{k} in {pieces} pieces"
+            )));
+        }
+        let e = dtype.size_bytes();
+        x.require(m * k * e, "gemm_small x")?;
+        w.require(k * n * e, "gemm_small w")?;
+        y.require(m * n * e, "gemm_small y")?;
+        if let Some(b) = bias {
+            b.require(n * e, "gemm_small bias")?;
+        }
+        if let Some(z) = z {
+            z.require(m * n * e, "gemm_small z")?;
+        }
+        let aligned = [x, w, y].iter().all(|v| v.is_aligned(16))
+            && z.is_none_or(|z| z.is_aligned(4))
+            && bias.is_none_or(|b| b.is_aligned(4));
+        if !aligned {
+            return Err(Error::Invalid(
+                "gemm_small needs 16-byte aligned operands".into(),
+            ));
+        }
+        let (code, alpha, beta) = activation_code(act);
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::opt(bias),
+            Arg::opt(z),
+            Arg::Ptr(y),
+            Arg::Ptr(self.part.view()),
+            Arg::Ptr(self.counts.view()),
+            Arg::Size(m),
+            Arg::Size(n),
+            Arg::Size(k),
+            Arg::Size(k / pieces),
+            Arg::I32(code),
+            Arg::F32(alpha),
+            Arg::F32(beta),
+        ];
+        let grid = ((n / 64) as u32, m.div_ceil(64) as u32, pieces as u32);
+        let launch = Launch::new(grid, (128, 1, 1)).starting_early();
+        let name = format!("gemm_small_{}", tag(dtype));
+        self.module.launch(&name, stream, launch, &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pieces;
+
+    #[test]
+    fn few_tiles_cut_k_into_pieces_many_do_not() {
+        // ConvNeXt-T at batch 1: 49 rows of 768 over 3,072 (12 tiles: 16 pieces of 192)
+        assert_eq!(pieces(49, 768, 3072), vec![1, 16]);
+        // 196 x 384 over 1,536 (24 tiles: 8 pieces of 192, 11 does not divide)
+        assert_eq!(pieces(196, 384, 1536), vec![1, 8]);
+        // 196 x 1,536 over 384 (96 tiles: 2 pieces of 192)
+        assert_eq!(pieces(196, 1536, 384), vec![1, 2]);
+        // 3,136 x 384 over 96: 294 tiles, K too short to cut
+        assert_eq!(pieces(3136, 384, 96), vec![1]);
+        // the kernel's limits: n a multiple of 64 (the classifier's 1,000), k of 32
+        assert!(pieces(1, 1000, 768).is_empty());
+        assert!(pieces(49, 768, 3070).is_empty());
+        assert!(pieces(0, 768, 3072).is_empty());
+    }
+
+    #[test]
+    fn the_kernels_parameters_read_as_the_launcher_passes_them() {
+        let signatures = super::kernel_source()
+            .signatures()
+            .expect("parameters read");
+        for name in ["gemm_small_f16", "gemm_small_bf16"] {
+            assert_eq!(signatures[name].len(), 14, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_partial_tiles_stay_within_the_scratch() {
+        for (m, n, k) in [
+            (49, 768, 3072),
+            (196, 384, 1536),
+            (784, 768, 192),
+            (8192, 4096, 4096),
+        ] {
+            for p in pieces(m, n, k) {
+                assert!(
+                    p == 1 || p * m * n <= super::PART_FLOATS,
+                    "{m}x{n}x{k} in {p}"
+                );
+                assert!(k.is_multiple_of(32 * p) && (p == 1 || k / p >= super::MIN_PIECE));
+            }
+        }
+    }
+}
