@@ -108,6 +108,8 @@ __device__ __forceinline__ long long at4(const long long* s, long long i0, long 
 template <class T>
 __device__ void pointwise(const T* a, const T* b, const T* c, T* y, Dims g, int op, int act,
                           float alpha, float beta) {
+    let_next_grid_start();
+    wait_for_previous_grid();
     const long long* d = g.v;
     long long total = d[0] * d[1] * d[2] * d[3];
     bool flat = d[20] != 0;
@@ -155,6 +157,8 @@ __device__ void pointwise(const T* a, const T* b, const T* c, T* y, Dims g, int 
 template <class T, int V>
 __device__ void pointwise_vec(const T* a, const T* b, const T* c, T* y, Dims g, int op, int act,
                               float alpha, float beta) {
+    let_next_grid_start();
+    wait_for_previous_grid();
     const long long* d = g.v;
     const unsigned d3 = (unsigned)d[3] / V;
     const unsigned total = (unsigned)(d[0] * d[1] * d[2]) * d3;
@@ -212,6 +216,8 @@ __device__ void pointwise_vec(const T* a, const T* b, const T* c, T* y, Dims g, 
 // are visited channel fastest (NHWC), else width fastest.
 template <class T>
 __device__ void pool(const T* __restrict__ x, T* __restrict__ y, Dims g) {
+    let_next_grid_start();
+    wait_for_previous_grid();
     const long long* d = g.v;
     long long n = d[0], c = d[1], p = d[2], q = d[3], h = d[12], w = d[13];
     long long total = n * c * p * q;
@@ -263,6 +269,8 @@ __device__ void pool(const T* __restrict__ x, T* __restrict__ y, Dims g) {
 // x dims n, c, h, w in v[0..4], strides v[4..8]; y strides v[8..12].
 template <class T>
 __device__ void gap_warps(const T* __restrict__ x, T* __restrict__ y, Dims g) {
+    let_next_grid_start();
+    wait_for_previous_grid();
     const long long* d = g.v;
     long long n = d[0], c = d[1], h = d[2], w = d[3], hw = h * w;
     int lane = threadIdx.x & 31;
@@ -281,6 +289,8 @@ __device__ void gap_warps(const T* __restrict__ x, T* __restrict__ y, Dims g) {
 // 32 channels, each lane one channel, each warp a share of the pixels. Same Dims as gap_warps.
 template <class T>
 __device__ void gap_channels(const T* __restrict__ x, T* __restrict__ y, Dims g) {
+    let_next_grid_start();
+    wait_for_previous_grid();
     const long long* d = g.v;
     long long n = d[0], c = d[1], h = d[2], w = d[3], hw = h * w;
     long long chunks = (c + 31) / 32;
@@ -310,6 +320,8 @@ template <class T, int V>
 __device__ void matvec(const T* __restrict__ x, const T* __restrict__ w,
                        const T* __restrict__ bias, const T* __restrict__ z, T* __restrict__ y,
                        long long n, int k, int c, int group, int act, float alpha, float beta) {
+    let_next_grid_start();
+    wait_for_previous_grid();
     const int lane = threadIdx.x & 31, sub = lane % group, per_warp = 32 / group;
     const int vecs = c / V;
     const long long outs = n * k;
@@ -340,6 +352,8 @@ __device__ void matvec(const T* __restrict__ x, const T* __restrict__ w,
 // y (f32, dense row-major over dims v[0..4]) = x read through strides v[4..8].
 template <class T>
 __device__ void to_f32(const T* __restrict__ x, float* __restrict__ y, Dims g) {
+    let_next_grid_start();
+    wait_for_previous_grid();
     const long long* d = g.v;
     long long total = d[0] * d[1] * d[2] * d[3];
     for (long long o = blockIdx.x * (long long)blockDim.x + threadIdx.x; o < total;
@@ -354,6 +368,8 @@ __device__ void to_f32(const T* __restrict__ x, float* __restrict__ y, Dims g) {
 // y (strides v[4..8]) = x (f32, dense row-major over dims v[0..4]).
 template <class T>
 __device__ void from_f32(const float* __restrict__ x, T* __restrict__ y, Dims g) {
+    let_next_grid_start();
+    wait_for_previous_grid();
     const long long* d = g.v;
     long long total = d[0] * d[1] * d[2] * d[3];
     for (long long o = blockIdx.x * (long long)blockDim.x + threadIdx.x; o < total;
@@ -444,9 +460,12 @@ impl ProgramKernels {
         })
     }
 
+    /// Launches kernel `stem` for `dtype`, started early: every kernel of the module waits for
+    /// the kernel ahead before it touches activations (channels_last.rs's test checks each).
     fn run(&self, stem: &str, dtype: DType, launch: Launch, args: &[Arg<'_>]) -> Result<()> {
         let name = format!("{stem}_{}", tag(dtype));
-        self.module.launch(&name, &self.stream, launch, args)
+        self.module
+            .launch(&name, &self.stream, launch.starting_early(), args)
     }
 
     /// `y = act(op(a, b) + c)` over `y`'s dims (a, b, c broadcast through their strides).

@@ -227,6 +227,8 @@ __device__ void depthwise_tile(const T* __restrict__ x, const T* __restrict__ w,
 // taps inside the input.
 template <class T, int V>
 __device__ void pool_cl(const T* __restrict__ x, T* __restrict__ y, Dims g) {
+    let_next_grid_start();
+    wait_for_previous_grid();
     const long long* d = g.v;
     const unsigned h = d[1], wd = d[2], c = d[3], p = d[4], q = d[5];
     const int kh = (int)d[6], kw = (int)d[7], sh = (int)d[8], sw = (int)d[9];
@@ -285,6 +287,8 @@ __device__ void pool_cl(const T* __restrict__ x, T* __restrict__ y, Dims g) {
 template <class T, int V>
 __device__ void gap_cl(const T* __restrict__ x, T* __restrict__ y, float* partial,
                        unsigned* count, Dims g) {
+    let_next_grid_start();
+    wait_for_previous_grid();
     __shared__ float part[1024 * V];
     __shared__ bool last;
     const long long* d = g.v;
@@ -484,10 +488,12 @@ impl ProgramKernels {
         let bytes = dims_bytes(&dims);
         let args = [Arg::Ptr(x), Arg::Ptr(y), Arg::Struct("Dims", &bytes)];
         let name = format!("pool_cl_{}", tag(dtype));
-        Some(
-            self.channels_last
-                .launch(&name, &self.stream, grid_for(sy.len() / v), &args),
-        )
+        Some(self.channels_last.launch(
+            &name,
+            &self.stream,
+            grid_for(sy.len() / v).starting_early(),
+            &args,
+        ))
     }
 
     /// Global average pooling of a dense channel-last `x` into `y` ([n, c] dense); None where
@@ -529,7 +535,7 @@ impl ProgramKernels {
         let name = format!("gap_cl_{}", tag(dtype));
         Some(
             self.channels_last
-                .launch(&name, &self.stream, launch, &args),
+                .launch(&name, &self.stream, launch.starting_early(), &args),
         )
     }
 }
@@ -537,34 +543,66 @@ impl ProgramKernels {
 mod tests {
     use super::*;
 
+    /// The pointer parameters of a kernel declaration's text (`(...)` after its name).
+    fn pointer_parameters(declaration: &str) -> Vec<&str> {
+        let open = declaration.find('(').expect("a parameter list");
+        let close = declaration.find(')').expect("a parameter list");
+        declaration[open + 1..close]
+            .split(',')
+            .filter(|p| p.contains('*'))
+            .filter_map(|p| {
+                p.split(|c: char| !c.is_alphanumeric() && c != '_')
+                    .rfind(|w| !w.is_empty())
+            })
+            .collect()
+    }
+
+    /// Where identifier `name` first occurs in `text` (not as part of a longer identifier nor
+    /// as a member, such as `blockIdx.x`).
+    fn first_use(text: &str, name: &str) -> Option<usize> {
+        let word = |c: char| c.is_alphanumeric() || c == '_';
+        text.match_indices(name).map(|(i, _)| i).find(|&i| {
+            let before = text[..i]
+                .chars()
+                .next_back()
+                .is_none_or(|c| !word(c) && c != '.');
+            let after = text[i + name.len()..]
+                .chars()
+                .next()
+                .is_none_or(|c| !word(c));
+            before && after
+        })
+    }
+
     #[test]
-    fn kernels_started_early_wait_before_they_write() {
-        // the depthwise and layer-norm launchers start their kernels early: each kernel body
-        // must wait for the kernel ahead before its first store to y
-        let source = format!("{SOURCE}{}", super::super::norm::SOURCE);
-        for name in [
-            "depthwise",
-            "depthwise_rows",
-            "depthwise_tile",
-            "layer_norm",
-            "layer_norm_vec",
-        ] {
-            let start = source
-                .find(&format!("__device__ void {name}("))
-                .unwrap_or_else(|| panic!("{name} not in the source"));
-            let body = &source[start..];
-            let body = &body[..body.find("\n}\n").expect("a body")];
-            let wait = body.find("wait_for_previous_grid();");
-            let store = [" = out;", "yr[k] = "]
-                .iter()
-                .filter_map(|s| body.find(s))
-                .min()
-                .expect("a store to y");
-            assert!(
-                wait.is_some_and(|w| w < store),
-                "{name} waits before it stores"
-            );
+    fn kernels_started_early_wait_before_they_touch_activations() {
+        // every kernel of the engine's modules is launched to start early: each must wait for
+        // the kernel ahead before it uses any pointer but its weights (taps, scale, shift)
+        let source = format!(
+            "{}{SOURCE}{}",
+            super::super::SOURCE,
+            super::super::norm::SOURCE
+        );
+        let weights = ["w", "gamma", "beta"];
+        let mut kernels = 0;
+        for (start, _) in source.match_indices("__device__ void ") {
+            let text = &source[start..];
+            let body_at = text.find('{').expect("a body");
+            let body = &text[body_at..text.find("\n}\n").expect("a body's end")];
+            let name = &text["__device__ void ".len()..text.find('(').expect("a name")];
+            let wait = body
+                .find("wait_for_previous_grid();")
+                .unwrap_or_else(|| panic!("{name} never waits"));
+            for p in pointer_parameters(&text[..body_at]) {
+                if weights.contains(&p) {
+                    continue;
+                }
+                let used = first_use(body, p).unwrap_or(usize::MAX);
+                assert!(wait < used, "{name} uses {p} before it waits");
+            }
+            kernels += 1;
         }
+        assert_eq!(kernels, 15, "every kernel template checked");
     }
 
     #[test]
