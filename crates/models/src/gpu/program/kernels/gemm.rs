@@ -11,7 +11,7 @@ use gpukit_cuda::kernel::{tag, Arg, KernelModule, KernelSource, Launch, HALF};
 use gpukit_cuda::{DeviceBuffer, Error, Gpu, Result, Stream, View};
 use gpukit_types::DType;
 
-const SOURCE: &str = r#"
+pub(super) const SOURCE: &str = r#"
 // y [m, n] = act(x [m, k] w [k, n] + bias [n] + z [m, n]), all row-major 16-bit, rows 16-byte
 // aligned, n a multiple of 64, k of 32 * gridDim.z; f32 accumulation. Block (x, y, z): the
 // 64 x 64 tile at columns 64 x, rows 64 y, over K range [z kc, (z + 1) kc). 4 warps of 32 x 32
@@ -90,6 +90,9 @@ __device__ void gemm_small(const T* __restrict__ x, const T* __restrict__ w,
             copy16(&ws[s][r * GS_WP + c], w + (long long)(k0 + kt * GS_BK + r) * n + n0 + c, 16);
         }
     };
+    load_w(0, 0);
+    wait_for_previous_grid();
+    // x is the kernel ahead's output: read only after the wait
     auto load_x = [&](int s, int kt) {
         for (int i = t; i < GS_BM * 4; i += blockDim.x) {
             const int r = i >> 2, c = (i & 3) * 8, row = m0 + r;
@@ -97,8 +100,6 @@ __device__ void gemm_small(const T* __restrict__ x, const T* __restrict__ w,
             copy16(&xs[s][r * GS_XP + c], src, row < m ? 16 : 0);
         }
     };
-    load_w(0, 0);
-    wait_for_previous_grid();
     load_x(0, 0);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     float acc[2][4][4];
