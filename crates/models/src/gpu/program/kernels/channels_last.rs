@@ -579,9 +579,10 @@ mod tests {
         // every kernel of the engine's modules is launched to start early: each must wait for
         // the kernel ahead before it uses any pointer but its weights (taps, scale, shift)
         let source = format!(
-            "{}{SOURCE}{}",
+            "{}{SOURCE}{}{}",
             super::super::SOURCE,
-            super::super::norm::SOURCE
+            super::super::norm::SOURCE,
+            super::super::gemm::SOURCE
         );
         let weights = ["w", "gamma", "beta"];
         let mut kernels = 0;
@@ -602,7 +603,7 @@ mod tests {
             }
             kernels += 1;
         }
-        assert_eq!(kernels, 15, "every kernel template checked");
+        assert_eq!(kernels, 16, "every kernel template checked");
     }
 
     #[test]
