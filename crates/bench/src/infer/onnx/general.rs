@@ -8,13 +8,20 @@
 use super::rows::{judge_float64, judge_with, Float64, Outputs};
 use crate::infer::report::{rate, row, InferRow};
 use crate::infer::InferStrategy;
-use crate::measure::{time_device, Plan};
+use crate::measure::{time_device, warm_device, Plan};
 use crate::report::RowStatus;
 use gpukit_cuda::loader::Discovery;
 use gpukit_models::gpu::program::{Program, ProgramSession};
 use gpukit_models::gpu::GpuContext;
 use gpukit_models::graph::Graph;
 use gpukit_tensor::DType;
+
+/// Untimed passes of a GPU row before its timed ones, at least this long with the GPU drained:
+/// the GPU sat idle while the CPU rows and ONNX Runtime ran, and at batch 1 a few passes
+/// (about a millisecond) left the first row of a run 5-7% below the later ones.
+pub const GPU_WARM: std::time::Duration = std::time::Duration::from_millis(100);
+/// Most warm-up passes (a pass of a large batch is long enough by itself).
+const GPU_WARM_PASSES: usize = 2_000;
 
 /// What the GPU rows of one batch size check against.
 pub(super) struct Reference<'a> {
@@ -151,11 +158,12 @@ pub(super) fn rows_at(
             }
             progress(&format!("infer --onnx {device} {} batch {n}", st.name()));
             let stream = ctx.gpu.stream();
-            let timed = if st.graph {
-                time_device(stream, plan, || session.replay())
-            } else {
-                time_device(stream, plan, || session.enqueue())
+            let pass = || match st.graph {
+                true => session.replay(),
+                false => session.enqueue(),
             };
+            let timed = warm_device(stream, GPU_WARM, GPU_WARM_PASSES, pass)
+                .and_then(|_| time_device(stream, plan, pass));
             let t = match timed {
                 Ok(t) => t,
                 Err(e) => {
