@@ -10,18 +10,12 @@ use crate::infer::report::{rate, row, InferRow};
 use crate::infer::InferStrategy;
 use crate::measure::{time_device, warm_device, Plan};
 use crate::report::RowStatus;
+use crate::workload::strategy::{GPU_WARM, GPU_WARM_PASSES};
 use gpukit_cuda::loader::Discovery;
 use gpukit_models::gpu::program::{Program, ProgramSession};
 use gpukit_models::gpu::GpuContext;
 use gpukit_models::graph::Graph;
 use gpukit_tensor::DType;
-
-/// Untimed passes of a GPU row before its timed ones, at least this long with the GPU drained:
-/// the GPU sat idle while the CPU rows and ONNX Runtime ran, and at batch 1 a few passes
-/// (about a millisecond) left the first row of a run 5-7% below the later ones.
-pub const GPU_WARM: std::time::Duration = std::time::Duration::from_millis(100);
-/// Most warm-up passes (a pass of a large batch is long enough by itself).
-const GPU_WARM_PASSES: usize = 2_000;
 
 /// What the GPU rows of one batch size check against.
 pub(super) struct Reference<'a> {
