@@ -101,6 +101,31 @@ pub fn time_device<E: Into<Error>>(
     )
 }
 
+/// Runs device work queued on `stream` untimed until at least `at_least` has passed on the host
+/// clock with the stream drained (a GPU that sat idle, while CPU rows ran, clocks up meanwhile:
+/// a handful of sub-millisecond passes do not reach its steady clocks), at most `most_passes`
+/// passes; returns how many ran.
+pub fn warm_device<E: Into<Error>>(
+    stream: &Stream,
+    at_least: Duration,
+    most_passes: usize,
+    mut work: impl FnMut() -> Result<(), E>,
+) -> Result<usize> {
+    let started = Instant::now();
+    let mut passes = 0;
+    while passes < most_passes {
+        for _ in 0..8.min(most_passes - passes) {
+            work().map_err(Into::into)?;
+            passes += 1;
+        }
+        stream.synchronize()?;
+        if started.elapsed() >= at_least {
+            break;
+        }
+    }
+    Ok(passes)
+}
+
 /// `time_device`'s samples (ms per repetition), unsummarised.
 pub fn device_samples<E: Into<Error>>(
     stream: &Stream,

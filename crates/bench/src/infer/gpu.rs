@@ -5,11 +5,11 @@
 
 use super::report::{one_at_a_time_reps, rate, row, InferRow};
 use crate::accuracy::{agreement, tolerance, verdict};
-use crate::measure::{time_device, Plan};
+use crate::measure::{time_device, warm_device, Plan};
 use crate::power::{PowerMeter, STRETCH_MS};
 use crate::random::uniform_f32;
 use crate::report::RowStatus;
-use crate::workload::strategy::{InferStrategy, CPU_CHECK_IMAGES};
+use crate::workload::strategy::{InferStrategy, CPU_CHECK_IMAGES, GPU_WARM, GPU_WARM_PASSES};
 use gpukit_models::forward::FoldedResNet;
 use gpukit_models::gpu::{GpuContext, GpuWeights, Session, Strategy};
 use gpukit_models::Error as EngineError;
@@ -632,7 +632,12 @@ impl GpuRun<'_> {
                     time_device(stream, plan, || session.enqueue())
                 }
             };
-            let timed = time(self.plan);
+            let pass = || match st.graph {
+                true => session.replay(),
+                false => session.enqueue(),
+            };
+            let timed =
+                warm_device(stream, GPU_WARM, GPU_WARM_PASSES, pass).and_then(|_| time(self.plan));
             // the timed passes are too short to read the power (tens of ms): the same passes
             // again, untimed, in stretches until the draw settles, with the meter reading
             if let (Some(m), Ok(t)) = (&self.meter, &timed) {

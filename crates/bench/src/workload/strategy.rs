@@ -13,6 +13,14 @@ pub const ORT_ROW: &str = "ONNX Runtime CPU (same weights)";
 /// Untimed passes before a GPU row's timed ones (after the verification pass).
 pub const GPU_WARMUP: usize = 3;
 
+/// Untimed passes of an inference GPU row before its timed ones (and the [`GPU_WARMUP`] ones),
+/// at least this long with the GPU drained: the GPU sat idle while the CPU rows and ONNX
+/// Runtime ran, and at batch 1 a few passes (about a millisecond) left the first row of a run
+/// 5-7% below the later ones.
+pub const GPU_WARM: std::time::Duration = std::time::Duration::from_millis(100);
+/// Most warm-up passes (a pass of a large batch is long enough by itself).
+pub const GPU_WARM_PASSES: usize = 2_000;
+
 /// Images of the batch the GPU fp32 reference is checked on against gpukit's CPU forward.
 pub const CPU_CHECK_IMAGES: usize = 4;
 

@@ -315,7 +315,8 @@ pub struct InferArgs {
     #[arg(long, default_value = "10", value_parser = parse_iterations)]
     pub iterations: usize,
 
-    /// Timed repetitions per GPU row, after 3 warm-up passes (CUDA events around each).
+    /// Timed repetitions per GPU row, after 3 warm-up passes and at least 100 ms of untimed
+    /// ones, CUDA events around each.
     #[arg(long, default_value = "50", value_parser = parse_iterations)]
     pub gpu_iterations: usize,
 

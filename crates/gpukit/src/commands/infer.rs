@@ -114,6 +114,7 @@ pub(super) fn infer_onnx(a: InferArgs, out: &Output) -> Result<()> {
         batch_sizes: a.batch_sizes.map(dedup),
         dims: a.input_dims,
         iterations: a.iterations,
+        gpu_iterations: a.gpu_iterations,
         budget_s: 10.0,
         selection: a.device,
         strategies,

@@ -101,7 +101,7 @@ fn infer_setup(r: &gpukit_bench::infer::InferReport, gpu_rows: bool) -> Section 
             "; GPU fp32 NCHW eager against gpukit's CPU forward on the first {CPU_CHECK_IMAGES} images (<= 1e-4), every other GPU strategy against those GPU fp32 logits on the whole batch (fp32 1e-4, tf32 1e-2, fp16 1e-2, bf16 5e-2). A row over its tolerance fails and shows no speed; top-1 agreement is shown, not judged (random weights give close logits)"
         ));
         let mut timing = format!(
-            "CPU rows: host clock; GPU rows: CUDA events around each pass (after {GPU_WARMUP} warm-up passes), eager = call by call, graph = one CUDA graph launch. GPU memory: the engine's own accounting (weights + activation arena + largest cuDNN workspace)"
+            "CPU rows: host clock; GPU rows: CUDA events around each pass (after {GPU_WARMUP} warm-up passes and at least 100 ms of untimed ones), eager = call by call, graph = one CUDA graph launch. GPU memory: the engine's own accounting (weights + activation arena + largest cuDNN workspace)"
         );
         if singles {
             timing.push_str(&format!(

@@ -144,8 +144,9 @@ fn setup(r: &OnnxRun) -> Section {
     }
     rows.push((
         "Timing",
-        "host clock around each pass, after one warm-up pass (at most 10 s a row); \
-         samples/s = batch / median latency"
+        "CPU rows: host clock around each pass, after one warm-up pass (at most 10 s a row); \
+         GPU rows: CUDA events around each of --gpu-iterations passes, after at least 100 ms \
+         of untimed passes; samples/s = batch / median latency"
             .into(),
     ));
     Section::kv(format!("Inference: {file_name} (ONNX)"), rows)

@@ -8,8 +8,9 @@
 use super::rows::{judge_float64, judge_with, Float64, Outputs};
 use crate::infer::report::{rate, row, InferRow};
 use crate::infer::InferStrategy;
-use crate::measure::{time_device, Plan};
+use crate::measure::{time_device, warm_device, Plan};
 use crate::report::RowStatus;
+use crate::workload::strategy::{GPU_WARM, GPU_WARM_PASSES};
 use gpukit_cuda::loader::Discovery;
 use gpukit_models::gpu::program::{Program, ProgramSession};
 use gpukit_models::gpu::GpuContext;
@@ -151,11 +152,12 @@ pub(super) fn rows_at(
             }
             progress(&format!("infer --onnx {device} {} batch {n}", st.name()));
             let stream = ctx.gpu.stream();
-            let timed = if st.graph {
-                time_device(stream, plan, || session.replay())
-            } else {
-                time_device(stream, plan, || session.enqueue())
+            let pass = || match st.graph {
+                true => session.replay(),
+                false => session.enqueue(),
             };
+            let timed = warm_device(stream, GPU_WARM, GPU_WARM_PASSES, pass)
+                .and_then(|_| time_device(stream, plan, pass));
             let t = match timed {
                 Ok(t) => t,
                 Err(e) => {

@@ -60,7 +60,7 @@ use super::InferStrategy;
 use crate::error::{Error, Result};
 use crate::measure::Plan;
 use crate::report::{judge_rows, Document, RowStatus};
-use crate::workload::strategy::{gpu_ordinal, runs_on, select_strategies};
+use crate::workload::strategy::{gpu_ordinal, runs_on, select_strategies, GPU_WARMUP};
 use gpukit_cuda::loader::Discovery;
 use gpukit_models::onnx::ModelFile;
 use gpukit_models::ort_runner::{find_onnxruntime, OrtModel};
@@ -80,8 +80,10 @@ pub struct OnnxOptions {
     pub batch_sizes: Option<Vec<usize>>,
     /// Sizes of the input's other named axes (`--input-dims height=224`).
     pub dims: Vec<(String, usize)>,
-    /// Timed repetitions per row (fewer when `budget_s` cuts in).
+    /// Timed repetitions per CPU row (fewer when `budget_s` cuts in).
     pub iterations: usize,
+    /// Timed repetitions per GPU row, after at least 100 ms of untimed passes.
+    pub gpu_iterations: usize,
     /// Longest one row may run, in seconds.
     pub budget_s: f64,
     pub selection: DeviceSelection,
@@ -370,7 +372,7 @@ pub fn run_onnx(
             if let Err(why) = &ctx {
                 run.gpu = Some(why.clone());
             }
-            let plan = Plan::new(5, 50).with_budget(opts.budget_s);
+            let plan = Plan::new(GPU_WARMUP, opts.gpu_iterations.max(1));
             // each distinct program's steps (precision and layout), from the first batch size
             let mut steps: Option<Vec<general::ProgramSteps>> = None;
             for (n, graph, input, reference, float64) in &for_gpu {

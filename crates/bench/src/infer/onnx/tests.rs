@@ -20,6 +20,7 @@ fn options(file: PathBuf, strategies: Vec<InferStrategy>) -> OnnxOptions {
         batch_sizes: Some(vec![2, 1]),
         dims: Vec::new(),
         iterations: 1,
+        gpu_iterations: 2,
         budget_s: 5.0,
         selection: DeviceSelection::All,
         strategies,
