@@ -346,26 +346,34 @@ fn depthwise_variants_agree() -> Result<(), Failed> {
             runs.push(v);
         }
         if timings {
-            let ms = gpukit_cuda::timing::replays_in_turns(
-                ctx.gpu.stream(),
-                runs.len(),
-                0.2,
-                32,
-                7,
-                |i| run(Some(runs[i]), &got),
-            )?;
-            let row: Vec<String> = runs
-                .iter()
-                .zip(&ms)
-                .map(|(v, t)| format!("{} {:.1}", v.trim_start_matches("depthwise_"), t * 1e3))
-                .collect();
-            println!("dw timing {n}x{c}x{h}x{h} {f}x{f} us: {}", row.join(", "));
+            let row = kernels_timed(&ctx, &runs, "depthwise_", |v| run(Some(v), &got))?;
+            println!("dw timing {n}x{c}x{h}x{h} {f}x{f} us: {row}");
         }
     }
     match failures.is_empty() {
         true => Ok(()),
         false => Err(failures.join("\n").into()),
     }
+}
+
+/// Each of the kernels `names` (run by `run`) timed in graph replays in turns: "name us, ..."
+/// with `prefix` cut from each name.
+fn kernels_timed(
+    ctx: &GpuContext,
+    names: &[&str],
+    prefix: &str,
+    run: impl Fn(&str) -> gpukit_cuda::Result<()>,
+) -> Result<String, Failed> {
+    let ms =
+        gpukit_cuda::timing::replays_in_turns(ctx.gpu.stream(), names.len(), 0.2, 32, 7, |i| {
+            run(names[i])
+        })?;
+    let row: Vec<String> = names
+        .iter()
+        .zip(&ms)
+        .map(|(v, t)| format!("{} {:.1}", v.trim_start_matches(prefix), t * 1e3))
+        .collect();
+    Ok(row.join(", "))
 }
 
 /// Every layer-norm kernel that takes a shape against the one the engine chooses (the fixtures
@@ -420,20 +428,8 @@ fn layer_norm_variants_agree() -> Result<(), Failed> {
                 runs.push(v);
             }
             if timings && dtype == DType::F16 {
-                let ms = gpukit_cuda::timing::replays_in_turns(
-                    ctx.gpu.stream(),
-                    runs.len(),
-                    0.2,
-                    32,
-                    7,
-                    |i| run(Some(runs[i]), &got),
-                )?;
-                let row: Vec<String> = runs
-                    .iter()
-                    .zip(&ms)
-                    .map(|(v, t)| format!("{} {:.1}", v.trim_start_matches("layer_norm"), t * 1e3))
-                    .collect();
-                println!("ln timing {rows}x{cols} us: {}", row.join(", "));
+                let row = kernels_timed(&ctx, &runs, "layer_norm", |v| run(Some(v), &got))?;
+                println!("ln timing {rows}x{cols} us: {row}");
             }
         }
     }

@@ -54,6 +54,48 @@ __device__ void convert_input(const float* __restrict__ x, T* __restrict__ y,
     }
 }
 
+// NCHW f32 image -> T channel-last blocks of side x side pixels (space to depth), for the
+// convolution that reads it: y [n, bh, bw, cout], channel (r * side + q) * c + ch of block
+// (by, bx) holding pixel (by * side + r - br, bx * side + q - bc) of channel ch (br, bc: the
+// pixels of the zero blocks before the image), zero outside the image and from c * side * side
+// on. A thread a block, its values written 8 at a time (one 16-byte store for 16-bit T).
+template <class T>
+__device__ void convert_blocks(const float* __restrict__ x, T* __restrict__ y, int n, int c,
+                               int h, int w, int side, int br, int bc, int bh, int bw,
+                               int cout) {
+    const long blocks = (long)n * bh * bw;
+    const int used = c * side * side;
+    const bool packed = sizeof(T) == 2 && cout % 8 == 0 && ((size_t)y & 15) == 0;
+    for (long o = blockIdx.x * (long)blockDim.x + threadIdx.x; o < blocks;
+         o += (long)gridDim.x * blockDim.x) {
+        const int bx = (int)(o % bw);
+        const long rest = o / bw;
+        const int by = (int)(rest % bh), img = (int)(rest / bh);
+        const float* xi = x + (long)img * c * h * w;
+        T* yo = y + o * cout;
+        for (int g = 0; g < cout; g += 8) {
+            __align__(16) T v[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int ch = g + e;
+                float f = 0.0f;
+                if (ch < used) {
+                    const int at = ch / c, cc = ch - at * c;
+                    const int u = by * side + at / side - br;
+                    const int col = bx * side + at % side - bc;
+                    if (u >= 0 && u < h && col >= 0 && col < w) f = xi[((long)cc * h + u) * w + col];
+                }
+                v[e] = from_f<T>(f);
+            }
+            if (packed) {
+                *(uint4*)(yo + g) = *(const uint4*)v;
+            } else {
+                for (int e = 0; e < 8 && g + e < cout; ++e) yo[g + e] = v[e];
+            }
+        }
+    }
+}
+
 // 3x3 max pooling, stride 2, padding 1 (padding is -inf: it never wins).
 template <class T, bool NHWC>
 __device__ void max_pool(const T* __restrict__ x, T* __restrict__ y,
@@ -116,6 +158,9 @@ extern "C" __global__ void convert_input_##TAG##_nchw(const float* x, T* y, int 
     int cout, int hw) { convert_input<T, false>(x, y, n, c, cout, hw); }                      \
 extern "C" __global__ void convert_input_##TAG##_nhwc(const float* x, T* y, int n, int c,      \
     int cout, int hw) { convert_input<T, true>(x, y, n, c, cout, hw); }                       \
+extern "C" __global__ void convert_blocks_##TAG##_nhwc(const float* x, T* y, int n, int c,     \
+    int h, int w, int side, int br, int bc, int bh, int bw, int cout)                           \
+    { convert_blocks<T>(x, y, n, c, h, w, side, br, bc, bh, bw, cout); }                        \
 extern "C" __global__ void max_pool_##TAG##_nchw(const T* x, T* y, int n, int c, int h, int w, \
     int p, int q) { max_pool<T, false>(x, y, n, c, h, w, p, q); }                             \
 extern "C" __global__ void max_pool_##TAG##_nhwc(const T* x, T* y, int n, int c, int h, int w, \
@@ -365,6 +410,53 @@ impl Kernels {
             Layout::Nchw => total,
         };
         self.variant("convert_input", dtype, layout, grid_for(threads), &args)
+    }
+
+    /// `y` (channel-last, `[n, bh, bw, cout]`) = `x` (f32 NCHW, `[n, c, h, w]`) in blocks of
+    /// `side x side` pixels (space to depth): block channel `(r * side + q) * c + ch` holds
+    /// pixel `(by * side + r - before.0 * side, bx * side + q - before.1 * side)` of channel
+    /// `ch`, zero outside the image and from `c * side * side` on.
+    #[allow(clippy::too_many_arguments)]
+    pub fn convert_blocks(
+        &self,
+        x: View<'_>,
+        y: View<'_>,
+        dtype: DType,
+        (n, c, h, w): (usize, usize, usize, usize),
+        side: usize,
+        before: (usize, usize),
+        (bh, bw): (usize, usize),
+        cout: usize,
+    ) -> Result<()> {
+        if cout < c * side * side {
+            return Err(Error::Invalid(format!(
+                "convert_blocks: {cout} channels hold fewer than {c} x {side} x {side} values"
+            )));
+        }
+        x.require(n * c * h * w * 4, "convert_blocks x")?;
+        let blocks = n * bh * bw;
+        y.require(blocks * cout * dtype.size_bytes(), "convert_blocks y")?;
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::Size(n),
+            Arg::Size(c),
+            Arg::Size(h),
+            Arg::Size(w),
+            Arg::Size(side),
+            Arg::Size(before.0 * side),
+            Arg::Size(before.1 * side),
+            Arg::Size(bh),
+            Arg::Size(bw),
+            Arg::Size(cout),
+        ];
+        self.variant(
+            "convert_blocks",
+            dtype,
+            Layout::Nhwc,
+            grid_for(blocks),
+            &args,
+        )
     }
 
     /// `y = relu(y + bias[channel] (+ z))` in place over `n x k x hw` elements (f32 inside):

@@ -2,6 +2,7 @@
 //! of an arena slot or of a constant, the steps in the graph's order, and the memory plan of the
 //! slots. No device is needed.
 
+use super::blocks;
 use super::kernels::Window;
 use super::{pad4, Strided};
 use crate::graph::{Binary, Graph, Op, ValueId};
@@ -128,6 +129,8 @@ struct Lowering<'g> {
     const_of: HashMap<ValueId, usize>,
     /// The graph input converted with padded channels: (value, channels, padded).
     padded: Option<(ValueId, usize, usize)>,
+    /// The graph input converted to blocks of pixels for the one convolution that reads it.
+    blocked: Option<(ValueId, blocks::Blocks)>,
     input_slots: Vec<usize>,
     /// Biases of convolutions whose output only a later convolution reads, as its residual:
     /// added into that convolution's bias instead (one pass over the output fewer).
@@ -168,6 +171,7 @@ impl<'g> Lowering<'g> {
             open_gemm: vec![None; n],
             const_of: HashMap::new(),
             padded: None,
+            blocked: None,
             input_slots: Vec::new(),
             moved_bias: HashMap::new(),
             chains: concat::Chains::of(g),
@@ -411,7 +415,15 @@ impl<'g> Lowering<'g> {
                     && !n.inputs[1..].contains(&i))
             });
             let c = dims[1];
-            if rank4 && only_convs && self.layout == Layout::Nhwc && c % 8 != 0 {
+            if let Some(b) = self.blocks_for(i).filter(|_| rank4 && only_convs) {
+                let y = self.new_view(
+                    Strided::image(b.dims(dims[0]), self.layout),
+                    &format!("{name} (converted to blocks)"),
+                );
+                self.push(Step::ConvertBlocks { x, y, blocks: b });
+                self.blocked = Some((i, b));
+                self.set(i, y);
+            } else if rank4 && only_convs && self.layout == Layout::Nhwc && c % 8 != 0 {
                 let cout = c.div_ceil(8) * 8;
                 let y = self.new_view(
                     Strided::image([dims[0], cout, dims[2], dims[3]], self.layout),
@@ -430,6 +442,31 @@ impl<'g> Lowering<'g> {
             }
         }
         Ok(())
+    }
+
+    /// Graph input `i` as blocks of pixels ([`blocks::Blocks`]): where one convolution reads it,
+    /// in 16-bit channel-last programs, unless `GPUKIT_NO_BLOCKED_STEM` is set.
+    fn blocks_for(&self, i: ValueId) -> Option<blocks::Blocks> {
+        let sixteen_bit = matches!(self.elem, DType::F16 | DType::Bf16);
+        if !sixteen_bit
+            || self.layout != Layout::Nhwc
+            || std::env::var_os("GPUKIT_NO_BLOCKED_STEM").is_some()
+        {
+            return None;
+        }
+        let mut readers = self.g.nodes.iter().filter(|n| n.inputs.contains(&i));
+        let (node, None) = (readers.next()?, readers.next()) else {
+            return None;
+        };
+        let Op::Conv(conv) = &node.op else {
+            return None;
+        };
+        if node.inputs[0] != i || node.inputs[1..].contains(&i) {
+            return None;
+        }
+        let x = pad4(&self.g.value(i).shape)?;
+        let y = pad4(&self.g.value(node.outputs[0]).shape)?;
+        blocks::Blocks::of(conv, x[1], (x[2], x[3]), (y[2], y[3]))
     }
 
     fn lower_node(&mut self, node: &crate::graph::Node) -> Lowered<()> {

@@ -578,6 +578,19 @@ impl<'a> ProgramSession<'a> {
                     *cout,
                 )?;
             }
+            Step::ConvertBlocks { x, y, blocks: b } => {
+                let [n, c, h, w] = x.s.dims;
+                self.ctx.kernels.convert_blocks(
+                    v(x)?,
+                    v(y)?,
+                    dt,
+                    (n, c, h, w),
+                    b.side,
+                    (b.rows.before, b.cols.before),
+                    (b.rows.blocks, b.cols.blocks),
+                    b.channels,
+                )?;
+            }
             Step::FromF32 { x, y } => k.from_f32(dt, v(x)?, (v(y)?, &y.s))?,
             Step::ToF32 { x, y } => k.to_f32(dt, (v(x)?, &x.s), v(y)?)?,
             Step::Pointwise { a, b, c, act, y } => {

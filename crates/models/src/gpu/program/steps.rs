@@ -1,6 +1,7 @@
 //! The lowered program's parts: the views steps read and write (a slot of the arena or a
 //! constant, with strides), and the steps themselves. No device is needed.
 
+use super::blocks::Blocks;
 use super::kernels::Window;
 use super::Strided;
 use crate::graph::{Activation, Binary};
@@ -136,6 +137,13 @@ pub(super) enum Step {
         c: usize,
         cout: usize,
     },
+    /// The f32 NCHW input as 16-bit channel-last blocks of pixels, for the convolution that
+    /// reads it ([`Blocks`]).
+    ConvertBlocks {
+        x: Tref,
+        y: Tref,
+        blocks: Blocks,
+    },
     FromF32 {
         x: Tref,
         y: Tref,
@@ -180,6 +188,7 @@ impl Step {
     pub(super) fn operands(&self) -> (Vec<Tref>, Tref) {
         match self {
             Step::ConvertImage { x, y, .. }
+            | Step::ConvertBlocks { x, y, .. }
             | Step::FromF32 { x, y }
             | Step::Pool { x, y, .. }
             | Step::GlobalAverage { x, y }
@@ -210,7 +219,9 @@ impl Step {
     /// A short name of the step's kind.
     pub(super) fn kind(&self) -> &'static str {
         match self {
-            Step::ConvertImage { .. } | Step::FromF32 { .. } => "convert input",
+            Step::ConvertImage { .. } | Step::ConvertBlocks { .. } | Step::FromF32 { .. } => {
+                "convert input"
+            }
             Step::Conv(c) if c.fused_relu() => "conv+bias+relu (cuDNN)",
             Step::Conv(c) if c.fused => "conv+epilogue (cuDNN)",
             Step::Conv(_) => "conv (cuDNN)",

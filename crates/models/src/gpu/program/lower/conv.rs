@@ -47,6 +47,15 @@ impl Lowering<'_> {
         let wshape = &self.g.value(node.inputs[1]).shape;
         let (k, cg, r, s) = (wshape[0], wshape[1], wshape[2], wshape[3]);
         let weights = self.constant(node.inputs[1], "weight")?;
+        let blocked = match self.blocked {
+            Some((v, b)) if v == xin => Some(b),
+            _ => None,
+        };
+        let (r, s, stride, pt, cg) = match blocked {
+            // the converted input is the image in blocks: a stride-1 convolution, unpadded
+            Some(b) => (b.rows.taps, b.cols.taps, 1, 0, b.channels),
+            None => (r, s, c.strides[0], pt, cg),
+        };
         // the converted input's padded channels meet zero filter taps
         let (c_real, c_pad) = match self.padded {
             Some((v, c, cout)) if v == xin => (c, cout),
@@ -61,7 +70,7 @@ impl Lowering<'_> {
             k,
             r,
             s,
-            stride: c.strides[0],
+            stride,
             pad: pt,
             groups: c.groups,
         };
@@ -155,7 +164,10 @@ impl Lowering<'_> {
             self.set(out, y);
             return Ok(());
         }
-        let filter = arrange_filter(weights, [k, cg, r, s], cg_pad, self.layout);
+        let filter = match blocked {
+            Some(b) => b.filter(weights, [k, wshape[2], wshape[3]]),
+            None => arrange_filter(weights, [k, cg, r, s], cg_pad, self.layout),
+        };
         let wc = self.add_const(&format!("{name}.weight"), filter);
         // the epilogue in cuDNN's call: ReLU everywhere (the legacy fused call serves strict
         // f32), other activations and a bare bias or residual where its backend graphs were

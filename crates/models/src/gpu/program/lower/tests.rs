@@ -100,6 +100,19 @@ impl Emu<'_> {
                     self.put(y, i, v);
                 }
             }
+            Step::ConvertBlocks { x, y, blocks: b } => {
+                let [_, _, h, w] = x.s.dims;
+                for [n, ch, by, bx] in indices(y.s.dims) {
+                    let (at, cc) = (ch / b.c, ch % b.c);
+                    let (r, q) = (at / b.side, at % b.side);
+                    let source = (at < b.side * b.side)
+                        .then(|| b.rows.source(by, r, b.side, h))
+                        .flatten()
+                        .zip(b.cols.source(bx, q, b.side, w));
+                    let v = source.map_or(0.0, |(u, v)| self.get(x, [n, cc, u, v]));
+                    self.put(y, [n, ch, by, bx], v);
+                }
+            }
             Step::FromF32 { x, y } | Step::ToF32 { x, y } => {
                 for i in indices(y.s.dims) {
                     let v = self.get(x, i);
@@ -565,7 +578,31 @@ fn layouts_decide_the_copies_and_fusions_are_counted() {
     // cuBLASLt's epilogue: no element-wise step at all
     assert_eq!(count(&p, "conv (cuDNN)"), 1, "{:?}", p.step_counts());
     assert_eq!(count(&p, "element-wise"), 0, "{:?}", p.step_counts());
-    assert!(p
+    // its stem (7x7, stride 2, 3 channels) reads the image as 2x2 blocks of pixels, 16
+    // channels (12 values and 4 zeros), a 4x4 filter; strict f32 (NCHW) pads the channels to 8
+    // where it is channel-last, and keeps the image otherwise
+    let blocks = |p: &Program| {
+        p.steps.iter().find_map(|(_, s)| match s {
+            Step::ConvertBlocks { blocks, .. } => Some(*blocks),
+            _ => None,
+        })
+    };
+    let b = blocks(&p).expect("the stem's input in blocks");
+    assert_eq!(
+        (b.side, b.channels, b.rows.taps, b.cols.taps),
+        (2, 16, 4, 4)
+    );
+    let stem = p.steps.iter().find_map(|(_, s)| match s {
+        Step::Conv(c) if c.shape.c == 16 => Some(c.shape),
+        _ => None,
+    });
+    assert_eq!(
+        stem.map(|s| (s.r, s.s, s.stride, s.pad)),
+        Some((4, 4, 1, 0))
+    );
+    let f32_nhwc = Program::lower(&g, DType::F32, Layout::Nhwc).unwrap();
+    assert_eq!(blocks(&f32_nhwc), None);
+    assert!(f32_nhwc
         .steps
         .iter()
         .any(|(_, s)| matches!(s, Step::ConvertImage { cout: 8, .. })));
