@@ -65,28 +65,38 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
                 .collect();
             let want = forward_cpu(&g, &inputs)?;
             let xs: Vec<&[f32]> = inputs.iter().filter_map(Array::as_f32).collect();
-            for dtype in ENGINE_DTYPES {
-                for layout in [Layout::Nchw, Layout::Nhwc] {
-                    let what = format!("{} batch {batch} {dtype} {layout:?}", f.name);
-                    let p =
-                        Program::lower(&g, dtype, layout).map_err(|e| format!("{what}: {e}"))?;
-                    let mut s = ProgramSession::new(&ctx, discovery, &p, &mut |_| {})
-                        .map_err(|e| format!("{what}: {e}"))?;
-                    let eager = s.run(&xs).map_err(|e| format!("{what}: {e}"))?;
-                    s.capture().map_err(|e| format!("{what}: capture: {e}"))?;
-                    s.replay()?;
-                    let replayed = s.outputs()?;
-                    for (o, w) in want.iter().enumerate() {
-                        let w = w.as_f32().ok_or("an output that is not f32")?;
-                        let (e, r) = (rel(&eager[o], w), rel(&replayed[o], w));
-                        if e > tolerance(dtype) || r > tolerance(dtype) {
-                            failures.push(format!(
-                                "{what} output {o}: eager {e:.1e}, replayed {r:.1e} (tolerance \
-                                 {:.0e}); steps {:?}",
-                                tolerance(dtype),
-                                p.step_counts()
-                            ));
-                        }
+            // each dtype and layout, and 16-bit channel-last with 1x1 convolutions as products
+            let variants = ENGINE_DTYPES
+                .iter()
+                .flat_map(|&d| [(d, Layout::Nchw, false), (d, Layout::Nhwc, false)])
+                .chain([
+                    (DType::F16, Layout::Nhwc, true),
+                    (DType::Bf16, Layout::Nhwc, true),
+                ]);
+            for (dtype, layout, conv1x1_gemm) in variants {
+                let what = format!(
+                    "{} batch {batch} {dtype} {layout:?}{}",
+                    f.name,
+                    if conv1x1_gemm { " 1x1 as gemm" } else { "" }
+                );
+                let p = Program::lower_with_conv1x1_gemm(&g, dtype, layout, conv1x1_gemm)
+                    .map_err(|e| format!("{what}: {e}"))?;
+                let mut s = ProgramSession::new(&ctx, discovery, &p, &mut |_| {})
+                    .map_err(|e| format!("{what}: {e}"))?;
+                let eager = s.run(&xs).map_err(|e| format!("{what}: {e}"))?;
+                s.capture().map_err(|e| format!("{what}: capture: {e}"))?;
+                s.replay()?;
+                let replayed = s.outputs()?;
+                for (o, w) in want.iter().enumerate() {
+                    let w = w.as_f32().ok_or("an output that is not f32")?;
+                    let (e, r) = (rel(&eager[o], w), rel(&replayed[o], w));
+                    if e > tolerance(dtype) || r > tolerance(dtype) {
+                        failures.push(format!(
+                            "{what} output {o}: eager {e:.1e}, replayed {r:.1e} (tolerance \
+                             {:.0e}); steps {:?}",
+                            tolerance(dtype),
+                            p.step_counts()
+                        ));
                     }
                 }
             }

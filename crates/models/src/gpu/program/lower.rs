@@ -37,6 +37,18 @@ impl Program {
     /// Lowers `graph` (best optimized first: `crate::graph::passes::optimize`) for `dtype`
     /// (f32, tf32, f16, bf16) and `layout`; Err names the first node it cannot run.
     pub fn lower(graph: &Graph, dtype: DType, layout: Layout) -> Result<Program, Unsupported> {
+        let conv1x1_gemm = std::env::var_os("GPUKIT_CONV1X1_GEMM").is_some();
+        Program::lower_with_conv1x1_gemm(graph, dtype, layout, conv1x1_gemm)
+    }
+
+    /// [`Program::lower`] with 1x1 convolutions of channel-last maps as Gemm steps (what
+    /// `GPUKIT_CONV1X1_GEMM` asks for) or not, whatever the environment says.
+    pub fn lower_with_conv1x1_gemm(
+        graph: &Graph,
+        dtype: DType,
+        layout: Layout,
+        conv1x1_gemm: bool,
+    ) -> Result<Program, Unsupported> {
         if !super::super::ENGINE_DTYPES.contains(&dtype) {
             return Err(Unsupported {
                 node: "-".into(),
@@ -44,7 +56,9 @@ impl Program {
                 why: format!("the GPU engine runs f32, tf32, f16 and bf16, not {dtype}"),
             });
         }
-        Lowering::new(graph, dtype, layout).run()
+        let mut l = Lowering::new(graph, dtype, layout);
+        l.conv1x1_gemm = conv1x1_gemm;
+        l.run()
     }
 
     /// Bytes of the activation arena (inputs and outputs included).
@@ -131,6 +145,8 @@ struct Lowering<'g> {
     padded: Option<(ValueId, usize, usize)>,
     /// The graph input converted to blocks of pixels for the one convolution that reads it.
     blocked: Option<(ValueId, blocks::Blocks)>,
+    /// 1x1 convolutions of channel-last maps as Gemm steps (an experiment's switch).
+    conv1x1_gemm: bool,
     input_slots: Vec<usize>,
     /// Biases of convolutions whose output only a later convolution reads, as its residual:
     /// added into that convolution's bias instead (one pass over the output fewer).
@@ -172,6 +188,7 @@ impl<'g> Lowering<'g> {
             const_of: HashMap::new(),
             padded: None,
             blocked: None,
+            conv1x1_gemm: false,
             input_slots: Vec::new(),
             moved_bias: HashMap::new(),
             chains: concat::Chains::of(g),

@@ -5,7 +5,7 @@
 //! projection's bias moved into the sum that adds it. A depthwise convolution on channel-last
 //! tensors runs on gpukit's kernel with its whole epilogue.
 
-use super::{Buf, ConvStep, DepthwiseStep, Lowered, Lowering, MatVecStep, Step, Tref};
+use super::{Buf, ConvStep, DepthwiseStep, GemmStep, Lowered, Lowering, MatVecStep, Step, Tref};
 use crate::gpu::program::kernels::depthwise;
 use crate::gpu::program::Strided;
 use crate::graph::{Activation, Binary, Op, ValueId};
@@ -142,8 +142,52 @@ impl Lowering<'_> {
             self.set(out, y);
             return Ok(());
         }
-        // one filter per channel on channel-last tensors: gpukit's kernel, epilogue and all
         let dense = |t: &Tref| t.s == Strided::image(t.s.dims, Layout::Nhwc);
+        // a 1x1 convolution of channel-last maps is the product [n h w, c] x [c, k]: with
+        // `conv1x1_gemm`, the engine's Gemm step (cuBLASLt's candidates and gpukit's own
+        // kernel, timed per shape) instead of cuDNN's convolution
+        if self.conv1x1_gemm
+            && self.layout == Layout::Nhwc
+            && self.dtype.uses_tensor_cores()
+            && (r, s, stride, shape.pad, shape.groups) == (1, 1, 1, 0, 1)
+            && c_real == c_pad
+            && blocked.is_none()
+            && dense(&x)
+            && z.as_ref().is_none_or(dense)
+        {
+            let m = n * h * w;
+            let rows = |t: Tref, cols: usize| Tref {
+                s: Strided::row_major([1, 1, m, cols]),
+                ..t
+            };
+            // [k, c] -> [c, k]
+            let mut wt = vec![0f32; k * cin];
+            for (o, row) in weights.chunks_exact(cin).enumerate() {
+                for (ci, &v) in row.iter().enumerate() {
+                    wt[ci * k + o] = v;
+                }
+            }
+            let wc = self.add_const(&format!("{name}.weight"), wt);
+            let bias = bias.map(|b| self.add_const(&format!("{name}.bias"), b));
+            self.push(Step::Gemm(GemmStep {
+                a: rows(x, cin),
+                b: Tref {
+                    buf: Buf::Const(wc),
+                    offset: 0,
+                    s: Strided::row_major([1, 1, cin, k]),
+                },
+                bias,
+                z: z.map(|z| rows(z, k)),
+                act,
+                y: rows(y, k),
+                m,
+                n: k,
+                k: cin,
+            }));
+            self.set(out, y);
+            return Ok(());
+        }
+        // one filter per channel on channel-last tensors: gpukit's kernel, epilogue and all
         if self.layout == Layout::Nhwc
             && c_real == c_pad
             && depthwise::depthwise_runs(&shape)

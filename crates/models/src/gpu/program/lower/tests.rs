@@ -382,6 +382,7 @@ fn max_rel(got: &[f32], want: &[f32]) -> f64 {
 
 #[test]
 fn every_fixture_lowers_and_its_program_computes_the_graph() {
+    let mut converted = 0;
     for f in fixtures::all(fresh_seed()) {
         let g = optimized(&f.model);
         let inputs: Vec<Array> = g
@@ -412,6 +413,26 @@ fn every_fixture_lowers_and_its_program_computes_the_graph() {
                         p.step_counts()
                     );
                 }
+            }
+            // 1x1 convolutions of channel-last maps as Gemm steps (the experiment's switch)
+            if layout == Layout::Nhwc {
+                let q = Program::lower_with_conv1x1_gemm(&g, DType::F16, layout, true).unwrap();
+                for (o, (g, w)) in Emu::run(&q, &xs).iter().zip(&want).enumerate() {
+                    let rel = max_rel(g, w.as_f32().unwrap());
+                    assert!(
+                        rel <= 1e-5,
+                        "{} 1x1 as gemm output {o}: max rel. diff {rel:.1e}\n{:?}",
+                        f.name,
+                        q.step_counts()
+                    );
+                }
+                let gemms = |p: &Program| {
+                    p.steps
+                        .iter()
+                        .filter(|(_, s)| matches!(s, Step::Gemm(_)))
+                        .count()
+                };
+                converted += gemms(&q) - gemms(&h);
             }
             assert!(p.arena_bytes() <= p.arena_bytes_without_plan);
             // the other storage types lower to the same steps, but for converting the input
@@ -446,6 +467,11 @@ fn every_fixture_lowers_and_its_program_computes_the_graph() {
             assert_eq!(convs(&tensor_cores), convs(&p), "{}", f.name);
         }
     }
+    // MobileNetV3's, EfficientNet's, RegNet's and DenseNet's fixtures have 1x1 convolutions
+    assert!(
+        converted >= 4,
+        "{converted} 1x1 convolutions became Gemm steps"
+    );
 }
 
 #[test]
