@@ -315,8 +315,7 @@ pub struct InferArgs {
     #[arg(long, default_value = "10", value_parser = parse_iterations)]
     pub iterations: usize,
 
-    /// Timed repetitions per GPU row, after 3 warm-up passes and at least 100 ms of untimed
-    /// ones, CUDA events around each.
+    /// Timed repetitions per GPU row (CUDA events), after at least 100 ms of untimed ones.
     #[arg(long, default_value = "50", value_parser = parse_iterations)]
     pub gpu_iterations: usize,
 
