@@ -7,7 +7,7 @@
 
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::DeviceBuffer;
-use gpukit_models::gpu::program::{Program, ProgramKernels, ProgramSession, Strided};
+use gpukit_models::gpu::program::{OwnConvs, Program, ProgramKernels, ProgramSession, Strided};
 use gpukit_models::gpu::{GpuContext, ENGINE_DTYPES};
 use gpukit_models::graph::{forward_cpu, passes::optimize, Array, Graph};
 use gpukit_models::onnx::{fixtures, import_model, ImportOptions};
@@ -52,6 +52,7 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
     let discovery = DISCOVERY.get().ok_or("no discovery")?;
     let ctx = GpuContext::open(discovery, 0)?;
     let mut failures = Vec::new();
+    let mut own_runs = 0;
     for batch in [2, 5] {
         for f in fixtures::all(fresh_seed()) {
             let g = graph(&f.model, batch)?;
@@ -65,24 +66,43 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
                 .collect();
             let want = forward_cpu(&g, &inputs)?;
             let xs: Vec<&[f32]> = inputs.iter().filter_map(Array::as_f32).collect();
-            // each dtype and layout, and 16-bit channel-last with 1x1 convolutions as products
+            // each dtype and layout as the engine runs them, and 16-bit channel-last with 1x1
+            // convolutions as products, or with every convolution on gpukit's kernel
+            let (timed, always) = (OwnConvs::Timed, OwnConvs::Always);
             let variants = ENGINE_DTYPES
                 .iter()
-                .flat_map(|&d| [(d, Layout::Nchw, false), (d, Layout::Nhwc, false)])
-                .chain([
-                    (DType::F16, Layout::Nhwc, true),
-                    (DType::Bf16, Layout::Nhwc, true),
-                ]);
-            for (dtype, layout, conv1x1_gemm) in variants {
+                .flat_map(|&d| {
+                    [
+                        (d, Layout::Nchw, false, timed),
+                        (d, Layout::Nhwc, false, timed),
+                    ]
+                })
+                .chain([DType::F16, DType::Bf16].into_iter().flat_map(|d| {
+                    [
+                        (d, Layout::Nhwc, true, timed),
+                        (d, Layout::Nhwc, false, always),
+                    ]
+                }));
+            for (dtype, layout, conv1x1_gemm, own) in variants {
                 let what = format!(
-                    "{} batch {batch} {dtype} {layout:?}{}",
+                    "{} batch {batch} {dtype} {layout:?}{}{}",
                     f.name,
-                    if conv1x1_gemm { " 1x1 as gemm" } else { "" }
+                    if conv1x1_gemm { " 1x1 as gemm" } else { "" },
+                    if own == always {
+                        " own convolutions"
+                    } else {
+                        ""
+                    }
                 );
                 let p = Program::lower_with_conv1x1_gemm(&g, dtype, layout, conv1x1_gemm)
                     .map_err(|e| format!("{what}: {e}"))?;
-                let mut s = ProgramSession::new(&ctx, discovery, &p, &mut |_| {})
+                let mut s = ProgramSession::with_own_convs(&ctx, discovery, &p, &mut |_| {}, own)
                     .map_err(|e| format!("{what}: {e}"))?;
+                own_runs += s
+                    .algorithms
+                    .iter()
+                    .filter(|a| a.starts_with("gpukit"))
+                    .count();
                 let eager = s.run(&xs).map_err(|e| format!("{what}: {e}"))?;
                 s.capture().map_err(|e| format!("{what}: capture: {e}"))?;
                 s.replay()?;
@@ -101,6 +121,10 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
                 }
             }
         }
+    }
+    // the "own convolutions" variants put every convolution the kernel takes on it
+    if own_runs == 0 {
+        failures.push("no convolution ran on gpukit's kernel".into());
     }
     if failures.is_empty() {
         Ok(())
@@ -563,11 +587,128 @@ fn small_gemm_matches_float64() -> Result<(), Failed> {
     }
 }
 
+/// gpukit's implicit-product convolution against float64 on the 16-bit inputs: channels and
+/// filters of 8 to 64, 1x1 to 7x7 taps, strides 1 and 2, paddings that read zeros, each of its
+/// piece counts, with a bias, a residual and ReLU or plain.
+fn conv_small_matches_float64() -> Result<(), Failed> {
+    use gpukit_models::gpu::program::kernels::gemm::{conv_pieces, ConvGeometry, SmallGemm};
+    use gpukit_models::graph::Activation;
+    let discovery = DISCOVERY.get().ok_or("no discovery")?;
+    let ctx = GpuContext::open(discovery, 0)?;
+    let small = SmallGemm::new(discovery, &ctx.gpu)?;
+    let mut failures = Vec::new();
+    let shapes = [
+        // (n, h, w, c, k, r, s, stride, pad)
+        (1, 14, 14, 256, 256, 3, 3, 1, 1),
+        (2, 9, 7, 16, 24, 3, 3, 2, 1),
+        (1, 23, 23, 16, 64, 4, 4, 1, 0),
+        (3, 8, 8, 64, 128, 1, 1, 1, 0),
+        (1, 12, 10, 8, 8, 7, 7, 2, 3),
+        (1, 7, 7, 512, 512, 3, 3, 1, 1),
+    ];
+    for dtype in [DType::F16, DType::Bf16] {
+        for (n, h, w, c, k, r, s, stride, pad) in shapes {
+            let g = ConvGeometry {
+                n,
+                h,
+                w,
+                c,
+                k,
+                r,
+                s,
+                stride,
+                pad,
+            };
+            let (m, _, kw) = g.product();
+            let (p, q) = g.out();
+            let seed = fresh_seed();
+            let (x, xv) = upload(&ctx, &normal_f32(n * h * w * c, seed), dtype)?;
+            let filter: Vec<f32> = normal_f32(k * c * r * s, seed + 1)
+                .iter()
+                .map(|v| v / (kw as f32).sqrt())
+                .collect();
+            let (wt, wv) = upload(&ctx, &g.filter(&filter), dtype)?;
+            let (bias, bv) = upload(&ctx, &normal_f32(k, seed + 2), dtype)?;
+            let (z, zv) = upload(&ctx, &normal_f32(m * k, seed + 3), dtype)?;
+            // float64 on the rounded values: wv is [r, s, c, k]
+            let mut sums = vec![0f64; m * k];
+            for (row, out) in sums.chunks_mut(k).enumerate() {
+                let (b, op, oq) = (row / (p * q), row / q % p, row % q);
+                for i in 0..r {
+                    for j in 0..s {
+                        let (yy, xx) = (
+                            (op * stride + i) as isize - pad as isize,
+                            (oq * stride + j) as isize - pad as isize,
+                        );
+                        if yy < 0 || xx < 0 || yy >= h as isize || xx >= w as isize {
+                            continue;
+                        }
+                        let at = ((b * h + yy as usize) * w + xx as usize) * c;
+                        for ch in 0..c {
+                            let a = xv[at + ch];
+                            let taps = &wv[((i * s + j) * c + ch) * k..][..k];
+                            for (o, t) in out.iter_mut().zip(taps) {
+                                *o += a * t;
+                            }
+                        }
+                    }
+                }
+            }
+            let y = ctx.gpu.alloc(m * k * dtype.storage().size_bytes())?;
+            for (label, with_bias, with_z, act) in [
+                ("bias+relu", true, false, Some(Activation::Relu)),
+                ("bias+residual", true, true, None),
+                ("plain", false, false, None),
+            ] {
+                let want: Vec<f32> = sums
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| {
+                        let mut v = *v;
+                        if with_bias {
+                            v += bv[i % k];
+                        }
+                        if with_z {
+                            v += zv[i];
+                        }
+                        if act.is_some() {
+                            v = v.max(0.0);
+                        }
+                        v as f32
+                    })
+                    .collect();
+                let operands = (
+                    x.view(),
+                    wt.view(),
+                    with_bias.then(|| bias.view()),
+                    with_z.then(|| z.view()),
+                    y.view(),
+                );
+                for (pieces, _) in conv_pieces(m, k, kw) {
+                    ctx.gpu.fill(y.view(), 0xff)?;
+                    small.run_conv(ctx.gpu.stream(), dtype, operands, &g, act, pieces)?;
+                    let e = rel(&download(&ctx, &y, dtype)?, &want);
+                    if e > kernel_tolerance(dtype) {
+                        failures.push(format!(
+                            "{dtype} {g:?} {label} in {pieces} pieces (seed {seed}): {e:.1e}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n").into())
+    }
+}
+
 fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 6] = [
+    let tests: [(&str, Test); 7] = [
         (
             "gpu::program::every_fixture_matches_the_interpreter",
             every_fixture_matches_the_interpreter,
@@ -591,6 +732,10 @@ fn main() {
         (
             "gpu::program::small_gemm_matches_float64",
             small_gemm_matches_float64,
+        ),
+        (
+            "gpu::program::conv_small_matches_float64",
+            conv_small_matches_float64,
         ),
     ];
     let trials = tests

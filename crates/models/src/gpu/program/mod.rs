@@ -33,7 +33,7 @@ mod steps;
 
 pub use kernels::{ProgramKernels, Window};
 pub use lower::{Program, Unsupported};
-pub use session::ProgramSession;
+pub use session::{OwnConvs, ProgramSession};
 
 use gpukit_tensor::Layout;
 

@@ -19,6 +19,9 @@ use gpukit_tensor::{DType, Layout};
 use std::collections::HashMap;
 use std::rc::Rc;
 
+mod own_conv;
+pub use own_conv::OwnConvs;
+
 /// A Gemm step's product: a cuBLASLt plan and whether it holds the step's epilogue, or
 /// gpukit's kernel for products of few rows with K in `pieces` pieces (the whole epilogue).
 enum GemmRun {
@@ -63,6 +66,8 @@ pub struct ProgramSession<'a> {
     /// gpukit's kernel for products of few rows, where a 16-bit program has a product it
     /// takes on a GPU that runs it (compute capability 8.0 and later).
     small_gemm: Option<SmallGemm>,
+    /// Per step, its convolution on gpukit's kernel instead of cuDNN's plan.
+    own_convs: Vec<Option<own_conv::OwnConv>>,
     workspace: DeviceBuffer,
     graph: Option<Graph>,
     /// Most workspace a chosen convolution algorithm uses.
@@ -79,6 +84,17 @@ impl<'a> ProgramSession<'a> {
         discovery: &Discovery,
         program: &'a Program,
         progress: &mut dyn FnMut(&str),
+    ) -> Result<ProgramSession<'a>> {
+        Self::with_own_convs(ctx, discovery, program, progress, OwnConvs::from_env())
+    }
+
+    /// [`ProgramSession::new`] with gpukit's convolution kernel used as `own` says.
+    pub fn with_own_convs(
+        ctx: &'a GpuContext,
+        discovery: &Discovery,
+        program: &'a Program,
+        progress: &mut dyn FnMut(&str),
+        own: OwnConvs,
     ) -> Result<ProgramSession<'a>> {
         let kernels = ProgramKernels::new(discovery, &ctx.gpu)?;
         let small_gemm = Self::small_gemm(ctx, discovery, program);
@@ -108,6 +124,7 @@ impl<'a> ProgramSession<'a> {
             runs: vec![None; program.steps.len()],
             gemms: Vec::new(),
             small_gemm,
+            own_convs: Vec::new(),
             workspace: ctx.alloc(256, "convolution workspace")?,
             graph: None,
             workspace_bytes: 0,
@@ -118,6 +135,7 @@ impl<'a> ProgramSession<'a> {
         if session.workspace_bytes > session.workspace.len() {
             session.workspace = ctx.alloc(session.workspace_bytes, "convolution workspace")?;
         }
+        session.plan_own_convs(own)?;
         ctx.dnn.release_workspace();
         Ok(session)
     }
@@ -387,10 +405,11 @@ impl<'a> ProgramSession<'a> {
             .gpu
             .compute_capability()
             .is_ok_and(|(major, _)| major >= 8);
-        let wanted = program.steps.iter().any(|(_, step)| match step {
-            Step::Gemm(g) => !gemm::pieces(g.m, g.n, g.k).is_empty(),
-            _ => false,
-        });
+        let wanted = own_conv::wanted(program)
+            || program.steps.iter().any(|(_, step)| match step {
+                Step::Gemm(g) => !gemm::pieces(g.m, g.n, g.k).is_empty(),
+                _ => false,
+            });
         if !(sixteen && ampere && wanted) {
             return None;
         }
@@ -639,6 +658,11 @@ impl<'a> ProgramSession<'a> {
                 d.act,
                 v(&d.y)?,
             )?,
+            Step::Conv(c) if self.own_convs.get(i).is_some_and(Option::is_some) => {
+                if let Some(Some(o)) = self.own_convs.get(i) {
+                    self.run_own_conv(c, &o.geometry, &o.weights, o.pieces)?;
+                }
+            }
             Step::Conv(c) => {
                 let Some(run) = self.runs[i].as_deref() else {
                     return Err(Error::Invalid(format!(
@@ -706,7 +730,9 @@ impl<'a> ProgramSession<'a> {
             .map(|t| t.s.len() * self.elem_bytes(t))
             .sum();
         let d = write.s.dims;
+        let own_conv = self.own_convs.get(i).is_some_and(Option::is_some);
         let (flops, library) = match step {
+            Step::Conv(c) if own_conv => (c.shape.flops(), "NVRTC"),
             Step::Conv(c) => (c.shape.flops(), "cuDNN"),
             Step::Depthwise(d) => (d.shape.flops(), "NVRTC"),
             Step::MatVec(m) => (2.0 * (m.n * m.k * m.c) as f64, "NVRTC"),
@@ -719,6 +745,8 @@ impl<'a> ProgramSession<'a> {
         let kind = match (step, self.gemms.get(i)) {
             (Step::Gemm(_), Some(Some(GemmRun::Own { .. }))) => "gemm (gpukit)",
             (Step::Gemm(_), _) => "gemm (cuBLASLt)",
+            (Step::Conv(c), _) if own_conv && c.fused => "conv+epilogue (gpukit)",
+            (Step::Conv(_), _) if own_conv => "conv (gpukit)",
             _ => step.kind(),
         };
         OpInfo {

@@ -13,7 +13,7 @@ use gpukit_types::DType;
 
 pub(super) const SOURCE: &str = r#"
 // y [m, n] = act(x [m, k] w [k, n] + bias [n] + z [m, n]), all row-major 16-bit, rows 16-byte
-// aligned, n a multiple of 64, k of 32 * gridDim.z; f32 accumulation. Block (x, y, z): the
+// aligned, n a multiple of 8, k of 32 * gridDim.z; f32 accumulation. Block (x, y, z): the
 // 64 x 64 tile at columns 64 x, rows 64 y, over K range [z kc, (z + 1) kc). 4 warps of 32 x 32
 // outputs, mma.sync m16n8k16 on fragments read by ldmatrix from x and w tiles (64 x 32, 32 x 64)
 // double-buffered by cp.async in shared memory padded against bank conflicts. One piece of K
@@ -68,13 +68,14 @@ __device__ __forceinline__ void ldmatrix4_trans(unsigned* r, const void* p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(shared_address(p)));
 }
 
-template <class T>
-__device__ void gemm_small(const T* __restrict__ x, const T* __restrict__ w,
-                           const T* __restrict__ bias, const T* z, T* y, float* part,
-                           unsigned* counts, int m, int n, int k, int kc, int act, float alpha,
-                           float beta) {
-    __shared__ __align__(16) T xs[2][GS_BM * GS_XP];
-    __shared__ __align__(16) T ws[2][GS_BK * GS_WP];
+// The block's 64 x 64 tile of y = act(X w + bias + z) over K range [k0, k0 + kc): X's tile rows
+// come from `load_x(stage, kt)` (which fills xs[stage] with rows m0.. and K values
+// k0 + 32 kt.., zeros where there are none), w's from the rows of w below `kw` (zeros past it
+// and past column n). n is a multiple of 8; columns past it are neither read nor written.
+template <class T, class LoadX>
+__device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ w, const T* __restrict__ bias, const T* z,
+                             T* y, float* part, unsigned* counts, int m, int n, int kw, int kc,
+                             int act, float alpha, float beta) {
     __shared__ unsigned last;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int m0 = blockIdx.y * GS_BM, n0 = blockIdx.x * GS_BN, k0 = blockIdx.z * kc;
@@ -82,24 +83,18 @@ __device__ void gemm_small(const T* __restrict__ x, const T* __restrict__ w,
     let_next_grid_start();
     // the weights (constants) before the wait: the block's slice into L2 (a row of it is one
     // 128-byte line), its first tile into shared memory
-    for (int r = t; r < kc; r += blockDim.x)
+    for (int r = t; r < kc && k0 + r < kw; r += blockDim.x)
         asm volatile("prefetch.global.L2 [%0];" :: "l"(w + (long long)(k0 + r) * n + n0));
     auto load_w = [&](int s, int kt) {
         for (int i = t; i < GS_BK * 8; i += blockDim.x) {
-            const int r = i >> 3, c = (i & 7) * 8;
-            copy16(&ws[s][r * GS_WP + c], w + (long long)(k0 + kt * GS_BK + r) * n + n0 + c, 16);
+            const int r = i >> 3, c = (i & 7) * 8, row = k0 + kt * GS_BK + r;
+            const bool in = row < kw && n0 + c < n;
+            copy16(&ws[s * (GS_BK * GS_WP) + r * GS_WP + c], w + (in ? (long long)row * n + n0 + c : 0), in ? 16 : 0);
         }
     };
     load_w(0, 0);
     wait_for_previous_grid();
-    // x is the kernel ahead's output: read only after the wait
-    auto load_x = [&](int s, int kt) {
-        for (int i = t; i < GS_BM * 4; i += blockDim.x) {
-            const int r = i >> 2, c = (i & 3) * 8, row = m0 + r;
-            const T* src = x + (long long)(row < m ? row : 0) * k + k0 + kt * GS_BK + c;
-            copy16(&xs[s][r * GS_XP + c], src, row < m ? 16 : 0);
-        }
-    };
+    // X is the kernel ahead's output: read only after the wait
     load_x(0, 0);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     float acc[2][4][4];
@@ -124,14 +119,14 @@ __device__ void gemm_small(const T* __restrict__ x, const T* __restrict__ w,
             unsigned a[2][4], b[4][2];
 #pragma unroll
             for (int i = 0; i < 2; ++i)
-                ldmatrix4(a[i], &xs[s][(wm + i * 16 + (lane & 15)) * GS_XP + kk + (lane >> 4) * 8]);
+                ldmatrix4(a[i], &xs[s * (GS_BM * GS_XP) + (wm + i * 16 + (lane & 15)) * GS_XP + kk + (lane >> 4) * 8]);
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 // lanes 8q..8q+7 give the rows of 8 x 8 matrix q: k (q & 1) * 8 + lane % 8,
                 // columns from (q >> 1) * 8 of the warp's 16-column piece j
                 unsigned r[4];
                 ldmatrix4_trans(
-                    r, &ws[s][(kk + (q & 1) * 8 + (lane & 7)) * GS_WP + wn + j * 16 + (q >> 1) * 8]);
+                    r, &ws[s * (GS_BK * GS_WP) + (kk + (q & 1) * 8 + (lane & 7)) * GS_WP + wn + j * 16 + (q >> 1) * 8]);
                 b[2 * j][0] = r[0];
                 b[2 * j][1] = r[1];
                 b[2 * j + 1][0] = r[2];
@@ -156,7 +151,7 @@ __device__ void gemm_small(const T* __restrict__ x, const T* __restrict__ w,
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int row = row0 + i * 16 + h * 8, col = col0 + j * 8;
-                    if (row < m)
+                    if (row < m && col < n)
                         *(float2*)(mine + (long long)row * n + col) =
                             make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
                 }
@@ -175,7 +170,7 @@ __device__ void gemm_small(const T* __restrict__ x, const T* __restrict__ w,
                 for (int h = 0; h < 2; ++h) {
                     const int row = row0 + i * 16 + h * 8, col = col0 + j * 8;
                     float s0 = 0.0f, s1 = 0.0f;
-                    if (row < m)
+                    if (row < m && col < n)
                         for (int p = 0; p < (int)gridDim.z; ++p) {
                             const float* at = part + ((long long)p * m + row) * n + col;
                             float v0, v1;
@@ -196,7 +191,7 @@ __device__ void gemm_small(const T* __restrict__ x, const T* __restrict__ w,
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = row0 + i * 16 + h * 8, col = col0 + j * 8;
-                if (row >= m) continue;
+                if (row >= m || col >= n) continue;
                 const long long at = (long long)row * n + col;
                 float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
                 if (bias) { v0 += to_f(bias[col]); v1 += to_f(bias[col + 1]); }
@@ -208,6 +203,83 @@ __device__ void gemm_small(const T* __restrict__ x, const T* __restrict__ w,
             }
 }
 
+// y [m, n] = act(x [m, k] w [k, n] + bias [n] + z [m, n]): X's rows are x's.
+template <class T>
+__device__ void gemm_small(const T* __restrict__ x, const T* __restrict__ w,
+                           const T* __restrict__ bias, const T* z, T* y, float* part,
+                           unsigned* counts, int m, int n, int k, int kc, int act, float alpha,
+                           float beta) {
+    __shared__ __align__(16) T xs[2][GS_BM * GS_XP];
+    __shared__ __align__(16) T ws[2][GS_BK * GS_WP];
+    const int t = threadIdx.x, m0 = blockIdx.y * GS_BM, k0 = blockIdx.z * kc;
+    auto load_x = [&](int s, int kt) {
+        for (int i = t; i < GS_BM * 4; i += blockDim.x) {
+            const int r = i >> 2, c = (i & 3) * 8, row = m0 + r;
+            const T* src = x + (long long)(row < m ? row : 0) * k + k0 + kt * GS_BK + c;
+            copy16(&xs[s][r * GS_XP + c], src, row < m ? 16 : 0);
+        }
+    };
+    product_tile<T>(load_x, &xs[0][0], &ws[0][0], w, bias, z, y, part, counts, m, n, k, kc, act,
+                    alpha, beta);
+}
+
+// y [img, p, q, n] = act(conv(x [img, h, w, c]) + bias [n] + z), channel-last: the product of
+// the implicit im2col rows (a row an output pixel, K = (r, s, c) with c fastest, kw = kr ks c
+// values, zero padded to the pieces' multiple of 32) and w [kw, n] (the filter as r, s, c, n).
+// c a multiple of 8, so each 16-byte chunk of a row lies in one tap: zeros where the tap reads
+// padding. A thread keeps the input corners of its two rows and walks its chunk's (r, s, c).
+template <class T>
+__device__ void conv_small(const T* __restrict__ x, const T* __restrict__ w,
+                           const T* __restrict__ bias, const T* z, T* y, float* part,
+                           unsigned* counts, int m, int n, int kc, int act, float alpha,
+                           float beta, int h, int wd, int c, int p, int q, int ks, int kw,
+                           int stride, int pad) {
+    __shared__ __align__(16) T xs[2][GS_BM * GS_XP];
+    __shared__ __align__(16) T ws[2][GS_BK * GS_WP];
+    const int t = threadIdx.x, m0 = blockIdx.y * GS_BM, k0 = blockIdx.z * kc;
+    // this thread's chunks: rows (t >> 2) and (t >> 2) + 32 of the tile, K column (t & 3) * 8;
+    // their images and input corners, found at the first call (after the wait)
+    const int col = (t & 3) * 8;
+    const T* img[2];
+    int ih[2], iw[2];
+    bool live[2];
+    // the chunk's K index and its tap (r, s) and channel: next is the one `load_x` reads
+    int next = k0 + col;
+    int tap = next / c, ch = next - tap * c;
+    auto load_x = [&](int s, int kt) {
+        if (kt == 0) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int row = m0 + (t >> 2) + 32 * j;
+                live[j] = row < m;
+                const int pix = live[j] ? row : 0, b = pix / (p * q), rest = pix - b * p * q;
+                const int op = rest / q, oq = rest - op * q;
+                img[j] = x + (long long)b * h * wd * c;
+                ih[j] = op * stride - pad;
+                iw[j] = oq * stride - pad;
+            }
+        }
+        // called for kt = 0, 1, 2, ... in order: the chunk's K index is next
+        const int r = tap / ks, sc = tap - r * ks;
+        const bool inside = next < kw;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int yy = ih[j] + r, xx = iw[j] + sc;
+            const bool in = inside && live[j] && yy >= 0 && yy < h && xx >= 0 && xx < wd;
+            const T* src = in ? img[j] + ((long long)yy * wd + xx) * c + ch : x;
+            copy16(&xs[s][((t >> 2) + 32 * j) * GS_XP + col], src, in ? 16 : 0);
+        }
+        next += GS_BK;
+        ch += GS_BK;
+        while (ch >= c) {
+            ch -= c;
+            ++tap;
+        }
+    };
+    product_tile<T>(load_x, &xs[0][0], &ws[0][0], w, bias, z, y, part, counts, m, n, kw, kc, act,
+                    alpha, beta);
+}
+
 #define GEMM_SMALL(T, TAG)                                                                     \
 extern "C" __global__ void gemm_small_##TAG(const T* x, const T* w, const T* bias,          \
     const T* z, T* y, float* part, unsigned* counts, int m, int n, int k, int kc, int act,      \
@@ -215,6 +287,16 @@ extern "C" __global__ void gemm_small_##TAG(const T* x, const T* w, const T* bia
     { gemm_small<T>(x, w, bias, z, y, part, counts, m, n, k, kc, act, alpha, beta); }
 GEMM_SMALL(H, f16)
 GEMM_SMALL(B, bf16)
+
+#define CONV_SMALL(T, TAG)                                                                     \
+extern "C" __global__ void conv_small_##TAG(const T* x, const T* w, const T* bias,          \
+    const T* z, T* y, float* part, unsigned* counts, int m, int n, int kc, int act,             \
+    float alpha, float beta, int h, int wd, int c, int p, int q, int ks, int kw, int stride,    \
+    int pad)                                                                                   \
+    { conv_small<T>(x, w, bias, z, y, part, counts, m, n, kc, act, alpha, beta, h, wd, c, p,  \
+                    q, ks, kw, stride, pad); }
+CONV_SMALL(H, f16)
+CONV_SMALL(B, bf16)
 "#;
 
 /// The module: its name in the kernel cache, its source and its kernels.
@@ -222,7 +304,12 @@ pub fn kernel_source() -> KernelSource {
     KernelSource {
         stem: "program-gemm",
         source: format!("{HALF}{}{SOURCE}", super::PRELUDE),
-        names: vec!["gemm_small_f16".into(), "gemm_small_bf16".into()],
+        names: vec![
+            "gemm_small_f16".into(),
+            "gemm_small_bf16".into(),
+            "conv_small_f16".into(),
+            "conv_small_bf16".into(),
+        ],
     }
 }
 
@@ -236,21 +323,46 @@ const AIM_BLOCKS: usize = 264;
 const MIN_PIECE: usize = 128;
 
 /// The pieces K may be cut into for an `m x n x k` product (the kernel's constraints: n a
-/// multiple of 64, every piece of K a multiple of 32, the partial tiles within the scratch):
+/// multiple of 8, every piece of K a multiple of 32, the partial tiles within the scratch):
 /// one, and where one leaves too few blocks, the most pieces up to about [`AIM_BLOCKS`] blocks
 /// of at least [`MIN_PIECE`] values of K. Empty where the kernel does not take the shape.
 pub fn pieces(m: usize, n: usize, k: usize) -> Vec<usize> {
-    let tiles = m.div_ceil(64) * (n / 64);
-    if m == 0 || !n.is_multiple_of(64) || !k.is_multiple_of(32) || tiles > COUNTS {
+    if !k.is_multiple_of(32) {
         return Vec::new();
     }
-    if m.div_ceil(64) > 65_535 || n / 64 > 65_535 {
+    cuts(m, n, k, |p| k.is_multiple_of(32 * p))
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect()
+}
+
+/// The pieces of a convolution's implicit product (`m` output pixels, `n` filters, `kw` =
+/// taps x channels): K rounded up to pieces of a multiple of 32 (the kernel reads zeros past
+/// `kw`), as (pieces, values of K a piece).
+pub fn conv_pieces(m: usize, n: usize, kw: usize) -> Vec<(usize, usize)> {
+    cuts(m, n, kw, |p| (p - 1) * piece_of(kw, p) < kw)
+}
+
+/// Values of K a piece takes when `k` is cut into `p`: a multiple of 32.
+fn piece_of(k: usize, p: usize) -> usize {
+    k.div_ceil(p).div_ceil(32) * 32
+}
+
+/// One piece, and the most pieces (`allowed`) up to about [`AIM_BLOCKS`] blocks of at least
+/// [`MIN_PIECE`] values where one leaves too few blocks; empty where the kernel does not take
+/// the shape (n not a multiple of 8, too many tiles).
+fn cuts(m: usize, n: usize, k: usize, allowed: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
+    let (rows, cols) = (m.div_ceil(64), n.div_ceil(64));
+    let tiles = rows * cols;
+    if m == 0 || k == 0 || !n.is_multiple_of(8) || tiles > COUNTS || rows > 65_535 {
         return Vec::new();
     }
-    let fits =
-        |p: usize| k.is_multiple_of(32 * p) && k / p >= MIN_PIECE && p * m * n <= PART_FLOATS;
+    let fits = |p: usize| allowed(p) && k / p >= MIN_PIECE && p * m * n <= PART_FLOATS;
     let split = (2..=32).rev().find(|&p| tiles * p <= AIM_BLOCKS && fits(p));
-    std::iter::once(1).chain(split).collect()
+    std::iter::once(1)
+        .chain(split)
+        .map(|p| (p, piece_of(k, p)))
+        .collect()
 }
 
 /// The kernel on one device, with its scratch.
@@ -336,16 +448,165 @@ impl SmallGemm {
             Arg::F32(alpha),
             Arg::F32(beta),
         ];
-        let grid = ((n / 64) as u32, m.div_ceil(64) as u32, pieces as u32);
+        let grid = (n.div_ceil(64) as u32, m.div_ceil(64) as u32, pieces as u32);
         let launch = Launch::new(grid, (128, 1, 1)).starting_early();
         let name = format!("gemm_small_{}", tag(dtype));
         self.module.launch(&name, stream, launch, &args)
     }
 }
 
+/// A convolution of channel-last 16-bit maps as [`SmallGemm::run_conv`] takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConvGeometry {
+    /// Input `[n, h, w, c]` (c a multiple of 8).
+    pub n: usize,
+    pub h: usize,
+    pub w: usize,
+    pub c: usize,
+    /// Filters (a multiple of 8), taps `r x s`, one stride and padding.
+    pub k: usize,
+    pub r: usize,
+    pub s: usize,
+    pub stride: usize,
+    pub pad: usize,
+}
+
+impl ConvGeometry {
+    /// Output (p, q).
+    pub fn out(&self) -> (usize, usize) {
+        let side = |x: usize, t: usize| match (x + 2 * self.pad).checked_sub(t) {
+            Some(v) if self.stride > 0 => v / self.stride + 1,
+            _ => 0,
+        };
+        (side(self.h, self.r), side(self.w, self.s))
+    }
+
+    /// Rows, columns and K of the implicit product.
+    pub fn product(&self) -> (usize, usize, usize) {
+        let (p, q) = self.out();
+        (self.n * p * q, self.k, self.r * self.s * self.c)
+    }
+
+    /// Whether the kernel takes it: channels and filters multiples of 8, a stride, sizes that
+    /// fit its 32-bit indices.
+    pub fn runs(&self) -> bool {
+        let (m, n, kw) = self.product();
+        self.c.is_multiple_of(8)
+            && self.k.is_multiple_of(8)
+            && self.stride >= 1
+            && m > 0
+            && !conv_pieces(m, n, kw).is_empty()
+            && [self.n * self.h * self.w * self.c, m * n, kw]
+                .iter()
+                .all(|&v| v < i32::MAX as usize)
+    }
+
+    /// `w [k, c, r, s]` (the graph's filter) as the kernel reads it: `[r, s, c, k]`.
+    pub fn filter(&self, w: &[f32]) -> Vec<f32> {
+        let (k, c, r, s) = (self.k, self.c, self.r, self.s);
+        let mut out = vec![0f32; k * c * r * s];
+        for o in 0..k {
+            for ch in 0..c {
+                for i in 0..r {
+                    for j in 0..s {
+                        out[((i * s + j) * c + ch) * k + o] = w[((o * c + ch) * r + i) * s + j];
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl SmallGemm {
+    /// `y [n, p, q, k] = act(conv(x) + bias + z)` (channel-last, z laid out as y) with K in
+    /// `pieces` pieces (one of [`conv_pieces`]' answers); `w` is [`ConvGeometry::filter`]'s.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_conv(
+        &self,
+        stream: &Stream,
+        dtype: DType,
+        (x, w, bias, z, y): (
+            View<'_>,
+            View<'_>,
+            Option<View<'_>>,
+            Option<View<'_>>,
+            View<'_>,
+        ),
+        g: &ConvGeometry,
+        act: Option<Activation>,
+        pieces: usize,
+    ) -> Result<()> {
+        if !matches!(dtype, DType::F16 | DType::Bf16) {
+            return Err(Error::Invalid(format!(
+                "conv_small takes f16 and bf16, not {dtype}"
+            )));
+        }
+        let (m, n, kw) = g.product();
+        let cuts = if g.runs() {
+            conv_pieces(m, n, kw)
+        } else {
+            Vec::new()
+        };
+        let Some(&(_, kc)) = cuts.iter().find(|(p, _)| *p == pieces) else {
+            return Err(Error::Invalid(format!(
+                "conv_small does not take {g:?} in {pieces} pieces"
+            )));
+        };
+        let e = dtype.size_bytes();
+        x.require(g.n * g.h * g.w * g.c * e, "conv_small x")?;
+        w.require(kw * n * e, "conv_small w")?;
+        y.require(m * n * e, "conv_small y")?;
+        if let Some(b) = bias {
+            b.require(n * e, "conv_small bias")?;
+        }
+        if let Some(z) = z {
+            z.require(m * n * e, "conv_small z")?;
+        }
+        let aligned = [x, w, y].iter().all(|v| v.is_aligned(16))
+            && z.is_none_or(|z| z.is_aligned(4))
+            && bias.is_none_or(|b| b.is_aligned(4));
+        if !aligned {
+            return Err(Error::Invalid(
+                "conv_small needs 16-byte aligned operands".into(),
+            ));
+        }
+        let (p, q) = g.out();
+        let (code, alpha, beta) = activation_code(act);
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::opt(bias),
+            Arg::opt(z),
+            Arg::Ptr(y),
+            Arg::Ptr(self.part.view()),
+            Arg::Ptr(self.counts.view()),
+            Arg::Size(m),
+            Arg::Size(n),
+            Arg::Size(kc),
+            Arg::I32(code),
+            Arg::F32(alpha),
+            Arg::F32(beta),
+            Arg::Size(g.h),
+            Arg::Size(g.w),
+            Arg::Size(g.c),
+            Arg::Size(p),
+            Arg::Size(q),
+            Arg::Size(g.s),
+            Arg::Size(kw),
+            Arg::Size(g.stride),
+            Arg::Size(g.pad),
+        ];
+        let grid = (n.div_ceil(64) as u32, m.div_ceil(64) as u32, pieces as u32);
+        let launch = Launch::new(grid, (128, 1, 1)).starting_early();
+        let name = format!("conv_small_{}", tag(dtype));
+        self.module.launch(&name, stream, launch, &args)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::pieces;
+    use super::{conv_pieces, pieces, ConvGeometry};
 
     #[test]
     fn few_tiles_cut_k_into_pieces_many_do_not() {
@@ -357,8 +618,9 @@ mod tests {
         assert_eq!(pieces(196, 1536, 384), vec![1, 2]);
         // 3,136 x 384 over 96: 294 tiles, K too short to cut
         assert_eq!(pieces(3136, 384, 96), vec![1]);
-        // the kernel's limits: n a multiple of 64 (the classifier's 1,000), k of 32
-        assert!(pieces(1, 1000, 768).is_empty());
+        // the kernel's limits: n a multiple of 8, k of 32
+        assert!(pieces(1, 1001, 768).is_empty());
+        assert_eq!(pieces(1, 1000, 768), vec![1, 6]);
         assert!(pieces(49, 768, 3070).is_empty());
         assert!(pieces(0, 768, 3072).is_empty());
     }
@@ -370,6 +632,9 @@ mod tests {
             .expect("parameters read");
         for name in ["gemm_small_f16", "gemm_small_bf16"] {
             assert_eq!(signatures[name].len(), 14, "{name}");
+        }
+        for name in ["conv_small_f16", "conv_small_bf16"] {
+            assert_eq!(signatures[name].len(), 22, "{name}");
         }
     }
 
@@ -389,5 +654,50 @@ mod tests {
                 assert!(k.is_multiple_of(32 * p) && (p == 1 || k / p >= super::MIN_PIECE));
             }
         }
+    }
+
+    /// A convolution's pieces cover its K (rounded up to 32s), each piece non-empty; the
+    /// filter is rearranged as [r, s, c, k]; the geometry refuses what the kernel does not take.
+    #[test]
+    fn convolution_pieces_cover_k_and_the_filter_is_laid_out_by_taps() {
+        for (m, n, kw) in [
+            (3136, 64, 576),
+            (196, 256, 2304),
+            (49, 512, 4608),
+            (100, 24, 72),
+        ] {
+            for (p, kc) in conv_pieces(m, n, kw) {
+                assert!(
+                    kc.is_multiple_of(32) && p * kc >= kw && (p - 1) * kc < kw,
+                    "{m}x{n}x{kw} {p}x{kc}"
+                );
+            }
+        }
+        // ResNet-50's 3x3 of layer3 at batch 1: 16 tiles, cut
+        assert!(conv_pieces(196, 256, 2304).len() == 2);
+        let g = ConvGeometry {
+            n: 1,
+            h: 5,
+            w: 4,
+            c: 8,
+            k: 16,
+            r: 3,
+            s: 2,
+            stride: 2,
+            pad: 1,
+        };
+        assert_eq!(g.out(), (3, 3));
+        assert_eq!(g.product(), (9, 16, 48));
+        assert!(g.runs());
+        let w: Vec<f32> = (0..16 * 8 * 3 * 2).map(|v| v as f32).collect();
+        let f = g.filter(&w);
+        // filter 5, channel 3, tap (2, 1) is at ((2 * 2 + 1) * 8 + 3) * 16 + 5
+        assert_eq!(
+            f[((2 * 2 + 1) * 8 + 3) * 16 + 5],
+            w[((5 * 8 + 3) * 3 + 2) * 2 + 1]
+        );
+        assert!(!ConvGeometry { c: 3, ..g }.runs());
+        assert!(!ConvGeometry { k: 12, ..g }.runs());
+        assert!(!ConvGeometry { stride: 0, ..g }.runs());
     }
 }
