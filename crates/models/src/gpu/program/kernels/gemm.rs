@@ -700,4 +700,144 @@ mod tests {
         assert!(!ConvGeometry { k: 12, ..g }.runs());
         assert!(!ConvGeometry { stride: 0, ..g }.runs());
     }
+
+    /// The convolution loader's walk, step for step as `conv_small`'s CUDA writes it (each
+    /// thread's two rows and chunk column, its running K index, tap and channel), fills every
+    /// tile of every piece with what im2col holds there: zeros for padding, past the image and
+    /// past K.
+    #[test]
+    fn the_convolution_loaders_walk_reads_the_im2col_rows() {
+        let shapes = [
+            ConvGeometry {
+                n: 2,
+                h: 9,
+                w: 7,
+                c: 16,
+                k: 24,
+                r: 3,
+                s: 3,
+                stride: 2,
+                pad: 1,
+            },
+            ConvGeometry {
+                n: 1,
+                h: 12,
+                w: 10,
+                c: 8,
+                k: 8,
+                r: 7,
+                s: 7,
+                stride: 2,
+                pad: 3,
+            },
+            ConvGeometry {
+                n: 1,
+                h: 14,
+                w: 14,
+                c: 48,
+                k: 64,
+                r: 3,
+                s: 2,
+                stride: 1,
+                pad: 1,
+            },
+            ConvGeometry {
+                n: 3,
+                h: 5,
+                w: 5,
+                c: 64,
+                k: 128,
+                r: 1,
+                s: 1,
+                stride: 1,
+                pad: 0,
+            },
+        ];
+        for g in shapes {
+            let (m, n, kw) = g.product();
+            let (p, q) = g.out();
+            // input value = its index + 1, so a zero is padding and a wrong index shows
+            let x = |b: usize, y: usize, xx: usize, ch: usize| {
+                (((b * g.h + y) * g.w + xx) * g.c + ch + 1) as i64
+            };
+            let im2col = |row: usize, kidx: usize| -> i64 {
+                if kidx >= kw || row >= m {
+                    return 0;
+                }
+                let (b, op, oq) = (row / (p * q), row / q % p, row % q);
+                let (tap, ch) = (kidx / g.c, kidx % g.c);
+                let (i, j) = (tap / g.s, tap % g.s);
+                let (yy, xx) = (
+                    (op * g.stride + i) as i64 - g.pad as i64,
+                    (oq * g.stride + j) as i64 - g.pad as i64,
+                );
+                if yy < 0 || xx < 0 || yy >= g.h as i64 || xx >= g.w as i64 {
+                    return 0;
+                }
+                x(b, yy as usize, xx as usize, ch)
+            };
+            assert!(g.runs(), "{g:?}");
+            for (pieces, kc) in conv_pieces(m, n, kw) {
+                for z in 0..pieces {
+                    for by in 0..m.div_ceil(64) {
+                        let (m0, k0) = (by * 64, z * kc);
+                        for t in 0..128usize {
+                            let col = (t & 3) * 8;
+                            let mut next = k0 + col;
+                            let (mut tap, mut ch) = (next / g.c, next % g.c);
+                            let mut corners = [(0usize, 0i64, 0i64, false); 2];
+                            for kt in 0..kc / 32 {
+                                if kt == 0 {
+                                    for (j, corner) in corners.iter_mut().enumerate() {
+                                        let row = m0 + (t >> 2) + 32 * j;
+                                        let pix = if row < m { row } else { 0 };
+                                        let (b, rest) = (pix / (p * q), pix % (p * q));
+                                        let (op, oq) = (rest / q, rest % q);
+                                        *corner = (
+                                            b,
+                                            (op * g.stride) as i64 - g.pad as i64,
+                                            (oq * g.stride) as i64 - g.pad as i64,
+                                            row < m,
+                                        );
+                                    }
+                                }
+                                let (r, sc) = (tap / g.s, tap % g.s);
+                                let inside = next < kw;
+                                for (j, &(b, ih, iw, live)) in corners.iter().enumerate() {
+                                    let (yy, xx) = (ih + r as i64, iw + sc as i64);
+                                    let ok = inside
+                                        && live
+                                        && yy >= 0
+                                        && yy < g.h as i64
+                                        && xx >= 0
+                                        && xx < g.w as i64;
+                                    let row = m0 + (t >> 2) + 32 * j;
+                                    for e in 0..8 {
+                                        let got = if ok {
+                                            x(b, yy as usize, xx as usize, ch + e)
+                                        } else {
+                                            0
+                                        };
+                                        let want = im2col(row, k0 + kt * 32 + col + e);
+                                        assert_eq!(
+                                            got,
+                                            want,
+                                            "{g:?} piece {z} of {pieces} row {row} k {}",
+                                            k0 + kt * 32 + col + e
+                                        );
+                                    }
+                                }
+                                next += 32;
+                                ch += 32;
+                                while ch >= g.c {
+                                    ch -= g.c;
+                                    tap += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
