@@ -475,6 +475,30 @@ fn layer_norm_variants_agree() -> Result<(), Failed> {
 
 type Test = fn() -> Result<(), Failed>;
 
+/// The epilogues the small kernels are checked with: (label, bias, residual, ReLU).
+const EPILOGUES: [(&str, bool, bool, bool); 3] = [
+    ("bias+relu", true, false, true),
+    ("bias+residual", true, true, false),
+    ("plain", false, false, false),
+];
+
+/// `sums` (rows of `n`) + `bias` (a value a column) + `z`, then ReLU where `relu`.
+fn with_epilogue(
+    sums: &[f64],
+    n: usize,
+    bias: Option<&[f64]>,
+    z: Option<&[f64]>,
+    relu: bool,
+) -> Vec<f32> {
+    sums.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let v = v + bias.map_or(0.0, |b| b[i % n]) + z.map_or(0.0, |z| z[i]);
+            (if relu { v.max(0.0) } else { v }) as f32
+        })
+        .collect()
+}
+
 /// gpukit's kernel for products of few rows against float64 at ConvNeXt-T's batch-1 products
 /// and a row count that is not a multiple of 64, in every piece count it takes, with bias and
 /// ReLU, bias and a residual, or neither, f16 and bf16; each run twice (the pieces' counters
@@ -516,28 +540,10 @@ fn small_gemm_matches_float64() -> Result<(), Failed> {
                 }
             }
             let y = ctx.gpu.alloc(m * n * dtype.storage().size_bytes())?;
-            for (label, with_bias, with_z, act) in [
-                ("bias+relu", true, false, Some(Activation::Relu)),
-                ("bias+residual", true, true, None),
-                ("plain", false, false, None),
-            ] {
-                let want: Vec<f32> = product
-                    .iter()
-                    .enumerate()
-                    .map(|(i, p)| {
-                        let mut v = *p;
-                        if with_bias {
-                            v += bv[i % n];
-                        }
-                        if with_z {
-                            v += zv[i];
-                        }
-                        if act.is_some() {
-                            v = v.max(0.0);
-                        }
-                        v as f32
-                    })
-                    .collect();
+            for (label, with_bias, with_z, relu) in EPILOGUES {
+                let act = relu.then_some(Activation::Relu);
+                let (b, r) = (with_bias.then_some(&bv[..]), with_z.then_some(&zv[..]));
+                let want = with_epilogue(&product, n, b, r, relu);
                 let operands = (
                     x.view(),
                     w.view(),
@@ -655,28 +661,10 @@ fn conv_small_matches_float64() -> Result<(), Failed> {
                 }
             }
             let y = ctx.gpu.alloc(m * k * dtype.storage().size_bytes())?;
-            for (label, with_bias, with_z, act) in [
-                ("bias+relu", true, false, Some(Activation::Relu)),
-                ("bias+residual", true, true, None),
-                ("plain", false, false, None),
-            ] {
-                let want: Vec<f32> = sums
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| {
-                        let mut v = *v;
-                        if with_bias {
-                            v += bv[i % k];
-                        }
-                        if with_z {
-                            v += zv[i];
-                        }
-                        if act.is_some() {
-                            v = v.max(0.0);
-                        }
-                        v as f32
-                    })
-                    .collect();
+            for (label, with_bias, with_z, relu) in EPILOGUES {
+                let act = relu.then_some(Activation::Relu);
+                let (b, r) = (with_bias.then_some(&bv[..]), with_z.then_some(&zv[..]));
+                let want = with_epilogue(&sums, k, b, r, relu);
                 let operands = (
                     x.view(),
                     wt.view(),

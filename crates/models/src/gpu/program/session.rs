@@ -437,20 +437,10 @@ impl<'a> ProgramSession<'a> {
     /// Gemm step `g` on gpukit's small-product kernel, K in `pieces` pieces, with its whole
     /// epilogue.
     fn run_own(&self, g: &GemmStep, pieces: usize) -> gpukit_cuda::Result<()> {
-        let small = self.small_gemm.as_ref().ok_or_else(|| {
-            gpukit_cuda::Error::Invalid("gpukit's small products are not loaded".into())
-        })?;
-        let v = |t: &Tref| {
-            self.view(t)
-                .map_err(|e| gpukit_cuda::Error::Invalid(e.to_string()))
-        };
+        let (small, v) = (self.small()?, |t: &Tref| self.own_view(t));
         let (a, b, y) = (v(&g.a)?, v(&g.b)?, v(&g.y)?);
-        let z = g.z.as_ref().map(v).transpose()?;
-        let bias = g
-            .bias
-            .map(|c| self.const_view(c))
-            .transpose()
-            .map_err(|e| gpukit_cuda::Error::Invalid(e.to_string()))?;
+        let z = g.z.as_ref().map(&v).transpose()?;
+        let bias = g.bias.map(|c| self.own_const(c)).transpose()?;
         small.run(
             self.ctx.gpu.stream(),
             self.program.dtype.storage(),
@@ -459,6 +449,25 @@ impl<'a> ProgramSession<'a> {
             g.act,
             pieces,
         )
+    }
+
+    /// gpukit's small-product kernels, in their error type.
+    fn small(&self) -> gpukit_cuda::Result<&SmallGemm> {
+        self.small_gemm.as_ref().ok_or_else(|| {
+            gpukit_cuda::Error::Invalid("gpukit's small products are not loaded".into())
+        })
+    }
+
+    /// View `t` in the kernels' error type.
+    fn own_view(&self, t: &Tref) -> gpukit_cuda::Result<View<'_>> {
+        self.view(t)
+            .map_err(|e| gpukit_cuda::Error::Invalid(e.to_string()))
+    }
+
+    /// Constant `c`'s view in the kernels' error type.
+    fn own_const(&self, c: usize) -> gpukit_cuda::Result<View<'_>> {
+        self.const_view(c)
+            .map_err(|e| gpukit_cuda::Error::Invalid(e.to_string()))
     }
 
     /// Gemm step `i`: its cuBLASLt plan (cuBLAS's GEMM where it has none), then its epilogue

@@ -231,9 +231,9 @@ __device__ void gemm_small(const T* __restrict__ x, const T* __restrict__ w,
 template <class T>
 __device__ void conv_small(const T* __restrict__ x, const T* __restrict__ w,
                            const T* __restrict__ bias, const T* z, T* y, float* part,
-                           unsigned* counts, int m, int n, int kc, int act, float alpha,
-                           float beta, int h, int wd, int c, int p, int q, int ks, int kw,
-                           int stride, int pad) {
+                           unsigned* counts, int m, int n, int kw, int kc, int act, float alpha,
+                           float beta, int h, int wd, int c, int p, int q, int ks, int stride,
+                           int pad) {
     __shared__ __align__(16) T xs[2][GS_BM * GS_XP];
     __shared__ __align__(16) T ws[2][GS_BK * GS_WP];
     const int t = threadIdx.x, m0 = blockIdx.y * GS_BM, k0 = blockIdx.z * kc;
@@ -290,11 +290,10 @@ GEMM_SMALL(B, bf16)
 
 #define CONV_SMALL(T, TAG)                                                                     \
 extern "C" __global__ void conv_small_##TAG(const T* x, const T* w, const T* bias,          \
-    const T* z, T* y, float* part, unsigned* counts, int m, int n, int kc, int act,             \
-    float alpha, float beta, int h, int wd, int c, int p, int q, int ks, int kw, int stride,    \
-    int pad)                                                                                   \
-    { conv_small<T>(x, w, bias, z, y, part, counts, m, n, kc, act, alpha, beta, h, wd, c, p,  \
-                    q, ks, kw, stride, pad); }
+    const T* z, T* y, float* part, unsigned* counts, int m, int n, int kw, int kc, int act,     \
+    float alpha, float beta, int h, int wd, int c, int p, int q, int ks, int stride, int pad)   \
+    { conv_small<T>(x, w, bias, z, y, part, counts, m, n, kw, kc, act, alpha, beta, h, wd, c,  \
+                    p, q, ks, stride, pad); }
 CONV_SMALL(H, f16)
 CONV_SMALL(B, bf16)
 "#;
@@ -365,6 +364,50 @@ fn cuts(m: usize, n: usize, k: usize, allowed: impl Fn(usize) -> bool) -> Vec<(u
         .collect()
 }
 
+/// x, w, bias, z and y of a product.
+type Operands<'a> = (
+    View<'a>,
+    View<'a>,
+    Option<View<'a>>,
+    Option<View<'a>>,
+    View<'a>,
+);
+
+/// `kernel`'s operands checked: a 16-bit `dtype`, x of `x_elems` values, w `[k, n]`, y (and z)
+/// `[m, n]`, bias `[n]`, x, w and y 16-byte aligned.
+fn check_operands(
+    kernel: &str,
+    dtype: DType,
+    (x, w, bias, z, y): Operands<'_>,
+    x_elems: usize,
+    (m, n, k): (usize, usize, usize),
+) -> Result<()> {
+    if !matches!(dtype, DType::F16 | DType::Bf16) {
+        return Err(Error::Invalid(format!(
+            "{kernel} takes f16 and bf16, not {dtype}"
+        )));
+    }
+    let e = dtype.size_bytes();
+    x.require(x_elems * e, &format!("{kernel} x"))?;
+    w.require(k * n * e, &format!("{kernel} w"))?;
+    y.require(m * n * e, &format!("{kernel} y"))?;
+    if let Some(b) = bias {
+        b.require(n * e, &format!("{kernel} bias"))?;
+    }
+    if let Some(z) = z {
+        z.require(m * n * e, &format!("{kernel} z"))?;
+    }
+    let aligned = [x, w, y].iter().all(|v| v.is_aligned(16))
+        && z.is_none_or(|z| z.is_aligned(4))
+        && bias.is_none_or(|b| b.is_aligned(4));
+    match aligned {
+        true => Ok(()),
+        false => Err(Error::Invalid(format!(
+            "{kernel} needs 16-byte aligned operands"
+        ))),
+    }
+}
+
 /// The kernel on one device, with its scratch.
 pub struct SmallGemm {
     module: KernelModule,
@@ -392,47 +435,47 @@ impl SmallGemm {
         &self,
         stream: &Stream,
         dtype: DType,
-        (x, w, bias, z, y): (
-            View<'_>,
-            View<'_>,
-            Option<View<'_>>,
-            Option<View<'_>>,
-            View<'_>,
-        ),
+        (x, w, bias, z, y): Operands<'_>,
         (m, n, k): (usize, usize, usize),
         act: Option<Activation>,
         pieces: usize,
     ) -> Result<()> {
-        if !matches!(dtype, DType::F16 | DType::Bf16) {
-            return Err(Error::Invalid(format!(
-                "gemm_small takes f16 and bf16, not {dtype}"
-            )));
-        }
         if !self::pieces(m, n, k).contains(&pieces) {
             return Err(Error::Invalid(format!(
                 "gemm_small does not take {m}x{n}x{k} in {pieces} pieces"
             )));
         }
-        let e = dtype.size_bytes();
-        x.require(m * k * e, "gemm_small x")?;
-        w.require(k * n * e, "gemm_small w")?;
-        y.require(m * n * e, "gemm_small y")?;
-        if let Some(b) = bias {
-            b.require(n * e, "gemm_small bias")?;
-        }
-        if let Some(z) = z {
-            z.require(m * n * e, "gemm_small z")?;
-        }
-        let aligned = [x, w, y].iter().all(|v| v.is_aligned(16))
-            && z.is_none_or(|z| z.is_aligned(4))
-            && bias.is_none_or(|b| b.is_aligned(4));
-        if !aligned {
-            return Err(Error::Invalid(
-                "gemm_small needs 16-byte aligned operands".into(),
-            ));
-        }
+        let ops = (x, w, bias, z, y);
+        check_operands("gemm_small", dtype, ops, m * k, (m, n, k))?;
+        self.launch(
+            "gemm_small",
+            stream,
+            dtype,
+            ops,
+            (m, n, k, k / pieces),
+            act,
+            pieces,
+            &[],
+        )
+    }
+
+    /// Launches `kernel` (gemm_small or conv_small) of `dtype`: the operands, the scratch,
+    /// `m`, `n`, K, values of K a piece, the activation, then `extra`; a grid of `pieces`
+    /// layers.
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        kernel: &str,
+        stream: &Stream,
+        dtype: DType,
+        (x, w, bias, z, y): Operands<'_>,
+        (m, n, k, kc): (usize, usize, usize, usize),
+        act: Option<Activation>,
+        pieces: usize,
+        extra: &[Arg<'_>],
+    ) -> Result<()> {
         let (code, alpha, beta) = activation_code(act);
-        let args = [
+        let mut args = vec![
             Arg::Ptr(x),
             Arg::Ptr(w),
             Arg::opt(bias),
@@ -443,14 +486,15 @@ impl SmallGemm {
             Arg::Size(m),
             Arg::Size(n),
             Arg::Size(k),
-            Arg::Size(k / pieces),
+            Arg::Size(kc),
             Arg::I32(code),
             Arg::F32(alpha),
             Arg::F32(beta),
         ];
+        args.extend_from_slice(extra);
         let grid = (n.div_ceil(64) as u32, m.div_ceil(64) as u32, pieces as u32);
         let launch = Launch::new(grid, (128, 1, 1)).starting_early();
-        let name = format!("gemm_small_{}", tag(dtype));
+        let name = format!("{kernel}_{}", tag(dtype));
         self.module.launch(&name, stream, launch, &args)
     }
 }
@@ -526,22 +570,11 @@ impl SmallGemm {
         &self,
         stream: &Stream,
         dtype: DType,
-        (x, w, bias, z, y): (
-            View<'_>,
-            View<'_>,
-            Option<View<'_>>,
-            Option<View<'_>>,
-            View<'_>,
-        ),
+        (x, w, bias, z, y): Operands<'_>,
         g: &ConvGeometry,
         act: Option<Activation>,
         pieces: usize,
     ) -> Result<()> {
-        if !matches!(dtype, DType::F16 | DType::Bf16) {
-            return Err(Error::Invalid(format!(
-                "conv_small takes f16 and bf16, not {dtype}"
-            )));
-        }
         let (m, n, kw) = g.product();
         let cuts = if g.runs() {
             conv_pieces(m, n, kw)
@@ -553,54 +586,20 @@ impl SmallGemm {
                 "conv_small does not take {g:?} in {pieces} pieces"
             )));
         };
-        let e = dtype.size_bytes();
-        x.require(g.n * g.h * g.w * g.c * e, "conv_small x")?;
-        w.require(kw * n * e, "conv_small w")?;
-        y.require(m * n * e, "conv_small y")?;
-        if let Some(b) = bias {
-            b.require(n * e, "conv_small bias")?;
-        }
-        if let Some(z) = z {
-            z.require(m * n * e, "conv_small z")?;
-        }
-        let aligned = [x, w, y].iter().all(|v| v.is_aligned(16))
-            && z.is_none_or(|z| z.is_aligned(4))
-            && bias.is_none_or(|b| b.is_aligned(4));
-        if !aligned {
-            return Err(Error::Invalid(
-                "conv_small needs 16-byte aligned operands".into(),
-            ));
-        }
+        let ops = (x, w, bias, z, y);
+        check_operands("conv_small", dtype, ops, g.n * g.h * g.w * g.c, (m, n, kw))?;
         let (p, q) = g.out();
-        let (code, alpha, beta) = activation_code(act);
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(w),
-            Arg::opt(bias),
-            Arg::opt(z),
-            Arg::Ptr(y),
-            Arg::Ptr(self.part.view()),
-            Arg::Ptr(self.counts.view()),
-            Arg::Size(m),
-            Arg::Size(n),
-            Arg::Size(kc),
-            Arg::I32(code),
-            Arg::F32(alpha),
-            Arg::F32(beta),
-            Arg::Size(g.h),
-            Arg::Size(g.w),
-            Arg::Size(g.c),
-            Arg::Size(p),
-            Arg::Size(q),
-            Arg::Size(g.s),
-            Arg::Size(kw),
-            Arg::Size(g.stride),
-            Arg::Size(g.pad),
-        ];
-        let grid = (n.div_ceil(64) as u32, m.div_ceil(64) as u32, pieces as u32);
-        let launch = Launch::new(grid, (128, 1, 1)).starting_early();
-        let name = format!("conv_small_{}", tag(dtype));
-        self.module.launch(&name, stream, launch, &args)
+        let extra = [g.h, g.w, g.c, p, q, g.s, g.stride, g.pad].map(Arg::Size);
+        self.launch(
+            "conv_small",
+            stream,
+            dtype,
+            ops,
+            (m, n, kw, kc),
+            act,
+            pieces,
+            &extra,
+        )
     }
 }
 

@@ -183,21 +183,12 @@ impl ProgramSession<'_> {
         weights: &DeviceBuffer,
         pieces: usize,
     ) -> gpukit_cuda::Result<()> {
-        let small = self.small_gemm.as_ref().ok_or_else(|| {
-            gpukit_cuda::Error::Invalid("gpukit's small products are not loaded".into())
-        })?;
-        let v = |t: &Tref| {
-            self.view(t)
-                .map_err(|e| gpukit_cuda::Error::Invalid(e.to_string()))
-        };
+        let (small, v) = (self.small()?, |t: &Tref| self.own_view(t));
         let (x, y) = (v(&c.x)?, v(&c.y)?);
         let (bias, z, act) = match c.fused {
             true => (
-                c.bias
-                    .map(|b| self.const_view(b))
-                    .transpose()
-                    .map_err(|e| gpukit_cuda::Error::Invalid(e.to_string()))?,
-                c.z.as_ref().map(v).transpose()?,
+                c.bias.map(|b| self.own_const(b)).transpose()?,
+                c.z.as_ref().map(&v).transpose()?,
                 c.act,
             ),
             false => (None, None, None),
