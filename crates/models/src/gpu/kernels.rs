@@ -83,7 +83,8 @@ __device__ void convert_blocks(const float* __restrict__ x, T* __restrict__ y, i
                     const int at = ch / c, cc = ch - at * c;
                     const int u = by * side + at / side - br;
                     const int col = bx * side + at % side - bc;
-                    if (u >= 0 && u < h && col >= 0 && col < w) f = xi[((long)cc * h + u) * w + col];
+                    if (u >= 0 && u < h && col >= 0 && col < w)
+                        f = xi[((long)cc * h + u) * w + col];
                 }
                 v[e] = from_f<T>(f);
             }

@@ -73,9 +73,10 @@ __device__ __forceinline__ void ldmatrix4_trans(unsigned* r, const void* p) {
 // k0 + 32 kt.., zeros where there are none), w's from the rows of w below `kw` (zeros past it
 // and past column n). n is a multiple of 8; columns past it are neither read nor written.
 template <class T, class LoadX>
-__device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ w, const T* __restrict__ bias, const T* z,
-                             T* y, float* part, unsigned* counts, int m, int n, int kw, int kc,
-                             int act, float alpha, float beta) {
+__device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ w,
+                             const T* __restrict__ bias, const T* z, T* y, float* part,
+                             unsigned* counts, int m, int n, int kw, int kc, int act, float alpha,
+                             float beta) {
     __shared__ unsigned last;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int m0 = blockIdx.y * GS_BM, n0 = blockIdx.x * GS_BN, k0 = blockIdx.z * kc;
@@ -89,7 +90,8 @@ __device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ 
         for (int i = t; i < GS_BK * 8; i += blockDim.x) {
             const int r = i >> 3, c = (i & 7) * 8, row = k0 + kt * GS_BK + r;
             const bool in = row < kw && n0 + c < n;
-            copy16(&ws[s * (GS_BK * GS_WP) + r * GS_WP + c], w + (in ? (long long)row * n + n0 + c : 0), in ? 16 : 0);
+            const T* src = w + (in ? (long long)row * n + n0 + c : 0);
+            copy16(&ws[s * (GS_BK * GS_WP) + r * GS_WP + c], src, in ? 16 : 0);
         }
     };
     load_w(0, 0);
@@ -119,14 +121,16 @@ __device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ 
             unsigned a[2][4], b[4][2];
 #pragma unroll
             for (int i = 0; i < 2; ++i)
-                ldmatrix4(a[i], &xs[s * (GS_BM * GS_XP) + (wm + i * 16 + (lane & 15)) * GS_XP + kk + (lane >> 4) * 8]);
+                ldmatrix4(a[i], &xs[s * (GS_BM * GS_XP) + (wm + i * 16 + (lane & 15)) * GS_XP + kk +
+                                    (lane >> 4) * 8]);
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 // lanes 8q..8q+7 give the rows of 8 x 8 matrix q: k (q & 1) * 8 + lane % 8,
                 // columns from (q >> 1) * 8 of the warp's 16-column piece j
                 unsigned r[4];
-                ldmatrix4_trans(
-                    r, &ws[s * (GS_BK * GS_WP) + (kk + (q & 1) * 8 + (lane & 7)) * GS_WP + wn + j * 16 + (q >> 1) * 8]);
+                const int wrow = kk + (q & 1) * 8 + (lane & 7);
+                ldmatrix4_trans(r, &ws[s * (GS_BK * GS_WP) + wrow * GS_WP + wn + j * 16 +
+                                       (q >> 1) * 8]);
                 b[2 * j][0] = r[0];
                 b[2 * j][1] = r[1];
                 b[2 * j + 1][0] = r[2];
