@@ -54,7 +54,13 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
     let mut failures = Vec::new();
     let mut own_runs = 0;
     for batch in [2, 5] {
-        for f in fixtures::all(fresh_seed()) {
+        // and the dilated, unevenly padded model, which runs in 16-bit channel-last only
+        let seed = fresh_seed();
+        let atrous = fixtures::Fixture {
+            name: "atrous",
+            model: fixtures::atrous(seed),
+        };
+        for f in fixtures::all(seed).into_iter().chain([atrous]) {
             let g = graph(&f.model, batch)?;
             let inputs: Vec<Array> = g
                 .inputs
@@ -83,6 +89,9 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
                         (d, Layout::Nhwc, false, always),
                     ]
                 }));
+            let sixteen_nhwc =
+                |d: &DType, l: &Layout| matches!(d, DType::F16 | DType::Bf16) && *l == Layout::Nhwc;
+            let variants = variants.filter(|(d, l, _, _)| f.name != "atrous" || sixteen_nhwc(d, l));
             for (dtype, layout, conv1x1_gemm, own) in variants {
                 let what = format!(
                     "{} batch {batch} {dtype} {layout:?}{}{}",
@@ -604,16 +613,20 @@ fn conv_small_matches_float64() -> Result<(), Failed> {
     let small = SmallGemm::new(discovery, &ctx.gpu)?;
     let mut failures = Vec::new();
     let shapes = [
-        // (n, h, w, c, k, r, s, stride, pad)
-        (1, 14, 14, 256, 256, 3, 3, 1, 1),
-        (2, 9, 7, 16, 24, 3, 3, 2, 1),
-        (1, 23, 23, 16, 64, 4, 4, 1, 0),
-        (3, 8, 8, 64, 128, 1, 1, 1, 0),
-        (1, 12, 10, 8, 8, 7, 7, 2, 3),
-        (1, 7, 7, 512, 512, 3, 3, 1, 1),
+        // (n, h, w, c, k, r, s, stride, pads top left bottom right, dilation)
+        (1, 14, 14, 256, 256, 3, 3, 1, [1; 4], [1, 1]),
+        (2, 9, 7, 16, 24, 3, 3, 2, [1; 4], [1, 1]),
+        (1, 23, 23, 16, 64, 4, 4, 1, [0; 4], [1, 1]),
+        (3, 8, 8, 64, 128, 1, 1, 1, [0; 4], [1, 1]),
+        (1, 12, 10, 8, 8, 7, 7, 2, [3; 4], [1, 1]),
+        (1, 7, 7, 512, 512, 3, 3, 1, [1; 4], [1, 1]),
+        // dilated (DeepLab's atrous layers), uneven padding (TensorFlow's "same")
+        (2, 17, 17, 64, 64, 3, 3, 1, [2; 4], [2, 2]),
+        (1, 11, 9, 16, 16, 3, 3, 2, [0, 0, 1, 1], [1, 1]),
+        (1, 11, 9, 16, 24, 3, 3, 1, [2, 1, 2, 3], [2, 3]),
     ];
     for dtype in [DType::F16, DType::Bf16] {
-        for (n, h, w, c, k, r, s, stride, pad) in shapes {
+        for (n, h, w, c, k, r, s, stride, pads, dilation) in shapes {
             let g = ConvGeometry {
                 n,
                 h,
@@ -623,7 +636,8 @@ fn conv_small_matches_float64() -> Result<(), Failed> {
                 r,
                 s,
                 stride,
-                pad,
+                pads,
+                dilation,
             };
             let (m, _, kw) = g.product();
             let (p, q) = g.out();
@@ -643,8 +657,8 @@ fn conv_small_matches_float64() -> Result<(), Failed> {
                 for i in 0..r {
                     for j in 0..s {
                         let (yy, xx) = (
-                            (op * stride + i) as isize - pad as isize,
-                            (oq * stride + j) as isize - pad as isize,
+                            (op * stride + i * dilation[0]) as isize - pads[0] as isize,
+                            (oq * stride + j * dilation[1]) as isize - pads[1] as isize,
                         );
                         if yy < 0 || xx < 0 || yy >= h as isize || xx >= w as isize {
                             continue;

@@ -441,6 +441,43 @@ pub fn torch_flatten(seed: u64) -> ModelProto {
     n.finish(&l)
 }
 
+/// DeepLab's atrous layers and TensorFlow's "same" padding: a 3x3 convolution dilated by 2 with
+/// a residual, one padded unevenly with stride 2, one dilated unevenly (2 down, 3 across), the
+/// head. Not in [`all`]: the GPU engine runs these only on gpukit's own kernel (16-bit,
+/// channel-last), so they are tested apart.
+pub fn atrous(seed: u64) -> ModelProto {
+    let (mut n, x) = Net::new(17, seed);
+    let s = n.conv_bn_act(&x, (3, 16), 3, 1, 1, Some("Relu"));
+    let dilated = |n: &mut Net, x: &str, (cin, cout), stride, pads: [i64; 4], dil: [i64; 2]| {
+        let w = n.m.random(
+            "conv.weight",
+            &[cout, cin, 3, 3],
+            0.0,
+            (3.0 / (cin * 9) as f32).sqrt(),
+        );
+        let b = n.m.random("conv.bias", &[cout], 0.0, 0.1);
+        n.m.node(
+            "Conv",
+            &[x, &w, &b],
+            vec![
+                attr_ints("dilations", &dil),
+                attr_int("group", 1),
+                attr_ints("kernel_shape", &[3, 3]),
+                attr_ints("pads", &pads),
+                attr_ints("strides", &[stride, stride]),
+            ],
+        )
+    };
+    let d = dilated(&mut n, &s, (16, 16), 1, [2, 2, 2, 2], [2, 2]);
+    let d = n.op("Add", &[&d, &s]);
+    let d = n.op("Relu", &[&d]);
+    let u = dilated(&mut n, &d, (16, 24), 2, [0, 0, 1, 1], [1, 1]);
+    let u = n.op("Relu", &[&u]);
+    let v = dilated(&mut n, &u, (24, 16), 1, [2, 3, 2, 3], [2, 3]);
+    let l = n.head(&v, 16);
+    n.finish(&l)
+}
+
 /// Every fixture, with weights drawn from `seed`.
 pub fn all(seed: u64) -> Vec<Fixture> {
     vec![

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 pub use super::steps::Unsupported;
 pub(super) use super::steps::{
-    Buf, Const, ConvStep, DepthwiseStep, GemmStep, MatVecStep, Slot, Step, Tref,
+    Buf, Const, ConvStep, DepthwiseStep, GemmStep, MatVecStep, OwnConvStep, Slot, Step, Tref,
 };
 
 /// A graph lowered for one dtype and layout.

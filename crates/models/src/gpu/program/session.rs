@@ -98,6 +98,7 @@ impl<'a> ProgramSession<'a> {
     ) -> Result<ProgramSession<'a>> {
         let kernels = ProgramKernels::new(discovery, &ctx.gpu)?;
         let small_gemm = Self::small_gemm(ctx, discovery, program);
+        own_conv::loaded_where_needed(program, small_gemm.is_some())?;
         let storage = program.dtype.storage();
         // the constants, each at an aligned offset of one buffer
         let mut const_at = Vec::with_capacity(program.consts.len());
@@ -408,6 +409,7 @@ impl<'a> ProgramSession<'a> {
         let wanted = own_conv::wanted(program)
             || program.steps.iter().any(|(_, step)| match step {
                 Step::Gemm(g) => !gemm::pieces(g.m, g.n, g.k).is_empty(),
+                Step::OwnConv(_) => true,
                 _ => false,
             });
         if !(sixteen && ampere && wanted) {
@@ -667,6 +669,7 @@ impl<'a> ProgramSession<'a> {
                 d.act,
                 v(&d.y)?,
             )?,
+            Step::OwnConv(o) => self.run_own_step(o)?,
             Step::Conv(c) if self.own_convs.get(i).is_some_and(Option::is_some) => {
                 if let Some(Some(o)) = self.own_convs.get(i) {
                     self.run_own_conv(c, &o.geometry, &o.weights, o.pieces)?;
@@ -742,6 +745,10 @@ impl<'a> ProgramSession<'a> {
         let own_conv = self.own_convs.get(i).is_some_and(Option::is_some);
         let (flops, library) = match step {
             Step::Conv(c) if own_conv => (c.shape.flops(), "NVRTC"),
+            Step::OwnConv(o) => {
+                let (m, n, kw) = o.g.product();
+                (2.0 * (m * n * kw) as f64, "NVRTC")
+            }
             Step::Conv(c) => (c.shape.flops(), "cuDNN"),
             Step::Depthwise(d) => (d.shape.flops(), "NVRTC"),
             Step::MatVec(m) => (2.0 * (m.n * m.k * m.c) as f64, "NVRTC"),

@@ -2,6 +2,7 @@
 //! constant, with strides), and the steps themselves. No device is needed.
 
 use super::blocks::Blocks;
+use super::kernels::gemm::ConvGeometry;
 use super::kernels::Window;
 use super::Strided;
 use crate::graph::{Activation, Binary};
@@ -127,6 +128,20 @@ pub(super) struct GemmStep {
     pub k: usize,
 }
 
+/// A convolution cuDNN's path does not take (dilated, or padded unevenly) on gpukit's own
+/// kernel, 16-bit channel-last: its geometry and its filter as the kernel reads it
+/// (`[r, s, c, k]`, a constant the step owns), with its whole epilogue.
+#[derive(Debug, Clone)]
+pub(super) struct OwnConvStep {
+    pub g: ConvGeometry,
+    pub x: Tref,
+    pub w: usize,
+    pub bias: Option<usize>,
+    pub z: Option<Tref>,
+    pub act: Option<Activation>,
+    pub y: Tref,
+}
+
 /// One step of the program.
 #[derive(Debug, Clone)]
 pub(super) enum Step {
@@ -149,6 +164,7 @@ pub(super) enum Step {
         y: Tref,
     },
     Conv(ConvStep),
+    OwnConv(OwnConvStep),
     Depthwise(DepthwiseStep),
     MatVec(MatVecStep),
     Pointwise {
@@ -195,6 +211,7 @@ impl Step {
             | Step::ToF32 { x, y } => (vec![*x], *y),
             Step::Conv(c) => (std::iter::once(c.x).chain(c.z).collect(), c.y),
             Step::Depthwise(d) => (std::iter::once(d.x).chain(d.z).collect(), d.y),
+            Step::OwnConv(o) => (std::iter::once(o.x).chain(o.z).collect(), o.y),
             Step::MatVec(m) => (std::iter::once(m.x).chain(m.z).collect(), m.y),
             Step::Pointwise { a, b, c, y, .. } => (
                 std::iter::once(*a)
@@ -226,6 +243,7 @@ impl Step {
             Step::Conv(c) if c.fused => "conv+epilogue (cuDNN)",
             Step::Conv(_) => "conv (cuDNN)",
             Step::Depthwise(_) => "depthwise conv (gpukit)",
+            Step::OwnConv(_) => "conv+epilogue (gpukit)",
             Step::MatVec(_) => "1x1 conv of 1x1 maps (gpukit)",
             Step::Pointwise { .. } => "element-wise",
             Step::Pool { .. } => "pool",

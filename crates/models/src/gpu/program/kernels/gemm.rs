@@ -231,13 +231,15 @@ __device__ void gemm_small(const T* __restrict__ x, const T* __restrict__ w,
 // the implicit im2col rows (a row an output pixel, K = (r, s, c) with c fastest, kw = kr ks c
 // values, zero padded to the pieces' multiple of 32) and w [kw, n] (the filter as r, s, c, n).
 // c a multiple of 8, so each 16-byte chunk of a row lies in one tap: zeros where the tap reads
-// padding. A thread keeps the input corners of its two rows and walks its chunk's (r, s, c).
+// padding (pt above, pl to the left; below and right wherever it falls outside). Taps dh and dw
+// apart (dilation). A thread keeps the input corners of its two rows and walks its chunk's
+// (r, s, c).
 template <class T>
 __device__ void conv_small(const T* __restrict__ x, const T* __restrict__ w,
                            const T* __restrict__ bias, const T* z, T* y, float* part,
                            unsigned* counts, int m, int n, int kw, int kc, int act, float alpha,
                            float beta, int h, int wd, int c, int p, int q, int ks, int stride,
-                           int pad) {
+                           int pt, int pl, int dh, int dw) {
     __shared__ __align__(16) T xs[2][GS_BM * GS_XP];
     __shared__ __align__(16) T ws[2][GS_BK * GS_WP];
     const int t = threadIdx.x, m0 = blockIdx.y * GS_BM, k0 = blockIdx.z * kc;
@@ -259,8 +261,8 @@ __device__ void conv_small(const T* __restrict__ x, const T* __restrict__ w,
                 const int pix = live[j] ? row : 0, b = pix / (p * q), rest = pix - b * p * q;
                 const int op = rest / q, oq = rest - op * q;
                 img[j] = x + (long long)b * h * wd * c;
-                ih[j] = op * stride - pad;
-                iw[j] = oq * stride - pad;
+                ih[j] = op * stride - pt;
+                iw[j] = oq * stride - pl;
             }
         }
         // called for kt = 0, 1, 2, ... in order: the chunk's K index is next
@@ -268,7 +270,7 @@ __device__ void conv_small(const T* __restrict__ x, const T* __restrict__ w,
         const bool inside = next < kw;
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            const int yy = ih[j] + r, xx = iw[j] + sc;
+            const int yy = ih[j] + r * dh, xx = iw[j] + sc * dw;
             const bool in = inside && live[j] && yy >= 0 && yy < h && xx >= 0 && xx < wd;
             const T* src = in ? img[j] + ((long long)yy * wd + xx) * c + ch : x;
             copy16(&xs[s][((t >> 2) + 32 * j) * GS_XP + col], src, in ? 16 : 0);
@@ -295,9 +297,10 @@ GEMM_SMALL(B, bf16)
 #define CONV_SMALL(T, TAG)                                                                     \
 extern "C" __global__ void conv_small_##TAG(const T* x, const T* w, const T* bias,          \
     const T* z, T* y, float* part, unsigned* counts, int m, int n, int kw, int kc, int act,     \
-    float alpha, float beta, int h, int wd, int c, int p, int q, int ks, int stride, int pad)   \
+    float alpha, float beta, int h, int wd, int c, int p, int q, int ks, int stride, int pt,    \
+    int pl, int dh, int dw)                                                                    \
     { conv_small<T>(x, w, bias, z, y, part, counts, m, n, kw, kc, act, alpha, beta, h, wd, c,  \
-                    p, q, ks, stride, pad); }
+                    p, q, ks, stride, pt, pl, dh, dw); }
 CONV_SMALL(H, f16)
 CONV_SMALL(B, bf16)
 "#;
@@ -511,22 +514,32 @@ pub struct ConvGeometry {
     pub h: usize,
     pub w: usize,
     pub c: usize,
-    /// Filters (a multiple of 8), taps `r x s`, one stride and padding.
+    /// Filters (a multiple of 8), taps `r x s`, one stride.
     pub k: usize,
     pub r: usize,
     pub s: usize,
     pub stride: usize,
-    pub pad: usize,
+    /// Zero padding: top, left, bottom, right.
+    pub pads: [usize; 4],
+    /// Spacing of the taps along height and width.
+    pub dilation: [usize; 2],
 }
 
 impl ConvGeometry {
     /// Output (p, q).
     pub fn out(&self) -> (usize, usize) {
-        let side = |x: usize, t: usize| match (x + 2 * self.pad).checked_sub(t) {
-            Some(v) if self.stride > 0 => v / self.stride + 1,
-            _ => 0,
+        let [pt, pl, pb, pr] = self.pads;
+        let side = |x: usize, pads: usize, t: usize, d: usize| {
+            let span = d.saturating_mul(t.saturating_sub(1)).saturating_add(1);
+            match (x + pads).checked_sub(span) {
+                Some(v) if self.stride > 0 && t > 0 && d > 0 => v / self.stride + 1,
+                _ => 0,
+            }
         };
-        (side(self.h, self.r), side(self.w, self.s))
+        (
+            side(self.h, pt + pb, self.r, self.dilation[0]),
+            side(self.w, pl + pr, self.s, self.dilation[1]),
+        )
     }
 
     /// Rows, columns and K of the implicit product.
@@ -593,7 +606,9 @@ impl SmallGemm {
         let ops = (x, w, bias, z, y);
         check_operands("conv_small", dtype, ops, g.n * g.h * g.w * g.c, (m, n, kw))?;
         let (p, q) = g.out();
-        let extra = [g.h, g.w, g.c, p, q, g.s, g.stride, g.pad].map(Arg::Size);
+        let [pt, pl, _, _] = g.pads;
+        let [dh, dw] = g.dilation;
+        let extra = [g.h, g.w, g.c, p, q, g.s, g.stride, pt, pl, dh, dw].map(Arg::Size);
         self.launch(
             "conv_small",
             stream,
@@ -637,7 +652,7 @@ mod tests {
             assert_eq!(signatures[name].len(), 14, "{name}");
         }
         for name in ["conv_small_f16", "conv_small_bf16"] {
-            assert_eq!(signatures[name].len(), 22, "{name}");
+            assert_eq!(signatures[name].len(), 25, "{name}");
         }
     }
 
@@ -687,7 +702,8 @@ mod tests {
             r: 3,
             s: 2,
             stride: 2,
-            pad: 1,
+            pads: [1; 4],
+            dilation: [1, 1],
         };
         assert_eq!(g.out(), (3, 3));
         assert_eq!(g.product(), (9, 16, 48));
@@ -711,6 +727,19 @@ mod tests {
     #[test]
     fn the_convolution_loaders_walk_reads_the_im2col_rows() {
         let shapes = [
+            // dilated, padded unevenly (as DeepLab's and TensorFlow's "same" exports are)
+            ConvGeometry {
+                n: 1,
+                h: 11,
+                w: 9,
+                c: 16,
+                k: 16,
+                r: 3,
+                s: 3,
+                stride: 1,
+                pads: [2, 1, 2, 3],
+                dilation: [2, 3],
+            },
             ConvGeometry {
                 n: 2,
                 h: 9,
@@ -720,7 +749,8 @@ mod tests {
                 r: 3,
                 s: 3,
                 stride: 2,
-                pad: 1,
+                pads: [1; 4],
+                dilation: [1, 1],
             },
             ConvGeometry {
                 n: 1,
@@ -731,7 +761,8 @@ mod tests {
                 r: 7,
                 s: 7,
                 stride: 2,
-                pad: 3,
+                pads: [3; 4],
+                dilation: [1, 1],
             },
             ConvGeometry {
                 n: 1,
@@ -742,7 +773,8 @@ mod tests {
                 r: 3,
                 s: 2,
                 stride: 1,
-                pad: 1,
+                pads: [1; 4],
+                dilation: [1, 1],
             },
             ConvGeometry {
                 n: 3,
@@ -753,7 +785,8 @@ mod tests {
                 r: 1,
                 s: 1,
                 stride: 1,
-                pad: 0,
+                pads: [0; 4],
+                dilation: [1, 1],
             },
         ];
         for g in shapes {
@@ -771,8 +804,8 @@ mod tests {
                 let (tap, ch) = (kidx / g.c, kidx % g.c);
                 let (i, j) = (tap / g.s, tap % g.s);
                 let (yy, xx) = (
-                    (op * g.stride + i) as i64 - g.pad as i64,
-                    (oq * g.stride + j) as i64 - g.pad as i64,
+                    (op * g.stride + i * g.dilation[0]) as i64 - g.pads[0] as i64,
+                    (oq * g.stride + j * g.dilation[1]) as i64 - g.pads[1] as i64,
                 );
                 if yy < 0 || xx < 0 || yy >= g.h as i64 || xx >= g.w as i64 {
                     return 0;
@@ -798,8 +831,8 @@ mod tests {
                                         let (op, oq) = (rest / q, rest % q);
                                         *corner = (
                                             b,
-                                            (op * g.stride) as i64 - g.pad as i64,
-                                            (oq * g.stride) as i64 - g.pad as i64,
+                                            (op * g.stride) as i64 - g.pads[0] as i64,
+                                            (oq * g.stride) as i64 - g.pads[1] as i64,
                                             row < m,
                                         );
                                     }
@@ -807,7 +840,10 @@ mod tests {
                                 let (r, sc) = (tap / g.s, tap % g.s);
                                 let inside = next < kw;
                                 for (j, &(b, ih, iw, live)) in corners.iter().enumerate() {
-                                    let (yy, xx) = (ih + r as i64, iw + sc as i64);
+                                    let (yy, xx) = (
+                                        ih + (r * g.dilation[0]) as i64,
+                                        iw + (sc * g.dilation[1]) as i64,
+                                    );
                                     let ok = inside
                                         && live
                                         && yy >= 0

@@ -1,12 +1,16 @@
-//! Convolutions lowered: the checks of what the engine runs (one stride and one padding, no
-//! dilation, groups that fit), the filter rearranged for the layout (input channels padded
-//! where the converted input is), the epilogue fused into cuDNN's call (ReLU, SiLU, GELU,
-//! sigmoid, a bias or a residual, where cuDNN runs it) or left to one element-wise step, and a
-//! projection's bias moved into the sum that adds it. A depthwise convolution on channel-last
-//! tensors runs on gpukit's kernel with its whole epilogue.
+//! Convolutions lowered: the checks of what the engine runs (one stride for both axes, groups
+//! that fit), the filter rearranged for the layout (input channels padded where the converted
+//! input is), the epilogue fused into cuDNN's call (ReLU, SiLU, GELU, sigmoid, a bias or a
+//! residual, where cuDNN runs it) or left to one element-wise step, and a projection's bias
+//! moved into the sum that adds it. A depthwise convolution on channel-last tensors runs on
+//! gpukit's kernel with its whole epilogue, and so does a dilated or unevenly padded one (16-bit
+//! channel-last only).
 
-use super::{Buf, ConvStep, DepthwiseStep, GemmStep, Lowered, Lowering, MatVecStep, Step, Tref};
+use super::{
+    Buf, ConvStep, DepthwiseStep, GemmStep, Lowered, Lowering, MatVecStep, OwnConvStep, Step, Tref,
+};
 use crate::gpu::program::kernels::depthwise;
+use crate::gpu::program::kernels::gemm::ConvGeometry;
 use crate::gpu::program::Strided;
 use crate::graph::{Activation, Binary, Op, ValueId};
 use gpukit_tensor::{ConvShape, Layout};
@@ -29,13 +33,13 @@ impl Lowering<'_> {
         let name = node.name.clone();
         let out = node.outputs[0];
         let [pt, pl, pb, pr] = c.pads;
-        if c.dilations != [1, 1] {
-            return self.fail("dilated convolutions are not in the GPU engine yet");
+        let uneven = !(pt == pl && pl == pb && pb == pr);
+        if (c.dilations != [1, 1] || uneven) && c.strides[0] == c.strides[1] {
+            // cuDNN's path takes neither: gpukit's kernel, where it runs
+            return self.own_conv(node, c);
         }
-        if c.strides[0] != c.strides[1] || !(pt == pl && pl == pb && pb == pr) {
-            return self.fail(
-                "the GPU engine runs convolutions with one stride and one padding for both axes",
-            );
+        if c.strides[0] != c.strides[1] {
+            return self.fail("the GPU engine runs convolutions with one stride for both axes");
         }
         if self.g.value(node.inputs[0]).shape.len() != 4 {
             return self.fail("a convolution of a tensor that is not 4-D");
@@ -281,6 +285,107 @@ impl Lowering<'_> {
                 self.open[out] = Some(i);
             }
         }
+        self.set(out, y);
+        Ok(())
+    }
+}
+
+impl Lowering<'_> {
+    /// A convolution cuDNN's path does not take (dilated, or padded unevenly) on gpukit's own
+    /// kernel: 16-bit channel-last programs, one group, channels and filters in multiples of 8
+    /// (the image's channels padded to 8 count); the step carries its whole epilogue.
+    fn own_conv(&mut self, node: &crate::graph::Node, c: &crate::graph::Conv) -> Lowered<()> {
+        let name = node.name.clone();
+        let out = node.outputs[0];
+        let sixteen = matches!(
+            self.elem,
+            gpukit_tensor::DType::F16 | gpukit_tensor::DType::Bf16
+        );
+        if !(sixteen && self.layout == Layout::Nhwc && c.groups == 1) {
+            return self.fail(
+                "dilated or unevenly padded convolutions run on the GPU engine in 16-bit \
+                 channel-last strategies (fp16-nhwc, bf16-nhwc), ungrouped",
+            );
+        }
+        if self.g.value(node.inputs[0]).shape.len() != 4 {
+            return self.fail("a convolution of a tensor that is not 4-D");
+        }
+        let xin = node.inputs[0];
+        let x = self.get(xin)?;
+        let x = self.as_image(x, &format!("{name} (input in the engine's layout)"));
+        let [n, cin, h, w] = x.s.dims;
+        let wshape = self.g.value(node.inputs[1]).shape.clone();
+        let (k, cg, r, s) = (wshape[0], wshape[1], wshape[2], wshape[3]);
+        let weights = self.constant(node.inputs[1], "weight")?.to_vec();
+        let g = ConvGeometry {
+            n,
+            h,
+            w,
+            c: cin,
+            k,
+            r,
+            s,
+            stride: c.strides[0],
+            pads: c.pads,
+            dilation: c.dilations,
+        };
+        let dims = self.dims(out)?;
+        let (p, q) = g.out();
+        if (p, q) != (dims[2], dims[3]) {
+            return self.fail(format!(
+                "its output is {}x{}, not the {p}x{q} its padding, stride and dilation give",
+                dims[2], dims[3]
+            ));
+        }
+        if !g.runs() || cg > cin {
+            return self.fail(format!(
+                "gpukit's convolution kernel, which runs the dilated or unevenly padded ones, \
+                 takes input channels and filters in multiples of 8, not {cin} and {k}"
+            ));
+        }
+        // the filter with the converted image's padded channels zero, as [k, cin, r, s]
+        let mut kcrs = vec![0f32; k * cin * r * s];
+        for o in 0..k {
+            for ch in 0..cg {
+                let from = (o * cg + ch) * r * s;
+                let to = (o * cin + ch) * r * s;
+                kcrs[to..to + r * s].copy_from_slice(&weights[from..from + r * s]);
+            }
+        }
+        let mut bias = if c.bias {
+            Some(self.constant(node.inputs[2], "bias")?.to_vec())
+        } else {
+            None
+        };
+        // a residual whose bias was left to this convolution: added to this one's
+        if let Some(moved) = c
+            .residual_input()
+            .and_then(|i| self.moved_bias.remove(&node.inputs[i]))
+        {
+            let b = bias.get_or_insert_with(|| vec![0.0; k]);
+            for (b, m) in b.iter_mut().zip(moved) {
+                *b += m;
+            }
+        }
+        let z = match c.residual_input() {
+            Some(i) => {
+                let t = self.get(node.inputs[i])?;
+                Some(self.as_image(t, &format!("{name} (residual in the engine's layout)")))
+            }
+            None => None,
+        };
+        let wc = self.add_const(&format!("{name}.weight"), g.filter(&kcrs));
+        let bias = bias.map(|b| self.add_const(&format!("{name}.bias"), b));
+        let y = self.new_view(Strided::image(dims, self.layout), &name);
+        self.push(Step::OwnConv(OwnConvStep {
+            g,
+            x,
+            w: wc,
+            bias,
+            z,
+            act: c.epilogue.activation,
+            y,
+        }));
         self.set(out, y);
         Ok(())
     }

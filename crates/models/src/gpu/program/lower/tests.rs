@@ -273,6 +273,38 @@ impl Emu<'_> {
                     self.put(&c.y, i, v);
                 }
             }
+            Step::OwnConv(o) => {
+                let g = o.g;
+                let w = &self.p.consts[o.w].values;
+                let mut out = Vec::new();
+                for [n, ko, p, q] in indices(o.y.s.dims) {
+                    let mut s = 0f64;
+                    for i in 0..g.r {
+                        for j in 0..g.s {
+                            let yy =
+                                (p * g.stride + i * g.dilation[0]) as isize - g.pads[0] as isize;
+                            let xx =
+                                (q * g.stride + j * g.dilation[1]) as isize - g.pads[1] as isize;
+                            if yy < 0 || xx < 0 || yy >= g.h as isize || xx >= g.w as isize {
+                                continue;
+                            }
+                            for ch in 0..g.c {
+                                let x = self.get(&o.x, [n, ch, yy as usize, xx as usize]);
+                                s += f64::from(x)
+                                    * f64::from(w[((i * g.s + j) * g.c + ch) * g.k + ko]);
+                            }
+                        }
+                    }
+                    let mut v = s as f32 + o.bias.map_or(0.0, |b| self.p.consts[b].values[ko]);
+                    if let Some(z) = &o.z {
+                        v += self.get(z, [n, ko, p, q]);
+                    }
+                    out.push(([n, ko, p, q], act(o.act, v)));
+                }
+                for (i, v) in out {
+                    self.put(&o.y, i, v);
+                }
+            }
             Step::MatVec(m) => {
                 let w = &self.p.consts[m.w].values;
                 let mut out = Vec::new();
@@ -653,7 +685,10 @@ fn what_the_engine_cannot_run_is_named() {
     }
     let e = Program::lower(&d, DType::F16, Layout::Nhwc).unwrap_err();
     assert_eq!((e.node.as_str(), e.op.as_str()), (name.as_str(), "Conv"));
-    assert!(e.to_string().contains("dilated"), "{e}");
+    // (its output shape is still the undilated one)
+    assert!(e.to_string().contains("dilation give"), "{e}");
+    let e = Program::lower(&d, DType::F32, Layout::Nchw).unwrap_err();
+    assert!(e.to_string().contains("16-bit channel-last"), "{e}");
 }
 
 #[test]
@@ -787,4 +822,43 @@ fn a_constant_that_varies_along_the_rows_is_not_a_gemm_bias() {
             .map(|(_, n)| *n),
         Some(2)
     );
+}
+
+#[test]
+fn dilated_and_unevenly_padded_convolutions_run_on_gpukits_kernel() {
+    let g = optimized(&fixtures::atrous(fresh_seed()));
+    let inputs: Vec<Array> = g
+        .inputs
+        .iter()
+        .map(|&i| {
+            let shape = g.value(i).shape.clone();
+            Array::f32(&shape, normal_f32(shape.iter().product(), fresh_seed()))
+        })
+        .collect();
+    let want = forward_cpu(&g, &inputs).unwrap();
+    let xs: Vec<&[f32]> = inputs.iter().map(|a| a.as_f32().unwrap()).collect();
+    for dtype in [DType::F16, DType::Bf16] {
+        let p = Program::lower(&g, dtype, Layout::Nhwc).unwrap();
+        let own: Vec<&OwnConvStep> = p
+            .steps
+            .iter()
+            .filter_map(|(_, s)| match s {
+                Step::OwnConv(o) => Some(o),
+                _ => None,
+            })
+            .collect();
+        // the three: dilated with the residual and ReLU, padded unevenly, dilated unevenly
+        assert_eq!(own.len(), 3, "{:?}", p.step_counts());
+        assert!(own[0].z.is_some() && own[0].act == Some(Activation::Relu));
+        assert_eq!(own[2].g.dilation, [2, 3]);
+        for (o, (got, w)) in Emu::run(&p, &xs).iter().zip(&want).enumerate() {
+            let rel = max_rel(got, w.as_f32().unwrap());
+            assert!(rel <= 1e-5, "{dtype} output {o}: max rel. diff {rel:.1e}");
+        }
+    }
+    // cuDNN's path takes neither: strict f32 and NCHW name what runs them
+    for (dtype, layout) in [(DType::F32, Layout::Nhwc), (DType::F16, Layout::Nchw)] {
+        let e = Program::lower(&g, dtype, layout).unwrap_err();
+        assert!(e.why.contains("16-bit channel-last"), "{e}");
+    }
 }

@@ -6,9 +6,9 @@
 //! everywhere, `always` takes gpukit's kernel wherever it runs (tests, A/B runs).
 
 use super::{pick_gemm, ProgramSession};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::program::kernels::gemm::{conv_pieces, ConvGeometry};
-use crate::gpu::program::lower::{ConvStep, Step, Tref};
+use crate::gpu::program::lower::{ConvStep, OwnConvStep, Step, Tref};
 use crate::gpu::program::{Program, Strided};
 use gpukit_cuda::DeviceBuffer;
 use gpukit_tensor::{DType, Layout};
@@ -64,7 +64,8 @@ pub(super) fn own_geometry(program: &Program, c: &ConvStep) -> Option<ConvGeomet
         r: sh.r,
         s: sh.s,
         stride: sh.stride,
-        pad: sh.pad,
+        pads: [sh.pad; 4],
+        dilation: [1, 1],
     };
     (takes && g.runs()).then_some(g)
 }
@@ -77,7 +78,45 @@ pub(super) fn wanted(program: &Program) -> bool {
     })
 }
 
+/// An error where `program` has convolutions only gpukit's kernel runs (dilated, or padded
+/// unevenly) and the kernel is not `loaded`.
+pub(super) fn loaded_where_needed(program: &Program, loaded: bool) -> Result<()> {
+    let needed = program
+        .steps
+        .iter()
+        .any(|(_, s)| matches!(s, Step::OwnConv(_)));
+    match needed && !loaded {
+        true => Err(Error::Invalid(
+            "this model's dilated or unevenly padded convolutions run on gpukit's own kernel, \
+             which needs a GPU of compute capability 8.0 or later (GPUKIT_TRACE=1 says why it \
+             did not load)"
+                .into(),
+        )),
+        false => Ok(()),
+    }
+}
+
 impl ProgramSession<'_> {
+    /// A convolution only gpukit's kernel runs, K in the most pieces it offers (more than one
+    /// only where the tiles are few).
+    pub(super) fn run_own_step(&self, o: &OwnConvStep) -> Result<()> {
+        let (m, n, kw) = o.g.product();
+        let pieces = conv_pieces(m, n, kw).last().map_or(1, |&(p, _)| p);
+        let bias = o.bias.map(|b| self.const_view(b)).transpose()?;
+        let z = o.z.as_ref().map(|t| self.view(t)).transpose()?;
+        let ops = (
+            self.view(&o.x)?,
+            self.const_view(o.w)?,
+            bias,
+            z,
+            self.view(&o.y)?,
+        );
+        let dtype = self.program.dtype.storage();
+        self.small()?
+            .run_conv(self.ctx.gpu.stream(), dtype, ops, &o.g, o.act, pieces)?;
+        Ok(())
+    }
+
     /// Decides, per convolution step, cuDNN's plan or gpukit's kernel (`mode`); each distinct
     /// shape and epilogue is timed once. Runs after the cuDNN plans and their workspace.
     pub(super) fn plan_own_convs(&mut self, mode: OwnConvs) -> Result<()> {
