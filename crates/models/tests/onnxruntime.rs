@@ -63,7 +63,12 @@ fn fixtures_match_graph_interpreter() -> Result<(), Failed> {
         batch: Some(n),
         dims: Vec::new(),
     };
-    for f in fixtures::all(seed) {
+    // every fixture, and the dilated, unevenly padded one
+    let atrous = fixtures::Fixture {
+        name: "atrous",
+        model: fixtures::atrous(seed),
+    };
+    for f in fixtures::all(seed).into_iter().chain([atrous]) {
         let bytes = prost::Message::encode_to_vec(&f.model);
         let x = gpukit_tensor::random::uniform_f32(n * 3 * side * side, seed);
         let want = OrtModel::new(&lib, &bytes, 2)?.run(&x, n, side, side)?;
