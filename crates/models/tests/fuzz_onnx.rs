@@ -27,11 +27,14 @@ static ALLOC: Alloc = Alloc;
 fn fixture_models() -> &'static [(ModelProto, Vec<u8>)] {
     static MODELS: OnceLock<Vec<(ModelProto, Vec<u8>)>> = OnceLock::new();
     MODELS.get_or_init(|| {
+        // every fixture, and the dilated, unevenly padded one
         fixtures::all(7)
             .into_iter()
-            .map(|f| {
-                let bytes = f.model.encode_to_vec();
-                (f.model, bytes)
+            .map(|f| f.model)
+            .chain([fixtures::atrous(7)])
+            .map(|model| {
+                let bytes = model.encode_to_vec();
+                (model, bytes)
             })
             .collect()
     })
