@@ -4,6 +4,7 @@
 //! ([`OrtModel::from_file`], [`OrtModel::run_named`]).
 
 use crate::error::{Error, Result};
+use ort::session::builder::SessionBuilder;
 use ort::session::Session;
 use ort::value::{Tensor, TensorRef};
 use std::path::{Path, PathBuf};
@@ -64,6 +65,18 @@ fn ort_error(e: impl std::fmt::Display) -> Error {
     Error::OnnxRuntime(format!("ONNX Runtime: {e}"))
 }
 
+/// A session builder with `threads` intra-op threads whose idle threads block instead of
+/// spinning, so they take no core from the rows timed beside (gpukit's CPU row ran up to 20%
+/// slower with them spinning).
+fn builder(lib: &Path, threads: usize) -> Result<SessionBuilder> {
+    Session::builder(environment(lib)?)
+        .map_err(ort_error)?
+        .with_intra_threads(threads)
+        .map_err(ort_error)?
+        .with_intra_op_spinning(false)
+        .map_err(ort_error)
+}
+
 /// An ONNX model in an ONNX Runtime session on the CPU.
 pub struct OrtModel {
     session: Session,
@@ -72,15 +85,7 @@ pub struct OrtModel {
 impl OrtModel {
     /// A session for `onnx` (bytes of a ModelProto) with `threads` intra-op threads.
     pub fn new(lib: &Path, onnx: &[u8], threads: usize) -> Result<OrtModel> {
-        let env = environment(lib)?;
-        let session = Session::builder(env)
-            .map_err(ort_error)?
-            .with_intra_threads(threads)
-            .map_err(ort_error)?
-            // idle threads block instead of spinning, so they take no core from the rows
-            // timed beside (gpukit's CPU row ran up to 20% slower with them spinning)
-            .with_intra_op_spinning(false)
-            .map_err(ort_error)?
+        let session = builder(lib, threads)?
             .commit_from_memory(onnx)
             .map_err(|e| Error::OnnxRuntime(format!("ONNX Runtime rejected the model: {e}")))?;
         Ok(OrtModel { session })
@@ -89,22 +94,12 @@ impl OrtModel {
     /// A session for the model at `path`, read by ONNX Runtime itself: what a model whose
     /// weights are in external data files needs (they are found beside it).
     pub fn from_file(lib: &Path, path: &Path, threads: usize) -> Result<OrtModel> {
-        let env = environment(lib)?;
-        let session = Session::builder(env)
-            .map_err(ort_error)?
-            .with_intra_threads(threads)
-            .map_err(ort_error)?
-            // idle threads block instead of spinning, so they take no core from the rows
-            // timed beside (gpukit's CPU row ran up to 20% slower with them spinning)
-            .with_intra_op_spinning(false)
-            .map_err(ort_error)?
-            .commit_from_file(path)
-            .map_err(|e| {
-                Error::OnnxRuntime(format!(
-                    "ONNX Runtime rejected the model {}: {e}",
-                    path.display()
-                ))
-            })?;
+        let session = builder(lib, threads)?.commit_from_file(path).map_err(|e| {
+            Error::OnnxRuntime(format!(
+                "ONNX Runtime rejected the model {}: {e}",
+                path.display()
+            ))
+        })?;
         Ok(OrtModel { session })
     }
 
