@@ -351,11 +351,17 @@ fn with_a_gpu_infer_input_fails_fp16_overflow_naming_the_layer() -> Result<(), F
     })
 }
 
-/// Every importer fixture written to a file in `dir`, by name.
+/// Every importer fixture (the dilated, unevenly padded one too) written to a file in `dir`,
+/// by name.
 fn onnx_fixtures(dir: &std::path::Path) -> Result<Vec<(String, String)>, Failed> {
     use gpukit_models::onnx::fixtures;
     let mut files = Vec::new();
-    for f in fixtures::all(gpukit_tensor::random::fresh_seed()) {
+    let seed = gpukit_tensor::random::fresh_seed();
+    let atrous = fixtures::Fixture {
+        name: "atrous",
+        model: fixtures::atrous(seed),
+    };
+    for f in fixtures::all(seed).into_iter().chain([atrous]) {
         let path = dir.join(format!("{}.onnx", f.name));
         std::fs::write(&path, f.bytes())?;
         let shown = path.to_str().ok_or("a temporary path that is not UTF-8")?;
