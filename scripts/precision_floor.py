@@ -17,6 +17,7 @@ exports) and fresh standard-normal inputs, prints one JSON line with, per form:
 NAME: any torchvision classifier pytorch_reference.py builds (resnet50, mobilenet_v3_large, ...).
 """
 import argparse
+import copy
 import json
 import os
 import sys
@@ -39,14 +40,16 @@ def agree(y, ref):
 
 
 def run_form(model, x, device, dtype, channels_last):
-    m = model.to(device=device, dtype=dtype)
+    """The logits of a copy of `model` in `dtype` on `device` (the model itself is left as it
+    is: a cast back from fp16 would leave its weights rounded for the forms after)."""
+    m = copy.deepcopy(model).to(device=device, dtype=dtype)
     xi = x.to(device=device, dtype=dtype)
     if channels_last:
         m = m.to(memory_format=torch.channels_last)
         xi = xi.contiguous(memory_format=torch.channels_last)
     with torch.inference_mode():
         y = m(xi).double().cpu()
-    model.to(device="cpu", dtype=torch.float32, memory_format=torch.contiguous_format)
+    del m
     return y
 
 

@@ -243,14 +243,16 @@ fn judge_names_the_layer_that_fp8_hurts() {
     assert!(a.layers[1].rel_error < 0.1, "{a:?}");
     let e = a.verdict(0.99, 1e-2).unwrap_err();
     assert!(e.contains("crushed"), "{e}");
-    // keeping crushed out of fp8 is what it takes, and enough (90%: with 24 rows of 3
-    // near-tied values, spread's own rounding may flip one)
-    let unseen = [batch(&g, seed ^ 2), batch(&g, seed ^ 3)];
+    // keeping crushed out of fp8 is what it takes, and enough (80%: spread's own rounding flips
+    // about 1.5% of the near-tied rows, and with crushed in fp8 a third to three quarters agree;
+    // 48 rows keep the two apart: over 300 fresh seeds of 12 rows, 0.83 and 0.75 were the
+    // extremes, and a bound of 90% failed one run in 200)
+    let unseen: Vec<Vec<Array>> = (2..10).map(|i| batch(&g, seed ^ i)).collect();
     let plain = judge(&g, &s, &unseen).unwrap();
-    let r = rescue(&g, &s, &unseen, &plain.layers, 0.9, 8).unwrap();
-    assert!(plain.top1_agreement < 0.9, "{plain:?}");
+    let r = rescue(&g, &s, &unseen, &plain.layers, 0.8, 8).unwrap();
+    assert!(plain.top1_agreement < 0.8, "{plain:?}");
     assert_eq!(r.kept, ["crushed"], "{r:?}");
-    assert!(r.enough && r.top1_agreement >= 0.9, "{r:?}");
+    assert!(r.enough && r.top1_agreement >= 0.8, "{r:?}");
     // an agreement no count reaches: the most tried, and said so
     let r = rescue(&g, &s, &unseen, &plain.layers, 1.01, 8).unwrap();
     assert_eq!(r.kept.len(), 2);
