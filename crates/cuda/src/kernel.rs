@@ -151,6 +151,19 @@ impl KernelSource {
                 .into_iter()
                 .map(|k| format!("{k}: no expected signature")),
         );
+        // a kernel the source declares but the module never loads: a launch by that name
+        // would fail on the GPU only
+        let mut unloaded: Vec<String> = signature::kernels(&self.source)
+            .into_keys()
+            .filter(|k| !self.names.contains(k))
+            .collect();
+        unloaded.sort();
+        out.extend(unloaded.into_iter().map(|k| {
+            format!(
+                "{k}: declared in the source but not among the names {} loads",
+                self.stem
+            )
+        }));
         out
     }
 

@@ -326,4 +326,15 @@ fn signature_differences_name_every_mismatch_and_every_unexpected_kernel() {
     assert_eq!(d[1], "b: no expected signature");
     let d = source.signature_differences(&[("a", "p x"), ("b", "d")], &[]);
     assert!(d[0].contains("unknown parameter letter"), "{d:?}");
+    // a kernel of the source that the module does not load is named
+    let unloaded = KernelSource {
+        names: vec!["a".into()],
+        ..source
+    };
+    let d = unloaded.signature_differences(&[("a", "p i")], &[]);
+    assert_eq!(
+        d,
+        ["b: declared in the source but not among the names t loads"],
+        "{d:?}"
+    );
 }

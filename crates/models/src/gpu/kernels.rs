@@ -337,6 +337,7 @@ pub fn kernel_source() -> KernelSource {
                 names.push(format!("{k}_{e}_{l}"));
             }
         }
+        names.push(format!("convert_blocks_{e}_nhwc"));
     }
     KernelSource {
         stem: STEM,
@@ -690,6 +691,9 @@ mod tests {
             ("add_bias_f32", "p p i i"),
             ("stream_barrier", ""),
             ("count_unequal", "p p l p"),
+            ("convert_blocks_f32_nhwc", "p p i i i i i i i i i i"),
+            ("convert_blocks_f16_nhwc", "p p i i i i i i i i i i"),
+            ("convert_blocks_bf16_nhwc", "p p i i i i i i i i i i"),
         ];
         let differences = kernel_source().signature_differences(&expected, &tags);
         assert!(differences.is_empty(), "{differences:#?}");
