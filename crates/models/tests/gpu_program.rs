@@ -52,7 +52,7 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
     let discovery = DISCOVERY.get().ok_or("no discovery")?;
     let ctx = GpuContext::open(discovery, 0)?;
     let mut failures = Vec::new();
-    let mut own_runs = 0;
+    let (mut own_runs, mut product_runs) = (0, 0);
     for batch in [2, 5] {
         // and the dilated, unevenly padded model, which runs in 16-bit channel-last only
         let seed = fresh_seed();
@@ -73,8 +73,10 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
             let want = forward_cpu(&g, &inputs)?;
             let xs: Vec<&[f32]> = inputs.iter().filter_map(Array::as_f32).collect();
             // each dtype and layout as the engine runs them, and 16-bit channel-last with 1x1
-            // convolutions as products, or with every convolution on gpukit's kernel
+            // convolutions as products (Gemm steps, or convolution steps on cuBLASLt's
+            // product), or with every convolution on gpukit's kernel
             let (timed, always) = (OwnConvs::Timed, OwnConvs::Always);
+            let products = OwnConvs::Products;
             let variants = ENGINE_DTYPES
                 .iter()
                 .flat_map(|&d| {
@@ -87,6 +89,7 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
                     [
                         (d, Layout::Nhwc, true, timed),
                         (d, Layout::Nhwc, false, always),
+                        (d, Layout::Nhwc, false, products),
                     ]
                 }));
             let sixteen_nhwc =
@@ -97,10 +100,10 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
                     "{} batch {batch} {dtype} {layout:?}{}{}",
                     f.name,
                     if conv1x1_gemm { " 1x1 as gemm" } else { "" },
-                    if own == always {
-                        " own convolutions"
-                    } else {
-                        ""
+                    match own {
+                        OwnConvs::Always => " own convolutions",
+                        OwnConvs::Products => " cuBLASLt's products",
+                        _ => "",
                     }
                 );
                 let p = Program::lower_with_conv1x1_gemm(&g, dtype, layout, conv1x1_gemm)
@@ -111,6 +114,11 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
                     .algorithms
                     .iter()
                     .filter(|a| a.starts_with("gpukit"))
+                    .count();
+                product_runs += s
+                    .algorithms
+                    .iter()
+                    .filter(|a| a.starts_with("cuBLASLt product"))
                     .count();
                 let eager = s.run(&xs).map_err(|e| format!("{what}: {e}"))?;
                 s.capture().map_err(|e| format!("{what}: capture: {e}"))?;
@@ -134,6 +142,9 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
     // the "own convolutions" variants put every convolution the kernel takes on it
     if own_runs == 0 {
         failures.push("no convolution ran on gpukit's kernel".into());
+    }
+    if product_runs == 0 {
+        failures.push("no convolution ran as cuBLASLt's product".into());
     }
     if failures.is_empty() {
         Ok(())

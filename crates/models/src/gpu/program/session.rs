@@ -50,6 +50,19 @@ fn pick_gemm(times: &[f64]) -> Option<usize> {
     }
 }
 
+/// cuBLASLt's epilogue for `act(product + bias)` (with or without a bias), where it has one.
+fn lt_epilogue(bias: bool, act: Option<Activation>) -> Option<LtEpilogue> {
+    match (bias, act) {
+        (false, None) => Some(LtEpilogue::None),
+        (true, None) => Some(LtEpilogue::Bias),
+        (false, Some(Activation::Relu)) => Some(LtEpilogue::Relu),
+        (true, Some(Activation::Relu)) => Some(LtEpilogue::ReluBias),
+        (false, Some(Activation::Gelu)) => Some(LtEpilogue::Gelu),
+        (true, Some(Activation::Gelu)) => Some(LtEpilogue::GeluBias),
+        _ => None,
+    }
+}
+
 /// A program prepared on a device.
 pub struct ProgramSession<'a> {
     ctx: &'a GpuContext,
@@ -67,7 +80,7 @@ pub struct ProgramSession<'a> {
     /// takes on a GPU that runs it (compute capability 8.0 and later).
     small_gemm: Option<SmallGemm>,
     /// Per step, its convolution on gpukit's kernel instead of cuDNN's plan.
-    own_convs: Vec<Option<own_conv::OwnConv>>,
+    own_convs: Vec<Option<own_conv::ConvAlt>>,
     workspace: DeviceBuffer,
     graph: Option<Graph>,
     /// Most workspace a chosen convolution algorithm uses.
@@ -235,7 +248,7 @@ impl<'a> ProgramSession<'a> {
                     let bv = self.const_view(b)?;
                     let zv = c.z.as_ref().map(|z| self.view(z)).transpose()?;
                     let epilogue = |y: View<'_>, b: View<'_>, z: Option<View<'_>>| {
-                        self.split_epilogue(c, y, b, z)
+                        self.split_epilogue(c, y, Some(b), z)
                     };
                     let act = library_act(c.act);
                     dnn.plan_epilogue_best(conv, xv, wv, bv, zv, act, yv, true, Some(&epilogue))?
@@ -290,15 +303,7 @@ impl<'a> ProgramSession<'a> {
                 gemms.push(None);
                 continue;
             };
-            let epilogue = match (g.bias.is_some(), g.act) {
-                (false, None) => Some(LtEpilogue::None),
-                (true, None) => Some(LtEpilogue::Bias),
-                (false, Some(Activation::Relu)) => Some(LtEpilogue::Relu),
-                (true, Some(Activation::Relu)) => Some(LtEpilogue::ReluBias),
-                (false, Some(Activation::Gelu)) => Some(LtEpilogue::Gelu),
-                (true, Some(Activation::Gelu)) => Some(LtEpilogue::GeluBias),
-                _ => None,
-            };
+            let epilogue = lt_epilogue(g.bias.is_some(), g.act);
             let spec = MatmulSpec {
                 m: g.n,
                 n: g.m,
@@ -528,13 +533,13 @@ impl<'a> ProgramSession<'a> {
         Ok(())
     }
 
-    /// `y = act(y + bias (+ z))` on the element-wise kernel: the epilogue of convolution step
+    /// `y = act(y (+ bias) (+ z))` on the element-wise kernel: the epilogue of convolution step
     /// `c` when it runs apart from the bare convolution.
     fn split_epilogue(
         &self,
         c: &ConvStep,
         y: View<'_>,
-        bias: View<'_>,
+        bias: Option<View<'_>>,
         z: Option<View<'_>>,
     ) -> gpukit_cuda::Result<()> {
         let dims = c.y.s.dims;
@@ -548,7 +553,7 @@ impl<'a> ProgramSession<'a> {
         self.kernels.pointwise(
             self.program.dtype.storage(),
             (y, &c.y.s),
-            Some((bias, &bs, Binary::Add)),
+            bias.map(|b| (b, &bs, Binary::Add)),
             zs,
             c.act,
             (y, &c.y.s),
@@ -671,8 +676,8 @@ impl<'a> ProgramSession<'a> {
             )?,
             Step::OwnConv(o) => self.run_own_step(o)?,
             Step::Conv(c) if self.own_convs.get(i).is_some_and(Option::is_some) => {
-                if let Some(Some(o)) = self.own_convs.get(i) {
-                    self.run_own_conv(c, &o.geometry, &o.weights, o.pieces)?;
+                if let Some(Some(alt)) = self.own_convs.get(i) {
+                    self.run_conv_alt(c, alt)?;
                 }
             }
             Step::Conv(c) => {
@@ -697,7 +702,7 @@ impl<'a> ProgramSession<'a> {
                     (ConvChoice::Plain(p), _) => ctx.dnn.conv_forward(p, x, w, y, ws)?,
                     (ConvChoice::Split(bare), Some(b)) if !c.fused_relu() => {
                         ctx.dnn.bare_forward(bare, x, w, y, ws)?;
-                        self.split_epilogue(c, y, self.const_view(b)?, z)?;
+                        self.split_epilogue(c, y, Some(self.const_view(b)?), z)?;
                     }
                     (ConvChoice::Split(bare), Some(b)) => {
                         ctx.dnn.bare_forward(bare, x, w, y, ws)?;
@@ -742,14 +747,13 @@ impl<'a> ProgramSession<'a> {
             .map(|t| t.s.len() * self.elem_bytes(t))
             .sum();
         let d = write.s.dims;
-        let own_conv = self.own_convs.get(i).is_some_and(Option::is_some);
+        let alt = self.own_convs.get(i).and_then(Option::as_ref);
         let (flops, library) = match step {
-            Step::Conv(c) if own_conv => (c.shape.flops(), "NVRTC"),
+            Step::Conv(c) => (c.shape.flops(), alt.map_or("cuDNN", |a| a.library())),
             Step::OwnConv(o) => {
                 let (m, n, kw) = o.g.product();
                 (2.0 * (m * n * kw) as f64, "NVRTC")
             }
-            Step::Conv(c) => (c.shape.flops(), "cuDNN"),
             Step::Depthwise(d) => (d.shape.flops(), "NVRTC"),
             Step::MatVec(m) => (2.0 * (m.n * m.k * m.c) as f64, "NVRTC"),
             Step::Gemm(g) => match self.gemms.get(i) {
@@ -758,11 +762,10 @@ impl<'a> ProgramSession<'a> {
             },
             _ => (0.0, "NVRTC"),
         };
-        let kind = match (step, self.gemms.get(i)) {
-            (Step::Gemm(_), Some(Some(GemmRun::Own { .. }))) => "gemm (gpukit)",
-            (Step::Gemm(_), _) => "gemm (cuBLASLt)",
-            (Step::Conv(c), _) if own_conv && c.fused => "conv+epilogue (gpukit)",
-            (Step::Conv(_), _) if own_conv => "conv (gpukit)",
+        let kind = match (step, self.gemms.get(i), alt) {
+            (Step::Gemm(_), Some(Some(GemmRun::Own { .. })), _) => "gemm (gpukit)",
+            (Step::Gemm(_), _, _) => "gemm (cuBLASLt)",
+            (Step::Conv(c), _, Some(a)) => a.kind(c.fused),
             _ => step.kind(),
         };
         OpInfo {

@@ -1,37 +1,73 @@
-//! gpukit's own convolution kernel (the implicit product of `kernels::gemm`) beside cuDNN's:
-//! each 16-bit channel-last convolution it takes is timed both ways in graph replays once its
-//! cuDNN plan is chosen, and runs on gpukit's kernel only where that is more than 3% faster
-//! (`pick_gemm`'s rule, cuDNN's plan in the first place). Its filter is laid out anew
+//! What may run a convolution instead of cuDNN's plan: gpukit's own kernel (the implicit
+//! product of `kernels::gemm`) and, for a 1x1 convolution of stride 1 without padding (the
+//! product `[n h w, c] x [c, k]` of channel-last maps), cuBLASLt's product on the step's own
+//! buffers and filter, its epilogue fused where cuBLASLt has it. Each 16-bit channel-last
+//! convolution they take is timed every way in graph replays once its cuDNN plan is chosen,
+//! and leaves cuDNN only where another is more than 3% faster (`pick_gemm`'s rule, cuDNN's
+//! plan in the first place). gpukit's kernel reads its filter laid out anew
 //! ([`ConvGeometry::filter`]) in a buffer of its own. `GPUKIT_OWN_CONV=never` keeps cuDNN
-//! everywhere, `always` takes gpukit's kernel wherever it runs (tests, A/B runs).
+//! everywhere, `always` takes gpukit's kernel wherever it runs, `product` cuBLASLt's wherever
+//! it runs (tests, A/B runs).
 
-use super::{pick_gemm, ProgramSession};
+use super::{lt_epilogue, pick_gemm, ProgramSession, GEMM_CANDIDATES};
 use crate::error::{Error, Result};
 use crate::gpu::program::kernels::gemm::{conv_pieces, ConvGeometry};
 use crate::gpu::program::lower::{ConvStep, OwnConvStep, Step, Tref};
 use crate::gpu::program::{Program, Strided};
+use gpukit_cuda::lt::{Epilogue as LtEpilogue, LtMatmul, MatmulSpec};
 use gpukit_cuda::DeviceBuffer;
 use gpukit_tensor::{DType, Layout};
 use std::collections::HashMap;
 
-/// When gpukit's convolution kernel runs instead of cuDNN's plan.
+/// When gpukit's convolution kernel or cuBLASLt's product runs instead of cuDNN's plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OwnConvs {
-    /// Where it times more than 3% faster (the default).
+    /// Where one times more than 3% faster (the default).
     Timed,
     /// Nowhere.
     Never,
-    /// Wherever it takes the convolution.
+    /// gpukit's kernel wherever it takes the convolution.
     Always,
+    /// cuBLASLt's product wherever it takes the convolution (1x1, stride 1, unpadded).
+    Products,
 }
 
 impl OwnConvs {
-    /// What `GPUKIT_OWN_CONV` asks for (`never`, `always`; anything else: timed).
+    /// What `GPUKIT_OWN_CONV` asks for (`never`, `always`, `product`; anything else: timed).
     pub fn from_env() -> OwnConvs {
         match std::env::var("GPUKIT_OWN_CONV").as_deref() {
             Ok("never") => OwnConvs::Never,
             Ok("always") => OwnConvs::Always,
+            Ok("product") => OwnConvs::Products,
             _ => OwnConvs::Timed,
+        }
+    }
+}
+
+/// What runs a convolution step instead of cuDNN's plan.
+pub(super) enum ConvAlt {
+    /// gpukit's kernel.
+    Own(OwnConv),
+    /// cuBLASLt's product; `fused`: the plan holds the step's epilogue (or it has none).
+    Product { plan: LtMatmul, fused: bool },
+}
+
+impl ConvAlt {
+    /// The library behind it, as the profiler names it.
+    pub fn library(&self) -> &'static str {
+        match self {
+            ConvAlt::Own(_) => "NVRTC",
+            ConvAlt::Product { .. } => "cuBLASLt",
+        }
+    }
+
+    /// The op's name in the profiler, for a step whose epilogue is `fused` in it or not.
+    pub fn kind(&self, fused: bool) -> &'static str {
+        match (self, fused) {
+            (ConvAlt::Own(_), true) => "conv+epilogue (gpukit)",
+            (ConvAlt::Own(_), false) => "conv (gpukit)",
+            (ConvAlt::Product { .. }, true) => "conv+epilogue (cuBLASLt)",
+            (ConvAlt::Product { .. }, false) => "conv (cuBLASLt)",
         }
     }
 }
@@ -117,41 +153,40 @@ impl ProgramSession<'_> {
         Ok(())
     }
 
-    /// Decides, per convolution step, cuDNN's plan or gpukit's kernel (`mode`); each distinct
-    /// shape and epilogue is timed once. Runs after the cuDNN plans and their workspace.
+    /// Decides, per convolution step, cuDNN's plan, gpukit's kernel or cuBLASLt's product
+    /// (`mode`); each distinct shape and epilogue is timed once. Runs after the cuDNN plans
+    /// and their workspace.
     pub(super) fn plan_own_convs(&mut self, mode: OwnConvs) -> Result<()> {
         let program = self.program;
         let steps = &program.steps;
-        let mut own: Vec<Option<OwnConv>> = (0..steps.len()).map(|_| None).collect();
-        if self.small_gemm.is_none() || mode == OwnConvs::Never {
-            self.own_convs = own;
+        let mut alts: Vec<Option<ConvAlt>> = (0..steps.len()).map(|_| None).collect();
+        if mode == OwnConvs::Never {
+            self.own_convs = alts;
             return Ok(());
         }
         // shape, fused, activation (as written), residual, bias
         type Key = (ConvGeometry, bool, String, bool, bool);
         let mut picked: HashMap<Key, Option<usize>> = HashMap::new();
-        let storage = self.program.dtype.storage();
         for (i, (_, step)) in steps.iter().enumerate() {
             let Step::Conv(c) = step else { continue };
             let Some(g) = own_geometry(program, c) else {
                 continue;
             };
+            // gpukit's kernel, K in each piece count it offers (where it is loaded)
             let (m, n, kw) = g.product();
-            let pieces: Vec<usize> = conv_pieces(m, n, kw).into_iter().map(|(p, _)| p).collect();
-            // the step's filter is KRSC (channel-last) in the constants: back to KCRS, then
-            // laid out as the kernel reads it
-            let krsc = &program.consts[c.w].values;
-            let mut kcrs = vec![0f32; krsc.len()];
-            for o in 0..g.k {
-                for t in 0..g.r * g.s {
-                    for ch in 0..g.c {
-                        kcrs[(o * g.c + ch) * g.r * g.s + t] = krsc[(o * g.r * g.s + t) * g.c + ch];
-                    }
-                }
-            }
-            let bytes = gpukit_tensor::codec::encode_f32(&g.filter(&kcrs), storage);
-            let weights = self.ctx.alloc(bytes.len(), "gpukit's convolution filter")?;
-            self.ctx.gpu.upload_into(weights.view(), &bytes)?;
+            let pieces: Vec<usize> = match self.small_gemm.is_some() && mode != OwnConvs::Products {
+                true => conv_pieces(m, n, kw).into_iter().map(|(p, _)| p).collect(),
+                false => Vec::new(),
+            };
+            let weights = match pieces.is_empty() {
+                true => None,
+                false => Some(self.own_filter(c, &g)?),
+            };
+            let (mut products, fused) = match mode {
+                OwnConvs::Always => (Vec::new(), false),
+                _ => self.product_candidates(c, &g)?,
+            };
+            let count = 1 + pieces.len() + products.len();
             let key = (
                 g,
                 c.fused,
@@ -160,20 +195,31 @@ impl ProgramSession<'_> {
                 c.bias.is_some(),
             );
             let pick = match (mode, picked.get(&key)) {
-                (OwnConvs::Always, _) => Some(1),
-                (_, Some(&pick)) => pick,
+                (OwnConvs::Always, _) => (!pieces.is_empty()).then_some(1),
+                (OwnConvs::Products, _) => (!products.is_empty()).then_some(1),
+                (_, Some(&pick)) => pick.filter(|&j| j < count),
+                (_, None) if count == 1 => None,
                 (_, None) => {
                     let times = gpukit_cuda::timing::replays_in_turns(
                         self.ctx.gpu.stream(),
-                        1 + pieces.len(),
+                        count,
                         0.1,
                         32,
                         5,
-                        |j| match j.checked_sub(1) {
-                            None => self
-                                .enqueue_step(i)
-                                .map_err(|e| gpukit_cuda::Error::Invalid(e.to_string())),
-                            Some(o) => self.run_own_conv(c, &g, &weights, pieces[o]),
+                        |j| {
+                            let run = match j.checked_sub(1) {
+                                None => self.enqueue_step(i),
+                                Some(o) => match (o.checked_sub(pieces.len()), &weights) {
+                                    (None, Some(w)) => {
+                                        self.run_own_conv(c, &g, w, pieces[o]).map_err(Error::from)
+                                    }
+                                    (None, None) => Err(Error::Invalid(
+                                        "gpukit's kernel without its filter".into(),
+                                    )),
+                                    (Some(p), _) => self.run_conv_product(c, &products[p], fused),
+                                },
+                            };
+                            run.map_err(|e| gpukit_cuda::Error::Invalid(e.to_string()))
                         },
                     )?;
                     let pick = pick_gemm(&times);
@@ -181,8 +227,9 @@ impl ProgramSession<'_> {
                         let us: Vec<String> =
                             times.iter().map(|t| format!("{:.1}", t * 1e3)).collect();
                         format!(
-                            "conv {g:?}: cuDNN's plan, then gpukit's in {pieces:?} pieces: \
-                             candidate {pick:?} of [{}] us",
+                            "conv {g:?}: cuDNN's plan, gpukit's in {pieces:?} pieces, then \
+                             {} of cuBLASLt's (fused {fused}): candidate {pick:?} of [{}] us",
+                            products.len(),
                             us.join(", ")
                         )
                     });
@@ -190,13 +237,21 @@ impl ProgramSession<'_> {
                     pick
                 }
             };
-            if let Some(o) = pick.and_then(|j| j.checked_sub(1)) {
-                own[i] = Some(OwnConv {
+            let Some(o) = pick.and_then(|j| j.checked_sub(1)) else {
+                continue;
+            };
+            alts[i] = match (o.checked_sub(pieces.len()), weights) {
+                (None, Some(weights)) => Some(ConvAlt::Own(OwnConv {
                     pieces: pieces[o],
                     geometry: g,
                     weights,
-                });
-            }
+                })),
+                (Some(p), _) if p < products.len() => Some(ConvAlt::Product {
+                    plan: products.swap_remove(p),
+                    fused,
+                }),
+                _ => None,
+            };
         }
         // the engine named for each convolution step, in order
         let mut at = 0;
@@ -204,13 +259,121 @@ impl ProgramSession<'_> {
             if !matches!(step, Step::Conv(_)) {
                 continue;
             }
-            if let (Some(o), Some(name)) = (&own[i], self.algorithms.get_mut(at)) {
-                *name = format!("gpukit implicit product in {} pieces", o.pieces);
+            if let (Some(alt), Some(name)) = (&alts[i], self.algorithms.get_mut(at)) {
+                *name = match alt {
+                    ConvAlt::Own(o) => format!("gpukit implicit product in {} pieces", o.pieces),
+                    ConvAlt::Product { fused, .. } => {
+                        format!("cuBLASLt product (epilogue fused: {fused})")
+                    }
+                };
             }
             at += 1;
         }
-        self.own_convs = own;
+        self.own_convs = alts;
         Ok(())
+    }
+
+    /// Convolution step `c`'s filter laid out for gpukit's kernel, in a buffer of its own.
+    fn own_filter(&self, c: &ConvStep, g: &ConvGeometry) -> Result<DeviceBuffer> {
+        // the step's filter is KRSC (channel-last) in the constants: back to KCRS, then laid
+        // out as the kernel reads it
+        let krsc = &self.program.consts[c.w].values;
+        let mut kcrs = vec![0f32; krsc.len()];
+        for o in 0..g.k {
+            for t in 0..g.r * g.s {
+                for ch in 0..g.c {
+                    kcrs[(o * g.c + ch) * g.r * g.s + t] = krsc[(o * g.r * g.s + t) * g.c + ch];
+                }
+            }
+        }
+        let storage = self.program.dtype.storage();
+        let bytes = gpukit_tensor::codec::encode_f32(&g.filter(&kcrs), storage);
+        let weights = self.ctx.alloc(bytes.len(), "gpukit's convolution filter")?;
+        self.ctx.gpu.upload_into(weights.view(), &bytes)?;
+        Ok(weights)
+    }
+
+    /// cuBLASLt's candidates for convolution step `c` as a product, where it is one (1x1,
+    /// stride 1, unpadded: `y [n h w, k] = x [n h w, c] w [k, c]^T`, the filter read in place
+    /// as the transposed operand), and whether they hold the step's epilogue; none elsewhere.
+    fn product_candidates(&self, c: &ConvStep, g: &ConvGeometry) -> Result<(Vec<LtMatmul>, bool)> {
+        let one = (g.r, g.s, g.stride, g.pads, g.dilation) == (1, 1, 1, [0; 4], [1, 1]);
+        if !one {
+            return Ok((Vec::new(), false));
+        }
+        let dtype = self.program.dtype;
+        let spec = MatmulSpec {
+            m: g.k,
+            n: g.n * g.h * g.w,
+            k: g.c,
+            trans_a: true,
+            trans_b: false,
+            inputs: dtype,
+            output: dtype,
+            epilogue: LtEpilogue::None,
+            bias_type: dtype.storage(),
+            b_ld: None,
+            sm_count_target: None,
+        };
+        let blas = self.ctx.blas.get()?;
+        // a step without an epilogue of its own (or whose epilogue a later step runs) is the
+        // bare product
+        let epilogue = match c.fused {
+            true => lt_epilogue(c.bias.is_some(), c.act),
+            false => Some(LtEpilogue::None),
+        };
+        if let Some(e) = epilogue {
+            let candidates = blas.lt_matmul_candidates(
+                MatmulSpec {
+                    epilogue: e,
+                    ..spec
+                },
+                GEMM_CANDIDATES,
+            )?;
+            if !candidates.is_empty() {
+                return Ok((candidates, true));
+            }
+        }
+        Ok((blas.lt_matmul_candidates(spec, GEMM_CANDIDATES)?, false))
+    }
+
+    /// Convolution step `c` as cuBLASLt's product `plan`: its epilogue in the plan where it
+    /// is `fused` there, else on the element-wise kernel after the bare product (a step
+    /// whose epilogue a later step runs: the bare product).
+    pub(super) fn run_conv_product(
+        &self,
+        c: &ConvStep,
+        plan: &LtMatmul,
+        fused: bool,
+    ) -> Result<()> {
+        let v = |t: &Tref| self.view(t);
+        let (x, y, w) = (v(&c.x)?, v(&c.y)?, self.const_view(c.w)?);
+        let (bias, z) = match c.fused {
+            true => (
+                c.bias.map(|b| self.const_view(b)).transpose()?,
+                c.z.as_ref().map(&v).transpose()?,
+            ),
+            false => (None, None),
+        };
+        let blas = self.ctx.blas.get()?;
+        if fused {
+            let beta = if z.is_some() { 1.0 } else { 0.0 };
+            blas.run_lt_with(plan, (w, x, z, y), beta, bias, None)?;
+            return Ok(());
+        }
+        blas.run_lt_with(plan, (w, x, None, y), 0.0, None, None)?;
+        if c.fused {
+            self.split_epilogue(c, y, bias, z)?;
+        }
+        Ok(())
+    }
+
+    /// Convolution step `c` on what replaces cuDNN's plan for it.
+    pub(super) fn run_conv_alt(&self, c: &ConvStep, alt: &ConvAlt) -> Result<()> {
+        match alt {
+            ConvAlt::Own(o) => Ok(self.run_own_conv(c, &o.geometry, &o.weights, o.pieces)?),
+            ConvAlt::Product { plan, fused } => self.run_conv_product(c, plan, *fused),
+        }
     }
 
     /// Convolution step `c` on gpukit's kernel: with its epilogue where cuDNN's call would
