@@ -2,12 +2,12 @@
 //! product of `kernels::gemm`) and, for a 1x1 convolution of stride 1 without padding (the
 //! product `[n h w, c] x [c, k]` of channel-last maps), cuBLASLt's product on the step's own
 //! buffers and filter, its epilogue fused where cuBLASLt has it. Each 16-bit channel-last
-//! convolution they take is timed every way in graph replays once its cuDNN plan is chosen,
-//! and leaves cuDNN only where another is more than 3% faster (`pick_gemm`'s rule, cuDNN's
-//! plan in the first place). gpukit's kernel reads its filter laid out anew
-//! ([`ConvGeometry::filter`]) in a buffer of its own. `GPUKIT_OWN_CONV=never` keeps cuDNN
-//! everywhere, `always` takes gpukit's kernel wherever it runs, `product` cuBLASLt's wherever
-//! it runs (tests, A/B runs).
+//! convolution the product takes is timed both ways in graph replays once its cuDNN plan is
+//! chosen, and leaves cuDNN only where the product is more than 3% faster (`pick_gemm`'s rule,
+//! cuDNN's plan in the first place). gpukit's kernel (which reads its filter laid out anew,
+//! [`ConvGeometry::filter`], in a buffer of its own) is timed too only when asked:
+//! `GPUKIT_OWN_CONV=timed-own`. `never` keeps cuDNN everywhere, `always` takes gpukit's kernel
+//! wherever it runs, `product` cuBLASLt's wherever it runs (tests, A/B runs).
 
 use super::{lt_epilogue, pick_gemm, ProgramSession, GEMM_CANDIDATES};
 use crate::error::{Error, Result};
@@ -22,8 +22,12 @@ use std::collections::HashMap;
 /// When gpukit's convolution kernel or cuBLASLt's product runs instead of cuDNN's plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OwnConvs {
-    /// Where one times more than 3% faster (the default).
+    /// cuBLASLt's product where it times more than 3% faster than cuDNN's plan (the default;
+    /// gpukit's kernel is not timed: it was slower than cuDNN at every shape of run 114's
+    /// models, 1.5-6.9x, and runs only the convolutions cuDNN's plans do not take).
     Timed,
+    /// gpukit's kernel timed too (A/B runs of that kernel).
+    TimedWithOwn,
     /// Nowhere.
     Never,
     /// gpukit's kernel wherever it takes the convolution.
@@ -33,10 +37,12 @@ pub enum OwnConvs {
 }
 
 impl OwnConvs {
-    /// What `GPUKIT_OWN_CONV` asks for (`never`, `always`, `product`; anything else: timed).
+    /// What `GPUKIT_OWN_CONV` asks for (`never`, `always`, `product`, `timed-own`; anything
+    /// else: timed).
     pub fn from_env() -> OwnConvs {
         match std::env::var("GPUKIT_OWN_CONV").as_deref() {
             Ok("never") => OwnConvs::Never,
+            Ok("timed-own") => OwnConvs::TimedWithOwn,
             Ok("always") => OwnConvs::Always,
             Ok("product") => OwnConvs::Products,
             _ => OwnConvs::Timed,
@@ -172,9 +178,10 @@ impl ProgramSession<'_> {
             let Some(g) = own_geometry(program, c) else {
                 continue;
             };
-            // gpukit's kernel, K in each piece count it offers (where it is loaded)
+            // gpukit's kernel, K in each piece count it offers (where it is loaded and asked for)
             let (m, n, kw) = g.product();
-            let pieces: Vec<usize> = match self.small_gemm.is_some() && mode != OwnConvs::Products {
+            let asked = matches!(mode, OwnConvs::Always | OwnConvs::TimedWithOwn);
+            let pieces: Vec<usize> = match self.small_gemm.is_some() && asked {
                 true => conv_pieces(m, n, kw).into_iter().map(|(p, _)| p).collect(),
                 false => Vec::new(),
             };
