@@ -138,6 +138,27 @@ pub(super) fn loaded_where_needed(program: &Program, loaded: bool) -> Result<()>
     }
 }
 
+/// A convolution of geometry `g` as cuBLASLt's product, where it is one (1x1, stride 1,
+/// unpadded, undilated): `y [n h w, k] = x [n h w, c] w [k, c]^T` in column-major terms,
+/// `y^T = op(A) x^T` with A the filter `[k, c]` read as stored (`c x k`, transposed); None
+/// otherwise. Operands as `run_lt_with` takes them: (filter, x, residual, y).
+fn product_spec(g: &ConvGeometry, dtype: DType) -> Option<MatmulSpec> {
+    let one = (g.r, g.s, g.stride, g.pads, g.dilation) == (1, 1, 1, [0; 4], [1, 1]);
+    one.then(|| MatmulSpec {
+        m: g.k,
+        n: g.n * g.h * g.w,
+        k: g.c,
+        trans_a: true,
+        trans_b: false,
+        inputs: dtype,
+        output: dtype,
+        epilogue: LtEpilogue::None,
+        bias_type: dtype.storage(),
+        b_ld: None,
+        sm_count_target: None,
+    })
+}
+
 impl ProgramSession<'_> {
     /// A convolution only gpukit's kernel runs, K in the most pieces it offers (more than one
     /// only where the tiles are few).
@@ -304,23 +325,8 @@ impl ProgramSession<'_> {
     /// stride 1, unpadded: `y [n h w, k] = x [n h w, c] w [k, c]^T`, the filter read in place
     /// as the transposed operand), and whether they hold the step's epilogue; none elsewhere.
     fn product_candidates(&self, c: &ConvStep, g: &ConvGeometry) -> Result<(Vec<LtMatmul>, bool)> {
-        let one = (g.r, g.s, g.stride, g.pads, g.dilation) == (1, 1, 1, [0; 4], [1, 1]);
-        if !one {
+        let Some(spec) = product_spec(g, self.program.dtype) else {
             return Ok((Vec::new(), false));
-        }
-        let dtype = self.program.dtype;
-        let spec = MatmulSpec {
-            m: g.k,
-            n: g.n * g.h * g.w,
-            k: g.c,
-            trans_a: true,
-            trans_b: false,
-            inputs: dtype,
-            output: dtype,
-            epilogue: LtEpilogue::None,
-            bias_type: dtype.storage(),
-            b_ld: None,
-            sm_count_target: None,
         };
         let blas = self.ctx.blas.get()?;
         // a step without an epilogue of its own (or whose epilogue a later step runs) is the
@@ -410,5 +416,48 @@ impl ProgramSession<'_> {
             act,
             pieces,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry(r: usize, stride: usize, pad: usize, dilation: usize) -> ConvGeometry {
+        ConvGeometry {
+            n: 3,
+            h: 14,
+            w: 10,
+            c: 64,
+            k: 40,
+            r,
+            s: r,
+            stride,
+            pads: [pad; 4],
+            dilation: [dilation; 2],
+        }
+    }
+
+    #[test]
+    fn a_product_takes_the_convolutions_buffers_as_they_are() {
+        let g = geometry(1, 1, 0, 1);
+        let spec = product_spec(&g, DType::F16).expect("a 1x1 convolution is a product");
+        // A: the filter [k, c]; B: x [n h w, c]; D: y [n h w, k], 2 bytes a value
+        let (rows, c, k) = (3 * 14 * 10, 64, 40);
+        assert_eq!(spec.bytes(), [k * c * 2, rows * c * 2, rows * k * 2]);
+        assert!(spec.trans_a && !spec.trans_b);
+        assert_eq!((spec.m, spec.n, spec.k), (k, rows, c));
+    }
+
+    #[test]
+    fn only_unpadded_1x1_stride_1_convolutions_are_products() {
+        for g in [
+            geometry(3, 1, 1, 1),
+            geometry(1, 2, 0, 1),
+            geometry(1, 1, 1, 1),
+            geometry(1, 1, 0, 2),
+        ] {
+            assert!(product_spec(&g, DType::F16).is_none(), "{g:?}");
+        }
     }
 }
