@@ -110,7 +110,7 @@ impl<'a> ProgramSession<'a> {
         own: OwnConvs,
     ) -> Result<ProgramSession<'a>> {
         let kernels = ProgramKernels::new(discovery, &ctx.gpu)?;
-        let small_gemm = Self::small_gemm(ctx, discovery, program);
+        let small_gemm = Self::small_gemm(ctx, discovery, program, own);
         own_conv::loaded_where_needed(program, small_gemm.is_some())?;
         let storage = program.dtype.storage();
         // the constants, each at an aligned offset of one buffer
@@ -405,13 +405,18 @@ impl<'a> ProgramSession<'a> {
     /// gpukit's kernel for products of few rows, where `program` has a 16-bit product it takes
     /// and the GPU runs it; None otherwise, or where it does not load (the products then stay
     /// cuBLASLt's; the trace says why).
-    fn small_gemm(ctx: &GpuContext, discovery: &Discovery, program: &Program) -> Option<SmallGemm> {
+    fn small_gemm(
+        ctx: &GpuContext,
+        discovery: &Discovery,
+        program: &Program,
+        own: OwnConvs,
+    ) -> Option<SmallGemm> {
         let sixteen = matches!(program.dtype.storage(), DType::F16 | DType::Bf16);
         let ampere = ctx
             .gpu
             .compute_capability()
             .is_ok_and(|(major, _)| major >= 8);
-        let wanted = own_conv::wanted(program)
+        let wanted = own_conv::wanted(program, own)
             || program.steps.iter().any(|(_, step)| match step {
                 Step::Gemm(g) => !gemm::pieces(g.m, g.n, g.k).is_empty(),
                 Step::OwnConv(_) => true,

@@ -112,12 +112,15 @@ pub(super) fn own_geometry(program: &Program, c: &ConvStep) -> Option<ConvGeomet
     (takes && g.runs()).then_some(g)
 }
 
-/// Whether `program` has a convolution gpukit's kernel takes.
-pub(super) fn wanted(program: &Program) -> bool {
-    program.steps.iter().any(|(_, s)| match s {
-        Step::Conv(c) => own_geometry(program, c).is_some(),
-        _ => false,
-    })
+/// Whether `program` has a convolution gpukit's kernel takes and `mode` asks for the kernel
+/// there (by default it is not timed, so not loaded for them).
+pub(super) fn wanted(program: &Program, mode: OwnConvs) -> bool {
+    let asked = matches!(mode, OwnConvs::Always | OwnConvs::TimedWithOwn);
+    asked
+        && program.steps.iter().any(|(_, s)| match s {
+            Step::Conv(c) => own_geometry(program, c).is_some(),
+            _ => false,
+        })
 }
 
 /// An error where `program` has convolutions only gpukit's kernel runs (dilated, or padded
