@@ -220,8 +220,20 @@ fn pooling_relu_linear_backward_match_finite_differences() {
     assert_eq!(y.shape, [2, 2, 4, 3]);
     let r = rand_tensor(y.shape, seed + 1);
     let dx = pool.backward(x.shape, &arg, &r);
+    // (where two values of a window lie within the step of each other, a step flips which is
+    // the maximum: the function has a kink there and its difference quotient is no gradient;
+    // such coordinates are left out, as ReLU's near zero below, and they are few)
+    let mut checked = 0;
     for i in 0..x.data.len() {
         let shape = x.shape;
+        let flips = [H, -H].iter().any(|&step| {
+            let mut d = x.data.clone();
+            d[i] += step;
+            pool.forward(&Tensor::from_vec(shape, d)).1 != arg
+        });
+        if flips {
+            continue;
+        }
         let num = numeric(&mut x.data, i, |d| {
             dot(
                 &pool.forward(&Tensor::from_vec(shape, d.to_vec())).0.data,
@@ -229,7 +241,13 @@ fn pooling_relu_linear_backward_match_finite_differences() {
             )
         });
         close(dx.data[i], num, &format!("maxpool dx[{i}]"), seed);
+        checked += 1;
     }
+    assert!(
+        checked + 4 >= x.data.len(),
+        "maxpool: {checked} of {} coordinates away from a tie (seed {seed})",
+        x.data.len()
+    );
     // global average pooling
     let r = normal_f64(4, seed + 2);
     let dx = avgpool_backward(x.shape, &r);
