@@ -63,6 +63,28 @@ fn lt_epilogue(bias: bool, act: Option<Activation>) -> Option<LtEpilogue> {
     }
 }
 
+/// cuBLASLt's first [`GEMM_CANDIDATES`] for `spec` with `epilogue`, and true; where it has
+/// none (or no epilogue is given), those of the bare product, and false.
+fn lt_candidates(
+    blas: &gpukit_cuda::blas::Blas,
+    spec: MatmulSpec,
+    epilogue: Option<LtEpilogue>,
+) -> Result<(Vec<LtMatmul>, bool)> {
+    if let Some(e) = epilogue {
+        let fused = blas.lt_matmul_candidates(
+            MatmulSpec {
+                epilogue: e,
+                ..spec
+            },
+            GEMM_CANDIDATES,
+        )?;
+        if !fused.is_empty() {
+            return Ok((fused, true));
+        }
+    }
+    Ok((blas.lt_matmul_candidates(spec, GEMM_CANDIDATES)?, false))
+}
+
 /// A program prepared on a device.
 pub struct ProgramSession<'a> {
     ctx: &'a GpuContext,
@@ -318,21 +340,7 @@ impl<'a> ProgramSession<'a> {
                 sm_count_target: None,
             };
             let blas = self.ctx.blas.get()?;
-            let mut fused = true;
-            let mut candidates = match epilogue {
-                Some(e) => blas.lt_matmul_candidates(
-                    MatmulSpec {
-                        epilogue: e,
-                        ..spec
-                    },
-                    GEMM_CANDIDATES,
-                )?,
-                None => Vec::new(),
-            };
-            if candidates.is_empty() {
-                fused = false;
-                candidates = blas.lt_matmul_candidates(spec, GEMM_CANDIDATES)?;
-            }
+            let (mut candidates, fused) = lt_candidates(blas, spec, epilogue)?;
             let own = self.own_pieces(g);
             let key = (spec, epilogue, fused, g.z.is_some());
             let pick = match picked.get(&key) {

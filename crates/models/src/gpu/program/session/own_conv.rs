@@ -9,7 +9,7 @@
 //! `GPUKIT_OWN_CONV=timed-own`. `never` keeps cuDNN everywhere, `always` takes gpukit's kernel
 //! wherever it runs, `product` cuBLASLt's wherever it runs (tests, A/B runs).
 
-use super::{lt_epilogue, pick_gemm, ProgramSession, GEMM_CANDIDATES};
+use super::{lt_candidates, lt_epilogue, pick_gemm, ProgramSession};
 use crate::error::{Error, Result};
 use crate::gpu::program::kernels::gemm::{conv_pieces, ConvGeometry};
 use crate::gpu::program::lower::{ConvStep, OwnConvStep, Step, Tref};
@@ -331,26 +331,13 @@ impl ProgramSession<'_> {
         let Some(spec) = product_spec(g, self.program.dtype) else {
             return Ok((Vec::new(), false));
         };
-        let blas = self.ctx.blas.get()?;
         // a step without an epilogue of its own (or whose epilogue a later step runs) is the
         // bare product
         let epilogue = match c.fused {
             true => lt_epilogue(c.bias.is_some(), c.act),
             false => Some(LtEpilogue::None),
         };
-        if let Some(e) = epilogue {
-            let candidates = blas.lt_matmul_candidates(
-                MatmulSpec {
-                    epilogue: e,
-                    ..spec
-                },
-                GEMM_CANDIDATES,
-            )?;
-            if !candidates.is_empty() {
-                return Ok((candidates, true));
-            }
-        }
-        Ok((blas.lt_matmul_candidates(spec, GEMM_CANDIDATES)?, false))
+        lt_candidates(self.ctx.blas.get()?, spec, epilogue)
     }
 
     /// Convolution step `c` as cuBLASLt's product `plan`: its epilogue in the plan where it
