@@ -21,7 +21,7 @@ use std::rc::Rc;
 
 mod choice;
 mod own_conv;
-use choice::{lt_candidates, lt_epilogue, pick_gemm};
+use choice::{lt_candidates, lt_epilogue, lt_spec, pick_gemm};
 pub use own_conv::OwnConvs;
 
 /// A Gemm step's product: a cuBLASLt plan and whether it holds the step's epilogue, or
@@ -47,8 +47,9 @@ pub struct ProgramSession<'a> {
     /// gpukit's kernel for products of few rows, where a 16-bit program has a product it
     /// takes on a GPU that runs it (compute capability 8.0 and later).
     small_gemm: Option<SmallGemm>,
-    /// Per step, its convolution on gpukit's kernel instead of cuDNN's plan.
-    own_convs: Vec<Option<own_conv::ConvAlt>>,
+    /// Per step, what runs its convolution instead of cuDNN's plan (gpukit's kernel or
+    /// cuBLASLt's product), where something does.
+    conv_alts: Vec<Option<own_conv::ConvAlt>>,
     workspace: DeviceBuffer,
     graph: Option<Graph>,
     /// Most workspace a chosen convolution algorithm uses.
@@ -106,7 +107,7 @@ impl<'a> ProgramSession<'a> {
             runs: vec![None; program.steps.len()],
             gemms: Vec::new(),
             small_gemm,
-            own_convs: Vec::new(),
+            conv_alts: Vec::new(),
             workspace: ctx.alloc(256, "convolution workspace")?,
             graph: None,
             workspace_bytes: 0,
@@ -273,19 +274,7 @@ impl<'a> ProgramSession<'a> {
                 continue;
             };
             let epilogue = lt_epilogue(g.bias.is_some(), g.act);
-            let spec = MatmulSpec {
-                m: g.n,
-                n: g.m,
-                k: g.k,
-                trans_a: false,
-                trans_b: false,
-                inputs: dtype,
-                output: dtype,
-                epilogue: LtEpilogue::None,
-                bias_type: dtype.storage(),
-                b_ld: None,
-                sm_count_target: None,
-            };
+            let spec = lt_spec(dtype, (g.n, g.m, g.k), false);
             let blas = self.ctx.blas.get()?;
             let (mut candidates, fused) = lt_candidates(blas, spec, epilogue)?;
             let own = self.own_pieces(g);
@@ -635,8 +624,8 @@ impl<'a> ProgramSession<'a> {
                 v(&d.y)?,
             )?,
             Step::OwnConv(o) => self.run_own_step(o)?,
-            Step::Conv(c) if self.own_convs.get(i).is_some_and(Option::is_some) => {
-                if let Some(Some(alt)) = self.own_convs.get(i) {
+            Step::Conv(c) if self.conv_alts.get(i).is_some_and(Option::is_some) => {
+                if let Some(Some(alt)) = self.conv_alts.get(i) {
                     self.run_conv_alt(c, alt)?;
                 }
             }
@@ -707,7 +696,7 @@ impl<'a> ProgramSession<'a> {
             .map(|t| t.s.len() * self.elem_bytes(t))
             .sum();
         let d = write.s.dims;
-        let alt = self.own_convs.get(i).and_then(Option::as_ref);
+        let alt = self.conv_alts.get(i).and_then(Option::as_ref);
         let (flops, library) = match step {
             Step::Conv(c) => (c.shape.flops(), alt.map_or("cuDNN", |a| a.library())),
             Step::OwnConv(o) => {

@@ -4,6 +4,7 @@
 use crate::error::Result;
 use crate::graph::Activation;
 use gpukit_cuda::lt::{Epilogue as LtEpilogue, LtMatmul, MatmulSpec};
+use gpukit_tensor::DType;
 
 /// Algorithms of cuBLASLt's heuristic timed for each Gemm step: at the small products of small
 /// batches its first choice is not always the fastest.
@@ -12,6 +13,24 @@ pub(super) const GEMM_CANDIDATES: usize = 8;
 /// Below this fraction of the heuristic's first choice's time another candidate replaces it
 /// (within it, timing noise would decide).
 const GEMM_WIN: f64 = 0.97;
+
+/// A product `m x n x k` of `dtype` with A transposed or not, no epilogue, all multiprocessors
+/// (the epilogue is set where candidates are asked for, [`lt_candidates`]).
+pub(super) fn lt_spec(dtype: DType, (m, n, k): (usize, usize, usize), trans_a: bool) -> MatmulSpec {
+    MatmulSpec {
+        m,
+        n,
+        k,
+        trans_a,
+        trans_b: false,
+        inputs: dtype,
+        output: dtype,
+        epilogue: LtEpilogue::None,
+        bias_type: dtype.storage(),
+        b_ld: None,
+        sm_count_target: None,
+    }
+}
 
 /// The candidate to keep from their device times (in the heuristic's order; infinite: it did
 /// not run): the heuristic's first unless another is faster by more than 3%, the fastest that

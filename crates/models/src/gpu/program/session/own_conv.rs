@@ -9,7 +9,7 @@
 //! `GPUKIT_OWN_CONV=timed-own`. `never` keeps cuDNN everywhere, `always` takes gpukit's kernel
 //! wherever it runs, `product` cuBLASLt's wherever it runs (tests, A/B runs).
 
-use super::{lt_candidates, lt_epilogue, pick_gemm, ProgramSession};
+use super::{lt_candidates, lt_epilogue, lt_spec, pick_gemm, ProgramSession};
 use crate::error::{Error, Result};
 use crate::gpu::program::kernels::gemm::{conv_pieces, ConvGeometry};
 use crate::gpu::program::lower::{ConvStep, OwnConvStep, Step, Tref};
@@ -47,6 +47,12 @@ impl OwnConvs {
             Ok("product") => OwnConvs::Products,
             _ => OwnConvs::Timed,
         }
+    }
+
+    /// Whether gpukit's kernel is timed or forced (else it runs only the convolutions cuDNN's
+    /// plans do not take).
+    fn asks_for_own(self) -> bool {
+        matches!(self, OwnConvs::Always | OwnConvs::TimedWithOwn)
     }
 }
 
@@ -115,8 +121,7 @@ pub(super) fn own_geometry(program: &Program, c: &ConvStep) -> Option<ConvGeomet
 /// Whether `program` has a convolution gpukit's kernel takes and `mode` asks for the kernel
 /// there (by default it is not timed, so not loaded for them).
 pub(super) fn wanted(program: &Program, mode: OwnConvs) -> bool {
-    let asked = matches!(mode, OwnConvs::Always | OwnConvs::TimedWithOwn);
-    asked
+    mode.asks_for_own()
         && program.steps.iter().any(|(_, s)| match s {
             Step::Conv(c) => own_geometry(program, c).is_some(),
             _ => false,
@@ -147,19 +152,7 @@ pub(super) fn loaded_where_needed(program: &Program, loaded: bool) -> Result<()>
 /// otherwise. Operands as `run_lt_with` takes them: (filter, x, residual, y).
 fn product_spec(g: &ConvGeometry, dtype: DType) -> Option<MatmulSpec> {
     let one = (g.r, g.s, g.stride, g.pads, g.dilation) == (1, 1, 1, [0; 4], [1, 1]);
-    one.then(|| MatmulSpec {
-        m: g.k,
-        n: g.n * g.h * g.w,
-        k: g.c,
-        trans_a: true,
-        trans_b: false,
-        inputs: dtype,
-        output: dtype,
-        epilogue: LtEpilogue::None,
-        bias_type: dtype.storage(),
-        b_ld: None,
-        sm_count_target: None,
-    })
+    one.then(|| lt_spec(dtype, (g.k, g.n * g.h * g.w, g.c), true))
 }
 
 impl ProgramSession<'_> {
@@ -191,7 +184,7 @@ impl ProgramSession<'_> {
         let steps = &program.steps;
         let mut alts: Vec<Option<ConvAlt>> = (0..steps.len()).map(|_| None).collect();
         if mode == OwnConvs::Never {
-            self.own_convs = alts;
+            self.conv_alts = alts;
             return Ok(());
         }
         // shape, fused, activation (as written), residual, bias
@@ -204,8 +197,7 @@ impl ProgramSession<'_> {
             };
             // gpukit's kernel, K in each piece count it offers (where it is loaded and asked for)
             let (m, n, kw) = g.product();
-            let asked = matches!(mode, OwnConvs::Always | OwnConvs::TimedWithOwn);
-            let pieces: Vec<usize> = match self.small_gemm.is_some() && asked {
+            let pieces: Vec<usize> = match self.small_gemm.is_some() && mode.asks_for_own() {
                 true => conv_pieces(m, n, kw).into_iter().map(|(p, _)| p).collect(),
                 false => Vec::new(),
             };
@@ -300,7 +292,7 @@ impl ProgramSession<'_> {
             }
             at += 1;
         }
-        self.own_convs = alts;
+        self.conv_alts = alts;
         Ok(())
     }
 
