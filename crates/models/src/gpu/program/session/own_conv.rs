@@ -91,8 +91,9 @@ pub(super) struct OwnConv {
     pub weights: DeviceBuffer,
 }
 
-/// Convolution step `c` of `program` as gpukit's kernel takes it: 16-bit, channel-last,
-/// one group, dense maps; None otherwise.
+/// Convolution step `c` of `program` as gpukit's kernel and cuBLASLt's product see it:
+/// 16-bit, channel-last, one group, dense maps; None otherwise. Whether gpukit's kernel
+/// runs the geometry is `ConvGeometry::runs` (a product may take it where the kernel does not).
 pub(super) fn own_geometry(program: &Program, c: &ConvStep) -> Option<ConvGeometry> {
     let sixteen = matches!(program.dtype.storage(), DType::F16 | DType::Bf16);
     let dense = |t: &Tref| t.s == Strided::image(t.s.dims, Layout::Nhwc);
@@ -115,7 +116,7 @@ pub(super) fn own_geometry(program: &Program, c: &ConvStep) -> Option<ConvGeomet
         pads: [sh.pad; 4],
         dilation: [1, 1],
     };
-    (takes && g.runs()).then_some(g)
+    takes.then_some(g)
 }
 
 /// Whether `program` has a convolution gpukit's kernel takes and `mode` asks for the kernel
@@ -123,7 +124,7 @@ pub(super) fn own_geometry(program: &Program, c: &ConvStep) -> Option<ConvGeomet
 pub(super) fn wanted(program: &Program, mode: OwnConvs) -> bool {
     mode.asks_for_own()
         && program.steps.iter().any(|(_, s)| match s {
-            Step::Conv(c) => own_geometry(program, c).is_some(),
+            Step::Conv(c) => own_geometry(program, c).is_some_and(|g| g.runs()),
             _ => false,
         })
 }
@@ -197,10 +198,11 @@ impl ProgramSession<'_> {
             };
             // gpukit's kernel, K in each piece count it offers (where it is loaded and asked for)
             let (m, n, kw) = g.product();
-            let pieces: Vec<usize> = match self.small_gemm.is_some() && mode.asks_for_own() {
-                true => conv_pieces(m, n, kw).into_iter().map(|(p, _)| p).collect(),
-                false => Vec::new(),
-            };
+            let pieces: Vec<usize> =
+                match self.small_gemm.is_some() && mode.asks_for_own() && g.runs() {
+                    true => conv_pieces(m, n, kw).into_iter().map(|(p, _)| p).collect(),
+                    false => Vec::new(),
+                };
             let weights = match pieces.is_empty() {
                 true => None,
                 false => Some(self.own_filter(c, &g)?),
