@@ -193,6 +193,11 @@ fn global_average_matches_float64() -> Result<(), Failed> {
         (1, 1152, 7, 7),
         (3, 96, 56, 56),
         (32, 16, 8, 8),
+        // batch 32 of MobileNetV3's and EfficientNet's squeeze-excitation maps: fewer channel
+        // vectors a block, whole images
+        (32, 960, 7, 7),
+        (32, 120, 28, 28),
+        (32, 40, 13, 13),
     ];
     for dtype in [DType::F32, DType::F16, DType::Bf16] {
         for (n, c, h, w) in shapes {
@@ -223,6 +228,15 @@ fn global_average_matches_float64() -> Result<(), Failed> {
     match failures.is_empty() {
         true => Ok(()),
         false => Err(failures.join("\n").into()),
+    }
+}
+
+/// A depthwise convolution of `c` channels, an `f` x `f` filter of stride `stride` and
+/// padding `f / 2`, over `n` images of `h` x `h`.
+fn depthwise_strided(n: usize, c: usize, h: usize, f: usize, stride: usize) -> ConvShape {
+    ConvShape {
+        stride,
+        ..depthwise_shape(n, c, h, f)
     }
 }
 
@@ -274,6 +288,32 @@ fn depthwise_operands(
     Ok((x, taps, bias))
 }
 
+/// `conv(x, taps) + bias` of depthwise `shape` in float64, channel-last (x `[n, h, w, c]`, taps
+/// `[r, s, c]`), padding `shape.pad` on every side.
+fn depthwise_float64(shape: &ConvShape, xs: &[f64], ts: &[f64], bs: &[f64]) -> Vec<f64> {
+    let (c, h, w, f, pad) = (shape.c, shape.h, shape.w, shape.r, shape.pad as isize);
+    let (p, q) = (shape.out_h(), shape.out_w());
+    let mut out = Vec::with_capacity(shape.n * p * q * c);
+    for o in 0..shape.n * p * q * c {
+        let (px, ch) = (o / c, o % c);
+        let (img, i, j) = (px / (p * q), px / q % p, px % q);
+        let mut s = bs[ch];
+        for di in 0..f {
+            for dj in 0..f {
+                let yy = (i * shape.stride + di) as isize - pad;
+                let xx = (j * shape.stride + dj) as isize - pad;
+                if yy < 0 || xx < 0 || yy >= h as isize || xx >= w as isize {
+                    continue;
+                }
+                let at = ((img * h + yy as usize) * w + xx as usize) * c + ch;
+                s += xs[at] * ts[(di * f + dj) * c + ch];
+            }
+        }
+        out.push(s);
+    }
+    out
+}
+
 /// The channel-last depthwise kernels against float64 where each runs: rows of outputs a
 /// thread (four at batch 8), tiles in shared memory (batch 1 to 4: maps a tile wide and not,
 /// channels not a whole group of a block) and an output a thread (f32's larger maps), 3x3, 5x5
@@ -285,43 +325,32 @@ fn depthwise_matches_float64() -> Result<(), Failed> {
     let k = ProgramKernels::new(discovery, &ctx.gpu)?;
     let mut failures = Vec::new();
     for dtype in [DType::F32, DType::F16, DType::Bf16] {
-        for (n, c, h, f, residual) in [
-            (8, 96, 56, 7, false),
-            (1, 96, 56, 7, true),
-            (1, 384, 14, 7, false),
-            (8, 144, 28, 3, true),
-            (1, 240, 28, 5, false),
-            (2, 12, 9, 3, false),
-            (1, 768, 7, 7, true),
-            (1, 40, 13, 3, true),
-            (4, 24, 10, 5, false),
+        for (n, c, h, f, stride, residual) in [
+            (8, 96, 56, 7, 1, false),
+            (1, 96, 56, 7, 1, true),
+            (1, 384, 14, 7, 1, false),
+            (8, 144, 28, 3, 1, true),
+            (1, 240, 28, 5, 1, false),
+            (2, 12, 9, 3, 1, false),
+            (1, 768, 7, 7, 1, true),
+            (1, 40, 13, 3, 1, true),
+            (4, 24, 10, 5, 1, false),
+            (4, 24, 11, 3, 2, true),
+            (2, 40, 14, 5, 2, false),
         ] {
-            let (pad, shape) = (f / 2, depthwise_shape(n, c, h, f));
+            let shape = depthwise_strided(n, c, h, f, stride);
             let seed = fresh_seed();
-            let len = n * c * h * h;
+            let len = n * c * shape.out_h() * shape.out_w();
             let ((x, xs), (taps, ts), (bias, bs)) = depthwise_operands(&ctx, &shape, dtype, seed)?;
             let (z, zs) = upload(&ctx, &normal_f32(len, seed + 3), dtype)?;
-            let mut want = Vec::with_capacity(len);
-            for (o, zo) in zs.iter().enumerate() {
-                let (px, ch) = (o / c, o % c);
-                let (img, i, j) = (px / (h * h), px / h % h, px % h);
-                let mut s = bs[ch];
-                for di in 0..f {
-                    for dj in 0..f {
-                        let yy = (i + di) as isize - pad as isize;
-                        let xx = (j + dj) as isize - pad as isize;
-                        if yy < 0 || xx < 0 || yy >= h as isize || xx >= h as isize {
-                            continue;
-                        }
-                        let at = ((img * h + yy as usize) * h + xx as usize) * c + ch;
-                        s += xs[at] * ts[(di * f + dj) * c + ch];
-                    }
-                }
-                if residual {
-                    s += zo;
-                }
-                want.push((s / (1.0 + (-s).exp())) as f32);
-            }
+            let want: Vec<f32> = depthwise_float64(&shape, &xs, &ts, &bs)
+                .iter()
+                .zip(&zs)
+                .map(|(s, zo)| {
+                    let s = s + if residual { *zo } else { 0.0 };
+                    (s / (1.0 + (-s).exp())) as f32
+                })
+                .collect();
             let y = ctx.gpu.alloc(len * dtype.storage().size_bytes())?;
             k.depthwise(
                 dtype,
@@ -336,7 +365,8 @@ fn depthwise_matches_float64() -> Result<(), Failed> {
             let r = rel(&download(&ctx, &y, dtype)?, &want);
             if r > kernel_tolerance(dtype) {
                 failures.push(format!(
-                    "{dtype} {n}x{c}x{h}x{h} {f}x{f} residual {residual} (seed {seed}): {r:.1e}"
+                    "{dtype} {n}x{c}x{h}x{h} {f}x{f} stride {stride} residual {residual} \
+                     (seed {seed}): {r:.1e}"
                 ));
             }
         }
@@ -347,10 +377,10 @@ fn depthwise_matches_float64() -> Result<(), Failed> {
     }
 }
 
-/// Every depthwise kernel that runs a shape against the one the engine chooses (itself checked
-/// against float64 above), at ConvNeXt-T's and MobileNetV3's shapes at batch 1 and 32 in f16;
-/// with `GPUKIT_DW_TIMINGS=1`, each one's device time too (graphs of launches replayed in
-/// turns), to choose among them by measurement.
+/// Every depthwise kernel that runs a shape, and the one the launcher's rule chooses, against
+/// float64, at ConvNeXt-T's, MobileNetV3's and EfficientNet's shapes (batch 1 and 32, stride 1
+/// and 2) in f16; with `GPUKIT_DW_TIMINGS=1`, each one's device time too (graphs of launches
+/// replayed in turns), as the engine's planning times them.
 fn depthwise_variants_agree() -> Result<(), Failed> {
     use gpukit_models::gpu::program::kernels::depthwise_variants;
     let discovery = DISCOVERY.get().ok_or("no discovery")?;
@@ -359,22 +389,42 @@ fn depthwise_variants_agree() -> Result<(), Failed> {
     let timings = std::env::var("GPUKIT_DW_TIMINGS").is_ok_and(|v| v == "1");
     let dtype = DType::F16;
     let mut failures = Vec::new();
-    for (n, c, h, f) in [
-        (32, 96, 56, 7),
-        (32, 192, 28, 7),
-        (32, 384, 14, 7),
-        (32, 768, 7, 7),
-        (1, 96, 56, 7),
-        (1, 192, 28, 7),
-        (1, 384, 14, 7),
-        (1, 768, 7, 7),
-        (32, 72, 56, 3),
-        (32, 240, 14, 5),
+    // ConvNeXt-T's, then MobileNetV3-L's and EfficientNet-B0's at batch 32 (stride 2 too, odd
+    // maps), and a batch of 3 with odd maps and channels
+    for (n, c, h, f, stride) in [
+        (32, 96, 56, 7, 1),
+        (32, 192, 28, 7, 1),
+        (32, 384, 14, 7, 1),
+        (32, 768, 7, 7, 1),
+        (1, 96, 56, 7, 1),
+        (1, 192, 28, 7, 1),
+        (1, 384, 14, 7, 1),
+        (1, 768, 7, 7, 1),
+        (32, 72, 56, 3, 1),
+        (32, 240, 14, 5, 1),
+        (32, 16, 112, 3, 1),
+        (32, 64, 112, 3, 2),
+        (32, 72, 56, 5, 2),
+        (32, 120, 28, 5, 1),
+        (32, 672, 14, 5, 2),
+        (32, 960, 7, 5, 1),
+        (32, 32, 112, 3, 1),
+        (32, 96, 112, 3, 2),
+        (32, 144, 56, 5, 2),
+        (32, 480, 14, 3, 1),
+        (32, 1152, 7, 5, 1),
+        (3, 24, 13, 3, 2),
+        (3, 40, 15, 5, 2),
+        (3, 8, 9, 5, 1),
     ] {
-        let shape = depthwise_shape(n, c, h, f);
+        let shape = depthwise_strided(n, c, h, f, stride);
         let seed = fresh_seed();
-        let len = n * c * h * h;
-        let ((x, _), (taps, _), (bias, _)) = depthwise_operands(&ctx, &shape, dtype, seed)?;
+        let len = n * c * shape.out_h() * shape.out_w();
+        let ((x, xs), (taps, ts), (bias, bs)) = depthwise_operands(&ctx, &shape, dtype, seed)?;
+        let float64: Vec<f32> = depthwise_float64(&shape, &xs, &ts, &bs)
+            .iter()
+            .map(|&v| v as f32)
+            .collect();
         let bytes = len * dtype.storage().size_bytes();
         let (want, got) = (ctx.gpu.alloc(bytes)?, ctx.gpu.alloc(bytes)?);
         let run = |variant: Option<&str>, y: &DeviceBuffer| {
@@ -385,23 +435,29 @@ fn depthwise_variants_agree() -> Result<(), Failed> {
             }
         };
         run(None, &want)?;
-        let reference = download(&ctx, &want, dtype)?;
+        let chosen = rel(&download(&ctx, &want, dtype)?, &float64);
+        if chosen > kernel_tolerance(dtype) {
+            failures.push(format!(
+                "the chosen kernel {n}x{c}x{h}x{h} {f}x{f} stride {stride} (seed {seed}): \
+                 {chosen:.1e}"
+            ));
+        }
         let mut runs = Vec::new();
         for v in depthwise_variants() {
             if run(Some(v), &got).is_err() {
                 continue; // it does not take this shape
             }
-            let r = rel(&download(&ctx, &got, dtype)?, &reference);
+            let r = rel(&download(&ctx, &got, dtype)?, &float64);
             if r > kernel_tolerance(dtype) {
                 failures.push(format!(
-                    "{v} {n}x{c}x{h}x{h} {f}x{f} (seed {seed}): {r:.1e}"
+                    "{v} {n}x{c}x{h}x{h} {f}x{f} stride {stride} (seed {seed}): {r:.1e}"
                 ));
             }
             runs.push(v);
         }
         if timings {
             let row = kernels_timed(&ctx, &runs, "depthwise_", |v| run(Some(v), &got))?;
-            println!("dw timing {n}x{c}x{h}x{h} {f}x{f} us: {row}");
+            println!("dw timing {n}x{c}x{h}x{h} {f}x{f} s{stride} us: {row}");
         }
     }
     match failures.is_empty() {

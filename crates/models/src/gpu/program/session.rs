@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 mod choice;
+mod depthwise;
 mod own_conv;
 use choice::{lt_candidates, lt_epilogue, lt_spec, pick_gemm};
 pub use own_conv::OwnConvs;
@@ -50,6 +51,8 @@ pub struct ProgramSession<'a> {
     /// Per step, what runs its convolution instead of cuDNN's plan (gpukit's kernel or
     /// cuBLASLt's product), where something does.
     conv_alts: Vec<Option<own_conv::ConvAlt>>,
+    /// Per depthwise step, the kernel timed fastest where it is not the launcher's choice.
+    dw_kernels: Vec<Option<String>>,
     workspace: DeviceBuffer,
     graph: Option<Graph>,
     /// Most workspace a chosen convolution algorithm uses.
@@ -108,6 +111,7 @@ impl<'a> ProgramSession<'a> {
             gemms: Vec::new(),
             small_gemm,
             conv_alts: Vec::new(),
+            dw_kernels: Vec::new(),
             workspace: ctx.alloc(256, "convolution workspace")?,
             graph: None,
             workspace_bytes: 0,
@@ -119,6 +123,7 @@ impl<'a> ProgramSession<'a> {
             session.workspace = ctx.alloc(session.workspace_bytes, "convolution workspace")?;
         }
         session.plan_own_convs(own)?;
+        session.plan_depthwise()?;
         ctx.dnn.release_workspace();
         Ok(session)
     }
@@ -613,16 +618,7 @@ impl<'a> ProgramSession<'a> {
                 v(&m.y)?,
                 (m.n, m.k, m.c),
             )?,
-            Step::Depthwise(d) => k.depthwise(
-                dt,
-                &d.shape,
-                v(&d.x)?,
-                self.const_view(d.taps)?,
-                d.bias.map(|b| self.const_view(b)).transpose()?,
-                d.z.as_ref().map(&v).transpose()?,
-                d.act,
-                v(&d.y)?,
-            )?,
+            Step::Depthwise(d) => self.enqueue_depthwise(i, d)?,
             Step::OwnConv(o) => self.run_own_step(o)?,
             Step::Conv(c) if self.conv_alts.get(i).is_some_and(Option::is_some) => {
                 if let Some(Some(alt)) = self.conv_alts.get(i) {

@@ -66,12 +66,62 @@ __device__ void depthwise(const T* __restrict__ x, const T* __restrict__ w,
     }
 }
 
-// The same for stride 1 and an S x S filter, P outputs along a row a thread: each of the S input
-// rows' P + S - 1 pixels is loaded once into registers and each tap once, where the kernel above
-// loads an input pixel and a tap for every output and tap (its loads, not its arithmetic, set
-// its speed). V channels a thread (8-byte loads); v[] as above. Thread o computes channels
-// [V * (o % (c / V)), +V) of outputs j0..j0+P of row (o / (c / V)) / ceil(q / P).
-template <class T, int V, int P, int S>
+// The same for stride 1 and an S x S filter, with S and the stride (ST) known to the compiler
+// (every tap's load issued before the first is used). One output vector (V channels) a thread;
+// v[] as above.
+template <class T, int V, int S, int ST>
+__device__ void depthwise_fixed(const T* __restrict__ x, const T* __restrict__ w,
+                                const T* __restrict__ bias, const T* __restrict__ z,
+                                T* __restrict__ y, Dims g, int act, float alpha, float beta) {
+    let_next_grid_start();
+    wait_for_previous_grid();
+    const long long* d = g.v;
+    const unsigned h = d[1], wd = d[2], c = d[3], p = d[4], q = d[5];
+    const int pad = (int)d[9];
+    const unsigned cv = c / V, total = (unsigned)d[0] * p * q * cv;
+    for (unsigned o = blockIdx.x * blockDim.x + threadIdx.x; o < total;
+         o += gridDim.x * blockDim.x) {
+        const unsigned pixel = o / cv, ch = (o - pixel * cv) * V;
+        const unsigned row = pixel / q, j = pixel - row * q;
+        const unsigned img = row / p, i = row - img * p;
+        const int y0 = (int)(i * ST) - pad, x0 = (int)(j * ST) - pad;
+        float acc[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] = 0.0f;
+#pragma unroll
+        for (int di = 0; di < S; ++di) {
+            const int yy = y0 + di;
+            const bool row_in = yy >= 0 && yy < (int)h;
+            const T* xrow = x + ((img * h + (unsigned)(row_in ? yy : 0)) * wd) * c + ch;
+#pragma unroll
+            for (int dj = 0; dj < S; ++dj) {
+                const int xx = x0 + dj;
+                if (!row_in || xx < 0 || xx >= (int)wd) continue;
+                Pack<T, V> xv = *(const Pack<T, V>*)(xrow + (unsigned)xx * c);
+                Pack<T, V> wv = *(const Pack<T, V>*)(w + (unsigned)(di * S + dj) * c + ch);
+#pragma unroll
+                for (int k = 0; k < V; ++k) acc[k] += to_f(xv.v[k]) * to_f(wv.v[k]);
+            }
+        }
+        const unsigned at = pixel * c + ch;
+        Pack<T, V> out;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            float v = acc[k];
+            if (bias) v += to_f(bias[ch + k]);
+            if (z) v += to_f(z[at + k]);
+            out.v[k] = from_f<T>(activate(act, v, alpha, beta));
+        }
+        *(Pack<T, V>*)(y + at) = out;
+    }
+}
+
+// An S x S filter with stride ST, P outputs along a row a thread: each of the S input rows'
+// (P - 1) ST + S pixels is loaded once into registers and each tap once, where the kernels
+// above load an input pixel and a tap for every output and tap (their loads, not their
+// arithmetic, set their speed). V channels a thread (8-byte loads); v[] as above. Thread o
+// computes channels [V * (o % (c / V)), +V) of outputs j0..j0+P of row (o / (c / V)) / ceil(q / P).
+template <class T, int V, int P, int S, int ST>
 __device__ void depthwise_rows(const T* __restrict__ x, const T* __restrict__ w,
                                const T* __restrict__ bias, const T* __restrict__ z,
                                T* __restrict__ y, Dims g, int act, float alpha, float beta) {
@@ -92,14 +142,15 @@ __device__ void depthwise_rows(const T* __restrict__ x, const T* __restrict__ w,
         for (int k = 0; k < P; ++k)
 #pragma unroll
             for (int u = 0; u < V; ++u) acc[k][u] = 0.0f;
+        constexpr int WIN = (P - 1) * ST + S;
         for (int di = 0; di < S; ++di) {
-            const int yy = (int)i + di - pad;
+            const int yy = (int)i * ST + di - pad;
             if (yy < 0 || yy >= (int)h) continue;
             const T* xrow = x + ((img * h + (unsigned)yy) * wd) * c + ch;
-            float win[P + S - 1][V];
+            float win[WIN][V];
 #pragma unroll
-            for (int t = 0; t < P + S - 1; ++t) {
-                const int xx = j0 - pad + t;
+            for (int t = 0; t < WIN; ++t) {
+                const int xx = j0 * ST - pad + t;
                 if (xx >= 0 && xx < (int)wd) {
                     Pack<T, V> xv = *(const Pack<T, V>*)(xrow + (unsigned)xx * c);
 #pragma unroll
@@ -116,7 +167,7 @@ __device__ void depthwise_rows(const T* __restrict__ x, const T* __restrict__ w,
 #pragma unroll
                 for (int k = 0; k < P; ++k)
 #pragma unroll
-                    for (int u = 0; u < V; ++u) acc[k][u] += win[k + dj][u] * to_f(wv.v[u]);
+                    for (int u = 0; u < V; ++u) acc[k][u] += win[k * ST + dj][u] * to_f(wv.v[u]);
             }
         }
 #pragma unroll
@@ -302,6 +353,7 @@ __device__ void gap_cl(const T* __restrict__ x, T* __restrict__ y, float* partia
 #pragma unroll
         for (int k = 0; k < V; ++k) s[k] = 0.0f;
         if (vec < cv)
+#pragma unroll 4
             for (unsigned px = split * lanes + lane; px < hw; px += lanes * splits) {
                 Pack<T, V> xv =
                     *(const Pack<T, V>*)(x + ((unsigned long long)img * hw + px) * c + vec * V);
@@ -330,6 +382,7 @@ __device__ void gap_cl(const T* __restrict__ x, T* __restrict__ y, float* partia
                 for (unsigned u = t; u < vb * V; u += blockDim.x) {
                     unsigned vv = u / V, k = u % V;
                     float sum = 0.0f;
+#pragma unroll 8
                     for (unsigned sp = 0; sp < splits; ++sp)
                         sum += __ldcg(&partial[((unsigned long long)group * splits + sp) * vb * V + u]);
                     if (first + vv < cv)
@@ -347,7 +400,17 @@ __device__ void gap_cl(const T* __restrict__ x, T* __restrict__ y, float* partia
 #define DW_ROWS(T, TAG, S, P)                                                                  \
 extern "C" __global__ void depthwise_rows##S##x##P##_##TAG(const T* x, const T* w,            \
     const T* bias, const T* z, T* y, Dims g, int act, float alpha, float beta)                 \
-    { depthwise_rows<T, 8 / sizeof(T), P, S>(x, w, bias, z, y, g, act, alpha, beta); }
+    { depthwise_rows<T, 8 / sizeof(T), P, S, 1>(x, w, bias, z, y, g, act, alpha, beta); }
+// the same for stride 2
+#define DW_ROWS2(T, TAG, S, P)                                                                 \
+extern "C" __global__ void depthwise_rows##S##x##P##s2_##TAG(const T* x, const T* w,          \
+    const T* bias, const T* z, T* y, Dims g, int act, float alpha, float beta)                 \
+    { depthwise_rows<T, 8 / sizeof(T), P, S, 2>(x, w, bias, z, y, g, act, alpha, beta); }
+// depthwise_fixed for filter size S and stride ST, 16-byte loads
+#define DW_FIXED(T, TAG, V, S, ST)                                                             \
+extern "C" __global__ void depthwise_vec##S##s##ST##_##TAG(const T* x, const T* w,            \
+    const T* bias, const T* z, T* y, Dims g, int act, float alpha, float beta)                 \
+    { depthwise_fixed<T, V, S, ST>(x, w, bias, z, y, g, act, alpha, beta); }
 
 // depthwise_tile for filter size S
 #define DW_TILE(T, TAG, S)                                                                     \
@@ -364,6 +427,9 @@ extern "C" __global__ void depthwise_one_##TAG(const T* x, const T* w, const T* 
     { depthwise<T, 1>(x, w, bias, z, y, g, act, alpha, beta); }                                 \
 DW_ROWS(T, TAG, 3, 2) DW_ROWS(T, TAG, 3, 4) DW_ROWS(T, TAG, 5, 2) DW_ROWS(T, TAG, 5, 4)          \
 DW_ROWS(T, TAG, 7, 2) DW_ROWS(T, TAG, 7, 4)                                                    \
+DW_ROWS2(T, TAG, 3, 2) DW_ROWS2(T, TAG, 3, 4) DW_ROWS2(T, TAG, 5, 2)                           \
+DW_FIXED(T, TAG, V, 3, 1) DW_FIXED(T, TAG, V, 3, 2) DW_FIXED(T, TAG, V, 5, 1)                  \
+DW_FIXED(T, TAG, V, 5, 2)                                                                      \
 DW_TILE(T, TAG, 3) DW_TILE(T, TAG, 5) DW_TILE(T, TAG, 7)                                       \
 extern "C" __global__ void pool_cl_##TAG(const T* x, T* y, Dims g) { pool_cl<T, V>(x, y, g); }  \
 extern "C" __global__ void gap_cl_##TAG(const T* x, T* y, float* partial, unsigned* count,      \
@@ -375,7 +441,7 @@ DEPTHWISE(B, bf16, 8)
 "#;
 
 /// The kernels' names without their element type tag.
-pub(super) const KERNELS: [&str; 13] = [
+pub(super) const KERNELS: [&str; 20] = [
     "depthwise_vec",
     "depthwise_one",
     "depthwise_rows3x2",
@@ -384,6 +450,13 @@ pub(super) const KERNELS: [&str; 13] = [
     "depthwise_rows5x4",
     "depthwise_rows7x2",
     "depthwise_rows7x4",
+    "depthwise_rows3x2s2",
+    "depthwise_rows3x4s2",
+    "depthwise_rows5x2s2",
+    "depthwise_vec3s1",
+    "depthwise_vec3s2",
+    "depthwise_vec5s1",
+    "depthwise_vec5s2",
     "depthwise_tile3",
     "depthwise_tile5",
     "depthwise_tile7",
@@ -437,6 +510,19 @@ fn split_average(groups: usize, vb: usize, hw: usize) -> (usize, usize) {
         true => (lanes, splits),
         false => whole,
     }
+}
+
+/// Channel vectors a block of the global average sums for `n` images of `cv` vectors: up to
+/// 128, halved while that leaves fewer than `GAP_BLOCKS / 2` blocks and more than 4 vectors
+/// (64 bytes of 16-bit channels a pixel, two memory sectors): at batch 32 an image of 960
+/// channels took one block of 120 vectors and its pixels split over 7 blocks, the partial sums
+/// then added up in a chain of loads.
+fn vectors_a_block(n: usize, cv: usize) -> usize {
+    let mut vb = cv.clamp(1, 128);
+    while vb > 4 && n * cv.div_ceil(vb) < GAP_BLOCKS / 2 {
+        vb = vb.div_ceil(2).max(4);
+    }
+    vb
 }
 
 /// Loads the module for `gpu`.
@@ -513,10 +599,11 @@ impl ProgramKernels {
         if !vectors_fit(&[x, y], c, v, sx.len()) {
             return None;
         }
-        // a block: up to 128 channel vectors, and as many lanes over the pixels as 1,024
-        // threads allow; where that gives few blocks (small batches), blocks of 256 threads and
-        // each image's pixels split over several
-        let vb = (c / v).min(128);
+        // a block: up to 128 channel vectors (fewer where that gives the blocks a whole image
+        // a block needs), and as many lanes over the pixels as 1,024 threads allow; where that
+        // still gives few blocks (small batches), blocks of 256 threads and each image's pixels
+        // split over several
+        let vb = vectors_a_block(n, c / v);
         let chunks = (c / v).div_ceil(vb);
         let groups = n * chunks;
         let (lanes, splits) = split_average(groups, vb, h * w);
@@ -638,7 +725,7 @@ mod tests {
             }
             kernels += 1;
         }
-        assert_eq!(kernels, 18, "every kernel template checked");
+        assert_eq!(kernels, 19, "every kernel template checked");
     }
 
     #[test]
@@ -665,6 +752,27 @@ mod tests {
     }
 
     #[test]
+    fn a_global_average_gives_blocks_enough_before_splitting_pixels() {
+        // batch 32 of 960 channels (120 f16 vectors): 4 blocks an image, whole images
+        assert_eq!(vectors_a_block(32, 120), 30);
+        assert_eq!(split_average(32 * 4, 30, 49).1, 1);
+        // many images keep 128 vectors; few channels keep them all (at least 4 a block)
+        assert_eq!(vectors_a_block(256, 120), 120);
+        assert_eq!(vectors_a_block(32, 4), 4);
+        assert_eq!(vectors_a_block(32, 2), 2);
+        assert_eq!(vectors_a_block(1, 240), 4);
+        for n in [1, 2, 8, 32, 64, 128, 256] {
+            for cv in 1..300 {
+                let vb = vectors_a_block(n, cv);
+                assert!((1..=128).contains(&vb) && vb <= cv.max(1));
+                // halved only while blocks are too few, never below 4 (or all there are)
+                assert!(vb >= 4.min(cv));
+                assert!(vb == cv.min(128) || n * cv.div_ceil(vb * 2) < GAP_BLOCKS / 2);
+            }
+        }
+    }
+
+    #[test]
     fn the_kernels_take_what_the_launcher_passes() {
         let expected = [
             ("depthwise_vec_", "p p p p p s i f f"),
@@ -675,6 +783,13 @@ mod tests {
             ("depthwise_rows5x4_", "p p p p p s i f f"),
             ("depthwise_rows7x2_", "p p p p p s i f f"),
             ("depthwise_rows7x4_", "p p p p p s i f f"),
+            ("depthwise_rows3x2s2_", "p p p p p s i f f"),
+            ("depthwise_rows3x4s2_", "p p p p p s i f f"),
+            ("depthwise_rows5x2s2_", "p p p p p s i f f"),
+            ("depthwise_vec3s1_", "p p p p p s i f f"),
+            ("depthwise_vec3s2_", "p p p p p s i f f"),
+            ("depthwise_vec5s1_", "p p p p p s i f f"),
+            ("depthwise_vec5s2_", "p p p p p s i f f"),
             ("depthwise_tile3_", "p p p p p s i f f"),
             ("depthwise_tile5_", "p p p p p s i f f"),
             ("depthwise_tile7_", "p p p p p s i f f"),

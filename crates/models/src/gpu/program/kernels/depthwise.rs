@@ -18,7 +18,13 @@ const ROWS_MIN_THREADS: usize = 16 * 1024;
 /// What the row and tile kernels both take: stride 1, a square 3, 5 or 7 filter, channels in
 /// whole 8-byte vectors, 8-byte aligned views.
 fn square_stride_one(shape: &ConvShape, dtype: DType, views: &[Option<View<'_>>]) -> bool {
-    shape.stride == 1
+    square_rows(shape, dtype, views, 1)
+}
+
+/// What a row kernel of stride `stride` takes: that stride, a square 3, 5 or 7 filter,
+/// channels in whole 8-byte vectors, 8-byte aligned views.
+fn square_rows(shape: &ConvShape, dtype: DType, views: &[Option<View<'_>>], stride: usize) -> bool {
+    shape.stride == stride
         && shape.r == shape.s
         && matches!(shape.r, 3 | 5 | 7)
         && shape.c.is_multiple_of(8 / dtype.size_bytes())
@@ -148,18 +154,29 @@ fn named(
     let out = shape.n * shape.k * shape.out_h() * shape.out_w();
     let (v, v8) = (vector(dtype), 8 / dtype.size_bytes());
     let aligned = views.iter().flatten().all(|b| b.is_aligned(16));
+    let vectors = shape.c.is_multiple_of(v) && aligned;
     let launch = match stem {
         "depthwise_one" => (grid_for(out), 0),
-        "depthwise_vec" if shape.c.is_multiple_of(v) && aligned => (grid_for(out / v), 0),
+        "depthwise_vec" if vectors => (grid_for(out / v), 0),
         _ if stem.starts_with("depthwise_tile") => {
             let (name, g, launch) = tile_launch(shape, dtype, views)?;
             (name == stem).then_some((launch, g))?
         }
+        _ if stem.starts_with("depthwise_vec") => {
+            // depthwise_vec{S}s{stride}: the filter's side and stride fixed
+            let (s, stride) = stem.strip_prefix("depthwise_vec")?.split_once('s')?;
+            let (s, stride): (usize, usize) = (s.parse().ok()?, stride.parse().ok()?);
+            let fits = vectors && (shape.r, shape.s, shape.stride) == (s, s, stride);
+            fits.then_some((grid_for(out / v), 0))?
+        }
         _ => {
+            // depthwise_rows{S}x{P}, or depthwise_rows{S}x{P}s{stride}
             let rest = stem.strip_prefix("depthwise_rows")?;
             let (s, per) = rest.split_once('x')?;
+            let (per, stride) = per.split_once('s').unwrap_or((per, "1"));
             let (s, per): (usize, usize) = (s.parse().ok()?, per.parse().ok()?);
-            let fits = square_stride_one(shape, dtype, views) && s == shape.r;
+            let stride: usize = stride.parse().ok()?;
+            let fits = square_rows(shape, dtype, views, stride) && s == shape.r;
             let threads = shape.n * shape.out_h() * shape.out_w().div_ceil(per) * (shape.c / v8);
             fits.then_some((grid_for(threads), 0))?
         }
@@ -167,6 +184,23 @@ fn named(
     variants()
         .any(|v| v == stem)
         .then(|| (stem.to_string(), launch.0, launch.1))
+}
+
+/// The kernels that run `shape` (views `x`, `taps`, `z`, `y`), the one
+/// [`ProgramKernels::depthwise`] chooses first, to time them against one another
+/// (`depthwise_one`, the vector kernel's one-channel form, only where it is the choice).
+pub fn depthwise_candidates(
+    shape: &ConvShape,
+    dtype: DType,
+    views: &[Option<View<'_>>],
+) -> Vec<String> {
+    let first = chosen(shape, dtype, views).0;
+    let others = variants().filter(|v| {
+        *v != first && *v != "depthwise_one" && named(v, shape, dtype, views).is_some()
+    });
+    std::iter::once(first.clone())
+        .chain(others.map(str::to_string))
+        .collect()
 }
 
 impl ProgramKernels {
@@ -427,8 +461,41 @@ mod tests {
         assert!(chosen(&b32, f16, &[]).0 != "depthwise_tile7");
         assert!(named("depthwise_tile7", &convnext(1, 96, 56), f16, &[]).is_some());
         assert!(named("depthwise_tile3", &convnext(1, 96, 56), f16, &[]).is_none());
+        // stride 2: the row kernels of stride 2 and the fixed vector kernels of its filter
+        let s2 = ConvShape {
+            r: 3,
+            s: 3,
+            pad: 1,
+            stride: 2,
+            ..convnext(32, 64, 112)
+        };
+        assert!(named("depthwise_rows3x4s2", &s2, f16, &[]).is_some());
+        assert!(named("depthwise_rows3x4", &s2, f16, &[]).is_none());
+        assert!(named("depthwise_rows5x2s2", &s2, f16, &[]).is_none());
+        assert!(named("depthwise_vec3s2", &s2, f16, &[]).is_some());
+        assert!(named("depthwise_vec3s1", &s2, f16, &[]).is_none());
+        assert!(named("depthwise_vec5s2", &s2, f16, &[]).is_none());
+        assert!(named("depthwise_rows3x4s2", &b32, f16, &[]).is_none());
+        assert_eq!(
+            depthwise_candidates(&s2, f16, &[]),
+            [
+                "depthwise_vec",
+                "depthwise_rows3x2s2",
+                "depthwise_rows3x4s2",
+                "depthwise_vec3s2"
+            ]
+        );
+        // the chosen kernel first, each once
+        let all = depthwise_candidates(&b32, f16, &[]);
+        assert_eq!(all[0], chosen(&b32, f16, &[]).0);
+        assert!(all.contains(&"depthwise_tile7".to_string()));
+        assert!(!all.contains(&"depthwise_one".to_string()));
+        assert!(all
+            .iter()
+            .all(|v| all.iter().filter(|w| *w == v).count() == 1));
         // a name of no kernel, and the choice is among the names
         assert!(named("depthwise_rows7x8", &b32, f16, &[]).is_none());
+        assert!(named("depthwise_vec7s1", &b32, f16, &[]).is_none());
         assert!(named("pool_cl", &b32, f16, &[]).is_none());
         for shape in [b32, convnext(1, 96, 56), convnext(2, 20, 9)] {
             assert!(variants().any(|v| v == chosen(&shape, f16, &[]).0));
