@@ -39,14 +39,18 @@ struct Dims { long long v[32]; };
 // V consecutive elements, loaded and stored as one access.
 template <class T, int V> struct alignas(sizeof(T) * V) Pack { T v[V]; };
 
+// Sigmoid and SiLU divide by the approximate reciprocal (`__fdividef`, within 2 ulp) and
+// HardSwish multiplies by 1/6 (ONNX's alpha): IEEE division is a subroutine of some twenty
+// instructions, and EfficientNet-B0's depthwise convolutions with SiLU timed 1.3-1.6x the
+// same shapes without an activation at batch 32.
 __device__ __forceinline__ float activate(int act, float x, float alpha, float beta) {
     switch (act) {
         case 1: return x > 0.0f ? x : 0.0f;
-        case 2: return 1.0f / (1.0f + expf(-x));
+        case 2: return __fdividef(1.0f, 1.0f + expf(-x));
         case 3: return fminf(fmaxf(alpha * x + beta, 0.0f), 1.0f);
-        case 4: return x * fminf(fmaxf(x / 6.0f + 0.5f, 0.0f), 1.0f);
+        case 4: return x * fminf(fmaxf(x * (1.0f / 6.0f) + 0.5f, 0.0f), 1.0f);
         case 5: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-        case 6: return x / (1.0f + expf(-x));
+        case 6: return __fdividef(x, 1.0f + expf(-x));
         default: return x;
     }
 }
