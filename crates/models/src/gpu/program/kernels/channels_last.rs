@@ -341,6 +341,7 @@ __device__ void gap_cl(const T* __restrict__ x, T* __restrict__ y, float* partia
     let_next_grid_start();
     wait_for_previous_grid();
     __shared__ float part[1024 * V];
+    __shared__ float stage[1024];
     __shared__ bool last;
     const long long* d = g.v;
     const unsigned n = d[0], hw = d[1], c = d[2], vb = d[3], splits = d[4];
@@ -363,10 +364,21 @@ __device__ void gap_cl(const T* __restrict__ x, T* __restrict__ y, float* partia
 #pragma unroll
         for (int k = 0; k < V; ++k) part[t * V + k] = s[k];
         __syncthreads();
-        for (unsigned u = t; u < vb * V; u += blockDim.x) {
+        // the lanes' sums added in two stages with every thread taking part (one thread a
+        // value adding all the lanes took 200 steps where a block has 200 lanes): G groups of
+        // threads each add every G-th lane of every value, then one thread a value the G sums
+        const unsigned vals = vb * V, G = max(1u, min(lanes, blockDim.x / vals));
+        for (unsigned w = t; w < G * vals; w += blockDim.x) {
+            const unsigned u = w % vals, gi = w / vals, vv = u / V, k = u % V;
+            float sum = 0.0f;
+            for (unsigned l = gi; l < lanes; l += G) sum += part[(l * vb + vv) * V + k];
+            stage[w] = sum;
+        }
+        __syncthreads();
+        for (unsigned u = t; u < vals; u += blockDim.x) {
             unsigned vv = u / V, k = u % V;
             float sum = 0.0f;
-            for (unsigned l = 0; l < lanes; ++l) sum += part[(l * vb + vv) * V + k];
+            for (unsigned gi = 0; gi < G; ++gi) sum += stage[gi * vals + u];
             if (splits > 1)
                 partial[(unsigned long long)b * vb * V + u] = sum;
             else if (first + vv < cv)
@@ -486,20 +498,26 @@ pub fn kernel_source() -> KernelSource {
 /// ([`ProgramKernels::new`] allocates them once).
 pub(super) const GAP_PARTIAL_FLOATS: usize = 1 << 19;
 pub(super) const GAP_COUNTS: usize = 4096;
-/// Blocks a global average aims for when it splits images' pixels over blocks.
+/// Blocks below which a global average gives a block fewer channel vectors or splits images'
+/// pixels over blocks.
 const GAP_BLOCKS: usize = 256;
+/// Blocks a global average aims for when it splits images' pixels: about eight of 256
+/// threads an SM of the largest GPUs (256 left EfficientNet-B0's averages of few channels
+/// over large maps at 1.0-1.9 TB/s on an H200).
+const GAP_SPLIT_BLOCKS: usize = 1024;
 
 /// Lanes a block and splits an (image, group of `vb` channel vectors) for a global average of
 /// `groups` such groups over `hw` pixels: one block a group of up to 1,024 threads where there
 /// are enough groups; else blocks of 256 threads, each group's pixels split over up to 32 of
-/// them (at least 4 pixels a lane), as long as the partial sums fit the scratch.
+/// them (at least 4 pixels a lane) towards [`GAP_SPLIT_BLOCKS`], as long as the partial sums
+/// fit the scratch.
 fn split_average(groups: usize, vb: usize, hw: usize) -> (usize, usize) {
     let whole = ((1024 / vb).min(hw).max(1), 1);
     if groups >= GAP_BLOCKS / 2 || groups > GAP_COUNTS {
         return whole;
     }
     let lanes = (256 / vb).min(hw).max(1);
-    let splits = GAP_BLOCKS
+    let splits = GAP_SPLIT_BLOCKS
         .div_ceil(groups)
         .min(32)
         .min(hw.div_ceil(lanes * 4))
@@ -739,6 +757,10 @@ mod tests {
         assert_eq!(split_average(1, 128, 7), (7, 1));
         // its average of 144 channels over 56x56 (18 vectors)
         assert_eq!(split_average(1, 18, 56 * 56), (14, 32));
+        // at batch 32: towards 1,024 blocks (32 channels at 112x112; 96 at 56x56, 3 groups an
+        // image of 4 vectors)
+        assert_eq!(split_average(32, 4, 112 * 112), (64, 32));
+        assert_eq!(split_average(96, 4, 56 * 56), (64, 11));
         for groups in 1..200 {
             for vb in [1, 2, 4, 12, 60, 128] {
                 for hw in [1, 7, 49, 196, 3136, 12544] {
