@@ -17,6 +17,48 @@ use gpukit_types::DType;
 
 const SOURCE: &str = r#"
 
+// `act` over N values with the choice made once (a switch for each value cost the depthwise
+// kernels' epilogue a branch each).
+template <int N>
+__device__ __forceinline__ void activate_all(int act, float* v, float alpha, float beta) {
+#define ACT_ALL(A)                                                                             \
+    case A:                                                                                    \
+        _Pragma("unroll") for (int k = 0; k < N; ++k) v[k] = activate(A, v[k], alpha, beta);   \
+        break;
+    switch (act) {
+        ACT_ALL(1) ACT_ALL(2) ACT_ALL(3) ACT_ALL(4) ACT_ALL(5) ACT_ALL(6)
+        default: break;
+    }
+#undef ACT_ALL
+}
+
+// A depthwise kernel's output vector: y[at, +V) = act(acc + bias[ch, +V) (+ z[at, +V))), the
+// bias and the residual read as vectors (the launcher checks their alignment).
+template <class T, int V>
+__device__ __forceinline__ void dw_store(const float* acc, const T* __restrict__ bias,
+                                         unsigned ch, const T* __restrict__ z,
+                                         T* __restrict__ y, unsigned at, int act, float alpha,
+                                         float beta) {
+    float v[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[k] = acc[k];
+    if (bias) {
+        const Pack<T, V> b = *(const Pack<T, V>*)(bias + ch);
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[k] += to_f(b.v[k]);
+    }
+    if (z) {
+        const Pack<T, V> r = *(const Pack<T, V>*)(z + at);
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[k] += to_f(r.v[k]);
+    }
+    activate_all<V>(act, v, alpha, beta);
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = from_f<T>(v[k]);
+    *(Pack<T, V>*)(y + at) = out;
+}
+
 // x [n, h, w, c], taps [r, s, c], y and z [n, p, q, c], all dense channel-last; bias [c].
 // v[0..4] n, h, w, c; v[4], v[5] p, q; v[6], v[7] r, s; v[8] stride; v[9] padding (all sides).
 // Thread o computes channels [V * (o % (c / V)), +V) of output pixel o / (c / V). Every index
@@ -53,16 +95,7 @@ __device__ void depthwise(const T* __restrict__ x, const T* __restrict__ w,
                 for (int k = 0; k < V; ++k) acc[k] += to_f(xv.v[k]) * to_f(wv.v[k]);
             }
         }
-        unsigned at = pixel * c + ch;
-        Pack<T, V> out;
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-            float v = acc[k];
-            if (bias) v += to_f(bias[ch + k]);
-            if (z) v += to_f(z[at + k]);
-            out.v[k] = from_f<T>(activate(act, v, alpha, beta));
-        }
-        *(Pack<T, V>*)(y + at) = out;
+        dw_store<T, V>(acc, bias, ch, z, y, pixel * c + ch, act, alpha, beta);
     }
 }
 
@@ -103,16 +136,7 @@ __device__ void depthwise_fixed(const T* __restrict__ x, const T* __restrict__ w
                 for (int k = 0; k < V; ++k) acc[k] += to_f(xv.v[k]) * to_f(wv.v[k]);
             }
         }
-        const unsigned at = pixel * c + ch;
-        Pack<T, V> out;
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-            float v = acc[k];
-            if (bias) v += to_f(bias[ch + k]);
-            if (z) v += to_f(z[at + k]);
-            out.v[k] = from_f<T>(activate(act, v, alpha, beta));
-        }
-        *(Pack<T, V>*)(y + at) = out;
+        dw_store<T, V>(acc, bias, ch, z, y, pixel * c + ch, act, alpha, beta);
     }
 }
 
@@ -175,15 +199,7 @@ __device__ void depthwise_rows(const T* __restrict__ x, const T* __restrict__ w,
             const int j = j0 + k;
             if (j >= (int)q) break;
             const unsigned at = ((img * p + i) * q + (unsigned)j) * c + ch;
-            Pack<T, V> out;
-#pragma unroll
-            for (int u = 0; u < V; ++u) {
-                float v = acc[k][u];
-                if (bias) v += to_f(bias[ch + u]);
-                if (z) v += to_f(z[at + u]);
-                out.v[u] = from_f<T>(activate(act, v, alpha, beta));
-            }
-            *(Pack<T, V>*)(y + at) = out;
+            dw_store<T, V>(acc[k], bias, ch, z, y, at, act, alpha, beta);
         }
     }
 }
@@ -261,15 +277,7 @@ __device__ void depthwise_tile(const T* __restrict__ x, const T* __restrict__ w,
         }
     }
     const unsigned at = ((unsigned)(img * p + i) * q + j) * c + vec * V;
-    P out;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-        float v = acc[k];
-        if (bias) v += to_f(bias[vec * V + k]);
-        if (z) v += to_f(z[at + k]);
-        out.v[k] = from_f<T>(activate(act, v, alpha, beta));
-    }
-    *(P*)(y + at) = out;
+    dw_store<T, V>(acc, bias, vec * V, z, y, at, act, alpha, beta);
 }
 
 // Max (v[14] != 0) or average pooling: x [n, h, w, c], y [n, p, q, c]. v[0..4] n, h, w, c;

@@ -186,7 +186,7 @@ fn named(
         .then(|| (stem.to_string(), launch.0, launch.1))
 }
 
-/// The kernels that run `shape` (views `x`, `taps`, `z`, `y`), the one
+/// The kernels that run `shape` (views `x`, `taps`, `bias`, `z`, `y`), the one
 /// [`ProgramKernels::depthwise`] chooses first, to time them against one another
 /// (`depthwise_one`, the vector kernel's one-channel form, only where it is the choice).
 pub fn depthwise_candidates(
@@ -267,7 +267,7 @@ impl ProgramKernels {
         if let Some(z) = z {
             z.require(out * e, "depthwise z")?;
         }
-        let views = [Some(x), Some(taps), z, Some(y)];
+        let views = [Some(x), Some(taps), bias, z, Some(y)];
         let (stem, launch, g) = match variant {
             Some(stem) => named(stem, shape, dtype, &views).ok_or_else(|| {
                 Error::Invalid(format!("{stem} does not run {shape:?} in {dtype}"))

@@ -75,9 +75,9 @@ impl ProgramSession<'_> {
                 continue;
             }
             let names = {
-                let (x, taps, _, z, y) = self.depthwise_views(d)?;
+                let (x, taps, bias, z, y) = self.depthwise_views(d)?;
                 let dt = self.program.dtype.storage();
-                depthwise_candidates(&d.shape, dt, &[Some(x), Some(taps), z, Some(y)])
+                depthwise_candidates(&d.shape, dt, &[Some(x), Some(taps), bias, z, Some(y)])
             };
             let pick = match names.len() {
                 0 | 1 => None,
