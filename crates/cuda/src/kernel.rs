@@ -186,9 +186,14 @@ impl KernelSource {
 }
 
 /// Compiles `module` for `arch` (such as "sm_90") with NVRTC on this thread, with no GPU and
-/// no disk cache: whether its source compiles, before a GPU machine is spent on it. Returns the
-/// machine code's bytes; an error carries NVRTC's log, or names what to install.
-pub fn compile_offline(discovery: &Discovery, module: &KernelSource, arch: &str) -> Result<usize> {
+/// no disk cache: whether its source compiles, before a GPU machine is spent on it. Returns each
+/// program's name and machine code (a cubin, for `cuobjdump -sass` / `-res-usage`); an error
+/// carries NVRTC's log, or names what to install.
+pub fn compile_offline(
+    discovery: &Discovery,
+    module: &KernelSource,
+    arch: &str,
+) -> Result<Vec<(String, Vec<u8>)>> {
     crate::nvrtc::compile_offline(discovery, &module.source, module.stem, arch)
 }
 

@@ -167,20 +167,22 @@ pub(crate) fn warm_cache(
 }
 
 /// Compiles every program of `source` for `arch` (such as "sm_90") with NVRTC, on this thread,
-/// without a GPU and without the disk cache; returns the machine code's bytes. A program that
-/// does not compile is an error with NVRTC's log.
+/// without a GPU and without the disk cache; returns each program's name and machine code. A
+/// program that does not compile is an error with NVRTC's log.
 pub(crate) fn compile_offline(
     discovery: &Discovery,
     source: &str,
     stem: &str,
     arch: &str,
-) -> Result<usize> {
+) -> Result<Vec<(String, Vec<u8>)>> {
     nvrtc_ready(discovery)?;
-    let mut bytes = 0;
-    for (name, program) in programs(source, stem) {
-        bytes += compile_cubin(&program, &name, &options(arch))?.len();
-    }
-    Ok(bytes)
+    programs(source, stem)
+        .into_iter()
+        .map(|(name, program)| {
+            let cubin = compile_cubin(&program, &name, &options(arch))?;
+            Ok((name, cubin))
+        })
+        .collect()
 }
 
 /// An error naming what to install where NVRTC was not found or did not load.

@@ -3,6 +3,9 @@
 //! lent GPU. Needs only NVRTC (its Python wheel will do: `pip install nvidia-cuda-nvrtc`, or
 //! `GPUKIT_CUDA_PATH` at a folder that holds it); without it the tests are reported as ignored,
 //! with the reason, never as passed. `GPUKIT_REQUIRE_NVRTC=1` makes a missing NVRTC a failure.
+//! `GPUKIT_CUBIN_DIR=DIR` keeps each program's machine code in DIR (`{program}-{arch}.cubin`):
+//! with `cuobjdump` (pip's `nvidia-cuda-cuobjdump`) a kernel's registers and instructions can be
+//! read on a machine without a GPU.
 
 use gpukit_cuda::kernel::{compile_offline, KernelSource};
 use gpukit_cuda::loader::{prepare_process, Discovery, Lib};
@@ -47,9 +50,18 @@ fn main() {
             let m = Arc::clone(&module);
             let test = move || -> Result<(), Failed> {
                 let discovery = DISCOVERY.get().ok_or("no discovery")?;
-                let bytes = compile_offline(discovery, &m, arch).map_err(|e| e.to_string())?;
-                if bytes == 0 {
+                let cubins = compile_offline(discovery, &m, arch).map_err(|e| e.to_string())?;
+                if cubins.is_empty() || cubins.iter().any(|(_, c)| c.is_empty()) {
                     return Err(format!("{}: NVRTC gave no machine code for {arch}", m.stem).into());
+                }
+                // GPUKIT_CUBIN_DIR: each program's machine code kept there, to read its
+                // registers and instructions with no GPU (`cuobjdump -res-usage` / `-sass`)
+                if let Some(dir) = std::env::var_os("GPUKIT_CUBIN_DIR") {
+                    for (name, cubin) in &cubins {
+                        let path = std::path::Path::new(&dir).join(format!("{name}-{arch}.cubin"));
+                        gpukit_types::files::write_atomically(&path, cubin)
+                            .map_err(|e| format!("{}: {e}", path.display()))?;
+                    }
                 }
                 Ok(())
             };
