@@ -22,7 +22,7 @@ use std::rc::Rc;
 mod choice;
 mod depthwise;
 mod own_conv;
-use choice::{lt_candidates, lt_epilogue, lt_spec, pick_gemm};
+use choice::{lt_candidates, lt_epilogue, lt_spec, pick_gemm, time_candidates};
 pub use own_conv::OwnConvs;
 
 /// A Gemm step's product: a cuBLASLt plan and whether it holds the step's epilogue, or
@@ -330,7 +330,7 @@ impl<'a> ProgramSession<'a> {
             false => (None, None),
         };
         let beta = if c.is_some() { 1.0 } else { 0.0 };
-        let times = gpukit_cuda::timing::replays_in_turns(blas.stream(), count, 0.1, 32, 5, |i| {
+        let times = time_candidates(blas.stream(), count, |i| {
             match i.checked_sub(candidates.len()) {
                 Some(o) => self.run_own(g, own[o]),
                 None => blas.run_lt_with(&candidates[i], (b, a, c, y), beta, bias, None),

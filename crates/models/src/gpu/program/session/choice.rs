@@ -32,6 +32,17 @@ pub(super) fn lt_spec(dtype: DType, (m, n, k): (usize, usize, usize), trans_a: b
     }
 }
 
+/// Each of `count` candidates' device time (ms a launch; infinite where one did not run), as
+/// planning times a step's alternatives: graphs of up to 32 launches (about 0.1 ms) replayed in
+/// 5 turns.
+pub(super) fn time_candidates<E: From<gpukit_cuda::Error>>(
+    stream: &gpukit_cuda::Stream,
+    count: usize,
+    enqueue: impl FnMut(usize) -> std::result::Result<(), E>,
+) -> std::result::Result<Vec<f64>, E> {
+    gpukit_cuda::timing::replays_in_turns(stream, count, 0.1, 32, 5, enqueue)
+}
+
 /// The candidate to keep from their device times (in the heuristic's order; infinite: it did
 /// not run): the heuristic's first unless another is faster by more than 3%, the fastest that
 /// ran where the first did not; None where none ran.

@@ -4,7 +4,7 @@
 //! each distinct step timed once in graph replays and the fastest kept by the 3% rule (the
 //! rule's choice in the first place). `GPUKIT_DW=rule` keeps the rule's choice (A/B runs).
 
-use super::{pick_gemm, ProgramSession};
+use super::{pick_gemm, time_candidates, ProgramSession};
 use crate::error::{Error, Result};
 use crate::gpu::program::kernels::depthwise::depthwise_candidates;
 use crate::gpu::program::lower::{DepthwiseStep, Step};
@@ -82,17 +82,10 @@ impl ProgramSession<'_> {
             let pick = match names.len() {
                 0 | 1 => None,
                 count => {
-                    let times = gpukit_cuda::timing::replays_in_turns(
-                        self.ctx.gpu.stream(),
-                        count,
-                        0.1,
-                        32,
-                        5,
-                        |j| {
-                            self.run_depthwise(d, Some(&names[j]))
-                                .map_err(|e| gpukit_cuda::Error::Invalid(e.to_string()))
-                        },
-                    )?;
+                    let times = time_candidates(self.ctx.gpu.stream(), count, |j| {
+                        self.run_depthwise(d, Some(&names[j]))
+                            .map_err(|e| gpukit_cuda::Error::Invalid(e.to_string()))
+                    })?;
                     let pick = pick_gemm(&times).filter(|&j| j > 0);
                     gpukit_cuda::trace::note(|| {
                         let row: Vec<String> = names

@@ -9,7 +9,7 @@
 //! `GPUKIT_OWN_CONV=timed-own`. `never` keeps cuDNN everywhere, `always` takes gpukit's kernel
 //! wherever it runs, `product` cuBLASLt's wherever it runs (tests, A/B runs).
 
-use super::{lt_candidates, lt_epilogue, lt_spec, pick_gemm, ProgramSession};
+use super::{lt_candidates, lt_epilogue, lt_spec, pick_gemm, time_candidates, ProgramSession};
 use crate::error::{Error, Result};
 use crate::gpu::program::kernels::gemm::{conv_pieces, ConvGeometry};
 use crate::gpu::program::lower::{ConvStep, OwnConvStep, Step, Tref};
@@ -225,28 +225,21 @@ impl ProgramSession<'_> {
                 (_, Some(&pick)) => pick.filter(|&j| j < count),
                 (_, None) if count == 1 => None,
                 (_, None) => {
-                    let times = gpukit_cuda::timing::replays_in_turns(
-                        self.ctx.gpu.stream(),
-                        count,
-                        0.1,
-                        32,
-                        5,
-                        |j| {
-                            let run = match j.checked_sub(1) {
-                                None => self.enqueue_step(i),
-                                Some(o) => match (o.checked_sub(pieces.len()), &weights) {
-                                    (None, Some(w)) => {
-                                        self.run_own_conv(c, &g, w, pieces[o]).map_err(Error::from)
-                                    }
-                                    (None, None) => Err(Error::Invalid(
-                                        "gpukit's kernel without its filter".into(),
-                                    )),
-                                    (Some(p), _) => self.run_conv_product(c, &products[p], fused),
-                                },
-                            };
-                            run.map_err(|e| gpukit_cuda::Error::Invalid(e.to_string()))
-                        },
-                    )?;
+                    let times = time_candidates(self.ctx.gpu.stream(), count, |j| {
+                        let run = match j.checked_sub(1) {
+                            None => self.enqueue_step(i),
+                            Some(o) => match (o.checked_sub(pieces.len()), &weights) {
+                                (None, Some(w)) => {
+                                    self.run_own_conv(c, &g, w, pieces[o]).map_err(Error::from)
+                                }
+                                (None, None) => {
+                                    Err(Error::Invalid("gpukit's kernel without its filter".into()))
+                                }
+                                (Some(p), _) => self.run_conv_product(c, &products[p], fused),
+                            },
+                        };
+                        run.map_err(|e| gpukit_cuda::Error::Invalid(e.to_string()))
+                    })?;
                     let pick = pick_gemm(&times);
                     gpukit_cuda::trace::note(|| {
                         let us: Vec<String> =
