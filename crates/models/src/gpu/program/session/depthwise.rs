@@ -70,15 +70,17 @@ impl ProgramSession<'_> {
                 d.z.is_some(),
                 format!("{:?}", d.act),
             );
-            if let Some(pick) = seen.get(&key) {
-                picks[i] = pick.clone();
-                continue;
-            }
             let names = {
                 let (x, taps, bias, z, y) = self.depthwise_views(d)?;
                 let dt = self.program.dtype.storage();
                 depthwise_candidates(&d.shape, dt, &[Some(x), Some(taps), bias, z, Some(y)])
             };
+            // a step like one timed before keeps its pick where the kernel takes this step's
+            // views too (their alignment is part of what a kernel takes)
+            if let Some(pick) = seen.get(&key) {
+                picks[i] = pick.clone().filter(|k| names.contains(k));
+                continue;
+            }
             let pick = match names.len() {
                 0 | 1 => None,
                 count => {
