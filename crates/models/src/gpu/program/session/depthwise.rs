@@ -60,12 +60,12 @@ impl ProgramSession<'_> {
             return Ok(());
         }
         // shape, bias, residual, activation (as written)
-        type Key = (String, bool, bool, String);
+        type Key = (gpukit_tensor::ConvShape, bool, bool, String);
         let mut seen: HashMap<Key, Option<String>> = HashMap::new();
         for (i, (_, step)) in steps.iter().enumerate() {
             let Step::Depthwise(d) = step else { continue };
             let key = (
-                format!("{:?}", d.shape),
+                d.shape,
                 d.bias.is_some(),
                 d.z.is_some(),
                 format!("{:?}", d.act),
