@@ -58,41 +58,44 @@ __device__ void convert_input(const float* __restrict__ x, T* __restrict__ y,
 // convolution that reads it: y [n, bh, bw, cout], channel (r * side + q) * c + ch of block
 // (by, bx) holding pixel (by * side + r - br, bx * side + q - bc) of channel ch (br, bc: the
 // pixels of the zero blocks before the image), zero outside the image and from c * side * side
-// on. A thread a block, its values written 8 at a time (one 16-byte store for 16-bit T).
+// on. A thread a group of 8 channels of a block (consecutive threads the consecutive groups of
+// a block, so their stores are consecutive), its loads all issued before its one 16-byte store
+// for 16-bit T (a thread a block, its groups in turn, took 12.5 us at batch 1 of ConvNeXt's
+// 56x56 blocks of 48 channels and 60 us at batch 32 on an H200).
 template <class T>
 __device__ void convert_blocks(const float* __restrict__ x, T* __restrict__ y, int n, int c,
                                int h, int w, int side, int br, int bc, int bh, int bw,
                                int cout) {
-    const long blocks = (long)n * bh * bw;
-    const int used = c * side * side;
+    const int used = c * side * side, groups = (cout + 7) / 8;
+    const long total = (long)n * bh * bw * groups;
     const bool packed = sizeof(T) == 2 && cout % 8 == 0 && ((size_t)y & 15) == 0;
-    for (long o = blockIdx.x * (long)blockDim.x + threadIdx.x; o < blocks;
-         o += (long)gridDim.x * blockDim.x) {
+    for (long t = blockIdx.x * (long)blockDim.x + threadIdx.x; t < total;
+         t += (long)gridDim.x * blockDim.x) {
+        const long o = t / groups;
+        const int g = (int)(t - o * groups) * 8;
         const int bx = (int)(o % bw);
         const long rest = o / bw;
         const int by = (int)(rest % bh), img = (int)(rest / bh);
         const float* xi = x + (long)img * c * h * w;
         T* yo = y + o * cout;
-        for (int g = 0; g < cout; g += 8) {
-            __align__(16) T v[8];
+        __align__(16) T v[8];
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const int ch = g + e;
-                float f = 0.0f;
-                if (ch < used) {
-                    const int at = ch / c, cc = ch - at * c;
-                    const int u = by * side + at / side - br;
-                    const int col = bx * side + at % side - bc;
-                    if (u >= 0 && u < h && col >= 0 && col < w)
-                        f = xi[((long)cc * h + u) * w + col];
-                }
-                v[e] = from_f<T>(f);
+        for (int e = 0; e < 8; ++e) {
+            const int ch = g + e;
+            float f = 0.0f;
+            if (ch < used) {
+                const int at = ch / c, cc = ch - at * c;
+                const int u = by * side + at / side - br;
+                const int col = bx * side + at % side - bc;
+                if (u >= 0 && u < h && col >= 0 && col < w)
+                    f = xi[((long)cc * h + u) * w + col];
             }
-            if (packed) {
-                *(uint4*)(yo + g) = *(const uint4*)v;
-            } else {
-                for (int e = 0; e < 8 && g + e < cout; ++e) yo[g + e] = v[e];
-            }
+            v[e] = from_f<T>(f);
+        }
+        if (packed) {
+            *(uint4*)(yo + g) = *(const uint4*)v;
+        } else {
+            for (int e = 0; e < 8 && g + e < cout; ++e) yo[g + e] = v[e];
         }
     }
 }
@@ -456,7 +459,7 @@ impl Kernels {
             "convert_blocks",
             dtype,
             Layout::Nhwc,
-            grid_for(blocks),
+            grid_for(blocks * cout.div_ceil(8)),
             &args,
         )
     }
