@@ -61,36 +61,41 @@ __device__ void convert_input(const float* __restrict__ x, T* __restrict__ y,
 // on. A thread a group of 8 channels of a block (consecutive threads the consecutive groups of
 // a block, so their stores are consecutive), its loads all issued before its one 16-byte store
 // for 16-bit T (a thread a block, its groups in turn, took 12.5 us at batch 1 of ConvNeXt's
-// 56x56 blocks of 48 channels and 60 us at batch 32 on an H200).
-template <class T>
-__device__ void convert_blocks(const float* __restrict__ x, T* __restrict__ y, int n, int c,
-                               int h, int w, int side, int br, int bc, int bh, int bw,
-                               int cout) {
+// 56x56 blocks of 48 channels and 60 us at batch 32 on an H200). The group's first channel is
+// divided out once and the others walked by increments, with 32-bit indices where every index
+// fits (a division a value, and 64-bit ones, made the kernel's instructions, not its bytes, set
+// its time).
+template <class T, class I>
+__device__ __forceinline__ void convert_blocks_in(const float* __restrict__ x, T* __restrict__ y,
+                                                  int c, int h, int w, int side, int br, int bc,
+                                                  int bh, int bw, int cout, I total) {
     const int used = c * side * side, groups = (cout + 7) / 8;
-    const long total = (long)n * bh * bw * groups;
     const bool packed = sizeof(T) == 2 && cout % 8 == 0 && ((size_t)y & 15) == 0;
-    for (long t = blockIdx.x * (long)blockDim.x + threadIdx.x; t < total;
-         t += (long)gridDim.x * blockDim.x) {
-        const long o = t / groups;
+    for (I t = (I)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (I)gridDim.x * blockDim.x) {
+        const I o = t / groups;
         const int g = (int)(t - o * groups) * 8;
-        const int bx = (int)(o % bw);
-        const long rest = o / bw;
-        const int by = (int)(rest % bh), img = (int)(rest / bh);
-        const float* xi = x + (long)img * c * h * w;
-        T* yo = y + o * cout;
+        const I rest = o / bw;
+        const int bx = (int)(o - rest * bw);
+        const I img = rest / bh;
+        const int by = (int)(rest - img * bh);
+        const float* xi = x + img * (I)(c * h * w);
+        T* yo = y + o * (I)cout;
+        // channel g + e of the block: (r * side + q) * c + cc
+        int at = g / c, cc = g - at * c;
+        int r = at / side, q = at - r * side;
         __align__(16) T v[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            const int ch = g + e;
             float f = 0.0f;
-            if (ch < used) {
-                const int at = ch / c, cc = ch - at * c;
-                const int u = by * side + at / side - br;
-                const int col = bx * side + at % side - bc;
-                if (u >= 0 && u < h && col >= 0 && col < w)
-                    f = xi[((long)cc * h + u) * w + col];
-            }
+            const int u = by * side + r - br, col = bx * side + q - bc;
+            if (g + e < used && u >= 0 && u < h && col >= 0 && col < w)
+                f = xi[((I)cc * h + u) * w + col];
             v[e] = from_f<T>(f);
+            if (++cc == c) {
+                cc = 0;
+                if (++q == side) { q = 0; ++r; }
+            }
         }
         if (packed) {
             *(uint4*)(yo + g) = *(const uint4*)v;
@@ -98,6 +103,19 @@ __device__ void convert_blocks(const float* __restrict__ x, T* __restrict__ y, i
             for (int e = 0; e < 8 && g + e < cout; ++e) yo[g + e] = v[e];
         }
     }
+}
+
+template <class T>
+__device__ void convert_blocks(const float* __restrict__ x, T* __restrict__ y, int n, int c,
+                               int h, int w, int side, int br, int bc, int bh, int bw,
+                               int cout) {
+    const long total = (long)n * bh * bw * ((cout + 7) / 8);
+    const long limit = 1L << 31;
+    if (total < limit && (long)n * bh * bw * cout < limit && (long)n * c * h * w < limit)
+        convert_blocks_in<T, unsigned>(x, y, c, h, w, side, br, bc, bh, bw, cout,
+                                       (unsigned)total);
+    else
+        convert_blocks_in<T, long>(x, y, c, h, w, side, br, bc, bh, bw, cout, total);
 }
 
 // 3x3 max pooling, stride 2, padding 1 (padding is -inf: it never wins).
