@@ -250,6 +250,9 @@ impl ProgramKernels {
         act: Option<Activation>,
         y: View<'_>,
     ) -> Result<()> {
+        if let Some(v) = variant.filter(|v| super::depthwise_smem::VARIANTS.contains(v)) {
+            return self.depthwise_smem(v, dtype, shape, (x, taps, bias, z), act, y);
+        }
         if !depthwise_runs(shape) {
             return Err(Error::Invalid(format!(
                 "the depthwise kernel does not run {shape:?}"
