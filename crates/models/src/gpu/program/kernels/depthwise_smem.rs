@@ -2,14 +2,13 @@
 //! tile staged once in shared memory as f32 (the row kernels convert each input value to f32
 //! about 2.5 times and each tap once a row: 0.6 conversions an FMA at ConvNeXt's shapes). A
 //! module of its own, loaded only when asked, so that the default engine's cold compile does
-//! not grow; planning times it beside the other depthwise kernels where it is loaded.
+//! not grow; planning times it beside the other depthwise kernels where it is loaded, and
+//! `ProgramKernels::depthwise_variant` runs it by name.
 
-use super::{activation_code, dims_bytes, put, ProgramKernels};
-use crate::graph::Activation;
-use gpukit_cuda::kernel::{tag, Arg, KernelModule, KernelSource, Launch, HALF};
-use gpukit_cuda::{Error, Result, View};
+use super::ProgramKernels;
+use gpukit_cuda::kernel::{KernelModule, KernelSource, Launch, HALF};
+use gpukit_cuda::Result;
 use gpukit_tensor::ConvShape;
-use gpukit_types::DType;
 
 /// Output rows, output columns and channels a block; outputs of a row a thread.
 const TH: usize = 8;
@@ -166,80 +165,12 @@ impl ProgramKernels {
     pub fn has_depthwise_smem(&self) -> bool {
         self.depthwise_smem.is_some()
     }
-
-    /// [`ProgramKernels::depthwise`] on the experiment's kernel `variant` (a name of
-    /// [`VARIANTS`]); an error where it does not run the shape or is not loaded.
-    #[allow(clippy::too_many_arguments)]
-    pub fn depthwise_smem(
-        &self,
-        variant: &str,
-        dtype: DType,
-        shape: &ConvShape,
-        (x, taps, bias, z): (View<'_>, View<'_>, Option<View<'_>>, Option<View<'_>>),
-        act: Option<Activation>,
-        y: View<'_>,
-    ) -> Result<()> {
-        let Some(module) = &self.depthwise_smem else {
-            return Err(Error::Invalid(format!("{variant} is not loaded")));
-        };
-        let launch = VARIANTS
-            .contains(&variant)
-            .then(|| launch(shape))
-            .flatten()
-            .ok_or_else(|| Error::Invalid(format!("{variant} does not run {shape:?}")))?;
-        let e = dtype.size_bytes();
-        let (p, q) = (shape.out_h(), shape.out_w());
-        let out = shape.n * shape.k * p * q;
-        x.require(shape.n * shape.c * shape.h * shape.w * e, "depthwise x")?;
-        taps.require(shape.r * shape.s * shape.c * e, "depthwise taps")?;
-        y.require(out * e, "depthwise y")?;
-        if let Some(b) = bias {
-            b.require(shape.c * e, "depthwise bias")?;
-        }
-        if let Some(z) = z {
-            z.require(out * e, "depthwise z")?;
-        }
-        let mut dims = [0i64; 32];
-        let geometry = [
-            shape.n, shape.h, shape.w, shape.c, p, q, shape.r, shape.s, 1, shape.pad,
-        ];
-        put(&mut dims, 0, &geometry);
-        let bytes = dims_bytes(&dims);
-        let (code, alpha, beta) = activation_code(act);
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(taps),
-            Arg::opt(bias),
-            Arg::opt(z),
-            Arg::Ptr(y),
-            Arg::Struct("Dims", &bytes),
-            Arg::I32(code),
-            Arg::F32(alpha),
-            Arg::F32(beta),
-        ];
-        let name = format!("{variant}_{}", tag(dtype));
-        module.launch(&name, &self.stream, launch.starting_early(), &args)
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::depthwise::tests::convnext;
     use super::*;
-
-    fn convnext(n: usize, c: usize, h: usize) -> ConvShape {
-        ConvShape {
-            n,
-            c,
-            h,
-            w: h,
-            k: c,
-            r: 7,
-            s: 7,
-            stride: 1,
-            pad: 3,
-            groups: c,
-        }
-    }
 
     #[test]
     fn a_block_a_tile_and_32_channels_within_48_kib() {
