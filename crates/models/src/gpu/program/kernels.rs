@@ -429,16 +429,22 @@ const KERNELS: [&str; 14] = [
     "from_f32",
 ];
 
+/// The element types every module of the engine instantiates its kernels for, by tag.
+const TAGS: [&str; 3] = ["f32", "f16", "bf16"];
+
+/// Each of `kernels` (names without their tag) for every type of [`TAGS`].
+fn tagged(kernels: &[&str]) -> Vec<String> {
+    TAGS.iter()
+        .flat_map(|t| kernels.iter().map(move |k| format!("{k}_{t}")))
+        .collect()
+}
+
 /// The module: its name in the kernel cache, its source and its kernels.
 pub fn kernel_source() -> KernelSource {
-    let names = ["f32", "f16", "bf16"]
-        .iter()
-        .flat_map(|t| KERNELS.iter().map(move |k| format!("{k}_{t}")))
-        .collect();
     KernelSource {
         stem: "program",
         source: format!("{HALF}{PRELUDE}{}{SOURCE}", norm::SOURCE),
-        names,
+        names: tagged(&KERNELS),
     }
 }
 
@@ -734,7 +740,7 @@ mod tests {
             ("to_f32_", "p p s"),
             ("from_f32_", "p p s"),
         ];
-        let differences = kernel_source().signature_differences(&expected, &["f32", "f16", "bf16"]);
+        let differences = kernel_source().signature_differences(&expected, &super::TAGS);
         assert!(differences.is_empty(), "{differences:#?}");
     }
 

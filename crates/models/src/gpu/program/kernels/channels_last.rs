@@ -491,14 +491,10 @@ pub(super) fn vector(dtype: DType) -> usize {
 
 /// The module: its name in the kernel cache, its source and its kernels.
 pub fn kernel_source() -> KernelSource {
-    let names = ["f32", "f16", "bf16"]
-        .iter()
-        .flat_map(|t| KERNELS.map(|k| format!("{k}_{t}")))
-        .collect();
     KernelSource {
         stem: "program-channels-last",
         source: format!("{HALF}{PRELUDE}{SOURCE}"),
-        names,
+        names: super::tagged(&KERNELS),
     }
 }
 
@@ -827,7 +823,7 @@ mod tests {
             ("pool_cl_", "p p s"),
             ("gap_cl_", "p p p p s"),
         ];
-        let differences = kernel_source().signature_differences(&expected, &["f32", "f16", "bf16"]);
+        let differences = kernel_source().signature_differences(&expected, &super::super::TAGS);
         assert!(differences.is_empty(), "{differences:#?}");
     }
 }

@@ -111,14 +111,10 @@ pub const VARIANTS: [&str; 1] = ["depthwise_smem7"];
 
 /// The module: its name in the kernel cache, its source and its kernels.
 pub fn kernel_source() -> KernelSource {
-    let names = ["f32", "f16", "bf16"]
-        .iter()
-        .flat_map(|t| VARIANTS.map(|k| format!("{k}_{t}")))
-        .collect();
     KernelSource {
         stem: "program-depthwise-smem",
         source: format!("{HALF}{}{SOURCE}", super::PRELUDE),
-        names,
+        names: super::tagged(&VARIANTS),
     }
 }
 
@@ -197,7 +193,7 @@ mod tests {
     #[test]
     fn the_kernels_take_what_the_launcher_passes() {
         let expected = [("depthwise_smem7_", "p p p p p s i f f")];
-        let differences = kernel_source().signature_differences(&expected, &["f32", "f16", "bf16"]);
+        let differences = kernel_source().signature_differences(&expected, &super::super::TAGS);
         assert!(differences.is_empty(), "{differences:#?}");
     }
 }
