@@ -3,7 +3,6 @@
 
 use super::{download, kernel_tolerance, kernels_timed, rel, upload, DISCOVERY};
 use gpukit_cuda::DeviceBuffer;
-use gpukit_models::gpu::program::kernels::depthwise_smem;
 use gpukit_models::gpu::program::ProgramKernels;
 use gpukit_models::gpu::GpuContext;
 use gpukit_tensor::random::{fresh_seed, normal_f32};
@@ -96,14 +95,12 @@ fn depthwise_float64(shape: &ConvShape, xs: &[f64], ts: &[f64], bs: &[f64]) -> V
 /// The channel-last depthwise kernels against float64 where each runs: rows of outputs a
 /// thread (four at batch 8), tiles in shared memory (batch 1 to 4: maps a tile wide and not,
 /// channels not a whole group of a block) and an output a thread (f32's larger maps), 3x3, 5x5
-/// and 7x7 filters, with bias, a residual and SiLU; and the shared-memory experiment's kernel
-/// on the 7x7 shapes.
+/// and 7x7 filters, with bias, a residual and SiLU.
 pub(super) fn depthwise_matches_float64() -> Result<(), Failed> {
     use gpukit_models::graph::Activation;
     let discovery = DISCOVERY.get().ok_or("no discovery")?;
     let ctx = GpuContext::open(discovery, 0)?;
-    let mut k = ProgramKernels::new(discovery, &ctx.gpu)?;
-    k.load_depthwise_smem(discovery, &ctx.gpu)?;
+    let k = ProgramKernels::new(discovery, &ctx.gpu)?;
     let mut failures = Vec::new();
     for dtype in [DType::F32, DType::F16, DType::Bf16] {
         for (n, c, h, f, stride, residual) in [
@@ -133,25 +130,22 @@ pub(super) fn depthwise_matches_float64() -> Result<(), Failed> {
                 })
                 .collect();
             let y = ctx.gpu.alloc(len * dtype.storage().size_bytes())?;
-            // the rule's choice, and the shared-memory experiment's kernel where it runs
-            let smem = depthwise_smem::launch(&shape).map(|_| depthwise_smem::VARIANTS[0]);
-            for variant in std::iter::once(None).chain(smem.map(Some)) {
-                let (t, b, z) = (taps.view(), Some(bias.view()), residual.then(|| z.view()));
-                let act = Some(Activation::Silu);
-                match variant {
-                    Some(v) => {
-                        k.depthwise_variant(v, dtype, &shape, x.view(), t, b, z, act, y.view())?
-                    }
-                    None => k.depthwise(dtype, &shape, x.view(), t, b, z, act, y.view())?,
-                }
-                let r = rel(&download(&ctx, &y, dtype)?, &want);
-                if r > kernel_tolerance(dtype) {
-                    failures.push(format!(
-                        "{} {dtype} {n}x{c}x{h}x{h} {f}x{f} stride {stride} residual {residual} \
-                         (seed {seed}): {r:.1e}",
-                        variant.unwrap_or("the rule's choice")
-                    ));
-                }
+            k.depthwise(
+                dtype,
+                &shape,
+                x.view(),
+                taps.view(),
+                Some(bias.view()),
+                residual.then(|| z.view()),
+                Some(Activation::Silu),
+                y.view(),
+            )?;
+            let r = rel(&download(&ctx, &y, dtype)?, &want);
+            if r > kernel_tolerance(dtype) {
+                failures.push(format!(
+                    "{dtype} {n}x{c}x{h}x{h} {f}x{f} stride {stride} residual {residual} \
+                     (seed {seed}): {r:.1e}"
+                ));
             }
         }
     }
@@ -169,8 +163,7 @@ pub(super) fn depthwise_variants_agree() -> Result<(), Failed> {
     use gpukit_models::gpu::program::kernels::depthwise_variants;
     let discovery = DISCOVERY.get().ok_or("no discovery")?;
     let ctx = GpuContext::open(discovery, 0)?;
-    let mut k = ProgramKernels::new(discovery, &ctx.gpu)?;
-    k.load_depthwise_smem(discovery, &ctx.gpu)?;
+    let k = ProgramKernels::new(discovery, &ctx.gpu)?;
     let timings = std::env::var("GPUKIT_DW_TIMINGS").is_ok_and(|v| v == "1");
     let dtype = DType::F16;
     let mut failures = Vec::new();
@@ -228,7 +221,7 @@ pub(super) fn depthwise_variants_agree() -> Result<(), Failed> {
             ));
         }
         let mut runs = Vec::new();
-        for v in depthwise_variants().chain(depthwise_smem::VARIANTS) {
+        for v in depthwise_variants() {
             if run(Some(v), &got).is_err() {
                 continue; // it does not take this shape
             }

@@ -19,7 +19,6 @@ pub(super) mod channels_last;
 /// The channel-last kernels' module (depthwise, pooling, global average).
 pub use channels_last::kernel_source as channels_last_source;
 pub(super) mod depthwise;
-pub mod depthwise_smem;
 pub mod gemm;
 pub(super) mod norm;
 /// Every depthwise kernel by name, for `ProgramKernels::depthwise_variant`.
@@ -453,9 +452,6 @@ pub struct ProgramKernels {
     stream: Stream,
     module: KernelModule,
     channels_last: KernelModule,
-    /// The shared-memory depthwise experiment's kernels, where asked for
-    /// ([`ProgramKernels::load_depthwise_smem`]).
-    depthwise_smem: Option<KernelModule>,
     /// The channel-last global average's partial sums and counters (zeroed; each launch that
     /// uses a counter sets it back to 0).
     gap_partial: DeviceBuffer,
@@ -469,7 +465,6 @@ impl ProgramKernels {
             stream: gpu.stream().clone(),
             module: KernelModule::load(discovery, gpu, &kernel_source())?,
             channels_last: channels_last::load(discovery, gpu)?,
-            depthwise_smem: None,
             gap_partial: gpu.alloc(channels_last::GAP_PARTIAL_FLOATS * 4)?,
             gap_counts: gpu.alloc(channels_last::GAP_COUNTS * 4)?,
         })

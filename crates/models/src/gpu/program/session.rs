@@ -81,10 +81,7 @@ impl<'a> ProgramSession<'a> {
         progress: &mut dyn FnMut(&str),
         own: OwnConvs,
     ) -> Result<ProgramSession<'a>> {
-        let mut kernels = ProgramKernels::new(discovery, &ctx.gpu)?;
-        if super::kernels::depthwise_smem::enabled() {
-            kernels.load_depthwise_smem(discovery, &ctx.gpu)?;
-        }
+        let kernels = ProgramKernels::new(discovery, &ctx.gpu)?;
         let small_gemm = Self::small_gemm(ctx, discovery, program, own);
         own_conv::loaded_where_needed(program, small_gemm.is_some())?;
         let storage = program.dtype.storage();

@@ -250,8 +250,6 @@ impl ProgramKernels {
         act: Option<Activation>,
         y: View<'_>,
     ) -> Result<()> {
-        // the shared-memory experiment's kernel (its own module, where loaded)
-        let smem = variant.filter(|v| super::depthwise_smem::VARIANTS.contains(v));
         if !depthwise_runs(shape) {
             return Err(Error::Invalid(format!(
                 "the depthwise kernel does not run {shape:?}"
@@ -270,14 +268,10 @@ impl ProgramKernels {
             z.require(out * e, "depthwise z")?;
         }
         let views = [Some(x), Some(taps), bias, z, Some(y)];
-        let refused =
-            |stem: &str| Error::Invalid(format!("{stem} does not run {shape:?} in {dtype}"));
         let (stem, launch, g) = match variant {
-            Some(stem) if smem.is_some() => {
-                let launch = super::depthwise_smem::launch(shape).ok_or_else(|| refused(stem))?;
-                (stem.to_string(), launch, 0)
-            }
-            Some(stem) => named(stem, shape, dtype, &views).ok_or_else(|| refused(stem))?,
+            Some(stem) => named(stem, shape, dtype, &views).ok_or_else(|| {
+                Error::Invalid(format!("{stem} does not run {shape:?} in {dtype}"))
+            })?,
             None => chosen(shape, dtype, &views),
         };
         let mut dims = [0i64; 32];
@@ -313,23 +307,17 @@ impl ProgramKernels {
         ];
         // every depthwise kernel waits for the kernel ahead before it reads x or writes y
         let name = format!("{stem}_{}", tag(dtype));
-        let module = match smem {
-            Some(v) => self
-                .depthwise_smem
-                .as_ref()
-                .ok_or_else(|| Error::Invalid(format!("{v} is not loaded")))?,
-            None => &self.channels_last,
-        };
-        module.launch(&name, &self.stream, launch.starting_early(), &args)
+        self.channels_last
+            .launch(&name, &self.stream, launch.starting_early(), &args)
     }
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
 
     /// A ConvNeXt depthwise convolution: 7x7, padding 3, one filter a channel.
-    pub(in crate::gpu::program::kernels) fn convnext(n: usize, c: usize, h: usize) -> ConvShape {
+    fn convnext(n: usize, c: usize, h: usize) -> ConvShape {
         ConvShape {
             n,
             c,

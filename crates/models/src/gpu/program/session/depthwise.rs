@@ -3,12 +3,10 @@
 //! stride 1 and 2, tiles, a thread an output vector with the filter's side and stride fixed),
 //! each distinct step timed once in graph replays and the fastest kept by the 3% rule (the
 //! rule's choice in the first place). `GPUKIT_DW=rule` keeps the rule's choice (A/B runs).
-//! With `GPUKIT_DW_SMEM=1` the shared-memory experiment's kernel joins the candidates.
 
 use super::{pick_gemm, time_candidates, ProgramSession};
 use crate::error::{Error, Result};
 use crate::gpu::program::kernels::depthwise::depthwise_candidates;
-use crate::gpu::program::kernels::depthwise_smem;
 use crate::gpu::program::lower::{DepthwiseStep, Step};
 use gpukit_cuda::View;
 use std::collections::HashMap;
@@ -75,13 +73,7 @@ impl ProgramSession<'_> {
             let names = {
                 let (x, taps, bias, z, y) = self.depthwise_views(d)?;
                 let dt = self.program.dtype.storage();
-                let mut names =
-                    depthwise_candidates(&d.shape, dt, &[Some(x), Some(taps), bias, z, Some(y)]);
-                // the shared-memory experiment's kernel, where it is loaded and runs the shape
-                if self.kernels.has_depthwise_smem() && depthwise_smem::launch(&d.shape).is_some() {
-                    names.extend(depthwise_smem::VARIANTS.map(String::from));
-                }
-                names
+                depthwise_candidates(&d.shape, dt, &[Some(x), Some(taps), bias, z, Some(y)])
             };
             // a step like one timed before keeps its pick where the kernel takes this step's
             // views too (their alignment is part of what a kernel takes)
