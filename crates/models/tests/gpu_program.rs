@@ -22,6 +22,9 @@ static DISCOVERY: OnceLock<Discovery> = OnceLock::new();
 #[path = "gpu_program/depthwise.rs"]
 mod depthwise;
 use depthwise::{depthwise_matches_float64, depthwise_variants_agree};
+#[path = "gpu_program/exact.rs"]
+mod exact;
+use exact::{exact_convolutions_match_float64, exact_sums_bring_fixtures_to_float64};
 
 fn tolerance(d: DType) -> f64 {
     match d {
@@ -546,7 +549,7 @@ fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 7] = [
+    let tests: [(&str, Test); 9] = [
         (
             "gpu::program::every_fixture_matches_the_interpreter",
             every_fixture_matches_the_interpreter,
@@ -574,6 +577,14 @@ fn main() {
         (
             "gpu::program::conv_small_matches_float64",
             conv_small_matches_float64,
+        ),
+        (
+            "gpu::program::exact_convolutions_match_float64",
+            exact_convolutions_match_float64,
+        ),
+        (
+            "gpu::program::exact_sums_bring_fixtures_to_float64",
+            exact_sums_bring_fixtures_to_float64,
         ),
     ];
     let trials = tests

@@ -19,6 +19,7 @@ pub(super) mod channels_last;
 /// The channel-last kernels' module (depthwise, pooling, global average).
 pub use channels_last::kernel_source as channels_last_source;
 pub(super) mod depthwise;
+pub mod exact;
 pub mod gemm;
 pub(super) mod norm;
 /// Every depthwise kernel by name, for `ProgramKernels::depthwise_variant`.

@@ -21,8 +21,10 @@ use std::rc::Rc;
 
 mod choice;
 mod depthwise;
+mod exact;
 mod own_conv;
 use choice::{lt_candidates, lt_epilogue, lt_spec, pick_gemm, time_candidates};
+pub use exact::{ExactSums, EXACT_MARGIN};
 pub use own_conv::OwnConvs;
 
 /// A Gemm step's product: a cuBLASLt plan and whether it holds the step's epilogue, or
@@ -53,6 +55,11 @@ pub struct ProgramSession<'a> {
     conv_alts: Vec<Option<own_conv::ConvAlt>>,
     /// Per depthwise step, the kernel timed fastest where it is not the launcher's choice.
     dw_kernels: Vec<Option<String>>,
+    /// Per step, whether it is a convolution that may sum in f64; whether every such step
+    /// does (no cuDNN plan is made for them); what those that do share.
+    exact_candidates: Vec<bool>,
+    exact_forced: bool,
+    exact: Option<exact::ExactScratch>,
     workspace: DeviceBuffer,
     graph: Option<Graph>,
     /// Most workspace a chosen convolution algorithm uses.
@@ -80,6 +87,20 @@ impl<'a> ProgramSession<'a> {
         program: &'a Program,
         progress: &mut dyn FnMut(&str),
         own: OwnConvs,
+    ) -> Result<ProgramSession<'a>> {
+        let exact = ExactSums::from_env();
+        Self::with_options(ctx, discovery, program, progress, own, exact)
+    }
+
+    /// [`ProgramSession::with_own_convs`] with an f32 program's convolutions summed in f64 as
+    /// `exact` says.
+    pub fn with_options(
+        ctx: &'a GpuContext,
+        discovery: &Discovery,
+        program: &'a Program,
+        progress: &mut dyn FnMut(&str),
+        own: OwnConvs,
+        exact: ExactSums,
     ) -> Result<ProgramSession<'a>> {
         let kernels = ProgramKernels::new(discovery, &ctx.gpu)?;
         let small_gemm = Self::small_gemm(ctx, discovery, program, own);
@@ -112,6 +133,9 @@ impl<'a> ProgramSession<'a> {
             small_gemm,
             conv_alts: Vec::new(),
             dw_kernels: Vec::new(),
+            exact_candidates: exact::exact_candidates(program, exact),
+            exact_forced: exact == ExactSums::All,
+            exact: None,
             workspace: ctx.alloc(256, "convolution workspace")?,
             graph: None,
             workspace_bytes: 0,
@@ -123,6 +147,7 @@ impl<'a> ProgramSession<'a> {
             session.workspace = ctx.alloc(session.workspace_bytes, "convolution workspace")?;
         }
         session.plan_own_convs(own)?;
+        session.plan_exact_convs(discovery, exact)?;
         session.plan_depthwise()?;
         ctx.dnn.release_workspace();
         Ok(session)
@@ -179,10 +204,14 @@ impl<'a> ProgramSession<'a> {
                 (true, act) => GraphSpec::epilogue(conv, c.z.is_some(), act),
             }
         };
+        // convolutions summed in f64 untimed have no cuDNN plan
+        let exact =
+            |i: usize| self.exact_forced && self.exact_candidates.get(i).copied().unwrap_or(false);
         let specs: Vec<GraphSpec> = steps
             .iter()
-            .filter_map(|(_, s)| match s {
-                Step::Conv(c) => Some(spec(c)),
+            .enumerate()
+            .filter_map(|(i, (_, s))| match s {
+                Step::Conv(c) if !exact(i) => Some(spec(c)),
                 _ => None,
             })
             .collect();
@@ -192,8 +221,9 @@ impl<'a> ProgramSession<'a> {
             let mut seen = std::collections::HashSet::new();
             steps
                 .iter()
-                .filter(|(_, s)| match s {
-                    Step::Conv(c) => seen.insert(spec(c)),
+                .enumerate()
+                .filter(|(i, (_, s))| match s {
+                    Step::Conv(c) if !exact(*i) => seen.insert(spec(c)),
                     _ => false,
                 })
                 .count()
@@ -204,6 +234,10 @@ impl<'a> ProgramSession<'a> {
         let layout = self.program.layout;
         for (i, (_, step)) in steps.iter().enumerate() {
             let Step::Conv(c) = step else { continue };
+            if exact(i) {
+                names.push(exact::ALGORITHM.to_string());
+                continue;
+            }
             let conv = self.conv_of(c);
             let key = spec(c);
             if let Some(run) = planned.get(&key) {
@@ -793,9 +827,10 @@ impl<'a> ProgramSession<'a> {
         Ok(graph.launch()?)
     }
 
-    /// Bytes the session holds: weights, arena and workspace.
+    /// Bytes the session holds: weights, arena, workspace and the f64 sums' filters and scratch.
     pub fn memory_bytes(&self) -> usize {
-        self.weights.len() + self.arena.len() + self.workspace.len()
+        let exact = self.exact.as_ref().map_or(0, |e| e.bytes);
+        self.weights.len() + self.arena.len() + self.workspace.len() + exact
     }
 }
 

@@ -62,6 +62,8 @@ pub(super) enum ConvAlt {
     Own(OwnConv),
     /// cuBLASLt's product; `fused`: the plan holds the step's epilogue (or it has none).
     Product { plan: LtMatmul, fused: bool },
+    /// Sums in f64 (an f32 program's convolution, [`super::exact`]).
+    Exact(super::exact::ExactConv),
 }
 
 impl ConvAlt {
@@ -70,6 +72,7 @@ impl ConvAlt {
         match self {
             ConvAlt::Own(_) => "NVRTC",
             ConvAlt::Product { .. } => "cuBLASLt",
+            ConvAlt::Exact(_) => "cuBLAS",
         }
     }
 
@@ -80,6 +83,8 @@ impl ConvAlt {
             (ConvAlt::Own(_), false) => "conv (gpukit)",
             (ConvAlt::Product { .. }, true) => "conv+epilogue (cuBLASLt)",
             (ConvAlt::Product { .. }, false) => "conv (cuBLASLt)",
+            (ConvAlt::Exact(_), true) => "conv+epilogue (f64 sums)",
+            (ConvAlt::Exact(_), false) => "conv (f64 sums)",
         }
     }
 }
@@ -283,6 +288,7 @@ impl ProgramSession<'_> {
                     ConvAlt::Product { fused, .. } => {
                         format!("cuBLASLt product (epilogue fused: {fused})")
                     }
+                    ConvAlt::Exact(_) => super::exact::ALGORITHM.into(),
                 };
             }
             at += 1;
@@ -363,6 +369,7 @@ impl ProgramSession<'_> {
         match alt {
             ConvAlt::Own(o) => Ok(self.run_own_conv(c, &o.geometry, &o.weights, o.pieces)?),
             ConvAlt::Product { plan, fused } => self.run_conv_product(c, plan, *fused),
+            ConvAlt::Exact(e) => self.run_exact_conv(c, e),
         }
     }
 
