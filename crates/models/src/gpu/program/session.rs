@@ -235,7 +235,7 @@ impl<'a> ProgramSession<'a> {
         for (i, (_, step)) in steps.iter().enumerate() {
             let Step::Conv(c) = step else { continue };
             if exact(i) {
-                names.push(exact::ALGORITHM.to_string());
+                names.push(own_conv::EXACT_ALGORITHM.to_string());
                 continue;
             }
             let conv = self.conv_of(c);

@@ -11,7 +11,7 @@
 //! [`EXACT_MARGIN`] times cuDNN's plan; `all` every one, untimed (no cuDNN plan made); `off`
 //! none (cuDNN's f32 sums).
 
-use super::own_conv::ConvAlt;
+use super::own_conv::{ConvAlt, ExactConv, EXACT_ALGORITHM as ALGORITHM};
 use super::{time_candidates, ProgramSession};
 use crate::error::{Error, Result};
 use crate::gpu::program::kernels::exact::{self, ExactKernels};
@@ -83,16 +83,6 @@ pub(super) fn exact_candidates(program: &Program, mode: ExactSums) -> Vec<bool> 
             _ => false,
         })
         .collect()
-}
-
-/// The engine's name of a convolution that sums in f64.
-pub(super) const ALGORITHM: &str = "f64 sums (im2col + cuBLAS DGEMM)";
-
-/// A convolution step that sums in f64: its filter as the product's right operand, f64
-/// `[K, k]` row-major (shared by the steps of one filter).
-#[derive(Clone)]
-pub(super) struct ExactConv {
-    pub weights: Rc<DeviceBuffer>,
 }
 
 /// What the f64 convolutions share: their kernels and the scratch of the largest piece.

@@ -63,7 +63,17 @@ pub(super) enum ConvAlt {
     /// cuBLASLt's product; `fused`: the plan holds the step's epilogue (or it has none).
     Product { plan: LtMatmul, fused: bool },
     /// Sums in f64 (an f32 program's convolution, [`super::exact`]).
-    Exact(super::exact::ExactConv),
+    Exact(ExactConv),
+}
+
+/// The engine's name of a convolution that sums in f64.
+pub(super) const EXACT_ALGORITHM: &str = "f64 sums (im2col + cuBLAS DGEMM)";
+
+/// A convolution step that sums in f64 ([`super::exact`]): its filter as the product's right
+/// operand, f64 `[K, k]` row-major (shared by the steps of one filter).
+#[derive(Clone)]
+pub(super) struct ExactConv {
+    pub weights: std::rc::Rc<DeviceBuffer>,
 }
 
 impl ConvAlt {
@@ -288,7 +298,7 @@ impl ProgramSession<'_> {
                     ConvAlt::Product { fused, .. } => {
                         format!("cuBLASLt product (epilogue fused: {fused})")
                     }
-                    ConvAlt::Exact(_) => super::exact::ALGORITHM.into(),
+                    ConvAlt::Exact(_) => EXACT_ALGORITHM.into(),
                 };
             }
             at += 1;
