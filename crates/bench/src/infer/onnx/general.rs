@@ -42,6 +42,7 @@ pub(super) fn rows_at(
     wanted: &[InferStrategy],
     reference: Option<Reference<'_>>,
     plan: Plan,
+    steps: &mut Vec<ProgramSteps>,
     progress: &mut dyn FnMut(&str),
 ) -> Vec<InferRow> {
     let strategies: Vec<_> = wanted
@@ -131,6 +132,13 @@ pub(super) fn rows_at(
                 continue;
             }
         };
+        // the report's line: what planning chose, from the first session of each program
+        let label = program_label(dtype, layout);
+        match steps.iter_mut().find(|p| p.0 == label) {
+            Some(p) if !p.2 => *p = (label, session.step_counts(), true),
+            Some(_) => {}
+            None => steps.push((label, session.step_counts(), true)),
+        }
         if let Err(e) = session.run(&[reference.input]) {
             rows.extend(fail_all(RowStatus::Failed(format!("the first pass: {e}"))));
             continue;
@@ -214,8 +222,14 @@ pub(super) fn rows_at(
     rows
 }
 
-/// A program's label (precision and layout) and its steps by kind.
-pub(super) type ProgramSteps = (String, Vec<(&'static str, usize)>);
+/// A program's label (precision and layout), its steps by kind and whether those are what
+/// planning chose on the device (else the steps as lowered, where no session was made).
+pub(super) type ProgramSteps = (String, Vec<(String, usize)>, bool);
+
+/// The label of the program of `dtype` and `layout` in the report's line.
+pub(super) fn program_label(dtype: DType, layout: gpukit_tensor::Layout) -> String {
+    format!("{} {}", dtype.name(), layout.name())
+}
 
 /// What runs the GPU rows, for the report: the engine, the opened device and each program's
 /// steps by kind (one a precision and layout).
@@ -223,13 +237,16 @@ pub(super) fn describe(programs: Option<&[ProgramSteps]>, device: &str) -> Strin
     let steps = programs
         .unwrap_or_default()
         .iter()
-        .map(|(label, counts)| {
+        .map(|(label, counts, planned)| {
             let counts = counts
                 .iter()
                 .map(|(k, n)| format!("{n} {k}"))
                 .collect::<Vec<_>>()
                 .join(", ");
-            format!("{label}: {counts}")
+            match planned {
+                true => format!("{label}: {counts}"),
+                false => format!("{label} (as lowered, not planned): {counts}"),
+            }
         })
         .collect::<Vec<_>>()
         .join("; ");

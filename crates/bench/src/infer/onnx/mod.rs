@@ -380,14 +380,16 @@ pub fn run_onnx(
                     let mut programs: Vec<general::ProgramSteps> = Vec::new();
                     for s in &on_gpu {
                         let InferStrategy::Gpu(g) = s else { continue };
-                        let label = format!("{} {}", g.dtype.name(), g.layout.name());
-                        if programs.iter().any(|(l, _)| *l == label) {
+                        let label = general::program_label(g.dtype, g.layout);
+                        if programs.iter().any(|p| p.0 == label) {
                             continue;
                         }
                         if let Ok(p) =
                             gpukit_models::gpu::program::Program::lower(graph, g.dtype, g.layout)
                         {
-                            programs.push((label, p.step_counts()));
+                            let counts = p.step_counts();
+                            let counts = counts.into_iter().map(|(k, n)| (k.to_string(), n));
+                            programs.push((label, counts.collect(), false));
                         }
                     }
                     steps = Some(programs);
@@ -407,6 +409,7 @@ pub fn run_onnx(
                     &on_gpu,
                     reference,
                     plan,
+                    steps.get_or_insert_with(Vec::new),
                     progress,
                 ));
             }

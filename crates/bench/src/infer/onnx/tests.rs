@@ -327,3 +327,29 @@ fn without_gpu_discovery_fp32_strategies_are_skipped_and_the_cpu_row_is_judged_a
     let run = run_onnx(&options(path, only_gpu), None, &mut |_| {}).unwrap();
     assert!(run.float64.is_empty());
 }
+
+#[test]
+fn the_engine_line_says_whether_its_steps_are_planned_or_as_lowered() {
+    let planned = (
+        general::program_label(gpukit_tensor::DType::F32, gpukit_tensor::Layout::Nhwc),
+        vec![
+            ("conv+epilogue (f64 sums)".to_string(), 3),
+            ("pool".to_string(), 1),
+        ],
+        true,
+    );
+    let lowered = (
+        "f16 nhwc".to_string(),
+        vec![("conv+bias+relu (cuDNN)".to_string(), 4)],
+        false,
+    );
+    let line = general::describe(Some(&[planned, lowered]), "H200");
+    assert!(
+        line.contains("f32 nhwc: 3 conv+epilogue (f64 sums), 1 pool;"),
+        "{line}"
+    );
+    assert!(
+        line.ends_with("f16 nhwc (as lowered, not planned): 4 conv+bias+relu (cuDNN)"),
+        "{line}"
+    );
+}

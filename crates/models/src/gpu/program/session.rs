@@ -781,6 +781,20 @@ impl<'a> ProgramSession<'a> {
     }
 
     /// Every step's [`OpInfo`], in order.
+    /// The steps by what runs them, as planning chose (a convolution on cuDNN, on cuBLASLt's
+    /// product, summed in f64, ...), in order of first appearance.
+    pub fn step_counts(&self) -> Vec<(String, usize)> {
+        let mut counts: Vec<(String, usize)> = Vec::new();
+        for i in 0..self.program.steps.len() {
+            let kind = self.op_info(i).name;
+            match counts.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((kind, 1)),
+            }
+        }
+        counts
+    }
+
     pub fn op_infos(&self) -> Vec<OpInfo> {
         (0..self.program.steps.len())
             .map(|i| self.op_info(i))
