@@ -12,6 +12,7 @@ pub mod onnx;
 pub mod ort_runner;
 pub use gpukit_types::arena as plan;
 pub mod resnet;
+pub mod sums;
 pub mod weights;
 
 pub use error::{Error, Result};

@@ -15,7 +15,8 @@
 //! checked to be the file's model).
 //!
 //! Rows:
-//! - [`GRAPH_CPU_ROW`]: `gpukit_models::graph::forward_cpu` on the optimized graph, f32. It
+//! - [`GRAPH_CPU_ROW`]: `gpukit_models::graph::forward_cpu_exact` on the optimized graph, f32,
+//!   with the convolutions the accuracy budget picks summed in f64 (`exact_convolutions`). It
 //!   fails when any output differs from ONNX Runtime's by more than [`TOLERANCE`] (max |diff|
 //!   over max |ONNX Runtime's|, [`crate::accuracy::agreement`]).
 //! - [`ORT_ROW`](crate::workload::strategy::ORT_ROW): ONNX Runtime on the file's bytes as they are (its path where the weights

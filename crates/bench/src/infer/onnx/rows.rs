@@ -10,7 +10,9 @@ use crate::measure::{time_host, Plan};
 use crate::random::{fresh_seed, normal_f32};
 use crate::report::RowStatus;
 use crate::workload::strategy::ORT_ROW;
-use gpukit_models::graph::{forward_cpu, forward_cpu_f64, Array, Data};
+use gpukit_models::graph::{
+    exact_convolutions, forward_cpu, forward_cpu_exact, forward_cpu_f64, Array, Data,
+};
 use gpukit_models::ort_runner::OrtModel;
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -303,9 +305,18 @@ impl Bench<'_> {
         float64: Option<&Float64>,
     ) -> (InferRow, Option<Outputs>) {
         let mut r = row(GRAPH_CPU_ROW, "cpu", n);
+        // the convolutions that sum in f64, chosen by the accuracy budget (as the GPU engine's
+        // f32 programs do): none on most models, ResNet-50's earliest
+        let exact = match exact_convolutions(&p.optimized) {
+            Ok((flags, _, _)) => flags,
+            Err(e) => {
+                r.status = RowStatus::Failed(format!("choosing the f64 sums: {e}"));
+                return (r, None);
+            }
+        };
         let mut out = Vec::new();
         let timed = time_host(self.plan, || {
-            out = forward_cpu(&p.optimized, inputs)?;
+            out = forward_cpu_exact(&p.optimized, inputs, &exact)?;
             Ok::<(), gpukit_models::Error>(())
         });
         let t = match timed {

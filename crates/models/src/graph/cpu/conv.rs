@@ -172,3 +172,36 @@ fn epilogue<T: Real>(
     });
     Ok(())
 }
+
+/// [`conv`] with its sums in f64: the inputs widened, the convolution, bias and residual in
+/// f64, each output rounded once to `T`, then the activation in `T` (what the f32 interpreter
+/// runs for a convolution chosen by `exact::exact_convolutions`).
+pub(super) fn conv_exact<T: Real>(
+    c: &Conv,
+    inputs: &[View<T>],
+    out_shape: &[usize],
+) -> Result<Vec<T>, String> {
+    let wide: Vec<Vec<f64>> = inputs
+        .iter()
+        .map(|v| Ok(v.real()?.par_iter().map(|x| x.to_f64()).collect()))
+        .collect::<Result<_, String>>()?;
+    let views: Vec<View<f64>> = inputs
+        .iter()
+        .zip(&wide)
+        .map(|(v, w)| View {
+            shape: v.shape,
+            data: super::Elems::Real(w),
+        })
+        .collect();
+    let mut bare = c.clone();
+    bare.epilogue.activation = None;
+    let sums = conv::<f64>(&bare, &views, out_shape)?;
+    let act = c.epilogue.activation;
+    Ok(sums
+        .par_iter()
+        .map(|&v| {
+            let y = T::from_f64(v);
+            act.map_or(y, |a| activate(a, y))
+        })
+        .collect())
+}

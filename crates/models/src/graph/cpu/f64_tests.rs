@@ -5,7 +5,8 @@
 use super::tests::{conv_case, f64s, rng, run_one};
 use crate::graph::passes::optimize;
 use crate::graph::{
-    forward_cpu, forward_cpu_f64, Array, Conv, DType, Data, Epilogue, GraphBuilder, Op,
+    exact_convolutions, forward_cpu, forward_cpu_exact, forward_cpu_f64, Activation, Array, Conv,
+    DType, Data, Epilogue, GraphBuilder, Op,
 };
 use crate::onnx::{fixtures, import_bytes, ImportOptions};
 use gpukit_tensor::random::{fresh_seed, uniform_f32};
@@ -161,5 +162,90 @@ fn i64_outputs_and_bad_inputs_are_the_same_in_f64() {
             forward_cpu_f64(&g, &bad).unwrap_err().to_string(),
             forward_cpu(&g, &bad).unwrap_err().to_string()
         );
+    }
+}
+
+#[test]
+fn a_convolution_summed_in_f64_is_the_f64_result_rounded_once() {
+    // bias, residual and ReLU: the sums, bias and residual in f64, one rounding, then ReLU
+    let (seed, mut rng) = rng();
+    let (n, c, h, k) = (2, 48, 7, 24);
+    let cv = Conv {
+        epilogue: Epilogue {
+            residual: true,
+            activation: Some(Activation::Relu),
+        },
+        ..conv(3, 1, 1, 1, true)
+    };
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, vec![n, c, h, h]).unwrap();
+    let z = b.input("z", DType::F32, vec![n, k, h, h]).unwrap();
+    let values = |rng: &mut ChaCha8Rng, len: usize| -> Vec<f32> {
+        (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+    };
+    let w = b
+        .constant(
+            "w",
+            vec![k, c, 3, 3],
+            Data::F32(values(&mut rng, k * c * 9)),
+        )
+        .unwrap();
+    let bias = b
+        .constant("b", vec![k], Data::F32(values(&mut rng, k)))
+        .unwrap();
+    let y = b
+        .node("conv", Op::Conv(cv), &[x, w, bias, z], &["y"])
+        .unwrap()[0];
+    b.output(y);
+    let g = b.finish().unwrap();
+    let feed = [
+        Array::f32(&[n, c, h, h], values(&mut rng, n * c * h * h)),
+        Array::f32(&[n, k, h, h], values(&mut rng, n * k * h * h)),
+    ];
+    let exact = forward_cpu_exact(&g, &feed, &[true]).unwrap();
+    let double = forward_cpu_f64(&g, &feed).unwrap();
+    let rounded: Vec<f32> = double[0].data.iter().map(|&v| v as f32).collect();
+    assert_eq!(exact[0].as_f32().unwrap(), &rounded[..], "seed {seed}");
+    // and f32's own sums are not that (so the comparison shows something)
+    let single = forward_cpu(&g, &feed).unwrap();
+    assert_ne!(single[0].as_f32().unwrap(), &rounded[..], "seed {seed}");
+}
+
+#[test]
+fn the_budget_leaves_shallow_fixtures_on_f32_sums_and_marks_only_convolutions() {
+    let seed = fresh_seed();
+    let options = ImportOptions {
+        batch: Some(2),
+        dims: Vec::new(),
+    };
+    for f in fixtures::all(seed) {
+        let mut g = import_bytes(&f.bytes(), &options).unwrap();
+        optimize(&mut g).unwrap();
+        let (flags, before, moved) = exact_convolutions(&g).unwrap();
+        assert_eq!(flags.len(), g.nodes.len());
+        // a few layers of f32 sums stay well within 4e-6 of f64 sums (run 117's GPU
+        // fixtures: 0.6-2.4e-7)
+        assert!(
+            before <= crate::sums::SUM_BUDGET,
+            "seed {seed} {}: {before:e}",
+            f.name
+        );
+        assert_eq!(moved, 0, "seed {seed} {}", f.name);
+        assert!(flags.iter().all(|&f| !f));
+        // every flag set runs: all convolutions in f64 stay within f32's tolerance of f32
+        let all: Vec<bool> = g
+            .nodes
+            .iter()
+            .map(|n| matches!(n.op, Op::Conv(_)))
+            .collect();
+        let x = uniform_f32(2 * 3 * fixtures::SIDE * fixtures::SIDE, seed);
+        let inputs = [Array::f32(&[2, 3, fixtures::SIDE, fixtures::SIDE], x)];
+        let exact = forward_cpu_exact(&g, &inputs, &all).unwrap();
+        let double = forward_cpu_f64(&g, &inputs).unwrap();
+        let apart = max_rel(
+            exact[0].as_f32().unwrap().iter().map(|&v| f64::from(v)),
+            &double[0].data,
+        );
+        assert!(apart <= 1e-5, "seed {seed} {}: {apart:e}", f.name);
     }
 }

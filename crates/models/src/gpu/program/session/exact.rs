@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::gpu::program::kernels::exact::{self, ExactKernels};
 use crate::gpu::program::lower::{ConvStep, Step, Tref};
 use crate::gpu::program::Program;
+use crate::sums::{fewest_within, largest_distance, SUM_BUDGET};
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::DeviceBuffer;
 use gpukit_tensor::random::{fresh_seed, normal_f32};
@@ -40,12 +41,6 @@ pub enum ExactSums {
 /// kept (run 117: ResNet-50's fp32 rows 2.1-2.6e-6 from float64 with every convolution summed
 /// in f64, 2.1-2.9e-5 with cuDNN's sums, where 1e-5 is the bar).
 pub const EXACT_MARGIN: f64 = 1.25;
-
-/// How far (relative, max |a - b| / max |b| over each output) the timed choice's outputs may
-/// be from those with every candidate summed in f64, on one random input, before the earliest
-/// convolutions left on cuDNN's sums move to f64 too. An f32 row is judged by 1e-5 from float64
-/// and the all-f64 programs of run 117 sat at 0.1-2.6e-6 from it.
-pub const SUM_BUDGET: f64 = 4e-6;
 
 impl ExactSums {
     /// What `GPUKIT_EXACT_SUMS` asks for (`off`, `all`, `timed:FACTOR`; anything else: timed
@@ -92,41 +87,6 @@ pub(super) struct ExactScratch {
     out: DeviceBuffer,
     /// Bytes of the scratch and of the f64 filters.
     pub bytes: usize,
-}
-
-/// `distance(0)` and the smallest `j` in `0..=count` with `distance(j) <= budget`, by
-/// bisection: `distance(count)` is taken to be within (all moved), and `distance` to fall as
-/// `j` grows.
-fn fewest_within<E>(
-    count: usize,
-    budget: f64,
-    distance: &mut impl FnMut(usize) -> std::result::Result<f64, E>,
-) -> std::result::Result<(f64, usize), E> {
-    let before = distance(0)?;
-    if before <= budget {
-        return Ok((before, 0));
-    }
-    let (mut bad, mut good) = (0, count);
-    while good - bad > 1 {
-        let mid = (bad + good) / 2;
-        match distance(mid)? <= budget {
-            true => good = mid,
-            false => bad = mid,
-        }
-    }
-    Ok((before, good))
-}
-
-/// max |got - want| / max |want| (infinite where `got` has a value that is not finite).
-fn relative(got: &[f32], want: &[f32]) -> f64 {
-    if got.len() != want.len() || got.iter().any(|v| !v.is_finite()) {
-        return f64::INFINITY;
-    }
-    let scale = want.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
-    let diff = got.iter().zip(want).fold(0f64, |m, (a, b)| {
-        m.max((f64::from(*a) - f64::from(*b)).abs())
-    });
-    diff / scale.max(f64::MIN_POSITIVE)
 }
 
 /// The filter of a convolution as stored (`[k, K]`, K in the order the layout's filter has)
@@ -295,11 +255,8 @@ impl ProgramSession<'_> {
         let reference = self.outputs_with(decided, &left, &xs)?;
         let mut distance = |first: usize| -> Result<f64> {
             let got = self.outputs_with(decided, &left[..first], &xs)?;
-            Ok(got
-                .iter()
-                .zip(&reference)
-                .map(|(g, r)| relative(g, r))
-                .fold(0f64, f64::max))
+            let pairs = got.iter().zip(&reference);
+            Ok(largest_distance(pairs.map(|(g, r)| (&g[..], &r[..]))))
         };
         let (before, good) = fewest_within(left.len(), SUM_BUDGET, &mut distance)?;
         for &n in &left[..good] {
@@ -387,33 +344,6 @@ mod tests {
         let b = transposed_f64(&w, 2, 3).expect("2 x 3");
         assert_eq!(b, vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
         assert!(transposed_f64(&w, 2, 4).is_none());
-    }
-
-    #[test]
-    fn the_fewest_moves_within_the_budget_are_found_in_few_runs() {
-        // distance after moving j of 24: 2.25e-5 falling by 1e-6 a move (4.5e-6 at 18, 3.5e-6 at 19)
-        let mut runs = 0;
-        let mut d = |j: usize| -> std::result::Result<f64, ()> {
-            runs += 1;
-            Ok(2.25e-5 - 1e-6 * j as f64)
-        };
-        let (before, j) = fewest_within(24, 4e-6, &mut d).unwrap();
-        assert_eq!((before, j), (2.25e-5, 19));
-        assert!(runs <= 1 + 5, "{runs} runs");
-        // within already: nothing moves, one run
-        let mut within = |_: usize| -> std::result::Result<f64, ()> { Ok(1e-6) };
-        assert_eq!(fewest_within(10, 4e-6, &mut within).unwrap(), (1e-6, 0));
-        // never within until everything moves
-        let mut far =
-            |j: usize| -> std::result::Result<f64, ()> { Ok(if j < 7 { 1.0 } else { 0.0 }) };
-        assert_eq!(fewest_within(7, 4e-6, &mut far).unwrap().1, 7);
-    }
-
-    #[test]
-    fn distances_are_relative_to_the_largest_value_and_infinite_for_nan() {
-        assert_eq!(relative(&[1.0, 2.0], &[1.0, 4.0]), 0.5);
-        assert_eq!(relative(&[1.0, f32::NAN], &[1.0, 4.0]), f64::INFINITY);
-        assert_eq!(relative(&[1.0], &[1.0, 4.0]), f64::INFINITY);
     }
 
     #[test]
