@@ -10,6 +10,7 @@ use crate::measure::{time_host, Plan};
 use crate::random::{fresh_seed, normal_f32};
 use crate::report::RowStatus;
 use crate::workload::strategy::ORT_ROW;
+use gpukit_models::gpu::program::ExactSums;
 use gpukit_models::graph::{
     exact_convolutions, forward_cpu, forward_cpu_exact, forward_cpu_f64, Array, Data,
 };
@@ -217,12 +218,16 @@ impl Bench<'_> {
         }
         let mut optimized = None;
         let mut gpukit_rate = None;
+        // the passes' check compares the two graphs in plain f32: the row's outputs serve it
+        // only where no convolution summed in f64
+        let mut plain = true;
         if self.cpu {
             progress(&format!("infer --onnx: {GRAPH_CPU_ROW} batch {n}"));
-            let (r, outputs) =
+            let (r, outputs, f64_sums) =
                 self.gpukit_row(n, p, &inputs, reference.as_ref(), at.float64.as_ref());
             gpukit_rate = r.images_per_s;
             optimized = outputs;
+            plain = !f64_sums;
             at.rows.push(r);
         }
         if let Some(mut r) = ort_row {
@@ -255,6 +260,7 @@ impl Bench<'_> {
             progress(&format!(
                 "infer --onnx: the graph as imported, batch {n} (the passes' check)"
             ));
+            let optimized = optimized.filter(|_| plain);
             at.passes_check = Some(passes_check(p, &inputs, optimized, self.outputs, n));
         }
         at
@@ -295,7 +301,8 @@ impl Bench<'_> {
     }
 
     /// gpukit's row: the optimized graph timed, its last outputs judged against `reference`
-    /// (a row that fails shows no speed); and those outputs.
+    /// (a row that fails shows no speed); those outputs, and whether any convolution summed
+    /// in f64.
     fn gpukit_row(
         &self,
         n: usize,
@@ -303,17 +310,24 @@ impl Bench<'_> {
         inputs: &[Array],
         reference: Option<&Result<Outputs, String>>,
         float64: Option<&Float64>,
-    ) -> (InferRow, Option<Outputs>) {
+    ) -> (InferRow, Option<Outputs>, bool) {
         let mut r = row(GRAPH_CPU_ROW, "cpu", n);
         // the convolutions that sum in f64, chosen by the accuracy budget (as the GPU engine's
-        // f32 programs do): none on most models, ResNet-50's earliest
-        let exact = match exact_convolutions(&p.optimized) {
+        // f32 programs do): none on most models, ResNet-50's earliest; GPUKIT_EXACT_SUMS=off:
+        // none
+        let off = ExactSums::from_env() == ExactSums::Off;
+        let chosen = match off {
+            true => Ok((vec![false; p.optimized.nodes.len()], 0.0, 0)),
+            false => exact_convolutions(&p.optimized),
+        };
+        let exact = match chosen {
             Ok((flags, _, _)) => flags,
             Err(e) => {
                 r.status = RowStatus::Failed(format!("choosing the f64 sums: {e}"));
-                return (r, None);
+                return (r, None, false);
             }
         };
+        let f64_sums = exact.contains(&true);
         let mut out = Vec::new();
         let timed = time_host(self.plan, || {
             out = forward_cpu_exact(&p.optimized, inputs, &exact)?;
@@ -323,7 +337,7 @@ impl Bench<'_> {
             Ok(t) => t,
             Err(e) => {
                 r.status = RowStatus::Failed(e.to_string());
-                return (r, None);
+                return (r, None, f64_sums);
             }
         };
         let got = as_f32(out);
@@ -368,7 +382,7 @@ impl Bench<'_> {
             r.speedup_vs_reference = Some(1.0);
             r.timing = Some(t);
         }
-        (r, Some(got))
+        (r, Some(got), f64_sums)
     }
 }
 
