@@ -29,7 +29,8 @@ pub(crate) type OutType = (DType, Vec<usize>);
 pub use crate::error::GraphError;
 pub use builder::GraphBuilder;
 pub use cpu::{
-    exact_convolutions, forward_cpu, forward_cpu_exact, forward_cpu_f64, last_uses, Array, ArrayF64,
+    exact_convolutions, forward_cpu, forward_cpu_exact, forward_cpu_f64, forward_cpu_f64_rounded,
+    last_uses, Array, ArrayF64,
 };
 pub use infer::MAX_ELEMENTS;
 pub use op::{Activation, Binary, Conv, Epilogue, Gemm, Op, Pool};

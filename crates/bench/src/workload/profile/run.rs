@@ -683,20 +683,12 @@ pub fn profile_onnx(
             gpukit_models::graph::Array::f32(&shape, x)
         })
         .collect();
-    // f32 rows against float64 (the f32 interpreter's own sums are 2e-5 from it on deep
-    // networks, over the 1e-5 an f32 row is judged by), the others against the interpreter
+    // f32 rows against float64 (the f32 interpreter's sums drift too far), others the interpreter
     let want = match gs.dtype {
-        gpukit_tensor::DType::F32 => gpukit_models::graph::forward_cpu_f64(&graph, &inputs)
-            .map_err(gpukit_models::Error::from)?
-            .into_iter()
-            .map(|a| {
-                let v: Vec<f32> = a.data.iter().map(|&x| x as f32).collect();
-                gpukit_models::graph::Array::f32(&a.shape, v)
-            })
-            .collect(),
-        _ => gpukit_models::graph::forward_cpu(&graph, &inputs)
-            .map_err(gpukit_models::Error::from)?,
-    };
+        gpukit_tensor::DType::F32 => gpukit_models::graph::forward_cpu_f64_rounded(&graph, &inputs),
+        _ => gpukit_models::graph::forward_cpu(&graph, &inputs),
+    }
+    .map_err(gpukit_models::Error::from)?;
     let xs: Vec<&[f32]> = inputs.iter().filter_map(|a| a.as_f32()).collect();
     let mut session =
         gpukit_models::gpu::program::ProgramSession::new(&ctx, discovery, &program, progress)?;
