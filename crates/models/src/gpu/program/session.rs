@@ -780,7 +780,6 @@ impl<'a> ProgramSession<'a> {
         }
     }
 
-    /// Every step's [`OpInfo`], in order.
     /// The steps by what runs them, as planning chose (a convolution on cuDNN, on cuBLASLt's
     /// product, summed in f64, ...), in order of first appearance.
     pub fn step_counts(&self) -> Vec<(String, usize)> {
@@ -795,6 +794,7 @@ impl<'a> ProgramSession<'a> {
         counts
     }
 
+    /// Every step's [`OpInfo`], in order.
     pub fn op_infos(&self) -> Vec<OpInfo> {
         (0..self.program.steps.len())
             .map(|i| self.op_info(i))
