@@ -290,3 +290,23 @@ pub(super) fn peak_activation_bytes(graph: &Graph) -> Option<u64> {
     }
     Some(peak)
 }
+
+/// The most bytes one convolution's f64 copies take when it sums in f64 on the CPU (its
+/// inputs, weights included, widened, and its f64 output beside the f32 one the peak counts):
+/// what the CPU row's f64 sums add to [`peak_activation_bytes`] at worst. 0 without
+/// convolutions; None where a size overflows.
+pub(super) fn widest_f64_convolution_bytes(graph: &Graph) -> Option<u64> {
+    let elements = |id: usize| -> Option<u64> {
+        let v = graph.values.get(id)?;
+        gpukit_types::resources::bytes(&v.shape, 1)
+    };
+    graph
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, gpukit_models::graph::Op::Conv(_)))
+        .try_fold(0u64, |widest, n| {
+            let mut operands = n.inputs.iter().chain(&n.outputs);
+            let total = operands.try_fold(0u64, |acc, &v| acc.checked_add(elements(v)?))?;
+            Some(widest.max(total.checked_mul(8)?))
+        })
+}

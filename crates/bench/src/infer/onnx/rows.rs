@@ -3,7 +3,7 @@
 //! own check (the graph as imported against it as optimized). Where fp32 GPU rows follow, the
 //! float64 reference they are judged against.
 
-use super::model::{float64_bytes, peak_activation_bytes, Prepared};
+use super::model::{float64_bytes, peak_activation_bytes, widest_f64_convolution_bytes, Prepared};
 use crate::accuracy::{agreement, verdict, Agreement};
 use crate::infer::report::{rate, row, Float64Check, InferRow};
 use crate::measure::{time_host, Plan};
@@ -177,6 +177,13 @@ impl Bench<'_> {
         .with(
             "input and live activations",
             peak_activation_bytes(&p.optimized),
+        )
+        .with(
+            "one convolution's f64 copies, where it sums in f64",
+            match self.cpu {
+                true => widest_f64_convolution_bytes(&p.optimized),
+                false => Some(0),
+            },
         )
         .with(
             "the graph as imported, for the passes' check",

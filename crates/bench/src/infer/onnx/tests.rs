@@ -1,7 +1,7 @@
 //! `infer --onnx` on the importer's fixtures, without ONNX Runtime (the CLI tests run it
 //! against ONNX Runtime where it is installed).
 
-use super::model::{peak_activation_bytes, prepare};
+use super::model::{peak_activation_bytes, prepare, widest_f64_convolution_bytes};
 use super::rows::{judge, judge_float64, Bench, Float64};
 use super::*;
 use gpukit_models::onnx::fixtures;
@@ -351,5 +351,32 @@ fn the_engine_line_says_whether_its_steps_are_planned_or_as_lowered() {
     assert!(
         line.ends_with("f16 nhwc (as lowered, not planned): 4 conv+bias+relu (cuDNN)"),
         "{line}"
+    );
+}
+
+#[test]
+fn the_widest_convolution_in_f64_counts_its_operands_at_8_bytes() {
+    use gpukit_models::graph::{Conv, DType, Data, Epilogue, GraphBuilder, Op};
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, vec![1, 3, 8, 8]).unwrap();
+    let w = b
+        .constant("w", vec![4, 3, 3, 3], Data::F32(vec![0.5; 108]))
+        .unwrap();
+    let cv = Conv {
+        kernel: [3, 3],
+        strides: [1, 1],
+        pads: [1; 4],
+        dilations: [1, 1],
+        groups: 1,
+        bias: false,
+        epilogue: Epilogue::default(),
+    };
+    let y = b.node("conv", Op::Conv(cv), &[x, w], &["y"]).unwrap()[0];
+    b.output(y);
+    let g = b.finish().unwrap();
+    // x 192, w 108, y 256 values
+    assert_eq!(
+        widest_f64_convolution_bytes(&g),
+        Some((192 + 108 + 256) * 8)
     );
 }
