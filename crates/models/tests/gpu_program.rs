@@ -11,6 +11,8 @@ use gpukit_models::gpu::program::{OwnConvs, Program, ProgramKernels, ProgramSess
 use gpukit_models::gpu::{GpuContext, ENGINE_DTYPES};
 use gpukit_models::graph::{forward_cpu, passes::optimize, Array, Graph};
 use gpukit_models::onnx::{fixtures, import_model, ImportOptions};
+/// max |got - want| / max |want|, infinite for a value that is not finite.
+use gpukit_models::sums::relative as rel;
 use gpukit_tensor::codec::{decode_f32, decode_f64, encode_f32};
 use gpukit_tensor::random::{fresh_seed, normal_f32};
 use gpukit_tensor::{DType, Layout};
@@ -32,17 +34,6 @@ fn tolerance(d: DType) -> f64 {
         DType::Tf32 | DType::F16 => 2e-2,
         _ => 6e-2,
     }
-}
-
-fn rel(got: &[f32], want: &[f32]) -> f64 {
-    if got.len() != want.len() || got.iter().any(|v| !v.is_finite()) {
-        return f64::INFINITY;
-    }
-    let scale = want.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
-    let diff = got.iter().zip(want).fold(0f64, |m, (a, b)| {
-        m.max((f64::from(*a) - f64::from(*b)).abs())
-    });
-    diff / scale.max(f64::MIN_POSITIVE)
 }
 
 fn graph(model: &gpukit_models::onnx::ModelProto, batch: usize) -> Result<Graph, Failed> {
