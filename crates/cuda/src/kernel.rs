@@ -209,6 +209,10 @@ pub fn warm_cache(discovery: &Discovery, ordinal: usize, modules: &[KernelSource
 /// Threads per block of [`grid_for`].
 pub const BLOCK: u32 = 256;
 
+/// Dynamic shared memory a launch may take without raising the kernel's limit (48 KiB); a
+/// [`Launch::shared_bytes`] above it raises the limit to what the launch takes.
+pub const STATIC_SHARED_BYTES: u32 = 48 << 10;
+
 /// The shape of a launch: blocks, threads per block, dynamic shared memory, and whether the
 /// grid may start before the kernel ahead of it on the stream has finished.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -522,6 +526,19 @@ impl KernelModule {
             .map(|s| s.0.as_mut_ptr().cast::<std::ffi::c_void>())
             .collect();
         stream.raw().context().bind_to_thread()?;
+        if launch.shared_bytes > STATIC_SHARED_BYTES {
+            // more dynamic shared memory than a kernel gets unasked: the function's limit is
+            // raised to what this launch takes (the launch fails if the device has less)
+            // SAFETY: a live function handle of this module, in its (bound) context.
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    f.cu_function(),
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    launch.shared_bytes as std::ffi::c_int,
+                )
+            }
+            .result()?;
+        }
         if launch.early_start && self.early_start && early_start_allowed() {
             let mut attribute = sys::CUlaunchAttribute {
                 id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,

@@ -27,6 +27,9 @@ use depthwise::{depthwise_matches_float64, depthwise_variants_agree};
 #[path = "gpu_program/exact.rs"]
 mod exact;
 use exact::{exact_convolutions_match_float64, exact_sums_bring_fixtures_to_float64};
+#[path = "gpu_program/stem.rs"]
+mod stem;
+use stem::stem_pool_matches_float64;
 
 fn tolerance(d: DType) -> f64 {
     match d {
@@ -50,7 +53,7 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
     let discovery = DISCOVERY.get().ok_or("no discovery")?;
     let ctx = GpuContext::open(discovery, 0)?;
     let mut failures = Vec::new();
-    let (mut own_runs, mut product_runs) = (0, 0);
+    let (mut own_runs, mut product_runs, mut stem_runs) = (0, 0, 0);
     for batch in [2, 5] {
         // and the dilated, unevenly padded model, which runs in 16-bit channel-last only
         let seed = fresh_seed();
@@ -58,7 +61,12 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
             name: "atrous",
             model: fixtures::atrous(seed),
         };
-        for f in fixtures::all(seed).into_iter().chain([atrous]) {
+        // and ResNet's stem at its width, whose convolution and pool run as one step
+        let stem = fixtures::Fixture {
+            name: "resnet_stem",
+            model: fixtures::resnet_stem(seed),
+        };
+        for f in fixtures::all(seed).into_iter().chain([atrous, stem]) {
             let g = graph(&f.model, batch)?;
             let inputs: Vec<Array> = g
                 .inputs
@@ -106,6 +114,11 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
                 );
                 let p = Program::lower_with_conv1x1_gemm(&g, dtype, layout, conv1x1_gemm)
                     .map_err(|e| format!("{what}: {e}"))?;
+                stem_runs += p
+                    .step_counts()
+                    .iter()
+                    .filter(|(k, _)| k.starts_with("stem conv"))
+                    .count();
                 let mut s = ProgramSession::with_own_convs(&ctx, discovery, &p, &mut |_| {}, own)
                     .map_err(|e| format!("{what}: {e}"))?;
                 own_runs += s
@@ -143,6 +156,9 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
     }
     if product_runs == 0 {
         failures.push("no convolution ran as cuBLASLt's product".into());
+    }
+    if stem_runs == 0 {
+        failures.push("no stem and pool ran as one step".into());
     }
     if failures.is_empty() {
         Ok(())
@@ -540,7 +556,7 @@ fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 9] = [
+    let tests: [(&str, Test); 10] = [
         (
             "gpu::program::every_fixture_matches_the_interpreter",
             every_fixture_matches_the_interpreter,
@@ -576,6 +592,10 @@ fn main() {
         (
             "gpu::program::exact_sums_bring_fixtures_to_float64",
             exact_sums_bring_fixtures_to_float64,
+        ),
+        (
+            "gpu::program::stem_pool_matches_float64",
+            stem_pool_matches_float64,
         ),
     ];
     let trials = tests

@@ -403,15 +403,30 @@ pub fn kernels(source: &str) -> HashMap<String, Result<Vec<Declared>, String>> {
             i += 1;
             continue;
         }
-        // the declaration runs to its parameter list: `__global__ void name (`
-        let Some(open) = toks[i..]
-            .iter()
-            .position(|t| t.text() == "(")
-            .map(|p| p + i)
-        else {
+        // the declaration runs to its parameter list: `__global__ void name (`, perhaps with
+        // `__launch_bounds__(...)` before the name (skipped, with its arguments)
+        let mut head = Vec::new();
+        let mut open = None;
+        let mut j = i + 2;
+        while j < toks.len() {
+            match toks[j].text() {
+                "__launch_bounds__" => match macro_args(&toks, j + 1) {
+                    Some((_, next)) => j = next,
+                    None => break,
+                },
+                "(" => {
+                    open = Some(j);
+                    break;
+                }
+                _ => {
+                    head.push(toks[j].clone());
+                    j += 1;
+                }
+            }
+        }
+        let Some(open) = open else {
             break;
         };
-        let head = &toks[i + 2..open];
         let global = head.iter().any(|t| t.text() == "__global__");
         let name = match head.last() {
             Some(Token::Ident(n)) => n.clone(),
@@ -466,8 +481,10 @@ extern "C" __global__ void count(const unsigned* a, const unsigned* __restrict__
 extern "C" __global__ void widths(unsigned u, unsigned long long s, long long n, double d,
                                   float f, signed int i, unsigned int w) {}
 extern "C" __device__ int helper(int x) { return x; }
+extern "C" __global__ void __launch_bounds__(256, 2) bounded(const float* x, int n) {}
 "#;
         let all = kernels(src);
+        assert_eq!(kinds(src, "bounded"), [Param::Ptr, Param::I32]);
         assert_eq!(
             kinds(src, "add_bias_f32"),
             [Param::Ptr, Param::Ptr, Param::I32, Param::I32]

@@ -37,14 +37,19 @@ struct Net {
 
 impl Net {
     fn new(opset: i64, seed: u64) -> (Net, String) {
+        Net::with_image(opset, seed, (SIDE, SIDE))
+    }
+
+    /// A net over images of `h x w` pixels.
+    fn with_image(opset: i64, seed: u64, (h, w): (usize, usize)) -> (Net, String) {
         let mut m = ModelBuilder::new(opset, seed);
         let x = m.input(
             "input",
             &[
                 Dim::Named("batch"),
                 Dim::Fixed(3),
-                Dim::Fixed(SIDE),
-                Dim::Fixed(SIDE),
+                Dim::Fixed(h),
+                Dim::Fixed(w),
             ],
         );
         (Net { m }, x)
@@ -439,6 +444,35 @@ pub fn torch_flatten(seed: u64) -> ModelProto {
     let f = n.op("Reshape", &[&p, &target]);
     let l = n.linear(&f, 8);
     n.finish(&l)
+}
+
+/// ResNet's stem at its width: a 7x7 stride-2 convolution of 3 channels to 64, batch norm,
+/// ReLU, the 3x3 stride-2 max pool, over a 60 x 44 image (pooled 15 x 11: tiles of 8 or 4 fit
+/// neither side), its output the pooled map itself (every value compared, none averaged away).
+/// Not in [`all`]: its output is not logits; the GPU engine's stem-and-pool kernel is tested on it.
+pub fn resnet_stem(seed: u64) -> ModelProto {
+    let (mut n, x) = Net::with_image(17, seed, (60, 44));
+    let s = n.conv_bn_act(&x, (3, 64), 7, 2, 1, Some("Relu"));
+    let s = n.m.node(
+        "MaxPool",
+        &[&s],
+        vec![
+            attr_ints("kernel_shape", &[3, 3]),
+            attr_ints("pads", &[1, 1, 1, 1]),
+            attr_ints("strides", &[2, 2]),
+        ],
+    );
+    n.m.rename(&s, "pooled");
+    n.m.output(
+        "pooled",
+        &[
+            Dim::Named("batch"),
+            Dim::Fixed(64),
+            Dim::Fixed(15),
+            Dim::Fixed(11),
+        ],
+    );
+    n.m.model()
 }
 
 /// DeepLab's atrous layers and TensorFlow's "same" padding: a 3x3 convolution dilated by 2 with

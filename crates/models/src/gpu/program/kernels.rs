@@ -22,6 +22,7 @@ pub(super) mod depthwise;
 pub mod exact;
 pub mod gemm;
 pub(super) mod norm;
+pub mod stem;
 /// Every depthwise kernel by name, for `ProgramKernels::depthwise_variant`.
 pub use depthwise::variants as depthwise_variants;
 /// Every layer-norm kernel by name, for `ProgramKernels::layer_norm_variant`.

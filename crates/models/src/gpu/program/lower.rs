@@ -12,7 +12,8 @@ use std::collections::HashMap;
 
 pub use super::steps::Unsupported;
 pub(super) use super::steps::{
-    Buf, Const, ConvStep, DepthwiseStep, GemmStep, MatVecStep, OwnConvStep, Slot, Step, Tref,
+    Buf, Const, ConvStep, DepthwiseStep, GemmStep, MatVecStep, OwnConvStep, Slot, StemPoolStep,
+    Step, Tref,
 };
 
 /// A graph lowered for one dtype and layout.
@@ -394,7 +395,9 @@ impl<'g> Lowering<'g> {
         }
         for l in &mut life {
             if l.first == usize::MAX {
+                // no step touches it (a convolution's output the stem's pool took in): no bytes
                 l.first = 0;
+                l.bytes = 0;
             }
         }
         let plan = plan_reuse(&life);
@@ -590,7 +593,9 @@ impl<'g> Lowering<'g> {
                     max: matches!(node.op, Op::MaxPool(_)),
                     count_include_pad: p.count_include_pad,
                 };
-                self.push(Step::Pool { x, y, win });
+                if !self.join_stem_pool(node.inputs[0], x, y, &win) {
+                    self.push(Step::Pool { x, y, win });
+                }
                 self.set(out, y);
                 Ok(())
             }
@@ -858,5 +863,7 @@ impl<'g> Lowering<'g> {
 mod concat;
 mod conv;
 mod gemm;
+#[cfg(test)]
+mod stem_tests;
 #[cfg(test)]
 mod tests;

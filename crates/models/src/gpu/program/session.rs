@@ -23,6 +23,7 @@ mod choice;
 mod depthwise;
 mod exact;
 mod own_conv;
+mod stem;
 use choice::{lt_candidates, lt_epilogue, lt_spec, pick_gemm, time_candidates};
 pub use exact::{ExactSums, EXACT_MARGIN};
 pub use own_conv::OwnConvs;
@@ -60,6 +61,8 @@ pub struct ProgramSession<'a> {
     exact_candidates: Vec<bool>,
     exact_forced: bool,
     exact: Option<exact::ExactScratch>,
+    /// gpukit's stem-and-pool kernel, where the program has such a step.
+    stem: Option<super::kernels::stem::StemPool>,
     workspace: DeviceBuffer,
     graph: Option<Graph>,
     /// Most workspace a chosen convolution algorithm uses.
@@ -136,6 +139,7 @@ impl<'a> ProgramSession<'a> {
             exact_candidates: exact::exact_candidates(program, exact),
             exact_forced: exact == ExactSums::All,
             exact: None,
+            stem: stem::load(ctx, discovery, program)?,
             workspace: ctx.alloc(256, "convolution workspace")?,
             graph: None,
             workspace_bytes: 0,
@@ -654,6 +658,7 @@ impl<'a> ProgramSession<'a> {
             )?,
             Step::Depthwise(d) => self.enqueue_depthwise(i, d)?,
             Step::OwnConv(o) => self.run_own_step(o)?,
+            Step::StemPool(sp) => self.run_stem_pool(sp)?,
             Step::Conv(c) if self.conv_alts.get(i).is_some_and(Option::is_some) => {
                 if let Some(Some(alt)) = self.conv_alts.get(i) {
                     self.run_conv_alt(c, alt)?;
@@ -734,6 +739,7 @@ impl<'a> ProgramSession<'a> {
                 (2.0 * (m * n * kw) as f64, "NVRTC")
             }
             Step::Depthwise(d) => (d.shape.flops(), "NVRTC"),
+            Step::StemPool(sp) => (sp.conv.shape.flops(), "NVRTC"),
             Step::MatVec(m) => (2.0 * (m.n * m.k * m.c) as f64, "NVRTC"),
             Step::Gemm(g) => match self.gemms.get(i) {
                 Some(Some(GemmRun::Own { .. })) => (2.0 * (g.m * g.n * g.k) as f64, "NVRTC"),

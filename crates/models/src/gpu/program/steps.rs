@@ -142,6 +142,16 @@ pub(super) struct OwnConvStep {
     pub y: Tref,
 }
 
+/// ResNet's blocked stem convolution with its bias and ReLU, and the 3 x 3 stride-2 max pool
+/// after it, on gpukit's kernel ([`super::kernels::stem`]): the convolution's output is never
+/// stored. `conv` is the convolution step it replaces (16-bit channel-last, 16 channels in, 64
+/// out, 4 x 4 taps at stride 1 unpadded, its ReLU fused, no residual); `y` the pool's output.
+#[derive(Debug, Clone)]
+pub(super) struct StemPoolStep {
+    pub conv: ConvStep,
+    pub y: Tref,
+}
+
 /// One step of the program.
 #[derive(Debug, Clone)]
 pub(super) enum Step {
@@ -165,6 +175,7 @@ pub(super) enum Step {
     },
     Conv(ConvStep),
     OwnConv(OwnConvStep),
+    StemPool(StemPoolStep),
     Depthwise(DepthwiseStep),
     MatVec(MatVecStep),
     Pointwise {
@@ -212,6 +223,7 @@ impl Step {
             Step::Conv(c) => (std::iter::once(c.x).chain(c.z).collect(), c.y),
             Step::Depthwise(d) => (std::iter::once(d.x).chain(d.z).collect(), d.y),
             Step::OwnConv(o) => (std::iter::once(o.x).chain(o.z).collect(), o.y),
+            Step::StemPool(sp) => (vec![sp.conv.x], sp.y),
             Step::MatVec(m) => (std::iter::once(m.x).chain(m.z).collect(), m.y),
             Step::Pointwise { a, b, c, y, .. } => (
                 std::iter::once(*a)
@@ -244,6 +256,7 @@ impl Step {
             Step::Conv(_) => "conv (cuDNN)",
             Step::Depthwise(_) => "depthwise conv (gpukit)",
             Step::OwnConv(_) => "conv+epilogue (gpukit)",
+            Step::StemPool(_) => "stem conv+relu+max pool (gpukit)",
             Step::MatVec(_) => "1x1 conv of 1x1 maps (gpukit)",
             Step::Pointwise { .. } => "element-wise",
             Step::Pool { .. } => "pool",

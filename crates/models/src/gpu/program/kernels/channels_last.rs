@@ -714,11 +714,12 @@ mod tests {
         // every kernel of the engine's modules is launched to start early: each must wait for
         // the kernel ahead before it uses any pointer but its weights (taps, scale, shift)
         let source = format!(
-            "{}{SOURCE}{}{}{}",
+            "{}{SOURCE}{}{}{}{}",
             super::super::SOURCE,
             super::super::norm::SOURCE,
             super::super::gemm::SOURCE,
-            super::super::exact::SOURCE
+            super::super::exact::SOURCE,
+            super::super::stem::SOURCE
         );
         // weights, and the product tile's shared-memory stages
         let weights = ["w", "gamma", "beta", "xs", "ws"];
@@ -748,7 +749,7 @@ mod tests {
             }
             kernels += 1;
         }
-        assert_eq!(kernels, 21, "every kernel template checked");
+        assert_eq!(kernels, 22, "every kernel template checked");
     }
 
     #[test]

@@ -11,23 +11,10 @@ use gpukit_cuda::kernel::{tag, Arg, KernelModule, KernelSource, Launch, HALF};
 use gpukit_cuda::{DeviceBuffer, Error, Gpu, Result, Stream, View};
 use gpukit_types::DType;
 
-pub(super) const SOURCE: &str = r#"
-// y [m, n] = act(x [m, k] w [k, n] + bias [n] + z [m, n]), all row-major 16-bit, rows 16-byte
-// aligned, n a multiple of 8, k of 32 * gridDim.z; f32 accumulation. Block (x, y, z): the
-// 64 x 64 tile at columns 64 x, rows 64 y, over K range [z kc, (z + 1) kc). 4 warps of 32 x 32
-// outputs, mma.sync m16n8k16 on fragments read by ldmatrix from x and w tiles (64 x 32, 32 x 64)
-// double-buffered by cp.async in shared memory padded against bank conflicts. One piece of K
-// (gridDim.z 1): the epilogue from the registers. Several: each block writes its f32 tile to
-// part [z][m][n]; the last of a tile's blocks to finish (counts[tile], which it sets back to 0)
-// adds the pieces in order (the same sums whichever finishes last) and writes y. w is
-// constant: a block prefetches its slice into L2 and loads its first tile before it waits for
-// the kernel ahead. bias, z (laid out as y, may be y itself), part and counts may be null.
-#define GS_BM 64
-#define GS_BN 64
-#define GS_BK 32
-#define GS_XP 40
-#define GS_WP 72
-
+/// The tensor-core helpers gpukit's product kernels share: `Mma<T>::run` (mma.sync m16n8k16, f32
+/// accumulators, for H and B), `copy16` (cp.async of 16 bytes, zero-filled past `bytes`) and
+/// `ldmatrix4` / `ldmatrix4_trans` (four 8 x 8 matrices from shared memory).
+pub(super) const TENSOR_CORES: &str = r#"
 template <class T> struct Mma;
 template <> struct Mma<H> {
     static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
@@ -67,6 +54,25 @@ __device__ __forceinline__ void ldmatrix4_trans(unsigned* r, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(shared_address(p)));
 }
+
+"#;
+
+pub(super) const SOURCE: &str = r#"
+// y [m, n] = act(x [m, k] w [k, n] + bias [n] + z [m, n]), all row-major 16-bit, rows 16-byte
+// aligned, n a multiple of 8, k of 32 * gridDim.z; f32 accumulation. Block (x, y, z): the
+// 64 x 64 tile at columns 64 x, rows 64 y, over K range [z kc, (z + 1) kc). 4 warps of 32 x 32
+// outputs, mma.sync m16n8k16 on fragments read by ldmatrix from x and w tiles (64 x 32, 32 x 64)
+// double-buffered by cp.async in shared memory padded against bank conflicts. One piece of K
+// (gridDim.z 1): the epilogue from the registers. Several: each block writes its f32 tile to
+// part [z][m][n]; the last of a tile's blocks to finish (counts[tile], which it sets back to 0)
+// adds the pieces in order (the same sums whichever finishes last) and writes y. w is
+// constant: a block prefetches its slice into L2 and loads its first tile before it waits for
+// the kernel ahead. bias, z (laid out as y, may be y itself), part and counts may be null.
+#define GS_BM 64
+#define GS_BN 64
+#define GS_BK 32
+#define GS_XP 40
+#define GS_WP 72
 
 // The block's 64 x 64 tile of y = act(X w + bias + z) over K range [k0, k0 + kc): X's tile rows
 // come from `load_x(stage, kt)` (which fills xs[stage] with rows m0.. and K values
@@ -309,7 +315,7 @@ CONV_SMALL(B, bf16)
 pub fn kernel_source() -> KernelSource {
     KernelSource {
         stem: "program-gemm",
-        source: format!("{HALF}{}{SOURCE}", super::PRELUDE),
+        source: format!("{HALF}{}{TENSOR_CORES}{SOURCE}", super::PRELUDE),
         names: vec![
             "gemm_small_f16".into(),
             "gemm_small_bf16".into(),

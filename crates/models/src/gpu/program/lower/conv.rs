@@ -7,13 +7,16 @@
 //! channel-last only).
 
 use super::{
-    Buf, ConvStep, DepthwiseStep, GemmStep, Lowered, Lowering, MatVecStep, OwnConvStep, Step, Tref,
+    Buf, ConvStep, DepthwiseStep, GemmStep, Lowered, Lowering, MatVecStep, OwnConvStep,
+    StemPoolStep, Step, Tref,
 };
 use crate::gpu::program::kernels::depthwise;
 use crate::gpu::program::kernels::gemm::ConvGeometry;
+use crate::gpu::program::kernels::stem::{StemDims, STEM_CHANNELS, STEM_OUTPUTS, STEM_TAPS};
+use crate::gpu::program::kernels::Window;
 use crate::gpu::program::Strided;
 use crate::graph::{Activation, Binary, Op, ValueId};
-use gpukit_tensor::{ConvShape, Layout};
+use gpukit_tensor::{ConvShape, DType, Layout};
 
 impl Lowering<'_> {
     /// Whether a convolution reads `v` as its residual input (its only reader, checked by the
@@ -421,4 +424,56 @@ fn arrange_filter(w: &[f32], [k, cg, r, s]: [usize; 4], cg_pad: usize, layout: L
         }
     }
     out
+}
+
+impl Lowering<'_> {
+    /// Takes the 3 x 3 stride-2 max pool (padding 1) of `v` (its view `x`, into `y`) into the
+    /// convolution step just before it, as one stem-and-pool step on gpukit's kernel: where
+    /// that step computes `x` alone (its ReLU fused, no residual), only the pool reads it, and
+    /// the kernel takes its shape (16-bit channel-last, 16 channels in, 64 out, 4 x 4 taps at
+    /// stride 1 unpadded: the blocked 7 x 7 stem). `GPUKIT_NO_STEM_POOL=1` keeps the two steps
+    /// (A/B runs). Whether it did.
+    pub(super) fn join_stem_pool(&mut self, v: ValueId, x: Tref, y: Tref, win: &Window) -> bool {
+        let pool = win.max && win.kernel == [3, 3] && win.strides == [2, 2] && win.pads == [1; 4];
+        let sixteen = matches!(self.elem, DType::F16 | DType::Bf16);
+        if !pool
+            || !sixteen
+            || self.layout != Layout::Nhwc
+            || self.uses[v] != 1
+            || self.is_output[v]
+            || std::env::var_os("GPUKIT_NO_STEM_POOL").is_some_and(|s| s == "1")
+        {
+            return false;
+        }
+        let Some((_, Step::Conv(c))) = self.steps.last() else {
+            return false;
+        };
+        let sh = c.shape;
+        let dense = |t: &Tref| t.s == Strided::image(t.s.dims, Layout::Nhwc);
+        let [n, _, pp, pq] = y.s.dims;
+        let dims = StemDims {
+            n,
+            hb: sh.h,
+            wb: sh.w,
+            pp,
+            pq,
+        };
+        let takes = c.y == x
+            && c.fused_relu()
+            && c.z.is_none()
+            && (sh.c, sh.k, sh.r, sh.s) == (STEM_CHANNELS, STEM_OUTPUTS, STEM_TAPS, STEM_TAPS)
+            && (sh.stride, sh.pad, sh.groups) == (1, 0, 1)
+            && dense(&c.x)
+            && dense(&y)
+            && y.s.dims[1] == STEM_OUTPUTS
+            && dims.consistent();
+        if !takes {
+            return false;
+        }
+        let conv = c.clone();
+        let (name, _) = self.steps.pop().expect("the convolution step just read");
+        self.steps
+            .push((name, Step::StemPool(StemPoolStep { conv, y })));
+        true
+    }
 }

@@ -43,7 +43,7 @@ fn indices(dims: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
 
 /// The arena as cells of 2 bytes (the smallest element): element `i` of a slot whose elements
 /// take `e` bytes is the cell `offset / 2 + i * e / 2`, so slots the plan overlaps share cells.
-struct Emu<'p> {
+pub(super) struct Emu<'p> {
     p: &'p Program,
     arena: Vec<f32>,
 }
@@ -90,6 +90,46 @@ impl Emu<'_> {
             }
             (Buf::Const(_), _) => panic!("a step writes a constant"),
         }
+    }
+
+    /// Convolution step `c`'s outputs (its fused epilogue applied), by index.
+    fn conv_out(&self, c: &ConvStep) -> Vec<([usize; 4], f32)> {
+        let sh = c.shape;
+        let cg = sh.group_channels();
+        let kg = sh.k / sh.groups;
+        let w = &self.p.consts[c.w].values;
+        let mut out = Vec::new();
+        for [n, ko, p, q] in indices(c.y.s.dims) {
+            let g = ko / kg;
+            let mut s = 0f64;
+            for ci in 0..cg {
+                for i in 0..sh.r {
+                    for j in 0..sh.s {
+                        let yy = (p * sh.stride + i) as isize - sh.pad as isize;
+                        let xx = (q * sh.stride + j) as isize - sh.pad as isize;
+                        if yy < 0 || xx < 0 || yy >= sh.h as isize || xx >= sh.w as isize {
+                            continue;
+                        }
+                        let wi = match self.p.layout {
+                            Layout::Nchw => ((ko * cg + ci) * sh.r + i) * sh.s + j,
+                            Layout::Nhwc => ((ko * sh.r + i) * sh.s + j) * cg + ci,
+                        };
+                        let xv = self.get(&c.x, [n, g * cg + ci, yy as usize, xx as usize]);
+                        s += f64::from(xv) * f64::from(w[wi]);
+                    }
+                }
+            }
+            let mut v = s as f32;
+            if c.fused {
+                v += c.bias.map_or(0.0, |b| self.p.consts[b].values[ko]);
+                if let Some(z) = &c.z {
+                    v += self.get(z, [n, ko, p, q]);
+                }
+                v = act(c.act, v);
+            }
+            out.push(([n, ko, p, q], v));
+        }
+        out
     }
 
     fn step(&mut self, step: &Step) {
@@ -234,43 +274,27 @@ impl Emu<'_> {
                 }
             }
             Step::Conv(c) => {
-                let sh = c.shape;
-                let cg = sh.group_channels();
-                let kg = sh.k / sh.groups;
-                let w = &self.p.consts[c.w].values;
-                let mut out = Vec::new();
-                for [n, ko, p, q] in indices(c.y.s.dims) {
-                    let g = ko / kg;
-                    let mut s = 0f64;
-                    for ci in 0..cg {
-                        for i in 0..sh.r {
-                            for j in 0..sh.s {
-                                let yy = (p * sh.stride + i) as isize - sh.pad as isize;
-                                let xx = (q * sh.stride + j) as isize - sh.pad as isize;
-                                if yy < 0 || xx < 0 || yy >= sh.h as isize || xx >= sh.w as isize {
-                                    continue;
-                                }
-                                let wi = match self.p.layout {
-                                    Layout::Nchw => ((ko * cg + ci) * sh.r + i) * sh.s + j,
-                                    Layout::Nhwc => ((ko * sh.r + i) * sh.s + j) * cg + ci,
-                                };
-                                let xv = self.get(&c.x, [n, g * cg + ci, yy as usize, xx as usize]);
-                                s += f64::from(xv) * f64::from(w[wi]);
-                            }
-                        }
-                    }
-                    let mut v = s as f32;
-                    if c.fused {
-                        v += c.bias.map_or(0.0, |b| self.p.consts[b].values[ko]);
-                        if let Some(z) = &c.z {
-                            v += self.get(z, [n, ko, p, q]);
-                        }
-                        v = act(c.act, v);
-                    }
-                    out.push(([n, ko, p, q], v));
-                }
-                for (i, v) in out {
+                for (i, v) in self.conv_out(c) {
                     self.put(&c.y, i, v);
+                }
+            }
+            Step::StemPool(sp) => {
+                // the convolution's outputs, never in the arena, then the 3 x 3 stride-2 pool
+                // (padding 1) over them
+                let [_, k, p, q] = sp.conv.y.s.dims;
+                let mut conv = vec![f32::NAN; sp.conv.y.s.len()];
+                let at = |[n, ko, i, j]: [usize; 4]| ((n * k + ko) * p + i) * q + j;
+                for (i, v) in self.conv_out(&sp.conv) {
+                    conv[at(i)] = v;
+                }
+                for [n, ko, i, j] in indices(sp.y.s.dims) {
+                    let mut m = f32::NEG_INFINITY;
+                    for yy in (2 * i).saturating_sub(1)..(2 * i + 2).min(p) {
+                        for xx in (2 * j).saturating_sub(1)..(2 * j + 2).min(q) {
+                            m = m.max(conv[at([n, ko, yy, xx])]);
+                        }
+                    }
+                    self.put(&sp.y, [n, ko, i, j], m);
                 }
             }
             Step::OwnConv(o) => {
@@ -358,7 +382,7 @@ impl Emu<'_> {
     }
 
     /// Runs the program on `inputs`; the outputs, f32 row-major.
-    fn run(p: &Program, inputs: &[&[f32]]) -> Vec<Vec<f32>> {
+    pub(super) fn run(p: &Program, inputs: &[&[f32]]) -> Vec<Vec<f32>> {
         // NaN everywhere first: a read of a byte nothing wrote shows
         let mut e = Emu {
             p,
@@ -383,7 +407,7 @@ impl Emu<'_> {
     }
 }
 
-fn optimized(model: &crate::onnx::ModelProto) -> Graph {
+pub(super) fn optimized(model: &crate::onnx::ModelProto) -> Graph {
     let options = ImportOptions {
         batch: Some(2),
         dims: Vec::new(),
@@ -393,7 +417,7 @@ fn optimized(model: &crate::onnx::ModelProto) -> Graph {
     g
 }
 
-fn max_rel(got: &[f32], want: &[f32]) -> f64 {
+pub(super) fn max_rel(got: &[f32], want: &[f32]) -> f64 {
     let scale = want
         .iter()
         .fold(0f64, |m, v| m.max(f64::from(v.abs())))

@@ -1,0 +1,85 @@
+//! The stem and its max pool lowered as one step ([`StemPoolStep`]), checked without a GPU by
+//! the lowering's emulator against the graph interpreter.
+
+use super::tests::{max_rel, optimized, Emu};
+use super::*;
+use crate::graph::{forward_cpu, Array};
+use crate::onnx::fixtures;
+use gpukit_tensor::random::{fresh_seed, normal_f32};
+
+fn stems(p: &Program) -> usize {
+    p.steps
+        .iter()
+        .filter(|(_, s)| matches!(s, Step::StemPool(_)))
+        .count()
+}
+
+#[test]
+fn resnets_stem_and_its_pool_lower_to_one_step_in_16_bit_channel_last() {
+    let g = optimized(&fixtures::resnet_stem(fresh_seed()));
+    let inputs: Vec<Array> = g
+        .inputs
+        .iter()
+        .map(|&i| {
+            let shape = g.value(i).shape.clone();
+            Array::f32(&shape, normal_f32(shape.iter().product(), fresh_seed()))
+        })
+        .collect();
+    let want = forward_cpu(&g, &inputs).unwrap();
+    let xs: Vec<&[f32]> = inputs.iter().map(|a| a.as_f32().unwrap()).collect();
+    for dtype in [DType::F16, DType::Bf16] {
+        let p = Program::lower(&g, dtype, Layout::Nhwc).unwrap();
+        assert_eq!(stems(&p), 1, "{:?}", p.step_counts());
+        assert!(
+            !p.steps
+                .iter()
+                .any(|(_, s)| matches!(s, Step::Pool { .. } | Step::Conv(_))),
+            "{:?}",
+            p.step_counts()
+        );
+        for (o, (got, w)) in Emu::run(&p, &xs).iter().zip(&want).enumerate() {
+            let rel = max_rel(got, w.as_f32().unwrap());
+            assert!(rel <= 1e-5, "{dtype} output {o}: max rel. diff {rel:.1e}");
+        }
+        // the convolution's output is never stored: the plan holds no more than the slots
+        // some step touches
+        let touched: usize = p
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(s, _)| {
+                p.steps.iter().any(|(_, step)| {
+                    let (reads, write) = step.operands();
+                    reads
+                        .iter()
+                        .chain(Some(&write))
+                        .any(|t| t.buf == Buf::Slot(*s))
+                })
+            })
+            .map(|(_, slot)| slot.bytes.div_ceil(crate::plan::ALIGN) * crate::plan::ALIGN)
+            .sum();
+        assert!(
+            p.arena_bytes() <= touched,
+            "{} > {touched}",
+            p.arena_bytes()
+        );
+    }
+    // f32 and NCHW keep the convolution and the pool apart
+    for (dtype, layout) in [(DType::F32, Layout::Nhwc), (DType::F16, Layout::Nchw)] {
+        let p = Program::lower(&g, dtype, layout).unwrap();
+        assert_eq!(stems(&p), 0, "{dtype} {layout:?}");
+        for (o, (got, w)) in Emu::run(&p, &xs).iter().zip(&want).enumerate() {
+            let rel = max_rel(got, w.as_f32().unwrap());
+            assert!(
+                rel <= 1e-5,
+                "{dtype} {layout:?} output {o}: max rel. diff {rel:.1e}"
+            );
+        }
+    }
+    // a stem of 8 channels (the tiny ResNet's) stays two steps
+    let tiny = optimized(&fixtures::tiny_resnet(fresh_seed()));
+    assert_eq!(
+        stems(&Program::lower(&tiny, DType::F16, Layout::Nhwc).unwrap()),
+        0
+    );
+}
