@@ -25,7 +25,7 @@
 //! `set_inputs` + `enqueue` / `capture` + `replay` to time it) and
 //! [`ProgramSession::outputs`].
 
-pub mod blocks;
+mod blocks;
 pub mod kernels;
 mod lower;
 mod session;

@@ -146,20 +146,10 @@ pub(super) struct OwnConvStep {
 /// after it, on gpukit's kernel ([`super::kernels::stem`]): the convolution's output is never
 /// stored. `conv` is the convolution step it replaces (16-bit channel-last, 16 channels in, 64
 /// out, 4 x 4 taps at stride 1 unpadded, its ReLU fused, no residual); `y` the pool's output.
-/// `image`: the f32 graph input and its blocking, where the kernel converts the image itself
-/// (the conversion step is gone, and `conv.x`'s slot is never written).
 #[derive(Debug, Clone)]
 pub(super) struct StemPoolStep {
     pub conv: ConvStep,
     pub y: Tref,
-    pub image: Option<(Tref, Blocks)>,
-}
-
-impl StemPoolStep {
-    /// The view the step reads: the image, or its blocks.
-    pub fn input(&self) -> Tref {
-        self.image.map_or(self.conv.x, |(x, _)| x)
-    }
 }
 
 /// One step of the program.
@@ -233,7 +223,7 @@ impl Step {
             Step::Conv(c) => (std::iter::once(c.x).chain(c.z).collect(), c.y),
             Step::Depthwise(d) => (std::iter::once(d.x).chain(d.z).collect(), d.y),
             Step::OwnConv(o) => (std::iter::once(o.x).chain(o.z).collect(), o.y),
-            Step::StemPool(sp) => (vec![sp.input()], sp.y),
+            Step::StemPool(sp) => (vec![sp.conv.x], sp.y),
             Step::MatVec(m) => (std::iter::once(m.x).chain(m.z).collect(), m.y),
             Step::Pointwise { a, b, c, y, .. } => (
                 std::iter::once(*a)

@@ -47,14 +47,10 @@ template <> struct Pair<B> {
 // input double-buffered, with empty row tiles skipped, measured 20% slower: decision 184.)
 #define SP_WS 264
 #define SP_CS 72
-// With IMAGE, x is the f32 image itself, [n, c, h, w] (c <= 4), and the tile is converted as
-// it is staged: blocked pixel (by, bx) holds image rows 2 by - ur .. + 1 and columns
-// 2 bx - uc .. + 1, channel (2 b + b2) c + ch (zeros past the image and past 4 c), rounded to
-// T, exactly what the conversion step would have stored.
-template <class T, int TP, int WM, int MT, bool IMAGE>
-__device__ void stem_pool(const void* __restrict__ xv, const T* __restrict__ w,
+template <class T, int TP, int WM, int MT>
+__device__ void stem_pool(const T* __restrict__ x, const T* __restrict__ w,
                           const T* __restrict__ bias, T* __restrict__ y, int n, int hb, int wb,
-                          int pp, int pq, int c, int h, int wi, int ur, int uc) {
+                          int pp, int pq) {
     constexpr int TC = 2 * TP + 1, TI = TC + 3, M = TC * TC, NT = WM * 64;
     extern __shared__ __align__(16) unsigned char stem_shared[];
     T* ws = (T*)stem_shared;
@@ -68,8 +64,6 @@ __device__ void stem_pool(const void* __restrict__ xv, const T* __restrict__ w,
         copy16(ws + (i >> 5) * SP_WS + (i & 31) * 8, w + i * 8, 16);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     wait_for_previous_grid();
-    const T* x = (const T*)xv;
-    const float* image = (const float*)xv;
     const int p = hb - 3, q = wb - 3;
     float bv[4][2];
 #pragma unroll
@@ -91,53 +85,14 @@ __device__ void stem_pool(const void* __restrict__ xv, const T* __restrict__ w,
         const long long rest = tile / tx_n;
         const int ty = (int)(rest % ty_n), img = (int)(rest / ty_n);
         const int py0 = ty * TP, px0 = tx * TP, cy0 = 2 * py0 - 1, cx0 = 2 * px0 - 1;
-        if (IMAGE) {
-            // a thread a blocked pixel: its two rows of each channel as pairs of columns
-            // (8-byte loads where the image's rows are of even width, so that consecutive
-            // threads read consecutive pairs), each value rounded into its blocked channel
-            for (int pix = t; pix < TI * TI; pix += NT) {
-                const int iy = cy0 + pix / TI, ix = cx0 + pix % TI;
-                const bool in = iy >= 0 && iy < hb && ix >= 0 && ix < wb;
-                T* dst = xs + pix * 16;
-                const int swap = (pix >> 2) & 1;
-                // the channels past 4 c are zeros (and all of them outside the blocked image)
-                for (int k = in ? 4 * c : 0; k < 16; ++k)
-                    dst[(((k >> 3) ^ swap) << 3) + (k & 7)] = from_f<T>(0.0f);
-                if (!in) continue;
-                const int v = 2 * ix - uc;
-#pragma unroll
-                for (int b = 0; b < 2; ++b) {
-                    const int u = 2 * iy + b - ur;
-                    const bool row = u >= 0 && u < h;
-                    for (int ch = 0; ch < c; ++ch) {
-                        float a0 = 0.0f, a1 = 0.0f;
-                        if (row) {
-                            const float* r = image + (((long long)img * c + ch) * h + u) * wi;
-                            if (v >= 0 && v + 1 < wi && (wi & 1) == 0) {
-                                const float2 pair = __ldg((const float2*)(r + v));
-                                a0 = pair.x;
-                                a1 = pair.y;
-                            } else {
-                                if (v >= 0 && v < wi) a0 = r[v];
-                                if (v + 1 >= 0 && v + 1 < wi) a1 = r[v + 1];
-                            }
-                        }
-                        const int k0 = 2 * b * c + ch, k1 = k0 + c;
-                        dst[(((k0 >> 3) ^ swap) << 3) + (k0 & 7)] = from_f<T>(a0);
-                        dst[(((k1 >> 3) ^ swap) << 3) + (k1 & 7)] = from_f<T>(a1);
-                    }
-                }
-            }
-        } else {
-            for (int i = t; i < TI * TI * 2; i += NT) {
-                const int pix = i >> 1, hf = i & 1;
-                const int iy = cy0 + pix / TI, ix = cx0 + pix % TI;
-                const bool in = iy >= 0 && iy < hb && ix >= 0 && ix < wb;
-                const T* src = in ? x + (((long long)img * hb + iy) * wb + ix) * 16 + hf * 8 : x;
-                copy16(xs + pix * 16 + ((hf ^ ((pix >> 2) & 1)) << 3), src, in ? 16 : 0);
-            }
+        for (int i = t; i < TI * TI * 2; i += NT) {
+            const int pix = i >> 1, h = i & 1;
+            const int iy = cy0 + pix / TI, ix = cx0 + pix % TI;
+            const bool in = iy >= 0 && iy < hb && ix >= 0 && ix < wb;
+            const T* src = in ? x + (((long long)img * hb + iy) * wb + ix) * 16 + h * 8 : x;
+            copy16(xs + pix * 16 + ((h ^ ((pix >> 2) & 1)) << 3), src, in ? 16 : 0);
         }
-        if (!IMAGE) asm volatile("cp.async.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         __syncthreads();
         float acc[MT][4][4];
@@ -219,18 +174,10 @@ __device__ void stem_pool(const void* __restrict__ xv, const T* __restrict__ w,
 #define STEM_POOL(T, TAG)                                                                      \
 extern "C" __global__ void __launch_bounds__(256, 2) stem_pool8_##TAG(const T* x, const T* w, \
     const T* bias, T* y, int n, int hb, int wb, int pp, int pq)                                \
-    { stem_pool<T, 8, 4, 5, false>(x, w, bias, y, n, hb, wb, pp, pq, 0, 0, 0, 0, 0); }         \
+    { stem_pool<T, 8, 4, 5>(x, w, bias, y, n, hb, wb, pp, pq); }                               \
 extern "C" __global__ void __launch_bounds__(128, 4) stem_pool4_##TAG(const T* x, const T* w, \
     const T* bias, T* y, int n, int hb, int wb, int pp, int pq)                                \
-    { stem_pool<T, 4, 2, 3, false>(x, w, bias, y, n, hb, wb, pp, pq, 0, 0, 0, 0, 0); }         \
-extern "C" __global__ void __launch_bounds__(256, 2) stem_image8_##TAG(const float* x,         \
-    const T* w, const T* bias, T* y, int n, int hb, int wb, int pp, int pq, int c, int h,      \
-    int wi, int ur, int uc)                                                                    \
-    { stem_pool<T, 8, 4, 5, true>(x, w, bias, y, n, hb, wb, pp, pq, c, h, wi, ur, uc); }       \
-extern "C" __global__ void __launch_bounds__(128, 4) stem_image4_##TAG(const float* x,         \
-    const T* w, const T* bias, T* y, int n, int hb, int wb, int pp, int pq, int c, int h,      \
-    int wi, int ur, int uc)                                                                    \
-    { stem_pool<T, 4, 2, 3, true>(x, w, bias, y, n, hb, wb, pp, pq, c, h, wi, ur, uc); }
+    { stem_pool<T, 4, 2, 3>(x, w, bias, y, n, hb, wb, pp, pq); }
 STEM_POOL(H, f16)
 STEM_POOL(B, bf16)
 "#;
@@ -240,10 +187,14 @@ pub fn kernel_source() -> KernelSource {
     KernelSource {
         stem: "program-stem",
         source: format!("{HALF}{}{TENSOR_CORES}{SOURCE}", super::PRELUDE),
-        names: ["stem_pool8", "stem_pool4", "stem_image8", "stem_image4"]
-            .iter()
-            .flat_map(|k| [format!("{k}_f16"), format!("{k}_bf16")])
-            .collect(),
+        names: [
+            "stem_pool8_f16",
+            "stem_pool8_bf16",
+            "stem_pool4_f16",
+            "stem_pool4_bf16",
+        ]
+        .map(String::from)
+        .to_vec(),
     }
 }
 
@@ -346,14 +297,15 @@ impl StemPool {
         StemTile::for_work(dims.tiles8(), self.sms)
     }
 
-    /// `y = maxpool(relu(conv(x, w) + bias))` on `stream` (see the module): x as `input` says,
-    /// w `[64, 4, 4, 16]`, y `[n, pp, pq, 64]`, all dense channel-last, in tiles of `tile`.
+    /// `y = maxpool(relu(conv(x, w) + bias))` on `stream` (see the module): x `[n, hb, wb,
+    /// 16]`, w `[64, 4, 4, 16]`, y `[n, pp, pq, 64]`, all dense channel-last, in tiles of
+    /// `tile`.
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
         stream: &Stream,
         dtype: DType,
-        (input, w, bias, y): (StemInput<'_>, View<'_>, Option<View<'_>>, View<'_>),
+        (x, w, bias, y): (View<'_>, View<'_>, Option<View<'_>>, View<'_>),
         dims: &StemDims,
         tile: StemTile,
     ) -> Result<()> {
@@ -369,24 +321,10 @@ impl StemPool {
             )));
         }
         let e = dtype.size_bytes();
-        let x = match input {
-            StemInput::Blocked(x) => {
-                x.require(
-                    dims.n * dims.hb * dims.wb * STEM_CHANNELS * e,
-                    "stem_pool x",
-                )?;
-                x
-            }
-            StemInput::Image { x, c, h, w, .. } => {
-                if c == 0 || 4 * c > STEM_CHANNELS {
-                    return Err(Error::Invalid(format!(
-                        "stem_pool converts images of 1 to 4 channels, not {c}"
-                    )));
-                }
-                x.require(dims.n * c * h * w * 4, "stem_pool image")?;
-                x
-            }
-        };
+        x.require(
+            dims.n * dims.hb * dims.wb * STEM_CHANNELS * e,
+            "stem_pool x",
+        )?;
         w.require(
             STEM_OUTPUTS * STEM_TAPS * STEM_TAPS * STEM_CHANNELS * e,
             "stem_pool w",
@@ -405,7 +343,11 @@ impl StemPool {
         let blocks = tiles.min(self.sms * tile.per_multiprocessor()).max(1);
         let mut launch = Launch::new((blocks as u32, 1, 1), (threads, 1, 1)).starting_early();
         launch.shared_bytes = shared;
-        let mut args = vec![
+        let kernel = match tile {
+            StemTile::Eight => "stem_pool8",
+            StemTile::Four => "stem_pool4",
+        };
+        let args = [
             Arg::Ptr(x),
             Arg::Ptr(w),
             Arg::opt(bias),
@@ -416,43 +358,9 @@ impl StemPool {
             Arg::Size(dims.pp),
             Arg::Size(dims.pq),
         ];
-        let kernel = match (input, tile) {
-            (StemInput::Blocked(_), StemTile::Eight) => "stem_pool8",
-            (StemInput::Blocked(_), StemTile::Four) => "stem_pool4",
-            (StemInput::Image { .. }, StemTile::Eight) => "stem_image8",
-            (StemInput::Image { .. }, StemTile::Four) => "stem_image4",
-        };
-        if let StemInput::Image {
-            c,
-            h,
-            w: wi,
-            before,
-            ..
-        } = input
-        {
-            let (ur, uc) = (2 * before.0, 2 * before.1);
-            args.extend([c, h, wi, ur, uc].map(Arg::Size));
-        }
         let name = format!("{kernel}_{}", tag(dtype));
         self.module.launch(&name, stream, launch, &args)
     }
-}
-
-/// What the stem-and-pool kernel reads.
-#[derive(Debug, Clone, Copy)]
-pub enum StemInput<'a> {
-    /// The image already as 2 x 2 blocks of 16 channels, `[n, hb, wb, 16]`.
-    Blocked(View<'a>),
-    /// The f32 image itself, `[n, c, h, w]` (c up to 4), converted to blocks as the kernel
-    /// stages it: `before` blocks of zeros above and to the left of it (the blocking's
-    /// `rows.before`, `cols.before`).
-    Image {
-        x: View<'a>,
-        c: usize,
-        h: usize,
-        w: usize,
-        before: (usize, usize),
-    },
 }
 
 #[cfg(test)]
@@ -464,8 +372,6 @@ mod tests {
         let expected = [
             ("stem_pool8_", "p p p p i i i i i"),
             ("stem_pool4_", "p p p p i i i i i"),
-            ("stem_image8_", "p p p p i i i i i i i i i i"),
-            ("stem_image4_", "p p p p i i i i i i i i i i"),
         ];
         let differences = kernel_source().signature_differences(&expected, &["f16", "bf16"]);
         assert!(differences.is_empty(), "{differences:#?}");

@@ -431,9 +431,8 @@ impl Lowering<'_> {
     /// convolution step just before it, as one stem-and-pool step on gpukit's kernel: where
     /// that step computes `x` alone (its ReLU fused, no residual), only the pool reads it, and
     /// the kernel takes its shape (16-bit channel-last, 16 channels in, 64 out, 4 x 4 taps at
-    /// stride 1 unpadded: the blocked 7 x 7 stem), and the image's conversion into it where it
-    /// is the step before. `GPUKIT_NO_STEM_POOL=1` keeps the steps apart (A/B runs). Whether
-    /// it did.
+    /// stride 1 unpadded: the blocked 7 x 7 stem). `GPUKIT_NO_STEM_POOL=1` keeps the two steps
+    /// (A/B runs). Whether it did.
     pub(super) fn join_stem_pool(&mut self, v: ValueId, x: Tref, y: Tref, win: &Window) -> bool {
         let pool = win.max && win.kernel == [3, 3] && win.strides == [2, 2] && win.pads == [1; 4];
         let sixteen = matches!(self.elem, DType::F16 | DType::Bf16);
@@ -473,27 +472,8 @@ impl Lowering<'_> {
         }
         let conv = c.clone();
         let (name, _) = self.steps.pop().expect("the convolution step just read");
-        // the image's conversion to blocks just before, read by this convolution alone: the
-        // kernel converts the image as it stages it (`GPUKIT_NO_STEM_POOL=convert` keeps the
-        // conversion a step of its own)
-        let image = match self.steps.last() {
-            Some((_, Step::ConvertBlocks { x, y, blocks }))
-                if *y == conv.x
-                    && blocks.side == 2
-                    && blocks.channels == STEM_CHANNELS
-                    && x.s == Strided::row_major(x.s.dims)
-                    && x.s.dims[1] == blocks.c
-                    && std::env::var_os("GPUKIT_NO_STEM_POOL").is_none_or(|s| s != "convert") =>
-            {
-                Some((*x, *blocks))
-            }
-            _ => None,
-        };
-        if image.is_some() {
-            self.steps.pop();
-        }
         self.steps
-            .push((name, Step::StemPool(StemPoolStep { conv, y, image })));
+            .push((name, Step::StemPool(StemPoolStep { conv, y })));
         true
     }
 }

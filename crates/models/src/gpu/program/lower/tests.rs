@@ -3,7 +3,6 @@
 //! and its outputs compared with the graph interpreter's. Views, fusions, concatenation slices,
 //! channel padding, filter layouts and slot reuse all show in the outputs when wrong.
 
-use super::blocks::Blocks;
 use super::*;
 use crate::graph::{forward_cpu, passes::optimize, Activation, Array, Data};
 use crate::onnx::{fixtures, import_model, ImportOptions};
@@ -93,20 +92,8 @@ impl Emu<'_> {
         }
     }
 
-    /// Element `[n, ch, by, bx]` of image `x` converted to blocks `b`.
-    fn blocked(&self, x: &Tref, b: &Blocks, [n, ch, by, bx]: [usize; 4]) -> f32 {
-        let [_, _, h, w] = x.s.dims;
-        let (at, cc) = (ch / b.c, ch % b.c);
-        let (r, q) = (at / b.side, at % b.side);
-        let source = (at < b.side * b.side)
-            .then(|| b.rows.source(by, r, b.side, h))
-            .flatten()
-            .zip(b.cols.source(bx, q, b.side, w));
-        source.map_or(0.0, |(u, v)| self.get(x, [n, cc, u, v]))
-    }
-
     /// Convolution step `c`'s outputs (its fused epilogue applied), by index.
-    fn conv_out(&self, c: &ConvStep, x: &dyn Fn([usize; 4]) -> f32) -> Vec<([usize; 4], f32)> {
+    fn conv_out(&self, c: &ConvStep) -> Vec<([usize; 4], f32)> {
         let sh = c.shape;
         let cg = sh.group_channels();
         let kg = sh.k / sh.groups;
@@ -127,7 +114,7 @@ impl Emu<'_> {
                             Layout::Nchw => ((ko * cg + ci) * sh.r + i) * sh.s + j,
                             Layout::Nhwc => ((ko * sh.r + i) * sh.s + j) * cg + ci,
                         };
-                        let xv = x([n, g * cg + ci, yy as usize, xx as usize]);
+                        let xv = self.get(&c.x, [n, g * cg + ci, yy as usize, xx as usize]);
                         s += f64::from(xv) * f64::from(w[wi]);
                     }
                 }
@@ -154,9 +141,16 @@ impl Emu<'_> {
                 }
             }
             Step::ConvertBlocks { x, y, blocks: b } => {
-                for i in indices(y.s.dims) {
-                    let v = self.blocked(x, b, i);
-                    self.put(y, i, v);
+                let [_, _, h, w] = x.s.dims;
+                for [n, ch, by, bx] in indices(y.s.dims) {
+                    let (at, cc) = (ch / b.c, ch % b.c);
+                    let (r, q) = (at / b.side, at % b.side);
+                    let source = (at < b.side * b.side)
+                        .then(|| b.rows.source(by, r, b.side, h))
+                        .flatten()
+                        .zip(b.cols.source(bx, q, b.side, w));
+                    let v = source.map_or(0.0, |(u, v)| self.get(x, [n, cc, u, v]));
+                    self.put(y, [n, ch, by, bx], v);
                 }
             }
             Step::FromF32 { x, y } | Step::ToF32 { x, y } => {
@@ -280,7 +274,7 @@ impl Emu<'_> {
                 }
             }
             Step::Conv(c) => {
-                for (i, v) in self.conv_out(c, &|i| self.get(&c.x, i)) {
+                for (i, v) in self.conv_out(c) {
                     self.put(&c.y, i, v);
                 }
             }
@@ -290,13 +284,7 @@ impl Emu<'_> {
                 let [_, k, p, q] = sp.conv.y.s.dims;
                 let mut conv = vec![f32::NAN; sp.conv.y.s.len()];
                 let at = |[n, ko, i, j]: [usize; 4]| ((n * k + ko) * p + i) * q + j;
-                // the blocks read from the image where the kernel converts it (the blocked
-                // slot is never written)
-                let outputs = match &sp.image {
-                    Some((x, b)) => self.conv_out(&sp.conv, &|i| self.blocked(x, b, i)),
-                    None => self.conv_out(&sp.conv, &|i| self.get(&sp.conv.x, i)),
-                };
-                for (i, v) in outputs {
+                for (i, v) in self.conv_out(&sp.conv) {
                     conv[at(i)] = v;
                 }
                 for [n, ko, i, j] in indices(sp.y.s.dims) {

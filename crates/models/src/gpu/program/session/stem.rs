@@ -3,7 +3,7 @@
 
 use super::ProgramSession;
 use crate::error::{Error, Result};
-use crate::gpu::program::kernels::stem::{StemDims, StemInput, StemPool};
+use crate::gpu::program::kernels::stem::{StemDims, StemPool};
 use crate::gpu::program::lower::{StemPoolStep, Step};
 use crate::gpu::program::Program;
 use crate::gpu::GpuContext;
@@ -52,20 +52,12 @@ impl ProgramSession<'_> {
             .ok_or_else(|| Error::Invalid("a stem-and-pool step without its kernel".into()))?;
         let c = &sp.conv;
         let bias = c.bias.map(|b| self.const_view(b)).transpose()?;
-        let input = match &sp.image {
-            None => StemInput::Blocked(self.view(&c.x)?),
-            Some((x, b)) => {
-                let [_, ch, h, w] = x.s.dims;
-                StemInput::Image {
-                    x: self.view(x)?,
-                    c: ch,
-                    h,
-                    w,
-                    before: (b.rows.before, b.cols.before),
-                }
-            }
-        };
-        let ops = (input, self.const_view(c.w)?, bias, self.view(&sp.y)?);
+        let ops = (
+            self.view(&c.x)?,
+            self.const_view(c.w)?,
+            bias,
+            self.view(&sp.y)?,
+        );
         let d = dims(sp);
         kernel.run(
             self.ctx.gpu.stream(),
