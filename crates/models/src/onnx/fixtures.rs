@@ -146,6 +146,19 @@ impl Net {
     }
 
     /// Global average pooling, Flatten and the classifier.
+    /// ResNet's max pool after its stem: 3x3, stride 2, padding 1.
+    fn stem_pool(&mut self, x: &str) -> String {
+        self.m.node(
+            "MaxPool",
+            &[x],
+            vec![
+                attr_ints("kernel_shape", &[3, 3]),
+                attr_ints("pads", &[1, 1, 1, 1]),
+                attr_ints("strides", &[2, 2]),
+            ],
+        )
+    }
+
     fn head(&mut self, x: &str, c: usize) -> String {
         let p = self.op("GlobalAveragePool", &[x]);
         let f = self.m.node("Flatten", &[&p], vec![attr_int("axis", 1)]);
@@ -181,15 +194,7 @@ impl Net {
 pub fn tiny_resnet(seed: u64) -> ModelProto {
     let (mut n, x) = Net::new(17, seed);
     let s = n.conv_bn_act(&x, (3, 8), 7, 2, 1, Some("Relu"));
-    let s = n.m.node(
-        "MaxPool",
-        &[&s],
-        vec![
-            attr_ints("kernel_shape", &[3, 3]),
-            attr_ints("pads", &[1, 1, 1, 1]),
-            attr_ints("strides", &[2, 2]),
-        ],
-    );
+    let s = n.stem_pool(&s);
     let y = n.conv_bn_act(&s, (8, 8), 3, 1, 1, Some("Relu"));
     let y = n.conv_bn_act(&y, (8, 8), 3, 1, 1, None);
     let y = n.op("Add", &[&y, &s]);
@@ -453,15 +458,7 @@ pub fn torch_flatten(seed: u64) -> ModelProto {
 pub fn resnet_stem(seed: u64) -> ModelProto {
     let (mut n, x) = Net::with_image(17, seed, (60, 44));
     let s = n.conv_bn_act(&x, (3, 64), 7, 2, 1, Some("Relu"));
-    let s = n.m.node(
-        "MaxPool",
-        &[&s],
-        vec![
-            attr_ints("kernel_shape", &[3, 3]),
-            attr_ints("pads", &[1, 1, 1, 1]),
-            attr_ints("strides", &[2, 2]),
-        ],
-    );
+    let s = n.stem_pool(&s);
     n.m.rename(&s, "pooled");
     n.m.output(
         "pooled",

@@ -43,8 +43,9 @@ template <> struct Pair<B> {
 // channels) at a time; then bias, ReLU and rounding into the shared convolution tile; then the
 // pool. Dynamic shared memory: the filter (rows padded to SP_WS values), the input tile (each
 // pixel's two 16-byte halves swapped in every other group of 4 pixels, against bank
-// conflicts), the convolution tile (rows padded to SP_CS values). bias may be null. (The
-// input double-buffered, with empty row tiles skipped, measured 20% slower: decision 184.)
+// conflicts), the convolution tile (rows padded to SP_CS values). bias may be null. (Measured
+// slower, decision 184: the input double-buffered with empty row tiles skipped, 20%; the f32
+// image converted as it is staged instead of by the conversion step, 1-2% at batch 256.)
 #define SP_WS 264
 #define SP_CS 72
 template <class T, int TP, int WM, int MT>

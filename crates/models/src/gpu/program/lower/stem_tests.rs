@@ -1,11 +1,10 @@
 //! The stem and its max pool lowered as one step ([`StemPoolStep`]), checked without a GPU by
 //! the lowering's emulator against the graph interpreter.
 
-use super::tests::{max_rel, optimized, Emu};
+use super::tests::{max_rel, optimized, random_run, Emu};
 use super::*;
-use crate::graph::{forward_cpu, Array};
 use crate::onnx::fixtures;
-use gpukit_tensor::random::{fresh_seed, normal_f32};
+use gpukit_tensor::random::fresh_seed;
 
 fn stems(p: &Program) -> usize {
     p.steps
@@ -17,15 +16,7 @@ fn stems(p: &Program) -> usize {
 #[test]
 fn resnets_stem_and_its_pool_lower_to_one_step_in_16_bit_channel_last() {
     let g = optimized(&fixtures::resnet_stem(fresh_seed()));
-    let inputs: Vec<Array> = g
-        .inputs
-        .iter()
-        .map(|&i| {
-            let shape = g.value(i).shape.clone();
-            Array::f32(&shape, normal_f32(shape.iter().product(), fresh_seed()))
-        })
-        .collect();
-    let want = forward_cpu(&g, &inputs).unwrap();
+    let (inputs, want) = random_run(&g);
     let xs: Vec<&[f32]> = inputs.iter().map(|a| a.as_f32().unwrap()).collect();
     for dtype in [DType::F16, DType::Bf16] {
         let p = Program::lower(&g, dtype, Layout::Nhwc).unwrap();

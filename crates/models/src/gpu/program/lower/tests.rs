@@ -417,6 +417,20 @@ pub(super) fn optimized(model: &crate::onnx::ModelProto) -> Graph {
     g
 }
 
+/// Fresh standard normal inputs for graph `g`, and the interpreter's outputs for them.
+pub(super) fn random_run(g: &Graph) -> (Vec<Array>, Vec<Array>) {
+    let inputs: Vec<Array> = g
+        .inputs
+        .iter()
+        .map(|&i| {
+            let shape = g.value(i).shape.clone();
+            Array::f32(&shape, normal_f32(shape.iter().product(), fresh_seed()))
+        })
+        .collect();
+    let want = forward_cpu(g, &inputs).unwrap();
+    (inputs, want)
+}
+
 pub(super) fn max_rel(got: &[f32], want: &[f32]) -> f64 {
     let scale = want
         .iter()
@@ -851,15 +865,7 @@ fn a_constant_that_varies_along_the_rows_is_not_a_gemm_bias() {
 #[test]
 fn dilated_and_unevenly_padded_convolutions_run_on_gpukits_kernel() {
     let g = optimized(&fixtures::atrous(fresh_seed()));
-    let inputs: Vec<Array> = g
-        .inputs
-        .iter()
-        .map(|&i| {
-            let shape = g.value(i).shape.clone();
-            Array::f32(&shape, normal_f32(shape.iter().product(), fresh_seed()))
-        })
-        .collect();
-    let want = forward_cpu(&g, &inputs).unwrap();
+    let (inputs, want) = random_run(&g);
     let xs: Vec<&[f32]> = inputs.iter().map(|a| a.as_f32().unwrap()).collect();
     for dtype in [DType::F16, DType::Bf16] {
         let p = Program::lower(&g, dtype, Layout::Nhwc).unwrap();
