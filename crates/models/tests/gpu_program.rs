@@ -53,7 +53,7 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
     let discovery = DISCOVERY.get().ok_or("no discovery")?;
     let ctx = GpuContext::open(discovery, 0)?;
     let mut failures = Vec::new();
-    let (mut own_runs, mut product_runs, mut stem_runs) = (0, 0, 0);
+    let (mut own_runs, mut product_runs, mut stem_runs, mut matvec_runs) = (0, 0, 0, 0);
     for batch in [2, 5] {
         // and the dilated, unevenly padded model, which runs in 16-bit channel-last only
         let seed = fresh_seed();
@@ -131,6 +131,11 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
                     .iter()
                     .filter(|a| a.starts_with("cuBLASLt product"))
                     .count();
+                matvec_runs += s
+                    .step_counts()
+                    .iter()
+                    .filter(|(k, _)| k.contains("matrix-vector"))
+                    .count();
                 let eager = s.run(&xs).map_err(|e| format!("{what}: {e}"))?;
                 s.capture().map_err(|e| format!("{what}: capture: {e}"))?;
                 s.replay()?;
@@ -159,6 +164,10 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
     }
     if stem_runs == 0 {
         failures.push("no stem and pool ran as one step".into());
+    }
+    // the "own convolutions" variants put every product of few rows on it
+    if matvec_runs == 0 {
+        failures.push("no product ran on the matrix-vector kernel".into());
     }
     if failures.is_empty() {
         Ok(())

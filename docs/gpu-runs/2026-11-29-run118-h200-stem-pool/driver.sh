@@ -73,6 +73,16 @@ case $CALL in
      MODELS="resnet50" BATCHES=1,32,256 PROFILE_BATCHES=none PYTORCH=1 GPUKIT_BASE=$PWD/.device/base.sh \
        OUT=$OUT/t/r50 bash scripts/gpu-onnx-ab.sh > /dev/null 2>&1
      cat $OUT/t/r50/0-summary.txt | tee -a $S | grep -E "best|rc=|cuda:0|pytorch" ;;
+  # F: products of few rows (classifiers at batch 1) timed on gpukit's matrix-vector kernel
+  #    too. The fixtures (the "own" variants force it); ResNet-50 and MobileNetV3-L at b1 in
+  #    turns against GPUKIT_NO_GEMM_MATVEC=1, the new binary's product choices traced
+  F) tests gpu_program every_fixture
+     printf '#!/bin/sh\nexec env GPUKIT_NO_GEMM_MATVEC=1 %s "$@"\n' "$PWD/.device/gpukit" > .device/nomv.sh; chmod +x .device/nomv.sh
+     printf '#!/bin/sh\nexec env GPUKIT_TRACE=1 %s "$@"\n' "$PWD/.device/gpukit" > .device/traced.sh; chmod +x .device/traced.sh
+     MODELS="resnet50 mobilenet_v3_large" BATCHES=1 PROFILE_BATCHES=none GPUKIT_BIN=$PWD/.device/traced.sh GPUKIT_BASE=$PWD/.device/nomv.sh \
+       OUT=$OUT/t/mv bash scripts/gpu-onnx-ab.sh > /dev/null 2>&1
+     cat $OUT/t/mv/0-summary.txt | tee -a $S | grep -E "rc=|cuda:0"
+     mkdir -p $OUT/t/mvx && tar -C $OUT/t/mvx -xzf $OUT/t/mv/ab.tar.gz && grep -h "gemm .*x.*x" $OUT/t/mvx/ab/*-2-new.txt | cut -c1-260 | tee -a $S ;;
 esac
 tar -C "$OUT" -czf "$OUT/t.tar.gz" t && rm -rf "$OUT/t"
 say "== done $(date -u +%FT%TZ)"

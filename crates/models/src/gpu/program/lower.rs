@@ -345,6 +345,7 @@ impl<'g> Lowering<'g> {
             self.lower_node(node)?;
         }
         self.node = ("graph output".into(), "-".into());
+        self.transpose_small_products();
         let mut outputs = Vec::new();
         for &o in &g.outputs {
             let x = self.get(o)?;

@@ -22,6 +22,7 @@ use std::rc::Rc;
 mod choice;
 mod depthwise;
 mod exact;
+mod matvec;
 mod own_conv;
 mod stem;
 use choice::{lt_candidates, lt_epilogue, lt_spec, pick_gemm, time_candidates};
@@ -31,8 +32,15 @@ pub use own_conv::OwnConvs;
 /// A Gemm step's product: a cuBLASLt plan and whether it holds the step's epilogue, or
 /// gpukit's kernel for products of few rows with K in `pieces` pieces (the whole epilogue).
 enum GemmRun {
-    Lt { plan: LtMatmul, fused: bool },
-    Own { pieces: usize },
+    Lt {
+        plan: LtMatmul,
+        fused: bool,
+    },
+    Own {
+        pieces: usize,
+    },
+    /// gpukit's matrix-vector kernel over the transposed weights ([`GemmStep::bt`]).
+    MatVec,
 }
 
 /// A program prepared on a device.
@@ -146,7 +154,7 @@ impl<'a> ProgramSession<'a> {
             algorithms: Vec::new(),
         };
         session.plan_convolutions(progress)?;
-        session.plan_gemms()?;
+        session.plan_gemms(own)?;
         if session.workspace_bytes > session.workspace.len() {
             session.workspace = ctx.alloc(session.workspace_bytes, "convolution workspace")?;
         }
@@ -305,7 +313,7 @@ impl<'a> ProgramSession<'a> {
     /// for it, else the bare product (the epilogue then runs on the element-wise kernel); the
     /// heuristic's first [`choice::GEMM_CANDIDATES`] timed on the step's own buffers
     /// ([`pick_gemm`]).
-    fn plan_gemms(&mut self) -> Result<()> {
+    fn plan_gemms(&mut self, own: OwnConvs) -> Result<()> {
         let dtype = self.program.dtype;
         let mut gemms = Vec::with_capacity(self.program.steps.len());
         // a network repeats its products (a block per stage): each shape is timed once
@@ -320,22 +328,33 @@ impl<'a> ProgramSession<'a> {
             let spec = lt_spec(dtype, (g.n, g.m, g.k), false);
             let blas = self.ctx.blas.get()?;
             let (mut candidates, fused) = lt_candidates(blas, spec, epilogue)?;
-            let own = self.own_pieces(g);
+            let own_pieces = self.own_pieces(g);
+            let matvec = g.bt.is_some();
+            // gpukit's kernels forced (tests): the matrix-vector kernel where it runs
+            if own == OwnConvs::Always && matvec {
+                gemms.push(Some(GemmRun::MatVec));
+                continue;
+            }
             let key = (spec, epilogue, fused, g.z.is_some());
+            let count = candidates.len() + own_pieces.len() + usize::from(matvec);
             let pick = match picked.get(&key) {
-                Some(&pick) => pick.filter(|&i| i < candidates.len() + own.len()),
+                Some(&pick) => pick.filter(|&i| i < count),
                 None => {
-                    let pick = self.fastest_gemm(blas, g, &candidates, fused, &own)?;
+                    let pick = self.fastest_gemm(blas, g, &candidates, fused, &own_pieces)?;
                     picked.insert(key, pick);
                     pick
                 }
             };
-            gemms.push(pick.map(|i| match i.checked_sub(candidates.len()) {
-                Some(o) => GemmRun::Own { pieces: own[o] },
-                None => GemmRun::Lt {
+            let (lt, pieces) = (candidates.len(), own_pieces.len());
+            gemms.push(pick.map(|i| match i {
+                i if i < lt => GemmRun::Lt {
                     plan: candidates.swap_remove(i),
                     fused,
                 },
+                i if i < lt + pieces => GemmRun::Own {
+                    pieces: own_pieces[i - lt],
+                },
+                _ => GemmRun::MatVec,
             }));
         }
         self.gemms = gemms;
@@ -356,7 +375,7 @@ impl<'a> ProgramSession<'a> {
         fused: bool,
         own: &[usize],
     ) -> Result<Option<usize>> {
-        let count = candidates.len() + own.len();
+        let count = candidates.len() + own.len() + usize::from(g.bt.is_some());
         if count <= 1 {
             return Ok((count == 1).then_some(0));
         }
@@ -368,18 +387,18 @@ impl<'a> ProgramSession<'a> {
             false => (None, None),
         };
         let beta = if c.is_some() { 1.0 } else { 0.0 };
-        let times = time_candidates(blas.stream(), count, |i| {
-            match i.checked_sub(candidates.len()) {
-                Some(o) => self.run_own(g, own[o]),
-                None => blas.run_lt_with(&candidates[i], (b, a, c, y), beta, bias, None),
-            }
+        let lt = candidates.len();
+        let times = time_candidates(blas.stream(), count, |i| match i {
+            i if i < lt => blas.run_lt_with(&candidates[i], (b, a, c, y), beta, bias, None),
+            i if i < lt + own.len() => self.run_own(g, own[i - lt]),
+            _ => self.run_matvec(g),
         })?;
         let pick = pick_gemm(&times);
         gpukit_cuda::trace::note(|| {
             let us: Vec<String> = times.iter().map(|t| format!("{:.1}", t * 1e3)).collect();
             format!(
                 "gemm {}x{}x{} (fused {fused}, gpukit's in {own:?} pieces last): candidate \
-                 {pick:?} of [{}] us",
+                 {pick:?} of [{}] us (gpukit's matrix-vector kernel last where it runs)",
                 g.m,
                 g.n,
                 g.k,
@@ -478,6 +497,10 @@ impl<'a> ProgramSession<'a> {
         let fused = match self.gemms.get(i).and_then(Option::as_ref) {
             Some(GemmRun::Own { pieces }) => {
                 self.run_own(g, *pieces)?;
+                return Ok(());
+            }
+            Some(GemmRun::MatVec) => {
+                self.run_matvec(g)?;
                 return Ok(());
             }
             Some(GemmRun::Lt { plan, fused }) => {
@@ -742,13 +765,16 @@ impl<'a> ProgramSession<'a> {
             Step::StemPool(sp) => (sp.conv.shape.flops(), "NVRTC"),
             Step::MatVec(m) => (2.0 * (m.n * m.k * m.c) as f64, "NVRTC"),
             Step::Gemm(g) => match self.gemms.get(i) {
-                Some(Some(GemmRun::Own { .. })) => (2.0 * (g.m * g.n * g.k) as f64, "NVRTC"),
+                Some(Some(GemmRun::Own { .. } | GemmRun::MatVec)) => {
+                    (2.0 * (g.m * g.n * g.k) as f64, "NVRTC")
+                }
                 _ => (2.0 * (g.m * g.n * g.k) as f64, "cuBLASLt"),
             },
             _ => (0.0, "NVRTC"),
         };
         let kind = match (step, self.gemms.get(i), alt) {
             (Step::Gemm(_), Some(Some(GemmRun::Own { .. })), _) => "gemm (gpukit)",
+            (Step::Gemm(_), Some(Some(GemmRun::MatVec)), _) => "gemm (gpukit matrix-vector)",
             (Step::Gemm(_), _, _) => "gemm (cuBLASLt)",
             (Step::Conv(c), _, Some(a)) => a.kind(c.fused),
             _ => step.kind(),

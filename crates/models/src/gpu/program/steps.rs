@@ -126,6 +126,9 @@ pub(super) struct GemmStep {
     pub m: usize,
     pub n: usize,
     pub k: usize,
+    /// The weights transposed, `[n, k]` row-major (a constant the step owns), for gpukit's
+    /// matrix-vector kernel: products of few rows only (set once the lowering is done).
+    pub bt: Option<usize>,
 }
 
 /// A convolution cuDNN's path does not take (dilated, or padded unevenly) on gpukit's own

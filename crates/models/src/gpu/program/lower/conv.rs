@@ -190,6 +190,7 @@ impl Lowering<'_> {
                 m,
                 n: k,
                 k: cin,
+                bt: None,
             }));
             self.set(out, y);
             return Ok(());

@@ -9,6 +9,9 @@ use crate::gpu::program::Strided;
 use crate::graph::{Activation, Binary, ValueId};
 use gpukit_tensor::DType;
 
+/// The most rows a product may have for gpukit's matrix-vector kernel to be timed on it.
+pub const MATVEC_ROWS: usize = 8;
+
 impl Lowering<'_> {
     /// `a [m, k] x weight [k, n]` (row-major, the weight a new constant) into a new row-major
     /// slot for value `out`: the Gemm step of Gemm and MatMul.
@@ -38,10 +41,50 @@ impl Lowering<'_> {
             m,
             n,
             k,
+            bt: None,
         }));
         self.open_gemm[out] = Some(i);
         self.set(out, y);
         Ok(y)
+    }
+
+    /// Products of at most [`MATVEC_ROWS`] rows whose operands are dense row-major get their
+    /// weights transposed as a constant of their own ([`GemmStep::bt`]): the session times
+    /// gpukit's matrix-vector kernel on them beside cuBLASLt. Run once the lowering is done,
+    /// after every fold into the weights.
+    pub(super) fn transpose_small_products(&mut self) {
+        // `GPUKIT_NO_GEMM_MATVEC=1`: none (A/B runs)
+        if std::env::var_os("GPUKIT_NO_GEMM_MATVEC").is_some_and(|v| v == "1") {
+            return;
+        }
+        for i in 0..self.steps.len() {
+            let Step::Gemm(g) = &self.steps[i].1 else {
+                continue;
+            };
+            let dense = |t: &Tref| t.s.is_row_major() && t.s.len() == t.s.span();
+            let Buf::Const(c) = g.b.buf else {
+                continue;
+            };
+            let (k, n) = (g.k, g.n);
+            let plain = g.b.offset == 0 && g.b.s == Strided::row_major([1, 1, k, n]);
+            let z_dense =
+                g.z.as_ref()
+                    .is_none_or(|z| dense(z) && z.s.dims == g.y.s.dims);
+            if g.m > MATVEC_ROWS || !plain || !dense(&g.a) || !dense(&g.y) || !z_dense {
+                continue;
+            }
+            let w = &self.consts[c].values;
+            let mut t = vec![0f32; k * n];
+            for (r, row) in w.chunks(n).enumerate() {
+                for (j, &v) in row.iter().enumerate() {
+                    t[j * k + r] = v;
+                }
+            }
+            let bt = self.add_const("weights transposed", t);
+            if let Step::Gemm(g) = &mut self.steps[i].1 {
+                g.bt = Some(bt);
+            }
+        }
     }
 
     /// The open Gemm step of value `x`, when nothing else reads `x`.
@@ -257,5 +300,61 @@ impl Lowering<'_> {
             }
         }
         Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::optimized;
+    use super::*;
+    use crate::graph::passes::optimize;
+    use crate::onnx::{fixtures, import_model, ImportOptions};
+    use gpukit_tensor::random::fresh_seed;
+    use gpukit_tensor::Layout;
+
+    /// Each Gemm step's transposed weights against its weights, and how many it has.
+    fn transposed(p: &super::super::Program) -> usize {
+        let mut with = 0;
+        for (_, s) in &p.steps {
+            let Step::Gemm(g) = s else { continue };
+            let Some(bt) = g.bt else { continue };
+            let Buf::Const(c) = g.b.buf else {
+                panic!("transposed weights of a product whose weights are not a constant")
+            };
+            let (w, t) = (&p.consts[c].values, &p.consts[bt].values);
+            assert_eq!(t.len(), g.k * g.n);
+            for r in 0..g.k {
+                for j in 0..g.n {
+                    assert_eq!(t[j * g.k + r], w[r * g.n + j], "row {r} column {j}");
+                }
+            }
+            assert!(g.m <= MATVEC_ROWS);
+            with += 1;
+        }
+        with
+    }
+
+    #[test]
+    fn products_of_few_rows_carry_their_weights_transposed() {
+        let seed = fresh_seed();
+        let mut with = 0;
+        for f in fixtures::all(seed) {
+            // batch 2: every classifier is a product of 2 rows
+            let g = optimized(&f.model);
+            for dtype in [DType::F16, DType::F32] {
+                with += transposed(&super::super::Program::lower(&g, dtype, Layout::Nhwc).unwrap());
+            }
+            // batch 16: none
+            let options = ImportOptions {
+                batch: Some(16),
+                dims: Vec::new(),
+            };
+            let mut g = import_model(&f.model, None, "fixture", &options).unwrap();
+            optimize(&mut g).unwrap();
+            let p = super::super::Program::lower(&g, DType::F16, Layout::Nhwc).unwrap();
+            assert_eq!(transposed(&p), 0, "{}", f.name);
+        }
+        // the seven fixtures' classifiers (and the products before some), in both types
+        assert!(with >= 14, "{with}");
     }
 }

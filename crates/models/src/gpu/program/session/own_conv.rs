@@ -30,7 +30,8 @@ pub enum OwnConvs {
     TimedWithOwn,
     /// Nowhere.
     Never,
-    /// gpukit's kernel wherever it takes the convolution.
+    /// gpukit's kernel wherever it takes the convolution (and gpukit's matrix-vector kernel
+    /// for every product of few rows it runs).
     Always,
     /// cuBLASLt's product wherever it takes the convolution (1x1, stride 1, unpadded).
     Products,
