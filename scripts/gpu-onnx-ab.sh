@@ -45,7 +45,9 @@ done
 first=${MODELS%% *}
 # the first model's profile by op at each batch of PROFILE_BATCHES (default 1), on the new
 # binary, and on the base one too with PROFILE_BASE=1
+# (PROFILE_BATCHES=none: no profile)
 for b in ${PROFILE_BATCHES:-1}; do
+  [ "$b" = none ] && continue
   for which in new $([ "${PROFILE_BASE:-0}" = 1 ] && echo base); do
     bin=$NEW; [ "$which" = base ] && bin=$BASE
     f="$OUT/ab/profile-$first-b$b-$which.txt"
