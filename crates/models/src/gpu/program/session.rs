@@ -29,8 +29,9 @@ use choice::{lt_candidates, lt_epilogue, lt_spec, pick_gemm, time_candidates};
 pub use exact::{ExactSums, EXACT_MARGIN};
 pub use own_conv::OwnConvs;
 
-/// A Gemm step's product: a cuBLASLt plan and whether it holds the step's epilogue, or
-/// gpukit's kernel for products of few rows with K in `pieces` pieces (the whole epilogue).
+/// A Gemm step's product: a cuBLASLt plan and whether it holds the step's epilogue, gpukit's
+/// kernel for products of few rows with K in `pieces` pieces, or gpukit's matrix-vector kernel
+/// (the last two with the whole epilogue).
 enum GemmRun {
     Lt {
         plan: LtMatmul,
