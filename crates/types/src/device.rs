@@ -12,6 +12,16 @@ pub enum Device {
     Cuda(usize),
 }
 
+impl Device {
+    /// The CUDA ordinal of a GPU; None for the CPU.
+    pub fn cuda(&self) -> Option<usize> {
+        match self {
+            Device::Cuda(k) => Some(*k),
+            Device::Cpu => None,
+        }
+    }
+}
+
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -110,7 +110,8 @@ pub(super) fn rows_at(
                 })
                 .collect()
         };
-        let program = match Program::lower(graph, dtype, layout) {
+        let cc = ctx.gpu.compute_capability().unwrap_or((0, 0));
+        let program = match Program::lower_for(graph, dtype, layout, cc) {
             Ok(p) => p,
             Err(e) => {
                 rows.extend(fail_all(RowStatus::Skipped(format!(

@@ -456,10 +456,7 @@ pub fn profile_infer(
             o,
         );
     };
-    let ordinal = match w.device {
-        Some(Device::Cuda(k)) => k,
-        _ => 0,
-    };
+    let ordinal = w.device.and_then(|d| d.cuda()).unwrap_or(0);
     let ctx = GpuContext::open(discovery, ordinal)?;
     let device_name = ctx.gpu.name().unwrap_or_else(|_| format!("cuda:{ordinal}"));
     progress(&format!("profile: {workload} on {device_name}"));
@@ -660,13 +657,12 @@ pub fn profile_onnx(
         },
     )?;
     gpukit_models::graph::passes::optimize(&mut graph).map_err(gpukit_models::Error::from)?;
-    let program = gpukit_models::gpu::program::Program::lower(&graph, gs.dtype, gs.layout)
-        .map_err(|e| Error::BadInput(format!("the GPU engine cannot run this model yet: {e}")))?;
-    let ordinal = match w.device {
-        Some(Device::Cuda(k)) => k,
-        _ => 0,
-    };
+    let ordinal = w.device.and_then(|d| d.cuda()).unwrap_or(0);
     let ctx = GpuContext::open(discovery, ordinal)?;
+    // lowered for the GPU: some steps' kernels need compute capability 8.0
+    let cc = ctx.gpu.compute_capability().unwrap_or((0, 0));
+    let program = gpukit_models::gpu::program::Program::lower_for(&graph, gs.dtype, gs.layout, cc)
+        .map_err(|e| Error::BadInput(format!("the GPU engine cannot run this model yet: {e}")))?;
     let device_name = ctx.gpu.name().unwrap_or_else(|_| format!("cuda:{ordinal}"));
     let name = file.file_name().map_or_else(
         || file.display().to_string(),

@@ -16,6 +16,9 @@ pub(super) use super::steps::{
     Step, Tref,
 };
 
+/// The compute capability from which gpukit's stem-and-pool kernel runs.
+pub const STEM_POOL_CC: (u32, u32) = (8, 0);
+
 /// A graph lowered for one dtype and layout.
 #[derive(Debug, Clone)]
 pub struct Program {
@@ -60,6 +63,33 @@ impl Program {
         let mut l = Lowering::new(graph, dtype, layout);
         l.conv1x1_gemm = conv1x1_gemm;
         l.run()
+    }
+
+    /// [`Program::lower`] for a GPU of compute capability `cc`: below 8.0 (Ampere), which
+    /// lacks the instructions gpukit's stem-and-pool kernel uses (cp.async, mma.sync
+    /// m16n8k16), the stem's convolution and its pool stay two steps.
+    pub fn lower_for(
+        graph: &Graph,
+        dtype: DType,
+        layout: Layout,
+        cc: (u32, u32),
+    ) -> Result<Program, Unsupported> {
+        if cc >= STEM_POOL_CC {
+            return Program::lower(graph, dtype, layout);
+        }
+        let conv1x1_gemm = std::env::var_os("GPUKIT_CONV1X1_GEMM").is_some();
+        let mut l = Lowering::new(graph, dtype, layout);
+        l.conv1x1_gemm = conv1x1_gemm;
+        l.stem_pool = false;
+        l.run()
+    }
+
+    /// Whether the program has a step only GPUs of compute capability [`STEM_POOL_CC`] and
+    /// later run (a stem-and-pool step).
+    pub fn needs_ampere(&self) -> bool {
+        self.steps
+            .iter()
+            .any(|(_, s)| matches!(s, Step::StemPool(_)))
     }
 
     /// Bytes of the activation arena (inputs and outputs included).
@@ -148,6 +178,8 @@ struct Lowering<'g> {
     blocked: Option<(ValueId, blocks::Blocks)>,
     /// 1x1 convolutions of channel-last maps as Gemm steps (an experiment's switch).
     conv1x1_gemm: bool,
+    /// The stem's convolution and max pool may become one step (the device runs its kernel).
+    stem_pool: bool,
     input_slots: Vec<usize>,
     /// Biases of convolutions whose output only a later convolution reads, as its residual:
     /// added into that convolution's bias instead (one pass over the output fewer).
@@ -190,6 +222,7 @@ impl<'g> Lowering<'g> {
             padded: None,
             blocked: None,
             conv1x1_gemm: false,
+            stem_pool: true,
             input_slots: Vec::new(),
             moved_bias: HashMap::new(),
             chains: concat::Chains::of(g),

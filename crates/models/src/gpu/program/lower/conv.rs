@@ -439,6 +439,7 @@ impl Lowering<'_> {
         let sixteen = matches!(self.elem, DType::F16 | DType::Bf16);
         if !pool
             || !sixteen
+            || !self.stem_pool
             || self.layout != Layout::Nhwc
             || self.uses[v] != 1
             || self.is_output[v]

@@ -48,13 +48,15 @@ impl Lowering<'_> {
         Ok(y)
     }
 
-    /// Products of at most [`MATVEC_ROWS`] rows whose operands are dense row-major get their
-    /// weights transposed as a constant of their own ([`GemmStep::bt`]): the session times
-    /// gpukit's matrix-vector kernel on them beside cuBLASLt. Run once the lowering is done,
-    /// after every fold into the weights.
+    /// Products of at most [`MATVEC_ROWS`] rows of 16-bit programs whose operands are dense
+    /// row-major get their weights transposed as a constant of their own ([`GemmStep::bt`]):
+    /// the session times gpukit's matrix-vector kernel on them beside cuBLASLt. Run once the
+    /// lowering is done, after every fold into the weights.
     pub(super) fn transpose_small_products(&mut self) {
-        // `GPUKIT_NO_GEMM_MATVEC=1`: none (A/B runs)
-        if std::env::var_os("GPUKIT_NO_GEMM_MATVEC").is_some_and(|v| v == "1") {
+        // `GPUKIT_NO_GEMM_MATVEC=1`: none (A/B runs); f32 programs keep cuBLAS's sums (the
+        // kernel was measured in 16-bit programs only)
+        let sixteen = matches!(self.elem, DType::F16 | DType::Bf16);
+        if !sixteen || std::env::var_os("GPUKIT_NO_GEMM_MATVEC").is_some_and(|v| v == "1") {
             return;
         }
         for i in 0..self.steps.len() {
@@ -341,9 +343,12 @@ mod tests {
         for f in fixtures::all(seed) {
             // batch 2: every classifier is a product of 2 rows
             let g = optimized(&f.model);
-            for dtype in [DType::F16, DType::F32] {
+            for dtype in [DType::F16, DType::Bf16] {
                 with += transposed(&super::super::Program::lower(&g, dtype, Layout::Nhwc).unwrap());
             }
+            // f32 programs keep cuBLAS's sums
+            let f32 = super::super::Program::lower(&g, DType::F32, Layout::Nhwc).unwrap();
+            assert_eq!(transposed(&f32), 0, "{} f32", f.name);
             // batch 16: none
             let options = ImportOptions {
                 batch: Some(16),
@@ -354,7 +359,7 @@ mod tests {
             let p = super::super::Program::lower(&g, DType::F16, Layout::Nhwc).unwrap();
             assert_eq!(transposed(&p), 0, "{}", f.name);
         }
-        // the seven fixtures' classifiers (and the products before some), in both types
+        // the seven fixtures' classifiers (and the products before some), in both 16-bit types
         assert!(with >= 14, "{with}");
     }
 }

@@ -67,6 +67,19 @@ fn resnets_stem_and_its_pool_lower_to_one_step_in_16_bit_channel_last() {
             );
         }
     }
+    // a GPU before Ampere keeps the two steps (its kernel needs cp.async and mma.sync m16n8k16)
+    let turing = Program::lower_for(&g, DType::F16, Layout::Nhwc, (7, 5)).unwrap();
+    assert_eq!(stems(&turing), 0);
+    assert!(!turing.needs_ampere());
+    let hopper = Program::lower_for(&g, DType::F16, Layout::Nhwc, (9, 0)).unwrap();
+    assert!(stems(&hopper) == 1 && hopper.needs_ampere());
+    for (o, (got, w)) in Emu::run(&turing, &xs).iter().zip(&want).enumerate() {
+        let rel = max_rel(got, w.as_f32().unwrap());
+        assert!(
+            rel <= 1e-5,
+            "compute capability 7.5 output {o}: max rel. diff {rel:.1e}"
+        );
+    }
     // a stem of 8 channels (the tiny ResNet's) stays two steps
     let tiny = optimized(&fixtures::tiny_resnet(fresh_seed()));
     assert_eq!(

@@ -4,7 +4,7 @@
 use super::ProgramSession;
 use crate::error::{Error, Result};
 use crate::gpu::program::kernels::stem::{StemDims, StemPool};
-use crate::gpu::program::lower::{StemPoolStep, Step};
+use crate::gpu::program::lower::{StemPoolStep, Step, STEM_POOL_CC};
 use crate::gpu::program::Program;
 use crate::gpu::GpuContext;
 use gpukit_cuda::loader::Discovery;
@@ -22,6 +22,14 @@ pub(super) fn load(
         .any(|(_, s)| matches!(s, Step::StemPool(_)))
     {
         return Ok(None);
+    }
+    let cc = ctx.gpu.compute_capability()?;
+    if cc < STEM_POOL_CC {
+        return Err(Error::Invalid(format!(
+            "a stem-and-pool step on a GPU of compute capability {}.{} (its kernel needs {}.{}; \
+             Program::lower_for keeps the two steps apart there)",
+            cc.0, cc.1, STEM_POOL_CC.0, STEM_POOL_CC.1
+        )));
     }
     StemPool::new(discovery, &ctx.gpu).map(Some).map_err(|e| {
         Error::Invalid(format!(
