@@ -540,11 +540,21 @@ fn pipeline_section(p: &gpukit_bench::workload::train::pipeline::Pipeline) -> Se
         .iter()
         .map(|&(a, b)| p.layer_ms[a..b].iter().sum())
         .collect();
+    let step_cost: Vec<f64> = p
+        .layers
+        .iter()
+        .map(|&(a, b)| p.layer_update_ms.get(a..b).map_or(0.0, |v| v.iter().sum()))
+        .collect();
+    let steps = if p.layer_update_ms.is_empty() {
+        String::new()
+    } else {
+        format!("; optimizer steps about {} ms", ms(&step_cost))
+    };
     let mut rows = vec![
         (
             "Stages",
             format!(
-                "{} GPUs ({}), layers {} (products of a micro-batch {} ms a stage)",
+                "{} GPUs ({}), layers {} (products of a micro-batch {} ms a stage{steps})",
                 p.stages,
                 if p.started_by.is_empty() {
                     "threads in one process"
@@ -562,8 +572,14 @@ fn pipeline_section(p: &gpukit_bench::workload::train::pipeline::Pipeline) -> Se
         (
             "Schedule",
             format!(
-                "1F1B, {} micro-batches of up to {} rows a batch; activations and their gradients through NCCL send/receive",
-                p.micro_batches, p.micro_rows
+                "1F1B, {} micro-batches of up to {} rows a batch; activations and their gradients through {}",
+                p.micro_batches,
+                p.micro_rows,
+                if p.transfers.is_empty() {
+                    "NCCL send/receive"
+                } else {
+                    &p.transfers
+                }
             ),
         ),
         (

@@ -20,9 +20,11 @@
 mod batches;
 pub mod feed;
 pub mod kernels;
+pub mod links;
 pub mod parallel;
 pub mod pipeline;
 mod plan;
+pub mod split;
 mod stage;
 pub mod state;
 mod step;
@@ -228,8 +230,8 @@ pub struct GpuTrainer {
     /// The first layer's weight gradient in pieces (data-parallel): its outputs' ranges
     /// `[a, b)`; empty when it is computed whole.
     grad_pieces: Vec<(usize, usize)>,
-    /// Pipeline-parallel: the communicator to the stages beside this one, once attached.
-    pipe: Option<gpukit_cuda::nccl::Comm>,
+    /// Pipeline-parallel: how the stages beside this one are reached, once attached.
+    pipe: Option<pipeline::Pipe>,
     /// Multiprocessors the products are planned for (None: the GPU's all).
     sm_target: Option<u32>,
     /// The epoch to profile, with how ([`GpuTrainer::profile_epoch`]).

@@ -15,12 +15,15 @@
 //! To use: build each stage's [`GpuTrainer`] with [`super::GpuOptions::stage`] set (the whole
 //! model's config and weights; it keeps its own layers), then
 //! [`GpuTrainer::attach_pipeline`] a communicator of the stages made on the trainer's own
-//! stream ([`GpuTrainer::stream`]). Before that, [`GpuTrainer::run`] runs the stage alone: its
+//! stream ([`GpuTrainer::stream`]), or [`GpuTrainer::attach_pipeline_links`] the stage's
+//! [`super::links::StageLinks`]. Before that, [`GpuTrainer::run`] runs the stage alone: its
 //! micro-batches through its layers with no sends or receives, the busy time the pipeline's
 //! bubble is measured against.
 
 use super::batches::Batch;
+use super::links::StageLinks;
 use super::plan::{product_spec, Layout};
+pub use super::split::{partition, split};
 pub use super::stage::{split_rows, Stage};
 use super::{GpuTrainer, Op, Precision};
 use crate::error::{Error, Result};
@@ -34,6 +37,14 @@ use std::sync::Arc;
 
 /// A send or receive of a stage: the buffer, its elements and the peer stage.
 type Transfer<'a> = Option<(View<'a>, usize, usize)>;
+
+/// How a stage reaches the stages beside it.
+pub(super) enum Pipe {
+    /// NCCL sends and receives on the work stream.
+    Nccl(Comm),
+    /// The copy engines, into mailboxes on the receiving GPU.
+    Copies(StageLinks),
+}
 
 impl GpuTrainer {
     /// Whether layer `l` (of this trainer's layers) is followed by a ReLU: every layer but
@@ -66,8 +77,31 @@ impl GpuTrainer {
                 stage.index, stage.count, comm.rank, comm.size
             )));
         }
-        self.pipe = Some(comm);
+        self.pipe = Some(Pipe::Nccl(comm));
         Ok(())
+    }
+
+    /// Joins the pipeline through the copy engines ([`super::links::Links::connect`], called
+    /// with [`GpuTrainer::pipeline_inbox_bytes`]). Until then the stage runs alone.
+    pub fn attach_pipeline_links(&mut self, links: StageLinks) -> Result<()> {
+        self.stage()?;
+        self.pipe = Some(Pipe::Copies(links));
+        Ok(())
+    }
+
+    /// Bytes the largest transfer from the stage before (a micro-batch's input) and from the
+    /// stage after (its output's gradient) takes, at most.
+    pub fn pipeline_inbox_bytes(&self) -> (usize, usize) {
+        let x_in = self.maps.first().map_or(0, |m| m.x_in.len());
+        (x_in, self.dz[0].len())
+    }
+
+    /// The copy-engine links, when the stage has them.
+    fn links(&self) -> Option<&StageLinks> {
+        match &self.pipe {
+            Some(Pipe::Copies(l)) => Some(l),
+            _ => None,
+        }
     }
 
     /// Milliseconds one optimizer step over the stage's parameters takes (timed over a few;
@@ -138,6 +172,9 @@ impl GpuTrainer {
     fn stage_forward(&self, b: &Batch) -> Result<()> {
         let stage = self.stage()?;
         self.slot.set(self.slot_of(b)?);
+        if let Some(l) = self.links() {
+            l.before_forward(&self.gpu, self.slot.get())?;
+        }
         gpukit_cuda::profiler::step(b.index);
         if stage.first() || stage.last() {
             self.gather_batch(b.first_row, b.rows, stage.first(), stage.last())?;
@@ -156,6 +193,9 @@ impl GpuTrainer {
     fn stage_backward(&self, b: &Batch) -> Result<usize> {
         let stage = self.stage()?;
         self.slot.set(self.slot_of(b)?);
+        if let Some(l) = self.links() {
+            l.before_backward(&self.gpu)?;
+        }
         let st = self.opts.precision.storage();
         if !stage.last() {
             let top = self.layout.layers() - 1;
@@ -222,15 +262,31 @@ impl GpuTrainer {
         }))
     }
 
-    /// A send and a receive as one NCCL group (nothing before the pipeline is attached).
+    /// A send and a receive: one NCCL group, or a copy queued and one taken (nothing before
+    /// the pipeline is attached).
     fn exchange(&self, send: Transfer<'_>, recv: Transfer<'_>) -> Result<()> {
-        let Some(comm) = &self.pipe else {
+        let Some(pipe) = &self.pipe else {
             return Ok(());
         };
         if send.is_none() && recv.is_none() {
             return Ok(());
         }
         let dtype = self.opts.precision.storage();
+        let index = self.stage()?.index;
+        let comm = match pipe {
+            Pipe::Nccl(comm) => comm,
+            Pipe::Copies(links) => {
+                let bytes = |n: usize| n * dtype.size_bytes();
+                if let Some((buf, n, peer)) = send {
+                    let slot = self.slot.get();
+                    links.send(&self.gpu, peer > index, slot, buf, bytes(n))?;
+                }
+                if let Some((buf, n, peer)) = recv {
+                    links.recv(&self.gpu, peer > index, buf, bytes(n))?;
+                }
+                return Ok(());
+            }
+        };
         nccl::group(|| {
             if let Some((buf, n, peer)) = send {
                 comm.send(buf, n, dtype, peer)?;
@@ -313,47 +369,49 @@ pub fn layer_costs(
     Ok(costs)
 }
 
-/// Consecutive layers for each of `stages` stages, the largest stage's cost as small as it
-/// goes (every stage at least one layer).
-pub fn partition(costs: &[f64], stages: usize) -> Result<Vec<(usize, usize)>> {
-    let n = costs.len();
-    if stages == 0 || stages > n {
-        return Err(Error::Setting(format!(
-            "{stages} pipeline stages need at least as many layers; the model has {n}"
-        )));
+/// Milliseconds each layer's optimizer step is estimated to take on `gpu` (what the split
+/// weighs beside the products, [`split`]): the bytes the step moves a parameter (the f32
+/// weight read and written, its f32 gradient read, each f32 moment read and written, the
+/// 16-bit copy written in mixed precision) over the bandwidth a 256 MiB device copy reaches.
+pub fn update_costs(
+    gpu: &Gpu,
+    widths: &[usize],
+    precision: Precision,
+    optimizer: &crate::optim::OptimizerConfig,
+) -> Result<Vec<f64>> {
+    use crate::optim::OptimizerKind;
+    const BYTES: usize = 256 << 20;
+    const REPS: usize = 5;
+    let (a, b) = (gpu.alloc(BYTES)?, gpu.alloc(BYTES)?);
+    gpu.copy_view(b.view(), a.view(), BYTES)?;
+    let stream = gpu.stream();
+    let start = stream.record_timed()?;
+    for _ in 0..REPS {
+        gpu.copy_view(b.view(), a.view(), BYTES)?;
     }
-    let prefix: Vec<f64> = std::iter::once(0.0)
-        .chain(costs.iter().scan(0.0, |s, &c| {
-            *s += c;
-            Some(*s)
-        }))
-        .collect();
-    let sum = |a: usize, b: usize| prefix[b] - prefix[a];
-    // best[k][j]: the smallest largest stage cost of layers [0, j) in k stages; cut[k][j] the
-    // start of the last of them
-    let mut best = vec![vec![f64::INFINITY; n + 1]; stages + 1];
-    let mut cut = vec![vec![0usize; n + 1]; stages + 1];
-    best[0][0] = 0.0;
-    for k in 1..=stages {
-        for j in k..=n {
-            for a in (k - 1)..j {
-                let v = best[k - 1][a].max(sum(a, j));
-                if v < best[k][j] {
-                    best[k][j] = v;
-                    cut[k][j] = a;
-                }
-            }
-        }
-    }
-    let mut spans = Vec::new();
-    let mut end = n;
-    for k in (1..=stages).rev() {
-        let a = cut[k][end];
-        spans.push((a, end));
-        end = a;
-    }
-    spans.reverse();
-    Ok(spans)
+    let end = stream.record_timed()?;
+    end.synchronize()?;
+    let ms = start.elapsed_ms(&end)?;
+    // a copy reads and writes each byte
+    let bytes_per_ms = (2 * BYTES * REPS) as f64 / ms.max(1e-6);
+    let moments = match optimizer.kind {
+        OptimizerKind::Sgd if optimizer.momentum == 0.0 => 0,
+        OptimizerKind::Sgd => 1,
+        _ => 2,
+    };
+    let half = if precision.storage() == DType::F32 {
+        0
+    } else {
+        precision.storage().size_bytes()
+    };
+    let per_param = (8 + 4 + 8 * moments + half) as f64;
+    let layout = Layout::new(widths);
+    Ok((0..layout.layers())
+        .map(|l| {
+            let (i, o) = layout.io(l);
+            (i * o + o) as f64 * per_param / bytes_per_ms
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -406,27 +464,6 @@ mod tests {
             let share: f32 = mine.iter().map(|m| m.weight / 4.0).sum();
             assert!((share - 1.0).abs() < 1e-6, "{share}");
         }
-    }
-
-    #[test]
-    fn partition_balances_consecutive_layers() {
-        assert_eq!(
-            partition(&[1.0, 1.0, 1.0, 1.0], 2).unwrap(),
-            vec![(0, 2), (2, 4)]
-        );
-        // a heavy first layer takes a stage to itself
-        assert_eq!(
-            partition(&[5.0, 1.0, 1.0, 1.0, 1.0], 2).unwrap(),
-            vec![(0, 1), (1, 5)]
-        );
-        assert_eq!(
-            partition(&[1.0, 2.0, 3.0, 4.0, 5.0], 3).unwrap(),
-            vec![(0, 3), (3, 4), (4, 5)]
-        );
-        let spans = partition(&[1.0; 7], 7).unwrap();
-        assert_eq!(spans.len(), 7);
-        assert!(partition(&[1.0; 2], 3).is_err());
-        assert!(partition(&[1.0; 2], 0).is_err());
     }
 
     #[test]

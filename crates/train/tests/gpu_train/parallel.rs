@@ -301,9 +301,11 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
 /// Pipeline-parallel over two GPUs against the whole model on one, the same batches: the 1F1B
 /// schedule's micro-batches (uneven ones, and a last partial batch) sum to the batch's
 /// gradient, so every update's loss is one GPU's within f32's order of sums (the 1e-5
-/// relative) and so are the final weights; bf16 within its rounding.
+/// relative) and so are the final weights; bf16 within its rounding. Each case runs with the
+/// transfers through NCCL and through the copy engines (the peers' mailboxes).
 pub(super) fn pipeline_matches_one_gpu_on_the_same_batches() -> Result<(), Failed> {
     use gpukit_cuda::nccl::{Comm, UniqueId};
+    use gpukit_train::gpu::links::Links;
     use gpukit_train::gpu::pipeline::Stage;
     let d = DISCOVERY.get().ok_or("no discovery")?;
     for (loss, kind, widths, spans, micro, batch, p) in [
@@ -349,58 +351,70 @@ pub(super) fn pipeline_matches_one_gpu_on_the_same_batches() -> Result<(), Faile
         };
         let one = run_gpu(&cfg, opts, &data, &model)?;
         let count = spans.len();
-        let id = UniqueId::new()?;
-        let runs = per_gpu_thread(count, |index| {
-            let e = |e: &dyn std::fmt::Display| e.to_string();
-            let g = Arc::new(Gpu::open(d, index).map_err(|x| e(&x))?);
-            let stage = Stage {
-                index,
-                count,
-                layers: spans[index],
-                micro,
-            };
-            let o = GpuOptions {
-                stage: Some(stage),
-                ..opts
-            };
-            let mut t =
-                GpuTrainer::new(d, g.clone(), &cfg, o, data.clone(), None).map_err(|x| e(&x))?;
-            let comm = Comm::init_rank_on(&g, t.stream(), &id, index, count).map_err(|x| e(&x))?;
-            t.attach_pipeline(comm).map_err(|x| e(&x))?;
-            train_from_the_start(&mut t, &model, &cfg)
-        });
-        let tag = format!(
-            "{loss:?} {kind:?} {widths:?} stages {spans:?} {micro} micro-batches of batch {batch}, {}",
-            p.name()
+        for copies in [false, true] {
+            let id = UniqueId::new()?;
+            let links = Links::new(count, std::time::Duration::from_secs(60));
+            let runs = per_gpu_thread(count, |index| {
+                let e = |e: &dyn std::fmt::Display| e.to_string();
+                let g = Arc::new(Gpu::open(d, index).map_err(|x| e(&x))?);
+                let stage = Stage {
+                    index,
+                    count,
+                    layers: spans[index],
+                    micro,
+                };
+                let o = GpuOptions {
+                    stage: Some(stage),
+                    ..opts
+                };
+                let mut t = GpuTrainer::new(d, g.clone(), &cfg, o, data.clone(), None)
+                    .map_err(|x| e(&x))?;
+                if copies {
+                    let mine = links
+                        .connect(index, &g, t.pipeline_inbox_bytes())
+                        .map_err(|x| e(&x))?;
+                    t.attach_pipeline_links(mine).map_err(|x| e(&x))?;
+                } else {
+                    let comm =
+                        Comm::init_rank_on(&g, t.stream(), &id, index, count).map_err(|x| e(&x))?;
+                    t.attach_pipeline(comm).map_err(|x| e(&x))?;
+                }
+                train_from_the_start(&mut t, &model, &cfg)
+            });
+            let tag = format!(
+            "{loss:?} {kind:?} {widths:?} stages {spans:?} {micro} micro-batches of batch {batch}, {}, {}",
+            p.name(),
+            if copies { "copy engines" } else { "NCCL" }
         );
-        let mut trained = model.clone();
-        let mut last = None;
-        for (r, &(a, b)) in runs.into_iter().zip(&spans) {
-            let (out, m, _) = r.map_err(|e| format!("{tag}: {e}"))?;
-            trained.layers[a..b].clone_from_slice(&m.layers[a..b]);
-            last = Some(out);
+            let mut trained = model.clone();
+            let mut last = None;
+            for (r, &(a, b)) in runs.into_iter().zip(&spans) {
+                let (out, m, _) = r.map_err(|e| format!("{tag}: {e}"))?;
+                trained.layers[a..b].clone_from_slice(&m.layers[a..b]);
+                last = Some(out);
+            }
+            let out = last.ok_or("no stage ran")?;
+            losses_within(
+                &format!("{tag}, against one GPU"),
+                &out.step_losses,
+                &one.outcome.step_losses,
+                loss_tol,
+            )?;
+            let worst = weights(&trained)
+                .iter()
+                .zip(&weights(&one.model))
+                .map(|(x, y)| (x - y).abs() / y.abs().max(1e-2))
+                .fold(0.0f32, f32::max);
+            check(
+                worst < weight_tol,
+                format!("{tag}: weights differ by {worst:e} (tolerance {weight_tol:e})"),
+            )?;
+            eprintln!(
+                "    {tag}: {} updates, losses within {:.1e}, weights within {worst:.1e}",
+                out.step_losses.len(),
+                max_rel(&out.step_losses, &one.outcome.step_losses)
+            );
         }
-        let out = last.ok_or("no stage ran")?;
-        losses_within(
-            &format!("{tag}, against one GPU"),
-            &out.step_losses,
-            &one.outcome.step_losses,
-            loss_tol,
-        )?;
-        let worst = weights(&trained)
-            .iter()
-            .zip(&weights(&one.model))
-            .map(|(x, y)| (x - y).abs() / y.abs().max(1e-2))
-            .fold(0.0f32, f32::max);
-        check(
-            worst < weight_tol,
-            format!("{tag}: weights differ by {worst:e} (tolerance {weight_tol:e})"),
-        )?;
-        eprintln!(
-            "    {tag}: {} updates, losses within {:.1e}, weights within {worst:.1e}",
-            out.step_losses.len(),
-            max_rel(&out.step_losses, &one.outcome.step_losses)
-        );
     }
     Ok(())
 }

@@ -20,7 +20,8 @@ use gpukit_train::budget::{device_need, DataShape, HINT};
 use gpukit_train::checkpoint::Position;
 use gpukit_train::data::Dataset;
 use gpukit_train::gpu::feed::Loader;
-use gpukit_train::gpu::pipeline::{layer_costs, partition, split_rows, Stage};
+use gpukit_train::gpu::links::Links;
+use gpukit_train::gpu::pipeline::{layer_costs, split, split_rows, update_costs, Stage};
 use gpukit_train::gpu::{GpuDetails, GpuOptions, GpuTrainer, Precision};
 use gpukit_train::model::Mlp;
 use gpukit_train::optim::Optimizer;
@@ -35,6 +36,9 @@ pub struct Pipeline {
     /// How the stages were started: threads in one process, or the launcher's processes.
     #[serde(default)]
     pub started_by: String,
+    /// How activations and their gradients travel between the stages.
+    #[serde(default)]
+    pub transfers: String,
     pub micro_batches: usize,
     /// Rows of the largest micro-batch.
     pub micro_rows: usize,
@@ -42,6 +46,10 @@ pub struct Pipeline {
     pub layers: Vec<(usize, usize)>,
     /// Milliseconds of each layer's products on one micro-batch (what the split balances).
     pub layer_ms: Vec<f64>,
+    /// Each layer's optimizer step, estimated from the bytes it moves (what the split weighs
+    /// beside the products among near-equal splits).
+    #[serde(default)]
+    pub layer_update_ms: Vec<f64>,
     /// Each stage's update alone: its micro-batches, no sends or receives (median of epochs).
     pub alone_step_ms: Vec<f64>,
     /// Each stage's update in the pipeline.
@@ -224,9 +232,30 @@ fn twice(
     run()
 }
 
+/// How the stages reach one another: NCCL (its id), or the copy engines (threads of this
+/// process whose GPUs reach each other's memory).
+enum Transport<'a> {
+    Nccl(&'a UniqueId),
+    Copies(&'a Links),
+}
+
+/// The transfers' name in the report.
+const COPIES: &str = "the GPUs' copy engines (peer copies, no kernel on either stage)";
+const NCCL: &str = "NCCL send/receive on each stage's work stream";
+
+/// Whether stages 0..n of this process can use the copy engines: every neighbouring pair
+/// reaches each other's memory, and `GPUKIT_PIPE_NCCL` is unset (it forces NCCL, for A/B).
+fn copies_between(n: usize) -> bool {
+    if std::env::var_os("GPUKIT_PIPE_NCCL").is_some_and(|v| !v.is_empty() && v != "0") {
+        return false;
+    }
+    gpukit_cuda::driver::peer_access_matrix(n)
+        .is_ok_and(|m| (1..n).all(|i| m[i - 1][i] && m[i][i - 1]))
+}
+
 fn stage_run(
     job: &Job<'_>,
-    id: &UniqueId,
+    transport: &Transport<'_>,
     (stage, ordinal): (Stage, usize),
     together: &Together<'_>,
 ) -> Result<StageRun> {
@@ -251,8 +280,16 @@ fn stage_run(
         ));
     }
     let (gpu, mut t, alone_ms, update_ms) = prepared?;
-    let comm = Comm::init_rank_on(&gpu, t.stream(), id, stage.index, stage.count)?;
-    t.attach_pipeline(comm)?;
+    match transport {
+        Transport::Nccl(id) => {
+            let comm = Comm::init_rank_on(&gpu, t.stream(), id, stage.index, stage.count)?;
+            t.attach_pipeline(comm)?;
+        }
+        Transport::Copies(links) => {
+            let mine = links.connect(stage.index, &gpu, t.pipeline_inbox_bytes())?;
+            t.attach_pipeline_links(mine)?;
+        }
+    }
     let (outcome, details) = twice(&mut t, job, Some(together))?;
     let (mut model, mut opt) = (job.model.clone(), job.opt.clone());
     t.store(&mut model, &mut opt)?;
@@ -316,39 +353,57 @@ pub fn run(job: &Job<'_>, progress: &mut dyn FnMut(&str)) -> Result<Option<Outco
             "--pipeline {n}: this machine has {count} CUDA device(s)"
         )));
     }
-    gpukit_cuda::nccl::require(job.discovery)
-        .map_err(|e| Error::Unavailable(format!("pipeline-parallel training needs NCCL: {e}")))?;
+    let copies = job.launched.is_none() && copies_between(n);
+    if !copies {
+        gpukit_cuda::nccl::require(job.discovery).map_err(|e| {
+            Error::Unavailable(format!("pipeline-parallel training needs NCCL: {e}"))
+        })?;
+    }
     match job.launched {
-        None => run_threads(job, progress).map(Some),
+        None => run_threads(job, copies, progress).map(Some),
         Some(w) => run_launched(job, w, progress),
     }
 }
 
-/// Each layer's products timed on cuda:`ordinal`, on a micro-batch's rows.
-fn time_layers(job: &Job<'_>, ordinal: usize, micro_rows: usize) -> Result<Vec<f64>> {
+/// Each layer's products timed on cuda:`ordinal`, on a micro-batch's rows, and each layer's
+/// optimizer step estimated there.
+type LayerTimes = (Vec<f64>, Vec<f64>);
+
+fn time_layers(job: &Job<'_>, ordinal: usize, micro_rows: usize) -> Result<LayerTimes> {
     let gpu = Arc::new(Gpu::open(job.discovery, ordinal)?);
-    Ok(layer_costs(
+    let products = layer_costs(
         job.discovery,
         &gpu,
         &job.cfg.widths,
         micro_rows,
         job.precision,
-    )?)
+    )?;
+    let updates = update_costs(&gpu, &job.cfg.widths, job.precision, &job.cfg.optimizer)?;
+    Ok((products, updates))
 }
 
 /// The stages as threads of this process, on cuda:0..N-1.
-fn run_threads(job: &Job<'_>, progress: &mut dyn FnMut(&str)) -> Result<Outcome> {
+fn run_threads(job: &Job<'_>, copies: bool, progress: &mut dyn FnMut(&str)) -> Result<Outcome> {
     let n = job.stages;
     let micro_rows = micro_rows(job);
     progress(&format!(
         "pipeline x{n}: timing each layer's products on {micro_rows} rows"
     ));
-    let layer_ms = time_layers(job, 0, micro_rows)?;
-    let spans = partition(&layer_ms, n)?;
+    let (layer_ms, update_ms) = time_layers(job, 0, micro_rows)?;
+    let spans = split(&layer_ms, &update_ms, n, job.micro)?;
     progress("pipeline: the whole model on one GPU, the same batches");
     let single = one_gpu(job, 0)?;
     progress(&split_line(n, &spans));
-    let id = UniqueId::new()?;
+    let (id, links) = if copies {
+        (None, Some(Links::new(n, job.timeout)))
+    } else {
+        (Some(UniqueId::new()?), None)
+    };
+    let transport = match (&id, &links) {
+        (Some(id), _) => Transport::Nccl(id),
+        (None, Some(l)) => Transport::Copies(l),
+        (None, None) => return Err(Error::Failed("pipeline: no transport".into())),
+    };
     let barrier = std::sync::Barrier::new(n);
     let failed = std::sync::atomic::AtomicBool::new(false);
     let runs: Vec<Result<StageRun>> = std::thread::scope(|scope| {
@@ -362,15 +417,15 @@ fn run_threads(job: &Job<'_>, progress: &mut dyn FnMut(&str)) -> Result<Outcome>
                     layers,
                     micro: job.micro,
                 };
-                let (id, together) = (
-                    id.clone(),
+                let (transport, together) = (
+                    &transport,
                     Together::Threads(Meet {
                         barrier: &barrier,
                         failed: &failed,
                     }),
                 );
                 scope.spawn(move || {
-                    let r = stage_run(job, &id, (stage, index), &together);
+                    let r = stage_run(job, transport, (stage, index), &together);
                     if let Err(e) = &r {
                         crate::hang_guard::after_failure(
                             job.timeout,
@@ -406,11 +461,11 @@ fn run_threads(job: &Job<'_>, progress: &mut dyn FnMut(&str)) -> Result<Outcome>
     let figures: Vec<StageFigures> = runs.iter().map(StageRun::figures).collect();
     let (outcome, details, report) = assemble(
         job,
-        (micro_rows, spans, layer_ms),
+        (micro_rows, spans, (layer_ms, update_ms)),
         &figures,
         (&last.outcome, &last.details),
         single,
-        "threads in one process".into(),
+        ("threads in one process", if copies { COPIES } else { NCCL }),
     );
     Ok((outcome, details, model, opt, report))
 }
@@ -444,8 +499,8 @@ fn run_launched(
             Vec::new()
         };
         let all = session.all_gather(&mine)?;
-        let layer_ms: Vec<f64> = unjson(&all[0], "the layers' times")?;
-        let spans = partition(&layer_ms, n)?;
+        let (layer_ms, update_ms): LayerTimes = unjson(&all[0], "the layers' times")?;
+        let spans = split(&layer_ms, &update_ms, n, job.micro)?;
         progress(&split_line(n, &spans));
         let id = UniqueId::from_bytes(session.blob())?;
         let stage = Stage {
@@ -456,7 +511,7 @@ fn run_launched(
         };
         let run = stage_run(
             job,
-            &id,
+            &Transport::Nccl(&id),
             (stage, w.local_rank),
             &Together::Session(&session),
         )?;
@@ -469,9 +524,9 @@ fn run_launched(
             .iter()
             .map(|b| unjson::<StageFigures>(b, "a stage's figures"))
             .collect::<Result<Vec<_>>>()?;
-        Ok((spans, layer_ms, run, figures))
+        Ok((spans, (layer_ms, update_ms), run, figures))
     })();
-    let (spans, layer_ms, run, figures) = match staged {
+    let (spans, times, run, figures) = match staged {
         Ok(done) => {
             session.finish()?;
             done
@@ -492,18 +547,18 @@ fn run_launched(
         .ok_or_else(|| Error::Failed("the last stage sent no losses".into()))?;
     let (outcome, mut details, report) = assemble(
         job,
-        (micro_rows, spans, layer_ms),
+        (micro_rows, spans, times),
         &figures,
         (&outcome, &details),
         single,
-        w.launcher.to_string(),
+        (&w.launcher.to_string(), NCCL),
     );
     details.device_name = run.details.device_name.clone();
     Ok(Some((outcome, details, run.model, run.opt, report)))
 }
 
 /// A launched stage's part: the split, the layers' times, its own run and every stage's figures.
-type Staged = (Vec<(usize, usize)>, Vec<f64>, StageRun, Vec<StageFigures>);
+type Staged = (Vec<(usize, usize)>, LayerTimes, StageRun, Vec<StageFigures>);
 
 fn json<T: Serialize>(v: &T) -> Result<Vec<u8>> {
     serde_json::to_vec(v).map_err(|e| Error::Failed(e.to_string()))
@@ -547,11 +602,11 @@ impl StageRun {
 /// its details (the largest stage's memory) and the report.
 fn assemble(
     job: &Job<'_>,
-    (micro_rows, spans, layer_ms): (usize, Vec<(usize, usize)>, Vec<f64>),
+    (micro_rows, spans, (layer_ms, layer_update_ms)): (usize, Vec<(usize, usize)>, LayerTimes),
     figures: &[StageFigures],
     (last, last_details): (&RunOutcome, &GpuDetails),
     (one_gpu_refused, single): OneGpuRun,
-    started_by: String,
+    (started_by, transfers): (&str, &str),
 ) -> (RunOutcome, GpuDetails, Pipeline) {
     let n = job.stages;
     let rows = job.cfg.batch_size.min(job.train.len());
@@ -612,11 +667,13 @@ fn assemble(
         bubble_without_flush: 1.0 - (alone[busiest] - updates[busiest]) / (slowest(&steps) - flush),
         optimizer_ms: updates.clone(),
         stages: n,
-        started_by,
+        started_by: started_by.into(),
+        transfers: transfers.into(),
         micro_batches: job.micro,
         micro_rows,
         layers: spans,
         layer_ms,
+        layer_update_ms,
         bubble: 1.0 - slowest(&alone) / slowest(&steps),
         bubble_schedule: (n - 1) as f64 / (job.micro + n - 1) as f64,
         samples_per_s: rows as f64 / (slowest(&steps) / 1e3),

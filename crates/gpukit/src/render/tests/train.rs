@@ -121,10 +121,12 @@ fn a_pipeline_run_shows_its_split_bubble_and_the_one_gpu_run_beside() {
     r.pipeline = Some(Pipeline {
         stages: 2,
         started_by: "threads in one process".into(),
+        transfers: "the GPUs' copy engines".into(),
         micro_batches: 8,
         micro_rows: 512,
         layers: vec![(0, 4), (4, 9)],
         layer_ms: vec![0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.25],
+        layer_update_ms: vec![0.1; 9],
         alone_step_ms: vec![29.6, 37.3],
         step_ms: vec![41.7, 41.6],
         optimizer_ms: vec![0.31, 0.29],
@@ -155,8 +157,9 @@ fn a_pipeline_run_shows_its_split_bubble_and_the_one_gpu_run_beside() {
     for want in [
         "Pipeline-parallel",
         "layers 1-4 | 5-9",
-        "3.50, 4.25 ms a stage",
+        "3.50, 4.25 ms a stage; optimizer steps about 0.40, 0.50 ms",
         "8 micro-batches of up to 512 rows",
+        "gradients through the GPUs' copy engines",
         "41.70, 41.60 ms in the pipeline",
         "0.106 of the update idle",
         "0.109 without the first stage's optimizer step (0.31 ms)",
