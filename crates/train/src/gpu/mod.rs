@@ -232,6 +232,9 @@ pub struct GpuTrainer {
     grad_pieces: Vec<(usize, usize)>,
     /// Pipeline-parallel: how the stages beside this one are reached, once attached.
     pipe: Option<pipeline::Pipe>,
+    /// With `GPUKIT_TRACE=1`, a pipeline stage's timed marks of its last update
+    /// ([`GpuTrainer::pipeline_trace`]).
+    pipe_marks: std::cell::RefCell<Vec<(char, usize, gpukit_cuda::Event)>>,
     /// Multiprocessors the products are planned for (None: the GPU's all).
     sm_target: Option<u32>,
     /// The epoch to profile, with how ([`GpuTrainer::profile_epoch`]).
@@ -526,6 +529,7 @@ impl GpuTrainer {
             dp: None,
             grad_pieces: Vec::new(),
             pipe: None,
+            pipe_marks: Default::default(),
             sm_target: None,
         };
         trainer.plan_all()?;

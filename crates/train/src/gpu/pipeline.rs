@@ -136,6 +136,8 @@ impl GpuTrainer {
         let m = group.len();
         let warm = (stage.count - stage.index - 1).min(m);
         let (mut f, mut bw) = (0, 0);
+        self.pipe_marks.borrow_mut().clear();
+        self.mark('<', 0)?;
         for _ in 0..warm {
             self.exchange(None, self.recv_input(&group[f])?)?;
             self.stage_forward(&group[f])?;
@@ -167,9 +169,53 @@ impl GpuTrainer {
         Ok(())
     }
 
+    /// With `GPUKIT_TRACE=1` on a pipeline, a timed mark on the work stream: `F`/`B` before a
+    /// micro-batch's forward / backward, `f`/`b` after it, `<` at an update's start.
+    fn mark(&self, what: char, micro: usize) -> Result<()> {
+        if self.pipe.is_some() && gpukit_cuda::trace::on() {
+            let e = self.gpu.stream().record_timed()?;
+            self.pipe_marks.borrow_mut().push((what, micro, e));
+        }
+        Ok(())
+    }
+
+    /// With `GPUKIT_TRACE=1`, the stage's last update as its work stream ran it: each
+    /// forward and backward (the last with the optimizer step) from the update's start, in
+    /// microseconds, and the time the stream spent between them (waiting for a transfer, or
+    /// on the transfers' local copies). Call once the run is over.
+    pub fn pipeline_trace(&self) -> Result<Option<String>> {
+        let marks = self.pipe_marks.borrow();
+        let Some((_, _, start)) = marks.first() else {
+            return Ok(None);
+        };
+        let (mut line, mut idle, mut last_end) = (String::new(), 0.0, 0.0);
+        for pair in marks[1..].chunks(2) {
+            let [(op, micro, a), (_, _, b)] = pair else {
+                break;
+            };
+            let (t0, t1) = (start.elapsed_ms(a)? * 1e3, start.elapsed_ms(b)? * 1e3);
+            idle += t0 - last_end;
+            line.push_str(&format!(
+                " {op}{micro} {t0:.0}+{:.0} (gap {:.0})",
+                t1 - t0,
+                t0 - last_end
+            ));
+            last_end = t1;
+        }
+        Ok(Some(format!(
+            "update {last_end:.0} us, {idle:.0} us between operations:{line}"
+        )))
+    }
+
     /// A micro-batch's forward through the stage's layers (the first stage gathers its
     /// inputs; the last computes its loss).
     fn stage_forward(&self, b: &Batch) -> Result<()> {
+        self.mark('F', b.micro)?;
+        self.forward_micro(b)?;
+        self.mark('f', b.micro)
+    }
+
+    fn forward_micro(&self, b: &Batch) -> Result<()> {
         let stage = self.stage()?;
         self.slot.set(self.slot_of(b)?);
         if let Some(l) = self.links() {
@@ -191,6 +237,13 @@ impl GpuTrainer {
     /// (the loss's, or received: a stage before the last applies its top layer's ReLU and
     /// takes its bias gradient first); returns the dz buffer holding the gradient to send back.
     fn stage_backward(&self, b: &Batch) -> Result<usize> {
+        self.mark('B', b.micro)?;
+        let dx = self.backward_micro(b)?;
+        self.mark('b', b.micro)?;
+        Ok(dx)
+    }
+
+    fn backward_micro(&self, b: &Batch) -> Result<usize> {
         let stage = self.stage()?;
         self.slot.set(self.slot_of(b)?);
         if let Some(l) = self.links() {

@@ -291,6 +291,9 @@ fn stage_run(
         }
     }
     let (outcome, details) = twice(&mut t, job, Some(together))?;
+    if let Some(line) = t.pipeline_trace()? {
+        gpukit_cuda::trace::note(|| format!("pipeline stage {}: {line}", stage.index));
+    }
     let (mut model, mut opt) = (job.model.clone(), job.opt.clone());
     t.store(&mut model, &mut opt)?;
     Ok(StageRun {
