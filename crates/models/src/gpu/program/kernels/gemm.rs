@@ -62,17 +62,20 @@ pub(super) const SOURCE: &str = r#"
 // aligned, n a multiple of 8, k of 32 * gridDim.z; f32 accumulation. Block (x, y, z): the
 // 64 x 64 tile at columns 64 x, rows 64 y, over K range [z kc, (z + 1) kc). 4 warps of 32 x 32
 // outputs, mma.sync m16n8k16 on fragments read by ldmatrix from x and w tiles (64 x 32, 32 x 64)
-// double-buffered by cp.async in shared memory padded against bank conflicts. One piece of K
-// (gridDim.z 1): the epilogue from the registers. Several: each block writes its f32 tile to
-// part [z][m][n]; the last of a tile's blocks to finish (counts[tile], which it sets back to 0)
-// adds the pieces in order (the same sums whichever finishes last) and writes y. w is
-// constant: a block prefetches its slice into L2 and loads its first tile before it waits for
-// the kernel ahead. bias, z (laid out as y, may be y itself), part and counts may be null.
+// in GS_STAGES stages of shared memory (padded against bank conflicts) filled by cp.async
+// GS_STAGES - 1 steps ahead: a piece of K of up to 3 steps is loaded in one go. One piece of K
+// (gridDim.z 1): the epilogue from the registers. Several: each block adds its f32 tile into
+// part [m][n] (zero between launches) with atomics; the last of a tile's blocks to finish
+// (counts[tile], which it sets back to 0) takes the sums, leaving zeros, and writes y. The
+// order of the sums varies from launch to launch (f32 rounding apart). w is constant: a block
+// prefetches its slice into L2 and loads its first tiles before it waits for the kernel ahead.
+// bias, z (laid out as y, may be y itself), part and counts may be null.
 #define GS_BM 64
 #define GS_BN 64
 #define GS_BK 32
 #define GS_XP 40
 #define GS_WP 72
+#define GS_STAGES 4
 
 // The block's 64 x 64 tile of y = act(X w + bias + z) over K range [k0, k0 + kc): X's tile rows
 // come from `load_x(stage, kt)` (which fills xs[stage] with rows m0.. and K values
@@ -100,11 +103,14 @@ __device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ 
             copy16(&ws[s * (GS_BK * GS_WP) + r * GS_WP + c], src, in ? 16 : 0);
         }
     };
-    load_w(0, 0);
+    for (int st = 0; st < GS_STAGES - 1 && st < steps; ++st) load_w(st, st);
     wait_for_previous_grid();
-    // X is the kernel ahead's output: read only after the wait
-    load_x(0, 0);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    // X is the kernel ahead's output: read only after the wait. Group st holds stage st's x
+    // (and group 0 the w tiles loaded above too)
+    for (int st = 0; st < GS_STAGES - 1; ++st) {
+        if (st < steps) load_x(st, st);
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
     float acc[2][4][4];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
@@ -114,14 +120,17 @@ __device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ 
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
     const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32, q = lane >> 3;
     for (int kt = 0; kt < steps; ++kt) {
-        const int s = kt & 1;
-        if (kt + 1 < steps) {
-            load_w(s ^ 1, kt + 1);
-            load_x(s ^ 1, kt + 1);
+        const int s = kt % GS_STAGES;
+        // step kt's group done (GS_STAGES - 2 younger ones may be in flight), and every
+        // thread past step kt - 1, whose stage the load below refills
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(GS_STAGES - 2) : "memory");
+        __syncthreads();
+        if (kt + GS_STAGES - 1 < steps) {
+            const int ahead = (kt + GS_STAGES - 1) % GS_STAGES;
+            load_w(ahead, kt + GS_STAGES - 1);
+            load_x(ahead, kt + GS_STAGES - 1);
         }
         asm volatile("cp.async.commit_group;\n" ::: "memory");
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-        __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < GS_BK; kk += 16) {
             unsigned a[2][4], b[4][2];
@@ -147,13 +156,11 @@ __device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ 
 #pragma unroll
                 for (int j = 0; j < 4; ++j) Mma<T>::run(acc[i][j], a[i], b[j]);
         }
-        __syncthreads();
     }
     // accumulator (i, j, e): row wm + 16 i + lane / 4 (+ 8 for e >= 2), column
     // wn + 8 j + 2 (lane % 4) (+ 1 for odd e), of the block's tile
     const int row0 = m0 + wm + (lane >> 2), col0 = n0 + wn + (lane & 3) * 2;
     if (gridDim.z > 1) {
-        float* mine = part + (long long)blockIdx.z * m * n;
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -161,9 +168,18 @@ __device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ 
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int row = row0 + i * 16 + h * 8, col = col0 + j * 8;
-                    if (row < m && col < n)
-                        *(float2*)(mine + (long long)row * n + col) =
-                            make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                    if (row < m && col < n) {
+                        float* at = part + (long long)row * n + col;
+#if __CUDA_ARCH__ >= 900
+                        // one vector reduction of the pair (8-byte aligned: n and col even)
+                        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};"
+                                     :: "l"(at), "f"(acc[i][j][2 * h]), "f"(acc[i][j][2 * h + 1])
+                                     : "memory");
+#else
+                        atomicAdd(at, acc[i][j][2 * h]);
+                        atomicAdd(at + 1, acc[i][j][2 * h + 1]);
+#endif
+                    }
                 }
         __threadfence();
         __syncthreads();
@@ -180,15 +196,12 @@ __device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ 
                 for (int h = 0; h < 2; ++h) {
                     const int row = row0 + i * 16 + h * 8, col = col0 + j * 8;
                     float s0 = 0.0f, s1 = 0.0f;
-                    if (row < m && col < n)
-                        for (int p = 0; p < (int)gridDim.z; ++p) {
-                            const float* at = part + ((long long)p * m + row) * n + col;
-                            float v0, v1;
-                            asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];"
-                                         : "=f"(v0), "=f"(v1) : "l"(at));
-                            s0 += v0;
-                            s1 += v1;
-                        }
+                    if (row < m && col < n) {
+                        // the sums, and zeros left for the next launch
+                        float* at = part + (long long)row * n + col;
+                        s0 = atomicExch(at, 0.0f);
+                        s1 = atomicExch(at + 1, 0.0f);
+                    }
                     acc[i][j][2 * h] = s0;
                     acc[i][j][2 * h + 1] = s1;
                 }
@@ -219,8 +232,8 @@ __device__ void gemm_small(const T* __restrict__ x, const T* __restrict__ w,
                            const T* __restrict__ bias, const T* z, T* y, float* part,
                            unsigned* counts, int m, int n, int k, int kc, int act, float alpha,
                            float beta) {
-    __shared__ __align__(16) T xs[2][GS_BM * GS_XP];
-    __shared__ __align__(16) T ws[2][GS_BK * GS_WP];
+    __shared__ __align__(16) T xs[GS_STAGES][GS_BM * GS_XP];
+    __shared__ __align__(16) T ws[GS_STAGES][GS_BK * GS_WP];
     const int t = threadIdx.x, m0 = blockIdx.y * GS_BM, k0 = blockIdx.z * kc;
     auto load_x = [&](int s, int kt) {
         for (int i = t; i < GS_BM * 4; i += blockDim.x) {
@@ -246,8 +259,8 @@ __device__ void conv_small(const T* __restrict__ x, const T* __restrict__ w,
                            unsigned* counts, int m, int n, int kw, int kc, int act, float alpha,
                            float beta, int h, int wd, int c, int p, int q, int ks, int stride,
                            int pt, int pl, int dh, int dw) {
-    __shared__ __align__(16) T xs[2][GS_BM * GS_XP];
-    __shared__ __align__(16) T ws[2][GS_BK * GS_WP];
+    __shared__ __align__(16) T xs[GS_STAGES][GS_BM * GS_XP];
+    __shared__ __align__(16) T ws[GS_STAGES][GS_BK * GS_WP];
     const int t = threadIdx.x, m0 = blockIdx.y * GS_BM, k0 = blockIdx.z * kc;
     // this thread's chunks: rows (t >> 2) and (t >> 2) + 32 of the tile, K column (t & 3) * 8;
     // their images and input corners, found at the first call (after the wait)
@@ -325,8 +338,9 @@ pub fn kernel_source() -> KernelSource {
     }
 }
 
-/// Floats of the pieces' partial tiles and counters of tiles ([`SmallGemm::new`] allocates
-/// them once): 4 MiB, enough for the products of small batches this kernel is for.
+/// Floats of the pieces' sums and counters of tiles ([`SmallGemm::new`] allocates them once):
+/// 4 MiB. The sums take m x n floats; the pieces are held to pieces x m x n within it (the
+/// partial tiles of an earlier design), which keeps the kernel to the small products it is for.
 const PART_FLOATS: usize = 1 << 20;
 const COUNTS: usize = 4096;
 /// Blocks a product aims for when K is cut into pieces: about two a multiprocessor of an H100.
@@ -360,9 +374,10 @@ fn piece_of(k: usize, p: usize) -> usize {
     k.div_ceil(p).div_ceil(32) * 32
 }
 
-/// One piece, and the most pieces (`allowed`) up to about [`AIM_BLOCKS`] blocks of at least
-/// [`MIN_PIECE`] values where one leaves too few blocks; empty where the kernel does not take
-/// the shape (n not a multiple of 8, too many tiles).
+/// One piece, and where one leaves too few blocks the most pieces (`allowed`) up to about
+/// [`AIM_BLOCKS`] blocks of at least [`MIN_PIECE`] values, and up to a half and a quarter of
+/// that (fewer pieces: fewer sums added, longer pieces; the engine times each); empty where
+/// the kernel does not take the shape (n not a multiple of 8, too many tiles).
 fn cuts(m: usize, n: usize, k: usize, allowed: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
     let (rows, cols) = (m.div_ceil(64), n.div_ceil(64));
     let tiles = rows * cols;
@@ -370,11 +385,12 @@ fn cuts(m: usize, n: usize, k: usize, allowed: impl Fn(usize) -> bool) -> Vec<(u
         return Vec::new();
     }
     let fits = |p: usize| allowed(p) && k / p >= MIN_PIECE && p * m * n <= PART_FLOATS;
-    let split = (2..=32).rev().find(|&p| tiles * p <= AIM_BLOCKS && fits(p));
-    std::iter::once(1)
-        .chain(split)
-        .map(|p| (p, piece_of(k, p)))
-        .collect()
+    let most = |aim: usize| (2..=32).rev().find(|&p| tiles * p <= aim && fits(p));
+    let mut out: Vec<usize> = std::iter::once(1)
+        .chain([AIM_BLOCKS / 4, AIM_BLOCKS / 2, AIM_BLOCKS].into_iter().filter_map(most))
+        .collect();
+    out.dedup();
+    out.into_iter().map(|p| (p, piece_of(k, p))).collect()
 }
 
 /// x, w, bias, z and y of a product.
@@ -430,13 +446,15 @@ pub struct SmallGemm {
 
 impl SmallGemm {
     /// Compiles the kernel for `gpu` (or reads it from the cache) and allocates its scratch
-    /// (the counters zeroed).
+    /// (the counters and the sums zeroed).
     pub fn new(discovery: &gpukit_cuda::loader::Discovery, gpu: &Gpu) -> Result<SmallGemm> {
         let counts = gpu.alloc(COUNTS * 4)?;
         gpu.fill(counts.view(), 0)?;
+        let part = gpu.alloc(PART_FLOATS * 4)?;
+        gpu.fill(part.view(), 0)?;
         Ok(SmallGemm {
             module: KernelModule::load(discovery, gpu, &kernel_source())?,
-            part: gpu.alloc(PART_FLOATS * 4)?,
+            part,
             counts,
         })
     }
@@ -634,17 +652,19 @@ mod tests {
 
     #[test]
     fn few_tiles_cut_k_into_pieces_many_do_not() {
-        // ConvNeXt-T at batch 1: 49 rows of 768 over 3,072 (12 tiles: 16 pieces of 192)
-        assert_eq!(pieces(49, 768, 3072), vec![1, 16]);
+        // ConvNeXt-T at batch 1: 49 rows of 768 over 3,072 (12 tiles: up to 16 pieces of 192,
+        // and the counts within a half and a quarter of the blocks)
+        assert_eq!(pieces(49, 768, 3072), vec![1, 4, 8, 16]);
         // 196 x 384 over 1,536 (24 tiles: 8 pieces of 192, 11 does not divide)
-        assert_eq!(pieces(196, 384, 1536), vec![1, 8]);
+        assert_eq!(pieces(196, 384, 1536), vec![1, 2, 4, 8]);
         // 196 x 1,536 over 384 (96 tiles: 2 pieces of 192)
         assert_eq!(pieces(196, 1536, 384), vec![1, 2]);
         // 3,136 x 384 over 96: 294 tiles, K too short to cut
         assert_eq!(pieces(3136, 384, 96), vec![1]);
         // the kernel's limits: n a multiple of 8, k of 32
         assert!(pieces(1, 1001, 768).is_empty());
-        assert_eq!(pieces(1, 1000, 768), vec![1, 6]);
+        // pieces of at least 128 values: 6 at most
+        assert_eq!(pieces(1, 1000, 768), vec![1, 4, 6]);
         assert!(pieces(49, 768, 3070).is_empty());
         assert!(pieces(0, 768, 3072).is_empty());
     }
@@ -697,8 +717,9 @@ mod tests {
                 );
             }
         }
-        // ResNet-50's 3x3 of layer3 at batch 1: 16 tiles, cut
-        assert!(conv_pieces(196, 256, 2304).len() == 2);
+        // ResNet-50's 3x3 of layer3 at batch 1: 16 tiles, cut in 4, 8 or 15 pieces
+        let counts: Vec<usize> = conv_pieces(196, 256, 2304).iter().map(|c| c.0).collect();
+        assert_eq!(counts, vec![1, 4, 8, 15]);
         let g = ConvGeometry {
             n: 1,
             h: 5,
