@@ -387,7 +387,11 @@ fn cuts(m: usize, n: usize, k: usize, allowed: impl Fn(usize) -> bool) -> Vec<(u
     let fits = |p: usize| allowed(p) && k / p >= MIN_PIECE && p * m * n <= PART_FLOATS;
     let most = |aim: usize| (2..=32).rev().find(|&p| tiles * p <= aim && fits(p));
     let mut out: Vec<usize> = std::iter::once(1)
-        .chain([AIM_BLOCKS / 4, AIM_BLOCKS / 2, AIM_BLOCKS].into_iter().filter_map(most))
+        .chain(
+            [AIM_BLOCKS / 4, AIM_BLOCKS / 2, AIM_BLOCKS]
+                .into_iter()
+                .filter_map(most),
+        )
         .collect();
     out.dedup();
     out.into_iter().map(|p| (p, piece_of(k, p))).collect()
