@@ -199,8 +199,9 @@ pub struct TrainArgs {
 
     /// Train pipeline-parallel on this many GPUs of this machine (cuda:0..N-1, a thread each):
     /// the MLP's layers split by the time their products take, each batch cut into
-    /// micro-batches run in the 1F1B schedule; beside the whole model on one GPU with the same
-    /// batches (its losses must be the pipeline's).
+    /// micro-batches run in the 1F1B schedule, activations passed by the GPUs' copy engines
+    /// (NCCL under a launcher); beside the whole model on one GPU with the same batches (its
+    /// losses must be the pipeline's).
     #[arg(long, value_parser = parse_count, value_name = "N")]
     pub pipeline: Option<usize>,
     /// --pipeline: micro-batches a batch is cut into [default: 4 a stage].
