@@ -425,7 +425,7 @@ pub fn layer_costs(
 /// Milliseconds each layer's optimizer step is estimated to take on `gpu` (what the split
 /// weighs beside the products, [`split`]): the bytes the step moves a parameter (the f32
 /// weight read and written, its f32 gradient read, each f32 moment read and written, the
-/// 16-bit copy written in mixed precision) over the bandwidth a 256 MiB device copy reaches.
+/// 16-bit copy written in mixed precision) over the bandwidth a 64 MiB device copy reaches.
 pub fn update_costs(
     gpu: &Gpu,
     widths: &[usize],
@@ -433,7 +433,7 @@ pub fn update_costs(
     optimizer: &crate::optim::OptimizerConfig,
 ) -> Result<Vec<f64>> {
     use crate::optim::OptimizerKind;
-    const BYTES: usize = 256 << 20;
+    const BYTES: usize = 64 << 20;
     const REPS: usize = 5;
     let (a, b) = (gpu.alloc(BYTES)?, gpu.alloc(BYTES)?);
     gpu.copy_view(b.view(), a.view(), BYTES)?;
