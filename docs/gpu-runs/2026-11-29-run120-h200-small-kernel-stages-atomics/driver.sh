@@ -61,5 +61,16 @@ case $CALL in
          --device cuda:0 --batch-sizes 1 --strategies fp16-nhwc-graph --gpu-iterations 50 > $OUT/t/ncu.csv 2> $OUT/t/ncu.err
      say "ncu rc=$? $(wc -l < $OUT/t/ncu.csv) lines"; tail -3 $OUT/t/ncu.err | tee -a "$S"
      gzip -f $OUT/t/ncu.csv ;;
+  # N2: ncu's warp stall reasons (raw page) on conv_small while ResNet-50 b1 times it
+  N2) W=$(mktemp -d); (cd scripts && python3 export_torchvision.py "$W" resnet50) > /dev/null 2>&1
+     ORT=$(python3 -c 'import onnxruntime, os, glob; print(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so*"))[0])')
+     env -u LD_LIBRARY_PATH GPUKIT_OWN_CONV=timed-own XDG_CACHE_HOME=$W/cache GPUKIT_ORT_LIB=$ORT timeout 400 /usr/local/cuda/bin/ncu --kernel-name regex:conv_small_f16 --launch-skip 150 --launch-count 80 \
+         --cache-control none --clock-control none --section WarpStateStats --section SourceCounters --page raw --csv .device/gpukit infer --onnx $W/resnet50.onnx \
+         --device cuda:0 --batch-sizes 1 --strategies fp16-nhwc-graph --gpu-iterations 50 > $OUT/t/ncu2.csv 2> $OUT/t/ncu2.err
+     say "ncu rc=$? $(wc -l < $OUT/t/ncu2.csv) lines"; tail -2 $OUT/t/ncu2.err | tee -a "$S"
+     gzip -f $OUT/t/ncu2.csv ;;
+  # K3: K2 with the loaders' addresses advanced instead of recomputed (193 instructions a step
+  #     of K instead of 255 in conv_small's loop): the kernel's tests, memcheck, ResNet-50 b1
+  K3) bash .device/drivers.sh K2 ;;
 esac
 say "== done $(date -u +%FT%TZ)"

@@ -95,13 +95,19 @@ __device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ 
     // 128-byte line), its first tile into shared memory
     for (int r = t; r < kc && k0 + r < kw; r += blockDim.x)
         asm volatile("prefetch.global.L2 [%0];" :: "l"(w + (long long)(k0 + r) * n + n0));
+    // a w tile is 32 rows of 8 chunks of 8 values: this thread's (of 128) are rows wr and
+    // wr + 16 at column wc; their sources advance 32 rows a step
+    const int wr = t >> 3, wc = (t & 7) * 8;
+    const bool wcol = n0 + wc < n;
+    const T* wsrc = w + (long long)(k0 + wr) * n + n0 + wc;
+    T* wdst = ws + wr * GS_WP + wc;
     auto load_w = [&](int s, int kt) {
-        for (int i = t; i < GS_BK * 8; i += blockDim.x) {
-            const int r = i >> 3, c = (i & 7) * 8, row = k0 + kt * GS_BK + r;
-            const bool in = row < kw && n0 + c < n;
-            const T* src = w + (in ? (long long)row * n + n0 + c : 0);
-            copy16(&ws[s * (GS_BK * GS_WP) + r * GS_WP + c], src, in ? 16 : 0);
-        }
+        const int row = k0 + kt * GS_BK + wr;
+        const T* src = wsrc + (long long)kt * GS_BK * n;
+        T* dst = wdst + s * (GS_BK * GS_WP);
+        const bool a = wcol && row < kw, b = wcol && row + 16 < kw;
+        copy16(dst, a ? src : w, a ? 16 : 0);
+        copy16(dst + 16 * GS_WP, b ? src + 16 * n : w, b ? 16 : 0);
     };
     for (int st = 0; st < GS_STAGES - 1 && st < steps; ++st) load_w(st, st);
     wait_for_previous_grid();
@@ -268,9 +274,10 @@ __device__ void conv_small(const T* __restrict__ x, const T* __restrict__ w,
     const T* img[2];
     int ih[2], iw[2];
     bool live[2];
-    // the chunk's K index and its tap (r, s) and channel: next is the one `load_x` reads
+    // the chunk's K index, its tap (tr, ts) and channel: next is the one `load_x` reads
     int next = k0 + col;
-    int tap = next / c, ch = next - tap * c;
+    int ch = next % c, tap = next / c;
+    int tr = tap / ks, ts = tap - tr * ks;
     auto load_x = [&](int s, int kt) {
         if (kt == 0) {
 #pragma unroll
@@ -285,20 +292,23 @@ __device__ void conv_small(const T* __restrict__ x, const T* __restrict__ w,
             }
         }
         // called for kt = 0, 1, 2, ... in order: the chunk's K index is next
-        const int r = tap / ks, sc = tap - r * ks;
         const bool inside = next < kw;
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            const int yy = ih[j] + r * dh, xx = iw[j] + sc * dw;
+            const int yy = ih[j] + tr * dh, xx = iw[j] + ts * dw;
             const bool in = inside && live[j] && yy >= 0 && yy < h && xx >= 0 && xx < wd;
-            const T* src = in ? img[j] + ((long long)yy * wd + xx) * c + ch : x;
+            // within one image: fewer than 2^31 values
+            const T* src = in ? img[j] + (yy * wd + xx) * c + ch : x;
             copy16(&xs[s][((t >> 2) + 32 * j) * GS_XP + col], src, in ? 16 : 0);
         }
         next += GS_BK;
         ch += GS_BK;
         while (ch >= c) {
             ch -= c;
-            ++tap;
+            if (++ts == ks) {
+                ts = 0;
+                ++tr;
+            }
         }
     };
     product_tile<T>(load_x, &xs[0][0], &ws[0][0], w, bias, z, y, part, counts, m, n, kw, kc, act,
