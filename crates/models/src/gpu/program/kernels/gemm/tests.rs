@@ -1,0 +1,260 @@
+//! The small product kernel's piece counts, parameters and convolution geometry, without a GPU.
+
+use super::{conv_pieces, pieces, ConvGeometry};
+
+#[test]
+fn few_tiles_cut_k_into_pieces_many_do_not() {
+    // ConvNeXt-T at batch 1: 49 rows of 768 over 3,072 (12 tiles: up to 16 pieces of 192,
+    // and the counts within a half and a quarter of the blocks)
+    assert_eq!(pieces(49, 768, 3072), vec![1, 4, 8, 16]);
+    // 196 x 384 over 1,536 (24 tiles: 8 pieces of 192, 11 does not divide)
+    assert_eq!(pieces(196, 384, 1536), vec![1, 2, 4, 8]);
+    // 196 x 1,536 over 384 (96 tiles: 2 pieces of 192)
+    assert_eq!(pieces(196, 1536, 384), vec![1, 2]);
+    // 3,136 x 384 over 96: 294 tiles, K too short to cut
+    assert_eq!(pieces(3136, 384, 96), vec![1]);
+    // the kernel's limits: n a multiple of 8, k of 32
+    assert!(pieces(1, 1001, 768).is_empty());
+    // pieces of at least 128 values: 6 at most
+    assert_eq!(pieces(1, 1000, 768), vec![1, 4, 6]);
+    assert!(pieces(49, 768, 3070).is_empty());
+    assert!(pieces(0, 768, 3072).is_empty());
+}
+
+#[test]
+fn the_kernels_parameters_read_as_the_launcher_passes_them() {
+    let signatures = super::kernel_source()
+        .signatures()
+        .expect("parameters read");
+    for name in ["gemm_small_f16", "gemm_small_bf16"] {
+        assert_eq!(signatures[name].len(), 14, "{name}");
+    }
+    for name in ["conv_small_f16", "conv_small_bf16"] {
+        assert_eq!(signatures[name].len(), 25, "{name}");
+    }
+}
+
+#[test]
+fn the_partial_tiles_stay_within_the_scratch() {
+    for (m, n, k) in [
+        (49, 768, 3072),
+        (196, 384, 1536),
+        (784, 768, 192),
+        (8192, 4096, 4096),
+    ] {
+        for p in pieces(m, n, k) {
+            assert!(
+                p == 1 || p * m * n <= super::PART_FLOATS,
+                "{m}x{n}x{k} in {p}"
+            );
+            assert!(k.is_multiple_of(32 * p) && (p == 1 || k / p >= super::MIN_PIECE));
+        }
+    }
+}
+
+/// A convolution's pieces cover its K (rounded up to 32s), each piece non-empty; the
+/// filter is rearranged as [r, s, c, k]; the geometry refuses what the kernel does not take.
+#[test]
+fn convolution_pieces_cover_k_and_the_filter_is_laid_out_by_taps() {
+    for (m, n, kw) in [
+        (3136, 64, 576),
+        (196, 256, 2304),
+        (49, 512, 4608),
+        (100, 24, 72),
+    ] {
+        for (p, kc) in conv_pieces(m, n, kw) {
+            assert!(
+                kc.is_multiple_of(32) && p * kc >= kw && (p - 1) * kc < kw,
+                "{m}x{n}x{kw} {p}x{kc}"
+            );
+        }
+    }
+    // ResNet-50's 3x3 of layer3 at batch 1: 16 tiles, cut in 4, 8 or 15 pieces
+    let counts: Vec<usize> = conv_pieces(196, 256, 2304).iter().map(|c| c.0).collect();
+    assert_eq!(counts, vec![1, 4, 8, 15]);
+    let g = ConvGeometry {
+        n: 1,
+        h: 5,
+        w: 4,
+        c: 8,
+        k: 16,
+        r: 3,
+        s: 2,
+        stride: 2,
+        pads: [1; 4],
+        dilation: [1, 1],
+    };
+    assert_eq!(g.out(), (3, 3));
+    assert_eq!(g.product(), (9, 16, 48));
+    assert!(g.runs());
+    let w: Vec<f32> = (0..16 * 8 * 3 * 2).map(|v| v as f32).collect();
+    let f = g.filter(&w);
+    // filter 5, channel 3, tap (2, 1) is at ((2 * 2 + 1) * 8 + 3) * 16 + 5
+    assert_eq!(
+        f[((2 * 2 + 1) * 8 + 3) * 16 + 5],
+        w[((5 * 8 + 3) * 3 + 2) * 2 + 1]
+    );
+    assert!(!ConvGeometry { c: 3, ..g }.runs());
+    assert!(!ConvGeometry { k: 12, ..g }.runs());
+    assert!(!ConvGeometry { stride: 0, ..g }.runs());
+}
+
+/// The convolution loader's walk, step for step as `conv_small`'s CUDA writes it (each
+/// thread's two rows and chunk column, its running K index, tap and channel), fills every
+/// tile of every piece with what im2col holds there: zeros for padding, past the image and
+/// past K.
+#[test]
+fn the_convolution_loaders_walk_reads_the_im2col_rows() {
+    let shapes = [
+        // dilated, padded unevenly (as DeepLab's and TensorFlow's "same" exports are)
+        ConvGeometry {
+            n: 1,
+            h: 11,
+            w: 9,
+            c: 16,
+            k: 16,
+            r: 3,
+            s: 3,
+            stride: 1,
+            pads: [2, 1, 2, 3],
+            dilation: [2, 3],
+        },
+        ConvGeometry {
+            n: 2,
+            h: 9,
+            w: 7,
+            c: 16,
+            k: 24,
+            r: 3,
+            s: 3,
+            stride: 2,
+            pads: [1; 4],
+            dilation: [1, 1],
+        },
+        ConvGeometry {
+            n: 1,
+            h: 12,
+            w: 10,
+            c: 8,
+            k: 8,
+            r: 7,
+            s: 7,
+            stride: 2,
+            pads: [3; 4],
+            dilation: [1, 1],
+        },
+        ConvGeometry {
+            n: 1,
+            h: 14,
+            w: 14,
+            c: 48,
+            k: 64,
+            r: 3,
+            s: 2,
+            stride: 1,
+            pads: [1; 4],
+            dilation: [1, 1],
+        },
+        ConvGeometry {
+            n: 3,
+            h: 5,
+            w: 5,
+            c: 64,
+            k: 128,
+            r: 1,
+            s: 1,
+            stride: 1,
+            pads: [0; 4],
+            dilation: [1, 1],
+        },
+    ];
+    for g in shapes {
+        let (m, n, kw) = g.product();
+        let (p, q) = g.out();
+        // input value = its index + 1, so a zero is padding and a wrong index shows
+        let x = |b: usize, y: usize, xx: usize, ch: usize| {
+            (((b * g.h + y) * g.w + xx) * g.c + ch + 1) as i64
+        };
+        let im2col = |row: usize, kidx: usize| -> i64 {
+            if kidx >= kw || row >= m {
+                return 0;
+            }
+            let (b, op, oq) = (row / (p * q), row / q % p, row % q);
+            let (tap, ch) = (kidx / g.c, kidx % g.c);
+            let (i, j) = (tap / g.s, tap % g.s);
+            let (yy, xx) = (
+                (op * g.stride + i * g.dilation[0]) as i64 - g.pads[0] as i64,
+                (oq * g.stride + j * g.dilation[1]) as i64 - g.pads[1] as i64,
+            );
+            if yy < 0 || xx < 0 || yy >= g.h as i64 || xx >= g.w as i64 {
+                return 0;
+            }
+            x(b, yy as usize, xx as usize, ch)
+        };
+        assert!(g.runs(), "{g:?}");
+        for (pieces, kc) in conv_pieces(m, n, kw) {
+            for z in 0..pieces {
+                for by in 0..m.div_ceil(64) {
+                    let (m0, k0) = (by * 64, z * kc);
+                    for t in 0..128usize {
+                        let col = (t & 3) * 8;
+                        let mut next = k0 + col;
+                        let (mut tap, mut ch) = (next / g.c, next % g.c);
+                        let mut corners = [(0usize, 0i64, 0i64, false); 2];
+                        for kt in 0..kc / 32 {
+                            if kt == 0 {
+                                for (j, corner) in corners.iter_mut().enumerate() {
+                                    let row = m0 + (t >> 2) + 32 * j;
+                                    let pix = if row < m { row } else { 0 };
+                                    let (b, rest) = (pix / (p * q), pix % (p * q));
+                                    let (op, oq) = (rest / q, rest % q);
+                                    *corner = (
+                                        b,
+                                        (op * g.stride) as i64 - g.pads[0] as i64,
+                                        (oq * g.stride) as i64 - g.pads[1] as i64,
+                                        row < m,
+                                    );
+                                }
+                            }
+                            let (r, sc) = (tap / g.s, tap % g.s);
+                            let inside = next < kw;
+                            for (j, &(b, ih, iw, live)) in corners.iter().enumerate() {
+                                let (yy, xx) = (
+                                    ih + (r * g.dilation[0]) as i64,
+                                    iw + (sc * g.dilation[1]) as i64,
+                                );
+                                let ok = inside
+                                    && live
+                                    && yy >= 0
+                                    && yy < g.h as i64
+                                    && xx >= 0
+                                    && xx < g.w as i64;
+                                let row = m0 + (t >> 2) + 32 * j;
+                                for e in 0..8 {
+                                    let got = if ok {
+                                        x(b, yy as usize, xx as usize, ch + e)
+                                    } else {
+                                        0
+                                    };
+                                    let want = im2col(row, k0 + kt * 32 + col + e);
+                                    assert_eq!(
+                                        got,
+                                        want,
+                                        "{g:?} piece {z} of {pieces} row {row} k {}",
+                                        k0 + kt * 32 + col + e
+                                    );
+                                }
+                            }
+                            next += 32;
+                            ch += 32;
+                            while ch >= g.c {
+                                ch -= g.c;
+                                tap += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
