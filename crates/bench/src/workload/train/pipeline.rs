@@ -368,10 +368,11 @@ pub fn run(job: &Job<'_>, progress: &mut dyn FnMut(&str)) -> Result<Option<Outco
     }
 }
 
-/// Each layer's products timed on cuda:`ordinal`, on a micro-batch's rows, and each layer's
-/// optimizer step estimated there.
+/// Milliseconds of each layer's products on a micro-batch, and of its optimizer step.
 type LayerTimes = (Vec<f64>, Vec<f64>);
 
+/// Each layer's products timed on cuda:`ordinal`, on a micro-batch's rows, and each layer's
+/// optimizer step estimated there.
 fn time_layers(job: &Job<'_>, ordinal: usize, micro_rows: usize) -> Result<LayerTimes> {
     let gpu = Arc::new(Gpu::open(job.discovery, ordinal)?);
     let products = layer_costs(
