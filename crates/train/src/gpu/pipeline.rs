@@ -436,15 +436,10 @@ pub fn update_costs(
     const BYTES: usize = 64 << 20;
     const REPS: usize = 5;
     let (a, b) = (gpu.alloc(BYTES)?, gpu.alloc(BYTES)?);
-    gpu.copy_view(b.view(), a.view(), BYTES)?;
-    let stream = gpu.stream();
-    let start = stream.record_timed()?;
-    for _ in 0..REPS {
-        gpu.copy_view(b.view(), a.view(), BYTES)?;
-    }
-    let end = stream.record_timed()?;
-    end.synchronize()?;
-    let ms = start.elapsed_ms(&end)?;
+    let times = gpukit_cuda::timing::time_on_stream(gpu.stream(), 1, REPS, || {
+        gpu.copy_view(b.view(), a.view(), BYTES)
+    })?;
+    let ms: f64 = times.iter().sum();
     // a copy reads and writes each byte
     let bytes_per_ms = (2 * BYTES * REPS) as f64 / ms.max(1e-6);
     let moments = match optimizer.kind {

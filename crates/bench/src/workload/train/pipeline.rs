@@ -234,9 +234,9 @@ fn twice(
 
 /// How the stages reach one another: NCCL (its id), or the copy engines (threads of this
 /// process whose GPUs reach each other's memory).
-enum Transport<'a> {
-    Nccl(&'a UniqueId),
-    Copies(&'a Links),
+enum Transport {
+    Nccl(UniqueId),
+    Copies(Links),
 }
 
 /// The transfers' name in the report.
@@ -255,7 +255,7 @@ fn copies_between(n: usize) -> bool {
 
 fn stage_run(
     job: &Job<'_>,
-    transport: &Transport<'_>,
+    transport: &Transport,
     (stage, ordinal): (Stage, usize),
     together: &Together<'_>,
 ) -> Result<StageRun> {
@@ -398,15 +398,10 @@ fn run_threads(job: &Job<'_>, copies: bool, progress: &mut dyn FnMut(&str)) -> R
     progress("pipeline: the whole model on one GPU, the same batches");
     let single = one_gpu(job, 0)?;
     progress(&split_line(n, &spans));
-    let (id, links) = if copies {
-        (None, Some(Links::new(n, job.timeout)))
+    let transport = if copies {
+        Transport::Copies(Links::new(n, job.timeout))
     } else {
-        (Some(UniqueId::new()?), None)
-    };
-    let transport = match (&id, &links) {
-        (Some(id), _) => Transport::Nccl(id),
-        (None, Some(l)) => Transport::Copies(l),
-        (None, None) => return Err(Error::Failed("pipeline: no transport".into())),
+        Transport::Nccl(UniqueId::new()?)
     };
     let barrier = std::sync::Barrier::new(n);
     let failed = std::sync::atomic::AtomicBool::new(false);
@@ -515,7 +510,7 @@ fn run_launched(
         };
         let run = stage_run(
             job,
-            &Transport::Nccl(&id),
+            &Transport::Nccl(id),
             (stage, w.local_rank),
             &Together::Session(&session),
         )?;

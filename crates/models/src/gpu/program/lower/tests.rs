@@ -763,15 +763,7 @@ fn a_chain_of_concatenations_copies_each_feature_once() {
 /// Runs `g` through the emulator in both layouts (f32 and f16 programs) against the interpreter
 /// on fresh inputs; the f16 NHWC program.
 fn emulated(g: &Graph) -> Program {
-    let inputs: Vec<Array> = g
-        .inputs
-        .iter()
-        .map(|&i| {
-            let shape = g.value(i).shape.clone();
-            Array::f32(&shape, normal_f32(shape.iter().product(), fresh_seed()))
-        })
-        .collect();
-    let want = forward_cpu(g, &inputs).unwrap();
+    let (inputs, want) = random_run(g);
     let xs: Vec<&[f32]> = inputs.iter().map(|a| a.as_f32().unwrap()).collect();
     for layout in [Layout::Nchw, Layout::Nhwc] {
         for dtype in [DType::F32, DType::F16] {
