@@ -459,9 +459,10 @@ fn small_gemm_matches_float64() -> Result<(), Failed> {
 
 /// gpukit's implicit-product convolution against float64 on the 16-bit inputs: channels and
 /// filters of 8 to 64, 1x1 to 7x7 taps, strides 1 and 2, paddings that read zeros, each of its
-/// piece counts, with a bias, a residual and ReLU or plain.
+/// cuts (staged and whole pieces), with a bias, a residual and ReLU or plain; each run twice
+/// (the pieces' sums and counters must be back at 0).
 fn conv_small_matches_float64() -> Result<(), Failed> {
-    use gpukit_models::gpu::program::kernels::gemm::{conv_pieces, ConvGeometry, SmallGemm};
+    use gpukit_models::gpu::program::kernels::gemm::{conv_cuts, ConvGeometry, SmallGemm};
     use gpukit_models::graph::Activation;
     let discovery = DISCOVERY.get().ok_or("no discovery")?;
     let ctx = GpuContext::open(discovery, 0)?;
@@ -541,14 +542,17 @@ fn conv_small_matches_float64() -> Result<(), Failed> {
                     with_z.then(|| z.view()),
                     y.view(),
                 );
-                for (pieces, _) in conv_pieces(m, k, kw) {
-                    ctx.gpu.fill(y.view(), 0xff)?;
-                    small.run_conv(ctx.gpu.stream(), dtype, operands, &g, act, pieces)?;
-                    let e = rel(&download(&ctx, &y, dtype)?, &want);
-                    if e > kernel_tolerance(dtype) {
-                        failures.push(format!(
-                            "{dtype} {g:?} {label} in {pieces} pieces (seed {seed}): {e:.1e}"
-                        ));
+                for cut in conv_cuts(m, k, kw) {
+                    for run in 0..2 {
+                        ctx.gpu.fill(y.view(), 0xff)?;
+                        small.run_conv(ctx.gpu.stream(), dtype, operands, &g, act, cut)?;
+                        let e = rel(&download(&ctx, &y, dtype)?, &want);
+                        if e > kernel_tolerance(dtype) {
+                            failures.push(format!(
+                                "{dtype} {g:?} {label} in {cut}, run {run} (seed {seed}): \
+                                 {e:.1e}"
+                            ));
+                        }
                     }
                 }
             }

@@ -11,6 +11,8 @@ use gpukit_cuda::kernel::{tag, Arg, KernelModule, KernelSource, Launch, HALF};
 use gpukit_cuda::{DeviceBuffer, Error, Gpu, Result, Stream, View};
 use gpukit_types::DType;
 
+mod whole;
+
 /// The tensor-core helpers gpukit's product kernels share: `Mma<T>::run` (mma.sync m16n8k16, f32
 /// accumulators, for H and B), `copy16` (cp.async of 16 bytes, zero-filled past `bytes`) and
 /// `ldmatrix4` / `ldmatrix4_trans` (four 8 x 8 matrices from shared memory).
@@ -67,8 +69,9 @@ pub(super) const SOURCE: &str = r#"
 // (gridDim.z 1): the epilogue from the registers. Several: each block adds its f32 tile into
 // part [m][n] (zero between launches) with atomics; the last of a tile's blocks to finish
 // (counts[tile], which it sets back to 0) takes the sums, leaving zeros, and writes y. The
-// order of the sums varies from launch to launch (f32 rounding apart). w is constant: a block
-// prefetches its slice into L2 and loads its first tiles before it waits for the kernel ahead.
+// order of the sums varies from launch to launch (f32 rounding apart). w and bias are
+// constants: a block prefetches its slice of w into L2, loads its first tiles and reads its
+// bias before it waits for the kernel ahead.
 // bias, z (laid out as y, may be y itself), part and counts may be null.
 #define GS_BM 64
 #define GS_BN 64
@@ -76,6 +79,20 @@ pub(super) const SOURCE: &str = r#"
 #define GS_XP 40
 #define GS_WP 72
 #define GS_STAGES 4
+
+// Two consecutive 16-bit values as floats (4-byte aligned), and back through the activation.
+template <class T>
+__device__ __forceinline__ float2 load_pair(const T* p) {
+    const Pack<T, 2> v = *(const Pack<T, 2>*)p;
+    return make_float2(to_f(v.v[0]), to_f(v.v[1]));
+}
+template <class T>
+__device__ __forceinline__ void store_pair(T* p, float2 s, int act, float alpha, float beta) {
+    Pack<T, 2> o;
+    o.v[0] = from_f<T>(activate(act, s.x, alpha, beta));
+    o.v[1] = from_f<T>(activate(act, s.y, alpha, beta));
+    *(Pack<T, 2>*)p = o;
+}
 
 // The block's 64 x 64 tile of y = act(X w + bias + z) over K range [k0, k0 + kc): X's tile rows
 // come from `load_x(stage, kt)` (which fills xs[stage] with rows m0.. and K values
@@ -110,6 +127,14 @@ __device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ 
         copy16(dst + 16 * GS_WP, b ? src + 16 * n : w, b ? 16 : 0);
     };
     for (int st = 0; st < GS_STAGES - 1 && st < steps; ++st) load_w(st, st);
+    // the bias of the thread's four column pairs (a constant too): accumulator (i, j, e) is
+    // at column n0 + wn + 8 j + 2 (lane % 4) (+ 1 for odd e), wn = 32 (warp % 2)
+    float2 bv[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int col = n0 + (warp & 1) * 32 + j * 8 + (lane & 3) * 2;
+        bv[j] = bias && col < n ? load_pair(bias + col) : make_float2(0.0f, 0.0f);
+    }
     wait_for_previous_grid();
     // X is the kernel ahead's output: read only after the wait. Group st holds stage st's x
     // (and group 0 the w tiles loaded above too)
@@ -187,13 +212,18 @@ __device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ 
 #endif
                     }
                 }
-        __threadfence();
+        // the block's sums before its count (the barrier, then one release by thread 0); the
+        // last block's reads after it (its acquire, then the barrier)
         __syncthreads();
         const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
-        if (t == 0) last = atomicAdd(&counts[tile], 1u) == gridDim.z - 1;
+        if (t == 0) {
+            unsigned before;
+            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                         : "=r"(before) : "l"(counts + tile) : "memory");
+            last = before == gridDim.z - 1;
+        }
         __syncthreads();
         if (!last) return;
-        __threadfence();
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -213,6 +243,19 @@ __device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ 
                 }
         if (t == 0) counts[tile] = 0;
     }
+    // every residual read before any output is stored (z may be y: a store would otherwise
+    // hold back each next pair's read)
+    float2 zv[2][4][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = row0 + i * 16 + h * 8, col = col0 + j * 8;
+                zv[i][j][h] = z && row < m && col < n ? load_pair(z + (long long)row * n + col)
+                                                      : make_float2(0.0f, 0.0f);
+            }
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -221,14 +264,9 @@ __device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ 
             for (int h = 0; h < 2; ++h) {
                 const int row = row0 + i * 16 + h * 8, col = col0 + j * 8;
                 if (row >= m || col >= n) continue;
-                const long long at = (long long)row * n + col;
-                float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
-                if (bias) { v0 += to_f(bias[col]); v1 += to_f(bias[col + 1]); }
-                if (z) { v0 += to_f(z[at]); v1 += to_f(z[at + 1]); }
-                Pack<T, 2> o;
-                o.v[0] = from_f<T>(activate(act, v0, alpha, beta));
-                o.v[1] = from_f<T>(activate(act, v1, alpha, beta));
-                *(Pack<T, 2>*)(y + at) = o;
+                const float2 v = make_float2(acc[i][j][2 * h] + bv[j].x + zv[i][j][h].x,
+                                             acc[i][j][2 * h + 1] + bv[j].y + zv[i][j][h].y);
+                store_pair(y + (long long)row * n + col, v, act, alpha, beta);
             }
 }
 
@@ -338,12 +376,18 @@ CONV_SMALL(B, bf16)
 pub fn kernel_source() -> KernelSource {
     KernelSource {
         stem: "program-gemm",
-        source: format!("{HALF}{}{TENSOR_CORES}{SOURCE}", super::PRELUDE),
+        source: format!(
+            "{HALF}{}{TENSOR_CORES}{SOURCE}{}",
+            super::PRELUDE,
+            whole::SOURCE
+        ),
         names: vec![
             "gemm_small_f16".into(),
             "gemm_small_bf16".into(),
             "conv_small_f16".into(),
             "conv_small_bf16".into(),
+            "conv_whole_f16".into(),
+            "conv_whole_bf16".into(),
         ],
     }
 }
@@ -377,6 +421,79 @@ pub fn pieces(m: usize, n: usize, k: usize) -> Vec<usize> {
 /// `kw`), as (pieces, values of K a piece).
 pub fn conv_pieces(m: usize, n: usize, kw: usize) -> Vec<(usize, usize)> {
     cuts(m, n, kw, |p| (p - 1) * piece_of(kw, p) < kw)
+}
+
+/// Most values of K a block of `conv_whole` holds (its x and w tiles: 70 KiB of shared memory).
+pub const WHOLE_KC: usize = 256;
+/// Most pieces `conv_whole` cuts K into.
+const WHOLE_PIECES: usize = 64;
+
+/// How a block of gpukit's convolution kernel loads its piece of K.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Loads {
+    /// `conv_small`: in stages of 32 values, 4 warps a block.
+    Staged,
+    /// `conv_whole`: the whole piece at once, shared by `groups` groups of 4 warps.
+    Whole { groups: usize },
+}
+
+/// One way gpukit's kernel runs a convolution: K in `pieces` pieces of `kc` values (a
+/// multiple of 32), each block loading its piece as `loads` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Cut {
+    pub pieces: usize,
+    pub kc: usize,
+    pub loads: Loads,
+}
+
+impl std::fmt::Display for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.loads {
+            Loads::Staged => write!(f, "{} pieces of {} (staged)", self.pieces, self.kc),
+            Loads::Whole { groups } => write!(
+                f,
+                "{} pieces of {} (whole, {} warps)",
+                self.pieces,
+                self.kc,
+                4 * groups
+            ),
+        }
+    }
+}
+
+/// Every way gpukit's kernel runs a convolution's implicit product (`m` output pixels, `n`
+/// filters, `kw` = taps x channels): [`conv_pieces`]' cuts in stages, and where the output
+/// has fewer tiles than about two a multiprocessor, whole pieces of at most 64, 128 and
+/// [`WHOLE_KC`] values (up to [`WHOLE_PIECES`] of them) with 2 warp groups, and of
+/// [`WHOLE_KC`] with 4. The engine times each.
+pub fn conv_cuts(m: usize, n: usize, kw: usize) -> Vec<Cut> {
+    let mut cuts: Vec<Cut> = conv_pieces(m, n, kw)
+        .into_iter()
+        .map(|(pieces, kc)| Cut {
+            pieces,
+            kc,
+            loads: Loads::Staged,
+        })
+        .collect();
+    // the staged cuts' checks hold for the whole ones (n a multiple of 8, tiles counted)
+    let tiles = m.div_ceil(64) * n.div_ceil(64);
+    let few = !cuts.is_empty() && tiles < AIM_BLOCKS && m * n <= PART_FLOATS;
+    let mut whole: Vec<Cut> = [(64, 2), (128, 2), (WHOLE_KC, 2), (WHOLE_KC, 4)]
+        .into_iter()
+        .filter(|_| few)
+        .filter_map(|(most, groups)| {
+            let pieces = kw.div_ceil(most);
+            let kc = piece_of(kw, pieces);
+            ((pieces - 1) * kc < kw && pieces <= WHOLE_PIECES).then_some(Cut {
+                pieces,
+                kc,
+                loads: Loads::Whole { groups },
+            })
+        })
+        .collect();
+    whole.dedup();
+    cuts.extend(whole);
+    cuts
 }
 
 /// Values of K a piece takes when `k` is cut into `p`: a multiple of 32.
@@ -499,14 +616,14 @@ impl SmallGemm {
             ops,
             (m, n, k, k / pieces),
             act,
-            pieces,
+            (pieces, Loads::Staged),
             &[],
         )
     }
 
     /// Launches `kernel` (gemm_small or conv_small) of `dtype`: the operands, the scratch,
     /// `m`, `n`, K, values of K a piece, the activation, then `extra`; a grid of `pieces`
-    /// layers.
+    /// layers, blocks as `loads` has them.
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
@@ -516,7 +633,7 @@ impl SmallGemm {
         (x, w, bias, z, y): Operands<'_>,
         (m, n, k, kc): (usize, usize, usize, usize),
         act: Option<Activation>,
-        pieces: usize,
+        (pieces, loads): (usize, Loads),
         extra: &[Arg<'_>],
     ) -> Result<()> {
         let (code, alpha, beta) = activation_code(act);
@@ -538,7 +655,14 @@ impl SmallGemm {
         ];
         args.extend_from_slice(extra);
         let grid = (n.div_ceil(64) as u32, m.div_ceil(64) as u32, pieces as u32);
-        let launch = Launch::new(grid, (128, 1, 1)).starting_early();
+        let launch = match loads {
+            Loads::Staged => Launch::new(grid, (128, 1, 1)),
+            Loads::Whole { groups } => Launch {
+                shared_bytes: whole::shared_bytes(kc, groups) as u32,
+                ..Launch::new(grid, (128 * groups as u32, 1, 1))
+            },
+        }
+        .starting_early();
         let name = format!("{kernel}_{}", tag(dtype));
         self.module.launch(&name, stream, launch, &args)
     }
@@ -618,8 +742,8 @@ impl ConvGeometry {
 }
 
 impl SmallGemm {
-    /// `y [n, p, q, k] = act(conv(x) + bias + z)` (channel-last, z laid out as y) with K in
-    /// `pieces` pieces (one of [`conv_pieces`]' answers); `w` is [`ConvGeometry::filter`]'s.
+    /// `y [n, p, q, k] = act(conv(x) + bias + z)` (channel-last, z laid out as y) as `cut`
+    /// says (one of [`conv_cuts`]' answers); `w` is [`ConvGeometry::filter`]'s.
     #[allow(clippy::too_many_arguments)]
     pub fn run_conv(
         &self,
@@ -628,33 +752,32 @@ impl SmallGemm {
         (x, w, bias, z, y): Operands<'_>,
         g: &ConvGeometry,
         act: Option<Activation>,
-        pieces: usize,
+        cut: Cut,
     ) -> Result<()> {
         let (m, n, kw) = g.product();
-        let cuts = if g.runs() {
-            conv_pieces(m, n, kw)
-        } else {
-            Vec::new()
-        };
-        let Some(&(_, kc)) = cuts.iter().find(|(p, _)| *p == pieces) else {
+        if !(g.runs() && conv_cuts(m, n, kw).contains(&cut)) {
             return Err(Error::Invalid(format!(
-                "conv_small does not take {g:?} in {pieces} pieces"
+                "gpukit's convolution kernel does not take {g:?} in {cut}"
             )));
-        };
+        }
         let ops = (x, w, bias, z, y);
         check_operands("conv_small", dtype, ops, g.n * g.h * g.w * g.c, (m, n, kw))?;
         let (p, q) = g.out();
         let [pt, pl, _, _] = g.pads;
         let [dh, dw] = g.dilation;
         let extra = [g.h, g.w, g.c, p, q, g.s, g.stride, pt, pl, dh, dw].map(Arg::Size);
+        let kernel = match cut.loads {
+            Loads::Staged => "conv_small",
+            Loads::Whole { .. } => "conv_whole",
+        };
         self.launch(
-            "conv_small",
+            kernel,
             stream,
             dtype,
             ops,
-            (m, n, kw, kc),
+            (m, n, kw, cut.kc),
             act,
-            pieces,
+            (cut.pieces, cut.loads),
             &extra,
         )
     }

@@ -5,13 +5,14 @@
 //! convolution the product takes is timed both ways in graph replays once its cuDNN plan is
 //! chosen, and leaves cuDNN only where the product is more than 3% faster (`pick_gemm`'s rule,
 //! cuDNN's plan in the first place). gpukit's kernel (which reads its filter laid out anew,
-//! [`ConvGeometry::filter`], in a buffer of its own) is timed too only when asked:
+//! [`ConvGeometry::filter`], in a buffer of its own) is timed too: by default in whole pieces
+//! where the output has few tiles, in every cut it offers when asked,
 //! `GPUKIT_OWN_CONV=timed-own`. `never` keeps cuDNN everywhere, `always` takes gpukit's kernel
 //! wherever it runs, `product` cuBLASLt's wherever it runs (tests, A/B runs).
 
 use super::{lt_candidates, lt_epilogue, lt_spec, pick_gemm, time_candidates, ProgramSession};
 use crate::error::{Error, Result};
-use crate::gpu::program::kernels::gemm::{conv_pieces, ConvGeometry};
+use crate::gpu::program::kernels::gemm::{conv_cuts, ConvGeometry, Cut, Loads};
 use crate::gpu::program::lower::{ConvStep, OwnConvStep, Step, Tref};
 use crate::gpu::program::{Program, Strided};
 use gpukit_cuda::lt::{Epilogue as LtEpilogue, LtMatmul, MatmulSpec};
@@ -22,9 +23,9 @@ use std::collections::HashMap;
 /// When gpukit's convolution kernel or cuBLASLt's product runs instead of cuDNN's plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OwnConvs {
-    /// cuBLASLt's product where it times more than 3% faster than cuDNN's plan (the default;
-    /// gpukit's kernel is not timed: it was slower than cuDNN at every shape of run 114's
-    /// models, 1.5-6.9x, and runs only the convolutions cuDNN's plans do not take).
+    /// cuBLASLt's product or gpukit's kernel in whole pieces (where the output has few tiles)
+    /// where it times more than 3% faster than cuDNN's plan (the default; gpukit's kernel in
+    /// stages is not timed: it was slower than cuDNN at every shape of run 114's models).
     Timed,
     /// gpukit's kernel timed too (A/B runs of that kernel).
     TimedWithOwn,
@@ -50,10 +51,17 @@ impl OwnConvs {
         }
     }
 
-    /// Whether gpukit's kernel is timed or forced (else it runs only the convolutions cuDNN's
-    /// plans do not take).
+    /// Whether gpukit's kernel is timed in every cut or forced (else it runs only the
+    /// convolutions cuDNN's plans do not take, and those `times` says).
     fn asks_for_own(self) -> bool {
         matches!(self, OwnConvs::Always | OwnConvs::TimedWithOwn)
+    }
+
+    /// Whether the default times gpukit's kernel in `cut` beside cuDNN's plan: whole pieces of
+    /// 16 warps (the fastest of its cuts at every ResNet-50 batch-1 shape, and faster than
+    /// cuDNN at layer4's 3x3 convolutions).
+    fn times(self, cut: &Cut) -> bool {
+        self == OwnConvs::Timed && cut.loads == Loads::Whole { groups: 4 }
     }
 }
 
@@ -100,9 +108,10 @@ impl ConvAlt {
     }
 }
 
-/// A convolution step on gpukit's kernel: its geometry, K in `pieces`, its filter laid out.
+/// A convolution step on gpukit's kernel: its geometry, K cut as `cut` says, its filter laid
+/// out.
 pub(super) struct OwnConv {
-    pub pieces: usize,
+    pub cut: Cut,
     pub geometry: ConvGeometry,
     pub weights: DeviceBuffer,
 }
@@ -173,11 +182,19 @@ fn product_spec(g: &ConvGeometry, dtype: DType) -> Option<MatmulSpec> {
 }
 
 impl ProgramSession<'_> {
-    /// A convolution only gpukit's kernel runs, K in the most pieces it offers (more than one
-    /// only where the tiles are few).
+    /// A convolution only gpukit's kernel runs, K in the most pieces it offers in stages (more
+    /// than one only where the tiles are few).
     pub(super) fn run_own_step(&self, o: &OwnConvStep) -> Result<()> {
         let (m, n, kw) = o.g.product();
-        let pieces = conv_pieces(m, n, kw).last().map_or(1, |&(p, _)| p);
+        let Some(cut) = conv_cuts(m, n, kw)
+            .into_iter()
+            .rfind(|c| c.loads == Loads::Staged)
+        else {
+            return Err(Error::Invalid(format!(
+                "gpukit's convolution kernel does not take {:?}",
+                o.g
+            )));
+        };
         let bias = o.bias.map(|b| self.const_view(b)).transpose()?;
         let z = o.z.as_ref().map(|t| self.view(t)).transpose()?;
         let ops = (
@@ -189,7 +206,7 @@ impl ProgramSession<'_> {
         );
         let dtype = self.program.dtype.storage();
         self.small()?
-            .run_conv(self.ctx.gpu.stream(), dtype, ops, &o.g, o.act, pieces)?;
+            .run_conv(self.ctx.gpu.stream(), dtype, ops, &o.g, o.act, cut)?;
         Ok(())
     }
 
@@ -212,14 +229,17 @@ impl ProgramSession<'_> {
             let Some(g) = own_geometry(program, c) else {
                 continue;
             };
-            // gpukit's kernel, K in each piece count it offers (where it is loaded and asked for)
+            // gpukit's kernel: K cut each way it offers where asked for, else its whole pieces
+            // of 16 warps (offered only where the output has few tiles)
             let (m, n, kw) = g.product();
-            let pieces: Vec<usize> =
-                match self.small_gemm.is_some() && mode.asks_for_own() && g.runs() {
-                    true => conv_pieces(m, n, kw).into_iter().map(|(p, _)| p).collect(),
-                    false => Vec::new(),
-                };
-            let weights = match pieces.is_empty() {
+            let own: Vec<Cut> = match self.small_gemm.is_some() && g.runs() {
+                true => conv_cuts(m, n, kw)
+                    .into_iter()
+                    .filter(|c| mode.asks_for_own() || mode.times(c))
+                    .collect(),
+                false => Vec::new(),
+            };
+            let weights = match own.is_empty() {
                 true => None,
                 false => Some(self.own_filter(c, &g)?),
             };
@@ -227,7 +247,7 @@ impl ProgramSession<'_> {
                 OwnConvs::Always => (Vec::new(), false),
                 _ => self.product_candidates(c, &g)?,
             };
-            let count = 1 + pieces.len() + products.len();
+            let count = 1 + own.len() + products.len();
             let key = (
                 g,
                 c.fused,
@@ -236,7 +256,7 @@ impl ProgramSession<'_> {
                 c.bias.is_some(),
             );
             let pick = match (mode, picked.get(&key)) {
-                (OwnConvs::Always, _) => (!pieces.is_empty()).then_some(1),
+                (OwnConvs::Always, _) => (!own.is_empty()).then_some(1),
                 (OwnConvs::Products, _) => (!products.is_empty()).then_some(1),
                 (_, Some(&pick)) => pick.filter(|&j| j < count),
                 (_, None) if count == 1 => None,
@@ -244,9 +264,9 @@ impl ProgramSession<'_> {
                     let times = time_candidates(self.ctx.gpu.stream(), count, |j| {
                         let run = match j.checked_sub(1) {
                             None => self.enqueue_step(i),
-                            Some(o) => match (o.checked_sub(pieces.len()), &weights) {
+                            Some(o) => match (o.checked_sub(own.len()), &weights) {
                                 (None, Some(w)) => {
-                                    self.run_own_conv(c, &g, w, pieces[o]).map_err(Error::from)
+                                    self.run_own_conv(c, &g, w, own[o]).map_err(Error::from)
                                 }
                                 (None, None) => {
                                     Err(Error::Invalid("gpukit's kernel without its filter".into()))
@@ -260,9 +280,11 @@ impl ProgramSession<'_> {
                     gpukit_cuda::trace::note(|| {
                         let us: Vec<String> =
                             times.iter().map(|t| format!("{:.1}", t * 1e3)).collect();
+                        let cuts: Vec<String> = own.iter().map(Cut::to_string).collect();
                         format!(
-                            "conv {g:?}: cuDNN's plan, gpukit's in {pieces:?} pieces, then \
+                            "conv {g:?}: cuDNN's plan, gpukit's in [{}], then \
                              {} of cuBLASLt's (fused {fused}): candidate {pick:?} of [{}] us",
+                            cuts.join("; "),
                             products.len(),
                             us.join(", ")
                         )
@@ -274,9 +296,9 @@ impl ProgramSession<'_> {
             let Some(o) = pick.and_then(|j| j.checked_sub(1)) else {
                 continue;
             };
-            alts[i] = match (o.checked_sub(pieces.len()), weights) {
+            alts[i] = match (o.checked_sub(own.len()), weights) {
                 (None, Some(weights)) => Some(ConvAlt::Own(OwnConv {
-                    pieces: pieces[o],
+                    cut: own[o],
                     geometry: g,
                     weights,
                 })),
@@ -295,7 +317,7 @@ impl ProgramSession<'_> {
             }
             if let (Some(alt), Some(name)) = (&alts[i], self.algorithms.get_mut(at)) {
                 *name = match alt {
-                    ConvAlt::Own(o) => format!("gpukit implicit product in {} pieces", o.pieces),
+                    ConvAlt::Own(o) => format!("gpukit implicit product in {}", o.cut),
                     ConvAlt::Product { fused, .. } => {
                         format!("cuBLASLt product (epilogue fused: {fused})")
                     }
@@ -378,7 +400,7 @@ impl ProgramSession<'_> {
     /// Convolution step `c` on what replaces cuDNN's plan for it.
     pub(super) fn run_conv_alt(&self, c: &ConvStep, alt: &ConvAlt) -> Result<()> {
         match alt {
-            ConvAlt::Own(o) => Ok(self.run_own_conv(c, &o.geometry, &o.weights, o.pieces)?),
+            ConvAlt::Own(o) => Ok(self.run_own_conv(c, &o.geometry, &o.weights, o.cut)?),
             ConvAlt::Product { plan, fused } => self.run_conv_product(c, plan, *fused),
             ConvAlt::Exact(e) => self.run_exact_conv(c, e),
         }
@@ -391,7 +413,7 @@ impl ProgramSession<'_> {
         c: &ConvStep,
         g: &ConvGeometry,
         weights: &DeviceBuffer,
-        pieces: usize,
+        cut: Cut,
     ) -> gpukit_cuda::Result<()> {
         let (small, v) = (self.small()?, |t: &Tref| self.own_view(t));
         let (x, y) = (v(&c.x)?, v(&c.y)?);
@@ -409,7 +431,7 @@ impl ProgramSession<'_> {
             (x, weights.view(), bias, z, y),
             g,
             act,
-            pieces,
+            cut,
         )
     }
 }

@@ -1,6 +1,6 @@
 //! The small product kernel's piece counts, parameters and convolution geometry, without a GPU.
 
-use super::{conv_pieces, pieces, ConvGeometry};
+use super::{conv_cuts, conv_pieces, pieces, ConvGeometry, Cut, Loads, WHOLE_KC};
 
 #[test]
 fn few_tiles_cut_k_into_pieces_many_do_not() {
@@ -29,7 +29,12 @@ fn the_kernels_parameters_read_as_the_launcher_passes_them() {
     for name in ["gemm_small_f16", "gemm_small_bf16"] {
         assert_eq!(signatures[name].len(), 14, "{name}");
     }
-    for name in ["conv_small_f16", "conv_small_bf16"] {
+    for name in [
+        "conv_small_f16",
+        "conv_small_bf16",
+        "conv_whole_f16",
+        "conv_whole_bf16",
+    ] {
         assert_eq!(signatures[name].len(), 25, "{name}");
     }
 }
@@ -97,6 +102,197 @@ fn convolution_pieces_cover_k_and_the_filter_is_laid_out_by_taps() {
     assert!(!ConvGeometry { c: 3, ..g }.runs());
     assert!(!ConvGeometry { k: 12, ..g }.runs());
     assert!(!ConvGeometry { stride: 0, ..g }.runs());
+}
+
+/// The whole-piece cuts: offered only where the output has few tiles, each piece at most
+/// [`WHOLE_KC`] values (its shared memory within a multiprocessor's), the pieces covering K.
+#[test]
+fn whole_pieces_are_offered_for_few_tiles_and_cover_k() {
+    let whole = |m, n, kw| -> Vec<(usize, usize, usize)> {
+        conv_cuts(m, n, kw)
+            .into_iter()
+            .filter_map(|c| match c.loads {
+                Loads::Whole { groups } => Some((c.pieces, c.kc, groups)),
+                Loads::Staged => None,
+            })
+            .collect()
+    };
+    // ResNet-50 at batch 1: layer4's 3x3 (8 tiles), layer3's (16), layer1's (49)
+    assert_eq!(
+        whole(49, 512, 4608),
+        vec![(36, 128, 2), (18, 256, 2), (18, 256, 4)]
+    );
+    assert_eq!(
+        whole(196, 256, 2304),
+        vec![(36, 64, 2), (18, 128, 2), (9, 256, 2), (9, 256, 4)]
+    );
+    assert_eq!(
+        whole(3136, 64, 576),
+        vec![(9, 64, 2), (5, 128, 2), (3, 192, 2), (3, 192, 4)]
+    );
+    // one piece where K fits
+    assert_eq!(
+        whole(40, 24, 144),
+        vec![(3, 64, 2), (2, 96, 2), (1, 160, 2), (1, 160, 4)]
+    );
+    // many tiles (batch 256): the staged kernel only
+    assert!(whole(256 * 196, 256, 2304).is_empty());
+    for (m, n, kw) in [
+        (49, 512, 4608),
+        (196, 256, 2304),
+        (784, 128, 1152),
+        (40, 24, 144),
+    ] {
+        for c in conv_cuts(m, n, kw) {
+            assert!(c.kc.is_multiple_of(32) && c.pieces * c.kc >= kw && (c.pieces - 1) * c.kc < kw);
+            if let Loads::Whole { groups } = c.loads {
+                assert!(c.kc <= WHOLE_KC);
+                assert!(
+                    super::whole::shared_bytes(c.kc, groups) <= 227 * 1024,
+                    "{c}"
+                );
+            }
+        }
+    }
+    let c = Cut {
+        pieces: 18,
+        kc: 256,
+        loads: Loads::Whole { groups: 2 },
+    };
+    assert_eq!(c.to_string(), "18 pieces of 256 (whole, 8 warps)");
+}
+
+/// `conv_whole`'s loader (blockDim / 64 threads a row, each walking chunks of 8 that many
+/// chunks apart, as its CUDA writes it) fills every row and K value of every piece's tile
+/// once, with what im2col holds there.
+#[test]
+fn the_whole_loaders_walk_reads_the_im2col_rows() {
+    let shapes = [
+        ConvGeometry {
+            n: 1,
+            h: 11,
+            w: 9,
+            c: 16,
+            k: 16,
+            r: 3,
+            s: 3,
+            stride: 1,
+            pads: [2, 1, 2, 3],
+            dilation: [2, 3],
+        },
+        ConvGeometry {
+            n: 2,
+            h: 9,
+            w: 7,
+            c: 8,
+            k: 24,
+            r: 3,
+            s: 3,
+            stride: 2,
+            pads: [1; 4],
+            dilation: [1, 1],
+        },
+        ConvGeometry {
+            n: 1,
+            h: 7,
+            w: 7,
+            c: 64,
+            k: 64,
+            r: 3,
+            s: 3,
+            stride: 1,
+            pads: [1; 4],
+            dilation: [1, 1],
+        },
+    ];
+    for g in shapes {
+        let (m, n, kw) = g.product();
+        let (p, q) = g.out();
+        let x = |b: usize, y: usize, xx: usize, ch: usize| {
+            (((b * g.h + y) * g.w + xx) * g.c + ch + 1) as i64
+        };
+        let im2col = |row: usize, kidx: usize| -> i64 {
+            if kidx >= kw || row >= m {
+                return 0;
+            }
+            let (b, op, oq) = (row / (p * q), row / q % p, row % q);
+            let (tap, ch) = (kidx / g.c, kidx % g.c);
+            let (i, j) = (tap / g.s, tap % g.s);
+            let (yy, xx) = (
+                (op * g.stride + i * g.dilation[0]) as i64 - g.pads[0] as i64,
+                (oq * g.stride + j * g.dilation[1]) as i64 - g.pads[1] as i64,
+            );
+            if yy < 0 || xx < 0 || yy >= g.h as i64 || xx >= g.w as i64 {
+                return 0;
+            }
+            x(b, yy as usize, xx as usize, ch)
+        };
+        let cuts: Vec<Cut> = conv_cuts(m, n, kw)
+            .into_iter()
+            .filter(|c| c.loads != Loads::Staged)
+            .collect();
+        assert!(!cuts.is_empty(), "{g:?}");
+        for cut in cuts {
+            let Loads::Whole { groups } = cut.loads else {
+                continue;
+            };
+            let (threads, kc) = (128 * groups, cut.kc);
+            let tpr = threads / 64;
+            for z in 0..cut.pieces {
+                for by in 0..m.div_ceil(64) {
+                    let mut filled = vec![0u8; 64 * kc];
+                    for t in 0..threads {
+                        let (r, step, row) = (t / tpr, tpr * 8, by * 64 + t / tpr);
+                        let live = row < m;
+                        let pix = if live { row } else { 0 };
+                        let (b, rest) = (pix / (p * q), pix % (p * q));
+                        let (ih, iw) = (
+                            ((rest / q) * g.stride) as i64 - g.pads[0] as i64,
+                            ((rest % q) * g.stride) as i64 - g.pads[1] as i64,
+                        );
+                        let mut next = z * kc + (t % tpr) * 8;
+                        let mut ch = next % g.c;
+                        let tap = next / g.c;
+                        let (mut tr, mut ts) = (tap / g.s, tap % g.s);
+                        let mut kk = (t % tpr) * 8;
+                        while kk < kc {
+                            let (yy, xx) = (
+                                ih + (tr * g.dilation[0]) as i64,
+                                iw + (ts * g.dilation[1]) as i64,
+                            );
+                            let ok = next < kw
+                                && live
+                                && yy >= 0
+                                && yy < g.h as i64
+                                && xx >= 0
+                                && xx < g.w as i64;
+                            for e in 0..8 {
+                                let got = if ok {
+                                    x(b, yy as usize, xx as usize, ch + e)
+                                } else {
+                                    0
+                                };
+                                assert_eq!(got, im2col(row, z * kc + kk + e), "{g:?} {cut}");
+                                filled[r * kc + kk + e] += 1;
+                            }
+                            next += step;
+                            ch += step;
+                            while ch >= g.c {
+                                ch -= g.c;
+                                ts += 1;
+                                if ts == g.s {
+                                    ts = 0;
+                                    tr += 1;
+                                }
+                            }
+                            kk += step;
+                        }
+                    }
+                    assert!(filled.iter().all(|&f| f == 1), "{g:?} {cut}");
+                }
+            }
+        }
+    }
 }
 
 /// The convolution loader's walk, step for step as `conv_small`'s CUDA writes it (each
