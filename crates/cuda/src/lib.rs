@@ -33,4 +33,4 @@ pub mod transfer;
 pub use driver::Gpu;
 pub use error::{Error, Result};
 pub use memory::{DeviceBuffer, PoolStats, View};
-pub use stream::{Event, Graph, Stream};
+pub use stream::{CapturePoint, Event, Graph, Stream};

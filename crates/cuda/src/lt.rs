@@ -154,6 +154,13 @@ pub struct LtMatmul {
     pub spec: MatmulSpec,
 }
 
+impl LtMatmul {
+    /// Bytes of the Blas's workspace the chosen algorithm uses (0: none).
+    pub fn workspace_bytes(&self) -> usize {
+        self.workspace_bytes
+    }
+}
+
 // SAFETY: the descriptors are plain host structures owned by this value; cuBLASLt allows using
 // them from any thread as long as calls on one descriptor do not overlap. The value stays !Sync
 // (raw pointers), so a shared reference never reaches two threads: run_lt's attribute setters

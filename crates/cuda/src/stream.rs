@@ -117,3 +117,77 @@ impl Stream {
         Ok(Graph { inner: graph })
     }
 }
+
+/// Where work captured on a stream attaches in the graph being recorded: the nodes the next
+/// captured work depends on, and their edges' data ([`Stream::capture_point`]).
+#[derive(Debug, Clone)]
+pub struct CapturePoint {
+    nodes: Vec<sys::CUgraphNode>,
+    edges: Vec<sys::CUgraphEdgeData>,
+}
+
+impl Stream {
+    /// While the stream is capturing, where the next captured work would attach; None when it
+    /// is not capturing.
+    pub fn capture_point(&self) -> Result<Option<CapturePoint>> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let (mut id, mut graph) = (0u64, std::ptr::null_mut());
+        let (mut deps, mut data, mut count) = (std::ptr::null(), std::ptr::null(), 0usize);
+        // SAFETY: every out-pointer is a live local; the arrays returned stay valid until the
+        // next call on the stream and are copied before it.
+        unsafe {
+            sys::cuStreamGetCaptureInfo_v3(
+                self.cu(),
+                &mut status,
+                &mut id,
+                &mut graph,
+                &mut deps,
+                &mut data,
+                &mut count,
+            )
+        }
+        .result()?;
+        if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+            return Ok(None);
+        }
+        let nodes = match count {
+            0 => Vec::new(),
+            // SAFETY: `count` nodes at `deps` (see above)
+            _ => unsafe { std::slice::from_raw_parts(deps, count) }.to_vec(),
+        };
+        let edges = match data.is_null() || count == 0 {
+            // SAFETY: all-zero edge data is the default edge
+            true => vec![unsafe { std::mem::zeroed() }; count],
+            // SAFETY: `count` edges' data at `data` (see above)
+            false => unsafe { std::slice::from_raw_parts(data, count) }.to_vec(),
+        };
+        Ok(Some(CapturePoint { nodes, edges }))
+    }
+
+    /// Makes the next work captured on this stream attach at `point` alone (`join` false: a
+    /// branch of the graph starts there) or at `point` as well as where it would have
+    /// (`join` true: the branch's end and the stream's meet).
+    pub fn attach_capture(&self, point: &CapturePoint, join: bool) -> Result<()> {
+        let flags = match join {
+            true => {
+                sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_ADD_CAPTURE_DEPENDENCIES
+            }
+            false => {
+                sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES
+            }
+        };
+        let mut nodes = point.nodes.clone();
+        // SAFETY: `nodes` and `edges` hold `nodes.len()` entries each and outlive the call
+        unsafe {
+            sys::cuStreamUpdateCaptureDependencies_v2(
+                self.cu(),
+                nodes.as_mut_ptr(),
+                point.edges.as_ptr(),
+                nodes.len(),
+                flags as std::ffi::c_uint,
+            )
+        }
+        .result()?;
+        Ok(())
+    }
+}

@@ -7,7 +7,9 @@
 
 use gpukit_cuda::loader::Discovery;
 use gpukit_cuda::DeviceBuffer;
-use gpukit_models::gpu::program::{OwnConvs, Program, ProgramKernels, ProgramSession, Strided};
+use gpukit_models::gpu::program::{
+    Branching, OwnConvs, Program, ProgramKernels, ProgramSession, Strided,
+};
 use gpukit_models::gpu::{GpuContext, ENGINE_DTYPES};
 use gpukit_models::graph::{forward_cpu, passes::optimize, Array, Graph};
 use gpukit_models::onnx::{fixtures, import_model, ImportOptions};
@@ -54,6 +56,7 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
     let ctx = GpuContext::open(discovery, 0)?;
     let mut failures = Vec::new();
     let (mut own_runs, mut product_runs, mut stem_runs, mut matvec_runs) = (0, 0, 0, 0);
+    let mut branch_runs = 0;
     for batch in [2, 5] {
         // and the dilated, unevenly padded model, which runs in 16-bit channel-last only
         let seed = fresh_seed();
@@ -137,7 +140,13 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
                     .filter(|(k, _)| k.contains("matrix-vector"))
                     .count();
                 let eager = s.run(&xs).map_err(|e| format!("{what}: {e}"))?;
-                s.capture().map_err(|e| format!("{what}: capture: {e}"))?;
+                s.capture_as(Branching::On)
+                    .map_err(|e| format!("{what}: capture: {e}"))?;
+                // the eager pass's values gone: the replay (its branches beside the steps
+                // before them) must write every value it reads
+                branch_runs += s.branch_count() * usize::from(s.graph_branched());
+                s.poison_arena()?;
+                s.set_inputs(&xs)?;
                 s.replay()?;
                 let replayed = s.outputs()?;
                 for (o, w) in want.iter().enumerate() {
@@ -164,6 +173,9 @@ fn every_fixture_matches_the_interpreter() -> Result<(), Failed> {
     }
     if stem_runs == 0 {
         failures.push("no stem and pool ran as one step".into());
+    }
+    if branch_runs == 0 {
+        failures.push("no step ran as a branch in a CUDA graph".into());
     }
     // the "own convolutions" variants put every product of few rows on it
     if matvec_runs == 0 {
@@ -542,7 +554,7 @@ fn conv_small_matches_float64() -> Result<(), Failed> {
                     with_z.then(|| z.view()),
                     y.view(),
                 );
-                for cut in conv_cuts(m, k, kw) {
+                for cut in conv_cuts(m, k, kw, small.sms) {
                     for run in 0..2 {
                         ctx.gpu.fill(y.view(), 0xff)?;
                         small.run_conv(ctx.gpu.stream(), dtype, operands, &g, act, cut)?;

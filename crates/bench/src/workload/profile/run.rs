@@ -498,6 +498,7 @@ pub fn profile_infer(
             enqueue: &|| Ok(session.borrow().enqueue()?),
             replay: &|| Ok(session.borrow().replay()?),
             check_after: &after,
+            in_order: 0,
         },
         workload,
         device_name,
@@ -516,6 +517,9 @@ pub(super) struct GpuPass<'a> {
     pub enqueue: &'a dyn Fn() -> Result<()>,
     pub replay: &'a dyn Fn() -> Result<()>,
     pub check_after: &'a dyn Fn() -> Result<()>,
+    /// Branches the graph keeps in step order here (where `infer` overlaps them with the steps
+    /// before them): a replay's kernels then run in the eager pass's order.
+    pub in_order: usize,
 }
 
 /// The GPU part of `profile infer`, whatever the engine: warm-up, the step time without the
@@ -588,6 +592,12 @@ fn profile_gpu(
         let (a, how) = attribute_graph(e, &rs);
         rs = a;
         attribution = Some(match how {
+            Attribution::Matched if pass.in_order > 0 => format!(
+                "each replay's kernels matched the eager pass's, in order: each is its op's (the \
+                 graph runs in step order here; `infer`'s overlaps {} branches with the steps \
+                 before them)",
+                pass.in_order
+            ),
             Attribution::Matched => {
                 "each replay's kernels matched the eager pass's, in order: each is its op's"
                     .to_string()
@@ -708,8 +718,10 @@ pub fn profile_onnx(
         Ok(())
     };
     check(&session.run(&xs)?)?;
+    // in step order: each replayed kernel is tied to its step by the eager pass's order
+    let branches = session.branch_count();
     if gs.graph {
-        session.capture()?;
+        session.capture_in_order()?;
     }
     let session = std::cell::RefCell::new(session);
     let after = || -> Result<()> { check(&session.borrow().outputs()?) };
@@ -722,6 +734,7 @@ pub fn profile_onnx(
             enqueue: &|| Ok(session.borrow().enqueue()?),
             replay: &|| Ok(session.borrow().replay()?),
             check_after: &after,
+            in_order: branches,
         },
         workload,
         device_name,

@@ -15,6 +15,7 @@ pub(super) use super::steps::{
     Buf, Const, ConvStep, DepthwiseStep, GemmStep, MatVecStep, OwnConvStep, Slot, StemPoolStep,
     Step, Tref,
 };
+pub(super) use branches::Branch;
 
 /// The compute capability from which gpukit's stem-and-pool kernel runs.
 pub const STEM_POOL_CC: (u32, u32) = (8, 0);
@@ -33,6 +34,8 @@ pub struct Program {
     /// Per graph output: name, shape and its f32 slot.
     pub(super) outputs: Vec<(String, Vec<usize>, usize)>,
     pub(super) plan: MemoryPlan,
+    /// Per step, where it is a branch that may run beside the steps before it.
+    pub(super) branches: Vec<Option<Branch>>,
     /// What the slots take without reuse.
     pub arena_bytes_without_plan: usize,
 }
@@ -419,6 +422,13 @@ impl<'g> Lowering<'g> {
                 }
             }
         }
+        // a branch's output lives from the first step it may run beside
+        let branches = branches::branches(&self.steps);
+        for (j, b) in branches.iter().enumerate() {
+            if let (Some(b), Buf::Slot(s)) = (b, self.steps[j].1.operands().1.buf) {
+                life[s].first = life[s].first.min(b.from);
+            }
+        }
         for &s in inputs
             .iter()
             .map(|(_, _, s)| s)
@@ -445,6 +455,7 @@ impl<'g> Lowering<'g> {
             outputs,
             arena_bytes_without_plan: plan_no_reuse(&life).total,
             plan,
+            branches,
         })
     }
 
@@ -826,6 +837,7 @@ impl<'g> Lowering<'g> {
 }
 
 mod binary;
+mod branches;
 mod concat;
 mod conv;
 mod gemm;

@@ -33,7 +33,7 @@ mod steps;
 
 pub use kernels::{ProgramKernels, Window};
 pub use lower::{Program, Unsupported};
-pub use session::{ExactSums, OwnConvs, ProgramSession, EXACT_MARGIN};
+pub use session::{Branching, ExactSums, OwnConvs, ProgramSession, EXACT_MARGIN};
 
 use gpukit_tensor::Layout;
 

@@ -18,6 +18,7 @@ use gpukit_tensor::{DType, Layout};
 use std::collections::HashMap;
 use std::rc::Rc;
 
+mod branches;
 mod choice;
 mod depthwise;
 mod exact;
@@ -25,6 +26,7 @@ mod matvec;
 mod own_conv;
 mod products;
 mod stem;
+pub use branches::Branching;
 use choice::{lt_candidates, lt_epilogue, lt_spec, pick_gemm, time_candidates};
 pub use exact::{ExactSums, EXACT_MARGIN};
 pub use own_conv::OwnConvs;
@@ -59,7 +61,14 @@ pub struct ProgramSession<'a> {
     /// gpukit's stem-and-pool kernel, where the program has such a step.
     stem: Option<super::kernels::stem::StemPool>,
     workspace: DeviceBuffer,
+    /// Per step, whether it runs as a branch beside the steps before it in the CUDA graph
+    /// (the program's branches whose runner shares no scratch with those steps); such
+    /// convolutions take `branch_workspace`.
+    branch: Vec<bool>,
+    branch_workspace: DeviceBuffer,
     graph: Option<Graph>,
+    /// Whether `graph` runs the branches beside the steps before them.
+    graph_branched: bool,
     /// Most workspace a chosen convolution algorithm uses.
     pub workspace_bytes: usize,
     /// The engine chosen for each convolution step, in order.
@@ -136,7 +145,10 @@ impl<'a> ProgramSession<'a> {
             exact: None,
             stem: stem::load(ctx, discovery, program)?,
             workspace: ctx.alloc(256, "convolution workspace")?,
+            branch: vec![false; program.steps.len()],
+            branch_workspace: ctx.alloc(256, "branch convolution workspace")?,
             graph: None,
+            graph_branched: false,
             workspace_bytes: 0,
             algorithms: Vec::new(),
         };
@@ -148,6 +160,7 @@ impl<'a> ProgramSession<'a> {
         session.plan_own_convs(own)?;
         session.plan_exact_convs(discovery, exact)?;
         session.plan_depthwise()?;
+        session.plan_branches()?;
         ctx.dnn.release_workspace();
         Ok(session)
     }
@@ -443,7 +456,10 @@ impl<'a> ProgramSession<'a> {
                 };
                 let ctx = self.ctx;
                 let (x, y, w) = (v(&c.x)?, v(&c.y)?, self.const_view(c.w)?);
-                let ws = self.workspace.view();
+                let ws = match self.branch[i] {
+                    true => self.branch_workspace.view(),
+                    false => self.workspace.view(),
+                };
                 let z = c.z.as_ref().map(&v).transpose()?;
                 match (run, c.bias) {
                     (ConvChoice::Fused(f), Some(b)) => {
@@ -604,11 +620,41 @@ impl<'a> ProgramSession<'a> {
         Ok(out)
     }
 
-    /// Records one pass as a CUDA graph.
+    /// Records one pass as a CUDA graph, each branch attached where its inputs were written
+    /// and the step after it where both it and the steps beside it end (where that replays
+    /// no slower than the pass in step order: both are timed).
     pub fn capture(&mut self) -> Result<()> {
-        let graph = self.ctx.gpu.capture(|| self.enqueue())?;
+        self.capture_as(Branching::from_env())
+    }
+
+    /// [`ProgramSession::capture`] with every step after the one before it (the order
+    /// `enqueue` runs them in; a profile ties each replayed kernel to its step by that order).
+    pub fn capture_in_order(&mut self) -> Result<()> {
+        self.capture_as(Branching::Off)
+    }
+
+    /// [`ProgramSession::capture`] with its branches as `how` says.
+    pub fn capture_as(&mut self, how: Branching) -> Result<()> {
+        let (graph, branched) = self.capture_pass(how)?;
         self.graph = Some(graph);
+        self.graph_branched = branched;
         Ok(())
+    }
+
+    /// Whether the captured pass runs its branches beside the steps before them.
+    pub fn graph_branched(&self) -> bool {
+        self.graph_branched
+    }
+
+    /// Fills the activation arena with all-ones bytes (NaN in every float type), inputs too:
+    /// a pass that reads what it did not write shows in its outputs.
+    pub fn poison_arena(&self) -> Result<()> {
+        Ok(self.ctx.gpu.fill(self.arena.view(), 0xff)?)
+    }
+
+    /// Steps that may run as branches in a captured pass (see `capture`).
+    pub fn branch_count(&self) -> usize {
+        self.branch.iter().filter(|&&b| b).count()
     }
 
     /// Launches the captured graph (no synchronisation).

@@ -11,7 +11,7 @@ use gpukit_cuda::kernel::{tag, Arg, KernelModule, KernelSource, Launch, HALF};
 use gpukit_cuda::{DeviceBuffer, Error, Gpu, Result, Stream, View};
 use gpukit_types::DType;
 
-mod whole;
+pub(super) mod whole;
 
 /// The tensor-core helpers gpukit's product kernels share: `Mma<T>::run` (mma.sync m16n8k16, f32
 /// accumulators, for H and B), `copy16` (cp.async of 16 bytes, zero-filled past `bytes`) and
@@ -423,8 +423,9 @@ pub fn conv_pieces(m: usize, n: usize, kw: usize) -> Vec<(usize, usize)> {
     cuts(m, n, kw, |p| (p - 1) * piece_of(kw, p) < kw)
 }
 
-/// Most values of K a block of `conv_whole` holds (its x and w tiles: 70 KiB of shared memory).
-pub const WHOLE_KC: usize = 256;
+/// Most values of K a block of `conv_whole` holds (its x and w tiles: 88 KiB of shared
+/// memory, within what every GPU from compute capability 8.0 grants a block).
+pub const WHOLE_KC: usize = 320;
 /// Most pieces `conv_whole` cuts K into.
 const WHOLE_PIECES: usize = 64;
 
@@ -462,11 +463,12 @@ impl std::fmt::Display for Cut {
 }
 
 /// Every way gpukit's kernel runs a convolution's implicit product (`m` output pixels, `n`
-/// filters, `kw` = taps x channels): [`conv_pieces`]' cuts in stages, and where the output
-/// has fewer tiles than about two a multiprocessor, whole pieces of at most 64, 128 and
-/// [`WHOLE_KC`] values (up to [`WHOLE_PIECES`] of them) with 2 warp groups, and of
-/// [`WHOLE_KC`] with 4. The engine times each.
-pub fn conv_cuts(m: usize, n: usize, kw: usize) -> Vec<Cut> {
+/// filters, `kw` = taps x channels) on a GPU of `sms` multiprocessors: [`conv_pieces`]' cuts
+/// in stages, and where the output has fewer tiles than about two a multiprocessor, whole
+/// pieces: of at most 64, 128 and 256 values with 2 warp groups, and with 4 the pieces of at
+/// most 256 values and as many pieces as fill the multiprocessors once (a block each: a
+/// second block on some would double their time). The engine times each.
+pub fn conv_cuts(m: usize, n: usize, kw: usize, sms: usize) -> Vec<Cut> {
     let mut cuts: Vec<Cut> = conv_pieces(m, n, kw)
         .into_iter()
         .map(|(pieces, kc)| Cut {
@@ -477,21 +479,27 @@ pub fn conv_cuts(m: usize, n: usize, kw: usize) -> Vec<Cut> {
         .collect();
     // the staged cuts' checks hold for the whole ones (n a multiple of 8, tiles counted)
     let tiles = m.div_ceil(64) * n.div_ceil(64);
-    let few = !cuts.is_empty() && tiles < AIM_BLOCKS && m * n <= PART_FLOATS;
-    let mut whole: Vec<Cut> = [(64, 2), (128, 2), (WHOLE_KC, 2), (WHOLE_KC, 4)]
+    if cuts.is_empty() || tiles >= AIM_BLOCKS || m * n > PART_FLOATS {
+        return cuts;
+    }
+    let fill = (sms / tiles).max(1);
+    let ways = [64, 128, 256]
+        .map(|most| (kw.div_ceil(most), 2))
         .into_iter()
-        .filter(|_| few)
-        .filter_map(|(most, groups)| {
-            let pieces = kw.div_ceil(most);
-            let kc = piece_of(kw, pieces);
-            ((pieces - 1) * kc < kw && pieces <= WHOLE_PIECES).then_some(Cut {
-                pieces,
-                kc,
-                loads: Loads::Whole { groups },
-            })
-        })
-        .collect();
-    whole.dedup();
+        .chain([(kw.div_ceil(256), 4), (fill, 4)]);
+    let mut whole: Vec<Cut> = Vec::new();
+    for (pieces, groups) in ways {
+        let kc = piece_of(kw, pieces);
+        let cut = Cut {
+            pieces,
+            kc,
+            loads: Loads::Whole { groups },
+        };
+        let fits = (pieces - 1) * kc < kw && pieces <= WHOLE_PIECES && kc <= WHOLE_KC;
+        if fits && !whole.contains(&cut) {
+            whole.push(cut);
+        }
+    }
     cuts.extend(whole);
     cuts
 }
@@ -573,6 +581,8 @@ pub struct SmallGemm {
     module: KernelModule,
     part: DeviceBuffer,
     counts: DeviceBuffer,
+    /// The device's multiprocessors (the whole pieces' counts fill them).
+    pub sms: usize,
 }
 
 impl SmallGemm {
@@ -587,6 +597,7 @@ impl SmallGemm {
             module: KernelModule::load(discovery, gpu, &kernel_source())?,
             part,
             counts,
+            sms: gpukit_cuda::driver::device_attributes(gpu.ordinal, 1)?.sm_count as usize,
         })
     }
 
@@ -755,7 +766,7 @@ impl SmallGemm {
         cut: Cut,
     ) -> Result<()> {
         let (m, n, kw) = g.product();
-        if !(g.runs() && conv_cuts(m, n, kw).contains(&cut)) {
+        if !(g.runs() && conv_cuts(m, n, kw, self.sms).contains(&cut)) {
             return Err(Error::Invalid(format!(
                 "gpukit's convolution kernel does not take {g:?} in {cut}"
             )));

@@ -27,8 +27,11 @@ pub enum OwnConvs {
     /// where it times more than 3% faster than cuDNN's plan (the default; gpukit's kernel in
     /// stages is not timed: it was slower than cuDNN at every shape of run 114's models).
     Timed,
-    /// gpukit's kernel timed too (A/B runs of that kernel).
+    /// gpukit's kernel timed too, in every cut (A/B runs of that kernel).
     TimedWithOwn,
+    /// cuBLASLt's product timed, gpukit's kernel not (the default before its whole pieces;
+    /// A/B runs).
+    TimedProducts,
     /// Nowhere.
     Never,
     /// gpukit's kernel wherever it takes the convolution (and gpukit's matrix-vector kernel
@@ -39,12 +42,13 @@ pub enum OwnConvs {
 }
 
 impl OwnConvs {
-    /// What `GPUKIT_OWN_CONV` asks for (`never`, `always`, `product`, `timed-own`; anything
-    /// else: timed).
+    /// What `GPUKIT_OWN_CONV` asks for (`never`, `always`, `product`, `timed-own`,
+    /// `timed-products`; anything else: timed).
     pub fn from_env() -> OwnConvs {
         match std::env::var("GPUKIT_OWN_CONV").as_deref() {
             Ok("never") => OwnConvs::Never,
             Ok("timed-own") => OwnConvs::TimedWithOwn,
+            Ok("timed-products") => OwnConvs::TimedProducts,
             Ok("always") => OwnConvs::Always,
             Ok("product") => OwnConvs::Products,
             _ => OwnConvs::Timed,
@@ -186,7 +190,8 @@ impl ProgramSession<'_> {
     /// than one only where the tiles are few).
     pub(super) fn run_own_step(&self, o: &OwnConvStep) -> Result<()> {
         let (m, n, kw) = o.g.product();
-        let Some(cut) = conv_cuts(m, n, kw)
+        let sms = self.small()?.sms;
+        let Some(cut) = conv_cuts(m, n, kw, sms)
             .into_iter()
             .rfind(|c| c.loads == Loads::Staged)
         else {
@@ -232,12 +237,12 @@ impl ProgramSession<'_> {
             // gpukit's kernel: K cut each way it offers where asked for, else its whole pieces
             // of 16 warps (offered only where the output has few tiles)
             let (m, n, kw) = g.product();
-            let own: Vec<Cut> = match self.small_gemm.is_some() && g.runs() {
-                true => conv_cuts(m, n, kw)
+            let own: Vec<Cut> = match (&self.small_gemm, g.runs()) {
+                (Some(small), true) => conv_cuts(m, n, kw, small.sms)
                     .into_iter()
                     .filter(|c| mode.asks_for_own() || mode.times(c))
                     .collect(),
-                false => Vec::new(),
+                _ => Vec::new(),
             };
             let weights = match own.is_empty() {
                 true => None,

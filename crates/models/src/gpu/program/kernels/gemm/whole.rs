@@ -10,7 +10,7 @@
 
 /// CUDA C of the kernels `conv_whole_f16` / `conv_whole_bf16` (after `gemm.rs`'s source: it
 /// uses `TENSOR_CORES`, `GS_WP` and the prelude's helpers).
-pub(super) const SOURCE: &str = r#"
+pub(crate) const SOURCE: &str = r#"
 extern __shared__ __align__(16) unsigned char whole_shared[];
 #define GW_TP 72
 
