@@ -129,6 +129,22 @@ pub enum Attribution {
     Mismatch(String),
 }
 
+impl Attribution {
+    /// The profile's line on how a replay's kernels were tied to ops; `in_order`: branches the
+    /// graph keeps in step order here (where `infer` overlaps them with the steps before them).
+    pub fn describe(&self, in_order: usize) -> String {
+        let matched = "each replay's kernels matched the eager pass's, in order: each is its op's";
+        match (self, in_order) {
+            (Attribution::Matched, 0) => matched.to_string(),
+            (Attribution::Matched, n) => format!(
+                "{matched} (the graph runs in step order here; `infer`'s overlaps {n} branches \
+                 with the steps before them)"
+            ),
+            (Attribution::Mismatch(why), _) => format!("kernels left with the replay: {why}"),
+        }
+    }
+}
+
 /// Splits each graph replay op of `replays` into the ops of the eager pass `eager` (one step,
 /// recorded with CUPTI): the replay runs the same kernels in the same order on one stream, so
 /// the i-th kernel of a replay belongs to the op the i-th eager kernel did. Each replay op

@@ -3,7 +3,7 @@
 //! overhead, trace).
 
 use super::gaps::{idle, Idle};
-use super::records::{attribute_graph, records, Attribution, Records};
+use super::records::{attribute_graph, records, Records};
 use super::table::{key_averages, GroupBy, Roofline, Row};
 use super::trace::{chrome_trace, validate, PoolSample};
 use super::{KernelRecord, OpRecord, Span};
@@ -591,19 +591,7 @@ fn profile_gpu(
     if let (Some(e), true) = (&eager, pass.graph && rec.timing == Timing::Cupti) {
         let (a, how) = attribute_graph(e, &rs);
         rs = a;
-        attribution = Some(match how {
-            Attribution::Matched if pass.in_order > 0 => format!(
-                "each replay's kernels matched the eager pass's, in order: each is its op's (the \
-                 graph runs in step order here; `infer`'s overlaps {} branches with the steps \
-                 before them)",
-                pass.in_order
-            ),
-            Attribution::Matched => {
-                "each replay's kernels matched the eager pass's, in order: each is its op's"
-                    .to_string()
-            }
-            Attribution::Mismatch(why) => format!("kernels left with the replay: {why}"),
-        });
+        attribution = Some(how.describe(pass.in_order));
     } else if pass.graph {
         attribution = Some(
             "a graph replay is one op here: per-op times need CUPTI (the eager pass's kernel \

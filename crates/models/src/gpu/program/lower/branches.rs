@@ -66,3 +66,82 @@ pub(super) fn branches(steps: &[(String, Step)]) -> Vec<Option<Branch>> {
     }
     out
 }
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::super::tests::{optimized, Emu};
+    use super::super::{Buf, Program, Step, Tref};
+    use super::Branch;
+    use crate::onnx::fixtures;
+    use gpukit_tensor::random::fresh_seed;
+    use gpukit_tensor::{DType, Layout};
+
+    /// `Emu::run` with each branch run at the first step it may run beside (before those
+    /// steps, as a CUDA graph may run it): the memory plan must keep its output and inputs
+    /// apart from theirs.
+    pub(in crate::gpu::program::lower) fn run_branches_first(
+        p: &Program,
+        inputs: &[&[f32]],
+    ) -> Vec<Vec<f32>> {
+        let mut order: Vec<usize> = Vec::new();
+        for i in 0..p.steps.len() {
+            if p.branches[i].is_some() {
+                continue;
+            }
+            order
+                .extend((i..p.steps.len()).filter(|&j| p.branches[j].is_some_and(|b| b.from == i)));
+            order.push(i);
+        }
+        assert_eq!(order.len(), p.steps.len());
+        Emu::run_in(order, p, inputs)
+    }
+
+    /// ResNet's downsampling convolution is a branch beside its block's first convolutions: it
+    /// forks after the step that wrote the block's input, its output lives from there on, and no
+    /// slot of the steps beside it shares its bytes.
+    #[test]
+    fn a_projected_shortcut_runs_beside_its_block() {
+        let g = optimized(&fixtures::tiny_resnet(fresh_seed()));
+        let p = Program::lower(&g, DType::F16, Layout::Nhwc).unwrap();
+        let branches: Vec<(usize, Branch)> = p
+            .branches
+            .iter()
+            .enumerate()
+            .filter_map(|(j, b)| b.map(|b| (j, b)))
+            .collect();
+        assert_eq!(branches.len(), 1, "{:?}", p.step_counts());
+        let (j, b) = branches[0];
+        let Step::Conv(c) = &p.steps[j].1 else {
+            panic!("a branch that is not a convolution");
+        };
+        assert_eq!((c.shape.r, c.shape.s), (1, 1), "the shortcut's 1x1");
+        assert!(b.from < j);
+        let span = |t: &Tref| match t.buf {
+            Buf::Slot(s) => Some((p.plan.offsets[s], p.plan.offsets[s] + p.slots[s].bytes)),
+            Buf::Const(_) => None,
+        };
+        let out = span(&c.y).unwrap();
+        let ins: Vec<(usize, usize)> = std::iter::once(c.x)
+            .chain(c.z)
+            .filter_map(|t| span(&t))
+            .collect();
+        let apart = |(a, z): (usize, usize), (b, e): (usize, usize)| z <= b || a >= e;
+        for (_, step) in &p.steps[b.from..j] {
+            let (reads, write) = step.operands();
+            for t in reads.iter().chain(Some(&write)) {
+                if let Some(s) = span(t) {
+                    assert!(
+                        apart(s, out),
+                        "a step beside the branch shares its output's bytes"
+                    );
+                }
+            }
+            if let Some(w) = span(&write) {
+                assert!(
+                    ins.iter().all(|&i| apart(w, i)),
+                    "a step beside the branch writes its input"
+                );
+            }
+        }
+    }
+}
