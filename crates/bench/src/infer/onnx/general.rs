@@ -136,9 +136,9 @@ pub(super) fn rows_at(
         // the report's line: what planning chose, from the first session of each program
         let label = program_label(dtype, layout);
         match steps.iter_mut().find(|p| p.0 == label) {
-            Some(p) if !p.2 => *p = (label, session.step_counts(), true),
+            Some(p) if !p.2 => *p = (label.clone(), session.step_counts(), true),
             Some(_) => {}
-            None => steps.push((label, session.step_counts(), true)),
+            None => steps.push((label.clone(), session.step_counts(), true)),
         }
         if let Err(e) = session.run(&[reference.input]) {
             rows.extend(fail_all(RowStatus::Failed(format!("the first pass: {e}"))));
@@ -158,6 +158,14 @@ pub(super) fn rows_at(
                     continue;
                 }
                 captured = true;
+                // the report's line: where the graph runs its branches beside their blocks
+                let beside = format!("branches beside the steps before them at batch {n}");
+                match steps.iter_mut().find(|p| p.0 == label) {
+                    Some(p) if session.graph_branched() => {
+                        p.1.push((beside, session.branch_count()))
+                    }
+                    _ => {}
+                }
             }
             progress(&format!("infer --onnx {device} {} batch {n}", st.name()));
             let stream = ctx.gpu.stream();
