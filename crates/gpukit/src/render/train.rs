@@ -593,7 +593,7 @@ fn pipeline_section(p: &gpukit_bench::workload::train::pipeline::Pipeline) -> Se
         (
             "Bubble",
             format!(
-                "{:.3} of the update idle on the busiest stage; {:.3} without the first stage's optimizer step ({:.2} ms), which the others wait for at every flush; the schedule's with equal stages {:.3}",
+                "{:.3} of the update idle on the busiest stage; {:.3} without the optimizer steps (the first stage's, {:.2} ms, the others wait for at every flush); the schedule's with equal stages {:.3}",
                 p.bubble,
                 p.bubble_without_flush,
                 p.optimizer_ms.first().copied().unwrap_or(0.0),

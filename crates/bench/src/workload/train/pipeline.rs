@@ -63,8 +63,8 @@ pub struct Pipeline {
     pub bubble: f64,
     /// The 1F1B schedule's idle share with equal stages: (N - 1) / (M + N - 1).
     pub bubble_schedule: f64,
-    /// The bubble less the first stage's optimizer step, which the schedule's fraction leaves
-    /// out: 1 - (alone - its step) / (pipeline - the first stage's step), on the busiest stage.
+    /// The bubble less the optimizer steps, which the schedule's fraction leaves out, on the
+    /// busiest stage: see [`without_flush`].
     #[serde(default)]
     pub bubble_without_flush: f64,
     /// Peak device memory each stage's pool held.
@@ -663,7 +663,12 @@ fn assemble(
     let updates: Vec<f64> = figures.iter().map(|r| r.update_ms).collect();
     let flush = updates.first().copied().unwrap_or(0.0);
     let report = Pipeline {
-        bubble_without_flush: 1.0 - (alone[busiest] - updates[busiest]) / (slowest(&steps) - flush),
+        bubble_without_flush: without_flush(
+            alone[busiest],
+            updates[busiest],
+            slowest(&steps),
+            flush,
+        ),
         optimizer_ms: updates.clone(),
         stages: n,
         started_by: started_by.into(),
@@ -724,4 +729,33 @@ pub fn compare(
             .unwrap_or_default(),
         samples_per_s: num(&d["samples_per_s"]),
     })
+}
+
+/// The busiest stage's idle share of the update without the optimizer steps: its micro-batches
+/// alone (`alone` less its own step, `own`) over the pipeline's update less the flush, the
+/// first stage's step (`flush`) that every stage waits for, or the busiest stage's own where
+/// that is longer (it runs during the flush): both sides without the same phase.
+pub fn without_flush(alone: f64, own: f64, pipeline: f64, flush: f64) -> f64 {
+    1.0 - (alone - own) / (pipeline - flush.max(own))
+}
+
+#[cfg(test)]
+mod flush_tests {
+    use super::without_flush;
+
+    #[test]
+    fn the_bubble_without_the_flush_takes_the_same_phase_off_both_sides() {
+        // the first stage the busiest: its own step is the flush
+        let first = without_flush(10.0, 1.0, 12.0, 1.0);
+        assert!((first - (1.0 - 9.0 / 11.0)).abs() < 1e-12);
+        // a later stage the busiest, its step longer than the flush: its own step off both
+        // sides (it is busy all through the flush), not its step off one and the flush off
+        // the other
+        let later = without_flush(150.0, 13.0, 155.8, 12.2);
+        assert!((later - (1.0 - 137.0 / 142.8)).abs() < 1e-12);
+        assert!(later < 1.0 - 137.0 / 143.6);
+        // its step shorter than the flush: it idles for the rest of the flush
+        let short = without_flush(140.0, 5.0, 155.8, 12.2);
+        assert!((short - (1.0 - 135.0 / 143.6)).abs() < 1e-12);
+    }
 }

@@ -162,7 +162,7 @@ fn a_pipeline_run_shows_its_split_bubble_and_the_one_gpu_run_beside() {
         "gradients through the GPUs' copy engines",
         "41.70, 41.60 ms in the pipeline",
         "0.106 of the update idle",
-        "0.109 without the first stage's optimizer step (0.31 ms)",
+        "0.109 without the optimizer steps (the first stage's, 0.31 ms,",
         "the schedule's with equal stages 0.111",
         "1.00 GiB, 1.50 GiB",
         "refused: needs about 37.1 GiB",
