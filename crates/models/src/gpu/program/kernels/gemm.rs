@@ -94,6 +94,32 @@ __device__ __forceinline__ void store_pair(T* p, float2 s, int act, float alpha,
     *(Pack<T, 2>*)p = o;
 }
 
+// Adds the pair (x, y) into part at `at` (8-byte aligned: n and the column even): one vector
+// reduction on sm_90.
+__device__ __forceinline__ void add_pair(float* at, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" :: "l"(at), "f"(x), "f"(y) : "memory");
+#else
+    atomicAdd(at, x);
+    atomicAdd(at + 1, y);
+#endif
+}
+
+// Counts the block's piece of `tile` done once every thread's sums are in (the barrier, then
+// one acquire-release add by thread 0; the last block's reads come after its acquire and the
+// second barrier); whether it was the tile's last piece, for every thread (`last`: shared).
+__device__ __forceinline__ bool last_piece(unsigned* counts, unsigned tile, unsigned* last) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned before;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                     : "=r"(before) : "l"(counts + tile) : "memory");
+        *last = before == gridDim.z - 1;
+    }
+    __syncthreads();
+    return *last;
+}
+
 // The block's 64 x 64 tile of y = act(X w + bias + z) over K range [k0, k0 + kc): X's tile rows
 // come from `load_x(stage, kt)` (which fills xs[stage] with rows m0.. and K values
 // k0 + 32 kt.., zeros where there are none), w's from the rows of w below `kw` (zeros past it
@@ -142,13 +168,7 @@ __device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ 
         if (st < steps) load_x(st, st);
         asm volatile("cp.async.commit_group;\n" ::: "memory");
     }
-    float acc[2][4][4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    float acc[2][4][4] = {};
     const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32, q = lane >> 3;
     for (int kt = 0; kt < steps; ++kt) {
         const int s = kt % GS_STAGES;
@@ -199,31 +219,12 @@ __device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ 
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int row = row0 + i * 16 + h * 8, col = col0 + j * 8;
-                    if (row < m && col < n) {
-                        float* at = part + (long long)row * n + col;
-#if __CUDA_ARCH__ >= 900
-                        // one vector reduction of the pair (8-byte aligned: n and col even)
-                        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};"
-                                     :: "l"(at), "f"(acc[i][j][2 * h]), "f"(acc[i][j][2 * h + 1])
-                                     : "memory");
-#else
-                        atomicAdd(at, acc[i][j][2 * h]);
-                        atomicAdd(at + 1, acc[i][j][2 * h + 1]);
-#endif
-                    }
+                    if (row < m && col < n)
+                        add_pair(part + (long long)row * n + col, acc[i][j][2 * h],
+                                 acc[i][j][2 * h + 1]);
                 }
-        // the block's sums before its count (the barrier, then one release by thread 0); the
-        // last block's reads after it (its acquire, then the barrier)
-        __syncthreads();
         const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
-        if (t == 0) {
-            unsigned before;
-            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
-                         : "=r"(before) : "l"(counts + tile) : "memory");
-            last = before == gridDim.z - 1;
-        }
-        __syncthreads();
-        if (!last) return;
+        if (!last_piece(counts, tile, &last)) return;
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll

@@ -104,6 +104,32 @@ fn convolution_pieces_cover_k_and_the_filter_is_laid_out_by_taps() {
     assert!(!ConvGeometry { stride: 0, ..g }.runs());
 }
 
+/// An input value of the loaders' tests: its index + 1 (a zero is padding, a wrong index
+/// shows).
+fn value(g: &ConvGeometry, b: usize, y: usize, x: usize, ch: usize) -> i64 {
+    (((b * g.h + y) * g.w + x) * g.c + ch + 1) as i64
+}
+
+/// What the implicit im2col product of `g` holds at output pixel `row`, K index `kidx`:
+/// [`value`]'s input there, zero for padding and past the rows and K.
+fn im2col(g: &ConvGeometry, row: usize, kidx: usize) -> i64 {
+    let ((m, _, kw), (p, q)) = (g.product(), g.out());
+    if kidx >= kw || row >= m {
+        return 0;
+    }
+    let (b, op, oq) = (row / (p * q), row / q % p, row % q);
+    let (tap, ch) = (kidx / g.c, kidx % g.c);
+    let (i, j) = (tap / g.s, tap % g.s);
+    let (yy, xx) = (
+        (op * g.stride + i * g.dilation[0]) as i64 - g.pads[0] as i64,
+        (oq * g.stride + j * g.dilation[1]) as i64 - g.pads[1] as i64,
+    );
+    if yy < 0 || xx < 0 || yy >= g.h as i64 || xx >= g.w as i64 {
+        return 0;
+    }
+    value(g, b, yy as usize, xx as usize, ch)
+}
+
 /// The whole-piece cuts: offered only where the output has few tiles, each piece at most
 /// [`WHOLE_KC`] values (its shared memory within every GPU's grant), the pieces covering K;
 /// with 4 warp groups, as many pieces as fill an H100's 132 multiprocessors once.
@@ -220,25 +246,10 @@ fn the_whole_loaders_walk_reads_the_im2col_rows() {
     for g in shapes {
         let (m, n, kw) = g.product();
         let (p, q) = g.out();
-        let x = |b: usize, y: usize, xx: usize, ch: usize| {
-            (((b * g.h + y) * g.w + xx) * g.c + ch + 1) as i64
-        };
-        let im2col = |row: usize, kidx: usize| -> i64 {
-            if kidx >= kw || row >= m {
-                return 0;
-            }
-            let (b, op, oq) = (row / (p * q), row / q % p, row % q);
-            let (tap, ch) = (kidx / g.c, kidx % g.c);
-            let (i, j) = (tap / g.s, tap % g.s);
-            let (yy, xx) = (
-                (op * g.stride + i * g.dilation[0]) as i64 - g.pads[0] as i64,
-                (oq * g.stride + j * g.dilation[1]) as i64 - g.pads[1] as i64,
-            );
-            if yy < 0 || xx < 0 || yy >= g.h as i64 || xx >= g.w as i64 {
-                return 0;
-            }
-            x(b, yy as usize, xx as usize, ch)
-        };
+        let (x, im2col) = (
+            |b, y, xx, ch| value(&g, b, y, xx, ch),
+            |r, k| im2col(&g, r, k),
+        );
         let cuts: Vec<Cut> = conv_cuts(m, n, kw, 132)
             .into_iter()
             .filter(|c| c.loads != Loads::Staged)
@@ -379,26 +390,10 @@ fn the_convolution_loaders_walk_reads_the_im2col_rows() {
     for g in shapes {
         let (m, n, kw) = g.product();
         let (p, q) = g.out();
-        // input value = its index + 1, so a zero is padding and a wrong index shows
-        let x = |b: usize, y: usize, xx: usize, ch: usize| {
-            (((b * g.h + y) * g.w + xx) * g.c + ch + 1) as i64
-        };
-        let im2col = |row: usize, kidx: usize| -> i64 {
-            if kidx >= kw || row >= m {
-                return 0;
-            }
-            let (b, op, oq) = (row / (p * q), row / q % p, row % q);
-            let (tap, ch) = (kidx / g.c, kidx % g.c);
-            let (i, j) = (tap / g.s, tap % g.s);
-            let (yy, xx) = (
-                (op * g.stride + i * g.dilation[0]) as i64 - g.pads[0] as i64,
-                (oq * g.stride + j * g.dilation[1]) as i64 - g.pads[1] as i64,
-            );
-            if yy < 0 || xx < 0 || yy >= g.h as i64 || xx >= g.w as i64 {
-                return 0;
-            }
-            x(b, yy as usize, xx as usize, ch)
-        };
+        let (x, im2col) = (
+            |b, y, xx, ch| value(&g, b, y, xx, ch),
+            |r, k| im2col(&g, r, k),
+        );
         assert!(g.runs(), "{g:?}");
         for (pieces, kc) in conv_pieces(m, n, kw) {
             for z in 0..pieces {

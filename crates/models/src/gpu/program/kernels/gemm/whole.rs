@@ -65,13 +65,7 @@ __device__ void whole_tile(LoadX& load_x, const T* __restrict__ w, const T* __re
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     __syncthreads();
-    float acc[2][4][4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    float acc[2][4][4] = {};
     const int wm = (quad >> 1) * 32, wn = (quad & 1) * 32, q = lane >> 3;
     // the lane's ldmatrix rows as shared addresses at slice g, advanced a slice of the
     // group's at a time: x's two 16-row blocks, w's two 16-column pieces
@@ -122,28 +116,11 @@ __device__ void whole_tile(LoadX& load_x, const T* __restrict__ w, const T* __re
                 s.x += v.x;
                 s.y += v.y;
             }
-            float* at = part + (long long)row * n + col;
-#if __CUDA_ARCH__ >= 900
-            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" :: "l"(at), "f"(s.x), "f"(s.y)
-                         : "memory");
-#else
-            atomicAdd(at, s.x);
-            atomicAdd(at + 1, s.y);
-#endif
+            add_pair(part + (long long)row * n + col, s.x, s.y);
         }
-        // the block's sums before its count (the barrier, then one release by thread 0);
-        // the last block's reads after it (its acquire, then the barrier)
-        __syncthreads();
         const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
-        if (t == 0) {
-            unsigned before;
-            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
-                         : "=r"(before) : "l"(counts + tile) : "memory");
-            last = before == gridDim.z - 1;
-            if (last) counts[tile] = 0;
-        }
-        __syncthreads();
-        if (!last) return;
+        if (!last_piece(counts, tile, &last)) return;
+        if (t == 0) counts[tile] = 0;
     }
     // the epilogue, GW_ROUND pairs a thread at a time: their sums (the groups' from shared
     // memory, or the pieces' from part, leaving zeros) and residuals loaded, then stored
