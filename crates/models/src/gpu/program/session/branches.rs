@@ -109,7 +109,15 @@ impl ProgramSession<'_> {
         if how == Branching::Off || self.branch_count() == 0 {
             return Ok((gpu.capture(|| self.enqueue())?, false));
         }
-        let branched = gpu.capture(|| self.enqueue_branched())?;
+        let branched = match gpu.capture(|| self.enqueue_branched()) {
+            Ok(g) => g,
+            // a driver that refuses the attachments: the pass in step order, as before
+            Err(e) if how == Branching::Timed => {
+                gpukit_cuda::trace::note(|| format!("branches not captured: {e}"));
+                return Ok((gpu.capture(|| self.enqueue())?, false));
+            }
+            Err(e) => return Err(e),
+        };
         if how == Branching::On {
             return Ok((branched, true));
         }
