@@ -667,10 +667,22 @@ impl<'a> ProgramSession<'a> {
         Ok(graph.launch()?)
     }
 
-    /// Bytes the session holds: weights, arena, workspace and the f64 sums' filters and scratch.
+    /// Bytes the session holds: weights, arena, the workspaces (the branches' too), the f64
+    /// sums' filters and scratch, gpukit's convolution kernel's filters (laid out anew) and
+    /// its scratch.
     pub fn memory_bytes(&self) -> usize {
         let exact = self.exact.as_ref().map_or(0, |e| e.bytes);
-        self.weights.len() + self.arena.len() + self.workspace.len() + exact
+        let workspaces = self.workspace.len() + self.branch_workspace.len();
+        let own: usize = self
+            .conv_alts
+            .iter()
+            .map(|a| match a {
+                Some(own_conv::ConvAlt::Own(o)) => o.weights.len(),
+                _ => 0,
+            })
+            .sum();
+        let small = self.small_gemm.as_ref().map_or(0, SmallGemm::scratch_bytes);
+        self.weights.len() + self.arena.len() + workspaces + exact + own + small
     }
 }
 

@@ -602,6 +602,11 @@ impl SmallGemm {
         })
     }
 
+    /// Bytes of its scratch: the pieces' sums and the tiles' counters.
+    pub fn scratch_bytes(&self) -> usize {
+        self.part.len() + self.counts.len()
+    }
+
     /// `y [m, n] = act(x [m, k] w [k, n] + bias + z)` (row-major, z laid out as y) with K in
     /// `pieces` pieces (one of [`pieces`]' answers), on `stream`.
     #[allow(clippy::too_many_arguments)]
