@@ -32,9 +32,10 @@ pub struct InferRow {
     #[serde(default)]
     pub speedup_vs_fp32_eager: Option<f64>,
     /// GPU rows: device memory the engine itself accounts for at this batch size: weights +
-    /// activation arena (input and logits included) + the largest convolution workspace. The
-    /// engine's own accounting ([`SessionMemory`]), not the driver's: the CUDA context, library
-    /// handles and a captured graph's memory are not included.
+    /// activation arena (input and logits included) + the largest convolution workspace (the
+    /// general engine's: also its branches' workspace, its own kernels' filters and scratch).
+    /// The engine's own accounting ([`SessionMemory`]), not the driver's: the CUDA context,
+    /// library handles and a captured graph's memory are not included.
     #[serde(default)]
     pub gpu_memory_bytes: Option<u64>,
     /// GPU rows: the parts of `gpu_memory_bytes`, and the arena's size without the memory plan.
