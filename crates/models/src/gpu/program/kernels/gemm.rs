@@ -362,15 +362,17 @@ extern "C" __global__ void gemm_small_##TAG(const T* x, const T* w, const T* bia
 GEMM_SMALL(H, f16)
 GEMM_SMALL(B, bf16)
 
-#define CONV_SMALL(T, TAG)                                                                     \
-extern "C" __global__ void conv_small_##TAG(const T* x, const T* w, const T* bias,          \
+// A convolution kernel NAME_TAG of element type T over the device function NAME<T> (the
+// staged conv_small here, conv_whole in gemm/whole.rs: the same parameters).
+#define CONV_KERNEL(NAME, T, TAG)                                                              \
+extern "C" __global__ void NAME##_##TAG(const T* x, const T* w, const T* bias,               \
     const T* z, T* y, float* part, unsigned* counts, int m, int n, int kw, int kc, int act,     \
     float alpha, float beta, int h, int wd, int c, int p, int q, int ks, int stride, int pt,    \
     int pl, int dh, int dw)                                                                    \
-    { conv_small<T>(x, w, bias, z, y, part, counts, m, n, kw, kc, act, alpha, beta, h, wd, c,  \
-                    p, q, ks, stride, pt, pl, dh, dw); }
-CONV_SMALL(H, f16)
-CONV_SMALL(B, bf16)
+    { NAME<T>(x, w, bias, z, y, part, counts, m, n, kw, kc, act, alpha, beta, h, wd, c, p, q,  \
+              ks, stride, pt, pl, dh, dw); }
+CONV_KERNEL(conv_small, H, f16)
+CONV_KERNEL(conv_small, B, bf16)
 "#;
 
 /// The module: its name in the kernel cache, its source and its kernels.

@@ -77,18 +77,7 @@ fn convolution_pieces_cover_k_and_the_filter_is_laid_out_by_taps() {
     // ResNet-50's 3x3 of layer3 at batch 1: 16 tiles, cut in 4, 8 or 15 pieces
     let counts: Vec<usize> = conv_pieces(196, 256, 2304).iter().map(|c| c.0).collect();
     assert_eq!(counts, vec![1, 4, 8, 15]);
-    let g = ConvGeometry {
-        n: 1,
-        h: 5,
-        w: 4,
-        c: 8,
-        k: 16,
-        r: 3,
-        s: 2,
-        stride: 2,
-        pads: [1; 4],
-        dilation: [1, 1],
-    };
+    let g = geometry((1, 5, 4, 8, 16), (3, 2, 2), [1; 4], [1, 1]);
     assert_eq!(g.out(), (3, 3));
     assert_eq!(g.product(), (9, 16, 48));
     assert!(g.runs());
@@ -102,6 +91,28 @@ fn convolution_pieces_cover_k_and_the_filter_is_laid_out_by_taps() {
     assert!(!ConvGeometry { c: 3, ..g }.runs());
     assert!(!ConvGeometry { k: 12, ..g }.runs());
     assert!(!ConvGeometry { stride: 0, ..g }.runs());
+}
+
+/// A convolution: input `[n, h, w, c]` and `k` filters, taps `r x s` and the stride, pads
+/// (top, left, bottom, right) and dilation.
+fn geometry(
+    (n, h, w, c, k): (usize, usize, usize, usize, usize),
+    (r, s, stride): (usize, usize, usize),
+    pads: [usize; 4],
+    dilation: [usize; 2],
+) -> ConvGeometry {
+    ConvGeometry {
+        n,
+        h,
+        w,
+        c,
+        k,
+        r,
+        s,
+        stride,
+        pads,
+        dilation,
+    }
 }
 
 /// An input value of the loaders' tests: its index + 1 (a zero is padding, a wrong index
@@ -206,42 +217,9 @@ fn whole_pieces_are_offered_for_few_tiles_and_cover_k() {
 #[test]
 fn the_whole_loaders_walk_reads_the_im2col_rows() {
     let shapes = [
-        ConvGeometry {
-            n: 1,
-            h: 11,
-            w: 9,
-            c: 16,
-            k: 16,
-            r: 3,
-            s: 3,
-            stride: 1,
-            pads: [2, 1, 2, 3],
-            dilation: [2, 3],
-        },
-        ConvGeometry {
-            n: 2,
-            h: 9,
-            w: 7,
-            c: 8,
-            k: 24,
-            r: 3,
-            s: 3,
-            stride: 2,
-            pads: [1; 4],
-            dilation: [1, 1],
-        },
-        ConvGeometry {
-            n: 1,
-            h: 7,
-            w: 7,
-            c: 64,
-            k: 64,
-            r: 3,
-            s: 3,
-            stride: 1,
-            pads: [1; 4],
-            dilation: [1, 1],
-        },
+        geometry((1, 11, 9, 16, 16), (3, 3, 1), [2, 1, 2, 3], [2, 3]),
+        geometry((2, 9, 7, 8, 24), (3, 3, 2), [1; 4], [1, 1]),
+        geometry((1, 7, 7, 64, 64), (3, 3, 1), [1; 4], [1, 1]),
     ];
     for g in shapes {
         let (m, n, kw) = g.product();
@@ -326,66 +304,11 @@ fn the_whole_loaders_walk_reads_the_im2col_rows() {
 fn the_convolution_loaders_walk_reads_the_im2col_rows() {
     let shapes = [
         // dilated, padded unevenly (as DeepLab's and TensorFlow's "same" exports are)
-        ConvGeometry {
-            n: 1,
-            h: 11,
-            w: 9,
-            c: 16,
-            k: 16,
-            r: 3,
-            s: 3,
-            stride: 1,
-            pads: [2, 1, 2, 3],
-            dilation: [2, 3],
-        },
-        ConvGeometry {
-            n: 2,
-            h: 9,
-            w: 7,
-            c: 16,
-            k: 24,
-            r: 3,
-            s: 3,
-            stride: 2,
-            pads: [1; 4],
-            dilation: [1, 1],
-        },
-        ConvGeometry {
-            n: 1,
-            h: 12,
-            w: 10,
-            c: 8,
-            k: 8,
-            r: 7,
-            s: 7,
-            stride: 2,
-            pads: [3; 4],
-            dilation: [1, 1],
-        },
-        ConvGeometry {
-            n: 1,
-            h: 14,
-            w: 14,
-            c: 48,
-            k: 64,
-            r: 3,
-            s: 2,
-            stride: 1,
-            pads: [1; 4],
-            dilation: [1, 1],
-        },
-        ConvGeometry {
-            n: 3,
-            h: 5,
-            w: 5,
-            c: 64,
-            k: 128,
-            r: 1,
-            s: 1,
-            stride: 1,
-            pads: [0; 4],
-            dilation: [1, 1],
-        },
+        geometry((1, 11, 9, 16, 16), (3, 3, 1), [2, 1, 2, 3], [2, 3]),
+        geometry((2, 9, 7, 16, 24), (3, 3, 2), [1; 4], [1, 1]),
+        geometry((1, 12, 10, 8, 8), (7, 7, 2), [3; 4], [1, 1]),
+        geometry((1, 14, 14, 48, 64), (3, 2, 1), [1; 4], [1, 1]),
+        geometry((3, 5, 5, 64, 128), (1, 1, 1), [0; 4], [1, 1]),
     ];
     for g in shapes {
         let (m, n, kw) = g.product();

@@ -197,15 +197,8 @@ __device__ void conv_whole(const T* __restrict__ x, const T* __restrict__ w,
     whole_tile<T>(load_x, w, bias, z, y, part, counts, m, n, kw, kc, act, alpha, beta);
 }
 
-#define CONV_WHOLE(T, TAG)                                                                     \
-extern "C" __global__ void conv_whole_##TAG(const T* x, const T* w, const T* bias,          \
-    const T* z, T* y, float* part, unsigned* counts, int m, int n, int kw, int kc, int act,     \
-    float alpha, float beta, int h, int wd, int c, int p, int q, int ks, int stride, int pt,    \
-    int pl, int dh, int dw)                                                                    \
-    { conv_whole<T>(x, w, bias, z, y, part, counts, m, n, kw, kc, act, alpha, beta, h, wd, c,  \
-                    p, q, ks, stride, pt, pl, dh, dw); }
-CONV_WHOLE(H, f16)
-CONV_WHOLE(B, bf16)
+CONV_KERNEL(conv_whole, H, f16)
+CONV_KERNEL(conv_whole, B, bf16)
 "#;
 
 /// Dynamic shared memory of a block holding a piece of `kc` values of K with `groups` warp
