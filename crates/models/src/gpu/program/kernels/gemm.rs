@@ -94,6 +94,18 @@ __device__ __forceinline__ void store_pair(T* p, float2 s, int act, float alpha,
     *(Pack<T, 2>*)p = o;
 }
 
+// A warp's step of 16 over its 32 x 32 outputs: acc[i][j] += a[i] x w's piece j, where w holds
+// two transposed ldmatrix x4 loads of 16 columns each (load jj's registers 0-1 and 2-3 are
+// the B fragments of its two 8-column pieces).
+template <class T>
+__device__ __forceinline__ void mma_step(float (&acc)[2][4][4], const unsigned (&a)[2][4],
+                                         const unsigned (&w)[2][4]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) Mma<T>::run(acc[i][j], a[i], &w[j >> 1][(j & 1) * 2]);
+}
+
 // Adds the pair (x, y) into part at `at` (8-byte aligned: n and the column even): one vector
 // reduction on sm_90.
 __device__ __forceinline__ void add_pair(float* at, float x, float y) {
@@ -184,7 +196,7 @@ __device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ 
         asm volatile("cp.async.commit_group;\n" ::: "memory");
 #pragma unroll
         for (int kk = 0; kk < GS_BK; kk += 16) {
-            unsigned a[2][4], b[4][2];
+            unsigned a[2][4], w[2][4];
 #pragma unroll
             for (int i = 0; i < 2; ++i)
                 ldmatrix4(a[i], &xs[s * (GS_BM * GS_XP) + (wm + i * 16 + (lane & 15)) * GS_XP + kk +
@@ -193,19 +205,11 @@ __device__ void product_tile(LoadX& load_x, T* xs, T* ws, const T* __restrict__ 
             for (int j = 0; j < 2; ++j) {
                 // lanes 8q..8q+7 give the rows of 8 x 8 matrix q: k (q & 1) * 8 + lane % 8,
                 // columns from (q >> 1) * 8 of the warp's 16-column piece j
-                unsigned r[4];
                 const int wrow = kk + (q & 1) * 8 + (lane & 7);
-                ldmatrix4_trans(r, &ws[s * (GS_BK * GS_WP) + wrow * GS_WP + wn + j * 16 +
-                                       (q >> 1) * 8]);
-                b[2 * j][0] = r[0];
-                b[2 * j][1] = r[1];
-                b[2 * j + 1][0] = r[2];
-                b[2 * j + 1][1] = r[3];
+                ldmatrix4_trans(w[j], &ws[s * (GS_BK * GS_WP) + wrow * GS_WP + wn + j * 16 +
+                                          (q >> 1) * 8]);
             }
-#pragma unroll
-            for (int i = 0; i < 2; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) Mma<T>::run(acc[i][j], a[i], b[j]);
+            mma_step<T>(acc, a, w);
         }
     }
     // accumulator (i, j, e): row wm + 16 i + lane / 4 (+ 8 for e >= 2), column

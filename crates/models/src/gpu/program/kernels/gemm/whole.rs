@@ -75,22 +75,12 @@ __device__ void whole_tile(LoadX& load_x, const T* __restrict__ w, const T* __re
     const unsigned xstep = 32 * groups, wstep = 32 * groups * GS_WP, xblock = 32 * xp;
 #pragma unroll 2
     for (int kk = 16 * g; kk < kc; kk += 16 * groups, xa += xstep, wa += wstep) {
-        unsigned a[2][4], b[4][2];
+        unsigned a[2][4], w[2][4];
 #pragma unroll
         for (int i = 0; i < 2; ++i) ldsm4(a[i], xa + i * xblock, false);
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            unsigned r[4];
-            ldsm4(r, wa + j * 32, true);
-            b[2 * j][0] = r[0];
-            b[2 * j][1] = r[1];
-            b[2 * j + 1][0] = r[2];
-            b[2 * j + 1][1] = r[3];
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) Mma<T>::run(acc[i][j], a[i], b[j]);
+        for (int j = 0; j < 2; ++j) ldsm4(w[j], wa + j * 32, true);
+        mma_step<T>(acc, a, w);
     }
     // every warp done with xs and ws: the groups' tiles over them
     __syncthreads();
