@@ -8,9 +8,9 @@
 # 2. MODEL (torchvision's, exported with scripts/export_torchvision.py) at each of BATCHES with
 #    every cut timed beside cuDNN's plan (GPUKIT_OWN_CONV=timed-own GPUKIT_TRACE=1): the
 #    per-shape timings, in microseconds in the trace's order;
-# 3. in turns (base new new base, separate choice caches): "base" = gpukit's kernel not timed
-#    (GPUKIT_OWN_CONV=timed-products), "new" = the default; every row checked against ONNX
-#    Runtime by `infer --onnx`.
+# 3. in turns (base new new base, separate choice caches): "base" = $BASE_ENV (default:
+#    gpukit's kernel not timed, GPUKIT_OWN_CONV=timed-products), "new" = $NEW_ENV (default:
+#    the default); every row checked against ONNX Runtime by `infer --onnx`.
 # Writes $OUT/0-summary.txt (printed as it goes) and $OUT/own-conv.tar.gz with every output.
 set -u
 MODEL=${1:-resnet50}
@@ -63,8 +63,10 @@ else
   for which in base new new base; do
     i=$((i + 1))
     case $which in
-      base) infer "$i-base" GPUKIT_OWN_CONV=timed-products ;;
-      new) infer "$i-new" GPUKIT_TRACE=0 ;;
+      # shellcheck disable=SC2086
+      base) infer "$i-base" ${BASE_ENV:-GPUKIT_OWN_CONV=timed-products} ;;
+      # shellcheck disable=SC2086
+      new) infer "$i-new" ${NEW_ENV:-GPUKIT_TRACE=0} ;;
     esac
   done
 fi
