@@ -10,7 +10,12 @@
 #    per-shape timings, in microseconds in the trace's order;
 # 3. in turns (base new new base, separate choice caches): "base" = $BASE_ENV (default:
 #    gpukit's kernel not timed, GPUKIT_OWN_CONV=timed-products), "new" = $NEW_ENV (default:
-#    the default); every row checked against ONNX Runtime by `infer --onnx`.
+#    the default); "base" runs $GPUKIT_BASE_BIN where given (the build before a change, same
+#    environment); every row checked against ONNX Runtime by `infer --onnx`. The pass is the
+#    arbiter: a per-shape timing replays one kernel after itself (warm caches, its early start
+#    overlapping the instance before), which can rank two builds opposite to the pass;
+# 4. `profile infer` at the first of BATCHES with each binary: every kernel's time inside the
+#    pass (its graph in step order).
 # Writes $OUT/0-summary.txt (printed as it goes) and $OUT/own-conv.tar.gz with every output.
 set -u
 MODEL=${1:-resnet50}
@@ -25,6 +30,7 @@ say() { echo "$*" | tee -a "$S"; }
 for f in $(find .device -name '*.gz' 2>/dev/null); do gunzip -f "$f"; done
 chmod -R +x .device 2>/dev/null
 BIN=${GPUKIT_BIN:-$PWD/.device/gpukit}
+BASE_BIN=${GPUKIT_BASE_BIN:-$BIN}
 TEST=${GPUKIT_TEST:-$PWD/.device/tests/gpu_program}
 export PATH=/opt/torch/.venv/bin:$PATH
 ORT=$(python3 -c 'import onnxruntime, os, glob; print(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so*"))[0])' 2>/dev/null)
@@ -48,8 +54,9 @@ if [ ! -f "$W/$MODEL.onnx" ]; then
   say "$MODEL: not exported (see export.log)"
 else
   infer() { # label env...
-    local label=$1; shift
-    env -u LD_LIBRARY_PATH "$@" XDG_CACHE_HOME="$W/cache-$label" GPUKIT_ORT_LIB="$ORT" timeout 300 "$BIN" infer --onnx "$W/$MODEL.onnx" \
+    local label=$1 bin=$BIN; shift
+    case $label in *base) bin=$BASE_BIN ;; esac
+    env -u LD_LIBRARY_PATH "$@" XDG_CACHE_HOME="$W/cache-$label" GPUKIT_ORT_LIB="$ORT" timeout 300 "$bin" infer --onnx "$W/$MODEL.onnx" \
       --device cuda:0 --batch-sizes "$BATCHES" --strategies fp16-nhwc-graph --gpu-iterations 300 \
       --save-json "$T/$label.json" >"$T/$label.txt" 2>&1
     say "$label rc=$?"
@@ -68,6 +75,14 @@ else
       # shellcheck disable=SC2086
       new) infer "$i-new" ${NEW_ENV:-GPUKIT_TRACE=0} ;;
     esac
+  done
+  # 4. the kernels' times inside the pass
+  for which in base new; do
+    bin=$BIN; [ "$which" = base ] && bin=$BASE_BIN
+    env -u LD_LIBRARY_PATH XDG_CACHE_HOME="$W/cache-profile-$which" timeout 150 "$bin" profile infer --onnx "$W/$MODEL.onnx" \
+      --batch-size "${BATCHES%%,*}" --strategy fp16-nhwc-graph --group-by op --top 12 >"$T/profile-$which.txt" 2>&1
+    say "profile $which rc=$?"
+    grep -E "Step without|gpukit\)" "$T/profile-$which.txt" | cut -c1-170 | tee -a "$S"
   done
 fi
 (cd "$OUT" && tar czf own-conv.tar.gz own-conv && rm -rf own-conv)
