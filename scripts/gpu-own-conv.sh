@@ -65,24 +65,30 @@ else
     say "$label rc=$?"
     python3 scripts/onnx_rows.py "$T/$label.json" 2>&1 | grep -v " cpu " | head -4 | tee -a "$S"
   }
-  [ "${PASS_ONLY:-0}" = 1 ] || infer timed-own GPUKIT_OWN_CONV=timed-own GPUKIT_TRACE=1
-  [ "${PASS_ONLY:-0}" = 1 ] || grep "cuDNN's plan, gpukit's" "$T/timed-own.txt" | sed 's/trace: conv //; s/ConvGeometry { //; s/dilation: \[1, 1\] }//' >"$T/conv-timings.txt"
-  [ "${PASS_ONLY:-0}" = 1 ] || say "per-shape timings (cuDNN's plan first, then gpukit's cuts, then cuBLASLt's): $(wc -l <"$T/conv-timings.txt") shapes in conv-timings.txt"
+  if [ "${PASS_ONLY:-0}" != 1 ]; then
+    infer timed-own GPUKIT_OWN_CONV=timed-own GPUKIT_TRACE=1
+    grep "cuDNN's plan, gpukit's" "$T/timed-own.txt" | sed 's/trace: conv //; s/ConvGeometry { //; s/dilation: \[1, 1\] }//' >"$T/conv-timings.txt"
+    say "per-shape timings (cuDNN's plan first, then gpukit's cuts, then cuBLASLt's): $(wc -l <"$T/conv-timings.txt") shapes in conv-timings.txt"
+  fi
   # 3. in turns against the kernel untimed
+  BASE_ENV=${BASE_ENV:-GPUKIT_OWN_CONV=timed-products}
+  NEW_ENV=${NEW_ENV:-GPUKIT_TRACE=0}
   i=0
   for which in base new new base; do
     i=$((i + 1))
     case $which in
       # shellcheck disable=SC2086
-      base) infer "$i-base" ${BASE_ENV:-GPUKIT_OWN_CONV=timed-products} ;;
+      base) infer "$i-base" $BASE_ENV ;;
       # shellcheck disable=SC2086
-      new) infer "$i-new" ${NEW_ENV:-GPUKIT_TRACE=0} ;;
+      new) infer "$i-new" $NEW_ENV ;;
     esac
   done
-  # 4. the kernels' times inside the pass
+  # 4. the kernels' times inside the pass (each arm's binary and environment)
   for which in base new; do
-    bin=$BIN; [ "$which" = base ] && bin=$BASE_BIN
-    env -u LD_LIBRARY_PATH XDG_CACHE_HOME="$W/cache-profile-$which" timeout 150 "$bin" profile infer --onnx "$W/$MODEL.onnx" \
+    bin=$BIN envs=$NEW_ENV
+    [ "$which" = base ] && bin=$BASE_BIN envs=$BASE_ENV
+    # shellcheck disable=SC2086
+    env -u LD_LIBRARY_PATH $envs XDG_CACHE_HOME="$W/cache-profile-$which" timeout 150 "$bin" profile infer --onnx "$W/$MODEL.onnx" \
       --batch-size "${BATCHES%%,*}" --strategy fp16-nhwc-graph --group-by op --top 12 >"$T/profile-$which.txt" 2>&1
     say "profile $which rc=$?"
     grep -E "Step without|gpukit\)" "$T/profile-$which.txt" | cut -c1-170 | tee -a "$S"
