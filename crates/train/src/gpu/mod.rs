@@ -18,6 +18,7 @@
 //! so the same run gives the same bits and N steps + M resumed steps equal N + M steps.
 
 mod batches;
+mod exchange;
 pub mod feed;
 pub mod kernels;
 pub mod links;
@@ -83,6 +84,10 @@ pub struct GpuOptions {
     /// on the communication stream. Half the bytes of averaging and 1/N of the optimizer's
     /// work on each rank; the same updates as averaging every gradient.
     pub shard_optimizer: bool,
+    /// Data-parallel, sharded, f32 gradients: the first layer's weight gradient computed in one
+    /// piece a rank, the other ranks' first, each sent to its owner while the next is computed
+    /// (exchange.rs). Not yet run on two GPUs: `GPUKIT_DP_EXCHANGE=1` turns it on.
+    pub dp_exchange: bool,
     /// Data-parallel: multiprocessors the products leave to communication once a communicator
     /// is attached (cuBLASLt plans them for the rest, so NCCL's kernels run beside them
     /// instead of waiting for them to end; 0: products take every multiprocessor). The ranks'
@@ -107,6 +112,7 @@ impl GpuOptions {
             grad_pieces: 0,
             grad_comm: DType::F32,
             shard_optimizer: false,
+            dp_exchange: std::env::var("GPUKIT_DP_EXCHANGE").as_deref() == Ok("1"),
             comm_sms: 0,
             stage: None,
             memory_fraction: None,

@@ -18,6 +18,7 @@
 //! To use: build the [`GpuTrainer`] with [`GpuOptions::shard`] set, then
 //! [`GpuTrainer::attach`] the rank's communicator (made on a stream of its own).
 
+use super::exchange::{exchange_spans, Exchange};
 use super::plan::Layout;
 use super::GpuTrainer;
 use crate::error::{Error, Result};
@@ -157,6 +158,23 @@ pub(super) struct Dp {
     /// The buckets launched for the update being enqueued: their elements of the flat
     /// gradient buffer, [start, end), and the point of the communication stream after each.
     launched: std::sync::Mutex<Vec<((usize, usize), Event)>>,
+    /// The first layer's weight gradient exchanged piece by piece (exchange.rs), where asked
+    /// for and it applies.
+    pub(super) exchange: Option<Exchange>,
+}
+
+impl Dp {
+    pub(super) fn comm(&self) -> &Comm {
+        &self.comm
+    }
+
+    /// Region [a, b) of the flat buffer averaged on `t`'s work stream up to here: launched for
+    /// the update.
+    pub(super) fn launched_now(&self, t: &GpuTrainer, region: (usize, usize)) -> Result<()> {
+        let done = t.gpu.stream().record()?;
+        lock(&self.launched).push((region, done));
+        Ok(())
+    }
 }
 
 impl GpuTrainer {
@@ -207,13 +225,28 @@ impl GpuTrainer {
                     .into(),
             ));
         }
-        let pieces = piece_spans(&self.layout, &self.grad_pieces);
+        // exchanged: one piece a rank, the layer's rows only (the bias a region of its own)
+        let exchanged = sharded
+            && self.opts.dp_exchange
+            && comm_type == DType::F32
+            && self.grad_pieces.len() == shard.world;
+        let (pieces, tail) = match exchanged {
+            true => {
+                let (p, t) = exchange_spans(&self.layout, &self.grad_pieces);
+                (p, Some(t))
+            }
+            false => (piece_spans(&self.layout, &self.grad_pieces), None),
+        };
         let first = usize::from(!pieces.is_empty());
         let buckets = buckets(&self.layout, bucket_bytes.max(1), first);
+        let exchange_regions = match (tail, pieces.first(), pieces.last()) {
+            (Some(t), Some(f), Some(l)) => vec![t, (f.0, l.1)],
+            _ => pieces.clone(),
+        };
         let regions: Vec<(usize, usize)> = buckets
             .iter()
             .map(|&(lo, hi)| span(&self.layout, lo, hi))
-            .chain(pieces.iter().copied())
+            .chain(exchange_regions)
             .collect();
         if sharded {
             if let Some(&(a, b)) = regions.iter().find(|(a, b)| (b - a) % shard.world != 0) {
@@ -259,6 +292,10 @@ impl GpuTrainer {
         if self.opts.comm_sms > 0 {
             self.leave_sms_to_communication(self.opts.comm_sms)?;
         }
+        let exchange = match tail {
+            Some(t) => Some(Exchange::new(&self.gpu, pieces.clone(), t)?),
+            None => None,
+        };
         self.dp = Some(Dp {
             buckets,
             pieces,
@@ -270,7 +307,13 @@ impl GpuTrainer {
             own,
             gathering: std::sync::Mutex::new(Vec::new()),
             launched: std::sync::Mutex::new(Vec::new()),
+            exchange,
         });
+        if let Some(dp) = &self.dp {
+            if let Some(ex) = &dp.exchange {
+                self.exchange_warm_up(dp, ex)?;
+            }
+        }
         // graphs captured without the communication would skip it
         self.graphs.clear();
         Ok(())
@@ -324,6 +367,9 @@ impl GpuTrainer {
     /// averaging starts on the communication stream once the work stream has reached here.
     pub(super) fn piece_done(&self, p: usize) -> Result<()> {
         let Some(dp) = &self.dp else { return Ok(()) };
+        if let Some(ex) = &dp.exchange {
+            return self.exchange_piece_done(dp, ex, p);
+        }
         let Some(&(a, b)) = dp.pieces.get(p) else {
             return Ok(());
         };
@@ -332,7 +378,7 @@ impl GpuTrainer {
 
     /// Averages gradient elements [a, b) on the communication stream after the work stream's
     /// current point; the update waits for it.
-    fn launch_average(&self, dp: &Dp, (a, b): (usize, usize)) -> Result<()> {
+    pub(super) fn launch_average(&self, dp: &Dp, (a, b): (usize, usize)) -> Result<()> {
         let grads = self.grads.view().sub(a * 4, (b - a) * 4)?;
         let (region, ty) = match &dp.comm_buf {
             Some(buf) => {
@@ -650,6 +696,11 @@ impl GpuTrainer {
     /// Whether the optimizer is sharded over the ranks.
     pub fn sharded_optimizer(&self) -> bool {
         self.dp.as_ref().is_some_and(|d| d.sharded)
+    }
+
+    /// Whether the first layer's weight gradient is exchanged piece by piece (exchange.rs).
+    pub fn first_layer_exchanged(&self) -> bool {
+        self.dp.as_ref().is_some_and(|d| d.exchange.is_some())
     }
 
     /// Why the optimizer is not sharded although the options asked for it.

@@ -213,7 +213,8 @@ impl GpuTrainer {
                 // data-parallel: the first layer's weight gradient in pieces of its outputs
                 // (rows of the weight), each averaged while the next is computed (before a
                 // communicator is attached, as in the one-GPU baseline, the product is whole)
-                for (p, &(first, end)) in self.grad_pieces.iter().enumerate() {
+                for p in self.piece_order() {
+                    let (first, end) = self.grad_pieces[p];
                     let op = Op::WeightGradPiece(end - first);
                     let _piece_op = self.op_product(0, op, rows);
                     self.blas.run_lt(

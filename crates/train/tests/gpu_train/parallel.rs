@@ -74,10 +74,32 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
         Off,
         On,
         Unfused,
+        /// On, and the first layer's weight gradient exchanged piece by piece (exchange.rs).
+        Exchange,
     }
     // (loss, optimizer, accumulate, graph, first-layer pieces, averaged in, sharding,
     // precision)
     let cases = [
+        (
+            LossKind::CrossEntropy,
+            OptimizerKind::Adam,
+            1,
+            false,
+            0,
+            DType::F32,
+            Sharding::Exchange,
+            Precision::Fp32,
+        ),
+        (
+            LossKind::Mse,
+            OptimizerKind::AdamW,
+            2,
+            true,
+            0,
+            DType::F32,
+            Sharding::Exchange,
+            Precision::Bf16,
+        ),
         (
             LossKind::CrossEntropy,
             OptimizerKind::Adam,
@@ -178,6 +200,7 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
         let sharded = sharding != Sharding::Off;
         // products planned for fewer multiprocessors once the communicator is attached (other
         // algorithms, the same sums up to their order)
+        let exchange = sharding == Sharding::Exchange;
         let comm_sms = if sharding == Sharding::On && graph {
             16
         } else {
@@ -219,6 +242,7 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
                 grad_pieces: pieces,
                 grad_comm: comm,
                 shard_optimizer: sharded,
+                dp_exchange: exchange,
                 comm_sms,
                 ..opts
             };
@@ -227,11 +251,17 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
             let stream = g.new_stream().map_err(|x| e(&x))?;
             let comm = Comm::init_rank_on(&g, stream, &id, rank, world).map_err(|x| e(&x))?;
             t.attach(comm, bucket).map_err(|x| e(&x))?;
-            if t.sharded_optimizer() != (sharding == Sharding::On) {
+            if t.sharded_optimizer() != (sharding == Sharding::On || exchange) {
                 return Err(format!(
                     "asked for {sharding:?}, the optimizer is{} sharded ({:?})",
                     if t.sharded_optimizer() { "" } else { " not" },
                     t.unsharded_reason()
+                ));
+            }
+            if exchange && t.grad_pieces() != world {
+                return Err(format!(
+                    "the exchange asked for: the first layer in {} pieces, not one a rank",
+                    t.grad_pieces()
                 ));
             }
             train_from_the_start(&mut t, &model, &shard_cfg)
@@ -243,6 +273,7 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
                 Sharding::Off => "",
                 Sharding::On => ", optimizer sharded",
                 Sharding::Unfused => ", unfused, sharding asked for and refused",
+                Sharding::Exchange => ", optimizer sharded, first layer exchanged piece by piece",
             },
             if comm_sms > 0 { ", 16 SMs left to communication" } else { "" }
         );

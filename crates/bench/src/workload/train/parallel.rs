@@ -44,6 +44,10 @@ pub struct DataParallel {
     /// Pieces the first layer's weight gradient was computed and averaged in (1: whole).
     #[serde(default)]
     pub grad_pieces: usize,
+    /// The first layer's pieces were one a rank, each sent to the rank that updates it as it
+    /// was computed (instead of reduce-scattered).
+    #[serde(default)]
+    pub first_layer_exchanged: bool,
     /// The type gradients were averaged in ("f32", or "bf16", which rounds them).
     #[serde(default)]
     pub grad_comm: String,
@@ -137,6 +141,7 @@ struct RankRun {
     step_ms: f64,
     buckets: usize,
     grad_pieces: usize,
+    first_layer_exchanged: bool,
     sharded_optimizer: bool,
     unsharded_reason: Option<String>,
     comm_sms: u32,
@@ -310,6 +315,7 @@ fn rank_run(
         single_step_ms,
         buckets: t.buckets(),
         grad_pieces: t.grad_pieces(),
+        first_layer_exchanged: t.first_layer_exchanged(),
         sharded_optimizer: t.sharded_optimizer(),
         unsharded_reason: t.unsharded_reason().map(str::to_string),
         comm_sms: t.comm_sms(),
@@ -460,6 +466,7 @@ pub fn run(
         buckets: first.buckets,
         bucket_mb: job.bucket_bytes as f64 / (1 << 20) as f64,
         grad_pieces: first.grad_pieces,
+        first_layer_exchanged: first.first_layer_exchanged,
         grad_comm: job.opts.grad_comm.to_string(),
         sharded_optimizer: first.sharded_optimizer,
         unsharded_reason: first.unsharded_reason.clone(),
