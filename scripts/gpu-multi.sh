@@ -15,9 +15,10 @@
 #        pieces each reduced when done, op-by-op launches or CUDA graphs, f32 or bf16 gradients
 #        (the data-parallel GPU test first, PyTorch DDP and DDP with ZeroRedundancyOptimizer
 #        once beside).
-# exchange: the data-parallel GPU test, then the 4096-wide MLP with the first layer's weight
-#        gradient exchanged piece by piece (GPUKIT_DP_EXCHANGE=1) against the default in turns,
-#        PyTorch DDP once beside, and the exchange under `gpukit launch`.
+# exchange: the data-parallel GPU test, then the 4096-wide MLP with the gradients carried by the
+#        copy engines (the default for threads of one process) against NCCL's reduce-scatter
+#        (GPUKIT_DP_EXCHANGE=0) in turns, PyTorch's DDP modes once beside, and under
+#        `gpukit launch` (processes: NCCL).
 # cnn: ResNet-50 bf16 data-parallel as threads of one process and under `gpukit launch` (one
 #        process a rank), their per-update losses compared; beside PyTorch's DDP modes (with
 #        their peak memory); then on 4096 images a GPU.
@@ -273,25 +274,25 @@ PY
 fi
 
 if [ "$MODE" = exchange ]; then
-  # the first layer's weight gradient exchanged piece by piece (GPUKIT_DP_EXCHANGE=1) against
-  # the default, in turns; the data-parallel GPU test (its exchange cases included) first
+  # the gradients carried by the copy engines (the default) against NCCL's reduce-scatter
+  # (GPUKIT_DP_EXCHANGE=0), in turns; the data-parallel GPU test (its exchange cases) first
   if [ -x "$TESTS/gpu_train" ]; then
     clean env GPUKIT_REQUIRE_GPU=1 "$TESTS/gpu_train" --test-threads 1 --nocapture data_parallel >"$W/train-dp-test.txt" 2>&1
     say "data-parallel GPU test rc=$?: $(grep 'test result' "$W/train-dp-test.txt")"
     grep -E 'every rank|FAILED|failed|panicked' "$W/train-dp-test.txt" | head -12 | tee -a "$SUMMARY"
   fi
   M="--layers 4096,4096,4096,1 --features 4096 --samples 65536 --epochs 4 --lr 1e-5 --precision bf16 --batch-size 4096"
-  clean "$BIN" train --gpus "$NGPU" $M --compare-pytorch --save-json "$W/ex-0-default-ddp.json" >"$W/ex-0-default-ddp.txt" 2>"$W/ex-0-default-ddp.err"
-  say "default + PyTorch DDP rc=$?"
+  clean "$BIN" train --gpus "$NGPU" $M --compare-pytorch --save-json "$W/ex-0-exchange-pytorch.json" >"$W/ex-0-exchange-pytorch.txt" 2>"$W/ex-0-exchange-pytorch.err"
+  say "default (copy engines) + PyTorch rc=$?"
   i=0
-  for v in exchange default default exchange exchange default; do
-    i=$((i + 1)); E=""; [ "$v" = exchange ] && E="GPUKIT_DP_EXCHANGE=1"
+  for v in nccl exchange exchange nccl nccl exchange; do
+    i=$((i + 1)); E=""; [ "$v" = nccl ] && E="GPUKIT_DP_EXCHANGE=0"
     # shellcheck disable=SC2086
     clean env $E timeout 120 "$BIN" train --gpus "$NGPU" $M --save-json "$W/ex-$i-$v.json" >"$W/ex-$i-$v.txt" 2>"$W/ex-$i-$v.err"
     say "$v turn $i rc=$?"
   done
-  clean env GPUKIT_DP_EXCHANGE=1 timeout 200 "$BIN" launch --nproc-per-node "$NGPU" -- "$BIN" train $M --save-json "$W/ex-launch.json" >"$W/ex-launch.txt" 2>"$W/ex-launch.err"
-  say "exchange under gpukit launch rc=$?"
+  clean timeout 200 "$BIN" launch --nproc-per-node "$NGPU" -- "$BIN" train $M --save-json "$W/ex-launch.json" >"$W/ex-launch.txt" 2>"$W/ex-launch.err"
+  say "under gpukit launch (NCCL) rc=$?"
   python3 - "$W" <<'PY' 2>&1 | tee -a "$SUMMARY"
 import json, sys, os, glob
 w = sys.argv[1]
@@ -299,8 +300,8 @@ for p in sorted(glob.glob(os.path.join(w, "ex-*.json"))):
     r = json.load(open(p))["result"]; d = r.get("data_parallel") or {}
     pt = d.get("pytorch") or {}
     print(f"{os.path.basename(p):24} eff {d.get('scaling_efficiency', 0):.3f} step {d.get('step_ms')} single {d.get('single_step_ms')} "
-          f"samples/s {d.get('samples_per_s', 0):.0f} pieces {d.get('grad_pieces')} exchanged {d.get('first_layer_exchanged')} exposed {d.get('exposed_comm_ms', 0):.3f} ms"
-          + (f" | DDP eff {pt.get('scaling_efficiency', 0):.3f} samples/s {pt.get('samples_per_s', 0):.0f}" if pt else ""))
+          f"samples/s {d.get('samples_per_s', 0):.0f} pieces {d.get('grad_pieces')} copy engines {d.get('first_layer_exchanged')} exposed {d.get('exposed_comm_ms', 0):.3f} ms"
+          + (f" | DDP eff {pt.get('scaling_efficiency', 0):.3f} samples/s {pt.get('samples_per_s', 0):.0f}; compiled DDP {(pt.get('compiled') or {}).get('samples_per_s', 0):.0f}" if pt else ""))
     print("   losses", [round(x, 6) for x in r["step_losses"][:3]], "...", [round(x, 6) for x in r["step_losses"][-2:]])
 PY
 fi

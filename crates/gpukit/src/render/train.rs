@@ -409,7 +409,7 @@ fn data_parallel_section(
                 d.bucket_mb,
                 if d.first_layer_exchanged {
                     format!(
-                        "; the first layer's weight gradient in {} pieces, one a GPU, the others' computed first and each sent to the GPU that updates it while the next is computed",
+                        "; every block carried to the GPU that updates it by the copy engines (no communication kernel), the first layer's weight gradient in {} pieces, one a GPU, the others' computed first and each sent while the next is computed; the averaging done in the optimizer's pass",
                         d.grad_pieces
                     )
                 } else if d.grad_pieces > 1 {

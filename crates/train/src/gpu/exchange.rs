@@ -1,38 +1,172 @@
-//! Data-parallel with a sharded optimizer: the first layer's weight gradient exchanged piece by
-//! piece while the next piece is computed (`GpuOptions::dp_exchange`).
+//! Data-parallel with a sharded optimizer, ranks as threads of one process: the gradients
+//! reduce-scattered by the GPUs' copy engines, the first layer's exchanged piece by piece while
+//! the next piece is computed (`GpuOptions::dp_exchange`).
 //!
-//! The first layer's weight gradient is backward's last product (64 MiB in f32 for the
-//! 4096-wide MLP), so its reduce-scatter cannot start before backward ends and sits whole on
-//! the step's path. Here its rows are cut into one piece a rank (piece q: the rows whose
-//! weights rank q updates, its block of the layer's weights), and each rank computes the other
-//! ranks' pieces first, in the order r + 1, r + 2, ... (mod world), its own last. After piece q
-//! rank r sends it to rank q and, in the same NCCL group, receives its own piece from the rank
-//! that computes it at the same step (r - j at step j): the transfers of step j run on the
-//! communication stream while the work stream computes the piece of step j + 1 (NCCL's
-//! send/receive take few multiprocessors, where a reduce-scatter's kernel waits for the
-//! product's blocks to drain). After its own piece, a rank averages its piece with the world - 1
-//! received (`(own + received) / world`, as NCCL's Avg), and updates it. The layer's bias (and
-//! the padding after it) is reduce-scattered as before. Only f32 gradients; the weights'
-//! all-gather after the update is unchanged.
+//! NCCL's reduce-scatter is a kernel: beside backward's products it takes multiprocessors
+//! from them (run 125's profile: the product beside a reduce-scatter 113 us against 93
+//! alone), and the first layer's weight gradient, backward's last product (64 MiB in f32 for
+//! the 4096-wide MLP), cannot start its reduce-scatter before backward ends. Here every region
+//! of the gradients (the buckets, the first layer's bias and its rows) is cut into one block a
+//! rank as before; once a region is done, this GPU's copy engine writes each other rank's block
+//! into that rank's receive buffer (`cuMemcpyPeerAsync` on a copy stream of its own, no
+//! kernel), and the owner's optimizer reads its block and the received ones averaged in the
+//! same pass (`(own + received) / world`, as NCCL's Avg; the ranks past two added first). The
+//! first layer's rows are cut into one piece a rank (piece q: the rows rank q updates), each
+//! rank computes the other ranks' pieces first (r + 1, r + 2, ... mod world), its own last,
+//! and each piece leaves as soon as it is done, so the copies run under the next piece's
+//! product. Only f32 gradients and op-by-op launches (a graph cannot hold another thread's
+//! event); the weights' all-gather after the update stays NCCL's.
 //!
-//! Not yet run on two GPUs: off unless `GPUKIT_DP_EXCHANGE=1`.
+//! The host threads hand each other the copies' events through [`DpPeers`] (a queue an
+//! ordered pair of ranks and region): an owner waits on the host until the sender has queued
+//! the copy, at most the timeout, and a rank that fails closes the queues so the others stop
+//! with a message. A receive buffer is written again only after its owner read it: the sender's
+//! next copy follows its next forward, which waited for the weights the owner gathered after
+//! its update.
 
 use super::parallel::{span, Dp};
 use super::plan::Layout;
 use super::GpuTrainer;
 use crate::error::{Error, Result};
-use gpukit_cuda::nccl;
-use gpukit_cuda::DeviceBuffer;
+use gpukit_cuda::transfer::{copy_peer, enable_peer_access};
+use gpukit_cuda::{DeviceBuffer, Event, Gpu, Stream};
 use gpukit_types::DType;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Barrier, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The copies' events from one rank to another, a queue a region (keyed by its first
+/// element), in the order they were queued.
+#[derive(Default)]
+struct Queues {
+    events: HashMap<(usize, usize, usize), VecDeque<Event>>,
+    closed: bool,
+}
+
+/// What a rank publishes to the others: its GPU and its receive buffer.
+type Member = (Arc<Gpu>, Arc<DeviceBuffer>);
+
+/// The data-parallel ranks of one process, met for the exchange: each one's GPU and receive
+/// buffer, and a queue of copy events an ordered pair of ranks. Shared by the ranks' threads.
+pub struct DpPeers {
+    world: usize,
+    members: Mutex<Vec<Option<Member>>>,
+    queues: Mutex<Queues>,
+    moved: Condvar,
+    barrier: Barrier,
+    timeout: Duration,
+}
+
+impl DpPeers {
+    /// For `world` ranks, each waiting at most `timeout` for another's copy.
+    pub fn new(world: usize, timeout: Duration) -> Arc<DpPeers> {
+        Arc::new(DpPeers {
+            world,
+            members: Mutex::new(vec![None; world]),
+            queues: Mutex::new(Queues::default()),
+            moved: Condvar::new(),
+            barrier: Barrier::new(world),
+            timeout,
+        })
+    }
+
+    fn queues(&self) -> MutexGuard<'_, Queues> {
+        self.queues.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Rank `rank` (on `gpu`, receiving into `recv`) joins: every rank waits for the others,
+    /// then opens its GPU to theirs. Every rank must call it; an error reaches every rank.
+    fn join(&self, rank: usize, gpu: &Arc<Gpu>, recv: &Arc<DeviceBuffer>) -> Result<Vec<Member>> {
+        // allocated in the order of this GPU's work stream: ready before another's copy
+        let mine = gpu.synchronize().map_err(Error::from);
+        if mine.is_ok() {
+            self.members.lock().unwrap_or_else(|p| p.into_inner())[rank] =
+                Some((gpu.clone(), recv.clone()));
+        }
+        self.barrier.wait();
+        let all: Vec<Option<Member>> = self
+            .members
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        mine?;
+        let all: Vec<Member> = all.into_iter().collect::<Option<_>>().ok_or_else(|| {
+            Error::Failed("data-parallel: another rank failed to join the exchange".into())
+        })?;
+        for (q, (g, _)) in all.iter().enumerate() {
+            // without peer access the driver stages the copies through the host: slower, the
+            // same bytes
+            if q != rank {
+                enable_peer_access(gpu, g)?;
+            }
+        }
+        Ok(all)
+    }
+
+    /// `from`'s copy of region `key` to `to` queued: its end.
+    fn post(&self, (from, to, key): (usize, usize, usize), e: Event) {
+        self.queues()
+            .events
+            .entry((from, to, key))
+            .or_default()
+            .push_back(e);
+        self.moved.notify_all();
+    }
+
+    /// The end of the next copy of region `key` that `from` queued for `to` (waits for it on
+    /// the host, at most the timeout).
+    fn take(&self, (from, to, key): (usize, usize, usize)) -> Result<Event> {
+        let deadline = Instant::now() + self.timeout;
+        let mut q = self.queues();
+        loop {
+            if let Some(e) = q
+                .events
+                .get_mut(&(from, to, key))
+                .and_then(VecDeque::pop_front)
+            {
+                return Ok(e);
+            }
+            if q.closed {
+                return Err(Error::Failed(format!(
+                    "data-parallel: rank {from} stopped before its copy to rank {to}"
+                )));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Failed(format!(
+                    "data-parallel: no copy from rank {from} to rank {to} in {:.0} s",
+                    self.timeout.as_secs_f64()
+                )));
+            }
+            q = self
+                .moved
+                .wait_timeout(q, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Wakes and fails every wait (a rank stopped).
+    pub fn close(&self) {
+        self.queues().closed = true;
+        self.moved.notify_all();
+    }
+}
 
 /// A rank's side of the exchange.
 pub(super) struct Exchange {
     /// Each piece's span of the flat gradient buffer (rows of the first layer's weight only).
     pub(super) pieces: Vec<(usize, usize)>,
-    /// The layer's bias and padding: reduce-scattered as a region of its own.
+    /// The layer's bias and padding: each rank's block sent with its piece.
     pub(super) tail: (usize, usize),
-    /// The pieces received at steps 1..world, one after another (world - 1 pieces).
-    recv: DeviceBuffer,
+    /// Where each region's received blocks start in a receive buffer (elements), by the
+    /// region's first element.
+    slots: HashMap<usize, usize>,
+    /// The copy stream the blocks leave on.
+    copy: Stream,
+    /// Every rank's GPU and receive buffer (this rank's included).
+    members: Vec<Member>,
+    peers: Arc<DpPeers>,
 }
 
 /// The first layer's rows in one piece a rank, where the exchange applies: `world` ranks of a
@@ -73,33 +207,101 @@ pub(super) fn piece_order(rank: usize, world: usize) -> Vec<usize> {
     (1..=world).map(|j| (rank + j) % world).collect()
 }
 
-/// The rank a rank receives its own piece from when it has just computed piece `p`, and the
-/// step (1..world) that is: at step j rank r computes piece r + j and rank r - j computes r.
-pub(super) fn exchange_step(rank: usize, world: usize, p: usize) -> (usize, usize) {
-    let j = (p + world - rank) % world;
-    (j, (rank + world - j) % world)
+/// Where in `owner`'s receive buffer `sender`'s copies land: slot 0..world - 1.
+pub(super) fn slot(owner: usize, sender: usize, world: usize) -> usize {
+    (sender + world - owner - 1) % world
 }
 
 impl Exchange {
-    /// The exchange's buffers on `gpu` for pieces `pieces` (equal spans) and `tail`.
+    /// Rank `rank`'s side of the exchange on `gpu` for `regions` (each a multiple of the
+    /// world's size), the first layer's `pieces` (equal spans, one a rank, together one of the
+    /// regions) and `tail` (another): its receive buffer made, then the ranks met through
+    /// `peers` (every rank must call it).
     pub(super) fn new(
-        gpu: &gpukit_cuda::Gpu,
-        pieces: Vec<(usize, usize)>,
-        tail: (usize, usize),
+        gpu: &Arc<Gpu>,
+        (rank, peers): (usize, Arc<DpPeers>),
+        regions: &[(usize, usize)],
+        (pieces, tail): (Vec<(usize, usize)>, (usize, usize)),
     ) -> Result<Exchange> {
+        let world = peers.world;
         let n = pieces.first().map_or(0, |p| p.1 - p.0);
-        if pieces.iter().any(|p| p.1 - p.0 != n) {
-            return Err(Error::Failed(format!(
-                "the exchange's pieces are not equal: {pieces:?}"
-            )));
+        let mut slots = HashMap::new();
+        let mut at = 0;
+        for &(a, b) in regions {
+            slots.insert(a, at);
+            at += (world - 1) * (b - a) / world;
         }
-        let recv = gpu.alloc((pieces.len().saturating_sub(1) * n * 4).max(4))?;
-        Ok(Exchange { pieces, tail, recv })
+        let made = (|| -> Result<_> {
+            if pieces.len() != world || pieces.iter().any(|p| p.1 - p.0 != n) {
+                return Err(Error::Failed(format!(
+                    "the exchange's pieces are not one a rank of {world} in equal spans: {pieces:?}"
+                )));
+            }
+            Ok((Arc::new(gpu.alloc((at * 4).max(4))?), gpu.new_stream()?))
+        })();
+        let (recv, copy) = match made {
+            Ok(m) => m,
+            Err(e) => {
+                // the others meet without this rank and fail there
+                peers.barrier.wait();
+                return Err(e);
+            }
+        };
+        let members = peers.join(rank, gpu, &recv)?;
+        Ok(Exchange {
+            pieces,
+            tail,
+            slots,
+            copy,
+            members,
+            peers,
+        })
     }
 
-    /// Elements of one piece.
-    fn piece_len(&self) -> usize {
-        self.pieces.first().map_or(0, |p| p.1 - p.0)
+    /// The region the first layer's pieces make together.
+    fn pieces_region(&self) -> (usize, usize) {
+        let (first, last) = (self.pieces[0], self.pieces[self.pieces.len() - 1]);
+        (first.0, last.1)
+    }
+
+    /// Block `sender`'s copy of region (a, b) lands in, in `owner`'s receive buffer: its
+    /// first element and length.
+    fn slot_of(
+        &self,
+        (a, b): (usize, usize),
+        owner: usize,
+        sender: usize,
+    ) -> Result<(usize, usize)> {
+        let world = self.members.len();
+        let c = (b - a) / world;
+        let base = self.slots.get(&a).copied().ok_or_else(|| {
+            Error::Failed(format!("the exchange has no slots for region {a}..{b}"))
+        })?;
+        Ok((base + slot(owner, sender, world) * c, c))
+    }
+
+    /// The receive buffer's bytes for region (a, b)'s block from `sender` (this rank's buffer).
+    pub(super) fn received(
+        &self,
+        region: (usize, usize),
+        rank: usize,
+        sender: usize,
+    ) -> Result<gpukit_cuda::View<'_>> {
+        let (at, c) = self.slot_of(region, rank, sender)?;
+        Ok(self.members[rank].1.view().sub(at * 4, c * 4)?)
+    }
+
+    /// The copy stream's work done before the gradients are written again.
+    pub(super) fn copies_out(&self, work: &Stream) -> Result<()> {
+        Ok(work.wait(&self.copy.record()?)?)
+    }
+
+    /// The work stream waits for every other rank's copy of region `a..` into `rank`.
+    pub(super) fn wait_for_copies(&self, work: &Stream, rank: usize, a: usize) -> Result<()> {
+        for q in (0..self.members.len()).filter(|&q| q != rank) {
+            work.wait(&self.peers.take((q, rank, a))?)?;
+        }
+        Ok(())
     }
 }
 
@@ -113,67 +315,52 @@ impl GpuTrainer {
         }
     }
 
-    /// After piece `p` of the first layer's weight gradient (exchange mode): another rank's
-    /// piece goes to it while this rank's arrives from the rank computing it now; after its own
-    /// piece, the tail is reduce-scattered, the received pieces averaged into its own, and the
-    /// layer's weights are launched for the update.
-    pub(super) fn exchange_piece_done(&self, dp: &Dp, ex: &Exchange, p: usize) -> Result<()> {
-        let shard = self.shard();
-        let n = ex.piece_len();
-        let comm = dp.comm();
-        if p != shard.rank {
-            let (j, from) = exchange_step(shard.rank, shard.world, p);
-            let (a, _) = ex.pieces[p];
-            let send = self.grads.view().sub(a * 4, n * 4)?;
-            let recv = ex.recv.view().sub((j - 1) * n * 4, n * 4)?;
-            comm.stream().wait(&self.gpu.stream().record()?)?;
-            nccl::group(|| {
-                comm.send(send, n, DType::F32, p)?;
-                comm.recv(recv, n, DType::F32, from)
-            })?;
-            return Ok(());
-        }
-        // the work stream after every piece this rank receives; then the tail's reduce-scatter
-        self.gpu.stream().wait(&comm.stream().record()?)?;
-        self.launch_average(dp, ex.tail)?;
-        let (a, b) = ex.pieces[p];
-        let own = self.grads.view().sub(a * 4, n * 4)?;
-        let world = shard.world;
-        for s in 0..world - 1 {
-            let got = ex.recv.view().sub(s * n * 4, n * 4)?;
-            if s + 2 < world {
-                self.k.axpy(own, got, n)?;
-            } else {
-                self.k.add_scale(own, got, n, 1.0 / world as f32)?;
-            }
-        }
-        let first = ex.pieces[0].0;
-        let last = ex.pieces[world - 1].1;
-        debug_assert!(first <= a && b <= last);
-        dp.launched_now(self, (first, last))
+    /// Rank `to`'s block of region (a, b) of the gradients to it by this GPU's copy engine,
+    /// once the work stream reaches here.
+    fn send_block(&self, ex: &Exchange, (a, b): (usize, usize), to: usize) -> Result<()> {
+        let rank = self.shard().rank;
+        let (at, c) = ex.slot_of((a, b), to, rank)?;
+        let (g, buf) = &ex.members[to];
+        let block = self.grads.view().sub((a + to * c) * 4, c * 4)?;
+        copy_peer(
+            &ex.copy,
+            buf.view().sub(at * 4, c * 4)?,
+            g,
+            block,
+            &self.gpu,
+            c * 4,
+        )?;
+        ex.peers.post((rank, to, a), ex.copy.record()?);
+        Ok(())
     }
 
-    /// The exchange's connections made before any capture (NCCL connects a pair at its first
-    /// send and receive): each piece sent and received once, from the gradients (the first
-    /// backward overwrites them).
-    pub(super) fn exchange_warm_up(&self, dp: &Dp, ex: &Exchange) -> Result<()> {
-        let shard = self.shard();
-        for p in piece_order(shard.rank, shard.world) {
-            if p != shard.rank {
-                let n = ex.piece_len();
-                let (j, from) = exchange_step(shard.rank, shard.world, p);
-                let send = self.grads.view().sub(ex.pieces[p].0 * 4, n * 4)?;
-                let recv = ex.recv.view().sub((j - 1) * n * 4, n * 4)?;
-                let comm = dp.comm();
-                nccl::group(|| {
-                    comm.send(send, n, DType::F32, p)?;
-                    comm.recv(recv, n, DType::F32, from)
-                })?;
-            }
+    /// Region (a, b) of the gradients done (a bucket): every other rank's block leaves for it.
+    pub(super) fn exchange_region(
+        &self,
+        dp: &Dp,
+        ex: &Exchange,
+        region: (usize, usize),
+    ) -> Result<()> {
+        ex.copy.wait(&self.gpu.stream().record()?)?;
+        let rank = self.shard().rank;
+        for q in (0..self.shard().world).filter(|&q| q != rank) {
+            self.send_block(ex, region, q)?;
         }
-        dp.comm().stream().synchronize()?;
-        dp.comm().async_error()?;
-        Ok(())
+        dp.launched_copies(self, region)
+    }
+
+    /// After piece `p` of the first layer's weight gradient: another rank's piece and its
+    /// block of the layer's tail leave for it; after its own piece, both regions are launched
+    /// for the update (which waits for the others' copies).
+    pub(super) fn exchange_piece_done(&self, dp: &Dp, ex: &Exchange, p: usize) -> Result<()> {
+        let rank = self.shard().rank;
+        if p != rank {
+            ex.copy.wait(&self.gpu.stream().record()?)?;
+            self.send_block(ex, ex.tail, p)?;
+            return self.send_block(ex, ex.pieces_region(), p);
+        }
+        dp.launched_copies(self, ex.tail)?;
+        dp.launched_copies(self, ex.pieces_region())
     }
 }
 
@@ -182,7 +369,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_rank_receives_its_piece_from_the_rank_computing_it_at_the_same_step() {
+    fn each_rank_computes_the_others_pieces_first_and_no_two_the_same_at_once() {
         for world in 2..=8 {
             for r in 0..world {
                 let order = piece_order(r, world);
@@ -190,14 +377,27 @@ mod tests {
                 let mut seen = order.clone();
                 seen.sort_unstable();
                 assert_eq!(seen, (0..world).collect::<Vec<_>>());
-                for (step, &p) in order.iter().enumerate().take(world - 1) {
-                    let (j, from) = exchange_step(r, world, p);
-                    assert_eq!(j, step + 1);
-                    // the sender computes r at the same step, and sends it to r
-                    assert_eq!(piece_order(from, world)[step], r);
-                    // the rank r sends to receives from r at that step
-                    assert_eq!(exchange_step(p, world, piece_order(p, world)[step]).1, r);
-                }
+            }
+            // at every step each piece is computed by one rank: each owner's copies arrive
+            // one at a time
+            for step in 0..world {
+                let mut at: Vec<usize> = (0..world).map(|r| piece_order(r, world)[step]).collect();
+                at.sort_unstable();
+                assert_eq!(at, (0..world).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    #[test]
+    fn every_sender_has_a_slot_of_its_own_in_each_owners_buffer() {
+        for world in 2..=8 {
+            for owner in 0..world {
+                let mut slots: Vec<usize> = (0..world)
+                    .filter(|&s| s != owner)
+                    .map(|s| slot(owner, s, world))
+                    .collect();
+                slots.sort_unstable();
+                assert_eq!(slots, (0..world - 1).collect::<Vec<_>>());
             }
         }
     }

@@ -386,7 +386,14 @@ impl GpuTrainer {
             Some(s) if self.opts.shard_optimizer => s.world,
             _ => 1,
         };
-        if self.opts.dp_exchange && self.layout.layers() >= 2 {
+        // the exchange's pieces where gpukit chooses them (not when asked for a count, or to
+        // leave multiprocessors to NCCL's kernels)
+        let auto = self.opts.grad_pieces == 0 && self.opts.comm_sms == 0;
+        if self.opts.dp_exchange
+            && auto
+            && self.opts.graph != Some(true)
+            && self.layout.layers() >= 2
+        {
             let sharded = self.opts.shard_optimizer;
             if let Some(p) = exchange_pieces(o, world, sharded, self.opts.grad_comm) {
                 return p;
