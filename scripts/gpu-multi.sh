@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on a lent machine with several GPUs, from the project root, over binaries staged into
 # .device/ (see scripts/gpu-test.sh):
-#   bash scripts/gpu-multi.sh [bench|train|overlap|cnn|cnn-accumulate|pipeline|faults|all]     (default: all)
+#   bash scripts/gpu-multi.sh [bench|train|overlap|exchange|cnn|cnn-accumulate|pipeline|faults|all]     (default: all)
 # bench: the cuda crate's GPU tests (NCCL collectives against float64, peer copies), then
 #        `bench nccl` in one process beside torch.distributed, the same sweep through
 #        `gpukit launch`, through torchrun and as CUDA graphs, NCCL's socket transport (shared
@@ -15,6 +15,10 @@
 #        pieces each reduced when done, op-by-op launches or CUDA graphs, f32 or bf16 gradients
 #        (the data-parallel GPU test first, PyTorch DDP and DDP with ZeroRedundancyOptimizer
 #        once beside).
+# exchange: the data-parallel GPU test, then the 4096-wide MLP with the gradients carried by the
+#        copy engines (the default for threads of one process) against NCCL's reduce-scatter
+#        (GPUKIT_DP_EXCHANGE=0) in turns, PyTorch's DDP modes once beside, and under
+#        `gpukit launch` (processes: NCCL).
 # cnn: ResNet-50 bf16 data-parallel as threads of one process and under `gpukit launch` (one
 #        process a rank), their per-update losses compared; beside PyTorch's DDP modes (with
 #        their peak memory); then on 4096 images a GPU.
@@ -265,6 +269,39 @@ for p in sorted(glob.glob(os.path.join(w, "ov-*.json"))):
     print(f"{os.path.basename(p):22} eff {d.get('scaling_efficiency', 0):.3f} step {d.get('step_ms')} single {d.get('single_step_ms')} "
           f"samples/s {d.get('samples_per_s', 0):.0f} pieces {d.get('grad_pieces')} comm {d.get('grad_comm')} sharded {d.get('sharded_optimizer')} exposed {d.get('exposed_comm_ms', 0):.3f} ms"
           + (f" | DDP eff {pt.get('scaling_efficiency', 0):.3f} samples/s {pt.get('samples_per_s', 0):.0f} ZeRO {pt.get('zero')}" if pt else ""))
+    print("   losses", [round(x, 6) for x in r["step_losses"][:3]], "...", [round(x, 6) for x in r["step_losses"][-2:]])
+PY
+fi
+
+if [ "$MODE" = exchange ]; then
+  # the gradients carried by the copy engines (the default) against NCCL's reduce-scatter
+  # (GPUKIT_DP_EXCHANGE=0), in turns; the data-parallel GPU test (its exchange cases) first
+  if [ -x "$TESTS/gpu_train" ]; then
+    clean env GPUKIT_REQUIRE_GPU=1 "$TESTS/gpu_train" --test-threads 1 --nocapture data_parallel >"$W/train-dp-test.txt" 2>&1
+    say "data-parallel GPU test rc=$?: $(grep 'test result' "$W/train-dp-test.txt")"
+    grep -E 'every rank|FAILED|failed|panicked' "$W/train-dp-test.txt" | head -12 | tee -a "$SUMMARY"
+  fi
+  M="--layers 4096,4096,4096,1 --features 4096 --samples 65536 --epochs 4 --lr 1e-5 --precision bf16 --batch-size 4096"
+  clean "$BIN" train --gpus "$NGPU" $M --compare-pytorch --save-json "$W/ex-0-exchange-pytorch.json" >"$W/ex-0-exchange-pytorch.txt" 2>"$W/ex-0-exchange-pytorch.err"
+  say "default (copy engines) + PyTorch rc=$?"
+  i=0
+  for v in nccl exchange exchange nccl nccl exchange; do
+    i=$((i + 1)); E=""; [ "$v" = nccl ] && E="GPUKIT_DP_EXCHANGE=0"
+    # shellcheck disable=SC2086
+    clean env $E timeout 120 "$BIN" train --gpus "$NGPU" $M --save-json "$W/ex-$i-$v.json" >"$W/ex-$i-$v.txt" 2>"$W/ex-$i-$v.err"
+    say "$v turn $i rc=$?"
+  done
+  clean timeout 200 "$BIN" launch --nproc-per-node "$NGPU" -- "$BIN" train $M --save-json "$W/ex-launch.json" >"$W/ex-launch.txt" 2>"$W/ex-launch.err"
+  say "under gpukit launch (NCCL) rc=$?"
+  python3 - "$W" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import json, sys, os, glob
+w = sys.argv[1]
+for p in sorted(glob.glob(os.path.join(w, "ex-*.json"))):
+    r = json.load(open(p))["result"]; d = r.get("data_parallel") or {}
+    pt = d.get("pytorch") or {}
+    print(f"{os.path.basename(p):24} eff {d.get('scaling_efficiency', 0):.3f} step {d.get('step_ms')} single {d.get('single_step_ms')} "
+          f"samples/s {d.get('samples_per_s', 0):.0f} pieces {d.get('grad_pieces')} copy engines {d.get('first_layer_exchanged')} exposed {d.get('exposed_comm_ms', 0):.3f} ms"
+          + (f" | DDP eff {pt.get('scaling_efficiency', 0):.3f} samples/s {pt.get('samples_per_s', 0):.0f}; compiled DDP {(pt.get('compiled') or {}).get('samples_per_s', 0):.0f}" if pt else ""))
     print("   losses", [round(x, 6) for x in r["step_losses"][:3]], "...", [round(x, 6) for x in r["step_losses"][-2:]])
 PY
 fi

@@ -157,7 +157,9 @@ pub struct TrainArgs {
     /// each takes --batch-size rows of every combined batch and the gradients are averaged
     /// through NCCL (with --model: while backward goes on, beside the ranks training alone;
     /// without it, the MLP's steps are launched op by op unless --graph: that timed faster
-    /// on two GPUs than replaying CUDA graphs).
+    /// on two GPUs than replaying CUDA graphs, and with the optimizer sharded each gradient
+    /// block goes to the GPU that updates it by the GPUs' copy engines instead, no
+    /// communication kernel beside the products; GPUKIT_DP_EXCHANGE=0 keeps NCCL).
     /// Under torchrun, srun, mpirun or `gpukit launch`, every process is one rank on its
     /// LOCAL_RANK's GPU and --gpus is left out (the MLP loop only).
     #[arg(long, value_parser = parse_count, value_name = "N")]

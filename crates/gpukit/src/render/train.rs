@@ -407,7 +407,12 @@ fn data_parallel_section(
                 if d.grad_comm == "bf16" { "bf16 (rounded), " } else { "" },
                 d.buckets,
                 d.bucket_mb,
-                if d.grad_pieces > 1 {
+                if d.first_layer_exchanged {
+                    format!(
+                        "; every block carried to the GPU that updates it by the copy engines (no communication kernel), the first layer's weight gradient in {} pieces, one a GPU, the others' computed first and each sent while the next is computed; the averaging done in the optimizer's pass",
+                        d.grad_pieces
+                    )
+                } else if d.grad_pieces > 1 {
                     format!(
                         "; the first layer's weight gradient in {} pieces, each averaged as soon as it is computed",
                         d.grad_pieces

@@ -38,6 +38,7 @@ pub fn kernel_source() -> KernelSource {
     let mut names: Vec<String> = [
         "gather_u32",
         "axpy_f32",
+        "add_scale_f32",
         "check_finite",
         "advance",
         "cross_entropy_total",
@@ -424,6 +425,14 @@ impl TrainKernels {
         self.run("axpy_f32", grid_for(n), &args)
     }
 
+    /// `y = (y + x) * s`, `n` f32 values.
+    pub fn add_scale(&self, y: View<'_>, x: View<'_>, n: usize, s: f32) -> Result<()> {
+        y.require(n * 4, "add_scale y")?;
+        x.require(n * 4, "add_scale x")?;
+        let args = [Arg::Ptr(y), Arg::Ptr(x), Arg::Size(n), Arg::F32(s)];
+        self.run("add_scale_f32", grid_for(n), &args)
+    }
+
     /// Marks `state` when any of `n` f32 gradients is inf or NaN.
     pub fn check_finite(&self, grads: View<'_>, n: usize, state: View<'_>) -> Result<()> {
         grads.require(n * 4, "check_finite grads")?;
@@ -438,6 +447,7 @@ impl TrainKernels {
     pub fn adam(
         &self,
         (p, g, m, v): (View<'_>, View<'_>, View<'_>, View<'_>),
+        also: Option<(View<'_>, f32)>,
         half: Option<View<'_>>,
         dtype: DType,
         n: usize,
@@ -457,9 +467,14 @@ impl TrainKernels {
             args.beta2 as f32,
             (1.0 - args.beta2) as f32,
         );
+        if let Some((g2, _)) = also {
+            g2.require(n * 4, "adam g2")?;
+        }
         let a = [
             Arg::Ptr(p),
             Arg::Ptr(g),
+            Arg::opt(also.map(|a| a.0)),
+            Arg::F32(also.map_or(1.0, |a| a.1)),
             Arg::Ptr(m),
             Arg::Ptr(v),
             Arg::opt(half),
@@ -485,10 +500,27 @@ impl TrainKernels {
     pub fn optimizer_step(
         &self,
         rule: UpdateRule,
-        (p, g, m, v): (View<'_>, View<'_>, Option<View<'_>>, Option<View<'_>>),
+        tensors: (View<'_>, View<'_>, Option<View<'_>>, Option<View<'_>>),
         half: Option<View<'_>>,
         dtype: DType,
         n: usize,
+        state: View<'_>,
+        scaled: bool,
+    ) -> Result<()> {
+        self.averaging_step(rule, tensors, None, half, (dtype, n), state, scaled)
+    }
+
+    /// [`TrainKernels::optimizer_step`] on the average of two gradients: with `also` =
+    /// (`g2`, `s`), the update reads `(g + g2) * s` where it read `g` (another rank's block of
+    /// the same gradients, `s` = 1 / ranks), in the same pass over the parameters.
+    #[allow(clippy::too_many_arguments)]
+    pub fn averaging_step(
+        &self,
+        rule: UpdateRule,
+        (p, g, m, v): (View<'_>, View<'_>, Option<View<'_>>, Option<View<'_>>),
+        also: Option<(View<'_>, f32)>,
+        half: Option<View<'_>>,
+        (dtype, n): (DType, usize),
         state: View<'_>,
         scaled: bool,
     ) -> Result<()> {
@@ -502,7 +534,7 @@ impl TrainKernels {
                     r.momentum as f32,
                     r.nesterov,
                 );
-                self.sgd((p, g, m), half, dtype, n, state, hyper, scaled)
+                self.sgd((p, g, m), also, half, dtype, n, state, hyper, scaled)
             }
             OptimizerKind::Adam | OptimizerKind::AdamW => {
                 let (Some(m), Some(v)) = (m, v) else {
@@ -516,7 +548,7 @@ impl TrainKernels {
                     eps: EPS as f32,
                     adamw: r.kind == OptimizerKind::AdamW,
                 };
-                self.adam((p, g, m, v), half, dtype, n, state, args, scaled)
+                self.adam((p, g, m, v), also, half, dtype, n, state, args, scaled)
             }
         }
     }
@@ -526,6 +558,7 @@ impl TrainKernels {
     pub fn sgd(
         &self,
         (p, g, m): (View<'_>, View<'_>, Option<View<'_>>),
+        also: Option<(View<'_>, f32)>,
         half: Option<View<'_>>,
         dtype: DType,
         n: usize,
@@ -542,9 +575,14 @@ impl TrainKernels {
             h.require(n * dtype.size_bytes(), "sgd half")?;
         }
         state.require(STATE_BYTES, "sgd state")?;
+        if let Some((g2, _)) = also {
+            g2.require(n * 4, "sgd g2")?;
+        }
         let args = [
             Arg::Ptr(p),
             Arg::Ptr(g),
+            Arg::opt(also.map(|a| a.0)),
+            Arg::F32(also.map_or(1.0, |a| a.1)),
             Arg::opt(m),
             Arg::opt(half),
             Arg::Size(n),
@@ -600,10 +638,11 @@ mod tests {
             ("relu_grad_", "p p l"),
             ("bias_grad_", "p p i i f"),
             ("relu_bias_grad_", "p p p i i f"),
-            ("adam_", "p p p p p l p f f f f f f i i"),
-            ("sgd_", "p p p p l p f f f i i"),
+            ("adam_", "p p p f p p p l p f f f f f f i i"),
+            ("sgd_", "p p p f p p l p f f f i i"),
             ("gather_u32", "p p p i i"),
             ("axpy_f32", "p p l"),
+            ("add_scale_f32", "p p l f"),
             ("check_finite", "p l p"),
             ("advance", "p i d d d i"),
         ];

@@ -18,6 +18,7 @@
 //! so the same run gives the same bits and N steps + M resumed steps equal N + M steps.
 
 mod batches;
+mod exchange;
 pub mod feed;
 pub mod kernels;
 pub mod links;
@@ -49,6 +50,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub use crate::precision::Precision;
+pub use exchange::DpPeers;
 
 /// GradScaler's starting scale and growth interval.
 pub const INITIAL_SCALE: f64 = 65536.0;
@@ -83,6 +85,13 @@ pub struct GpuOptions {
     /// on the communication stream. Half the bytes of averaging and 1/N of the optimizer's
     /// work on each rank; the same updates as averaging every gradient.
     pub shard_optimizer: bool,
+    /// Data-parallel, sharded, f32 gradients, ranks as threads of one process
+    /// ([`GpuTrainer::join_peers`]), op-by-op launches, the first layer's pieces left to
+    /// gpukit: the gradients reduce-scattered by the copy engines, the first layer's weight
+    /// gradient computed in one piece a rank, the other ranks' first, each copied to its owner
+    /// while the next is computed, and the averaging done in the update's pass (exchange.rs).
+    /// On unless `GPUKIT_DP_EXCHANGE=0` (then NCCL's reduce-scatter after each bucket).
+    pub dp_exchange: bool,
     /// Data-parallel: multiprocessors the products leave to communication once a communicator
     /// is attached (cuBLASLt plans them for the rest, so NCCL's kernels run beside them
     /// instead of waiting for them to end; 0: products take every multiprocessor). The ranks'
@@ -107,6 +116,7 @@ impl GpuOptions {
             grad_pieces: 0,
             grad_comm: DType::F32,
             shard_optimizer: false,
+            dp_exchange: std::env::var("GPUKIT_DP_EXCHANGE").as_deref() != Ok("0"),
             comm_sms: 0,
             stage: None,
             memory_fraction: None,
@@ -227,6 +237,9 @@ pub struct GpuTrainer {
     memory: MemoryUse,
     /// The data-parallel communicator and buckets, once attached.
     dp: Option<parallel::Dp>,
+    /// Data-parallel ranks of one process: where the exchange meets the others (set before
+    /// [`GpuTrainer::attach`]).
+    peers: Option<Arc<DpPeers>>,
     /// The first layer's weight gradient in pieces (data-parallel): its outputs' ranges
     /// `[a, b)`; empty when it is computed whole.
     grad_pieces: Vec<(usize, usize)>,
@@ -527,6 +540,7 @@ impl GpuTrainer {
             setup_seconds: 0.0,
             memory,
             dp: None,
+            peers: None,
             grad_pieces: Vec::new(),
             pipe: None,
             pipe_marks: Default::default(),

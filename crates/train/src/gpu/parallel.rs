@@ -18,11 +18,12 @@
 //! To use: build the [`GpuTrainer`] with [`GpuOptions::shard`] set, then
 //! [`GpuTrainer::attach`] the rank's communicator (made on a stream of its own).
 
+use super::exchange::{exchange_spans, Exchange};
 use super::plan::Layout;
 use super::GpuTrainer;
 use crate::error::{Error, Result};
 use gpukit_cuda::nccl::{Comm, RedOp};
-use gpukit_cuda::Event;
+use gpukit_cuda::{Event, View};
 use gpukit_types::DType;
 use serde::{Deserialize, Serialize};
 
@@ -155,11 +156,37 @@ pub(super) struct Dp {
     /// its product.
     gathering: std::sync::Mutex<Vec<((usize, usize), Event)>>,
     /// The buckets launched for the update being enqueued: their elements of the flat
-    /// gradient buffer, [start, end), and the point of the communication stream after each.
-    launched: std::sync::Mutex<Vec<((usize, usize), Event)>>,
+    /// gradient buffer, [start, end), the point of the communication stream after each, and
+    /// whether the copy engines carry it (exchange.rs: the update waits for the other ranks'
+    /// copies and averages while it reads).
+    launched: std::sync::Mutex<Vec<Launched>>,
+    /// The first layer's weight gradient exchanged piece by piece (exchange.rs), where asked
+    /// for and it applies.
+    pub(super) exchange: Option<Exchange>,
+}
+
+/// A region launched for the update: its elements, the point its averaging is done (or,
+/// carried by the copy engines, its own gradients are), and whether the copy engines carry it.
+type Launched = ((usize, usize), Event, bool);
+
+impl Dp {
+    /// Region [a, b) of the flat buffer done on `t`'s work stream up to here, its blocks on
+    /// their way to their owners by the copy engines: launched for the update.
+    pub(super) fn launched_copies(&self, t: &GpuTrainer, region: (usize, usize)) -> Result<()> {
+        let done = t.gpu.stream().record()?;
+        lock(&self.launched).push((region, done, true));
+        Ok(())
+    }
 }
 
 impl GpuTrainer {
+    /// Data-parallel ranks as threads of one process: `peers` is where their exchange meets
+    /// (the first layer's pieces through the copy engines, `GpuOptions::dp_exchange`). Before
+    /// [`GpuTrainer::attach`]; every rank of `peers` must join.
+    pub fn join_peers(&mut self, peers: std::sync::Arc<super::DpPeers>) {
+        self.peers = Some(peers);
+    }
+
     /// Joins this trainer to its data-parallel peers: `comm` (this rank's communicator, on a
     /// stream of this GPU other than the work stream) averages the gradients in buckets of
     /// about `bucket_bytes`.
@@ -207,13 +234,30 @@ impl GpuTrainer {
                     .into(),
             ));
         }
-        let pieces = piece_spans(&self.layout, &self.grad_pieces);
+        // exchanged: one piece a rank, the layer's rows only (the bias a region of its own)
+        let exchanged = sharded
+            && self.opts.dp_exchange
+            && self.opts.graph != Some(true)
+            && comm_type == DType::F32
+            && self.grad_pieces.len() == shard.world
+            && self.peers.is_some();
+        let (pieces, tail) = match exchanged {
+            true => {
+                let (p, t) = exchange_spans(&self.layout, &self.grad_pieces);
+                (p, Some(t))
+            }
+            false => (piece_spans(&self.layout, &self.grad_pieces), None),
+        };
         let first = usize::from(!pieces.is_empty());
         let buckets = buckets(&self.layout, bucket_bytes.max(1), first);
+        let exchange_regions = match (tail, pieces.first(), pieces.last()) {
+            (Some(t), Some(f), Some(l)) => vec![t, (f.0, l.1)],
+            _ => pieces.clone(),
+        };
         let regions: Vec<(usize, usize)> = buckets
             .iter()
             .map(|&(lo, hi)| span(&self.layout, lo, hi))
-            .chain(pieces.iter().copied())
+            .chain(exchange_regions)
             .collect();
         if sharded {
             if let Some(&(a, b)) = regions.iter().find(|(a, b)| (b - a) % shard.world != 0) {
@@ -259,6 +303,15 @@ impl GpuTrainer {
         if self.opts.comm_sms > 0 {
             self.leave_sms_to_communication(self.opts.comm_sms)?;
         }
+        let exchange = match (tail, &self.peers) {
+            (Some(t), Some(peers)) => Some(Exchange::new(
+                &self.gpu,
+                (shard.rank, peers.clone()),
+                &regions,
+                (pieces.clone(), t),
+            )?),
+            _ => None,
+        };
         self.dp = Some(Dp {
             buckets,
             pieces,
@@ -270,6 +323,7 @@ impl GpuTrainer {
             own,
             gathering: std::sync::Mutex::new(Vec::new()),
             launched: std::sync::Mutex::new(Vec::new()),
+            exchange,
         });
         // graphs captured without the communication would skip it
         self.graphs.clear();
@@ -324,6 +378,9 @@ impl GpuTrainer {
     /// averaging starts on the communication stream once the work stream has reached here.
     pub(super) fn piece_done(&self, p: usize) -> Result<()> {
         let Some(dp) = &self.dp else { return Ok(()) };
+        if let Some(ex) = &dp.exchange {
+            return self.exchange_piece_done(dp, ex, p);
+        }
         let Some(&(a, b)) = dp.pieces.get(p) else {
             return Ok(());
         };
@@ -332,7 +389,10 @@ impl GpuTrainer {
 
     /// Averages gradient elements [a, b) on the communication stream after the work stream's
     /// current point; the update waits for it.
-    fn launch_average(&self, dp: &Dp, (a, b): (usize, usize)) -> Result<()> {
+    pub(super) fn launch_average(&self, dp: &Dp, (a, b): (usize, usize)) -> Result<()> {
+        if let Some(ex) = &dp.exchange {
+            return self.exchange_region(dp, ex, (a, b));
+        }
         let grads = self.grads.view().sub(a * 4, (b - a) * 4)?;
         let (region, ty) = match &dp.comm_buf {
             Some(buf) => {
@@ -350,7 +410,7 @@ impl GpuTrainer {
             dp.comm.all_reduce(region, region, b - a, ty, RedOp::Avg)?;
         }
         let done = dp.comm.stream().record()?;
-        lock(&dp.launched).push(((a, b), done));
+        lock(&dp.launched).push(((a, b), done, false));
         Ok(())
     }
 
@@ -360,7 +420,7 @@ impl GpuTrainer {
         if let Some(dp) = &self.dp {
             let launched = std::mem::take(&mut *lock(&dp.launched));
             self.gpu.stream().wait(&dp.comm.stream().record()?)?;
-            for ((a, b), _) in launched {
+            for ((a, b), _, _) in launched {
                 self.widen_averaged(dp, (a, b))?;
             }
         }
@@ -385,14 +445,14 @@ impl GpuTrainer {
     /// piece after every bucket.
     pub(super) fn update_in_pieces(
         &self,
-        mut update: impl FnMut(usize, usize) -> Result<()>,
+        mut update: impl FnMut(usize, usize, Option<(View<'_>, f32)>) -> Result<()>,
     ) -> Result<()> {
         let total = self.layout.total;
         let Some(dp) = &self.dp else {
-            return update(0, total);
+            return update(0, total, None);
         };
         let launched = std::mem::take(&mut *lock(&dp.launched));
-        let covered: usize = launched.iter().map(|((a, b), _)| b - a).sum();
+        let covered: usize = launched.iter().map(|((a, b), _, _)| b - a).sum();
         if dp.sharded {
             if covered != total {
                 return Err(Error::Failed(format!(
@@ -403,12 +463,35 @@ impl GpuTrainer {
             // weights gathered in the order the next forward reads them (the first layer's
             // first), each layer's product waiting only for its own
             let mut regions = Vec::new();
-            for ((a, b), done) in launched {
-                self.gpu.stream().wait(&done)?;
+            let work = self.gpu.stream();
+            let rank = self.shard().rank;
+            for ((a, b), done, copies) in launched {
+                work.wait(&done)?;
                 let (oa, ob) = self.own_block((a, b));
-                self.widen_averaged(dp, (oa, ob))?;
-                update(oa, ob)?;
+                let also = match (&dp.exchange, copies) {
+                    (Some(ex), true) => {
+                        // the other ranks' blocks: all but the last added in, the last averaged
+                        // in the update's pass
+                        ex.wait_for_copies(work, rank, a)?;
+                        let world = self.shard().world;
+                        let own = self.grads.view().sub(oa * 4, (ob - oa) * 4)?;
+                        let others: Vec<usize> = (0..world).filter(|&q| q != rank).collect();
+                        for &q in &others[..others.len() - 1] {
+                            self.k.axpy(own, ex.received((a, b), rank, q)?, ob - oa)?;
+                        }
+                        let last = others[others.len() - 1];
+                        Some((ex.received((a, b), rank, last)?, 1.0 / world as f32))
+                    }
+                    _ => {
+                        self.widen_averaged(dp, (oa, ob))?;
+                        None
+                    }
+                };
+                update(oa, ob, also)?;
                 regions.push((a, b));
+            }
+            if let Some(ex) = &dp.exchange {
+                ex.copies_out(work)?;
             }
             regions.sort_unstable();
             dp.comm.stream().wait(&self.gpu.stream().record()?)?;
@@ -421,15 +504,15 @@ impl GpuTrainer {
         }
         if covered != total {
             self.gpu.stream().wait(&dp.comm.stream().record()?)?;
-            for &((a, b), _) in &launched {
+            for &((a, b), _, _) in &launched {
                 self.widen_averaged(dp, (a, b))?;
             }
-            return update(0, total);
+            return update(0, total, None);
         }
-        for ((a, b), done) in launched {
+        for ((a, b), done, _) in launched {
             self.gpu.stream().wait(&done)?;
             self.widen_averaged(dp, (a, b))?;
-            update(a, b)?;
+            update(a, b, None)?;
         }
         Ok(())
     }
@@ -650,6 +733,11 @@ impl GpuTrainer {
     /// Whether the optimizer is sharded over the ranks.
     pub fn sharded_optimizer(&self) -> bool {
         self.dp.as_ref().is_some_and(|d| d.sharded)
+    }
+
+    /// Whether the first layer's weight gradient is exchanged piece by piece (exchange.rs).
+    pub fn first_layer_exchanged(&self) -> bool {
+        self.dp.as_ref().is_some_and(|d| d.exchange.is_some())
     }
 
     /// Why the optimizer is not sharded although the options asked for it.

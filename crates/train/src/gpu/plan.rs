@@ -1,6 +1,7 @@
 //! How each layer's products run: the flat parameter layout, the epilogues cuBLASLt fuses for
 //! every batch size the run meets, and the plans built once for them.
 
+use super::exchange::exchange_pieces;
 use super::{GpuTrainer, Op, PlanKey};
 use crate::error::{Error, Result};
 use crate::model::Mlp;
@@ -385,6 +386,19 @@ impl GpuTrainer {
             Some(s) if self.opts.shard_optimizer => s.world,
             _ => 1,
         };
+        // the exchange's pieces where gpukit chooses them (not when asked for a count, or to
+        // leave multiprocessors to NCCL's kernels)
+        let auto = self.opts.grad_pieces == 0 && self.opts.comm_sms == 0;
+        if self.opts.dp_exchange
+            && auto
+            && self.opts.graph != Some(true)
+            && self.layout.layers() >= 2
+        {
+            let sharded = self.opts.shard_optimizer;
+            if let Some(p) = exchange_pieces(o, world, sharded, self.opts.grad_comm) {
+                return p;
+            }
+        }
         split_for_blocks(split(o, count), i, world)
     }
 

@@ -213,7 +213,8 @@ impl GpuTrainer {
                 // data-parallel: the first layer's weight gradient in pieces of its outputs
                 // (rows of the weight), each averaged while the next is computed (before a
                 // communicator is attached, as in the one-GPU baseline, the product is whole)
-                for (p, &(first, end)) in self.grad_pieces.iter().enumerate() {
+                for p in self.piece_order() {
+                    let (first, end) = self.grad_pieces[p];
                     let op = Op::WeightGradPiece(end - first);
                     let _piece_op = self.op_product(0, op, rows);
                     self.blas.run_lt(
@@ -416,7 +417,7 @@ impl GpuTrainer {
         fn f32s(buf: &DeviceBuffer, a: usize, b: usize) -> Result<View<'_>> {
             sub(buf, 4, a, b - a)
         }
-        let update = |a: usize, b: usize| -> Result<()> {
+        let update = |a: usize, b: usize, also: Option<(View<'_>, f32)>| -> Result<()> {
             let half = self
                 .half
                 .as_ref()
@@ -440,12 +441,12 @@ impl GpuTrainer {
                 momentum: c.momentum,
                 nesterov: false,
             };
-            self.k.optimizer_step(
+            self.k.averaging_step(
                 rule,
                 (params, grads, m, v),
+                also,
                 half,
-                dtype,
-                b - a,
+                (dtype, b - a),
                 state,
                 scaled,
             )?;
@@ -455,7 +456,7 @@ impl GpuTrainer {
             // the overflow check reads every gradient: one update after every bucket
             self.gradients_averaged()?;
             self.k.check_finite(self.grads.view(), n, state)?;
-            update(0, n)?;
+            update(0, n, None)?;
         } else {
             self.update_in_pieces(update)?;
         }

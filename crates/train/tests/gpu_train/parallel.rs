@@ -74,10 +74,34 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
         Off,
         On,
         Unfused,
+        /// On, and the first layer's weight gradient exchanged piece by piece through the
+        /// copy engines (exchange.rs).
+        Exchange,
     }
     // (loss, optimizer, accumulate, graph, first-layer pieces, averaged in, sharding,
     // precision)
     let cases = [
+        (
+            LossKind::CrossEntropy,
+            OptimizerKind::Adam,
+            1,
+            false,
+            0,
+            DType::F32,
+            Sharding::Exchange,
+            Precision::Fp32,
+        ),
+        // the exchange runs op by op only (a graph cannot hold another thread's copy)
+        (
+            LossKind::Mse,
+            OptimizerKind::AdamW,
+            2,
+            false,
+            0,
+            DType::F32,
+            Sharding::Exchange,
+            Precision::Bf16,
+        ),
         (
             LossKind::CrossEntropy,
             OptimizerKind::Adam,
@@ -178,6 +202,7 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
         let sharded = sharding != Sharding::Off;
         // products planned for fewer multiprocessors once the communicator is attached (other
         // algorithms, the same sums up to their order)
+        let exchange = sharding == Sharding::Exchange;
         let comm_sms = if sharding == Sharding::On && graph {
             16
         } else {
@@ -211,6 +236,7 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
         let mut shard_cfg = cfg.clone();
         shard_cfg.batch_size = per_gpu;
         let id = UniqueId::new()?;
+        let peers = gpukit_train::gpu::DpPeers::new(world, std::time::Duration::from_secs(60));
         let runs = per_gpu_thread(world, |rank| {
             let e = |e: &dyn std::fmt::Display| e.to_string();
             let g = Arc::new(Gpu::open(d, rank).map_err(|x| e(&x))?);
@@ -219,6 +245,7 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
                 grad_pieces: pieces,
                 grad_comm: comm,
                 shard_optimizer: sharded,
+                dp_exchange: exchange,
                 comm_sms,
                 ..opts
             };
@@ -226,15 +253,39 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
                 .map_err(|x| e(&x))?;
             let stream = g.new_stream().map_err(|x| e(&x))?;
             let comm = Comm::init_rank_on(&g, stream, &id, rank, world).map_err(|x| e(&x))?;
-            t.attach(comm, bucket).map_err(|x| e(&x))?;
-            if t.sharded_optimizer() != (sharding == Sharding::On) {
+            if exchange {
+                t.join_peers(peers.clone());
+            }
+            let attached = t.attach(comm, bucket);
+            if attached.is_err() {
+                peers.close();
+            }
+            attached.map_err(|x| e(&x))?;
+            if t.sharded_optimizer() != (sharding == Sharding::On || exchange) {
                 return Err(format!(
                     "asked for {sharding:?}, the optimizer is{} sharded ({:?})",
                     if t.sharded_optimizer() { "" } else { " not" },
                     t.unsharded_reason()
                 ));
             }
-            train_from_the_start(&mut t, &model, &shard_cfg)
+            if exchange && t.grad_pieces() != world {
+                return Err(format!(
+                    "the exchange asked for: the first layer in {} pieces, not one a rank",
+                    t.grad_pieces()
+                ));
+            }
+            if exchange != t.first_layer_exchanged() {
+                peers.close();
+                return Err(format!(
+                    "the exchange asked for: {exchange}, made: {}",
+                    t.first_layer_exchanged()
+                ));
+            }
+            let trained = train_from_the_start(&mut t, &model, &shard_cfg);
+            if trained.is_err() {
+                peers.close();
+            }
+            trained
         });
         let tag = format!(
             "{loss:?} {kind:?} {} accumulate {accumulate} graph {graph} first-layer pieces {pieces} averaged in {comm}, buckets of {bucket} bytes{}{}, {world} GPUs",
@@ -243,6 +294,7 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
                 Sharding::Off => "",
                 Sharding::On => ", optimizer sharded",
                 Sharding::Unfused => ", unfused, sharding asked for and refused",
+                Sharding::Exchange => ", optimizer sharded, first layer exchanged piece by piece",
             },
             if comm_sms > 0 { ", 16 SMs left to communication" } else { "" }
         );

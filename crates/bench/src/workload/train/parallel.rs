@@ -16,7 +16,7 @@ use gpukit_ranks::world::World;
 use gpukit_train::checkpoint::Position;
 use gpukit_train::data::Dataset;
 use gpukit_train::gpu::parallel::Shard;
-use gpukit_train::gpu::{GpuDetails, GpuOptions, GpuTrainer};
+use gpukit_train::gpu::{DpPeers, GpuDetails, GpuOptions, GpuTrainer};
 use gpukit_train::model::Mlp;
 use gpukit_train::optim::Optimizer;
 use gpukit_train::run::{EpochStats, RunOutcome, TrainConfig};
@@ -44,6 +44,10 @@ pub struct DataParallel {
     /// Pieces the first layer's weight gradient was computed and averaged in (1: whole).
     #[serde(default)]
     pub grad_pieces: usize,
+    /// The gradients went to the ranks that update them by the copy engines (instead of NCCL's
+    /// reduce-scatter), the first layer's in one piece a rank, each sent as it was computed.
+    #[serde(default)]
+    pub first_layer_exchanged: bool,
     /// The type gradients were averaged in ("f32", or "bf16", which rounds them).
     #[serde(default)]
     pub grad_comm: String,
@@ -137,6 +141,7 @@ struct RankRun {
     step_ms: f64,
     buckets: usize,
     grad_pieces: usize,
+    first_layer_exchanged: bool,
     sharded_optimizer: bool,
     unsharded_reason: Option<String>,
     comm_sms: u32,
@@ -221,13 +226,15 @@ fn rank_run(
     id: &UniqueId,
     shard: Shard,
     ordinal: usize,
-    meet: Option<Meet<'_>>,
+    (meet, peers): (Option<Meet<'_>>, Option<&std::sync::Arc<DpPeers>>),
     progress: &mut dyn FnMut(&str),
 ) -> Result<RankRun> {
     let prepared = (|| -> Result<_> {
         let gpu = std::sync::Arc::new(Gpu::open(job.discovery, ordinal)?);
         let opts = GpuOptions {
             shard: Some(shard),
+            // the exchange's copies need the ranks in one process
+            dp_exchange: job.opts.dp_exchange && peers.is_some(),
             ..job.opts
         };
         let mut t = GpuTrainer::new(
@@ -264,6 +271,9 @@ fn rank_run(
         shard.rank,
         shard.world,
     )?;
+    if let Some(p) = peers {
+        t.join_peers(p.clone());
+    }
     t.attach(comm, job.bucket_bytes)?;
     t.load(job.model, job.opt, job.scaler)?;
     let rank = shard.rank;
@@ -310,6 +320,7 @@ fn rank_run(
         single_step_ms,
         buckets: t.buckets(),
         grad_pieces: t.grad_pieces(),
+        first_layer_exchanged: t.first_layer_exchanged(),
         sharded_optimizer: t.sharded_optimizer(),
         unsharded_reason: t.unsharded_reason().map(str::to_string),
         comm_sms: t.comm_sms(),
@@ -365,6 +376,7 @@ pub fn run(
             let id = UniqueId::new()?;
             let barrier = std::sync::Barrier::new(*n);
             let failed = std::sync::atomic::AtomicBool::new(false);
+            let peers = DpPeers::new(*n, timeout);
             let results: Vec<Result<RankRun>> = std::thread::scope(|scope| {
                 let handles: Vec<_> = (1..*n)
                     .map(|rank| {
@@ -373,19 +385,21 @@ pub fn run(
                             barrier: &barrier,
                             failed: &failed,
                         };
+                        let peers = &peers;
                         scope.spawn(move || {
-                            guarded(
+                            let r = rank_run(
+                                job,
+                                &id,
+                                Shard { rank, world },
                                 rank,
-                                timeout,
-                                rank_run(
-                                    job,
-                                    &id,
-                                    Shard { rank, world },
-                                    rank,
-                                    Some(meet),
-                                    &mut |_| {},
-                                ),
-                            )
+                                (Some(meet), Some(peers)),
+                                &mut |_| {},
+                            );
+                            if r.is_err() {
+                                // the others may wait for this rank's copies
+                                peers.close();
+                            }
+                            guarded(rank, timeout, r)
                         })
                     })
                     .collect();
@@ -393,11 +407,18 @@ pub fn run(
                     barrier: &barrier,
                     failed: &failed,
                 };
-                let first = guarded(
+                let r = rank_run(
+                    job,
+                    &id,
+                    Shard { rank: 0, world },
                     0,
-                    timeout,
-                    rank_run(job, &id, Shard { rank: 0, world }, 0, Some(meet), progress),
+                    (Some(meet), Some(&peers)),
+                    progress,
                 );
+                if r.is_err() {
+                    peers.close();
+                }
+                let first = guarded(0, timeout, r);
                 std::iter::once(first)
                     .chain(handles.into_iter().map(|h| {
                         h.join().unwrap_or_else(|_| {
@@ -423,7 +444,14 @@ pub fn run(
                 rank: w.rank,
                 world,
             };
-            let mine = match rank_run(job, &id, shard, w.local_rank % count, None, progress) {
+            let mine = match rank_run(
+                job,
+                &id,
+                shard,
+                w.local_rank % count,
+                (None, None),
+                progress,
+            ) {
                 Ok(r) => r,
                 Err(e) => {
                     session.abort(&e.to_string());
@@ -460,6 +488,7 @@ pub fn run(
         buckets: first.buckets,
         bucket_mb: job.bucket_bytes as f64 / (1 << 20) as f64,
         grad_pieces: first.grad_pieces,
+        first_layer_exchanged: first.first_layer_exchanged,
         grad_comm: job.opts.grad_comm.to_string(),
         sharded_optimizer: first.sharded_optimizer,
         unsharded_reason: first.unsharded_reason.clone(),

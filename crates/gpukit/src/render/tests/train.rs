@@ -186,6 +186,7 @@ fn a_data_parallel_run_names_its_sharded_optimizer_and_both_pytorch_peers() {
         buckets: 2,
         bucket_mb: 25.0,
         grad_pieces: 1,
+        first_layer_exchanged: false,
         grad_comm: "f32".into(),
         sharded_optimizer: sharded,
         unsharded_reason: reason.map(str::to_string),
@@ -254,6 +255,19 @@ fn a_data_parallel_run_names_its_sharded_optimizer_and_both_pytorch_peers() {
     // without the other modes, eager DDP is PyTorch's best
     assert!(
         text.contains("PyTorch's fastest data-parallel mode (3384251 samples/s)"),
+        "{text}"
+    ); // the first layer exchanged piece by piece says how
+    let mut exchanged = dp(true, None, 1.52, 1.55);
+    exchanged.grad_pieces = 2;
+    exchanged.first_layer_exchanged = true;
+    r.data_parallel = Some(exchanged);
+    let text = terminal(&train_sections(&r));
+    assert!(
+        text.contains("in 2 pieces, one a GPU, the others' computed first and each sent to the GPU that updates it"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("each averaged as soon as it is computed"),
         "{text}"
     );
 }

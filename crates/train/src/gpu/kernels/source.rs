@@ -240,18 +240,24 @@ template <class T> __device__ void relu_bias_grad(T* dy, const T* h, float* db, 
     }
 }
 
+// The gradient an update reads: g, or with another rank's g2 (may be null) the two averaged
+// as (g + g2) * s.
+__device__ __forceinline__ float grad_at(const float* g, const float* g2, float s, long i) {
+    return g2 ? (g[i] + g2[i]) * s : g[i];
+}
+
 // Adam / AdamW over n parameters (PyTorch's rules, in the CPU engine's order of operations),
 // skipped whole when the gradients overflowed; `half` (may be null) receives the new weights
 // in the compute type.
-template <class T> __device__ void adam(float* p, const float* g, float* m, float* v, T* half,
-                                        long n, const State* st, float wd, float decay,
-                                        float b1c, float b2, float b2c, float eps, int adamw,
-                                        int scaled) {
+template <class T> __device__ void adam(float* p, const float* g, const float* g2, float g2s,
+                                        float* m, float* v, T* half, long n, const State* st,
+                                        float wd, float decay, float b1c, float b2, float b2c,
+                                        float eps, int adamw, int scaled) {
     if (st->found_inf) return;
     float inv = scaled ? 1.0f / st->scale : 1.0f;
     float step_size = st->step_size, bc2 = st->bc2_sqrt;
     LOOP(i, n) {
-        float pi = p[i], d = g[i] * inv;
+        float pi = p[i], d = grad_at(g, g2, g2s, i) * inv;
         if (adamw) pi *= decay; else d += wd * pi;
         float mi = m[i] + b1c * (d - m[i]);
         float vi = b2 * v[i] + b2c * d * d;
@@ -264,14 +270,14 @@ template <class T> __device__ void adam(float* p, const float* g, float* m, floa
 
 // SGD with optional momentum (buffer = d on the first update; Nesterov: the step is
 // d + momentum buffer) and weight decay.
-template <class T> __device__ void sgd(float* p, const float* g, float* m, T* half, long n,
-                                       const State* st, float lr, float wd, float momentum,
-                                       int nesterov, int scaled) {
+template <class T> __device__ void sgd(float* p, const float* g, const float* g2, float g2s,
+                                       float* m, T* half, long n, const State* st, float lr,
+                                       float wd, float momentum, int nesterov, int scaled) {
     if (st->found_inf) return;
     float inv = scaled ? 1.0f / st->scale : 1.0f;
     int first = st->step == 0;
     LOOP(i, n) {
-        float pi = p[i], d = g[i] * inv + wd * pi;
+        float pi = p[i], d = grad_at(g, g2, g2s, i) * inv + wd * pi;
         if (m) {
             float b = first ? d : momentum * m[i] + d;
             m[i] = b;
@@ -303,13 +309,13 @@ extern "C" __global__ void bias_grad_##TAG(const T* dy, float* db, int m, int n,
     { bias_grad<T>(dy, db, m, n, beta); }                                                      \
 extern "C" __global__ void relu_bias_grad_##TAG(T* dy, const T* h, float* db, int m, int n,     \
     float beta) { relu_bias_grad<T>(dy, h, db, m, n, beta); }                                  \
-extern "C" __global__ void adam_##TAG(float* p, const float* g, float* m, float* v, T* h,      \
-    long n, const State* st, float wd, float decay, float b1c, float b2, float b2c, float eps,  \
-    int adamw, int scaled) { adam<T>(p, g, m, v, h, n, st, wd, decay, b1c, b2, b2c, eps, adamw, \
-    scaled); }                                                                                 \
-extern "C" __global__ void sgd_##TAG(float* p, const float* g, float* m, T* h, long n,         \
-    const State* st, float lr, float wd, float mom, int nesterov, int scaled)                  \
-    { sgd<T>(p, g, m, h, n, st, lr, wd, mom, nesterov, scaled); }
+extern "C" __global__ void adam_##TAG(float* p, const float* g, const float* g2, float g2s,   \
+    float* m, float* v, T* h, long n, const State* st, float wd, float decay, float b1c,        \
+    float b2, float b2c, float eps, int adamw, int scaled) { adam<T>(p, g, g2, g2s, m, v, h, n,  \
+    st, wd, decay, b1c, b2, b2c, eps, adamw, scaled); }                                        \
+extern "C" __global__ void sgd_##TAG(float* p, const float* g, const float* g2, float g2s,    \
+    float* m, T* h, long n, const State* st, float lr, float wd, float mom, int nesterov,        \
+    int scaled) { sgd<T>(p, g, g2, g2s, m, h, n, st, lr, wd, mom, nesterov, scaled); }
 
 "#;
 
@@ -339,6 +345,9 @@ extern "C" __global__ void cross_entropy_total(const double* part, int rows, dou
 }
 
 extern "C" __global__ void axpy_f32(float* y, const float* x, long n) { LOOP(i, n) y[i] += x[i]; }
+extern "C" __global__ void add_scale_f32(float* y, const float* x, long n, float s) {
+    LOOP(i, n) y[i] = (y[i] + x[i]) * s;
+}
 
 // Marks the state when any of n gradients is inf or NaN (the scaler's check).
 extern "C" __global__ void check_finite(const float* g, long n, State* st) {

@@ -1,0 +1,420 @@
+//! Data-parallel with a sharded optimizer, ranks as threads of one process: the gradients
+//! reduce-scattered by the GPUs' copy engines, the first layer's exchanged piece by piece while
+//! the next piece is computed (`GpuOptions::dp_exchange`).
+//!
+//! NCCL's reduce-scatter is a kernel: beside backward's products it takes multiprocessors
+//! from them (run 125's profile: the product beside a reduce-scatter 113 us against 93
+//! alone), and the first layer's weight gradient, backward's last product (64 MiB in f32 for
+//! the 4096-wide MLP), cannot start its reduce-scatter before backward ends. Here every region
+//! of the gradients (the buckets, the first layer's bias and its rows) is cut into one block a
+//! rank as before; once a region is done, this GPU's copy engine writes each other rank's block
+//! into that rank's receive buffer (`cuMemcpyPeerAsync` on a copy stream of its own, no
+//! kernel), and the owner's optimizer reads its block and the received ones averaged in the
+//! same pass (`(own + received) / world`, as NCCL's Avg; the ranks past two added first). The
+//! first layer's rows are cut into one piece a rank (piece q: the rows rank q updates), each
+//! rank computes the other ranks' pieces first (r + 1, r + 2, ... mod world), its own last,
+//! and each piece leaves as soon as it is done, so the copies run under the next piece's
+//! product. Only f32 gradients and op-by-op launches (a graph cannot hold another thread's
+//! event); the weights' all-gather after the update stays NCCL's.
+//!
+//! The host threads hand each other the copies' events through [`DpPeers`] (a queue an
+//! ordered pair of ranks and region): an owner waits on the host until the sender has queued
+//! the copy, at most the timeout, and a rank that fails closes the queues so the others stop
+//! with a message. A receive buffer is written again only after its owner read it: the sender's
+//! next copy follows its next forward, which waited for the weights the owner gathered after
+//! its update.
+
+use super::parallel::{span, Dp};
+use super::plan::Layout;
+use super::GpuTrainer;
+use crate::error::{Error, Result};
+use gpukit_cuda::transfer::{copy_peer, enable_peer_access};
+use gpukit_cuda::{DeviceBuffer, Event, Gpu, Stream};
+use gpukit_types::DType;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Barrier, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The copies' events from one rank to another, a queue a region (keyed by its first
+/// element), in the order they were queued.
+#[derive(Default)]
+struct Queues {
+    events: HashMap<(usize, usize, usize), VecDeque<Event>>,
+    closed: bool,
+}
+
+/// What a rank publishes to the others: its GPU and its receive buffer.
+type Member = (Arc<Gpu>, Arc<DeviceBuffer>);
+
+/// The data-parallel ranks of one process, met for the exchange: each one's GPU and receive
+/// buffer, and a queue of copy events an ordered pair of ranks. Shared by the ranks' threads.
+pub struct DpPeers {
+    world: usize,
+    members: Mutex<Vec<Option<Member>>>,
+    queues: Mutex<Queues>,
+    moved: Condvar,
+    barrier: Barrier,
+    timeout: Duration,
+}
+
+impl DpPeers {
+    /// For `world` ranks, each waiting at most `timeout` for another's copy.
+    pub fn new(world: usize, timeout: Duration) -> Arc<DpPeers> {
+        Arc::new(DpPeers {
+            world,
+            members: Mutex::new(vec![None; world]),
+            queues: Mutex::new(Queues::default()),
+            moved: Condvar::new(),
+            barrier: Barrier::new(world),
+            timeout,
+        })
+    }
+
+    fn queues(&self) -> MutexGuard<'_, Queues> {
+        self.queues.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Rank `rank` (on `gpu`, receiving into `recv`) joins: every rank waits for the others,
+    /// then opens its GPU to theirs. Every rank must call it; an error reaches every rank.
+    fn join(&self, rank: usize, gpu: &Arc<Gpu>, recv: &Arc<DeviceBuffer>) -> Result<Vec<Member>> {
+        // allocated in the order of this GPU's work stream: ready before another's copy
+        let mine = gpu.synchronize().map_err(Error::from);
+        if mine.is_ok() {
+            self.members.lock().unwrap_or_else(|p| p.into_inner())[rank] =
+                Some((gpu.clone(), recv.clone()));
+        }
+        self.barrier.wait();
+        let all: Vec<Option<Member>> = self
+            .members
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        mine?;
+        let all: Vec<Member> = all.into_iter().collect::<Option<_>>().ok_or_else(|| {
+            Error::Failed("data-parallel: another rank failed to join the exchange".into())
+        })?;
+        for (q, (g, _)) in all.iter().enumerate() {
+            // without peer access the driver stages the copies through the host: slower, the
+            // same bytes
+            if q != rank {
+                enable_peer_access(gpu, g)?;
+            }
+        }
+        Ok(all)
+    }
+
+    /// `from`'s copy of region `key` to `to` queued: its end.
+    fn post(&self, (from, to, key): (usize, usize, usize), e: Event) {
+        self.queues()
+            .events
+            .entry((from, to, key))
+            .or_default()
+            .push_back(e);
+        self.moved.notify_all();
+    }
+
+    /// The end of the next copy of region `key` that `from` queued for `to` (waits for it on
+    /// the host, at most the timeout).
+    fn take(&self, (from, to, key): (usize, usize, usize)) -> Result<Event> {
+        let deadline = Instant::now() + self.timeout;
+        let mut q = self.queues();
+        loop {
+            if let Some(e) = q
+                .events
+                .get_mut(&(from, to, key))
+                .and_then(VecDeque::pop_front)
+            {
+                return Ok(e);
+            }
+            if q.closed {
+                return Err(Error::Failed(format!(
+                    "data-parallel: rank {from} stopped before its copy to rank {to}"
+                )));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Failed(format!(
+                    "data-parallel: no copy from rank {from} to rank {to} in {:.0} s",
+                    self.timeout.as_secs_f64()
+                )));
+            }
+            q = self
+                .moved
+                .wait_timeout(q, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Wakes and fails every wait (a rank stopped).
+    pub fn close(&self) {
+        self.queues().closed = true;
+        self.moved.notify_all();
+    }
+}
+
+/// A rank's side of the exchange.
+pub(super) struct Exchange {
+    /// Each piece's span of the flat gradient buffer (rows of the first layer's weight only).
+    pub(super) pieces: Vec<(usize, usize)>,
+    /// The layer's bias and padding: each rank's block sent with its piece.
+    pub(super) tail: (usize, usize),
+    /// Where each region's received blocks start in a receive buffer (elements), by the
+    /// region's first element.
+    slots: HashMap<usize, usize>,
+    /// The copy stream the blocks leave on.
+    copy: Stream,
+    /// Every rank's GPU and receive buffer (this rank's included).
+    members: Vec<Member>,
+    peers: Arc<DpPeers>,
+}
+
+/// The first layer's rows in one piece a rank, where the exchange applies: `world` ranks of a
+/// sharded optimizer, f32 gradients, `outputs` a multiple of `world`. None elsewhere.
+pub(super) fn exchange_pieces(
+    outputs: usize,
+    world: usize,
+    sharded: bool,
+    grad_comm: DType,
+) -> Option<Vec<(usize, usize)>> {
+    let fits = world >= 2 && sharded && grad_comm == DType::F32 && outputs.is_multiple_of(world);
+    fits.then(|| {
+        let c = outputs / world;
+        (0..world).map(|q| (q * c, (q + 1) * c)).collect()
+    })
+}
+
+/// The spans of the exchange's pieces (`rows`, ranges of the first layer's outputs) and of the
+/// layer's tail (its bias and the padding after it) in the flat gradient buffer.
+pub(super) fn exchange_spans(
+    layout: &Layout,
+    rows: &[(usize, usize)],
+) -> (Vec<(usize, usize)>, (usize, usize)) {
+    let (i, _) = layout.io(0);
+    let (wo, _) = layout.offsets[0];
+    let end = span(layout, 0, 0).1;
+    let pieces: Vec<(usize, usize)> = rows
+        .iter()
+        .map(|&(a, b)| (wo + a * i, wo + b * i))
+        .collect();
+    let tail_start = pieces.last().map_or(wo, |p| p.1);
+    (pieces, (tail_start, end))
+}
+
+/// The order rank `rank` of `world` computes the pieces in: the other ranks' from `rank + 1`
+/// on, its own last.
+pub(super) fn piece_order(rank: usize, world: usize) -> Vec<usize> {
+    (1..=world).map(|j| (rank + j) % world).collect()
+}
+
+/// Where in `owner`'s receive buffer `sender`'s copies land: slot 0..world - 1.
+pub(super) fn slot(owner: usize, sender: usize, world: usize) -> usize {
+    (sender + world - owner - 1) % world
+}
+
+impl Exchange {
+    /// Rank `rank`'s side of the exchange on `gpu` for `regions` (each a multiple of the
+    /// world's size), the first layer's `pieces` (equal spans, one a rank, together one of the
+    /// regions) and `tail` (another): its receive buffer made, then the ranks met through
+    /// `peers` (every rank must call it).
+    pub(super) fn new(
+        gpu: &Arc<Gpu>,
+        (rank, peers): (usize, Arc<DpPeers>),
+        regions: &[(usize, usize)],
+        (pieces, tail): (Vec<(usize, usize)>, (usize, usize)),
+    ) -> Result<Exchange> {
+        let world = peers.world;
+        let n = pieces.first().map_or(0, |p| p.1 - p.0);
+        let mut slots = HashMap::new();
+        let mut at = 0;
+        for &(a, b) in regions {
+            slots.insert(a, at);
+            at += (world - 1) * (b - a) / world;
+        }
+        let made = (|| -> Result<_> {
+            if pieces.len() != world || pieces.iter().any(|p| p.1 - p.0 != n) {
+                return Err(Error::Failed(format!(
+                    "the exchange's pieces are not one a rank of {world} in equal spans: {pieces:?}"
+                )));
+            }
+            Ok((Arc::new(gpu.alloc((at * 4).max(4))?), gpu.new_stream()?))
+        })();
+        let (recv, copy) = match made {
+            Ok(m) => m,
+            Err(e) => {
+                // the others meet without this rank and fail there
+                peers.barrier.wait();
+                return Err(e);
+            }
+        };
+        let members = peers.join(rank, gpu, &recv)?;
+        Ok(Exchange {
+            pieces,
+            tail,
+            slots,
+            copy,
+            members,
+            peers,
+        })
+    }
+
+    /// The region the first layer's pieces make together.
+    fn pieces_region(&self) -> (usize, usize) {
+        let (first, last) = (self.pieces[0], self.pieces[self.pieces.len() - 1]);
+        (first.0, last.1)
+    }
+
+    /// Block `sender`'s copy of region (a, b) lands in, in `owner`'s receive buffer: its
+    /// first element and length.
+    fn slot_of(
+        &self,
+        (a, b): (usize, usize),
+        owner: usize,
+        sender: usize,
+    ) -> Result<(usize, usize)> {
+        let world = self.members.len();
+        let c = (b - a) / world;
+        let base = self.slots.get(&a).copied().ok_or_else(|| {
+            Error::Failed(format!("the exchange has no slots for region {a}..{b}"))
+        })?;
+        Ok((base + slot(owner, sender, world) * c, c))
+    }
+
+    /// The receive buffer's bytes for region (a, b)'s block from `sender` (this rank's buffer).
+    pub(super) fn received(
+        &self,
+        region: (usize, usize),
+        rank: usize,
+        sender: usize,
+    ) -> Result<gpukit_cuda::View<'_>> {
+        let (at, c) = self.slot_of(region, rank, sender)?;
+        Ok(self.members[rank].1.view().sub(at * 4, c * 4)?)
+    }
+
+    /// The copy stream's work done before the gradients are written again.
+    pub(super) fn copies_out(&self, work: &Stream) -> Result<()> {
+        Ok(work.wait(&self.copy.record()?)?)
+    }
+
+    /// The work stream waits for every other rank's copy of region `a..` into `rank`.
+    pub(super) fn wait_for_copies(&self, work: &Stream, rank: usize, a: usize) -> Result<()> {
+        for q in (0..self.members.len()).filter(|&q| q != rank) {
+            work.wait(&self.peers.take((q, rank, a))?)?;
+        }
+        Ok(())
+    }
+}
+
+impl GpuTrainer {
+    /// The order backward computes the first layer's weight-gradient pieces in (their indices).
+    pub(super) fn piece_order(&self) -> Vec<usize> {
+        let n = self.grad_pieces.len();
+        match self.dp.as_ref().and_then(|d| d.exchange.as_ref()) {
+            Some(_) => piece_order(self.shard().rank, self.shard().world),
+            None => (0..n).collect(),
+        }
+    }
+
+    /// Rank `to`'s block of region (a, b) of the gradients to it by this GPU's copy engine,
+    /// once the work stream reaches here.
+    fn send_block(&self, ex: &Exchange, (a, b): (usize, usize), to: usize) -> Result<()> {
+        let rank = self.shard().rank;
+        let (at, c) = ex.slot_of((a, b), to, rank)?;
+        let (g, buf) = &ex.members[to];
+        let block = self.grads.view().sub((a + to * c) * 4, c * 4)?;
+        copy_peer(
+            &ex.copy,
+            buf.view().sub(at * 4, c * 4)?,
+            g,
+            block,
+            &self.gpu,
+            c * 4,
+        )?;
+        ex.peers.post((rank, to, a), ex.copy.record()?);
+        Ok(())
+    }
+
+    /// Region (a, b) of the gradients done (a bucket): every other rank's block leaves for it.
+    pub(super) fn exchange_region(
+        &self,
+        dp: &Dp,
+        ex: &Exchange,
+        region: (usize, usize),
+    ) -> Result<()> {
+        ex.copy.wait(&self.gpu.stream().record()?)?;
+        let rank = self.shard().rank;
+        for q in (0..self.shard().world).filter(|&q| q != rank) {
+            self.send_block(ex, region, q)?;
+        }
+        dp.launched_copies(self, region)
+    }
+
+    /// After piece `p` of the first layer's weight gradient: another rank's piece and its
+    /// block of the layer's tail leave for it; after its own piece, both regions are launched
+    /// for the update (which waits for the others' copies).
+    pub(super) fn exchange_piece_done(&self, dp: &Dp, ex: &Exchange, p: usize) -> Result<()> {
+        let rank = self.shard().rank;
+        if p != rank {
+            ex.copy.wait(&self.gpu.stream().record()?)?;
+            self.send_block(ex, ex.tail, p)?;
+            return self.send_block(ex, ex.pieces_region(), p);
+        }
+        dp.launched_copies(self, ex.tail)?;
+        dp.launched_copies(self, ex.pieces_region())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_rank_computes_the_others_pieces_first_and_no_two_the_same_at_once() {
+        for world in 2..=8 {
+            for r in 0..world {
+                let order = piece_order(r, world);
+                assert_eq!(order.last(), Some(&r), "own piece last");
+                let mut seen = order.clone();
+                seen.sort_unstable();
+                assert_eq!(seen, (0..world).collect::<Vec<_>>());
+            }
+            // at every step each piece is computed by one rank: each owner's copies arrive
+            // one at a time
+            for step in 0..world {
+                let mut at: Vec<usize> = (0..world).map(|r| piece_order(r, world)[step]).collect();
+                at.sort_unstable();
+                assert_eq!(at, (0..world).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    #[test]
+    fn every_sender_has_a_slot_of_its_own_in_each_owners_buffer() {
+        for world in 2..=8 {
+            for owner in 0..world {
+                let mut slots: Vec<usize> = (0..world)
+                    .filter(|&s| s != owner)
+                    .map(|s| slot(owner, s, world))
+                    .collect();
+                slots.sort_unstable();
+                assert_eq!(slots, (0..world - 1).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    #[test]
+    fn pieces_split_the_rows_evenly_where_the_exchange_applies() {
+        assert_eq!(
+            exchange_pieces(4096, 2, true, DType::F32),
+            Some(vec![(0, 2048), (2048, 4096)])
+        );
+        assert_eq!(exchange_pieces(4096, 2, false, DType::F32), None);
+        assert_eq!(exchange_pieces(4096, 2, true, DType::Bf16), None);
+        assert_eq!(exchange_pieces(4095, 2, true, DType::F32), None);
+        assert_eq!(exchange_pieces(4096, 1, true, DType::F32), None);
+        assert_eq!(
+            exchange_pieces(96, 3, true, DType::F32).map(|p| p.len()),
+            Some(3)
+        );
+    }
+}
