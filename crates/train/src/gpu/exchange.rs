@@ -349,6 +349,28 @@ impl GpuTrainer {
         dp.launched_copies(self, region)
     }
 
+    /// Before the update of this rank's block `own` of region (a, b) carried by the copy
+    /// engines: the work stream waits for the other ranks' copies, adds all but the last in,
+    /// and returns the last with the scale the update averages by in its pass.
+    pub(super) fn received_for_update<'e>(
+        &self,
+        ex: &'e Exchange,
+        (a, b): (usize, usize),
+        (oa, ob): (usize, usize),
+    ) -> Result<Option<(gpukit_cuda::View<'e>, f32)>> {
+        let (rank, world) = (self.shard().rank, self.shard().world);
+        ex.wait_for_copies(self.gpu.stream(), rank, a)?;
+        let own = self.grads.view().sub(oa * 4, (ob - oa) * 4)?;
+        let others: Vec<usize> = (0..world).filter(|&q| q != rank).collect();
+        let Some((&last, rest)) = others.split_last() else {
+            return Ok(None);
+        };
+        for &q in rest {
+            self.k.axpy(own, ex.received((a, b), rank, q)?, ob - oa)?;
+        }
+        Ok(Some((ex.received((a, b), rank, last)?, 1.0 / world as f32)))
+    }
+
     /// After piece `p` of the first layer's weight gradient: another rank's piece and its
     /// block of the layer's tail leave for it; after its own piece, both regions are launched
     /// for the update (which waits for the others' copies).

@@ -464,24 +464,11 @@ impl GpuTrainer {
             // first), each layer's product waiting only for its own
             let mut regions = Vec::new();
             let work = self.gpu.stream();
-            let rank = self.shard().rank;
             for ((a, b), done, copies) in launched {
                 work.wait(&done)?;
                 let (oa, ob) = self.own_block((a, b));
                 let also = match (&dp.exchange, copies) {
-                    (Some(ex), true) => {
-                        // the other ranks' blocks: all but the last added in, the last averaged
-                        // in the update's pass
-                        ex.wait_for_copies(work, rank, a)?;
-                        let world = self.shard().world;
-                        let own = self.grads.view().sub(oa * 4, (ob - oa) * 4)?;
-                        let others: Vec<usize> = (0..world).filter(|&q| q != rank).collect();
-                        for &q in &others[..others.len() - 1] {
-                            self.k.axpy(own, ex.received((a, b), rank, q)?, ob - oa)?;
-                        }
-                        let last = others[others.len() - 1];
-                        Some((ex.received((a, b), rank, last)?, 1.0 / world as f32))
-                    }
+                    (Some(ex), true) => self.received_for_update(ex, (a, b), (oa, ob))?,
                     _ => {
                         self.widen_averaged(dp, (oa, ob))?;
                         None
@@ -548,7 +535,7 @@ impl GpuTrainer {
 
     /// Rank r's block of region [a, b) of the flat buffer, sharded: block r of `world` equal
     /// blocks.
-    fn own_block(&self, (a, b): (usize, usize)) -> (usize, usize) {
+    pub(super) fn own_block(&self, (a, b): (usize, usize)) -> (usize, usize) {
         let s = self.shard();
         let c = (b - a) / s.world;
         (a + s.rank * c, a + (s.rank + 1) * c)
