@@ -72,5 +72,41 @@ for p in sorted(glob.glob('$OUT/t/pp-*.json')):
      done
      tar czf $OUT/traces.tgz -C $OUT/t trace-default.json trace-exchange.json prof-default.txt prof-exchange.txt prof-default.json prof-exchange.json 2>/dev/null
      rm -rf $OUT/multi/work $OUT/t/trace-*.json $OUT/t/prof-* ;;
+  # X5: the input-gradient epilogue chosen by timing (decision 197): the whole gpu_train suite,
+  #     the 4096-wide MLP on one GPU against the previous build in turns (bf16, fp32; PyTorch
+  #     beside once each), the data-parallel turns again (copy engines vs NCCL), and the
+  #     pipeline at 8 micro-batches
+  X5) T="env -u LD_LIBRARY_PATH GPUKIT_REQUIRE_GPU=1"
+     $T timeout 200 .device/tests/gpu_train --test-threads 1 > $OUT/t/gpu_train.log 2>&1
+     say "gpu_train rc=$?: $(grep 'test result' $OUT/t/gpu_train.log)"; grep -E 'FAILED|failed|panicked' $OUT/t/gpu_train.log | head -8 | tee -a "$S"
+     M="--device cuda:0 --layers 4096,4096,4096,1 --samples 4096 --features 4096 --batch-size 4096 --lr 1e-5 --epochs 20"
+     GPUKIT_TRACE=1 timeout 60 env -u LD_LIBRARY_PATH .device/gpukit train $M --precision bf16 > $OUT/t/trace-choice.txt 2>&1
+     grep -E "input gradient on|epilogues" $OUT/t/trace-choice.txt | head -8 | tee -a "$S"
+     i=0
+     for v in new:bf16:c base:bf16:c new:bf16: base:bf16: new:fp32:c base:fp32: ; do
+       i=$((i+1)); IFS=: read -r which prec cmp <<< "$v"
+       B=.device/gpukit; [ $which = base ] && B=.device/gpukit-base
+       C=""; [ "$cmp" = c ] && C="--compare-pytorch"
+       # shellcheck disable=SC2086
+       timeout 150 env -u LD_LIBRARY_PATH $B train $M --precision $prec $C --save-json $OUT/t/mlp-$i-$which-$prec.json > $OUT/t/mlp-$i-$which-$prec.txt 2>&1
+       say "mlp $i $which $prec rc=$? $(python3 -c "
+import json,sys
+r=json.load(open('$OUT/t/mlp-$i-$which-$prec.json'))['result']
+import statistics as st
+g=r.get('gpu') or {}; pt=r.get('pytorch') or {}
+ms=sorted(e.get('ms', 0) for e in r['epochs'])
+print('epoch ms median', round(st.median(ms[1:] or ms), 4), 'min', round(ms[0], 4), 'fused', g.get('fused_epilogues'),
+      ('| pytorch loop s %.5f gpukit loop s %.5f max rel diff %.1e' % (pt['seconds_median'], pt['gpukit_seconds_median'], pt['max_relative_difference'])) if pt else '')
+" 2>&1 | tail -1)"
+       grep -E "Epilogues|PyTorch|step" $OUT/t/mlp-$i-$which-$prec.txt | head -4 | cut -c1-300 >> $OUT/t/mlp-lines.txt
+     done
+     GPUKIT_TESTS=/nonexistent OUT=$OUT/multi timeout 250 bash scripts/gpu-multi.sh exchange > $OUT/t/multi.log 2>&1
+     say "gpu-multi exchange rc=$?"; sed -n '/^ex-/,$p' $OUT/multi/summary.txt >> "$S"
+     P="--pipeline 2 --layers 1024,4096,4096,4096,4096,4096,4096,4096,4096,16 --features 1024 --loss cross-entropy --samples 81920 --batch-size 4096 --optimizer sgd --lr 0.01 --momentum 0.9"
+     for i in 1 2; do
+       timeout 100 env -u LD_LIBRARY_PATH .device/gpukit train $P --precision bf16 --steps 40 --micro-batches 8 --save-json $OUT/t/pp-$i.json > $OUT/t/pp-$i.txt 2>&1
+       say "pp $i rc=$?"; pp_row $OUT/t/pp-$i.json
+     done
+     tar czf $OUT/x5.tgz -C $OUT/t . ; rm -rf $OUT/t $OUT/multi/work ;;
 esac
 say "== done $(date -u +%FT%TZ)"
