@@ -209,6 +209,10 @@ pub struct TrainArgs {
     /// --pipeline: micro-batches a batch is cut into [default: 4 a stage].
     #[arg(long, value_parser = parse_count, value_name = "M")]
     pub micro_batches: Option<usize>,
+    /// --pipeline: how many layers each stage takes, first to last (e.g. 5,4), instead of the
+    /// split gpukit chooses from the layers' timed products and the 1F1B schedule.
+    #[arg(long, value_delimiter = ',', value_parser = parse_count, value_name = "L,L,...")]
+    pub pipeline_split: Option<Vec<usize>>,
     /// The most of a GPU's memory the run may plan to use, as a fraction in (0, 1]: a run that
     /// needs more is refused before allocating (with --pipeline, each stage's own share).
     #[arg(long, value_name = "F", value_parser = super::parse_fraction)]

@@ -120,6 +120,7 @@ pub(super) fn train_request(
         profile: None,
         pipeline: a.pipeline,
         micro_batches: a.micro_batches,
+        pipeline_split: a.pipeline_split.clone(),
         memory_fraction: a.memory_fraction,
     }
 }
@@ -196,6 +197,7 @@ pub(super) fn cnn_request(
         ("--loader", a.loader.is_some()),
         ("--pipeline", a.pipeline.is_some()),
         ("--micro-batches", a.micro_batches.is_some()),
+        ("--pipeline-split", a.pipeline_split.is_some()),
         ("--memory-fraction", a.memory_fraction.is_some()),
     ];
     if let Some((flag, _)) = mlp_only.iter().find(|(_, given)| *given) {

@@ -559,7 +559,7 @@ fn pipeline_section(p: &gpukit_bench::workload::train::pipeline::Pipeline) -> Se
         (
             "Stages",
             format!(
-                "{} GPUs ({}), layers {} (products of a micro-batch {} ms a stage{steps})",
+                "{} GPUs ({}), layers {}{} (products of a micro-batch {} ms a stage{steps})",
                 p.stages,
                 if p.started_by.is_empty() {
                     "threads in one process"
@@ -571,6 +571,11 @@ fn pipeline_section(p: &gpukit_bench::workload::train::pipeline::Pipeline) -> Se
                     .map(|(a, b)| format!("{}-{}", a + 1, b))
                     .collect::<Vec<_>>()
                     .join(" | "),
+                if p.split_given {
+                    " as --pipeline-split gave them"
+                } else {
+                    ""
+                },
                 ms(&stage_cost)
             ),
         ),

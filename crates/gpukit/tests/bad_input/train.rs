@@ -33,6 +33,14 @@ pub(super) fn train_flag_cases() -> Vec<Case> {
             &["--micro-batches"],
         ),
         case(
+            &["train", "--pipeline-split", "5,4"],
+            &["--pipeline-split", "--pipeline"],
+        ),
+        case(
+            &["train", "--pipeline", "2", "--pipeline-split", "3,3,3"],
+            &["--pipeline-split", "3 stage(s)"],
+        ),
+        case(
             &["train", "--memory-fraction", "0.5"],
             &["--memory-fraction"],
         ),

@@ -120,6 +120,8 @@ pub struct TrainRequest {
     pub pipeline: Option<usize>,
     /// Pipeline-parallel: micro-batches a batch is cut into (None: four a stage).
     pub micro_batches: Option<usize>,
+    /// Pipeline-parallel: layers a stage, first to last (None: gpukit's split).
+    pub pipeline_split: Option<Vec<usize>>,
     /// The most of a GPU's memory the run may plan to use, as a fraction of it.
     pub memory_fraction: Option<f64>,
     /// `gpukit profile train`: record this epoch (0-based) of a GPU run, or every epoch of a
@@ -435,6 +437,7 @@ pub fn run_train_ranked(
                 opt: &opt,
                 stages,
                 micro: r.micro_batches.unwrap_or(4 * stages),
+                split: r.pipeline_split.as_deref(),
                 memory_fraction: r.memory_fraction,
                 timeout: r.timeout.unwrap_or(std::time::Duration::from_secs(60)),
                 launched: match &r.parallel {

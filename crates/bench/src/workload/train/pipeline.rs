@@ -44,6 +44,9 @@ pub struct Pipeline {
     pub micro_rows: usize,
     /// Each stage's layers `[first, end)`.
     pub layers: Vec<(usize, usize)>,
+    /// The layers a stage came from `--pipeline-split` (not gpukit's choice).
+    #[serde(default)]
+    pub split_given: bool,
     /// Milliseconds of each layer's products on one micro-batch (what the split balances).
     pub layer_ms: Vec<f64>,
     /// Each layer's optimizer step, estimated from the bytes it moves (what the split weighs
@@ -121,6 +124,8 @@ pub struct Job<'a> {
     pub opt: &'a Optimizer<f32>,
     pub stages: usize,
     pub micro: usize,
+    /// `--pipeline-split`: layers a stage, first to last (None: [`split`] chooses).
+    pub split: Option<&'a [usize]>,
     pub memory_fraction: Option<f64>,
     pub timeout: std::time::Duration,
     /// Under a launcher: this process is the stage of its rank, on cuda:LOCAL_RANK.
@@ -394,7 +399,7 @@ fn run_threads(job: &Job<'_>, copies: bool, progress: &mut dyn FnMut(&str)) -> R
         "pipeline x{n}: timing each layer's products on {micro_rows} rows"
     ));
     let (layer_ms, update_ms) = time_layers(job, 0, micro_rows)?;
-    let spans = split(&layer_ms, &update_ms, n, job.micro)?;
+    let spans = stage_spans(job, (&layer_ms, &update_ms))?;
     progress("pipeline: the whole model on one GPU, the same batches");
     let single = one_gpu(job, 0)?;
     progress(&split_line(n, &spans));
@@ -499,7 +504,7 @@ fn run_launched(
         };
         let all = session.all_gather(&mine)?;
         let (layer_ms, update_ms): LayerTimes = unjson(&all[0], "the layers' times")?;
-        let spans = split(&layer_ms, &update_ms, n, job.micro)?;
+        let spans = stage_spans(job, (&layer_ms, &update_ms))?;
         progress(&split_line(n, &spans));
         let id = UniqueId::from_bytes(session.blob())?;
         let stage = Stage {
@@ -571,6 +576,37 @@ fn unjson<T: serde::de::DeserializeOwned>(b: &[u8], what: &str) -> Result<T> {
 /// Rows of the largest micro-batch.
 fn micro_rows(job: &Job<'_>) -> usize {
     split_rows(job.cfg.batch_size.min(job.train.len()), job.micro)[0]
+}
+
+/// The stages' layers: as `--pipeline-split` gave them (checked against the model), or as
+/// [`split`] chooses from the layers' times and the 1F1B schedule.
+fn stage_spans(
+    job: &Job<'_>,
+    (layer_ms, update_ms): (&[f64], &[f64]),
+) -> Result<Vec<(usize, usize)>> {
+    match job.split {
+        Some(counts) => given_spans(counts, layer_ms.len()),
+        None => Ok(split(layer_ms, update_ms, job.stages, job.micro)?),
+    }
+}
+
+/// Consecutive spans of `counts` layers each, which must take the model's `layers` exactly.
+fn given_spans(counts: &[usize], layers: usize) -> Result<Vec<(usize, usize)>> {
+    let total: usize = counts.iter().sum();
+    if total != layers || counts.contains(&0) {
+        return Err(Error::BadInput(format!(
+            "--pipeline-split {}: gives {total} layer(s) in stages of at least one; the model has {layers}",
+            counts.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+        )));
+    }
+    let mut at = 0;
+    Ok(counts
+        .iter()
+        .map(|&c| {
+            at += c;
+            (at - c, at)
+        })
+        .collect())
 }
 
 fn split_line(n: usize, spans: &[(usize, usize)]) -> String {
@@ -676,6 +712,7 @@ fn assemble(
         micro_batches: job.micro,
         micro_rows,
         layers: spans,
+        split_given: job.split.is_some(),
         layer_ms,
         layer_update_ms,
         bubble: 1.0 - slowest(&alone) / slowest(&steps),
@@ -757,5 +794,26 @@ mod flush_tests {
         // its step shorter than the flush: it idles for the rest of the flush
         let short = without_flush(140.0, 5.0, 155.8, 12.2);
         assert!((short - (1.0 - 135.0 / 143.6)).abs() < 1e-12);
+    }
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::given_spans;
+    use crate::error::Error;
+
+    #[test]
+    fn a_given_split_takes_consecutive_layers_and_must_cover_the_model() {
+        assert_eq!(given_spans(&[5, 4], 9).unwrap(), vec![(0, 5), (5, 9)]);
+        assert_eq!(
+            given_spans(&[1, 2, 3], 6).unwrap(),
+            vec![(0, 1), (1, 3), (3, 6)]
+        );
+        for (counts, layers) in [(&[5, 5][..], 9), (&[4, 4][..], 9), (&[9, 0][..], 9)] {
+            match given_spans(counts, layers) {
+                Err(Error::BadInput(m)) => assert!(m.contains("--pipeline-split"), "{m}"),
+                other => panic!("{counts:?} of {layers}: {other:?}"),
+            }
+        }
     }
 }

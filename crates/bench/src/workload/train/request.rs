@@ -118,13 +118,23 @@ pub fn check_request(r: &TrainRequest) -> Result<()> {
 /// micro-batches, the data on the GPU; the rest is refused naming the flag.
 fn check_pipeline(r: &TrainRequest) -> Result<()> {
     let Some(n) = r.pipeline else {
-        return match r.micro_batches {
-            Some(_) => Err(Error::BadInput(
+        return match (r.micro_batches, &r.pipeline_split) {
+            (Some(_), _) => Err(Error::BadInput(
                 "--micro-batches: cuts batches for a pipeline; add --pipeline N".into(),
             )),
-            None => Ok(()),
+            (_, Some(_)) => Err(Error::BadInput(
+                "--pipeline-split: splits a pipeline's layers; add --pipeline N".into(),
+            )),
+            _ => Ok(()),
         };
     };
+    if let Some(s) = r.pipeline_split.as_ref().filter(|s| s.len() != n) {
+        return Err(Error::BadInput(format!(
+            "--pipeline-split: {} stage(s) given ({}), --pipeline {n} has {n}",
+            s.len(),
+            s.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+        )));
+    }
     if n < 2 {
         return Err(Error::BadInput(format!(
             "--pipeline {n}: a pipeline has at least 2 stages (one GPU trains without it)"

@@ -125,6 +125,7 @@ fn a_pipeline_run_shows_its_split_bubble_and_the_one_gpu_run_beside() {
         micro_batches: 8,
         micro_rows: 512,
         layers: vec![(0, 4), (4, 9)],
+        split_given: false,
         layer_ms: vec![0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.25],
         layer_update_ms: vec![0.1; 9],
         alone_step_ms: vec![29.6, 37.3],
@@ -256,14 +257,15 @@ fn a_data_parallel_run_names_its_sharded_optimizer_and_both_pytorch_peers() {
     assert!(
         text.contains("PyTorch's fastest data-parallel mode (3384251 samples/s)"),
         "{text}"
-    ); // the first layer exchanged piece by piece says how
+    ); // the copy engines and the first layer exchanged piece by piece say how
     let mut exchanged = dp(true, None, 1.52, 1.55);
     exchanged.grad_pieces = 2;
     exchanged.first_layer_exchanged = true;
     r.data_parallel = Some(exchanged);
     let text = terminal(&train_sections(&r));
     assert!(
-        text.contains("in 2 pieces, one a GPU, the others' computed first and each sent to the GPU that updates it"),
+        text.contains("every block carried to the GPU that updates it by the copy engines")
+            && text.contains("in 2 pieces, one a GPU, the others' computed first and each sent while the next is computed"),
         "{text}"
     );
     assert!(
