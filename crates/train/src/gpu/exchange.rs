@@ -24,13 +24,11 @@
 //! next copy follows its next forward, which waited for the weights the owner gathered after
 //! its update.
 
-use super::parallel::{span, Dp};
 use super::plan::Layout;
 use super::GpuTrainer;
 use crate::error::{Error, Result};
 use gpukit_cuda::transfer::{copy_peer, enable_peer_access};
 use gpukit_cuda::{DeviceBuffer, Event, Gpu, Stream};
-use gpukit_types::DType;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Barrier, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -169,21 +167,6 @@ pub(super) struct Exchange {
     peers: Arc<DpPeers>,
 }
 
-/// The first layer's rows in one piece a rank, where the exchange applies: `world` ranks of a
-/// sharded optimizer, f32 gradients, `outputs` a multiple of `world`. None elsewhere.
-pub(super) fn exchange_pieces(
-    outputs: usize,
-    world: usize,
-    sharded: bool,
-    grad_comm: DType,
-) -> Option<Vec<(usize, usize)>> {
-    let fits = world >= 2 && sharded && grad_comm == DType::F32 && outputs.is_multiple_of(world);
-    fits.then(|| {
-        let c = outputs / world;
-        (0..world).map(|q| (q * c, (q + 1) * c)).collect()
-    })
-}
-
 /// The spans of the exchange's pieces (`rows`, ranges of the first layer's outputs) and of the
 /// layer's tail (its bias and the padding after it) in the flat gradient buffer.
 pub(super) fn exchange_spans(
@@ -192,7 +175,7 @@ pub(super) fn exchange_spans(
 ) -> (Vec<(usize, usize)>, (usize, usize)) {
     let (i, _) = layout.io(0);
     let (wo, _) = layout.offsets[0];
-    let end = span(layout, 0, 0).1;
+    let end = layout.span(0, 0).1;
     let pieces: Vec<(usize, usize)> = rows
         .iter()
         .map(|&(a, b)| (wo + a * i, wo + b * i))
@@ -259,7 +242,7 @@ impl Exchange {
     }
 
     /// The region the first layer's pieces make together.
-    fn pieces_region(&self) -> (usize, usize) {
+    pub(super) fn pieces_region(&self) -> (usize, usize) {
         let (first, last) = (self.pieces[0], self.pieces[self.pieces.len() - 1]);
         (first.0, last.1)
     }
@@ -335,18 +318,13 @@ impl GpuTrainer {
     }
 
     /// Region (a, b) of the gradients done (a bucket): every other rank's block leaves for it.
-    pub(super) fn exchange_region(
-        &self,
-        dp: &Dp,
-        ex: &Exchange,
-        region: (usize, usize),
-    ) -> Result<()> {
+    pub(super) fn exchange_region(&self, ex: &Exchange, region: (usize, usize)) -> Result<()> {
         ex.copy.wait(&self.gpu.stream().record()?)?;
         let rank = self.shard().rank;
         for q in (0..self.shard().world).filter(|&q| q != rank) {
             self.send_block(ex, region, q)?;
         }
-        dp.launched_copies(self, region)
+        Ok(())
     }
 
     /// Before the update of this rank's block `own` of region (a, b) carried by the copy
@@ -372,17 +350,16 @@ impl GpuTrainer {
     }
 
     /// After piece `p` of the first layer's weight gradient: another rank's piece and its
-    /// block of the layer's tail leave for it; after its own piece, both regions are launched
-    /// for the update (which waits for the others' copies).
-    pub(super) fn exchange_piece_done(&self, dp: &Dp, ex: &Exchange, p: usize) -> Result<()> {
-        let rank = self.shard().rank;
-        if p != rank {
-            ex.copy.wait(&self.gpu.stream().record()?)?;
-            self.send_block(ex, ex.tail, p)?;
-            return self.send_block(ex, ex.pieces_region(), p);
+    /// block of the layer's tail leave for it. Whether `p` was this rank's own (the last: both
+    /// regions are then ready for the update, which waits for the others' copies).
+    pub(super) fn exchange_piece_done(&self, ex: &Exchange, p: usize) -> Result<bool> {
+        if p == self.shard().rank {
+            return Ok(true);
         }
-        dp.launched_copies(self, ex.tail)?;
-        dp.launched_copies(self, ex.pieces_region())
+        ex.copy.wait(&self.gpu.stream().record()?)?;
+        self.send_block(ex, ex.tail, p)?;
+        self.send_block(ex, ex.pieces_region(), p)?;
+        Ok(false)
     }
 }
 
@@ -422,21 +399,5 @@ mod tests {
                 assert_eq!(slots, (0..world - 1).collect::<Vec<_>>());
             }
         }
-    }
-
-    #[test]
-    fn pieces_split_the_rows_evenly_where_the_exchange_applies() {
-        assert_eq!(
-            exchange_pieces(4096, 2, true, DType::F32),
-            Some(vec![(0, 2048), (2048, 4096)])
-        );
-        assert_eq!(exchange_pieces(4096, 2, false, DType::F32), None);
-        assert_eq!(exchange_pieces(4096, 2, true, DType::Bf16), None);
-        assert_eq!(exchange_pieces(4095, 2, true, DType::F32), None);
-        assert_eq!(exchange_pieces(4096, 1, true, DType::F32), None);
-        assert_eq!(
-            exchange_pieces(96, 3, true, DType::F32).map(|p| p.len()),
-            Some(3)
-        );
     }
 }

@@ -70,7 +70,7 @@ pub(super) fn buckets(layout: &Layout, bytes: usize, first: usize) -> Vec<(usize
     let mut hi = None;
     for l in (first..layers).rev() {
         let top = *hi.get_or_insert(l);
-        let (lo_off, hi_end) = span(layout, l, top);
+        let (lo_off, hi_end) = layout.span(l, top);
         if (hi_end - lo_off) * 4 >= bytes || l == first {
             out.push((l, top));
             hi = None;
@@ -86,7 +86,7 @@ pub(super) fn buckets(layout: &Layout, bytes: usize, first: usize) -> Vec<(usize
 pub(super) fn piece_spans(layout: &Layout, pieces: &[(usize, usize)]) -> Vec<(usize, usize)> {
     let (i, _) = layout.io(0);
     let (wo, _) = layout.offsets[0];
-    let end = span(layout, 0, 0).1;
+    let end = layout.span(0, 0).1;
     pieces
         .iter()
         .enumerate()
@@ -99,12 +99,6 @@ pub(super) fn piece_spans(layout: &Layout, pieces: &[(usize, usize)]) -> Vec<(us
             (wo + a * i, hi)
         })
         .collect()
-}
-
-/// Elements of the flat gradient buffer that layers lo..=hi occupy: [start, end).
-pub(super) fn span(layout: &Layout, lo: usize, hi: usize) -> (usize, usize) {
-    let end = layout.offsets.get(hi + 1).map_or(layout.total, |&(w, _)| w);
-    (layout.offsets[lo].0, end)
 }
 
 /// A rank's blocks of the flat buffer: each span [a, b) and its offset where they are packed.
@@ -256,7 +250,7 @@ impl GpuTrainer {
         };
         let regions: Vec<(usize, usize)> = buckets
             .iter()
-            .map(|&(lo, hi)| span(&self.layout, lo, hi))
+            .map(|&(lo, hi)| self.layout.span(lo, hi))
             .chain(exchange_regions)
             .collect();
         if sharded {
@@ -368,7 +362,7 @@ impl GpuTrainer {
         let Some(dp) = &self.dp else { return Ok(()) };
         for &(lo, hi) in &dp.buckets {
             if lo == l {
-                self.launch_average(dp, span(&self.layout, lo, hi))?;
+                self.launch_average(dp, self.layout.span(lo, hi))?;
             }
         }
         Ok(())
@@ -379,7 +373,11 @@ impl GpuTrainer {
     pub(super) fn piece_done(&self, p: usize) -> Result<()> {
         let Some(dp) = &self.dp else { return Ok(()) };
         if let Some(ex) = &dp.exchange {
-            return self.exchange_piece_done(dp, ex, p);
+            if self.exchange_piece_done(ex, p)? {
+                dp.launched_copies(self, ex.tail)?;
+                dp.launched_copies(self, ex.pieces_region())?;
+            }
+            return Ok(());
         }
         let Some(&(a, b)) = dp.pieces.get(p) else {
             return Ok(());
@@ -391,7 +389,8 @@ impl GpuTrainer {
     /// current point; the update waits for it.
     pub(super) fn launch_average(&self, dp: &Dp, (a, b): (usize, usize)) -> Result<()> {
         if let Some(ex) = &dp.exchange {
-            return self.exchange_region(dp, ex, (a, b));
+            self.exchange_region(ex, (a, b))?;
+            return dp.launched_copies(self, (a, b));
         }
         let grads = self.grads.view().sub(a * 4, (b - a) * 4)?;
         let (region, ty) = match &dp.comm_buf {
@@ -510,7 +509,7 @@ impl GpuTrainer {
         let Some(dp) = self.dp.as_ref().filter(|d| d.sharded) else {
             return Ok(());
         };
-        let (lo, hi) = span(&self.layout, l, l);
+        let (lo, hi) = self.layout.span(l, l);
         let mut gathering = lock(&dp.gathering);
         for (_, done) in gathering.iter().filter(|((a, b), _)| *a < hi && lo < *b) {
             self.gpu.stream().wait(done)?;
@@ -817,11 +816,11 @@ mod tests {
         // has two of them (the small last layer rides with the first)
         let b = buckets(&layout, 20 << 10, 0);
         assert_eq!(b, vec![(1, 3), (0, 0)]);
-        let (a, e) = span(&layout, 0, 3);
+        let (a, e) = layout.span(0, 3);
         assert_eq!((a, e), (0, layout.total));
         // consecutive buckets meet
-        let (_, end_low) = span(&layout, 0, 1);
-        let (start_high, _) = span(&layout, 2, 3);
+        let (_, end_low) = layout.span(0, 1);
+        let (start_high, _) = layout.span(2, 3);
         assert_eq!(end_low, start_high);
     }
 
@@ -835,7 +834,7 @@ mod tests {
             let spans = piece_spans(&layout, &pieces);
             let mut all: Vec<(usize, usize)> = buckets(&layout, 1, 1)
                 .iter()
-                .map(|&(lo, hi)| span(&layout, lo, hi))
+                .map(|&(lo, hi)| layout.span(lo, hi))
                 .chain(spans.iter().copied())
                 .collect();
             all.sort_unstable();
@@ -880,7 +879,7 @@ mod tests {
                     let first = usize::from(!spans.is_empty());
                     let mut all: Vec<(usize, usize)> = buckets(&layout, 1, first)
                         .iter()
-                        .map(|&(lo, hi)| span(&layout, lo, hi))
+                        .map(|&(lo, hi)| layout.span(lo, hi))
                         .chain(spans)
                         .collect();
                     all.sort_unstable();

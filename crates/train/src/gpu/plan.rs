@@ -1,7 +1,6 @@
 //! How each layer's products run: the flat parameter layout, the epilogues cuBLASLt fuses for
 //! every batch size the run meets, and the plans built once for them.
 
-use super::exchange::exchange_pieces;
 use super::{GpuTrainer, Op, PlanKey};
 use crate::error::{Error, Result};
 use crate::model::Mlp;
@@ -22,6 +21,12 @@ pub(super) struct Layout {
 const ALIGN: usize = 128;
 
 impl Layout {
+    /// Elements of the flat gradient buffer that layers lo..=hi occupy: [start, end).
+    pub(super) fn span(&self, lo: usize, hi: usize) -> (usize, usize) {
+        let end = self.offsets.get(hi + 1).map_or(self.total, |&(w, _)| w);
+        (self.offsets[lo].0, end)
+    }
+
     pub(super) fn new(widths: &[usize]) -> Layout {
         Layout::aligned(widths, 1)
     }
@@ -120,6 +125,21 @@ pub(super) fn split(n: usize, count: usize) -> Vec<(usize, usize)> {
     (0..count)
         .map(|p| (p * n / count, (p + 1) * n / count))
         .collect()
+}
+
+/// The first layer's rows in one piece a rank, where the exchange applies: `world` ranks of a
+/// sharded optimizer, f32 gradients, `outputs` a multiple of `world`. None elsewhere.
+pub(super) fn exchange_pieces(
+    outputs: usize,
+    world: usize,
+    sharded: bool,
+    grad_comm: DType,
+) -> Option<Vec<(usize, usize)>> {
+    let fits = world >= 2 && sharded && grad_comm == DType::F32 && outputs.is_multiple_of(world);
+    fits.then(|| {
+        let c = outputs / world;
+        (0..world).map(|q| (q * c, (q + 1) * c)).collect()
+    })
 }
 
 /// How a layer's input-gradient product applies the previous layer's ReLU and bias gradient.
@@ -450,5 +470,26 @@ impl GpuTrainer {
                 format!("layer {l}: forward {fwd}; backward {back}")
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_split_the_rows_evenly_where_the_exchange_applies() {
+        assert_eq!(
+            exchange_pieces(4096, 2, true, DType::F32),
+            Some(vec![(0, 2048), (2048, 4096)])
+        );
+        assert_eq!(exchange_pieces(4096, 2, false, DType::F32), None);
+        assert_eq!(exchange_pieces(4096, 2, true, DType::Bf16), None);
+        assert_eq!(exchange_pieces(4095, 2, true, DType::F32), None);
+        assert_eq!(exchange_pieces(4096, 1, true, DType::F32), None);
+        assert_eq!(
+            exchange_pieces(96, 3, true, DType::F32).map(|p| p.len()),
+            Some(3)
+        );
     }
 }
