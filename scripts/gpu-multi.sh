@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on a lent machine with several GPUs, from the project root, over binaries staged into
 # .device/ (see scripts/gpu-test.sh):
-#   bash scripts/gpu-multi.sh [bench|train|overlap|exchange|cnn|cnn-accumulate|pipeline|faults|all]     (default: all)
+#   bash scripts/gpu-multi.sh [bench|train|overlap|exchange|cnn|cnn-accumulate|pipeline|split|faults|all]     (default: all)
 # bench: the cuda crate's GPU tests (NCCL collectives against float64, peer copies), then
 #        `bench nccl` in one process beside torch.distributed, the same sweep through
 #        `gpukit launch`, through torchrun and as CUDA graphs, NCCL's socket transport (shared
@@ -28,6 +28,9 @@
 #        (SGD: fp32 and bf16, beside PyTorch's Schedule1F1B; a micro-batch sweep; fp32 again as
 #        one process a stage under `gpukit launch`, its losses against the threads'), and a
 #        16384-wide model one GPU refuses under --memory-fraction 0.4 (sized from the GPU's memory).
+# split: the pipeline GPU test, then the same model in bf16 at 8 micro-batches with gpukit's split
+#        and with --pipeline-split 5,4 and 4,5, in turns, each under GPUKIT_TRACE=1 (each
+#        stage's last update, operation by operation, with the gaps between).
 # faults: a rank killed mid-run, a wrong WORLD_SIZE, a missing MASTER_ADDR, an occupied port, a
 #        rank that never arrives: every surviving process must exit non-zero with a message
 #        within the timeout.
@@ -349,6 +352,30 @@ for p in sorted(glob.glob(os.path.join(w, "pp-*.json"))):
           + (f" | one GPU {one.get('samples_per_s', 0):.0f} losses within {one.get('max_loss_rel_diff', 0):.1e}" if one else "")
           + (f" | PyTorch {pt.get('samples_per_s', 0):.0f}" if pt else "")
           + (f" | one GPU refused under the fraction" if d.get("one_gpu_refused") else ""))
+PY
+fi
+
+if [ "$MODE" = split ]; then
+  if [ -x "$TESTS/gpu_train" ]; then
+    clean env GPUKIT_REQUIRE_GPU=1 "$TESTS/gpu_train" --test-threads 1 --nocapture pipeline >"$W/pipeline-test.txt" 2>&1
+    say "pipeline GPU test rc=$?: $(grep 'test result' "$W/pipeline-test.txt")"
+  fi
+  P="--pipeline 2 --layers 1024,4096,4096,4096,4096,4096,4096,4096,4096,16 --features 1024 --loss cross-entropy --samples 81920 --batch-size 4096 --optimizer sgd --lr 0.01 --momentum 0.9 --precision bf16 --steps 40 --micro-batches 8"
+  i=0
+  for v in auto 5,4 4,5 auto 4,5 5,4; do
+    i=$((i + 1)); S=""; [ "$v" != auto ] && S="--pipeline-split $v"
+    # shellcheck disable=SC2086
+    clean env GPUKIT_TRACE=1 timeout 100 "$BIN" train $P $S --save-json "$W/split-$i.json" >"$W/split-$i.txt" 2>"$W/split-$i.err"
+    say "split $v turn $i rc=$?"
+    grep -h "pipeline stage" "$W/split-$i.txt" "$W/split-$i.err" | cut -c1-600 | tee -a "$SUMMARY"
+  done
+  python3 - "$W" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import json, sys, os, glob
+w = sys.argv[1]
+for p in sorted(glob.glob(os.path.join(w, "split-*.json"))):
+    d = json.load(open(p))["result"].get("pipeline") or {}
+    print(f"{os.path.basename(p):14} layers {d.get('layers')} given {d.get('split_given')} bubble {d.get('bubble', 0):.3f} "
+          f"(schedule {d.get('bubble_schedule', 0):.3f}) samples/s {d.get('samples_per_s', 0):.0f} alone {d.get('alone_step_ms')} steps {d.get('step_ms')}")
 PY
 fi
 
