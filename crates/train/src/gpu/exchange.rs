@@ -45,7 +45,7 @@ struct Queues {
 type Member = (Arc<Gpu>, Arc<DeviceBuffer>);
 
 /// The data-parallel ranks of one process, met for the exchange: each one's GPU and receive
-/// buffer, and a queue of copy events an ordered pair of ranks. Shared by the ranks' threads.
+/// buffer, and a queue of copy events per sender, receiver and region. Shared by the threads.
 pub struct DpPeers {
     world: usize,
     members: Mutex<Vec<Option<Member>>>,
@@ -153,8 +153,8 @@ impl DpPeers {
 
 /// A rank's side of the exchange.
 pub(super) struct Exchange {
-    /// Each piece's span of the flat gradient buffer (rows of the first layer's weight only).
-    pub(super) pieces: Vec<(usize, usize)>,
+    /// The first layer's rows, one piece a rank: its span of the flat gradient buffer.
+    pieces_region: (usize, usize),
     /// The layer's bias and padding: each rank's block sent with its piece.
     pub(super) tail: (usize, usize),
     /// Where each region's received blocks start in a receive buffer (elements), by the
@@ -232,7 +232,7 @@ impl Exchange {
         };
         let members = peers.join(rank, gpu, &recv)?;
         Ok(Exchange {
-            pieces,
+            pieces_region: (pieces[0].0, pieces[world - 1].1),
             tail,
             slots,
             copy,
@@ -243,8 +243,7 @@ impl Exchange {
 
     /// The region the first layer's pieces make together.
     pub(super) fn pieces_region(&self) -> (usize, usize) {
-        let (first, last) = (self.pieces[0], self.pieces[self.pieces.len() - 1]);
-        (first.0, last.1)
+        self.pieces_region
     }
 
     /// Block `sender`'s copy of region (a, b) lands in, in `owner`'s receive buffer: its

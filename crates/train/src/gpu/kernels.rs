@@ -38,7 +38,6 @@ pub fn kernel_source() -> KernelSource {
     let mut names: Vec<String> = [
         "gather_u32",
         "axpy_f32",
-        "add_scale_f32",
         "check_finite",
         "advance",
         "cross_entropy_total",
@@ -425,14 +424,6 @@ impl TrainKernels {
         self.run("axpy_f32", grid_for(n), &args)
     }
 
-    /// `y = (y + x) * s`, `n` f32 values.
-    pub fn add_scale(&self, y: View<'_>, x: View<'_>, n: usize, s: f32) -> Result<()> {
-        y.require(n * 4, "add_scale y")?;
-        x.require(n * 4, "add_scale x")?;
-        let args = [Arg::Ptr(y), Arg::Ptr(x), Arg::Size(n), Arg::F32(s)];
-        self.run("add_scale_f32", grid_for(n), &args)
-    }
-
     /// Marks `state` when any of `n` f32 gradients is inf or NaN.
     pub fn check_finite(&self, grads: View<'_>, n: usize, state: View<'_>) -> Result<()> {
         grads.require(n * 4, "check_finite grads")?;
@@ -642,7 +633,6 @@ mod tests {
             ("sgd_", "p p p f p p l p f f f i i"),
             ("gather_u32", "p p p i i"),
             ("axpy_f32", "p p l"),
-            ("add_scale_f32", "p p l f"),
             ("check_finite", "p l p"),
             ("advance", "p i d d d i"),
         ];

@@ -345,9 +345,6 @@ extern "C" __global__ void cross_entropy_total(const double* part, int rows, dou
 }
 
 extern "C" __global__ void axpy_f32(float* y, const float* x, long n) { LOOP(i, n) y[i] += x[i]; }
-extern "C" __global__ void add_scale_f32(float* y, const float* x, long n, float s) {
-    LOOP(i, n) y[i] = (y[i] + x[i]) * s;
-}
 
 // Marks the state when any of n gradients is inf or NaN (the scaler's check).
 extern "C" __global__ void check_finite(const float* g, long n, State* st) {
