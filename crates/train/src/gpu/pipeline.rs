@@ -38,6 +38,10 @@ use std::sync::Arc;
 /// A send or receive of a stage: the buffer, its elements and the peer stage.
 type Transfer<'a> = Option<(View<'a>, usize, usize)>;
 
+/// What a stage after the first does with its input gradient's dz buffer once computed:
+/// sends it at once (the copy engines), or nothing (the send is queued after the backward).
+pub(super) type InputGrad<'a> = Option<&'a dyn Fn(usize) -> Result<()>>;
+
 /// How a stage reaches the stages beside it.
 pub(super) enum Pipe {
     /// NCCL sends and receives on the work stream.
@@ -151,26 +155,33 @@ impl GpuTrainer {
             self.stage_forward(&group[f])?;
             self.exchange(self.send_output(&group[f])?, self.recv_grad(&group[bw])?)?;
             f += 1;
-            let dx = self.stage_backward(&group[bw])?;
+            let send = self.stage_backward(&group[bw])?;
             let next = if f < m {
                 self.recv_input(&group[f])?
             } else {
                 None
             };
-            self.exchange(self.send_grad(&group[bw], dx)?, next)?;
+            self.exchange(send, next)?;
             bw += 1;
         }
         while bw < m {
             self.exchange(None, self.recv_grad(&group[bw])?)?;
-            let dx = self.stage_backward(&group[bw])?;
-            self.exchange(self.send_grad(&group[bw], dx)?, None)?;
+            let send = self.stage_backward(&group[bw])?;
+            self.exchange(send, None)?;
             bw += 1;
+        }
+        // the update after the last send: the stage before need not wait for it
+        if group.last().is_some_and(|b| b.update) {
+            self.mark('U', 0)?;
+            self.enqueue_update()?;
+            self.mark('u', 0)?;
         }
         Ok(())
     }
 
     /// With `GPUKIT_TRACE=1` on a pipeline, a timed mark on the work stream: `F`/`B` before a
-    /// micro-batch's forward / backward, `f`/`b` after it, `<` at an update's start.
+    /// micro-batch's forward / backward, `f`/`b` after it, `U`/`u` around the update, `<` at
+    /// an update's start.
     fn mark(&self, what: char, micro: usize) -> Result<()> {
         if self.pipe.is_some() && gpukit_cuda::trace::on() {
             let e = self.gpu.stream().record_timed()?;
@@ -180,7 +191,7 @@ impl GpuTrainer {
     }
 
     /// With `GPUKIT_TRACE=1`, the stage's last update as its work stream ran it: each
-    /// forward and backward (the last with the optimizer step) from the update's start, in
+    /// forward, backward and the optimizer step (`U0`) from the update's start, in
     /// microseconds, and the time the stream spent between them (waiting for a transfer, or
     /// on the transfers' local copies). Call once the run is over.
     pub fn pipeline_trace(&self) -> Result<Option<String>> {
@@ -235,15 +246,21 @@ impl GpuTrainer {
 
     /// A micro-batch's backward through the stage's layers from the output gradient in dz[0]
     /// (the loss's, or received: a stage before the last applies its top layer's ReLU and
-    /// takes its bias gradient first); returns the dz buffer holding the gradient to send back.
-    fn stage_backward(&self, b: &Batch) -> Result<usize> {
+    /// takes its bias gradient first). Through the copy engines the input gradient leaves as
+    /// soon as it is computed, before the first layer's weight gradient; else the send to
+    /// queue after the backward is returned.
+    fn stage_backward(&self, b: &Batch) -> Result<Transfer<'_>> {
         self.mark('B', b.micro)?;
-        let dx = self.backward_micro(b)?;
+        let early = |dx: usize| self.exchange(self.send_grad(b, dx)?, None);
+        let dx = self.backward_micro(b, self.links().map(|_| &early as &dyn Fn(usize) -> _))?;
         self.mark('b', b.micro)?;
-        Ok(dx)
+        if self.links().is_some() {
+            return Ok(None);
+        }
+        self.send_grad(b, dx)
     }
 
-    fn backward_micro(&self, b: &Batch) -> Result<usize> {
+    fn backward_micro(&self, b: &Batch, sent: InputGrad<'_>) -> Result<usize> {
         let stage = self.stage()?;
         self.slot.set(self.slot_of(b)?);
         if let Some(l) = self.links() {
@@ -263,7 +280,7 @@ impl GpuTrainer {
             self.k.bias_grad(dy, db, st, (o, b.rows), beta)?;
         }
         let x0 = self.maps().x_in.view();
-        self.enqueue_backward(x0, b, !stage.first())
+        self.enqueue_backward(x0, b, (!stage.first()).then_some(sent))
     }
 
     /// The micro-batch's input from the stage before (none on the first stage).

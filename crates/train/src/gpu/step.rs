@@ -7,6 +7,7 @@ use super::feed::{batch_bytes, copy_in, target_width, Loader, PinnedRing};
 use super::kernels::{StepState, UpdateRule};
 #[cfg(test)]
 use super::parallel::Shard;
+use super::pipeline::InputGrad;
 use super::plan::InputEpilogue;
 use super::{count_sum, GpuDetails, GpuTrainer, Input, Op, GROWTH_INTERVAL};
 use crate::checkpoint::Position;
@@ -73,7 +74,7 @@ impl GpuTrainer {
         drop(input_op);
         self.forward(x0, 0..layers, rows, Op::Forward)?;
         self.enqueue_loss(targets, &b)?;
-        self.enqueue_backward(x0, &b, false)?;
+        self.enqueue_backward(x0, &b, None)?;
         Ok(())
     }
 
@@ -150,14 +151,17 @@ impl GpuTrainer {
     }
 
     /// Backward from the output gradient in dz[0] down to the first layer, whose input was
-    /// `x0`, and the update when one follows. On a pipeline stage after the first,
+    /// `x0`, and the update when one follows (not on a pipeline stage: its 1F1B schedule
+    /// queues the update after its last send). On a pipeline stage after the first,
     /// `input_grad` also computes the first layer's input gradient (plain: its ReLU and bias
-    /// belong to the stage before); returns the dz buffer that holds it.
+    /// belong to the stage before), before that layer's weight gradient, and hands the dz
+    /// buffer holding it to `input_grad`'s `sent`, when given, at once (the stage before
+    /// waits for it); returns that buffer.
     pub(super) fn enqueue_backward(
         &self,
         x0: View<'_>,
         b: &Batch,
-        input_grad: bool,
+        input_grad: Option<InputGrad<'_>>,
     ) -> Result<usize> {
         let st = self.opts.precision.storage();
         let es = st.size_bytes();
@@ -232,6 +236,24 @@ impl GpuTrainer {
                 }
                 continue;
             }
+            if let (0, Some(sent)) = (l, input_grad) {
+                // the gradient the stage before continues from, first: it waits for it
+                let input_op = self.op_product(l, Op::InputGrad, rows);
+                self.blas.run_lt(
+                    self.plan(l, Op::InputGrad, rows)?,
+                    sub(weights, wes, wo, i * o)?,
+                    dy,
+                    self.dz[1 - cur].view(),
+                    0.0,
+                    None,
+                    None,
+                )?;
+                drop(input_op);
+                cur = 1 - cur;
+                if let Some(sent) = sent {
+                    sent(cur)?;
+                }
+            }
             let weight_op = self.op_product(l, Op::WeightGrad, rows);
             self.blas.run_lt(
                 self.plan(l, Op::WeightGrad, rows)?,
@@ -253,20 +275,6 @@ impl GpuTrainer {
             // gradient below is computed
             if b.update {
                 self.layer_done(l)?;
-            }
-            if l == 0 && input_grad {
-                // the gradient the stage before continues from
-                let _input_op = self.op_product(l, Op::InputGrad, rows);
-                self.blas.run_lt(
-                    self.plan(l, Op::InputGrad, rows)?,
-                    sub(weights, wes, wo, i * o)?,
-                    dy,
-                    self.dz[1 - cur].view(),
-                    0.0,
-                    None,
-                    None,
-                )?;
-                cur = 1 - cur;
             }
             if l > 0 {
                 let dx = self.dz[1 - cur].view();
@@ -303,7 +311,7 @@ impl GpuTrainer {
                 cur = 1 - cur;
             }
         }
-        if b.update {
+        if b.update && self.opts.stage.is_none() {
             self.enqueue_update()?;
         }
         Ok(cur)

@@ -298,13 +298,16 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
             },
             if comm_sms > 0 { ", 16 SMs left to communication" } else { "" }
         );
+        // the largest distances over the ranks: weights, m, v
+        let mut apart = [0f32; 3];
         for (rank, r) in runs.into_iter().enumerate() {
             let (out, m, opt) = r.map_err(|e| format!("{tag}: rank {rank}: {e}"))?;
             // a sharded rank keeps only its blocks of the moments: gathered back, every
             // rank's are one GPU's
-            for (what, got, want) in [("m", &opt.m, &one.opt.m), ("v", &opt.v, &one.opt.v)] {
+            for (k, what, got, want) in [(1, "m", &opt.m, &one.opt.m), (2, "v", &opt.v, &one.opt.v)]
+            {
                 match moments_apart(got, want) {
-                    Some(d) if d < weight_tol => {}
+                    Some(d) if d < weight_tol => apart[k] = apart[k].max(d),
                     d => check(
                         false,
                         format!("{tag}: rank {rank}: the optimizer's {what} differs from one GPU's by {d:?} of its largest value (tolerance {weight_tol:e})"),
@@ -344,8 +347,12 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
                     "{tag}: rank {rank}: weights differ by {worst:e} (tolerance {weight_tol:e})"
                 ),
             )?;
+            apart[0] = apart[0].max(worst);
         }
-        eprintln!("    {tag}: every rank made one GPU's updates");
+        eprintln!(
+            "    {tag}: every rank made one GPU's updates (weights within {:.1e}, m {:.1e}, v {:.1e}; tolerance {weight_tol:e})",
+            apart[0], apart[1], apart[2]
+        );
     }
     Ok(())
 }
