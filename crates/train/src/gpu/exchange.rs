@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use gpukit_cuda::transfer::{copy_peer, enable_peer_access};
 use gpukit_cuda::{DeviceBuffer, Event, Gpu, Stream};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Barrier, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The copies' events from one rank to another, a queue a region (keyed by its first
@@ -44,14 +44,20 @@ struct Queues {
 /// What a rank publishes to the others: its GPU and its receive buffer.
 type Member = (Arc<Gpu>, Arc<DeviceBuffer>);
 
+/// The ranks met so far: what each published (None: it failed before), and how many came.
+struct Meeting {
+    members: Vec<Option<Member>>,
+    arrived: usize,
+}
+
 /// The data-parallel ranks of one process, met for the exchange: each one's GPU and receive
 /// buffer, and a queue of copy events per sender, receiver and region. Shared by the threads.
 pub struct DpPeers {
     world: usize,
-    members: Mutex<Vec<Option<Member>>>,
+    meeting: Mutex<Meeting>,
+    met: Condvar,
     queues: Mutex<Queues>,
     moved: Condvar,
-    barrier: Barrier,
     timeout: Duration,
 }
 
@@ -60,10 +66,13 @@ impl DpPeers {
     pub fn new(world: usize, timeout: Duration) -> Arc<DpPeers> {
         Arc::new(DpPeers {
             world,
-            members: Mutex::new(vec![None; world]),
+            meeting: Mutex::new(Meeting {
+                members: vec![None; world],
+                arrived: 0,
+            }),
+            met: Condvar::new(),
             queues: Mutex::new(Queues::default()),
             moved: Condvar::new(),
-            barrier: Barrier::new(world),
             timeout,
         })
     }
@@ -72,25 +81,49 @@ impl DpPeers {
         self.queues.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Rank `rank` (on `gpu`, receiving into `recv`) joins: every rank waits for the others,
-    /// then opens its GPU to theirs. Every rank must call it; an error reaches every rank.
-    fn join(&self, rank: usize, gpu: &Arc<Gpu>, recv: &Arc<DeviceBuffer>) -> Result<Vec<Member>> {
+    /// Rank `rank` (on `gpu`, receiving into `recv`; None: it failed to make them) joins:
+    /// every rank waits for the others (at most the timeout), then opens its GPU to theirs.
+    /// Every rank must call it; an error reaches every rank.
+    fn join(
+        &self,
+        rank: usize,
+        mine: Option<(&Arc<Gpu>, &Arc<DeviceBuffer>)>,
+    ) -> Result<Vec<Member>> {
         // allocated in the order of this GPU's work stream: ready before another's copy
-        let mine = gpu.synchronize().map_err(Error::from);
-        if mine.is_ok() {
-            self.members.lock().unwrap_or_else(|p| p.into_inner())[rank] =
-                Some((gpu.clone(), recv.clone()));
+        let ready = match mine {
+            Some((gpu, _)) => gpu.synchronize().map_err(Error::from),
+            None => Err(Error::Failed("data-parallel: no receive buffer".into())),
+        };
+        let deadline = Instant::now() + self.timeout;
+        let mut m = self.meeting.lock().unwrap_or_else(|p| p.into_inner());
+        if let (Ok(()), Some((gpu, recv))) = (&ready, mine) {
+            m.members[rank] = Some((gpu.clone(), recv.clone()));
         }
-        self.barrier.wait();
-        let all: Vec<Option<Member>> = self
-            .members
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        mine?;
+        m.arrived += 1;
+        self.met.notify_all();
+        while m.arrived < self.world {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Failed(format!(
+                    "data-parallel: {} of {} ranks met for the exchange in {:.0} s",
+                    m.arrived,
+                    self.world,
+                    self.timeout.as_secs_f64()
+                )));
+            }
+            m = self
+                .met
+                .wait_timeout(m, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        let all = m.members.clone();
+        drop(m);
+        ready?;
         let all: Vec<Member> = all.into_iter().collect::<Option<_>>().ok_or_else(|| {
             Error::Failed("data-parallel: another rank failed to join the exchange".into())
         })?;
+        let gpu = &all[rank].0;
         for (q, (g, _)) in all.iter().enumerate() {
             // without peer access the driver stages the copies through the host: slower, the
             // same bytes
@@ -114,7 +147,9 @@ impl DpPeers {
     /// The end of the next copy of region `key` that `from` queued for `to` (waits for it on
     /// the host, at most the timeout).
     fn take(&self, (from, to, key): (usize, usize, usize)) -> Result<Event> {
-        let deadline = Instant::now() + self.timeout;
+        let start = Instant::now();
+        let deadline = start + self.timeout;
+        let mut warned = false;
         let mut q = self.queues();
         loop {
             if let Some(e) = q
@@ -129,8 +164,16 @@ impl DpPeers {
                     "data-parallel: rank {from} stopped before its copy to rank {to}"
                 )));
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if !warned && start.elapsed() > Duration::from_secs(5) {
+                warned = true;
+                gpukit_cuda::trace::note(|| {
+                    format!("data-parallel: rank {to} waits for rank {from}'s copy of region {key}")
+                });
+            }
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_secs(5));
+            if Instant::now() >= deadline {
                 return Err(Error::Failed(format!(
                     "data-parallel: no copy from rank {from} to rank {to} in {:.0} s",
                     self.timeout.as_secs_f64()
@@ -226,11 +269,11 @@ impl Exchange {
             Ok(m) => m,
             Err(e) => {
                 // the others meet without this rank and fail there
-                peers.barrier.wait();
+                let _ = peers.join(rank, None);
                 return Err(e);
             }
         };
-        let members = peers.join(rank, gpu, &recv)?;
+        let members = peers.join(rank, Some((gpu, &recv)))?;
         Ok(Exchange {
             pieces_region: (pieces[0].0, pieces[world - 1].1),
             tail,

@@ -231,6 +231,11 @@ impl GpuTrainer {
         self.slot.set(self.slot_of(b)?);
         if let Some(l) = self.links() {
             l.before_forward(&self.gpu, self.slot.get())?;
+            if stage.last() {
+                // the loss's gradient lands in dz[0], which the input gradient sent last may
+                // still be read from
+                l.before_backward(&self.gpu)?;
+            }
         }
         gpukit_cuda::profiler::step(b.index);
         if stage.first() || stage.last() {

@@ -36,19 +36,43 @@ fn train_from_the_start(
     Ok((out, m, opt))
 }
 
-/// The largest difference between two sets of moment tensors over the largest value of
-/// `want` (moments near zero have no scale of their own), or None when their shapes differ.
-fn moments_apart(got: &[Vec<f32>], want: &[Vec<f32>]) -> Option<f32> {
+/// How far two sets of moment tensors are apart, or None when their shapes differ: the largest
+/// difference over the largest value of `want` (moments near zero have no scale of their
+/// own), or with `rounded` the root of the summed squared differences over `want`'s (training
+/// whose gradients are rounded to 16 bits follows one GPU's within that rounding, and a ReLU
+/// that a rounded step flips for one row moves one moment by that row's share of the batch:
+/// the largest difference then measures the flip, not the training; run 127 saw it at 0.8e-3
+/// to 2.3e-2 over the same cases).
+fn moments_apart(got: &[Vec<f32>], want: &[Vec<f32>], rounded: bool) -> Option<f32> {
     if got.len() != want.len() || got.iter().zip(want).any(|(a, b)| a.len() != b.len()) {
         return None;
     }
+    let pairs = || got.iter().flatten().zip(want.iter().flatten());
+    if rounded {
+        let (d, w) = pairs().fold((0f64, 0f64), |(d, w), (a, b)| {
+            let (a, b) = (f64::from(*a), f64::from(*b));
+            (d + (a - b) * (a - b), w + b * b)
+        });
+        return Some((d.sqrt() / w.sqrt().max(f64::MIN_POSITIVE)) as f32);
+    }
     let scale = want.iter().flatten().fold(0f32, |s, x| s.max(x.abs()));
-    let far = got
-        .iter()
-        .flatten()
-        .zip(want.iter().flatten())
-        .fold(0f32, |s, (a, b)| s.max((a - b).abs()));
+    let far = pairs().fold(0f32, |s, (a, b)| s.max((a - b).abs()));
     Some(far / scale.max(f32::MIN_POSITIVE))
+}
+
+/// The root of the summed squared differences of `got` and `want` over that of `want`'s
+/// moves from `start`: how far a rounded training's weights ended from one GPU's, against how
+/// far one GPU's moved.
+fn rms_apart(got: &[f32], want: &[f32], start: &[f32]) -> f32 {
+    let (d, m) = got
+        .iter()
+        .zip(want)
+        .zip(start)
+        .fold((0f64, 0f64), |(d, m), ((&a, &b), &s)| {
+            let (a, b, s) = (f64::from(a), f64::from(b), f64::from(s));
+            (d + (a - b) * (a - b), m + (b - s) * (b - s))
+        });
+    (d.sqrt() / m.sqrt().max(f64::MIN_POSITIVE)) as f32
 }
 
 /// Data-parallel training over every GPU of the machine (a thread a GPU, NCCL between them)
@@ -306,11 +330,11 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
             // rank's are one GPU's
             for (k, what, got, want) in [(1, "m", &opt.m, &one.opt.m), (2, "v", &opt.v, &one.opt.v)]
             {
-                match moments_apart(got, want) {
+                match moments_apart(got, want, rounded) {
                     Some(d) if d < weight_tol => apart[k] = apart[k].max(d),
                     d => check(
                         false,
-                        format!("{tag}: rank {rank}: the optimizer's {what} differs from one GPU's by {d:?} of its largest value (tolerance {weight_tol:e})"),
+                        format!("{tag}: rank {rank}: the optimizer's {what} differs from one GPU's by {d:?} of {} (tolerance {weight_tol:e})", if rounded { "its root sum of squares" } else { "its largest value" }),
                     )?,
                 }
             }
@@ -459,11 +483,18 @@ pub(super) fn pipeline_matches_one_gpu_on_the_same_batches() -> Result<(), Faile
                 &one.outcome.step_losses,
                 loss_tol,
             )?;
-            let worst = weights(&trained)
-                .iter()
-                .zip(&weights(&one.model))
-                .map(|(x, y)| (x - y).abs() / y.abs().max(1e-2))
-                .fold(0.0f32, f32::max);
+            // bf16: the micro-batches' products round their maps otherwise than the whole
+            // batch's, and Adam's first steps move a weight whose gradient nearly cancels by
+            // its learning rate either way: judged over all weights against their moves
+            let (a, b) = (weights(&trained), weights(&one.model));
+            let worst = match p {
+                Precision::Fp32 => a
+                    .iter()
+                    .zip(&b)
+                    .map(|(x, y)| (x - y).abs() / y.abs().max(1e-2))
+                    .fold(0.0f32, f32::max),
+                _ => rms_apart(&a, &b, &weights(&model)),
+            };
             check(
                 worst < weight_tol,
                 format!("{tag}: weights differ by {worst:e} (tolerance {weight_tol:e})"),
