@@ -41,8 +41,18 @@ struct Queues {
     closed: bool,
 }
 
-/// What a rank publishes to the others: its GPU and its receive buffer.
-type Member = (Arc<Gpu>, Arc<DeviceBuffer>);
+/// What a rank publishes to the others: its GPU, its receive buffer, and the 16-bit weights
+/// the products read (mixed precision: the others write their updated blocks there).
+#[derive(Clone)]
+struct Member {
+    gpu: Arc<Gpu>,
+    recv: Arc<DeviceBuffer>,
+    weights: Option<Arc<DeviceBuffer>>,
+}
+
+/// A gather's queue key: the region's first element with the top bit set (a reduction's is
+/// the first element alone).
+const GATHER: usize = 1 << (usize::BITS - 1);
 
 /// The ranks met so far: what each published (None: it failed before), and how many came.
 struct Meeting {
@@ -81,23 +91,19 @@ impl DpPeers {
         self.queues.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Rank `rank` (on `gpu`, receiving into `recv`; None: it failed to make them) joins:
-    /// every rank waits for the others (at most the timeout), then opens its GPU to theirs.
-    /// Every rank must call it; an error reaches every rank.
-    fn join(
-        &self,
-        rank: usize,
-        mine: Option<(&Arc<Gpu>, &Arc<DeviceBuffer>)>,
-    ) -> Result<Vec<Member>> {
+    /// Rank `rank` (`me`: its GPU, receive buffer and weights; None: it failed to make
+    /// them) joins: every rank waits for the others (at most the timeout), then opens its GPU
+    /// to theirs. Every rank must call it; an error reaches every rank.
+    fn join(&self, rank: usize, me: Option<Member>) -> Result<Vec<Member>> {
         // allocated in the order of this GPU's work stream: ready before another's copy
-        let ready = match mine {
-            Some((gpu, _)) => gpu.synchronize().map_err(Error::from),
+        let ready = match &me {
+            Some(m) => m.gpu.synchronize().map_err(Error::from),
             None => Err(Error::Failed("data-parallel: no receive buffer".into())),
         };
         let deadline = Instant::now() + self.timeout;
         let mut m = self.meeting.lock().unwrap_or_else(|p| p.into_inner());
-        if let (Ok(()), Some((gpu, recv))) = (&ready, mine) {
-            m.members[rank] = Some((gpu.clone(), recv.clone()));
+        if ready.is_ok() {
+            m.members[rank] = me;
         }
         m.arrived += 1;
         self.met.notify_all();
@@ -123,12 +129,12 @@ impl DpPeers {
         let all: Vec<Member> = all.into_iter().collect::<Option<_>>().ok_or_else(|| {
             Error::Failed("data-parallel: another rank failed to join the exchange".into())
         })?;
-        let gpu = &all[rank].0;
-        for (q, (g, _)) in all.iter().enumerate() {
+        let gpu = all[rank].gpu.clone();
+        for (q, m) in all.iter().enumerate() {
             // without peer access the driver stages the copies through the host: slower, the
             // same bytes
             if q != rank {
-                enable_peer_access(gpu, g)?;
+                enable_peer_access(&gpu, &m.gpu)?;
             }
         }
         Ok(all)
@@ -205,9 +211,11 @@ pub(super) struct Exchange {
     slots: HashMap<usize, usize>,
     /// The copy stream the blocks leave on.
     copy: Stream,
-    /// Every rank's GPU and receive buffer (this rank's included).
+    /// Every rank's GPU and buffers (this rank's included).
     members: Vec<Member>,
     peers: Arc<DpPeers>,
+    /// The end of this rank's last gather copies: its next update writes the blocks they read.
+    gathered: Mutex<Option<Event>>,
 }
 
 /// The spans of the exchange's pieces (`rows`, ranges of the first layer's outputs) and of the
@@ -244,7 +252,7 @@ impl Exchange {
     /// regions) and `tail` (another): its receive buffer made, then the ranks met through
     /// `peers` (every rank must call it).
     pub(super) fn new(
-        gpu: &Arc<Gpu>,
+        (gpu, weights): (&Arc<Gpu>, Option<Arc<DeviceBuffer>>),
         (rank, peers): (usize, Arc<DpPeers>),
         regions: &[(usize, usize)],
         (pieces, tail): (Vec<(usize, usize)>, (usize, usize)),
@@ -273,7 +281,12 @@ impl Exchange {
                 return Err(e);
             }
         };
-        let members = peers.join(rank, Some((gpu, &recv)))?;
+        let me = Member {
+            gpu: gpu.clone(),
+            recv,
+            weights,
+        };
+        let members = peers.join(rank, Some(me))?;
         Ok(Exchange {
             pieces_region: (pieces[0].0, pieces[world - 1].1),
             tail,
@@ -281,6 +294,7 @@ impl Exchange {
             copy,
             members,
             peers,
+            gathered: Mutex::new(None),
         })
     }
 
@@ -313,12 +327,38 @@ impl Exchange {
         sender: usize,
     ) -> Result<gpukit_cuda::View<'_>> {
         let (at, c) = self.slot_of(region, rank, sender)?;
-        Ok(self.members[rank].1.view().sub(at * 4, c * 4)?)
+        Ok(self.members[rank].recv.view().sub(at * 4, c * 4)?)
     }
 
     /// The copy stream's work done before the gradients are written again.
     pub(super) fn copies_out(&self, work: &Stream) -> Result<()> {
         Ok(work.wait(&self.copy.record()?)?)
+    }
+
+    /// Whether the updated weights go to the other ranks by the copy engines (every rank's
+    /// 16-bit weights shared; else NCCL's all-gather).
+    pub(super) fn gathers(&self) -> bool {
+        self.members.iter().all(|m| m.weights.is_some())
+    }
+
+    /// The work stream waits for every other rank's copy of its block of region `a..` of the
+    /// weights into `rank`'s (the gather the last update launched).
+    pub(super) fn wait_for_gather(&self, work: &Stream, rank: usize, a: usize) -> Result<()> {
+        self.wait_for_copies(work, rank, a | GATHER)
+    }
+
+    /// Before an update writes this rank's blocks: the work stream waits for the gather
+    /// copies that read them last.
+    pub(super) fn before_update(&self, work: &Stream) -> Result<()> {
+        let last = self
+            .gathered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match last {
+            Some(e) => Ok(work.wait(&e)?),
+            None => Ok(()),
+        }
     }
 
     /// The work stream waits for every other rank's copy of region `a..` into `rank`.
@@ -345,7 +385,7 @@ impl GpuTrainer {
     fn send_block(&self, ex: &Exchange, (a, b): (usize, usize), to: usize) -> Result<()> {
         let rank = self.shard().rank;
         let (at, c) = ex.slot_of((a, b), to, rank)?;
-        let (g, buf) = &ex.members[to];
+        let (g, buf) = (&ex.members[to].gpu, &ex.members[to].recv);
         let block = self.grads.view().sub((a + to * c) * 4, c * 4)?;
         copy_peer(
             &ex.copy,
@@ -356,6 +396,35 @@ impl GpuTrainer {
             c * 4,
         )?;
         ex.peers.post((rank, to, a), ex.copy.record()?);
+        Ok(())
+    }
+
+    /// After the update: this rank's block of each region of the 16-bit weights goes to every
+    /// other rank's weights by this GPU's copy engine (the gather; `we` bytes an element).
+    pub(super) fn exchange_gather(
+        &self,
+        ex: &Exchange,
+        regions: &[(usize, usize)],
+        we: usize,
+    ) -> Result<()> {
+        let (rank, world) = (self.shard().rank, self.shard().world);
+        let weights = |q: usize| {
+            ex.members[q].weights.as_ref().ok_or_else(|| {
+                Error::Failed(format!("data-parallel: rank {q} shares no 16-bit weights"))
+            })
+        };
+        ex.copy.wait(&self.gpu.stream().record()?)?;
+        let mine = weights(rank)?;
+        for &(a, b) in regions {
+            let c = (b - a) / world;
+            let src = mine.view().sub((a + rank * c) * we, c * we)?;
+            for q in (0..world).filter(|&q| q != rank) {
+                let dst = weights(q)?.view().sub((a + rank * c) * we, c * we)?;
+                copy_peer(&ex.copy, dst, &ex.members[q].gpu, src, &self.gpu, c * we)?;
+                ex.peers.post((rank, q, a | GATHER), ex.copy.record()?);
+            }
+        }
+        *ex.gathered.lock().unwrap_or_else(|p| p.into_inner()) = Some(ex.copy.record()?);
         Ok(())
     }
 

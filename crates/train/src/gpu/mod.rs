@@ -208,7 +208,7 @@ pub struct GpuTrainer {
     v: Option<DeviceBuffer>,
     /// A sharded optimizer's state made whole at the end of the last run, for `store`.
     gathered: std::cell::RefCell<Option<Gathered>>,
-    half: Option<DeviceBuffer>,
+    half: Option<Arc<DeviceBuffer>>,
     bias_scratch: Vec<DeviceBuffer>,
     state: DeviceBuffer,
     /// The batch's targets when gathered on the device (resident data, evaluation).
@@ -354,7 +354,11 @@ impl GpuTrainer {
         let grads = alloc(total * 4)?;
         let m = uses_m.then(|| alloc(total * 4)).transpose()?;
         let v = uses_v.then(|| alloc(total * 4)).transpose()?;
-        let half = p.half().then(|| alloc(total * st)).transpose()?;
+        let half = p
+            .half()
+            .then(|| alloc(total * st))
+            .transpose()?
+            .map(Arc::new);
         let micro = opts.stage.map_or(cfg.accumulate, |s| s.micro);
         let bias_scratch = if micro > 1 {
             (0..n_layers)
@@ -481,7 +485,7 @@ impl GpuTrainer {
             .sum();
         let all_kept = (all_kept + mask_bytes_all + maps[0].x_in.len()) * slots;
         let memory = MemoryUse {
-            weights: f32b(total) + half.as_ref().map_or(0, DeviceBuffer::len),
+            weights: f32b(total) + half.as_deref().map_or(0, DeviceBuffer::len),
             gradients: f32b(total) + bias_scratch.iter().map(DeviceBuffer::len).sum::<usize>(),
             optimizer_state: m.as_ref().map_or(0, DeviceBuffer::len)
                 + v.as_ref().map_or(0, DeviceBuffer::len),

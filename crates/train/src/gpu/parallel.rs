@@ -19,7 +19,7 @@
 //! [`GpuTrainer::attach`] the rank's communicator (made on a stream of its own).
 
 use super::exchange::{exchange_spans, Exchange};
-use super::plan::Layout;
+use super::plan::{buckets, piece_spans};
 use super::GpuTrainer;
 use crate::error::{Error, Result};
 use gpukit_cuda::nccl::{Comm, RedOp};
@@ -59,46 +59,6 @@ impl Shard {
         let (base, extra) = (m / w, m % w);
         (r * base + r.min(extra), base + usize::from(r < extra))
     }
-}
-
-/// The gradients' buckets: runs of whole layers from the last (backward's first) down to
-/// layer `first`, each closed once it holds `bytes` or more, as DDP's bucket_cap_mb.
-/// `(lo, hi)`: layers lo..=hi, in the order backward completes them.
-pub(super) fn buckets(layout: &Layout, bytes: usize, first: usize) -> Vec<(usize, usize)> {
-    let layers = layout.layers();
-    let mut out = Vec::new();
-    let mut hi = None;
-    for l in (first..layers).rev() {
-        let top = *hi.get_or_insert(l);
-        let (lo_off, hi_end) = layout.span(l, top);
-        if (hi_end - lo_off) * 4 >= bytes || l == first {
-            out.push((l, top));
-            hi = None;
-        }
-    }
-    out
-}
-
-/// Elements of the flat gradient buffer that the first layer's weight-gradient pieces occupy
-/// (`pieces`: ranges of its outputs, the weight stored [outputs, inputs]); the last piece
-/// also takes the layer's bias and the padding after it, so that the pieces and the buckets
-/// of the layers above cover the buffer.
-pub(super) fn piece_spans(layout: &Layout, pieces: &[(usize, usize)]) -> Vec<(usize, usize)> {
-    let (i, _) = layout.io(0);
-    let (wo, _) = layout.offsets[0];
-    let end = layout.span(0, 0).1;
-    pieces
-        .iter()
-        .enumerate()
-        .map(|(p, &(a, b))| {
-            let hi = if p + 1 == pieces.len() {
-                end
-            } else {
-                wo + b * i
-            };
-            (wo + a * i, hi)
-        })
-        .collect()
 }
 
 /// A rank's blocks of the flat buffer: each span [a, b) and its offset where they are packed.
@@ -148,7 +108,8 @@ pub(super) struct Dp {
     /// Sharded: the weights' all-gathers of the last update not yet waited for, with the point
     /// of the communication stream after each; the next forward waits for a layer's before
     /// its product.
-    gathering: std::sync::Mutex<Vec<((usize, usize), Event)>>,
+    /// (None: carried by the copy engines, exchange.rs).
+    gathering: std::sync::Mutex<Vec<Gathering>>,
     /// The buckets launched for the update being enqueued: their elements of the flat
     /// gradient buffer, [start, end), the point of the communication stream after each, and
     /// whether the copy engines carry it (exchange.rs: the update waits for the other ranks'
@@ -158,6 +119,9 @@ pub(super) struct Dp {
     /// for and it applies.
     pub(super) exchange: Option<Exchange>,
 }
+
+/// A region's gather of the last update: its elements and NCCL's end (None: the copy engines).
+type Gathering = ((usize, usize), Option<Event>);
 
 /// A region launched for the update: its elements, the point its averaging is done (or,
 /// carried by the copy engines, its own gradients are), and whether the copy engines carry it.
@@ -299,7 +263,7 @@ impl GpuTrainer {
         }
         let exchange = match (tail, &self.peers) {
             (Some(t), Some(peers)) => Some(Exchange::new(
-                &self.gpu,
+                (&self.gpu, self.half.clone()),
                 (shard.rank, peers.clone()),
                 &regions,
                 (pieces.clone(), t),
@@ -463,6 +427,9 @@ impl GpuTrainer {
             // first), each layer's product waiting only for its own
             let mut regions = Vec::new();
             let work = self.gpu.stream();
+            if let Some(ex) = &dp.exchange {
+                ex.before_update(work)?;
+            }
             for ((a, b), done, copies) in launched {
                 work.wait(&done)?;
                 let (oa, ob) = self.own_block((a, b));
@@ -480,11 +447,16 @@ impl GpuTrainer {
                 ex.copies_out(work)?;
             }
             regions.sort_unstable();
-            dp.comm.stream().wait(&self.gpu.stream().record()?)?;
             let mut gathering = lock(&dp.gathering);
+            if let Some(ex) = dp.exchange.as_ref().filter(|ex| ex.gathers()) {
+                self.exchange_gather(ex, &regions, self.weight_type().size_bytes())?;
+                gathering.extend(regions.into_iter().map(|r| (r, None)));
+                return Ok(());
+            }
+            dp.comm.stream().wait(&self.gpu.stream().record()?)?;
             for region in regions {
                 self.gather(dp, region, self.weights_buffer(), self.weight_type())?;
-                gathering.push((region, dp.comm.stream().record()?));
+                gathering.push((region, Some(dp.comm.stream().record()?)));
             }
             return Ok(());
         }
@@ -511,8 +483,8 @@ impl GpuTrainer {
         };
         let (lo, hi) = self.layout.span(l, l);
         let mut gathering = lock(&dp.gathering);
-        for (_, done) in gathering.iter().filter(|((a, b), _)| *a < hi && lo < *b) {
-            self.gpu.stream().wait(done)?;
+        for ((a, _), done) in gathering.iter().filter(|((a, b), _)| *a < hi && lo < *b) {
+            self.gather_done(dp, *a, done.as_ref())?;
         }
         gathering.retain(|((a, b), _)| !(*a < hi && lo < *b));
         Ok(())
@@ -525,11 +497,22 @@ impl GpuTrainer {
             return Ok(());
         };
         let mut gathering = lock(&dp.gathering);
-        if !gathering.is_empty() {
-            self.gpu.stream().wait(&dp.comm.stream().record()?)?;
-            gathering.clear();
+        for ((a, _), done) in gathering.drain(..) {
+            self.gather_done(dp, a, done.as_ref())?;
         }
         Ok(())
+    }
+
+    /// The work stream waits for the gather of the region starting at `a`: NCCL's (`done`) or
+    /// the other ranks' copies.
+    fn gather_done(&self, dp: &Dp, a: usize, done: Option<&Event>) -> Result<()> {
+        match (done, &dp.exchange) {
+            (Some(e), _) => Ok(self.gpu.stream().wait(e)?),
+            (None, Some(ex)) => ex.wait_for_gather(self.gpu.stream(), self.shard().rank, a),
+            (None, None) => Err(Error::Failed(
+                "a gather by the copy engines without the exchange".into(),
+            )),
+        }
     }
 
     /// Rank r's block of region [a, b) of the flat buffer, sharded: block r of `world` equal
@@ -558,7 +541,7 @@ impl GpuTrainer {
 
     /// The weights the products read: the 16-bit copy in mixed precision, else the f32 ones.
     fn weights_buffer(&self) -> &gpukit_cuda::DeviceBuffer {
-        self.half.as_ref().unwrap_or(&self.params)
+        self.half.as_deref().unwrap_or(&self.params)
     }
 
     fn weight_type(&self) -> DType {
@@ -637,8 +620,11 @@ impl GpuTrainer {
         self.memory.optimizer_state = kept;
         if mixed {
             self.params = packed_copy(&self.gpu, &self.params, (total, own, len))?;
-            self.memory.weights =
-                self.params.len() + self.half.as_ref().map_or(0, gpukit_cuda::DeviceBuffer::len);
+            self.memory.weights = self.params.len()
+                + self
+                    .half
+                    .as_deref()
+                    .map_or(0, gpukit_cuda::DeviceBuffer::len);
         }
         Ok(())
     }
@@ -786,6 +772,7 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::plan::Layout;
     use super::*;
 
     #[test]
@@ -802,57 +789,6 @@ mod tests {
         }
         // full batches: `batch` rows each, in rank order
         assert_eq!(Shard { rank: 1, world: 2 }.rows(8, 4), (4, 4));
-    }
-
-    #[test]
-    fn buckets_cover_every_layer_once_from_the_last() {
-        let layout = Layout::new(&[16, 64, 64, 64, 1]);
-        // one layer a bucket
-        let each = buckets(&layout, 1, 0);
-        assert_eq!(each, vec![(3, 3), (2, 2), (1, 1), (0, 0)]);
-        // everything in one
-        assert_eq!(buckets(&layout, usize::MAX, 0), vec![(0, 3)]);
-        // a hidden layer holds 64x64 weights (16 KiB in f32): 20 KiB closes a bucket once it
-        // has two of them (the small last layer rides with the first)
-        let b = buckets(&layout, 20 << 10, 0);
-        assert_eq!(b, vec![(1, 3), (0, 0)]);
-        let (a, e) = layout.span(0, 3);
-        assert_eq!((a, e), (0, layout.total));
-        // consecutive buckets meet
-        let (_, end_low) = layout.span(0, 1);
-        let (start_high, _) = layout.span(2, 3);
-        assert_eq!(end_low, start_high);
-    }
-
-    #[test]
-    fn the_first_layers_pieces_and_the_buckets_above_cover_the_gradients_once() {
-        use super::super::plan::split;
-        let layout = Layout::new(&[48, 64, 64, 10]);
-        for count in [1, 2, 3, 4, 7, 64] {
-            let pieces = split(64, count);
-            assert_eq!(pieces.len(), count.min(64));
-            let spans = piece_spans(&layout, &pieces);
-            let mut all: Vec<(usize, usize)> = buckets(&layout, 1, 1)
-                .iter()
-                .map(|&(lo, hi)| layout.span(lo, hi))
-                .chain(spans.iter().copied())
-                .collect();
-            all.sort_unstable();
-            // consecutive, from 0 to the end, nothing twice
-            let mut at = 0;
-            for (a, b) in &all {
-                assert_eq!(*a, at, "{count} pieces: {all:?}");
-                assert!(b > a);
-                at = *b;
-            }
-            assert_eq!(at, layout.total);
-            // each piece but the last holds whole rows of the weight (48 inputs a row)
-            for &(a, b) in &spans[..spans.len() - 1] {
-                assert_eq!((b - a) % 48, 0);
-            }
-        }
-        assert_eq!(split(10, 3), vec![(0, 3), (3, 6), (6, 10)]);
-        assert_eq!(split(2, 5), vec![(0, 1), (1, 2)]);
     }
 
     #[test]

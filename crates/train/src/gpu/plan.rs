@@ -142,6 +142,46 @@ pub(super) fn exchange_pieces(
     })
 }
 
+/// The gradients' buckets: runs of whole layers from the last (backward's first) down to
+/// layer `first`, each closed once it holds `bytes` or more, as DDP's bucket_cap_mb.
+/// `(lo, hi)`: layers lo..=hi, in the order backward completes them.
+pub(super) fn buckets(layout: &Layout, bytes: usize, first: usize) -> Vec<(usize, usize)> {
+    let layers = layout.layers();
+    let mut out = Vec::new();
+    let mut hi = None;
+    for l in (first..layers).rev() {
+        let top = *hi.get_or_insert(l);
+        let (lo_off, hi_end) = layout.span(l, top);
+        if (hi_end - lo_off) * 4 >= bytes || l == first {
+            out.push((l, top));
+            hi = None;
+        }
+    }
+    out
+}
+
+/// Elements of the flat gradient buffer that the first layer's weight-gradient pieces occupy
+/// (`pieces`: ranges of its outputs, the weight stored [outputs, inputs]); the last piece
+/// also takes the layer's bias and the padding after it, so that the pieces and the buckets
+/// of the layers above cover the buffer.
+pub(super) fn piece_spans(layout: &Layout, pieces: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let (i, _) = layout.io(0);
+    let (wo, _) = layout.offsets[0];
+    let end = layout.span(0, 0).1;
+    pieces
+        .iter()
+        .enumerate()
+        .map(|(p, &(a, b))| {
+            let hi = if p + 1 == pieces.len() {
+                end
+            } else {
+                wo + b * i
+            };
+            (wo + a * i, hi)
+        })
+        .collect()
+}
+
 /// How a layer's input-gradient product applies the previous layer's ReLU and bias gradient.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) enum InputEpilogue {
@@ -475,6 +515,56 @@ impl GpuTrainer {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn buckets_cover_every_layer_once_from_the_last() {
+        let layout = Layout::new(&[16, 64, 64, 64, 1]);
+        // one layer a bucket
+        let each = buckets(&layout, 1, 0);
+        assert_eq!(each, vec![(3, 3), (2, 2), (1, 1), (0, 0)]);
+        // everything in one
+        assert_eq!(buckets(&layout, usize::MAX, 0), vec![(0, 3)]);
+        // a hidden layer holds 64x64 weights (16 KiB in f32): 20 KiB closes a bucket once it
+        // has two of them (the small last layer rides with the first)
+        let b = buckets(&layout, 20 << 10, 0);
+        assert_eq!(b, vec![(1, 3), (0, 0)]);
+        let (a, e) = layout.span(0, 3);
+        assert_eq!((a, e), (0, layout.total));
+        // consecutive buckets meet
+        let (_, end_low) = layout.span(0, 1);
+        let (start_high, _) = layout.span(2, 3);
+        assert_eq!(end_low, start_high);
+    }
+
+    #[test]
+    fn the_first_layers_pieces_and_the_buckets_above_cover_the_gradients_once() {
+        let layout = Layout::new(&[48, 64, 64, 10]);
+        for count in [1, 2, 3, 4, 7, 64] {
+            let pieces = split(64, count);
+            assert_eq!(pieces.len(), count.min(64));
+            let spans = piece_spans(&layout, &pieces);
+            let mut all: Vec<(usize, usize)> = buckets(&layout, 1, 1)
+                .iter()
+                .map(|&(lo, hi)| layout.span(lo, hi))
+                .chain(spans.iter().copied())
+                .collect();
+            all.sort_unstable();
+            // consecutive, from 0 to the end, nothing twice
+            let mut at = 0;
+            for (a, b) in &all {
+                assert_eq!(*a, at, "{count} pieces: {all:?}");
+                assert!(b > a);
+                at = *b;
+            }
+            assert_eq!(at, layout.total);
+            // each piece but the last holds whole rows of the weight (48 inputs a row)
+            for &(a, b) in &spans[..spans.len() - 1] {
+                assert_eq!((b - a) % 48, 0);
+            }
+        }
+        assert_eq!(split(10, 3), vec![(0, 3), (3, 6), (6, 10)]);
+        assert_eq!(split(2, 5), vec![(0, 1), (1, 2)]);
+    }
+
     use super::*;
 
     #[test]

@@ -168,7 +168,7 @@ impl GpuTrainer {
         let rows = b.rows;
         let layers = self.layout.layers();
         let beta = if b.first_micro { 0.0 } else { 1.0 };
-        let weights = self.half.as_ref().unwrap_or(&self.params);
+        let weights = self.half.as_deref().unwrap_or(&self.params);
         let wes = if self.half.is_some() { es } else { 4 };
         let grads_bias = |l: usize| {
             sub(
@@ -354,7 +354,7 @@ impl GpuTrainer {
         op: Op,
     ) -> Result<()> {
         let st = self.opts.precision.storage();
-        let weights = self.half.as_ref().unwrap_or(&self.params);
+        let weights = self.half.as_deref().unwrap_or(&self.params);
         let wes = if self.half.is_some() {
             st.size_bytes()
         } else {
