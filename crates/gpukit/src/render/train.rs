@@ -429,8 +429,13 @@ fn data_parallel_section(
             format!(
                 "sharded: each GPU keeps the optimizer's moments of 1/{} of the parameters and \
                  updates those (its block of every bucket); the updated weights are gathered in \
-                 the order the next forward pass reads them",
-                d.ranks
+                 the order the next forward pass reads them{}",
+                d.ranks,
+                if d.weights_gathered_by_copies {
+                    ", each GPU's copy engine writing its block into the others' 16-bit weights"
+                } else {
+                    ""
+                }
             ),
         ));
     } else if let Some(why) = &d.unsharded_reason {

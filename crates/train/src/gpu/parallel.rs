@@ -712,6 +712,15 @@ impl GpuTrainer {
         self.dp.as_ref().is_some_and(|d| d.exchange.is_some())
     }
 
+    /// Whether the updated 16-bit weights reach the other ranks by the copy engines (else
+    /// NCCL's all-gather).
+    pub fn weights_gathered_by_copies(&self) -> bool {
+        self.dp
+            .as_ref()
+            .and_then(|d| d.exchange.as_ref())
+            .is_some_and(|ex| ex.gathers())
+    }
+
     /// Why the optimizer is not sharded although the options asked for it.
     pub fn unsharded_reason(&self) -> Option<&str> {
         self.dp.as_ref().and_then(|d| d.unsharded.as_deref())

@@ -241,6 +241,9 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
         };
         let rounded = comm == DType::Bf16 || precision == Precision::Bf16;
         let (loss_tol, weight_tol) = if rounded { (1e-2, 2e-2) } else { (1e-4, 1e-3) };
+        // rounded: the moments' root-sum-of-squares distance (run 127: up to 1.9e-2 over twelve
+        // runs of the case that rounds both the maps and the averaging)
+        let moment_tol = if rounded { 5e-2 } else { weight_tol };
         let widths = match loss {
             LossKind::Mse => vec![24, 64, 64, 1],
             LossKind::CrossEntropy => vec![24, 64, 64, 3],
@@ -331,10 +334,10 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
             for (k, what, got, want) in [(1, "m", &opt.m, &one.opt.m), (2, "v", &opt.v, &one.opt.v)]
             {
                 match moments_apart(got, want, rounded) {
-                    Some(d) if d < weight_tol => apart[k] = apart[k].max(d),
+                    Some(d) if d < moment_tol => apart[k] = apart[k].max(d),
                     d => check(
                         false,
-                        format!("{tag}: rank {rank}: the optimizer's {what} differs from one GPU's by {d:?} of {} (tolerance {weight_tol:e})", if rounded { "its root sum of squares" } else { "its largest value" }),
+                        format!("{tag}: rank {rank}: the optimizer's {what} differs from one GPU's by {d:?} of {} (tolerance {moment_tol:e})", if rounded { "its root sum of squares" } else { "its largest value" }),
                     )?,
                 }
             }
@@ -374,7 +377,7 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
             apart[0] = apart[0].max(worst);
         }
         eprintln!(
-            "    {tag}: every rank made one GPU's updates (weights within {:.1e}, m {:.1e}, v {:.1e}; tolerance {weight_tol:e})",
+            "    {tag}: every rank made one GPU's updates (weights within {:.1e}, tolerance {weight_tol:e}; m {:.1e}, v {:.1e}, tolerance {moment_tol:e})",
             apart[0], apart[1], apart[2]
         );
     }

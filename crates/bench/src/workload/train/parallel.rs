@@ -48,6 +48,10 @@ pub struct DataParallel {
     /// reduce-scatter), the first layer's in one piece a rank, each sent as it was computed.
     #[serde(default)]
     pub first_layer_exchanged: bool,
+    /// The updated 16-bit weights went to the other ranks by the copy engines too (instead of
+    /// NCCL's all-gather).
+    #[serde(default)]
+    pub weights_gathered_by_copies: bool,
     /// The type gradients were averaged in ("f32", or "bf16", which rounds them).
     #[serde(default)]
     pub grad_comm: String,
@@ -142,6 +146,7 @@ struct RankRun {
     buckets: usize,
     grad_pieces: usize,
     first_layer_exchanged: bool,
+    weights_gathered_by_copies: bool,
     sharded_optimizer: bool,
     unsharded_reason: Option<String>,
     comm_sms: u32,
@@ -321,6 +326,7 @@ fn rank_run(
         buckets: t.buckets(),
         grad_pieces: t.grad_pieces(),
         first_layer_exchanged: t.first_layer_exchanged(),
+        weights_gathered_by_copies: t.weights_gathered_by_copies(),
         sharded_optimizer: t.sharded_optimizer(),
         unsharded_reason: t.unsharded_reason().map(str::to_string),
         comm_sms: t.comm_sms(),
@@ -489,6 +495,7 @@ pub fn run(
         bucket_mb: job.bucket_bytes as f64 / (1 << 20) as f64,
         grad_pieces: first.grad_pieces,
         first_layer_exchanged: first.first_layer_exchanged,
+        weights_gathered_by_copies: first.weights_gathered_by_copies,
         grad_comm: job.opts.grad_comm.to_string(),
         sharded_optimizer: first.sharded_optimizer,
         unsharded_reason: first.unsharded_reason.clone(),

@@ -188,6 +188,7 @@ fn a_data_parallel_run_names_its_sharded_optimizer_and_both_pytorch_peers() {
         bucket_mb: 25.0,
         grad_pieces: 1,
         first_layer_exchanged: false,
+        weights_gathered_by_copies: false,
         grad_comm: "f32".into(),
         sharded_optimizer: sharded,
         unsharded_reason: reason.map(str::to_string),
