@@ -36,6 +36,34 @@ fn gpu() -> Result<(&'static Discovery, Arc<Gpu>), Failed> {
     Ok((d, GPU.get().ok_or("no GPU")?.clone()))
 }
 
+/// Ends the test process naming the case when a multi-GPU case runs past `limit` (a case takes
+/// seconds): a rank left in a collective whose peer failed would otherwise hang the run
+/// without a word. Dropped when the case ends.
+struct Watchdog(Option<std::sync::mpsc::Sender<()>>);
+
+impl Watchdog {
+    fn new(case: String, limit: std::time::Duration) -> Watchdog {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
+                eprintln!(
+                    "{case}: still running after {} s: the test process stops here (a rank hung)",
+                    limit.as_secs()
+                );
+                std::process::exit(101);
+            }
+        });
+        Watchdog(Some(tx))
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // the sender gone wakes the watch, which then ends quietly
+        self.0.take();
+    }
+}
+
 fn config(widths: &[usize], loss: LossKind, kind: OptimizerKind, batch: usize) -> TrainConfig {
     TrainConfig {
         widths: widths.to_vec(),

@@ -166,5 +166,14 @@ PY
 import json; d=json.load(open('$OUT/t/pp-bf16.json'))['result']['pipeline']; pt=d.get('pytorch') or {}
 print('  PyTorch', {k: v for k, v in pt.items() if not isinstance(v, (list, dict))})" 2>&1 | tee -a "$S"
      tar czf $OUT/x7.tgz -C $OUT/t . ; rm -rf $OUT/t ;;
+  # X8: the final build's whole gpu_train suite (one GPU and two; the cases now under a 120 s
+  #     watchdog each), then the data-parallel test three times more with GPUKIT_TRACE=1
+  X8) $T timeout 190 .device/tests/gpu_train --test-threads 1 > $OUT/t/gpu_train.log 2>&1
+     say "gpu_train rc=$?: $(grep 'test result' $OUT/t/gpu_train.log)"; grep -E '^test |FAILED|failed|panicked|still running' $OUT/t/gpu_train.log | head -20 | tee -a "$S"
+     for i in 1 2; do
+       $T GPUKIT_TRACE=1 timeout 30 .device/tests/gpu_train --test-threads 1 --nocapture data_parallel > $OUT/t/dp-$i.log 2>&1
+       say "data_parallel $i rc=$?: $(grep 'test result' $OUT/t/dp-$i.log)"; grep -E 'FAILED|panicked|still running|waits for' $OUT/t/dp-$i.log | head -5 | tee -a "$S"
+     done
+     tar czf $OUT/x8.tgz -C $OUT/t . ; rm -rf $OUT/t ;;
 esac
 say "== done $(date -u +%FT%TZ)"

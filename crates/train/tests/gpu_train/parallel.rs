@@ -218,6 +218,10 @@ pub(super) fn data_parallel_matches_one_gpu_on_the_combined_batch() -> Result<()
         ),
     ];
     for (loss, kind, accumulate, graph, pieces, comm, sharding, precision) in cases {
+        let _watch = super::Watchdog::new(
+            format!("data-parallel case {loss:?} {kind:?} {} accumulate {accumulate} graph {graph} pieces {pieces} averaged in {comm} {sharding:?}", precision.name()),
+            std::time::Duration::from_secs(120),
+        );
         // averaging in bf16 rounds every gradient to 8 bits of mantissa (2^-9 relative), and
         // bf16 products round every map: the updates then follow one GPU's within that
         // rounding, not within f32's, so the weights are judged by how far they are from one
@@ -438,6 +442,13 @@ pub(super) fn pipeline_matches_one_gpu_on_the_same_batches() -> Result<(), Faile
         let one = run_gpu(&cfg, opts, &data, &model)?;
         let count = spans.len();
         for copies in [false, true] {
+            let _watch = super::Watchdog::new(
+                format!(
+                    "pipeline case {loss:?} {kind:?} {widths:?} {} copies {copies}",
+                    p.name()
+                ),
+                std::time::Duration::from_secs(120),
+            );
             let id = UniqueId::new()?;
             let links = Links::new(count, std::time::Duration::from_secs(60));
             let runs = per_gpu_thread(count, |index| {
