@@ -111,9 +111,9 @@ pub(super) struct Dp {
     /// (None: carried by the copy engines, exchange.rs).
     gathering: std::sync::Mutex<Vec<Gathering>>,
     /// The buckets launched for the update being enqueued: their elements of the flat
-    /// gradient buffer, [start, end), the point of the communication stream after each, and
-    /// whether the copy engines carry it (exchange.rs: the update waits for the other ranks'
-    /// copies and averages while it reads).
+    /// gradient buffer, [start, end), and the point of the communication stream after each (with
+    /// the exchange, every region's: the point its own gradients are done; the update waits for
+    /// the other ranks' copies and averages while it reads, exchange.rs).
     launched: std::sync::Mutex<Vec<Launched>>,
     /// The first layer's weight gradient exchanged piece by piece (exchange.rs), where asked
     /// for and it applies.
@@ -123,16 +123,16 @@ pub(super) struct Dp {
 /// A region's gather of the last update: its elements and NCCL's end (None: the copy engines).
 type Gathering = ((usize, usize), Option<Event>);
 
-/// A region launched for the update: its elements, the point its averaging is done (or,
-/// carried by the copy engines, its own gradients are), and whether the copy engines carry it.
-type Launched = ((usize, usize), Event, bool);
+/// A region launched for the update: its elements and the point its averaging is done (or,
+/// carried by the copy engines, its own gradients are).
+type Launched = ((usize, usize), Event);
 
 impl Dp {
     /// Region [a, b) of the flat buffer done on `t`'s work stream up to here, its blocks on
     /// their way to their owners by the copy engines: launched for the update.
     pub(super) fn launched_copies(&self, t: &GpuTrainer, region: (usize, usize)) -> Result<()> {
         let done = t.gpu.stream().record()?;
-        lock(&self.launched).push((region, done, true));
+        lock(&self.launched).push((region, done));
         Ok(())
     }
 }
@@ -373,7 +373,7 @@ impl GpuTrainer {
             dp.comm.all_reduce(region, region, b - a, ty, RedOp::Avg)?;
         }
         let done = dp.comm.stream().record()?;
-        lock(&dp.launched).push(((a, b), done, false));
+        lock(&dp.launched).push(((a, b), done));
         Ok(())
     }
 
@@ -383,7 +383,7 @@ impl GpuTrainer {
         if let Some(dp) = &self.dp {
             let launched = std::mem::take(&mut *lock(&dp.launched));
             self.gpu.stream().wait(&dp.comm.stream().record()?)?;
-            for ((a, b), _, _) in launched {
+            for ((a, b), _) in launched {
                 self.widen_averaged(dp, (a, b))?;
             }
         }
@@ -415,7 +415,7 @@ impl GpuTrainer {
             return update(0, total, None);
         };
         let launched = std::mem::take(&mut *lock(&dp.launched));
-        let covered: usize = launched.iter().map(|((a, b), _, _)| b - a).sum();
+        let covered: usize = launched.iter().map(|((a, b), _)| b - a).sum();
         if dp.sharded {
             if covered != total {
                 return Err(Error::Failed(format!(
@@ -430,12 +430,12 @@ impl GpuTrainer {
             if let Some(ex) = &dp.exchange {
                 ex.before_update(work)?;
             }
-            for ((a, b), done, copies) in launched {
+            for ((a, b), done) in launched {
                 work.wait(&done)?;
                 let (oa, ob) = self.own_block((a, b));
-                let also = match (&dp.exchange, copies) {
-                    (Some(ex), true) => self.received_for_update(ex, (a, b), (oa, ob))?,
-                    _ => {
+                let also = match &dp.exchange {
+                    Some(ex) => self.received_for_update(ex, (a, b), (oa, ob))?,
+                    None => {
                         self.widen_averaged(dp, (oa, ob))?;
                         None
                     }
@@ -462,12 +462,12 @@ impl GpuTrainer {
         }
         if covered != total {
             self.gpu.stream().wait(&dp.comm.stream().record()?)?;
-            for &((a, b), _, _) in &launched {
+            for &((a, b), _) in &launched {
                 self.widen_averaged(dp, (a, b))?;
             }
             return update(0, total, None);
         }
-        for ((a, b), done, _) in launched {
+        for ((a, b), done) in launched {
             self.gpu.stream().wait(&done)?;
             self.widen_averaged(dp, (a, b))?;
             update(a, b, None)?;
