@@ -41,7 +41,7 @@ use std::collections::HashMap;
 
 pub use signature::Param;
 
-pub use crate::nvrtc::PART;
+pub use crate::nvrtc::{ARCH_SPECIFIC, PART};
 
 /// The kernels' name for an element type: its storage type's name (`f32` for tf32). Every
 /// gpukit module names its typed kernels `{kernel}_{tag}`; a module without that type's

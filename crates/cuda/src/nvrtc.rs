@@ -148,9 +148,8 @@ pub(crate) fn warm_cache(
     let Ok(attributes) = crate::driver::device_attributes(ordinal, count) else {
         return;
     };
-    let (major, minor) = attributes.compute_capability;
-    let arch = format!("sm_{major}{minor}");
     for (stem, source) in modules {
+        let arch = arch_for(&source, attributes.compute_capability);
         for (name, program) in programs(&source, stem) {
             let cached = cache_file(discovery, &program, &name, &arch).is_some_and(|p| p.is_file());
             if cached || !discovery.usable(Lib::Nvrtc) {
@@ -199,6 +198,18 @@ fn nvrtc_ready(discovery: &Discovery) -> Result<()> {
     Ok(())
 }
 
+/// The line a module's source holds to be compiled for its GPU's architecture-specific target
+/// (`sm_90a` on compute capability 9.0: Hopper's warpgroup MMA and tensor-memory loads, which
+/// no later architecture runs). Such a module loads only on the architecture it was built for.
+pub const ARCH_SPECIFIC: &str = "// gpukit: architecture-specific";
+
+/// The real architecture NVRTC compiles `source` for on a GPU of compute capability
+/// (`major`, `minor`): `sm_XY`, or `sm_XYa` where the source asks for it (from 9.0 on).
+pub(crate) fn arch_for(source: &str, (major, minor): (u32, u32)) -> String {
+    let specific = major >= 9 && source.contains(ARCH_SPECIFIC);
+    format!("sm_{major}{minor}{}", if specific { "a" } else { "" })
+}
+
 /// NVRTC's options for machine code of the real architecture `arch`.
 fn options(arch: &str) -> [String; 2] {
     [format!("--gpu-architecture={arch}"), "-std=c++17".into()]
@@ -224,8 +235,7 @@ impl Module {
         names: &[String],
     ) -> Result<Module> {
         let start = std::time::Instant::now();
-        let (major, minor) = gpu.compute_capability()?;
-        let arch = format!("sm_{major}{minor}");
+        let arch = arch_for(source, gpu.compute_capability()?);
         // a module's parts compile on threads of their own (each read from the cache when
         // there), then load one after the other
         let programs = programs(source, stem);

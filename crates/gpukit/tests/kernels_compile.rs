@@ -7,7 +7,7 @@
 //! with `cuobjdump` (pip's `nvidia-cuda-cuobjdump`) a kernel's registers and instructions can be
 //! read on a machine without a GPU.
 
-use gpukit_cuda::kernel::{compile_offline, KernelSource};
+use gpukit_cuda::kernel::{compile_offline, KernelSource, ARCH_SPECIFIC};
 use gpukit_cuda::loader::{prepare_process, Discovery, Lib};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::{Arc, OnceLock};
@@ -25,6 +25,7 @@ fn modules() -> Vec<KernelSource> {
         gpukit_models::gpu::program::kernels::gemm::kernel_source(),
         gpukit_models::gpu::program::kernels::exact::kernel_source(),
         gpukit_models::gpu::program::kernels::stem::kernel_source(),
+        gpukit_models::gpu::program::kernels::fp8_gemm::kernel_source(),
         gpukit_train::gpu::kernels::kernel_source(),
         gpukit_train::cnn::gpu::kernels::kernel_source(),
         gpukit_bench::stress::kernels::kernel_source(),
@@ -48,7 +49,12 @@ fn main() {
     let mut trials = Vec::new();
     for module in modules() {
         let module = Arc::new(module);
-        for arch in ARCHES {
+        // an architecture-specific module (Hopper's wgmma) compiles for its one target
+        let arches: &[&'static str] = match module.source.contains(ARCH_SPECIFIC) {
+            true => &["sm_90a"],
+            false => &ARCHES,
+        };
+        for &arch in arches {
             let m = Arc::clone(&module);
             let test = move || -> Result<(), Failed> {
                 let discovery = DISCOVERY.get().ok_or("no discovery")?;

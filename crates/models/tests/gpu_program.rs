@@ -29,8 +29,11 @@ use depthwise::{depthwise_matches_float64, depthwise_variants_agree};
 #[path = "gpu_program/exact.rs"]
 mod exact;
 use exact::{exact_convolutions_match_float64, exact_sums_bring_fixtures_to_float64};
+#[path = "gpu_program/fp8_gemm.rs"]
+mod fp8_gemm;
 #[path = "gpu_program/stem.rs"]
 mod stem;
+use fp8_gemm::fp8_gemm_matches_float64;
 use stem::stem_pool_matches_float64;
 
 fn tolerance(d: DType) -> f64 {
@@ -581,7 +584,7 @@ fn main() {
     let (discovery, skip) = gpukit_cuda::testing::gpu_test_gate();
     DISCOVERY.set(discovery).ok();
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 10] = [
+    let tests: [(&str, Test); 11] = [
         (
             "gpu::program::every_fixture_matches_the_interpreter",
             every_fixture_matches_the_interpreter,
@@ -621,6 +624,10 @@ fn main() {
         (
             "gpu::program::stem_pool_matches_float64",
             stem_pool_matches_float64,
+        ),
+        (
+            "gpu::program::fp8_gemm_matches_float64",
+            fp8_gemm_matches_float64,
         ),
     ];
     let trials = tests

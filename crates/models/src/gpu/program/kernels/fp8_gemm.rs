@@ -1,0 +1,200 @@
+//! gpukit's first product on Hopper's warpgroup MMA (`wgmma`, decision 195, proposed): the
+//! building block of an fp8 implicit product for the 3x3 convolutions that cuDNN's fp8 engines
+//! run no faster than f16 (decision 194). `d [m, n] = scale x a [m, k] b [n, k]^T`, a and b
+//! E4M3 with K contiguous (the only operand order Hopper's fp8 MMA takes), f32 sums, d f32.
+//!
+//! A block is one warpgroup (128 threads) and one 64 x 128 tile of d. Each step of 64 bytes of
+//! K, the block stages its a and b rows in shared memory as "core matrices" (8 rows x 16
+//! bytes, 128 contiguous bytes), those of one 8-row group next to each other along K (the
+//! descriptor's leading offset, 128 bytes) and the groups one after another (its stride
+//! offset, 4 x 128 bytes): the MMA's canonical K-major layout without swizzling. Then two
+//! `wgmma.mma_async m64n128k32` (32 bytes of K each) read both operands from shared memory
+//! through their descriptors, after a proxy fence that makes the threads' stores visible to the
+//! MMA's reads. The accumulators stay in registers (64 a thread), in the mma.sync C layout a
+//! warp a 16-row slice.
+//!
+//! This first version stages with plain loads and waits for each step's MMA: correctness
+//! first, then TMA and a pipeline. Compiled for `sm_90a` only (architecture-specific: the
+//! module loads on compute capability 9.0 alone). Not yet run on a GPU.
+
+use gpukit_cuda::kernel::{Arg, KernelModule, KernelSource, Launch, ARCH_SPECIFIC};
+use gpukit_cuda::loader::Discovery;
+use gpukit_cuda::{Error, Gpu, Result, Stream, View};
+
+/// Rows of a and columns of d a block takes.
+pub const BM: usize = 64;
+/// Rows of b (columns of d) a block takes.
+pub const BN: usize = 128;
+/// Bytes of K a block stages at a time (K must be a multiple).
+pub const BK: usize = 64;
+
+/// The `wgmma` of one m64n128k32 step on the accumulators `acc` (64 floats a thread).
+fn wgmma_call() -> String {
+    let outs: Vec<String> = (0..64).map(|i| format!("%{i}")).collect();
+    let binds: Vec<String> = (0..64).map(|i| format!("\"+f\"(acc[{i}])")).collect();
+    format!(
+        "asm volatile(\"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {{{}}}, %64, %65, 1, 1, 1;\\n\"\n        : {}\n        : \"l\"(da), \"l\"(db));",
+        outs.join(", "),
+        binds.join(", ")
+    )
+}
+
+/// The module's CUDA C.
+fn source() -> String {
+    format!(
+        r#"{ARCH_SPECIFIC}
+#define F8_BM {BM}
+#define F8_BN {BN}
+#define F8_BK {BK}
+#define F8_KG (F8_BK / 16)
+
+// A shared-memory matrix descriptor without swizzling: the start address, the byte offset
+// between core matrices next to each other along K (leading) and between 8-row groups
+// (stride), each in units of 16 bytes.
+__device__ __forceinline__ unsigned long long f8_desc(unsigned addr, unsigned lead, unsigned stride) {{
+    return (unsigned long long)((addr >> 4) & 0x3FFF)
+        | ((unsigned long long)((lead >> 4) & 0x3FFF) << 16)
+        | ((unsigned long long)((stride >> 4) & 0x3FFF) << 32);
+}}
+
+// `rows` rows of `src` (row length k bytes, from byte k0) into `dst` as core matrices:
+// 16-byte chunk kc of row r at ((r / 8) F8_KG + kc) 128 + (r % 8) 16; rows past `limit` zero.
+__device__ __forceinline__ void f8_stage(unsigned char* dst, const unsigned char* src, int rows,
+                                         int first, int limit, int k, int k0) {{
+    for (int c = threadIdx.x; c < rows * F8_KG; c += 128) {{
+        const int r = c / F8_KG, kc = c % F8_KG;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (first + r < limit) v = *(const uint4*)(src + (long long)(first + r) * k + k0 + kc * 16);
+        *(uint4*)(dst + ((r >> 3) * F8_KG + kc) * 128 + (r & 7) * 16) = v;
+    }}
+}}
+
+extern "C" __global__ void __launch_bounds__(128) fp8_gemm_tn(const unsigned char* a,
+    const unsigned char* b, float* d, int m, int n, int k, float scale) {{
+    __shared__ __align__(128) unsigned char as[F8_BM * F8_BK];
+    __shared__ __align__(128) unsigned char bs[F8_BN * F8_BK];
+    const int m0 = blockIdx.y * F8_BM, n0 = blockIdx.x * F8_BN;
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(as);
+    const unsigned sb = (unsigned)__cvta_generic_to_shared(bs);
+    for (int k0 = 0; k0 < k; k0 += F8_BK) {{
+        f8_stage(as, a, F8_BM, m0, m, k, k0);
+        f8_stage(bs, b, F8_BN, n0, n, k, k0);
+        __syncthreads();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int s = 0; s < F8_BK / 32; ++s) {{
+            const unsigned long long da = f8_desc(sa + s * 256, 128, F8_KG * 128);
+            const unsigned long long db = f8_desc(sb + s * 256, 128, F8_KG * 128);
+            {wgmma}
+        }}
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        __syncthreads();
+    }}
+    // warp w holds rows 16 w.. of the tile: lane l rows l / 4 and l / 4 + 8, in each 8-column
+    // piece j the columns 8 j + 2 (l % 4) and the next
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = m0 + warp * 16 + (lane >> 2);
+#pragma unroll
+    for (int j = 0; j < F8_BN / 8; ++j) {{
+        const int col = n0 + j * 8 + (lane & 3) * 2;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {{
+            const int r = row + h * 8;
+            if (r < m && col < n)
+                *(float2*)(d + (long long)r * n + col) =
+                    make_float2(acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale);
+        }}
+    }}
+}}
+"#,
+        wgmma = wgmma_call()
+    )
+}
+
+/// The module's source, for the offline compile test and the cache warmer.
+pub fn kernel_source() -> KernelSource {
+    KernelSource {
+        stem: "program-fp8-gemm",
+        source: source(),
+        names: vec!["fp8_gemm_tn".into()],
+    }
+}
+
+/// The kernel on one Hopper GPU.
+pub struct Fp8Gemm {
+    module: KernelModule,
+}
+
+impl Fp8Gemm {
+    /// The kernel where `gpu` is of compute capability 9.0 (None elsewhere: the module is
+    /// built for that architecture alone).
+    pub fn new(discovery: &Discovery, gpu: &Gpu) -> Result<Option<Fp8Gemm>> {
+        if gpu.compute_capability()? != (9, 0) {
+            return Ok(None);
+        }
+        Ok(Some(Fp8Gemm {
+            module: KernelModule::load(discovery, gpu, &kernel_source())?,
+        }))
+    }
+
+    /// `d = scale x a b^T` on `stream`: a `m x k` and b `n x k` E4M3 bytes (rows 16-byte
+    /// aligned), d `m x n` f32; k a multiple of [`BK`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &self,
+        stream: &Stream,
+        a: View<'_>,
+        b: View<'_>,
+        d: View<'_>,
+        (m, n, k): (usize, usize, usize),
+        scale: f32,
+    ) -> Result<()> {
+        if m == 0 || n == 0 || k == 0 || !k.is_multiple_of(BK) {
+            return Err(Error::Invalid(format!(
+                "fp8_gemm_tn takes k a positive multiple of {BK}, not {m}x{n}x{k}"
+            )));
+        }
+        a.require(m * k, "fp8 a")?;
+        b.require(n * k, "fp8 b")?;
+        d.require(m * n * 4, "fp8 d")?;
+        let grid = (n.div_ceil(BN) as u32, m.div_ceil(BM) as u32, 1);
+        let args = [
+            Arg::Ptr(a),
+            Arg::Ptr(b),
+            Arg::Ptr(d),
+            Arg::Size(m),
+            Arg::Size(n),
+            Arg::Size(k),
+            Arg::F32(scale),
+        ];
+        self.module
+            .launch("fp8_gemm_tn", stream, Launch::new(grid, (128, 1, 1)), &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernel_takes_what_its_launcher_passes() {
+        let differences =
+            kernel_source().signature_differences(&[("fp8_gemm_tn", "p p p i i i f")], &[]);
+        assert!(differences.is_empty(), "{differences:#?}");
+    }
+
+    #[test]
+    fn the_mma_binds_every_accumulator_once() {
+        let call = wgmma_call();
+        for i in 0..64 {
+            assert_eq!(call.matches(&format!("acc[{i}])")).count(), 1, "{i}");
+        }
+        assert!(call.contains("%63}, %64, %65"));
+        assert!(source().starts_with(ARCH_SPECIFIC));
+    }
+}
