@@ -82,6 +82,9 @@ extern "C" __global__ void __launch_bounds__(128) fp8_gemm_tn(const unsigned cha
     for (int k0 = 0; k0 < k; k0 += F8_BK) {{
         f8_stage(as, a, F8_BM, m0, m, k, k0);
         f8_stage(bs, b, F8_BN, n0, n, k, k0);
+        // each thread's stores made visible to the MMA's (asynchronous proxy) reads, before
+        // and after the barrier that gathers every thread's
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
