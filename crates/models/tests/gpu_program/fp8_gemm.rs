@@ -81,6 +81,42 @@ pub(super) fn fp8_gemm_matches_float64() -> Result<(), Failed> {
             ));
         }
     }
+    if failures.is_empty() {
+        // its rate at one large shape, for the record beside `gpukit bench matmul --dtype fp8`
+        // (cuBLASLt's fp8 product); no bound is asserted on speed
+        let (m, n, k) = (4096, 4096, 4096);
+        let a = ctx
+            .gpu
+            .upload(&encode_f32(&normal_f32(m * k, fresh_seed()), DType::F8E4M3))?;
+        let b = ctx
+            .gpu
+            .upload(&encode_f32(&normal_f32(n * k, fresh_seed()), DType::F8E4M3))?;
+        let d = ctx.gpu.alloc(m * n * 4)?;
+        let run = || {
+            kernel.run(
+                ctx.gpu.stream(),
+                a.view(),
+                b.view(),
+                d.view(),
+                (m, n, k),
+                1.0,
+            )
+        };
+        run()?;
+        let stream = ctx.gpu.stream();
+        let start = stream.record_timed()?;
+        const REPS: usize = 10;
+        for _ in 0..REPS {
+            run()?;
+        }
+        let end = stream.record_timed()?;
+        end.synchronize()?;
+        let ms = start.elapsed_ms(&end)? / REPS as f64;
+        eprintln!(
+            "    fp8 {m}x{n}x{k}: {ms:.3} ms a product, {:.0} TFLOP/s",
+            2.0 * (m * n * k) as f64 / ms / 1e9
+        );
+    }
     match failures.is_empty() {
         true => Ok(()),
         false => Err(failures.join("\n").into()),
