@@ -25,7 +25,7 @@ fn modules() -> Vec<KernelSource> {
         gpukit_models::gpu::program::kernels::gemm::kernel_source(),
         gpukit_models::gpu::program::kernels::exact::kernel_source(),
         gpukit_models::gpu::program::kernels::stem::kernel_source(),
-        gpukit_models::gpu::program::kernels::fp8_gemm::kernel_source(),
+        gpukit_models::gpu::program::kernels::fp8_conv::kernel_source(),
         gpukit_train::gpu::kernels::kernel_source(),
         gpukit_train::cnn::gpu::kernels::kernel_source(),
         gpukit_bench::stress::kernels::kernel_source(),

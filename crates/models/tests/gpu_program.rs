@@ -29,11 +29,11 @@ use depthwise::{depthwise_matches_float64, depthwise_variants_agree};
 #[path = "gpu_program/exact.rs"]
 mod exact;
 use exact::{exact_convolutions_match_float64, exact_sums_bring_fixtures_to_float64};
-#[path = "gpu_program/fp8_gemm.rs"]
-mod fp8_gemm;
+#[path = "gpu_program/fp8_conv.rs"]
+mod fp8_conv;
 #[path = "gpu_program/stem.rs"]
 mod stem;
-use fp8_gemm::fp8_gemm_matches_float64;
+use fp8_conv::fp8_conv_matches_float64;
 use stem::stem_pool_matches_float64;
 
 fn tolerance(d: DType) -> f64 {
@@ -626,8 +626,8 @@ fn main() {
             stem_pool_matches_float64,
         ),
         (
-            "gpu::program::fp8_gemm_matches_float64",
-            fp8_gemm_matches_float64,
+            "gpu::program::fp8_conv_matches_float64",
+            fp8_conv_matches_float64,
         ),
     ];
     let trials = tests

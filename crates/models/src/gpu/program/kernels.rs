@@ -20,7 +20,7 @@ pub(super) mod channels_last;
 pub use channels_last::kernel_source as channels_last_source;
 pub(super) mod depthwise;
 pub mod exact;
-pub mod fp8_gemm;
+pub mod fp8_conv;
 pub mod gemm;
 pub(super) mod norm;
 pub mod stem;
