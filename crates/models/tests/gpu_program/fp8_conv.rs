@@ -13,7 +13,7 @@ use gpukit_cuda::dnn::{Conv, Dnn};
 use gpukit_cuda::timing::time_on_stream;
 use gpukit_cuda::DeviceBuffer;
 use gpukit_models::gpu::program::kernels::fp8_conv::{
-    product_geometry, Epilogue, Fp8Conv, Tile, TILES,
+    product_geometry, Epilogue, Fp8Conv, Plan, Schedule, TILES,
 };
 use gpukit_models::gpu::program::kernels::gemm::ConvGeometry;
 use gpukit_models::gpu::GpuContext;
@@ -35,7 +35,12 @@ enum Ends {
     ScaledResidual,
 }
 
-fn geometry(n: usize, (h, w, c): (usize, usize, usize), k: usize, rs: (usize, usize)) -> ConvGeometry {
+fn geometry(
+    n: usize,
+    (h, w, c): (usize, usize, usize),
+    k: usize,
+    rs: (usize, usize),
+) -> ConvGeometry {
     ConvGeometry {
         n,
         h,
@@ -106,7 +111,10 @@ pub(super) fn fp8_conv_matches_float64() -> Result<(), Failed> {
     let cases = [
         (geometry(2, (14, 14, 64), 64, (3, 3)), Ends::ResidualE4m3),
         // c 48: a stage of 128 bytes ends inside a tap; k 72: a partial tile of filters
-        (strided(geometry(3, (9, 11, 48), 72, (3, 3)), 2), Ends::BiasRelu),
+        (
+            strided(geometry(3, (9, 11, 48), 72, (3, 3)), 2),
+            Ends::BiasRelu,
+        ),
         (
             ConvGeometry {
                 pads: [2, 2, 2, 2],
@@ -116,7 +124,10 @@ pub(super) fn fp8_conv_matches_float64() -> Result<(), Failed> {
             Ends::ScaledResidual,
         ),
         (geometry(2, (8, 8, 256), 256, (1, 1)), Ends::BiasRelu),
-        (strided(geometry(2, (15, 15, 128), 136, (1, 1)), 2), Ends::ResidualE4m3),
+        (
+            strided(geometry(2, (15, 15, 128), 136, (1, 1)), 2),
+            Ends::ResidualE4m3,
+        ),
         (
             ConvGeometry {
                 pads: [2, 1, 2, 1],
@@ -124,6 +135,10 @@ pub(super) fn fp8_conv_matches_float64() -> Result<(), Failed> {
             },
             Ends::Plain,
         ),
+        // more tiles than the persistent schedule's blocks (132 SMs x at most 3): each block
+        // takes several in turn
+        (geometry(64, (28, 28, 64), 256, (1, 1)), Ends::ResidualE4m3),
+        (geometry(32, (28, 28, 32), 256, (3, 3)), Ends::BiasRelu),
         (product_geometry(100, 200, 256), Ends::Plain),
         (product_geometry(300, 260, 1040), Ends::Plain),
         (product_geometry(7, 136, 128), Ends::BiasRelu),
@@ -148,10 +163,7 @@ pub(super) fn fp8_conv_matches_float64() -> Result<(), Failed> {
             _ => (None, 0.0),
         };
         let z_bytes = z_type.map(|t| encode_f32(&normal_f32(m * n, seed + 4), t));
-        let z_values = z_bytes
-            .as_ref()
-            .zip(z_type)
-            .map(|(b, t)| decode_f64(b, t));
+        let z_values = z_bytes.as_ref().zip(z_type).map(|(b, t)| decode_f64(b, t));
         let (with_alpha, with_bias, relu, y_type) = match ends {
             Ends::Plain => (false, false, false, DType::F32),
             Ends::BiasRelu => (true, true, true, DType::F16),
@@ -197,9 +209,16 @@ pub(super) fn fp8_conv_matches_float64() -> Result<(), Failed> {
             y_dtype: y_type,
             y_scale,
         };
-        for tile in TILES {
+        for plan in plans() {
+            let (tile, schedule) = plan;
             ctx.gpu.fill(yd.view(), 0xff)?;
-            kernel.run(ctx.gpu.stream(), tile, (xd.view(), wd.view(), yd.view()), &g, &e)?;
+            kernel.run(
+                ctx.gpu.stream(),
+                plan,
+                (xd.view(), wd.view(), yd.view()),
+                &g,
+                &e,
+            )?;
             ctx.gpu.synchronize()?;
             let got = decode_f64(&ctx.gpu.download(&yd)?, y_type);
             // Hopper's fp8 MMA adds its products with fewer bits than f32 (about 14): 5e-3 of
@@ -223,12 +242,12 @@ pub(super) fn fp8_conv_matches_float64() -> Result<(), Failed> {
                 })
                 .fold((0f64, 0), |x, y| if y.0 > x.0 { y } else { x });
             eprintln!(
-                "    fp8 conv {tile:?} {}x{}x{}x{}->{} {}x{} stride {} {ends:?} (seed {seed}): worst difference {worst:.2} of allowed",
+                "    fp8 conv {tile:?} {schedule:?} {}x{}x{}x{}->{} {}x{} stride {} {ends:?} (seed {seed}): worst difference {worst:.2} of allowed",
                 g.n, g.h, g.w, g.c, g.k, g.r, g.s, g.stride
             );
             if worst > 1.0 {
                 failures.push(format!(
-                    "{tile:?} {g:?} {ends:?} (seed {seed}): {worst:.2} of the allowed difference at row {} column {} (got {}, want {})",
+                    "{tile:?} {schedule:?} {g:?} {ends:?} (seed {seed}): {worst:.2} of the allowed difference at row {} column {} (got {}, want {})",
                     at / n,
                     at % n,
                     got[at] * f64::from(y_scale),
@@ -254,7 +273,23 @@ pub(super) fn fp8_conv_matches_float64() -> Result<(), Failed> {
     Ok(())
 }
 
-/// Every tile's time for one launch (median of 20 after 3), and their outputs' agreement (each
+/// Every kernel in each schedule.
+fn plans() -> Vec<Plan> {
+    TILES
+        .iter()
+        .flat_map(|&t| [(t, Schedule::OneTile), (t, Schedule::Persistent)])
+        .collect()
+}
+
+fn plan_name((t, s): Plan) -> String {
+    let s = match s {
+        Schedule::OneTile => "",
+        Schedule::Persistent => "p",
+    };
+    format!("n{}s{}{s}", t.bn, t.stages)
+}
+
+/// Every plan's time for one launch (median of 20 after 3), and their outputs' agreement (each
 /// output sums the same products in the same order whatever the tile: equal bytes).
 fn time_tiles(
     ctx: &GpuContext,
@@ -262,22 +297,27 @@ fn time_tiles(
     (x, w): (&DeviceBuffer, &DeviceBuffer),
     g: &ConvGeometry,
     e: &Epilogue<'_>,
-) -> Result<Vec<(Tile, f64)>, Failed> {
+) -> Result<Vec<(Plan, f64)>, Failed> {
     let (m, n, _) = g.product();
     let mut out = Vec::new();
     let mut first: Option<Vec<u8>> = None;
-    for tile in TILES {
+    for plan in plans() {
         let y = ctx.gpu.alloc(m * n * e.y_dtype.size_bytes())?;
         let mut ms = time_on_stream(ctx.gpu.stream(), 3, 20, || {
-            kernel.run(ctx.gpu.stream(), tile, (x.view(), w.view(), y.view()), g, e)
+            kernel.run(ctx.gpu.stream(), plan, (x.view(), w.view(), y.view()), g, e)
         })?;
         ms.sort_by(f64::total_cmp);
-        out.push((tile, ms[ms.len() / 2]));
+        out.push((plan, ms[ms.len() / 2]));
         let bytes = ctx.gpu.download(&y)?;
         match &first {
             None => first = Some(bytes),
             Some(f) if *f != bytes => {
-                return Err(format!("{g:?}: {tile:?}'s output differs from {:?}'s", TILES[0]).into())
+                return Err(format!(
+                    "{g:?}: {}'s output differs from {}'s",
+                    plan_name(plan),
+                    plan_name(plans()[0])
+                )
+                .into())
             }
             Some(_) => {}
         }
@@ -298,9 +338,10 @@ fn product_rate(ctx: &GpuContext, kernel: &Fp8Conv) -> Result<(), Failed> {
     let b = ctx.gpu.upload(&random_bytes(n * k, fresh_seed()))?;
     let g = product_geometry(m, n, k);
     let rows = time_tiles(ctx, kernel, (&a, &b), &g, &Epilogue::plain(DType::F16))?;
-    for (tile, ms) in rows {
+    for (plan, ms) in rows {
         eprintln!(
-            "    fp8 product {m}x{n}x{k} f16 out {tile:?}: {ms:.4} ms, {:.0} TFLOP/s",
+            "    fp8 product {m}x{n}x{k} f16 out {}: {ms:.4} ms, {:.0} TFLOP/s",
+            plan_name(plan),
             2.0 * (m * n * k) as f64 / ms / 1e9
         );
     }
@@ -357,10 +398,11 @@ fn resnet_timings(ctx: &GpuContext, kernel: &Fp8Conv) -> Result<(), Failed> {
             y_scale: 1.0 / 64.0,
         };
         let rows = time_tiles(ctx, kernel, (&x, &w), &g, &e)?;
-        let (best, ms) = rows
-            .iter()
-            .copied()
-            .fold((TILES[0], f64::INFINITY), |a, b| if b.1 < a.1 { b } else { a });
+        let (best, ms) =
+            rows.iter().copied().fold(
+                (plans()[0], f64::INFINITY),
+                |a, b| if b.1 < a.1 { b } else { a },
+            );
         // the peers on the same values: cuDNN's best f16 plan (E4M3 values are exact in f16) and
         // its fp8 engine with E4M3 out
         let sh = ConvShape {
@@ -376,7 +418,10 @@ fn resnet_timings(ctx: &GpuContext, kernel: &Fp8Conv) -> Result<(), Failed> {
             groups: 1,
         };
         let f16 = |b: &[u8]| -> Vec<u8> {
-            let v: Vec<f32> = decode_f64(b, DType::F8E4M3).iter().map(|&v| v as f32).collect();
+            let v: Vec<f32> = decode_f64(b, DType::F8E4M3)
+                .iter()
+                .map(|&v| v as f32)
+                .collect();
             encode_f32(&v, DType::F16)
         };
         let conv = Conv {
@@ -391,15 +436,20 @@ fn resnet_timings(ctx: &GpuContext, kernel: &Fp8Conv) -> Result<(), Failed> {
             plan.measured_ms().unwrap_or(f64::NAN)
         };
         let y8 = ctx.gpu.alloc(m * n)?;
-        let cudnn_fp8 = match dnn.plan_fp8_conv(sh, DType::F8E4M3, (x.view(), w.view(), alpha.view(), y8.view())) {
+        let cudnn_fp8 = match dnn.plan_fp8_conv(
+            sh,
+            DType::F8E4M3,
+            (x.view(), w.view(), alpha.view(), y8.view()),
+        ) {
             Ok(p) => format!("{:.4} ms", p.ms),
             Err(err) => format!("none ({err})"),
         };
         let tflops = |ms: f64| 2.0 * (m * n * kg) as f64 / ms / 1e9;
         eprintln!(
-            "    fp8 conv timing b{nb} {c}@{hw} -> {k} {r}x{r}/{stride}: gpukit {ms:.4} ms ({best:?}, {:.0} TFLOP/s; tiles {}) | cuDNN f16 {f16_ms:.4} ms ({:.0} TFLOP/s, {:.2}x gpukit's time) | cuDNN fp8 {cudnn_fp8}",
+            "    fp8 conv timing b{nb} {c}@{hw} -> {k} {r}x{r}/{stride}: gpukit {ms:.4} ms ({}, {:.0} TFLOP/s; plans {}) | cuDNN f16 {f16_ms:.4} ms ({:.0} TFLOP/s, {:.2}x gpukit's time) | cuDNN fp8 {cudnn_fp8}",
+            plan_name(best),
             tflops(ms),
-            rows.iter().map(|(t, ms)| format!("n{}s{} {ms:.4}", t.bn, t.stages)).collect::<Vec<_>>().join(", "),
+            rows.iter().map(|&(p, ms)| format!("{} {ms:.4}", plan_name(p))).collect::<Vec<_>>().join(", "),
             tflops(f16_ms),
             f16_ms / ms
         );

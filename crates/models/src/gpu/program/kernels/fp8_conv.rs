@@ -14,11 +14,16 @@
 //! (row r's 16-byte chunk c at r 128 + ((c ^ r % 8) 16), 1024-byte atoms; descriptor stride
 //! 1024 bytes, swizzle mode 1) by `cp.async`, 16 bytes a thread, zeros where the tap falls in
 //! the padding or past K. A thread loads one 16-byte chunk column of four rows of x's tile
-//! (their image, top and left input coordinates found once) and BN / 32 rows of w's: each step
-//! it finds the chunk's tap and channel (two divisions) and so each row's address. `ST` stages
-//! of shared memory, loads `ST - 2` steps ahead; each step's four `m64nBNk32` MMAs are left
-//! running while the next step's begin (`wgmma.wait_group 1`), and one barrier a step both
-//! publishes the landed stage and frees the one two steps back.
+//! (each row's tap-(0, 0) address and input coordinates found once; a 1x1 convolution of
+//! stride 1 reads row m for row m) and BN / 32 rows of w's; the chunk's tap and channel move
+//! on step by step without a division. `ST` stages of shared memory, loads `ST - 2` steps
+//! ahead; each step's four `m64nBNk32` MMAs are issued before the next loads and left running
+//! (`wgmma.wait_group 1`), and one barrier a step both publishes the landed stage and frees
+//! the one two steps back.
+//!
+//! The epilogue goes through shared memory: a first pass finishes each thread's values in y's
+//! type (or f16 / f32 where a residual is still to be added) into padded rows, a second writes
+//! them out 16 bytes a thread (adding the residual 8 values a thread where there is one).
 //!
 //! Compiled for `sm_90a` only (architecture-specific: the module loads on compute capability
 //! 9.0 alone).
@@ -41,8 +46,22 @@ pub struct Tile {
     pub stages: usize,
 }
 
+/// How blocks take tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Schedule {
+    /// A block a tile.
+    OneTile,
+    /// As many blocks as the SMs hold at once, each taking every so many tiles in turn and
+    /// loading the next one's first steps during the last one's epilogue.
+    Persistent,
+}
+
+/// A launch's kernel and schedule.
+pub type Plan = (Tile, Schedule);
+
 /// The tiles the module is built with.
-pub const TILES: [Tile; 5] = [
+pub const TILES: [Tile; 6] = [
+    Tile { bn: 64, stages: 3 },
     Tile { bn: 64, stages: 4 },
     Tile { bn: 64, stages: 8 },
     Tile { bn: 128, stages: 4 },
@@ -55,16 +74,23 @@ impl Tile {
         format!("fp8_conv_n{}s{}", self.bn, self.stages)
     }
 
-    /// Dynamic shared memory: the stages, and room to align them to 1024 bytes.
-    pub fn shared_bytes(&self) -> usize {
-        self.stages * (BM + self.bn) * BK + 1024
-    }
-
-    /// Dynamic shared memory for `steps` steps of K: the stages used (no more than the
-    /// steps: stage t % ST is t below ST), at least the epilogue's f32 rows of BN + 8.
-    pub fn shared_bytes_for(&self, steps: usize) -> usize {
+    /// Where the epilogue's rows start after the aligned stages, and the launch's dynamic
+    /// shared memory, for `steps` steps of K and an epilogue whose first pass keeps `bytes` a
+    /// value: the stages used (no more than the steps: stage t % ST is t below ST), then the
+    /// epilogue's rows of BN values and 16 bytes (32 for f32) and the block's factors and
+    /// biases. Persistent blocks keep the two apart where they fit together (so the next tile
+    /// loads during the epilogue); otherwise the epilogue is written over the stages (offset
+    /// 0).
+    pub fn layout(&self, schedule: Schedule, steps: usize, bytes: usize) -> (usize, usize) {
         let stages = self.stages.min(steps.max(1)) * (BM + self.bn) * BK;
-        stages.max(BM * (self.bn + 8) * 4) + 1024
+        let pad = if bytes == 4 { 32 } else { 16 };
+        let epilogue = BM * (self.bn * bytes + pad) + 2 * self.bn * 4;
+        match schedule {
+            Schedule::Persistent if stages + epilogue + 1024 <= 227 * 1024 => {
+                (stages, stages + epilogue + 1024)
+            }
+            _ => (0, stages.max(epilogue) + 1024),
+        }
     }
 
     /// Blocks an SM may hold at once, for the kernel's register bound: three of the narrow
@@ -83,7 +109,7 @@ const _: () = {
     let mut i = 0;
     while i < TILES.len() {
         assert!(TILES[i].stages * (BM + TILES[i].bn) * BK + 1024 <= 227 * 1024);
-        assert!(TILES[i].stages >= 4);
+        assert!(TILES[i].stages >= 3);
         i += 1;
     }
 };
@@ -105,7 +131,7 @@ fn wgmma_struct(bn: usize) -> String {
 const PARAMS: &str = "(const unsigned char* __restrict__ x, const unsigned char* __restrict__ wt, \
 const float* __restrict__ alpha, const float* __restrict__ bias, const void* z, void* y, int h, \
 int w, int c, int p, int q, int kout, int s, int stride, int pt, int pl, int dh, int dw, int m, \
-int kg, int ytype, int ztype, int relu, float yinv, float zscale)";
+int kg, int ytype, int ztype, int relu, float yinv, float zscale, int eoff)";
 
 /// The module's CUDA C.
 fn source() -> String {
@@ -116,7 +142,7 @@ fn source() -> String {
     s.push_str(BODY);
     for t in TILES {
         s.push_str(&format!(
-            "extern \"C\" __global__ void __launch_bounds__(256, {}) {}{PARAMS} {{\n    f8_conv<{}, {}>(x, wt, alpha, bias, z, y, h, w, c, p, q, kout, s, stride, pt, pl, dh, dw, m, kg, ytype, ztype, relu, yinv, zscale);\n}}\n",
+            "extern \"C\" __global__ void __launch_bounds__(256, {}) {}{PARAMS} {{\n    f8_conv<{}, {}>(x, wt, alpha, bias, z, y, h, w, c, p, q, kout, s, stride, pt, pl, dh, dw, m, kg, ytype, ztype, relu, yinv, zscale, eoff);\n}}\n",
             t.blocks_an_sm(),
             t.name(),
             t.bn,
@@ -170,14 +196,37 @@ __device__ __forceinline__ float2 f8_read2(const void* v, int t, long long o) {
     return f8_unpack(*(const unsigned short*)((const unsigned char*)v + o));
 }
 
-__device__ __forceinline__ void f8_write2(void* v, int t, long long o, float a, float b) {
-    if (t == 0) {
-        *(float2*)((float*)v + o) = make_float2(a, b);
-    } else if (t == 1) {
-        const H lo = from_f<H>(a), hi = from_f<H>(b);
-        *(unsigned*)((unsigned short*)v + o) = (unsigned)lo.v | ((unsigned)hi.v << 16);
-    } else {
-        *(unsigned short*)((unsigned char*)v + o) = f8_pack(a, b);
+// A warpgroup's accumulators (BN / 2 a thread) times fa [col] plus fb [col], ReLU'd where
+// asked, as type T (0 f32, 1 f16, 2 E4M3) into the block's rows of rs bytes at `tile`: lane l
+// of a warp holds rows l / 4 and l / 4 + 8 of its 16, in each 8-column piece j the columns
+// 8 j + 2 (l % 4) and the next.
+template <int T, int BN>
+__device__ __forceinline__ void f8_tile(const float* acc, unsigned char* tile, int rs,
+                                        const float* fa, const float* fb, bool relu) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int r0 = (tid >> 7) * 64 + ((tid >> 5) & 3) * 16 + (lane >> 2);
+    constexpr int S = T == 0 ? 4 : T == 1 ? 2 : 1;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        const int cl = j * 8 + (lane & 3) * 2;
+        const float2 a = *(const float2*)(fa + cl), b = *(const float2*)(fb + cl);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float v0 = acc[4 * j + 2 * hh] * a.x + b.x, v1 = acc[4 * j + 2 * hh + 1] * a.y + b.y;
+            if (relu) {
+                v0 = fmaxf(v0, 0.0f);
+                v1 = fmaxf(v1, 0.0f);
+            }
+            unsigned char* at = tile + (r0 + hh * 8) * rs + cl * S;
+            if (T == 2) {
+                *(unsigned short*)at = f8_pack(v0, v1);
+            } else if (T == 1) {
+                const H lo = from_f<H>(v0), hi = from_f<H>(v1);
+                *(unsigned*)at = (unsigned)lo.v | ((unsigned)hi.v << 16);
+            } else {
+                *(float2*)at = make_float2(v0, v1);
+            }
+        }
     }
 }
 
@@ -186,49 +235,69 @@ __device__ __forceinline__ void f8_conv(const unsigned char* __restrict__ x,
     const unsigned char* __restrict__ wt, const float* __restrict__ alpha,
     const float* __restrict__ bias, const void* z, void* y, int h, int w, int c, int p, int q,
     int kout, int s, int stride, int pt, int pl, int dh, int dw, int m, int kg, int ytype,
-    int ztype, int relu, float yinv, float zscale) {
+    int ztype, int relu, float yinv, float zscale, int eoff) {
     constexpr int STAGE = (128 + BN) * 128;
     extern __shared__ unsigned char smem[];
     unsigned char* aligned = smem + ((1024u - ((unsigned)__cvta_generic_to_shared(smem) & 1023u)) & 1023u);
     const unsigned base = (unsigned)__cvta_generic_to_shared(aligned);
+    // the epilogue's rows: after the stages (eoff > 0: the next tile's first steps load while
+    // this one's epilogue runs) or over them
+    unsigned char* epi = aligned + eoff;
     const int tid = threadIdx.x, wg = tid >> 7;
-    const int m0 = blockIdx.y * 128, n0 = blockIdx.x * BN;
+    const int tiles_n = (kout + BN - 1) / BN, tiles = tiles_n * ((m + 127) / 128);
+    int tile = blockIdx.x;
+    if (tile >= tiles) return;
     // this thread's chunk column and first row; the swizzle is the same for all its rows
     const int kc = tid & 7, rr = tid >> 3;
     const unsigned swz = (unsigned)((kc ^ (rr & 7)) << 4);
-    // its four rows of x's tile: the address of tap (0, 0)'s first channel (outside the map
-    // where the tap is), the top and left input coordinates
+    const int pq = p * q;
+    // a 1x1 convolution of stride 1 without padding reads pixel m for output m
+    const bool same = s == 1 && h * w == pq && stride == 1 && pt == 0 && pl == 0 && kg == c;
+    const int steps = (kg + 127) / 128;
+    // a tile's loads: its four rows of x (the address of tap (0, 0)'s first channel, outside
+    // the map where the tap is; the top and left input coordinates), its BN / 32 rows of w, and
+    // the chunk's place in K as the steps go by (tap (ri, si), channel ch)
+    int m0 = 0, n0 = 0;
     const unsigned char* xr[4];
     int hb[4], wb[4];
-    const int pq = p * q;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int mi = m0 + rr + 32 * i;
-        if (mi < m) {
-            const int ni = mi / pq, rem = mi - ni * pq;
-            const int pi = rem / q, qi = rem - pi * q;
-            hb[i] = pi * stride - pt;
-            wb[i] = qi * stride - pl;
-            xr[i] = x + (((long long)ni * h + hb[i]) * w + wb[i]) * c;
-        } else {
-            hb[i] = -0x40000000;  // never inside the map
-            wb[i] = 0;
-            xr[i] = x;
-        }
-    }
-    // its BN / 32 rows of w's tile
     const unsigned char* wr[BN / 32];
     unsigned wok = 0;
+    int kk = 0, ch = 0, ri = 0, si = 0;
+    auto setup = [&](int t) {
+        m0 = (t / tiles_n) * 128;
+        n0 = (t % tiles_n) * BN;
 #pragma unroll
-    for (int i = 0; i < BN / 32; ++i) {
-        const int row = n0 + rr + 32 * i;
-        wr[i] = wt + (long long)(row < kout ? row : 0) * kg;
-        wok |= (row < kout ? 1u : 0u) << i;
-    }
-    // the chunk's place in K as the loads go by, step after step: tap (ri, si), channel ch
-    int kk = kc * 16, ch = kc * 16, ri = 0, si = 0;
-    while (ch >= c) { ch -= c; if (++si == s) { si = 0; ++ri; } }
-    const int steps = (kg + 127) / 128;
+        for (int i = 0; i < 4; ++i) {
+            const int mi = m0 + rr + 32 * i;
+            if (mi < m && same) {
+                hb[i] = 0;
+                wb[i] = 0;
+                xr[i] = x + (long long)mi * c;
+            } else if (mi < m) {
+                const int ni = mi / pq, rem = mi - ni * pq;
+                const int pi = rem / q, qi = rem - pi * q;
+                hb[i] = pi * stride - pt;
+                wb[i] = qi * stride - pl;
+                xr[i] = x + (((long long)ni * h + hb[i]) * w + wb[i]) * c;
+            } else {
+                hb[i] = -0x40000000;  // never inside the map
+                wb[i] = 0;
+                xr[i] = x;
+            }
+        }
+        wok = 0;
+#pragma unroll
+        for (int i = 0; i < BN / 32; ++i) {
+            const int row = n0 + rr + 32 * i;
+            wr[i] = wt + (long long)(row < kout ? row : 0) * kg;
+            wok |= (row < kout ? 1u : 0u) << i;
+        }
+        kk = kc * 16;
+        ch = kc * 16;
+        ri = 0;
+        si = 0;
+        while (ch >= c) { ch -= c; if (++si == s) { si = 0; ++ri; } }
+    };
     auto load = [&](int t) {
         const unsigned at = base + (t % ST) * STAGE;
         const bool kin = kk < kg;
@@ -248,111 +317,123 @@ __device__ __forceinline__ void f8_conv(const unsigned char* __restrict__ x,
         ch += 128;
         while (ch >= c) { ch -= c; if (++si == s) { si = 0; ++ri; } }
     };
-    float acc[BN / 2];
+    // a tile's first ST - 2 steps in flight (a group committed for each, empty or not)
+    auto first_loads = [&]() {
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-    // the first ST - 2 steps in flight (a group committed for each, empty or not)
-#pragma unroll
-    for (int t = 0; t < ST - 2; ++t) {
-        if (t < steps) load(t);
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-    }
-    for (int t = 0; t < steps; ++t) {
-        // step t landed: this thread's copies, then (the barrier) every thread's, made visible
-        // to the MMA; past the barrier, every warpgroup's MMAs of step t - 2 are done (each
-        // waited for them at step t - 1). This step's MMAs go first, so the tensor cores have
-        // them queued while the threads load step t + ST - 2 into step t - 2's stage.
-        asm volatile("cp.async.wait_group %0;\n" :: "n"(ST - 3) : "memory");
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        const unsigned at = base + (t % ST) * STAGE;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-            Wg<BN>::mma(acc, f8_desc(at + wg * 64 * 128 + u * 32), f8_desc(at + 128 * 128 + u * 32));
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        if (t + ST - 2 < steps) load(t + ST - 2);
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-    }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    // the epilogue in two passes through shared memory (the stages', free once every
-    // warpgroup's MMAs are done): first each thread's sums, scaled and biased, as f32 rows of
-    // BN + 8 (a half-warp's pairs on distinct banks): lane l of a warp holds rows l / 4 and
-    // l / 4 + 8 of its 16, in each 8-column piece j the columns 8 j + 2 (l % 4) and the next
-    __syncthreads();
-    constexpr int SR = BN + 8;
-    float* tile = (float*)aligned;
-    {
-        const int lane = tid & 31;
-        const int r0 = wg * 64 + ((tid >> 5) & 3) * 16 + (lane >> 2);
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            const int cl = j * 8 + (lane & 3) * 2, col = n0 + cl;
-            float a0 = 1.0f, a1 = 1.0f, b0 = 0.0f, b1 = 0.0f;
-            if (col < kout) {
-                if (alpha) { a0 = alpha[col]; a1 = alpha[col + 1]; }
-                if (bias) { b0 = bias[col]; b1 = bias[col + 1]; }
-            }
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh)
-                *(float2*)(tile + (r0 + hh * 8) * SR + cl) =
-                    make_float2(acc[4 * j + 2 * hh] * a0 + b0, acc[4 * j + 2 * hh + 1] * a1 + b1);
+        for (int t = 0; t < ST - 2; ++t) {
+            if (t < steps) load(t);
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
         }
-    }
-    __syncthreads();
-    // then 8 neighbouring outputs a thread: the residual read, ReLU, the output's scale and
-    // type, one store of 8 values (32, 16 or 8 bytes)
-    for (int e = tid; e < 128 * (BN / 8); e += 256) {
-        const int rl = e / (BN / 8), cl = (e % (BN / 8)) * 8;
-        const int row = m0 + rl, col = n0 + cl;
-        if (row >= m || col >= kout) continue;
-        float v[8];
-        const float4 lo = *(const float4*)(tile + rl * SR + cl), hi = *(const float4*)(tile + rl * SR + cl + 4);
-        v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w; v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
-        const long long o = (long long)row * kout + col;
-        const int n = kout - col < 8 ? kout - col : 8;
-        if (n == 8 && (kout & 7) == 0) {
-            if (z) {
+    };
+    const int ot = z ? (ytype == 0 ? 0 : 1) : ytype;   // the epilogue's first pass's type
+    const int os = ot == 0 ? 4 : ot == 1 ? 2 : 1;
+    const int rs = BN * os + (os == 4 ? 32 : 16);       // its rows: a half-warp's on distinct banks
+    float* fa = (float*)(epi + 128 * rs);
+    float* fb = fa + BN;
+    const float fs = z ? 1.0f : yinv;
+    const bool relu1 = relu && !z;
+    setup(tile);
+    first_loads();
+    float acc[BN / 2];
+    while (true) {
 #pragma unroll
-                for (int i = 0; i < 8; i += 2) {
-                    const float2 zz = f8_read2(z, ztype, o + i);
-                    v[i] += zz.x * zscale;
-                    v[i + 1] += zz.y * zscale;
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+        for (int t = 0; t < steps; ++t) {
+            // step t landed: this thread's copies, then (the barrier) every thread's, made
+            // visible to the MMA; past the barrier, every warpgroup's MMAs of step t - 2 are
+            // done (each waited for them at step t - 1). This step's MMAs go first, so the
+            // tensor cores have them queued while the threads load step t + ST - 2 into step
+            // t - 2's stage.
+            asm volatile("cp.async.wait_group %0;\n" :: "n"(ST - 3) : "memory");
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads();
+            const unsigned at = base + (t % ST) * STAGE;
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                Wg<BN>::mma(acc, f8_desc(at + wg * 64 * 128 + u * 32), f8_desc(at + 128 * 128 + u * 32));
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            if (t + ST - 2 < steps) load(t + ST - 2);
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        // every warpgroup's MMAs done (the stages free) and the last epilogue's rows read
+        __syncthreads();
+        const int em0 = m0, en0 = n0;
+        const int next = tile + gridDim.x;
+        if (eoff > 0 && next < tiles) {
+            setup(next);
+            first_loads();
+        }
+        // the epilogue. Without a residual the first pass finishes the values (factors,
+        // biases and ReLU, times 1 / y's scale) in y's type and the second copies them out;
+        // with one, the first keeps alpha sum + bias in f16 (f32 for f32 out) and the second
+        // adds the residual.
+        if (tid < BN) {
+            const int col = en0 + tid;
+            fa[tid] = (alpha && col < kout ? alpha[col] : 1.0f) * fs;
+            fb[tid] = (bias && col < kout ? bias[col] : 0.0f) * fs;
+        }
+        __syncthreads();
+        if (ot == 2) f8_tile<2, BN>(acc, epi, rs, fa, fb, relu1);
+        else if (ot == 1) f8_tile<1, BN>(acc, epi, rs, fa, fb, relu1);
+        else f8_tile<0, BN>(acc, epi, rs, fa, fb, relu1);
+        __syncthreads();
+        if (!z) {
+            // the tile to y, 16 bytes a thread (the bytes of a row past k one at a time)
+            const int chunks = BN * os / 16;
+            const long long ybytes = (long long)kout * os;
+            for (int e = tid; e < 128 * chunks; e += 256) {
+                const int rl = e / chunks, cb = (e - rl * chunks) * 16;
+                const int row = em0 + rl;
+                const long long cbyte = (long long)en0 * os + cb;
+                if (row >= m || cbyte >= ybytes) continue;
+                unsigned char* to = (unsigned char*)y + row * ybytes + cbyte;
+                const unsigned char* from = epi + rl * rs + cb;
+                if (cbyte + 16 <= ybytes && (ybytes & 15) == 0) {
+                    *(uint4*)to = *(const uint4*)from;
+                } else {
+                    for (int i = 0; i < 16 && cbyte + i < ybytes; ++i) to[i] = from[i];
                 }
-            }
-#pragma unroll
-            for (int i = 0; i < 8; ++i) v[i] = (relu ? fmaxf(v[i], 0.0f) : v[i]) * yinv;
-            if (ytype == 2) {
-                uint2 u;
-                u.x = (unsigned)f8_pack(v[0], v[1]) | ((unsigned)f8_pack(v[2], v[3]) << 16);
-                u.y = (unsigned)f8_pack(v[4], v[5]) | ((unsigned)f8_pack(v[6], v[7]) << 16);
-                *(uint2*)((unsigned char*)y + o) = u;
-            } else if (ytype == 1) {
-                uint4 u;
-                unsigned* uw = (unsigned*)&u;
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    uw[i] = (unsigned)from_f<H>(v[2 * i]).v | ((unsigned)from_f<H>(v[2 * i + 1]).v << 16);
-                *(uint4*)((unsigned short*)y + o) = u;
-            } else {
-                *(float4*)((float*)y + o) = make_float4(v[0], v[1], v[2], v[3]);
-                *(float4*)((float*)y + o + 4) = make_float4(v[4], v[5], v[6], v[7]);
             }
         } else {
-            // a row's last columns where k is not a multiple of 8: pairs (k is even)
-            for (int i = 0; i < n; i += 2) {
-                float a = v[i], b = v[i + 1];
-                if (z) {
+            // with the residual: 8 neighbouring outputs a thread, by pairs
+            for (int e = tid; e < 128 * (BN / 8); e += 256) {
+                const int rl = e / (BN / 8), cl = (e % (BN / 8)) * 8;
+                const int row = em0 + rl, col = en0 + cl;
+                if (row >= m || col >= kout) continue;
+                const long long o = (long long)row * kout + col;
+                const int n = kout - col < 8 ? kout - col : 8;
+                for (int i = 0; i < n; i += 2) {
+                    const unsigned char* from = epi + rl * rs + (cl + i) * os;
+                    float2 v = os == 4 ? *(const float2*)from : f8_read2(from, 1, 0);
                     const float2 zz = f8_read2(z, ztype, o + i);
-                    a += zz.x * zscale;
-                    b += zz.y * zscale;
+                    v.x = (v.x + zz.x * zscale) * yinv;
+                    v.y = (v.y + zz.y * zscale) * yinv;
+                    if (relu) {
+                        v.x = fmaxf(v.x, 0.0f);
+                        v.y = fmaxf(v.y, 0.0f);
+                    }
+                    if (ytype == 2) {
+                        *((unsigned short*)((unsigned char*)y + o + i)) = f8_pack(v.x, v.y);
+                    } else if (ytype == 1) {
+                        const H lo = from_f<H>(v.x), hi = from_f<H>(v.y);
+                        *(unsigned*)((unsigned short*)y + o + i) = (unsigned)lo.v | ((unsigned)hi.v << 16);
+                    } else {
+                        *(float2*)((float*)y + o + i) = v;
+                    }
                 }
-                if (relu) { a = fmaxf(a, 0.0f); b = fmaxf(b, 0.0f); }
-                f8_write2(y, ytype, o + i, a * yinv, b * yinv);
             }
         }
+        if (next >= tiles) break;
+        if (eoff == 0) {
+            // the epilogue's rows were the stages': read by every thread before refilled
+            __syncthreads();
+            setup(next);
+            first_loads();
+        }
+        tile = next;
     }
 }
 "#;
@@ -413,6 +494,7 @@ impl Epilogue<'_> {
 /// The kernels on one Hopper GPU.
 pub struct Fp8Conv {
     module: KernelModule,
+    sms: usize,
 }
 
 impl Fp8Conv {
@@ -424,6 +506,7 @@ impl Fp8Conv {
         }
         Ok(Some(Fp8Conv {
             module: KernelModule::load(discovery, gpu, &kernel_source())?,
+            sms: gpukit_cuda::driver::device_attributes(gpu.ordinal, 1)?.sm_count as usize,
         }))
     }
 
@@ -460,19 +543,21 @@ impl Fp8Conv {
         out
     }
 
-    /// `y = epilogue(conv(x, w))` on `stream` by `tile`'s kernel: x `[n, h, w, c]` and w `[k,
-    /// r, s, c]` E4M3 bytes, y `[n, p, q, k]`.
+    /// `y = epilogue(conv(x, w))` on `stream` by `tile`'s kernel and `schedule`: x `[n, h, w,
+    /// c]` and w `[k, r, s, c]` E4M3 bytes, y `[n, p, q, k]`.
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
         stream: &Stream,
-        tile: Tile,
+        (tile, schedule): Plan,
         (x, w, y): (View<'_>, View<'_>, View<'_>),
         g: &ConvGeometry,
         e: &Epilogue<'_>,
     ) -> Result<()> {
         if !TILES.contains(&tile) {
-            return Err(Error::Invalid(format!("no fp8 convolution kernel of {tile:?}")));
+            return Err(Error::Invalid(format!(
+                "no fp8 convolution kernel of {tile:?}"
+            )));
         }
         if !Self::takes(g) {
             return Err(Error::Invalid(format!(
@@ -485,11 +570,14 @@ impl Fp8Conv {
         x.require(g.n * g.h * g.w * g.c, "fp8 conv x")?;
         w.require(n * kg, "fp8 conv w")?;
         y.require(m * n * e.y_dtype.size_bytes(), "fp8 conv y")?;
-        if let Some(a) = e.alpha {
-            a.require(n * 4, "fp8 conv alpha")?;
-        }
-        if let Some(b) = e.bias {
-            b.require(n * 4, "fp8 conv bias")?;
+        // the factors and biases are read 16 bytes at a time
+        for (v, what) in [(e.alpha, "fp8 conv alpha"), (e.bias, "fp8 conv bias")] {
+            if let Some(v) = v {
+                v.require(n * 4, what)?;
+                if !v.is_aligned(16) {
+                    return Err(Error::Invalid(format!("{what} must start 16-byte aligned")));
+                }
+            }
         }
         let (z, ztype, zscale) = match e.z {
             Some((v, t, s)) => {
@@ -504,11 +592,32 @@ impl Fp8Conv {
                 e.y_scale
             )));
         }
-        let blocks = |v: usize, t: usize| {
-            u32::try_from(v.div_ceil(t))
-                .map_err(|_| Error::Invalid(format!("fp8 conv: {m}x{n} is too many tiles")))
+        // the epilogue's first pass keeps y's type, or f16 (f32 for f32 y) to add a residual to
+        let first_pass = match (e.z.is_some(), e.y_dtype) {
+            (true, DType::F32) => 4,
+            (true, _) => 2,
+            (false, t) => t.size_bytes(),
         };
-        let grid = (blocks(n, tile.bn)?, blocks(m, BM)?, 1);
+        let (eoff, shared) = tile.layout(schedule, kg.div_ceil(BK), first_pass);
+        let tiles = n.div_ceil(tile.bn) * m.div_ceil(BM);
+        let blocks = match schedule {
+            Schedule::OneTile => tiles,
+            Schedule::Persistent => {
+                // blocks an SM holds: its registers (the kernel's bound), 228 KiB of shared
+                // memory (1 KiB of it the system's a block), 2048 threads
+                let resident = tile
+                    .blocks_an_sm()
+                    .min(228 * 1024 / (shared + 1024))
+                    .clamp(1, 8);
+                tiles.min(self.sms * resident)
+            }
+        };
+        let grid = (
+            u32::try_from(blocks)
+                .map_err(|_| Error::Invalid(format!("fp8 conv: {m}x{n} is too many tiles")))?,
+            1,
+            1,
+        );
         let [pt, pl, _, _] = g.pads;
         let [dh, dw] = g.dilation;
         let mut args = vec![
@@ -526,9 +635,10 @@ impl Fp8Conv {
             Arg::Bool(e.relu),
             Arg::F32(1.0 / e.y_scale),
             Arg::F32(zscale),
+            Arg::Size(eoff),
         ]);
         let launch = Launch {
-            shared_bytes: tile.shared_bytes_for(kg.div_ceil(BK)) as u32,
+            shared_bytes: shared as u32,
             ..Launch::new(grid, (256, 1, 1))
         };
         self.module.launch(&tile.name(), stream, launch, &args)
@@ -540,12 +650,12 @@ impl Fp8Conv {
     pub fn run_product(
         &self,
         stream: &Stream,
-        tile: Tile,
+        plan: Plan,
         (a, b, d): (View<'_>, View<'_>, View<'_>),
         (m, n, k): (usize, usize, usize),
         e: &Epilogue<'_>,
     ) -> Result<()> {
-        self.run(stream, tile, (a, b, d), &product_geometry(m, n, k), e)
+        self.run(stream, plan, (a, b, d), &product_geometry(m, n, k), e)
     }
 }
 
@@ -571,7 +681,7 @@ mod tests {
 
     #[test]
     fn the_kernels_take_what_their_launcher_passes() {
-        let params = "p p p p p p i i i i i i i i i i i i i i i i i f f";
+        let params = "p p p p p p i i i i i i i i i i i i i i i i i f f i";
         let expected: Vec<(String, &str)> = TILES.iter().map(|t| (t.name(), params)).collect();
         let expected: Vec<(&str, &str)> = expected.iter().map(|(n, p)| (n.as_str(), *p)).collect();
         let differences = kernel_source().signature_differences(&expected, &[]);
@@ -612,6 +722,23 @@ mod tests {
         let mut sorted = f.clone();
         sorted.sort_by(f32::total_cmp);
         assert_eq!(sorted, w);
+    }
+
+    #[test]
+    fn persistent_blocks_keep_the_epilogue_apart_where_it_fits() {
+        let tile = Tile { bn: 128, stages: 6 };
+        let stages = 6 * (128 + 128) * 128;
+        // E4M3 out: 192 KiB of stages and 19 KiB of epilogue fit together
+        let (eoff, shared) = tile.layout(Schedule::Persistent, 20, 1);
+        assert_eq!(eoff, stages);
+        assert!(shared <= 227 * 1024);
+        // f32 out does not: the epilogue goes over the stages
+        let (eoff, shared) = tile.layout(Schedule::Persistent, 20, 4);
+        assert_eq!((eoff, shared), (0, stages + 1024));
+        // one tile a block: always over the stages; few steps take few stages
+        let (eoff, shared) = tile.layout(Schedule::OneTile, 2, 1);
+        assert_eq!(eoff, 0);
+        assert_eq!(shared, 2 * (128 + 128) * 128 + 1024);
     }
 
     #[test]
