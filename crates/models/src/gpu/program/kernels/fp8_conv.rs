@@ -526,23 +526,6 @@ impl Fp8Conv {
                 .all(|&v| v < i32::MAX as usize)
     }
 
-    /// The filters `w [k, c, r, s]` (the graph's order) as the kernels read them: `[k, r, s,
-    /// c]`.
-    pub fn filter(g: &ConvGeometry, w: &[f32]) -> Vec<f32> {
-        let (k, c, r, s) = (g.k, g.c, g.r, g.s);
-        let mut out = vec![0f32; k * c * r * s];
-        for o in 0..k {
-            for ch in 0..c {
-                for i in 0..r {
-                    for j in 0..s {
-                        out[((o * r + i) * s + j) * c + ch] = w[((o * c + ch) * r + i) * s + j];
-                    }
-                }
-            }
-        }
-        out
-    }
-
     /// `y = epilogue(conv(x, w))` on `stream` by `tile`'s kernel and `schedule`: x `[n, h, w,
     /// c]` and w `[k, r, s, c]` E4M3 bytes, y `[n, p, q, k]`.
     #[allow(clippy::too_many_arguments)]
@@ -698,30 +681,6 @@ mod tests {
             }
             assert!(call.contains(&format!("%{}}}, %{}, %{}", bn / 2 - 1, bn / 2, bn / 2 + 1)));
         }
-    }
-
-    #[test]
-    fn filters_are_reordered_with_k_outermost_and_channels_innermost() {
-        let g = ConvGeometry {
-            n: 1,
-            h: 4,
-            w: 4,
-            c: 3,
-            k: 2,
-            r: 2,
-            s: 3,
-            stride: 1,
-            pads: [0; 4],
-            dilation: [1, 1],
-        };
-        let w: Vec<f32> = (0..2 * 3 * 2 * 3).map(|i| i as f32).collect();
-        let f = Fp8Conv::filter(&g, &w);
-        // w [o=1, ch=2, i=1, j=0] = ((1 * 3 + 2) * 2 + 1) * 3 + 0 = 33 lands at
-        // ((1 * 2 + 1) * 3 + 0) * 3 + 2 = 29
-        assert_eq!(f[29], 33.0);
-        let mut sorted = f.clone();
-        sorted.sort_by(f32::total_cmp);
-        assert_eq!(sorted, w);
     }
 
     #[test]
