@@ -626,20 +626,6 @@ impl Fp8Conv {
         };
         self.module.launch(&tile.name(), stream, launch, &args)
     }
-
-    /// `d [m, n] = epilogue(a [m, k] b [n, k]^T)`: the 1x1 convolution of one row of m pixels
-    /// of k channels (k a multiple of 16).
-    #[allow(clippy::too_many_arguments)]
-    pub fn run_product(
-        &self,
-        stream: &Stream,
-        plan: Plan,
-        (a, b, d): (View<'_>, View<'_>, View<'_>),
-        (m, n, k): (usize, usize, usize),
-        e: &Epilogue<'_>,
-    ) -> Result<()> {
-        self.run(stream, plan, (a, b, d), &product_geometry(m, n, k), e)
-    }
 }
 
 /// The 1x1 convolution that is the product `a [m, k] b [n, k]^T`.
